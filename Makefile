@@ -1,0 +1,49 @@
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -euc
+MAKEFLAGS += --warn-undefined-variables
+export PATH := $(PATH):/usr/local/go/bin
+
+GO ?= go
+# Packages whose tests exercise concurrency on the money paths run with -race.
+RACE_PKGS := ./cell/... ./storage/... ./sharding/...
+
+.PHONY: run test unit race build audit bench-smoke vet fmt tidy clean
+
+## run: install what is missing, start router + 2 cells + MariaDB x2 + memcached, serve on :8080
+run:
+	deploy/local/run.sh
+
+## test: unit, integration (real MariaDB + memcached) and end-to-end tests
+test:
+	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
+
+unit: vet
+	$(GO) test -count=1 ./...
+
+race:
+	$(GO) test -race -count=1 $(RACE_PKGS)
+
+build:
+	$(GO) build -o var/bin/redcell ./cmd/redcell
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+
+## audit: conservation check of the cluster started by make run
+audit: build
+	var/bin/redcell audit --config var/redcell.yaml
+
+## bench-smoke: a short load through the router of the cluster started by make run
+bench-smoke: build
+	var/bin/redcell bench --router http://127.0.0.1:8080 --config var/redcell.yaml --senders 4 --openers 32 --duration 10s
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+tidy:
+	$(GO) mod tidy
+	git diff --exit-code go.mod go.sum
+
+clean:
+	rm -rf var

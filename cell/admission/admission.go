@@ -1,0 +1,230 @@
+// Package admission caps how many database transactions run at once for one key
+// (a red packet) across every process that might serve it, with memcached CAS as
+// WeChat's red-packet SETs do. It also keeps the grab cache: memcached's copy of
+// how many shares a packet has left.
+package admission
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// ErrBusy is returned by Acquire when the key's cap stayed full until ctx ended.
+var ErrBusy = errors.New("admission: transaction slots for this key stay full")
+
+// Slots is a memcached-backed counting semaphore per key. When memcached cannot be
+// reached it falls back to an in-process count (the per-key FIFO already keeps one
+// transaction per key inside a process) and counts the fallbacks.
+type Slots struct {
+	mc     *memcache.Client
+	cap    int
+	ttlSec int32 // a slot held by a crashed process frees itself after this
+	log    *slog.Logger
+
+	mu    sync.Mutex // guards local
+	local map[string]int
+
+	Fallbacks   atomic.Int64 // Acquire calls served in-process because memcached failed
+	Conflicts   atomic.Int64 // CAS conflicts retried
+	lastWarnSec atomic.Int64
+}
+
+// NewSlots returns a cap of capPerKey concurrent holders per key.
+func NewSlots(mc *memcache.Client, capPerKey int, log *slog.Logger) *Slots {
+	return &Slots{mc: mc, cap: capPerKey, ttlSec: 30, log: log, local: map[string]int{}}
+}
+
+// NewClient returns a memcached client sized for a cell.
+func NewClient(servers []string) *memcache.Client {
+	c := memcache.New(servers...)
+	c.Timeout = 200 * time.Millisecond
+	c.MaxIdleConns = 128
+	return c
+}
+
+func slotKey(key string) string { return "rc:tx:" + key }
+
+// Acquire takes one slot for key, waiting (with short backoff) while the cap is
+// full. The returned release must be called exactly once. Errors: ErrBusy when ctx
+// ends first.
+func (s *Slots) Acquire(ctx context.Context, key string) (release func(), err error) {
+	k := slotKey(key)
+	backoff := 200 * time.Microsecond
+	for {
+		ok, err := s.tryAcquire(k)
+		if err != nil {
+			s.fallback(err)
+			return s.acquireLocal(ctx, k)
+		}
+		if ok {
+			return func() { s.release(k) }, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ErrBusy
+		case <-time.After(backoff):
+		}
+		if backoff < 10*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+// tryAcquire makes one attempt; ok=false means the cap is full or a CAS lost.
+func (s *Slots) tryAcquire(k string) (ok bool, err error) {
+	it, err := s.mc.Get(k)
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		err = s.mc.Add(&memcache.Item{Key: k, Value: []byte("1"), Expiration: s.ttlSec})
+		if errors.Is(err, memcache.ErrNotStored) {
+			s.Conflicts.Add(1)
+			return false, nil
+		}
+		return err == nil, err
+	}
+	if err != nil {
+		return false, err
+	}
+	n, _ := strconv.Atoi(string(it.Value))
+	if n >= s.cap {
+		return false, nil
+	}
+	it.Value = strconv.AppendInt(it.Value[:0], int64(n+1), 10)
+	it.Expiration = s.ttlSec
+	err = s.mc.CompareAndSwap(it)
+	if errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrNotStored) {
+		s.Conflicts.Add(1)
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (s *Slots) release(k string) {
+	for attempt := 0; attempt < 50; attempt++ {
+		it, err := s.mc.Get(k)
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			return // expired; nothing to give back
+		}
+		if err != nil {
+			s.fallback(err)
+			s.releaseLocal(k)
+			return
+		}
+		n, _ := strconv.Atoi(string(it.Value))
+		if n <= 0 {
+			return
+		}
+		it.Value = strconv.AppendInt(it.Value[:0], int64(n-1), 10)
+		it.Expiration = s.ttlSec
+		err = s.mc.CompareAndSwap(it)
+		if err == nil || errors.Is(err, memcache.ErrNotStored) {
+			return
+		}
+		if !errors.Is(err, memcache.ErrCASConflict) {
+			s.fallback(err)
+			return
+		}
+		s.Conflicts.Add(1)
+	}
+}
+
+func (s *Slots) fallback(err error) {
+	s.Fallbacks.Add(1)
+	now := time.Now().Unix()
+	if last := s.lastWarnSec.Load(); now-last >= 10 && s.lastWarnSec.CompareAndSwap(last, now) {
+		s.log.Warn("memcached unreachable: transaction cap falls back to in-process", "err", err)
+	}
+}
+
+func (s *Slots) acquireLocal(ctx context.Context, k string) (func(), error) {
+	for {
+		s.mu.Lock()
+		if s.local[k] < s.cap {
+			s.local[k]++
+			s.mu.Unlock()
+			return func() { s.releaseLocal(k) }, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ErrBusy
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func (s *Slots) releaseLocal(k string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.local[k] <= 1 {
+		delete(s.local, k)
+	} else {
+		s.local[k]--
+	}
+}
+
+// Remaining is the grab cache's copy of a packet: shares left, status and expiry.
+type Remaining struct {
+	Count     int64
+	Status    int8
+	ExpiresMS int64
+}
+
+// Cache is the grab cache in memcached. Misses and errors read as "not cached".
+type Cache struct {
+	mc *memcache.Client
+}
+
+// NewCache returns the grab cache.
+func NewCache(mc *memcache.Client) *Cache { return &Cache{mc: mc} }
+
+func remKey(key string) string { return "rc:rem:" + key }
+
+// Get returns the cached copy for key; ok is false on a miss or an error.
+func (c *Cache) Get(key string) (r Remaining, ok bool) {
+	it, err := c.mc.Get(remKey(key))
+	if err != nil {
+		return r, false
+	}
+	var parts [3]int64
+	v := string(it.Value)
+	for i := 0; i < 3; i++ {
+		var field string
+		field, v, _ = cutColon(v)
+		n, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return r, false
+		}
+		parts[i] = n
+	}
+	return Remaining{Count: parts[0], Status: int8(parts[1]), ExpiresMS: parts[2]}, true
+}
+
+func cutColon(s string) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == ':' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
+
+// Set stores the copy for key until ttl passes. Errors are ignored: the cache is
+// a hint and a miss falls back to the database.
+func (c *Cache) Set(key string, r Remaining, ttl time.Duration) {
+	v := strconv.FormatInt(r.Count, 10) + ":" + strconv.Itoa(int(r.Status)) + ":" + strconv.FormatInt(r.ExpiresMS, 10)
+	sec := int32(ttl / time.Second)
+	if sec < 1 {
+		sec = 1
+	}
+	if sec > 30*24*3600 {
+		sec = 30 * 24 * 3600
+	}
+	_ = c.mc.Set(&memcache.Item{Key: remKey(key), Value: []byte(v), Expiration: sec})
+}

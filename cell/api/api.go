@@ -1,0 +1,155 @@
+// Package api is the wire contract shared by the router, the cells and the bench:
+// request and response bodies (JSON, amounts in integer cents), the headers the
+// hops pass on, and the one table that maps error codes to HTTP statuses.
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"redcell/model"
+)
+
+// Headers passed between hops.
+const (
+	// HeaderDeadline carries the request deadline as Unix ms; every hop forwards
+	// what is left of it.
+	HeaderDeadline = "X-Redcell-Deadline-Ms"
+	// HeaderCell names the cell that answered (set by cells).
+	HeaderCell = "X-Redcell-Cell"
+)
+
+// DepositRequest is the body of POST /v1/accounts/{act_id}/deposit.
+type DepositRequest struct {
+	Amount  int64  `json:"amount"`   // cents, > 0
+	OrderNo string `json:"order_no"` // idempotency key, [A-Za-z0-9_-]{1,64}
+}
+
+// SendRequest is the body of POST /v1/packets.
+type SendRequest struct {
+	Sender   string `json:"sender"`
+	Amount   int64  `json:"amount"` // cents
+	Count    int64  `json:"count"`
+	Kind     string `json:"kind"` // "random" (default) or "fixed"
+	Greeting string `json:"greeting"`
+	OrderNo  string `json:"order_no"`
+}
+
+// SendResponse answers POST /v1/packets.
+type SendResponse struct {
+	PacketID  string `json:"packet_id"`
+	Sender    string `json:"sender"`
+	Amount    int64  `json:"amount"`
+	Count     int64  `json:"count"`
+	Kind      string `json:"kind"`
+	ExpiresAt string `json:"expires_at"` // RFC 3339, UTC
+	ExpiresMS int64  `json:"expires_at_ms"`
+	Repeat    bool   `json:"repeat"`  // true when this order_no was seen before
+}
+
+// ActRequest is the body of grab and open: who is asking.
+type ActRequest struct {
+	ActID string `json:"act_id"`
+}
+
+// GrabResponse answers POST /v1/packets/{id}/grab: whether a share may still be
+// there. It is a cheap hint, never a reservation.
+type GrabResponse struct {
+	PacketID  string `json:"packet_id"`
+	Available bool   `json:"available"`
+	Remaining int64  `json:"remaining"` // shares left, as last seen
+	Status    string `json:"status"`    // open | sold_out | expired | refunded
+	Source    string `json:"source"`    // "cache" or "db"
+}
+
+// OpenResponse answers POST /v1/packets/{id}/open with the caller's claim.
+type OpenResponse struct {
+	ClaimID  string `json:"claim_id"`
+	PacketID string `json:"packet_id"`
+	ActID    string `json:"act_id"`
+	Amount   int64  `json:"amount"` // cents
+	Seq      int64  `json:"seq"`    // the claim's place in the packet, 1..count
+	Repeat   bool   `json:"repeat"` // true when this user had opened this packet before
+}
+
+// PacketResponse answers GET /v1/packets/{id}.
+type PacketResponse struct {
+	PacketID        string        `json:"packet_id"`
+	Sender          string        `json:"sender"`
+	Kind            string        `json:"kind"`
+	Greeting        string        `json:"greeting"`
+	Amount          int64         `json:"amount"`
+	Count           int64         `json:"count"`
+	RemainingAmount int64         `json:"remaining_amount"`
+	RemainingCount  int64         `json:"remaining_count"`
+	RefundAmount    int64         `json:"refund_amount"`
+	Status          string        `json:"status"` // open | sold_out | expired | refunded
+	CreatedMS       int64         `json:"created_at_ms"`
+	ExpiresMS       int64         `json:"expires_at_ms"`
+	Claims          []model.Claim `json:"claims"`
+	NextAfter       int64         `json:"next_after,omitempty"` // pass as ?after= for the next page; 0 = last page
+}
+
+// CreditsRequest is the body of POST /internal/credits (cell to cell).
+type CreditsRequest struct {
+	Credits []model.Credit `json:"credits"`
+}
+
+// CreditsResponse tells how many credits were new (the rest were applied before).
+type CreditsResponse struct {
+	Applied int `json:"applied"`
+}
+
+// ErrorBody is every error answer: {"error": {"code": "...", "message": "..."}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the code and message of an error answer.
+type ErrorDetail struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Retryable bool   `json:"retryable,omitempty"`
+}
+
+// status is the one table from error code to HTTP status.
+var status = map[string]int{
+	model.ErrInvalidArgument.Code:     http.StatusBadRequest,
+	model.ErrNotFound.Code:            http.StatusNotFound,
+	model.ErrSoldOut.Code:             http.StatusConflict,
+	model.ErrExpired.Code:             http.StatusGone,
+	model.ErrInsufficientBalance.Code: http.StatusConflict,
+	model.ErrOrderConflict.Code:       http.StatusConflict,
+	model.ErrWrongCell.Code:           http.StatusMisdirectedRequest,
+	model.ErrCellUnavailable.Code:     http.StatusServiceUnavailable,
+	model.ErrOverloaded.Code:          http.StatusServiceUnavailable,
+	model.ErrTimeout.Code:             http.StatusGatewayTimeout,
+	model.ErrBodyTooLarge.Code:        http.StatusRequestEntityTooLarge,
+	model.ErrMethodNotAllowed.Code:    http.StatusMethodNotAllowed,
+	model.ErrShuttingDown.Code:        http.StatusServiceUnavailable,
+	model.ErrInternal.Code:            http.StatusInternalServerError,
+}
+
+// retryable codes: the same request may succeed later.
+var retryable = map[string]bool{
+	model.ErrCellUnavailable.Code: true,
+	model.ErrOverloaded.Code:      true,
+	model.ErrTimeout.Code:         true,
+	model.ErrShuttingDown.Code:    true,
+	model.ErrInternal.Code:        true,
+}
+
+// Status returns the HTTP status for an error code (500 for unknown codes).
+func Status(code string) int {
+	if s, ok := status[code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// ErrorJSON renders err as an error body and returns it with its HTTP status.
+func ErrorJSON(err error) (int, []byte) {
+	code, msg := model.CodeOf(err)
+	b, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Code: code, Message: msg, Retryable: retryable[code]}})
+	return Status(code), b
+}

@@ -1,0 +1,126 @@
+// Package cell is one SET of redcell: it owns a range of shards and their
+// MariaDB database, serves the wallet and red-packet API for them, serializes the
+// opens of each packet through a FIFO worker, relays claims to the claimants'
+// cells and refunds expired packets.
+package cell
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// Open strategies (Config.OpenStrategy).
+const (
+	// StrategyNaive: every open runs its own transaction at once; concurrent opens
+	// of one packet fight for its row lock.
+	StrategyNaive = "naive"
+	// StrategySerial: opens of one packet queue in a FIFO; one transaction per open.
+	StrategySerial = "serial"
+	// StrategyBatched: opens of one packet queue in a FIFO; the worker commits what
+	// is queued (up to BatchMax) as one transaction.
+	StrategyBatched = "batched"
+)
+
+// Config is one cell's configuration. Start from DefaultConfig.
+type Config struct {
+	Name   string          // unique cell name, announced through memberlist
+	Listen string          // HTTP listen address, host:port
+	Shards sharding.Ranges // shards this cell owns
+	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:33061)/"
+
+	Memcached []string // memcached servers for the CAS cap and the grab cache
+
+	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it
+	OpenStrategy   string        // naive | serial | batched
+	BatchMax       int           // most opens committed in one transaction (batched)
+	BatchWait      time.Duration // how long a worker waits for a batch to fill (batched)
+	QueueDepth     int           // bounded FIFO length per packet; beyond it opens are shed
+	QueueWaitMax   time.Duration // an open that waited longer than this is shed (retryable)
+	TxPerPacket    int           // memcached CAS cap on concurrent transactions per packet
+	MaxConns       int           // database connections
+	RequestTimeout time.Duration // deadline of a request when the caller sent none
+	Limits         model.Limits
+
+	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
+	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
+	MapVersion     int64         // version of the shard map this cell announces
+}
+
+// DefaultConfig returns a config with a reason for every value.
+func DefaultConfig() Config {
+	return Config{
+		Name:   "cell-1",
+		Listen: "127.0.0.1:9101",
+		Shards: sharding.Ranges{{From: 0, To: model.ShardCount - 1}},
+		DSN:    "root@tcp(127.0.0.1:33061)/",
+
+		Memcached: []string{"127.0.0.1:21211"},
+
+		PacketExpiry: 24 * time.Hour, // WeChat's rule: unclaimed money returns after 24 h
+		OpenStrategy: StrategyBatched,
+		BatchMax:     128, // one fsync per 128 opens; bigger batches add little past this
+		BatchWait:    0,   // take what is queued now; the queue fills while a commit runs
+		QueueDepth:   8192,
+		QueueWaitMax: 500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
+		TxPerPacket:  1,                      // one transaction per packet at a time: no lock fights
+		MaxConns:     64,
+		RequestTimeout: 3 * time.Second,
+		Limits:         model.DefaultLimits(),
+
+		RelayInterval:  time.Second,
+		ExpiryInterval: time.Second,
+		MapVersion:     1,
+	}
+}
+
+// Validate checks every value and how they relate.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("cell: "+format, args...)) }
+	if c.Name == "" || len(c.Name) > 64 {
+		bad("Name must be 1..64 characters")
+	}
+	if c.Listen == "" {
+		bad("Listen is required")
+	}
+	if len(c.Shards) == 0 {
+		bad("Shards must not be empty")
+	}
+	if c.DSN == "" {
+		bad("DSN is required")
+	}
+	if c.PacketExpiry < time.Second || c.PacketExpiry > 7*24*time.Hour {
+		bad("PacketExpiry must be 1s..168h, got %s", c.PacketExpiry)
+	}
+	switch c.OpenStrategy {
+	case StrategyNaive, StrategySerial, StrategyBatched:
+	default:
+		bad("OpenStrategy must be naive, serial or batched, got %q", c.OpenStrategy)
+	}
+	if c.BatchMax < 1 || c.BatchMax > 4096 {
+		bad("BatchMax must be 1..4096")
+	}
+	if c.BatchWait < 0 || c.BatchWait > time.Second {
+		bad("BatchWait must be 0..1s")
+	}
+	if c.QueueDepth < 1 || c.QueueWaitMax <= 0 {
+		bad("QueueDepth and QueueWaitMax must be > 0")
+	}
+	if c.TxPerPacket < 1 {
+		bad("TxPerPacket must be >= 1")
+	}
+	if c.MaxConns < 2 {
+		bad("MaxConns must be >= 2")
+	}
+	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 {
+		bad("RequestTimeout, RelayInterval and ExpiryInterval must be > 0")
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,314 @@
+package cell
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/admission"
+	"redcell/cell/api"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// handle routes a request. Paths are the public API's (the router forwards them
+// unchanged) plus /internal/credits for cell-to-cell relay.
+func (s *Server) handle(rc *fasthttp.RequestCtx) {
+	path := string(rc.Path())
+	method := string(rc.Method())
+	if path == "/healthz" {
+		s.healthz(rc)
+		return
+	}
+	if s.draining.Load() {
+		s.writeErr(rc, model.ErrShuttingDown)
+		return
+	}
+	ctx, cancel := s.deadline(rc)
+	defer cancel()
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	switch {
+	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "accounts" && method == http.MethodGet:
+		s.getAccount(ctx, rc, parts[2])
+	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "accounts" && parts[3] == "deposit" && method == http.MethodPost:
+		s.deposit(ctx, rc, parts[2])
+	case len(parts) == 2 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodPost:
+		s.send(ctx, rc)
+	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodGet:
+		s.detail(ctx, rc, parts[2])
+	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "grab" && method == http.MethodPost:
+		s.grab(ctx, rc, parts[2])
+	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "open" && method == http.MethodPost:
+		s.open(ctx, rc, parts[2])
+	case path == "/internal/credits" && method == http.MethodPost:
+		s.credits(ctx, rc)
+	default:
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", method, path))
+	}
+}
+
+// account validates an act_id from the path and checks this cell owns its shard.
+func (s *Server) account(actID string) (model.ShardID, error) {
+	if err := model.ValidateActID(actID); err != nil {
+		return 0, err
+	}
+	sh := sharding.ShardOfAct(actID)
+	if !s.Owns(sh) {
+		return 0, model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", sh, s.cfg.Name)
+	}
+	return sh, nil
+}
+
+// packetRef parses a packet ID from the path and checks this cell owns its shard.
+func (s *Server) packetRef(id string) (model.PacketRef, error) {
+	ref, err := model.ParsePacketID(id)
+	if err != nil {
+		return ref, err
+	}
+	if !s.Owns(ref.Shard) {
+		return ref, model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", ref.Shard, s.cfg.Name)
+	}
+	return ref, nil
+}
+
+func (s *Server) healthz(rc *fasthttp.RequestCtx) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	status, code := "ok", http.StatusOK
+	if err := s.store.Ping(ctx); err != nil {
+		status, code = "db_unreachable", http.StatusServiceUnavailable
+	}
+	if s.draining.Load() {
+		status, code = "draining", http.StatusServiceUnavailable
+	}
+	s.writeJSON(rc, code, map[string]any{
+		"status": status, "cell": s.cfg.Name, "shards": s.cfg.Shards.String(), "strategy": s.cfg.OpenStrategy,
+		"schema_ready": s.schemaReady.Load(), "active_packets": s.queue.Keys(),
+		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
+		"refunds": s.stats.refunds.Load(), "relayed": s.stats.relayed.Load(), "relay_errors": s.stats.relayErrors.Load(),
+	})
+}
+
+func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, actID string) {
+	sh, err := s.account(actID)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	a, err := s.store.Account(ctx, sh, actID)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, http.StatusOK, a)
+}
+
+func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, actID string) {
+	sh, err := s.account(actID)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	var req api.DepositRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if err := validateDeposit(req); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	d, err := s.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, http.StatusOK, d)
+}
+
+func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx) {
+	var body api.SendRequest
+	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	req, sh, err := validateSend(body, s.cfg.Limits)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if !s.Owns(sh) {
+		s.writeErr(rc, model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", sh, s.cfg.Name))
+		return
+	}
+	now := s.now()
+	p, repeat, err := s.store.Send(ctx, sh, req, model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli())
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if !repeat {
+		s.cacheRemaining(p)
+	}
+	s.writeJSON(rc, http.StatusOK, api.SendResponse{
+		PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count, Kind: string(p.Kind),
+		ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339Nano), ExpiresMS: p.ExpiresMS, Repeat: repeat,
+	})
+}
+
+// statusOf names a packet's state at time now: an open packet past its expiry
+// is "expired" until the refund turns it "refunded".
+func statusOf(st model.PacketStatus, remaining int64, expiresMS int64, now time.Time) string {
+	if st == model.StatusOpen && now.UnixMilli() >= expiresMS {
+		return "expired"
+	}
+	if st == model.StatusOpen && remaining == 0 {
+		return model.StatusSoldOut.String()
+	}
+	return st.String()
+}
+
+func (s *Server) cacheRemaining(p model.Packet) {
+	if s.cache == nil || p.ID == "" {
+		return
+	}
+	ttl := time.Until(time.UnixMilli(p.ExpiresMS)) + time.Hour
+	s.cache.Set(string(p.ID), admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}, ttl)
+}
+
+// grab answers whether a share may still be there: memcached's copy first, the
+// database on a miss. It never reserves anything.
+func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+	ref, err := s.packetRef(id)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	var body api.ActRequest
+	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if err := model.ValidateActID(body.ActID); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	rem, ok := admission.Remaining{}, false
+	source := "cache"
+	if s.cache != nil {
+		rem, ok = s.cache.Get(id)
+	}
+	if !ok {
+		p, err := s.store.Packet(ctx, ref)
+		if err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.cacheRemaining(p)
+		rem, source = admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}, "db"
+	}
+	st := statusOf(model.PacketStatus(rem.Status), rem.Count, rem.ExpiresMS, s.now())
+	if st == "expired" || st == "refunded" {
+		rem.Count = 0
+	}
+	s.writeJSON(rc, http.StatusOK, api.GrabResponse{PacketID: id, Available: st == "open" && rem.Count > 0, Remaining: rem.Count, Status: st, Source: source})
+}
+
+// detail answers GET /v1/packets/{id}?after=SEQ&limit=N with the packet and one
+// page of its claims (limit 1..100, default 20).
+func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+	ref, err := s.packetRef(id)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	after, limit := int64(0), 20
+	if v := rc.QueryArgs().Peek("after"); len(v) > 0 {
+		if after, err = strconv.ParseInt(string(v), 10, 64); err != nil || after < 0 {
+			s.writeErr(rc, model.Invalidf("after must be a claim seq >= 0"))
+			return
+		}
+	}
+	if v := rc.QueryArgs().Peek("limit"); len(v) > 0 {
+		if limit, err = strconv.Atoi(string(v)); err != nil || limit < 1 || limit > 100 {
+			s.writeErr(rc, model.Invalidf("limit must be 1..100"))
+			return
+		}
+	}
+	p, err := s.store.Packet(ctx, ref)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	claims, err := s.store.Claims(ctx, ref, after, limit)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	out := api.PacketResponse{
+		PacketID: string(p.ID), Sender: p.Sender, Kind: string(p.Kind), Greeting: p.Greeting, Amount: int64(p.Amount),
+		Count: p.Count, RemainingAmount: int64(p.RemainingAmount), RemainingCount: p.RemainingCount,
+		RefundAmount: int64(p.RefundAmount), Status: statusOf(p.Status, p.RemainingCount, p.ExpiresMS, s.now()),
+		CreatedMS: p.CreatedMS, ExpiresMS: p.ExpiresMS, Claims: claims,
+	}
+	if out.Claims == nil {
+		out.Claims = []model.Claim{}
+	}
+	if len(claims) == limit {
+		out.NextAfter = claims[len(claims)-1].Seq
+	}
+	s.writeJSON(rc, http.StatusOK, out)
+}
+
+// credits applies claims relayed from other cells; a credit seen before is a no-op.
+func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx) {
+	var body api.CreditsRequest
+	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if len(body.Credits) > 10000 {
+		s.writeErr(rc, model.Invalidf("at most 10000 credits per call"))
+		return
+	}
+	for _, c := range body.Credits {
+		if err := s.validCredit(c); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+	}
+	n, err := s.store.ApplyCredits(ctx, body.Credits)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, http.StatusOK, api.CreditsResponse{Applied: n})
+}
+
+func (s *Server) validCredit(c model.Credit) error {
+	ref, _, err := model.ParseClaimID(c.ClaimID)
+	if err != nil {
+		return err
+	}
+	if ref.ID != c.PacketID {
+		return model.Invalidf("claim %s does not belong to packet %s", c.ClaimID, c.PacketID)
+	}
+	if err := model.ValidateActID(c.ActID); err != nil {
+		return err
+	}
+	if sharding.ShardOfAct(c.ActID) != c.Shard {
+		return model.Invalidf("credit shard %d does not match act_id", c.Shard)
+	}
+	if !s.Owns(c.Shard) {
+		return model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", c.Shard, s.cfg.Name)
+	}
+	if c.Amount < 1 {
+		return model.Invalidf("credit amount must be >= 1")
+	}
+	return nil
+}
+

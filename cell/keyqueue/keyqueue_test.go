@@ -1,0 +1,107 @@
+package keyqueue
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestFIFOPerKeyAndBatching(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string][]int{}
+	batches := 0
+	release := make(chan struct{})
+	q := New(Config{Depth: 1000, MaxKeys: 10, BatchMax: 50, IdleStop: 50 * time.Millisecond}, func(k string, b []int) {
+		<-release // hold the first batch so the rest queue up behind it
+		mu.Lock()
+		defer mu.Unlock()
+		got[k] = append(got[k], b...)
+		batches++
+		if len(b) > 50 {
+			t.Errorf("batch of %d > BatchMax", len(b))
+		}
+	})
+	for i := 0; i < 200; i++ {
+		for _, k := range []string{"a", "b"} {
+			if err := q.Enqueue(k, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	close(release)
+	q.Close()
+	q.Wait()
+	for _, k := range []string{"a", "b"} {
+		if len(got[k]) != 200 {
+			t.Fatalf("key %s handled %d of 200", k, len(got[k]))
+		}
+		for i, v := range got[k] {
+			if v != i {
+				t.Fatalf("key %s out of order at %d: %d", k, i, v)
+			}
+		}
+	}
+	if batches > 12 { // 2 keys x (1 + 199/50 rounded up)
+		t.Fatalf("%d batches: queued items were not batched", batches)
+	}
+	if err := q.Enqueue("a", 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("enqueue after close: %v", err)
+	}
+}
+
+func TestBoundedDepthAndKeys(t *testing.T) {
+	block := make(chan struct{})
+	q := New(Config{Depth: 2, MaxKeys: 1, BatchMax: 1, IdleStop: time.Second}, func(string, []int) { <-block })
+	if err := q.Enqueue("a", 1); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the worker holds item 1, so the queue is empty again.
+	for q.Len("a") != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 2; i++ {
+		if err := q.Enqueue("a", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Enqueue("a", 9); !errors.Is(err, ErrFull) {
+		t.Fatalf("third item in a queue of depth 2: %v", err)
+	}
+	if err := q.Enqueue("b", 1); !errors.Is(err, ErrFull) {
+		t.Fatalf("second key with MaxKeys 1: %v", err)
+	}
+	close(block)
+	q.Close()
+	q.Wait()
+	if q.Keys() != 0 {
+		t.Fatalf("%d workers left after Wait", q.Keys())
+	}
+}
+
+func TestIdleWorkerExitsAndRestarts(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	q := New(Config{Depth: 4, MaxKeys: 4, BatchMax: 4, IdleStop: 10 * time.Millisecond}, func(string, []int) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+	})
+	for round := 0; round < 3; round++ {
+		if err := q.Enqueue("k", round); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for q.Keys() != 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if q.Keys() != 0 {
+			t.Fatal("idle worker did not exit")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n != 3 {
+		t.Fatalf("handled %d of 3", n)
+	}
+}

@@ -1,0 +1,169 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	mrand "math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/api"
+	"redcell/cell/keyqueue"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// openJob is one open waiting in its packet's FIFO.
+type openJob struct {
+	ref      model.PacketRef
+	req      model.OpenRequest
+	enqueued time.Time
+	deadline time.Time
+	done     chan model.OpenResult // buffered 1: the worker never blocks on it
+}
+
+// txTimeout bounds one open transaction, including the wait for its slot.
+const txTimeout = 5 * time.Second
+
+// open handles POST /v1/packets/{id}/open: the hot path of DESIGN.md §4.
+func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+	ref, err := s.packetRef(id)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	var body api.ActRequest
+	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if err := model.ValidateActID(body.ActID); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	req := model.OpenRequest{ActID: body.ActID, Shard: sharding.ShardOfAct(body.ActID)}
+	var res model.OpenResult
+	if s.cfg.OpenStrategy == StrategyNaive {
+		res = s.openNaive(ctx, ref, req)
+	} else {
+		res = s.openQueued(ctx, ref, req)
+	}
+	if res.Err != nil {
+		s.writeErr(rc, res.Err)
+		return
+	}
+	c := res.Claim
+	s.writeJSON(rc, http.StatusOK, api.OpenResponse{
+		ClaimID: c.ID, PacketID: string(c.PacketID), ActID: c.ActID, Amount: int64(c.Amount), Seq: c.Seq, Repeat: res.Repeat,
+	})
+}
+
+// openNaive runs the open as its own transaction right away: concurrent opens of
+// one packet fight for the row lock. Kept as the baseline the bench compares with.
+func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	r := s.rngs.Get().(*mrand.Rand)
+	defer s.rngs.Put(r)
+	results, p, err := s.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
+	if err != nil {
+		return model.OpenResult{Err: err}
+	}
+	s.afterOpen(p, results)
+	return results[0]
+}
+
+// openQueued puts the open in its packet's FIFO and waits for the worker's answer
+// or the request deadline.
+func (s *Server) openQueued(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	dl, _ := ctx.Deadline()
+	job := &openJob{ref: ref, req: req, enqueued: s.now(), deadline: dl, done: make(chan model.OpenResult, 1)}
+	if err := s.queue.Enqueue(ref.ID, job); err != nil {
+		s.stats.shed.Add(1)
+		if errors.Is(err, keyqueue.ErrClosed) {
+			return model.OpenResult{Err: model.ErrShuttingDown}
+		}
+		return model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "the queue of red packet %s is full", ref.ID)}
+	}
+	select {
+	case res := <-job.done:
+		return res
+	case <-ctx.Done():
+		// The worker may still commit this open; a retry returns that claim.
+		return model.OpenResult{Err: model.Errorf(model.ErrTimeout, "open of %s did not finish before the deadline", ref.ID)}
+	}
+}
+
+// openBatch is the packet worker: it sheds jobs that waited too long, takes the
+// packet's transaction slot in memcached, runs one transaction for the rest and
+// answers every waiter.
+func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
+	now := s.now()
+	live := batch[:0:0]
+	for _, j := range batch {
+		switch {
+		case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
+			s.stats.shed.Add(1)
+			j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
+		case !j.deadline.IsZero() && now.After(j.deadline):
+			j.done <- model.OpenResult{Err: model.ErrTimeout}
+		default:
+			live = append(live, j)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
+	defer cancel()
+	fail := func(err error) {
+		for _, j := range live {
+			j.done <- model.OpenResult{Err: err}
+		}
+	}
+	release, err := s.slots.Acquire(ctx, string(key))
+	if err != nil {
+		s.stats.shed.Add(int64(len(live)))
+		fail(model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
+		return
+	}
+	reqs := make([]model.OpenRequest, len(live))
+	for i, j := range live {
+		reqs[i] = j.req
+	}
+	r := s.rngs.Get().(*mrand.Rand)
+	results, p, err := s.store.OpenBatch(ctx, live[0].ref, reqs, r)
+	s.rngs.Put(r)
+	release()
+	if err != nil {
+		s.log.Error("open batch failed", "packet", key, "batch", len(live), "err", err)
+		fail(err)
+		return
+	}
+	s.stats.openBatches.Add(1)
+	s.afterOpen(p, results)
+	for i, j := range live {
+		j.done <- results[i]
+	}
+}
+
+// afterOpen refreshes the grab cache and hands new claims to the relay.
+func (s *Server) afterOpen(p model.Packet, results []model.OpenResult) {
+	var credits []model.Credit
+	for i, r := range results {
+		if r.Err != nil || r.Repeat {
+			continue
+		}
+		// A user listed twice in a batch shares one result; relay it once.
+		if i > 0 && results[i-1].Claim.ID == r.Claim.ID {
+			continue
+		}
+		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
+			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
+	}
+	s.stats.opens.Add(int64(len(credits)))
+	if len(credits) > 0 {
+		s.cacheRemaining(p)
+		s.relay.enqueue(credits)
+	}
+}

@@ -1,0 +1,176 @@
+package cell
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/api"
+	"redcell/model"
+)
+
+// relay delivers claims to the claimants' wallets: at least once from the
+// outbox, applied exactly once by the receiving side (the claim ID is the order
+// number). Fresh claims come straight from the open workers; a periodic scan of
+// the outbox picks up whatever that missed (a crash, a full channel, a peer down).
+type relay struct {
+	s      *Server
+	in     chan []model.Credit
+	client *fasthttp.Client
+}
+
+const relayBatchMax = 1000
+
+func newRelay(s *Server) *relay {
+	return &relay{s: s, in: make(chan []model.Credit, 4096), client: &fasthttp.Client{
+		Name: "redcell-relay", ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxConnsPerHost: 16,
+	}}
+}
+
+// enqueue hands fresh claims to the relay without blocking; when the channel is
+// full they wait in the outbox for the next scan.
+func (r *relay) enqueue(credits []model.Credit) {
+	select {
+	case r.in <- credits:
+	default:
+		r.s.stats.relayDropped.Add(int64(len(credits)))
+	}
+}
+
+func (r *relay) run(ctx context.Context) {
+	t := time.NewTicker(r.s.cfg.RelayInterval)
+	defer t.Stop()
+	for {
+		select {
+		case batch := <-r.in:
+			r.deliver(ctx, r.gather(batch))
+		case <-t.C:
+			r.scan(ctx)
+		case <-ctx.Done():
+			// Deliver what the workers handed over before stopping; the outbox
+			// keeps anything that still fails.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			for {
+				select {
+				case batch := <-r.in:
+					r.deliver(fctx, r.gather(batch))
+					continue
+				default:
+				}
+				break
+			}
+			cancel()
+			return
+		}
+	}
+}
+
+func (r *relay) gather(batch []model.Credit) []model.Credit {
+	for len(batch) < relayBatchMax {
+		select {
+		case more := <-r.in:
+			batch = append(batch, more...)
+			continue
+		default:
+		}
+		break
+	}
+	return batch
+}
+
+// scan re-drives outbox rows older than two relay intervals.
+func (r *relay) scan(ctx context.Context) {
+	before := r.s.now().Add(-2 * r.s.cfg.RelayInterval).UnixMilli()
+	seen := map[int]bool{}
+	for _, sh := range r.s.cfg.Shards.Shards() {
+		db := sh.DB()
+		if seen[db] {
+			continue
+		}
+		seen[db] = true
+		for round := 0; round < 10 && ctx.Err() == nil; round++ {
+			credits, err := r.s.store.PendingCredits(ctx, db, before, relayBatchMax)
+			if err != nil {
+				r.s.stats.relayErrors.Add(1)
+				r.s.log.Warn("outbox scan failed", "db", db, "err", err)
+				break
+			}
+			if len(credits) == 0 || r.deliver(ctx, credits) == 0 {
+				break
+			}
+		}
+	}
+}
+
+// deliver sends credits to their owners and marks the delivered ones in the
+// outbox. It returns how many were delivered.
+func (r *relay) deliver(ctx context.Context, credits []model.Credit) int {
+	local, remote := []model.Credit{}, map[string][]model.Credit{}
+	m := r.s.peers.Map()
+	for _, c := range credits {
+		if r.s.Owns(c.Shard) {
+			local = append(local, c)
+			continue
+		}
+		owner, ok := m.Owner(c.Shard)
+		if !ok {
+			r.s.stats.relayErrors.Add(1)
+			continue // no live owner now: the outbox keeps it
+		}
+		remote[owner.Addr] = append(remote[owner.Addr], c)
+	}
+	delivered := 0
+	if len(local) > 0 {
+		if _, err := r.s.store.ApplyCredits(ctx, local); err != nil {
+			r.s.stats.relayErrors.Add(1)
+			r.s.log.Warn("local credit failed", "credits", len(local), "err", err)
+		} else {
+			delivered += r.mark(ctx, local)
+		}
+	}
+	for addr, cs := range remote {
+		if err := r.post(addr, cs); err != nil {
+			r.s.stats.relayErrors.Add(1)
+			r.s.log.Warn("relay to cell failed", "addr", addr, "credits", len(cs), "err", err)
+			continue
+		}
+		delivered += r.mark(ctx, cs)
+	}
+	return delivered
+}
+
+func (r *relay) mark(ctx context.Context, cs []model.Credit) int {
+	if err := r.s.store.MarkDelivered(ctx, cs); err != nil {
+		// Delivered but not marked: the next scan delivers again, which the
+		// receiver ignores.
+		r.s.log.Warn("mark delivered failed", "credits", len(cs), "err", err)
+		return 0
+	}
+	r.s.stats.relayed.Add(int64(len(cs)))
+	return len(cs)
+}
+
+// post sends one batch of credits to a cell's /internal/credits.
+func (r *relay) post(addr string, cs []model.Credit) error {
+	body, err := json.Marshal(api.CreditsRequest{Credits: cs})
+	if err != nil {
+		return err
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/internal/credits")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetBody(body)
+	if err := r.client.DoTimeout(req, resp, 10*time.Second); err != nil {
+		return err
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return fmt.Errorf("cell answered %d: %s", resp.StatusCode(), resp.Body())
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package cell
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/admission"
+	"redcell/cell/api"
+	"redcell/cell/keyqueue"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// Slots caps concurrent transactions per key (memcached CAS, admission.Slots).
+type Slots interface {
+	Acquire(ctx context.Context, key string) (release func(), err error)
+}
+
+// GrabCache is the cheap copy of each packet's remaining count.
+type GrabCache interface {
+	Get(key string) (admission.Remaining, bool)
+	Set(key string, r admission.Remaining, ttl time.Duration)
+}
+
+// Peers tells where other cells are (sharding/membership.Node).
+type Peers interface {
+	Map() *sharding.Map
+}
+
+// Server is one running cell. Create it with New, run it with Serve.
+type Server struct {
+	cfg   Config
+	store Store
+	slots Slots
+	cache GrabCache
+	peers Peers
+	log   *slog.Logger
+	now   func() time.Time
+
+	owned [model.ShardCount]bool
+	queue *keyqueue.Queue[model.PacketID, *openJob]
+	relay *relay
+	rngs  sync.Pool // *rand.Rand, one per worker at a time
+	http  *fasthttp.Server
+
+	draining    atomic.Bool
+	schemaReady atomic.Bool
+	stats       stats
+}
+
+// stats are the cell's counters (exported through /healthz).
+type stats struct {
+	opens, openBatches, shed, refunds, refundCents atomic.Int64
+	relayed, relayDropped, relayErrors             atomic.Int64
+}
+
+// New wires a cell. It does no I/O.
+func New(cfg Config, store Store, slots Slots, cache GrabCache, peers Peers, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, store: store, slots: slots, cache: cache, peers: peers, log: log.With("cell", cfg.Name), now: time.Now}
+	for _, sh := range cfg.Shards.Shards() {
+		s.owned[sh] = true
+	}
+	batch := cfg.BatchMax
+	if cfg.OpenStrategy != StrategyBatched {
+		batch = 1
+	}
+	s.queue = keyqueue.New(keyqueue.Config{
+		Depth: cfg.QueueDepth, MaxKeys: 1 << 20, BatchMax: batch, BatchWait: cfg.BatchWait, IdleStop: 2 * time.Second,
+	}, s.openBatch)
+	s.rngs.New = func() any {
+		var seed [16]byte
+		_, _ = rand.Read(seed[:])
+		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
+	}
+	s.relay = newRelay(s)
+	s.http = &fasthttp.Server{
+		Handler:            s.handle,
+		Name:               "redcell-cell",
+		MaxRequestBodySize: 1 << 20,
+		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       30 * time.Second,
+		IdleTimeout:        60 * time.Second,
+		CloseOnShutdown:    true,
+	}
+	return s, nil
+}
+
+// Owns reports whether this cell owns shard sh.
+func (s *Server) Owns(sh model.ShardID) bool { return sh.Valid() && s.owned[sh] }
+
+// Listen binds the HTTP address (so callers know it is taken before announcing).
+func (s *Server) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("cell: listen %s: %w", s.cfg.Listen, err)
+	}
+	return ln, nil
+}
+
+// Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
+// taking requests and let in-flight ones finish, drain the open queues, deliver
+// what the relay holds. Background work (schema warm-up, relay, expiry) runs
+// while it serves.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	bg, stopBG := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.warmSchema(bg) }()
+	go func() { defer wg.Done(); s.relay.run(bg) }()
+	go func() { defer wg.Done(); s.expiryLoop(bg) }()
+
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(ln) }()
+	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.cfg.OpenStrategy)
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if serr := s.http.ShutdownWithContext(sctx); serr != nil && err == nil {
+		err = serr
+	}
+	s.queue.Close()
+	s.queue.Wait()
+	stopBG()
+	wg.Wait()
+	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.stats.relayed.Load())
+	return err
+}
+
+// warmSchema creates the shard tables and today's and tomorrow's day tables
+// before they are needed, then again each hour so tomorrow's always exist.
+func (s *Server) warmSchema(ctx context.Context) {
+	shards := s.cfg.Shards.Shards()
+	for {
+		start := s.now()
+		days := []int{start.UTC().Day(), start.UTC().Add(24 * time.Hour).Day()}
+		last := time.Now()
+		err := s.store.EnsureDays(ctx, shards, days, 4, func(done, total int) {
+			if time.Since(last) > 5*time.Second || done == total {
+				last = time.Now()
+				s.log.Info("creating day tables", "done", done, "shards", total, "days", days)
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("creating tables failed; will retry", "err", err)
+		} else if err == nil {
+			s.schemaReady.Store(true)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Hour):
+		}
+	}
+}
+
+// deadline rebuilds the request's context from the deadline header the router
+// sends; without it the cell's RequestTimeout applies.
+func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
+	d := s.now().Add(s.cfg.RequestTimeout)
+	if v := rc.Request.Header.Peek(api.HeaderDeadline); len(v) > 0 {
+		if ms, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+			if hd := time.UnixMilli(ms); hd.Before(d) {
+				d = hd
+			}
+		}
+	}
+	return context.WithDeadline(context.Background(), d)
+}
+
+func (s *Server) writeJSON(rc *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.writeErr(rc, fmt.Errorf("cell: encode answer: %w", err))
+		return
+	}
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
+	rc.SetBody(b)
+}
+
+func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = model.ErrTimeout
+	}
+	status, body := api.ErrorJSON(err)
+	if status >= 500 {
+		s.log.Warn("request failed", "path", string(rc.Path()), "err", err)
+	}
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
+	rc.SetBody(body)
+}

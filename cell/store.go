@@ -1,0 +1,59 @@
+package cell
+
+import (
+	"context"
+	"math/rand/v2"
+
+	"redcell/model"
+)
+
+// Wallets is the part of the store that holds balances. Every change is a flow
+// row keyed by a UNIQUE order number, written in the balance's transaction.
+type Wallets interface {
+	// Deposit: see storage.MySQL.Deposit. Errors: ErrOrderConflict.
+	Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error)
+	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
+	// ApplyCredits books claims into wallets at most once each; returns how many were new.
+	ApplyCredits(ctx context.Context, credits []model.Credit) (int, error)
+}
+
+// Packets is the part of the store that holds red packets and their claims.
+type Packets interface {
+	// Send debits the sender and creates the packet in one transaction.
+	// Errors: ErrInsufficientBalance, ErrOrderConflict.
+	Send(ctx context.Context, s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error)
+	// Packet reads one packet. Errors: ErrNotFound.
+	Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error)
+	Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error)
+	// OpenBatch opens the packet for each request in one transaction and returns
+	// the packet as it left it.
+	OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error)
+}
+
+// Expiry finds and refunds expired packets.
+type Expiry interface {
+	ExpiredPackets(ctx context.Context, s model.ShardID, day int, nowMS int64, limit int) ([]model.PacketID, error)
+	Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error)
+}
+
+// Outbox is the claims waiting to be credited in the claimants' cells.
+type Outbox interface {
+	PendingCredits(ctx context.Context, db int, beforeMS int64, limit int) ([]model.Credit, error)
+	MarkDelivered(ctx context.Context, credits []model.Credit) error
+}
+
+// Schema creates tables ahead of need.
+type Schema interface {
+	EnsureShard(ctx context.Context, s model.ShardID) error
+	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
+}
+
+// Store is everything a cell needs from its database.
+type Store interface {
+	Wallets
+	Packets
+	Expiry
+	Outbox
+	Schema
+	Ping(ctx context.Context) error
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"redcell/cell"
+	"redcell/model"
+	"redcell/router"
+	"redcell/sharding"
+)
+
+// fileConfig is the cluster config file (deploy/local/redcell.yaml documents every
+// key). One file describes the whole local cluster; each process picks its part.
+type fileConfig struct {
+	Memcached   []string      `yaml:"memcached"`
+	GossipSeeds []string      `yaml:"gossip_seeds"`
+	Router      routerSection `yaml:"router"`
+	Cells       []cellEntry   `yaml:"cells"`
+	Cell        cellSection   `yaml:"cell"`
+}
+
+type routerSection struct {
+	Listen         string        `yaml:"listen"`
+	Gossip         string        `yaml:"gossip"`
+	RequestTimeout time.Duration `yaml:"request_timeout"`
+	MaxBodyBytes   int           `yaml:"max_body_bytes"`
+}
+
+type cellEntry struct {
+	Name   string `yaml:"name"`
+	Listen string `yaml:"listen"`
+	Gossip string `yaml:"gossip"`
+	Shards string `yaml:"shards"`
+	DSN    string `yaml:"dsn"`
+}
+
+type cellSection struct {
+	PacketExpiry   time.Duration `yaml:"packet_expiry"`
+	OpenStrategy   string        `yaml:"open_strategy"`
+	BatchMax       int           `yaml:"batch_max"`
+	BatchWait      time.Duration `yaml:"batch_wait"`
+	QueueDepth     int           `yaml:"queue_depth"`
+	QueueWaitMax   time.Duration `yaml:"queue_wait_max"`
+	TxPerPacket    int           `yaml:"tx_per_packet"`
+	MaxConns       int           `yaml:"max_conns"`
+	RequestTimeout time.Duration `yaml:"request_timeout"`
+	RelayInterval  time.Duration `yaml:"relay_interval"`
+	ExpiryInterval time.Duration `yaml:"expiry_interval"`
+	MaxAmount      int64         `yaml:"max_amount"`
+	MaxCount       int64         `yaml:"max_count"`
+	MaxGreeting    int           `yaml:"max_greeting"`
+	MapVersion     int64         `yaml:"map_version"`
+}
+
+// loadConfig reads path (strict: unknown keys are errors), then applies the
+// environment overrides listed in envOverrides.
+func loadConfig(path string) (fileConfig, error) {
+	var fc fileConfig
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fc, fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&fc); err != nil {
+			return fc, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	if err := applyEnv(&fc, os.Getenv); err != nil {
+		return fc, err
+	}
+	return fc, nil
+}
+
+// envOverrides maps environment variables to config fields. Each wins over the file.
+var envOverrides = []struct {
+	name string
+	set  func(fc *fileConfig, v string) error
+}{
+	{"REDCELL_MEMCACHED", func(fc *fileConfig, v string) error { fc.Memcached = splitList(v); return nil }},
+	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
+	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
+	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
+	{"REDCELL_PACKET_EXPIRY", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.PacketExpiry })},
+	{"REDCELL_OPEN_STRATEGY", func(fc *fileConfig, v string) error { fc.Cell.OpenStrategy = v; return nil }},
+	{"REDCELL_BATCH_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.BatchMax })},
+	{"REDCELL_BATCH_WAIT", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.BatchWait })},
+	{"REDCELL_QUEUE_WAIT_MAX", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.QueueWaitMax })},
+	{"REDCELL_RELAY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.RelayInterval })},
+	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
+}
+
+func applyEnv(fc *fileConfig, getenv func(string) string) error {
+	for _, o := range envOverrides {
+		if v := getenv(o.name); v != "" {
+			if err := o.set(fc, v); err != nil {
+				return fmt.Errorf("config: %s=%q: %w", o.name, v, err)
+			}
+		}
+	}
+	return nil
+}
+
+func durationInto(field func(*fileConfig) *time.Duration) func(*fileConfig, string) error {
+	return func(fc *fileConfig, v string) error {
+		d, err := time.ParseDuration(v)
+		if err == nil {
+			*field(fc) = d
+		}
+		return err
+	}
+}
+
+func intInto(field func(*fileConfig) *int) func(*fileConfig, string) error {
+	return func(fc *fileConfig, v string) error {
+		n, err := strconv.Atoi(v)
+		if err == nil {
+			*field(fc) = n
+		}
+		return err
+	}
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// cellConfig builds the config of the cell called name: defaults, then the
+// file's shared cell section, then the cell's own entry.
+func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
+	c := cell.DefaultConfig()
+	var entry *cellEntry
+	for i := range fc.Cells {
+		if fc.Cells[i].Name == name {
+			entry = &fc.Cells[i]
+		}
+	}
+	if entry == nil {
+		return c, "", fmt.Errorf("config: no cell named %q in cells", name)
+	}
+	c.Name, c.Listen, c.DSN = entry.Name, entry.Listen, entry.DSN
+	r, err := sharding.ParseRanges(entry.Shards)
+	if err != nil {
+		return c, "", fmt.Errorf("config: cell %s: %w", name, err)
+	}
+	c.Shards = r
+	if len(fc.Memcached) > 0 {
+		c.Memcached = fc.Memcached
+	}
+	s := fc.Cell
+	setDur(&c.PacketExpiry, s.PacketExpiry)
+	if s.OpenStrategy != "" {
+		c.OpenStrategy = s.OpenStrategy
+	}
+	setInt(&c.BatchMax, s.BatchMax)
+	setDur(&c.BatchWait, s.BatchWait)
+	setInt(&c.QueueDepth, s.QueueDepth)
+	setDur(&c.QueueWaitMax, s.QueueWaitMax)
+	setInt(&c.TxPerPacket, s.TxPerPacket)
+	setInt(&c.MaxConns, s.MaxConns)
+	setDur(&c.RequestTimeout, s.RequestTimeout)
+	setDur(&c.RelayInterval, s.RelayInterval)
+	setDur(&c.ExpiryInterval, s.ExpiryInterval)
+	if s.MaxAmount > 0 {
+		c.Limits.MaxAmount = model.Cents(s.MaxAmount)
+	}
+	if s.MaxCount > 0 {
+		c.Limits.MaxCount = s.MaxCount
+	}
+	setInt(&c.Limits.MaxGreeting, s.MaxGreeting)
+	if s.MapVersion > 0 {
+		c.MapVersion = s.MapVersion
+	}
+	return c, entry.Gossip, c.Validate()
+}
+
+// routerConfig builds the router's config: defaults, then the file.
+func (fc fileConfig) routerConfig() (router.Config, error) {
+	c := router.DefaultConfig()
+	if fc.Router.Listen != "" {
+		c.Listen = fc.Router.Listen
+	}
+	setDur(&c.RequestTimeout, fc.Router.RequestTimeout)
+	setInt(&c.MaxBodyBytes, fc.Router.MaxBodyBytes)
+	return c, c.Validate()
+}
+
+func setDur(dst *time.Duration, v time.Duration) {
+	if v != 0 {
+		*dst = v
+	}
+}
+
+func setInt(dst *int, v int) {
+	if v != 0 {
+		*dst = v
+	}
+}

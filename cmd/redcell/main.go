@@ -1,0 +1,70 @@
+// Command redcell runs every part of a redcell cluster:
+//
+//	redcell cell   --config FILE --name NAME   one cell (SET)
+//	redcell router --config FILE               the stateless router
+//	redcell audit  --config FILE [--json]      prove money conservation across cells
+//	redcell bench  [flags]                     drive load through the router
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage: redcell <command> [flags]
+
+commands:
+  cell     run one cell:              redcell cell --config FILE --name cell-1
+  router   run the router:            redcell router --config FILE
+  audit    check money conservation:  redcell audit --config FILE
+  bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
+
+Run 'redcell <command> -h' for the flags of a command.`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "redcell:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "cell":
+		return runCell(ctx, args[1:])
+	case "router":
+		return runRouter(ctx, args[1:])
+	case "audit":
+		return runAudit(ctx, args[1:])
+	case "bench":
+		return runBench(ctx, args[1:])
+	case "-h", "--help", "help":
+		fmt.Println(usage)
+		return nil
+	}
+	fmt.Fprintln(os.Stderr, usage)
+	return errUsage
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"redcell/cell"
+	"redcell/cell/admission"
+	"redcell/router"
+	"redcell/sharding/membership"
+	"redcell/storage"
+)
+
+// The store is bound to the cell's interfaces here, where the wiring happens.
+var _ cell.Store = (*storage.MySQL)(nil)
+var _ cell.Slots = (*admission.Slots)(nil)
+var _ cell.GrabCache = (*admission.Cache)(nil)
+var _ cell.Peers = (*membership.Node)(nil)
+
+// runCell: flags → config → validate → database → memcached → listen → join the
+// cluster → serve; on a signal: leave the cluster (routers stop sending), drain,
+// close in reverse order.
+func runCell(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("cell", flag.ContinueOnError)
+	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
+	name := fs.String("name", "cell-1", "this cell's name in the config's cells list")
+	level := fs.String("log-level", "info", "debug|info|warn|error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := newLogger(*level)
+	fc, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	cfg, gossip, err := fc.cellConfig(*name)
+	if err != nil {
+		return err
+	}
+	store, err := storage.Open(cfg.DSN, cfg.MaxConns)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := waitPing(ctx, store, 30*time.Second); err != nil {
+		return fmt.Errorf("cell %s: database %s: %w", cfg.Name, redactDSN(cfg.DSN), err)
+	}
+	mc := admission.NewClient(cfg.Memcached)
+	node, err := membership.Join(membership.Config{
+		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
+		Meta: membership.Meta{Role: membership.RoleCell, Addr: cfg.Listen, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := cell.New(cfg, store, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, log)
+	if err != nil {
+		node.Shutdown()
+		return err
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		node.Shutdown()
+		return err
+	}
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-done:
+		node.Shutdown()
+		return err
+	}
+	log.Info("shutting down: leaving the cluster, then draining")
+	if err := node.Leave(3 * time.Second); err != nil {
+		log.Warn("leave", "err", err)
+	}
+	stopServe()
+	return <-done
+}
+
+func waitPing(ctx context.Context, store *storage.MySQL, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := store.Ping(pctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// redactDSN drops the password from a DSN for logs.
+func redactDSN(dsn string) string {
+	at := -1
+	for i := len(dsn) - 1; i >= 0; i-- {
+		if dsn[i] == '@' {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return dsn
+	}
+	user := dsn[:at]
+	for i := 0; i < len(user); i++ {
+		if user[i] == ':' {
+			return user[:i] + ":***" + dsn[at:]
+		}
+	}
+	return dsn
+}
+
+// runRouter: flags → config → join the cluster as a router → serve → shut down.
+func runRouter(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("router", flag.ContinueOnError)
+	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
+	level := fs.String("log-level", "info", "debug|info|warn|error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := newLogger(*level)
+	fc, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	cfg, err := fc.routerConfig()
+	if err != nil {
+		return err
+	}
+	gossip := fc.Router.Gossip
+	if gossip == "" {
+		gossip = "127.0.0.1:7946"
+	}
+	node, err := membership.Join(membership.Config{
+		Name: "router-" + cfg.Listen, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
+		Meta: membership.Meta{Role: membership.RoleRouter},
+	})
+	if err != nil {
+		return err
+	}
+	defer node.Leave(2 * time.Second)
+	rt, err := router.New(cfg, node, log)
+	if err != nil {
+		return err
+	}
+	ln, err := rt.Listen()
+	if err != nil {
+		return err
+	}
+	return rt.Serve(ctx, ln)
+}

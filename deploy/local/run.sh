@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# run.sh (make run): installs what is missing, then starts a local redcell cluster
+# on loopback — two cells, each with its own MariaDB, one memcached, one router on
+# :8080 — and serves until Ctrl-C, which shuts everything down gracefully: the
+# router and cells finish in-flight requests and drain their queues, then the
+# databases stop. State lives under ./var (override with REDCELL_VAR).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+. "$here/services.sh"
+
+VAR=${REDCELL_VAR:-$root/var}
+mkdir -p "$VAR/log" "$VAR/bin"
+ensure_packages
+
+# Leftovers of an earlier run (a crash, a kill -9) are stopped first.
+for pidfile in "$VAR"/pids/*.pid; do
+  [ -f "$pidfile" ] || continue
+  kill "$(cat "$pidfile")" 2>/dev/null || true
+  rm -f "$pidfile"
+done
+stop_mariadb "$VAR/cell-1/db"; stop_mariadb "$VAR/cell-2/db"; stop_memcached "$VAR/memcached"
+mkdir -p "$VAR/pids"
+
+echo "building redcell ..."
+(cd "$root" && go build -o "$VAR/bin/redcell" ./cmd/redcell)
+
+# Ports: the defaults from deploy/local/redcell.yaml unless already taken here.
+db1=$(free_port 33061); db2=$(free_port $((db1 + 1)))
+mc=$(free_port 21211)
+g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
+c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
+rport=${REDCELL_ROUTER_PORT:-8080}
+if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
+
+cfg="$VAR/redcell.yaml"
+sed -e "s/127.0.0.1:33061/127.0.0.1:$db1/; s/127.0.0.1:33062/127.0.0.1:$db2/" \
+    -e "s/127.0.0.1:21211/127.0.0.1:$mc/" \
+    -e "s/127.0.0.1:7946/127.0.0.1:$g0/g; s/127.0.0.1:7947/127.0.0.1:$g1/g; s/127.0.0.1:7948/127.0.0.1:$g2/g" \
+    -e "s/127.0.0.1:9101/127.0.0.1:$c1/; s/127.0.0.1:9102/127.0.0.1:$c2/" \
+    -e "s/127.0.0.1:8080/127.0.0.1:$rport/" \
+    "$here/redcell.yaml" >"$cfg"
+
+procs=()
+shutdown() {
+  trap - INT TERM EXIT
+  echo
+  echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
+  if [ -f "$VAR/pids/router.pid" ]; then kill -TERM "$(cat "$VAR/pids/router.pid")" 2>/dev/null || true; fi
+  wait_pid "$VAR/pids/router.pid"
+  for c in cell-1 cell-2; do
+    if [ -f "$VAR/pids/$c.pid" ]; then kill -TERM "$(cat "$VAR/pids/$c.pid")" 2>/dev/null || true; fi
+  done
+  wait_pid "$VAR/pids/cell-1.pid"; wait_pid "$VAR/pids/cell-2.pid"
+  stop_memcached "$VAR/memcached"
+  stop_mariadb "$VAR/cell-1/db"; stop_mariadb "$VAR/cell-2/db"
+  echo "stopped."
+}
+wait_pid() {
+  local f=$1 pid i
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$f"
+}
+trap shutdown INT TERM EXIT
+
+echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
+start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
+start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
+wait "$m1" && wait "$m2" || { echo "MariaDB failed to start" >&2; exit 1; }
+start_memcached "$VAR/memcached" "$mc"
+
+start_proc() {
+  local name=$1; shift
+  # setsid: Ctrl-C reaches this script only; shutdown() stops processes in order.
+  setsid "$VAR/bin/redcell" "$@" >>"$VAR/log/$name.log" 2>&1 </dev/null &
+  echo $! >"$VAR/pids/$name.pid"
+}
+start_proc cell-1 cell --config "$cfg" --name cell-1
+start_proc cell-2 cell --config "$cfg" --name cell-2
+start_proc router router --config "$cfg"
+
+echo "waiting for the cluster to answer ..."
+ready=0
+for i in $(seq 1 120); do
+  if curl -fsS "http://127.0.0.1:$rport/healthz" 2>/dev/null | grep -q '"uncovered_shards":0'; then ready=1; break; fi
+  for p in cell-1 cell-2 router; do
+    if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
+      echo "$p exited; last lines of $VAR/log/$p.log:" >&2; tail -20 "$VAR/log/$p.log" >&2; exit 1
+    fi
+  done
+  sleep 0.5
+done
+[ "$ready" = 1 ] || { echo "cluster did not become ready; see $VAR/log/" >&2; exit 1; }
+
+cat <<INFO
+
+redcell is serving.
+  router     http://127.0.0.1:$rport        (public API; try: curl http://127.0.0.1:$rport/healthz)
+  cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
+  cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)
+  memcached  127.0.0.1:$mc
+  gossip     127.0.0.1:$g0 (router), :$g1, :$g2 (cells)
+  config     $cfg
+  logs       $VAR/log/
+  audit      $VAR/bin/redcell audit --config $cfg
+Press Ctrl-C to stop.
+INFO
+
+# Serve until Ctrl-C or until a process dies.
+while true; do
+  for p in cell-1 cell-2 router; do
+    if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
+      echo "$p exited unexpectedly; see $VAR/log/$p.log" >&2; exit 1
+    fi
+  done
+  sleep 1
+done

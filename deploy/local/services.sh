@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# services.sh — functions that install and run redcell's local dependencies:
+# private MariaDB instances and a memcached, each with its own data dir and port.
+# Sourced by run.sh (make run) and testenv.sh (make test). Nothing here touches a
+# system-wide MariaDB or memcached: every instance lives under a folder we own.
+
+# need_root_cmd prints "sudo" when the current user is not root.
+need_root_cmd() { if [ "$(id -u)" -ne 0 ]; then echo sudo; fi; }
+
+# ensure_packages installs mariadb-server and memcached with apt-get if missing.
+ensure_packages() {
+  local missing=()
+  command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+  command -v memcached >/dev/null 2>&1 || [ -x /usr/bin/memcached ] || missing+=(memcached)
+  command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} with apt-get ..."
+    local SUDO; SUDO=$(need_root_cmd)
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+    export PATH=$PATH:/usr/local/go/bin
+  fi
+}
+
+mariadbd_bin() { command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd; }
+
+# port_free PORT succeeds when nothing listens on 127.0.0.1:PORT.
+port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+
+# free_port prints a free TCP port at or above $1.
+free_port() {
+  local p=$1
+  while ! port_free "$p"; do p=$((p + 1)); done
+  echo "$p"
+}
+
+# start_mariadb DIR PORT [durable|fast] starts a private MariaDB whose data, socket,
+# pid and log live in DIR, listening on 127.0.0.1:PORT, root without password over TCP.
+# "durable" keeps innodb_flush_log_at_trx_commit=1 (an fsync per commit); "fast"
+# trades durability for test speed. Waits until it answers; returns non-zero on failure.
+start_mariadb() {
+  local dir=$1 port=$2 mode=${3:-durable}
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  local user_opt=()
+  if [ "$(id -u)" -eq 0 ]; then user_opt=(--user=root); fi
+  if [ ! -d "$dir/data/mysql" ]; then
+    rm -rf "$dir/data"; mkdir -p "$dir/data"
+    mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
+      --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 || {
+        echo "mariadb-install-db failed, see $dir/install.log" >&2; return 1; }
+  fi
+  if [ -f "$dir/mariadb.pid" ] && kill -0 "$(cat "$dir/mariadb.pid")" 2>/dev/null; then
+    kill "$(cat "$dir/mariadb.pid")" 2>/dev/null; sleep 1
+  fi
+  local flush=1 sync=1
+  if [ "$mode" = fast ]; then flush=2; sync=0; fi
+  # The socket path is kept short: unix sockets are limited to 108 bytes.
+  local sock; sock=$(mktemp -u /tmp/rcdb.XXXXXX.sock)
+  echo "$sock" >"$dir/socket.path"
+  # setsid: a Ctrl-C in the terminal reaches run.sh only, which stops things in order.
+  setsid "$(mariadbd_bin)" --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
+    --port="$port" --bind-address=127.0.0.1 --socket="$sock" --pid-file="$dir/mariadb.pid" \
+    --log-error="$dir/error.log" --skip-name-resolve --max-connections=1000 \
+    --innodb-buffer-pool-size=256M --innodb-log-file-size=256M \
+    --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync \
+    --innodb-file-per-table=1 --table-open-cache=8000 --table-definition-cache=8000 \
+    --open-files-limit=32000 --character-set-server=utf8mb4 \
+    --collation-server=utf8mb4_bin >/dev/null 2>&1 &
+  local i
+  for i in $(seq 1 120); do
+    if mariadb --no-defaults -h127.0.0.1 -P"$port" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "MariaDB in $dir did not answer on port $port; see $dir/error.log" >&2
+  tail -20 "$dir/error.log" >&2 || true
+  return 1
+}
+
+# stop_mariadb DIR stops the instance started in DIR and waits for it to exit.
+stop_mariadb() {
+  local dir=$1 pid
+  [ -f "$dir/mariadb.pid" ] || return 0
+  pid=$(cat "$dir/mariadb.pid" 2>/dev/null) || return 0
+  kill "$pid" 2>/dev/null || return 0
+  local i
+  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# start_memcached DIR PORT starts a private memcached on 127.0.0.1:PORT.
+start_memcached() {
+  local dir=$1 port=$2
+  mkdir -p "$dir"
+  if [ -f "$dir/memcached.pid" ] && kill -0 "$(cat "$dir/memcached.pid")" 2>/dev/null; then
+    kill "$(cat "$dir/memcached.pid")" 2>/dev/null; sleep 0.3
+  fi
+  local user_opt=()
+  if [ "$(id -u)" -eq 0 ]; then user_opt=(-u root); fi
+  memcached "${user_opt[@]}" -l 127.0.0.1 -p "$port" -U 0 -m 128 -c 4096 -d -P "$dir/memcached.pid"
+  local i
+  for i in $(seq 1 40); do
+    if ! port_free "$port"; then return 0; fi
+    sleep 0.25
+  done
+  echo "memcached did not start on port $port" >&2
+  return 1
+}
+
+stop_memcached() {
+  local dir=$1
+  [ -f "$dir/memcached.pid" ] || return 0
+  kill "$(cat "$dir/memcached.pid")" 2>/dev/null || true
+  rm -f "$dir/memcached.pid"
+}

@@ -1,0 +1,100 @@
+package model
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Ledger is what one cell's rows say about money, read in one consistent
+// snapshot of that cell's database (storage.MySQL.Ledger). All amounts are cents.
+type Ledger struct {
+	Cell          string
+	Deposits      Cents            // sum of deposit flows
+	Balances      Cents            // sum of wallet balances
+	Sends         Cents            // sum of send flows (as a positive amount)
+	PacketTotals  Cents            // sum of packet amounts
+	OpenRemaining Cents            // money still inside packets (not claimed, not refunded)
+	RefundFlows   Cents            // sum of refund flows
+	RefundAmounts Cents            // sum of packets' refund_amount
+	Packets       int64            // packet rows read
+	Claims        map[string]Claim // every claim made in this cell, by claim ID
+	Credits       map[string]Cents // every claim credited in this cell, by claim ID
+	Problems      []string         // row-level breaks: balance != its flows, packet sums off, ...
+}
+
+// AuditReport is the conservation check of DESIGN.md §2 across cells:
+// deposits = balances + money inside open packets + claims not yet credited.
+type AuditReport struct {
+	Cells         []string `json:"cells"`
+	Deposits      Cents    `json:"deposits"`
+	Balances      Cents    `json:"balances"`
+	OpenRemaining Cents    `json:"open_remaining"`
+	InFlight      Cents    `json:"in_flight"` // claimed, not yet credited to the claimant
+	InFlightCount int      `json:"in_flight_count"`
+	Packets       int64    `json:"packets"`
+	ClaimsCount   int      `json:"claims"`
+	CreditsCount  int      `json:"credits"`
+	Difference    Cents    `json:"difference"` // deposits - (balances + open + in flight); must be 0
+	Problems      []string `json:"problems"`
+}
+
+// OK reports whether the books balance with no row-level problem.
+func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 0 }
+
+// Audit combines the cells' ledgers. It proves conservation and lists every
+// broken invariant it finds: per-cell sums that must match, credits without a
+// claim (invented money), credits of the wrong amount, a claim in two cells.
+func Audit(ledgers []Ledger) AuditReport {
+	var r AuditReport
+	claims := map[string]Claim{}
+	credits := map[string]Cents{}
+	for _, l := range ledgers {
+		r.Cells = append(r.Cells, l.Cell)
+		r.Deposits += l.Deposits
+		r.Balances += l.Balances
+		r.OpenRemaining += l.OpenRemaining
+		r.Packets += l.Packets
+		for _, p := range l.Problems {
+			r.Problems = append(r.Problems, l.Cell+": "+p)
+		}
+		if l.Sends != l.PacketTotals {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: send flows %d != packet totals %d", l.Cell, l.Sends, l.PacketTotals))
+		}
+		if l.RefundFlows != l.RefundAmounts {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: refund flows %d != packets' refunds %d", l.Cell, l.RefundFlows, l.RefundAmounts))
+		}
+		for id, c := range l.Claims {
+			if _, dup := claims[id]; dup {
+				r.Problems = append(r.Problems, "claim "+id+" is stored in two cells")
+			}
+			claims[id] = c
+		}
+		for id, a := range l.Credits {
+			if _, dup := credits[id]; dup {
+				r.Problems = append(r.Problems, "claim "+id+" was credited in two cells")
+			}
+			credits[id] = a
+		}
+	}
+	for id, a := range credits {
+		c, ok := claims[id]
+		switch {
+		case !ok:
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s of %d has no claim", id, a))
+			r.InFlight -= a // money that appeared from nowhere shows in the difference
+		case c.Amount != a:
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s is %d, its claim %d", id, a, c.Amount))
+			r.InFlight += c.Amount - a
+		}
+	}
+	for id, c := range claims {
+		if _, ok := credits[id]; !ok {
+			r.InFlight += c.Amount
+			r.InFlightCount++
+		}
+	}
+	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
+	r.Difference = r.Deposits - (r.Balances + r.OpenRemaining + r.InFlight)
+	sort.Strings(r.Problems)
+	return r
+}

@@ -1,0 +1,79 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error is a domain error with a stable code. Codes are part of the HTTP API
+// (the "code" field of an error body) and never change meaning; cell/api maps
+// each code to an HTTP status in one table.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Sentinel errors. Check them with errors.Is; the function that returns each says so.
+var (
+	// ErrInvalidArgument: a request field is malformed or out of range.
+	ErrInvalidArgument = &Error{"INVALID_ARGUMENT", "invalid argument"}
+	// ErrNotFound: the red packet or account does not exist.
+	ErrNotFound = &Error{"NOT_FOUND", "not found"}
+	// ErrSoldOut: the red packet has no share left.
+	ErrSoldOut = &Error{"SOLD_OUT", "red packet has no share left"}
+	// ErrExpired: the red packet passed its expiry; its remainder goes back to the sender.
+	ErrExpired = &Error{"EXPIRED", "red packet has expired"}
+	// ErrInsufficientBalance: the sender's balance is below the packet amount.
+	ErrInsufficientBalance = &Error{"INSUFFICIENT_BALANCE", "balance is below the amount"}
+	// ErrOrderConflict: the order_no was used before with a different request body.
+	ErrOrderConflict = &Error{"ORDER_CONFLICT", "order_no already used with a different request"}
+	// ErrWrongCell: the shard is not owned by the cell that received the request.
+	ErrWrongCell = &Error{"WRONG_CELL", "shard is not owned by this cell"}
+	// ErrCellUnavailable: no live cell owns the shard (router only).
+	ErrCellUnavailable = &Error{"CELL_UNAVAILABLE", "no live cell owns this shard"}
+	// ErrOverloaded: a bounded queue is full or a request waited too long; retry later.
+	ErrOverloaded = &Error{"OVERLOADED", "overloaded, retry later"}
+	// ErrTimeout: the request deadline passed before the work finished.
+	ErrTimeout = &Error{"TIMEOUT", "deadline exceeded"}
+	// ErrBodyTooLarge: the request body is above the size limit.
+	ErrBodyTooLarge = &Error{"BODY_TOO_LARGE", "request body too large"}
+	// ErrMethodNotAllowed: the path exists but not for this method.
+	ErrMethodNotAllowed = &Error{"METHOD_NOT_ALLOWED", "method not allowed"}
+	// ErrShuttingDown: the server is draining and takes no new work.
+	ErrShuttingDown = &Error{"SHUTTING_DOWN", "server is shutting down"}
+	// ErrInternal: anything else; details are logged, not returned.
+	ErrInternal = &Error{"INTERNAL", "internal error"}
+)
+
+// detailed is a sentinel with a request-specific message.
+type detailed struct {
+	base *Error
+	msg  string
+}
+
+func (d *detailed) Error() string { return d.base.Code + ": " + d.msg }
+func (d *detailed) Unwrap() error { return d.base }
+
+// Errorf returns an error that matches base under errors.Is and carries a message.
+func Errorf(base *Error, format string, args ...any) error {
+	return &detailed{base: base, msg: fmt.Sprintf(format, args...)}
+}
+
+// Invalidf is Errorf(ErrInvalidArgument, ...).
+func Invalidf(format string, args ...any) error { return Errorf(ErrInvalidArgument, format, args...) }
+
+// CodeOf returns the stable code of err and the message to show a client.
+// Errors without a code are INTERNAL and their text is not exposed.
+func CodeOf(err error) (code, message string) {
+	var d *detailed
+	if errors.As(err, &d) {
+		return d.base.Code, d.msg
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code, e.Message
+	}
+	return ErrInternal.Code, ErrInternal.Message
+}

@@ -1,0 +1,107 @@
+package model
+
+// PacketStatus is the life-cycle state of a red packet row.
+type PacketStatus int8
+
+const (
+	// StatusOpen: shares are left and the packet has not been refunded.
+	StatusOpen PacketStatus = 0
+	// StatusSoldOut: every share was claimed.
+	StatusSoldOut PacketStatus = 1
+	// StatusRefunded: expired; the exact remainder went back to the sender.
+	StatusRefunded PacketStatus = 2
+)
+
+// String names the status as the API shows it.
+func (s PacketStatus) String() string {
+	switch s {
+	case StatusOpen:
+		return "open"
+	case StatusSoldOut:
+		return "sold_out"
+	case StatusRefunded:
+		return "refunded"
+	}
+	return "unknown"
+}
+
+// Packet is a red packet row. Amounts are cents; times are Unix milliseconds.
+// Invariant (checked in storage and by the audit):
+// sum(claims) + RefundAmount + RemainingAmount == Amount, and while the packet is
+// open RemainingAmount >= RemainingCount >= 1.
+type Packet struct {
+	ID              PacketID     `json:"packet_id"`
+	Sender          string       `json:"sender"`
+	OrderNo         string       `json:"order_no"`
+	Kind            PacketKind   `json:"kind"`
+	Greeting        string       `json:"greeting"`
+	Amount          Cents        `json:"amount"`
+	Count           int64        `json:"count"`
+	RemainingAmount Cents        `json:"remaining_amount"`
+	RemainingCount  int64        `json:"remaining_count"`
+	RefundAmount    Cents        `json:"refund_amount"`
+	Status          PacketStatus `json:"-"`
+	CreatedMS       int64        `json:"created_at_ms"`
+	ExpiresMS       int64        `json:"expires_at_ms"`
+}
+
+// SendRequest asks to debit Sender by Amount and create a packet of Count shares.
+type SendRequest struct {
+	Sender   string
+	Amount   Cents
+	Count    int64
+	Kind     PacketKind
+	Greeting string
+	OrderNo  string
+}
+
+// Claim is one share of a packet taken by one account. ID is ClaimID(PacketID, Seq).
+type Claim struct {
+	ID        string   `json:"claim_id"`
+	PacketID  PacketID `json:"packet_id"`
+	Seq       int64    `json:"seq"`
+	ActID     string   `json:"act_id"`
+	Amount    Cents    `json:"amount"`
+	CreatedMS int64    `json:"created_at_ms"`
+}
+
+// OpenResult is the answer to one open in a batch: a claim (new, or the earlier
+// one when Repeat) or an error (ErrSoldOut, ErrExpired, ErrNotFound, ...).
+type OpenResult struct {
+	Claim  Claim
+	Repeat bool
+	Err    error
+}
+
+// Credit moves a claim's amount into the claimant's wallet. It is applied at
+// most once: the claim ID is the order number on the receiving side.
+type Credit struct {
+	ClaimID  string   `json:"claim_id"`
+	PacketID PacketID `json:"packet_id"`
+	ActID    string   `json:"act_id"`
+	Shard    ShardID  `json:"shard"` // the claimant's shard
+	Amount   Cents    `json:"amount"`
+}
+
+// Account is a wallet: the balance in cents.
+type Account struct {
+	ActID   string  `json:"act_id"`
+	Shard   ShardID `json:"shard"`
+	Balance Cents   `json:"balance"`
+}
+
+// Deposit is the result of a deposit: the balance right after it was applied.
+type Deposit struct {
+	ActID   string `json:"act_id"`
+	OrderNo string `json:"order_no"`
+	Amount  Cents  `json:"amount"`
+	Balance Cents  `json:"balance"`
+	Repeat  bool   `json:"repeat"`
+}
+
+// OpenRequest is one open waiting in a packet's queue: who opens, and the shard
+// of their wallet (where the claim will be credited).
+type OpenRequest struct {
+	ActID string
+	Shard ShardID
+}

@@ -1,0 +1,166 @@
+// Package sharding is redcell's pure routing: a key (an actID or a packet ID)
+// goes to a logical shard, and a shard goes to the cell that owns it through an
+// immutable, versioned Map.
+package sharding
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"redcell/model"
+)
+
+// ShardOfAct returns xxhash64(actID) % 1000, the shard of an account.
+// actID must already be validated (model.ValidateActID).
+func ShardOfAct(actID string) model.ShardID {
+	return model.ShardID(xxhash.Sum64String(actID) % model.ShardCount)
+}
+
+// Range is an inclusive range of shards.
+type Range struct{ From, To model.ShardID }
+
+// Ranges is a set of shards written as inclusive ranges, e.g. "0-499,700-799".
+type Ranges []Range
+
+// ParseRanges parses "a-b,c,d-e". Every shard must be in 0..999 and ranges must
+// not overlap. Errors name the bad part.
+func ParseRanges(s string) (Ranges, error) {
+	var out Ranges
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		lo, hi, found := strings.Cut(part, "-")
+		if !found {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(strings.TrimSpace(lo))
+		b, err2 := strconv.Atoi(strings.TrimSpace(hi))
+		if err1 != nil || err2 != nil || a > b || !model.ShardID(a).Valid() || !model.ShardID(b).Valid() {
+			return nil, fmt.Errorf("sharding: bad shard range %q", part)
+		}
+		out = append(out, Range{model.ShardID(a), model.ShardID(b)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("sharding: empty shard ranges %q", s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].From < out[j].From })
+	for i := 1; i < len(out); i++ {
+		if out[i].From <= out[i-1].To {
+			return nil, fmt.Errorf("sharding: overlapping shard ranges %q", s)
+		}
+	}
+	return out, nil
+}
+
+// Contains reports whether s is in one of the ranges.
+func (r Ranges) Contains(s model.ShardID) bool {
+	for _, x := range r {
+		if s >= x.From && s <= x.To {
+			return true
+		}
+	}
+	return false
+}
+
+// Shards lists every shard in the ranges, ascending.
+func (r Ranges) Shards() []model.ShardID {
+	var out []model.ShardID
+	for _, x := range r {
+		for s := x.From; s <= x.To; s++ {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// String writes the ranges back in ParseRanges form.
+func (r Ranges) String() string {
+	parts := make([]string, len(r))
+	for i, x := range r {
+		if x.From == x.To {
+			parts[i] = strconv.Itoa(int(x.From))
+		} else {
+			parts[i] = fmt.Sprintf("%d-%d", x.From, x.To)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Cell is one cell as the routing table sees it.
+type Cell struct {
+	Name    string // unique cell name, e.g. "cell-1"
+	Addr    string // HTTP host:port
+	Shards  Ranges
+	Version int64 // version of the shard map this cell announces
+}
+
+// Map is an immutable shard → cell table. The zero Map routes nothing.
+type Map struct {
+	Version int64
+	owner   [model.ShardCount]int16 // index into cells, -1 = none
+	cells   []Cell
+}
+
+// NewMap builds a Map from the cells' announcements. When two cells claim one
+// shard, the higher Version wins and ties go to the smaller name, so every
+// router builds the same Map from the same announcements; conflicts are returned
+// as descriptions for logging.
+func NewMap(cells []Cell) (*Map, []string) {
+	sorted := append([]Cell(nil), cells...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	m := &Map{cells: sorted}
+	for i := range m.owner {
+		m.owner[i] = -1
+	}
+	var conflicts []string
+	for ci, c := range sorted {
+		if c.Version > m.Version {
+			m.Version = c.Version
+		}
+		for _, s := range c.Shards.Shards() {
+			prev := m.owner[s]
+			if prev >= 0 {
+				p := sorted[prev]
+				conflicts = append(conflicts, fmt.Sprintf("shard %d claimed by %s (v%d) and %s (v%d)", s, p.Name, p.Version, c.Name, c.Version))
+				if p.Version >= c.Version {
+					continue
+				}
+			}
+			m.owner[s] = int16(ci)
+		}
+	}
+	return m, conflicts
+}
+
+// Owner returns the cell that owns shard s, or false if no live cell does.
+func (m *Map) Owner(s model.ShardID) (Cell, bool) {
+	if m == nil || !s.Valid() || m.owner[s] < 0 {
+		return Cell{}, false
+	}
+	return m.cells[m.owner[s]], true
+}
+
+// Cells returns the cells in the map, sorted by name.
+func (m *Map) Cells() []Cell {
+	if m == nil {
+		return nil
+	}
+	return append([]Cell(nil), m.cells...)
+}
+
+// Uncovered counts shards no cell owns.
+func (m *Map) Uncovered() int {
+	n := 0
+	for _, o := range m.owner {
+		if o < 0 {
+			n++
+		}
+	}
+	return n
+}

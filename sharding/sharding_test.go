@@ -1,0 +1,127 @@
+package sharding
+
+import (
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+
+	"redcell/model"
+)
+
+// Golden routing vectors. If one of these changes, every account moves to
+// another shard and its money with it: CI must fail loudly.
+var golden = []struct {
+	act   string
+	shard model.ShardID
+}{
+	{"u1", 663},
+	{"u2", 851},
+	{"alice", 289},
+	{"bob", 27},
+	{"act-000001", 591},
+	{"x", 299},
+	{"ZZZ_top-9", 317},
+	{"sender-42", 925},
+}
+
+func TestGoldenShards(t *testing.T) {
+	// The published XXH64 of the empty input with seed 0.
+	if got := xxhash.Sum64String(""); got != 0xef46db3751d8e999 {
+		t.Fatalf("xxhash64(\"\") = %#x: the hash function changed", got)
+	}
+	for _, g := range golden {
+		if got := ShardOfAct(g.act); got != g.shard {
+			t.Errorf("ShardOfAct(%q) = %d, golden %d", g.act, got, g.shard)
+		}
+	}
+	if s := model.ShardID(663); s.DB() != 66 || s.Table() != 3 {
+		t.Fatalf("shard 663 -> db %d table %d", s.DB(), s.Table())
+	}
+}
+
+func TestShardSpread(t *testing.T) {
+	counts := make([]int, model.ShardCount)
+	for i := 0; i < 100000; i++ {
+		counts[ShardOfAct("user-"+itoa(i))]++
+	}
+	for s, n := range counts {
+		if n < 50 || n > 160 { // mean 100
+			t.Fatalf("shard %d got %d of 100000 keys", s, n)
+		}
+	}
+}
+
+func itoa(i int) string {
+	b := []byte{}
+	for {
+		b = append([]byte{byte('0' + i%10)}, b...)
+		i /= 10
+		if i == 0 {
+			return string(b)
+		}
+	}
+}
+
+func TestParseRanges(t *testing.T) {
+	r, err := ParseRanges("500-999, 0-9,42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.String() != "0-9,42,500-999" || !r.Contains(42) || r.Contains(41) || !r.Contains(999) || len(r.Shards()) != 511 {
+		t.Fatalf("ranges %v", r)
+	}
+	for _, bad := range []string{"", "0-1000", "-1", "5-3", "0-10,10-20", "a-b", "1-2-3"} {
+		if _, err := ParseRanges(bad); err == nil {
+			t.Errorf("ParseRanges(%q) accepted", bad)
+		}
+	}
+}
+
+func TestMapOwnersAndConflicts(t *testing.T) {
+	a, _ := ParseRanges("0-499")
+	b, _ := ParseRanges("500-999")
+	c, _ := ParseRanges("400-599")
+	m, conflicts := NewMap([]Cell{{Name: "b", Addr: "B", Shards: b, Version: 1}, {Name: "a", Addr: "A", Shards: a, Version: 1}})
+	if len(conflicts) != 0 || m.Uncovered() != 0 {
+		t.Fatalf("conflicts %v uncovered %d", conflicts, m.Uncovered())
+	}
+	if o, _ := m.Owner(499); o.Name != "a" {
+		t.Fatalf("owner of 499 %s", o.Name)
+	}
+	if o, _ := m.Owner(500); o.Name != "b" {
+		t.Fatalf("owner of 500 %s", o.Name)
+	}
+	// A newer map version takes the contested shards.
+	m, conflicts = NewMap([]Cell{{Name: "a", Shards: a, Version: 1}, {Name: "b", Shards: b, Version: 1}, {Name: "c", Shards: c, Version: 2}})
+	if len(conflicts) != 200 || m.Version != 2 {
+		t.Fatalf("%d conflicts, version %d", len(conflicts), m.Version)
+	}
+	if o, _ := m.Owner(450); o.Name != "c" {
+		t.Fatalf("owner of 450 %s", o.Name)
+	}
+	m, _ = NewMap([]Cell{{Name: "a", Shards: a}})
+	if _, ok := m.Owner(700); ok || m.Uncovered() != 500 {
+		t.Fatal("a shard without a cell has an owner")
+	}
+	var nilMap *Map
+	if _, ok := nilMap.Owner(1); ok {
+		t.Fatal("nil map routes")
+	}
+}
+
+func BenchmarkShardOfAct(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_ = ShardOfAct("act-000001")
+	}
+}
+
+func BenchmarkMapOwner(b *testing.B) {
+	a, _ := ParseRanges("0-499")
+	c, _ := ParseRanges("500-999")
+	m, _ := NewMap([]Cell{{Name: "a", Shards: a}, {Name: "b", Shards: c}})
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_, _ = m.Owner(ShardOfAct("act-000001"))
+	}
+}

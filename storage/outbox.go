@@ -1,0 +1,70 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+
+	"redcell/model"
+)
+
+// PendingCredits lists up to limit outbox rows of database db (0..99) not yet
+// delivered and created at or before beforeMS (Unix ms), oldest first.
+func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS int64, limit int) ([]model.Credit, error) {
+	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount FROM "+outboxTable(db)+
+		" WHERE state = 0 AND created_ms <= ? ORDER BY created_ms LIMIT ?", beforeMS, limit)
+	if isMySQLErr(err, errNoSuchTable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: read outbox: %w", err)
+	}
+	defer rows.Close()
+	var out []model.Credit
+	for rows.Next() {
+		var c model.Credit
+		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// MarkDelivered marks outbox rows as delivered once the claimant's cell has
+// applied them. Marking twice is harmless.
+func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) error {
+	byDB := map[int][]any{}
+	for _, c := range credits {
+		ref, _, err := model.ParseClaimID(c.ClaimID)
+		if err != nil {
+			return fmt.Errorf("storage: mark delivered: %w", err)
+		}
+		byDB[ref.Shard.DB()] = append(byDB[ref.Shard.DB()], c.ClaimID)
+	}
+	now := m.now().UnixMilli()
+	for db, ids := range byDB {
+		args := append([]any{now}, ids...)
+		if _, err := m.db.ExecContext(ctx, "UPDATE "+outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
+			placeholders(len(ids))+")", args...); err != nil {
+			return fmt.Errorf("storage: mark delivered: %w", err)
+		}
+	}
+	return nil
+}
+
+// OutboxLag counts undelivered outbox rows of database db and the age of the
+// oldest in ms (0 when empty).
+func (m *MySQL) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error) {
+	var oldest *int64
+	err = m.db.QueryRowContext(ctx, "SELECT COUNT(*), MIN(created_ms) FROM "+outboxTable(db)+" WHERE state = 0").Scan(&pending, &oldest)
+	if isMySQLErr(err, errNoSuchTable) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("storage: outbox lag: %w", err)
+	}
+	if oldest != nil {
+		oldestMS = m.now().UnixMilli() - *oldest
+	}
+	return pending, oldestMS, nil
+}

@@ -1,0 +1,358 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+)
+
+const errNoSuchTable = 1146
+
+const packetCols = "packet_id, sender, order_no, kind, greeting, amount, count, remaining_amount, remaining_count, refund_amount, status, created_ms, expires_ms"
+
+func scanPacket(row interface{ Scan(...any) error }) (model.Packet, error) {
+	var p model.Packet
+	err := row.Scan(&p.ID, &p.Sender, &p.OrderNo, &p.Kind, &p.Greeting, &p.Amount, &p.Count,
+		&p.RemainingAmount, &p.RemainingCount, &p.RefundAmount, &p.Status, &p.CreatedMS, &p.ExpiresMS)
+	return p, err
+}
+
+// Send debits req.Sender (shard s) by req.Amount and creates packet id in one
+// transaction. id must come from model.NewPacketID for shard s. expiresMS is Unix
+// ms. A retry with the same order number and request returns the first packet
+// with repeat set. Errors: ErrInsufficientBalance (nothing written),
+// ErrOrderConflict. The request must be validated by the caller.
+func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (p model.Packet, repeat bool, err error) {
+	ref, err := model.ParsePacketID(string(id))
+	invariant.That(err == nil && ref.Shard == s, "send with a packet ID of another shard")
+	if err := m.EnsureDay(ctx, s, ref.Day); err != nil {
+		return model.Packet{}, false, err
+	}
+	hash := reqHash("send", string(req.Kind), fmt.Sprint(req.Amount), fmt.Sprint(req.Count), req.Greeting)
+	again := func() (model.Packet, bool, error) {
+		f, ok, err := findFlow(ctx, m.db, s, req.Sender, req.OrderNo)
+		if err != nil || !ok {
+			return model.Packet{}, false, err
+		}
+		if f.kind != "send" || f.hash != hash {
+			return model.Packet{}, false, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", req.OrderNo)
+		}
+		first, err := model.ParsePacketID(f.ref)
+		if err != nil {
+			return model.Packet{}, false, fmt.Errorf("storage: flow row holds bad packet id %q: %w", f.ref, err)
+		}
+		p, err := m.Packet(ctx, first)
+		return p, err == nil, err
+	}
+	if p, rep, err := again(); err != nil || rep {
+		return p, rep, err
+	}
+	now := m.now().UnixMilli()
+	p = model.Packet{ID: id, Sender: req.Sender, OrderNo: req.OrderNo, Kind: req.Kind, Greeting: req.Greeting,
+		Amount: req.Amount, Count: req.Count, RemainingAmount: req.Amount, RemainingCount: req.Count,
+		Status: model.StatusOpen, CreatedMS: now, ExpiresMS: expiresMS}
+	err = m.inTx(ctx, func(tx *sql.Tx) error {
+		bal, err := m.lockBalance(ctx, tx, s, req.Sender)
+		if err != nil {
+			return err
+		}
+		if bal < req.Amount {
+			return model.Errorf(model.ErrInsufficientBalance, "balance %d is below amount %d", bal, req.Amount)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'send', ?, ?, ?, ?, ?)",
+			req.Sender, req.OrderNo, -req.Amount, bal-req.Amount, string(id), hash, now); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance - ?, updated_ms = ? WHERE act_id = ?",
+			req.Amount, now, req.Sender); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "INSERT INTO "+packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
+			string(id), req.Sender, req.OrderNo, string(req.Kind), req.Greeting, req.Amount, req.Count, req.Amount, req.Count, now, expiresMS)
+		return err
+	})
+	if isMySQLErr(err, errDupEntry) {
+		return again()
+	}
+	if err != nil {
+		return model.Packet{}, false, fmt.Errorf("storage: send: %w", err)
+	}
+	return p, false, nil
+}
+
+// Packet reads a packet row. Errors: ErrNotFound.
+func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+	p, err := scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+		" WHERE packet_id = ?", string(ref.ID)))
+	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+		return model.Packet{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+	}
+	if err != nil {
+		return model.Packet{}, fmt.Errorf("storage: read packet: %w", err)
+	}
+	return p, nil
+}
+
+// Claims returns up to limit claims of the packet with seq > afterSeq, by seq.
+func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+	rows, err := m.db.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+claimTable(ref.Shard, ref.Day)+
+		" WHERE packet_id = ? AND seq > ? ORDER BY seq LIMIT ?", string(ref.ID), afterSeq, limit)
+	if isMySQLErr(err, errNoSuchTable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: read claims: %w", err)
+	}
+	defer rows.Close()
+	var out []model.Claim
+	for rows.Next() {
+		c := model.Claim{PacketID: ref.ID}
+		if err := rows.Scan(&c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
+			return nil, fmt.Errorf("storage: scan claim: %w", err)
+		}
+		c.ID = model.ClaimID(ref.ID, c.Seq)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// OpenBatch opens packet ref once for each request, in order, in ONE transaction:
+// lock the packet row, return the earlier claim to users who already claimed,
+// split the remainder for the others (double-mean for random packets), insert
+// their claims and outbox rows, update the packet, commit. A user listed twice
+// gets one claim. Per-request errors: ErrSoldOut, ErrExpired, ErrNotFound. An
+// error for the whole batch (the transaction failed) means nothing was written.
+// It also returns the packet as the transaction left it (zero if not found).
+// r must not be shared with other goroutines.
+func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
+	results := make([]model.OpenResult, len(reqs))
+	var p model.Packet
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		p, err = m.openTx(ctx, tx, ref, reqs, r, results)
+		return err
+	})
+	if err != nil {
+		return nil, model.Packet{}, fmt.Errorf("storage: open %s: %w", ref.ID, err)
+	}
+	return results, p, nil
+}
+
+func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand, results []model.OpenResult) (model.Packet, error) {
+	p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+		" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
+	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+		for i := range results {
+			results[i] = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
+		}
+		return model.Packet{}, nil
+	}
+	if err != nil {
+		return model.Packet{}, err
+	}
+	earlier, err := m.claimsOf(ctx, tx, ref, reqs)
+	if err != nil {
+		return model.Packet{}, err
+	}
+	now := m.now().UnixMilli()
+	expired := p.Status == model.StatusRefunded || now >= p.ExpiresMS
+	before := p.RemainingAmount
+	var fresh []model.Claim
+	first := make(map[string]int, len(reqs)) // act_id -> index of its first request
+	for i, rq := range reqs {
+		if j, dup := first[rq.ActID]; dup {
+			results[i] = results[j]
+			if results[i].Err == nil {
+				results[i].Repeat = true
+			}
+			continue
+		}
+		first[rq.ActID] = i
+		switch c, ok := earlier[rq.ActID]; {
+		case ok:
+			results[i] = model.OpenResult{Claim: c, Repeat: true}
+		case expired:
+			results[i] = model.OpenResult{Err: model.ErrExpired}
+		case p.RemainingCount == 0:
+			results[i] = model.OpenResult{Err: model.ErrSoldOut}
+		default:
+			share := model.FixedShare(p.Amount, p.Count)
+			if p.Kind == model.KindRandom {
+				share = model.SplitNext(p.RemainingAmount, p.RemainingCount, r)
+			}
+			seq := p.Count - p.RemainingCount + 1
+			p.RemainingAmount -= share
+			p.RemainingCount--
+			invariant.That(p.RemainingAmount >= model.Cents(p.RemainingCount), "packet remainder below a cent per share")
+			c := model.Claim{ID: model.ClaimID(ref.ID, seq), PacketID: ref.ID, Seq: seq, ActID: rq.ActID, Amount: share, CreatedMS: now}
+			fresh = append(fresh, c)
+			results[i] = model.OpenResult{Claim: c}
+		}
+	}
+	if len(fresh) == 0 {
+		return p, nil
+	}
+	var paid model.Cents
+	for _, c := range fresh {
+		paid += c.Amount
+	}
+	invariant.That(before-paid == p.RemainingAmount, "open must conserve the packet total")
+	if err := m.insertClaims(ctx, tx, ref, fresh, reqs, first); err != nil {
+		return model.Packet{}, err
+	}
+	if p.RemainingCount == 0 {
+		invariant.That(p.RemainingAmount == 0, "sold-out packet kept money")
+		p.Status = model.StatusSoldOut
+	}
+	_, err = tx.ExecContext(ctx, "UPDATE "+packetTable(ref.Shard, ref.Day)+
+		" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
+		p.RemainingAmount, p.RemainingCount, p.Status, string(ref.ID))
+	return p, err
+}
+
+// claimsOf returns the existing claims of the requests' users on the packet.
+func (m *MySQL) claimsOf(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+	args := make([]any, 0, len(reqs)+1)
+	args = append(args, string(ref.ID))
+	for _, rq := range reqs {
+		args = append(args, rq.ActID)
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+claimTable(ref.Shard, ref.Day)+
+		" WHERE packet_id = ? AND act_id IN ("+placeholders(len(reqs))+")", args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]model.Claim)
+	for rows.Next() {
+		c := model.Claim{PacketID: ref.ID}
+		if err := rows.Scan(&c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
+			return nil, err
+		}
+		c.ID = model.ClaimID(ref.ID, c.Seq)
+		out[c.ActID] = c
+	}
+	return out, rows.Err()
+}
+
+// insertClaims writes the new claims and their outbox rows, one multi-row INSERT each.
+func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRef, fresh []model.Claim, reqs []model.OpenRequest, first map[string]int) error {
+	claimArgs := make([]any, 0, len(fresh)*5)
+	outArgs := make([]any, 0, len(fresh)*6)
+	for _, c := range fresh {
+		claimArgs = append(claimArgs, string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
+		outArgs = append(outArgs, c.ID, string(ref.ID), c.ActID, int(reqs[first[c.ActID]].Shard), c.Amount, c.CreatedMS)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+claimTable(ref.Shard, ref.Day)+
+		" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(len(fresh), 5), claimArgs...); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+outboxTable(ref.Shard.DB())+
+		" (claim_id, packet_id, act_id, act_shard, amount, created_ms) VALUES "+rowsOf(len(fresh), 6), outArgs...)
+	return err
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
+}
+
+func rowsOf(n, cols int) string {
+	row := "(" + placeholders(cols) + ")"
+	return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
+}
+
+// Remaining is the cheap view of a packet the grab check needs.
+type Remaining struct {
+	Count     int64
+	Status    model.PacketStatus
+	ExpiresMS int64
+}
+
+// PacketRemaining reads how many shares are left. Errors: ErrNotFound.
+func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remaining, error) {
+	var r Remaining
+	err := m.db.QueryRowContext(ctx, "SELECT remaining_count, status, expires_ms FROM "+packetTable(ref.Shard, ref.Day)+
+		" WHERE packet_id = ?", string(ref.ID)).Scan(&r.Count, &r.Status, &r.ExpiresMS)
+	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+		return Remaining{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+	}
+	if err != nil {
+		return Remaining{}, fmt.Errorf("storage: read remaining: %w", err)
+	}
+	return r, nil
+}
+
+// ExpiredPackets lists up to limit open packets of shard s created on day that
+// expired at or before nowMS.
+func (m *MySQL) ExpiredPackets(ctx context.Context, s model.ShardID, day int, nowMS int64, limit int) ([]model.PacketID, error) {
+	rows, err := m.db.QueryContext(ctx, "SELECT packet_id FROM "+packetTable(s, day)+
+		" WHERE status = 0 AND expires_ms <= ? LIMIT ?", nowMS, limit)
+	if isMySQLErr(err, errNoSuchTable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: scan expired: %w", err)
+	}
+	defer rows.Close()
+	var out []model.PacketID
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, model.PacketID(id))
+	}
+	return out, rows.Err()
+}
+
+// Refund gives an expired packet's exact remainder back to its sender, once: it
+// locks the packet row (so it serializes with opens), and does nothing unless the
+// packet is still open and expired at the store's clock. The flow order number
+// "refund:" + packet ID makes a second refund impossible. Returns the cents
+// refunded (0 if nothing was due).
+func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
+	var refunded model.Cents
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		refunded = 0
+		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+			" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
+		if err != nil {
+			return err
+		}
+		now := m.now().UnixMilli()
+		if p.Status != model.StatusOpen || now < p.ExpiresMS {
+			return nil
+		}
+		invariant.That(p.RemainingCount >= 1 && p.RemainingAmount >= model.Cents(p.RemainingCount), "open packet without a share left")
+		s := ref.Shard
+		if _, err := m.lockBalance(ctx, tx, s, p.Sender); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+			" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'refund', ?, ?, ?)",
+			p.Sender, "refund:"+string(ref.ID), p.RemainingAmount, string(ref.ID), now); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
+			p.RemainingAmount, now, p.Sender); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+packetTable(s, ref.Day)+
+			" SET status = 2, refund_amount = remaining_amount, remaining_amount = 0 WHERE packet_id = ?", string(ref.ID)); err != nil {
+			return err
+		}
+		refunded = p.RemainingAmount
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: refund %s: %w", ref.ID, err)
+	}
+	return refunded, nil
+}

@@ -1,0 +1,256 @@
+// Package storage is redcell's MySQL/MariaDB store. One MySQL value talks to one
+// cell's database server, which holds the databases db_00..db_99 of the shards the
+// cell owns. Table names are built only from validated integers:
+//
+//	db_XX.t_account_Y        wallets of shard XX*10+Y
+//	db_XX.t_flow_Y           every balance change of those wallets (UNIQUE act_id, order_no)
+//	db_XX.t_packet_Y_DD      red packets created on day DD by senders of the shard
+//	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id)
+//	db_XX.t_outbox           claims waiting to be credited to the claimant's wallet
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+)
+
+func dbName(s model.ShardID) string {
+	invariant.That(s.Valid(), "shard out of range")
+	return fmt.Sprintf("db_%02d", s.DB())
+}
+
+func accountTable(s model.ShardID) string { return fmt.Sprintf("%s.t_account_%d", dbName(s), s.Table()) }
+func flowTable(s model.ShardID) string    { return fmt.Sprintf("%s.t_flow_%d", dbName(s), s.Table()) }
+func outboxTable(db int) string {
+	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
+	return fmt.Sprintf("db_%02d.t_outbox", db)
+}
+
+func packetTable(s model.ShardID, day int) string {
+	invariant.That(day >= 1 && day <= 31, "day out of range")
+	return fmt.Sprintf("%s.t_packet_%d_%02d", dbName(s), s.Table(), day)
+}
+
+func claimTable(s model.ShardID, day int) string {
+	invariant.That(day >= 1 && day <= 31, "day out of range")
+	return fmt.Sprintf("%s.t_claim_%d_%02d", dbName(s), s.Table(), day)
+}
+
+func shardDDL(s model.ShardID) []string {
+	return []string{
+		"CREATE DATABASE IF NOT EXISTS " + dbName(s),
+		`CREATE TABLE IF NOT EXISTS ` + accountTable(s) + ` (
+  act_id     VARCHAR(64) NOT NULL PRIMARY KEY,
+  balance    BIGINT NOT NULL,
+  updated_ms BIGINT NOT NULL,
+  CONSTRAINT balance_not_negative CHECK (balance >= 0)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + flowTable(s) + ` (
+  id            BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  act_id        VARCHAR(64) NOT NULL,
+  order_no      VARCHAR(80) NOT NULL,
+  kind          VARCHAR(12) NOT NULL,
+  amount        BIGINT NOT NULL,
+  balance_after BIGINT NULL,
+  ref           VARCHAR(40) NOT NULL DEFAULT '',
+  req_hash      CHAR(32) NOT NULL DEFAULT '',
+  created_ms    BIGINT NOT NULL,
+  UNIQUE KEY uk_order (act_id, order_no)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + outboxTable(s.DB()) + ` (
+  claim_id     VARCHAR(40) NOT NULL PRIMARY KEY,
+  packet_id    CHAR(27) NOT NULL,
+  act_id       VARCHAR(64) NOT NULL,
+  act_shard    SMALLINT NOT NULL,
+  amount       BIGINT NOT NULL,
+  state        TINYINT NOT NULL DEFAULT 0,
+  created_ms   BIGINT NOT NULL,
+  delivered_ms BIGINT NULL,
+  KEY k_pending (state, created_ms)
+) ENGINE=InnoDB`,
+	}
+}
+
+func dayDDL(s model.ShardID, day int) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + packetTable(s, day) + ` (
+  packet_id        CHAR(27) NOT NULL PRIMARY KEY,
+  sender           VARCHAR(64) NOT NULL,
+  order_no         VARCHAR(64) NOT NULL,
+  kind             VARCHAR(8) NOT NULL,
+  greeting         VARCHAR(256) NOT NULL,
+  amount           BIGINT NOT NULL,
+  count            BIGINT NOT NULL,
+  remaining_amount BIGINT NOT NULL,
+  remaining_count  BIGINT NOT NULL,
+  refund_amount    BIGINT NOT NULL DEFAULT 0,
+  status           TINYINT NOT NULL,
+  created_ms       BIGINT NOT NULL,
+  expires_ms       BIGINT NOT NULL,
+  KEY k_expiry (status, expires_ms),
+  CONSTRAINT remaining_not_negative CHECK (remaining_amount >= 0 AND remaining_count >= 0)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + claimTable(s, day) + ` (
+  packet_id  CHAR(27) NOT NULL,
+  seq        BIGINT NOT NULL,
+  act_id     VARCHAR(64) NOT NULL,
+  amount     BIGINT NOT NULL,
+  created_ms BIGINT NOT NULL,
+  PRIMARY KEY (packet_id, seq),
+  UNIQUE KEY uk_claim (packet_id, act_id),
+  CONSTRAINT share_positive CHECK (amount >= 1)
+) ENGINE=InnoDB`,
+	}
+}
+
+// MySQL is the store of one cell. It is safe for concurrent use.
+type MySQL struct {
+	db  *sql.DB
+	now func() time.Time
+
+	mu      sync.Mutex                   // guards ensured
+	ensured map[ensureKey]*sync.Once     // tables created by this process
+	errs    map[ensureKey]error
+}
+
+type ensureKey struct {
+	shard model.ShardID
+	day   int // 0 = the shard's account, flow and outbox tables
+}
+
+// Open connects to a MariaDB/MySQL server. dsn is a go-sql-driver DSN without a
+// database name, e.g. "root@tcp(127.0.0.1:3307)/". maxConns caps open connections.
+func Open(dsn string, maxConns int) (*MySQL, error) {
+	db, err := sql.Open("mysql", withParams(dsn))
+	if err != nil {
+		return nil, fmt.Errorf("storage: open: %w", err)
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	// Recycle connections so a restarted server's stale sockets do not linger.
+	db.SetConnMaxLifetime(5 * time.Minute)
+	return &MySQL{db: db, now: time.Now, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}, nil
+}
+
+// withParams adds the driver parameters every connection needs: client-side
+// interpolation (one round trip per statement), REPEATABLE READ, utf8mb4.
+func withParams(dsn string) string {
+	sep := "?"
+	for i := 0; i < len(dsn); i++ {
+		if dsn[i] == '?' {
+			sep = "&"
+		}
+	}
+	return dsn + sep + "interpolateParams=true&charset=utf8mb4&collation=utf8mb4_bin&timeout=5s&readTimeout=30s&writeTimeout=30s"
+}
+
+// Ping checks the connection.
+func (m *MySQL) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
+
+// Close closes the pool.
+func (m *MySQL) Close() error { return m.db.Close() }
+
+// SetClock replaces the clock (tests).
+func (m *MySQL) SetClock(now func() time.Time) { m.now = now }
+
+// EnsureShard creates the shard's database and account, flow and outbox tables
+// once per process; concurrent callers wait for the first.
+func (m *MySQL) EnsureShard(ctx context.Context, s model.ShardID) error {
+	return m.ensure(ctx, ensureKey{shard: s}, shardDDL(s))
+}
+
+// EnsureDay creates the packet and claim tables of shard s for day-of-month day.
+func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return err
+	}
+	return m.ensure(ctx, ensureKey{shard: s, day: day}, dayDDL(s, day))
+}
+
+func (m *MySQL) ensure(ctx context.Context, k ensureKey, ddl []string) error {
+	m.mu.Lock()
+	once, ok := m.ensured[k]
+	if !ok {
+		once = new(sync.Once)
+		m.ensured[k] = once
+	}
+	m.mu.Unlock()
+	once.Do(func() {
+		var err error
+		for _, q := range ddl {
+			if _, err = m.db.ExecContext(ctx, q); err != nil {
+				err = fmt.Errorf("storage: create tables of shard %d day %d: %w", k.shard, k.day, err)
+				break
+			}
+		}
+		m.mu.Lock()
+		if err != nil {
+			delete(m.ensured, k) // let a later call try again
+		}
+		m.errs[k] = err
+		m.mu.Unlock()
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.errs[k]
+}
+
+// EnsureDays creates the day tables for every shard in shards for each of days,
+// with up to parallel connections, calling progress after each shard.
+func (m *MySQL) EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error {
+	jobs := make(chan model.ShardID)
+	errc := make(chan error, parallel)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := 0
+	for w := 0; w < parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range jobs {
+				for _, d := range days {
+					if err := m.EnsureDay(ctx, s, d); err != nil {
+						select {
+						case errc <- err:
+						default:
+						}
+						return
+					}
+				}
+				mu.Lock()
+				done++
+				if progress != nil {
+					progress(done, len(shards))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	var firstErr error
+feed:
+	for _, s := range shards {
+		select {
+		case jobs <- s:
+		case firstErr = <-errc:
+			break feed
+		case <-ctx.Done():
+			firstErr = ctx.Err()
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr == nil {
+		select {
+		case firstErr = <-errc:
+		default:
+		}
+	}
+	return firstErr
+}

@@ -1,0 +1,217 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/model"
+)
+
+// MySQL error numbers the money paths react to.
+const (
+	errDupEntry     = 1062
+	errLockDeadlock = 1213
+	errLockWait     = 1205
+)
+
+func isMySQLErr(err error, num uint16) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == num
+}
+
+// reqHash fingerprints the parts of a request that must match on a retry.
+func reqHash(parts ...string) string {
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	return hex.EncodeToString(h[:16])
+}
+
+// inTx runs fn in a transaction and retries it (up to 3 times) when InnoDB picks
+// it as a deadlock victim or a lock wait times out; fn must be safe to re-run.
+func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var tx *sql.Tx
+		tx, err = m.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("storage: begin: %w", err)
+		}
+		if err = fn(tx); err != nil {
+			_ = tx.Rollback()
+			if isMySQLErr(err, errLockDeadlock) || isMySQLErr(err, errLockWait) {
+				continue
+			}
+			return err
+		}
+		if err = tx.Commit(); err != nil {
+			return fmt.Errorf("storage: commit: %w", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("storage: gave up after retries: %w", err)
+}
+
+type flowRow struct {
+	kind         string
+	amount       model.Cents
+	balanceAfter sql.NullInt64
+	ref          string
+	hash         string
+}
+
+// findFlow reads the flow row of (actID, orderNo); ok is false if there is none.
+func findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo string) (flowRow, bool, error) {
+	var f flowRow
+	err := q.QueryRowContext(ctx, "SELECT kind, amount, balance_after, ref, req_hash FROM "+flowTable(s)+
+		" WHERE act_id = ? AND order_no = ?", actID, orderNo).Scan(&f.kind, &f.amount, &f.balanceAfter, &f.ref, &f.hash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return flowRow{}, false, nil
+	}
+	if err != nil {
+		return flowRow{}, false, fmt.Errorf("storage: read flow: %w", err)
+	}
+	return f, true, nil
+}
+
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// lockBalance makes sure the account row exists and locks it; it returns the balance.
+func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, actID string) (model.Cents, error) {
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
+		actID, m.now().UnixMilli()); err != nil {
+		return 0, fmt.Errorf("storage: create account: %w", err)
+	}
+	var bal model.Cents
+	if err := tx.QueryRowContext(ctx, "SELECT balance FROM "+accountTable(s)+" WHERE act_id = ? FOR UPDATE", actID).Scan(&bal); err != nil {
+		return 0, fmt.Errorf("storage: lock account: %w", err)
+	}
+	return bal, nil
+}
+
+// Deposit credits amount cents to actID (in shard s) under the caller's order
+// number. A retry with the same order number and amount returns the first result
+// (Repeat set); a different amount, or an order number used for another kind of
+// change, is ErrOrderConflict. amount must be > 0 (validated by the caller).
+func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return model.Deposit{}, err
+	}
+	hash := reqHash("deposit", fmt.Sprint(amount))
+	out := model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount}
+	repeat := func() (model.Deposit, error) {
+		f, ok, err := findFlow(ctx, m.db, s, actID, orderNo)
+		if err != nil || !ok {
+			return model.Deposit{}, err
+		}
+		if f.kind != "deposit" || f.hash != hash {
+			return model.Deposit{}, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", orderNo)
+		}
+		out.Balance, out.Repeat = model.Cents(f.balanceAfter.Int64), true
+		return out, nil
+	}
+	if d, err := repeat(); err != nil || d.Repeat {
+		return d, err
+	}
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		bal, err := m.lockBalance(ctx, tx, s, actID)
+		if err != nil {
+			return err
+		}
+		now := m.now().UnixMilli()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'deposit', ?, ?, '', ?, ?)",
+			actID, orderNo, amount, bal+amount, hash, now); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
+			amount, now, actID); err != nil {
+			return err
+		}
+		out.Balance = bal + amount
+		return nil
+	})
+	if isMySQLErr(err, errDupEntry) {
+		return repeat() // a concurrent retry won the race
+	}
+	if err != nil {
+		return model.Deposit{}, fmt.Errorf("storage: deposit: %w", err)
+	}
+	return out, nil
+}
+
+// Account returns the wallet of actID; an account never touched has balance 0.
+func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error) {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return model.Account{}, err
+	}
+	a := model.Account{ActID: actID, Shard: s}
+	err := m.db.QueryRowContext(ctx, "SELECT balance FROM "+accountTable(s)+" WHERE act_id = ?", actID).Scan(&a.Balance)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return model.Account{}, fmt.Errorf("storage: read account: %w", err)
+	}
+	return a, nil
+}
+
+// ApplyCredits books claims into the claimants' wallets (all in shards of this
+// store) in one transaction. Each credit is applied at most once: the order number
+// is "claim:" + claim ID, so a credit delivered twice changes nothing the second
+// time. It returns how many credits were new.
+func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, error) {
+	if len(credits) == 0 {
+		return 0, nil
+	}
+	sorted := append([]model.Credit(nil), credits...)
+	// One lock order for every batch, so concurrent batches cannot deadlock often.
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Shard != sorted[j].Shard {
+			return sorted[i].Shard < sorted[j].Shard
+		}
+		if sorted[i].ActID != sorted[j].ActID {
+			return sorted[i].ActID < sorted[j].ActID
+		}
+		return sorted[i].ClaimID < sorted[j].ClaimID
+	})
+	for _, c := range sorted {
+		if err := m.EnsureShard(ctx, c.Shard); err != nil {
+			return 0, err
+		}
+	}
+	applied := 0
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		applied = 0
+		now := m.now().UnixMilli()
+		for _, c := range sorted {
+			// Only a duplicate order number is ignored (0 rows affected); any other
+			// error still fails the batch.
+			res, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(c.Shard)+
+				" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
+				c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				continue // delivered before
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+accountTable(c.Shard)+
+				" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
+				c.ActID, c.Amount, now); err != nil {
+				return err
+			}
+			applied++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: apply credits: %w", err)
+	}
+	return applied, nil
+}
