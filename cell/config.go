@@ -48,6 +48,9 @@ type Config struct {
 	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
 	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
 	MapVersion     int64         // version of the shard map this cell announces
+	// WarmSchema creates today's and tomorrow's tables for every owned shard in the
+	// background at start and hourly. Off, tables are still created on first use.
+	WarmSchema bool
 }
 
 // DefaultConfig returns a config with a reason for every value.
@@ -60,20 +63,21 @@ func DefaultConfig() Config {
 
 		Memcached: []string{"127.0.0.1:21211"},
 
-		PacketExpiry: 24 * time.Hour, // WeChat's rule: unclaimed money returns after 24 h
-		OpenStrategy: StrategyBatched,
-		BatchMax:     128, // one fsync per 128 opens; bigger batches add little past this
-		BatchWait:    0,   // take what is queued now; the queue fills while a commit runs
-		QueueDepth:   8192,
-		QueueWaitMax: 500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
-		TxPerPacket:  1,                      // one transaction per packet at a time: no lock fights
-		MaxConns:     64,
+		PacketExpiry:   24 * time.Hour, // WeChat's rule: unclaimed money returns after 24 h
+		OpenStrategy:   StrategyBatched,
+		BatchMax:       128, // one fsync per 128 opens; bigger batches add little past this
+		BatchWait:      0,   // take what is queued now; the queue fills while a commit runs
+		QueueDepth:     8192,
+		QueueWaitMax:   500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
+		TxPerPacket:    1,                      // one transaction per packet at a time: no lock fights
+		MaxConns:       64,
 		RequestTimeout: 3 * time.Second,
 		Limits:         model.DefaultLimits(),
 
 		RelayInterval:  time.Second,
 		ExpiryInterval: time.Second,
 		MapVersion:     1,
+		WarmSchema:     true,
 	}
 }
 

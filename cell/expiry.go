@@ -60,6 +60,7 @@ func (s *Server) expireOnce(ctx context.Context) model.Cents {
 					s.log.Warn("refund failed; will retry", "packet", id, "err", err)
 					continue
 				}
+				s.closed.put(ref.ID, model.ErrExpired)
 				if cents > 0 {
 					total += cents
 					s.stats.refunds.Add(1)

@@ -311,4 +311,3 @@ func (s *Server) validCredit(c model.Credit) error {
 	}
 	return nil
 }
-

@@ -5,6 +5,7 @@ import (
 	"errors"
 	mrand "math/rand/v2"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -63,6 +64,13 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 // openNaive runs the open as its own transaction right away: concurrent opens of
 // one packet fight for the row lock. Kept as the baseline the bench compares with.
 func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	if final := s.closed.get(ref.ID); final != nil {
+		results, err := s.answerClosed(ctx, ref, []model.OpenRequest{req}, final)
+		if err != nil {
+			return model.OpenResult{Err: err}
+		}
+		return results[0]
+	}
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
 	results, p, err := s.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
@@ -71,6 +79,48 @@ func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.O
 	}
 	s.afterOpen(p, results)
 	return results[0]
+}
+
+// closedSet holds packets whose state is final. Bounded: when full it is
+// cleared, which only costs a transaction per packet to learn the state again.
+type closedSet struct {
+	mu sync.Mutex // guards m
+	m  map[model.PacketID]error
+}
+
+const closedSetMax = 100_000
+
+func (c *closedSet) get(id model.PacketID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[id]
+}
+
+func (c *closedSet) put(id model.PacketID, final error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= closedSetMax {
+		c.m = make(map[model.PacketID]error)
+	}
+	c.m[id] = final
+}
+
+// answerClosed answers opens of a packet that cannot pay out again: users who
+// claimed before get their claim back, the rest get the final error.
+func (s *Server) answerClosed(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
+	earlier, err := s.store.ClaimsOf(ctx, ref, reqs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]model.OpenResult, len(reqs))
+	for i, rq := range reqs {
+		if c, ok := earlier[rq.ActID]; ok {
+			out[i] = model.OpenResult{Claim: c, Repeat: true}
+		} else {
+			out[i] = model.OpenResult{Err: final}
+		}
+	}
+	return out, nil
 }
 
 // openQueued puts the open in its packet's FIFO and waits for the worker's answer
@@ -121,15 +171,26 @@ func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
 			j.done <- model.OpenResult{Err: err}
 		}
 	}
+	reqs := make([]model.OpenRequest, len(live))
+	for i, j := range live {
+		reqs[i] = j.req
+	}
+	if final := s.closed.get(key); final != nil {
+		results, err := s.answerClosed(ctx, live[0].ref, reqs, final)
+		if err != nil {
+			fail(err)
+			return
+		}
+		for i, j := range live {
+			j.done <- results[i]
+		}
+		return
+	}
 	release, err := s.slots.Acquire(ctx, string(key))
 	if err != nil {
 		s.stats.shed.Add(int64(len(live)))
 		fail(model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
 		return
-	}
-	reqs := make([]model.OpenRequest, len(live))
-	for i, j := range live {
-		reqs[i] = j.req
 	}
 	r := s.rngs.Get().(*mrand.Rand)
 	results, p, err := s.store.OpenBatch(ctx, live[0].ref, reqs, r)
@@ -162,6 +223,13 @@ func (s *Server) afterOpen(p model.Packet, results []model.OpenResult) {
 			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
 	}
 	s.stats.opens.Add(int64(len(credits)))
+	switch {
+	case p.ID == "":
+	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
+		s.closed.put(p.ID, model.ErrSoldOut)
+	case p.Status == model.StatusRefunded || s.now().UnixMilli() >= p.ExpiresMS:
+		s.closed.put(p.ID, model.ErrExpired)
+	}
 	if len(credits) > 0 {
 		s.cacheRemaining(p)
 		s.relay.enqueue(credits)

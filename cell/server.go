@@ -54,7 +54,10 @@ type Server struct {
 	queue *keyqueue.Queue[model.PacketID, *openJob]
 	relay *relay
 	rngs  sync.Pool // *rand.Rand, one per worker at a time
-	http  *fasthttp.Server
+	// closed remembers packets that can never pay out again (sold out, expired,
+	// refunded: all final), so their opens skip the transaction.
+	closed closedSet
+	http   *fasthttp.Server
 
 	draining    atomic.Bool
 	schemaReady atomic.Bool
@@ -121,7 +124,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); s.warmSchema(bg) }()
+	go func() {
+		defer wg.Done()
+		if s.cfg.WarmSchema {
+			s.warmSchema(bg)
+		}
+	}()
 	go func() { defer wg.Done(); s.relay.run(bg) }()
 	go func() { defer wg.Done(); s.expiryLoop(bg) }()
 

@@ -28,6 +28,8 @@ type Packets interface {
 	// OpenBatch opens the packet for each request in one transaction and returns
 	// the packet as it left it.
 	OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error)
+	// ClaimsOf reads, without locks, the claims the requests' users hold on the packet.
+	ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error)
 }
 
 // Expiry finds and refunds expired packets.

@@ -183,8 +183,10 @@ func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, req
 		case p.RemainingCount == 0:
 			results[i] = model.OpenResult{Err: model.ErrSoldOut}
 		default:
-			share := model.FixedShare(p.Amount, p.Count)
-			if p.Kind == model.KindRandom {
+			var share model.Cents
+			if p.Kind == model.KindFixed {
+				share = model.FixedShare(p.Amount, p.Count)
+			} else {
 				share = model.SplitNext(p.RemainingAmount, p.RemainingCount, r)
 			}
 			seq := p.Count - p.RemainingCount + 1
@@ -217,8 +219,22 @@ func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, req
 	return p, err
 }
 
+// ClaimsOf returns the claims the requests' users hold on the packet, read
+// without locks: used to answer opens of a packet known to be sold out or expired.
+func (m *MySQL) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+	c, err := m.claimsOf(ctx, m.db, ref, reqs)
+	if isMySQLErr(err, errNoSuchTable) {
+		return map[string]model.Claim{}, nil
+	}
+	return c, err
+}
+
+type rowsQueryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // claimsOf returns the existing claims of the requests' users on the packet.
-func (m *MySQL) claimsOf(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+func (m *MySQL) claimsOf(ctx context.Context, tx rowsQueryer, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	args := make([]any, 0, len(reqs)+1)
 	args = append(args, string(ref.ID))
 	for _, rq := range reqs {

@@ -66,6 +66,7 @@ func runCell(ctx context.Context, args []string) error {
 		return err
 	}
 	serveCtx, stopServe := context.WithCancel(context.Background())
+	defer stopServe()
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(serveCtx, ln) }()
 	select {

@@ -66,7 +66,7 @@ start_mariadb() {
     --log-error="$dir/error.log" --skip-name-resolve --max-connections=1000 \
     --innodb-buffer-pool-size=256M --innodb-log-file-size=256M \
     --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync \
-    --innodb-file-per-table=1 --table-open-cache=8000 --table-definition-cache=8000 \
+    --innodb-file-per-table=${REDCELL_FILE_PER_TABLE:-1} --table-open-cache=8000 --table-definition-cache=8000 \
     --open-files-limit=32000 --character-set-server=utf8mb4 \
     --collation-server=utf8mb4_bin >/dev/null 2>&1 &
   local i

@@ -1,0 +1,188 @@
+package cell_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"redcell/cell"
+	"redcell/cell/api"
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// TestRefundAtExpiryRacingOpens: openers keep opening while the packet expires
+// and the cell's expiry loop refunds it: claims + refund = amount, the refund is
+// applied once, the sender gets exactly the remainder, late opens get EXPIRED.
+func TestRefundAtExpiryRacingOpens(t *testing.T) {
+	c := oneCell(t, func(cfg *cell.Config) {
+		cfg.PacketExpiry = time.Second
+		cfg.ExpiryInterval = 50 * time.Millisecond
+	})
+	pre := testenv.Prefix()
+	sender := pre + "-s"
+	c.deposit(t, sender, 50000)
+	id := c.send(t, sender, 50000, 1000, "snd-1")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	answered, expired := int64(0), 0
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 60; i++ {
+				var out api.OpenResponse
+				st, code := call(t, "POST", c.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: fmt.Sprintf("%s-g%d-%d", pre, g, i)}, &out)
+				mu.Lock()
+				switch {
+				case st == 200:
+					answered += out.Amount
+				case code == "EXPIRED":
+					expired++
+				default:
+					t.Errorf("open answered %d %s", st, code)
+				}
+				mu.Unlock()
+				time.Sleep(25 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	if expired == 0 || answered == 0 {
+		t.Fatalf("the race did not happen: %d cents claimed, %d EXPIRED answers", answered, expired)
+	}
+	var refund int64
+	waitFor(t, 10*time.Second, func() bool {
+		_, _, refund, _ = packetRow(t, c.db, id)
+		return refund > 0
+	}, "refund")
+	rowSum, n, _ := claimRows(t, c.db, id)
+	remA, remC, refund, status := packetRow(t, c.db, id)
+	if rowSum != answered || rowSum+refund != 50000 || remA != 0 || status != int(model.StatusRefunded) || int64(n)+remC != 1000 {
+		t.Fatalf("claims %d (answered %d) + refund %d != 50000; remaining %d in %d, status %d", rowSum, answered, refund, remA, remC, status)
+	}
+	shard := sharding.ShardOfAct(sender)
+	var flows int
+	var sum int64
+	c.db.QueryRow(fmt.Sprintf("SELECT COUNT(*), SUM(amount) FROM db_%02d.t_flow_%d WHERE act_id = ? AND kind = 'refund'", shard.DB(), shard.Table()), sender).Scan(&flows, &sum)
+	if flows != 1 || sum != refund {
+		t.Fatalf("%d refund flows summing to %d, want 1 of %d", flows, sum, refund)
+	}
+	if b := c.balance(t, sender); b != refund {
+		t.Fatalf("sender balance %d, want the refund %d", b, refund)
+	}
+	var detail api.PacketResponse
+	call(t, "GET", c.url+"/v1/packets/"+id, nil, &detail)
+	if detail.Status != "refunded" || detail.RefundAmount != refund {
+		t.Fatalf("detail %+v", detail)
+	}
+	var g api.GrabResponse
+	call(t, "POST", c.url+"/v1/packets/"+id+"/grab", api.ActRequest{ActID: pre + "-late"}, &g)
+	if g.Available {
+		t.Fatalf("grab of a refunded packet: %+v", g)
+	}
+}
+
+// actIn returns an act_id whose shard is in r.
+func actIn(t *testing.T, prefix string, r sharding.Ranges) string {
+	for i := 0; i < 100000; i++ {
+		a := fmt.Sprintf("%s-%d", prefix, i)
+		if r.Contains(sharding.ShardOfAct(a)) {
+			return a
+		}
+	}
+	t.Fatal("no act_id found")
+	return ""
+}
+
+// TestCrossCellCredit: the claimant's wallet is in the other cell (other
+// database server); the relay credits it exactly once, also when a credit is
+// delivered again.
+func TestCrossCellCredit(t *testing.T) {
+	peers := &staticPeers{}
+	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
+	peers.m.Store(m)
+
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	claimant := actIn(t, pre+"-c", b.cfg.Shards)
+	a.deposit(t, sender, 1000)
+	id := a.send(t, sender, 1000, 3, "snd-1")
+
+	// The claimant's cell refuses a packet it does not own.
+	if st, code := call(t, "POST", b.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: claimant}, nil); st != 421 || code != "WRONG_CELL" {
+		t.Fatalf("open at the wrong cell: %d %s", st, code)
+	}
+	var claim api.OpenResponse
+	if st, code := call(t, "POST", a.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 {
+		t.Fatalf("open: %d %s", st, code)
+	}
+	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == claim.Amount }, "cross-cell credit")
+
+	// Deliver the same credit twice more, as a relay retrying after a lost answer would.
+	credit := model.Credit{ClaimID: claim.ClaimID, PacketID: model.PacketID(id), ActID: claimant, Shard: sharding.ShardOfAct(claimant), Amount: model.Cents(claim.Amount)}
+	for i := 0; i < 2; i++ {
+		var out api.CreditsResponse
+		if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{credit}}, &out); st != 200 || out.Applied != 0 {
+			t.Fatalf("redelivery %d: %d %s applied %d", i, st, code, out.Applied)
+		}
+	}
+	if got := b.balance(t, claimant); got != claim.Amount {
+		t.Fatalf("claimant balance %d after redelivery, want %d", got, claim.Amount)
+	}
+	shard := sharding.ShardOfAct(claimant)
+	var credits int
+	b.db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM db_%02d.t_flow_%d WHERE act_id = ? AND kind = 'credit'", shard.DB(), shard.Table()), claimant).Scan(&credits)
+	if credits != 1 {
+		t.Fatalf("%d credit rows in the claimant's cell", credits)
+	}
+	// The sender's outbox row is marked delivered.
+	ref, _ := model.ParsePacketID(id)
+	waitFor(t, 5*time.Second, func() bool {
+		var state int
+		a.db.QueryRow(fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id = ?", ref.Shard.DB()), claim.ClaimID).Scan(&state)
+		return state == 1
+	}, "outbox row marked delivered")
+	// A credit for an account the receiving cell does not own is refused.
+	wrong := credit
+	wrong.ActID = actIn(t, pre+"-w", a.cfg.Shards)
+	wrong.Shard = sharding.ShardOfAct(wrong.ActID)
+	if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{wrong}}, nil); st != 421 || code != "WRONG_CELL" {
+		t.Fatalf("credit for a foreign shard: %d %s", st, code)
+	}
+}
+
+// TestRelayRedrivesFromOutbox: when the claimant's cell is unreachable the claim
+// waits in the outbox; once the cell is back the scan delivers it, once.
+func TestRelayRedrivesFromOutbox(t *testing.T) {
+	peers := &staticPeers{}
+	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
+	// At first the map points cell-b's shards at a closed port.
+	bad, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
+	peers.m.Store(bad)
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	claimant := actIn(t, pre+"-c", b.cfg.Shards)
+	a.deposit(t, sender, 500)
+	id := a.send(t, sender, 500, 1, "snd-1")
+	var claim api.OpenResponse
+	if st, code := call(t, "POST", a.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 500 {
+		t.Fatalf("open: %d %s %+v", st, code, claim)
+	}
+	time.Sleep(700 * time.Millisecond)
+	if got := b.balance(t, claimant); got != 0 {
+		t.Fatalf("credited %d while unreachable", got)
+	}
+	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
+	peers.m.Store(good)
+	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == 500 }, "credit after the cell came back")
+	time.Sleep(600 * time.Millisecond) // more scans must not credit again
+	if got := b.balance(t, claimant); got != 500 {
+		t.Fatalf("balance %d, want 500", got)
+	}
+}
