@@ -18,10 +18,10 @@ test:
 	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
 
 unit: vet
-	$(GO) test -count=1 ./...
+	$(GO) test -p 1 -count=1 ./...
 
 race:
-	$(GO) test -race -count=1 $(RACE_PKGS)
+	$(GO) test -race -p 1 -count=1 $(RACE_PKGS)
 
 build:
 	$(GO) build -o var/bin/redcell ./cmd/redcell

@@ -61,6 +61,10 @@ func tables(ctx context.Context, tx *sql.Tx) ([]tableRef, error) {
 	return out, rows.Err()
 }
 
+// ledgerChunk is how many tables one UNION ALL statement reads: the audit makes
+// a few dozen round trips instead of several per table.
+const ledgerChunk = 100
+
 // Ledger reads every money row of this store in one consistent snapshot and
 // checks the row-level invariants: each balance equals the sum of its flows, each
 // packet's claims + refund + remainder equal its amount and its claim count plus
@@ -76,59 +80,88 @@ func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	if err != nil {
 		return l, err
 	}
+	byKind := map[string][]tableRef{}
 	for _, t := range ts {
-		var err error
-		switch t.kind {
-		case "account":
-			err = m.ledgerAccounts(ctx, tx, t.shard, &l)
-		case "flow":
-			err = m.ledgerFlows(ctx, tx, t.shard, &l)
-		case "packet":
-			err = m.ledgerPackets(ctx, tx, t.shard, t.day, &l)
-		case "claim":
-			err = m.ledgerClaims(ctx, tx, t.shard, t.day, &l)
-		}
-		if err != nil {
-			return l, fmt.Errorf("storage: ledger of %s shard %d day %d: %w", t.kind, t.shard, t.day, err)
+		byKind[t.kind] = append(byKind[t.kind], t)
+	}
+	readers := []struct {
+		kind string
+		sql  func(t tableRef) string
+		scan func(rows *sql.Rows) error
+	}{
+		{"account", ledgerAccountSQL, func(rows *sql.Rows) error { return scanAccounts(rows, &l) }},
+		{"flow", ledgerFlowSQL, func(rows *sql.Rows) error { return scanFlows(rows, &l) }},
+		{"packet", ledgerPacketSQL, func(rows *sql.Rows) error { return scanPackets(rows, &l) }},
+		{"claim", ledgerClaimSQL, func(rows *sql.Rows) error { return scanClaims(rows, &l) }},
+	}
+	for _, r := range readers {
+		list := byKind[r.kind]
+		for start := 0; start < len(list); start += ledgerChunk {
+			end := min(start+ledgerChunk, len(list))
+			parts := make([]string, 0, end-start)
+			for _, t := range list[start:end] {
+				parts = append(parts, "("+r.sql(t)+")")
+			}
+			rows, err := tx.QueryContext(ctx, strings.Join(parts, " UNION ALL "))
+			if err != nil {
+				return l, fmt.Errorf("storage: ledger of %s tables: %w", r.kind, err)
+			}
+			err = r.scan(rows)
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+			if err != nil {
+				return l, fmt.Errorf("storage: ledger of %s tables: %w", r.kind, err)
+			}
 		}
 	}
 	return l, nil
 }
 
-func (m *MySQL) ledgerAccounts(ctx context.Context, tx *sql.Tx, s model.ShardID, l *model.Ledger) error {
-	var sum sql.NullInt64
-	if err := tx.QueryRowContext(ctx, "SELECT SUM(balance) FROM "+accountTable(s)).Scan(&sum); err != nil {
-		return err
-	}
-	l.Balances += model.Cents(sum.Int64)
-	rows, err := tx.QueryContext(ctx, "SELECT a.act_id, a.balance, COALESCE(f.total, 0) FROM "+accountTable(s)+" a LEFT JOIN "+
-		"(SELECT act_id, SUM(amount) AS total FROM "+flowTable(s)+" GROUP BY act_id) f ON f.act_id = a.act_id "+
-		"WHERE a.balance <> COALESCE(f.total, 0) OR a.balance < 0 LIMIT 100")
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var act string
-		var bal, flows int64
-		if err := rows.Scan(&act, &bal, &flows); err != nil {
-			return err
-		}
-		l.Problems = append(l.Problems, fmt.Sprintf("account %s (shard %d): balance %d, flows sum to %d", act, s, bal, flows))
-	}
-	return rows.Err()
+// Every per-table query returns rows of the same shape so they can be UNIONed:
+// a row type tag first, then the values.
+
+// ledgerAccountSQL: ('sum', shard, SUM(balance), ”, 0) and one ('bad', shard,
+// balance, act_id, flows) per account whose balance differs from its flows.
+func ledgerAccountSQL(t tableRef) string {
+	s := t.shard
+	return fmt.Sprintf("SELECT 'sum' AS k, %d AS shard, COALESCE(SUM(balance), 0) AS v, '' AS id, 0 AS w FROM %s "+
+		"UNION ALL (SELECT 'bad', %d, a.balance, a.act_id, COALESCE(f.total, 0) FROM %s a LEFT JOIN "+
+		"(SELECT act_id, SUM(amount) AS total FROM %s GROUP BY act_id) f ON f.act_id = a.act_id "+
+		"WHERE a.balance <> COALESCE(f.total, 0) OR a.balance < 0 LIMIT 100)",
+		int(s), accountTable(s), int(s), accountTable(s), flowTable(s))
 }
 
-func (m *MySQL) ledgerFlows(ctx context.Context, tx *sql.Tx, s model.ShardID, l *model.Ledger) error {
-	rows, err := tx.QueryContext(ctx, "SELECT kind, SUM(amount) FROM "+flowTable(s)+" WHERE kind <> 'credit' GROUP BY kind")
-	if err != nil {
-		return err
-	}
+func scanAccounts(rows *sql.Rows, l *model.Ledger) error {
 	for rows.Next() {
-		var kind string
+		var k, act string
+		var shard, v, flows int64
+		if err := rows.Scan(&k, &shard, &v, &act, &flows); err != nil {
+			return err
+		}
+		if k == "sum" {
+			l.Balances += model.Cents(v)
+		} else {
+			l.Problems = append(l.Problems, fmt.Sprintf("account %s (shard %d): balance %d, flows sum to %d", act, shard, v, flows))
+		}
+	}
+	return nil
+}
+
+// ledgerFlowSQL: (kind, SUM) per kind other than credit, and (order_no, amount)
+// per credit.
+func ledgerFlowSQL(t tableRef) string {
+	f := flowTable(t.shard)
+	return fmt.Sprintf("SELECT kind AS k, '' AS id, SUM(amount) AS v FROM %s WHERE kind <> 'credit' GROUP BY kind "+
+		"UNION ALL SELECT 'credit', order_no, amount FROM %s WHERE kind = 'credit'", f, f)
+}
+
+func scanFlows(rows *sql.Rows, l *model.Ledger) error {
+	for rows.Next() {
+		var kind, order string
 		var sum int64
-		if err := rows.Scan(&kind, &sum); err != nil {
-			rows.Close()
+		if err := rows.Scan(&kind, &order, &sum); err != nil {
 			return err
 		}
 		switch kind {
@@ -138,69 +171,55 @@ func (m *MySQL) ledgerFlows(ctx context.Context, tx *sql.Tx, s model.ShardID, l 
 			l.Sends += model.Cents(-sum)
 		case "refund":
 			l.RefundFlows += model.Cents(sum)
+		case "credit":
+			l.Credits[strings.TrimPrefix(order, "claim:")] += model.Cents(sum)
 		default:
-			l.Problems = append(l.Problems, fmt.Sprintf("shard %d: unknown flow kind %q", s, kind))
+			l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q", kind))
 		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	rows, err = tx.QueryContext(ctx, "SELECT order_no, amount FROM "+flowTable(s)+" WHERE kind = 'credit'")
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var order string
-		var amount int64
-		if err := rows.Scan(&order, &amount); err != nil {
-			return err
-		}
-		l.Credits[strings.TrimPrefix(order, "claim:")] += model.Cents(amount)
-	}
-	return rows.Err()
+	return nil
 }
 
-func (m *MySQL) ledgerPackets(ctx context.Context, tx *sql.Tx, s model.ShardID, day int, l *model.Ledger) error {
-	var n, total, open, refunds sql.NullInt64
-	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*), SUM(amount), SUM(remaining_amount), SUM(refund_amount) FROM "+
-		packetTable(s, day)).Scan(&n, &total, &open, &refunds); err != nil {
-		return err
-	}
-	l.Packets += n.Int64
-	l.PacketTotals += model.Cents(total.Int64)
-	l.OpenRemaining += model.Cents(open.Int64)
-	l.RefundAmounts += model.Cents(refunds.Int64)
-	rows, err := tx.QueryContext(ctx, "SELECT p.packet_id, p.amount, p.count, p.remaining_amount, p.remaining_count, p.refund_amount, p.status, "+
-		"COALESCE(c.paid, 0), COALESCE(c.n, 0) FROM "+packetTable(s, day)+" p LEFT JOIN "+
-		"(SELECT packet_id, SUM(amount) AS paid, COUNT(*) AS n FROM "+claimTable(s, day)+" GROUP BY packet_id) c ON c.packet_id = p.packet_id "+
+// ledgerPacketSQL: one 'sum' row of totals, then one 'bad' row per packet whose
+// claims, refund and remainder do not add up or whose state is impossible.
+func ledgerPacketSQL(t tableRef) string {
+	p, c := packetTable(t.shard, t.day), claimTable(t.shard, t.day)
+	return fmt.Sprintf("SELECT 'sum' AS k, '' AS id, COUNT(*) AS a, COALESCE(SUM(amount), 0) AS b, COALESCE(SUM(remaining_amount), 0) AS c, "+
+		"COALESCE(SUM(refund_amount), 0) AS d, 0 AS e, 0 AS f, 0 AS g, 0 AS h FROM %s "+
+		"UNION ALL (SELECT 'bad', p.packet_id, p.amount, p.count, p.remaining_amount, p.remaining_count, p.refund_amount, p.status, "+
+		"COALESCE(c.paid, 0), COALESCE(c.n, 0) FROM %s p LEFT JOIN "+
+		"(SELECT packet_id, SUM(amount) AS paid, COUNT(*) AS n FROM %s GROUP BY packet_id) c ON c.packet_id = p.packet_id "+
 		"WHERE COALESCE(c.paid, 0) + p.refund_amount + p.remaining_amount <> p.amount OR COALESCE(c.n, 0) + p.remaining_count <> p.count "+
 		"OR (p.status = 0 AND p.remaining_amount < p.remaining_count) OR (p.status = 0 AND p.remaining_count = 0) "+
 		"OR (p.status = 1 AND (p.remaining_count <> 0 OR p.remaining_amount <> 0)) "+
-		"OR (p.status = 2 AND p.remaining_amount <> 0) LIMIT 100")
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var amount, count, remA, remC, refund, status, paid, claims int64
-		if err := rows.Scan(&id, &amount, &count, &remA, &remC, &refund, &status, &paid, &claims); err != nil {
-			return err
-		}
-		l.Problems = append(l.Problems, fmt.Sprintf("packet %s: amount %d count %d, claims %d in %d, refund %d, remaining %d in %d, status %d",
-			id, amount, count, paid, claims, refund, remA, remC, status))
-	}
-	return rows.Err()
+		"OR (p.status = 2 AND p.remaining_amount <> 0) LIMIT 100)", p, p, c)
 }
 
-func (m *MySQL) ledgerClaims(ctx context.Context, tx *sql.Tx, s model.ShardID, day int, l *model.Ledger) error {
-	rows, err := tx.QueryContext(ctx, "SELECT packet_id, seq, act_id, amount FROM "+claimTable(s, day))
-	if err != nil {
-		return err
+func scanPackets(rows *sql.Rows, l *model.Ledger) error {
+	for rows.Next() {
+		var k, id string
+		var v [8]int64
+		if err := rows.Scan(&k, &id, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]); err != nil {
+			return err
+		}
+		if k == "sum" {
+			l.Packets += v[0]
+			l.PacketTotals += model.Cents(v[1])
+			l.OpenRemaining += model.Cents(v[2])
+			l.RefundAmounts += model.Cents(v[3])
+			continue
+		}
+		l.Problems = append(l.Problems, fmt.Sprintf("packet %s: amount %d count %d, claims %d in %d, refund %d, remaining %d in %d, status %d",
+			id, v[0], v[1], v[6], v[7], v[4], v[2], v[3], v[5]))
 	}
-	defer rows.Close()
+	return nil
+}
+
+func ledgerClaimSQL(t tableRef) string {
+	return "SELECT packet_id, seq, act_id, amount FROM " + claimTable(t.shard, t.day)
+}
+
+func scanClaims(rows *sql.Rows, l *model.Ledger) error {
 	for rows.Next() {
 		var c model.Claim
 		if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount); err != nil {
@@ -209,5 +228,5 @@ func (m *MySQL) ledgerClaims(ctx context.Context, tx *sql.Tx, s model.ShardID, d
 		c.ID = model.ClaimID(c.PacketID, c.Seq)
 		l.Claims[c.ID] = c
 	}
-	return rows.Err()
+	return nil
 }

@@ -350,15 +350,25 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestLedgerBalances reads every row on the server: whatever the tests above
-// did, the books must balance and no row-level invariant may be broken.
+// TestLedgerBalances reads every row on both test servers (other packages'
+// tests move money between them): whatever the tests did, the books must
+// balance and no row-level invariant may be broken.
 func TestLedgerBalances(t *testing.T) {
 	m := openStore(t)
-	l, err := m.Ledger(context.Background(), "test")
+	m2, err := Open(testenv.MySQLDSN(t, 2), 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := model.Audit([]model.Ledger{l})
+	defer m2.Close()
+	l, err := m.Ledger(context.Background(), "db1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := m2.Ledger(context.Background(), "db2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := model.Audit([]model.Ledger{l, l2})
 	if !rep.OK() {
 		t.Fatalf("audit of the test database: %+v", rep)
 	}

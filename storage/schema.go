@@ -25,8 +25,10 @@ func dbName(s model.ShardID) string {
 	return fmt.Sprintf("db_%02d", s.DB())
 }
 
-func accountTable(s model.ShardID) string { return fmt.Sprintf("%s.t_account_%d", dbName(s), s.Table()) }
-func flowTable(s model.ShardID) string    { return fmt.Sprintf("%s.t_flow_%d", dbName(s), s.Table()) }
+func accountTable(s model.ShardID) string {
+	return fmt.Sprintf("%s.t_account_%d", dbName(s), s.Table())
+}
+func flowTable(s model.ShardID) string { return fmt.Sprintf("%s.t_flow_%d", dbName(s), s.Table()) }
 func outboxTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
 	return fmt.Sprintf("db_%02d.t_outbox", db)
@@ -114,8 +116,8 @@ type MySQL struct {
 	db  *sql.DB
 	now func() time.Time
 
-	mu      sync.Mutex                   // guards ensured
-	ensured map[ensureKey]*sync.Once     // tables created by this process
+	mu      sync.Mutex               // guards ensured
+	ensured map[ensureKey]*sync.Once // tables created by this process
 	errs    map[ensureKey]error
 }
 

@@ -1,0 +1,448 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"redcell/cell/api"
+	"redcell/model"
+)
+
+// Timing of the phases around the load. Variables, not constants, so tests can
+// shorten them.
+var (
+	// settleTimeout bounds the wait after the load for the cells' relays to
+	// deliver every credit (the audit's InFlight reaching 0).
+	settleTimeout = 15 * time.Second
+	// auditTimeout bounds one audit (it reads every row of every cell).
+	auditTimeout = 2 * time.Minute
+	// settleInterval is the pause between two audits while settling.
+	settleInterval = 500 * time.Millisecond
+	// idleWait is how long a sender waits when enough packets are live, and an
+	// opener when it has nothing left to open.
+	idleWait = 2 * time.Millisecond
+	// progressInterval is how often the progress line is rewritten.
+	progressInterval = time.Second
+)
+
+// attemptsMax bounds the tries of one idempotent request (deposit, send, open
+// all carry their idempotency key) when the failure is retryable. Retrying
+// resolves an answer lost in flight: the repeat answer tells what happened.
+const attemptsMax = 3
+
+// balanceReaders bounds the concurrent balance reads while settling.
+const balanceReaders = 16
+
+// run is the state of one Run, shared by its goroutines.
+type run struct {
+	cfg  Config
+	c    *client
+	ring *recent
+	rec  [opCount]*opRecorder
+	seed uint64 // seeds each opener's rand, with the opener's index
+
+	// liveTarget is how many unretired packets senders keep in the ring, so that
+	// they send about as fast as openers drain instead of piling up packets
+	// nobody opens. Sends per second are therefore paced by opens.
+	liveTarget int
+
+	depositedCents atomic.Int64
+	sentCents      atomic.Int64
+	claimedCents   atomic.Int64
+	// claimedBy[j] is what opener j claimed, in cents. Each opener writes only its
+	// own entry; it is read after every opener has returned.
+	claimedBy []int64
+}
+
+// Run drives the cluster behind cfg.RouterURL for cfg.Duration: each sender
+// deposits once and sends packets until the time is up or its balance runs out;
+// each opener opens packets it has not opened before. After the load it waits
+// (about 15 s at most) for credits to be delivered, reading the openers'
+// balances and calling cfg.Audit when set, and returns the report.
+//
+// Run returns an error when cfg is invalid, and ctx.Err() with the partial
+// report (no audit) when ctx ends first. Failed requests never make it return
+// an error: they are counted in the report; see Report.OK.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	start := time.Now()
+	if cfg.RunID == "" {
+		cfg.RunID = newRunID(start)
+	}
+	r := newRun(cfg, uint64(start.UnixNano()))
+	defer r.c.hc.CloseIdleConnections()
+
+	loadCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	stopProgress := r.startProgress(start)
+	var wg sync.WaitGroup
+	for i := range cfg.Senders {
+		wg.Go(func() { r.sender(ctx, loadCtx, i) })
+	}
+	for j := range cfg.Openers {
+		wg.Go(func() { r.opener(ctx, loadCtx, j) })
+	}
+	wg.Wait()
+	cancel()
+	elapsed := time.Since(start)
+	stopProgress()
+
+	rep := r.report(elapsed)
+	if err := ctx.Err(); err != nil {
+		if cfg.Audit != nil {
+			rep.AuditError = "not run: " + err.Error()
+		}
+		return rep, err
+	}
+	r.settle(ctx, &rep)
+	return rep, nil
+}
+
+func newRun(cfg Config, seed uint64) *run {
+	r := &run{
+		cfg:        cfg,
+		c:          newClient(cfg.RouterURL, cfg.Senders+cfg.Openers+balanceReaders),
+		ring:       newRecent(recentSize, min(int64(cfg.Openers), cfg.PacketCount)),
+		seed:       seed,
+		liveTarget: min(max(2*cfg.Openers, 8), recentSize/2),
+		claimedBy:  make([]int64, cfg.Openers),
+	}
+	for o := range r.rec {
+		r.rec[o] = newOpRecorder()
+	}
+	return r
+}
+
+// do sends one idempotent request and records each attempt under o. A failure
+// marked retryable is tried again, up to attemptsMax times, while ctx allows.
+// inspect, when set, runs on each 2xx answer after out is decoded: it returns
+// whether the answer was a repeat, and a contract breach to record as
+// BAD_RESPONSE ("" if none).
+func (r *run) do(ctx context.Context, o op, method, path string, in, out any, inspect func() (repeat bool, breach string)) result {
+	var res result
+	for attempt := 1; ; attempt++ {
+		res = r.c.call(method, path, in, out)
+		repeat := false
+		if res.code == "" && inspect != nil {
+			var breach string
+			if repeat, breach = inspect(); breach != "" {
+				res.code, res.message = codeBadResponse, breach
+			}
+		}
+		r.rec[o].record(res, repeat)
+		if res.code == "" || !res.retryable || attempt >= attemptsMax {
+			return res
+		}
+		if !sleepCtx(ctx, time.Duration(attempt)*20*time.Millisecond) {
+			return res
+		}
+	}
+}
+
+// Workers get two contexts: load ends when the load phase does and stops their
+// loops; ctx is Run's and bounds the retries of a request already started, so
+// that an answer lost at the end of the load is still resolved by its repeat
+// (otherwise the claim is in the cluster but not in the report).
+
+// sender i deposits once, then sends packets until load ends or its balance
+// runs out, publishing each new packet into the ring.
+func (r *run) sender(ctx, load context.Context, i int) {
+	act := fmt.Sprintf("%s-s%d", r.cfg.RunID, i)
+	if !r.deposit(ctx, act, fmt.Sprintf("%s-dep-%d", r.cfg.RunID, i)) {
+		return
+	}
+	for n := 1; load.Err() == nil; n++ {
+		for r.ring.liveCount() >= r.liveTarget {
+			if !sleepCtx(load, idleWait) {
+				return
+			}
+		}
+		id, res := r.send(ctx, act, fmt.Sprintf("%s-snd-%d-%d", r.cfg.RunID, i, n))
+		switch res.code {
+		case "":
+			r.ring.add(id)
+		case model.ErrInsufficientBalance.Code:
+			return // spent the deposit: the run has sent enough
+		default:
+			// Recorded; back off a little so a failing cluster is not hammered.
+			if !sleepCtx(load, idleWait) {
+				return
+			}
+		}
+	}
+}
+
+func (r *run) deposit(ctx context.Context, act, orderNo string) bool {
+	amount := r.cfg.depositCents()
+	var out model.Deposit
+	res := r.do(ctx, opDeposit, http.MethodPost, "/v1/accounts/"+act+"/deposit",
+		api.DepositRequest{Amount: amount, OrderNo: orderNo}, &out,
+		func() (bool, string) {
+			if out.ActID != act || int64(out.Amount) != amount || out.Balance < out.Amount {
+				return out.Repeat, fmt.Sprintf("deposit answer %+v does not match %s %d", out, act, amount)
+			}
+			return out.Repeat, ""
+		})
+	if res.code != "" {
+		return false
+	}
+	r.depositedCents.Add(amount)
+	return true
+}
+
+// send sends one packet and returns its ID when res.code is "".
+func (r *run) send(ctx context.Context, act, orderNo string) (string, result) {
+	var out api.SendResponse
+	res := r.do(ctx, opSend, http.MethodPost, "/v1/packets",
+		api.SendRequest{Sender: act, Amount: r.cfg.PacketAmount, Count: r.cfg.PacketCount,
+			Kind: string(model.KindRandom), Greeting: "bench", OrderNo: orderNo}, &out,
+		func() (bool, string) {
+			if _, err := model.ParsePacketID(out.PacketID); err != nil {
+				return out.Repeat, "send answer: " + err.Error()
+			}
+			if out.Sender != act || out.Amount != r.cfg.PacketAmount || out.Count != r.cfg.PacketCount {
+				return out.Repeat, fmt.Sprintf("send answer %+v does not match the request", out)
+			}
+			return out.Repeat, ""
+		})
+	if res.code != "" {
+		return "", res
+	}
+	r.sentCents.Add(out.Amount)
+	return out.PacketID, res
+}
+
+// opener j opens packets from the ring, each at most once, until load ends.
+// About half the time it asks grab first and skips packets grab says are gone.
+func (r *run) opener(ctx, load context.Context, j int) {
+	act := fmt.Sprintf("%s-o%d", r.cfg.RunID, j)
+	rnd := rand.New(rand.NewPCG(r.seed, uint64(j)))
+	opened := map[uint64]struct{}{} // sequence numbers in the ring this opener tried
+	for load.Err() == nil {
+		seq, id, ok := r.ring.pick(rnd, opened)
+		if !ok {
+			if !sleepCtx(load, idleWait) {
+				return
+			}
+			continue
+		}
+		opened[seq] = struct{}{}
+		if len(opened) > 2*recentSize {
+			r.ring.prune(opened)
+		}
+		if rnd.IntN(2) == 0 && !r.grab(ctx, act, id) {
+			r.ring.retire(seq)
+			continue
+		}
+		r.openOne(ctx, j, act, seq, id)
+	}
+}
+
+// grab asks whether packet id may still have a share. It returns false only
+// when the answer says the packet is gone; a failed grab is no reason to skip
+// the open, since grab is just a hint.
+func (r *run) grab(ctx context.Context, act, id string) bool {
+	var out api.GrabResponse
+	res := r.do(ctx, opGrab, http.MethodPost, "/v1/packets/"+id+"/grab", api.ActRequest{ActID: act}, &out,
+		func() (bool, string) {
+			if out.PacketID != id || out.Remaining < 0 || out.Remaining > r.cfg.PacketCount {
+				return false, fmt.Sprintf("grab answer %+v does not match packet %s", out, id)
+			}
+			return false, ""
+		})
+	switch res.code {
+	case "":
+		return out.Available
+	case model.ErrSoldOut.Code, model.ErrExpired.Code, model.ErrNotFound.Code:
+		return false
+	}
+	return true
+}
+
+// openOne opens packet id (ring sequence seq) as opener j and counts the claim.
+func (r *run) openOne(ctx context.Context, j int, act string, seq uint64, id string) {
+	var out api.OpenResponse
+	res := r.do(ctx, opOpen, http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out,
+		func() (bool, string) {
+			if out.PacketID != id || out.ActID != act || out.Amount < 1 || out.Amount > r.cfg.PacketAmount ||
+				out.Seq < 1 || out.Seq > r.cfg.PacketCount {
+				return out.Repeat, fmt.Sprintf("open answer %+v breaks the contract for %s by %s", out, id, act)
+			}
+			return out.Repeat, ""
+		})
+	switch res.code {
+	case "":
+		// A repeat here is the answer to a retry whose first try was lost: the
+		// claim is this opener's, counted once because it opens id only once.
+		r.claimedCents.Add(out.Amount)
+		r.claimedBy[j] += out.Amount
+		if out.Seq == r.cfg.PacketCount {
+			r.ring.retire(seq) // took the last share (seq is the share's place, 1..count)
+		} else {
+			r.ring.attempted(seq)
+		}
+	case model.ErrSoldOut.Code, model.ErrExpired.Code, model.ErrNotFound.Code:
+		r.ring.retire(seq)
+	default:
+		r.ring.attempted(seq)
+	}
+}
+
+// settle waits, up to settleTimeout, until every claim of this run is credited
+// (each opener's balance equals its claims) and the audit (when set) balances.
+// Claims of other traffic may still be in flight; they are the audit's to count,
+// not this run's to wait for. An audit already running when the wait ends may
+// finish (up to auditTimeout); the last completed report is kept in rep.
+func (r *run) settle(ctx context.Context, rep *Report) {
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		settled := true
+		if r.cfg.Audit != nil {
+			actx, cancel := context.WithTimeout(ctx, auditTimeout)
+			a, err := r.cfg.Audit(actx)
+			cancel()
+			if err != nil {
+				rep.AuditError = err.Error()
+				settled = false
+			} else {
+				// Cells are read one after another, so a difference can be an
+				// artifact of a credit landing between two reads: only a balanced
+				// report ends the wait.
+				rep.Audit, rep.AuditError = &a, ""
+				settled = a.OK()
+			}
+		}
+		sum, mismatches, err := r.checkBalances()
+		if err != nil {
+			rep.BalanceError = err.Error()
+			settled = false
+		} else {
+			rep.BalancesChecked, rep.BalanceError = true, ""
+			rep.OpenerBalancesCents, rep.BalanceMismatches = sum, mismatches
+			settled = settled && mismatches == 0
+		}
+		// Without an audit and with nothing claimed, no credit can be in flight:
+		// waiting would only repeat the same answer (say, a router that is down).
+		nothingToWaitFor := r.cfg.Audit == nil && r.claimedCents.Load() == 0
+		if settled || nothingToWaitFor || time.Now().After(deadline) || !sleepCtx(ctx, settleInterval) {
+			return
+		}
+	}
+}
+
+// checkBalances reads every opener's balance and returns their sum and how many
+// differ from what the opener claimed. An account that does not exist has a
+// balance of 0.
+func (r *run) checkBalances() (sum int64, mismatches int, err error) {
+	balances := make([]int64, r.cfg.Openers)
+	errs := make([]error, r.cfg.Openers)
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	for range min(balanceReaders, r.cfg.Openers) {
+		wg.Go(func() {
+			for j := int(next.Add(1) - 1); j < r.cfg.Openers; j = int(next.Add(1) - 1) {
+				balances[j], errs[j] = r.balance(fmt.Sprintf("%s-o%d", r.cfg.RunID, j))
+			}
+		})
+	}
+	wg.Wait()
+	for j := range balances {
+		if errs[j] != nil {
+			return 0, 0, errs[j]
+		}
+		sum += balances[j]
+		if balances[j] != r.claimedBy[j] {
+			mismatches++
+		}
+	}
+	return sum, mismatches, nil
+}
+
+func (r *run) balance(act string) (int64, error) {
+	var out model.Account
+	res := r.c.call(http.MethodGet, "/v1/accounts/"+act, nil, &out)
+	switch res.code {
+	case "":
+		return int64(out.Balance), nil
+	case model.ErrNotFound.Code:
+		return 0, nil
+	}
+	return 0, fmt.Errorf("bench: balance of %s: %s %s", act, res.code, res.message)
+}
+
+func (r *run) report(elapsed time.Duration) Report {
+	rep := Report{
+		RunID:          r.cfg.RunID,
+		RouterURL:      r.cfg.RouterURL,
+		Senders:        r.cfg.Senders,
+		Openers:        r.cfg.Openers,
+		DurationMS:     r.cfg.Duration.Milliseconds(),
+		PacketAmount:   r.cfg.PacketAmount,
+		PacketCount:    r.cfg.PacketCount,
+		ElapsedMS:      elapsed.Milliseconds(),
+		Deposit:        r.rec[opDeposit].stats(),
+		Send:           r.rec[opSend].stats(),
+		Grab:           r.rec[opGrab].stats(),
+		Open:           r.rec[opOpen].stats(),
+		DepositedCents: r.depositedCents.Load(),
+		SentCents:      r.sentCents.Load(),
+		ClaimedCents:   r.claimedCents.Load(),
+	}
+	if s := elapsed.Seconds(); s > 0 {
+		rep.OpensPerSec = float64(rep.Open.OK) / s
+		rep.SendsPerSec = float64(rep.Send.OK) / s
+	}
+	return rep
+}
+
+// startProgress rewrites one progress line on cfg.Progress every
+// progressInterval until the returned stop is called, which ends the line.
+func (r *run) startProgress(start time.Time) (stop func()) {
+	w := r.cfg.Progress
+	if w == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(progressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				var errs int64
+				for _, rec := range r.rec {
+					errs += rec.errorCount()
+				}
+				fmt.Fprintf(w, "\r%4.0fs  sends %d  opens %d  claimed %d cents  errors %d   ",
+					time.Since(start).Seconds(), r.rec[opSend].okCount(), r.rec[opOpen].okCount(),
+					r.claimedCents.Load(), errs)
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+		fmt.Fprintln(w)
+	}
+}
+
+// sleepCtx sleeps for d and reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

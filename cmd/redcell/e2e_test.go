@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"redcell/cell/api"
+	"redcell/internal/testenv"
+	"redcell/sharding"
+)
+
+// cluster is the real binaries — two cells and a router — on loopback, against
+// the test MariaDB servers and memcached, joined with memberlist.
+type cluster struct {
+	bin, config, router string
+	cellURL             map[string]string
+	procs               map[string]*exec.Cmd
+	logs                map[string]*bytes.Buffer
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		// memberlist needs the UDP port too.
+		if u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	dsn1, dsn2, mc := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2), testenv.Memcached(t)
+	dir := t.TempDir()
+	c := &cluster{bin: filepath.Join(dir, "redcell"), config: filepath.Join(dir, "redcell.yaml"),
+		cellURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*bytes.Buffer{}}
+	build := exec.Command("go", "build", "-o", c.bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	rp, c1, c2, g0, g1, g2 := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	c.router = fmt.Sprintf("http://127.0.0.1:%d", rp)
+	c.cellURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", c1)
+	c.cellURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", c2)
+	cfg := fmt.Sprintf(`memcached: [%q]
+gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
+router:
+  listen: "127.0.0.1:%d"
+  gossip: "127.0.0.1:%d"
+cells:
+  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q}
+  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q}
+cell:
+  packet_expiry: 3s
+  expiry_interval: 300ms
+  relay_interval: 300ms
+`, mc, g0, g1, g2, rp, g0, c1, g1, dsn1, c2, g2, dsn2)
+	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.start(t, "cell-1", "cell", "--config", c.config, "--name", "cell-1")
+	c.start(t, "cell-2", "cell", "--config", c.config, "--name", "cell-2")
+	c.start(t, "router", "router", "--config", c.config)
+	t.Cleanup(func() {
+		for name := range c.procs {
+			c.stop(t, name)
+		}
+		if t.Failed() {
+			for name, b := range c.logs {
+				t.Logf("--- log of %s ---\n%s", name, b.String())
+			}
+		}
+	})
+	c.waitReady(t, 0)
+	return c
+}
+
+func (c *cluster) start(t *testing.T, name string, args ...string) {
+	cmd := exec.Command(c.bin, args...)
+	buf := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.procs[name], c.logs[name] = cmd, buf
+}
+
+// stop sends SIGTERM and requires a clean exit within 20 s.
+func (c *cluster) stop(t *testing.T, name string) {
+	cmd := c.procs[name]
+	if cmd == nil {
+		return
+	}
+	delete(c.procs, name)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s exited with %v", name, err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Errorf("%s did not stop within 20 s of SIGTERM", name)
+	}
+}
+
+// waitReady waits until the router's map has uncovered shards == want.
+func (c *cluster) waitReady(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var h struct {
+			Uncovered int `json:"uncovered_shards"`
+		}
+		if st, _ := do(t, "GET", c.router+"/healthz", nil, &h); st == 200 && h.Uncovered == want {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("router never saw %d uncovered shards", want)
+}
+
+func do(t *testing.T, method, url string, body, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "TRANSPORT"
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		var e api.ErrorBody
+		if err := json.Unmarshal(b, &e); err != nil || e.Error.Code == "" {
+			t.Errorf("%s %s: %d with a non-error body %q", method, url, resp.StatusCode, b)
+		}
+		return resp.StatusCode, e.Error.Code
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Errorf("decode %q: %v", b, err)
+		}
+	}
+	return 200, ""
+}
+
+func actIn(prefix string, from, to int) string {
+	for i := 0; ; i++ {
+		a := fmt.Sprintf("%s-%d", prefix, i)
+		if s := int(sharding.ShardOfAct(a)); s >= from && s <= to {
+			return a
+		}
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	c := startCluster(t)
+	r := c.router
+	pre := testenv.Prefix()
+	sender := actIn(pre+"-s", 0, 499)      // cell-1
+	far := actIn(pre+"-far", 500, 999)     // cell-2
+	near := actIn(pre+"-near", 0, 499)     // cell-1
+	other := actIn(pre+"-other", 500, 999) // cell-2
+
+	var dep struct{ Balance int64 }
+	if st, code := do(t, "POST", r+"/v1/accounts/"+sender+"/deposit", map[string]any{"amount": 10000, "order_no": "dep-1"}, &dep); st != 200 || dep.Balance != 10000 {
+		t.Fatalf("deposit: %d %s %+v", st, code, dep)
+	}
+	do(t, "POST", r+"/v1/accounts/"+sender+"/deposit", map[string]any{"amount": 10000, "order_no": "dep-1"}, &dep)
+	if dep.Balance != 10000 {
+		t.Fatalf("a retried deposit moved the balance to %d", dep.Balance)
+	}
+	if st, code := do(t, "POST", r+"/v1/accounts/"+sender+"/deposit", map[string]any{"amount": 5, "order_no": "dep-1"}, nil); st != 409 || code != "ORDER_CONFLICT" {
+		t.Fatalf("same order_no, other amount: %d %s", st, code)
+	}
+	if st, code := do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 20000, "count": 2, "order_no": "snd-x"}, nil); st != 409 || code != "INSUFFICIENT_BALANCE" {
+		t.Fatalf("send above balance: %d %s", st, code)
+	}
+	if st, code := do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 5, "count": 10, "order_no": "snd-y"}, nil); st != 400 || code != "INVALID_ARGUMENT" {
+		t.Fatalf("count above amount: %d %s", st, code)
+	}
+	var pkt api.SendResponse
+	if st, code := do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 1000, "count": 3, "kind": "random", "greeting": "恭喜发财", "order_no": "snd-1"}, &pkt); st != 200 {
+		t.Fatalf("send: %d %s", st, code)
+	}
+	var again api.SendResponse
+	do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 1000, "count": 3, "kind": "random", "greeting": "恭喜发财", "order_no": "snd-1"}, &again)
+	if again.PacketID != pkt.PacketID || !again.Repeat {
+		t.Fatalf("retried send made %s, first %s", again.PacketID, pkt.PacketID)
+	}
+	var g api.GrabResponse
+	if st, _ := do(t, "POST", r+"/v1/packets/"+pkt.PacketID+"/grab", map[string]any{"act_id": far}, &g); st != 200 || !g.Available || g.Remaining != 3 {
+		t.Fatalf("grab: %d %+v", st, g)
+	}
+	claims := map[string]api.OpenResponse{}
+	for _, who := range []string{far, near, other} {
+		var o api.OpenResponse
+		if st, code := do(t, "POST", r+"/v1/packets/"+pkt.PacketID+"/open", map[string]any{"act_id": who}, &o); st != 200 {
+			t.Fatalf("open by %s: %d %s", who, st, code)
+		}
+		claims[who] = o
+	}
+	if st, code := do(t, "POST", r+"/v1/packets/"+pkt.PacketID+"/open", map[string]any{"act_id": pre + "-late"}, nil); st != 409 || code != "SOLD_OUT" {
+		t.Fatalf("fourth open: %d %s", st, code)
+	}
+	var rep api.OpenResponse
+	do(t, "POST", r+"/v1/packets/"+pkt.PacketID+"/open", map[string]any{"act_id": far}, &rep)
+	if rep.ClaimID != claims[far].ClaimID || !rep.Repeat {
+		t.Fatalf("second open by the same user: %+v, first %+v", rep, claims[far])
+	}
+	var sum int64
+	for who, cl := range claims {
+		sum += cl.Amount
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var a struct{ Balance int64 }
+			do(t, "GET", r+"/v1/accounts/"+who, nil, &a)
+			if a.Balance == cl.Amount {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s balance %d, claim %d", who, a.Balance, cl.Amount)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if sum != 1000 {
+		t.Fatalf("claims sum to %d", sum)
+	}
+	var detail api.PacketResponse
+	do(t, "GET", r+"/v1/packets/"+pkt.PacketID+"?limit=2", nil, &detail)
+	if detail.Status != "sold_out" || len(detail.Claims) != 2 || detail.NextAfter != 2 || detail.Greeting != "恭喜发财" {
+		t.Fatalf("detail page 1: %+v", detail)
+	}
+	var page2 api.PacketResponse
+	do(t, "GET", fmt.Sprintf("%s/v1/packets/%s?limit=2&after=%d", r, pkt.PacketID, detail.NextAfter), nil, &page2)
+	if len(page2.Claims) != 1 || page2.NextAfter != 0 || page2.Claims[0].Seq != 3 {
+		t.Fatalf("detail page 2: %+v", page2)
+	}
+	// A packet that expires with money left is refunded to the sender.
+	var short api.SendResponse
+	do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 500, "count": 5, "order_no": "snd-2"}, &short)
+	var one api.OpenResponse
+	do(t, "POST", r+"/v1/packets/"+short.PacketID+"/open", map[string]any{"act_id": near}, &one)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		do(t, "GET", r+"/v1/packets/"+short.PacketID, nil, &detail)
+		if detail.Status == "refunded" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("packet never refunded: %+v", detail)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if detail.RefundAmount != 500-one.Amount {
+		t.Fatalf("refund %d, want %d", detail.RefundAmount, 500-one.Amount)
+	}
+	var acct struct{ Balance int64 }
+	do(t, "GET", r+"/v1/accounts/"+sender, nil, &acct)
+	if acct.Balance != 10000-1000-500+detail.RefundAmount {
+		t.Fatalf("sender balance %d", acct.Balance)
+	}
+	// Errors are JSON with stable codes.
+	for _, bad := range []struct{ method, path, code string }{
+		{"GET", "/v1/packets/nope", "INVALID_ARGUMENT"},
+		{"GET", "/v1/packets/20261129000ffffffffffffffff", "NOT_FOUND"},
+		{"GET", "/v1/accounts/a%27b", "INVALID_ARGUMENT"},
+		{"DELETE", "/v1/accounts/" + sender, "METHOD_NOT_ALLOWED"},
+		{"GET", "/v2/whatever", "NOT_FOUND"},
+	} {
+		if _, code := do(t, bad.method, r+bad.path, nil, nil); code != bad.code {
+			t.Errorf("%s %s: code %s, want %s", bad.method, bad.path, code, bad.code)
+		}
+	}
+
+	// The audit proves conservation over every row of both cells.
+	out, err := exec.Command(c.bin, "audit", "--config", c.config).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "audit OK") {
+		t.Fatalf("audit: %v\n%s", err, out)
+	}
+
+	// A short smoke load through the router, ending with a clean audit.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s")
+	if out, err := bench.CombinedOutput(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+
+	// cell-2 leaves: its shards answer 503 within a bounded time, cell-1's still work.
+	c.stop(t, "cell-2")
+	c.waitReady(t, 500)
+	if st, code := do(t, "GET", r+"/v1/accounts/"+far, nil, nil); st != 503 || code != "CELL_UNAVAILABLE" {
+		t.Fatalf("account on the stopped cell: %d %s", st, code)
+	}
+	if st, _ := do(t, "GET", r+"/v1/accounts/"+near, nil, nil); st != 200 {
+		t.Fatalf("account on the live cell: %d", st)
+	}
+}
