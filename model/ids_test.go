@@ -33,17 +33,17 @@ func TestPacketIDRoundTrip(t *testing.T) {
 func TestParsePacketIDRejects(t *testing.T) {
 	bad := []string{
 		"",
-		"20261129417",                     // too short
-		"20261129417a3f9c0e1b2d4c5e6f77",  // too long
-		"20261129417A3F9C0E1B2D4C5E6F",    // uppercase hex
-		"2026113041700000000000000000",    // wrong length
-		"202602304170000000000000000",     // Feb 30
-		"202613014170000000000000000",     // month 13
-		"199901014170000000000000000",     // before 2000
-		"2026112941'; DROP TABLE x;--aa",  // SQL
-		"20261129417../../etc/passwd00",   // path
-		"2026112941700000000000000g0",     // non-hex
-		"2026112941 0000000000000000a",    // space
+		"20261129417",                    // too short
+		"20261129417a3f9c0e1b2d4c5e6f77", // too long
+		"20261129417A3F9C0E1B2D4C5E6F",   // uppercase hex
+		"2026113041700000000000000000",   // wrong length
+		"202602304170000000000000000",    // Feb 30
+		"202613014170000000000000000",    // month 13
+		"199901014170000000000000000",    // before 2000
+		"2026112941'; DROP TABLE x;--aa", // SQL
+		"20261129417../../etc/passwd00",  // path
+		"2026112941700000000000000g0",    // non-hex
+		"2026112941 0000000000000000a",   // space
 	}
 	for _, s := range bad {
 		if _, err := ParsePacketID(s); !errors.Is(err, ErrInvalidArgument) {

@@ -44,7 +44,7 @@ type SendResponse struct {
 	Kind      string `json:"kind"`
 	ExpiresAt string `json:"expires_at"` // RFC 3339, UTC
 	ExpiresMS int64  `json:"expires_at_ms"`
-	Repeat    bool   `json:"repeat"`  // true when this order_no was seen before
+	Repeat    bool   `json:"repeat"` // true when this order_no was seen before
 }
 
 // ActRequest is the body of grab and open: who is asking.

@@ -101,4 +101,3 @@ func auditCluster(ctx context.Context, configPath string) (model.AuditReport, er
 	}
 	return model.Audit(ledgers), nil
 }
-
