@@ -146,8 +146,13 @@ func (c *testCell) deposit(t *testing.T, act string, amount int64) {
 
 func (c *testCell) send(t *testing.T, sender string, amount, count int64, order string) string {
 	t.Helper()
+	return c.sendKind(t, sender, amount, count, "random", order)
+}
+
+func (c *testCell) sendKind(t *testing.T, sender string, amount, count int64, kind, order string) string {
+	t.Helper()
 	var out api.SendResponse
-	if st, code := call(t, "POST", c.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: "random", OrderNo: order}, &out); st != 200 {
+	if st, code := call(t, "POST", c.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: kind, OrderNo: order}, &out); st != 200 {
 		t.Fatalf("send: %d %s", st, code)
 	}
 	return out.PacketID
@@ -235,7 +240,8 @@ var strategies = []string{cell.StrategyNaive, cell.StrategySerial, cell.Strategy
 
 // TestManyUsersOpenOnePacket: 200 distinct users open packet(1000, 10) at once:
 // exactly 10 claims summing to 1000, remaining 0, never negative; three rounds;
-// then count=1 with 64 openers. Every strategy must give the same results.
+// then count=1 with 64 openers, and a fixed packet. Every strategy must give the
+// same results.
 func TestManyUsersOpenOnePacket(t *testing.T) {
 	for _, strategy := range strategies {
 		t.Run(strategy, func(t *testing.T) {
@@ -243,12 +249,13 @@ func TestManyUsersOpenOnePacket(t *testing.T) {
 			pre := testenv.Prefix()
 			sender := pre + "-s"
 			c.deposit(t, sender, 100000)
-			for round, shape := range [][2]int64{{1000, 10}, {1000, 10}, {1000, 10}, {777, 1}} {
+			for round, shape := range [][3]int64{{1000, 10, 0}, {1000, 10, 0}, {1000, 10, 0}, {777, 1, 0}, {999, 9, 1}} {
 				openers := 200
 				if shape[1] == 1 {
 					openers = 64
 				}
-				id := c.send(t, sender, shape[0], shape[1], fmt.Sprintf("snd-%d", round))
+				kind := map[int64]string{0: "random", 1: "fixed"}[shape[2]]
+				id := c.sendKind(t, sender, shape[0], shape[1], kind, fmt.Sprintf("snd-%d", round))
 				users := make([]string, openers)
 				for i := range users {
 					users[i] = fmt.Sprintf("%s-r%d-u%d", pre, round, i)
@@ -260,7 +267,7 @@ func TestManyUsersOpenOnePacket(t *testing.T) {
 					case a.status == 200:
 						won++
 						sum += a.claim.Amount
-						if a.claim.ActID != users[i] || a.claim.Amount < 1 || a.claim.Repeat {
+						if a.claim.ActID != users[i] || a.claim.Amount < 1 || a.claim.Repeat || kind == "fixed" && a.claim.Amount != 111 {
 							t.Fatalf("claim %+v for %s", a.claim, users[i])
 						}
 					case a.code != "SOLD_OUT":

@@ -100,6 +100,7 @@ func New(cfg Config, store Store, slots Slots, cache GrabCache, peers Peers, log
 		WriteTimeout:       30 * time.Second,
 		IdleTimeout:        60 * time.Second,
 		CloseOnShutdown:    true,
+		ErrorHandler:       api.ProtocolError,
 	}
 	return s, nil
 }

@@ -80,6 +80,7 @@ func New(cfg Config, routes Routes, log *slog.Logger) (*Router, error) {
 		WriteTimeout:       30 * time.Second,
 		IdleTimeout:        60 * time.Second,
 		CloseOnShutdown:    true,
+		ErrorHandler:       api.ProtocolError,
 	}
 	return r, nil
 }

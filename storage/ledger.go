@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"redcell/model"
 )
@@ -69,7 +70,26 @@ const ledgerChunk = 100
 // checks the row-level invariants: each balance equals the sum of its flows, each
 // packet's claims + refund + remainder equal its amount and its claim count plus
 // remaining count equal its count, an open packet holds at least a cent per share.
+//
+// Tables being created while it reads (a cell creates day tables ahead) can make
+// one read fail; it then starts over with a new snapshot, up to 5 times.
 func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		var l model.Ledger
+		l, err = m.ledgerOnce(ctx, cell)
+		if err == nil || !(isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errTableDefChanged)) {
+			return l, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return model.Ledger{}, err
+}
+
+// errTableDefChanged: a table was created or altered after the snapshot began.
+const errTableDefChanged = 1412
+
+func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
 	l := model.Ledger{Cell: cell, Claims: map[string]model.Claim{}, Credits: map[string]model.Cents{}}
 	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -80,8 +100,18 @@ func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	if err != nil {
 		return l, err
 	}
+	// A table is read with its partner (account with flow, packet with claim);
+	// a partner not created yet means the pair is being created and holds no rows.
+	exists := map[tableRef]bool{}
+	for _, t := range ts {
+		exists[t] = true
+	}
+	partner := map[string]string{"account": "flow", "packet": "claim"}
 	byKind := map[string][]tableRef{}
 	for _, t := range ts {
+		if p, ok := partner[t.kind]; ok && !exists[tableRef{kind: p, shard: t.shard, day: t.day}] {
+			continue
+		}
 		byKind[t.kind] = append(byKind[t.kind], t)
 	}
 	readers := []struct {

@@ -5,7 +5,10 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+
+	"github.com/valyala/fasthttp"
 
 	"redcell/model"
 )
@@ -152,4 +155,18 @@ func ErrorJSON(err error) (int, []byte) {
 	code, msg := model.CodeOf(err)
 	b, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Code: code, Message: msg, Retryable: retryable[code]}})
 	return Status(code), b
+}
+
+// ProtocolError answers a request fasthttp could not read (body above the size
+// limit, malformed HTTP) with a JSON error body, so clients never see a bare
+// reset or a plain-text page. Set it as fasthttp.Server.ErrorHandler.
+func ProtocolError(rc *fasthttp.RequestCtx, err error) {
+	e := model.Invalidf("malformed HTTP request")
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		e = model.Errorf(model.ErrBodyTooLarge, "request body is above the size limit")
+	}
+	status, body := ErrorJSON(e)
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.SetBody(body)
 }
