@@ -101,6 +101,7 @@ func New(cfg Config, store Store, slots Slots, cache GrabCache, peers Peers, log
 		IdleTimeout:        60 * time.Second,
 		CloseOnShutdown:    true,
 		ErrorHandler:       api.ProtocolError,
+		Logger:             api.Logger{Log: s.log},
 	}
 	return s, nil
 }

@@ -81,6 +81,7 @@ func New(cfg Config, routes Routes, log *slog.Logger) (*Router, error) {
 		IdleTimeout:        60 * time.Second,
 		CloseOnShutdown:    true,
 		ErrorHandler:       api.ProtocolError,
+		Logger:             api.Logger{Log: log},
 	}
 	return r, nil
 }

@@ -6,6 +6,8 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/valyala/fasthttp"
@@ -169,4 +171,13 @@ func ProtocolError(rc *fasthttp.RequestCtx, err error) {
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
 	rc.SetBody(body)
+}
+
+// Logger adapts slog to fasthttp's Logger: fasthttp's connection-level messages
+// (a client that sent an oversized body, a reset) are logged at debug level.
+type Logger struct{ Log *slog.Logger }
+
+// Printf implements fasthttp.Logger.
+func (l Logger) Printf(format string, args ...any) {
+	l.Log.Debug("http", "msg", fmt.Sprintf(format, args...))
 }

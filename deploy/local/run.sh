@@ -64,7 +64,8 @@ wait_pid() {
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$f"
 }
-trap shutdown INT TERM EXIT
+trap 'shutdown; exit 0' INT TERM
+trap shutdown EXIT
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!

@@ -236,6 +236,8 @@ type logWriter struct{ log *slog.Logger }
 func (w *logWriter) Write(p []byte) (int, error) {
 	line := string(bytes.TrimSpace(p))
 	switch {
+	case bytes.Contains(p, []byte("use of closed network connection")):
+		// memberlist's own shutdown racing its gossip timer: not a fault.
 	case bytes.Contains(p, []byte("[ERR]")):
 		w.log.Error("memberlist", "msg", line)
 	case bytes.Contains(p, []byte("[WARN]")):
