@@ -75,7 +75,7 @@ func DefaultConfig() Config {
 		Limits:         model.DefaultLimits(),
 
 		RelayInterval:  time.Second,
-		ExpiryInterval: time.Second,
+		ExpiryInterval: 5 * time.Second, // each pass reads ~3 day tables per owned shard
 		MapVersion:     1,
 		WarmSchema:     true,
 	}

@@ -43,7 +43,8 @@ func validateDeposit(r api.DepositRequest) error {
 // validateSend checks a send against the packet limits and returns the domain request.
 func validateSend(r api.SendRequest, lim model.Limits) (model.SendRequest, model.ShardID, error) {
 	if err := model.ValidateActID(r.Sender); err != nil {
-		return model.SendRequest{}, 0, model.Invalidf("sender: %v", err)
+		_, msg := model.CodeOf(err)
+		return model.SendRequest{}, 0, model.Invalidf("sender: %s", msg)
 	}
 	if err := model.ValidateOrderNo(r.OrderNo); err != nil {
 		return model.SendRequest{}, 0, err

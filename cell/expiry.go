@@ -28,7 +28,7 @@ func (s *Server) expiryLoop(ctx context.Context) {
 // have expired, to today.
 func expiryDays(now time.Time, expiry time.Duration) []int {
 	now = now.UTC()
-	start := now.Add(-expiry - 48*time.Hour)
+	start := now.Add(-expiry - 24*time.Hour)
 	var days []int
 	for d := time.Date(start.Year(), start.Month(), start.Day(), 0, 0, 0, 0, time.UTC); !d.After(now); d = d.AddDate(0, 0, 1) {
 		days = append(days, d.Day())

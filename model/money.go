@@ -75,6 +75,9 @@ func Split(kind PacketKind, total Cents, count int64, r *rand.Rand) []Cents {
 	return shares
 }
 
+// MaxShares is the most shares any packet may have, whatever the config says.
+const MaxShares = 99_999_999
+
 // Limits are the per-packet bounds enforced at send.
 type Limits struct {
 	MaxAmount   Cents // largest packet total, cents
@@ -94,6 +97,12 @@ func (l Limits) Validate() error {
 	}
 	if int64(l.MaxAmount) > math.MaxInt64/4 {
 		return fmt.Errorf("model: MaxAmount %d too large", l.MaxAmount)
+	}
+	if l.MaxCount > MaxShares {
+		return fmt.Errorf("model: MaxCount %d above %d (claim IDs carry at most 8 digits of sequence)", l.MaxCount, MaxShares)
+	}
+	if l.MaxGreeting > 256 {
+		return fmt.Errorf("model: MaxGreeting %d above the 256 characters the packet row holds", l.MaxGreeting)
 	}
 	return nil
 }

@@ -136,7 +136,8 @@ func route(method string, path string, body []byte) (model.ShardID, error) {
 			return 0, model.Invalidf("malformed JSON body: %v", err)
 		}
 		if err := model.ValidateActID(b.Sender); err != nil {
-			return 0, model.Invalidf("sender: %v", err)
+			_, msg := model.CodeOf(err)
+			return 0, model.Invalidf("sender: %s", msg)
 		}
 		return sharding.ShardOfAct(b.Sender), nil
 	case parts[1] == "packets" && len(parts) == 3:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"time"
 
 	"redcell/cell"
@@ -47,6 +48,13 @@ func runCell(ctx context.Context, args []string) error {
 	if err := waitPing(ctx, store, 30*time.Second); err != nil {
 		return fmt.Errorf("cell %s: database %s: %w", cfg.Name, redactDSN(cfg.DSN), err)
 	}
+	// Bind the HTTP port before announcing it, so routers never learn an
+	// address that refuses connections; requests wait in the backlog until Serve.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cell %s: listen %s: %w", cfg.Name, cfg.Listen, err)
+	}
+	defer ln.Close()
 	mc := admission.NewClient(cfg.Memcached)
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
@@ -56,11 +64,6 @@ func runCell(ctx context.Context, args []string) error {
 		return err
 	}
 	srv, err := cell.New(cfg, store, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, log)
-	if err != nil {
-		node.Shutdown()
-		return err
-	}
-	ln, err := srv.Listen()
 	if err != nil {
 		node.Shutdown()
 		return err
