@@ -29,6 +29,9 @@ const (
 // Config describes one bench run. Build it with DefaultConfig and change what
 // you need; Run calls Validate.
 type Config struct {
+	// AllowShed accepts OVERLOADED and TIMEOUT answers as load shedding (they are
+	// still counted and shown) instead of failing the run; money checks still apply.
+	AllowShed bool
 	// RouterURL is the base URL of the router, e.g. "http://127.0.0.1:8080".
 	RouterURL string
 	// Senders is the number of accounts that send packets, 1..1000. Each runs in

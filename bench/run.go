@@ -54,9 +54,14 @@ type run struct {
 	depositedCents atomic.Int64
 	sentCents      atomic.Int64
 	claimedCents   atomic.Int64
+	resolved       atomic.Int64 // uncertain opens that turned out to have committed
 	// claimedBy[j] is what opener j claimed, in cents. Each opener writes only its
 	// own entry; it is read after every opener has returned.
 	claimedBy []int64
+	// uncertain[j] lists packets whose open by opener j ended without an answer
+	// that says whether it committed (a timeout, a lost connection): settle asks
+	// again, which returns the claim if there is one (open is idempotent).
+	uncertain [][]string
 }
 
 // Run drives the cluster behind cfg.RouterURL for cfg.Duration: each sender
@@ -100,6 +105,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 		return rep, err
 	}
+	r.resolveUncertain(ctx)
+	rep.ClaimedCents, rep.ResolvedOpens = r.claimedCents.Load(), r.resolved.Load()
 	r.settle(ctx, &rep)
 	return rep, nil
 }
@@ -112,6 +119,7 @@ func newRun(cfg Config, seed uint64) *run {
 		seed:       seed,
 		liveTarget: min(max(2*cfg.Openers, 8), recentSize/2),
 		claimedBy:  make([]int64, cfg.Openers),
+		uncertain:  make([][]string, cfg.Openers),
 	}
 	for o := range r.rec {
 		r.rec[o] = newOpRecorder()
@@ -290,7 +298,30 @@ func (r *run) openOne(ctx context.Context, j int, act string, seq uint64, id str
 	case model.ErrSoldOut.Code, model.ErrExpired.Code, model.ErrNotFound.Code:
 		r.ring.retire(seq)
 	default:
+		// Any other final answer may follow an earlier attempt that timed out
+		// after committing: ask again after the load.
+		r.uncertain[j] = append(r.uncertain[j], id)
 		r.ring.attempted(seq)
+	}
+}
+
+// resolveUncertain asks again for every open whose outcome was unknown and
+// counts the claims that did commit, so claimed cents match the rows.
+func (r *run) resolveUncertain(ctx context.Context) {
+	for j, ids := range r.uncertain {
+		act := fmt.Sprintf("%s-o%d", r.cfg.RunID, j)
+		for _, id := range ids {
+			var out api.OpenResponse
+			if ctx.Err() != nil {
+				return
+			}
+			if res := r.c.call(http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out); res.code == "" && out.ActID == act {
+				r.claimedCents.Add(out.Amount)
+				r.claimedBy[j] += out.Amount
+				r.resolved.Add(1)
+			}
+		}
+		r.uncertain[j] = nil
 	}
 }
 
@@ -379,6 +410,7 @@ func (r *run) balance(act string) (int64, error) {
 func (r *run) report(elapsed time.Duration) Report {
 	rep := Report{
 		RunID:          r.cfg.RunID,
+		AllowShed:      r.cfg.AllowShed,
 		RouterURL:      r.cfg.RouterURL,
 		Senders:        r.cfg.Senders,
 		Openers:        r.cfg.Openers,

@@ -349,8 +349,10 @@ func TestRunAgainstFakeRouter(t *testing.T) {
 		t.Errorf("balances: checked %v, %d mismatches, %d cents vs %d claimed",
 			rep.BalancesChecked, rep.BalanceMismatches, rep.OpenerBalancesCents, rep.ClaimedCents)
 	}
-	if rep.Audit == nil || !rep.Audit.OK() || rep.Audit.InFlight != 0 {
-		t.Errorf("audit = %+v (error %q), want balanced with nothing in flight", rep.Audit, rep.AuditError)
+	// The wait ends once this run's claims are credited and the books balance;
+	// credits of other traffic may still be in flight.
+	if rep.Audit == nil || !rep.Audit.OK() || rep.Audit.Difference != 0 {
+		t.Errorf("audit = %+v (error %q), want balanced", rep.Audit, rep.AuditError)
 	}
 	l := rep.Open.LatencyMS
 	if !(l.P50 > 0 && l.P50 <= l.P90 && l.P90 <= l.P99 && l.P99 <= l.Max) {

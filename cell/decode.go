@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"redcell/cell/api"
@@ -11,23 +14,93 @@ import (
 	"redcell/sharding"
 )
 
-// decodeStrict decodes one JSON object into v: unknown fields, trailing data,
+// decodeStrict decodes one JSON object into v (a pointer to a struct with json
+// tags): unknown fields, keys in another case or given twice, trailing data,
 // strings or floats where integers belong, and int64 overflow are all
-// ErrInvalidArgument.
+// ErrInvalidArgument. encoding/json alone would match keys without regard to
+// case and let a repeated key win silently, so keys are checked first.
 func decodeStrict(body []byte, v any) error {
+	if err := exactKeys(body, jsonFields(reflect.TypeOf(v).Elem())); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return model.Invalidf("field %q must be %s", te.Field, te.Type.String())
+			return model.Invalidf("field %q must be %s", te.Field, kindName(te.Type.Kind()))
 		}
-		return model.Invalidf("malformed JSON body: %v", err)
+		return model.Invalidf("malformed JSON body")
 	}
 	if dec.More() {
 		return model.Invalidf("trailing data after the JSON body")
 	}
 	return nil
+}
+
+func kindName(k reflect.Kind) string {
+	switch k {
+	case reflect.Int64, reflect.Int, reflect.Int32:
+		return "an integer"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "an array"
+	case reflect.Struct:
+		return "an object"
+	}
+	return "of another type"
+}
+
+// exactKeys checks that body is a JSON object whose keys are all in allowed,
+// spelled exactly, each at most once.
+func exactKeys(body []byte, allowed map[string]bool) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return model.Invalidf("malformed JSON body")
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return model.Invalidf("the body must be a JSON object")
+	}
+	seen := make(map[string]bool, len(allowed))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return model.Invalidf("malformed JSON body")
+		}
+		key, _ := tok.(string)
+		if !allowed[key] {
+			return model.Invalidf("unknown field %q", key)
+		}
+		if seen[key] {
+			return model.Invalidf("field %q appears twice", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return model.Invalidf("malformed JSON body")
+		}
+	}
+	return nil
+}
+
+var fieldsByType sync.Map // reflect.Type -> map[string]bool
+
+// jsonFields returns the JSON names of struct type t's fields.
+func jsonFields(t reflect.Type) map[string]bool {
+	if f, ok := fieldsByType.Load(t); ok {
+		return f.(map[string]bool)
+	}
+	f := map[string]bool{}
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			f[name] = true
+		}
+	}
+	fieldsByType.Store(t, f)
+	return f
 }
 
 // MaxDeposit bounds one deposit, cents (100 million CNY), far from int64 overflow.

@@ -254,6 +254,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, id string)
 		Count: p.Count, RemainingAmount: int64(p.RemainingAmount), RemainingCount: p.RemainingCount,
 		RefundAmount: int64(p.RefundAmount), Status: statusOf(p.Status, p.RemainingCount, p.ExpiresMS, s.now()),
 		CreatedMS: p.CreatedMS, ExpiresMS: p.ExpiresMS, Claims: claims,
+		ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339Nano),
 	}
 	if out.Claims == nil {
 		out.Claims = []model.Claim{}

@@ -42,7 +42,7 @@ func validateToken(field, s string) error {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return Invalidf("%s may hold only letters, digits, '_' and '-'", field)
+			return Invalidf("%s may hold only ASCII letters, digits, '_' and '-'", field)
 		}
 	}
 	return nil

@@ -91,6 +91,7 @@ type PacketResponse struct {
 	Status          string        `json:"status"` // open | sold_out | expired | refunded
 	CreatedMS       int64         `json:"created_at_ms"`
 	ExpiresMS       int64         `json:"expires_at_ms"`
+	ExpiresAt       string        `json:"expires_at"` // RFC 3339, UTC
 	Claims          []model.Claim `json:"claims"`
 	NextAfter       int64         `json:"next_after,omitempty"` // pass as ?after= for the next page; 0 = last page
 }

@@ -27,6 +27,7 @@ func runBench(ctx context.Context, args []string) error {
 	count := fs.Int64("count", def.PacketCount, "shares per packet")
 	configPath := fs.String("config", "", "cluster config file; when set, audit money conservation after the load")
 	jsonPath := fs.String("json", "", "also write the report as JSON to this file")
+	allowShed := fs.Bool("allow-shed", false, "accept OVERLOADED/TIMEOUT answers as load shedding instead of failing the run")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errUsage // the flag set printed its usage; nothing more to say
@@ -39,7 +40,7 @@ func runBench(ctx context.Context, args []string) error {
 
 	cfg := def
 	cfg.RouterURL, cfg.Senders, cfg.Openers, cfg.Duration = *router, *senders, *openers, *duration
-	cfg.PacketAmount, cfg.PacketCount = *amount, *count
+	cfg.PacketAmount, cfg.PacketCount, cfg.AllowShed = *amount, *count, *allowShed
 	cfg.Progress = os.Stderr
 	if path := *configPath; path != "" {
 		cfg.Audit = func(ctx context.Context) (model.AuditReport, error) { return auditCluster(ctx, path) }

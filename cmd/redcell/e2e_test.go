@@ -328,7 +328,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s")
+	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
 	if out, err := bench.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
