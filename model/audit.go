@@ -9,17 +9,18 @@ import (
 // snapshot of that cell's database (storage.MySQL.Ledger). All amounts are cents.
 type Ledger struct {
 	Cell          string
-	Deposits      Cents            // sum of deposit flows
-	Balances      Cents            // sum of wallet balances
-	Sends         Cents            // sum of send flows (as a positive amount)
-	PacketTotals  Cents            // sum of packet amounts
-	OpenRemaining Cents            // money still inside packets (not claimed, not refunded)
-	RefundFlows   Cents            // sum of refund flows
-	RefundAmounts Cents            // sum of packets' refund_amount
-	Packets       int64            // packet rows read
-	Claims        map[string]Claim // every claim made in this cell, by claim ID
-	Credits       map[string]Cents // every claim credited in this cell, by claim ID
-	Problems      []string         // row-level breaks: balance != its flows, packet sums off, ...
+	Deposits      Cents             // sum of deposit flows
+	Balances      Cents             // sum of wallet balances
+	Sends         Cents             // sum of send flows (as a positive amount)
+	PacketTotals  Cents             // sum of packet amounts
+	OpenRemaining Cents             // money still inside packets (not claimed, not refunded)
+	RefundFlows   Cents             // sum of refund flows
+	RefundAmounts Cents             // sum of packets' refund_amount
+	Packets       int64             // packet rows read
+	Claims        map[string]Claim  // every claim made in this cell, by claim ID
+	Credits       map[string]Credit // every claim credited in this cell, by claim ID
+	Delivered     map[string]bool   // outbox rows marked delivered, by claim ID
+	Problems      []string          // row-level breaks: balance != its flows, packet sums off, ...
 }
 
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
@@ -47,7 +48,8 @@ func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 
 func Audit(ledgers []Ledger) AuditReport {
 	var r AuditReport
 	claims := map[string]Claim{}
-	credits := map[string]Cents{}
+	credits := map[string]Credit{}
+	delivered := map[string]bool{}
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
@@ -69,28 +71,36 @@ func Audit(ledgers []Ledger) AuditReport {
 			}
 			claims[id] = c
 		}
-		for id, a := range l.Credits {
+		for id, c := range l.Credits {
 			if _, dup := credits[id]; dup {
 				r.Problems = append(r.Problems, "claim "+id+" was credited in two cells")
 			}
-			credits[id] = a
+			credits[id] = c
+		}
+		for id := range l.Delivered {
+			delivered[id] = true
 		}
 	}
-	for id, a := range credits {
+	// A credit must match its claim in account and amount. The difference below
+	// is computed from the rows as they are, so money credited without a claim, or
+	// more than claimed, shows there too.
+	for id, cr := range credits {
 		c, ok := claims[id]
 		switch {
 		case !ok:
-			r.Problems = append(r.Problems, fmt.Sprintf("credit %s of %d has no claim", id, a))
-			r.InFlight -= a // money that appeared from nowhere shows in the difference
-		case c.Amount != a:
-			r.Problems = append(r.Problems, fmt.Sprintf("credit %s is %d, its claim %d", id, a, c.Amount))
-			r.InFlight += c.Amount - a
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s of %d to %s has no claim", id, cr.Amount, cr.ActID))
+		case c.Amount != cr.Amount || c.ActID != cr.ActID:
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s is %d to %s, its claim %d to %s", id, cr.Amount, cr.ActID, c.Amount, c.ActID))
 		}
 	}
 	for id, c := range claims {
-		if _, ok := credits[id]; !ok {
-			r.InFlight += c.Amount
-			r.InFlightCount++
+		if _, ok := credits[id]; ok {
+			continue
+		}
+		r.InFlight += c.Amount
+		r.InFlightCount++
+		if delivered[id] {
+			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is marked delivered but was never credited", id))
 		}
 	}
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)

@@ -5,33 +5,67 @@ import (
 	"testing"
 )
 
+func ledgers() (Ledger, Ledger) {
+	// Cell a: 1000 deposited, 400 sent in one packet; 300 claimed: 200 by x (in a,
+	// credited), 100 by y (in b, not yet credited); 100 still in the packet.
+	a := Ledger{Cell: "a", Deposits: 1000, Balances: 600 + 200, Sends: 400, PacketTotals: 400, OpenRemaining: 100,
+		Claims:    map[string]Claim{"p1c1": {ActID: "x", Amount: 200}, "p1c2": {ActID: "y", Amount: 100}},
+		Credits:   map[string]Credit{"p1c1": {ActID: "x", Amount: 200}},
+		Delivered: map[string]bool{"p1c1": true}}
+	b := Ledger{Cell: "b", Claims: map[string]Claim{}, Credits: map[string]Credit{}, Delivered: map[string]bool{}}
+	return a, b
+}
+
 func TestAuditConservation(t *testing.T) {
-	c1 := Ledger{Cell: "a", Deposits: 1000, Balances: 600, Sends: 400, PacketTotals: 400, OpenRemaining: 100,
-		Claims:  map[string]Claim{"p1c1": {Amount: 200}, "p1c2": {Amount: 100}},
-		Credits: map[string]Cents{"p1c1": 200}}
-	c2 := Ledger{Cell: "b", Balances: 0, Claims: map[string]Claim{}, Credits: map[string]Cents{}}
-	// a: 1000 deposited, 400 sent; 300 claimed: 200 credited back in a, 100 in flight.
-	c1.Balances = 600 + 200
-	r := Audit([]Ledger{c1, c2})
+	a, b := ledgers()
+	r := Audit([]Ledger{a, b})
 	if !r.OK() || r.InFlight != 100 || r.InFlightCount != 1 || r.Difference != 0 {
 		t.Fatalf("clean books reported %+v", r)
 	}
-	// Invented money: a credit without a claim.
-	c2.Credits["p9c1"] = 50
-	c2.Balances = 50
-	r = Audit([]Ledger{c1, c2})
-	if r.OK() || r.Difference != 0 && len(r.Problems) == 0 {
-		t.Fatalf("orphan credit not reported: %+v", r)
+	// The relay delivers y's claim: still balanced, nothing in flight.
+	b.Credits["p1c2"] = Credit{ActID: "y", Amount: 100}
+	b.Balances = 100
+	if r = Audit([]Ledger{a, b}); !r.OK() || r.InFlight != 0 {
+		t.Fatalf("after delivery %+v", r)
 	}
-	if !strings.Contains(strings.Join(r.Problems, ";"), "p9c1") {
-		t.Fatalf("problems %v", r.Problems)
+}
+
+func TestAuditFindsInventedMoney(t *testing.T) {
+	a, b := ledgers()
+	b.Credits["p9c1"] = Credit{ActID: "z", Amount: 50} // a credit without a claim
+	b.Balances = 50
+	r := Audit([]Ledger{a, b})
+	if r.OK() || r.Difference != -50 || !strings.Contains(strings.Join(r.Problems, ";"), "p9c1") {
+		t.Fatalf("orphan credit: %+v", r)
 	}
-	// Lost money: a balance lower than the books say.
-	delete(c2.Credits, "p9c1")
-	c2.Balances = 0
-	c1.Balances -= 1
-	r = Audit([]Ledger{c1, c2})
-	if r.OK() || r.Difference != 1 {
-		t.Fatalf("a lost cent not reported: %+v", r)
+	a, b = ledgers()
+	b.Credits["p1c2"] = Credit{ActID: "y", Amount: 130} // credited more than claimed
+	b.Balances = 130
+	if r = Audit([]Ledger{a, b}); r.OK() || r.Difference != -30 {
+		t.Fatalf("over-credit: %+v", r)
+	}
+	a, b = ledgers()
+	b.Credits["p1c2"] = Credit{ActID: "mallory", Amount: 100} // credited to the wrong account
+	b.Balances = 100
+	if r = Audit([]Ledger{a, b}); r.OK() || r.Difference != 0 || !strings.Contains(strings.Join(r.Problems, ";"), "mallory") {
+		t.Fatalf("wrong account: %+v", r)
+	}
+}
+
+func TestAuditFindsLostMoney(t *testing.T) {
+	a, b := ledgers()
+	a.Balances--
+	if r := Audit([]Ledger{a, b}); r.OK() || r.Difference != 1 {
+		t.Fatalf("a lost cent: %+v", r)
+	}
+	a, b = ledgers()
+	a.Delivered["p1c2"] = true // marked delivered, never credited
+	if r := Audit([]Ledger{a, b}); r.OK() {
+		t.Fatalf("delivered but uncredited claim passed: %+v", r)
+	}
+	a, b = ledgers()
+	a.Sends = 500 // a send flow without its packet
+	if r := Audit([]Ledger{a, b}); r.OK() {
+		t.Fatalf("send without packet passed: %+v", r)
 	}
 }

@@ -22,7 +22,7 @@ type tableRef struct {
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
 // tables lists redcell's tables on the server.
-func tables(ctx context.Context, tx *sql.Tx) ([]tableRef, error) {
+func tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE 'db\\_%'")
 	if err != nil {
 		return nil, fmt.Errorf("storage: list tables: %w", err)
@@ -90,12 +90,18 @@ func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 const errTableDefChanged = 1412
 
 func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
-	l := model.Ledger{Cell: cell, Claims: map[string]model.Claim{}, Credits: map[string]model.Cents{}}
-	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	l := model.Ledger{Cell: cell, Claims: map[string]model.Claim{}, Credits: map[string]model.Credit{}, Delivered: map[string]bool{}}
+	// The snapshot starts before the tables are listed, so a table created (and
+	// filled) after the listing cannot hold rows the snapshot reads elsewhere.
+	tx, err := m.db.Conn(ctx)
 	if err != nil {
 		return l, fmt.Errorf("storage: ledger: %w", err)
 	}
-	defer tx.Rollback()
+	defer tx.Close()
+	if _, err := tx.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
+		return l, fmt.Errorf("storage: ledger: %w", err)
+	}
+	defer tx.ExecContext(context.Background(), "ROLLBACK")
 	ts, err := tables(ctx, tx)
 	if err != nil {
 		return l, err
@@ -123,6 +129,7 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		{"flow", ledgerFlowSQL, func(rows *sql.Rows) error { return scanFlows(rows, &l) }},
 		{"packet", ledgerPacketSQL, func(rows *sql.Rows) error { return scanPackets(rows, &l) }},
 		{"claim", ledgerClaimSQL, func(rows *sql.Rows) error { return scanClaims(rows, &l) }},
+		{"outbox", ledgerOutboxSQL, func(rows *sql.Rows) error { return scanOutbox(rows, &l) }},
 	}
 	for _, r := range readers {
 		list := byKind[r.kind]
@@ -184,7 +191,7 @@ func scanAccounts(rows *sql.Rows, l *model.Ledger) error {
 func ledgerFlowSQL(t tableRef) string {
 	f := flowTable(t.shard)
 	return fmt.Sprintf("SELECT kind AS k, '' AS id, SUM(amount) AS v FROM %s WHERE kind <> 'credit' GROUP BY kind "+
-		"UNION ALL SELECT 'credit', order_no, amount FROM %s WHERE kind = 'credit'", f, f)
+		"UNION ALL SELECT 'credit', CONCAT(order_no, ' ', act_id), amount FROM %s WHERE kind = 'credit'", f, f)
 }
 
 func scanFlows(rows *sql.Rows, l *model.Ledger) error {
@@ -202,7 +209,13 @@ func scanFlows(rows *sql.Rows, l *model.Ledger) error {
 		case "refund":
 			l.RefundFlows += model.Cents(sum)
 		case "credit":
-			l.Credits[strings.TrimPrefix(order, "claim:")] += model.Cents(sum)
+			order, act, _ := strings.Cut(order, " ")
+			id := strings.TrimPrefix(order, "claim:")
+			if prev, dup := l.Credits[id]; dup {
+				l.Problems = append(l.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, prev.ActID, act))
+				sum += int64(prev.Amount)
+			}
+			l.Credits[id] = model.Credit{ClaimID: id, ActID: act, Amount: model.Cents(sum)}
 		default:
 			l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q", kind))
 		}
@@ -257,6 +270,21 @@ func scanClaims(rows *sql.Rows, l *model.Ledger) error {
 		}
 		c.ID = model.ClaimID(c.PacketID, c.Seq)
 		l.Claims[c.ID] = c
+	}
+	return nil
+}
+
+func ledgerOutboxSQL(t tableRef) string {
+	return "SELECT claim_id FROM " + outboxTable(t.shard.DB()) + " WHERE state = 1"
+}
+
+func scanOutbox(rows *sql.Rows, l *model.Ledger) error {
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		l.Delivered[id] = true
 	}
 	return nil
 }

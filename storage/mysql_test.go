@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -374,5 +375,55 @@ func TestLedgerBalances(t *testing.T) {
 	}
 	if rep.Deposits == 0 || rep.Packets == 0 {
 		t.Fatalf("audit read nothing: %+v", rep)
+	}
+}
+
+// TestConcurrentSendRetries: a send whose amount is the whole balance, retried
+// 20 times at once with the same order number: one packet, one debit, and every
+// retry answers with that packet (never INSUFFICIENT_BALANCE).
+func TestConcurrentSendRetries(t *testing.T) {
+	m := openStore(t)
+	ctx := context.Background()
+	sender := testenv.Prefix() + "-s"
+	s := sharding.ShardOfAct(sender)
+	deposit(t, m, sender, 100)
+	req := model.SendRequest{Sender: sender, Amount: 100, Count: 2, Kind: model.KindRandom, OrderNo: "snd-all"}
+	ids := make([]model.PacketID, 20)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, _, err := m.Send(ctx, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli())
+			if err != nil {
+				t.Errorf("retry %d: %v", i, err)
+				return
+			}
+			ids[i] = p.ID
+		}()
+	}
+	wg.Wait()
+	for i := range ids {
+		if ids[i] != ids[0] || ids[i] == "" {
+			t.Fatalf("retries answered different packets: %v", ids)
+		}
+	}
+	if b := balance(t, m, sender); b != 0 {
+		t.Fatalf("balance %d, want 0", b)
+	}
+}
+
+// TestDSNParamsForced: the driver settings the money paths rely on hold even
+// when the DSN asks otherwise.
+func TestDSNParamsForced(t *testing.T) {
+	full, err := withParams("root@tcp(127.0.0.1:3306)/?clientFoundRows=true&interpolateParams=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(full, "clientFoundRows=true") || !strings.Contains(full, "interpolateParams=true") {
+		t.Fatalf("DSN %s", full)
+	}
+	if _, err := withParams("not a dsn"); err == nil {
+		t.Fatal("bad DSN accepted")
 	}
 }

@@ -62,6 +62,14 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 		if err != nil {
 			return err
 		}
+		// A retry of this order may have committed while we waited for the lock:
+		// answer from it, not with its effect on the balance.
+		if _, done, err := findFlowLocked(ctx, tx, s, req.Sender, req.OrderNo); err != nil || done {
+			if done {
+				return errRepeat
+			}
+			return err
+		}
 		if bal < req.Amount {
 			return model.Errorf(model.ErrInsufficientBalance, "balance %d is below amount %d", bal, req.Amount)
 		}
@@ -78,8 +86,12 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 			string(id), req.Sender, req.OrderNo, string(req.Kind), req.Greeting, req.Amount, req.Count, req.Amount, req.Count, now, expiresMS)
 		return err
 	})
-	if isMySQLErr(err, errDupEntry) {
-		return again()
+	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
+		p, rep, err := again()
+		if err == nil && !rep {
+			err = fmt.Errorf("storage: send %s: order seen but its flow row is gone", req.OrderNo)
+		}
+		return p, rep, err
 	}
 	if err != nil {
 		return model.Packet{}, false, fmt.Errorf("storage: send: %w", err)
@@ -178,10 +190,10 @@ func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, req
 		switch c, ok := earlier[rq.ActID]; {
 		case ok:
 			results[i] = model.OpenResult{Claim: c, Repeat: true}
+		case p.RemainingCount == 0 && p.Status != model.StatusRefunded:
+			results[i] = model.OpenResult{Err: model.ErrSoldOut}
 		case expired:
 			results[i] = model.OpenResult{Err: model.ErrExpired}
-		case p.RemainingCount == 0:
-			results[i] = model.OpenResult{Err: model.ErrSoldOut}
 		default:
 			var share model.Cents
 			if p.Kind == model.KindFixed {

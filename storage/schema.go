@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"redcell/internal/invariant"
 	"redcell/model"
 )
@@ -129,7 +131,11 @@ type ensureKey struct {
 // Open connects to a MariaDB/MySQL server. dsn is a go-sql-driver DSN without a
 // database name, e.g. "root@tcp(127.0.0.1:3307)/". maxConns caps open connections.
 func Open(dsn string, maxConns int) (*MySQL, error) {
-	db, err := sql.Open("mysql", withParams(dsn))
+	full, err := withParams(dsn)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("mysql", full)
 	if err != nil {
 		return nil, fmt.Errorf("storage: open: %w", err)
 	}
@@ -140,16 +146,21 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 	return &MySQL{db: db, now: time.Now, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}, nil
 }
 
-// withParams adds the driver parameters every connection needs: client-side
-// interpolation (one round trip per statement), REPEATABLE READ, utf8mb4.
-func withParams(dsn string) string {
-	sep := "?"
-	for i := 0; i < len(dsn); i++ {
-		if dsn[i] == '?' {
-			sep = "&"
-		}
+// withParams sets the driver parameters every connection needs, whatever the
+// DSN says: client-side interpolation (one round trip per statement), utf8mb4,
+// timeouts, and clientFoundRows off — the credit path relies on an unchanged
+// duplicate reporting 0 rows affected.
+func withParams(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("storage: bad DSN: %w", err)
 	}
-	return dsn + sep + "interpolateParams=true&charset=utf8mb4&collation=utf8mb4_bin&timeout=5s&readTimeout=30s&writeTimeout=30s"
+	cfg.InterpolateParams = true
+	cfg.ClientFoundRows = false
+	cfg.Collation = "utf8mb4_bin"
+	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = 5*time.Second, 30*time.Second, 30*time.Second
+	cfg.ParseTime = false
+	return cfg.FormatDSN(), nil
 }
 
 // Ping checks the connection.

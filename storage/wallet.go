@@ -80,6 +80,23 @@ func findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo st
 	return f, true, nil
 }
 
+// errRepeat aborts a transaction that found its order already applied.
+var errRepeat = errors.New("storage: order already applied")
+
+// findFlowLocked is findFlow with a locking read inside tx: it sees the latest
+// committed row, not the transaction's snapshot.
+func findFlowLocked(ctx context.Context, tx *sql.Tx, s model.ShardID, actID, orderNo string) (string, bool, error) {
+	var kind string
+	err := tx.QueryRowContext(ctx, "SELECT kind FROM "+flowTable(s)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", actID, orderNo).Scan(&kind)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("storage: read flow: %w", err)
+	}
+	return kind, true, nil
+}
+
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
@@ -140,7 +157,11 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 		return nil
 	})
 	if isMySQLErr(err, errDupEntry) {
-		return repeat() // a concurrent retry won the race
+		d, err := repeat() // a concurrent retry won the race
+		if err == nil && !d.Repeat {
+			err = fmt.Errorf("storage: deposit %s: order seen but its flow row is gone", orderNo)
+		}
+		return d, err
 	}
 	if err != nil {
 		return model.Deposit{}, fmt.Errorf("storage: deposit: %w", err)
@@ -198,7 +219,11 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, 
 			if err != nil {
 				return err
 			}
-			if n, _ := res.RowsAffected(); n == 0 {
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			if n == 0 {
 				continue // delivered before
 			}
 			if _, err := tx.ExecContext(ctx, "INSERT INTO "+accountTable(c.Shard)+
