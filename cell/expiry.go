@@ -10,18 +10,37 @@ import (
 // expiryLoop refunds expired packets: every ExpiryInterval it scans the packet
 // tables of the days a still-open packet could have been created on and refunds
 // each expired one. Refund locks the packet row, so it serializes with opens.
+//
+// The first pass after start, and every fullScanEvery-th pass, reads all 31 day
+// slots instead: packets left open by an outage longer than the window, or by a
+// shorter packet_expiry, are refunded too.
 func (s *Server) expiryLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ExpiryInterval)
 	defer t.Stop()
-	for {
+	for pass := 0; ; pass++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.expireOnce(ctx)
+			days := expiryDays(s.now(), s.cfg.PacketExpiry)
+			if pass%fullScanEvery == 0 {
+				days = allDays
+			}
+			s.expireOnce(ctx, days)
 		}
 	}
 }
+
+// fullScanEvery: how often (in passes) the expiry scan reads every day slot.
+const fullScanEvery = 120
+
+var allDays = func() []int {
+	d := make([]int, 31)
+	for i := range d {
+		d[i] = i + 1
+	}
+	return d
+}()
 
 // expiryDays lists the days of month whose tables may hold open packets that
 // have expired by now: from two days before the oldest creation time that could
@@ -36,12 +55,12 @@ func expiryDays(now time.Time, expiry time.Duration) []int {
 	return days
 }
 
-// expireOnce runs one pass and returns the cents refunded.
-func (s *Server) expireOnce(ctx context.Context) model.Cents {
+// expireOnce runs one pass over the given day slots and returns the cents refunded.
+func (s *Server) expireOnce(ctx context.Context, days []int) model.Cents {
 	now := s.now()
 	var total model.Cents
 	for _, sh := range s.cfg.Shards.Shards() {
-		for _, day := range expiryDays(now, s.cfg.PacketExpiry) {
+		for _, day := range days {
 			ids, err := s.store.ExpiredPackets(ctx, sh, day, now.UnixMilli(), 200)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -60,10 +79,10 @@ func (s *Server) expireOnce(ctx context.Context) model.Cents {
 					s.log.Warn("refund failed; will retry", "packet", id, "err", err)
 					continue
 				}
-				s.closed.put(ref.ID, model.ErrExpired)
 				if cents > 0 {
 					total += cents
 					s.stats.refunds.Add(1)
+					s.closed.put(ref.ID, model.ErrExpired)
 					if p, err := s.store.Packet(ctx, ref); err == nil {
 						s.cacheRemaining(p)
 					}

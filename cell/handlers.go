@@ -172,12 +172,16 @@ func statusOf(st model.PacketStatus, remaining int64, expiresMS int64, now time.
 	return st.String()
 }
 
+// cacheRemaining writes the packet's state as a commit left it.
 func (s *Server) cacheRemaining(p model.Packet) {
 	if s.cache == nil || p.ID == "" {
 		return
 	}
-	ttl := time.Until(time.UnixMilli(p.ExpiresMS)) + time.Hour
-	s.cache.Set(string(p.ID), admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}, ttl)
+	s.cache.Set(string(p.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
+}
+
+func remainingOf(p model.Packet) admission.Remaining {
+	return admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}
 }
 
 // grab answers whether a share may still be there: memcached's copy first, the
@@ -208,8 +212,10 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 			s.writeErr(rc, err)
 			return
 		}
-		s.cacheRemaining(p)
-		rem, source = admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}, "db"
+		if s.cache != nil {
+			s.cache.Fill(id, remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
+		}
+		rem, source = remainingOf(p), "db"
 	}
 	st := statusOf(model.PacketStatus(rem.Status), rem.Count, rem.ExpiresMS, s.now())
 	if st == "expired" || st == "refunded" {

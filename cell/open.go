@@ -46,9 +46,16 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 	}
 	req := model.OpenRequest{ActID: body.ActID, Shard: sharding.ShardOfAct(body.ActID)}
 	var res model.OpenResult
-	if s.cfg.OpenStrategy == StrategyNaive {
+	switch age := s.now().UTC().Sub(time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC)); {
+	case age < -24*time.Hour:
+		// Dated after tomorrow: no cell has made it. Answered without a queue, so
+		// made-up IDs cannot fill the cell with per-packet workers.
+		res = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
+	case age > s.cfg.PacketExpiry+48*time.Hour:
+		res = s.openOld(ctx, ref, req) // long expired: no share can be paid, no queue needed
+	case s.cfg.OpenStrategy == StrategyNaive:
 		res = s.openNaive(ctx, ref, req)
-	} else {
+	default:
 		res = s.openQueued(ctx, ref, req)
 	}
 	if res.Err != nil {
@@ -78,6 +85,24 @@ func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.O
 		return model.OpenResult{Err: err}
 	}
 	s.afterOpen(p, results)
+	return results[0]
+}
+
+// openOld answers an open of a packet created long before its expiry: the
+// earlier claim if this user has one, else SOLD_OUT or EXPIRED.
+func (s *Server) openOld(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	p, err := s.store.Packet(ctx, ref)
+	if err != nil {
+		return model.OpenResult{Err: err}
+	}
+	final := error(model.ErrExpired)
+	if p.RemainingCount == 0 && p.Status != model.StatusRefunded {
+		final = model.ErrSoldOut
+	}
+	results, err := s.answerClosed(ctx, ref, []model.OpenRequest{req}, final)
+	if err != nil {
+		return model.OpenResult{Err: err}
+	}
 	return results[0]
 }
 
@@ -223,15 +248,23 @@ func (s *Server) afterOpen(p model.Packet, results []model.OpenResult) {
 			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
 	}
 	s.stats.opens.Add(int64(len(credits)))
+	closed := true
 	switch {
 	case p.ID == "":
+		closed = false
+	case p.Status == model.StatusRefunded:
+		s.closed.put(p.ID, model.ErrExpired)
 	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
 		s.closed.put(p.ID, model.ErrSoldOut)
-	case p.Status == model.StatusRefunded || s.now().UnixMilli() >= p.ExpiresMS:
+	case s.now().UnixMilli() >= p.ExpiresMS:
 		s.closed.put(p.ID, model.ErrExpired)
+	default:
+		closed = false
+	}
+	if len(credits) > 0 || closed {
+		s.cacheRemaining(p)
 	}
 	if len(credits) > 0 {
-		s.cacheRemaining(p)
 		s.relay.enqueue(credits)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -22,7 +23,11 @@ type relay struct {
 	client *fasthttp.Client
 }
 
-const relayBatchMax = 1000
+const (
+	relayBatchMax = 1000
+	// relayTimeout bounds one delivery; the receiving cell gets it as the deadline.
+	relayTimeout = 10 * time.Second
+)
 
 func newRelay(s *Server) *relay {
 	return &relay{s: s, in: make(chan []model.Credit, 4096), client: &fasthttp.Client{
@@ -81,6 +86,12 @@ func (r *relay) gather(batch []model.Credit) []model.Credit {
 	return batch
 }
 
+// storagePos is a position in an outbox: after (created ms, claim ID).
+type storagePos struct {
+	ms int64
+	id string
+}
+
 // scan re-drives outbox rows older than two relay intervals.
 func (r *relay) scan(ctx context.Context) {
 	before := r.s.now().Add(-2 * r.s.cfg.RelayInterval).UnixMilli()
@@ -91,16 +102,21 @@ func (r *relay) scan(ctx context.Context) {
 			continue
 		}
 		seen[db] = true
-		for round := 0; round < 10 && ctx.Err() == nil; round++ {
-			credits, err := r.s.store.PendingCredits(ctx, db, before, relayBatchMax)
+		// Page through the pending rows by (created_ms, claim_id), so rows that
+		// cannot be delivered now (their cell is down) do not hide newer ones.
+		var after storagePos
+		for page := 0; page < 10 && ctx.Err() == nil; page++ {
+			credits, next, err := r.s.store.PendingCredits(ctx, db, before, after.ms, after.id, relayBatchMax)
 			if err != nil {
 				r.s.stats.relayErrors.Add(1)
 				r.s.log.Warn("outbox scan failed", "db", db, "err", err)
 				break
 			}
-			if len(credits) == 0 || r.deliver(ctx, credits) == 0 {
+			r.deliver(ctx, credits)
+			if len(credits) < relayBatchMax {
 				break
 			}
+			after = storagePos{next.CreatedMS, next.ClaimID}
 		}
 	}
 }
@@ -166,7 +182,9 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.SetBody(body)
-	if err := r.client.DoTimeout(req, resp, 10*time.Second); err != nil {
+	deadline := time.Now().Add(relayTimeout)
+	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	if err := r.client.DoDeadline(req, resp, deadline); err != nil {
 		return err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

@@ -32,7 +32,10 @@ type Slots interface {
 // GrabCache is the cheap copy of each packet's remaining count.
 type GrabCache interface {
 	Get(key string) (admission.Remaining, bool)
+	// Set writes the newest state (after a commit); Fill writes a state read
+	// after a miss only if nothing newer is there.
 	Set(key string, r admission.Remaining, ttl time.Duration)
+	Fill(key string, r admission.Remaining, ttl time.Duration)
 }
 
 // Peers tells where other cells are (sharding/membership.Node).
@@ -84,7 +87,7 @@ func New(cfg Config, store Store, slots Slots, cache GrabCache, peers Peers, log
 		batch = 1
 	}
 	s.queue = keyqueue.New(keyqueue.Config{
-		Depth: cfg.QueueDepth, MaxKeys: 1 << 20, BatchMax: batch, BatchWait: cfg.BatchWait, IdleStop: 2 * time.Second,
+		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: batch, BatchWait: cfg.BatchWait, IdleStop: 2 * time.Second,
 	}, s.openBatch)
 	s.rngs.New = func() any {
 		var seed [16]byte

@@ -40,7 +40,9 @@ type Expiry interface {
 
 // Outbox is the claims waiting to be credited in the claimants' cells.
 type Outbox interface {
-	PendingCredits(ctx context.Context, db int, beforeMS int64, limit int) ([]model.Credit, error)
+	// PendingCredits pages through undelivered rows of database db created at or
+	// before beforeMS, after position (afterMS, afterID); next is the last row's position.
+	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
 	MarkDelivered(ctx context.Context, credits []model.Credit) error
 }
 

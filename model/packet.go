@@ -83,6 +83,12 @@ type Credit struct {
 	Amount   Cents    `json:"amount"`
 }
 
+// OutboxPos is a position in an outbox, ordered by (CreatedMS, ClaimID).
+type OutboxPos struct {
+	CreatedMS int64
+	ClaimID   string
+}
+
 // Account is a wallet: the balance in cents.
 type Account struct {
 	ActID   string  `json:"act_id"`

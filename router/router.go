@@ -180,18 +180,31 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 		r.writeErr(rc, err)
 		return
 	}
-	cell, ok := r.routes.Map().Owner(shard)
-	if !ok {
-		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
-		return
+	deadline := time.Now().Add(r.cfg.RequestTimeout)
+	for attempt := 0; ; attempt++ {
+		cell, ok := r.routes.Map().Owner(shard)
+		if !ok {
+			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
+			return
+		}
+		if !r.forward(rc, cell, shard, deadline) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
+			return
+		}
+		// The cell says it does not own the shard: the map is changing. Wait for
+		// the membership view to move on and try once more; then give the client
+		// a retryable answer rather than a final one.
+		if attempt == 1 || time.Until(deadline) < 200*time.Millisecond {
+			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "shard %d is moving between cells; retry", shard))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	r.forward(rc, cell, shard)
 }
 
 // forward sends the request to the cell with the deadline header and copies
-// the answer back. A cell that cannot be reached is a 503; a timeout a 504.
-func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard model.ShardID) {
-	deadline := time.Now().Add(r.cfg.RequestTimeout)
+// the answer back. A cell that cannot be reached is a 503; a timeout a 504. It
+// reports whether the cell answered.
+func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard model.ShardID, deadline time.Time) bool {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	rc.Request.CopyTo(req)
@@ -201,13 +214,14 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	err := r.client(cell.Addr).DoDeadline(req, resp, deadline)
 	switch {
 	case err == nil:
-		return
+		return true
 	case errors.Is(err, fasthttp.ErrTimeout):
 		r.writeErr(rc, model.Errorf(model.ErrTimeout, "cell %s did not answer in time", cell.Name))
 	default:
 		r.log.Warn("cell unreachable", "cell", cell.Name, "addr", cell.Addr, "shard", shard, "err", err)
 		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "cell %s owning shard %d is unreachable", cell.Name, shard))
 	}
+	return false
 }
 
 func (r *Router) client(addr string) *fasthttp.HostClient {

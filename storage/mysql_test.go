@@ -309,7 +309,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 		c := res[0].Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount})
 	}
-	pending, err := m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 1000)
+	pending, _, err := m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 	if err := m.MarkDelivered(ctx, credits); err != nil {
 		t.Fatal(err)
 	}
-	pending, _ = m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 100000)
+	pending, _, _ = m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 100000)
 	for _, p := range pending {
 		for _, c := range credits {
 			if p.ClaimID == c.ClaimID {

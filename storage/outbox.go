@@ -8,26 +8,31 @@ import (
 )
 
 // PendingCredits lists up to limit outbox rows of database db (0..99) not yet
-// delivered and created at or before beforeMS (Unix ms), oldest first.
-func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS int64, limit int) ([]model.Credit, error) {
-	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount FROM "+outboxTable(db)+
-		" WHERE state = 0 AND created_ms <= ? ORDER BY created_ms LIMIT ?", beforeMS, limit)
+// delivered, created at or before beforeMS (Unix ms) and after the position
+// (afterMS, afterID), in (created_ms, claim_id) order. next is the position of
+// the last row returned, to page on from.
+func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
+	var next model.OutboxPos
+	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+outboxTable(db)+
+		" WHERE state = 0 AND created_ms <= ? AND (created_ms > ? OR (created_ms = ? AND claim_id > ?)) ORDER BY created_ms, claim_id LIMIT ?",
+		beforeMS, afterMS, afterMS, afterID, limit)
 	if isMySQLErr(err, errNoSuchTable) {
-		return nil, nil
+		return nil, next, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("storage: read outbox: %w", err)
+		return nil, next, fmt.Errorf("storage: read outbox: %w", err)
 	}
 	defer rows.Close()
 	var out []model.Credit
 	for rows.Next() {
 		var c model.Credit
-		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount); err != nil {
-			return nil, err
+		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &next.CreatedMS); err != nil {
+			return nil, next, err
 		}
+		next.ClaimID = c.ClaimID
 		out = append(out, c)
 	}
-	return out, rows.Err()
+	return out, next, rows.Err()
 }
 
 // MarkDelivered marks outbox rows as delivered once the claimant's cell has

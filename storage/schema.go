@@ -76,7 +76,7 @@ func shardDDL(s model.ShardID) []string {
   state        TINYINT NOT NULL DEFAULT 0,
   created_ms   BIGINT NOT NULL,
   delivered_ms BIGINT NULL,
-  KEY k_pending (state, created_ms)
+  KEY k_pending (state, created_ms, claim_id)
 ) ENGINE=InnoDB`,
 	}
 }

@@ -52,8 +52,9 @@ func NewClient(servers []string) *memcache.Client {
 func slotKey(key string) string { return "rc:tx:" + key }
 
 // Acquire takes one slot for key, waiting (with short backoff) while the cap is
-// full. The returned release must be called exactly once. Errors: ErrBusy when ctx
-// ends first.
+// full. The returned release must be called exactly once; it gives the slot
+// back where it was taken (memcached or the in-process fallback). Errors:
+// ErrBusy when ctx ends first.
 func (s *Slots) Acquire(ctx context.Context, key string) (release func(), err error) {
 	k := slotKey(key)
 	backoff := 200 * time.Microsecond
@@ -77,11 +78,29 @@ func (s *Slots) Acquire(ctx context.Context, key string) (release func(), err er
 	}
 }
 
+// A slot counter is stored as "count:startUnix", where start is when the
+// counter last went up from zero. A counter older than the TTL is stale — a
+// holder crashed or could not give its slot back — and is started afresh, so a
+// lost release blocks a packet for at most ttlSec, even under steady load.
+func parseSlot(v []byte) (n int, start int64) {
+	cs, ss, _ := cutColon(string(v))
+	n, _ = strconv.Atoi(cs)
+	start, _ = strconv.ParseInt(ss, 10, 64)
+	return n, start
+}
+
+func formatSlot(dst []byte, n int, start int64) []byte {
+	dst = strconv.AppendInt(dst[:0], int64(n), 10)
+	dst = append(dst, ':')
+	return strconv.AppendInt(dst, start, 10)
+}
+
 // tryAcquire makes one attempt; ok=false means the cap is full or a CAS lost.
 func (s *Slots) tryAcquire(k string) (ok bool, err error) {
+	now := time.Now().Unix()
 	it, err := s.mc.Get(k)
 	if errors.Is(err, memcache.ErrCacheMiss) {
-		err = s.mc.Add(&memcache.Item{Key: k, Value: []byte("1"), Expiration: s.ttlSec})
+		err = s.mc.Add(&memcache.Item{Key: k, Value: formatSlot(nil, 1, now), Expiration: s.ttlSec})
 		if errors.Is(err, memcache.ErrNotStored) {
 			s.Conflicts.Add(1)
 			return false, nil
@@ -91,11 +110,14 @@ func (s *Slots) tryAcquire(k string) (ok bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	n, _ := strconv.Atoi(string(it.Value))
+	n, start := parseSlot(it.Value)
+	if n <= 0 || now-start > int64(s.ttlSec) {
+		n, start = 0, now // empty or stale: start a new counter
+	}
 	if n >= s.cap {
 		return false, nil
 	}
-	it.Value = strconv.AppendInt(it.Value[:0], int64(n+1), 10)
+	it.Value = formatSlot(it.Value, n+1, start)
 	it.Expiration = s.ttlSec
 	err = s.mc.CompareAndSwap(it)
 	if errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrNotStored) {
@@ -105,6 +127,9 @@ func (s *Slots) tryAcquire(k string) (ok bool, err error) {
 	return err == nil, err
 }
 
+// release gives a memcached slot back. If memcached fails now, the slot stays
+// counted until the counter goes stale (see parseSlot); it is never "given
+// back" to the in-process count, which did not grant it.
 func (s *Slots) release(k string) {
 	for attempt := 0; attempt < 50; attempt++ {
 		it, err := s.mc.Get(k)
@@ -113,14 +138,13 @@ func (s *Slots) release(k string) {
 		}
 		if err != nil {
 			s.fallback(err)
-			s.releaseLocal(k)
 			return
 		}
-		n, _ := strconv.Atoi(string(it.Value))
+		n, start := parseSlot(it.Value)
 		if n <= 0 {
 			return
 		}
-		it.Value = strconv.AppendInt(it.Value[:0], int64(n-1), 10)
+		it.Value = formatSlot(it.Value, n-1, start)
 		it.Expiration = s.ttlSec
 		err = s.mc.CompareAndSwap(it)
 		if err == nil || errors.Is(err, memcache.ErrNotStored) {
@@ -215,9 +239,20 @@ func cutColon(s string) (string, string, bool) {
 	return s, "", false
 }
 
-// Set stores the copy for key until ttl passes. Errors are ignored: the cache is
-// a hint and a miss falls back to the database.
+// Set stores the copy for key until ttl passes; the open worker calls it after
+// each commit, so it always writes the newest state. Errors are ignored: the
+// cache is a hint and a miss falls back to the database.
 func (c *Cache) Set(key string, r Remaining, ttl time.Duration) {
+	_ = c.mc.Set(c.item(key, r, ttl))
+}
+
+// Fill stores a copy read from the database after a miss, only if no copy is
+// there: a worker's newer Set must never be overwritten by an older read.
+func (c *Cache) Fill(key string, r Remaining, ttl time.Duration) {
+	_ = c.mc.Add(c.item(key, r, ttl))
+}
+
+func (c *Cache) item(key string, r Remaining, ttl time.Duration) *memcache.Item {
 	v := strconv.FormatInt(r.Count, 10) + ":" + strconv.Itoa(int(r.Status)) + ":" + strconv.FormatInt(r.ExpiresMS, 10)
 	sec := int32(ttl / time.Second)
 	if sec < 1 {
@@ -226,5 +261,5 @@ func (c *Cache) Set(key string, r Remaining, ttl time.Duration) {
 	if sec > 30*24*3600 {
 		sec = 30 * 24 * 3600
 	}
-	_ = c.mc.Set(&memcache.Item{Key: remKey(key), Value: []byte(v), Expiration: sec})
+	return &memcache.Item{Key: remKey(key), Value: []byte(v), Expiration: sec}
 }

@@ -28,14 +28,22 @@ type Config struct {
 
 // Queue is a set of per-key FIFO workers. Handle is called with batches of one
 // key, never concurrently for the same key, in arrival order. Safe for concurrent use.
+//
+// A key's FIFO is a slice that grows with use, so an idle or barely used key
+// costs a few hundred bytes, not Depth slots.
 type Queue[K comparable, T any] struct {
 	cfg    Config
 	handle func(key K, batch []T)
 
-	mu     sync.Mutex   // guards keys and closed
-	keys   map[K]chan T // one buffered FIFO per key with a live worker
+	mu     sync.Mutex // guards keys, every keyState.items, and closed
+	keys   map[K]*keyState[T]
 	closed bool
 	wg     sync.WaitGroup // live workers
+}
+
+type keyState[T any] struct {
+	items []T           // waiting items, oldest first; guarded by Queue.mu
+	wake  chan struct{} // capacity 1: "items may be waiting"
 }
 
 // New returns a queue that calls handle for each batch.
@@ -43,32 +51,42 @@ func New[K comparable, T any](cfg Config, handle func(key K, batch []T)) *Queue[
 	if cfg.Depth < 1 || cfg.MaxKeys < 1 || cfg.BatchMax < 1 || cfg.IdleStop <= 0 {
 		panic("keyqueue: Depth, MaxKeys, BatchMax and IdleStop must be > 0")
 	}
-	return &Queue[K, T]{cfg: cfg, handle: handle, keys: make(map[K]chan T)}
+	return &Queue[K, T]{cfg: cfg, handle: handle, keys: make(map[K]*keyState[T])}
 }
 
 // Enqueue appends item to key's FIFO, starting its worker if needed. It never
 // blocks. Errors: ErrFull, ErrClosed.
 func (q *Queue[K, T]) Enqueue(key K, item T) error {
 	q.mu.Lock()
-	defer q.mu.Unlock() // the send happens under mu so a worker cannot exit in between
 	if q.closed {
+		q.mu.Unlock()
 		return ErrClosed
 	}
-	ch, ok := q.keys[key]
+	ks, ok := q.keys[key]
 	if !ok {
 		if len(q.keys) >= q.cfg.MaxKeys {
+			q.mu.Unlock()
 			return ErrFull
 		}
-		ch = make(chan T, q.cfg.Depth)
-		q.keys[key] = ch
+		ks = &keyState[T]{wake: make(chan struct{}, 1)}
+		q.keys[key] = ks
 		q.wg.Add(1)
-		go q.work(key, ch)
+		go q.work(key, ks)
 	}
-	select {
-	case ch <- item:
-		return nil
-	default:
+	if len(ks.items) >= q.cfg.Depth {
+		q.mu.Unlock()
 		return ErrFull
+	}
+	ks.items = append(ks.items, item)
+	q.mu.Unlock()
+	signal(ks.wake)
+	return nil
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 
@@ -76,7 +94,10 @@ func (q *Queue[K, T]) Enqueue(key K, item T) error {
 func (q *Queue[K, T]) Len(key K) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.keys[key])
+	if ks, ok := q.keys[key]; ok {
+		return len(ks.items)
+	}
+	return 0
 }
 
 // Keys returns the number of keys with a live worker.
@@ -86,83 +107,92 @@ func (q *Queue[K, T]) Keys() int {
 	return len(q.keys)
 }
 
-// Close stops new work; the workers finish everything already queued. Wait
-// returns when they have.
+// Close stops new work; the workers finish everything already queued and exit.
+// Wait returns when they have.
 func (q *Queue[K, T]) Close() {
 	q.mu.Lock()
 	q.closed = true
+	for _, ks := range q.keys {
+		signal(ks.wake) // idle workers notice at once
+	}
 	q.mu.Unlock()
 }
 
 // Wait blocks until every worker has exited (after Close, when queues are empty).
 func (q *Queue[K, T]) Wait() { q.wg.Wait() }
 
-func (q *Queue[K, T]) work(key K, ch chan T) {
+func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 	defer q.wg.Done()
 	idle := time.NewTimer(q.cfg.IdleStop)
 	defer idle.Stop()
 	batch := make([]T, 0, q.cfg.BatchMax)
 	for {
-		select {
-		case item := <-ch:
-			batch = q.fill(append(batch[:0], item), ch)
-			q.handle(key, batch)
-			clear(batch) // drop references so finished items can be collected
-			if !idle.Stop() {
-				select {
-				case <-idle.C:
-				default:
+		batch = q.take(ks, batch[:0])
+		if len(batch) == 0 {
+			if q.stopIfDone(key, ks, false) {
+				return
+			}
+			select {
+			case <-ks.wake:
+			case <-idle.C:
+				if q.stopIfDone(key, ks, true) {
+					return
 				}
+				idle.Reset(q.cfg.IdleStop)
 			}
-			idle.Reset(q.cfg.IdleStop)
-			if q.stopIfDone(key, ch, false) {
-				return
-			}
-		case <-idle.C:
-			if q.stopIfDone(key, ch, true) {
-				return
-			}
-			idle.Reset(q.cfg.IdleStop)
+			continue
 		}
+		if len(batch) < q.cfg.BatchMax && q.cfg.BatchWait > 0 {
+			batch = q.fill(ks, batch)
+		}
+		q.handle(key, batch)
+		clear(batch) // drop references so finished items can be collected
+		if !idle.Stop() {
+			select {
+			case <-idle.C:
+			default:
+			}
+		}
+		idle.Reset(q.cfg.IdleStop)
 	}
 }
 
-// fill drains what is queued for the key into batch, up to BatchMax, waiting up
-// to BatchWait for more.
-func (q *Queue[K, T]) fill(batch []T, ch chan T) []T {
-	var deadline <-chan time.Time
+// take moves up to BatchMax-len(batch) waiting items into batch, oldest first.
+func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := min(q.cfg.BatchMax-len(batch), len(ks.items))
+	batch = append(batch, ks.items[:n]...)
+	rest := copy(ks.items, ks.items[n:])
+	clear(ks.items[rest:])
+	ks.items = ks.items[:rest]
+	if rest == 0 && cap(ks.items) > 64 {
+		ks.items = nil // give a burst's memory back
+	}
+	return batch
+}
+
+// fill waits up to BatchWait for more items to make a fuller batch.
+func (q *Queue[K, T]) fill(ks *keyState[T], batch []T) []T {
+	t := time.NewTimer(q.cfg.BatchWait)
+	defer t.Stop()
 	for len(batch) < q.cfg.BatchMax {
 		select {
-		case item := <-ch:
-			batch = append(batch, item)
-			continue
-		default:
+		case <-ks.wake:
+			batch = q.take(ks, batch)
+		case <-t.C:
+			return q.take(ks, batch)
 		}
-		if q.cfg.BatchWait <= 0 {
-			break
-		}
-		if deadline == nil {
-			t := time.NewTimer(q.cfg.BatchWait)
-			defer t.Stop()
-			deadline = t.C
-		}
-		select {
-		case item := <-ch:
-			batch = append(batch, item)
-			continue
-		case <-deadline:
-		}
-		break
 	}
 	return batch
 }
 
 // stopIfDone removes the key's worker when its queue is empty and either it was
 // idle or the queue is closed. It reports whether the worker must exit.
-func (q *Queue[K, T]) stopIfDone(key K, ch chan T, idle bool) bool {
+func (q *Queue[K, T]) stopIfDone(key K, ks *keyState[T], idle bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(ch) > 0 || !(idle || q.closed) {
+	if len(ks.items) > 0 || !(idle || q.closed) {
 		return false
 	}
 	delete(q.keys, key)

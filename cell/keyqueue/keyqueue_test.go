@@ -105,3 +105,35 @@ func TestIdleWorkerExitsAndRestarts(t *testing.T) {
 		t.Fatalf("handled %d of 3", n)
 	}
 }
+
+func TestCloseWakesIdleWorkers(t *testing.T) {
+	done := make(chan struct{}, 1)
+	q := New(Config{Depth: 4, MaxKeys: 4, BatchMax: 4, IdleStop: time.Minute}, func(string, []int) { done <- struct{}{} })
+	if err := q.Enqueue("k", 1); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	start := time.Now()
+	q.Close()
+	q.Wait()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Wait took %s after Close: idle worker not woken", d)
+	}
+}
+
+func TestBatchWaitFillsBatch(t *testing.T) {
+	sizes := make(chan int, 10)
+	q := New(Config{Depth: 100, MaxKeys: 4, BatchMax: 10, BatchWait: 200 * time.Millisecond, IdleStop: time.Second},
+		func(_ string, b []int) { sizes <- len(b) })
+	for i := 0; i < 10; i++ {
+		if err := q.Enqueue("k", i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := <-sizes; got < 5 {
+		t.Fatalf("first batch of %d: BatchWait did not gather the items arriving within it", got)
+	}
+	q.Close()
+	q.Wait()
+}
