@@ -32,6 +32,12 @@ type Config struct {
 	Shards sharding.Ranges // shards this cell owns
 	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:33061)/"
 
+	// AdminListen is the admin port (runtime strategy switch), apart from the
+	// public one; empty means no admin port. AdminToken is the bearer token it
+	// requires; with no token every admin request is refused.
+	AdminListen string
+	AdminToken  string
+
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
 	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it

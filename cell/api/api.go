@@ -22,7 +22,29 @@ const (
 	HeaderDeadline = "X-Redcell-Deadline-Ms"
 	// HeaderCell names the cell that answered (set by cells).
 	HeaderCell = "X-Redcell-Cell"
+	// HeaderStress marks stress-test traffic ("1"). The router forwards it; cells
+	// write such requests to shadow tables (databases shadow_db_XX), so a bench
+	// can run against a live cluster without touching real users' money.
+	HeaderStress = "X-Redcell-Stress"
 )
+
+// NoopPath is the prefix of POST /v1/noop/{act_id}: routed like an account
+// request, answered by the owning cell at once without touching storage. It
+// measures the HTTP ceiling of the path bench → router → cell.
+const NoopPath = "/v1/noop/"
+
+// NoopResponse answers a no-op request.
+type NoopResponse struct {
+	Cell string `json:"cell"`
+}
+
+// StrategySetting is the body of GET and PUT /admin/strategy on a cell's admin
+// port (Authorization: Bearer <admin token>): how the cell runs opens.
+type StrategySetting struct {
+	Strategy    string `json:"strategy"`      // naive | serial | batched
+	BatchMax    int    `json:"batch_max"`     // opens per transaction (batched), 1..4096
+	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched), 0..1000 ms
+}
 
 // DepositRequest is the body of POST /v1/accounts/{act_id}/deposit.
 type DepositRequest struct {

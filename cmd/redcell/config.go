@@ -20,6 +20,7 @@ import (
 // key). One file describes the whole local cluster; each process picks its part.
 type fileConfig struct {
 	Memcached   []string      `yaml:"memcached"`
+	AdminToken  string        `yaml:"admin_token"` // bearer token of the cells' admin ports; empty refuses all
 	GossipSeeds []string      `yaml:"gossip_seeds"`
 	Router      routerSection `yaml:"router"`
 	Cells       []cellEntry   `yaml:"cells"`
@@ -39,6 +40,8 @@ type cellEntry struct {
 	Gossip string `yaml:"gossip"`
 	Shards string `yaml:"shards"`
 	DSN    string `yaml:"dsn"`
+	// AdminListen is the cell's admin port (runtime settings); empty: none.
+	AdminListen string `yaml:"admin_listen"`
 }
 
 type cellSection struct {
@@ -86,6 +89,7 @@ var envOverrides = []struct {
 	set  func(fc *fileConfig, v string) error
 }{
 	{"REDCELL_MEMCACHED", func(fc *fileConfig, v string) error { fc.Memcached = splitList(v); return nil }},
+	{"REDCELL_ADMIN_TOKEN", func(fc *fileConfig, v string) error { fc.AdminToken = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -153,6 +157,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		return c, "", fmt.Errorf("config: no cell named %q in cells", name)
 	}
 	c.Name, c.Listen, c.DSN = entry.Name, entry.Listen, entry.DSN
+	c.AdminListen, c.AdminToken = entry.AdminListen, fc.AdminToken
 	r, err := sharding.ParseRanges(entry.Shards)
 	if err != nil {
 		return c, "", fmt.Errorf("config: cell %s: %w", name, err)
