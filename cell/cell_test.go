@@ -68,7 +68,7 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 	}
 	mc := admission.NewClient(cfg.Memcached)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv, err := cell.New(cfg, store, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), peers, log)
+	srv, err := cell.New(cfg, cell.Stores{Real: store, Shadow: store.Shadow()}, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), peers, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +108,12 @@ func oneCell(t *testing.T, tune func(*cell.Config)) *testCell {
 // status and the error code of a non-200 answer.
 func call(t *testing.T, method, url string, body, out any) (int, string) {
 	t.Helper()
+	return callH(t, nil, method, url, body, out)
+}
+
+// callH is call with extra request headers.
+func callH(t *testing.T, headers map[string]string, method, url string, body, out any) (int, string) {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -115,6 +121,9 @@ func call(t *testing.T, method, url string, body, out any) (int, string) {
 	}
 	req, _ := http.NewRequest(method, url, rd)
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Errorf("%s %s: %v", method, url, err)

@@ -11,10 +11,13 @@ import (
 // tables of the days a still-open packet could have been created on and refunds
 // each expired one. Refund locks the packet row, so it serializes with opens.
 //
-// The first pass after start, and every fullScanEvery-th pass, reads all 31 day
-// slots instead: packets left open by an outage longer than the window, or by a
-// shorter packet_expiry, are refunded too.
+// Beside it, a full scan of all 31 day slots runs 30 s after start and then
+// every fullScanInterval, so packets left open by an outage longer than the
+// window, or by a shorter packet_expiry, are refunded too.
 func (s *Server) expiryLoop(ctx context.Context) {
+	full := make(chan struct{})
+	go func() { defer close(full); s.fullExpiryLoop(ctx) }()
+	defer func() { <-full }()
 	t := time.NewTicker(s.cfg.ExpiryInterval)
 	defer t.Stop()
 	for pass := 0; ; pass++ {
@@ -23,16 +26,34 @@ func (s *Server) expiryLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			days := expiryDays(s.now(), s.cfg.PacketExpiry)
-			if pass%fullScanEvery == 0 {
-				days = allDays
+			s.expireOnce(ctx, s.spaces[0], days)
+			if pass%shadowEvery == 0 {
+				s.expireOnce(ctx, s.spaces[1], days) // stress traffic: scanned less often
 			}
-			s.expireOnce(ctx, days)
 		}
 	}
 }
 
-// fullScanEvery: how often (in passes) the expiry scan reads every day slot.
-const fullScanEvery = 120
+// shadowEvery: how often (in passes) the shadow tables are scanned too.
+const shadowEvery = 4
+
+// fullScanInterval: how often every day slot is scanned.
+const fullScanInterval = 10 * time.Minute
+
+func (s *Server) fullExpiryLoop(ctx context.Context) {
+	wait := 30 * time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		for _, sp := range s.spaces {
+			s.expireOnce(ctx, sp, allDays)
+		}
+		wait = fullScanInterval
+	}
+}
 
 var allDays = func() []int {
 	d := make([]int, 31)
@@ -56,12 +77,12 @@ func expiryDays(now time.Time, expiry time.Duration) []int {
 }
 
 // expireOnce runs one pass over the given day slots and returns the cents refunded.
-func (s *Server) expireOnce(ctx context.Context, days []int) model.Cents {
+func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Cents {
 	now := s.now()
 	var total model.Cents
 	for _, sh := range s.cfg.Shards.Shards() {
 		for _, day := range days {
-			ids, err := s.store.ExpiredPackets(ctx, sh, day, now.UnixMilli(), 200)
+			ids, err := sp.store.ExpiredPackets(ctx, sh, day, now.UnixMilli(), 200)
 			if err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("expiry scan failed", "shard", sh, "day", day, "err", err)
@@ -74,7 +95,7 @@ func (s *Server) expireOnce(ctx context.Context, days []int) model.Cents {
 					s.log.Error("bad packet id in table", "id", id)
 					continue
 				}
-				cents, err := s.store.Refund(ctx, ref)
+				cents, err := sp.store.Refund(ctx, ref)
 				if err != nil {
 					s.log.Warn("refund failed; will retry", "packet", id, "err", err)
 					continue
@@ -82,9 +103,9 @@ func (s *Server) expireOnce(ctx context.Context, days []int) model.Cents {
 				if cents > 0 {
 					total += cents
 					s.stats.refunds.Add(1)
-					s.closed.put(ref.ID, model.ErrExpired)
-					if p, err := s.store.Packet(ctx, ref); err == nil {
-						s.cacheRemaining(p)
+					sp.closed.put(ref.ID, model.ErrExpired)
+					if p, err := sp.store.Packet(ctx, ref); err == nil {
+						s.cacheRemaining(sp, p)
 					}
 				}
 			}

@@ -30,22 +30,32 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	}
 	ctx, cancel := s.deadline(rc)
 	defer cancel()
+	sp := s.spaceOf(rc)
 	parts := strings.Split(strings.Trim(path, "/"), "/")
 	switch {
 	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "accounts" && method == http.MethodGet:
-		s.getAccount(ctx, rc, parts[2])
+		s.getAccount(ctx, rc, sp, parts[2])
 	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "accounts" && parts[3] == "deposit" && method == http.MethodPost:
-		s.deposit(ctx, rc, parts[2])
+		s.deposit(ctx, rc, sp, parts[2])
 	case len(parts) == 2 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodPost:
-		s.send(ctx, rc)
+		s.send(ctx, rc, sp)
 	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodGet:
-		s.detail(ctx, rc, parts[2])
+		s.detail(ctx, rc, sp, parts[2])
 	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "grab" && method == http.MethodPost:
-		s.grab(ctx, rc, parts[2])
+		s.grab(ctx, rc, sp, parts[2])
 	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "open" && method == http.MethodPost:
-		s.open(ctx, rc, parts[2])
+		s.open(ctx, rc, sp, parts[2])
+	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "noop" && method == http.MethodPost:
+		// The HTTP ceiling: routed like an account request, no storage touched.
+		if _, err := s.account(parts[2]); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		rc.SetStatusCode(http.StatusOK)
+		rc.SetContentType("application/json")
+		rc.SetBody(s.noopBody)
 	case path == "/internal/credits" && method == http.MethodPost:
-		s.credits(ctx, rc)
+		s.credits(ctx, rc, sp)
 	default:
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", method, path))
 	}
@@ -79,27 +89,27 @@ func (s *Server) healthz(rc *fasthttp.RequestCtx) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	status, code := "ok", http.StatusOK
-	if err := s.store.Ping(ctx); err != nil {
+	if err := s.spaces[0].store.Ping(ctx); err != nil {
 		status, code = "db_unreachable", http.StatusServiceUnavailable
 	}
 	if s.draining.Load() {
 		status, code = "draining", http.StatusServiceUnavailable
 	}
 	s.writeJSON(rc, code, map[string]any{
-		"status": status, "cell": s.cfg.Name, "shards": s.cfg.Shards.String(), "strategy": s.cfg.OpenStrategy,
+		"status": status, "cell": s.cfg.Name, "shards": s.cfg.Shards.String(), "strategy": s.Strategy().Strategy,
 		"schema_ready": s.schemaReady.Load(), "active_packets": s.queue.Keys(),
 		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
 		"refunds": s.stats.refunds.Load(), "relayed": s.stats.relayed.Load(), "relay_errors": s.stats.relayErrors.Load(),
 	})
 }
 
-func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, actID string) {
+func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
 	sh, err := s.account(actID)
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	a, err := s.store.Account(ctx, sh, actID)
+	a, err := sp.store.Account(ctx, sh, actID)
 	if err != nil {
 		s.writeErr(rc, err)
 		return
@@ -107,7 +117,7 @@ func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, actID 
 	s.writeJSON(rc, http.StatusOK, a)
 }
 
-func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, actID string) {
+func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
 	sh, err := s.account(actID)
 	if err != nil {
 		s.writeErr(rc, err)
@@ -122,7 +132,7 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, actID str
 		s.writeErr(rc, err)
 		return
 	}
-	d, err := s.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	d, err := sp.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
 	if err != nil {
 		s.writeErr(rc, err)
 		return
@@ -130,7 +140,7 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, actID str
 	s.writeJSON(rc, http.StatusOK, d)
 }
 
-func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx) {
+func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	var body api.SendRequest
 	if err := decodeStrict(rc.PostBody(), &body); err != nil {
 		s.writeErr(rc, err)
@@ -146,13 +156,13 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx) {
 		return
 	}
 	now := s.now()
-	p, repeat, err := s.store.Send(ctx, sh, req, model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli())
+	p, repeat, err := sp.store.Send(ctx, sh, req, model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli())
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
 	if !repeat {
-		s.cacheRemaining(p)
+		s.cacheRemaining(sp, p)
 	}
 	s.writeJSON(rc, http.StatusOK, api.SendResponse{
 		PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count, Kind: string(p.Kind),
@@ -173,11 +183,11 @@ func statusOf(st model.PacketStatus, remaining int64, expiresMS int64, now time.
 }
 
 // cacheRemaining writes the packet's state as a commit left it.
-func (s *Server) cacheRemaining(p model.Packet) {
+func (s *Server) cacheRemaining(sp *space, p model.Packet) {
 	if s.cache == nil || p.ID == "" {
 		return
 	}
-	s.cache.Set(string(p.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
+	s.cache.Set(sp.cacheKey(p.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
 }
 
 func remainingOf(p model.Packet) admission.Remaining {
@@ -186,7 +196,7 @@ func remainingOf(p model.Packet) admission.Remaining {
 
 // grab answers whether a share may still be there: memcached's copy first, the
 // database on a miss. It never reserves anything.
-func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
 	ref, err := s.packetRef(id)
 	if err != nil {
 		s.writeErr(rc, err)
@@ -204,16 +214,16 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 	rem, ok := admission.Remaining{}, false
 	source := "cache"
 	if s.cache != nil {
-		rem, ok = s.cache.Get(id)
+		rem, ok = s.cache.Get(sp.cacheKey(ref.ID))
 	}
 	if !ok {
-		p, err := s.store.Packet(ctx, ref)
+		p, err := sp.store.Packet(ctx, ref)
 		if err != nil {
 			s.writeErr(rc, err)
 			return
 		}
 		if s.cache != nil {
-			s.cache.Fill(id, remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
+			s.cache.Fill(sp.cacheKey(ref.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
 		}
 		rem, source = remainingOf(p), "db"
 	}
@@ -226,7 +236,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 
 // detail answers GET /v1/packets/{id}?after=SEQ&limit=N with the packet and one
 // page of its claims (limit 1..100, default 20).
-func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
 	ref, err := s.packetRef(id)
 	if err != nil {
 		s.writeErr(rc, err)
@@ -245,12 +255,12 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, id string)
 			return
 		}
 	}
-	p, err := s.store.Packet(ctx, ref)
+	p, err := sp.store.Packet(ctx, ref)
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	claims, err := s.store.Claims(ctx, ref, after, limit)
+	claims, err := sp.store.Claims(ctx, ref, after, limit)
 	if err != nil {
 		s.writeErr(rc, err)
 		return
@@ -272,7 +282,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, id string)
 }
 
 // credits applies claims relayed from other cells; a credit seen before is a no-op.
-func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx) {
+func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	var body api.CreditsRequest
 	if err := decodeStrict(rc.PostBody(), &body); err != nil {
 		s.writeErr(rc, err)
@@ -288,7 +298,7 @@ func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	n, err := s.store.ApplyCredits(ctx, body.Credits)
+	n, err := sp.store.ApplyCredits(ctx, body.Credits)
 	if err != nil {
 		s.writeErr(rc, err)
 		return

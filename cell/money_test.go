@@ -186,3 +186,51 @@ func TestRelayRedrivesFromOutbox(t *testing.T) {
 		t.Fatalf("balance %d, want 500", got)
 	}
 }
+
+// TestStressTrafficUsesShadowTables: requests marked as stress traffic move
+// money only in the shadow databases, across cells too; real wallets and real
+// tables never change.
+func TestStressTrafficUsesShadowTables(t *testing.T) {
+	peers := &staticPeers{}
+	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
+	peers.m.Store(m)
+	stress := map[string]string{api.HeaderStress: "1"}
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	claimant := actIn(t, pre+"-c", b.cfg.Shards)
+	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 900, OrderNo: "d1"}, nil); st != 200 {
+		t.Fatalf("stress deposit: %d %s", st, code)
+	}
+	var pkt api.SendResponse
+	if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s1"}, &pkt); st != 200 {
+		t.Fatalf("stress send: %d %s", st, code)
+	}
+	// The real side knows neither the money nor the packet.
+	if st, code := call(t, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s2"}, nil); st != 409 || code != "INSUFFICIENT_BALANCE" {
+		t.Fatalf("real send from a shadow-funded account: %d %s", st, code)
+	}
+	if st, code := call(t, "GET", a.url+"/v1/packets/"+pkt.PacketID, nil, nil); st != 404 || code != "NOT_FOUND" {
+		t.Fatalf("real lookup of a shadow packet: %d %s", st, code)
+	}
+	var claim api.OpenResponse
+	if st, code := callH(t, stress, "POST", a.url+"/v1/packets/"+pkt.PacketID+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 900 {
+		t.Fatalf("stress open: %d %s %+v", st, code, claim)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		var acct model.Account
+		callH(t, stress, "GET", b.url+"/v1/accounts/"+claimant, nil, &acct)
+		return acct.Balance == 900
+	}, "shadow credit in the other cell")
+	if got := b.balance(t, claimant); got != 0 {
+		t.Fatalf("real balance of the claimant %d", got)
+	}
+	shard := sharding.ShardOfAct(claimant)
+	var real, shadow int
+	b.db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM db_%02d.t_flow_%d WHERE act_id = ?", shard.DB(), shard.Table()), claimant).Scan(&real)
+	b.db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM shadow_db_%02d.t_flow_%d WHERE act_id = ?", shard.DB(), shard.Table()), claimant).Scan(&shadow)
+	if real != 0 || shadow != 1 {
+		t.Fatalf("claimant flows: %d real, %d shadow", real, shadow)
+	}
+}

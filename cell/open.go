@@ -18,6 +18,7 @@ import (
 
 // openJob is one open waiting in its packet's FIFO.
 type openJob struct {
+	sp       *space
 	ref      model.PacketRef
 	req      model.OpenRequest
 	enqueued time.Time
@@ -29,7 +30,7 @@ type openJob struct {
 const txTimeout = 5 * time.Second
 
 // open handles POST /v1/packets/{id}/open: the hot path of DESIGN.md §4.
-func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
+func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
 	ref, err := s.packetRef(id)
 	if err != nil {
 		s.writeErr(rc, err)
@@ -52,11 +53,11 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 		// made-up IDs cannot fill the cell with per-packet workers.
 		res = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
 	case age > s.cfg.PacketExpiry+48*time.Hour:
-		res = s.openOld(ctx, ref, req) // long expired: no share can be paid, no queue needed
-	case s.cfg.OpenStrategy == StrategyNaive:
-		res = s.openNaive(ctx, ref, req)
+		res = s.openOld(ctx, sp, ref, req) // long expired: no share can be paid, no queue needed
+	case s.Strategy().Strategy == StrategyNaive:
+		res = s.openNaive(ctx, sp, ref, req)
 	default:
-		res = s.openQueued(ctx, ref, req)
+		res = s.openQueued(ctx, sp, ref, req)
 	}
 	if res.Err != nil {
 		s.writeErr(rc, res.Err)
@@ -70,9 +71,9 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, id string) {
 
 // openNaive runs the open as its own transaction right away: concurrent opens of
 // one packet fight for the row lock. Kept as the baseline the bench compares with.
-func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
-	if final := s.closed.get(ref.ID); final != nil {
-		results, err := s.answerClosed(ctx, ref, []model.OpenRequest{req}, final)
+func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	if final := sp.closed.get(ref.ID); final != nil {
+		results, err := s.answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
 		if err != nil {
 			return model.OpenResult{Err: err}
 		}
@@ -80,18 +81,18 @@ func (s *Server) openNaive(ctx context.Context, ref model.PacketRef, req model.O
 	}
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
-	results, p, err := s.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
+	results, p, err := sp.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
-	s.afterOpen(p, results)
+	s.afterOpen(sp, p, results)
 	return results[0]
 }
 
 // openOld answers an open of a packet created long before its expiry: the
 // earlier claim if this user has one, else SOLD_OUT or EXPIRED.
-func (s *Server) openOld(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
-	p, err := s.store.Packet(ctx, ref)
+func (s *Server) openOld(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+	p, err := sp.store.Packet(ctx, ref)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -99,11 +100,17 @@ func (s *Server) openOld(ctx context.Context, ref model.PacketRef, req model.Ope
 	if p.RemainingCount == 0 && p.Status != model.StatusRefunded {
 		final = model.ErrSoldOut
 	}
-	results, err := s.answerClosed(ctx, ref, []model.OpenRequest{req}, final)
+	results, err := s.answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
 	return results[0]
+}
+
+// queueKey names a packet's FIFO: real and stress traffic never share one.
+type queueKey struct {
+	id     model.PacketID
+	stress bool
 }
 
 // closedSet holds packets whose state is final. Bounded: when full it is
@@ -132,8 +139,8 @@ func (c *closedSet) put(id model.PacketID, final error) {
 
 // answerClosed answers opens of a packet that cannot pay out again: users who
 // claimed before get their claim back, the rest get the final error.
-func (s *Server) answerClosed(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
-	earlier, err := s.store.ClaimsOf(ctx, ref, reqs)
+func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
+	earlier, err := sp.store.ClaimsOf(ctx, ref, reqs)
 	if err != nil {
 		return nil, err
 	}
@@ -150,10 +157,10 @@ func (s *Server) answerClosed(ctx context.Context, ref model.PacketRef, reqs []m
 
 // openQueued puts the open in its packet's FIFO and waits for the worker's answer
 // or the request deadline.
-func (s *Server) openQueued(ctx context.Context, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
 	dl, _ := ctx.Deadline()
-	job := &openJob{ref: ref, req: req, enqueued: s.now(), deadline: dl, done: make(chan model.OpenResult, 1)}
-	if err := s.queue.Enqueue(ref.ID, job); err != nil {
+	job := &openJob{sp: sp, ref: ref, req: req, enqueued: s.now(), deadline: dl, done: make(chan model.OpenResult, 1)}
+	if err := s.queue.Enqueue(queueKey{id: ref.ID, stress: sp.stress}, job); err != nil {
 		s.stats.shed.Add(1)
 		if errors.Is(err, keyqueue.ErrClosed) {
 			return model.OpenResult{Err: model.ErrShuttingDown}
@@ -172,7 +179,8 @@ func (s *Server) openQueued(ctx context.Context, ref model.PacketRef, req model.
 // openBatch is the packet worker: it sheds jobs that waited too long, takes the
 // packet's transaction slot in memcached, runs one transaction for the rest and
 // answers every waiter.
-func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
+func (s *Server) openBatch(qk queueKey, batch []*openJob) {
+	key, sp := qk.id, batch[0].sp
 	now := s.now()
 	live := batch[:0:0]
 	for _, j := range batch {
@@ -200,8 +208,8 @@ func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
 	for i, j := range live {
 		reqs[i] = j.req
 	}
-	if final := s.closed.get(key); final != nil {
-		results, err := s.answerClosed(ctx, live[0].ref, reqs, final)
+	if final := sp.closed.get(key); final != nil {
+		results, err := s.answerClosed(ctx, sp, live[0].ref, reqs, final)
 		if err != nil {
 			fail(err)
 			return
@@ -218,7 +226,7 @@ func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
 		return
 	}
 	r := s.rngs.Get().(*mrand.Rand)
-	results, p, err := s.store.OpenBatch(ctx, live[0].ref, reqs, r)
+	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
 	s.rngs.Put(r)
 	release()
 	if err != nil {
@@ -227,14 +235,14 @@ func (s *Server) openBatch(key model.PacketID, batch []*openJob) {
 		return
 	}
 	s.stats.openBatches.Add(1)
-	s.afterOpen(p, results)
+	s.afterOpen(sp, p, results)
 	for i, j := range live {
 		j.done <- results[i]
 	}
 }
 
 // afterOpen refreshes the grab cache and hands new claims to the relay.
-func (s *Server) afterOpen(p model.Packet, results []model.OpenResult) {
+func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) {
 	var credits []model.Credit
 	for i, r := range results {
 		if r.Err != nil || r.Repeat {
@@ -253,18 +261,18 @@ func (s *Server) afterOpen(p model.Packet, results []model.OpenResult) {
 	case p.ID == "":
 		closed = false
 	case p.Status == model.StatusRefunded:
-		s.closed.put(p.ID, model.ErrExpired)
+		sp.closed.put(p.ID, model.ErrExpired)
 	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
-		s.closed.put(p.ID, model.ErrSoldOut)
+		sp.closed.put(p.ID, model.ErrSoldOut)
 	case s.now().UnixMilli() >= p.ExpiresMS:
-		s.closed.put(p.ID, model.ErrExpired)
+		sp.closed.put(p.ID, model.ErrExpired)
 	default:
 		closed = false
 	}
 	if len(credits) > 0 || closed {
-		s.cacheRemaining(p)
+		s.cacheRemaining(sp, p)
 	}
 	if len(credits) > 0 {
-		s.relay.enqueue(credits)
+		sp.relay.enqueue(credits)
 	}
 }

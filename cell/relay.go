@@ -19,6 +19,7 @@ import (
 // the outbox picks up whatever that missed (a crash, a full channel, a peer down).
 type relay struct {
 	s      *Server
+	sp     *space // the namespace whose outbox this relay drains
 	in     chan []model.Credit
 	client *fasthttp.Client
 }
@@ -29,8 +30,8 @@ const (
 	relayTimeout = 10 * time.Second
 )
 
-func newRelay(s *Server) *relay {
-	return &relay{s: s, in: make(chan []model.Credit, 4096), client: &fasthttp.Client{
+func newRelay(s *Server, sp *space) *relay {
+	return &relay{s: s, sp: sp, in: make(chan []model.Credit, 4096), client: &fasthttp.Client{
 		Name: "redcell-relay", ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxConnsPerHost: 16,
 	}}
 }
@@ -106,7 +107,7 @@ func (r *relay) scan(ctx context.Context) {
 		// cannot be delivered now (their cell is down) do not hide newer ones.
 		var after storagePos
 		for page := 0; page < 10 && ctx.Err() == nil; page++ {
-			credits, next, err := r.s.store.PendingCredits(ctx, db, before, after.ms, after.id, relayBatchMax)
+			credits, next, err := r.sp.store.PendingCredits(ctx, db, before, after.ms, after.id, relayBatchMax)
 			if err != nil {
 				r.s.stats.relayErrors.Add(1)
 				r.s.log.Warn("outbox scan failed", "db", db, "err", err)
@@ -140,7 +141,7 @@ func (r *relay) deliver(ctx context.Context, credits []model.Credit) int {
 	}
 	delivered := 0
 	if len(local) > 0 {
-		if _, err := r.s.store.ApplyCredits(ctx, local); err != nil {
+		if _, err := r.sp.store.ApplyCredits(ctx, local); err != nil {
 			r.s.stats.relayErrors.Add(1)
 			r.s.log.Warn("local credit failed", "credits", len(local), "err", err)
 		} else {
@@ -159,7 +160,7 @@ func (r *relay) deliver(ctx context.Context, credits []model.Credit) int {
 }
 
 func (r *relay) mark(ctx context.Context, cs []model.Credit) int {
-	if err := r.s.store.MarkDelivered(ctx, cs); err != nil {
+	if err := r.sp.store.MarkDelivered(ctx, cs); err != nil {
 		// Delivered but not marked: the next scan delivers again, which the
 		// receiver ignores.
 		r.s.log.Warn("mark delivered failed", "credits", len(cs), "err", err)
@@ -184,6 +185,9 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	req.SetBody(body)
 	deadline := time.Now().Add(relayTimeout)
 	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	if r.sp.stress {
+		req.Header.Set(api.HeaderStress, "1") // shadow claims go to shadow wallets
+	}
 	if err := r.client.DoDeadline(req, resp, deadline); err != nil {
 		return err
 	}

@@ -43,25 +43,48 @@ type Peers interface {
 	Map() *sharding.Map
 }
 
+// space is one money namespace of the cell: real money, or the shadow tables
+// that stress-test traffic (api.HeaderStress) reads and writes. Each has its own
+// store, relay, closed-packet set and grab-cache keys.
+type space struct {
+	stress bool
+	store  Store
+	relay  *relay
+	closed closedSet
+}
+
+// cacheKey is the grab-cache key of a packet in this space.
+func (sp *space) cacheKey(id model.PacketID) string {
+	if sp.stress {
+		return "s:" + string(id)
+	}
+	return string(id)
+}
+
+// Stores are the cell's two namespaces over its database.
+type Stores struct {
+	Real   Store // users' money
+	Shadow Store // stress-test traffic; must not share tables with Real
+}
+
 // Server is one running cell. Create it with New, run it with Serve.
 type Server struct {
-	cfg   Config
-	store Store
-	slots Slots
-	cache GrabCache
-	peers Peers
-	log   *slog.Logger
-	now   func() time.Time
+	cfg    Config
+	spaces [2]*space // [0] real money, [1] stress traffic
+	slots  Slots
+	cache  GrabCache
+	peers  Peers
+	log    *slog.Logger
+	now    func() time.Time
 
 	owned [model.ShardCount]bool
-	queue *keyqueue.Queue[model.PacketID, *openJob]
-	relay *relay
+	queue *keyqueue.Queue[queueKey, *openJob]
 	rngs  sync.Pool // *rand.Rand, one per worker at a time
-	// closed remembers packets that can never pay out again (sold out, expired,
-	// refunded: all final), so their opens skip the transaction.
-	closed closedSet
-	http   *fasthttp.Server
+	http  *fasthttp.Server
 
+	strategy    atomic.Pointer[api.StrategySetting] // how opens run; SetStrategy changes it
+	admin       *fasthttp.Server                    // nil without cfg.AdminListen
+	noopBody    []byte                              // the no-op route's fixed answer
 	draining    atomic.Bool
 	schemaReady atomic.Bool
 	stats       stats
@@ -74,27 +97,34 @@ type stats struct {
 }
 
 // New wires a cell. It does no I/O.
-func New(cfg Config, store Store, slots Slots, cache GrabCache, peers Peers, log *slog.Logger) (*Server, error) {
+func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, store: store, slots: slots, cache: cache, peers: peers, log: log.With("cell", cfg.Name), now: time.Now}
+	if stores.Real == nil || stores.Shadow == nil {
+		return nil, errors.New("cell: both a real and a shadow store are required")
+	}
+	s := &Server{cfg: cfg, slots: slots, cache: cache, peers: peers, log: log.With("cell", cfg.Name), now: time.Now}
 	for _, sh := range cfg.Shards.Shards() {
 		s.owned[sh] = true
 	}
-	batch := cfg.BatchMax
-	if cfg.OpenStrategy != StrategyBatched {
-		batch = 1
-	}
 	s.queue = keyqueue.New(keyqueue.Config{
-		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: batch, BatchWait: cfg.BatchWait, IdleStop: 2 * time.Second,
+		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second,
 	}, s.openBatch)
+	if err := s.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {
+		return nil, err
+	}
 	s.rngs.New = func() any {
 		var seed [16]byte
 		_, _ = rand.Read(seed[:])
 		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
 	}
-	s.relay = newRelay(s)
+	s.spaces[0] = &space{store: stores.Real}
+	s.spaces[1] = &space{stress: true, store: stores.Shadow}
+	for _, sp := range s.spaces {
+		sp.relay = newRelay(s, sp)
+	}
+	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -128,19 +158,25 @@ func (s *Server) Listen() (net.Listener, error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		if s.cfg.WarmSchema {
 			s.warmSchema(bg)
 		}
 	}()
-	go func() { defer wg.Done(); s.relay.run(bg) }()
+	go func() { defer wg.Done(); s.spaces[0].relay.run(bg) }()
+	go func() { defer wg.Done(); s.spaces[1].relay.run(bg) }()
 	go func() { defer wg.Done(); s.expiryLoop(bg) }()
 
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()
-	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.cfg.OpenStrategy)
+	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.Strategy().Strategy)
+	stopAdmin, aerr := s.serveAdmin()
+	if aerr != nil {
+		s.log.Error("admin port", "err", aerr)
+	}
+	defer stopAdmin()
 	var err error
 	select {
 	case err = <-errc:
@@ -168,7 +204,7 @@ func (s *Server) warmSchema(ctx context.Context) {
 		start := s.now()
 		days := []int{start.UTC().Day(), start.UTC().Add(24 * time.Hour).Day()}
 		last := time.Now()
-		err := s.store.EnsureDays(ctx, shards, days, 4, func(done, total int) {
+		err := s.spaces[0].store.EnsureDays(ctx, shards, days, 4, func(done, total int) {
 			if time.Since(last) > 5*time.Second || done == total {
 				last = time.Now()
 				s.log.Info("creating day tables", "done", done, "shards", total, "days", days)
@@ -185,6 +221,14 @@ func (s *Server) warmSchema(ctx context.Context) {
 		case <-time.After(time.Hour):
 		}
 	}
+}
+
+// spaceOf picks the namespace of a request: shadow tables for stress traffic.
+func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
+	if string(rc.Request.Header.Peek(api.HeaderStress)) == "1" {
+		return s.spaces[1]
+	}
+	return s.spaces[0]
 }
 
 // deadline rebuilds the request's context from the deadline header the router

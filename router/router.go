@@ -125,6 +125,8 @@ func route(method string, path string, body []byte) (model.ShardID, error) {
 		return keyOfAct(method, http.MethodGet, parts[2])
 	case parts[1] == "accounts" && len(parts) == 4 && parts[3] == "deposit":
 		return keyOfAct(method, http.MethodPost, parts[2])
+	case parts[1] == "noop" && len(parts) == 3:
+		return keyOfAct(method, http.MethodPost, parts[2])
 	case parts[1] == "packets" && len(parts) == 2:
 		if method != http.MethodPost {
 			return 0, model.ErrMethodNotAllowed

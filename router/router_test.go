@@ -17,6 +17,7 @@ func TestRoute(t *testing.T) {
 	}{
 		{"GET", "/v1/accounts/u1", "", 663, nil},
 		{"POST", "/v1/accounts/u1/deposit", `{"amount":1}`, 663, nil},
+		{"POST", "/v1/noop/u1", "", 663, nil},
 		{"POST", "/v1/packets", `{"sender":"u2","amount":1}`, 851, nil},
 		{"GET", "/v1/packets/" + id, "", 417, nil},
 		{"POST", "/v1/packets/" + id + "/open", "", 417, nil},

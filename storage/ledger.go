@@ -22,8 +22,9 @@ type tableRef struct {
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
 // tables lists redcell's tables on the server.
-func tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE 'db\\_%'")
+func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE ?",
+		strings.ReplaceAll(m.ns+"db_", "_", "\\_")+"%")
 	if err != nil {
 		return nil, fmt.Errorf("storage: list tables: %w", err)
 	}
@@ -34,8 +35,8 @@ func tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
 		if err := rows.Scan(&schema, &name); err != nil {
 			return nil, err
 		}
-		db, err := strconv.Atoi(strings.TrimPrefix(schema, "db_"))
-		if err != nil || db < 0 || db >= model.ShardCount/10 || len(schema) != 5 {
+		db, err := strconv.Atoi(strings.TrimPrefix(schema, m.ns+"db_"))
+		if err != nil || db < 0 || db >= model.ShardCount/10 || len(schema) != len(m.ns)+5 {
 			continue
 		}
 		if name == "t_outbox" {
@@ -102,7 +103,7 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		return l, fmt.Errorf("storage: ledger: %w", err)
 	}
 	defer tx.ExecContext(context.Background(), "ROLLBACK")
-	ts, err := tables(ctx, tx)
+	ts, err := m.tables(ctx, tx)
 	if err != nil {
 		return l, err
 	}
@@ -125,11 +126,11 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		sql  func(t tableRef) string
 		scan func(rows *sql.Rows) error
 	}{
-		{"account", ledgerAccountSQL, func(rows *sql.Rows) error { return scanAccounts(rows, &l) }},
-		{"flow", ledgerFlowSQL, func(rows *sql.Rows) error { return scanFlows(rows, &l) }},
-		{"packet", ledgerPacketSQL, func(rows *sql.Rows) error { return scanPackets(rows, &l) }},
-		{"claim", ledgerClaimSQL, func(rows *sql.Rows) error { return scanClaims(rows, &l) }},
-		{"outbox", ledgerOutboxSQL, func(rows *sql.Rows) error { return scanOutbox(rows, &l) }},
+		{"account", m.ledgerAccountSQL, func(rows *sql.Rows) error { return scanAccounts(rows, &l) }},
+		{"flow", m.ledgerFlowSQL, func(rows *sql.Rows) error { return scanFlows(rows, &l) }},
+		{"packet", m.ledgerPacketSQL, func(rows *sql.Rows) error { return scanPackets(rows, &l) }},
+		{"claim", m.ledgerClaimSQL, func(rows *sql.Rows) error { return scanClaims(rows, &l) }},
+		{"outbox", m.ledgerOutboxSQL, func(rows *sql.Rows) error { return scanOutbox(rows, &l) }},
 	}
 	for _, r := range readers {
 		list := byKind[r.kind]
@@ -161,13 +162,13 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 
 // ledgerAccountSQL: ('sum', shard, SUM(balance), ”, 0) and one ('bad', shard,
 // balance, act_id, flows) per account whose balance differs from its flows.
-func ledgerAccountSQL(t tableRef) string {
+func (m *MySQL) ledgerAccountSQL(t tableRef) string {
 	s := t.shard
 	return fmt.Sprintf("SELECT 'sum' AS k, %d AS shard, COALESCE(SUM(balance), 0) AS v, '' AS id, 0 AS w FROM %s "+
 		"UNION ALL (SELECT 'bad', %d, a.balance, a.act_id, COALESCE(f.total, 0) FROM %s a LEFT JOIN "+
 		"(SELECT act_id, SUM(amount) AS total FROM %s GROUP BY act_id) f ON f.act_id = a.act_id "+
 		"WHERE a.balance <> COALESCE(f.total, 0) OR a.balance < 0 LIMIT 100)",
-		int(s), accountTable(s), int(s), accountTable(s), flowTable(s))
+		int(s), m.accountTable(s), int(s), m.accountTable(s), m.flowTable(s))
 }
 
 func scanAccounts(rows *sql.Rows, l *model.Ledger) error {
@@ -188,8 +189,8 @@ func scanAccounts(rows *sql.Rows, l *model.Ledger) error {
 
 // ledgerFlowSQL: (kind, SUM) per kind other than credit, and (order_no, amount)
 // per credit.
-func ledgerFlowSQL(t tableRef) string {
-	f := flowTable(t.shard)
+func (m *MySQL) ledgerFlowSQL(t tableRef) string {
+	f := m.flowTable(t.shard)
 	return fmt.Sprintf("SELECT kind AS k, '' AS id, SUM(amount) AS v FROM %s WHERE kind <> 'credit' GROUP BY kind "+
 		"UNION ALL SELECT 'credit', CONCAT(order_no, ' ', act_id), amount FROM %s WHERE kind = 'credit'", f, f)
 }
@@ -225,8 +226,8 @@ func scanFlows(rows *sql.Rows, l *model.Ledger) error {
 
 // ledgerPacketSQL: one 'sum' row of totals, then one 'bad' row per packet whose
 // claims, refund and remainder do not add up or whose state is impossible.
-func ledgerPacketSQL(t tableRef) string {
-	p, c := packetTable(t.shard, t.day), claimTable(t.shard, t.day)
+func (m *MySQL) ledgerPacketSQL(t tableRef) string {
+	p, c := m.packetTable(t.shard, t.day), m.claimTable(t.shard, t.day)
 	return fmt.Sprintf("SELECT 'sum' AS k, '' AS id, COUNT(*) AS a, COALESCE(SUM(amount), 0) AS b, COALESCE(SUM(remaining_amount), 0) AS c, "+
 		"COALESCE(SUM(refund_amount), 0) AS d, 0 AS e, 0 AS f, 0 AS g, 0 AS h FROM %s "+
 		"UNION ALL (SELECT 'bad', p.packet_id, p.amount, p.count, p.remaining_amount, p.remaining_count, p.refund_amount, p.status, "+
@@ -258,8 +259,8 @@ func scanPackets(rows *sql.Rows, l *model.Ledger) error {
 	return nil
 }
 
-func ledgerClaimSQL(t tableRef) string {
-	return "SELECT packet_id, seq, act_id, amount FROM " + claimTable(t.shard, t.day)
+func (m *MySQL) ledgerClaimSQL(t tableRef) string {
+	return "SELECT packet_id, seq, act_id, amount FROM " + m.claimTable(t.shard, t.day)
 }
 
 func scanClaims(rows *sql.Rows, l *model.Ledger) error {
@@ -274,8 +275,8 @@ func scanClaims(rows *sql.Rows, l *model.Ledger) error {
 	return nil
 }
 
-func ledgerOutboxSQL(t tableRef) string {
-	return "SELECT claim_id FROM " + outboxTable(t.shard.DB()) + " WHERE state = 1"
+func (m *MySQL) ledgerOutboxSQL(t tableRef) string {
+	return "SELECT claim_id FROM " + m.outboxTable(t.shard.DB()) + " WHERE state = 1"
 }
 
 func scanOutbox(rows *sql.Rows, l *model.Ledger) error {

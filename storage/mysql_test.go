@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -60,7 +61,7 @@ func send(t *testing.T, m *MySQL, sender string, amount model.Cents, count int64
 // rowsOfPacket reads the packet's claims back from the database.
 func rowsOfPacket(t *testing.T, m *MySQL, ref model.PacketRef) (sum model.Cents, n int64, users map[string]int) {
 	t.Helper()
-	rows, err := m.db.Query("SELECT act_id, amount FROM "+claimTable(ref.Shard, ref.Day)+" WHERE packet_id = ?", string(ref.ID))
+	rows, err := m.db.Query("SELECT act_id, amount FROM "+m.claimTable(ref.Shard, ref.Day)+" WHERE packet_id = ?", string(ref.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestDepositIdempotentByOrderNo(t *testing.T) {
 		t.Fatalf("balance %d, want 157", b)
 	}
 	var flows int
-	m.db.QueryRow("SELECT COUNT(*) FROM "+flowTable(s)+" WHERE act_id = ?", act).Scan(&flows)
+	m.db.QueryRow("SELECT COUNT(*) FROM "+m.flowTable(s)+" WHERE act_id = ?", act).Scan(&flows)
 	if flows != 3 {
 		t.Fatalf("%d flow rows, want 3", flows)
 	}
@@ -278,7 +279,7 @@ func TestRefundRacesLateOpens(t *testing.T) {
 		}
 		var refundFlows int
 		var refundSum model.Cents
-		m.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(amount),0) FROM "+flowTable(ref.Shard)+" WHERE act_id = ? AND kind = 'refund'", sender).Scan(&refundFlows, &refundSum)
+		m.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(amount),0) FROM "+m.flowTable(ref.Shard)+" WHERE act_id = ? AND kind = 'refund'", sender).Scan(&refundFlows, &refundSum)
 		if refunded > 0 && (refundFlows != 1 || refundSum != refunded) {
 			t.Fatalf("%d refund flows of %d cents, want 1 of %d", refundFlows, refundSum, refunded)
 		}
@@ -425,5 +426,47 @@ func TestDSNParamsForced(t *testing.T) {
 	}
 	if _, err := withParams("not a dsn"); err == nil {
 		t.Fatal("bad DSN accepted")
+	}
+}
+
+// TestShadowIsolation: stress traffic written through Shadow() lands in the
+// shadow databases only; the real ledger never sees it.
+func TestShadowIsolation(t *testing.T) {
+	m := openStore(t)
+	sh := m.Shadow()
+	ctx := context.Background()
+	act := testenv.Prefix() + "-x"
+	s := sharding.ShardOfAct(act)
+	before, err := m.Ledger(ctx, "real")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sh.Deposit(ctx, s, act, "dep-1", 777); err != nil {
+		t.Fatal(err)
+	}
+	if b := balance(t, sh, act); b != 777 {
+		t.Fatalf("shadow balance %d", b)
+	}
+	if b := balance(t, m, act); b != 0 {
+		t.Fatalf("real balance %d after a shadow deposit", b)
+	}
+	var n int
+	m.db.QueryRow("SELECT COUNT(*) FROM shadow_db_"+fmt.Sprintf("%02d", s.DB())+fmt.Sprintf(".t_account_%d", s.Table())+" WHERE act_id = ?", act).Scan(&n)
+	if n != 1 {
+		t.Fatalf("%d rows in the shadow table", n)
+	}
+	l, err := sh.Ledger(ctx, "shadow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Deposits < 777 {
+		t.Fatalf("shadow ledger deposits %d", l.Deposits)
+	}
+	after, err := m.Ledger(ctx, "real")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Deposits != before.Deposits || after.Balances != before.Balances {
+		t.Fatalf("real ledger moved with a shadow deposit: deposits %d -> %d", before.Deposits, after.Deposits)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // the last row returned, to page on from.
 func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
 	var next model.OutboxPos
-	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+outboxTable(db)+
+	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+m.outboxTable(db)+
 		" WHERE state = 0 AND created_ms <= ? AND (created_ms > ? OR (created_ms = ? AND claim_id > ?)) ORDER BY created_ms, claim_id LIMIT ?",
 		beforeMS, afterMS, afterMS, afterID, limit)
 	if isMySQLErr(err, errNoSuchTable) {
@@ -49,7 +49,7 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) error
 	now := m.now().UnixMilli()
 	for db, ids := range byDB {
 		args := append([]any{now}, ids...)
-		if _, err := m.db.ExecContext(ctx, "UPDATE "+outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
+		if _, err := m.db.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
 			placeholders(len(ids))+")", args...); err != nil {
 			return fmt.Errorf("storage: mark delivered: %w", err)
 		}
@@ -61,7 +61,7 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) error
 // oldest in ms (0 when empty).
 func (m *MySQL) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error) {
 	var oldest *int64
-	err = m.db.QueryRowContext(ctx, "SELECT COUNT(*), MIN(created_ms) FROM "+outboxTable(db)+" WHERE state = 0").Scan(&pending, &oldest)
+	err = m.db.QueryRowContext(ctx, "SELECT COUNT(*), MIN(created_ms) FROM "+m.outboxTable(db)+" WHERE state = 0").Scan(&pending, &oldest)
 	if isMySQLErr(err, errNoSuchTable) {
 		return 0, 0, nil
 	}

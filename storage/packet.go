@@ -36,7 +36,7 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 	}
 	hash := reqHash("send", string(req.Kind), fmt.Sprint(req.Amount), fmt.Sprint(req.Count), req.Greeting)
 	again := func() (model.Packet, bool, error) {
-		f, ok, err := findFlow(ctx, m.db, s, req.Sender, req.OrderNo)
+		f, ok, err := m.findFlow(ctx, m.db, s, req.Sender, req.OrderNo)
 		if err != nil || !ok {
 			return model.Packet{}, false, err
 		}
@@ -64,7 +64,7 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 		}
 		// A retry of this order may have committed while we waited for the lock:
 		// answer from it, not with its effect on the balance.
-		if _, done, err := findFlowLocked(ctx, tx, s, req.Sender, req.OrderNo); err != nil || done {
+		if _, done, err := m.findFlowLocked(ctx, tx, s, req.Sender, req.OrderNo); err != nil || done {
 			if done {
 				return errRepeat
 			}
@@ -73,16 +73,16 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 		if bal < req.Amount {
 			return model.Errorf(model.ErrInsufficientBalance, "balance %d is below amount %d", bal, req.Amount)
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
 			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'send', ?, ?, ?, ?, ?)",
 			req.Sender, req.OrderNo, -req.Amount, bal-req.Amount, string(id), hash, now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance - ?, updated_ms = ? WHERE act_id = ?",
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance - ?, updated_ms = ? WHERE act_id = ?",
 			req.Amount, now, req.Sender); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, "INSERT INTO "+packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
+		_, err = tx.ExecContext(ctx, "INSERT INTO "+m.packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
 			string(id), req.Sender, req.OrderNo, string(req.Kind), req.Greeting, req.Amount, req.Count, req.Amount, req.Count, now, expiresMS)
 		return err
 	})
@@ -101,7 +101,7 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 
 // Packet reads a packet row. Errors: ErrNotFound.
 func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
-	p, err := scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+	p, err := scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ?", string(ref.ID)))
 	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
 		return model.Packet{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
@@ -114,7 +114,7 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 
 // Claims returns up to limit claims of the packet with seq > afterSeq, by seq.
 func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
-	rows, err := m.db.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+claimTable(ref.Shard, ref.Day)+
+	rows, err := m.db.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+m.claimTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ? AND seq > ? ORDER BY seq LIMIT ?", string(ref.ID), afterSeq, limit)
 	if isMySQLErr(err, errNoSuchTable) {
 		return nil, nil
@@ -158,7 +158,7 @@ func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model
 }
 
 func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand, results []model.OpenResult) (model.Packet, error) {
-	p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+	p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
 	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
 		for i := range results {
@@ -225,7 +225,7 @@ func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, req
 		invariant.That(p.RemainingAmount == 0, "sold-out packet kept money")
 		p.Status = model.StatusSoldOut
 	}
-	_, err = tx.ExecContext(ctx, "UPDATE "+packetTable(ref.Shard, ref.Day)+
+	_, err = tx.ExecContext(ctx, "UPDATE "+m.packetTable(ref.Shard, ref.Day)+
 		" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
 		p.RemainingAmount, p.RemainingCount, p.Status, string(ref.ID))
 	return p, err
@@ -252,7 +252,7 @@ func (m *MySQL) claimsOf(ctx context.Context, tx rowsQueryer, ref model.PacketRe
 	for _, rq := range reqs {
 		args = append(args, rq.ActID)
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+claimTable(ref.Shard, ref.Day)+
+	rows, err := tx.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+m.claimTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ? AND act_id IN ("+placeholders(len(reqs))+")", args...)
 	if err != nil {
 		return nil, err
@@ -278,11 +278,11 @@ func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRe
 		claimArgs = append(claimArgs, string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
 		outArgs = append(outArgs, c.ID, string(ref.ID), c.ActID, int(reqs[first[c.ActID]].Shard), c.Amount, c.CreatedMS)
 	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+claimTable(ref.Shard, ref.Day)+
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.claimTable(ref.Shard, ref.Day)+
 		" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(len(fresh), 5), claimArgs...); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+outboxTable(ref.Shard.DB())+
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+m.outboxTable(ref.Shard.DB())+
 		" (claim_id, packet_id, act_id, act_shard, amount, created_ms) VALUES "+rowsOf(len(fresh), 6), outArgs...)
 	return err
 }
@@ -306,7 +306,7 @@ type Remaining struct {
 // PacketRemaining reads how many shares are left. Errors: ErrNotFound.
 func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remaining, error) {
 	var r Remaining
-	err := m.db.QueryRowContext(ctx, "SELECT remaining_count, status, expires_ms FROM "+packetTable(ref.Shard, ref.Day)+
+	err := m.db.QueryRowContext(ctx, "SELECT remaining_count, status, expires_ms FROM "+m.packetTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ?", string(ref.ID)).Scan(&r.Count, &r.Status, &r.ExpiresMS)
 	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
 		return Remaining{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
@@ -320,7 +320,7 @@ func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remai
 // ExpiredPackets lists up to limit open packets of shard s created on day that
 // expired at or before nowMS.
 func (m *MySQL) ExpiredPackets(ctx context.Context, s model.ShardID, day int, nowMS int64, limit int) ([]model.PacketID, error) {
-	rows, err := m.db.QueryContext(ctx, "SELECT packet_id FROM "+packetTable(s, day)+
+	rows, err := m.db.QueryContext(ctx, "SELECT packet_id FROM "+m.packetTable(s, day)+
 		" WHERE status = 0 AND expires_ms <= ? LIMIT ?", nowMS, limit)
 	if isMySQLErr(err, errNoSuchTable) {
 		return nil, nil
@@ -349,7 +349,7 @@ func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, e
 	var refunded model.Cents
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		refunded = 0
-		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+packetTable(ref.Shard, ref.Day)+
+		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 			" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
 		if err != nil {
 			return err
@@ -363,16 +363,16 @@ func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, e
 		if _, err := m.lockBalance(ctx, tx, s, p.Sender); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
 			" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'refund', ?, ?, ?)",
 			p.Sender, "refund:"+string(ref.ID), p.RemainingAmount, string(ref.ID), now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
 			p.RemainingAmount, now, p.Sender); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+packetTable(s, ref.Day)+
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.packetTable(s, ref.Day)+
 			" SET status = 2, refund_amount = remaining_amount, remaining_amount = 0 WHERE packet_id = ?", string(ref.ID)); err != nil {
 			return err
 		}

@@ -22,40 +22,42 @@ import (
 	"redcell/model"
 )
 
-func dbName(s model.ShardID) string {
+func (m *MySQL) dbName(s model.ShardID) string {
 	invariant.That(s.Valid(), "shard out of range")
-	return fmt.Sprintf("db_%02d", s.DB())
+	return fmt.Sprintf("%sdb_%02d", m.ns, s.DB())
 }
 
-func accountTable(s model.ShardID) string {
-	return fmt.Sprintf("%s.t_account_%d", dbName(s), s.Table())
+func (m *MySQL) accountTable(s model.ShardID) string {
+	return fmt.Sprintf("%s.t_account_%d", m.dbName(s), s.Table())
 }
-func flowTable(s model.ShardID) string { return fmt.Sprintf("%s.t_flow_%d", dbName(s), s.Table()) }
-func outboxTable(db int) string {
+func (m *MySQL) flowTable(s model.ShardID) string {
+	return fmt.Sprintf("%s.t_flow_%d", m.dbName(s), s.Table())
+}
+func (m *MySQL) outboxTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("db_%02d.t_outbox", db)
+	return fmt.Sprintf("%sdb_%02d.t_outbox", m.ns, db)
 }
 
-func packetTable(s model.ShardID, day int) string {
+func (m *MySQL) packetTable(s model.ShardID, day int) string {
 	invariant.That(day >= 1 && day <= 31, "day out of range")
-	return fmt.Sprintf("%s.t_packet_%d_%02d", dbName(s), s.Table(), day)
+	return fmt.Sprintf("%s.t_packet_%d_%02d", m.dbName(s), s.Table(), day)
 }
 
-func claimTable(s model.ShardID, day int) string {
+func (m *MySQL) claimTable(s model.ShardID, day int) string {
 	invariant.That(day >= 1 && day <= 31, "day out of range")
-	return fmt.Sprintf("%s.t_claim_%d_%02d", dbName(s), s.Table(), day)
+	return fmt.Sprintf("%s.t_claim_%d_%02d", m.dbName(s), s.Table(), day)
 }
 
-func shardDDL(s model.ShardID) []string {
+func (m *MySQL) shardDDL(s model.ShardID) []string {
 	return []string{
-		"CREATE DATABASE IF NOT EXISTS " + dbName(s),
-		`CREATE TABLE IF NOT EXISTS ` + accountTable(s) + ` (
+		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
+		`CREATE TABLE IF NOT EXISTS ` + m.accountTable(s) + ` (
   act_id     VARCHAR(64) NOT NULL PRIMARY KEY,
   balance    BIGINT NOT NULL,
   updated_ms BIGINT NOT NULL,
   CONSTRAINT balance_not_negative CHECK (balance >= 0)
 ) ENGINE=InnoDB`,
-		`CREATE TABLE IF NOT EXISTS ` + flowTable(s) + ` (
+		`CREATE TABLE IF NOT EXISTS ` + m.flowTable(s) + ` (
   id            BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   act_id        VARCHAR(64) NOT NULL,
   order_no      VARCHAR(80) NOT NULL,
@@ -67,7 +69,7 @@ func shardDDL(s model.ShardID) []string {
   created_ms    BIGINT NOT NULL,
   UNIQUE KEY uk_order (act_id, order_no)
 ) ENGINE=InnoDB`,
-		`CREATE TABLE IF NOT EXISTS ` + outboxTable(s.DB()) + ` (
+		`CREATE TABLE IF NOT EXISTS ` + m.outboxTable(s.DB()) + ` (
   claim_id     VARCHAR(40) NOT NULL PRIMARY KEY,
   packet_id    CHAR(27) NOT NULL,
   act_id       VARCHAR(64) NOT NULL,
@@ -81,9 +83,9 @@ func shardDDL(s model.ShardID) []string {
 	}
 }
 
-func dayDDL(s model.ShardID, day int) []string {
+func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + packetTable(s, day) + ` (
+		`CREATE TABLE IF NOT EXISTS ` + m.packetTable(s, day) + ` (
   packet_id        CHAR(27) NOT NULL PRIMARY KEY,
   sender           VARCHAR(64) NOT NULL,
   order_no         VARCHAR(64) NOT NULL,
@@ -100,7 +102,7 @@ func dayDDL(s model.ShardID, day int) []string {
   KEY k_expiry (status, expires_ms),
   CONSTRAINT remaining_not_negative CHECK (remaining_amount >= 0 AND remaining_count >= 0)
 ) ENGINE=InnoDB`,
-		`CREATE TABLE IF NOT EXISTS ` + claimTable(s, day) + ` (
+		`CREATE TABLE IF NOT EXISTS ` + m.claimTable(s, day) + ` (
   packet_id  CHAR(27) NOT NULL,
   seq        BIGINT NOT NULL,
   act_id     VARCHAR(64) NOT NULL,
@@ -117,6 +119,7 @@ func dayDDL(s model.ShardID, day int) []string {
 type MySQL struct {
 	db  *sql.DB
 	now func() time.Time
+	ns  string // database name prefix: "" for real money, ShadowPrefix for stress traffic
 
 	mu      sync.Mutex               // guards ensured
 	ensured map[ensureKey]*sync.Once // tables created by this process
@@ -163,6 +166,16 @@ func withParams(dsn string) (string, error) {
 	return cfg.FormatDSN(), nil
 }
 
+// ShadowPrefix names the shadow databases: shadow_db_00 .. shadow_db_99 hold
+// the same tables as db_XX for stress-test traffic.
+const ShadowPrefix = "shadow_"
+
+// Shadow returns a store over the same server and connection pool that reads
+// and writes the shadow databases: stress-test traffic never touches real rows.
+func (m *MySQL) Shadow() *MySQL {
+	return &MySQL{db: m.db, now: m.now, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
+}
+
 // Ping checks the connection.
 func (m *MySQL) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
 
@@ -175,7 +188,7 @@ func (m *MySQL) SetClock(now func() time.Time) { m.now = now }
 // EnsureShard creates the shard's database and account, flow and outbox tables
 // once per process; concurrent callers wait for the first.
 func (m *MySQL) EnsureShard(ctx context.Context, s model.ShardID) error {
-	return m.ensure(ctx, ensureKey{shard: s}, shardDDL(s))
+	return m.ensure(ctx, ensureKey{shard: s}, m.shardDDL(s))
 }
 
 // EnsureDay creates the packet and claim tables of shard s for day-of-month day.
@@ -183,7 +196,7 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return err
 	}
-	return m.ensure(ctx, ensureKey{shard: s, day: day}, dayDDL(s, day))
+	return m.ensure(ctx, ensureKey{shard: s, day: day}, m.dayDDL(s, day))
 }
 
 func (m *MySQL) ensure(ctx context.Context, k ensureKey, ddl []string) error {

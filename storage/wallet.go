@@ -67,9 +67,9 @@ type flowRow struct {
 }
 
 // findFlow reads the flow row of (actID, orderNo); ok is false if there is none.
-func findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo string) (flowRow, bool, error) {
+func (m *MySQL) findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo string) (flowRow, bool, error) {
 	var f flowRow
-	err := q.QueryRowContext(ctx, "SELECT kind, amount, balance_after, ref, req_hash FROM "+flowTable(s)+
+	err := q.QueryRowContext(ctx, "SELECT kind, amount, balance_after, ref, req_hash FROM "+m.flowTable(s)+
 		" WHERE act_id = ? AND order_no = ?", actID, orderNo).Scan(&f.kind, &f.amount, &f.balanceAfter, &f.ref, &f.hash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return flowRow{}, false, nil
@@ -85,9 +85,9 @@ var errRepeat = errors.New("storage: order already applied")
 
 // findFlowLocked is findFlow with a locking read inside tx: it sees the latest
 // committed row, not the transaction's snapshot.
-func findFlowLocked(ctx context.Context, tx *sql.Tx, s model.ShardID, actID, orderNo string) (string, bool, error) {
+func (m *MySQL) findFlowLocked(ctx context.Context, tx *sql.Tx, s model.ShardID, actID, orderNo string) (string, bool, error) {
 	var kind string
-	err := tx.QueryRowContext(ctx, "SELECT kind FROM "+flowTable(s)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", actID, orderNo).Scan(&kind)
+	err := tx.QueryRowContext(ctx, "SELECT kind FROM "+m.flowTable(s)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", actID, orderNo).Scan(&kind)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}
@@ -103,12 +103,12 @@ type queryer interface {
 
 // lockBalance makes sure the account row exists and locks it; it returns the balance.
 func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, actID string) (model.Cents, error) {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
 		actID, m.now().UnixMilli()); err != nil {
 		return 0, fmt.Errorf("storage: create account: %w", err)
 	}
 	var bal model.Cents
-	if err := tx.QueryRowContext(ctx, "SELECT balance FROM "+accountTable(s)+" WHERE act_id = ? FOR UPDATE", actID).Scan(&bal); err != nil {
+	if err := tx.QueryRowContext(ctx, "SELECT balance FROM "+m.accountTable(s)+" WHERE act_id = ? FOR UPDATE", actID).Scan(&bal); err != nil {
 		return 0, fmt.Errorf("storage: lock account: %w", err)
 	}
 	return bal, nil
@@ -125,7 +125,7 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 	hash := reqHash("deposit", fmt.Sprint(amount))
 	out := model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount}
 	repeat := func() (model.Deposit, error) {
-		f, ok, err := findFlow(ctx, m.db, s, actID, orderNo)
+		f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
 		if err != nil || !ok {
 			return model.Deposit{}, err
 		}
@@ -144,12 +144,12 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 			return err
 		}
 		now := m.now().UnixMilli()
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(s)+
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
 			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'deposit', ?, ?, '', ?, ?)",
 			actID, orderNo, amount, bal+amount, hash, now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
 			amount, now, actID); err != nil {
 			return err
 		}
@@ -175,7 +175,7 @@ func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (mod
 		return model.Account{}, err
 	}
 	a := model.Account{ActID: actID, Shard: s}
-	err := m.db.QueryRowContext(ctx, "SELECT balance FROM "+accountTable(s)+" WHERE act_id = ?", actID).Scan(&a.Balance)
+	err := m.db.QueryRowContext(ctx, "SELECT balance FROM "+m.accountTable(s)+" WHERE act_id = ?", actID).Scan(&a.Balance)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return model.Account{}, fmt.Errorf("storage: read account: %w", err)
 	}
@@ -213,7 +213,7 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, 
 		for _, c := range sorted {
 			// Only a duplicate order number is ignored (0 rows affected); any other
 			// error still fails the batch.
-			res, err := tx.ExecContext(ctx, "INSERT INTO "+flowTable(c.Shard)+
+			res, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(c.Shard)+
 				" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
 				c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
 			if err != nil {
@@ -226,7 +226,7 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, 
 			if n == 0 {
 				continue // delivered before
 			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO "+accountTable(c.Shard)+
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(c.Shard)+
 				" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
 				c.ActID, c.Amount, now); err != nil {
 				return err

@@ -6,6 +6,7 @@ package keyqueue
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,6 +36,9 @@ type Queue[K comparable, T any] struct {
 	cfg    Config
 	handle func(key K, batch []T)
 
+	batchMax  atomic.Int64 // current BatchMax (SetBatch changes it at run time)
+	batchWait atomic.Int64 // current BatchWait in ns
+
 	mu     sync.Mutex // guards keys, every keyState.items, and closed
 	keys   map[K]*keyState[T]
 	closed bool
@@ -51,7 +55,18 @@ func New[K comparable, T any](cfg Config, handle func(key K, batch []T)) *Queue[
 	if cfg.Depth < 1 || cfg.MaxKeys < 1 || cfg.BatchMax < 1 || cfg.IdleStop <= 0 {
 		panic("keyqueue: Depth, MaxKeys, BatchMax and IdleStop must be > 0")
 	}
-	return &Queue[K, T]{cfg: cfg, handle: handle, keys: make(map[K]*keyState[T])}
+	q := &Queue[K, T]{cfg: cfg, handle: handle, keys: make(map[K]*keyState[T])}
+	q.SetBatch(cfg.BatchMax, cfg.BatchWait)
+	return q
+}
+
+// SetBatch changes BatchMax and BatchWait for the batches formed from now on.
+func (q *Queue[K, T]) SetBatch(max int, wait time.Duration) {
+	if max < 1 {
+		panic("keyqueue: BatchMax must be > 0")
+	}
+	q.batchMax.Store(int64(max))
+	q.batchWait.Store(int64(wait))
 }
 
 // Enqueue appends item to key's FIFO, starting its worker if needed. It never
@@ -125,7 +140,7 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 	defer q.wg.Done()
 	idle := time.NewTimer(q.cfg.IdleStop)
 	defer idle.Stop()
-	batch := make([]T, 0, q.cfg.BatchMax)
+	var batch []T
 	for {
 		batch = q.take(ks, batch[:0])
 		if len(batch) == 0 {
@@ -142,7 +157,7 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 			}
 			continue
 		}
-		if len(batch) < q.cfg.BatchMax && q.cfg.BatchWait > 0 {
+		if len(batch) < int(q.batchMax.Load()) && q.batchWait.Load() > 0 {
 			batch = q.fill(ks, batch)
 		}
 		q.handle(key, batch)
@@ -161,7 +176,7 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := min(q.cfg.BatchMax-len(batch), len(ks.items))
+	n := max(0, min(int(q.batchMax.Load())-len(batch), len(ks.items)))
 	batch = append(batch, ks.items[:n]...)
 	rest := copy(ks.items, ks.items[n:])
 	clear(ks.items[rest:])
@@ -174,9 +189,9 @@ func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
 
 // fill waits up to BatchWait for more items to make a fuller batch.
 func (q *Queue[K, T]) fill(ks *keyState[T], batch []T) []T {
-	t := time.NewTimer(q.cfg.BatchWait)
+	t := time.NewTimer(time.Duration(q.batchWait.Load()))
 	defer t.Stop()
-	for len(batch) < q.cfg.BatchMax {
+	for len(batch) < int(q.batchMax.Load()) {
 		select {
 		case <-ks.wake:
 			batch = q.take(ks, batch)

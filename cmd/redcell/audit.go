@@ -19,6 +19,7 @@ func runAudit(ctx context.Context, args []string) error {
 	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file (cells and their DSNs)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	settle := fs.Duration("settle", 10*time.Second, "how long to re-read while rows are still moving (credits in flight)")
+	shadow := fs.Bool("shadow", false, "audit the shadow tables of stress traffic instead of real money")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -26,7 +27,7 @@ func runAudit(ctx context.Context, args []string) error {
 	var rep model.AuditReport
 	var err error
 	for {
-		rep, err = auditCluster(ctx, *path)
+		rep, err = auditNamespace(ctx, *path, *shadow)
 		// Cells are read one after another, so a claim credited between two reads can
 		// look off; re-read for a while before calling a difference real.
 		if err != nil || rep.OK() || time.Now().After(deadline) {
@@ -65,8 +66,17 @@ func printAudit(r model.AuditReport) {
 	}
 }
 
-// auditCluster reads every cell listed in the config and combines their ledgers.
+// auditCluster audits real money; auditShadow the shadow tables of stress traffic.
 func auditCluster(ctx context.Context, configPath string) (model.AuditReport, error) {
+	return auditNamespace(ctx, configPath, false)
+}
+
+func auditShadow(ctx context.Context, configPath string) (model.AuditReport, error) {
+	return auditNamespace(ctx, configPath, true)
+}
+
+// auditNamespace reads every cell listed in the config and combines their ledgers.
+func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.AuditReport, error) {
 	fc, err := loadConfig(configPath)
 	if err != nil {
 		return model.AuditReport{}, err
@@ -87,6 +97,9 @@ func auditCluster(ctx context.Context, configPath string) (model.AuditReport, er
 				return
 			}
 			defer st.Close()
+			if shadow {
+				st = st.Shadow()
+			}
 			ledgers[i], errs[i] = st.Ledger(ctx, c.Name)
 			if errs[i] != nil {
 				errs[i] = fmt.Errorf("audit: cell %s: %w", c.Name, errs[i])

@@ -26,6 +26,7 @@ import (
 type cluster struct {
 	bin, config, router string
 	cellURL             map[string]string
+	adminURL            map[string]string
 	procs               map[string]*exec.Cmd
 	logs                map[string]*bytes.Buffer
 }
@@ -54,28 +55,32 @@ func startCluster(t *testing.T) *cluster {
 	dsn1, dsn2, mc := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2), testenv.Memcached(t)
 	dir := t.TempDir()
 	c := &cluster{bin: filepath.Join(dir, "redcell"), config: filepath.Join(dir, "redcell.yaml"),
-		cellURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*bytes.Buffer{}}
+		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*bytes.Buffer{}}
 	build := exec.Command("go", "build", "-o", c.bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	rp, c1, c2, g0, g1, g2 := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	a1, a2 := freePort(t), freePort(t)
+	c.adminURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", a1)
+	c.adminURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", a2)
 	c.router = fmt.Sprintf("http://127.0.0.1:%d", rp)
 	c.cellURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", c1)
 	c.cellURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", c2)
 	cfg := fmt.Sprintf(`memcached: [%q]
+admin_token: "e2e-secret"
 gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
 router:
   listen: "127.0.0.1:%d"
   gossip: "127.0.0.1:%d"
 cells:
-  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q}
-  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q}
+  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
+  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
 cell:
   packet_expiry: 3s
   expiry_interval: 300ms
   relay_interval: 300ms
-`, mc, g0, g1, g2, rp, g0, c1, g1, dsn1, c2, g2, dsn2)
+`, mc, g0, g1, g2, rp, g0, c1, g1, dsn1, a1, c2, g2, dsn2, a2)
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -300,6 +305,48 @@ func TestEndToEnd(t *testing.T) {
 		if _, code := do(t, bad.method, r+bad.path, nil, nil); code != bad.code {
 			t.Errorf("%s %s: code %s, want %s", bad.method, bad.path, code, bad.code)
 		}
+	}
+
+	// The admin port: no token or a wrong one is refused; the right one switches
+	// the open strategy at run time, and the cell keeps paying out correctly.
+	admin := func(method, token string, body string) (int, string) {
+		req, _ := http.NewRequest(method, c.adminURL["cell-1"]+"/admin/strategy", strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, _ := admin("GET", "", ""); st != 401 {
+		t.Fatalf("admin without a token: %d", st)
+	}
+	if st, _ := admin("PUT", "wrong", `{"strategy":"naive"}`); st != 401 {
+		t.Fatalf("admin with a wrong token: %d", st)
+	}
+	if st, body := admin("PUT", "e2e-secret", `{"strategy":"serial"}`); st != 200 || !strings.Contains(body, `"serial"`) {
+		t.Fatalf("set strategy: %d %s", st, body)
+	}
+	var h struct{ Strategy string }
+	do(t, "GET", c.cellURL["cell-1"]+"/healthz", nil, &h)
+	if h.Strategy != "serial" {
+		t.Fatalf("cell-1 runs %q after the switch", h.Strategy)
+	}
+	var serialPkt api.SendResponse
+	do(t, "POST", r+"/v1/packets", map[string]any{"sender": sender, "amount": 100, "count": 2, "order_no": "snd-serial"}, &serialPkt)
+	for _, who := range []string{near, far, other} {
+		do(t, "POST", r+"/v1/packets/"+serialPkt.PacketID+"/open", map[string]any{"act_id": who}, nil)
+	}
+	do(t, "GET", r+"/v1/packets/"+serialPkt.PacketID, nil, &detail)
+	if detail.RemainingCount != 0 || detail.RemainingAmount != 0 {
+		t.Fatalf("serial packet after three opens: %+v", detail)
+	}
+	if st, _ := admin("PUT", "e2e-secret", `{"strategy":"batched"}`); st != 200 {
+		t.Fatalf("set strategy back: %d", st)
 	}
 
 	// The audit proves conservation over every row of both cells.

@@ -63,7 +63,7 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := cell.New(cfg, store, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, log)
+	srv, err := cell.New(cfg, cell.Stores{Real: store, Shadow: store.Shadow()}, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, log)
 	if err != nil {
 		node.Shutdown()
 		return err

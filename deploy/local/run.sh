@@ -30,6 +30,9 @@ db1=$(free_port 33061); db2=$(free_port $((db1 + 1)))
 mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
+a1=$(free_port 9201); a2=$(free_port $((a1 + 1)))
+# A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
+token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
@@ -39,6 +42,8 @@ sed -e "s/127.0.0.1:33061/127.0.0.1:$db1/; s/127.0.0.1:33062/127.0.0.1:$db2/" \
     -e "s/127.0.0.1:7946/127.0.0.1:$g0/g; s/127.0.0.1:7947/127.0.0.1:$g1/g; s/127.0.0.1:7948/127.0.0.1:$g2/g" \
     -e "s/127.0.0.1:9101/127.0.0.1:$c1/; s/127.0.0.1:9102/127.0.0.1:$c2/" \
     -e "s/127.0.0.1:8080/127.0.0.1:$rport/" \
+    -e "s/127.0.0.1:9201/127.0.0.1:$a1/; s/127.0.0.1:9202/127.0.0.1:$a2/" \
+    -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
     "$here/redcell.yaml" >"$cfg"
 
 procs=()
@@ -111,6 +116,7 @@ redcell is serving.
   router     http://127.0.0.1:$rport        (public API; try: curl http://127.0.0.1:$rport/healthz)
   cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
   cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)
+  admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg
   memcached  127.0.0.1:$mc
   gossip     127.0.0.1:$g0 (router), :$g1, :$g2 (cells)
   config     $cfg

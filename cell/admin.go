@@ -1,0 +1,104 @@
+package cell
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/api"
+	"redcell/model"
+)
+
+// Admin errors.
+var (
+	// ErrAdminDisabled: no admin token is configured, so the admin port refuses everything.
+	ErrAdminDisabled = &model.Error{Code: "ADMIN_DISABLED", Message: "no admin token is configured"}
+	// ErrUnauthenticated: the bearer token is missing or wrong.
+	ErrUnauthenticated = &model.Error{Code: "UNAUTHENTICATED", Message: "missing or wrong bearer token"}
+)
+
+// Strategy returns how opens run now.
+func (s *Server) Strategy() api.StrategySetting { return *s.strategy.Load() }
+
+// SetStrategy switches how opens run, for opens that start from now on: the
+// strategy (naive, serial, batched), the batch size and the batch wait. Opens
+// already queued run under the new batch settings. Errors: ErrInvalidArgument.
+func (s *Server) SetStrategy(st api.StrategySetting) error {
+	switch st.Strategy {
+	case StrategyNaive, StrategySerial, StrategyBatched:
+	default:
+		return model.Invalidf("strategy must be naive, serial or batched")
+	}
+	if st.BatchMax < 1 || st.BatchMax > 4096 || st.BatchWaitMS < 0 || st.BatchWaitMS > 1000 {
+		return model.Invalidf("batch_max must be 1..4096 and batch_wait_ms 0..1000")
+	}
+	batch, wait := st.BatchMax, time.Duration(st.BatchWaitMS)*time.Millisecond
+	if st.Strategy != StrategyBatched {
+		batch, wait = 1, 0 // serial: one open per transaction; naive bypasses the queue
+	}
+	s.queue.SetBatch(batch, wait)
+	s.strategy.Store(&st)
+	s.log.Info("open strategy set", "strategy", st.Strategy, "batch_max", st.BatchMax, "batch_wait_ms", st.BatchWaitMS)
+	return nil
+}
+
+// serveAdmin starts the admin port when one is configured; the returned func
+// stops it. The admin port requires "Authorization: Bearer <AdminToken>" on every
+// request; with no token configured it refuses everything.
+func (s *Server) serveAdmin() (stop func(), err error) {
+	if s.cfg.AdminListen == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.AdminListen)
+	if err != nil {
+		return func() {}, fmt.Errorf("cell: admin listen %s: %w", s.cfg.AdminListen, err)
+	}
+	s.admin = &fasthttp.Server{Handler: s.handleAdmin, Name: "redcell-admin", MaxRequestBodySize: 64 << 10,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, ErrorHandler: api.ProtocolError,
+		Logger: api.Logger{Log: s.log}}
+	go func() { _ = s.admin.Serve(ln) }()
+	s.log.Info("admin port", "addr", ln.Addr().String(), "token_set", s.cfg.AdminToken != "")
+	return func() { _ = s.admin.Shutdown() }, nil
+}
+
+func (s *Server) handleAdmin(rc *fasthttp.RequestCtx) {
+	if s.cfg.AdminToken == "" {
+		s.writeAdminErr(rc, http.StatusForbidden, ErrAdminDisabled)
+		return
+	}
+	got, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
+		s.writeAdminErr(rc, http.StatusUnauthorized, ErrUnauthenticated)
+		return
+	}
+	switch path, method := string(rc.Path()), string(rc.Method()); {
+	case path == "/admin/strategy" && method == http.MethodGet:
+		s.writeJSON(rc, http.StatusOK, s.Strategy())
+	case path == "/admin/strategy" && method == http.MethodPut:
+		st := s.Strategy()
+		if err := json.Unmarshal(rc.PostBody(), &st); err != nil {
+			s.writeErr(rc, model.Invalidf("malformed JSON body"))
+			return
+		}
+		if err := s.SetStrategy(st); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, http.StatusOK, s.Strategy())
+	default:
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+	}
+}
+
+func (s *Server) writeAdminErr(rc *fasthttp.RequestCtx, status int, e *model.Error) {
+	b, _ := json.Marshal(api.ErrorBody{Error: api.ErrorDetail{Code: e.Code, Message: e.Message}})
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.SetBody(b)
+}
