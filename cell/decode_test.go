@@ -72,3 +72,53 @@ func TestValidateSend(t *testing.T) {
 		t.Fatalf("fixed 999/3: %v", err)
 	}
 }
+
+func TestDecodeActIDMatchesStrictDecoder(t *testing.T) {
+	for _, body := range []string{
+		`{"act_id":"u1"}`, ` { "act_id" : "u-2_x" } `, "{\n\t\"act_id\":\"u3\"\r\n}",
+		`{"act_id":"u\u0031"}`, `{"act_id":"u1","x":1}`, `{"act_id":"u1"}x`, `{"ACT_ID":"u1"}`,
+		`{"act_id":1}`, `{"act_id":"u1"`, `{}`, `[]`, ``, `{"act_id":"a\"b"}`, `{"act_id":"u1","act_id":"u2"}`,
+	} {
+		got, err := decodeActID([]byte(body))
+		var want api.ActRequest
+		werr := decodeStrict([]byte(body), &want)
+		if (err == nil) != (werr == nil) || err == nil && got != want.ActID {
+			t.Errorf("body %q: fast path (%q, %v), strict decoder (%q, %v)", body, got, err, want.ActID, werr)
+		}
+	}
+}
+
+func FuzzDecodeActID(f *testing.F) {
+	for _, seed := range []string{`{"act_id":"u1"}`, ` {"act_id" : "x"} `, `{"act_id":"\u0041"}`, `{"act_id":"a","b":1}`, `{`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := decodeActID(body)
+		var want api.ActRequest
+		werr := decodeStrict(body, &want)
+		if (err == nil) != (werr == nil) || err == nil && got != want.ActID {
+			t.Fatalf("body %q: fast path (%q, %v), strict decoder (%q, %v)", body, got, err, want.ActID, werr)
+		}
+	})
+}
+
+func BenchmarkDecodeActID(b *testing.B) {
+	body := []byte(`{"act_id":"user-000123"}`)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := decodeActID(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeStrictAct(b *testing.B) {
+	body := []byte(`{"act_id":"user-000123"}`)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		var req api.ActRequest
+		if err := decodeStrict(body, &req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -202,12 +202,12 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		s.writeErr(rc, err)
 		return
 	}
-	var body api.ActRequest
-	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+	actID, err := decodeActID(rc.PostBody())
+	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	if err := model.ValidateActID(body.ActID); err != nil {
+	if err := model.ValidateActID(actID); err != nil {
 		s.writeErr(rc, err)
 		return
 	}

@@ -26,6 +26,9 @@ type relay struct {
 
 const (
 	relayBatchMax = 1000
+	// relayLinger is how long a delivery waits to fill; it adds at most this much
+	// to the time a claimant waits for the credit.
+	relayLinger = 20 * time.Millisecond
 	// relayTimeout bounds one delivery; the receiving cell gets it as the deadline.
 	relayTimeout = 10 * time.Second
 )
@@ -62,7 +65,7 @@ func (r *relay) run(ctx context.Context) {
 			for {
 				select {
 				case batch := <-r.in:
-					r.deliver(fctx, r.gather(batch))
+					r.deliver(fctx, batch)
 					continue
 				default:
 				}
@@ -74,15 +77,19 @@ func (r *relay) run(ctx context.Context) {
 	}
 }
 
+// gather adds to batch what the workers hand over within relayLinger, up to
+// relayBatchMax: under load one delivery (one HTTP call, one transaction on each
+// side) carries hundreds of credits instead of one open batch's worth.
 func (r *relay) gather(batch []model.Credit) []model.Credit {
+	linger := time.NewTimer(relayLinger)
+	defer linger.Stop()
 	for len(batch) < relayBatchMax {
 		select {
 		case more := <-r.in:
 			batch = append(batch, more...)
-			continue
-		default:
+		case <-linger.C:
+			return batch
 		}
-		break
 	}
 	return batch
 }
