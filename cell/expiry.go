@@ -78,37 +78,40 @@ func expiryDays(now time.Time, expiry time.Duration) []int {
 
 // expireOnce runs one pass over the given day slots and returns the cents refunded.
 func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Cents {
-	now := s.now()
 	var total model.Cents
-	for _, sh := range s.cfg.Shards.Shards() {
-		for _, day := range days {
-			ids, err := sp.store.ExpiredPackets(ctx, sh, day, now.UnixMilli(), 200)
+	shards := s.cfg.Shards.Shards()
+	for round := 0; round < 50 && ctx.Err() == nil; round++ { // 50 x 500 refunds at most per pass
+		ids, err := sp.store.ExpiredIn(ctx, shards, days, s.now().UnixMilli(), 500)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("expiry scan failed", "err", err)
+			}
+			return total
+		}
+		refunded := 0
+		for _, id := range ids {
+			ref, err := model.ParsePacketID(string(id))
 			if err != nil {
-				if ctx.Err() == nil {
-					s.log.Warn("expiry scan failed", "shard", sh, "day", day, "err", err)
-				}
+				s.log.Error("bad packet id in table", "id", id)
 				continue
 			}
-			for _, id := range ids {
-				ref, err := model.ParsePacketID(string(id))
-				if err != nil {
-					s.log.Error("bad packet id in table", "id", id)
-					continue
-				}
-				cents, err := sp.store.Refund(ctx, ref)
-				if err != nil {
-					s.log.Warn("refund failed; will retry", "packet", id, "err", err)
-					continue
-				}
-				if cents > 0 {
-					total += cents
-					s.stats.refunds.Add(1)
-					sp.closed.put(ref.ID, model.ErrExpired)
-					if p, err := sp.store.Packet(ctx, ref); err == nil {
-						s.cacheRemaining(sp, p)
-					}
+			cents, err := sp.store.Refund(ctx, ref)
+			if err != nil {
+				s.log.Warn("refund failed; will retry", "packet", id, "err", err)
+				continue
+			}
+			if cents > 0 {
+				refunded++
+				total += cents
+				s.stats.refunds.Add(1)
+				sp.closed.put(ref.ID, model.ErrExpired)
+				if p, err := sp.store.Packet(ctx, ref); err == nil {
+					s.cacheRemaining(sp, p)
 				}
 			}
+		}
+		if len(ids) < 500 || refunded == 0 {
+			return total
 		}
 	}
 	return total

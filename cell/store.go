@@ -34,7 +34,9 @@ type Packets interface {
 
 // Expiry finds and refunds expired packets.
 type Expiry interface {
-	ExpiredPackets(ctx context.Context, s model.ShardID, day int, nowMS int64, limit int) ([]model.PacketID, error)
+	// ExpiredIn lists up to limit open, expired packets of the shards' tables of
+	// the given days of month.
+	ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error)
 	Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error)
 }
 

@@ -470,3 +470,53 @@ func TestShadowIsolation(t *testing.T) {
 		t.Fatalf("real ledger moved with a shadow deposit: deposits %d -> %d", before.Deposits, after.Deposits)
 	}
 }
+
+func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
+	m := openStore(t)
+	ctx := context.Background()
+	pre := testenv.Prefix()
+	var refs []model.PacketRef
+	for i := 0; i < 3; i++ {
+		sender := fmt.Sprintf("%s-s%d", pre, i)
+		deposit(t, m, sender, 150)
+		refs = append(refs, send(t, m, sender, 100, 2, 50*time.Millisecond))
+	}
+	later := send(t, m, pre+"-s0", 50, 1, time.Hour) // same shard, not expired
+	shards := []model.ShardID{}
+	for _, r := range append(refs, later) {
+		shards = append(shards, r.Shard)
+	}
+	days := []int{refs[0].Day}
+	find := func() map[model.PacketID]bool {
+		ids, err := m.ExpiredIn(ctx, shards, days, time.Now().UnixMilli(), 100000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[model.PacketID]bool{}
+		for _, id := range ids {
+			got[id] = true
+		}
+		return got
+	}
+	if got := find(); got[refs[0].ID] || got[later.ID] {
+		t.Fatal("a packet listed before it expired")
+	}
+	time.Sleep(80 * time.Millisecond)
+	got := find()
+	for _, r := range refs {
+		if !got[r.ID] {
+			t.Fatalf("expired packet %s not listed", r.ID)
+		}
+	}
+	if got[later.ID] {
+		t.Fatal("an unexpired packet listed")
+	}
+	for _, r := range refs {
+		if _, err := m.Refund(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := find(); got[refs[0].ID] {
+		t.Fatal("a refunded packet listed again")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"time"
 
 	"redcell/internal/invariant"
 	"redcell/model"
@@ -317,27 +318,93 @@ func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remai
 	return r, nil
 }
 
-// ExpiredPackets lists up to limit open packets of shard s created on day that
-// expired at or before nowMS.
-func (m *MySQL) ExpiredPackets(ctx context.Context, s model.ShardID, day int, nowMS int64, limit int) ([]model.PacketID, error) {
-	rows, err := m.db.QueryContext(ctx, "SELECT packet_id FROM "+m.packetTable(s, day)+
-		" WHERE status = 0 AND expires_ms <= ? LIMIT ?", nowMS, limit)
-	if isMySQLErr(err, errNoSuchTable) {
-		return nil, nil
-	}
+// ExpiredIn lists up to limit open packets that expired at or before nowMS,
+// from the packet tables of the given shards and days of month that exist. It
+// reads the list of tables from information_schema (cached for a minute) and
+// asks up to 100 tables per statement, so a pass over hundreds of shards is a
+// handful of round trips, not one per table.
+func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+	existing, err := m.packetTables(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("storage: scan expired: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
+	want := make(map[tableRef]bool, len(shards)*len(days))
+	for _, s := range shards {
+		for _, d := range days {
+			want[tableRef{kind: "packet", shard: s, day: d}] = true
+		}
+	}
+	var list []tableRef
+	for _, t := range existing {
+		if want[t] {
+			list = append(list, t)
+		}
+	}
 	var out []model.PacketID
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+	for start := 0; start < len(list) && len(out) < limit; start += ledgerChunk {
+		end := min(start+ledgerChunk, len(list))
+		parts := make([]string, 0, end-start)
+		args := make([]any, 0, end-start+1)
+		for _, t := range list[start:end] {
+			parts = append(parts, "(SELECT packet_id FROM "+m.packetTable(t.shard, t.day)+" WHERE status = 0 AND expires_ms <= ?)")
+			args = append(args, nowMS)
+		}
+		args = append(args, limit-len(out))
+		rows, err := m.db.QueryContext(ctx, strings.Join(parts, " UNION ALL ")+" LIMIT ?", args...)
+		if isMySQLErr(err, errNoSuchTable) {
+			m.forgetTables()
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("storage: scan expired: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, model.PacketID(id))
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
 			return nil, err
 		}
-		out = append(out, model.PacketID(id))
 	}
-	return out, rows.Err()
+	return out, nil
+}
+
+// packetTables returns the packet tables that exist, from a list at most a
+// minute old. Tables this process created since are added by EnsureDay.
+func (m *MySQL) packetTables(ctx context.Context) ([]tableRef, error) {
+	m.mu.Lock()
+	if m.tableList != nil && time.Since(m.tableListAt) < time.Minute {
+		list := m.tableList
+		m.mu.Unlock()
+		return list, nil
+	}
+	m.mu.Unlock()
+	all, err := m.tables(ctx, m.db)
+	if err != nil {
+		return nil, err
+	}
+	var list []tableRef
+	for _, t := range all {
+		if t.kind == "packet" {
+			list = append(list, t)
+		}
+	}
+	m.mu.Lock()
+	m.tableList, m.tableListAt = list, time.Now()
+	m.mu.Unlock()
+	return list, nil
+}
+
+// forgetTables drops the cached table list (a table went away).
+func (m *MySQL) forgetTables() {
+	m.mu.Lock()
+	m.tableList = nil
+	m.mu.Unlock()
 }
 
 // Refund gives an expired packet's exact remainder back to its sender, once: it

@@ -13,6 +13,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,9 +122,11 @@ type MySQL struct {
 	now func() time.Time
 	ns  string // database name prefix: "" for real money, ShadowPrefix for stress traffic
 
-	mu      sync.Mutex               // guards ensured
-	ensured map[ensureKey]*sync.Once // tables created by this process
-	errs    map[ensureKey]error
+	mu          sync.Mutex               // guards ensured, errs, tableList, tableListAt
+	ensured     map[ensureKey]*sync.Once // tables created by this process
+	errs        map[ensureKey]error
+	tableList   []tableRef // packet tables known to exist (ExpiredIn)
+	tableListAt time.Time
 }
 
 type ensureKey struct {
@@ -196,7 +199,18 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return err
 	}
-	return m.ensure(ctx, ensureKey{shard: s, day: day}, m.dayDDL(s, day))
+	if err := m.ensure(ctx, ensureKey{shard: s, day: day}, m.dayDDL(s, day)); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.tableList != nil {
+		t := tableRef{kind: "packet", shard: s, day: day}
+		if !slices.Contains(m.tableList, t) {
+			m.tableList = append(m.tableList, t)
+		}
+	}
+	m.mu.Unlock()
+	return nil
 }
 
 func (m *MySQL) ensure(ctx context.Context, k ensureKey, ddl []string) error {

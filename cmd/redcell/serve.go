@@ -4,7 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"time"
 
 	"redcell/cell"
@@ -28,10 +31,14 @@ func runCell(ctx context.Context, args []string) error {
 	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
 	name := fs.String("name", "cell-1", "this cell's name in the config's cells list")
 	level := fs.String("log-level", "info", "debug|info|warn|error")
+	pprofAddr := fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6061")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(*level)
+	if err := servePprof(*pprofAddr, log); err != nil {
+		return err
+	}
 	fc, err := loadConfig(*path)
 	if err != nil {
 		return err
@@ -125,10 +132,14 @@ func runRouter(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("router", flag.ContinueOnError)
 	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
 	level := fs.String("log-level", "info", "debug|info|warn|error")
+	pprofAddr := fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6060")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(*level)
+	if err := servePprof(*pprofAddr, log); err != nil {
+		return err
+	}
 	fc, err := loadConfig(*path)
 	if err != nil {
 		return err
@@ -158,4 +169,22 @@ func runRouter(ctx context.Context, args []string) error {
 		return err
 	}
 	return rt.Serve(ctx, ln)
+}
+
+// servePprof serves net/http/pprof on addr (loopback only) when addr is set.
+func servePprof(addr string, log *slog.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !(host == "127.0.0.1" || host == "localhost" || host == "::1") {
+		return fmt.Errorf("--pprof must be a loopback address, got %q", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("pprof: %w", err)
+	}
+	go func() { _ = http.Serve(ln, nil) }() // DefaultServeMux holds the pprof handlers
+	log.Info("pprof serving", "addr", ln.Addr().String())
+	return nil
 }

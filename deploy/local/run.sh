@@ -84,9 +84,14 @@ start_proc() {
   setsid "$VAR/bin/redcell" "$@" >>"$VAR/log/$name.log" 2>&1 </dev/null &
   echo $! >"$VAR/pids/$name.pid"
 }
-start_proc cell-1 cell --config "$cfg" --name cell-1
-start_proc cell-2 cell --config "$cfg" --name cell-2
-start_proc router router --config "$cfg"
+# REDCELL_PPROF=1 serves Go profiles: router :6060, cell-1 :6061, cell-2 :6062.
+p0=(); p1=(); p2=()
+if [ "${REDCELL_PPROF:-}" = 1 ]; then
+  p0=(--pprof 127.0.0.1:6060); p1=(--pprof 127.0.0.1:6061); p2=(--pprof 127.0.0.1:6062)
+fi
+start_proc cell-1 cell --config "$cfg" --name cell-1 "${p1[@]}"
+start_proc cell-2 cell --config "$cfg" --name cell-2 "${p2[@]}"
+start_proc router router --config "$cfg" "${p0[@]}"
 
 echo "waiting for the cluster to answer ..."
 ready=0

@@ -59,10 +59,11 @@ start_mariadb() {
   if [ "$mode" = fast ]; then flush=2; sync=0; fi
   # The socket path is kept short: unix sockets are limited to 108 bytes.
   local sock; sock=$(mktemp -u /tmp/rcdb.XXXXXX.sock)
+  mkdir -p "$dir/tmp"  # its own temp dir: nothing else cleaning /tmp can pull files from under it
   echo "$sock" >"$dir/socket.path"
   # setsid: a Ctrl-C in the terminal reaches run.sh only, which stops things in order.
   setsid "$(mariadbd_bin)" --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
-    --port="$port" --bind-address=127.0.0.1 --socket="$sock" --pid-file="$dir/mariadb.pid" \
+    --port="$port" --bind-address=127.0.0.1 --socket="$sock" --pid-file="$dir/mariadb.pid" --tmpdir="$dir/tmp" \
     --log-error="$dir/error.log" --skip-name-resolve --max-connections=1000 \
     --innodb-buffer-pool-size=256M --innodb-log-file-size=256M \
     --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync \
