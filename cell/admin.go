@@ -20,7 +20,7 @@ var (
 	// ErrAdminDisabled: no admin token is configured, so the admin port refuses everything.
 	ErrAdminDisabled = &model.Error{Code: "ADMIN_DISABLED", Message: "no admin token is configured"}
 	// ErrUnauthenticated: the bearer token is missing or wrong.
-	ErrUnauthenticated = &model.Error{Code: "UNAUTHENTICATED", Message: "missing or wrong bearer token"}
+	ErrUnauthenticated = model.ErrUnauthenticated
 )
 
 // Strategy returns how opens run now.

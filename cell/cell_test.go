@@ -55,6 +55,7 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 		t.Fatal(err)
 	}
 	cfg.Shards = r
+	cfg.ClusterSecret = testSecret
 	cfg.RelayInterval = 200 * time.Millisecond
 	cfg.ExpiryInterval = 200 * time.Millisecond
 	cfg.WarmSchema = false             // tables are created on first use; the e2e test runs the warm-up
@@ -114,10 +115,19 @@ func call(t *testing.T, method, url string, body, out any) (int, string) {
 // callH is call with extra request headers.
 func callH(t *testing.T, headers map[string]string, method, url string, body, out any) (int, string) {
 	t.Helper()
-	var rd io.Reader
+	var raw []byte
 	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
+		raw, _ = json.Marshal(body)
+	}
+	return callRaw(t, headers, method, url, raw, out)
+}
+
+// callRaw sends raw as the body (nil for none).
+func callRaw(t *testing.T, headers map[string]string, method, url string, raw []byte, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if raw != nil {
+		rd = bytes.NewReader(raw)
 	}
 	req, _ := http.NewRequest(method, url, rd)
 	req.Header.Set("Content-Type", "application/json")
@@ -244,6 +254,8 @@ func openAll(t *testing.T, url, packetID string, users []string) []struct {
 	wg.Wait()
 	return out
 }
+
+const testSecret = "test-cluster-secret-0123456789"
 
 var strategies = []string{cell.StrategyNaive, cell.StrategySerial, cell.StrategyBatched}
 

@@ -38,6 +38,10 @@ type Config struct {
 	AdminListen string
 	AdminToken  string
 
+	// ClusterSecret keys the HMAC that signs cell-to-cell calls (relayed
+	// credits); a cell refuses unsigned or wrongly signed ones. At least 16 bytes.
+	ClusterSecret string
+
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
 	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it
@@ -102,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.DSN == "" {
 		bad("DSN is required")
+	}
+	if len(c.ClusterSecret) < 16 {
+		bad("ClusterSecret (cluster_secret) must be at least 16 bytes: it signs the credits cells send each other")
 	}
 	if c.PacketExpiry < time.Second || c.PacketExpiry > 7*24*time.Hour {
 		bad("PacketExpiry must be 1s..168h, got %s", c.PacketExpiry)

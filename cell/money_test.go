@@ -1,7 +1,9 @@
 package cell_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -127,7 +129,7 @@ func TestCrossCellCredit(t *testing.T) {
 	credit := model.Credit{ClaimID: claim.ClaimID, PacketID: model.PacketID(id), ActID: claimant, Shard: sharding.ShardOfAct(claimant), Amount: model.Cents(claim.Amount)}
 	for i := 0; i < 2; i++ {
 		var out api.CreditsResponse
-		if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{credit}}, &out); st != 200 || out.Applied != 0 {
+		if st, code := postCredits(t, b.url, testSecret, time.Now(), []model.Credit{credit}, &out); st != 200 || out.Applied != 0 {
 			t.Fatalf("redelivery %d: %d %s applied %d", i, st, code, out.Applied)
 		}
 	}
@@ -151,8 +153,23 @@ func TestCrossCellCredit(t *testing.T) {
 	wrong := credit
 	wrong.ActID = actIn(t, pre+"-w", a.cfg.Shards)
 	wrong.Shard = sharding.ShardOfAct(wrong.ActID)
-	if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{wrong}}, nil); st != 421 || code != "WRONG_CELL" {
+	if st, code := postCredits(t, b.url, testSecret, time.Now(), []model.Credit{wrong}, nil); st != 421 || code != "WRONG_CELL" {
 		t.Fatalf("credit for a foreign shard: %d %s", st, code)
+	}
+	// Unsigned, wrongly signed and replayed-too-late credits are refused and
+	// change nothing: nobody can invent money by posting to a cell.
+	forged := model.Credit{ClaimID: string(ref.ID) + "c99", PacketID: ref.ID, ActID: claimant, Shard: shard, Amount: 1_000_000}
+	if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{forged}}, nil); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("unsigned credit: %d %s", st, code)
+	}
+	if st, code := postCredits(t, b.url, "some-other-secret-0123456789", time.Now(), []model.Credit{forged}, nil); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("credit signed with another secret: %d %s", st, code)
+	}
+	if st, code := postCredits(t, b.url, testSecret, time.Now().Add(-time.Minute), []model.Credit{forged}, nil); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("replayed credit: %d %s", st, code)
+	}
+	if got := b.balance(t, claimant); got != claim.Amount {
+		t.Fatalf("claimant balance %d after forged credits, want %d", got, claim.Amount)
 	}
 }
 
@@ -233,4 +250,15 @@ func TestStressTrafficUsesShadowTables(t *testing.T) {
 	if real != 0 || shadow != 1 {
 		t.Fatalf("claimant flows: %d real, %d shadow", real, shadow)
 	}
+}
+
+// postCredits posts credits to a cell's /internal/credits signed with secret at time at.
+func postCredits(t *testing.T, url, secret string, at time.Time, credits []model.Credit, out any) (int, string) {
+	t.Helper()
+	body, _ := json.Marshal(api.CreditsRequest{Credits: credits})
+	ts := at.UnixMilli()
+	return callRaw(t, map[string]string{
+		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
+		api.HeaderSignature: api.Sign([]byte(secret), "POST", "/internal/credits", ts, body),
+	}, "POST", url+"/internal/credits", body, out)
 }

@@ -43,6 +43,8 @@ var (
 	ErrMethodNotAllowed = &Error{"METHOD_NOT_ALLOWED", "method not allowed"}
 	// ErrShuttingDown: the server is draining and takes no new work.
 	ErrShuttingDown = &Error{"SHUTTING_DOWN", "server is shutting down"}
+	// ErrUnauthenticated: a signature or token is missing, wrong or too old.
+	ErrUnauthenticated = &Error{"UNAUTHENTICATED", "missing or invalid credentials"}
 	// ErrInternal: anything else; details are logged, not returned.
 	ErrInternal = &Error{"INTERNAL", "internal error"}
 )

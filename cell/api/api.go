@@ -155,6 +155,7 @@ var status = map[string]int{
 	model.ErrBodyTooLarge.Code:        http.StatusRequestEntityTooLarge,
 	model.ErrMethodNotAllowed.Code:    http.StatusMethodNotAllowed,
 	model.ErrShuttingDown.Code:        http.StatusServiceUnavailable,
+	model.ErrUnauthenticated.Code:     http.StatusUnauthorized,
 	model.ErrInternal.Code:            http.StatusInternalServerError,
 }
 

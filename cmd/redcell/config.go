@@ -19,12 +19,13 @@ import (
 // fileConfig is the cluster config file (deploy/local/redcell.yaml documents every
 // key). One file describes the whole local cluster; each process picks its part.
 type fileConfig struct {
-	Memcached   []string      `yaml:"memcached"`
-	AdminToken  string        `yaml:"admin_token"` // bearer token of the cells' admin ports; empty refuses all
-	GossipSeeds []string      `yaml:"gossip_seeds"`
-	Router      routerSection `yaml:"router"`
-	Cells       []cellEntry   `yaml:"cells"`
-	Cell        cellSection   `yaml:"cell"`
+	Memcached     []string      `yaml:"memcached"`
+	AdminToken    string        `yaml:"admin_token"`    // bearer token of the cells' admin ports; empty refuses all
+	ClusterSecret string        `yaml:"cluster_secret"` // HMAC key of cell-to-cell calls, >= 16 bytes
+	GossipSeeds   []string      `yaml:"gossip_seeds"`
+	Router        routerSection `yaml:"router"`
+	Cells         []cellEntry   `yaml:"cells"`
+	Cell          cellSection   `yaml:"cell"`
 }
 
 type routerSection struct {
@@ -90,6 +91,7 @@ var envOverrides = []struct {
 }{
 	{"REDCELL_MEMCACHED", func(fc *fileConfig, v string) error { fc.Memcached = splitList(v); return nil }},
 	{"REDCELL_ADMIN_TOKEN", func(fc *fileConfig, v string) error { fc.AdminToken = v; return nil }},
+	{"REDCELL_CLUSTER_SECRET", func(fc *fileConfig, v string) error { fc.ClusterSecret = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -157,7 +159,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		return c, "", fmt.Errorf("config: no cell named %q in cells", name)
 	}
 	c.Name, c.Listen, c.DSN = entry.Name, entry.Listen, entry.DSN
-	c.AdminListen, c.AdminToken = entry.AdminListen, fc.AdminToken
+	c.AdminListen, c.AdminToken, c.ClusterSecret = entry.AdminListen, fc.AdminToken, fc.ClusterSecret
 	r, err := sharding.ParseRanges(entry.Shards)
 	if err != nil {
 		return c, "", fmt.Errorf("config: cell %s: %w", name, err)

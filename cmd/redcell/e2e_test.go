@@ -69,6 +69,7 @@ func startCluster(t *testing.T) *cluster {
 	c.cellURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", c2)
 	cfg := fmt.Sprintf(`memcached: [%q]
 admin_token: "e2e-secret"
+cluster_secret: "e2e-cluster-secret-0123456789"
 gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
 router:
   listen: "127.0.0.1:%d"

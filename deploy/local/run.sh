@@ -33,6 +33,7 @@ c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
 a1=$(free_port 9201); a2=$(free_port $((a1 + 1)))
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
@@ -44,6 +45,7 @@ sed -e "s/127.0.0.1:33061/127.0.0.1:$db1/; s/127.0.0.1:33062/127.0.0.1:$db2/" \
     -e "s/127.0.0.1:8080/127.0.0.1:$rport/" \
     -e "s/127.0.0.1:9201/127.0.0.1:$a1/; s/127.0.0.1:9202/127.0.0.1:$a2/" \
     -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
+    -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     "$here/redcell.yaml" >"$cfg"
 
 procs=()
