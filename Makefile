@@ -38,6 +38,13 @@ audit: build
 bench-smoke: build
 	var/bin/redcell bench --router http://127.0.0.1:8080 --config var/redcell.yaml --senders 4 --openers 32 --duration 10s
 
+## bench: naive vs serial vs batched on one hot packet (10 s each) plus the ceilings (database,
+## HTTP via router and direct), against the cluster started by make run; report in var/bench/<time>/
+.PHONY: bench
+bench: build
+	var/bin/redcell bench --config var/redcell.yaml --workload hot --compare naive,serial,batched \
+		--duration 10s --limits --limits-duration 3s --allow-shed
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 

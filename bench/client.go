@@ -18,17 +18,27 @@ const (
 	codeClientTimeout = "CLIENT_TIMEOUT" // no answer within requestTimeout
 	codeTransport     = "TRANSPORT"      // connect, write or read failed
 	codeBadResponse   = "BAD_RESPONSE"   // undecodable body, or one that breaks the contract
+	// codeDropped counts opens (and sends) of an open-loop run that were due while
+	// the in-flight bound was reached: they were never sent. Like a shed answer it
+	// says the target rate was not sustained.
+	codeDropped = "CLIENT_DROPPED"
+	// codeNoCell: in direct mode, no cell owned the request's shard when the bench
+	// read the router's view.
+	codeNoCell = "DIRECT_NO_CELL"
 )
 
 // requestTimeout bounds each request, end to end. The router gets what is left
 // of it in api.HeaderDeadline.
 const requestTimeout = 5 * time.Second
 
-// client sends the API's JSON requests to the router through one shared
-// fasthttp.Client. It is safe for concurrent use.
+// client sends the API's JSON requests through one shared fasthttp.Client, to
+// the router or, when cells is set, straight to the cell owning each request's
+// key. Every request carries api.HeaderStress: "1", so the cells write bench
+// traffic to their shadow tables. It is safe for concurrent use.
 type client struct {
-	hc   *fasthttp.Client
-	base string // RouterURL without a trailing '/'
+	hc    *fasthttp.Client
+	base  string     // RouterURL without a trailing '/'
+	cells *cellTable // nil: everything goes to base
 }
 
 // newClient sizes the connection pool to conns, the number of goroutines that
@@ -56,14 +66,33 @@ type result struct {
 }
 
 // call sends method path with in as its JSON body (nil for none) and decodes a
-// 2xx answer into out. Errors are reported in the result, never returned: a
-// bench records failures, it does not stop on them.
+// 2xx answer into out; its latency starts now. See callFrom.
 func (c *client) call(method, path string, in, out any) result {
+	return c.callFrom(time.Time{}, method, path, in, out)
+}
+
+// callFrom is call with the latency measured from start (zero: now). An
+// open-loop run passes the time the request was scheduled, so time spent
+// waiting to be sent counts. Errors are reported in the result, never returned:
+// a bench records failures, it does not stop on them.
+func (c *client) callFrom(start time.Time, method, path string, in, out any) result {
+	sent := time.Now()
+	if start.IsZero() || start.After(sent) {
+		start = sent
+	}
+	base := c.base
+	if c.cells != nil {
+		var ok bool
+		if base, ok = c.cells.baseFor(method, path, in); !ok {
+			return result{code: codeNoCell, message: "no cell owns the shard of " + path, latency: time.Since(start)}
+		}
+	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(method)
-	req.SetRequestURI(c.base + path)
+	req.SetRequestURI(base + path)
+	req.Header.Set(api.HeaderStress, "1")
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
@@ -72,8 +101,9 @@ func (c *client) call(method, path string, in, out any) result {
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(b)
 	}
-	start := time.Now()
-	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(start.Add(requestTimeout).UnixMilli(), 10))
+	// The deadline is the request's own: a request sent late still gets its
+	// full timeout, and the lateness shows in its latency.
+	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(sent.Add(requestTimeout).UnixMilli(), 10))
 	err := c.hc.DoTimeout(req, resp, requestTimeout)
 	r := result{latency: time.Since(start)}
 	switch {

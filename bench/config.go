@@ -1,6 +1,10 @@
-// Package bench is a smoke load generator: it drives a running redcell cluster
-// through its router over HTTP (deposit, send, grab, open), measures latency per
-// operation, and checks afterwards that no money was lost or invented.
+// Package bench is redcell's load generator: it drives a running cluster
+// through its router (or straight to the cells) over HTTP with one of four
+// workloads (smoke, hot, festival, cold), closed-loop or open-loop at a target
+// rate, measures latency per operation in HDR histograms, and checks afterwards
+// that no money was lost or invented. Suites compare the cells' open
+// strategies, router against direct, and the ceilings of the stack (limits.go).
+// Every request is stress traffic (api.HeaderStress), kept in shadow tables.
 package bench
 
 import (
@@ -24,6 +28,13 @@ const (
 	// runIDLenMax keeps "<runid>-snd-<i>-<n>" inside model.MaxIDLen (64): 24 for
 	// the run ID, 5 for "-snd-", 4 for i, 1 for '-' and up to 30 for n.
 	runIDLenMax = 24
+	// rateMax bounds open-loop arrivals: far above what one loopback machine
+	// serves, low enough that a typo cannot ask for billions.
+	rateMax = 1_000_000
+	// inFlightMax bounds the requests an open-loop run keeps in flight.
+	inFlightMax = 100_000
+	// usersMax bounds the account pool of festival and cold runs.
+	usersMax = 10_000_000
 )
 
 // Config describes one bench run. Build it with DefaultConfig and change what
@@ -56,9 +67,65 @@ type Config struct {
 	// flight (about 15 s at most) and keeps the last report. It must be safe to
 	// call more than once.
 	Audit func(ctx context.Context) (model.AuditReport, error)
-	// Progress, when set, gets a one-line progress indicator rewritten (with
-	// '\r') about once a second, and a final newline. Written from one goroutine.
+	// Progress, when set, gets a one-line progress bar rewritten (with '\r')
+	// about once a second, and a final newline. Written from one goroutine.
 	Progress io.Writer
+
+	// Workload is what the load looks like: WorkloadSmoke (also ""), WorkloadHot,
+	// WorkloadFestival or WorkloadCold. See workload.go; DefaultWorkloadConfig
+	// gives each its defaults.
+	Workload string
+	// Rate, when > 0, runs open-loop at Rate opens per second: each open starts
+	// at its scheduled time whether or not earlier ones finished, and its latency
+	// counts from that time. Festival and cold schedule sends so that opens
+	// arrive at about Rate per second. 0 runs closed-loop: Openers workers, each
+	// starting its next request when the last one ended. Smoke is closed-loop
+	// only. At most rateMax.
+	Rate int
+	// MaxInFlight bounds the opens (and, separately, the sends) in flight in
+	// open-loop mode; an open due while the bound is reached is not sent and is
+	// counted as CLIENT_DROPPED. 0 means Openers.
+	MaxInFlight int
+	// Users is the pool of accounts that open packets in festival and cold runs;
+	// a group's members are distinct users, so it must hold the largest group.
+	Users int
+	// Direct sends every request straight to the cell that owns its key (as the
+	// router's /healthz lists them) instead of through the router.
+	Direct bool
+	// Label names the run in the progress line and the reports, e.g. the
+	// strategy under test. Optional.
+	Label string
+}
+
+// DefaultWorkloadConfig returns DefaultConfig with the defaults of workload w
+// (which Validate checks).
+func DefaultWorkloadConfig(w string) Config {
+	c := DefaultConfig()
+	c.Workload = w
+	switch w {
+	case WorkloadHot:
+		// A red-packet rain: one packet as large as a cell allows (every share is
+		// one cent) and enough openers that the per-packet queue is never empty.
+		c.Senders, c.Openers = 1, 256
+		c.PacketAmount, c.PacketCount = int64(model.DefaultLimits().MaxAmount), model.DefaultLimits().MaxCount
+	case WorkloadFestival:
+		// Many groups at once: enough senders that sends never pace the opens,
+		// and a pool several times the largest group so groups overlap a little.
+		c.Senders, c.Openers, c.Users = 32, 256, 100_000
+	case WorkloadCold:
+		// Many small packets, two shares of one CNY each: no contention.
+		c.Senders, c.Openers, c.Users = 16, 128, 100_000
+		c.PacketAmount, c.PacketCount = 200, 2
+	}
+	return c
+}
+
+// inFlight is the open-loop in-flight bound.
+func (c Config) inFlight() int {
+	if c.MaxInFlight > 0 {
+		return c.MaxInFlight
+	}
+	return c.Openers
 }
 
 // DefaultConfig is a short smoke run against a local router.
@@ -77,9 +144,8 @@ func DefaultConfig() Config {
 
 // Validate checks every field and how they relate to each other.
 func (c Config) Validate() error {
-	u, err := url.Parse(c.RouterURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("bench: RouterURL %q must be an http(s) URL with a host", c.RouterURL)
+	if err := c.validateRouter(); err != nil {
+		return err
 	}
 	if c.Senders < 1 || c.Senders > sendersMax {
 		return fmt.Errorf("bench: Senders must be 1..%d, got %d", sendersMax, c.Senders)
@@ -103,6 +169,48 @@ func (c Config) Validate() error {
 		if err := validateRunID(c.RunID); err != nil {
 			return err
 		}
+	}
+	return c.validateWorkload()
+}
+
+// validateWorkload checks the fields of the newer workloads and modes.
+func (c Config) validateWorkload() error {
+	if c.Rate < 0 || c.Rate > rateMax {
+		return fmt.Errorf("bench: Rate must be 0..%d opens/s, got %d", rateMax, c.Rate)
+	}
+	if c.MaxInFlight < 0 || c.MaxInFlight > inFlightMax {
+		return fmt.Errorf("bench: MaxInFlight must be 0..%d, got %d", inFlightMax, c.MaxInFlight)
+	}
+	switch c.Workload {
+	case "", WorkloadSmoke:
+		if c.Rate > 0 {
+			// Smoke openers are accounts that each open a packet once and whose
+			// balances are checked one by one: they run closed-loop by design.
+			return errors.New("bench: smoke is closed-loop; use Rate with the hot, festival or cold workload")
+		}
+	case WorkloadHot:
+	case WorkloadFestival:
+		if c.Users < festivalGroupMax || c.Users > usersMax {
+			return fmt.Errorf("bench: festival needs Users %d..%d (a group of up to %d members are distinct users), got %d",
+				festivalGroupMax, usersMax, festivalGroupMax, c.Users)
+		}
+	case WorkloadCold:
+		if c.PacketCount > coldCountMax {
+			return fmt.Errorf("bench: cold packets have at most %d shares (few openers each), got %d", coldCountMax, c.PacketCount)
+		}
+		if int64(c.Users) < c.PacketCount || c.Users > usersMax {
+			return fmt.Errorf("bench: cold needs Users %d..%d, got %d", c.PacketCount, usersMax, c.Users)
+		}
+	default:
+		return fmt.Errorf("bench: unknown Workload %q (smoke, hot, festival, cold)", c.Workload)
+	}
+	return nil
+}
+
+func (c Config) validateRouter() error {
+	u, err := url.Parse(c.RouterURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("bench: RouterURL %q must be an http(s) URL with a host", c.RouterURL)
 	}
 	return nil
 }

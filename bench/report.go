@@ -15,16 +15,46 @@ import (
 type Report struct {
 	// The config that ran.
 	RunID        string `json:"run_id"`
+	Label        string `json:"label,omitempty"`    // e.g. the strategy under test
+	Strategy     string `json:"strategy,omitempty"` // the cells' open strategy, when the bench set it
+	Workload     string `json:"workload"`
+	Mode         string `json:"mode"`         // "closed" or "open" (open-loop at Rate)
+	Rate         int    `json:"rate_per_sec"` // open-loop target, opens/s; 0 closed-loop
+	MaxInFlight  int    `json:"max_in_flight,omitempty"`
+	Direct       bool   `json:"direct"` // sent to the cells, not through the router
+	Cells        int    `json:"cells"`  // cells the router listed at the start; 0 unknown
 	RouterURL    string `json:"router_url"`
 	Senders      int    `json:"senders"`
 	Openers      int    `json:"openers"`
+	Users        int    `json:"users,omitempty"` // festival, cold: the pool of openers
 	DurationMS   int64  `json:"duration_ms"`
 	PacketAmount int64  `json:"packet_amount_cents"`
 	PacketCount  int64  `json:"packet_count"`
 
-	// ElapsedMS is the load phase as measured: from the first request until the
-	// last sender and opener returned (the audit is not included).
+	// ElapsedMS is the load phase as measured; rates are over it. Smoke: from
+	// the first request (its deposits) until the last sender and opener
+	// returned. The others: after SetupMS of deposits (and, hot, the send of the
+	// packet) until the last open returned. The audit is never included.
 	ElapsedMS int64 `json:"elapsed_ms"`
+	SetupMS   int64 `json:"setup_ms,omitempty"`
+	// Timeline is the opens of the load phase in one-second buckets by
+	// completion time: successes, failures (drops included) and p99.
+	Timeline []Bucket `json:"timeline,omitempty"`
+
+	// HotPacketID is the packet of a hot run; SoldOutAtMS, when not 0, is when
+	// (into the load phase) it sold out, which ended the load early.
+	HotPacketID string `json:"hot_packet_id,omitempty"`
+	SoldOutAtMS int64  `json:"sold_out_at_ms,omitempty"`
+	// OpensPending are festival and cold opens not yet due when the load ended:
+	// never sent, not counted anywhere else.
+	OpensPending int64 `json:"opens_pending,omitempty"`
+	// UnresolvedOpens are opens whose outcome stayed unknown because more than
+	// uncertainMax were: claims may be missing from ClaimedCents (not from the
+	// audit).
+	UnresolvedOpens int64 `json:"unresolved_opens,omitempty"`
+	// OverClaimedPackets counts packets whose answered claims went above their
+	// amount or share count: the cluster gave away money it did not have.
+	OverClaimedPackets int64 `json:"over_claimed_packets,omitempty"`
 
 	Deposit OpStats `json:"deposit"`
 	Send    OpStats `json:"send"`
@@ -43,15 +73,24 @@ type Report struct {
 	// AllowShed: OVERLOADED and TIMEOUT answers were accepted as load shedding.
 	AllowShed bool `json:"allow_shed"`
 
-	// BalancesChecked is true when the openers' balances were read after the
-	// load; OpenerBalancesCents is their sum and BalanceMismatches counts the
-	// openers whose balance differs from what they claimed. Openers only receive,
-	// so each balance must equal the opener's claims once credits are delivered.
-	// BalanceError is why the last reading failed.
+	// BalancesChecked is true when the claimants' balances were read after the
+	// load: BalanceSample accounts (smoke: every opener; the others: a sample of
+	// at most balanceSampleMax). OpenerBalancesCents is their sum and
+	// BalanceMismatches counts those whose balance differs from what they
+	// claimed. Claimants only receive, so each balance must equal the account's
+	// claims once credits are delivered. BalanceError is why the last reading
+	// failed.
 	BalancesChecked     bool   `json:"balances_checked"`
+	BalanceSample       int    `json:"balance_sample"`
 	OpenerBalancesCents int64  `json:"opener_balances_cents"`
 	BalanceMismatches   int    `json:"balance_mismatches"`
 	BalanceError        string `json:"balance_error,omitempty"`
+	// BalancesShort of the mismatches are accounts whose balance is below their
+	// claims, by BalancesShortCents in all: credits still on their way when the
+	// wait ended. They fail the run unless the audit balanced and counts at
+	// least that much in flight (see CreditsPending).
+	BalancesShort      int   `json:"balances_short,omitempty"`
+	BalancesShortCents int64 `json:"balances_short_cents,omitempty"`
 
 	// Audit is the last audit report when Config.Audit was set and answered;
 	// AuditError is its last error (or why it did not run).
@@ -60,8 +99,10 @@ type Report struct {
 }
 
 // OpStats counts the requests of one operation. Count is every HTTP request
-// made, retries included; OK are 2xx answers (Repeats of them said repeat=true);
-// Errors counts the others by code.
+// made, retries included, plus the open-loop requests dropped at the in-flight
+// bound (code CLIENT_DROPPED); OK are 2xx answers (Repeats of them said
+// repeat=true); Errors counts the others by code. Latency covers the requests
+// made: from the scheduled start in open-loop mode, else from the send.
 type OpStats struct {
 	Count     int64            `json:"count"`
 	OK        int64            `json:"ok"`
@@ -73,10 +114,11 @@ type OpStats struct {
 // LatencyMS are latency percentiles in milliseconds, from an HDR histogram with
 // microsecond resolution.
 type LatencyMS struct {
-	P50 float64 `json:"p50"`
-	P90 float64 `json:"p90"`
-	P99 float64 `json:"p99"`
-	Max float64 `json:"max"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p99_9"`
+	Max  float64 `json:"max"`
 }
 
 // expectedCodes are the error codes a healthy run produces: packets run out of
@@ -106,15 +148,18 @@ func (r Report) op(o op) OpStats {
 func (r Report) OK() bool { return len(r.Problems()) == 0 }
 
 // Problems lists why the run failed, empty when it passed: an unexpected error
-// code (anything but SOLD_OUT and EXPIRED, and INSUFFICIENT_BALANCE on send),
-// nothing sent or opened, more claimed than sent, an opener's balance that
-// differs from its claims or could not be read, or an audit that failed or
-// found money missing.
+// code (anything but SOLD_OUT and EXPIRED, and INSUFFICIENT_BALANCE on send;
+// OVERLOADED, TIMEOUT, CLIENT_TIMEOUT and CLIENT_DROPPED only with AllowShed),
+// nothing sent or opened, more claimed than sent, a packet claimed beyond its
+// amount or count, a claimant's balance that differs from its claims or could
+// not be read, or an audit that failed or found money missing. A run with any
+// money difference fails whatever its speed.
 func (r Report) Problems() []string {
 	var ps []string
 	for o := op(0); o < opCount; o++ {
 		for _, code := range sortedCodes(r.op(o).Errors) {
-			shed := code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code || code == codeClientTimeout
+			shed := code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
+				code == codeClientTimeout || code == codeDropped
 			if !expectedCodes[o][code] && !(r.AllowShed && shed) {
 				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", o, r.op(o).Errors[code], code))
 			}
@@ -129,9 +174,12 @@ func (r Report) Problems() []string {
 	if r.ClaimedCents > r.SentCents {
 		ps = append(ps, fmt.Sprintf("claimed %d cents, more than the %d sent", r.ClaimedCents, r.SentCents))
 	}
-	if r.BalanceMismatches > 0 {
+	if r.OverClaimedPackets > 0 {
+		ps = append(ps, fmt.Sprintf("%d claims went beyond their packet's amount or share count", r.OverClaimedPackets))
+	}
+	if n := r.BalanceMismatches - r.CreditsPending(); n > 0 {
 		ps = append(ps, fmt.Sprintf("%d openers' balances differ from their claims (balances %d, claimed %d cents)",
-			r.BalanceMismatches, r.OpenerBalancesCents, r.ClaimedCents))
+			n, r.OpenerBalancesCents, r.ClaimedCents))
 	}
 	if r.BalanceError != "" {
 		ps = append(ps, "balances: "+r.BalanceError)
@@ -150,6 +198,69 @@ func (r Report) Problems() []string {
 	return ps
 }
 
+// CreditsPending is how many checked accounts were short of their claims only
+// because their credits had not arrived yet: the audit balanced and counts at
+// least the missing cents as claimed but not yet credited (in flight). Those
+// accounts are reported, not failed: no money is missing, the relay is slow.
+// 0 when that is not proven.
+func (r Report) CreditsPending() int {
+	if a := r.Audit; a != nil && a.OK() && r.BalancesShort > 0 && int64(a.InFlight) >= r.BalancesShortCents {
+		return r.BalancesShort
+	}
+	return 0
+}
+
+// describe says in one line what ran: workload, mode, path, strategy.
+func (r Report) describe() string {
+	w := r.Workload
+	if w == "" {
+		w = WorkloadSmoke
+	}
+	parts := []string{"workload " + w}
+	if r.Mode == modeOpen {
+		parts = append(parts, fmt.Sprintf("open-loop at %d opens/s (at most %d in flight)", r.Rate, r.MaxInFlight))
+	} else {
+		parts = append(parts, "closed-loop")
+	}
+	if r.Direct {
+		parts = append(parts, "direct to the cells")
+	} else {
+		parts = append(parts, "through the router")
+	}
+	if r.Cells > 0 {
+		parts = append(parts, fmt.Sprintf("%d cells", r.Cells))
+	}
+	if r.Strategy != "" {
+		parts = append(parts, "strategy "+r.Strategy)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// packets says what the run's packets were like.
+func (r Report) packets() string {
+	switch r.Workload {
+	case WorkloadHot:
+		return fmt.Sprintf("one packet of %d cents in %d shares, each open by a fresh account", r.PacketAmount, r.PacketCount)
+	case WorkloadFestival:
+		return fmt.Sprintf("groups of %d-%d of %d users (power law), shares for three members in four, %d cents a share on average",
+			festivalGroupMin, festivalGroupMax, r.Users, festivalShareCents)
+	case WorkloadCold:
+		return fmt.Sprintf("packets of %d cents in %d shares, each opened by %d of %d users", r.PacketAmount, r.PacketCount, r.PacketCount, r.Users)
+	}
+	return fmt.Sprintf("packets of %d cents in %d shares", r.PacketAmount, r.PacketCount)
+}
+
+// Name is how suites and charts call the run: its label, else its workload.
+func (r Report) Name() string {
+	if r.Label != "" {
+		return r.Label
+	}
+	if r.Workload == "" {
+		return WorkloadSmoke
+	}
+	return r.Workload
+}
+
 func sortedCodes(m map[string]int64) []string {
 	codes := make([]string, 0, len(m))
 	for c := range m {
@@ -164,15 +275,21 @@ func sortedCodes(m map[string]int64) []string {
 func (r Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
 	ew.printf("redcell bench: run %s against %s\n", r.RunID, r.RouterURL)
-	ew.printf("  %d senders, %d openers, %v, packets of %d cents in %d shares\n",
-		r.Senders, r.Openers, time.Duration(r.DurationMS)*time.Millisecond, r.PacketAmount, r.PacketCount)
-	ew.printf("  elapsed %.2fs, %.1f opens/s, %.1f sends/s\n\n", float64(r.ElapsedMS)/1000, r.OpensPerSec, r.SendsPerSec)
-
-	ew.printf("%-8s %9s %9s %7s %9s %9s %9s %9s\n", "op", "count", "ok", "repeat", "p50 ms", "p90 ms", "p99 ms", "max ms")
+	ew.printf("  %s\n", r.describe())
+	ew.printf("  %d senders, %d openers, %v, %s\n",
+		r.Senders, r.Openers, time.Duration(r.DurationMS)*time.Millisecond, r.packets())
+	ew.printf("  elapsed %.2fs, %.1f opens/s, %.1f sends/s\n", float64(r.ElapsedMS)/1000, r.OpensPerSec, r.SendsPerSec)
+	if r.SoldOutAtMS > 0 {
+		ew.printf("  the hot packet sold out %.2fs into the load, which ended it\n", float64(r.SoldOutAtMS)/1000)
+	}
+	if r.OpensPending > 0 || r.UnresolvedOpens > 0 {
+		ew.printf("  %d opens not yet due at the end, %d of unknown outcome not asked again\n", r.OpensPending, r.UnresolvedOpens)
+	}
+	ew.printf("\n%-8s %9s %9s %7s %9s %9s %9s %9s %9s\n", "op", "count", "ok", "repeat", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms")
 	for o := op(0); o < opCount; o++ {
 		s := r.op(o)
 		l := s.LatencyMS
-		ew.printf("%-8s %9d %9d %7d %9.2f %9.2f %9.2f %9.2f\n", o, s.Count, s.OK, s.Repeats, l.P50, l.P90, l.P99, l.Max)
+		ew.printf("%-8s %9d %9d %7d %9.2f %9.2f %9.2f %9.2f %9.2f\n", o, s.Count, s.OK, s.Repeats, l.P50, l.P90, l.P99, l.P999, l.Max)
 	}
 	for o := op(0); o < opCount; o++ {
 		errs := r.op(o).Errors
@@ -189,7 +306,11 @@ func (r Report) WriteText(w io.Writer) error {
 	ew.printf("\nmoney (cents): deposited %d, sent %d, claimed %d (%d opens resolved after a lost answer)\n",
 		r.DepositedCents, r.SentCents, r.ClaimedCents, r.ResolvedOpens)
 	if r.BalancesChecked {
-		ew.printf("  opener balances %d, %d mismatches\n", r.OpenerBalancesCents, r.BalanceMismatches)
+		ew.printf("  opener balances %d over %d accounts, %d mismatches\n", r.OpenerBalancesCents, r.BalanceSample, r.BalanceMismatches)
+		if n := r.CreditsPending(); n > 0 {
+			ew.printf("  %d accounts still wait for %d cents of credits, counted in flight by the audit (slow relay, not lost money)\n",
+				n, r.BalancesShortCents)
+		}
 	} else {
 		ew.printf("  opener balances not checked\n")
 	}

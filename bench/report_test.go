@@ -177,3 +177,40 @@ func TestOpRecorder(t *testing.T) {
 		t.Fatalf("empty stats = %+v", empty)
 	}
 }
+
+// Accounts short of their claims while the audit balances and counts the
+// missing cents in flight wait for a slow relay: reported, not failed. Any
+// other mismatch fails.
+func TestReportCreditsPending(t *testing.T) {
+	pending := func(mismatches, short int, shortCents int64, inFlight model.Cents, audit bool) Report {
+		r := passing()
+		r.BalanceMismatches, r.BalancesShort, r.BalancesShortCents = mismatches, short, shortCents
+		r.Audit.InFlight = inFlight
+		r.Audit.Deposits += inFlight // still balanced
+		if !audit {
+			r.Audit = nil
+		}
+		return r
+	}
+	tests := []struct {
+		name    string
+		r       Report
+		pending int
+		ok      bool
+	}{
+		{"covered by in flight", pending(2, 2, 50, 100, true), 2, true},
+		{"in flight too small", pending(2, 2, 50, 10, true), 0, false},
+		{"one over-credited", pending(2, 1, 5, 100, true), 1, false},
+		{"no audit to prove it", pending(2, 2, 50, 0, false), 0, false},
+	}
+	for _, tt := range tests {
+		if got := tt.r.CreditsPending(); got != tt.pending || tt.r.OK() != tt.ok {
+			t.Errorf("%s: CreditsPending %d OK %v, want %d %v (%v)", tt.name, got, tt.r.OK(), tt.pending, tt.ok, tt.r.Problems())
+		}
+	}
+	var b bytes.Buffer
+	_ = tests[0].r.WriteText(&b)
+	if !strings.Contains(b.String(), "2 accounts still wait for 50 cents of credits") {
+		t.Errorf("text report does not say credits are pending:\n%s", b.String())
+	}
+}

@@ -38,13 +38,14 @@ const attemptsMax = 3
 // balanceReaders bounds the concurrent balance reads while settling.
 const balanceReaders = 16
 
-// run is the state of one Run, shared by its goroutines.
+// run is the state of one smoke Run, shared by its goroutines.
 type run struct {
+	requester
 	cfg  Config
-	c    *client
 	ring *recent
-	rec  [opCount]*opRecorder
 	seed uint64 // seeds each opener's rand, with the opener's index
+	// cells is how many cells the router listed (0: unknown).
+	cells int
 
 	// liveTarget is how many unretired packets senders keep in the ring, so that
 	// they send about as fast as openers drain instead of piling up packets
@@ -64,28 +65,40 @@ type run struct {
 	uncertain [][]string
 }
 
-// Run drives the cluster behind cfg.RouterURL for cfg.Duration: each sender
-// deposits once and sends packets until the time is up or its balance runs out;
-// each opener opens packets it has not opened before. After the load it waits
-// (about 15 s at most) for credits to be delivered, reading the openers'
-// balances and calling cfg.Audit when set, and returns the report.
+// Run drives the cluster behind cfg.RouterURL for cfg.Duration with
+// cfg.Workload and returns the report. After the load it waits (about 15 s at
+// most) for credits to be delivered, reading the claimants' balances (smoke:
+// every opener; the others: a sample) and calling cfg.Audit when set.
 //
-// Run returns an error when cfg is invalid, and ctx.Err() with the partial
-// report (no audit) when ctx ends first. Failed requests never make it return
-// an error: they are counted in the report; see Report.OK.
+// Smoke: each sender deposits once and sends packets until the time is up or
+// its balance runs out; each opener opens packets it has not opened before.
+// Hot, festival and cold: see workload.go and load.go.
+//
+// Run returns an error when cfg is invalid or, in direct mode, the cells cannot
+// be found; and ctx.Err() with the partial report (no audit) when ctx ends
+// first. Failed requests never make it return an error: they are counted in
+// the report; see Report.OK.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
+	}
+	if cfg.Workload != "" && cfg.Workload != WorkloadSmoke {
+		return runLoad(ctx, cfg)
 	}
 	start := time.Now()
 	if cfg.RunID == "" {
 		cfg.RunID = newRunID(start)
 	}
-	r := newRun(cfg, uint64(start.UnixNano()))
-	defer r.c.hc.CloseIdleConnections()
+	c, cells, err := connect(cfg, cfg.Senders+cfg.Openers+balanceReaders)
+	if err != nil {
+		return Report{}, err
+	}
+	defer c.hc.CloseIdleConnections()
+	r := newRun(cfg, c, start)
+	r.cells = cells
 
 	loadCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
-	stopProgress := r.startProgress(start)
+	stopProgress := startProgress(cfg.Progress, cfg.Label, start, cfg.Duration, r.progress)
 	var wg sync.WaitGroup
 	for i := range cfg.Senders {
 		wg.Go(func() { r.sender(ctx, loadCtx, i) })
@@ -95,10 +108,12 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	wg.Wait()
 	cancel()
-	elapsed := time.Since(start)
+	end := time.Now()
+	elapsed := end.Sub(start)
 	stopProgress()
 
 	rep := r.report(elapsed)
+	rep.Timeline = r.rec[opOpen].tl.finish(end)
 	if err := ctx.Err(); err != nil {
 		if cfg.Audit != nil {
 			rep.AuditError = "not run: " + err.Error()
@@ -111,46 +126,38 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	return rep, nil
 }
 
-func newRun(cfg Config, seed uint64) *run {
-	r := &run{
+func newRun(cfg Config, c *client, start time.Time) *run {
+	return &run{
+		requester:  newRequester(c, start),
 		cfg:        cfg,
-		c:          newClient(cfg.RouterURL, cfg.Senders+cfg.Openers+balanceReaders),
 		ring:       newRecent(recentSize, min(int64(cfg.Openers), cfg.PacketCount)),
-		seed:       seed,
+		seed:       uint64(start.UnixNano()),
 		liveTarget: min(max(2*cfg.Openers, 8), recentSize/2),
 		claimedBy:  make([]int64, cfg.Openers),
 		uncertain:  make([][]string, cfg.Openers),
 	}
-	for o := range r.rec {
-		r.rec[o] = newOpRecorder()
-	}
-	return r
 }
 
-// do sends one idempotent request and records each attempt under o. A failure
-// marked retryable is tried again, up to attemptsMax times, while ctx allows.
-// inspect, when set, runs on each 2xx answer after out is decoded: it returns
-// whether the answer was a repeat, and a contract breach to record as
-// BAD_RESPONSE ("" if none).
-func (r *run) do(ctx context.Context, o op, method, path string, in, out any, inspect func() (repeat bool, breach string)) result {
-	var res result
-	for attempt := 1; ; attempt++ {
-		res = r.c.call(method, path, in, out)
-		repeat := false
-		if res.code == "" && inspect != nil {
-			var breach string
-			if repeat, breach = inspect(); breach != "" {
-				res.code, res.message = codeBadResponse, breach
-			}
-		}
-		r.rec[o].record(res, repeat)
-		if res.code == "" || !res.retryable || attempt >= attemptsMax {
-			return res
-		}
-		if !sleepCtx(ctx, time.Duration(attempt)*20*time.Millisecond) {
-			return res
-		}
+// connect returns the client of a run sized for conns concurrent requests and
+// how many cells the router lists (0 if it could not say). In direct mode the
+// client sends to the cells themselves, and a router that cannot list them, or
+// a shard no cell owns, is an error.
+func connect(cfg Config, conns int) (*client, int, error) {
+	c := newClient(cfg.RouterURL, conns)
+	cells, uncovered, err := discoverCells(c)
+	if !cfg.Direct {
+		return c, len(cells), nil // the count is informational; err only loses it
 	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if uncovered > 0 {
+		return nil, 0, fmt.Errorf("bench: direct mode: the router sees %d shards without a live cell", uncovered)
+	}
+	if c.cells, err = newCellTable(cells); err != nil {
+		return nil, 0, err
+	}
+	return c, len(cells), nil
 }
 
 // Workers get two contexts: load ends when the load phase does and stops their
@@ -189,7 +196,7 @@ func (r *run) sender(ctx, load context.Context, i int) {
 func (r *run) deposit(ctx context.Context, act, orderNo string) bool {
 	amount := r.cfg.depositCents()
 	var out model.Deposit
-	res := r.do(ctx, opDeposit, http.MethodPost, "/v1/accounts/"+act+"/deposit",
+	res := r.do(ctx, time.Time{}, opDeposit, http.MethodPost, "/v1/accounts/"+act+"/deposit",
 		api.DepositRequest{Amount: amount, OrderNo: orderNo}, &out,
 		func() (bool, string) {
 			if out.ActID != act || int64(out.Amount) != amount || out.Balance < out.Amount {
@@ -207,9 +214,8 @@ func (r *run) deposit(ctx context.Context, act, orderNo string) bool {
 // send sends one packet and returns its ID when res.code is "".
 func (r *run) send(ctx context.Context, act, orderNo string) (string, result) {
 	var out api.SendResponse
-	res := r.do(ctx, opSend, http.MethodPost, "/v1/packets",
-		api.SendRequest{Sender: act, Amount: r.cfg.PacketAmount, Count: r.cfg.PacketCount,
-			Kind: string(model.KindRandom), Greeting: "bench", OrderNo: orderNo}, &out,
+	res := r.do(ctx, time.Time{}, opSend, http.MethodPost, "/v1/packets",
+		sendRequest(act, orderNo, r.cfg.PacketAmount, r.cfg.PacketCount), &out,
 		func() (bool, string) {
 			if _, err := model.ParsePacketID(out.PacketID); err != nil {
 				return out.Repeat, "send answer: " + err.Error()
@@ -257,7 +263,7 @@ func (r *run) opener(ctx, load context.Context, j int) {
 // the open, since grab is just a hint.
 func (r *run) grab(ctx context.Context, act, id string) bool {
 	var out api.GrabResponse
-	res := r.do(ctx, opGrab, http.MethodPost, "/v1/packets/"+id+"/grab", api.ActRequest{ActID: act}, &out,
+	res := r.do(ctx, time.Time{}, opGrab, http.MethodPost, "/v1/packets/"+id+"/grab", api.ActRequest{ActID: act}, &out,
 		func() (bool, string) {
 			if out.PacketID != id || out.Remaining < 0 || out.Remaining > r.cfg.PacketCount {
 				return false, fmt.Sprintf("grab answer %+v does not match packet %s", out, id)
@@ -276,7 +282,7 @@ func (r *run) grab(ctx context.Context, act, id string) bool {
 // openOne opens packet id (ring sequence seq) as opener j and counts the claim.
 func (r *run) openOne(ctx context.Context, j int, act string, seq uint64, id string) {
 	var out api.OpenResponse
-	res := r.do(ctx, opOpen, http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out,
+	res := r.do(ctx, time.Time{}, opOpen, http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out,
 		func() (bool, string) {
 			if out.PacketID != id || out.ActID != act || out.Amount < 1 || out.Amount > r.cfg.PacketAmount ||
 				out.Seq < 1 || out.Seq > r.cfg.PacketCount {
@@ -325,91 +331,25 @@ func (r *run) resolveUncertain(ctx context.Context) {
 	}
 }
 
-// settle waits, up to settleTimeout, until every claim of this run is credited
-// (each opener's balance equals its claims) and the audit (when set) balances.
-// Claims of other traffic may still be in flight; they are the audit's to count,
-// not this run's to wait for. An audit already running when the wait ends may
-// finish (up to auditTimeout); the last completed report is kept in rep.
+// settle waits for this run's credits and the audit; see settle.
 func (r *run) settle(ctx context.Context, rep *Report) {
-	deadline := time.Now().Add(settleTimeout)
-	for {
-		settled := true
-		if r.cfg.Audit != nil {
-			actx, cancel := context.WithTimeout(ctx, auditTimeout)
-			a, err := r.cfg.Audit(actx)
-			cancel()
-			if err != nil {
-				rep.AuditError = err.Error()
-				settled = false
-			} else {
-				// Cells are read one after another, so a difference can be an
-				// artifact of a credit landing between two reads: only a balanced
-				// report ends the wait.
-				rep.Audit, rep.AuditError = &a, ""
-				settled = a.OK()
-			}
-		}
-		sum, mismatches, err := r.checkBalances()
-		if err != nil {
-			rep.BalanceError = err.Error()
-			settled = false
-		} else {
-			rep.BalancesChecked, rep.BalanceError = true, ""
-			rep.OpenerBalancesCents, rep.BalanceMismatches = sum, mismatches
-			settled = settled && mismatches == 0
-		}
-		// Without an audit and with nothing claimed, no credit can be in flight:
-		// waiting would only repeat the same answer (say, a router that is down).
-		nothingToWaitFor := r.cfg.Audit == nil && r.claimedCents.Load() == 0
-		if settled || nothingToWaitFor || time.Now().After(deadline) || !sleepCtx(ctx, settleInterval) {
-			return
-		}
+	acts := make([]string, r.cfg.Openers)
+	for j := range acts {
+		acts[j] = fmt.Sprintf("%s-o%d", r.cfg.RunID, j)
 	}
-}
-
-// checkBalances reads every opener's balance and returns their sum and how many
-// differ from what the opener claimed. An account that does not exist has a
-// balance of 0.
-func (r *run) checkBalances() (sum int64, mismatches int, err error) {
-	balances := make([]int64, r.cfg.Openers)
-	errs := make([]error, r.cfg.Openers)
-	next := atomic.Int64{}
-	var wg sync.WaitGroup
-	for range min(balanceReaders, r.cfg.Openers) {
-		wg.Go(func() {
-			for j := int(next.Add(1) - 1); j < r.cfg.Openers; j = int(next.Add(1) - 1) {
-				balances[j], errs[j] = r.balance(fmt.Sprintf("%s-o%d", r.cfg.RunID, j))
-			}
-		})
-	}
-	wg.Wait()
-	for j := range balances {
-		if errs[j] != nil {
-			return 0, 0, errs[j]
-		}
-		sum += balances[j]
-		if balances[j] != r.claimedBy[j] {
-			mismatches++
-		}
-	}
-	return sum, mismatches, nil
-}
-
-func (r *run) balance(act string) (int64, error) {
-	var out model.Account
-	res := r.c.call(http.MethodGet, "/v1/accounts/"+act, nil, &out)
-	switch res.code {
-	case "":
-		return int64(out.Balance), nil
-	case model.ErrNotFound.Code:
-		return 0, nil
-	}
-	return 0, fmt.Errorf("bench: balance of %s: %s %s", act, res.code, res.message)
+	rep.BalanceSample = len(acts)
+	settle(ctx, r.cfg.Audit, func() (balanceCheck, error) { return r.c.checkAccounts(acts, r.claimedBy) },
+		r.claimedCents.Load() == 0, rep)
 }
 
 func (r *run) report(elapsed time.Duration) Report {
 	rep := Report{
 		RunID:          r.cfg.RunID,
+		Label:          r.cfg.Label,
+		Workload:       WorkloadSmoke,
+		Mode:           modeClosed,
+		Direct:         r.cfg.Direct,
+		Cells:          r.cells,
 		AllowShed:      r.cfg.AllowShed,
 		RouterURL:      r.cfg.RouterURL,
 		Senders:        r.cfg.Senders,
@@ -433,38 +373,14 @@ func (r *run) report(elapsed time.Duration) Report {
 	return rep
 }
 
-// startProgress rewrites one progress line on cfg.Progress every
-// progressInterval until the returned stop is called, which ends the line.
-func (r *run) startProgress(start time.Time) (stop func()) {
-	w := r.cfg.Progress
-	if w == nil {
-		return func() {}
+// progress is what the progress line shows of a smoke run.
+func (r *run) progress() progressSnapshot {
+	var errs int64
+	for _, rec := range r.rec {
+		errs += rec.errorCount()
 	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(progressInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				var errs int64
-				for _, rec := range r.rec {
-					errs += rec.errorCount()
-				}
-				fmt.Fprintf(w, "\r%4.0fs  sends %d  opens %d  claimed %d cents  errors %d   ",
-					time.Since(start).Seconds(), r.rec[opSend].okCount(), r.rec[opOpen].okCount(),
-					r.claimedCents.Load(), errs)
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-		fmt.Fprintln(w)
-	}
+	return progressSnapshot{opens: r.rec[opOpen].okCount(), errors: errs,
+		extra: fmt.Sprintf("sends %d  claimed %d cents", r.rec[opSend].okCount(), r.claimedCents.Load())}
 }
 
 // sleepCtx sleeps for d and reports whether ctx is still live.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"redcell/cell/api"
 	"redcell/model"
+	"redcell/sharding"
 )
 
 // fakeRouter serves the router's HTTP API from memory with correct semantics:
@@ -27,6 +29,11 @@ type fakeRouter struct {
 	expireEvery int // 0 = never
 	dropEvery   int // 0 = never
 	creditDelay time.Duration
+	delay       time.Duration // added to every API request, outside the lock
+	cells       []CellInfo    // what /healthz lists; empty: one cell owning every shard
+
+	noStress atomic.Int64 // requests that lacked api.HeaderStress: "1"
+	noops    atomic.Int64 // no-op requests answered
 
 	mu       sync.Mutex // guards every field below
 	balances map[string]int64
@@ -75,11 +82,17 @@ func newFakeRouter() *fakeRouter {
 // serve starts the fake on 127.0.0.1 and returns its base URL.
 func (f *fakeRouter) serve(t *testing.T) string {
 	t.Helper()
+	return serveHandler(t, f.handle)
+}
+
+// serveHandler serves h on 127.0.0.1 until the test ends and returns its base URL.
+func serveHandler(t *testing.T, h fasthttp.RequestHandler) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: f.handle}
+	srv := &fasthttp.Server{Handler: h}
 	go srv.Serve(ln) //nolint:errcheck // returns when Shutdown closes the listener
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String()
@@ -99,6 +112,25 @@ func (f *fakeRouter) creditDueLocked(now time.Time) {
 }
 
 func (f *fakeRouter) handle(ctx *fasthttp.RequestCtx) {
+	if string(ctx.Request.Header.Peek(api.HeaderStress)) != "1" {
+		f.noStress.Add(1)
+	}
+	switch p := string(ctx.Path()); {
+	case p == "/healthz":
+		cells := f.cells
+		if len(cells) == 0 {
+			cells = []CellInfo{{Name: "fake", Addr: string(ctx.Host()), Shards: "0-999"}}
+		}
+		reply(ctx, routerHealth{Status: "ok", Cells: cells})
+		return
+	case strings.HasPrefix(p, api.NoopPath):
+		f.noops.Add(1)
+		reply(ctx, api.NoopResponse{Cell: f.owner(sharding.ShardOfAct(strings.TrimPrefix(p, api.NoopPath)))})
+		return
+	}
+	if f.delay > 0 {
+		time.Sleep(f.delay)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creditDueLocked(time.Now())
@@ -168,7 +200,7 @@ func (f *fakeRouter) sendLocked(ctx *fasthttp.RequestCtx, req api.SendRequest) {
 	f.balances[req.Sender] -= req.Amount
 	f.sentCents += req.Amount
 	f.nPackets++
-	id := string(model.NewPacketID(417, time.Now()))
+	id := string(model.NewPacketID(sharding.ShardOfAct(req.Sender), time.Now())) // in the sender's shard, as the cells do
 	f.packets[id] = &fakePacket{
 		id: id, sender: req.Sender, amount: req.Amount, count: req.Count,
 		remainingAmount: req.Amount, remainingCount: req.Count,
@@ -226,6 +258,16 @@ func (f *fakeRouter) openLocked(ctx *fasthttp.RequestCtx, p *fakePacket, act str
 		return
 	}
 	reply(ctx, o)
+}
+
+// owner names the cell /healthz says owns shard s.
+func (f *fakeRouter) owner(s model.ShardID) string {
+	for _, c := range f.cells {
+		if r, err := sharding.ParseRanges(c.Shards); err == nil && r.Contains(s) {
+			return c.Name
+		}
+	}
+	return "fake"
 }
 
 // audit is the conservation check over the fake's books, as Config.Audit.
@@ -363,6 +405,12 @@ func TestRunAgainstFakeRouter(t *testing.T) {
 	}
 	if !rep.OK() {
 		t.Errorf("report not OK: %v", rep.Problems())
+	}
+	if n := f.noStress.Load(); n != 0 {
+		t.Errorf("%d requests lacked the stress header", n)
+	}
+	if rep.Workload != WorkloadSmoke || rep.Mode != modeClosed || len(rep.Timeline) == 0 || rep.BalanceSample != cfg.Openers {
+		t.Errorf("workload %q mode %q, %d buckets, %d balances checked", rep.Workload, rep.Mode, len(rep.Timeline), rep.BalanceSample)
 	}
 	if !strings.Contains(progress.String(), "opens") || !strings.HasSuffix(progress.String(), "\n") {
 		t.Errorf("progress = %q", progress.String())

@@ -40,6 +40,9 @@ type opRecorder struct {
 	repeats int64 // successful answers with repeat=true
 	errors  map[string]int64
 	hist    *hdrhistogram.Histogram // latency in µs
+	// tl, when set, also gets every outcome in one-second buckets; it has its
+	// own lock, taken after mu is released.
+	tl *timeline
 }
 
 func newOpRecorder() *opRecorder {
@@ -59,7 +62,6 @@ func (r *opRecorder) record(res result, repeat bool) {
 		us = latencyMaxUS // clamp: RecordValue rejects values above the range
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.count++
 	switch {
 	case res.code != "":
@@ -71,6 +73,22 @@ func (r *opRecorder) record(res result, repeat bool) {
 		r.ok++
 	}
 	_ = r.hist.RecordValue(us) // cannot fail: us is clamped into the range
+	r.mu.Unlock()
+	if r.tl != nil {
+		r.tl.record(time.Now(), us, res.code == "")
+	}
+}
+
+// recordDropped counts one request that was never sent because the in-flight
+// bound was reached (open-loop mode). It has no latency.
+func (r *opRecorder) recordDropped() {
+	r.mu.Lock()
+	r.count++
+	r.errors[codeDropped]++
+	r.mu.Unlock()
+	if r.tl != nil {
+		r.tl.recordDropped(time.Now())
+	}
 }
 
 // okCount returns the successes so far, for the progress line.
@@ -100,10 +118,11 @@ func (r *opRecorder) stats() OpStats {
 	}
 	if r.hist.TotalCount() > 0 {
 		s.LatencyMS = LatencyMS{
-			P50: usToMS(r.hist.ValueAtQuantile(50)),
-			P90: usToMS(r.hist.ValueAtQuantile(90)),
-			P99: usToMS(r.hist.ValueAtQuantile(99)),
-			Max: usToMS(r.hist.Max()),
+			P50:  usToMS(r.hist.ValueAtQuantile(50)),
+			P90:  usToMS(r.hist.ValueAtQuantile(90)),
+			P99:  usToMS(r.hist.ValueAtQuantile(99)),
+			P999: usToMS(r.hist.ValueAtQuantile(99.9)),
+			Max:  usToMS(r.hist.Max()),
 		}
 	}
 	return s

@@ -6,70 +6,306 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"redcell/bench"
+	"redcell/cell/api"
 	"redcell/model"
 )
 
-// runBench drives load through the router, prints the text report to stdout
-// and, with --json FILE, writes the JSON report there too. It returns an error
-// when the run fails (see bench.Report.OK), so the exit status tells CI.
-func runBench(ctx context.Context, args []string) error {
+// workloadLimits is the --workload value that measures the ceilings only.
+const workloadLimits = "limits"
+
+// benchFlags are the command line of redcell bench.
+type benchFlags struct {
+	fs                  *flag.FlagSet
+	workload            string
+	router              string
+	senders, openers    int
+	rate, maxInFlight   int
+	users               int
+	duration            time.Duration
+	amount, count       int64
+	configPath          string
+	jsonPath, outDir    string
+	allowShed, direct   bool
+	compare             string
+	compareDirect       bool
+	limits              bool
+	limitsDuration      time.Duration
+	limitsConcurrency   int
+	set                 map[string]bool // flags given on the command line
+	defaultLimitsConfig bench.LimitsConfig
+}
+
+func parseBenchFlags(args []string) (*benchFlags, error) {
 	def := bench.DefaultConfig()
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	router := fs.String("router", def.RouterURL, "base URL of the router")
-	senders := fs.Int("senders", def.Senders, "accounts that send packets")
-	openers := fs.Int("openers", def.Openers, "concurrent openers, each its own account")
-	duration := fs.Duration("duration", def.Duration, "how long senders and openers run")
-	amount := fs.Int64("amount", def.PacketAmount, "cents per packet")
-	count := fs.Int64("count", def.PacketCount, "shares per packet")
-	configPath := fs.String("config", "", "cluster config file; when set, audit money conservation after the load")
-	jsonPath := fs.String("json", "", "also write the report as JSON to this file")
-	allowShed := fs.Bool("allow-shed", false, "accept OVERLOADED/TIMEOUT answers as load shedding instead of failing the run")
+	lim := bench.DefaultLimitsConfig(def.RouterURL)
+	f := &benchFlags{fs: flag.NewFlagSet("bench", flag.ContinueOnError), defaultLimitsConfig: lim}
+	fs := f.fs
+	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | limits (the ceilings only)")
+	fs.StringVar(&f.router, "router", def.RouterURL, "base URL of the router (default: router.listen of --config, else this)")
+	fs.IntVar(&f.senders, "senders", def.Senders, "accounts that send packets (hot: always 1; default per workload)")
+	fs.IntVar(&f.openers, "openers", def.Openers, "closed-loop: concurrent openers (default per workload); open-loop: the default of --max-inflight")
+	fs.IntVar(&f.openers, "concurrency", def.Openers, "same as --openers")
+	fs.IntVar(&f.rate, "rate", 0, "open-loop: target opens per second, started on schedule (hot, festival, cold); 0: closed-loop")
+	fs.IntVar(&f.maxInFlight, "max-inflight", 0, "open-loop: most opens in flight, beyond it due opens are dropped (CLIENT_DROPPED); 0: --openers")
+	fs.IntVar(&f.users, "users", 0, "festival, cold: accounts that open packets (default 100000)")
+	fs.DurationVar(&f.duration, "duration", def.Duration, "how long the load runs, per run")
+	fs.Int64Var(&f.amount, "amount", def.PacketAmount, "cents per packet (smoke, hot, cold; hot default 10000000)")
+	fs.Int64Var(&f.count, "count", def.PacketCount, "shares per packet (smoke, hot, cold; hot default 10000000, cold 2)")
+	fs.StringVar(&f.configPath, "config", "", "cluster config file: audit the shadow tables after every run; needed by --compare and the database limit")
+	fs.StringVar(&f.jsonPath, "json", "", "also write the JSON report to this file (a single run's report, or the suite's)")
+	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
+	fs.BoolVar(&f.allowShed, "allow-shed", false, "accept OVERLOADED/TIMEOUT answers and open-loop drops as load shedding instead of failing the run")
+	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router")
+	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (e.g. naive,serial,batched): one run per strategy, switching the cells first (needs --config)")
+	fs.BoolVar(&f.compareDirect, "compare-direct", false, "run each workload run through the router and then direct, and report router/direct")
+	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
+	fs.DurationVar(&f.limitsDuration, "limits-duration", lim.HTTPDuration, "how long each limit measurement runs")
+	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return errUsage // the flag set printed its usage; nothing more to say
+			return nil, errUsage // the flag set printed its usage; nothing more to say
 		}
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
+		return nil, fmt.Errorf("bench: unexpected arguments %q", fs.Args())
 	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if f.set["concurrency"] {
+		f.set["openers"] = true
+	}
+	if f.workload != workloadLimits && !slices.Contains(bench.Workloads, f.workload) {
+		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s)", f.workload, strings.Join(bench.Workloads, ", "), workloadLimits)
+	}
+	if f.configPath != "" && !f.set["router"] {
+		// deploy/local/run.sh moves ports that are taken: the config knows where
+		// the router listens.
+		fc, err := loadConfig(f.configPath)
+		if err != nil {
+			return nil, err
+		}
+		if fc.Router.Listen != "" {
+			f.router = "http://" + fc.Router.Listen
+		}
+	}
+	return f, nil
+}
 
-	cfg := def
-	cfg.RouterURL, cfg.Senders, cfg.Openers, cfg.Duration = *router, *senders, *openers, *duration
-	cfg.PacketAmount, cfg.PacketCount, cfg.AllowShed = *amount, *count, *allowShed
-	cfg.Progress = os.Stderr
-	if path := *configPath; path != "" {
-		cfg.Audit = func(ctx context.Context) (model.AuditReport, error) { return auditCluster(ctx, path) }
+// runConfig is the workload's defaults with the flags given applied over them.
+func (f *benchFlags) runConfig() bench.Config {
+	w := f.workload
+	if w == workloadLimits {
+		w = bench.WorkloadSmoke
 	}
-	if err := cfg.Validate(); err != nil {
+	cfg := bench.DefaultWorkloadConfig(w)
+	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
+	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
+	if f.set["senders"] {
+		cfg.Senders = f.senders
+	}
+	if f.set["openers"] {
+		cfg.Openers = f.openers
+	}
+	if f.set["users"] {
+		cfg.Users = f.users
+	}
+	if f.set["amount"] {
+		cfg.PacketAmount = f.amount
+	}
+	if f.set["count"] {
+		cfg.PacketCount = f.count
+	}
+	cfg.Progress = os.Stderr
+	if path := f.configPath; path != "" {
+		// Bench traffic is stress traffic: the cells keep it in shadow tables,
+		// so the audit that proves the run is the shadow one.
+		cfg.Audit = func(ctx context.Context) (model.AuditReport, error) { return auditShadow(ctx, path) }
+	}
+	return cfg
+}
+
+// suiteConfig builds the invocation: the run, the strategies, the limits.
+func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
+	sc := bench.SuiteConfig{Run: f.runConfig(), SkipLoad: f.workload == workloadLimits, CompareDirect: f.compareDirect}
+	if !f.plain() {
+		sc.Log = os.Stderr
+	}
+	if f.compare != "" {
+		if f.configPath == "" {
+			return sc, errors.New("bench: --compare switches the cells' strategy through their admin ports: it needs --config")
+		}
+		for _, s := range strings.Split(f.compare, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				sc.Strategies = append(sc.Strategies, s)
+			}
+		}
+		path := f.configPath
+		sc.SetStrategy = func(ctx context.Context, s string) error { return setClusterStrategy(ctx, path, s) }
+		sc.GetStrategy = func(ctx context.Context) (string, error) { return getClusterStrategy(ctx, path) }
+	}
+	if f.limits || f.workload == workloadLimits {
+		lc := f.defaultLimitsConfig
+		lc.RouterURL, lc.Concurrency = f.router, f.limitsConcurrency
+		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
+		lc.Progress = os.Stderr
+		if path := f.configPath; path != "" {
+			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
+				return dbLimit(ctx, path, batch, d)
+			}
+		}
+		sc.Limits = &lc
+	}
+	return sc, sc.Validate()
+}
+
+// plain is a single smoke run, printed as before: no files unless asked.
+func (f *benchFlags) plain() bool {
+	return f.workload == bench.WorkloadSmoke && f.compare == "" && !f.compareDirect && !f.limits
+}
+
+// runBench drives load (see bench.RunSuite), prints every run's text report and
+// the comparisons to stdout, and writes the report files (--out, --json). It
+// returns an error when any run or step fails (see bench.Suite.OK), so the exit
+// status tells CI.
+func runBench(ctx context.Context, args []string) error {
+	f, err := parseBenchFlags(args)
+	if err != nil {
 		return err
 	}
-
-	rep, runErr := bench.Run(ctx, cfg)
-	if runErr != nil && rep.RunID == "" {
-		return runErr // nothing ran
+	sc, err := f.suiteConfig()
+	if err != nil {
+		return err
 	}
-	if err := rep.WriteText(os.Stdout); err != nil {
-		return fmt.Errorf("bench: write report: %w", err)
+	suite, runErr := bench.RunSuite(ctx, sc)
+	if runErr != nil && len(suite.Runs) == 0 && suite.Limits == nil {
+		return runErr // nothing ran (say, the cells' strategy could not be read)
 	}
-	if *jsonPath != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return fmt.Errorf("bench: encode report: %w", err)
-		}
-		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
-			return fmt.Errorf("bench: %w", err)
-		}
+	suite.Config = map[string]any{"args": args}
+	if err := writeBenchOutput(f, suite); err != nil {
+		return err
 	}
 	if runErr != nil {
 		return fmt.Errorf("bench: stopped early: %w", runErr)
 	}
-	if !rep.OK() {
-		return fmt.Errorf("bench FAILED: %s", strings.Join(rep.Problems(), "; "))
+	if !suite.OK() {
+		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
 	}
 	return nil
+}
+
+// writeBenchOutput prints the reports and writes the files the flags ask for.
+func writeBenchOutput(f *benchFlags, suite bench.Suite) error {
+	for _, r := range suite.Runs {
+		if err := r.WriteText(os.Stdout); err != nil {
+			return fmt.Errorf("bench: write report: %w", err)
+		}
+		fmt.Println()
+	}
+	if !f.plain() {
+		if err := suite.WriteSummary(os.Stdout); err != nil {
+			return fmt.Errorf("bench: write report: %w", err)
+		}
+	}
+	if f.jsonPath != "" {
+		var v any = suite
+		if f.plain() && len(suite.Runs) == 1 {
+			v = suite.Runs[0] // a single run's report, as before suites existed
+		}
+		if err := writeJSONFile(f.jsonPath, v); err != nil {
+			return err
+		}
+	}
+	dir := f.outDir
+	if dir == "" && !f.plain() {
+		dir = filepath.Join("var", "bench", suite.StartedAt.Format("20060102-150405"))
+	}
+	if dir == "" {
+		return nil
+	}
+	if err := bench.WriteFiles(dir, suite); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s, %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, bench.ChartFile, dir)
+	return nil
+}
+
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("bench: encode report: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// adminTimeout bounds one request to a cell's admin port.
+const adminTimeout = 5 * time.Second
+
+// getClusterStrategy reads the open strategy of every cell in the config that
+// has an admin port (GET /admin/strategy with the admin token). The cells must
+// agree: a comparison restores one strategy to all of them afterwards.
+func getClusterStrategy(ctx context.Context, configPath string) (string, error) {
+	fc, err := loadConfig(configPath)
+	if err != nil {
+		return "", err
+	}
+	seen := map[string][]string{} // strategy -> cells
+	for _, c := range fc.Cells {
+		if c.AdminListen == "" {
+			continue
+		}
+		st, err := getCellStrategy(ctx, c.AdminListen, fc.AdminToken)
+		if err != nil {
+			return "", fmt.Errorf("bench: strategy of cell %s: %w", c.Name, err)
+		}
+		seen[st.Strategy] = append(seen[st.Strategy], c.Name)
+	}
+	switch len(seen) {
+	case 0:
+		return "", fmt.Errorf("bench: no cell in %s has an admin_listen to read its strategy from", configPath)
+	case 1:
+		for s := range seen {
+			return s, nil
+		}
+	}
+	return "", fmt.Errorf("bench: the cells run different strategies %v; set one first", seen)
+}
+
+func getCellStrategy(ctx context.Context, adminAddr, token string) (api.StrategySetting, error) {
+	var st api.StrategySetting
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+adminAddr+"/admin/strategy", nil)
+	if err != nil {
+		return st, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return st, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("GET /admin/strategy: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.Unmarshal(body, &st); err != nil || st.Strategy == "" {
+		return st, fmt.Errorf("GET /admin/strategy: unreadable answer %q", body)
+	}
+	return st, nil
 }

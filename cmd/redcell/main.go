@@ -4,6 +4,7 @@
 //	redcell router --config FILE               the stateless router
 //	redcell audit  --config FILE [--json]      prove money conservation across cells
 //	redcell bench  [flags]                     drive load through the router
+//	redcell plan   --target-opens-per-sec N    cells needed for a target load
 package main
 
 import (
@@ -23,6 +24,7 @@ commands:
   router   run the router:            redcell router --config FILE
   audit    check money conservation:  redcell audit --config FILE
   bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
+  plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
 
 Run 'redcell <command> -h' for the flags of a command.`
 
@@ -53,6 +55,8 @@ func run(ctx context.Context, args []string) error {
 		return runAudit(ctx, args[1:])
 	case "bench":
 		return runBench(ctx, args[1:])
+	case "plan":
+		return runPlan(ctx, args[1:])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil

@@ -1,0 +1,238 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteMarkdown writes the suite as a Markdown report: the verdict, one row per
+// run, the comparisons, the limits, the error codes, the problems and, when
+// chart is not "", a link to the SVG chart of that name next to the report.
+// It returns the first write error.
+func (s Suite) WriteMarkdown(w io.Writer, chart string) error {
+	ew := &errWriter{w: w}
+	ew.printf("# redcell bench: %s\n\n", s.Workload)
+	ew.printf("Started %s, finished after %s. **%s**\n\n", s.StartedAt.Format(time.RFC3339),
+		s.FinishedAt.Sub(s.StartedAt).Round(time.Second), verdict(s.OK()))
+	if len(s.Runs) > 0 {
+		ew.printf("## Runs\n\n")
+		ew.printf("Latency in ms (HDR histogram, µs resolution; open-loop runs count from the scheduled start). " +
+			"Rates are successful opens per second of the load phase.\n\n")
+		rows := [][]string{}
+		for _, r := range s.Runs {
+			l := r.Open.LatencyMS
+			rows = append(rows, []string{r.Name(), r.describe(), fmt.Sprint(r.Open.OK), f1(r.OpensPerSec),
+				f2(l.P50), f2(l.P90), f2(l.P99), f2(l.P999), f2(l.Max), codes(r), money(r), verdict(r.OK())})
+		}
+		mdTable(ew, []string{"run", "what", "opens ok", "opens/s", "p50", "p90", "p99", "p99.9", "max", "errors", "money", "verdict"}, rows)
+	}
+	switch {
+	case chart != "" && len(s.Runs) > 0:
+		ew.printf("![throughput and p99 over time](%s)\n\n", chart)
+	case chart != "" && s.Limits != nil:
+		ew.printf("![the ceilings](%s)\n\n", chart)
+	}
+	s.writeSummary(ew)
+	s.writeOps(ew)
+	s.writeProblems(ew)
+	return ew.err
+}
+
+// WriteSummary writes what the per-run text reports do not say: the
+// comparisons, the limits and the verdict, as Markdown tables (readable as
+// text). It returns the first write error.
+func (s Suite) WriteSummary(w io.Writer) error {
+	ew := &errWriter{w: w}
+	s.writeSummary(ew)
+	s.writeProblems(ew)
+	return ew.err
+}
+
+func (s Suite) writeSummary(ew *errWriter) {
+	if len(s.Comparison) > 0 {
+		ew.printf("## Strategies\n\nEach strategy's successful opens/s divided by the first one's")
+		if s.StrategyBefore != "" {
+			ew.printf(" (the cells ran %s before and were set back to it)", s.StrategyBefore)
+		}
+		ew.printf(".\n\n")
+		var rows [][]string
+		for _, c := range s.Comparison {
+			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P99MS), f2(c.P999MS), verdict(c.OK)})
+		}
+		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
+	}
+	if len(s.RouterVsDirect) > 0 {
+		ew.printf("## Router against direct\n\nRouter rate / direct rate: 1.00 means the router costs nothing.\n\n")
+		var rows [][]string
+		for _, d := range s.RouterVsDirect {
+			rows = append(rows, []string{d.Name, f1(d.RouterOpensPerSec), f1(d.DirectOpensPerSec), f2(d.Ratio), f2(d.RouterP99MS), f2(d.DirectP99MS)})
+		}
+		mdTable(ew, []string{"run", "router opens/s", "direct opens/s", "router/direct", "router p99 ms", "direct p99 ms"}, rows)
+	}
+	if l := s.Limits; l != nil {
+		l.writeMarkdown(ew)
+	}
+	if len(s.Ceilings) > 0 {
+		ew.printf("## Hot opens against the ceilings\n\nThe product's hot-open rate as a fraction of each ceiling measured in this invocation.\n\n")
+		var rows [][]string
+		for _, c := range s.Ceilings {
+			rows = append(rows, []string{c.Run, f1(c.OpensPerSec),
+				fmt.Sprintf("%s of %s (batch %d)", pct(c.OfDB), f1(c.DBOpensPerSec), c.DBBatch),
+				fmt.Sprintf("%s of %s", pct(c.OfNoopRouter), f1(c.NoopRouterPerSec)),
+				fmt.Sprintf("%s of %s", pct(c.OfNoopDirect), f1(c.NoopDirectPerSec)), verdict(c.OK)})
+		}
+		mdTable(ew, []string{"run", "hot opens/s", "of the database", "of HTTP via router", "of HTTP direct", "verdict"}, rows)
+	}
+}
+
+func (l LimitsReport) writeMarkdown(ew *errWriter) {
+	ew.printf("## Limits\n\n")
+	if l.DBSkipped != "" {
+		ew.printf("Database not measured: %s.\n\n", l.DBSkipped)
+	}
+	if len(l.DB) > 0 {
+		ew.printf("The database alone: one writer opening one hot packet, committing batches of the given size (no HTTP).\n\n")
+		var rows [][]string
+		for _, d := range l.DB {
+			rate := f1(d.OpensPerSec)
+			if d.Error != "" {
+				rate = "error: " + d.Error
+			}
+			rows = append(rows, []string{fmt.Sprint(d.Batch), rate})
+		}
+		mdTable(ew, []string{"batch", "opens/s"}, rows)
+	}
+	if l.NoopRouter != nil || l.NoopDirect != nil {
+		ew.printf("HTTP alone: `POST %s<act_id>` answered by the cell at once, closed-loop.\n\n", "/v1/noop/")
+		var rows [][]string
+		for _, n := range []*NoopResult{l.NoopRouter, l.NoopDirect} {
+			if n == nil {
+				continue
+			}
+			rows = append(rows, []string{n.Path, n.Cell, fmt.Sprint(n.Concurrency), f1(n.PerSec),
+				f2(n.LatencyMS.P50), f2(n.LatencyMS.P99), f2(n.LatencyMS.Max), codeList(n.Errors)})
+		}
+		mdTable(ew, []string{"path", "cell", "concurrency", "requests/s", "p50 ms", "p99 ms", "max ms", "errors"}, rows)
+		if l.RouterOverDirect > 0 {
+			ew.printf("Router / direct no-op rate: %s.\n\n", f2(l.RouterOverDirect))
+		}
+	}
+}
+
+// writeOps lists every operation of every run with its error codes.
+func (s Suite) writeOps(ew *errWriter) {
+	if len(s.Runs) == 0 {
+		return
+	}
+	ew.printf("## Operations\n\n")
+	var rows [][]string
+	for _, r := range s.Runs {
+		for o := op(0); o < opCount; o++ {
+			st := r.op(o)
+			if st.Count == 0 {
+				continue
+			}
+			l := st.LatencyMS
+			rows = append(rows, []string{r.Name(), o.String(), fmt.Sprint(st.Count), fmt.Sprint(st.OK), fmt.Sprint(st.Repeats),
+				f2(l.P50), f2(l.P99), f2(l.P999), f2(l.Max), codeList(st.Errors)})
+		}
+	}
+	mdTable(ew, []string{"run", "op", "count", "ok", "repeats", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "errors by code"}, rows)
+}
+
+func (s Suite) writeProblems(ew *errWriter) {
+	ps := s.Problems()
+	if len(ps) == 0 && len(s.Runs) == 0 {
+		ew.printf("**PASS**: every measurement succeeded.\n")
+		return
+	}
+	if len(ps) == 0 {
+		ew.printf("**PASS**: every run balanced its money.\n")
+		return
+	}
+	ew.printf("## Problems\n\n**FAIL**\n\n")
+	for _, p := range ps {
+		ew.printf("- %s\n", p)
+	}
+}
+
+// mdTable writes a Markdown table; cells have their '|' escaped.
+func mdTable(ew *errWriter, headers []string, rows [][]string) {
+	esc := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	ew.printf("|")
+	for _, h := range headers {
+		ew.printf(" %s |", esc(h))
+	}
+	ew.printf("\n|")
+	for range headers {
+		ew.printf("---|")
+	}
+	ew.printf("\n")
+	for _, row := range rows {
+		ew.printf("|")
+		for _, c := range row {
+			ew.printf(" %s |", esc(c))
+		}
+		ew.printf("\n")
+	}
+	ew.printf("\n")
+}
+
+// codes lists a run's open error codes, the ones a reader looks at first.
+func codes(r Report) string {
+	var all []string
+	for o := op(0); o < opCount; o++ {
+		for _, c := range sortedCodes(r.op(o).Errors) {
+			all = append(all, fmt.Sprintf("%s %s=%d", o, c, r.op(o).Errors[c]))
+		}
+	}
+	if len(all) == 0 {
+		return "none"
+	}
+	return strings.Join(all, ", ")
+}
+
+func codeList(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, c := range sortedCodes(m) {
+		parts = append(parts, fmt.Sprintf("%s=%d", c, m[c]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// money says whether the run's books balanced.
+func money(r Report) string {
+	switch {
+	case r.Audit != nil && r.Audit.Difference != 0:
+		return fmt.Sprintf("DIFFERS by %d cents", r.Audit.Difference)
+	case r.Audit != nil && len(r.Audit.Problems) > 0:
+		return fmt.Sprintf("%d audit problems", len(r.Audit.Problems))
+	case r.AuditError != "":
+		return "audit failed"
+	case r.BalanceMismatches > r.CreditsPending():
+		return fmt.Sprintf("%d balances off", r.BalanceMismatches-r.CreditsPending())
+	case r.CreditsPending() > 0:
+		return fmt.Sprintf("balanced (audit); %d credits still in flight", r.CreditsPending())
+	case r.Audit != nil:
+		return "balanced (audit)"
+	case r.BalancesChecked:
+		return "balances match (no audit)"
+	}
+	return "not checked"
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+func f1(x float64) string  { return fmt.Sprintf("%.1f", x) }
+func f2(x float64) string  { return fmt.Sprintf("%.2f", x) }
+func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
