@@ -25,7 +25,7 @@ type relay struct {
 }
 
 const (
-	relayBatchMax = 1000
+	relayBatchMax = 500
 	// relayLinger is how long a delivery waits to fill; it adds at most this much
 	// to the time a claimant waits for the credit.
 	relayLinger = 20 * time.Millisecond

@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -234,7 +235,11 @@ func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
 // deadline rebuilds the request's context from the deadline header the router
 // sends; without it the cell's RequestTimeout applies.
 func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
-	d := s.now().Add(s.cfg.RequestTimeout)
+	limit := s.cfg.RequestTimeout
+	if bytes.HasPrefix(rc.Path(), []byte("/internal/")) {
+		limit = relayTimeout // a relayed batch may take longer than a client request
+	}
+	d := s.now().Add(limit)
 	if v := rc.Request.Header.Peek(api.HeaderDeadline); len(v) > 0 {
 		if ms, err := strconv.ParseInt(string(v), 10, 64); err == nil {
 			if hd := time.UnixMilli(ms); hd.Before(d) {

@@ -23,6 +23,33 @@ type Ledger struct {
 	Problems      []string          // row-level breaks: balance != its flows, packet sums off, ...
 }
 
+// Merge adds part's sums, rows and problems to l. A claim credited in both is
+// kept as a problem: one claim ID is credited at most once in a cell.
+func (l *Ledger) Merge(part Ledger) {
+	l.Deposits += part.Deposits
+	l.Balances += part.Balances
+	l.Sends += part.Sends
+	l.PacketTotals += part.PacketTotals
+	l.OpenRemaining += part.OpenRemaining
+	l.RefundFlows += part.RefundFlows
+	l.RefundAmounts += part.RefundAmounts
+	l.Packets += part.Packets
+	for id, c := range part.Claims {
+		l.Claims[id] = c
+	}
+	for id, c := range part.Credits {
+		if prev, dup := l.Credits[id]; dup {
+			l.Problems = append(l.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, prev.ActID, c.ActID))
+			c.Amount += prev.Amount
+		}
+		l.Credits[id] = c
+	}
+	for id := range part.Delivered {
+		l.Delivered[id] = true
+	}
+	l.Problems = append(l.Problems, part.Problems...)
+}
+
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
 // deposits = balances + money inside open packets + claims not yet credited.
 type AuditReport struct {

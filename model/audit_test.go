@@ -69,3 +69,12 @@ func TestAuditFindsLostMoney(t *testing.T) {
 		t.Fatalf("send without packet passed: %+v", r)
 	}
 }
+
+func TestLedgerMerge(t *testing.T) {
+	l := Ledger{Claims: map[string]Claim{}, Credits: map[string]Credit{}, Delivered: map[string]bool{}}
+	l.Merge(Ledger{Deposits: 5, Balances: 3, Credits: map[string]Credit{"c1": {ActID: "a", Amount: 2}}})
+	l.Merge(Ledger{Deposits: 1, Credits: map[string]Credit{"c1": {ActID: "b", Amount: 2}}, Problems: []string{"p"}})
+	if l.Deposits != 6 || l.Balances != 3 || l.Credits["c1"].Amount != 4 || len(l.Problems) != 2 {
+		t.Fatalf("merged %+v", l)
+	}
+}

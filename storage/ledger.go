@@ -124,13 +124,13 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 	readers := []struct {
 		kind string
 		sql  func(t tableRef) string
-		scan func(rows *sql.Rows) error
+		scan func(rows *sql.Rows, l *model.Ledger) error
 	}{
-		{"account", m.ledgerAccountSQL, func(rows *sql.Rows) error { return scanAccounts(rows, &l) }},
-		{"flow", m.ledgerFlowSQL, func(rows *sql.Rows) error { return scanFlows(rows, &l) }},
-		{"packet", m.ledgerPacketSQL, func(rows *sql.Rows) error { return scanPackets(rows, &l) }},
-		{"claim", m.ledgerClaimSQL, func(rows *sql.Rows) error { return scanClaims(rows, &l) }},
-		{"outbox", m.ledgerOutboxSQL, func(rows *sql.Rows) error { return scanOutbox(rows, &l) }},
+		{"account", m.ledgerAccountSQL, scanAccounts},
+		{"flow", m.ledgerFlowSQL, scanFlows},
+		{"packet", m.ledgerPacketSQL, scanPackets},
+		{"claim", m.ledgerClaimSQL, scanClaims},
+		{"outbox", m.ledgerOutboxSQL, scanOutbox},
 	}
 	for _, r := range readers {
 		list := byKind[r.kind]
@@ -140,16 +140,7 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 			for _, t := range list[start:end] {
 				parts = append(parts, "("+r.sql(t)+")")
 			}
-			rows, err := tx.QueryContext(ctx, strings.Join(parts, " UNION ALL "))
-			if err != nil {
-				return l, fmt.Errorf("storage: ledger of %s tables: %w", r.kind, err)
-			}
-			err = r.scan(rows)
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
-			}
-			if err != nil {
+			if err := readChunk(ctx, tx, parts, r.scan, &l); err != nil {
 				return l, fmt.Errorf("storage: ledger of %s tables: %w", r.kind, err)
 			}
 		}
@@ -286,6 +277,41 @@ func scanOutbox(rows *sql.Rows, l *model.Ledger) error {
 			return err
 		}
 		l.Delivered[id] = true
+	}
+	return nil
+}
+
+// readChunk runs the UNION ALL of parts, scans it into a fresh ledger and
+// merges that into l only when the whole read succeeded, so a read that fails
+// halfway never counts a row twice. A table created after the snapshot began
+// (error 1412) holds no row the snapshot can see, so when one is in the chunk
+// the tables are read one by one and that one is skipped: cells create day
+// tables while they serve, so this is routine, not a fault.
+func readChunk(ctx context.Context, q rowsQueryer, parts []string, scan func(*sql.Rows, *model.Ledger) error, l *model.Ledger) error {
+	run := func(query string) error {
+		rows, err := q.QueryContext(ctx, query)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		part := model.Ledger{Claims: map[string]model.Claim{}, Credits: map[string]model.Credit{}, Delivered: map[string]bool{}}
+		if err := scan(rows, &part); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		l.Merge(part)
+		return nil
+	}
+	err := run(strings.Join(parts, " UNION ALL "))
+	if !isMySQLErr(err, errTableDefChanged) {
+		return err
+	}
+	for _, p := range parts {
+		if err := run(p); err != nil && !isMySQLErr(err, errTableDefChanged) {
+			return err
+		}
 	}
 	return nil
 }
