@@ -267,7 +267,12 @@ func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 		err = model.ErrTimeout
 	}
 	status, body := api.ErrorJSON(err)
-	if status >= 500 {
+	switch {
+	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown):
+		// Load shedding is the system working as designed; it is counted, and a
+		// log line per shed request would itself add load when it matters most.
+		s.log.Debug("request shed", "path", string(rc.Path()), "err", err)
+	case status >= 500:
 		s.log.Warn("request failed", "path", string(rc.Path()), "err", err)
 	}
 	rc.SetStatusCode(status)
