@@ -70,7 +70,8 @@ type Report struct {
 	// ResolvedOpens counts opens whose answer was lost (a timeout) that turned
 	// out, when asked again after the load, to have committed.
 	ResolvedOpens int64 `json:"resolved_opens"`
-	// AllowShed: OVERLOADED and TIMEOUT answers were accepted as load shedding.
+	// AllowShed: load-shedding answers (OVERLOADED, TIMEOUT, the RATE_LIMITED
+	// codes, client timeouts and drops) were accepted.
 	AllowShed bool `json:"allow_shed"`
 
 	// BalancesChecked is true when the claimants' balances were read after the
@@ -159,7 +160,8 @@ func (r Report) Problems() []string {
 	for o := op(0); o < opCount; o++ {
 		for _, code := range sortedCodes(r.op(o).Errors) {
 			shed := code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
-				code == codeClientTimeout || code == codeDropped
+				code == model.ErrRateLimited.Code || code == model.ErrCellRateLimited.Code ||
+				code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped
 			if !expectedCodes[o][code] && !(r.AllowShed && shed) {
 				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", o, r.op(o).Errors[code], code))
 			}

@@ -50,7 +50,7 @@ func (s *Server) SetStrategy(st api.StrategySetting) error {
 
 // serveAdmin starts the admin port when one is configured; the returned func
 // stops it. The admin port requires "Authorization: Bearer <AdminToken>" on every
-// request; with no token configured it refuses everything.
+// request but GET /metrics; with no token configured it refuses everything else.
 func (s *Server) serveAdmin() (stop func(), err error) {
 	if s.cfg.AdminListen == "" {
 		return func() {}, nil
@@ -68,6 +68,14 @@ func (s *Server) serveAdmin() (stop func(), err error) {
 }
 
 func (s *Server) handleAdmin(rc *fasthttp.RequestCtx) {
+	// GET /metrics needs no token: a Prometheus scraper should not hold the
+	// token that switches strategies, and the counters reveal no user data
+	// (no act_ids, no amounts per user). Only GET; anything else goes on to the
+	// token check like every /admin route.
+	if string(rc.Path()) == "/metrics" && string(rc.Method()) == http.MethodGet {
+		s.metrics.serve(rc)
+		return
+	}
 	if s.cfg.AdminToken == "" {
 		s.writeAdminErr(rc, http.StatusForbidden, ErrAdminDisabled)
 		return

@@ -16,10 +16,12 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"redcell/cell"
 	"redcell/cell/admission"
 	"redcell/cell/api"
+	"redcell/cell/guard"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
@@ -33,17 +35,21 @@ type staticPeers struct{ m atomic.Pointer[sharding.Map] }
 func (p *staticPeers) Map() *sharding.Map { return p.m.Load() }
 
 type testCell struct {
-	name string
-	url  string
-	addr string
-	cfg  cell.Config
-	db   *sql.DB
+	name     string
+	url      string
+	addr     string
+	cfg      cell.Config
+	db       *sql.DB
+	reg      *prometheus.Registry
+	dbBreak  *guard.Breaker
+	adminURL string // "" unless tune set cfg.AdminListen
 }
 
 var client = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}
 
 // startCell runs a cell on 127.0.0.1 with a real store (test database dbN) and
-// the real memcached, until the test ends.
+// the real memcached, each behind a circuit breaker as in redcell cell, until
+// the test ends.
 func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tune func(*cell.Config)) *testCell {
 	t.Helper()
 	dsn := testenv.MySQLDSN(t, dbN)
@@ -67,9 +73,19 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 	if err != nil {
 		t.Fatal(err)
 	}
-	mc := admission.NewClient(cfg.Memcached)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv, err := cell.New(cfg, cell.Stores{Real: store, Shadow: store.Shadow()}, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), peers, log)
+	reg := prometheus.NewRegistry()
+	dbBreak, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mcBreak, err := guard.NewBreaker("memcached", guard.DefaultConfig(), reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreak)
+	stores := cell.Stores{Real: guard.NewStore(store, dbBreak, storage.DriverFailure), Shadow: guard.NewStore(store.Shadow(), dbBreak, storage.DriverFailure)}
+	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +109,11 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 	}
 	t.Cleanup(func() { db.Close() })
 	addr := ln.Addr().String()
-	return &testCell{name: name, url: "http://" + addr, addr: addr, cfg: cfg, db: db}
+	tc := &testCell{name: name, url: "http://" + addr, addr: addr, cfg: cfg, db: db, reg: reg, dbBreak: dbBreak}
+	if cfg.AdminListen != "" {
+		tc.adminURL = "http://" + cfg.AdminListen
+	}
+	return tc
 }
 
 // oneCell runs a cell owning every shard.

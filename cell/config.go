@@ -55,6 +55,14 @@ type Config struct {
 	RequestTimeout time.Duration // deadline of a request when the caller sent none
 	Limits         model.Limits
 
+	// RateLimitPerSec and RateBurst are the cell's own token bucket over every
+	// /v1 request (stress traffic included; not /healthz or the cell-to-cell
+	// /internal/credits): beyond it the cell answers 429 CELL_RATE_LIMITED
+	// without touching its store. It guards the cell when several routers, or
+	// clients that bypass them, send more than it can take.
+	RateLimitPerSec int
+	RateBurst       int
+
 	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
 	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
 	MapVersion     int64         // version of the shard map this cell announces
@@ -83,6 +91,10 @@ func DefaultConfig() Config {
 		MaxConns:       64,
 		RequestTimeout: 3 * time.Second,
 		Limits:         model.DefaultLimits(),
+		// Well above what one cell serves on a 2-core machine, so that it only
+		// binds a flood; set it near the cell's measured ceiling in production.
+		RateLimitPerSec: 100_000,
+		RateBurst:       20_000, // 200 ms of the rate: absorbs a router's reconnect burst
 
 		RelayInterval:  time.Second,
 		ExpiryInterval: 5 * time.Second, // each pass reads ~3 day tables per owned shard
@@ -135,6 +147,9 @@ func (c Config) Validate() error {
 	}
 	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 {
 		bad("RequestTimeout, RelayInterval and ExpiryInterval must be > 0")
+	}
+	if c.RateLimitPerSec < 1 || c.RateBurst < 1 {
+		bad("RateLimitPerSec and RateBurst must be >= 1")
 	}
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)

@@ -155,7 +155,7 @@ func validateSend(r api.SendRequest, lim model.Limits) (model.SendRequest, model
 // escapes, trailing data) goes through decodeStrict, which accepts the same
 // language and gives the precise error.
 func decodeActID(body []byte) (string, error) {
-	if id, ok := scanActID(body); ok {
+	if id, ok := api.ScanActID(body); ok {
 		return id, nil
 	}
 	var req api.ActRequest
@@ -163,47 +163,4 @@ func decodeActID(body []byte) (string, error) {
 		return "", err
 	}
 	return req.ActID, nil
-}
-
-// scanActID matches ws { ws "act_id" ws : ws "<chars without \ or ">" ws } ws.
-func scanActID(b []byte) (string, bool) {
-	i := skipWS(b, 0)
-	const key = `"act_id"`
-	if i >= len(b) || b[i] != '{' {
-		return "", false
-	}
-	i = skipWS(b, i+1)
-	if len(b)-i < len(key) || string(b[i:i+len(key)]) != key {
-		return "", false
-	}
-	i = skipWS(b, i+len(key))
-	if i >= len(b) || b[i] != ':' {
-		return "", false
-	}
-	i = skipWS(b, i+1)
-	if i >= len(b) || b[i] != '"' {
-		return "", false
-	}
-	start := i + 1
-	for i = start; i < len(b) && b[i] != '"'; i++ {
-		if b[i] == '\\' || b[i] < 0x20 || b[i] >= 0x7f {
-			return "", false
-		}
-	}
-	if i >= len(b) {
-		return "", false
-	}
-	id := string(b[start:i])
-	i = skipWS(b, i+1)
-	if i >= len(b) || b[i] != '}' || skipWS(b, i+1) != len(b) {
-		return "", false
-	}
-	return id, true
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }

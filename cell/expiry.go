@@ -104,6 +104,7 @@ func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Ce
 				refunded++
 				total += cents
 				s.stats.refunds.Add(1)
+				s.stats.refundCents.Add(int64(cents))
 				sp.closed.put(ref.ID, model.ErrExpired)
 				if p, err := sp.store.Packet(ctx, ref); err == nil {
 					s.cacheRemaining(sp, p)

@@ -19,33 +19,75 @@ import (
 // unchanged) plus /internal/credits for cell-to-cell relay.
 func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
-	method := string(rc.Method())
 	if path == "/healthz" {
 		s.healthz(rc)
 		return
 	}
+	start := time.Now()
+	method := string(rc.Method())
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	rt := routeOf(method, path, parts)
+	s.serveRoute(rc, rt, parts)
+	s.metrics.requests.Observe(int(rt), rc.Response.StatusCode(), rc.Response.Body(), time.Since(start))
+}
+
+// routeOf names the route of a request; a known path with another method is routeOther.
+func routeOf(method, path string, parts []string) route {
+	v1 := len(parts) >= 2 && parts[0] == "v1"
+	switch {
+	case v1 && len(parts) == 3 && parts[1] == "accounts" && method == http.MethodGet:
+		return routeAccount
+	case v1 && len(parts) == 4 && parts[1] == "accounts" && parts[3] == "deposit" && method == http.MethodPost:
+		return routeDeposit
+	case v1 && len(parts) == 2 && parts[1] == "packets" && method == http.MethodPost:
+		return routeSend
+	case v1 && len(parts) == 3 && parts[1] == "packets" && method == http.MethodGet:
+		return routeDetail
+	case v1 && len(parts) == 4 && parts[1] == "packets" && parts[3] == "grab" && method == http.MethodPost:
+		return routeGrab
+	case v1 && len(parts) == 4 && parts[1] == "packets" && parts[3] == "open" && method == http.MethodPost:
+		return routeOpen
+	case v1 && len(parts) == 3 && parts[1] == "noop" && method == http.MethodPost:
+		return routeNoop
+	case path == "/internal/credits" && method == http.MethodPost:
+		return routeCredits
+	}
+	return routeOther
+}
+
+func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 	if s.draining.Load() {
 		s.writeErr(rc, model.ErrShuttingDown)
+		return
+	}
+	// The cell's own rate limit binds every public request; relayed credits
+	// are exempt: they are money already claimed, bounded by the relay's batches.
+	if rt != routeCredits && rt != routeOther && !s.limiter.AllowN(s.now(), 1) {
+		s.metrics.limited[rt].Inc()
+		rc.SetStatusCode(http.StatusTooManyRequests)
+		rc.SetContentType("application/json")
+		rc.Response.Header.Set("Retry-After", "1")
+		rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
+		rc.SetBody(s.refusal)
 		return
 	}
 	ctx, cancel := s.deadline(rc)
 	defer cancel()
 	sp := s.spaceOf(rc)
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	switch {
-	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "accounts" && method == http.MethodGet:
+	switch rt {
+	case routeAccount:
 		s.getAccount(ctx, rc, sp, parts[2])
-	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "accounts" && parts[3] == "deposit" && method == http.MethodPost:
+	case routeDeposit:
 		s.deposit(ctx, rc, sp, parts[2])
-	case len(parts) == 2 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodPost:
+	case routeSend:
 		s.send(ctx, rc, sp)
-	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "packets" && method == http.MethodGet:
+	case routeDetail:
 		s.detail(ctx, rc, sp, parts[2])
-	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "grab" && method == http.MethodPost:
+	case routeGrab:
 		s.grab(ctx, rc, sp, parts[2])
-	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "packets" && parts[3] == "open" && method == http.MethodPost:
+	case routeOpen:
 		s.open(ctx, rc, sp, parts[2])
-	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "noop" && method == http.MethodPost:
+	case routeNoop:
 		// The HTTP ceiling: routed like an account request, no storage touched.
 		if _, err := s.account(parts[2]); err != nil {
 			s.writeErr(rc, err)
@@ -54,10 +96,10 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 		rc.SetStatusCode(http.StatusOK)
 		rc.SetContentType("application/json")
 		rc.SetBody(s.noopBody)
-	case path == "/internal/credits" && method == http.MethodPost:
+	case routeCredits:
 		s.credits(ctx, rc, sp)
 	default:
-		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", method, path))
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}
 }
 

@@ -104,6 +104,7 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	}
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
+	s.metrics.batchSize.Observe(1)
 	results, p, err := sp.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
@@ -183,11 +184,15 @@ func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRe
 func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
 	dl, _ := ctx.Deadline()
 	job := &openJob{sp: sp, ref: ref, req: req, enqueued: s.now(), deadline: dl, done: make(chan model.OpenResult, 1)}
+	s.metrics.queued.Inc() // before Enqueue: the worker may take the job at once
 	if err := s.queue.Enqueue(queueKey{id: ref.ID, stress: sp.stress}, job); err != nil {
+		s.metrics.queued.Dec()
 		s.stats.shed.Add(1)
 		if errors.Is(err, keyqueue.ErrClosed) {
+			s.metrics.shed[shedShutdown].Inc()
 			return model.OpenResult{Err: model.ErrShuttingDown}
 		}
+		s.metrics.shed[shedQueueFull].Inc()
 		return model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "the queue of red packet %s is full", ref.ID)}
 	}
 	select {
@@ -205,13 +210,17 @@ func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef,
 func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
 	now := s.now()
+	s.metrics.queued.Sub(float64(len(batch)))
 	live := batch[:0:0]
 	for _, j := range batch {
+		s.metrics.queueWait.Observe(now.Sub(j.enqueued).Seconds())
 		switch {
 		case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
 			s.stats.shed.Add(1)
+			s.metrics.shed[shedQueueWait].Inc()
 			j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
 		case !j.deadline.IsZero() && now.After(j.deadline):
+			s.metrics.shed[shedDeadline].Inc()
 			j.done <- model.OpenResult{Err: model.ErrTimeout}
 		default:
 			live = append(live, j)
@@ -245,15 +254,22 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	release, err := s.slots.Acquire(ctx, string(key))
 	if err != nil {
 		s.stats.shed.Add(int64(len(live)))
+		s.metrics.shed[shedNoSlot].Add(float64(len(live)))
 		fail(model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
 		return
 	}
 	r := s.rngs.Get().(*mrand.Rand)
+	s.metrics.batchSize.Observe(float64(len(live)))
 	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
 	s.rngs.Put(r)
 	release()
 	if err != nil {
-		s.log.Error("open batch failed", "packet", key, "batch", len(live), "err", err)
+		if errors.Is(err, model.ErrDBUnavailable) {
+			// The database breaker counts and logs outages; one line per batch would flood.
+			s.log.Debug("open batch failed", "packet", key, "batch", len(live), "err", err)
+		} else {
+			s.log.Error("open batch failed", "packet", key, "batch", len(live), "err", err)
+		}
 		fail(err)
 		return
 	}

@@ -16,7 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
 
 	"redcell/cell/admission"
 	"redcell/cell/api"
@@ -28,6 +30,9 @@ import (
 // Slots caps concurrent transactions per key (memcached CAS, admission.Slots).
 type Slots interface {
 	Acquire(ctx context.Context, key string) (release func(), err error)
+	// Stats returns the CAS conflicts retried and the calls served by the
+	// in-process fallback since the start, for the metrics.
+	Stats() (casConflicts, fallbacks int64)
 }
 
 // GrabCache is the cheap copy of each packet's remaining count.
@@ -89,6 +94,9 @@ type Server struct {
 	draining    atomic.Bool
 	schemaReady atomic.Bool
 	stats       stats
+	limiter     *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
+	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
+	metrics     *metrics
 }
 
 // stats are the cell's counters (exported through /healthz).
@@ -97,8 +105,10 @@ type stats struct {
 	relayed, relayDropped, relayErrors             atomic.Int64
 }
 
-// New wires a cell. It does no I/O.
-func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, log *slog.Logger) (*Server, error) {
+// New wires a cell. It does no I/O. The cell's metrics are registered with reg,
+// which GET /metrics on the admin port serves; reg belongs to this cell (one per
+// process, never prometheus.DefaultRegisterer, so tests can run many cells).
+func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, reg *prometheus.Registry, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -126,6 +136,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, l
 		sp.relay = newRelay(s, sp)
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
+	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
+	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
+	s.metrics = newMetrics(s, reg)
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -268,9 +281,12 @@ func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 	}
 	status, body := api.ErrorJSON(err)
 	switch {
-	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown):
+	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown),
+		errors.Is(err, model.ErrDBUnavailable):
 		// Load shedding is the system working as designed; it is counted, and a
 		// log line per shed request would itself add load when it matters most.
+		// DB_UNAVAILABLE too: the breaker logs its state changes and counts the
+		// failures (redcell_breaker_*), so an outage is not one line per request.
 		s.log.Debug("request shed", "path", string(rc.Path()), "err", err)
 	case status >= 500:
 		s.log.Warn("request failed", "path", string(rc.Path()), "err", err)

@@ -46,6 +46,9 @@ type Outbox interface {
 	// before beforeMS, after position (afterMS, afterID); next is the last row's position.
 	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
 	MarkDelivered(ctx context.Context, credits []model.Credit) error
+	// OutboxLag counts the undelivered rows of database db and the age of the
+	// oldest in ms (0 when none); read for the metrics only.
+	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)
 }
 
 // Schema creates tables ahead of need.

@@ -45,6 +45,18 @@ var (
 	ErrShuttingDown = &Error{"SHUTTING_DOWN", "server is shutting down"}
 	// ErrUnauthenticated: a signature or token is missing, wrong or too old.
 	ErrUnauthenticated = &Error{"UNAUTHENTICATED", "missing or invalid credentials"}
+	// ErrRateLimited: the router's limit for this route is used up; retry after a
+	// second (router.Config.RateLimits).
+	ErrRateLimited = &Error{"RATE_LIMITED", "request rate of this route is above its limit, retry later"}
+	// ErrUserRateLimited: this act_id sent more requests than its per-user limit
+	// allows; retry after a second (router.Config.UserRate).
+	ErrUserRateLimited = &Error{"USER_RATE_LIMITED", "this act_id sends requests too often, retry later"}
+	// ErrCellRateLimited: the cell's own request-rate limit is used up; retry
+	// after a second (cell.Config.RateLimitPerSec).
+	ErrCellRateLimited = &Error{"CELL_RATE_LIMITED", "the cell is above its request rate, retry later"}
+	// ErrDBUnavailable: the cell's database cannot be reached, or its circuit
+	// breaker is open after repeated connection failures or timeouts; retry later.
+	ErrDBUnavailable = &Error{"DB_UNAVAILABLE", "database unavailable, retry later"}
 	// ErrInternal: anything else; details are logged, not returned.
 	ErrInternal = &Error{"INTERNAL", "internal error"}
 )

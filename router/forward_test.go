@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"redcell/cell/api"
@@ -41,11 +42,23 @@ func fakeCell(t *testing.T, status int, body string, hits *atomic.Int64) string 
 }
 
 func startRouter(t *testing.T, routes Routes) string {
+	return startRouterWith(t, routes, nil, nil)
+}
+
+// startRouterWith starts a router whose config tune may change, with the rate
+// limiters' clock now (nil: time.Now).
+func startRouterWith(t *testing.T, routes Routes, tune func(*Config), now func() time.Time) string {
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
-	r, err := New(cfg, routes, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if tune != nil {
+		tune(&cfg)
+	}
+	r, err := New(cfg, routes, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if now != nil {
+		r.now = now
 	}
 	ln, err := r.Listen()
 	if err != nil {

@@ -13,42 +13,68 @@ func TestRoute(t *testing.T) {
 	cases := []struct {
 		method, path, body string
 		shard              model.ShardID
+		route              routeID
+		user               string // "body": read from the body when needed
 		err                error
 	}{
-		{"GET", "/v1/accounts/u1", "", 663, nil},
-		{"POST", "/v1/accounts/u1/deposit", `{"amount":1}`, 663, nil},
-		{"POST", "/v1/noop/u1", "", 663, nil},
-		{"POST", "/v1/packets", `{"sender":"u2","amount":1}`, 851, nil},
-		{"GET", "/v1/packets/" + id, "", 417, nil},
-		{"POST", "/v1/packets/" + id + "/open", "", 417, nil},
-		{"POST", "/v1/packets/" + id + "/grab", "", 417, nil},
-		{"POST", "/v1/accounts/u1", "", 0, model.ErrMethodNotAllowed},
-		{"GET", "/v1/packets", "", 0, model.ErrMethodNotAllowed},
-		{"GET", "/v1/packets/" + id + "/open", "", 0, model.ErrMethodNotAllowed},
-		{"POST", "/v1/packets", `{"sender":"bad sender"}`, 0, model.ErrInvalidArgument},
-		{"POST", "/v1/packets", `{`, 0, model.ErrInvalidArgument},
-		{"GET", "/v1/packets/../../etc/passwd", "", 0, model.ErrNotFound},
-		{"GET", "/v1/packets/x", "", 0, model.ErrInvalidArgument},
-		{"GET", "/v1/accounts/" + string(make([]byte, 65)), "", 0, model.ErrInvalidArgument},
-		{"GET", "/v1/nothing", "", 0, model.ErrNotFound},
-		{"GET", "/", "", 0, model.ErrNotFound},
+		{"GET", "/v1/accounts/u1", "", 663, routeAccount, "u1", nil},
+		{"POST", "/v1/accounts/u1/deposit", `{"amount":1}`, 663, routeDeposit, "u1", nil},
+		{"POST", "/v1/noop/u1", "", 663, routeNoop, "u1", nil},
+		{"POST", "/v1/packets", `{"sender":"u2","amount":1}`, 851, routeSend, "u2", nil},
+		{"GET", "/v1/packets/" + id, "", 417, routeDetail, "", nil},
+		{"POST", "/v1/packets/" + id + "/open", "", 417, routeOpen, "body", nil},
+		{"POST", "/v1/packets/" + id + "/grab", "", 417, routeGrab, "body", nil},
+		{"POST", "/v1/accounts/u1", "", 0, routeAccount, "", model.ErrMethodNotAllowed},
+		{"GET", "/v1/packets", "", 0, routeSend, "", model.ErrMethodNotAllowed},
+		{"GET", "/v1/packets/" + id + "/open", "", 0, routeOpen, "", model.ErrMethodNotAllowed},
+		{"POST", "/v1/packets", `{"sender":"bad sender"}`, 0, routeSend, "", model.ErrInvalidArgument},
+		{"POST", "/v1/packets", `{`, 0, routeSend, "", model.ErrInvalidArgument},
+		{"GET", "/v1/packets/../../etc/passwd", "", 0, routeOther, "", model.ErrNotFound},
+		{"GET", "/v1/packets/x", "", 0, routeDetail, "", model.ErrInvalidArgument},
+		{"GET", "/v1/accounts/" + string(make([]byte, 65)), "", 0, routeAccount, "", model.ErrInvalidArgument},
+		{"GET", "/v1/nothing", "", 0, routeOther, "", model.ErrNotFound},
+		{"GET", "/", "", 0, routeOther, "", model.ErrNotFound},
 	}
 	for _, c := range cases {
-		shard, err := route(c.method, c.path, []byte(c.body))
+		tg, err := route(c.method, c.path, []byte(c.body))
+		if tg.route != c.route {
+			t.Errorf("%s %s: route %s, want %s", c.method, c.path, routeNames[tg.route], routeNames[c.route])
+		}
 		if c.err != nil {
 			if !errors.Is(err, c.err) {
 				t.Errorf("%s %s: %v, want %v", c.method, c.path, err, c.err)
 			}
 			continue
 		}
-		if err != nil || shard != c.shard {
-			t.Errorf("%s %s: shard %d err %v, want %d", c.method, c.path, shard, err, c.shard)
+		user := tg.user
+		if tg.userInBody {
+			user = "body"
+		}
+		if err != nil || tg.shard != c.shard || user != c.user {
+			t.Errorf("%s %s: shard %d user %q err %v, want %d %q", c.method, c.path, tg.shard, user, err, c.shard, c.user)
+		}
+	}
+}
+
+func TestBodyActID(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"act_id":"bob"}`:          "bob",
+		` { "act_id" : "bob" } `:    "bob",
+		`{"act_id":"b\u006fb"}`:     "bob", // escapes: the slow path, as the cell decodes them
+		`{"act_id":"bob","x":1}`:    "bob", // the cell refuses it; counting it is harmless
+		`{"act_id":`:                "",
+		`[]`:                        "",
+		``:                          "",
+		`{"act_id":"a","act_id":1}`: "",
+	} {
+		if got := bodyActID([]byte(body)); got != want {
+			t.Errorf("bodyActID(%s) = %q, want %q", body, got, want)
 		}
 	}
 }
 
 func BenchmarkRouteOpen(b *testing.B) {
-	path := "/v1/packets/20261129417a3f9c0e1b2d4c5e6f0/open"
+	path := "/v1/packets/" + pktID + "/open"
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		if _, err := route("POST", path, nil); err != nil {

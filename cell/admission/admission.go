@@ -16,6 +16,16 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 )
 
+// Memcache is the part of a memcached client the slots and the grab cache use:
+// a *memcache.Client, or one behind a circuit breaker (cell/guard.Memcache),
+// whose refusals read here like any memcached failure.
+type Memcache interface {
+	Get(key string) (*memcache.Item, error)
+	Add(item *memcache.Item) error
+	Set(item *memcache.Item) error
+	CompareAndSwap(item *memcache.Item) error
+}
+
 // ErrBusy is returned by Acquire when the key's cap stayed full until ctx ended.
 var ErrBusy = errors.New("admission: transaction slots for this key stay full")
 
@@ -23,7 +33,7 @@ var ErrBusy = errors.New("admission: transaction slots for this key stay full")
 // reached it falls back to an in-process count (the per-key FIFO already keeps one
 // transaction per key inside a process) and counts the fallbacks.
 type Slots struct {
-	mc     *memcache.Client
+	mc     Memcache
 	cap    int
 	ttlSec int32 // a slot held by a crashed process frees itself after this
 	log    *slog.Logger
@@ -37,7 +47,7 @@ type Slots struct {
 }
 
 // NewSlots returns a cap of capPerKey concurrent holders per key.
-func NewSlots(mc *memcache.Client, capPerKey int, log *slog.Logger) *Slots {
+func NewSlots(mc Memcache, capPerKey int, log *slog.Logger) *Slots {
 	return &Slots{mc: mc, cap: capPerKey, ttlSec: 30, log: log, local: map[string]int{}}
 }
 
@@ -47,6 +57,12 @@ func NewClient(servers []string) *memcache.Client {
 	c.Timeout = 200 * time.Millisecond
 	c.MaxIdleConns = 128
 	return c
+}
+
+// Stats returns the CAS conflicts retried and the calls the in-process fallback
+// served (memcached failed or its circuit breaker is open) since the start.
+func (s *Slots) Stats() (casConflicts, fallbacks int64) {
+	return s.Conflicts.Load(), s.Fallbacks.Load()
 }
 
 func slotKey(key string) string { return "rc:tx:" + key }
@@ -202,11 +218,11 @@ type Remaining struct {
 
 // Cache is the grab cache in memcached. Misses and errors read as "not cached".
 type Cache struct {
-	mc *memcache.Client
+	mc Memcache
 }
 
 // NewCache returns the grab cache.
-func NewCache(mc *memcache.Client) *Cache { return &Cache{mc: mc} }
+func NewCache(mc Memcache) *Cache { return &Cache{mc: mc} }
 
 func remKey(key string) string { return "rc:rem:" + key }
 

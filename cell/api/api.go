@@ -156,6 +156,10 @@ var status = map[string]int{
 	model.ErrMethodNotAllowed.Code:    http.StatusMethodNotAllowed,
 	model.ErrShuttingDown.Code:        http.StatusServiceUnavailable,
 	model.ErrUnauthenticated.Code:     http.StatusUnauthorized,
+	model.ErrRateLimited.Code:         http.StatusTooManyRequests,
+	model.ErrUserRateLimited.Code:     http.StatusTooManyRequests,
+	model.ErrCellRateLimited.Code:     http.StatusTooManyRequests,
+	model.ErrDBUnavailable.Code:       http.StatusServiceUnavailable,
 	model.ErrInternal.Code:            http.StatusInternalServerError,
 }
 
@@ -165,6 +169,10 @@ var retryable = map[string]bool{
 	model.ErrOverloaded.Code:      true,
 	model.ErrTimeout.Code:         true,
 	model.ErrShuttingDown.Code:    true,
+	model.ErrRateLimited.Code:     true,
+	model.ErrUserRateLimited.Code: true,
+	model.ErrCellRateLimited.Code: true,
+	model.ErrDBUnavailable.Code:   true,
 	model.ErrInternal.Code:        true,
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"redcell/cell"
+	"redcell/cell/guard"
 	"redcell/model"
 	"redcell/router"
 	"redcell/sharding"
@@ -33,6 +34,21 @@ type routerSection struct {
 	Gossip         string        `yaml:"gossip"`
 	RequestTimeout time.Duration `yaml:"request_timeout"`
 	MaxBodyBytes   int           `yaml:"max_body_bytes"`
+	// RateLimits: per route name (router.RouteNames); a field left out or 0
+	// keeps the default.
+	RateLimits    map[string]rateEntry `yaml:"rate_limits"`
+	UserRateLimit userRateEntry        `yaml:"user_rate_limit"`
+}
+
+type rateEntry struct {
+	PerSec int `yaml:"per_sec"`
+	Burst  int `yaml:"burst"`
+}
+
+type userRateEntry struct {
+	PerSec   int `yaml:"per_sec"`
+	Burst    int `yaml:"burst"`
+	MaxUsers int `yaml:"max_users"`
 }
 
 type cellEntry struct {
@@ -61,6 +77,11 @@ type cellSection struct {
 	MaxCount       int64         `yaml:"max_count"`
 	MaxGreeting    int           `yaml:"max_greeting"`
 	MapVersion     int64         `yaml:"map_version"`
+
+	RateLimitPerSec int           `yaml:"rate_limit_per_sec"`
+	RateBurst       int           `yaml:"rate_burst"`
+	BreakerFailures int           `yaml:"breaker_failures"`
+	BreakerCooldown time.Duration `yaml:"breaker_cooldown"`
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -189,6 +210,8 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.Limits.MaxCount = s.MaxCount
 	}
 	setInt(&c.Limits.MaxGreeting, s.MaxGreeting)
+	setInt(&c.RateLimitPerSec, s.RateLimitPerSec)
+	setInt(&c.RateBurst, s.RateBurst)
 	if s.MapVersion > 0 {
 		c.MapVersion = s.MapVersion
 	}
@@ -203,6 +226,25 @@ func (fc fileConfig) routerConfig() (router.Config, error) {
 	}
 	setDur(&c.RequestTimeout, fc.Router.RequestTimeout)
 	setInt(&c.MaxBodyBytes, fc.Router.MaxBodyBytes)
+	for name, e := range fc.Router.RateLimits {
+		r := c.RateLimits[name] // an unknown name starts from zero and fails Validate
+		setInt(&r.PerSec, e.PerSec)
+		setInt(&r.Burst, e.Burst)
+		c.RateLimits[name] = r
+	}
+	u := fc.Router.UserRateLimit
+	setInt(&c.UserRate.PerSec, u.PerSec)
+	setInt(&c.UserRate.Burst, u.Burst)
+	setInt(&c.UserLimitersMax, u.MaxUsers)
+	return c, c.Validate()
+}
+
+// breakerConfig builds the cells' circuit-breaker settings (one for MariaDB,
+// one for memcached, alike): defaults, then the file's cell section.
+func (fc fileConfig) breakerConfig() (guard.Config, error) {
+	c := guard.DefaultConfig()
+	setInt(&c.Failures, fc.Cell.BreakerFailures)
+	setDur(&c.Cooldown, fc.Cell.BreakerCooldown)
 	return c, c.Validate()
 }
 

@@ -350,6 +350,22 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("set strategy back: %d", st)
 	}
 
+	// Metrics: the router's on its public port, a cell's on its admin port
+	// without the token, both with the Go runtime's series of the process.
+	for name, url := range map[string]string{"router": r, "cell-1 admin": c.adminURL["cell-1"]} {
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := map[string]string{"router": `redcell_router_request_duration_seconds_count{code="SOLD_OUT",route="open"} 2`,
+			"cell-1 admin": `redcell_breaker_state{breaker="db"} 0`}[name]
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) || !strings.Contains(string(b), "go_goroutines ") {
+			t.Fatalf("%s /metrics: %d, want %q and go_goroutines in:\n%s", name, resp.StatusCode, want, b)
+		}
+	}
+
 	// The audit proves conservation over every row of both cells.
 	out, err := exec.Command(c.bin, "audit", "--config", c.config).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "audit OK") {

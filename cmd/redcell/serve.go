@@ -10,21 +10,38 @@ import (
 	_ "net/http/pprof"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"redcell/cell"
 	"redcell/cell/admission"
+	"redcell/cell/guard"
 	"redcell/router"
 	"redcell/sharding/membership"
 	"redcell/storage"
 )
 
-// The store is bound to the cell's interfaces here, where the wiring happens.
+// The store is bound to the cell's interfaces here, where the wiring happens:
+// MariaDB and memcached each behind a circuit breaker.
 var _ cell.Store = (*storage.MySQL)(nil)
+var _ cell.Store = (*guard.Store)(nil)
+var _ admission.Memcache = (*memcache.Client)(nil)
+var _ admission.Memcache = (*guard.Memcache)(nil)
 var _ cell.Slots = (*admission.Slots)(nil)
 var _ cell.GrabCache = (*admission.Cache)(nil)
 var _ cell.Peers = (*membership.Node)(nil)
 
-// runCell: flags → config → validate → database → memcached → listen → join the
-// cluster → serve; on a signal: leave the cluster (routers stop sending), drain,
+// newRegistry is the process's Prometheus registry (never the global default):
+// the Go runtime and process collectors, plus what the components register.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// runCell: flags → config → validate → database → breakers and metrics →
+// memcached → listen → join the cluster → serve; on a signal: leave the cluster (routers stop sending), drain,
 // close in reverse order.
 func runCell(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cell", flag.ContinueOnError)
@@ -47,6 +64,10 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	bcfg, err := fc.breakerConfig()
+	if err != nil {
+		return err
+	}
 	store, err := storage.Open(cfg.DSN, cfg.MaxConns)
 	if err != nil {
 		return err
@@ -62,7 +83,21 @@ func runCell(ctx context.Context, args []string) error {
 		return fmt.Errorf("cell %s: listen %s: %w", cfg.Name, cfg.Listen, err)
 	}
 	defer ln.Close()
-	mc := admission.NewClient(cfg.Memcached)
+	reg := newRegistry()
+	dbBreaker, err := guard.NewBreaker("db", bcfg, reg, log)
+	if err != nil {
+		return err
+	}
+	mcBreaker, err := guard.NewBreaker("memcached", bcfg, reg, log)
+	if err != nil {
+		return err
+	}
+	// The real and shadow stores share one server, so they share its breaker.
+	stores := cell.Stores{
+		Real:   guard.NewStore(store, dbBreaker, storage.DriverFailure),
+		Shadow: guard.NewStore(store.Shadow(), dbBreaker, storage.DriverFailure),
+	}
+	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleCell, Addr: cfg.Listen, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
@@ -70,7 +105,7 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := cell.New(cfg, cell.Stores{Real: store, Shadow: store.Shadow()}, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, log)
+	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, reg, log)
 	if err != nil {
 		node.Shutdown()
 		return err
@@ -160,7 +195,7 @@ func runRouter(ctx context.Context, args []string) error {
 		return err
 	}
 	defer node.Leave(2 * time.Second)
-	rt, err := router.New(cfg, node, log)
+	rt, err := router.New(cfg, node, newRegistry(), log)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,333 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"redcell/cell"
+	"redcell/cell/admission"
+	"redcell/cell/api"
+	"redcell/cell/guard"
+	"redcell/model"
+	"redcell/storage"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// refused is what dialing a closed port returns.
+var refused = fmt.Errorf("storage: read account: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+
+// fakeStore answers Account with whatever next says and counts the calls
+// that reached it; every other method is the nil interface's (a call panics).
+type fakeStore struct {
+	cell.Store
+	calls atomic.Int64
+	next  func(ctx context.Context) error
+}
+
+func (f *fakeStore) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
+	f.calls.Add(1)
+	if err := f.next(ctx); err != nil {
+		return model.Account{}, err
+	}
+	return model.Account{ActID: actID, Shard: sh}, nil
+}
+
+func newBreaker(t *testing.T, reg prometheus.Registerer) *guard.Breaker {
+	t.Helper()
+	b, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, quiet) // 5 failures, 2 s cooldown, 1 s slow call
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBusinessErrorsNeverTrip: answers that prove the database is up pass
+// through unchanged and leave the breaker closed, however many.
+func TestBusinessErrorsNeverTrip(t *testing.T) {
+	b := newBreaker(t, nil)
+	business := []error{model.ErrSoldOut, model.ErrInsufficientBalance, model.ErrNotFound,
+		model.Errorf(model.ErrOrderConflict, "order_no x was used with a different request"), errors.New("storage: some bug")}
+	var want error
+	f := &fakeStore{next: func(context.Context) error { return want }}
+	s := guard.NewStore(f, b, storage.DriverFailure)
+	for i := range 100 {
+		want = business[i%len(business)]
+		if _, err := s.Account(context.Background(), 1, "a"); err != want {
+			t.Fatalf("business error %v came back as %v", want, err)
+		}
+	}
+	if b.State() != guard.StateClosed || f.calls.Load() != 100 {
+		t.Fatalf("after 100 business errors: state %d, %d calls reached the store", b.State(), f.calls.Load())
+	}
+}
+
+// TestBreakerOpensAndRecovers: five infrastructure failures in a row (a success
+// in between starts the count again) open the breaker; open, it answers
+// DB_UNAVAILABLE (503, retryable) without calling the store; after the
+// cooldown one probe goes through while other calls are still refused; the
+// probe's success closes it, a failed probe opens it again.
+func TestBreakerOpensAndRecovers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		b := newBreaker(t, reg)
+		var fail atomic.Bool
+		var gate chan struct{} // when set, the store waits on it
+		f := &fakeStore{next: func(context.Context) error {
+			if gate != nil {
+				<-gate
+			}
+			if fail.Load() {
+				return refused
+			}
+			return nil
+		}}
+		s := guard.NewStore(f, b, storage.DriverFailure)
+		ctx := context.Background()
+		account := func() error { _, err := s.Account(ctx, 1, "a"); return err }
+
+		fail.Store(true)
+		for range 4 {
+			err := account()
+			if !errors.Is(err, model.ErrDBUnavailable) || !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("a refused connection: %v, want DB_UNAVAILABLE wrapping ECONNREFUSED", err)
+			}
+		}
+		fail.Store(false)
+		if err := account(); err != nil {
+			t.Fatal(err)
+		}
+		fail.Store(true)
+		for range 4 {
+			_ = account()
+		}
+		if b.State() != guard.StateClosed {
+			t.Fatal("4 failures after a success opened the breaker")
+		}
+		_ = account() // the fifth in a row
+		if b.State() != guard.StateOpen {
+			t.Fatalf("state %d after 5 failures in a row, want open", b.State())
+		}
+		calls := f.calls.Load()
+		for range 10 {
+			err := account()
+			if err != guard.ErrDBOpen || !errors.Is(err, model.ErrDBUnavailable) {
+				t.Fatalf("open breaker answered %v", err)
+			}
+			if status, body := api.ErrorJSON(err); status != 503 || string(api.ErrorCode(body)) != "DB_UNAVAILABLE" {
+				t.Fatalf("open breaker's answer: %d %s", status, body)
+			}
+		}
+		if f.calls.Load() != calls {
+			t.Fatalf("%d calls reached the store while the breaker was open", f.calls.Load()-calls)
+		}
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP redcell_breaker_rejected_total Calls a circuit breaker refused without trying (DB_UNAVAILABLE, or memcached's in-process fallback).
+# TYPE redcell_breaker_rejected_total counter
+redcell_breaker_rejected_total{breaker="db"} 10
+# HELP redcell_breaker_state Circuit breaker state: 0 closed, 1 half-open, 2 open.
+# TYPE redcell_breaker_state gauge
+redcell_breaker_state{breaker="db"} 2
+# HELP redcell_breaker_failures_total Infrastructure failures a circuit breaker counted.
+# TYPE redcell_breaker_failures_total counter
+redcell_breaker_failures_total{breaker="db"} 9
+`), "redcell_breaker_rejected_total", "redcell_breaker_state", "redcell_breaker_failures_total"); err != nil {
+			t.Fatal(err)
+		}
+
+		// Cooldown over: half-open. A failed probe opens it again at once.
+		time.Sleep(2*time.Second + time.Millisecond)
+		if b.State() != guard.StateHalfOpen {
+			t.Fatalf("state %d after the cooldown, want half-open", b.State())
+		}
+		if err := account(); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("failed probe: %v", err)
+		}
+		if b.State() != guard.StateOpen || f.calls.Load() != calls+1 {
+			t.Fatalf("after a failed probe: state %d, %d new calls", b.State(), f.calls.Load()-calls)
+		}
+
+		// Next cooldown: the probe succeeds slowly; calls meanwhile are refused.
+		time.Sleep(2*time.Second + time.Millisecond)
+		fail.Store(false)
+		gate = make(chan struct{})
+		probe := make(chan error)
+		go func() { probe <- account() }()
+		synctest.Wait() // the probe is inside the store, waiting on gate
+		if err := account(); err != guard.ErrDBOpen {
+			t.Fatalf("a call during the probe: %v, want ErrDBOpen", err)
+		}
+		close(gate)
+		if err := <-probe; err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		gate = nil
+		if b.State() != guard.StateClosed {
+			t.Fatalf("state %d after a good probe, want closed", b.State())
+		}
+		before := f.calls.Load()
+		for range 3 {
+			if err := account(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if f.calls.Load() != before+3 {
+			t.Fatal("calls after recovery did not reach the store")
+		}
+	})
+}
+
+// TestWhichErrorsCount: context errors and the driver's own failures.
+func TestWhichErrorsCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cases := []struct {
+			name  string
+			err   error
+			delay time.Duration
+			trips bool
+		}{
+			{"deadline after a slow call", context.DeadlineExceeded, 1500 * time.Millisecond, true},
+			{"deadline at once (little time was left)", context.DeadlineExceeded, 10 * time.Millisecond, false},
+			{"caller cancelled", fmt.Errorf("storage: x: %w", context.Canceled), 3 * time.Second, false},
+			{"bad pooled connection", driver.ErrBadConn, 0, true},
+			{"connection broke mid-call", fmt.Errorf("storage: open: %w", mysql.ErrInvalidConn), 0, true},
+			{"too many connections", &mysql.MySQLError{Number: 1040, Message: "Too many connections"}, 0, true},
+			{"duplicate key", &mysql.MySQLError{Number: 1062, Message: "Duplicate entry"}, 0, false},
+			{"deadlock", &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}, 0, false},
+		}
+		for _, c := range cases {
+			b := newBreaker(t, nil)
+			f := &fakeStore{next: func(context.Context) error { time.Sleep(c.delay); return c.err }}
+			s := guard.NewStore(f, b, storage.DriverFailure)
+			for range 20 {
+				_, err := s.Account(context.Background(), 1, "a")
+				if !errors.Is(err, c.err) && err != guard.ErrDBOpen {
+					t.Fatalf("%s: the error %v was lost: %v", c.name, c.err, err)
+				}
+				if errors.Is(err, context.DeadlineExceeded) && errors.Is(err, model.ErrDBUnavailable) {
+					t.Fatalf("%s: a deadline must stay a TIMEOUT, not DB_UNAVAILABLE", c.name)
+				}
+			}
+			if open := b.State() == guard.StateOpen; open != c.trips {
+				t.Errorf("%s: breaker open = %v after 20 calls, want %v", c.name, open, c.trips)
+			}
+		}
+	})
+}
+
+// TestRealDriverTrips: a store on a port nobody listens on fails with the
+// driver's real error, which counts; five later the breaker answers alone.
+func TestRealDriverTrips(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // now nothing listens there: connection refused
+	dead, err := storage.Open("root@tcp("+addr+")/", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	b := newBreaker(t, nil)
+	s := guard.NewStore(dead, b, storage.DriverFailure)
+	for i := range 5 {
+		_, err := s.Account(context.Background(), 1, "a")
+		if !errors.Is(err, model.ErrDBUnavailable) || err == guard.ErrDBOpen {
+			t.Fatalf("call %d to a dead server: %v, want the driver's error as DB_UNAVAILABLE", i, err)
+		}
+	}
+	start := time.Now()
+	if _, err := s.Account(context.Background(), 1, "a"); err != guard.ErrDBOpen {
+		t.Fatalf("sixth call: %v, want ErrDBOpen", err)
+	}
+	if err := s.Ping(context.Background()); err != guard.ErrDBOpen || time.Since(start) > 100*time.Millisecond {
+		t.Fatalf("ping while open: %v after %s", err, time.Since(start))
+	}
+	if err := s.EnsureDays(context.Background(), []model.ShardID{1}, []int{1}, 1, nil); err != guard.ErrDBOpen {
+		t.Fatalf("warm-up while open: %v", err)
+	}
+}
+
+// fakeMemcache answers every call with err and counts the calls.
+type fakeMemcache struct {
+	calls atomic.Int64
+	err   atomic.Pointer[error]
+}
+
+func (f *fakeMemcache) result() error { f.calls.Add(1); return *f.err.Load() }
+func (f *fakeMemcache) Get(string) (*memcache.Item, error) {
+	if err := f.result(); err != nil {
+		return nil, err
+	}
+	return &memcache.Item{Value: []byte("0:0")}, nil
+}
+func (f *fakeMemcache) Add(*memcache.Item) error            { return f.result() }
+func (f *fakeMemcache) Set(*memcache.Item) error            { return f.result() }
+func (f *fakeMemcache) CompareAndSwap(*memcache.Item) error { return f.result() }
+
+// TestMemcacheBreaker: misses and CAS conflicts never trip it; a memcached that
+// times out does, after which the transaction slots use their in-process
+// fallback without waiting on memcached at all.
+func TestMemcacheBreaker(t *testing.T) {
+	b, err := guard.NewBreaker("memcached", guard.DefaultConfig(), nil, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeMemcache{}
+	mc := guard.NewMemcache(f, b)
+	for _, e := range []error{memcache.ErrCacheMiss, memcache.ErrCASConflict, memcache.ErrNotStored} {
+		f.err.Store(&e)
+		for range 10 {
+			if _, err := mc.Get("k"); err != e {
+				t.Fatalf("Get: %v, want %v", err, e)
+			}
+		}
+	}
+	if b.State() != guard.StateClosed {
+		t.Fatal("memcached's ordinary answers opened the breaker")
+	}
+	timeout := error(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ETIMEDOUT})
+	f.err.Store(&timeout)
+	slots := admission.NewSlots(mc, 1, quiet)
+	for i := range 5 { // each Acquire: one failed Get, then the in-process fallback (whose release skips memcached)
+		release, err := slots.Acquire(context.Background(), fmt.Sprintf("p%d", i))
+		if err != nil {
+			t.Fatalf("Acquire with memcached failing: %v", err)
+		}
+		release()
+	}
+	if b.State() != guard.StateOpen {
+		t.Fatalf("state %d after memcached failed 5 acquires, want open", b.State())
+	}
+	calls := f.calls.Load()
+	for i := range 100 {
+		release, err := slots.Acquire(context.Background(), fmt.Sprintf("q%d", i))
+		if err != nil {
+			t.Fatalf("Acquire with the breaker open: %v", err)
+		}
+		release()
+	}
+	if f.calls.Load() != calls {
+		t.Fatalf("%d memcached calls while its breaker was open", f.calls.Load()-calls)
+	}
+	if _, fallbacks := slots.Stats(); fallbacks != 105 {
+		t.Fatalf("%d fallbacks counted, want 105", fallbacks)
+	}
+}

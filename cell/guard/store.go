@@ -1,0 +1,168 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"redcell/cell"
+	"redcell/model"
+)
+
+// Store is a cell.Store behind a Breaker. While the breaker is open every
+// call returns ErrDBOpen at once, without calling the inner store. A call
+// that fails with an infrastructure error other than a deadline is answered
+// as model.ErrDBUnavailable wrapping that error (a retryable 503, not an
+// INTERNAL 500); deadlines stay context.DeadlineExceeded (504 TIMEOUT).
+// Business errors pass through unchanged. Safe for concurrent use.
+type Store struct {
+	inner cell.Store
+	b     *Breaker
+	// isFailure adds the store's own infrastructure errors (the MySQL driver's)
+	// to the generic ones of Infrastructure; nil adds none.
+	isFailure func(error) bool
+}
+
+var _ cell.Store = (*Store)(nil)
+
+// ErrDBOpen is what a Store answers while its breaker refuses calls. It
+// matches model.ErrDBUnavailable under errors.Is.
+var ErrDBOpen = model.Errorf(model.ErrDBUnavailable, "the database circuit breaker is open after repeated failures; retry later")
+
+// NewStore returns inner behind b. Several stores may share one breaker (the
+// real and the shadow store of one server do: they fail together).
+func NewStore(inner cell.Store, b *Breaker, isFailure func(error) bool) *Store {
+	return &Store{inner: inner, b: b, isFailure: isFailure}
+}
+
+func (s *Store) judge(err error, took time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	if verdict, ok := s.b.judgeContext(err, took); ok {
+		return verdict
+	}
+	if Infrastructure(err) || s.isFailure != nil && s.isFailure(err) {
+		return errFailure
+	}
+	return nil // the server answered: business errors and bugs alike
+}
+
+// call runs f behind the breaker and translates its error (see Store).
+func (s *Store) call(f func() error) error {
+	err, refused := s.b.do(f, s.judge)
+	switch {
+	case refused:
+		return ErrDBOpen
+	case err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return err
+	case s.judge(err, 0) == errFailure:
+		return fmt.Errorf("%w: %w", model.ErrDBUnavailable, err)
+	}
+	return err
+}
+
+// Deposit implements cell.Store.
+func (s *Store) Deposit(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (d model.Deposit, err error) {
+	err = s.call(func() (err error) { d, err = s.inner.Deposit(ctx, sh, actID, orderNo, amount); return err })
+	return d, err
+}
+
+// Account implements cell.Store.
+func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (a model.Account, err error) {
+	err = s.call(func() (err error) { a, err = s.inner.Account(ctx, sh, actID); return err })
+	return a, err
+}
+
+// ApplyCredits implements cell.Store.
+func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (n int, err error) {
+	err = s.call(func() (err error) { n, err = s.inner.ApplyCredits(ctx, credits); return err })
+	return n, err
+}
+
+// Send implements cell.Store.
+func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (p model.Packet, repeat bool, err error) {
+	err = s.call(func() (err error) { p, repeat, err = s.inner.Send(ctx, sh, req, id, expiresMS); return err })
+	return p, repeat, err
+}
+
+// Packet implements cell.Store.
+func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (p model.Packet, err error) {
+	err = s.call(func() (err error) { p, err = s.inner.Packet(ctx, ref); return err })
+	return p, err
+}
+
+// Claims implements cell.Store.
+func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) (cs []model.Claim, err error) {
+	err = s.call(func() (err error) { cs, err = s.inner.Claims(ctx, ref, afterSeq, limit); return err })
+	return cs, err
+}
+
+// OpenBatch implements cell.Store.
+func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) (res []model.OpenResult, p model.Packet, err error) {
+	err = s.call(func() (err error) { res, p, err = s.inner.OpenBatch(ctx, ref, reqs, r); return err })
+	return res, p, err
+}
+
+// ClaimsOf implements cell.Store.
+func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (m map[string]model.Claim, err error) {
+	err = s.call(func() (err error) { m, err = s.inner.ClaimsOf(ctx, ref, reqs); return err })
+	return m, err
+}
+
+// ExpiredIn implements cell.Store.
+func (s *Store) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) (ids []model.PacketID, err error) {
+	err = s.call(func() (err error) { ids, err = s.inner.ExpiredIn(ctx, shards, days, nowMS, limit); return err })
+	return ids, err
+}
+
+// Refund implements cell.Store.
+func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (c model.Cents, err error) {
+	err = s.call(func() (err error) { c, err = s.inner.Refund(ctx, ref); return err })
+	return c, err
+}
+
+// PendingCredits implements cell.Store.
+func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (cs []model.Credit, next model.OutboxPos, err error) {
+	err = s.call(func() (err error) {
+		cs, next, err = s.inner.PendingCredits(ctx, db, beforeMS, afterMS, afterID, limit)
+		return err
+	})
+	return cs, next, err
+}
+
+// MarkDelivered implements cell.Store.
+func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) error {
+	return s.call(func() error { return s.inner.MarkDelivered(ctx, credits) })
+}
+
+// OutboxLag implements cell.Store.
+func (s *Store) OutboxLag(ctx context.Context, db int) (pending, oldestMS int64, err error) {
+	err = s.call(func() (err error) { pending, oldestMS, err = s.inner.OutboxLag(ctx, db); return err })
+	return pending, oldestMS, err
+}
+
+// EnsureShard implements cell.Store.
+func (s *Store) EnsureShard(ctx context.Context, sh model.ShardID) error {
+	return s.call(func() error { return s.inner.EnsureShard(ctx, sh) })
+}
+
+// EnsureDays implements cell.Store. The warm-up it serves may run for minutes,
+// so it is never the breaker's probe (a half-open breaker would refuse every
+// other call meanwhile) and its outcome is not counted: it runs only while the
+// breaker is closed, and otherwise returns ErrDBOpen (the warm-up retries).
+func (s *Store) EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error {
+	if s.b.State() != StateClosed {
+		s.b.rejected.Add(1)
+		return ErrDBOpen
+	}
+	return s.inner.EnsureDays(ctx, shards, days, parallel, progress)
+}
+
+// Ping implements cell.Store: while the breaker is open the cell's /healthz
+// reads db_unreachable without waiting on the server.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.call(func() error { return s.inner.Ping(ctx) })
+}

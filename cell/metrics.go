@@ -1,0 +1,171 @@
+package cell
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"redcell/internal/httpmetrics"
+)
+
+// route names a request the cell serves; it indexes the metrics.
+type route int
+
+const (
+	routeOther route = iota // unknown path or method
+	routeAccount
+	routeDeposit
+	routeSend
+	routeDetail
+	routeGrab
+	routeOpen
+	routeNoop
+	routeCredits // POST /internal/credits, cell to cell
+	routeCount
+)
+
+var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits"}
+
+// shedReason says why an open was dropped before its transaction.
+type shedReason int
+
+const (
+	shedQueueFull shedReason = iota // the packet's FIFO (or the set of FIFOs) is full
+	shedQueueWait                   // waited longer than QueueWaitMax
+	shedDeadline                    // the request's deadline passed in the queue
+	shedNoSlot                      // no memcached transaction slot within the transaction timeout
+	shedShutdown                    // the queue is closed: the cell is draining
+	shedReasons
+)
+
+var shedReasonNames = [shedReasons]string{"queue_full", "queue_wait", "deadline", "no_slot", "shutting_down"}
+
+// metrics are the cell's Prometheus series. Label values are all made in
+// newMetrics; the hot path indexes arrays and calls atomic adds.
+type metrics struct {
+	requests  *httpmetrics.Requests
+	limited   [routeCount]prometheus.Counter // kind="cell"
+	shed      [shedReasons]prometheus.Counter
+	queued    prometheus.Gauge // opens waiting in all FIFOs
+	queueWait prometheus.Histogram
+	batchSize prometheus.Histogram
+	serve     fasthttp.RequestHandler // GET /metrics on the admin port
+}
+
+// outboxLagTTL: how long a reading of the outboxes is reused, so that frequent
+// scrapes cost the database at most one pass per this interval.
+const outboxLagTTL = 5 * time.Second
+
+func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		requests: httpmetrics.New(reg, "redcell_cell_request_duration_seconds",
+			"Time a cell took to answer a request, by route and answer code (OK or the error code); _count is the request count.", routeNames[:]),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_depth",
+			Help: "Opens waiting in the per-packet FIFOs, all packets together."}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_open_queue_wait_seconds",
+			Help:    "Time an open waited in its packet's FIFO before a worker took it.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_open_batch_size",
+			Help:    "Opens committed by one open transaction (serial and naive: 1).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13)}), // 1 .. 4096 = BatchMax's bound
+	}
+	limited := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_rate_limited_total",
+		Help: "Requests refused by a rate limit, by kind (route, user at the router; cell at a cell) and route."}, []string{"kind", "route"})
+	for r := range routeCount {
+		m.limited[r] = limited.WithLabelValues("cell", routeNames[r])
+	}
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_shed_total",
+		Help: "Opens dropped before their transaction, by reason."}, []string{"reason"})
+	for r := range shedReasons {
+		m.shed[r] = shed.WithLabelValues(shedReasonNames[r])
+	}
+	counter := func(name, help string, v func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v()) })
+	}
+	reg.MustRegister(limited, shed, m.queued, m.queueWait, m.batchSize,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_packets",
+			Help: "Packets with a live FIFO worker."}, func() float64 { return float64(s.queue.Keys()) }),
+		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
+		counter("redcell_cell_open_batches_total", "Open transactions committed by the FIFO workers.", s.stats.openBatches.Load),
+		counter("redcell_cell_relay_delivered_total", "Credits the relay delivered and marked in the outbox.", s.stats.relayed.Load),
+		counter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, local or remote deliveries, claims with no live owner.", s.stats.relayErrors.Load),
+		counter("redcell_cell_relay_handoff_dropped_total", "Fresh claims the relay's channel had no room for (the outbox scan delivers them).", s.stats.relayDropped.Load),
+		counter("redcell_cell_refunds_total", "Expired packets refunded.", s.stats.refunds.Load),
+		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.stats.refundCents.Load),
+		counter("redcell_memcached_cas_conflicts_total", "Transaction-slot CAS conflicts retried.", func() int64 { c, _ := s.slots.Stats(); return c }),
+		counter("redcell_memcached_fallbacks_total", "Transaction-slot calls served in-process because memcached failed or its breaker is open.", func() int64 { _, f := s.slots.Stats(); return f }),
+		&outboxCollector{s: s,
+			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
+			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
+		},
+	)
+	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return m
+}
+
+// outboxCollector reads the outbox lag of both spaces when scraped, at most
+// once per outboxLagTTL. A space whose reading failed is left out of the scrape
+// rather than shown with old numbers.
+type outboxCollector struct {
+	s               *Server
+	pending, oldest *prometheus.Desc
+
+	mu  sync.Mutex // guards at, lag, ok
+	at  time.Time
+	lag [2]struct{ pending, oldestMS int64 }
+	ok  [2]bool
+}
+
+func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.pending; ch <- c.oldest }
+
+func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) >= outboxLagTTL {
+		c.refreshLocked()
+	}
+	for i, name := range [2]string{"real", "shadow"} {
+		if c.ok[i] {
+			ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(c.lag[i].pending), name)
+			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, float64(c.lag[i].oldestMS)/1000, name)
+		}
+	}
+}
+
+// refreshLocked reads every owned database's outbox in both spaces; c.mu must be held.
+func (c *outboxCollector) refreshLocked() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.at = time.Now()
+	for i, sp := range c.s.spaces {
+		c.ok[i] = true
+		c.lag[i].pending, c.lag[i].oldestMS = 0, 0
+		for _, db := range c.s.ownedDBs() {
+			n, oldest, err := sp.store.OutboxLag(ctx, db)
+			if err != nil {
+				c.ok[i] = false
+				break
+			}
+			c.lag[i].pending += n
+			c.lag[i].oldestMS = max(c.lag[i].oldestMS, oldest)
+		}
+	}
+}
+
+// ownedDBs lists the databases (db index) of the cell's shards, each once.
+func (s *Server) ownedDBs() []int {
+	var out []int
+	seen := map[int]bool{}
+	for _, sh := range s.cfg.Shards.Shards() {
+		if db := sh.DB(); !seen[db] {
+			seen[db] = true
+			out = append(out, db)
+		}
+	}
+	return out
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"redcell/router"
+)
+
+// TestOverloadConfig: the rate-limit and breaker keys decode, merge over the
+// defaults field by field, and bad values stop the process.
+func TestOverloadConfig(t *testing.T) {
+	write := func(body string) string {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fc, err := loadConfig(write(`
+router:
+  rate_limits:
+    open: {per_sec: 1000}
+    send: {per_sec: 10, burst: 5}
+  user_rate_limit: {per_sec: 5, max_users: 2048}
+cell:
+  rate_limit_per_sec: 7000
+  breaker_failures: 3
+  breaker_cooldown: 500ms
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := fc.routerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := router.DefaultConfig()
+	if got := rc.RateLimits["open"]; got != (router.Rate{PerSec: 1000, Burst: def.RateLimits["open"].Burst}) {
+		t.Errorf("open: %+v", got)
+	}
+	if got := rc.RateLimits["send"]; got != (router.Rate{PerSec: 10, Burst: 5}) {
+		t.Errorf("send: %+v", got)
+	}
+	if rc.RateLimits["grab"] != def.RateLimits["grab"] {
+		t.Errorf("grab lost its default: %+v", rc.RateLimits["grab"])
+	}
+	if rc.UserRate != (router.Rate{PerSec: 5, Burst: def.UserRate.Burst}) || rc.UserLimitersMax != 2048 {
+		t.Errorf("user rate %+v, max %d", rc.UserRate, rc.UserLimitersMax)
+	}
+	bc, err := fc.breakerConfig()
+	if err != nil || bc.Failures != 3 || bc.Cooldown != 500*time.Millisecond {
+		t.Errorf("breaker config %+v, %v", bc, err)
+	}
+	if fc.Cell.RateLimitPerSec != 7000 {
+		t.Errorf("cell rate %d", fc.Cell.RateLimitPerSec)
+	}
+
+	fc, err = loadConfig(write("router:\n  rate_limits:\n    opne: {per_sec: 5}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fc.routerConfig(); err == nil || !strings.Contains(err.Error(), `"opne"`) {
+		t.Errorf("a misspelt route: %v", err)
+	}
+	if _, err := loadConfig(write("cell:\n  rate_limit: 5\n")); err == nil {
+		t.Error("an unknown cell key was accepted")
+	}
+}
+
+// TestReferenceConfig: deploy/local/redcell.yaml loads and gives every process
+// a valid config (with a cluster secret, which make run writes in).
+func TestReferenceConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	fc, err := loadConfig("../../deploy/local/redcell.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := fc.routerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.RateLimits["open"] != (router.Rate{PerSec: 50_000, Burst: 10_000}) || rc.UserRate != (router.Rate{PerSec: 20, Burst: 40}) {
+		t.Errorf("router limits in the reference file: %+v, user %+v", rc.RateLimits, rc.UserRate)
+	}
+	for _, name := range []string{"cell-1", "cell-2"} {
+		if _, _, err := fc.cellConfig(name); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := fc.breakerConfig(); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,143 @@
+package router
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// routeID names a public route; it indexes the rate limiters and the metrics.
+type routeID int
+
+const (
+	routeOther routeID = iota // not a routed request: unknown path, bad method
+	routeAccount
+	routeDeposit
+	routeSend
+	routeDetail
+	routeGrab
+	routeOpen
+	routeNoop
+	routeCount
+)
+
+// routeNames are the route label values of the metrics and the keys of
+// Config.RateLimits (every name but "other").
+var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop"}
+
+// Rate is a token bucket: PerSec requests a second on average, up to Burst at once.
+type Rate struct {
+	PerSec int // sustained requests per second, >= 1
+	Burst  int // requests allowed back to back after a quiet spell, >= 1
+}
+
+func (r Rate) valid() bool { return r.PerSec >= 1 && r.Burst >= 1 }
+
+// RouteNames returns the names Config.RateLimits is keyed by, sorted.
+func RouteNames() []string {
+	out := make([]string, 0, routeCount-1)
+	for _, n := range routeNames[routeOther+1:] {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func validateRateLimits(m map[string]Rate) error {
+	known := map[string]bool{}
+	for _, n := range routeNames[routeOther+1:] {
+		known[n] = true
+		if r, ok := m[n]; !ok || !r.valid() {
+			return fmt.Errorf("router: RateLimits[%q] must have PerSec >= 1 and Burst >= 1, got %+v", n, m[n])
+		}
+	}
+	for n := range m {
+		if !known[n] {
+			return fmt.Errorf("router: RateLimits has unknown route %q (routes: %v)", n, RouteNames())
+		}
+	}
+	return nil
+}
+
+// newRouteLimiters makes one token bucket per route; routeOther has none
+// (those requests never reach a cell).
+func newRouteLimiters(m map[string]Rate) [routeCount]*rate.Limiter {
+	var out [routeCount]*rate.Limiter
+	for id := routeOther + 1; id < routeCount; id++ {
+		r := m[routeNames[id]]
+		out[id] = rate.NewLimiter(rate.Limit(r.PerSec), r.Burst)
+	}
+	return out
+}
+
+// userShards splits the per-user limiters so that concurrent requests of
+// different users rarely share a lock.
+const userShards = 64
+
+// userLimits is the per-user request frequency limit: one token bucket per
+// act_id, in a bounded map. Each shard keeps two generations of limiters; a
+// user seen in the old generation moves to the current one, and when the
+// current one is full the old one is dropped whole. So a user who keeps
+// sending always keeps its bucket (a limited user cannot shake off its limit by
+// waiting for eviction while it is still sending), a user idle for a whole
+// generation is forgotten, and the map never holds more than max limiters.
+// Forgetting a user costs nothing but a fresh burst. Safe for concurrent use.
+type userLimits struct {
+	rate     rate.Limit
+	burst    int
+	shardMax int // limiters per generation per shard
+	seed     maphash.Seed
+	shards   [userShards]userShard
+}
+
+type userShard struct {
+	mu       sync.Mutex // guards cur and old
+	cur, old map[string]*rate.Limiter
+}
+
+// newUserLimits keeps at most maxUsers limiters (rounded down to a multiple of
+// 2*userShards, at least one per shard and generation).
+func newUserLimits(r Rate, maxUsers int) *userLimits {
+	u := &userLimits{rate: rate.Limit(r.PerSec), burst: r.Burst, shardMax: max(1, maxUsers/(2*userShards)), seed: maphash.MakeSeed()}
+	for i := range u.shards {
+		u.shards[i].cur = make(map[string]*rate.Limiter)
+		u.shards[i].old = make(map[string]*rate.Limiter)
+	}
+	return u
+}
+
+// allow takes one token of user's bucket at time now and reports whether there was one.
+func (u *userLimits) allow(user string, now time.Time) bool {
+	sh := &u.shards[maphash.String(u.seed, user)%userShards]
+	sh.mu.Lock()
+	l, ok := sh.cur[user]
+	if !ok {
+		if l, ok = sh.old[user]; ok {
+			delete(sh.old, user)
+		} else {
+			l = rate.NewLimiter(u.rate, u.burst)
+		}
+		if len(sh.cur) >= u.shardMax {
+			sh.old, sh.cur = sh.cur, make(map[string]*rate.Limiter, u.shardMax)
+		}
+		sh.cur[user] = l
+	}
+	sh.mu.Unlock()
+	return l.AllowN(now, 1)
+}
+
+// size returns how many users have a limiter now.
+func (u *userLimits) size() int {
+	n := 0
+	for i := range u.shards {
+		sh := &u.shards[i]
+		sh.mu.Lock()
+		n += len(sh.cur) + len(sh.old)
+		sh.mu.Unlock()
+	}
+	return n
+}
