@@ -146,6 +146,7 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	}
 	err := s.runAll(ctx, sc)
 	if err == nil && sc.Limits != nil {
+		quiesce(ctx, sc)
 		lim, lerr := MeasureLimits(ctx, *sc.Limits)
 		s.Limits = &lim
 		err = lerr
@@ -198,6 +199,9 @@ func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 			n++
 			if cfg.Label == "" {
 				cfg.Label = s.Workload
+			}
+			if n > 1 {
+				quiesce(ctx, sc)
 			}
 			logf(sc.Log, "run %d (%s): %s for %v", n, cfg.Label, s.Workload, cfg.Duration)
 			rep, err := Run(ctx, cfg)
@@ -293,4 +297,33 @@ func logf(w io.Writer, format string, args ...any) {
 	if w != nil {
 		fmt.Fprintf(w, "bench: "+format+"\n", args...)
 	}
+}
+
+// quiesceTimeout bounds the wait for the cells' relays between runs.
+const quiesceTimeout = 90 * time.Second
+
+// quiesce waits, when an audit is configured, until no credit of earlier runs
+// is in flight (or quiesceTimeout passes): a run that starts while the relays
+// still deliver a previous run's credits would share the machine with them, and
+// side-by-side numbers would not compare like with like.
+func quiesce(ctx context.Context, sc SuiteConfig) {
+	if sc.Run.Audit == nil {
+		return
+	}
+	start := time.Now()
+	for time.Since(start) < quiesceTimeout && ctx.Err() == nil {
+		actx, cancel := context.WithTimeout(ctx, auditTimeout)
+		a, err := sc.Run.Audit(actx)
+		cancel()
+		if err == nil && a.InFlightCount == 0 {
+			if d := time.Since(start); d > time.Second {
+				logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
+			}
+			return
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return
+		}
+	}
+	logf(sc.Log, "credits of earlier runs still in flight after %v; going on", quiesceTimeout)
 }
