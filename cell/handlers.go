@@ -236,21 +236,29 @@ func remainingOf(p model.Packet) admission.Remaining {
 	return admission.Remaining{Count: p.RemainingCount, Status: int8(p.Status), ExpiresMS: p.ExpiresMS}
 }
 
+// packetAndActor reads what grab and open share: the packet ID from the path
+// (owned by this cell) and the act_id from the body, both validated. On failure
+// it has written the error answer and ok is false.
+func (s *Server) packetAndActor(rc *fasthttp.RequestCtx, id string) (ref model.PacketRef, actID string, ok bool) {
+	ref, err := s.packetRef(id)
+	if err == nil {
+		actID, err = decodeActID(rc.PostBody())
+	}
+	if err == nil {
+		err = model.ValidateActID(actID)
+	}
+	if err != nil {
+		s.writeErr(rc, err)
+		return ref, "", false
+	}
+	return ref, actID, true
+}
+
 // grab answers whether a share may still be there: memcached's copy first, the
 // database on a miss. It never reserves anything.
 func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
-	ref, err := s.packetRef(id)
-	if err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	actID, err := decodeActID(rc.PostBody())
-	if err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	if err := model.ValidateActID(actID); err != nil {
-		s.writeErr(rc, err)
+	ref, _, ok := s.packetAndActor(rc, id)
+	if !ok {
 		return
 	}
 	rem, ok := admission.Remaining{}, false

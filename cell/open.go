@@ -32,18 +32,8 @@ const txTimeout = 5 * time.Second
 
 // open handles POST /v1/packets/{id}/open: the hot path of DESIGN.md §4.
 func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
-	ref, err := s.packetRef(id)
-	if err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	actID, err := decodeActID(rc.PostBody())
-	if err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	if err := model.ValidateActID(actID); err != nil {
-		s.writeErr(rc, err)
+	ref, actID, ok := s.packetAndActor(rc, id)
+	if !ok {
 		return
 	}
 	req := model.OpenRequest{ActID: actID, Shard: sharding.ShardOfAct(actID)}
