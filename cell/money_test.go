@@ -168,6 +168,17 @@ func TestCrossCellCredit(t *testing.T) {
 	if st, code := postCredits(t, b.url, testSecret, time.Now().Add(-time.Minute), []model.Credit{forged}, nil); st != 401 || code != "UNAUTHENTICATED" {
 		t.Fatalf("replayed credit: %d %s", st, code)
 	}
+	// A correctly signed real call replayed as stress traffic (or back) fails:
+	// the space is part of what is signed.
+	body, _ := json.Marshal(api.CreditsRequest{Credits: []model.Credit{forged}})
+	ts := time.Now().UnixMilli()
+	if st, code := callRaw(t, map[string]string{
+		api.HeaderStress:    "1",
+		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
+		api.HeaderSignature: api.Sign([]byte(testSecret), "POST", "/internal/credits", false, ts, body),
+	}, "POST", b.url+"/internal/credits", body, nil); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("real-signed credit sent as stress traffic: %d %s", st, code)
+	}
 	if got := b.balance(t, claimant); got != claim.Amount {
 		t.Fatalf("claimant balance %d after forged credits, want %d", got, claim.Amount)
 	}
@@ -259,6 +270,6 @@ func postCredits(t *testing.T, url, secret string, at time.Time, credits []model
 	ts := at.UnixMilli()
 	return callRaw(t, map[string]string{
 		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
-		api.HeaderSignature: api.Sign([]byte(secret), "POST", "/internal/credits", ts, body),
+		api.HeaderSignature: api.Sign([]byte(secret), "POST", "/internal/credits", false, ts, body),
 	}, "POST", url+"/internal/credits", body, out)
 }

@@ -190,7 +190,7 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	ts := time.Now().UnixMilli()
 	req.Header.Set(api.HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(api.HeaderSignature, api.Sign([]byte(r.s.cfg.ClusterSecret), fasthttp.MethodPost, "/internal/credits", ts, body))
+	req.Header.Set(api.HeaderSignature, api.Sign([]byte(r.s.cfg.ClusterSecret), fasthttp.MethodPost, "/internal/credits", r.sp.stress, ts, body))
 	req.Header.SetContentType("application/json")
 	req.SetBody(body)
 	deadline := time.Now().Add(relayTimeout)

@@ -48,7 +48,7 @@ type Slots struct {
 
 // NewSlots returns a cap of capPerKey concurrent holders per key.
 func NewSlots(mc Memcache, capPerKey int, log *slog.Logger) *Slots {
-	return &Slots{mc: mc, cap: capPerKey, ttlSec: 30, log: log, local: map[string]int{}}
+	return &Slots{mc: mc, cap: capPerKey, ttlSec: 10, log: log, local: map[string]int{}}
 }
 
 // NewClient returns a memcached client sized for a cell.

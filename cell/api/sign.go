@@ -19,13 +19,20 @@ const (
 const SignatureWindow = 30 * time.Second
 
 // Sign returns the HMAC-SHA256, keyed with the cluster secret, over the method,
-// path, timestamp (Unix ms) and body of an internal call, hex-encoded.
-func Sign(secret []byte, method, path string, tsMS int64, body []byte) string {
+// path, money space (stress traffic or real: the HeaderStress flag, which picks
+// the tables), timestamp (Unix ms) and body of an internal call, hex-encoded.
+// Signing the space means a call cannot be replayed into the other one.
+func Sign(secret []byte, method, path string, stress bool, tsMS int64, body []byte) string {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(method))
 	m.Write([]byte{'\n'})
 	m.Write([]byte(path))
 	m.Write([]byte{'\n'})
+	if stress {
+		m.Write([]byte("stress\n"))
+	} else {
+		m.Write([]byte("real\n"))
+	}
 	m.Write(strconv.AppendInt(nil, tsMS, 10))
 	m.Write([]byte{'\n'})
 	m.Write(body)
@@ -35,7 +42,7 @@ func Sign(secret []byte, method, path string, tsMS int64, body []byte) string {
 // Verify checks a signed call at time now. It fails on an empty secret, a
 // missing or malformed timestamp, a timestamp outside SignatureWindow, or a
 // signature that does not match (compared in constant time).
-func Verify(secret []byte, method, path, tsHeader, sigHeader string, body []byte, now time.Time) bool {
+func Verify(secret []byte, method, path string, stress bool, tsHeader, sigHeader string, body []byte, now time.Time) bool {
 	if len(secret) == 0 || tsHeader == "" || sigHeader == "" {
 		return false
 	}
@@ -46,6 +53,6 @@ func Verify(secret []byte, method, path, tsHeader, sigHeader string, body []byte
 	if d := now.Sub(time.UnixMilli(ts)); d > SignatureWindow || d < -SignatureWindow {
 		return false
 	}
-	want := Sign(secret, method, path, ts, body)
+	want := Sign(secret, method, path, stress, ts, body)
 	return hmac.Equal([]byte(want), []byte(sigHeader))
 }
