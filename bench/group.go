@@ -64,6 +64,7 @@ func (r *loadRun) sendPlanned(ctx context.Context, start time.Time, n int64, pl 
 	if res.code != "" {
 		return false
 	}
+	p.hot = pl.members >= hotGroupMin
 	sent := time.Now()
 	tasks := make([]openTask, pl.members)
 	for m := range tasks {

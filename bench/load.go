@@ -57,7 +57,14 @@ type loadRun struct {
 	claimedCents   atomic.Int64
 	overClaims     atomic.Int64 // claims that took their packet above its amount or count
 	resolved       atomic.Int64
+
+	// Festival opens again, split by the packet's group size, so a report shows
+	// what queueing on the hot packets does to the cold ones' latency.
+	openHot, openCold *opRecorder
 }
+
+// hotGroupMin is the group size from which a festival packet counts as hot.
+const hotGroupMin = 200
 
 // senderAccount is one sender of a hot, festival or cold run. Safe for
 // concurrent use.
@@ -85,7 +92,8 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	defer c.hc.CloseIdleConnections()
-	r := &loadRun{cfg: cfg, seed: uint64(start.UnixNano()), cells: cells, start: start, book: claimBook{byAct: map[string]int64{}}}
+	r := &loadRun{cfg: cfg, seed: uint64(start.UnixNano()), cells: cells, start: start, book: claimBook{byAct: map[string]int64{}},
+		openHot: newOpRecorder(), openCold: newOpRecorder()}
 	r.requester = newRequester(c, start) // the timeline restarts with the load, below
 
 	ready := r.setup(ctx)
@@ -220,6 +228,13 @@ func (r *loadRun) open(ctx context.Context, start time.Time, t openTask) {
 			}
 			return out.Repeat, ""
 		})
+	if r.cfg.Workload == WorkloadFestival {
+		rec := r.openCold
+		if p.hot {
+			rec = r.openHot
+		}
+		rec.record(res, out.Repeat)
+	}
 	switch res.code {
 	case "":
 		r.claim(t, out.Amount)
@@ -337,6 +352,8 @@ func (r *loadRun) report(end time.Time) Report {
 		Send:           r.rec[opSend].stats(),
 		Grab:           r.rec[opGrab].stats(),
 		Open:           r.rec[opOpen].stats(),
+		OpenHot:        r.classStats(r.openHot),
+		OpenCold:       r.classStats(r.openCold),
 		DepositedCents: r.depositedCents.Load(),
 		SentCents:      r.sentCents.Load(),
 		ClaimedCents:   r.claimedCents.Load(),
@@ -360,4 +377,13 @@ func (r *loadRun) report(end time.Time) Report {
 		rep.SendsPerSec = float64(rep.Send.OK) / s
 	}
 	return rep
+}
+
+// classStats reports a festival class recorder, nil for other workloads.
+func (r *loadRun) classStats(rec *opRecorder) *OpStats {
+	if r.cfg.Workload != WorkloadFestival {
+		return nil
+	}
+	st := rec.stats()
+	return &st
 }

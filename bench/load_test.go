@@ -194,6 +194,12 @@ func TestFestival(t *testing.T) {
 			if rep.Send.OK < 2 || rep.OverClaimedPackets != 0 {
 				t.Errorf("%d packets sent, %d over-claimed", rep.Send.OK, rep.OverClaimedPackets)
 			}
+			// Every open sent is counted once more, in the hot or the cold class
+			// (open-loop drops were never sent).
+			if rep.OpenHot == nil || rep.OpenCold == nil || rep.OpenHot.Count+rep.OpenCold.Count != rep.Open.Count-rep.Open.Errors[codeDropped] ||
+				rep.OpenHot.OK+rep.OpenCold.OK != rep.Open.OK {
+				t.Errorf("hot %+v + cold %+v do not add up to all opens %d (%d ok)", rep.OpenHot, rep.OpenCold, rep.Open.Count, rep.Open.OK)
+			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			for id, p := range f.packets {

@@ -60,6 +60,10 @@ type Report struct {
 	Send    OpStats `json:"send"`
 	Grab    OpStats `json:"grab"`
 	Open    OpStats `json:"open"`
+	// OpenHot and OpenCold split festival opens by packet: packets of groups of
+	// 200 or more members, and the rest (nil for other workloads).
+	OpenHot  *OpStats `json:"open_hot_packets,omitempty"`
+	OpenCold *OpStats `json:"open_cold_packets,omitempty"`
 
 	OpensPerSec float64 `json:"opens_per_sec"` // successful opens per second of ElapsedMS
 	SendsPerSec float64 `json:"sends_per_sec"` // successful sends per second of ElapsedMS
@@ -292,6 +296,16 @@ func (r Report) WriteText(w io.Writer) error {
 		s := r.op(o)
 		l := s.LatencyMS
 		ew.printf("%-8s %9d %9d %7d %9.2f %9.2f %9.2f %9.2f %9.2f\n", o, s.Count, s.OK, s.Repeats, l.P50, l.P90, l.P99, l.P999, l.Max)
+	}
+	for _, c := range []struct {
+		name string
+		s    *OpStats
+	}{{"  hot", r.OpenHot}, {"  cold", r.OpenCold}} {
+		if c.s != nil {
+			l := c.s.LatencyMS
+			ew.printf("%-8s %9d %9d %7d %9.2f %9.2f %9.2f %9.2f %9.2f   (opens of %s packets)\n", c.name, c.s.Count, c.s.OK, c.s.Repeats,
+				l.P50, l.P90, l.P99, l.P999, l.Max, strings.TrimSpace(c.name))
+		}
 	}
 	for o := op(0); o < opCount; o++ {
 		errs := r.op(o).Errors

@@ -63,6 +63,18 @@ func (s Suite) writeSummary(ew *errWriter) {
 		}
 		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
 	}
+	var classRows [][]string
+	for _, r := range s.Runs {
+		if r.OpenHot != nil && r.OpenCold != nil {
+			h, c := r.OpenHot.LatencyMS, r.OpenCold.LatencyMS
+			classRows = append(classRows, []string{r.Label, fmt.Sprint(r.OpenHot.Count), f2(h.P50), f2(h.P99),
+				fmt.Sprint(r.OpenCold.Count), f2(c.P50), f2(c.P99)})
+		}
+	}
+	if len(classRows) > 0 {
+		ew.printf("## Hot and cold packets\n\nFestival opens split by packet: groups of %d members or more (hot) and the rest (cold).\n\n", hotGroupMin)
+		mdTable(ew, []string{"run", "hot opens", "hot p50 ms", "hot p99 ms", "cold opens", "cold p50 ms", "cold p99 ms"}, classRows)
+	}
 	if len(s.RouterVsDirect) > 0 {
 		ew.printf("## Router against direct\n\nRouter rate / direct rate: 1.00 means the router costs nothing.\n\n")
 		var rows [][]string

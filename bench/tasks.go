@@ -13,6 +13,7 @@ import (
 type packetState struct {
 	id            string
 	amount, count int64 // cents, shares, as sent
+	hot           bool  // festival: a big group's packet (hotGroupMin members or more)
 	claimedCents  atomic.Int64
 	claims        atomic.Int64
 }
