@@ -144,6 +144,9 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	if sc.SkipLoad {
 		s.Workload = "limits"
 	}
+	if sc.Run.Seed == 0 {
+		sc.Run.Seed = uint64(time.Now().UnixNano()) // one workload for every run compared
+	}
 	err := s.runAll(ctx, sc)
 	if err == nil && sc.Limits != nil {
 		quiesce(ctx, sc)

@@ -40,6 +40,10 @@ const (
 // Config describes one bench run. Build it with DefaultConfig and change what
 // you need; Run calls Validate.
 type Config struct {
+	// Seed seeds the workload's random draws (group sizes, who opens, when); 0
+	// means one from the clock. Runs with the same seed and config draw the same
+	// workload: RunSuite gives every run of a comparison one seed.
+	Seed uint64
 	// AllowShed accepts OVERLOADED and TIMEOUT answers as load shedding (they are
 	// still counted and shown) instead of failing the run; money checks still apply.
 	AllowShed bool

@@ -92,7 +92,11 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 	defer c.hc.CloseIdleConnections()
-	r := &loadRun{cfg: cfg, seed: uint64(start.UnixNano()), cells: cells, start: start, book: claimBook{byAct: map[string]int64{}},
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(start.UnixNano())
+	}
+	r := &loadRun{cfg: cfg, seed: seed, cells: cells, start: start, book: claimBook{byAct: map[string]int64{}},
 		openHot: newOpRecorder(), openCold: newOpRecorder()}
 	r.requester = newRequester(c, start) // the timeline restarts with the load, below
 
