@@ -479,16 +479,17 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		sender := fmt.Sprintf("%s-s%d", pre, i)
 		deposit(t, m, sender, 150)
-		refs = append(refs, send(t, m, sender, 100, 2, 50*time.Millisecond))
+		refs = append(refs, send(t, m, sender, 100, 2, time.Hour))
 	}
-	later := send(t, m, pre+"-s0", 50, 1, time.Hour) // same shard, not expired
+	later := send(t, m, pre+"-s0", 50, 1, 3*time.Hour) // same shard, expires later
 	shards := []model.ShardID{}
 	for _, r := range append(refs, later) {
 		shards = append(shards, r.Shard)
 	}
 	days := []int{refs[0].Day}
-	find := func() map[model.PacketID]bool {
-		ids, err := m.ExpiredIn(ctx, shards, days, time.Now().UnixMilli(), 100000)
+	// The scan is asked at explicit times, so the test does not race the clock.
+	find := func(at time.Time) map[model.PacketID]bool {
+		ids, err := m.ExpiredIn(ctx, shards, days, at.UnixMilli(), 100000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -498,11 +499,11 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 		}
 		return got
 	}
-	if got := find(); got[refs[0].ID] || got[later.ID] {
+	if got := find(time.Now()); got[refs[0].ID] || got[later.ID] {
 		t.Fatal("a packet listed before it expired")
 	}
-	time.Sleep(80 * time.Millisecond)
-	got := find()
+	inTwoHours := time.Now().Add(2 * time.Hour)
+	got := find(inTwoHours)
 	for _, r := range refs {
 		if !got[r.ID] {
 			t.Fatalf("expired packet %s not listed", r.ID)
@@ -511,12 +512,13 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	if got[later.ID] {
 		t.Fatal("an unexpired packet listed")
 	}
+	m.SetClock(func() time.Time { return inTwoHours }) // Refund checks expiry by the store's clock
 	for _, r := range refs {
-		if _, err := m.Refund(ctx, r); err != nil {
-			t.Fatal(err)
+		if c, err := m.Refund(ctx, r); err != nil || c != 100 {
+			t.Fatalf("refund of %s: %d, %v", r.ID, c, err)
 		}
 	}
-	if got := find(); got[refs[0].ID] {
+	if got := find(inTwoHours); got[refs[0].ID] {
 		t.Fatal("a refunded packet listed again")
 	}
 }
