@@ -108,10 +108,7 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 	}
 	end := time.Now()
 	rep := r.report(end)
-	if err := ctx.Err(); err != nil {
-		if cfg.Audit != nil {
-			rep.AuditError = "not run: " + err.Error()
-		}
+	if err := interrupted(ctx, cfg, &rep); err != nil {
 		return rep, err
 	}
 	r.resolveUncertain(ctx)

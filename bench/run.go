@@ -114,10 +114,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 
 	rep := r.report(elapsed)
 	rep.Timeline = r.rec[opOpen].tl.finish(end)
-	if err := ctx.Err(); err != nil {
-		if cfg.Audit != nil {
-			rep.AuditError = "not run: " + err.Error()
-		}
+	if err := interrupted(ctx, cfg, &rep); err != nil {
 		return rep, err
 	}
 	r.resolveUncertain(ctx)
@@ -393,4 +390,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// interrupted reports ctx's error when the run was cut short; the audit was
+// then not run, and the report says so.
+func interrupted(ctx context.Context, cfg Config, rep *Report) error {
+	err := ctx.Err()
+	if err != nil && cfg.Audit != nil {
+		rep.AuditError = "not run: " + err.Error()
+	}
+	return err
 }
