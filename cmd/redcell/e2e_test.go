@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -31,23 +32,37 @@ type cluster struct {
 	logs                map[string]*bytes.Buffer
 }
 
-func freePort(t *testing.T) int {
+// freePorts returns n distinct loopback ports, each free for TCP and UDP
+// (memberlist binds both). They are drawn from 20000-32767, below Linux's
+// ephemeral range, so outgoing connections made while the cluster starts
+// (MariaDB clients, gossip dials) cannot take one first, and none is handed
+// out twice.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	for i := 0; i < 20; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	taken := map[int]bool{}
+	var ports []int
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 2000 {
+			t.Fatal("no free ports")
+		}
+		port := 20000 + rand.IntN(12768)
+		if taken[port] {
+			continue
+		}
+		taken[port] = true
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
 		ln.Close()
-		// memberlist needs the UDP port too.
-		if u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			u.Close()
-			return port
+		if err != nil {
+			continue
 		}
+		u.Close()
+		ports = append(ports, port)
 	}
-	t.Fatal("no free port")
-	return 0
+	return ports
 }
 
 func startCluster(t *testing.T) *cluster {
@@ -60,8 +75,8 @@ func startCluster(t *testing.T) *cluster {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	rp, c1, c2, g0, g1, g2 := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
-	a1, a2 := freePort(t), freePort(t)
+	p := freePorts(t, 8)
+	rp, c1, c2, g0, g1, g2, a1, a2 := p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
 	c.adminURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", a1)
 	c.adminURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", a2)
 	c.router = fmt.Sprintf("http://127.0.0.1:%d", rp)
