@@ -1,206 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"redcell/cell/api"
 	"redcell/internal/testenv"
-	"redcell/sharding"
 )
-
-// cluster is the real binaries — two cells and a router — on loopback, against
-// the test MariaDB servers and memcached, joined with memberlist.
-type cluster struct {
-	bin, config, router string
-	cellURL             map[string]string
-	adminURL            map[string]string
-	procs               map[string]*exec.Cmd
-	logs                map[string]*bytes.Buffer
-}
-
-// freePorts returns n distinct loopback ports, each free for TCP and UDP
-// (memberlist binds both). They are drawn from 20000-32767, below Linux's
-// ephemeral range, so outgoing connections made while the cluster starts
-// (MariaDB clients, gossip dials) cannot take one first, and none is handed
-// out twice.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	taken := map[int]bool{}
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 2000 {
-			t.Fatal("no free ports")
-		}
-		port := 20000 + rand.IntN(12768)
-		if taken[port] {
-			continue
-		}
-		taken[port] = true
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err != nil {
-			continue
-		}
-		u.Close()
-		ports = append(ports, port)
-	}
-	return ports
-}
-
-func startCluster(t *testing.T) *cluster {
-	t.Helper()
-	dsn1, dsn2, mc := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2), testenv.Memcached(t)
-	dir := t.TempDir()
-	c := &cluster{bin: filepath.Join(dir, "redcell"), config: filepath.Join(dir, "redcell.yaml"),
-		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*bytes.Buffer{}}
-	build := exec.Command("go", "build", "-o", c.bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	p := freePorts(t, 8)
-	rp, c1, c2, g0, g1, g2, a1, a2 := p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
-	c.adminURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", a1)
-	c.adminURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", a2)
-	c.router = fmt.Sprintf("http://127.0.0.1:%d", rp)
-	c.cellURL["cell-1"] = fmt.Sprintf("http://127.0.0.1:%d", c1)
-	c.cellURL["cell-2"] = fmt.Sprintf("http://127.0.0.1:%d", c2)
-	cfg := fmt.Sprintf(`memcached: [%q]
-admin_token: "e2e-secret"
-cluster_secret: "e2e-cluster-secret-0123456789"
-gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
-router:
-  listen: "127.0.0.1:%d"
-  gossip: "127.0.0.1:%d"
-cells:
-  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
-  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
-cell:
-  packet_expiry: 3s
-  expiry_interval: 300ms
-  relay_interval: 300ms
-`, mc, g0, g1, g2, rp, g0, c1, g1, dsn1, a1, c2, g2, dsn2, a2)
-	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.start(t, "cell-1", "cell", "--config", c.config, "--name", "cell-1")
-	c.start(t, "cell-2", "cell", "--config", c.config, "--name", "cell-2")
-	c.start(t, "router", "router", "--config", c.config)
-	t.Cleanup(func() {
-		for name := range c.procs {
-			c.stop(t, name)
-		}
-		if t.Failed() {
-			for name, b := range c.logs {
-				t.Logf("--- log of %s ---\n%s", name, b.String())
-			}
-		}
-	})
-	c.waitReady(t, 0)
-	return c
-}
-
-func (c *cluster) start(t *testing.T, name string, args ...string) {
-	cmd := exec.Command(c.bin, args...)
-	buf := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = buf, buf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.procs[name], c.logs[name] = cmd, buf
-}
-
-// stop sends SIGTERM and requires a clean exit within 20 s.
-func (c *cluster) stop(t *testing.T, name string) {
-	cmd := c.procs[name]
-	if cmd == nil {
-		return
-	}
-	delete(c.procs, name)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("%s exited with %v", name, err)
-		}
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Errorf("%s did not stop within 20 s of SIGTERM", name)
-	}
-}
-
-// waitReady waits until the router's map has uncovered shards == want.
-func (c *cluster) waitReady(t *testing.T, want int) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		var h struct {
-			Uncovered int `json:"uncovered_shards"`
-		}
-		if st, _ := do(t, "GET", c.router+"/healthz", nil, &h); st == 200 && h.Uncovered == want {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("router never saw %d uncovered shards", want)
-}
-
-func do(t *testing.T, method, url string, body, out any) (int, string) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, "TRANSPORT"
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		var e api.ErrorBody
-		if err := json.Unmarshal(b, &e); err != nil || e.Error.Code == "" {
-			t.Errorf("%s %s: %d with a non-error body %q", method, url, resp.StatusCode, b)
-		}
-		return resp.StatusCode, e.Error.Code
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			t.Errorf("decode %q: %v", b, err)
-		}
-	}
-	return 200, ""
-}
-
-func actIn(prefix string, from, to int) string {
-	for i := 0; ; i++ {
-		a := fmt.Sprintf("%s-%d", prefix, i)
-		if s := int(sharding.ShardOfAct(a)); s >= from && s <= to {
-			return a
-		}
-	}
-}
 
 func TestEndToEnd(t *testing.T) {
 	c := startCluster(t)
@@ -390,21 +202,7 @@ func TestEndToEnd(t *testing.T) {
 	// A short smoke load through the router, ending with a clean audit, once the
 	// cells have finished creating today's and tomorrow's tables (a startup phase
 	// whose DDL load would otherwise make the first opens wait).
-	for name, url := range c.cellURL {
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			var h struct {
-				SchemaReady bool `json:"schema_ready"`
-			}
-			if st, _ := do(t, "GET", url+"/healthz", nil, &h); st == 200 && h.SchemaReady {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never finished creating its tables", name)
-			}
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
+	c.waitSchema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")

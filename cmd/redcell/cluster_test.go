@@ -1,0 +1,357 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"redcell/cell/api"
+	"redcell/internal/testenv"
+	"redcell/sharding"
+)
+
+// cluster is the real binaries — two cells and a router — on loopback, against
+// MariaDB servers and a memcached, joined with memberlist. Processes can be
+// stopped, killed and started again (the fault drills do), and the config
+// rewritten in between (a cell coming back on new ports).
+type cluster struct {
+	bin, config, router string
+	spec                clusterSpec
+	port                map[string]int // "router", "router-gossip", "cell-1", "cell-1-gossip", "cell-1-admin", ...
+	cellURL             map[string]string
+	adminURL            map[string]string
+
+	mu    sync.Mutex // guards procs and logs: drills restart processes while loads run
+	procs map[string]*exec.Cmd
+	logs  map[string]*syncBuffer
+}
+
+// clusterSpec is what a cluster runs against and the config's cell section.
+type clusterSpec struct {
+	dsn  [2]string // MariaDB of cell-1 and cell-2
+	mc   string    // memcached host:port
+	cell string    // the YAML body of the "cell:" section, indented two spaces
+}
+
+// e2eCell: packets expire within seconds so that the refund path runs in the test.
+const e2eCell = `  packet_expiry: 3s
+  expiry_interval: 300ms
+  relay_interval: 300ms
+`
+
+// syncBuffer is a process log that tests may read while the process writes it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// freePorts returns n distinct loopback ports, each free for TCP and UDP
+// (memberlist binds both). They are drawn from 20000-32767, below Linux's
+// ephemeral range, so outgoing connections made while the cluster starts
+// (MariaDB clients, gossip dials) cannot take one first, and none is handed
+// out twice.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	taken := map[int]bool{}
+	var ports []int
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 2000 {
+			t.Fatal("no free ports")
+		}
+		port := 20000 + rand.IntN(12768)
+		if taken[port] {
+			continue
+		}
+		taken[port] = true
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		ports = append(ports, port)
+	}
+	return ports
+}
+
+// startCluster starts the cluster of the end-to-end test on the test MariaDB
+// servers and memcached of make test.
+func startCluster(t *testing.T) *cluster {
+	return startClusterSpec(t, clusterSpec{
+		dsn: [2]string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}, mc: testenv.Memcached(t), cell: e2eCell})
+}
+
+// buildBinary builds the redcell binary once per test process.
+var buildBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "redcell-bin")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "redcell")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
+	t.Helper()
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{bin: bin, config: filepath.Join(t.TempDir(), "redcell.yaml"), spec: spec, port: map[string]int{},
+		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{}}
+	names := []string{"router", "router-gossip", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin"}
+	for i, p := range freePorts(t, len(names)) {
+		c.port[names[i]] = p
+	}
+	c.writeConfig(t)
+	c.start(t, "cell-1", "cell", "--config", c.config, "--name", "cell-1")
+	c.start(t, "cell-2", "cell", "--config", c.config, "--name", "cell-2")
+	c.start(t, "router", "router", "--config", c.config)
+	t.Cleanup(func() {
+		for _, name := range []string{"router", "cell-1", "cell-2"} {
+			c.stop(t, name)
+		}
+		if t.Failed() {
+			for name, b := range c.logs {
+				t.Logf("--- log of %s ---\n%s", name, b.String())
+			}
+		}
+	})
+	c.waitReady(t, 0)
+	return c
+}
+
+// movePorts gives a cell new HTTP, gossip and admin ports (before it is
+// started again).
+func (c *cluster) movePorts(t *testing.T, cell string) {
+	p := freePorts(t, 3)
+	c.port[cell], c.port[cell+"-gossip"], c.port[cell+"-admin"] = p[0], p[1], p[2]
+	c.writeConfig(t)
+}
+
+// writeConfig writes the config file from the spec and the current ports.
+func (c *cluster) writeConfig(t *testing.T) {
+	t.Helper()
+	p := c.port
+	cfg := fmt.Sprintf(`memcached: [%q]
+admin_token: "e2e-secret"
+cluster_secret: "e2e-cluster-secret-0123456789"
+gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
+router:
+  listen: "127.0.0.1:%d"
+  gossip: "127.0.0.1:%d"
+cells:
+  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
+  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
+cell:
+%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"],
+		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], p["cell-1-admin"],
+		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell)
+	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.router = fmt.Sprintf("http://127.0.0.1:%d", p["router"])
+	for _, name := range []string{"cell-1", "cell-2"} {
+		c.cellURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name])
+		c.adminURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name+"-admin"])
+	}
+}
+
+// start runs the binary as process name; a process started again under the
+// same name appends to the same log.
+func (c *cluster) start(t *testing.T, name string, args ...string) {
+	cmd := exec.Command(c.bin, args...)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	buf := c.logs[name]
+	if buf == nil {
+		buf = &syncBuffer{}
+		c.logs[name] = buf
+	}
+	fmt.Fprintf(buf, "--- started %s ---\n", time.Now().Format(time.RFC3339Nano))
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.procs[name] = cmd
+}
+
+// restart starts a stopped or killed process again with its usual arguments.
+func (c *cluster) restart(t *testing.T, name string) {
+	if name == "router" {
+		c.start(t, name, "router", "--config", c.config)
+		return
+	}
+	c.start(t, name, "cell", "--config", c.config, "--name", name)
+}
+
+func (c *cluster) take(name string) *exec.Cmd {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd := c.procs[name]
+	delete(c.procs, name)
+	return cmd
+}
+
+// stop sends SIGTERM and requires a clean exit within 20 s.
+func (c *cluster) stop(t *testing.T, name string) {
+	cmd := c.take(name)
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s exited with %v", name, err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Errorf("%s did not stop within 20 s of SIGTERM", name)
+	}
+}
+
+// kill ends the process with SIGKILL: no drain, no leave, nothing flushed.
+func (c *cluster) kill(t *testing.T, name string) {
+	cmd := c.take(name)
+	if cmd == nil {
+		t.Fatalf("%s is not running", name)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+// waitReady waits until the router's map has uncovered shards == want.
+func (c *cluster) waitReady(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var h struct {
+			Uncovered int `json:"uncovered_shards"`
+		}
+		if st, _ := do(t, "GET", c.router+"/healthz", nil, &h); st == 200 && h.Uncovered == want {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("router never saw %d uncovered shards", want)
+}
+
+// waitSchema waits until every cell has created today's and tomorrow's tables
+// (a startup phase whose DDL load would otherwise make the first opens wait).
+func (c *cluster) waitSchema(t *testing.T) {
+	t.Helper()
+	for name, url := range c.cellURL {
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			var h struct {
+				SchemaReady bool `json:"schema_ready"`
+			}
+			if st, _ := do(t, "GET", url+"/healthz", nil, &h); st == 200 && h.SchemaReady {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never finished creating its tables", name)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+}
+
+// metric returns the sum of the samples of a Prometheus series (name plus an
+// optional label filter such as `{breaker="db"}`) on a cell's admin port.
+func (c *cluster) metric(t *testing.T, cell, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(c.adminURL[cell] + "/metrics")
+	if err != nil {
+		t.Fatalf("%s metrics: %v", cell, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, series) {
+			continue
+		}
+		rest := line[len(series):]
+		if !strings.HasPrefix(rest, " ") && (strings.HasSuffix(series, "}") || !strings.HasPrefix(rest, "{")) {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+func do(t *testing.T, method, url string, body, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "TRANSPORT"
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		var e api.ErrorBody
+		if err := json.Unmarshal(b, &e); err != nil || e.Error.Code == "" {
+			t.Errorf("%s %s: %d with a non-error body %q", method, url, resp.StatusCode, b)
+		}
+		return resp.StatusCode, e.Error.Code
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Errorf("decode %q: %v", b, err)
+		}
+	}
+	return 200, ""
+}
+
+func actIn(prefix string, from, to int) string {
+	for i := 0; ; i++ {
+		a := fmt.Sprintf("%s-%d", prefix, i)
+		if s := int(sharding.ShardOfAct(a)); s >= from && s <= to {
+			return a
+		}
+	}
+}
