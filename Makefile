@@ -7,7 +7,7 @@ GO ?= go
 # Packages whose tests exercise concurrency on the money paths run with -race.
 RACE_PKGS := ./cell/... ./storage/... ./sharding/... ./router/... ./internal/...
 
-.PHONY: run test unit race build audit bench-smoke vet fmt tidy clean
+.PHONY: run test unit race drill build audit bench-smoke vet fmt tidy clean
 
 ## run: install what is missing, start router + 2 cells + MariaDB x2 + memcached, serve on :8080
 run:
@@ -16,6 +16,13 @@ run:
 ## test: unit, integration (real MariaDB + memcached) and end-to-end tests
 test:
 	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
+
+## drill: the fault drills at full length (kill -9 a cell, restart a MariaDB, stop memcached,
+## a cell leaving and rejoining, kill -9 the router, overload), each ending with a clean audit;
+## make test runs a short version of the same drills
+drill:
+	. deploy/local/services.sh && ensure_packages && \
+		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 30m -run '^TestDrill$$' ./cmd/redcell/
 
 unit: vet
 	$(GO) test -p 1 -count=1 ./...

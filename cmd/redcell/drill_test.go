@@ -1,0 +1,763 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"redcell/cell/api"
+	"redcell/model"
+)
+
+// The fault drills of docs/operations.md. Each drill drives a mixed load of
+// sends and opens through the router, injects one fault, recovers, and then
+// checks the client's answers against the rows:
+//
+//   - every send and open is retried with the same order_no (same act_id for an
+//     open): an answered send returns the same packet and an answered open the
+//     same claim, both marked repeat; a request refused with a definite error
+//     (SOLD_OUT, OVERLOADED, a rate limit ...) was not applied, so its retry is
+//     never a repeat; a request whose outcome was unknown (no answer, TIMEOUT,
+//     CELL_UNAVAILABLE, DB_UNAVAILABLE) is settled by the retry;
+//   - every packet's claims in the rows are exactly the claims the client knows
+//     of, and claims + remaining = amount;
+//   - once the relay has drained, every opener's balance is the sum of its
+//     claims (credited exactly once) and every sender's is its deposit minus its
+//     packets; `redcell audit` is clean.
+//
+// make test runs the short version (a few seconds of load per fault); make
+// drill sets REDCELL_DRILL=full for longer loads and more workers.
+
+// drillCell: packets outlive the drill (no refunds mix in), the relay runs
+// often, and a packet's FIFO is short so that the overload drill can fill it.
+const drillCell = `  packet_expiry: 1h
+  relay_interval: 200ms
+  queue_depth: 48
+`
+
+// drillDeps are the drill's own MariaDB servers (one per cell) and memcached,
+// which it kills and starts again; deploy/local/services.sh runs them.
+type drillDeps struct {
+	dir, script string
+	dbPort      [2]int
+	mcPort      int
+}
+
+func startDrillDeps(t *testing.T) *drillDeps {
+	t.Helper()
+	for _, bin := range []string{"mariadbd", "memcached", "mariadb-install-db"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if _, err := os.Stat("/usr/sbin/" + bin); err == nil {
+				continue
+			}
+			if os.Getenv("CI") != "" {
+				t.Fatalf("the drills need %s (make test installs it)", bin)
+			}
+			t.Skipf("the drills need %s; run make test or make drill", bin)
+		}
+	}
+	script, _ := filepath.Abs("../../deploy/local/services.sh")
+	p := freePorts(t, 3)
+	d := &drillDeps{dir: t.TempDir(), script: script, dbPort: [2]int{p[0], p[1]}, mcPort: p[2]}
+	t.Cleanup(func() {
+		d.sh(t, fmt.Sprintf("stop_mariadb %[1]s/db1; stop_mariadb %[1]s/db2; stop_memcached %[1]s/mc", d.dir))
+	})
+	d.sh(t, fmt.Sprintf("start_mariadb %[1]s/db1 %[2]d fast & a=$!; start_mariadb %[1]s/db2 %[3]d fast & b=$!; wait $a; wait $b; start_memcached %[1]s/mc %[4]d",
+		d.dir, d.dbPort[0], d.dbPort[1], d.mcPort))
+	return d
+}
+
+func (d *drillDeps) sh(t *testing.T, script string) {
+	t.Helper()
+	out, err := exec.Command("bash", "-c", ". "+d.script+"\nset -e\n"+script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", script, err, out)
+	}
+}
+
+func (d *drillDeps) dsn(i int) string { return fmt.Sprintf("root@tcp(127.0.0.1:%d)/", d.dbPort[i]) }
+
+// killDB ends MariaDB i with SIGKILL: connections drop, answers to COMMITs in
+// flight are lost, and the restart runs crash recovery.
+func (d *drillDeps) killDB(t *testing.T, i int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("%s/db%d/mariadb.pid", d.dir, i+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 {
+		t.Fatalf("bad pid file %q", b)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (d *drillDeps) startDB(t *testing.T, i int) {
+	d.sh(t, fmt.Sprintf("start_mariadb %s/db%d %d fast", d.dir, i+1, d.dbPort[i]))
+}
+
+func (d *drillDeps) stopMemcached(t *testing.T) { d.sh(t, "stop_memcached "+d.dir+"/mc") }
+func (d *drillDeps) startMemcached(t *testing.T) {
+	d.sh(t, fmt.Sprintf("start_memcached %s/mc %d", d.dir, d.mcPort))
+}
+
+// answer is what the client saw: status 0 is no answer at all.
+type answer struct {
+	status int
+	code   string // "" on 200
+}
+
+func (a answer) ok() bool { return a.status == 200 }
+
+// definite: the request was refused before it changed anything, so a retry
+// must not find it applied. Everything else that is not a 200 is unknown.
+func (a answer) definite() bool {
+	switch a.code {
+	case "SOLD_OUT", "EXPIRED", "NOT_FOUND", "INSUFFICIENT_BALANCE", "ORDER_CONFLICT", "INVALID_ARGUMENT",
+		"OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN":
+		return true
+	}
+	return false
+}
+
+// retryLater: refused for now (shed, rate-limited, draining); the same request
+// may succeed later.
+func (a answer) retryLater() bool {
+	switch a.code {
+	case "OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN":
+		return true
+	}
+	return false
+}
+
+type sendRec struct {
+	sender, orderNo string
+	amount, count   int64
+	at              time.Time
+	res             answer
+	packetID        string
+}
+
+type openRec struct {
+	packetID, act string
+	at            time.Time
+	res           answer
+	claimID       string
+	amount        int64
+}
+
+// drillLoad is one drill's client: its own senders and openers (fresh act_ids),
+// and a record of every request and its answer.
+type drillLoad struct {
+	c       *cluster
+	hc      *http.Client
+	prefix  string
+	senders []string
+	openers []string
+	deposit int64
+
+	seq   atomic.Int64 // numbers the sends' order_no
+	mu    sync.Mutex   // guards live, sends, opens
+	live  []string     // packets answered to a send, newest last, for openers to pick
+	sends []*sendRec
+	opens []*openRec
+}
+
+func newDrillLoad(t *testing.T, c *cluster, prefix string, senders, openers int) *drillLoad {
+	l := &drillLoad{c: c, prefix: prefix, deposit: 50_000_000,
+		hc: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+	for i := range senders {
+		l.senders = append(l.senders, fmt.Sprintf("%s-s%d", prefix, i))
+	}
+	for i := range openers {
+		l.openers = append(l.openers, fmt.Sprintf("%s-o%d", prefix, i))
+	}
+	for _, s := range l.senders {
+		body := map[string]any{"amount": l.deposit, "order_no": "dep-" + s}
+		if a := l.settle(t, "POST", "/v1/accounts/"+s+"/deposit", body, nil); !a.ok() {
+			t.Fatalf("deposit for %s: %+v", s, a)
+		}
+	}
+	return l
+}
+
+// call sends one request through the router; out receives a 200's body.
+func (l *drillLoad) call(method, path string, body, out any) answer {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, l.c.routerURL()+path, rd)
+	resp, err := l.hc.Do(req)
+	if err != nil {
+		return answer{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		var e api.ErrorBody
+		_ = json.Unmarshal(b, &e)
+		if e.Error.Code == "" {
+			e.Error.Code = "NON_JSON_" + strconv.Itoa(resp.StatusCode)
+		}
+		return answer{status: resp.StatusCode, code: e.Error.Code}
+	}
+	if out != nil && json.Unmarshal(b, out) != nil {
+		return answer{status: resp.StatusCode, code: "UNDECODABLE"}
+	}
+	return answer{status: 200}
+}
+
+// settle repeats a request until it gets a 200 or a final answer, for at most
+// 30 s (a cell or router may still be coming back).
+func (l *drillLoad) settle(t *testing.T, method, path string, body, out any) answer {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a := l.call(method, path, body, out)
+		if a.ok() || (a.definite() && !a.retryLater()) || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// run drives the load with workers goroutines for d (at most maxOps requests).
+func (l *drillLoad) run(workers int, d time.Duration, maxOps int64) {
+	deadline := time.Now().Add(d)
+	var ops atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for time.Now().Before(deadline) && ops.Add(1) <= maxOps {
+				l.mu.Lock()
+				nlive := len(l.live)
+				l.mu.Unlock()
+				var a answer
+				if nlive < 8 || rng.IntN(100) < 8 {
+					a = l.send(rng)
+				} else {
+					a = l.open(rng)
+				}
+				if a.status == 0 {
+					time.Sleep(10 * time.Millisecond) // no answer: back off a little, as an app would
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (l *drillLoad) send(rng *rand.Rand) answer {
+	count := int64(3 + rng.IntN(15))
+	r := &sendRec{sender: l.senders[rng.IntN(len(l.senders))], orderNo: fmt.Sprintf("snd-%d", l.seq.Add(1)),
+		count: count, amount: count * int64(20+rng.IntN(200)), at: time.Now()}
+	var out api.SendResponse
+	r.res = l.call("POST", "/v1/packets", r.body(), &out)
+	r.packetID = out.PacketID
+	l.mu.Lock()
+	l.sends = append(l.sends, r)
+	if r.res.ok() {
+		l.live = append(l.live, r.packetID)
+		if len(l.live) > 40 {
+			l.live = l.live[1:]
+		}
+	}
+	l.mu.Unlock()
+	return r.res
+}
+
+func (r *sendRec) body() map[string]any {
+	return map[string]any{"sender": r.sender, "amount": r.amount, "count": r.count, "kind": "random", "order_no": r.orderNo}
+}
+
+func (l *drillLoad) open(rng *rand.Rand) answer {
+	l.mu.Lock()
+	pid := l.live[rng.IntN(len(l.live))]
+	l.mu.Unlock()
+	r := &openRec{packetID: pid, act: l.openers[rng.IntN(len(l.openers))], at: time.Now()}
+	var out api.OpenResponse
+	r.res = l.call("POST", "/v1/packets/"+pid+"/open", map[string]any{"act_id": r.act}, &out)
+	r.claimID, r.amount = out.ClaimID, out.Amount
+	l.mu.Lock()
+	l.opens = append(l.opens, r)
+	if r.res.code == "SOLD_OUT" {
+		if i := slices.Index(l.live, pid); i >= 0 && len(l.live) > 8 {
+			l.live = slices.Delete(l.live, i, i+1)
+		}
+	}
+	l.mu.Unlock()
+	return r.res
+}
+
+// codes counts the answers to opens made in [from, to) by code ("OK" for 200,
+// "NO_ANSWER" for none).
+func (l *drillLoad) codes(from, to time.Time) map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := map[string]int{}
+	for _, r := range l.opens {
+		if !r.at.Before(from) && r.at.Before(to) {
+			m[r.res.label()]++
+		}
+	}
+	return m
+}
+
+func (a answer) label() string {
+	switch {
+	case a.ok():
+		return "OK"
+	case a.status == 0:
+		return "NO_ANSWER"
+	}
+	return a.code
+}
+
+// parallel runs fn for each index with 16 goroutines.
+func parallel(n int, fn func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+type pair struct{ packetID, act string }
+
+// verify settles every request and checks the answers against the rows; it
+// returns a one-line summary.
+func (l *drillLoad) verify(t *testing.T) string {
+	t.Helper()
+	// Sends: a retry with the same order_no returns the first answer's packet.
+	var mu sync.Mutex
+	packets := map[string]*sendRec{} // packet ID → its send
+	parallel(len(l.sends), func(i int) {
+		r := l.sends[i]
+		var out api.SendResponse
+		a := l.settle(t, "POST", "/v1/packets", r.body(), &out)
+		switch {
+		case !a.ok():
+			t.Errorf("send %s retried after the drill: %+v (first answer %+v)", r.orderNo, a, r.res)
+			return
+		case r.res.ok() && (out.PacketID != r.packetID || !out.Repeat):
+			t.Errorf("send %s answered %s, its retry %s (repeat %v)", r.orderNo, r.packetID, out.PacketID, out.Repeat)
+		case r.res.definite() && out.Repeat:
+			t.Errorf("send %s was refused with %s but had been applied", r.orderNo, r.res.code)
+		}
+		mu.Lock()
+		packets[out.PacketID] = r
+		mu.Unlock()
+	})
+
+	// Opens: one claim per (packet, act_id); the retry returns the claim the
+	// client was told of, or settles an unknown outcome.
+	byPair := map[pair][]*openRec{}
+	for _, r := range l.opens {
+		k := pair{r.packetID, r.act}
+		byPair[k] = append(byPair[k], r)
+	}
+	pairs := make([]pair, 0, len(byPair))
+	for k := range byPair {
+		pairs = append(pairs, k)
+	}
+	claims := map[pair]api.OpenResponse{}
+	var unknown, shed atomic.Int64
+	parallel(len(pairs), func(i int) {
+		k := pairs[i]
+		var out api.OpenResponse
+		a := l.settle(t, "POST", "/v1/packets/"+k.packetID+"/open", map[string]any{"act_id": k.act}, &out)
+		if !a.ok() && a.code != "SOLD_OUT" {
+			t.Errorf("open of %s by %s retried after the drill: %+v", k.packetID, k.act, a)
+			return
+		}
+		allDefinite := true
+		for _, r := range byPair[k] {
+			switch {
+			case r.res.ok():
+				if !a.ok() || out.ClaimID != r.claimID || out.Amount != r.amount || !out.Repeat {
+					t.Errorf("open of %s by %s answered claim %s (%d), its retry %+v %+v", k.packetID, k.act, r.claimID, r.amount, a, out)
+				}
+				allDefinite = false
+			case r.res.definite():
+				if r.res.code == "OVERLOADED" {
+					shed.Add(1)
+				}
+			default:
+				unknown.Add(1)
+				allDefinite = false
+			}
+		}
+		if allDefinite && a.ok() && out.Repeat {
+			t.Errorf("open of %s by %s was refused (%+v) but had been applied", k.packetID, k.act, byPair[k][0].res)
+		}
+		if a.ok() {
+			mu.Lock()
+			claims[k] = out
+			mu.Unlock()
+		}
+	})
+
+	// The relay drains, and the audit over every row of both cells is clean.
+	rep := l.c.waitAudit(t)
+
+	// Every packet's claims are exactly those the client knows of.
+	known := map[string]map[string]api.OpenResponse{} // packet → act → claim
+	for k, cl := range claims {
+		if known[k.packetID] == nil {
+			known[k.packetID] = map[string]api.OpenResponse{}
+		}
+		known[k.packetID][k.act] = cl
+	}
+	ids := make([]string, 0, len(packets))
+	for id := range packets {
+		ids = append(ids, id)
+	}
+	var claimed atomic.Int64
+	parallel(len(ids), func(i int) {
+		id, send := ids[i], packets[ids[i]]
+		var p api.PacketResponse
+		var rows []model.Claim
+		for after := int64(0); ; {
+			p = api.PacketResponse{}
+			if a := l.settle(t, "GET", fmt.Sprintf("/v1/packets/%s?limit=100&after=%d", id, after), nil, &p); !a.ok() {
+				t.Errorf("packet %s: %+v", id, a)
+				return
+			}
+			rows = append(rows, p.Claims...)
+			if p.NextAfter == 0 {
+				break
+			}
+			after = p.NextAfter
+		}
+		p.Claims = rows
+		var sum int64
+		for _, cl := range p.Claims {
+			sum += int64(cl.Amount)
+			if k, ok := known[id][cl.ActID]; !ok || k.ClaimID != cl.ID || k.Amount != int64(cl.Amount) {
+				t.Errorf("packet %s has claim %s of %s (%d cents) that the client was never told of as such (%+v)", id, cl.ID, cl.ActID, cl.Amount, k)
+			}
+		}
+		if len(p.Claims) != len(known[id]) || sum+p.RemainingAmount != send.amount || p.Amount != send.amount ||
+			p.RemainingCount != send.count-int64(len(p.Claims)) {
+			t.Errorf("packet %s: amount %d, %d claims summing to %d, remaining %d (%d shares); the client knows %d claims",
+				id, p.Amount, len(p.Claims), sum, p.RemainingAmount, p.RemainingCount, len(known[id]))
+		}
+		claimed.Add(int64(len(p.Claims)))
+	})
+
+	// Balances: openers hold exactly their claims, senders their deposit less
+	// their packets.
+	want := map[string]int64{}
+	for _, s := range l.senders {
+		want[s] = l.deposit
+	}
+	for _, send := range packets {
+		want[send.sender] -= send.amount
+	}
+	for k, cl := range claims {
+		want[k.act] += cl.Amount
+	}
+	accts := append(slices.Clone(l.senders), l.openers...)
+	parallel(len(accts), func(i int) {
+		var acct struct {
+			Balance int64 `json:"balance"`
+		}
+		a := l.settle(t, "GET", "/v1/accounts/"+accts[i], nil, &acct)
+		if !a.ok() && a.code != "NOT_FOUND" {
+			t.Errorf("account %s: %+v", accts[i], a)
+			return
+		}
+		if acct.Balance != want[accts[i]] {
+			t.Errorf("account %s: balance %d, want %d", accts[i], acct.Balance, want[accts[i]])
+		}
+	})
+	ok := 0
+	for _, r := range l.opens {
+		if r.res.ok() {
+			ok++
+		}
+	}
+	return fmt.Sprintf("%d sends, %d opens (%d answered with a claim, %d unknown outcome, %d shed), %d packets, %d claims in rows; audit: %d claims, difference %d",
+		len(l.sends), len(l.opens), ok, unknown.Load(), shed.Load(), len(packets), claimed.Load(), rep.ClaimsCount, rep.Difference)
+}
+
+// log returns what process name has written so far.
+func (c *cluster) log(name string) string {
+	c.mu.Lock()
+	b := c.logs[name]
+	c.mu.Unlock()
+	if b == nil {
+		return ""
+	}
+	return b.String()
+}
+
+// routerURL is read under the lock: a drill may move the router.
+func (c *cluster) routerURL() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.router
+}
+
+// waitAudit runs redcell audit until no claim is in flight (the relay has
+// delivered everything), for at most 60 s, and requires it clean.
+func (c *cluster) waitAudit(t *testing.T) model.AuditReport {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := exec.Command(c.bin, "audit", "--config", c.config, "--json", "--settle", "0s").Output()
+		var rep model.AuditReport
+		if jerr := json.Unmarshal(out, &rep); jerr != nil {
+			t.Fatalf("audit: %v %v\n%s", err, jerr, out)
+		}
+		if err == nil && rep.InFlightCount == 0 {
+			return rep
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit after the drill: %v, %d claims still in flight, report %+v", err, rep.InFlightCount, rep)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// servesAct reports whether the router serves act's account (200, or 404 for
+// an account never funded) rather than refusing it.
+func servesAct(t *testing.T, c *cluster, act string) (bool, string) {
+	st, code := do(t, "GET", c.routerURL()+"/v1/accounts/"+act, nil, nil)
+	return st == 200 || code == "NOT_FOUND", code
+}
+
+// waitServes waits up to limit for the router to serve act's account again.
+func waitServes(t *testing.T, c *cluster, act string, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		ok, code := servesAct(t, c, act)
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			t.Fatalf("%s still refused (%s) after %s", act, code, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type drill struct {
+	name string
+	// fault runs while the load does, a third of the way in, and returns once
+	// the cluster has recovered; it may check what happened meanwhile.
+	fault func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration)
+}
+
+func TestDrill(t *testing.T) {
+	full := os.Getenv("REDCELL_DRILL") == "full"
+	loadFor, workers, maxOps := 5*time.Second, 8, int64(20_000)
+	if full {
+		loadFor, workers, maxOps = 30*time.Second, 24, 1_000_000
+	}
+	deps := startDrillDeps(t)
+	c := startClusterSpec(t, clusterSpec{dsn: [2]string{deps.dsn(0), deps.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", deps.mcPort), cell: drillCell})
+	c.waitSchema(t)
+	cell1Act, cell2Act := actIn("probe-a", 0, 499), actIn("probe-b", 500, 999)
+
+	drills := []drill{
+		{"cell_kill", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			c.kill(t, "cell-1")
+			time.Sleep(window / 4)
+			c.restart(t, "cell-1")
+			t.Logf("cell-1 killed with SIGKILL and started again; serving again after %s", waitServes(t, c, cell1Act, 60*time.Second))
+		}},
+		{"db_restart", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			d.killDB(t, 1)
+			time.Sleep(window / 4)
+			d.startDB(t, 1)
+			t.Logf("cell-2's MariaDB killed with SIGKILL and started again; cell-2 serving again after %s", waitServes(t, c, cell2Act, 60*time.Second))
+		}},
+		{"memcached_stop", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			before := c.metric(t, "cell-1", "redcell_memcached_fallbacks_total") + c.metric(t, "cell-2", "redcell_memcached_fallbacks_total")
+			d.stopMemcached(t)
+			from := time.Now()
+			time.Sleep(window)
+			to := time.Now()
+			during := l.codes(from, to)
+			after := c.metric(t, "cell-1", "redcell_memcached_fallbacks_total") + c.metric(t, "cell-2", "redcell_memcached_fallbacks_total")
+			d.startMemcached(t)
+			if during["OK"] == 0 || after <= before {
+				t.Errorf("memcached down: opens answered %v, fallbacks %v → %v", during, before, after)
+			}
+			if !strings.Contains(c.log("cell-1")+c.log("cell-2"), "memcached unreachable") {
+				t.Errorf("no cell logged that memcached was unreachable")
+			}
+			// Back: the fallback counter stops moving while opens go on.
+			deadline := time.Now().Add(20 * time.Second)
+			for prev := after; ; {
+				time.Sleep(time.Second)
+				now := c.metric(t, "cell-1", "redcell_memcached_fallbacks_total") + c.metric(t, "cell-2", "redcell_memcached_fallbacks_total")
+				if now == prev {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("cells still fall back 20 s after memcached came back (%v → %v)", prev, now)
+					break
+				}
+				prev = now
+			}
+			t.Logf("memcached down for %s: opens answered %v; fallbacks %v → %v", to.Sub(from).Round(time.Millisecond), during, before, after)
+		}},
+		{"cell_leave", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			start := time.Now()
+			c.stop(t, "cell-2") // SIGTERM: the cell leaves the cluster, then drains
+			exited := time.Since(start)
+			for {
+				ok, code := servesAct(t, c, cell2Act)
+				if !ok && code == "CELL_UNAVAILABLE" {
+					break
+				}
+				if time.Since(start) > 10*time.Second {
+					t.Fatalf("cell-2 was stopped 10 s ago and the router still answers %v %s for its shards", ok, code)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			refused := time.Since(start)
+			if ok, code := servesAct(t, c, cell1Act); !ok {
+				t.Errorf("cell-1's shards refused (%s) while only cell-2 is gone", code)
+			}
+			c.mu.Lock()
+			c.movePorts(t, "cell-2")
+			c.mu.Unlock()
+			c.restart(t, "cell-2")
+			t.Logf("cell-2 stopped (left and drained in %s): its shards answered 503 within %s of SIGTERM, cell-1's still served; back on new port %d after %s",
+				exited.Round(time.Millisecond), refused.Round(time.Millisecond), c.port["cell-2"], waitServes(t, c, cell2Act, 60*time.Second))
+		}},
+		{"router_kill", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			c.kill(t, "router")
+			time.Sleep(window / 4)
+			c.restart(t, "router")
+			t.Logf("router killed with SIGKILL and started again; serving after %s", waitServes(t, c, cell1Act, 30*time.Second))
+		}},
+	}
+	for i, dr := range drills {
+		t.Run(dr.name, func(t *testing.T) {
+			l := newDrillLoad(t, c, fmt.Sprintf("d%d%s", i, randHex()), 12, 300)
+			done := make(chan struct{})
+			go func() { defer close(done); l.run(workers, loadFor, maxOps) }()
+			time.Sleep(loadFor / 3)
+			dr.fault(t, c, deps, l, loadFor/3)
+			<-done
+			if t.Failed() {
+				return
+			}
+			c.waitReady(t, 0)
+			t.Logf("%s: %s; opens by answer: %v", dr.name, l.verify(t), l.codes(time.Time{}, time.Now().Add(time.Hour)))
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Run("overload", func(t *testing.T) { overloadDrill(t, c, full) })
+}
+
+func randHex() string { return strconv.FormatUint(rand.Uint64()&0xffffff, 16) }
+
+// overloadDrill floods one packet far beyond what its FIFO holds while a light
+// client works elsewhere: the flood is shed with OVERLOADED (never applied,
+// which verify proves by retrying), what is admitted succeeds, and the light
+// client is not shed at all.
+func overloadDrill(t *testing.T, c *cluster, full bool) {
+	floodOps, floodWorkers := int64(3000), 128
+	if full {
+		floodOps, floodWorkers = 30_000, 256
+	}
+	flood := newDrillLoad(t, c, "fl"+randHex(), 1, int(floodOps))
+	light := newDrillLoad(t, c, "li"+randHex(), 2, 50)
+	var hot api.SendResponse
+	r := &sendRec{sender: flood.senders[0], orderNo: "hot", amount: 1_000_000, count: 5000}
+	if a := flood.settle(t, "POST", "/v1/packets", r.body(), &hot); !a.ok() {
+		t.Fatalf("hot packet: %+v", a)
+	}
+	r.res, r.packetID = answer{status: 200}, hot.PacketID
+	flood.sends, flood.live = []*sendRec{r}, []string{hot.PacketID}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range floodWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				n := next.Add(1) - 1
+				if n >= floodOps {
+					return
+				}
+				o := &openRec{packetID: hot.PacketID, act: flood.openers[n], at: time.Now()}
+				var out api.OpenResponse
+				o.res = flood.call("POST", "/v1/packets/"+hot.PacketID+"/open", map[string]any{"act_id": o.act}, &out)
+				o.claimID, o.amount = out.ClaimID, out.Amount
+				flood.mu.Lock()
+				flood.opens = append(flood.opens, o)
+				flood.mu.Unlock()
+			}
+		}()
+	}
+	lightDone := make(chan struct{})
+	go func() {
+		defer close(lightDone)
+		for ctx.Err() == nil && next.Load() < floodOps {
+			light.run(1, 200*time.Millisecond, 1_000)
+		}
+	}()
+	wg.Wait()
+	<-lightDone
+	fc := flood.codes(time.Time{}, time.Now().Add(time.Hour))
+	lc := light.codes(time.Time{}, time.Now().Add(time.Hour))
+	for code := range fc {
+		if code != "OK" && code != "OVERLOADED" && code != "SOLD_OUT" {
+			t.Errorf("flood answered %s (%d times); want claims, OVERLOADED or SOLD_OUT only: %v", code, fc[code], fc)
+		}
+	}
+	if fc["OVERLOADED"] == 0 || fc["OK"] == 0 {
+		t.Errorf("flood of %d opens on one packet: %v; want some shed and some served", floodOps, fc)
+	}
+	lightTotal, lightOK := 0, lc["OK"]+lc["SOLD_OUT"]
+	for _, n := range lc {
+		lightTotal += n
+	}
+	if lc["OVERLOADED"] > 0 || lightTotal == 0 || lightOK*100 < lightTotal*99 {
+		t.Errorf("light client during the flood: %v; want every open served", lc)
+	}
+	t.Logf("flood: %v; light client: %v", fc, lc)
+	t.Logf("flood: %s", flood.verify(t))
+	t.Logf("light: %s", light.verify(t))
+}
