@@ -47,10 +47,19 @@ start_mariadb() {
   local user_opt=()
   if [ "$(id -u)" -eq 0 ]; then user_opt=(--user=root); fi
   if [ ! -d "$dir/data/mysql" ]; then
-    rm -rf "$dir/data"; mkdir -p "$dir/data"
-    mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
-      --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 || {
-        echo "mariadb-install-db failed, see $dir/install.log" >&2; return 1; }
+    # Tried twice: a bootstrap has been seen to fail once on a busy machine.
+    local attempt
+    for attempt in 1 2; do
+      rm -rf "$dir/data"; mkdir -p "$dir/data"
+      if mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1; then
+        break
+      fi
+      echo "mariadb-install-db failed (attempt $attempt) in $dir:" >&2
+      tail -15 "$dir/install.log" >&2
+      [ "$attempt" = 2 ] && return 1
+      sleep 1
+    done
   fi
   if [ -f "$dir/mariadb.pid" ] && kill -0 "$(cat "$dir/mariadb.pid")" 2>/dev/null; then
     kill "$(cat "$dir/mariadb.pid")" 2>/dev/null; sleep 1
