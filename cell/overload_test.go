@@ -113,7 +113,7 @@ func TestCellMetrics(t *testing.T) {
 	wantMetric(t, m, `redcell_breaker_state{breaker="memcached"}`, "0")
 	metricValue(t, m, `redcell_cell_outbox_pending{space="real"}`)
 	metricValue(t, m, `redcell_memcached_fallbacks_total`)
-	waitFor(t, 10*time.Second, func() bool {
+	waitFor(t, 30*time.Second, func() bool {
 		return metricValue(t, scrape(t, c.adminURL), `redcell_cell_relay_delivered_total`) == "2"
 	}, "both claims relayed and counted")
 }
