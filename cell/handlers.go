@@ -333,8 +333,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 
 // credits applies claims relayed from other cells; a credit seen before is a no-op.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	if !api.Verify([]byte(s.cfg.ClusterSecret), string(rc.Method()), string(rc.Path()), sp.stress,
-		string(rc.Request.Header.Peek(api.HeaderTimestamp)), string(rc.Request.Header.Peek(api.HeaderSignature)), rc.PostBody(), s.now()) {
+	if !s.signer.VerifyRequest(&rc.Request, s.now()) {
 		s.writeErr(rc, model.Errorf(model.ErrUnauthenticated, "internal call without a valid signature"))
 		return
 	}
