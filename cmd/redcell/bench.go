@@ -41,6 +41,7 @@ type benchFlags struct {
 	limitsDuration      time.Duration
 	limitsConcurrency   int
 	set                 map[string]bool // flags given on the command line
+	clusterSecret       string          // signs what goes straight to cells: cluster_secret of --config, else REDCELL_CLUSTER_SECRET
 	defaultLimitsConfig bench.LimitsConfig
 }
 
@@ -87,14 +88,16 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	if f.workload != workloadLimits && !slices.Contains(bench.Workloads, f.workload) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s)", f.workload, strings.Join(bench.Workloads, ", "), workloadLimits)
 	}
-	if f.configPath != "" && !f.set["router"] {
-		// deploy/local/run.sh moves ports that are taken: the config knows where
-		// the router listens.
-		fc, err := loadConfig(f.configPath)
+	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
+	if f.configPath != "" {
+		fc, err := loadConfig(f.configPath) // the environment wins over the file, as everywhere
 		if err != nil {
 			return nil, err
 		}
-		if fc.Router.Listen != "" {
+		f.clusterSecret = fc.ClusterSecret
+		// deploy/local/run.sh moves ports that are taken: the config knows where
+		// the router listens.
+		if fc.Router.Listen != "" && !f.set["router"] {
 			f.router = "http://" + fc.Router.Listen
 		}
 	}
@@ -110,6 +113,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg := bench.DefaultWorkloadConfig(w)
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
+	cfg.ClusterSecret = f.clusterSecret
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
@@ -158,6 +162,7 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		lc.RouterURL, lc.Concurrency = f.router, f.limitsConcurrency
 		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
 		lc.Progress = os.Stderr
+		lc.ClusterSecret = f.clusterSecret
 		if path := f.configPath; path != "" {
 			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
 				return dbLimit(ctx, path, batch, d)

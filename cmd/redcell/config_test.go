@@ -107,3 +107,36 @@ func TestReferenceConfig(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBenchClusterSecret: the bench signs its direct requests with the
+// cluster_secret of --config (the environment wins over the file, as for every
+// process), or REDCELL_CLUSTER_SECRET without a config.
+func TestBenchClusterSecret(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("cluster_secret: file-secret-0123456789\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"", []string{"--direct", "--config", p}, "file-secret-0123456789"},
+		{"env-secret-0123456789", []string{"--direct", "--config", p}, "env-secret-0123456789"},
+		{"env-secret-0123456789", []string{"--direct"}, "env-secret-0123456789"},
+		{"", []string{"--direct"}, ""},
+	} {
+		t.Setenv("REDCELL_CLUSTER_SECRET", c.env)
+		f, err := parseBenchFlags(c.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.runConfig().ClusterSecret; got != c.want {
+			t.Errorf("env %q, %v: secret %q, want %q", c.env, c.args, got, c.want)
+		}
+		_, err = f.suiteConfig()
+		if (c.want == "") != (err != nil) {
+			t.Errorf("env %q, %v: suite config error %v", c.env, c.args, err)
+		}
+	}
+}

@@ -411,6 +411,11 @@ func TestEndToEnd(t *testing.T) {
 	if out, err := bench.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
+	// And straight to the cells, signed with the config's cluster secret.
+	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
+	if out, err := direct.CombinedOutput(); err != nil {
+		t.Fatalf("bench --direct: %v\n%s", err, out)
+	}
 
 	// cell-2 leaves: its shards answer 503 within a bounded time, cell-1's still work.
 	c.stop(t, "cell-2")
