@@ -39,6 +39,9 @@ type client struct {
 	hc    *fasthttp.Client
 	base  string     // RouterURL without a trailing '/'
 	cells *cellTable // nil: everything goes to base
+	// signer, when set, signs every request as a router would: set for a
+	// client that talks to cells directly, which refuse unsigned calls.
+	signer *api.Signer
 }
 
 // newClient sizes the connection pool to conns, the number of goroutines that
@@ -104,6 +107,9 @@ func (c *client) callFrom(start time.Time, method, path string, in, out any) res
 	// The deadline is the request's own: a request sent late still gets its
 	// full timeout, and the lateness shows in its latency.
 	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(sent.Add(requestTimeout).UnixMilli(), 10))
+	if c.signer != nil {
+		c.signer.SignRequest(req, sent) // last: it covers the target, the stress flag and the body
+	}
 	err := c.hc.DoTimeout(req, resp, requestTimeout)
 	r := result{latency: time.Since(start)}
 	switch {

@@ -48,6 +48,9 @@ func (sc SuiteConfig) Validate() error {
 	} else if sc.Limits == nil {
 		return errors.New("bench: a suite without load must measure limits")
 	}
+	if sc.CompareDirect && !sc.SkipLoad && sc.Run.ClusterSecret == "" {
+		return errDirectUnsigned
+	}
 	if len(sc.Strategies) > 0 {
 		if sc.SkipLoad {
 			return errors.New("bench: comparing strategies needs a workload")

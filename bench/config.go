@@ -96,6 +96,10 @@ type Config struct {
 	// Direct sends every request straight to the cell that owns its key (as the
 	// router's /healthz lists them) instead of through the router.
 	Direct bool
+	// ClusterSecret signs the requests sent straight to cells (Direct, and the
+	// direct no-op of the limits), as a router signs what it forwards: cells
+	// refuse unsigned calls. Required by Direct; unused through the router.
+	ClusterSecret string
 	// Label names the run in the progress line and the reports, e.g. the
 	// strategy under test. Optional.
 	Label string
@@ -179,6 +183,9 @@ func (c Config) Validate() error {
 
 // validateWorkload checks the fields of the newer workloads and modes.
 func (c Config) validateWorkload() error {
+	if c.Direct && c.ClusterSecret == "" {
+		return errDirectUnsigned
+	}
 	if c.Rate < 0 || c.Rate > rateMax {
 		return fmt.Errorf("bench: Rate must be 0..%d opens/s, got %d", rateMax, c.Rate)
 	}
@@ -210,6 +217,10 @@ func (c Config) validateWorkload() error {
 	}
 	return nil
 }
+
+// errDirectUnsigned: a direct run without the secret would be refused by
+// every cell.
+var errDirectUnsigned = errors.New("bench: sending straight to the cells needs the cluster secret (cluster_secret of --config, or REDCELL_CLUSTER_SECRET): cells refuse unsigned calls")
 
 func (c Config) validateRouter() error {
 	u, err := url.Parse(c.RouterURL)

@@ -48,6 +48,9 @@ type LimitsConfig struct {
 	DBLimit func(ctx context.Context, batch int, d time.Duration) (float64, error)
 	// Progress, when set, gets a progress bar per no-op measurement.
 	Progress io.Writer
+	// ClusterSecret signs the direct no-op requests (cells refuse unsigned
+	// calls); empty: the direct no-op is not measured.
+	ClusterSecret string
 }
 
 // DefaultLimitsConfig measures a few seconds each: 3 s per batch size and per
@@ -90,6 +93,8 @@ type LimitsReport struct {
 	DBSkipped  string      `json:"db_skipped,omitempty"` // why the database was not measured
 	NoopRouter *NoopResult `json:"noop_router,omitempty"`
 	NoopDirect *NoopResult `json:"noop_direct,omitempty"`
+	// NoopDirectSkipped says why the direct no-op was not measured.
+	NoopDirectSkipped string `json:"noop_direct_skipped,omitempty"`
 	// RouterOverDirect is the no-op rate through the router / directly to the
 	// cell: what the extra hop leaves of the HTTP ceiling.
 	RouterOverDirect float64  `json:"router_over_direct,omitempty"`
@@ -202,7 +207,12 @@ func measureNoops(ctx context.Context, lc LimitsConfig, rep *LimitsReport) error
 	if ctx.Err() != nil {
 		return nil
 	}
+	if lc.ClusterSecret == "" {
+		rep.NoopDirectSkipped = "no cluster secret (--config or REDCELL_CLUSTER_SECRET) to sign requests to the cell"
+		return nil
+	}
 	dc := newClient("http://"+cell.Addr, lc.Concurrency)
+	dc.signer = api.NewSigner(lc.ClusterSecret)
 	defer dc.hc.CloseIdleConnections()
 	d := noop(ctx, dc, lc, "direct", cell.Name, acts)
 	rep.NoopDirect = &d

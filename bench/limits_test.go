@@ -16,6 +16,7 @@ func shortLimits(url string) LimitsConfig {
 	lc.Concurrency = 8
 	lc.HTTPDuration, lc.DBDuration = 300*time.Millisecond, 10*time.Millisecond
 	lc.RunID = "lim"
+	lc.ClusterSecret = testSecret
 	return lc
 }
 
@@ -65,6 +66,24 @@ func TestActsOwnedBy(t *testing.T) {
 		if sharding.ShardOfAct(a) != 7 {
 			t.Fatalf("%s is in shard %d, not 7", a, sharding.ShardOfAct(a))
 		}
+	}
+}
+
+// Without the cluster secret the direct no-op is not measured (every call
+// would be refused) and the report says why; the router's still is.
+func TestLimitsWithoutSecretSkipDirect(t *testing.T) {
+	_, url, cells, _ := twoCells(t)
+	lc := shortLimits(url)
+	lc.ClusterSecret = ""
+	rep, err := MeasureLimits(context.Background(), lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.NoopRouter == nil || rep.NoopDirect != nil || rep.NoopDirectSkipped == "" || cells[0].requests.Load() != 0 {
+		t.Fatalf("router %+v, direct %+v, skipped %q, %d direct requests", rep.NoopRouter, rep.NoopDirect, rep.NoopDirectSkipped, cells[0].requests.Load())
+	}
+	if len(rep.Problems()) != 0 {
+		t.Errorf("problems %v", rep.Problems())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -27,6 +28,7 @@ func loadConfig(url string, f *fakeRouter, w string) Config {
 	cfg.Duration = 600 * time.Millisecond
 	cfg.RunID = "t2"
 	cfg.Audit = f.audit
+	cfg.ClusterSecret = testSecret // used by direct runs only
 	if w == WorkloadFestival || w == WorkloadCold {
 		cfg.Users = 5000
 	}
@@ -244,8 +246,18 @@ type fakeCell struct {
 	requests atomic.Int64
 }
 
+// testSecret is the cluster secret of the fake cells.
+const testSecret = "bench-test-secret-0123456789"
+
+// cellSigner checks requests as a cell does.
+var cellSigner = api.NewSigner(testSecret)
+
 func (c *fakeCell) handle(ctx *fasthttp.RequestCtx) {
 	c.requests.Add(1)
+	if !cellSigner.VerifyRequest(&ctx.Request, time.Now()) {
+		fail(ctx, model.Errorf(model.ErrUnauthenticated, "unsigned call to %s", c.name))
+		return
+	}
 	parts := strings.Split(strings.Trim(string(ctx.Path()), "/"), "/")
 	var shard model.ShardID
 	switch {
@@ -321,6 +333,22 @@ func TestDirectGoesToTheOwningCell(t *testing.T) {
 				t.Errorf("report not OK: %v", rep.Problems())
 			}
 		})
+	}
+}
+
+// Direct mode needs the cluster secret: cells refuse unsigned calls.
+func TestDirectNeedsTheSecret(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Direct = true
+	if err := cfg.Validate(); !errors.Is(err, errDirectUnsigned) {
+		t.Errorf("direct without a secret: %v", err)
+	}
+	cfg.Direct, cfg.ClusterSecret = false, ""
+	if err := (SuiteConfig{Run: cfg, CompareDirect: true}).Validate(); !errors.Is(err, errDirectUnsigned) {
+		t.Errorf("compare-direct without a secret: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("through the router without a secret: %v", err)
 	}
 }
 

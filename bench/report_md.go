@@ -104,6 +104,9 @@ func (l LimitsReport) writeMarkdown(ew *errWriter) {
 	if l.DBSkipped != "" {
 		ew.printf("Database not measured: %s.\n\n", l.DBSkipped)
 	}
+	if l.NoopDirectSkipped != "" {
+		ew.printf("HTTP direct not measured: %s.\n\n", l.NoopDirectSkipped)
+	}
 	if len(l.DB) > 0 {
 		ew.printf("The database alone: one writer opening one hot packet, committing batches of the given size (no HTTP).\n\n")
 		var rows [][]string

@@ -154,6 +154,7 @@ func connect(cfg Config, conns int) (*client, int, error) {
 	if c.cells, err = newCellTable(cells); err != nil {
 		return nil, 0, err
 	}
+	c.signer = api.NewSigner(cfg.ClusterSecret)
 	return c, len(cells), nil
 }
 

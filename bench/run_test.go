@@ -337,6 +337,7 @@ func fakeConfig(url string, f *fakeRouter) Config {
 	cfg.PacketCount = 3 // fewer shares than openers, so some opens find it sold out
 	cfg.RunID = "t1"
 	cfg.Audit = f.audit
+	cfg.ClusterSecret = testSecret // used by direct runs only
 	return cfg
 }
 

@@ -1,12 +1,10 @@
 package cell_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -17,6 +15,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"redcell/cell"
 	"redcell/cell/admission"
@@ -44,8 +43,6 @@ type testCell struct {
 	dbBreak  *guard.Breaker
 	adminURL string // "" unless tune set cfg.AdminListen
 }
-
-var client = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}
 
 // startCell runs a cell on 127.0.0.1 with a real store (test database dbN) and
 // the real memcached, each behind a circuit breaker as in redcell cell, until
@@ -125,8 +122,9 @@ func oneCell(t *testing.T, tune func(*cell.Config)) *testCell {
 	return c
 }
 
-// call sends a JSON request and decodes a 200 answer into out; it returns the
-// status and the error code of a non-200 answer.
+// call sends a JSON request, signed as a router would sign it, and decodes a
+// 200 answer into out; it returns the status and the error code of a non-200
+// answer.
 func call(t *testing.T, method, url string, body, out any) (int, string) {
 	t.Helper()
 	return callH(t, nil, method, url, body, out)
@@ -142,38 +140,70 @@ func callH(t *testing.T, headers map[string]string, method, url string, body, ou
 	return callRaw(t, headers, method, url, raw, out)
 }
 
-// callRaw sends raw as the body (nil for none).
+// callRaw sends raw as the body (nil for none), signed.
 func callRaw(t *testing.T, headers map[string]string, method, url string, raw []byte, out any) (int, string) {
 	t.Helper()
-	var rd io.Reader
-	if raw != nil {
-		rd = bytes.NewReader(raw)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	req.Header.Set("Content-Type", "application/json")
+	req := newRequest(headers, method, url, raw)
+	signer.SignRequest(req, time.Now())
+	return exchange(t, req, out)
+}
+
+// signer signs the tests' requests with the cells' secret, as routers and
+// cells do; tests of the refusals build requests with newRequest and sign them
+// otherwise, or not at all.
+var signer = api.NewSigner(testSecret)
+
+// fastClient sends the tests' requests to cells: fasthttp, like the router, so
+// that what is signed (api.Signer.SignRequest) is what goes on the wire.
+var fastClient = &fasthttp.Client{Name: "redcell-test", MaxConnsPerHost: 512, ReadTimeout: 20 * time.Second, WriteTimeout: 20 * time.Second}
+
+// newRequest builds an unsigned JSON request with raw as the body (nil for none).
+func newRequest(headers map[string]string, method, url string, raw []byte) *fasthttp.Request {
+	req := &fasthttp.Request{}
+	req.Header.SetMethod(method)
+	req.SetRequestURI(url)
+	req.Header.SetContentType("application/json")
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	resp, err := client.Do(req)
+	if raw != nil {
+		req.SetBody(raw)
+	}
+	return req
+}
+
+// roundTrip sends req as it is and returns the answer.
+func roundTrip(t *testing.T, req *fasthttp.Request) (*fasthttp.Response, error) {
+	t.Helper()
+	resp := &fasthttp.Response{}
+	err := fastClient.DoTimeout(req, resp, 20*time.Second)
+	return resp, err
+}
+
+// exchange sends req as it is and decodes a 200 answer into out; it returns
+// the status and the error code of a non-200 answer.
+func exchange(t *testing.T, req *fasthttp.Request, out any) (int, string) {
+	t.Helper()
+	method, url := string(req.Header.Method()), req.URI().String()
+	resp, err := roundTrip(t, req)
 	if err != nil {
 		t.Errorf("%s %s: %v", method, url, err)
 		return 0, "TRANSPORT"
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
+	b := resp.Body()
+	if resp.StatusCode() != http.StatusOK {
 		var e api.ErrorBody
 		if err := json.Unmarshal(b, &e); err != nil || e.Error.Code == "" {
-			t.Errorf("%s %s: status %d with a body that is not an error body: %s", method, url, resp.StatusCode, b)
+			t.Errorf("%s %s: status %d with a body that is not an error body: %s", method, url, resp.StatusCode(), b)
 		}
-		return resp.StatusCode, e.Error.Code
+		return resp.StatusCode(), e.Error.Code
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
 			t.Errorf("decode %s: %v", b, err)
 		}
 	}
-	return resp.StatusCode, ""
+	return resp.StatusCode(), ""
 }
 
 func (c *testCell) deposit(t *testing.T, act string, amount int64) {

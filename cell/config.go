@@ -38,8 +38,10 @@ type Config struct {
 	AdminListen string
 	AdminToken  string
 
-	// ClusterSecret keys the HMAC that signs cell-to-cell calls (relayed
-	// credits); a cell refuses unsigned or wrongly signed ones. At least 16 bytes.
+	// ClusterSecret keys the HMAC that signs every call to a cell: the requests
+	// routers forward and the credits cells relay (api.Signer). A cell refuses
+	// unsigned, wrongly signed and stale calls with 401 UNAUTHENTICATED, all but
+	// GET /healthz. At least 16 bytes: without one a cell does not start.
 	ClusterSecret string
 
 	Memcached []string // memcached servers for the CAS cap and the grab cache
@@ -120,7 +122,7 @@ func (c Config) Validate() error {
 		bad("DSN is required")
 	}
 	if len(c.ClusterSecret) < 16 {
-		bad("ClusterSecret (cluster_secret) must be at least 16 bytes: it signs the credits cells send each other")
+		bad("ClusterSecret (cluster_secret) must be at least 16 bytes: every call to a cell must be signed with it")
 	}
 	if c.PacketExpiry < time.Second || c.PacketExpiry > 7*24*time.Hour {
 		bad("PacketExpiry must be 1s..168h, got %s", c.PacketExpiry)

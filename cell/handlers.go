@@ -16,7 +16,8 @@ import (
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
-// unchanged) plus /internal/credits for cell-to-cell relay.
+// unchanged) plus /internal/credits for cell-to-cell relay. Every request but
+// GET /healthz must be signed with the cluster secret (see serveRoute).
 func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
 	if path == "/healthz" {
@@ -58,6 +59,15 @@ func routeOf(method, path string, parts []string) route {
 func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 	if s.draining.Load() {
 		s.writeErr(rc, model.ErrShuttingDown)
+		return
+	}
+	// Only routers and other cells may call a cell: each signs its calls with
+	// the cluster secret (api.Signer). The check comes before anything else
+	// reads the request (decoding, the store) and before the rate limit, so
+	// that unsigned calls cannot spend the tokens of signed ones. It covers
+	// unknown routes too: a caller without the secret learns nothing.
+	if !s.signer.VerifyRequest(&rc.Request, s.now()) {
+		s.writeErr(rc, errUnsigned)
 		return
 	}
 	// The cell's own rate limit binds every public request; relayed credits
@@ -102,6 +112,10 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}
 }
+
+// errUnsigned answers a call without a valid signature (401 UNAUTHENTICATED).
+var errUnsigned = model.Errorf(model.ErrUnauthenticated,
+	"a cell accepts only calls signed with the cluster secret (X-Redcell-Timestamp, X-Redcell-Signature) within %s", api.SignatureWindow)
 
 // account validates an act_id from the path and checks this cell owns its shard.
 func (s *Server) account(actID string) (model.ShardID, error) {
@@ -331,13 +345,9 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	s.writeJSON(rc, http.StatusOK, out)
 }
 
-// credits applies claims relayed from other cells; a credit seen before is a no-op.
+// credits applies claims relayed from other cells (signed, as every call:
+// serveRoute checked); a credit seen before is a no-op.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	if !api.Verify([]byte(s.cfg.ClusterSecret), string(rc.Method()), string(rc.Path()), sp.stress,
-		string(rc.Request.Header.Peek(api.HeaderTimestamp)), string(rc.Request.Header.Peek(api.HeaderSignature)), rc.PostBody(), s.now()) {
-		s.writeErr(rc, model.Errorf(model.ErrUnauthenticated, "internal call without a valid signature"))
-		return
-	}
 	var body api.CreditsRequest
 	if err := decodeStrict(rc.PostBody(), &body); err != nil {
 		s.writeErr(rc, err)

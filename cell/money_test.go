@@ -3,7 +3,6 @@ package cell_test
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -159,7 +158,8 @@ func TestCrossCellCredit(t *testing.T) {
 	// Unsigned, wrongly signed and replayed-too-late credits are refused and
 	// change nothing: nobody can invent money by posting to a cell.
 	forged := model.Credit{ClaimID: string(ref.ID) + "c99", PacketID: ref.ID, ActID: claimant, Shard: shard, Amount: 1_000_000}
-	if st, code := call(t, "POST", b.url+"/internal/credits", api.CreditsRequest{Credits: []model.Credit{forged}}, nil); st != 401 || code != "UNAUTHENTICATED" {
+	unsigned, _ := json.Marshal(api.CreditsRequest{Credits: []model.Credit{forged}})
+	if st, code := exchange(t, newRequest(nil, "POST", b.url+"/internal/credits", unsigned), nil); st != 401 || code != "UNAUTHENTICATED" {
 		t.Fatalf("unsigned credit: %d %s", st, code)
 	}
 	if st, code := postCredits(t, b.url, "some-other-secret-0123456789", time.Now(), []model.Credit{forged}, nil); st != 401 || code != "UNAUTHENTICATED" {
@@ -171,12 +171,10 @@ func TestCrossCellCredit(t *testing.T) {
 	// A correctly signed real call replayed as stress traffic (or back) fails:
 	// the space is part of what is signed.
 	body, _ := json.Marshal(api.CreditsRequest{Credits: []model.Credit{forged}})
-	ts := time.Now().UnixMilli()
-	if st, code := callRaw(t, map[string]string{
-		api.HeaderStress:    "1",
-		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
-		api.HeaderSignature: api.Sign([]byte(testSecret), "POST", "/internal/credits", false, ts, body),
-	}, "POST", b.url+"/internal/credits", body, nil); st != 401 || code != "UNAUTHENTICATED" {
+	req := newRequest(nil, "POST", b.url+"/internal/credits", body)
+	signer.SignRequest(req, time.Now())
+	req.Header.Set(api.HeaderStress, "1")
+	if st, code := exchange(t, req, nil); st != 401 || code != "UNAUTHENTICATED" {
 		t.Fatalf("real-signed credit sent as stress traffic: %d %s", st, code)
 	}
 	if got := b.balance(t, claimant); got != claim.Amount {
@@ -267,9 +265,7 @@ func TestStressTrafficUsesShadowTables(t *testing.T) {
 func postCredits(t *testing.T, url, secret string, at time.Time, credits []model.Credit, out any) (int, string) {
 	t.Helper()
 	body, _ := json.Marshal(api.CreditsRequest{Credits: credits})
-	ts := at.UnixMilli()
-	return callRaw(t, map[string]string{
-		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
-		api.HeaderSignature: api.Sign([]byte(secret), "POST", "/internal/credits", false, ts, body),
-	}, "POST", url+"/internal/credits", body, out)
+	req := newRequest(nil, "POST", url+"/internal/credits", body)
+	api.NewSigner(secret).SignRequest(req, at)
+	return exchange(t, req, out)
 }

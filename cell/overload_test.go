@@ -132,15 +132,15 @@ func TestCellRateLimit(t *testing.T) {
 			t.Fatalf("request %d of the burst: %d %s", i, st, code)
 		}
 	}
-	req, _ := http.NewRequest("GET", acct, nil)
-	resp, err := client.Do(req)
+	req := newRequest(nil, "GET", acct, nil)
+	signer.SignRequest(req, time.Now())
+	resp, err := roundTrip(t, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 429 || string(api.ErrorCode(b)) != "CELL_RATE_LIMITED" || !strings.Contains(string(b), `"retryable":true`) || resp.Header.Get("Retry-After") != "1" {
-		t.Fatalf("past the burst: %d %s (Retry-After %q)", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	b, retryAfter := resp.Body(), string(resp.Header.Peek("Retry-After"))
+	if resp.StatusCode() != 429 || string(api.ErrorCode(b)) != "CELL_RATE_LIMITED" || !strings.Contains(string(b), `"retryable":true`) || retryAfter != "1" {
+		t.Fatalf("past the burst: %d %s (Retry-After %q)", resp.StatusCode(), b, retryAfter)
 	}
 	if st, _ := call(t, "GET", c.url+"/healthz", nil, nil); st != 200 {
 		t.Fatalf("/healthz while limited: %d", st)

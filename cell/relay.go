@@ -188,9 +188,6 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + "/internal/credits")
 	req.Header.SetMethod(fasthttp.MethodPost)
-	ts := time.Now().UnixMilli()
-	req.Header.Set(api.HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(api.HeaderSignature, api.Sign([]byte(r.s.cfg.ClusterSecret), fasthttp.MethodPost, "/internal/credits", r.sp.stress, ts, body))
 	req.Header.SetContentType("application/json")
 	req.SetBody(body)
 	deadline := time.Now().Add(relayTimeout)
@@ -198,6 +195,7 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	if r.sp.stress {
 		req.Header.Set(api.HeaderStress, "1") // shadow claims go to shadow wallets
 	}
+	r.s.signer.SignRequest(req, r.s.now()) // last: it covers the target, the stress flag and the body
 	if err := r.client.DoDeadline(req, resp, deadline); err != nil {
 		return err
 	}

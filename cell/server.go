@@ -95,6 +95,7 @@ type Server struct {
 	schemaReady atomic.Bool
 	stats       stats
 	limiter     *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
+	signer      *api.Signer   // signs relayed credits, checks every signed call (Config.ClusterSecret)
 	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
 	metrics     *metrics
 }
@@ -136,6 +137,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		sp.relay = newRelay(s, sp)
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
+	s.signer = api.NewSigner(cfg.ClusterSecret)
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
 	s.metrics = newMetrics(s, reg)
@@ -239,7 +241,7 @@ func (s *Server) warmSchema(ctx context.Context) {
 
 // spaceOf picks the namespace of a request: shadow tables for stress traffic.
 func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
-	if string(rc.Request.Header.Peek(api.HeaderStress)) == "1" {
+	if api.IsStress(&rc.Request.Header) {
 		return s.spaces[1]
 	}
 	return s.spaces[0]

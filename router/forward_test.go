@@ -22,20 +22,33 @@ type fixedRoutes struct{ m atomic.Pointer[sharding.Map] }
 
 func (f *fixedRoutes) Map() *sharding.Map { return f.m.Load() }
 
+// testSecret is the cluster secret of the routers and fake cells here.
+const testSecret = "router-test-secret-0123456789"
+
 // fakeCell answers every request with status and body, and counts requests.
+// It checks each request's signature as a cell does.
 func fakeCell(t *testing.T, status int, body string, hits *atomic.Int64) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) {
+	signer := api.NewSigner(testSecret)
+	return serveCell(t, func(rc *fasthttp.RequestCtx) {
 		hits.Add(1)
 		if len(rc.Request.Header.Peek(api.HeaderDeadline)) == 0 {
 			t.Error("router forwarded no deadline")
 		}
+		if !signer.VerifyRequest(&rc.Request, time.Now()) {
+			t.Errorf("router forwarded %s %s without a valid signature", rc.Method(), rc.RequestURI())
+		}
 		rc.SetStatusCode(status)
 		rc.SetBodyString(body)
-	}}
+	})
+}
+
+// serveCell serves h on a loopback port until the test ends.
+func serveCell(t *testing.T, h fasthttp.RequestHandler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown() })
 	return ln.Addr().String()
@@ -49,7 +62,7 @@ func startRouter(t *testing.T, routes Routes) string {
 // limiters' clock now (nil: time.Now).
 func startRouterWith(t *testing.T, routes Routes, tune func(*Config), now func() time.Time) string {
 	cfg := DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
+	cfg.Listen, cfg.ClusterSecret = "127.0.0.1:0", testSecret
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -127,5 +140,86 @@ func TestWrongCellRetriedThenRetryable(t *testing.T) {
 	}()
 	if st, _ := get(t, url+"/v1/accounts/bob"); st != 200 || rightHits.Load() != 1 {
 		t.Fatalf("after the map moved: %d, %d hits on the new owner", st, rightHits.Load())
+	}
+}
+
+// TestForwardSigned: what the router forwards arrives signed over exactly what
+// the cell reads (the request target with its query, the body, the stress
+// flag), and the cell's check accepts it; signature headers a client sent are
+// replaced. A router keyed with another secret is refused.
+func TestForwardSigned(t *testing.T) {
+	signer := api.NewSigner(testSecret)
+	type seen struct {
+		target, body string
+		stress, ok   bool
+	}
+	got := make(chan seen, 1)
+	addr := serveCell(t, func(rc *fasthttp.RequestCtx) {
+		ok := signer.VerifyRequest(&rc.Request, time.Now())
+		got <- seen{string(rc.RequestURI()), string(rc.PostBody()), api.IsStress(&rc.Request.Header), ok}
+		if !ok {
+			rc.SetStatusCode(401)
+			rc.SetBodyString(`{"error":{"code":"UNAUTHENTICATED","message":"unsigned"}}`)
+		}
+	})
+	all, _ := sharding.ParseRanges("0-999")
+	routes := &fixedRoutes{}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all}})
+	routes.m.Store(m)
+	url := startRouter(t, routes)
+	id := pktID
+	for _, c := range []struct {
+		method, path, body string
+		stress             bool
+	}{
+		{"GET", "/v1/packets/" + id + "?after=2&limit=5", "", false},
+		{"POST", "/v1/packets/" + id + "/open", `{"act_id":"bob"}`, true},
+		{"POST", "/v1/accounts/bob/deposit", `{"amount":1,"order_no":"d1"}`, false},
+		{"GET", "/v1/accounts/../accounts/bob", "", false}, // the cell gets the normalized path, signed
+	} {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		req.SetRequestURI(url + c.path)
+		req.Header.SetMethod(c.method)
+		req.Header.Set(api.HeaderTimestamp, "1")      // a client's own try
+		req.Header.Set(api.HeaderSignature, "forged") // is replaced
+		if c.stress {
+			req.Header.Set(api.HeaderStress, "1")
+		}
+		req.SetBodyString(c.body)
+		if err := fasthttp.DoTimeout(req, resp, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		s := <-got
+		if resp.StatusCode() != 200 || !s.ok || s.body != c.body || s.stress != c.stress {
+			t.Errorf("%s %s: status %d, cell saw %+v", c.method, c.path, resp.StatusCode(), s)
+		}
+		if c.method == "GET" && s.target != string(req.URI().RequestURI()) {
+			t.Errorf("%s %s: the cell got target %q", c.method, c.path, s.target)
+		}
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+	}
+
+	other := startRouterWith(t, routes, func(c *Config) { c.ClusterSecret = "another-secret-0123456789" }, nil)
+	if st, code := get(t, other+"/v1/accounts/bob"); st != 401 || code != "UNAUTHENTICATED" || (<-got).ok {
+		t.Fatalf("router with another secret: %d %s", st, code)
+	}
+}
+
+// TestConfigNeedsClusterSecret: a router without the cluster secret does not
+// start; every request it forwarded would be refused.
+func TestConfigNeedsClusterSecret(t *testing.T) {
+	for _, secret := range []string{"", "short-secret"} {
+		c := DefaultConfig()
+		c.ClusterSecret = secret
+		if err := c.Validate(); err == nil {
+			t.Errorf("cluster secret %q accepted", secret)
+		}
+	}
+	c := DefaultConfig()
+	c.ClusterSecret = testSecret
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -33,6 +33,11 @@ type Config struct {
 	MaxBodyBytes    int           // request bodies above this are refused
 	MaxConnsPerCell int           // connections kept to each cell
 
+	// ClusterSecret keys the HMAC the router signs every forwarded request
+	// with (api.Signer); cells refuse unsigned calls. The same secret as the
+	// cells', at least 16 bytes: without it nothing forwarded would be served.
+	ClusterSecret string
+
 	// RateLimits is the token bucket of each route (keys: RouteNames), shared
 	// by all clients, stress traffic included; beyond it the router answers
 	// 429 RATE_LIMITED without forwarding. Every route must have one.
@@ -74,6 +79,9 @@ func (c Config) Validate() error {
 	if c.Listen == "" || c.RequestTimeout <= 0 || c.MaxBodyBytes < 1024 || c.MaxConnsPerCell < 1 {
 		return fmt.Errorf("router: Listen, RequestTimeout > 0, MaxBodyBytes >= 1024 and MaxConnsPerCell >= 1 are required: %+v", c)
 	}
+	if len(c.ClusterSecret) < 16 {
+		return errors.New("router: ClusterSecret (cluster_secret) must be at least 16 bytes: cells refuse requests not signed with it")
+	}
 	if err := validateRateLimits(c.RateLimits); err != nil {
 		return err
 	}
@@ -98,6 +106,7 @@ type Router struct {
 	limits  [routeCount]*rate.Limiter
 	users   *userLimits
 	metrics *metrics
+	signer  *api.Signer // signs every forwarded request (Config.ClusterSecret)
 	// refusals are the prepared answers of the rate limits, by kind and route:
 	// refusing must stay cheap when a flood is what is being refused.
 	refusals [limitKinds][routeCount][]byte
@@ -113,7 +122,8 @@ func New(cfg Config, routes Routes, reg *prometheus.Registry, log *slog.Logger) 
 		return nil, err
 	}
 	r := &Router{cfg: cfg, routes: routes, log: log, clients: map[string]*fasthttp.HostClient{}, now: time.Now,
-		limits: newRouteLimiters(cfg.RateLimits), users: newUserLimits(cfg.UserRate, cfg.UserLimitersMax)}
+		limits: newRouteLimiters(cfg.RateLimits), users: newUserLimits(cfg.UserRate, cfg.UserLimitersMax),
+		signer: api.NewSigner(cfg.ClusterSecret)}
 	r.metrics = newMetrics(reg, r.users)
 	for id := routeOther + 1; id < routeCount; id++ {
 		rl := cfg.RateLimits[routeNames[id]]
@@ -258,7 +268,7 @@ func bodyActID(body []byte) string {
 // one user's flood spends its own tokens, not the route's that everyone shares.
 func (r *Router) admit(rc *fasthttp.RequestCtx, t target) bool {
 	now := r.now()
-	if string(rc.Request.Header.Peek(api.HeaderStress)) != "1" {
+	if !api.IsStress(&rc.Request.Header) {
 		user := t.user
 		if t.userInBody {
 			user = bodyActID(rc.PostBody())
@@ -327,9 +337,9 @@ func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID) 
 	}
 }
 
-// forward sends the request to the cell with the deadline header and copies
-// the answer back. A cell that cannot be reached is a 503; a timeout a 504. It
-// reports whether the cell answered.
+// forward sends the request to the cell with the deadline header, signed, and
+// copies the answer back. A cell that cannot be reached is a 503; a timeout a
+// 504. It reports whether the cell answered.
 func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard model.ShardID, deadline time.Time) bool {
 	// The client request is the server's own request object: fasthttp lets a
 	// Request be sent as is, and forwarding without a copy keeps the router's
@@ -337,6 +347,11 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	req := &rc.Request
 	req.SetHost(cell.Addr)
 	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	// Last, once the request is what the cell will read: the signature covers
+	// the method, the request target (path and query, as the request line will
+	// carry them), the stress flag and the body, and replaces any signature
+	// headers the client sent. Pooled: it allocates nothing.
+	r.signer.SignRequest(req, time.Now())
 	resp := &rc.Response
 	err := r.client(cell.Addr).DoDeadline(req, resp, deadline)
 	switch {

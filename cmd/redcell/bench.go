@@ -41,6 +41,7 @@ type benchFlags struct {
 	limitsDuration      time.Duration
 	limitsConcurrency   int
 	set                 map[string]bool // flags given on the command line
+	clusterSecret       string          // signs what goes straight to cells: cluster_secret of --config, else REDCELL_CLUSTER_SECRET
 	defaultLimitsConfig bench.LimitsConfig
 }
 
@@ -60,11 +61,11 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.DurationVar(&f.duration, "duration", def.Duration, "how long the load runs, per run")
 	fs.Int64Var(&f.amount, "amount", def.PacketAmount, "cents per packet (smoke, hot, cold; hot default 10000000)")
 	fs.Int64Var(&f.count, "count", def.PacketCount, "shares per packet (smoke, hot, cold; hot default 10000000, cold 2)")
-	fs.StringVar(&f.configPath, "config", "", "cluster config file: audit the shadow tables after every run; needed by --compare and the database limit")
+	fs.StringVar(&f.configPath, "config", "", "cluster config file: audit the shadow tables after every run; needed by --compare and the database limit; its cluster_secret signs direct requests")
 	fs.StringVar(&f.jsonPath, "json", "", "also write the JSON report to this file (a single run's report, or the suite's)")
 	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "accept OVERLOADED/TIMEOUT answers and open-loop drops as load shedding instead of failing the run")
-	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router")
+	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
 	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (e.g. naive,serial,batched): one run per strategy, switching the cells first (needs --config)")
 	fs.BoolVar(&f.compareDirect, "compare-direct", false, "run each workload run through the router and then direct, and report router/direct")
 	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
@@ -87,14 +88,16 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	if f.workload != workloadLimits && !slices.Contains(bench.Workloads, f.workload) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s)", f.workload, strings.Join(bench.Workloads, ", "), workloadLimits)
 	}
-	if f.configPath != "" && !f.set["router"] {
-		// deploy/local/run.sh moves ports that are taken: the config knows where
-		// the router listens.
-		fc, err := loadConfig(f.configPath)
+	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
+	if f.configPath != "" {
+		fc, err := loadConfig(f.configPath) // the environment wins over the file, as everywhere
 		if err != nil {
 			return nil, err
 		}
-		if fc.Router.Listen != "" {
+		f.clusterSecret = fc.ClusterSecret
+		// deploy/local/run.sh moves ports that are taken: the config knows where
+		// the router listens.
+		if fc.Router.Listen != "" && !f.set["router"] {
 			f.router = "http://" + fc.Router.Listen
 		}
 	}
@@ -110,6 +113,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg := bench.DefaultWorkloadConfig(w)
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
+	cfg.ClusterSecret = f.clusterSecret
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
@@ -158,6 +162,7 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		lc.RouterURL, lc.Concurrency = f.router, f.limitsConcurrency
 		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
 		lc.Progress = os.Stderr
+		lc.ClusterSecret = f.clusterSecret
 		if path := f.configPath; path != "" {
 			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
 				return dbLimit(ctx, path, batch, d)

@@ -22,7 +22,7 @@ import (
 type fileConfig struct {
 	Memcached     []string      `yaml:"memcached"`
 	AdminToken    string        `yaml:"admin_token"`    // bearer token of the cells' admin ports; empty refuses all
-	ClusterSecret string        `yaml:"cluster_secret"` // HMAC key of cell-to-cell calls, >= 16 bytes
+	ClusterSecret string        `yaml:"cluster_secret"` // HMAC key of every call to a cell (router, cells, bench direct), >= 16 bytes
 	GossipSeeds   []string      `yaml:"gossip_seeds"`
 	Router        routerSection `yaml:"router"`
 	Cells         []cellEntry   `yaml:"cells"`
@@ -221,6 +221,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 // routerConfig builds the router's config: defaults, then the file.
 func (fc fileConfig) routerConfig() (router.Config, error) {
 	c := router.DefaultConfig()
+	c.ClusterSecret = fc.ClusterSecret
 	if fc.Router.Listen != "" {
 		c.Listen = fc.Router.Listen
 	}

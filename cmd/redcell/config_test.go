@@ -13,6 +13,7 @@ import (
 // TestOverloadConfig: the rate-limit and breaker keys decode, merge over the
 // defaults field by field, and bad values stop the process.
 func TestOverloadConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "") // the files below decide
 	write := func(body string) string {
 		p := filepath.Join(t.TempDir(), "c.yaml")
 		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
@@ -21,6 +22,7 @@ func TestOverloadConfig(t *testing.T) {
 		return p
 	}
 	fc, err := loadConfig(write(`
+cluster_secret: "config-test-secret-0123456789"
 router:
   rate_limits:
     open: {per_sec: 1000}
@@ -37,6 +39,9 @@ cell:
 	rc, err := fc.routerConfig()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rc.ClusterSecret != "config-test-secret-0123456789" {
+		t.Errorf("the router did not get the cluster secret: %q", rc.ClusterSecret)
 	}
 	def := router.DefaultConfig()
 	if got := rc.RateLimits["open"]; got != (router.Rate{PerSec: 1000, Burst: def.RateLimits["open"].Burst}) {
@@ -59,12 +64,19 @@ cell:
 		t.Errorf("cell rate %d", fc.Cell.RateLimitPerSec)
 	}
 
-	fc, err = loadConfig(write("router:\n  rate_limits:\n    opne: {per_sec: 5}\n"))
+	fc, err = loadConfig(write("cluster_secret: config-test-secret-0123456789\nrouter:\n  rate_limits:\n    opne: {per_sec: 5}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fc.routerConfig(); err == nil || !strings.Contains(err.Error(), `"opne"`) {
 		t.Errorf("a misspelt route: %v", err)
+	}
+	fc, err = loadConfig(write("router:\n  listen: 127.0.0.1:8080\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fc.routerConfig(); err == nil || !strings.Contains(err.Error(), "ClusterSecret") {
+		t.Errorf("a router without a cluster secret: %v", err)
 	}
 	if _, err := loadConfig(write("cell:\n  rate_limit: 5\n")); err == nil {
 		t.Error("an unknown cell key was accepted")
@@ -93,5 +105,38 @@ func TestReferenceConfig(t *testing.T) {
 	}
 	if _, err := fc.breakerConfig(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestBenchClusterSecret: the bench signs its direct requests with the
+// cluster_secret of --config (the environment wins over the file, as for every
+// process), or REDCELL_CLUSTER_SECRET without a config.
+func TestBenchClusterSecret(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("cluster_secret: file-secret-0123456789\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"", []string{"--direct", "--config", p}, "file-secret-0123456789"},
+		{"env-secret-0123456789", []string{"--direct", "--config", p}, "env-secret-0123456789"},
+		{"env-secret-0123456789", []string{"--direct"}, "env-secret-0123456789"},
+		{"", []string{"--direct"}, ""},
+	} {
+		t.Setenv("REDCELL_CLUSTER_SECRET", c.env)
+		f, err := parseBenchFlags(c.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.runConfig().ClusterSecret; got != c.want {
+			t.Errorf("env %q, %v: secret %q, want %q", c.env, c.args, got, c.want)
+		}
+		_, err = f.suiteConfig()
+		if (c.want == "") != (err != nil) {
+			t.Errorf("env %q, %v: suite config error %v", c.env, c.args, err)
+		}
 	}
 }

@@ -135,6 +135,16 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
+	// Everything above went through the router, which signs what it forwards.
+	// A cell called directly without the signature refuses, and changes nothing.
+	if st, code := do(t, "POST", c.cellURL["cell-1"]+"/v1/accounts/"+sender+"/deposit", map[string]any{"amount": 100, "order_no": "dep-direct"}, nil); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("unsigned deposit straight to the cell: %d %s", st, code)
+	}
+	do(t, "GET", r+"/v1/accounts/"+sender, nil, &acct)
+	if acct.Balance != 10000-1000-500+detail.RefundAmount {
+		t.Fatalf("sender balance %d after an unsigned deposit", acct.Balance)
+	}
+
 	// The admin port: no token or a wrong one is refused; the right one switches
 	// the open strategy at run time, and the cell keeps paying out correctly.
 	admin := func(method, token string, body string) (int, string) {
@@ -208,6 +218,11 @@ func TestEndToEnd(t *testing.T) {
 	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
 	if out, err := bench.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	// And straight to the cells, signed with the config's cluster secret.
+	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
+	if out, err := direct.CombinedOutput(); err != nil {
+		t.Fatalf("bench --direct: %v\n%s", err, out)
 	}
 
 	// cell-2 leaves: its shards answer 503 within a bounded time, cell-1's still work.
