@@ -122,14 +122,8 @@ func validateSend(r api.SendRequest, lim model.Limits) (model.SendRequest, model
 	if err := model.ValidateOrderNo(r.OrderNo); err != nil {
 		return model.SendRequest{}, 0, err
 	}
-	if r.Amount < 1 || model.Cents(r.Amount) > lim.MaxAmount {
-		return model.SendRequest{}, 0, model.Invalidf("amount must be 1..%d cents", lim.MaxAmount)
-	}
-	if r.Count < 1 || r.Count > lim.MaxCount {
-		return model.SendRequest{}, 0, model.Invalidf("count must be 1..%d", lim.MaxCount)
-	}
-	if r.Count > r.Amount {
-		return model.SendRequest{}, 0, model.Invalidf("count %d is above amount %d: every share needs at least 1 cent", r.Count, r.Amount)
+	if err := lim.CheckShares(model.Cents(r.Amount), r.Count); err != nil {
+		return model.SendRequest{}, 0, err
 	}
 	kind := model.PacketKind(r.Kind)
 	switch kind {
