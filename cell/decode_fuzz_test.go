@@ -248,7 +248,7 @@ func strictJSON(t *testing.T, body []byte, top, nested map[string]bool) {
 	if !utf8.Valid(body) || !json.Valid(body) {
 		t.Fatalf("accepted body %q is not valid UTF-8 JSON", body)
 	}
-	if bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("{")) == false {
+	if !bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("{")) {
 		t.Fatalf("accepted body %q is not an object", body)
 	}
 	objects, err := jsonObjects(body)
