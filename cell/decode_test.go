@@ -88,10 +88,18 @@ func TestDecodeActIDMatchesStrictDecoder(t *testing.T) {
 	}
 }
 
+// FuzzDecodeActID: the reflection-free path of grab and open bodies agrees with
+// the strict decoder on every body; what grab and open accept (decodeActID, then
+// ValidateActID) is a valid act_id sent as strict JSON with that one key.
 func FuzzDecodeActID(f *testing.F) {
 	for _, seed := range []string{`{"act_id":"u1"}`, ` {"act_id" : "x"} `, `{"act_id":"\u0041"}`, `{"act_id":"a","b":1}`, `{`} {
 		f.Add([]byte(seed))
 	}
+	addSeeds(f, badBodies, []string{
+		`{"act_id":""}`, `{"act_id":"` + strings.Repeat("a", 64) + `"}`, `{"act_id":"` + strings.Repeat("a", 65) + `"}`,
+		`{"act_id":"a b"}`, `{"act_id":"../x"}`, `{"act_id":"u1'--"}`, `{"act_id":"a\/b"}`, `{"act_id":"\u00fc"}`,
+		"{\"act_id\":\"\xff\"}", `{"act_id":null}`, `{"act_id":"u1"}` + "\n",
+	})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, err := decodeActID(body)
 		var want api.ActRequest
@@ -99,6 +107,17 @@ func FuzzDecodeActID(f *testing.F) {
 		if (err == nil) != (werr == nil) || err == nil && got != want.ActID {
 			t.Fatalf("body %q: fast path (%q, %v), strict decoder (%q, %v)", body, got, err, want.ActID, werr)
 		}
+		if err == nil {
+			err = model.ValidateActID(got)
+		}
+		if err != nil {
+			requireInvalid(t, body, err)
+			return
+		}
+		if !tokenShape.MatchString(got) {
+			t.Fatalf("body %q accepted with act_id %q", body, got)
+		}
+		strictJSON(t, body, map[string]bool{"act_id": true}, nil)
 	})
 }
 

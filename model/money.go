@@ -90,6 +90,23 @@ func DefaultLimits() Limits {
 	return Limits{MaxAmount: 10_000_000, MaxCount: 10_000_000, MaxGreeting: 64}
 }
 
+// CheckShares applies the send rules to a packet of amount cents in count shares:
+// amount 1..MaxAmount, count 1..MaxCount, and count <= amount, since every share
+// gets at least 1 cent. A packet that passes can be drawn with SplitNext without
+// tripping its invariants (FuzzSplit checks this). Errors: ErrInvalidArgument.
+func (l Limits) CheckShares(amount Cents, count int64) error {
+	if amount < 1 || amount > l.MaxAmount {
+		return Invalidf("amount must be 1..%d cents", l.MaxAmount)
+	}
+	if count < 1 || count > l.MaxCount {
+		return Invalidf("count must be 1..%d", l.MaxCount)
+	}
+	if count > int64(amount) {
+		return Invalidf("count %d is above amount %d: every share needs at least 1 cent", count, amount)
+	}
+	return nil
+}
+
 // Validate checks the limits themselves.
 func (l Limits) Validate() error {
 	if l.MaxAmount < 1 || l.MaxCount < 1 || l.MaxGreeting < 0 {

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -194,15 +196,54 @@ func ErrorJSON(err error) (int, []byte) {
 // ProtocolError answers a request fasthttp could not read (body above the size
 // limit, malformed HTTP) with a JSON error body, so clients never see a bare
 // reset or a plain-text page. Set it as fasthttp.Server.ErrorHandler.
+//
+// For a body above the limit it first reads and discards what the client is
+// still sending (drainOversized): fasthttp closes the connection after this
+// answer, and closing a socket with unread data makes the kernel send a reset,
+// which a client still writing its body gets instead of the 413.
 func ProtocolError(rc *fasthttp.RequestCtx, err error) {
 	e := model.Invalidf("malformed HTTP request")
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		e = model.Errorf(model.ErrBodyTooLarge, "request body is above the size limit")
+		drainOversized(rc.Conn())
 	}
 	status, body := ErrorJSON(e)
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
 	rc.SetBody(body)
+}
+
+// Limits of drainOversized: what a refused body may still cost the server. A
+// client that sends more, or pauses longer, may get a reset after all.
+const (
+	drainBytesMax = 32 << 20               // bytes discarded at most
+	drainTotalMax = 2 * time.Second        // time spent at most
+	drainIdleMax  = 100 * time.Millisecond // the client sent everything when it pauses this long
+)
+
+// drainOversized discards what c still receives until the client pauses for
+// drainIdleMax, stops, or a limit is reached. The connection is closed right
+// after the answer, so its read deadline need not be restored.
+func drainOversized(c net.Conn) {
+	if c == nil {
+		return
+	}
+	buf := make([]byte, 32<<10)
+	end := time.Now().Add(drainTotalMax)
+	for n := 0; n < drainBytesMax && time.Now().Before(end); {
+		deadline := time.Now().Add(drainIdleMax)
+		if deadline.After(end) {
+			deadline = end
+		}
+		if c.SetReadDeadline(deadline) != nil {
+			return
+		}
+		k, err := c.Read(buf)
+		n += k
+		if err != nil {
+			return
+		}
+	}
 }
 
 // Logger adapts slog to fasthttp's Logger: fasthttp's connection-level messages
