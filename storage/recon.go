@@ -11,22 +11,19 @@ import (
 	"redcell/model"
 )
 
-// reconRowsFactor bounds the rows one ReconWindow statement may return, as a
-// multiple of its outbox limit: claims and outbox rows of a window match one
-// to one unless the books are broken, so more than this means they are badly.
-const reconRowsFactor = 4
-
 // ReconWindow reads what reconciliation compares for database db (0..99): the
 // claims created in [fromMS, toMS) in the claim tables of shards (all of db)
 // for the given days of month, and db's outbox rows created in the same
 // window. Both come from one statement, so from one consistent read: a claim
 // and its outbox row commit together, and the read sees both or neither.
 //
-// When the window holds more than limit outbox rows it is cut short at the
-// creation time of the first row past the limit (never below fromMS+1, so one
-// millisecond's rows are read whole however many); the result's ToMS says
-// where it ended. A window holding more than 4×limit rows in all is an error:
-// its claims and outbox rows then disagree by more than a window's worth.
+// A window is read whole when it holds at most 2×limit rows (claims and outbox
+// rows together, about limit of each). A bigger one is cut short at the
+// creation time of the first outbox row past limit (never below fromMS+1, so
+// one millisecond's rows are read whole however many) and read again; the
+// result's ToMS says where it ended. If the cut window still holds more than
+// 4×limit rows, its claims and outbox rows disagree by more than a window's
+// worth, and that is an error.
 func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
 	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}, Outbox: map[string]model.OutboxRow{}}
 	for _, s := range shards {
@@ -34,27 +31,21 @@ func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 			return w, fmt.Errorf("storage: recon window: shard %d is not in db %d", s, db)
 		}
 	}
-	var cut int64
-	err := m.db.QueryRowContext(ctx, "SELECT created_ms FROM "+m.outboxTable(db)+
-		" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ? ORDER BY created_ms LIMIT 1 OFFSET ?",
-		fromMS, toMS, limit).Scan(&cut)
-	switch {
-	case isMySQLErr(err, errNoSuchTable):
-		return w, nil // no shard of db was ever used: no claims either
-	case errors.Is(err, sql.ErrNoRows):
-	case err != nil:
-		return w, fmt.Errorf("storage: recon window of db %d: %w", db, err)
-	default:
-		w.ToMS = max(cut, fromMS+1)
-	}
-	for attempt := 0; ; attempt++ {
-		err = m.readReconWindow(ctx, db, shards, days, limit, &w)
-		if !isMySQLErr(err, errNoSuchTable) || attempt == 1 {
-			break
+	err := m.readReconWindowRetry(ctx, db, shards, days, 2*limit, &w)
+	if errors.Is(err, errWindowFull) {
+		var cut int64
+		err = m.db.QueryRowContext(ctx, "SELECT created_ms FROM "+m.outboxTable(db)+
+			" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ? ORDER BY created_ms LIMIT 1 OFFSET ?",
+			fromMS, toMS, limit).Scan(&cut)
+		if err == nil || errors.Is(err, sql.ErrNoRows) { // no row: the claims, not the outbox, filled the window
+			if err == nil {
+				w.ToMS = max(cut, fromMS+1)
+			}
+			err = m.readReconWindowRetry(ctx, db, shards, days, 4*limit, &w)
 		}
-		m.forgetTables() // a table in the cached list went away; read the list again
-		clear(w.Claims)
-		clear(w.Outbox)
+	}
+	if errors.Is(err, errNoOutbox) {
+		return w, nil // no shard of db was ever used: nothing to read
 	}
 	if err != nil {
 		return w, fmt.Errorf("storage: recon window of db %d: %w", db, err)
@@ -62,10 +53,41 @@ func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 	return w, nil
 }
 
-func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, limit int, w *model.ReconWindow) error {
+// Why a window was not read.
+var (
+	errWindowFull = errors.New("storage: recon window holds too many rows")
+	errNoOutbox   = errors.New("storage: no outbox table")
+)
+
+// readReconWindowRetry reads the window; when a claim table in the cached list
+// went away it reads the list again and retries once. errNoOutbox: the
+// database has no outbox table and no claim table is known in it.
+func (m *MySQL) readReconWindowRetry(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
+	for attempt := 0; ; attempt++ {
+		clear(w.Claims)
+		clear(w.Outbox)
+		claimTables, err := m.readReconWindow(ctx, db, shards, days, maxRows, w)
+		if !isMySQLErr(err, errNoSuchTable) {
+			return err
+		}
+		if claimTables == 0 {
+			// Only the outbox was read, so it is what is missing; the claim
+			// tables of a shard are made after its outbox, so none exist either.
+			return errNoOutbox
+		}
+		if attempt == 1 {
+			return err
+		}
+		m.forgetTables()
+	}
+}
+
+// readReconWindow reads the window in one statement and returns how many
+// claim tables it read.
+func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) (int, error) {
 	tables, err := m.dayTables(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	want := map[tableRef]bool{}
 	for _, s := range shards {
@@ -73,7 +95,7 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 			want[tableRef{kind: "claim", shard: s, day: d}] = true
 		}
 	}
-	// Every part returns: kind, packet or claim ID, act_id, shard (outbox) or
+	// Every part returns: kind, claim or packet ID, act_id, shard (outbox) or
 	// seq (claim), amount, state, created_ms.
 	parts := []string{"(SELECT 'o', claim_id, act_id, act_shard, amount, state, created_ms FROM " + m.outboxTable(db) +
 		" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ?)"}
@@ -85,23 +107,23 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 			args = append(args, w.FromMS, w.ToMS)
 		}
 	}
-	maxRows := reconRowsFactor * limit
 	args = append(args, maxRows+1)
+	claimTables := len(parts) - 1
 	rows, err := m.db.QueryContext(ctx, strings.Join(parts, " UNION ALL ")+" LIMIT ?", args...)
 	if err != nil {
-		return err
+		return claimTables, err
 	}
 	defer rows.Close()
 	n := 0
 	for rows.Next() {
 		if n++; n > maxRows {
-			return fmt.Errorf("window [%d, %d) holds more than %d claims and outbox rows", w.FromMS, w.ToMS, maxRows)
+			return claimTables, fmt.Errorf("window [%d, %d) holds more than %d claims and outbox rows: %w", w.FromMS, w.ToMS, maxRows, errWindowFull)
 		}
 		var kind, id, act string
 		var num, amount, createdMS int64
 		var state int
 		if err := rows.Scan(&kind, &id, &act, &num, &amount, &state, &createdMS); err != nil {
-			return err
+			return claimTables, err
 		}
 		if kind == "o" {
 			w.Outbox[id] = model.OutboxRow{ClaimID: id, ActID: act, Shard: model.ShardID(num), Amount: model.Cents(amount),
@@ -112,7 +134,7 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 			Amount: model.Cents(amount), CreatedMS: createdMS}
 		w.Claims[c.ID] = c
 	}
-	return rows.Err()
+	return claimTables, rows.Err()
 }
 
 // CreditsOf returns the credit flows booked in this store for the given

@@ -50,7 +50,7 @@ func TestReconWindow(t *testing.T) {
 	if w.ToMS != to || ob.Diffs.Count() != 0 || ob.Matched != (model.Tally{Count: 3, Cents: 600}) || len(ob.Pending) != 3 {
 		t.Fatalf("window %+v: %+v", w, ob)
 	}
-	// A limit of 1 row cuts the window after the first millisecond.
+	// A limit of 1 (2 rows read whole) cuts the window after the first millisecond.
 	w, err = m.ReconWindow(ctx, db, shards, days, from, to, 1)
 	if err != nil || w.ToMS != from+1 || len(w.Claims) != 1 || len(w.Outbox) != 1 {
 		t.Fatalf("cut window %+v, %v", w, err)
