@@ -266,6 +266,9 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 	if s.cache != nil {
 		rem, ok = s.cache.Get(sp.cacheKey(ref.ID))
 	}
+	if ok && rem.Local {
+		source = "local"
+	}
 	if !ok {
 		p, err := sp.store.Packet(ctx, ref)
 		if err != nil {

@@ -99,6 +99,14 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.stats.refundCents.Load),
 		counter("redcell_memcached_cas_conflicts_total", "Transaction-slot CAS conflicts retried.", func() int64 { c, _ := s.slots.Stats(); return c }),
 		counter("redcell_memcached_fallbacks_total", "Transaction-slot calls served in-process because memcached failed or its breaker is open.", func() int64 { _, f := s.slots.Stats(); return f }),
+		counter("redcell_grab_cache_fallbacks_total", "Grab-cache calls served by the in-process copies because memcached failed or its breaker is open.", func() int64 {
+			if s.cache == nil {
+				return 0
+			}
+			_, n := s.cache.FallingBack()
+			return n
+		}),
+		newFallbackGauges(s),
 		&outboxCollector{s: s,
 			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
@@ -106,6 +114,36 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 	)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return m
+}
+
+// newFallbackGauges: redcell_memcached_fallback{use} is 1 while that user of
+// memcached (slots, grab_cache) falls back to in-process, 0 when it uses memcached.
+func newFallbackGauges(s *Server) prometheus.Collector {
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_memcached_fallback",
+		Help: "1 while a user of memcached (use: slots, grab_cache) falls back to in-process because memcached is unreachable."}, []string{"use"})
+	return funcCollector{v, func() {
+		v.WithLabelValues("slots").Set(b2f(s.slots.FallingBack()))
+		active := false
+		if s.cache != nil {
+			active, _ = s.cache.FallingBack()
+		}
+		v.WithLabelValues("grab_cache").Set(b2f(active))
+	}}
+}
+
+// funcCollector refreshes a vector's values right before each scrape.
+type funcCollector struct {
+	*prometheus.GaugeVec
+	refresh func()
+}
+
+func (f funcCollector) Collect(ch chan<- prometheus.Metric) { f.refresh(); f.GaugeVec.Collect(ch) }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // outboxCollector reads the outbox lag of both spaces when scraped, at most

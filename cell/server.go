@@ -33,6 +33,8 @@ type Slots interface {
 	// Stats returns the CAS conflicts retried and the calls served by the
 	// in-process fallback since the start, for the metrics.
 	Stats() (casConflicts, fallbacks int64)
+	// FallingBack reports whether memcached was unreachable at the last call.
+	FallingBack() bool
 }
 
 // GrabCache is the cheap copy of each packet's remaining count.
@@ -42,6 +44,9 @@ type GrabCache interface {
 	// after a miss only if nothing newer is there.
 	Set(key string, r admission.Remaining, ttl time.Duration)
 	Fill(key string, r admission.Remaining, ttl time.Duration)
+	// FallingBack reports whether the cache serves in-process copies now
+	// (memcached unreachable) and how many calls those served since the start.
+	FallingBack() (active bool, served int64)
 }
 
 // Peers tells where other cells are (sharding/membership.Node).

@@ -86,7 +86,7 @@ type GrabResponse struct {
 	Available bool   `json:"available"`
 	Remaining int64  `json:"remaining"` // shares left, as last seen
 	Status    string `json:"status"`    // open | sold_out | expired | refunded
-	Source    string `json:"source"`    // "cache" or "db"
+	Source    string `json:"source"`    // "cache" (memcached), "local" (in-process copy, memcached down) or "db"
 }
 
 // OpenResponse answers POST /v1/packets/{id}/open with the caller's claim.
