@@ -26,10 +26,11 @@ const (
 	routeOpen
 	routeNoop
 	routeCredits // POST /internal/credits, cell to cell
+	routeRecon   // POST /internal/recon, cell to cell
 	routeCount
 )
 
-var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits"}
+var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits", "recon"}
 
 // shedReason says why an open was dropped before its transaction.
 type shedReason int

@@ -102,6 +102,9 @@ type Server struct {
 	limiter     *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
 	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
 	metrics     *metrics
+
+	reconMetrics *reconMetrics
+	auditor      *auditor
 }
 
 // stats are the cell's counters (exported through /healthz).
@@ -144,8 +147,10 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
 	s.metrics = newMetrics(s, reg)
+	s.reconMetrics = newReconMetrics(reg)
+	s.auditor = newAuditor(reg)
 	s.http = &fasthttp.Server{
-		Handler:            s.handle,
+		Handler:            s.handleInternal,
 		Name:               "redcell-cell",
 		MaxRequestBodySize: 1 << 20,
 		ReadTimeout:        30 * time.Second,
@@ -172,12 +177,12 @@ func (s *Server) Listen() (net.Listener, error) {
 
 // Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
 // taking requests and let in-flight ones finish, drain the open queues, deliver
-// what the relay holds. Background work (schema warm-up, relay, expiry) runs
-// while it serves.
+// what the relay holds. Background work (schema warm-up, relay, expiry,
+// reconciliation, the hourly audit) runs while it serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(6)
 	go func() {
 		defer wg.Done()
 		if s.cfg.WarmSchema {
@@ -187,6 +192,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); s.spaces[0].relay.run(bg) }()
 	go func() { defer wg.Done(); s.spaces[1].relay.run(bg) }()
 	go func() { defer wg.Done(); s.expiryLoop(bg) }()
+	go func() { defer wg.Done(); s.reconLoop(bg) }()
+	go func() { defer wg.Done(); s.auditLoop(bg) }()
 
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()

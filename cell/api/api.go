@@ -46,6 +46,29 @@ type StrategySetting struct {
 	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched), 0..1000 ms
 }
 
+// AuditResponse answers POST /admin/audit: the cell's own books, per space
+// ("real", "shadow"); ok is true when every audited space holds.
+type AuditResponse struct {
+	OK     bool                       `json:"ok"`
+	Spaces map[string]model.CellAudit `json:"spaces"`
+}
+
+// ReconRequest is the body of POST /internal/recon (cell to cell): claims the
+// sender's outbox marked delivered, to be checked against the credits booked
+// in the receiver's wallets. At most 10,000 per call.
+type ReconRequest struct {
+	Credits []model.Credit `json:"credits"`
+}
+
+// ReconResponse says how many of a ReconRequest's claims are credited as
+// claimed, and which are not (claim IDs).
+type ReconResponse struct {
+	Matched      int64    `json:"matched"`
+	MatchedCents int64    `json:"matched_cents"`
+	Missing      []string `json:"missing"`    // no credit for the claim
+	Mismatched   []string `json:"mismatched"` // a credit of another account or amount
+}
+
 // DepositRequest is the body of POST /v1/accounts/{act_id}/deposit.
 type DepositRequest struct {
 	Amount  int64  `json:"amount"`   // cents, > 0
