@@ -101,6 +101,19 @@ func (s *Server) handleAdmin(rc *fasthttp.RequestCtx) {
 			return
 		}
 		s.writeJSON(rc, http.StatusOK, s.Strategy())
+	case path == "/admin/degrade" && method == http.MethodGet:
+		s.writeJSON(rc, http.StatusOK, s.Degraded())
+	case path == "/admin/degrade" && method == http.MethodPut:
+		var d api.DegradeSetting
+		if err := decodeStrict(rc.PostBody(), &d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		if err := s.SetDegrade(d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, http.StatusOK, s.Degraded())
 	case path == "/admin/audit" && method == http.MethodPost:
 		s.adminAudit(rc)
 	default:

@@ -78,6 +78,10 @@ type Config struct {
 	// spaces; reads every money row, like redcell audit does for one cell).
 	AuditInterval time.Duration
 
+	// Degrade lists the features switched off (degraded) at start; the admin
+	// port switches them at run time (GET/PUT /admin/degrade).
+	Degrade Degrade
+
 	// WarmSchema creates today's and tomorrow's tables for every owned shard in the
 	// background at start and hourly. Off, tables are still created on first use.
 	WarmSchema bool

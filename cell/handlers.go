@@ -255,7 +255,8 @@ func (s *Server) packetAndActor(rc *fasthttp.RequestCtx, id string) (ref model.P
 }
 
 // grab answers whether a share may still be there: memcached's copy first, the
-// database on a miss. It never reserves anything.
+// database on a miss (and always while the grab_cache switch is off). It never
+// reserves anything.
 func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
 	ref, _, ok := s.packetAndActor(rc, id)
 	if !ok {
@@ -263,7 +264,8 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 	}
 	rem, ok := admission.Remaining{}, false
 	source := "cache"
-	if s.cache != nil {
+	useCache := s.cache != nil && !s.isDegraded(switchGrabCache)
+	if useCache {
 		rem, ok = s.cache.Get(sp.cacheKey(ref.ID))
 	}
 	if ok && rem.Local {
@@ -275,7 +277,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 			s.writeErr(rc, err)
 			return
 		}
-		if s.cache != nil {
+		if useCache {
 			s.cache.Fill(sp.cacheKey(ref.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
 		}
 		rem, source = remainingOf(p), "db"
@@ -313,12 +315,15 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 		s.writeErr(rc, err)
 		return
 	}
-	claims, err := sp.store.Claims(ctx, ref, after, limit)
-	if err != nil {
-		s.writeErr(rc, err)
-		return
+	var claims []model.Claim
+	degraded := s.isDegraded(switchClaimsList)
+	if !degraded {
+		if claims, err = sp.store.Claims(ctx, ref, after, limit); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
 	}
-	out := api.PacketResponse{
+	out := api.PacketResponse{ClaimsDegraded: degraded,
 		PacketID: string(p.ID), Sender: p.Sender, Kind: string(p.Kind), Greeting: p.Greeting, Amount: int64(p.Amount),
 		Count: p.Count, RemainingAmount: int64(p.RemainingAmount), RemainingCount: p.RemainingCount,
 		RefundAmount: int64(p.RefundAmount), Status: statusOf(p.Status, p.RemainingCount, p.ExpiresMS, s.now()),

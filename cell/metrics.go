@@ -108,6 +108,7 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 			return n
 		}),
 		newFallbackGauges(s),
+		newDegradeGauges(s),
 		&outboxCollector{s: s,
 			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
@@ -129,6 +130,18 @@ func newFallbackGauges(s *Server) prometheus.Collector {
 			active, _ = s.cache.FallingBack()
 		}
 		v.WithLabelValues("grab_cache").Set(b2f(active))
+	}}
+}
+
+// newDegradeGauges: redcell_degrade_switch{switch} is 1 while that feature is
+// switched off (degraded), 0 while it works.
+func newDegradeGauges(s *Server) prometheus.Collector {
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_degrade_switch",
+		Help: "1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay)."}, []string{"switch"})
+	return funcCollector{v, func() {
+		for i, name := range switchNames {
+			v.WithLabelValues(name).Set(b2f(s.isDegraded(degradeSwitch(i))))
+		}
 	}}
 }
 

@@ -323,7 +323,7 @@ func (s *Server) reportRecon(sp *space, p reconPass, cursors map[int]int64) {
 	}
 	if p.lagging > 0 {
 		s.log.Warn("reconciliation: claims not delivered after the settle time", "space", space, "claims", p.lagging,
-			"settle", s.cfg.ReconSettle)
+			"settle", s.cfg.ReconSettle, "relay_switch", s.Degraded().Relay)
 	}
 	if p.unverified > 0 {
 		s.log.Warn("reconciliation: delivered claims whose credits could not be checked", "space", space, "claims", p.unverified)

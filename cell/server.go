@@ -103,6 +103,7 @@ type Server struct {
 	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
 	metrics     *metrics
 
+	degraded     [switchCount]atomic.Bool // features switched off (SetDegrade)
 	reconMetrics *reconMetrics
 	auditor      *auditor
 }
@@ -146,6 +147,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
+	s.setDegradeConfig(cfg.Degrade)
 	s.metrics = newMetrics(s, reg)
 	s.reconMetrics = newReconMetrics(reg)
 	s.auditor = newAuditor(reg)

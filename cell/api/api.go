@@ -46,6 +46,18 @@ type StrategySetting struct {
 	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched), 0..1000 ms
 }
 
+// DegradeSetting is the body of GET and PUT /admin/degrade on a cell's admin
+// port: each switch is "on" (the feature works) or "off" (degraded). A PUT
+// changes the switches it names and keeps the others.
+type DegradeSetting struct {
+	// ClaimsList off: packet detail answers without its claims (claims_degraded).
+	ClaimsList string `json:"claims_list,omitempty"`
+	// GrabCache off: grab reads the packet from the database, never memcached.
+	GrabCache string `json:"grab_cache,omitempty"`
+	// Relay off: claims wait in the outbox; nothing is credited to other wallets.
+	Relay string `json:"relay,omitempty"`
+}
+
 // AuditResponse answers POST /admin/audit: the cell's own books, per space
 // ("real", "shadow"); ok is true when every audited space holds.
 type AuditResponse struct {
@@ -139,6 +151,9 @@ type PacketResponse struct {
 	ExpiresAt       string        `json:"expires_at"` // RFC 3339, UTC
 	Claims          []model.Claim `json:"claims"`
 	NextAfter       int64         `json:"next_after,omitempty"` // pass as ?after= for the next page; 0 = last page
+	// ClaimsDegraded is set when the claims list is switched off (degraded):
+	// claims is then empty whatever the packet holds.
+	ClaimsDegraded bool `json:"claims_degraded,omitempty"`
 }
 
 // CreditsRequest is the body of POST /internal/credits (cell to cell).
