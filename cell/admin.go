@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
@@ -59,6 +60,7 @@ func (s *Server) serveAdmin() (stop func(), err error) {
 	if err != nil {
 		return func() {}, fmt.Errorf("cell: admin listen %s: %w", s.cfg.AdminListen, err)
 	}
+	// WriteTimeout counts from the end of the handler, so a long audit is fine.
 	s.admin = &fasthttp.Server{Handler: s.handleAdmin, Name: "redcell-admin", MaxRequestBodySize: 64 << 10,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, ErrorHandler: api.ProtocolError,
 		Logger: api.Logger{Log: s.log}}
@@ -99,9 +101,48 @@ func (s *Server) handleAdmin(rc *fasthttp.RequestCtx) {
 			return
 		}
 		s.writeJSON(rc, http.StatusOK, s.Strategy())
+	case path == "/admin/degrade" && method == http.MethodGet:
+		s.writeJSON(rc, http.StatusOK, s.Degraded())
+	case path == "/admin/degrade" && method == http.MethodPut:
+		var d api.DegradeSetting
+		if err := decodeStrict(rc.PostBody(), &d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		if err := s.SetDegrade(d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, http.StatusOK, s.Degraded())
+	case path == "/admin/audit" && method == http.MethodPost:
+		s.adminAudit(rc)
 	default:
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
 	}
+}
+
+// adminAudit runs the audit of the cell's own books now: both spaces, or the
+// one ?space= names (real, shadow). It answers when the audit is done (it
+// reads every money row, so it may take minutes on a large cell); a failed
+// audit is still 200, with "ok": false and its problems.
+func (s *Server) adminAudit(rc *fasthttp.RequestCtx) {
+	spaces := s.spaces[:]
+	switch v := string(rc.QueryArgs().Peek("space")); v {
+	case "":
+	case "real":
+		spaces = s.spaces[:1]
+	case "shadow":
+		spaces = s.spaces[1:]
+	default:
+		s.writeErr(rc, model.Invalidf("space must be real or shadow, got %q", v))
+		return
+	}
+	rep, err := s.Audit(context.Background(), spaces...)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, http.StatusOK, rep)
 }
 
 func (s *Server) writeAdminErr(rc *fasthttp.RequestCtx, status int, e *model.Error) {

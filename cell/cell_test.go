@@ -82,7 +82,7 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 	}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreak)
 	stores := cell.Stores{Real: guard.NewStore(store, dbBreak, storage.DriverFailure), Shadow: guard.NewStore(store.Shadow(), dbBreak, storage.DriverFailure)}
-	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), peers, reg, log)
+	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

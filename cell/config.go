@@ -68,6 +68,22 @@ type Config struct {
 	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
 	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
 	MapVersion     int64         // version of the shard map this cell announces
+
+	// ReconInterval is how often reconciliation checks the claims made since its
+	// last pass against the outbox and the claimants' credits (cell/recon.go).
+	ReconInterval time.Duration
+	// ReconSettle is how old a claim must be before reconciliation checks it:
+	// by then its transaction has committed and its credit normally arrived,
+	// so a claim still undelivered at that age is reported as lag.
+	ReconSettle time.Duration
+	// AuditInterval is how often the cell audits all of its own books (both
+	// spaces; reads every money row, like redcell audit does for one cell).
+	AuditInterval time.Duration
+
+	// Degrade lists the features switched off (degraded) at start; the admin
+	// port switches them at run time (GET/PUT /admin/degrade).
+	Degrade Degrade
+
 	// WarmSchema creates today's and tomorrow's tables for every owned shard in the
 	// background at start and hourly. Off, tables are still created on first use.
 	WarmSchema bool
@@ -102,6 +118,18 @@ func DefaultConfig() Config {
 		ExpiryInterval: 5 * time.Second, // each pass reads ~3 day tables per owned shard
 		MapVersion:     1,
 		WarmSchema:     true,
+
+		// Near real time, as the reward wallet does it: a difference is found
+		// within about two minutes of the claim that made it.
+		ReconInterval: time.Minute,
+		// An open transaction commits within 5 s of its claims' creation time
+		// (txTimeout); a failed delivery is retried after two relay intervals,
+		// each attempt bounded by 10 s (relayTimeout). 30 s covers both, so a
+		// claim undelivered at that age is late, not merely in flight.
+		ReconSettle: 30 * time.Second,
+		// The full audit reads every money row of the cell: hourly keeps its cost
+		// small next to the traffic while no difference goes unseen for long.
+		AuditInterval: time.Hour,
 	}
 }
 
@@ -149,6 +177,9 @@ func (c Config) Validate() error {
 	}
 	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 {
 		bad("RequestTimeout, RelayInterval and ExpiryInterval must be > 0")
+	}
+	if c.ReconInterval <= 0 || c.ReconSettle <= 0 || c.AuditInterval <= 0 {
+		bad("ReconInterval, ReconSettle and AuditInterval must be > 0")
 	}
 	if c.RateLimitPerSec < 1 || c.RateBurst < 1 {
 		bad("RateLimitPerSec and RateBurst must be >= 1")

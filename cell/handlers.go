@@ -52,6 +52,8 @@ func routeOf(method, path string, parts []string) route {
 		return routeNoop
 	case path == "/internal/credits" && method == http.MethodPost:
 		return routeCredits
+	case path == "/internal/recon" && method == http.MethodPost:
+		return routeRecon
 	}
 	return routeOther
 }
@@ -71,8 +73,9 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 		return
 	}
 	// The cell's own rate limit binds every public request; relayed credits
-	// are exempt: they are money already claimed, bounded by the relay's batches.
-	if rt != routeCredits && rt != routeOther && !s.limiter.AllowN(s.now(), 1) {
+	// are exempt: they are money already claimed, bounded by the relay's
+	// batches; so are reconciliation calls, a few a minute from each cell.
+	if rt != routeCredits && rt != routeRecon && rt != routeOther && !s.limiter.AllowN(s.now(), 1) {
 		s.metrics.limited[rt].Inc()
 		rc.SetStatusCode(http.StatusTooManyRequests)
 		rc.SetContentType("application/json")
@@ -108,6 +111,8 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 		rc.SetBody(s.noopBody)
 	case routeCredits:
 		s.credits(ctx, rc, sp)
+	case routeRecon:
+		s.reconHandler(ctx, rc, sp)
 	default:
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}
@@ -269,7 +274,8 @@ func (s *Server) packetAndActor(rc *fasthttp.RequestCtx, id string) (ref model.P
 }
 
 // grab answers whether a share may still be there: memcached's copy first, the
-// database on a miss. It never reserves anything.
+// database on a miss (and always while the grab_cache switch is off). It never
+// reserves anything.
 func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
 	ref, _, ok := s.packetAndActor(rc, id)
 	if !ok {
@@ -277,8 +283,12 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 	}
 	rem, ok := admission.Remaining{}, false
 	source := "cache"
-	if s.cache != nil {
+	useCache := s.cache != nil && !s.isDegraded(switchGrabCache)
+	if useCache {
 		rem, ok = s.cache.Get(sp.cacheKey(ref.ID))
+	}
+	if ok && rem.Local {
+		source = "local"
 	}
 	if !ok {
 		p, err := sp.store.Packet(ctx, ref)
@@ -286,7 +296,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 			s.writeErr(rc, err)
 			return
 		}
-		if s.cache != nil {
+		if useCache {
 			s.cache.Fill(sp.cacheKey(ref.ID), remainingOf(p), time.Until(time.UnixMilli(p.ExpiresMS))+time.Hour)
 		}
 		rem, source = remainingOf(p), "db"
@@ -324,12 +334,15 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 		s.writeErr(rc, err)
 		return
 	}
-	claims, err := sp.store.Claims(ctx, ref, after, limit)
-	if err != nil {
-		s.writeErr(rc, err)
-		return
+	var claims []model.Claim
+	degraded := s.isDegraded(switchClaimsList)
+	if !degraded {
+		if claims, err = sp.store.Claims(ctx, ref, after, limit); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
 	}
-	out := api.PacketResponse{
+	out := api.PacketResponse{ClaimsDegraded: degraded,
 		PacketID: string(p.ID), Sender: p.Sender, Kind: string(p.Kind), Greeting: p.Greeting, Amount: int64(p.Amount),
 		Count: p.Count, RemainingAmount: int64(p.RemainingAmount), RemainingCount: p.RemainingCount,
 		RefundAmount: int64(p.RefundAmount), Status: statusOf(p.Status, p.RemainingCount, p.ExpiresMS, s.now()),

@@ -26,10 +26,11 @@ const (
 	routeOpen
 	routeNoop
 	routeCredits // POST /internal/credits, cell to cell
+	routeRecon   // POST /internal/recon, cell to cell
 	routeCount
 )
 
-var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits"}
+var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits", "recon"}
 
 // shedReason says why an open was dropped before its transaction.
 type shedReason int
@@ -99,6 +100,15 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.stats.refundCents.Load),
 		counter("redcell_memcached_cas_conflicts_total", "Transaction-slot CAS conflicts retried.", func() int64 { c, _ := s.slots.Stats(); return c }),
 		counter("redcell_memcached_fallbacks_total", "Transaction-slot calls served in-process because memcached failed or its breaker is open.", func() int64 { _, f := s.slots.Stats(); return f }),
+		counter("redcell_grab_cache_fallbacks_total", "Grab-cache calls served by the in-process copies because memcached failed or its breaker is open.", func() int64 {
+			if s.cache == nil {
+				return 0
+			}
+			_, n := s.cache.FallingBack()
+			return n
+		}),
+		newFallbackGauges(s),
+		newDegradeGauges(s),
 		&outboxCollector{s: s,
 			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
@@ -106,6 +116,48 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 	)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return m
+}
+
+// newFallbackGauges: redcell_memcached_fallback{use} is 1 while that user of
+// memcached (slots, grab_cache) falls back to in-process, 0 when it uses memcached.
+func newFallbackGauges(s *Server) prometheus.Collector {
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_memcached_fallback",
+		Help: "1 while a user of memcached (use: slots, grab_cache) falls back to in-process because memcached is unreachable."}, []string{"use"})
+	return funcCollector{v, func() {
+		v.WithLabelValues("slots").Set(b2f(s.slots.FallingBack()))
+		active := false
+		if s.cache != nil {
+			active, _ = s.cache.FallingBack()
+		}
+		v.WithLabelValues("grab_cache").Set(b2f(active))
+	}}
+}
+
+// newDegradeGauges: redcell_degrade_switch{switch} is 1 while that feature is
+// switched off (degraded), 0 while it works.
+func newDegradeGauges(s *Server) prometheus.Collector {
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_degrade_switch",
+		Help: "1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay)."}, []string{"switch"})
+	return funcCollector{v, func() {
+		for i, name := range switchNames {
+			v.WithLabelValues(name).Set(b2f(s.isDegraded(degradeSwitch(i))))
+		}
+	}}
+}
+
+// funcCollector refreshes a vector's values right before each scrape.
+type funcCollector struct {
+	*prometheus.GaugeVec
+	refresh func()
+}
+
+func (f funcCollector) Collect(ch chan<- prometheus.Metric) { f.refresh(); f.GaugeVec.Collect(ch) }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // outboxCollector reads the outbox lag of both spaces when scraped, at most

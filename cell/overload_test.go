@@ -186,7 +186,7 @@ func TestDBBreakerThroughHTTP(t *testing.T) {
 	peers := &staticPeers{}
 	m, _ := sharding.NewMap([]sharding.Cell{{Name: cfg.Name, Addr: "127.0.0.1:1", Shards: all}})
 	peers.m.Store(m)
-	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, 1, log), admission.NewCache(mc), peers, reg, log)
+	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, 1, log), admission.NewCache(mc, log), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,8 +40,11 @@ func newRelay(s *Server, sp *space) *relay {
 }
 
 // enqueue hands fresh claims to the relay without blocking; when the channel is
-// full they wait in the outbox for the next scan.
+// full, or the relay is switched off, they wait in the outbox for a later scan.
 func (r *relay) enqueue(credits []model.Credit) {
+	if r.s.isDegraded(switchRelay) {
+		return
+	}
 	select {
 	case r.in <- credits:
 	default:
@@ -55,14 +58,18 @@ func (r *relay) run(ctx context.Context) {
 	for {
 		select {
 		case batch := <-r.in:
-			r.deliver(ctx, r.gather(batch))
+			if !r.s.isDegraded(switchRelay) { // switched off: the outbox keeps them
+				r.deliver(ctx, r.gather(batch))
+			}
 		case <-t.C:
-			r.scan(ctx)
+			if !r.s.isDegraded(switchRelay) {
+				r.scan(ctx)
+			}
 		case <-ctx.Done():
 			// Deliver what the workers handed over before stopping; the outbox
 			// keeps anything that still fails.
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			for {
+			for !r.s.isDegraded(switchRelay) {
 				select {
 				case batch := <-r.in:
 					r.deliver(fctx, batch)

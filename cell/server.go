@@ -33,6 +33,8 @@ type Slots interface {
 	// Stats returns the CAS conflicts retried and the calls served by the
 	// in-process fallback since the start, for the metrics.
 	Stats() (casConflicts, fallbacks int64)
+	// FallingBack reports whether memcached was unreachable at the last call.
+	FallingBack() bool
 }
 
 // GrabCache is the cheap copy of each packet's remaining count.
@@ -42,6 +44,9 @@ type GrabCache interface {
 	// after a miss only if nothing newer is there.
 	Set(key string, r admission.Remaining, ttl time.Duration)
 	Fill(key string, r admission.Remaining, ttl time.Duration)
+	// FallingBack reports whether the cache serves in-process copies now
+	// (memcached unreachable) and how many calls those served since the start.
+	FallingBack() (active bool, served int64)
 }
 
 // Peers tells where other cells are (sharding/membership.Node).
@@ -98,6 +103,10 @@ type Server struct {
 	signer      *api.Signer   // signs relayed credits, checks every signed call (Config.ClusterSecret)
 	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
 	metrics     *metrics
+
+	degraded     [switchCount]atomic.Bool // features switched off (SetDegrade)
+	reconMetrics *reconMetrics
+	auditor      *auditor
 }
 
 // stats are the cell's counters (exported through /healthz).
@@ -140,7 +149,10 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.signer = api.NewSigner(cfg.ClusterSecret)
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
+	s.setDegradeConfig(cfg.Degrade)
 	s.metrics = newMetrics(s, reg)
+	s.reconMetrics = newReconMetrics(reg)
+	s.auditor = newAuditor(reg)
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -169,12 +181,12 @@ func (s *Server) Listen() (net.Listener, error) {
 
 // Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
 // taking requests and let in-flight ones finish, drain the open queues, deliver
-// what the relay holds. Background work (schema warm-up, relay, expiry) runs
-// while it serves.
+// what the relay holds. Background work (schema warm-up, relay, expiry,
+// reconciliation, the hourly audit) runs while it serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(6)
 	go func() {
 		defer wg.Done()
 		if s.cfg.WarmSchema {
@@ -184,6 +196,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); s.spaces[0].relay.run(bg) }()
 	go func() { defer wg.Done(); s.spaces[1].relay.run(bg) }()
 	go func() { defer wg.Done(); s.expiryLoop(bg) }()
+	go func() { defer wg.Done(); s.reconLoop(bg) }()
+	go func() { defer wg.Done(); s.auditLoop(bg) }()
 
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()

@@ -51,6 +51,20 @@ type Outbox interface {
 	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)
 }
 
+// Books is what reconciliation and the cell's own audit read.
+type Books interface {
+	// ReconWindow reads, in one consistent read, the claims created in
+	// [fromMS, toMS) in the claim tables of shards (all of database db) for the
+	// given days of month, and db's outbox rows of the same window; it may cut
+	// the window short after limit outbox rows (see storage.MySQL.ReconWindow).
+	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
+	// CreditsOf returns the credit flows booked here for the given claims, by
+	// claim ID, as they are. At most 10,000 credits per call.
+	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
+	// Ledger reads every money row in one snapshot (storage.MySQL.Ledger).
+	Ledger(ctx context.Context, cell string) (model.Ledger, error)
+}
+
 // Schema creates tables ahead of need.
 type Schema interface {
 	EnsureShard(ctx context.Context, s model.ShardID) error
@@ -64,5 +78,6 @@ type Store interface {
 	Expiry
 	Outbox
 	Schema
+	Books
 	Ping(ctx context.Context) error
 }

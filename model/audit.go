@@ -9,18 +9,34 @@ import (
 // snapshot of that cell's database (storage.MySQL.Ledger). All amounts are cents.
 type Ledger struct {
 	Cell          string
-	Deposits      Cents             // sum of deposit flows
-	Balances      Cents             // sum of wallet balances
-	Sends         Cents             // sum of send flows (as a positive amount)
-	PacketTotals  Cents             // sum of packet amounts
-	OpenRemaining Cents             // money still inside packets (not claimed, not refunded)
-	RefundFlows   Cents             // sum of refund flows
-	RefundAmounts Cents             // sum of packets' refund_amount
-	Packets       int64             // packet rows read
-	Claims        map[string]Claim  // every claim made in this cell, by claim ID
-	Credits       map[string]Credit // every claim credited in this cell, by claim ID
-	Delivered     map[string]bool   // outbox rows marked delivered, by claim ID
-	Problems      []string          // row-level breaks: balance != its flows, packet sums off, ...
+	Deposits      Cents                // sum of deposit flows
+	Balances      Cents                // sum of wallet balances
+	Sends         Cents                // sum of send flows (as a positive amount)
+	PacketTotals  Cents                // sum of packet amounts
+	OpenRemaining Cents                // money still inside packets (not claimed, not refunded)
+	RefundFlows   Cents                // sum of refund flows
+	RefundAmounts Cents                // sum of packets' refund_amount
+	Packets       int64                // packet rows read
+	Claims        map[string]Claim     // every claim made in this cell, by claim ID
+	Credits       map[string]Credit    // every claim credited in this cell, by claim ID
+	Outbox        map[string]OutboxRow // every outbox row of this cell, by claim ID
+	Problems      []string             // row-level breaks: balance != its flows, packet sums off, ...
+}
+
+// NewLedger returns an empty ledger of cell, its maps made.
+func NewLedger(cell string) Ledger {
+	return Ledger{Cell: cell, Claims: map[string]Claim{}, Credits: map[string]Credit{}, Outbox: map[string]OutboxRow{}}
+}
+
+// OutboxRow is a claim's row in the outbox of the claim's cell: whom the claim
+// is owed to, how much, and whether the relay has delivered it.
+type OutboxRow struct {
+	ClaimID   string
+	ActID     string
+	Shard     ShardID // the claimant's shard
+	Amount    Cents
+	Delivered bool
+	CreatedMS int64
 }
 
 // Merge adds part's sums, rows and problems to l. A claim credited in both is
@@ -44,8 +60,8 @@ func (l *Ledger) Merge(part Ledger) {
 		}
 		l.Credits[id] = c
 	}
-	for id := range part.Delivered {
-		l.Delivered[id] = true
+	for id, o := range part.Outbox {
+		l.Outbox[id] = o
 	}
 	l.Problems = append(l.Problems, part.Problems...)
 }
@@ -70,8 +86,10 @@ type AuditReport struct {
 func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 0 }
 
 // Audit combines the cells' ledgers. It proves conservation and lists every
-// broken invariant it finds: per-cell sums that must match, credits without a
-// claim (invented money), credits of the wrong amount, a claim in two cells.
+// broken invariant it finds: per-cell sums that must match, claims without
+// their outbox row (or the other way round, or differing), credits without a
+// claim (invented money), credits of the wrong amount, a claim in two cells, a
+// claim marked delivered but never credited.
 func Audit(ledgers []Ledger) AuditReport {
 	var r AuditReport
 	claims := map[string]Claim{}
@@ -104,8 +122,15 @@ func Audit(ledgers []Ledger) AuditReport {
 			}
 			credits[id] = c
 		}
-		for id := range l.Delivered {
-			delivered[id] = true
+		// A claim and its outbox row are written in one transaction of one
+		// cell, so each cell's claims must match its own outbox rows.
+		for _, p := range CompareOutbox(l.Claims, l.Outbox).Diffs.Problems() {
+			r.Problems = append(r.Problems, l.Cell+": "+p)
+		}
+		for id, o := range l.Outbox {
+			if o.Delivered {
+				delivered[id] = true
+			}
 		}
 	}
 	// A credit must match its claim in account and amount. The difference below

@@ -9,10 +9,11 @@ func ledgers() (Ledger, Ledger) {
 	// Cell a: 1000 deposited, 400 sent in one packet; 300 claimed: 200 by x (in a,
 	// credited), 100 by y (in b, not yet credited); 100 still in the packet.
 	a := Ledger{Cell: "a", Deposits: 1000, Balances: 600 + 200, Sends: 400, PacketTotals: 400, OpenRemaining: 100,
-		Claims:    map[string]Claim{"p1c1": {ActID: "x", Amount: 200}, "p1c2": {ActID: "y", Amount: 100}},
-		Credits:   map[string]Credit{"p1c1": {ActID: "x", Amount: 200}},
-		Delivered: map[string]bool{"p1c1": true}}
-	b := Ledger{Cell: "b", Claims: map[string]Claim{}, Credits: map[string]Credit{}, Delivered: map[string]bool{}}
+		Claims:  map[string]Claim{"p1c1": {ActID: "x", Amount: 200}, "p1c2": {ActID: "y", Amount: 100}},
+		Credits: map[string]Credit{"p1c1": {ActID: "x", Amount: 200}},
+		Outbox: map[string]OutboxRow{"p1c1": {ClaimID: "p1c1", ActID: "x", Amount: 200, Delivered: true},
+			"p1c2": {ClaimID: "p1c2", ActID: "y", Amount: 100}}}
+	b := NewLedger("b")
 	return a, b
 }
 
@@ -59,9 +60,23 @@ func TestAuditFindsLostMoney(t *testing.T) {
 		t.Fatalf("a lost cent: %+v", r)
 	}
 	a, b = ledgers()
-	a.Delivered["p1c2"] = true // marked delivered, never credited
+	o := a.Outbox["p1c2"]
+	o.Delivered = true // marked delivered, never credited
+	a.Outbox["p1c2"] = o
 	if r := Audit([]Ledger{a, b}); r.OK() {
 		t.Fatalf("delivered but uncredited claim passed: %+v", r)
+	}
+	a, b = ledgers()
+	delete(a.Outbox, "p1c2") // a claim whose outbox row is gone would never be credited
+	if r := Audit([]Ledger{a, b}); r.OK() || !strings.Contains(strings.Join(r.Problems, ";"), "outbox_missing: 1 claims (p1c2)") {
+		t.Fatalf("claim without outbox row passed: %+v", r)
+	}
+	a, b = ledgers()
+	o = a.Outbox["p1c2"]
+	o.Amount = 101 // the outbox would credit more than was claimed
+	a.Outbox["p1c2"] = o
+	if r := Audit([]Ledger{a, b}); r.OK() || !strings.Contains(strings.Join(r.Problems, ";"), "outbox_mismatch") {
+		t.Fatalf("outbox row of another amount passed: %+v", r)
 	}
 	a, b = ledgers()
 	a.Sends = 500 // a send flow without its packet
@@ -71,7 +86,7 @@ func TestAuditFindsLostMoney(t *testing.T) {
 }
 
 func TestLedgerMerge(t *testing.T) {
-	l := Ledger{Claims: map[string]Claim{}, Credits: map[string]Credit{}, Delivered: map[string]bool{}}
+	l := NewLedger("")
 	l.Merge(Ledger{Deposits: 5, Balances: 3, Credits: map[string]Credit{"c1": {ActID: "a", Amount: 2}}})
 	l.Merge(Ledger{Deposits: 1, Credits: map[string]Credit{"c1": {ActID: "b", Amount: 2}}, Problems: []string{"p"}})
 	if l.Deposits != 6 || l.Balances != 3 || l.Credits["c1"].Amount != 4 || len(l.Problems) != 2 {

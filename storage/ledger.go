@@ -67,13 +67,15 @@ func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) 
 // a few dozen round trips instead of several per table.
 const ledgerChunk = 100
 
-// Ledger reads every money row of this store in one consistent snapshot and
-// checks the row-level invariants: each balance equals the sum of its flows, each
+// Ledger reads every money row of this store in one consistent snapshot (the
+// claims, credits and outbox rows one by one, the rest as sums) and checks the
+// row-level invariants: each balance equals the sum of its flows, each
 // packet's claims + refund + remainder equal its amount and its claim count plus
 // remaining count equal its count, an open packet holds at least a cent per share.
 //
 // Tables being created while it reads (a cell creates day tables ahead) can make
-// one read fail; it then starts over with a new snapshot, up to 5 times.
+// one read fail; it then starts over with a new snapshot, up to 5 times. It
+// holds every claim, credit and outbox row in memory (about 150 bytes each).
 func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
@@ -91,7 +93,7 @@ func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 const errTableDefChanged = 1412
 
 func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
-	l := model.Ledger{Cell: cell, Claims: map[string]model.Claim{}, Credits: map[string]model.Credit{}, Delivered: map[string]bool{}}
+	l := model.NewLedger(cell)
 	// The snapshot starts before the tables are listed, so a table created (and
 	// filled) after the listing cannot hold rows the snapshot reads elsewhere.
 	tx, err := m.db.Conn(ctx)
@@ -267,18 +269,27 @@ func scanClaims(rows *sql.Rows, l *model.Ledger) error {
 }
 
 func (m *MySQL) ledgerOutboxSQL(t tableRef) string {
-	return "SELECT claim_id FROM " + m.outboxTable(t.shard.DB()) + " WHERE state = 1"
+	return "SELECT claim_id, act_id, act_shard, amount, state, created_ms FROM " + m.outboxTable(t.shard.DB())
 }
 
 func scanOutbox(rows *sql.Rows, l *model.Ledger) error {
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		o, err := scanOutboxRow(rows)
+		if err != nil {
 			return err
 		}
-		l.Delivered[id] = true
+		l.Outbox[o.ClaimID] = o
 	}
 	return nil
+}
+
+// scanOutboxRow reads the columns claim_id, act_id, act_shard, amount, state, created_ms.
+func scanOutboxRow(rows *sql.Rows) (model.OutboxRow, error) {
+	var o model.OutboxRow
+	var state int
+	err := rows.Scan(&o.ClaimID, &o.ActID, &o.Shard, &o.Amount, &state, &o.CreatedMS)
+	o.Delivered = state == 1
+	return o, err
 }
 
 // readChunk runs the UNION ALL of parts, scans it into a fresh ledger and
@@ -294,7 +305,7 @@ func readChunk(ctx context.Context, q rowsQueryer, parts []string, scan func(*sq
 			return err
 		}
 		defer rows.Close()
-		part := model.Ledger{Claims: map[string]model.Claim{}, Credits: map[string]model.Credit{}, Delivered: map[string]bool{}}
+		part := model.NewLedger("")
 		if err := scan(rows, &part); err != nil {
 			return err
 		}

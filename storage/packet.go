@@ -324,7 +324,7 @@ func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remai
 // asks up to 100 tables per statement, so a pass over hundreds of shards is a
 // handful of round trips, not one per table.
 func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
-	existing, err := m.packetTables(ctx)
+	existing, err := m.dayTables(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -374,9 +374,9 @@ func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []in
 	return out, nil
 }
 
-// packetTables returns the packet tables that exist, from a list at most a
-// minute old. Tables this process created since are added by EnsureDay.
-func (m *MySQL) packetTables(ctx context.Context) ([]tableRef, error) {
+// dayTables returns the packet and claim tables that exist, from a list at most
+// a minute old. Tables this process created since are added by EnsureDay.
+func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 	m.mu.Lock()
 	if m.tableList != nil && time.Since(m.tableListAt) < time.Minute {
 		list := m.tableList
@@ -389,13 +389,15 @@ func (m *MySQL) packetTables(ctx context.Context) ([]tableRef, error) {
 		return nil, err
 	}
 	var list []tableRef
+	known := map[tableRef]bool{}
 	for _, t := range all {
-		if t.kind == "packet" {
+		if t.kind == "packet" || t.kind == "claim" {
 			list = append(list, t)
+			known[t] = true
 		}
 	}
 	m.mu.Lock()
-	m.tableList, m.tableListAt = list, time.Now()
+	m.tableList, m.tableKnown, m.tableListAt = list, known, time.Now()
 	m.mu.Unlock()
 	return list, nil
 }

@@ -13,7 +13,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -111,6 +110,7 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
   created_ms BIGINT NOT NULL,
   PRIMARY KEY (packet_id, seq),
   UNIQUE KEY uk_claim (packet_id, act_id),
+  KEY k_created (created_ms),
   CONSTRAINT share_positive CHECK (amount >= 1)
 ) ENGINE=InnoDB`,
 	}
@@ -122,10 +122,11 @@ type MySQL struct {
 	now func() time.Time
 	ns  string // database name prefix: "" for real money, ShadowPrefix for stress traffic
 
-	mu          sync.Mutex               // guards ensured, errs, tableList, tableListAt
+	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt
 	ensured     map[ensureKey]*sync.Once // tables created by this process
 	errs        map[ensureKey]error
-	tableList   []tableRef // packet tables known to exist (ExpiredIn)
+	tableList   []tableRef        // packet and claim tables known to exist (ExpiredIn, ReconWindow)
+	tableKnown  map[tableRef]bool // the entries of tableList
 	tableListAt time.Time
 }
 
@@ -204,9 +205,11 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 	}
 	m.mu.Lock()
 	if m.tableList != nil {
-		t := tableRef{kind: "packet", shard: s, day: day}
-		if !slices.Contains(m.tableList, t) {
-			m.tableList = append(m.tableList, t)
+		for _, kind := range []string{"packet", "claim"} {
+			if t := (tableRef{kind: kind, shard: s, day: day}); !m.tableKnown[t] {
+				m.tableList = append(m.tableList, t)
+				m.tableKnown[t] = true
+			}
 		}
 	}
 	m.mu.Unlock()

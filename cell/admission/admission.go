@@ -41,14 +41,15 @@ type Slots struct {
 	mu    sync.Mutex // guards local
 	local map[string]int
 
-	Fallbacks   atomic.Int64 // Acquire calls served in-process because memcached failed
-	Conflicts   atomic.Int64 // CAS conflicts retried
-	lastWarnSec atomic.Int64
+	Fallbacks atomic.Int64 // Acquire calls served in-process because memcached failed
+	Conflicts atomic.Int64 // CAS conflicts retried
+	state     fallbackState
 }
 
 // NewSlots returns a cap of capPerKey concurrent holders per key.
 func NewSlots(mc Memcache, capPerKey int, log *slog.Logger) *Slots {
-	return &Slots{mc: mc, cap: capPerKey, ttlSec: 10, log: log, local: map[string]int{}}
+	return &Slots{mc: mc, cap: capPerKey, ttlSec: 10, log: log, local: map[string]int{},
+		state: fallbackState{use: "transaction cap", log: log}}
 }
 
 // NewClient returns a memcached client sized for a cell.
@@ -65,6 +66,10 @@ func (s *Slots) Stats() (casConflicts, fallbacks int64) {
 	return s.Conflicts.Load(), s.Fallbacks.Load()
 }
 
+// FallingBack reports whether the last call found memcached unreachable, so
+// the slots are counted in-process until a call reaches it again.
+func (s *Slots) FallingBack() bool { return s.state.down.Load() }
+
 func slotKey(key string) string { return "rc:tx:" + key }
 
 // Acquire takes one slot for key, waiting (with short backoff) while the cap is
@@ -80,6 +85,7 @@ func (s *Slots) Acquire(ctx context.Context, key string) (release func(), err er
 			s.fallback(err)
 			return s.acquireLocal(ctx, k)
 		}
+		s.state.reached()
 		if ok {
 			return func() { s.release(k) }, nil
 		}
@@ -176,10 +182,36 @@ func (s *Slots) release(k string) {
 
 func (s *Slots) fallback(err error) {
 	s.Fallbacks.Add(1)
-	now := time.Now().Unix()
-	if last := s.lastWarnSec.Load(); now-last >= 10 && s.lastWarnSec.CompareAndSwap(last, now) {
-		s.log.Warn("memcached unreachable: transaction cap falls back to in-process", "err", err)
+	s.state.failed(err)
+}
+
+// fallbackState remembers whether memcached was reachable at the last call of
+// one user of it (the slots, the grab cache) and logs each change once: a
+// warning when it falls back to in-process, a notice when it is back.
+type fallbackState struct {
+	use  string // what falls back, for the log
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+func (f *fallbackState) failed(err error) {
+	if f.down.CompareAndSwap(false, true) {
+		f.log.Warn("memcached unreachable: "+f.use+" falls back to in-process", "err", err)
 	}
+}
+
+func (f *fallbackState) reached() {
+	if f.down.Load() && f.down.CompareAndSwap(true, false) {
+		f.log.Info("memcached reachable again: " + f.use + " uses it again")
+	}
+}
+
+// serverAnswered reports whether err is memcached's own answer (a miss, a CAS
+// conflict, not stored): the server is reachable. Anything else (refused, timed
+// out, a broken connection, an open circuit breaker) means it is not.
+func serverAnswered(err error) bool {
+	return err == nil || errors.Is(err, memcache.ErrCacheMiss) || errors.Is(err, memcache.ErrCASConflict) ||
+		errors.Is(err, memcache.ErrNotStored) || errors.Is(err, memcache.ErrMalformedKey)
 }
 
 func (s *Slots) acquireLocal(ctx context.Context, k string) (func(), error) {
@@ -209,43 +241,6 @@ func (s *Slots) releaseLocal(k string) {
 	}
 }
 
-// Remaining is the grab cache's copy of a packet: shares left, status and expiry.
-type Remaining struct {
-	Count     int64
-	Status    int8
-	ExpiresMS int64
-}
-
-// Cache is the grab cache in memcached. Misses and errors read as "not cached".
-type Cache struct {
-	mc Memcache
-}
-
-// NewCache returns the grab cache.
-func NewCache(mc Memcache) *Cache { return &Cache{mc: mc} }
-
-func remKey(key string) string { return "rc:rem:" + key }
-
-// Get returns the cached copy for key; ok is false on a miss or an error.
-func (c *Cache) Get(key string) (r Remaining, ok bool) {
-	it, err := c.mc.Get(remKey(key))
-	if err != nil {
-		return r, false
-	}
-	var parts [3]int64
-	v := string(it.Value)
-	for i := 0; i < 3; i++ {
-		var field string
-		field, v, _ = cutColon(v)
-		n, err := strconv.ParseInt(field, 10, 64)
-		if err != nil {
-			return r, false
-		}
-		parts[i] = n
-	}
-	return Remaining{Count: parts[0], Status: int8(parts[1]), ExpiresMS: parts[2]}, true
-}
-
 func cutColon(s string) (string, string, bool) {
 	for i := 0; i < len(s); i++ {
 		if s[i] == ':' {
@@ -253,29 +248,4 @@ func cutColon(s string) (string, string, bool) {
 		}
 	}
 	return s, "", false
-}
-
-// Set stores the copy for key until ttl passes; the open worker calls it after
-// each commit, so it always writes the newest state. Errors are ignored: the
-// cache is a hint and a miss falls back to the database.
-func (c *Cache) Set(key string, r Remaining, ttl time.Duration) {
-	_ = c.mc.Set(c.item(key, r, ttl))
-}
-
-// Fill stores a copy read from the database after a miss, only if no copy is
-// there: a worker's newer Set must never be overwritten by an older read.
-func (c *Cache) Fill(key string, r Remaining, ttl time.Duration) {
-	_ = c.mc.Add(c.item(key, r, ttl))
-}
-
-func (c *Cache) item(key string, r Remaining, ttl time.Duration) *memcache.Item {
-	v := strconv.FormatInt(r.Count, 10) + ":" + strconv.Itoa(int(r.Status)) + ":" + strconv.FormatInt(r.ExpiresMS, 10)
-	sec := int32(ttl / time.Second)
-	if sec < 1 {
-		sec = 1
-	}
-	if sec > 30*24*3600 {
-		sec = 30 * 24 * 3600
-	}
-	return &memcache.Item{Key: remKey(key), Value: []byte(v), Expiration: sec}
 }

@@ -94,7 +94,7 @@ func TestFallbackWhenMemcachedIsDown(t *testing.T) {
 }
 
 func TestGrabCacheFillNeverOverwrites(t *testing.T) {
-	c := NewCache(NewClient([]string{testenv.Memcached(t)}))
+	c := NewCache(NewClient([]string{testenv.Memcached(t)}), quiet)
 	key := testenv.Prefix()
 	c.Set(key, Remaining{Count: 0, Status: 1, ExpiresMS: 42}, time.Minute)  // the worker: sold out
 	c.Fill(key, Remaining{Count: 1, Status: 0, ExpiresMS: 42}, time.Minute) // an older read after a miss

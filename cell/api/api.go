@@ -48,6 +48,41 @@ type StrategySetting struct {
 	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched), 0..1000 ms
 }
 
+// DegradeSetting is the body of GET and PUT /admin/degrade on a cell's admin
+// port: each switch is "on" (the feature works) or "off" (degraded). A PUT
+// changes the switches it names and keeps the others.
+type DegradeSetting struct {
+	// ClaimsList off: packet detail answers without its claims (claims_degraded).
+	ClaimsList string `json:"claims_list,omitempty"`
+	// GrabCache off: grab reads the packet from the database, never memcached.
+	GrabCache string `json:"grab_cache,omitempty"`
+	// Relay off: claims wait in the outbox; nothing is credited to other wallets.
+	Relay string `json:"relay,omitempty"`
+}
+
+// AuditResponse answers POST /admin/audit: the cell's own books, per space
+// ("real", "shadow"); ok is true when every audited space holds.
+type AuditResponse struct {
+	OK     bool                       `json:"ok"`
+	Spaces map[string]model.CellAudit `json:"spaces"`
+}
+
+// ReconRequest is the body of POST /internal/recon (cell to cell): claims the
+// sender's outbox marked delivered, to be checked against the credits booked
+// in the receiver's wallets. At most 10,000 per call.
+type ReconRequest struct {
+	Credits []model.Credit `json:"credits"`
+}
+
+// ReconResponse says how many of a ReconRequest's claims are credited as
+// claimed, and which are not (claim IDs).
+type ReconResponse struct {
+	Matched      int64    `json:"matched"`
+	MatchedCents int64    `json:"matched_cents"`
+	Missing      []string `json:"missing"`    // no credit for the claim
+	Mismatched   []string `json:"mismatched"` // a credit of another account or amount
+}
+
 // DepositRequest is the body of POST /v1/accounts/{act_id}/deposit.
 type DepositRequest struct {
 	Amount  int64  `json:"amount"`   // cents, > 0
@@ -88,7 +123,7 @@ type GrabResponse struct {
 	Available bool   `json:"available"`
 	Remaining int64  `json:"remaining"` // shares left, as last seen
 	Status    string `json:"status"`    // open | sold_out | expired | refunded
-	Source    string `json:"source"`    // "cache" or "db"
+	Source    string `json:"source"`    // "cache" (memcached), "local" (in-process copy, memcached down) or "db"
 }
 
 // OpenResponse answers POST /v1/packets/{id}/open with the caller's claim.
@@ -118,6 +153,9 @@ type PacketResponse struct {
 	ExpiresAt       string        `json:"expires_at"` // RFC 3339, UTC
 	Claims          []model.Claim `json:"claims"`
 	NextAfter       int64         `json:"next_after,omitempty"` // pass as ?after= for the next page; 0 = last page
+	// ClaimsDegraded is set when the claims list is switched off (degraded):
+	// claims is then empty whatever the packet holds.
+	ClaimsDegraded bool `json:"claims_degraded,omitempty"`
 }
 
 // CreditsRequest is the body of POST /internal/credits (cell to cell).

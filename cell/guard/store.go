@@ -161,6 +161,32 @@ func (s *Store) EnsureDays(ctx context.Context, shards []model.ShardID, days []i
 	return s.inner.EnsureDays(ctx, shards, days, parallel, progress)
 }
 
+// ReconWindow implements cell.Store.
+func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (w model.ReconWindow, err error) {
+	err = s.call(func() (err error) {
+		w, err = s.inner.ReconWindow(ctx, db, shards, days, fromMS, toMS, limit)
+		return err
+	})
+	return w, err
+}
+
+// CreditsOf implements cell.Store.
+func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (m map[string]model.Credit, err error) {
+	err = s.call(func() (err error) { m, err = s.inner.CreditsOf(ctx, credits); return err })
+	return m, err
+}
+
+// Ledger implements cell.Store. Like EnsureDays it may run for minutes (it
+// reads every money row), so it runs only while the breaker is closed, is
+// never its probe and is not counted.
+func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
+	if s.b.State() != StateClosed {
+		s.b.rejected.Add(1)
+		return model.Ledger{}, ErrDBOpen
+	}
+	return s.inner.Ledger(ctx, cell)
+}
+
 // Ping implements cell.Store: while the breaker is open the cell's /healthz
 // reads db_unreachable without waiting on the server.
 func (s *Store) Ping(ctx context.Context) error {

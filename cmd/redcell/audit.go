@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -14,7 +16,10 @@ import (
 
 // runAudit reads every cell's rows and proves conservation; it exits non-zero
 // (returns an error) and prints the difference when anything is off.
-func runAudit(ctx context.Context, args []string) error {
+func runAudit(ctx context.Context, args []string) error { return audit(ctx, args, os.Stdout) }
+
+// audit is runAudit printing its report to out.
+func audit(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
 	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file (cells and their DSNs)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -40,9 +45,9 @@ func runAudit(ctx context.Context, args []string) error {
 	}
 	if *asJSON {
 		b, _ := json.MarshalIndent(rep, "", "  ")
-		fmt.Println(string(b))
+		fmt.Fprintln(out, string(b))
 	} else {
-		printAudit(rep)
+		printAudit(out, rep)
 	}
 	if !rep.OK() {
 		return fmt.Errorf("audit FAILED: difference %d cents, %d problems", rep.Difference, len(rep.Problems))
@@ -50,19 +55,19 @@ func runAudit(ctx context.Context, args []string) error {
 	return nil
 }
 
-func printAudit(r model.AuditReport) {
+func printAudit(w io.Writer, r model.AuditReport) {
 	verdict := "OK"
 	if !r.OK() {
 		verdict = "FAILED"
 	}
-	fmt.Printf("audit %s over cells %v\n", verdict, r.Cells)
-	fmt.Printf("  deposits        %14d cents\n", r.Deposits)
-	fmt.Printf("  balances        %14d cents\n", r.Balances)
-	fmt.Printf("  open packets    %14d cents (%d packets in all)\n", r.OpenRemaining, r.Packets)
-	fmt.Printf("  in flight       %14d cents (%d of %d claims not yet credited)\n", r.InFlight, r.InFlightCount, r.ClaimsCount)
-	fmt.Printf("  difference      %14d cents (deposits - balances - open - in flight)\n", r.Difference)
+	fmt.Fprintf(w, "audit %s over cells %v\n", verdict, r.Cells)
+	fmt.Fprintf(w, "  deposits        %14d cents\n", r.Deposits)
+	fmt.Fprintf(w, "  balances        %14d cents\n", r.Balances)
+	fmt.Fprintf(w, "  open packets    %14d cents (%d packets in all)\n", r.OpenRemaining, r.Packets)
+	fmt.Fprintf(w, "  in flight       %14d cents (%d of %d claims not yet credited)\n", r.InFlight, r.InFlightCount, r.ClaimsCount)
+	fmt.Fprintf(w, "  difference      %14d cents (deposits - balances - open - in flight)\n", r.Difference)
 	for _, p := range r.Problems {
-		fmt.Printf("  PROBLEM: %s\n", p)
+		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}
 }
 

@@ -82,6 +82,23 @@ type cellSection struct {
 	RateBurst       int           `yaml:"rate_burst"`
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerCooldown time.Duration `yaml:"breaker_cooldown"`
+
+	ReconInterval time.Duration `yaml:"recon_interval"`
+	ReconSettle   time.Duration `yaml:"recon_settle"`
+	AuditInterval time.Duration `yaml:"audit_interval"`
+	Degrade       degradeEntry  `yaml:"degrade"`
+}
+
+// degradeEntry: each switch "on" or "off" at start; absent keeps it on.
+type degradeEntry struct {
+	ClaimsList string `yaml:"claims_list"`
+	GrabCache  string `yaml:"grab_cache"`
+	Relay      string `yaml:"relay"`
+}
+
+// switches returns the entry's fields by switch name, to read and set them.
+func (d *degradeEntry) switches() map[string]*string {
+	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay}
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -123,6 +140,18 @@ var envOverrides = []struct {
 	{"REDCELL_QUEUE_WAIT_MAX", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.QueueWaitMax })},
 	{"REDCELL_RELAY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.RelayInterval })},
 	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
+	{"REDCELL_RECON_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ReconInterval })},
+	{"REDCELL_AUDIT_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.AuditInterval })},
+	{"REDCELL_DEGRADE", func(fc *fileConfig, v string) error {
+		sw := fc.Cell.Degrade.switches()
+		for _, name := range splitList(v) {
+			if sw[name] == nil {
+				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay)", name)
+			}
+			*sw[name] = "off"
+		}
+		return nil
+	}},
 }
 
 func applyEnv(fc *fileConfig, getenv func(string) string) error {
@@ -214,6 +243,19 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setInt(&c.RateBurst, s.RateBurst)
 	if s.MapVersion > 0 {
 		c.MapVersion = s.MapVersion
+	}
+	setDur(&c.ReconInterval, s.ReconInterval)
+	setDur(&c.ReconSettle, s.ReconSettle)
+	setDur(&c.AuditInterval, s.AuditInterval)
+	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay}
+	for name, v := range fc.Cell.Degrade.switches() {
+		switch *v {
+		case "", "on":
+		case "off":
+			*off[name] = true
+		default:
+			return c, "", fmt.Errorf("config: cell.degrade.%s must be on or off, got %q", name, *v)
+		}
 	}
 	return c, entry.Gossip, c.Validate()
 }

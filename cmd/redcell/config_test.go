@@ -140,3 +140,47 @@ func TestBenchClusterSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestReconAndDegradeConfig: the reconciliation and audit intervals and the
+// degrade switches decode from the file and the environment; a bad switch
+// value or name stops the process.
+func TestReconAndDegradeConfig(t *testing.T) {
+	write := func(body string) string {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := fc.cellConfig("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ReconInterval != 30*time.Second || c.ReconSettle != 45*time.Second || c.AuditInterval != time.Hour ||
+		!c.Degrade.ClaimsList || c.Degrade.GrabCache || c.Degrade.Relay {
+		t.Fatalf("cell config %+v", c)
+	}
+	t.Setenv("REDCELL_AUDIT_INTERVAL", "10m")
+	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache")
+	if fc, err = loadConfig(write(cells)); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList {
+		t.Fatalf("from the environment: %+v, %v", c, err)
+	}
+	t.Setenv("REDCELL_DEGRADE", "relya")
+	if _, err := loadConfig(write(cells)); err == nil || !strings.Contains(err.Error(), "REDCELL_DEGRADE") {
+		t.Fatalf("a misspelt switch: %v", err)
+	}
+	t.Setenv("REDCELL_DEGRADE", "")
+	fc, _ = loadConfig(write(cells + "cell:\n  degrade: {relay: maybe}\n"))
+	if _, _, err := fc.cellConfig("c1"); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
+		t.Fatalf("a bad switch value: %v", err)
+	}
+}

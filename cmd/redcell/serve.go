@@ -110,7 +110,7 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc), node, reg, log)
+	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), node, reg, log)
 	if err != nil {
 		node.Shutdown()
 		return err

@@ -1,0 +1,81 @@
+package cell_test
+
+import (
+	"database/sql"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"redcell/cell"
+	"redcell/cell/api"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// stress marks a request as stress-test traffic (shadow tables).
+var stress = map[string]string{api.HeaderStress: "1"}
+
+const adminToken = "admin-test-token"
+
+// client reads the admin port (bearer token, not signed calls).
+var client = &http.Client{Timeout: 10 * time.Second}
+
+// twoCells runs cell-a (shards 0-499, test database 1) and cell-b (500-999,
+// database 2) that know each other.
+func twoCells(t *testing.T, tune func(*cell.Config)) (a, b *testCell) {
+	peers := &staticPeers{}
+	a = startCell(t, "cell-a", "0-499", 1, peers, tune)
+	b = startCell(t, "cell-b", "500-999", 2, peers, tune)
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
+	peers.m.Store(m)
+	if a.adminURL != "" {
+		waitFor(t, 5*time.Second, func() bool { _, err := client.Get(a.adminURL + "/metrics"); return err == nil }, "admin port up")
+	}
+	return a, b
+}
+
+// metric returns one series of a cell's /metrics as a number (0 when absent).
+func metric(t *testing.T, c *testCell, series string) float64 {
+	t.Helper()
+	v, _ := strconv.ParseFloat(metricValue(t, scrape(t, c.adminURL), series), 64)
+	return v
+}
+
+// openOne opens packet id for act (with the headers h) and returns the claim.
+func openOne(t *testing.T, c *testCell, h map[string]string, id, act string) api.OpenResponse {
+	t.Helper()
+	var o api.OpenResponse
+	if st, code := callH(t, h, "POST", c.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &o); st != 200 {
+		t.Fatalf("open by %s: %d %s", act, st, code)
+	}
+	return o
+}
+
+// outboxState reads a claim's outbox row (ns: "" or "shadow_"): -1 when there is none.
+func outboxState(t *testing.T, db *sql.DB, ns, claimID string) int {
+	ref, _, err := model.ParseClaimID(claimID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := -1
+	db.QueryRow(fmt.Sprintf("SELECT state FROM %sdb_%02d.t_outbox WHERE claim_id = ?", ns, ref.Shard.DB()), claimID).Scan(&state)
+	return state
+}
+
+// exec runs a statement against a test database and fails the test on error.
+func exec(t *testing.T, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// hasCredit reports whether act holds a credit flow for the claim (ns: "" or "shadow_").
+func hasCredit(t *testing.T, db *sql.DB, ns, act, claimID string) bool {
+	sh := sharding.ShardOfAct(act)
+	var n int
+	db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM %sdb_%02d.t_flow_%d WHERE act_id = ? AND order_no = ?", ns, sh.DB(), sh.Table()), act, "claim:"+claimID).Scan(&n)
+	return n == 1
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+)
+
+// TestAuditCatchesCorruptRows: `redcell audit` over both test databases is
+// clean after a packet whose claims were credited in both cells; then rows are
+// corrupted straight in MariaDB, one fault at a time, and each time the audit
+// fails (an error, so the command exits non-zero) and prints the problem and
+// the difference: a delivered claim whose credit row is gone, a credit
+// without a claim, a claim whose outbox row is gone. Each fault is undone.
+func TestAuditCatchesCorruptRows(t *testing.T) {
+	dsn1, dsn2 := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)
+	config := filepath.Join(t.TempDir(), "redcell.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`cells:
+  - {name: cell-1, listen: "127.0.0.1:1", gossip: "127.0.0.1:2", shards: "0-499", dsn: %q}
+  - {name: cell-2, listen: "127.0.0.1:3", gossip: "127.0.0.1:4", shards: "500-999", dsn: %q}
+`, dsn1, dsn2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m1, m2 := openStore(t, dsn1), openStore(t, dsn2)
+	db1, db2 := openDB(t, dsn1), openDB(t, dsn2)
+
+	// A packet of cell-1, claimed by a wallet of each cell, credited and delivered.
+	pre := testenv.Prefix()
+	sender, near, far := actIn(pre+"-s", 0, 499), actIn(pre+"-n", 0, 499), actIn(pre+"-f", 500, 999)
+	sh := sharding.ShardOfAct(sender)
+	if _, err := m1.Deposit(ctx, sh, sender, "dep-1", 1000); err != nil {
+		t.Fatal(err)
+	}
+	id := model.NewPacketID(sh, time.Now())
+	if _, _, err := m1.Send(ctx, sh, model.SendRequest{Sender: sender, Amount: 600, Count: 2, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := model.ParsePacketID(string(id))
+	res, _, err := m1.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: near, Shard: sharding.ShardOfAct(near)}, {ActID: far, Shard: sharding.ShardOfAct(far)}}, rand.New(rand.NewPCG(1, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	credit := func(c model.Claim) model.Credit {
+		return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount}
+	}
+	cNear, cFar := credit(res[0].Claim), credit(res[1].Claim)
+	if _, err := m1.ApplyCredits(ctx, []model.Credit{cNear}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.MarkDelivered(ctx, []model.Credit{cNear, cFar}); err != nil {
+		t.Fatal(err)
+	}
+
+	run := func() (string, error) {
+		var out bytes.Buffer
+		err := audit(ctx, []string{"--config", config, "--settle", "0s"}, &out)
+		return out.String(), err
+	}
+	if out, err := run(); err != nil || !strings.Contains(out, "audit OK") {
+		t.Fatalf("audit before any fault: %v\n%s", err, out)
+	}
+	farFlow := fmt.Sprintf("db_%02d.t_flow_%d", cFar.Shard.DB(), cFar.Shard.Table())
+	farAccount := fmt.Sprintf("db_%02d.t_account_%d", cFar.Shard.DB(), cFar.Shard.Table())
+	outbox := fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB())
+	invented := model.ClaimID(model.NewPacketID(sh, time.Now()), 1)
+	faults := []struct {
+		name          string
+		corrupt, undo func()
+		problem       string
+		differenceCts model.Cents
+	}{
+		{"credit row of a delivered claim deleted",
+			func() {
+				sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cFar.ClaimID)
+			},
+			func() {
+				sqlExec(t, db2, "INSERT INTO "+farFlow+" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?)",
+					far, "claim:"+cFar.ClaimID, cFar.Amount, string(id), time.Now().UnixMilli())
+			},
+			"claim " + cFar.ClaimID + " is marked delivered but was never credited", -cFar.Amount},
+		{"credit without a claim",
+			func() {
+				sqlExec(t, db2, "INSERT INTO "+farFlow+" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', 77, '', ?)",
+					far, "claim:"+invented, time.Now().UnixMilli())
+				sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance + 77 WHERE act_id = ?", far)
+			},
+			func() {
+				sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+invented)
+				sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance - 77 WHERE act_id = ?", far)
+			},
+			"credit " + invented + " of 77 to " + far + " has no claim", -77},
+		{"outbox row of a claim dropped",
+			func() { sqlExec(t, db1, "DELETE FROM "+outbox+" WHERE claim_id = ?", cNear.ClaimID) },
+			func() {
+				sqlExec(t, db1, "INSERT INTO "+outbox+" (claim_id, packet_id, act_id, act_shard, amount, state, created_ms, delivered_ms) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+					cNear.ClaimID, string(id), near, int(cNear.Shard), cNear.Amount, time.Now().UnixMilli(), time.Now().UnixMilli())
+			},
+			"outbox_missing: 1 claims (" + cNear.ClaimID + ")", 0},
+	}
+	for _, f := range faults {
+		f.corrupt()
+		undone := false
+		t.Cleanup(func() {
+			if !undone {
+				f.undo()
+			}
+		})
+		out, err := run()
+		if err == nil || !strings.Contains(out, "audit FAILED") || !strings.Contains(out, f.problem) ||
+			!strings.Contains(out, fmt.Sprintf("difference      %14d cents", f.differenceCts)) {
+			t.Errorf("%s: audit answered %v, want a failure naming %q and difference %d:\n%s", f.name, err, f.problem, f.differenceCts, out)
+		}
+		t.Logf("%s:\n%s", f.name, out)
+		f.undo()
+		undone = true
+	}
+	if out, err := run(); err != nil {
+		t.Fatalf("audit after undoing the faults: %v\n%s", err, out)
+	}
+}
+
+func openStore(t *testing.T, dsn string) *storage.MySQL {
+	t.Helper()
+	m, err := storage.Open(dsn, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func openDB(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func sqlExec(t *testing.T, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}

@@ -1,0 +1,203 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"redcell/model"
+)
+
+// ReconWindow reads what reconciliation compares for database db (0..99): the
+// claims created in [fromMS, toMS) in the claim tables of shards (all of db)
+// for the given days of month, and db's outbox rows created in the same
+// window. Both come from one statement, so from one consistent read: a claim
+// and its outbox row commit together, and the read sees both or neither.
+//
+// A window is read whole when it holds at most 2×limit rows (claims and outbox
+// rows together, about limit of each). A bigger one is cut short at the
+// creation time of the first outbox row past limit (never below fromMS+1, so
+// one millisecond's rows are read whole however many) and read again; the
+// result's ToMS says where it ended. If the cut window still holds more than
+// 4×limit rows, its claims and outbox rows disagree by more than a window's
+// worth, and that is an error.
+func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
+	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}, Outbox: map[string]model.OutboxRow{}}
+	for _, s := range shards {
+		if s.DB() != db {
+			return w, fmt.Errorf("storage: recon window: shard %d is not in db %d", s, db)
+		}
+	}
+	err := m.readReconWindowRetry(ctx, db, shards, days, 2*limit, &w)
+	if errors.Is(err, errWindowFull) {
+		var cut int64
+		err = m.db.QueryRowContext(ctx, "SELECT created_ms FROM "+m.outboxTable(db)+
+			" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ? ORDER BY created_ms LIMIT 1 OFFSET ?",
+			fromMS, toMS, limit).Scan(&cut)
+		if err == nil || errors.Is(err, sql.ErrNoRows) { // no row: the claims, not the outbox, filled the window
+			if err == nil {
+				w.ToMS = max(cut, fromMS+1)
+			}
+			err = m.readReconWindowRetry(ctx, db, shards, days, 4*limit, &w)
+		}
+	}
+	if errors.Is(err, errNoOutbox) {
+		return w, nil // no shard of db was ever used: nothing to read
+	}
+	if err != nil {
+		return w, fmt.Errorf("storage: recon window of db %d: %w", db, err)
+	}
+	return w, nil
+}
+
+// Why a window was not read.
+var (
+	errWindowFull = errors.New("storage: recon window holds too many rows")
+	errNoOutbox   = errors.New("storage: no outbox table")
+)
+
+// readReconWindowRetry reads the window; when a claim table in the cached list
+// went away it reads the list again and retries once. errNoOutbox: the
+// database has no outbox table and no claim table is known in it.
+func (m *MySQL) readReconWindowRetry(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
+	for attempt := 0; ; attempt++ {
+		clear(w.Claims)
+		clear(w.Outbox)
+		claimTables, err := m.readReconWindow(ctx, db, shards, days, maxRows, w)
+		if !isMySQLErr(err, errNoSuchTable) {
+			return err
+		}
+		if claimTables == 0 {
+			// Only the outbox was read, so it is what is missing; the claim
+			// tables of a shard are made after its outbox, so none exist either.
+			return errNoOutbox
+		}
+		if attempt == 1 {
+			return err
+		}
+		m.forgetTables()
+	}
+}
+
+// readReconWindow reads the window in one statement and returns how many
+// claim tables it read.
+func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) (int, error) {
+	tables, err := m.dayTables(ctx)
+	if err != nil {
+		return 0, err
+	}
+	want := map[tableRef]bool{}
+	for _, s := range shards {
+		for _, d := range days {
+			want[tableRef{kind: "claim", shard: s, day: d}] = true
+		}
+	}
+	// Every part returns: kind, claim or packet ID, act_id, shard (outbox) or
+	// seq (claim), amount, state, created_ms.
+	parts := []string{"(SELECT 'o', claim_id, act_id, act_shard, amount, state, created_ms FROM " + m.outboxTable(db) +
+		" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ?)"}
+	args := []any{w.FromMS, w.ToMS}
+	for _, t := range tables {
+		if want[t] {
+			parts = append(parts, "(SELECT 'c', packet_id, act_id, seq, amount, 0, created_ms FROM "+m.claimTable(t.shard, t.day)+
+				" WHERE created_ms >= ? AND created_ms < ?)")
+			args = append(args, w.FromMS, w.ToMS)
+		}
+	}
+	args = append(args, maxRows+1)
+	claimTables := len(parts) - 1
+	rows, err := m.db.QueryContext(ctx, strings.Join(parts, " UNION ALL ")+" LIMIT ?", args...)
+	if err != nil {
+		return claimTables, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		if n++; n > maxRows {
+			return claimTables, fmt.Errorf("window [%d, %d) holds more than %d claims and outbox rows: %w", w.FromMS, w.ToMS, maxRows, errWindowFull)
+		}
+		var kind, id, act string
+		var num, amount, createdMS int64
+		var state int
+		if err := rows.Scan(&kind, &id, &act, &num, &amount, &state, &createdMS); err != nil {
+			return claimTables, err
+		}
+		if kind == "o" {
+			w.Outbox[id] = model.OutboxRow{ClaimID: id, ActID: act, Shard: model.ShardID(num), Amount: model.Cents(amount),
+				Delivered: state == 1, CreatedMS: createdMS}
+			continue
+		}
+		c := model.Claim{ID: model.ClaimID(model.PacketID(id), num), PacketID: model.PacketID(id), Seq: num, ActID: act,
+			Amount: model.Cents(amount), CreatedMS: createdMS}
+		w.Claims[c.ID] = c
+	}
+	return claimTables, rows.Err()
+}
+
+// CreditsOf returns the credit flows booked in this store for the given
+// claims, by claim ID, as they are (account and amount), so the caller can
+// compare them with the claims. Credits whose claimant's shard is not in this
+// store's databases are not found. At most 10,000 credits per call.
+func (m *MySQL) CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
+	if len(credits) > 10_000 {
+		return nil, fmt.Errorf("storage: credits of %d claims: at most 10000 per call", len(credits))
+	}
+	byShard := map[model.ShardID][]model.Credit{}
+	for _, c := range credits {
+		if !c.Shard.Valid() {
+			return nil, fmt.Errorf("storage: credits of claim %s: shard %d out of range", c.ClaimID, c.Shard)
+		}
+		byShard[c.Shard] = append(byShard[c.Shard], c)
+	}
+	shards := make([]model.ShardID, 0, len(byShard))
+	for s := range byShard {
+		if err := m.EnsureShard(ctx, s); err != nil {
+			return nil, err
+		}
+		shards = append(shards, s)
+	}
+	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
+	found := map[string]model.Credit{}
+	for start := 0; start < len(shards); start += ledgerChunk {
+		var parts []string
+		var args []any
+		for _, s := range shards[start:min(start+ledgerChunk, len(shards))] {
+			acts, orders := map[string]bool{}, make([]any, 0, len(byShard[s]))
+			for _, c := range byShard[s] {
+				acts[c.ActID] = true
+				orders = append(orders, "claim:"+c.ClaimID)
+			}
+			parts = append(parts, "(SELECT act_id, order_no, amount FROM "+m.flowTable(s)+" WHERE kind = 'credit' AND act_id IN ("+
+				placeholders(len(acts))+") AND order_no IN ("+placeholders(len(orders))+"))")
+			for a := range acts {
+				args = append(args, a)
+			}
+			args = append(args, orders...)
+		}
+		if err := m.readCredits(ctx, strings.Join(parts, " UNION ALL "), args, found); err != nil {
+			return nil, fmt.Errorf("storage: credits of claims: %w", err)
+		}
+	}
+	return found, nil
+}
+
+func (m *MySQL) readCredits(ctx context.Context, query string, args []any, found map[string]model.Credit) error {
+	rows, err := m.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c model.Credit
+		var order string
+		if err := rows.Scan(&c.ActID, &order, &c.Amount); err != nil {
+			return err
+		}
+		c.ClaimID = strings.TrimPrefix(order, "claim:")
+		found[c.ClaimID] = c
+	}
+	return rows.Err()
+}
