@@ -174,7 +174,9 @@ type drillLoad struct {
 	openers []string
 	deposit int64
 
-	seq   atomic.Int64 // numbers the sends' order_no
+	seq        atomic.Int64 // numbers the sends' order_no
+	grabs      atomic.Int64 // grabs answered
+	localGrabs atomic.Int64 // of which from a cell's in-process copy (memcached down)
 	mu    sync.Mutex   // guards live, sends, opens
 	live  []string     // packets answered to a send, newest last, for openers to pick
 	sends []*sendRec
@@ -297,6 +299,15 @@ func (l *drillLoad) open(rng *rand.Rand) answer {
 	pid := l.live[rng.IntN(len(l.live))]
 	l.mu.Unlock()
 	r := &openRec{packetID: pid, act: l.openers[rng.IntN(len(l.openers))], at: time.Now()}
+	if rng.IntN(4) == 0 { // an app grabs (the cheap check) before it opens
+		var g api.GrabResponse
+		if a := l.call("POST", "/v1/packets/"+pid+"/grab", map[string]any{"act_id": r.act}, &g); a.ok() {
+			l.grabs.Add(1)
+			if g.Source == "local" {
+				l.localGrabs.Add(1)
+			}
+		}
+	}
 	var out api.OpenResponse
 	r.res = l.call("POST", "/v1/packets/"+pid+"/open", map[string]any{"act_id": r.act}, &out)
 	r.claimID, r.amount = out.ClaimID, out.Amount
@@ -528,22 +539,48 @@ func (c *cluster) routerURL() string {
 	return c.router
 }
 
+// audit runs redcell audit once (no settling) and returns its report.
+func (c *cluster) audit(t *testing.T) model.AuditReport {
+	t.Helper()
+	out, err := exec.Command(c.bin, "audit", "--config", c.config, "--json", "--settle", "0s").Output()
+	var rep model.AuditReport
+	if jerr := json.Unmarshal(out, &rep); jerr != nil {
+		t.Fatalf("audit: %v %v\n%s", err, jerr, out)
+	}
+	return rep
+}
+
+// admin sends an admin-port request with the token and requires a 200.
+func (c *cluster) admin(t *testing.T, cell, method, path, body string) {
+	t.Helper()
+	c.mu.Lock()
+	url := c.adminURL[cell] + path
+	c.mu.Unlock()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer e2e-secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, b)
+	}
+}
+
 // waitAudit runs redcell audit until no claim is in flight (the relay has
 // delivered everything), for at most 60 s, and requires it clean.
 func (c *cluster) waitAudit(t *testing.T) model.AuditReport {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		out, err := exec.Command(c.bin, "audit", "--config", c.config, "--json", "--settle", "0s").Output()
-		var rep model.AuditReport
-		if jerr := json.Unmarshal(out, &rep); jerr != nil {
-			t.Fatalf("audit: %v %v\n%s", err, jerr, out)
-		}
-		if err == nil && rep.InFlightCount == 0 {
+		rep := c.audit(t)
+		if rep.OK() && rep.InFlightCount == 0 {
 			return rep
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("audit after the drill: %v, %d claims still in flight, report %+v", err, rep.InFlightCount, rep)
+			t.Fatalf("audit after the drill: %d claims still in flight, report %+v", rep.InFlightCount, rep)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -611,28 +648,47 @@ func TestDrill(t *testing.T) {
 			to := time.Now()
 			during := l.codes(from, to)
 			after := c.metric(t, "cell-1", "redcell_memcached_fallbacks_total") + c.metric(t, "cell-2", "redcell_memcached_fallbacks_total")
+			grabFallbacks := c.metric(t, "cell-1", "redcell_grab_cache_fallbacks_total") + c.metric(t, "cell-2", "redcell_grab_cache_fallbacks_total")
+			falling := c.metric(t, "cell-1", "redcell_memcached_fallback") + c.metric(t, "cell-2", "redcell_memcached_fallback")
 			d.startMemcached(t)
-			if during["OK"] == 0 || after <= before {
-				t.Errorf("memcached down: opens answered %v, fallbacks %v → %v", during, before, after)
+			if during["OK"] == 0 || after <= before || grabFallbacks == 0 || l.localGrabs.Load() == 0 || falling == 0 {
+				t.Errorf("memcached down: opens answered %v, slot fallbacks %v → %v, grab-cache fallbacks %v, grabs from in-process copies %d, fallback gauges %v",
+					during, before, after, grabFallbacks, l.localGrabs.Load(), falling)
 			}
 			if !strings.Contains(c.log("cell-1")+c.log("cell-2"), "memcached unreachable") {
 				t.Errorf("no cell logged that memcached was unreachable")
 			}
-			// Back: the fallback counter stops moving while opens go on.
+			// Back: the fallback counter stops moving and the gauges drop to 0
+			// while sends, opens and grabs go on (the load may have run out:
+			// make some; a gauge tells what the last call found).
 			deadline := time.Now().Add(20 * time.Second)
+			rng := rand.New(rand.NewPCG(1, 2))
 			for prev := after; ; {
-				time.Sleep(time.Second)
+				for range 3 { // fresh packets: opens of sold-out ones take no slot
+					l.send(rng)
+				}
+				for range 50 {
+					l.open(rng)
+				}
+				time.Sleep(500 * time.Millisecond)
 				now := c.metric(t, "cell-1", "redcell_memcached_fallbacks_total") + c.metric(t, "cell-2", "redcell_memcached_fallbacks_total")
-				if now == prev {
+				if now == prev && c.metric(t, "cell-1", "redcell_memcached_fallback")+c.metric(t, "cell-2", "redcell_memcached_fallback") == 0 {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Errorf("cells still fall back 20 s after memcached came back (%v → %v)", prev, now)
+					var gauges []string
+					for _, cell := range []string{"cell-1", "cell-2"} {
+						for _, series := range []string{`redcell_memcached_fallback{use="slots"}`, `redcell_memcached_fallback{use="grab_cache"}`, `redcell_breaker_state{breaker="memcached"}`} {
+							gauges = append(gauges, fmt.Sprintf("%s %s=%v", cell, series, c.metric(t, cell, series)))
+						}
+					}
+					t.Errorf("cells still fall back 20 s after memcached came back (%v → %v): %v", prev, now, gauges)
 					break
 				}
 				prev = now
 			}
-			t.Logf("memcached down for %s: opens answered %v; fallbacks %v → %v", to.Sub(from).Round(time.Millisecond), during, before, after)
+			t.Logf("memcached down for %s: opens answered %v; slot fallbacks %v → %v; %d grabs answered from in-process copies; back on memcached after the restart",
+				to.Sub(from).Round(time.Millisecond), during, before, after, l.localGrabs.Load())
 		}},
 		{"cell_leave", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
 			start := time.Now()
@@ -666,6 +722,21 @@ func TestDrill(t *testing.T) {
 			c.restart(t, "cell-2")
 			t.Logf("cell-2 stopped (left and drained in %s): its shards answered 503 within %s of SIGTERM, cell-1's still served; back on new port %d after %s",
 				exited.Round(time.Millisecond), refused.Round(time.Millisecond), c.port["cell-2"], waitServes(t, c, cell2Act, 60*time.Second))
+		}},
+		{"relay_off", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			for _, cell := range []string{"cell-1", "cell-2"} {
+				c.admin(t, cell, "PUT", "/admin/degrade", `{"relay":"off"}`)
+			}
+			time.Sleep(window)
+			pending := c.metric(t, "cell-1", `redcell_cell_outbox_pending{space="real"}`) + c.metric(t, "cell-2", `redcell_cell_outbox_pending{space="real"}`)
+			rep := c.audit(t)
+			for _, cell := range []string{"cell-1", "cell-2"} {
+				c.admin(t, cell, "PUT", "/admin/degrade", `{"relay":"on"}`)
+			}
+			if pending == 0 || rep.InFlightCount == 0 || !rep.OK() {
+				t.Errorf("relay off for %s: %v claims pending in the outboxes, audit %+v", window, pending, rep)
+			}
+			t.Logf("relay off for %s: %v claims waited in the outboxes; the audit balanced with %d claims (%d cents) in flight", window, pending, rep.InFlightCount, rep.InFlight)
 		}},
 		{"router_kill", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
 			c.kill(t, "router")
