@@ -30,7 +30,7 @@ type Config struct {
 	Name   string          // unique cell name, announced through memberlist
 	Listen string          // HTTP listen address, host:port
 	Shards sharding.Ranges // shards this cell owns
-	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:33061)/"
+	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:23061)/"
 
 	// AdminListen is the admin port (runtime strategy switch), apart from the
 	// public one; empty means no admin port. AdminToken is the bearer token it
@@ -95,7 +95,7 @@ func DefaultConfig() Config {
 		Name:   "cell-1",
 		Listen: "127.0.0.1:9101",
 		Shards: sharding.Ranges{{From: 0, To: model.ShardCount - 1}},
-		DSN:    "root@tcp(127.0.0.1:33061)/",
+		DSN:    "root@tcp(127.0.0.1:23061)/",
 
 		Memcached: []string{"127.0.0.1:21211"},
 

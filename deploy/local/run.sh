@@ -26,7 +26,7 @@ echo "building redcell ..."
 (cd "$root" && go build -o "$VAR/bin/redcell" ./cmd/redcell)
 
 # Ports: the defaults from deploy/local/redcell.yaml unless already taken here.
-db1=$(free_port 33061); db2=$(free_port $((db1 + 1)))
+db1=$(free_port 23061); db2=$(free_port $((db1 + 1)))
 mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
@@ -38,7 +38,7 @@ rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
 cfg="$VAR/redcell.yaml"
-sed -e "s/127.0.0.1:33061/127.0.0.1:$db1/; s/127.0.0.1:33062/127.0.0.1:$db2/" \
+sed -e "s/127.0.0.1:23061/127.0.0.1:$db1/; s/127.0.0.1:23062/127.0.0.1:$db2/" \
     -e "s/127.0.0.1:21211/127.0.0.1:$mc/" \
     -e "s/127.0.0.1:7946/127.0.0.1:$g0/g; s/127.0.0.1:7947/127.0.0.1:$g1/g; s/127.0.0.1:7948/127.0.0.1:$g2/g" \
     -e "s/127.0.0.1:9101/127.0.0.1:$c1/; s/127.0.0.1:9102/127.0.0.1:$c2/" \

@@ -106,9 +106,7 @@ stop_mariadb() {
 start_memcached() {
   local dir=$1 port=$2
   mkdir -p "$dir"
-  if [ -f "$dir/memcached.pid" ] && kill -0 "$(cat "$dir/memcached.pid")" 2>/dev/null; then
-    kill "$(cat "$dir/memcached.pid")" 2>/dev/null; sleep 0.3
-  fi
+  stop_memcached "$dir" # one left from an earlier run
   local user_opt=()
   if [ "$(id -u)" -eq 0 ]; then user_opt=(-u root); fi
   memcached "${user_opt[@]}" -l 127.0.0.1 -p "$port" -U 0 -m 128 -c 4096 -d -P "$dir/memcached.pid"
@@ -121,9 +119,15 @@ start_memcached() {
   return 1
 }
 
+# stop_memcached DIR stops the memcached started in DIR and waits for it to exit,
+# so that its port is free when this returns.
 stop_memcached() {
-  local dir=$1
+  local dir=$1 pid
   [ -f "$dir/memcached.pid" ] || return 0
-  kill "$(cat "$dir/memcached.pid")" 2>/dev/null || true
+  pid=$(cat "$dir/memcached.pid" 2>/dev/null) || return 0
   rm -f "$dir/memcached.pid"
+  kill "$pid" 2>/dev/null || return 0
+  local i
+  for i in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null || true
 }

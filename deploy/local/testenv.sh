@@ -18,7 +18,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-base=$((34000 + RANDOM % 2000))
+base=$((28000 + RANDOM % 2000)) # below the ephemeral range (32768+), which outgoing connections take from
 p1=$(free_port "$base"); p2=$(free_port $((p1 + 1))); pm=$(free_port $((p2 + 1)))
 start_mariadb "$tmp/db1" "$p1" fast & j1=$!
 start_mariadb "$tmp/db2" "$p2" fast & j2=$!
