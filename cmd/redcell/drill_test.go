@@ -787,6 +787,10 @@ func overloadDrill(t *testing.T, c *cluster, full bool) {
 	r.res, r.packetID = answer{status: 200}, hot.PacketID
 	flood.sends, flood.live = []*sendRec{r}, []string{hot.PacketID}
 
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 8 { // the light client's packets exist before the flood starts
+		light.send(rng)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var next atomic.Int64
