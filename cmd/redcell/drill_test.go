@@ -177,10 +177,10 @@ type drillLoad struct {
 	seq        atomic.Int64 // numbers the sends' order_no
 	grabs      atomic.Int64 // grabs answered
 	localGrabs atomic.Int64 // of which from a cell's in-process copy (memcached down)
-	mu    sync.Mutex   // guards live, sends, opens
-	live  []string     // packets answered to a send, newest last, for openers to pick
-	sends []*sendRec
-	opens []*openRec
+	mu         sync.Mutex   // guards live, sends, opens
+	live       []string     // packets answered to a send, newest last, for openers to pick
+	sends      []*sendRec
+	opens      []*openRec
 }
 
 func newDrillLoad(t *testing.T, c *cluster, prefix string, senders, openers int) *drillLoad {
