@@ -116,6 +116,8 @@ func (s *Server) handleAdmin(rc *fasthttp.RequestCtx) {
 		s.writeJSON(rc, http.StatusOK, s.Degraded())
 	case path == "/admin/audit" && method == http.MethodPost:
 		s.adminAudit(rc)
+	case path == "/admin/shards" && method == http.MethodGet:
+		s.writeJSON(rc, http.StatusOK, s.shardMap())
 	default:
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
 	}
@@ -150,4 +152,22 @@ func (s *Server) writeAdminErr(rc *fasthttp.RequestCtx, status int, e *model.Err
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
 	rc.SetBody(b)
+}
+
+// shardMap is the answer of GET /admin/shards: the shards this cell owns and
+// the cluster's shard map as this cell sees it through memberlist.
+func (s *Server) shardMap() api.ShardMapResponse {
+	out := api.ShardMapResponse{Cell: s.cfg.Name, Shards: s.cfg.Shards.String(), Cells: []api.ShardMapCell{}}
+	if s.peers == nil {
+		return out
+	}
+	m := s.peers.Map()
+	if m == nil {
+		return out
+	}
+	out.Version, out.Uncovered = m.Version, m.Uncovered()
+	for _, c := range m.Cells() {
+		out.Cells = append(out.Cells, api.ShardMapCell{Name: c.Name, Addr: c.Addr, Shards: c.Shards.String()})
+	}
+	return out
 }

@@ -292,3 +292,19 @@ type Logger struct{ Log *slog.Logger }
 func (l Logger) Printf(format string, args ...any) {
 	l.Log.Debug("http", "msg", fmt.Sprintf(format, args...))
 }
+
+// ShardMapResponse answers GET /admin/shards on a cell's admin port.
+type ShardMapResponse struct {
+	Cell      string         `json:"cell"`             // this cell
+	Shards    string         `json:"shards"`           // the shard ranges it owns, e.g. "0-499"
+	Version   int64          `json:"map_version"`      // version of the map it sees
+	Uncovered int            `json:"uncovered_shards"` // shards no live cell owns, as it sees them
+	Cells     []ShardMapCell `json:"cells"`            // every live cell it knows of
+}
+
+// ShardMapCell is one live cell of the shard map.
+type ShardMapCell struct {
+	Name   string `json:"name"`
+	Addr   string `json:"addr"`
+	Shards string `json:"shards"`
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -185,6 +186,30 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if st, _ := admin("PUT", "e2e-secret", `{"strategy":"batched"}`); st != 200 {
 		t.Fatalf("set strategy back: %d", st)
+	}
+
+	// The shard map as cell-1 sees it through memberlist: both cells, all
+	// shards covered; only with the token.
+	shards := func(token string) (int, api.ShardMapResponse) {
+		req, _ := http.NewRequest("GET", c.adminURL["cell-1"]+"/admin/shards", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m api.ShardMapResponse
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	if st, _ := shards(""); st != 401 {
+		t.Fatalf("/admin/shards without the token: %d", st)
+	}
+	if st, m := shards("e2e-secret"); st != 200 || m.Cell != "cell-1" || m.Shards != "0-499" || m.Uncovered != 0 || len(m.Cells) != 2 ||
+		m.Cells[0].Addr != strings.TrimPrefix(c.cellURL[m.Cells[0].Name], "http://") {
+		t.Fatalf("/admin/shards: %d %+v", st, m)
 	}
 
 	// Metrics: the router's on its public port, a cell's on its admin port
