@@ -87,6 +87,17 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 			string(id), req.Sender, req.OrderNo, string(req.Kind), req.Greeting, req.Amount, req.Count, req.Amount, req.Count, now, expiresMS)
 		return err
 	})
+	if errors.Is(err, errCommitUnknown) {
+		var first model.Packet
+		if ok, known := settleCommit(ctx, func() (bool, error) {
+			var rerr error
+			var rep bool
+			first, rep, rerr = again()
+			return rep, rerr
+		}); known && ok {
+			return first, false, nil // applied by this call's own COMMIT
+		}
+	}
 	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
 		p, rep, err := again()
 		if err == nil && !rep {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -33,6 +34,33 @@ func reqHash(parts ...string) string {
 	return hex.EncodeToString(h[:16])
 }
 
+// errCommitUnknown marks a COMMIT that got no answer (the connection or the
+// server died): the transaction may or may not have been applied. The money
+// paths then re-read by order number (settleCommit) before answering.
+var errCommitUnknown = errors.New("storage: commit outcome unknown")
+
+// settleCommit finds out whether a transaction whose COMMIT got no answer was
+// applied, by calling applied (a re-read by order number) up to three times
+// within ctx, 100 ms apart, on fresh connections (the pool drops the dead one).
+// known is false when every re-read failed too: the outcome stays unknown,
+// and the caller answers with the commit's error (a retry with the same order
+// number settles it).
+func settleCommit(ctx context.Context, applied func() (bool, error)) (ok, known bool) {
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return false, false
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if ok, err := applied(); err == nil {
+			return ok, true
+		}
+	}
+	return false, false
+}
+
 // inTx runs fn in a transaction and retries it (up to 3 times) when InnoDB picks
 // it as a deadlock victim or a lock wait times out; fn must be safe to re-run.
 func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
@@ -51,7 +79,7 @@ func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 			return err
 		}
 		if err = tx.Commit(); err != nil {
-			return fmt.Errorf("storage: commit: %w", err)
+			return fmt.Errorf("storage: commit: %w", errors.Join(errCommitUnknown, err))
 		}
 		return nil
 	}
@@ -156,6 +184,17 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 		out.Balance = bal + amount
 		return nil
 	})
+	if errors.Is(err, errCommitUnknown) {
+		var d model.Deposit
+		if ok, known := settleCommit(ctx, func() (bool, error) {
+			var rerr error
+			d, rerr = repeat()
+			return d.Repeat, rerr
+		}); known && ok {
+			d.Repeat = false // applied by this call's own COMMIT
+			return d, nil
+		}
+	}
 	if isMySQLErr(err, errDupEntry) {
 		d, err := repeat() // a concurrent retry won the race
 		if err == nil && !d.Repeat {
