@@ -358,25 +358,38 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	s.writeJSON(rc, http.StatusOK, out)
 }
 
+// creditsPerCallMax bounds the claims one /internal/credits or /internal/recon
+// call may carry (the relay sends at most relayBatchMax).
+const creditsPerCallMax = 10_000
+
+// decodeCredits reads the body of /internal/credits and /internal/recon
+// ({"credits": [...]}, strict) and checks every credit. Errors:
+// ErrInvalidArgument.
+func (s *Server) decodeCredits(body []byte) ([]model.Credit, error) {
+	var req api.CreditsRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if len(req.Credits) > creditsPerCallMax {
+		return nil, model.Invalidf("at most %d credits per call", creditsPerCallMax)
+	}
+	for _, c := range req.Credits {
+		if err := s.validCredit(c); err != nil {
+			return nil, err
+		}
+	}
+	return req.Credits, nil
+}
+
 // credits applies claims relayed from other cells (signed, as every call:
 // serveRoute checked); a credit seen before is a no-op.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	var body api.CreditsRequest
-	if err := decodeStrict(rc.PostBody(), &body); err != nil {
+	credits, err := s.decodeCredits(rc.PostBody())
+	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	if len(body.Credits) > 10000 {
-		s.writeErr(rc, model.Invalidf("at most 10000 credits per call"))
-		return
-	}
-	for _, c := range body.Credits {
-		if err := s.validCredit(c); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-	}
-	n, err := sp.store.ApplyCredits(ctx, body.Credits)
+	n, err := sp.store.ApplyCredits(ctx, credits)
 	if err != nil {
 		s.writeErr(rc, err)
 		return

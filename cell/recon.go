@@ -49,8 +49,6 @@ const (
 	reconRowsPerPass = 200_000
 	// reconChunk is how many claims one credit lookup or /internal/recon call asks about.
 	reconChunk = 1000
-	// reconCallMax bounds the claims one /internal/recon call may carry.
-	reconCallMax = 10_000
 	// reconSamples is how many claim IDs a log line names per kind of difference.
 	reconSamples = 5
 )
@@ -75,16 +73,19 @@ func (s *Server) reconLoop(ctx context.Context) {
 			cursors[i][db] = start
 		}
 	}
+	for _, sp := range s.spaces { // "never yet" would read as a stall since 1970
+		s.reconMetrics.of(sp).lastSuccess.Set(float64(start) / 1000)
+	}
 	t := time.NewTicker(s.cfg.ReconInterval)
 	defer t.Stop()
-	for {
+	for pass := 0; ; pass++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			for i, sp := range s.spaces {
 				start := time.Now()
-				p := s.reconOnce(ctx, sp, cursors[i])
+				p := s.reconOnce(ctx, sp, cursors[i], pass)
 				if ctx.Err() == nil {
 					s.reconMetrics.of(sp).passSeconds.Set(time.Since(start).Seconds())
 					s.reportRecon(sp, p, cursors[i])
@@ -95,19 +96,24 @@ func (s *Server) reconLoop(ctx context.Context) {
 }
 
 // reconOnce checks the windows of every owned database of sp that have
-// settled since the last pass, and advances cursors past what it read.
-func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64) reconPass {
+// settled since the last pass, and advances cursors past what it read. Pass
+// n starts at the n-th database, so that when the pass's row budget runs out
+// it is not always the same databases that wait: a database is left for the
+// next pass rather than read with less than a whole window's budget.
+func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64, pass int) reconPass {
 	p := reconPass{diffs: model.Diffs{}}
 	to := s.now().Add(-s.cfg.ReconSettle).UnixMilli()
 	budget := reconRowsPerPass
 	shards := s.shardsByDB()
 	var delivered []model.Credit
-	for _, db := range s.ownedDBs() {
+	dbs := s.ownedDBs()
+	for k := range dbs {
+		db := dbs[(k+pass)%len(dbs)]
 		from := cursors[db]
-		if from >= to || budget <= 0 || ctx.Err() != nil {
+		if from >= to || budget < reconWindowRows || ctx.Err() != nil {
 			continue
 		}
-		w, err := sp.store.ReconWindow(ctx, db, shards[db], reconDays(from, to, s.cfg.PacketExpiry), from, to, min(reconWindowRows, budget))
+		w, err := sp.store.ReconWindow(ctx, db, shards[db], reconDays(from, to, s.cfg.PacketExpiry), from, to, reconWindowRows)
 		if err != nil {
 			p.errors++
 			if ctx.Err() == nil {
@@ -231,27 +237,17 @@ func (s *Server) askRecon(ctx context.Context, sp *space, addr string, cs []mode
 // delivered here are credited as claimed. serveRoute has checked its
 // signature, as for every call; it reads only.
 func (s *Server) reconHandler(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	var body api.ReconRequest
-	if err := decodeStrict(rc.PostBody(), &body); err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	if len(body.Credits) > reconCallMax {
-		s.writeErr(rc, model.Invalidf("at most %d claims per call", reconCallMax))
-		return
-	}
-	for _, c := range body.Credits {
-		if err := s.validCredit(c); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-	}
-	found, err := sp.store.CreditsOf(ctx, body.Credits)
+	credits, err := s.decodeCredits(rc.PostBody())
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	cc := model.CompareCredits(body.Credits, found)
+	found, err := sp.store.CreditsOf(ctx, credits)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	cc := model.CompareCredits(credits, found)
 	s.writeJSON(rc, http.StatusOK, api.ReconResponse{Matched: cc.Matched.Count, MatchedCents: int64(cc.Matched.Cents),
 		Missing: orEmpty(cc.Diffs[model.DiffCreditMissing]), Mismatched: orEmpty(cc.Diffs[model.DiffCreditMismatch])})
 }

@@ -16,7 +16,7 @@ import (
 // an admin port: what the reconciliation tests need.
 func fastRecon(t *testing.T) func(*cell.Config) {
 	return func(cfg *cell.Config) {
-		cfg.ReconInterval, cfg.ReconSettle = 300*time.Millisecond, 1500*time.Millisecond
+		cfg.ReconInterval, cfg.ReconSettle = 300*time.Millisecond, 4*time.Second
 		cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken
 	}
 }

@@ -408,6 +408,12 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 		}
 	}
 	m.mu.Lock()
+	for t := range m.tableMade { // made while information_schema was read
+		if !known[t] {
+			list = append(list, t)
+			known[t] = true
+		}
+	}
 	m.tableList, m.tableKnown, m.tableListAt = list, known, time.Now()
 	m.mu.Unlock()
 	return list, nil
@@ -416,7 +422,7 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 // forgetTables drops the cached table list (a table went away).
 func (m *MySQL) forgetTables() {
 	m.mu.Lock()
-	m.tableList = nil
+	m.tableList, m.tableMade = nil, nil
 	m.mu.Unlock()
 }
 

@@ -122,12 +122,16 @@ type MySQL struct {
 	now func() time.Time
 	ns  string // database name prefix: "" for real money, ShadowPrefix for stress traffic
 
-	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt
+	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured     map[ensureKey]*sync.Once // tables created by this process
 	errs        map[ensureKey]error
 	tableList   []tableRef        // packet and claim tables known to exist (ExpiredIn, ReconWindow)
 	tableKnown  map[tableRef]bool // the entries of tableList
 	tableListAt time.Time
+	// tableMade: day tables EnsureDay made sure of since the last forgetTables.
+	// A refresh of tableList reads information_schema without the lock, so it
+	// may miss a table made meanwhile; every refresh merges these back in.
+	tableMade map[tableRef]bool
 }
 
 type ensureKey struct {
@@ -204,12 +208,15 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 		return err
 	}
 	m.mu.Lock()
-	if m.tableList != nil {
-		for _, kind := range []string{"packet", "claim"} {
-			if t := (tableRef{kind: kind, shard: s, day: day}); !m.tableKnown[t] {
-				m.tableList = append(m.tableList, t)
-				m.tableKnown[t] = true
-			}
+	if m.tableMade == nil {
+		m.tableMade = map[tableRef]bool{}
+	}
+	for _, kind := range []string{"packet", "claim"} {
+		t := tableRef{kind: kind, shard: s, day: day}
+		m.tableMade[t] = true
+		if m.tableList != nil && !m.tableKnown[t] {
+			m.tableList = append(m.tableList, t)
+			m.tableKnown[t] = true
 		}
 	}
 	m.mu.Unlock()

@@ -256,7 +256,7 @@ func ProtocolError(rc *fasthttp.RequestCtx, err error) {
 const (
 	drainBytesMax = 32 << 20               // bytes discarded at most
 	drainTotalMax = 2 * time.Second        // time spent at most
-	drainIdleMax  = 100 * time.Millisecond // the client sent everything when it pauses this long
+	drainIdleMax  = 250 * time.Millisecond // the client sent everything when it pauses this long (a loaded client may pause 100 ms)
 )
 
 // drainOversized discards what c still receives until the client pauses for
