@@ -41,7 +41,7 @@ free_port() {
 # "durable" keeps innodb_flush_log_at_trx_commit=1 (an fsync per commit); "fast"
 # trades durability for test speed. Waits until it answers; returns non-zero on failure.
 start_mariadb() {
-  local dir=$1 port=$2 mode=${3:-durable}
+  local dir=${1:?start_mariadb needs a directory} port=${2:?start_mariadb needs a port} mode=${3:-durable}
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   local user_opt=()
@@ -96,6 +96,7 @@ stop_mariadb() {
   local dir=$1 pid
   [ -f "$dir/mariadb.pid" ] || return 0
   pid=$(cat "$dir/mariadb.pid" 2>/dev/null) || return 0
+  case "$(ps -p "$pid" -o comm= 2>/dev/null)" in mariadbd|mysqld) ;; *) return 0 ;; esac # a stale pid file
   kill "$pid" 2>/dev/null || return 0
   local i
   for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
@@ -126,6 +127,8 @@ stop_memcached() {
   [ -f "$dir/memcached.pid" ] || return 0
   pid=$(cat "$dir/memcached.pid" 2>/dev/null) || return 0
   rm -f "$dir/memcached.pid"
+  # A stale pid file may name a pid reused by another program: leave that alone.
+  [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = memcached ] || return 0
   kill "$pid" 2>/dev/null || return 0
   local i
   for i in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
