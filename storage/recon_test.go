@@ -88,3 +88,31 @@ func TestReconWindow(t *testing.T) {
 		t.Fatalf("empty window %+v, %v", w, err)
 	}
 }
+
+// TestEnsureDayAddsCreatedIndex: a claim table made before k_created existed
+// gets the index when a cell ensures its day (reconciliation reads by it).
+func TestEnsureDayAddsCreatedIndex(t *testing.T) {
+	m := openStore(t)
+	ctx := context.Background()
+	s := sharding.ShardOfAct(testenv.Prefix())
+	day := 1 + int(time.Now().Unix()%28)
+	if err := m.EnsureDay(ctx, s, day); err != nil {
+		t.Fatal(err)
+	}
+	table := m.claimTable(s, day)
+	if _, err := m.db.Exec("ALTER TABLE " + table + " DROP INDEX k_created"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := openStore(t) // a new process: its ensure cache is empty
+	if err := fresh.EnsureDay(ctx, s, day); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := m.db.QueryRow("SELECT COUNT(*) FROM information_schema.statistics WHERE CONCAT(table_schema, '.', table_name) = ? AND index_name = 'k_created'",
+		table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%s has %d k_created index columns after EnsureDay, want 1", table, n)
+	}
+}
