@@ -105,5 +105,8 @@ func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
 	}
 	a.Problems = append(a.Problems, diffs.Problems()...)
 	sort.Strings(a.Problems)
+	if a.Problems == nil {
+		a.Problems = []string{} // JSON [] rather than null: a list, empty
+	}
 	return a
 }
