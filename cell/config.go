@@ -149,6 +149,9 @@ func (c Config) Validate() error {
 	if c.DSN == "" {
 		bad("DSN is required")
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		bad("AdminToken (admin_token) must be empty (admin port refuses everything) or at least 16 bytes")
+	}
 	if len(c.ClusterSecret) < 16 {
 		bad("ClusterSecret (cluster_secret) must be at least 16 bytes: every call to a cell must be signed with it")
 	}

@@ -73,7 +73,7 @@ func wantMetric(t *testing.T, exposition, series, value string) {
 // path's queue, batch and claim counters after a few requests.
 func TestCellMetrics(t *testing.T) {
 	admin := freeAddr(t)
-	c := oneCell(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = admin, "tok" })
+	c := oneCell(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = admin, "metrics-test-token" })
 	waitFor(t, 5*time.Second, func() bool { _, err := http.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	pre := testenv.Prefix()
 	sender := pre + "-s"

@@ -165,7 +165,7 @@ func (c *cluster) writeConfig(t *testing.T) {
 	t.Helper()
 	p := c.port
 	cfg := fmt.Sprintf(`memcached: [%q]
-admin_token: "e2e-secret"
+admin_token: "e2e-admin-token-0123"
 cluster_secret: "e2e-cluster-secret-0123456789"
 gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
 router:

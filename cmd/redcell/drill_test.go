@@ -574,7 +574,7 @@ func (c *cluster) admin(t *testing.T, cell, method, path, body string) {
 	url := c.adminURL[cell] + path
 	c.mu.Unlock()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer e2e-secret")
+	req.Header.Set("Authorization", "Bearer e2e-admin-token-0123")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)

@@ -167,7 +167,7 @@ func TestEndToEnd(t *testing.T) {
 	if st, _ := admin("PUT", "wrong", `{"strategy":"naive"}`); st != 401 {
 		t.Fatalf("admin with a wrong token: %d", st)
 	}
-	if st, body := admin("PUT", "e2e-secret", `{"strategy":"serial"}`); st != 200 || !strings.Contains(body, `"serial"`) {
+	if st, body := admin("PUT", "e2e-admin-token-0123", `{"strategy":"serial"}`); st != 200 || !strings.Contains(body, `"serial"`) {
 		t.Fatalf("set strategy: %d %s", st, body)
 	}
 	var h struct{ Strategy string }
@@ -184,7 +184,7 @@ func TestEndToEnd(t *testing.T) {
 	if detail.RemainingCount != 0 || detail.RemainingAmount != 0 {
 		t.Fatalf("serial packet after three opens: %+v", detail)
 	}
-	if st, _ := admin("PUT", "e2e-secret", `{"strategy":"batched"}`); st != 200 {
+	if st, _ := admin("PUT", "e2e-admin-token-0123", `{"strategy":"batched"}`); st != 200 {
 		t.Fatalf("set strategy back: %d", st)
 	}
 
@@ -207,7 +207,7 @@ func TestEndToEnd(t *testing.T) {
 	if st, _ := shards(""); st != 401 {
 		t.Fatalf("/admin/shards without the token: %d", st)
 	}
-	if st, m := shards("e2e-secret"); st != 200 || m.Cell != "cell-1" || m.Shards != "0-499" || m.Uncovered != 0 || len(m.Cells) != 2 ||
+	if st, m := shards("e2e-admin-token-0123"); st != 200 || m.Cell != "cell-1" || m.Shards != "0-499" || m.Uncovered != 0 || len(m.Cells) != 2 ||
 		m.Cells[0].Addr != strings.TrimPrefix(c.cellURL[m.Cells[0].Name], "http://") {
 		t.Fatalf("/admin/shards: %d %+v", st, m)
 	}
