@@ -25,6 +25,10 @@ import (
 // that does not exist counts -1, so creating it shows as a change too.
 type moneyRows map[string]int64
 
+// rowDays are the days of month whose packet tables readMoneyRows counts:
+// the day the tests started and the next.
+var rowDays = [2]int{time.Now().UTC().Day(), time.Now().UTC().Add(24 * time.Hour).Day()}
+
 func readMoneyRows(t *testing.T, db *sql.DB, acts, packetIDs []string) moneyRows {
 	t.Helper()
 	rows := moneyRows{}
@@ -34,7 +38,9 @@ func readMoneyRows(t *testing.T, db *sql.DB, acts, packetIDs []string) moneyRows
 			at := fmt.Sprintf("%sdb_%02d.", space, sh.DB())
 			rows[space+act+" balance"] = count(t, db, "SELECT COALESCE(SUM(balance), 0) FROM "+at+fmt.Sprintf("t_account_%d WHERE act_id = ?", sh.Table()), act)
 			rows[space+act+" flows"] = count(t, db, "SELECT COUNT(*) FROM "+at+fmt.Sprintf("t_flow_%d WHERE act_id = ?", sh.Table()), act)
-			rows[space+act+" packets"] = count(t, db, "SELECT COUNT(*) FROM "+at+fmt.Sprintf("t_packet_%d_%02d WHERE sender = ?", sh.Table(), time.Now().UTC().Day()), act)
+			for _, day := range rowDays { // both, so that a run across midnight compares the same tables
+				rows[fmt.Sprintf("%s%s packets on day %d", space, act, day)] = count(t, db, "SELECT COUNT(*) FROM "+at+fmt.Sprintf("t_packet_%d_%02d WHERE sender = ?", sh.Table(), day), act)
+			}
 		}
 		for _, id := range packetIDs {
 			ref, err := model.ParsePacketID(id)
