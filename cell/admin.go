@@ -1,7 +1,6 @@
 package cell
 
 import (
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
@@ -139,7 +138,14 @@ func (s *Server) adminAudit(rc *fasthttp.RequestCtx) {
 		s.writeErr(rc, model.Invalidf("space must be real or shadow, got %q", v))
 		return
 	}
-	rep, err := s.Audit(context.Background(), spaces...)
+	// One audit at a time, and none queued behind it: a second request is
+	// told to come back rather than hold an admin connection for minutes.
+	if !s.auditor.mu.TryLock() {
+		s.writeErr(rc, model.Errorf(model.ErrOverloaded, "an audit of this cell is running; retry when it is done"))
+		return
+	}
+	defer s.auditor.mu.Unlock()
+	rep, err := s.audit(s.bgContext(), spaces...)
 	if err != nil {
 		s.writeErr(rc, err)
 		return

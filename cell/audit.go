@@ -80,6 +80,11 @@ func newAuditor(reg prometheus.Registerer) *auditor {
 func (s *Server) Audit(ctx context.Context, spaces ...*space) (api.AuditResponse, error) {
 	s.auditor.mu.Lock()
 	defer s.auditor.mu.Unlock()
+	return s.audit(ctx, spaces...)
+}
+
+// audit is Audit with s.auditor.mu held.
+func (s *Server) audit(ctx context.Context, spaces ...*space) (api.AuditResponse, error) {
 	out := api.AuditResponse{OK: true, Spaces: map[string]model.CellAudit{}}
 	for _, sp := range spaces {
 		m := &s.auditor.metrics[0]

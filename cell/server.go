@@ -99,9 +99,10 @@ type Server struct {
 	draining    atomic.Bool
 	schemaReady atomic.Bool
 	stats       stats
-	limiter     *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
-	signer      *api.Signer   // signs relayed credits, checks every signed call (Config.ClusterSecret)
-	refusal     []byte        // the CELL_RATE_LIMITED answer, made once
+	limiter     *rate.Limiter                   // the cell's own request rate (Config.RateLimitPerSec)
+	bg          atomic.Pointer[context.Context] // background work's context, canceled when Serve drains (bgContext)
+	signer      *api.Signer                     // signs relayed credits, checks every signed call (Config.ClusterSecret)
+	refusal     []byte                          // the CELL_RATE_LIMITED answer, made once
 	metrics     *metrics
 
 	degraded     [switchCount]atomic.Bool // features switched off (SetDegrade)
@@ -185,6 +186,7 @@ func (s *Server) Listen() (net.Listener, error) {
 // reconciliation, the hourly audit) runs while it serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
+	s.bg.Store(&bg)
 	var wg sync.WaitGroup
 	wg.Add(6)
 	go func() {
@@ -224,6 +226,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	wg.Wait()
 	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.stats.relayed.Load())
 	return err
+}
+
+// bgContext is the context of the cell's background work, canceled when Serve
+// has drained the public port: long admin work (an audit) stops with it.
+func (s *Server) bgContext() context.Context {
+	if p := s.bg.Load(); p != nil {
+		return *p
+	}
+	return context.Background()
 }
 
 // warmSchema creates the shard tables and today's and tomorrow's day tables
