@@ -66,21 +66,34 @@ func (r *relay) run(ctx context.Context) {
 				r.scan(ctx)
 			}
 		case <-ctx.Done():
-			// Deliver what the workers handed over before stopping; the outbox
-			// keeps anything that still fails.
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			for !r.s.isDegraded(switchRelay) {
-				select {
-				case batch := <-r.in:
-					r.deliver(fctx, batch)
-					continue
-				default:
-				}
-				break
+			if !r.s.isDegraded(switchRelay) {
+				r.flush()
 			}
-			cancel()
 			return
 		}
+	}
+}
+
+// flush delivers, when the cell stops, what the workers handed over and the
+// relay has not delivered yet: all of it gathered first, then sent in calls
+// of up to relayBatchMax credits (not one call per open batch), for at most
+// 5 s. The outbox keeps whatever is left for the next start's scan.
+func (r *relay) flush() {
+	var pending []model.Credit
+	for drained := false; !drained; {
+		select {
+		case batch := <-r.in:
+			pending = append(pending, batch...)
+		default:
+			drained = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for len(pending) > 0 && ctx.Err() == nil {
+		n := min(len(pending), relayBatchMax)
+		r.deliver(ctx, pending[:n])
+		pending = pending[n:]
 	}
 }
 

@@ -730,6 +730,10 @@ func TestDrill(t *testing.T) {
 			}
 			refused := time.Since(start)
 			<-stopped
+			if exited > 5*time.Second { // slow to drain: show what it was doing
+				lines := strings.Split(strings.TrimSpace(c.log("cell-2")), "\n")
+				t.Logf("cell-2 took %s to stop; the end of its log:\n%s", exited, strings.Join(lines[max(0, len(lines)-25):], "\n"))
+			}
 			if ok, code := servesAct(t, c, cell1Act); !ok {
 				t.Errorf("cell-1's shards refused (%s) while only cell-2 is gone", code)
 			}
