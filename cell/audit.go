@@ -17,21 +17,15 @@ const auditTimeout = 10 * time.Minute
 
 // auditLoop audits the cell's own books, both spaces, every AuditInterval.
 func (s *Server) auditLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.AuditInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if _, err := s.Audit(ctx, s.spaces[:]...); err != nil && ctx.Err() == nil {
-				s.log.Warn("audit of the cell's books could not run; next at the next interval", "err", err)
-			}
+	every(ctx, s.cfg.AuditInterval, func(int) {
+		if _, err := s.Audit(ctx, s.spaces[:]...); err != nil && ctx.Err() == nil {
+			s.log.Warn("audit of the cell's books could not run; next at the next interval", "err", err)
 		}
-	}
+	})
 }
 
-// auditor runs one audit at a time: a second caller waits for the first.
+// auditor runs one audit at a time: a second Audit waits for the first; the
+// admin route does not wait (it answers OVERLOADED).
 type auditor struct {
 	mu      sync.Mutex // held while an audit reads
 	metrics [2]auditSpaceMetrics

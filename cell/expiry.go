@@ -18,20 +18,13 @@ func (s *Server) expiryLoop(ctx context.Context) {
 	full := make(chan struct{})
 	go func() { defer close(full); s.fullExpiryLoop(ctx) }()
 	defer func() { <-full }()
-	t := time.NewTicker(s.cfg.ExpiryInterval)
-	defer t.Stop()
-	for pass := 0; ; pass++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			days := expiryDays(s.now(), s.cfg.PacketExpiry)
-			s.expireOnce(ctx, s.spaces[0], days)
-			if pass%shadowEvery == 0 {
-				s.expireOnce(ctx, s.spaces[1], days) // stress traffic: scanned less often
-			}
+	every(ctx, s.cfg.ExpiryInterval, func(pass int) {
+		days := expiryDays(s.now(), s.cfg.PacketExpiry)
+		s.expireOnce(ctx, s.spaces[0], days)
+		if pass%shadowEvery == 0 {
+			s.expireOnce(ctx, s.spaces[1], days) // stress traffic: scanned less often
 		}
-	}
+	})
 }
 
 // shadowEvery: how often (in passes) the shadow tables are scanned too.

@@ -76,23 +76,16 @@ func (s *Server) reconLoop(ctx context.Context) {
 	for _, sp := range s.spaces { // "never yet" would read as a stall since 1970
 		s.reconMetrics.of(sp).lastSuccess.Set(float64(start) / 1000)
 	}
-	t := time.NewTicker(s.cfg.ReconInterval)
-	defer t.Stop()
-	for pass := 0; ; pass++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			for i, sp := range s.spaces {
-				start := time.Now()
-				p := s.reconOnce(ctx, sp, cursors[i], pass)
-				if ctx.Err() == nil {
-					s.reconMetrics.of(sp).passSeconds.Set(time.Since(start).Seconds())
-					s.reportRecon(sp, p, cursors[i])
-				}
+	every(ctx, s.cfg.ReconInterval, func(pass int) {
+		for i, sp := range s.spaces {
+			start := time.Now()
+			p := s.reconOnce(ctx, sp, cursors[i], pass)
+			if ctx.Err() == nil {
+				s.reconMetrics.of(sp).passSeconds.Set(time.Since(start).Seconds())
+				s.reportRecon(sp, p, cursors[i])
 			}
 		}
-	}
+	})
 }
 
 // reconOnce checks the windows of every owned database of sp that have

@@ -228,6 +228,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// every calls fn(pass) every d until ctx ends; pass counts the calls from 0.
+// The cell's periodic background work (expiry, reconciliation, audit) runs on it.
+func every(ctx context.Context, d time.Duration, fn func(pass int)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for pass := 0; ; pass++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn(pass)
+		}
+	}
+}
+
 // bgContext is the context of the cell's background work, canceled when Serve
 // has drained the public port: long admin work (an audit) stops with it.
 func (s *Server) bgContext() context.Context {
