@@ -1,26 +1,56 @@
 #!/usr/bin/env bash
 # run.sh (make run): installs what is missing, then starts a local redcell cluster
 # on loopback — two cells, each with its own MariaDB, one memcached, one router on
-# :8080 — and serves until Ctrl-C, which shuts everything down gracefully: the
-# router and cells finish in-flight requests and drain their queues, then the
-# databases stop. State lives under ./var (override with REDCELL_VAR).
+# :8080 — and serves until it is told to stop. SIGINT (Ctrl-C), SIGTERM (what
+# timeout, a supervisor or a container stop sends, often to the whole process
+# group) and SIGHUP (the terminal closed) all shut everything down in order: the
+# router and cells finish in-flight requests and drain their queues, then memcached
+# and the databases stop. A second signal during that shutdown is ignored, so it
+# runs to the end. If this script is killed outright (SIGKILL), watchdog.sh, in a
+# session of its own, stops the cluster instead. State lives under ./var
+# (override with REDCELL_VAR).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$here/services.sh"
 
 VAR=${REDCELL_VAR:-$root/var}
-mkdir -p "$VAR/log" "$VAR/bin"
+mkdir -p "$VAR/log" "$VAR/bin" "$VAR/pids"
+VAR=$(cd "$VAR" && pwd) # absolute: processes are found by the paths on their command lines
 ensure_packages
 
-# Leftovers of an earlier run (a crash, a kill -9) are stopped first.
-for pidfile in "$VAR"/pids/*.pid; do
-  [ -f "$pidfile" ] || continue
-  kill "$(cat "$pidfile")" 2>/dev/null || true
-  rm -f "$pidfile"
-done
-stop_mariadb "$VAR/cell-1/db"; stop_mariadb "$VAR/cell-2/db"; stop_memcached "$VAR/memcached"
-mkdir -p "$VAR/pids"
+# Leftovers of an earlier run (a crash, a kill -9) are stopped first, the
+# earlier run's watchdog included (it may be stopping them too).
+if [ -f "$VAR/pids/watchdog.pid" ]; then
+  old=$(cat "$VAR/pids/watchdog.pid")
+  case "$(ps -p "$old" -o args= 2>/dev/null)" in *watchdog.sh*) kill "$old" 2>/dev/null || true ;; esac
+fi
+stop_cluster "$VAR"
+rm -f "$VAR"/pids/*.pid
+
+stopping=0
+shutdown() {
+  # Once begun, the shutdown runs to the end: further INT, TERM and HUP are
+  # ignored (GNU make forwards a TERM of its own to this script when its group
+  # gets one), and so is a broken stdout (the terminal or the supervisor's
+  # pipe gone). Ignored signals stay ignored in the commands run from here.
+  trap '' INT TERM HUP PIPE
+  set +e
+  [ "$stopping" = 1 ] && return 0
+  stopping=1
+  echo
+  echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
+  stop_cluster "$VAR"
+  if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
+  rm -f "$VAR"/pids/*.pid
+  echo "stopped."
+}
+trap 'shutdown; exit 0' INT TERM HUP
+trap shutdown EXIT
+
+# The watchdog stops the cluster if this script dies without doing it.
+setsid "$here/watchdog.sh" "$VAR" $$ >>"$VAR/log/watchdog.log" 2>&1 </dev/null &
+echo $! >"$VAR/pids/watchdog.pid"
 
 echo "building redcell ..."
 (cd "$root" && go build -o "$VAR/bin/redcell" ./cmd/redcell)
@@ -48,31 +78,6 @@ sed -e "s/127.0.0.1:23061/127.0.0.1:$db1/; s/127.0.0.1:23062/127.0.0.1:$db2/" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     "$here/redcell.yaml" >"$cfg"
 
-procs=()
-shutdown() {
-  trap - INT TERM EXIT
-  echo
-  echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
-  if [ -f "$VAR/pids/router.pid" ]; then kill -TERM "$(cat "$VAR/pids/router.pid")" 2>/dev/null || true; fi
-  wait_pid "$VAR/pids/router.pid"
-  for c in cell-1 cell-2; do
-    if [ -f "$VAR/pids/$c.pid" ]; then kill -TERM "$(cat "$VAR/pids/$c.pid")" 2>/dev/null || true; fi
-  done
-  wait_pid "$VAR/pids/cell-1.pid"; wait_pid "$VAR/pids/cell-2.pid"
-  stop_memcached "$VAR/memcached"
-  stop_mariadb "$VAR/cell-1/db"; stop_mariadb "$VAR/cell-2/db"
-  echo "stopped."
-}
-wait_pid() {
-  local f=$1 pid i
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$f"
-}
-trap 'shutdown; exit 0' INT TERM
-trap shutdown EXIT
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!

@@ -46,12 +46,18 @@ start_mariadb() {
   dir=$(cd "$dir" && pwd)
   local user_opt=()
   if [ "$(id -u)" -eq 0 ]; then user_opt=(--user=root); fi
+  # Its own temp dir, for the bootstrap too: a starting MariaDB deletes every
+  # "#sql*" file in its tmpdir, so two bootstraps sharing /tmp (make run starts
+  # two at once) delete each other's temporary tables and one fails with
+  # "ERROR: 1051 Unknown table 'mysql.tmp_user_nopasswd'", and a bootstrap in
+  # /tmp would delete the temporary tables of any other server using it.
+  mkdir -p "$dir/tmp"
   if [ ! -d "$dir/data/mysql" ]; then
-    # Tried twice: a bootstrap has been seen to fail once on a busy machine.
+    # Tried twice, in case the machine is short of something for a moment.
     local attempt
     for attempt in 1 2; do
       rm -rf "$dir/data"; mkdir -p "$dir/data"
-      if mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
+      if mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" --tmpdir="$dir/tmp" \
         --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1; then
         break
       fi
@@ -68,7 +74,6 @@ start_mariadb() {
   if [ "$mode" = fast ]; then flush=2; sync=0; fi
   # The socket path is kept short: unix sockets are limited to 108 bytes.
   local sock; sock=$(mktemp -u /tmp/rcdb.XXXXXX.sock)
-  mkdir -p "$dir/tmp"  # its own temp dir: nothing else cleaning /tmp can pull files from under it
   echo "$sock" >"$dir/socket.path"
   # setsid: a Ctrl-C in the terminal reaches run.sh only, which stops things in order.
   setsid "$(mariadbd_bin)" --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
@@ -91,22 +96,44 @@ start_mariadb() {
   return 1
 }
 
+# pids_with TEXT prints the pids of the processes whose command line contains
+# TEXT (a private data dir, say). TEXT travels in the environment, so neither
+# ps nor awk matches itself.
+pids_with() {
+  ps -eo pid=,args= | TEXT=$1 awk 'index($0, ENVIRON["TEXT"]) { print $1 }'
+}
+
+# stop_with TEXT SECONDS sends SIGTERM to the processes whose command line
+# contains TEXT, waits up to SECONDS for them to exit, then kills what is left.
+stop_with() {
+  local text=$1 secs=$2 pids i
+  pids=$(pids_with "$text")
+  [ -n "$pids" ] || return 0
+  kill $pids 2>/dev/null || true
+  for i in $(seq 1 $((secs * 4))); do
+    pids=$(pids_with "$text")
+    [ -n "$pids" ] || return 0
+    sleep 0.25
+  done
+  echo "still running after ${secs}s, killed: $text" >&2
+  kill -9 $pids 2>/dev/null || true
+}
+
 # stop_mariadb DIR stops the instance started in DIR and waits for it to exit.
+# It finds the server by its data dir, which no other process names, so a
+# stale or missing pid file (a server killed while it started) changes nothing.
 stop_mariadb() {
-  local dir=$1 pid
-  [ -f "$dir/mariadb.pid" ] || return 0
-  pid=$(cat "$dir/mariadb.pid" 2>/dev/null) || return 0
-  case "$(ps -p "$pid" -o comm= 2>/dev/null)" in mariadbd|mysqld) ;; *) return 0 ;; esac # a stale pid file
-  kill "$pid" 2>/dev/null || return 0
-  local i
-  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
-  kill -9 "$pid" 2>/dev/null || true
+  local dir=$1
+  [ -d "$dir" ] || return 0
+  dir=$(cd "$dir" && pwd)
+  stop_with "--datadir=$dir/data " 30
 }
 
 # start_memcached DIR PORT starts a private memcached on 127.0.0.1:PORT.
 start_memcached() {
   local dir=$1 port=$2
   mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
   stop_memcached "$dir" # one left from an earlier run
   local user_opt=()
   if [ "$(id -u)" -eq 0 ]; then user_opt=(-u root); fi
@@ -121,16 +148,29 @@ start_memcached() {
 }
 
 # stop_memcached DIR stops the memcached started in DIR and waits for it to exit,
-# so that its port is free when this returns.
+# so that its port is free when this returns. It finds the process by its pid
+# file's path on its command line, never by a pid that may have been reused.
 stop_memcached() {
-  local dir=$1 pid
-  [ -f "$dir/memcached.pid" ] || return 0
-  pid=$(cat "$dir/memcached.pid" 2>/dev/null) || return 0
+  local dir=$1
+  [ -d "$dir" ] || return 0
+  dir=$(cd "$dir" && pwd)
+  stop_with "-P $dir/memcached.pid" 10
   rm -f "$dir/memcached.pid"
-  # A stale pid file may name a pid reused by another program: leave that alone.
-  [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = memcached ] || return 0
-  kill "$pid" 2>/dev/null || return 0
-  local i
-  for i in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
-  kill -9 "$pid" 2>/dev/null || true
+}
+
+# stop_cluster VAR stops what deploy/local/run.sh started with its state in VAR,
+# in order: the router (in-flight requests finish), the cells (they leave the
+# cluster and drain their queues), then memcached and both MariaDB servers.
+# Processes are found by their command lines, which name VAR, so it stops
+# them whether or not their pid files survived and touches nothing else.
+# Stopping what is not running does nothing.
+stop_cluster() {
+  local var=$1
+  stop_with "$var/bin/redcell router " 20
+  stop_with "$var/bin/redcell cell " 30
+  stop_memcached "$var/memcached"
+  local first
+  stop_mariadb "$var/cell-1/db" & first=$! # both at once: each flushes for a few seconds
+  stop_mariadb "$var/cell-2/db"
+  wait "$first" || true
 }
