@@ -39,15 +39,27 @@ type client struct {
 	hc    *fasthttp.Client
 	base  string     // RouterURL without a trailing '/'
 	cells *cellTable // nil: everything goes to base
-	// signer, when set, signs every request as a router would: set for a
-	// client that talks to cells directly, which refuse unsigned calls.
+	// signer, when set, signs every request with the cluster secret: a cell
+	// refuses unsigned calls, and the router takes the stress-traffic mark
+	// only on a signed request.
 	signer *api.Signer
+	// apiKey, when set, is sent as "Authorization: Bearer" (the router
+	// requires it; cells ignore it, so a direct client sends none).
+	apiKey string
 }
 
 // newClient sizes the connection pool to conns, the number of goroutines that
-// send requests at once, so no request waits for a connection.
-func newClient(routerURL string, conns int) *client {
+// send requests at once, so no request waits for a connection. apiKey (may
+// be empty) authenticates the bench to the router; secret (may be empty)
+// signs every request.
+func newClient(routerURL string, conns int, apiKey, secret string) *client {
+	var signer *api.Signer
+	if secret != "" {
+		signer = api.NewSigner(secret)
+	}
 	return &client{
+		signer: signer,
+		apiKey: apiKey,
 		hc: &fasthttp.Client{
 			Name:                "redcell-bench",
 			MaxConnsPerHost:     conns,
@@ -96,6 +108,9 @@ func (c *client) callFrom(start time.Time, method, path string, in, out any) res
 	req.Header.SetMethod(method)
 	req.SetRequestURI(base + path)
 	req.Header.Set(api.HeaderStress, "1")
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {

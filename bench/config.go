@@ -96,10 +96,15 @@ type Config struct {
 	// Direct sends every request straight to the cell that owns its key (as the
 	// router's /healthz lists them) instead of through the router.
 	Direct bool
-	// ClusterSecret signs the requests sent straight to cells (Direct, and the
-	// direct no-op of the limits), as a router signs what it forwards: cells
-	// refuse unsigned calls. Required by Direct; unused through the router.
+	// ClusterSecret signs every request, as a router signs what it forwards:
+	// cells refuse unsigned calls (Direct), and the router takes a request
+	// marked as stress traffic, as all bench traffic is, only when it is
+	// signed. Required by Direct; without it the router refuses every request
+	// (403 PERMISSION_DENIED).
 	ClusterSecret string
+	// APIKey is the calling app's key the router requires (sent as
+	// Authorization: Bearer; not to cells in Direct mode).
+	APIKey string
 	// Label names the run in the progress line and the reports, e.g. the
 	// strategy under test. Optional.
 	Label string

@@ -48,9 +48,12 @@ type LimitsConfig struct {
 	DBLimit func(ctx context.Context, batch int, d time.Duration) (float64, error)
 	// Progress, when set, gets a progress bar per no-op measurement.
 	Progress io.Writer
-	// ClusterSecret signs the direct no-op requests (cells refuse unsigned
-	// calls); empty: the direct no-op is not measured.
+	// ClusterSecret signs the no-op requests: the router takes the stress
+	// mark only signed, and cells refuse unsigned calls; empty: the direct
+	// no-op is not measured (and the router refuses its no-op).
 	ClusterSecret string
+	// APIKey authenticates the router no-op (Authorization: Bearer).
+	APIKey string
 }
 
 // DefaultLimitsConfig measures a few seconds each: 3 s per batch size and per
@@ -188,7 +191,7 @@ func MeasureLimits(ctx context.Context, lc LimitsConfig) (LimitsReport, error) {
 // measureNoops picks the first cell the router lists and measures the no-op
 // rate to it through the router, then directly, over the same act_ids.
 func measureNoops(ctx context.Context, lc LimitsConfig, rep *LimitsReport) error {
-	rc := newClient(lc.RouterURL, lc.Concurrency)
+	rc := newClient(lc.RouterURL, lc.Concurrency, lc.APIKey, lc.ClusterSecret)
 	defer rc.hc.CloseIdleConnections()
 	cells, _, err := discoverCells(rc)
 	if err != nil {
@@ -211,8 +214,7 @@ func measureNoops(ctx context.Context, lc LimitsConfig, rep *LimitsReport) error
 		rep.NoopDirectSkipped = "no cluster secret (--config or REDCELL_CLUSTER_SECRET) to sign requests to the cell"
 		return nil
 	}
-	dc := newClient("http://"+cell.Addr, lc.Concurrency)
-	dc.signer = api.NewSigner(lc.ClusterSecret)
+	dc := newClient("http://"+cell.Addr, lc.Concurrency, "", lc.ClusterSecret)
 	defer dc.hc.CloseIdleConnections()
 	d := noop(ctx, dc, lc, "direct", cell.Name, acts)
 	rep.NoopDirect = &d

@@ -172,7 +172,7 @@ func TestHotOpenLoopDropsAtTheBound(t *testing.T) {
 // its wait.
 func TestOpenLoopLatencyFromSchedule(t *testing.T) {
 	f := newFakeRouter()
-	c := newClient(f.serve(t), 1)
+	c := newClient(f.serve(t), 1, "", "")
 	res := c.callFrom(time.Now().Add(-200*time.Millisecond), http.MethodGet, "/v1/accounts/x", nil, nil)
 	if res.latency < 200*time.Millisecond {
 		t.Fatalf("latency %v does not include the 200 ms since the schedule", res.latency)

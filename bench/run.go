@@ -140,7 +140,7 @@ func newRun(cfg Config, c *client, start time.Time) *run {
 // client sends to the cells themselves, and a router that cannot list them, or
 // a shard no cell owns, is an error.
 func connect(cfg Config, conns int) (*client, int, error) {
-	c := newClient(cfg.RouterURL, conns)
+	c := newClient(cfg.RouterURL, conns, cfg.APIKey, cfg.ClusterSecret)
 	cells, uncovered, err := discoverCells(c)
 	if !cfg.Direct {
 		return c, len(cells), nil // the count is informational; err only loses it
@@ -154,7 +154,7 @@ func connect(cfg Config, conns int) (*client, int, error) {
 	if c.cells, err = newCellTable(cells); err != nil {
 		return nil, 0, err
 	}
-	c.signer = api.NewSigner(cfg.ClusterSecret)
+	c.apiKey = "" // the key is the router's business; cells trust the signature
 	return c, len(cells), nil
 }
 

@@ -246,8 +246,8 @@ func badInputCases(sender, packet string) []badCase {
 	add("send with a deposit's order_no", "POST", "/v1/packets", `{"sender":"`+sender+`","order_no":"dep-`+sender+`","amount":100,"count":1}`, http.StatusConflict, "ORDER_CONFLICT")
 
 	// act_ids in the path. Go's client sends the path as written; the cell
-	// decodes %-escapes before splitting it, so an escaped slash makes another
-	// path (404) and "." segments are resolved away (404).
+	// splits it first and decodes each segment on its own, so an escaped slash
+	// stays inside its act_id (400), and a dot segment names no route (404).
 	for name, act := range map[string]string{
 		"too long": strings.Repeat("a", 65), "with SQL": "a'%3B%20DROP%20TABLE%20x%3B--", "with a quote": "a'b",
 		"with a space": "a%20b", "with a dot": "a.b", "non-ASCII": "%C3%BC", "with a NUL": "a%00b", "with a colon": "a:b",
@@ -256,7 +256,8 @@ func badInputCases(sender, packet string) []badCase {
 		add("account act_id "+name, "GET", "/v1/accounts/"+act, "", bad, invalid)
 		add("deposit act_id "+name, "POST", "/v1/accounts/"+act+"/deposit", `{"amount":100,"order_no":"dep-new"}`, bad, invalid)
 	}
-	add("deposit act_id with an escaped slash", "POST", "/v1/accounts/a%2Fb/deposit", `{"amount":100,"order_no":"dep-new"}`, http.StatusNotFound, "NOT_FOUND")
+	add("deposit act_id with an escaped slash", "POST", "/v1/accounts/a%2Fb/deposit", `{"amount":100,"order_no":"dep-new"}`, bad, invalid)
+	add("account act_id with an escaped slash", "GET", "/v1/accounts/"+sender+"%2F..", "", bad, invalid)
 	add("deposit act_id ..", "POST", "/v1/accounts/../deposit", `{"amount":100,"order_no":"dep-new"}`, http.StatusNotFound, "NOT_FOUND")
 
 	// Packet IDs in the path, for detail, grab and open. A 27-character ID
@@ -282,7 +283,7 @@ func badInputCases(sender, packet string) []badCase {
 		add("grab packet_id "+name, "POST", "/v1/packets/"+id+"/grab", `{"act_id":"u1"}`, bad, invalid)
 		add("open packet_id "+name, "POST", "/v1/packets/"+id+"/open", `{"act_id":"u1"}`, bad, invalid)
 	}
-	add("open packet_id with an escaped slash", "POST", "/v1/packets/"+packet[:13]+"%2F"+packet[14:]+"/open", `{"act_id":"u1"}`, http.StatusNotFound, "NOT_FOUND")
+	add("open packet_id with an escaped slash", "POST", "/v1/packets/"+packet[:13]+"%2F"+packet[14:]+"/open", `{"act_id":"u1"}`, bad, invalid) // the slash stays in the ID
 	add("open packet_id ../..", "POST", "/v1/packets/../../open", `{"act_id":"u1"}`, http.StatusNotFound, "NOT_FOUND")
 	add("open unknown packet", "POST", "/v1/packets/"+otherPacket(packet)+"/open", `{"act_id":"u1"}`, http.StatusNotFound, "NOT_FOUND")
 	for name, q := range map[string]string{"after negative": "after=-1", "after not a number": "after=x", "limit 0": "limit=0", "limit 101": "limit=101", "limit float": "limit=1.5"} {

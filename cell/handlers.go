@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -26,15 +25,22 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	}
 	start := time.Now()
 	method := string(rc.Method())
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	rt := routeOf(method, path, parts)
+	// Segments of the path as sent, each decoded on its own: an escaped slash
+	// stays inside its act_id, which then fails validation (400), as at the router.
+	parts, ok := api.PathSegments(rc.URI().PathOriginal())
+	rt := routeOther
+	if ok {
+		rt = routeOf(method, parts)
+	}
 	s.serveRoute(rc, rt, parts)
 	s.metrics.requests.Observe(int(rt), rc.Response.StatusCode(), rc.Response.Body(), time.Since(start))
 }
 
-// routeOf names the route of a request; a known path with another method is routeOther.
-func routeOf(method, path string, parts []string) route {
+// routeOf names the route of a request from its method and path segments; a
+// known path with another method is routeOther.
+func routeOf(method string, parts []string) route {
 	v1 := len(parts) >= 2 && parts[0] == "v1"
+	internal := len(parts) == 2 && parts[0] == "internal"
 	switch {
 	case v1 && len(parts) == 3 && parts[1] == "accounts" && method == http.MethodGet:
 		return routeAccount
@@ -50,9 +56,9 @@ func routeOf(method, path string, parts []string) route {
 		return routeOpen
 	case v1 && len(parts) == 3 && parts[1] == "noop" && method == http.MethodPost:
 		return routeNoop
-	case path == "/internal/credits" && method == http.MethodPost:
+	case internal && parts[1] == "credits" && method == http.MethodPost:
 		return routeCredits
-	case path == "/internal/recon" && method == http.MethodPost:
+	case internal && parts[1] == "recon" && method == http.MethodPost:
 		return routeRecon
 	}
 	return routeOther

@@ -43,8 +43,15 @@ var (
 	ErrMethodNotAllowed = &Error{"METHOD_NOT_ALLOWED", "method not allowed"}
 	// ErrShuttingDown: the server is draining and takes no new work.
 	ErrShuttingDown = &Error{"SHUTTING_DOWN", "server is shutting down"}
-	// ErrUnauthenticated: a signature or token is missing, wrong or too old.
+	// ErrUnauthenticated: a signature, API key or token is missing, wrong or too old.
 	ErrUnauthenticated = &Error{"UNAUTHENTICATED", "missing or invalid credentials"}
+	// ErrPermissionDenied: the caller is authenticated but may not do this: its
+	// API key lacks the route's scope, or it marked a request as stress traffic
+	// without the cluster's signature.
+	ErrPermissionDenied = &Error{"PERMISSION_DENIED", "the caller may not do this"}
+	// ErrUnsupportedMediaType: a request body sent as anything but
+	// application/json (a charset parameter of utf-8 is allowed).
+	ErrUnsupportedMediaType = &Error{"UNSUPPORTED_MEDIA_TYPE", "request bodies must be sent as application/json"}
 	// ErrRateLimited: the router's limit for this route is used up; retry after a
 	// second (router.Config.RateLimits).
 	ErrRateLimited = &Error{"RATE_LIMITED", "request rate of this route is above its limit, retry later"}

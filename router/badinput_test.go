@@ -57,8 +57,11 @@ func TestBadIDsNeverForwarded(t *testing.T) {
 		cases = append(cases, badCase{"POST", "/v1/packets", body, invalid})
 	}
 	cases = append(cases,
-		badCase{"POST", "/v1/accounts/a%2Fb/deposit", `{}`, "NOT_FOUND"}, // an escaped slash is a slash
-		badCase{"POST", "/v1/packets/../../open", `{}`, "NOT_FOUND"},     // dot segments are resolved
+		badCase{"POST", "/v1/accounts/a%2Fb/deposit", `{}`, invalid}, // an escaped slash stays in its act_id
+		badCase{"GET", "/v1/accounts/a%2Fb", ``, invalid},
+		badCase{"POST", "/v1/noop/a%2f..%2fb", ``, invalid},
+		badCase{"POST", "/v1/packets/" + pktID[:20] + "%2F/open", `{"act_id":"u1"}`, invalid},
+		badCase{"POST", "/v1/packets/../../open", `{}`, "NOT_FOUND"}, // dot segments name no route
 		badCase{"GET", "/v1/packets/" + pktID + "/../../../internal/credits", ``, "NOT_FOUND"},
 		badCase{"POST", "/internal/credits", `{"credits":[]}`, "NOT_FOUND"}, // never forwarded
 	)
@@ -101,6 +104,8 @@ func routerRequest(t *testing.T, method, url string, body io.Reader) (int, []byt
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v (want an answer, not a transport error)", method, url, err)

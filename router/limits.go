@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"redcell/router/apikey"
 )
 
 // routeID names a public route; it indexes the rate limiters and the metrics.
@@ -28,6 +30,13 @@ const (
 // routeNames are the route label values of the metrics and the keys of
 // Config.RateLimits (every name but "other").
 var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop"}
+
+// routeScopes is the API key scope each route needs.
+var routeScopes = [routeCount]apikey.Scope{
+	routeAccount: apikey.ScopeRead, routeDetail: apikey.ScopeRead, routeNoop: apikey.ScopeRead,
+	routeDeposit: apikey.ScopeDeposit, routeSend: apikey.ScopeSend,
+	routeGrab: apikey.ScopeOpen, routeOpen: apikey.ScopeOpen,
+}
 
 // Rate is a token bucket: PerSec requests a second on average, up to Burst at once.
 type Rate struct {

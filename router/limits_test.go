@@ -42,8 +42,13 @@ type answer struct {
 func send(t *testing.T, method, url, body string, stress bool) answer {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if stress {
 		req.Header.Set(api.HeaderStress, "1")
+		signNetHTTP(t, req, body)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -67,7 +72,11 @@ func oneCellRouter(t *testing.T, hits *atomic.Int64, tune func(*Config), clock *
 
 func scrape(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	admin, ok := adminURLs.Load(url)
+	if !ok {
+		t.Fatalf("no admin port known for %s", url)
+	}
+	resp, err := http.Get(admin.(string) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

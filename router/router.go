@@ -23,6 +23,7 @@ import (
 
 	"redcell/cell/api"
 	"redcell/model"
+	"redcell/router/apikey"
 	"redcell/sharding"
 )
 
@@ -36,7 +37,20 @@ type Config struct {
 	// ClusterSecret keys the HMAC the router signs every forwarded request
 	// with (api.Signer); cells refuse unsigned calls. The same secret as the
 	// cells', at least 16 bytes: without it nothing forwarded would be served.
+	// A client request marked as stress traffic (api.HeaderStress) must carry
+	// a signature by it too (the bench signs its requests), or it is refused.
 	ClusterSecret string
+
+	// AdminListen is the router's admin address: GET /metrics (Prometheus, no
+	// token) and the API keys (/admin/keys, AdminToken). Empty: no admin port.
+	AdminListen string
+	// AdminToken is the bearer token of the admin routes; empty refuses them
+	// all (403 ADMIN_DISABLED). At least 16 bytes when set.
+	AdminToken string
+	// TLSCert and TLSKey are PEM files: when both are set, the public port and
+	// the admin port serve HTTPS only, so API keys never cross a network in
+	// clear. Both empty: plain HTTP (on loopback, as make run does).
+	TLSCert, TLSKey string
 
 	// RateLimits is the token bucket of each route (keys: RouteNames), shared
 	// by all clients, stress traffic included; beyond it the router answers
@@ -82,6 +96,12 @@ func (c Config) Validate() error {
 	if len(c.ClusterSecret) < 16 {
 		return errors.New("router: ClusterSecret (cluster_secret) must be at least 16 bytes: cells refuse requests not signed with it")
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return errors.New("router: AdminToken (admin_token) must be at least 16 bytes when set")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("router: TLSCert and TLSKey (tls_cert, tls_key) go together: set both for HTTPS, neither for plain HTTP")
+	}
 	if err := validateRateLimits(c.RateLimits); err != nil {
 		return err
 	}
@@ -96,12 +116,25 @@ type Routes interface {
 	Map() *sharding.Map
 }
 
+// Keys is where the router checks the calling apps' API keys and, on its
+// admin port, lists, adds and revokes them (router/apikey.File).
+type Keys interface {
+	// Check authenticates key for scope; errors: model.ErrUnauthenticated (401),
+	// model.ErrPermissionDenied (403).
+	Check(key []byte, scope apikey.Scope) (app string, err error)
+	List() ([]apikey.Key, error)
+	Add(app string, scopes []apikey.Scope, now time.Time) (key string, k apikey.Key, err error)
+	Revoke(id string, now time.Time) (apikey.Key, error)
+}
+
 // Router forwards requests to cells. Create it with New.
 type Router struct {
 	cfg     Config
 	routes  Routes
+	keys    Keys
 	log     *slog.Logger
 	http    *fasthttp.Server
+	admin   *fasthttp.Server // the admin port's server (Config.AdminListen)
 	now     func() time.Time // the rate limiters' clock; time.Now outside tests
 	limits  [routeCount]*rate.Limiter
 	users   *userLimits
@@ -115,13 +148,17 @@ type Router struct {
 	clients map[string]*fasthttp.HostClient
 }
 
-// New returns a router. Its metrics are registered with reg, which GET
-// /metrics on the public port serves; reg belongs to this router's process.
-func New(cfg Config, routes Routes, reg *prometheus.Registry, log *slog.Logger) (*Router, error) {
+// New returns a router that authenticates callers with keys. Its metrics are
+// registered with reg, which GET /metrics on the admin port serves; reg
+// belongs to this router's process.
+func New(cfg Config, routes Routes, keys Keys, reg *prometheus.Registry, log *slog.Logger) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, routes: routes, log: log, clients: map[string]*fasthttp.HostClient{}, now: time.Now,
+	if keys == nil {
+		return nil, errors.New("router: an API key file is required (router.api_keys)")
+	}
+	r := &Router{cfg: cfg, routes: routes, keys: keys, log: log, clients: map[string]*fasthttp.HostClient{}, now: time.Now,
 		limits: newRouteLimiters(cfg.RateLimits), users: newUserLimits(cfg.UserRate, cfg.UserLimitersMax),
 		signer: api.NewSigner(cfg.ClusterSecret)}
 	r.metrics = newMetrics(reg, r.users)
@@ -142,6 +179,13 @@ func New(cfg Config, routes Routes, reg *prometheus.Registry, log *slog.Logger) 
 		CloseOnShutdown:    true,
 		ErrorHandler:       api.ProtocolError,
 		Logger:             api.Logger{Log: log},
+		// A multipart body is refused for its media type (415), not parsed.
+		DisablePreParseMultipartForm: true,
+	}
+	r.admin = &fasthttp.Server{
+		Handler: r.handleAdmin, Name: "redcell-router-admin", MaxRequestBodySize: 16 << 10,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second,
+		CloseOnShutdown: true, ErrorHandler: api.ProtocolError, Logger: api.Logger{Log: log},
 	}
 	return r, nil
 }
@@ -155,11 +199,29 @@ func (r *Router) Listen() (net.Listener, error) {
 	return ln, nil
 }
 
-// Serve answers on ln until ctx ends, then lets in-flight requests finish.
-func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
-	errc := make(chan error, 1)
-	go func() { errc <- r.http.Serve(ln) }()
-	r.log.Info("router serving", "addr", ln.Addr().String())
+// ListenAdmin binds the admin address; it returns nil, nil when there is none.
+func (r *Router) ListenAdmin() (net.Listener, error) {
+	if r.cfg.AdminListen == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", r.cfg.AdminListen)
+	if err != nil {
+		return nil, fmt.Errorf("router: listen %s (admin): %w", r.cfg.AdminListen, err)
+	}
+	return ln, nil
+}
+
+// Serve answers on ln (and on admin, the admin port, unless it is nil) until
+// ctx ends, then lets in-flight requests finish. With TLS configured both
+// serve HTTPS.
+func (r *Router) Serve(ctx context.Context, ln, admin net.Listener) error {
+	errc := make(chan error, 2)
+	go func() { errc <- r.serve(r.http, ln) }()
+	r.log.Info("router serving", "addr", ln.Addr().String(), "tls", r.cfg.TLSCert != "")
+	if admin != nil {
+		go func() { errc <- r.serve(r.admin, admin) }()
+		r.log.Info("router admin port", "addr", admin.Addr().String(), "token_set", r.cfg.AdminToken != "")
+	}
 	var err error
 	select {
 	case err = <-errc:
@@ -170,12 +232,23 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	if serr := r.http.ShutdownWithContext(sctx); serr != nil && err == nil {
 		err = serr
 	}
+	if admin != nil {
+		_ = r.admin.ShutdownWithContext(sctx)
+	}
 	return err
+}
+
+func (r *Router) serve(srv *fasthttp.Server, ln net.Listener) error {
+	if r.cfg.TLSCert != "" {
+		return srv.ServeTLS(ln, r.cfg.TLSCert, r.cfg.TLSKey)
+	}
+	return srv.Serve(ln)
 }
 
 // target is what the router learns from a request before forwarding it.
 type target struct {
 	route routeID
+	key   string // the act_id or packet ID of the path, not yet validated; "" for a send
 	shard model.ShardID
 	// user is the act_id the per-user limit counts ("" when the route has
 	// none); for grab and open it is in the body, read only when needed.
@@ -183,71 +256,98 @@ type target struct {
 	userInBody bool
 }
 
-// route finds the route and shard of a request from its path (and, for a
-// send, the sender in its body). The route is set even with an error when the
-// path names one. Errors: ErrInvalidArgument, ErrNotFound, ErrMethodNotAllowed.
-func route(method string, path string, body []byte) (target, error) {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
+// routeOf finds the route of a request from its method and path segments
+// (api.PathSegments). The route is set even with an error when the path names
+// one. Errors: ErrNotFound, ErrMethodNotAllowed.
+func routeOf(method string, parts []string) (target, error) {
 	if len(parts) < 2 || parts[0] != "v1" {
-		return target{}, model.Errorf(model.ErrNotFound, "no route for %s", path)
+		return target{}, model.Errorf(model.ErrNotFound, "no route for /%s", strings.Join(parts, "/"))
 	}
+	var t target
+	want := http.MethodPost
 	switch {
 	case parts[1] == "accounts" && len(parts) == 3:
-		return keyOfAct(routeAccount, method, http.MethodGet, parts[2])
+		t, want = target{route: routeAccount, key: parts[2]}, http.MethodGet
 	case parts[1] == "accounts" && len(parts) == 4 && parts[3] == "deposit":
-		return keyOfAct(routeDeposit, method, http.MethodPost, parts[2])
+		t = target{route: routeDeposit, key: parts[2]}
 	case parts[1] == "noop" && len(parts) == 3:
-		return keyOfAct(routeNoop, method, http.MethodPost, parts[2])
+		t = target{route: routeNoop, key: parts[2]}
 	case parts[1] == "packets" && len(parts) == 2:
-		t := target{route: routeSend}
-		if method != http.MethodPost {
-			return t, model.ErrMethodNotAllowed
-		}
-		var b struct {
-			Sender string `json:"sender"`
-		}
-		if err := json.Unmarshal(body, &b); err != nil {
-			return t, model.Invalidf("malformed JSON body: %v", err)
-		}
-		if err := model.ValidateActID(b.Sender); err != nil {
-			_, msg := model.CodeOf(err)
-			return t, model.Invalidf("sender: %s", msg)
-		}
-		t.shard, t.user = sharding.ShardOfAct(b.Sender), b.Sender
-		return t, nil
+		t = target{route: routeSend}
 	case parts[1] == "packets" && len(parts) == 3:
-		return keyOfPacket(routeDetail, method, http.MethodGet, parts[2])
+		t, want = target{route: routeDetail, key: parts[2]}, http.MethodGet
 	case parts[1] == "packets" && len(parts) == 4 && parts[3] == "grab":
-		return keyOfPacket(routeGrab, method, http.MethodPost, parts[2])
+		t = target{route: routeGrab, key: parts[2], userInBody: true}
 	case parts[1] == "packets" && len(parts) == 4 && parts[3] == "open":
-		return keyOfPacket(routeOpen, method, http.MethodPost, parts[2])
+		t = target{route: routeOpen, key: parts[2], userInBody: true}
+	default:
+		return target{}, model.Errorf(model.ErrNotFound, "no route for /%s", strings.Join(parts, "/"))
 	}
-	return target{}, model.Errorf(model.ErrNotFound, "no route for %s", path)
-}
-
-func keyOfAct(id routeID, method, want, actID string) (target, error) {
-	t := target{route: id}
 	if method != want {
 		return t, model.ErrMethodNotAllowed
 	}
-	if err := model.ValidateActID(actID); err != nil {
-		return t, err
-	}
-	t.shard, t.user = sharding.ShardOfAct(actID), actID
 	return t, nil
 }
 
-func keyOfPacket(id routeID, method, want, packetID string) (target, error) {
-	t := target{route: id, userInBody: id == routeGrab || id == routeOpen}
-	if method != want {
-		return t, model.ErrMethodNotAllowed
+// locate validates the key of a request — the act_id or packet ID of its path,
+// or a send's sender in body — and sets its shard. Errors: ErrInvalidArgument.
+func (t *target) locate(body []byte) error {
+	switch t.route {
+	case routeAccount, routeDeposit, routeNoop:
+		if err := model.ValidateActID(t.key); err != nil {
+			return err
+		}
+		t.shard, t.user = sharding.ShardOfAct(t.key), t.key
+	case routeSend:
+		sender, err := senderOf(body)
+		if err != nil {
+			return err
+		}
+		t.shard, t.user = sharding.ShardOfAct(sender), sender
+	default:
+		ref, err := model.ParsePacketID(t.key)
+		if err != nil {
+			return err
+		}
+		t.shard = ref.Shard
 	}
-	ref, err := model.ParsePacketID(packetID)
+	return nil
+}
+
+// route is routeOf then locate, for a path as sent on the request line.
+func route(method string, rawPath string, body []byte) (target, error) {
+	parts, ok := api.PathSegments([]byte(rawPath))
+	if !ok {
+		return target{}, model.Errorf(model.ErrNotFound, "no route for %s", rawPath)
+	}
+	t, err := routeOf(method, parts)
 	if err != nil {
 		return t, err
 	}
-	t.shard = ref.Shard
-	return t, nil
+	return t, t.locate(body)
+}
+
+// senderOf reads the sender of a send's body, with messages in the API's
+// terms (the cell decodes the whole body strictly).
+func senderOf(body []byte) (string, error) {
+	var b struct {
+		Sender string `json:"sender"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te) && te.Field == "sender":
+			return "", model.Invalidf("sender must be a string")
+		case errors.As(err, &te):
+			return "", model.Invalidf("the body must be a JSON object")
+		}
+		return "", model.Invalidf("malformed JSON body")
+	}
+	if err := model.ValidateActID(b.Sender); err != nil {
+		_, msg := model.CodeOf(err)
+		return "", model.Invalidf("sender: %s", msg)
+	}
+	return b.Sender, nil
 }
 
 // bodyActID returns the act_id of a grab or open body, or "" when the body is
@@ -294,17 +394,12 @@ func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id routeID) {
 }
 
 func (r *Router) handle(rc *fasthttp.RequestCtx) {
-	path := string(rc.Path())
-	switch path {
-	case "/healthz":
+	if string(rc.Path()) == "/healthz" { // open to all: load balancers and probes hold no key
 		r.healthz(rc)
-		return
-	case "/metrics":
-		r.metrics.serve(rc)
 		return
 	}
 	start := time.Now()
-	t, err := route(string(rc.Method()), path, rc.PostBody())
+	t, err := r.accept(rc)
 	switch {
 	case err != nil:
 		r.writeErr(rc, err)
@@ -312,6 +407,54 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 		r.forwardWithRetry(rc, t.shard)
 	}
 	r.metrics.requests.Observe(int(t.route), rc.Response.StatusCode(), rc.Response.Body(), time.Since(start))
+}
+
+// accept runs the router's checks of a public request, in this order, and
+// returns the first refusal: the route (404 NOT_FOUND, 405
+// METHOD_NOT_ALLOWED), the caller's API key and the route's scope (401
+// UNAUTHENTICATED, 403 PERMISSION_DENIED), the body's media type (415
+// UNSUPPORTED_MEDIA_TYPE), a stress-traffic mark without the cluster's
+// signature (403 PERMISSION_DENIED), and the request's key — act_id, packet
+// ID or sender — (400 INVALID_ARGUMENT). A caller without a valid key learns
+// nothing past the route table, and nothing refused here reaches a cell.
+func (r *Router) accept(rc *fasthttp.RequestCtx) (target, error) {
+	parts, ok := api.PathSegments(rc.URI().PathOriginal())
+	if !ok {
+		return target{}, model.Errorf(model.ErrNotFound, "no route for %s", rc.URI().PathOriginal())
+	}
+	t, err := routeOf(string(rc.Method()), parts)
+	if err != nil {
+		return t, err
+	}
+	if _, err := r.keys.Check(bearer(&rc.Request.Header), routeScopes[t.route]); err != nil {
+		return t, err
+	}
+	if len(rc.PostBody()) > 0 && !api.MediaTypeJSON(rc.Request.Header.ContentType()) {
+		return t, errMediaType
+	}
+	if api.IsStress(&rc.Request.Header) && !r.signer.VerifyRequest(&rc.Request, time.Now()) {
+		return t, errStressUnsigned
+	}
+	return t, t.locate(rc.PostBody())
+}
+
+var (
+	errMediaType = model.Errorf(model.ErrUnsupportedMediaType,
+		"send request bodies as JSON with Content-Type: application/json (charset=utf-8 allowed)")
+	errStressUnsigned = model.Errorf(model.ErrPermissionDenied,
+		"%s marks stress-test traffic and is taken only on requests signed with the cluster secret (%s, %s), as redcell bench signs them",
+		api.HeaderStress, api.HeaderTimestamp, api.HeaderSignature)
+)
+
+// bearer returns the token of an "Authorization: Bearer <token>" header (the
+// scheme in any case), or nil.
+func bearer(h *fasthttp.RequestHeader) []byte {
+	v := h.Peek(fasthttp.HeaderAuthorization)
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(string(v[:len(scheme)]), scheme) {
+		return nil
+	}
+	return v[len(scheme):]
 }
 
 // forwardWithRetry forwards to the shard's owner, once more after a 421.
@@ -346,6 +489,10 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	// cost per request low (it is a hop on every call).
 	req := &rc.Request
 	req.SetHost(cell.Addr)
+	req.URI().SetScheme("http") // a request that came in over TLS goes on to the cell in plain HTTP
+	// The caller's API key stays here: cells trust the cluster's signature,
+	// and the hop to them may not be encrypted.
+	req.Header.Del(fasthttp.HeaderAuthorization)
 	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
 	// Last, once the request is what the cell will read: the signature covers
 	// the method, the request target (path and query, as the request line will

@@ -30,6 +30,10 @@ func TestRoute(t *testing.T) {
 		{"POST", "/v1/packets", `{"sender":"bad sender"}`, 0, routeSend, "", model.ErrInvalidArgument},
 		{"POST", "/v1/packets", `{`, 0, routeSend, "", model.ErrInvalidArgument},
 		{"GET", "/v1/packets/../../etc/passwd", "", 0, routeOther, "", model.ErrNotFound},
+		{"GET", "/v1/accounts/a%2Fb", "", 0, routeAccount, "", model.ErrInvalidArgument},
+		{"GET", "/v1/accounts/%zz", "", 0, routeOther, "", model.ErrNotFound}, // a malformed escape
+		{"GET", "/v1/accounts/u%31", "", 663, routeAccount, "u1", nil},        // an escaped letter is the letter
+		{"GET", "/v1/accounts/u1/", "", 663, routeAccount, "u1", nil},
 		{"GET", "/v1/packets/x", "", 0, routeDetail, "", model.ErrInvalidArgument},
 		{"GET", "/v1/accounts/" + string(make([]byte, 65)), "", 0, routeAccount, "", model.ErrInvalidArgument},
 		{"GET", "/v1/nothing", "", 0, routeOther, "", model.ErrNotFound},

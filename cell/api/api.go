@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -182,25 +184,27 @@ type ErrorDetail struct {
 
 // status is the one table from error code to HTTP status.
 var status = map[string]int{
-	model.ErrInvalidArgument.Code:     http.StatusBadRequest,
-	model.ErrNotFound.Code:            http.StatusNotFound,
-	model.ErrSoldOut.Code:             http.StatusConflict,
-	model.ErrExpired.Code:             http.StatusGone,
-	model.ErrInsufficientBalance.Code: http.StatusConflict,
-	model.ErrOrderConflict.Code:       http.StatusConflict,
-	model.ErrWrongCell.Code:           http.StatusMisdirectedRequest,
-	model.ErrCellUnavailable.Code:     http.StatusServiceUnavailable,
-	model.ErrOverloaded.Code:          http.StatusServiceUnavailable,
-	model.ErrTimeout.Code:             http.StatusGatewayTimeout,
-	model.ErrBodyTooLarge.Code:        http.StatusRequestEntityTooLarge,
-	model.ErrMethodNotAllowed.Code:    http.StatusMethodNotAllowed,
-	model.ErrShuttingDown.Code:        http.StatusServiceUnavailable,
-	model.ErrUnauthenticated.Code:     http.StatusUnauthorized,
-	model.ErrRateLimited.Code:         http.StatusTooManyRequests,
-	model.ErrUserRateLimited.Code:     http.StatusTooManyRequests,
-	model.ErrCellRateLimited.Code:     http.StatusTooManyRequests,
-	model.ErrDBUnavailable.Code:       http.StatusServiceUnavailable,
-	model.ErrInternal.Code:            http.StatusInternalServerError,
+	model.ErrInvalidArgument.Code:      http.StatusBadRequest,
+	model.ErrNotFound.Code:             http.StatusNotFound,
+	model.ErrSoldOut.Code:              http.StatusConflict,
+	model.ErrExpired.Code:              http.StatusGone,
+	model.ErrInsufficientBalance.Code:  http.StatusConflict,
+	model.ErrOrderConflict.Code:        http.StatusConflict,
+	model.ErrWrongCell.Code:            http.StatusMisdirectedRequest,
+	model.ErrCellUnavailable.Code:      http.StatusServiceUnavailable,
+	model.ErrOverloaded.Code:           http.StatusServiceUnavailable,
+	model.ErrTimeout.Code:              http.StatusGatewayTimeout,
+	model.ErrBodyTooLarge.Code:         http.StatusRequestEntityTooLarge,
+	model.ErrMethodNotAllowed.Code:     http.StatusMethodNotAllowed,
+	model.ErrShuttingDown.Code:         http.StatusServiceUnavailable,
+	model.ErrUnauthenticated.Code:      http.StatusUnauthorized,
+	model.ErrPermissionDenied.Code:     http.StatusForbidden,
+	model.ErrUnsupportedMediaType.Code: http.StatusUnsupportedMediaType,
+	model.ErrRateLimited.Code:          http.StatusTooManyRequests,
+	model.ErrUserRateLimited.Code:      http.StatusTooManyRequests,
+	model.ErrCellRateLimited.Code:      http.StatusTooManyRequests,
+	model.ErrDBUnavailable.Code:        http.StatusServiceUnavailable,
+	model.ErrInternal.Code:             http.StatusInternalServerError,
 }
 
 // retryable codes: the same request may succeed later.
@@ -307,4 +311,49 @@ type ShardMapCell struct {
 	Name   string `json:"name"`
 	Addr   string `json:"addr"`
 	Shards string `json:"shards"`
+}
+
+// PathSegments splits a request path as it came on the request line, still
+// percent-encoded (fasthttp's URI().PathOriginal()), into its segments, each
+// decoded on its own: an escaped slash stays inside its segment, so
+// "/v1/accounts/a%2Fb" is ["v1" "accounts" "a/b"], which the act_id check then
+// refuses (400), rather than a path of four segments that no route has (404).
+// Leading and trailing slashes are ignored. ok is false for a malformed escape
+// and for a dot segment ("." or ".."), which no route has.
+func PathSegments(raw []byte) (segs []string, ok bool) {
+	s := strings.Trim(string(raw), "/")
+	if s == "" {
+		return nil, true
+	}
+	segs = strings.Split(s, "/")
+	for i, seg := range segs {
+		if strings.IndexByte(seg, '%') >= 0 {
+			d, err := url.PathUnescape(seg)
+			if err != nil {
+				return nil, false
+			}
+			segs[i] = d
+		}
+		if segs[i] == "." || segs[i] == ".." {
+			return nil, false
+		}
+	}
+	return segs, true
+}
+
+// MediaTypeJSON reports whether a request's Content-Type is JSON as the API
+// takes it: application/json, with no parameter or only charset=utf-8 (any
+// case, quoted or not). JSON is UTF-8 (RFC 8259), so no other charset is.
+func MediaTypeJSON(contentType []byte) bool {
+	mt, params, _ := strings.Cut(string(contentType), ";")
+	if !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
+		return false
+	}
+	params = strings.TrimSpace(params)
+	if params == "" {
+		return true
+	}
+	name, value, ok := strings.Cut(params, "=")
+	value = strings.Trim(strings.TrimSpace(value), `"`)
+	return ok && strings.EqualFold(strings.TrimSpace(name), "charset") && strings.EqualFold(value, "utf-8")
 }

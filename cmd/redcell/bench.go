@@ -41,7 +41,9 @@ type benchFlags struct {
 	limitsDuration      time.Duration
 	limitsConcurrency   int
 	set                 map[string]bool // flags given on the command line
-	clusterSecret       string          // signs what goes straight to cells: cluster_secret of --config, else REDCELL_CLUSTER_SECRET
+	clusterSecret       string          // signs every request (the stress mark, direct calls): cluster_secret of --config, else REDCELL_CLUSTER_SECRET
+	apiKeyFile          string          // --api-key-file
+	apiKey              string          // the key the router requires: --api-key-file, else REDCELL_API_KEY, else api-key beside --config
 	defaultLimitsConfig bench.LimitsConfig
 }
 
@@ -71,6 +73,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
 	fs.DurationVar(&f.limitsDuration, "limits-duration", lim.HTTPDuration, "how long each limit measurement runs")
 	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
+	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errUsage // the flag set printed its usage; nothing more to say
@@ -101,8 +104,45 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 			f.router = "http://" + fc.Router.Listen
 		}
 	}
+	if err := f.readAPIKey(); err != nil {
+		return nil, err
+	}
+	if f.clusterSecret == "" {
+		return nil, errors.New("bench: its requests are marked as stress traffic, which the router and the cells take only signed with the cluster secret: give --config or REDCELL_CLUSTER_SECRET")
+	}
 	return f, nil
 }
+
+// readAPIKey finds the API key the router requires: --api-key-file, else
+// REDCELL_API_KEY, else the file api-key beside --config (make run writes
+// var/api-key beside var/redcell.yaml). A direct run needs none.
+func (f *benchFlags) readAPIKey() error {
+	path := f.apiKeyFile
+	if path == "" {
+		if f.apiKey = os.Getenv("REDCELL_API_KEY"); f.apiKey != "" {
+			return nil
+		}
+		if f.configPath != "" {
+			if p := filepath.Join(filepath.Dir(f.configPath), "api-key"); fileExists(p) {
+				path = p
+			}
+		}
+	}
+	if path == "" {
+		if f.direct && !f.compareDirect && !f.limits && f.workload != workloadLimits {
+			return nil
+		}
+		return errors.New("bench: the router needs an API key: give --api-key-file (make run writes var/api-key) or REDCELL_API_KEY")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("bench: API key: %w", err)
+	}
+	f.apiKey = strings.TrimSpace(string(b))
+	return nil
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // runConfig is the workload's defaults with the flags given applied over them.
 func (f *benchFlags) runConfig() bench.Config {
@@ -113,7 +153,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg := bench.DefaultWorkloadConfig(w)
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
-	cfg.ClusterSecret = f.clusterSecret
+	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
@@ -162,7 +202,7 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		lc.RouterURL, lc.Concurrency = f.router, f.limitsConcurrency
 		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
 		lc.Progress = os.Stderr
-		lc.ClusterSecret = f.clusterSecret
+		lc.ClusterSecret, lc.APIKey = f.clusterSecret, f.apiKey
 		if path := f.configPath; path != "" {
 			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
 				return dbLimit(ctx, path, batch, d)

@@ -28,6 +28,7 @@ import (
 // rewritten in between (a cell coming back on new ports).
 type cluster struct {
 	bin, config, router string
+	routerAdmin         string // the router's admin port: GET /metrics, /admin/keys
 	spec                clusterSpec
 	port                map[string]int // "router", "router-gossip", "cell-1", "cell-1-gossip", "cell-1-admin", ...
 	cellURL             map[string]string
@@ -130,11 +131,22 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	}
 	c := &cluster{bin: bin, config: filepath.Join(t.TempDir(), "redcell.yaml"), spec: spec, port: map[string]int{},
 		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{}}
-	names := []string{"router", "router-gossip", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin"}
+	names := []string{"router", "router-gossip", "router-admin", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin"}
 	for i, p := range freePorts(t, len(names)) {
 		c.port[names[i]] = p
 	}
 	c.writeConfig(t)
+	// The calling app's key, made as make run makes it, beside the config
+	// (where redcell bench --config finds it); do sends it with every request.
+	keyFile := filepath.Join(filepath.Dir(c.config), "api-key")
+	if out, err := exec.Command(bin, "apikey", "add", "--config", c.config, "--app", "e2e", "--scopes", "all", "--out", keyFile).CombinedOutput(); err != nil {
+		t.Fatalf("apikey add: %v\n%s", err, out)
+	}
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testAPIKey = strings.TrimSpace(string(key))
 	c.start(t, "cell-1", "cell", "--config", c.config, "--name", "cell-1")
 	c.start(t, "cell-2", "cell", "--config", c.config, "--name", "cell-2")
 	c.start(t, "router", "router", "--config", c.config)
@@ -171,17 +183,20 @@ gossip_seeds: ["127.0.0.1:%d", "127.0.0.1:%d", "127.0.0.1:%d"]
 router:
   listen: "127.0.0.1:%d"
   gossip: "127.0.0.1:%d"
+  admin_listen: "127.0.0.1:%d"
+  api_keys: "api-keys.yaml"
 cells:
   - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
   - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
 cell:
-%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"],
+%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
 		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], p["cell-1-admin"],
 		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell)
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.router = fmt.Sprintf("http://127.0.0.1:%d", p["router"])
+	c.routerAdmin = fmt.Sprintf("http://127.0.0.1:%d", p["router-admin"])
 	for _, name := range []string{"cell-1", "cell-2"} {
 		c.cellURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name])
 		c.adminURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name+"-admin"])
@@ -318,6 +333,19 @@ func (c *cluster) metric(t *testing.T, cell, series string) float64 {
 	return sum
 }
 
+// testAPIKey is the API key of the cluster the test runs (startClusterSpec
+// makes one per cluster); do sends it with every request.
+var testAPIKey string
+
+// authorize adds what the router requires of a calling app: its API key, and
+// for a body the JSON media type.
+func authorize(req *http.Request, hasBody bool) {
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	if hasBody {
+		req.Header.Set("Content-Type", "application/json")
+	}
+}
+
 func do(t *testing.T, method, url string, body, out any) (int, string) {
 	t.Helper()
 	var rd io.Reader
@@ -326,6 +354,7 @@ func do(t *testing.T, method, url string, body, out any) (int, string) {
 		rd = bytes.NewReader(b)
 	}
 	req, _ := http.NewRequest(method, url, rd)
+	authorize(req, body != nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, "TRANSPORT"

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,8 @@ type fileConfig struct {
 	Router        routerSection `yaml:"router"`
 	Cells         []cellEntry   `yaml:"cells"`
 	Cell          cellSection   `yaml:"cell"`
+
+	dir string // the config file's directory: relative paths in it are relative to it
 }
 
 type routerSection struct {
@@ -38,6 +41,14 @@ type routerSection struct {
 	// keeps the default.
 	RateLimits    map[string]rateEntry `yaml:"rate_limits"`
 	UserRateLimit userRateEntry        `yaml:"user_rate_limit"`
+	// AdminListen: GET /metrics and the API keys (/admin/keys); empty: none.
+	AdminListen string `yaml:"admin_listen"`
+	// APIKeys is the key file (router/apikey), required; a relative path is
+	// relative to the config file's directory.
+	APIKeys string `yaml:"api_keys"`
+	// TLSCert, TLSKey: PEM files; both set, the router serves HTTPS only.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
 }
 
 type rateEntry struct {
@@ -115,6 +126,7 @@ func loadConfig(path string) (fileConfig, error) {
 		if err := dec.Decode(&fc); err != nil {
 			return fc, fmt.Errorf("config %s: %w", path, err)
 		}
+		fc.dir = filepath.Dir(path)
 	}
 	if err := applyEnv(&fc, os.Getenv); err != nil {
 		return fc, err
@@ -133,6 +145,8 @@ var envOverrides = []struct {
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
+	{"REDCELL_ROUTER_ADMIN_LISTEN", func(fc *fileConfig, v string) error { fc.Router.AdminListen = v; return nil }},
+	{"REDCELL_API_KEYS", func(fc *fileConfig, v string) error { fc.Router.APIKeys = v; return nil }},
 	{"REDCELL_PACKET_EXPIRY", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.PacketExpiry })},
 	{"REDCELL_OPEN_STRATEGY", func(fc *fileConfig, v string) error { fc.Cell.OpenStrategy = v; return nil }},
 	{"REDCELL_BATCH_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.BatchMax })},
@@ -263,7 +277,8 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 // routerConfig builds the router's config: defaults, then the file.
 func (fc fileConfig) routerConfig() (router.Config, error) {
 	c := router.DefaultConfig()
-	c.ClusterSecret = fc.ClusterSecret
+	c.ClusterSecret, c.AdminToken, c.AdminListen = fc.ClusterSecret, fc.AdminToken, fc.Router.AdminListen
+	c.TLSCert, c.TLSKey = fc.path(fc.Router.TLSCert), fc.path(fc.Router.TLSKey)
 	if fc.Router.Listen != "" {
 		c.Listen = fc.Router.Listen
 	}
@@ -280,6 +295,23 @@ func (fc fileConfig) routerConfig() (router.Config, error) {
 	setInt(&c.UserRate.Burst, u.Burst)
 	setInt(&c.UserLimitersMax, u.MaxUsers)
 	return c, c.Validate()
+}
+
+// apiKeysPath returns the router's key file (router.api_keys), resolved
+// against the config file's directory. Errors: none configured.
+func (fc fileConfig) apiKeysPath() (string, error) {
+	if fc.Router.APIKeys == "" {
+		return "", fmt.Errorf("config: router.api_keys (or REDCELL_API_KEYS) must name the API key file; it may not exist yet")
+	}
+	return fc.path(fc.Router.APIKeys), nil
+}
+
+// path resolves a path of the config file against the file's directory.
+func (fc fileConfig) path(p string) string {
+	if p == "" || filepath.IsAbs(p) || fc.dir == "" {
+		return p
+	}
+	return filepath.Join(fc.dir, p)
 }
 
 // breakerConfig builds the cells' circuit-breaker settings (one for MariaDB,

@@ -108,14 +108,17 @@ func TestReferenceConfig(t *testing.T) {
 	}
 }
 
-// TestBenchClusterSecret: the bench signs its direct requests with the
+// TestBenchClusterSecret: the bench signs its requests with the
 // cluster_secret of --config (the environment wins over the file, as for every
-// process), or REDCELL_CLUSTER_SECRET without a config.
+// process), or REDCELL_CLUSTER_SECRET without a config, and refuses to start
+// without one: the router takes its stress-marked traffic only signed, and the
+// cells nothing unsigned.
 func TestBenchClusterSecret(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.yaml")
 	if err := os.WriteFile(p, []byte("cluster_secret: file-secret-0123456789\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv("REDCELL_API_KEY", "")
 	for _, c := range []struct {
 		env  string
 		args []string
@@ -128,15 +131,62 @@ func TestBenchClusterSecret(t *testing.T) {
 	} {
 		t.Setenv("REDCELL_CLUSTER_SECRET", c.env)
 		f, err := parseBenchFlags(c.args)
+		if c.want == "" {
+			if err == nil || !strings.Contains(err.Error(), "cluster secret") {
+				t.Errorf("env %q, %v: no secret, error %v", c.env, c.args, err)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := f.runConfig().ClusterSecret; got != c.want {
 			t.Errorf("env %q, %v: secret %q, want %q", c.env, c.args, got, c.want)
 		}
-		_, err = f.suiteConfig()
-		if (c.want == "") != (err != nil) {
+		if _, err = f.suiteConfig(); err != nil {
 			t.Errorf("env %q, %v: suite config error %v", c.env, c.args, err)
+		}
+	}
+}
+
+// TestBenchAPIKey: through the router the bench needs the calling app's key:
+// --api-key-file, else REDCELL_API_KEY, else the file api-key beside --config
+// (where make run writes it); without one it does not start. A direct run
+// needs none.
+func TestBenchAPIKey(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "redcell.yaml")
+	if err := os.WriteFile(cfg, []byte("cluster_secret: file-secret-0123456789\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("REDCELL_CLUSTER_SECRET", "")
+	t.Setenv("REDCELL_API_KEY", "")
+	if _, err := parseBenchFlags([]string{"--config", cfg}); err == nil || !strings.Contains(err.Error(), "API key") {
+		t.Fatalf("no key anywhere: %v", err)
+	}
+	if f, err := parseBenchFlags([]string{"--config", cfg, "--direct"}); err != nil || f.apiKey != "" {
+		t.Fatalf("direct without a key: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_beside\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(other, []byte(" rck_flag \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"", []string{"--config", cfg}, "rck_beside"},
+		{"rck_env", []string{"--config", cfg}, "rck_env"},
+		{"rck_env", []string{"--config", cfg, "--api-key-file", other}, "rck_flag"},
+	} {
+		t.Setenv("REDCELL_API_KEY", c.env)
+		f, err := parseBenchFlags(c.args)
+		if err != nil || f.runConfig().APIKey != c.want {
+			t.Errorf("env %q, %v: key %q, %v; want %q", c.env, c.args, f.apiKey, err, c.want)
 		}
 	}
 }

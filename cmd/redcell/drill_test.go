@@ -226,6 +226,7 @@ func (l *drillLoad) call(method, path string, body, out any) answer {
 		rd = bytes.NewReader(b)
 	}
 	req, _ := http.NewRequest(method, l.c.routerURL()+path, rd)
+	authorize(req, body != nil)
 	resp, err := l.hc.Do(req)
 	if err != nil {
 		return answer{}

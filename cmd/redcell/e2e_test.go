@@ -146,6 +146,12 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("sender balance %d after an unsigned deposit", acct.Balance)
 	}
 
+	// The router takes only calling apps with a key: none, a key without the
+	// route's scope and a stress mark it cannot verify are refused, and nothing
+	// moves. A key revoked with redcell apikey (a process of its own, sharing
+	// the key file) is refused by the running router within a few seconds.
+	e2eAPIKeys(t, c, sender, acct.Balance)
+
 	// The admin port: no token or a wrong one is refused; the right one switches
 	// the open strategy at run time, and the cell keeps paying out correctly.
 	admin := func(method, token string, body string) (int, string) {
@@ -212,9 +218,13 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("/admin/shards: %d %+v", st, m)
 	}
 
-	// Metrics: the router's on its public port, a cell's on its admin port
-	// without the token, both with the Go runtime's series of the process.
-	for name, url := range map[string]string{"router": r, "cell-1 admin": c.adminURL["cell-1"]} {
+	// Metrics: the router's and a cell's on their admin ports without the
+	// token, both with the Go runtime's series of the process; none on the
+	// router's public port.
+	if st, code := do(t, "GET", r+"/metrics", nil, nil); st != 404 || code != "NOT_FOUND" {
+		t.Fatalf("/metrics on the router's public port: %d %s", st, code)
+	}
+	for name, url := range map[string]string{"router": c.routerAdmin, "cell-1 admin": c.adminURL["cell-1"]} {
 		resp, err := http.Get(url + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -258,5 +268,69 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if st, _ := do(t, "GET", r+"/v1/accounts/"+near, nil, nil); st != 200 {
 		t.Fatalf("account on the live cell: %d", st)
+	}
+}
+
+// e2eAPIKeys checks the router's callers' authentication end to end; sender
+// holds balance cents, which no refused call may change.
+func e2eAPIKeys(t *testing.T, c *cluster, sender string, balance int64) {
+	t.Helper()
+	r := c.router
+	send := func(method, path, body string, hdr map[string]string) (int, string) {
+		t.Helper()
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req, _ := http.NewRequest(method, r+path, rd)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e api.ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Error.Code
+	}
+	deposit := `{"amount":100,"order_no":"dep-auth"}`
+	path := "/v1/accounts/" + sender + "/deposit"
+	if st, code := send("POST", path, deposit, map[string]string{"Content-Type": "application/json"}); st != 401 || code != "UNAUTHENTICATED" {
+		t.Fatalf("deposit without a key: %d %s", st, code)
+	}
+	if st, code := send("POST", path, deposit, map[string]string{"Authorization": "Bearer " + testAPIKey}); st != 415 || code != "UNSUPPORTED_MEDIA_TYPE" {
+		t.Fatalf("deposit sent as a form (curl -d's default): %d %s", st, code)
+	}
+	if st, code := send("POST", path, deposit, map[string]string{"Authorization": "Bearer " + testAPIKey, "Content-Type": "application/json", api.HeaderStress: "1"}); st != 403 || code != "PERMISSION_DENIED" {
+		t.Fatalf("deposit marked as stress traffic without the cluster's signature: %d %s", st, code)
+	}
+	out, err := exec.Command(c.bin, "apikey", "add", "--config", c.config, "--app", "reader", "--scopes", "read").Output()
+	if err != nil {
+		t.Fatalf("apikey add: %v", err)
+	}
+	reader := strings.TrimSpace(string(out))
+	readHdr := map[string]string{"Authorization": "Bearer " + reader, "Content-Type": "application/json"}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitFor("the router to take a key added by redcell apikey", func() bool { st, _ := send("GET", "/v1/accounts/"+sender, "", readHdr); return st == 200 })
+	if st, code := send("POST", path, deposit, readHdr); st != 403 || code != "PERMISSION_DENIED" {
+		t.Fatalf("deposit with a read-only key: %d %s", st, code)
+	}
+	id := strings.SplitN(reader, "_", 3)[1]
+	if out, err := exec.Command(c.bin, "apikey", "revoke", "--config", c.config, "--id", id).CombinedOutput(); err != nil {
+		t.Fatalf("apikey revoke: %v\n%s", err, out)
+	}
+	waitFor("the router to refuse a revoked key", func() bool { st, _ := send("GET", "/v1/accounts/"+sender, "", readHdr); return st == 401 })
+	var acct struct{ Balance int64 }
+	if st, _ := do(t, "GET", r+"/v1/accounts/"+sender, nil, &acct); st != 200 || acct.Balance != balance {
+		t.Fatalf("refused calls moved the balance: %d → %d", balance, acct.Balance)
 	}
 }

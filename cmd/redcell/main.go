@@ -5,6 +5,7 @@
 //	redcell audit  --config FILE [--json]      prove money conservation across cells
 //	redcell bench  [flags]                     drive load through the router
 //	redcell plan   --target-opens-per-sec N    cells needed for a target load
+//	redcell apikey add|list|revoke             the API keys of the calling apps
 package main
 
 import (
@@ -25,6 +26,7 @@ commands:
   audit    check money conservation:  redcell audit --config FILE
   bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
   plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
+  apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
 
 Run 'redcell <command> -h' for the flags of a command.`
 
@@ -57,6 +59,8 @@ func run(ctx context.Context, args []string) error {
 		return runBench(ctx, args[1:])
 	case "plan":
 		return runPlan(ctx, args[1:])
+	case "apikey":
+		return runAPIKey(args[1:])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil

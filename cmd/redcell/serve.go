@@ -18,6 +18,7 @@ import (
 	"redcell/cell/admission"
 	"redcell/cell/guard"
 	"redcell/router"
+	"redcell/router/apikey"
 	"redcell/sharding/membership"
 	"redcell/storage"
 )
@@ -31,6 +32,7 @@ var _ admission.Memcache = (*guard.Memcache)(nil)
 var _ cell.Slots = (*admission.Slots)(nil)
 var _ cell.GrabCache = (*admission.Cache)(nil)
 var _ cell.Peers = (*membership.Node)(nil)
+var _ router.Keys = (*apikey.File)(nil)
 
 // newRegistry is the process's Prometheus registry (never the global default):
 // the Go runtime and process collectors, plus what the components register.
@@ -192,6 +194,14 @@ func runRouter(ctx context.Context, args []string) error {
 	if gossip == "" {
 		gossip = "127.0.0.1:7946"
 	}
+	keyPath, err := fc.apiKeysPath()
+	if err != nil {
+		return err
+	}
+	keys, err := apikey.Open(keyPath, log.With("component", "apikey"))
+	if err != nil {
+		return err
+	}
 	node, err := membership.Join(membership.Config{
 		Name: "router-" + cfg.Listen, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleRouter},
@@ -200,7 +210,7 @@ func runRouter(ctx context.Context, args []string) error {
 		return err
 	}
 	defer node.Leave(2 * time.Second)
-	rt, err := router.New(cfg, node, newRegistry(), log)
+	rt, err := router.New(cfg, node, keys, newRegistry(), log)
 	if err != nil {
 		return err
 	}
@@ -208,7 +218,15 @@ func runRouter(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return rt.Serve(ctx, ln)
+	admin, err := rt.ListenAdmin()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go keys.Watch(watchCtx, time.Second) // other routers and redcell apikey change the file too
+	return rt.Serve(ctx, ln, admin)
 }
 
 // servePprof serves net/http/pprof on addr (loopback only) when addr is set.

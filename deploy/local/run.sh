@@ -60,7 +60,7 @@ db1=$(free_port 23061); db2=$(free_port $((db1 + 1)))
 mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
-a1=$(free_port 9201); a2=$(free_port $((a1 + 1)))
+a0=$(free_port 9200); a1=$(free_port $((a0 + 1))); a2=$(free_port $((a1 + 1)))
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
@@ -73,11 +73,18 @@ sed -e "s/127.0.0.1:23061/127.0.0.1:$db1/; s/127.0.0.1:23062/127.0.0.1:$db2/" \
     -e "s/127.0.0.1:7946/127.0.0.1:$g0/g; s/127.0.0.1:7947/127.0.0.1:$g1/g; s/127.0.0.1:7948/127.0.0.1:$g2/g" \
     -e "s/127.0.0.1:9101/127.0.0.1:$c1/; s/127.0.0.1:9102/127.0.0.1:$c2/" \
     -e "s/127.0.0.1:8080/127.0.0.1:$rport/" \
-    -e "s/127.0.0.1:9201/127.0.0.1:$a1/; s/127.0.0.1:9202/127.0.0.1:$a2/" \
+    -e "s/127.0.0.1:9200/127.0.0.1:$a0/; s/127.0.0.1:9201/127.0.0.1:$a1/; s/127.0.0.1:9202/127.0.0.1:$a2/" \
     -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     "$here/redcell.yaml" >"$cfg"
 
+# The callers' API keys live in $VAR/api-keys.yaml (router.api_keys, hashes
+# only). A demo app with every scope gets a key once, in $VAR/api-key, before
+# the router starts; later runs keep using it (make clean forgets it).
+keyfile="$VAR/api-key"
+if [ ! -s "$keyfile" ] || ! "$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml" | grep -q "^$(cut -d_ -f2 "$keyfile") .* active$"; then
+  "$VAR/bin/redcell" apikey add --keys "$VAR/api-keys.yaml" --app demo --scopes all --out "$keyfile"
+fi
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
@@ -126,6 +133,10 @@ cat <<INFO
 
 redcell is serving.
   router     http://127.0.0.1:$rport        (public API; try: curl http://127.0.0.1:$rport/healthz)
+  API key    $keyfile (app "demo", every scope); send it with each request:
+               curl -H "Authorization: Bearer \$(cat $keyfile)" http://127.0.0.1:$rport/v1/accounts/alice
+             more keys: $VAR/bin/redcell apikey add --keys $VAR/api-keys.yaml --app NAME --scopes read,open
+  router admin 127.0.0.1:$a0 (GET /metrics; /admin/keys with the admin token)
   cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
   cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)
   admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg

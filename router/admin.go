@@ -1,0 +1,135 @@
+package router
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/cell/api"
+	"redcell/model"
+	"redcell/router/apikey"
+)
+
+// ErrAdminDisabled answers every admin route but /metrics when the router has
+// no admin token (403 ADMIN_DISABLED).
+var ErrAdminDisabled = &model.Error{Code: "ADMIN_DISABLED", Message: "admin routes are disabled: no admin_token is configured"}
+
+// KeyRequest is the body of POST /admin/keys: the app a new key is for and
+// the scopes it grants (apikey.Scopes; "all" is not taken here).
+type KeyRequest struct {
+	App    string         `json:"app"`
+	Scopes []apikey.Scope `json:"scopes"`
+}
+
+// KeyResponse answers POST /admin/keys: the entry and the key itself, which
+// is shown this once and stored nowhere.
+type KeyResponse struct {
+	apikey.Key
+	APIKey string `json:"api_key"`
+}
+
+// KeysResponse answers GET /admin/keys: every entry of the key file, revoked
+// ones included, without hashes.
+type KeysResponse struct {
+	Keys []apikey.Key `json:"keys"`
+}
+
+// handleAdmin serves the admin port: GET /metrics without a token (a scraper
+// should not hold the token that makes keys), and with
+// "Authorization: Bearer <admin_token>" GET and POST /admin/keys and DELETE
+// /admin/keys/{id}. Without a configured token every admin route is 403
+// ADMIN_DISABLED; a missing or wrong token is 401 UNAUTHENTICATED (compared in
+// constant time).
+func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
+	path, method := string(rc.Path()), string(rc.Method())
+	if path == "/metrics" && method == http.MethodGet {
+		r.metrics.serve(rc)
+		return
+	}
+	if r.cfg.AdminToken == "" {
+		r.writeAdminErr(rc, http.StatusForbidden, ErrAdminDisabled)
+		return
+	}
+	tok := bearer(&rc.Request.Header)
+	if tok == nil || subtle.ConstantTimeCompare(tok, []byte(r.cfg.AdminToken)) != 1 {
+		r.writeAdminErr(rc, http.StatusUnauthorized, model.Errorf(model.ErrUnauthenticated, "admin routes need Authorization: Bearer <admin_token>"))
+		return
+	}
+	id, isKey := strings.CutPrefix(path, "/admin/keys/")
+	switch {
+	case path == "/admin/keys" && method == http.MethodGet:
+		keys, err := r.keys.List()
+		if err != nil {
+			r.adminFailed(rc, err)
+			return
+		}
+		if keys == nil {
+			keys = []apikey.Key{}
+		}
+		r.writeAdminJSON(rc, KeysResponse{Keys: keys})
+	case path == "/admin/keys" && method == http.MethodPost:
+		var req KeyRequest
+		if err := decodeAdmin(rc, &req); err != nil {
+			r.writeErr(rc, err)
+			return
+		}
+		key, k, err := r.keys.Add(req.App, req.Scopes, time.Now())
+		if err != nil {
+			r.adminFailed(rc, err)
+			return
+		}
+		r.log.Info("API key added", "id", k.ID, "app", k.App, "scopes", k.Scopes)
+		r.writeAdminJSON(rc, KeyResponse{Key: k, APIKey: key})
+	case isKey && method == http.MethodDelete:
+		k, err := r.keys.Revoke(id, time.Now())
+		if err != nil {
+			r.adminFailed(rc, err)
+			return
+		}
+		r.log.Info("API key revoked", "id", k.ID, "app", k.App)
+		r.writeAdminJSON(rc, k)
+	default:
+		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+	}
+}
+
+// decodeAdmin decodes a JSON admin body strictly into v.
+func decodeAdmin(rc *fasthttp.RequestCtx, v any) error {
+	if !api.MediaTypeJSON(rc.Request.Header.ContentType()) {
+		return errMediaType
+	}
+	dec := json.NewDecoder(strings.NewReader(string(rc.PostBody())))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return model.Invalidf("the body must be one JSON object of the documented fields")
+	}
+	return nil
+}
+
+// adminFailed answers an error of the key file: an error with a code (a bad
+// request, an unknown id) as it is; anything else, which the file's I/O
+// returns, as 500 INTERNAL, logged.
+func (r *Router) adminFailed(rc *fasthttp.RequestCtx, err error) {
+	if code, _ := model.CodeOf(err); code == model.ErrInternal.Code {
+		r.log.Error("API key file", "err", err)
+	}
+	r.writeErr(rc, err)
+}
+
+func (r *Router) writeAdminJSON(rc *fasthttp.RequestCtx, v any) {
+	b, _ := json.Marshal(v)
+	rc.SetStatusCode(http.StatusOK)
+	rc.SetContentType("application/json")
+	rc.SetBody(b)
+}
+
+func (r *Router) writeAdminErr(rc *fasthttp.RequestCtx, status int, err error) {
+	_, body := api.ErrorJSON(err)
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.SetBody(body)
+}
