@@ -267,10 +267,14 @@ func TestAdminKeys(t *testing.T) {
 // startRouterOnFile starts a router on an existing key file, reloading it
 // every 50 ms as redcell router does every second, and returns its public URL.
 func startRouterOnFile(t *testing.T, routes Routes, path string) string {
+	return startRouterLogged(t, routes, path, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// startRouterLogged is startRouterOnFile with the router's log.
+func startRouterLogged(t *testing.T, routes Routes, path string, log *slog.Logger) string {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.ClusterSecret = "127.0.0.1:0", testSecret
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	keys, err := apikey.Open(path, log)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -298,4 +301,59 @@ func TestConfigNeedsClusterSecret(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestUnreachableCellLogsOnce: while a cell cannot be reached, the router
+// answers every request for its shards 503 CELL_UNAVAILABLE but logs the
+// outage once when it starts (a summary at most every 10 s), and once when
+// the cell answers again — not one line per request.
+func TestUnreachableCellLogsOnce(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) }), nil))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	all, _ := sharding.ParseRanges("0-999")
+	routes := &fixedRoutes{}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all}})
+	routes.m.Store(m)
+	url := startRouterLogged(t, routes, writeKeyFile(t, testEntry), log)
+	for i := range 200 { // many users: the per-user limit must not answer first
+		if st, code := get(t, url+"/v1/accounts/u"+strconv.Itoa(i)); st != 503 || code != "CELL_UNAVAILABLE" {
+			t.Fatalf("dead cell: %d %s", st, code)
+		}
+	}
+	var hits atomic.Int64
+	serveCellOn(t, addr, &hits)
+	if st, _ := get(t, url+"/v1/accounts/bob"); st != 200 {
+		t.Fatalf("cell back: %d", st)
+	}
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if n := strings.Count(out, "forwarding to cell failing"); n != 1 || strings.Count(out, "level=WARN") != 1 {
+		t.Errorf("200 refused requests logged %d start lines (want 1):\n%s", n, out)
+	}
+	if !strings.Contains(out, "forwarding to cell recovered") || !strings.Contains(out, "failures_total=200") {
+		t.Errorf("no recovery line with the count:\n%s", out)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// serveCellOn serves a fake cell (200 {}) on addr until the test ends.
+func serveCellOn(t *testing.T, addr string, hits *atomic.Int64) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) { hits.Add(1); rc.SetBodyString(`{}`) }}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"redcell/cell/api"
+	"redcell/internal/incident"
 	"redcell/model"
 	"redcell/router/apikey"
 	"redcell/sharding"
@@ -144,8 +145,8 @@ type Router struct {
 	// refusing must stay cheap when a flood is what is being refused.
 	refusals [limitKinds][routeCount][]byte
 
-	mu      sync.Mutex // guards clients
-	clients map[string]*fasthttp.HostClient
+	mu      sync.Mutex             // guards clients
+	clients map[string]*cellClient // by cell address
 }
 
 // New returns a router that authenticates callers with keys. Its metrics are
@@ -158,7 +159,7 @@ func New(cfg Config, routes Routes, keys Keys, reg *prometheus.Registry, log *sl
 	if keys == nil {
 		return nil, errors.New("router: an API key file is required (router.api_keys)")
 	}
-	r := &Router{cfg: cfg, routes: routes, keys: keys, log: log, clients: map[string]*fasthttp.HostClient{}, now: time.Now,
+	r := &Router{cfg: cfg, routes: routes, keys: keys, log: log, clients: map[string]*cellClient{}, now: time.Now,
 		limits: newRouteLimiters(cfg.RateLimits), users: newUserLimits(cfg.UserRate, cfg.UserLimitersMax),
 		signer: api.NewSigner(cfg.ClusterSecret)}
 	r.metrics = newMetrics(reg, r.users)
@@ -500,30 +501,60 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	// headers the client sent. Pooled: it allocates nothing.
 	r.signer.SignRequest(req, time.Now())
 	resp := &rc.Response
-	err := r.client(cell.Addr).DoDeadline(req, resp, deadline)
+	c := r.client(cell)
+	err := c.hc.DoDeadline(req, resp, deadline)
 	switch {
 	case err == nil:
+		c.down.OK()
 		return true
 	case errors.Is(err, fasthttp.ErrTimeout):
 		r.writeErr(rc, model.Errorf(model.ErrTimeout, "cell %s did not answer in time", cell.Name))
 	default:
-		r.log.Warn("cell unreachable", "cell", cell.Name, "addr", cell.Addr, "shard", shard, "err", err)
+		// Logged when it starts, summarized while it lasts, and when it ends:
+		// one line per refused request would flood the log in an outage.
+		c.down.Fail(err, "shard", shard)
 		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "cell %s owning shard %d is unreachable", cell.Name, shard))
 	}
 	return false
 }
 
-func (r *Router) client(addr string) *fasthttp.HostClient {
+// cellClient is the router's connection pool to one cell address, and that
+// address's record of being unreachable.
+type cellClient struct {
+	hc   *fasthttp.HostClient
+	down *incident.Tracker
+}
+
+// cellClientsMax bounds the pools kept: past it, pools of addresses that no
+// longer own a shard (cells that moved) are dropped when a new one is made.
+const cellClientsMax = 64
+
+func (r *Router) client(cell sharding.Cell) *cellClient {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c, ok := r.clients[addr]
+	c, ok := r.clients[cell.Addr]
 	if !ok {
-		c = &fasthttp.HostClient{
-			Addr: addr, Name: "redcell-router", MaxConns: r.cfg.MaxConnsPerCell,
-			ReadTimeout: r.cfg.RequestTimeout + time.Second, WriteTimeout: r.cfg.RequestTimeout + time.Second,
-			MaxIdleConnDuration: 30 * time.Second, MaxConnWaitTimeout: r.cfg.RequestTimeout,
+		if len(r.clients) >= cellClientsMax {
+			live := map[string]bool{}
+			for _, lc := range r.routes.Map().Cells() {
+				live[lc.Addr] = true
+			}
+			for addr, old := range r.clients {
+				if !live[addr] {
+					old.hc.CloseIdleConnections()
+					delete(r.clients, addr)
+				}
+			}
 		}
-		r.clients[addr] = c
+		c = &cellClient{
+			hc: &fasthttp.HostClient{
+				Addr: cell.Addr, Name: "redcell-router", MaxConns: r.cfg.MaxConnsPerCell,
+				ReadTimeout: r.cfg.RequestTimeout + time.Second, WriteTimeout: r.cfg.RequestTimeout + time.Second,
+				MaxIdleConnDuration: 30 * time.Second, MaxConnWaitTimeout: r.cfg.RequestTimeout,
+			},
+			down: incident.New(r.log.With("cell", cell.Name, "addr", cell.Addr), "forwarding to cell", incident.DefaultEvery),
+		}
+		r.clients[cell.Addr] = c
 	}
 	return c
 }
