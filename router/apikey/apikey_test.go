@@ -209,3 +209,16 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// BenchmarkCheck is the cost an API key adds to each request at the router.
+func BenchmarkCheck(b *testing.B) {
+	key, k, _ := Generate("bench", Scopes(), now)
+	set, _ := NewSet([]Key{k})
+	kb := []byte(key)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := set.Check(kb, ScopeOpen); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
