@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -23,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"redcell/cell/api"
@@ -279,20 +277,7 @@ func startRouterLogged(t *testing.T, routes Routes, path string, log *slog.Logge
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(cfg, routes, keys, prometheus.NewRegistry(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := r.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- r.Serve(ctx, ln, nil) }()
-	go func() { keys.Watch(ctx, 50*time.Millisecond); done <- nil }()
-	t.Cleanup(func() { cancel(); <-done; <-done })
-	return "http://" + ln.Addr().String()
+	return launchRouter(t, cfg, routes, keys, log, nil, 50*time.Millisecond)
 }
 
 func waitUntil(t *testing.T, what string, ok func() bool) {

@@ -123,6 +123,14 @@ func startRouterKeys(t *testing.T, routes Routes, tune func(*Config), now func()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return launchRouter(t, cfg, routes, keys, log, now, 0), keys
+}
+
+// launchRouter serves a router of cfg until the test ends and returns its
+// public URL (its admin URL goes into adminURLs). A watch interval > 0 reads
+// the key file again that often, as redcell router does every second.
+func launchRouter(t *testing.T, cfg Config, routes Routes, keys *apikey.File, log *slog.Logger, now func() time.Time, watch time.Duration) string {
+	t.Helper()
 	r, err := New(cfg, routes, keys, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
@@ -139,9 +147,15 @@ func startRouterKeys(t *testing.T, routes Routes, tune func(*Config), now func()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- r.Serve(ctx, ln, admin) }()
-	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		if watch > 0 {
+			keys.Watch(ctx, watch)
+		}
+		done <- nil
+	}()
+	t.Cleanup(func() { cancel(); <-done; <-done })
 	scheme := "http://"
 	if cfg.TLSCert != "" {
 		scheme = "https://"
@@ -150,7 +164,7 @@ func startRouterKeys(t *testing.T, routes Routes, tune func(*Config), now func()
 	if admin != nil {
 		adminURLs.Store(url, scheme+admin.Addr().String())
 	}
-	return url, keys
+	return url
 }
 
 // get sends GET url with testKey and returns the status and error code.
