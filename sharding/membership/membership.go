@@ -146,12 +146,12 @@ func Join(cfg Config) (*Node, error) {
 	mc.Events = events{n}
 	mc.Logger = nil
 	mc.LogOutput = &logWriter{log: cfg.Log}
+	cfg.Log.Info("joining gossip", "node", n.node, "bind", cfg.Bind)
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.Bind, err)
 	}
 	n.ml = ml
-	cfg.Log.Info("joined gossip", "node", n.node, "bind", cfg.Bind)
 	n.joinSeeds()
 	go n.rejoinLoop()
 	return n, nil
