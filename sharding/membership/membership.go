@@ -102,7 +102,11 @@ type member struct {
 }
 
 // Join starts gossiping on cfg.Bind and joins the seeds. Seeds that do not answer
-// yet are retried in the background until this node has company.
+// yet are retried in the background until this node has company. The process
+// joins under a memberlist node name of its own, cfg.Name + "#" + the Unix ms it
+// joined + "-" + 8 random hex digits, and announces cfg.Name and that stamp in
+// its metadata. Errors: a bad cfg.Bind, an empty cfg.Name, metadata above 512
+// bytes, or memberlist failing to start.
 func Join(cfg Config) (*Node, error) {
 	host, portStr, err := net.SplitHostPort(cfg.Bind)
 	if err != nil {
