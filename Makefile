@@ -17,7 +17,7 @@ run:
 test:
 	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
 
-## drill: the fault drills at full length (kill -9 a cell, restart a MariaDB, stop memcached,
+## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
 ## a cell leaving and rejoining, kill -9 the router, overload), each ending with a clean audit;
 ## make test runs a short version of the same drills
 drill:

@@ -173,7 +173,7 @@ func (s *Server) shardMap() api.ShardMapResponse {
 	}
 	out.Version, out.Uncovered = m.Version, m.Uncovered()
 	for _, c := range m.Cells() {
-		out.Cells = append(out.Cells, api.ShardMapCell{Name: c.Name, Addr: c.Addr, Shards: c.Shards.String()})
+		out.Cells = append(out.Cells, api.ShardMapCell{Name: c.Name, Addr: c.Addr, Shards: c.Shards.String(), StartedMS: c.Started})
 	}
 	return out
 }

@@ -561,9 +561,9 @@ func (r *Router) client(cell sharding.Cell) *cellClient {
 
 func (r *Router) healthz(rc *fasthttp.RequestCtx) {
 	m := r.routes.Map()
-	cells := []map[string]string{}
+	cells := []map[string]any{}
 	for _, c := range m.Cells() {
-		cells = append(cells, map[string]string{"name": c.Name, "addr": c.Addr, "shards": c.Shards.String()})
+		cells = append(cells, map[string]any{"name": c.Name, "addr": c.Addr, "shards": c.Shards.String(), "started_ms": c.Started})
 	}
 	status, code := "ok", http.StatusOK
 	if m.Uncovered() > 0 {

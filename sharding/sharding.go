@@ -94,10 +94,14 @@ func (r Ranges) String() string {
 
 // Cell is one cell as the routing table sees it.
 type Cell struct {
-	Name    string // unique cell name, e.g. "cell-1"
+	Name    string // cell name, e.g. "cell-1"; unique in a Map
 	Addr    string // HTTP host:port
 	Shards  Ranges
 	Version int64 // version of the shard map this cell announces
+	// Started is when the process serving the cell joined the cluster, Unix ms
+	// (0: not announced). A cell restarted is the same cell with a later
+	// Started; sharding/membership keeps the latest process of each name.
+	Started int64
 }
 
 // Map is an immutable shard → cell table. The zero Map routes nothing.
@@ -107,10 +111,11 @@ type Map struct {
 	cells   []Cell
 }
 
-// NewMap builds a Map from the cells' announcements. When two cells claim one
-// shard, the higher Version wins and ties go to the smaller name, so every
-// router builds the same Map from the same announcements; conflicts are returned
-// as descriptions for logging.
+// NewMap builds a Map from the cells' announcements, one per cell name (the
+// caller picks one process per name). When two cells claim one shard, the
+// higher Version wins and ties go to the smaller name, so every router builds
+// the same Map from the same announcements; conflicts are returned as
+// descriptions for logging.
 func NewMap(cells []Cell) (*Map, []string) {
 	sorted := append([]Cell(nil), cells...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })

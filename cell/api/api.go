@@ -311,6 +311,9 @@ type ShardMapCell struct {
 	Name   string `json:"name"`
 	Addr   string `json:"addr"`
 	Shards string `json:"shards"`
+	// StartedMS is when the process serving the cell joined the cluster,
+	// Unix ms: of two processes announcing one cell, the map uses the later.
+	StartedMS int64 `json:"started_ms"`
 }
 
 // PathSegments splits a request path as it came on the request line, still

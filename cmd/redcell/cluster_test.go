@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -70,38 +68,9 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// freePorts returns n distinct loopback ports, each free for TCP and UDP
-// (memberlist binds both). They are drawn from 20000-32767, below Linux's
-// ephemeral range, so outgoing connections made while the cluster starts
-// (MariaDB clients, gossip dials) cannot take one first, and none is handed
-// out twice.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	taken := map[int]bool{}
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 2000 {
-			t.Fatal("no free ports")
-		}
-		port := 20000 + rand.IntN(12768)
-		if taken[port] {
-			continue
-		}
-		taken[port] = true
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err != nil {
-			continue
-		}
-		u.Close()
-		ports = append(ports, port)
-	}
-	return ports
-}
+// freePorts returns n distinct loopback ports free for TCP and UDP (see
+// testenv.FreePorts).
+func freePorts(t *testing.T, n int) []int { return testenv.FreePorts(t, n) }
 
 // startCluster starts the cluster of the end-to-end test on the test MariaDB
 // servers and memcached of make test.

@@ -623,8 +623,82 @@ func waitServes(t *testing.T, c *cluster, act string, limit time.Duration) time.
 		if time.Since(start) > limit {
 			t.Fatalf("%s still refused (%s) after %s", act, code, limit)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// rejoinLimit is what docs/operations.md promises: a cell started again under
+// its name, on any ports and however the old process ended, is served through
+// the router within 3 s of being ready.
+const rejoinLimit = 3 * time.Second
+
+// routerCell is a cell as the router's GET /healthz lists it.
+type routerCell struct {
+	Name      string `json:"name"`
+	Addr      string `json:"addr"`
+	StartedMS int64  `json:"started_ms"`
+}
+
+// routerSees returns the entries the router's /healthz lists under cell's name.
+func routerSees(t *testing.T, c *cluster, cell string) []routerCell {
+	t.Helper()
+	var h struct {
+		Cells []routerCell `json:"cells"`
+	}
+	if st, code := do(t, "GET", c.routerURL()+"/healthz", nil, &h); st != 200 {
+		t.Fatalf("router /healthz: %d %s", st, code)
+	}
+	var out []routerCell
+	for _, rc := range h.Cells {
+		if rc.Name == cell {
+			out = append(out, rc)
+		}
+	}
+	return out
+}
+
+// restartServes starts a killed or stopped cell again and waits until it is
+// ready — its own GET /healthz, on the port it now listens on, answers 200
+// (database reachable, not draining; a cell serves HTTP only after it has
+// joined gossip) — then until the router serves act, one of its accounts. It
+// returns both durations: from the start to ready, and from ready to served.
+// Served later than rejoinLimit after ready is an error, and so is a router
+// /healthz that does not then list the cell once, at its new address, as a
+// process started after the one in before (what it listed before the fault).
+func restartServes(t *testing.T, c *cluster, cell, act string, before []routerCell) (ready, serves time.Duration) {
+	t.Helper()
+	start := time.Now()
+	c.restart(t, cell)
+	c.mu.Lock()
+	addr := strings.TrimPrefix(c.cellURL[cell], "http://")
+	c.mu.Unlock()
+	url := "http://" + addr + "/healthz"
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		resp, err := hc.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("%s started again: its /healthz never answered 200 (%v)", cell, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ready = time.Since(start)
+	serves = waitServes(t, c, act, 60*time.Second)
+	if serves > rejoinLimit {
+		t.Errorf("%s was ready %s after it started and the router served its shards only %s after that, want within %s",
+			cell, ready.Round(time.Millisecond), serves.Round(time.Millisecond), rejoinLimit)
+	}
+	now := routerSees(t, c, cell)
+	if len(before) != 1 || len(now) != 1 || now[0].Addr != addr || now[0].StartedMS <= before[0].StartedMS {
+		t.Errorf("router /healthz lists %s as %+v before the fault and %+v after; want one entry each, after it the new process at %s, started later",
+			cell, before, now, addr)
+	}
+	return ready, serves
 }
 
 type drill struct {
@@ -647,10 +721,26 @@ func TestDrill(t *testing.T) {
 
 	drills := []drill{
 		{"cell_kill", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			before := routerSees(t, c, "cell-1")
+			killed := time.Now()
 			c.kill(t, "cell-1")
 			time.Sleep(window / 4)
-			c.restart(t, "cell-1")
-			t.Logf("cell-1 killed with SIGKILL and started again; serving again after %s", waitServes(t, c, cell1Act, 60*time.Second))
+			ready, serves := restartServes(t, c, "cell-1", cell1Act, before)
+			t.Logf("cell-1 killed with SIGKILL and started again on the same ports: ready %s after the start, served through the router %s after that (%s after the kill)",
+				ready.Round(time.Millisecond), serves.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+		}},
+		{"cell_kill_move", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			before := routerSees(t, c, "cell-1")
+			killed := time.Now()
+			c.kill(t, "cell-1")
+			time.Sleep(window / 4)
+			c.mu.Lock()
+			c.movePorts(t, "cell-1")
+			c.mu.Unlock()
+			ready, serves := restartServes(t, c, "cell-1", cell1Act, before)
+			t.Logf("cell-1 killed with SIGKILL and started again on new ports (HTTP %d, gossip %d, admin %d): ready %s after the start, served through the router %s after that (%s after the kill)",
+				c.port["cell-1"], c.port["cell-1-gossip"], c.port["cell-1-admin"], ready.Round(time.Millisecond), serves.Round(time.Millisecond),
+				time.Since(killed).Round(time.Millisecond))
 		}},
 		{"db_restart", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
 			d.killDB(t, 1)
@@ -709,6 +799,7 @@ func TestDrill(t *testing.T) {
 				to.Sub(from).Round(time.Millisecond), during, before, after, l.localGrabs.Load())
 		}},
 		{"cell_leave", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
+			before := routerSees(t, c, "cell-2")
 			start := time.Now()
 			var exited time.Duration
 			stopped := make(chan struct{})
@@ -741,9 +832,9 @@ func TestDrill(t *testing.T) {
 			c.mu.Lock()
 			c.movePorts(t, "cell-2")
 			c.mu.Unlock()
-			c.restart(t, "cell-2")
-			t.Logf("cell-2 stopped (left and drained in %s): its shards answered 503 within %s of SIGTERM, cell-1's still served; back on new port %d after %s",
-				exited.Round(time.Millisecond), refused.Round(time.Millisecond), c.port["cell-2"], waitServes(t, c, cell2Act, 60*time.Second))
+			ready, serves := restartServes(t, c, "cell-2", cell2Act, before)
+			t.Logf("cell-2 stopped (left and drained in %s): its shards answered 503 within %s of SIGTERM, cell-1's still served; started again on new port %d: ready %s after the start, served through the router %s after that",
+				exited.Round(time.Millisecond), refused.Round(time.Millisecond), c.port["cell-2"], ready.Round(time.Millisecond), serves.Round(time.Millisecond))
 		}},
 		{"relay_off", func(t *testing.T, c *cluster, d *drillDeps, l *drillLoad, window time.Duration) {
 			for _, cell := range []string{"cell-1", "cell-2"} {

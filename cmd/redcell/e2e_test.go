@@ -214,7 +214,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("/admin/shards without the token: %d", st)
 	}
 	if st, m := shards("e2e-admin-token-0123"); st != 200 || m.Cell != "cell-1" || m.Shards != "0-499" || m.Uncovered != 0 || len(m.Cells) != 2 ||
-		m.Cells[0].Addr != strings.TrimPrefix(c.cellURL[m.Cells[0].Name], "http://") {
+		m.Cells[0].Addr != strings.TrimPrefix(c.cellURL[m.Cells[0].Name], "http://") || m.Cells[0].StartedMS == 0 {
 		t.Fatalf("/admin/shards: %d %+v", st, m)
 	}
 

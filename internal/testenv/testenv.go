@@ -1,6 +1,7 @@
 // Package testenv gives tests the real MariaDB and memcached that
-// deploy/local/testenv.sh (make test) starts. Outside CI a test without them
-// skips; in CI (CI set) it fails, so nothing real is ever silently skipped there.
+// deploy/local/testenv.sh (make test) starts, and free loopback ports. Outside
+// CI a test without the servers skips; in CI (CI set) it fails, so nothing real
+// is ever silently skipped there.
 package testenv
 
 import (

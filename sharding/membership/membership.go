@@ -1,14 +1,28 @@
 // Package membership joins redcell's processes with hashicorp/memberlist. Each
-// cell announces, in its node metadata, its HTTP address and the shards it owns;
-// every member turns what it hears into a sharding.Map snapshot.
+// cell announces, in its node metadata, its name, when its process started, its
+// HTTP address and the shards it owns; every member turns what it hears into a
+// sharding.Map snapshot.
+//
+// Memberlist keys members by node name and refuses a known name from a new
+// address until the old holder is declared dead, which after a crash takes its
+// suspicion timeout (about 20 s here). So every process joins under a node name
+// of its own, the cell name plus a start stamp and a random suffix, and carries
+// the cell name in its metadata: a cell started again, on any address, is a new
+// member at once. When two live members announce one cell name (a crashed
+// process not yet declared dead, or two processes started by mistake), the map
+// uses the one that started last and ignores the other.
 package membership
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,7 +42,14 @@ const (
 // Meta is the node metadata a member announces (memberlist caps it at 512 bytes,
 // so shards travel as ranges, e.g. "0-499").
 type Meta struct {
-	Role    string `json:"r"`
+	Role string `json:"r"`
+	// Name is the cell's (or router's) name; Join sets it from Config.Name. A
+	// member without one (a process from before names were announced) is
+	// taken to be called by its node name.
+	Name string `json:"n,omitempty"`
+	// Started is when this process joined, Unix ms; Join sets it. Of two
+	// members announcing one cell name, the map uses the greater (0 loses).
+	Started int64  `json:"i,omitempty"`
 	Addr    string `json:"a,omitempty"` // HTTP host:port of a cell
 	Shards  string `json:"s,omitempty"` // sharding.Ranges of a cell
 	Version int64  `json:"v,omitempty"` // shard map version the cell announces
@@ -36,31 +57,56 @@ type Meta struct {
 
 // Config says how to join.
 type Config struct {
-	Name  string   // unique member name, e.g. "cell-1" or "router"
+	// Name is the cell's name ("cell-1") or the router's ("router-<listen>"):
+	// the name routing and logs know it by. It is not the memberlist node
+	// name, which Join makes unique for each process.
+	Name  string
 	Bind  string   // gossip host:port (UDP and TCP)
 	Seeds []string // gossip addresses to join; unreachable ones are retried
-	Meta  Meta
+	Meta  Meta     // Name and Started are set by Join
 	Log   *slog.Logger
 	// OnChange is called with every new Map (optional). It must not block long.
 	OnChange func(m *sharding.Map)
 }
 
+// supersededAlarm is how long a member may stay alive while a later process
+// announces its cell name before every member logs it as a second live process
+// at ERROR. Memberlist declares a crashed process dead within about 20 s here
+// (probe, then a suspicion timeout of at most SuspicionMaxTimeoutMult 6 x
+// SuspicionMult 3 x ProbeInterval 1 s below 10 members, twice that below 100),
+// so a superseded member still alive after 60 s is running.
+const supersededAlarm = 60 * time.Second
+
 // Node is this process's membership. Safe for concurrent use.
 type Node struct {
-	cfg  Config
-	ml   *memberlist.Memberlist
-	meta []byte
-	view atomic.Pointer[sharding.Map]
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	cfg     Config
+	node    string // memberlist node name: cfg.Name, "#", started, "-", 8 random hex digits
+	started int64  // Unix ms
+	ml      *memberlist.Memberlist
+	meta    []byte
+	view    atomic.Pointer[sharding.Map]
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
 
-	mu    sync.Mutex // guards cells
-	cells map[string]sharding.Cell
+	mu         sync.Mutex           // guards members, published, superseded
+	members    map[string]member    // live cell processes by node name, superseded ones included
+	published  []sharding.Cell      // the cells of the Map last published, by name
+	superseded map[string]time.Time // node name -> since when a later process announces its cell (zero once alarmed)
+}
+
+// member is one live cell process as memberlist reports it.
+type member struct {
+	node string        // memberlist node name, unique per process
+	cell sharding.Cell // cell.Name is the cell's name, shared by its processes
 }
 
 // Join starts gossiping on cfg.Bind and joins the seeds. Seeds that do not answer
-// yet are retried in the background until this node has company.
+// yet are retried in the background until this node has company. The process
+// joins under a memberlist node name of its own, cfg.Name + "#" + the Unix ms it
+// joined + "-" + 8 random hex digits, and announces cfg.Name and that stamp in
+// its metadata. Errors: a bad cfg.Bind, an empty cfg.Name, metadata above 512
+// bytes, or memberlist failing to start.
 func Join(cfg Config) (*Node, error) {
 	host, portStr, err := net.SplitHostPort(cfg.Bind)
 	if err != nil {
@@ -70,24 +116,41 @@ func Join(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: bind port %q: %w", portStr, err)
 	}
+	if cfg.Name == "" {
+		return nil, fmt.Errorf("membership: empty name")
+	}
+	started := time.Now().UnixMilli()
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	cfg.Meta.Name, cfg.Meta.Started = cfg.Name, started
 	meta, err := json.Marshal(cfg.Meta)
 	if err != nil || len(meta) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("membership: metadata too large or invalid (%d bytes)", len(meta))
 	}
-	n := &Node{cfg: cfg, meta: meta, cells: map[string]sharding.Cell{}, stop: make(chan struct{}), done: make(chan struct{})}
+	n := &Node{cfg: cfg, node: fmt.Sprintf("%s#%d-%s", cfg.Name, started, hex.EncodeToString(suffix[:])), started: started,
+		meta: meta, members: map[string]member{}, superseded: map[string]time.Time{},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	empty, _ := sharding.NewMap(nil)
 	n.view.Store(empty)
 
 	mc := memberlist.DefaultLocalConfig()
-	mc.Name = cfg.Name
+	// Unique per process: memberlist would refuse a known name from a new
+	// address until the old holder is declared dead (see the package comment).
+	mc.Name = n.node
 	mc.BindAddr, mc.BindPort = host, port
 	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	// A leave (and every other broadcast) is sent in RetransmitMult x
+	// ceil(log10(n+1)) packets, gossip and probes alike. DefaultLocalConfig's
+	// 2 makes that 2 packets in a cluster of a few members; with a crashed
+	// process not yet declared dead among them, both can go to it, and the
+	// others learn of the leave only by probing, seconds later (seen in
+	// TestRouterRejoin). 4, as in memberlist's LAN config.
+	mc.RetransmitMult = 4
 	mc.Delegate = delegate{n}
 	mc.Events = events{n}
-	// A cell that restarts under the same name on a new port is taken back at once.
-	mc.DeadNodeReclaimTime = time.Second
 	mc.Logger = nil
 	mc.LogOutput = &logWriter{log: cfg.Log}
+	cfg.Log.Info("joining gossip", "node", n.node, "bind", cfg.Bind)
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.Bind, err)
@@ -114,7 +177,8 @@ func (n *Node) joinSeeds() {
 }
 
 // rejoinLoop retries the seeds every 2 s while this node knows no other member,
-// so start order does not matter and a partition heals by itself.
+// so start order does not matter and a partition heals by itself. It also
+// raises the alarm about superseded processes that stay alive.
 func (n *Node) rejoinLoop() {
 	defer close(n.done)
 	t := time.NewTicker(2 * time.Second)
@@ -127,6 +191,7 @@ func (n *Node) rejoinLoop() {
 			if n.ml.NumMembers() <= 1 {
 				n.joinSeeds()
 			}
+			n.alarmSuperseded(time.Now())
 		}
 	}
 }
@@ -175,28 +240,39 @@ func (n *Node) upsert(node *memberlist.Node) {
 		n.remove(node.Name)
 		return
 	}
+	if m.Name == "" {
+		m.Name = node.Name // announced before cell names were: its node name is the cell name
+	}
 	n.mu.Lock()
-	n.cells[node.Name] = sharding.Cell{Name: node.Name, Addr: m.Addr, Shards: r, Version: m.Version}
+	n.members[node.Name] = member{node: node.Name, cell: sharding.Cell{Name: m.Name, Addr: m.Addr, Shards: r, Version: m.Version, Started: m.Started}}
 	n.rebuildLocked()
 	n.mu.Unlock()
 }
 
-func (n *Node) remove(name string) {
+func (n *Node) remove(node string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if _, ok := n.cells[name]; !ok {
+	if _, ok := n.members[node]; !ok {
 		return
 	}
-	delete(n.cells, name)
+	delete(n.members, node)
 	n.rebuildLocked()
 }
 
-// rebuildLocked publishes a new Map; n.mu must be held.
+// rebuildLocked publishes a new Map when the cells it would hold differ from
+// the last one's, so a superseded process that keeps gossiping changes
+// nothing; n.mu must be held.
 func (n *Node) rebuildLocked() {
-	cells := make([]sharding.Cell, 0, len(n.cells))
-	for _, c := range n.cells {
-		cells = append(cells, c)
+	kept, superseded := newest(n.members)
+	n.noteSupersededLocked(kept, superseded)
+	cells := make([]sharding.Cell, len(kept))
+	for i, m := range kept {
+		cells[i] = m.cell
 	}
+	if slices.EqualFunc(cells, n.published, sameCell) {
+		return
+	}
+	n.published = cells
 	m, conflicts := sharding.NewMap(cells)
 	for _, c := range conflicts {
 		n.cfg.Log.Warn("shard map conflict", "detail", c)
@@ -205,6 +281,96 @@ func (n *Node) rebuildLocked() {
 	n.cfg.Log.Info("shard map changed", "cells", len(cells), "uncovered_shards", m.Uncovered(), "version", m.Version)
 	if n.cfg.OnChange != nil {
 		n.cfg.OnChange(m)
+	}
+}
+
+// newest keeps, of the members announcing one cell name, the process that
+// started last (equal stamps: the greater node name), so every member that
+// has heard the same announcements routes to the same process. It returns the
+// kept members sorted by cell name and the ones passed over sorted by node
+// name.
+func newest(members map[string]member) (kept, superseded []member) {
+	best := map[string]member{}
+	for _, m := range members {
+		b, ok := best[m.cell.Name]
+		switch {
+		case !ok:
+			best[m.cell.Name] = m
+		case later(m, b):
+			best[m.cell.Name] = m
+			superseded = append(superseded, b)
+		default:
+			superseded = append(superseded, m)
+		}
+	}
+	kept = make([]member, 0, len(best))
+	for _, m := range best {
+		kept = append(kept, m)
+	}
+	sort.Slice(kept, func(i, j int) bool { return kept[i].cell.Name < kept[j].cell.Name })
+	sort.Slice(superseded, func(i, j int) bool { return superseded[i].node < superseded[j].node })
+	return kept, superseded
+}
+
+// later reports whether process a started after process b.
+func later(a, b member) bool {
+	if a.cell.Started != b.cell.Started {
+		return a.cell.Started > b.cell.Started
+	}
+	return a.node > b.node
+}
+
+func sameCell(a, b sharding.Cell) bool {
+	return a.Name == b.Name && a.Addr == b.Addr && a.Version == b.Version && a.Started == b.Started && slices.Equal(a.Shards, b.Shards)
+}
+
+// noteSupersededLocked logs each member when it is first passed over: at
+// ERROR when it is this process (two processes run as one cell, and routers
+// now send this one nothing), else at WARN (usually a process that crashed
+// and is not yet declared dead). n.mu must be held.
+func (n *Node) noteSupersededLocked(kept, superseded []member) {
+	now := time.Now()
+	byName := make(map[string]member, len(kept))
+	for _, m := range kept {
+		byName[m.cell.Name] = m
+	}
+	current := make(map[string]bool, len(superseded))
+	for _, m := range superseded {
+		current[m.node] = true
+		if _, ok := n.superseded[m.node]; ok {
+			continue
+		}
+		n.superseded[m.node] = now
+		w := byName[m.cell.Name]
+		if m.node == n.node {
+			n.cfg.Log.Error("another process announces this cell and started later: routers send this process nothing now; stop one of them",
+				"cell", m.cell.Name, "node", m.node, "other_node", w.node, "other_addr", w.cell.Addr)
+			continue
+		}
+		n.cfg.Log.Warn("a later process announces a cell: the earlier one is ignored (it crashed and is not yet declared dead, or runs twice)",
+			"cell", m.cell.Name, "ignored_node", m.node, "ignored_addr", m.cell.Addr, "node", w.node, "addr", w.cell.Addr)
+	}
+	for node := range n.superseded {
+		if !current[node] {
+			delete(n.superseded, node)
+		}
+	}
+}
+
+// alarmSuperseded logs, at ERROR and once each, the superseded members still
+// alive supersededAlarm after a later process of their cell appeared: a crash
+// would have been detected by then, so two processes run as one cell.
+func (n *Node) alarmSuperseded(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for node, since := range n.superseded {
+		if since.IsZero() || now.Sub(since) < supersededAlarm {
+			continue
+		}
+		m := n.members[node]
+		n.cfg.Log.Error("two live processes announce one cell: the earlier is still alive, so it did not crash; routers use the later; stop one of them",
+			"cell", m.cell.Name, "ignored_node", node, "ignored_addr", m.cell.Addr, "for", now.Sub(since).Round(time.Second))
+		n.superseded[node] = time.Time{} // alarmed: once is enough
 	}
 }
 
@@ -238,6 +404,10 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	switch {
 	case bytes.Contains(p, []byte("use of closed network connection")):
 		// memberlist's own shutdown racing its gossip timer: not a fault.
+	case bytes.Contains(p, []byte("Got ping for unexpected node")):
+		// A probe for the process that held this gossip port before (a restart
+		// on the same port): expected until the others declare it dead.
+		w.log.Info("memberlist", "msg", line)
 	case bytes.Contains(p, []byte("[ERR]")):
 		w.log.Error("memberlist", "msg", line)
 	case bytes.Contains(p, []byte("[WARN]")):
