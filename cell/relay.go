@@ -168,40 +168,64 @@ func (r *relay) deliver(ctx context.Context, credits []model.Credit) int {
 	}
 	delivered := 0
 	if len(local) > 0 {
-		if _, err := r.sp.store.ApplyCredits(ctx, local); err != nil {
+		if _, deferred, err := r.sp.store.ApplyCredits(ctx, local); err != nil {
 			r.s.stats.relayErrors.Add(1)
 			r.s.log.Warn("local credit failed", "credits", len(local), "err", err)
 		} else {
-			delivered += r.mark(ctx, local)
+			delivered += r.mark(ctx, except(local, deferred))
 		}
 	}
 	for addr, cs := range remote {
-		if err := r.post(addr, cs); err != nil {
+		deferred, err := r.post(addr, cs)
+		if err != nil {
 			r.s.stats.relayErrors.Add(1)
 			r.s.log.Warn("relay to cell failed", "addr", addr, "credits", len(cs), "err", err)
 			continue
 		}
-		delivered += r.mark(ctx, cs)
+		delivered += r.mark(ctx, except(cs, deferred))
 	}
 	return delivered
 }
 
+// except returns the credits of cs whose claim IDs are not in ids.
+func except(cs []model.Credit, ids []string) []model.Credit {
+	if len(ids) == 0 {
+		return cs
+	}
+	skip := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		skip[id] = true
+	}
+	var out []model.Credit
+	for _, c := range cs {
+		if !skip[c.ClaimID] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 func (r *relay) mark(ctx context.Context, cs []model.Credit) int {
-	if err := r.sp.store.MarkDelivered(ctx, cs); err != nil {
+	if len(cs) == 0 {
+		return 0
+	}
+	skipped, err := r.sp.store.MarkDelivered(ctx, cs)
+	if err != nil {
 		// Delivered but not marked: the next scan delivers again, which the
 		// receiver ignores.
 		r.s.log.Warn("mark delivered failed", "credits", len(cs), "err", err)
 		return 0
 	}
-	r.s.stats.relayed.Add(int64(len(cs)))
-	return len(cs)
+	r.s.stats.relayed.Add(int64(len(cs) - skipped))
+	return len(cs) - skipped
 }
 
-// post sends one batch of credits to a cell's /internal/credits.
-func (r *relay) post(addr string, cs []model.Credit) error {
+// post sends one batch of credits to a cell's /internal/credits and returns
+// the claim IDs the receiver deferred.
+func (r *relay) post(addr string, cs []model.Credit) ([]string, error) {
 	body, err := json.Marshal(api.CreditsRequest{Credits: cs})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -212,15 +236,20 @@ func (r *relay) post(addr string, cs []model.Credit) error {
 	req.SetBody(body)
 	deadline := time.Now().Add(relayTimeout)
 	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	req.Header.Set(api.HeaderPartial, "1") // this relay reads the deferred list
 	if r.sp.stress {
 		req.Header.Set(api.HeaderStress, "1") // shadow claims go to shadow wallets
 	}
 	r.s.signer.SignRequest(req, r.s.now()) // last: it covers the target, the stress flag and the body
 	if err := r.client.DoDeadline(req, resp, deadline); err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {
-		return fmt.Errorf("cell answered %d: %s", resp.StatusCode(), resp.Body())
+		return nil, fmt.Errorf("cell answered %d: %s", resp.StatusCode(), resp.Body())
 	}
-	return nil
+	var out api.CreditsResponse
+	if err := json.Unmarshal(resp.Body(), &out); err != nil {
+		return nil, fmt.Errorf("cell answered %q: %w", resp.Body(), err)
+	}
+	return out.Deferred, nil
 }
