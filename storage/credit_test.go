@@ -111,11 +111,25 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	}
 	releaseRow()
 	releaseGap()
-	for i, want := range []int{2, 0} {
-		applied, deferred, err := m.ApplyCredits(bg, credits)
-		if err != nil || applied != want || len(deferred) != 0 {
-			t.Fatalf("delivery %d after the locks: applied %d, deferred %v, err %v; want %d applied", i+2, applied, deferred, err, want)
+	// Now the two apply. Another transaction on a neighbouring key of the flow
+	// index (InnoDB's duplicate check locks the next record too) could still
+	// defer one for a moment, as it would a relay's delivery: retry briefly.
+	total := 0
+	for try := 0; try < 20 && total < 2; try++ {
+		applied, _, err := m.ApplyCredits(bg, credits)
+		if err != nil {
+			t.Fatal(err)
 		}
+		total += applied
+		if total < 2 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if total != 2 {
+		t.Fatalf("after the locks: %d applied, want the 2 deferred ones", total)
+	}
+	if applied, deferred, err := m.ApplyCredits(bg, credits); err != nil || applied != 0 || len(deferred) != 0 {
+		t.Fatalf("one more delivery: applied %d, deferred %v, err %v; want nothing", applied, deferred, err)
 	}
 	for _, c := range credits {
 		if b, n := balance(t, m, c.ActID), creditFlows(t, m, c); b != c.Amount || n != 1 {

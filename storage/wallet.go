@@ -233,14 +233,14 @@ func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (mod
 // commits. The caller retries deferred credits later. Every credit neither
 // applied nor deferred had been applied before.
 //
-// Per credit, in one lock order (shard, act_id, claim ID): lock the account
-// row (creating it at 0), insert the flow row, raise the balance; the first
-// two without waiting (innodb_lock_wait_timeout=0 for that statement, whose
-// error 1205 rolls back only that statement; MariaDB's default
-// innodb_rollback_on_timeout=OFF keeps the transaction). The balance is
-// raised only after the flow row went in, and cannot wait: the row is locked
-// by then. Should it fail anyway, the whole transaction rolls back, so a flow
-// row never commits without its balance change, nor the reverse.
+// Per credit, in one lock order (shard, act_id, claim ID): insert the flow
+// row, then raise the balance (creating the account row), each without
+// waiting (innodb_lock_wait_timeout=0 for that statement; its error 1205 rolls
+// back only that statement, MariaDB's default innodb_rollback_on_timeout=OFF
+// keeping the transaction). When the account row is held, the flow row just
+// inserted is deleted again (it is this transaction's own, so that cannot
+// wait); any other failure rolls the whole transaction back. So a flow row
+// never commits without its balance change, nor the reverse.
 func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
 	if len(credits) == 0 {
 		return 0, nil, nil
@@ -295,25 +295,15 @@ const (
 // transaction holds (MariaDB's SET STATEMENT ... FOR, statement-scoped).
 const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 
-// creditOne books one credit inside tx (see ApplyCredits). An error other than
-// a lock it could not take must fail the whole transaction.
+// creditOne books one credit inside tx (see ApplyCredits). An error must fail
+// the whole transaction.
 func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64) (creditOutcome, error) {
-	// Take the account row first (ON DUPLICATE KEY UPDATE locks an existing row
-	// exclusively; a new one is ours): from here on the balance update cannot wait.
-	_, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+
-		" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id", c.ActID, now)
-	if isMySQLErr(err, errLockWait) {
-		return creditDeferred, nil // nothing of this credit written
-	}
-	if err != nil {
-		return 0, err
-	}
 	// Only a duplicate order number is ignored (0 rows affected).
 	res, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.flowTable(c.Shard)+
 		" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
 		c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
 	if isMySQLErr(err, errLockWait) {
-		return creditDeferred, nil // at most an account row at 0 was made, which is no change of money
+		return creditDeferred, stillInTx(ctx, tx) // nothing of this credit written
 	}
 	if err != nil {
 		return 0, err
@@ -325,9 +315,37 @@ func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now i
 	if n == 0 {
 		return creditRepeat, nil
 	}
-	if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(c.Shard)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
-		c.Amount, now, c.ActID); err != nil {
-		return 0, fmt.Errorf("storage: credit %s after its flow row: %w", c.ClaimID, err)
+	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+
+		" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
+		c.ActID, c.Amount, now)
+	if isMySQLErr(err, errLockWait) {
+		if err := stillInTx(ctx, tx); err != nil {
+			return 0, err
+		}
+		// The wallet row is held: take the flow row back out (it is ours, so
+		// this cannot wait). Should that fail, the whole transaction rolls back.
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+m.flowTable(c.Shard)+" WHERE act_id = ? AND order_no = ?", c.ActID, "claim:"+c.ClaimID); err != nil {
+			return 0, fmt.Errorf("storage: take back the flow row of deferred credit %s: %w", c.ClaimID, err)
+		}
+		return creditDeferred, nil
+	}
+	if err != nil {
+		return 0, err
 	}
 	return creditApplied, nil
+}
+
+// stillInTx checks, after a statement failed with a lock wait timeout, that
+// only that statement was rolled back. A server run with
+// innodb_rollback_on_timeout=ON rolls back the whole transaction instead, and
+// what followed would run outside it: the batch must then fail as a whole.
+func stillInTx(ctx context.Context, tx *sql.Tx) error {
+	var in int
+	if err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&in); err != nil {
+		return fmt.Errorf("storage: after a lock wait: %w", err)
+	}
+	if in != 1 {
+		return errors.New("storage: a lock wait timeout ended the whole transaction (innodb_rollback_on_timeout=ON); credits need it OFF")
+	}
+	return nil
 }
