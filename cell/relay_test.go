@@ -53,18 +53,6 @@ func actsInShard(t *testing.T, prefix string, sh model.ShardID, n int) []string 
 	return out
 }
 
-// openEach opens packet id at cell c for each claimant in turn, as the groups
-// say (claimant -> kind, database holding its wallet).
-func openEach(t *testing.T, c *testCell, id string, order []string, kind map[string]string, db map[string]*sql.DB) []*probeClaim {
-	t.Helper()
-	var out []*probeClaim
-	for _, act := range order {
-		claim := openOne(t, c, nil, id, act)
-		out = append(out, &probeClaim{act: act, kind: kind[act], db: db[act], claim: claim, answered: time.Now()})
-	}
-	return out
-}
-
 // interleave takes one from each group in turn until all are used.
 func interleave(groups ...[]string) []string {
 	var out []string
@@ -100,30 +88,164 @@ func walletBalance(t *testing.T, db *sql.DB, act string) int64 {
 	return b
 }
 
-// probe polls, every 10 ms for up to limit, the balances of the claims not yet
-// credited (and, with outbox set, the sender's outbox state of the claims not
-// yet marked), noting when each first shows; it returns when done reports true
-// or the time is up, and says which.
-func probe(t *testing.T, claims []*probeClaim, outbox *sql.DB, limit time.Duration, done func() bool) bool {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		for _, c := range claims {
-			if c.credited.IsZero() && walletBalance(t, c.db, c.act) == c.claim.Amount {
-				c.credited = time.Now()
-			}
-			if outbox != nil && c.marked.IsZero() && outboxState(t, outbox, "", c.claim.ClaimID) == 1 {
-				c.marked = time.Now()
+// creditWatch follows claims, from its own goroutine, from the moment each is
+// answered: every 5 ms it reads the balances of those not credited yet (one
+// query per account table) and, given the sender's database, their outbox
+// rows, and notes when each first shows credited, and marked delivered.
+type creditWatch struct {
+	outbox *sql.DB // the sender cell's database; nil: marks not watched
+
+	mu     sync.Mutex // guards claims, the times in them, and errs
+	claims []*probeClaim
+	errs   []error
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func watchCredits(t *testing.T, outbox *sql.DB) *creditWatch {
+	w := &creditWatch{outbox: outbox, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			w.poll()
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(5 * time.Millisecond):
 			}
 		}
-		if done() {
+	}()
+	t.Cleanup(func() {
+		w.halt()
+		for _, err := range w.errs {
+			t.Errorf("watching credits: %v", err)
+		}
+	})
+	return w
+}
+
+// halt stops the polling; the times stay as they are.
+func (w *creditWatch) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// open opens packet id at cell c for each claimant in turn (kind and the
+// database holding its wallet as the maps say) and watches each claim from
+// its answer on.
+func (w *creditWatch) open(t *testing.T, c *testCell, id string, order []string, kind map[string]string, db map[string]*sql.DB) []*probeClaim {
+	t.Helper()
+	var out []*probeClaim
+	for _, act := range order {
+		claim := openOne(t, c, nil, id, act)
+		pc := &probeClaim{act: act, kind: kind[act], db: db[act], claim: claim, answered: time.Now()}
+		w.mu.Lock()
+		w.claims = append(w.claims, pc)
+		w.mu.Unlock()
+		out = append(out, pc)
+	}
+	return out
+}
+
+// poll reads once what the claims not seen yet show.
+func (w *creditWatch) poll() {
+	type table struct {
+		db   *sql.DB
+		name string
+	}
+	accounts, outboxes := map[table][]*probeClaim{}, map[table][]*probeClaim{}
+	w.mu.Lock()
+	for _, c := range w.claims {
+		if c.credited.IsZero() {
+			sh := sharding.ShardOfAct(c.act)
+			k := table{c.db, fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())}
+			accounts[k] = append(accounts[k], c)
+		}
+		if w.outbox != nil && c.marked.IsZero() {
+			ref, _, _ := model.ParseClaimID(c.claim.ClaimID)
+			k := table{w.outbox, fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB())}
+			outboxes[k] = append(outboxes[k], c)
+		}
+	}
+	w.mu.Unlock()
+	// read runs q over the claims cs of one table and calls seen with each row
+	// read (its key and value) and the time it was read.
+	read := func(tb table, q string, cs []*probeClaim, arg func(*probeClaim) any, seen func(c *probeClaim, key string, v int64, at time.Time)) {
+		args := make([]any, len(cs))
+		for i, c := range cs {
+			args[i] = arg(c)
+		}
+		rows, err := tb.db.Query(fmt.Sprintf(q, tb.name, strings.Repeat("?, ", len(cs)-1)+"?"), args...)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // no such table yet
+			return
+		}
+		if err != nil {
+			w.mu.Lock()
+			w.errs = append(w.errs, err)
+			w.mu.Unlock()
+			return
+		}
+		defer rows.Close()
+		now := time.Now()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for rows.Next() {
+			var key string
+			var v int64
+			if err := rows.Scan(&key, &v); err != nil {
+				w.errs = append(w.errs, err)
+				return
+			}
+			for _, c := range cs {
+				seen(c, key, v, now)
+			}
+		}
+	}
+	for tb, cs := range accounts {
+		read(tb, "SELECT act_id, balance FROM %s WHERE act_id IN (%s)", cs, func(c *probeClaim) any { return c.act },
+			func(c *probeClaim, act string, balance int64, at time.Time) {
+				if c.act == act && balance == c.claim.Amount && c.credited.IsZero() {
+					c.credited = at
+				}
+			})
+	}
+	for tb, cs := range outboxes {
+		read(tb, "SELECT claim_id, state FROM %s WHERE claim_id IN (%s)", cs, func(c *probeClaim) any { return c.claim.ClaimID },
+			func(c *probeClaim, id string, state int64, at time.Time) {
+				if c.claim.ClaimID == id && state == 1 && c.marked.IsZero() {
+					c.marked = at
+				}
+			})
+	}
+}
+
+// until waits, for up to limit, until done reports true (called with the
+// times stable), and says whether it did.
+func (w *creditWatch) until(limit time.Duration, done func() bool) bool {
+	for deadline := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
+		w.mu.Lock()
+		ok := done()
+		w.mu.Unlock()
+		if ok {
 			return true
 		}
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// seen reports whether c has been seen credited.
+func (w *creditWatch) seen(c *probeClaim) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !c.credited.IsZero()
 }
 
 func allCredited(cs []*probeClaim) func() bool {
@@ -251,7 +373,7 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 // of their claims; the locked one waits, and is applied once the lock is
 // released, exactly once. Balances, credit flows and outbox rows end exact.
 func TestRelayLockedWalletRow(t *testing.T) {
-	a, b := twoCells(t, nil)
+	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	local := actsInShard(t, pre+"-l", 123, 8)
@@ -277,20 +399,29 @@ func TestRelayLockedWalletRow(t *testing.T) {
 	n := len(local) + len(remote)
 	a.deposit(t, sender, 100_000)
 	id := a.send(t, sender, int64(n)*100, int64(n), "snd-1")
-	claims := openEach(t, a, id, append([]string{locked}, interleave(local, remote[1:])...), kind, db)
+	w := watchCredits(t, nil)
+	claims := w.open(t, a, id, append([]string{locked}, interleave(local, remote[1:])...), kind, db)
 	others := only(claims, "local", "remote")
 
-	probe(t, claims, nil, 12*time.Second, allCredited(others))
-	if c := only(claims, "locked")[0]; !c.credited.IsZero() {
+	w.until(12*time.Second, allCredited(others))
+	if w.seen(only(claims, "locked")[0]) {
 		t.Errorf("the locked claimant was credited while its wallet row was locked")
 	}
+	released := time.Now()
 	release()
-	if !probe(t, claims, nil, 15*time.Second, allCredited(claims)) {
+	if !w.until(15*time.Second, allCredited(claims)) {
 		t.Errorf("not every claim credited within 15 s of the lock's release")
+	}
+	w.halt()
+	if c := only(claims, "locked")[0]; !c.credited.IsZero() {
+		t.Logf("the locked claimant's credit applied %s after the lock's release", c.credited.Sub(released).Round(time.Millisecond))
 	}
 	report(t, "credit delay, other credits while one wallet row is locked", others, creditedAt)
 	report(t, "  of which in the sending cell", only(claims, "local"), creditedAt)
 	report(t, "  of which in the locked row's cell", only(claims, "remote"), creditedAt)
+	if n := metric(t, a, "redcell_cell_relay_deferred_total"); n < 1 {
+		t.Errorf("redcell_cell_relay_deferred_total = %v, want >= 1", n)
+	}
 	checkExactlyOnce(t, claims, a)
 }
 
@@ -320,7 +451,8 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	// The held claims are made while the relay is off, and their outbox rows
 	// locked before it is back on.
 	degrade(t, a, `{"relay":"off"}`)
-	held := openEach(t, a, id, interleave(local[:2], remote[:2]), kind, db)
+	w := watchCredits(t, a.db)
+	held := w.open(t, a, id, interleave(local[:2], remote[:2]), kind, db)
 	ref, _ := model.ParsePacketID(id)
 	ids := []any{}
 	for _, c := range held {
@@ -331,8 +463,8 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	degrade(t, a, `{"relay":"on"}`)
 	time.Sleep(4 * a.cfg.RelayInterval) // the outbox scan hands the held rows to the relay
 
-	fresh := openEach(t, a, id, interleave(local[2:], remote[2:]), kind, db)
-	probe(t, fresh, a.db, 12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })
+	fresh := w.open(t, a, id, interleave(local[2:], remote[2:]), kind, db)
+	w.until(12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })
 	for _, c := range held {
 		if st := outboxState(t, a.db, "", c.claim.ClaimID); st != 0 {
 			t.Errorf("%s: outbox state %d while its row was locked", c.act, st)
@@ -340,11 +472,15 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	}
 	release()
 	claims := append(held, fresh...)
-	if !probe(t, claims, a.db, 15*time.Second, func() bool { return allCredited(claims)() && allMarked(claims)() }) {
+	if !w.until(15*time.Second, func() bool { return allCredited(claims)() && allMarked(claims)() }) {
 		t.Errorf("not every claim credited and marked within 15 s of the lock's release")
 	}
+	w.halt()
 	report(t, "credit delay, fresh credits while outbox rows are locked", fresh, creditedAt)
 	report(t, "delivered-mark delay, fresh credits while outbox rows are locked", fresh, markedAt)
+	if n := metric(t, a, "redcell_cell_relay_mark_skipped_total"); n < 1 {
+		t.Errorf("redcell_cell_relay_mark_skipped_total = %v, want >= 1", n)
+	}
 	checkExactlyOnce(t, claims, a)
 }
 
@@ -373,7 +509,8 @@ func TestCreditsAnswerNamesDeferred(t *testing.T) {
 	a.deposit(t, sender, 200)
 	id := a.send(t, sender, 200, 2, "snd-1")
 	kind, db := map[string]string{free: "free", locked: "locked"}, map[string]*sql.DB{free: b.db, locked: b.db}
-	claims := openEach(t, a, id, acts, kind, db)
+	w := watchCredits(t, nil)
+	claims := w.open(t, a, id, acts, kind, db)
 	var credits []model.Credit
 	for _, c := range claims {
 		credits = append(credits, model.Credit{ClaimID: c.claim.ClaimID, PacketID: model.PacketID(id), ActID: c.act, Shard: sharding.ShardOfAct(c.act), Amount: model.Cents(c.claim.Amount)})
@@ -403,8 +540,9 @@ func TestCreditsAnswerNamesDeferred(t *testing.T) {
 	release()
 	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
 	peers.m.Store(good)
-	if !probe(t, claims, nil, 10*time.Second, allCredited(claims)) {
+	if !w.until(10*time.Second, allCredited(claims)) {
 		t.Fatalf("not credited within 10 s of the release")
 	}
+	w.halt()
 	checkExactlyOnce(t, claims, a)
 }
