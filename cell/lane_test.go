@@ -466,6 +466,9 @@ func TestRelayStopFlushes(t *testing.T) {
 		if len(rig.net.to("c")) != 1 {
 			t.Errorf("%d calls to cell-c, want 1", len(rig.net.to("c")))
 		}
+		if left := rig.r.dispatch(cs, time.Time{}); left != len(cs) {
+			t.Errorf("a stopped relay took %d credits, want none", len(cs)-left)
+		}
 	})
 }
 

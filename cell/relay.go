@@ -145,15 +145,17 @@ func (r *relay) dispatch(credits []model.Credit, scanStart time.Time) (left int)
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	offer := func(l *lane, cs []model.Credit) int {
+		if l == nil {
+			return len(cs)
+		}
+		return len(cs) - l.offer(cs, now, scanStart)
+	}
 	if len(local) > 0 {
-		left += len(local) - r.laneLocked("", true).offer(local, now, scanStart)
+		left += offer(r.laneLocked("", true), local)
 	}
 	for name, cs := range remote {
-		if l := r.laneLocked(name, false); l != nil {
-			left += len(cs) - l.offer(cs, now, scanStart)
-		} else {
-			left += len(cs)
-		}
+		left += offer(r.laneLocked(name, false), cs)
 	}
 	return left
 }
