@@ -123,9 +123,10 @@ func DefaultConfig() Config {
 		// within about two minutes of the claim that made it.
 		ReconInterval: time.Minute,
 		// An open transaction commits within 5 s of its claims' creation time
-		// (txTimeout); a failed delivery is retried after two relay intervals,
-		// each attempt bounded by 10 s (relayTimeout). 30 s covers both, so a
-		// claim undelivered at that age is late, not merely in flight.
+		// (txTimeout); a failed delivery is retried by its lane after at most
+		// 5 s of backoff (relayBackoffMax), each attempt bounded by 2 s
+		// (relayAttemptTimeout), and by the scan. 30 s covers both, so a claim
+		// undelivered at that age is late, not merely in flight.
 		ReconSettle: 30 * time.Second,
 		// The full audit reads every money row of the cell: hourly keeps its cost
 		// small next to the traffic while no difference goes unseen for long.

@@ -388,19 +388,26 @@ func (s *Server) decodeCredits(body []byte) ([]model.Credit, error) {
 }
 
 // credits applies claims relayed from other cells (signed, as every call:
-// serveRoute checked); a credit seen before is a no-op.
+// serveRoute checked); a credit seen before is a no-op. Credits whose wallet
+// row another transaction holds are deferred, not waited for: the answer
+// lists them to a sender that reads the list (api.HeaderPartial), and is a
+// retryable 503 to one that does not; what was applied stays applied.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	credits, err := s.decodeCredits(rc.PostBody())
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	n, err := sp.store.ApplyCredits(ctx, credits)
+	applied, deferred, err := sp.store.ApplyCredits(ctx, credits)
 	if err != nil {
 		s.writeErr(rc, err)
 		return
 	}
-	s.writeJSON(rc, http.StatusOK, api.CreditsResponse{Applied: n})
+	if len(deferred) > 0 && string(rc.Request.Header.Peek(api.HeaderPartial)) != "1" {
+		s.writeErr(rc, model.Errorf(model.ErrOverloaded, "%d of %d credits deferred: their wallet rows are locked; retry later", len(deferred), len(credits)))
+		return
+	}
+	s.writeJSON(rc, http.StatusOK, api.CreditsResponse{Applied: applied, Deferred: deferred})
 }
 
 func (s *Server) validCredit(c model.Credit) error {

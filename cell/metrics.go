@@ -94,8 +94,14 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
 		counter("redcell_cell_open_batches_total", "Open transactions committed by the FIFO workers.", s.stats.openBatches.Load),
 		counter("redcell_cell_relay_delivered_total", "Credits the relay delivered and marked in the outbox.", s.stats.relayed.Load),
-		counter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, local or remote deliveries, claims with no live owner.", s.stats.relayErrors.Load),
-		counter("redcell_cell_relay_handoff_dropped_total", "Fresh claims the relay's channel had no room for (the outbox scan delivers them).", s.stats.relayDropped.Load),
+		counter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, deliveries and outbox marks that failed, claims with no live owner.", s.stats.relayErrors.Load),
+		counter("redcell_cell_relay_handoff_dropped_total", "Fresh claims no relay lane took (full, backing off, no owner; the outbox scan delivers them).", s.stats.relayDropped.Load),
+		counter("redcell_cell_relay_deferred_total", "Credits the receiving store deferred because a wallet row they need was locked (each deferral counted; retried).", s.stats.relayDeferred.Load),
+		counter("redcell_cell_relay_mark_skipped_total", "Delivered credits left pending in the outbox because their row was locked (delivered again later, ignored by the receiver).", s.stats.relayMarkSkipped.Load),
+		laneCollector{s: s,
+			credits: prometheus.NewDesc("redcell_cell_relay_lane_credits", "Credits a relay lane holds (queued, in flight or waiting to be tried again), by space, destination cell and kind (local: this cell's own wallets; remote).", []string{"space", "dest", "kind"}, nil),
+			backoff: prometheus.NewDesc("redcell_cell_relay_lane_backoff_seconds", "A relay lane's pause after failed deliveries (0: the last one succeeded), by space, destination cell and kind.", []string{"space", "dest", "kind"}, nil),
+		},
 		counter("redcell_cell_refunds_total", "Expired packets refunded.", s.stats.refunds.Load),
 		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.stats.refundCents.Load),
 		counter("redcell_memcached_cas_conflicts_total", "Transaction-slot CAS conflicts retried.", func() int64 { c, _ := s.slots.Stats(); return c }),
@@ -158,6 +164,29 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// laneCollector reports the relay lanes of both spaces when scraped: at most
+// lanesMax+1 per space, so the label values stay bounded.
+type laneCollector struct {
+	s                *Server
+	credits, backoff *prometheus.Desc
+}
+
+func (c laneCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.credits; ch <- c.backoff }
+
+func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, sp := range c.s.spaces {
+		for _, l := range sp.relay.lanes() {
+			held, backoff := l.state()
+			kind := "remote"
+			if l.local {
+				kind = "local"
+			}
+			ch <- prometheus.MustNewConstMetric(c.credits, prometheus.GaugeValue, float64(held), spaceName(sp), l.dest, kind)
+			ch <- prometheus.MustNewConstMetric(c.backoff, prometheus.GaugeValue, backoff.Seconds(), spaceName(sp), l.dest, kind)
+		}
+	}
 }
 
 // outboxCollector reads the outbox lag of both spaces when scraped, at most

@@ -194,7 +194,7 @@ func (s *Server) askRecon(ctx context.Context, sp *space, addr string, cs []mode
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.SetBody(body)
-	deadline := time.Now().Add(relayTimeout)
+	deadline := time.Now().Add(internalTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}

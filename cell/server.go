@@ -114,6 +114,7 @@ type Server struct {
 type stats struct {
 	opens, openBatches, shed, refunds, refundCents atomic.Int64
 	relayed, relayDropped, relayErrors             atomic.Int64
+	relayDeferred, relayMarkSkipped                atomic.Int64
 }
 
 // New wires a cell. It does no I/O. The cell's metrics are registered with reg,
@@ -287,12 +288,17 @@ func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
 	return s.spaces[0]
 }
 
+// internalTimeout bounds a cell-to-cell call (/internal/...) whose caller sent
+// no shorter deadline: the relay sends its own (relayAttemptTimeout),
+// reconciliation uses this one.
+const internalTimeout = 10 * time.Second
+
 // deadline rebuilds the request's context from the deadline header the router
 // sends; without it the cell's RequestTimeout applies.
 func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
 	limit := s.cfg.RequestTimeout
 	if bytes.HasPrefix(rc.Path(), []byte("/internal/")) {
-		limit = relayTimeout // a relayed batch may take longer than a client request
+		limit = internalTimeout // a reconciliation call may take longer than a client request
 	}
 	d := s.now().Add(limit)
 	if v := rc.Request.Header.Peek(api.HeaderDeadline); len(v) > 0 {

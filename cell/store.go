@@ -13,8 +13,11 @@ type Wallets interface {
 	// Deposit: see storage.MySQL.Deposit. Errors: ErrOrderConflict.
 	Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error)
 	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
-	// ApplyCredits books claims into wallets at most once each; returns how many were new.
-	ApplyCredits(ctx context.Context, credits []model.Credit) (int, error)
+	// ApplyCredits books claims into wallets at most once each, without waiting
+	// for a wallet row another transaction holds: applied counts the credits
+	// booked now, deferred names (by claim ID) those left for a later call
+	// because a row they need was locked; the rest had been booked before.
+	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
 }
 
 // Packets is the part of the store that holds red packets and their claims.
@@ -45,7 +48,9 @@ type Outbox interface {
 	// PendingCredits pages through undelivered rows of database db created at or
 	// before beforeMS, after position (afterMS, afterID); next is the last row's position.
 	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
-	MarkDelivered(ctx context.Context, credits []model.Credit) error
+	// MarkDelivered marks delivered credits' rows without waiting for a row
+	// another transaction holds: skipped counts the rows left pending.
+	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
 	// OutboxLag counts the undelivered rows of database db and the age of the
 	// oldest in ms (0 when none); read for the metrics only.
 	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)

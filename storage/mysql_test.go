@@ -326,9 +326,9 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 		t.Fatalf("outbox holds %d of the 3 claims", found)
 	}
 	for i := 0; i < 3; i++ { // deliver three times
-		n, err := m.ApplyCredits(ctx, credits)
-		if err != nil {
-			t.Fatal(err)
+		n, deferred, err := m.ApplyCredits(ctx, credits)
+		if err != nil || len(deferred) != 0 {
+			t.Fatal(deferred, err)
 		}
 		if want := map[bool]int{true: 3, false: 0}[i == 0]; n != want {
 			t.Fatalf("delivery %d applied %d, want %d", i, n, want)
@@ -339,7 +339,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 			t.Fatalf("%s balance %d, claim %d", c.ActID, b, c.Amount)
 		}
 	}
-	if err := m.MarkDelivered(ctx, credits); err != nil {
+	if _, err := m.MarkDelivered(ctx, credits); err != nil {
 		t.Fatal(err)
 	}
 	pending, _, _ = m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 100000)

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"redcell/model"
@@ -36,25 +37,65 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 }
 
 // MarkDelivered marks outbox rows as delivered once the claimant's cell has
-// applied them. Marking twice is harmless.
-func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) error {
+// applied them. Marking twice is harmless. It never waits for a row another
+// transaction holds locked: per database, one short READ COMMITTED transaction
+// locks the rows it can (SELECT ... FOR UPDATE SKIP LOCKED) and marks those.
+// skipped counts the rows left pending because they were locked (or are
+// gone); the relay delivers those again later, which the receiver ignores.
+func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
 	byDB := map[int][]any{}
 	for _, c := range credits {
 		ref, _, err := model.ParseClaimID(c.ClaimID)
 		if err != nil {
-			return fmt.Errorf("storage: mark delivered: %w", err)
+			return 0, fmt.Errorf("storage: mark delivered: %w", err)
 		}
 		byDB[ref.Shard.DB()] = append(byDB[ref.Shard.DB()], c.ClaimID)
 	}
-	now := m.now().UnixMilli()
 	for db, ids := range byDB {
-		args := append([]any{now}, ids...)
-		if _, err := m.db.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
-			placeholders(len(ids))+")", args...); err != nil {
-			return fmt.Errorf("storage: mark delivered: %w", err)
+		locked, err := m.markIn(ctx, db, ids)
+		if err != nil {
+			return 0, fmt.Errorf("storage: mark delivered: %w", err)
 		}
+		skipped += len(ids) - locked
 	}
-	return nil
+	return skipped, nil
+}
+
+// markIn marks the rows of outbox db named by ids that no other transaction
+// holds, and returns how many it held (marked now or before).
+func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
+	// READ COMMITTED: the locking read takes the rows it finds, never a gap.
+	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, "SELECT claim_id FROM "+m.outboxTable(db)+" WHERE claim_id IN ("+placeholders(len(ids))+") FOR UPDATE SKIP LOCKED", ids...)
+	if err != nil {
+		return 0, err
+	}
+	var mine []any
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		mine = append(mine, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(mine) == 0 {
+		return 0, nil
+	}
+	args := append([]any{m.now().UnixMilli()}, mine...)
+	if _, err := tx.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
+		placeholders(len(mine))+")", args...); err != nil {
+		return 0, err
+	}
+	return len(mine), tx.Commit()
 }
 
 // OutboxLag counts undelivered outbox rows of database db and the age of the

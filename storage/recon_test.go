@@ -57,10 +57,10 @@ func TestReconWindow(t *testing.T) {
 		t.Fatalf("cut window %+v, %v", w, err)
 	}
 	// Credited and marked: the rows read as delivered and CreditsOf finds them.
-	if _, err := m.ApplyCredits(ctx, credits); err != nil {
+	if _, _, err := m.ApplyCredits(ctx, credits); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.MarkDelivered(ctx, credits); err != nil {
+	if _, err := m.MarkDelivered(ctx, credits); err != nil {
 		t.Fatal(err)
 	}
 	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)

@@ -222,15 +222,30 @@ func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (mod
 }
 
 // ApplyCredits books claims into the claimants' wallets (all in shards of this
-// store) in one transaction. Each credit is applied at most once: the order number
-// is "claim:" + claim ID, so a credit delivered twice changes nothing the second
-// time. It returns how many credits were new.
-func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, error) {
+// store) in one transaction. Each credit is applied at most once: the order
+// number is "claim:" + claim ID, so a credit delivered twice changes nothing
+// the second time. applied counts the credits booked now.
+//
+// It never waits for a lock another transaction holds on a claimant's account
+// row or flow index (a wallet row held by a long transaction, a send's
+// re-check of its order number): such a credit is deferred, listed by claim
+// ID in deferred, with nothing written for it, while the rest of the batch
+// commits. The caller retries deferred credits later. Every credit neither
+// applied nor deferred had been applied before.
+//
+// Per credit, in one lock order (shard, act_id, claim ID): insert the flow
+// row, then raise the balance (creating the account row), each without
+// waiting (innodb_lock_wait_timeout=0 for that statement; its error 1205 rolls
+// back only that statement, MariaDB's default innodb_rollback_on_timeout=OFF
+// keeping the transaction). When the account row is held, the flow row just
+// inserted is deleted again (it is this transaction's own, so that cannot
+// wait); any other failure rolls the whole transaction back. So a flow row
+// never commits without its balance change, nor the reverse.
+func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
 	if len(credits) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	sorted := append([]model.Credit(nil), credits...)
-	// One lock order for every batch, so concurrent batches cannot deadlock often.
 	sort.Slice(sorted, func(i, j int) bool {
 		if sorted[i].Shard != sorted[j].Shard {
 			return sorted[i].Shard < sorted[j].Shard
@@ -242,40 +257,95 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (int, 
 	})
 	for _, c := range sorted {
 		if err := m.EnsureShard(ctx, c.Shard); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
-	applied := 0
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		applied = 0
+	err = m.inTx(ctx, func(tx *sql.Tx) error {
+		applied, deferred = 0, nil // inTx may run this again
 		now := m.now().UnixMilli()
 		for _, c := range sorted {
-			// Only a duplicate order number is ignored (0 rows affected); any other
-			// error still fails the batch.
-			res, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(c.Shard)+
-				" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
-				c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
+			outcome, err := m.creditOne(ctx, tx, c, now)
 			if err != nil {
 				return err
 			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return err
+			switch outcome {
+			case creditApplied:
+				applied++
+			case creditDeferred:
+				deferred = append(deferred, c.ClaimID)
 			}
-			if n == 0 {
-				continue // delivered before
-			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(c.Shard)+
-				" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
-				c.ActID, c.Amount, now); err != nil {
-				return err
-			}
-			applied++
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("storage: apply credits: %w", err)
+		return 0, nil, fmt.Errorf("storage: apply credits: %w", err)
 	}
-	return applied, nil
+	return applied, deferred, nil
+}
+
+type creditOutcome int
+
+const (
+	creditApplied  creditOutcome = iota // booked now
+	creditRepeat                        // booked before: nothing changed
+	creditDeferred                      // a row it needs is locked: nothing written
+)
+
+// noWait runs one statement without waiting for a row lock another
+// transaction holds (MariaDB's SET STATEMENT ... FOR, statement-scoped).
+const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
+
+// creditOne books one credit inside tx (see ApplyCredits). An error must fail
+// the whole transaction.
+func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64) (creditOutcome, error) {
+	// Only a duplicate order number is ignored (0 rows affected).
+	res, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.flowTable(c.Shard)+
+		" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
+		c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
+	if isMySQLErr(err, errLockWait) {
+		return creditDeferred, stillInTx(ctx, tx) // nothing of this credit written
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return creditRepeat, nil
+	}
+	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+
+		" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
+		c.ActID, c.Amount, now)
+	if isMySQLErr(err, errLockWait) {
+		if err := stillInTx(ctx, tx); err != nil {
+			return 0, err
+		}
+		// The wallet row is held: take the flow row back out (it is ours, so
+		// this cannot wait). Should that fail, the whole transaction rolls back.
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+m.flowTable(c.Shard)+" WHERE act_id = ? AND order_no = ?", c.ActID, "claim:"+c.ClaimID); err != nil {
+			return 0, fmt.Errorf("storage: take back the flow row of deferred credit %s: %w", c.ClaimID, err)
+		}
+		return creditDeferred, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return creditApplied, nil
+}
+
+// stillInTx checks, after a statement failed with a lock wait timeout, that
+// only that statement was rolled back. A server run with
+// innodb_rollback_on_timeout=ON rolls back the whole transaction instead, and
+// what followed would run outside it: the batch must then fail as a whole.
+func stillInTx(ctx context.Context, tx *sql.Tx) error {
+	var in int
+	if err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&in); err != nil {
+		return fmt.Errorf("storage: after a lock wait: %w", err)
+	}
+	if in != 1 {
+		return errors.New("storage: a lock wait timeout ended the whole transaction (innodb_rollback_on_timeout=ON); credits need it OFF")
+	}
+	return nil
 }

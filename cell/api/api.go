@@ -30,6 +30,12 @@ const (
 	// write such requests to shadow tables (databases shadow_db_XX), so a bench
 	// can run against a live cluster without touching real users' money.
 	HeaderStress = "X-Redcell-Stress"
+	// HeaderPartial ("1") on POST /internal/credits says the sender reads
+	// CreditsResponse.Deferred, so the receiver may answer 200 with part of the
+	// batch applied. A sender without it (one built before deferral existed)
+	// gets 503 OVERLOADED instead of a partial 200, so it never marks delivered
+	// a credit that was not applied.
+	HeaderPartial = "X-Redcell-Partial"
 )
 
 // NoopPath is the prefix of POST /v1/noop/{act_id}: routed like an account
@@ -165,9 +171,13 @@ type CreditsRequest struct {
 	Credits []model.Credit `json:"credits"`
 }
 
-// CreditsResponse tells how many credits were new (the rest were applied before).
+// CreditsResponse tells how many credits were new. Deferred lists the claim
+// IDs not applied now because a wallet row they need was held by another
+// transaction (answered only to senders that set HeaderPartial); the sender
+// delivers them again later. The rest had been applied before.
 type CreditsResponse struct {
-	Applied int `json:"applied"`
+	Applied  int      `json:"applied"`
+	Deferred []string `json:"deferred,omitempty"`
 }
 
 // ErrorBody is every error answer: {"error": {"code": "...", "message": "..."}}.

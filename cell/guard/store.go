@@ -77,9 +77,9 @@ func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (a 
 }
 
 // ApplyCredits implements cell.Store.
-func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (n int, err error) {
-	err = s.call(func() (err error) { n, err = s.inner.ApplyCredits(ctx, credits); return err })
-	return n, err
+func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
+	err = s.call(func() (err error) { applied, deferred, err = s.inner.ApplyCredits(ctx, credits); return err })
+	return applied, deferred, err
 }
 
 // Send implements cell.Store.
@@ -134,8 +134,9 @@ func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 }
 
 // MarkDelivered implements cell.Store.
-func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) error {
-	return s.call(func() error { return s.inner.MarkDelivered(ctx, credits) })
+func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
+	err = s.call(func() (err error) { skipped, err = s.inner.MarkDelivered(ctx, credits); return err })
+	return skipped, err
 }
 
 // OutboxLag implements cell.Store.

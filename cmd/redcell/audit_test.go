@@ -57,13 +57,13 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 		return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount}
 	}
 	cNear, cFar := credit(res[0].Claim), credit(res[1].Claim)
-	if _, err := m1.ApplyCredits(ctx, []model.Credit{cNear}); err != nil {
+	if _, _, err := m1.ApplyCredits(ctx, []model.Credit{cNear}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil {
+	if _, _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m1.MarkDelivered(ctx, []model.Credit{cNear, cFar}); err != nil {
+	if _, err := m1.MarkDelivered(ctx, []model.Credit{cNear, cFar}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,0 +1,289 @@
+package cell
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"redcell/model"
+)
+
+// A lane delivers the credits of one destination: the cell that owns the
+// claimants' wallets (this cell itself for the local lane, which applies them
+// in its own store and never does network I/O). Each lane has a bounded queue,
+// its own goroutine, its own attempt timeout and its own backoff, so a
+// destination that is slow or down delays only its own credits.
+//
+// The lane holds each credit from the moment it takes it (offer) until the
+// credit is delivered and marked, or given back to the outbox; a credit it
+// holds is never taken twice (held), so the outbox scan, which finds every
+// pending row, cannot hand a slow lane the same credits again and again. Nor
+// does a scan hand back a credit the lane let go after that scan began
+// (released): the scan may have read its row just before it was marked.
+//
+// Lifecycle: the relay makes a lane on the first credit for its destination
+// and starts run; run exits when the relay stops (after flushing what the lane
+// holds) or when the lane has held nothing for laneIdleStop.
+type lane struct {
+	r     *relay
+	dest  string // the destination cell's name; the local lane's is this cell's
+	local bool   // claimants of this cell's own shards
+
+	wake chan struct{} // cap 1: credits were queued
+
+	mu          sync.Mutex           // guards the fields below
+	queue       []queued             // held credits not in flight, in arrival order
+	held        map[string]struct{}  // claim IDs queued or in flight; len <= laneDepthMax
+	released    map[string]time.Time // claim IDs let go since the running scan began, and when
+	long        int                  // held credits deferred deferralsLong times or more
+	backoff     time.Duration        // pause after the last failed attempt; 0 after a success
+	pausedUntil time.Time            // while backing off the lane takes no credits
+	retired     bool                 // run has exited; offer takes nothing
+}
+
+// queued is a credit a lane holds, with when it may be tried next: a deferred
+// credit (its wallet row was locked) waits its own backoff.
+type queued struct {
+	c         model.Credit
+	due       time.Time // zero: now
+	deferrals int       // times the destination deferred it
+}
+
+func newLane(r *relay, dest string, local bool) *lane {
+	return &lane{r: r, dest: dest, local: local, wake: make(chan struct{}, 1), held: map[string]struct{}{}, released: map[string]time.Time{}}
+}
+
+// offer takes the credits of cs that the lane does not hold yet, as long as
+// it has room (laneDepthMax) and is not backing off, and returns how many of
+// cs it now holds (or, offered by a scan that began at scanStart, let go
+// since); the others stay in the outbox for the scan. It never blocks.
+func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired {
+		return 0
+	}
+	paused, took := now.Before(l.pausedUntil), false
+	for _, c := range cs {
+		if _, ok := l.held[c.ClaimID]; ok {
+			holds++
+			continue
+		}
+		if at, ok := l.released[c.ClaimID]; ok && !scanStart.IsZero() && !at.Before(scanStart) {
+			holds++ // the scan read its row before the lane marked it
+			continue
+		}
+		if paused || len(l.held) >= laneDepthMax {
+			continue
+		}
+		l.held[c.ClaimID] = struct{}{}
+		l.queue = append(l.queue, queued{c: c})
+		holds++
+		took = true
+	}
+	if took {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	return holds
+}
+
+// run is the lane's goroutine (see lane).
+func (l *lane) run() {
+	defer l.r.lanesWG.Done()
+	idleSince := time.Now()
+	for {
+		select {
+		case <-l.r.stop:
+			l.flush()
+			return
+		default:
+		}
+		batch, wait := l.next(time.Now())
+		if len(batch) > 0 {
+			l.attempt(batch)
+			idleSince = time.Now()
+			continue
+		}
+		if wait < 0 { // holds nothing
+			if time.Since(idleSince) >= laneIdleStop && l.r.retire(l) {
+				return
+			}
+			wait = laneIdleStop - time.Since(idleSince)
+		}
+		timer := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-l.r.stop:
+		case <-l.wake:
+			l.linger()
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// linger waits relayLinger for more credits, unless a full batch is queued:
+// under load one delivery (one transaction, one HTTP call) then carries
+// hundreds of credits instead of one open batch's worth.
+func (l *lane) linger() {
+	l.mu.Lock()
+	full := len(l.queue) >= relayBatchMax
+	l.mu.Unlock()
+	if full {
+		return
+	}
+	t := time.NewTimer(relayLinger)
+	defer t.Stop()
+	select {
+	case <-l.r.stop:
+	case <-t.C:
+	}
+}
+
+// next takes the next batch: up to relayBatchMax held credits that are due.
+// With none, wait is how long until one is (or the backoff ends), -1 when the
+// lane holds nothing. While the relay is switched off the lane gives back
+// everything it holds: the outbox keeps it.
+func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
+	off := l.r.s.isDegraded(switchRelay)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if off {
+		l.queue, l.held, l.long = nil, map[string]struct{}{}, 0
+	}
+	if len(l.queue) == 0 {
+		return nil, -1
+	}
+	if now.Before(l.pausedUntil) {
+		return nil, l.pausedUntil.Sub(now)
+	}
+	rest := l.queue[:0]
+	wait = -1
+	for _, q := range l.queue {
+		if len(batch) < relayBatchMax && !now.Before(q.due) {
+			batch = append(batch, q)
+			continue
+		}
+		if d := q.due.Sub(now); d > 0 && (wait < 0 || d < wait) {
+			wait = d
+		}
+		rest = append(rest, q)
+	}
+	l.queue = rest
+	if wait < 0 && len(rest) > 0 {
+		wait = 0 // due now, beyond this batch
+	}
+	return batch, wait
+}
+
+// attempt delivers one batch within the lane's attempt timeout and settles
+// it: the delivered credits are marked and let go, the deferred ones queued
+// again after their own backoff, the others (no longer this destination's)
+// given back to the outbox. A failure puts the whole batch back and pauses the
+// lane (exponential backoff); a success ends the pause. It reports success.
+func (l *lane) attempt(batch []queued) bool {
+	cs := make([]model.Credit, len(batch))
+	for i, q := range batch {
+		cs[i] = q.c
+	}
+	timeout := relayAttemptTimeout
+	if l.local {
+		timeout = relayLocalTimeout
+	}
+	ctx, cancel := context.WithTimeout(l.r.life, timeout)
+	delivered, deferred, err := l.r.deliver(ctx, l, cs)
+	cancel()
+	now := time.Now()
+	if err != nil {
+		l.r.failed(l, len(cs), err)
+		l.mu.Lock()
+		l.queue = append(append([]queued(nil), batch...), l.queue...) // a copy: batch may share flush's array
+		l.backoff = min(max(2*l.backoff, relayBackoffMin), relayBackoffMax)
+		l.pausedUntil = now.Add(l.backoff)
+		l.mu.Unlock()
+		return false
+	}
+	l.r.succeeded(l)
+	if len(delivered) > 0 {
+		l.r.markDelivered(delivered)
+	}
+	again := make(map[string]bool, len(deferred))
+	for _, c := range deferred {
+		again[c.ClaimID] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.backoff, l.pausedUntil = 0, time.Time{}
+	if len(l.released) > 4*laneDepthMax { // no scan ran for long (switched off): forget
+		l.released = map[string]time.Time{}
+	}
+	var longest *queued
+	for _, q := range batch {
+		wasLong := q.deferrals >= deferralsLong
+		if !again[q.c.ClaimID] {
+			delete(l.held, q.c.ClaimID)
+			l.released[q.c.ClaimID] = now
+			if wasLong {
+				l.long--
+			}
+			continue
+		}
+		q.deferrals++
+		q.due = now.Add(min(relayBackoffMin<<min(q.deferrals-1, 16), relayBackoffMax))
+		l.queue = append(l.queue, q)
+		if !wasLong && q.deferrals >= deferralsLong {
+			l.long++
+		}
+		if longest == nil || q.deferrals > longest.deferrals {
+			longest = &q
+		}
+	}
+	l.r.deferredCredits(l, len(deferred), longest, l.long)
+	return true
+}
+
+// flush delivers, when the cell stops, everything the lane holds, once, in
+// batches of up to relayBatchMax, until a delivery fails or the relay's flush
+// time (relayFlushMax) is up. A lane backing off does not try: its
+// destination failed just now. The outbox keeps whatever is left.
+func (l *lane) flush() {
+	if l.r.s.isDegraded(switchRelay) {
+		return
+	}
+	l.mu.Lock()
+	pending := l.queue
+	l.queue = nil
+	if time.Now().Before(l.pausedUntil) {
+		pending = nil
+	}
+	l.mu.Unlock()
+	for len(pending) > 0 && l.r.life.Err() == nil {
+		n := min(len(pending), relayBatchMax)
+		if !l.attempt(pending[:n]) {
+			return
+		}
+		pending = pending[n:]
+	}
+}
+
+// scanBegins forgets the credits let go before a scan that begins at start:
+// that scan reads their rows after they were marked (or, left pending, the
+// scan is to deliver them again).
+func (l *lane) scanBegins(start time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, at := range l.released {
+		if at.Before(start) {
+			delete(l.released, id)
+		}
+	}
+}
+
+// state reports what the lane holds and its current backoff (the metrics).
+func (l *lane) state() (held int, backoff time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held), l.backoff
+}

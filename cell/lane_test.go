@@ -1,0 +1,511 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// These tests drive the relay's lanes on synctest's fake clock, with the
+// store and the other cells faked: which credits go where, when, and how
+// often. The real ones are exercised in relay_test.go and stall_test.go.
+
+// fakeOutbox is the part of a Store the relay uses, in memory. Every other
+// method panics (the embedded Store is nil).
+type fakeOutbox struct {
+	Store
+
+	mu      sync.Mutex
+	pending []model.Credit            // what PendingCredits finds (db 0 only); marking removes
+	batches [][]string                // claim IDs of each ApplyCredits call, in order
+	applied map[string]int            // times each claim was applied or found applied
+	marked  map[string]int            // times each claim was marked delivered
+	defer_  func(c model.Credit) bool // deferred by this call? (nil: never)
+	release chan struct{}             // when set, ApplyCredits waits for it to close
+	readGap chan struct{}             // when set, PendingCredits waits for it after reading db 0
+}
+
+func newFakeOutbox() *fakeOutbox {
+	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}}
+}
+
+func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
+	f.mu.Lock()
+	wait := f.release
+	f.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids, deferred []string
+	for _, c := range cs {
+		ids = append(ids, c.ClaimID)
+		if f.defer_ != nil && f.defer_(c) {
+			deferred = append(deferred, c.ClaimID)
+			continue
+		}
+		f.applied[c.ClaimID]++
+	}
+	f.batches = append(f.batches, ids)
+	return len(cs) - len(deferred), deferred, nil
+}
+
+func (f *fakeOutbox) MarkDelivered(ctx context.Context, cs []model.Credit) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range cs {
+		f.marked[c.ClaimID]++
+		f.pending = slices.DeleteFunc(f.pending, func(p model.Credit) bool { return p.ClaimID == c.ClaimID })
+	}
+	return 0, nil
+}
+
+func (f *fakeOutbox) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if db != 0 {
+		return nil, model.OutboxPos{}, nil
+	}
+	sorted := slices.SortedFunc(slices.Values(f.pending), func(a, b model.Credit) int { return strings.Compare(a.ClaimID, b.ClaimID) })
+	var out []model.Credit
+	for _, c := range sorted {
+		if c.ClaimID > afterID && len(out) < limit {
+			out = append(out, c)
+		}
+	}
+	var next model.OutboxPos
+	if len(out) > 0 {
+		next.ClaimID = out[len(out)-1].ClaimID
+	}
+	if gap := f.readGap; gap != nil {
+		f.mu.Unlock()
+		<-gap
+		f.mu.Lock()
+	}
+	return out, next, nil
+}
+
+func (f *fakeOutbox) count(m map[string]int, id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m[id]
+}
+
+// fixedPeers is a shard map that does not change.
+type fixedPeers struct{ m *sharding.Map }
+
+func (p fixedPeers) Map() *sharding.Map { return p.m }
+
+// remoteCall is one delivery the fake network saw.
+type remoteCall struct {
+	addr     string
+	ids      []string
+	at       time.Time
+	deadline time.Duration // the attempt's deadline, from its start
+}
+
+// fakeNet stands in for the other cells: answer decides what each call gets.
+type fakeNet struct {
+	mu     sync.Mutex
+	calls  []remoteCall
+	answer func(ctx context.Context, addr string) ([]string, error)
+}
+
+func (n *fakeNet) send(ctx context.Context, addr string, cs []model.Credit) ([]string, error) {
+	d, _ := ctx.Deadline()
+	call := remoteCall{addr: addr, at: time.Now(), deadline: d.Sub(time.Now())}
+	for _, c := range cs {
+		call.ids = append(call.ids, c.ClaimID)
+	}
+	n.mu.Lock()
+	n.calls = append(n.calls, call)
+	answer := n.answer
+	n.mu.Unlock()
+	return answer(ctx, addr)
+}
+
+// to returns the calls made to addr.
+func (n *fakeNet) to(addr string) []remoteCall {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []remoteCall
+	for _, c := range n.calls {
+		if c.addr == addr {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// stalled answers like a cell that never answers: only when the attempt's
+// deadline ends.
+func stalled(ctx context.Context) ([]string, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+var errRefused = errors.New("connection refused")
+
+// relayRig is cell-a (shards 0-499) with a real relay over a fake store and a
+// fake network; the shard map gives 500-749 to cell-b (addr "b") and 750-999
+// to cell-c (addr "c") unless cells says otherwise.
+type relayRig struct {
+	s     *Server
+	r     *relay
+	store *fakeOutbox
+	net   *fakeNet
+	start time.Time
+	stop  func() // stops the relay (flushing) and waits for it
+}
+
+func newRelayRig(t *testing.T, cells ...sharding.Cell) *relayRig {
+	t.Helper()
+	own, _ := sharding.ParseRanges("0-499")
+	if cells == nil {
+		b, _ := sharding.ParseRanges("500-749")
+		c, _ := sharding.ParseRanges("750-999")
+		cells = []sharding.Cell{{Name: "cell-b", Addr: "b", Shards: b}, {Name: "cell-c", Addr: "c", Shards: c}}
+	}
+	m, _ := sharding.NewMap(append([]sharding.Cell{{Name: "cell-a", Addr: "a", Shards: own}}, cells...))
+	cfg := DefaultConfig()
+	cfg.Name, cfg.Shards, cfg.ClusterSecret, cfg.WarmSchema = "cell-a", own, "lane-test-secret-0123456789", false
+	cfg.RelayInterval = 200 * time.Millisecond
+	store := newFakeOutbox()
+	s, err := New(cfg, Stores{Real: store, Shadow: newFakeOutbox()}, nil, nil, fixedPeers{m}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
+	r := s.spaces[0].relay
+	r.send = net.send
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.run(ctx); close(done) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return &relayRig{s: s, r: r, store: store, net: net, start: time.Now(), stop: stop}
+}
+
+// credit makes a credit for a claimant of shard sh; n names it.
+func credit(sh model.ShardID, n int) model.Credit {
+	id := model.PacketID(fmt.Sprintf("20260101%03d0123456789abcdef", sh))
+	return model.Credit{ClaimID: fmt.Sprintf("%sc%d", id, n+1), PacketID: id, ActID: fmt.Sprintf("u%d", n), Shard: sh, Amount: 1}
+}
+
+func ids(cs ...model.Credit) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.ClaimID)
+	}
+	return out
+}
+
+// TestLanesKeepDestinationsApart: cell-c hangs; its credits wait for their
+// own lane's timeout (2 s, also the receiver's deadline), then its backoff,
+// while the local credits and cell-b's are delivered within the linger,
+// including ones handed over while cell-c's call hangs.
+func TestLanesKeepDestinationsApart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
+			if addr == "c" {
+				return stalled(ctx)
+			}
+			return nil, nil
+		}
+		local, toB, toC := credit(10, 0), credit(600, 1), credit(800, 2)
+		if left := rig.r.dispatch([]model.Credit{toC, local, toB}, time.Time{}); left != 0 {
+			t.Fatalf("%d credits left in the outbox, want 0", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if rig.store.count(rig.store.marked, local.ClaimID) != 1 || len(rig.net.to("b")) != 1 {
+			t.Fatalf("after 50 ms: local marked %d times, %d calls to cell-b; want 1 and 1", rig.store.count(rig.store.marked, local.ClaimID), len(rig.net.to("b")))
+		}
+		time.Sleep(time.Second) // cell-c's first call still hangs
+		local2, toB2 := credit(11, 3), credit(601, 4)
+		rig.r.dispatch([]model.Credit{local2, toB2}, time.Time{})
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if rig.store.count(rig.store.marked, local2.ClaimID) != 1 || len(rig.net.to("b")) != 2 {
+			t.Fatalf("while cell-c hangs: the new local credit marked %d times, %d calls to cell-b; want 1 and 2",
+				rig.store.count(rig.store.marked, local2.ClaimID), len(rig.net.to("b")))
+		}
+		time.Sleep(3 * time.Second)
+		calls := rig.net.to("c")
+		if len(calls) != 2 {
+			t.Fatalf("%d calls to cell-c in 4 s, want 2 (one timing out after 2 s, one after the 100 ms backoff)", len(calls))
+		}
+		for _, c := range calls {
+			if c.deadline != relayAttemptTimeout {
+				t.Errorf("a call's deadline was %s after its start, want %s", c.deadline, relayAttemptTimeout)
+			}
+		}
+		if gap := calls[1].at.Sub(calls[0].at); gap != relayAttemptTimeout+relayBackoffMin {
+			t.Errorf("second call to cell-c %s after the first, want %s", gap, relayAttemptTimeout+relayBackoffMin)
+		}
+		if n := rig.store.count(rig.store.marked, toC.ClaimID); n != 0 {
+			t.Errorf("cell-c's credit marked %d times while it hangs", n)
+		}
+	})
+}
+
+// TestLaneBackoff: a destination that refuses every call is tried after
+// 100 ms, then 200 ms, ... up to 5 s between attempts; while the lane backs
+// off it takes no credits (they stay in the outbox); the first success ends
+// the backoff, so the next failure waits 100 ms again.
+func TestLaneBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		var mu sync.Mutex
+		refuse := true
+		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return nil, errRefused
+			}
+			return nil, nil
+		}
+		rig.r.dispatch([]model.Credit{credit(600, 0)}, time.Time{})
+		time.Sleep(20 * time.Second)
+		calls := rig.net.to("b")
+		var gaps []time.Duration
+		for i := 1; i < len(calls); i++ {
+			gaps = append(gaps, calls[i].at.Sub(calls[i-1].at))
+		}
+		ms := time.Millisecond
+		want := []time.Duration{100 * ms, 200 * ms, 400 * ms, 800 * ms, 1600 * ms, 3200 * ms, 5000 * ms, 5000 * ms}
+		if !slices.Equal(gaps[:min(len(gaps), len(want))], want) {
+			t.Fatalf("gaps between attempts %v, want %v then 5 s", gaps, want)
+		}
+		if left := rig.r.dispatch([]model.Credit{credit(601, 1)}, time.Time{}); left != 1 {
+			t.Fatalf("a lane backing off took a credit (left %d, want 1)", left)
+		}
+		mu.Lock()
+		refuse = false
+		mu.Unlock()
+		time.Sleep(relayBackoffMax)
+		synctest.Wait()
+		n := len(rig.net.to("b"))
+		mu.Lock()
+		refuse = true
+		mu.Unlock()
+		rig.r.dispatch([]model.Credit{credit(602, 2)}, time.Time{})
+		time.Sleep(time.Second)
+		calls = rig.net.to("b")
+		if len(calls) < n+2 || calls[n+1].at.Sub(calls[n].at) != relayBackoffMin {
+			t.Fatalf("after a success, a failure then the next attempt: %d calls; want the retry 100 ms after the failure", len(calls)-n)
+		}
+	})
+}
+
+// TestLaneBoundAndNoDoubleHandOff: with its deliveries stuck, a lane holds at
+// most laneDepthMax credits, the rest stay in the outbox; the scans that find
+// every pending row meanwhile hand it nothing it holds. Once deliveries go
+// through, each credit is applied and marked exactly once, the ones it had no
+// room for through a later scan.
+func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		stuck := make(chan struct{})
+		rig.store.release = stuck
+		var all []model.Credit
+		for i := range laneDepthMax + 100 {
+			all = append(all, credit(model.ShardID(i%500), i))
+		}
+		rig.store.mu.Lock()
+		rig.store.pending = slices.Clone(all)
+		rig.store.mu.Unlock()
+		if left := rig.r.dispatch(all, time.Time{}); left != 100 {
+			t.Fatalf("%d credits left in the outbox, want the 100 beyond the lane's bound", left)
+		}
+		time.Sleep(time.Second + 50*time.Millisecond) // five scans
+		synctest.Wait()
+		if held, _ := rig.r.local.state(); held != laneDepthMax {
+			t.Fatalf("the lane holds %d credits, want %d", held, laneDepthMax)
+		}
+		close(stuck)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		for _, c := range all {
+			if a, m := rig.store.count(rig.store.applied, c.ClaimID), rig.store.count(rig.store.marked, c.ClaimID); a != 1 || m != 1 {
+				t.Fatalf("%s applied %d and marked %d times, want once each", c.ClaimID, a, m)
+			}
+		}
+	})
+}
+
+// TestScanDoesNotHandBackWhatWasJustDelivered: the scan reads a pending row;
+// before it hands the credit over, the lane delivers and marks it. The lane
+// does not take it again from that scan: it is applied once.
+func TestScanDoesNotHandBackWhatWasJustDelivered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		x := credit(30, 0)
+		applying, reading := make(chan struct{}), make(chan struct{})
+		rig.store.mu.Lock()
+		rig.store.pending, rig.store.release, rig.store.readGap = []model.Credit{x}, applying, reading
+		rig.store.mu.Unlock()
+		rig.r.dispatch([]model.Credit{x}, time.Time{}) // its delivery waits for applying
+		time.Sleep(300 * time.Millisecond)             // the scan at 200 ms has read x's row and waits for reading
+		synctest.Wait()
+		close(applying) // x is delivered, marked and let go
+		synctest.Wait()
+		close(reading) // the scan hands x over
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if a, m := rig.store.count(rig.store.applied, x.ClaimID), rig.store.count(rig.store.marked, x.ClaimID); a != 1 || m != 1 {
+			t.Fatalf("applied %d and marked %d times, want once each", a, m)
+		}
+	})
+}
+
+// TestLaneDeferredCredit: a credit whose wallet row is locked is deferred
+// three times: the lane tries it again after 100, 200 and 400 ms, and marks
+// it only once applied; the other credits of its batch, and credits handed
+// over meanwhile, are applied and marked at once.
+func TestLaneDeferredCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		locked := credit(20, 0)
+		tries := []time.Time{}
+		rig.store.defer_ = func(c model.Credit) bool {
+			if c.ClaimID != locked.ClaimID {
+				return false
+			}
+			tries = append(tries, time.Now())
+			return len(tries) <= 3
+		}
+		others := []model.Credit{credit(21, 1), credit(22, 2)}
+		rig.r.dispatch(append([]model.Credit{locked}, others...), time.Time{})
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		for _, c := range others {
+			if m := rig.store.count(rig.store.marked, c.ClaimID); m != 1 {
+				t.Fatalf("%s marked %d times, want 1", c.ClaimID, m)
+			}
+		}
+		if m := rig.store.count(rig.store.marked, locked.ClaimID); m != 0 {
+			t.Fatalf("the deferred credit was marked")
+		}
+		later := credit(23, 3)
+		rig.r.dispatch([]model.Credit{later}, time.Time{})
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if m := rig.store.count(rig.store.marked, later.ClaimID); m != 1 {
+			t.Fatalf("a credit handed over while another waits: marked %d times, want 1", m)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		rig.store.mu.Lock() // defer_ runs under it
+		defer rig.store.mu.Unlock()
+		var gaps []time.Duration
+		for i := 1; i < len(tries); i++ {
+			gaps = append(gaps, tries[i].Sub(tries[i-1]).Round(10*time.Millisecond))
+		}
+		ms := time.Millisecond
+		if !slices.Equal(gaps, []time.Duration{100 * ms, 200 * ms, 400 * ms}) {
+			t.Errorf("gaps between tries of the deferred credit %v, want [100ms 200ms 400ms]", gaps)
+		}
+		if a, m := rig.store.applied[locked.ClaimID], rig.store.marked[locked.ClaimID]; a != 1 || m != 1 {
+			t.Errorf("the deferred credit applied %d and marked %d times, want once each", a, m)
+		}
+		if n := rig.s.stats.relayDeferred.Load(); n != 3 {
+			t.Errorf("relayDeferred %d, want 3", n)
+		}
+	})
+}
+
+// TestRelayStopFlushes: when the cell stops, each lane delivers what it holds
+// at once (not after the linger, not waiting for the scan), and all of it
+// within relayFlushMax even when a destination hangs (one try, bounded by the
+// attempt timeout); the hanging cell's credits stay in the outbox.
+func TestRelayStopFlushes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
+			if addr == "c" {
+				return stalled(ctx)
+			}
+			return nil, nil
+		}
+		cs := []model.Credit{credit(10, 0), credit(600, 1), credit(800, 2), credit(11, 3)}
+		rig.r.dispatch(cs, time.Time{})
+		start := time.Now()
+		rig.stop()
+		if took := time.Since(start); took > relayFlushMax {
+			t.Errorf("stopping took %s, want at most %s", took, relayFlushMax)
+		}
+		for i, want := range []int{1, 1, 0, 1} {
+			if m := rig.store.count(rig.store.marked, cs[i].ClaimID); m != want {
+				t.Errorf("credit %d marked %d times, want %d", i, m, want)
+			}
+		}
+		if b := rig.net.to("b"); len(b) != 1 || !slices.Equal(b[0].ids, ids(cs[1])) {
+			t.Errorf("calls to cell-b: %+v", b)
+		}
+		if len(rig.net.to("c")) != 1 {
+			t.Errorf("%d calls to cell-c, want 1", len(rig.net.to("c")))
+		}
+		if left := rig.r.dispatch(cs, time.Time{}); left != len(cs) {
+			t.Errorf("a stopped relay took %d credits, want none", len(cs)-left)
+		}
+	})
+}
+
+// TestLanesBoundedAndRetired: at most lanesMax lanes to other cells; credits
+// for one more cell stay in the outbox. A lane that held nothing for
+// laneIdleStop stops; the next credit for its cell starts it again.
+func TestLanesBoundedAndRetired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cells []sharding.Cell
+		var cs []model.Credit
+		for i := range lanesMax + 1 {
+			sh := model.ShardID(500 + i)
+			cells = append(cells, sharding.Cell{Name: fmt.Sprintf("cell-%03d", i), Addr: fmt.Sprint(i), Shards: sharding.Ranges{{From: sh, To: sh}}})
+			cs = append(cs, credit(sh, i))
+		}
+		rig := newRelayRig(t, cells...)
+		if left := rig.r.dispatch(cs[:lanesMax], time.Time{}); left != 0 {
+			t.Fatalf("%d credits left in the outbox, want 0", left)
+		}
+		if left := rig.r.dispatch(cs[lanesMax:], time.Time{}); left != 1 {
+			t.Fatalf("a credit for a cell beyond %d lanes was taken", lanesMax)
+		}
+		if n := len(rig.r.lanes()); n != lanesMax {
+			t.Fatalf("%d lanes, want %d", n, lanesMax)
+		}
+		time.Sleep(laneIdleStop + time.Second)
+		synctest.Wait()
+		if n := len(rig.r.lanes()); n != 0 {
+			t.Fatalf("%d lanes after they held nothing for %s, want 0", n, laneIdleStop)
+		}
+		if left := rig.r.dispatch(cs[lanesMax:], time.Time{}); left != 0 {
+			t.Fatalf("the last cell's credit was not taken after the others retired")
+		}
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if n := len(rig.net.to(fmt.Sprint(lanesMax))); n != 1 {
+			t.Fatalf("%d calls to the last cell, want 1", n)
+		}
+	})
+}

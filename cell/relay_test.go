@@ -1,0 +1,548 @@
+package cell_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/cell"
+	"redcell/cell/api"
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// The relay tests below measure, per credit, the time from the open's answer
+// to the moment the claimant's balance, read straight from its cell's rows,
+// shows the claim. One slow destination must not delay the others: each
+// credit to a healthy wallet is applied within creditDelayMax.
+const creditDelayMax = time.Second
+
+// probeClaim is one claim the relay tests follow until it is credited.
+type probeClaim struct {
+	act      string
+	kind     string  // which group of claimants it belongs to, for the report
+	db       *sql.DB // the database of the cell that holds the claimant's wallet
+	claim    api.OpenResponse
+	answered time.Time // when the open answered
+	credited time.Time // when the balance first showed the claim (zero: not yet)
+	marked   time.Time // when the sender's outbox first showed it delivered (zero: not yet)
+}
+
+// actsInShard returns n act_ids (prefix-0, prefix-1, ...) whose shard is sh.
+func actsInShard(t *testing.T, prefix string, sh model.ShardID, n int) []string {
+	t.Helper()
+	var out []string
+	for i := 0; len(out) < n && i < 10_000_000; i++ {
+		if a := fmt.Sprintf("%s-%d", prefix, i); sharding.ShardOfAct(a) == sh {
+			out = append(out, a)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("found %d act_ids in shard %d, want %d", len(out), sh, n)
+	}
+	return out
+}
+
+// interleave takes one from each group in turn until all are used.
+func interleave(groups ...[]string) []string {
+	var out []string
+	for i := 0; ; i++ {
+		added := false
+		for _, g := range groups {
+			if i < len(g) {
+				out = append(out, g[i])
+				added = true
+			}
+		}
+		if !added {
+			return out
+		}
+	}
+}
+
+// walletBalance reads act's balance from its account row (0 without one, or
+// before its table exists), without locking: a row another transaction holds
+// is read as last committed.
+func walletBalance(t *testing.T, db *sql.DB, act string) int64 {
+	t.Helper()
+	sh := sharding.ShardOfAct(act)
+	var b int64
+	err := db.QueryRow(fmt.Sprintf("SELECT balance FROM db_%02d.t_account_%d WHERE act_id = ?", sh.DB(), sh.Table()), act).Scan(&b)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1146 { // no such table yet
+		return 0
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("read balance of %s: %v", act, err)
+	}
+	return b
+}
+
+// creditWatch follows claims, from its own goroutine, from the moment each is
+// answered: every 5 ms it reads the balances of those not credited yet (one
+// query per account table) and, given the sender's database, their outbox
+// rows, and notes when each first shows credited, and marked delivered.
+type creditWatch struct {
+	outbox *sql.DB // the sender cell's database; nil: marks not watched
+
+	mu     sync.Mutex // guards claims, the times in them, and errs
+	claims []*probeClaim
+	errs   []error
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func watchCredits(t *testing.T, outbox *sql.DB) *creditWatch {
+	w := &creditWatch{outbox: outbox, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			w.poll()
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		w.halt()
+		for _, err := range w.errs {
+			t.Errorf("watching credits: %v", err)
+		}
+	})
+	return w
+}
+
+// halt stops the polling; the times stay as they are.
+func (w *creditWatch) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// open opens packet id at cell c for each claimant in turn (kind and the
+// database holding its wallet as the maps say) and watches each claim from
+// its answer on.
+func (w *creditWatch) open(t *testing.T, c *testCell, id string, order []string, kind map[string]string, db map[string]*sql.DB) []*probeClaim {
+	t.Helper()
+	var out []*probeClaim
+	for _, act := range order {
+		claim := openOne(t, c, nil, id, act)
+		pc := &probeClaim{act: act, kind: kind[act], db: db[act], claim: claim, answered: time.Now()}
+		w.mu.Lock()
+		w.claims = append(w.claims, pc)
+		w.mu.Unlock()
+		out = append(out, pc)
+	}
+	return out
+}
+
+// poll reads once what the claims not seen yet show.
+func (w *creditWatch) poll() {
+	type table struct {
+		db   *sql.DB
+		name string
+	}
+	accounts, outboxes := map[table][]*probeClaim{}, map[table][]*probeClaim{}
+	w.mu.Lock()
+	for _, c := range w.claims {
+		if c.credited.IsZero() {
+			sh := sharding.ShardOfAct(c.act)
+			k := table{c.db, fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())}
+			accounts[k] = append(accounts[k], c)
+		}
+		if w.outbox != nil && c.marked.IsZero() {
+			ref, _, _ := model.ParseClaimID(c.claim.ClaimID)
+			k := table{w.outbox, fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB())}
+			outboxes[k] = append(outboxes[k], c)
+		}
+	}
+	w.mu.Unlock()
+	// read runs q over the claims cs of one table and calls seen with each row
+	// read (its key and value) and the time it was read.
+	read := func(tb table, q string, cs []*probeClaim, arg func(*probeClaim) any, seen func(c *probeClaim, key string, v int64, at time.Time)) {
+		args := make([]any, len(cs))
+		for i, c := range cs {
+			args[i] = arg(c)
+		}
+		rows, err := tb.db.Query(fmt.Sprintf(q, tb.name, strings.Repeat("?, ", len(cs)-1)+"?"), args...)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // no such table yet
+			return
+		}
+		if err != nil {
+			w.mu.Lock()
+			w.errs = append(w.errs, err)
+			w.mu.Unlock()
+			return
+		}
+		defer rows.Close()
+		now := time.Now()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for rows.Next() {
+			var key string
+			var v int64
+			if err := rows.Scan(&key, &v); err != nil {
+				w.errs = append(w.errs, err)
+				return
+			}
+			for _, c := range cs {
+				seen(c, key, v, now)
+			}
+		}
+	}
+	for tb, cs := range accounts {
+		read(tb, "SELECT act_id, balance FROM %s WHERE act_id IN (%s)", cs, func(c *probeClaim) any { return c.act },
+			func(c *probeClaim, act string, balance int64, at time.Time) {
+				if c.act == act && balance == c.claim.Amount && c.credited.IsZero() {
+					c.credited = at
+				}
+			})
+	}
+	for tb, cs := range outboxes {
+		read(tb, "SELECT claim_id, state FROM %s WHERE claim_id IN (%s)", cs, func(c *probeClaim) any { return c.claim.ClaimID },
+			func(c *probeClaim, id string, state int64, at time.Time) {
+				if c.claim.ClaimID == id && state == 1 && c.marked.IsZero() {
+					c.marked = at
+				}
+			})
+	}
+}
+
+// until waits, for up to limit, until done reports true (called with the
+// times stable), and says whether it did.
+func (w *creditWatch) until(limit time.Duration, done func() bool) bool {
+	for deadline := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
+		w.mu.Lock()
+		ok := done()
+		w.mu.Unlock()
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// seen reports whether c has been seen credited.
+func (w *creditWatch) seen(c *probeClaim) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !c.credited.IsZero()
+}
+
+func allCredited(cs []*probeClaim) func() bool {
+	return func() bool {
+		return !slices.ContainsFunc(cs, func(c *probeClaim) bool { return c.credited.IsZero() })
+	}
+}
+
+func allMarked(cs []*probeClaim) func() bool {
+	return func() bool {
+		return !slices.ContainsFunc(cs, func(c *probeClaim) bool { return c.marked.IsZero() })
+	}
+}
+
+// only returns the claims of the given kinds.
+func only(cs []*probeClaim, kinds ...string) []*probeClaim {
+	var out []*probeClaim
+	for _, c := range cs {
+		if slices.Contains(kinds, c.kind) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// delays returns, for each claim, the time from its open's answer to what at
+// reads (its credit or its mark); a claim not seen counts as missing.
+func delays(cs []*probeClaim, at func(*probeClaim) time.Time) (ds []time.Duration, missing int) {
+	for _, c := range cs {
+		if at(c).IsZero() {
+			missing++
+			continue
+		}
+		ds = append(ds, at(c).Sub(c.answered))
+	}
+	slices.Sort(ds)
+	return ds, missing
+}
+
+// percentile is the nearest-rank p-th percentile (0 < p <= 100) of sorted ds.
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	i := (len(ds)*p + 99) / 100
+	return ds[max(i, 1)-1]
+}
+
+// report logs the delays of cs (p50, p99, max) and fails the test for each one
+// above creditDelayMax or never seen.
+func report(t *testing.T, what string, cs []*probeClaim, at func(*probeClaim) time.Time) {
+	t.Helper()
+	ds, missing := delays(cs, at)
+	var top time.Duration
+	if len(ds) > 0 {
+		top = ds[len(ds)-1]
+	}
+	t.Logf("%s: n=%d p50=%s p99=%s max=%s not seen=%d", what, len(cs), percentile(ds, 50).Round(time.Millisecond),
+		percentile(ds, 99).Round(time.Millisecond), top.Round(time.Millisecond), missing)
+	if missing > 0 || top > creditDelayMax {
+		t.Errorf("%s: %d not seen, slowest %s; want every one within %s", what, missing, top.Round(time.Millisecond), creditDelayMax)
+	}
+}
+
+func creditedAt(c *probeClaim) time.Time { return c.credited }
+func markedAt(c *probeClaim) time.Time   { return c.marked }
+
+// holdLocked runs q (a locking read) in a transaction of its own on db and
+// keeps it open, so the rows it read stay locked, until release is called or
+// the test ends. READ COMMITTED: it locks the rows it names, no gaps.
+func holdLocked(t *testing.T, db *sql.DB, q string, args ...any) (release func()) {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if n == 0 {
+		t.Fatalf("%s locked no row", q)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback() }) }
+	t.Cleanup(release)
+	return release
+}
+
+// checkExactlyOnce: each claimant holds exactly its claim, in one credit flow
+// keyed by the claim, and the sender's outbox (db sender) marks every claim
+// delivered (waiting up to 5 s for the marks). Then, after a few more relay
+// scans, nothing has changed.
+func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
+	t.Helper()
+	check := func() {
+		for _, c := range claims {
+			sh := sharding.ShardOfAct(c.act)
+			var flows, ours int
+			var sum int64
+			c.db.QueryRow(fmt.Sprintf("SELECT COUNT(*), COALESCE(SUM(amount), 0), COALESCE(SUM(order_no = ?), 0) FROM db_%02d.t_flow_%d WHERE act_id = ? AND kind = 'credit'", sh.DB(), sh.Table()),
+				"claim:"+c.claim.ClaimID, c.act).Scan(&flows, &sum, &ours)
+			if b := walletBalance(t, c.db, c.act); b != c.claim.Amount || flows != 1 || ours != 1 || sum != c.claim.Amount {
+				t.Errorf("%s (%s): balance %d, %d credit flows (%d for its claim) summing to %d; want exactly its claim of %d once",
+					c.act, c.kind, b, flows, ours, sum, c.claim.Amount)
+			}
+		}
+	}
+	check()
+	waitFor(t, 5*time.Second, func() bool {
+		return !slices.ContainsFunc(claims, func(c *probeClaim) bool { return outboxState(t, sender.db, "", c.claim.ClaimID) != 1 })
+	}, "every outbox row marked delivered")
+	time.Sleep(4 * sender.cfg.RelayInterval)
+	check()
+}
+
+// TestRelayLockedWalletRow: one claimant's wallet row in the other cell is
+// held locked by another transaction. The credits of every other claimant, in
+// that cell and in the sending cell's own shards, are applied within a second
+// of their claims; the locked one waits, and is applied once the lock is
+// released, exactly once. Balances, credit flows and outbox rows end exact.
+func TestRelayLockedWalletRow(t *testing.T) {
+	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	local := actsInShard(t, pre+"-l", 123, 8)
+	remote := actsInShard(t, pre+"-r", 678, 8)
+	locked := remote[0]
+	kind, db := map[string]string{}, map[string]*sql.DB{}
+	for _, act := range local {
+		kind[act], db[act] = "local", a.db
+	}
+	for _, act := range remote {
+		kind[act], db[act] = "remote", b.db
+	}
+	kind[locked] = "locked"
+
+	// The locked claimant has a wallet row (balance 0, no flow), and another
+	// connection holds it FOR UPDATE in an open transaction.
+	b.balance(t, locked) // creates the shard's tables
+	sh := sharding.ShardOfAct(locked)
+	account := fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())
+	exec(t, b.db, "INSERT INTO "+account+" (act_id, balance, updated_ms) VALUES (?, 0, 0)", locked)
+	release := holdLocked(t, b.db, "SELECT balance FROM "+account+" WHERE act_id = ? FOR UPDATE", locked)
+
+	n := len(local) + len(remote)
+	a.deposit(t, sender, 100_000)
+	id := a.send(t, sender, int64(n)*100, int64(n), "snd-1")
+	w := watchCredits(t, nil)
+	claims := w.open(t, a, id, append([]string{locked}, interleave(local, remote[1:])...), kind, db)
+	others := only(claims, "local", "remote")
+
+	w.until(12*time.Second, allCredited(others))
+	if w.seen(only(claims, "locked")[0]) {
+		t.Errorf("the locked claimant was credited while its wallet row was locked")
+	}
+	released := time.Now()
+	release()
+	if !w.until(15*time.Second, allCredited(claims)) {
+		t.Errorf("not every claim credited within 15 s of the lock's release")
+	}
+	w.halt()
+	if c := only(claims, "locked")[0]; !c.credited.IsZero() {
+		t.Logf("the locked claimant's credit applied %s after the lock's release", c.credited.Sub(released).Round(time.Millisecond))
+	}
+	report(t, "credit delay, other credits while one wallet row is locked", others, creditedAt)
+	report(t, "  of which in the sending cell", only(claims, "local"), creditedAt)
+	report(t, "  of which in the locked row's cell", only(claims, "remote"), creditedAt)
+	if n := metric(t, a, "redcell_cell_relay_deferred_total"); n < 1 {
+		t.Errorf("redcell_cell_relay_deferred_total = %v, want >= 1", n)
+	}
+	checkExactlyOnce(t, claims, a)
+}
+
+// TestRelayLockedOutboxRows: the outbox rows of four claims (two local, two in
+// the other cell) are held locked by another transaction while the relay
+// takes them up. Fresh claims made meanwhile are credited and marked
+// delivered within a second each; the locked rows stay pending while locked
+// and are marked once released; nothing is credited twice.
+func TestRelayLockedOutboxRows(t *testing.T) {
+	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	local := actsInShard(t, pre+"-l", 123, 6)
+	remote := actsInShard(t, pre+"-r", 678, 6)
+	kind, db := map[string]string{}, map[string]*sql.DB{}
+	for i, act := range local {
+		kind[act], db[act] = "fresh", a.db
+		kind[remote[i]], db[remote[i]] = "fresh", b.db
+		if i < 2 {
+			kind[act], kind[remote[i]] = "held", "held"
+		}
+	}
+	n := len(local) + len(remote)
+	a.deposit(t, sender, 100_000)
+	id := a.send(t, sender, int64(n)*100, int64(n), "snd-1")
+
+	// The held claims are made while the relay is off, and their outbox rows
+	// locked before it is back on.
+	degrade(t, a, `{"relay":"off"}`)
+	w := watchCredits(t, a.db)
+	held := w.open(t, a, id, interleave(local[:2], remote[:2]), kind, db)
+	ref, _ := model.ParsePacketID(id)
+	ids := []any{}
+	for _, c := range held {
+		ids = append(ids, c.claim.ClaimID)
+	}
+	release := holdLocked(t, a.db, fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id IN (?%s) FOR UPDATE",
+		ref.Shard.DB(), strings.Repeat(", ?", len(ids)-1)), ids...)
+	degrade(t, a, `{"relay":"on"}`)
+	time.Sleep(4 * a.cfg.RelayInterval) // the outbox scan hands the held rows to the relay
+
+	fresh := w.open(t, a, id, interleave(local[2:], remote[2:]), kind, db)
+	w.until(12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })
+	for _, c := range held {
+		if st := outboxState(t, a.db, "", c.claim.ClaimID); st != 0 {
+			t.Errorf("%s: outbox state %d while its row was locked", c.act, st)
+		}
+	}
+	release()
+	claims := append(held, fresh...)
+	if !w.until(15*time.Second, func() bool { return allCredited(claims)() && allMarked(claims)() }) {
+		t.Errorf("not every claim credited and marked within 15 s of the lock's release")
+	}
+	w.halt()
+	report(t, "credit delay, fresh credits while outbox rows are locked", fresh, creditedAt)
+	report(t, "delivered-mark delay, fresh credits while outbox rows are locked", fresh, markedAt)
+	if n := metric(t, a, "redcell_cell_relay_mark_skipped_total"); n < 1 {
+		t.Errorf("redcell_cell_relay_mark_skipped_total = %v, want >= 1", n)
+	}
+	checkExactlyOnce(t, claims, a)
+}
+
+// TestCreditsAnswerNamesDeferred: /internal/credits does not wait for a
+// wallet row another transaction holds. To a sender that reads the deferred
+// list (api.HeaderPartial) it answers 200 with that claim listed and the
+// others applied; to one that does not, a retryable 503 OVERLOADED, so such a
+// sender marks nothing it cannot be sure of. Once the row is free the relay
+// delivers the deferred credit, once.
+func TestCreditsAnswerNamesDeferred(t *testing.T) {
+	peers := &staticPeers{}
+	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
+	// cell-a's relay cannot reach cell-b at first: the test posts the credits itself.
+	hidden, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
+	peers.m.Store(hidden)
+	pre := testenv.Prefix()
+	sender := actIn(t, pre+"-s", a.cfg.Shards)
+	acts := actsInShard(t, pre+"-c", 678, 2)
+	free, locked := acts[0], acts[1]
+	b.balance(t, locked)
+	sh := sharding.ShardOfAct(locked)
+	account := fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())
+	exec(t, b.db, "INSERT INTO "+account+" (act_id, balance, updated_ms) VALUES (?, 0, 0)", locked)
+	release := holdLocked(t, b.db, "SELECT balance FROM "+account+" WHERE act_id = ? FOR UPDATE", locked)
+	a.deposit(t, sender, 200)
+	id := a.send(t, sender, 200, 2, "snd-1")
+	kind, db := map[string]string{free: "free", locked: "locked"}, map[string]*sql.DB{free: b.db, locked: b.db}
+	w := watchCredits(t, nil)
+	claims := w.open(t, a, id, acts, kind, db)
+	var credits []model.Credit
+	for _, c := range claims {
+		credits = append(credits, model.Credit{ClaimID: c.claim.ClaimID, PacketID: model.PacketID(id), ActID: c.act, Shard: sharding.ShardOfAct(c.act), Amount: model.Cents(c.claim.Amount)})
+	}
+	post := func(partial bool, out any) (int, string) {
+		body, _ := json.Marshal(api.CreditsRequest{Credits: credits})
+		req := newRequest(nil, "POST", b.url+"/internal/credits", body)
+		if partial {
+			req.Header.Set(api.HeaderPartial, "1")
+		}
+		signer.SignRequest(req, time.Now())
+		return exchange(t, req, out)
+	}
+	var out api.CreditsResponse
+	if st, code := post(true, &out); st != 200 || out.Applied != 1 || !slices.Equal(out.Deferred, []string{claims[1].claim.ClaimID}) {
+		t.Fatalf("with the deferred list read: %d %s %+v; want 200, 1 applied, %s deferred", st, code, out, claims[1].claim.ClaimID)
+	}
+	if st, code := post(false, nil); st != 503 || code != "OVERLOADED" {
+		t.Fatalf("without it: %d %s; want 503 OVERLOADED", st, code)
+	}
+	if got, want := walletBalance(t, b.db, free), claims[0].claim.Amount; got != want {
+		t.Fatalf("free claimant's balance %d, want %d", got, want)
+	}
+	if got := walletBalance(t, b.db, locked); got != 0 {
+		t.Fatalf("locked claimant's balance %d while locked", got)
+	}
+	release()
+	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
+	peers.m.Store(good)
+	if !w.until(10*time.Second, allCredited(claims)) {
+		t.Fatalf("not credited within 10 s of the release")
+	}
+	w.halt()
+	checkExactlyOnce(t, claims, a)
+}

@@ -1,0 +1,185 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// claimsFor makes one real claim per claimant on a fresh packet (so the rows
+// stay ones the audit of TestLedgerBalances accepts) and returns their credits.
+func claimsFor(t *testing.T, m *MySQL, pre string, claimants []string) []model.Credit {
+	t.Helper()
+	sender := pre + "-s"
+	deposit(t, m, sender, model.Cents(100*len(claimants)))
+	ref := send(t, m, sender, model.Cents(100*len(claimants)), int64(len(claimants)), time.Hour)
+	var credits []model.Credit
+	for _, act := range claimants {
+		res, _, err := m.OpenBatch(context.Background(), ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
+		if err != nil || res[0].Err != nil {
+			t.Fatal(err, res[0].Err)
+		}
+		c := res[0].Claim
+		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount})
+	}
+	return credits
+}
+
+// hold runs the locking read q in a transaction of its own (at the given
+// isolation level) and keeps it open until release is called or the test ends.
+func hold(t *testing.T, m *MySQL, level sql.IsolationLevel, q string, args ...any) (release func()) {
+	t.Helper()
+	tx, err := m.db.BeginTx(context.Background(), &sql.TxOptions{Isolation: level})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	rows.Close()
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback() }) }
+	t.Cleanup(release)
+	return release
+}
+
+func creditFlows(t *testing.T, m *MySQL, c model.Credit) int {
+	t.Helper()
+	var n int
+	if err := m.db.QueryRow("SELECT COUNT(*) FROM "+m.flowTable(c.Shard)+" WHERE act_id = ? AND order_no = ?", c.ActID, "claim:"+c.ClaimID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestApplyCreditsSkipsLockedWallets: one claimant's account row is held FOR
+// UPDATE by another transaction, and another claimant's flow index is held by
+// a locking read of an order number it does not have (as a send's re-check
+// takes): ApplyCredits does not wait for either. It books the other credits at
+// once and answers those two as deferred, with neither a flow row nor a
+// balance change for them; once the locks are gone they are applied, once.
+func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
+	m := openStore(t)
+	pre := testenv.Prefix()
+	claimants := []string{pre + "-a", pre + "-b", pre + "-c", pre + "-d"}
+	credits := claimsFor(t, m, pre, claimants)
+	rowLocked, gapLocked := credits[1], credits[2]
+	bg := context.Background()
+	if err := m.EnsureShard(bg, rowLocked.Shard); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureShard(bg, gapLocked.Shard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.db.Exec("INSERT INTO "+m.accountTable(rowLocked.Shard)+" (act_id, balance, updated_ms) VALUES (?, 0, 0)", rowLocked.ActID); err != nil {
+		t.Fatal(err)
+	}
+	releaseRow := hold(t, m, sql.LevelReadCommitted, "SELECT balance FROM "+m.accountTable(rowLocked.Shard)+" WHERE act_id = ? FOR UPDATE", rowLocked.ActID)
+	releaseGap := hold(t, m, sql.LevelRepeatableRead, "SELECT kind FROM "+m.flowTable(gapLocked.Shard)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", gapLocked.ActID, "snd-zz")
+
+	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	applied, deferred, err := m.ApplyCredits(ctx, credits)
+	took := time.Since(start)
+	if err != nil || applied != 2 || took > time.Second {
+		t.Fatalf("with two wallets locked: applied %d, err %v after %s; want the other 2 applied at once", applied, err, took)
+	}
+	want := []string{rowLocked.ClaimID, gapLocked.ClaimID}
+	slices.Sort(want)
+	slices.Sort(deferred)
+	if !slices.Equal(deferred, want) {
+		t.Errorf("deferred %v, want %v", deferred, want)
+	}
+	for _, c := range credits {
+		want, flows := c.Amount, 1
+		if c == rowLocked || c == gapLocked {
+			want, flows = 0, 0
+		}
+		if b, n := balance(t, m, c.ActID), creditFlows(t, m, c); b != want || n != flows {
+			t.Errorf("%s: balance %d with %d credit flows, want %d with %d", c.ActID, b, n, want, flows)
+		}
+	}
+	releaseRow()
+	releaseGap()
+	// Now the two apply. Another transaction on a neighbouring key of the flow
+	// index (InnoDB's duplicate check locks the next record too) could still
+	// defer one for a moment, as it would a relay's delivery: retry briefly.
+	total := 0
+	for try := 0; try < 20 && total < 2; try++ {
+		applied, _, err := m.ApplyCredits(bg, credits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += applied
+		if total < 2 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if total != 2 {
+		t.Fatalf("after the locks: %d applied, want the 2 deferred ones", total)
+	}
+	if applied, deferred, err := m.ApplyCredits(bg, credits); err != nil || applied != 0 || len(deferred) != 0 {
+		t.Fatalf("one more delivery: applied %d, deferred %v, err %v; want nothing", applied, deferred, err)
+	}
+	for _, c := range credits {
+		if b, n := balance(t, m, c.ActID), creditFlows(t, m, c); b != c.Amount || n != 1 {
+			t.Errorf("%s: balance %d with %d credit flows, want %d with 1", c.ActID, b, n, c.Amount)
+		}
+	}
+	if skipped, err := m.MarkDelivered(bg, credits); err != nil || skipped != 0 {
+		t.Fatal(skipped, err)
+	}
+}
+
+// TestMarkDeliveredSkipsLockedRows: one of three outbox rows is held locked by
+// another transaction; MarkDelivered does not wait for it: it marks the other
+// two at once and leaves that one pending, to be marked by a later call.
+func TestMarkDeliveredSkipsLockedRows(t *testing.T) {
+	m := openStore(t)
+	pre := testenv.Prefix()
+	credits := claimsFor(t, m, pre, []string{pre + "-a", pre + "-b", pre + "-c"})
+	bg := context.Background()
+	if _, _, err := m.ApplyCredits(bg, credits); err != nil {
+		t.Fatal(err)
+	}
+	ref, _, _ := model.ParseClaimID(credits[0].ClaimID)
+	outbox := m.outboxTable(ref.Shard.DB())
+	state := func(c model.Credit) (st int) {
+		if err := m.db.QueryRow("SELECT state FROM "+outbox+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	release := hold(t, m, sql.LevelReadCommitted, "SELECT state FROM "+outbox+" WHERE claim_id = ? FOR UPDATE", credits[1].ClaimID)
+	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	skipped, err := m.MarkDelivered(ctx, credits)
+	if took := time.Since(start); err != nil || skipped != 1 || took > time.Second {
+		t.Fatalf("with one row locked: %d skipped, err %v after %s; want the other 2 marked at once", skipped, err, took)
+	}
+	for i, want := range []int{1, 0, 1} {
+		if st := state(credits[i]); st != want {
+			t.Errorf("row %d: state %d, want %d", i, st, want)
+		}
+	}
+	release()
+	if skipped, err := m.MarkDelivered(bg, credits); err != nil || skipped != 0 {
+		t.Fatal(skipped, err)
+	}
+	for i := range credits {
+		if st := state(credits[i]); st != 1 {
+			t.Errorf("row %d after the lock: state %d, want 1", i, st)
+		}
+	}
+}
