@@ -281,6 +281,7 @@ func (f *fakeMemcache) Get(string) (*memcache.Item, error) {
 func (f *fakeMemcache) Add(*memcache.Item) error            { return f.result() }
 func (f *fakeMemcache) Set(*memcache.Item) error            { return f.result() }
 func (f *fakeMemcache) CompareAndSwap(*memcache.Item) error { return f.result() }
+func (f *fakeMemcache) Close() error                        { return nil }
 
 // TestMemcacheBreaker: misses and CAS conflicts never trip it; a memcached that
 // times out does, after which the transaction slots use their in-process
