@@ -5,6 +5,7 @@
 package incident
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,9 @@ type Lines struct {
 	Start string // WARN when a failure starts
 	Still string // WARN at most once per every while it lasts
 	End   string // INFO when it ends
+	// Error writes Start and Still at ERROR instead of WARN: for a failure
+	// that is a fault to look into, not an outage to wait out.
+	Error bool
 }
 
 // New returns a tracker of failures called what, summarized at most once per
@@ -89,7 +93,7 @@ func (t *Tracker) Fail(err error, attrs ...any) {
 		if !flapping {
 			t.since, t.ended, t.logged, t.total, t.unnamed, t.flaps, t.reopened, t.held = now, time.Time{}, now, 1, 0, 0, false, false
 			t.mu.Unlock()
-			t.log.Warn(t.lines.Start, append(attrs, "err", err)...)
+			t.log.Log(context.Background(), t.level(), t.lines.Start, append(attrs, "err", err)...)
 			return
 		}
 		t.reopened = true // the same incident goes on
@@ -107,7 +111,14 @@ func (t *Tracker) Fail(err error, attrs ...any) {
 	if flaps > 0 {
 		attrs = append(attrs, "recoveries", flaps)
 	}
-	t.log.Warn(t.lines.Still, attrs...)
+	t.log.Log(context.Background(), t.level(), t.lines.Still, attrs...)
+}
+
+func (t *Tracker) level() slog.Level {
+	if t.lines.Error {
+		return slog.LevelError
+	}
+	return slog.LevelWarn
 }
 
 // OK records a successful attempt; it logs the recovery if a failure was going on.

@@ -140,3 +140,22 @@ func TestTrackerFlapping(t *testing.T) {
 		}
 	})
 }
+
+// TestTrackerErrorLevel: Lines.Error writes the start and the summaries at
+// ERROR; the recovery stays INFO.
+func TestTrackerErrorLevel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		tr := NewLines(slog.New(slog.NewTextHandler(&buf, nil)), Lines{Start: "open batch failed", Still: "open batches still failing",
+			End: "open batches commit again", Error: true}, time.Second)
+		tr.Fail(errors.New("bug"))
+		time.Sleep(time.Second)
+		tr.Fail(errors.New("bug"))
+		tr.OK()
+		got := lines(&buf)
+		if len(got) != 3 || !strings.Contains(got[0], `level=ERROR msg="open batch failed"`) ||
+			!strings.Contains(got[1], `level=ERROR msg="open batches still failing"`) || !strings.Contains(got[2], `level=INFO msg="open batches commit again"`) {
+			t.Fatalf("lines:\n%s", buf.String())
+		}
+	})
+}
