@@ -4,7 +4,6 @@
 package membership
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -87,7 +86,7 @@ func Join(cfg Config) (*Node, error) {
 	// A cell that restarts under the same name on a new port is taken back at once.
 	mc.DeadNodeReclaimTime = time.Second
 	mc.Logger = nil
-	mc.LogOutput = &logWriter{log: cfg.Log}
+	mc.LogOutput = newLogWriter(cfg.Log)
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.Bind, err)
@@ -227,21 +226,4 @@ func (e events) NotifyUpdate(node *memberlist.Node) { e.n.upsert(node) }
 func (e events) NotifyLeave(node *memberlist.Node) {
 	e.n.cfg.Log.Info("member left", "member", node.Name)
 	e.n.remove(node.Name)
-}
-
-// logWriter forwards memberlist's warnings and errors to slog and drops its
-// debug chatter.
-type logWriter struct{ log *slog.Logger }
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	line := string(bytes.TrimSpace(p))
-	switch {
-	case bytes.Contains(p, []byte("use of closed network connection")):
-		// memberlist's own shutdown racing its gossip timer: not a fault.
-	case bytes.Contains(p, []byte("[ERR]")):
-		w.log.Error("memberlist", "msg", line)
-	case bytes.Contains(p, []byte("[WARN]")):
-		w.log.Warn("memberlist", "msg", line)
-	}
-	return len(p), nil
 }
