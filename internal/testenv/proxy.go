@@ -14,10 +14,11 @@ import (
 type Proxy struct {
 	target string
 
-	mu    sync.Mutex // guards addr, ln, conns
-	addr  string
-	ln    net.Listener
-	conns map[net.Conn]bool // both ends of every live forwarded connection
+	mu      sync.Mutex // guards addr, ln, conns, cleanup
+	addr    string
+	ln      net.Listener
+	conns   map[net.Conn]bool // both ends of every live forwarded connection
+	cleanup bool              // t.Cleanup(p.Stop) registered
 }
 
 // NewProxy returns a stopped proxy to target; Start picks its port.
@@ -33,7 +34,9 @@ func (p *Proxy) Addr() string {
 }
 
 // Start listens (on a free port the first time, the same port after a Stop)
-// and forwards each accepted connection to the target. t.Cleanup stops it.
+// and forwards each accepted connection to the target. The first Start
+// registers Stop with t.Cleanup, so what the test started after it (a cell
+// using the proxy) stops first.
 func (p *Proxy) Start(t testing.TB) {
 	t.Helper()
 	ln, err := net.Listen("tcp", p.Addr())
@@ -42,8 +45,12 @@ func (p *Proxy) Start(t testing.TB) {
 	}
 	p.mu.Lock()
 	p.ln, p.addr, p.conns = ln, ln.Addr().String(), map[net.Conn]bool{}
+	first := !p.cleanup
+	p.cleanup = true
 	p.mu.Unlock()
-	t.Cleanup(p.Stop)
+	if first {
+		t.Cleanup(p.Stop)
+	}
 	go func() {
 		for {
 			c, err := ln.Accept()
