@@ -18,8 +18,12 @@ const auditTimeout = 10 * time.Minute
 // auditLoop audits the cell's own books, both spaces, every AuditInterval.
 func (s *Server) auditLoop(ctx context.Context) {
 	every(ctx, s.cfg.AuditInterval, func(int) {
-		if _, err := s.Audit(ctx, s.spaces[:]...); err != nil && ctx.Err() == nil {
-			s.log.Warn("audit of the cell's books could not run; next at the next interval", "err", err)
+		_, err := s.Audit(ctx, s.spaces[:]...)
+		switch {
+		case err == nil:
+			s.inc.audit.OK()
+		case ctx.Err() == nil:
+			s.inc.audit.Fail(err, "next_in", s.cfg.AuditInterval.String())
 		}
 	})
 }

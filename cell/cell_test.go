@@ -46,8 +46,16 @@ type testCell struct {
 
 // startCell runs a cell on 127.0.0.1 with a real store (test database dbN) and
 // the real memcached, each behind a circuit breaker as in redcell cell, until
-// the test ends.
+// the test ends. It logs warnings and errors to stderr.
 func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tune func(*cell.Config)) *testCell {
+	t.Helper()
+	return startCellLog(t, name, shards, dbN, peers, tune, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+// startCellLog is startCell logging to log. The store reaches the database
+// at cfg.DSN as tune leaves it (a proxy, say); testCell.db reaches test
+// database dbN directly.
+func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, tune func(*cell.Config), log *slog.Logger) *testCell {
 	t.Helper()
 	dsn := testenv.MySQLDSN(t, dbN)
 	mcAddr := testenv.Memcached(t)
@@ -66,11 +74,10 @@ func startCell(t *testing.T, name, shards string, dbN int, peers cell.Peers, tun
 	if tune != nil {
 		tune(&cfg)
 	}
-	store, err := storage.Open(dsn, cfg.MaxConns)
+	store, err := storage.Open(cfg.DSN, cfg.MaxConns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	reg := prometheus.NewRegistry()
 	dbBreak, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
 	if err != nil {

@@ -87,6 +87,9 @@ type Config struct {
 	// WarmSchema creates today's and tomorrow's tables for every owned shard in the
 	// background at start and hourly. Off, tables are still created on first use.
 	WarmSchema bool
+	// WarmRetry is how long the warm-up waits after a pass that failed (the
+	// database down) before it tries again, instead of the hour between passes.
+	WarmRetry time.Duration
 }
 
 // DefaultConfig returns a config with a reason for every value.
@@ -118,6 +121,10 @@ func DefaultConfig() Config {
 		ExpiryInterval: 5 * time.Second, // each pass reads ~3 day tables per owned shard
 		MapVersion:     1,
 		WarmSchema:     true,
+		// A failed pass costs little to repeat (tables are made IF NOT EXISTS,
+		// and while the database breaker is open the store refuses at once), and
+		// tomorrow's tables should not wait an hour for an outage of a minute.
+		WarmRetry: 30 * time.Second,
 
 		// Near real time, as the reward wallet does it: a difference is found
 		// within about two minutes of the claim that made it.
@@ -179,8 +186,8 @@ func (c Config) Validate() error {
 	if c.MaxConns < 2 {
 		bad("MaxConns must be >= 2")
 	}
-	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 {
-		bad("RequestTimeout, RelayInterval and ExpiryInterval must be > 0")
+	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 || c.WarmRetry <= 0 {
+		bad("RequestTimeout, RelayInterval, ExpiryInterval and WarmRetry must be > 0")
 	}
 	if c.ReconInterval <= 0 || c.ReconSettle <= 0 || c.AuditInterval <= 0 {
 		bad("ReconInterval, ReconSettle and AuditInterval must be > 0")

@@ -70,17 +70,29 @@ func expiryDays(now time.Time, expiry time.Duration) []int {
 }
 
 // expireOnce runs one pass over the given day slots and returns the cents refunded.
+// A scan or refund that fails is tried again at the next pass; each logs
+// through its incident tracker (one line when it starts failing, one when
+// a pass goes through again).
 func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Cents {
 	var total model.Cents
 	shards := s.cfg.Shards.Shards()
+	scan, refund := s.inc.expiryScan[spaceIndex(sp)], s.inc.refund[spaceIndex(sp)]
+	scanned, refundFailed := false, false
+	defer func() {
+		if scanned && !refundFailed && ctx.Err() == nil {
+			refund.OK() // every refund this pass found to do went through
+		}
+	}()
 	for round := 0; round < 50 && ctx.Err() == nil; round++ { // 50 x 500 refunds at most per pass
 		ids, err := sp.store.ExpiredIn(ctx, shards, days, s.now().UnixMilli(), 500)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Warn("expiry scan failed", "err", err)
+				scan.Fail(err)
 			}
 			return total
 		}
+		scan.OK()
+		scanned = true
 		refunded := 0
 		for _, id := range ids {
 			ref, err := model.ParsePacketID(string(id))
@@ -90,7 +102,10 @@ func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Ce
 			}
 			cents, err := sp.store.Refund(ctx, ref)
 			if err != nil {
-				s.log.Warn("refund failed; will retry", "packet", id, "err", err)
+				if ctx.Err() == nil {
+					refundFailed = true
+					refund.Fail(err, "packet", id)
+				}
 				continue
 			}
 			if cents > 0 {

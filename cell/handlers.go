@@ -92,6 +92,11 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 	}
 	ctx, cancel := s.deadline(rc)
 	defer cancel()
+	defer func() {
+		if rc.Response.StatusCode() < 500 {
+			s.inc.request.OK() // one atomic load unless requests were failing
+		}
+	}()
 	sp := s.spaceOf(rc)
 	switch rt {
 	case routeAccount:

@@ -230,10 +230,14 @@ func (c *outboxCollector) refreshLocked() {
 			n, oldest, err := sp.store.OutboxLag(ctx, db)
 			if err != nil {
 				c.ok[i] = false
+				c.s.inc.outboxLag[i].Fail(err, "db", db)
 				break
 			}
 			c.lag[i].pending += n
 			c.lag[i].oldestMS = max(c.lag[i].oldestMS, oldest)
+		}
+		if c.ok[i] {
+			c.s.inc.outboxLag[i].OK()
 		}
 	}
 }

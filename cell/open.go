@@ -253,16 +253,18 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
 	s.rngs.Put(r)
 	release()
+	track := s.inc.openBatch[spaceIndex(sp)]
 	if err != nil {
 		if errors.Is(err, model.ErrDBUnavailable) {
 			// The database breaker counts and logs outages; one line per batch would flood.
 			s.log.Debug("open batch failed", "packet", key, "batch", len(live), "err", err)
 		} else {
-			s.log.Error("open batch failed", "packet", key, "batch", len(live), "err", err)
+			track.Fail(err, "packet", key, "batch", len(live))
 		}
 		fail(err)
 		return
 	}
+	track.OK()
 	s.stats.openBatches.Add(1)
 	s.afterOpen(sp, p, results)
 	for i, j := range live {

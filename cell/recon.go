@@ -100,6 +100,7 @@ func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64
 	shards := s.shardsByDB()
 	var delivered []model.Credit
 	dbs := s.ownedDBs()
+	track := s.inc.reconWindow[spaceIndex(sp)]
 	for k := range dbs {
 		db := dbs[(k+pass)%len(dbs)]
 		from := cursors[db]
@@ -110,7 +111,7 @@ func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64
 		if err != nil {
 			p.errors++
 			if ctx.Err() == nil {
-				s.log.Warn("reconciliation could not read a window; will retry", "space", spaceName(sp), "db", db, "err", err)
+				track.Fail(err, "db", db) // the window is read again at the next pass
 			}
 			continue
 		}
@@ -121,6 +122,9 @@ func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64
 		p.lagging += int64(len(ob.Pending))
 		p.diffs.Merge(ob.Diffs)
 		delivered = append(delivered, ob.Delivered...)
+	}
+	if p.errors == 0 && ctx.Err() == nil {
+		track.OK() // once per pass: one database failing while others answer stays one incident
 	}
 	s.reconCredits(ctx, sp, delivered, &p)
 	return p
@@ -149,15 +153,23 @@ func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.
 		p.credited = p.credited.Plus(cc.Matched)
 		p.diffs.Merge(cc.Diffs)
 	}
+	localTrack := s.inc.reconCredits[spaceIndex(sp)]
+	localFailed := false
 	for start := 0; start < len(local) && ctx.Err() == nil; start += reconChunk {
 		chunk := local[start:min(start+reconChunk, len(local))]
 		found, err := sp.store.CreditsOf(ctx, chunk)
 		if err != nil {
 			p.unverified += int64(len(chunk))
-			s.log.Warn("reconciliation could not read credits", "space", spaceName(sp), "claims", len(chunk), "err", err)
+			if ctx.Err() == nil {
+				localFailed = true
+				localTrack.Fail(err, "claims", len(chunk))
+			}
 			continue
 		}
 		add(model.CompareCredits(chunk, found))
+	}
+	if len(local) > 0 && !localFailed && ctx.Err() == nil {
+		localTrack.OK()
 	}
 	addrs := make([]string, 0, len(remote))
 	for a := range remote {
@@ -166,15 +178,22 @@ func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.
 	sort.Strings(addrs)
 	for _, addr := range addrs {
 		cs := remote[addr]
+		track, failed := s.inc.reconAsk[spaceIndex(sp)].Of(addr), false
 		for start := 0; start < len(cs) && ctx.Err() == nil; start += reconChunk {
 			chunk := cs[start:min(start+reconChunk, len(cs))]
 			cc, err := s.askRecon(ctx, sp, addr, chunk)
 			if err != nil {
 				p.unverified += int64(len(chunk))
-				s.log.Warn("reconciliation could not ask a cell about its credits", "space", spaceName(sp), "addr", addr, "claims", len(chunk), "err", err)
+				if ctx.Err() == nil {
+					failed = true
+					track.Fail(err, "claims", len(chunk))
+				}
 				continue
 			}
 			add(cc)
+		}
+		if !failed && ctx.Err() == nil {
+			track.OK()
 		}
 	}
 }

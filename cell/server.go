@@ -108,6 +108,7 @@ type Server struct {
 	degraded     [switchCount]atomic.Bool // features switched off (SetDegrade)
 	reconMetrics *reconMetrics
 	auditor      *auditor
+	inc          *incidents // repeated failures, logged when they start and end
 }
 
 // stats are the cell's counters (exported through /healthz).
@@ -128,6 +129,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		return nil, errors.New("cell: both a real and a shadow store are required")
 	}
 	s := &Server{cfg: cfg, slots: slots, cache: cache, peers: peers, log: log.With("cell", cfg.Name), now: time.Now}
+	s.inc = newIncidents(s.log)
 	for _, sh := range cfg.Shards.Shards() {
 		s.owned[sh] = true
 	}
@@ -254,7 +256,9 @@ func (s *Server) bgContext() context.Context {
 }
 
 // warmSchema creates the shard tables and today's and tomorrow's day tables
-// before they are needed, then again each hour so tomorrow's always exist.
+// before they are needed, then again each hour so tomorrow's always exist. A
+// pass that fails (the database down, or its breaker open) is tried again
+// after WarmRetry.
 func (s *Server) warmSchema(ctx context.Context) {
 	shards := s.cfg.Shards.Shards()
 	for {
@@ -267,15 +271,18 @@ func (s *Server) warmSchema(ctx context.Context) {
 				s.log.Info("creating day tables", "done", done, "shards", total, "days", days)
 			}
 		})
+		next := time.Hour
 		if err != nil && ctx.Err() == nil {
-			s.log.Error("creating tables failed; will retry", "err", err)
+			s.inc.warmUp.Fail(err, "retry_in", s.cfg.WarmRetry.String())
+			next = s.cfg.WarmRetry
 		} else if err == nil {
+			s.inc.warmUp.OK()
 			s.schemaReady.Store(true)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Hour):
+		case <-time.After(next):
 		}
 	}
 }
@@ -323,6 +330,8 @@ func (s *Server) writeJSON(rc *fasthttp.RequestCtx, status int, v any) {
 	rc.SetBody(b)
 }
 
+// writeErr answers err. A 5xx other than shedding and DB_UNAVAILABLE is a
+// request failure (s.inc.request); serveRoute tells it of every other answer.
 func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = model.ErrTimeout
@@ -337,7 +346,7 @@ func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 		// failures (redcell_breaker_*), so an outage is not one line per request.
 		s.log.Debug("request shed", "path", string(rc.Path()), "err", err)
 	case status >= 500:
-		s.log.Warn("request failed", "path", string(rc.Path()), "err", err)
+		s.inc.request.Fail(err, "path", string(rc.Path()))
 	}
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"redcell/internal/incident"
 )
 
 // Memcache is the part of a memcached client the slots and the grab cache use:
@@ -49,7 +51,7 @@ type Slots struct {
 // NewSlots returns a cap of capPerKey concurrent holders per key.
 func NewSlots(mc Memcache, capPerKey int, log *slog.Logger) *Slots {
 	return &Slots{mc: mc, cap: capPerKey, ttlSec: 10, log: log, local: map[string]int{},
-		state: fallbackState{use: "transaction cap", log: log}}
+		state: newFallbackState("transaction cap", log)}
 }
 
 // NewClient returns a memcached client sized for a cell.
@@ -186,24 +188,36 @@ func (s *Slots) fallback(err error) {
 }
 
 // fallbackState remembers whether memcached was reachable at the last call of
-// one user of it (the slots, the grab cache) and logs each change once: a
-// warning when it falls back to in-process, a notice when it is back.
+// one user of it (the slots, the grab cache) and logs it as an incident
+// (internal/incident): a warning when it falls back to in-process, a summary
+// at most every incident.DefaultEvery while it lasts, a notice when it is
+// back. A memcached that answers some calls and fails others flaps: that is
+// one incident too, not two lines per failed call.
 type fallbackState struct {
-	use  string // what falls back, for the log
-	log  *slog.Logger
 	down atomic.Bool
+	log  *incident.Tracker
 }
 
+func newFallbackState(use string, log *slog.Logger) fallbackState {
+	return fallbackState{log: incident.NewLines(log, incident.Lines{
+		Start: "memcached unreachable: " + use + " falls back to in-process",
+		Still: "memcached still unreachable: " + use + " in-process",
+		End:   "memcached reachable again: " + use + " uses it again",
+	}, incident.DefaultEvery)}
+}
+
+// failed records a call that could not reach memcached.
 func (f *fallbackState) failed(err error) {
-	if f.down.CompareAndSwap(false, true) {
-		f.log.Warn("memcached unreachable: "+f.use+" falls back to in-process", "err", err)
-	}
+	f.down.Store(true)
+	f.log.Fail(err)
 }
 
+// reached records a call memcached answered: one atomic load while it is up.
 func (f *fallbackState) reached() {
-	if f.down.Load() && f.down.CompareAndSwap(true, false) {
-		f.log.Info("memcached reachable again: " + f.use + " uses it again")
+	if f.down.Load() {
+		f.down.Store(false)
 	}
+	f.log.OK()
 }
 
 // serverAnswered reports whether err is memcached's own answer (a miss, a CAS

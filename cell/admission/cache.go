@@ -63,7 +63,7 @@ const (
 
 // NewCache returns the grab cache over mc; log receives its fallback changes.
 func NewCache(mc Memcache, log *slog.Logger) *Cache {
-	return &Cache{mc: mc, state: fallbackState{use: "grab cache", log: log},
+	return &Cache{mc: mc, state: newFallbackState("grab cache", log),
 		gen: strconv.FormatInt(time.Now().UnixMilli(), 36) + ".0", local: map[string]localCopy{}, probeEvery: probeEvery}
 }
 
@@ -114,8 +114,8 @@ func (c *Cache) outcome(err error) (ok bool) {
 		c.gen = c.gen[:strings.IndexByte(c.gen, '.')+1] + strconv.Itoa(c.gens)
 		c.local = map[string]localCopy{}
 		c.mu.Unlock()
-		c.state.reached()
 	}
+	c.state.reached() // on every answer, so the log ends the incident even after a race with a failure
 	return true
 }
 

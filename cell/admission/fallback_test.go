@@ -168,3 +168,27 @@ func TestSlotsLogEachTransitionOnce(t *testing.T) {
 		t.Fatalf("logged %d fallbacks and %d returns, want one each:\n%s", down, up, logs.b.String())
 	}
 }
+
+// TestFlappingMemcacheLogsBounded: a memcached that fails every other call
+// (overloaded, timing out some calls) is one incident in the log, not a
+// warning and a notice per failed call; the calls themselves still fall
+// back and return each time.
+func TestFlappingMemcacheLogsBounded(t *testing.T) {
+	mc := &flakyMemcache{m: map[string][]byte{}}
+	logs := &logBuffer{}
+	s := NewSlots(mc, 1, slog.New(slog.NewTextHandler(logs, nil)))
+	for i := range 200 {
+		mc.down.Store(i%2 == 1)
+		release, err := s.Acquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if s.FallingBack() != (i%2 == 1) {
+			t.Fatalf("call %d: falling back %v", i, s.FallingBack())
+		}
+	}
+	if down, up := logs.count("transaction cap falls back to in-process"), logs.count("transaction cap uses it again"); down != 1 || up != 1 {
+		t.Fatalf("100 flaps logged %d fallbacks and %d returns, want one each (then one line per 10 s):\n%s", down, up, logs.b.String())
+	}
+}

@@ -30,6 +30,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+
+	"redcell/internal/incident"
 )
 
 // Config tunes a Breaker. Start from DefaultConfig.
@@ -89,14 +91,24 @@ var (
 	errExcluded = errors.New("guard: not counted")
 )
 
+// errProbeFailed is what the log says when a half-open breaker opens again.
+var errProbeFailed = errors.New("the half-open probe failed")
+
 // NewBreaker returns a closed breaker called name ("db", "memcached"). Its
 // metrics (state, refusals, failures; label breaker=name) are registered with
-// reg unless reg is nil; state changes are logged.
+// reg unless reg is nil. Its state changes are logged as one incident
+// (internal/incident): WARN "circuit breaker opened" when it first opens, at
+// most one WARN "circuit breaker still open" per incident.DefaultEvery while
+// its probes fail (one each cooldown), INFO "circuit breaker closed" when a
+// probe succeeds; every change at DEBUG.
 func NewBreaker(name string, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Breaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	b := &Breaker{name: name, cfg: cfg}
+	open := incident.NewLines(log.With("breaker", name), incident.Lines{Start: "circuit breaker opened",
+		Still: "circuit breaker still open", End: "circuit breaker closed"}, incident.DefaultEvery)
+	tripped := fmt.Errorf("%d infrastructure failures in a row", cfg.Failures)
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:         name,
 		MaxRequests:  1, // one probe when half-open; its success closes the breaker
@@ -105,7 +117,15 @@ func NewBreaker(name string, cfg Config, reg prometheus.Registerer, log *slog.Lo
 		IsSuccessful: func(err error) bool { return err == nil },
 		IsExcluded:   func(err error) bool { return err == errExcluded },
 		OnStateChange: func(name string, from, to gobreaker.State) {
-			log.Warn("circuit breaker changed state", "breaker", name, "from", from.String(), "to", to.String())
+			log.Debug("circuit breaker changed state", "breaker", name, "from", from.String(), "to", to.String())
+			switch {
+			case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
+				open.Fail(tripped, "cooldown", cfg.Cooldown.String())
+			case to == gobreaker.StateOpen:
+				open.Fail(errProbeFailed, "cooldown", cfg.Cooldown.String())
+			case to == gobreaker.StateClosed:
+				open.OK()
+			}
 		},
 	})
 	if reg != nil {

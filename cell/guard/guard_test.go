@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql/driver"
 	"errors"
@@ -193,6 +194,47 @@ redcell_breaker_failures_total{breaker="db"} 9
 	})
 }
 
+// TestBreakerLogsAnOutageOnce: a database down for a minute makes the
+// breaker open, and then open again after each failed probe (30 cooldowns);
+// the log says when it opened, at most once per 10 s that it is still open,
+// and when it closed, not every change of state.
+func TestBreakerLogsAnOutageOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		b, err := guard.NewBreaker("db", guard.DefaultConfig(), nil, slog.New(slog.NewTextHandler(&buf, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fail atomic.Bool
+		fail.Store(true)
+		f := &fakeStore{next: func(context.Context) error {
+			if fail.Load() {
+				return refused
+			}
+			return nil
+		}}
+		s := guard.NewStore(f, b, storage.DriverFailure)
+		for range 600 { // a call every 100 ms for a minute
+			_, _ = s.Account(context.Background(), 1, "a")
+			time.Sleep(100 * time.Millisecond)
+		}
+		fail.Store(false)
+		for b.State() != guard.StateClosed {
+			_, _ = s.Account(context.Background(), 1, "a")
+			time.Sleep(100 * time.Millisecond)
+		}
+		out := buf.String()
+		opened, still, closed := strings.Count(out, `msg="circuit breaker opened"`), strings.Count(out, `msg="circuit breaker still open"`),
+			strings.Count(out, `msg="circuit breaker closed"`)
+		if opened != 1 || still < 4 || still > 6 || closed != 1 || strings.Count(out, "\n") != opened+still+closed {
+			t.Fatalf("a minute's outage logged %d opened, %d still open, %d closed lines:\n%s", opened, still, closed, out)
+		}
+		if !strings.Contains(out, "breaker=db") || !strings.Contains(out, `err="5 infrastructure failures in a row"`) {
+			t.Fatalf("the opening line does not say which breaker or why:\n%s", out)
+		}
+	})
+}
+
 // TestWhichErrorsCount: context errors and the driver's own failures.
 func TestWhichErrorsCount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -281,6 +323,7 @@ func (f *fakeMemcache) Get(string) (*memcache.Item, error) {
 func (f *fakeMemcache) Add(*memcache.Item) error            { return f.result() }
 func (f *fakeMemcache) Set(*memcache.Item) error            { return f.result() }
 func (f *fakeMemcache) CompareAndSwap(*memcache.Item) error { return f.result() }
+func (f *fakeMemcache) Close() error                        { return nil }
 
 // TestMemcacheBreaker: misses and CAS conflicts never trip it; a memcached that
 // times out does, after which the transaction slots use their in-process

@@ -5,6 +5,7 @@
 package incident
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -25,29 +26,60 @@ const DefaultEvery = 10 * time.Second
 //   - at the first OK after a Fail: INFO "<what> recovered", with the
 //     failures counted and how long it lasted.
 //
+// A failure that flaps is one incident, not one per flap: when an incident
+// that lasted less than every ends and the failure comes back less than
+// every later, it goes on without a new start line, and from then on its
+// recoveries, like its summaries, are logged at most once per every. A
+// recovery held back for that is logged once every has passed since the
+// last line, if the failure has not come back meanwhile; so the last line
+// about a failure always tells whether it is still going on. (A failure that
+// comes back after a longer incident starts a new one at once.)
+//
 // OK is one atomic load when nothing is failing, so it may sit on a hot path.
 // Safe for concurrent use.
 type Tracker struct {
 	log   *slog.Logger
-	what  string
+	lines Lines
 	every time.Duration
 
 	failing atomic.Bool
 
-	mu      sync.Mutex // guards the fields below
-	since   time.Time  // when the current failure started
-	logged  time.Time  // when the last line about it was written
-	total   int64      // failures since it started
-	unnamed int64      // failures since the last line
+	mu       sync.Mutex // guards the fields below
+	since    time.Time  // when the current incident started
+	ended    time.Time  // when it last recovered (zero while it never did)
+	logged   time.Time  // when the last line about it was written
+	total    int64      // failures since it started
+	unnamed  int64      // failures since the last line
+	flaps    int64      // recoveries not logged since the last line
+	reopened bool       // the failure came back after a logged recovery, without a start line
+	held     bool       // a recovery waits for its line (a timer runs endHeld(hold))
+	hold     uint64     // counts holds, so a stale timer does nothing
+}
+
+// Lines are the messages of a Tracker's three kinds of line.
+type Lines struct {
+	Start string // WARN when a failure starts
+	Still string // WARN at most once per every while it lasts
+	End   string // INFO when it ends
+	// Error writes Start and Still at ERROR instead of WARN: for a failure
+	// that is a fault to look into, not an outage to wait out.
+	Error bool
 }
 
 // New returns a tracker of failures called what, summarized at most once per
-// every (> 0; DefaultEvery when it is not).
+// every (> 0; DefaultEvery when it is not). Its lines read "<what> failing",
+// "<what> still failing" and "<what> recovered".
 func New(log *slog.Logger, what string, every time.Duration) *Tracker {
+	return NewLines(log, Lines{Start: what + " failing", Still: what + " still failing", End: what + " recovered"}, every)
+}
+
+// NewLines is New with the lines' messages given, for a failure whose log
+// lines are known by their words (a runbook or an alert looks for them).
+func NewLines(log *slog.Logger, lines Lines, every time.Duration) *Tracker {
 	if every <= 0 {
 		every = DefaultEvery
 	}
-	return &Tracker{log: log, what: what, every: every}
+	return &Tracker{log: log, lines: lines, every: every}
 }
 
 // Fail records a failed attempt; attrs are slog key-value pairs describing
@@ -55,13 +87,16 @@ func New(log *slog.Logger, what string, every time.Duration) *Tracker {
 func (t *Tracker) Fail(err error, attrs ...any) {
 	now := time.Now()
 	t.mu.Lock()
-	started := !t.failing.Load()
-	if started {
+	if !t.failing.Load() {
 		t.failing.Store(true)
-		t.since, t.logged, t.total, t.unnamed = now, now, 1, 0
-		t.mu.Unlock()
-		t.log.Warn(t.what+" failing", append(attrs, "err", err)...)
-		return
+		flapping := !t.ended.IsZero() && now.Sub(t.ended) < t.every && (t.reopened || t.ended.Sub(t.since) < t.every)
+		if !flapping {
+			t.since, t.ended, t.logged, t.total, t.unnamed, t.flaps, t.reopened, t.held = now, time.Time{}, now, 1, 0, 0, false, false
+			t.mu.Unlock()
+			t.log.Log(context.Background(), t.level(), t.lines.Start, append(attrs, "err", err)...)
+			return
+		}
+		t.reopened = true // the same incident goes on
 	}
 	t.total++
 	t.unnamed++
@@ -69,11 +104,21 @@ func (t *Tracker) Fail(err error, attrs ...any) {
 		t.mu.Unlock()
 		return
 	}
-	n, total, since := t.unnamed, t.total, t.since
-	t.logged, t.unnamed = now, 0
+	n, total, flaps, since := t.unnamed, t.total, t.flaps, t.since
+	t.logged, t.unnamed, t.flaps = now, 0, 0
 	t.mu.Unlock()
-	t.log.Warn(t.what+" still failing", append(attrs, "err", err, "failures", n, "failures_total", total,
-		"for", now.Sub(since).Round(time.Millisecond).String())...)
+	attrs = append(attrs, "err", err, "failures", n, "failures_total", total, "for", now.Sub(since).Round(time.Millisecond).String())
+	if flaps > 0 {
+		attrs = append(attrs, "recoveries", flaps)
+	}
+	t.log.Log(context.Background(), t.level(), t.lines.Still, attrs...)
+}
+
+func (t *Tracker) level() slog.Level {
+	if t.lines.Error {
+		return slog.LevelError
+	}
+	return slog.LevelWarn
 }
 
 // OK records a successful attempt; it logs the recovery if a failure was going on.
@@ -81,15 +126,61 @@ func (t *Tracker) OK() {
 	if !t.failing.Load() {
 		return
 	}
+	now := time.Now()
 	t.mu.Lock()
 	if !t.failing.Load() {
 		t.mu.Unlock()
 		return
 	}
 	t.failing.Store(false)
-	total, since := t.total, t.since
+	t.ended = now
+	if t.reopened && now.Sub(t.logged) < t.every {
+		t.flaps++
+		if !t.held {
+			t.held = true
+			t.hold++
+			hold := t.hold
+			time.AfterFunc(t.logged.Add(t.every).Sub(now), func() { t.endHeld(hold) })
+		}
+		t.mu.Unlock()
+		return
+	}
+	t.endLocked(now)
+}
+
+// endHeld writes a recovery held back while the failure flapped, unless the
+// failure has come back since (the next Fail writes the summary) or a line
+// was written less than every ago (it waits for its turn again).
+func (t *Tracker) endHeld(hold uint64) {
+	t.mu.Lock()
+	if !t.held || t.hold != hold {
+		t.mu.Unlock()
+		return
+	}
+	if t.failing.Load() {
+		t.held = false
+		t.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	if wait := t.logged.Add(t.every).Sub(now); wait > 0 {
+		t.mu.Unlock()
+		time.AfterFunc(wait, func() { t.endHeld(hold) })
+		return
+	}
+	t.endLocked(now)
+}
+
+// endLocked writes the recovery line; t.mu must be held, and is released.
+func (t *Tracker) endLocked(now time.Time) {
+	total, flaps, since := t.total, t.flaps, t.since
+	t.logged, t.unnamed, t.flaps, t.held = now, 0, 0, false
 	t.mu.Unlock()
-	t.log.Info(t.what+" recovered", "failures_total", total, "lasted", time.Since(since).Round(time.Millisecond).String())
+	attrs := []any{"failures_total", total, "lasted", now.Sub(since).Round(time.Millisecond).String()}
+	if flaps > 0 {
+		attrs = append(attrs, "recoveries", flaps+1)
+	}
+	t.log.Info(t.lines.End, attrs...)
 }
 
 // Failing reports whether the last attempt recorded failed.

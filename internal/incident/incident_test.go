@@ -5,13 +5,33 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
+// syncBuffer is a bytes.Buffer a held recovery's timer may write to while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // lines returns the log lines written so far, one message and level each.
-func lines(buf *bytes.Buffer) []string {
+func lines(buf interface{ String() string }) []string {
 	var out []string
 	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		if l != "" {
@@ -82,4 +102,60 @@ func TestSetKeepsOneTrackerPerKeyBounded(t *testing.T) {
 	if len(got) != 2 || !strings.Contains(got[0], "addr=10.0.0.1:9101") || !strings.Contains(got[1], "addr=10.0.0.2:9101") {
 		t.Fatalf("per-key start lines:\n%s", buf.String())
 	}
+}
+
+// TestTrackerFlapping: a failure that comes and goes every 10 ms for 25 s
+// (say one database of many failing, or one request in two) logs its start
+// and first recovery, then at most one line per interval, not two per flap;
+// its last recovery is logged once the interval has passed, so the log ends
+// saying it is over. A failure after a quiet interval starts anew.
+func TestTrackerFlapping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf syncBuffer
+		tr := NewLines(slog.New(slog.NewTextHandler(&buf, nil)), Lines{Start: "db down", Still: "db still down", End: "db back"}, 10*time.Second)
+		down := errors.New("refused")
+		for range 25 * 50 {
+			tr.Fail(down)
+			time.Sleep(10 * time.Millisecond)
+			tr.OK()
+			time.Sleep(10 * time.Millisecond)
+		}
+		got := lines(&buf)
+		if len(got) < 2 || len(got) > 4 || !strings.Contains(got[0], `msg="db down"`) || !strings.Contains(got[1], `msg="db back"`) {
+			t.Fatalf("25 s of flapping logged %d lines, want the start, a recovery and at most one line per 10 s:\n%s", len(got), buf.String())
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		got = lines(&buf)
+		last := got[len(got)-1]
+		if len(got) > 5 || !strings.Contains(last, `msg="db back"`) || !strings.Contains(last, "failures_total=1250") || !strings.Contains(last, "recoveries=") {
+			t.Fatalf("after the flapping stopped (%d lines), the last should be the recovery of all 1250 failures:\n%s", len(got), buf.String())
+		}
+		t.Logf("25 s of flapping:\n%s", buf.String())
+		n := len(got)
+		time.Sleep(10 * time.Second)
+		tr.Fail(down)
+		if got = lines(&buf); len(got) != n+1 || !strings.Contains(got[n], `msg="db down"`) {
+			t.Fatalf("a failure after a quiet interval:\n%s", buf.String())
+		}
+	})
+}
+
+// TestTrackerErrorLevel: Lines.Error writes the start and the summaries at
+// ERROR; the recovery stays INFO.
+func TestTrackerErrorLevel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		tr := NewLines(slog.New(slog.NewTextHandler(&buf, nil)), Lines{Start: "open batch failed", Still: "open batches still failing",
+			End: "open batches commit again", Error: true}, time.Second)
+		tr.Fail(errors.New("bug"))
+		time.Sleep(time.Second)
+		tr.Fail(errors.New("bug"))
+		tr.OK()
+		got := lines(&buf)
+		if len(got) != 3 || !strings.Contains(got[0], `level=ERROR msg="open batch failed"`) ||
+			!strings.Contains(got[1], `level=ERROR msg="open batches still failing"`) || !strings.Contains(got[2], `level=INFO msg="open batches commit again"`) {
+			t.Fatalf("lines:\n%s", buf.String())
+		}
+	})
 }

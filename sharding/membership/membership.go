@@ -14,7 +14,6 @@
 package membership
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -149,7 +148,7 @@ func Join(cfg Config) (*Node, error) {
 	mc.Delegate = delegate{n}
 	mc.Events = events{n}
 	mc.Logger = nil
-	mc.LogOutput = &logWriter{log: cfg.Log}
+	mc.LogOutput = newLogWriter(cfg.Log)
 	cfg.Log.Info("joining gossip", "node", n.node, "bind", cfg.Bind)
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -393,25 +392,4 @@ func (e events) NotifyUpdate(node *memberlist.Node) { e.n.upsert(node) }
 func (e events) NotifyLeave(node *memberlist.Node) {
 	e.n.cfg.Log.Info("member left", "member", node.Name)
 	e.n.remove(node.Name)
-}
-
-// logWriter forwards memberlist's warnings and errors to slog and drops its
-// debug chatter.
-type logWriter struct{ log *slog.Logger }
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	line := string(bytes.TrimSpace(p))
-	switch {
-	case bytes.Contains(p, []byte("use of closed network connection")):
-		// memberlist's own shutdown racing its gossip timer: not a fault.
-	case bytes.Contains(p, []byte("Got ping for unexpected node")):
-		// A probe for the process that held this gossip port before (a restart
-		// on the same port): expected until the others declare it dead.
-		w.log.Info("memberlist", "msg", line)
-	case bytes.Contains(p, []byte("[ERR]")):
-		w.log.Error("memberlist", "msg", line)
-	case bytes.Contains(p, []byte("[WARN]")):
-		w.log.Warn("memberlist", "msg", line)
-	}
-	return len(p), nil
 }
