@@ -262,15 +262,29 @@ func (l *drillLoad) settle(t *testing.T, method, path string, body, out any) ans
 
 // run drives the load with workers goroutines for d (at most maxOps requests).
 func (l *drillLoad) run(workers int, d time.Duration, maxOps int64) {
+	l.runUntil(workers, nil, d, maxOps)
+}
+
+// runUntil is run that also ends when stop is closed (nil: never), with d
+// as its longest.
+func (l *drillLoad) runUntil(workers int, stop <-chan struct{}, d time.Duration, maxOps int64) {
 	deadline := time.Now().Add(d)
 	var ops atomic.Int64
 	var wg sync.WaitGroup
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for time.Now().Before(deadline) && ops.Add(1) <= maxOps {
+			for time.Now().Before(deadline) && !stopped() && ops.Add(1) <= maxOps {
 				l.mu.Lock()
 				nlive := len(l.live)
 				l.mu.Unlock()
@@ -861,10 +875,16 @@ func TestDrill(t *testing.T) {
 	for i, dr := range drills {
 		t.Run(dr.name, func(t *testing.T) {
 			l := newDrillLoad(t, c, fmt.Sprintf("d%d%s", i, randHex()), 12, 300)
-			done := make(chan struct{})
-			go func() { defer close(done); l.run(workers, loadFor, maxOps) }()
+			// The load runs a third of loadFor before the fault and a third
+			// after it returns, however long the fault took (stopping a
+			// server on a loaded machine may take seconds), so the fault's
+			// window is always under load; 10 x loadFor at the most.
+			done, stop := make(chan struct{}), make(chan struct{})
+			go func() { defer close(done); l.runUntil(workers, stop, 10*loadFor, maxOps) }()
 			time.Sleep(loadFor / 3)
 			dr.fault(t, c, deps, l, loadFor/3)
+			time.Sleep(loadFor / 3)
+			close(stop)
 			<-done
 			if t.Failed() {
 				return
