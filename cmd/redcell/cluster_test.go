@@ -79,12 +79,24 @@ func startCluster(t *testing.T) *cluster {
 		dsn: [2]string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}, mc: testenv.Memcached(t), cell: e2eCell})
 }
 
+// binDir holds the binary buildBinary built; TestMain removes it.
+var binDir string
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
 // buildBinary builds the redcell binary once per test process.
 var buildBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "redcell-bin")
 	if err != nil {
 		return "", err
 	}
+	binDir = dir
 	bin := filepath.Join(dir, "redcell")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build: %v\n%s", err, out)
