@@ -1,13 +1,11 @@
 package cell_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,16 +17,7 @@ import (
 )
 
 // logLines collects a cell's log for a test to count.
-type logLines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logLines struct{ testenv.Buffer }
 
 // logLine is one line of slog's text handler: its level, message and space.
 type logLine struct{ level, msg, space string }
@@ -41,10 +30,8 @@ var (
 
 // lines returns every line logged so far.
 func (l *logLines) lines() []logLine {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []logLine
-	for _, s := range strings.Split(l.b.String(), "\n") {
+	for _, s := range strings.Split(l.String(), "\n") {
 		lv, m := levelRE.FindStringSubmatch(s), msgRE.FindStringSubmatch(s)
 		if lv == nil || m == nil {
 			continue

@@ -1,17 +1,17 @@
 package admission
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"redcell/internal/testenv"
 )
 
 // flakyMemcache is an in-memory memcached that can be made unreachable. Its
@@ -63,22 +63,7 @@ func (f *flakyMemcache) Set(it *memcache.Item) error {
 func (f *flakyMemcache) CompareAndSwap(it *memcache.Item) error { return f.Set(it) }
 
 // logBuffer collects log lines for the tests to count.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
+type logBuffer = testenv.Buffer
 
 // TestGrabCacheFallsBackAndReturns: with memcached unreachable the grab cache
 // serves in-process copies and logs that once; when memcached answers again it
@@ -113,8 +98,8 @@ func TestGrabCacheFallsBackAndReturns(t *testing.T) {
 	if active, served := c.FallingBack(); !active || served < 7 {
 		t.Fatalf("falling back %v, served %d", active, served)
 	}
-	if n := logs.count("grab cache falls back to in-process"); n != 1 {
-		t.Fatalf("fallback logged %d times, want once:\n%s", n, logs.b.String())
+	if n := logs.Count("grab cache falls back to in-process"); n != 1 {
+		t.Fatalf("fallback logged %d times, want once:\n%s", n, logs.String())
 	}
 
 	mc.down.Store(false) // back, still holding the copy of 3 shares written before the outage
@@ -129,8 +114,8 @@ func TestGrabCacheFallsBackAndReturns(t *testing.T) {
 	if active, _ := c.FallingBack(); active {
 		t.Fatal("still falling back with memcached up")
 	}
-	if n := logs.count("grab cache uses it again"); n != 1 {
-		t.Fatalf("return logged %d times, want once:\n%s", n, logs.b.String())
+	if n := logs.Count("grab cache uses it again"); n != 1 {
+		t.Fatalf("return logged %d times, want once:\n%s", n, logs.String())
 	}
 }
 
@@ -164,8 +149,8 @@ func TestSlotsLogEachTransitionOnce(t *testing.T) {
 	if s.FallingBack() {
 		t.Fatal("still falling back with memcached up")
 	}
-	if down, up := logs.count("transaction cap falls back to in-process"), logs.count("transaction cap uses it again"); down != 1 || up != 1 {
-		t.Fatalf("logged %d fallbacks and %d returns, want one each:\n%s", down, up, logs.b.String())
+	if down, up := logs.Count("transaction cap falls back to in-process"), logs.Count("transaction cap uses it again"); down != 1 || up != 1 {
+		t.Fatalf("logged %d fallbacks and %d returns, want one each:\n%s", down, up, logs.String())
 	}
 }
 
@@ -188,7 +173,7 @@ func TestFlappingMemcacheLogsBounded(t *testing.T) {
 			t.Fatalf("call %d: falling back %v", i, s.FallingBack())
 		}
 	}
-	if down, up := logs.count("transaction cap falls back to in-process"), logs.count("transaction cap uses it again"); down != 1 || up != 1 {
-		t.Fatalf("100 flaps logged %d fallbacks and %d returns, want one each (then one line per 10 s):\n%s", down, up, logs.b.String())
+	if down, up := logs.Count("transaction cap falls back to in-process"), logs.Count("transaction cap uses it again"); down != 1 || up != 1 {
+		t.Fatalf("100 flaps logged %d fallbacks and %d returns, want one each (then one line per 10 s):\n%s", down, up, logs.String())
 	}
 }

@@ -51,22 +51,7 @@ const e2eCell = `  packet_expiry: 3s
 `
 
 // syncBuffer is a process log that tests may read while the process writes it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testenv.Buffer
 
 // freePorts returns n distinct loopback ports free for TCP and UDP (see
 // testenv.FreePorts).

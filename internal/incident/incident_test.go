@@ -5,30 +5,15 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"redcell/internal/testenv"
 )
 
-// syncBuffer is a bytes.Buffer a held recovery's timer may write to while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer a held recovery's timer may write to while the test reads it.
+type syncBuffer = testenv.Buffer
 
 // lines returns the log lines written so far, one message and level each.
 func lines(buf interface{ String() string }) []string {

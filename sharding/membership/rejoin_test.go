@@ -1,7 +1,6 @@
 package membership
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -31,22 +30,7 @@ const rejoinLimit = 3 * time.Second
 const measureLimit = 45 * time.Second
 
 // logBuffer collects a node's log; a failing test prints it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer = testenv.Buffer
 
 // mapLog records every Map a node publishes, in order.
 type mapLog struct {
