@@ -77,6 +77,9 @@ func runAPIKey(args []string) error {
 		if err := os.WriteFile(*out, []byte(key+"\n"), 0o600); err != nil {
 			return fmt.Errorf("apikey: %w", err)
 		}
+		if err := os.Chmod(*out, 0o600); err != nil { // WriteFile keeps an existing file's mode
+			return fmt.Errorf("apikey: %w", err)
+		}
 		fmt.Fprintf(os.Stderr, "key %s for app %s (scopes %s) added to %s and written to %s\n", k.ID, k.App, *scopes, path, *out)
 		return nil
 	case "list":

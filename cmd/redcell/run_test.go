@@ -53,9 +53,12 @@ func TestMakeRunStops(t *testing.T) {
 	if err := os.WriteFile(sentinel, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	states := []string{state}
 	t.Cleanup(func() { // whatever happened, leave nothing running
-		if left := processesUnder(state); len(left) > 0 {
-			exec.Command("bash", "-c", ". "+root+"/deploy/local/services.sh; stop_cluster "+state).Run()
+		for _, st := range states {
+			if left := processesUnder(st); len(left) > 0 {
+				exec.Command("bash", "-c", ". "+root+"/deploy/local/services.sh; stop_cluster "+st).Run()
+			}
 		}
 	})
 
@@ -73,11 +76,24 @@ func TestMakeRunStops(t *testing.T) {
 	}
 	run.signal(t, syscall.SIGTERM, syscall.SIGTERM)
 	run.waitStopped(t, state, 1)
+	// Other apps' keys beside the demo key: the next start must still find
+	// the demo key among them, not make another (a check that read only the
+	// first lines once made a new one about a time in three).
+	bin := filepath.Join(state, "bin", "redcell")
+	for i := range 40 {
+		if out, err := exec.Command(bin, "apikey", "add", "--keys", filepath.Join(state, "api-keys.yaml"),
+			"--app", fmt.Sprintf("app%d", i), "--scopes", "read").CombinedOutput(); err != nil {
+			t.Fatalf("apikey add: %v\n%s", err, out)
+		}
+	}
 
 	// 2: the same state again: the money and the key are still there; HUP, then INT.
 	run = startMakeRun(t, root, state, tmp, port, 2*time.Minute)
 	if k := readKey(t, state); k != key {
 		t.Errorf("a second make run made another API key")
+	}
+	if out, _ := exec.Command(bin, "apikey", "list", "--keys", filepath.Join(state, "api-keys.yaml")).Output(); strings.Count(string(out), "app=demo") != 1 {
+		t.Errorf("the demo app has other keys than the first:\n%s", out)
 	}
 	if st, body := routerCall(t, port, key, "GET", "/v1/accounts/runtest", ""); st != 200 || !strings.Contains(body, `"balance":4200`) {
 		t.Fatalf("the deposit after a restart: %d %s", st, body)
@@ -102,6 +118,53 @@ func TestMakeRunStops(t *testing.T) {
 	}
 	checkOrderly(t, state, 3)
 	t.Logf("after SIGKILL to make run's group, the watchdog stopped everything in %s", time.Since(start).Round(100*time.Millisecond))
+
+	// 4: SIGTERM to run.sh alone (as a supervisor signals its main process)
+	// while its MariaDB servers are set up on a fresh state: the stop waits
+	// for them and stops them, so nothing is left when make returns.
+	state = filepath.Join(t.TempDir(), "var")
+	states = append(states, state)
+	run = startMakeRunUntil(t, root, state, tmp, port, 2*time.Minute, "starting MariaDB")
+	script := childRunning(t, run.cmd.Process.Pid, "deploy/local/run.sh")
+	if err := syscall.Kill(script, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-run.done:
+	case <-time.After(120 * time.Second):
+		t.Fatalf("make run still runs 120 s after TERM to run.sh:\n%s", run.out.String())
+	}
+	if left := processesUnder(state); len(left) > 0 {
+		t.Fatalf("TERM to run.sh while MariaDB started left these running:\n%s\noutput:\n%s", strings.Join(left, "\n"), run.out.String())
+	}
+}
+
+// childRunning returns the pid of the child of parent whose command line
+// contains text, waiting up to 10 s for it.
+func childRunning(t *testing.T, parent int, text string) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+			if len(fields) < 2 || fields[1] != strconv.Itoa(parent) {
+				continue
+			}
+			if cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline"); bytes.Contains(cmdline, []byte(text)) {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no child of %d runs %s", parent, text)
+	return 0
 }
 
 // needServers skips (outside CI) or fails (in CI) without MariaDB and memcached installed.
@@ -131,6 +194,12 @@ type makeRun struct {
 // limit for it to say it serves.
 func startMakeRun(t *testing.T, root, state, tmp string, port int, limit time.Duration) *makeRun {
 	t.Helper()
+	return startMakeRunUntil(t, root, state, tmp, port, limit, "redcell is serving.")
+}
+
+// startMakeRunUntil is startMakeRun that waits until the output holds until.
+func startMakeRunUntil(t *testing.T, root, state, tmp string, port int, limit time.Duration, until string) *makeRun {
+	t.Helper()
 	cmd := exec.Command("make", "--no-print-directory", "-C", root, "run")
 	// One tablespace for all tables (REDCELL_FILE_PER_TABLE=0): the cells create
 	// some 6,000 day tables at first start, which this test does not need to wait for.
@@ -142,16 +211,16 @@ func startMakeRun(t *testing.T, root, state, tmp string, port int, limit time.Du
 		t.Fatal(err)
 	}
 	go func() { _ = cmd.Wait(); close(r.done) }()
-	for start := time.Now(); !strings.Contains(r.out.String(), "redcell is serving."); time.Sleep(250 * time.Millisecond) {
+	for start := time.Now(); !strings.Contains(r.out.String(), until); time.Sleep(50 * time.Millisecond) {
 		select {
 		case <-r.done:
-			t.Fatalf("make run exited before serving:\n%s", r.out.String())
+			t.Fatalf("make run exited before it printed %q:\n%s", until, r.out.String())
 		default:
 		}
 		if time.Since(start) > limit {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 			<-r.done
-			t.Fatalf("make run did not serve within %s:\n%s", limit, r.out.String())
+			t.Fatalf("make run did not print %q within %s:\n%s", until, limit, r.out.String())
 		}
 	}
 	return r

@@ -15,6 +15,7 @@ root=$(cd "$here/../.." && pwd)
 . "$here/services.sh"
 
 VAR=${REDCELL_VAR:-$root/var}
+umask 077 # the config holds the cluster secret and the admin token; the key files, the keys' hashes
 mkdir -p "$VAR/log" "$VAR/bin" "$VAR/pids"
 VAR=$(cd "$VAR" && pwd) # absolute: processes are found by the paths on their command lines
 ensure_packages
@@ -40,6 +41,10 @@ shutdown() {
   stopping=1
   echo
   echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
+  # A MariaDB still starting (a signal during the start) is waited for, so
+  # that it is there to be stopped; start_mariadb gives up within a minute.
+  local job
+  for job in ${m1:-} ${m2:-}; do wait "$job" 2>/dev/null; done
   stop_cluster "$VAR"
   if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
   rm -f "$VAR"/pids/*.pid
@@ -68,12 +73,18 @@ rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
 cfg="$VAR/redcell.yaml"
-sed -e "s/127.0.0.1:23061/127.0.0.1:$db1/; s/127.0.0.1:23062/127.0.0.1:$db2/" \
-    -e "s/127.0.0.1:21211/127.0.0.1:$mc/" \
-    -e "s/127.0.0.1:7946/127.0.0.1:$g0/g; s/127.0.0.1:7947/127.0.0.1:$g1/g; s/127.0.0.1:7948/127.0.0.1:$g2/g" \
-    -e "s/127.0.0.1:9101/127.0.0.1:$c1/; s/127.0.0.1:9102/127.0.0.1:$c2/" \
-    -e "s/127.0.0.1:8080/127.0.0.1:$rport/" \
-    -e "s/127.0.0.1:9200/127.0.0.1:$a0/; s/127.0.0.1:9201/127.0.0.1:$a1/; s/127.0.0.1:9202/127.0.0.1:$a2/" \
+# Each default address becomes a token first, then its port: a port moved to
+# the next one up is never moved again by the next default's substitution.
+moves=(23061 "$db1" 23062 "$db2" 21211 "$mc" 7946 "$g0" 7947 "$g1" 7948 "$g2"
+  9101 "$c1" 9102 "$c2" 8080 "$rport" 9200 "$a0" 9201 "$a1" 9202 "$a2")
+sedargs=()
+for ((i = 0; i < ${#moves[@]}; i += 2)); do
+  sedargs+=(-e "s/127\.0\.0\.1:${moves[i]}\b/127.0.0.1:@${moves[i]}@/g")
+done
+for ((i = 0; i < ${#moves[@]}; i += 2)); do
+  sedargs+=(-e "s/@${moves[i]}@/${moves[i + 1]}/g")
+done
+sed "${sedargs[@]}" \
     -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     "$here/redcell.yaml" >"$cfg"
@@ -82,7 +93,8 @@ sed -e "s/127.0.0.1:23061/127.0.0.1:$db1/; s/127.0.0.1:23062/127.0.0.1:$db2/" \
 # only). A demo app with every scope gets a key once, in $VAR/api-key, before
 # the router starts; later runs keep using it (make clean forgets it).
 keyfile="$VAR/api-key"
-if [ ! -s "$keyfile" ] || ! "$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml" | grep -q "^$(cut -d_ -f2 "$keyfile") .* active$"; then
+keys=$("$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml") # whole, before grep: no early exit under pipefail
+if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .* active$" <<<"$keys"; then
   "$VAR/bin/redcell" apikey add --keys "$VAR/api-keys.yaml" --app demo --scopes all --out "$keyfile"
 fi
 

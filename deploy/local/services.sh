@@ -52,13 +52,17 @@ start_mariadb() {
   # "ERROR: 1051 Unknown table 'mysql.tmp_user_nopasswd'", and a bootstrap in
   # /tmp would delete the temporary tables of any other server using it.
   mkdir -p "$dir/tmp"
-  if [ ! -d "$dir/data/mysql" ]; then
+  # A bootstrap cut short (a signal during the first run) leaves data/mysql
+  # behind; the marker, removed only after a bootstrap succeeded, says to redo it.
+  if [ ! -d "$dir/data/mysql" ] || [ -f "$dir/installing" ]; then
     # Tried twice, in case the machine is short of something for a moment.
     local attempt
+    touch "$dir/installing"
     for attempt in 1 2; do
       rm -rf "$dir/data"; mkdir -p "$dir/data"
       if mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$dir/data" --tmpdir="$dir/tmp" \
         --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1; then
+        rm -f "$dir/installing"
         break
       fi
       echo "mariadb-install-db failed (attempt $attempt) in $dir:" >&2
@@ -96,22 +100,27 @@ start_mariadb() {
   return 1
 }
 
-# pids_with TEXT prints the pids of the processes whose command line contains
-# TEXT (a private data dir, say). TEXT travels in the environment, so neither
-# ps nor awk matches itself.
+# pids_with TEXT [start] prints the pids of the processes whose command line
+# contains TEXT (a private data dir, say), or with "start" begins with it (a
+# program's path and first argument). TEXT travels in the environment, so
+# neither ps nor awk matches itself.
 pids_with() {
-  ps -eo pid=,args= | TEXT=$1 awk 'index($0, ENVIRON["TEXT"]) { print $1 }'
+  ps -eo pid=,args= | TEXT=$1 AT=${2:-} awk '{
+    pid = $1; sub(/^[ \t]*[0-9]+[ \t]+/, "")
+    i = index($0, ENVIRON["TEXT"])
+    if (ENVIRON["AT"] == "start" ? i == 1 : i > 0) print pid
+  }'
 }
 
-# stop_with TEXT SECONDS sends SIGTERM to the processes whose command line
-# contains TEXT, waits up to SECONDS for them to exit, then kills what is left.
+# stop_with TEXT SECONDS [start] sends SIGTERM to the processes pids_with
+# names, waits up to SECONDS for them to exit, then kills what is left.
 stop_with() {
-  local text=$1 secs=$2 pids i
-  pids=$(pids_with "$text")
+  local text=$1 secs=$2 at=${3:-} pids i
+  pids=$(pids_with "$text" "$at")
   [ -n "$pids" ] || return 0
   kill $pids 2>/dev/null || true
   for i in $(seq 1 $((secs * 4))); do
-    pids=$(pids_with "$text")
+    pids=$(pids_with "$text" "$at")
     [ -n "$pids" ] || return 0
     sleep 0.25
   done
@@ -166,11 +175,21 @@ stop_memcached() {
 # Stopping what is not running does nothing.
 stop_cluster() {
   local var=$1
-  stop_with "$var/bin/redcell router " 20
-  stop_with "$var/bin/redcell cell " 30
+  stop_with "$var/bin/redcell router " 20 start
+  stop_with "$var/bin/redcell cell " 30 start
   stop_memcached "$var/memcached"
   local first
   stop_mariadb "$var/cell-1/db" & first=$! # both at once: each flushes for a few seconds
   stop_mariadb "$var/cell-2/db"
   wait "$first" || true
+}
+
+# cluster_pids VAR prints the pids of what run.sh started under VAR that still runs.
+cluster_pids() {
+  local var=$1
+  pids_with "$var/bin/redcell router " start
+  pids_with "$var/bin/redcell cell " start
+  pids_with "-P $var/memcached/memcached.pid"
+  pids_with "--datadir=$var/cell-1/db/data "
+  pids_with "--datadir=$var/cell-2/db/data "
 }

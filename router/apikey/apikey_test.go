@@ -198,6 +198,31 @@ func TestFileSharedByRouters(t *testing.T) {
 	if _, err := Open(path, quietLog()); err == nil {
 		t.Fatal("a router must not start on a broken key file")
 	}
+
+	// A file read before that is gone (a deploy tool replacing it by delete
+	// and create) keeps the keys in use; when it is back, it is read.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err == nil {
+		t.Fatal("a vanished key file must be an error")
+	}
+	if _, err := a.Check([]byte(key2), ScopeSend); err != nil {
+		t.Fatalf("a vanished file dropped the keys in use: %v", err)
+	}
+	after, _, err := b.Add("after", []Scope{ScopeRead}, now) // b writes a new file holding this key only
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatalf("the file back: %v", err)
+	}
+	if _, err := a.Check([]byte(after), ScopeRead); err != nil {
+		t.Fatalf("the new file's key: %v", err)
+	}
+	if _, err := a.Check([]byte(key2), ScopeSend); err == nil {
+		t.Fatal("a key the new file does not hold is still accepted")
+	}
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {

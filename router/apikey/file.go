@@ -104,14 +104,22 @@ func (f *File) Len() int { return f.cur.Load().Len() }
 // readLocked reads and parses the file; f.mu must be held. A missing file is
 // no keys and a zero stamp.
 func (f *File) readLocked() ([]Key, stamp, error) {
-	b, err := os.ReadFile(f.path)
+	// One open file for both the bytes and the stamp: a rename between a read
+	// by path and a stat by path would pair the old keys with the new file's
+	// stamp, and no later change check would read the new keys.
+	fh, err := os.Open(f.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, stamp{}, nil
 	}
 	if err != nil {
 		return nil, stamp{}, fmt.Errorf("apikey: %w", err)
 	}
-	fi, err := os.Stat(f.path)
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return nil, stamp{}, fmt.Errorf("apikey: %w", err)
+	}
+	b, err := io.ReadAll(fh)
 	if err != nil {
 		return nil, stamp{}, fmt.Errorf("apikey: %w", err)
 	}
@@ -124,9 +132,14 @@ func (f *File) readLocked() ([]Key, stamp, error) {
 	return d.Keys, stampOf(fi), nil
 }
 
+// errVanished: the key file was read before and is gone now.
+var errVanished = errors.New("apikey: the key file is gone; the keys read before stay in use until it is back")
+
 // Reload reads the file again if it changed since it was last read and swaps
 // in its keys. On an error (a file being written by hand, say) the keys in use
-// stay as they were.
+// stay as they were; so they do when a file read before has gone (a deploy
+// tool replacing it by delete and create): errVanished, until it is back.
+// To refuse every key, revoke them or leave an empty file, not none.
 func (f *File) Reload() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -134,6 +147,9 @@ func (f *File) Reload() error {
 	fi, err := os.Stat(f.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		if f.stamp != (stamp{}) {
+			return errVanished
+		}
 	case err != nil:
 		return fmt.Errorf("apikey: %w", err)
 	default:
@@ -145,6 +161,9 @@ func (f *File) Reload() error {
 	keys, st, err := f.readLocked()
 	if err != nil {
 		return err
+	}
+	if st == (stamp{}) && f.stamp != (stamp{}) {
+		return errVanished // gone between the look and the read
 	}
 	set, err := NewSet(keys)
 	if err != nil {
