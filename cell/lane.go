@@ -192,7 +192,11 @@ func (l *lane) attempt(batch []queued) bool {
 	if l.local {
 		timeout = relayLocalTimeout
 	}
-	ctx, cancel := context.WithTimeout(l.r.life, timeout)
+	deadline := time.Now().Add(timeout)
+	if by := l.r.flushBy.Load(); by != 0 && time.Unix(0, by).Before(deadline) {
+		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
+	}
+	ctx, cancel := context.WithDeadline(l.r.life, deadline)
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
 	cancel()
 	now := time.Now()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -43,6 +44,7 @@ type relay struct {
 	stopping bool             // the cell stops: no lane is made
 
 	stop    chan struct{}      // closed when the cell stops: lanes flush and exit
+	flushBy atomic.Int64       // Unix ns when the flush after stop ends (no attempt runs past it); 0 while serving
 	life    context.Context    // parent of every delivery and mark; ends relayFlushMax after stop
 	endLife context.CancelFunc // ends life
 	lanesWG sync.WaitGroup     // lane goroutines
@@ -236,6 +238,7 @@ func (r *relay) run(ctx context.Context) {
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
+	r.flushBy.Store(time.Now().Add(relayFlushMax).UnixNano())
 	close(r.stop)
 	deadline := time.AfterFunc(relayFlushMax, r.endLife)
 	r.lanesWG.Wait()

@@ -390,7 +390,8 @@ func TestRelayLockedWalletRow(t *testing.T) {
 
 	// The locked claimant has a wallet row (balance 0, no flow), and another
 	// connection holds it FOR UPDATE in an open transaction.
-	b.balance(t, locked) // creates the shard's tables
+	b.balance(t, locked)   // creates the shard's tables
+	a.balance(t, local[0]) // and the local claimants': the delays measured are the relay's, not a CREATE TABLE's
 	sh := sharding.ShardOfAct(locked)
 	account := fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())
 	exec(t, b.db, "INSERT INTO "+account+" (act_id, balance, updated_ms) VALUES (?, 0, 0)", locked)
@@ -436,6 +437,8 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	local := actsInShard(t, pre+"-l", 123, 6)
 	remote := actsInShard(t, pre+"-r", 678, 6)
+	a.balance(t, local[0]) // the claimants' tables exist before the clock runs
+	b.balance(t, remote[0])
 	kind, db := map[string]string{}, map[string]*sql.DB{}
 	for i, act := range local {
 		kind[act], db[act] = "fresh", a.db

@@ -91,7 +91,7 @@ func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
 		return 0, nil
 	}
 	args := append([]any{m.now().UnixMilli()}, mine...)
-	if _, err := tx.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
+	if _, err := tx.ExecContext(ctx, noWait+"UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
 		placeholders(len(mine))+")", args...); err != nil {
 		return 0, err
 	}
