@@ -90,7 +90,7 @@ const (
 	// relayFlushMax bounds how long the lanes deliver what they hold when the
 	// cell stops.
 	relayFlushMax = 5 * time.Second
-	// deferralsLong: a credit deferred this many times (about 15 s with the
+	// deferralsLong: a credit deferred this many times (about 11 s with the
 	// backoff above) is logged: its wallet row has been locked for long.
 	deferralsLong = 8
 )
