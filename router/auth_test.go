@@ -157,6 +157,17 @@ func TestAPIKeysGuardEveryRoute(t *testing.T) {
 	if st, _, _ := call(t, "GET", url+"/healthz", "", nil); st != 200 {
 		t.Errorf("/healthz without a key: %d", st)
 	}
+	// Without any key the answer says one is required, and names the scheme.
+	resp, err := http.Get(url + "/v1/accounts/bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e api.ErrorBody
+	_ = json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || !strings.Contains(e.Error.Message, "API key is required") || resp.Header.Get("WWW-Authenticate") != `Bearer realm="redcell"` {
+		t.Errorf("no key: %d %q, WWW-Authenticate %q", resp.StatusCode, e.Error.Message, resp.Header.Get("WWW-Authenticate"))
+	}
 	// Revoked: refused at once by the router that revoked it.
 	if _, err := keys.Revoke(readerEntry.ID, time.Now()); err != nil {
 		t.Fatal(err)

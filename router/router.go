@@ -404,6 +404,9 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 	switch {
 	case err != nil:
 		r.writeErr(rc, err)
+		if errors.Is(err, model.ErrUnauthenticated) {
+			rc.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="redcell"`) // RFC 6750
+		}
 	case r.admit(rc, t):
 		r.forwardWithRetry(rc, t.shard)
 	}
@@ -427,7 +430,11 @@ func (r *Router) accept(rc *fasthttp.RequestCtx) (target, error) {
 	if err != nil {
 		return t, err
 	}
-	if _, err := r.keys.Check(bearer(&rc.Request.Header), routeScopes[t.route]); err != nil {
+	key := bearer(&rc.Request.Header)
+	if key == nil {
+		return t, apikey.ErrNoKey
+	}
+	if _, err := r.keys.Check(key, routeScopes[t.route]); err != nil {
 		return t, err
 	}
 	if len(rc.PostBody()) > 0 && !api.MediaTypeJSON(rc.Request.Header.ContentType()) {

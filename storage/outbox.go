@@ -91,7 +91,10 @@ func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
 		return 0, nil
 	}
 	args := append([]any{m.now().UnixMilli()}, mine...)
-	if _, err := tx.ExecContext(ctx, noWait+"UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
+	// The rows are this transaction's now; the UPDATE may still wait a moment
+	// to insert into the k_pending index (another transaction's gap lock
+	// there), bounded by ctx. Without waiting it failed under a light bench.
+	if _, err := tx.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
 		placeholders(len(mine))+")", args...); err != nil {
 		return 0, err
 	}

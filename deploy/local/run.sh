@@ -133,7 +133,7 @@ done
 [ "$ready" = 1 ] || { echo "cluster did not become ready; see $VAR/log/" >&2; exit 1; }
 # The cells serve at once; they also create today's and tomorrow's tables for
 # every shard they own in the background (the first run creates a few thousand).
-echo "cells are serving; waiting for them to finish creating day tables ..."
+echo "the cells answer; waiting for them to finish creating day tables ..."
 for c in $c1 $c2; do
   for i in $(seq 1 240); do
     curl -fsS "http://127.0.0.1:$c/healthz" 2>/dev/null | grep -q '"schema_ready":true' && break
