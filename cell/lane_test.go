@@ -219,7 +219,7 @@ func ids(cs ...model.Credit) []string {
 }
 
 // TestLanesKeepDestinationsApart: cell-c hangs; its credits wait for their
-// own lane's timeout (2 s, also the receiver's deadline), then its backoff,
+// own lane's timeout (relayAttemptTimeout, also the receiver's deadline), then its backoff,
 // while the local credits and cell-b's are delivered within the linger,
 // including ones handed over while cell-c's call hangs.
 func TestLanesKeepDestinationsApart(t *testing.T) {
@@ -249,10 +249,10 @@ func TestLanesKeepDestinationsApart(t *testing.T) {
 			t.Fatalf("while cell-c hangs: the new local credit marked %d times, %d calls to cell-b; want 1 and 2",
 				rig.store.count(rig.store.marked, local2.ClaimID), len(rig.net.to("b")))
 		}
-		time.Sleep(3 * time.Second)
+		time.Sleep(relayAttemptTimeout + time.Second) // past the first call's timeout and the backoff
 		calls := rig.net.to("c")
 		if len(calls) != 2 {
-			t.Fatalf("%d calls to cell-c in 4 s, want 2 (one timing out after 2 s, one after the 100 ms backoff)", len(calls))
+			t.Fatalf("%d calls to cell-c, want 2 (one timing out after %s, one after the 100 ms backoff)", len(calls), relayAttemptTimeout)
 		}
 		for _, c := range calls {
 			if c.deadline != relayAttemptTimeout {

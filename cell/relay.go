@@ -64,8 +64,12 @@ const (
 	// this much to the time a claimant waits for the credit.
 	relayLinger = 20 * time.Millisecond
 	// relayAttemptTimeout bounds one delivery to another cell, which gets it
-	// as its deadline. A healthy delivery of a full batch takes well under it.
-	relayAttemptTimeout = 2 * time.Second
+	// as its deadline. A healthy delivery of a full batch takes well under a
+	// second, but the receiver creates a shard's tables on their first use
+	// (the shadow tables of a bench, say): seconds on a busy server, which a
+	// 2 s bound turned into failed attempts and retries. A lane that waits on
+	// a hung cell delays only that cell's credits.
+	relayAttemptTimeout = 5 * time.Second
 	// relayLocalTimeout bounds one delivery of the local lane: a transaction
 	// on this cell's own database, which on a shard's first use creates its
 	// tables first (seconds for a batch on a busy server without the warm-up).
