@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 
 GO ?= go
 # Packages whose tests exercise concurrency on the money paths run with -race.
-RACE_PKGS := ./cell/... ./storage/... ./sharding/... ./router/... ./internal/...
+RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./internal/...
 
 .PHONY: run test unit race drill build audit bench-smoke vet fmt tidy clean
 

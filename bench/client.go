@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"redcell/cell/api"
+	"redcell/api"
 )
 
 // Codes the bench records for failures seen on the client side, next to the

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

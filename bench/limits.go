@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/sharding"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

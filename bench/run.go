@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

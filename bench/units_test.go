@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

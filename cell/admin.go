@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 )
 
 // adminCall sends method /admin/strategy to a cell's admin port with the

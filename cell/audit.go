@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

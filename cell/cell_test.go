@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"redcell/api"
 	"redcell/cell"
 	"redcell/cell/admission"
-	"redcell/cell/api"
 	"redcell/cell/guard"
 	"redcell/internal/testenv"
 	"redcell/model"

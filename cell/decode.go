@@ -9,7 +9,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

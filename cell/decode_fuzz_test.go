@@ -11,7 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

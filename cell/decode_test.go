@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

@@ -1,7 +1,7 @@
 package cell
 
 import (
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"

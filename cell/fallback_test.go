@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/internal/testenv"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"redcell/api"
 	"redcell/cell/admission"
-	"redcell/cell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/model"
 	"redcell/sharding"
 )

@@ -16,6 +16,7 @@ import (
 
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // These tests drive the relay's lanes on synctest's fake clock, with the
@@ -25,7 +26,7 @@ import (
 // fakeOutbox is the part of a Store the relay uses, in memory. Every other
 // method panics (the embedded Store is nil).
 type fakeOutbox struct {
-	Store
+	storage.Store
 
 	mu      sync.Mutex
 	pending []model.Credit            // what PendingCredits finds (db 0 only); marking removes

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"

@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redcell/api"
 	"redcell/cell"
 	"redcell/cell/admission"
-	"redcell/cell/api"
 	"redcell/cell/guard"
 	"redcell/internal/testenv"
 	"redcell/model"
@@ -150,7 +150,7 @@ func TestCellRateLimit(t *testing.T) {
 
 // countingStore counts the Account calls that reach the store under the breaker.
 type countingStore struct {
-	cell.Store
+	storage.Store
 	accounts atomic.Int64
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

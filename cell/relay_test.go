@@ -14,8 +14,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"

@@ -20,11 +20,12 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
+	"redcell/api"
 	"redcell/cell/admission"
-	"redcell/cell/api"
 	"redcell/cell/keyqueue"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // Slots caps concurrent transactions per key (memcached CAS, admission.Slots).
@@ -59,7 +60,7 @@ type Peers interface {
 // store, relay, closed-packet set and grab-cache keys.
 type space struct {
 	stress bool
-	store  Store
+	store  storage.Store
 	relay  *relay
 	closed closedSet
 }
@@ -74,8 +75,8 @@ func (sp *space) cacheKey(id model.PacketID) string {
 
 // Stores are the cell's two namespaces over its database.
 type Stores struct {
-	Real   Store // users' money
-	Shadow Store // stress-test traffic; must not share tables with Real
+	Real   storage.Store // users' money
+	Shadow storage.Store // stress-test traffic; must not share tables with Real
 }
 
 // Server is one running cell. Create it with New, run it with Serve.

@@ -12,8 +12,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/valyala/fasthttp"
 
+	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/api"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"

@@ -6,7 +6,7 @@ import (
 )
 
 // Error is a domain error with a stable code. Codes are part of the HTTP API
-// (the "code" field of an error body) and never change meaning; cell/api maps
+// (the "code" field of an error body) and never change meaning; api maps
 // each code to an HTTP status in one table.
 type Error struct {
 	Code    string

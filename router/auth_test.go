@@ -24,7 +24,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/router/apikey"
 	"redcell/sharding"
 )

@@ -21,7 +21,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.yaml.in/yaml/v3"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/router/apikey"
 	"redcell/sharding"
 )

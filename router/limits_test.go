@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/sharding"
 )
 

@@ -21,7 +21,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/internal/incident"
 	"redcell/model"
 	"redcell/router/apikey"

@@ -21,9 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"redcell/cell"
+	"redcell/api"
 	"redcell/cell/admission"
-	"redcell/cell/api"
 	"redcell/cell/guard"
 	"redcell/model"
 	"redcell/storage"
@@ -37,7 +36,7 @@ var refused = fmt.Errorf("storage: read account: %w", &net.OpError{Op: "dial", N
 // fakeStore answers Account with whatever next says and counts the calls
 // that reached it; every other method is the nil interface's (a call panics).
 type fakeStore struct {
-	cell.Store
+	storage.Store
 	calls atomic.Int64
 	next  func(ctx context.Context) error
 }

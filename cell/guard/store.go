@@ -7,25 +7,25 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"redcell/cell"
 	"redcell/model"
+	"redcell/storage"
 )
 
-// Store is a cell.Store behind a Breaker. While the breaker is open every
+// Store is a storage.Store behind a Breaker. While the breaker is open every
 // call returns ErrDBOpen at once, without calling the inner store. A call
 // that fails with an infrastructure error other than a deadline is answered
 // as model.ErrDBUnavailable wrapping that error (a retryable 503, not an
 // INTERNAL 500); deadlines stay context.DeadlineExceeded (504 TIMEOUT).
 // Business errors pass through unchanged. Safe for concurrent use.
 type Store struct {
-	inner cell.Store
+	inner storage.Store
 	b     *Breaker
 	// isFailure adds the store's own infrastructure errors (the MySQL driver's)
 	// to the generic ones of Infrastructure; nil adds none.
 	isFailure func(error) bool
 }
 
-var _ cell.Store = (*Store)(nil)
+var _ storage.Store = (*Store)(nil)
 
 // ErrDBOpen is what a Store answers while its breaker refuses calls. It
 // matches model.ErrDBUnavailable under errors.Is.
@@ -33,7 +33,7 @@ var ErrDBOpen = model.Errorf(model.ErrDBUnavailable, "the database circuit break
 
 // NewStore returns inner behind b. Several stores may share one breaker (the
 // real and the shadow store of one server do: they fail together).
-func NewStore(inner cell.Store, b *Breaker, isFailure func(error) bool) *Store {
+func NewStore(inner storage.Store, b *Breaker, isFailure func(error) bool) *Store {
 	return &Store{inner: inner, b: b, isFailure: isFailure}
 }
 
@@ -64,67 +64,67 @@ func (s *Store) call(f func() error) error {
 	return err
 }
 
-// Deposit implements cell.Store.
+// Deposit implements storage.Store.
 func (s *Store) Deposit(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (d model.Deposit, err error) {
 	err = s.call(func() (err error) { d, err = s.inner.Deposit(ctx, sh, actID, orderNo, amount); return err })
 	return d, err
 }
 
-// Account implements cell.Store.
+// Account implements storage.Store.
 func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (a model.Account, err error) {
 	err = s.call(func() (err error) { a, err = s.inner.Account(ctx, sh, actID); return err })
 	return a, err
 }
 
-// ApplyCredits implements cell.Store.
+// ApplyCredits implements storage.Store.
 func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
 	err = s.call(func() (err error) { applied, deferred, err = s.inner.ApplyCredits(ctx, credits); return err })
 	return applied, deferred, err
 }
 
-// Send implements cell.Store.
+// Send implements storage.Store.
 func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (p model.Packet, repeat bool, err error) {
 	err = s.call(func() (err error) { p, repeat, err = s.inner.Send(ctx, sh, req, id, expiresMS); return err })
 	return p, repeat, err
 }
 
-// Packet implements cell.Store.
+// Packet implements storage.Store.
 func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (p model.Packet, err error) {
 	err = s.call(func() (err error) { p, err = s.inner.Packet(ctx, ref); return err })
 	return p, err
 }
 
-// Claims implements cell.Store.
+// Claims implements storage.Store.
 func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) (cs []model.Claim, err error) {
 	err = s.call(func() (err error) { cs, err = s.inner.Claims(ctx, ref, afterSeq, limit); return err })
 	return cs, err
 }
 
-// OpenBatch implements cell.Store.
+// OpenBatch implements storage.Store.
 func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) (res []model.OpenResult, p model.Packet, err error) {
 	err = s.call(func() (err error) { res, p, err = s.inner.OpenBatch(ctx, ref, reqs, r); return err })
 	return res, p, err
 }
 
-// ClaimsOf implements cell.Store.
+// ClaimsOf implements storage.Store.
 func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (m map[string]model.Claim, err error) {
 	err = s.call(func() (err error) { m, err = s.inner.ClaimsOf(ctx, ref, reqs); return err })
 	return m, err
 }
 
-// ExpiredIn implements cell.Store.
+// ExpiredIn implements storage.Store.
 func (s *Store) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) (ids []model.PacketID, err error) {
 	err = s.call(func() (err error) { ids, err = s.inner.ExpiredIn(ctx, shards, days, nowMS, limit); return err })
 	return ids, err
 }
 
-// Refund implements cell.Store.
+// Refund implements storage.Store.
 func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (c model.Cents, err error) {
 	err = s.call(func() (err error) { c, err = s.inner.Refund(ctx, ref); return err })
 	return c, err
 }
 
-// PendingCredits implements cell.Store.
+// PendingCredits implements storage.Store.
 func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (cs []model.Credit, next model.OutboxPos, err error) {
 	err = s.call(func() (err error) {
 		cs, next, err = s.inner.PendingCredits(ctx, db, beforeMS, afterMS, afterID, limit)
@@ -133,24 +133,24 @@ func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	return cs, next, err
 }
 
-// MarkDelivered implements cell.Store.
+// MarkDelivered implements storage.Store.
 func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
 	err = s.call(func() (err error) { skipped, err = s.inner.MarkDelivered(ctx, credits); return err })
 	return skipped, err
 }
 
-// OutboxLag implements cell.Store.
+// OutboxLag implements storage.Store.
 func (s *Store) OutboxLag(ctx context.Context, db int) (pending, oldestMS int64, err error) {
 	err = s.call(func() (err error) { pending, oldestMS, err = s.inner.OutboxLag(ctx, db); return err })
 	return pending, oldestMS, err
 }
 
-// EnsureShard implements cell.Store.
+// EnsureShard implements storage.Store.
 func (s *Store) EnsureShard(ctx context.Context, sh model.ShardID) error {
 	return s.call(func() error { return s.inner.EnsureShard(ctx, sh) })
 }
 
-// EnsureDays implements cell.Store. The warm-up it serves may run for minutes,
+// EnsureDays implements storage.Store. The warm-up it serves may run for minutes,
 // so it is never the breaker's probe (a half-open breaker would refuse every
 // other call meanwhile) and its outcome is not counted: it runs only while the
 // breaker is closed, and otherwise returns ErrDBOpen (the warm-up retries).
@@ -162,7 +162,7 @@ func (s *Store) EnsureDays(ctx context.Context, shards []model.ShardID, days []i
 	return s.inner.EnsureDays(ctx, shards, days, parallel, progress)
 }
 
-// ReconWindow implements cell.Store.
+// ReconWindow implements storage.Store.
 func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (w model.ReconWindow, err error) {
 	err = s.call(func() (err error) {
 		w, err = s.inner.ReconWindow(ctx, db, shards, days, fromMS, toMS, limit)
@@ -171,13 +171,13 @@ func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 	return w, err
 }
 
-// CreditsOf implements cell.Store.
+// CreditsOf implements storage.Store.
 func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (m map[string]model.Credit, err error) {
 	err = s.call(func() (err error) { m, err = s.inner.CreditsOf(ctx, credits); return err })
 	return m, err
 }
 
-// Ledger implements cell.Store. Like EnsureDays it may run for minutes (it
+// Ledger implements storage.Store. Like EnsureDays it may run for minutes (it
 // reads every money row), so it runs only while the breaker is closed, is
 // never its probe and is not counted.
 func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
@@ -188,7 +188,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	return s.inner.Ledger(ctx, cell)
 }
 
-// Ping implements cell.Store: while the breaker is open the cell's /healthz
+// Ping implements storage.Store: while the breaker is open the cell's /healthz
 // reads db_unreachable without waiting on the server.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(func() error { return s.inner.Ping(ctx) })

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"redcell/api"
 	"redcell/bench"
-	"redcell/cell/api"
 	"redcell/model"
 )
 

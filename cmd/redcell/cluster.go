@@ -11,7 +11,7 @@ import (
 	"net/http"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/internal/testenv"
 	"redcell/sharding"
 )

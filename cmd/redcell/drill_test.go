@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"redcell/cell/api"
+	"redcell/api"
 	"redcell/model"
 )
 

@@ -25,8 +25,8 @@ import (
 
 // The store is bound to the cell's interfaces here, where the wiring happens:
 // MariaDB and memcached each behind a circuit breaker.
-var _ cell.Store = (*storage.MySQL)(nil)
-var _ cell.Store = (*guard.Store)(nil)
+var _ storage.Store = (*storage.MySQL)(nil)
+var _ storage.Store = (*guard.Store)(nil)
 var _ admission.Memcache = (*memcache.Client)(nil)
 var _ admission.Memcache = (*guard.Memcache)(nil)
 var _ cell.Slots = (*admission.Slots)(nil)

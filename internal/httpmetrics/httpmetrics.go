@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redcell/cell/api"
+	"redcell/api"
 )
 
 // LatencyBuckets are the histogram buckets, in seconds: 0.5 ms (a no-op on

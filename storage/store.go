@@ -1,4 +1,4 @@
-package cell
+package storage
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 // Wallets is the part of the store that holds balances. Every change is a flow
 // row keyed by a UNIQUE order number, written in the balance's transaction.
 type Wallets interface {
-	// Deposit: see storage.MySQL.Deposit. Errors: ErrOrderConflict.
+	// Deposit: see MySQL.Deposit. Errors: ErrOrderConflict.
 	Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error)
 	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
 	// ApplyCredits books claims into wallets at most once each, without waiting
@@ -61,12 +61,12 @@ type Books interface {
 	// ReconWindow reads, in one consistent read, the claims created in
 	// [fromMS, toMS) in the claim tables of shards (all of database db) for the
 	// given days of month, and db's outbox rows of the same window; it may cut
-	// the window short after limit outbox rows (see storage.MySQL.ReconWindow).
+	// the window short after limit outbox rows (see MySQL.ReconWindow).
 	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
 	// CreditsOf returns the credit flows booked here for the given claims, by
 	// claim ID, as they are. At most 10,000 credits per call.
 	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
-	// Ledger reads every money row in one snapshot (storage.MySQL.Ledger).
+	// Ledger reads every money row in one snapshot (MySQL.Ledger).
 	Ledger(ctx context.Context, cell string) (model.Ledger, error)
 }
 
