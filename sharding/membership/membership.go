@@ -64,8 +64,10 @@ type Config struct {
 	Seeds []string // gossip addresses to join; unreachable ones are retried
 	Meta  Meta     // Name and Started are set by Join
 	Log   *slog.Logger
-	// OnChange is called with every new Map (optional). It must not block long.
-	OnChange func(m *sharding.Map)
+
+	// onChange, set only by this package's tests, is called with every Map
+	// the node publishes, in order, under the node's lock.
+	onChange func(m *sharding.Map)
 }
 
 // supersededAlarm is how long a member may stay alive while a later process
@@ -84,6 +86,7 @@ type Node struct {
 	ml      *memberlist.Memberlist
 	meta    []byte
 	view    atomic.Pointer[sharding.Map]
+	changed chan struct{} // closed (and replaced) when a new Map is published; guarded by mu
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -127,7 +130,7 @@ func Join(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("membership: metadata too large or invalid (%d bytes)", len(meta))
 	}
 	n := &Node{cfg: cfg, node: fmt.Sprintf("%s#%d-%s", cfg.Name, started, hex.EncodeToString(suffix[:])), started: started,
-		meta: meta, members: map[string]member{}, superseded: map[string]time.Time{},
+		meta: meta, members: map[string]member{}, superseded: map[string]time.Time{}, changed: make(chan struct{}),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	empty, _ := sharding.NewMap(nil)
 	n.view.Store(empty)
@@ -197,6 +200,14 @@ func (n *Node) rejoinLoop() {
 
 // Map returns the latest routing snapshot (never nil).
 func (n *Node) Map() *sharding.Map { return n.view.Load() }
+
+// Changed returns a channel closed when the next Map is published: read it,
+// then Map, and wait on the channel for anything newer.
+func (n *Node) Changed() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.changed
+}
 
 // Members returns the number of live members, this node included.
 func (n *Node) Members() int { return n.ml.NumMembers() }
@@ -278,8 +289,10 @@ func (n *Node) rebuildLocked() {
 	}
 	n.view.Store(m)
 	n.cfg.Log.Info("shard map changed", "cells", len(cells), "uncovered_shards", m.Uncovered(), "version", m.Version)
-	if n.cfg.OnChange != nil {
-		n.cfg.OnChange(m)
+	close(n.changed)
+	n.changed = make(chan struct{})
+	if n.cfg.onChange != nil {
+		n.cfg.onChange(m)
 	}
 }
 

@@ -71,8 +71,8 @@ func TestNewest(t *testing.T) {
 func TestSupersededDoesNotFlap(t *testing.T) {
 	var published []*sharding.Map
 	n := &Node{cfg: Config{Name: "router", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnChange: func(m *sharding.Map) { published = append(published, m) }},
-		node: "router#1-00", members: map[string]member{}, superseded: map[string]time.Time{}}
+		onChange: func(m *sharding.Map) { published = append(published, m) }},
+		node: "router#1-00", members: map[string]member{}, superseded: map[string]time.Time{}, changed: make(chan struct{})}
 	ev := events{n}
 	announce := func(node string, meta Meta) *memberlist.Node {
 		b, _ := json.Marshal(meta)

@@ -81,7 +81,7 @@ func (c *testCluster) join(label, name string, gossipPort int, meta Meta, onChan
 	n, err := Join(Config{
 		Name: name, Bind: fmt.Sprintf("127.0.0.1:%d", gossipPort), Seeds: c.seeds, Meta: meta,
 		Log:      slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("proc", label),
-		OnChange: onChange,
+		onChange: onChange,
 	})
 	if err != nil {
 		c.t.Fatalf("join %s: %v", label, err)
@@ -94,18 +94,26 @@ func cellMeta(httpPort int, shards string) Meta {
 	return Meta{Role: RoleCell, Addr: fmt.Sprintf("127.0.0.1:%d", httpPort), Shards: shards, Version: 1}
 }
 
-// waitMap polls n's map every 10 ms until ok holds or limit passes; it returns
-// how long that took and whether ok held.
+// waitMap checks ok on n's map each time n publishes a new one (and every
+// 20 ms, for conditions on more than the map, such as the member count) until
+// it holds or limit passes; it returns how long that took and whether ok held.
 func waitMap(n *Node, limit time.Duration, ok func(*sharding.Map) bool) (time.Duration, bool) {
 	start := time.Now()
+	deadline := time.NewTimer(max(limit, 0))
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for {
+		changed := n.Changed()
 		if ok(n.Map()) {
 			return time.Since(start), true
 		}
-		if time.Since(start) > limit {
-			return time.Since(start), false
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-deadline.C:
+			return time.Since(start), ok(n.Map())
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
