@@ -1,12 +1,15 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
+
+	"redcell/model"
 )
 
 // strategiesMax bounds the strategies one comparison runs.
@@ -37,6 +40,27 @@ type SuiteConfig struct {
 	Limits *LimitsConfig
 	// Log, when set, gets one line per step (switching strategy, starting a run).
 	Log io.Writer
+	// Baseline, when set, is a second cluster every run also runs against
+	// (an older build of redcell, say), interleaved with the main cluster's
+	// run of the same strategy, so that the two builds are measured under the
+	// same workload (one seed) on the same machine at nearly the same time.
+	Baseline *Cluster
+}
+
+// Cluster is a second cluster a suite compares the main one with (see
+// SuiteConfig.Baseline). Its runs carry Name in Report.Cluster and in their
+// labels.
+type Cluster struct {
+	Name          string // e.g. "baseline"; 1..24 characters, not empty
+	RouterURL     string
+	ClusterSecret string // signs its stress traffic
+	APIKey        string
+	// Audit, SetStrategy and GetStrategy work as the suite's own (Run.Audit,
+	// SuiteConfig.SetStrategy, GetStrategy), on this cluster; the strategy
+	// pair is needed when the suite compares strategies.
+	Audit       func(ctx context.Context) (model.AuditReport, error)
+	SetStrategy func(ctx context.Context, strategy string) error
+	GetStrategy func(ctx context.Context) (string, error)
 }
 
 // Validate checks the suite and its run config.
@@ -69,6 +93,20 @@ func (sc SuiteConfig) Validate() error {
 			seen[s] = true
 		}
 	}
+	if b := sc.Baseline; b != nil {
+		switch {
+		case sc.SkipLoad:
+			return errors.New("bench: comparing with a baseline cluster needs a workload")
+		case b.Name == "" || len(b.Name) > runIDLenMax:
+			return fmt.Errorf("bench: the baseline cluster needs a name of 1..%d characters", runIDLenMax)
+		case b.RouterURL == "" || b.ClusterSecret == "":
+			return errors.New("bench: the baseline cluster needs a router URL and its cluster secret")
+		case sc.CompareDirect:
+			return errors.New("bench: a baseline comparison runs through the routers only (no --compare-direct)")
+		case len(sc.Strategies) > 0 && (b.SetStrategy == nil || b.GetStrategy == nil):
+			return errors.New("bench: comparing strategies with a baseline needs the baseline's SetStrategy and GetStrategy")
+		}
+	}
 	if sc.Limits != nil {
 		return sc.Limits.Validate()
 	}
@@ -85,6 +123,11 @@ type Suite struct {
 	// Comparison has one row per strategy, in the order run: ratios against the
 	// first strategy's successful opens/s (router runs).
 	Comparison []StrategyRow `json:"comparison,omitempty"`
+	// BaselineComparison is Comparison for the baseline cluster's runs, and
+	// VsBaseline pairs each strategy's run on the main cluster with its run on
+	// the baseline (SuiteConfig.Baseline).
+	BaselineComparison []StrategyRow `json:"baseline_comparison,omitempty"`
+	VsBaseline         []BaselineRow `json:"vs_baseline,omitempty"`
 	// RouterVsDirect has one row per pair of runs that differ only in the path.
 	RouterVsDirect []DirectRow    `json:"router_vs_direct,omitempty"`
 	Limits         *LimitsReport  `json:"limits,omitempty"`
@@ -102,6 +145,17 @@ type StrategyRow struct {
 	P99MS       float64 `json:"p99_ms"`
 	P999MS      float64 `json:"p99_9_ms"`
 	OK          bool    `json:"ok"` // the run passed, money checks included
+}
+
+// BaselineRow compares one strategy's run on the main cluster with the same
+// run on the baseline cluster.
+type BaselineRow struct {
+	Strategy            string  `json:"strategy"` // empty: the cells as they were
+	OpensPerSec         float64 `json:"opens_per_sec"`
+	BaselineOpensPerSec float64 `json:"baseline_opens_per_sec"`
+	Ratio               float64 `json:"ratio"` // main / baseline: above 1 the main cluster is faster
+	P99MS               float64 `json:"p99_ms"`
+	BaselineP99MS       float64 `json:"baseline_p99_ms"`
 }
 
 // DirectRow compares a run through the router with the same run sent direct.
@@ -162,68 +216,101 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	return s, err
 }
 
-// runAll runs the workload once per strategy (or once) and per path, and
-// restores the cells' strategy.
+// runAll runs the workload once per strategy (or once), per path and per
+// cluster, and restores the cells' strategy.
 func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 	if sc.SkipLoad {
 		return nil
+	}
+	targets := []target{{run: sc.Run, set: sc.SetStrategy, get: sc.GetStrategy}}
+	if b := sc.Baseline; b != nil {
+		run := sc.Run
+		run.RouterURL, run.ClusterSecret, run.APIKey, run.Audit = b.RouterURL, b.ClusterSecret, b.APIKey, b.Audit
+		targets = append(targets, target{name: b.Name, run: run, set: b.SetStrategy, get: b.GetStrategy})
 	}
 	strategies := sc.Strategies
 	if len(strategies) == 0 {
 		strategies = []string{""} // the cells as they are
 	} else {
-		if s.StrategyBefore, err = sc.GetStrategy(ctx); err != nil {
-			return fmt.Errorf("bench: read the cells' strategy before switching it: %w", err)
-		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
-			defer cancel()
-			logf(sc.Log, "restoring the cells' strategy %s", s.StrategyBefore)
-			if rerr := sc.SetStrategy(rctx, s.StrategyBefore); rerr != nil {
-				s.Errors = append(s.Errors, fmt.Sprintf("restore strategy %s: %v", s.StrategyBefore, rerr))
+		for i := range targets {
+			t := &targets[i]
+			before, err := t.get(ctx)
+			if err != nil {
+				return fmt.Errorf("bench: read the %s cells' strategy before switching it: %w", t.describe(), err)
 			}
-		}()
+			if t.name == "" {
+				s.StrategyBefore = before
+			}
+			defer func() {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
+				defer cancel()
+				logf(sc.Log, "restoring the %s cells' strategy %s", t.describe(), before)
+				if rerr := t.set(rctx, before); rerr != nil {
+					s.Errors = append(s.Errors, fmt.Sprintf("restore the %s strategy %s: %v", t.describe(), before, rerr))
+				}
+			}()
+		}
 	}
 	paths := []bool{sc.Run.Direct}
 	if sc.CompareDirect {
 		paths = []bool{false, true}
 	}
 	n := 0
-	for _, strategy := range strategies {
-		if strategy != "" {
-			logf(sc.Log, "switching the cells to strategy %s", strategy)
-			if err := sc.SetStrategy(ctx, strategy); err != nil {
-				s.Errors = append(s.Errors, fmt.Sprintf("switch to strategy %s: %v", strategy, err))
-				continue
-			}
+	for si, strategy := range strategies {
+		order := targets
+		if len(targets) == 2 && si%2 == 1 {
+			order = []target{targets[1], targets[0]} // A B, B A, ...: drift of the machine hits both alike
 		}
-		for _, direct := range paths {
-			cfg := sc.Run
-			cfg.Direct = direct
-			cfg.Label = runLabel(strategy, direct, sc.CompareDirect, cfg.Label)
-			cfg.RunID = suiteRunID(sc.Run.RunID, n)
-			n++
-			if cfg.Label == "" {
-				cfg.Label = s.Workload
+		for _, t := range order {
+			if strategy != "" {
+				logf(sc.Log, "switching the %s cells to strategy %s", t.describe(), strategy)
+				if err := t.set(ctx, strategy); err != nil {
+					s.Errors = append(s.Errors, fmt.Sprintf("switch the %s cells to strategy %s: %v", t.describe(), strategy, err))
+					continue
+				}
 			}
-			if n > 1 {
-				quiesce(ctx, sc)
-			}
-			logf(sc.Log, "run %d (%s): %s for %v", n, cfg.Label, s.Workload, cfg.Duration)
-			rep, err := Run(ctx, cfg)
-			if rep.RunID == "" && err != nil && ctx.Err() == nil {
-				s.Errors = append(s.Errors, fmt.Sprintf("run %s: %v", cfg.Label, err))
-				continue
-			}
-			rep.Strategy = strategy
-			s.Runs = append(s.Runs, rep)
-			if err != nil {
-				return err // ctx ended
+			for _, direct := range paths {
+				cfg := t.run
+				cfg.Direct = direct
+				cfg.Label = runLabel(strategy, direct, sc.CompareDirect, cfg.Label)
+				if t.name != "" {
+					cfg.Label = t.name + "/" + cmp.Or(cfg.Label, s.Workload)
+				}
+				cfg.RunID = suiteRunID(sc.Run.RunID, n)
+				n++
+				if cfg.Label == "" {
+					cfg.Label = s.Workload
+				}
+				if n > 1 {
+					quiesce(ctx, sc)
+				}
+				logf(sc.Log, "run %d (%s): %s for %v", n, cfg.Label, s.Workload, cfg.Duration)
+				rep, err := Run(ctx, cfg)
+				if rep.RunID == "" && err != nil && ctx.Err() == nil {
+					s.Errors = append(s.Errors, fmt.Sprintf("run %s: %v", cfg.Label, err))
+					continue
+				}
+				rep.Strategy, rep.Cluster = strategy, t.name
+				s.Runs = append(s.Runs, rep)
+				if err != nil {
+					return err // ctx ended
+				}
 			}
 		}
 	}
 	return nil
 }
+
+// target is one cluster a suite runs against: the main one (name "") or the
+// baseline.
+type target struct {
+	name string
+	run  Config
+	set  func(ctx context.Context, strategy string) error
+	get  func(ctx context.Context) (string, error)
+}
+
+func (t target) describe() string { return cmp.Or(t.name, "main") }
 
 // runLabel names a run after its strategy and path.
 func runLabel(strategy string, direct, compareDirect bool, label string) string {
@@ -257,18 +344,22 @@ func suiteRunID(base string, n int) string {
 
 // compare fills the comparison tables from the runs and the limits.
 func (s *Suite) compare(sc SuiteConfig) {
-	var first float64
-	for _, r := range s.Runs {
-		if r.Strategy == "" || r.Direct && sc.CompareDirect {
-			continue
+	s.Comparison = strategyRows(s.Runs, "", sc.CompareDirect)
+	if sc.Baseline != nil {
+		s.BaselineComparison = strategyRows(s.Runs, sc.Baseline.Name, false)
+		for _, r := range s.Runs {
+			if r.Cluster != "" {
+				continue
+			}
+			for _, b := range s.Runs {
+				if b.Cluster == sc.Baseline.Name && b.Strategy == r.Strategy {
+					s.VsBaseline = append(s.VsBaseline, BaselineRow{Strategy: r.Strategy,
+						OpensPerSec: r.OpensPerSec, BaselineOpensPerSec: b.OpensPerSec, Ratio: ratio(r.OpensPerSec, b.OpensPerSec),
+						P99MS: r.Open.LatencyMS.P99, BaselineP99MS: b.Open.LatencyMS.P99})
+					break
+				}
+			}
 		}
-		row := StrategyRow{Strategy: r.Strategy, OpensPerSec: r.OpensPerSec, P99MS: r.Open.LatencyMS.P99,
-			P999MS: r.Open.LatencyMS.P999, OK: r.OK()}
-		if len(s.Comparison) == 0 {
-			first = r.OpensPerSec
-		}
-		row.Ratio = ratio(r.OpensPerSec, first)
-		s.Comparison = append(s.Comparison, row)
 	}
 	if sc.CompareDirect {
 		for i := 0; i+1 < len(s.Runs); i++ {
@@ -289,6 +380,27 @@ func (s *Suite) compare(sc SuiteConfig) {
 	if s.Limits != nil {
 		s.Ceilings = s.Limits.ceilings(s.Runs)
 	}
+}
+
+// strategyRows compares the runs of one cluster (by name; "" the main one)
+// that set a strategy, each against the first of them (router runs only when
+// the suite compares paths).
+func strategyRows(runs []Report, cluster string, compareDirect bool) []StrategyRow {
+	var rows []StrategyRow
+	var first float64
+	for _, r := range runs {
+		if r.Cluster != cluster || r.Strategy == "" || r.Direct && compareDirect {
+			continue
+		}
+		row := StrategyRow{Strategy: r.Strategy, OpensPerSec: r.OpensPerSec, P99MS: r.Open.LatencyMS.P99,
+			P999MS: r.Open.LatencyMS.P999, OK: r.OK()}
+		if len(rows) == 0 {
+			first = r.OpensPerSec
+		}
+		row.Ratio = ratio(r.OpensPerSec, first)
+		rows = append(rows, row)
+	}
+	return rows
 }
 
 // ratio is a/b, 0 when b is 0.
@@ -313,15 +425,30 @@ const quiesceTimeout = 90 * time.Second
 // still deliver a previous run's credits would share the machine with them, and
 // side-by-side numbers would not compare like with like.
 func quiesce(ctx context.Context, sc SuiteConfig) {
-	if sc.Run.Audit == nil {
+	audits := []func(context.Context) (model.AuditReport, error){sc.Run.Audit}
+	if sc.Baseline != nil {
+		audits = append(audits, sc.Baseline.Audit)
+	}
+	quiet := func(ctx context.Context) bool {
+		for _, audit := range audits {
+			if audit == nil {
+				continue
+			}
+			actx, cancel := context.WithTimeout(ctx, auditTimeout)
+			a, err := audit(actx)
+			cancel()
+			if err != nil || a.InFlightCount > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if sc.Run.Audit == nil && (sc.Baseline == nil || sc.Baseline.Audit == nil) {
 		return
 	}
 	start := time.Now()
 	for time.Since(start) < quiesceTimeout && ctx.Err() == nil {
-		actx, cancel := context.WithTimeout(ctx, auditTimeout)
-		a, err := sc.Run.Audit(actx)
-		cancel()
-		if err == nil && a.InFlightCount == 0 {
+		if quiet(ctx) {
 			if d := time.Since(start); d > time.Second {
 				logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
 			}

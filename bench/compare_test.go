@@ -167,3 +167,62 @@ func TestSuiteRunID(t *testing.T) {
 		}
 	}
 }
+
+// A baseline cluster runs every strategy too, interleaved (A B, then B A),
+// each cluster is switched and restored on its own, and the rows pair the
+// clusters' runs of one strategy.
+func TestSuiteAgainstBaseline(t *testing.T) {
+	shortSettle(t)
+	main, old := newFakeRouter(), newFakeRouter()
+	run := loadConfig(main.serve(t), main, WorkloadHot)
+	run.Duration = 200 * time.Millisecond
+	oldURL := old.serve(t)
+	mainSt, oldSt := &fakeStrategies{current: "batched"}, &fakeStrategies{current: "serial"}
+	s, err := RunSuite(context.Background(), SuiteConfig{Run: run, Strategies: []string{"naive", "batched"},
+		SetStrategy: mainSt.set, GetStrategy: mainSt.get,
+		Baseline: &Cluster{Name: "old", RouterURL: oldURL, ClusterSecret: run.ClusterSecret, APIKey: run.APIKey,
+			SetStrategy: oldSt.set, GetStrategy: oldSt.get}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(mainSt.calls, ","); got != "get,naive,batched,batched" {
+		t.Errorf("main strategy calls %s", got)
+	}
+	if got := strings.Join(oldSt.calls, ","); got != "get,naive,batched,serial" {
+		t.Errorf("baseline strategy calls %s, want its own restore to serial", got)
+	}
+	var order []string
+	for _, r := range s.Runs {
+		order = append(order, r.Label)
+	}
+	if got := strings.Join(order, ","); got != "naive,old/naive,old/batched,batched" {
+		t.Fatalf("runs %s, want the clusters interleaved A B, B A", got)
+	}
+	if s.Runs[1].Cluster != "old" || s.Runs[0].Cluster != "" || s.Runs[1].RouterURL != oldURL {
+		t.Errorf("run clusters %q %q, baseline run's router %s", s.Runs[0].Cluster, s.Runs[1].Cluster, s.Runs[1].RouterURL)
+	}
+	if len(s.Comparison) != 2 || len(s.BaselineComparison) != 2 || len(s.VsBaseline) != 2 {
+		t.Fatalf("rows: %d main, %d baseline, %d paired", len(s.Comparison), len(s.BaselineComparison), len(s.VsBaseline))
+	}
+	for _, b := range s.VsBaseline {
+		var mainRate, oldRate float64
+		for _, r := range s.Runs {
+			if r.Strategy == b.Strategy && r.Cluster == "" {
+				mainRate = r.OpensPerSec
+			}
+			if r.Strategy == b.Strategy && r.Cluster == "old" {
+				oldRate = r.OpensPerSec
+			}
+		}
+		if b.OpensPerSec != mainRate || b.BaselineOpensPerSec != oldRate || math.Abs(b.Ratio-mainRate/oldRate) > 1e-9 || oldRate == 0 {
+			t.Errorf("row %+v, want main %v baseline %v", b, mainRate, oldRate)
+		}
+	}
+	if !s.OK() {
+		t.Errorf("suite not OK: %v", s.Problems())
+	}
+	var sum strings.Builder
+	if err := s.WriteSummary(&sum); err != nil || !strings.Contains(sum.String(), "Against the baseline cluster") {
+		t.Errorf("summary lacks the baseline table (err %v):\n%s", err, sum.String())
+	}
+}

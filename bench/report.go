@@ -17,6 +17,7 @@ type Report struct {
 	RunID        string `json:"run_id"`
 	Label        string `json:"label,omitempty"`    // e.g. the strategy under test
 	Strategy     string `json:"strategy,omitempty"` // the cells' open strategy, when the bench set it
+	Cluster      string `json:"cluster,omitempty"`  // the baseline cluster's name (SuiteConfig.Baseline); empty: the main cluster
 	Workload     string `json:"workload"`
 	Mode         string `json:"mode"`         // "closed" or "open" (open-loop at Rate)
 	Rate         int    `json:"rate_per_sec"` // open-loop target, opens/s; 0 closed-loop

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -62,6 +63,22 @@ func (s Suite) writeSummary(ew *errWriter) {
 			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P99MS), f2(c.P999MS), verdict(c.OK)})
 		}
 		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
+	}
+	if len(s.VsBaseline) > 0 {
+		ew.printf("## Against the baseline cluster\n\nThe same workload (one seed) on both clusters, interleaved; ratio = this cluster's successful opens/s / the baseline's.\n\n")
+		var rows [][]string
+		for _, b := range s.VsBaseline {
+			rows = append(rows, []string{cmp.Or(b.Strategy, s.Workload), f1(b.OpensPerSec), f1(b.BaselineOpensPerSec), f2(b.Ratio), f2(b.P99MS), f2(b.BaselineP99MS)})
+		}
+		mdTable(ew, []string{"strategy", "opens/s", "baseline opens/s", "ratio", "p99 ms", "baseline p99 ms"}, rows)
+		if len(s.BaselineComparison) > 0 {
+			ew.printf("The baseline's own strategies, each against its first:\n\n")
+			rows = nil
+			for _, c := range s.BaselineComparison {
+				rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P99MS), f2(c.P999MS), verdict(c.OK)})
+			}
+			mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
+		}
 	}
 	var classRows [][]string
 	for _, r := range s.Runs {

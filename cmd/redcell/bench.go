@@ -44,6 +44,8 @@ type benchFlags struct {
 	clusterSecret       string          // signs every request (the stress mark, direct calls): cluster_secret of --config, else REDCELL_CLUSTER_SECRET
 	apiKeyFile          string          // --api-key-file
 	apiKey              string          // the key the router requires: --api-key-file, else REDCELL_API_KEY, else api-key beside --config
+	baselinePath        string          // --baseline: the config of a second cluster to compare with
+	baselineName        string
 	defaultLimitsConfig bench.LimitsConfig
 }
 
@@ -73,6 +75,8 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
 	fs.DurationVar(&f.limitsDuration, "limits-duration", lim.HTTPDuration, "how long each limit measurement runs")
 	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
+	fs.StringVar(&f.baselinePath, "baseline", "", "config file of a second cluster (an older build, say) to run every run against too, interleaved, and compare with (its API key: the file api-key beside it)")
+	fs.StringVar(&f.baselineName, "baseline-name", "baseline", "how reports name the --baseline cluster's runs")
 	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -210,12 +214,43 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		}
 		sc.Limits = &lc
 	}
+	if f.baselinePath != "" {
+		b, err := baselineCluster(f.baselinePath, f.baselineName)
+		if err != nil {
+			return sc, err
+		}
+		if f.compare != "" {
+			path := f.baselinePath
+			b.SetStrategy = func(ctx context.Context, s string) error { return setClusterStrategy(ctx, path, s) }
+			b.GetStrategy = func(ctx context.Context) (string, error) { return getClusterStrategy(ctx, path) }
+		}
+		sc.Baseline = b
+	}
 	return sc, sc.Validate()
+}
+
+// baselineCluster reads the --baseline cluster from its config: where its
+// router listens, its cluster secret and the API key make run wrote beside it.
+func baselineCluster(path, name string) (*bench.Cluster, error) {
+	fc, err := loadConfig(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --baseline: %w", err)
+	}
+	if fc.Router.Listen == "" {
+		return nil, fmt.Errorf("bench: --baseline %s names no router.listen", path)
+	}
+	key, err := os.ReadFile(filepath.Join(filepath.Dir(path), "api-key"))
+	if err != nil {
+		return nil, fmt.Errorf("bench: --baseline: the API key beside its config: %w", err)
+	}
+	return &bench.Cluster{Name: name, RouterURL: "http://" + fc.Router.Listen, ClusterSecret: fc.ClusterSecret,
+		APIKey: strings.TrimSpace(string(key)),
+		Audit:  func(ctx context.Context) (model.AuditReport, error) { return auditShadow(ctx, path) }}, nil
 }
 
 // plain is a single smoke run, printed as before: no files unless asked.
 func (f *benchFlags) plain() bool {
-	return f.workload == bench.WorkloadSmoke && f.compare == "" && !f.compareDirect && !f.limits
+	return f.workload == bench.WorkloadSmoke && f.compare == "" && !f.compareDirect && !f.limits && f.baselinePath == ""
 }
 
 // runBench drives load (see bench.RunSuite), prints every run's text report and
