@@ -84,7 +84,7 @@ type Node struct {
 	node    string // memberlist node name: cfg.Name, "#", started, "-", 8 random hex digits
 	started int64  // Unix ms
 	ml      *memberlist.Memberlist
-	meta    []byte
+	meta    []byte // what NodeMeta announces; guarded by mu (tests change it)
 	view    atomic.Pointer[sharding.Map]
 	changed chan struct{} // closed (and replaced) when a new Map is published; guarded by mu
 	stop    chan struct{}
@@ -390,7 +390,11 @@ func (n *Node) alarmSuperseded(now time.Time) {
 // it touches only immutable fields.
 type delegate struct{ n *Node }
 
-func (d delegate) NodeMeta(limit int) []byte                  { return d.n.meta }
+func (d delegate) NodeMeta(limit int) []byte {
+	d.n.mu.Lock()
+	defer d.n.mu.Unlock()
+	return d.n.meta
+}
 func (d delegate) NotifyMsg([]byte)                           {}
 func (d delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (d delegate) LocalState(join bool) []byte                { return nil }

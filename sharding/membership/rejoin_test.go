@@ -1,6 +1,8 @@
 package membership
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -134,6 +136,29 @@ func waitRejoin(t *testing.T, n *Node, what string, start time.Time, ok func(*sh
 	return time.Since(start)
 }
 
+// waitFor checks ok every 10 ms until it holds or limit passes.
+func waitFor(limit time.Duration, ok func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for !ok() {
+		if time.Since(start) > limit {
+			return time.Since(start), false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start), true
+}
+
+// metaOf is the metadata of other's memberlist node as n last heard it, or
+// nil when n does not know it.
+func metaOf(n, other *Node) []byte {
+	for _, m := range n.ml.Members() {
+		if m.Name == other.node {
+			return m.Meta
+		}
+	}
+	return nil
+}
+
 // routesTo reports whether m sends shards from, to and one between to process
 // n, which serves HTTP at addr.
 func routesTo(m *sharding.Map, from, to model.ShardID, n *Node, addr string) bool {
@@ -261,9 +286,11 @@ func TestRouterRejoin(t *testing.T) {
 	start := time.Now()
 	fresh := c.join("router (new)", "router-127.0.0.1:8080", newG, Meta{Role: RoleRouter}, nil)
 	took := waitRejoin(t, fresh, "the new router's map covers every shard", start, func(m *sharding.Map) bool { return m.Uncovered() == 0 })
-	// Give the cells a moment to take the new router in (a gossip round or two),
-	// then a cell leaves: the new router must hear of it as any member would.
-	time.Sleep(500 * time.Millisecond)
+	// Once cell-2 knows the new router, cell-2 leaves: the new router must
+	// hear of it as any member would.
+	if d, ok := waitFor(5*time.Second, func() bool { return metaOf(cell2, fresh) != nil }); !ok {
+		t.Fatalf("cell-2 does not know the new router after %s", d)
+	}
 	if err := cell2.Leave(time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -299,9 +326,21 @@ func TestDuplicateCell(t *testing.T) {
 	waitRejoin(t, router, "the router's map names the second cell-1", start, isSecond)
 	waitRejoin(t, first, "the first cell-1's map names the second", start, isSecond)
 
-	// Both keep gossiping (probes, refutes, push/pull every 15 s): 5 s in which
-	// the map must not move.
-	time.Sleep(5 * time.Second)
+	// Both keep gossiping. The first cell-1 announces itself again, with new
+	// metadata (a higher map version); once the router has taken that in, its
+	// map could have moved back: it must not have.
+	m := cellMeta(c1H, "0-499")
+	m.Name, m.Started, m.Version = "cell-1", first.started, 2
+	b, _ := json.Marshal(m)
+	first.mu.Lock()
+	first.meta = b
+	first.mu.Unlock()
+	if err := first.ml.UpdateNode(time.Second); err != nil {
+		t.Fatalf("re-announce the first cell-1: %v", err)
+	}
+	if d, ok := waitFor(5*time.Second, func() bool { return bytes.Equal(metaOf(router, first), b) }); !ok {
+		t.Fatalf("the router did not hear the first cell-1 announce itself again within %s", d)
+	}
 	if n := router.Members(); n != 4 {
 		t.Fatalf("the router counts %d live members, want 4 (both cell-1 processes alive)", n)
 	}
