@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"redcell/api"
@@ -44,7 +45,14 @@ func TestTimeline(t *testing.T) {
 	}
 }
 
+// It runs in a synctest bubble: time is the bubble's, and synctest.Wait
+// knows when the second pop is blocked waiting, so the push that must wake it
+// comes only then.
 func TestTaskQueueOrderAndWait(t *testing.T) {
+	synctest.Test(t, taskQueueOrderAndWait)
+}
+
+func taskQueueOrderAndWait(t *testing.T) {
 	q := newTaskQueue(3)
 	now := time.Now()
 	p := &packetState{id: "p"}
@@ -76,7 +84,12 @@ func TestTaskQueueOrderAndWait(t *testing.T) {
 		got, _ := q.pop(ctx)
 		done <- got.act
 	}()
-	time.Sleep(20 * time.Millisecond)
+	synctest.Wait() // the pop is blocked: nothing is due
+	select {
+	case got := <-done:
+		t.Fatalf("pop returned %q from an empty queue", got)
+	default:
+	}
 	q.push([]openTask{{due: time.Now(), pkt: p, act: "woken"}})
 	select {
 	case got := <-done:
