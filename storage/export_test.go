@@ -9,17 +9,18 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 )
 
 // ContractMySQL opens, for the contract suite (contract_test.go, package
 // storage_test), an empty store on test server 1: its databases carry a fresh
 // name prefix (ct<8 hex>_db_XX), so its Ledger reads its own rows only, and
-// they are dropped when the test ends. Its clock is now. Its connections go
+// they are dropped when the test ends. Its clock is clk. Its connections go
 // through a commitCutter, which failNextCommit arms: the next COMMIT is cut,
 // after reaching the server when lostAnswer is set; cuts counts the COMMITs
 // cut. Skips without a server.
-func ContractMySQL(t *testing.T, now func() time.Time) (m *MySQL, failNextCommit func(lostAnswer bool), cuts func() int64) {
+func ContractMySQL(t *testing.T, clk clock.Clock) (m *MySQL, failNextCommit func(lostAnswer bool), cuts func() int64) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t, 1))
 	if err != nil {
@@ -34,7 +35,7 @@ func ContractMySQL(t *testing.T, now func() time.Time) (m *MySQL, failNextCommit
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	m.ns = "ct" + hex.EncodeToString(b[:]) + "_"
-	m.SetClock(now)
+	m.SetClock(clk)
 	t.Cleanup(func() { m.Close() })
 	t.Cleanup(func() { dropNamespace(t, m) })
 	return m, p.arm, p.cuts.Load
