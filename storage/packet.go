@@ -366,13 +366,17 @@ func (m *MySQL) forgetTables() {
 // due only while the packet is open and expired at the store's clock), then
 // locks the sender's wallet and writes the refund flow, the balance and the
 // packet. The flow order number "refund:" + packet ID makes a second refund
-// impossible. Returns the cents refunded (0 if nothing was due).
+// impossible. Returns the cents refunded (0 if nothing was due). Errors:
+// ErrNotFound (no such packet), ErrCommitUnknown.
 func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
 	var refunded model.Cents
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		refunded = 0
 		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 			" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
+		if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+			return model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+		}
 		if err != nil {
 			return err
 		}

@@ -27,10 +27,10 @@ func isMySQLErr(err error, num uint16) bool {
 	return errors.As(err, &me) && me.Number == num
 }
 
-// errCommitUnknown marks a COMMIT that got no answer (the connection or the
-// server died): the transaction may or may not have been applied. The money
-// paths then re-read by order number (settleCommit) before answering.
-var errCommitUnknown = errors.New("storage: commit outcome unknown")
+// errCommitUnknown is ErrCommitUnknown (store.go): a COMMIT that got no
+// answer. The money paths re-read by order number (settleCommit) before
+// answering with it.
+var errCommitUnknown = ErrCommitUnknown
 
 // settleCommit finds out whether a transaction whose COMMIT got no answer was
 // applied, by calling applied (a re-read by order number) up to three times
