@@ -370,7 +370,7 @@ func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id api.RouteID) {
 }
 
 func (r *Router) handle(rc *fasthttp.RequestCtx) {
-	if string(rc.Path()) == "/healthz" { // open to all: load balancers and probes hold no key
+	if string(rc.Path()) == api.HealthPath { // open to all: load balancers and probes hold no key
 		r.healthz(rc)
 		return
 	}
