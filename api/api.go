@@ -259,10 +259,7 @@ func ProtocolError(rc *fasthttp.RequestCtx, err error) {
 		e = model.Errorf(model.ErrBodyTooLarge, "request body is above the size limit")
 		drainOversized(rc.Conn())
 	}
-	status, body := ErrorJSON(e)
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.SetBody(body)
+	WriteError(rc, e)
 }
 
 // Limits of drainOversized: what a refused body may still cost the server. A

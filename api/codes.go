@@ -3,6 +3,10 @@ package api
 import (
 	"bytes"
 	"sort"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/model"
 )
 
 // CodeOK labels a successful answer in metrics; it is never sent as an error code.
@@ -40,3 +44,69 @@ func ErrorCode(body []byte) []byte {
 	}
 	return rest[:end]
 }
+
+// HeaderCode carries the error code of every error answer (the "code" of its
+// envelope), so that metrics and hops read it without parsing the body.
+// WriteError sets it; a non-200 answer without it counts as CodeOther.
+const HeaderCode = "X-Redcell-Code"
+
+// WriteError answers rc with err: the status of its code (Status), the JSON
+// envelope of ErrorJSON and HeaderCode. Errors without a code are INTERNAL
+// (model.CodeOf). It is the one way an error answer is written.
+func WriteError(rc *fasthttp.RequestCtx, err error) {
+	code, _ := model.CodeOf(err)
+	_, body := ErrorJSON(err)
+	WriteErrorBody(rc, Status(code), code, body)
+}
+
+// WriteErrorStatus is WriteError with status instead of the code's own: for
+// admin answers whose code is outside the table (ADMIN_DISABLED).
+func WriteErrorStatus(rc *fasthttp.RequestCtx, status int, err error) {
+	code, _ := model.CodeOf(err)
+	_, body := ErrorJSON(err)
+	WriteErrorBody(rc, status, code, body)
+}
+
+// WriteErrorBody writes an envelope rendered in advance (ErrorJSON of an error
+// with code), with status: refusals answered in floods are prepared once.
+func WriteErrorBody(rc *fasthttp.RequestCtx, status int, code string, body []byte) {
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.Response.Header.Set(HeaderCode, code)
+	rc.SetBody(body)
+}
+
+// ResponseCode returns an answer's HeaderCode, or nil when it has none. It
+// does not allocate: the slice is the header's and valid until resp changes.
+func ResponseCode(h *fasthttp.ResponseHeader) []byte {
+	return h.Peek(HeaderCode)
+}
+
+// sentinels maps each code of the table to its model sentinel.
+var sentinels = func() map[string]*model.Error {
+	m := map[string]*model.Error{}
+	for _, e := range []*model.Error{model.ErrInvalidArgument, model.ErrNotFound, model.ErrSoldOut, model.ErrExpired,
+		model.ErrInsufficientBalance, model.ErrOrderConflict, model.ErrWrongCell, model.ErrCellUnavailable,
+		model.ErrOverloaded, model.ErrTimeout, model.ErrBodyTooLarge, model.ErrMethodNotAllowed, model.ErrShuttingDown,
+		model.ErrUnauthenticated, model.ErrPermissionDenied, model.ErrUnsupportedMediaType, model.ErrRateLimited,
+		model.ErrUserRateLimited, model.ErrCellRateLimited, model.ErrDBUnavailable, model.ErrInternal} {
+		m[e.Code] = e
+	}
+	if len(m) != len(status) {
+		panic("api: every code of the status table needs its sentinel")
+	}
+	for c := range status {
+		if m[c] == nil {
+			panic("api: no sentinel for code " + c)
+		}
+	}
+	return m
+}()
+
+// Sentinel returns the model sentinel of an error code (model.ErrSoldOut for
+// "SOLD_OUT"), or nil for a code outside the table.
+func Sentinel(code string) *model.Error { return sentinels[code] }
+
+// Retryable reports whether an answer with this code may succeed if the same
+// request is sent again later (the envelope's "retryable").
+func Retryable(code string) bool { return retryable[code] }

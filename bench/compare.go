@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -420,6 +421,12 @@ func logf(w io.Writer, format string, args ...any) {
 // quiesceTimeout bounds the wait for the cells' relays between runs.
 const quiesceTimeout = 90 * time.Second
 
+// quiesceInterval is the pause between two audits of quiesce.
+const quiesceInterval = time.Second
+
+// errInFlight: an audit found credits still in flight.
+var errInFlight = errors.New("bench: credits in flight")
+
 // quiesce waits, when an audit is configured, until no credit of earlier runs
 // is in flight (or quiesceTimeout passes): a run that starts while the relays
 // still deliver a previous run's credits would share the machine with them, and
@@ -447,16 +454,24 @@ func quiesce(ctx context.Context, sc SuiteConfig) {
 		return
 	}
 	start := time.Now()
-	for time.Since(start) < quiesceTimeout && ctx.Err() == nil {
-		if quiet(ctx) {
-			if d := time.Since(start); d > time.Second {
-				logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
+	wait, cancel := context.WithTimeout(ctx, quiesceTimeout)
+	defer cancel()
+	// One round of audits a second (quiesceInterval) until none is in flight or the time is up.
+	err := retry.Do(wait, retry.Policy{Attempts: int(quiesceTimeout/quiesceInterval) + 1, Backoff: quiesceInterval, Max: quiesceInterval},
+		func(int) error {
+			if !quiet(ctx) {
+				return errInFlight
 			}
-			return
+			return nil
+		})
+	switch {
+	case err == nil:
+		if d := time.Since(start); d > time.Second {
+			logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
 		}
-		if !sleepCtx(ctx, time.Second) {
-			return
-		}
+		return
+	case ctx.Err() != nil:
+		return // interrupted: nothing to say
 	}
 	logf(sc.Log, "credits of earlier runs still in flight after %v; going on", quiesceTimeout)
 }

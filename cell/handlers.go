@@ -87,6 +87,7 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt route, parts []string) {
 		rc.SetContentType("application/json")
 		rc.Response.Header.Set("Retry-After", "1")
 		rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
+		rc.Response.Header.Set(api.HeaderCode, model.ErrCellRateLimited.Code)
 		rc.SetBody(s.refusal)
 		return
 	}

@@ -352,5 +352,7 @@ func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
 	rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
+	code, _ := model.CodeOf(err)
+	rc.Response.Header.Set(api.HeaderCode, code) // the router's metrics read it (api.WriteError sets it too)
 	rc.SetBody(body)
 }
