@@ -1,0 +1,35 @@
+// Package sim is a deterministic simulation of a whole redcell cluster: one
+// router and three cells in one goroutine, on in-memory stores, a simulated
+// clock and a simulated network, under a random workload. A run is a pure
+// function of its Config (above all its seed): the same seed replays the same
+// run bit for bit, and Result.Hash (a hash of the event log) proves it.
+//
+// What is production code and what is the simulator's model:
+//
+//   - Production code: the money rules and IDs of package model (the split, the
+//     audit, model.Audit and model.AuditCell, claim IDs, packet ID parsing, the
+//     error codes), routing (sharding.ShardOfAct, sharding.ParseRanges,
+//     sharding.NewMap and Map.Owner, built from three cells' ranges as
+//     cmd/redcell's config does), the wire types of package api (requests,
+//     answers, the error envelope and its retryable flag through
+//     api.ErrorJSON), and each cell's store, reached only through the
+//     storage.Store interface: the in-memory store is the same contract the
+//     MariaDB store passes.
+//   - The simulator's model of a cell: the request handlers (validate, route
+//     by shard, call the store, answer), the per-packet batching of opens, the
+//     relay (what cell/relay.go does: fresh claims and a periodic outbox scan
+//     through PendingCredits, credits sent to the claimant's cell, ApplyCredits
+//     there, the answer, MarkDelivered, deferred credits tried again after a
+//     backoff) and expiry (what cell/expiry.go does: ExpiredIn, then Refund at
+//     the simulated time). The router is modelled as the stateless forwarder it
+//     is: key → shard → owner, CELL_UNAVAILABLE for a cell that is down.
+//   - The simulator's own: the event loop, the clock (a clock.Manual moved only
+//     by the loop; nothing reads the wall clock), the network (latency, drops,
+//     duplicates, reordering, cut links), cell crashes and restarts (the store
+//     survives, everything volatile is lost), the workload with its retries
+//     under the same order number, and the checkers.
+//
+// Determinism: one goroutine; randomness comes from math/rand/v2 PCG sources
+// seeded from Config.Seed, one stream per component; no Go map is iterated
+// where its order could reach the run.
+package sim
