@@ -25,10 +25,17 @@ import (
 type commitCutter struct {
 	ln      net.Listener
 	target  string
-	forward bool
+	forward atomic.Bool
 	armed   atomic.Bool
 	cuts    atomic.Int64
 	wg      sync.WaitGroup
+}
+
+// arm makes the cutter cut the next COMMIT, passing it on to the server first
+// when forward is set.
+func (p *commitCutter) arm(forward bool) {
+	p.forward.Store(forward)
+	p.armed.Store(true)
 }
 
 func newCommitCutter(t *testing.T, target string) *commitCutter {
@@ -61,12 +68,17 @@ func (p *commitCutter) pipe(client net.Conn) {
 	}
 	var cut atomic.Bool // set before the COMMIT goes on: its answer is dropped
 	done := make(chan struct{})
-	go func() { // server → client
+	answered := make(chan struct{}) // closed when the server answered the cut COMMIT
+	go func() {                     // server → client
 		defer close(done)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := server.Read(buf)
-			if n > 0 && !cut.Load() {
+			if n > 0 && cut.Load() {
+				close(answered) // the server committed: its answer goes nowhere
+				return
+			}
+			if n > 0 {
 				if _, werr := client.Write(buf[:n]); werr != nil {
 					return
 				}
@@ -83,9 +95,13 @@ func (p *commitCutter) pipe(client net.Conn) {
 			// COM_QUERY (0x03) "COMMIT" after the 4-byte packet header.
 			if bytes.Contains(buf[:n], []byte("\x03COMMIT")) && p.armed.CompareAndSwap(true, false) {
 				cut.Store(true)
-				if p.forward {
+				if p.forward.Load() {
 					_, _ = server.Write(buf[:n])
-					time.Sleep(200 * time.Millisecond) // the server commits meanwhile
+					select { // wait for the server's answer, bounded in case it never comes
+					case <-answered:
+					case <-done:
+					case <-time.After(5 * time.Second):
+					}
 				}
 				p.cuts.Add(1)
 				break
@@ -111,7 +127,7 @@ func openCut(t *testing.T, forward bool) (*MySQL, *commitCutter) {
 		t.Fatal(err)
 	}
 	p := newCommitCutter(t, cfg.Addr)
-	p.forward = forward
+	p.forward.Store(forward)
 	cfg.Addr = p.ln.Addr().String()
 	m, err := Open(cfg.FormatDSN(), 4)
 	if err != nil {
@@ -134,14 +150,14 @@ func TestCommitAnswerLost(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p.armed.Store(true)
+	p.arm(p.forward.Load())
 	d, err := m.Deposit(ctx, s, act, "dep-1", 5000)
 	if err != nil || d.Repeat || d.Balance != 5000 || p.cuts.Load() != 1 {
 		t.Fatalf("deposit with its COMMIT answer lost: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}
 
 	id := model.NewPacketID(s, time.Now())
-	p.armed.Store(true)
+	p.arm(p.forward.Load())
 	pk, rep, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1200, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli())
 	if err != nil || rep || pk.ID != id || pk.Amount != 1200 || p.cuts.Load() != 2 {
 		t.Fatalf("send with its COMMIT answer lost: %+v %v %v (cuts %d)", pk, rep, err, p.cuts.Load())
@@ -160,7 +176,7 @@ func TestCommitLost(t *testing.T) {
 	if _, err := m.Account(ctx, s, act); err != nil {
 		t.Fatal(err)
 	}
-	p.armed.Store(true)
+	p.arm(p.forward.Load())
 	if d, err := m.Deposit(ctx, s, act, "dep-1", 700); err == nil || p.cuts.Load() != 1 {
 		t.Fatalf("deposit whose COMMIT was cut: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}

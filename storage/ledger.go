@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -77,16 +78,23 @@ const ledgerChunk = 100
 // one read fail; it then starts over with a new snapshot, up to 5 times. It
 // holds every claim, credit and outbox row in memory (about 150 bytes each).
 func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		var l model.Ledger
+	var l model.Ledger
+	err := retry.Do(ctx, retry.Policy{Attempts: 5, Backoff: 100 * time.Millisecond, Max: 100 * time.Millisecond,
+		Retryable: tablesMoved, Clock: m.clock}, func(int) error {
+		var err error
 		l, err = m.ledgerOnce(ctx, cell)
-		if err == nil || !(isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errTableDefChanged)) {
-			return l, err
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err
+	})
+	if tablesMoved(err) {
+		return model.Ledger{}, err
 	}
-	return model.Ledger{}, err
+	return l, err
+}
+
+// tablesMoved reports whether a read failed because a table went away or was
+// created after its snapshot began: a read on a new snapshot may succeed.
+func tablesMoved(err error) bool {
+	return isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errTableDefChanged)
 }
 
 // errTableDefChanged: a table was created or altered after the snapshot began.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
@@ -30,6 +31,19 @@ func openStore(t *testing.T) *MySQL {
 	return m
 }
 
+// setTime is a clock whose time the test sets (Set) while its waits pass in
+// real time: the store's retry waits (a re-read after a lost COMMIT, the
+// ledger's new snapshot) must still end while a test holds the time still.
+type setTime struct {
+	clock.Real
+	at *clock.Manual
+}
+
+func newSetTime(t time.Time) setTime { return setTime{at: clock.NewManual(t)} }
+
+func (c setTime) Now() time.Time  { return c.at.Now() }
+func (c setTime) Set(t time.Time) { c.at.Set(t) }
+
 func deposit(t *testing.T, m *MySQL, act string, amount model.Cents) {
 	t.Helper()
 	if _, err := m.Deposit(context.Background(), sharding.ShardOfAct(act), act, "dep-"+act, amount); err != nil {
@@ -49,8 +63,8 @@ func balance(t *testing.T, m *MySQL, act string) model.Cents {
 func send(t *testing.T, m *MySQL, sender string, amount model.Cents, count int64, expires time.Duration) model.PacketRef {
 	t.Helper()
 	s := sharding.ShardOfAct(sender)
-	id := model.NewPacketID(s, m.now())
-	p, _, err := m.Send(context.Background(), s, model.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: model.KindRandom, OrderNo: "snd-" + string(id[11:])}, id, m.now().Add(expires).UnixMilli())
+	id := model.NewPacketID(s, m.clock.Now())
+	p, _, err := m.Send(context.Background(), s, model.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: model.KindRandom, OrderNo: "snd-" + string(id[11:])}, id, m.clock.Now().Add(expires).UnixMilli())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +526,7 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	if got[later.ID] {
 		t.Fatal("an unexpired packet listed")
 	}
-	m.SetClock(func() time.Time { return inTwoHours }) // Refund checks expiry by the store's clock
+	m.SetClock(newSetTime(inTwoHours)) // Refund checks expiry by the store's clock
 	for _, r := range refs {
 		if c, err := m.Refund(ctx, r); err != nil || c != 100 {
 			t.Fatalf("refund of %s: %d, %v", r.ID, c, err)

@@ -90,7 +90,7 @@ func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
 	if len(mine) == 0 {
 		return 0, nil
 	}
-	args := append([]any{m.now().UnixMilli()}, mine...)
+	args := append([]any{m.nowMS()}, mine...)
 	// The rows are this transaction's now; the UPDATE may still wait a moment
 	// to insert into the k_pending index (another transaction's gap lock
 	// there), bounded by ctx. Without waiting it failed under a light bench.
@@ -113,7 +113,7 @@ func (m *MySQL) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS 
 		return 0, 0, fmt.Errorf("storage: outbox lag: %w", err)
 	}
 	if oldest != nil {
-		oldestMS = m.now().UnixMilli() - *oldest
+		oldestMS = m.nowMS() - *oldest
 	}
 	return pending, oldestMS, nil
 }

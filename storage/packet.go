@@ -25,28 +25,30 @@ func scanPacket(row interface{ Scan(...any) error }) (model.Packet, error) {
 }
 
 // Send debits req.Sender (shard s) by req.Amount and creates packet id in one
-// transaction. id must come from model.NewPacketID for shard s. expiresMS is Unix
-// ms. A retry with the same order number and request returns the first packet
-// with repeat set. Errors: ErrInsufficientBalance (nothing written),
-// ErrOrderConflict. The request must be validated by the caller.
+// transaction: lock the sender's wallet, decide (model.Send), write the flow
+// row, the balance and the packet. id must come from model.NewPacketID for
+// shard s. expiresMS is Unix ms. A retry with the same order number and request
+// returns the first packet with repeat set. Errors: ErrInsufficientBalance
+// (nothing written), ErrOrderConflict. The request must be validated by the
+// caller.
 func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (p model.Packet, repeat bool, err error) {
 	ref, err := model.ParsePacketID(string(id))
 	invariant.That(err == nil && ref.Shard == s, "send with a packet ID of another shard")
 	if err := m.EnsureDay(ctx, s, ref.Day); err != nil {
 		return model.Packet{}, false, err
 	}
-	hash := reqHash("send", string(req.Kind), fmt.Sprint(req.Amount), fmt.Sprint(req.Count), req.Greeting)
+	hash := model.SendHash(req)
 	again := func() (model.Packet, bool, error) {
 		f, ok, err := m.findFlow(ctx, m.db, s, req.Sender, req.OrderNo)
 		if err != nil || !ok {
 			return model.Packet{}, false, err
 		}
-		if f.kind != "send" || f.hash != hash {
-			return model.Packet{}, false, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", req.OrderNo)
+		if err := model.ReplayOrder(f, model.FlowSend, hash); err != nil {
+			return model.Packet{}, false, err
 		}
-		first, err := model.ParsePacketID(f.ref)
+		first, err := model.ParsePacketID(f.Ref)
 		if err != nil {
-			return model.Packet{}, false, fmt.Errorf("storage: flow row holds bad packet id %q: %w", f.ref, err)
+			return model.Packet{}, false, fmt.Errorf("storage: flow row holds bad packet id %q: %w", f.Ref, err)
 		}
 		p, err := m.Packet(ctx, first)
 		return p, err == nil, err
@@ -54,10 +56,8 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 	if p, rep, err := again(); err != nil || rep {
 		return p, rep, err
 	}
-	now := m.now().UnixMilli()
-	p = model.Packet{ID: id, Sender: req.Sender, OrderNo: req.OrderNo, Kind: req.Kind, Greeting: req.Greeting,
-		Amount: req.Amount, Count: req.Count, RemainingAmount: req.Amount, RemainingCount: req.Count,
-		Status: model.StatusOpen, CreatedMS: now, ExpiresMS: expiresMS}
+	now := m.nowMS()
+	var out model.SendOutcome
 	err = m.inTx(ctx, func(tx *sql.Tx) error {
 		bal, err := m.lockBalance(ctx, tx, s, req.Sender)
 		if err != nil {
@@ -71,25 +71,26 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 			}
 			return err
 		}
-		if bal < req.Amount {
-			return model.Errorf(model.ErrInsufficientBalance, "balance %d is below amount %d", bal, req.Amount)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
-			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'send', ?, ?, ?, ?, ?)",
-			req.Sender, req.OrderNo, -req.Amount, bal-req.Amount, string(id), hash, now); err != nil {
+		out, err = model.Send(model.SendInput{Req: req, ID: id, Balance: bal, NowMS: now, ExpiresMS: expiresMS})
+		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance - ?, updated_ms = ? WHERE act_id = ?",
-			req.Amount, now, req.Sender); err != nil {
+		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, "INSERT INTO "+m.packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?)",
-			string(id), req.Sender, req.OrderNo, string(req.Kind), req.Greeting, req.Amount, req.Count, req.Amount, req.Count, now, expiresMS)
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
+			out.Balance, now, req.Sender); err != nil {
+			return err
+		}
+		q := out.Packet
+		_, err = tx.ExecContext(ctx, "INSERT INTO "+m.packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+			string(q.ID), q.Sender, q.OrderNo, string(q.Kind), q.Greeting, q.Amount, q.Count, q.RemainingAmount, q.RemainingCount,
+			q.RefundAmount, q.Status, q.CreatedMS, q.ExpiresMS)
 		return err
 	})
 	if errors.Is(err, errCommitUnknown) {
 		var first model.Packet
-		if ok, known := settleCommit(ctx, func() (bool, error) {
+		if ok, known := m.settleCommit(ctx, func() (bool, error) {
 			var rerr error
 			var rep bool
 			first, rep, rerr = again()
@@ -108,7 +109,7 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 	if err != nil {
 		return model.Packet{}, false, fmt.Errorf("storage: send: %w", err)
 	}
-	return p, false, nil
+	return out.Packet, false, nil
 }
 
 // Packet reads a packet row. Errors: ErrNotFound.
@@ -148,99 +149,52 @@ func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64,
 }
 
 // OpenBatch opens packet ref once for each request, in order, in ONE transaction:
-// lock the packet row, return the earlier claim to users who already claimed,
-// split the remainder for the others (double-mean for random packets), insert
-// their claims and outbox rows, update the packet, commit. A user listed twice
+// lock the packet row, read the claims the requests' users already hold, decide
+// (model.Open: the earlier claim to users who already claimed, a share of the
+// remainder for the others, double-mean for random packets), insert the new
+// claims and their outbox rows, update the packet, commit. A user listed twice
 // gets one claim. Per-request errors: ErrSoldOut, ErrExpired, ErrNotFound. An
 // error for the whole batch (the transaction failed) means nothing was written.
 // It also returns the packet as the transaction left it (zero if not found).
 // r must not be shared with other goroutines.
 func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
-	results := make([]model.OpenResult, len(reqs))
-	var p model.Packet
+	var out model.OpenOutcome
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		p, err = m.openTx(ctx, tx, ref, reqs, r, results)
+		out, err = m.openTx(ctx, tx, ref, reqs, r)
 		return err
 	})
 	if err != nil {
 		return nil, model.Packet{}, fmt.Errorf("storage: open %s: %w", ref.ID, err)
 	}
-	return results, p, nil
+	return out.Results, out.Packet, nil
 }
 
-func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand, results []model.OpenResult) (model.Packet, error) {
+func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) (model.OpenOutcome, error) {
 	p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
 	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
-		for i := range results {
-			results[i] = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
-		}
-		return model.Packet{}, nil
+		return model.Open(model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs}), nil
 	}
 	if err != nil {
-		return model.Packet{}, err
+		return model.OpenOutcome{}, err
 	}
 	earlier, err := m.claimsOf(ctx, tx, ref, reqs)
 	if err != nil {
-		return model.Packet{}, err
+		return model.OpenOutcome{}, err
 	}
-	now := m.now().UnixMilli()
-	expired := p.Status == model.StatusRefunded || now >= p.ExpiresMS
-	before := p.RemainingAmount
-	var fresh []model.Claim
-	first := make(map[string]int, len(reqs)) // act_id -> index of its first request
-	for i, rq := range reqs {
-		if j, dup := first[rq.ActID]; dup {
-			results[i] = results[j]
-			if results[i].Err == nil {
-				results[i].Repeat = true
-			}
-			continue
-		}
-		first[rq.ActID] = i
-		switch c, ok := earlier[rq.ActID]; {
-		case ok:
-			results[i] = model.OpenResult{Claim: c, Repeat: true}
-		case p.RemainingCount == 0 && p.Status != model.StatusRefunded:
-			results[i] = model.OpenResult{Err: model.ErrSoldOut}
-		case expired:
-			results[i] = model.OpenResult{Err: model.ErrExpired}
-		default:
-			var share model.Cents
-			if p.Kind == model.KindFixed {
-				share = model.FixedShare(p.Amount, p.Count)
-			} else {
-				share = model.SplitNext(p.RemainingAmount, p.RemainingCount, r)
-			}
-			seq := p.Count - p.RemainingCount + 1
-			p.RemainingAmount -= share
-			p.RemainingCount--
-			invariant.That(p.RemainingAmount >= model.Cents(p.RemainingCount), "packet remainder below a cent per share")
-			c := model.Claim{ID: model.ClaimID(ref.ID, seq), PacketID: ref.ID, Seq: seq, ActID: rq.ActID, Amount: share, CreatedMS: now}
-			fresh = append(fresh, c)
-			results[i] = model.OpenResult{Claim: c}
-		}
+	out := model.Open(model.OpenInput{Packet: p, Found: true, Earlier: earlier, Reqs: reqs, NowMS: m.nowMS(), Rand: r})
+	if len(out.Fresh) == 0 {
+		return out, nil
 	}
-	if len(fresh) == 0 {
-		return p, nil
+	if err := m.insertClaims(ctx, tx, ref, out.Fresh, out.Credits); err != nil {
+		return model.OpenOutcome{}, err
 	}
-	var paid model.Cents
-	for _, c := range fresh {
-		paid += c.Amount
-	}
-	invariant.That(before-paid == p.RemainingAmount, "open must conserve the packet total")
-	if err := m.insertClaims(ctx, tx, ref, fresh, reqs, first); err != nil {
-		return model.Packet{}, err
-	}
-	if p.RemainingCount == 0 {
-		invariant.That(p.RemainingAmount == 0, "sold-out packet kept money")
-		p.Status = model.StatusSoldOut
-	}
+	q := out.Packet
 	_, err = tx.ExecContext(ctx, "UPDATE "+m.packetTable(ref.Shard, ref.Day)+
 		" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
-		p.RemainingAmount, p.RemainingCount, p.Status, string(ref.ID))
-	return p, err
+		q.RemainingAmount, q.RemainingCount, q.Status, string(ref.ID))
+	return out, err
 }
 
 // ClaimsOf returns the claims the requests' users hold on the packet, read
@@ -282,13 +236,15 @@ func (m *MySQL) claimsOf(ctx context.Context, tx rowsQueryer, ref model.PacketRe
 	return out, rows.Err()
 }
 
-// insertClaims writes the new claims and their outbox rows, one multi-row INSERT each.
-func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRef, fresh []model.Claim, reqs []model.OpenRequest, first map[string]int) error {
+// insertClaims writes the new claims and their outbox rows (credits[i] is the
+// outbox row of fresh[i], created with it), one multi-row INSERT each.
+func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRef, fresh []model.Claim, credits []model.Credit) error {
 	claimArgs := make([]any, 0, len(fresh)*5)
 	outArgs := make([]any, 0, len(fresh)*6)
-	for _, c := range fresh {
+	for i, c := range fresh {
+		cr := credits[i]
 		claimArgs = append(claimArgs, string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
-		outArgs = append(outArgs, c.ID, string(ref.ID), c.ActID, int(reqs[first[c.ActID]].Shard), c.Amount, c.CreatedMS)
+		outArgs = append(outArgs, cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS)
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.claimTable(ref.Shard, ref.Day)+
 		" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(len(fresh), 5), claimArgs...); err != nil {
@@ -306,27 +262,6 @@ func placeholders(n int) string {
 func rowsOf(n, cols int) string {
 	row := "(" + placeholders(cols) + ")"
 	return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
-}
-
-// Remaining is the cheap view of a packet the grab check needs.
-type Remaining struct {
-	Count     int64
-	Status    model.PacketStatus
-	ExpiresMS int64
-}
-
-// PacketRemaining reads how many shares are left. Errors: ErrNotFound.
-func (m *MySQL) PacketRemaining(ctx context.Context, ref model.PacketRef) (Remaining, error) {
-	var r Remaining
-	err := m.db.QueryRowContext(ctx, "SELECT remaining_count, status, expires_ms FROM "+m.packetTable(ref.Shard, ref.Day)+
-		" WHERE packet_id = ?", string(ref.ID)).Scan(&r.Count, &r.Status, &r.ExpiresMS)
-	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
-		return Remaining{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
-	}
-	if err != nil {
-		return Remaining{}, fmt.Errorf("storage: read remaining: %w", err)
-	}
-	return r, nil
 }
 
 // ExpiredIn lists up to limit open packets that expired at or before nowMS,
@@ -389,7 +324,7 @@ func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []in
 // a minute old. Tables this process created since are added by EnsureDay.
 func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 	m.mu.Lock()
-	if m.tableList != nil && time.Since(m.tableListAt) < time.Minute {
+	if age := m.clock.Now().Sub(m.tableListAt); m.tableList != nil && age >= 0 && age < time.Minute {
 		list := m.tableList
 		m.mu.Unlock()
 		return list, nil
@@ -414,7 +349,7 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 			known[t] = true
 		}
 	}
-	m.tableList, m.tableKnown, m.tableListAt = list, known, time.Now()
+	m.tableList, m.tableKnown, m.tableListAt = list, known, m.clock.Now()
 	m.mu.Unlock()
 	return list, nil
 }
@@ -427,42 +362,45 @@ func (m *MySQL) forgetTables() {
 }
 
 // Refund gives an expired packet's exact remainder back to its sender, once: it
-// locks the packet row (so it serializes with opens), and does nothing unless the
-// packet is still open and expired at the store's clock. The flow order number
-// "refund:" + packet ID makes a second refund impossible. Returns the cents
-// refunded (0 if nothing was due).
+// locks the packet row (so it serializes with opens), decides (model.Refund:
+// due only while the packet is open and expired at the store's clock), then
+// locks the sender's wallet and writes the refund flow, the balance and the
+// packet. The flow order number "refund:" + packet ID makes a second refund
+// impossible. Returns the cents refunded (0 if nothing was due). Errors:
+// ErrNotFound (no such packet), ErrCommitUnknown.
 func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
 	var refunded model.Cents
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		refunded = 0
 		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
 			" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
+		if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+			return model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+		}
 		if err != nil {
 			return err
 		}
-		now := m.now().UnixMilli()
-		if p.Status != model.StatusOpen || now < p.ExpiresMS {
+		out := model.Refund(p, m.nowMS())
+		if !out.Due {
 			return nil
 		}
-		invariant.That(p.RemainingCount >= 1 && p.RemainingAmount >= model.Cents(p.RemainingCount), "open packet without a share left")
-		s := ref.Shard
-		if _, err := m.lockBalance(ctx, tx, s, p.Sender); err != nil {
+		s, f, q := ref.Shard, out.Flow, out.Packet
+		if _, err := m.lockBalance(ctx, tx, s, f.ActID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
-			" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'refund', ?, ?, ?)",
-			p.Sender, "refund:"+string(ref.ID), p.RemainingAmount, string(ref.ID), now); err != nil {
+		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(f)...); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
-			p.RemainingAmount, now, p.Sender); err != nil {
+			f.Amount, f.CreatedMS, f.ActID); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE "+m.packetTable(s, ref.Day)+
-			" SET status = 2, refund_amount = remaining_amount, remaining_amount = 0 WHERE packet_id = ?", string(ref.ID)); err != nil {
+			" SET status = ?, refund_amount = ?, remaining_amount = ? WHERE packet_id = ?",
+			q.Status, q.RefundAmount, q.RemainingAmount, string(ref.ID)); err != nil {
 			return err
 		}
-		refunded = p.RemainingAmount
+		refunded = out.Amount
 		return nil
 	})
 	if err != nil {

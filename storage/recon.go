@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -63,11 +64,12 @@ var (
 // went away it reads the list again and retries once. errNoOutbox: the
 // database has no outbox table and no claim table is known in it.
 func (m *MySQL) readReconWindowRetry(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
-	for attempt := 0; ; attempt++ {
+	missing := func(err error) bool { return isMySQLErr(err, errNoSuchTable) }
+	return retry.Do(ctx, retry.Policy{Attempts: 2, Retryable: missing, Clock: m.clock}, func(int) error {
 		clear(w.Claims)
 		clear(w.Outbox)
 		claimTables, err := m.readReconWindow(ctx, db, shards, days, maxRows, w)
-		if !isMySQLErr(err, errNoSuchTable) {
+		if !missing(err) {
 			return err
 		}
 		if claimTables == 0 {
@@ -75,11 +77,9 @@ func (m *MySQL) readReconWindowRetry(ctx context.Context, db int, shards []model
 			// tables of a shard are made after its outbox, so none exist either.
 			return errNoOutbox
 		}
-		if attempt == 1 {
-			return err
-		}
 		m.forgetTables()
-	}
+		return err
+	})
 }
 
 // readReconWindow reads the window in one statement and returns how many

@@ -19,8 +19,8 @@ func TestReconWindow(t *testing.T) {
 	m := openStore(t)
 	ctx := context.Background()
 	base := time.Now().Truncate(time.Millisecond)
-	clock := base
-	m.SetClock(func() time.Time { return clock })
+	clk := newSetTime(base)
+	m.SetClock(clk)
 	pre := testenv.Prefix()
 	sender := pre + "-s"
 	deposit(t, m, sender, 1000)
@@ -32,7 +32,7 @@ func TestReconWindow(t *testing.T) {
 	}
 	var credits []model.Credit
 	for i := range 3 { // one open per millisecond: base+1, base+2, base+3
-		clock = base.Add(time.Duration(i+1) * time.Millisecond)
+		clk.Set(base.Add(time.Duration(i+1) * time.Millisecond))
 		act := pre + "-c" + string(rune('a'+i))
 		res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/internal/clock"
 	"redcell/internal/invariant"
 	"redcell/model"
 )
@@ -122,9 +123,9 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 
 // MySQL is the store of one cell. It is safe for concurrent use.
 type MySQL struct {
-	db  *sql.DB
-	now func() time.Time
-	ns  string // database name prefix: "" for real money, ShadowPrefix for stress traffic
+	db    *sql.DB
+	clock clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
+	ns    string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
 
 	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured     map[ensureKey]*sync.Once // tables created by this process
@@ -158,7 +159,7 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 	db.SetMaxIdleConns(maxConns)
 	// Recycle connections so a restarted server's stale sockets do not linger.
 	db.SetConnMaxLifetime(5 * time.Minute)
-	return &MySQL{db: db, now: time.Now, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}, nil
+	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}, nil
 }
 
 // withParams sets the driver parameters every connection needs, whatever the
@@ -185,7 +186,7 @@ const ShadowPrefix = "shadow_"
 // Shadow returns a store over the same server and connection pool that reads
 // and writes the shadow databases: stress-test traffic never touches real rows.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, now: m.now, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
+	return &MySQL{db: m.db, clock: m.clock, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
 }
 
 // Ping checks the connection.
@@ -194,8 +195,12 @@ func (m *MySQL) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
 // Close closes the pool.
 func (m *MySQL) Close() error { return m.db.Close() }
 
-// SetClock replaces the clock (tests).
-func (m *MySQL) SetClock(now func() time.Time) { m.now = now }
+// SetClock replaces the clock (tests and the simulation; nil: the system
+// clock). Call it before the store is used: it is not synchronized.
+func (m *MySQL) SetClock(c clock.Clock) { m.clock = clock.Or(c) }
+
+// nowMS is the store's clock in Unix ms.
+func (m *MySQL) nowMS() int64 { return m.clock.Now().UnixMilli() }
 
 // EnsureShard creates the shard's database and account, flow and outbox tables
 // once per process; concurrent callers wait for the first.

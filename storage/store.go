@@ -2,77 +2,164 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 
 	"redcell/model"
 )
 
-// Wallets is the part of the store that holds balances. Every change is a flow
-// row keyed by a UNIQUE order number, written in the balance's transaction.
+// The store contract. A cell's money lives behind these interfaces; two stores
+// implement them: MySQL (MariaDB, what cells run on) and memstore.Store (in
+// memory, for the simulation and fast unit tests). Both pass one contract
+// suite, storage/storagetest, which states each promise below as a test.
+//
+// Common to every method: amounts are int64 cents (model.Cents), times are
+// Unix milliseconds read from the store's clock, a shard is 0..999 and a
+// database index 0..99 (shard/10). Errors with a code are model sentinels,
+// matched with errors.Is; any other error is an infrastructure failure.
+// Every call is safe for concurrent use.
+//
+// Every balance change is a flow row keyed by the UNIQUE pair (act_id, order
+// number), written in the same transaction as the change, so nothing applies
+// twice: caller order numbers for deposits and sends, "refund:"+packet ID for
+// a refund, "claim:"+claim ID for a credit (model.RefundOrderNo,
+// model.CreditOrderNo).
+
+// ErrCommitUnknown: a call that writes money could not learn whether its
+// COMMIT applied (the connection or server failed at COMMIT, or the answer
+// was lost). The call answers it only after failing to settle the outcome;
+// a retry with the same order number (packet, claim) settles it, never
+// applying twice. Match with errors.Is.
+var ErrCommitUnknown = errors.New("storage: commit outcome unknown")
+
+// Wallets is the part of the store that holds balances.
 type Wallets interface {
-	// Deposit: see MySQL.Deposit. Errors: ErrOrderConflict.
+	// Deposit credits amount (> 0, checked by the caller) to actID's wallet
+	// in shard s under the caller's order number and answers the balance
+	// right after it. The same (actID, orderNo) again with the same amount
+	// answers that first result with Repeat set and writes nothing; with
+	// another amount, or an order number a send used, it is ErrOrderConflict.
+	// Concurrent calls with one new order number apply it once.
+	// Errors: ErrOrderConflict, ErrCommitUnknown.
 	Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error)
+	// Account reads actID's wallet in shard s: balance 0 for an account
+	// never touched (not an error).
 	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
-	// ApplyCredits books claims into wallets at most once each, without waiting
-	// for a wallet row another transaction holds: applied counts the credits
-	// booked now, deferred names (by claim ID) those left for a later call
-	// because a row they need was locked; the rest had been booked before.
+	// ApplyCredits books claims into the claimants' wallets (credit.Shard,
+	// credit.ActID), each at most once under "claim:"+ClaimID, in one
+	// transaction. applied counts the credits booked now; a credit booked
+	// before (or listed twice) changes nothing. It never waits for a wallet
+	// row another transaction holds: such credits are named, by claim ID, in
+	// deferred, with nothing written for them, for a later call; the rest
+	// had been booked before. Errors: ErrCommitUnknown.
 	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
 }
 
 // Packets is the part of the store that holds red packets and their claims.
 type Packets interface {
-	// Send debits the sender and creates the packet in one transaction.
-	// Errors: ErrInsufficientBalance, ErrOrderConflict.
+	// Send debits req.Sender (shard s) by req.Amount and creates packet id
+	// (from model.NewPacketID for shard s; day from it), open with every
+	// share left, created now and expiring at expiresMS, in one transaction.
+	// req is validated by the caller (Limits.CheckShares). The same
+	// (sender, order number) again with the same kind, amount, count and
+	// greeting answers the first packet as it is now with repeat set, whatever
+	// id and expiresMS the retry carries, and moves nothing; a different
+	// request, or an order number a deposit used, is ErrOrderConflict.
+	// Errors: ErrInsufficientBalance (nothing written; the order number stays
+	// free), ErrOrderConflict, ErrCommitUnknown.
 	Send(ctx context.Context, s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error)
 	// Packet reads one packet. Errors: ErrNotFound.
 	Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error)
+	// Claims returns up to limit claims of the packet with seq > afterSeq,
+	// in seq order; none (no error) for a packet that does not exist.
 	Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error)
-	// OpenBatch opens the packet for each request in one transaction and returns
-	// the packet as it left it.
+	// OpenBatch opens the packet once per request, in order, in one
+	// transaction, by the rules of model.Open: a user gets at most one claim
+	// per packet (an earlier claim comes back with Repeat set; a user listed
+	// twice gets one claim, the later answer repeating it); a new claim takes
+	// the next seq, its share the next draw from r (double-mean, or the fixed
+	// share), created now, with its outbox row owed to the request's shard.
+	// Per-request errors (in OpenResult.Err): ErrNotFound, ErrSoldOut (no
+	// share left, whatever the time), ErrExpired (refunded, or now >=
+	// ExpiresMS). It returns the packet as the batch left it (zero if not
+	// found). An error for the whole batch means nothing was written:
+	// ErrCommitUnknown (a retry finds the claims if they were), or a failure.
+	// r must not be shared with other goroutines.
 	OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error)
-	// ClaimsOf reads, without locks, the claims the requests' users hold on the packet.
+	// ClaimsOf reads, without locks, the claims the requests' users hold on
+	// the packet, by act_id; users without one are absent. Empty (no error)
+	// for a packet that does not exist.
 	ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error)
 }
 
 // Expiry finds and refunds expired packets.
 type Expiry interface {
-	// ExpiredIn lists up to limit open, expired packets of the shards' tables of
-	// the given days of month.
+	// ExpiredIn lists up to limit open packets with ExpiresMS <= nowMS in
+	// the packet tables of the given shards and days of month, in no
+	// promised order. Sold-out and refunded packets are never listed.
 	ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error)
+	// Refund gives an open packet expired at the store's clock (now >=
+	// ExpiresMS) its exact remainder back to the sender, once ("refund:"+ID):
+	// the packet becomes refunded (RefundAmount = the remainder,
+	// RemainingAmount 0, RemainingCount unchanged). It answers the cents
+	// refunded: 0 when nothing was due (not expired, sold out, refunded
+	// before). Errors: ErrNotFound, ErrCommitUnknown.
 	Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error)
 }
 
-// Outbox is the claims waiting to be credited in the claimants' cells.
+// Outbox is the claims waiting to be credited in the claimants' cells. A
+// claim's outbox row lives in the database of the packet's shard.
 type Outbox interface {
-	// PendingCredits pages through undelivered rows of database db created at or
-	// before beforeMS, after position (afterMS, afterID); next is the last row's position.
+	// PendingCredits pages through the undelivered rows of database db
+	// created at or before beforeMS, after position (afterMS, afterID), in
+	// (created_ms, claim ID) order, up to limit; next is the last row's
+	// position (zero when none).
 	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
-	// MarkDelivered marks delivered credits' rows without waiting for a row
-	// another transaction holds: skipped counts the rows left pending.
+	// MarkDelivered marks the credits' outbox rows delivered (found by claim
+	// ID); marking twice is harmless. It never waits for a row another
+	// transaction holds: skipped counts the rows left pending (locked, or
+	// not found); the relay delivers those again. Errors: ErrInvalidArgument
+	// for a malformed claim ID.
 	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
-	// OutboxLag counts the undelivered rows of database db and the age of the
-	// oldest in ms (0 when none); read for the metrics only.
+	// OutboxLag counts the undelivered rows of database db and the age of
+	// the oldest in ms at the store's clock (0, 0 when none); for metrics.
 	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)
 }
 
-// Books is what reconciliation and the cell's own audit read.
+// Books is what reconciliation and the audits read.
 type Books interface {
 	// ReconWindow reads, in one consistent read, the claims created in
-	// [fromMS, toMS) in the claim tables of shards (all of database db) for the
-	// given days of month, and db's outbox rows of the same window; it may cut
-	// the window short after limit outbox rows (see MySQL.ReconWindow).
+	// [fromMS, toMS) in the claim tables of shards (all of database db; a
+	// shard of another database is an error) for the given days of month,
+	// and every outbox row of db created in the window, delivered or not.
+	// A window of more than 2×limit rows is cut short at the creation time
+	// of the outbox row past limit (never below fromMS+1) and read again;
+	// the result's ToMS says where it ended. A database never used reads
+	// empty. See MySQL.ReconWindow.
 	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
-	// CreditsOf returns the credit flows booked here for the given claims, by
-	// claim ID, as they are. At most 10,000 credits per call.
+	// CreditsOf returns the credit flows booked here for the given claims
+	// (matched by the claimant's shard, act_id and claim ID), by claim ID,
+	// with ClaimID, ActID and Amount as booked; a claim credited to two of
+	// the accounts asked about comes back with the amounts summed. At most
+	// 10,000 credits per call; more, or a shard out of range, is an error.
 	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
-	// Ledger reads every money row in one snapshot (MySQL.Ledger).
+	// Ledger reads every money row in one snapshot, as sums (deposits,
+	// balances, sends, packet totals, remainders, refunds) and as rows
+	// (claims, credits, outbox rows, by claim ID), and lists row-level
+	// problems (a balance that is not the sum of its flows, a packet whose
+	// claims, refund and remainder do not add up, a claim credited twice).
+	// Its Cell is cell. model.AuditCell and model.Audit check it.
 	Ledger(ctx context.Context, cell string) (model.Ledger, error)
 }
 
-// Schema creates tables ahead of need.
+// Schema creates tables ahead of need. A store without tables (memstore)
+// answers nil.
 type Schema interface {
+	// EnsureShard makes the shard's wallet, flow and outbox tables exist.
 	EnsureShard(ctx context.Context, s model.ShardID) error
+	// EnsureDays makes the packet and claim tables of every shard for each of
+	// days exist, with up to parallel workers, calling progress (if not nil,
+	// never concurrently) after each shard with done counting up to total.
 	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
 }
 
@@ -84,5 +171,6 @@ type Store interface {
 	Outbox
 	Schema
 	Books
+	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
 }

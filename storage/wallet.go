@@ -2,17 +2,16 @@ package storage
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/internal/invariant"
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -28,83 +27,87 @@ func isMySQLErr(err error, num uint16) bool {
 	return errors.As(err, &me) && me.Number == num
 }
 
-// reqHash fingerprints the parts of a request that must match on a retry.
-func reqHash(parts ...string) string {
-	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
-	return hex.EncodeToString(h[:16])
-}
-
-// errCommitUnknown marks a COMMIT that got no answer (the connection or the
-// server died): the transaction may or may not have been applied. The money
-// paths then re-read by order number (settleCommit) before answering.
-var errCommitUnknown = errors.New("storage: commit outcome unknown")
+// errCommitUnknown is ErrCommitUnknown (store.go): a COMMIT that got no
+// answer. The money paths re-read by order number (settleCommit) before
+// answering with it.
+var errCommitUnknown = ErrCommitUnknown
 
 // settleCommit finds out whether a transaction whose COMMIT got no answer was
 // applied, by calling applied (a re-read by order number) up to three times
-// within ctx, 100 ms apart, on fresh connections (the pool drops the dead one).
-// known is false when every re-read failed too: the outcome stays unknown,
-// and the caller answers with the commit's error (a retry with the same order
-// number settles it).
-func settleCommit(ctx context.Context, applied func() (bool, error)) (ok, known bool) {
-	for attempt := 0; attempt < 3; attempt++ {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return false, false
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		if ok, err := applied(); err == nil {
-			return ok, true
-		}
+// within ctx, 100 ms apart on the store's clock, on fresh connections (the
+// pool drops the dead one). known is false when every re-read failed too, or
+// ctx ended first: the outcome stays unknown, and the caller answers with the
+// commit's error (a retry with the same order number settles it).
+func (m *MySQL) settleCommit(ctx context.Context, applied func() (bool, error)) (ok, known bool) {
+	err := retry.Do(ctx, retry.Policy{Attempts: 3, Backoff: 100 * time.Millisecond, Max: 100 * time.Millisecond, Clock: m.clock},
+		func(int) error {
+			var err error
+			ok, err = applied()
+			return err
+		})
+	if err != nil {
+		return false, false
 	}
-	return false, false
+	return ok, true
 }
 
-// inTx runs fn in a transaction and retries it (up to 3 times) when InnoDB picks
-// it as a deadlock victim or a lock wait times out; fn must be safe to re-run.
+// lockVictim reports whether fn's error in inTx is InnoDB choosing the
+// transaction as a deadlock victim or a lock wait timing out: the transaction
+// was rolled back and may run again. A COMMIT's error never is.
+func lockVictim(err error) bool {
+	return !errors.Is(err, errCommitUnknown) && (isMySQLErr(err, errLockDeadlock) || isMySQLErr(err, errLockWait))
+}
+
+// inTx runs fn in a transaction and runs it again (3 times in all, at once,
+// while ctx lasts) when it is a lock victim (lockVictim); fn must be safe to
+// re-run. A COMMIT without an answer is errCommitUnknown, never re-run.
 func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		var tx *sql.Tx
-		tx, err = m.db.BeginTx(ctx, nil)
+	err := retry.Do(ctx, retry.Policy{Attempts: 3, Retryable: lockVictim, Clock: m.clock}, func(int) error {
+		tx, err := m.db.BeginTx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("storage: begin: %w", err)
 		}
-		if err = fn(tx); err != nil {
+		if err := fn(tx); err != nil {
 			_ = tx.Rollback()
-			if isMySQLErr(err, errLockDeadlock) || isMySQLErr(err, errLockWait) {
-				continue
-			}
 			return err
 		}
-		if err = tx.Commit(); err != nil {
+		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("storage: commit: %w", errors.Join(errCommitUnknown, err))
 		}
 		return nil
+	})
+	if lockVictim(err) {
+		return fmt.Errorf("storage: gave up after retries: %w", err)
 	}
-	return fmt.Errorf("storage: gave up after retries: %w", err)
+	return err
 }
 
-type flowRow struct {
-	kind         string
-	amount       model.Cents
-	balanceAfter sql.NullInt64
-	ref          string
-	hash         string
+// flowInsert is the INSERT of one flow row (flowArgs gives its values).
+func (m *MySQL) flowInsert(s model.ShardID) string {
+	return "INSERT INTO " + m.flowTable(s) +
+		" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+}
+
+// flowArgs are the values of flow row f; a balance the decision did not know
+// is written as NULL.
+func flowArgs(f model.Flow) []any {
+	after := sql.NullInt64{Int64: int64(f.BalanceAfter), Valid: f.BalanceKnown}
+	return []any{f.ActID, f.OrderNo, string(f.Kind), f.Amount, after, f.Ref, f.ReqHash, f.CreatedMS}
 }
 
 // findFlow reads the flow row of (actID, orderNo); ok is false if there is none.
-func (m *MySQL) findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo string) (flowRow, bool, error) {
-	var f flowRow
-	err := q.QueryRowContext(ctx, "SELECT kind, amount, balance_after, ref, req_hash FROM "+m.flowTable(s)+
-		" WHERE act_id = ? AND order_no = ?", actID, orderNo).Scan(&f.kind, &f.amount, &f.balanceAfter, &f.ref, &f.hash)
+func (m *MySQL) findFlow(ctx context.Context, q queryer, s model.ShardID, actID, orderNo string) (model.Flow, bool, error) {
+	f := model.Flow{ActID: actID, OrderNo: orderNo}
+	var after sql.NullInt64
+	err := q.QueryRowContext(ctx, "SELECT kind, amount, balance_after, ref, req_hash, created_ms FROM "+m.flowTable(s)+
+		" WHERE act_id = ? AND order_no = ?", actID, orderNo).Scan(&f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS)
 	if errors.Is(err, sql.ErrNoRows) {
-		return flowRow{}, false, nil
+		return model.Flow{}, false, nil
 	}
 	if err != nil {
-		return flowRow{}, false, fmt.Errorf("storage: read flow: %w", err)
+		return model.Flow{}, false, fmt.Errorf("storage: read flow: %w", err)
 	}
+	f.BalanceAfter, f.BalanceKnown = model.Cents(after.Int64), after.Valid
 	return f, true, nil
 }
 
@@ -132,7 +135,7 @@ type queryer interface {
 // lockBalance makes sure the account row exists and locks it; it returns the balance.
 func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, actID string) (model.Cents, error) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
-		actID, m.now().UnixMilli()); err != nil {
+		actID, m.nowMS()); err != nil {
 		return 0, fmt.Errorf("storage: create account: %w", err)
 	}
 	var bal model.Cents
@@ -143,50 +146,49 @@ func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, ac
 }
 
 // Deposit credits amount cents to actID (in shard s) under the caller's order
-// number. A retry with the same order number and amount returns the first result
-// (Repeat set); a different amount, or an order number used for another kind of
-// change, is ErrOrderConflict. amount must be > 0 (validated by the caller).
+// number: lock the wallet, decide (model.ApplyDeposit), write the flow row and
+// the balance. A retry with the same order number and amount returns the first
+// result (Repeat set); a different amount, or an order number used for another
+// kind of change, is ErrOrderConflict (model.ReplayOrder). amount must be > 0
+// (validated by the caller).
 func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return model.Deposit{}, err
 	}
-	hash := reqHash("deposit", fmt.Sprint(amount))
-	out := model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount}
+	hash := model.DepositHash(amount)
 	repeat := func() (model.Deposit, error) {
 		f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
 		if err != nil || !ok {
 			return model.Deposit{}, err
 		}
-		if f.kind != "deposit" || f.hash != hash {
-			return model.Deposit{}, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", orderNo)
+		if err := model.ReplayOrder(f, model.FlowDeposit, hash); err != nil {
+			return model.Deposit{}, err
 		}
-		out.Balance, out.Repeat = model.Cents(f.balanceAfter.Int64), true
-		return out, nil
+		return model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: f.BalanceAfter, Repeat: true}, nil
 	}
 	if d, err := repeat(); err != nil || d.Repeat {
 		return d, err
 	}
+	var out model.DepositOutcome
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		bal, err := m.lockBalance(ctx, tx, s, actID)
 		if err != nil {
 			return err
 		}
-		now := m.now().UnixMilli()
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
-			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES (?, ?, 'deposit', ?, ?, '', ?, ?)",
-			actID, orderNo, amount, bal+amount, hash, now); err != nil {
+		out, err = model.ApplyDeposit(model.DepositInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
+		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
-			amount, now, actID); err != nil {
+		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
 			return err
 		}
-		out.Balance = bal + amount
-		return nil
+		_, err = tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
+			out.Deposit.Balance, out.Flow.CreatedMS, actID)
+		return err
 	})
 	if errors.Is(err, errCommitUnknown) {
 		var d model.Deposit
-		if ok, known := settleCommit(ctx, func() (bool, error) {
+		if ok, known := m.settleCommit(ctx, func() (bool, error) {
 			var rerr error
 			d, rerr = repeat()
 			return d.Repeat, rerr
@@ -205,7 +207,7 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 	if err != nil {
 		return model.Deposit{}, fmt.Errorf("storage: deposit: %w", err)
 	}
-	return out, nil
+	return out.Deposit, nil
 }
 
 // Account returns the wallet of actID; an account never touched has balance 0.
@@ -262,7 +264,7 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (appli
 	}
 	err = m.inTx(ctx, func(tx *sql.Tx) error {
 		applied, deferred = 0, nil // inTx may run this again
-		now := m.now().UnixMilli()
+		now := m.nowMS()
 		for _, c := range sorted {
 			outcome, err := m.creditOne(ctx, tx, c, now)
 			if err != nil {
@@ -296,12 +298,15 @@ const (
 const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 
 // creditOne books one credit inside tx (see ApplyCredits). An error must fail
-// the whole transaction.
+// the whole transaction. The decision (model.ApplyCredit) is asked as for a
+// credit not booked yet; the flow row's UNIQUE order number then makes the
+// INSERT of a credit booked before a no-op (0 rows affected), which is the
+// decision's answer for a booked credit: nothing changes.
 func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64) (creditOutcome, error) {
+	out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
+	f := out.Flow
 	// Only a duplicate order number is ignored (0 rows affected).
-	res, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.flowTable(c.Shard)+
-		" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?) ON DUPLICATE KEY UPDATE id = id",
-		c.ActID, "claim:"+c.ClaimID, c.Amount, string(c.PacketID), now)
+	res, err := tx.ExecContext(ctx, noWait+m.flowInsert(c.Shard)+" ON DUPLICATE KEY UPDATE id = id", flowArgs(f)...)
 	if isMySQLErr(err, errLockWait) {
 		return creditDeferred, stillInTx(ctx, tx) // nothing of this credit written
 	}
@@ -313,18 +318,19 @@ func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now i
 		return 0, err
 	}
 	if n == 0 {
+		invariant.That(!model.ApplyCredit(model.CreditInput{Credit: c, Booked: true, NowMS: now}).Applied, "a booked credit applied again")
 		return creditRepeat, nil
 	}
 	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+
 		" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
-		c.ActID, c.Amount, now)
+		f.ActID, f.Amount, f.CreatedMS)
 	if isMySQLErr(err, errLockWait) {
 		if err := stillInTx(ctx, tx); err != nil {
 			return 0, err
 		}
 		// The wallet row is held: take the flow row back out (it is ours, so
 		// this cannot wait). Should that fail, the whole transaction rolls back.
-		if _, err := tx.ExecContext(ctx, "DELETE FROM "+m.flowTable(c.Shard)+" WHERE act_id = ? AND order_no = ?", c.ActID, "claim:"+c.ClaimID); err != nil {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+m.flowTable(c.Shard)+" WHERE act_id = ? AND order_no = ?", f.ActID, f.OrderNo); err != nil {
 			return 0, fmt.Errorf("storage: take back the flow row of deferred credit %s: %w", c.ClaimID, err)
 		}
 		return creditDeferred, nil

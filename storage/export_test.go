@@ -1,0 +1,67 @@
+package storage
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/internal/clock"
+	"redcell/internal/testenv"
+)
+
+// ContractMySQL opens, for the contract suite (contract_test.go, package
+// storage_test), an empty store on test server 1: its databases carry a fresh
+// name prefix (ct<8 hex>_db_XX), so its Ledger reads its own rows only, and
+// they are dropped when the test ends. Its clock is clk. Its connections go
+// through a commitCutter, which failNextCommit arms: the next COMMIT is cut,
+// after reaching the server when lostAnswer is set; cuts counts the COMMITs
+// cut. Skips without a server.
+func ContractMySQL(t *testing.T, clk clock.Clock) (m *MySQL, failNextCommit func(lostAnswer bool), cuts func() int64) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newCommitCutter(t, cfg.Addr)
+	cfg.Addr = p.ln.Addr().String()
+	m, err = Open(cfg.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	m.ns = "ct" + hex.EncodeToString(b[:]) + "_"
+	m.SetClock(clk)
+	t.Cleanup(func() { m.Close() })
+	t.Cleanup(func() { dropNamespace(t, m) })
+	return m, p.arm, p.cuts.Load
+}
+
+// dropNamespace drops the databases of m's name prefix.
+func dropNamespace(t *testing.T, m *MySQL) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := m.db.QueryContext(ctx, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE ?", m.ns+"%")
+	if err != nil {
+		t.Errorf("list databases of %s: %v", m.ns, err)
+		return
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Error(err)
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	for _, n := range names {
+		if _, err := m.db.ExecContext(ctx, "DROP DATABASE "+n); err != nil {
+			t.Errorf("drop %s: %v", n, err)
+		}
+	}
+}

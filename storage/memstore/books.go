@@ -1,0 +1,210 @@
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"redcell/model"
+)
+
+// Ledger implements storage.Books: every money row, read under the lock (one
+// snapshot), with the row-level checks of storage.MySQL.Ledger: each balance
+// equals the sum of its flows; each packet's claims + refund + remainder equal
+// its amount, its claims + remaining count equal its count, and its status
+// agrees with what is left; no claim is credited twice. As there, Claims
+// carry no CreatedMS and Credits only ClaimID, ActID and Amount.
+func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Ledger{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := model.NewLedger(cell)
+	var problems []string
+	sums := make(map[acctKey]model.Cents, len(s.accounts))
+	credits := map[string][]model.Credit{}
+	for k, f := range s.flows {
+		sums[acctKey{k.shard, k.act}] += f.Amount
+		switch f.Kind {
+		case model.FlowDeposit:
+			l.Deposits += f.Amount
+		case model.FlowSend:
+			l.Sends -= f.Amount
+		case model.FlowRefund:
+			l.RefundFlows += f.Amount
+		case model.FlowCredit:
+			id := creditOrder(k.order)
+			credits[id] = append(credits[id], model.Credit{ClaimID: id, ActID: k.act, Amount: f.Amount})
+		default:
+			problems = append(problems, fmt.Sprintf("unknown flow kind %q", f.Kind))
+		}
+	}
+	for id, cs := range credits {
+		// Sorted, so the problem text and the account kept never depend on map order.
+		slices.SortFunc(cs, func(a, b model.Credit) int { return compareStrings(a.ActID, b.ActID) })
+		c := cs[0]
+		for _, more := range cs[1:] {
+			problems = append(problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, c.ActID, more.ActID))
+			c.ActID, c.Amount = more.ActID, c.Amount+more.Amount
+		}
+		l.Credits[id] = c
+	}
+	for k, bal := range s.accounts {
+		l.Balances += bal
+		if bal != sums[k] || bal < 0 {
+			problems = append(problems, fmt.Sprintf("account %s (shard %d): balance %d, flows sum to %d", k.act, k.shard, bal, sums[k]))
+		}
+	}
+	for _, pk := range s.packets {
+		p := pk.p
+		l.Packets++
+		l.PacketTotals += p.Amount
+		l.OpenRemaining += p.RemainingAmount
+		l.RefundAmounts += p.RefundAmount
+		var paid model.Cents
+		for _, c := range pk.claims {
+			paid += c.Amount
+			l.Claims[c.ID] = model.Claim{ID: c.ID, PacketID: c.PacketID, Seq: c.Seq, ActID: c.ActID, Amount: c.Amount}
+		}
+		n := int64(len(pk.claims))
+		if paid+p.RefundAmount+p.RemainingAmount != p.Amount || n+p.RemainingCount != p.Count ||
+			p.Status == model.StatusOpen && (p.RemainingAmount < model.Cents(p.RemainingCount) || p.RemainingCount == 0) ||
+			p.Status == model.StatusSoldOut && (p.RemainingCount != 0 || p.RemainingAmount != 0) ||
+			p.Status == model.StatusRefunded && p.RemainingAmount != 0 {
+			problems = append(problems, fmt.Sprintf("packet %s: amount %d count %d, claims %d in %d, refund %d, remaining %d in %d, status %d",
+				p.ID, p.Amount, p.Count, paid, n, p.RefundAmount, p.RemainingAmount, p.RemainingCount, p.Status))
+		}
+	}
+	for _, rows := range s.outbox {
+		for id, e := range rows {
+			l.Outbox[id] = e.row
+		}
+	}
+	sort.Strings(problems)
+	l.Problems = problems
+	return l, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// errWindowFull: a recon window holds more rows than a read may take.
+var errWindowFull = errors.New("memstore: recon window holds too many rows")
+
+// ReconWindow implements storage.Books with the cut of storage.MySQL.ReconWindow:
+// a window of more than 2×limit rows ends at the creation time of the outbox
+// row past limit (never below fromMS+1); if it still holds more than 4×limit
+// rows, that is an error.
+func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
+	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}, Outbox: map[string]model.OutboxRow{}}
+	if err := ctx.Err(); err != nil {
+		return w, err
+	}
+	for _, sh := range shards {
+		if sh.DB() != db {
+			return w, fmt.Errorf("memstore: recon window: shard %d is not in db %d", sh, db)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := s.tableKeysLocked(shards, days)
+	if s.readWindowLocked(db, keys, 2*limit, &w) {
+		var times []int64
+		for _, e := range s.outbox[db] {
+			if e.row.CreatedMS >= fromMS && e.row.CreatedMS < toMS {
+				times = append(times, e.row.CreatedMS)
+			}
+		}
+		if len(times) > limit {
+			slices.Sort(times)
+			w.ToMS = max(times[limit], fromMS+1)
+		}
+		if s.readWindowLocked(db, keys, 4*limit, &w) {
+			return w, fmt.Errorf("memstore: recon window of db %d: [%d, %d) holds more than %d claims and outbox rows: %w",
+				db, w.FromMS, w.ToMS, 4*limit, errWindowFull)
+		}
+	}
+	return w, nil
+}
+
+// readWindowLocked fills w with the window's claims and outbox rows; full
+// reports that they were more than maxRows (w is then partial). s.mu must be held.
+func (s *Store) readWindowLocked(db int, keys []tableKey, maxRows int, w *model.ReconWindow) (full bool) {
+	clear(w.Claims)
+	clear(w.Outbox)
+	n := 0
+	for id, e := range s.outbox[db] {
+		if e.row.CreatedMS >= w.FromMS && e.row.CreatedMS < w.ToMS {
+			if n++; n > maxRows {
+				return true
+			}
+			w.Outbox[id] = e.row
+		}
+	}
+	for _, k := range keys {
+		for _, pk := range s.tables[k].packets {
+			for _, c := range pk.claims {
+				if c.CreatedMS >= w.FromMS && c.CreatedMS < w.ToMS {
+					if n++; n > maxRows {
+						return true
+					}
+					w.Claims[c.ID] = c
+				}
+			}
+		}
+	}
+	return false
+}
+
+// CreditsOf implements storage.Books: as storage.MySQL.CreditsOf, a credit
+// flow is found when its shard is a claimant's shard asked about, its account
+// one of the accounts asked about in that shard, and its claim one of the
+// claims asked about in that shard.
+func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(credits) > 10_000 {
+		return nil, fmt.Errorf("memstore: credits of %d claims: at most 10000 per call", len(credits))
+	}
+	acts := map[acctKey]bool{}
+	var claims []claimKey
+	seen := map[claimKey]bool{}
+	for _, c := range credits {
+		if !c.Shard.Valid() {
+			return nil, fmt.Errorf("memstore: credits of claim %s: shard %d out of range", c.ClaimID, c.Shard)
+		}
+		acts[acctKey{c.Shard, c.ActID}] = true
+		if k := (claimKey{c.Shard, c.ClaimID}); !seen[k] {
+			seen[k] = true
+			claims = append(claims, k)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	found := map[string]model.Credit{}
+	for _, k := range claims {
+		for _, act := range s.credited[k] {
+			if !acts[acctKey{k.shard, act}] {
+				continue
+			}
+			f := s.flows[flowKey{k.shard, act, model.CreditOrderNo(k.claim)}]
+			c := model.Credit{ClaimID: k.claim, ActID: act, Amount: f.Amount}
+			if prev, twice := found[k.claim]; twice {
+				c.Amount += prev.Amount // as MySQL: the sum can never equal the claim
+			}
+			found[k.claim] = c
+		}
+	}
+	return found, nil
+}

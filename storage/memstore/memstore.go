@@ -1,0 +1,269 @@
+// Package memstore is an in-memory storage.Store with the semantics of the
+// MariaDB store (storage.MySQL), for the cluster simulation and fast unit tests
+// of the cell; `make run` never uses it. Both stores pass the one contract
+// suite, storage/storagetest.
+//
+// It holds no money rule of its own: every decision is one of model's pure
+// functions (model.ApplyDeposit, model.Send, model.Open, model.Refund,
+// model.ApplyCredit, model.ReplayOrder), called under the store's lock with
+// the rows they need; the store writes what the decision returned, as the
+// MariaDB store writes it in one transaction. Real and shadow traffic are two
+// Stores.
+//
+// It is deterministic: given the same calls in the same order, the same clock
+// readings and the same random sources, it gives the same answers, bit for
+// bit; no answer depends on the iteration order of a map. It is safe for
+// concurrent use (one mutex; calls never block on anything else).
+//
+// FailNextCommit injects the fault of a COMMIT that fails or whose answer is
+// lost, for tests and the simulation.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"redcell/internal/clock"
+	"redcell/internal/invariant"
+	"redcell/model"
+	"redcell/storage"
+)
+
+var _ storage.Store = (*Store)(nil)
+
+// Store is one cell's money, in memory: what the cell's MariaDB would hold.
+type Store struct {
+	clk clock.Clock
+
+	mu       sync.Mutex // guards everything below
+	accounts map[acctKey]model.Cents
+	flows    map[flowKey]*model.Flow
+	// credited indexes the credit flows: claimant's shard and claim ID to
+	// the accounts credited (more than one only if a claim was credited to
+	// two accounts, which the Ledger reports).
+	credited map[claimKey][]string
+	packets  map[model.PacketID]*packet
+	tables   map[tableKey]*table       // packets by shard and day of month
+	outbox   map[int]map[string]*entry // database index → claim ID → row
+	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
+	fault    fault
+	faults   int64 // faults that fired
+}
+
+type acctKey struct {
+	shard model.ShardID
+	act   string
+}
+
+type flowKey struct {
+	shard model.ShardID
+	act   string
+	order string
+}
+
+type claimKey struct {
+	shard model.ShardID
+	claim string
+}
+
+type tableKey struct {
+	shard model.ShardID
+	day   int
+}
+
+// table is a packet table and its claim table: t_packet_Y_DD, t_claim_Y_DD.
+type table struct {
+	packets []*packet                  // in creation order
+	open    map[model.PacketID]*packet // packets with StatusOpen
+}
+
+type packet struct {
+	p      model.Packet
+	ref    model.PacketRef
+	claims []model.Claim  // claims[i].Seq == i+1
+	byUser map[string]int // act_id → index in claims
+}
+
+// entry is one outbox row.
+type entry struct {
+	row model.OutboxRow
+	pid model.PacketID
+}
+
+// fault is the armed commit fault, if any.
+type fault struct {
+	armed      bool
+	lostAnswer bool
+}
+
+// New returns an empty store reading time from clk (the system clock if nil).
+func New(clk clock.Clock) *Store {
+	return &Store{
+		clk:      clock.Or(clk),
+		accounts: map[acctKey]model.Cents{},
+		flows:    map[flowKey]*model.Flow{},
+		credited: map[claimKey][]string{},
+		packets:  map[model.PacketID]*packet{},
+		tables:   map[tableKey]*table{},
+		outbox:   map[int]map[string]*entry{},
+		pending:  map[int][]*entry{},
+	}
+}
+
+// FailNextCommit arms a fault for the next call that commits money: the next
+// Deposit or Send that gets past its order-number check and its decision
+// (a repeat, a conflict and a refused send answer without committing),
+// OpenBatch, Refund of an existing packet, or ApplyCredits of at least one
+// credit. With lostAnswer false that call writes nothing and answers an error
+// matching storage.ErrCommitUnknown (the COMMIT never reached the database);
+// with lostAnswer true it writes everything and then answers that error (the
+// COMMIT applied, its answer was lost). Arming again replaces the fault.
+func (s *Store) FailNextCommit(lostAnswer bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fault = fault{armed: true, lostAnswer: lostAnswer}
+}
+
+// CommitFaults counts the faults FailNextCommit armed that have fired.
+func (s *Store) CommitFaults() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faults
+}
+
+// commitLocked is a call's COMMIT: write tells whether to write what the
+// decision returned, err what to answer after writing. s.mu must be held.
+func (s *Store) commitLocked(op string) (write bool, err error) {
+	if !s.fault.armed {
+		return true, nil
+	}
+	f := s.fault
+	s.fault = fault{}
+	s.faults++
+	if f.lostAnswer {
+		return true, fmt.Errorf("memstore: %s: COMMIT applied, its answer lost: %w", op, storage.ErrCommitUnknown)
+	}
+	return false, fmt.Errorf("memstore: %s: COMMIT failed: %w", op, storage.ErrCommitUnknown)
+}
+
+func (s *Store) nowMS() int64 { return s.clk.Now().UnixMilli() }
+
+// Deposit implements storage.Wallets.
+func (s *Store) Deposit(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Deposit{}, err
+	}
+	invariant.That(sh.Valid(), "shard out of range")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := flowKey{sh, actID, orderNo}
+	if prior, ok := s.flows[k]; ok {
+		if err := model.ReplayOrder(*prior, model.FlowDeposit, model.DepositHash(amount)); err != nil {
+			return model.Deposit{}, err
+		}
+		return model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: prior.BalanceAfter, Repeat: true}, nil
+	}
+	a := acctKey{sh, actID}
+	out, err := model.ApplyDeposit(model.DepositInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: s.accounts[a], NowMS: s.nowMS()})
+	if err != nil {
+		return model.Deposit{}, err
+	}
+	write, err := s.commitLocked("deposit")
+	if write {
+		s.writeFlowLocked(sh, out.Flow)
+	}
+	if err != nil {
+		return model.Deposit{}, err
+	}
+	return out.Deposit, nil
+}
+
+// writeFlowLocked writes a flow row and its balance change. s.mu must be held.
+func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
+	k := flowKey{sh, f.ActID, f.OrderNo}
+	_, dup := s.flows[k]
+	invariant.That(!dup, "flow written twice under one order number")
+	s.flows[k] = &f
+	a := acctKey{sh, f.ActID}
+	s.accounts[a] += f.Amount
+	invariant.That(s.accounts[a] >= 0, "balance below zero")
+	invariant.That(!f.BalanceKnown || f.BalanceAfter == s.accounts[a], "flow's balance after differs from the balance")
+	if f.Kind == model.FlowCredit {
+		ck := claimKey{sh, strings.TrimPrefix(f.OrderNo, "claim:")}
+		s.credited[ck] = append(s.credited[ck], f.ActID)
+	}
+}
+
+// Account implements storage.Wallets.
+func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Account{}, err
+	}
+	invariant.That(sh.Valid(), "shard out of range")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return model.Account{ActID: actID, Shard: sh, Balance: s.accounts[acctKey{sh, actID}]}, nil
+}
+
+// ApplyCredits implements storage.Wallets. Nothing is ever locked by another
+// call, so no credit is deferred.
+func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, nil, err
+	}
+	if len(credits) == 0 {
+		return 0, nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.nowMS()
+	var writes []model.Flow
+	var shards []model.ShardID
+	batch := make(map[flowKey]bool, len(credits))
+	for _, c := range credits {
+		invariant.That(c.Shard.Valid(), "credit to a shard out of range")
+		k := flowKey{c.Shard, c.ActID, model.CreditOrderNo(c.ClaimID)}
+		_, booked := s.flows[k]
+		out := model.ApplyCredit(model.CreditInput{Credit: c, Booked: booked || batch[k], NowMS: now})
+		if out.Applied {
+			batch[k] = true
+			writes = append(writes, out.Flow)
+			shards = append(shards, c.Shard)
+		}
+	}
+	write, err := s.commitLocked("apply credits")
+	if write {
+		for i, f := range writes {
+			s.writeFlowLocked(shards[i], f)
+		}
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	return len(writes), nil, nil
+}
+
+// EnsureShard implements storage.Schema: every table exists in memory.
+func (s *Store) EnsureShard(ctx context.Context, sh model.ShardID) error {
+	invariant.That(sh.Valid(), "shard out of range")
+	return ctx.Err()
+}
+
+// EnsureDays implements storage.Schema: it only reports progress, shard by
+// shard.
+func (s *Store) EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error {
+	for i := range shards {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if progress != nil {
+			progress(i+1, len(shards))
+		}
+	}
+	return nil
+}
+
+// Ping implements storage.Store.
+func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }

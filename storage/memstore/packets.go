@@ -1,0 +1,227 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+)
+
+// Send implements storage.Packets.
+func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Packet{}, false, err
+	}
+	ref, err := model.ParsePacketID(string(id))
+	invariant.That(err == nil && ref.Shard == sh, "send with a packet ID of another shard")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prior, ok := s.flows[flowKey{sh, req.Sender, req.OrderNo}]; ok {
+		if err := model.ReplayOrder(*prior, model.FlowSend, model.SendHash(req)); err != nil {
+			return model.Packet{}, false, err
+		}
+		first, ok := s.packets[model.PacketID(prior.Ref)]
+		invariant.That(ok, "send flow without its packet")
+		return first.p, true, nil
+	}
+	if _, taken := s.packets[id]; taken {
+		return model.Packet{}, false, fmt.Errorf("memstore: send %s: packet ID %s exists", req.OrderNo, id)
+	}
+	out, err := model.Send(model.SendInput{Req: req, ID: id, Balance: s.accounts[acctKey{sh, req.Sender}], NowMS: s.nowMS(), ExpiresMS: expiresMS})
+	if err != nil {
+		return model.Packet{}, false, err
+	}
+	write, err := s.commitLocked("send")
+	if write {
+		s.writeFlowLocked(sh, out.Flow)
+		pk := &packet{p: out.Packet, ref: ref, byUser: map[string]int{}}
+		s.packets[id] = pk
+		t := s.tableLocked(tableKey{sh, ref.Day})
+		t.packets = append(t.packets, pk)
+		t.open[id] = pk
+	}
+	if err != nil {
+		return model.Packet{}, false, err
+	}
+	return out.Packet, false, nil
+}
+
+// tableLocked returns the table of k, made on first use. s.mu must be held.
+func (s *Store) tableLocked(k tableKey) *table {
+	t, ok := s.tables[k]
+	if !ok {
+		t = &table{open: map[model.PacketID]*packet{}}
+		s.tables[k] = t
+	}
+	return t
+}
+
+// Packet implements storage.Packets.
+func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Packet{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pk, ok := s.packets[ref.ID]
+	if !ok {
+		return model.Packet{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+	}
+	return pk.p, nil
+}
+
+// Claims implements storage.Packets.
+func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pk, ok := s.packets[ref.ID]
+	if !ok || afterSeq >= int64(len(pk.claims)) || limit <= 0 {
+		return nil, nil
+	}
+	from := max(afterSeq, 0)
+	to := min(from+int64(limit), int64(len(pk.claims)))
+	return slices.Clone(pk.claims[from:to]), nil
+}
+
+// OpenBatch implements storage.Packets: the decision is model.Open's.
+func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, model.Packet{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs, NowMS: s.nowMS(), Rand: r}
+	pk, found := s.packets[ref.ID]
+	if found {
+		in.Packet, in.Found, in.Earlier = pk.p, true, pk.claimsOfLocked(reqs)
+	}
+	out := model.Open(in)
+	write, err := s.commitLocked("open")
+	if write && found && len(out.Fresh) > 0 {
+		s.writeOpenLocked(pk, out)
+	}
+	if err != nil {
+		return nil, model.Packet{}, fmt.Errorf("memstore: open %s: %w", ref.ID, err)
+	}
+	return out.Results, out.Packet, nil
+}
+
+// writeOpenLocked writes an open's new claims, their outbox rows and the
+// packet after. s.mu must be held.
+func (s *Store) writeOpenLocked(pk *packet, out model.OpenOutcome) {
+	for i, c := range out.Fresh {
+		invariant.That(c.Seq == int64(len(pk.claims))+1, "claim out of seq order")
+		_, dup := pk.byUser[c.ActID]
+		invariant.That(!dup, "a second claim for one user")
+		pk.byUser[c.ActID] = len(pk.claims)
+		pk.claims = append(pk.claims, c)
+		cr := out.Credits[i]
+		s.addOutboxLocked(&entry{pid: pk.p.ID, row: model.OutboxRow{ClaimID: c.ID, ActID: c.ActID, Shard: cr.Shard, Amount: c.Amount, CreatedMS: c.CreatedMS}},
+			pk.ref.Shard.DB())
+	}
+	pk.p = out.Packet
+	if pk.p.Status != model.StatusOpen {
+		delete(s.tables[tableKey{pk.ref.Shard, pk.ref.Day}].open, pk.p.ID)
+	}
+}
+
+// claimsOfLocked returns the claims the requests' users hold. s.mu must be held.
+func (pk *packet) claimsOfLocked(reqs []model.OpenRequest) map[string]model.Claim {
+	held := make(map[string]model.Claim)
+	for _, rq := range reqs {
+		if i, ok := pk.byUser[rq.ActID]; ok {
+			held[rq.ActID] = pk.claims[i]
+		}
+	}
+	return held
+}
+
+// ClaimsOf implements storage.Packets.
+func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pk, ok := s.packets[ref.ID]
+	if !ok {
+		return map[string]model.Claim{}, nil
+	}
+	return pk.claimsOfLocked(reqs), nil
+}
+
+// ExpiredIn implements storage.Expiry. It lists the packets by ID, so a
+// limit below the number expired picks the same ones every time.
+func (s *Store) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []model.PacketID
+	for _, k := range s.tableKeysLocked(shards, days) {
+		for id, pk := range s.tables[k].open {
+			if pk.p.ExpiresMS <= nowMS {
+				out = append(out, id)
+			}
+		}
+	}
+	slices.Sort(out)
+	if len(out) > limit {
+		out = out[:max(limit, 0)]
+	}
+	return out, nil
+}
+
+// tableKeysLocked lists the tables of shards × days that hold packets, each
+// once, in (shard, day) order. s.mu must be held.
+func (s *Store) tableKeysLocked(shards []model.ShardID, days []int) []tableKey {
+	var keys []tableKey
+	seen := make(map[tableKey]bool, len(shards)*len(days))
+	for _, sh := range shards {
+		for _, d := range days {
+			k := tableKey{sh, d}
+			if _, ok := s.tables[k]; ok && !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.SortFunc(keys, func(a, b tableKey) int {
+		if a.shard != b.shard {
+			return int(a.shard) - int(b.shard)
+		}
+		return a.day - b.day
+	})
+	return keys
+}
+
+// Refund implements storage.Expiry: the decision is model.Refund's.
+func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pk, ok := s.packets[ref.ID]
+	if !ok {
+		return 0, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
+	}
+	out := model.Refund(pk.p, s.nowMS())
+	write, err := s.commitLocked("refund")
+	if write && out.Due {
+		s.writeFlowLocked(pk.ref.Shard, out.Flow)
+		pk.p = out.Packet
+		delete(s.tables[tableKey{pk.ref.Shard, pk.ref.Day}].open, pk.p.ID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("memstore: refund %s: %w", ref.ID, err)
+	}
+	return out.Amount, nil
+}
