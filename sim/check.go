@@ -386,21 +386,24 @@ func (k *checker) audit(final bool) {
 		}
 	}
 	var problems []string
-	perUser := make(map[string]string, len(claims))
+	perUser := make(map[string][]string, len(claims)) // packet/act_id → claim IDs
 	claimedOf := map[model.PacketID]model.Cents{}
 	for id, cl := range claims {
 		key := string(cl.PacketID) + "/" + cl.ActID
-		if prev, dup := perUser[key]; dup {
-			problems = append(problems, fmt.Sprintf("one-claim-per-user: %s holds claims %s and %s", key, prev, id))
-		}
-		perUser[key] = id
+		perUser[key] = append(perUser[key], id)
 		claimedOf[cl.PacketID] += cl.Amount
+	}
+	for key, ids := range perUser {
+		if len(ids) > 1 {
+			sort.Strings(ids)
+			problems = append(problems, fmt.Sprintf("one-claim-per-user: %s holds claims %s", key, strings.Join(ids, ", ")))
+		}
 	}
 	cb := w.client
 	for _, key := range cb.claimOrder {
 		b := cb.claims[key]
 		cl, ok := claims[b.claimID]
-		if !ok || cl.ActID != b.actID || int64(cl.Amount) != b.amount || perUser[key] != b.claimID {
+		if !ok || cl.ActID != b.actID || int64(cl.Amount) != b.amount || len(perUser[key]) != 1 {
 			problems = append(problems, fmt.Sprintf("answered-claim-exists: claim %s of %d to %s was answered, the rows hold %+v", b.claimID, b.amount, b.actID, cl))
 		}
 	}

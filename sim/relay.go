@@ -102,7 +102,7 @@ func (r *relay) flush(dest int) {
 			if b, ok := r.inFlight[id]; ok {
 				delete(r.inFlight, id)
 				w.count("relay.timeout")
-				w.log.begin(w, "relay-timeout").s(c.name).i(int64(id)).end()
+				w.log.begin(w, "relay-timeout").s(c.name).i(int64(id)).credits(b).end()
 				r.release(b)
 			}
 		})

@@ -30,10 +30,10 @@ func TestSimSeeds(t *testing.T) {
 			continue
 		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := Run(DefaultConfig(seed, testSteps))
+			r := Run(testConfig(seed))
 			t.Logf("seed %d: %d steps, %d ops, %d events, %s simulated, hash %s", seed, r.Steps, r.Ops, r.Events, r.SimTime, r.Hash)
 			if r.Violation != nil {
-				trace, _ := Explain(DefaultConfig(seed, testSteps), r.Violation)
+				trace, _ := Explain(testConfig(seed), r.Violation)
 				t.Fatalf("%v\nreplay: go run ./cmd/redcell sim --seed %d --steps %d\ntrace:\n%s", r.Violation, seed, testSteps, strings.Join(trace, "\n"))
 			}
 			if r.Steps != testSteps {
@@ -52,6 +52,14 @@ func TestSimSeeds(t *testing.T) {
 			// to prove (counts here miss writes whose answer was lost).
 		})
 	}
+}
+
+// testConfig is DefaultConfig with a full audit every 2,500 steps: the
+// rows are few in a short run, so audits are cheap.
+func testConfig(seed uint64) Config {
+	cfg := DefaultConfig(seed, testSteps)
+	cfg.AuditEvery = 2_500
+	return cfg
 }
 
 func freshSeed(t *testing.T) uint64 {
@@ -87,7 +95,7 @@ func TestSimReplaysBitForBit(t *testing.T) {
 // was paid twice.
 func TestSimCatchesPlantedCreditTwice(t *testing.T) {
 	const seed = 11
-	cfg := DefaultConfig(seed, testSteps)
+	cfg := testConfig(seed)
 	cfg.Plant = PlantCreditTwice
 	r := Run(cfg)
 	v := r.Violation
