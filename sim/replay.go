@@ -10,7 +10,8 @@ func Same(a, b *Violation) bool {
 }
 
 // Explain replays cfg, which failed with v, and keeps the event-log lines
-// naming v's keys (the last traceMax of them) up to the violation, where the
+// naming v's keys (the last traceMax naming its first key, and as many
+// naming the others) up to the violation, where the
 // replay stops. It returns them and the replay's own violation, which for a
 // deterministic simulation is the same as v (Same).
 func Explain(cfg Config, v *Violation) (trace []string, again *Violation) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"hash"
 	"hash/fnv"
+	"sort"
 	"strconv"
 
 	"redcell/model"
@@ -12,14 +13,24 @@ import (
 // eventLog hashes every line the run logs and keeps those that name a trace
 // key. A line is built in one reused buffer: begin, fields, end.
 type eventLog struct {
-	h     hash.Hash64
-	buf   []byte
-	keys  [][]byte
-	trace []string
+	h    hash.Hash64
+	buf  []byte
+	keys [][]byte
+	// primary holds the lines naming the first key (the claim or packet a
+	// violation is about), others those naming only the other keys (its
+	// packet, say, which may be hot): each keeps its last traceMax lines, so
+	// a busy packet does not push its claim's lines out.
+	primary, others []traced
+	lines           int64
 }
 
-// traceMax bounds the trace kept: the last lines matter most, but a run that
-// names a hot key could otherwise keep millions.
+type traced struct {
+	n    int64 // line number in the log
+	text string
+}
+
+// traceMax bounds each part of the trace kept: the last lines matter most,
+// but a run that names a hot key could otherwise keep millions.
 const traceMax = 400
 
 func (l *eventLog) init(keys []string) {
@@ -78,16 +89,38 @@ func (x line) end() {
 	l := x.l
 	l.buf = append(l.buf, '\n')
 	l.h.Write(l.buf)
-	for _, k := range l.keys {
+	l.lines++
+	for i, k := range l.keys {
 		if bytes.Contains(l.buf, k) {
-			if len(l.trace) == traceMax {
-				copy(l.trace, l.trace[1:])
-				l.trace = l.trace[:traceMax-1]
+			t := traced{n: l.lines, text: string(l.buf[:len(l.buf)-1])}
+			if i == 0 {
+				l.primary = keep(l.primary, t)
+			} else {
+				l.others = keep(l.others, t)
 			}
-			l.trace = append(l.trace, string(l.buf[:len(l.buf)-1]))
 			break
 		}
 	}
+}
+
+// keep appends t to ring, dropping its oldest line when full.
+func keep(ring []traced, t traced) []traced {
+	if len(ring) == traceMax {
+		copy(ring, ring[1:])
+		ring = ring[:traceMax-1]
+	}
+	return append(ring, t)
+}
+
+// trace merges the kept lines in log order.
+func (l *eventLog) trace() []string {
+	all := append(append([]traced(nil), l.primary...), l.others...)
+	sort.Slice(all, func(i, j int) bool { return all[i].n < all[j].n })
+	out := make([]string, len(all))
+	for i, t := range all {
+		out[i] = t.text
+	}
+	return out
 }
 
 func (l *eventLog) sum() string { return strconv.FormatUint(l.h.Sum64(), 16) }

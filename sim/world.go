@@ -307,6 +307,6 @@ func (w *world) drain() {
 func (w *world) result() Result {
 	r := Result{Seed: w.cfg.Seed, Steps: w.client.started, Ops: w.client.requests, Events: w.events,
 		SimTime: time.Duration(w.now) * time.Millisecond, Hash: w.log.sum(), Counts: w.counts,
-		Violation: w.violation, Trace: w.log.trace}
+		Violation: w.violation, Trace: w.log.trace()}
 	return r
 }
