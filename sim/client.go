@@ -18,11 +18,13 @@ type client struct {
 	w        *world
 	rng      *rand.Rand
 	users    []string
-	started  int   // steps started
-	requests int64 // attempts sent
-	open     int   // operations not finished
-	ops      []*op // every operation, by step
-	attempts map[uint64]*op
+	started  int            // steps started
+	requests int64          // attempts sent
+	open     int            // operations not finished
+	ops      []*op          // every operation, by step
+	attempts map[uint64]*op // attempts awaiting an answer
+	sent     map[uint64]*op // every attempt ever sent
+	seen     map[*answer]bool
 
 	packets      []knownPacket // answered sends, in answer order
 	lastExpiryMS int64         // latest expiry of any packet answered, sim ms
@@ -70,7 +72,7 @@ type claimBook struct {
 }
 
 func newClient(w *world) *client {
-	c := &client{w: w, rng: stream(w.cfg.Seed, streamClient), attempts: map[uint64]*op{},
+	c := &client{w: w, rng: stream(w.cfg.Seed, streamClient), attempts: map[uint64]*op{}, sent: map[uint64]*op{}, seen: map[*answer]bool{},
 		deposits: map[string]*depositBook{}, sends: map[string]*sendBook{}, claims: map[string]*claimBook{}, closedAt: map[string]int64{}}
 	for i := 0; i < userCount; i++ {
 		c.users = append(c.users, fmt.Sprintf("u%04d", i))
@@ -157,6 +159,7 @@ func (c *client) issue(o *op) {
 	o.tries++
 	o.attempt = id
 	c.attempts[id] = o
+	c.sent[id] = o
 	c.requests++
 	w.log.begin(w, "attempt").i(int64(o.step)).i(int64(o.tries)).s(opNames[o.req.kind]).s(describe(o.req)).i(int64(id)).end()
 	w.send(nodeClient, nodeRouter, &message{kind: msgRequest, id: id, req: o.req})
@@ -217,51 +220,69 @@ func (c *client) finish(o *op) {
 }
 
 // receive takes an answer. Every answer is checked against what the clients
-// were told before, a late or duplicated one too; only the awaited one moves
-// its operation on.
+// were told before, a late one too (an attempt the client gave up on, or a
+// request the network delivered twice); only the awaited one moves its
+// operation on.
 func (c *client) receive(m *message) {
 	w := c.w
-	o := c.attempts[m.id]
-	if o == nil {
-		w.count("client.stale_answer")
-		return
-	}
-	delete(c.attempts, m.id)
+	o := c.sent[m.id]
 	a := m.ans
+	awaited := c.attempts[m.id] == o
 	code := "OK"
 	if a.err != nil {
 		code = a.err.Code
 	}
-	w.count("answer." + opNames[o.req.kind] + "." + code)
-	if a.err != nil {
-		w.log.begin(w, "answer").i(int64(o.step)).s(opNames[o.req.kind]).s(describe(o.req)).s(a.err.Code).end()
-		if a.err.Retryable {
-			c.retry(o, a.err.Code)
+	ln := w.log.begin(w, "answer").i(int64(o.step)).s(opNames[o.req.kind]).s(describe(o.req)).s(code)
+	if !awaited {
+		w.count("client.stale_answer")
+		ln = ln.s("stale")
+	}
+	ln.end()
+	// A message the network duplicated is one answer, told twice.
+	if a.err == nil && !c.seen[a] {
+		c.seen[a] = true
+		c.record(o.req, a)
+		if w.violation != nil {
 			return
 		}
-		c.finish(o)
-		switch a.err.Code {
-		case model.ErrOrderConflict.Code, model.ErrInvalidArgument.Code, model.ErrWrongCell.Code, model.ErrNotFound.Code:
-			// The workload sends only valid requests, reuses an order number
-			// only with its own body, routes by a static map, and opens only
-			// packets a send answered.
-			w.fail("unexpected-error", keysOf(o.req), "%s %s answered %s: %s", opNames[o.req.kind], describe(o.req), a.err.Code, a.err.Message)
-		}
+	}
+	if !awaited {
 		return
 	}
-	w.log.begin(w, "answer").i(int64(o.step)).s(opNames[o.req.kind]).s(describe(o.req)).s("OK").end()
+	delete(c.attempts, m.id)
+	w.count("answer." + opNames[o.req.kind] + "." + code)
+	if a.err == nil {
+		c.finish(o)
+		return
+	}
+	if a.err.Retryable {
+		c.retry(o, a.err.Code)
+		return
+	}
 	c.finish(o)
-	switch o.req.kind {
+	switch a.err.Code {
+	case model.ErrOrderConflict.Code, model.ErrInvalidArgument.Code, model.ErrWrongCell.Code, model.ErrNotFound.Code:
+		// The workload sends only valid requests, reuses an order number
+		// only with its own body, routes by a static map, and opens only
+		// packets a send answered.
+		w.fail("unexpected-error", keysOf(o.req), "%s %s answered %s: %s", opNames[o.req.kind], describe(o.req), a.err.Code, a.err.Message)
+	}
+}
+
+// record checks a successful answer against what the clients were told
+// before and keeps it.
+func (c *client) record(q *request, a *answer) {
+	switch q.kind {
 	case opDeposit:
-		c.depositAnswer(o.req, a.deposit)
+		c.depositAnswer(q, a.deposit)
 	case opSend:
-		c.sendAnswer(o.req, a.send)
+		c.sendAnswer(q, a.send)
 	case opOpen:
-		c.openAnswer(o.req, a.open)
+		c.openAnswer(q, a.open)
 	case opGrab:
 		if a.grab.Status == "sold_out" || a.grab.Status == "refunded" {
 			if _, seen := c.closedAt[a.grab.PacketID]; !seen {
-				c.closedAt[a.grab.PacketID] = w.timeNow().UnixMilli()
+				c.closedAt[a.grab.PacketID] = c.w.timeNow().UnixMilli()
 			}
 		}
 	}
