@@ -50,6 +50,10 @@ type Faults struct {
 	// COMMIT (memstore.FailNextCommit); half of those lose only the answer:
 	// the write is applied and the caller is told it failed.
 	StoreFail float64
+	// Defer is the chance that ApplyCredits leaves a credit for a later call,
+	// as the MariaDB store does when another transaction holds the wallet
+	// row; the in-memory store never has a row held (see lockedRows).
+	Defer float64
 }
 
 // Plant names a bug to plant.
@@ -85,6 +89,7 @@ func DefaultConfig(seed uint64, steps int) Config {
 			CutMeanMS:    5_000,
 			CutMaxMS:     1_500,
 			StoreFail:    0.005,
+			Defer:        0.02,
 		},
 	}
 }
@@ -97,7 +102,7 @@ func (c Config) Validate() error {
 		return errors.New("sim: Steps must be >= 1")
 	case c.AuditEvery < 1:
 		return errors.New("sim: AuditEvery must be >= 1")
-	case !prob(f.Drop) || !prob(f.Duplicate) || !prob(f.Slow) || !prob(f.StoreFail):
+	case !prob(f.Drop) || !prob(f.Duplicate) || !prob(f.Slow) || !prob(f.StoreFail) || !prob(f.Defer):
 		return fmt.Errorf("sim: fault probabilities must be in 0..1: %+v", f)
 	case f.Drop > 0.5:
 		return errors.New("sim: Drop above 0.5 leaves too little to simulate")

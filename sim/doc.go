@@ -12,9 +12,11 @@
 //     sharding.NewMap and Map.Owner, built from three cells' ranges as
 //     cmd/redcell's config does), the wire types of package api (requests,
 //     answers, the error envelope and its retryable flag through
-//     api.ErrorJSON), and each cell's store, reached only through the
-//     storage.Store interface: the in-memory store is the same contract the
-//     MariaDB store passes.
+//     api.ErrorJSON), and each cell's store, storage/memstore, reached only
+//     through the storage.Store interface: it passes the contract suite the
+//     MariaDB store passes and decides with model's pure money decisions
+//     (model.Open, model.Send, model.ApplyDeposit, model.Refund,
+//     model.ApplyCredit); the simulator holds no money rule of its own.
 //   - The simulator's model of a cell: the request handlers (validate, route
 //     by shard, call the store, answer), the per-packet batching of opens, the
 //     relay (what cell/relay.go does: fresh claims and a periodic outbox scan
@@ -23,6 +25,11 @@
 //     backoff) and expiry (what cell/expiry.go does: ExpiredIn, then Refund at
 //     the simulated time). The router is modelled as the stateless forwarder it
 //     is: key → shard → owner, CELL_UNAVAILABLE for a cell that is down.
+//   - Stand-ins: packet IDs are made as model.NewPacketID makes them but with
+//     their 64 random bits from the cell's seeded stream (NewPacketID reads
+//     crypto/rand); lockedRows defers some credits in ApplyCredits as the
+//     MariaDB store does when a wallet row is locked, which memstore never
+//     is; the planted bug of PlantCreditTwice is a store wrapper.
 //   - The simulator's own: the event loop, the clock (a clock.Manual moved only
 //     by the loop; nothing reads the wall clock), the network (latency, drops,
 //     duplicates, reordering, cut links), cell crashes and restarts (the store

@@ -48,3 +48,6 @@ func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
 	}
 	return sh - 1
 }
+
+// FailNextCommit passes the fault hook through.
+func (s *creditTwice) FailNextCommit(lostAnswer bool) { s.Store.(commitFailer).FailNextCommit(lostAnswer) }
