@@ -343,7 +343,7 @@ func (c *cell) applyCredits(m *message) {
 	ln := w.log.begin(w, "apply-credits").s(c.name).i(int64(m.id)).i(int64(len(m.credits)))
 	if err != nil {
 		code, _ := model.CodeOf(err)
-		ln.s(code).end()
+		ln.s(code).credits(m.credits).end()
 		c.later(serviceTime, func() {
 			w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, ans: errAnswer(err)})
 		})

@@ -82,7 +82,7 @@ func (r *relay) flush(dest int) {
 			ln := w.log.begin(w, "relay-local").s(c.name).i(int64(len(batch)))
 			if err != nil {
 				code, _ := model.CodeOf(err)
-				ln.s(code).end()
+				ln.s(code).credits(batch).end()
 				r.release(batch)
 				continue
 			}
@@ -150,7 +150,7 @@ func (r *relay) delivered(batch []model.Credit, deferredIDs []string) {
 		ln := w.log.begin(w, "mark-delivered").s(c.name).i(int64(len(done)))
 		if err != nil {
 			code, _ := model.CodeOf(err)
-			ln.s(code).end()
+			ln.s(code).credits(done).end()
 		} else {
 			ln.kv("skipped", int64(skipped)).credits(done).end()
 		}
