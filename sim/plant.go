@@ -50,4 +50,6 @@ func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
 }
 
 // FailNextCommit passes the fault hook through.
-func (s *creditTwice) FailNextCommit(lostAnswer bool) { s.Store.(commitFailer).FailNextCommit(lostAnswer) }
+func (s *creditTwice) FailNextCommit(lostAnswer bool) {
+	s.Store.(commitFailer).FailNextCommit(lostAnswer)
+}
