@@ -1,12 +1,16 @@
 package storage_test
 
 import (
+	"context"
+	"reflect"
 	"testing"
 	"time"
 
 	"redcell/internal/clock"
 	"redcell/internal/testenv"
+	"redcell/model"
 	"redcell/storage"
+	"redcell/storage/memstore"
 	"redcell/storage/storagetest"
 )
 
@@ -16,11 +20,53 @@ import (
 // storage/memstore (TestContractMemory).
 func TestContractMySQL(t *testing.T) {
 	testenv.MySQLDSN(t, 1)
-	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		clk := clock.NewManual(storagetest.Start)
-		m, fail, cuts := storage.ContractMySQL(t, rowClock{clk})
-		return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts}
-	})
+	storagetest.Run(t, mysqlHarness)
+}
+
+func mysqlHarness(t *testing.T) storagetest.Harness {
+	clk := clock.NewManual(storagetest.Start)
+	m, fail, cuts := storage.ContractMySQL(t, rowClock{clk})
+	return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts}
+}
+
+// TestContractMySQLMatchesMemory runs one seeded workload (no faults: on a
+// lost COMMIT answer the two stores may answer differently, both within the
+// contract) against MariaDB and the in-memory store: every answer is the
+// same, code for code and cent for cent, and so are the ledgers' books.
+func TestContractMySQLMatchesMemory(t *testing.T) {
+	testenv.MySQLDSN(t, 1)
+	const steps = 1500
+	clk := clock.NewManual(storagetest.Start)
+	mem := memstore.New(clk)
+	hm := storagetest.Harness{Store: mem, Clock: clk, FailNextCommit: mem.FailNextCommit, CommitFaults: mem.CommitFaults}
+	hd := mysqlHarness(t)
+	wm := storagetest.NewWorkload(hm, 5, false, true)
+	wd := storagetest.NewWorkload(hd, 5, false, true)
+	for i := range steps {
+		wm.Step()
+		wd.Step()
+		if wm.Transcript() != wd.Transcript() {
+			t.Fatalf("step %d: the stores answered differently", i)
+		}
+	}
+	ctx := context.Background()
+	lm, err := mem.Ledger(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := hd.Store.Ledger(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, rd := model.Audit([]model.Ledger{lm}), model.Audit([]model.Ledger{ld})
+	if !rm.OK() || !rd.OK() || !reflect.DeepEqual(rm, rd) || !reflect.DeepEqual(lm.Claims, ld.Claims) ||
+		!reflect.DeepEqual(lm.Credits, ld.Credits) || !reflect.DeepEqual(lm.Outbox, ld.Outbox) {
+		t.Fatalf("books differ: memory %+v, MariaDB %+v", rm, rd)
+	}
+	if rm.ClaimsCount == 0 || rm.CreditsCount == 0 || lm.RefundFlows == 0 {
+		t.Fatalf("the workload did too little to compare: %+v, refunds %d", rm, lm.RefundFlows)
+	}
+	t.Logf("%d steps: %d packets, %d claims, %d credits, %d cents refunded: the same in both stores", steps, rm.Packets, rm.ClaimsCount, rm.CreditsCount, lm.RefundFlows)
 }
 
 // rowClock is the harness's manual clock for the times the store writes and

@@ -40,7 +40,8 @@ type Wallets interface {
 	// answers that first result with Repeat set and writes nothing; with
 	// another amount, or an order number a send used, it is ErrOrderConflict.
 	// Concurrent calls with one new order number apply it once.
-	// Errors: ErrOrderConflict, ErrCommitUnknown.
+	// Errors: ErrOrderConflict, ErrInvalidArgument (the balance would pass
+	// the largest int64; nothing written), ErrCommitUnknown.
 	Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error)
 	// Account reads actID's wallet in shard s: balance 0 for an account
 	// never touched (not an error).

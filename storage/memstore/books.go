@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"redcell/model"
 )
@@ -44,7 +45,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	}
 	for id, cs := range credits {
 		// Sorted, so the problem text and the account kept never depend on map order.
-		slices.SortFunc(cs, func(a, b model.Credit) int { return compareStrings(a.ActID, b.ActID) })
+		slices.SortFunc(cs, func(a, b model.Credit) int { return strings.Compare(a.ActID, b.ActID) })
 		c := cs[0]
 		for _, more := range cs[1:] {
 			problems = append(problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, c.ActID, more.ActID))
@@ -86,16 +87,6 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	sort.Strings(problems)
 	l.Problems = problems
 	return l, nil
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // errWindowFull: a recon window holds more rows than a read may take.

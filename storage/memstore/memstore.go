@@ -191,10 +191,13 @@ func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
 	invariant.That(s.accounts[a] >= 0, "balance below zero")
 	invariant.That(!f.BalanceKnown || f.BalanceAfter == s.accounts[a], "flow's balance after differs from the balance")
 	if f.Kind == model.FlowCredit {
-		ck := claimKey{sh, strings.TrimPrefix(f.OrderNo, "claim:")}
+		ck := claimKey{sh, creditOrder(f.OrderNo)}
 		s.credited[ck] = append(s.credited[ck], f.ActID)
 	}
 }
+
+// creditOrder is the claim ID in a credit flow's order number (model.CreditOrderNo).
+func creditOrder(order string) string { return strings.TrimPrefix(order, "claim:") }
 
 // Account implements storage.Wallets.
 func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {

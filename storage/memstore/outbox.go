@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 
 	"redcell/internal/invariant"
 	"redcell/model"
@@ -104,6 +103,3 @@ func (s *Store) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS 
 	// The oldest by creation time is the first: the list is in that order.
 	return int64(len(list)), s.nowMS() - list[0].row.CreatedMS, nil
 }
-
-// creditOrder is the claim ID of a credit flow's order number.
-func creditOrder(order string) string { return strings.TrimPrefix(order, "claim:") }

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ func init() {
 	register("ContractAccountUntouched", contractAccountUntouched)
 	register("ContractDepositIdempotent", contractDepositIdempotent)
 	register("ContractDepositConcurrentRetries", contractDepositConcurrentRetries)
+	register("ContractDepositBalanceLimit", contractDepositBalanceLimit)
 	register("ContractSchemaAndPing", contractSchemaAndPing)
 }
 
@@ -96,6 +98,21 @@ func contractDepositConcurrentRetries(t *testing.T, newStore func(t *testing.T) 
 		t.Fatalf("%d of %d concurrent calls applied the order", fresh, n)
 	}
 	f.check(books{deposits: 12, balances: 12})
+}
+
+// A deposit that would take a balance past the largest int64 is
+// INVALID_ARGUMENT and writes nothing; the order number stays free.
+func contractDepositBalanceLimit(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	top := model.Cents(math.MaxInt64 - 10)
+	f.deposit(sA, "ann", "d1", top)
+	_, err := f.s.Deposit(f.ctx, sA, "ann", "d2", 11)
+	wantCode(t, "deposit past the largest balance", err, model.ErrInvalidArgument)
+	f.check(books{deposits: top, balances: top})
+	if d := f.deposit(sA, "ann", "d2", 10); d.Balance != math.MaxInt64 || d.Repeat {
+		t.Fatalf("deposit up to the largest balance: %+v", d)
+	}
+	f.check(books{deposits: math.MaxInt64, balances: math.MaxInt64})
 }
 
 // EnsureShard and EnsureDays succeed on a fresh store, twice; Ping answers.

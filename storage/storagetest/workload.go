@@ -1,0 +1,164 @@
+package storagetest
+
+import (
+	"context"
+	"fmt"
+	"hash"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"redcell/model"
+	"redcell/storage"
+)
+
+// Workload drives a store with a seeded random mix of the calls a cell makes:
+// deposits, sends, batched opens of recent packets, the credit relay
+// (PendingCredits → ApplyCredits → MarkDelivered), expiry and refunds, order
+// numbers used again (repeats and conflicts), clock steps across midnight and,
+// when asked, injected commit faults. It folds every answer into a
+// transcript hash (codes, not message texts, for errors), so two stores given
+// the same seed can be compared answer for answer, and one store run twice
+// proves itself deterministic.
+type Workload struct {
+	h      Harness
+	r      *rand.Rand
+	ctx    context.Context
+	faults bool
+	sum    hash.Hash64 // nil: answers are not recorded
+	users  []string
+	refs   []model.PacketRef // packets sent, newest last
+	ops    int
+	calls  int
+}
+
+// WorkShards are the shards the workload's users live in: two in database
+// 12, two in database 56.
+var WorkShards = []model.ShardID{123, 125, 567, 568}
+
+// NewWorkload returns a workload over h (fresh, its clock at Start) drawing
+// from seed; it moves the clock to 23:00 so the run crosses midnight (day
+// tables 14 and 15). With faults it arms h.FailNextCommit now and then. With
+// record it keeps the transcript hash.
+func NewWorkload(h Harness, seed uint64, faults, record bool) *Workload {
+	w := &Workload{h: h, r: rand.New(rand.NewPCG(seed, 1)), ctx: context.Background(), faults: faults}
+	if record {
+		w.sum = fnv.New64a()
+	}
+	for i := range 64 {
+		w.users = append(w.users, fmt.Sprintf("u%02d", i))
+	}
+	h.Clock.Set(Start.Add(13 * time.Hour))
+	return w
+}
+
+// Transcript is the hash of every answer so far (0 when not recording).
+func (w *Workload) Transcript() uint64 {
+	if w.sum == nil {
+		return 0
+	}
+	return w.sum.Sum64()
+}
+
+// Ops is how many steps ran.
+func (w *Workload) Ops() int { return w.ops }
+
+// Calls is how many store calls the steps made.
+func (w *Workload) Calls() int { return w.calls }
+
+func (w *Workload) shardOf(act string) model.ShardID {
+	return WorkShards[int(act[2]-'0')%len(WorkShards)]
+}
+
+func (w *Workload) record(v ...any) {
+	if w.sum != nil {
+		fmt.Fprintln(w.sum, v...)
+	}
+}
+
+// code is the stable code of err ("" for nil): message texts differ between
+// stores, codes must not.
+func code(err error) string {
+	if err == nil {
+		return ""
+	}
+	c, _ := model.CodeOf(err)
+	return c
+}
+
+// packetID is model.NewPacketID with its random part drawn from w.r.
+func (w *Workload) packetID(s model.ShardID) model.PacketID {
+	t := w.h.Clock.Now().UTC()
+	return model.PacketID(fmt.Sprintf("%04d%02d%02d%03d%016x", t.Year(), int(t.Month()), t.Day(), int(s), w.r.Uint64()))
+}
+
+// call counts one store call and returns the store to make it on.
+func (w *Workload) call(s storage.Store) storage.Store {
+	w.calls++
+	return s
+}
+
+func (w *Workload) user() string { return w.users[w.r.IntN(len(w.users))] }
+
+// Step makes one random call (the relay step: one round per database).
+func (w *Workload) Step() {
+	w.ops++
+	s := w.h.Store
+	now := w.h.Clock.Now()
+	switch k := w.r.IntN(100); {
+	case k < 15:
+		u := w.user()
+		d, err := w.call(s).Deposit(w.ctx, w.shardOf(u), u, fmt.Sprintf("d%d", w.r.IntN(w.ops+1)), model.Cents(1+w.r.IntN(5)*100))
+		w.record("deposit", d, code(err))
+	case k < 30:
+		u := w.user()
+		sh := w.shardOf(u)
+		req := model.SendRequest{Sender: u, Amount: model.Cents(10 + w.r.IntN(500)), Count: int64(1 + w.r.IntN(8)), Kind: model.KindRandom,
+			OrderNo: fmt.Sprintf("s%d", w.r.IntN(w.ops+1))}
+		if w.r.IntN(4) == 0 {
+			req.Kind, req.Amount = model.KindFixed, model.Cents(req.Count*int64(1+w.r.IntN(50)))
+		}
+		p, rep, err := w.call(s).Send(w.ctx, sh, req, w.packetID(sh), now.Add(time.Duration(1+w.r.IntN(3000))*time.Millisecond).UnixMilli())
+		w.record("send", p, rep, code(err))
+		if err == nil && !rep {
+			ref, _ := model.ParsePacketID(string(p.ID))
+			w.refs = append(w.refs, ref)
+		}
+	case k < 75 && len(w.refs) > 0:
+		ref := w.refs[len(w.refs)-1-w.r.IntN(min(len(w.refs), 20))]
+		reqs := make([]model.OpenRequest, 1+w.r.IntN(4))
+		for i := range reqs {
+			u := w.user()
+			reqs[i] = model.OpenRequest{ActID: u, Shard: w.shardOf(u)}
+		}
+		res, p, err := w.call(s).OpenBatch(w.ctx, ref, reqs, w.r)
+		w.record("open", p, code(err))
+		for _, r := range res {
+			w.record(" ", r.Claim, r.Repeat, code(r.Err))
+		}
+	case k < 85:
+		for _, db := range []int{12, 56} {
+			cs, next, err := w.call(s).PendingCredits(w.ctx, db, now.UnixMilli(), 0, "", 50)
+			n, deferred, aerr := w.call(s).ApplyCredits(w.ctx, cs)
+			w.record("relay", cs, next, code(err), n, deferred, code(aerr))
+			if aerr == nil {
+				skipped, merr := w.call(s).MarkDelivered(w.ctx, cs)
+				w.record("mark", skipped, code(merr))
+			}
+		}
+	case k < 90:
+		ids, err := w.call(s).ExpiredIn(w.ctx, WorkShards, []int{14, 15}, now.UnixMilli(), 1000)
+		slices.Sort(ids) // the order is not promised
+		w.record("expired", ids, code(err))
+		for _, id := range ids {
+			ref, _ := model.ParsePacketID(string(id))
+			c, err := w.call(s).Refund(w.ctx, ref)
+			w.record("refund", c, code(err))
+		}
+	case k < 92 && w.faults:
+		w.h.FailNextCommit(w.r.IntN(2) == 0)
+	default:
+		w.h.Clock.Advance(time.Duration(w.r.IntN(200)) * time.Millisecond)
+	}
+}
