@@ -123,6 +123,15 @@ func TestSimCatchesPlantedCreditTwice(t *testing.T) {
 	if applied < 2 {
 		t.Fatalf("trace shows claim %s delivered %d times, want >= 2:\n%s", claim, applied, strings.Join(trace, "\n"))
 	}
+	// A shorter run of the seed fails the same check, and so does its replay.
+	short, sv := Shrink(cfg, v, 6)
+	if sv == nil || sv.Check != v.Check || short.Steps > v.Step || short.Seed != seed {
+		t.Fatalf("shrink: %d steps, %v; first %v", short.Steps, sv, v)
+	}
+	if _, again := Explain(short, sv); !Same(sv, again) {
+		t.Fatalf("replay of the shortened run (%d steps) failed differently: %v, first %v", short.Steps, again, sv)
+	}
+	t.Logf("shortest failing run found: %d steps: %v", short.Steps, sv)
 	// The same run without the planted bug holds.
 	cfg.Plant = PlantNone
 	if r := Run(cfg); r.Violation != nil {
