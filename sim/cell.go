@@ -30,8 +30,16 @@ type cell struct {
 	passes int // expiry passes since the run began
 
 	opens map[model.PacketID]*openQueue // opens waiting for their batch; looked up, never iterated
-	relay *relay
+	// closed holds packets whose state is final (sold out, expired,
+	// refunded) and the error their opens get, as cell/open.go's closedSet:
+	// opens of them are answered from ClaimsOf without a batch. Looked up,
+	// never iterated; emptied when it reaches closedMax.
+	closed map[model.PacketID]error
+	relay  *relay
 }
+
+// closedMax bounds closed (cell/open.go closedSetMax).
+const closedMax = 100_000
 
 type openQueue struct {
 	ref     model.PacketRef
@@ -67,6 +75,7 @@ func (c *cell) owns(s model.ShardID) bool { return c.w.cellOf(s) == c.idx }
 func (c *cell) start() {
 	c.epoch++
 	c.opens = map[model.PacketID]*openQueue{}
+	c.closed = map[model.PacketID]error{}
 	c.relay = newRelay(c)
 	c.every(relayInterval, c.relay.scan)
 	c.every(expiryInterval, c.expire)
@@ -102,7 +111,7 @@ func (c *cell) later(d time.Duration, fn func()) {
 func (c *cell) crash() {
 	c.down = true
 	c.epoch++
-	c.opens, c.relay = nil, nil
+	c.opens, c.closed, c.relay = nil, nil, nil
 	c.w.count("cell.crash")
 	c.w.log.begin(c.w, "crash").s(c.name).end()
 	c.w.at(membershipLag, func() { c.w.router.down[c.idx] = c.down })
@@ -276,6 +285,10 @@ func (c *cell) flushOpens(id model.PacketID) {
 	oq := c.opens[id]
 	delete(c.opens, id)
 	for len(oq.waiting) > 0 {
+		if final := c.closed[id]; final != nil {
+			c.answerClosed(oq, final)
+			return
+		}
 		n := min(len(oq.waiting), openBatchMax)
 		batch := oq.waiting[:n]
 		oq.waiting = oq.waiting[n:]
@@ -314,7 +327,65 @@ func (c *cell) flushOpens(id model.PacketID) {
 		}
 		w.check.opened(c, oq.ref, reqs, results, p)
 		c.relay.dispatch(fresh)
+		c.noteClosed(p)
 	}
+}
+
+// noteClosed remembers a packet an open batch left in a final state, as
+// cell/open.go afterOpen does.
+func (c *cell) noteClosed(p model.Packet) {
+	switch {
+	case p.ID == "":
+	case p.Status == model.StatusRefunded:
+		c.close(p.ID, model.ErrExpired)
+	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
+		c.close(p.ID, model.ErrSoldOut)
+	case c.w.timeNow().UnixMilli() >= p.ExpiresMS:
+		c.close(p.ID, model.ErrExpired)
+	}
+}
+
+func (c *cell) close(id model.PacketID, final error) {
+	if len(c.closed) >= closedMax {
+		c.closed = map[model.PacketID]error{}
+	}
+	c.closed[id] = final
+}
+
+// answerClosed answers every open waiting for a closed packet as
+// cell/open.go answerClosed does: the earlier claim of a user who has one
+// (ClaimsOf, without a batch), else the packet's final error.
+func (c *cell) answerClosed(oq *openQueue, final error) {
+	w := c.w
+	reqs := make([]model.OpenRequest, len(oq.waiting))
+	for i, wt := range oq.waiting {
+		reqs[i] = wt.req
+	}
+	earlier, err := c.store.ClaimsOf(w.ctx, oq.ref, reqs)
+	if err != nil {
+		for _, wt := range oq.waiting {
+			c.reply(wt.id, errAnswer(err))
+		}
+		return
+	}
+	results := make([]model.OpenResult, len(reqs))
+	for i, rq := range reqs {
+		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(rq.ActID)
+		cl, ok := earlier[rq.ActID]
+		if !ok {
+			results[i] = model.OpenResult{Err: final}
+			code, _ := model.CodeOf(final)
+			ln.s(code).end()
+			c.reply(oq.waiting[i].id, errAnswer(final))
+			continue
+		}
+		results[i] = model.OpenResult{Claim: cl, Repeat: true}
+		ln.s(cl.ID).i(int64(cl.Amount)).kv("repeat", 1).end()
+		c.reply(oq.waiting[i].id, &answer{open: api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID),
+			ActID: cl.ActID, Amount: int64(cl.Amount), Seq: cl.Seq, Repeat: true}})
+	}
+	w.count("open.closed_answers")
+	w.check.openedClosed(c, oq.ref, reqs, results)
 }
 
 func (c *cell) grab(id uint64, q *request) {
@@ -390,6 +461,9 @@ func (c *cell) expire() {
 		}
 		ln.i(int64(cents)).end()
 		w.check.refunded(c, ref, cents)
+		if cents > 0 {
+			c.close(ref.ID, model.ErrExpired)
+		}
 	}
 }
 

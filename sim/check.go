@@ -242,6 +242,23 @@ func (k *checker) opened(c *cell, ref model.PacketRef, reqs []model.OpenRequest,
 	k.checkPacket(v, p)
 }
 
+// openedClosed checks opens a cell answered from its set of closed packets:
+// the packet must be in a final state, and the answers are checked as a
+// batch's are.
+func (k *checker) openedClosed(c *cell, ref model.PacketRef, reqs []model.OpenRequest, results []model.OpenResult) {
+	w := k.w
+	p, err := c.store.Packet(w.ctx, ref)
+	if err != nil {
+		w.fail("packet-exists", []string{string(ref.ID)}, "closed packet %s cannot be read: %v", ref.ID, err)
+		return
+	}
+	if p.Status == model.StatusOpen && p.RemainingCount > 0 && w.timeNow().UnixMilli() < p.ExpiresMS {
+		w.fail("closed-stays-closed", []string{string(ref.ID)}, "%s answered opens of packet %s as closed, it is open: %+v", c.name, ref.ID, p)
+		return
+	}
+	k.opened(c, ref, reqs, results, p)
+}
+
 func errIs(err error, target *model.Error) bool {
 	code, _ := model.CodeOf(err)
 	return code == target.Code

@@ -18,7 +18,8 @@
 //     (model.Open, model.Send, model.ApplyDeposit, model.Refund,
 //     model.ApplyCredit); the simulator holds no money rule of its own.
 //   - The simulator's model of a cell: the request handlers (validate, route
-//     by shard, call the store, answer), the per-packet batching of opens, the
+//     by shard, call the store, answer), the per-packet batching of opens and
+//     the set of closed packets whose opens are answered from ClaimsOf, the
 //     relay (what cell/relay.go does: fresh claims and a periodic outbox scan
 //     through PendingCredits, credits sent to the claimant's cell, ApplyCredits
 //     there, the answer, MarkDelivered, deferred credits tried again after a
