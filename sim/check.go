@@ -402,13 +402,26 @@ func (k *checker) audit(final bool) {
 			claims[id] = cl
 		}
 	}
+	problems := k.toldProblems(ledgers, claims)
+	if final {
+		problems = append(problems, k.finalProblems(rep, claims)...)
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		check, _, _ := strings.Cut(problems[0], ":")
+		w.fail(check, keysIn(problems[:1]), "%d problems: %s", len(problems), problems[0])
+	}
+}
+
+// toldProblems compares the rows with what the clients were told: one claim
+// per user and packet, every answered claim there as answered, deposits
+// neither lost nor invented. Each problem starts with its check's name.
+func (k *checker) toldProblems(ledgers []model.Ledger, claims map[string]model.Claim) []string {
 	var problems []string
 	perUser := make(map[string][]string, len(claims)) // packet/act_id → claim IDs
-	claimedOf := map[model.PacketID]model.Cents{}
 	for id, cl := range claims {
 		key := string(cl.PacketID) + "/" + cl.ActID
 		perUser[key] = append(perUser[key], id)
-		claimedOf[cl.PacketID] += cl.Amount
 	}
 	for key, ids := range perUser {
 		if len(ids) > 1 {
@@ -416,7 +429,7 @@ func (k *checker) audit(final bool) {
 			problems = append(problems, fmt.Sprintf("one-claim-per-user: %s holds claims %s", key, strings.Join(ids, ", ")))
 		}
 	}
-	cb := w.client
+	cb := k.w.client
 	for _, key := range cb.claimOrder {
 		b := cb.claims[key]
 		cl, ok := claims[b.claimID]
@@ -438,31 +451,41 @@ func (k *checker) audit(final bool) {
 	if deposits > attempted || deposits < answered {
 		problems = append(problems, fmt.Sprintf("deposits: the rows hold %d cents of deposits, the clients asked for %d and were answered for %d", deposits, attempted, answered))
 	}
-	if final {
-		if rep.InFlightCount != 0 {
-			problems = append(problems, fmt.Sprintf("credited-exactly-once: %d claims (%d cents) were never credited", rep.InFlightCount, rep.InFlight))
-		}
-		if rep.CreditsCount != rep.ClaimsCount {
-			problems = append(problems, fmt.Sprintf("credited-exactly-once: %d claims, %d credits", rep.ClaimsCount, rep.CreditsCount))
-		}
-		for _, id := range k.packetOrder {
-			v := k.packets[id]
-			p, err := w.cells[w.cellOf(v.ref.Shard)].store.Packet(w.ctx, v.ref)
-			switch {
-			case err != nil:
-				problems = append(problems, fmt.Sprintf("packet-exists: %s: %v", id, err))
-			case p.Status == model.StatusOpen:
-				problems = append(problems, fmt.Sprintf("refund-at-expiry: packet %s is still open after it expired at %d", id, p.ExpiresMS))
-			case p.Status == model.StatusRefunded && p.RefundAmount != p.Amount-claimedOf[id]:
-				problems = append(problems, fmt.Sprintf("refund-exact: packet %s refunded %d, amount %d - claims %d", id, p.RefundAmount, p.Amount, claimedOf[id]))
-			}
+	return problems
+}
+
+// finalProblems are the checks of the end, after the drain: nothing in
+// flight, every claim credited exactly once, no money left inside packets,
+// every packet sold out or refunded with its exact remainder.
+func (k *checker) finalProblems(rep model.AuditReport, claims map[string]model.Claim) []string {
+	w := k.w
+	var problems []string
+	if rep.InFlightCount != 0 {
+		problems = append(problems, fmt.Sprintf("credited-exactly-once: %d claims (%d cents) were never credited", rep.InFlightCount, rep.InFlight))
+	}
+	if rep.CreditsCount != rep.ClaimsCount {
+		problems = append(problems, fmt.Sprintf("credited-exactly-once: %d claims, %d credits", rep.ClaimsCount, rep.CreditsCount))
+	}
+	if rep.OpenRemaining != 0 {
+		problems = append(problems, fmt.Sprintf("refund-at-expiry: %d cents are still inside packets after every packet expired", rep.OpenRemaining))
+	}
+	claimedOf := map[model.PacketID]model.Cents{}
+	for _, cl := range claims {
+		claimedOf[cl.PacketID] += cl.Amount
+	}
+	for _, id := range k.packetOrder {
+		v := k.packets[id]
+		p, err := w.cells[w.cellOf(v.ref.Shard)].store.Packet(w.ctx, v.ref)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("packet-exists: %s: %v", id, err))
+		case p.Status == model.StatusOpen:
+			problems = append(problems, fmt.Sprintf("refund-at-expiry: packet %s is still open after it expired at %d", id, p.ExpiresMS))
+		case p.Status == model.StatusRefunded && p.RefundAmount != p.Amount-claimedOf[id]:
+			problems = append(problems, fmt.Sprintf("refund-exact: packet %s refunded %d, amount %d - claims %d", id, p.RefundAmount, p.Amount, claimedOf[id]))
 		}
 	}
-	if len(problems) > 0 {
-		sort.Strings(problems)
-		check, _, _ := strings.Cut(problems[0], ":")
-		w.fail(check, keysIn(problems[:1]), "%d problems: %s", len(problems), problems[0])
-	}
+	return problems
 }
 
 func first(ps []string) string {
