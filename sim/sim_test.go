@@ -40,7 +40,12 @@ func TestSimSeeds(t *testing.T) {
 				t.Fatalf("%d steps started, want %d", r.Steps, testSteps)
 			}
 			// Every kind of fault and of operation happened, so the run
-			// above checked something: a run where nothing failed proves little.
+			// above checked something: a run where nothing failed proves
+			// little. Asserted for the fixed seeds only: a fresh seed may,
+			// rarely, see no crash in its 20 s.
+			if i >= len(fixedSeeds) {
+				return
+			}
 			for _, kind := range []string{"net.drop", "net.duplicate", "net.slow", "cell.crash", "client.retry", "client.repeat_order",
 				"store.fail_commit", "relay.timeout", "relay.deferred", "credits.again", "credits.applied", "open.claim", "open.closed_answers", "answer.open.EXPIRED", "answer.open.SOLD_OUT",
 				"answer.send.OK", "answer.deposit.OK", "answer.grab.OK", "check.audit"} {
