@@ -7,7 +7,7 @@ GO ?= go
 # Packages whose tests exercise concurrency on the money paths run with -race.
 RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./internal/...
 
-.PHONY: run test unit race drill build audit bench-smoke vet fmt tidy clean
+.PHONY: run test unit race drill sim build audit bench-smoke vet fmt tidy clean
 
 ## run: install what is missing, start router + 2 cells + MariaDB x2 + memcached, serve on :8080
 run:
@@ -23,6 +23,16 @@ test:
 drill:
 	. deploy/local/services.sh && ensure_packages && \
 		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 30m -run '^TestDrill$$' ./cmd/redcell/
+
+## sim: the deterministic simulation of a router and 3 cells (package sim) for SIM_SEEDS seeds of
+## SIM_STEPS operations each, fresh random seeds unless SIM_SEED is set (then SIM_SEED, SIM_SEED+1, ...);
+## prints each seed, its operations and its event-log hash; a failure prints the command that replays it.
+## make test runs a short version (TestSimSeeds, TestSimCatchesPlantedCreditTwice in ./sim).
+SIM_SEED ?= 0
+SIM_SEEDS ?= 3
+SIM_STEPS ?= 100000
+sim: build
+	var/bin/redcell sim --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 
 unit: vet
 	$(GO) test -p 1 -count=1 ./...

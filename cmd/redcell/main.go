@@ -6,6 +6,7 @@
 //	redcell bench  [flags]                     drive load through the router
 //	redcell plan   --target-opens-per-sec N    cells needed for a target load
 //	redcell apikey add|list|revoke             the API keys of the calling apps
+//	redcell sim    --seed N --steps M           deterministic simulation of a cluster
 package main
 
 import (
@@ -27,6 +28,7 @@ commands:
   bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
   plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
   apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
+  sim      simulate a cluster:        redcell sim --seed 1 --steps 100000 [--seeds 3]
 
 Run 'redcell <command> -h' for the flags of a command.`
 
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string) error {
 		return runPlan(ctx, args[1:])
 	case "apikey":
 		return runAPIKey(args[1:])
+	case "sim":
+		return runSim(ctx, args[1:])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil

@@ -1,0 +1,488 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"redcell/api"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+)
+
+// cell is the simulator's model of one cell: its store is durable (it
+// survives a crash); everything else — opens waiting for their batch,
+// answers not sent yet, the relay's lanes and deliveries, the timers — is
+// volatile and lost when the cell crashes.
+type cell struct {
+	w      *world
+	idx    int
+	node   int
+	name   string
+	store  storage.Store
+	shards []model.ShardID // owned, ascending
+	dbs    []int           // databases holding owned shards, ascending
+	rng    *rand.Rand      // the split of opens, packet IDs
+
+	down   bool
+	epoch  int // bumped by crash and restart: timers of another epoch are void
+	passes int // expiry passes since the run began
+
+	opens map[model.PacketID]*openQueue // opens waiting for their batch; looked up, never iterated
+	// closed holds packets whose state is final (sold out, expired,
+	// refunded) and the error their opens get, as cell/open.go's closedSet:
+	// opens of them are answered from ClaimsOf without a batch. Looked up,
+	// never iterated; emptied when it reaches closedMax.
+	closed map[model.PacketID]error
+	relay  *relay
+}
+
+// closedMax bounds closed (cell/open.go closedSetMax).
+const closedMax = 100_000
+
+type openQueue struct {
+	ref     model.PacketRef
+	waiting []openWaiter
+}
+
+type openWaiter struct {
+	id  uint64 // the client's attempt
+	req model.OpenRequest
+}
+
+func newCell(w *world, i int) *cell {
+	c := &cell{w: w, idx: i, node: nodeCell0 + i, name: cellName(i), rng: stream(w.cfg.Seed, streamCell+uint64(i))}
+	c.store = newStore(w)
+	if w.cfg.Plant == PlantCreditTwice {
+		c.store = &creditTwice{Store: c.store, owns: c.owns}
+	}
+	for s := model.ShardID(0); s < model.ShardCount; s++ {
+		if w.cellOf(s) == i {
+			c.shards = append(c.shards, s)
+			if len(c.dbs) == 0 || c.dbs[len(c.dbs)-1] != s.DB() {
+				c.dbs = append(c.dbs, s.DB())
+			}
+		}
+	}
+	return c
+}
+
+func (c *cell) owns(s model.ShardID) bool { return c.w.cellOf(s) == c.idx }
+
+// start begins the cell's volatile life: empty queues, a new relay, the
+// relay's and expiry's timers.
+func (c *cell) start() {
+	c.epoch++
+	c.opens = map[model.PacketID]*openQueue{}
+	c.closed = map[model.PacketID]error{}
+	c.relay = newRelay(c)
+	c.every(relayInterval, c.relay.scan)
+	c.every(expiryInterval, c.expire)
+}
+
+// every runs fn every d while this life of the cell lasts.
+func (c *cell) every(d time.Duration, fn func()) {
+	epoch := c.epoch
+	var tick func()
+	tick = func() {
+		if c.epoch != epoch {
+			return
+		}
+		fn()
+		if c.epoch == epoch {
+			c.w.at(d, tick)
+		}
+	}
+	c.w.at(d, tick)
+}
+
+// later runs fn after d unless the cell crashes first.
+func (c *cell) later(d time.Duration, fn func()) {
+	epoch := c.epoch
+	c.w.at(d, func() {
+		if c.epoch == epoch {
+			fn()
+		}
+	})
+}
+
+// crash loses everything volatile; the router notices after membershipLag.
+func (c *cell) crash() {
+	c.down = true
+	c.epoch++
+	c.opens, c.closed, c.relay = nil, nil, nil
+	c.w.count("cell.crash")
+	c.w.log.begin(c.w, "crash").s(c.name).end()
+	c.w.at(membershipLag, func() { c.w.router.down[c.idx] = c.down })
+}
+
+// restart starts the cell again on its store.
+func (c *cell) restart() {
+	c.down = false
+	c.start()
+	c.w.count("cell.restart")
+	c.w.log.begin(c.w, "restart").s(c.name).end()
+	c.w.at(membershipLag, func() { c.w.router.down[c.idx] = c.down })
+}
+
+// maybeFailCommit arms the store's fault hook before a call that writes.
+func (c *cell) maybeFailCommit() {
+	f := c.w.faults.StoreFail
+	if f == 0 || c.w.rngFault.Float64() >= f {
+		return
+	}
+	lost := c.w.rngFault.IntN(2) == 0
+	if h, ok := c.store.(commitFailer); ok {
+		h.FailNextCommit(lost)
+		c.w.count("store.fail_commit")
+		c.w.log.begin(c.w, "fail-next-commit").s(c.name).kv("lost_answer", b2i(lost)).end()
+	}
+}
+
+// commitFailer is the in-memory store's fault hook: the next COMMIT fails;
+// with lostAnswer it is applied all the same.
+type commitFailer interface{ FailNextCommit(lostAnswer bool) }
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c *cell) receive(m *message) {
+	switch m.kind {
+	case msgRequest:
+		c.handle(m)
+	case msgCredits:
+		c.applyCredits(m)
+	case msgCreditsAck:
+		c.relay.ack(m)
+	default:
+		panic("sim: cell got " + msgNames[m.kind])
+	}
+}
+
+// reply answers attempt id through the router after serviceTime; a crash in
+// between loses the answer (the store call's effect stays).
+func (c *cell) reply(id uint64, a *answer) {
+	c.later(serviceTime, func() { c.w.send(c.node, nodeRouter, &message{kind: msgAnswer, id: id, ans: a}) })
+}
+
+func (c *cell) handle(m *message) {
+	q, w := m.req, c.w
+	s, err := keyShard(q)
+	if err == nil && !c.owns(s) {
+		err = model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", s, c.name)
+	}
+	if err != nil {
+		c.reply(m.id, errAnswer(err))
+		return
+	}
+	switch q.kind {
+	case opDeposit:
+		c.deposit(m.id, s, q)
+	case opSend:
+		c.send(m.id, s, q)
+	case opOpen:
+		ref, _ := model.ParsePacketID(q.packetID)
+		oq := c.opens[ref.ID]
+		if oq == nil {
+			oq = &openQueue{ref: ref}
+			c.opens[ref.ID] = oq
+			c.later(openLinger, func() { c.flushOpens(ref.ID) })
+		}
+		oq.waiting = append(oq.waiting, openWaiter{id: m.id, req: model.OpenRequest{ActID: q.actID, Shard: sharding.ShardOfAct(q.actID)}})
+	case opGrab:
+		c.grab(m.id, q)
+	case opAccount:
+		a, err := c.store.Account(w.ctx, s, q.actID)
+		if err != nil {
+			c.reply(m.id, errAnswer(err))
+			return
+		}
+		w.log.begin(w, "account").s(c.name).s(a.ActID).i(int64(a.Balance)).end()
+		w.check.balance(c, a)
+		c.reply(m.id, &answer{account: a})
+	}
+}
+
+func (c *cell) deposit(id uint64, s model.ShardID, q *request) {
+	w := c.w
+	err := model.ValidateOrderNo(q.deposit.OrderNo)
+	if err == nil && (q.deposit.Amount < 1 || q.deposit.Amount > int64(model.DefaultLimits().MaxAmount)) {
+		err = model.Invalidf("amount must be 1..%d cents", model.DefaultLimits().MaxAmount)
+	}
+	if err != nil {
+		c.reply(id, errAnswer(err))
+		return
+	}
+	c.maybeFailCommit()
+	d, err := c.store.Deposit(w.ctx, s, q.actID, q.deposit.OrderNo, model.Cents(q.deposit.Amount))
+	ln := w.log.begin(w, "deposit").s(c.name).s(q.actID).s(q.deposit.OrderNo).i(q.deposit.Amount)
+	if err != nil {
+		code, _ := model.CodeOf(err)
+		ln.s(code).end()
+		c.reply(id, errAnswer(err))
+		return
+	}
+	ln.kv("balance", int64(d.Balance)).kv("repeat", b2i(d.Repeat)).end()
+	w.check.depositApplied(c, s, d)
+	c.reply(id, &answer{deposit: d})
+}
+
+func (c *cell) send(id uint64, s model.ShardID, q *request) {
+	w := c.w
+	b := q.send
+	kind := model.PacketKind(b.Kind)
+	err := model.ValidateOrderNo(b.OrderNo)
+	if err == nil {
+		err = model.DefaultLimits().CheckShares(model.Cents(b.Amount), b.Count)
+	}
+	if err == nil && kind != model.KindRandom && kind != model.KindFixed {
+		err = model.Invalidf("kind must be random or fixed")
+	}
+	if err == nil && kind == model.KindFixed && b.Amount%b.Count != 0 {
+		err = model.Invalidf("a fixed packet's amount must be a multiple of its count")
+	}
+	if err != nil {
+		c.reply(id, errAnswer(err))
+		return
+	}
+	pid := c.newPacketID(s)
+	req := model.SendRequest{Sender: b.Sender, Amount: model.Cents(b.Amount), Count: b.Count, Kind: kind, Greeting: b.Greeting, OrderNo: b.OrderNo}
+	c.maybeFailCommit()
+	p, repeat, err := c.store.Send(w.ctx, s, req, pid, w.timeNow().Add(packetExpiry).UnixMilli())
+	ln := w.log.begin(w, "send").s(c.name).s(b.Sender).s(b.OrderNo).i(b.Amount).i(b.Count)
+	if err != nil {
+		code, _ := model.CodeOf(err)
+		ln.s(code).end()
+		c.reply(id, errAnswer(err))
+		return
+	}
+	ln.s(string(p.ID)).kv("repeat", b2i(repeat)).end()
+	w.check.sent(c, s, req, p, repeat)
+	c.reply(id, &answer{send: api.SendResponse{PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count,
+		Kind: string(p.Kind), ExpiresMS: p.ExpiresMS, ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339), Repeat: repeat}})
+}
+
+// newPacketID makes a packet ID as model.NewPacketID does, its random part
+// from the cell's stream instead of crypto/rand, and checks it parses.
+func (c *cell) newPacketID(s model.ShardID) model.PacketID {
+	t := c.w.timeNow()
+	id := fmt.Sprintf("%04d%02d%02d%03d%016x", t.Year(), int(t.Month()), t.Day(), int(s), c.rng.Uint64())
+	if ref, err := model.ParsePacketID(id); err != nil || ref.Shard != s {
+		panic(fmt.Sprintf("sim: made packet ID %q: %v", id, err))
+	}
+	return model.PacketID(id)
+}
+
+// flushOpens opens a packet for the opens that waited for its batch, in
+// batches of openBatchMax, as the cell's batched strategy does.
+func (c *cell) flushOpens(id model.PacketID) {
+	w := c.w
+	oq := c.opens[id]
+	delete(c.opens, id)
+	for len(oq.waiting) > 0 {
+		if final := c.closed[id]; final != nil {
+			c.answerClosed(oq, final)
+			return
+		}
+		n := min(len(oq.waiting), openBatchMax)
+		batch := oq.waiting[:n]
+		oq.waiting = oq.waiting[n:]
+		reqs := make([]model.OpenRequest, n)
+		for i, wt := range batch {
+			reqs[i] = wt.req
+		}
+		c.maybeFailCommit()
+		results, p, err := c.store.OpenBatch(w.ctx, oq.ref, reqs, c.rng)
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			w.log.begin(w, "open-batch").s(c.name).s(string(id)).i(int64(n)).s(code).end()
+			w.check.openFailed(oq.ref)
+			for _, wt := range batch {
+				c.reply(wt.id, errAnswer(err))
+			}
+			continue
+		}
+		var fresh []model.Credit
+		for i, r := range results {
+			ln := w.log.begin(w, "open").s(c.name).s(string(id)).s(reqs[i].ActID)
+			if r.Err != nil {
+				code, _ := model.CodeOf(r.Err)
+				ln.s(code).end()
+				c.reply(batch[i].id, errAnswer(r.Err))
+				continue
+			}
+			ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
+			if !r.Repeat {
+				w.count("open.claim")
+				fresh = append(fresh, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
+					Shard: reqs[i].Shard, Amount: r.Claim.Amount})
+			}
+			c.reply(batch[i].id, &answer{open: api.OpenResponse{ClaimID: r.Claim.ID, PacketID: string(r.Claim.PacketID),
+				ActID: r.Claim.ActID, Amount: int64(r.Claim.Amount), Seq: r.Claim.Seq, Repeat: r.Repeat}})
+		}
+		w.check.opened(c, oq.ref, reqs, results, p)
+		c.relay.dispatch(fresh)
+		c.noteClosed(p)
+	}
+}
+
+// noteClosed remembers a packet an open batch left in a final state, as
+// cell/open.go afterOpen does.
+func (c *cell) noteClosed(p model.Packet) {
+	switch {
+	case p.ID == "":
+	case p.Status == model.StatusRefunded:
+		c.close(p.ID, model.ErrExpired)
+	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
+		c.close(p.ID, model.ErrSoldOut)
+	case c.w.timeNow().UnixMilli() >= p.ExpiresMS:
+		c.close(p.ID, model.ErrExpired)
+	}
+}
+
+func (c *cell) close(id model.PacketID, final error) {
+	if len(c.closed) >= closedMax {
+		c.closed = map[model.PacketID]error{}
+	}
+	c.closed[id] = final
+}
+
+// answerClosed answers every open waiting for a closed packet as
+// cell/open.go answerClosed does: the earlier claim of a user who has one
+// (ClaimsOf, without a batch), else the packet's final error.
+func (c *cell) answerClosed(oq *openQueue, final error) {
+	w := c.w
+	reqs := make([]model.OpenRequest, len(oq.waiting))
+	for i, wt := range oq.waiting {
+		reqs[i] = wt.req
+	}
+	earlier, err := c.store.ClaimsOf(w.ctx, oq.ref, reqs)
+	if err != nil {
+		for _, wt := range oq.waiting {
+			c.reply(wt.id, errAnswer(err))
+		}
+		return
+	}
+	results := make([]model.OpenResult, len(reqs))
+	for i, rq := range reqs {
+		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(rq.ActID)
+		cl, ok := earlier[rq.ActID]
+		if !ok {
+			results[i] = model.OpenResult{Err: final}
+			code, _ := model.CodeOf(final)
+			ln.s(code).end()
+			c.reply(oq.waiting[i].id, errAnswer(final))
+			continue
+		}
+		results[i] = model.OpenResult{Claim: cl, Repeat: true}
+		ln.s(cl.ID).i(int64(cl.Amount)).kv("repeat", 1).end()
+		c.reply(oq.waiting[i].id, &answer{open: api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID),
+			ActID: cl.ActID, Amount: int64(cl.Amount), Seq: cl.Seq, Repeat: true}})
+	}
+	w.count("open.closed_answers")
+	w.check.openedClosed(c, oq.ref, reqs, results)
+}
+
+func (c *cell) grab(id uint64, q *request) {
+	w := c.w
+	ref, _ := model.ParsePacketID(q.packetID)
+	p, err := c.store.Packet(w.ctx, ref)
+	if err != nil {
+		c.reply(id, errAnswer(err))
+		return
+	}
+	st := p.Status.String()
+	if p.Status == model.StatusOpen && w.timeNow().UnixMilli() >= p.ExpiresMS {
+		st = "expired"
+	}
+	w.log.begin(w, "grab").s(c.name).s(string(p.ID)).s(st).i(p.RemainingCount).end()
+	c.reply(id, &answer{grab: api.GrabResponse{PacketID: string(p.ID), Available: st == "open" && p.RemainingCount > 0,
+		Remaining: p.RemainingCount, Status: st, Source: "db"}})
+}
+
+// applyCredits is /internal/credits: book the credits here and answer which
+// were deferred.
+func (c *cell) applyCredits(m *message) {
+	w := c.w
+	c.maybeFailCommit()
+	applied, deferred, err := c.store.ApplyCredits(w.ctx, m.credits)
+	ln := w.log.begin(w, "apply-credits").s(c.name).i(int64(m.id)).i(int64(len(m.credits)))
+	if err != nil {
+		code, _ := model.CodeOf(err)
+		ln.s(code).credits(m.credits).end()
+		c.later(serviceTime, func() {
+			w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, ans: errAnswer(err)})
+		})
+		return
+	}
+	ln.kv("applied", int64(applied)).kv("deferred", int64(len(deferred))).credits(m.credits).end()
+	w.counts["credits.applied"] += int64(applied)
+	w.counts["credits.again"] += int64(len(m.credits) - applied - len(deferred))
+	w.check.credited(c, m.credits, deferred)
+	c.later(serviceTime, func() {
+		w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, deferred: deferred})
+	})
+}
+
+// expire is one pass of cell/expiry.go: the expired packets of the days a
+// still-open packet could have been created on (every day slot on every
+// tenth pass), each refunded at the simulated time.
+func (c *cell) expire() {
+	w := c.w
+	days := expiryDays(w.timeNow(), packetExpiry)
+	c.passes++
+	if c.passes%10 == 0 {
+		days = allDays
+	}
+	ids, err := c.store.ExpiredIn(w.ctx, c.shards, days, w.timeNow().UnixMilli(), 500)
+	if err != nil {
+		w.count("expiry.scan_failed")
+		return
+	}
+	for _, id := range ids {
+		ref, err := model.ParsePacketID(string(id))
+		if err != nil {
+			w.fail("packet-id", []string{string(id)}, "ExpiredIn listed a bad packet ID %q: %v", id, err)
+			return
+		}
+		c.maybeFailCommit()
+		cents, err := c.store.Refund(w.ctx, ref)
+		ln := w.log.begin(w, "refund").s(c.name).s(string(id))
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			ln.s(code).end()
+			w.check.refundFailed(ref)
+			continue
+		}
+		ln.i(int64(cents)).end()
+		w.check.refunded(c, ref, cents)
+		if cents > 0 {
+			c.close(ref.ID, model.ErrExpired)
+		}
+	}
+}
+
+var allDays = func() []int {
+	d := make([]int, 31)
+	for i := range d {
+		d[i] = i + 1
+	}
+	return d
+}()
+
+// expiryDays is cell/expiry.go's expiryDays: the days of month whose tables
+// may hold open packets that have expired by now.
+func expiryDays(now time.Time, expiry time.Duration) []int {
+	now = now.UTC()
+	start := now.Add(-expiry - 24*time.Hour)
+	var days []int
+	for d := time.Date(start.Year(), start.Month(), start.Day(), 0, 0, 0, 0, time.UTC); !d.After(now); d = d.AddDate(0, 0, 1) {
+		days = append(days, d.Day())
+	}
+	return days
+}

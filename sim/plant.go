@@ -1,0 +1,55 @@
+package sim
+
+import (
+	"context"
+
+	"redcell/model"
+	"redcell/storage"
+)
+
+// creditTwice is the planted bug PlantCreditTwice: a store whose
+// ApplyCredits, for every credit whose order number "claim:<id>" was booked
+// before, books it again in a neighbouring shard of the same store, where
+// that order number was never seen — a credit applied without its
+// idempotency key. The claimant's cell is paid twice for one claim.
+type creditTwice struct {
+	storage.Store
+	owns func(model.ShardID) bool
+}
+
+func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
+	before, err := s.Store.CreditsOf(ctx, credits)
+	if err != nil {
+		return 0, nil, err
+	}
+	applied, deferred, err := s.Store.ApplyCredits(ctx, credits)
+	if err != nil {
+		return applied, deferred, err
+	}
+	var again []model.Credit
+	for _, c := range credits {
+		if _, booked := before[c.ClaimID]; booked {
+			c.Shard = s.neighbour(c.Shard)
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		if _, _, err := s.Store.ApplyCredits(ctx, again); err != nil {
+			return applied, deferred, err
+		}
+	}
+	return applied, deferred, nil
+}
+
+// neighbour is another shard this store owns, next to s.
+func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
+	if n := sh + 1; n.Valid() && s.owns(n) {
+		return n
+	}
+	return sh - 1
+}
+
+// FailNextCommit passes the fault hook through.
+func (s *creditTwice) FailNextCommit(lostAnswer bool) {
+	s.Store.(commitFailer).FailNextCommit(lostAnswer)
+}

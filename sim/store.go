@@ -1,0 +1,52 @@
+package sim
+
+import (
+	"context"
+
+	"redcell/model"
+	"redcell/storage"
+	"redcell/storage/memstore"
+)
+
+// newStore is a cell's durable store: storage/memstore, the in-memory store
+// that passes the same contract suite as the MariaDB store, reading the
+// simulated clock, behind lockedRows.
+func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w.clk), w: w} }
+
+// lockedRows models the wallet rows other transactions hold in a MariaDB
+// store, which the in-memory store never has (one lock, one call at a time):
+// ApplyCredits leaves each credit, with probability Faults.Defer, for a later
+// call, listed in deferred with nothing written for it, as storage.MySQL
+// does with a credit whose row is locked. Everything else is memstore's.
+type lockedRows struct {
+	storage.Store
+	w *world
+}
+
+func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
+	p := s.w.faults.Defer
+	if p == 0 {
+		return s.Store.ApplyCredits(ctx, credits)
+	}
+	var now []model.Credit
+	var later []string
+	for _, c := range credits {
+		if s.w.rngFault.Float64() < p {
+			later = append(later, c.ClaimID)
+		} else {
+			now = append(now, c)
+		}
+	}
+	applied, deferred, err := s.Store.ApplyCredits(ctx, now)
+	if err != nil {
+		return 0, nil, err
+	}
+	return applied, append(deferred, later...), nil
+}
+
+// FailNextCommit passes the fault hook through.
+func (s *lockedRows) FailNextCommit(lostAnswer bool) {
+	s.Store.(commitFailer).FailNextCommit(lostAnswer)
+}
+
+var _ commitFailer = (*memstore.Store)(nil)
