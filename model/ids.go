@@ -2,7 +2,7 @@ package model
 
 import (
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"time"
@@ -73,8 +73,14 @@ func NewPacketID(s ShardID, t time.Time) PacketID {
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("crypto/rand failed: " + err.Error())
 	}
+	return PacketIDFrom(s, t, binary.BigEndian.Uint64(b[:]))
+}
+
+// PacketIDFrom is NewPacketID with the 64 random bits given: the simulation
+// draws them from its seeded stream so that a seed replays the same IDs.
+func PacketIDFrom(s ShardID, t time.Time, bits uint64) PacketID {
 	t = t.UTC()
-	return PacketID(fmt.Sprintf("%04d%02d%02d%03d%s", t.Year(), int(t.Month()), t.Day(), int(s), hex.EncodeToString(b[:])))
+	return PacketID(fmt.Sprintf("%04d%02d%02d%03d%016x", t.Year(), int(t.Month()), t.Day(), int(s), bits))
 }
 
 // ParsePacketID validates s strictly and returns where the packet lives.

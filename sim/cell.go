@@ -267,15 +267,14 @@ func (c *cell) send(id uint64, s model.ShardID, q *request) {
 		Kind: string(p.Kind), ExpiresMS: p.ExpiresMS, ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339), Repeat: repeat}})
 }
 
-// newPacketID makes a packet ID as model.NewPacketID does, its random part
+// newPacketID makes a packet ID with model.PacketIDFrom, its random part
 // from the cell's stream instead of crypto/rand, and checks it parses.
 func (c *cell) newPacketID(s model.ShardID) model.PacketID {
-	t := c.w.timeNow()
-	id := fmt.Sprintf("%04d%02d%02d%03d%016x", t.Year(), int(t.Month()), t.Day(), int(s), c.rng.Uint64())
-	if ref, err := model.ParsePacketID(id); err != nil || ref.Shard != s {
+	id := model.PacketIDFrom(s, c.w.timeNow(), c.rng.Uint64())
+	if ref, err := model.ParsePacketID(string(id)); err != nil || ref.Shard != s {
 		panic(fmt.Sprintf("sim: made packet ID %q: %v", id, err))
 	}
-	return model.PacketID(id)
+	return id
 }
 
 // flushOpens opens a packet for the opens that waited for its batch, in
