@@ -51,7 +51,7 @@ func (a answers) err(rc *fasthttp.RequestCtx, err error) {
 		// failures (redcell_breaker_*), so an outage is not one line per request.
 		a.log.Debug("request shed", "path", string(rc.Path()), "err", err)
 	default:
-		if status, _ := api.ErrorJSON(err); status >= 500 {
+		if code, _ := model.CodeOf(err); api.Status(code) >= 500 {
 			a.failing.Fail(err, "path", string(rc.Path()))
 		}
 	}

@@ -198,24 +198,20 @@ func (s *Server) writeJSON(rc *fasthttp.RequestCtx, v any) {
 	rc.SetBody(b)
 }
 
+// writeErr answers err through api.WriteError (its code in api.HeaderCode).
 func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = model.ErrTimeout
 	}
-	status, body := api.ErrorJSON(err)
-	if status >= 500 {
+	if code, _ := model.CodeOf(err); api.Status(code) >= 500 {
 		s.cfg.Log.Warn("admin request failed", "path", string(rc.Path()), "err", err)
 	}
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
+	api.WriteError(rc, err)
 	rc.Response.Header.Set(api.HeaderCell, s.cfg.Cell)
-	rc.SetBody(body)
 }
 
-// writeRefusal answers a request the token check refused.
+// writeRefusal answers a request the token check refused, with status (the
+// code ADMIN_DISABLED has no status of its own in the table).
 func writeRefusal(rc *fasthttp.RequestCtx, status int, e *model.Error) {
-	b, _ := json.Marshal(api.ErrorBody{Error: api.ErrorDetail{Code: e.Code, Message: e.Message}})
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.SetBody(b)
+	api.WriteErrorStatus(rc, status, e)
 }
