@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"strconv"
 	"strings"
@@ -10,6 +10,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/api/cellclient"
+	"redcell/model"
 )
 
 // Codes the bench records for failures seen on the client side, next to the
@@ -31,18 +33,16 @@ const (
 // of it in api.HeaderDeadline.
 const requestTimeout = 5 * time.Second
 
-// client sends the API's JSON requests through one shared fasthttp.Client, to
-// the router or, when cells is set, straight to the cell owning each request's
-// key. Every request carries api.HeaderStress: "1", so the cells write bench
-// traffic to their shadow tables. It is safe for concurrent use.
+// client sends the API's JSON requests through one shared cellclient.Client
+// (the router answers in the cells' terms), to the router or, when cells is
+// set, straight to the cell owning each request's key. Every request carries
+// api.HeaderStress: "1", so the cells write bench traffic to their shadow
+// tables. It is safe for concurrent use.
 type client struct {
-	hc    *fasthttp.Client
-	base  string     // RouterURL without a trailing '/'
-	cells *cellTable // nil: everything goes to base
-	// signer, when set, signs every request with the cluster secret: a cell
-	// refuses unsigned calls, and the router takes the stress-traffic mark
-	// only on a signed request.
-	signer *api.Signer
+	hc    *fasthttp.Client   // cc's connection pools
+	cc    *cellclient.Client // deadline, stress mark, signature, error decoding
+	base  string             // RouterURL without a trailing '/'
+	cells *cellTable         // nil: everything goes to base
 	// apiKey, when set, is sent as "Authorization: Bearer" (the router
 	// requires it; cells ignore it, so a direct client sends none).
 	apiKey string
@@ -51,24 +51,26 @@ type client struct {
 // newClient sizes the connection pool to conns, the number of goroutines that
 // send requests at once, so no request waits for a connection. apiKey (may
 // be empty) authenticates the bench to the router; secret (may be empty)
-// signs every request.
+// signs every request: a cell refuses unsigned calls, and the router takes
+// the stress-traffic mark only on a signed request.
 func newClient(routerURL string, conns int, apiKey, secret string) *client {
 	var signer *api.Signer
 	if secret != "" {
 		signer = api.NewSigner(secret)
 	}
+	hc := &fasthttp.Client{
+		Name:                "redcell-bench",
+		MaxConnsPerHost:     conns,
+		MaxConnWaitTimeout:  requestTimeout, // wait instead of failing with ErrNoFreeConns
+		ReadTimeout:         requestTimeout,
+		WriteTimeout:        requestTimeout,
+		MaxIdleConnDuration: 30 * time.Second,
+	}
 	return &client{
-		signer: signer,
+		hc:     hc,
+		cc:     cellclient.New(hc, signer, nil, requestTimeout),
 		apiKey: apiKey,
-		hc: &fasthttp.Client{
-			Name:                "redcell-bench",
-			MaxConnsPerHost:     conns,
-			MaxConnWaitTimeout:  requestTimeout, // wait instead of failing with ErrNoFreeConns
-			ReadTimeout:         requestTimeout,
-			WriteTimeout:        requestTimeout,
-			MaxIdleConnDuration: 30 * time.Second,
-		},
-		base: strings.TrimRight(routerURL, "/"),
+		base:   strings.TrimRight(routerURL, "/"),
 	}
 }
 
@@ -102,51 +104,32 @@ func (c *client) callFrom(start time.Time, method, path string, in, out any) res
 			return result{code: codeNoCell, message: "no cell owns the shard of " + path, latency: time.Since(start)}
 		}
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(method)
-	req.SetRequestURI(base + path)
-	req.Header.Set(api.HeaderStress, "1")
-	if c.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+c.apiKey)
-	}
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			panic("bench: marshal request: " + err.Error()) // our own types always marshal
-		}
-		req.Header.SetContentType("application/json")
-		req.SetBodyRaw(b)
-	}
-	// The deadline is the request's own: a request sent late still gets its
-	// full timeout, and the lateness shows in its latency.
-	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(sent.Add(requestTimeout).UnixMilli(), 10))
-	if c.signer != nil {
-		c.signer.SignRequest(req, sent) // last: it covers the target, the stress flag and the body
-	}
-	err := c.hc.DoTimeout(req, resp, requestTimeout)
+	// The deadline is the request's own (Start: sent): a request sent late
+	// still gets its full timeout, and the lateness shows in its latency.
+	// Background: no goroutine per call; the deadline bounds it.
+	err := c.cc.Send(context.Background(), cellclient.Call{Method: method, Addr: base, Path: path, Stress: true,
+		Bearer: c.apiKey, Start: sent, Body: in, Out: out})
 	r := result{latency: time.Since(start)}
-	switch {
-	case errors.Is(err, fasthttp.ErrTimeout):
-		r.code, r.message, r.retryable = codeClientTimeout, err.Error(), true
-	case err != nil:
+	if err == nil {
+		return r
+	}
+	var ce *cellclient.Error
+	if !errors.As(err, &ce) { // Send returns nothing else
 		r.code, r.message, r.retryable = codeTransport, err.Error(), true
-	case resp.StatusCode() >= 200 && resp.StatusCode() < 300:
-		if out != nil {
-			if err := json.Unmarshal(resp.Body(), out); err != nil {
-				r.code, r.message = codeBadResponse, err.Error()
-			}
-		}
+		return r
+	}
+	switch {
+	case ce.Status == 0 && errors.Is(err, model.ErrTimeout):
+		r.code, r.message, r.retryable = codeClientTimeout, ce.Err.Error(), true
+	case ce.Status == 0:
+		r.code, r.message, r.retryable = codeTransport, ce.Err.Error(), true
+	case ce.Status >= 200 && ce.Status < 300: // the answer did not decode into out
+		r.code, r.message = codeBadResponse, ce.Err.Error()
+	case ce.Code == "":
+		// Not our error body (a proxy, a panic page): name it by its status.
+		r.code, r.message, r.retryable = "HTTP_"+strconv.Itoa(ce.Status), ce.Message, ce.Retryable
 	default:
-		var eb api.ErrorBody
-		if json.Unmarshal(resp.Body(), &eb) != nil || eb.Error.Code == "" {
-			// Not our error body (a proxy, a panic page): name it by its status.
-			r.code, r.message = "HTTP_"+strconv.Itoa(resp.StatusCode()), string(resp.Body())
-			r.retryable = resp.StatusCode() >= 500
-		} else {
-			r.code, r.message, r.retryable = eb.Error.Code, eb.Error.Message, eb.Error.Retryable
-		}
+		r.code, r.message, r.retryable = ce.Code, ce.Message, ce.Retryable
 	}
 	return r
 }

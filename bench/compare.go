@@ -7,6 +7,8 @@ import (
 	"io"
 	"strconv"
 	"time"
+
+	"redcell/internal/retry"
 )
 
 // strategiesMax bounds the strategies one comparison runs.
@@ -308,6 +310,12 @@ func logf(w io.Writer, format string, args ...any) {
 // quiesceTimeout bounds the wait for the cells' relays between runs.
 const quiesceTimeout = 90 * time.Second
 
+// quiesceInterval is the pause between two audits of quiesce.
+const quiesceInterval = time.Second
+
+// errInFlight: an audit found credits still in flight.
+var errInFlight = errors.New("bench: credits in flight")
+
 // quiesce waits, when an audit is configured, until no credit of earlier runs
 // is in flight (or quiesceTimeout passes): a run that starts while the relays
 // still deliver a previous run's credits would share the machine with them, and
@@ -317,19 +325,30 @@ func quiesce(ctx context.Context, sc SuiteConfig) {
 		return
 	}
 	start := time.Now()
-	for time.Since(start) < quiesceTimeout && ctx.Err() == nil {
-		actx, cancel := context.WithTimeout(ctx, auditTimeout)
-		a, err := sc.Run.Audit(actx)
-		cancel()
-		if err == nil && a.InFlightCount == 0 {
-			if d := time.Since(start); d > time.Second {
-				logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
+	wait, cancel := context.WithTimeout(ctx, quiesceTimeout)
+	defer cancel()
+	// One audit a second (quiesceInterval) until none is in flight or the time is up.
+	err := retry.Do(wait, retry.Policy{Attempts: int(quiesceTimeout/quiesceInterval) + 1, Backoff: quiesceInterval, Max: quiesceInterval},
+		func(int) error {
+			actx, cancel := context.WithTimeout(ctx, auditTimeout)
+			a, err := sc.Run.Audit(actx)
+			cancel()
+			if err != nil {
+				return err
 			}
-			return
+			if a.InFlightCount > 0 {
+				return errInFlight
+			}
+			return nil
+		})
+	switch {
+	case err == nil:
+		if d := time.Since(start); d > time.Second {
+			logf(sc.Log, "waited %v for the relays to deliver earlier runs' credits", d.Round(time.Second))
 		}
-		if !sleepCtx(ctx, time.Second) {
-			return
-		}
+		return
+	case ctx.Err() != nil:
+		return // interrupted: nothing to say
 	}
 	logf(sc.Log, "credits of earlier runs still in flight after %v; going on", quiesceTimeout)
 }

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 
 	"redcell/api"
 	"redcell/model"
@@ -74,23 +73,28 @@ func (t *cellTable) baseFor(method, path string, in any) (string, bool) {
 	return b, b != ""
 }
 
-// shardOf finds the shard of a request the bench makes, as the router does.
+// shardOf finds the shard of a request the bench makes, as the router does:
+// the route's key kind in api's table says where the key is.
 func shardOf(method, path string, in any) (model.ShardID, bool) {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	if len(parts) < 2 || parts[0] != "v1" {
+	parts, ok := api.PathSegments([]byte(path))
+	if !ok {
 		return 0, false
 	}
-	switch {
-	case parts[1] == "accounts" && len(parts) >= 3, parts[1] == "noop" && len(parts) == 3:
-		return sharding.ShardOfAct(parts[2]), true
-	case parts[1] == "packets" && len(parts) == 2 && method == http.MethodPost:
+	rt, p, err := api.MatchPublic(method, parts)
+	if err != nil {
+		return 0, false
+	}
+	switch rt.Key {
+	case api.KeyActPath:
+		return sharding.ShardOfAct(p.Key), true
+	case api.KeySenderBody:
 		req, ok := in.(api.SendRequest)
 		if !ok {
 			return 0, false
 		}
 		return sharding.ShardOfAct(req.Sender), true
-	case parts[1] == "packets" && len(parts) >= 3:
-		return packetShard(parts[2])
+	case api.KeyPacketPath:
+		return packetShard(p.Key)
 	}
 	return 0, false
 }

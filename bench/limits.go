@@ -260,7 +260,7 @@ func noop(ctx context.Context, c *client, lc LimitsConfig, path, cell string, ac
 					return
 				}
 				var out api.NoopResponse
-				res := c.call(http.MethodPost, api.NoopPath+acts[k%int64(len(acts))], nil, &out)
+				res := c.call(http.MethodPost, api.NoopPathOf(acts[k%int64(len(acts))]), nil, &out)
 				if res.code == "" && out.Cell != cell {
 					res.code, res.message = codeBadResponse, fmt.Sprintf("answered by %q, want %q", out.Cell, cell)
 				}

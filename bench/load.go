@@ -175,7 +175,7 @@ func (r *loadRun) redeposit(ctx context.Context, s *senderAccount, seen int64) b
 	}
 	orderNo := fmt.Sprintf("%s-dep-%d-%d", r.cfg.RunID, s.i, seen+1)
 	var out model.Deposit
-	res := r.do(ctx, time.Time{}, opDeposit, http.MethodPost, "/v1/accounts/"+s.act+"/deposit",
+	res := r.do(ctx, time.Time{}, opDeposit, http.MethodPost, api.DepositPath(s.act),
 		api.DepositRequest{Amount: amount, OrderNo: orderNo}, &out,
 		func() (bool, string) {
 			if out.ActID != s.act || int64(out.Amount) != amount || out.Balance < out.Amount {
@@ -196,7 +196,7 @@ func (r *loadRun) redeposit(ctx context.Context, s *senderAccount, seen int64) b
 func (r *loadRun) send(ctx context.Context, start time.Time, s *senderAccount, n, amount, count int64) (*packetState, result) {
 	seen := s.deposits.Load()
 	var out api.SendResponse
-	res := r.do(ctx, start, opSend, http.MethodPost, "/v1/packets",
+	res := r.do(ctx, start, opSend, http.MethodPost, api.SendPath,
 		sendRequest(s.act, fmt.Sprintf("%s-snd-%d-%d", r.cfg.RunID, s.i, n), amount, count), &out,
 		func() (bool, string) {
 			if _, err := model.ParsePacketID(out.PacketID); err != nil {
@@ -221,7 +221,7 @@ func (r *loadRun) send(ctx context.Context, start time.Time, s *senderAccount, n
 func (r *loadRun) open(ctx context.Context, start time.Time, t openTask) {
 	p := t.pkt
 	var out api.OpenResponse
-	res := r.do(ctx, start, opOpen, http.MethodPost, "/v1/packets/"+p.id+"/open", api.ActRequest{ActID: t.act}, &out,
+	res := r.do(ctx, start, opOpen, http.MethodPost, api.OpenPath(p.id), api.ActRequest{ActID: t.act}, &out,
 		func() (bool, string) {
 			if out.PacketID != p.id || out.ActID != t.act || out.Amount < 1 || out.Amount > p.amount ||
 				out.Seq < 1 || out.Seq > p.count {
@@ -276,7 +276,7 @@ func (r *loadRun) resolveUncertain(ctx context.Context) {
 			for i := int(next.Add(1) - 1); i < len(tasks) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
 				t := tasks[i]
 				var out api.OpenResponse
-				res := r.c.call(http.MethodPost, "/v1/packets/"+t.pkt.id+"/open", api.ActRequest{ActID: t.act}, &out)
+				res := r.c.call(http.MethodPost, api.OpenPath(t.pkt.id), api.ActRequest{ActID: t.act}, &out)
 				if res.code == "" && out.ActID == t.act && out.PacketID == t.pkt.id {
 					r.claim(t, out.Amount)
 					r.resolved.Add(1)

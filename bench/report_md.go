@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"redcell/api"
 )
 
 // WriteMarkdown writes the suite as a Markdown report: the verdict, one row per
@@ -120,7 +122,7 @@ func (l LimitsReport) writeMarkdown(ew *errWriter) {
 		mdTable(ew, []string{"batch", "opens/s"}, rows)
 	}
 	if l.NoopRouter != nil || l.NoopDirect != nil {
-		ew.printf("HTTP alone: `POST %s<act_id>` answered by the cell at once, closed-loop.\n\n", "/v1/noop/")
+		ew.printf("HTTP alone: `POST %s<act_id>` answered by the cell at once, closed-loop.\n\n", api.NoopPath)
 		var rows [][]string
 		for _, n := range []*NoopResult{l.NoopRouter, l.NoopDirect} {
 			if n == nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -31,14 +33,15 @@ func newRequester(c *client, loadStart time.Time) requester {
 // do sends one idempotent request and records each attempt under o. The first
 // attempt's latency counts from start (zero: now), so an open-loop run sees the
 // time a request waited to be sent; a retry's from its own start. A failure
-// marked retryable is tried again, up to attemptsMax times, while ctx allows.
+// marked retryable is tried again (retry.Do), up to attemptsMax times in all,
+// after retryBackoff, then twice that, while ctx allows.
 // inspect, when set, runs on each 2xx answer after out is decoded: it returns
 // whether the answer was a repeat, and a contract breach to record as
 // BAD_RESPONSE ("" if none).
 func (q *requester) do(ctx context.Context, start time.Time, o op, method, path string, in, out any,
 	inspect func() (repeat bool, breach string)) result {
 	var res result
-	for attempt := 1; ; attempt++ {
+	_ = retry.Do(ctx, retry.Policy{Attempts: attemptsMax, Backoff: retryBackoff, Retryable: isRetryable}, func(int) error {
 		res = q.c.callFrom(start, method, path, in, out)
 		start = time.Time{}
 		repeat := false
@@ -49,19 +52,29 @@ func (q *requester) do(ctx context.Context, start time.Time, o op, method, path 
 			}
 		}
 		q.rec[o].record(res, repeat)
-		if res.code == "" || !res.retryable || attempt >= attemptsMax {
-			return res
+		if res.code == "" {
+			return nil
 		}
-		if !sleepCtx(ctx, time.Duration(attempt)*20*time.Millisecond) {
-			return res
-		}
-	}
+		return failed{res}
+	})
+	return res // the last attempt's; retry.Do's error says no more than res
+}
+
+// failed is a result that was not a success, as an error for retry.Do.
+type failed struct{ result }
+
+func (f failed) Error() string { return f.code + ": " + f.message }
+
+// isRetryable: the failure is worth another attempt.
+func isRetryable(err error) bool {
+	var f failed
+	return errors.As(err, &f) && f.retryable
 }
 
 // balance reads one account's balance; an account that does not exist has 0.
 func (c *client) balance(act string) (int64, error) {
 	var out model.Account
-	res := c.call(http.MethodGet, "/v1/accounts/"+act, nil, &out)
+	res := c.call(http.MethodGet, api.AccountPath(act), nil, &out)
 	switch res.code {
 	case "":
 		return int64(out.Balance), nil
@@ -120,10 +133,14 @@ func (c *client) checkAccounts(acts []string, want []int64) (balanceCheck, error
 // run can be in flight, and waiting would only repeat the same answer.
 func settle(ctx context.Context, audit func(context.Context) (model.AuditReport, error),
 	balances func() (balanceCheck, error), nothingClaimed bool, rep *Report) {
-	deadline := time.Now().Add(settleTimeout)
-	for {
+	wait, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	// One check per settleInterval within settleTimeout, and the first.
+	checksMax := int(settleTimeout/settleInterval) + 1
+	_ = retry.Do(wait, retry.Policy{Attempts: checksMax, Backoff: settleInterval, Max: settleInterval}, func(int) error {
 		settled := true
 		if audit != nil {
+			// ctx, not wait: an audit started before the wait ends may finish.
 			actx, cancel := context.WithTimeout(ctx, auditTimeout)
 			a, err := audit(actx)
 			cancel()
@@ -148,12 +165,15 @@ func settle(ctx context.Context, audit func(context.Context) (model.AuditReport,
 			rep.BalancesShort, rep.BalancesShortCents = bc.short, bc.shortCents
 			settled = settled && bc.mismatches == 0
 		}
-		nothingToWaitFor := audit == nil && nothingClaimed
-		if settled || nothingToWaitFor || time.Now().After(deadline) || !sleepCtx(ctx, settleInterval) {
-			return
+		if settled || audit == nil && nothingClaimed {
+			return nil
 		}
-	}
+		return errUnsettled
+	})
 }
+
+// errUnsettled: settle's check found the books not settled yet.
+var errUnsettled = errors.New("bench: not settled yet")
 
 // sendRequest is the body of a packet send by act.
 func sendRequest(act, orderNo string, amount, count int64) api.SendRequest {

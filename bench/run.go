@@ -35,6 +35,10 @@ var (
 // resolves an answer lost in flight: the repeat answer tells what happened.
 const attemptsMax = 3
 
+// retryBackoff is the wait before the second attempt of a request; the
+// third waits twice as long.
+const retryBackoff = 20 * time.Millisecond
+
 // balanceReaders bounds the concurrent balance reads while settling.
 const balanceReaders = 16
 
@@ -194,7 +198,7 @@ func (r *run) sender(ctx, load context.Context, i int) {
 func (r *run) deposit(ctx context.Context, act, orderNo string) bool {
 	amount := r.cfg.depositCents()
 	var out model.Deposit
-	res := r.do(ctx, time.Time{}, opDeposit, http.MethodPost, "/v1/accounts/"+act+"/deposit",
+	res := r.do(ctx, time.Time{}, opDeposit, http.MethodPost, api.DepositPath(act),
 		api.DepositRequest{Amount: amount, OrderNo: orderNo}, &out,
 		func() (bool, string) {
 			if out.ActID != act || int64(out.Amount) != amount || out.Balance < out.Amount {
@@ -212,7 +216,7 @@ func (r *run) deposit(ctx context.Context, act, orderNo string) bool {
 // send sends one packet and returns its ID when res.code is "".
 func (r *run) send(ctx context.Context, act, orderNo string) (string, result) {
 	var out api.SendResponse
-	res := r.do(ctx, time.Time{}, opSend, http.MethodPost, "/v1/packets",
+	res := r.do(ctx, time.Time{}, opSend, http.MethodPost, api.SendPath,
 		sendRequest(act, orderNo, r.cfg.PacketAmount, r.cfg.PacketCount), &out,
 		func() (bool, string) {
 			if _, err := model.ParsePacketID(out.PacketID); err != nil {
@@ -261,7 +265,7 @@ func (r *run) opener(ctx, load context.Context, j int) {
 // the open, since grab is just a hint.
 func (r *run) grab(ctx context.Context, act, id string) bool {
 	var out api.GrabResponse
-	res := r.do(ctx, time.Time{}, opGrab, http.MethodPost, "/v1/packets/"+id+"/grab", api.ActRequest{ActID: act}, &out,
+	res := r.do(ctx, time.Time{}, opGrab, http.MethodPost, api.GrabPath(id), api.ActRequest{ActID: act}, &out,
 		func() (bool, string) {
 			if out.PacketID != id || out.Remaining < 0 || out.Remaining > r.cfg.PacketCount {
 				return false, fmt.Sprintf("grab answer %+v does not match packet %s", out, id)
@@ -280,7 +284,7 @@ func (r *run) grab(ctx context.Context, act, id string) bool {
 // openOne opens packet id (ring sequence seq) as opener j and counts the claim.
 func (r *run) openOne(ctx context.Context, j int, act string, seq uint64, id string) {
 	var out api.OpenResponse
-	res := r.do(ctx, time.Time{}, opOpen, http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out,
+	res := r.do(ctx, time.Time{}, opOpen, http.MethodPost, api.OpenPath(id), api.ActRequest{ActID: act}, &out,
 		func() (bool, string) {
 			if out.PacketID != id || out.ActID != act || out.Amount < 1 || out.Amount > r.cfg.PacketAmount ||
 				out.Seq < 1 || out.Seq > r.cfg.PacketCount {
@@ -319,7 +323,7 @@ func (r *run) resolveUncertain(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if res := r.c.call(http.MethodPost, "/v1/packets/"+id+"/open", api.ActRequest{ActID: act}, &out); res.code == "" && out.ActID == act {
+			if res := r.c.call(http.MethodPost, api.OpenPath(id), api.ActRequest{ActID: act}, &out); res.code == "" && out.ActID == act {
 				r.claimedCents.Add(out.Amount)
 				r.claimedBy[j] += out.Amount
 				r.resolved.Add(1)

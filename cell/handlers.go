@@ -39,7 +39,7 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 		}
 	}
 	s.serveRoute(rc, rt, key)
-	s.metrics.requests.Observe(int(rt), rc.Response.StatusCode(), rc.Response.Body(), s.clock.Now().Sub(start))
+	s.metrics.requests.ObserveCode(int(rt), rc.Response.StatusCode(), api.ResponseCode(&rc.Response.Header), s.clock.Now().Sub(start))
 }
 
 // serveRoute answers a request of route rt; key is its path parameter (an

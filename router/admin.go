@@ -128,8 +128,5 @@ func (r *Router) writeAdminJSON(rc *fasthttp.RequestCtx, v any) {
 }
 
 func (r *Router) writeAdminErr(rc *fasthttp.RequestCtx, status int, err error) {
-	_, body := api.ErrorJSON(err)
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.SetBody(body)
+	api.WriteErrorStatus(rc, status, err)
 }

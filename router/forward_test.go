@@ -34,8 +34,14 @@ func (f *fixedRoutes) Map() *sharding.Map { return f.m.Load() }
 const testSecret = "router-test-secret-0123456789"
 
 // fakeCell answers every request with status and body, and counts requests.
-// It checks each request's signature as a cell does.
+// It checks each request's signature as a cell does. An error body's code
+// goes in api.HeaderCode too, as api.WriteError puts it.
 func fakeCell(t *testing.T, status int, body string, hits *atomic.Int64) string {
+	return fakeCellHeader(t, status, body, true, hits)
+}
+
+// fakeCellHeader is fakeCell, without api.HeaderCode when withCode is false.
+func fakeCellHeader(t *testing.T, status int, body string, withCode bool, hits *atomic.Int64) string {
 	signer := api.NewSigner(testSecret)
 	return serveCell(t, func(rc *fasthttp.RequestCtx) {
 		hits.Add(1)
@@ -47,6 +53,9 @@ func fakeCell(t *testing.T, status int, body string, hits *atomic.Int64) string 
 		}
 		rc.SetStatusCode(status)
 		rc.SetBodyString(body)
+		if code := api.ErrorCode([]byte(body)); withCode && status != 200 && code != nil {
+			rc.Response.Header.SetBytesV(api.HeaderCode, code)
+		}
 	})
 }
 
@@ -226,6 +235,23 @@ func TestWrongCellRetriedThenRetryable(t *testing.T) {
 	}()
 	if st, _ := get(t, url+"/v1/accounts/bob"); st != 200 || rightHits.Load() != 1 {
 		t.Fatalf("after the map moved: %d, %d hits on the new owner", st, rightHits.Load())
+	}
+}
+
+// TestWrongCellNoRetryPastDeadline: when less than movedLeftMin of the
+// request's deadline is left after a 421, the router does not wait for a
+// second try: one forward, then a retryable 503 at once.
+func TestWrongCellNoRetryPastDeadline(t *testing.T) {
+	var wrongHits atomic.Int64
+	all, _ := sharding.ParseRanges("0-999")
+	wrong := fakeCell(t, 421, `{"error":{"code":"WRONG_CELL","message":"moved"}}`, &wrongHits)
+	routes := &fixedRoutes{}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "old", Addr: wrong, Shards: all}})
+	routes.m.Store(m)
+	url := startRouterWith(t, routes, func(c *Config) { c.RequestTimeout = movedLeftMin - 50*time.Millisecond }, nil)
+	st, code := get(t, url+"/v1/accounts/bob")
+	if st != 503 || code != "CELL_UNAVAILABLE" || wrongHits.Load() != 1 {
+		t.Fatalf("421 with %v left: %d %s after %d tries, want 503 CELL_UNAVAILABLE after 1", movedLeftMin-50*time.Millisecond, st, code, wrongHits.Load())
 	}
 }
 

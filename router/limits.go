@@ -9,34 +9,25 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"redcell/api"
 	"redcell/router/apikey"
 )
 
-// routeID names a public route; it indexes the rate limiters and the metrics.
-type routeID int
-
+// The router's routes are the public ones of api's table: RouteOther (an
+// unknown path or a refused method) and RouteAccount up to, not including,
+// api.RouteCredits, the first internal route (a path the router answers 404).
+// A route's api.RouteID indexes the rate limiters and the metrics.
 const (
-	routeOther routeID = iota // not a routed request: unknown path, bad method
-	routeAccount
-	routeDeposit
-	routeSend
-	routeDetail
-	routeGrab
-	routeOpen
-	routeNoop
-	routeCount
+	routeOther = api.RouteOther
+	routeCount = api.RouteCredits
 )
 
 // routeNames are the route label values of the metrics and the keys of
-// Config.RateLimits (every name but "other").
-var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop"}
+// Config.RateLimits (every name but "other"), by api.RouteID.
+var routeNames = api.Labels(routeCount)
 
-// routeScopes is the API key scope each route needs.
-var routeScopes = [routeCount]apikey.Scope{
-	routeAccount: apikey.ScopeRead, routeDetail: apikey.ScopeRead, routeNoop: apikey.ScopeRead,
-	routeDeposit: apikey.ScopeDeposit, routeSend: apikey.ScopeSend,
-	routeGrab: apikey.ScopeOpen, routeOpen: apikey.ScopeOpen,
-}
+// scopeOf is the API key scope a public route needs (api.Route.Scope).
+func scopeOf(r api.Route) apikey.Scope { return apikey.Scope(r.Scope) }
 
 // Rate is a token bucket: PerSec requests a second on average, up to Burst at once.
 type Rate struct {

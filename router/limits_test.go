@@ -241,15 +241,19 @@ func TestUserLimitsBounded(t *testing.T) {
 }
 
 // TestMetricsCountAnswers: the router's /metrics has the request counts by
-// route and code, the code taken from the cell's error body.
+// route and code, the code taken from the cell's api.HeaderCode (a cell's
+// error answer without it counts as OTHER, whatever its body says); the
+// router's own refusals carry the header too.
 func TestMetricsCountAnswers(t *testing.T) {
-	var okHits, soldHits atomic.Int64
+	var okHits, soldHits, bareHits atomic.Int64
 	low, _ := sharding.ParseRanges("0-499")
-	high, _ := sharding.ParseRanges("500-999")
+	mid, _ := sharding.ParseRanges("500-799")
+	high, _ := sharding.ParseRanges("800-999")
 	routes := &fixedRoutes{}
 	m, _ := sharding.NewMap([]sharding.Cell{
 		{Name: "a", Addr: fakeCell(t, 200, `{}`, &okHits), Shards: low},
-		{Name: "b", Addr: fakeCell(t, 409, `{"error":{"code":"SOLD_OUT","message":"x"}}`, &soldHits), Shards: high},
+		{Name: "b", Addr: fakeCell(t, 409, `{"error":{"code":"SOLD_OUT","message":"x"}}`, &soldHits), Shards: mid},
+		{Name: "c", Addr: fakeCellHeader(t, 409, `{"error":{"code":"SOLD_OUT","message":"x"}}`, false, &bareHits), Shards: high},
 	})
 	routes.m.Store(m)
 	url := startRouter(t, routes)
@@ -257,13 +261,32 @@ func TestMetricsCountAnswers(t *testing.T) {
 		get(t, url+"/v1/accounts/bob") // shard 27: cell a
 	}
 	get(t, url+"/v1/accounts/u1")       // shard 663: cell b, 409 SOLD_OUT
+	get(t, url+"/v1/accounts/u2")       // shard 851: cell c, 409 without the header
 	get(t, url+"/v1/accounts/bad%20id") // INVALID_ARGUMENT, never forwarded
 	get(t, url+"/v2/nothing")           // NOT_FOUND, route other
+	if okHits.Load() != 3 || soldHits.Load() != 1 || bareHits.Load() != 1 {
+		t.Fatalf("cells saw %d, %d, %d requests, want 3, 1, 1", okHits.Load(), soldHits.Load(), bareHits.Load())
+	}
+	// The clients see the code header: the router's own, and the cell's passed on.
+	for path, want := range map[string]string{"/v2/nothing": "NOT_FOUND", "/v1/accounts/bad%20id": "INVALID_ARGUMENT",
+		"/v1/accounts/u1": "SOLD_OUT", "/v1/accounts/u2": "", "/v1/accounts/bob": ""} {
+		req, _ := http.NewRequest(http.MethodGet, url+path, nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get(api.HeaderCode); got != want {
+			t.Errorf("%s: %s %q, want %q", path, api.HeaderCode, got, want)
+		}
+	}
 	out := scrape(t, url)
-	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="OK",route="account"}`, 3)
-	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="SOLD_OUT",route="account"}`, 1)
-	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="INVALID_ARGUMENT",route="account"}`, 1)
-	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="NOT_FOUND",route="other"}`, 1)
+	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="OK",route="account"}`, 3+1)
+	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="SOLD_OUT",route="account"}`, 1+1)
+	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="OTHER",route="account"}`, 1+1)
+	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="INVALID_ARGUMENT",route="account"}`, 1+1)
+	wantMetric(t, out, `redcell_router_request_duration_seconds_count{code="NOT_FOUND",route="other"}`, 1+1)
 	wantMetric(t, out, `redcell_rate_limited_total{kind="route",route="account"}`, 0)
 	if strings.Contains(out, `code="OK",route="open"`) {
 		t.Error("a series for a (route, code) never answered should not exist yet")

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"redcell/internal/httpmetrics"
+	"redcell/model"
 )
 
 // Rejection kinds of redcell_rate_limited_total.
@@ -17,6 +18,9 @@ const (
 )
 
 var limitKindNames = [limitKinds]string{"route", "user"}
+
+// limitCodes are the error codes of the refusals, by kind.
+var limitCodes = [limitKinds]string{model.ErrRateLimited.Code, model.ErrUserRateLimited.Code}
 
 // metrics are the router's Prometheus series; every label value is made here,
 // so the request path only indexes arrays.

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +21,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"redcell/api"
+	"redcell/api/cellclient"
 	"redcell/internal/incident"
+	"redcell/internal/retry"
 	"redcell/model"
 	"redcell/router/apikey"
 	"redcell/sharding"
@@ -248,69 +249,45 @@ func (r *Router) serve(srv *fasthttp.Server, ln net.Listener) error {
 
 // target is what the router learns from a request before forwarding it.
 type target struct {
-	route routeID
+	route api.Route
 	key   string // the act_id or packet ID of the path, not yet validated; "" for a send
 	shard model.ShardID
 	// user is the act_id the per-user limit counts ("" when the route has
 	// none); for grab and open it is in the body, read only when needed.
-	user       string
-	userInBody bool
+	user string
 }
 
-// routeOf finds the route of a request from its method and path segments
-// (api.PathSegments). The route is set even with an error when the path names
-// one. Errors: ErrNotFound, ErrMethodNotAllowed.
+// routeOf finds the public route of a request from its method and path
+// segments (api.PathSegments) in api's table. The route is set even with an
+// error when the path names one. Errors: ErrNotFound, ErrMethodNotAllowed.
 func routeOf(method string, parts []string) (target, error) {
-	if len(parts) < 2 || parts[0] != "v1" {
-		return target{}, model.Errorf(model.ErrNotFound, "no route for /%s", strings.Join(parts, "/"))
-	}
-	var t target
-	want := http.MethodPost
-	switch {
-	case parts[1] == "accounts" && len(parts) == 3:
-		t, want = target{route: routeAccount, key: parts[2]}, http.MethodGet
-	case parts[1] == "accounts" && len(parts) == 4 && parts[3] == "deposit":
-		t = target{route: routeDeposit, key: parts[2]}
-	case parts[1] == "noop" && len(parts) == 3:
-		t = target{route: routeNoop, key: parts[2]}
-	case parts[1] == "packets" && len(parts) == 2:
-		t = target{route: routeSend}
-	case parts[1] == "packets" && len(parts) == 3:
-		t, want = target{route: routeDetail, key: parts[2]}, http.MethodGet
-	case parts[1] == "packets" && len(parts) == 4 && parts[3] == "grab":
-		t = target{route: routeGrab, key: parts[2], userInBody: true}
-	case parts[1] == "packets" && len(parts) == 4 && parts[3] == "open":
-		t = target{route: routeOpen, key: parts[2], userInBody: true}
-	default:
-		return target{}, model.Errorf(model.ErrNotFound, "no route for /%s", strings.Join(parts, "/"))
-	}
-	if method != want {
-		return t, model.ErrMethodNotAllowed
-	}
-	return t, nil
+	rt, p, err := api.MatchPublic(method, parts)
+	return target{route: rt, key: p.Key}, err
 }
 
 // locate validates the key of a request — the act_id or packet ID of its path,
 // or a send's sender in body — and sets its shard. Errors: ErrInvalidArgument.
 func (t *target) locate(body []byte) error {
-	switch t.route {
-	case routeAccount, routeDeposit, routeNoop:
+	switch t.route.Key {
+	case api.KeyActPath:
 		if err := model.ValidateActID(t.key); err != nil {
 			return err
 		}
 		t.shard, t.user = sharding.ShardOfAct(t.key), t.key
-	case routeSend:
+	case api.KeySenderBody:
 		sender, err := senderOf(body)
 		if err != nil {
 			return err
 		}
 		t.shard, t.user = sharding.ShardOfAct(sender), sender
-	default:
+	case api.KeyPacketPath:
 		ref, err := model.ParsePacketID(t.key)
 		if err != nil {
 			return err
 		}
 		t.shard = ref.Shard
+	default:
+		panic("router: a public route without a key: " + t.route.Label)
 	}
 	return nil
 }
@@ -371,27 +348,25 @@ func (r *Router) admit(rc *fasthttp.RequestCtx, t target) bool {
 	now := r.now()
 	if !api.IsStress(&rc.Request.Header) {
 		user := t.user
-		if t.userInBody {
+		if t.route.UserInBody {
 			user = bodyActID(rc.PostBody())
 		}
 		if user != "" && !r.users.allow(user, now) {
-			r.refuse(rc, limitUser, t.route)
+			r.refuse(rc, limitUser, t.route.ID)
 			return false
 		}
 	}
-	if !r.limits[t.route].AllowN(now, 1) {
-		r.refuse(rc, limitRoute, t.route)
+	if !r.limits[t.route.ID].AllowN(now, 1) {
+		r.refuse(rc, limitRoute, t.route.ID)
 		return false
 	}
 	return true
 }
 
-func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id routeID) {
+func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id api.RouteID) {
 	r.metrics.limited[kind][id].Inc()
-	rc.SetStatusCode(http.StatusTooManyRequests)
-	rc.SetContentType("application/json")
+	api.WriteErrorBody(rc, http.StatusTooManyRequests, limitCodes[kind], r.refusals[kind][id])
 	rc.Response.Header.Set("Retry-After", "1")
-	rc.SetBody(r.refusals[kind][id])
 }
 
 func (r *Router) handle(rc *fasthttp.RequestCtx) {
@@ -410,7 +385,9 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 	case r.admit(rc, t):
 		r.forwardWithRetry(rc, t.shard)
 	}
-	r.metrics.requests.Observe(int(t.route), rc.Response.StatusCode(), rc.Response.Body(), time.Since(start))
+	// The code of an error answer is in its header, the router's own or the
+	// cell's, which forward copied back with the rest of the answer.
+	r.metrics.requests.ObserveCode(int(t.route.ID), rc.Response.StatusCode(), api.ResponseCode(&rc.Response.Header), time.Since(start))
 }
 
 // accept runs the router's checks of a public request, in this order, and
@@ -434,7 +411,7 @@ func (r *Router) accept(rc *fasthttp.RequestCtx) (target, error) {
 	if key == nil {
 		return t, apikey.ErrNoKey
 	}
-	if _, err := r.keys.Check(key, routeScopes[t.route]); err != nil {
+	if _, err := r.keys.Check(key, scopeOf(t.route)); err != nil {
 		return t, err
 	}
 	if len(rc.PostBody()) > 0 && !api.MediaTypeJSON(rc.Request.Header.ContentType()) {
@@ -465,26 +442,40 @@ func bearer(h *fasthttp.RequestHeader) []byte {
 	return v[len(scheme):]
 }
 
-// forwardWithRetry forwards to the shard's owner, once more after a 421.
+// A cell that answers 421 WRONG_CELL does not own the shard: the map is
+// changing. The router waits movedWait for the membership view to move on and
+// tries once more, if movedLeftMin of the deadline is left for it.
+const (
+	movedWait    = 100 * time.Millisecond
+	movedLeftMin = 200 * time.Millisecond
+)
+
+// errMoved is a forward the owner answered 421 (see movedWait).
+var errMoved = errors.New("router: the shard's owner answered 421")
+
+// forwardWithRetry forwards to the shard's owner, once more after a 421
+// (retry.Do; its wait ends early when the server shuts down). A request still
+// refused then, or without time for another try, gets a retryable answer
+// rather than a final one.
 func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID) {
 	deadline := time.Now().Add(r.cfg.RequestTimeout)
-	for attempt := 0; ; attempt++ {
+	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait,
+		// Only a 421, and only when the wait and another try fit in the deadline:
+		// no wait passes the request's deadline.
+		Retryable: func(err error) bool { return err == errMoved && time.Until(deadline) >= movedLeftMin },
+	}, func(int) error {
 		cell, ok := r.routes.Map().Owner(shard)
 		if !ok {
 			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
-			return
+			return nil
 		}
-		if !r.forward(rc, cell, shard, deadline) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
-			return
+		if r.forward(rc, cell, shard, deadline) && rc.Response.StatusCode() == fasthttp.StatusMisdirectedRequest {
+			return errMoved
 		}
-		// The cell says it does not own the shard: the map is changing. Wait for
-		// the membership view to move on and try once more; then give the client
-		// a retryable answer rather than a final one.
-		if attempt == 1 || time.Until(deadline) < 200*time.Millisecond {
-			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "shard %d is moving between cells; retry", shard))
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "shard %d is moving between cells; retry", shard))
 	}
 }
 
@@ -501,12 +492,11 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	// The caller's API key stays here: cells trust the cluster's signature,
 	// and the hop to them may not be encrypted.
 	req.Header.Del(fasthttp.HeaderAuthorization)
-	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
-	// Last, once the request is what the cell will read: the signature covers
-	// the method, the request target (path and query, as the request line will
-	// carry them), the stress flag and the body, and replaces any signature
-	// headers the client sent. Pooled: it allocates nothing.
-	r.signer.SignRequest(req, time.Now())
+	// Last, once the request is what the cell will read: the deadline header,
+	// then the signature over the method, the request target (path and query,
+	// as the request line will carry them), the stress flag and the body,
+	// replacing any signature headers the client sent. It allocates nothing.
+	cellclient.Stamp(req, r.signer, deadline, time.Now())
 	resp := &rc.Response
 	c := r.client(cell)
 	err := c.hc.DoDeadline(req, resp, deadline)
@@ -514,7 +504,7 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	case err == nil:
 		c.down.OK()
 		return true
-	case errors.Is(err, fasthttp.ErrTimeout):
+	case cellclient.Transport(err) == model.ErrTimeout:
 		r.writeErr(rc, model.Errorf(model.ErrTimeout, "cell %s did not answer in time", cell.Name))
 	default:
 		// Logged when it starts, summarized while it lasts, and when it ends:
@@ -582,9 +572,4 @@ func (r *Router) healthz(rc *fasthttp.RequestCtx) {
 	rc.SetBody(b)
 }
 
-func (r *Router) writeErr(rc *fasthttp.RequestCtx, err error) {
-	status, body := api.ErrorJSON(err)
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.SetBody(body)
-}
+func (r *Router) writeErr(rc *fasthttp.RequestCtx, err error) { api.WriteError(rc, err) }

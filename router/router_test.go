@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"redcell/api"
 	"redcell/model"
 )
 
@@ -13,36 +14,36 @@ func TestRoute(t *testing.T) {
 	cases := []struct {
 		method, path, body string
 		shard              model.ShardID
-		route              routeID
+		route              api.RouteID
 		user               string // "body": read from the body when needed
 		err                error
 	}{
-		{"GET", "/v1/accounts/u1", "", 663, routeAccount, "u1", nil},
-		{"POST", "/v1/accounts/u1/deposit", `{"amount":1}`, 663, routeDeposit, "u1", nil},
-		{"POST", "/v1/noop/u1", "", 663, routeNoop, "u1", nil},
-		{"POST", "/v1/packets", `{"sender":"u2","amount":1}`, 851, routeSend, "u2", nil},
-		{"GET", "/v1/packets/" + id, "", 417, routeDetail, "", nil},
-		{"POST", "/v1/packets/" + id + "/open", "", 417, routeOpen, "body", nil},
-		{"POST", "/v1/packets/" + id + "/grab", "", 417, routeGrab, "body", nil},
-		{"POST", "/v1/accounts/u1", "", 0, routeAccount, "", model.ErrMethodNotAllowed},
-		{"GET", "/v1/packets", "", 0, routeSend, "", model.ErrMethodNotAllowed},
-		{"GET", "/v1/packets/" + id + "/open", "", 0, routeOpen, "", model.ErrMethodNotAllowed},
-		{"POST", "/v1/packets", `{"sender":"bad sender"}`, 0, routeSend, "", model.ErrInvalidArgument},
-		{"POST", "/v1/packets", `{`, 0, routeSend, "", model.ErrInvalidArgument},
-		{"GET", "/v1/packets/../../etc/passwd", "", 0, routeOther, "", model.ErrNotFound},
-		{"GET", "/v1/accounts/a%2Fb", "", 0, routeAccount, "", model.ErrInvalidArgument},
-		{"GET", "/v1/accounts/%zz", "", 0, routeOther, "", model.ErrNotFound}, // a malformed escape
-		{"GET", "/v1/accounts/u%31", "", 663, routeAccount, "u1", nil},        // an escaped letter is the letter
-		{"GET", "/v1/accounts/u1/", "", 663, routeAccount, "u1", nil},
-		{"GET", "/v1/packets/x", "", 0, routeDetail, "", model.ErrInvalidArgument},
-		{"GET", "/v1/accounts/" + string(make([]byte, 65)), "", 0, routeAccount, "", model.ErrInvalidArgument},
-		{"GET", "/v1/nothing", "", 0, routeOther, "", model.ErrNotFound},
-		{"GET", "/", "", 0, routeOther, "", model.ErrNotFound},
+		{"GET", "/v1/accounts/u1", "", 663, api.RouteAccount, "u1", nil},
+		{"POST", "/v1/accounts/u1/deposit", `{"amount":1}`, 663, api.RouteDeposit, "u1", nil},
+		{"POST", "/v1/noop/u1", "", 663, api.RouteNoop, "u1", nil},
+		{"POST", "/v1/packets", `{"sender":"u2","amount":1}`, 851, api.RouteSend, "u2", nil},
+		{"GET", "/v1/packets/" + id, "", 417, api.RouteDetail, "", nil},
+		{"POST", "/v1/packets/" + id + "/open", "", 417, api.RouteOpen, "body", nil},
+		{"POST", "/v1/packets/" + id + "/grab", "", 417, api.RouteGrab, "body", nil},
+		{"POST", "/v1/accounts/u1", "", 0, api.RouteAccount, "", model.ErrMethodNotAllowed},
+		{"GET", "/v1/packets", "", 0, api.RouteSend, "", model.ErrMethodNotAllowed},
+		{"GET", "/v1/packets/" + id + "/open", "", 0, api.RouteOpen, "", model.ErrMethodNotAllowed},
+		{"POST", "/v1/packets", `{"sender":"bad sender"}`, 0, api.RouteSend, "", model.ErrInvalidArgument},
+		{"POST", "/v1/packets", `{`, 0, api.RouteSend, "", model.ErrInvalidArgument},
+		{"GET", "/v1/packets/../../etc/passwd", "", 0, api.RouteOther, "", model.ErrNotFound},
+		{"GET", "/v1/accounts/a%2Fb", "", 0, api.RouteAccount, "", model.ErrInvalidArgument},
+		{"GET", "/v1/accounts/%zz", "", 0, api.RouteOther, "", model.ErrNotFound}, // a malformed escape
+		{"GET", "/v1/accounts/u%31", "", 663, api.RouteAccount, "u1", nil},        // an escaped letter is the letter
+		{"GET", "/v1/accounts/u1/", "", 663, api.RouteAccount, "u1", nil},
+		{"GET", "/v1/packets/x", "", 0, api.RouteDetail, "", model.ErrInvalidArgument},
+		{"GET", "/v1/accounts/" + string(make([]byte, 65)), "", 0, api.RouteAccount, "", model.ErrInvalidArgument},
+		{"GET", "/v1/nothing", "", 0, api.RouteOther, "", model.ErrNotFound},
+		{"GET", "/", "", 0, api.RouteOther, "", model.ErrNotFound},
 	}
 	for _, c := range cases {
 		tg, err := route(c.method, c.path, []byte(c.body))
-		if tg.route != c.route {
-			t.Errorf("%s %s: route %s, want %s", c.method, c.path, routeNames[tg.route], routeNames[c.route])
+		if tg.route.ID != c.route {
+			t.Errorf("%s %s: route %s, want %s", c.method, c.path, tg.route.Label, api.RouteOf(c.route).Label)
 		}
 		if c.err != nil {
 			if !errors.Is(err, c.err) {
@@ -51,7 +52,7 @@ func TestRoute(t *testing.T) {
 			continue
 		}
 		user := tg.user
-		if tg.userInBody {
+		if tg.route.UserInBody {
 			user = "body"
 		}
 		if err != nil || tg.shard != c.shard || user != c.user {

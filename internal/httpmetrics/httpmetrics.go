@@ -49,23 +49,23 @@ func New(reg prometheus.Registerer, name, help string, routes []string) *Request
 	return r
 }
 
-// Observe records one answer of route (an index into the routes given to New)
-// that took d: status 200 counts as api.CodeOK; any other status is labelled
-// with the code of its error body (api.ErrorCode), or api.CodeOther.
-func (r *Requests) Observe(route int, status int, body []byte, d time.Duration) {
-	code := 0 // api.CodeOK
+// ObserveCode records one answer of route (an index into the routes given to
+// New) that took d: status 200 counts as api.CodeOK; any other status is
+// labelled with code, the answer's api.HeaderCode (api.ResponseCode), or
+// api.CodeOther when code is nil or not an error code of the table. It does not
+// allocate once the (route, code) series exists.
+func (r *Requests) ObserveCode(route int, status int, code []byte, d time.Duration) {
+	i := 0 // api.CodeOK
 	if status != 200 {
-		code = r.other
-		if c := api.ErrorCode(body); c != nil {
-			if i, ok := r.index[string(c)]; ok { // no allocation: the compiler looks up []byte keys in place
-				code = i
-			}
+		i = r.other
+		if j, ok := r.index[string(code)]; ok && j != 0 { // no allocation: the compiler looks up []byte keys in place
+			i = j
 		}
 	}
-	slot := &r.cache[route*len(r.codes)+code]
+	slot := &r.cache[route*len(r.codes)+i]
 	o := slot.Load()
 	if o == nil {
-		o = &observer{r.vec.WithLabelValues(r.routes[route], r.codes[code])}
+		o = &observer{r.vec.WithLabelValues(r.routes[route], r.codes[i])}
 		slot.Store(o) // a racing Store holds the same series: WithLabelValues is idempotent
 	}
 	o.Observe(d.Seconds())
