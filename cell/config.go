@@ -75,7 +75,7 @@ type Config struct {
 	MapVersion     int64         // version of the shard map this cell announces
 
 	// ReconInterval is how often reconciliation checks the claims made since its
-	// last pass against the outbox and the claimants' credits (cell/recon.go).
+	// last pass against the outbox and the claimants' credits (cell/recon).
 	ReconInterval time.Duration
 	// ReconSettle is how old a claim must be before reconciliation checks it:
 	// by then its transaction has committed and its credit normally arrived,

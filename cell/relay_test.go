@@ -464,7 +464,11 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	release := holdLocked(t, a.db, fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id IN (?%s) FOR UPDATE",
 		ref.Shard.DB(), strings.Repeat(", ?", len(ids)-1)), ids...)
 	degrade(t, a, `{"relay":"on"}`)
-	waitScans(t, a, "real", 2) // an outbox scan that began with the relay on hands the held rows to it
+	// An outbox scan hands the held rows to the relay (once they are two scan
+	// intervals old), which credits them and finds their rows locked.
+	if !w.until(10*time.Second, allCredited(held)) {
+		t.Fatal("the held claims were not credited within 10 s of the relay switched on")
+	}
 
 	fresh := w.open(t, a, id, interleave(local[2:], remote[2:]), kind, db)
 	w.until(12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })
