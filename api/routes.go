@@ -118,7 +118,11 @@ var routes = [RouteCount]Route{
 // Paths of the routes without a parameter, and builders for the others. A
 // builder takes a key that is already valid (model.ValidateActID,
 // model.ParsePacketID) and does not escape it.
+//
+// HealthPath (GET) is no entry of the table: the router and every cell answer
+// it before matching, without an API key or a signature.
 const (
+	HealthPath  = "/healthz"
 	SendPath    = "/v1/packets"
 	CreditsPath = "/internal/credits"
 	ReconPath   = "/internal/recon"

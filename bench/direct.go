@@ -29,7 +29,7 @@ type routerHealth struct {
 // mode and the no-op ceilings find the cells without reading the config.
 func discoverCells(c *client) ([]CellInfo, int, error) {
 	var h routerHealth
-	if res := c.call(http.MethodGet, "/healthz", nil, &h); res.code != "" {
+	if res := c.call(http.MethodGet, api.HealthPath, nil, &h); res.code != "" {
 		return nil, 0, fmt.Errorf("bench: router /healthz: %s %s", res.code, res.message)
 	}
 	sort.Slice(h.Cells, func(i, j int) bool { return h.Cells[i].Name < h.Cells[j].Name })

@@ -22,7 +22,7 @@ import (
 // signed with the cluster secret (see serveRoute).
 func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
-	if path == "/healthz" {
+	if path == api.HealthPath {
 		s.healthz(rc)
 		return
 	}

@@ -370,7 +370,7 @@ func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id api.RouteID) {
 }
 
 func (r *Router) handle(rc *fasthttp.RequestCtx) {
-	if string(rc.Path()) == "/healthz" { // open to all: load balancers and probes hold no key
+	if string(rc.Path()) == api.HealthPath { // open to all: load balancers and probes hold no key
 		r.healthz(rc)
 		return
 	}
@@ -450,8 +450,16 @@ const (
 	movedLeftMin = 200 * time.Millisecond
 )
 
-// errMoved is a forward the owner answered 421 (see movedWait).
-var errMoved = errors.New("router: the shard's owner answered 421")
+// errMoved is a forward the owner answered 421 (see movedWait); errMovedLate
+// is one with too little of the deadline left to try again.
+var (
+	errMoved     = errors.New("router: the shard's owner answered 421")
+	errMovedLate = errors.New("router: the shard's owner answered 421, no time left to retry")
+)
+
+// retryMoved is the Retryable of forwardWithRetry: a package func, not a
+// closure, so that forwarding allocates nothing for it.
+func retryMoved(err error) bool { return err == errMoved }
 
 // forwardWithRetry forwards to the shard's owner, once more after a 421
 // (retry.Do; its wait ends early when the server shuts down). A request still
@@ -459,20 +467,21 @@ var errMoved = errors.New("router: the shard's owner answered 421")
 // rather than a final one.
 func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID) {
 	deadline := time.Now().Add(r.cfg.RequestTimeout)
-	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait,
-		// Only a 421, and only when the wait and another try fit in the deadline:
-		// no wait passes the request's deadline.
-		Retryable: func(err error) bool { return err == errMoved && time.Until(deadline) >= movedLeftMin },
-	}, func(int) error {
+	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait, Retryable: retryMoved}, func(int) error {
 		cell, ok := r.routes.Map().Owner(shard)
 		if !ok {
 			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
 			return nil
 		}
-		if r.forward(rc, cell, shard, deadline) && rc.Response.StatusCode() == fasthttp.StatusMisdirectedRequest {
-			return errMoved
+		if !r.forward(rc, cell, shard, deadline) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
+			return nil
 		}
-		return nil
+		// Only when the wait and another try fit in the deadline: no wait
+		// passes the request's deadline.
+		if time.Until(deadline) < movedLeftMin {
+			return errMovedLate
+		}
+		return errMoved
 	})
 	if err != nil {
 		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "shard %d is moving between cells; retry", shard))

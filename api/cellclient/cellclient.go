@@ -108,7 +108,6 @@ func (e *Error) Unwrap() []error {
 // ctx's cancellation. Errors: *Error (see there), nothing else.
 func (c *Client) Send(ctx context.Context, call Call) error {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	release := func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) }
 	if call.Method == "" {
 		call.Method = fasthttp.MethodPost
 	}
@@ -130,27 +129,39 @@ func (c *Client) Send(ctx context.Context, call Call) error {
 	if call.Body != nil {
 		b, err := json.Marshal(call.Body)
 		if err != nil {
-			release()
+			release(req, resp)
 			return &Error{Addr: call.Addr, Err: fmt.Errorf("marshal the body: %w", err)}
 		}
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(b)
 	}
 	if ctx.Done() == nil { // never cancelled: the deadline alone bounds the call, no goroutine needed
-		defer release()
+		defer release(req, resp)
 		return c.finish(call, resp, c.do(ctx, call.Start, req, resp))
 	}
+	return c.sendCancellable(ctx, call, req, resp)
+}
+
+// sendCancellable is Send for a ctx that may be cancelled: fasthttp cannot
+// stop a call in flight, so the call runs in a goroutine that Send stops
+// waiting for when ctx is done.
+func (c *Client) sendCancellable(ctx context.Context, call Call, req *fasthttp.Request, resp *fasthttp.Response) error {
 	done := make(chan error, 1)
 	go func() { done <- c.do(ctx, call.Start, req, resp) }()
 	select {
 	case err := <-done:
-		defer release()
+		defer release(req, resp)
 		return c.finish(call, resp, err)
 	case <-ctx.Done():
 		// The call goes on until its deadline; the goroutine owns req and resp now.
-		go func() { <-done; release() }()
+		go func() { <-done; release(req, resp) }()
 		return transportError(call.Addr, ctx.Err())
 	}
+}
+
+func release(req *fasthttp.Request, resp *fasthttp.Response) {
+	fasthttp.ReleaseRequest(req)
+	fasthttp.ReleaseResponse(resp)
 }
 
 // finish turns the outcome of do into Send's answer.
@@ -185,9 +196,8 @@ func (c *Client) Do(ctx context.Context, start time.Time, req *fasthttp.Request,
 }
 
 func (c *Client) do(ctx context.Context, start time.Time, req *fasthttp.Request, resp *fasthttp.Response) error {
-	addr := string(req.Host())
 	if err := ctx.Err(); err != nil {
-		return transportError(addr, err)
+		return transportError(string(req.Host()), err)
 	}
 	now := c.clock.Now()
 	if start.IsZero() || start.After(now) {
@@ -199,12 +209,12 @@ func (c *Client) do(ctx context.Context, start time.Time, req *fasthttp.Request,
 	}
 	Stamp(req, c.signer, deadline, start)
 	if err := c.hc.DoDeadline(req, resp, deadline); err != nil {
-		return transportError(addr, err)
+		return transportError(string(req.Host()), err)
 	}
 	if st := resp.StatusCode(); st >= 200 && st < 300 {
 		return nil
 	}
-	return AnswerError(addr, resp)
+	return AnswerError(string(req.Host()), resp)
 }
 
 // Stamp sets a call's deadline header (api.HeaderDeadline, Unix ms) and then,
