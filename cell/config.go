@@ -9,9 +9,14 @@ import (
 	"fmt"
 	"time"
 
+	"redcell/cell/degrade"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
 )
+
+// Degrade lists the features switched off at start (cell/degrade.Config).
+type Degrade = degrade.Config
 
 // Open strategies (Config.OpenStrategy).
 const (
@@ -70,7 +75,7 @@ type Config struct {
 	MapVersion     int64         // version of the shard map this cell announces
 
 	// ReconInterval is how often reconciliation checks the claims made since its
-	// last pass against the outbox and the claimants' credits (cell/recon.go).
+	// last pass against the outbox and the claimants' credits (cell/recon).
 	ReconInterval time.Duration
 	// ReconSettle is how old a claim must be before reconciliation checks it:
 	// by then its transaction has committed and its credit normally arrived,
@@ -90,6 +95,11 @@ type Config struct {
 	// WarmRetry is how long the warm-up waits after a pass that failed (the
 	// database down) before it tries again, instead of the hour between passes.
 	WarmRetry time.Duration
+
+	// Clock is where the cell and its parts read time and wait; nil is the
+	// system clock (clock.Real). Tests and the simulation give a clock they
+	// drive. Request deadlines (context.WithDeadline) still run on real time.
+	Clock clock.Clock
 }
 
 // DefaultConfig returns a config with a reason for every value.

@@ -183,15 +183,15 @@ func FuzzDecodeCredits(f *testing.F) {
 		`{"credits":[{"claim_id":"20261129417a3f9c0e1b2d4c5e6c1","packet_id":"20261129417a3f9c0e1b2d4c5e7","act_id":"bob","shard":27,"amount":1}]}`,
 		`{"credits":[{"claim_id":"20261129417a3f9c0e1b2d4c5e6c01","packet_id":"20261129417a3f9c0e1b2d4c5e6","act_id":"bob","shard":27,"amount":1}]}`,
 	})
-	s := &Server{cfg: Config{Name: "fuzz"}}
-	for i := range s.owned {
-		s.owned[i] = true
+	o := &ownership{cell: "fuzz"}
+	for i := range o.owned {
+		o.owned[i] = true
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req api.CreditsRequest
 		err := decodeStrict(body, &req)
 		for i := 0; err == nil && i < len(req.Credits); i++ {
-			err = s.validCredit(req.Credits[i])
+			err = o.validCredit(req.Credits[i])
 		}
 		if err != nil {
 			requireInvalid(t, body, err)

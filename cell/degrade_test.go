@@ -143,7 +143,7 @@ func TestRelaySwitch(t *testing.T) {
 	degrade(t, a, `{"relay":"on"}`)
 	waitFor(t, 10*time.Second, func() bool { return balance() == claim.Amount }, "credit once the relay is back on")
 	waitFor(t, 5*time.Second, func() bool { return outboxState(t, a.db, "shadow_", claim.ClaimID) == 1 }, "outbox row marked delivered")
-	time.Sleep(3 * a.cfg.RelayInterval) // more scans must not credit again
+	waitScans(t, a, "shadow", 3) // more scans must not credit again
 	if got := balance(); got != claim.Amount || !hasCredit(t, b.db, "shadow_", claimant, claim.ClaimID) {
 		t.Fatalf("balance %d, want %d, credited once", got, claim.Amount)
 	}

@@ -2,27 +2,46 @@ package cell
 
 import (
 	"context"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
+	"redcell/internal/clock"
 	"redcell/model"
 )
 
-// expiryLoop refunds expired packets: every ExpiryInterval it scans the packet
+// expirer refunds expired packets in both spaces. It shares with the open
+// path only what a refund changes: each space's closed-packet set and the
+// grab cache.
+type expirer struct {
+	spaces       [2]*space
+	shards       []model.ShardID // the cell's own
+	interval     time.Duration   // Config.ExpiryInterval
+	packetExpiry time.Duration   // Config.PacketExpiry
+	cache        *grabCache      // nil: none
+	clock        clock.Clock
+	log          *slog.Logger
+	inc          *incidents
+
+	refunds, refundCents atomic.Int64 // since the start
+}
+
+// run refunds expired packets until ctx ends: every ExpiryInterval it scans the packet
 // tables of the days a still-open packet could have been created on and refunds
 // each expired one. Refund locks the packet row, so it serializes with opens.
 //
 // Beside it, a full scan of all 31 day slots runs 30 s after start and then
 // every fullScanInterval, so packets left open by an outage longer than the
 // window, or by a shorter packet_expiry, are refunded too.
-func (s *Server) expiryLoop(ctx context.Context) {
+func (e *expirer) run(ctx context.Context) {
 	full := make(chan struct{})
-	go func() { defer close(full); s.fullExpiryLoop(ctx) }()
+	go func() { defer close(full); e.runFull(ctx) }()
 	defer func() { <-full }()
-	every(ctx, s.cfg.ExpiryInterval, func(pass int) {
-		days := expiryDays(s.now(), s.cfg.PacketExpiry)
-		s.expireOnce(ctx, s.spaces[0], days)
+	clock.Every(ctx, e.clock, e.interval, func(pass int) {
+		days := expiryDays(e.clock.Now(), e.packetExpiry)
+		e.once(ctx, e.spaces[0], days)
 		if pass%shadowEvery == 0 {
-			s.expireOnce(ctx, s.spaces[1], days) // stress traffic: scanned less often
+			e.once(ctx, e.spaces[1], days) // stress traffic: scanned less often
 		}
 	})
 }
@@ -33,16 +52,17 @@ const shadowEvery = 4
 // fullScanInterval: how often every day slot is scanned.
 const fullScanInterval = 10 * time.Minute
 
-func (s *Server) fullExpiryLoop(ctx context.Context) {
+// runFull scans every day slot 30 s after start, then every fullScanInterval.
+func (e *expirer) runFull(ctx context.Context) {
 	wait := 30 * time.Second
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-e.clock.After(wait):
 		}
-		for _, sp := range s.spaces {
-			s.expireOnce(ctx, sp, allDays)
+		for _, sp := range e.spaces {
+			e.once(ctx, sp, allDays)
 		}
 		wait = fullScanInterval
 	}
@@ -69,14 +89,14 @@ func expiryDays(now time.Time, expiry time.Duration) []int {
 	return days
 }
 
-// expireOnce runs one pass over the given day slots and returns the cents refunded.
+// once runs one pass over the given day slots and returns the cents refunded.
 // A scan or refund that fails is tried again at the next pass; each logs
 // through its incident tracker (one line when it starts failing, one when
 // a pass goes through again).
-func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Cents {
+func (e *expirer) once(ctx context.Context, sp *space, days []int) model.Cents {
 	var total model.Cents
-	shards := s.cfg.Shards.Shards()
-	scan, refund := s.inc.expiryScan[spaceIndex(sp)], s.inc.refund[spaceIndex(sp)]
+	shards := e.shards
+	scan, refund := e.inc.expiryScan[sp.index()], e.inc.refund[sp.index()]
 	scanned, refundFailed := false, false
 	defer func() {
 		if scanned && !refundFailed && ctx.Err() == nil {
@@ -84,7 +104,7 @@ func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Ce
 		}
 	}()
 	for round := 0; round < 50 && ctx.Err() == nil; round++ { // 50 x 500 refunds at most per pass
-		ids, err := sp.store.ExpiredIn(ctx, shards, days, s.now().UnixMilli(), 500)
+		ids, err := sp.store.ExpiredIn(ctx, shards, days, e.clock.Now().UnixMilli(), 500)
 		if err != nil {
 			if ctx.Err() == nil {
 				scan.Fail(err)
@@ -97,7 +117,7 @@ func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Ce
 		for _, id := range ids {
 			ref, err := model.ParsePacketID(string(id))
 			if err != nil {
-				s.log.Error("bad packet id in table", "id", id)
+				e.log.Error("bad packet id in table", "id", id)
 				continue
 			}
 			cents, err := sp.store.Refund(ctx, ref)
@@ -111,11 +131,11 @@ func (s *Server) expireOnce(ctx context.Context, sp *space, days []int) model.Ce
 			if cents > 0 {
 				refunded++
 				total += cents
-				s.stats.refunds.Add(1)
-				s.stats.refundCents.Add(int64(cents))
+				e.refunds.Add(1)
+				e.refundCents.Add(int64(cents))
 				sp.closed.put(ref.ID, model.ErrExpired)
 				if p, err := sp.store.Packet(ctx, ref); err == nil {
-					s.cacheRemaining(sp, p)
+					e.cache.set(sp, p)
 				}
 			}
 		}

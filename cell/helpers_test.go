@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"redcell/api"
 	"redcell/cell"
 	"redcell/model"
@@ -78,4 +80,49 @@ func hasCredit(t *testing.T, db *sql.DB, ns, act, claimID string) bool {
 	var n int
 	db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM %sdb_%02d.t_flow_%d WHERE act_id = ? AND order_no = ?", ns, sh.DB(), sh.Table()), act, "claim:"+claimID).Scan(&n)
 	return n == 1
+}
+
+// counter reads one series of c's registry (labels name the series; nil for
+// none): the tests wait on the cell's own counts of what it did.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// waitScans waits until c's relay of space ("real", "shadow") has finished n
+// more outbox scans than when it is called: at least n-1 of them began after
+// the call, so whatever they could deliver they have handed to the lanes.
+func waitScans(t *testing.T, c *testCell, space string, n int) {
+	t.Helper()
+	scans := func() float64 {
+		return counter(t, c.reg, "redcell_cell_relay_scans_total", map[string]string{"space": space})
+	}
+	from := scans()
+	waitFor(t, time.Duration(n+10)*c.cfg.RelayInterval+5*time.Second, func() bool { return scans() >= from+float64(n) },
+		fmt.Sprintf("%d more outbox scans of the %s space", n, space))
 }

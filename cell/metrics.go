@@ -10,27 +10,17 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"redcell/api"
+	"redcell/cell/degrade"
+	"redcell/cell/keyqueue"
+	"redcell/cell/relay"
+	"redcell/internal/clock"
 	"redcell/internal/httpmetrics"
 )
 
-// route names a request the cell serves; it indexes the metrics.
-type route int
-
-const (
-	routeOther route = iota // unknown path or method
-	routeAccount
-	routeDeposit
-	routeSend
-	routeDetail
-	routeGrab
-	routeOpen
-	routeNoop
-	routeCredits // POST /internal/credits, cell to cell
-	routeRecon   // POST /internal/recon, cell to cell
-	routeCount
-)
-
-var routeNames = [routeCount]string{"other", "account", "deposit", "send", "detail", "grab", "open", "noop", "credits", "recon"}
+// routeLabels are the route label values of the cell's request metrics: the
+// main port's routes of api.Match, indexed by api.RouteID.
+var routeLabels = api.Labels(api.RouteMetrics)
 
 // shedReason says why an open was dropped before its transaction.
 type shedReason int
@@ -50,7 +40,7 @@ var shedReasonNames = [shedReasons]string{"queue_full", "queue_wait", "deadline"
 // newMetrics; the hot path indexes arrays and calls atomic adds.
 type metrics struct {
 	requests  *httpmetrics.Requests
-	limited   [routeCount]prometheus.Counter // kind="cell"
+	limited   [api.RouteMetrics]prometheus.Counter // kind="cell", by api.RouteID
 	shed      [shedReasons]prometheus.Counter
 	queued    prometheus.Gauge // opens waiting in all FIFOs
 	queueWait prometheus.Histogram
@@ -62,10 +52,29 @@ type metrics struct {
 // scrapes cost the database at most one pass per this interval.
 const outboxLagTTL = 5 * time.Second
 
-func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
+// metricSources are the parts of the cell its metrics read at each scrape.
+type metricSources struct {
+	queue    *keyqueue.Queue[queueKey, *openJob]
+	stats    *stats
+	spaces   [2]*space
+	expiry   *expirer
+	slots    Slots
+	cache    GrabCache // nil: none
+	switches *degrade.Switches
+	dbs      []int // the cell's own databases
+	clock    clock.Clock
+	inc      *incidents
+}
+
+// relayTotal sums one relay counter over both spaces.
+func relayTotal(spaces [2]*space, f func(*relay.Stats) int64) int64 {
+	return f(&spaces[0].relay.Stats) + f(&spaces[1].relay.Stats)
+}
+
+func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 	m := &metrics{
 		requests: httpmetrics.New(reg, "redcell_cell_request_duration_seconds",
-			"Time a cell took to answer a request, by route and answer code (OK or the error code); _count is the request count.", routeNames[:]),
+			"Time a cell took to answer a request, by route and answer code (OK or the error code); _count is the request count.", routeLabels),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_depth",
 			Help: "Opens waiting in the per-packet FIFOs, all packets together."}),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_open_queue_wait_seconds",
@@ -77,8 +86,8 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 	}
 	limited := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_rate_limited_total",
 		Help: "Requests refused by a rate limit, by kind (route, user at the router; cell at a cell) and route."}, []string{"kind", "route"})
-	for r := range routeCount {
-		m.limited[r] = limited.WithLabelValues("cell", routeNames[r])
+	for r := range m.limited {
+		m.limited[r] = limited.WithLabelValues("cell", routeLabels[r])
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_shed_total",
 		Help: "Opens dropped before their transaction, by reason."}, []string{"reason"})
@@ -88,22 +97,26 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 	counter := func(name, help string, v func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v()) })
 	}
+	relayCounter := func(name, help string, f func(*relay.Stats) int64) prometheus.Collector {
+		return counter(name, help, func() int64 { return relayTotal(s.spaces, f) })
+	}
 	reg.MustRegister(limited, shed, m.queued, m.queueWait, m.batchSize,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_packets",
 			Help: "Packets with a live FIFO worker."}, func() float64 { return float64(s.queue.Keys()) }),
 		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
 		counter("redcell_cell_open_batches_total", "Open transactions committed by the FIFO workers.", s.stats.openBatches.Load),
-		counter("redcell_cell_relay_delivered_total", "Credits the relay delivered and marked in the outbox.", s.stats.relayed.Load),
-		counter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, deliveries and outbox marks that failed, claims with no live owner.", s.stats.relayErrors.Load),
-		counter("redcell_cell_relay_handoff_dropped_total", "Fresh claims no relay lane took (full, backing off, no owner; the outbox scan delivers them).", s.stats.relayDropped.Load),
-		counter("redcell_cell_relay_deferred_total", "Credits the receiving store deferred because a wallet row they need was locked (each deferral counted; retried).", s.stats.relayDeferred.Load),
-		counter("redcell_cell_relay_mark_skipped_total", "Delivered credits left pending in the outbox because their row was locked (delivered again later, ignored by the receiver).", s.stats.relayMarkSkipped.Load),
-		laneCollector{s: s,
+		relayCounter("redcell_cell_relay_delivered_total", "Credits the relay delivered and marked in the outbox.", func(r *relay.Stats) int64 { return r.Relayed.Load() }),
+		relayCounter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, deliveries and outbox marks that failed, claims with no live owner.", func(r *relay.Stats) int64 { return r.Errors.Load() }),
+		relayCounter("redcell_cell_relay_handoff_dropped_total", "Fresh claims no relay lane took (full, backing off, no owner; the outbox scan delivers them).", func(r *relay.Stats) int64 { return r.Dropped.Load() }),
+		relayCounter("redcell_cell_relay_deferred_total", "Credits the receiving store deferred because a wallet row they need was locked (each deferral counted; retried).", func(r *relay.Stats) int64 { return r.Deferred.Load() }),
+		scansOf(s.spaces[0]), scansOf(s.spaces[1]),
+		relayCounter("redcell_cell_relay_mark_skipped_total", "Delivered credits left pending in the outbox because their row was locked (delivered again later, ignored by the receiver).", func(r *relay.Stats) int64 { return r.MarkSkipped.Load() }),
+		laneCollector{spaces: s.spaces,
 			credits: prometheus.NewDesc("redcell_cell_relay_lane_credits", "Credits a relay lane holds (queued, in flight or waiting to be tried again), by space, destination cell and kind (local: this cell's own wallets; remote).", []string{"space", "dest", "kind"}, nil),
 			backoff: prometheus.NewDesc("redcell_cell_relay_lane_backoff_seconds", "A relay lane's pause after failed deliveries (0: the last one succeeded), by space, destination cell and kind.", []string{"space", "dest", "kind"}, nil),
 		},
-		counter("redcell_cell_refunds_total", "Expired packets refunded.", s.stats.refunds.Load),
-		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.stats.refundCents.Load),
+		counter("redcell_cell_refunds_total", "Expired packets refunded.", s.expiry.refunds.Load),
+		counter("redcell_cell_refunded_cents_total", "Cents refunded to senders of expired packets.", s.expiry.refundCents.Load),
 		counter("redcell_memcached_cas_conflicts_total", "Transaction-slot CAS conflicts retried.", func() int64 { c, _ := s.slots.Stats(); return c }),
 		counter("redcell_memcached_fallbacks_total", "Transaction-slot calls served in-process because memcached failed or its breaker is open.", func() int64 { _, f := s.slots.Stats(); return f }),
 		counter("redcell_grab_cache_fallbacks_total", "Grab-cache calls served by the in-process copies because memcached failed or its breaker is open.", func() int64 {
@@ -113,9 +126,9 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 			_, n := s.cache.FallingBack()
 			return n
 		}),
-		newFallbackGauges(s),
-		newDegradeGauges(s),
-		&outboxCollector{s: s,
+		newFallbackGauges(s.slots, s.cache),
+		s.switches.Collector(),
+		&outboxCollector{spaces: s.spaces, dbs: s.dbs, clock: s.clock, inc: s.inc,
 			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
 		},
@@ -124,30 +137,26 @@ func newMetrics(s *Server, reg *prometheus.Registry) *metrics {
 	return m
 }
 
+// scansOf is redcell_cell_relay_scans_total{space}: the outbox scans the
+// space's relay finished (the tests wait for scans to see that a pass ran).
+func scansOf(sp *space) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_relay_scans_total",
+		Help: "Outbox scans the relay finished, by space.", ConstLabels: prometheus.Labels{"space": sp.name}},
+		func() float64 { return float64(sp.relay.Stats.Scans.Load()) })
+}
+
 // newFallbackGauges: redcell_memcached_fallback{use} is 1 while that user of
 // memcached (slots, grab_cache) falls back to in-process, 0 when it uses memcached.
-func newFallbackGauges(s *Server) prometheus.Collector {
+func newFallbackGauges(slots Slots, cache GrabCache) prometheus.Collector {
 	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_memcached_fallback",
 		Help: "1 while a user of memcached (use: slots, grab_cache) falls back to in-process because memcached is unreachable."}, []string{"use"})
 	return funcCollector{v, func() {
-		v.WithLabelValues("slots").Set(b2f(s.slots.FallingBack()))
+		v.WithLabelValues("slots").Set(b2f(slots.FallingBack()))
 		active := false
-		if s.cache != nil {
-			active, _ = s.cache.FallingBack()
+		if cache != nil {
+			active, _ = cache.FallingBack()
 		}
 		v.WithLabelValues("grab_cache").Set(b2f(active))
-	}}
-}
-
-// newDegradeGauges: redcell_degrade_switch{switch} is 1 while that feature is
-// switched off (degraded), 0 while it works.
-func newDegradeGauges(s *Server) prometheus.Collector {
-	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_degrade_switch",
-		Help: "1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay)."}, []string{"switch"})
-	return funcCollector{v, func() {
-		for i, name := range switchNames {
-			v.WithLabelValues(name).Set(b2f(s.isDegraded(degradeSwitch(i))))
-		}
 	}}
 }
 
@@ -169,22 +178,21 @@ func b2f(b bool) float64 {
 // laneCollector reports the relay lanes of both spaces when scraped: at most
 // lanesMax+1 per space, so the label values stay bounded.
 type laneCollector struct {
-	s                *Server
+	spaces           [2]*space
 	credits, backoff *prometheus.Desc
 }
 
 func (c laneCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.credits; ch <- c.backoff }
 
 func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, sp := range c.s.spaces {
-		for _, l := range sp.relay.lanes() {
-			held, backoff := l.state()
+	for _, sp := range c.spaces {
+		for _, l := range sp.relay.Lanes() {
 			kind := "remote"
-			if l.local {
+			if l.Local {
 				kind = "local"
 			}
-			ch <- prometheus.MustNewConstMetric(c.credits, prometheus.GaugeValue, float64(held), spaceName(sp), l.dest, kind)
-			ch <- prometheus.MustNewConstMetric(c.backoff, prometheus.GaugeValue, backoff.Seconds(), spaceName(sp), l.dest, kind)
+			ch <- prometheus.MustNewConstMetric(c.credits, prometheus.GaugeValue, float64(l.Held), sp.name, l.Dest, kind)
+			ch <- prometheus.MustNewConstMetric(c.backoff, prometheus.GaugeValue, l.Backoff.Seconds(), sp.name, l.Dest, kind)
 		}
 	}
 }
@@ -193,7 +201,10 @@ func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
 // once per outboxLagTTL. A space whose reading failed is left out of the scrape
 // rather than shown with old numbers.
 type outboxCollector struct {
-	s               *Server
+	spaces          [2]*space
+	dbs             []int
+	clock           clock.Clock
+	inc             *incidents
 	pending, oldest *prometheus.Desc
 
 	mu  sync.Mutex // guards at, lag, ok
@@ -207,7 +218,7 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.pending
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.at) >= outboxLagTTL {
+	if c.clock.Now().Sub(c.at) >= outboxLagTTL {
 		c.refreshLocked()
 	}
 	for i, name := range [2]string{"real", "shadow"} {
@@ -222,35 +233,22 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 func (c *outboxCollector) refreshLocked() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	c.at = time.Now()
-	for i, sp := range c.s.spaces {
+	c.at = c.clock.Now()
+	for i, sp := range c.spaces {
 		c.ok[i] = true
 		c.lag[i].pending, c.lag[i].oldestMS = 0, 0
-		for _, db := range c.s.ownedDBs() {
+		for _, db := range c.dbs {
 			n, oldest, err := sp.store.OutboxLag(ctx, db)
 			if err != nil {
 				c.ok[i] = false
-				c.s.inc.outboxLag[i].Fail(err, "db", db)
+				c.inc.outboxLag[i].Fail(err, "db", db)
 				break
 			}
 			c.lag[i].pending += n
 			c.lag[i].oldestMS = max(c.lag[i].oldestMS, oldest)
 		}
 		if c.ok[i] {
-			c.s.inc.outboxLag[i].OK()
+			c.inc.outboxLag[i].OK()
 		}
 	}
-}
-
-// ownedDBs lists the databases (db index) of the cell's shards, each once.
-func (s *Server) ownedDBs() []int {
-	var out []int
-	seen := map[int]bool{}
-	for _, sh := range s.cfg.Shards.Shards() {
-		if db := sh.DB(); !seen[db] {
-			seen[db] = true
-			out = append(out, db)
-		}
-	}
-	return out
 }

@@ -46,7 +46,8 @@ func TestRefundAtExpiryRacingOpens(t *testing.T) {
 					t.Errorf("open answered %d %s", st, code)
 				}
 				mu.Unlock()
-				time.Sleep(25 * time.Millisecond)
+				time.Sleep(25 * time.Millisecond) // pacing, not a wait: 8 x 60 opens spread over the 1 s expiry
+
 			}
 		}()
 	}
@@ -200,14 +201,17 @@ func TestRelayRedrivesFromOutbox(t *testing.T) {
 	if st, code := call(t, "POST", a.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 500 {
 		t.Fatalf("open: %d %s %+v", st, code, claim)
 	}
-	time.Sleep(700 * time.Millisecond)
+	// The relay has tried to deliver, and failed, twice (the fresh claim and
+	// its retry after the backoff, or a scan): a credit could have landed by now.
+	waitFor(t, 10*time.Second, func() bool { return counter(t, a.reg, "redcell_cell_relay_errors_total", nil) >= 2 },
+		"two failed deliveries to the unreachable cell")
 	if got := b.balance(t, claimant); got != 0 {
 		t.Fatalf("credited %d while unreachable", got)
 	}
 	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
 	peers.m.Store(good)
 	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == 500 }, "credit after the cell came back")
-	time.Sleep(600 * time.Millisecond) // more scans must not credit again
+	waitScans(t, a, "real", 3) // more scans must not credit again
 	if got := b.balance(t, claimant); got != 500 {
 		t.Fatalf("balance %d, want 500", got)
 	}

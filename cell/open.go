@@ -38,20 +38,20 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 	}
 	req := model.OpenRequest{ActID: actID, Shard: sharding.ShardOfAct(actID)}
 	var res model.OpenResult
-	switch age := s.now().UTC().Sub(time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC)); {
+	switch age := s.clock.Now().UTC().Sub(time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC)); {
 	case age < -24*time.Hour:
 		// Dated after tomorrow: no cell has made it. Answered without a queue, so
 		// made-up IDs cannot fill the cell with per-packet workers.
 		res = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
 	case age > s.cfg.PacketExpiry+48*time.Hour:
 		res = s.openOld(ctx, sp, ref, req) // long expired: no share can be paid, no queue needed
-	case s.Strategy().Strategy == StrategyNaive:
+	case s.strategy.Strategy().Strategy == StrategyNaive:
 		res = s.openNaive(ctx, sp, ref, req)
 	default:
 		res = s.openQueued(ctx, sp, ref, req)
 	}
 	if res.Err != nil {
-		s.writeErr(rc, res.Err)
+		s.answers.err(rc, res.Err)
 		return
 	}
 	s.writeOpen(rc, res)
@@ -173,7 +173,7 @@ func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRe
 // or the request deadline.
 func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
 	dl, _ := ctx.Deadline()
-	job := &openJob{sp: sp, ref: ref, req: req, enqueued: s.now(), deadline: dl, done: make(chan model.OpenResult, 1)}
+	job := &openJob{sp: sp, ref: ref, req: req, enqueued: s.clock.Now(), deadline: dl, done: make(chan model.OpenResult, 1)}
 	s.metrics.queued.Inc() // before Enqueue: the worker may take the job at once
 	if err := s.queue.Enqueue(queueKey{id: ref.ID, stress: sp.stress}, job); err != nil {
 		s.metrics.queued.Dec()
@@ -199,7 +199,7 @@ func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef,
 // answers every waiter.
 func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
-	now := s.now()
+	now := s.clock.Now()
 	s.metrics.queued.Sub(float64(len(batch)))
 	live := batch[:0:0]
 	for _, j := range batch {
@@ -253,7 +253,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
 	s.rngs.Put(r)
 	release()
-	track := s.inc.openBatch[spaceIndex(sp)]
+	track := s.inc.openBatch[sp.index()]
 	if err != nil {
 		if errors.Is(err, model.ErrDBUnavailable) {
 			// The database breaker counts and logs outages; one line per batch would flood.
@@ -295,15 +295,15 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 		sp.closed.put(p.ID, model.ErrExpired)
 	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
 		sp.closed.put(p.ID, model.ErrSoldOut)
-	case s.now().UnixMilli() >= p.ExpiresMS:
+	case s.clock.Now().UnixMilli() >= p.ExpiresMS:
 		sp.closed.put(p.ID, model.ErrExpired)
 	default:
 		closed = false
 	}
 	if len(credits) > 0 || closed {
-		s.cacheRemaining(sp, p)
+		s.cache.set(sp, p)
 	}
 	if len(credits) > 0 {
-		sp.relay.enqueue(credits)
+		sp.relay.Enqueue(credits)
 	}
 }

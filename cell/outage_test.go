@@ -106,7 +106,7 @@ func TestOutageLogsBounded(t *testing.T) {
 		if st := traffic(); st != "503 503 503" {
 			t.Fatalf("with the database down: account, deposit, open answered %s, want 503 each", st)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // pacing: about 30 rounds of traffic in the 3 s the logs are judged over
 	}
 	down := logs.lines()
 	counts := map[string]int{}

@@ -342,8 +342,8 @@ func holdLocked(t *testing.T, db *sql.DB, q string, args ...any) (release func()
 
 // checkExactlyOnce: each claimant holds exactly its claim, in one credit flow
 // keyed by the claim, and the sender's outbox (db sender) marks every claim
-// delivered (waiting up to 5 s for the marks). Then, after a few more relay
-// scans, nothing has changed.
+// delivered (waiting up to 5 s for the marks). Then, after three more relay
+// scans (counted by the sender), nothing has changed.
 func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 	t.Helper()
 	check := func() {
@@ -363,7 +363,7 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 	waitFor(t, 5*time.Second, func() bool {
 		return !slices.ContainsFunc(claims, func(c *probeClaim) bool { return outboxState(t, sender.db, "", c.claim.ClaimID) != 1 })
 	}, "every outbox row marked delivered")
-	time.Sleep(4 * sender.cfg.RelayInterval)
+	waitScans(t, sender, "real", 3)
 	check()
 }
 
@@ -464,7 +464,11 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	release := holdLocked(t, a.db, fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id IN (?%s) FOR UPDATE",
 		ref.Shard.DB(), strings.Repeat(", ?", len(ids)-1)), ids...)
 	degrade(t, a, `{"relay":"on"}`)
-	time.Sleep(4 * a.cfg.RelayInterval) // the outbox scan hands the held rows to the relay
+	// An outbox scan hands the held rows to the relay (once they are two scan
+	// intervals old), which credits them and finds their rows locked.
+	if !w.until(10*time.Second, allCredited(held)) {
+		t.Fatal("the held claims were not credited within 10 s of the relay switched on")
+	}
 
 	fresh := w.open(t, a, id, interleave(local[2:], remote[2:]), kind, db)
 	w.until(12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })

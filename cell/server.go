@@ -21,8 +21,15 @@ import (
 	"golang.org/x/time/rate"
 
 	"redcell/api"
+	"redcell/api/cellclient"
+	"redcell/cell/admin"
 	"redcell/cell/admission"
+	"redcell/cell/audit"
+	"redcell/cell/degrade"
 	"redcell/cell/keyqueue"
+	"redcell/cell/recon"
+	"redcell/cell/relay"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -60,8 +67,9 @@ type Peers interface {
 // store, relay, closed-packet set and grab-cache keys.
 type space struct {
 	stress bool
+	name   string // "real" or "shadow": metric labels and logs
 	store  storage.Store
-	relay  *relay
+	relay  *relay.Relay
 	closed closedSet
 }
 
@@ -73,55 +81,68 @@ func (sp *space) cacheKey(id model.PacketID) string {
 	return string(id)
 }
 
+// index is 0 for the real space, 1 for the shadow one.
+func (sp *space) index() int {
+	if sp.stress {
+		return 1
+	}
+	return 0
+}
+
 // Stores are the cell's two namespaces over its database.
 type Stores struct {
 	Real   storage.Store // users' money
 	Shadow storage.Store // stress-test traffic; must not share tables with Real
 }
 
-// Server is one running cell. Create it with New, run it with Serve.
+// Server is one running cell: it routes and admits requests and runs the open
+// path itself; its other jobs are parts built from narrow interfaces and
+// started by Serve: a relay per space (cell/relay), reconciliation
+// (cell/recon), the audit of its own books (cell/audit), the admin port
+// (cell/admin), the expiry of packets and the schema warm-up. None of them
+// holds the Server. Create it with New, run it with Serve.
 type Server struct {
 	cfg    Config
+	clock  clock.Clock
 	spaces [2]*space // [0] real money, [1] stress traffic
 	slots  Slots
-	cache  GrabCache
+	cache  *grabCache // nil without a GrabCache
 	peers  Peers
 	log    *slog.Logger
-	now    func() time.Time
 
-	owned [model.ShardCount]bool
+	own   *ownership
 	queue *keyqueue.Queue[queueKey, *openJob]
 	rngs  sync.Pool // *rand.Rand, one per worker at a time
 	http  *fasthttp.Server
 
-	strategy    atomic.Pointer[api.StrategySetting] // how opens run; SetStrategy changes it
-	admin       *fasthttp.Server                    // nil without cfg.AdminListen
-	noopBody    []byte                              // the no-op route's fixed answer
-	draining    atomic.Bool
-	schemaReady atomic.Bool
-	stats       stats
-	limiter     *rate.Limiter                   // the cell's own request rate (Config.RateLimitPerSec)
-	bg          atomic.Pointer[context.Context] // background work's context, canceled when Serve drains (bgContext)
-	signer      *api.Signer                     // signs relayed credits, checks every signed call (Config.ClusterSecret)
-	refusal     []byte                          // the CELL_RATE_LIMITED answer, made once
-	metrics     *metrics
+	strategy *openStrategy     // how opens run; the admin port switches it
+	switches *degrade.Switches // features switched off
+	noopBody []byte            // the no-op route's fixed answer
+	draining atomic.Bool
+	stats    stats
+	limiter  *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
+	signer   *api.Signer   // checks every signed call (Config.ClusterSecret)
+	refusal  []byte        // the CELL_RATE_LIMITED answer, made once
+	metrics  *metrics
+	answers  answers    // writes answers and error answers
+	inc      *incidents // repeated failures, logged when they start and end
 
-	degraded     [switchCount]atomic.Bool // features switched off (SetDegrade)
-	reconMetrics *reconMetrics
-	auditor      *auditor
-	inc          *incidents // repeated failures, logged when they start and end
+	recon   *recon.Reconciler
+	auditor *audit.Auditor
+	admin   *admin.Server
+	expiry  *expirer
+	warmer  *warmer
 }
 
-// stats are the cell's counters (exported through /healthz).
+// stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
-	opens, openBatches, shed, refunds, refundCents atomic.Int64
-	relayed, relayDropped, relayErrors             atomic.Int64
-	relayDeferred, relayMarkSkipped                atomic.Int64
+	opens, openBatches, shed atomic.Int64
 }
 
 // New wires a cell. It does no I/O. The cell's metrics are registered with reg,
 // which GET /metrics on the admin port serves; reg belongs to this cell (one per
 // process, never prometheus.DefaultRegisterer, so tests can run many cells).
+// Time is read from cfg.Clock (nil: the system clock).
 func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, reg *prometheus.Registry, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -129,15 +150,20 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	if stores.Real == nil || stores.Shadow == nil {
 		return nil, errors.New("cell: both a real and a shadow store are required")
 	}
-	s := &Server{cfg: cfg, slots: slots, cache: cache, peers: peers, log: log.With("cell", cfg.Name), now: time.Now}
-	s.inc = newIncidents(s.log)
-	for _, sh := range cfg.Shards.Shards() {
-		s.owned[sh] = true
+	clk := clock.Or(cfg.Clock)
+	log = log.With("cell", cfg.Name)
+	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
+	if cache != nil {
+		s.cache = &grabCache{c: cache, clock: clk}
 	}
+	s.inc = newIncidents(log)
+	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
+	s.own = newOwnership(cfg.Name, cfg.Shards)
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second,
 	}, s.openBatch)
-	if err := s.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {
+	s.strategy = &openStrategy{queue: s.queue, log: log}
+	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {
 		return nil, err
 	}
 	s.rngs.New = func() any {
@@ -145,19 +171,34 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		_, _ = rand.Read(seed[:])
 		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
 	}
-	s.spaces[0] = &space{store: stores.Real}
-	s.spaces[1] = &space{stress: true, store: stores.Shadow}
+	s.switches = degrade.New(cfg.Degrade, log)
+	s.signer = api.NewSigner(cfg.ClusterSecret)
+	calls := cellclient.New(&fasthttp.Client{Name: "redcell-cell", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 16},
+		s.signer, clk, internalTimeout)
+	s.spaces[0] = &space{name: "real", store: stores.Real}
+	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
+	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	for _, sp := range s.spaces {
-		sp.relay = newRelay(s, sp)
+		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: cfg.Shards.DBs(),
+			Owns: s.Owns, Off: relayOff, Store: sp.store, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+			Clock: clk, Log: log})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
-	s.signer = api.NewSigner(cfg.ClusterSecret)
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
-	s.setDegradeConfig(cfg.Degrade)
-	s.metrics = newMetrics(s, reg)
-	s.reconMetrics = newReconMetrics(reg)
-	s.auditor = newAuditor(reg)
+	s.expiry = &expirer{spaces: s.spaces, shards: cfg.Shards.Shards(), interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
+		cache: s.cache, clock: clk, log: log, inc: s.inc}
+	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
+	s.recon = recon.New(recon.Config{Shards: cfg.Shards, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
+		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Clock: clk, Log: log, Reg: reg},
+		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
+		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
+	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
+		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
+	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
+		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc})
+	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -173,7 +214,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 }
 
 // Owns reports whether this cell owns shard sh.
-func (s *Server) Owns(sh model.ShardID) bool { return sh.Valid() && s.owned[sh] }
+func (s *Server) Owns(sh model.ShardID) bool { return s.own.owns(sh) }
 
 // Listen binds the HTTP address (so callers know it is taken before announcing).
 func (s *Server) Listen() (net.Listener, error) {
@@ -190,25 +231,20 @@ func (s *Server) Listen() (net.Listener, error) {
 // reconciliation, the hourly audit) runs while it serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
-	s.bg.Store(&bg)
 	var wg sync.WaitGroup
-	wg.Add(6)
-	go func() {
-		defer wg.Done()
-		if s.cfg.WarmSchema {
-			s.warmSchema(bg)
-		}
-	}()
-	go func() { defer wg.Done(); s.spaces[0].relay.run(bg) }()
-	go func() { defer wg.Done(); s.spaces[1].relay.run(bg) }()
-	go func() { defer wg.Done(); s.expiryLoop(bg) }()
-	go func() { defer wg.Done(); s.reconLoop(bg) }()
-	go func() { defer wg.Done(); s.auditLoop(bg) }()
+	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run}
+	if s.cfg.WarmSchema {
+		background = append(background, s.warmer.run)
+	}
+	for _, run := range background {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(bg) }()
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()
-	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.Strategy().Strategy)
-	stopAdmin, aerr := s.serveAdmin()
+	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.strategy.Strategy().Strategy)
+	stopAdmin, aerr := s.admin.Serve(bg)
 	if aerr != nil {
 		s.log.Error("admin port", "err", aerr)
 	}
@@ -228,64 +264,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.queue.Wait()
 	stopBG()
 	wg.Wait()
-	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.stats.relayed.Load())
+	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())
 	return err
-}
-
-// every calls fn(pass) every d until ctx ends; pass counts the calls from 0.
-// The cell's periodic background work (expiry, reconciliation, audit) runs on it.
-func every(ctx context.Context, d time.Duration, fn func(pass int)) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for pass := 0; ; pass++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn(pass)
-		}
-	}
-}
-
-// bgContext is the context of the cell's background work, canceled when Serve
-// has drained the public port: long admin work (an audit) stops with it.
-func (s *Server) bgContext() context.Context {
-	if p := s.bg.Load(); p != nil {
-		return *p
-	}
-	return context.Background()
-}
-
-// warmSchema creates the shard tables and today's and tomorrow's day tables
-// before they are needed, then again each hour so tomorrow's always exist. A
-// pass that fails (the database down, or its breaker open) is tried again
-// after WarmRetry.
-func (s *Server) warmSchema(ctx context.Context) {
-	shards := s.cfg.Shards.Shards()
-	for {
-		start := s.now()
-		days := []int{start.UTC().Day(), start.UTC().Add(24 * time.Hour).Day()}
-		last := time.Now()
-		err := s.spaces[0].store.EnsureDays(ctx, shards, days, 4, func(done, total int) {
-			if time.Since(last) > 5*time.Second || done == total {
-				last = time.Now()
-				s.log.Info("creating day tables", "done", done, "shards", total, "days", days)
-			}
-		})
-		next := time.Hour
-		if err != nil && ctx.Err() == nil {
-			s.inc.warmUp.Fail(err, "retry_in", s.cfg.WarmRetry.String())
-			next = s.cfg.WarmRetry
-		} else if err == nil {
-			s.inc.warmUp.OK()
-			s.schemaReady.Store(true)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(next):
-		}
-	}
 }
 
 // spaceOf picks the namespace of a request: shadow tables for stress traffic.
@@ -297,8 +277,9 @@ func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
 }
 
 // internalTimeout bounds a cell-to-cell call (/internal/...) whose caller sent
-// no shorter deadline: the relay sends its own (relayAttemptTimeout),
-// reconciliation uses this one.
+// no shorter deadline, at both ends: the cell client waits no longer for any
+// call, and a cell serves none longer. The relay's attempts (5 s) and
+// reconciliation's calls (10 s) send their own deadlines.
 const internalTimeout = 10 * time.Second
 
 // deadline rebuilds the request's context from the deadline header the router
@@ -308,7 +289,7 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 	if bytes.HasPrefix(rc.Path(), []byte("/internal/")) {
 		limit = internalTimeout // a reconciliation call may take longer than a client request
 	}
-	d := s.now().Add(limit)
+	d := s.clock.Now().Add(limit)
 	if v := rc.Request.Header.Peek(api.HeaderDeadline); len(v) > 0 {
 		if ms, err := strconv.ParseInt(string(v), 10, 64); err == nil {
 			if hd := time.UnixMilli(ms); hd.Before(d) {
@@ -317,42 +298,4 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 		}
 	}
 	return context.WithDeadline(context.Background(), d)
-}
-
-func (s *Server) writeJSON(rc *fasthttp.RequestCtx, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		s.writeErr(rc, fmt.Errorf("cell: encode answer: %w", err))
-		return
-	}
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
-	rc.SetBody(b)
-}
-
-// writeErr answers err. A 5xx other than shedding and DB_UNAVAILABLE is a
-// request failure (s.inc.request); serveRoute tells it of every other answer.
-func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = model.ErrTimeout
-	}
-	status, body := api.ErrorJSON(err)
-	switch {
-	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown),
-		errors.Is(err, model.ErrDBUnavailable):
-		// Load shedding is the system working as designed; it is counted, and a
-		// log line per shed request would itself add load when it matters most.
-		// DB_UNAVAILABLE too: the breaker logs its state changes and counts the
-		// failures (redcell_breaker_*), so an outage is not one line per request.
-		s.log.Debug("request shed", "path", string(rc.Path()), "err", err)
-	case status >= 500:
-		s.inc.request.Fail(err, "path", string(rc.Path()))
-	}
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
-	code, _ := model.CodeOf(err)
-	rc.Response.Header.Set(api.HeaderCode, code) // the router's metrics read it (api.WriteError sets it too)
-	rc.SetBody(body)
 }

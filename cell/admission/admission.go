@@ -15,7 +15,9 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"redcell/internal/clock"
 	"redcell/internal/incident"
+	"redcell/internal/retry"
 )
 
 // Memcache is the part of a memcached client the slots and the grab cache use:
@@ -46,6 +48,10 @@ type Slots struct {
 	Fallbacks atomic.Int64 // Acquire calls served in-process because memcached failed
 	Conflicts atomic.Int64 // CAS conflicts retried
 	state     fallbackState
+
+	// Clock is where the slots read time and wait (the counters' start, the
+	// backoff); nil is the system clock. Set it before the first Acquire.
+	Clock clock.Clock
 }
 
 // NewSlots returns a cap of capPerKey concurrent holders per key.
@@ -74,32 +80,52 @@ func (s *Slots) FallingBack() bool { return s.state.down.Load() }
 
 func slotKey(key string) string { return "rc:tx:" + key }
 
-// Acquire takes one slot for key, waiting (with short backoff) while the cap is
-// full. The returned release must be called exactly once; it gives the slot
-// back where it was taken (memcached or the in-process fallback). Errors:
-// ErrBusy when ctx ends first.
+// The bounds of Acquire's wait for a full cap: a backoff from 200 µs doubling
+// up to 10 ms, at most acquireAttempts tries (about 10 s, past any
+// transaction's 5 s; the caller's ctx normally ends the wait first).
+const (
+	acquireBackoff  = 200 * time.Microsecond
+	acquireWaitMax  = 10 * time.Millisecond
+	acquireAttempts = 1000
+)
+
+// errCapFull: the key's cap is full, or a CAS lost: worth another try.
+var errCapFull = errors.New("admission: cap full")
+
+// unreachable wraps a memcached failure: Acquire falls back, not retries.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string { return u.err.Error() }
+
+// Acquire takes one slot for key, waiting (with short backoff, retry.Do)
+// while the cap is full. The returned release must be called exactly once; it
+// gives the slot back where it was taken (memcached or the in-process
+// fallback). Errors: ErrBusy when ctx ends first, or the cap stays full for
+// acquireAttempts tries.
 func (s *Slots) Acquire(ctx context.Context, key string) (release func(), err error) {
 	k := slotKey(key)
-	backoff := 200 * time.Microsecond
-	for {
-		ok, err := s.tryAcquire(k)
-		if err != nil {
-			s.fallback(err)
-			return s.acquireLocal(ctx, k)
-		}
-		s.state.reached()
-		if ok {
-			return func() { s.release(k) }, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ErrBusy
-		case <-time.After(backoff):
-		}
-		if backoff < 10*time.Millisecond {
-			backoff *= 2
-		}
+	err = retry.Do(ctx, retry.Policy{Attempts: acquireAttempts, Backoff: acquireBackoff, Max: acquireWaitMax, Clock: s.Clock,
+		Retryable: func(err error) bool { return err == errCapFull }},
+		func(int) error {
+			ok, err := s.tryAcquire(k)
+			if err != nil {
+				return unreachable{err}
+			}
+			s.state.reached()
+			if !ok {
+				return errCapFull
+			}
+			return nil
+		})
+	var u unreachable
+	switch {
+	case err == nil:
+		return func() { s.release(k) }, nil
+	case errors.As(err, &u):
+		s.fallback(u.err)
+		return s.acquireLocal(ctx, k)
 	}
+	return nil, ErrBusy
 }
 
 // A slot counter is stored as "count:startUnix", where start is when the
@@ -121,7 +147,7 @@ func formatSlot(dst []byte, n int, start int64) []byte {
 
 // tryAcquire makes one attempt; ok=false means the cap is full or a CAS lost.
 func (s *Slots) tryAcquire(k string) (ok bool, err error) {
-	now := time.Now().Unix()
+	now := clock.Or(s.Clock).Now().Unix()
 	it, err := s.mc.Get(k)
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		err = s.mc.Add(&memcache.Item{Key: k, Value: formatSlot(nil, 1, now), Expiration: s.ttlSec})
@@ -151,35 +177,42 @@ func (s *Slots) tryAcquire(k string) (ok bool, err error) {
 	return err == nil, err
 }
 
-// release gives a memcached slot back. If memcached fails now, the slot stays
-// counted until the counter goes stale (see parseSlot); it is never "given
-// back" to the in-process count, which did not grant it.
+// releaseAttempts bounds the CAS tries of one release.
+const releaseAttempts = 50
+
+// release gives a memcached slot back, trying again at once (retry.Do, no
+// backoff) when a CAS lost to another holder. If memcached fails now, the
+// slot stays counted until the counter goes stale (see parseSlot); it is
+// never "given back" to the in-process count, which did not grant it.
 func (s *Slots) release(k string) {
-	for attempt := 0; attempt < 50; attempt++ {
-		it, err := s.mc.Get(k)
-		if errors.Is(err, memcache.ErrCacheMiss) {
-			return // expired; nothing to give back
-		}
-		if err != nil {
-			s.fallback(err)
-			return
-		}
-		n, start := parseSlot(it.Value)
-		if n <= 0 {
-			return
-		}
-		it.Value = formatSlot(it.Value, n-1, start)
-		it.Expiration = s.ttlSec
-		err = s.mc.CompareAndSwap(it)
-		if err == nil || errors.Is(err, memcache.ErrNotStored) {
-			return
-		}
-		if !errors.Is(err, memcache.ErrCASConflict) {
-			s.fallback(err)
-			return
-		}
-		s.Conflicts.Add(1)
-	}
+	_ = retry.Do(context.Background(), retry.Policy{Attempts: releaseAttempts, Clock: s.Clock,
+		Retryable: func(err error) bool { return err == errCapFull }},
+		func(int) error {
+			it, err := s.mc.Get(k)
+			if errors.Is(err, memcache.ErrCacheMiss) {
+				return nil // expired; nothing to give back
+			}
+			if err != nil {
+				s.fallback(err)
+				return nil
+			}
+			n, start := parseSlot(it.Value)
+			if n <= 0 {
+				return nil
+			}
+			it.Value = formatSlot(it.Value, n-1, start)
+			it.Expiration = s.ttlSec
+			err = s.mc.CompareAndSwap(it)
+			if err == nil || errors.Is(err, memcache.ErrNotStored) {
+				return nil
+			}
+			if !errors.Is(err, memcache.ErrCASConflict) {
+				s.fallback(err)
+				return nil
+			}
+			s.Conflicts.Add(1)
+			return errCapFull // lost the CAS: try again
+		})
 }
 
 func (s *Slots) fallback(err error) {
@@ -228,7 +261,11 @@ func serverAnswered(err error) bool {
 		errors.Is(err, memcache.ErrNotStored) || errors.Is(err, memcache.ErrMalformedKey)
 }
 
+// acquireLocal takes an in-process slot, polling every millisecond while the
+// key's cap is full (inside one process the FIFO worker holds the only slot,
+// so a wait is rare and short); it ends with ErrBusy when ctx does.
 func (s *Slots) acquireLocal(ctx context.Context, k string) (func(), error) {
+	c := clock.Or(s.Clock)
 	for {
 		s.mu.Lock()
 		if s.local[k] < s.cap {
@@ -240,7 +277,7 @@ func (s *Slots) acquireLocal(ctx context.Context, k string) (func(), error) {
 		select {
 		case <-ctx.Done():
 			return nil, ErrBusy
-		case <-time.After(time.Millisecond):
+		case <-c.After(time.Millisecond):
 		}
 	}
 }

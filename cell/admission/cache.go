@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"redcell/internal/clock"
 )
 
 // Remaining is the grab cache's copy of a packet: shares left, status and expiry.
@@ -45,7 +47,13 @@ type Cache struct {
 	probeEvery time.Duration // how often memcached is tried while down (tests shorten it)
 
 	fallbacks atomic.Int64 // calls served by the in-process copies
+
+	// Clock is where the cache reads time (the copies' expiry, the probes);
+	// nil is the system clock. Set it before the first call.
+	Clock clock.Clock
 }
+
+func (c *Cache) now() time.Time { return clock.Or(c.Clock).Now() }
 
 type localCopy struct {
 	r       Remaining
@@ -63,6 +71,9 @@ const (
 
 // NewCache returns the grab cache over mc; log receives its fallback changes.
 func NewCache(mc Memcache, log *slog.Logger) *Cache {
+	// The generation stamp is the process's real start time on purpose, not
+	// the Clock's: it must differ from every earlier process's (a manual clock
+	// would repeat it), so a copy another lifetime wrote is never read.
 	return &Cache{mc: mc, state: newFallbackState("grab cache", log),
 		gen: strconv.FormatInt(time.Now().UnixMilli(), 36) + ".0", local: map[string]localCopy{}, probeEvery: probeEvery}
 }
@@ -87,10 +98,11 @@ func (c *Cache) useMemcached() bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.lastProbe) < c.probeEvery {
+	now := c.now()
+	if now.Sub(c.lastProbe) < c.probeEvery {
 		return false
 	}
-	c.lastProbe = time.Now()
+	c.lastProbe = now
 	return true
 }
 
@@ -100,7 +112,7 @@ func (c *Cache) useMemcached() bool {
 func (c *Cache) outcome(err error) (ok bool) {
 	if !serverAnswered(err) {
 		c.mu.Lock()
-		c.lastProbe = time.Now()
+		c.lastProbe = c.now()
 		if !c.state.down.Load() {
 			c.local = map[string]localCopy{} // copies left from an earlier outage are stale now
 		}
@@ -135,7 +147,7 @@ func (c *Cache) Get(key string) (r Remaining, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lc, ok := c.local[key]
-	if !ok || time.Now().After(lc.expires) {
+	if !ok || c.now().After(lc.expires) {
 		return r, false
 	}
 	lc.r.Local = true
@@ -188,14 +200,14 @@ func (c *Cache) putLocal(key string, r Remaining, ttl time.Duration, overwrite b
 	c.fallbacks.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if lc, there := c.local[key]; there && !overwrite && time.Now().Before(lc.expires) {
+	if lc, there := c.local[key]; there && !overwrite && c.now().Before(lc.expires) {
 		return
 	}
 	if len(c.local) >= localMax {
 		c.local = map[string]localCopy{}
 	}
 	r.Local = false
-	c.local[key] = localCopy{r: r, expires: time.Now().Add(ttl)}
+	c.local[key] = localCopy{r: r, expires: c.now().Add(ttl)}
 }
 
 func (c *Cache) item(key string, r Remaining, ttl time.Duration) *memcache.Item {

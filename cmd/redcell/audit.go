@@ -71,11 +71,7 @@ func printAudit(w io.Writer, r model.AuditReport) {
 	}
 }
 
-// auditCluster audits real money; auditShadow the shadow tables of stress traffic.
-func auditCluster(ctx context.Context, configPath string) (model.AuditReport, error) {
-	return auditNamespace(ctx, configPath, false)
-}
-
+// auditShadow audits the shadow tables of stress traffic (the bench's audit).
 func auditShadow(ctx context.Context, configPath string) (model.AuditReport, error) {
 	return auditNamespace(ctx, configPath, true)
 }

@@ -70,16 +70,3 @@ func (r *Requests) ObserveCode(route int, status int, code []byte, d time.Durati
 	}
 	o.Observe(d.Seconds())
 }
-
-// Observe is ObserveCode with the code read from an error body (api.ErrorCode).
-//
-// Deprecated: scanning bodies for codes is what api.HeaderCode replaces; use
-// ObserveCode with api.ResponseCode. Kept until the cells write their errors
-// with api.WriteError and call ObserveCode.
-func (r *Requests) Observe(route int, status int, body []byte, d time.Duration) {
-	var code []byte
-	if status != 200 {
-		code = api.ErrorCode(body)
-	}
-	r.ObserveCode(route, status, code, d)
-}

@@ -10,9 +10,8 @@ import (
 )
 
 // TestObserve: answers land under their code (the answer's api.HeaderCode);
-// a missing or unknown code, or "OK" on an error status, is OTHER; the
-// deprecated Observe still reads the code from an error body; the hot path
-// does not allocate once a series exists.
+// a missing or unknown code, or "OK" on an error status, is OTHER; the hot
+// path does not allocate once a series exists.
 func TestObserve(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := New(reg, "t_seconds", "test", []string{"a", "b"})
@@ -22,9 +21,7 @@ func TestObserve(t *testing.T) {
 	r.ObserveCode(1, 500, nil, time.Millisecond)
 	r.ObserveCode(1, 418, []byte("TEAPOT"), time.Millisecond)
 	r.ObserveCode(1, 503, []byte("OK"), time.Millisecond)
-	r.Observe(1, 409, []byte(`{"error":{"code":"SOLD_OUT","message":"m"}}`), time.Millisecond)
-	r.Observe(1, 500, []byte(`plain text`), time.Millisecond)
-	want := map[string]int{`code="OK",route="a"`: 2, `code="SOLD_OUT",route="b"`: 2, `code="OTHER",route="b"`: 4}
+	want := map[string]int{`code="OK",route="a"`: 2, `code="SOLD_OUT",route="b"`: 1, `code="OTHER",route="b"`: 3}
 	if n := testutil.CollectAndCount(r.vec); n != len(want) {
 		t.Fatalf("%d series, want %d", n, len(want))
 	}

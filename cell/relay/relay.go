@@ -1,42 +1,93 @@
-package cell
+// Package relay delivers claims to the claimants' wallets: at least once from
+// a cell's outbox, applied exactly once by the receiving side (the claim ID is
+// the order number). It is built from what it uses: the outbox and the wallets
+// of one money space (Store), a client for calls to other cells (Client), the
+// shard map (Peers), a clock and a logger; it knows nothing of the cell's
+// server.
+package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"redcell/api"
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 	"redcell/model"
+	"redcell/sharding"
 )
 
-// relay delivers claims to the claimants' wallets: at least once from the
-// outbox, applied exactly once by the receiving side (the claim ID is the order
-// number). Fresh claims come straight from the open workers; a periodic scan of
-// the outbox picks up whatever that missed (a crash, a full or paused lane, a
-// peer down, a locked row).
+// Store is the part of a cell's store the relay uses (storage.Outbox and
+// storage.Wallets): outbox rows to deliver, wallets to credit for this cell's
+// own claimants.
+type Store interface {
+	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
+	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
+	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
+}
+
+// Client delivers credits to another cell (POST /internal/credits, signed,
+// marked as stress traffic when the space is the shadow one). The call ends
+// when ctx does, and sends ctx's deadline to the receiver. The answer lists
+// the claim IDs the receiver deferred (a wallet row was locked).
+type Client interface {
+	Credits(ctx context.Context, addr string, cs []model.Credit) (api.CreditsResponse, error)
+}
+
+// Peers tells which cell owns a shard (sharding/membership.Node).
+type Peers interface {
+	Map() *sharding.Map
+}
+
+// Config is what a Relay is built from. Every field is required but Clock
+// (nil: the system clock).
+type Config struct {
+	Cell     string                   // this cell's name: the local lane's destination
+	Space    string                   // the money space, "real" or "shadow", for logs
+	Interval time.Duration            // how often the outbox is scanned (RelayInterval)
+	DBs      []int                    // the databases whose outboxes are scanned: the cell's own
+	Owns     func(model.ShardID) bool // whether this cell owns a shard (its claimants are credited locally)
+	Off      func() bool              // the relay degrade switch: true while switched off
+	Store    Store                    // the space's outbox and wallets
+	Client   Client                   // calls to other cells, for this space
+	Peers    Peers                    // the shard map
+	Clock    clock.Clock              // nil: clock.Real
+	Log      *slog.Logger
+}
+
+// Stats are the relay's counters since the start (the cell's metrics and
+// /healthz read them).
+type Stats struct {
+	Relayed     atomic.Int64 // credits delivered and marked in the outbox
+	Dropped     atomic.Int64 // fresh claims no lane took (the outbox scan delivers them)
+	Errors      atomic.Int64 // failed scans, deliveries and marks, and claims with no live owner
+	Deferred    atomic.Int64 // credits the receiver deferred (each deferral)
+	MarkSkipped atomic.Int64 // delivered credits left pending because their row was locked
+	Scans       atomic.Int64 // outbox scans finished
+}
+
+// Relay delivers the claims of one money space. Fresh claims come straight
+// from the open workers (Enqueue); a periodic scan of the outbox picks up
+// whatever that missed (a crash, a full or paused lane, a peer down, a locked
+// row).
 //
 // Both hand credits to dispatch, which splits them by destination, the cell
 // that owns the claimant's wallet, into lanes (lane.go): the local lane for
 // this cell's own shards, which applies them in its store and never waits on
 // the network, and one lane per other cell. Nothing that hands credits over
 // ever blocks: what a lane cannot take stays in the outbox for the scan.
-type relay struct {
-	s      *Server
-	sp     *space // the namespace whose outbox this relay drains
-	log    *slog.Logger
-	client *fasthttp.Client
-	// send posts credits to the cell at addr and returns the claim IDs it
-	// deferred (post; tests replace it).
-	send func(ctx context.Context, addr string, cs []model.Credit) (deferred []string, err error)
+//
+// Lifecycle: New, then Run until its ctx ends; Enqueue may be called at any
+// time from any goroutine (after Run ends it takes nothing).
+type Relay struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+	Stats Stats
 
 	mu       sync.Mutex       // guards local, remote, stopping
 	local    *lane            // nil until the first local credit, or after it retired
@@ -99,31 +150,28 @@ const (
 	deferralsLong = 8
 )
 
-func newRelay(s *Server, sp *space) *relay {
-	log := s.log.With("space", spaceName(sp))
-	r := &relay{s: s, sp: sp, log: log, remote: map[string]*lane{}, stop: make(chan struct{}),
-		client: &fasthttp.Client{
-			Name: "redcell-relay", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 16,
-		},
+// New builds a relay; it does no I/O and starts nothing (see Run).
+func New(cfg Config) *Relay {
+	log := cfg.Log.With("space", cfg.Space)
+	r := &Relay{cfg: cfg, clock: clock.Or(cfg.Clock), log: log, remote: map[string]*lane{}, stop: make(chan struct{}),
 		failures:  incident.NewSet(log, "relay delivery", "dest", incident.DefaultEvery, lanesMax+1),
 		deferrals: incident.NewSet(log, "relay credit deferred for long", "dest", incident.DefaultEvery, lanesMax+1),
 		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
 		scanning:  incident.New(log, "outbox scan", incident.DefaultEvery),
 	}
 	r.life, r.endLife = context.WithCancel(context.Background())
-	r.send = r.post
 	return r
 }
 
-// enqueue hands fresh claims from the open workers to their lanes without
+// Enqueue hands fresh claims from the open workers to their lanes without
 // blocking; what the lanes cannot take, or everything while the relay is
 // switched off, waits in the outbox for a later scan.
-func (r *relay) enqueue(credits []model.Credit) {
-	if r.s.isDegraded(switchRelay) {
+func (r *Relay) Enqueue(credits []model.Credit) {
+	if r.cfg.Off() {
 		return
 	}
 	if left := r.dispatch(credits, time.Time{}); left > 0 {
-		r.s.stats.relayDropped.Add(int64(left))
+		r.Stats.Dropped.Add(int64(left))
 	}
 }
 
@@ -132,23 +180,23 @@ func (r *relay) enqueue(credits []model.Credit) {
 // left for another lane, or no live cell owns the claimant's shard. Those stay
 // in the outbox. scanStart is when the scan that read them began (zero for
 // fresh claims; see lane.offer). It never blocks.
-func (r *relay) dispatch(credits []model.Credit, scanStart time.Time) (left int) {
-	m := r.s.peers.Map()
+func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int) {
+	m := r.cfg.Peers.Map()
 	local, remote := []model.Credit{}, map[string][]model.Credit{}
 	for _, c := range credits {
-		if r.s.Owns(c.Shard) {
+		if r.cfg.Owns(c.Shard) {
 			local = append(local, c)
 			continue
 		}
 		owner, ok := m.Owner(c.Shard)
 		if !ok {
-			r.s.stats.relayErrors.Add(1) // no live owner now: the outbox keeps it
+			r.Stats.Errors.Add(1) // no live owner now: the outbox keeps it
 			left++
 			continue
 		}
 		remote[owner.Name] = append(remote[owner.Name], c)
 	}
-	now := time.Now()
+	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	offer := func(l *lane, cs []model.Credit) int {
@@ -169,13 +217,13 @@ func (r *relay) dispatch(credits []model.Credit, scanStart time.Time) (left int)
 // laneLocked returns the lane of a destination, starting it if needed; nil
 // while the relay stops, or when lanesMax lanes to other cells run. r.mu must
 // be held.
-func (r *relay) laneLocked(name string, local bool) *lane {
+func (r *Relay) laneLocked(name string, local bool) *lane {
 	if r.stopping {
 		return nil
 	}
 	if local {
 		if r.local == nil {
-			r.local = r.startLocked(newLane(r, r.s.cfg.Name, true))
+			r.local = r.startLocked(newLane(r, r.cfg.Cell, true))
 		}
 		return r.local
 	}
@@ -191,7 +239,7 @@ func (r *relay) laneLocked(name string, local bool) *lane {
 }
 
 // startLocked starts l's goroutine. r.mu must be held.
-func (r *relay) startLocked(l *lane) *lane {
+func (r *Relay) startLocked(l *lane) *lane {
 	r.lanesWG.Add(1)
 	go l.run()
 	return l
@@ -199,7 +247,7 @@ func (r *relay) startLocked(l *lane) *lane {
 
 // retire removes l if it holds nothing, so that its goroutine may exit; a
 // later credit for its destination starts a new lane.
-func (r *relay) retire(l *lane) bool {
+func (r *Relay) retire(l *lane) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l.mu.Lock()
@@ -216,8 +264,26 @@ func (r *relay) retire(l *lane) bool {
 	return true
 }
 
-// lanes returns the running lanes (the metrics).
-func (r *relay) lanes() []*lane {
+// LaneState is what one lane holds and its backoff (the metrics).
+type LaneState struct {
+	Dest    string        // the destination cell's name
+	Local   bool          // the lane of this cell's own claimants
+	Held    int           // credits queued, in flight or waiting to be tried again
+	Backoff time.Duration // pause after failed deliveries; 0 after a success
+}
+
+// Lanes reports the running lanes: at most lanesMax+1.
+func (r *Relay) Lanes() []LaneState {
+	var out []LaneState
+	for _, l := range r.lanes() {
+		held, backoff := l.state()
+		out = append(out, LaneState{Dest: l.dest, Local: l.local, Held: held, Backoff: backoff})
+	}
+	return out
+}
+
+// lanes returns the running lanes.
+func (r *Relay) lanes() []*lane {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*lane, 0, len(r.remote)+1)
@@ -230,23 +296,29 @@ func (r *relay) lanes() []*lane {
 	return out
 }
 
-// run scans the outbox every RelayInterval until ctx ends, then stops the
-// lanes: each delivers what it holds, all within relayFlushMax; the outbox
-// keeps the rest for the next start.
-func (r *relay) run(ctx context.Context) {
-	every(ctx, r.s.cfg.RelayInterval, func(int) {
-		if !r.s.isDegraded(switchRelay) {
+// Run scans the outbox every Interval until ctx ends, then stops the lanes:
+// each delivers what it holds, all within relayFlushMax (every attempt's
+// context ends by then, and the client's call with it); the outbox keeps the
+// rest for the next start. Run returns when the lanes have exited.
+func (r *Relay) Run(ctx context.Context) {
+	clock.Every(ctx, r.clock, r.cfg.Interval, func(int) {
+		if !r.cfg.Off() {
 			r.scan(ctx)
 		}
 	})
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
-	r.flushBy.Store(time.Now().Add(relayFlushMax).UnixNano())
+	r.flushBy.Store(r.clock.Now().Add(relayFlushMax).UnixNano())
 	close(r.stop)
-	deadline := time.AfterFunc(relayFlushMax, r.endLife)
-	r.lanesWG.Wait()
-	deadline.Stop()
+	lanesDone := make(chan struct{})
+	go func() { r.lanesWG.Wait(); close(lanesDone) }()
+	select {
+	case <-lanesDone:
+	case <-r.clock.After(relayFlushMax):
+		r.endLife() // a lane still flushing: its attempt's context ends now
+		<-lanesDone
+	}
 	r.endLife()
 }
 
@@ -255,23 +327,24 @@ func (r *relay) run(ctx context.Context) {
 // (their cell is down) do not hide newer ones. A lane skips the credits it
 // already holds; one that is full or backing off takes none, and they wait
 // for a later scan.
-func (r *relay) scan(ctx context.Context) {
-	start := time.Now()
+func (r *Relay) scan(ctx context.Context) {
+	start := r.clock.Now()
 	for _, l := range r.lanes() {
 		l.scanBegins(start)
 	}
-	before := r.s.now().Add(-2 * r.s.cfg.RelayInterval).UnixMilli()
+	before := start.Add(-2 * r.cfg.Interval).UnixMilli()
 	ok := true
-	for _, db := range r.s.ownedDBs() {
+	defer r.Stats.Scans.Add(1)
+	for _, db := range r.cfg.DBs {
 		var after model.OutboxPos
 		for page := 0; page < 10 && ctx.Err() == nil; page++ {
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-			credits, next, err := r.sp.store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
+			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
 					ok = false
-					r.s.stats.relayErrors.Add(1)
+					r.Stats.Errors.Add(1)
 					r.scanning.Fail(err, "db", db)
 				}
 				break
@@ -292,31 +365,31 @@ func (r *relay) scan(ctx context.Context) {
 // delivered (applied now or before), deferred (a wallet row was locked); any
 // other credit of cs is no longer l's to deliver (the shard map changed) and
 // goes back to the outbox. An error means nothing is known to be applied.
-func (r *relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
+func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
 	if l.local {
-		_, ids, err := r.sp.store.ApplyCredits(ctx, cs)
+		_, ids, err := r.cfg.Store.ApplyCredits(ctx, cs)
 		if err != nil {
 			return nil, nil, err
 		}
 		delivered, deferred = splitDeferred(cs, ids)
 		return delivered, deferred, nil
 	}
-	m := r.s.peers.Map()
+	m := r.cfg.Peers.Map()
 	var mine []model.Credit
 	addr := ""
 	for _, c := range cs {
-		if owner, ok := m.Owner(c.Shard); ok && owner.Name == l.dest && !r.s.Owns(c.Shard) {
+		if owner, ok := m.Owner(c.Shard); ok && owner.Name == l.dest && !r.cfg.Owns(c.Shard) {
 			mine, addr = append(mine, c), owner.Addr
 		}
 	}
 	if len(mine) == 0 {
 		return nil, nil, nil
 	}
-	ids, err := r.send(ctx, addr, mine)
+	resp, err := r.cfg.Client.Credits(ctx, addr, mine)
 	if err != nil {
 		return nil, nil, err
 	}
-	delivered, deferred = splitDeferred(mine, ids)
+	delivered, deferred = splitDeferred(mine, resp.Deferred)
 	return delivered, deferred, nil
 }
 
@@ -344,36 +417,36 @@ func splitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Cred
 // Rows it cannot mark (locked by another transaction, or the database
 // failing) stay pending: the scan delivers them again, which the receiver
 // ignores.
-func (r *relay) markDelivered(cs []model.Credit) {
+func (r *Relay) markDelivered(cs []model.Credit) {
 	ctx, cancel := context.WithTimeout(r.life, relayDBTimeout)
 	defer cancel()
-	skipped, err := r.sp.store.MarkDelivered(ctx, cs)
+	skipped, err := r.cfg.Store.MarkDelivered(ctx, cs)
 	if err != nil {
-		r.s.stats.relayErrors.Add(1)
+		r.Stats.Errors.Add(1)
 		r.marking.Fail(err, "credits", len(cs))
 		return
 	}
 	r.marking.OK()
-	r.s.stats.relayed.Add(int64(len(cs) - skipped))
-	r.s.stats.relayMarkSkipped.Add(int64(skipped))
+	r.Stats.Relayed.Add(int64(len(cs) - skipped))
+	r.Stats.MarkSkipped.Add(int64(skipped))
 }
 
 // failed records a failed delivery of n credits by l.
-func (r *relay) failed(l *lane, n int, err error) {
-	r.s.stats.relayErrors.Add(1)
+func (r *Relay) failed(l *lane, n int, err error) {
+	r.Stats.Errors.Add(1)
 	r.failures.Of(l.dest).Fail(err, "credits", n, "local", l.local)
 }
 
 // succeeded records a delivery that l made.
-func (r *relay) succeeded(l *lane) { r.failures.Of(l.dest).OK() }
+func (r *Relay) succeeded(l *lane) { r.failures.Of(l.dest).OK() }
 
 // deferredCredits records that one delivery of l had n credits deferred;
 // longest is the one deferred most often (nil: none), long how many credits l
 // holds that were deferred deferralsLong times or more. Such a credit's wallet
 // row has been locked for long: an incident of the lane, logged while one is
 // held (incident.Tracker: when it starts, every 10 s, when it ends).
-func (r *relay) deferredCredits(l *lane, n int, longest *queued, long int) {
-	r.s.stats.relayDeferred.Add(int64(n))
+func (r *Relay) deferredCredits(l *lane, n int, longest *queued, long int) {
+	r.Stats.Deferred.Add(int64(n))
 	t := r.deferrals.Of(l.dest)
 	switch {
 	case longest != nil && longest.deferrals >= deferralsLong:
@@ -384,41 +457,3 @@ func (r *relay) deferredCredits(l *lane, n int, longest *queued, long int) {
 }
 
 var errWalletLocked = errors.New("a wallet row the credit needs is locked by another transaction")
-
-// post sends one batch of credits to a cell's /internal/credits within ctx
-// (its deadline goes to the receiver) and returns the claim IDs the receiver
-// deferred.
-func (r *relay) post(ctx context.Context, addr string, cs []model.Credit) ([]string, error) {
-	body, err := json.Marshal(api.CreditsRequest{Credits: cs})
-	if err != nil {
-		return nil, err
-	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(relayAttemptTimeout)
-	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/internal/credits")
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	req.SetBody(body)
-	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
-	req.Header.Set(api.HeaderPartial, "1") // this relay reads the deferred list
-	if r.sp.stress {
-		req.Header.Set(api.HeaderStress, "1") // shadow claims go to shadow wallets
-	}
-	r.s.signer.SignRequest(req, r.s.now()) // last: it covers the target, the stress flag and the body
-	if err := r.client.DoDeadline(req, resp, deadline); err != nil {
-		return nil, err
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		return nil, fmt.Errorf("cell answered %d: %s", resp.StatusCode(), resp.Body())
-	}
-	var out api.CreditsResponse
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		return nil, fmt.Errorf("cell answered %q: %w", resp.Body(), err)
-	}
-	return out.Deferred, nil
-}

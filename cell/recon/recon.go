@@ -1,22 +1,5 @@
-package cell
-
-import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"net/http"
-	"sort"
-	"strconv"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
-
-	"redcell/api"
-	"redcell/model"
-)
-
-// Reconciliation: near-real-time proof that claims turn into credits.
+// Package recon is a cell's reconciliation: near-real-time proof that claims
+// turn into credits.
 //
 // Every ReconInterval, for each space and each owned database, the cell reads
 // the claims created in the window [checked up to, now - ReconSettle) and the
@@ -36,25 +19,125 @@ import (
 // hourly audit of the cell's own books and by `redcell audit`. A delivered
 // claim whose claimant's cell cannot be asked is counted as unverified, and a
 // claim still pending when its window was checked is not checked again: the
-// audits cover both. Each pass reads at most reconWindowRows outbox rows per
-// database and reconRowsPerPass in all; a window cut short goes on from where
+// audits cover both. Each pass reads at most windowRows outbox rows per
+// database and rowsPerPass in all; a window cut short goes on from where
 // it stopped at the next pass (redcell_recon_checked_until_timestamp_seconds).
+//
+// A Reconciler is built from what it reads: each space's books (Books), a
+// client for other cells (Client), the shard map (Peers), a clock, a logger
+// and a metrics registry; it knows nothing of the cell's server.
+package recon
 
-const (
-	// reconWindowRows bounds the outbox rows one window read takes from one
-	// database: above the largest open batch (4096 claims share one creation
-	// time), small enough to hold in memory.
-	reconWindowRows = 20_000
-	// reconRowsPerPass bounds a whole pass of one space.
-	reconRowsPerPass = 200_000
-	// reconChunk is how many claims one credit lookup or /internal/recon call asks about.
-	reconChunk = 1000
-	// reconSamples is how many claim IDs a log line names per kind of difference.
-	reconSamples = 5
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"redcell/api"
+	"redcell/internal/clock"
+	"redcell/internal/incident"
+	"redcell/model"
+	"redcell/sharding"
 )
 
-// reconPass is what one reconciliation pass found in one space.
-type reconPass struct {
+// Books is the part of a cell's store reconciliation reads (storage.Books).
+type Books interface {
+	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
+	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
+}
+
+// Client asks another cell which claims it has credited (POST
+// /internal/recon, signed, marked as stress traffic for the shadow space). The
+// call ends when ctx does and sends ctx's deadline to the receiver.
+type Client interface {
+	Recon(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error)
+}
+
+// Peers tells which cell owns a shard (sharding/membership.Node).
+type Peers interface {
+	Map() *sharding.Map
+}
+
+// Space is one money space to reconcile: real money or the shadow tables.
+type Space struct {
+	Name   string // "real" or "shadow": the label of its metrics and logs
+	Books  Books
+	Client Client // calls to other cells for this space
+}
+
+// Config is what a Reconciler is built from. Every field is required but
+// Clock (nil: the system clock).
+type Config struct {
+	Shards       sharding.Ranges          // the shards this cell owns
+	Owns         func(model.ShardID) bool // Shards.Contains, as the cell checks it
+	Peers        Peers
+	Interval     time.Duration // how often a pass runs (ReconInterval)
+	Settle       time.Duration // how old a claim must be to be checked (ReconSettle)
+	PacketExpiry time.Duration // a packet's life: which day tables hold a window's claims
+	RelayOff     func() bool   // the relay degrade switch, named in the lag warning
+	Clock        clock.Clock
+	Log          *slog.Logger
+	Reg          prometheus.Registerer
+}
+
+// Reconciler runs reconciliation passes over its spaces (Run).
+type Reconciler struct {
+	cfg     Config
+	clock   clock.Clock
+	spaces  []Space
+	metrics []*spaceMetrics         // by space, as spaces
+	inc     []spaceIncidents        // by space
+	shards  map[int][]model.ShardID // owned shards by database
+	dbs     []int                   // owned databases
+}
+
+// spaceIncidents are the failures reconciliation logs as incidents, per space.
+type spaceIncidents struct {
+	window  *incident.Tracker // ReconWindow of a database
+	credits *incident.Tracker // CreditsOf this cell's own claimants
+	ask     *incident.Set     // POST /internal/recon to another cell, per address
+}
+
+// askCellsMax bounds the per-cell trackers of calls to other cells: far above
+// a cluster's cell count.
+const askCellsMax = 256
+
+// New builds a reconciler over spaces and registers its metrics with
+// cfg.Reg; it does no I/O.
+func New(cfg Config, spaces ...Space) *Reconciler {
+	r := &Reconciler{cfg: cfg, clock: clock.Or(cfg.Clock), spaces: spaces, shards: cfg.Shards.ShardsByDB(), dbs: cfg.Shards.DBs()}
+	r.metrics = newMetrics(cfg.Reg, spaces)
+	every := incident.DefaultEvery
+	for _, sp := range spaces {
+		l := cfg.Log.With("space", sp.Name)
+		r.inc = append(r.inc, spaceIncidents{
+			window:  incident.New(l, "reconciliation window read", every),
+			credits: incident.New(l, "reconciliation credit read", every),
+			ask:     incident.NewSet(l, "reconciliation credit check with a cell", "addr", every, askCellsMax),
+		})
+	}
+	return r
+}
+
+const (
+	// windowRows bounds the outbox rows one window read takes from one
+	// database: above the largest open batch (4096 claims share one creation
+	// time), small enough to hold in memory.
+	windowRows = 20_000
+	// rowsPerPass bounds a whole pass of one space.
+	rowsPerPass = 200_000
+	// chunkMax is how many claims one credit lookup or /internal/recon call asks about.
+	chunkMax = 1000
+	// samples is how many claim IDs a log line names per kind of difference.
+	samples = 5
+)
+
+// pass is what one reconciliation pass found in one space.
+type pass struct {
 	checked    model.Tally // claims whose outbox row agrees with them
 	credited   model.Tally // delivered claims credited as claimed
 	lagging    int64       // claims undelivered at ReconSettle's age
@@ -63,26 +146,24 @@ type reconPass struct {
 	diffs      model.Diffs
 }
 
-// reconLoop runs reconciliation every ReconInterval until ctx ends.
-func (s *Server) reconLoop(ctx context.Context) {
-	start := s.now().UnixMilli()
-	var cursors [2]map[int]int64 // per space: db -> checked up to (exclusive), Unix ms
+// Run runs a pass every Interval until ctx ends. Windows start when Run does.
+func (r *Reconciler) Run(ctx context.Context) {
+	start := r.clock.Now().UnixMilli()
+	cursors := make([]map[int]int64, len(r.spaces)) // per space: db -> checked up to (exclusive), Unix ms
 	for i := range cursors {
 		cursors[i] = map[int]int64{}
-		for _, db := range s.ownedDBs() {
+		for _, db := range r.dbs {
 			cursors[i][db] = start
 		}
+		r.metrics[i].lastSuccess.Set(float64(start) / 1000) // "never yet" would read as a stall since 1970
 	}
-	for _, sp := range s.spaces { // "never yet" would read as a stall since 1970
-		s.reconMetrics.of(sp).lastSuccess.Set(float64(start) / 1000)
-	}
-	every(ctx, s.cfg.ReconInterval, func(pass int) {
-		for i, sp := range s.spaces {
-			start := time.Now()
-			p := s.reconOnce(ctx, sp, cursors[i], pass)
+	clock.Every(ctx, r.clock, r.cfg.Interval, func(n int) {
+		for i := range r.spaces {
+			start := r.clock.Now()
+			p := r.once(ctx, i, cursors[i], n)
 			if ctx.Err() == nil {
-				s.reconMetrics.of(sp).passSeconds.Set(time.Since(start).Seconds())
-				s.reportRecon(sp, p, cursors[i])
+				r.metrics[i].passSeconds.Set(r.clock.Now().Sub(start).Seconds())
+				r.report(i, p, cursors[i])
 			}
 		}
 	})
@@ -93,21 +174,21 @@ func (s *Server) reconLoop(ctx context.Context) {
 // n starts at the n-th database, so that when the pass's row budget runs out
 // it is not always the same databases that wait: a database is left for the
 // next pass rather than read with less than a whole window's budget.
-func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64, pass int) reconPass {
-	p := reconPass{diffs: model.Diffs{}}
-	to := s.now().Add(-s.cfg.ReconSettle).UnixMilli()
-	budget := reconRowsPerPass
-	shards := s.shardsByDB()
+func (r *Reconciler) once(ctx context.Context, i int, cursors map[int]int64, n int) pass {
+	sp := r.spaces[i]
+	p := pass{diffs: model.Diffs{}}
+	to := r.clock.Now().Add(-r.cfg.Settle).UnixMilli()
+	budget := rowsPerPass
 	var delivered []model.Credit
-	dbs := s.ownedDBs()
-	track := s.inc.reconWindow[spaceIndex(sp)]
+	dbs := r.dbs
+	track := r.inc[i].window
 	for k := range dbs {
-		db := dbs[(k+pass)%len(dbs)]
+		db := dbs[(k+n)%len(dbs)]
 		from := cursors[db]
-		if from >= to || budget < reconWindowRows || ctx.Err() != nil {
+		if from >= to || budget < windowRows || ctx.Err() != nil {
 			continue
 		}
-		w, err := sp.store.ReconWindow(ctx, db, shards[db], reconDays(from, to, s.cfg.PacketExpiry), from, to, reconWindowRows)
+		w, err := sp.Books.ReconWindow(ctx, db, r.shards[db], reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
 		if err != nil {
 			p.errors++
 			if ctx.Err() == nil {
@@ -126,19 +207,20 @@ func (s *Server) reconOnce(ctx context.Context, sp *space, cursors map[int]int64
 	if p.errors == 0 && ctx.Err() == nil {
 		track.OK() // once per pass: one database failing while others answer stays one incident
 	}
-	s.reconCredits(ctx, sp, delivered, &p)
+	r.checkCredits(ctx, i, delivered, &p)
 	return p
 }
 
-// reconCredits checks that each delivered claim is credited as claimed: in
+// checkCredits checks that each delivered claim is credited as claimed: in
 // this cell's flow tables for its own claimants, through the owner's
 // /internal/recon for the others.
-func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.Credit, p *reconPass) {
+func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.Credit, p *pass) {
+	sp := r.spaces[i]
 	var local []model.Credit
 	remote := map[string][]model.Credit{}
-	m := s.peers.Map()
+	m := r.cfg.Peers.Map()
 	for _, c := range delivered {
-		if s.Owns(c.Shard) {
+		if r.cfg.Owns(c.Shard) {
 			local = append(local, c)
 			continue
 		}
@@ -153,11 +235,11 @@ func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.
 		p.credited = p.credited.Plus(cc.Matched)
 		p.diffs.Merge(cc.Diffs)
 	}
-	localTrack := s.inc.reconCredits[spaceIndex(sp)]
+	localTrack := r.inc[i].credits
 	localFailed := false
-	for start := 0; start < len(local) && ctx.Err() == nil; start += reconChunk {
-		chunk := local[start:min(start+reconChunk, len(local))]
-		found, err := sp.store.CreditsOf(ctx, chunk)
+	for start := 0; start < len(local) && ctx.Err() == nil; start += chunkMax {
+		chunk := local[start:min(start+chunkMax, len(local))]
+		found, err := sp.Books.CreditsOf(ctx, chunk)
 		if err != nil {
 			p.unverified += int64(len(chunk))
 			if ctx.Err() == nil {
@@ -178,10 +260,10 @@ func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.
 	sort.Strings(addrs)
 	for _, addr := range addrs {
 		cs := remote[addr]
-		track, failed := s.inc.reconAsk[spaceIndex(sp)].Of(addr), false
-		for start := 0; start < len(cs) && ctx.Err() == nil; start += reconChunk {
-			chunk := cs[start:min(start+reconChunk, len(cs))]
-			cc, err := s.askRecon(ctx, sp, addr, chunk)
+		track, failed := r.inc[i].ask.Of(addr), false
+		for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
+			chunk := cs[start:min(start+chunkMax, len(cs))]
+			cc, err := ask(ctx, sp.Client, addr, chunk)
 			if err != nil {
 				p.unverified += int64(len(chunk))
 				if ctx.Err() == nil {
@@ -198,39 +280,18 @@ func (s *Server) reconCredits(ctx context.Context, sp *space, delivered []model.
 	}
 }
 
-// askRecon posts claims to another cell's /internal/recon, signed like the
-// relay's credits, and returns what it found.
-func (s *Server) askRecon(ctx context.Context, sp *space, addr string, cs []model.Credit) (model.CreditCheck, error) {
-	body, err := json.Marshal(api.ReconRequest{Credits: cs})
+// askTimeout bounds one call to another cell: it reads up to chunkMax
+// credit flows there.
+const askTimeout = 10 * time.Second
+
+// ask asks the cell at addr about cs within askTimeout and checks that its
+// answer accounts for every claim.
+func ask(ctx context.Context, c Client, addr string, cs []model.Credit) (model.CreditCheck, error) {
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	out, err := c.Recon(ctx, addr, cs)
 	if err != nil {
 		return model.CreditCheck{}, err
-	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	const path = "/internal/recon"
-	req.SetRequestURI("http://" + addr + path)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	req.SetBody(body)
-	deadline := time.Now().Add(internalTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	req.Header.Set(api.HeaderDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
-	if sp.stress {
-		req.Header.Set(api.HeaderStress, "1")
-	}
-	s.signer.SignRequest(req, s.now()) // last: it covers the target, the stress flag and the body
-	if err := sp.relay.client.DoDeadline(req, resp, deadline); err != nil {
-		return model.CreditCheck{}, err
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		return model.CreditCheck{}, fmt.Errorf("cell answered %d: %s", resp.StatusCode(), resp.Body())
-	}
-	var out api.ReconResponse
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		return model.CreditCheck{}, fmt.Errorf("cell answered %q: %w", resp.Body(), err)
 	}
 	cc := model.CreditCheck{Matched: model.Tally{Count: out.Matched, Cents: model.Cents(out.MatchedCents)}, Diffs: model.Diffs{}}
 	if len(out.Missing) > 0 {
@@ -245,23 +306,18 @@ func (s *Server) askRecon(ctx context.Context, sp *space, addr string, cs []mode
 	return cc, nil
 }
 
-// reconHandler serves POST /internal/recon: which of the claims another cell
-// delivered here are credited as claimed. serveRoute has checked its
-// signature, as for every call; it reads only.
-func (s *Server) reconHandler(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	credits, err := s.decodeCredits(rc.PostBody())
+// Answer is what a cell answers to POST /internal/recon: which of the claims
+// another cell delivered here are credited as claimed, read from books (the
+// caller has checked the call's signature and the credits). It reads only.
+// Errors: the store's.
+func Answer(ctx context.Context, books Books, credits []model.Credit) (api.ReconResponse, error) {
+	found, err := books.CreditsOf(ctx, credits)
 	if err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	found, err := sp.store.CreditsOf(ctx, credits)
-	if err != nil {
-		s.writeErr(rc, err)
-		return
+		return api.ReconResponse{}, err
 	}
 	cc := model.CompareCredits(credits, found)
-	s.writeJSON(rc, http.StatusOK, api.ReconResponse{Matched: cc.Matched.Count, MatchedCents: int64(cc.Matched.Cents),
-		Missing: orEmpty(cc.Diffs[model.DiffCreditMissing]), Mismatched: orEmpty(cc.Diffs[model.DiffCreditMismatch])})
+	return api.ReconResponse{Matched: cc.Matched.Count, MatchedCents: int64(cc.Matched.Cents),
+		Missing: orEmpty(cc.Diffs[model.DiffCreditMissing]), Mismatched: orEmpty(cc.Diffs[model.DiffCreditMismatch])}, nil
 }
 
 func orEmpty(ids []string) []string {
@@ -271,11 +327,11 @@ func orEmpty(ids []string) []string {
 	return ids
 }
 
-// reportRecon logs what a pass found and counts it in the metrics: each kind
+// report logs what a pass found and counts it in the metrics: each kind
 // of difference at ERROR with its count and sample claim IDs, lag and
 // unverified claims at WARN.
-func (s *Server) reportRecon(sp *space, p reconPass, cursors map[int]int64) {
-	m := s.reconMetrics.of(sp)
+func (r *Reconciler) report(i int, p pass, cursors map[int]int64) {
+	m := r.metrics[i]
 	m.checkedClaims.Add(float64(p.checked.Count))
 	m.checkedCents.Add(float64(p.checked.Cents))
 	m.creditedClaims.Add(float64(p.credited.Count))
@@ -294,36 +350,31 @@ func (s *Server) reportRecon(sp *space, p reconPass, cursors map[int]int64) {
 	}
 	m.checkedUntil.Set(float64(until) / 1000)
 	if p.errors == 0 {
-		m.lastSuccess.Set(float64(s.now().UnixMilli()) / 1000)
+		m.lastSuccess.Set(float64(r.clock.Now().UnixMilli()) / 1000)
 	}
-	space := spaceName(sp)
+	space, log := r.spaces[i].Name, r.cfg.Log
 	for _, k := range model.DiffKinds {
 		if n := len(p.diffs[k]); n > 0 {
-			s.log.Error("reconciliation found a difference", "space", space, "kind", k, "claims", n,
-				"sample", p.diffs.Sample(k, reconSamples), "checked_claims", p.checked.Count, "checked_cents", p.checked.Cents,
+			log.Error("reconciliation found a difference", "space", space, "kind", k, "claims", n,
+				"sample", p.diffs.Sample(k, samples), "checked_claims", p.checked.Count, "checked_cents", p.checked.Cents,
 				"credited_claims", p.credited.Count, "credited_cents", p.credited.Cents)
 		}
 	}
 	if p.lagging > 0 {
-		s.log.Warn("reconciliation: claims not delivered after the settle time", "space", space, "claims", p.lagging,
-			"settle", s.cfg.ReconSettle, "relay_switch", s.Degraded().Relay)
+		relay := "on"
+		if r.cfg.RelayOff() {
+			relay = "off"
+		}
+		log.Warn("reconciliation: claims not delivered after the settle time", "space", space, "claims", p.lagging,
+			"settle", r.cfg.Settle, "relay_switch", relay)
 	}
 	if p.unverified > 0 {
-		s.log.Warn("reconciliation: delivered claims whose credits could not be checked", "space", space, "claims", p.unverified)
+		log.Warn("reconciliation: delivered claims whose credits could not be checked", "space", space, "claims", p.unverified)
 	}
 	if p.diffs.Count() == 0 && p.checked.Count > 0 {
-		s.log.Debug("reconciliation clean", "space", space, "checked_claims", p.checked.Count, "checked_cents", p.checked.Cents,
+		log.Debug("reconciliation clean", "space", space, "checked_claims", p.checked.Count, "checked_cents", p.checked.Cents,
 			"credited_claims", p.credited.Count)
 	}
-}
-
-// shardsByDB lists the owned shards of each owned database.
-func (s *Server) shardsByDB() map[int][]model.ShardID {
-	out := map[int][]model.ShardID{}
-	for _, sh := range s.cfg.Shards.Shards() {
-		out[sh.DB()] = append(out[sh.DB()], sh)
-	}
-	return out
 }
 
 // reconDays lists the days of month whose claim tables can hold claims
@@ -343,25 +394,14 @@ func reconDays(fromMS, toMS int64, packetExpiry time.Duration) []int {
 	return days
 }
 
-func spaceName(sp *space) string {
-	if sp.stress {
-		return "shadow"
-	}
-	return "real"
-}
-
-// reconMetrics are reconciliation's series, per space (label space: real, shadow).
-type reconMetrics struct {
-	spaces [2]*spaceReconMetrics // [0] real, [1] shadow, as Server.spaces
-}
-
-type spaceReconMetrics struct {
+// spaceMetrics are reconciliation's series of one space (label space).
+type spaceMetrics struct {
 	diffs                                                                    [len(model.DiffKinds)]prometheus.Counter
 	differences, lastSuccess, checkedUntil, passSeconds                      prometheus.Gauge
 	checkedClaims, checkedCents, creditedClaims, lagging, unverified, errors prometheus.Counter
 }
 
-func newReconMetrics(reg prometheus.Registerer) *reconMetrics {
+func newMetrics(reg prometheus.Registerer, spaces []Space) []*spaceMetrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"space"}, labels...))
 		reg.MustRegister(v)
@@ -383,9 +423,10 @@ func newReconMetrics(reg prometheus.Registerer) *reconMetrics {
 	unverified := counter("redcell_recon_unverified_claims_total", "Delivered claims whose credits reconciliation could not check (claimant's cell unknown or unreachable).")
 	errs := counter("redcell_recon_errors_total", "Reconciliation windows that could not be read (read again at the next pass).")
 	passSeconds := gauge("redcell_recon_pass_seconds", "How long the last reconciliation pass took.")
-	r := &reconMetrics{}
-	for i, name := range [2]string{"real", "shadow"} {
-		m := &spaceReconMetrics{
+	var out []*spaceMetrics
+	for _, sp := range spaces {
+		name := sp.Name
+		m := &spaceMetrics{
 			differences: differences.WithLabelValues(name), lastSuccess: lastSuccess.WithLabelValues(name),
 			checkedUntil: checkedUntil.WithLabelValues(name), checkedClaims: checkedClaims.WithLabelValues(name),
 			checkedCents: checkedCents.WithLabelValues(name), creditedClaims: credited.WithLabelValues(name),
@@ -395,14 +436,7 @@ func newReconMetrics(reg prometheus.Registerer) *reconMetrics {
 		for k, kind := range model.DiffKinds {
 			m.diffs[k] = diffs.WithLabelValues(name, kind)
 		}
-		r.spaces[i] = m
+		out = append(out, m)
 	}
-	return r
-}
-
-func (r *reconMetrics) of(sp *space) *spaceReconMetrics {
-	if sp.stress {
-		return r.spaces[1]
-	}
-	return r.spaces[0]
+	return out
 }

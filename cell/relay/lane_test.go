@@ -1,4 +1,4 @@
-package cell
+package relay
 
 import (
 	"context"
@@ -12,22 +12,17 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
-	"redcell/storage"
 )
 
 // These tests drive the relay's lanes on synctest's fake clock, with the
 // store and the other cells faked: which credits go where, when, and how
 // often. The real ones are exercised in relay_test.go and stall_test.go.
 
-// fakeOutbox is the part of a Store the relay uses, in memory. Every other
-// method panics (the embedded Store is nil).
+// fakeOutbox is the Store the relay uses, in memory.
 type fakeOutbox struct {
-	storage.Store
-
 	mu      sync.Mutex
 	pending []model.Credit            // what PendingCredits finds (db 0 only); marking removes
 	batches [][]string                // claim IDs of each ApplyCredits call, in order
@@ -129,6 +124,11 @@ type fakeNet struct {
 	answer func(ctx context.Context, addr string) ([]string, error)
 }
 
+func (n *fakeNet) Credits(ctx context.Context, addr string, cs []model.Credit) (api.CreditsResponse, error) {
+	ids, err := n.send(ctx, addr, cs)
+	return api.CreditsResponse{Deferred: ids}, err
+}
+
 func (n *fakeNet) send(ctx context.Context, addr string, cs []model.Credit) ([]string, error) {
 	d, _ := ctx.Deadline()
 	call := remoteCall{addr: addr, at: time.Now(), deadline: d.Sub(time.Now())}
@@ -168,8 +168,7 @@ var errRefused = errors.New("connection refused")
 // fake network; the shard map gives 500-749 to cell-b (addr "b") and 750-999
 // to cell-c (addr "c") unless cells says otherwise.
 type relayRig struct {
-	s     *Server
-	r     *relay
+	r     *Relay
 	store *fakeOutbox
 	net   *fakeNet
 	start time.Time
@@ -185,24 +184,18 @@ func newRelayRig(t *testing.T, cells ...sharding.Cell) *relayRig {
 		cells = []sharding.Cell{{Name: "cell-b", Addr: "b", Shards: b}, {Name: "cell-c", Addr: "c", Shards: c}}
 	}
 	m, _ := sharding.NewMap(append([]sharding.Cell{{Name: "cell-a", Addr: "a", Shards: own}}, cells...))
-	cfg := DefaultConfig()
-	cfg.Name, cfg.Shards, cfg.ClusterSecret, cfg.WarmSchema = "cell-a", own, "lane-test-secret-0123456789", false
-	cfg.RelayInterval = 200 * time.Millisecond
 	store := newFakeOutbox()
-	s, err := New(cfg, Stores{Real: store, Shadow: newFakeOutbox()}, nil, nil, fixedPeers{m}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
 	net := &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
-	r := s.spaces[0].relay
-	r.send = net.send
+	r := New(Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs(),
+		Owns: func(sh model.ShardID) bool { return sh < 500 }, Off: func() bool { return false },
+		Store: store, Client: net, Peers: fixedPeers{m}, Log: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { r.run(ctx); close(done) }()
+	go func() { r.Run(ctx); close(done) }()
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
-	return &relayRig{s: s, r: r, store: store, net: net, start: time.Now(), stop: stop}
+	return &relayRig{r: r, store: store, net: net, start: time.Now(), stop: stop}
 }
 
 // credit makes a credit for a claimant of shard sh; n names it.
@@ -430,7 +423,7 @@ func TestLaneDeferredCredit(t *testing.T) {
 		if a, m := rig.store.applied[locked.ClaimID], rig.store.marked[locked.ClaimID]; a != 1 || m != 1 {
 			t.Errorf("the deferred credit applied %d and marked %d times, want once each", a, m)
 		}
-		if n := rig.s.stats.relayDeferred.Load(); n != 3 {
+		if n := rig.r.Stats.Deferred.Load(); n != 3 {
 			t.Errorf("relayDeferred %d, want 3", n)
 		}
 	})

@@ -1,4 +1,4 @@
-package cell
+package relay
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // and starts run; run exits when the relay stops (after flushing what the lane
 // holds) or when the lane has held nothing for laneIdleStop.
 type lane struct {
-	r     *relay
+	r     *Relay
 	dest  string // the destination cell's name; the local lane's is this cell's
 	local bool   // claimants of this cell's own shards
 
@@ -49,7 +49,7 @@ type queued struct {
 	deferrals int       // times the destination deferred it
 }
 
-func newLane(r *relay, dest string, local bool) *lane {
+func newLane(r *Relay, dest string, local bool) *lane {
 	return &lane{r: r, dest: dest, local: local, wake: make(chan struct{}, 1), held: map[string]struct{}{}, released: map[string]time.Time{}}
 }
 
@@ -93,7 +93,8 @@ func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
 // run is the lane's goroutine (see lane).
 func (l *lane) run() {
 	defer l.r.lanesWG.Done()
-	idleSince := time.Now()
+	c := l.r.clock
+	idleSince := c.Now()
 	for {
 		select {
 		case <-l.r.stop:
@@ -101,26 +102,25 @@ func (l *lane) run() {
 			return
 		default:
 		}
-		batch, wait := l.next(time.Now())
+		batch, wait := l.next(c.Now())
 		if len(batch) > 0 {
 			l.attempt(batch)
-			idleSince = time.Now()
+			idleSince = c.Now()
 			continue
 		}
 		if wait < 0 { // holds nothing
-			if time.Since(idleSince) >= laneIdleStop && l.r.retire(l) {
+			idle := c.Now().Sub(idleSince)
+			if idle >= laneIdleStop && l.r.retire(l) {
 				return
 			}
-			wait = laneIdleStop - time.Since(idleSince)
+			wait = laneIdleStop - idle
 		}
-		timer := time.NewTimer(max(wait, time.Millisecond))
 		select {
 		case <-l.r.stop:
 		case <-l.wake:
 			l.linger()
-		case <-timer.C:
+		case <-c.After(max(wait, time.Millisecond)):
 		}
-		timer.Stop()
 	}
 }
 
@@ -134,11 +134,9 @@ func (l *lane) linger() {
 	if full {
 		return
 	}
-	t := time.NewTimer(relayLinger)
-	defer t.Stop()
 	select {
 	case <-l.r.stop:
-	case <-t.C:
+	case <-l.r.clock.After(relayLinger):
 	}
 }
 
@@ -147,7 +145,7 @@ func (l *lane) linger() {
 // lane holds nothing. While the relay is switched off the lane gives back
 // everything it holds: the outbox keeps it.
 func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
-	off := l.r.s.isDegraded(switchRelay)
+	off := l.r.cfg.Off()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if off {
@@ -192,14 +190,14 @@ func (l *lane) attempt(batch []queued) bool {
 	if l.local {
 		timeout = relayLocalTimeout
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := l.r.clock.Now().Add(timeout)
 	if by := l.r.flushBy.Load(); by != 0 && time.Unix(0, by).Before(deadline) {
 		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
 	}
 	ctx, cancel := context.WithDeadline(l.r.life, deadline)
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
 	cancel()
-	now := time.Now()
+	now := l.r.clock.Now()
 	if err != nil {
 		l.r.failed(l, len(cs), err)
 		l.mu.Lock()
@@ -253,13 +251,13 @@ func (l *lane) attempt(batch []queued) bool {
 // time (relayFlushMax) is up. A lane backing off does not try: its
 // destination failed just now. The outbox keeps whatever is left.
 func (l *lane) flush() {
-	if l.r.s.isDegraded(switchRelay) {
+	if l.r.cfg.Off() {
 		return
 	}
 	l.mu.Lock()
 	pending := l.queue
 	l.queue = nil
-	if time.Now().Before(l.pausedUntil) {
+	if l.r.clock.Now().Before(l.pausedUntil) {
 		pending = nil
 	}
 	l.mu.Unlock()

@@ -1,0 +1,217 @@
+// Package admin is a cell's admin port: the open strategy, the degrade
+// switches, the audit of the cell's own books, the shard map as the cell sees
+// it, and GET /metrics. It is built from those parts (each behind the narrow
+// interface it needs), never from the cell's server; it shares no port with
+// the public API and trusts only its bearer token.
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/api"
+	"redcell/cell/strictjson"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// Admin errors.
+var (
+	// ErrAdminDisabled: no admin token is configured, so the admin port refuses everything.
+	ErrAdminDisabled = &model.Error{Code: "ADMIN_DISABLED", Message: "no admin token is configured"}
+	// ErrUnauthenticated: the bearer token is missing or wrong.
+	ErrUnauthenticated = model.ErrUnauthenticated
+)
+
+// Strategy reads and switches how the cell runs opens.
+type Strategy interface {
+	Strategy() api.StrategySetting
+	// SetStrategy errors: ErrInvalidArgument.
+	SetStrategy(api.StrategySetting) error
+}
+
+// Switches reads and sets the degrade switches (cell/degrade.Switches).
+type Switches interface {
+	Setting() api.DegradeSetting
+	// Set errors: ErrInvalidArgument.
+	Set(api.DegradeSetting) error
+}
+
+// Auditor audits the cell's own books without waiting for an audit that runs
+// (cell/audit.Auditor). space is "real", "shadow" or "" for both.
+type Auditor interface {
+	TryAudit(ctx context.Context, space string) (api.AuditResponse, error)
+}
+
+// Peers is the cluster's shard map as this cell sees it (sharding/membership.Node).
+type Peers interface {
+	Map() *sharding.Map
+}
+
+// Config is what the admin port is built from. Listen empty: no admin port.
+// Token empty: every request but GET /metrics is refused. Peers may be nil.
+type Config struct {
+	Listen   string // host:port
+	Token    string // the bearer token every /admin route requires
+	Cell     string // this cell's name
+	Shards   sharding.Ranges
+	Peers    Peers
+	Strategy Strategy
+	Switches Switches
+	Auditor  Auditor
+	Metrics  fasthttp.RequestHandler // GET /metrics
+	Log      *slog.Logger
+}
+
+// Server is the admin port.
+type Server struct {
+	cfg Config
+	ctx context.Context // long work (an audit) stops when it ends
+}
+
+// New builds the admin port; it does no I/O.
+func New(cfg Config) *Server { return &Server{cfg: cfg, ctx: context.Background()} }
+
+// Serve starts the admin port when one is configured and returns a func that
+// stops it. An audit asked for through it runs within ctx (the cell's
+// background work, canceled when the cell has drained its public port).
+func (s *Server) Serve(ctx context.Context) (stop func(), err error) {
+	if s.cfg.Listen == "" {
+		return func() {}, nil
+	}
+	s.ctx = ctx
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return func() {}, fmt.Errorf("cell: admin listen %s: %w", s.cfg.Listen, err)
+	}
+	// WriteTimeout counts from the end of the handler, so a long audit is fine.
+	srv := &fasthttp.Server{Handler: s.Handle, Name: "redcell-admin", MaxRequestBodySize: 64 << 10,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, ErrorHandler: api.ProtocolError,
+		Logger: api.Logger{Log: s.cfg.Log}}
+	go func() { _ = srv.Serve(ln) }()
+	s.cfg.Log.Info("admin port", "addr", ln.Addr().String(), "token_set", s.cfg.Token != "")
+	return func() { _ = srv.Shutdown() }, nil
+}
+
+// Handle serves one admin request. Every request but GET /metrics requires
+// "Authorization: Bearer <Token>"; with no token configured it refuses them all.
+func (s *Server) Handle(rc *fasthttp.RequestCtx) {
+	// GET /metrics needs no token: a Prometheus scraper should not hold the
+	// token that switches strategies, and the counters reveal no user data
+	// (no act_ids, no amounts per user). Only GET; anything else goes on to the
+	// token check like every /admin route.
+	if string(rc.Path()) == "/metrics" && string(rc.Method()) == http.MethodGet {
+		s.cfg.Metrics(rc)
+		return
+	}
+	if s.cfg.Token == "" {
+		writeRefusal(rc, http.StatusForbidden, ErrAdminDisabled)
+		return
+	}
+	got, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+		writeRefusal(rc, http.StatusUnauthorized, ErrUnauthenticated)
+		return
+	}
+	switch path, method := string(rc.Path()), string(rc.Method()); {
+	case path == "/admin/strategy" && method == http.MethodGet:
+		s.writeJSON(rc, s.cfg.Strategy.Strategy())
+	case path == "/admin/strategy" && method == http.MethodPut:
+		st := s.cfg.Strategy.Strategy()
+		if err := json.Unmarshal(rc.PostBody(), &st); err != nil {
+			s.writeErr(rc, model.Invalidf("malformed JSON body"))
+			return
+		}
+		if err := s.cfg.Strategy.SetStrategy(st); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, s.cfg.Strategy.Strategy())
+	case path == "/admin/degrade" && method == http.MethodGet:
+		s.writeJSON(rc, s.cfg.Switches.Setting())
+	case path == "/admin/degrade" && method == http.MethodPut:
+		var d api.DegradeSetting
+		if err := strictjson.Decode(rc.PostBody(), &d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		if err := s.cfg.Switches.Set(d); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, s.cfg.Switches.Setting())
+	case path == "/admin/audit" && method == http.MethodPost:
+		// Both spaces, or the one ?space= names (real, shadow). It answers when
+		// the audit is done (it reads every money row, so it may take minutes
+		// on a large cell); a failed audit is still 200, with "ok": false and
+		// its problems.
+		rep, err := s.cfg.Auditor.TryAudit(s.ctx, string(rc.QueryArgs().Peek("space")))
+		if err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, rep)
+	case path == "/admin/shards" && method == http.MethodGet:
+		s.writeJSON(rc, s.shardMap())
+	default:
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+	}
+}
+
+// shardMap is the answer of GET /admin/shards: the shards this cell owns and
+// the cluster's shard map as this cell sees it through memberlist.
+func (s *Server) shardMap() api.ShardMapResponse {
+	out := api.ShardMapResponse{Cell: s.cfg.Cell, Shards: s.cfg.Shards.String(), Cells: []api.ShardMapCell{}}
+	if s.cfg.Peers == nil {
+		return out
+	}
+	m := s.cfg.Peers.Map()
+	if m == nil {
+		return out
+	}
+	out.Version, out.Uncovered = m.Version, m.Uncovered()
+	for _, c := range m.Cells() {
+		out.Cells = append(out.Cells, api.ShardMapCell{Name: c.Name, Addr: c.Addr, Shards: c.Shards.String(), StartedMS: c.Started})
+	}
+	return out
+}
+
+func (s *Server) writeJSON(rc *fasthttp.RequestCtx, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.writeErr(rc, fmt.Errorf("cell: encode answer: %w", err))
+		return
+	}
+	rc.SetStatusCode(http.StatusOK)
+	rc.SetContentType("application/json")
+	rc.Response.Header.Set(api.HeaderCell, s.cfg.Cell)
+	rc.SetBody(b)
+}
+
+// writeErr answers err through api.WriteError (its code in api.HeaderCode).
+func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = model.ErrTimeout
+	}
+	if code, _ := model.CodeOf(err); api.Status(code) >= 500 {
+		s.cfg.Log.Warn("admin request failed", "path", string(rc.Path()), "err", err)
+	}
+	api.WriteError(rc, err)
+	rc.Response.Header.Set(api.HeaderCell, s.cfg.Cell)
+}
+
+// writeRefusal answers a request the token check refused, with status (the
+// code ADMIN_DISABLED has no status of its own in the table).
+func writeRefusal(rc *fasthttp.RequestCtx, status int, e *model.Error) {
+	api.WriteErrorStatus(rc, status, e)
+}

@@ -1,0 +1,138 @@
+// Package degrade holds a cell's degrade switches: features it can switch off
+// at run time to shed load from its non-critical paths, or to step around a
+// part that misbehaves (QQ's degraded answers, DESIGN.md §1). Opens, sends,
+// deposits and accounts have no switch: they are the critical path.
+package degrade
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"redcell/api"
+	"redcell/model"
+)
+
+// Config lists the features switched off (degraded) at start; true = off.
+type Config struct {
+	// ClaimsList: packet detail answers without its claims and runs no claims
+	// query; the answer says so (claims_degraded).
+	ClaimsList bool
+	// GrabCache: grab reads the packet row from the database, the exact answer,
+	// and never memcached (whose copy may be wrong while it misbehaves). The
+	// open worker still writes the cache after each commit, so the copy is
+	// fresh when the switch goes back on.
+	GrabCache bool
+	// Relay: the relay delivers nothing: new claims wait in the outbox (the
+	// audit counts them as in flight) and go out by the outbox scan once the
+	// switch is back on. Credits other cells send here are still applied.
+	Relay bool
+}
+
+// Switch names one feature.
+type Switch int
+
+// The switches.
+const (
+	ClaimsList Switch = iota
+	GrabCache
+	Relay
+	switchCount
+)
+
+// names are the switches' names in the admin API, the config and the metrics
+// (redcell_degrade_switch{switch=...}).
+var names = [switchCount]string{"claims_list", "grab_cache", "relay"}
+
+const (
+	on  = "on"
+	off = "off"
+)
+
+// Switches is the state of every switch. Safe for concurrent use: a read is
+// one atomic load.
+type Switches struct {
+	off [switchCount]atomic.Bool
+	log *slog.Logger
+}
+
+// New returns the switches as c sets them, logging a warning for each
+// feature that starts switched off.
+func New(c Config, log *slog.Logger) *Switches {
+	s := &Switches{log: log}
+	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay} {
+		s.off[i].Store(o)
+		if o {
+			log.Warn("degrade switch off from the config: feature degraded", "switch", names[i])
+		}
+	}
+	return s
+}
+
+// Off reports whether the feature is switched off now.
+func (s *Switches) Off(sw Switch) bool { return s.off[sw].Load() }
+
+// Setting returns every switch as it is now ("on" or "off").
+func (s *Switches) Setting() api.DegradeSetting {
+	state := func(sw Switch) string {
+		if s.Off(sw) {
+			return off
+		}
+		return on
+	}
+	return api.DegradeSetting{ClaimsList: state(ClaimsList), GrabCache: state(GrabCache), Relay: state(Relay)}
+}
+
+// Set switches the features d names ("on" or "off") and keeps those it
+// leaves empty. Nothing changes unless every value is valid. Each change is
+// logged (a warning when a feature goes off) and takes effect for the
+// requests and relay passes that start after it. Errors: ErrInvalidArgument.
+func (s *Switches) Set(d api.DegradeSetting) error {
+	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay}
+	for i, v := range values {
+		if v != "" && v != on && v != off {
+			return model.Invalidf("%s must be \"on\" or \"off\", got %q", names[i], v)
+		}
+	}
+	for i, v := range values {
+		if v == "" {
+			continue
+		}
+		o := v == off
+		if s.off[i].Swap(o) == o {
+			continue
+		}
+		if o {
+			s.log.Warn("degrade switch turned off: feature degraded", "switch", names[i])
+		} else {
+			s.log.Info("degrade switch turned on: feature restored", "switch", names[i])
+		}
+	}
+	return nil
+}
+
+// Collector is redcell_degrade_switch{switch}: 1 while that feature is
+// switched off (degraded), 0 while it works; read at each scrape.
+func (s *Switches) Collector() prometheus.Collector {
+	return collector{s: s, desc: prometheus.NewDesc("redcell_degrade_switch",
+		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay).",
+		[]string{"switch"}, nil)}
+}
+
+type collector struct {
+	s    *Switches
+	desc *prometheus.Desc
+}
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for i, name := range names {
+		v := 0.0
+		if c.s.Off(Switch(i)) {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name)
+	}
+}
