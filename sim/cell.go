@@ -210,11 +210,7 @@ func (c *cell) handle(m *message) {
 
 func (c *cell) deposit(id uint64, s model.ShardID, q *request) {
 	w := c.w
-	err := model.ValidateOrderNo(q.deposit.OrderNo)
-	if err == nil && (q.deposit.Amount < 1 || q.deposit.Amount > int64(model.DefaultLimits().MaxAmount)) {
-		err = model.Invalidf("amount must be 1..%d cents", model.DefaultLimits().MaxAmount)
-	}
-	if err != nil {
+	if err := q.deposit.Validate(); err != nil {
 		c.reply(id, errAnswer(err))
 		return
 	}
@@ -235,23 +231,12 @@ func (c *cell) deposit(id uint64, s model.ShardID, q *request) {
 func (c *cell) send(id uint64, s model.ShardID, q *request) {
 	w := c.w
 	b := q.send
-	kind := model.PacketKind(b.Kind)
-	err := model.ValidateOrderNo(b.OrderNo)
-	if err == nil {
-		err = model.DefaultLimits().CheckShares(model.Cents(b.Amount), b.Count)
-	}
-	if err == nil && kind != model.KindRandom && kind != model.KindFixed {
-		err = model.Invalidf("kind must be random or fixed")
-	}
-	if err == nil && kind == model.KindFixed && b.Amount%b.Count != 0 {
-		err = model.Invalidf("a fixed packet's amount must be a multiple of its count")
-	}
+	req, err := b.Validate(model.DefaultLimits())
 	if err != nil {
 		c.reply(id, errAnswer(err))
 		return
 	}
 	pid := c.newPacketID(s)
-	req := model.SendRequest{Sender: b.Sender, Amount: model.Cents(b.Amount), Count: b.Count, Kind: kind, Greeting: b.Greeting, OrderNo: b.OrderNo}
 	c.maybeFailCommit()
 	p, repeat, err := c.store.Send(w.ctx, s, req, pid, w.timeNow().Add(packetExpiry).UnixMilli())
 	ln := w.log.begin(w, "send").s(c.name).s(b.Sender).s(b.OrderNo).i(b.Amount).i(b.Count)
