@@ -160,7 +160,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
 	s.own = newOwnership(cfg.Name, cfg.Shards)
 	s.queue = keyqueue.New(keyqueue.Config{
-		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second,
+		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
 	s.strategy = &openStrategy{queue: s.queue, log: log}
 	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {

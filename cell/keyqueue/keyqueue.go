@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"redcell/internal/clock"
 )
 
 var (
@@ -25,6 +27,7 @@ type Config struct {
 	BatchMax  int           // most items handed to one Handle call
 	BatchWait time.Duration // how long a worker waits for a batch to fill (0 = take what is there)
 	IdleStop  time.Duration // a worker with nothing to do for this long exits
+	Clock     clock.Clock   // the batch wait and the idle stop run on it; nil: the system clock
 }
 
 // Queue is a set of per-key FIFO workers. Handle is called with batches of one
@@ -55,6 +58,7 @@ func New[K comparable, T any](cfg Config, handle func(key K, batch []T)) *Queue[
 	if cfg.Depth < 1 || cfg.MaxKeys < 1 || cfg.BatchMax < 1 || cfg.IdleStop <= 0 {
 		panic("keyqueue: Depth, MaxKeys, BatchMax and IdleStop must be > 0")
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	q := &Queue[K, T]{cfg: cfg, handle: handle, keys: make(map[K]*keyState[T])}
 	q.SetBatch(cfg.BatchMax, cfg.BatchWait)
 	return q
@@ -138,8 +142,7 @@ func (q *Queue[K, T]) Wait() { q.wg.Wait() }
 
 func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 	defer q.wg.Done()
-	idle := time.NewTimer(q.cfg.IdleStop)
-	defer idle.Stop()
+	idle := q.cfg.Clock.After(q.cfg.IdleStop) // renewed after every batch and every idle stop refused
 	var batch []T
 	for {
 		batch = q.take(ks, batch[:0])
@@ -149,11 +152,11 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 			}
 			select {
 			case <-ks.wake:
-			case <-idle.C:
+			case <-idle:
 				if q.stopIfDone(key, ks, true) {
 					return
 				}
-				idle.Reset(q.cfg.IdleStop)
+				idle = q.cfg.Clock.After(q.cfg.IdleStop)
 			}
 			continue
 		}
@@ -162,13 +165,7 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 		}
 		q.handle(key, batch)
 		clear(batch) // drop references so finished items can be collected
-		if !idle.Stop() {
-			select {
-			case <-idle.C:
-			default:
-			}
-		}
-		idle.Reset(q.cfg.IdleStop)
+		idle = q.cfg.Clock.After(q.cfg.IdleStop)
 	}
 }
 
@@ -189,13 +186,12 @@ func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
 
 // fill waits up to BatchWait for more items to make a fuller batch.
 func (q *Queue[K, T]) fill(ks *keyState[T], batch []T) []T {
-	t := time.NewTimer(time.Duration(q.batchWait.Load()))
-	defer t.Stop()
+	done := q.cfg.Clock.After(time.Duration(q.batchWait.Load()))
 	for len(batch) < int(q.batchMax.Load()) {
 		select {
 		case <-ks.wake:
 			batch = q.take(ks, batch)
-		case <-t.C:
+		case <-done:
 			return q.take(ks, batch)
 		}
 	}
