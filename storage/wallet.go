@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"redcell/internal/invariant"
 	"redcell/internal/retry"
 	"redcell/model"
 )
@@ -317,8 +316,7 @@ func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now i
 	if err != nil {
 		return 0, err
 	}
-	if n == 0 {
-		invariant.That(!model.ApplyCredit(model.CreditInput{Credit: c, Booked: true, NowMS: now}).Applied, "a booked credit applied again")
+	if n == 0 { // booked before: as model.ApplyCredit answers for a booked credit, nothing changes
 		return creditRepeat, nil
 	}
 	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+

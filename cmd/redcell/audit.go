@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"redcell/internal/retry"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -28,18 +30,21 @@ func audit(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(*settle)
+	// Cells are read one after another, so a claim credited between two reads can
+	// look off; re-read once a second for up to --settle before calling a
+	// difference real. An error (a cell unreachable) ends it at once.
 	var rep model.AuditReport
 	var err error
-	for {
-		rep, err = auditNamespace(ctx, *path, *shadow)
-		// Cells are read one after another, so a claim credited between two reads can
-		// look off; re-read for a while before calling a difference real.
-		if err != nil || rep.OK() || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second)
-	}
+	errMoving := errors.New("audit: rows still moving")
+	_ = retry.Do(ctx, retry.Policy{Attempts: int(*settle/time.Second) + 1, Backoff: time.Second, Max: time.Second,
+		Retryable: func(e error) bool { return e == errMoving }},
+		func(int) error {
+			rep, err = auditNamespace(ctx, *path, *shadow)
+			if err == nil && !rep.OK() {
+				return errMoving
+			}
+			return nil
+		})
 	if err != nil {
 		return err
 	}

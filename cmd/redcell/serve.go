@@ -17,6 +17,7 @@ import (
 	"redcell/cell"
 	"redcell/cell/admission"
 	"redcell/cell/guard"
+	"redcell/internal/retry"
 	"redcell/router"
 	"redcell/router/apikey"
 	"redcell/sharding/membership"
@@ -135,17 +136,23 @@ func runCell(ctx context.Context, args []string) error {
 	return <-done
 }
 
+// waitPing pings the database every 500 ms (each ping bounded by 2 s) until
+// it answers, limit passes or ctx ends; it returns the last ping's error.
 func waitPing(ctx context.Context, store *storage.MySQL, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := store.Ping(pctx)
-		cancel()
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var last error
+	err := retry.Do(wctx, retry.Policy{Attempts: int(limit/(500*time.Millisecond)) + 1, Backoff: 500 * time.Millisecond, Max: 500 * time.Millisecond},
+		func(int) error {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			last = store.Ping(pctx)
+			return last
+		})
+	if err == nil {
+		return nil
 	}
+	return last
 }
 
 // redactDSN drops the password from a DSN for logs.
