@@ -46,7 +46,10 @@ type KeysResponse struct {
 // constant time).
 func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 	path, method := string(rc.Path()), string(rc.Method())
-	if path == "/metrics" && method == http.MethodGet {
+	parts, pathOK := api.PathSegments(rc.URI().PathOriginal())
+	rt, params, err := api.MatchAdmin(api.PortRouterAdmin, method, parts)
+	matched := pathOK && err == nil
+	if matched && rt.ID == api.RouteMetrics {
 		r.metrics.serve(rc)
 		return
 	}
@@ -59,9 +62,12 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		r.writeAdminErr(rc, http.StatusUnauthorized, model.Errorf(model.ErrUnauthenticated, "admin routes need Authorization: Bearer <admin_token>"))
 		return
 	}
-	id, isKey := strings.CutPrefix(path, "/admin/keys/")
-	switch {
-	case path == "/admin/keys" && method == http.MethodGet:
+	if !matched {
+		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+		return
+	}
+	switch rt.ID {
+	case api.RouteKeysList:
 		keys, err := r.keys.List()
 		if err != nil {
 			r.adminFailed(rc, err)
@@ -71,7 +77,7 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 			keys = []apikey.Key{}
 		}
 		r.writeAdminJSON(rc, KeysResponse{Keys: keys})
-	case path == "/admin/keys" && method == http.MethodPost:
+	case api.RouteKeysAdd:
 		var req KeyRequest
 		if err := decodeAdmin(rc, &req); err != nil {
 			r.writeErr(rc, err)
@@ -84,15 +90,15 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		}
 		r.log.Info("API key added", "id", k.ID, "app", k.App, "scopes", k.Scopes)
 		r.writeAdminJSON(rc, KeyResponse{Key: k, APIKey: key})
-	case isKey && method == http.MethodDelete:
-		k, err := r.keys.Revoke(id, time.Now())
+	case api.RouteKeysRevoke:
+		k, err := r.keys.Revoke(params.Key, time.Now())
 		if err != nil {
 			r.adminFailed(rc, err)
 			return
 		}
 		r.log.Info("API key revoked", "id", k.ID, "app", k.App)
 		r.writeAdminJSON(rc, k)
-	default:
+	default: // a route of the table this port does not serve
 		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
 	}
 }

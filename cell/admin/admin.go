@@ -110,7 +110,8 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 	// token that switches strategies, and the counters reveal no user data
 	// (no act_ids, no amounts per user). Only GET; anything else goes on to the
 	// token check like every /admin route.
-	if string(rc.Path()) == "/metrics" && string(rc.Method()) == http.MethodGet {
+	parts, pathOK := api.PathSegments(rc.URI().PathOriginal())
+	if rt, _, err := api.MatchAdmin(api.PortCellAdmin, string(rc.Method()), parts); pathOK && err == nil && rt.ID == api.RouteMetrics {
 		s.cfg.Metrics(rc)
 		return
 	}
@@ -123,10 +124,16 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		writeRefusal(rc, http.StatusUnauthorized, ErrUnauthenticated)
 		return
 	}
-	switch path, method := string(rc.Path()), string(rc.Method()); {
-	case path == "/admin/strategy" && method == http.MethodGet:
+	method := string(rc.Method())
+	rt, _, err := api.MatchAdmin(api.PortCellAdmin, method, parts)
+	if !pathOK || err != nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
+		return
+	}
+	switch rt.ID {
+	case api.RouteStrategyGet:
 		s.writeJSON(rc, s.cfg.Strategy.Strategy())
-	case path == "/admin/strategy" && method == http.MethodPut:
+	case api.RouteStrategyPut:
 		st := s.cfg.Strategy.Strategy()
 		if err := json.Unmarshal(rc.PostBody(), &st); err != nil {
 			s.writeErr(rc, model.Invalidf("malformed JSON body"))
@@ -137,9 +144,9 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 			return
 		}
 		s.writeJSON(rc, s.cfg.Strategy.Strategy())
-	case path == "/admin/degrade" && method == http.MethodGet:
+	case api.RouteDegradeGet:
 		s.writeJSON(rc, s.cfg.Switches.Setting())
-	case path == "/admin/degrade" && method == http.MethodPut:
+	case api.RouteDegradePut:
 		var d api.DegradeSetting
 		if err := strictjson.Decode(rc.PostBody(), &d); err != nil {
 			s.writeErr(rc, err)
@@ -150,7 +157,7 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 			return
 		}
 		s.writeJSON(rc, s.cfg.Switches.Setting())
-	case path == "/admin/audit" && method == http.MethodPost:
+	case api.RouteAudit:
 		// Both spaces, or the one ?space= names (real, shadow). It answers when
 		// the audit is done (it reads every money row, so it may take minutes
 		// on a large cell); a failed audit is still 200, with "ok": false and
@@ -161,10 +168,10 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 			return
 		}
 		s.writeJSON(rc, rep)
-	case path == "/admin/shards" && method == http.MethodGet:
+	case api.RouteShards:
 		s.writeJSON(rc, s.shardMap())
-	default:
-		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+	default: // a route of the table this port does not serve
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
 	}
 }
 
