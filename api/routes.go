@@ -176,16 +176,6 @@ func Routes() []Route { return routes[:] }
 // RouteOf returns the entry of id.
 func RouteOf(id RouteID) Route { return routes[id] }
 
-// PublicLabels returns the labels of the public routes, in RouteID order:
-// the keys of router.Config.RateLimits.
-func PublicLabels() []string {
-	out := make([]string, 0, routePublicEnd-routeFirstPublic)
-	for id := routeFirstPublic; id < routePublicEnd; id++ {
-		out = append(out, routes[id].Label)
-	}
-	return out
-}
-
 // Labels returns the metric label of every RouteID from RouteOther up to, not
 // including, end: a label array for a server that serves the routes below end
 // (RouteCredits for the router, RouteMetrics for a cell's main port).

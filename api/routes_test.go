@@ -123,9 +123,6 @@ func TestMatchAdmin(t *testing.T) {
 
 // TestRouteTable: the properties the router and cells rely on.
 func TestRouteTable(t *testing.T) {
-	if got := PublicLabels(); len(got) != 7 || got[0] != "account" || got[6] != "noop" {
-		t.Errorf("public labels %v", got)
-	}
 	if got := Labels(RouteCredits); len(got) != 8 || got[0] != "other" {
 		t.Errorf("router labels %v", got)
 	}
