@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+
 	"redcell/model"
 )
 
@@ -51,20 +53,39 @@ func (r *relay) scan() {
 	}
 }
 
-// dispatch puts each credit not already held into its destination's lane.
+// dispatch puts each credit not already held into its destination's lane,
+// split by sharding.Map.GroupByOwner as cell/relay's dispatch splits them: the
+// cell's own claimants locally, the others by the cell owning their shard.
 func (r *relay) dispatch(credits []model.Credit) {
 	c, w := r.c, r.c.w
+	fresh := make([]model.Credit, 0, len(credits))
 	for _, cr := range credits {
-		if r.held[cr.ClaimID] {
-			continue
+		if !r.held[cr.ClaimID] {
+			fresh = append(fresh, cr)
 		}
+	}
+	local, remote, noOwner := w.smap.GroupByOwner(fresh, c.owns)
+	if noOwner > 0 { // the simulated map covers every shard: a bug of the simulator
+		panic(fmt.Sprintf("sim: %d credits without an owner in the cluster map", noOwner))
+	}
+	r.enqueue(c.idx, local)
+	for _, g := range remote {
+		r.enqueue(w.cellIndex(g.Cell.Name), g.Credits)
+	}
+}
+
+// enqueue adds credits to lane dest and arms its flush after relayLinger.
+func (r *relay) enqueue(dest int, credits []model.Credit) {
+	if len(credits) == 0 {
+		return
+	}
+	for _, cr := range credits {
 		r.held[cr.ClaimID] = true
-		dest := w.cellOf(cr.Shard)
-		r.lanes[dest] = append(r.lanes[dest], cr)
-		if !r.armed[dest] {
-			r.armed[dest] = true
-			c.later(relayLinger, func() { r.flush(dest) })
-		}
+	}
+	r.lanes[dest] = append(r.lanes[dest], credits...)
+	if !r.armed[dest] {
+		r.armed[dest] = true
+		r.c.later(relayLinger, func() { r.flush(dest) })
 	}
 }
 

@@ -181,20 +181,10 @@ func (r *Relay) Enqueue(credits []model.Credit) {
 // in the outbox. scanStart is when the scan that read them began (zero for
 // fresh claims; see lane.offer). It never blocks.
 func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int) {
-	m := r.cfg.Peers.Map()
-	local, remote := []model.Credit{}, map[string][]model.Credit{}
-	for _, c := range credits {
-		if r.cfg.Owns(c.Shard) {
-			local = append(local, c)
-			continue
-		}
-		owner, ok := m.Owner(c.Shard)
-		if !ok {
-			r.Stats.Errors.Add(1) // no live owner now: the outbox keeps it
-			left++
-			continue
-		}
-		remote[owner.Name] = append(remote[owner.Name], c)
+	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(credits, r.cfg.Owns)
+	if noOwner > 0 {
+		r.Stats.Errors.Add(int64(noOwner)) // no live owner now: the outbox keeps them
+		left += noOwner
 	}
 	now := r.clock.Now()
 	r.mu.Lock()
@@ -208,8 +198,8 @@ func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int)
 	if len(local) > 0 {
 		left += offer(r.laneLocked("", true), local)
 	}
-	for name, cs := range remote {
-		left += offer(r.laneLocked(name, false), cs)
+	for _, g := range remote {
+		left += offer(r.laneLocked(g.Cell.Name, false), g.Credits)
 	}
 	return left
 }
