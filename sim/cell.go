@@ -418,10 +418,10 @@ func (c *cell) applyCredits(m *message) {
 // tenth pass), each refunded at the simulated time.
 func (c *cell) expire() {
 	w := c.w
-	days := expiryDays(w.timeNow(), packetExpiry)
+	days := model.ExpiryDays(w.timeNow(), packetExpiry)
 	c.passes++
 	if c.passes%10 == 0 {
-		days = allDays
+		days = model.AllDays()
 	}
 	ids, err := c.store.ExpiredIn(w.ctx, c.shards, days, w.timeNow().UnixMilli(), 500)
 	if err != nil {
@@ -449,24 +449,4 @@ func (c *cell) expire() {
 			c.close(ref.ID, model.ErrExpired)
 		}
 	}
-}
-
-var allDays = func() []int {
-	d := make([]int, 31)
-	for i := range d {
-		d[i] = i + 1
-	}
-	return d
-}()
-
-// expiryDays is cell/expiry.go's expiryDays: the days of month whose tables
-// may hold open packets that have expired by now.
-func expiryDays(now time.Time, expiry time.Duration) []int {
-	now = now.UTC()
-	start := now.Add(-expiry - 24*time.Hour)
-	var days []int
-	for d := time.Date(start.Year(), start.Month(), start.Day(), 0, 0, 0, 0, time.UTC); !d.After(now); d = d.AddDate(0, 0, 1) {
-		days = append(days, d.Day())
-	}
-	return days
 }
