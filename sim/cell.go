@@ -172,7 +172,7 @@ func (c *cell) reply(id uint64, a *answer) {
 
 func (c *cell) handle(m *message) {
 	q, w := m.req, c.w
-	s, err := keyShard(q)
+	s, err := keyShard(q, api.Match)
 	if err == nil && !c.owns(s) {
 		err = model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", s, c.name)
 	}
