@@ -313,7 +313,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 }
 
 // creditsPerCallMax bounds the claims one /internal/credits or /internal/recon
-// call may carry (the relay sends at most relayBatchMax).
+// call may carry (the relay sends at most relay.BatchMax).
 const creditsPerCallMax = 10_000
 
 // credits applies claims relayed from other cells (signed, as every call:

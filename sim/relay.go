@@ -3,13 +3,14 @@ package sim
 import (
 	"fmt"
 
+	cellrelay "redcell/cell/relay"
 	"redcell/model"
 )
 
 // relay is the simulator's model of cell/relay.go for one life of a cell:
 // fresh claims from the open batches and a scan of the outbox every
 // relayInterval are split by the cell that owns the claimant's wallet into
-// lanes; a lane waits relayLinger for its batch to fill, then delivers it —
+// lanes; a lane waits cellrelay.Linger for its batch to fill, then delivers it —
 // the local lane through the cell's own store, the others as a credits
 // message to the claimants' cell, which applies them and answers — and marks
 // what was delivered. A credit the receiver deferred is tried again after a
@@ -35,8 +36,8 @@ func (r *relay) scan() {
 	before := w.timeNow().Add(-2 * relayInterval).UnixMilli()
 	for _, db := range c.dbs {
 		var after model.OutboxPos
-		for page := 0; page < 10; page++ {
-			credits, next, err := c.store.PendingCredits(w.ctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
+		for page := 0; page < cellrelay.ScanPagesMax; page++ {
+			credits, next, err := c.store.PendingCredits(w.ctx, db, before, after.CreatedMS, after.ClaimID, cellrelay.BatchMax)
 			if err != nil {
 				w.count("relay.scan_failed")
 				break
@@ -45,7 +46,7 @@ func (r *relay) scan() {
 				w.count("relay.scanned")
 				r.dispatch(credits)
 			}
-			if len(credits) < relayBatchMax {
+			if len(credits) < cellrelay.BatchMax {
 				break
 			}
 			after = next
@@ -74,7 +75,7 @@ func (r *relay) dispatch(credits []model.Credit) {
 	}
 }
 
-// enqueue adds credits to lane dest and arms its flush after relayLinger.
+// enqueue adds credits to lane dest and arms its flush after cellrelay.Linger.
 func (r *relay) enqueue(dest int, credits []model.Credit) {
 	if len(credits) == 0 {
 		return
@@ -85,16 +86,16 @@ func (r *relay) enqueue(dest int, credits []model.Credit) {
 	r.lanes[dest] = append(r.lanes[dest], credits...)
 	if !r.armed[dest] {
 		r.armed[dest] = true
-		r.c.later(relayLinger, func() { r.flush(dest) })
+		r.c.later(cellrelay.Linger, func() { r.flush(dest) })
 	}
 }
 
-// flush delivers what lane dest holds, relayBatchMax credits at a time.
+// flush delivers what lane dest holds, cellrelay.BatchMax credits at a time.
 func (r *relay) flush(dest int) {
 	c, w := r.c, r.c.w
 	r.armed[dest] = false
 	for len(r.lanes[dest]) > 0 {
-		n := min(len(r.lanes[dest]), relayBatchMax)
+		n := min(len(r.lanes[dest]), cellrelay.BatchMax)
 		batch := append([]model.Credit(nil), r.lanes[dest][:n]...)
 		r.lanes[dest] = r.lanes[dest][n:]
 		if dest == c.idx {
@@ -153,18 +154,7 @@ func (r *relay) ack(m *message) {
 // ones go back to their lane after a backoff that doubles per deferral.
 func (r *relay) delivered(batch []model.Credit, deferredIDs []string) {
 	c, w := r.c, r.c.w
-	in := make(map[string]bool, len(deferredIDs))
-	for _, id := range deferredIDs {
-		in[id] = true
-	}
-	var done, again []model.Credit
-	for _, cr := range batch {
-		if in[cr.ClaimID] {
-			again = append(again, cr)
-		} else {
-			done = append(done, cr)
-		}
-	}
+	done, again := cellrelay.SplitDeferred(batch, deferredIDs)
 	if len(done) > 0 {
 		c.maybeFailCommit()
 		skipped, err := c.store.MarkDelivered(w.ctx, done)
@@ -178,10 +168,10 @@ func (r *relay) delivered(batch []model.Credit, deferredIDs []string) {
 		r.release(done)
 	}
 	for _, cr := range again {
-		n := r.deferred[cr.ClaimID]
-		r.deferred[cr.ClaimID] = n + 1
+		n := r.deferred[cr.ClaimID] + 1
+		r.deferred[cr.ClaimID] = n
 		w.count("relay.deferred")
-		back := relayBackoff << min(n, 5)
+		back := cellrelay.DeferralBackoff(n)
 		cr := cr
 		c.later(back, func() {
 			delete(r.held, cr.ClaimID)

@@ -106,14 +106,31 @@ type Relay struct {
 	scanning  *incident.Tracker // outbox reads that failed
 }
 
-// The relay's limits. None is settable: docs/config.md lists them.
+// The relay's limits that the simulation (package sim) models with the same
+// values. None is settable: docs/config.md lists them.
 const (
-	// relayBatchMax is the most credits one delivery carries: one transaction
-	// at the receiver, one HTTP call for another cell.
-	relayBatchMax = 500
-	// relayLinger is how long a lane waits for a batch to fill; it adds at most
+	// BatchMax is the most credits one delivery carries, and one page of an
+	// outbox scan: one transaction at the receiver, one HTTP call for another
+	// cell.
+	BatchMax = 500
+	// Linger is how long a lane waits for a batch to fill; it adds at most
 	// this much to the time a claimant waits for the credit.
-	relayLinger = 20 * time.Millisecond
+	Linger = 20 * time.Millisecond
+	// ScanPagesMax is the most pages of BatchMax rows one scan reads per
+	// database: the rest waits for the next scan.
+	ScanPagesMax = 10
+)
+
+// DeferralBackoff is how long a credit the receiver deferred for the
+// deferrals-th time (1, 2, ...; its wallet row was locked) waits before it is
+// tried again: relayBackoffMin doubling per deferral, at most relayBackoffMax
+// (100 ms, 200 ms, ... 3.2 s, then 5 s). deferrals < 1 is taken as 1.
+func DeferralBackoff(deferrals int) time.Duration {
+	return min(relayBackoffMin<<min(max(deferrals, 1)-1, 16), relayBackoffMax)
+}
+
+// The relay's other limits, its own. None is settable: docs/config.md lists them.
+const (
 	// relayAttemptTimeout bounds one delivery to another cell, which gets it
 	// as its deadline. A healthy delivery of a full batch takes well under a
 	// second, but the receiver creates a shard's tables on their first use
@@ -327,9 +344,9 @@ func (r *Relay) scan(ctx context.Context) {
 	defer r.Stats.Scans.Add(1)
 	for _, db := range r.cfg.DBs {
 		var after model.OutboxPos
-		for page := 0; page < 10 && ctx.Err() == nil; page++ {
+		for page := 0; page < ScanPagesMax && ctx.Err() == nil; page++ {
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
+			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, BatchMax)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
@@ -340,7 +357,7 @@ func (r *Relay) scan(ctx context.Context) {
 				break
 			}
 			r.dispatch(credits, start)
-			if len(credits) < relayBatchMax {
+			if len(credits) < BatchMax {
 				break
 			}
 			after = next
@@ -361,7 +378,7 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 		if err != nil {
 			return nil, nil, err
 		}
-		delivered, deferred = splitDeferred(cs, ids)
+		delivered, deferred = SplitDeferred(cs, ids)
 		return delivered, deferred, nil
 	}
 	m := r.cfg.Peers.Map()
@@ -379,13 +396,14 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 	if err != nil {
 		return nil, nil, err
 	}
-	delivered, deferred = splitDeferred(mine, resp.Deferred)
+	delivered, deferred = SplitDeferred(mine, resp.Deferred)
 	return delivered, deferred, nil
 }
 
-// splitDeferred splits cs into the credits whose claim IDs are not in ids and
-// those that are. IDs that name no credit of cs are ignored.
-func splitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Credit) {
+// SplitDeferred splits cs into the credits whose claim IDs are not in ids and
+// those that are (the IDs a receiver's ApplyCredits deferred), each in cs's
+// order. IDs that name no credit of cs are ignored; with no ids, rest is cs.
+func SplitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Credit) {
 	if len(ids) == 0 {
 		return cs, nil
 	}
