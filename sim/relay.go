@@ -61,7 +61,8 @@ func (r *relay) dispatch(credits []model.Credit) {
 	c, w := r.c, r.c.w
 	fresh := make([]model.Credit, 0, len(credits))
 	for _, cr := range credits {
-		if !r.held[cr.ClaimID] {
+		if !r.held[cr.ClaimID] { // marked here: a claim listed twice in credits is taken once
+			r.held[cr.ClaimID] = true
 			fresh = append(fresh, cr)
 		}
 	}
@@ -75,13 +76,11 @@ func (r *relay) dispatch(credits []model.Credit) {
 	}
 }
 
-// enqueue adds credits to lane dest and arms its flush after cellrelay.Linger.
+// enqueue adds credits (held already) to lane dest and arms its flush after
+// cellrelay.Linger.
 func (r *relay) enqueue(dest int, credits []model.Credit) {
 	if len(credits) == 0 {
 		return
-	}
-	for _, cr := range credits {
-		r.held[cr.ClaimID] = true
 	}
 	r.lanes[dest] = append(r.lanes[dest], credits...)
 	if !r.armed[dest] {
