@@ -287,18 +287,10 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
 	}
 	s.stats.opens.Add(int64(len(credits)))
-	closed := true
-	switch {
-	case p.ID == "":
-		closed = false
-	case p.Status == model.StatusRefunded:
-		sp.closed.put(p.ID, model.ErrExpired)
-	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
-		sp.closed.put(p.ID, model.ErrSoldOut)
-	case s.clock.Now().UnixMilli() >= p.ExpiresMS:
-		sp.closed.put(p.ID, model.ErrExpired)
-	default:
-		closed = false
+	final := model.FinalErr(p, s.clock.Now().UnixMilli())
+	closed := final != nil
+	if closed {
+		sp.closed.put(p.ID, final)
 	}
 	if len(credits) > 0 || closed {
 		s.cache.set(sp, p)

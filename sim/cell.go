@@ -248,8 +248,7 @@ func (c *cell) send(id uint64, s model.ShardID, q *request) {
 	}
 	ln.s(string(p.ID)).kv("repeat", b2i(repeat)).end()
 	w.check.sent(c, s, req, p, repeat)
-	c.reply(id, &answer{send: api.SendResponse{PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count,
-		Kind: string(p.Kind), ExpiresMS: p.ExpiresMS, ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339), Repeat: repeat}})
+	c.reply(id, &answer{send: api.NewSendResponse(p, repeat)})
 }
 
 // newPacketID makes a packet ID with model.PacketIDFrom, its random part
@@ -315,17 +314,11 @@ func (c *cell) flushOpens(id model.PacketID) {
 	}
 }
 
-// noteClosed remembers a packet an open batch left in a final state, as
-// cell/open.go afterOpen does.
+// noteClosed remembers a packet an open batch left in a final state
+// (model.FinalErr), as cell/open.go afterOpen does.
 func (c *cell) noteClosed(p model.Packet) {
-	switch {
-	case p.ID == "":
-	case p.Status == model.StatusRefunded:
-		c.close(p.ID, model.ErrExpired)
-	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
-		c.close(p.ID, model.ErrSoldOut)
-	case c.w.timeNow().UnixMilli() >= p.ExpiresMS:
-		c.close(p.ID, model.ErrExpired)
+	if final := model.FinalErr(p, c.w.timeNow().UnixMilli()); final != nil {
+		c.close(p.ID, final)
 	}
 }
 
@@ -380,13 +373,9 @@ func (c *cell) grab(id uint64, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	st := p.Status.String()
-	if p.Status == model.StatusOpen && w.timeNow().UnixMilli() >= p.ExpiresMS {
-		st = "expired"
-	}
+	st := model.StatusAt(p.Status, p.RemainingCount, p.ExpiresMS, w.timeNow().UnixMilli())
 	w.log.begin(w, "grab").s(c.name).s(string(p.ID)).s(st).i(p.RemainingCount).end()
-	c.reply(id, &answer{grab: api.GrabResponse{PacketID: string(p.ID), Available: st == "open" && p.RemainingCount > 0,
-		Remaining: p.RemainingCount, Status: st, Source: "db"}})
+	c.reply(id, &answer{grab: api.NewGrabResponse(string(p.ID), st, p.RemainingCount, "db")})
 }
 
 // applyCredits is /internal/credits: book the credits here and answer which
