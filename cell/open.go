@@ -13,6 +13,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell/keyqueue"
+	"redcell/cell/relay"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -274,18 +275,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 
 // afterOpen refreshes the grab cache and hands new claims to the relay.
 func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) {
-	var credits []model.Credit
-	for i, r := range results {
-		if r.Err != nil || r.Repeat {
-			continue
-		}
-		// A user listed twice in a batch shares one result; relay it once.
-		if i > 0 && results[i-1].Claim.ID == r.Claim.ID {
-			continue
-		}
-		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
-			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
-	}
+	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
 	s.stats.opens.Add(int64(len(credits)))
 	final := model.FinalErr(p, s.clock.Now().UnixMilli())
 	closed := final != nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"redcell/api"
+	cellrelay "redcell/cell/relay"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -290,7 +291,6 @@ func (c *cell) flushOpens(id model.PacketID) {
 			}
 			continue
 		}
-		var fresh []model.Credit
 		for i, r := range results {
 			ln := w.log.begin(w, "open").s(c.name).s(string(id)).s(reqs[i].ActID)
 			if r.Err != nil {
@@ -300,15 +300,12 @@ func (c *cell) flushOpens(id model.PacketID) {
 				continue
 			}
 			ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
-			if !r.Repeat {
-				w.count("open.claim")
-				fresh = append(fresh, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
-					Shard: reqs[i].Shard, Amount: r.Claim.Amount})
-			}
 			c.reply(batch[i].id, &answer{open: api.OpenResponse{ClaimID: r.Claim.ID, PacketID: string(r.Claim.PacketID),
 				ActID: r.Claim.ActID, Amount: int64(r.Claim.Amount), Seq: r.Claim.Seq, Repeat: r.Repeat}})
 		}
 		w.check.opened(c, oq.ref, reqs, results, p)
+		fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
+		w.counts["open.claim"] += int64(len(fresh))
 		c.relay.dispatch(fresh)
 		c.noteClosed(p)
 	}

@@ -180,6 +180,26 @@ func New(cfg Config) *Relay {
 	return r
 }
 
+// NewCredits lists the credits an open batch's results owe their claimants:
+// one per claim made now (not for errors, nor for repeats, whose credit was
+// owed when the claim was made), in results' order, with the claimant's shard
+// (sharding.ShardOfAct). A user listed twice in a row in a batch shares one
+// result: it is credited once.
+func NewCredits(results []model.OpenResult) []model.Credit {
+	var credits []model.Credit
+	for i, r := range results {
+		if r.Err != nil || r.Repeat {
+			continue
+		}
+		if i > 0 && results[i-1].Claim.ID == r.Claim.ID {
+			continue
+		}
+		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
+			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
+	}
+	return credits
+}
+
 // Enqueue hands fresh claims from the open workers to their lanes without
 // blocking; what the lanes cannot take, or everything while the relay is
 // switched off, waits in the outbox for a later scan.

@@ -39,3 +39,27 @@ func TestSplitDeferred(t *testing.T) {
 		t.Fatalf("no ids: rest %v deferred %v", rest, deferred)
 	}
 }
+
+func TestNewCredits(t *testing.T) {
+	claim := func(id, act string, cents model.Cents) model.Claim {
+		return model.Claim{ID: id, PacketID: "p", ActID: act, Amount: cents}
+	}
+	results := []model.OpenResult{
+		{Claim: claim("c1", "alice", 10)},
+		{Claim: claim("c1", "alice", 10)}, // alice listed twice in the batch: one result, one credit
+		{Err: model.ErrSoldOut},
+		{Claim: claim("c0", "bob", 7), Repeat: true}, // claimed before: its credit was owed then
+		{Claim: claim("c2", "u1", 5)},
+	}
+	got := NewCredits(results)
+	want := []model.Credit{
+		{ClaimID: "c1", PacketID: "p", ActID: "alice", Shard: 289, Amount: 10}, // golden shards of sharding's tests
+		{ClaimID: "c2", PacketID: "p", ActID: "u1", Shard: 663, Amount: 5},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("NewCredits = %+v, want %+v", got, want)
+	}
+	if NewCredits(nil) != nil {
+		t.Fatal("NewCredits(nil) is not empty")
+	}
+}
