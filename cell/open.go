@@ -159,15 +159,7 @@ func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRe
 	if err != nil {
 		return nil, err
 	}
-	out := make([]model.OpenResult, len(reqs))
-	for i, rq := range reqs {
-		if c, ok := earlier[rq.ActID]; ok {
-			out[i] = model.OpenResult{Claim: c, Repeat: true}
-		} else {
-			out[i] = model.OpenResult{Err: final}
-		}
-	}
-	return out, nil
+	return model.ClosedResults(reqs, earlier, final), nil
 }
 
 // openQueued puts the open in its packet's FIFO and waits for the worker's answer

@@ -143,3 +143,20 @@ func FinalErr(p Packet, nowMS int64) error {
 	}
 	return nil
 }
+
+// ClosedResults answers opens reqs of a packet that can pay out no more
+// share (final: its FinalErr) from earlier, the claims its users made before
+// (by act_id, as Store.ClaimsOf returns them): a user who claimed gets the
+// claim back as a repeat, the others get final. One result per request, in
+// reqs' order.
+func ClosedResults(reqs []OpenRequest, earlier map[string]Claim, final error) []OpenResult {
+	out := make([]OpenResult, len(reqs))
+	for i, rq := range reqs {
+		if c, ok := earlier[rq.ActID]; ok {
+			out[i] = OpenResult{Claim: c, Repeat: true}
+		} else {
+			out[i] = OpenResult{Err: final}
+		}
+	}
+	return out
+}

@@ -52,3 +52,20 @@ func TestFinalErr(t *testing.T) {
 		}
 	}
 }
+
+func TestClosedResults(t *testing.T) {
+	reqs := []OpenRequest{{ActID: "alice"}, {ActID: "bob"}, {ActID: "alice"}}
+	earlier := map[string]Claim{"alice": {ID: "c1", ActID: "alice", Amount: 12, Seq: 3}}
+	got := ClosedResults(reqs, earlier, ErrSoldOut)
+	if len(got) != 3 {
+		t.Fatalf("%d results for 3 requests", len(got))
+	}
+	for _, i := range []int{0, 2} {
+		if r := got[i]; r.Err != nil || !r.Repeat || r.Claim != earlier["alice"] {
+			t.Errorf("result %d = %+v, want alice's claim c1 as a repeat", i, r)
+		}
+	}
+	if r := got[1]; !errors.Is(r.Err, ErrSoldOut) || r.Repeat || r.Claim.ID != "" {
+		t.Errorf("result 1 = %+v, want ErrSoldOut", r)
+	}
+}

@@ -300,8 +300,7 @@ func (c *cell) flushOpens(id model.PacketID) {
 				continue
 			}
 			ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
-			c.reply(batch[i].id, &answer{open: api.OpenResponse{ClaimID: r.Claim.ID, PacketID: string(r.Claim.PacketID),
-				ActID: r.Claim.ActID, Amount: int64(r.Claim.Amount), Seq: r.Claim.Seq, Repeat: r.Repeat}})
+			c.reply(batch[i].id, &answer{open: openAnswer(r.Claim, r.Repeat)})
 		}
 		w.check.opened(c, oq.ref, reqs, results, p)
 		fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
@@ -326,9 +325,17 @@ func (c *cell) close(id model.PacketID, final error) {
 	c.closed[id] = final
 }
 
+// openAnswer is the answer to an open that got claim cl (cell/open.go's
+// writeOpen renders the same fields by hand).
+func openAnswer(cl model.Claim, repeat bool) api.OpenResponse {
+	return api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID), ActID: cl.ActID, Amount: int64(cl.Amount),
+		Seq: cl.Seq, Repeat: repeat}
+}
+
 // answerClosed answers every open waiting for a closed packet as
 // cell/open.go answerClosed does: the earlier claim of a user who has one
-// (ClaimsOf, without a batch), else the packet's final error.
+// (ClaimsOf, without a batch), else the packet's final error
+// (model.ClosedResults).
 func (c *cell) answerClosed(oq *openQueue, final error) {
 	w := c.w
 	reqs := make([]model.OpenRequest, len(oq.waiting))
@@ -342,21 +349,17 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 		}
 		return
 	}
-	results := make([]model.OpenResult, len(reqs))
-	for i, rq := range reqs {
-		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(rq.ActID)
-		cl, ok := earlier[rq.ActID]
-		if !ok {
-			results[i] = model.OpenResult{Err: final}
-			code, _ := model.CodeOf(final)
+	results := model.ClosedResults(reqs, earlier, final)
+	for i, r := range results {
+		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(reqs[i].ActID)
+		if r.Err != nil {
+			code, _ := model.CodeOf(r.Err)
 			ln.s(code).end()
-			c.reply(oq.waiting[i].id, errAnswer(final))
+			c.reply(oq.waiting[i].id, errAnswer(r.Err))
 			continue
 		}
-		results[i] = model.OpenResult{Claim: cl, Repeat: true}
-		ln.s(cl.ID).i(int64(cl.Amount)).kv("repeat", 1).end()
-		c.reply(oq.waiting[i].id, &answer{open: api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID),
-			ActID: cl.ActID, Amount: int64(cl.Amount), Seq: cl.Seq, Repeat: true}})
+		ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", 1).end()
+		c.reply(oq.waiting[i].id, &answer{open: openAnswer(r.Claim, true)})
 	}
 	w.count("open.closed_answers")
 	w.check.openedClosed(c, oq.ref, reqs, results)
