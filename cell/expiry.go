@@ -38,7 +38,7 @@ func (e *expirer) run(ctx context.Context) {
 	go func() { defer close(full); e.runFull(ctx) }()
 	defer func() { <-full }()
 	clock.Every(ctx, e.clock, e.interval, func(pass int) {
-		days := expiryDays(e.clock.Now(), e.packetExpiry)
+		days := model.ExpiryDays(e.clock.Now(), e.packetExpiry)
 		e.once(ctx, e.spaces[0], days)
 		if pass%shadowEvery == 0 {
 			e.once(ctx, e.spaces[1], days) // stress traffic: scanned less often
@@ -62,31 +62,10 @@ func (e *expirer) runFull(ctx context.Context) {
 		case <-e.clock.After(wait):
 		}
 		for _, sp := range e.spaces {
-			e.once(ctx, sp, allDays)
+			e.once(ctx, sp, model.AllDays())
 		}
 		wait = fullScanInterval
 	}
-}
-
-var allDays = func() []int {
-	d := make([]int, 31)
-	for i := range d {
-		d[i] = i + 1
-	}
-	return d
-}()
-
-// expiryDays lists the days of month whose tables may hold open packets that
-// have expired by now: from two days before the oldest creation time that could
-// have expired, to today.
-func expiryDays(now time.Time, expiry time.Duration) []int {
-	now = now.UTC()
-	start := now.Add(-expiry - 24*time.Hour)
-	var days []int
-	for d := time.Date(start.Year(), start.Month(), start.Day(), 0, 0, 0, 0, time.UTC); !d.After(now); d = d.AddDate(0, 0, 1) {
-		days = append(days, d.Day())
-	}
-	return days
 }
 
 // once runs one pass over the given day slots and returns the cents refunded.

@@ -191,22 +191,12 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	if !repeat {
 		s.cache.set(sp, p)
 	}
-	s.answers.json(rc, http.StatusOK, api.SendResponse{
-		PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count, Kind: string(p.Kind),
-		ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339Nano), ExpiresMS: p.ExpiresMS, Repeat: repeat,
-	})
+	s.answers.json(rc, http.StatusOK, api.NewSendResponse(p, repeat))
 }
 
-// statusOf names a packet's state at time now: an open packet past its expiry
-// is "expired" until the refund turns it "refunded".
+// statusOf names a packet's state at time now (model.StatusAt).
 func statusOf(st model.PacketStatus, remaining int64, expiresMS int64, now time.Time) string {
-	if st == model.StatusOpen && now.UnixMilli() >= expiresMS {
-		return "expired"
-	}
-	if st == model.StatusOpen && remaining == 0 {
-		return model.StatusSoldOut.String()
-	}
-	return st.String()
+	return model.StatusAt(st, remaining, expiresMS, now.UnixMilli())
 }
 
 // packetAndActor reads what grab and open share: the packet ID from the path
@@ -256,10 +246,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		rem, source = remainingOf(p), "db"
 	}
 	st := statusOf(model.PacketStatus(rem.Status), rem.Count, rem.ExpiresMS, s.clock.Now())
-	if st == "expired" || st == "refunded" {
-		rem.Count = 0
-	}
-	s.answers.json(rc, http.StatusOK, api.GrabResponse{PacketID: id, Available: st == "open" && rem.Count > 0, Remaining: rem.Count, Status: st, Source: source})
+	s.answers.json(rc, http.StatusOK, api.NewGrabResponse(id, st, rem.Count, source))
 }
 
 // detail answers GET /v1/packets/{id}?after=SEQ&limit=N with the packet and one
@@ -313,7 +300,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 }
 
 // creditsPerCallMax bounds the claims one /internal/credits or /internal/recon
-// call may carry (the relay sends at most relayBatchMax).
+// call may carry (the relay sends at most relay.BatchMax).
 const creditsPerCallMax = 10_000
 
 // credits applies claims relayed from other cells (signed, as every call:

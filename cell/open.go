@@ -13,6 +13,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell/keyqueue"
+	"redcell/cell/relay"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -158,15 +159,7 @@ func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRe
 	if err != nil {
 		return nil, err
 	}
-	out := make([]model.OpenResult, len(reqs))
-	for i, rq := range reqs {
-		if c, ok := earlier[rq.ActID]; ok {
-			out[i] = model.OpenResult{Claim: c, Repeat: true}
-		} else {
-			out[i] = model.OpenResult{Err: final}
-		}
-	}
-	return out, nil
+	return model.ClosedResults(reqs, earlier, final), nil
 }
 
 // openQueued puts the open in its packet's FIFO and waits for the worker's answer
@@ -274,31 +267,12 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 
 // afterOpen refreshes the grab cache and hands new claims to the relay.
 func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) {
-	var credits []model.Credit
-	for i, r := range results {
-		if r.Err != nil || r.Repeat {
-			continue
-		}
-		// A user listed twice in a batch shares one result; relay it once.
-		if i > 0 && results[i-1].Claim.ID == r.Claim.ID {
-			continue
-		}
-		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
-			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
-	}
+	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
 	s.stats.opens.Add(int64(len(credits)))
-	closed := true
-	switch {
-	case p.ID == "":
-		closed = false
-	case p.Status == model.StatusRefunded:
-		sp.closed.put(p.ID, model.ErrExpired)
-	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
-		sp.closed.put(p.ID, model.ErrSoldOut)
-	case s.clock.Now().UnixMilli() >= p.ExpiresMS:
-		sp.closed.put(p.ID, model.ErrExpired)
-	default:
-		closed = false
+	final := model.FinalErr(p, s.clock.Now().UnixMilli())
+	closed := final != nil
+	if closed {
+		sp.closed.put(p.ID, final)
 	}
 	if len(credits) > 0 || closed {
 		s.cache.set(sp, p)

@@ -111,3 +111,52 @@ type OpenRequest struct {
 	ActID string
 	Shard ShardID
 }
+
+// StatusAt names a packet's state as the API shows it at nowMS (Unix ms),
+// from its stored status, shares left and expiry (Unix ms): "expired" for an
+// open packet past its expiry, until the refund turns it "refunded";
+// "sold_out" for an open packet with no share left; else st.String().
+func StatusAt(st PacketStatus, remaining, expiresMS, nowMS int64) string {
+	if st == StatusOpen && nowMS >= expiresMS {
+		return "expired"
+	}
+	if st == StatusOpen && remaining == 0 {
+		return StatusSoldOut.String()
+	}
+	return st.String()
+}
+
+// FinalErr is the error every later open of p gets once p can pay out no
+// more share, judged at nowMS (Unix ms): ErrExpired for a refunded packet or
+// one past its expiry, ErrSoldOut for one with no share left; nil while p is
+// open, and for the zero Packet (an open batch that read no packet).
+func FinalErr(p Packet, nowMS int64) error {
+	switch {
+	case p.ID == "":
+		return nil
+	case p.Status == StatusRefunded:
+		return ErrExpired
+	case p.Status == StatusSoldOut || p.RemainingCount == 0:
+		return ErrSoldOut
+	case nowMS >= p.ExpiresMS:
+		return ErrExpired
+	}
+	return nil
+}
+
+// ClosedResults answers opens reqs of a packet that can pay out no more
+// share (final: its FinalErr) from earlier, the claims its users made before
+// (by act_id, as Store.ClaimsOf returns them): a user who claimed gets the
+// claim back as a repeat, the others get final. One result per request, in
+// reqs' order.
+func ClosedResults(reqs []OpenRequest, earlier map[string]Claim, final error) []OpenResult {
+	out := make([]OpenResult, len(reqs))
+	for i, rq := range reqs {
+		if c, ok := earlier[rq.ActID]; ok {
+			out[i] = OpenResult{Claim: c, Repeat: true}
+		} else {
+			out[i] = OpenResult{Err: final}
+		}
+	}
+	return out
+}

@@ -266,30 +266,11 @@ func routeOf(method string, parts []string) (target, error) {
 }
 
 // locate validates the key of a request — the act_id or packet ID of its path,
-// or a send's sender in body — and sets its shard. Errors: ErrInvalidArgument.
-func (t *target) locate(body []byte) error {
-	switch t.route.Key {
-	case api.KeyActPath:
-		if err := model.ValidateActID(t.key); err != nil {
-			return err
-		}
-		t.shard, t.user = sharding.ShardOfAct(t.key), t.key
-	case api.KeySenderBody:
-		sender, err := senderOf(body)
-		if err != nil {
-			return err
-		}
-		t.shard, t.user = sharding.ShardOfAct(sender), sender
-	case api.KeyPacketPath:
-		ref, err := model.ParsePacketID(t.key)
-		if err != nil {
-			return err
-		}
-		t.shard = ref.Shard
-	default:
-		panic("router: a public route without a key: " + t.route.Label)
-	}
-	return nil
+// or a send's sender in body — and sets its shard and user, by api.Locate.
+// Errors: ErrInvalidArgument.
+func (t *target) locate(body []byte) (err error) {
+	t.shard, t.user, err = api.Locate(t.route, t.key, body)
+	return err
 }
 
 // route is routeOf then locate, for a path as sent on the request line.
@@ -303,29 +284,6 @@ func route(method string, rawPath string, body []byte) (target, error) {
 		return t, err
 	}
 	return t, t.locate(body)
-}
-
-// senderOf reads the sender of a send's body, with messages in the API's
-// terms (the cell decodes the whole body strictly).
-func senderOf(body []byte) (string, error) {
-	var b struct {
-		Sender string `json:"sender"`
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te) && te.Field == "sender":
-			return "", model.Invalidf("sender must be a string")
-		case errors.As(err, &te):
-			return "", model.Invalidf("the body must be a JSON object")
-		}
-		return "", model.Invalidf("malformed JSON body")
-	}
-	if err := model.ValidateActID(b.Sender); err != nil {
-		_, msg := model.CodeOf(err)
-		return "", model.Invalidf("sender: %s", msg)
-	}
-	return b.Sender, nil
 }
 
 // bodyActID returns the act_id of a grab or open body, or "" when the body is

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"redcell/internal/invariant"
 	"redcell/model"
 )
 
@@ -166,6 +167,55 @@ func (m *Map) Uncovered() int {
 		if o < 0 {
 			n++
 		}
+	}
+	return n
+}
+
+// Group is the credits bound for one cell: those whose claimants' shards Cell
+// owns.
+type Group struct {
+	Cell    Cell
+	Credits []model.Credit
+}
+
+// GroupByOwner splits credits by the cell that holds each claimant's wallet
+// (Credit.Shard): local gets those whose shard owns reports (the caller's own
+// cell, credited there whatever the map says; a nil owns reports none), remote
+// the others grouped by the cell that owns their shard in m, one Group per cell
+// in the order of Cells (by name), and noOwner counts those whose shard no live
+// cell owns (a nil m owns none). Each credit lands in exactly one of the three;
+// every group keeps the credits' order. It reads no clock and iterates no map,
+// so the same input gives the same groups in the same order.
+func (m *Map) GroupByOwner(credits []model.Credit, owns func(model.ShardID) bool) (local []model.Credit, remote []Group, noOwner int) {
+	var byCell [][]model.Credit // index into m.cells
+	for _, c := range credits {
+		if owns != nil && owns(c.Shard) {
+			local = append(local, c)
+			continue
+		}
+		if m == nil || !c.Shard.Valid() || m.owner[c.Shard] < 0 {
+			noOwner++
+			continue
+		}
+		if byCell == nil {
+			byCell = make([][]model.Credit, len(m.cells))
+		}
+		i := m.owner[c.Shard]
+		byCell[i] = append(byCell[i], c)
+	}
+	for i, cs := range byCell {
+		if len(cs) > 0 {
+			remote = append(remote, Group{Cell: m.cells[i], Credits: cs})
+		}
+	}
+	invariant.That(len(local)+noOwner+groupsLen(remote) == len(credits), "sharding: GroupByOwner lost or made credits")
+	return local, remote, noOwner
+}
+
+func groupsLen(gs []Group) int {
+	n := 0
+	for _, g := range gs {
+		n += len(g.Credits)
 	}
 	return n
 }

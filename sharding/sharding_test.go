@@ -1,6 +1,7 @@
 package sharding
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -123,5 +124,56 @@ func BenchmarkMapOwner(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		_, _ = m.Owner(ShardOfAct("act-000001"))
+	}
+}
+
+func TestGroupByOwner(t *testing.T) {
+	a, _ := ParseRanges("0-299")
+	b, _ := ParseRanges("300-599")
+	c, _ := ParseRanges("600-899") // 900-999: no owner
+	// Announced out of name order: the groups come in name order all the same.
+	m, _ := NewMap([]Cell{{Name: "c", Addr: "C", Shards: c}, {Name: "a", Addr: "A", Shards: a}, {Name: "b", Addr: "B", Shards: b}})
+	cr := func(id string, s model.ShardID) model.Credit {
+		return model.Credit{ClaimID: id, Shard: s, Amount: model.Cents(len(id))}
+	}
+	in := []model.Credit{cr("c1", 700), cr("a1", 5), cr("x1", 950), cr("b1", 300), cr("c2", 899), cr("a2", 299), cr("x2", 999), cr("c3", 600)}
+	// The caller is cell "a" but also credits shard 950 itself (it owns it by
+	// its own config while the map says no one does): owns wins.
+	ownsA := func(s model.ShardID) bool { return a.Contains(s) || s == 950 }
+	local, remote, noOwner := m.GroupByOwner(in, ownsA)
+	ids := func(cs []model.Credit) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.ClaimID)
+		}
+		return strings.Join(out, ",")
+	}
+	if got := ids(local); got != "a1,x1,a2" {
+		t.Fatalf("local %s, want a1,x1,a2", got)
+	}
+	if noOwner != 1 {
+		t.Fatalf("noOwner %d, want 1 (x2)", noOwner)
+	}
+	var got []string
+	for _, g := range remote {
+		got = append(got, g.Cell.Name+"@"+g.Cell.Addr+":"+ids(g.Credits))
+	}
+	if want := "b@B:b1 c@C:c1,c2,c3"; strings.Join(got, " ") != want {
+		t.Fatalf("remote %q, want %q", strings.Join(got, " "), want)
+	}
+
+	// Without owns nothing is local: cell a's credits go to a through the map.
+	local, remote, noOwner = m.GroupByOwner(in, nil)
+	if len(local) != 0 || noOwner != 2 || len(remote) != 3 || remote[0].Cell.Name != "a" || ids(remote[0].Credits) != "a1,a2" {
+		t.Fatalf("nil owns: local %d noOwner %d remote %+v", len(local), noOwner, remote)
+	}
+	// A nil map owns nothing; an invalid shard has no owner.
+	var nilMap *Map
+	local, remote, noOwner = nilMap.GroupByOwner(append(in, cr("bad", model.ShardCount)), ownsA)
+	if ids(local) != "a1,x1,a2" || len(remote) != 0 || noOwner != 6 {
+		t.Fatalf("nil map: local %s remote %d noOwner %d", ids(local), len(remote), noOwner)
+	}
+	if l, r, n := m.GroupByOwner(nil, ownsA); l != nil || r != nil || n != 0 {
+		t.Fatalf("no credits: %v %v %d", l, r, n)
 	}
 }

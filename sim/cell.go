@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"redcell/api"
+	cellrelay "redcell/cell/relay"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -172,7 +173,7 @@ func (c *cell) reply(id uint64, a *answer) {
 
 func (c *cell) handle(m *message) {
 	q, w := m.req, c.w
-	s, err := keyShard(q)
+	s, err := keyShard(q, api.Match)
 	if err == nil && !c.owns(s) {
 		err = model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", s, c.name)
 	}
@@ -248,8 +249,7 @@ func (c *cell) send(id uint64, s model.ShardID, q *request) {
 	}
 	ln.s(string(p.ID)).kv("repeat", b2i(repeat)).end()
 	w.check.sent(c, s, req, p, repeat)
-	c.reply(id, &answer{send: api.SendResponse{PacketID: string(p.ID), Sender: p.Sender, Amount: int64(p.Amount), Count: p.Count,
-		Kind: string(p.Kind), ExpiresMS: p.ExpiresMS, ExpiresAt: time.UnixMilli(p.ExpiresMS).UTC().Format(time.RFC3339), Repeat: repeat}})
+	c.reply(id, &answer{send: api.NewSendResponse(p, repeat)})
 }
 
 // newPacketID makes a packet ID with model.PacketIDFrom, its random part
@@ -291,7 +291,6 @@ func (c *cell) flushOpens(id model.PacketID) {
 			}
 			continue
 		}
-		var fresh []model.Credit
 		for i, r := range results {
 			ln := w.log.begin(w, "open").s(c.name).s(string(id)).s(reqs[i].ActID)
 			if r.Err != nil {
@@ -301,31 +300,21 @@ func (c *cell) flushOpens(id model.PacketID) {
 				continue
 			}
 			ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
-			if !r.Repeat {
-				w.count("open.claim")
-				fresh = append(fresh, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
-					Shard: reqs[i].Shard, Amount: r.Claim.Amount})
-			}
-			c.reply(batch[i].id, &answer{open: api.OpenResponse{ClaimID: r.Claim.ID, PacketID: string(r.Claim.PacketID),
-				ActID: r.Claim.ActID, Amount: int64(r.Claim.Amount), Seq: r.Claim.Seq, Repeat: r.Repeat}})
+			c.reply(batch[i].id, &answer{open: openAnswer(r.Claim, r.Repeat)})
 		}
 		w.check.opened(c, oq.ref, reqs, results, p)
+		fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
+		w.counts["open.claim"] += int64(len(fresh))
 		c.relay.dispatch(fresh)
 		c.noteClosed(p)
 	}
 }
 
-// noteClosed remembers a packet an open batch left in a final state, as
-// cell/open.go afterOpen does.
+// noteClosed remembers a packet an open batch left in a final state
+// (model.FinalErr), as cell/open.go afterOpen does.
 func (c *cell) noteClosed(p model.Packet) {
-	switch {
-	case p.ID == "":
-	case p.Status == model.StatusRefunded:
-		c.close(p.ID, model.ErrExpired)
-	case p.Status == model.StatusSoldOut || p.RemainingCount == 0:
-		c.close(p.ID, model.ErrSoldOut)
-	case c.w.timeNow().UnixMilli() >= p.ExpiresMS:
-		c.close(p.ID, model.ErrExpired)
+	if final := model.FinalErr(p, c.w.timeNow().UnixMilli()); final != nil {
+		c.close(p.ID, final)
 	}
 }
 
@@ -336,9 +325,17 @@ func (c *cell) close(id model.PacketID, final error) {
 	c.closed[id] = final
 }
 
+// openAnswer is the answer to an open that got claim cl (cell/open.go's
+// writeOpen renders the same fields by hand).
+func openAnswer(cl model.Claim, repeat bool) api.OpenResponse {
+	return api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID), ActID: cl.ActID, Amount: int64(cl.Amount),
+		Seq: cl.Seq, Repeat: repeat}
+}
+
 // answerClosed answers every open waiting for a closed packet as
 // cell/open.go answerClosed does: the earlier claim of a user who has one
-// (ClaimsOf, without a batch), else the packet's final error.
+// (ClaimsOf, without a batch), else the packet's final error
+// (model.ClosedResults).
 func (c *cell) answerClosed(oq *openQueue, final error) {
 	w := c.w
 	reqs := make([]model.OpenRequest, len(oq.waiting))
@@ -352,21 +349,17 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 		}
 		return
 	}
-	results := make([]model.OpenResult, len(reqs))
-	for i, rq := range reqs {
-		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(rq.ActID)
-		cl, ok := earlier[rq.ActID]
-		if !ok {
-			results[i] = model.OpenResult{Err: final}
-			code, _ := model.CodeOf(final)
+	results := model.ClosedResults(reqs, earlier, final)
+	for i, r := range results {
+		ln := w.log.begin(w, "open-closed").s(c.name).s(string(oq.ref.ID)).s(reqs[i].ActID)
+		if r.Err != nil {
+			code, _ := model.CodeOf(r.Err)
 			ln.s(code).end()
-			c.reply(oq.waiting[i].id, errAnswer(final))
+			c.reply(oq.waiting[i].id, errAnswer(r.Err))
 			continue
 		}
-		results[i] = model.OpenResult{Claim: cl, Repeat: true}
-		ln.s(cl.ID).i(int64(cl.Amount)).kv("repeat", 1).end()
-		c.reply(oq.waiting[i].id, &answer{open: api.OpenResponse{ClaimID: cl.ID, PacketID: string(cl.PacketID),
-			ActID: cl.ActID, Amount: int64(cl.Amount), Seq: cl.Seq, Repeat: true}})
+		ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", 1).end()
+		c.reply(oq.waiting[i].id, &answer{open: openAnswer(r.Claim, true)})
 	}
 	w.count("open.closed_answers")
 	w.check.openedClosed(c, oq.ref, reqs, results)
@@ -380,13 +373,9 @@ func (c *cell) grab(id uint64, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	st := p.Status.String()
-	if p.Status == model.StatusOpen && w.timeNow().UnixMilli() >= p.ExpiresMS {
-		st = "expired"
-	}
+	st := model.StatusAt(p.Status, p.RemainingCount, p.ExpiresMS, w.timeNow().UnixMilli())
 	w.log.begin(w, "grab").s(c.name).s(string(p.ID)).s(st).i(p.RemainingCount).end()
-	c.reply(id, &answer{grab: api.GrabResponse{PacketID: string(p.ID), Available: st == "open" && p.RemainingCount > 0,
-		Remaining: p.RemainingCount, Status: st, Source: "db"}})
+	c.reply(id, &answer{grab: api.NewGrabResponse(string(p.ID), st, p.RemainingCount, "db")})
 }
 
 // applyCredits is /internal/credits: book the credits here and answer which
@@ -418,10 +407,10 @@ func (c *cell) applyCredits(m *message) {
 // tenth pass), each refunded at the simulated time.
 func (c *cell) expire() {
 	w := c.w
-	days := expiryDays(w.timeNow(), packetExpiry)
+	days := model.ExpiryDays(w.timeNow(), packetExpiry)
 	c.passes++
 	if c.passes%10 == 0 {
-		days = allDays
+		days = model.AllDays()
 	}
 	ids, err := c.store.ExpiredIn(w.ctx, c.shards, days, w.timeNow().UnixMilli(), 500)
 	if err != nil {
@@ -449,24 +438,4 @@ func (c *cell) expire() {
 			c.close(ref.ID, model.ErrExpired)
 		}
 	}
-}
-
-var allDays = func() []int {
-	d := make([]int, 31)
-	for i := range d {
-		d[i] = i + 1
-	}
-	return d
-}()
-
-// expiryDays is cell/expiry.go's expiryDays: the days of month whose tables
-// may hold open packets that have expired by now.
-func expiryDays(now time.Time, expiry time.Duration) []int {
-	now = now.UTC()
-	start := now.Add(-expiry - 24*time.Hour)
-	var days []int
-	for d := time.Date(start.Year(), start.Month(), start.Day(), 0, 0, 0, 0, time.UTC); !d.After(now); d = d.AddDate(0, 0, 1) {
-		days = append(days, d.Day())
-	}
-	return days
 }

@@ -125,10 +125,7 @@ const (
 	requestTimeout = 300 * time.Millisecond // a client gives an attempt up after this
 	attemptsMax    = 8                      // tries of one operation, the first included
 	relayInterval  = 100 * time.Millisecond // outbox scan period (cell.Config.RelayInterval)
-	relayLinger    = 20 * time.Millisecond  // cell/relay.go relayLinger
-	relayBatchMax  = 500                    // cell/relay.go relayBatchMax
 	relayTimeout   = 1 * time.Second        // one delivery to another cell
-	relayBackoff   = 100 * time.Millisecond // first wait of a deferred credit, doubling
 	expiryInterval = 500 * time.Millisecond // expiry pass period (cell.Config.ExpiryInterval)
 	packetExpiry   = 5 * time.Second        // a packet's life (cell.Config.PacketExpiry): short, so that packets expire all through a run
 	opGapMaxMS     = 2                      // a client starts an operation every 0..2 ms

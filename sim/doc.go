@@ -8,24 +8,45 @@
 //
 //   - Production code: the money rules and IDs of package model (the split, the
 //     audit, model.Audit and model.AuditCell, claim IDs, packet ID parsing, the
-//     error codes), routing (sharding.ShardOfAct, sharding.ParseRanges,
-//     sharding.NewMap and Map.Owner, built from three cells' ranges as
-//     cmd/redcell's config does), the wire types of package api (requests,
-//     answers, the error envelope and its retryable flag through
-//     api.ErrorJSON), and each cell's store, storage/memstore, reached only
+//     error codes), the state a packet shows and the final error of a closed
+//     one (model.StatusAt, model.FinalErr), the answers to opens of a closed
+//     packet (model.ClosedResults), the day slots an expiry pass scans
+//     (model.ExpiryDays, model.AllDays); routing: the router's rule, request
+//     by request — method and path from api's path builders (and a send's
+//     JSON body), api.MatchPublic (api.Match at a cell) in api's route table,
+//     api.Locate for the key the route names (path act_id, body sender, path
+//     packet ID) and its shard, then the owner in a sharding.Map built with
+//     sharding.ParseRanges and sharding.NewMap from three cells' ranges as
+//     cmd/redcell's config does; the relay's pure rules, from cell/relay: the
+//     credits an open batch owes (relay.NewCredits), their split into local
+//     and per-owner-cell groups (sharding.Map.GroupByOwner, which the relay's
+//     dispatch and recon's checkCredits use too), the batch and page bounds
+//     and the linger (relay.BatchMax, relay.ScanPagesMax, relay.Linger), the
+//     split of a receiver's deferred IDs (relay.SplitDeferred) and a deferred
+//     credit's backoff (relay.DeferralBackoff); the wire types of package api
+//     (requests and their Validate, answers with api.NewSendResponse and
+//     api.NewGrabResponse, the error envelope and its retryable flag through
+//     api.ErrorJSON); and each cell's store, storage/memstore, reached only
 //     through the storage.Store interface: it passes the contract suite the
 //     MariaDB store passes and decides with model's pure money decisions
 //     (model.Open, model.Send, model.ApplyDeposit, model.Refund,
 //     model.ApplyCredit); the simulator holds no money rule of its own.
-//   - The simulator's model of a cell: the request handlers (validate, route
-//     by shard, call the store, answer), the per-packet batching of opens and
-//     the set of closed packets whose opens are answered from ClaimsOf, the
-//     relay (what cell/relay.go does: fresh claims and a periodic outbox scan
-//     through PendingCredits, credits sent to the claimant's cell, ApplyCredits
-//     there, the answer, MarkDelivered, deferred credits tried again after a
-//     backoff) and expiry (what cell/expiry.go does: ExpiredIn, then Refund at
-//     the simulated time). The router is modelled as the stateless forwarder it
-//     is: key → shard → owner, CELL_UNAVAILABLE for a cell that is down.
+//   - The simulator's model of a cell, calling the pieces above: the request
+//     handlers (validate, check the shard is owned, call the store, answer;
+//     an open's answer is built as cell/open.go's writeOpen writes it), the
+//     per-packet batching of opens (a 2 ms linger, batches of 32: the
+//     strategy's settings, not its code) and the closed set (its bound copies
+//     cell/open.go's closedSetMax); the relay's control flow (cell/relay runs
+//     goroutines, lanes and a clock; the model is one event loop's timers: a
+//     lane per destination cell, the outbox scan every interval for rows two
+//     intervals old, delivery, MarkDelivered, deferred credits tried again;
+//     a delivery to another cell is given up after 1 s, not the relay's 5 s,
+//     and a failed one is left to the next scan instead of pausing its lane)
+//     and expiry (what cell/expiry.go does: ExpiredIn, then Refund at the
+//     simulated time; a full scan every tenth pass instead of every ten
+//     minutes). The router is modelled as the stateless forwarder it is; its
+//     view of which cells are down is the simulator's stand-in for
+//     sharding/membership: CELL_UNAVAILABLE for a cell that is down.
 //   - Stand-ins: packet IDs are made as model.NewPacketID makes them but with
 //     their 64 random bits from the cell's seeded stream (NewPacketID reads
 //     crypto/rand); lockedRows defers some credits in ApplyCredits as the

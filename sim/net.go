@@ -2,11 +2,12 @@ package sim
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"time"
 
 	"redcell/api"
 	"redcell/model"
-	"redcell/sharding"
 )
 
 type msgKind int8
@@ -142,12 +143,16 @@ func (r *router) receive(m *message) {
 	case msgAnswer:
 		w.send(nodeRouter, nodeClient, m)
 	case msgRequest:
-		s, err := keyShard(m.req)
+		s, err := keyShard(m.req, api.MatchPublic)
 		if err != nil {
 			w.send(nodeRouter, nodeClient, &message{kind: msgAnswer, id: m.id, ans: errAnswer(err)})
 			return
 		}
-		owner := w.cellOf(s)
+		cell, ok := w.smap.Owner(s)
+		if !ok {
+			panic(fmt.Sprintf("sim: shard %d has no owner in the cluster map", s))
+		}
+		owner := w.cellIndex(cell.Name)
 		if r.down[owner] {
 			w.count("router.cell_unavailable")
 			w.send(nodeRouter, nodeClient, &message{kind: msgAnswer, id: m.id,
@@ -160,25 +165,51 @@ func (r *router) receive(m *message) {
 	}
 }
 
-// keyShard is the shard a request is routed by: the account's for deposits,
-// sends and account reads, the packet's for opens and grabs.
-func keyShard(q *request) (model.ShardID, error) {
+// httpOf is request q as a client puts it on the wire: its method, its path
+// from api's path builders and, for a send, its JSON body (the only body a
+// shard is read from; the others are not needed to route).
+func httpOf(q *request) (method, path string, body []byte) {
 	switch q.kind {
-	case opOpen, opGrab:
-		ref, err := model.ParsePacketID(q.packetID)
-		if err != nil {
-			return 0, err
-		}
-		return ref.Shard, nil
+	case opDeposit:
+		return http.MethodPost, api.DepositPath(q.actID), nil
 	case opSend:
-		if err := model.ValidateActID(q.send.Sender); err != nil {
-			return 0, err
+		b, err := json.Marshal(q.send)
+		if err != nil {
+			panic("sim: marshal a send: " + err.Error())
 		}
-		return sharding.ShardOfAct(q.send.Sender), nil
-	default:
-		if err := model.ValidateActID(q.actID); err != nil {
-			return 0, err
-		}
-		return sharding.ShardOfAct(q.actID), nil
+		return http.MethodPost, api.SendPath, b
+	case opOpen:
+		return http.MethodPost, api.OpenPath(q.packetID), nil
+	case opGrab:
+		return http.MethodPost, api.GrabPath(q.packetID), nil
+	case opAccount:
+		return http.MethodGet, api.AccountPath(q.actID), nil
 	}
+	panic(fmt.Sprintf("sim: no HTTP form of operation %d", q.kind))
+}
+
+// routeOfOp is the route each operation must match.
+var routeOfOp = [...]api.RouteID{opDeposit: api.RouteDeposit, opSend: api.RouteSend, opOpen: api.RouteOpen,
+	opGrab: api.RouteGrab, opAccount: api.RouteAccount}
+
+// keyShard is the shard request q goes to, found as router/ finds it: its
+// method and path matched in api's route table (match: api.MatchPublic at the
+// router, api.Match at a cell), then the key the route names — the path's
+// act_id, the body's sender or the path's packet ID — through api.Locate.
+// Errors: those of match and api.Locate (ErrNotFound, ErrInvalidArgument).
+func keyShard(q *request, match func(method string, parts []string) (api.Route, api.Params, error)) (model.ShardID, error) {
+	method, path, body := httpOf(q)
+	parts, ok := api.PathSegments([]byte(path))
+	if !ok {
+		return 0, model.Errorf(model.ErrNotFound, "no route for %s", path)
+	}
+	rt, p, err := match(method, parts)
+	if err != nil {
+		return 0, err
+	}
+	if rt.ID != routeOfOp[q.kind] {
+		panic(fmt.Sprintf("sim: %s %s matched route %s", method, path, rt.Label))
+	}
+	s, _, err := api.Locate(rt, p.Key, body)
+	return s, err
 }

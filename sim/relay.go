@@ -1,13 +1,16 @@
 package sim
 
 import (
+	"fmt"
+
+	cellrelay "redcell/cell/relay"
 	"redcell/model"
 )
 
 // relay is the simulator's model of cell/relay.go for one life of a cell:
 // fresh claims from the open batches and a scan of the outbox every
 // relayInterval are split by the cell that owns the claimant's wallet into
-// lanes; a lane waits relayLinger for its batch to fill, then delivers it —
+// lanes; a lane waits cellrelay.Linger for its batch to fill, then delivers it —
 // the local lane through the cell's own store, the others as a credits
 // message to the claimants' cell, which applies them and answers — and marks
 // what was delivered. A credit the receiver deferred is tried again after a
@@ -33,8 +36,8 @@ func (r *relay) scan() {
 	before := w.timeNow().Add(-2 * relayInterval).UnixMilli()
 	for _, db := range c.dbs {
 		var after model.OutboxPos
-		for page := 0; page < 10; page++ {
-			credits, next, err := c.store.PendingCredits(w.ctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
+		for page := 0; page < cellrelay.ScanPagesMax; page++ {
+			credits, next, err := c.store.PendingCredits(w.ctx, db, before, after.CreatedMS, after.ClaimID, cellrelay.BatchMax)
 			if err != nil {
 				w.count("relay.scan_failed")
 				break
@@ -43,7 +46,7 @@ func (r *relay) scan() {
 				w.count("relay.scanned")
 				r.dispatch(credits)
 			}
-			if len(credits) < relayBatchMax {
+			if len(credits) < cellrelay.BatchMax {
 				break
 			}
 			after = next
@@ -51,29 +54,47 @@ func (r *relay) scan() {
 	}
 }
 
-// dispatch puts each credit not already held into its destination's lane.
+// dispatch puts each credit not already held into its destination's lane,
+// split by sharding.Map.GroupByOwner as cell/relay's dispatch splits them: the
+// cell's own claimants locally, the others by the cell owning their shard.
 func (r *relay) dispatch(credits []model.Credit) {
 	c, w := r.c, r.c.w
+	fresh := make([]model.Credit, 0, len(credits))
 	for _, cr := range credits {
-		if r.held[cr.ClaimID] {
-			continue
+		if !r.held[cr.ClaimID] { // marked here: a claim listed twice in credits is taken once
+			r.held[cr.ClaimID] = true
+			fresh = append(fresh, cr)
 		}
-		r.held[cr.ClaimID] = true
-		dest := w.cellOf(cr.Shard)
-		r.lanes[dest] = append(r.lanes[dest], cr)
-		if !r.armed[dest] {
-			r.armed[dest] = true
-			c.later(relayLinger, func() { r.flush(dest) })
-		}
+	}
+	local, remote, noOwner := w.smap.GroupByOwner(fresh, c.owns)
+	if noOwner > 0 { // the simulated map covers every shard: a bug of the simulator
+		panic(fmt.Sprintf("sim: %d credits without an owner in the cluster map", noOwner))
+	}
+	r.enqueue(c.idx, local)
+	for _, g := range remote {
+		r.enqueue(w.cellIndex(g.Cell.Name), g.Credits)
 	}
 }
 
-// flush delivers what lane dest holds, relayBatchMax credits at a time.
+// enqueue adds credits (held already) to lane dest and arms its flush after
+// cellrelay.Linger.
+func (r *relay) enqueue(dest int, credits []model.Credit) {
+	if len(credits) == 0 {
+		return
+	}
+	r.lanes[dest] = append(r.lanes[dest], credits...)
+	if !r.armed[dest] {
+		r.armed[dest] = true
+		r.c.later(cellrelay.Linger, func() { r.flush(dest) })
+	}
+}
+
+// flush delivers what lane dest holds, cellrelay.BatchMax credits at a time.
 func (r *relay) flush(dest int) {
 	c, w := r.c, r.c.w
 	r.armed[dest] = false
 	for len(r.lanes[dest]) > 0 {
-		n := min(len(r.lanes[dest]), relayBatchMax)
+		n := min(len(r.lanes[dest]), cellrelay.BatchMax)
 		batch := append([]model.Credit(nil), r.lanes[dest][:n]...)
 		r.lanes[dest] = r.lanes[dest][n:]
 		if dest == c.idx {
@@ -132,18 +153,7 @@ func (r *relay) ack(m *message) {
 // ones go back to their lane after a backoff that doubles per deferral.
 func (r *relay) delivered(batch []model.Credit, deferredIDs []string) {
 	c, w := r.c, r.c.w
-	in := make(map[string]bool, len(deferredIDs))
-	for _, id := range deferredIDs {
-		in[id] = true
-	}
-	var done, again []model.Credit
-	for _, cr := range batch {
-		if in[cr.ClaimID] {
-			again = append(again, cr)
-		} else {
-			done = append(done, cr)
-		}
-	}
+	done, again := cellrelay.SplitDeferred(batch, deferredIDs)
 	if len(done) > 0 {
 		c.maybeFailCommit()
 		skipped, err := c.store.MarkDelivered(w.ctx, done)
@@ -157,10 +167,10 @@ func (r *relay) delivered(batch []model.Credit, deferredIDs []string) {
 		r.release(done)
 	}
 	for _, cr := range again {
-		n := r.deferred[cr.ClaimID]
-		r.deferred[cr.ClaimID] = n + 1
+		n := r.deferred[cr.ClaimID] + 1
+		r.deferred[cr.ClaimID] = n
 		w.count("relay.deferred")
-		back := relayBackoff << min(n, 5)
+		back := cellrelay.DeferralBackoff(n)
 		cr := cr
 		c.later(back, func() {
 			delete(r.held, cr.ClaimID)

@@ -173,6 +173,16 @@ func cellName(i int) string { return fmt.Sprintf("cell-%d", i+1) }
 // cellOf is the index of the cell owning shard s (from the map, read once).
 func (w *world) cellOf(s model.ShardID) int { return int(w.owner[s]) }
 
+// cellIndex is the index of the cell the map names name.
+func (w *world) cellIndex(name string) int {
+	for i, c := range w.cells {
+		if c.name == name {
+			return i
+		}
+	}
+	panic("sim: unknown cell " + name)
+}
+
 // owners reads, for every shard, the index of the cell the map names.
 func owners(m *sharding.Map) (out [model.ShardCount]int8) {
 	for s := model.ShardID(0); s < model.ShardCount; s++ {

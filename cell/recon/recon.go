@@ -32,7 +32,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -216,21 +215,8 @@ func (r *Reconciler) once(ctx context.Context, i int, cursors map[int]int64, n i
 // /internal/recon for the others.
 func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.Credit, p *pass) {
 	sp := r.spaces[i]
-	var local []model.Credit
-	remote := map[string][]model.Credit{}
-	m := r.cfg.Peers.Map()
-	for _, c := range delivered {
-		if r.cfg.Owns(c.Shard) {
-			local = append(local, c)
-			continue
-		}
-		owner, ok := m.Owner(c.Shard)
-		if !ok {
-			p.unverified++ // no live owner to ask now
-			continue
-		}
-		remote[owner.Addr] = append(remote[owner.Addr], c)
-	}
+	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(delivered, r.cfg.Owns)
+	p.unverified += int64(noOwner) // no live owner to ask now
 	add := func(cc model.CreditCheck) {
 		p.credited = p.credited.Plus(cc.Matched)
 		p.diffs.Merge(cc.Diffs)
@@ -253,13 +239,8 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.
 	if len(local) > 0 && !localFailed && ctx.Err() == nil {
 		localTrack.OK()
 	}
-	addrs := make([]string, 0, len(remote))
-	for a := range remote {
-		addrs = append(addrs, a)
-	}
-	sort.Strings(addrs)
-	for _, addr := range addrs {
-		cs := remote[addr]
+	for _, g := range remote { // in the order of the cells' names
+		addr, cs := g.Cell.Addr, g.Credits
 		track, failed := r.inc[i].ask.Of(addr), false
 		for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
 			chunk := cs[start:min(start+chunkMax, len(cs))]

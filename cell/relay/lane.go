@@ -124,23 +124,23 @@ func (l *lane) run() {
 	}
 }
 
-// linger waits relayLinger for more credits, unless a full batch is queued:
+// linger waits Linger for more credits, unless a full batch is queued:
 // under load one delivery (one transaction, one HTTP call) then carries
 // hundreds of credits instead of one open batch's worth.
 func (l *lane) linger() {
 	l.mu.Lock()
-	full := len(l.queue) >= relayBatchMax
+	full := len(l.queue) >= BatchMax
 	l.mu.Unlock()
 	if full {
 		return
 	}
 	select {
 	case <-l.r.stop:
-	case <-l.r.clock.After(relayLinger):
+	case <-l.r.clock.After(Linger):
 	}
 }
 
-// next takes the next batch: up to relayBatchMax held credits that are due.
+// next takes the next batch: up to BatchMax held credits that are due.
 // With none, wait is how long until one is (or the backoff ends), -1 when the
 // lane holds nothing. While the relay is switched off the lane gives back
 // everything it holds: the outbox keeps it.
@@ -160,7 +160,7 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	rest := l.queue[:0]
 	wait = -1
 	for _, q := range l.queue {
-		if len(batch) < relayBatchMax && !now.Before(q.due) {
+		if len(batch) < BatchMax && !now.Before(q.due) {
 			batch = append(batch, q)
 			continue
 		}
@@ -233,7 +233,7 @@ func (l *lane) attempt(batch []queued) bool {
 			continue
 		}
 		q.deferrals++
-		q.due = now.Add(min(relayBackoffMin<<min(q.deferrals-1, 16), relayBackoffMax))
+		q.due = now.Add(DeferralBackoff(q.deferrals))
 		l.queue = append(l.queue, q)
 		if !wasLong && q.deferrals >= deferralsLong {
 			l.long++
@@ -247,7 +247,7 @@ func (l *lane) attempt(batch []queued) bool {
 }
 
 // flush delivers, when the cell stops, everything the lane holds, once, in
-// batches of up to relayBatchMax, until a delivery fails or the relay's flush
+// batches of up to BatchMax, until a delivery fails or the relay's flush
 // time (relayFlushMax) is up. A lane backing off does not try: its
 // destination failed just now. The outbox keeps whatever is left.
 func (l *lane) flush() {
@@ -262,7 +262,7 @@ func (l *lane) flush() {
 	}
 	l.mu.Unlock()
 	for len(pending) > 0 && l.r.life.Err() == nil {
-		n := min(len(pending), relayBatchMax)
+		n := min(len(pending), BatchMax)
 		if !l.attempt(pending[:n]) {
 			return
 		}

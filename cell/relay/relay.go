@@ -106,14 +106,31 @@ type Relay struct {
 	scanning  *incident.Tracker // outbox reads that failed
 }
 
-// The relay's limits. None is settable: docs/config.md lists them.
+// The relay's limits that the simulation (package sim) models with the same
+// values. None is settable: docs/config.md lists them.
 const (
-	// relayBatchMax is the most credits one delivery carries: one transaction
-	// at the receiver, one HTTP call for another cell.
-	relayBatchMax = 500
-	// relayLinger is how long a lane waits for a batch to fill; it adds at most
+	// BatchMax is the most credits one delivery carries, and one page of an
+	// outbox scan: one transaction at the receiver, one HTTP call for another
+	// cell.
+	BatchMax = 500
+	// Linger is how long a lane waits for a batch to fill; it adds at most
 	// this much to the time a claimant waits for the credit.
-	relayLinger = 20 * time.Millisecond
+	Linger = 20 * time.Millisecond
+	// ScanPagesMax is the most pages of BatchMax rows one scan reads per
+	// database: the rest waits for the next scan.
+	ScanPagesMax = 10
+)
+
+// DeferralBackoff is how long a credit the receiver deferred for the
+// deferrals-th time (1, 2, ...; its wallet row was locked) waits before it is
+// tried again: relayBackoffMin doubling per deferral, at most relayBackoffMax
+// (100 ms, 200 ms, ... 3.2 s, then 5 s). deferrals < 1 is taken as 1.
+func DeferralBackoff(deferrals int) time.Duration {
+	return min(relayBackoffMin<<min(max(deferrals, 1)-1, 16), relayBackoffMax)
+}
+
+// The relay's other limits, its own. None is settable: docs/config.md lists them.
+const (
 	// relayAttemptTimeout bounds one delivery to another cell, which gets it
 	// as its deadline. A healthy delivery of a full batch takes well under a
 	// second, but the receiver creates a shard's tables on their first use
@@ -163,6 +180,26 @@ func New(cfg Config) *Relay {
 	return r
 }
 
+// NewCredits lists the credits an open batch's results owe their claimants:
+// one per claim made now (not for errors, nor for repeats, whose credit was
+// owed when the claim was made), in results' order, with the claimant's shard
+// (sharding.ShardOfAct). A user listed twice in a row in a batch shares one
+// result: it is credited once.
+func NewCredits(results []model.OpenResult) []model.Credit {
+	var credits []model.Credit
+	for i, r := range results {
+		if r.Err != nil || r.Repeat {
+			continue
+		}
+		if i > 0 && results[i-1].Claim.ID == r.Claim.ID {
+			continue
+		}
+		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
+			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
+	}
+	return credits
+}
+
 // Enqueue hands fresh claims from the open workers to their lanes without
 // blocking; what the lanes cannot take, or everything while the relay is
 // switched off, waits in the outbox for a later scan.
@@ -181,20 +218,10 @@ func (r *Relay) Enqueue(credits []model.Credit) {
 // in the outbox. scanStart is when the scan that read them began (zero for
 // fresh claims; see lane.offer). It never blocks.
 func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int) {
-	m := r.cfg.Peers.Map()
-	local, remote := []model.Credit{}, map[string][]model.Credit{}
-	for _, c := range credits {
-		if r.cfg.Owns(c.Shard) {
-			local = append(local, c)
-			continue
-		}
-		owner, ok := m.Owner(c.Shard)
-		if !ok {
-			r.Stats.Errors.Add(1) // no live owner now: the outbox keeps it
-			left++
-			continue
-		}
-		remote[owner.Name] = append(remote[owner.Name], c)
+	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(credits, r.cfg.Owns)
+	if noOwner > 0 {
+		r.Stats.Errors.Add(int64(noOwner)) // no live owner now: the outbox keeps them
+		left += noOwner
 	}
 	now := r.clock.Now()
 	r.mu.Lock()
@@ -208,8 +235,8 @@ func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int)
 	if len(local) > 0 {
 		left += offer(r.laneLocked("", true), local)
 	}
-	for name, cs := range remote {
-		left += offer(r.laneLocked(name, false), cs)
+	for _, g := range remote {
+		left += offer(r.laneLocked(g.Cell.Name, false), g.Credits)
 	}
 	return left
 }
@@ -337,9 +364,9 @@ func (r *Relay) scan(ctx context.Context) {
 	defer r.Stats.Scans.Add(1)
 	for _, db := range r.cfg.DBs {
 		var after model.OutboxPos
-		for page := 0; page < 10 && ctx.Err() == nil; page++ {
+		for page := 0; page < ScanPagesMax && ctx.Err() == nil; page++ {
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, relayBatchMax)
+			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, BatchMax)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
@@ -350,7 +377,7 @@ func (r *Relay) scan(ctx context.Context) {
 				break
 			}
 			r.dispatch(credits, start)
-			if len(credits) < relayBatchMax {
+			if len(credits) < BatchMax {
 				break
 			}
 			after = next
@@ -371,7 +398,7 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 		if err != nil {
 			return nil, nil, err
 		}
-		delivered, deferred = splitDeferred(cs, ids)
+		delivered, deferred = SplitDeferred(cs, ids)
 		return delivered, deferred, nil
 	}
 	m := r.cfg.Peers.Map()
@@ -389,13 +416,14 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 	if err != nil {
 		return nil, nil, err
 	}
-	delivered, deferred = splitDeferred(mine, resp.Deferred)
+	delivered, deferred = SplitDeferred(mine, resp.Deferred)
 	return delivered, deferred, nil
 }
 
-// splitDeferred splits cs into the credits whose claim IDs are not in ids and
-// those that are. IDs that name no credit of cs are ignored.
-func splitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Credit) {
+// SplitDeferred splits cs into the credits whose claim IDs are not in ids and
+// those that are (the IDs a receiver's ApplyCredits deferred), each in cs's
+// order. IDs that name no credit of cs are ignored; with no ids, rest is cs.
+func SplitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Credit) {
 	if len(ids) == 0 {
 		return cs, nil
 	}

@@ -1,0 +1,66 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// Locate finds the shard a request of public route rt goes to from the key
+// its route names (Route.Key): the act_id of the path (pathKey, as Match
+// returned it in Params.Key), the "sender" of a send's JSON body, or the
+// packet ID of the path, whose shard is part of the ID. user is the act_id the
+// router's per-user limit counts for KeyActPath and KeySenderBody routes, ""
+// for packet routes (their user is in the body: see ScanActID). It is the
+// router's routing rule, pure: it reads only its arguments. Errors:
+// model.ErrInvalidArgument for a bad act_id, sender or packet ID, or a body
+// that is no JSON object. It panics for a route without a key (not public).
+func Locate(rt Route, pathKey string, body []byte) (shard model.ShardID, user string, err error) {
+	switch rt.Key {
+	case KeyActPath:
+		if err := model.ValidateActID(pathKey); err != nil {
+			return 0, "", err
+		}
+		return sharding.ShardOfAct(pathKey), pathKey, nil
+	case KeySenderBody:
+		sender, err := SenderOf(body)
+		if err != nil {
+			return 0, "", err
+		}
+		return sharding.ShardOfAct(sender), sender, nil
+	case KeyPacketPath:
+		ref, err := model.ParsePacketID(pathKey)
+		if err != nil {
+			return 0, "", err
+		}
+		return ref.Shard, "", nil
+	default:
+		panic("api: Locate of a route without a key: " + rt.Label)
+	}
+}
+
+// SenderOf reads and validates the sender of a send's JSON body without
+// decoding the rest (the cell decodes the whole body strictly), with messages
+// in the API's terms. Errors: model.ErrInvalidArgument.
+func SenderOf(body []byte) (string, error) {
+	var b struct {
+		Sender string `json:"sender"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te) && te.Field == "sender":
+			return "", model.Invalidf("sender must be a string")
+		case errors.As(err, &te):
+			return "", model.Invalidf("the body must be a JSON object")
+		}
+		return "", model.Invalidf("malformed JSON body")
+	}
+	if err := model.ValidateActID(b.Sender); err != nil {
+		_, msg := model.CodeOf(err)
+		return "", model.Invalidf("sender: %s", msg)
+	}
+	return b.Sender, nil
+}
