@@ -4,6 +4,10 @@ MAKEFLAGS += --warn-undefined-variables
 export PATH := $(PATH):/usr/local/go/bin
 
 GO ?= go
+# Where make run keeps its state (deploy/local/run.sh reads the same variable):
+# the targets below that talk to that cluster find its config there.
+REDCELL_VAR ?= var
+BIN := $(REDCELL_VAR)/bin/redcell
 # Packages whose tests exercise concurrency on the money paths run with -race.
 RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./internal/...
 
@@ -32,7 +36,7 @@ SIM_SEED ?= 0
 SIM_SEEDS ?= 3
 SIM_STEPS ?= 100000
 sim: build
-	var/bin/redcell sim --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
+	$(BIN) sim --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 
 unit: vet
 	$(GO) test -p 1 -count=1 ./...
@@ -41,7 +45,7 @@ race:
 	$(GO) test -race -p 1 -count=1 $(RACE_PKGS)
 
 build:
-	$(GO) build -o var/bin/redcell ./cmd/redcell
+	$(GO) build -o $(BIN) ./cmd/redcell
 
 vet:
 	$(GO) vet ./...
@@ -49,17 +53,17 @@ vet:
 
 ## audit: conservation check of the cluster started by make run
 audit: build
-	var/bin/redcell audit --config var/redcell.yaml
+	$(BIN) audit --config $(REDCELL_VAR)/redcell.yaml
 
 ## bench-smoke: a short load through the router of the cluster started by make run
 bench-smoke: build
-	var/bin/redcell bench --router http://127.0.0.1:8080 --config var/redcell.yaml --senders 4 --openers 32 --duration 10s
+	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --senders 4 --openers 32 --duration 10s
 
 ## bench: naive vs serial vs batched on one hot packet (10 s each) plus the ceilings (database,
 ## HTTP via router and direct), against the cluster started by make run; report in var/bench/<time>/
 .PHONY: bench
 bench: build
-	var/bin/redcell bench --config var/redcell.yaml --workload hot --compare naive,serial,batched \
+	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload hot --compare naive,serial,batched \
 		--duration 10s --limits --limits-duration 3s --allow-shed
 
 fmt:
