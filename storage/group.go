@@ -1,0 +1,104 @@
+package storage
+
+import (
+	"context"
+	"math/rand/v2"
+
+	"redcell/model"
+)
+
+// Group commit: work for different keys gathered into one transaction.
+//
+// A cell's group committer (cell.committer) collects opens of many packets,
+// sends, deposits and credit batches that live in the databases of one
+// commit lane and hands them to CommitGroup as a list of ops in arrival order.
+// The store locks what the ops touch, decides each op in memory with the pure
+// money functions (model.Open, model.Send, model.ApplyDeposit,
+// model.ApplyCredit) in list order — so two ops on one key (a wallet, a
+// packet) see each other's effects in the order they arrived — and writes the
+// outcome of all of them with a few multi-row statements and one COMMIT: one
+// fsync for the whole group.
+//
+// One op's own failure (sold out, insufficient balance, an order number
+// reused with another request) is decided before anything is written: it
+// answers that op (GroupOp.Err, or per request in Results) and never fails
+// the others. Only a failure of the transaction itself fails the group.
+
+// GroupKind names what a GroupOp does.
+type GroupKind uint8
+
+// The kinds of op a group carries.
+const (
+	OpOpen    GroupKind = iota + 1 // open a packet once per request: Packets.OpenBatch
+	OpSend                         // debit the sender and create a packet: Packets.Send
+	OpDeposit                      // credit a wallet under the caller's order number: Wallets.Deposit
+	OpCredits                      // book claims into claimants' wallets: Wallets.ApplyCredits
+)
+
+func (k GroupKind) String() string {
+	switch k {
+	case OpOpen:
+		return "open"
+	case OpSend:
+		return "send"
+	case OpDeposit:
+		return "deposit"
+	case OpCredits:
+		return "credits"
+	}
+	return "unknown"
+}
+
+// GroupOp is one request in a group: its inputs, set by the caller, and its
+// answers, set by CommitGroup. The inputs and answers of each kind mean what
+// the single-op method of the same kind says (store.go); the answers are
+// valid only when CommitGroup returns nil.
+type GroupOp struct {
+	Kind GroupKind
+
+	// OpOpen: the packet, the opens in FIFO order, and the random source of
+	// the double-mean draws (not shared with other goroutines).
+	Ref  model.PacketRef
+	Reqs []model.OpenRequest
+	Rand *rand.Rand
+
+	// OpSend: the sender's shard, the validated request, the new packet's
+	// ID (model.NewPacketID for Shard) and its expiry (Unix ms).
+	// OpDeposit: Shard too, and the deposit's wallet, order number and
+	// amount (cents, > 0).
+	Shard     model.ShardID
+	Send      model.SendRequest
+	PacketID  model.PacketID
+	ExpiresMS int64
+	ActID     string
+	OrderNo   string
+	Amount    model.Cents
+
+	// OpCredits: the credits, in any order.
+	Credits []model.Credit
+
+	// Answers.
+	Results  []model.OpenResult // OpOpen: one per request
+	Packet   model.Packet       // OpOpen: the packet as the group left it (zero if not found); OpSend: the packet
+	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now
+	Deposit  model.Deposit      // OpDeposit
+	Applied  int                // OpCredits: credits booked now
+	Deferred []string           // OpCredits: claim IDs left for a later call (a wallet row was held)
+	Err      error              // this op's own error: nothing of it was written
+}
+
+// Grouper commits groups of ops. Implemented by MySQL and memstore.Store;
+// the contract suite (storagetest) holds both to it.
+type Grouper interface {
+	// CommitGroup runs ops in one transaction, deciding each in list order
+	// with the effects of the ones before it, and sets their answers. Op
+	// errors are per op (GroupOp.Err: ErrInsufficientBalance,
+	// ErrOrderConflict, ErrInvalidArgument) or per open request
+	// (OpenResult.Err: ErrNotFound, ErrSoldOut, ErrExpired); an op with an
+	// error wrote nothing. An error returned for the group means nothing
+	// of any op was written — or, wrapping ErrCommitUnknown, that the COMMIT
+	// got no answer and a re-read could not settle it (a retry of each op
+	// with its order numbers and users settles it, never applying twice).
+	// An empty list is a no-op.
+	CommitGroup(ctx context.Context, ops []*GroupOp) error
+}
