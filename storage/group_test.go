@@ -128,3 +128,54 @@ func TestCommitGroupMixed(t *testing.T) {
 		t.Errorf("audit: %v", a.Problems)
 	}
 }
+
+// BenchmarkColdOpens compares opens of many packets one transaction each
+// (OpenBatch, as the naive and batched strategies run a cold packet) with the
+// same opens 16 to a group (CommitGroup). Each op is one open of a packet
+// no open has touched before in the run.
+//
+//	deploy/local/testenv.sh go test -run '^$' -bench ColdOpens ./storage/
+func BenchmarkColdOpens(b *testing.B) {
+	for _, group := range []int{1, 16} {
+		b.Run(map[int]string{1: "single", 16: "group16"}[group], func(b *testing.B) {
+			now := time.Now()
+			m, _, _ := ContractMySQL(b, nil)
+			ctx := context.Background()
+			r := rand.New(rand.NewPCG(1, 2))
+			senders := 64
+			for i := 0; i < senders; i++ {
+				act := "s" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+				if _, err := m.Deposit(ctx, sharding.ShardOfAct(act), act, "d", 1<<40); err != nil {
+					b.Fatal(err)
+				}
+			}
+			refs := make([]model.PacketRef, b.N)
+			for i := range refs {
+				act := "s" + string(rune('A'+i%senders%26)) + string(rune('a'+i%senders/26))
+				s := sharding.ShardOfAct(act)
+				id := model.NewPacketID(s, now)
+				if _, _, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1000, Count: 10, Kind: model.KindRandom, OrderNo: "o" + string(id)}, id, now.Add(time.Hour).UnixMilli()); err != nil {
+					b.Fatal(err)
+				}
+				refs[i], _ = model.ParsePacketID(string(id))
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i += group {
+				end := min(i+group, b.N)
+				if group == 1 {
+					if _, _, err := m.OpenBatch(ctx, refs[i], []model.OpenRequest{{ActID: "u", Shard: 1}}, r); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
+				ops := make([]*GroupOp, 0, group)
+				for _, ref := range refs[i:end] {
+					ops = append(ops, &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: 1}}, Rand: r})
+				}
+				if err := m.CommitGroup(ctx, ops); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
