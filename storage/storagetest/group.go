@@ -277,6 +277,8 @@ func init() {
 	register("ContractGroupMatchesSingle", contractGroupMatchesSingle)
 	register("ContractGroupOpFailures", contractGroupOpFailures)
 	register("ContractGroupSameKey", contractGroupSameKey)
+	register("ContractGroupCreditsInListOrder", contractGroupCreditsInListOrder)
+	register("ContractGroupCreditsCountedPerOp", contractGroupCreditsCountedPerOp)
 	register("ContractGroupEmpty", contractGroupEmpty)
 	register("ContractGroupReplay", contractGroupReplay)
 	register("ContractGroupCommitFault", contractGroupCommitFault)
@@ -334,12 +336,14 @@ func contractGroupOpFailures(t *testing.T, newStore func(t *testing.T) Harness) 
 	p := newStorePair(t, newStore)
 	exp := p.nowMS() + 3_600_000
 	id1, p1 := p.packetID(sA)
+	id0, p0 := p.packetID(sA)
 	p.commit("setup", depositOp(sA, "ann", "d1", 1000), depositOp(sB, "bob", "d1", 50),
-		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 10, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id1, exp))
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 10, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id1, exp),
+		sendOp(sA, sendReq("ann", "s0", 100, 2), id0, exp))
 	p.commit("sell out", openOp(p1, 1, opener("cy", sC)))
 	p.advanceMS(5)
 	_, missing := p.packetID(sB)
-	id2, p2 := p.packetID(sA)
+	id2, _ := p.packetID(sA)
 	ops := p.commit("failures",
 		depositOp(sA, "ann", "d2", 5), // 0 ok
 		sendOp(sB, sendReq("bob", "s1", 51, 1), model.NewPacketID(sB, p.g.h.Clock.Now()), exp), // 1 insufficient
@@ -349,7 +353,7 @@ func contractGroupOpFailures(t *testing.T, newStore func(t *testing.T) Harness) 
 		sendOp(sA, sendReq("ann", "s2", 100, 2), id2, exp),                                    // 5 ok
 		depositOp(sA, "ann", "s1", 10),                                                        // 6 conflict: a send's order number
 		sendOp(sA, sendReq("ann", "d2", 5, 1), model.NewPacketID(sA, p.g.h.Clock.Now()), exp), // 7 conflict: a deposit's
-		openOp(p2, 4, opener("bob", sB), opener("dan", sC)),                                   // 8 ok, after the send that made p2
+		openOp(p0, 4, opener("bob", sB), opener("dan", sC)),                                   // 8 ok
 		depositOp(sB, "bob", "d2", 1),                                                         // 9 ok
 	)
 	wantOp(t, "deposit", ops[0], nil)
@@ -360,16 +364,16 @@ func contractGroupOpFailures(t *testing.T, newStore func(t *testing.T) Harness) 
 	wantOp(t, "send", ops[5], nil)
 	wantOp(t, "deposit under a send's order number", ops[6], model.ErrOrderConflict)
 	wantOp(t, "send under a deposit's order number", ops[7], model.ErrOrderConflict)
-	wantResults(t, "open of a packet the group sent", ops[8], []string{"", ""}, []bool{false, false})
+	wantResults(t, "open", ops[8], []string{"", ""}, []bool{false, false})
 	wantOp(t, "deposit", ops[9], nil)
-	if ops[0].Deposit.Balance != 995 || ops[9].Deposit.Balance != 51 || ops[5].Packet.ID != id2 || ops[8].Packet.RemainingCount != 0 {
+	if ops[0].Deposit.Balance != 895 || ops[9].Deposit.Balance != 51 || ops[5].Packet.ID != id2 || ops[8].Packet.RemainingCount != 0 {
 		t.Fatalf("the ops that succeed: deposits %+v %+v, send %+v, open's packet %+v", ops[0].Deposit, ops[9].Deposit, ops[5].Packet, ops[8].Packet)
 	}
 	// bob's refused send left its order number free.
 	p.advanceMS(5)
 	ops = p.commit("retry", sendOp(sB, sendReq("bob", "s1", 51, 1), model.NewPacketID(sB, p.g.h.Clock.Now()), exp))
 	wantOp(t, "send after a deposit", ops[0], nil)
-	p.g.check(books{deposits: 1056, balances: 1056 - 161, open: 51, inFlight: 110, sends: 161, packets: 3, claims: 3})
+	p.g.check(books{deposits: 1056, balances: 1056 - 261, open: 151, inFlight: 110, sends: 261, packets: 4, claims: 3})
 }
 
 // Ops on one key in one group see each other in list order: deposits and
@@ -433,26 +437,58 @@ func contractGroupSameKey(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	p.g.check(books{deposits: 180, balances: 10, inFlight: 170, sends: 170, packets: 2, claims: 3})
 
-	// bob's credit, listed twice and again in a second op, is booked once;
-	// his send, after it in the group, spends it.
+	// bob's credit, listed twice and again in a second op, is booked once.
 	p.advanceMS(1)
 	bob := creditOf(ops[0].Results[0].Claim, sB)
-	id3, _ := p.packetID(sB)
-	ops = p.commit("credit then send",
-		sendOp(sB, model.SendRequest{Sender: "bob", Amount: bob.Amount, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id3, exp), // 0 nothing yet
-		creditsOp(bob, bob), // 1 once
-		creditsOp(bob),      // 2 booked already
-		sendOp(sB, model.SendRequest{Sender: "bob", Amount: bob.Amount, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id3, exp), // 3 now
-	)
+	ops = p.commit("one credit", creditsOp(bob, bob), creditsOp(bob))
+	if ops[0].Applied != 1 || ops[1].Applied != 0 {
+		t.Fatalf("credits applied %d then %d, want 1 then 0", ops[0].Applied, ops[1].Applied)
+	}
+	if b := p.g.balance(sB, "bob"); b != bob.Amount {
+		t.Fatalf("bob's balance %d, want %d", b, bob.Amount)
+	}
+	p.g.check(books{deposits: 180, balances: 10 + bob.Amount, inFlight: 170 - bob.Amount, sends: 170, packets: 2, claims: 3, credits: 1})
+}
+
+// A credit batch takes its place in the group's list like any op: a send
+// from the claimant's wallet before it does not see the credit, one after it
+// does, and a deposit answers the balance right after it, with the credits
+// of the ops before it and without those after.
+func contractGroupCreditsInListOrder(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 100),
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 100, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id1, exp))
+	ops := p.commit("open", openOp(p1, 1, opener("bob", sB)))
+	c := creditOf(ops[0].Results[0].Claim, sB)
+	p.advanceMS(1)
+	id2, _ := p.packetID(sB)
+	send := sendOp(sB, model.SendRequest{Sender: "bob", Amount: 100, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id2, exp)
+	ops = p.commit("credit among bob's ops", send, depositOp(sB, "bob", "d1", 5), creditsOp(c), depositOp(sB, "bob", "d2", 5), send)
 	wantOp(t, "send before the credit", ops[0], model.ErrInsufficientBalance)
-	wantOp(t, "send after the credit", ops[3], nil)
-	if ops[1].Applied != 1 || ops[2].Applied != 0 || ops[3].Repeat || ops[3].Packet.ID != id3 {
-		t.Fatalf("credits applied %d then %d, send %+v", ops[1].Applied, ops[2].Applied, ops[3])
+	wantOp(t, "send after the credit", ops[4], nil)
+	if ops[1].Deposit.Balance != 5 || ops[2].Applied != 1 || ops[3].Deposit.Balance != 110 || ops[4].Repeat || ops[4].Packet.ID != id2 {
+		t.Fatalf("deposit before the credit %+v, credit applied %d, deposit after %+v, send %+v", ops[1].Deposit, ops[2].Applied, ops[3].Deposit, ops[4].Packet)
 	}
-	if b := p.g.balance(sB, "bob"); b != 0 {
-		t.Fatalf("bob's balance %d, want 0", b)
+	p.g.check(books{deposits: 110, balances: 10, open: 100, sends: 200, packets: 2, claims: 1, credits: 1})
+}
+
+// Each credit batch of a group answers the credits it booked itself: not
+// those booked before, by an earlier call or an earlier op of the group.
+func contractGroupCreditsCountedPerOp(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 300), sendOp(sA, sendReq("ann", "s1", 300, 3), id1, p.nowMS()+3_600_000))
+	ops := p.commit("open", openOp(p1, 1, opener("bob", sB), opener("cy", sC), opener("dan", sB)))
+	c1, c2, c3 := creditOf(ops[0].Results[0].Claim, sB), creditOf(ops[0].Results[1].Claim, sC), creditOf(ops[0].Results[2].Claim, sB)
+	p.advanceMS(1)
+	p.commit("bob's credit", creditsOp(c1))
+	ops = p.commit("two batches", creditsOp(c1, c2), creditsOp(c3), creditsOp(c2))
+	if ops[0].Applied != 1 || ops[1].Applied != 1 || ops[2].Applied != 0 {
+		t.Fatalf("batches applied %d, %d, %d; want 1, 1, 0", ops[0].Applied, ops[1].Applied, ops[2].Applied)
 	}
-	p.g.check(books{deposits: 180, balances: 10, open: bob.Amount, inFlight: 170 - bob.Amount, sends: 170 + bob.Amount, packets: 3, claims: 3, credits: 1})
+	p.g.check(books{deposits: 300, balances: 300, sends: 300, packets: 1, claims: 3, credits: 3})
 }
 
 // An empty group is a no-op: nothing written, no transaction, and an armed
@@ -498,7 +534,7 @@ func contractGroupReplay(t *testing.T, newStore func(t *testing.T) Harness) {
 	id2, _ := p.packetID(sA)
 	group := func(id model.PacketID) []spec {
 		return []spec{depositOp(sA, "ann", "d2", 7), sendOp(sA, sendReq("ann", "s2", 200, 2), id, exp),
-			openOp(p1, 2, opener("bob", sB), opener("dan", sC)), creditsOp(credits...), depositOp(sC, "cy", "d1", 3)}
+			openOp(p1, 2, opener("bob", sB), opener("dan", sC)), depositOp(sC, "cy", "d1", 3), creditsOp(credits...)}
 	}
 	first := p.commit("group", group(id2)...)
 	want := p.sameBooks("group")
@@ -518,8 +554,8 @@ func contractGroupReplay(t *testing.T, newStore func(t *testing.T) Harness) {
 	if again[2].Results[1].Claim != first[2].Results[1].Claim {
 		t.Fatalf("open again answered %s, first %s", describe(again[2].Results), describe(first[2].Results))
 	}
-	if first[3].Applied != 2 || again[3].Applied != 0 || !again[4].Deposit.Repeat {
-		t.Fatalf("credits applied %d then %d; deposit again %+v", first[3].Applied, again[3].Applied, again[4].Deposit)
+	if first[4].Applied != 2 || again[4].Applied != 0 || !again[3].Deposit.Repeat {
+		t.Fatalf("credits applied %d then %d; deposit again %+v", first[4].Applied, again[4].Applied, again[3].Deposit)
 	}
 }
 
