@@ -31,7 +31,8 @@ func mysqlHarness(t *testing.T) storagetest.Harness {
 	return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts}
 }
 
-// TestContractMySQLMatchesMemory runs one seeded workload (no faults: on a
+// TestContractMySQLMatchesMemory runs one seeded workload, with groups
+// committed through CommitGroup among the single calls (no faults: on a
 // lost COMMIT answer the two stores may answer differently, both within the
 // contract) against MariaDB and the in-memory store: every answer is the
 // same, code for code and cent for cent, and so are the ledgers' books.
@@ -44,6 +45,7 @@ func TestContractMySQLMatchesMemory(t *testing.T) {
 	hd := mysqlHarness(t)
 	wm := storagetest.NewWorkload(hm, 5, false, true)
 	wd := storagetest.NewWorkload(hd, 5, false, true)
+	wm.Groups, wd.Groups = true, true
 	for i := range steps {
 		wm.Step()
 		wd.Step()
