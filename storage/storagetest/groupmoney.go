@@ -61,7 +61,7 @@ var injectNames = [injectKinds]string{"duplicate order number", "insufficient ba
 // repeat or ORDER_CONFLICT), a send above the balance, an open past a
 // packet's last share, a COMMIT whose connection is killed before it
 // reaches the database (the group must fail, write nothing, and its retry
-// apply every op once), these four in turn, and in one group of sixteen
+// apply every op once), these four in turn, and in one group of 64
 // instead a COMMIT that applied but whose answer was lost (the group
 // answers success or storage.ErrCommitUnknown; its retry applies nothing
 // twice). A group's credit batch, at most one,
@@ -266,7 +266,7 @@ func (m *money) group(gi int) int {
 		}
 	}
 	inj := injection{kind: gi % injectLost}
-	if gi%16 == 15 {
+	if gi%64 == 63 {
 		inj.kind = injectLost // fewer: settling a lost answer costs MariaDB a re-read and a new connection
 	}
 	var sp spec
