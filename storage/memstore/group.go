@@ -12,7 +12,8 @@ import (
 var _ storage.Grouper = (*Store)(nil)
 
 // CommitGroup implements storage.Grouper. Under the store's lock it decides
-// the ops in list order, each with the pure function of its kind
+// the ops in list order — credit batches after every other op, in their
+// list order among themselves — each with the pure function of its kind
 // (model.ApplyDeposit, model.Send, model.Open, model.ApplyCredit, and
 // model.ReplayOrder for an order number seen before), against the rows as the
 // ops before it in the group left them (a staged view: the store's rows under
@@ -23,7 +24,7 @@ var _ storage.Grouper = (*Store)(nil)
 // once: every row the group writes carries that time.
 //
 // An op answers what the single-op method of its kind would answer, called in
-// the op's place in the list: a send or deposit whose (act_id, order number)
+// the op's place in that order: a send or deposit whose (act_id, order number)
 // was applied before, by an earlier call or an earlier op of the group, is a
 // repeat (Repeat set, the first result) or ErrOrderConflict; an open's Packet
 // is the packet as that op left it; no credit is ever deferred. Ops of an
@@ -60,10 +61,14 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 			g.send(op)
 		case storage.OpDeposit:
 			g.deposit(op)
-		case storage.OpCredits:
-			g.credits(op)
+		case storage.OpCredits: // after the others, below
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == storage.OpCredits {
+			g.credits(op)
 		}
 	}
 	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))

@@ -66,7 +66,7 @@ var injectNames = [injectKinds]string{"duplicate order number", "insufficient ba
 // answers success or storage.ErrCommitUnknown; its retry applies nothing
 // twice). A group's credit batch, at most one,
 // comes last in it, as a relay's batch joins a group after the requests
-// (ContractGroupCreditsInListOrder and ContractGroupCreditsCountedPerOp
+// (ContractGroupCreditsAfterOtherOps and ContractGroupCreditsCountedPerOp
 // check credits elsewhere in a group).
 //
 // oracle, a fresh store fed the same ops one by one through the single-op
