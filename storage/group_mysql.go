@@ -18,8 +18,9 @@ import (
 // deposit order numbers LOCK IN SHARE MODE, then the openers' earlier
 // claims), each table read once, sent as one multi-statement query; the
 // decisions in memory, in list order; one multi-statement write of every
-// flow, balance, packet, claim and outbox row. Credits follow with their own
-// no-wait statements (applyCreditsTx), then COMMIT.
+// flow, balance, packet, claim and outbox row. Credit batches follow, after
+// every other op whatever their place in the list, each with its own no-wait
+// statements (applyCreditsTx), then COMMIT.
 //
 // Lock order: packet rows by (table, ID), then wallet rows by (table,
 // act_id) — the order a refund takes them — so a group deadlocks neither
@@ -116,11 +117,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	}
 	now := m.nowMS()
 	var (
-		w        groupWrites
-		repeats  []*GroupOp // sends answered by an earlier packet, read after the writes
-		credits  []model.Credit
-		creditOp []*GroupOp
-		probe    func() (bool, error)
+		w         groupWrites
+		repeats   []*GroupOp // sends answered by an earlier packet, read after the writes
+		creditOps []*GroupOp
+		probe     func() (bool, error)
 	)
 	for _, op := range ops {
 		switch op.Kind {
@@ -191,8 +191,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 				probe = m.flowProbe(ctx, fk)
 			}
 		case OpCredits:
-			credits = append(credits, op.Credits...)
-			creditOp = append(creditOp, op)
+			creditOps = append(creditOps, op)
 		}
 	}
 	if q, args := w.sql(m); q != "" {
@@ -200,12 +199,12 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			return nil, err
 		}
 	}
-	if len(credits) > 0 {
-		applied, deferred, err := m.applyCreditsTx(ctx, tx, credits, now)
+	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
+		var err error
+		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now)
 		if err != nil {
 			return nil, err
 		}
-		splitCredits(creditOp, applied, deferred)
 	}
 	for _, op := range repeats {
 		first, err := model.ParsePacketID(string(op.Packet.ID))
@@ -220,30 +219,6 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		op.Packet = p
 	}
 	return probe, nil
-}
-
-// splitCredits hands the group's credit answers back to the ops they came
-// from: deferred by claim ID; applied counted per op as its credits neither
-// deferred nor booked before. applyCreditsTx counts the whole list, so a
-// credit booked before cannot be told from one booked now per op: the
-// applied count goes to the ops in order, each taking at most its share.
-func splitCredits(ops []*GroupOp, applied int, deferred []string) {
-	isDeferred := make(map[string]bool, len(deferred))
-	for _, id := range deferred {
-		isDeferred[id] = true
-	}
-	for _, op := range ops {
-		n := 0
-		for _, c := range op.Credits {
-			if isDeferred[c.ClaimID] {
-				op.Deferred = append(op.Deferred, c.ClaimID)
-			} else {
-				n++
-			}
-		}
-		op.Applied = min(n, applied)
-		applied -= op.Applied
-	}
 }
 
 func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey) func() (bool, error) {
