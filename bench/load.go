@@ -116,7 +116,13 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 	rep.OverClaimedPackets = r.overClaims.Load()
 	acts, want := r.book.snapshot()
 	rep.BalanceSample = len(acts)
-	settle(ctx, cfg.Audit, func() (balanceCheck, error) { return r.c.checkAccounts(acts, want) }, r.claimedCents.Load() == 0, &rep)
+	sctx := ctx
+	if cfg.SettleTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, cfg.SettleTimeout)
+		defer cancel()
+	}
+	settle(sctx, cfg.Audit, func() (balanceCheck, error) { return r.c.checkAccounts(acts, want) }, r.claimedCents.Load() == 0, &rep)
 	return rep, nil
 }
 
