@@ -26,22 +26,25 @@ var cellMetricNames = struct {
 	// transaction carried as the value: their _count is the transactions,
 	// _sum the requests. A strategy not listed uses the "" entry. When a
 	// strategy lists several, the first whose count moved during the run is
-	// read (an idle path's histogram stays where it was).
+	// read (an idle path's histogram stays where it was). The open batch
+	// histogram is observed as a transaction begins, so transactions that
+	// failed count too; grouped's counts the groups committed, whose
+	// requests include the sends, deposits and credits that joined them.
 	commits map[string][]string
 	// creditLag is the histogram of the time from a claim's commit to its
 	// credit being applied, in seconds.
 	creditLag string
-	// Gauges that are 0 when a cell is idle: opens waiting in the FIFOs and
-	// credits the relay lanes hold. The search waits for them between steps.
-	openQueue, relayHeld string
+	// idle are gauges that are 0 when a cell is idle: opens waiting in the
+	// FIFOs, requests waiting in the commit lanes, credits the relay lanes
+	// hold. The search waits for them between steps.
+	idle []string
 }{
 	commits: map[string][]string{
-		"grouped": {"redcell_cell_group_commit_size", "redcell_cell_open_batch_size"},
+		"grouped": {"redcell_cell_group_requests", "redcell_cell_open_batch_size"},
 		"":        {"redcell_cell_open_batch_size"},
 	},
 	creditLag: "redcell_credit_lag_seconds",
-	openQueue: "redcell_cell_open_queue_depth",
-	relayHeld: "redcell_cell_relay_lane_credits",
+	idle:      []string{"redcell_cell_open_queue_depth", "redcell_cell_group_queued", "redcell_cell_relay_lane_credits"},
 }
 
 // MetricsTarget is one cell whose metrics a suite scrapes.
@@ -195,8 +198,9 @@ func sumHistogram(ms []*dto.Metric) (*histSnap, error) {
 }
 
 // histDelta is after − before for one histogram over every cell. ok is false,
-// with why, when a cell's scrape failed, a cell lacks the histogram, or a
-// count went back (a cell restarted during the run).
+// with why, when a cell's scrape failed, a cell lacks the histogram after the
+// run, or a count went back (a cell restarted during the run). A histogram a
+// cell had not yet made before the run counts from zero: all of it is the run's.
 func histDelta(before, after []cellScrape, name string) (d histSnap, ok bool, why string) {
 	if len(before) != len(after) || len(after) == 0 {
 		return d, false, "no cell scraped"
@@ -211,8 +215,11 @@ func histDelta(before, after []cellScrape, name string) (d histSnap, ok bool, wh
 		}
 		hb, hasB := b.hists[name]
 		ha, hasA := a.hists[name]
-		if !hasB || !hasA {
+		if !hasA {
 			return d, false, fmt.Sprintf("cell %s has no %s", a.cell, name)
+		}
+		if !hasB {
+			hb = &histSnap{uppers: ha.uppers, buckets: make([]uint64, len(ha.buckets))}
 		}
 		if !slices.Equal(hb.uppers, ha.uppers) || (d.uppers != nil && !slices.Equal(d.uppers, ha.uppers)) {
 			return d, false, fmt.Sprintf("%s: buckets differ between scrapes or cells", name)
@@ -321,8 +328,13 @@ func ptr[T any](v T) *T { return &v }
 // gauge a cell does not export counts as empty, a failed scrape as busy.
 func idle(scrapes []cellScrape) bool {
 	for _, s := range scrapes {
-		if s.err != nil || s.gauges[cellMetricNames.openQueue] > 0 || s.gauges[cellMetricNames.relayHeld] > 0 {
+		if s.err != nil {
 			return false
+		}
+		for _, g := range cellMetricNames.idle {
+			if s.gauges[g] > 0 {
+				return false
+			}
 		}
 	}
 	return true

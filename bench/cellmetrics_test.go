@@ -134,6 +134,14 @@ func TestCellMetricsMissing(t *testing.T) {
 			t.Errorf("a restarted cell gave numbers: %+v", cm)
 		}
 	})
+	t.Run("a histogram made during the run", func(t *testing.T) {
+		before := []cellScrape{scrapeOf(t, "cell-1", noLag)}
+		after := []cellScrape{scrapeOf(t, "cell-1", cellText(10, 10, [4]int{3, 4, 4, 4}, 0))}
+		cm := cellMetricsOf(before, after, "batched", time.Second)
+		if cm.Credits == nil || *cm.Credits != 4 || cm.CreditLagP99MS == nil || len(cm.Missing) != 1 {
+			t.Errorf("credits %v lag %v missing %q", cm.Credits, cm.CreditLagP99MS, cm.Missing)
+		}
+	})
 	t.Run("no credit during the run", func(t *testing.T) {
 		s := []cellScrape{scrapeOf(t, "cell-1", full)}
 		cm := cellMetricsOf(s, s, "batched", time.Second)
@@ -147,16 +155,16 @@ func TestCellMetricsMissing(t *testing.T) {
 // the open-batch histogram when it did not (or is missing).
 func TestCellMetricsCommitSource(t *testing.T) {
 	group := func(count, sum int) string {
-		return "# TYPE redcell_cell_group_commit_size histogram\n" +
-			"redcell_cell_group_commit_size_bucket{le=\"+Inf\"} " + itoa(count) + "\n" +
-			"redcell_cell_group_commit_size_sum " + itoa(sum) + "\n" +
-			"redcell_cell_group_commit_size_count " + itoa(count) + "\n"
+		return "# TYPE redcell_cell_group_requests histogram\n" +
+			"redcell_cell_group_requests_bucket{le=\"+Inf\"} " + itoa(count) + "\n" +
+			"redcell_cell_group_requests_sum " + itoa(sum) + "\n" +
+			"redcell_cell_group_requests_count " + itoa(count) + "\n"
 	}
 	base := cellText(10, 10, [4]int{0, 0, 0, 0}, 0)
 	before := []cellScrape{scrapeOf(t, "c", base+group(5, 50))}
 	after := []cellScrape{scrapeOf(t, "c", cellText(12, 14, [4]int{0, 0, 0, 0}, 0)+group(25, 850))}
 	cm := cellMetricsOf(before, after, "grouped", time.Second)
-	if cm.CommitMetric != "redcell_cell_group_commit_size" || *cm.Commits != 20 || *cm.MeanBatch != 40 {
+	if cm.CommitMetric != "redcell_cell_group_requests" || *cm.Commits != 20 || *cm.MeanBatch != 40 {
 		t.Errorf("grouped: from %s, %d commits, batch %v", cm.CommitMetric, *cm.Commits, *cm.MeanBatch)
 	}
 	// Other strategies never read the group histogram.

@@ -295,7 +295,7 @@ func (r Report) WriteText(w io.Writer) error {
 		ew.printf("  the hot packet sold out %.2fs into the load, which ended it\n", float64(r.SoldOutAtMS)/1000)
 	}
 	if cm := r.CellMetrics; cm != nil {
-		ew.printf("  cells' metrics (%d cells): %s commits/s, mean batch %s, credit-lag p99 %s ms\n",
+		ew.printf("  cells' metrics (%d cells): %s commits/s, mean batch %s, credit-lag p99 (ms) %s\n",
 			cm.Cells, cm.commitsText(), cm.batchText(), cm.lagText())
 		for _, m := range cm.Missing {
 			ew.printf("    n/a: %s\n", m)

@@ -469,7 +469,7 @@ func TestReportSectionsNA(t *testing.T) {
 			t.Errorf("markdown lacks %q:\n%s", want, md.String())
 		}
 	}
-	if want := "cells' metrics (2 cells): 40.0 commits/s, mean batch 1.00, credit-lag p99 n/a ms"; !strings.Contains(txt.String(), want) {
+	if want := "cells' metrics (2 cells): 40.0 commits/s, mean batch 1.00, credit-lag p99 (ms) n/a"; !strings.Contains(txt.String(), want) {
 		t.Errorf("text lacks %q:\n%s", want, txt.String())
 	}
 
