@@ -70,7 +70,9 @@ func (r *loadRun) hotOpenLoop(ctx, load context.Context) {
 			break
 		}
 		t := r.hotTask(k, due)
-		if !d.start(func() { r.open(ctx, t.due, t) }) {
+		if d.start(func() { r.open(ctx, t.due, t) }) {
+			r.started.Add(1)
+		} else {
 			r.rec[opOpen].recordDropped()
 		}
 	}
@@ -107,7 +109,9 @@ func (r *loadRun) groupOpenLoop(ctx, load context.Context) {
 		n := r.next.Add(1)
 		pl := r.cfg.plan(rnd, sizes)
 		delays := rand.New(rand.NewPCG(r.seed, uint64(n)<<1|1))
-		if !sends.start(func() { r.sendPlanned(ctx, due, n, pl, delays) }) {
+		if sends.start(func() { r.sendPlanned(ctx, due, n, pl, delays) }) {
+			r.started.Add(1)
+		} else {
 			r.rec[opSend].recordDropped()
 		}
 	}

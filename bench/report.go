@@ -46,6 +46,9 @@ type Report struct {
 	// (into the load phase) it sold out, which ended the load early.
 	HotPacketID string `json:"hot_packet_id,omitempty"`
 	SoldOutAtMS int64  `json:"sold_out_at_ms,omitempty"`
+	// Started, open-loop, is what the schedule started on time or late: opens
+	// (hot) or sends (festival, cold), neither retries nor drops counted.
+	Started int64 `json:"started,omitempty"`
 	// OpensPending are festival and cold opens not yet due when the load ended:
 	// never sent, not counted anywhere else.
 	OpensPending int64 `json:"opens_pending,omitempty"`

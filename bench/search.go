@@ -314,23 +314,21 @@ func judgeStep(rep Report, bound time.Duration) SearchStep {
 	return st
 }
 
-// achieved is the fraction of an open-loop run's schedule its client sent:
-// hot, the opens due at Rate over the load; festival and cold, the packets
-// (whose members' opens follow, at random, so their count is not the
-// client's doing). Drops are not sent. 0 when nothing was due.
+// achieved is the fraction of an open-loop run's schedule its client started
+// (Report.Started): hot, of the opens due at Rate over the load; festival and
+// cold, of the packets due (whose members' opens follow at random, so their
+// count is not the client's doing). 0 when nothing was due.
 func achieved(rep Report) float64 {
 	d := float64(rep.DurationMS) / 1000
 	if rep.Rate <= 0 || d <= 0 {
 		return 0
 	}
-	due := float64(rep.Rate) * d
-	made := rep.Open.Count - rep.Open.Errors[codeDropped]
+	due := math.Floor(float64(rep.Rate)*d) + 1 // k/rate for k = 0, 1, ... before the end
 	if rep.Workload != WorkloadHot {
 		cfg := Config{Workload: rep.Workload, PacketCount: rep.PacketCount}
-		due = math.Floor(due/cfg.opensPerPacket()) + 1 // sends at k/sendRate for k = 0, 1, ... before the end
-		made = rep.Send.Count - rep.Send.Errors[codeDropped]
+		due = math.Floor(float64(rep.Rate)*d/cfg.opensPerPacket()) + 1
 	}
-	return float64(made) / due
+	return float64(rep.Started) / due
 }
 
 // runSearch searches each strategy's sustained rate, then runs the sustain
@@ -359,9 +357,7 @@ func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
 			}
 		}()
 	}
-	if len(s.Runs) > 0 {
-		quiesce(ctx, sc)
-	}
+	quiesce(ctx, sc) // the credits of earlier runs, this invocation's or not
 	cfg := *sc.Search
 	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax, budget: cfg.Budget / time.Duration(len(strategies))}
 	n := 0
@@ -374,9 +370,7 @@ func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
 			}
 		}
 		res := searchRate(ctx, p, time.Now, func(ctx context.Context, rate int) (SearchStep, error) {
-			if n > 0 {
-				waitIdle(ctx, sc.Cells, cfg.IdleWait)
-			}
+			waitIdle(ctx, sc.Cells, cfg.IdleWait)
 			run := searchRunConfig(sc, cfg, strategy, rate, n)
 			n++
 			t0 := time.Now()
