@@ -3,6 +3,8 @@ package bench
 import (
 	"cmp"
 	"fmt"
+	"io"
+	"strings"
 )
 
 // The report sections of the cells' metrics, the sustained-rate search and
@@ -137,3 +139,42 @@ func metText(missed []string) string {
 
 // ratioText is a ratio with two decimals, "n/a" when it has none.
 func ratioText(x *float64) string { return naF(x, "%.2f") }
+
+// writeSearchSVG draws a search-only invocation: each strategy's sustained
+// rate (× the first strategy's) and its p99 at that rate, as bars.
+func (s Suite) writeSearchSVG(w io.Writer) error {
+	var names, colors, rateLabels, p99Labels []string
+	var rates, p99s []float64
+	for i, r := range s.Search {
+		names, colors = append(names, cmp.Or(r.Strategy, s.Workload)), append(colors, chartColors[i%len(chartColors)])
+		rates = append(rates, float64(r.SustainedRate))
+		rateLabels = append(rateLabels, fmt.Sprintf("%d/s ×%s", r.SustainedRate,
+			ratioText(ratioPtr(float64(r.SustainedRate), float64(s.Search[0].SustainedRate)))))
+		p99 := 0.0
+		if b := r.Best(); b != nil {
+			p99 = b.P99MS
+		}
+		p99s, p99Labels = append(p99s, p99), append(p99Labels, fmt.Sprintf("%.1f ms", p99))
+	}
+	height := chartTop + chartPanelHeight + chartPanelGap
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
+		chartWidth, height, chartWidth, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="16" font-weight="bold">redcell bench: %s, highest sustained open-loop rate (p99 ≤ %.0f ms, nothing shed)</text>`+"\n",
+		chartMarginLeft, esc(s.Workload), s.Search[0].P99BoundMS)
+	half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
+	barPanel(&b, chartMarginLeft, chartTop, half, "sustained opens/s by strategy (× the first)", names, rates, colors, rateLabels)
+	barPanel(&b, chartMarginLeft+half+40, chartTop, half, "p99 of opens at that rate, ms", names, p99s, colors, p99Labels)
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// ratioPtr is a/b, nil when b is 0.
+func ratioPtr(a, b float64) *float64 {
+	if b == 0 {
+		return nil
+	}
+	return ptr(a / b)
+}

@@ -436,11 +436,8 @@ func searchRatios(rs []SearchResult) []SearchRatio {
 	var out []SearchRatio
 	for j := range rs {
 		for i := range j {
-			q := SearchRatio{Strategy: rs[j].Strategy, Over: rs[i].Strategy}
-			if rs[i].SustainedRate > 0 {
-				q.Ratio = ptr(float64(rs[j].SustainedRate) / float64(rs[i].SustainedRate))
-			}
-			out = append(out, q)
+			out = append(out, SearchRatio{Strategy: rs[j].Strategy, Over: rs[i].Strategy,
+				Ratio: ratioPtr(float64(rs[j].SustainedRate), float64(rs[i].SustainedRate))})
 		}
 	}
 	return out

@@ -451,6 +451,15 @@ func TestSuiteSearchAndSustain(t *testing.T) {
 			t.Errorf("the report lacks %q:\n%s", want, md.String())
 		}
 	}
+	var svg bytes.Buffer
+	if err := s.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"highest sustained open-loop rate", "800/s ×2.00", "400/s ×1.00"} {
+		if !strings.Contains(svg.String(), want) {
+			t.Errorf("the chart lacks %q:\n%s", want, svg.String())
+		}
+	}
 	js, err := json.Marshal(s)
 	if err != nil {
 		t.Fatal(err)
