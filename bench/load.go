@@ -57,7 +57,7 @@ type loadRun struct {
 	claimedCents   atomic.Int64
 	overClaims     atomic.Int64 // claims that took their packet above its amount or count
 	resolved       atomic.Int64
-	started        atomic.Int64 // open-loop: what the schedule started (Report.Started)
+	started, due   atomic.Int64 // open-loop: what the schedule started and what fell due (Report.Started, Due)
 
 	// Festival opens again, split by the packet's group size, so a report shows
 	// what queueing on the hot packets does to the cold ones' latency.
@@ -370,7 +370,7 @@ func (r *loadRun) report(end time.Time) Report {
 	}
 	if r.cfg.Rate > 0 {
 		rep.Mode, rep.Rate, rep.MaxInFlight = modeOpen, r.cfg.Rate, r.cfg.inFlight()
-		rep.Started = r.started.Load()
+		rep.Started, rep.Due = r.started.Load(), r.due.Load()
 	}
 	if r.hot != nil {
 		rep.HotPacketID = r.hot.id

@@ -76,6 +76,7 @@ func (r *loadRun) hotOpenLoop(ctx, load context.Context) {
 			r.rec[opOpen].recordDropped()
 		}
 	}
+	r.countDue(t0, float64(r.cfg.Rate), opensMax)
 	d.wait()
 }
 
@@ -115,7 +116,14 @@ func (r *loadRun) groupOpenLoop(ctx, load context.Context) {
 			r.rec[opSend].recordDropped()
 		}
 	}
+	r.countDue(t0, sendRate, packetsMax)
 	sends.wait()
 	wg.Wait()
 	opens.wait()
+}
+
+// countDue records how many of a schedule's arrivals (at rate per second from
+// t0, at most max) fell due before now, the end of the load: Report.Due.
+func (r *loadRun) countDue(t0 time.Time, rate float64, max int64) {
+	r.due.Store(min(int64(time.Since(t0).Seconds()*rate)+1, max))
 }

@@ -46,8 +46,11 @@ type Report struct {
 	// (into the load phase) it sold out, which ended the load early.
 	HotPacketID string `json:"hot_packet_id,omitempty"`
 	SoldOutAtMS int64  `json:"sold_out_at_ms,omitempty"`
-	// Started, open-loop, is what the schedule started on time or late: opens
-	// (hot) or sends (festival, cold), neither retries nor drops counted.
+	// Due, open-loop, is how many arrivals of the schedule fell due during
+	// the load: opens (hot) or sends (festival, cold); Started how many of
+	// them the client started, on time or late, neither retries nor drops
+	// counted. Started < Due: the client was behind when the load ended.
+	Due     int64 `json:"due,omitempty"`
 	Started int64 `json:"started,omitempty"`
 	// OpensPending are festival and cold opens not yet due when the load ended:
 	// never sent, not counted anywhere else.

@@ -54,7 +54,7 @@ func (s Suite) writeSearch(ew *errWriter) {
 	ew.printf("## Highest sustained rate\n\n"+
 		"Per strategy, the highest open-loop rate (opens/s offered) at which the opens' p99 stayed within %.0f ms, nothing was shed "+
 		"(no OVERLOADED, TIMEOUT or RATE_LIMITED answer, no client timeout or drop), no other unexpected code came back, "+
-		"and the client offered at least %.0f%% of the schedule: a ramp ×%.0f from the first rate, then bisection to within %.0f%%, "+
+		"and the client started at least %.0f%% of the arrivals that fell due: a ramp ×%.0f from the first rate, then bisection to within %.0f%%, "+
 		"each step a short run. Latency and the cells' metrics are the passing step's.\n\n",
 		bound, 100*searchAchievedMin, searchFactor, 100*searchPrecision)
 	var rows [][]string
@@ -88,7 +88,7 @@ func (s Suite) writeSearch(ew *errWriter) {
 		}
 	}
 	ew.printf("The steps, in order:\n\n")
-	mdTable(ew, []string{"strategy", "rate", "step", "p99 ms", "offered", "shed", "commits/s", "mean batch", "wall s", "why it failed"}, rows)
+	mdTable(ew, []string{"strategy", "rate", "step", "p99 ms", "started", "shed", "commits/s", "mean batch", "wall s", "why it failed"}, rows)
 }
 
 // writeSustain reports the run at a fraction of a strategy's sustained rate.

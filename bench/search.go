@@ -18,7 +18,7 @@ import (
 // lowest that failed. A step passes when the opens' p99 is within the bound,
 // nothing was shed (no OVERLOADED, TIMEOUT, RATE_LIMITED answer, no client
 // timeout or drop), no other unexpected code was answered, and the client
-// offered at least searchAchievedMin of the schedule.
+// started at least searchAchievedMin of the arrivals that fell due.
 
 // Fixed shape of the search.
 const (
@@ -32,9 +32,6 @@ const (
 	// searchRateMin: below this many opens/s the search gives up (reported as
 	// sustained rate 0).
 	searchRateMin = 10
-	// searchAchievedMin: a step whose client offered less than 95% of the
-	// schedule measured the client, not the cluster.
-	searchAchievedMin = 0.95
 	// searchSettle bounds a step's wait for its credits: the steps leave the
 	// money to the audits of the other runs.
 	searchSettle = 2 * time.Second
@@ -49,6 +46,11 @@ const (
 	// 1% of them take longer than the bound (which fails the step anyway).
 	searchInFlightFactor = 2
 )
+
+// searchAchievedMin: a step whose client started less than 95% of the
+// schedule measured the client, not the cluster. A variable so that tests on
+// a loaded machine, whose client stalls, can lower it.
+var searchAchievedMin = 0.95
 
 // SearchConfig is the sustained-rate search of a suite (SuiteConfig.Search).
 type SearchConfig struct {
@@ -130,8 +132,8 @@ func DefaultSustainConfig(strategy string) SustainConfig {
 type SearchStep struct {
 	Rate        int     `json:"rate_per_sec"`
 	OpensPerSec float64 `json:"opens_per_sec"` // successful opens per second of the load
-	// Achieved is the fraction of the schedule the client offered: opens sent
-	// (hot) or packets sent (festival, cold: their opens follow) over those due.
+	// Achieved is the fraction of the schedule the client started: opens
+	// (hot) or packets (festival, cold: their opens follow), of those due.
 	Achieved float64          `json:"achieved"`
 	P50MS    float64          `json:"p50_ms"`
 	P99MS    float64          `json:"p99_ms"`
@@ -308,27 +310,21 @@ func judgeStep(rep Report, bound time.Duration) SearchStep {
 		why = append(why, fmt.Sprintf("p99 %.1f ms > %.0f ms", l.P99, boundMS))
 	}
 	if st.Achieved < searchAchievedMin {
-		why = append(why, fmt.Sprintf("client offered %.0f%% of the schedule", 100*st.Achieved))
+		why = append(why, fmt.Sprintf("client started %.0f%% of the schedule", 100*st.Achieved))
 	}
 	st.Pass, st.Why = len(why) == 0, strings.Join(why, "; ")
 	return st
 }
 
 // achieved is the fraction of an open-loop run's schedule its client started
-// (Report.Started): hot, of the opens due at Rate over the load; festival and
-// cold, of the packets due (whose members' opens follow at random, so their
-// count is not the client's doing). 0 when nothing was due.
+// (Report.Started over Report.Due): hot, of the opens; festival and cold, of
+// the packets (whose members' opens follow at random, so their count is not
+// the client's doing). 0 when nothing was due.
 func achieved(rep Report) float64 {
-	d := float64(rep.DurationMS) / 1000
-	if rep.Rate <= 0 || d <= 0 {
+	if rep.Due <= 0 {
 		return 0
 	}
-	due := math.Floor(float64(rep.Rate)*d) + 1 // k/rate for k = 0, 1, ... before the end
-	if rep.Workload != WorkloadHot {
-		cfg := Config{Workload: rep.Workload, PacketCount: rep.PacketCount}
-		due = math.Floor(float64(rep.Rate)*d/cfg.opensPerPacket()) + 1
-	}
-	return float64(rep.Started) / due
+	return float64(rep.Started) / float64(rep.Due)
 }
 
 // runSearch searches each strategy's sustained rate, then runs the sustain

@@ -43,7 +43,7 @@ type fakeCluster struct {
 func (f *fakeCluster) step(_ context.Context, rate int) (SearchStep, error) {
 	f.rates = append(f.rates, rate)
 	f.clock.t = f.clock.t.Add(f.stepTime)
-	rep := Report{Workload: WorkloadHot, Rate: rate, DurationMS: 4000, OpensPerSec: float64(rate), Started: int64(rate)*4 + 1,
+	rep := Report{Workload: WorkloadHot, Rate: rate, DurationMS: 4000, OpensPerSec: float64(rate), Started: int64(rate) * 4, Due: int64(rate) * 4,
 		Open: OpStats{Count: int64(rate) * 4, OK: int64(rate) * 4, LatencyMS: LatencyMS{P50: 2, P99: 20, P999: 30}}}
 	if rate > f.capacity {
 		if f.slow {
@@ -213,7 +213,7 @@ func TestSearchStopsOnShedding(t *testing.T) {
 func TestJudgeStep(t *testing.T) {
 	bound := 50 * time.Millisecond
 	hot := func() Report {
-		return Report{Workload: WorkloadHot, Rate: 1000, DurationMS: 2000, Started: 2001,
+		return Report{Workload: WorkloadHot, Rate: 1000, DurationMS: 2000, Started: 2000, Due: 2000,
 			Open: OpStats{Count: 2000, OK: 2000, LatencyMS: LatencyMS{P50: 1, P99: 10, P999: 20}},
 			Send: OpStats{Count: 1, OK: 1}}
 	}
@@ -231,7 +231,7 @@ func TestJudgeStep(t *testing.T) {
 			r.Open.Errors = map[string]int64{codeDropped: 2, codeClientTimeout: 1}
 		}, "shed 3"},
 		{"an unexpected code", func(r *Report) { r.Open.Errors = map[string]int64{"INTERNAL": 1} }, "errors open INTERNAL=1"},
-		{"the client fell behind", func(r *Report) { r.Started = 1801 }, "client offered 90% of the schedule"},
+		{"the client fell behind", func(r *Report) { r.Started = 1800 }, "client started 90% of the schedule"},
 		{"nothing opened", func(r *Report) { r.Open.OK = 0 }, "no open succeeded"},
 	}
 	for _, tt := range tests {
@@ -259,15 +259,13 @@ func TestJudgeStep(t *testing.T) {
 		}
 	})
 	t.Run("festival counts packets started", func(t *testing.T) {
-		cfg := Config{Workload: WorkloadFestival}
-		due := math.Floor(1000*2/cfg.opensPerPacket()) + 1
-		r := Report{Workload: WorkloadFestival, Rate: 1000, DurationMS: 2000, Started: int64(due),
+		r := Report{Workload: WorkloadFestival, Rate: 1000, DurationMS: 2000, Started: 300, Due: 300,
 			Open: OpStats{Count: 900, OK: 700, Errors: map[string]int64{model.ErrSoldOut.Code: 200}, LatencyMS: LatencyMS{P99: 5}},
-			Send: OpStats{Count: int64(due), OK: int64(due)}}
+			Send: OpStats{Count: 300, OK: 300}}
 		if st := judgeStep(r, bound); !st.Pass || st.Achieved != 1 {
 			t.Errorf("all packets started: %+v", st)
 		}
-		r.Started = int64(due / 2)
+		r.Started = 150
 		if st := judgeStep(r, bound); st.Pass || st.Achieved > 0.51 {
 			t.Errorf("half the packets started: %+v", st)
 		}
@@ -390,6 +388,11 @@ func (s *sheddingRouter) handle(ctx *fasthttp.RequestCtx) {
 // sustain run at 70% audited, the strategy restored, and the report sections.
 func TestSuiteSearchAndSustain(t *testing.T) {
 	shortSettle(t)
+	// A stall of this loaded test machine's client near the end of a 300 ms
+	// step leaves a share of the schedule unstarted; the shedding decides here.
+	old := searchAchievedMin
+	searchAchievedMin = 0.5
+	t.Cleanup(func() { searchAchievedMin = old })
 	f := newFakeRouter()
 	// The bound on p99 is loose: the shedding, not this machine's speed,
 	// decides the steps.
