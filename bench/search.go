@@ -60,9 +60,10 @@ type SearchConfig struct {
 	// Step is the load phase of one step, in [200ms, 1m]: long enough for a p99
 	// of a few thousand opens, short enough for several steps per strategy.
 	Step time.Duration
-	// Budget bounds the whole search, every strategy together (each gets an
-	// equal share), in [Step, 1h]. A step is started only when the longest
-	// step so far still fits in the strategy's share; the first always is.
+	// Budget bounds the whole search, every strategy together, in [Step,
+	// 1h]: each gets an equal share of what the ones before it left. A step
+	// is started only when the longest step so far still fits in the
+	// strategy's share; the first always is.
 	Budget time.Duration
 	// StartRate is the first step's rate in opens/s, 1..rateMax.
 	StartRate int
@@ -355,9 +356,13 @@ func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
 	}
 	quiesce(ctx, sc) // the credits of earlier runs, this invocation's or not
 	cfg := *sc.Search
-	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax, budget: cfg.Budget / time.Duration(len(strategies))}
+	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax}
+	begin := time.Now()
 	n := 0
-	for _, strategy := range strategies {
+	for i, strategy := range strategies {
+		// An equal share of what is left: a search that converged early
+		// leaves its time to the next ones.
+		p.budget = max(cfg.Budget-time.Since(begin), 0) / time.Duration(len(strategies)-i)
 		if strategy != "" {
 			logf(sc.Log, "search: switching the cells to strategy %s", strategy)
 			if err := sc.SetStrategy(ctx, strategy); err != nil {
