@@ -46,8 +46,9 @@ out=${BENCH_OUT:-$VAR/bench/$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
 status=0
-# step NAME ARGS...: one bench invocation; its text report goes to
-# $out/NAME/report.txt as well as to the terminal.
+# step NAME ARGS...: one bench invocation; its text report (stdout) goes to
+# $out/NAME/report.txt as well as to the terminal, its progress (stderr) to
+# the terminal only.
 step() {
   local name=$1
   shift
@@ -55,7 +56,7 @@ step() {
   echo
   echo "=== bench $name: redcell bench $*"
   local rc=0
-  "$BIN" bench --config "$config" --out "$out/$name" "$@" 2>&1 | tee "$out/$name/report.txt" || rc=$?
+  "$BIN" bench --config "$config" --out "$out/$name" "$@" | tee "$out/$name/report.txt" || rc=$?
   if [ "$rc" != 0 ]; then
     echo "=== bench $name FAILED (exit $rc)"
     if [ "$status" = 0 ]; then status=$rc; fi
