@@ -34,7 +34,7 @@ fi
 
 # grouped exists in builds whose cell package names it (cell/config.go).
 default_strategies=naive,batched
-if grep -qs 'StrategyGrouped *= *"grouped"' "$root/cell/config.go"; then
+if grep -qs 'StrategyGrouped[[:space:]]*=[[:space:]]*"grouped"' "$root/cell/config.go"; then
   default_strategies=naive,batched,grouped
 fi
 strategies=${BENCH_STRATEGIES:-$default_strategies}
