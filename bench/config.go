@@ -108,6 +108,10 @@ type Config struct {
 	// Label names the run in the progress line and the reports, e.g. the
 	// strategy under test. Optional.
 	Label string
+	// SettleTimeout, when > 0, bounds the wait for credits after the load of a
+	// hot, festival or cold run instead of the default (about 15 s): the rate
+	// search's short steps wait less and leave the money to the final audit.
+	SettleTimeout time.Duration
 }
 
 // DefaultWorkloadConfig returns DefaultConfig with the defaults of workload w

@@ -46,6 +46,12 @@ type Report struct {
 	// (into the load phase) it sold out, which ended the load early.
 	HotPacketID string `json:"hot_packet_id,omitempty"`
 	SoldOutAtMS int64  `json:"sold_out_at_ms,omitempty"`
+	// Due, open-loop, is how many arrivals of the schedule fell due during
+	// the load: opens (hot) or sends (festival, cold); Started how many of
+	// them the client started, on time or late, neither retries nor drops
+	// counted. Started < Due: the client was behind when the load ended.
+	Due     int64 `json:"due,omitempty"`
+	Started int64 `json:"started,omitempty"`
 	// OpensPending are festival and cold opens not yet due when the load ended:
 	// never sent, not counted anywhere else.
 	OpensPending int64 `json:"opens_pending,omitempty"`
@@ -102,6 +108,11 @@ type Report struct {
 	// AuditError is its last error (or why it did not run).
 	Audit      *model.AuditReport `json:"audit,omitempty"`
 	AuditError string             `json:"audit_error,omitempty"`
+
+	// CellMetrics is what the cells' own metrics say about the run: commits,
+	// batch size, credit lag (see CellMetrics); nil when the suite had no
+	// cells to scrape.
+	CellMetrics *CellMetrics `json:"cell_metrics,omitempty"`
 }
 
 // OpStats counts the requests of one operation. Count is every HTTP request
@@ -288,6 +299,13 @@ func (r Report) WriteText(w io.Writer) error {
 	ew.printf("  elapsed %.2fs, %.1f opens/s, %.1f sends/s\n", float64(r.ElapsedMS)/1000, r.OpensPerSec, r.SendsPerSec)
 	if r.SoldOutAtMS > 0 {
 		ew.printf("  the hot packet sold out %.2fs into the load, which ended it\n", float64(r.SoldOutAtMS)/1000)
+	}
+	if cm := r.CellMetrics; cm != nil {
+		ew.printf("  cells' metrics (%d cells): %s commits/s, mean batch %s, credit-lag p99 (ms) %s\n",
+			cm.Cells, cm.commitsText(), cm.batchText(), cm.lagText())
+		for _, m := range cm.Missing {
+			ew.printf("    n/a: %s\n", m)
+		}
 	}
 	if r.OpensPending > 0 || r.UnresolvedOpens > 0 {
 		ew.printf("  %d opens not yet due at the end, %d of unknown outcome not asked again\n", r.OpensPending, r.UnresolvedOpens)

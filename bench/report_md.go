@@ -62,10 +62,13 @@ func (s Suite) writeSummary(ew *errWriter) {
 		ew.printf(".\n\n")
 		var rows [][]string
 		for _, c := range s.Comparison {
-			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P99MS), f2(c.P999MS), verdict(c.OK)})
+			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P50MS), f2(c.P99MS), f2(c.P999MS),
+				c.Cell.commitsText(), c.Cell.batchText(), c.Cell.lagText(), verdict(c.OK)})
 		}
-		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
+		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p50 ms", "p99 ms", "p99.9 ms",
+			"commits/s", "mean batch", "credit-lag p99 ms", "verdict"}, rows)
 	}
+	s.writeCellMetrics(ew)
 	if len(s.VsBaseline) > 0 {
 		ew.printf("## Against the baseline cluster\n\nThe same workload (one seed) on both clusters, interleaved; ratio = this cluster's successful opens/s / the baseline's.\n\n")
 		var rows [][]string
@@ -102,6 +105,8 @@ func (s Suite) writeSummary(ew *errWriter) {
 		}
 		mdTable(ew, []string{"run", "router opens/s", "direct opens/s", "router/direct", "router p99 ms", "direct p99 ms"}, rows)
 	}
+	s.writeSearch(ew)
+	s.writeSustain(ew)
 	if l := s.Limits; l != nil {
 		l.writeMarkdown(ew)
 	}
