@@ -42,7 +42,7 @@ type ClientCheck struct {
 	WrkThreads  int    `json:"wrk_threads"`
 	Wrk         string `json:"wrk"` // the binary run
 	// Bench and Wrk are the rounds, in the order they ran (alternating).
-	Bench []NoopResult `json:"bench"`
+	Bench   []NoopResult `json:"bench"`
 	WrkRuns []NoopResult `json:"wrk_runs"`
 	// BenchPerSec and WrkPerSec are the means over the rounds; BenchOverWrk
 	// is their ratio, the check's result (the target is >= 0.8).
