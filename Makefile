@@ -64,10 +64,11 @@ bench-smoke: build
 ## what it measures; the router's CPU profile when make run serves pprof (REDCELL_PPROF=1); then
 ## what bench-smoke runs. Against the cluster started by make run; report in var/bench/<time>/
 REDCELL_PPROF ?=
+BENCH_NOOP_DURATION ?= 5s
 BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)
 .PHONY: bench
 bench: build
-	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload limits --limits-duration 5s \
+	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload limits --limits-duration $(BENCH_NOOP_DURATION) \
 		--limits-concurrency 64 --wrk auto $(if $(BENCH_PPROF),--router-pprof $(BENCH_PPROF),)
 	$(MAKE) --no-print-directory bench-smoke
 
