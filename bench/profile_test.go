@@ -36,7 +36,7 @@ func TestSummarizeProfile(t *testing.T) {
 	if err := p.summarize(buf.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	if p.CPUSeconds < 0.1 || p.CPUSeconds > 2 || len(p.Flat) == 0 || len(p.Cum) == 0 {
+	if p.CPUSeconds <= 0 || p.CPUSeconds > 2 || len(p.Flat) == 0 || len(p.Cum) == 0 {
 		t.Fatalf("summary %+v", p)
 	}
 	found := false
@@ -60,9 +60,9 @@ func TestSummarizeProfile(t *testing.T) {
 	}
 }
 
-// profileDuring fetches the profile from a pprof address and reports its
-// errors in the summary.
-func TestProfileDuring(t *testing.T) {
+// servePprof serves a stand-in for net/http/pprof's CPU profile: it profiles
+// this process while spinning for 300 ms, and wants seconds=1.
+func servePprof(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -80,13 +80,44 @@ func TestProfileDuring(t *testing.T) {
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String()
+}
 
-	p := <-profileDuring(context.Background(), ln.Addr().String(), 2*time.Second)
+// profileDuring fetches the profile from a pprof address and reports its
+// errors in the summary.
+func TestProfileDuring(t *testing.T) {
+	p := <-profileDuring(context.Background(), servePprof(t), 2*time.Second)
 	if p.Error != "" || p.Seconds != 1 || p.CPUSeconds <= 0 {
 		t.Fatalf("profile %+v", p)
 	}
 	p = <-profileDuring(context.Background(), "127.0.0.1:1", 2*time.Second)
 	if p.Error == "" {
 		t.Error("a closed port gave no error")
+	}
+}
+
+// A run with RouterPprof reports the router's profile with its CPU per
+// request; a direct run, which bypasses the router, does not profile it.
+func TestRunProfilesRouter(t *testing.T) {
+	shortSettle(t)
+	f := newFakeRouter()
+	cfg := fakeConfig(f.serve(t), f)
+	cfg.Duration = 1500 * time.Millisecond
+	cfg.RouterPprof = servePprof(t)
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := rep.RouterProfile
+	if p == nil || p.Error != "" || p.CPUSeconds <= 0 || p.CPUMicrosPerRequest <= 0 || rep.requestsPerSec() <= 0 {
+		t.Fatalf("router profile %+v (requests/s %v)", p, rep.requestsPerSec())
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil || !strings.Contains(text.String(), "µs of CPU per request") {
+		t.Errorf("text report lacks the router's CPU (%v):\n%s", err, text.String())
+	}
+	cfg.Direct, cfg.RunID = true, "t2"
+	if rep, err = Run(context.Background(), cfg); err != nil || rep.RouterProfile != nil {
+		t.Errorf("direct run: profile %+v, err %v", rep.RouterProfile, err)
 	}
 }

@@ -102,6 +102,11 @@ func (s Suite) writeSummary(ew *errWriter) {
 		}
 		mdTable(ew, []string{"run", "router opens/s", "direct opens/s", "router/direct", "router p99 ms", "direct p99 ms"}, rows)
 	}
+	for _, r := range s.Runs {
+		if p := r.RouterProfile; p != nil {
+			p.writeMarkdown(ew, "The router's CPU during run "+r.Name())
+		}
+	}
 	if l := s.Limits; l != nil {
 		l.writeMarkdown(ew)
 	}

@@ -82,7 +82,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.StringVar(&f.baselinePath, "baseline", "", "config file of a second cluster (an older build, say) to run every run against too, interleaved, and compare with (its API key: the file api-key beside it)")
 	fs.StringVar(&f.baselineName, "baseline-name", "baseline", "how reports name the --baseline cluster's runs")
 	fs.StringVar(&f.wrk, "wrk", "", "with the limits: also send the router no-op with wrk (auto: wrk on PATH, skipped when missing; or its path) and report bench ÷ wrk")
-	fs.StringVar(&f.routerPprof, "router-pprof", "", "with the limits: profile the router's CPU during the router no-op from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060) and report its top functions and CPU per request")
+	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile (go tool pprof) to this file: is the client the bottleneck?")
 	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
 	if err := fs.Parse(args); err != nil {
@@ -165,6 +165,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
 	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
+	cfg.RouterPprof = f.routerPprof
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
