@@ -59,17 +59,20 @@ audit: build
 bench-smoke: build
 	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --senders 4 --openers 32 --duration 10s
 
-## bench: the no-op ceiling through the router, sent by the bench and by wrk in turn (wrk where
-## installed; make run installs it when it can), so the report says whether the bench client bounds
-## what it measures; the router's CPU profile when make run serves pprof (REDCELL_PPROF=1); then
-## what bench-smoke runs. Against the cluster started by make run; report in var/bench/<time>/
+## bench: naive vs serial vs batched on one hot packet (10 s each), the ceilings (database, HTTP
+## no-op via router and direct), the no-op via the router sent by the bench and by wrk in turn (wrk
+## where installed; make run installs it when it can: the report says whether the bench client bounds
+## what it measures), the router's CPU profile of every run when make run serves pprof
+## (REDCELL_PPROF=1), then what bench-smoke runs. Against the cluster started by make run; report in
+## var/bench/<time>/
 REDCELL_PPROF ?=
 BENCH_NOOP_DURATION ?= 5s
 BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)
 .PHONY: bench
 bench: build
-	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload limits --limits-duration $(BENCH_NOOP_DURATION) \
-		--limits-concurrency 64 --wrk auto $(if $(BENCH_PPROF),--router-pprof $(BENCH_PPROF),)
+	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload hot --compare naive,serial,batched \
+		--duration 10s --limits --limits-duration $(BENCH_NOOP_DURATION) --allow-shed \
+		--wrk auto $(if $(BENCH_PPROF),--router-pprof $(BENCH_PPROF),)
 	$(MAKE) --no-print-directory bench-smoke
 
 fmt:
