@@ -68,9 +68,11 @@ bench-smoke: build
 ## rate (p99 within 50 ms, nothing shed) by a short search, then a run at 70% of the last one's,
 ## audited. Reports in var/bench/<time>/{cold,hot,festival}/; BENCH_STRATEGIES picks the strategies.
 BENCH_SUITE := deploy/local/bench.sh
+REDCELL_PPROF ?=
+BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)
 .PHONY: bench
 bench: build
-	REDCELL_VAR=$(REDCELL_VAR) BIN=$(BIN) $(BENCH_SUITE)
+	REDCELL_VAR=$(REDCELL_VAR) BIN=$(BIN) BENCH_PPROF=$(BENCH_PPROF) $(BENCH_SUITE)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

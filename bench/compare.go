@@ -300,6 +300,7 @@ func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 	if b := sc.Baseline; b != nil {
 		run := sc.Run
 		run.RouterURL, run.ClusterSecret, run.APIKey, run.Audit = b.RouterURL, b.ClusterSecret, b.APIKey, b.Audit
+		run.RouterPprof = "" // the profile address is the main cluster's router's
 		targets = append(targets, target{name: b.Name, run: run, set: b.SetStrategy, get: b.GetStrategy, cells: b.Cells})
 	}
 	strategies := sc.Strategies

@@ -105,6 +105,10 @@ type Config struct {
 	// APIKey is the calling app's key the router requires (sent as
 	// Authorization: Bearer; not to cells in Direct mode).
 	APIKey string
+	// RouterPprof is the router's pprof address (host:port): when set, Run
+	// profiles the router's CPU during the run (Report.RouterProfile). Not in
+	// direct mode, which bypasses the router.
+	RouterPprof string
 	// Label names the run in the progress line and the reports, e.g. the
 	// strategy under test. Optional.
 	Label string

@@ -59,6 +59,8 @@ type Report struct {
 	// uncertainMax were: claims may be missing from ClaimedCents (not from the
 	// audit).
 	UnresolvedOpens int64 `json:"unresolved_opens,omitempty"`
+	// RouterProfile is the router's CPU during the run (Config.RouterPprof).
+	RouterProfile *CPUProfile `json:"router_profile,omitempty"`
 	// OverClaimedPackets counts packets whose answered claims went above their
 	// amount or share count: the cluster gave away money it did not have.
 	OverClaimedPackets int64 `json:"over_claimed_packets,omitempty"`
@@ -307,6 +309,9 @@ func (r Report) WriteText(w io.Writer) error {
 			ew.printf("    n/a: %s\n", m)
 		}
 	}
+	if p := r.RouterProfile; p != nil && p.Error == "" {
+		ew.printf("  router: %.1f µs of CPU per request, %.2f cores busy (profiled %.0f s)\n", p.CPUMicrosPerRequest, p.CoresBusy, p.Seconds)
+	}
 	if r.OpensPending > 0 || r.UnresolvedOpens > 0 {
 		ew.printf("  %d opens not yet due at the end, %d of unknown outcome not asked again\n", r.OpensPending, r.UnresolvedOpens)
 	}
@@ -387,4 +392,17 @@ func (e *errWriter) Write(p []byte) (int, error) {
 
 func (e *errWriter) printf(format string, args ...any) {
 	_, _ = fmt.Fprintf(e, format, args...)
+}
+
+// requestsPerSec is every request of the run (all ops, failures too: each
+// reached the router) per second of the load phase; 0 when unknown.
+func (r Report) requestsPerSec() float64 {
+	if r.ElapsedMS <= 0 {
+		return 0
+	}
+	var n int64
+	for o := op(0); o < opCount; o++ {
+		n += r.op(o).Count
+	}
+	return float64(n) / (float64(r.ElapsedMS) / 1000)
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -46,6 +47,9 @@ type benchFlags struct {
 	apiKey              string          // the key the router requires: --api-key-file, else REDCELL_API_KEY, else api-key beside --config
 	baselinePath        string          // --baseline: the config of a second cluster to compare with
 	baselineName        string
+	cpuProfile          string // --cpuprofile: the bench's own CPU profile
+	wrk                 string // --wrk: "", "auto" or wrk's path (bench.FindWrk)
+	routerPprof         string // --router-pprof: the router's pprof address
 	defaultLimitsConfig bench.LimitsConfig
 	search              bench.SearchConfig // --search-*
 	searchOn            bool               // --search
@@ -81,6 +85,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
 	fs.StringVar(&f.baselinePath, "baseline", "", "config file of a second cluster (an older build, say) to run every run against too, interleaved, and compare with (its API key: the file api-key beside it)")
 	fs.StringVar(&f.baselineName, "baseline-name", "baseline", "how reports name the --baseline cluster's runs")
+	fs.StringVar(&f.wrk, "wrk", "", "with the limits: also send the router no-op with wrk (auto: wrk on PATH, skipped when missing; or its path) and report bench ÷ wrk")
+	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile (go tool pprof) to this file: is the client the bottleneck?")
 	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
 	f.search, f.sustain = bench.DefaultSearchConfig(), bench.DefaultSustainConfig("")
 	fs.BoolVar(&f.searchOn, "search", false, "after the runs, find each strategy's highest sustained open-loop rate (hot, festival, cold): p99 within --search-p99, nothing shed, the schedule offered")
@@ -177,6 +184,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
 	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
+	cfg.RouterPprof = f.routerPprof
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
@@ -241,6 +249,8 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
 		lc.Progress = os.Stderr
 		lc.ClusterSecret, lc.APIKey = f.clusterSecret, f.apiKey
+		lc.Wrk, lc.WrkSkipped = bench.FindWrk(f.wrk)
+		lc.RouterPprof = f.routerPprof
 		if path := f.configPath; path != "" {
 			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
 				return dbLimit(ctx, path, batch, d)
@@ -319,6 +329,13 @@ func runBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	suite, runErr := bench.RunSuite(ctx, sc)
 	if runErr != nil && len(suite.Runs) == 0 && suite.Limits == nil && len(suite.Search) == 0 {
 		return runErr // nothing ran (say, the cells' strategy could not be read)
@@ -334,6 +351,19 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
 	}
 	return nil
+}
+
+// startCPUProfile profiles this process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); out.Close() }, nil
 }
 
 // writeBenchOutput prints the reports and writes the files the flags ask for.

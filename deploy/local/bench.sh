@@ -3,7 +3,9 @@
 # (its config under REDCELL_VAR, default ./var), in about ten minutes:
 #   1. cold: many small packets, closed loop, 64 openers, one run per strategy;
 #   2. hot: one packet, closed loop, 64 openers, one run per strategy, plus the
-#      ceilings (the database alone, HTTP no-op via the router and direct);
+#      ceilings (the database alone, HTTP no-op via the router and direct, the
+#      no-op sent by the bench and by wrk in turn), the router profiled when
+#      BENCH_PPROF names its pprof address;
 #   3. festival: each strategy's highest sustained open-loop rate (p99 within
 #      50 ms, nothing shed), by a short search;
 #   4. festival at 70% of the last strategy's sustained rate, audited.
@@ -65,8 +67,12 @@ step() {
 
 started=$(date +%s)
 step cold --workload cold --openers 64 --compare "$strategies" --duration "$duration"
+# hot also measures the no-op route by the bench and by wrk in turn (wrk where
+# installed: is the bench client the bottleneck?), and, with BENCH_PPROF (make
+# bench sets it when make run serves pprof: REDCELL_PPROF=1), profiles the router.
 step hot --workload hot --openers 64 --compare "$strategies" --duration "$duration" \
-  --limits --limits-duration 3s --allow-shed
+  --limits --limits-duration "${BENCH_NOOP_DURATION:-5s}" --allow-shed --wrk auto \
+  ${BENCH_PPROF:+--router-pprof "$BENCH_PPROF"}
 step festival --workload festival --compare "$strategies" --search-only --search-time "$search_time" \
   --sustain-at "$sustain_at" --sustain-duration "$sustain_duration"
 
