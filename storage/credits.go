@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"redcell/model"
 )
@@ -15,6 +16,14 @@ import (
 // cell) becomes ten statements of about 1 MB each, well under
 // max_allowed_packet.
 const creditRowsMax = 1000
+
+// creditPaths counts, since the store was opened, the shards' credit groups
+// of two or more credits booked by each path of applyCreditsTx: Bulk in two
+// statements, OneByOne credit by credit after the bulk statements could not
+// be written whole. (A shard's lone credit goes straight to creditOne.)
+type creditPaths struct {
+	Bulk, OneByOne atomic.Int64
+}
 
 // applyCreditsTx books credits inside tx, the caller's transaction, under
 // the contract of Wallets.ApplyCredits: applied counts the credits booked
@@ -75,14 +84,19 @@ const creditSavepoint = "credits_bulk"
 
 // creditShard books cs (one shard, lock order, no repeats, at most
 // creditRowsMax) in bulk, or one by one when the bulk cannot be written as a
-// whole (see applyCreditsTx).
+// whole (see applyCreditsTx). A lone credit is booked by creditOne at once:
+// the same two statements as the bulk's, without the savepoint.
 func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (applied int, deferred []string, err error) {
-	ok, err := m.creditBulk(ctx, tx, cs, now)
-	if err != nil {
-		return 0, nil, err
-	}
-	if ok {
-		return len(cs), nil, nil
+	if len(cs) > 1 { // one credit alone: its two statements, without a savepoint
+		ok, err := m.creditBulk(ctx, tx, cs, now)
+		if err != nil {
+			return 0, nil, err
+		}
+		if ok {
+			m.bulk.Bulk.Add(1)
+			return len(cs), nil, nil
+		}
+		m.bulk.OneByOne.Add(1)
 	}
 	for _, c := range cs {
 		outcome, err := m.creditOne(ctx, tx, c, now)

@@ -42,7 +42,7 @@ func ContractMySQL(t *testing.T, clk clock.Clock) (m *MySQL, failNextCommit func
 }
 
 // dropNamespace drops the databases of m's name prefix.
-func dropNamespace(t *testing.T, m *MySQL) {
+func dropNamespace(t testing.TB, m *MySQL) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rows, err := m.db.QueryContext(ctx, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE ?", m.ns+"%")
