@@ -12,8 +12,8 @@ import (
 
 // PendingCredits lists up to limit outbox rows of database db (0..99) not yet
 // delivered, created at or before beforeMS (Unix ms) and after the position
-// (afterMS, afterID), in (created_ms, claim_id) order. next is the position of
-// the last row returned, to page on from.
+// (afterMS, afterID), in (created_ms, claim_id) order, each with its
+// CreatedMS. next is the position of the last row returned, to page on from.
 func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
 	var next model.OutboxPos
 	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+m.outboxTable(db)+
@@ -29,10 +29,10 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	var out []model.Credit
 	for rows.Next() {
 		var c model.Credit
-		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &next.CreatedMS); err != nil {
+		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &c.CreatedMS); err != nil {
 			return nil, next, err
 		}
-		next.ClaimID = c.ClaimID
+		next = model.OutboxPos{CreatedMS: c.CreatedMS, ClaimID: c.ClaimID}
 		out = append(out, c)
 	}
 	return out, next, rows.Err()

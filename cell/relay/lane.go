@@ -38,6 +38,7 @@ type lane struct {
 	long        int                  // held credits deferred deferralsLong times or more
 	backoff     time.Duration        // pause after the last failed attempt; 0 after a success
 	pausedUntil time.Time            // while backing off the lane takes no credits
+	yieldSince  time.Time            // when the lane began to hold back a batch for load; zero: not yielding
 	retired     bool                 // run has exited; offer takes nothing
 }
 
@@ -141,22 +142,37 @@ func (l *lane) linger() {
 }
 
 // next takes the next batch: up to BatchMax held credits that are due.
-// With none, wait is how long until one is (or the backoff ends), -1 when the
-// lane holds nothing. While the relay is switched off the lane gives back
-// everything it holds: the outbox keeps it.
+// With none, wait is how long until one is (or the backoff ends, or a
+// yielding lane asks about the load again), -1 when the lane holds nothing.
+// While the relay is switched off the lane gives back everything it holds:
+// the outbox keeps it. While the cell is loaded (Config.Busy) it yields: it
+// takes a batch only when BatchMax credits are held or it has held back for
+// YieldMax.
 func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	off := l.r.cfg.Off()
+	busy := l.r.cfg.Busy != nil && l.r.cfg.Busy()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if off {
 		l.queue, l.held, l.long = nil, map[string]struct{}{}, 0
 	}
 	if len(l.queue) == 0 {
+		l.yieldSince = time.Time{}
 		return nil, -1
 	}
 	if now.Before(l.pausedUntil) {
 		return nil, l.pausedUntil.Sub(now)
 	}
+	if busy && len(l.queue) < BatchMax {
+		if l.yieldSince.IsZero() {
+			l.yieldSince = now
+			l.r.Stats.Yields.Add(1)
+		}
+		if left := YieldMax - now.Sub(l.yieldSince); left > 0 {
+			return nil, min(left, yieldPoll)
+		}
+	}
+	l.yieldSince = time.Time{}
 	rest := l.queue[:0]
 	wait = -1
 	for _, q := range l.queue {
@@ -208,6 +224,7 @@ func (l *lane) attempt(batch []queued) bool {
 		return false
 	}
 	l.r.succeeded(l)
+	l.r.observeLag(l.local, delivered, now)
 	if len(delivered) > 0 {
 		l.r.markDelivered(delivered)
 	}
