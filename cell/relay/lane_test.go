@@ -633,3 +633,42 @@ func TestCreditLagObserved(t *testing.T) {
 		}
 	})
 }
+
+// TestLaneShrinksAfterTimeouts: a local store too slow to book a full batch
+// within the attempt's time makes the lane halve its batches (500, 250, 125)
+// instead of rolling back the same 500 again and again; once batches go
+// through, each success doubles the size back towards BatchMax.
+func TestLaneShrinksAfterTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		release := make(chan struct{})
+		rig.store.release = release
+		cs := make([]model.Credit, 600)
+		for i := range cs {
+			cs[i] = credit(model.ShardID(i%500), i)
+		}
+		rig.r.dispatch(cs, time.Time{})
+		time.Sleep(2*relayLocalTimeout + time.Second) // two attempts time out (500, then 250), the third (125) waits
+		synctest.Wait()
+		rig.store.mu.Lock()
+		rig.store.release = nil
+		rig.store.mu.Unlock()
+		close(release)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		rig.store.mu.Lock()
+		var sizes []int
+		for _, b := range rig.store.batches {
+			sizes = append(sizes, len(b))
+		}
+		rig.store.mu.Unlock()
+		if want := []int{125, 250, 225}; !slices.Equal(sizes, want) {
+			t.Errorf("batches applied: %v, want %v", sizes, want)
+		}
+		for _, c := range cs {
+			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
+				t.Fatalf("%s marked %d times, want 1", c.ClaimID, n)
+			}
+		}
+	})
+}

@@ -187,6 +187,10 @@ const (
 	// deferralsLong: a credit deferred this many times (about 11 s with the
 	// backoff above) is logged: its wallet row has been locked for long.
 	deferralsLong = 8
+	// batchMin is the smallest batch a lane shrinks to after attempts that
+	// ran out of time (see lane.attempt): a destination so loaded that it
+	// cannot book 16 credits in an attempt's time is down for the relay.
+	batchMin = 16
 	// yieldPoll is how often a yielding lane asks whether the load has
 	// dropped: it catches up within this much of the drop.
 	yieldPoll = 25 * time.Millisecond
