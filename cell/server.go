@@ -137,6 +137,7 @@ type Server struct {
 // stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
 	opens, openBatches, shed atomic.Int64
+	opensInFlight            atomic.Int64 // opens taken and not answered yet (the relay's load probe)
 }
 
 // New wires a cell. It does no I/O. The cell's metrics are registered with reg,
@@ -178,10 +179,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
+	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: cfg.Shards.DBs(),
 			Owns: s.Owns, Off: relayOff, Store: sp.store, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
-			Clock: clk, Log: log})
+			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
@@ -196,7 +198,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc})
+		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag})
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
@@ -215,6 +217,16 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 
 // Owns reports whether this cell owns shard sh.
 func (s *Server) Owns(sh model.ShardID) bool { return s.own.owns(sh) }
+
+// relayYieldOpens: with this many opens in flight the cell is loaded, and the
+// relay yields to them (relay.Config.Busy). Half the bench's 64 connections:
+// a lone client, or a few, never makes credits wait; a cell whose opens queue
+// up behind its database does.
+const relayYieldOpens = 32
+
+// loaded is the relay's load probe: whether relayYieldOpens or more opens
+// are in flight.
+func (s *Server) loaded() bool { return s.stats.opensInFlight.Load() >= relayYieldOpens }
 
 // Listen binds the HTTP address (so callers know it is taken before announcing).
 func (s *Server) Listen() (net.Listener, error) {
