@@ -1,0 +1,393 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"redcell/internal/retry"
+	"redcell/model"
+)
+
+// CellAudit checks this store's books as model.AuditCell checks its Ledger,
+// in one consistent snapshot, with the memory of the process bounded however
+// many rows there are: every sum is taken by the server, claims are joined
+// with their outbox rows and credits with delivered outbox rows by the
+// server, and only problem rows come back (counted whole; a problem line
+// names the 10 smallest claim IDs of its kind, model.DiffTally). Per table it
+// reads: accounts and flows as sums (and the accounts whose balance is not
+// the sum of their flows, at most 100 per table), packets as sums (and the
+// packets that do not add up, at most 100 per table), each claim table
+// joined with its database's outbox, and all credits joined with all outbox
+// rows.
+//
+// It agrees with model.AuditCell on every store whose claims each sit in the
+// database of their outbox row (they are written in one transaction there).
+// Where rows are already broken it may name a difference differently: a
+// claim is matched with the outbox of its own database only; a credit is
+// compared with the outbox row of its claim, which agrees with the claim
+// unless an outbox difference is reported too; a claim credited more than
+// once is a credit_mismatch even if the credits sum to the claim. At most 100
+// claims credited twice are named.
+//
+// Tables created while it reads make it start over with a new snapshot, up
+// to 5 times, as Ledger does.
+func (m *MySQL) CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error) {
+	var b model.CellBooks
+	err := retry.Do(ctx, retry.Policy{Attempts: 5, Backoff: 100 * time.Millisecond, Max: 100 * time.Millisecond,
+		Retryable: tablesMoved, Clock: m.clock}, func(int) error {
+		var err error
+		b, err = m.cellBooksOnce(ctx, cell, owns)
+		return err
+	})
+	if err != nil {
+		return model.CellAudit{}, err
+	}
+	return b.Audit(), nil
+}
+
+// doubleCreditLines bounds the "credited twice" problem lines of a cell audit.
+const doubleCreditLines = 100
+
+func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellBooks, error) {
+	b := model.CellBooks{Cell: cell}
+	tx, err := m.db.Conn(ctx)
+	if err != nil {
+		return b, fmt.Errorf("storage: cell audit: %w", err)
+	}
+	defer tx.Close()
+	if _, err := tx.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
+		return b, fmt.Errorf("storage: cell audit: %w", err)
+	}
+	defer tx.ExecContext(context.Background(), "ROLLBACK")
+	ts, err := m.tables(ctx, tx)
+	if err != nil {
+		return b, err
+	}
+	exists := map[tableRef]bool{}
+	for _, t := range ts {
+		exists[t] = true
+	}
+	partner := map[string]string{"account": "flow", "packet": "claim"}
+	byKind := map[string][]tableRef{}
+	for _, t := range ts {
+		if p, ok := partner[t.kind]; ok && !exists[tableRef{kind: p, shard: t.shard, day: t.day}] {
+			continue
+		}
+		byKind[t.kind] = append(byKind[t.kind], t)
+	}
+	hasOutbox := func(db int) bool { return exists[tableRef{kind: "outbox", shard: model.ShardID(db * 10)}] }
+
+	// Sums and row-level problems of accounts and packets: Ledger's statements.
+	l := model.NewLedger(cell)
+	for _, r := range []struct {
+		kind string
+		sql  func(t tableRef) string
+		scan func(rows *sql.Rows, l *model.Ledger) error
+	}{
+		{"account", m.ledgerAccountSQL, scanAccounts},
+		{"packet", m.ledgerPacketSQL, scanPackets},
+	} {
+		if err := readTables(ctx, tx, byKind[r.kind], r.sql, r.scan, func() model.Ledger { return model.NewLedger("") }, l.Merge); err != nil {
+			return b, fmt.Errorf("storage: cell audit of %s tables: %w", r.kind, err)
+		}
+	}
+	b.Balances, b.PacketTotals, b.OpenRemaining, b.RefundAmounts, b.Packets = l.Balances, l.PacketTotals, l.OpenRemaining, l.RefundAmounts, l.Packets
+	b.Problems = l.Problems
+
+	// Flows as sums by kind.
+	flowSQL := func(t tableRef) string {
+		return "SELECT kind, COALESCE(SUM(amount), 0) FROM " + m.flowTable(t.shard) + " GROUP BY kind"
+	}
+	err = readTables(ctx, tx, byKind["flow"], flowSQL, func(rows *sql.Rows, p *model.CellBooks) error {
+		for rows.Next() {
+			var kind string
+			var sum int64
+			if err := rows.Scan(&kind, &sum); err != nil {
+				return err
+			}
+			switch kind {
+			case string(model.FlowDeposit):
+				p.Deposits += model.Cents(sum)
+			case string(model.FlowSend):
+				p.Sends += model.Cents(-sum)
+			case string(model.FlowRefund):
+				p.RefundFlows += model.Cents(sum)
+			case string(model.FlowCredit):
+				p.CreditsIn += model.Cents(sum)
+			default:
+				p.Problems = append(p.Problems, fmt.Sprintf("unknown flow kind %q", kind))
+			}
+		}
+		return nil
+	}, func() model.CellBooks { return model.CellBooks{} }, func(p model.CellBooks) { mergeBooks(&b, p) })
+	if err != nil {
+		return b, fmt.Errorf("storage: cell audit of flow tables: %w", err)
+	}
+
+	// Claims against their database's outbox: one sum row per table, then
+	// one row per claim without its outbox row ('m') or differing from it ('x').
+	withRow := map[int]int64{} // by database: claims that have an outbox row
+	claimSQL := func(t tableRef) string {
+		c := m.claimTable(t.shard, t.day)
+		if !hasOutbox(t.shard.DB()) {
+			return fmt.Sprintf("SELECT 's', %d, COUNT(*), COALESCE(SUM(amount), 0), 0, 0, '' FROM %s "+
+				"UNION ALL SELECT 'm', 0, 0, 0, 0, 0, CONCAT(packet_id, 'c', seq) FROM %s", t.shard.DB(), c, c)
+		}
+		o := m.outboxTable(t.shard.DB())
+		join := " FROM " + c + " c LEFT JOIN " + o + " o ON o.claim_id = CONCAT(c.packet_id, 'c', c.seq)"
+		agree := "(o.act_id = c.act_id AND o.amount = c.amount)"
+		return fmt.Sprintf("SELECT 's', %d, COUNT(*), COALESCE(SUM(c.amount), 0), COALESCE(SUM(o.claim_id IS NOT NULL), 0), "+
+			"COALESCE(SUM(o.claim_id IS NOT NULL AND %s AND o.state <> 1), 0), ''%s "+
+			"UNION ALL SELECT IF(o.claim_id IS NULL, 'm', 'x'), 0, 0, 0, 0, 0, CONCAT(c.packet_id, 'c', c.seq)%s "+
+			"WHERE o.claim_id IS NULL OR NOT %s", t.shard.DB(), agree, join, join, agree)
+	}
+	type claimPart struct {
+		b       model.CellBooks
+		withRow map[int]int64
+	}
+	err = readTables(ctx, tx, byKind["claim"], claimSQL, func(rows *sql.Rows, p *claimPart) error {
+		for rows.Next() {
+			var k, id string
+			var db, n, sum, with, pending int64
+			if err := rows.Scan(&k, &db, &n, &sum, &with, &pending, &id); err != nil {
+				return err
+			}
+			switch k {
+			case "s":
+				p.b.Claims += int(n)
+				p.b.Claimed += model.Cents(sum)
+				p.b.OutboxPending += int(pending)
+				p.withRow[int(db)] += with
+			case "m":
+				p.b.Diffs.Add(model.DiffOutboxMissing, id)
+			default:
+				p.b.Diffs.Add(model.DiffOutboxMismatch, id)
+			}
+		}
+		return nil
+	}, func() claimPart { return claimPart{withRow: map[int]int64{}} }, func(p claimPart) {
+		mergeBooks(&b, p.b)
+		for db, n := range p.withRow {
+			withRow[db] += n
+		}
+	})
+	if err != nil {
+		return b, fmt.Errorf("storage: cell audit of claim tables: %w", err)
+	}
+
+	// Outbox rows without their claim: counted per database, named only when
+	// there are some.
+	var outboxes []tableRef
+	claimsOf := map[int][]tableRef{}
+	for _, t := range byKind["claim"] {
+		claimsOf[t.shard.DB()] = append(claimsOf[t.shard.DB()], t)
+	}
+	for _, t := range byKind["outbox"] {
+		outboxes = append(outboxes, t)
+		var n int64
+		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.outboxTable(t.shard.DB())).Scan(&n); err != nil {
+			return b, fmt.Errorf("storage: cell audit of outbox of db %d: %w", t.shard.DB(), err)
+		}
+		if n == withRow[t.shard.DB()] {
+			continue
+		}
+		if err := m.outboxOrphans(ctx, tx, t.shard.DB(), claimsOf[t.shard.DB()], &b.Diffs); err != nil {
+			return b, err
+		}
+	}
+
+	if err := m.auditCredits(ctx, tx, byKind["flow"], outboxes, owns, &b); err != nil {
+		return b, err
+	}
+	sort.Strings(b.Problems)
+	return b, nil
+}
+
+// mergeBooks adds the sums, problems and differences of part to b.
+func mergeBooks(b *model.CellBooks, p model.CellBooks) {
+	b.Deposits += p.Deposits
+	b.CreditsIn += p.CreditsIn
+	b.RefundFlows += p.RefundFlows
+	b.Sends += p.Sends
+	b.Claimed += p.Claimed
+	b.Claims += p.Claims
+	b.OutboxPending += p.OutboxPending
+	b.Problems = append(b.Problems, p.Problems...)
+	b.Diffs.Merge(p.Diffs)
+}
+
+// outboxOrphans names the outbox rows of database db whose claim is in none
+// of its claim tables (claims). Only called when the counts say there are some.
+func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claims []tableRef, d *model.DiffTally) error {
+	q := "SELECT claim_id FROM " + m.outboxTable(db) + " o"
+	var conds []string
+	for _, t := range claims {
+		conds = append(conds, "NOT EXISTS (SELECT 1 FROM "+m.claimTable(t.shard, t.day)+
+			" c WHERE c.packet_id = LEFT(o.claim_id, 27) AND CONCAT(c.packet_id, 'c', c.seq) = o.claim_id)")
+	}
+	if len(conds) > 0 {
+		q += " WHERE " + strings.Join(conds, " AND ")
+	}
+	rows, err := tx.QueryContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("storage: cell audit, outbox orphans of db %d: %w", db, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		d.Add(model.DiffOutboxOrphan, id)
+	}
+	return rows.Err()
+}
+
+// auditCredits compares every credit with the outbox rows, in the server:
+// delivered rows of owned claimants without their credit or differing from it,
+// credits of owned packets without their claim or differing from it (unless
+// compared from the outbox side already), credits of other cells' packets
+// (counted), and claims credited more than once.
+func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxes []tableRef, owns func(model.ShardID) bool, b *model.CellBooks) error {
+	if len(flows) == 0 {
+		return nil
+	}
+	var parts []string
+	for _, t := range flows {
+		parts = append(parts, "SELECT order_no, act_id, amount FROM "+m.flowTable(t.shard)+" WHERE kind = 'credit'")
+	}
+	credits := "(" + strings.Join(parts, " UNION ALL ") + ")"
+	cr := "(SELECT SUBSTRING(order_no, 7) AS id, COUNT(*) AS n, SUM(amount) AS amount, MAX(act_id) AS act, " +
+		"GROUP_CONCAT(act_id ORDER BY act_id SEPARATOR ' ') AS acts FROM " + credits + " f GROUP BY order_no)"
+	parts = parts[:0]
+	for _, t := range outboxes {
+		parts = append(parts, "SELECT claim_id, act_id, act_shard, amount, state FROM "+m.outboxTable(t.shard.DB()))
+	}
+	ob := "(SELECT '' AS claim_id, '' AS act_id, 0 AS act_shard, 0 AS amount, 0 AS state FROM DUAL WHERE FALSE)"
+	if len(parts) > 0 {
+		ob = "(" + strings.Join(parts, " UNION ALL ") + ")"
+	}
+	ownedClaimant := ownedSQL("o.act_shard", owns)
+	// A claim ID as model.ParseClaimID accepts it; its packet's shard.
+	valid := "(c.id REGEXP '(?-i)^[0-9]{11}[0-9a-f]{16}c[1-9][0-9]{0,7}$' AND LEFT(c.id, 4) >= '2000' AND CAST(LEFT(c.id, 8) AS DATE) IS NOT NULL)"
+	ownedPacket := ownedSQL("CAST(SUBSTRING(c.id, 9, 3) AS UNSIGNED)", owns)
+	differs := "(c.n > 1 OR c.act <> o.act_id OR c.amount <> o.amount)"
+	q := "WITH c AS " + cr + ", o AS " + ob + " " +
+		// Delivered rows of owned claimants: 'M' no credit, 'X' a credit that differs.
+		"SELECT IF(c.id IS NULL, 'M', 'X') AS k, o.claim_id AS id, '' AS acts FROM o LEFT JOIN c ON c.id = o.claim_id " +
+		"WHERE o.state = 1 AND " + ownedClaimant + " AND (c.id IS NULL OR " + differs + ") " +
+		// Credits: 'E' of another cell's packet, 'O' without a claim, 'x' differing.
+		"UNION ALL SELECT CASE WHEN NOT " + valid + " THEN 'O' WHEN NOT " + ownedPacket + " THEN 'E' " +
+		"WHEN o.claim_id IS NULL THEN 'O' ELSE 'x' END, c.id, '' FROM c LEFT JOIN o ON o.claim_id = c.id " +
+		"WHERE NOT " + valid + " OR NOT " + ownedPacket + " OR o.claim_id IS NULL OR (" + differs +
+		" AND NOT (o.state = 1 AND " + ownedClaimant + ")) " +
+		// Claims credited more than once, the accounts sorted.
+		"UNION ALL SELECT 'T', c.id, c.acts FROM c WHERE c.n > 1"
+	rows, err := tx.QueryContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("storage: cell audit of credits: %w", err)
+	}
+	defer rows.Close()
+	twice := 0
+	for rows.Next() {
+		var k, id, acts string
+		if err := rows.Scan(&k, &id, &acts); err != nil {
+			return fmt.Errorf("storage: cell audit of credits: %w", err)
+		}
+		switch k {
+		case "M":
+			b.Diffs.Add(model.DiffCreditMissing, id)
+		case "X", "x":
+			b.Diffs.Add(model.DiffCreditMismatch, id)
+		case "O":
+			b.Diffs.Add(model.DiffCreditOrphan, id)
+		case "E":
+			b.CreditsElsewhere++
+		case "T":
+			as := strings.Split(acts, " ")
+			for i := 1; i < len(as); i++ {
+				if twice++; twice <= doubleCreditLines {
+					b.Problems = append(b.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, as[i-1], as[i]))
+				}
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("storage: cell audit of credits: %w", err)
+	}
+	if twice > doubleCreditLines {
+		b.Problems = append(b.Problems, fmt.Sprintf("%d more credits of claims credited twice", twice-doubleCreditLines))
+	}
+	return nil
+}
+
+// ownedSQL renders owns as a SQL condition on the shard expression col.
+func ownedSQL(col string, owns func(model.ShardID) bool) string {
+	var ranges []string
+	for s := 0; s < model.ShardCount; {
+		if !owns(model.ShardID(s)) {
+			s++
+			continue
+		}
+		e := s
+		for e+1 < model.ShardCount && owns(model.ShardID(e+1)) {
+			e++
+		}
+		ranges = append(ranges, fmt.Sprintf("%s BETWEEN %d AND %d", col, s, e))
+		s = e + 1
+	}
+	if len(ranges) == 0 {
+		return "FALSE"
+	}
+	return "(" + strings.Join(ranges, " OR ") + ")"
+}
+
+// readTables runs sqlOf of each table, ledgerChunk tables to a UNION ALL
+// statement, scans each statement's rows into a fresh part (newPart) and
+// hands it to merge only when the whole statement was read, so a statement
+// failing halfway never counts a row twice. A table created after the
+// snapshot began (error 1412) holds no row the snapshot can see: when one is
+// in a chunk, the chunk's tables are read one by one and that one skipped.
+func readTables[T any](ctx context.Context, q rowsQueryer, tables []tableRef, sqlOf func(tableRef) string,
+	scan func(*sql.Rows, *T) error, newPart func() T, merge func(T)) error {
+	run := func(query string) error {
+		rows, err := q.QueryContext(ctx, query)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		part := newPart()
+		if err := scan(rows, &part); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		merge(part)
+		return nil
+	}
+	for start := 0; start < len(tables); start += ledgerChunk {
+		end := min(start+ledgerChunk, len(tables))
+		parts := make([]string, 0, end-start)
+		for _, t := range tables[start:end] {
+			parts = append(parts, "("+sqlOf(t)+")")
+		}
+		err := run(strings.Join(parts, " UNION ALL "))
+		if !isMySQLErr(err, errTableDefChanged) {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		for _, p := range parts {
+			if err := run(p); err != nil && !isMySQLErr(err, errTableDefChanged) {
+				return err
+			}
+		}
+	}
+	return nil
+}
