@@ -131,30 +131,35 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 	// Claims against their database's outbox: one sum row per table, then
 	// one row per claim without its outbox row ('m') or differing from it ('x').
 	withRow := map[int]int64{} // by database: claims that have an outbox row
+	var odd oddClaims          // claims and outbox rows that disagree
 	claimSQL := func(t tableRef) string {
 		c := m.claimTable(t.shard, t.day)
 		if !hasOutbox(t.shard.DB()) {
-			return fmt.Sprintf("SELECT 's', %d, COUNT(*), COALESCE(SUM(amount), 0), 0, 0, '' FROM %s "+
-				"UNION ALL SELECT 'm', 0, 0, 0, 0, 0, CONCAT(packet_id, 'c', seq) FROM %s", t.shard.DB(), c, c)
+			return fmt.Sprintf("SELECT 's' AS k, %d AS db, COUNT(*) AS n, COALESCE(SUM(amount), 0) AS v, 0 AS w, 0 AS p, '' AS id, '' AS act FROM %s "+
+				"UNION ALL SELECT 'm', 0, 0, amount, 0, 0, CONCAT(packet_id, 'c', seq), act_id FROM %s", t.shard.DB(), c, c)
 		}
 		o := m.outboxTable(t.shard.DB())
 		join := " FROM " + c + " c LEFT JOIN " + o + " o ON o.claim_id = CONCAT(c.packet_id, 'c', c.seq)"
 		agree := "(o.act_id = c.act_id AND o.amount = c.amount)"
-		return fmt.Sprintf("SELECT 's', %d, COUNT(*), COALESCE(SUM(c.amount), 0), COALESCE(SUM(o.claim_id IS NOT NULL), 0), "+
-			"COALESCE(SUM(o.claim_id IS NOT NULL AND %s AND o.state <> 1), 0), ''%s "+
-			"UNION ALL SELECT IF(o.claim_id IS NULL, 'm', 'x'), 0, 0, 0, 0, 0, CONCAT(c.packet_id, 'c', c.seq)%s "+
+		return fmt.Sprintf("SELECT 's' AS k, %d AS db, COUNT(*) AS n, COALESCE(SUM(c.amount), 0) AS v, COALESCE(SUM(o.claim_id IS NOT NULL), 0) AS w, "+
+			"COALESCE(SUM(o.claim_id IS NOT NULL AND %s AND o.state <> 1), 0) AS p, '' AS id, '' AS act%s "+
+			"UNION ALL SELECT IF(o.claim_id IS NULL, 'm', 'x'), 0, 0, c.amount, 0, 0, CONCAT(c.packet_id, 'c', c.seq), c.act_id%s "+
 			"WHERE o.claim_id IS NULL OR NOT %s", t.shard.DB(), agree, join, join, agree)
 	}
 	type claimPart struct {
 		b       model.CellBooks
 		withRow map[int]int64
+		odd     oddClaims
 	}
 	err = readTables(ctx, tx, byKind["claim"], claimSQL, func(rows *sql.Rows, p *claimPart) error {
 		for rows.Next() {
-			var k, id string
+			var k, id, act string
 			var db, n, sum, with, pending int64
-			if err := rows.Scan(&k, &db, &n, &sum, &with, &pending, &id); err != nil {
+			if err := rows.Scan(&k, &db, &n, &sum, &with, &pending, &id, &act); err != nil {
 				return err
+			}
+			if k != "s" {
+				p.odd.add(id, &model.Claim{ID: id, ActID: act, Amount: model.Cents(sum)})
 			}
 			switch k {
 			case "s":
@@ -174,6 +179,7 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 		for db, n := range p.withRow {
 			withRow[db] += n
 		}
+		odd.merge(p.odd)
 	})
 	if err != nil {
 		return b, fmt.Errorf("storage: cell audit of claim tables: %w", err)
@@ -195,12 +201,12 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 		if n == withRow[t.shard.DB()] {
 			continue
 		}
-		if err := m.outboxOrphans(ctx, tx, t.shard.DB(), claimsOf[t.shard.DB()], &b.Diffs); err != nil {
+		if err := m.outboxOrphans(ctx, tx, t.shard.DB(), claimsOf[t.shard.DB()], &b.Diffs, &odd); err != nil {
 			return b, err
 		}
 	}
 
-	if err := m.auditCredits(ctx, tx, byKind["flow"], outboxes, owns, &b); err != nil {
+	if err := m.auditCredits(ctx, tx, byKind["flow"], outboxes, owns, odd, &b); err != nil {
 		return b, err
 	}
 	sort.Strings(b.Problems)
@@ -222,7 +228,7 @@ func mergeBooks(b *model.CellBooks, p model.CellBooks) {
 
 // outboxOrphans names the outbox rows of database db whose claim is in none
 // of its claim tables (claims). Only called when the counts say there are some.
-func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claims []tableRef, d *model.DiffTally) error {
+func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claims []tableRef, d *model.DiffTally, odd *oddClaims) error {
 	q := "SELECT claim_id FROM " + m.outboxTable(db) + " o"
 	var conds []string
 	for _, t := range claims {
@@ -243,6 +249,7 @@ func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claim
 			return err
 		}
 		d.Add(model.DiffOutboxOrphan, id)
+		odd.add(id, nil)
 	}
 	return rows.Err()
 }
@@ -252,7 +259,7 @@ func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claim
 // credits of owned packets without their claim or differing from it (unless
 // compared from the outbox side already), credits of other cells' packets
 // (counted), and claims credited more than once.
-func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxes []tableRef, owns func(model.ShardID) bool, b *model.CellBooks) error {
+func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxes []tableRef, owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks) error {
 	if len(flows) == 0 {
 		return nil
 	}
@@ -298,6 +305,9 @@ func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxe
 		if err := rows.Scan(&k, &id, &acts); err != nil {
 			return fmt.Errorf("storage: cell audit of credits: %w", err)
 		}
+		if k != "E" && k != "T" && odd.has(id) {
+			continue // compared below, with its claim
+		}
 		switch k {
 		case "M":
 			b.Diffs.Add(model.DiffCreditMissing, id)
@@ -322,8 +332,97 @@ func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxe
 	if twice > doubleCreditLines {
 		b.Problems = append(b.Problems, fmt.Sprintf("%d more credits of claims credited twice", twice-doubleCreditLines))
 	}
+	return m.auditOddCredits(ctx, tx, cr, owns, odd, b)
+}
+
+// auditOddCredits compares the credits of claims that disagree with their
+// outbox row (or have none, or are an outbox row without a claim) with the
+// claims themselves, as model.AuditCell does: those are never compared from
+// the outbox side, so a credit of one is an orphan without its claim and a
+// mismatch when it differs from it. cr is the credits statement of auditCredits.
+func (m *MySQL) auditOddCredits(ctx context.Context, tx rowsQueryer, cr string, owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks) error {
+	ids := make([]string, 0, len(odd.claims))
+	for id := range odd.claims {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for start := 0; start < len(ids); start += oddChunk {
+		chunk := ids[start:min(start+oddChunk, len(ids))]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT c.id, c.n, c.amount, c.act FROM "+cr+" c WHERE c.id IN ("+placeholders(len(chunk))+")", args...)
+		if err != nil {
+			return fmt.Errorf("storage: cell audit of credits: %w", err)
+		}
+		for rows.Next() {
+			var id, act string
+			var n, amount int64
+			if err := rows.Scan(&id, &n, &amount, &act); err != nil {
+				rows.Close()
+				return fmt.Errorf("storage: cell audit of credits: %w", err)
+			}
+			ref, _, perr := model.ParseClaimID(id)
+			if perr == nil && !owns(ref.Shard) {
+				continue // counted elsewhere already
+			}
+			c := odd.claims[id]
+			switch {
+			case perr != nil || c == nil:
+				b.Diffs.Add(model.DiffCreditOrphan, id)
+			case n > 1 || c.ActID != act || c.Amount != model.Cents(amount):
+				b.Diffs.Add(model.DiffCreditMismatch, id)
+			}
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return fmt.Errorf("storage: cell audit of credits: %w", err)
+		}
+	}
 	return nil
 }
+
+// oddChunk is how many claim IDs one statement of auditOddCredits asks about.
+const oddChunk = 1000
+
+// oddMax bounds the claims a cell audit compares with their credits one by
+// one (claims that disagree with their outbox rows). Past it the audit names
+// those differences as the server's joins find them.
+const oddMax = 10_000
+
+// oddClaims are claims that disagree with their outbox row, by claim ID: the
+// claim (nil for an outbox row without one). Over oddMax it holds none and
+// says so: has then answers false for every ID.
+type oddClaims struct {
+	claims map[string]*model.Claim
+	over   bool
+}
+
+func (o *oddClaims) add(id string, c *model.Claim) {
+	if o.over {
+		return
+	}
+	if o.claims == nil {
+		o.claims = map[string]*model.Claim{}
+	}
+	o.claims[id] = c
+	if len(o.claims) > oddMax {
+		o.claims, o.over = nil, true
+	}
+}
+
+func (o *oddClaims) merge(p oddClaims) {
+	if p.over {
+		o.claims, o.over = nil, true
+	}
+	for id, c := range p.claims {
+		o.add(id, c)
+	}
+}
+
+func (o oddClaims) has(id string) bool { _, ok := o.claims[id]; return ok }
 
 // ownedSQL renders owns as a SQL condition on the shard expression col.
 func ownedSQL(col string, owns func(model.ShardID) bool) string {
