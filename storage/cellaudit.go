@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -254,138 +255,126 @@ func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claim
 	return rows.Err()
 }
 
-// auditCredits compares every credit with the outbox rows, in the server:
-// delivered rows of owned claimants without their credit or differing from it,
-// credits of owned packets without their claim or differing from it (unless
-// compared from the outbox side already), credits of other cells' packets
-// (counted), and claims credited more than once.
+// auditCredits compares every credit with the outbox rows and the claims, as
+// model.AuditCell does: delivered rows of owned claimants without their
+// credit or differing from it, credits of owned packets without their claim
+// or differing from it (unless compared from the outbox side already),
+// credits of other cells' packets (counted), and claims credited more than
+// once. The server reads every credit and outbox row into one stream sorted
+// by claim ID; this merges it one claim ID at a time, so it holds only the
+// rows of one claim. odd holds the claims that disagree with their outbox
+// row (or have none), which are compared with the claim itself.
 func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxes []tableRef, owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks) error {
-	if len(flows) == 0 {
-		return nil
-	}
 	var parts []string
 	for _, t := range flows {
-		parts = append(parts, "SELECT order_no, act_id, amount FROM "+m.flowTable(t.shard)+" WHERE kind = 'credit'")
+		parts = append(parts, "SELECT IF(order_no LIKE 'claim:%', SUBSTRING(order_no, 7), order_no) AS id, 1 AS src, act_id AS act, "+
+			"amount, 0 AS state, 0 AS shard FROM "+m.flowTable(t.shard)+" WHERE kind = 'credit'")
 	}
-	credits := "(" + strings.Join(parts, " UNION ALL ") + ")"
-	cr := "(SELECT SUBSTRING(order_no, 7) AS id, COUNT(*) AS n, SUM(amount) AS amount, MAX(act_id) AS act, " +
-		"GROUP_CONCAT(act_id ORDER BY act_id SEPARATOR ' ') AS acts FROM " + credits + " f GROUP BY order_no)"
-	parts = parts[:0]
 	for _, t := range outboxes {
-		parts = append(parts, "SELECT claim_id, act_id, act_shard, amount, state FROM "+m.outboxTable(t.shard.DB()))
+		parts = append(parts, "SELECT claim_id, 0, act_id, amount, state, act_shard FROM "+m.outboxTable(t.shard.DB()))
 	}
-	ob := "(SELECT '' AS claim_id, '' AS act_id, 0 AS act_shard, 0 AS amount, 0 AS state FROM DUAL WHERE FALSE)"
-	if len(parts) > 0 {
-		ob = "(" + strings.Join(parts, " UNION ALL ") + ")"
+	if len(parts) == 0 {
+		return nil
 	}
-	ownedClaimant := ownedSQL("o.act_shard", owns)
-	// A claim ID as model.ParseClaimID accepts it; its packet's shard.
-	valid := "(c.id REGEXP '(?-i)^[0-9]{11}[0-9a-f]{16}c[1-9][0-9]{0,7}$' AND LEFT(c.id, 4) >= '2000' AND CAST(LEFT(c.id, 8) AS DATE) IS NOT NULL)"
-	ownedPacket := ownedSQL("CAST(SUBSTRING(c.id, 9, 3) AS UNSIGNED)", owns)
-	differs := "(c.n > 1 OR c.act <> o.act_id OR c.amount <> o.amount)"
-	q := "WITH c AS " + cr + ", o AS " + ob + " " +
-		// Delivered rows of owned claimants: 'M' no credit, 'X' a credit that differs.
-		"SELECT IF(c.id IS NULL, 'M', 'X') AS k, o.claim_id AS id, '' AS acts FROM o LEFT JOIN c ON c.id = o.claim_id " +
-		"WHERE o.state = 1 AND " + ownedClaimant + " AND (c.id IS NULL OR " + differs + ") " +
-		// Credits: 'E' of another cell's packet, 'O' without a claim, 'x' differing.
-		"UNION ALL SELECT CASE WHEN NOT " + valid + " THEN 'O' WHEN NOT " + ownedPacket + " THEN 'E' " +
-		"WHEN o.claim_id IS NULL THEN 'O' ELSE 'x' END, c.id, '' FROM c LEFT JOIN o ON o.claim_id = c.id " +
-		"WHERE NOT " + valid + " OR NOT " + ownedPacket + " OR o.claim_id IS NULL OR (" + differs +
-		" AND NOT (o.state = 1 AND " + ownedClaimant + ")) " +
-		// Claims credited more than once, the accounts sorted.
-		"UNION ALL SELECT 'T', c.id, c.acts FROM c WHERE c.n > 1"
-	rows, err := tx.QueryContext(ctx, q)
+	rows, err := tx.QueryContext(ctx, "SELECT id, src, act, amount, state, shard FROM ("+strings.Join(parts, " UNION ALL ")+
+		") u ORDER BY CAST(id AS BINARY), src")
 	if err != nil {
 		return fmt.Errorf("storage: cell audit of credits: %w", err)
 	}
 	defer rows.Close()
+	var g creditGroup
 	twice := 0
 	for rows.Next() {
-		var k, id, acts string
-		if err := rows.Scan(&k, &id, &acts); err != nil {
+		var id, act string
+		var src, state int
+		var amount int64
+		var shard model.ShardID
+		if err := rows.Scan(&id, &src, &act, &amount, &state, &shard); err != nil {
 			return fmt.Errorf("storage: cell audit of credits: %w", err)
 		}
-		if k != "E" && k != "T" && odd.has(id) {
-			continue // compared below, with its claim
+		if id != g.id {
+			twice += g.check(owns, odd, b, twice)
+			g = creditGroup{id: id}
 		}
-		switch k {
-		case "M":
-			b.Diffs.Add(model.DiffCreditMissing, id)
-		case "X", "x":
-			b.Diffs.Add(model.DiffCreditMismatch, id)
-		case "O":
-			b.Diffs.Add(model.DiffCreditOrphan, id)
-		case "E":
-			b.CreditsElsewhere++
-		case "T":
-			as := strings.Split(acts, " ")
-			for i := 1; i < len(as); i++ {
-				if twice++; twice <= doubleCreditLines {
-					b.Problems = append(b.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, as[i-1], as[i]))
-				}
+		if src == 0 {
+			if !g.hasOutbox { // a second row of one claim ID (in two databases) is an orphan of its own
+				g.hasOutbox, g.outbox = true, model.OutboxRow{ClaimID: id, ActID: act, Amount: model.Cents(amount), Delivered: state == 1, Shard: shard}
 			}
+			continue
 		}
+		g.acts = append(g.acts, act)
+		g.sum += model.Cents(amount)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("storage: cell audit of credits: %w", err)
 	}
+	twice += g.check(owns, odd, b, twice)
 	if twice > doubleCreditLines {
 		b.Problems = append(b.Problems, fmt.Sprintf("%d more credits of claims credited twice", twice-doubleCreditLines))
-	}
-	return m.auditOddCredits(ctx, tx, cr, owns, odd, b)
-}
-
-// auditOddCredits compares the credits of claims that disagree with their
-// outbox row (or have none, or are an outbox row without a claim) with the
-// claims themselves, as model.AuditCell does: those are never compared from
-// the outbox side, so a credit of one is an orphan without its claim and a
-// mismatch when it differs from it. cr is the credits statement of auditCredits.
-func (m *MySQL) auditOddCredits(ctx context.Context, tx rowsQueryer, cr string, owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks) error {
-	ids := make([]string, 0, len(odd.claims))
-	for id := range odd.claims {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for start := 0; start < len(ids); start += oddChunk {
-		chunk := ids[start:min(start+oddChunk, len(ids))]
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
-			args[i] = id
-		}
-		rows, err := tx.QueryContext(ctx, "SELECT c.id, c.n, c.amount, c.act FROM "+cr+" c WHERE c.id IN ("+placeholders(len(chunk))+")", args...)
-		if err != nil {
-			return fmt.Errorf("storage: cell audit of credits: %w", err)
-		}
-		for rows.Next() {
-			var id, act string
-			var n, amount int64
-			if err := rows.Scan(&id, &n, &amount, &act); err != nil {
-				rows.Close()
-				return fmt.Errorf("storage: cell audit of credits: %w", err)
-			}
-			ref, _, perr := model.ParseClaimID(id)
-			if perr == nil && !owns(ref.Shard) {
-				continue // counted elsewhere already
-			}
-			c := odd.claims[id]
-			switch {
-			case perr != nil || c == nil:
-				b.Diffs.Add(model.DiffCreditOrphan, id)
-			case n > 1 || c.ActID != act || c.Amount != model.Cents(amount):
-				b.Diffs.Add(model.DiffCreditMismatch, id)
-			}
-		}
-		err = rows.Err()
-		rows.Close()
-		if err != nil {
-			return fmt.Errorf("storage: cell audit of credits: %w", err)
-		}
 	}
 	return nil
 }
 
-// oddChunk is how many claim IDs one statement of auditOddCredits asks about.
-const oddChunk = 1000
+// creditGroup is what the cell holds of one claim ID: its outbox row and
+// the credits booked for it.
+type creditGroup struct {
+	id        string
+	hasOutbox bool
+	outbox    model.OutboxRow
+	acts      []string    // accounts credited, as read
+	sum       model.Cents // credited in all
+}
+
+// check adds what the group shows to b, as model.CellBooksOf does, and
+// returns how many "credited twice" lines it found (written while shown+found
+// stays within doubleCreditLines).
+func (g creditGroup) check(owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks, shown int) int {
+	if g.id == "" && !g.hasOutbox && len(g.acts) == 0 {
+		return 0
+	}
+	// The claim: from the outbox row when the two agree, else as found.
+	var claim *model.Claim
+	if odd.has(g.id) {
+		claim = odd.claims[g.id]
+	} else if g.hasOutbox {
+		claim = &model.Claim{ID: g.id, ActID: g.outbox.ActID, Amount: g.outbox.Amount}
+	}
+	differs := func(act string, amount model.Cents) bool {
+		return len(g.acts) != 1 || g.acts[0] != act || g.sum != amount
+	}
+	checked := g.hasOutbox && g.outbox.Delivered && !odd.has(g.id) && owns(g.outbox.Shard)
+	if checked {
+		switch {
+		case len(g.acts) == 0:
+			b.Diffs.Add(model.DiffCreditMissing, g.id)
+		case differs(g.outbox.ActID, g.outbox.Amount):
+			b.Diffs.Add(model.DiffCreditMismatch, g.id)
+		}
+	}
+	if len(g.acts) == 0 {
+		return 0
+	}
+	found := 0
+	if len(g.acts) > 1 {
+		acts := slices.Clone(g.acts)
+		slices.Sort(acts)
+		for i := 1; i < len(acts); i++ {
+			if found++; shown+found <= doubleCreditLines {
+				b.Problems = append(b.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", g.id, acts[i-1], acts[i]))
+			}
+		}
+	}
+	ref, _, err := model.ParseClaimID(g.id)
+	switch {
+	case err == nil && !owns(ref.Shard):
+		b.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
+	case err != nil || claim == nil:
+		b.Diffs.Add(model.DiffCreditOrphan, g.id)
+	case !checked && differs(claim.ActID, claim.Amount):
+		b.Diffs.Add(model.DiffCreditMismatch, g.id)
+	}
+	return found
+}
 
 // oddMax bounds the claims a cell audit compares with their credits one by
 // one (claims that disagree with their outbox rows). Past it the audit names
@@ -423,27 +412,6 @@ func (o *oddClaims) merge(p oddClaims) {
 }
 
 func (o oddClaims) has(id string) bool { _, ok := o.claims[id]; return ok }
-
-// ownedSQL renders owns as a SQL condition on the shard expression col.
-func ownedSQL(col string, owns func(model.ShardID) bool) string {
-	var ranges []string
-	for s := 0; s < model.ShardCount; {
-		if !owns(model.ShardID(s)) {
-			s++
-			continue
-		}
-		e := s
-		for e+1 < model.ShardCount && owns(model.ShardID(e+1)) {
-			e++
-		}
-		ranges = append(ranges, fmt.Sprintf("%s BETWEEN %d AND %d", col, s, e))
-		s = e + 1
-	}
-	if len(ranges) == 0 {
-		return "FALSE"
-	}
-	return "(" + strings.Join(ranges, " OR ") + ")"
-}
 
 // readTables runs sqlOf of each table, ledgerChunk tables to a UNION ALL
 // statement, scans each statement's rows into a fresh part (newPart) and
