@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,7 +40,11 @@ func bigCell(t *testing.T, n int) (*MySQL, time.Time) {
 	m.ns = "au" + hex.EncodeToString(b[:]) + "_"
 	m.SetClock(newSetTime(base))
 	t.Cleanup(func() { m.Close() })
-	t.Cleanup(func() { dropNamespace(t, m) })
+	if os.Getenv("REDCELL_AUDIT_KEEP") == "" {
+		t.Cleanup(func() { dropNamespace(t, m) })
+	} else {
+		t.Logf("keeping the cell's databases %s*", m.ns)
+	}
 	ctx := context.Background()
 	var packetShards []model.ShardID
 	for s := range model.ShardID(20) {
@@ -123,6 +128,21 @@ func peakHeap(fn func()) uint64 {
 	return p - before
 }
 
+// vmHWM is the process's peak resident memory so far (VmHWM of
+// /proc/self/status), as written there, or "?".
+func vmHWM() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return "?"
+}
+
 // TestCellAuditMemory audits a cell of 20,000 claims (REDCELL_AUDIT_CLAIMS
 // for another size, e.g. 1000000: not in make test) both ways: the Ledger read
 // into memory and checked with model.AuditCell, and CellAudit summed and
@@ -145,6 +165,7 @@ func TestCellAuditMemory(t *testing.T) {
 	start := time.Now()
 	sqlPeak := peakHeap(func() { inSQL, err = m.CellAudit(ctx, "big", owns) })
 	sqlTook := time.Since(start)
+	sqlHWM := vmHWM()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,9 +183,64 @@ func TestCellAuditMemory(t *testing.T) {
 	if !inSQL.OK() || inSQL.Claims != n || !reflect.DeepEqual(inSQL, inMemory) {
 		t.Fatalf("cell audit of %d claims:\nin the server %+v\nin memory %+v", n, inSQL, inMemory)
 	}
-	t.Logf("cell audit of %d claims: CellAudit %s, peak heap +%.1f MiB; Ledger+AuditCell %s, peak heap +%.1f MiB",
-		n, sqlTook.Round(time.Millisecond), float64(sqlPeak)/(1<<20), memTook.Round(time.Millisecond), float64(memPeak)/(1<<20))
+	t.Logf("cell audit of %d claims: CellAudit %s, peak heap +%.1f MiB (VmHWM after it %s); Ledger+AuditCell %s, peak heap +%.1f MiB (VmHWM after it %s)",
+		n, sqlTook.Round(time.Millisecond), float64(sqlPeak)/(1<<20), sqlHWM, memTook.Round(time.Millisecond), float64(memPeak)/(1<<20), vmHWM())
 	if sqlPeak > 16<<20 {
 		t.Fatalf("CellAudit of %d claims took %.1f MiB of heap", n, float64(sqlPeak)/(1<<20))
 	}
+}
+
+// TestReconRate reads a cell's claims as reconciliation does (cell/recon: a
+// window of at most 20,000 outbox rows at a time, compared with its claims,
+// the delivered claims' credits looked up 5,000 at a time) from the first
+// claim to the last, checks every claim is found credited, and logs the rate.
+// 20,000 claims; REDCELL_RECON_CLAIMS for another size.
+func TestReconRate(t *testing.T) {
+	n := 20_000
+	if v := os.Getenv("REDCELL_RECON_CLAIMS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			t.Fatalf("REDCELL_RECON_CLAIMS=%q: %v", v, err)
+		}
+	}
+	m, base := bigCell(t, n)
+	ctx := context.Background()
+	var shards []model.ShardID
+	for s := range model.ShardID(10) {
+		shards = append(shards, s)
+	}
+	from, to := base.UnixMilli(), base.UnixMilli()+int64(n)
+	var checked, credited model.Tally
+	windows := 0
+	start := time.Now()
+	for from < to {
+		w, err := m.ReconWindow(ctx, 0, shards, []int{14}, from, to, 20_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		windows++
+		ob := model.CompareOutbox(w.Claims, w.Outbox)
+		if ob.Diffs.Count() != 0 || len(ob.Pending) != 0 {
+			t.Fatalf("window [%d, %d): %d differences, %d pending", w.FromMS, w.ToMS, ob.Diffs.Count(), len(ob.Pending))
+		}
+		checked = checked.Plus(ob.Matched)
+		for i := 0; i < len(ob.Delivered); i += 5000 {
+			chunk := ob.Delivered[i:min(i+5000, len(ob.Delivered))]
+			found, err := m.CreditsOf(ctx, chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc := model.CompareCredits(chunk, found)
+			if cc.Diffs.Count() != 0 {
+				t.Fatalf("credits: %v", cc.Diffs.Problems())
+			}
+			credited = credited.Plus(cc.Matched)
+		}
+		from = w.ToMS
+	}
+	took := time.Since(start)
+	if checked.Count != int64(n) || credited != checked {
+		t.Fatalf("checked %+v, credited %+v of %d claims", checked, credited, n)
+	}
+	t.Logf("reconciled %d claims in %d windows in %s: %.0f claims/s", n, windows, took.Round(time.Millisecond), float64(n)/took.Seconds())
 }
