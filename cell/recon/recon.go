@@ -27,9 +27,10 @@
 //
 // A pass reads in rounds of at most windowRows outbox rows per database and
 // rowsPerRound in all, and goes on with another round while a database is
-// behind, for up to ReconInterval: a backlog (after a restart, or a rate
-// above what one round a pass keeps up with) is worked off at about half duty
-// with the memory of one round. redcell_recon_lag_seconds says how far the
+// behind, for up to ReconInterval, and while one is still behind the next
+// pass follows after a second: a backlog (after a restart, or a burst above
+// what one round a pass keeps up with) is worked off at nearly full duty with
+// the memory of one round. redcell_recon_lag_seconds says how far the
 // checked position trails now (redcell_recon_checked_until_timestamp_seconds).
 //
 // A Reconciler is built from what it reads: each space's books (Books), a
@@ -173,6 +174,7 @@ type pass struct {
 	unverified int64       // delivered claims whose claimant's cell could not be asked
 	errors     int         // windows that could not be read (read again next pass)
 	diffs      model.Diffs
+	behind     bool // a database was still behind when the pass ended
 }
 
 // Run runs a pass every Interval until ctx ends. Each space resumes from the
@@ -186,7 +188,21 @@ func (r *Reconciler) Run(ctx context.Context) {
 		r.metrics[i].lastSuccess.Set(float64(start) / 1000) // "never yet" would read as a stall since 1970
 		r.checked[i].Store(start)
 	}
-	clock.Every(ctx, r.clock, r.cfg.Interval, func(n int) {
+	behind := false
+	for n := 0; ; n++ {
+		wait := r.cfg.Interval
+		if behind {
+			wait = min(wait, catchUpPause) // a backlog is worked off pass after pass
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.clock.After(wait):
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		behind = false
 		for i := range r.spaces {
 			if cursors[i] == nil {
 				c, err := r.resume(ctx, i, start)
@@ -201,13 +217,19 @@ func (r *Reconciler) Run(ctx context.Context) {
 			}
 			began := r.clock.Now()
 			p := r.pass(ctx, i, cursors[i], n)
+			behind = behind || p.behind
 			if ctx.Err() == nil {
 				r.metrics[i].passSeconds.Set(r.clock.Now().Sub(began).Seconds())
 				r.report(i, p, cursors[i])
 			}
 		}
-	})
+	}
 }
+
+// catchUpPause is the wait before the next pass when a pass ended (after
+// Interval) with a database still behind: short, so a backlog is worked
+// off at nearly full duty, yet a pause in which the database serves others.
+const catchUpPause = time.Second
 
 // resume returns the cursors of space i: the saved position of each owned
 // database, start for one never saved.
@@ -238,15 +260,16 @@ func (r *Reconciler) resume(ctx context.Context, i int, start int64) (map[int]in
 // the last pass, in rounds of at most rowsPerRound outbox rows: after each
 // round the credits of its delivered claims are checked and the positions
 // reached are saved. Rounds go on while a database is behind, for up to
-// Interval, so reconciliation catches up with any rate a round keeps up with
-// at half duty; memory stays that of one round.
+// Interval, and the next pass then starts after catchUpPause rather than
+// Interval: reconciliation keeps pace with any rate its reads keep up with,
+// with the memory of one round.
 func (r *Reconciler) pass(ctx context.Context, i int, cursors map[int]int64, n int) pass {
 	p := pass{diffs: model.Diffs{}}
 	to := r.clock.Now().Add(-r.cfg.Settle).UnixMilli()
 	began := r.clock.Now()
 	for round := 0; ctx.Err() == nil; round++ {
-		behind := r.round(ctx, i, cursors, n+round, to, &p)
-		if !behind || r.clock.Now().Sub(began) >= r.cfg.Interval {
+		p.behind = r.round(ctx, i, cursors, n+round, to, &p)
+		if !p.behind || r.clock.Now().Sub(began) >= r.cfg.Interval {
 			break
 		}
 	}

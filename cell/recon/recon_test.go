@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"redcell/api"
 	"redcell/internal/clock"
@@ -35,6 +37,14 @@ type world struct {
 type flakyBooks struct {
 	*memstore.Store
 	failSave bool
+	failRead atomic.Bool // ReconPositions fails
+}
+
+func (b *flakyBooks) ReconPositions(ctx context.Context) (map[int]int64, error) {
+	if b.failRead.Load() {
+		return nil, errors.New("injected: positions unreadable")
+	}
+	return b.Store.ReconPositions(ctx)
 }
 
 func (b *flakyBooks) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
@@ -189,5 +199,66 @@ func TestReconCatchesUpInOnePass(t *testing.T) {
 	}
 	if lag := float64(w.clk.Now().UnixMilli()-r.checked[0].Load()) / 1000; lag > settle.Seconds()+0.001 {
 		t.Fatalf("lag %.3f s after catching up", lag)
+	}
+}
+
+// runFor runs r.Run until, after the next Interval, its pass has counted
+// want checked claims and saved its positions (or, with want < 0, has counted
+// an error), or 5 s pass; then stops it.
+func (w *world) runFor(r *Reconciler, want float64) {
+	w.t.Helper()
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan struct{})
+	waiters := w.clk.Waiters()
+	go func() { defer close(done); r.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.clk.Waiters() == waiters && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	w.clk.Advance(interval)
+	saved := func() bool {
+		pos, _ := w.store.ReconPositions(w.ctx)
+		return pos[0] >= w.clk.Now().Add(-settle).UnixMilli()
+	}
+	over := func() bool {
+		if want < 0 {
+			return testutil.ToFloat64(r.metrics[0].errors) > 0
+		}
+		return testutil.ToFloat64(r.metrics[0].checkedClaims) >= want && saved()
+	}
+	for !over() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+}
+
+// TestReconRunResumes: Run itself resumes from the saved positions; while
+// they cannot be read it checks nothing (starting from its own start could
+// skip a window), and once they can it checks what it would have skipped.
+func TestReconRunResumes(t *testing.T) {
+	w := newWorld(t)
+	r1 := w.reconciler()
+	w.runFor(r1, 0) // saves every database's position: its start
+	w.claims(3)
+	w.clk.Advance(settle)
+	w.runFor(r1, 3)
+	if got := testutil.ToFloat64(r1.metrics[0].checkedClaims); got != 3 {
+		t.Fatalf("first run checked %v claims", got)
+	}
+
+	w.claims(4) // made while no reconciler runs
+	w.clk.Advance(10 * time.Minute)
+	w.books.failRead.Store(true)
+	r2 := w.reconciler()
+	w.runFor(r2, -1)
+	if got := testutil.ToFloat64(r2.metrics[0].checkedClaims); got != 0 || testutil.ToFloat64(r2.metrics[0].errors) == 0 {
+		t.Fatalf("positions unreadable: checked %v claims, %v errors", got, testutil.ToFloat64(r2.metrics[0].errors))
+	}
+	w.books.failRead.Store(false)
+	r3 := w.reconciler()
+	w.runFor(r3, 4)
+	if got := testutil.ToFloat64(r3.metrics[0].checkedClaims); got != 4 {
+		t.Fatalf("restarted run checked %v claims, want the 4 made while down", got)
 	}
 }
