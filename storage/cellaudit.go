@@ -15,24 +15,27 @@ import (
 
 // CellAudit checks this store's books as model.AuditCell checks its Ledger,
 // in one consistent snapshot, with the memory of the process bounded however
-// many rows there are: every sum is taken by the server, claims are joined
-// with their outbox rows and credits with delivered outbox rows by the
-// server, and only problem rows come back (counted whole; a problem line
-// names the 10 smallest claim IDs of its kind, model.DiffTally). Per table it
-// reads: accounts and flows as sums (and the accounts whose balance is not
-// the sum of their flows, at most 100 per table), packets as sums (and the
-// packets that do not add up, at most 100 per table), each claim table
-// joined with its database's outbox, and all credits joined with all outbox
-// rows.
+// many rows there are. The server sums accounts, flows, packets and claims
+// per table and returns the accounts whose balance is not the sum of their
+// flows and the packets that do not add up (at most 100 per table, as
+// Ledger); it joins each claim table with its database's outbox by primary
+// key and returns one sum row and the claims without their outbox row or
+// differing from it; it counts each outbox, and names the rows without a
+// claim only when the counts say there are some; and it sorts every credit
+// and outbox row into one stream by claim ID, which is checked here one
+// claim ID at a time. What is kept: the sums, the count of each kind of
+// difference with its 10 smallest claim IDs (model.DiffTally), and up to
+// oddMax claims that disagree with their outbox row (whose credits are
+// compared with the claim itself, as model.AuditCell does).
 //
-// It agrees with model.AuditCell on every store whose claims each sit in the
-// database of their outbox row (they are written in one transaction there).
-// Where rows are already broken it may name a difference differently: a
-// claim is matched with the outbox of its own database only; a credit is
-// compared with the outbox row of its claim, which agrees with the claim
-// unless an outbox difference is reported too; a claim credited more than
-// once is a credit_mismatch even if the credits sum to the claim. At most 100
-// claims credited twice are named.
+// It reports what model.AuditCell reports of the Ledger on every store whose
+// claims each sit in the database of their outbox row (they are written in
+// one transaction there) and, where rows disagree, as long as at most oddMax
+// claims disagree with their outbox rows. Beyond that it may name a
+// difference differently: a claim is matched with the outbox of its own
+// database only; past oddMax a credit is compared with the outbox row of its
+// claim; a claim credited more than once is a credit_mismatch even if the
+// credits sum to the claim; at most 100 "credited twice" lines are written.
 //
 // Tables created while it reads make it start over with a new snapshot, up
 // to 5 times, as Ledger does.

@@ -154,11 +154,11 @@ type Books interface {
 	// database out of 0..99 is an error.
 	SaveReconPositions(ctx context.Context, pos map[int]int64) error
 	// CellAudit checks this store's books as model.AuditCell checks its
-	// Ledger, with the same result, but with memory bounded whatever the
-	// number of rows: sums and joins run where the rows are, and only
-	// problem rows come back (counted whole, named by the few claim IDs a
-	// problem line shows). Its Cell is cell; owns says which shards are the
-	// cell's.
+	// Ledger, with the same result (for MariaDB within the bounds
+	// MySQL.CellAudit gives), but with memory bounded whatever the number of
+	// rows: sums and joins run where the rows are, and only problem rows come
+	// back (counted whole, named by the few claim IDs a problem line shows).
+	// Its Cell is cell; owns says which shards are the cell's.
 	CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error)
 	// Ledger reads every money row in one snapshot, as sums (deposits,
 	// balances, sends, packet totals, remainders, refunds) and as rows
