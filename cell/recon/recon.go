@@ -42,6 +42,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -353,53 +354,86 @@ func minCursor(cursors map[int]int64) int64 {
 
 // checkCredits checks that each delivered claim is credited as claimed: in
 // this cell's flow tables for its own claimants, through the owner's
-// /internal/recon for the others.
+// /internal/recon for the others. The local lookups and each other cell's
+// calls run side by side (each in order, chunkMax claims at a time), since
+// they wait on different databases; their results are added in a fixed
+// order (local, then the cells by name).
 func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.Credit, p *pass) {
 	sp := r.spaces[i]
 	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(delivered, r.cfg.Owns)
 	p.unverified += int64(noOwner) // no live owner to ask now
-	add := func(cc model.CreditCheck) {
-		p.credited = p.credited.Plus(cc.Matched)
-		p.diffs.Merge(cc.Diffs)
+	type lane struct {
+		credits []model.Credit
+		track   *incident.Tracker
+		check   func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error)
+		out     creditResult
 	}
-	localTrack := r.inc[i].credits
-	localFailed := false
-	for start := 0; start < len(local) && ctx.Err() == nil; start += chunkMax {
-		chunk := local[start:min(start+chunkMax, len(local))]
-		found, err := sp.Books.CreditsOf(ctx, chunk)
+	lanes := make([]*lane, 0, 1+len(remote))
+	if len(local) > 0 {
+		lanes = append(lanes, &lane{credits: local, track: r.inc[i].credits,
+			check: func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error) {
+				found, err := sp.Books.CreditsOf(ctx, chunk)
+				if err != nil {
+					return model.CreditCheck{}, err
+				}
+				return model.CompareCredits(chunk, found), nil
+			}})
+	}
+	for _, g := range remote { // in the order of the cells' names
+		addr := g.Cell.Addr
+		lanes = append(lanes, &lane{credits: g.Credits, track: r.inc[i].ask.Of(addr),
+			check: func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error) {
+				return ask(ctx, sp.Client, addr, chunk)
+			}})
+	}
+	var wg sync.WaitGroup
+	for _, l := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.out = checkLane(ctx, l.credits, l.track, l.check)
+		}()
+	}
+	wg.Wait()
+	for _, l := range lanes {
+		p.credited = p.credited.Plus(l.out.credited)
+		p.diffs.Merge(l.out.diffs)
+		p.unverified += l.out.unverified
+	}
+}
+
+// creditResult is what the credit checks of one lane found.
+type creditResult struct {
+	credited   model.Tally
+	diffs      model.Diffs
+	unverified int64
+}
+
+// checkLane checks cs chunkMax claims at a time with check; a chunk that
+// cannot be checked counts as unverified and is reported to track (once
+// clean, track hears OK).
+func checkLane(ctx context.Context, cs []model.Credit, track *incident.Tracker,
+	check func(context.Context, []model.Credit) (model.CreditCheck, error)) creditResult {
+	out := creditResult{diffs: model.Diffs{}}
+	failed := false
+	for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
+		chunk := cs[start:min(start+chunkMax, len(cs))]
+		cc, err := check(ctx, chunk)
 		if err != nil {
-			p.unverified += int64(len(chunk))
+			out.unverified += int64(len(chunk))
 			if ctx.Err() == nil {
-				localFailed = true
-				localTrack.Fail(err, "claims", len(chunk))
+				failed = true
+				track.Fail(err, "claims", len(chunk))
 			}
 			continue
 		}
-		add(model.CompareCredits(chunk, found))
+		out.credited = out.credited.Plus(cc.Matched)
+		out.diffs.Merge(cc.Diffs)
 	}
-	if len(local) > 0 && !localFailed && ctx.Err() == nil {
-		localTrack.OK()
+	if !failed && ctx.Err() == nil {
+		track.OK()
 	}
-	for _, g := range remote { // in the order of the cells' names
-		addr, cs := g.Cell.Addr, g.Credits
-		track, failed := r.inc[i].ask.Of(addr), false
-		for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
-			chunk := cs[start:min(start+chunkMax, len(cs))]
-			cc, err := ask(ctx, sp.Client, addr, chunk)
-			if err != nil {
-				p.unverified += int64(len(chunk))
-				if ctx.Err() == nil {
-					failed = true
-					track.Fail(err, "claims", len(chunk))
-				}
-				continue
-			}
-			add(cc)
-		}
-		if !failed && ctx.Err() == nil {
-			track.OK()
-		}
-	}
+	return out
 }
 
 // askTimeout bounds one call to another cell: it reads up to chunkMax
