@@ -13,7 +13,8 @@
 //  3. every delivered row is credited in the claimant's wallet with the same
 //     account and amount (credit_missing, credit_mismatch): claimants of this
 //     cell are looked up in its own flow tables, others by a signed
-//     POST /internal/recon to the cell that owns them, 5,000 claims a call.
+//     POST /internal/recon to the cell that owns them, 5,000 claims a call
+//     (the local lookups and each other cell's calls side by side).
 //
 // Where each database's windows have been checked up to is saved in the
 // space's own store after the credits of every round are checked
