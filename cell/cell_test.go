@@ -78,6 +78,7 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	forgetReconPositions(t, dsn)
 	reg := prometheus.NewRegistry()
 	dbBreak, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
 	if err != nil {
@@ -118,6 +119,24 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 		tc.adminURL = "http://" + cfg.AdminListen
 	}
 	return tc
+}
+
+// forgetReconPositions drops the reconciliation positions saved in test
+// database dsn: the tests share one database, and a cell started by a test is
+// a new cell there, whose reconciliation must start when it does rather than
+// resume where another test's cell stopped (and check that test's rows).
+func forgetReconPositions(t *testing.T, dsn string) {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, ns := range []string{"", storage.ShadowPrefix} {
+		if _, err := db.Exec("DROP DATABASE IF EXISTS " + ns + "redcell_meta"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // oneCell runs a cell owning every shard.

@@ -1,6 +1,9 @@
 package model
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -91,5 +94,40 @@ func TestLedgerMerge(t *testing.T) {
 	l.Merge(Ledger{Deposits: 1, Credits: map[string]Credit{"c1": {ActID: "b", Amount: 2}}, Problems: []string{"p"}})
 	if l.Deposits != 6 || l.Balances != 3 || l.Credits["c1"].Amount != 4 || len(l.Problems) != 2 {
 		t.Fatalf("merged %+v", l)
+	}
+}
+
+// TestDiffTally: a tally keeps whole counts and the 10 smallest claim IDs of
+// each kind however they arrive, merges as if one had seen every ID, and
+// renders the problem lines Diffs renders of the same IDs.
+func TestDiffTally(t *testing.T) {
+	var all, a, b DiffTally
+	d := Diffs{}
+	r := rand.New(rand.NewPCG(7, 9))
+	for i, n := range r.Perm(57) {
+		id := fmt.Sprintf("claim-%03d", n)
+		kind := DiffKinds[n%2]
+		all.Add(kind, id)
+		d.Add(kind, id)
+		if i%3 == 0 {
+			a.Add(kind, id)
+		} else {
+			b.Add(kind, id)
+		}
+	}
+	a.Merge(b)
+	for _, tt := range []DiffTally{all, a} {
+		if !reflect.DeepEqual(tt.Problems(), d.Problems()) {
+			t.Fatalf("problems %q, want %q", tt.Problems(), d.Problems())
+		}
+		for _, k := range DiffKinds[:2] {
+			if tt.Count[k] != len(d[k]) || !reflect.DeepEqual(tt.Sample[k], d.Sample(k, 10)) {
+				t.Fatalf("%s: count %d sample %v, want %d %v", k, tt.Count[k], tt.Sample[k], len(d[k]), d.Sample(k, 10))
+			}
+		}
+	}
+	var empty DiffTally
+	if empty.Problems() != nil {
+		t.Fatalf("empty tally: %q", empty.Problems())
 	}
 }

@@ -2,7 +2,9 @@ package model
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 )
 
 // CellAudit is what one cell can prove from its own rows alone (AuditCell).
@@ -48,34 +50,49 @@ func (a CellAudit) OK() bool { return a.Difference == 0 && len(a.Problems) == 0 
 //     every outbox row its claim;
 //   - for its own claimants: every delivered claim is credited, to the same
 //     account with the same amount; every credit of an owned packet has its claim.
+//
+// It is CellBooks.Audit over what it derives from l (CellBooksOf): a store
+// that sums its rows in place fills CellBooks itself and gets the same report.
 func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
-	a := CellAudit{Cell: l.Cell, Deposits: l.Deposits, RefundFlows: l.RefundFlows, Sends: l.Sends, Balances: l.Balances,
+	return CellBooksOf(l, owns).Audit()
+}
+
+// CellBooks is what a cell's audit is computed from: the sums of its rows,
+// the row-level problems, and the differences between claims, outbox rows
+// and credits, counted by kind with a few claim IDs each. All amounts are cents.
+type CellBooks struct {
+	Cell             string
+	Deposits         Cents // deposit flows
+	CreditsIn        Cents // credit flows
+	RefundFlows      Cents // refund flows
+	Sends            Cents // send flows, as a positive amount
+	Balances         Cents // wallet balances
+	PacketTotals     Cents // packet amounts
+	Claimed          Cents // claims of this cell's packets
+	RefundAmounts    Cents // packets' refund_amount
+	OpenRemaining    Cents // money still inside packets
+	Packets          int64
+	Claims           int
+	OutboxPending    int      // claims matching their outbox row that is not delivered yet
+	CreditsElsewhere int      // credits of claims whose packet shard is not owned
+	Problems         []string // row-level problems (Ledger.Problems)
+	Diffs            DiffTally
+}
+
+// CellBooksOf derives a cell's books from its ledger: the checks of
+// AuditCell between claims, outbox rows and credits, row by row.
+func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
+	b := CellBooks{Cell: l.Cell, Deposits: l.Deposits, RefundFlows: l.RefundFlows, Sends: l.Sends, Balances: l.Balances,
 		PacketTotals: l.PacketTotals, RefundAmounts: l.RefundAmounts, OpenRemaining: l.OpenRemaining,
-		Packets: l.Packets, Claims: len(l.Claims), Differences: map[string]int{}}
-	a.Problems = append(a.Problems, l.Problems...)
+		Packets: l.Packets, Claims: len(l.Claims), Problems: l.Problems}
 	for _, c := range l.Claims {
-		a.Claimed += c.Amount
+		b.Claimed += c.Amount
 	}
 	for _, c := range l.Credits {
-		a.CreditsIn += c.Amount
-	}
-	a.Difference = a.Deposits + a.CreditsIn + a.RefundFlows - a.Sends - a.Balances
-	if a.Difference != 0 {
-		a.Problems = append(a.Problems, fmt.Sprintf("deposits %d + credits %d + refunds %d - sends %d != balances %d",
-			a.Deposits, a.CreditsIn, a.RefundFlows, a.Sends, a.Balances))
-	}
-	if l.Sends != l.PacketTotals {
-		a.Problems = append(a.Problems, fmt.Sprintf("send flows %d != packet totals %d", l.Sends, l.PacketTotals))
-	}
-	if l.RefundFlows != l.RefundAmounts {
-		a.Problems = append(a.Problems, fmt.Sprintf("refund flows %d != packets' refunds %d", l.RefundFlows, l.RefundAmounts))
-	}
-	if l.PacketTotals != a.Claimed+l.RefundAmounts+l.OpenRemaining {
-		a.Problems = append(a.Problems, fmt.Sprintf("packet totals %d != claims %d + refunds %d + remaining %d",
-			l.PacketTotals, a.Claimed, l.RefundAmounts, l.OpenRemaining))
+		b.CreditsIn += c.Amount
 	}
 	ob := CompareOutbox(l.Claims, l.Outbox)
-	a.OutboxPending = len(ob.Pending)
+	b.OutboxPending = len(ob.Pending)
 	diffs := ob.Diffs
 	var local []Credit
 	checked := map[string]bool{} // credits compared from the outbox side
@@ -89,7 +106,7 @@ func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
 	for id, cr := range l.Credits {
 		ref, _, err := ParseClaimID(id)
 		if err == nil && !owns(ref.Shard) {
-			a.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
+			b.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
 			continue
 		}
 		c, ok := l.Claims[id]
@@ -101,12 +118,93 @@ func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
 		}
 	}
 	for k, ids := range diffs {
-		a.Differences[k] = len(ids)
+		for _, id := range ids {
+			b.Diffs.Add(k, id)
+		}
 	}
-	a.Problems = append(a.Problems, diffs.Problems()...)
+	return b
+}
+
+// Audit checks the books: the sums against each other, and the row-level
+// problems and differences as found.
+func (b CellBooks) Audit() CellAudit {
+	a := CellAudit{Cell: b.Cell, Deposits: b.Deposits, CreditsIn: b.CreditsIn, RefundFlows: b.RefundFlows, Sends: b.Sends,
+		Balances: b.Balances, PacketTotals: b.PacketTotals, Claimed: b.Claimed, RefundAmounts: b.RefundAmounts,
+		OpenRemaining: b.OpenRemaining, Packets: b.Packets, Claims: b.Claims, OutboxPending: b.OutboxPending,
+		CreditsElsewhere: b.CreditsElsewhere, Differences: map[string]int{}}
+	a.Problems = append(a.Problems, b.Problems...)
+	a.Difference = a.Deposits + a.CreditsIn + a.RefundFlows - a.Sends - a.Balances
+	if a.Difference != 0 {
+		a.Problems = append(a.Problems, fmt.Sprintf("deposits %d + credits %d + refunds %d - sends %d != balances %d",
+			a.Deposits, a.CreditsIn, a.RefundFlows, a.Sends, a.Balances))
+	}
+	if b.Sends != b.PacketTotals {
+		a.Problems = append(a.Problems, fmt.Sprintf("send flows %d != packet totals %d", b.Sends, b.PacketTotals))
+	}
+	if b.RefundFlows != b.RefundAmounts {
+		a.Problems = append(a.Problems, fmt.Sprintf("refund flows %d != packets' refunds %d", b.RefundFlows, b.RefundAmounts))
+	}
+	if b.PacketTotals != b.Claimed+b.RefundAmounts+b.OpenRemaining {
+		a.Problems = append(a.Problems, fmt.Sprintf("packet totals %d != claims %d + refunds %d + remaining %d",
+			b.PacketTotals, b.Claimed, b.RefundAmounts, b.OpenRemaining))
+	}
+	for k, n := range b.Diffs.Count {
+		if n > 0 {
+			a.Differences[k] = n
+		}
+	}
+	a.Problems = append(a.Problems, b.Diffs.Problems()...)
 	sort.Strings(a.Problems)
 	if a.Problems == nil {
 		a.Problems = []string{} // JSON [] rather than null: a list, empty
 	}
 	return a
+}
+
+// DiffTally counts differences by kind (DiffKinds) and keeps, of each kind,
+// the diffSamples smallest claim IDs: what a problem line shows, in memory
+// bounded however many there are. The zero value is ready to use.
+type DiffTally struct {
+	Count  map[string]int
+	Sample map[string][]string // sorted, at most diffSamples
+}
+
+// Add counts claim id under kind.
+func (t *DiffTally) Add(kind, id string) {
+	if t.Count == nil {
+		t.Count, t.Sample = map[string]int{}, map[string][]string{}
+	}
+	t.Count[kind]++
+	s := t.Sample[kind]
+	i, found := slices.BinarySearch(s, id)
+	if found || (len(s) == diffSamples && i == len(s)) {
+		return
+	}
+	s = slices.Insert(s, i, id)
+	t.Sample[kind] = s[:min(len(s), diffSamples)]
+}
+
+// Problems renders t as Diffs.Problems does: one line per kind, naming up to
+// 10 claim IDs each.
+func (t DiffTally) Problems() []string {
+	var out []string
+	for _, k := range DiffKinds {
+		if n := t.Count[k]; n > 0 {
+			out = append(out, fmt.Sprintf("%s: %d claims (%s)", k, n, strings.Join(t.Sample[k], ", ")))
+		}
+	}
+	return out
+}
+
+// Merge adds o's counts and samples to t.
+func (t *DiffTally) Merge(o DiffTally) {
+	for k, n := range o.Count {
+		if t.Count == nil {
+			t.Count, t.Sample = map[string]int{}, map[string][]string{}
+		}
+		t.Count[k] += n - len(o.Sample[k])
+		for _, id := range o.Sample[k] {
+			t.Add(k, id)
+		}
+	}
 }

@@ -76,7 +76,10 @@ const ledgerChunk = 100
 //
 // Tables being created while it reads (a cell creates day tables ahead) can make
 // one read fail; it then starts over with a new snapshot, up to 5 times. It
-// holds every claim, credit and outbox row in memory (about 150 bytes each).
+// holds every claim, credit and outbox row in memory (about 1.4 KiB of heap
+// per claim with its outbox row and credit: 1.4 GiB for 1,000,000 claims), so
+// it serves `redcell audit`, which matches claims and credits across cells;
+// the cell's own audit uses CellAudit, which does not.
 func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	var l model.Ledger
 	err := retry.Do(ctx, retry.Policy{Attempts: 5, Backoff: 100 * time.Millisecond, Max: 100 * time.Millisecond,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -390,6 +391,12 @@ func TestLedgerBalances(t *testing.T) {
 	}
 	if rep.Deposits == 0 || rep.Packets == 0 {
 		t.Fatalf("audit read nothing: %+v", rep)
+	}
+	// The audit summed in the server agrees with the ledger read into memory.
+	all := func(model.ShardID) bool { return true }
+	a, err := m.CellAudit(context.Background(), "db1", all)
+	if want := model.AuditCell(l, all); err != nil || !reflect.DeepEqual(a, want) {
+		t.Fatalf("cell audit of the test database: %+v, %v; of its ledger: %+v", a, err, want)
 	}
 }
 

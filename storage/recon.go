@@ -207,3 +207,92 @@ func (m *MySQL) readCredits(ctx context.Context, query string, args []any, found
 	}
 	return rows.Err()
 }
+
+// reconTable is where reconciliation keeps its position per database: one
+// small table per money space (the space's name prefix), in its own schema
+// beside the db_XX schemas.
+func (m *MySQL) reconTable() string { return m.ns + "redcell_meta.t_recon_position" }
+
+// errUnknownDB: the schema does not exist (yet).
+const errUnknownDB = 1049
+
+// ReconPositions returns, by database (0..99), where reconciliation has
+// checked up to as last saved: claims created before that Unix ms have been
+// checked. A database never saved is absent; a store never saved reads empty.
+func (m *MySQL) ReconPositions(ctx context.Context) (map[int]int64, error) {
+	out := map[int]int64{}
+	rows, err := m.db.QueryContext(ctx, "SELECT db, checked_ms FROM "+m.reconTable())
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: recon positions: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var db int
+		var ms int64
+		if err := rows.Scan(&db, &ms); err != nil {
+			return nil, fmt.Errorf("storage: recon positions: %w", err)
+		}
+		out[db] = ms
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("storage: recon positions: %w", err)
+	}
+	return out, nil
+}
+
+// SaveReconPositions records, in one statement, where reconciliation has
+// checked up to for each database in pos (database 0..99 -> Unix ms). A
+// position never moves back: saving one below what is stored keeps the stored
+// one, so a save repeated or replayed out of order changes nothing. The table
+// is made on first use.
+func (m *MySQL) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
+	if len(pos) == 0 {
+		return nil
+	}
+	dbs := make([]int, 0, len(pos))
+	for db := range pos {
+		if db < 0 || db >= model.ShardCount/10 {
+			return fmt.Errorf("storage: save recon position: database %d out of range", db)
+		}
+		dbs = append(dbs, db)
+	}
+	sort.Ints(dbs)
+	now := m.clock.Now().UnixMilli()
+	args := make([]any, 0, 3*len(dbs))
+	for _, db := range dbs {
+		args = append(args, db, pos[db], now)
+	}
+	q := "INSERT INTO " + m.reconTable() + " (db, checked_ms, updated_ms) VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(dbs)), ", ") +
+		" ON DUPLICATE KEY UPDATE updated_ms = IF(VALUES(checked_ms) > checked_ms, VALUES(updated_ms), updated_ms)," +
+		" checked_ms = GREATEST(checked_ms, VALUES(checked_ms))"
+	_, err := m.db.ExecContext(ctx, q, args...)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		if err = m.makeReconTable(ctx); err == nil {
+			_, err = m.db.ExecContext(ctx, q, args...)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("storage: save recon positions: %w", err)
+	}
+	return nil
+}
+
+func (m *MySQL) makeReconTable(ctx context.Context) error {
+	for _, q := range []string{
+		"CREATE DATABASE IF NOT EXISTS " + m.ns + "redcell_meta",
+		"CREATE TABLE IF NOT EXISTS " + m.reconTable() + ` (
+  db         SMALLINT NOT NULL PRIMARY KEY,
+  checked_ms BIGINT NOT NULL,
+  updated_ms BIGINT NOT NULL
+) ENGINE=InnoDB`,
+	} {
+		if _, err := m.db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}

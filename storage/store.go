@@ -144,6 +144,22 @@ type Books interface {
 	// the accounts asked about comes back with the amounts summed. At most
 	// 10,000 credits per call; more, or a shard out of range, is an error.
 	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
+	// ReconPositions returns where reconciliation has checked up to, by
+	// database (0..99), as last saved: claims created before that Unix ms
+	// were checked. Databases never saved are absent.
+	ReconPositions(ctx context.Context) (map[int]int64, error)
+	// SaveReconPositions records positions (database -> Unix ms) durably, in
+	// one write. A position never moves back: a save below the stored one
+	// keeps the stored one, so a repeated or late save changes nothing. A
+	// database out of 0..99 is an error.
+	SaveReconPositions(ctx context.Context, pos map[int]int64) error
+	// CellAudit checks this store's books as model.AuditCell checks its
+	// Ledger, with the same result (for MariaDB within the bounds
+	// MySQL.CellAudit gives), but with memory bounded whatever the number of
+	// rows: sums and joins run where the rows are, and only problem rows come
+	// back (counted whole, named by the few claim IDs a problem line shows).
+	// Its Cell is cell; owns says which shards are the cell's.
+	CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error)
 	// Ledger reads every money row in one snapshot, as sums (deposits,
 	// balances, sends, packet totals, remainders, refunds) and as rows
 	// (claims, credits, outbox rows, by claim ID), and lists row-level

@@ -1,8 +1,10 @@
 // Package audit is a cell's audit of its own books: every money row of each
-// space read in one snapshot and checked with model.AuditCell, hourly and on
-// demand (the admin port). An Auditor is built from what it reads: each
-// space's ledger, the cell's name and shard ownership, a clock, a logger and a
-// metrics registry; it knows nothing of the cell's server.
+// space checked in one snapshot as model.AuditCell checks a ledger, hourly and
+// on demand (the admin port). The store sums and joins the rows where they are
+// and returns only problem rows (storage.Books.CellAudit), so the audit's
+// memory does not grow with the rows. An Auditor is built from what it reads:
+// each space's books, the cell's name and shard ownership, a clock, a logger
+// and a metrics registry; it knows nothing of the cell's server.
 package audit
 
 import (
@@ -22,8 +24,8 @@ import (
 
 // Ledgers is the part of a cell's store the audit reads (storage.Books).
 type Ledgers interface {
-	// Ledger reads every money row in one snapshot.
-	Ledger(ctx context.Context, cell string) (model.Ledger, error)
+	// CellAudit checks every money row in one snapshot, with bounded memory.
+	CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error)
 }
 
 // Space is one money space to audit: real money or the shadow tables.
@@ -109,8 +111,8 @@ func (a *Auditor) Run(ctx context.Context) {
 	})
 }
 
-// Audit reads every money row of the space named (every space for "") and
-// checks what the cell can prove from its own rows alone (model.AuditCell):
+// Audit checks every money row of the space named (every space for "") for
+// what the cell can prove from its own rows alone (model.AuditCell):
 // balances against flows, packets against claims, refunds and remainders,
 // claims against the outbox, and delivered claims of its own claimants
 // against their credits. A report that is not OK is logged at ERROR with its
@@ -163,13 +165,12 @@ func (a *Auditor) auditLocked(ctx context.Context, idx []int) (api.AuditResponse
 		sp, m := a.spaces[i], &a.metrics[i]
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		start := a.clock.Now()
-		l, err := sp.Books.Ledger(actx, a.cfg.Cell)
+		rep, err := sp.Books.CellAudit(actx, a.cfg.Cell, a.cfg.Owns)
 		cancel()
 		if err != nil {
 			m.runs[resultError].Inc()
 			return out, fmt.Errorf("cell: audit of %s space: %w", sp.Name, err)
 		}
-		rep := model.AuditCell(l, a.cfg.Owns)
 		read := a.clock.Now()
 		m.at.Set(float64(read.UnixMilli()) / 1000)
 		m.problems.Set(float64(len(rep.Problems)))

@@ -183,6 +183,27 @@ func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (m map[st
 	return m, err
 }
 
+// ReconPositions implements storage.Store.
+func (s *Store) ReconPositions(ctx context.Context) (pos map[int]int64, err error) {
+	err = s.call(func() (err error) { pos, err = s.inner.ReconPositions(ctx); return err })
+	return pos, err
+}
+
+// SaveReconPositions implements storage.Store.
+func (s *Store) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
+	return s.call(func() error { return s.inner.SaveReconPositions(ctx, pos) })
+}
+
+// CellAudit implements storage.Store. Like Ledger it runs only while the
+// breaker is closed, is never its probe and is not counted.
+func (s *Store) CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error) {
+	if s.b.State() != StateClosed {
+		s.b.rejected.Add(1)
+		return model.CellAudit{}, ErrDBOpen
+	}
+	return s.inner.CellAudit(ctx, cell, owns)
+}
+
 // Ledger implements storage.Store. Like EnsureDays it may run for minutes (it
 // reads every money row), so it runs only while the breaker is closed, is
 // never its probe and is not counted.

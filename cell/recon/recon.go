@@ -13,15 +13,26 @@
 //  3. every delivered row is credited in the claimant's wallet with the same
 //     account and amount (credit_missing, credit_mismatch): claimants of this
 //     cell are looked up in its own flow tables, others by a signed
-//     POST /internal/recon to the cell that owns them, 1,000 claims a call.
+//     POST /internal/recon to the cell that owns them, 5,000 claims a call
+//     (the local lookups and each other cell's calls side by side).
 //
-// Windows start when the cell starts; claims made before are covered by the
-// hourly audit of the cell's own books and by `redcell audit`. A delivered
-// claim whose claimant's cell cannot be asked is counted as unverified, and a
-// claim still pending when its window was checked is not checked again: the
-// audits cover both. Each pass reads at most windowRows outbox rows per
-// database and rowsPerPass in all; a window cut short goes on from where
-// it stopped at the next pass (redcell_recon_checked_until_timestamp_seconds).
+// Where each database's windows have been checked up to is saved in the
+// space's own store after the credits of every round are checked
+// (Books.SaveReconPositions, never moving back), and a restarted cell resumes
+// from there: a window is checked again after a crash, never skipped.
+// Databases never saved start when the cell starts; claims made before are
+// covered by the hourly audit of the cell's own books and by `redcell audit`.
+// A delivered claim whose claimant's cell cannot be asked is counted as
+// unverified, and a claim still pending when its window was checked is not
+// checked again: the audits cover both.
+//
+// A pass reads in rounds of at most windowRows outbox rows per database and
+// rowsPerRound in all, and goes on with another round while a database is
+// behind, for up to ReconInterval, and while one is still behind the next
+// pass follows after a second: a backlog (after a restart, or a burst above
+// what one round a pass keeps up with) is worked off at nearly full duty with
+// the memory of one round. redcell_recon_lag_seconds says how far the
+// checked position trails now (redcell_recon_checked_until_timestamp_seconds).
 //
 // A Reconciler is built from what it reads: each space's books (Books), a
 // client for other cells (Client), the shard map (Peers), a clock, a logger
@@ -32,6 +43,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +60,8 @@ import (
 type Books interface {
 	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
 	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
+	ReconPositions(ctx context.Context) (map[int]int64, error)
+	SaveReconPositions(ctx context.Context, pos map[int]int64) error
 }
 
 // Client asks another cell which claims it has credited (POST
@@ -92,12 +107,14 @@ type Reconciler struct {
 	inc     []spaceIncidents        // by space
 	shards  map[int][]model.ShardID // owned shards by database
 	dbs     []int                   // owned databases
+	checked []atomic.Int64          // by space: the oldest position, Unix ms (redcell_recon_lag_seconds)
 }
 
 // spaceIncidents are the failures reconciliation logs as incidents, per space.
 type spaceIncidents struct {
-	window  *incident.Tracker // ReconWindow of a database
+	window  *incident.Tracker // ReconWindow of a database, or the saved positions
 	credits *incident.Tracker // CreditsOf this cell's own claimants
+	save    *incident.Tracker // SaveReconPositions
 	ask     *incident.Set     // POST /internal/recon to another cell, per address
 }
 
@@ -108,14 +125,28 @@ const askCellsMax = 256
 // New builds a reconciler over spaces and registers its metrics with
 // cfg.Reg; it does no I/O.
 func New(cfg Config, spaces ...Space) *Reconciler {
-	r := &Reconciler{cfg: cfg, clock: clock.Or(cfg.Clock), spaces: spaces, shards: cfg.Shards.ShardsByDB(), dbs: cfg.Shards.DBs()}
+	r := &Reconciler{cfg: cfg, clock: clock.Or(cfg.Clock), spaces: spaces, shards: cfg.Shards.ShardsByDB(), dbs: cfg.Shards.DBs(),
+		checked: make([]atomic.Int64, len(spaces))}
 	r.metrics = newMetrics(cfg.Reg, spaces)
+	for i, sp := range spaces {
+		cfg.Reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_recon_lag_seconds",
+			Help: "How far reconciliation's checked position trails now, read when scraped: now minus " +
+				"redcell_recon_checked_until_timestamp_seconds (at least ReconSettle; 0 before the first pass).",
+			ConstLabels: prometheus.Labels{"space": sp.Name}}, func() float64 {
+			c := r.checked[i].Load()
+			if c == 0 {
+				return 0
+			}
+			return max(0, float64(r.clock.Now().UnixMilli()-c)/1000)
+		}))
+	}
 	every := incident.DefaultEvery
 	for _, sp := range spaces {
 		l := cfg.Log.With("space", sp.Name)
 		r.inc = append(r.inc, spaceIncidents{
 			window:  incident.New(l, "reconciliation window read", every),
 			credits: incident.New(l, "reconciliation credit read", every),
+			save:    incident.New(l, "reconciliation position save", every),
 			ask:     incident.NewSet(l, "reconciliation credit check with a cell", "addr", every, askCellsMax),
 		})
 	}
@@ -127,10 +158,12 @@ const (
 	// database: above the largest open batch (4096 claims share one creation
 	// time), small enough to hold in memory.
 	windowRows = 20_000
-	// rowsPerPass bounds a whole pass of one space.
-	rowsPerPass = 200_000
-	// chunkMax is how many claims one credit lookup or /internal/recon call asks about.
-	chunkMax = 1000
+	// rowsPerRound bounds the outbox rows one round of a pass reads in all
+	// (about 30 MB of claims and credits held at once).
+	rowsPerRound = 200_000
+	// chunkMax is how many claims one credit lookup or /internal/recon call
+	// asks about (a call may carry 10,000).
+	chunkMax = 5000
 	// samples is how many claim IDs a log line names per kind of difference.
 	samples = 5
 )
@@ -143,59 +176,144 @@ type pass struct {
 	unverified int64       // delivered claims whose claimant's cell could not be asked
 	errors     int         // windows that could not be read (read again next pass)
 	diffs      model.Diffs
+	behind     bool // a database was still behind when the pass ended
 }
 
-// Run runs a pass every Interval until ctx ends. Windows start when Run does.
+// Run runs a pass every Interval until ctx ends. Each space resumes from the
+// positions its store saved (Books.ReconPositions); a database never saved
+// starts where Run does. Until the saved positions can be read, a space is not
+// reconciled (starting anywhere else could skip a window never checked).
 func (r *Reconciler) Run(ctx context.Context) {
 	start := r.clock.Now().UnixMilli()
-	cursors := make([]map[int]int64, len(r.spaces)) // per space: db -> checked up to (exclusive), Unix ms
-	for i := range cursors {
-		cursors[i] = map[int]int64{}
-		for _, db := range r.dbs {
-			cursors[i][db] = start
-		}
+	cursors := make([]map[int]int64, len(r.spaces)) // per space: db -> checked up to (exclusive), Unix ms; nil until resumed
+	for i := range r.spaces {
 		r.metrics[i].lastSuccess.Set(float64(start) / 1000) // "never yet" would read as a stall since 1970
+		r.checked[i].Store(start)
 	}
-	clock.Every(ctx, r.clock, r.cfg.Interval, func(n int) {
+	behind := false
+	for n := 0; ; n++ {
+		wait := r.cfg.Interval
+		if behind {
+			wait = min(wait, catchUpPause) // a backlog is worked off pass after pass
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.clock.After(wait):
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		behind = false
 		for i := range r.spaces {
-			start := r.clock.Now()
-			p := r.once(ctx, i, cursors[i], n)
+			if cursors[i] == nil {
+				c, err := r.resume(ctx, i, start)
+				if err != nil {
+					if ctx.Err() == nil {
+						r.metrics[i].errors.Inc()
+						r.inc[i].window.Fail(err, "read", "saved positions")
+					}
+					continue
+				}
+				cursors[i] = c
+			}
+			began := r.clock.Now()
+			p := r.pass(ctx, i, cursors[i], n)
+			behind = behind || p.behind
 			if ctx.Err() == nil {
-				r.metrics[i].passSeconds.Set(r.clock.Now().Sub(start).Seconds())
+				r.metrics[i].passSeconds.Set(r.clock.Now().Sub(began).Seconds())
 				r.report(i, p, cursors[i])
 			}
 		}
-	})
+	}
 }
 
-// reconOnce checks the windows of every owned database of sp that have
-// settled since the last pass, and advances cursors past what it read. Pass
-// n starts at the n-th database, so that when the pass's row budget runs out
-// it is not always the same databases that wait: a database is left for the
-// next pass rather than read with less than a whole window's budget.
-func (r *Reconciler) once(ctx context.Context, i int, cursors map[int]int64, n int) pass {
-	sp := r.spaces[i]
+// catchUpPause is the wait before the next pass when a pass ended (after
+// Interval) with a database still behind: short, so a backlog is worked
+// off at nearly full duty, yet a pause in which the database serves others.
+const catchUpPause = time.Second
+
+// resume returns the cursors of space i: the saved position of each owned
+// database, start for one never saved.
+func (r *Reconciler) resume(ctx context.Context, i int, start int64) (map[int]int64, error) {
+	saved, err := r.spaces[i].Books.ReconPositions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cursors := map[int]int64{}
+	resumed, oldest := 0, start
+	for _, db := range r.dbs {
+		cursors[db] = start
+		if ms, ok := saved[db]; ok {
+			cursors[db] = ms
+			resumed++
+			oldest = min(oldest, ms)
+		}
+	}
+	if resumed > 0 {
+		r.cfg.Log.Info("reconciliation resumes from its saved positions", "space", r.spaces[i].Name, "databases", resumed,
+			"oldest", time.UnixMilli(oldest).UTC().Format(time.RFC3339Nano))
+	}
+	r.checked[i].Store(minCursor(cursors))
+	return cursors, nil
+}
+
+// pass checks the windows of every owned database that have settled since
+// the last pass, in rounds of at most rowsPerRound outbox rows: after each
+// round the credits of its delivered claims are checked and the positions
+// reached are saved. Rounds go on while a database is behind, for up to
+// Interval, and the next pass then starts after catchUpPause rather than
+// Interval: reconciliation keeps pace with any rate its reads keep up with,
+// with the memory of one round.
+func (r *Reconciler) pass(ctx context.Context, i int, cursors map[int]int64, n int) pass {
 	p := pass{diffs: model.Diffs{}}
 	to := r.clock.Now().Add(-r.cfg.Settle).UnixMilli()
-	budget := rowsPerPass
+	began := r.clock.Now()
+	for round := 0; ctx.Err() == nil; round++ {
+		p.behind = r.round(ctx, i, cursors, n+round, to, &p)
+		if !p.behind || r.clock.Now().Sub(began) >= r.cfg.Interval {
+			break
+		}
+	}
+	return p
+}
+
+// round reads, for each owned database of space i behind to, the window from
+// its cursor, advances the cursor past what it read, checks the credits of
+// the delivered claims and saves the positions reached. Round k starts at the
+// k-th database, so that when the round's row budget runs out it is not
+// always the same databases that wait: a database is left for the next round
+// rather than read with less than a whole window's budget. It reports
+// whether a database is still behind to.
+func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k int, to int64, p *pass) (behind bool) {
+	sp := r.spaces[i]
+	budget := rowsPerRound
 	var delivered []model.Credit
+	moved := map[int]int64{}
 	dbs := r.dbs
 	track := r.inc[i].window
-	for k := range dbs {
-		db := dbs[(k+n)%len(dbs)]
+	errs := 0
+	for j := range dbs {
+		db := dbs[(j+k)%len(dbs)]
 		from := cursors[db]
-		if from >= to || budget < windowRows || ctx.Err() != nil {
+		if from >= to || ctx.Err() != nil {
+			continue
+		}
+		if budget < windowRows {
+			behind = true
 			continue
 		}
 		w, err := sp.Books.ReconWindow(ctx, db, r.shards[db], reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
 		if err != nil {
-			p.errors++
+			errs++
 			if ctx.Err() == nil {
 				track.Fail(err, "db", db) // the window is read again at the next pass
 			}
 			continue
 		}
 		cursors[db] = w.ToMS
+		moved[db] = w.ToMS
+		behind = behind || w.ToMS < to
 		ob := model.CompareOutbox(w.Claims, w.Outbox)
 		budget -= int(ob.Outbox.Count)
 		p.checked = p.checked.Plus(ob.Matched)
@@ -203,62 +321,120 @@ func (r *Reconciler) once(ctx context.Context, i int, cursors map[int]int64, n i
 		p.diffs.Merge(ob.Diffs)
 		delivered = append(delivered, ob.Delivered...)
 	}
-	if p.errors == 0 && ctx.Err() == nil {
-		track.OK() // once per pass: one database failing while others answer stays one incident
+	p.errors += errs
+	if errs == 0 && ctx.Err() == nil {
+		track.OK() // once per round: one database failing while others answer stays one incident
 	}
-	r.checkCredits(ctx, i, delivered, &p)
-	return p
+	r.checkCredits(ctx, i, delivered, p)
+	if len(moved) > 0 && ctx.Err() == nil {
+		// Saved only now that the round's credits were checked: after a
+		// restart its windows are checked again rather than skipped.
+		if err := sp.Books.SaveReconPositions(ctx, moved); err != nil {
+			if ctx.Err() == nil {
+				r.inc[i].save.Fail(err, "databases", len(moved))
+			}
+		} else {
+			r.inc[i].save.OK()
+		}
+	}
+	r.checked[i].Store(minCursor(cursors))
+	return behind && ctx.Err() == nil
+}
+
+// minCursor is the oldest position of cursors: every claim created before it
+// has been checked.
+func minCursor(cursors map[int]int64) int64 {
+	until := int64(0)
+	for _, c := range cursors {
+		if until == 0 || c < until {
+			until = c
+		}
+	}
+	return until
 }
 
 // checkCredits checks that each delivered claim is credited as claimed: in
 // this cell's flow tables for its own claimants, through the owner's
-// /internal/recon for the others.
+// /internal/recon for the others. The local lookups and each other cell's
+// calls run side by side (each in order, chunkMax claims at a time), since
+// they wait on different databases; their results are added in a fixed
+// order (local, then the cells by name).
 func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.Credit, p *pass) {
 	sp := r.spaces[i]
 	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(delivered, r.cfg.Owns)
 	p.unverified += int64(noOwner) // no live owner to ask now
-	add := func(cc model.CreditCheck) {
-		p.credited = p.credited.Plus(cc.Matched)
-		p.diffs.Merge(cc.Diffs)
+	type lane struct {
+		credits []model.Credit
+		track   *incident.Tracker
+		check   func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error)
+		out     creditResult
 	}
-	localTrack := r.inc[i].credits
-	localFailed := false
-	for start := 0; start < len(local) && ctx.Err() == nil; start += chunkMax {
-		chunk := local[start:min(start+chunkMax, len(local))]
-		found, err := sp.Books.CreditsOf(ctx, chunk)
+	lanes := make([]*lane, 0, 1+len(remote))
+	if len(local) > 0 {
+		lanes = append(lanes, &lane{credits: local, track: r.inc[i].credits,
+			check: func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error) {
+				found, err := sp.Books.CreditsOf(ctx, chunk)
+				if err != nil {
+					return model.CreditCheck{}, err
+				}
+				return model.CompareCredits(chunk, found), nil
+			}})
+	}
+	for _, g := range remote { // in the order of the cells' names
+		addr := g.Cell.Addr
+		lanes = append(lanes, &lane{credits: g.Credits, track: r.inc[i].ask.Of(addr),
+			check: func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error) {
+				return ask(ctx, sp.Client, addr, chunk)
+			}})
+	}
+	var wg sync.WaitGroup
+	for _, l := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.out = checkLane(ctx, l.credits, l.track, l.check)
+		}()
+	}
+	wg.Wait()
+	for _, l := range lanes {
+		p.credited = p.credited.Plus(l.out.credited)
+		p.diffs.Merge(l.out.diffs)
+		p.unverified += l.out.unverified
+	}
+}
+
+// creditResult is what the credit checks of one lane found.
+type creditResult struct {
+	credited   model.Tally
+	diffs      model.Diffs
+	unverified int64
+}
+
+// checkLane checks cs chunkMax claims at a time with check; a chunk that
+// cannot be checked counts as unverified and is reported to track (once
+// clean, track hears OK).
+func checkLane(ctx context.Context, cs []model.Credit, track *incident.Tracker,
+	check func(context.Context, []model.Credit) (model.CreditCheck, error)) creditResult {
+	out := creditResult{diffs: model.Diffs{}}
+	failed := false
+	for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
+		chunk := cs[start:min(start+chunkMax, len(cs))]
+		cc, err := check(ctx, chunk)
 		if err != nil {
-			p.unverified += int64(len(chunk))
+			out.unverified += int64(len(chunk))
 			if ctx.Err() == nil {
-				localFailed = true
-				localTrack.Fail(err, "claims", len(chunk))
+				failed = true
+				track.Fail(err, "claims", len(chunk))
 			}
 			continue
 		}
-		add(model.CompareCredits(chunk, found))
+		out.credited = out.credited.Plus(cc.Matched)
+		out.diffs.Merge(cc.Diffs)
 	}
-	if len(local) > 0 && !localFailed && ctx.Err() == nil {
-		localTrack.OK()
+	if !failed && ctx.Err() == nil {
+		track.OK()
 	}
-	for _, g := range remote { // in the order of the cells' names
-		addr, cs := g.Cell.Addr, g.Credits
-		track, failed := r.inc[i].ask.Of(addr), false
-		for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
-			chunk := cs[start:min(start+chunkMax, len(cs))]
-			cc, err := ask(ctx, sp.Client, addr, chunk)
-			if err != nil {
-				p.unverified += int64(len(chunk))
-				if ctx.Err() == nil {
-					failed = true
-					track.Fail(err, "claims", len(chunk))
-				}
-				continue
-			}
-			add(cc)
-		}
-		if !failed && ctx.Err() == nil {
-			track.OK()
-		}
-	}
+	return out
 }
 
 // askTimeout bounds one call to another cell: it reads up to chunkMax
@@ -323,13 +499,7 @@ func (r *Reconciler) report(i int, p pass, cursors map[int]int64) {
 	for i, k := range model.DiffKinds {
 		m.diffs[i].Add(float64(len(p.diffs[k])))
 	}
-	until := int64(0)
-	for _, c := range cursors {
-		if until == 0 || c < until {
-			until = c
-		}
-	}
-	m.checkedUntil.Set(float64(until) / 1000)
+	m.checkedUntil.Set(float64(minCursor(cursors)) / 1000)
 	if p.errors == 0 {
 		m.lastSuccess.Set(float64(r.clock.Now().UnixMilli()) / 1000)
 	}

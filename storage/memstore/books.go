@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -198,4 +199,44 @@ func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (map[stri
 		}
 	}
 	return found, nil
+}
+
+// ReconPositions implements storage.Books.
+func (s *Store) ReconPositions(ctx context.Context) (map[int]int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.recon), nil
+}
+
+// SaveReconPositions implements storage.Books: a position never moves back.
+func (s *Store) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for db := range pos {
+		if db < 0 || db >= model.ShardCount/10 {
+			return fmt.Errorf("memstore: save recon position: database %d out of range", db)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for db, ms := range pos {
+		if prev, ok := s.recon[db]; !ok || ms > prev {
+			s.recon[db] = ms
+		}
+	}
+	return nil
+}
+
+// CellAudit implements storage.Books. The store is in memory already, so it
+// audits its Ledger with model.AuditCell.
+func (s *Store) CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error) {
+	l, err := s.Ledger(ctx, cell)
+	if err != nil {
+		return model.CellAudit{}, err
+	}
+	return model.AuditCell(l, owns), nil
 }

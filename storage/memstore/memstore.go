@@ -50,6 +50,7 @@ type Store struct {
 	tables   map[tableKey]*table       // packets by shard and day of month
 	outbox   map[int]map[string]*entry // database index → claim ID → row
 	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
+	recon    map[int]int64             // reconciliation's saved positions, by database
 	fault    fault
 	faults   int64 // faults that fired
 }
@@ -111,6 +112,7 @@ func New(clk clock.Clock) *Store {
 		tables:   map[tableKey]*table{},
 		outbox:   map[int]map[string]*entry{},
 		pending:  map[int][]*entry{},
+		recon:    map[int]int64{},
 	}
 }
 

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,49 @@ import (
 
 func init() {
 	register("ContractReconWindow", contractReconWindow)
+	register("ContractReconPositions", contractReconPositions)
+}
+
+// Reconciliation's positions read back as saved, per database; a save below
+// the stored position keeps the stored one (a repeated or late save changes
+// nothing); a database out of range is an error and saves nothing.
+func contractReconPositions(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	read := func() map[int]int64 {
+		t.Helper()
+		pos, err := f.s.ReconPositions(f.ctx)
+		if err != nil {
+			t.Fatalf("recon positions: %v", err)
+		}
+		return pos
+	}
+	save := func(pos map[int]int64) {
+		t.Helper()
+		if err := f.s.SaveReconPositions(f.ctx, pos); err != nil {
+			t.Fatalf("save recon positions %v: %v", pos, err)
+		}
+	}
+	if pos := read(); len(pos) != 0 {
+		t.Fatalf("a new store's positions: %v", pos)
+	}
+	save(map[int]int64{})
+	save(map[int]int64{3: 1000, 99: 2000})
+	save(map[int]int64{3: 1000, 99: 2000}) // again
+	if pos := read(); !maps.Equal(pos, map[int]int64{3: 1000, 99: 2000}) {
+		t.Fatalf("positions %v", pos)
+	}
+	save(map[int]int64{3: 900, 0: 5, 99: 2500}) // 3 moves back: kept
+	if pos := read(); !maps.Equal(pos, map[int]int64{0: 5, 3: 1000, 99: 2500}) {
+		t.Fatalf("positions after a late save %v", pos)
+	}
+	for _, bad := range []int{-1, 100} {
+		if err := f.s.SaveReconPositions(f.ctx, map[int]int64{bad: 1, 4: 1}); err == nil {
+			t.Fatalf("save of database %d: no error", bad)
+		}
+	}
+	if pos := read(); !maps.Equal(pos, map[int]int64{0: 5, 3: 1000, 99: 2500}) {
+		t.Fatalf("positions after refused saves %v", pos)
+	}
 }
 
 // ReconWindow reads, of one database, the claims created in [from, to) in

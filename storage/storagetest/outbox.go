@@ -225,6 +225,9 @@ func contractLedgerSeesDoubleCredit(t *testing.T, newStore func(t *testing.T) Ha
 	if a := model.AuditCell(l, ownsAll); a.OK() {
 		t.Fatalf("cell audit passed a double credit: %+v", a)
 	}
+	if a := f.sameCellAudit(l); a.OK() {
+		t.Fatalf("the store's cell audit passed a double credit: %+v", a)
+	}
 	if r := model.Audit([]model.Ledger{l}); r.OK() {
 		t.Fatalf("audit passed a double credit: %+v", r)
 	}
