@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/relay"
 	"redcell/model"
@@ -188,8 +189,9 @@ func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef,
 }
 
 // openBatch is the packet worker: it sheds jobs that waited too long, takes the
-// packet's transaction slot in memcached, runs one transaction for the rest and
-// answers every waiter.
+// packet's transaction slot in memcached, runs one transaction for the rest
+// (under grouped: joins the packet's commit lane with them, one op of the
+// lane's group) and answers every waiter.
 func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
 	now := s.clock.Now()
@@ -243,8 +245,16 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	}
 	r := s.rngs.Get().(*mrand.Rand)
 	s.metrics.batchSize.Observe(float64(len(live)))
-	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
-	s.rngs.Put(r)
+	var results []model.OpenResult
+	var p model.Packet
+	if s.strategy.grouped() {
+		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r)
+	} else {
+		results, p, err = sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
+	}
+	if !errors.Is(err, groupcommit.ErrInFlight) {
+		s.rngs.Put(r) // else the group still draws from r: leave it to the collector
+	}
 	release()
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {

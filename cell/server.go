@@ -26,6 +26,7 @@ import (
 	"redcell/cell/admission"
 	"redcell/cell/audit"
 	"redcell/cell/degrade"
+	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
@@ -99,7 +100,8 @@ type Stores struct {
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
 // (cell/recon), the audit of its own books (cell/audit), the admin port
-// (cell/admin), the expiry of packets and the schema warm-up. None of them
+// (cell/admin), the group committer (cell/groupcommit), the expiry of packets
+// and the schema warm-up. None of them
 // holds the Server. Create it with New, run it with Serve.
 type Server struct {
 	cfg    Config
@@ -132,6 +134,10 @@ type Server struct {
 	admin   *admin.Server
 	expiry  *expirer
 	warmer  *warmer
+
+	// groups commits the work of many keys of one lane together (strategy
+	// grouped; cell/groupcommit).
+	groups *groupcommit.Committer
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -162,8 +168,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
-	s.strategy = &openStrategy{queue: s.queue, log: log}
-	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {
+	s.groups = groupcommit.New(groupcommit.Config{Max: cfg.GroupMax, Wait: cfg.GroupWait, QueueMax: laneQueueMax,
+		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: clk})
+	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: log}
+	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond),
+		GroupMax: cfg.GroupMax, GroupWaitMS: int(cfg.GroupWait / time.Millisecond)}); err != nil {
 		return nil, err
 	}
 	s.rngs.New = func() any {
@@ -226,8 +235,8 @@ func (s *Server) Listen() (net.Listener, error) {
 }
 
 // Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
-// taking requests and let in-flight ones finish, drain the open queues, deliver
-// what the relay holds. Background work (schema warm-up, relay, expiry,
+// taking requests and let in-flight ones finish, drain the open queues and the
+// commit lanes, deliver what the relay holds. Background work (schema warm-up, relay, expiry,
 // reconciliation, the hourly audit) runs while it serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
@@ -262,6 +271,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.queue.Close()
 	s.queue.Wait()
+	s.groups.Stop() // after the packet workers: they submit their last batches
 	stopBG()
 	wg.Wait()
 	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"redcell/internal/clock"
@@ -114,6 +115,8 @@ func Weight(op *storage.GroupOp) int {
 type Committer struct {
 	cfg   Config
 	clock clock.Clock
+	max   atomic.Int64 // Config.Max, as SetLimits left it
+	wait  atomic.Int64 // Config.Wait in ns, as SetLimits left it
 
 	mu      sync.Mutex // guards lanes, stopped
 	lanes   map[Lane]*lane
@@ -126,7 +129,19 @@ func New(cfg Config) *Committer {
 	if cfg.Max < 1 || cfg.Wait < 0 || cfg.QueueMax < 1 || cfg.CommitTimeout <= 0 || cfg.Commit == nil {
 		panic("groupcommit: Max, QueueMax and CommitTimeout must be > 0, Wait >= 0 and Commit set")
 	}
-	return &Committer{cfg: cfg, clock: clock.Or(cfg.Clock), lanes: make(map[Lane]*lane)}
+	c := &Committer{cfg: cfg, clock: clock.Or(cfg.Clock), lanes: make(map[Lane]*lane)}
+	c.SetLimits(cfg.Max, cfg.Wait)
+	return c
+}
+
+// SetLimits changes Config.Max and Config.Wait for the groups formed from
+// now on. It panics if max < 1 or wait < 0.
+func (c *Committer) SetLimits(max int, wait time.Duration) {
+	if max < 1 || wait < 0 {
+		panic("groupcommit: Max must be > 0 and Wait >= 0")
+	}
+	c.max.Store(int64(max))
+	c.wait.Store(int64(wait))
 }
 
 // waiter is one submitted op.
@@ -281,6 +296,7 @@ func (c *Committer) work(l *lane) {
 // stay within Max (the first op always goes in). reqs is what group already
 // carries.
 func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
+	groupMax := int(c.max.Load())
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
@@ -289,7 +305,7 @@ func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
 			n++
 			continue
 		}
-		if len(group) > 0 && reqs+w.weight > c.cfg.Max {
+		if len(group) > 0 && reqs+w.weight > groupMax {
 			break
 		}
 		w.state = taken
@@ -327,7 +343,7 @@ func (c *Committer) fill(l *lane, group []*waiter) ([]*waiter, time.Duration) {
 	start := c.clock.Now()
 	timer := c.clock.After(wait)
 wait:
-	for reqs < c.cfg.Max {
+	for reqs < int(c.max.Load()) {
 		select {
 		case <-l.wake:
 			group = c.take(l, group, reqs)
@@ -343,11 +359,12 @@ wait:
 // waitFor chooses how long a busy lane waits for a group holding reqs
 // requests to fill (see Committer).
 func (c *Committer) waitFor(l *lane, reqs int) time.Duration {
-	if c.cfg.Wait <= 0 || reqs >= c.cfg.Max || l.rateEWMA <= 0 {
+	groupMax, bound := int(c.max.Load()), time.Duration(c.wait.Load())
+	if bound <= 0 || reqs >= groupMax || l.rateEWMA <= 0 {
 		return 0
 	}
-	wait := min(c.cfg.Wait, l.commitEWMA/2)
-	if fill := time.Duration(float64(c.cfg.Max-reqs) / l.rateEWMA * float64(time.Second)); fill < wait {
+	wait := min(bound, l.commitEWMA/2)
+	if fill := time.Duration(float64(groupMax-reqs) / l.rateEWMA * float64(time.Second)); fill < wait {
 		wait = fill
 	}
 	if l.rateEWMA*wait.Seconds() < 1 {
