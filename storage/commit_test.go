@@ -38,7 +38,7 @@ func (p *commitCutter) arm(forward bool) {
 	p.armed.Store(true)
 }
 
-func newCommitCutter(t *testing.T, target string) *commitCutter {
+func newCommitCutter(t testing.TB, target string) *commitCutter {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

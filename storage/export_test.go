@@ -20,7 +20,7 @@ import (
 // through a commitCutter, which failNextCommit arms: the next COMMIT is cut,
 // after reaching the server when lostAnswer is set; cuts counts the COMMITs
 // cut. Skips without a server.
-func ContractMySQL(t *testing.T, clk clock.Clock) (m *MySQL, failNextCommit func(lostAnswer bool), cuts func() int64) {
+func ContractMySQL(t testing.TB, clk clock.Clock) (m *MySQL, failNextCommit func(lostAnswer bool), cuts func() int64) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t, 1))
 	if err != nil {
@@ -42,7 +42,7 @@ func ContractMySQL(t *testing.T, clk clock.Clock) (m *MySQL, failNextCommit func
 }
 
 // dropNamespace drops the databases of m's name prefix.
-func dropNamespace(t *testing.T, m *MySQL) {
+func dropNamespace(t testing.TB, m *MySQL) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rows, err := m.db.QueryContext(ctx, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE ?", m.ns+"%")

@@ -172,6 +172,7 @@ func withParams(dsn string) (string, error) {
 		return "", fmt.Errorf("storage: bad DSN: %w", err)
 	}
 	cfg.InterpolateParams = true
+	cfg.MultiStatements = true // group commit sends its reads and its writes as one statement list each
 	cfg.ClientFoundRows = false
 	cfg.Collation = "utf8mb4_bin"
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = 5*time.Second, 30*time.Second, 30*time.Second

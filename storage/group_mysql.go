@@ -1,0 +1,611 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"redcell/model"
+)
+
+// CommitGroup runs a group of ops in one transaction (Grouper). In three
+// round trips however many ops: one locking read of every row the group
+// touches (packet rows FOR UPDATE, wallet rows FOR UPDATE, the send and
+// deposit order numbers LOCK IN SHARE MODE, then the openers' earlier
+// claims), each table read once, sent as one multi-statement query; the
+// decisions in memory, in list order; one multi-statement write of every
+// flow, balance, packet, claim and outbox row. Credits follow with their own
+// no-wait statements (applyCreditsTx), then COMMIT.
+//
+// Lock order: packet rows by (table, ID), then wallet rows by (table,
+// act_id) — the order a refund takes them — so a group deadlocks neither
+// another group nor a single-op call; InnoDB's victim is run again by inTx.
+//
+// A COMMIT without an answer is settled by re-reading the first row the
+// group wrote (a send's or deposit's flow row, or a new claim): the group
+// is atomic, so that row tells for all of it.
+func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if err := m.ensureGroup(ctx, ops); err != nil {
+		return err
+	}
+	var probe func() (bool, error)
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		probe, err = m.groupTx(ctx, tx, ops)
+		return err
+	})
+	if errors.Is(err, errCommitUnknown) && probe != nil {
+		if ok, known := m.settleCommit(ctx, probe); known && ok {
+			return nil // applied by this group's own COMMIT
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("storage: group of %d: %w", len(ops), err)
+	}
+	return nil
+}
+
+// ensureGroup makes the tables the ops touch exist, outside the transaction
+// (DDL would commit it).
+func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
+	for _, op := range ops {
+		var err error
+		switch op.Kind {
+		case OpOpen:
+			err = m.EnsureDay(ctx, op.Ref.Shard, op.Ref.Day)
+		case OpSend:
+			ref, perr := model.ParsePacketID(string(op.PacketID))
+			if perr != nil || ref.Shard != op.Shard {
+				return fmt.Errorf("storage: group send with packet ID %q of another shard", op.PacketID)
+			}
+			err = m.EnsureDay(ctx, op.Shard, ref.Day)
+		case OpDeposit:
+			err = m.EnsureShard(ctx, op.Shard)
+		case OpCredits:
+			for _, c := range op.Credits {
+				if err = m.EnsureShard(ctx, c.Shard); err != nil {
+					break
+				}
+			}
+		default:
+			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type walletKey struct {
+	shard model.ShardID
+	act   string
+}
+
+type groupFlowKey struct {
+	shard model.ShardID
+	act   string
+	order string
+}
+
+// groupState is what a group's decisions read and change, keyed as the rows.
+type groupState struct {
+	packets map[model.PacketID]*model.Packet          // locked rows; nil entry: not found
+	claims  map[model.PacketID]map[string]model.Claim // openers' claims, earlier and new
+	wallets map[walletKey]model.Cents
+	flows   map[groupFlowKey]model.Flow // send and deposit order numbers seen
+}
+
+// groupTx locks, decides, writes. It returns a probe that tells, after a
+// COMMIT without an answer, whether the group was applied (nil when the
+// group wrote nothing a probe can find). It may run more than once (inTx).
+func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
+	for _, op := range ops { // answers of an earlier run of this transaction
+		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
+	}
+	st, err := m.groupRead(ctx, tx, ops)
+	if err != nil {
+		return nil, err
+	}
+	now := m.nowMS()
+	var (
+		w        groupWrites
+		repeats  []*GroupOp // sends answered by an earlier packet, read after the writes
+		credits  []model.Credit
+		creditOp []*GroupOp
+		probe    func() (bool, error)
+	)
+	for _, op := range ops {
+		switch op.Kind {
+		case OpOpen:
+			p := st.packets[op.Ref.ID]
+			in := model.OpenInput{Packet: model.Packet{ID: op.Ref.ID}, Reqs: op.Reqs, NowMS: now, Rand: op.Rand}
+			if p != nil {
+				in.Packet, in.Found, in.Earlier = *p, true, st.claims[op.Ref.ID]
+			}
+			out := model.Open(in)
+			op.Results, op.Packet = out.Results, out.Packet
+			if len(out.Fresh) == 0 {
+				continue
+			}
+			*p = out.Packet
+			for _, c := range out.Fresh {
+				st.claims[op.Ref.ID][c.ActID] = c
+			}
+			w.open(op.Ref, out)
+			if probe == nil {
+				ref, reqs := op.Ref, []model.OpenRequest{{ActID: out.Fresh[0].ActID}}
+				seq := out.Fresh[0].Seq
+				probe = func() (bool, error) {
+					got, err := m.ClaimsOf(ctx, ref, reqs)
+					return err == nil && got[reqs[0].ActID].Seq == seq, err
+				}
+			}
+		case OpSend:
+			k := walletKey{op.Shard, op.Send.Sender}
+			fk := groupFlowKey{op.Shard, op.Send.Sender, op.Send.OrderNo}
+			if f, ok := st.flows[fk]; ok {
+				if op.Err = model.ReplayOrder(f, model.FlowSend, model.SendHash(op.Send)); op.Err == nil {
+					op.Repeat, op.Packet.ID = true, model.PacketID(f.Ref)
+					repeats = append(repeats, op)
+				}
+				continue
+			}
+			out, err := model.Send(model.SendInput{Req: op.Send, ID: op.PacketID, Balance: st.wallets[k], NowMS: now, ExpiresMS: op.ExpiresMS})
+			if err != nil {
+				op.Err = err
+				continue
+			}
+			st.wallets[k], st.flows[fk] = out.Balance, out.Flow
+			op.Packet = out.Packet
+			w.flow(op.Shard, out.Flow, out.Balance)
+			w.newPacket(op.Shard, out.Packet)
+			if probe == nil {
+				probe = m.flowProbe(ctx, fk)
+			}
+		case OpDeposit:
+			k := walletKey{op.Shard, op.ActID}
+			fk := groupFlowKey{op.Shard, op.ActID, op.OrderNo}
+			if f, ok := st.flows[fk]; ok {
+				if op.Err = model.ReplayOrder(f, model.FlowDeposit, model.DepositHash(op.Amount)); op.Err == nil {
+					op.Deposit = model.Deposit{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: f.BalanceAfter, Repeat: true}
+				}
+				continue
+			}
+			out, err := model.ApplyDeposit(model.DepositInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: st.wallets[k], NowMS: now})
+			if err != nil {
+				op.Err = err
+				continue
+			}
+			st.wallets[k], st.flows[fk] = out.Deposit.Balance, out.Flow
+			op.Deposit = out.Deposit
+			w.flow(op.Shard, out.Flow, out.Deposit.Balance)
+			if probe == nil {
+				probe = m.flowProbe(ctx, fk)
+			}
+		case OpCredits:
+			credits = append(credits, op.Credits...)
+			creditOp = append(creditOp, op)
+		}
+	}
+	if q, args := w.sql(m); q != "" {
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return nil, err
+		}
+	}
+	if len(credits) > 0 {
+		applied, deferred, err := m.applyCreditsTx(ctx, tx, credits, now)
+		if err != nil {
+			return nil, err
+		}
+		splitCredits(creditOp, applied, deferred)
+	}
+	for _, op := range repeats {
+		first, err := model.ParsePacketID(string(op.Packet.ID))
+		if err != nil {
+			return nil, fmt.Errorf("storage: flow row holds bad packet id %q: %w", op.Packet.ID, err)
+		}
+		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(first.Shard, first.Day)+
+			" WHERE packet_id = ?", string(first.ID)))
+		if err != nil {
+			return nil, fmt.Errorf("storage: read the first packet of order %s: %w", op.Send.OrderNo, err)
+		}
+		op.Packet = p
+	}
+	return probe, nil
+}
+
+// splitCredits hands the group's credit answers back to the ops they came
+// from: deferred by claim ID; applied counted per op as its credits neither
+// deferred nor booked before. applyCreditsTx counts the whole list, so a
+// credit booked before cannot be told from one booked now per op: the
+// applied count goes to the ops in order, each taking at most its share.
+func splitCredits(ops []*GroupOp, applied int, deferred []string) {
+	isDeferred := make(map[string]bool, len(deferred))
+	for _, id := range deferred {
+		isDeferred[id] = true
+	}
+	for _, op := range ops {
+		n := 0
+		for _, c := range op.Credits {
+			if isDeferred[c.ClaimID] {
+				op.Deferred = append(op.Deferred, c.ClaimID)
+			} else {
+				n++
+			}
+		}
+		op.Applied = min(n, applied)
+		applied -= op.Applied
+	}
+}
+
+func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey) func() (bool, error) {
+	return func() (bool, error) {
+		_, ok, err := m.findFlow(ctx, m.db, fk.shard, fk.act, fk.order)
+		return ok, err
+	}
+}
+
+// groupRead takes the group's locks and reads its rows: one statement
+// creating the wallets the group debits or credits (so they can be locked),
+// then one multi-statement query of locking reads and the claims.
+func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*groupState, error) {
+	st := &groupState{
+		packets: map[model.PacketID]*model.Packet{},
+		claims:  map[model.PacketID]map[string]model.Claim{},
+		wallets: map[walletKey]model.Cents{},
+		flows:   map[groupFlowKey]model.Flow{},
+	}
+	packetsByTable := map[string][]string{} // packet table → IDs
+	claimsByTable := map[string]map[model.PacketID][]string{}
+	walletsByShard := map[model.ShardID]map[string]bool{}
+	flowsByShard := map[model.ShardID]map[[2]string]bool{}
+	for _, op := range ops {
+		switch op.Kind {
+		case OpOpen:
+			if _, ok := st.claims[op.Ref.ID]; !ok {
+				st.claims[op.Ref.ID] = map[string]model.Claim{}
+				t := m.packetTable(op.Ref.Shard, op.Ref.Day)
+				packetsByTable[t] = append(packetsByTable[t], string(op.Ref.ID))
+			}
+			ct := m.claimTable(op.Ref.Shard, op.Ref.Day)
+			if claimsByTable[ct] == nil {
+				claimsByTable[ct] = map[model.PacketID][]string{}
+			}
+			for _, r := range op.Reqs {
+				claimsByTable[ct][op.Ref.ID] = append(claimsByTable[ct][op.Ref.ID], r.ActID)
+			}
+		case OpSend, OpDeposit:
+			act, order := op.ActID, op.OrderNo
+			if op.Kind == OpSend {
+				act, order = op.Send.Sender, op.Send.OrderNo
+			}
+			if walletsByShard[op.Shard] == nil {
+				walletsByShard[op.Shard] = map[string]bool{}
+				flowsByShard[op.Shard] = map[[2]string]bool{}
+			}
+			walletsByShard[op.Shard][act] = true
+			flowsByShard[op.Shard][[2]string{act, order}] = true
+		}
+	}
+	shards := make([]model.ShardID, 0, len(walletsByShard))
+	for s := range walletsByShard {
+		shards = append(shards, s)
+	}
+	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
+
+	// Wallet rows must exist to be locked: create the missing ones.
+	var b sqlBatch
+	now := m.nowMS()
+	for _, s := range shards {
+		acts := sortedKeys(walletsByShard[s])
+		b.add("INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+rowsOf(len(acts), 3)+
+			" ON DUPLICATE KEY UPDATE act_id = act_id", walletRows(acts, now)...)
+	}
+	if q, args := b.sql(); q != "" {
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return nil, fmt.Errorf("storage: create accounts: %w", err)
+		}
+	}
+
+	// The reads, in lock order; result sets come back in this order.
+	type reader func(*sql.Rows) error
+	var readers []reader
+	var r sqlBatch
+	for _, t := range sortedKeys(packetsByTable) {
+		ids := packetsByTable[t]
+		sort.Strings(ids)
+		r.add("SELECT "+packetCols+" FROM "+t+" WHERE packet_id IN ("+placeholders(len(ids))+") ORDER BY packet_id FOR UPDATE", anys(ids)...)
+		readers = append(readers, func(rows *sql.Rows) error {
+			p, err := scanPacket(rows)
+			if err == nil {
+				st.packets[p.ID] = &p
+			}
+			return err
+		})
+	}
+	for _, s := range shards {
+		acts := sortedKeys(walletsByShard[s])
+		r.add("SELECT act_id, balance FROM "+m.accountTable(s)+" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
+		readers = append(readers, func(rows *sql.Rows) error {
+			var act string
+			var bal model.Cents
+			err := rows.Scan(&act, &bal)
+			st.wallets[walletKey{s, act}] = bal
+			return err
+		})
+	}
+	for _, s := range shards {
+		pairs := flowsByShard[s]
+		conds := make([]string, 0, len(pairs))
+		args := make([]any, 0, 2*len(pairs))
+		for p := range pairs {
+			conds = append(conds, "(act_id = ? AND order_no = ?)")
+			args = append(args, p[0], p[1])
+		}
+		r.add("SELECT act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms FROM "+m.flowTable(s)+
+			" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
+		readers = append(readers, func(rows *sql.Rows) error {
+			var f model.Flow
+			var after sql.NullInt64
+			if err := rows.Scan(&f.ActID, &f.OrderNo, &f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
+				return err
+			}
+			f.BalanceAfter, f.BalanceKnown = model.Cents(after.Int64), after.Valid
+			st.flows[groupFlowKey{s, f.ActID, f.OrderNo}] = f
+			return nil
+		})
+	}
+	// The claims are read after every lock is held (a consistent read: its
+	// snapshot starts here, so it sees every claim committed before the
+	// packets were locked).
+	for _, t := range sortedKeys(claimsByTable) {
+		byPacket := claimsByTable[t]
+		var conds []string
+		var args []any
+		for _, id := range sortedKeys(byPacket) {
+			acts := byPacket[id]
+			conds = append(conds, "(packet_id = ? AND act_id IN ("+placeholders(len(acts))+"))")
+			args = append(args, string(id))
+			args = append(args, anys(acts)...)
+		}
+		r.add("SELECT packet_id, seq, act_id, amount, created_ms FROM "+t+" WHERE "+strings.Join(conds, " OR "), args...)
+		readers = append(readers, func(rows *sql.Rows) error {
+			var c model.Claim
+			if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
+				return err
+			}
+			c.ID = model.ClaimID(c.PacketID, c.Seq)
+			if held := st.claims[c.PacketID]; held != nil {
+				held[c.ActID] = c
+			}
+			return nil
+		})
+	}
+	if len(readers) == 0 {
+		return st, nil
+	}
+	q, args := r.sql()
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("storage: group read: %w", err)
+	}
+	defer rows.Close()
+	for i, read := range readers {
+		if i > 0 && !rows.NextResultSet() {
+			if err := rows.Err(); err != nil {
+				return nil, fmt.Errorf("storage: group read: %w", err)
+			}
+			return nil, fmt.Errorf("storage: group read: %d result sets, want %d", i, len(readers))
+		}
+		for rows.Next() {
+			if err := read(rows); err != nil {
+				return nil, fmt.Errorf("storage: group read: %w", err)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("storage: group read: %w", err)
+		}
+	}
+	return st, rows.Close()
+}
+
+// groupWrites gathers a group's rows by table, for one multi-statement write.
+type groupWrites struct {
+	flows      map[model.ShardID][]any // flowArgs rows
+	flowN      map[model.ShardID]int
+	balances   map[walletKey]groupBalance
+	newPackets map[dayKey][]any // packet table → rows of packetCols
+	newN       map[dayKey]int
+	claims     map[dayKey][]any // claim table → rows
+	claimN     map[dayKey]int
+	outbox     map[int][]any // database → rows
+	outboxN    map[int]int
+	packets    map[model.PacketID]groupPacket // packets opened: their final state
+}
+
+// dayKey names a shard's packet and claim tables of one day of month.
+type dayKey struct {
+	shard model.ShardID
+	day   int
+}
+
+func sortedDays[V any](m map[dayKey]V) []dayKey {
+	out := make([]dayKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].shard != out[j].shard {
+			return out[i].shard < out[j].shard
+		}
+		return out[i].day < out[j].day
+	})
+	return out
+}
+
+type groupBalance struct {
+	balance model.Cents
+	ms      int64
+}
+
+type groupPacket struct {
+	ref model.PacketRef
+	p   model.Packet
+}
+
+func (w *groupWrites) flow(s model.ShardID, f model.Flow, balance model.Cents) {
+	if w.flows == nil {
+		w.flows, w.flowN, w.balances = map[model.ShardID][]any{}, map[model.ShardID]int{}, map[walletKey]groupBalance{}
+	}
+	w.flows[s] = append(w.flows[s], flowArgs(f)...)
+	w.flowN[s]++
+	w.balances[walletKey{s, f.ActID}] = groupBalance{balance, f.CreatedMS}
+}
+
+func (w *groupWrites) newPacket(s model.ShardID, q model.Packet) {
+	if w.newPackets == nil {
+		w.newPackets, w.newN = map[dayKey][]any{}, map[dayKey]int{}
+	}
+	ref, _ := model.ParsePacketID(string(q.ID)) // checked by ensureGroup
+	t := dayKey{s, ref.Day}
+	w.newPackets[t] = append(w.newPackets[t], string(q.ID), q.Sender, q.OrderNo, string(q.Kind), q.Greeting, q.Amount, q.Count,
+		q.RemainingAmount, q.RemainingCount, q.RefundAmount, q.Status, q.CreatedMS, q.ExpiresMS)
+	w.newN[t]++
+}
+
+func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
+	if w.claims == nil {
+		w.claims, w.claimN = map[dayKey][]any{}, map[dayKey]int{}
+		w.outbox, w.outboxN = map[int][]any{}, map[int]int{}
+		w.packets = map[model.PacketID]groupPacket{}
+	}
+	t := dayKey{ref.Shard, ref.Day}
+	for i, c := range out.Fresh {
+		cr := out.Credits[i]
+		w.claims[t] = append(w.claims[t], string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
+		w.claimN[t]++
+		db := ref.Shard.DB()
+		w.outbox[db] = append(w.outbox[db], cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS)
+		w.outboxN[db]++
+	}
+	w.packets[ref.ID] = groupPacket{ref, out.Packet}
+}
+
+// sql is the group's write: every INSERT and UPDATE, in a fixed order.
+func (w *groupWrites) sql(m *MySQL) (string, []any) {
+	var b sqlBatch
+	for _, s := range sortedKeys(w.flows) {
+		b.add("INSERT INTO "+m.flowTable(s)+" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES "+
+			rowsOf(w.flowN[s], 8), w.flows[s]...)
+	}
+	for _, k := range sortedWallets(w.balances) {
+		v := w.balances[k]
+		b.add("UPDATE "+m.accountTable(k.shard)+" SET balance = ?, updated_ms = ? WHERE act_id = ?", v.balance, v.ms, k.act)
+	}
+	for _, t := range sortedDays(w.newPackets) {
+		b.add("INSERT INTO "+m.packetTable(t.shard, t.day)+" ("+packetCols+") VALUES "+rowsOf(w.newN[t], 13), w.newPackets[t]...)
+	}
+	for _, t := range sortedDays(w.claims) {
+		b.add("INSERT INTO "+m.claimTable(t.shard, t.day)+" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(w.claimN[t], 5), w.claims[t]...)
+	}
+	for _, db := range sortedKeys(w.outbox) {
+		b.add("INSERT INTO "+m.outboxTable(db)+" (claim_id, packet_id, act_id, act_shard, amount, created_ms) VALUES "+
+			rowsOf(w.outboxN[db], 6), w.outbox[db]...)
+	}
+	for _, id := range sortedKeys(w.packets) {
+		gp := w.packets[id]
+		q := gp.p
+		b.add("UPDATE "+m.packetTable(gp.ref.Shard, gp.ref.Day)+" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
+			q.RemainingAmount, q.RemainingCount, q.Status, string(id))
+	}
+	return b.sql()
+}
+
+// sqlBatch joins statements into one multi-statement string (the pool's
+// connections allow it; parameters are interpolated client-side).
+type sqlBatch struct {
+	parts []string
+	args  []any
+}
+
+func (b *sqlBatch) add(q string, args ...any) {
+	b.parts = append(b.parts, q)
+	b.args = append(b.args, args...)
+}
+
+func (b *sqlBatch) sql() (string, []any) { return strings.Join(b.parts, ";\n"), b.args }
+
+func sortedKeys[K interface{ ~string | ~int }, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func sortedWallets(m map[walletKey]groupBalance) []walletKey {
+	out := make([]walletKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].shard != out[j].shard {
+			return out[i].shard < out[j].shard
+		}
+		return out[i].act < out[j].act
+	})
+	return out
+}
+
+func walletRows(acts []string, now int64) []any {
+	out := make([]any, 0, 3*len(acts))
+	for _, a := range acts {
+		out = append(out, a, 0, now)
+	}
+	return out
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// applyCreditsTx books credits inside tx, as ApplyCredits does in its own
+// transaction: per credit in lock order (shard, act_id, claim ID), never
+// waiting for a row another transaction holds.
+func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64) (applied int, deferred []string, err error) {
+	sorted := append([]model.Credit(nil), credits...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Shard != sorted[j].Shard {
+			return sorted[i].Shard < sorted[j].Shard
+		}
+		if sorted[i].ActID != sorted[j].ActID {
+			return sorted[i].ActID < sorted[j].ActID
+		}
+		return sorted[i].ClaimID < sorted[j].ClaimID
+	})
+	for _, c := range sorted {
+		outcome, err := m.creditOne(ctx, tx, c, now)
+		if err != nil {
+			return 0, nil, err
+		}
+		switch outcome {
+		case creditApplied:
+			applied++
+		case creditDeferred:
+			deferred = append(deferred, c.ClaimID)
+		}
+	}
+	return applied, deferred, nil
+}

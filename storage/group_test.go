@@ -1,0 +1,181 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"redcell/internal/clock"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// TestCommitGroupMixed runs one group holding every kind of op, with
+// failures and ops on one key, and checks each answer and the rows.
+func TestCommitGroupMixed(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m, failNext, _ := ContractMySQL(t, clock.NewManual(now))
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(1, 2))
+	shardOf := sharding.ShardOfAct
+
+	// A packet made the ordinary way, to open in the group.
+	if _, err := m.Deposit(ctx, shardOf("s1"), "s1", "d0", 1000); err != nil {
+		t.Fatal(err)
+	}
+	p1ID := model.NewPacketID(shardOf("s1"), now)
+	p1, _, err := m.Send(ctx, shardOf("s1"), model.SendRequest{Sender: "s1", Amount: 300, Count: 3, Kind: model.KindFixed, OrderNo: "o1"}, p1ID, now.Add(time.Hour).UnixMilli())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref1, _ := model.ParsePacketID(string(p1.ID))
+	// u1 claims before the group: the group answers it as a repeat.
+	if res, _, err := m.OpenBatch(ctx, ref1, []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}}, r); err != nil || res[0].Err != nil {
+		t.Fatal(err, res)
+	}
+	missing, _ := model.ParsePacketID(string(model.NewPacketID(shardOf("nobody"), now)))
+	p2ID := model.NewPacketID(shardOf("a"), now)
+	op := func(o GroupOp) *GroupOp { return &o }
+	ops := []*GroupOp{
+		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}),
+		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d2", Amount: 250}),
+		// Spends both deposits above: FIFO per wallet inside the group.
+		op(GroupOp{Kind: OpSend, Shard: shardOf("a"), Send: model.SendRequest{Sender: "a", Amount: 700, Count: 2, Kind: model.KindRandom, OrderNo: "s1"},
+			PacketID: p2ID, ExpiresMS: now.Add(time.Hour).UnixMilli()}),
+		op(GroupOp{Kind: OpSend, Shard: shardOf("b"), Send: model.SendRequest{Sender: "b", Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: "s1"},
+			PacketID: model.NewPacketID(shardOf("b"), now), ExpiresMS: now.Add(time.Hour).UnixMilli()}), // insufficient
+		op(GroupOp{Kind: OpDeposit, Shard: shardOf("s1"), ActID: "s1", OrderNo: "d0", Amount: 1000}), // repeat
+		op(GroupOp{Kind: OpDeposit, Shard: shardOf("s1"), ActID: "s1", OrderNo: "o1", Amount: 5}),    // an order a send used
+		op(GroupOp{Kind: OpOpen, Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}, {ActID: "u2", Shard: shardOf("u2")}}, Rand: r}),
+		op(GroupOp{Kind: OpOpen, Ref: missing, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}}, Rand: r}),
+		op(GroupOp{Kind: OpOpen, Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}, {ActID: "u4", Shard: shardOf("u4")}}, Rand: r}),
+		op(GroupOp{Kind: OpCredits, Credits: []model.Credit{{ClaimID: model.ClaimID(ref1.ID, 1), PacketID: ref1.ID, ActID: "u1", Shard: shardOf("u1"), Amount: 100}}}),
+	}
+	if err := m.CommitGroup(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		err     error
+		balance model.Cents
+	}{{nil, 500}, {nil, 750}, {nil, 0}, {model.ErrInsufficientBalance, 0}, {nil, 1000}, {model.ErrOrderConflict, 0}}
+	for i, w := range want {
+		if !errors.Is(ops[i].Err, w.err) || (w.err == nil && ops[i].Kind == OpDeposit && ops[i].Deposit.Balance != w.balance) {
+			t.Errorf("op %d: err %v, deposit %+v; want %v, balance %d", i, ops[i].Err, ops[i].Deposit, w.err, w.balance)
+		}
+	}
+	if !ops[4].Deposit.Repeat || ops[0].Deposit.Repeat {
+		t.Errorf("repeat flags: %+v %+v", ops[0].Deposit, ops[4].Deposit)
+	}
+	if ops[2].Packet.ID != p2ID || ops[2].Packet.RemainingAmount != 700 {
+		t.Errorf("send answered %+v", ops[2].Packet)
+	}
+	if got := balance(t, m, "a"); got != 50 {
+		t.Errorf("a's balance %d, want 50", got)
+	}
+	o1, o2, o3 := ops[6].Results, ops[7].Results, ops[8].Results
+	if !o1[0].Repeat || o1[1].Err != nil || o1[1].Claim.Seq != 2 || !errors.Is(o2[0].Err, model.ErrNotFound) ||
+		o3[0].Err != nil || o3[0].Claim.Seq != 3 || !errors.Is(o3[1].Err, model.ErrSoldOut) {
+		t.Errorf("opens answered %+v / %+v / %+v", o1, o2, o3)
+	}
+	if ops[8].Packet.RemainingCount != 0 || ops[8].Packet.Status != model.StatusSoldOut {
+		t.Errorf("packet after the group %+v", ops[8].Packet)
+	}
+	if ops[9].Applied != 1 || len(ops[9].Deferred) != 0 {
+		t.Errorf("credits applied %d deferred %v", ops[9].Applied, ops[9].Deferred)
+	}
+	if got := balance(t, m, "u1"); got != 100 {
+		t.Errorf("u1's balance %d, want 100", got)
+	}
+
+	// The same group again moves nothing.
+	again := []*GroupOp{
+		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}),
+		op(GroupOp{Kind: OpSend, Shard: shardOf("a"), Send: ops[2].Send, PacketID: model.NewPacketID(shardOf("a"), now), ExpiresMS: 1}),
+		op(GroupOp{Kind: OpCredits, Credits: ops[9].Credits}),
+	}
+	if err := m.CommitGroup(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if !again[0].Deposit.Repeat || again[0].Deposit.Balance != 500 || !again[1].Repeat || again[1].Packet.ID != p2ID || again[2].Applied != 0 {
+		t.Errorf("replayed group answered %+v / %+v / %+v", again[0].Deposit, again[1], again[2])
+	}
+	if got := balance(t, m, "a"); got != 50 {
+		t.Errorf("a's balance %d after the replay, want 50", got)
+	}
+
+	// A lost COMMIT answer is settled by the re-read.
+	failNext(true)
+	lost := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d1", Amount: 9})}
+	if err := m.CommitGroup(ctx, lost); err != nil || lost[0].Deposit.Balance != 9 {
+		t.Fatalf("lost answer: %v %+v", err, lost[0].Deposit)
+	}
+	failNext(false)
+	cut := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d2", Amount: 9})}
+	if err := m.CommitGroup(ctx, cut); !errors.Is(err, ErrCommitUnknown) {
+		t.Fatalf("cut COMMIT answered %v", err)
+	}
+	if got := balance(t, m, "c"); got != 9 {
+		t.Errorf("c's balance %d, want 9", got)
+	}
+
+	l, err := m.Ledger(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := model.AuditCell(l, func(model.ShardID) bool { return true }); len(a.Problems) > 0 {
+		t.Errorf("audit: %v", a.Problems)
+	}
+}
+
+// BenchmarkColdOpens compares opens of many packets one transaction each
+// (OpenBatch, as the naive and batched strategies run a cold packet) with the
+// same opens 16 to a group (CommitGroup). Each op is one open of a packet
+// no open has touched before in the run.
+//
+//	deploy/local/testenv.sh go test -run '^$' -bench ColdOpens ./storage/
+func BenchmarkColdOpens(b *testing.B) {
+	for _, group := range []int{1, 16} {
+		b.Run(map[int]string{1: "single", 16: "group16"}[group], func(b *testing.B) {
+			now := time.Now()
+			m, _, _ := ContractMySQL(b, nil)
+			ctx := context.Background()
+			r := rand.New(rand.NewPCG(1, 2))
+			senders := 64
+			for i := 0; i < senders; i++ {
+				act := "s" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+				if _, err := m.Deposit(ctx, sharding.ShardOfAct(act), act, "d", 1<<40); err != nil {
+					b.Fatal(err)
+				}
+			}
+			refs := make([]model.PacketRef, b.N)
+			for i := range refs {
+				act := "s" + string(rune('A'+i%senders%26)) + string(rune('a'+i%senders/26))
+				s := sharding.ShardOfAct(act)
+				id := model.NewPacketID(s, now)
+				if _, _, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1000, Count: 10, Kind: model.KindRandom, OrderNo: "o" + string(id)}, id, now.Add(time.Hour).UnixMilli()); err != nil {
+					b.Fatal(err)
+				}
+				refs[i], _ = model.ParsePacketID(string(id))
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i += group {
+				end := min(i+group, b.N)
+				if group == 1 {
+					if _, _, err := m.OpenBatch(ctx, refs[i], []model.OpenRequest{{ActID: "u", Shard: 1}}, r); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
+				ops := make([]*GroupOp, 0, group)
+				for _, ref := range refs[i:end] {
+					ops = append(ops, &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: 1}}, Rand: r})
+				}
+				if err := m.CommitGroup(ctx, ops); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
