@@ -59,8 +59,9 @@ type groupMetrics struct {
 	wait, hold, took  [2]prometheus.Observer
 }
 
-// newGroupMetrics makes and registers the group-commit series.
-func newGroupMetrics(reg *prometheus.Registry) groupMetrics {
+// newGroupMetrics makes and registers the group-commit series; queued reads
+// the requests waiting in the commit lanes.
+func newGroupMetrics(reg *prometheus.Registry, queued func() int) groupMetrics {
 	var g groupMetrics
 	space := []string{"space"}
 	commits := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_group_commits_total",
@@ -89,7 +90,9 @@ func newGroupMetrics(reg *prometheus.Registry) groupMetrics {
 		g.requests[i], g.ops[i] = requests.WithLabelValues(name), ops.WithLabelValues(name)
 		g.wait[i], g.hold[i], g.took[i] = wait.WithLabelValues(name), hold.WithLabelValues(name), took.WithLabelValues(name)
 	}
-	reg.MustRegister(commits, failures, requests, ops, wait, hold, took)
+	reg.MustRegister(commits, failures, requests, ops, wait, hold, took,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_group_queued",
+			Help: "Requests waiting in the commit lanes for their group, both spaces together."}, func() float64 { return float64(queued()) }))
 	return g
 }
 
@@ -124,6 +127,7 @@ type metricSources struct {
 	dbs      []int // the cell's own databases
 	clock    clock.Clock
 	inc      *incidents
+	groups   *groupcommit.Committer
 }
 
 // relayTotal sums one relay counter over both spaces.
@@ -193,7 +197,7 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
 		},
 	)
-	m.group = newGroupMetrics(reg)
+	m.group = newGroupMetrics(reg, s.groups.Queued)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return m
 }

@@ -205,7 +205,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc})
+		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, groups: s.groups})
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{

@@ -104,11 +104,10 @@ func Weight(op *storage.GroupOp) int {
 // Committer runs one worker per lane, started on first use. Safe for
 // concurrent use. Create it with New, end it with Stop.
 //
-// The adaptive wait: a lane is idle when its worker found nothing queued
-// after its last commit and slept; an op that wakes it is committed at once.
-// A worker that finds ops queued right after a commit (ops arrive faster than
-// commits) forms the next group from them, and first waits for more only
-// when that pays: up to the smallest of Config.Wait, half the lane's recent
+// The adaptive wait: an op submitted while its lane has no commit in flight
+// arrived on an idle lane, and a group of such ops is committed at once. A
+// group holding an op that queued behind a commit (ops arrive faster than
+// commits) first waits for more, only as long as that pays: up to the smallest of Config.Wait, half the lane's recent
 // commit time (so the database idles at most a third of the time), and the
 // time the measured arrival rate needs to fill the group to Max — and not at
 // all if that rate brings less than one more request in that time.
@@ -149,6 +148,7 @@ type waiter struct {
 	op       *storage.GroupOp
 	weight   int
 	enqueued time.Time
+	busy     bool          // it queued behind a commit in flight
 	state    waiterState   // guarded by lane.mu
 	done     chan struct{} // closed when err is set
 	err      error
@@ -171,6 +171,9 @@ type lane struct {
 	wake chan struct{}
 	// stopping: Stop was called; the worker commits what is queued, then exits.
 	stopping bool
+	// committing: a group's commit is in flight (set before it starts, cleared
+	// before its ops are answered).
+	committing bool
 
 	// Worker-only state (no lock): the adaptive wait's measurements.
 	commitEWMA time.Duration // recent commit time
@@ -207,6 +210,7 @@ func (c *Committer) Submit(ctx context.Context, ln Lane, op *storage.GroupOp) er
 		l.mu.Unlock()
 		return model.Errorf(model.ErrOverloaded, "commit lane %s holds %d requests", ln, l.reqs)
 	}
+	w.busy = l.committing
 	l.q = append(l.q, w)
 	l.reqs += w.weight
 	l.mu.Unlock()
@@ -257,6 +261,19 @@ func (c *Committer) Stop() {
 	c.wg.Wait()
 }
 
+// Queued returns the requests waiting in all lanes (not yet in a group).
+func (c *Committer) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, l := range c.lanes {
+		l.mu.Lock()
+		n += l.reqs
+		l.mu.Unlock()
+	}
+	return n
+}
+
 // Lanes returns the number of lanes with a worker.
 func (c *Committer) Lanes() int {
 	c.mu.Lock()
@@ -267,7 +284,6 @@ func (c *Committer) Lanes() int {
 // work is a lane's worker: one group at a time until Stop, then what is left.
 func (c *Committer) work(l *lane) {
 	defer c.wg.Done()
-	idle := true // the lane slept before this group's first op arrived
 	var group []*waiter
 	for {
 		group = c.take(l, group[:0], 0)
@@ -279,16 +295,17 @@ func (c *Committer) work(l *lane) {
 				return
 			}
 			<-l.wake
-			idle = true
 			continue
 		}
 		var held time.Duration
-		if !idle {
-			group, held = c.fill(l, group)
+		for _, w := range group {
+			if w.busy {
+				group, held = c.fill(l, group)
+				break
+			}
 		}
 		c.commit(l, group, held)
 		clear(group) // let finished ops be collected
-		idle = false
 	}
 }
 
@@ -393,10 +410,16 @@ func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 		}
 	}
 	l.lastTake = start
+	l.mu.Lock()
+	l.committing = true
+	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
 	err := c.cfg.Commit(ctx, l.id, ops)
 	cancel()
 	took := c.clock.Now().Sub(start)
+	l.mu.Lock()
+	l.committing = false // before the answers: a caller's next op finds the lane idle
+	l.mu.Unlock()
 	l.commitEWMA += time.Duration(ewmaWeight * float64(took-l.commitEWMA))
 	for _, w := range group {
 		w.err = err

@@ -107,7 +107,11 @@ func waitQueued(t *testing.T, c *Committer, ln Lane, n int) {
 // each commit in a group of their own, without the wait (an hour here).
 func TestLoneOpsCommitAtOnce(t *testing.T) {
 	f := &fakeStore{}
-	c := newCommitter(f, func(cfg *Config) { cfg.Wait = time.Hour })
+	var held atomic.Int64
+	c := newCommitter(f, func(cfg *Config) {
+		cfg.Wait = time.Hour
+		cfg.Observe = func(g Group) { held.Add(int64(g.Held)) }
+	})
 	defer c.Stop()
 	for i := 0; i < 20; i++ {
 		if err := c.Submit(context.Background(), lane0, deposit(i)); err != nil {
@@ -116,6 +120,9 @@ func TestLoneOpsCommitAtOnce(t *testing.T) {
 	}
 	if n := f.count(); n != 20 {
 		t.Fatalf("%d groups for 20 lone ops, want 20", n)
+	}
+	if held.Load() != 0 {
+		t.Fatalf("lone ops were held %s", time.Duration(held.Load()))
 	}
 }
 
