@@ -258,8 +258,11 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	release()
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
-		if errors.Is(err, model.ErrDBUnavailable) {
-			// The database breaker counts and logs outages; one line per batch would flood.
+		if errors.Is(err, model.ErrDBUnavailable) || errors.Is(err, model.ErrTimeout) || errors.Is(err, model.ErrOverloaded) ||
+			errors.Is(err, model.ErrShuttingDown) {
+			// The database breaker counts and logs outages; one line per batch would
+			// flood. Under grouped, a deadline passed in the commit lane, a full lane
+			// and a stopped committer are shedding, counted by the request metrics.
 			s.log.Debug("open batch failed", "packet", key, "batch", len(live), "err", err)
 		} else {
 			track.Fail(err, "packet", key, "batch", len(live))
