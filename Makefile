@@ -31,12 +31,15 @@ drill:
 ## sim: the deterministic simulation of a router and 3 cells (package sim) for SIM_SEEDS seeds of
 ## SIM_STEPS operations each, fresh random seeds unless SIM_SEED is set (then SIM_SEED, SIM_SEED+1, ...);
 ## prints each seed, its operations and its event-log hash; a failure prints the command that replays it.
-## make test runs a short version (TestSimSeeds, TestSimCatchesPlantedCreditTwice in ./sim).
+## Each seed runs twice: the cells committing one store call per request, then as strategy grouped
+## (--grouped: ops of one database committed together). make test runs a short version
+## (TestSimSeeds, TestSimGroupedSeeds, TestSimCatchesPlantedCreditTwice in ./sim).
 SIM_SEED ?= 0
 SIM_SEEDS ?= 3
 SIM_STEPS ?= 100000
 sim: build
 	$(BIN) sim --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
+	$(BIN) sim --grouped --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 
 unit: vet
 	$(GO) test -p 1 -count=1 ./...

@@ -37,6 +37,17 @@ type cell struct {
 	// never iterated; emptied when it reaches closedMax.
 	closed map[model.PacketID]error
 	relay  *relay
+	// lanes holds, when the run is Grouped, the ops waiting for their
+	// database's next group; looked up by database, never iterated.
+	lanes map[int][]pendingOp
+	// openBusy: Grouped, packets with a batch in a lane; looked up, never iterated.
+	openBusy map[model.PacketID]bool
+}
+
+// pendingOp is an op waiting in its lane, and what to do with its answers.
+type pendingOp struct {
+	op   *storage.GroupOp
+	done func(err error)
 }
 
 // closedMax bounds closed (cell/open.go closedSetMax).
@@ -77,6 +88,7 @@ func (c *cell) start() {
 	c.epoch++
 	c.opens = map[model.PacketID]*openQueue{}
 	c.closed = map[model.PacketID]error{}
+	c.lanes, c.openBusy = map[int][]pendingOp{}, map[model.PacketID]bool{}
 	c.relay = newRelay(c)
 	c.every(relayInterval, c.relay.scan)
 	c.every(expiryInterval, c.expire)
@@ -112,7 +124,7 @@ func (c *cell) later(d time.Duration, fn func()) {
 func (c *cell) crash() {
 	c.down = true
 	c.epoch++
-	c.opens, c.closed, c.relay = nil, nil, nil
+	c.opens, c.closed, c.relay, c.lanes, c.openBusy = nil, nil, nil, nil, nil
 	c.w.count("cell.crash")
 	c.w.log.begin(c.w, "crash").s(c.name).end()
 	c.w.at(membershipLag, func() { c.w.router.down[c.idx] = c.down })
@@ -150,6 +162,71 @@ func b2i(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// commit runs op: at once as its single-op store call (the fault hook armed
+// before it, as before every call that writes), or, when the run is
+// Grouped, in the next group of database db's lane. done gets the error of
+// the call or of the whole group; the op's own answers and errors are in op.
+func (c *cell) commit(db int, op *storage.GroupOp, done func(err error)) {
+	if !c.w.cfg.Grouped {
+		c.maybeFailCommit()
+		done(c.single(op))
+		return
+	}
+	if len(c.lanes[db]) == 0 {
+		c.later(groupLinger, func() { c.flushLane(db) })
+	}
+	c.lanes[db] = append(c.lanes[db], pendingOp{op: op, done: done})
+}
+
+// single runs op as its single-op store call, answers in op as CommitGroup
+// would set them; a deposit's or send's refusal is the call's error.
+func (c *cell) single(op *storage.GroupOp) error {
+	ctx := c.w.ctx
+	var err error
+	switch op.Kind {
+	case storage.OpDeposit:
+		op.Deposit, err = c.store.Deposit(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+	case storage.OpSend:
+		op.Packet, op.Repeat, err = c.store.Send(ctx, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+	case storage.OpOpen:
+		op.Results, op.Packet, err = c.store.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)
+	case storage.OpCredits:
+		op.Applied, op.Deferred, err = c.store.ApplyCredits(ctx, op.Credits)
+	}
+	return err
+}
+
+// flushLane commits what waits in lane db, groupMax ops at a time, one group
+// after the other, and hands each op its answer.
+func (c *cell) flushLane(db int) {
+	w := c.w
+	for len(c.lanes[db]) > 0 {
+		n := min(len(c.lanes[db]), groupMax)
+		group := c.lanes[db][:n:n]
+		c.lanes[db] = c.lanes[db][n:]
+		ops := make([]*storage.GroupOp, n)
+		for i, p := range group {
+			ops[i] = p.op
+		}
+		c.maybeFailCommit()
+		err := c.store.CommitGroup(w.ctx, ops)
+		ln := w.log.begin(w, "group").s(c.name).i(int64(db)).i(int64(n))
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			ln.s(code).end()
+			w.count("group.failed")
+		} else {
+			ln.end()
+			w.count("group.committed")
+			w.counts["group.ops"] += int64(n)
+		}
+		for _, p := range group {
+			p.done(err)
+		}
+	}
+	delete(c.lanes, db)
 }
 
 func (c *cell) receive(m *message) {
@@ -215,18 +292,23 @@ func (c *cell) deposit(id uint64, s model.ShardID, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	c.maybeFailCommit()
-	d, err := c.store.Deposit(w.ctx, s, q.actID, q.deposit.OrderNo, model.Cents(q.deposit.Amount))
-	ln := w.log.begin(w, "deposit").s(c.name).s(q.actID).s(q.deposit.OrderNo).i(q.deposit.Amount)
-	if err != nil {
-		code, _ := model.CodeOf(err)
-		ln.s(code).end()
-		c.reply(id, errAnswer(err))
-		return
-	}
-	ln.kv("balance", int64(d.Balance)).kv("repeat", b2i(d.Repeat)).end()
-	w.check.depositApplied(c, s, d)
-	c.reply(id, &answer{deposit: d})
+	op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: s, ActID: q.actID, OrderNo: q.deposit.OrderNo, Amount: model.Cents(q.deposit.Amount)}
+	c.commit(s.DB(), op, func(err error) {
+		if err == nil {
+			err = op.Err
+		}
+		d := op.Deposit
+		ln := w.log.begin(w, "deposit").s(c.name).s(q.actID).s(q.deposit.OrderNo).i(q.deposit.Amount)
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			ln.s(code).end()
+			c.reply(id, errAnswer(err))
+			return
+		}
+		ln.kv("balance", int64(d.Balance)).kv("repeat", b2i(d.Repeat)).end()
+		w.check.depositApplied(c, s, d)
+		c.reply(id, &answer{deposit: d})
+	})
 }
 
 func (c *cell) send(id uint64, s model.ShardID, q *request) {
@@ -237,19 +319,23 @@ func (c *cell) send(id uint64, s model.ShardID, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	pid := c.newPacketID(s)
-	c.maybeFailCommit()
-	p, repeat, err := c.store.Send(w.ctx, s, req, pid, w.timeNow().Add(packetExpiry).UnixMilli())
-	ln := w.log.begin(w, "send").s(c.name).s(b.Sender).s(b.OrderNo).i(b.Amount).i(b.Count)
-	if err != nil {
-		code, _ := model.CodeOf(err)
-		ln.s(code).end()
-		c.reply(id, errAnswer(err))
-		return
-	}
-	ln.s(string(p.ID)).kv("repeat", b2i(repeat)).end()
-	w.check.sent(c, s, req, p, repeat)
-	c.reply(id, &answer{send: api.NewSendResponse(p, repeat)})
+	op := &storage.GroupOp{Kind: storage.OpSend, Shard: s, Send: req, PacketID: c.newPacketID(s), ExpiresMS: w.timeNow().Add(packetExpiry).UnixMilli()}
+	c.commit(s.DB(), op, func(err error) {
+		if err == nil {
+			err = op.Err
+		}
+		p, repeat := op.Packet, op.Repeat
+		ln := w.log.begin(w, "send").s(c.name).s(b.Sender).s(b.OrderNo).i(b.Amount).i(b.Count)
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			ln.s(code).end()
+			c.reply(id, errAnswer(err))
+			return
+		}
+		ln.s(string(p.ID)).kv("repeat", b2i(repeat)).end()
+		w.check.sent(c, s, req, p, repeat)
+		c.reply(id, &answer{send: api.NewSendResponse(p, repeat)})
+	})
 }
 
 // newPacketID makes a packet ID with model.PacketIDFrom, its random part
@@ -263,10 +349,17 @@ func (c *cell) newPacketID(s model.ShardID) model.PacketID {
 }
 
 // flushOpens opens a packet for the opens that waited for its batch, in
-// batches of openBatchMax, as the cell's batched strategy does.
+// batches of openBatchMax, as the cell's batched strategy does (or, when the
+// run is Grouped, as strategy grouped does: each batch an op in the packet
+// database's lane).
 func (c *cell) flushOpens(id model.PacketID) {
-	w := c.w
 	oq := c.opens[id]
+	if c.w.cfg.Grouped {
+		if oq != nil && !c.openBusy[id] { // a batch in flight takes these when it is answered
+			c.openNext(id, oq)
+		}
+		return
+	}
 	delete(c.opens, id)
 	for len(oq.waiting) > 0 {
 		if final := c.closed[id]; final != nil {
@@ -274,40 +367,76 @@ func (c *cell) flushOpens(id model.PacketID) {
 			return
 		}
 		n := min(len(oq.waiting), openBatchMax)
-		batch := oq.waiting[:n]
+		batch := oq.waiting[:n:n]
 		oq.waiting = oq.waiting[n:]
 		reqs := make([]model.OpenRequest, n)
 		for i, wt := range batch {
 			reqs[i] = wt.req
 		}
-		c.maybeFailCommit()
-		results, p, err := c.store.OpenBatch(w.ctx, oq.ref, reqs, c.rng)
-		if err != nil {
-			code, _ := model.CodeOf(err)
-			w.log.begin(w, "open-batch").s(c.name).s(string(id)).i(int64(n)).s(code).end()
-			w.check.openFailed(oq.ref)
-			for _, wt := range batch {
-				c.reply(wt.id, errAnswer(err))
-			}
+		op := &storage.GroupOp{Kind: storage.OpOpen, Ref: oq.ref, Reqs: reqs, Rand: c.rng}
+		c.commit(oq.ref.Shard.DB(), op, func(err error) { c.opened(oq.ref, batch, op, err) })
+	}
+}
+
+// openNext hands the packet's next batch to its lane, Grouped: one batch of
+// a packet in flight at a time, the next taken when it is answered, as the
+// cell's packet worker does (so a group holds at most one op per packet).
+func (c *cell) openNext(id model.PacketID, oq *openQueue) {
+	if final := c.closed[id]; final != nil {
+		delete(c.opens, id)
+		c.answerClosed(oq, final)
+		return
+	}
+	n := min(len(oq.waiting), openBatchMax)
+	batch := oq.waiting[:n:n]
+	oq.waiting = oq.waiting[n:]
+	if len(oq.waiting) == 0 {
+		delete(c.opens, id)
+	}
+	reqs := make([]model.OpenRequest, n)
+	for i, wt := range batch {
+		reqs[i] = wt.req
+	}
+	c.openBusy[id] = true
+	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: oq.ref, Reqs: reqs, Rand: c.rng}
+	c.commit(oq.ref.Shard.DB(), op, func(err error) {
+		delete(c.openBusy, id)
+		c.opened(oq.ref, batch, op, err)
+		if next := c.opens[id]; next != nil {
+			c.openNext(id, next)
+		}
+	})
+}
+
+// opened answers the opens of one batch.
+func (c *cell) opened(ref model.PacketRef, batch []openWaiter, op *storage.GroupOp, err error) {
+	w, id, reqs := c.w, ref.ID, op.Reqs
+	if err != nil {
+		code, _ := model.CodeOf(err)
+		w.log.begin(w, "open-batch").s(c.name).s(string(id)).i(int64(len(batch))).s(code).end()
+		w.check.openFailed(ref)
+		for _, wt := range batch {
+			c.reply(wt.id, errAnswer(err))
+		}
+		return
+	}
+	results, p := op.Results, op.Packet
+	for i, r := range results {
+		ln := w.log.begin(w, "open").s(c.name).s(string(id)).s(reqs[i].ActID)
+		if r.Err != nil {
+			code, _ := model.CodeOf(r.Err)
+			ln.s(code).end()
+			c.reply(batch[i].id, errAnswer(r.Err))
 			continue
 		}
-		for i, r := range results {
-			ln := w.log.begin(w, "open").s(c.name).s(string(id)).s(reqs[i].ActID)
-			if r.Err != nil {
-				code, _ := model.CodeOf(r.Err)
-				ln.s(code).end()
-				c.reply(batch[i].id, errAnswer(r.Err))
-				continue
-			}
-			ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
-			c.reply(batch[i].id, &answer{open: openAnswer(r.Claim, r.Repeat)})
-		}
-		w.check.opened(c, oq.ref, reqs, results, p)
-		fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
-		w.counts["open.claim"] += int64(len(fresh))
-		c.relay.dispatch(fresh)
-		c.noteClosed(p)
+		ln.s(r.Claim.ID).i(int64(r.Claim.Amount)).kv("repeat", b2i(r.Repeat)).end()
+		c.reply(batch[i].id, &answer{open: openAnswer(r.Claim, r.Repeat)})
 	}
+	w.check.opened(c, ref, reqs, results, p)
+	fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
+	w.counts["open.claim"] += int64(len(fresh))
+	c.relay.dispatch(fresh)
+	c.noteClosed(p)
 }
 
 // noteClosed remembers a packet an open batch left in a final state
@@ -382,24 +511,60 @@ func (c *cell) grab(id uint64, q *request) {
 // were deferred.
 func (c *cell) applyCredits(m *message) {
 	w := c.w
-	c.maybeFailCommit()
-	applied, deferred, err := c.store.ApplyCredits(w.ctx, m.credits)
-	ln := w.log.begin(w, "apply-credits").s(c.name).i(int64(m.id)).i(int64(len(m.credits)))
-	if err != nil {
-		code, _ := model.CodeOf(err)
-		ln.s(code).credits(m.credits).end()
+	c.bookCredits(m.credits, func(applied int, deferred []string, err error) {
+		ln := w.log.begin(w, "apply-credits").s(c.name).i(int64(m.id)).i(int64(len(m.credits)))
+		if err != nil {
+			code, _ := model.CodeOf(err)
+			ln.s(code).credits(m.credits).end()
+			c.later(serviceTime, func() {
+				w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, ans: errAnswer(err)})
+			})
+			return
+		}
+		ln.kv("applied", int64(applied)).kv("deferred", int64(len(deferred))).credits(m.credits).end()
+		w.counts["credits.applied"] += int64(applied)
+		w.counts["credits.again"] += int64(len(m.credits) - applied - len(deferred))
+		w.check.credited(c, m.credits, deferred)
 		c.later(serviceTime, func() {
-			w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, ans: errAnswer(err)})
+			w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, deferred: deferred})
 		})
+	})
+}
+
+// bookCredits books credits here: one ApplyCredits call, or, when the run
+// is Grouped, one op per database in those databases' lanes; done gets the
+// sums once every part is answered (an error if any part failed).
+func (c *cell) bookCredits(credits []model.Credit, done func(applied int, deferred []string, err error)) {
+	if !c.w.cfg.Grouped {
+		op := &storage.GroupOp{Kind: storage.OpCredits, Credits: credits}
+		c.commit(0, op, func(err error) { done(op.Applied, op.Deferred, err) })
 		return
 	}
-	ln.kv("applied", int64(applied)).kv("deferred", int64(len(deferred))).credits(m.credits).end()
-	w.counts["credits.applied"] += int64(applied)
-	w.counts["credits.again"] += int64(len(m.credits) - applied - len(deferred))
-	w.check.credited(c, m.credits, deferred)
-	c.later(serviceTime, func() {
-		w.send(c.node, nodeCell0+m.from, &message{kind: msgCreditsAck, id: m.id, deferred: deferred})
-	})
+	var dbs []int
+	byDB := map[int][]model.Credit{}
+	for _, cr := range credits {
+		db := cr.Shard.DB()
+		if _, ok := byDB[db]; !ok {
+			dbs = append(dbs, db) // first-seen order: deterministic
+		}
+		byDB[db] = append(byDB[db], cr)
+	}
+	left, applied := len(dbs), 0
+	var deferred []string
+	var failed error
+	for _, db := range dbs {
+		op := &storage.GroupOp{Kind: storage.OpCredits, Credits: byDB[db]}
+		c.commit(db, op, func(err error) {
+			if err != nil && failed == nil {
+				failed = err
+			}
+			applied += op.Applied
+			deferred = append(deferred, op.Deferred...)
+			if left--; left == 0 {
+				done(applied, deferred, failed)
+			}
+		})
+	}
 }
 
 // expire is one pass of cell/expiry.go: the expired packets of the days a

@@ -22,6 +22,11 @@ type Config struct {
 	// Faults are the network, crash and store faults injected while the
 	// workload runs; at the end the network heals and every cell is up.
 	Faults Faults
+	// Grouped runs the cells as strategy grouped does: deposits, sends,
+	// open batches and credit batches wait groupLinger in their database's
+	// commit lane and are committed together (storage.Grouper.CommitGroup),
+	// instead of one store call each.
+	Grouped bool
 	// Plant enables a planted bug (tests prove the checkers find it).
 	Plant Plant
 	// TraceKeys: when set, the run keeps every event-log line that names one
@@ -121,6 +126,8 @@ const (
 	cellCount      = 3
 	openLinger     = 2 * time.Millisecond   // a packet's opens wait this long to be batched
 	openBatchMax   = 32                     // opens per OpenBatch at most
+	groupLinger    = 3 * time.Millisecond   // Grouped: an op waits this long in its lane for others to join its group
+	groupMax       = 64                     // Grouped: ops per group at most
 	serviceTime    = 1 * time.Millisecond   // a cell answers this long after its store call
 	requestTimeout = 300 * time.Millisecond // a client gives an attempt up after this
 	attemptsMax    = 8                      // tries of one operation, the first included

@@ -36,7 +36,10 @@
 //     an open's answer is built as cell/open.go's writeOpen writes it), the
 //     per-packet batching of opens (a 2 ms linger, batches of 32: the
 //     strategy's settings, not its code) and the closed set (its bound copies
-//     cell/open.go's closedSetMax); the relay's control flow (cell/relay runs
+//     cell/open.go's closedSetMax); with Config.Grouped, the commit lanes of
+//     strategy grouped (a lane per database, a 3 ms linger, at most 64 ops
+//     per storage.Grouper.CommitGroup, one batch of a packet in a lane at a
+//     time; the committer's settings and rules, not its code); the relay's control flow (cell/relay runs
 //     goroutines, lanes and a clock; the model is one event loop's timers: a
 //     lane per destination cell, the outbox scan every interval for rows two
 //     intervals old, delivery, MarkDelivered, deferred credits tried again;
@@ -49,9 +52,9 @@
 //     sharding/membership: CELL_UNAVAILABLE for a cell that is down.
 //   - Stand-ins: packet IDs are made as model.NewPacketID makes them but with
 //     their 64 random bits from the cell's seeded stream (NewPacketID reads
-//     crypto/rand); lockedRows defers some credits in ApplyCredits as the
-//     MariaDB store does when a wallet row is locked, which memstore never
-//     is; the planted bug of PlantCreditTwice is a store wrapper.
+//     crypto/rand); lockedRows defers some credits in ApplyCredits and in
+//     CommitGroup's credit ops as the MariaDB store does when a wallet row
+//     is locked, which memstore never is; the planted bug of PlantCreditTwice is a store wrapper.
 //   - The simulator's own: the event loop, the clock (a clock.Manual moved only
 //     by the loop; nothing reads the wall clock), the network (latency, drops,
 //     duplicates, reordering, cut links), cell crashes and restarts (the store

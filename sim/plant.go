@@ -41,6 +41,39 @@ func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) 
 	return applied, deferred, nil
 }
 
+// CommitGroup is ApplyCredits's bug for the credits of a group's credit ops.
+func (s *creditTwice) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+	var credits []model.Credit
+	for _, op := range ops {
+		if op.Kind == storage.OpCredits {
+			credits = append(credits, op.Credits...)
+		}
+	}
+	before := map[string]model.Credit{}
+	if len(credits) > 0 {
+		var err error
+		if before, err = s.Store.CreditsOf(ctx, credits); err != nil {
+			return err
+		}
+	}
+	if err := s.Store.CommitGroup(ctx, ops); err != nil {
+		return err
+	}
+	var again []model.Credit
+	for _, c := range credits {
+		if _, booked := before[c.ClaimID]; booked {
+			c.Shard = s.neighbour(c.Shard)
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		if _, _, err := s.Store.ApplyCredits(ctx, again); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // neighbour is another shard this store owns, next to s.
 func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
 	if n := sh + 1; n.Valid() && s.owns(n) {

@@ -98,20 +98,20 @@ func (r *relay) flush(dest int) {
 		batch := append([]model.Credit(nil), r.lanes[dest][:n]...)
 		r.lanes[dest] = r.lanes[dest][n:]
 		if dest == c.idx {
-			c.maybeFailCommit()
-			applied, deferred, err := c.store.ApplyCredits(w.ctx, batch)
-			ln := w.log.begin(w, "relay-local").s(c.name).i(int64(len(batch)))
-			if err != nil {
-				code, _ := model.CodeOf(err)
-				ln.s(code).credits(batch).end()
-				r.release(batch)
-				continue
-			}
-			ln.kv("deferred", int64(len(deferred))).credits(batch).end()
-			w.counts["credits.applied"] += int64(applied)
-			w.counts["credits.again"] += int64(len(batch) - applied - len(deferred))
-			w.check.credited(c, batch, deferred)
-			r.delivered(batch, deferred)
+			c.bookCredits(batch, func(applied int, deferred []string, err error) {
+				ln := w.log.begin(w, "relay-local").s(c.name).i(int64(len(batch)))
+				if err != nil {
+					code, _ := model.CodeOf(err)
+					ln.s(code).credits(batch).end()
+					r.release(batch)
+					return
+				}
+				ln.kv("deferred", int64(len(deferred))).credits(batch).end()
+				w.counts["credits.applied"] += int64(applied)
+				w.counts["credits.again"] += int64(len(batch) - applied - len(deferred))
+				w.check.credited(c, batch, deferred)
+				r.delivered(batch, deferred)
+			})
 			continue
 		}
 		w.seq++

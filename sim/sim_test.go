@@ -143,3 +143,33 @@ func TestSimCatchesPlantedCreditTwice(t *testing.T) {
 		t.Fatalf("seed %d without the planted bug: %v", seed, r.Violation)
 	}
 }
+
+// TestSimGroupedSeeds runs the cells as strategy grouped (ops of one
+// database committed together) on a fixed seed: the same checks hold, and
+// groups of more than one op were committed, some of them failing at COMMIT.
+// The planted double credit is caught through the group path too.
+func TestSimGroupedSeeds(t *testing.T) {
+	for _, seed := range []uint64{7} {
+		cfg := testConfig(seed)
+		cfg.Grouped = true
+		r := Run(cfg)
+		t.Logf("seed %d grouped: %d ops, %d groups of %d ops, %d failed, hash %s", seed, r.Ops, r.Counts["group.committed"], r.Counts["group.ops"], r.Counts["group.failed"], r.Hash)
+		if r.Violation != nil {
+			trace, _ := Explain(cfg, r.Violation)
+			t.Fatalf("%v\nreplay: go run ./cmd/redcell sim --grouped --seed %d --steps %d\ntrace:\n%s", r.Violation, seed, testSteps, strings.Join(trace, "\n"))
+		}
+		if g := r.Counts["group.committed"]; g == 0 || r.Counts["group.ops"] <= g || r.Counts["group.failed"] == 0 {
+			t.Errorf("seed %d: %d groups of %d ops, %d failed: want groups of more than one op, and some failed", seed, g, r.Counts["group.ops"], r.Counts["group.failed"])
+		}
+		for _, kind := range []string{"credits.applied", "relay.deferred", "answer.send.OK", "answer.deposit.OK", "answer.open.SOLD_OUT", "check.audit"} {
+			if r.Counts[kind] == 0 {
+				t.Errorf("seed %d grouped: no %s in the run", seed, kind)
+			}
+		}
+	}
+	cfg := testConfig(11)
+	cfg.Grouped, cfg.Plant = true, PlantCreditTwice
+	if r := Run(cfg); r.Violation == nil || !strings.Contains(r.Violation.Detail, "credited twice") {
+		t.Fatalf("grouped run with a credit booked twice: violation %v", r.Violation)
+	}
+}

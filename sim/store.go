@@ -44,6 +44,43 @@ func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (
 	return applied, append(deferred, later...), nil
 }
 
+// CommitGroup leaves credits of the group's credit ops for a later call as
+// ApplyCredits does; the rest of the group is memstore's.
+func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+	p := s.w.faults.Defer
+	if p == 0 {
+		return s.Store.CommitGroup(ctx, ops)
+	}
+	type held struct {
+		op    *storage.GroupOp
+		all   []model.Credit
+		later []string
+	}
+	var hs []held
+	for _, op := range ops {
+		if op.Kind != storage.OpCredits {
+			continue
+		}
+		h := held{op: op, all: op.Credits}
+		var now []model.Credit
+		for _, c := range op.Credits {
+			if s.w.rngFault.Float64() < p {
+				h.later = append(h.later, c.ClaimID)
+			} else {
+				now = append(now, c)
+			}
+		}
+		op.Credits = now
+		hs = append(hs, h)
+	}
+	err := s.Store.CommitGroup(ctx, ops)
+	for _, h := range hs {
+		h.op.Credits = h.all
+		h.op.Deferred = append(h.op.Deferred, h.later...)
+	}
+	return err
+}
+
 // FailNextCommit passes the fault hook through.
 func (s *lockedRows) FailNextCommit(lostAnswer bool) {
 	s.Store.(commitFailer).FailNextCommit(lostAnswer)

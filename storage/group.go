@@ -17,7 +17,12 @@ import (
 // model.ApplyCredit) in list order — so two ops on one key (a wallet, a
 // packet) see each other's effects in the order they arrived — and writes the
 // outcome of all of them with a few multi-row statements and one COMMIT: one
-// fsync for the whole group.
+// fsync for the whole group. Credit batches are the exception: they are
+// booked after every other op of the group, whatever their place in the list
+// (a credit adds to a balance without reading it, and never waits for a
+// wallet row; a deposit or send in the same group does not see it). No op
+// may open a packet that a send of the same group creates (a client learns
+// a packet's ID only from its send's answer).
 //
 // One op's own failure (sold out, insufficient balance, an order number
 // reused with another request) is decided before anything is written: it
@@ -79,10 +84,10 @@ type GroupOp struct {
 
 	// Answers.
 	Results  []model.OpenResult // OpOpen: one per request
-	Packet   model.Packet       // OpOpen: the packet as the group left it (zero if not found); OpSend: the packet
+	Packet   model.Packet       // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
 	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now
 	Deposit  model.Deposit      // OpDeposit
-	Applied  int                // OpCredits: credits booked now
+	Applied  int                // OpCredits: this op's credits booked now
 	Deferred []string           // OpCredits: claim IDs left for a later call (a wallet row was held)
 	Err      error              // this op's own error: nothing of it was written
 }

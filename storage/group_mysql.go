@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"redcell/model"
@@ -17,8 +18,9 @@ import (
 // deposit order numbers LOCK IN SHARE MODE, then the openers' earlier
 // claims), each table read once, sent as one multi-statement query; the
 // decisions in memory, in list order; one multi-statement write of every
-// flow, balance, packet, claim and outbox row. Credits follow with their own
-// no-wait statements (applyCreditsTx), then COMMIT.
+// flow, balance, packet, claim and outbox row. Credit batches follow, after
+// every other op whatever their place in the list, each with its own no-wait
+// statements (applyCreditsTx), then COMMIT.
 //
 // Lock order: packet rows by (table, ID), then wallet rows by (table,
 // act_id) — the order a refund takes them — so a group deadlocks neither
@@ -115,11 +117,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	}
 	now := m.nowMS()
 	var (
-		w        groupWrites
-		repeats  []*GroupOp // sends answered by an earlier packet, read after the writes
-		credits  []model.Credit
-		creditOp []*GroupOp
-		probe    func() (bool, error)
+		w         groupWrites
+		repeats   []*GroupOp // sends answered by an earlier packet, read after the writes
+		creditOps []*GroupOp
+		probe     func() (bool, error)
 	)
 	for _, op := range ops {
 		switch op.Kind {
@@ -190,8 +191,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 				probe = m.flowProbe(ctx, fk)
 			}
 		case OpCredits:
-			credits = append(credits, op.Credits...)
-			creditOp = append(creditOp, op)
+			creditOps = append(creditOps, op)
 		}
 	}
 	if q, args := w.sql(m); q != "" {
@@ -199,12 +199,12 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			return nil, err
 		}
 	}
-	if len(credits) > 0 {
-		applied, deferred, err := m.applyCreditsTx(ctx, tx, credits, now)
+	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
+		var err error
+		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now)
 		if err != nil {
 			return nil, err
 		}
-		splitCredits(creditOp, applied, deferred)
 	}
 	for _, op := range repeats {
 		first, err := model.ParsePacketID(string(op.Packet.ID))
@@ -219,30 +219,6 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		op.Packet = p
 	}
 	return probe, nil
-}
-
-// splitCredits hands the group's credit answers back to the ops they came
-// from: deferred by claim ID; applied counted per op as its credits neither
-// deferred nor booked before. applyCreditsTx counts the whole list, so a
-// credit booked before cannot be told from one booked now per op: the
-// applied count goes to the ops in order, each taking at most its share.
-func splitCredits(ops []*GroupOp, applied int, deferred []string) {
-	isDeferred := make(map[string]bool, len(deferred))
-	for _, id := range deferred {
-		isDeferred[id] = true
-	}
-	for _, op := range ops {
-		n := 0
-		for _, c := range op.Credits {
-			if isDeferred[c.ClaimID] {
-				op.Deferred = append(op.Deferred, c.ClaimID)
-			} else {
-				n++
-			}
-		}
-		op.Applied = min(n, applied)
-		applied -= op.Applied
-	}
 }
 
 func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey) func() (bool, error) {
@@ -314,14 +290,19 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 		}
 	}
 
-	// The reads, in lock order; result sets come back in this order.
+	// The reads, in lock order, one UNION ALL per kind of row (each part
+	// takes its locks in turn); result sets come back in this order.
 	type reader func(*sql.Rows) error
 	var readers []reader
 	var r sqlBatch
-	for _, t := range sortedKeys(packetsByTable) {
-		ids := packetsByTable[t]
-		sort.Strings(ids)
-		r.add("SELECT "+packetCols+" FROM "+t+" WHERE packet_id IN ("+placeholders(len(ids))+") ORDER BY packet_id FOR UPDATE", anys(ids)...)
+	if len(packetsByTable) > 0 {
+		var u union
+		for _, t := range sortedKeys(packetsByTable) {
+			ids := packetsByTable[t]
+			sort.Strings(ids)
+			u.add("SELECT "+packetCols+" FROM "+t+" WHERE packet_id IN ("+placeholders(len(ids))+") ORDER BY packet_id FOR UPDATE", anys(ids)...)
+		}
+		r.addUnion(u)
 		readers = append(readers, func(rows *sql.Rows) error {
 			p, err := scanPacket(rows)
 			if err == nil {
@@ -330,31 +311,36 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 			return err
 		})
 	}
-	for _, s := range shards {
-		acts := sortedKeys(walletsByShard[s])
-		r.add("SELECT act_id, balance FROM "+m.accountTable(s)+" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
+	if len(shards) > 0 {
+		var wallets, flows union
+		for _, s := range shards {
+			acts := sortedKeys(walletsByShard[s])
+			wallets.add("SELECT "+strconv.Itoa(int(s))+", act_id, balance FROM "+m.accountTable(s)+
+				" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
+			pairs := flowsByShard[s]
+			conds := make([]string, 0, len(pairs))
+			args := make([]any, 0, 2*len(pairs))
+			for p := range pairs {
+				conds = append(conds, "(act_id = ? AND order_no = ?)")
+				args = append(args, p[0], p[1])
+			}
+			flows.add("SELECT "+strconv.Itoa(int(s))+", act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms FROM "+
+				m.flowTable(s)+" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
+		}
+		r.addUnion(wallets)
 		readers = append(readers, func(rows *sql.Rows) error {
-			var act string
+			var k walletKey
 			var bal model.Cents
-			err := rows.Scan(&act, &bal)
-			st.wallets[walletKey{s, act}] = bal
+			err := rows.Scan(&k.shard, &k.act, &bal)
+			st.wallets[k] = bal
 			return err
 		})
-	}
-	for _, s := range shards {
-		pairs := flowsByShard[s]
-		conds := make([]string, 0, len(pairs))
-		args := make([]any, 0, 2*len(pairs))
-		for p := range pairs {
-			conds = append(conds, "(act_id = ? AND order_no = ?)")
-			args = append(args, p[0], p[1])
-		}
-		r.add("SELECT act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms FROM "+m.flowTable(s)+
-			" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
+		r.addUnion(flows)
 		readers = append(readers, func(rows *sql.Rows) error {
+			var s model.ShardID
 			var f model.Flow
 			var after sql.NullInt64
-			if err := rows.Scan(&f.ActID, &f.OrderNo, &f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
+			if err := rows.Scan(&s, &f.ActID, &f.OrderNo, &f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
 				return err
 			}
 			f.BalanceAfter, f.BalanceKnown = model.Cents(after.Int64), after.Valid
@@ -365,17 +351,21 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 	// The claims are read after every lock is held (a consistent read: its
 	// snapshot starts here, so it sees every claim committed before the
 	// packets were locked).
-	for _, t := range sortedKeys(claimsByTable) {
-		byPacket := claimsByTable[t]
-		var conds []string
-		var args []any
-		for _, id := range sortedKeys(byPacket) {
-			acts := byPacket[id]
-			conds = append(conds, "(packet_id = ? AND act_id IN ("+placeholders(len(acts))+"))")
-			args = append(args, string(id))
-			args = append(args, anys(acts)...)
+	if len(claimsByTable) > 0 {
+		var u union
+		for _, t := range sortedKeys(claimsByTable) {
+			byPacket := claimsByTable[t]
+			var conds []string
+			var args []any
+			for _, id := range sortedKeys(byPacket) {
+				acts := byPacket[id]
+				conds = append(conds, "(packet_id = ? AND act_id IN ("+placeholders(len(acts))+"))")
+				args = append(args, string(id))
+				args = append(args, anys(acts)...)
+			}
+			u.add("SELECT packet_id, seq, act_id, amount, created_ms FROM "+t+" WHERE "+strings.Join(conds, " OR "), args...)
 		}
-		r.add("SELECT packet_id, seq, act_id, amount, created_ms FROM "+t+" WHERE "+strings.Join(conds, " OR "), args...)
+		r.addUnion(u)
 		readers = append(readers, func(rows *sql.Rows) error {
 			var c model.Claim
 			if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
@@ -540,7 +530,26 @@ func (b *sqlBatch) add(q string, args ...any) {
 	b.args = append(b.args, args...)
 }
 
+func (b *sqlBatch) addUnion(u union) {
+	q, args := u.sql()
+	b.add(q, args...)
+}
+
 func (b *sqlBatch) sql() (string, []any) { return strings.Join(b.parts, ";\n"), b.args }
+
+// union joins SELECTs of one shape into one UNION ALL, each in parentheses
+// (so each keeps its own ORDER BY and locking clause).
+type union struct {
+	parts []string
+	args  []any
+}
+
+func (u *union) add(q string, args ...any) {
+	u.parts = append(u.parts, "("+q+")")
+	u.args = append(u.args, args...)
+}
+
+func (u *union) sql() (string, []any) { return strings.Join(u.parts, " UNION ALL "), u.args }
 
 func sortedKeys[K interface{ ~string | ~int }, V any](m map[K]V) []K {
 	out := make([]K, 0, len(m))

@@ -172,6 +172,7 @@ type Store interface {
 	Outbox
 	Schema
 	Books
+	Grouper
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
 }

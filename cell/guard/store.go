@@ -91,6 +91,12 @@ func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendReques
 	return p, repeat, err
 }
 
+// CommitGroup implements storage.Store: the whole group is one call behind
+// the breaker.
+func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+	return s.call(func() error { return s.inner.CommitGroup(ctx, ops) })
+}
+
 // Packet implements storage.Store.
 func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (p model.Packet, err error) {
 	err = s.call(func() (err error) { p, err = s.inner.Packet(ctx, ref); return err })

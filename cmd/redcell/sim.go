@@ -27,6 +27,7 @@ func simulate(args []string, out io.Writer) error {
 	seeds := fs.Int("seeds", 1, "how many seeds to run: seed, seed+1, ... (or fresh ones)")
 	steps := fs.Int("steps", 100_000, "workload operations per seed")
 	auditEvery := fs.Int("audit-every", 0, "steps between full audits (0: the default)")
+	grouped := fs.Bool("grouped", false, "run the cells as strategy grouped: ops of one database committed together (CommitGroup)")
 	plant := fs.String("plant", "", `plant a bug to see the simulation find it: "credit-twice"`)
 	shrinkRuns := fs.Int("shrink", 12, "on a violation, runs spent looking for fewer steps that fail the same way (0: none)")
 	verbose := fs.Bool("v", false, "print what happened in each run, by kind")
@@ -56,6 +57,7 @@ func simulate(args []string, out io.Writer) error {
 		if *auditEvery > 0 {
 			cfg.AuditEvery = *auditEvery
 		}
+		cfg.Grouped = *grouped
 		switch *plant {
 		case "":
 		case "credit-twice":
@@ -92,7 +94,7 @@ func explain(out io.Writer, cfg sim.Config, v *sim.Violation, shrinkRuns int, pl
 	fmt.Fprintf(out, "\n%v\n", v)
 	flags := ""
 	if plant != "" {
-		flags = " --plant " + plant
+		flags += " --plant " + plant
 	}
 	fmt.Fprintf(out, "replay: redcell sim --seed %d --steps %d%s\n", v.Seed, v.Steps, flags)
 	if shrinkRuns > 0 {

@@ -7,7 +7,9 @@
 // functions (model.ApplyDeposit, model.Send, model.Open, model.Refund,
 // model.ApplyCredit, model.ReplayOrder), called under the store's lock with
 // the rows they need; the store writes what the decision returned, as the
-// MariaDB store writes it in one transaction. Real and shadow traffic are two
+// MariaDB store writes it in one transaction. CommitGroup (storage.Grouper)
+// decides a group's ops in order against a staged view of the rows and
+// writes all of them at its one COMMIT. Real and shadow traffic are two
 // Stores.
 //
 // It is deterministic: given the same calls in the same order, the same clock
@@ -115,8 +117,9 @@ func New(clk clock.Clock) *Store {
 // FailNextCommit arms a fault for the next call that commits money: the next
 // Deposit or Send that gets past its order-number check and its decision
 // (a repeat, a conflict and a refused send answer without committing),
-// OpenBatch, Refund of an existing packet, or ApplyCredits of at least one
-// credit. With lostAnswer false that call writes nothing and answers an error
+// OpenBatch, Refund of an existing packet, ApplyCredits of at least one
+// credit, or CommitGroup of at least one op (the whole group meets it once).
+// With lostAnswer false that call writes nothing and answers an error
 // matching storage.ErrCommitUnknown (the COMMIT never reached the database);
 // with lostAnswer true it writes everything and then answers that error (the
 // COMMIT applied, its answer was lost). Arming again replaces the fault.

@@ -36,17 +36,23 @@ func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendReques
 	}
 	write, err := s.commitLocked("send")
 	if write {
-		s.writeFlowLocked(sh, out.Flow)
-		pk := &packet{p: out.Packet, ref: ref, byUser: map[string]int{}}
-		s.packets[id] = pk
-		t := s.tableLocked(tableKey{sh, ref.Day})
-		t.packets = append(t.packets, pk)
-		t.open[id] = pk
+		s.writeSendLocked(ref, out)
 	}
 	if err != nil {
 		return model.Packet{}, false, err
 	}
 	return out.Packet, false, nil
+}
+
+// writeSendLocked writes a send's flow and its new packet, open, in the
+// packet table of ref's shard and day. s.mu must be held.
+func (s *Store) writeSendLocked(ref model.PacketRef, out model.SendOutcome) {
+	s.writeFlowLocked(ref.Shard, out.Flow)
+	pk := &packet{p: out.Packet, ref: ref, byUser: map[string]int{}}
+	s.packets[out.Packet.ID] = pk
+	t := s.tableLocked(tableKey{ref.Shard, ref.Day})
+	t.packets = append(t.packets, pk)
+	t.open[out.Packet.ID] = pk
 }
 
 // tableLocked returns the table of k, made on first use. s.mu must be held.

@@ -18,15 +18,19 @@ func harness() (storagetest.Harness, *Store) {
 
 // TestWorkloadDeterministicAndConserved: the same seed gives the same answers
 // and the same rows, bit for bit, and the books balance at the end of a run
-// with faults, retries and expiries; another seed gives other answers (the
-// transcript sees them).
+// with faults, retries, expiries and committed groups; another seed gives
+// other answers (the transcript sees them).
 func TestWorkloadDeterministicAndConserved(t *testing.T) {
 	const steps = 10_000
 	run := func(seed uint64) (uint64, model.Ledger, *Store) {
 		h, s := harness()
 		w := storagetest.NewWorkload(h, seed, true, true)
+		w.Groups = true
 		for range steps {
 			w.Step()
+		}
+		if w.GroupsCommitted() == 0 {
+			t.Fatal("the workload committed no group")
 		}
 		l, err := s.Ledger(context.Background(), "a")
 		if err != nil {

@@ -6,7 +6,10 @@
 // Ledger through model.AuditCell and model.Audit), one claim per user per
 // packet, credits booked exactly once through outbox → ApplyCredits →
 // MarkDelivered, refunds of exactly the remainder once, and what a call does
-// when its COMMIT fails or its answer is lost.
+// when its COMMIT fails or its answer is lost. Group commit
+// (storage.Grouper, which every store must implement) is held to the
+// single-op methods: a second store fed a group's ops one by one answers
+// every op alike (group.go), and GroupMoney is its money test.
 //
 // Every test name contains "Contract" so `go test -run Contract` picks the
 // suite out of a package's tests.
@@ -34,10 +37,12 @@ type Harness struct {
 	// outbox lag); the test moves it. It starts at Start.
 	Clock *clock.Manual
 	// FailNextCommit arms a fault for the next transaction that commits
-	// (the next Deposit, Send, OpenBatch, Refund or ApplyCredits): with
-	// lostAnswer false its COMMIT fails and nothing is applied; with
-	// lostAnswer true the COMMIT is applied but its answer is lost. The call
-	// then answers as the store's contract says (see storage.ErrCommitUnknown).
+	// (the next Deposit, Send, OpenBatch, Refund, ApplyCredits, or
+	// CommitGroup of a group that writes): with lostAnswer false its COMMIT
+	// fails and nothing is applied (the connection dies before the COMMIT
+	// reaches the database); with lostAnswer true the COMMIT is applied but
+	// its answer is lost. The call then answers as the store's contract
+	// says (see storage.ErrCommitUnknown).
 	FailNextCommit func(lostAnswer bool)
 	// CommitFaults counts the faults FailNextCommit armed that have fired,
 	// so a test knows its call met the fault.

@@ -20,8 +20,15 @@ import (
 // when asked, injected commit faults. It folds every answer into a
 // transcript hash (codes, not message texts, for errors), so two stores given
 // the same seed can be compared answer for answer, and one store run twice
-// proves itself deterministic.
+// proves itself deterministic. With Groups set, some steps commit a group of
+// those calls through storage.Grouper instead.
 type Workload struct {
+	// Groups makes one step in twenty commit a group of 2 to 8 mixed ops
+	// (deposits, sends, opens, and last a credit batch from an outbox)
+	// through CommitGroup; h's store must implement storage.Grouper. Off,
+	// the workload draws exactly as it did before groups existed.
+	Groups bool
+
 	h      Harness
 	r      *rand.Rand
 	ctx    context.Context
@@ -31,6 +38,7 @@ type Workload struct {
 	refs   []model.PacketRef // packets sent, newest last
 	ops    int
 	calls  int
+	groups int // groups committed
 }
 
 // WorkShards are the shards the workload's users live in: two in database
@@ -63,6 +71,9 @@ func (w *Workload) Transcript() uint64 {
 
 // Ops is how many steps ran.
 func (w *Workload) Ops() int { return w.ops }
+
+// GroupsCommitted is how many groups CommitGroup committed.
+func (w *Workload) GroupsCommitted() int { return w.groups }
 
 // Calls is how many store calls the steps made.
 func (w *Workload) Calls() int { return w.calls }
@@ -158,7 +169,69 @@ func (w *Workload) Step() {
 		}
 	case k < 92 && w.faults:
 		w.h.FailNextCommit(w.r.IntN(2) == 0)
+	case k >= 92 && k < 97 && w.Groups:
+		w.group()
 	default:
 		w.h.Clock.Advance(time.Duration(w.r.IntN(200)) * time.Millisecond)
+	}
+}
+
+// group commits one group of mixed ops and records every answer.
+func (w *Workload) group() {
+	g, ok := w.h.Store.(storage.Grouper)
+	if !ok {
+		panic(fmt.Sprintf("storagetest: Workload.Groups over a store without CommitGroup (%T)", w.h.Store))
+	}
+	now := w.h.Clock.Now()
+	var ops []*storage.GroupOp
+	for n := 2 + w.r.IntN(7); len(ops) < n; {
+		u := w.user()
+		sh := w.shardOf(u)
+		switch k := w.r.IntN(10); {
+		case k < 3:
+			ops = append(ops, &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: u,
+				OrderNo: fmt.Sprintf("d%d", w.r.IntN(w.ops+1)), Amount: model.Cents(1 + w.r.IntN(5)*100)})
+		case k < 5:
+			req := model.SendRequest{Sender: u, Amount: model.Cents(10 + w.r.IntN(500)), Count: int64(1 + w.r.IntN(8)), Kind: model.KindRandom,
+				OrderNo: fmt.Sprintf("s%d", w.r.IntN(w.ops+1))}
+			ops = append(ops, &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: w.packetID(sh),
+				ExpiresMS: now.Add(time.Duration(1+w.r.IntN(3000)) * time.Millisecond).UnixMilli()})
+		case len(w.refs) > 0:
+			ref := w.refs[len(w.refs)-1-w.r.IntN(min(len(w.refs), 20))]
+			reqs := make([]model.OpenRequest, 1+w.r.IntN(4))
+			for i := range reqs {
+				v := w.user()
+				reqs[i] = model.OpenRequest{ActID: v, Shard: w.shardOf(v)}
+			}
+			ops = append(ops, &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs,
+				Rand: rand.New(rand.NewPCG(w.r.Uint64(), w.r.Uint64()))})
+		}
+	}
+	db := []int{12, 56}[w.r.IntN(2)]
+	cs, _, err := w.call(w.h.Store).PendingCredits(w.ctx, db, now.UnixMilli(), 0, "", 20)
+	w.record("group pending", cs, code(err))
+	if len(cs) > 0 {
+		ops = append(ops, &storage.GroupOp{Kind: storage.OpCredits, Credits: cs})
+	}
+	w.calls++
+	err = g.CommitGroup(w.ctx, ops)
+	w.record("group", len(ops), code(err))
+	if err != nil {
+		return
+	}
+	w.groups++
+	for _, op := range ops {
+		w.record(" ", op.Kind, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, code(op.Err))
+		for _, r := range op.Results {
+			w.record("  ", r.Claim, r.Repeat, code(r.Err))
+		}
+		switch {
+		case op.Kind == storage.OpSend && op.Err == nil && !op.Repeat:
+			ref, _ := model.ParsePacketID(string(op.Packet.ID))
+			w.refs = append(w.refs, ref)
+		case op.Kind == storage.OpCredits && len(op.Deferred) == 0:
+			skipped, merr := w.call(w.h.Store).MarkDelivered(w.ctx, op.Credits)
+			w.record("mark", skipped, code(merr))
+		}
 	}
 }

@@ -1,0 +1,238 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+	"redcell/storage"
+)
+
+var _ storage.Grouper = (*Store)(nil)
+
+// CommitGroup implements storage.Grouper. Under the store's lock it decides
+// the ops in list order — credit batches after every other op, in their
+// list order among themselves — each with the pure function of its kind
+// (model.ApplyDeposit, model.Send, model.Open, model.ApplyCredit, and
+// model.ReplayOrder for an order number seen before), against the rows as the
+// ops before it in the group left them (a staged view: the store's rows under
+// what the group has decided so far); then it commits once: every op's
+// writes, in list order, or none of them when the armed commit fault says the
+// COMMIT failed. An op's own error (GroupOp.Err, or an OpenResult.Err of one
+// request) stages nothing of it and never fails the others. The clock is read
+// once: every row the group writes carries that time.
+//
+// An op answers what the single-op method of its kind would answer, called in
+// the op's place in that order: a send or deposit whose (act_id, order number)
+// was applied before, by an earlier call or an earlier op of the group, is a
+// repeat (Repeat set, the first result) or ErrOrderConflict; an open's Packet
+// is the packet as that op left it; no credit is ever deferred. Ops of an
+// unknown kind answer ErrInvalidArgument. The answers of every op are reset
+// first, so a retry may pass the same ops again.
+//
+// Errors: ctx's error (nothing decided), or one matching
+// storage.ErrCommitUnknown when the armed commit fault fires (see
+// FailNextCommit). An empty list returns nil at once and never meets the
+// fault.
+func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := &group{
+		s:        s,
+		now:      s.nowMS(),
+		accounts: map[acctKey]model.Cents{},
+		flows:    map[flowKey]*model.Flow{},
+		packets:  map[model.PacketID]*staged{},
+	}
+	for _, op := range ops {
+		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
+		op.Applied, op.Deferred, op.Err = 0, nil, nil
+		switch op.Kind {
+		case storage.OpOpen:
+			g.open(op)
+		case storage.OpSend:
+			g.send(op)
+		case storage.OpDeposit:
+			g.deposit(op)
+		case storage.OpCredits: // after the others, below
+		default:
+			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == storage.OpCredits {
+			g.credits(op)
+		}
+	}
+	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))
+	if write {
+		for _, w := range g.writes {
+			w()
+		}
+	}
+	return err
+}
+
+// group is a group's staged view of the store: what its ops decided so far,
+// over the store's rows, and the writes that make it so, in decision order.
+// The store's rows are untouched until the writes run.
+type group struct {
+	s        *Store
+	now      int64
+	accounts map[acctKey]model.Cents    // balances the group changed
+	flows    map[flowKey]*model.Flow    // flow rows the group made
+	packets  map[model.PacketID]*staged // packets the group made or opened
+	writes   []func()                   // run in order at COMMIT, s.mu held
+}
+
+// staged is a packet as the group left it so far.
+type staged struct {
+	p     model.Packet
+	inDB  *packet                // the store's packet; nil for one a send of the group made
+	fresh map[string]model.Claim // claims the group made, by act_id
+}
+
+func (g *group) balance(a acctKey) model.Cents {
+	if b, ok := g.accounts[a]; ok {
+		return b
+	}
+	return g.s.accounts[a]
+}
+
+func (g *group) flow(k flowKey) (*model.Flow, bool) {
+	if f, ok := g.flows[k]; ok {
+		return f, true
+	}
+	f, ok := g.s.flows[k]
+	return f, ok
+}
+
+// packet returns the staged view of packet id, made from the store's row on
+// first use; nil when neither the store nor the group holds it.
+func (g *group) packet(id model.PacketID) *staged {
+	if sp, ok := g.packets[id]; ok {
+		return sp
+	}
+	pk, ok := g.s.packets[id]
+	if !ok {
+		return nil
+	}
+	sp := &staged{p: pk.p, inDB: pk, fresh: map[string]model.Claim{}}
+	g.packets[id] = sp
+	return sp
+}
+
+// addFlow stages a flow row and its balance change; its write is added by
+// the caller (writeFlowLocked, or writeSendLocked for a send).
+func (g *group) addFlow(sh model.ShardID, f model.Flow) {
+	k := flowKey{sh, f.ActID, f.OrderNo}
+	_, dup := g.flow(k)
+	invariant.That(!dup, "flow staged twice under one order number")
+	g.flows[k] = &f
+	a := acctKey{sh, f.ActID}
+	g.accounts[a] = g.balance(a) + f.Amount
+	invariant.That(g.accounts[a] >= 0, "staged balance below zero")
+}
+
+func (g *group) deposit(op *storage.GroupOp) {
+	sh := op.Shard
+	invariant.That(sh.Valid(), "shard out of range")
+	if prior, ok := g.flow(flowKey{sh, op.ActID, op.OrderNo}); ok {
+		if op.Err = model.ReplayOrder(*prior, model.FlowDeposit, model.DepositHash(op.Amount)); op.Err == nil {
+			op.Deposit = model.Deposit{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: prior.BalanceAfter, Repeat: true}
+		}
+		return
+	}
+	out, err := model.ApplyDeposit(model.DepositInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount,
+		Balance: g.balance(acctKey{sh, op.ActID}), NowMS: g.now})
+	if err != nil {
+		op.Err = err
+		return
+	}
+	g.addFlow(sh, out.Flow)
+	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
+	op.Deposit = out.Deposit
+}
+
+func (g *group) send(op *storage.GroupOp) {
+	sh, req, id := op.Shard, op.Send, op.PacketID
+	ref, err := model.ParsePacketID(string(id))
+	invariant.That(err == nil && ref.Shard == sh, "send with a packet ID of another shard")
+	if prior, ok := g.flow(flowKey{sh, req.Sender, req.OrderNo}); ok {
+		if op.Err = model.ReplayOrder(*prior, model.FlowSend, model.SendHash(req)); op.Err == nil {
+			first := g.packet(model.PacketID(prior.Ref))
+			invariant.That(first != nil, "send flow without its packet")
+			op.Packet, op.Repeat = first.p, true
+		}
+		return
+	}
+	if g.packet(id) != nil {
+		op.Err = fmt.Errorf("memstore: send %s: packet ID %s exists", req.OrderNo, id)
+		return
+	}
+	out, err := model.Send(model.SendInput{Req: req, ID: id, Balance: g.balance(acctKey{sh, req.Sender}), NowMS: g.now, ExpiresMS: op.ExpiresMS})
+	if err != nil {
+		op.Err = err
+		return
+	}
+	g.addFlow(sh, out.Flow)
+	g.packets[id] = &staged{p: out.Packet, fresh: map[string]model.Claim{}}
+	g.writes = append(g.writes, func() { g.s.writeSendLocked(ref, out) })
+	op.Packet = out.Packet
+}
+
+func (g *group) open(op *storage.GroupOp) {
+	id := op.Ref.ID
+	in := model.OpenInput{Packet: model.Packet{ID: id}, Reqs: op.Reqs, NowMS: g.now, Rand: op.Rand}
+	sp := g.packet(id)
+	if sp != nil {
+		in.Packet, in.Found, in.Earlier = sp.p, true, sp.claimsOf(op.Reqs)
+	}
+	out := model.Open(in)
+	op.Results, op.Packet = out.Results, out.Packet
+	if sp == nil || len(out.Fresh) == 0 {
+		return
+	}
+	sp.p = out.Packet
+	for _, c := range out.Fresh {
+		sp.fresh[c.ActID] = c
+	}
+	g.writes = append(g.writes, func() { g.s.writeOpenLocked(g.s.packets[id], out) })
+}
+
+// claimsOf returns the claims the requests' users hold on the packet, in the
+// store or made by the group.
+func (sp *staged) claimsOf(reqs []model.OpenRequest) map[string]model.Claim {
+	held := map[string]model.Claim{}
+	if sp.inDB != nil {
+		held = sp.inDB.claimsOfLocked(reqs)
+	}
+	for _, rq := range reqs {
+		if c, ok := sp.fresh[rq.ActID]; ok {
+			held[rq.ActID] = c
+		}
+	}
+	return held
+}
+
+func (g *group) credits(op *storage.GroupOp) {
+	for _, c := range op.Credits {
+		invariant.That(c.Shard.Valid(), "credit to a shard out of range")
+		_, booked := g.flow(flowKey{c.Shard, c.ActID, model.CreditOrderNo(c.ClaimID)})
+		out := model.ApplyCredit(model.CreditInput{Credit: c, Booked: booked, NowMS: g.now})
+		if !out.Applied {
+			continue
+		}
+		sh := c.Shard
+		g.addFlow(sh, out.Flow)
+		g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
+		op.Applied++
+	}
+}

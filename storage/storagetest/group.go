@@ -1,0 +1,628 @@
+package storagetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"redcell/model"
+	"redcell/storage"
+)
+
+// The group-commit contract (storage.Grouper, storage/group.go), checked
+// against the single-op methods: a second store of the same kind, fed the
+// same ops one by one through Deposit, Send, OpenBatch and ApplyCredits, is
+// the oracle. Every op of a group must answer what its single-op method
+// answers in its place, and both stores must hold the same rows after.
+
+// spec is one op of a group as a caller makes it: its inputs, and the seed of
+// an open's random source. op makes a fresh GroupOp from it as often as
+// needed (the group, a retry, the oracle), each with its own source.
+type spec struct {
+	in   storage.GroupOp // inputs only
+	seed uint64
+}
+
+func (s spec) op() *storage.GroupOp {
+	in := s.in
+	op := &storage.GroupOp{Kind: in.Kind, Ref: in.Ref, Reqs: in.Reqs, Shard: in.Shard, Send: in.Send, PacketID: in.PacketID,
+		ExpiresMS: in.ExpiresMS, ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount, Credits: in.Credits}
+	if in.Kind == storage.OpOpen {
+		op.Rand = rand.New(rand.NewPCG(s.seed, s.seed))
+	}
+	return op
+}
+
+func depositOp(s model.ShardID, act, order string, amount model.Cents) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpDeposit, Shard: s, ActID: act, OrderNo: order, Amount: amount}}
+}
+
+func sendOp(s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpSend, Shard: s, Send: req, PacketID: id, ExpiresMS: expiresMS}}
+}
+
+func openOp(ref model.PacketRef, seed uint64, reqs ...model.OpenRequest) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs}, seed: seed}
+}
+
+func creditsOp(credits ...model.Credit) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpCredits, Credits: credits}}
+}
+
+func opsOf(specs []spec) []*storage.GroupOp {
+	ops := make([]*storage.GroupOp, len(specs))
+	for i, s := range specs {
+		ops[i] = s.op()
+	}
+	return ops
+}
+
+// grouperOf returns h's store as a storage.Grouper; a store without
+// CommitGroup fails the test: every store a cell runs on must have it.
+func grouperOf(t *testing.T, h Harness) storage.Grouper {
+	t.Helper()
+	g, ok := h.Store.(storage.Grouper)
+	if !ok {
+		t.Fatalf("the store under test (%T) does not implement storage.Grouper (CommitGroup)", h.Store)
+	}
+	return g
+}
+
+// single runs op through the single-op method of its kind on s and sets its
+// answers as CommitGroup sets them: a coded error of a send or deposit is
+// the op's own (op.Err); any other error is returned.
+func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
+	switch op.Kind {
+	case storage.OpOpen:
+		res, p, err := s.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)
+		if err != nil {
+			return err
+		}
+		op.Results, op.Packet = res, p
+	case storage.OpSend:
+		p, rep, err := s.Send(ctx, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+		if err != nil && errCode(err) == "error" {
+			return err
+		}
+		op.Packet, op.Repeat, op.Err = p, rep, err
+	case storage.OpDeposit:
+		d, err := s.Deposit(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		if err != nil && errCode(err) == "error" {
+			return err
+		}
+		op.Deposit, op.Err = d, err
+	case storage.OpCredits:
+		n, deferred, err := s.ApplyCredits(ctx, op.Credits)
+		if err != nil {
+			return err
+		}
+		op.Applied, op.Deferred = n, deferred
+	default:
+		return fmt.Errorf("op of unknown kind %d", op.Kind)
+	}
+	return nil
+}
+
+// answer is what an op answered, comparable across stores: errors by code
+// ("error" for one without a code), and nothing but the code of an op that
+// failed.
+type answer struct {
+	Kind     storage.GroupKind
+	Results  []result
+	Packet   model.Packet
+	Repeat   bool
+	Deposit  model.Deposit
+	Applied  int
+	Deferred []string
+	Err      string
+}
+
+type result struct {
+	Claim  model.Claim
+	Repeat bool
+	Err    string
+}
+
+func errCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	if c, _ := model.CodeOf(err); c != model.ErrInternal.Code {
+		return c
+	}
+	return "error"
+}
+
+func answerOf(op *storage.GroupOp) answer {
+	if op.Err != nil {
+		return answer{Kind: op.Kind, Err: errCode(op.Err)}
+	}
+	a := answer{Kind: op.Kind, Packet: op.Packet, Repeat: op.Repeat, Deposit: op.Deposit, Applied: op.Applied}
+	if len(op.Deferred) > 0 {
+		a.Deferred = op.Deferred
+	}
+	for _, r := range op.Results {
+		a.Results = append(a.Results, result{Claim: r.Claim, Repeat: r.Repeat, Err: errCode(r.Err)})
+	}
+	return a
+}
+
+// pair is the store under test (g), which takes groups, and the oracle (o),
+// a store fed the same ops one by one; their clocks move together.
+type pair struct {
+	t    *testing.T
+	g, o *fixture
+	cg   storage.Grouper
+	// fresh are the ops of the last group the store applied, to feed the
+	// oracle when it is compared (see commit).
+}
+
+func newPair(t *testing.T, g, o *fixture) *pair {
+	return &pair{t: t, g: g, o: o, cg: grouperOf(t, g.h)}
+}
+
+func newStorePair(t *testing.T, newStore func(t *testing.T) Harness) *pair {
+	g := newFixture(t, newStore)
+	o := newFixture(t, newStore)
+	return newPair(t, g, o)
+}
+
+// nowMS is the time both stores read.
+func (p *pair) nowMS() int64 { return p.g.nowMS() }
+
+// advanceMS moves both clocks.
+func (p *pair) advanceMS(ms int64) {
+	d := msDuration(ms)
+	p.g.h.Clock.Advance(d)
+	p.o.h.Clock.Advance(d)
+}
+
+// packetID is a new packet ID of shard s at the stores' time.
+func (p *pair) packetID(s model.ShardID) (model.PacketID, model.PacketRef) {
+	id := model.NewPacketID(s, p.g.h.Clock.Now())
+	ref, err := model.ParsePacketID(string(id))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return id, ref
+}
+
+// oracle feeds the ops of specs to the oracle one by one, in the order a
+// group decides them (credit batches after every other op), and returns
+// them answered, in list order.
+func (p *pair) oracle(specs []spec) []*storage.GroupOp {
+	p.t.Helper()
+	ops := opsOf(specs)
+	for _, credits := range []bool{false, true} {
+		for i, op := range ops {
+			if (op.Kind == storage.OpCredits) != credits {
+				continue
+			}
+			if err := single(p.o.ctx, p.o.s, op); err != nil {
+				p.t.Fatalf("oracle: op %d (%s): %v", i, op.Kind, err)
+			}
+		}
+	}
+	return ops
+}
+
+// compare fails the test unless every op of got answered as its twin in want.
+func (p *pair) compare(what string, got, want []*storage.GroupOp) {
+	p.t.Helper()
+	for i := range want {
+		if g, w := answerOf(got[i]), answerOf(want[i]); !reflect.DeepEqual(g, w) {
+			p.t.Fatalf("%s: op %d (%s) answered\n  %+v\nits single-op method answers\n  %+v", what, i, want[i].Kind, g, w)
+		}
+	}
+}
+
+// commit commits specs as one group on the store under test, feeds them to
+// the oracle one by one, and fails the test unless every answer is the
+// oracle's and both stores' books are clean and alike. It returns the
+// group's ops, answered.
+func (p *pair) commit(what string, specs ...spec) []*storage.GroupOp {
+	p.t.Helper()
+	ops := opsOf(specs)
+	if err := p.cg.CommitGroup(p.g.ctx, ops); err != nil {
+		p.t.Fatalf("%s: commit group of %d ops: %v", what, len(ops), err)
+	}
+	p.compare(what, ops, p.oracle(specs))
+	p.sameBooks(what)
+	return ops
+}
+
+// sameBooks fails the test unless both stores' ledgers pass their audits and
+// hold the same sums, claims, credits and outbox rows. It returns the audit.
+func (p *pair) sameBooks(what string) model.AuditReport {
+	p.t.Helper()
+	lg, lo := p.g.ledger(), p.o.ledger()
+	rg, ro := model.Audit([]model.Ledger{lg}), model.Audit([]model.Ledger{lo})
+	if !rg.OK() || !ro.OK() {
+		p.t.Fatalf("%s: audit of the store %+v, of the oracle %+v", what, rg, ro)
+	}
+	if !reflect.DeepEqual(rg, ro) || lg.Sends != lo.Sends || lg.RefundFlows != lo.RefundFlows {
+		p.t.Fatalf("%s: books differ: store %+v, oracle %+v", what, rg, ro)
+	}
+	if !reflect.DeepEqual(lg.Claims, lo.Claims) || !reflect.DeepEqual(lg.Credits, lo.Credits) || !reflect.DeepEqual(lg.Outbox, lo.Outbox) {
+		p.t.Fatalf("%s: rows differ: claims %d/%d, credits %d/%d, outbox %d/%d (store/oracle)", what,
+			len(lg.Claims), len(lo.Claims), len(lg.Credits), len(lo.Credits), len(lg.Outbox), len(lo.Outbox))
+	}
+	return rg
+}
+
+// wantOp fails the test unless op failed with code want (nil: succeeded).
+func wantOp(t *testing.T, what string, op *storage.GroupOp, want *model.Error) {
+	t.Helper()
+	if want == nil {
+		if op.Err != nil {
+			t.Fatalf("%s: %v", what, op.Err)
+		}
+		return
+	}
+	wantCode(t, what, op.Err, want)
+}
+
+// wantResults fails the test unless the open's results carry the codes
+// want ("" for a claim), with Repeat where rep says.
+func wantResults(t *testing.T, what string, op *storage.GroupOp, want []string, rep []bool) {
+	t.Helper()
+	if op.Err != nil || len(op.Results) != len(want) {
+		t.Fatalf("%s: %d results, %v; want %d", what, len(op.Results), op.Err, len(want))
+	}
+	for i, r := range op.Results {
+		if errCode(r.Err) != want[i] || r.Repeat != rep[i] {
+			t.Fatalf("%s: %s", what, describe(op.Results))
+		}
+	}
+}
+
+func init() {
+	register("ContractGroupMatchesSingle", contractGroupMatchesSingle)
+	register("ContractGroupOpFailures", contractGroupOpFailures)
+	register("ContractGroupSameKey", contractGroupSameKey)
+	register("ContractGroupCreditsAfterOtherOps", contractGroupCreditsAfterOtherOps)
+	register("ContractGroupCreditsCountedPerOp", contractGroupCreditsCountedPerOp)
+	register("ContractGroupEmpty", contractGroupEmpty)
+	register("ContractGroupReplay", contractGroupReplay)
+	register("ContractGroupCommitFault", contractGroupCommitFault)
+	register("ContractGroupMoney", func(t *testing.T, newStore func(t *testing.T) Harness) {
+		GroupMoney(t, newStore(t), newStore(t), GroupMoneyConfig{Ops: 600, Seed: GroupSeed(1), AuditEvery: 10})
+	})
+}
+
+// A group of deposits, sends, opens and credits on different keys answers
+// every op as its single-op method does, and writes the same rows.
+func contractGroupMatchesSingle(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	p.commit("deposits", depositOp(sA, "ann", "d1", 1000), depositOp(sB, "bob", "d1", 500), depositOp(sC, "cy", "d1", 700))
+	p.g.check(books{deposits: 2200, balances: 2200})
+	id1, p1 := p.packetID(sA)
+	id2, p2 := p.packetID(sC)
+	ops := p.commit("sends", sendOp(sA, sendReq("ann", "s1", 300, 3), id1, exp),
+		depositOp(sB, "bob", "d2", 25),
+		sendOp(sC, model.SendRequest{Sender: "cy", Amount: 200, Count: 2, Kind: model.KindFixed, OrderNo: "s1"}, id2, exp))
+	if ops[0].Packet.ID != id1 || ops[0].Repeat || ops[2].Packet.ID != id2 || ops[1].Deposit.Balance != 525 {
+		t.Fatalf("sends answered %+v and %+v, deposit %+v", ops[0].Packet, ops[2].Packet, ops[1].Deposit)
+	}
+	p.g.check(books{deposits: 2225, balances: 1725, open: 500, sends: 500, packets: 2})
+	p.advanceMS(10)
+	id3, _ := p.packetID(sB)
+	ops = p.commit("opens", openOp(p1, 1, opener("bob", sB), opener("dan", sC)),
+		sendOp(sB, sendReq("bob", "s1", 100, 1), id3, exp),
+		openOp(p2, 2, opener("ann", sA)),
+		depositOp(sA, "ann", "d2", 5))
+	wantResults(t, "open of p1", ops[0], []string{"", ""}, []bool{false, false})
+	wantResults(t, "open of p2", ops[2], []string{""}, []bool{false})
+	if ops[2].Results[0].Claim.Amount != 100 || ops[2].Packet.RemainingCount != 1 {
+		t.Fatalf("open of a fixed packet: %s, packet %+v", describe(ops[2].Results), ops[2].Packet)
+	}
+	claimed := ops[0].Results[0].Claim.Amount + ops[0].Results[1].Claim.Amount + 100
+	p.g.check(books{deposits: 2230, balances: 1630, open: 600 - claimed, inFlight: claimed, sends: 600, packets: 3, claims: 3})
+	p.advanceMS(10)
+	c12, c56 := p.g.pending(12, 100), p.g.pending(56, 100)
+	if len(c12) != 2 || len(c56) != 1 {
+		t.Fatalf("pending credits: %d in db 12, %d in db 56; want 2 and 1", len(c12), len(c56))
+	}
+	ops = p.commit("credits", creditsOp(c12...), depositOp(sC, "cy", "d2", 1), creditsOp(c56...))
+	if ops[0].Applied != 2 || ops[2].Applied != 1 {
+		t.Fatalf("credits applied %d and %d, want 2 and 1", ops[0].Applied, ops[2].Applied)
+	}
+	p.g.check(books{deposits: 2231, balances: 1631 + claimed, open: 600 - claimed, sends: 600, packets: 3, claims: 3, credits: 3})
+}
+
+// One op's failure answers that op and never fails the others: an
+// insufficient balance, an order number reused with another request, a
+// sold-out packet, a packet that does not exist, in one group with ops that
+// succeed.
+func contractGroupOpFailures(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	id1, p1 := p.packetID(sA)
+	id0, p0 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 1000), depositOp(sB, "bob", "d1", 50),
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 10, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id1, exp),
+		sendOp(sA, sendReq("ann", "s0", 100, 2), id0, exp))
+	p.commit("sell out", openOp(p1, 1, opener("cy", sC)))
+	p.advanceMS(5)
+	_, missing := p.packetID(sB)
+	id2, _ := p.packetID(sA)
+	ops := p.commit("failures",
+		depositOp(sA, "ann", "d2", 5), // 0 ok
+		sendOp(sB, sendReq("bob", "s1", 51, 1), model.NewPacketID(sB, p.g.h.Clock.Now()), exp), // 1 insufficient
+		openOp(p1, 2, opener("dan", sC)),                                                      // 2 sold out
+		depositOp(sA, "ann", "d1", 999),                                                       // 3 conflict: other amount
+		openOp(missing, 3, opener("dan", sC), opener("eve", sB)),                              // 4 not found
+		sendOp(sA, sendReq("ann", "s2", 100, 2), id2, exp),                                    // 5 ok
+		depositOp(sA, "ann", "s1", 10),                                                        // 6 conflict: a send's order number
+		sendOp(sA, sendReq("ann", "d2", 5, 1), model.NewPacketID(sA, p.g.h.Clock.Now()), exp), // 7 conflict: a deposit's
+		openOp(p0, 4, opener("bob", sB), opener("dan", sC)),                                   // 8 ok
+		depositOp(sB, "bob", "d2", 1),                                                         // 9 ok
+	)
+	wantOp(t, "deposit", ops[0], nil)
+	wantOp(t, "send above the balance", ops[1], model.ErrInsufficientBalance)
+	wantResults(t, "open of a sold-out packet", ops[2], []string{model.ErrSoldOut.Code}, []bool{false})
+	wantOp(t, "deposit under a used order number with another amount", ops[3], model.ErrOrderConflict)
+	wantResults(t, "open of a missing packet", ops[4], []string{model.ErrNotFound.Code, model.ErrNotFound.Code}, []bool{false, false})
+	wantOp(t, "send", ops[5], nil)
+	wantOp(t, "deposit under a send's order number", ops[6], model.ErrOrderConflict)
+	wantOp(t, "send under a deposit's order number", ops[7], model.ErrOrderConflict)
+	wantResults(t, "open", ops[8], []string{"", ""}, []bool{false, false})
+	wantOp(t, "deposit", ops[9], nil)
+	if ops[0].Deposit.Balance != 895 || ops[9].Deposit.Balance != 51 || ops[5].Packet.ID != id2 || ops[8].Packet.RemainingCount != 0 {
+		t.Fatalf("the ops that succeed: deposits %+v %+v, send %+v, open's packet %+v", ops[0].Deposit, ops[9].Deposit, ops[5].Packet, ops[8].Packet)
+	}
+	// bob's refused send left its order number free.
+	p.advanceMS(5)
+	ops = p.commit("retry", sendOp(sB, sendReq("bob", "s1", 51, 1), model.NewPacketID(sB, p.g.h.Clock.Now()), exp))
+	wantOp(t, "send after a deposit", ops[0], nil)
+	p.g.check(books{deposits: 1056, balances: 1056 - 261, open: 151, inFlight: 110, sends: 261, packets: 4, claims: 3})
+}
+
+// Ops on one key in one group see each other in list order: deposits and
+// sends of one wallet, a credit then a send from the credited wallet, opens
+// of one packet, one order number twice.
+func contractGroupSameKey(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	p.commit("setup", depositOp(sA, "ann", "d1", 100))
+	id1, p1 := p.packetID(sA)
+	id2, p2 := p.packetID(sA)
+	p.advanceMS(1)
+	ops := p.commit("one wallet",
+		depositOp(sA, "ann", "d2", 50),                     // 0 150
+		sendOp(sA, sendReq("ann", "s1", 120, 2), id1, exp), // 1 30
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 50, Count: 1, Kind: model.KindFixed, OrderNo: "s2"}, id2, exp), // 2 insufficient
+		depositOp(sA, "ann", "d3", 30), // 3 60
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 50, Count: 1, Kind: model.KindFixed, OrderNo: "s2"}, id2, exp), // 4 10: the order number stayed free
+		depositOp(sA, "ann", "d2", 50), // 5 repeat: 150
+		sendOp(sA, sendReq("ann", "s1", 120, 2), model.NewPacketID(sA, p.g.h.Clock.Now()), exp), // 6 repeat: p1
+		depositOp(sA, "ann", "s2", 50), // 7 conflict
+	)
+	wantOp(t, "refused send", ops[2], model.ErrInsufficientBalance)
+	wantOp(t, "deposit under the send's order number", ops[7], model.ErrOrderConflict)
+	if d := ops[0].Deposit; d.Balance != 150 || d.Repeat {
+		t.Fatalf("first deposit: %+v", d)
+	}
+	if d := ops[3].Deposit; d.Balance != 60 || d.Repeat {
+		t.Fatalf("deposit after a send: %+v", d)
+	}
+	if d := ops[5].Deposit; d.Balance != 150 || !d.Repeat {
+		t.Fatalf("deposit repeated in its group: %+v", d)
+	}
+	if ops[4].Err != nil || ops[4].Repeat || ops[4].Packet.ID != id2 || !ops[6].Repeat || ops[6].Packet.ID != id1 || ops[1].Packet.ID != id1 {
+		t.Fatalf("sends: %+v, %+v, %+v", ops[1], ops[4], ops[6])
+	}
+	if b := p.g.balance(sA, "ann"); b != 10 {
+		t.Fatalf("ann's balance %d, want 10", b)
+	}
+	p.g.check(books{deposits: 180, balances: 10, open: 170, sends: 170, packets: 2})
+
+	p.advanceMS(1)
+	ops = p.commit("one packet",
+		openOp(p1, 1, opener("bob", sB), opener("cy", sC)),  // 0 the two shares
+		openOp(p1, 2, opener("cy", sC), opener("dan", sB)),  // 1 cy again, dan too late
+		openOp(p2, 3, opener("eve", sB)),                    // 2
+		openOp(p2, 4, opener("fay", sC), opener("eve", sB)), // 3 sold out; eve's claim
+	)
+	wantResults(t, "first open", ops[0], []string{"", ""}, []bool{false, false})
+	wantResults(t, "second open", ops[1], []string{"", model.ErrSoldOut.Code}, []bool{true, false})
+	wantResults(t, "first open of p2", ops[2], []string{""}, []bool{false})
+	wantResults(t, "second open of p2", ops[3], []string{model.ErrSoldOut.Code, ""}, []bool{false, true})
+	if ops[1].Results[0].Claim != ops[0].Results[1].Claim || ops[3].Results[1].Claim != ops[2].Results[0].Claim {
+		t.Fatalf("repeats answered other claims: %s / %s", describe(ops[1].Results), describe(ops[3].Results))
+	}
+	if ops[0].Packet.RemainingCount != 0 || ops[0].Packet.Status != model.StatusSoldOut || ops[1].Packet != ops[0].Packet {
+		t.Fatalf("packet after the opens: %+v, %+v", ops[0].Packet, ops[1].Packet)
+	}
+	if ops[0].Results[0].Claim.Seq != 1 || ops[0].Results[1].Claim.Seq != 2 {
+		t.Fatalf("seqs: %s", describe(ops[0].Results))
+	}
+	p.g.check(books{deposits: 180, balances: 10, inFlight: 170, sends: 170, packets: 2, claims: 3})
+
+	// bob's credit, listed twice and again in a second op, is booked once.
+	p.advanceMS(1)
+	bob := creditOf(ops[0].Results[0].Claim, sB)
+	ops = p.commit("one credit", creditsOp(bob, bob), creditsOp(bob))
+	if ops[0].Applied != 1 || ops[1].Applied != 0 {
+		t.Fatalf("credits applied %d then %d, want 1 then 0", ops[0].Applied, ops[1].Applied)
+	}
+	if b := p.g.balance(sB, "bob"); b != bob.Amount {
+		t.Fatalf("bob's balance %d, want %d", b, bob.Amount)
+	}
+	p.g.check(books{deposits: 180, balances: 10 + bob.Amount, inFlight: 170 - bob.Amount, sends: 170, packets: 2, claims: 3, credits: 1})
+}
+
+// A group's credit batches are booked after every other op of the group,
+// whatever their place in the list: a send or deposit of the claimant's
+// wallet, before or after the batch in the list, sees the wallet without the
+// credit, and the balance after the group holds it.
+func contractGroupCreditsAfterOtherOps(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 100),
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 100, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id1, exp))
+	ops := p.commit("open", openOp(p1, 1, opener("bob", sB)))
+	c := creditOf(ops[0].Results[0].Claim, sB)
+	p.advanceMS(1)
+	id2, _ := p.packetID(sB)
+	send := sendOp(sB, model.SendRequest{Sender: "bob", Amount: 100, Count: 1, Kind: model.KindFixed, OrderNo: "s1"}, id2, exp)
+	ops = p.commit("credit among bob's ops", send, depositOp(sB, "bob", "d1", 5), creditsOp(c), depositOp(sB, "bob", "d2", 5), send)
+	wantOp(t, "send before the credit", ops[0], model.ErrInsufficientBalance)
+	wantOp(t, "send after the credit in the list", ops[4], model.ErrInsufficientBalance)
+	if ops[1].Deposit.Balance != 5 || ops[2].Applied != 1 || ops[3].Deposit.Balance != 10 {
+		t.Fatalf("deposit before the credit %+v, credit applied %d, deposit after %+v", ops[1].Deposit, ops[2].Applied, ops[3].Deposit)
+	}
+	if b := p.g.balance(sB, "bob"); b != 110 {
+		t.Fatalf("bob's balance after the group %d, want 110", b)
+	}
+	p.g.check(books{deposits: 110, balances: 110, sends: 100, packets: 1, claims: 1, credits: 1})
+}
+
+// Each credit batch of a group answers the credits it booked itself: not
+// those booked before, by an earlier call or an earlier op of the group.
+func contractGroupCreditsCountedPerOp(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 300), sendOp(sA, sendReq("ann", "s1", 300, 3), id1, p.nowMS()+3_600_000))
+	ops := p.commit("open", openOp(p1, 1, opener("bob", sB), opener("cy", sC), opener("dan", sB)))
+	c1, c2, c3 := creditOf(ops[0].Results[0].Claim, sB), creditOf(ops[0].Results[1].Claim, sC), creditOf(ops[0].Results[2].Claim, sB)
+	p.advanceMS(1)
+	p.commit("bob's credit", creditsOp(c1))
+	ops = p.commit("two batches", creditsOp(c1, c2), creditsOp(c3), creditsOp(c2))
+	if ops[0].Applied != 1 || ops[1].Applied != 1 || ops[2].Applied != 0 {
+		t.Fatalf("batches applied %d, %d, %d; want 1, 1, 0", ops[0].Applied, ops[1].Applied, ops[2].Applied)
+	}
+	p.g.check(books{deposits: 300, balances: 300, sends: 300, packets: 1, claims: 3, credits: 3})
+}
+
+// An empty group is a no-op: nothing written, no transaction, and an armed
+// commit fault is left for the next call that commits.
+func contractGroupEmpty(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	g := grouperOf(t, f.h)
+	f.deposit(sA, "ann", "d1", 10)
+	for _, ops := range [][]*storage.GroupOp{nil, {}} {
+		if err := g.CommitGroup(f.ctx, ops); err != nil {
+			t.Fatalf("empty group: %v", err)
+		}
+	}
+	f.check(books{deposits: 10, balances: 10})
+	before := f.h.CommitFaults()
+	f.h.FailNextCommit(false)
+	if err := g.CommitGroup(f.ctx, nil); err != nil {
+		t.Fatalf("empty group with a fault armed: %v", err)
+	}
+	if n := f.h.CommitFaults() - before; n != 0 {
+		t.Fatalf("an empty group met the armed commit fault (%d fired)", n)
+	}
+	_, err := f.s.Deposit(f.ctx, sA, "ann", "d2", 5)
+	if n := f.h.CommitFaults() - before; n != 1 {
+		t.Fatalf("the commit fault fired %d times on the deposit after the empty group, want 1", n)
+	}
+	failedCommit(t, "deposit after the empty group", err)
+	f.check(books{deposits: 10, balances: 10})
+}
+
+// A group committed again, whole, moves nothing: its deposits and sends are
+// repeats answering the first results (a send's retry carries a new packet
+// ID, as a caller's would), its opens answer the claims made, its credits
+// are booked already.
+func contractGroupReplay(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 1000), sendOp(sA, sendReq("ann", "s1", 300, 3), id1, exp))
+	p.commit("open", openOp(p1, 1, opener("bob", sB), opener("cy", sC)))
+	p.advanceMS(1)
+	credits := p.g.pending(12, 10)
+	id2, _ := p.packetID(sA)
+	group := func(id model.PacketID) []spec {
+		return []spec{depositOp(sA, "ann", "d2", 7), sendOp(sA, sendReq("ann", "s2", 200, 2), id, exp),
+			openOp(p1, 2, opener("bob", sB), opener("dan", sC)), depositOp(sC, "cy", "d1", 3), creditsOp(credits...)}
+	}
+	first := p.commit("group", group(id2)...)
+	want := p.sameBooks("group")
+	p.advanceMS(1)
+	id3, _ := p.packetID(sA)
+	again := p.commit("the group again", group(id3)...)
+	if got := p.sameBooks("the group again"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the group again moved money: %+v, before %+v", got, want)
+	}
+	if d := again[0].Deposit; !d.Repeat || d.Balance != first[0].Deposit.Balance {
+		t.Fatalf("deposit again: %+v, first %+v", d, first[0].Deposit)
+	}
+	if !again[1].Repeat || again[1].Packet.ID != id2 {
+		t.Fatalf("send again: %+v, want a repeat of %s", again[1].Packet, id2)
+	}
+	wantResults(t, "open again", again[2], []string{"", ""}, []bool{true, true})
+	if again[2].Results[1].Claim != first[2].Results[1].Claim {
+		t.Fatalf("open again answered %s, first %s", describe(again[2].Results), describe(first[2].Results))
+	}
+	if first[4].Applied != 2 || again[4].Applied != 0 || !again[3].Deposit.Repeat {
+		t.Fatalf("credits applied %d then %d; deposit again %+v", first[4].Applied, again[4].Applied, again[3].Deposit)
+	}
+}
+
+// A group whose COMMIT fails writes nothing, and its retry applies every op
+// once; a group whose COMMIT answer is lost wrote everything (or answers as
+// if it had been committed, having found out), and its retry is answered as
+// repeats and moves nothing.
+func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	exp := p.nowMS() + 3_600_000
+	id1, p1 := p.packetID(sA)
+	p.commit("setup", depositOp(sA, "ann", "d1", 1000), depositOp(sB, "bob", "d1", 100), sendOp(sA, sendReq("ann", "s1", 300, 3), id1, exp))
+	p.commit("open", openOp(p1, 1, opener("bob", sB)))
+	p.advanceMS(1)
+	c12 := p.g.pending(12, 10)
+	id2, p2 := p.packetID(sB)
+	groupA := []spec{depositOp(sA, "ann", "d2", 5), sendOp(sB, sendReq("bob", "s1", 60, 2), id2, exp),
+		openOp(p1, 2, opener("cy", sC), opener("dan", sA)), creditsOp(c12...), sendOp(sA, sendReq("ann", "s2", 5000, 1), model.NewPacketID(sA, p.g.h.Clock.Now()), exp)}
+	before := p.sameBooks("before")
+
+	fired := p.g.arm(false)
+	ops := opsOf(groupA)
+	err := p.cg.CommitGroup(p.g.ctx, ops)
+	fired()
+	if err == nil {
+		t.Fatal("a group whose COMMIT failed answered success")
+	}
+	if got := model.Audit([]model.Ledger{p.g.ledger()}); !reflect.DeepEqual(got, before) {
+		t.Fatalf("a group whose COMMIT failed (%v) wrote: %+v, before %+v", err, got, before)
+	}
+	if _, err := p.g.s.Packet(p.g.ctx, p2); !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("the packet of a send whose group failed: %v", err)
+	}
+	ops = p.commit("retry of the failed group", groupA...)
+	wantOp(t, "send above the balance", ops[4], model.ErrInsufficientBalance)
+	if ops[0].Deposit.Repeat || ops[1].Repeat || ops[3].Applied != 1 {
+		t.Fatalf("retry of a failed group found it applied: %+v %+v %d", ops[0].Deposit, ops[1].Packet, ops[3].Applied)
+	}
+
+	p.advanceMS(1)
+	c := p.g.pending(12, 10)
+	id3, _ := p.packetID(sC)
+	groupB := []spec{depositOp(sC, "cy", "d1", 9), creditsOp(c...), openOp(p2, 3, opener("ann", sA), opener("eve", sB)),
+		sendOp(sC, sendReq("cy", "s1", 9, 3), id3, exp), depositOp(sA, "ann", "d2", 5)}
+	fired = p.g.arm(true)
+	ops = opsOf(groupB)
+	err = p.cg.CommitGroup(p.g.ctx, ops)
+	fired()
+	answered := lostAnswer(t, "group", err)
+	first := p.oracle(groupB)
+	if answered {
+		p.compare("group whose COMMIT answer was lost", ops, first)
+	}
+	p.sameBooks("group whose COMMIT answer was lost")
+	p.advanceMS(1)
+	ops = p.commit("retry of the group whose answer was lost", groupB...)
+	if !ops[0].Deposit.Repeat || ops[1].Applied != 0 || !ops[3].Repeat || ops[3].Packet.ID != id3 {
+		t.Fatalf("retry after a lost answer applied again: %+v, %d credits, send %+v", ops[0].Deposit, ops[1].Applied, ops[3].Packet)
+	}
+	wantResults(t, "open after a lost answer", ops[2], []string{"", ""}, []bool{true, true})
+}

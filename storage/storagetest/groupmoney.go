@@ -1,0 +1,506 @@
+package storagetest
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"redcell/model"
+	"redcell/storage"
+)
+
+// GroupMoneyConfig sets a GroupMoney run.
+type GroupMoneyConfig struct {
+	// Ops is how many ops to commit in groups (a failed group's retry is
+	// not counted again).
+	Ops int
+	// Seed draws everything: the groups, their ops, the injected failures.
+	Seed uint64
+	// AuditEvery compares the two stores' ledgers (audits, sums, claims,
+	// credits, outbox rows) after every AuditEvery-th group; 0 only at the
+	// end. Every group is compared answer by answer whatever it is.
+	AuditEvery int
+}
+
+// GroupSeed is the seed a test passes to GroupMoney: def, or the value of
+// REDCELL_GROUP_SEED when set (to replay a failed run, whose seed
+// GroupMoney prints).
+func GroupSeed(def uint64) uint64 {
+	if v := os.Getenv("REDCELL_GROUP_SEED"); v != "" {
+		if s, err := strconv.ParseUint(v, 10, 64); err == nil {
+			return s
+		}
+	}
+	return def
+}
+
+// msDuration is ms milliseconds.
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// The failures GroupMoney injects, one per group, in turn.
+const (
+	injectDup          = iota // an order number used before: a repeat, or ORDER_CONFLICT
+	injectInsufficient        // a send above its sender's balance
+	injectSoldOut             // an open that finds no share left
+	injectKill                // the connection killed before COMMIT (h.FailNextCommit(false))
+	injectLost                // the COMMIT applied, its answer lost (h.FailNextCommit(true))
+	injectKinds
+)
+
+var injectNames = [injectKinds]string{"duplicate order number", "insufficient balance", "sold out", "killed before COMMIT", "COMMIT answer lost"}
+
+// GroupMoney is the money test of group commit: cfg.Ops mixed ops (deposits,
+// sends, opens of one to four users, credit batches taken from the outbox)
+// committed through h's CommitGroup in seeded random groups of 2 to 12 ops,
+// each group carrying one injected failure: a duplicate order number (a
+// repeat or ORDER_CONFLICT), a send above the balance, an open past a
+// packet's last share, a COMMIT whose connection is killed before it
+// reaches the database (the group must fail, write nothing, and its retry
+// apply every op once), these four in turn, and in one group of 64
+// instead a COMMIT that applied but whose answer was lost (the group
+// answers success or storage.ErrCommitUnknown; its retry applies nothing
+// twice). A group's credit batch, at most one,
+// comes last in it, as a relay's batch joins a group after the requests
+// (ContractGroupCreditsAfterOtherOps and ContractGroupCreditsCountedPerOp
+// check credits elsewhere in a group).
+//
+// oracle, a fresh store fed the same ops one by one through the single-op
+// methods, is the model: every answer of every group must be the oracle's,
+// code for code and cent for cent, and at the end (and every
+// cfg.AuditEvery groups) both stores' ledgers pass their audits and hold
+// the same rows, so nothing was applied twice and every cent is conserved.
+// h and oracle must be fresh harnesses (empty, clocks at Start); h's store
+// must implement storage.Grouper. The run crosses midnight (day tables 14
+// and 15). On failure it prints the seed.
+func GroupMoney(t *testing.T, h, oracle Harness, cfg GroupMoneyConfig) {
+	t.Helper()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("GroupMoney seed %d: REDCELL_GROUP_SEED=%d replays this run", cfg.Seed, cfg.Seed)
+		}
+	})
+	p := newPair(t, newFixture(t, func(*testing.T) Harness { return h }), newFixture(t, func(*testing.T) Harness { return oracle }))
+	p.advanceMS(14*time.Hour.Milliseconds() - 5000) // 23:59:55
+	m := &money{t: t, p: p, r: rand.New(rand.NewPCG(cfg.Seed, 9)), stats: map[string]int{}}
+	for i := range 40 {
+		m.users = append(m.users, fmt.Sprintf("g%02d", i))
+	}
+	groups := 0
+	for ops := 0; ops < cfg.Ops; groups++ {
+		ops += m.group(groups)
+		if cfg.AuditEvery > 0 && groups%cfg.AuditEvery == 0 {
+			p.sameBooks(fmt.Sprintf("after group %d", groups))
+		}
+		p.advanceMS(int64(m.r.IntN(20)))
+	}
+	r := p.sameBooks("at the end")
+	for k := range injectKinds {
+		if cfg.Ops >= 200 && m.injected[k] == 0 {
+			t.Fatalf("no group carried the failure %q", injectNames[k])
+		}
+	}
+	if cfg.Ops >= 200 && (r.ClaimsCount == 0 || r.CreditsCount == 0 || m.stats["sold out"] == 0 || m.stats["insufficient balance"] == 0 ||
+		m.stats["order conflict"] == 0 || m.stats["repeat"] == 0) {
+		t.Fatalf("the run did too little: %+v, answers %v", r, m.stats)
+	}
+	t.Logf("seed %d: %d ops in %d groups, injected %v; answers %v; %d packets, %d claims, %d credits, %d cents in flight",
+		cfg.Seed, m.ops, groups, m.injected, m.stats, r.Packets, r.ClaimsCount, r.CreditsCount, r.InFlight)
+}
+
+// money is GroupMoney's state: what it knows of the books, from the
+// oracle's answers.
+type money struct {
+	t        *testing.T
+	p        *pair
+	r        *rand.Rand
+	users    []string
+	done     []spec            // deposits and sends applied (not repeats), for order numbers used again
+	refs     []model.PacketRef // packets sent, newest last
+	orders   int               // order numbers made
+	ops      int
+	injected [injectKinds]int
+	stats    map[string]int
+}
+
+func (m *money) shardOf(act string) model.ShardID {
+	n, _ := strconv.Atoi(act[1:])
+	return WorkShards[n%len(WorkShards)]
+}
+
+func (m *money) user() string { return m.users[m.r.IntN(len(m.users))] }
+
+func (m *money) order(prefix string) string {
+	m.orders++
+	return fmt.Sprintf("%s%d", prefix, m.orders)
+}
+
+// packetID is model.NewPacketID with its random part drawn from m.r.
+func (m *money) packetID(s model.ShardID) model.PacketID {
+	t := m.p.g.h.Clock.Now().UTC()
+	return model.PacketID(fmt.Sprintf("%04d%02d%02d%03d%016x", t.Year(), int(t.Month()), t.Day(), int(s), m.r.Uint64()))
+}
+
+func (m *money) deposit(u string) spec {
+	return depositOp(m.shardOf(u), u, m.order("d"), model.Cents(100+m.r.IntN(20)*100))
+}
+
+func (m *money) send() spec {
+	u := m.user()
+	s := m.shardOf(u)
+	req := model.SendRequest{Sender: u, Amount: model.Cents(10 + m.r.IntN(500)), Count: int64(1 + m.r.IntN(8)), Kind: model.KindRandom,
+		Greeting: "gm", OrderNo: m.order("s")}
+	if m.r.IntN(4) == 0 {
+		req.Kind, req.Amount = model.KindFixed, model.Cents(req.Count*int64(1+m.r.IntN(50)))
+	}
+	ttl := time.Hour.Milliseconds()
+	if m.r.IntN(10) == 0 {
+		ttl = int64(1 + m.r.IntN(300)) // some packets expire during the run
+	}
+	return sendOp(s, req, m.packetID(s), m.p.nowMS()+ttl)
+}
+
+func (m *money) open() (spec, bool) {
+	if len(m.refs) == 0 {
+		return spec{}, false
+	}
+	ref := m.refs[len(m.refs)-1-m.r.IntN(min(len(m.refs), 10))]
+	reqs := make([]model.OpenRequest, 1+m.r.IntN(4))
+	for i := range reqs {
+		u := m.user()
+		reqs[i] = opener(u, m.shardOf(u))
+	}
+	return openOp(ref, m.r.Uint64(), reqs...), true
+}
+
+// pending is the oldest undelivered outbox rows the oracle holds, up to
+// 100 per database, as the relay pages them.
+func (m *money) pending() []model.Credit {
+	var all []model.Credit
+	for _, db := range []int{WorkShards[0].DB(), WorkShards[2].DB()} {
+		all = append(all, m.p.o.pending(db, 100)...)
+	}
+	return all
+}
+
+func (m *money) credits(pool []model.Credit) (spec, bool) {
+	if len(pool) == 0 {
+		return spec{}, false
+	}
+	cs := make([]model.Credit, 1+m.r.IntN(min(len(pool), 20)))
+	for i := range cs {
+		cs[i] = pool[m.r.IntN(len(pool))]
+	}
+	return creditsOp(cs...), true
+}
+
+// touched reports whether an op of specs changes act's balance.
+func touched(specs []spec, act string, s model.ShardID) bool {
+	for _, sp := range specs {
+		switch in := sp.in; in.Kind {
+		case storage.OpDeposit:
+			if in.ActID == act && in.Shard == s {
+				return true
+			}
+		case storage.OpSend:
+			if in.Send.Sender == act && in.Shard == s {
+				return true
+			}
+		case storage.OpCredits:
+			for _, c := range in.Credits {
+				if c.ActID == act && c.Shard == s {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// opened reports whether an op of specs opens ref.
+func opened(specs []spec, ref model.PacketRef) bool {
+	for _, sp := range specs {
+		if sp.in.Kind == storage.OpOpen && sp.in.Ref.ID == ref.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// injection is the failure a group carries: its kind and, for the kinds
+// that are an op, the op's index and what it must answer.
+type injection struct {
+	kind   int
+	at     int
+	repeat bool // injectDup: a repeat, else ORDER_CONFLICT
+}
+
+// group makes, commits and checks group number gi; it returns its ops.
+func (m *money) group(gi int) int {
+	var specs []spec
+	var batch []spec // the group's credit batch, if any: it goes last
+	for n := 1 + m.r.IntN(11); len(specs)+len(batch) < n; {
+		var sp spec
+		ok := true
+		switch x := m.r.IntN(100); {
+		case x < 25:
+			sp = m.deposit(m.user())
+		case x < 45:
+			sp = m.send()
+		case x < 85:
+			sp, ok = m.open()
+		case len(batch) == 0:
+			if sp, ok = m.credits(m.pending()); ok {
+				batch = append(batch, sp)
+			}
+			continue
+		default:
+			continue
+		}
+		if ok {
+			specs = append(specs, sp)
+		}
+	}
+	inj := injection{kind: gi % injectLost}
+	if gi%64 == 63 {
+		inj.kind = injectLost // fewer: settling a lost answer costs MariaDB a re-read and a new connection
+	}
+	var sp spec
+	ok := false
+	for !ok {
+		switch inj.kind {
+		case injectDup:
+			sp, inj.repeat, ok = m.duplicate()
+		case injectInsufficient:
+			sp, ok = m.insufficient(specs), true
+		case injectSoldOut:
+			sp, ok = m.soldOut(specs)
+		case injectKill, injectLost:
+			sp, ok = m.deposit(m.user()), true // something to write, so there is a COMMIT to cut
+		}
+		if !ok {
+			inj.kind = injectInsufficient
+		}
+	}
+	inj.at = m.r.IntN(len(specs) + 1)
+	specs = append(slices.Insert(specs, inj.at, sp), batch...)
+	m.injected[inj.kind]++
+	m.ops += len(specs)
+
+	what := fmt.Sprintf("group %d (%d ops, %s at op %d)", gi, len(specs), injectNames[inj.kind], inj.at)
+	ops := opsOf(specs)
+	if inj.kind == injectKill {
+		fired := m.p.g.arm(false)
+		err := m.p.cg.CommitGroup(m.p.g.ctx, ops)
+		fired()
+		if err == nil {
+			m.t.Fatalf("%s: the group whose connection was killed before COMMIT answered success", what)
+		}
+		ops = opsOf(specs) // the retry: the same ops, answered again
+	}
+	if inj.kind == injectLost {
+		// The group applied; its answers, when it found that out, are the
+		// oracle's. The retry is then answered as the oracle answers the
+		// same ops again: repeats, and whatever the first pass made
+		// possible (a send the group's own deposit now covers).
+		fired := m.p.g.arm(true)
+		err := m.p.cg.CommitGroup(m.p.g.ctx, ops)
+		fired()
+		first := m.p.oracle(specs)
+		if err == nil {
+			m.p.compare(what, ops, first)
+		} else if !errors.Is(err, storage.ErrCommitUnknown) {
+			m.t.Fatalf("%s: the group whose COMMIT answer was lost: %v, want success or storage.ErrCommitUnknown", what, err)
+		}
+		m.learn(specs, first)
+		ops = opsOf(specs)
+	}
+	if err := m.p.cg.CommitGroup(m.p.g.ctx, ops); err != nil {
+		m.t.Fatalf("%s: %v", what, err)
+	}
+	want := m.p.oracle(specs)
+	m.p.compare(what, ops, want)
+	m.check(what, inj, ops[inj.at])
+	m.learn(specs, want)
+	return len(specs)
+}
+
+// check asserts that the injected op answered its failure.
+func (m *money) check(what string, inj injection, op *storage.GroupOp) {
+	m.t.Helper()
+	switch inj.kind {
+	case injectDup:
+		if inj.repeat && (op.Err != nil || !op.Repeat && !op.Deposit.Repeat) {
+			m.t.Fatalf("%s: an order number replayed answered %+v", what, answerOf(op))
+		}
+		if !inj.repeat {
+			wantOp(m.t, what+": an order number reused", op, model.ErrOrderConflict)
+		}
+	case injectInsufficient:
+		wantOp(m.t, what+": a send above the balance", op, model.ErrInsufficientBalance)
+	case injectSoldOut:
+		if last := op.Results[len(op.Results)-1]; op.Err != nil || !errors.Is(last.Err, model.ErrSoldOut) {
+			m.t.Fatalf("%s: the open past the last share answered %s", what, describe(op.Results))
+		}
+	}
+}
+
+// errName names an error code in the run's statistics.
+func errName(code string) string {
+	switch code {
+	case model.ErrInsufficientBalance.Code:
+		return "insufficient balance"
+	case model.ErrOrderConflict.Code:
+		return "order conflict"
+	case model.ErrSoldOut.Code:
+		return "sold out"
+	case model.ErrExpired.Code:
+		return "expired"
+	}
+	return code
+}
+
+// learn records what the oracle's answers applied, and marks about half the
+// credit batches delivered in both stores.
+func (m *money) learn(specs []spec, ops []*storage.GroupOp) {
+	for i, op := range ops {
+		a := answerOf(op)
+		if a.Err != "" {
+			m.stats[errName(a.Err)]++
+			continue
+		}
+		switch op.Kind {
+		case storage.OpDeposit:
+			if op.Deposit.Repeat {
+				m.stats["repeat"]++
+				continue
+			}
+			m.stats["deposit"]++
+			m.done = append(m.done, specs[i])
+		case storage.OpSend:
+			if op.Repeat {
+				m.stats["repeat"]++
+				continue
+			}
+			m.stats["send"]++
+			m.done = append(m.done, specs[i])
+			ref, _ := model.ParsePacketID(string(op.Packet.ID))
+			m.refs = append(m.refs, ref)
+		case storage.OpOpen:
+			for _, r := range a.Results {
+				switch {
+				case r.Err != "":
+					m.stats[errName(r.Err)]++
+				case r.Repeat:
+					m.stats["repeat claim"]++
+				default:
+					m.stats["claim"]++
+				}
+			}
+		case storage.OpCredits:
+			m.stats["credited"] += op.Applied
+			if m.r.IntN(2) == 0 {
+				m.markDelivered(op.Credits)
+			}
+		}
+	}
+}
+
+// markDelivered marks the credits delivered in both stores, each claim
+// once, as the relay marks a batch.
+func (m *money) markDelivered(credits []model.Credit) {
+	var once []model.Credit
+	seen := map[string]bool{}
+	for _, c := range credits {
+		if !seen[c.ClaimID] {
+			seen[c.ClaimID] = true
+			once = append(once, c)
+		}
+	}
+	sg, err := m.p.g.s.MarkDelivered(m.p.g.ctx, once)
+	so, erro := m.p.o.s.MarkDelivered(m.p.o.ctx, once)
+	if err != nil || erro != nil || sg != so {
+		m.t.Fatalf("mark %d delivered: skipped %d, %v; the oracle skipped %d, %v", len(once), sg, err, so, erro)
+	}
+}
+
+// duplicate is a deposit or send under an order number applied before:
+// the same request (a repeat) or another one (ORDER_CONFLICT).
+func (m *money) duplicate() (spec, bool, bool) {
+	if len(m.done) == 0 {
+		return spec{}, false, false
+	}
+	d := m.done[m.r.IntN(len(m.done))].in
+	switch m.r.IntN(4) {
+	case 0: // the same request again
+		if d.Kind == storage.OpSend {
+			return sendOp(d.Shard, d.Send, m.packetID(d.Shard), d.ExpiresMS), true, true
+		}
+		return depositOp(d.Shard, d.ActID, d.OrderNo, d.Amount), true, true
+	case 1: // the same kind, another amount
+		if d.Kind == storage.OpSend {
+			req := d.Send
+			req.Kind, req.Amount = model.KindRandom, req.Amount+1
+			return sendOp(d.Shard, req, m.packetID(d.Shard), d.ExpiresMS), false, true
+		}
+		return depositOp(d.Shard, d.ActID, d.OrderNo, d.Amount+1), false, true
+	default: // the other kind
+		if d.Kind == storage.OpSend {
+			return depositOp(d.Shard, d.Send.Sender, d.Send.OrderNo, 100), false, true
+		}
+		req := model.SendRequest{Sender: d.ActID, Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: d.OrderNo}
+		return sendOp(d.Shard, req, m.packetID(d.Shard), m.p.nowMS()+1000), false, true
+	}
+}
+
+// insufficient is a send above its sender's balance, from a wallet no op of
+// specs touches (the oracle's balance is the one the send will find).
+func (m *money) insufficient(specs []spec) spec {
+	u := m.user()
+	if touched(specs, u, m.shardOf(u)) {
+		u = fmt.Sprintf("x%d", m.orders) // a wallet never used: balance 0
+	}
+	s := m.shardOf(u)
+	bal := m.p.o.balance(s, u)
+	req := model.SendRequest{Sender: u, Amount: bal + 1 + model.Cents(m.r.IntN(100)), Count: 1, Kind: model.KindRandom, OrderNo: m.order("s")}
+	return sendOp(s, req, m.packetID(s), m.p.nowMS()+1000)
+}
+
+// soldOut is an open of a packet no op of specs opens, by users without a
+// claim on it, one more than it has shares left (one, when it has none).
+func (m *money) soldOut(specs []spec) (spec, bool) {
+	now := m.p.nowMS()
+	for _, i := range m.r.Perm(len(m.refs)) {
+		ref := m.refs[i]
+		if opened(specs, ref) {
+			continue
+		}
+		p := m.p.o.packet(ref)
+		if p.RemainingCount > 0 && (p.Status != model.StatusOpen || now >= p.ExpiresMS) {
+			continue // expired or refunded: the open would answer EXPIRED
+		}
+		all := make([]model.OpenRequest, len(m.users))
+		for j, u := range m.users {
+			all[j] = opener(u, m.shardOf(u))
+		}
+		held, err := m.p.o.s.ClaimsOf(m.p.o.ctx, ref, all)
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		var reqs []model.OpenRequest
+		for _, j := range m.r.Perm(len(all)) {
+			if _, ok := held[all[j].ActID]; !ok && int64(len(reqs)) <= p.RemainingCount {
+				reqs = append(reqs, all[j])
+			}
+		}
+		if int64(len(reqs)) != p.RemainingCount+1 {
+			continue
+		}
+		return openOp(ref, m.r.Uint64(), reqs...), true
+	}
+	return spec{}, false
+}
