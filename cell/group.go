@@ -2,8 +2,6 @@ package cell
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	mrand "math/rand/v2"
 	"sync"
 
@@ -22,23 +20,10 @@ import (
 // put there; past it a request is shed (OVERLOADED).
 const laneQueueMax = 64 * 4096
 
-// grouperOf is the one place the cell asks a store for group commit.
-func grouperOf(st storage.Store) (storage.Grouper, error) {
-	g, ok := st.(storage.Grouper)
-	if !ok {
-		return nil, fmt.Errorf("cell: the store %T cannot commit groups: %w", st, errors.ErrUnsupported)
-	}
-	return g, nil
-}
-
 // commitGroup is the committer's CommitFunc: the group goes to the store of
 // the lane's space.
 func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*storage.GroupOp) error {
-	g, err := grouperOf(s.spaces[ln.Space].store)
-	if err != nil {
-		return err
-	}
-	return g.CommitGroup(ctx, ops)
+	return s.spaces[ln.Space].store.CommitGroup(ctx, ops)
 }
 
 // laneOf names the commit lane of work in database db of space sp: the

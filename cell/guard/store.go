@@ -25,10 +25,7 @@ type Store struct {
 	isFailure func(error) bool
 }
 
-var (
-	_ storage.Store   = (*Store)(nil)
-	_ storage.Grouper = (*Store)(nil)
-)
+var _ storage.Store = (*Store)(nil)
 
 // ErrDBOpen is what a Store answers while its breaker refuses calls. It
 // matches model.ErrDBUnavailable under errors.Is.
@@ -195,17 +192,6 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 		return model.Ledger{}, ErrDBOpen
 	}
 	return s.inner.Ledger(ctx, cell)
-}
-
-// CommitGroup implements storage.Grouper over an inner store that does; over
-// one that does not, it answers an error matching errors.ErrUnsupported and
-// calls nothing. Op errors are in the ops and pass through as they are.
-func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
-	g, ok := s.inner.(storage.Grouper)
-	if !ok {
-		return fmt.Errorf("guard: the store %T cannot commit groups: %w", s.inner, errors.ErrUnsupported)
-	}
-	return s.call(func() error { return g.CommitGroup(ctx, ops) })
 }
 
 // Ping implements storage.Store: while the breaker is open the cell's /healthz
