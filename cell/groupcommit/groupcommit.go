@@ -73,7 +73,8 @@ type Config struct {
 	CommitTimeout time.Duration
 	// Commit commits a group. Required.
 	Commit CommitFunc
-	// Observe, when set, is called after every group, on the lane's worker.
+	// Observe, when set, is called after every group's commit, on the lane's
+	// worker, before the group's ops are answered.
 	Observe func(Group)
 	// Clock runs the adaptive wait and measures; nil: the system clock.
 	Clock clock.Clock
@@ -421,12 +422,12 @@ func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 	l.committing = false // before the answers: a caller's next op finds the lane idle
 	l.mu.Unlock()
 	l.commitEWMA += time.Duration(ewmaWeight * float64(took-l.commitEWMA))
+	if c.cfg.Observe != nil { // before the answers: whoever has an answer finds its group counted
+		c.cfg.Observe(Group{Lane: l.id, Ops: len(group), Requests: reqs, Queued: start.Sub(group[0].enqueued),
+			Held: held, Took: took, Err: err})
+	}
 	for _, w := range group {
 		w.err = err
 		close(w.done)
-	}
-	if c.cfg.Observe != nil {
-		c.cfg.Observe(Group{Lane: l.id, Ops: len(group), Requests: reqs, Queued: start.Sub(group[0].enqueued),
-			Held: held, Took: took, Err: err})
 	}
 }

@@ -29,7 +29,12 @@ func TestMemstoreMoney(t *testing.T) {
 			groups, requests = groups+1, requests+g.Requests
 			mu.Unlock()
 		}})
-	defer c.Stop()
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.Stop()
+		}
+	}()
 	ctx := context.Background()
 	laneOf := func(sh model.ShardID) Lane { return Lane{ID: sh.DB()} }
 	submit := func(sh model.ShardID, op *storage.GroupOp) error {
@@ -141,6 +146,8 @@ func TestMemstoreMoney(t *testing.T) {
 	if rep := model.Audit([]model.Ledger{l}); !rep.OK() {
 		t.Fatalf("audit: %+v", rep)
 	}
+	c.Stop()
+	stopped = true
 	mu.Lock()
 	defer mu.Unlock()
 	if want := senders*(5+2) + openers*senders + len(credits); requests != want {
