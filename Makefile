@@ -62,12 +62,17 @@ audit: build
 bench-smoke: build
 	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --senders 4 --openers 32 --duration 10s
 
-## bench: naive vs serial vs batched on one hot packet (10 s each) plus the ceilings (database,
-## HTTP via router and direct), against the cluster started by make run; report in var/bench/<time>/
+## bench: against the cluster started by make run, in about ten minutes (deploy/local/bench.sh):
+## cold and hot, one run per strategy (naive, batched, grouped when built), hot with the ceilings
+## (database, HTTP via router and direct); festival: each strategy's highest sustained open-loop
+## rate (p99 within 50 ms, nothing shed) by a short search, then a run at 70% of the last one's,
+## audited. Reports in var/bench/<time>/{cold,hot,festival}/; BENCH_STRATEGIES picks the strategies.
+BENCH_SUITE := deploy/local/bench.sh
+REDCELL_PPROF ?=
+BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)
 .PHONY: bench
 bench: build
-	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --workload hot --compare naive,serial,batched \
-		--duration 10s --limits --limits-duration 3s --allow-shed
+	REDCELL_VAR=$(REDCELL_VAR) BIN=$(BIN) BENCH_PPROF=$(BENCH_PPROF) $(BENCH_SUITE)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -38,6 +38,9 @@ type series struct {
 // when there are several runs (strategy against strategy, router against
 // direct), bars of each run's opens/s and p99. It returns the first write error.
 func (s Suite) WriteSVG(w io.Writer) error {
+	if len(s.Runs) == 0 && len(s.Search) > 0 {
+		return s.writeSearchSVG(w)
+	}
 	if len(s.Runs) == 0 && s.Limits != nil {
 		return s.Limits.writeSVG(w)
 	}

@@ -39,10 +39,13 @@ const requestTimeout = 5 * time.Second
 // api.HeaderStress: "1", so the cells write bench traffic to their shadow
 // tables. It is safe for concurrent use.
 type client struct {
-	hc    *fasthttp.Client   // cc's connection pools
-	cc    *cellclient.Client // deadline, stress mark, signature, error decoding
-	base  string             // RouterURL without a trailing '/'
-	cells *cellTable         // nil: everything goes to base
+	hc *fasthttp.Client   // cc's connection pools
+	cc *cellclient.Client // deadline, stress mark, signature, error decoding
+	// signer is cc's (nil without a secret), for the no-op loop, which
+	// stamps its own requests (noopLoad).
+	signer *api.Signer
+	base   string     // RouterURL without a trailing '/'
+	cells  *cellTable // nil: everything goes to base
 	// apiKey, when set, is sent as "Authorization: Bearer" (the router
 	// requires it; cells ignore it, so a direct client sends none).
 	apiKey string
@@ -69,6 +72,7 @@ func newClient(routerURL string, conns int, apiKey, secret string) *client {
 	return &client{
 		hc:     hc,
 		cc:     cellclient.New(hc, signer, nil, requestTimeout),
+		signer: signer,
 		apiKey: apiKey,
 		base:   strings.TrimRight(routerURL, "/"),
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -46,6 +47,16 @@ type SuiteConfig struct {
 	// run of the same strategy, so that the two builds are measured under the
 	// same workload (one seed) on the same machine at nearly the same time.
 	Baseline *Cluster
+	// Cells, when set, are scraped before and after every run on the main
+	// cluster: Report.CellMetrics.
+	Cells []MetricsTarget
+	// Search, when set, finds each strategy's highest sustained open-loop
+	// rate on the main cluster after the runs (search.go); SearchOnly skips
+	// the runs. Sustain, which needs Search, then runs at a fraction of one
+	// strategy's rate.
+	Search     *SearchConfig
+	SearchOnly bool
+	Sustain    *SustainConfig
 }
 
 // Cluster is a second cluster a suite compares the main one with (see
@@ -62,6 +73,8 @@ type Cluster struct {
 	Audit       func(ctx context.Context) (model.AuditReport, error)
 	SetStrategy func(ctx context.Context, strategy string) error
 	GetStrategy func(ctx context.Context) (string, error)
+	// Cells are scraped around this cluster's runs, as SuiteConfig.Cells.
+	Cells []MetricsTarget
 }
 
 // Validate checks the suite and its run config.
@@ -108,8 +121,45 @@ func (sc SuiteConfig) Validate() error {
 			return errors.New("bench: comparing strategies with a baseline needs the baseline's SetStrategy and GetStrategy")
 		}
 	}
+	if err := sc.validateSearch(); err != nil {
+		return err
+	}
 	if sc.Limits != nil {
 		return sc.Limits.Validate()
+	}
+	return nil
+}
+
+// validateSearch checks Search, SearchOnly and Sustain.
+func (sc SuiteConfig) validateSearch() error {
+	if sc.Search == nil {
+		if sc.SearchOnly || sc.Sustain != nil {
+			return errors.New("bench: a search-only suite or a sustain run needs the search")
+		}
+		return nil
+	}
+	if sc.SkipLoad {
+		return errors.New("bench: the rate search needs a workload")
+	}
+	if w := sc.Run.Workload; w == "" || w == WorkloadSmoke {
+		return errors.New("bench: the rate search runs open-loop: use the hot, festival or cold workload")
+	}
+	if err := sc.Search.Validate(); err != nil {
+		return err
+	}
+	if c := sc.Sustain; c != nil {
+		switch {
+		case !(c.Fraction > 0 && c.Fraction <= 1):
+			return fmt.Errorf("bench: the sustain fraction must be in (0, 1], got %v", c.Fraction)
+		case c.Duration < 0 || c.Duration > durationMax:
+			return fmt.Errorf("bench: the sustain duration must be in [0, %v], got %v", durationMax, c.Duration)
+		case c.LagBound <= 0:
+			return fmt.Errorf("bench: the credit-lag bound must be > 0, got %v", c.LagBound)
+		case len(sc.Strategies) == 0 && c.Strategy != "":
+			return fmt.Errorf("bench: the sustain run's strategy %q is not compared (give it with the strategies)", c.Strategy)
+		case len(sc.Strategies) > 0 && !slices.Contains(sc.Strategies, c.Strategy):
+			return fmt.Errorf("bench: the sustain run's strategy %q is not among the strategies %q", c.Strategy, sc.Strategies)
+		}
 	}
 	return nil
 }
@@ -130,12 +180,18 @@ type Suite struct {
 	BaselineComparison []StrategyRow `json:"baseline_comparison,omitempty"`
 	VsBaseline         []BaselineRow `json:"vs_baseline,omitempty"`
 	// RouterVsDirect has one row per pair of runs that differ only in the path.
-	RouterVsDirect []DirectRow    `json:"router_vs_direct,omitempty"`
-	Limits         *LimitsReport  `json:"limits,omitempty"`
-	Ceilings       []CeilingRow   `json:"ceilings,omitempty"`
-	StrategyBefore string         `json:"strategy_before,omitempty"` // what the cells ran before; restored at the end
-	Errors         []string       `json:"errors,omitempty"`          // steps that failed: a strategy switch, a run that could not start, the restore
-	Config         map[string]any `json:"config,omitempty"`          // the command line, for the record
+	RouterVsDirect []DirectRow   `json:"router_vs_direct,omitempty"`
+	Limits         *LimitsReport `json:"limits,omitempty"`
+	Ceilings       []CeilingRow  `json:"ceilings,omitempty"`
+	StrategyBefore string        `json:"strategy_before,omitempty"` // what the cells ran before; restored at the end
+	Errors         []string      `json:"errors,omitempty"`          // steps that failed: a strategy switch, a run that could not start, the restore
+	// Search is each strategy's sustained-rate search (SuiteConfig.Search),
+	// SearchRatios every strategy's sustained rate over each earlier one's,
+	// and Sustain the run at a fraction of one strategy's rate.
+	Search       []SearchResult `json:"search,omitempty"`
+	SearchRatios []SearchRatio  `json:"search_ratios,omitempty"`
+	Sustain      *SustainResult `json:"sustain,omitempty"`
+	Config       map[string]any `json:"config,omitempty"` // the command line, for the record
 }
 
 // StrategyRow compares one strategy's run with the first strategy's.
@@ -146,6 +202,10 @@ type StrategyRow struct {
 	P99MS       float64 `json:"p99_ms"`
 	P999MS      float64 `json:"p99_9_ms"`
 	OK          bool    `json:"ok"` // the run passed, money checks included
+	// P50MS and Cell (the run's CellMetrics: commits/s, mean batch size,
+	// credit-lag p99) complete the row.
+	P50MS float64      `json:"p50_ms"`
+	Cell  *CellMetrics `json:"cell_metrics,omitempty"`
 }
 
 // BaselineRow compares one strategy's run on the main cluster with the same
@@ -184,6 +244,16 @@ func (s Suite) Problems() []string {
 	if s.Limits != nil {
 		ps = append(ps, s.Limits.Problems()...)
 	}
+	if su := s.Sustain; su != nil {
+		if su.Error != "" {
+			ps = append(ps, "sustain run: "+su.Error)
+		}
+		if su.Run != nil {
+			for _, p := range su.Run.Problems() {
+				ps = append(ps, su.Run.Name()+": "+p)
+			}
+		}
+	}
 	return ps
 }
 
@@ -206,6 +276,9 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 		sc.Run.Seed = uint64(time.Now().UnixNano()) // one workload for every run compared
 	}
 	err := s.runAll(ctx, sc)
+	if err == nil {
+		err = s.runSearch(ctx, sc)
+	}
 	if err == nil && sc.Limits != nil {
 		quiesce(ctx, sc)
 		lim, lerr := MeasureLimits(ctx, *sc.Limits)
@@ -220,14 +293,15 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 // runAll runs the workload once per strategy (or once), per path and per
 // cluster, and restores the cells' strategy.
 func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
-	if sc.SkipLoad {
+	if sc.SkipLoad || sc.SearchOnly {
 		return nil
 	}
-	targets := []target{{run: sc.Run, set: sc.SetStrategy, get: sc.GetStrategy}}
+	targets := []target{{run: sc.Run, set: sc.SetStrategy, get: sc.GetStrategy, cells: sc.Cells}}
 	if b := sc.Baseline; b != nil {
 		run := sc.Run
 		run.RouterURL, run.ClusterSecret, run.APIKey, run.Audit = b.RouterURL, b.ClusterSecret, b.APIKey, b.Audit
-		targets = append(targets, target{name: b.Name, run: run, set: b.SetStrategy, get: b.GetStrategy})
+		run.RouterPprof = "" // the profile address is the main cluster's router's
+		targets = append(targets, target{name: b.Name, run: run, set: b.SetStrategy, get: b.GetStrategy, cells: b.Cells})
 	}
 	strategies := sc.Strategies
 	if len(strategies) == 0 {
@@ -286,7 +360,7 @@ func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 					quiesce(ctx, sc)
 				}
 				logf(sc.Log, "run %d (%s): %s for %v", n, cfg.Label, s.Workload, cfg.Duration)
-				rep, err := Run(ctx, cfg)
+				rep, err := runMeasured(ctx, cfg, t.cells, strategy)
 				if rep.RunID == "" && err != nil && ctx.Err() == nil {
 					s.Errors = append(s.Errors, fmt.Sprintf("run %s: %v", cfg.Label, err))
 					continue
@@ -305,10 +379,11 @@ func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 // target is one cluster a suite runs against: the main one (name "") or the
 // baseline.
 type target struct {
-	name string
-	run  Config
-	set  func(ctx context.Context, strategy string) error
-	get  func(ctx context.Context) (string, error)
+	name  string
+	run   Config
+	set   func(ctx context.Context, strategy string) error
+	get   func(ctx context.Context) (string, error)
+	cells []MetricsTarget // scraped around each run
 }
 
 func (t target) describe() string { return cmp.Or(t.name, "main") }
@@ -394,7 +469,7 @@ func strategyRows(runs []Report, cluster string, compareDirect bool) []StrategyR
 			continue
 		}
 		row := StrategyRow{Strategy: r.Strategy, OpensPerSec: r.OpensPerSec, P99MS: r.Open.LatencyMS.P99,
-			P999MS: r.Open.LatencyMS.P999, OK: r.OK()}
+			P999MS: r.Open.LatencyMS.P999, OK: r.OK(), P50MS: r.Open.LatencyMS.P50, Cell: r.CellMetrics}
 		if len(rows) == 0 {
 			first = r.OpensPerSec
 		}

@@ -105,9 +105,17 @@ type Config struct {
 	// APIKey is the calling app's key the router requires (sent as
 	// Authorization: Bearer; not to cells in Direct mode).
 	APIKey string
+	// RouterPprof is the router's pprof address (host:port): when set, Run
+	// profiles the router's CPU during the run (Report.RouterProfile). Not in
+	// direct mode, which bypasses the router.
+	RouterPprof string
 	// Label names the run in the progress line and the reports, e.g. the
 	// strategy under test. Optional.
 	Label string
+	// SettleTimeout, when > 0, bounds the wait for credits after the load of a
+	// hot, festival or cold run instead of the default (about 15 s): the rate
+	// search's short steps wait less and leave the money to the final audit.
+	SettleTimeout time.Duration
 }
 
 // DefaultWorkloadConfig returns DefaultConfig with the defaults of workload w

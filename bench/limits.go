@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"redcell/api"
 	"redcell/sharding"
 )
 
@@ -54,6 +50,16 @@ type LimitsConfig struct {
 	ClusterSecret string
 	// APIKey authenticates the router no-op (Authorization: Bearer).
 	APIKey string
+	// Wrk is the wrk binary (FindWrk) that checks the bench client: the
+	// router no-op is sent by the bench and by wrk in turn, the same ordinary
+	// API key requests, and the report says bench ÷ wrk (ClientCheck). "":
+	// no check; WrkSkipped says why, when it was asked for.
+	Wrk, WrkSkipped string
+	// RouterPprof is the router's pprof address (host:port; make run with
+	// REDCELL_PPROF=1 serves it on 127.0.0.1:6060). When set, the router's
+	// CPU is profiled during the signed router no-op and its top functions
+	// and CPU per request are reported (RouterProfile). "": not profiled.
+	RouterPprof string
 }
 
 // DefaultLimitsConfig measures a few seconds each: 3 s per batch size and per
@@ -100,8 +106,13 @@ type LimitsReport struct {
 	NoopDirectSkipped string `json:"noop_direct_skipped,omitempty"`
 	// RouterOverDirect is the no-op rate through the router / directly to the
 	// cell: what the extra hop leaves of the HTTP ceiling.
-	RouterOverDirect float64  `json:"router_over_direct,omitempty"`
-	Errors           []string `json:"errors,omitempty"`
+	RouterOverDirect float64 `json:"router_over_direct,omitempty"`
+	// Client is the bench client checked against wrk (LimitsConfig.Wrk).
+	Client *ClientCheck `json:"client_check,omitempty"`
+	// RouterProfile is the router's CPU during the signed router no-op
+	// (LimitsConfig.RouterPprof).
+	RouterProfile *CPUProfile `json:"router_profile,omitempty"`
+	Errors        []string    `json:"errors,omitempty"`
 }
 
 // DBLimit is the database's rate for one batch size.
@@ -133,10 +144,25 @@ func (l LimitsReport) Problems() []string {
 			ps = append(ps, fmt.Sprintf("db limit at batch %d: %s", d.Batch, d.Error))
 		}
 	}
-	for _, n := range []*NoopResult{l.NoopRouter, l.NoopDirect} {
+	noops := []*NoopResult{l.NoopRouter, l.NoopDirect}
+	if c := l.Client; c != nil {
+		if c.Error != "" {
+			ps = append(ps, "client check: "+c.Error)
+		}
+		for i := range c.Bench {
+			noops = append(noops, &c.Bench[i])
+		}
+		for i := range c.WrkRuns {
+			noops = append(noops, &c.WrkRuns[i])
+		}
+	}
+	for _, n := range noops {
 		if n != nil && len(n.Errors) > 0 {
 			ps = append(ps, fmt.Sprintf("no-op %s: %d of %d requests failed %v", n.Path, n.Count-n.OK, n.Count, n.Errors))
 		}
+	}
+	if p := l.RouterProfile; p != nil && p.Error != "" {
+		ps = append(ps, "router profile: "+p.Error)
 	}
 	return ps
 }
@@ -205,8 +231,24 @@ func measureNoops(ctx context.Context, lc LimitsConfig, rep *LimitsReport) error
 	if err != nil {
 		return err
 	}
-	r := noop(ctx, rc, lc, "router", cell.Name, acts)
+	var prof <-chan CPUProfile
+	if lc.RouterPprof != "" {
+		prof = profileDuring(ctx, lc.RouterPprof, lc.HTTPDuration)
+	}
+	r := noop(ctx, rc, lc, "router", cell.Name, acts, true)
 	rep.NoopRouter = &r
+	if prof != nil {
+		p := <-prof
+		p.perRequest(r.PerSec)
+		rep.RouterProfile = &p
+	}
+	switch {
+	case lc.WrkSkipped != "":
+		rep.Client = &ClientCheck{Skipped: lc.WrkSkipped}
+	case lc.Wrk != "" && ctx.Err() == nil:
+		rep.Client = checkClient(ctx, lc, rc, cell)
+		rep.Client.SignedOverWrk = ratio(r.PerSec, rep.Client.WrkPerSec)
+	}
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -216,19 +258,25 @@ func measureNoops(ctx context.Context, lc LimitsConfig, rep *LimitsReport) error
 	}
 	dc := newClient("http://"+cell.Addr, lc.Concurrency, "", lc.ClusterSecret)
 	defer dc.hc.CloseIdleConnections()
-	d := noop(ctx, dc, lc, "direct", cell.Name, acts)
+	d := noop(ctx, dc, lc, "direct", cell.Name, acts, true)
 	rep.NoopDirect = &d
 	return nil
 }
 
 // actsOwnedBy returns noopActs act_ids whose shard cell owns.
 func actsOwnedBy(runID string, cell CellInfo) ([]string, error) {
+	return actsOwnedByN(runID, cell, noopActs)
+}
+
+// actsOwnedByN returns up to n act_ids ("<runID>-n<k>") whose shard cell
+// owns, trying noopCandidatesMax at most; an error when it finds none.
+func actsOwnedByN(runID string, cell CellInfo, n int) ([]string, error) {
 	ranges, err := sharding.ParseRanges(cell.Shards)
 	if err != nil {
 		return nil, fmt.Errorf("bench: cell %s: %w", cell.Name, err)
 	}
 	var acts []string
-	for k := 0; len(acts) < noopActs && k < noopCandidatesMax; k++ {
+	for k := 0; len(acts) < n && k < noopCandidatesMax; k++ {
 		act := fmt.Sprintf("%s-n%d", runID, k)
 		if ranges.Contains(sharding.ShardOfAct(act)) {
 			acts = append(acts, act)
@@ -241,37 +289,21 @@ func actsOwnedBy(runID string, cell CellInfo) ([]string, error) {
 }
 
 // noop sends POST api.NoopPath+act closed-loop with lc.Concurrency workers for
-// lc.HTTPDuration and checks each answer names the expected cell.
-func noop(ctx context.Context, c *client, lc LimitsConfig, path, cell string, acts []string) NoopResult {
-	rec := newOpRecorder()
+// lc.HTTPDuration (see noopLoad) and checks each answer names the expected
+// cell. stress: the request is marked and signed as stress traffic, as the
+// bench's workloads send it; otherwise it is an ordinary API key request.
+func noop(ctx context.Context, c *client, lc LimitsConfig, path, cell string, acts []string, stress bool) NoopResult {
+	recs := newStripes(noopStripes)
 	start := time.Now()
 	load, cancel := context.WithTimeout(ctx, lc.HTTPDuration)
 	defer cancel()
 	stop := startProgress(lc.Progress, "no-op "+path, start, lc.HTTPDuration, func() progressSnapshot {
-		return progressSnapshot{noun: "requests", opens: rec.okCount(), errors: rec.errorCount()}
+		return progressSnapshot{noun: "requests", opens: stripesOK(recs), errors: stripesErrors(recs)}
 	})
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range lc.Concurrency {
-		wg.Go(func() {
-			for load.Err() == nil {
-				k := next.Add(1) - 1
-				if k >= noopMax {
-					return
-				}
-				var out api.NoopResponse
-				res := c.call(http.MethodPost, api.NoopPathOf(acts[k%int64(len(acts))]), nil, &out)
-				if res.code == "" && out.Cell != cell {
-					res.code, res.message = codeBadResponse, fmt.Sprintf("answered by %q, want %q", out.Cell, cell)
-				}
-				rec.record(res, false)
-			}
-		})
-	}
-	wg.Wait()
+	noopLoad{c: c, cell: cell, acts: acts, stress: stress}.run(load, lc.Concurrency, recs)
 	elapsed := time.Since(start)
 	stop()
-	s := rec.stats()
+	s := mergedStats(recs)
 	r := NoopResult{Path: path, Cell: cell, URL: c.base, Concurrency: lc.Concurrency, ElapsedMS: elapsed.Milliseconds(),
 		Count: s.Count, OK: s.OK, LatencyMS: s.LatencyMS, Errors: s.Errors}
 	if sec := elapsed.Seconds(); sec > 0 {

@@ -57,6 +57,7 @@ type loadRun struct {
 	claimedCents   atomic.Int64
 	overClaims     atomic.Int64 // claims that took their packet above its amount or count
 	resolved       atomic.Int64
+	started, due   atomic.Int64 // open-loop: what the schedule started and what fell due (Report.Started, Due)
 
 	// Festival opens again, split by the packet's group size, so a report shows
 	// what queueing on the hot packets does to the cold ones' latency.
@@ -116,7 +117,13 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 	rep.OverClaimedPackets = r.overClaims.Load()
 	acts, want := r.book.snapshot()
 	rep.BalanceSample = len(acts)
-	settle(ctx, cfg.Audit, func() (balanceCheck, error) { return r.c.checkAccounts(acts, want) }, r.claimedCents.Load() == 0, &rep)
+	sctx := ctx
+	if cfg.SettleTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, cfg.SettleTimeout)
+		defer cancel()
+	}
+	settle(sctx, cfg.Audit, func() (balanceCheck, error) { return r.c.checkAccounts(acts, want) }, r.claimedCents.Load() == 0, &rep)
 	return rep, nil
 }
 
@@ -363,6 +370,7 @@ func (r *loadRun) report(end time.Time) Report {
 	}
 	if r.cfg.Rate > 0 {
 		rep.Mode, rep.Rate, rep.MaxInFlight = modeOpen, r.cfg.Rate, r.cfg.inFlight()
+		rep.Started, rep.Due = r.started.Load(), r.due.Load()
 	}
 	if r.hot != nil {
 		rep.HotPacketID = r.hot.id

@@ -153,6 +153,11 @@ func TestHotOpenLoopDropsAtTheBound(t *testing.T) {
 	if arrivals := rep.Open.Count; arrivals < 300 || arrivals > 450 {
 		t.Errorf("%d arrivals in 1 s at 400/s: the schedule did not hold", arrivals)
 	}
+	// What fell due was either started or dropped (one arrival either way
+	// at the edge of the load).
+	if d := rep.Started + dropped - rep.Due; rep.Due < 300 || rep.Due > 450 || d < -1 || d > 1 {
+		t.Errorf("due %d, started %d, dropped %d", rep.Due, rep.Started, dropped)
+	}
 	if rep.Open.OK == 0 || rep.Open.LatencyMS.P50 < 40 {
 		t.Errorf("%d opens, p50 %.1f ms: latency must include the fake's 40 ms", rep.Open.OK, rep.Open.LatencyMS.P50)
 	}

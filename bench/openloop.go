@@ -70,10 +70,13 @@ func (r *loadRun) hotOpenLoop(ctx, load context.Context) {
 			break
 		}
 		t := r.hotTask(k, due)
-		if !d.start(func() { r.open(ctx, t.due, t) }) {
+		if d.start(func() { r.open(ctx, t.due, t) }) {
+			r.started.Add(1)
+		} else {
 			r.rec[opOpen].recordDropped()
 		}
 	}
+	r.countDue(t0, float64(r.cfg.Rate), opensMax)
 	d.wait()
 }
 
@@ -107,11 +110,20 @@ func (r *loadRun) groupOpenLoop(ctx, load context.Context) {
 		n := r.next.Add(1)
 		pl := r.cfg.plan(rnd, sizes)
 		delays := rand.New(rand.NewPCG(r.seed, uint64(n)<<1|1))
-		if !sends.start(func() { r.sendPlanned(ctx, due, n, pl, delays) }) {
+		if sends.start(func() { r.sendPlanned(ctx, due, n, pl, delays) }) {
+			r.started.Add(1)
+		} else {
 			r.rec[opSend].recordDropped()
 		}
 	}
+	r.countDue(t0, sendRate, packetsMax)
 	sends.wait()
 	wg.Wait()
 	opens.wait()
+}
+
+// countDue records how many of a schedule's arrivals (at rate per second from
+// t0, at most max) fell due before now, the end of the load: Report.Due.
+func (r *loadRun) countDue(t0 time.Time, rate float64, max int64) {
+	r.due.Store(min(int64(time.Since(t0).Seconds()*rate)+1, max))
 }

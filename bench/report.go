@@ -46,6 +46,12 @@ type Report struct {
 	// (into the load phase) it sold out, which ended the load early.
 	HotPacketID string `json:"hot_packet_id,omitempty"`
 	SoldOutAtMS int64  `json:"sold_out_at_ms,omitempty"`
+	// Due, open-loop, is how many arrivals of the schedule fell due during
+	// the load: opens (hot) or sends (festival, cold); Started how many of
+	// them the client started, on time or late, neither retries nor drops
+	// counted. Started < Due: the client was behind when the load ended.
+	Due     int64 `json:"due,omitempty"`
+	Started int64 `json:"started,omitempty"`
 	// OpensPending are festival and cold opens not yet due when the load ended:
 	// never sent, not counted anywhere else.
 	OpensPending int64 `json:"opens_pending,omitempty"`
@@ -53,6 +59,8 @@ type Report struct {
 	// uncertainMax were: claims may be missing from ClaimedCents (not from the
 	// audit).
 	UnresolvedOpens int64 `json:"unresolved_opens,omitempty"`
+	// RouterProfile is the router's CPU during the run (Config.RouterPprof).
+	RouterProfile *CPUProfile `json:"router_profile,omitempty"`
 	// OverClaimedPackets counts packets whose answered claims went above their
 	// amount or share count: the cluster gave away money it did not have.
 	OverClaimedPackets int64 `json:"over_claimed_packets,omitempty"`
@@ -102,6 +110,11 @@ type Report struct {
 	// AuditError is its last error (or why it did not run).
 	Audit      *model.AuditReport `json:"audit,omitempty"`
 	AuditError string             `json:"audit_error,omitempty"`
+
+	// CellMetrics is what the cells' own metrics say about the run: commits,
+	// batch size, credit lag (see CellMetrics); nil when the suite had no
+	// cells to scrape.
+	CellMetrics *CellMetrics `json:"cell_metrics,omitempty"`
 }
 
 // OpStats counts the requests of one operation. Count is every HTTP request
@@ -289,6 +302,16 @@ func (r Report) WriteText(w io.Writer) error {
 	if r.SoldOutAtMS > 0 {
 		ew.printf("  the hot packet sold out %.2fs into the load, which ended it\n", float64(r.SoldOutAtMS)/1000)
 	}
+	if cm := r.CellMetrics; cm != nil {
+		ew.printf("  cells' metrics (%d cells): %s commits/s, mean batch %s, credit-lag p99 (ms) %s\n",
+			cm.Cells, cm.commitsText(), cm.batchText(), cm.lagText())
+		for _, m := range cm.Missing {
+			ew.printf("    n/a: %s\n", m)
+		}
+	}
+	if p := r.RouterProfile; p != nil && p.Error == "" {
+		ew.printf("  router: %.1f µs of CPU per request, %.2f cores busy (profiled %.0f s)\n", p.CPUMicrosPerRequest, p.CoresBusy, p.Seconds)
+	}
 	if r.OpensPending > 0 || r.UnresolvedOpens > 0 {
 		ew.printf("  %d opens not yet due at the end, %d of unknown outcome not asked again\n", r.OpensPending, r.UnresolvedOpens)
 	}
@@ -369,4 +392,17 @@ func (e *errWriter) Write(p []byte) (int, error) {
 
 func (e *errWriter) printf(format string, args ...any) {
 	_, _ = fmt.Fprintf(e, format, args...)
+}
+
+// requestsPerSec is every request of the run (all ops, failures too: each
+// reached the router) per second of the load phase; 0 when unknown.
+func (r Report) requestsPerSec() float64 {
+	if r.ElapsedMS <= 0 {
+		return 0
+	}
+	var n int64
+	for o := op(0); o < opCount; o++ {
+		n += r.op(o).Count
+	}
+	return float64(n) / (float64(r.ElapsedMS) / 1000)
 }

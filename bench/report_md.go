@@ -62,10 +62,13 @@ func (s Suite) writeSummary(ew *errWriter) {
 		ew.printf(".\n\n")
 		var rows [][]string
 		for _, c := range s.Comparison {
-			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P99MS), f2(c.P999MS), verdict(c.OK)})
+			rows = append(rows, []string{c.Strategy, f1(c.OpensPerSec), f2(c.Ratio), f2(c.P50MS), f2(c.P99MS), f2(c.P999MS),
+				c.Cell.commitsText(), c.Cell.batchText(), c.Cell.lagText(), verdict(c.OK)})
 		}
-		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p99 ms", "p99.9 ms", "verdict"}, rows)
+		mdTable(ew, []string{"strategy", "opens/s", "ratio", "p50 ms", "p99 ms", "p99.9 ms",
+			"commits/s", "mean batch", "credit-lag p99 ms", "verdict"}, rows)
 	}
+	s.writeCellMetrics(ew)
 	if len(s.VsBaseline) > 0 {
 		ew.printf("## Against the baseline cluster\n\nThe same workload (one seed) on both clusters, interleaved; ratio = this cluster's successful opens/s / the baseline's.\n\n")
 		var rows [][]string
@@ -101,6 +104,13 @@ func (s Suite) writeSummary(ew *errWriter) {
 			rows = append(rows, []string{d.Name, f1(d.RouterOpensPerSec), f1(d.DirectOpensPerSec), f2(d.Ratio), f2(d.RouterP99MS), f2(d.DirectP99MS)})
 		}
 		mdTable(ew, []string{"run", "router opens/s", "direct opens/s", "router/direct", "router p99 ms", "direct p99 ms"}, rows)
+	}
+	s.writeSearch(ew)
+	s.writeSustain(ew)
+	for _, r := range s.Runs {
+		if p := r.RouterProfile; p != nil {
+			p.writeMarkdown(ew, "The router's CPU during run "+r.Name())
+		}
 	}
 	if l := s.Limits; l != nil {
 		l.writeMarkdown(ew)
@@ -153,6 +163,72 @@ func (l LimitsReport) writeMarkdown(ew *errWriter) {
 			ew.printf("Router / direct no-op rate: %s.\n\n", f2(l.RouterOverDirect))
 		}
 	}
+	if c := l.Client; c != nil {
+		c.writeMarkdown(ew)
+	}
+	if p := l.RouterProfile; p != nil {
+		p.writeMarkdown(ew, "The router's CPU during the router no-op")
+	}
+}
+
+func (c ClientCheck) writeMarkdown(ew *errWriter) {
+	ew.printf("### The bench client against wrk\n\n")
+	if c.Skipped != "" {
+		ew.printf("Not checked: %s.\n\n", c.Skipped)
+		return
+	}
+	ew.printf("The same requests through the router (%s), %d connections each (wrk: %d threads), sent by the bench and by wrk in turn.\n\n",
+		c.Request, c.Connections, c.WrkThreads)
+	var rows [][]string
+	for i := range c.Bench {
+		rows = append(rows, noopRow("bench", c.Bench[i]))
+		if i < len(c.WrkRuns) {
+			rows = append(rows, noopRow("wrk", c.WrkRuns[i]))
+		}
+	}
+	mdTable(ew, []string{"client", "requests/s", "p50 ms", "p99 ms", "max ms", "errors"}, rows)
+	if c.Error != "" {
+		ew.printf("Check failed: %s.\n\n", c.Error)
+		return
+	}
+	v := "the bench client is not what bounds the rate"
+	if c.BenchOverWrk < ClientCheckMin {
+		v = fmt.Sprintf("below %s: the bench client may bound the rates it measures", pct(ClientCheckMin))
+	}
+	ew.printf("Bench ÷ wrk: **%s** (mean %s vs %s requests/s; %s).", f2(c.BenchOverWrk), f1(c.BenchPerSec), f1(c.WrkPerSec), v)
+	if c.SignedOverWrk > 0 {
+		ew.printf(" The bench's own no-op (stress-marked and signed, checked by the router) ÷ wrk: %s.", f2(c.SignedOverWrk))
+	}
+	ew.printf("\n\n")
+}
+
+func noopRow(client string, n NoopResult) []string {
+	return []string{client, f1(n.PerSec), f2(n.LatencyMS.P50), f2(n.LatencyMS.P99), f2(n.LatencyMS.Max), codeList(n.Errors)}
+}
+
+func (p CPUProfile) writeMarkdown(ew *errWriter, title string) {
+	ew.printf("### %s\n\n", title)
+	if p.Error != "" {
+		ew.printf("Not profiled: %s.\n\n", p.Error)
+		return
+	}
+	ew.printf("%s over %.0f s: %.2f s of CPU, %.2f cores busy", p.URL, p.Seconds, p.CPUSeconds, p.CoresBusy)
+	if p.CPUMicrosPerRequest > 0 {
+		ew.printf(", **%.1f µs of CPU per request**", p.CPUMicrosPerRequest)
+	}
+	ew.printf(".\n\n")
+	var rows [][]string
+	for i := range max(len(p.Flat), len(p.Cum)) {
+		row := []string{"", "", "", ""}
+		if i < len(p.Flat) {
+			row[0], row[1] = "`"+p.Flat[i].Name+"`", fmt.Sprintf("%.1f %%", p.Flat[i].Pct)
+		}
+		if i < len(p.Cum) {
+			row[2], row[3] = "`"+p.Cum[i].Name+"`", fmt.Sprintf("%.1f %%", p.Cum[i].Pct)
+		}
+		rows = append(rows, row)
+	}
+	mdTable(ew, []string{"own CPU (flat)", "share", "with callees (cum)", "share"}, rows)
 }
 
 // writeOps lists every operation of every run with its error codes.

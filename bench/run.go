@@ -82,10 +82,26 @@ type run struct {
 // be found; and ctx.Err() with the partial report (no audit) when ctx ends
 // first. Failed requests never make it return an error: they are counted in
 // the report; see Report.OK.
+//
+// With cfg.RouterPprof (and not direct), the router's CPU is profiled for
+// about cfg.Duration from the start, and Report.RouterProfile has the summary.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
+	if cfg.RouterPprof == "" || cfg.Direct {
+		return runWorkload(ctx, cfg)
+	}
+	prof := profileDuring(ctx, cfg.RouterPprof, cfg.Duration)
+	rep, err := runWorkload(ctx, cfg)
+	p := <-prof
+	p.perRequest(rep.requestsPerSec())
+	rep.RouterProfile = &p
+	return rep, err
+}
+
+// runWorkload is Run without the router's profile.
+func runWorkload(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.Workload != "" && cfg.Workload != WorkloadSmoke {
 		return runLoad(ctx, cfg)
 	}

@@ -117,17 +117,18 @@ const outboxLagTTL = 5 * time.Second
 
 // metricSources are the parts of the cell its metrics read at each scrape.
 type metricSources struct {
-	queue    *keyqueue.Queue[queueKey, *openJob]
-	stats    *stats
-	spaces   [2]*space
-	expiry   *expirer
-	slots    Slots
-	cache    GrabCache // nil: none
-	switches *degrade.Switches
-	dbs      []int // the cell's own databases
-	clock    clock.Clock
-	inc      *incidents
-	groups   *groupcommit.Committer
+	queue     *keyqueue.Queue[queueKey, *openJob]
+	stats     *stats
+	spaces    [2]*space
+	expiry    *expirer
+	slots     Slots
+	cache     GrabCache // nil: none
+	switches  *degrade.Switches
+	dbs       []int // the cell's own databases
+	clock     clock.Clock
+	inc       *incidents
+	creditLag *prometheus.HistogramVec // newCreditLag: the relays observe it, newMetrics registers it
+	groups    *groupcommit.Committer
 }
 
 // relayTotal sums one relay counter over both spaces.
@@ -164,7 +165,8 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 	relayCounter := func(name, help string, f func(*relay.Stats) int64) prometheus.Collector {
 		return counter(name, help, func() int64 { return relayTotal(s.spaces, f) })
 	}
-	reg.MustRegister(limited, shed, m.queued, m.queueWait, m.batchSize,
+	reg.MustRegister(limited, shed, m.queued, m.queueWait, m.batchSize, s.creditLag,
+		relayCounter("redcell_cell_relay_yields_total", "Times a relay lane began to hold back a batch because the cell was loaded with opens (at most relay.YieldMax each).", func(r *relay.Stats) int64 { return r.Yields.Load() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_packets",
 			Help: "Packets with a live FIFO worker."}, func() float64 { return float64(s.queue.Keys()) }),
 		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
@@ -200,6 +202,31 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 	m.group = newGroupMetrics(reg, s.groups.Queued)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return m
+}
+
+// newCreditLag is redcell_credit_lag_seconds{space, kind}: the time from a
+// claim's creation (its open's transaction) to the moment the relay learns
+// its credit is applied in the claimant's wallet: the local store's answer
+// (kind="local") or the owning cell's (kind="remote"). A credit delivered
+// twice is observed twice (relay.Config.CreditLag). The bench reads its p99;
+// the festival target is 1 s, so the buckets are dense around it.
+func newCreditLag() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_credit_lag_seconds",
+		Help:    "Time from a claim's creation to its credit being acknowledged as applied in the claimant's wallet, by space and kind (local: this cell's wallets; remote: another cell's), observed by the relay of the cell that made the claim.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .2, .3, .5, .75, 1, 1.5, 2.5, 5, 10, 30, 60, 300}},
+		[]string{"space", "kind"})
+}
+
+// creditLagOf is relay.Config.CreditLag for space: it observes into lag.
+func creditLagOf(lag *prometheus.HistogramVec, space string) func(local bool, d time.Duration) {
+	local, remote := lag.WithLabelValues(space, "local"), lag.WithLabelValues(space, "remote")
+	return func(isLocal bool, d time.Duration) {
+		if isLocal {
+			local.Observe(d.Seconds())
+			return
+		}
+		remote.Observe(d.Seconds())
+	}
 }
 
 // scansOf is redcell_cell_relay_scans_total{space}: the outbox scans the

@@ -39,6 +39,8 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		return
 	}
 	req := model.OpenRequest{ActID: actID, Shard: sharding.ShardOfAct(actID)}
+	s.stats.opensInFlight.Add(1) // the relay's load probe (loaded)
+	defer s.stats.opensInFlight.Add(-1)
 	var res model.OpenResult
 	switch age := s.clock.Now().UTC().Sub(time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC)); {
 	case age < -24*time.Hour:

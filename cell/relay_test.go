@@ -371,7 +371,8 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 // held locked by another transaction. The credits of every other claimant, in
 // that cell and in the sending cell's own shards, are applied within a second
 // of their claims; the locked one waits, and is applied once the lock is
-// released, exactly once. Balances, credit flows and outbox rows end exact.
+// released, exactly once. Balances, credit flows and outbox rows end exact,
+// and the sending cell observed every credit's lag.
 func TestRelayLockedWalletRow(t *testing.T) {
 	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
 	pre := testenv.Prefix()
@@ -422,6 +423,14 @@ func TestRelayLockedWalletRow(t *testing.T) {
 	report(t, "  of which in the locked row's cell", only(claims, "remote"), creditedAt)
 	if n := metric(t, a, "redcell_cell_relay_deferred_total"); n < 1 {
 		t.Errorf("redcell_cell_relay_deferred_total = %v, want >= 1", n)
+	}
+	// Every credit's lag is observed by the sending cell's relay, by lane kind;
+	// the locked one's after its lock was released.
+	for kind, want := range map[string]int{"local": len(local), "remote": len(remote)} {
+		series := `redcell_credit_lag_seconds_count{kind="` + kind + `",space="real"}`
+		if n := metric(t, a, series); n < float64(want) {
+			t.Errorf("%s = %v, want >= %d", series, n, want)
+		}
 	}
 	checkExactlyOnce(t, claims, a)
 }

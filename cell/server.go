@@ -101,8 +101,8 @@ type Stores struct {
 // started by Serve: a relay per space (cell/relay), reconciliation
 // (cell/recon), the audit of its own books (cell/audit), the admin port
 // (cell/admin), the group committer (cell/groupcommit), the expiry of packets
-// and the schema warm-up. None of them
-// holds the Server. Create it with New, run it with Serve.
+// and the schema warm-up. None of them holds the Server. Create it with New,
+// run it with Serve.
 type Server struct {
 	cfg    Config
 	clock  clock.Clock
@@ -143,6 +143,7 @@ type Server struct {
 // stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
 	opens, openBatches, shed atomic.Int64
+	opensInFlight            atomic.Int64 // opens taken and not answered yet (the relay's load probe)
 }
 
 // New wires a cell. It does no I/O. The cell's metrics are registered with reg,
@@ -187,10 +188,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
+	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: cfg.Shards.DBs(),
 			Owns: s.Owns, Off: relayOff, Store: sp.store, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
-			Clock: clk, Log: log})
+			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
@@ -205,7 +207,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, groups: s.groups})
+		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
@@ -225,6 +227,16 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 // Owns reports whether this cell owns shard sh.
 func (s *Server) Owns(sh model.ShardID) bool { return s.own.owns(sh) }
 
+// relayYieldOpens: with this many opens in flight the cell is loaded, and the
+// relay yields to them (relay.Config.Busy). Half the bench's 64 connections:
+// a lone client, or a few, never makes credits wait; a cell whose opens queue
+// up behind its database does.
+const relayYieldOpens = 32
+
+// loaded is the relay's load probe: whether relayYieldOpens or more opens
+// are in flight.
+func (s *Server) loaded() bool { return s.stats.opensInFlight.Load() >= relayYieldOpens }
+
 // Listen binds the HTTP address (so callers know it is taken before announcing).
 func (s *Server) Listen() (net.Listener, error) {
 	ln, err := net.Listen("tcp", s.cfg.Listen)
@@ -236,8 +248,9 @@ func (s *Server) Listen() (net.Listener, error) {
 
 // Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
 // taking requests and let in-flight ones finish, drain the open queues and the
-// commit lanes, deliver what the relay holds. Background work (schema warm-up, relay, expiry,
-// reconciliation, the hourly audit) runs while it serves.
+// commit lanes, deliver what the relay holds. Background work (schema
+// warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
+// serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

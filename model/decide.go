@@ -90,7 +90,7 @@ func Open(in OpenInput) OpenOutcome {
 		default:
 			c := takeShare(&p, rq.ActID, in.NowMS, in.Rand)
 			out.Fresh = append(out.Fresh, c)
-			out.Credits = append(out.Credits, Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: rq.Shard, Amount: c.Amount})
+			out.Credits = append(out.Credits, Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: rq.Shard, Amount: c.Amount, CreatedMS: c.CreatedMS})
 			out.Results[i] = OpenResult{Claim: c}
 		}
 	}

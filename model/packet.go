@@ -81,6 +81,11 @@ type Credit struct {
 	ActID    string   `json:"act_id"`
 	Shard    ShardID  `json:"shard"` // the claimant's shard
 	Amount   Cents    `json:"amount"`
+	// CreatedMS is when the claim was made (its created_ms, Unix ms), for the
+	// relay's credit-lag metric; 0 when unknown. It is not sent between cells
+	// (a cell refuses unknown fields, so an older receiver would refuse it),
+	// and the receiving side never uses it.
+	CreatedMS int64 `json:"-"`
 }
 
 // OutboxPos is a position in an outbox, ordered by (CreatedMS, ClaimID).

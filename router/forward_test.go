@@ -91,7 +91,7 @@ func mustGenerate(app string, scopes []apikey.Scope) (string, apikey.Key) {
 }
 
 // writeKeyFile writes a key file holding entries, as an operator would.
-func writeKeyFile(t *testing.T, entries ...apikey.Key) string {
+func writeKeyFile(t testing.TB, entries ...apikey.Key) string {
 	t.Helper()
 	b, err := yaml.Marshal(map[string]any{"keys": entries})
 	if err != nil {

@@ -5,6 +5,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -265,6 +266,38 @@ func routeOf(method string, parts []string) (target, error) {
 	return target{route: rt, key: p.Key}, err
 }
 
+// pathSegmentsMax is the most segments pathSegments splits in place; every
+// public route has fewer.
+const pathSegmentsMax = 6
+
+// pathSegments is api.PathSegments, splitting into segs (no allocation but
+// the path's one string) when the path needs no decoding and has at most
+// pathSegmentsMax segments; any other path goes to api.PathSegments.
+func pathSegments(raw []byte, segs *[pathSegmentsMax]string) ([]string, bool) {
+	if bytes.IndexByte(raw, '%') >= 0 || bytes.Count(raw, slash) > pathSegmentsMax+1 {
+		return api.PathSegments(raw)
+	}
+	s := strings.Trim(string(raw), "/")
+	if s == "" {
+		return nil, true
+	}
+	n := 0
+	for {
+		seg, rest, more := strings.Cut(s, "/")
+		if n == pathSegmentsMax || seg == "." || seg == ".." {
+			return api.PathSegments(raw) // too long for segs, or refused there
+		}
+		segs[n] = seg
+		n++
+		if !more {
+			return segs[:n], true
+		}
+		s = rest
+	}
+}
+
+var slash = []byte{'/'}
+
 // locate validates the key of a request — the act_id or packet ID of its path,
 // or a send's sender in body — and sets its shard and user, by api.Locate.
 // Errors: ErrInvalidArgument.
@@ -275,7 +308,8 @@ func (t *target) locate(body []byte) (err error) {
 
 // route is routeOf then locate, for a path as sent on the request line.
 func route(method string, rawPath string, body []byte) (target, error) {
-	parts, ok := api.PathSegments([]byte(rawPath))
+	var segs [pathSegmentsMax]string
+	parts, ok := pathSegments([]byte(rawPath), &segs)
 	if !ok {
 		return target{}, model.Errorf(model.ErrNotFound, "no route for %s", rawPath)
 	}
@@ -332,8 +366,10 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 		r.healthz(rc)
 		return
 	}
+	// One reading of the clock for the request's checks, deadline and
+	// signature (each reading is a measurable share of a hop this cheap).
 	start := time.Now()
-	t, err := r.accept(rc)
+	t, err := r.accept(rc, start)
 	switch {
 	case err != nil:
 		r.writeErr(rc, err)
@@ -341,7 +377,7 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 			rc.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="redcell"`) // RFC 6750
 		}
 	case r.admit(rc, t):
-		r.forwardWithRetry(rc, t.shard)
+		r.forwardWithRetry(rc, t.shard, start)
 	}
 	// The code of an error answer is in its header, the router's own or the
 	// cell's, which forward copied back with the rest of the answer.
@@ -356,8 +392,9 @@ func (r *Router) handle(rc *fasthttp.RequestCtx) {
 // signature (403 PERMISSION_DENIED), and the request's key — act_id, packet
 // ID or sender — (400 INVALID_ARGUMENT). A caller without a valid key learns
 // nothing past the route table, and nothing refused here reaches a cell.
-func (r *Router) accept(rc *fasthttp.RequestCtx) (target, error) {
-	parts, ok := api.PathSegments(rc.URI().PathOriginal())
+func (r *Router) accept(rc *fasthttp.RequestCtx, now time.Time) (target, error) {
+	var segs [pathSegmentsMax]string
+	parts, ok := pathSegments(rc.URI().PathOriginal(), &segs)
 	if !ok {
 		return target{}, model.Errorf(model.ErrNotFound, "no route for %s", rc.URI().PathOriginal())
 	}
@@ -375,7 +412,7 @@ func (r *Router) accept(rc *fasthttp.RequestCtx) (target, error) {
 	if len(rc.PostBody()) > 0 && !api.MediaTypeJSON(rc.Request.Header.ContentType()) {
 		return t, errMediaType
 	}
-	if api.IsStress(&rc.Request.Header) && !r.signer.VerifyRequest(&rc.Request, time.Now()) {
+	if api.IsStress(&rc.Request.Header) && !r.signer.VerifyRequest(&rc.Request, now) {
 		return t, errStressUnsigned
 	}
 	return t, t.locate(rc.PostBody())
@@ -423,15 +460,18 @@ func retryMoved(err error) bool { return err == errMoved }
 // (retry.Do; its wait ends early when the server shuts down). A request still
 // refused then, or without time for another try, gets a retryable answer
 // rather than a final one.
-func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID) {
-	deadline := time.Now().Add(r.cfg.RequestTimeout)
-	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait, Retryable: retryMoved}, func(int) error {
+func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID, start time.Time) {
+	deadline := start.Add(r.cfg.RequestTimeout)
+	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait, Retryable: retryMoved}, func(attempt int) error {
+		if attempt > 0 {
+			start = time.Now() // the second try is signed when it is sent
+		}
 		cell, ok := r.routes.Map().Owner(shard)
 		if !ok {
 			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
 			return nil
 		}
-		if !r.forward(rc, cell, shard, deadline) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
+		if !r.forward(rc, cell, shard, deadline, start) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
 			return nil
 		}
 		// Only when the wait and another try fit in the deadline: no wait
@@ -447,9 +487,9 @@ func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID) 
 }
 
 // forward sends the request to the cell with the deadline header, signed, and
-// copies the answer back. A cell that cannot be reached is a 503; a timeout a
-// 504. It reports whether the cell answered.
-func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard model.ShardID, deadline time.Time) bool {
+// copies the answer back; now is the time it is signed at. A cell that cannot
+// be reached is a 503; a timeout a 504. It reports whether the cell answered.
+func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard model.ShardID, deadline, now time.Time) bool {
 	// The client request is the server's own request object: fasthttp lets a
 	// Request be sent as is, and forwarding without a copy keeps the router's
 	// cost per request low (it is a hop on every call).
@@ -463,7 +503,7 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	// then the signature over the method, the request target (path and query,
 	// as the request line will carry them), the stress flag and the body,
 	// replacing any signature headers the client sent. It allocates nothing.
-	cellclient.Stamp(req, r.signer, deadline, time.Now())
+	cellclient.Stamp(req, r.signer, deadline, now)
 	resp := &rc.Response
 	c := r.client(cell)
 	err := c.hc.DoDeadline(req, resp, deadline)
@@ -512,8 +552,10 @@ func (r *Router) client(cell sharding.Cell) *cellClient {
 		}
 		c = &cellClient{
 			hc: &fasthttp.HostClient{
+				// No ReadTimeout or WriteTimeout: every call is DoDeadline with
+				// the request's deadline, which bounds the write and the read
+				// already; the timeouts only added clock readings per call.
 				Addr: cell.Addr, Name: "redcell-router", MaxConns: r.cfg.MaxConnsPerCell,
-				ReadTimeout: r.cfg.RequestTimeout + time.Second, WriteTimeout: r.cfg.RequestTimeout + time.Second,
 				MaxIdleConnDuration: 30 * time.Second, MaxConnWaitTimeout: r.cfg.RequestTimeout,
 			},
 			down: incident.New(r.log.With("cell", cell.Name, "addr", cell.Addr), "forwarding to cell", incident.DefaultEvery),

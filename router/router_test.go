@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"redcell/api"
@@ -84,6 +85,20 @@ func BenchmarkRouteOpen(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := route("POST", path, nil); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// pathSegments splits every path as api.PathSegments does, in place or not.
+func TestPathSegmentsAsAPI(t *testing.T) {
+	for _, p := range []string{"", "/", "//", "/v1/noop/u1", "/v1/noop/u1/", "v1/noop/u1", "/v1//noop", "/v1/accounts/u%31",
+		"/v1/accounts/a%2Fb", "/v1/accounts/%zz", "/v1/./x", "/v1/../x", "/a/b/c/d/e/f", "/a/b/c/d/e/f/g", "/a/b/c/d/e/f/g/h/i",
+		"/a/b/c/d/e/./f/g", "///a///", "/v1/packets/" + pktID + "/open"} {
+		var segs [pathSegmentsMax]string
+		got, ok := pathSegments([]byte(p), &segs)
+		want, wantOK := api.PathSegments([]byte(p))
+		if ok != wantOK || fmt.Sprintf("%q", got) != fmt.Sprintf("%q", want) {
+			t.Errorf("%q: %q %v, api.PathSegments %q %v", p, got, ok, want, wantOK)
 		}
 	}
 }

@@ -183,3 +183,48 @@ func TestMarkDeliveredSkipsLockedRows(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkDeliveredAcrossDatabases: one call marks the outbox rows of claims
+// on packets of two databases (one transaction); a row held locked in one of
+// them is skipped and the rest of both are marked.
+func TestMarkDeliveredAcrossDatabases(t *testing.T) {
+	m := openStore(t)
+	pre := testenv.Prefix()
+	a := claimsFor(t, m, pre+"-a", []string{pre + "-x", pre + "-y"})
+	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
+	preB := pre + "-b"
+	for sharding.ShardOfAct(preB+"-s").DB() == refA.Shard.DB() {
+		preB += "b"
+	}
+	b := claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
+	refB, _, _ := model.ParseClaimID(b[0].ClaimID)
+	all := append(slices.Clone(a), b...)
+	if n, _, err := m.ApplyCredits(context.Background(), all); err != nil || n != len(all) {
+		t.Fatal(n, err) // credited first, as the relay does, so the rows stay ones the audit accepts
+	}
+	state := func(c model.Credit) (st int) {
+		ref, _, _ := model.ParseClaimID(c.ClaimID)
+		if err := m.db.QueryRow("SELECT state FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	release := hold(t, m, sql.LevelReadCommitted, "SELECT state FROM "+m.outboxTable(refB.Shard.DB())+" WHERE claim_id = ? FOR UPDATE", b[1].ClaimID)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 1 {
+		t.Fatalf("%d skipped, err %v; want the locked one", skipped, err)
+	}
+	for i, want := range []int{1, 1, 1, 0} {
+		if st := state(all[i]); st != want {
+			t.Errorf("row %d (db %d): state %d, want %d", i, []int{refA.Shard.DB(), refA.Shard.DB(), refB.Shard.DB(), refB.Shard.DB()}[i], st, want)
+		}
+	}
+	release()
+	if skipped, err := m.MarkDelivered(context.Background(), all); err != nil || skipped != 0 {
+		t.Fatal(skipped, err)
+	}
+	if st := state(all[3]); st != 1 {
+		t.Errorf("the row locked before: state %d, want 1", st)
+	}
+}

@@ -589,32 +589,3 @@ func anys(ss []string) []any {
 	}
 	return out
 }
-
-// applyCreditsTx books credits inside tx, as ApplyCredits does in its own
-// transaction: per credit in lock order (shard, act_id, claim ID), never
-// waiting for a row another transaction holds.
-func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64) (applied int, deferred []string, err error) {
-	sorted := append([]model.Credit(nil), credits...)
-	sort.Slice(sorted, func(i, j int) bool {
-		if sorted[i].Shard != sorted[j].Shard {
-			return sorted[i].Shard < sorted[j].Shard
-		}
-		if sorted[i].ActID != sorted[j].ActID {
-			return sorted[i].ActID < sorted[j].ActID
-		}
-		return sorted[i].ClaimID < sorted[j].ClaimID
-	})
-	for _, c := range sorted {
-		outcome, err := m.creditOne(ctx, tx, c, now)
-		if err != nil {
-			return 0, nil, err
-		}
-		switch outcome {
-		case creditApplied:
-			applied++
-		case creditDeferred:
-			deferred = append(deferred, c.ClaimID)
-		}
-	}
-	return applied, deferred, nil
-}

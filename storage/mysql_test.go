@@ -322,7 +322,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 			t.Fatal(err, res[0].Err)
 		}
 		c := res[0].Claim
-		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount})
+		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount, CreatedMS: c.CreatedMS})
 	}
 	pending, _, err := m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 1000)
 	if err != nil {

@@ -4,14 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
+	"slices"
 
 	"redcell/model"
 )
 
 // PendingCredits lists up to limit outbox rows of database db (0..99) not yet
 // delivered, created at or before beforeMS (Unix ms) and after the position
-// (afterMS, afterID), in (created_ms, claim_id) order. next is the position of
-// the last row returned, to page on from.
+// (afterMS, afterID), in (created_ms, claim_id) order, each with its
+// CreatedMS. next is the position of the last row returned, to page on from.
 func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
 	var next model.OutboxPos
 	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+m.outboxTable(db)+
@@ -27,21 +29,25 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	var out []model.Credit
 	for rows.Next() {
 		var c model.Credit
-		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &next.CreatedMS); err != nil {
+		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &c.CreatedMS); err != nil {
 			return nil, next, err
 		}
-		next.ClaimID = c.ClaimID
+		next = model.OutboxPos{CreatedMS: c.CreatedMS, ClaimID: c.ClaimID}
 		out = append(out, c)
 	}
 	return out, next, rows.Err()
 }
 
 // MarkDelivered marks outbox rows as delivered once the claimant's cell has
-// applied them. Marking twice is harmless. It never waits for a row another
-// transaction holds locked: per database, one short READ COMMITTED transaction
-// locks the rows it can (SELECT ... FOR UPDATE SKIP LOCKED) and marks those.
-// skipped counts the rows left pending because they were locked (or are
-// gone); the relay delivers those again later, which the receiver ignores.
+// applied them. Marking twice is harmless. The relay calls it once per
+// delivered batch, whose claims come from packets of many databases: it marks
+// them all in one short READ COMMITTED transaction (one commit), two
+// statements per database, in database order. It never waits for a row
+// another transaction holds locked: per database it locks the rows it can
+// (SELECT ... FOR UPDATE SKIP LOCKED) and marks those. skipped counts the
+// rows left pending because they were locked (or are gone); the relay
+// delivers those again later, which the receiver ignores. An error marks
+// nothing.
 func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
 	byDB := map[int][]any{}
 	for _, c := range credits {
@@ -51,25 +57,32 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 		}
 		byDB[ref.Shard.DB()] = append(byDB[ref.Shard.DB()], c.ClaimID)
 	}
-	for db, ids := range byDB {
-		locked, err := m.markIn(ctx, db, ids)
+	if len(byDB) == 0 {
+		return 0, nil
+	}
+	// READ COMMITTED: the locking reads take the rows they find, never a gap.
+	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, fmt.Errorf("storage: mark delivered: %w", err)
+	}
+	defer tx.Rollback()
+	for _, db := range slices.Sorted(maps.Keys(byDB)) {
+		ids := byDB[db]
+		locked, err := m.markIn(ctx, tx, db, ids)
 		if err != nil {
 			return 0, fmt.Errorf("storage: mark delivered: %w", err)
 		}
 		skipped += len(ids) - locked
 	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("storage: mark delivered: commit: %w", err)
+	}
 	return skipped, nil
 }
 
-// markIn marks the rows of outbox db named by ids that no other transaction
-// holds, and returns how many it held (marked now or before).
-func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
-	// READ COMMITTED: the locking read takes the rows it finds, never a gap.
-	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
+// markIn marks, inside tx, the rows of outbox db named by ids that no other
+// transaction holds, and returns how many it held (marked now or before).
+func (m *MySQL) markIn(ctx context.Context, tx *sql.Tx, db int, ids []any) (int, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT claim_id FROM "+m.outboxTable(db)+" WHERE claim_id IN ("+placeholders(len(ids))+") FOR UPDATE SKIP LOCKED", ids...)
 	if err != nil {
 		return 0, err
@@ -98,7 +111,7 @@ func (m *MySQL) markIn(ctx context.Context, db int, ids []any) (int, error) {
 		placeholders(len(mine))+")", args...); err != nil {
 		return 0, err
 	}
-	return len(mine), tx.Commit()
+	return len(mine), nil
 }
 
 // OutboxLag counts undelivered outbox rows of database db and the age of the

@@ -126,6 +126,7 @@ type MySQL struct {
 	db    *sql.DB
 	clock clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
 	ns    string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
+	bulk  creditPaths // how credits were booked (credits.go)
 
 	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured     map[ensureKey]*sync.Once // tables created by this process

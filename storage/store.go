@@ -113,8 +113,8 @@ type Expiry interface {
 type Outbox interface {
 	// PendingCredits pages through the undelivered rows of database db
 	// created at or before beforeMS, after position (afterMS, afterID), in
-	// (created_ms, claim ID) order, up to limit; next is the last row's
-	// position (zero when none).
+	// (created_ms, claim ID) order, up to limit, each credit with its
+	// CreatedMS; next is the last row's position (zero when none).
 	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
 	// MarkDelivered marks the credits' outbox rows delivered (found by claim
 	// ID); marking twice is harmless. It never waits for a row another

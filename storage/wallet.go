@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -234,49 +233,28 @@ func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (mod
 // commits. The caller retries deferred credits later. Every credit neither
 // applied nor deferred had been applied before.
 //
-// Per credit, in one lock order (shard, act_id, claim ID): insert the flow
-// row, then raise the balance (creating the account row), each without
-// waiting (innodb_lock_wait_timeout=0 for that statement; its error 1205 rolls
-// back only that statement, MariaDB's default innodb_rollback_on_timeout=OFF
-// keeping the transaction). When the account row is held, the flow row just
-// inserted is deleted again (it is this transaction's own, so that cannot
-// wait); any other failure rolls the whole transaction back. So a flow row
-// never commits without its balance change, nor the reverse.
+// It makes the shards' tables exist, then runs applyCreditsTx (credits.go:
+// per shard one multi-row flow INSERT and one multi-row balance upsert, or
+// credit by credit when those meet a lock or a credit booked before) in a
+// transaction of its own.
 func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
 	if len(credits) == 0 {
 		return 0, nil, nil
 	}
-	sorted := append([]model.Credit(nil), credits...)
-	sort.Slice(sorted, func(i, j int) bool {
-		if sorted[i].Shard != sorted[j].Shard {
-			return sorted[i].Shard < sorted[j].Shard
+	ensured := map[model.ShardID]bool{}
+	for _, c := range credits {
+		if ensured[c.Shard] {
+			continue
 		}
-		if sorted[i].ActID != sorted[j].ActID {
-			return sorted[i].ActID < sorted[j].ActID
-		}
-		return sorted[i].ClaimID < sorted[j].ClaimID
-	})
-	for _, c := range sorted {
 		if err := m.EnsureShard(ctx, c.Shard); err != nil {
 			return 0, nil, err
 		}
+		ensured[c.Shard] = true
 	}
 	err = m.inTx(ctx, func(tx *sql.Tx) error {
-		applied, deferred = 0, nil // inTx may run this again
-		now := m.nowMS()
-		for _, c := range sorted {
-			outcome, err := m.creditOne(ctx, tx, c, now)
-			if err != nil {
-				return err
-			}
-			switch outcome {
-			case creditApplied:
-				applied++
-			case creditDeferred:
-				deferred = append(deferred, c.ClaimID)
-			}
-		}
-		return nil
+		var err error // inTx may run this again: the answer is the last run's
+		applied, deferred, err = m.applyCreditsTx(ctx, tx, credits, m.nowMS())
+		return err
 	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("storage: apply credits: %w", err)
@@ -296,7 +274,8 @@ const (
 // transaction holds (MariaDB's SET STATEMENT ... FOR, statement-scoped).
 const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 
-// creditOne books one credit inside tx (see ApplyCredits). An error must fail
+// creditOne books one credit inside tx (applyCreditsTx's path for a shard
+// whose bulk statements could not be written whole). An error must fail
 // the whole transaction. The decision (model.ApplyCredit) is asked as for a
 // credit not booked yet; the flow row's UNIQUE order number then makes the
 // INSERT of a credit booked before a no-op (0 rows affected), which is the
@@ -304,7 +283,13 @@ const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64) (creditOutcome, error) {
 	out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
 	f := out.Flow
-	// Only a duplicate order number is ignored (0 rows affected).
+	// In one lock order (shard, act_id, claim ID): insert the flow row, then
+	// raise the balance (creating the account row), each without waiting
+	// (innodb_lock_wait_timeout=0 for that statement; its error 1205 rolls
+	// back only that statement, MariaDB's default innodb_rollback_on_timeout=OFF
+	// keeping the transaction). When the account row is held, the flow row just
+	// inserted is deleted again (it is this transaction's own, so that cannot
+	// wait). Only a duplicate order number is ignored (0 rows affected).
 	res, err := tx.ExecContext(ctx, noWait+m.flowInsert(c.Shard)+" ON DUPLICATE KEY UPDATE id = id", flowArgs(f)...)
 	if isMySQLErr(err, errLockWait) {
 		return creditDeferred, stillInTx(ctx, tx) // nothing of this credit written

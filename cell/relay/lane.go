@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type lane struct {
 	long        int                  // held credits deferred deferralsLong times or more
 	backoff     time.Duration        // pause after the last failed attempt; 0 after a success
 	pausedUntil time.Time            // while backing off the lane takes no credits
+	yieldSince  time.Time            // when the lane began to hold back a batch for load; zero: not yielding
+	size        int                  // the most credits the next batch takes: BatchMax, halved after a timed-out attempt (batchMin..BatchMax)
 	retired     bool                 // run has exited; offer takes nothing
 }
 
@@ -50,7 +53,7 @@ type queued struct {
 }
 
 func newLane(r *Relay, dest string, local bool) *lane {
-	return &lane{r: r, dest: dest, local: local, wake: make(chan struct{}, 1), held: map[string]struct{}{}, released: map[string]time.Time{}}
+	return &lane{r: r, dest: dest, local: local, wake: make(chan struct{}, 1), held: map[string]struct{}{}, released: map[string]time.Time{}, size: BatchMax}
 }
 
 // offer takes the credits of cs that the lane does not hold yet, as long as
@@ -129,7 +132,7 @@ func (l *lane) run() {
 // hundreds of credits instead of one open batch's worth.
 func (l *lane) linger() {
 	l.mu.Lock()
-	full := len(l.queue) >= BatchMax
+	full := len(l.queue) >= l.size
 	l.mu.Unlock()
 	if full {
 		return
@@ -140,27 +143,43 @@ func (l *lane) linger() {
 	}
 }
 
-// next takes the next batch: up to BatchMax held credits that are due.
-// With none, wait is how long until one is (or the backoff ends), -1 when the
-// lane holds nothing. While the relay is switched off the lane gives back
-// everything it holds: the outbox keeps it.
+// next takes the next batch: up to l.size (BatchMax unless attempts timed
+// out) held credits that are due.
+// With none, wait is how long until one is (or the backoff ends, or a
+// yielding lane asks about the load again), -1 when the lane holds nothing.
+// While the relay is switched off the lane gives back everything it holds:
+// the outbox keeps it. While the cell is loaded (Config.Busy) it yields: it
+// takes a batch only when a full one (l.size) is held or it has held back
+// for YieldMax.
 func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	off := l.r.cfg.Off()
+	busy := l.r.cfg.Busy != nil && l.r.cfg.Busy()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if off {
 		l.queue, l.held, l.long = nil, map[string]struct{}{}, 0
 	}
 	if len(l.queue) == 0 {
+		l.yieldSince = time.Time{}
 		return nil, -1
 	}
 	if now.Before(l.pausedUntil) {
 		return nil, l.pausedUntil.Sub(now)
 	}
+	if busy && len(l.queue) < l.size {
+		if l.yieldSince.IsZero() {
+			l.yieldSince = now
+			l.r.Stats.Yields.Add(1)
+		}
+		if left := YieldMax - now.Sub(l.yieldSince); left > 0 {
+			return nil, min(left, yieldPoll)
+		}
+	}
+	l.yieldSince = time.Time{}
 	rest := l.queue[:0]
 	wait = -1
 	for _, q := range l.queue {
-		if len(batch) < BatchMax && !now.Before(q.due) {
+		if len(batch) < l.size && !now.Before(q.due) {
 			batch = append(batch, q)
 			continue
 		}
@@ -180,7 +199,11 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 // it: the delivered credits are marked and let go, the deferred ones queued
 // again after their own backoff, the others (no longer this destination's)
 // given back to the outbox. A failure puts the whole batch back and pauses the
-// lane (exponential backoff); a success ends the pause. It reports success.
+// lane (exponential backoff); a success ends the pause. An attempt that ran
+// out of time halves the lane's batch size (down to batchMin), so a loaded
+// destination still gets work done rather than rolling back whole batches
+// again and again; each success doubles it back up to BatchMax. It reports
+// success.
 func (l *lane) attempt(batch []queued) bool {
 	cs := make([]model.Credit, len(batch))
 	for i, q := range batch {
@@ -196,11 +219,15 @@ func (l *lane) attempt(batch []queued) bool {
 	}
 	ctx, cancel := context.WithDeadline(l.r.life, deadline)
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
 	now := l.r.clock.Now()
 	if err != nil {
 		l.r.failed(l, len(cs), err)
 		l.mu.Lock()
+		if timedOut {
+			l.size = max(min(l.size, len(cs))/2, batchMin)
+		}
 		l.queue = append(append([]queued(nil), batch...), l.queue...) // a copy: batch may share flush's array
 		l.backoff = min(max(2*l.backoff, relayBackoffMin), relayBackoffMax)
 		l.pausedUntil = now.Add(l.backoff)
@@ -208,6 +235,7 @@ func (l *lane) attempt(batch []queued) bool {
 		return false
 	}
 	l.r.succeeded(l)
+	l.r.observeLag(l.local, delivered, now)
 	if len(delivered) > 0 {
 		l.r.markDelivered(delivered)
 	}
@@ -218,6 +246,7 @@ func (l *lane) attempt(batch []queued) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.backoff, l.pausedUntil = 0, time.Time{}
+	l.size = min(2*l.size, BatchMax)
 	if len(l.released) > 4*laneDepthMax { // no scan ran for long (switched off): forget
 		l.released = map[string]time.Time{}
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -177,6 +178,13 @@ type relayRig struct {
 
 func newRelayRig(t *testing.T, cells ...sharding.Cell) *relayRig {
 	t.Helper()
+	return newRelayRigWith(t, nil, cells...)
+}
+
+// newRelayRigWith is newRelayRig with tune (if not nil) applied to the
+// relay's Config first.
+func newRelayRigWith(t *testing.T, tune func(*Config), cells ...sharding.Cell) *relayRig {
+	t.Helper()
 	own, _ := sharding.ParseRanges("0-499")
 	if cells == nil {
 		b, _ := sharding.ParseRanges("500-749")
@@ -186,9 +194,13 @@ func newRelayRig(t *testing.T, cells ...sharding.Cell) *relayRig {
 	m, _ := sharding.NewMap(append([]sharding.Cell{{Name: "cell-a", Addr: "a", Shards: own}}, cells...))
 	store := newFakeOutbox()
 	net := &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
-	r := New(Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs(),
+	cfg := Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs(),
 		Owns: func(sh model.ShardID) bool { return sh < 500 }, Off: func() bool { return false },
-		Store: store, Client: net, Peers: fixedPeers{m}, Log: slog.New(slog.DiscardHandler)})
+		Store: store, Client: net, Peers: fixedPeers{m}, Log: slog.New(slog.DiscardHandler)}
+	if tune != nil {
+		tune(&cfg)
+	}
+	r := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -500,6 +512,163 @@ func TestLanesBoundedAndRetired(t *testing.T) {
 		synctest.Wait()
 		if n := len(rig.net.to(fmt.Sprint(lanesMax))); n != 1 {
 			t.Fatalf("%d calls to the last cell, want 1", n)
+		}
+	})
+}
+
+// lagLog records what Config.CreditLag observes.
+type lagLog struct {
+	mu   sync.Mutex
+	lags []time.Duration
+	kind []bool
+}
+
+func (g *lagLog) observe(local bool, d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lags, g.kind = append(g.lags, d), append(g.kind, local)
+}
+
+func (g *lagLog) seen() ([]time.Duration, []bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.lags), slices.Clone(g.kind)
+}
+
+// TestLanesYieldToOpens: while the load probe says the cell is loaded, a
+// lane holds back a small batch for YieldMax (not longer) and delivers a full
+// one at once; when the load drops it catches up within yieldPoll and the
+// linger. The remote lane yields as the local one does.
+func TestLanesYieldToOpens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var busy atomic.Bool
+		busy.Store(true)
+		rig := newRelayRigWith(t, func(c *Config) { c.Busy = busy.Load })
+		small := []model.Credit{credit(10, 0), credit(11, 1), credit(600, 2)}
+		rig.r.dispatch(small, time.Time{})
+		time.Sleep(YieldMax - 10*time.Millisecond)
+		synctest.Wait()
+		if n, calls := rig.store.count(rig.store.applied, small[0].ClaimID), len(rig.net.to("b")); n != 0 || calls != 0 {
+			t.Fatalf("loaded, before YieldMax: local credit applied %d times, %d calls to cell-b; want none", n, calls)
+		}
+		if y := rig.r.Stats.Yields.Load(); y != 2 {
+			t.Errorf("%d yields, want 2 (one per lane)", y)
+		}
+		time.Sleep(10*time.Millisecond + yieldPoll)
+		synctest.Wait()
+		for _, c := range small[:2] {
+			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
+				t.Errorf("loaded, after YieldMax: %s marked %d times, want 1", c.ClaimID, n)
+			}
+		}
+		if calls := len(rig.net.to("b")); calls != 1 {
+			t.Errorf("loaded, after YieldMax: %d calls to cell-b, want 1", calls)
+		}
+
+		full := make([]model.Credit, BatchMax)
+		for i := range full {
+			full[i] = credit(model.ShardID(20+i%400), 100+i)
+		}
+		rig.r.dispatch(full, time.Time{})
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n := rig.store.count(rig.store.marked, full[BatchMax-1].ClaimID); n != 1 {
+			t.Errorf("loaded, a full batch: marked %d times at once, want 1", n)
+		}
+
+		late := []model.Credit{credit(30, 900), credit(31, 901)}
+		rig.r.dispatch(late, time.Time{})
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if n := rig.store.count(rig.store.applied, late[0].ClaimID); n != 0 {
+			t.Fatalf("loaded: a small batch applied after 50 ms, want it held back")
+		}
+		busy.Store(false)
+		time.Sleep(yieldPoll + Linger)
+		synctest.Wait()
+		for _, c := range late {
+			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
+				t.Errorf("load dropped: %s marked %d times within %s, want 1", c.ClaimID, n, yieldPoll+Linger)
+			}
+		}
+	})
+}
+
+// TestCreditLagObserved: every credit a delivery acknowledges is observed
+// once with the time since its claim's creation, by lane kind; a credit the
+// receiver deferred is observed only when a later delivery applies it, and
+// one without a creation time is not observed.
+func TestCreditLagObserved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var lags lagLog
+		rig := newRelayRigWith(t, func(c *Config) { c.CreditLag = lags.observe })
+		made := time.Now().Add(-time.Second)
+		local, remote, deferred, unknown := credit(10, 0), credit(600, 1), credit(11, 2), credit(12, 3)
+		for _, c := range []*model.Credit{&local, &remote, &deferred} {
+			c.CreatedMS = made.UnixMilli()
+		}
+		rig.store.defer_ = func(c model.Credit) bool {
+			return c.ClaimID == deferred.ClaimID && time.Since(made) < 1500*time.Millisecond
+		}
+		rig.r.dispatch([]model.Credit{local, remote, deferred, unknown}, time.Time{})
+		time.Sleep(Linger + time.Millisecond)
+		synctest.Wait()
+		got, kinds := lags.seen()
+		if len(got) != 2 {
+			t.Fatalf("observed %d lags after the first deliveries, want 2 (local and remote; none deferred or unknown)", len(got))
+		}
+		for i, d := range got {
+			if d < time.Second || d > time.Second+Linger {
+				t.Errorf("lag %d (local %v): %s, want 1 s (the claim made 1 s before the dispatch) to 1 s + the linger", i, kinds[i], d)
+			}
+		}
+		if kinds[0] == kinds[1] {
+			t.Errorf("both lags of lane kind local=%v, want one of each", kinds[0])
+		}
+		time.Sleep(time.Second) // the deferred credit's backoff (100 ms, 200 ms, ...) runs past 1.5 s
+		synctest.Wait()
+		got, _ = lags.seen()
+		if len(got) != 3 || got[2] < 1500*time.Millisecond {
+			t.Fatalf("after the deferral: lags %v, want a third of at least 1.5 s", got)
+		}
+	})
+}
+
+// TestLaneShrinksAfterTimeouts: a local store too slow to book a full batch
+// within the attempt's time makes the lane halve its batches (500, 250, 125)
+// instead of rolling back the same 500 again and again; once batches go
+// through, each success doubles the size back towards BatchMax.
+func TestLaneShrinksAfterTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		release := make(chan struct{})
+		rig.store.release = release
+		cs := make([]model.Credit, 600)
+		for i := range cs {
+			cs[i] = credit(model.ShardID(i%500), i)
+		}
+		rig.r.dispatch(cs, time.Time{})
+		time.Sleep(2*relayLocalTimeout + time.Second) // two attempts time out (500, then 250), the third (125) waits
+		synctest.Wait()
+		rig.store.mu.Lock()
+		rig.store.release = nil
+		rig.store.mu.Unlock()
+		close(release)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		rig.store.mu.Lock()
+		var sizes []int
+		for _, b := range rig.store.batches {
+			sizes = append(sizes, len(b))
+		}
+		rig.store.mu.Unlock()
+		if want := []int{125, 250, 225}; !slices.Equal(sizes, want) {
+			t.Errorf("batches applied: %v, want %v", sizes, want)
+		}
+		for _, c := range cs {
+			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
+				t.Fatalf("%s marked %d times, want 1", c.ClaimID, n)
+			}
 		}
 	})
 }

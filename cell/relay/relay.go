@@ -44,7 +44,7 @@ type Peers interface {
 }
 
 // Config is what a Relay is built from. Every field is required but Clock
-// (nil: the system clock).
+// (nil: the system clock), Busy and CreditLag (nil: none).
 type Config struct {
 	Cell     string                   // this cell's name: the local lane's destination
 	Space    string                   // the money space, "real" or "shadow", for logs
@@ -57,6 +57,21 @@ type Config struct {
 	Peers    Peers                    // the shard map
 	Clock    clock.Clock              // nil: clock.Real
 	Log      *slog.Logger
+	// Busy tells whether the cell is loaded with opens (its load probe; nil:
+	// never). While it is, the lanes yield: each delivers only full batches
+	// (BatchMax), or a smaller one once its lane has held it back for
+	// YieldMax, and catches up with full batches when the load drops. Called
+	// from the lanes' goroutines, often: it must be cheap and safe for
+	// concurrent use.
+	Busy func() bool
+	// CreditLag observes, for every credit a delivery acknowledged (applied
+	// now or found applied before), the time from its claim's creation
+	// (Credit.CreatedMS; credits without one are not observed) to the
+	// acknowledgement, on the relay's clock; local tells the lane kind. A
+	// credit delivered again (its outbox mark was skipped or lost) is
+	// observed again, with its longer lag. nil: not observed. Called from
+	// the lanes' goroutines.
+	CreditLag func(local bool, lag time.Duration)
 }
 
 // Stats are the relay's counters since the start (the cell's metrics and
@@ -68,6 +83,7 @@ type Stats struct {
 	Deferred    atomic.Int64 // credits the receiver deferred (each deferral)
 	MarkSkipped atomic.Int64 // delivered credits left pending because their row was locked
 	Scans       atomic.Int64 // outbox scans finished
+	Yields      atomic.Int64 // times a lane began to hold back a batch because the cell was loaded (Config.Busy)
 }
 
 // Relay delivers the claims of one money space. Fresh claims come straight
@@ -119,6 +135,12 @@ const (
 	// ScanPagesMax is the most pages of BatchMax rows one scan reads per
 	// database: the rest waits for the next scan.
 	ScanPagesMax = 10
+	// YieldMax is the longest a lane holds back a batch smaller than
+	// BatchMax while the cell is loaded (Config.Busy): under load a claimant
+	// waits at most this much more for the credit, a quarter of the 1 s
+	// credit-lag bound the bench holds the cell to, and a lane still delivers
+	// at least four batches a second.
+	YieldMax = 250 * time.Millisecond
 )
 
 // DeferralBackoff is how long a credit the receiver deferred for the
@@ -165,6 +187,13 @@ const (
 	// deferralsLong: a credit deferred this many times (about 11 s with the
 	// backoff above) is logged: its wallet row has been locked for long.
 	deferralsLong = 8
+	// batchMin is the smallest batch a lane shrinks to after attempts that
+	// ran out of time (see lane.attempt): a destination so loaded that it
+	// cannot book 16 credits in an attempt's time is down for the relay.
+	batchMin = 16
+	// yieldPoll is how often a yielding lane asks whether the load has
+	// dropped: it catches up within this much of the drop.
+	yieldPoll = 25 * time.Millisecond
 )
 
 // New builds a relay; it does no I/O and starts nothing (see Run).
@@ -195,7 +224,7 @@ func NewCredits(results []model.OpenResult) []model.Credit {
 			continue
 		}
 		credits = append(credits, model.Credit{ClaimID: r.Claim.ID, PacketID: r.Claim.PacketID, ActID: r.Claim.ActID,
-			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount})
+			Shard: sharding.ShardOfAct(r.Claim.ActID), Amount: r.Claim.Amount, CreatedMS: r.Claim.CreatedMS})
 	}
 	return credits
 }
@@ -439,6 +468,20 @@ func SplitDeferred(cs []model.Credit, ids []string) (rest, deferred []model.Cred
 		}
 	}
 	return rest, deferred
+}
+
+// observeLag reports the credit lag of the credits a delivery by a lane of
+// kind local acknowledged at now (Config.CreditLag).
+func (r *Relay) observeLag(local bool, cs []model.Credit, now time.Time) {
+	f := r.cfg.CreditLag
+	if f == nil {
+		return
+	}
+	for _, c := range cs {
+		if c.CreatedMS > 0 {
+			f(local, max(now.Sub(time.UnixMilli(c.CreatedMS)), 0))
+		}
+	}
 }
 
 // markDelivered marks delivered credits in the outbox within relayDBTimeout.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -46,7 +47,14 @@ type benchFlags struct {
 	apiKey              string          // the key the router requires: --api-key-file, else REDCELL_API_KEY, else api-key beside --config
 	baselinePath        string          // --baseline: the config of a second cluster to compare with
 	baselineName        string
+	cpuProfile          string // --cpuprofile: the bench's own CPU profile
+	wrk                 string // --wrk: "", "auto" or wrk's path (bench.FindWrk)
+	routerPprof         string // --router-pprof: the router's pprof address
 	defaultLimitsConfig bench.LimitsConfig
+	search              bench.SearchConfig // --search-*
+	searchOn            bool               // --search
+	searchOnly          bool               // --search-only
+	sustain             bench.SustainConfig
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -77,7 +85,21 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
 	fs.StringVar(&f.baselinePath, "baseline", "", "config file of a second cluster (an older build, say) to run every run against too, interleaved, and compare with (its API key: the file api-key beside it)")
 	fs.StringVar(&f.baselineName, "baseline-name", "baseline", "how reports name the --baseline cluster's runs")
+	fs.StringVar(&f.wrk, "wrk", "", "with the limits: also send the router no-op with wrk (auto: wrk on PATH, skipped when missing; or its path) and report bench ÷ wrk")
+	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile (go tool pprof) to this file: is the client the bottleneck?")
 	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
+	f.search, f.sustain = bench.DefaultSearchConfig(), bench.DefaultSustainConfig("")
+	fs.BoolVar(&f.searchOn, "search", false, "after the runs, find each strategy's highest sustained open-loop rate (hot, festival, cold): p99 within --search-p99, nothing shed, the schedule offered")
+	fs.BoolVar(&f.searchOnly, "search-only", false, "the search (and --sustain-at) without the fixed runs; implies --search")
+	fs.DurationVar(&f.search.P99Bound, "search-p99", f.search.P99Bound, "search: the highest open p99 a sustained rate may have")
+	fs.DurationVar(&f.search.Step, "search-step", f.search.Step, "search: the load phase of one step")
+	fs.DurationVar(&f.search.Budget, "search-time", f.search.Budget, "search: the whole search, every strategy together (each gets an equal share)")
+	fs.IntVar(&f.search.StartRate, "search-start", f.search.StartRate, "search: the first step's rate, opens/s (the ramp doubles it)")
+	fs.StringVar(&f.sustain.Strategy, "sustain-at", "", "after the search, run open-loop at --sustain-fraction of this strategy's sustained rate, audited (one of --compare; implies --search)")
+	fs.Float64Var(&f.sustain.Fraction, "sustain-fraction", f.sustain.Fraction, "the fraction of the sustained rate --sustain-at runs at")
+	fs.DurationVar(&f.sustain.Duration, "sustain-duration", 0, "the load phase of the --sustain-at run (default --duration)")
+	fs.DurationVar(&f.sustain.LagBound, "lag-bound", f.sustain.LagBound, "the credit-lag p99 the --sustain-at run should stay within")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errUsage // the flag set printed its usage; nothing more to say
@@ -91,6 +113,10 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	if f.set["concurrency"] {
 		f.set["openers"] = true
+	}
+	f.searchOn = f.searchOn || f.searchOnly || f.sustain.Strategy != ""
+	if f.sustain.Strategy != "" && f.compare == "" {
+		return nil, errors.New("bench: --sustain-at names a strategy of --compare (--compare batched --sustain-at batched for one)")
 	}
 	if f.workload != workloadLimits && !slices.Contains(bench.Workloads, f.workload) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s)", f.workload, strings.Join(bench.Workloads, ", "), workloadLimits)
@@ -158,6 +184,7 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
 	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
+	cfg.RouterPprof = f.routerPprof
 	if f.set["senders"] {
 		cfg.Senders = f.senders
 	}
@@ -188,6 +215,21 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 	if !f.plain() {
 		sc.Log = os.Stderr
 	}
+	if f.configPath != "" {
+		cells, err := metricsTargets(f.configPath)
+		if err != nil {
+			return sc, err
+		}
+		sc.Cells = cells
+	}
+	if f.searchOn {
+		search := f.search
+		sc.Search, sc.SearchOnly = &search, f.searchOnly
+		if f.sustain.Strategy != "" {
+			sustain := f.sustain
+			sc.Sustain = &sustain
+		}
+	}
 	if f.compare != "" {
 		if f.configPath == "" {
 			return sc, errors.New("bench: --compare switches the cells' strategy through their admin ports: it needs --config")
@@ -207,6 +249,8 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		lc.HTTPDuration, lc.DBDuration = f.limitsDuration, f.limitsDuration
 		lc.Progress = os.Stderr
 		lc.ClusterSecret, lc.APIKey = f.clusterSecret, f.apiKey
+		lc.Wrk, lc.WrkSkipped = bench.FindWrk(f.wrk)
+		lc.RouterPprof = f.routerPprof
 		if path := f.configPath; path != "" {
 			lc.DBLimit = func(ctx context.Context, batch int, d time.Duration) (float64, error) {
 				return dbLimit(ctx, path, batch, d)
@@ -217,6 +261,9 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 	if f.baselinePath != "" {
 		b, err := baselineCluster(f.baselinePath, f.baselineName)
 		if err != nil {
+			return sc, err
+		}
+		if b.Cells, err = metricsTargets(f.baselinePath); err != nil {
 			return sc, err
 		}
 		if f.compare != "" {
@@ -248,9 +295,25 @@ func baselineCluster(path, name string) (*bench.Cluster, error) {
 		Audit:  func(ctx context.Context) (model.AuditReport, error) { return auditShadow(ctx, path) }}, nil
 }
 
+// metricsTargets lists the GET /metrics of every cell in the config that has
+// an admin port (which serves it without a token).
+func metricsTargets(configPath string) ([]bench.MetricsTarget, error) {
+	fc, err := loadConfig(configPath)
+	if err != nil {
+		return nil, err
+	}
+	var out []bench.MetricsTarget
+	for _, c := range fc.Cells {
+		if c.AdminListen != "" {
+			out = append(out, bench.MetricsTarget{Cell: c.Name, URL: "http://" + c.AdminListen + "/metrics"})
+		}
+	}
+	return out, nil
+}
+
 // plain is a single smoke run, printed as before: no files unless asked.
 func (f *benchFlags) plain() bool {
-	return f.workload == bench.WorkloadSmoke && f.compare == "" && !f.compareDirect && !f.limits && f.baselinePath == ""
+	return f.workload == bench.WorkloadSmoke && f.compare == "" && !f.compareDirect && !f.limits && f.baselinePath == "" && !f.searchOn
 }
 
 // runBench drives load (see bench.RunSuite), prints every run's text report and
@@ -266,8 +329,15 @@ func runBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	suite, runErr := bench.RunSuite(ctx, sc)
-	if runErr != nil && len(suite.Runs) == 0 && suite.Limits == nil {
+	if runErr != nil && len(suite.Runs) == 0 && suite.Limits == nil && len(suite.Search) == 0 {
 		return runErr // nothing ran (say, the cells' strategy could not be read)
 	}
 	suite.Config = map[string]any{"args": args}
@@ -281,6 +351,19 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
 	}
 	return nil
+}
+
+// startCPUProfile profiles this process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); out.Close() }, nil
 }
 
 // writeBenchOutput prints the reports and writes the files the flags ask for.

@@ -19,9 +19,24 @@ ensure_packages() {
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  ensure_wrk
   if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
     export PATH=$PATH:/usr/local/go/bin
   fi
+}
+
+# ensure_wrk installs wrk (an HTTP load generator) if missing and it can: make bench
+# checks its own client against it. Optional: it never prompts (sudo -n) and never
+# fails; without wrk, make bench skips that check and says so.
+ensure_wrk() {
+  command -v wrk >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 || return 0
+  local SUDO=()
+  if [ "$(id -u)" -ne 0 ]; then SUDO=(sudo -n); fi
+  echo "installing wrk with apt-get (optional, for make bench) ..."
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null 2>&1 ||
+    echo "note: wrk could not be installed; make bench skips its client check"
+  return 0
 }
 
 mariadbd_bin() { command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd; }

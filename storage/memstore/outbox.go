@@ -48,7 +48,7 @@ func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	var out []model.Credit
 	for ; i < len(list) && len(out) < limit && list[i].row.CreatedMS <= beforeMS; i++ {
 		o := list[i].row
-		out = append(out, model.Credit{ClaimID: o.ClaimID, PacketID: list[i].pid, ActID: o.ActID, Shard: o.Shard, Amount: o.Amount})
+		out = append(out, model.Credit{ClaimID: o.ClaimID, PacketID: list[i].pid, ActID: o.ActID, Shard: o.Shard, Amount: o.Amount, CreatedMS: o.CreatedMS})
 		next = model.OutboxPos{CreatedMS: o.CreatedMS, ClaimID: o.ClaimID}
 	}
 	return out, next, nil

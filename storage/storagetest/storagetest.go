@@ -254,9 +254,10 @@ func (f *fixture) markDelivered(credits []model.Credit) {
 	}
 }
 
-// creditOf is the credit a claim owes its claimant in shard s.
+// creditOf is the credit a claim owes its claimant in shard s, as its
+// outbox row reads (created with the claim).
 func creditOf(c model.Claim, s model.ShardID) model.Credit {
-	return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: s, Amount: c.Amount}
+	return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: s, Amount: c.Amount, CreatedMS: c.CreatedMS}
 }
 
 // wantCode fails the test unless err carries the code of want.

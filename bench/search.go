@@ -1,0 +1,534 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"redcell/model"
+)
+
+// The sustained-rate search: for each strategy, short open-loop runs at
+// target rates, ramping up by searchFactor from SearchConfig.StartRate until
+// one fails, then bisecting between the highest rate that passed and the
+// lowest that failed. A step passes when the opens' p99 is within the bound,
+// nothing was shed (no OVERLOADED, TIMEOUT, RATE_LIMITED answer, no client
+// timeout or drop), no other unexpected code was answered, and the client
+// started at least searchAchievedMin of the arrivals that fell due.
+
+// Fixed shape of the search.
+const (
+	// searchFactor: the ramp doubles the rate (and halves it when the first
+	// step fails).
+	searchFactor = 2.0
+	// searchPrecision: the bisection stops when the lowest failing rate is
+	// within 10% of the highest passing one, finer than the noise of a
+	// few-second step on a shared machine.
+	searchPrecision = 0.10
+	// searchRateMin: below this many opens/s the search gives up (reported as
+	// sustained rate 0).
+	searchRateMin = 10
+	// searchSettle bounds a step's wait for its credits: the steps leave the
+	// money to the audits of the other runs.
+	searchSettle = 2 * time.Second
+	// searchIdlePoll is how often the cells' queues are read while waiting for
+	// them to drain between steps.
+	searchIdlePoll = 250 * time.Millisecond
+	// searchRunIDBase numbers the steps' run IDs after the suite's own runs
+	// (at most strategiesMax × 2 paths × 2 clusters of them).
+	searchRunIDBase = 1000
+	// searchInFlightFactor: a step keeps up to this many times rate × bound
+	// opens in flight, so the client drops an open only when far more than
+	// 1% of them take longer than the bound (which fails the step anyway).
+	searchInFlightFactor = 2
+)
+
+// searchAchievedMin: a step whose client started less than 95% of the
+// schedule measured the client, not the cluster. A variable so that tests on
+// a loaded machine, whose client stalls, can lower it.
+var searchAchievedMin = 0.95
+
+// SearchConfig is the sustained-rate search of a suite (SuiteConfig.Search).
+type SearchConfig struct {
+	// P99Bound is the highest open p99 a sustained rate may have (from the
+	// scheduled start, as every open-loop latency), in (0, 10s].
+	P99Bound time.Duration
+	// Step is the load phase of one step, in [200ms, 1m]: long enough for a p99
+	// of a few thousand opens, short enough for several steps per strategy.
+	Step time.Duration
+	// Budget bounds the whole search, every strategy together, in [Step,
+	// 1h]: each gets an equal share of what the ones before it left. A step
+	// is started only when the longest step so far still fits in the
+	// strategy's share; the first always is.
+	Budget time.Duration
+	// StartRate is the first step's rate in opens/s, 1..rateMax.
+	StartRate int
+	// MaxRate caps the ramp, StartRate..rateMax.
+	MaxRate int
+	// StepsMax bounds the steps per strategy, 1..100.
+	StepsMax int
+	// IdleWait bounds the wait, between two steps, for the cells' open queues
+	// and relay lanes to empty (read from their metrics), in [0, 1m].
+	IdleWait time.Duration
+}
+
+// DefaultSearchConfig: the search of four strategies in about four minutes.
+func DefaultSearchConfig() SearchConfig {
+	return SearchConfig{
+		P99Bound:  50 * time.Millisecond, // what a user waits for a red packet without noticing
+		Step:      4 * time.Second,       // ~3 s of festival opens after the first second's ramp
+		Budget:    4 * time.Minute,       // a minute per strategy: about 8 steps of ~7 s with setup and drain
+		StartRate: 250,                   // below any strategy's rate on a 2-core machine: the ramp goes up
+		MaxRate:   200_000,               // far above a loopback cluster; a typo cannot ask for more
+		StepsMax:  12,                    // ramp of ~6 and bisection of ~4, with room
+		IdleWait:  10 * time.Second,      // a failed step's backlog drains in a few seconds
+	}
+}
+
+// Validate checks the fields.
+func (c SearchConfig) Validate() error {
+	switch {
+	case c.P99Bound <= 0 || c.P99Bound > 10*time.Second:
+		return fmt.Errorf("bench: search p99 bound must be in (0, 10s], got %v", c.P99Bound)
+	case c.Step < 200*time.Millisecond || c.Step > time.Minute:
+		return fmt.Errorf("bench: search step must be in [200ms, 1m], got %v", c.Step)
+	case c.Budget < c.Step || c.Budget > time.Hour:
+		return fmt.Errorf("bench: search budget must be in [step, 1h], got %v", c.Budget)
+	case c.StartRate < 1 || c.StartRate > rateMax:
+		return fmt.Errorf("bench: search start rate must be 1..%d opens/s, got %d", rateMax, c.StartRate)
+	case c.MaxRate < c.StartRate || c.MaxRate > rateMax:
+		return fmt.Errorf("bench: search max rate must be %d..%d opens/s, got %d", c.StartRate, rateMax, c.MaxRate)
+	case c.StepsMax < 1 || c.StepsMax > 100:
+		return fmt.Errorf("bench: search steps must be 1..100, got %d", c.StepsMax)
+	case c.IdleWait < 0 || c.IdleWait > time.Minute:
+		return fmt.Errorf("bench: search idle wait must be in [0, 1m], got %v", c.IdleWait)
+	}
+	return nil
+}
+
+// SustainConfig is the run at a fraction of one strategy's sustained rate
+// (SuiteConfig.Sustain), after the search.
+type SustainConfig struct {
+	// Strategy is whose sustained rate is used; one of the suite's
+	// Strategies ("" when the suite sets none).
+	Strategy string
+	// Fraction of the sustained rate to run at, in (0, 1].
+	Fraction float64
+	// Duration of the run's load; 0 means the suite's Run.Duration.
+	Duration time.Duration
+	// LagBound is the credit-lag p99 the run should stay within, > 0.
+	LagBound time.Duration
+}
+
+// DefaultSustainConfig runs at 70% of strategy's sustained rate.
+func DefaultSustainConfig(strategy string) SustainConfig {
+	return SustainConfig{Strategy: strategy, Fraction: DefaultHeadroom, LagBound: time.Second}
+}
+
+// SearchStep is one step of a search: a short open-loop run at Rate.
+type SearchStep struct {
+	Rate        int     `json:"rate_per_sec"`
+	OpensPerSec float64 `json:"opens_per_sec"` // successful opens per second of the load
+	// Achieved is the fraction of the schedule the client started: opens
+	// (hot) or packets (festival, cold: their opens follow), of those due.
+	Achieved float64          `json:"achieved"`
+	P50MS    float64          `json:"p50_ms"`
+	P99MS    float64          `json:"p99_ms"`
+	P999MS   float64          `json:"p99_9_ms"`
+	Shed     int64            `json:"shed"`             // shedding answers, client timeouts and drops, every op
+	Errors   map[string]int64 `json:"errors,omitempty"` // every op's error codes
+	Cell     *CellMetrics     `json:"cell_metrics,omitempty"`
+	Pass     bool             `json:"pass"`
+	Why      string           `json:"why,omitempty"` // why it failed
+	WallMS   int64            `json:"wall_ms"`       // the whole step: setup, load, settle
+}
+
+// SearchResult is one strategy's search.
+type SearchResult struct {
+	Strategy string `json:"strategy"` // "" the cells as they were
+	// SustainedRate is the highest rate that passed, opens/s; 0 when none did.
+	SustainedRate int `json:"sustained_rate_per_sec"`
+	// LowestFail is the lowest rate that failed; 0 when none did (the ramp
+	// reached MaxRate or the budget first).
+	LowestFail int          `json:"lowest_fail_per_sec,omitempty"`
+	P99BoundMS float64      `json:"p99_bound_ms"`
+	Steps      []SearchStep `json:"steps"`
+	// Stop says why the search ended: "converged" (within searchPrecision),
+	// "max rate", "nothing passes", "budget", "steps", or an error.
+	Stop string `json:"stop"`
+}
+
+// Best is the step at SustainedRate, nil when none passed.
+func (r SearchResult) Best() *SearchStep {
+	for i := range r.Steps {
+		if s := &r.Steps[i]; s.Pass && s.Rate == r.SustainedRate {
+			return s
+		}
+	}
+	return nil
+}
+
+// SearchRatio is one strategy's sustained rate over another's.
+type SearchRatio struct {
+	Strategy string   `json:"strategy"`
+	Over     string   `json:"over"`
+	Ratio    *float64 `json:"ratio"` // null when Over's rate is 0
+}
+
+// SustainResult is the run at a fraction of a strategy's sustained rate.
+type SustainResult struct {
+	Strategy      string  `json:"strategy"`
+	Fraction      float64 `json:"fraction"`
+	SustainedRate int     `json:"sustained_rate_per_sec"`
+	Rate          int     `json:"rate_per_sec"`
+	P99BoundMS    float64 `json:"p99_bound_ms"`
+	LagBoundMS    float64 `json:"credit_lag_bound_ms"`
+	Run           *Report `json:"run,omitempty"`
+	// Missed lists the targets the run missed: p99 above the bound, credit-lag
+	// p99 above its bound or unknown, an error code other than SOLD_OUT and
+	// EXPIRED, an audit that was not clean. Empty: every target met.
+	Missed []string `json:"missed,omitempty"`
+	Error  string   `json:"error,omitempty"` // why the run did not happen
+}
+
+// searchParams are the numbers of one strategy's search.
+type searchParams struct {
+	start, max, stepsMax int
+	budget               time.Duration
+}
+
+// searchRate runs one strategy's search with step (a run at a rate); now is
+// the clock the budget is kept with. It never calls step more than stepsMax
+// times, never starts a step when the longest one so far would overrun the
+// budget (the first always runs), never tries a rate at or above one that
+// failed nor at or below one that passed. An error from step ends it.
+func searchRate(ctx context.Context, p searchParams, now func() time.Time,
+	step func(ctx context.Context, rate int) (SearchStep, error)) SearchResult {
+	var res SearchResult
+	lo, hi := 0, 0 // highest pass, lowest fail; 0 none
+	begin := now()
+	var longest time.Duration
+	for {
+		rate, stop := nextRate(lo, hi, p)
+		switch {
+		case stop != "":
+			res.Stop = stop
+		case len(res.Steps) >= p.stepsMax:
+			res.Stop = "steps"
+		case len(res.Steps) > 0 && now().Sub(begin)+longest > p.budget:
+			res.Stop = "budget"
+		case ctx.Err() != nil:
+			res.Stop = ctx.Err().Error()
+		}
+		if res.Stop != "" {
+			break
+		}
+		t0 := now()
+		st, err := step(ctx, rate)
+		longest = max(longest, now().Sub(t0))
+		if err != nil {
+			res.Stop = err.Error()
+			break
+		}
+		st.Rate = rate
+		res.Steps = append(res.Steps, st)
+		if st.Pass {
+			lo = max(lo, rate)
+		} else if hi == 0 || rate < hi {
+			hi = rate
+		}
+	}
+	res.SustainedRate, res.LowestFail = lo, hi
+	return res
+}
+
+// nextRate is the next rate to try given the highest that passed and the
+// lowest that failed (0: none), or why to stop.
+func nextRate(lo, hi int, p searchParams) (int, string) {
+	switch {
+	case lo == 0 && hi == 0:
+		return p.start, ""
+	case hi == 0:
+		if lo >= p.max {
+			return 0, "max rate"
+		}
+		return min(int(float64(lo)*searchFactor), p.max), ""
+	case lo == 0:
+		r := int(float64(hi) / searchFactor)
+		if r < searchRateMin {
+			return 0, "nothing passes"
+		}
+		return r, ""
+	case float64(hi) <= float64(lo)*(1+searchPrecision) || hi-lo <= 1:
+		return 0, "converged"
+	}
+	return lo + (hi-lo)/2, ""
+}
+
+// shedCodes are the answers that mean the cluster (or the client) shed load.
+var shedCodes = map[string]bool{
+	model.ErrOverloaded.Code: true, model.ErrTimeout.Code: true, model.ErrRateLimited.Code: true,
+	model.ErrCellRateLimited.Code: true, model.ErrUserRateLimited.Code: true,
+	codeClientTimeout: true, codeDropped: true,
+}
+
+// judgeStep turns a step's report into a SearchStep against the p99 bound.
+func judgeStep(rep Report, bound time.Duration) SearchStep {
+	l := rep.Open.LatencyMS
+	st := SearchStep{Rate: rep.Rate, OpensPerSec: rep.OpensPerSec, Achieved: achieved(rep),
+		P50MS: l.P50, P99MS: l.P99, P999MS: l.P999, Cell: rep.CellMetrics}
+	var why []string
+	var unexpected []string
+	for o := op(0); o < opCount; o++ {
+		for _, code := range sortedCodes(rep.op(o).Errors) {
+			n := rep.op(o).Errors[code]
+			if st.Errors == nil {
+				st.Errors = map[string]int64{}
+			}
+			st.Errors[code] += n
+			switch {
+			case shedCodes[code]:
+				st.Shed += n
+			case !expectedCodes[o][code]:
+				unexpected = append(unexpected, fmt.Sprintf("%s %s=%d", o, code, n))
+			}
+		}
+	}
+	if st.Shed > 0 {
+		why = append(why, fmt.Sprintf("shed %d", st.Shed))
+	}
+	if len(unexpected) > 0 {
+		why = append(why, "errors "+strings.Join(unexpected, ", "))
+	}
+	if rep.Open.OK == 0 {
+		why = append(why, "no open succeeded")
+	}
+	if boundMS := float64(bound) / float64(time.Millisecond); l.P99 > boundMS {
+		why = append(why, fmt.Sprintf("p99 %.1f ms > %.0f ms", l.P99, boundMS))
+	}
+	if st.Achieved < searchAchievedMin {
+		why = append(why, fmt.Sprintf("client started %.0f%% of the schedule", 100*st.Achieved))
+	}
+	st.Pass, st.Why = len(why) == 0, strings.Join(why, "; ")
+	return st
+}
+
+// achieved is the fraction of an open-loop run's schedule its client started
+// (Report.Started over Report.Due): hot, of the opens; festival and cold, of
+// the packets (whose members' opens follow at random, so their count is not
+// the client's doing). 0 when nothing was due.
+func achieved(rep Report) float64 {
+	if rep.Due <= 0 {
+		return 0
+	}
+	return float64(rep.Started) / float64(rep.Due)
+}
+
+// runSearch searches each strategy's sustained rate, then runs the sustain
+// run, switching the cells' strategy and putting it back at the end.
+func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
+	if sc.Search == nil {
+		return nil
+	}
+	strategies := sc.Strategies
+	if len(strategies) == 0 {
+		strategies = []string{""}
+	} else {
+		before, err := sc.GetStrategy(ctx)
+		if err != nil {
+			return fmt.Errorf("bench: read the cells' strategy before the search: %w", err)
+		}
+		if s.StrategyBefore == "" {
+			s.StrategyBefore = before
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
+			defer cancel()
+			logf(sc.Log, "restoring the cells' strategy %s", before)
+			if err := sc.SetStrategy(rctx, before); err != nil {
+				s.Errors = append(s.Errors, fmt.Sprintf("restore the strategy %s: %v", before, err))
+			}
+		}()
+	}
+	quiesce(ctx, sc) // the credits of earlier runs, this invocation's or not
+	cfg := *sc.Search
+	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax}
+	begin := time.Now()
+	n := 0
+	for i, strategy := range strategies {
+		// An equal share of what is left: a search that converged early
+		// leaves its time to the next ones.
+		p.budget = max(cfg.Budget-time.Since(begin), 0) / time.Duration(len(strategies)-i)
+		if strategy != "" {
+			logf(sc.Log, "search: switching the cells to strategy %s", strategy)
+			if err := sc.SetStrategy(ctx, strategy); err != nil {
+				s.Errors = append(s.Errors, fmt.Sprintf("search: switch the cells to strategy %s: %v", strategy, err))
+				continue
+			}
+		}
+		res := searchRate(ctx, p, time.Now, func(ctx context.Context, rate int) (SearchStep, error) {
+			waitIdle(ctx, sc.Cells, cfg.IdleWait)
+			run := searchRunConfig(sc, cfg, strategy, rate, n)
+			n++
+			t0 := time.Now()
+			logf(sc.Log, "search %s: %d opens/s for %v", cmp.Or(strategy, s.Workload), rate, cfg.Step)
+			rep, err := runMeasured(ctx, run, sc.Cells, strategy)
+			if err != nil {
+				return SearchStep{}, err
+			}
+			st := judgeStep(rep, cfg.P99Bound)
+			st.WallMS = time.Since(t0).Milliseconds()
+			logf(sc.Log, "search %s: %d opens/s: %s", cmp.Or(strategy, s.Workload), rate, stepVerdict(st))
+			return st, nil
+		})
+		res.Strategy, res.P99BoundMS = strategy, ms(cfg.P99Bound)
+		s.Search = append(s.Search, res)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	s.SearchRatios = searchRatios(s.Search)
+	if sc.Sustain != nil {
+		return s.runSustain(ctx, sc)
+	}
+	return nil
+}
+
+func stepVerdict(st SearchStep) string {
+	if st.Pass {
+		return fmt.Sprintf("pass (p99 %.1f ms)", st.P99MS)
+	}
+	return "fail: " + st.Why
+}
+
+// searchRunConfig is the run of one step.
+func searchRunConfig(sc SuiteConfig, cfg SearchConfig, strategy string, rate, n int) Config {
+	run := sc.Run
+	run.Rate, run.Duration = rate, cfg.Step
+	run.AllowShed = true // shedding fails the step, not the suite
+	run.Audit = nil      // the suite's other runs audit; a full audit per step would not fit the budget
+	run.SettleTimeout = searchSettle
+	inFlight := int(math.Ceil(float64(rate) * cfg.P99Bound.Seconds() * searchInFlightFactor))
+	run.MaxInFlight = min(max(run.inFlight(), inFlight), inFlightMax)
+	run.Label = fmt.Sprintf("search/%s@%d", cmp.Or(strategy, run.Workload), rate)
+	run.RunID = suiteRunID(sc.Run.RunID, searchRunIDBase+n)
+	return run
+}
+
+// waitIdle waits, at most d, until the cells' open queues and relay lanes
+// are empty, so one step's backlog does not count against the next.
+func waitIdle(ctx context.Context, targets []MetricsTarget, d time.Duration) {
+	if len(targets) == 0 || d <= 0 {
+		return
+	}
+	wait, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for !idle(scrapeCells(wait, metricsClient, targets)) && sleepCtx(wait, searchIdlePoll) {
+	}
+}
+
+// searchRatios divides every strategy's sustained rate by each earlier one's
+// (a comparison lists the baseline strategies first).
+func searchRatios(rs []SearchResult) []SearchRatio {
+	var out []SearchRatio
+	for j := range rs {
+		for i := range j {
+			out = append(out, SearchRatio{Strategy: rs[j].Strategy, Over: rs[i].Strategy,
+				Ratio: ratioPtr(float64(rs[j].SustainedRate), float64(rs[i].SustainedRate))})
+		}
+	}
+	return out
+}
+
+// errNoSustainedRate: the sustain run needs a rate the search found.
+var errNoSustainedRate = errors.New("no sustained rate was found")
+
+// runSustain runs the workload open-loop at Fraction of the strategy's
+// sustained rate, with the audit, and judges it against the bounds.
+func (s *Suite) runSustain(ctx context.Context, sc SuiteConfig) error {
+	c := *sc.Sustain
+	res := &SustainResult{Strategy: c.Strategy, Fraction: c.Fraction, P99BoundMS: ms(sc.Search.P99Bound), LagBoundMS: ms(c.LagBound)}
+	s.Sustain = res
+	for _, r := range s.Search {
+		if r.Strategy == c.Strategy {
+			res.SustainedRate = r.SustainedRate
+		}
+	}
+	res.Rate = int(math.Round(c.Fraction * float64(res.SustainedRate)))
+	if res.Rate < 1 {
+		res.Error = fmt.Sprintf("%v for strategy %q", errNoSustainedRate, c.Strategy)
+		return nil
+	}
+	if c.Strategy != "" {
+		logf(sc.Log, "switching the cells to strategy %s", c.Strategy)
+		if err := sc.SetStrategy(ctx, c.Strategy); err != nil {
+			res.Error = fmt.Sprintf("switch the cells to strategy %s: %v", c.Strategy, err)
+			return nil
+		}
+	}
+	quiesce(ctx, sc)
+	run := sc.Run
+	run.Rate, run.AllowShed = res.Rate, false
+	run.Duration = cmp.Or(c.Duration, sc.Run.Duration)
+	inFlight := int(math.Ceil(float64(res.Rate) * sc.Search.P99Bound.Seconds() * searchInFlightFactor))
+	run.MaxInFlight = min(max(run.inFlight(), inFlight), inFlightMax)
+	run.Label = fmt.Sprintf("%s@%.0f%%", cmp.Or(c.Strategy, run.Workload), 100*c.Fraction)
+	run.RunID = suiteRunID(sc.Run.RunID, searchRunIDBase-1)
+	logf(sc.Log, "run at %.0f%% of %s's sustained %d opens/s: %d opens/s for %v", 100*c.Fraction,
+		cmp.Or(c.Strategy, run.Workload), res.SustainedRate, res.Rate, run.Duration)
+	rep, err := runMeasured(ctx, run, sc.Cells, c.Strategy)
+	if rep.RunID == "" && err != nil && ctx.Err() == nil {
+		res.Error = err.Error()
+		return nil
+	}
+	rep.Strategy = c.Strategy
+	res.Run = &rep
+	res.Missed = sustainMissed(rep, sc.Search.P99Bound, c.LagBound)
+	return err
+}
+
+// sustainMissed lists the targets a sustain run missed.
+func sustainMissed(rep Report, p99Bound, lagBound time.Duration) []string {
+	var missed []string
+	if p99 := rep.Open.LatencyMS.P99; p99 > ms(p99Bound) {
+		missed = append(missed, fmt.Sprintf("open p99 %.1f ms > %.0f ms", p99, ms(p99Bound)))
+	}
+	switch cm := rep.CellMetrics; {
+	case cm == nil || cm.CreditLagP99MS == nil:
+		missed = append(missed, "credit-lag p99 unknown (n/a)")
+	case cm.CreditLagAbove || *cm.CreditLagP99MS > ms(lagBound):
+		missed = append(missed, fmt.Sprintf("credit-lag p99 %s ms > %.0f ms", cm.lagText(), ms(lagBound)))
+	}
+	for o := op(0); o < opCount; o++ {
+		for _, code := range sortedCodes(rep.op(o).Errors) {
+			if !expectedCodes[o][code] {
+				missed = append(missed, fmt.Sprintf("%s: %d %s", o, rep.op(o).Errors[code], code))
+			}
+		}
+	}
+	if a := auditText(rep); a != "clean" {
+		missed = append(missed, "audit "+a)
+	}
+	return missed
+}
+
+// auditText says what a run's audit found: "clean", or what was wrong.
+func auditText(r Report) string {
+	switch a := r.Audit; {
+	case r.AuditError != "":
+		return "failed: " + r.AuditError
+	case a == nil:
+		return "not run"
+	case a.Difference != 0:
+		return fmt.Sprintf("money differs by %d cents", a.Difference)
+	case len(a.Problems) > 0:
+		return fmt.Sprintf("%d problems", len(a.Problems))
+	}
+	return "clean"
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchSearchFlags: --search-only and --sustain-at build the suite's
+// search and sustain run; the cells' metrics come from their admin ports in
+// the config; contradictions are refused before anything runs.
+func TestBenchSearchFlags(t *testing.T) {
+	t.Setenv("REDCELL_API_KEY", "")
+	t.Setenv("REDCELL_CLUSTER_SECRET", "")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "redcell.yaml")
+	yaml := "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\ncells:\n" +
+		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n" +
+		"  - name: cell-2\n    admin_listen: \"127.0.0.1:9207\"\n" +
+		"  - name: cell-3\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "festival", "--compare", "naive,batched",
+		"--search-only", "--search-time", "2m", "--search-p99", "40ms", "--sustain-at", "batched", "--sustain-fraction", "0.6"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := f.suiteConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Search == nil || !sc.SearchOnly || sc.Search.Budget != 2*time.Minute || sc.Search.P99Bound != 40*time.Millisecond {
+		t.Errorf("search %+v, only %v", sc.Search, sc.SearchOnly)
+	}
+	if sc.Sustain == nil || sc.Sustain.Strategy != "batched" || sc.Sustain.Fraction != 0.6 || sc.Sustain.LagBound != time.Second {
+		t.Errorf("sustain %+v", sc.Sustain)
+	}
+	if len(sc.Cells) != 2 || sc.Cells[0].URL != "http://127.0.0.1:9206/metrics" || sc.Cells[1].Cell != "cell-2" {
+		t.Errorf("cells %+v, want the two with an admin port", sc.Cells)
+	}
+
+	if f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "festival"}); err != nil {
+		t.Fatal(err)
+	} else if sc, err := f.suiteConfig(); err != nil || sc.Search != nil || len(sc.Cells) != 2 {
+		t.Errorf("without --search: search %+v, cells %d, %v", sc.Search, len(sc.Cells), err)
+	}
+
+	bad := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workload", "festival", "--sustain-at", "batched"}, "--sustain-at names a strategy of --compare"},
+		{[]string{"--workload", "festival", "--compare", "naive,batched", "--sustain-at", "grouped"}, "not among the strategies"},
+		{[]string{"--search"}, "open-loop"},
+		{[]string{"--workload", "cold", "--search", "--search-step", "10ms"}, "search step"},
+	}
+	for _, b := range bad {
+		f, err := parseBenchFlags(append([]string{"--config", cfg}, b.args...))
+		if err == nil {
+			_, err = f.suiteConfig()
+		}
+		if err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("%v: %v, want an error saying %q", b.args, err, b.want)
+		}
+	}
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench.sh (make bench): the bench suite against the cluster make run started
+# (its config under REDCELL_VAR, default ./var), in about ten minutes:
+#   1. cold: many small packets, closed loop, 64 openers, one run per strategy;
+#   2. hot: one packet, closed loop, 64 openers, one run per strategy, plus the
+#      ceilings (the database alone, HTTP no-op via the router and direct, the
+#      no-op sent by the bench and by wrk in turn), the router profiled when
+#      BENCH_PPROF names its pprof address;
+#   3. festival: each strategy's highest sustained open-loop rate (p99 within
+#      50 ms, nothing shed), by a short search;
+#   4. festival at 70% of the last strategy's sustained rate, audited.
+# Each step writes report.md, report.json and chart.svg in its own directory
+# under one var/bench/<time>/ (BENCH_OUT overrides it); the script prints
+# where. Every step runs even when an earlier one failed; the exit status is
+# the first failure's.
+#
+# BENCH_STRATEGIES (comma-separated) overrides the strategies: by default
+# naive,batched,grouped when this build knows grouped, else naive,batched.
+# BENCH_SUSTAIN_AT names the strategy of step 4 (default: the last one).
+# BENCH_DURATION (10s) is each comparison run; BENCH_SEARCH_TIME (4m) the whole
+# search; BENCH_SUSTAIN_DURATION (30s) the run of step 4.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+VAR=${REDCELL_VAR:-$root/var}
+BIN=${BIN:-$VAR/bin/redcell}
+config=$VAR/redcell.yaml
+if [ ! -f "$config" ]; then
+  echo "bench.sh: no cluster config at $config: start the cluster first (make run, with the same REDCELL_VAR)" >&2
+  exit 2
+fi
+if [ ! -x "$BIN" ]; then
+  echo "bench.sh: no redcell binary at $BIN (make build)" >&2
+  exit 2
+fi
+
+# grouped exists in builds whose cell package names it (cell/config.go).
+default_strategies=naive,batched
+if grep -qs 'StrategyGrouped[[:space:]]*=[[:space:]]*"grouped"' "$root/cell/config.go"; then
+  default_strategies=naive,batched,grouped
+fi
+strategies=${BENCH_STRATEGIES:-$default_strategies}
+sustain_at=${BENCH_SUSTAIN_AT:-${strategies##*,}}
+duration=${BENCH_DURATION:-10s}
+search_time=${BENCH_SEARCH_TIME:-4m}
+sustain_duration=${BENCH_SUSTAIN_DURATION:-30s}
+out=${BENCH_OUT:-$VAR/bench/$(date -u +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+
+status=0
+# step NAME ARGS...: one bench invocation; its text report (stdout) goes to
+# $out/NAME/report.txt as well as to the terminal, its progress (stderr) to
+# the terminal only.
+step() {
+  local name=$1
+  shift
+  mkdir -p "$out/$name"
+  echo
+  echo "=== bench $name: redcell bench $*"
+  local rc=0
+  "$BIN" bench --config "$config" --out "$out/$name" "$@" | tee "$out/$name/report.txt" || rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "=== bench $name FAILED (exit $rc)"
+    if [ "$status" = 0 ]; then status=$rc; fi
+  fi
+}
+
+started=$(date +%s)
+step cold --workload cold --openers 64 --compare "$strategies" --duration "$duration"
+# hot also measures the no-op route by the bench and by wrk in turn (wrk where
+# installed: is the bench client the bottleneck?), and, with BENCH_PPROF (make
+# bench sets it when make run serves pprof: REDCELL_PPROF=1), profiles the router.
+step hot --workload hot --openers 64 --compare "$strategies" --duration "$duration" \
+  --limits --limits-duration "${BENCH_NOOP_DURATION:-5s}" --allow-shed --wrk auto \
+  ${BENCH_PPROF:+--router-pprof "$BENCH_PPROF"}
+step festival --workload festival --compare "$strategies" --search-only --search-time "$search_time" \
+  --sustain-at "$sustain_at" --sustain-duration "$sustain_duration"
+
+echo
+echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{cold,hot,festival}/report.md"
+exit "$status"

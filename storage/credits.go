@@ -1,0 +1,179 @@
+package storage
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"redcell/model"
+)
+
+// creditRowsMax is the most credits one bulk statement books: the relay's
+// batches (500) fit in one, and a 10,000-credit call (creditsPerCallMax of the
+// cell) becomes ten statements of about 1 MB each, well under
+// max_allowed_packet.
+const creditRowsMax = 1000
+
+// creditPaths counts, since the store was opened, the shards' credit groups
+// of two or more credits booked by each path of applyCreditsTx: Bulk in two
+// statements, OneByOne credit by credit after the bulk statements could not
+// be written whole. (A shard's lone credit goes straight to creditOne.)
+type creditPaths struct {
+	Bulk, OneByOne atomic.Int64
+}
+
+// applyCreditsTx books credits inside tx, the caller's transaction, under
+// the contract of Wallets.ApplyCredits: applied counts the credits booked
+// now, deferred names (by claim ID, once each) those whose flow index or
+// wallet row another transaction holds, with nothing written for them; every
+// other credit had been booked before (or is listed twice: booked once).
+// Credits may come in any order and may repeat; it sorts its own copy into
+// the lock order (shard, act_id, claim ID). now is the flow rows' created_ms
+// and the accounts' updated_ms (Unix ms). The shards' tables must exist
+// (EnsureShard, before the transaction: DDL would commit it).
+//
+// Per shard (one flow table, one account table), in lock order: one
+// multi-row flow INSERT (ON DUPLICATE KEY UPDATE id = id: a credit booked
+// before is an unchanged row, 0 rows affected), then one multi-row account
+// upsert adding each wallet's sum, each without waiting for a lock (noWait)
+// and both after a SAVEPOINT. When the INSERT shows credits booked before
+// (fewer rows affected than credits), or either statement meets a lock, the
+// shard's bulk part is rolled back to the savepoint and its credits are
+// booked one by one (creditOne), which defers just the locked ones. So a
+// flow row never stays without its balance change, nor the reverse.
+//
+// An error leaves tx unusable for money: the caller rolls it back. A lock
+// wait timeout needs innodb_rollback_on_timeout=OFF (MariaDB's default);
+// with it ON the call fails (stillInTx).
+func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64) (applied int, deferred []string, err error) {
+	sorted := lockOrder(credits)
+	for len(sorted) > 0 {
+		n := 1
+		for n < len(sorted) && n < creditRowsMax && sorted[n].Shard == sorted[0].Shard {
+			n++
+		}
+		a, d, err := m.creditShard(ctx, tx, sorted[:n], now)
+		if err != nil {
+			return 0, nil, err
+		}
+		applied, deferred = applied+a, append(deferred, d...)
+		sorted = sorted[n:]
+	}
+	return applied, deferred, nil
+}
+
+// lockOrder returns a sorted copy of credits in the lock order (shard,
+// act_id, claim ID), with each (shard, act_id, claim ID) once: the flow row
+// a credit books is unique by it, so a later listing could only repeat it.
+func lockOrder(credits []model.Credit) []model.Credit {
+	sorted := slices.Clone(credits)
+	slices.SortStableFunc(sorted, func(a, b model.Credit) int {
+		return cmp.Or(cmp.Compare(a.Shard, b.Shard), cmp.Compare(a.ActID, b.ActID), cmp.Compare(a.ClaimID, b.ClaimID))
+	})
+	return slices.CompactFunc(sorted, func(a, b model.Credit) bool {
+		return a.Shard == b.Shard && a.ActID == b.ActID && a.ClaimID == b.ClaimID
+	})
+}
+
+// creditSavepoint marks where a shard's bulk statements begin. The name is
+// reused: each SAVEPOINT replaces the one before, which is done with.
+const creditSavepoint = "credits_bulk"
+
+// creditShard books cs (one shard, lock order, no repeats, at most
+// creditRowsMax) in bulk, or one by one when the bulk cannot be written as a
+// whole (see applyCreditsTx). A lone credit is booked by creditOne at once:
+// the same two statements as the bulk's, without the savepoint.
+func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (applied int, deferred []string, err error) {
+	if len(cs) > 1 { // one credit alone: its two statements, without a savepoint
+		ok, err := m.creditBulk(ctx, tx, cs, now)
+		if err != nil {
+			return 0, nil, err
+		}
+		if ok {
+			m.bulk.Bulk.Add(1)
+			return len(cs), nil, nil
+		}
+		m.bulk.OneByOne.Add(1)
+	}
+	for _, c := range cs {
+		outcome, err := m.creditOne(ctx, tx, c, now)
+		if err != nil {
+			return 0, nil, err
+		}
+		switch outcome {
+		case creditApplied:
+			applied++
+		case creditDeferred:
+			deferred = append(deferred, c.ClaimID)
+		}
+	}
+	return applied, deferred, nil
+}
+
+// creditBulk tries to book all of cs (one shard, lock order, no repeats)
+// with one flow INSERT and one account upsert. ok is false when it could not
+// (some were booked before, or a row was locked): then nothing of cs is
+// written (rolled back to the savepoint). An error fails the transaction.
+func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (ok bool, err error) {
+	s := cs[0].Shard
+	flowArgsAll := make([]any, 0, len(cs)*8)
+	var acctArgs []any
+	acts := 0
+	for i, c := range cs {
+		out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
+		flowArgsAll = append(flowArgsAll, flowArgs(out.Flow)...)
+		if i > 0 && cs[i-1].ActID == c.ActID { // one upsert row per wallet, with the sum
+			acctArgs[len(acctArgs)-2] = acctArgs[len(acctArgs)-2].(model.Cents) + c.Amount
+			continue
+		}
+		acctArgs = append(acctArgs, c.ActID, c.Amount, now)
+		acts++
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+creditSavepoint); err != nil {
+		return false, fmt.Errorf("storage: credits savepoint: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.flowTable(s)+
+		" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES "+rowsOf(len(cs), 8)+
+		" ON DUPLICATE KEY UPDATE id = id", flowArgsAll...)
+	if isMySQLErr(err, errLockWait) {
+		return false, m.undoBulk(ctx, tx)
+	}
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	if n != int64(len(cs)) { // some were booked before: sort them out one by one
+		return false, m.undoBulk(ctx, tx)
+	}
+	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(s)+
+		" (act_id, balance, updated_ms) VALUES "+rowsOf(acts, 3)+
+		" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)", acctArgs...)
+	if isMySQLErr(err, errLockWait) {
+		return false, m.undoBulk(ctx, tx)
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// undoBulk takes a shard's bulk statements back after a lock wait or a
+// short count: the transaction must still be open (stillInTx), and rolling
+// back to the savepoint removes the flow rows just inserted. Row locks the
+// statements took stay held until the transaction ends (InnoDB keeps them);
+// they are on rows of this batch's own credits.
+func (m *MySQL) undoBulk(ctx context.Context, tx *sql.Tx) error {
+	if err := stillInTx(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+creditSavepoint); err != nil {
+		return fmt.Errorf("storage: credits: back to the savepoint: %w", err)
+	}
+	return nil
+}
