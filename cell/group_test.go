@@ -364,9 +364,12 @@ func TestGroupedFIFOPerKey(t *testing.T) {
 		answers <- answer{what: order, st: st, code: code, balance: int64(d.Balance)}
 	}
 	go deposit(blocker, "b2", 1)
+	// The lane's commit is stalled once a statement naming the blocker waits
+	// in the server (a row-lock wait, whatever statement the store sends first).
 	waitFor(t, 5*time.Second, func() bool {
 		var n int
-		c.db.QueryRow("SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'").Scan(&n)
+		c.db.QueryRow("SELECT COUNT(*) FROM information_schema.processlist WHERE INFO LIKE ? AND INFO NOT LIKE '%processlist%'",
+			"%'"+blocker+"'%").Scan(&n)
 		return n > 0
 	}, "the lane's commit waiting for the held row")
 	go deposit(wallet, "w1", 300)
