@@ -51,9 +51,11 @@ type NoopResponse struct {
 // StrategySetting is the body of GET and PUT /admin/strategy on a cell's admin
 // port (Authorization: Bearer <admin token>): how the cell runs opens.
 type StrategySetting struct {
-	Strategy    string `json:"strategy"`      // naive | serial | batched
-	BatchMax    int    `json:"batch_max"`     // opens per transaction (batched), 1..4096
-	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched), 0..1000 ms
+	Strategy    string `json:"strategy"`      // naive | serial | batched | grouped
+	BatchMax    int    `json:"batch_max"`     // opens per transaction (batched, grouped: per packet), 1..4096
+	BatchWaitMS int    `json:"batch_wait_ms"` // wait for a batch to fill (batched, grouped), 0..1000 ms
+	GroupMax    int    `json:"group_max"`     // requests per group commit (grouped), 1..4096
+	GroupWaitMS int    `json:"group_wait_ms"` // bound of a busy lane's wait for its group to fill (grouped), 0..1000 ms
 }
 
 // DegradeSetting is the body of GET and PUT /admin/degrade on a cell's admin

@@ -333,7 +333,7 @@ func openAll(t *testing.T, url, packetID string, users []string) []struct {
 
 const testSecret = "test-cluster-secret-0123456789"
 
-var strategies = []string{cell.StrategyNaive, cell.StrategySerial, cell.StrategyBatched}
+var strategies = []string{cell.StrategyNaive, cell.StrategySerial, cell.StrategyBatched, cell.StrategyGrouped}
 
 // TestManyUsersOpenOnePacket: 200 distinct users open packet(1000, 10) at once:
 // exactly 10 claims summing to 1000, remaining 0, never negative; three rounds;

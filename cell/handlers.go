@@ -159,7 +159,12 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		s.answers.err(rc, err)
 		return
 	}
-	d, err := sp.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	var d model.Deposit
+	if s.strategy.grouped() {
+		d, err = s.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	} else {
+		d, err = sp.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	}
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -183,7 +188,14 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 		return
 	}
 	now := s.clock.Now()
-	p, repeat, err := sp.store.Send(ctx, sh, req, model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli())
+	id, expiresMS := model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli()
+	var p model.Packet
+	var repeat bool
+	if s.strategy.grouped() {
+		p, repeat, err = s.sendGrouped(ctx, sp, sh, req, id, expiresMS)
+	} else {
+		p, repeat, err = sp.store.Send(ctx, sh, req, id, expiresMS)
+	}
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -314,7 +326,13 @@ func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		s.answers.err(rc, err)
 		return
 	}
-	applied, deferred, err := sp.store.ApplyCredits(ctx, credits)
+	var applied int
+	var deferred []string
+	if s.strategy.grouped() {
+		applied, deferred, err = s.applyCreditsGrouped(ctx, sp, credits)
+	} else {
+		applied, deferred, err = sp.store.ApplyCredits(ctx, credits)
+	}
 	if err != nil {
 		s.answers.err(rc, err)
 		return

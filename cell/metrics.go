@@ -12,6 +12,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell/degrade"
+	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/relay"
 	"redcell/internal/clock"
@@ -46,6 +47,68 @@ type metrics struct {
 	queueWait prometheus.Histogram
 	batchSize prometheus.Histogram
 	serve     fasthttp.RequestHandler // GET /metrics on the admin port
+
+	group groupMetrics
+}
+
+// groupMetrics describe the group commits (strategy grouped), by space
+// (index as space.index()).
+type groupMetrics struct {
+	commits, failures [2]prometheus.Counter
+	requests, ops     [2]prometheus.Observer
+	wait, hold, took  [2]prometheus.Observer
+}
+
+// newGroupMetrics makes and registers the group-commit series; queued reads
+// the requests waiting in the commit lanes.
+func newGroupMetrics(reg *prometheus.Registry, queued func() int) groupMetrics {
+	var g groupMetrics
+	space := []string{"space"}
+	commits := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_group_commits_total",
+		Help: "Group commits (strategy grouped) that committed, by space: the transactions of the grouped path."}, space)
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_group_commit_errors_total",
+		Help: "Group commits that failed, by space: every request of the group got the error."}, space)
+	sizes := prometheus.ExponentialBuckets(1, 2, 13) // 1 .. 4096 = GroupMax's bound
+	requests := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_cell_group_requests",
+		Help:    "Requests per committed group, by space (an open counts each request of its packet's batch, a credit batch each credit); _sum/_count is the mean group size.",
+		Buckets: sizes}, space)
+	ops := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_cell_group_ops",
+		Help:    "Ops per committed group, by space (a packet's batch of opens, a send, a deposit or a credit batch is one op).",
+		Buckets: sizes}, space)
+	secs := []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 5}
+	wait := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_cell_group_wait_seconds",
+		Help:    "Time the oldest op of a group waited in its commit lane before the group's commit began (behind the lane's previous commit, plus the hold), by space.",
+		Buckets: secs}, space)
+	hold := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_cell_group_hold_seconds",
+		Help:    "Time a busy lane held a group open for more ops (the adaptive wait, at most group_wait; 0 on an idle lane), by space.",
+		Buckets: append([]float64{0}, secs...)}, space)
+	took := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_cell_group_commit_seconds",
+		Help:    "Time one group's transaction took (CommitGroup), by space.",
+		Buckets: secs}, space)
+	for i, name := range [2]string{"real", "shadow"} {
+		g.commits[i], g.failures[i] = commits.WithLabelValues(name), failures.WithLabelValues(name)
+		g.requests[i], g.ops[i] = requests.WithLabelValues(name), ops.WithLabelValues(name)
+		g.wait[i], g.hold[i], g.took[i] = wait.WithLabelValues(name), hold.WithLabelValues(name), took.WithLabelValues(name)
+	}
+	reg.MustRegister(commits, failures, requests, ops, wait, hold, took,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_group_queued",
+			Help: "Requests waiting in the commit lanes for their group, both spaces together."}, func() float64 { return float64(queued()) }))
+	return g
+}
+
+// observeGroup records one group (groupcommit.Config.Observe).
+func (m *metrics) observeGroup(g groupcommit.Group) {
+	i := g.Lane.Space
+	if g.Err != nil {
+		m.group.failures[i].Inc()
+		return
+	}
+	m.group.commits[i].Inc()
+	m.group.requests[i].Observe(float64(g.Requests))
+	m.group.ops[i].Observe(float64(g.Ops))
+	m.group.wait[i].Observe(g.Queued.Seconds())
+	m.group.hold[i].Observe(g.Held.Seconds())
+	m.group.took[i].Observe(g.Took.Seconds())
 }
 
 // outboxLagTTL: how long a reading of the outboxes is reused, so that frequent
@@ -65,6 +128,7 @@ type metricSources struct {
 	clock     clock.Clock
 	inc       *incidents
 	creditLag *prometheus.HistogramVec // newCreditLag: the relays observe it, newMetrics registers it
+	groups    *groupcommit.Committer
 }
 
 // relayTotal sums one relay counter over both spaces.
@@ -135,6 +199,7 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
 		},
 	)
+	m.group = newGroupMetrics(reg, s.groups.Queued)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return m
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/relay"
 	"redcell/model"
@@ -190,8 +191,9 @@ func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef,
 }
 
 // openBatch is the packet worker: it sheds jobs that waited too long, takes the
-// packet's transaction slot in memcached, runs one transaction for the rest and
-// answers every waiter.
+// packet's transaction slot in memcached, runs one transaction for the rest
+// (under grouped: joins the packet's commit lane with them, one op of the
+// lane's group) and answers every waiter.
 func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
 	now := s.clock.Now()
@@ -245,13 +247,24 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	}
 	r := s.rngs.Get().(*mrand.Rand)
 	s.metrics.batchSize.Observe(float64(len(live)))
-	results, p, err := sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
-	s.rngs.Put(r)
+	var results []model.OpenResult
+	var p model.Packet
+	if s.strategy.grouped() {
+		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r)
+	} else {
+		results, p, err = sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
+	}
+	if !errors.Is(err, groupcommit.ErrInFlight) {
+		s.rngs.Put(r) // else the group still draws from r: leave it to the collector
+	}
 	release()
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
-		if errors.Is(err, model.ErrDBUnavailable) {
-			// The database breaker counts and logs outages; one line per batch would flood.
+		if errors.Is(err, model.ErrDBUnavailable) || errors.Is(err, model.ErrTimeout) || errors.Is(err, model.ErrOverloaded) ||
+			errors.Is(err, model.ErrShuttingDown) {
+			// The database breaker counts and logs outages; one line per batch would
+			// flood. Under grouped, a deadline passed in the commit lane, a full lane
+			// and a stopped committer are shedding, counted by the request metrics.
 			s.log.Debug("open batch failed", "packet", key, "batch", len(live), "err", err)
 		} else {
 			track.Fail(err, "packet", key, "batch", len(live))

@@ -26,6 +26,7 @@ import (
 	"redcell/cell/admission"
 	"redcell/cell/audit"
 	"redcell/cell/degrade"
+	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
@@ -99,8 +100,9 @@ type Stores struct {
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
 // (cell/recon), the audit of its own books (cell/audit), the admin port
-// (cell/admin), the expiry of packets and the schema warm-up. None of them
-// holds the Server. Create it with New, run it with Serve.
+// (cell/admin), the group committer (cell/groupcommit), the expiry of packets
+// and the schema warm-up. None of them holds the Server. Create it with New,
+// run it with Serve.
 type Server struct {
 	cfg    Config
 	clock  clock.Clock
@@ -132,6 +134,10 @@ type Server struct {
 	admin   *admin.Server
 	expiry  *expirer
 	warmer  *warmer
+
+	// groups commits the work of many keys of one lane together (strategy
+	// grouped; cell/groupcommit).
+	groups *groupcommit.Committer
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -163,8 +169,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
-	s.strategy = &openStrategy{queue: s.queue, log: log}
-	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond)}); err != nil {
+	s.groups = groupcommit.New(groupcommit.Config{Max: cfg.GroupMax, Wait: cfg.GroupWait, QueueMax: laneQueueMax,
+		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: clk})
+	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: log}
+	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond),
+		GroupMax: cfg.GroupMax, GroupWaitMS: int(cfg.GroupWait / time.Millisecond)}); err != nil {
 		return nil, err
 	}
 	s.rngs.New = func() any {
@@ -198,7 +207,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag})
+		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
@@ -238,9 +247,10 @@ func (s *Server) Listen() (net.Listener, error) {
 }
 
 // Serve runs the cell on ln until ctx ends, then shuts down gracefully: stop
-// taking requests and let in-flight ones finish, drain the open queues, deliver
-// what the relay holds. Background work (schema warm-up, relay, expiry,
-// reconciliation, the hourly audit) runs while it serves.
+// taking requests and let in-flight ones finish, drain the open queues and the
+// commit lanes, deliver what the relay holds. Background work (schema
+// warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
+// serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -274,6 +284,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.queue.Close()
 	s.queue.Wait()
+	s.groups.Stop() // after the packet workers: they submit their last batches
 	stopBG()
 	wg.Wait()
 	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())

@@ -78,7 +78,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "accept OVERLOADED/TIMEOUT answers and open-loop drops as load shedding instead of failing the run")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
-	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (e.g. naive,serial,batched): one run per strategy, switching the cells first (needs --config)")
+	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config)")
 	fs.BoolVar(&f.compareDirect, "compare-direct", false, "run each workload run through the router and then direct, and report router/direct")
 	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
 	fs.DurationVar(&f.limitsDuration, "limits-duration", lim.HTTPDuration, "how long each limit measurement runs")

@@ -98,6 +98,10 @@ type cellSection struct {
 	ReconSettle   time.Duration `yaml:"recon_settle"`
 	AuditInterval time.Duration `yaml:"audit_interval"`
 	Degrade       degradeEntry  `yaml:"degrade"`
+
+	GroupMax    int            `yaml:"group_max"`
+	GroupWait   *time.Duration `yaml:"group_wait"` // nil: the default; 0s: a busy lane never waits
+	CommitLanes int            `yaml:"commit_lanes"`
 }
 
 // degradeEntry: each switch "on" or "off" at start; absent keeps it on.
@@ -151,6 +155,15 @@ var envOverrides = []struct {
 	{"REDCELL_OPEN_STRATEGY", func(fc *fileConfig, v string) error { fc.Cell.OpenStrategy = v; return nil }},
 	{"REDCELL_BATCH_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.BatchMax })},
 	{"REDCELL_BATCH_WAIT", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.BatchWait })},
+	{"REDCELL_GROUP_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.GroupMax })},
+	{"REDCELL_GROUP_WAIT", func(fc *fileConfig, v string) error {
+		d, err := time.ParseDuration(v)
+		if err == nil {
+			fc.Cell.GroupWait = &d
+		}
+		return err
+	}},
+	{"REDCELL_COMMIT_LANES", intInto(func(fc *fileConfig) *int { return &fc.Cell.CommitLanes })},
 	{"REDCELL_QUEUE_WAIT_MAX", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.QueueWaitMax })},
 	{"REDCELL_RELAY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.RelayInterval })},
 	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
@@ -243,6 +256,11 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.QueueWaitMax, s.QueueWaitMax)
 	setInt(&c.TxPerPacket, s.TxPerPacket)
 	setInt(&c.MaxConns, s.MaxConns)
+	setInt(&c.GroupMax, s.GroupMax)
+	if s.GroupWait != nil {
+		c.GroupWait = *s.GroupWait
+	}
+	setInt(&c.CommitLanes, s.CommitLanes)
 	setDur(&c.RequestTimeout, s.RequestTimeout)
 	setDur(&c.RelayInterval, s.RelayInterval)
 	setDur(&c.ExpiryInterval, s.ExpiryInterval)

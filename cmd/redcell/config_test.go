@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/cell"
 	"redcell/router"
 )
 
@@ -232,5 +233,58 @@ func TestReconAndDegradeConfig(t *testing.T) {
 	fc, _ = loadConfig(write(cells + "cell:\n  degrade: {relay: maybe}\n"))
 	if _, _, err := fc.cellConfig("c1"); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
 		t.Fatalf("a bad switch value: %v", err)
+	}
+}
+
+// TestGroupCommitConfig: group_max, group_wait and commit_lanes decode over
+// the defaults (group_wait 0s means no wait, not the default), the
+// environment wins, and bad values stop the cell.
+func TestGroupCommitConfig(t *testing.T) {
+	write := func(body string) string {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	cellOf := func(body string) (cell.Config, error) {
+		t.Helper()
+		fc, err := loadConfig(write(cells + body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _, err := fc.cellConfig("c1")
+		return c, err
+	}
+	def := cell.DefaultConfig()
+	if c, err := cellOf(""); err != nil || c.GroupMax != def.GroupMax || c.GroupWait != def.GroupWait || c.CommitLanes != 0 {
+		t.Fatalf("defaults: %d %s %d, %v", c.GroupMax, c.GroupWait, c.CommitLanes, err)
+	}
+	c, err := cellOf("cell:\n  open_strategy: grouped\n  group_max: 64\n  group_wait: 0s\n  commit_lanes: 4\n")
+	if err != nil || c.OpenStrategy != cell.StrategyGrouped || c.GroupMax != 64 || c.GroupWait != 0 || c.CommitLanes != 4 {
+		t.Fatalf("from the file: %s %d %s %d, %v", c.OpenStrategy, c.GroupMax, c.GroupWait, c.CommitLanes, err)
+	}
+	t.Setenv("REDCELL_GROUP_MAX", "512")
+	t.Setenv("REDCELL_GROUP_WAIT", "5ms")
+	t.Setenv("REDCELL_COMMIT_LANES", "8")
+	if c, err = cellOf("cell:\n  group_max: 64\n  group_wait: 0s\n"); err != nil || c.GroupMax != 512 || c.GroupWait != 5*time.Millisecond || c.CommitLanes != 8 {
+		t.Fatalf("from the environment: %d %s %d, %v", c.GroupMax, c.GroupWait, c.CommitLanes, err)
+	}
+	t.Setenv("REDCELL_GROUP_MAX", "")
+	t.Setenv("REDCELL_GROUP_WAIT", "")
+	t.Setenv("REDCELL_COMMIT_LANES", "")
+	for body, want := range map[string]string{
+		"cell:\n  group_max: 5000\n":     "GroupMax",
+		"cell:\n  group_wait: 1500us\n":  "GroupWait",
+		"cell:\n  group_wait: 2s\n":      "GroupWait",
+		"cell:\n  commit_lanes: -1\n":    "CommitLanes",
+		"cell:\n  commit_lanes: 101\n":   "CommitLanes",
+		"cell:\n  open_strategy: grup\n": "grouped",
+	} {
+		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error naming %s", body, err, want)
+		}
 	}
 }

@@ -1,0 +1,132 @@
+package cell
+
+import (
+	"context"
+	mrand "math/rand/v2"
+	"sync"
+
+	"redcell/cell/groupcommit"
+	"redcell/model"
+	"redcell/storage"
+)
+
+// The cell's side of group commit (strategy grouped): which lane an op joins,
+// how a lane's group reaches its space's store, and the requests that go
+// through the committer instead of a transaction of their own.
+
+// laneQueueMax bounds the requests one commit lane holds queued (a hot
+// packet's batch counts its opens): 64 full groups at the largest GroupMax,
+// far beyond what the bounded packet queues and the connections of one cell
+// put there; past it a request is shed (OVERLOADED).
+const laneQueueMax = 64 * 4096
+
+// commitGroup is the committer's CommitFunc: the group goes to the store of
+// the lane's space.
+func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*storage.GroupOp) error {
+	return s.spaces[ln.Space].store.CommitGroup(ctx, ops)
+}
+
+// laneOf names the commit lane of work in database db of space sp: the
+// database itself, or db % CommitLanes when lanes are shared.
+func (s *Server) laneOf(sp *space, db int) groupcommit.Lane {
+	id := db
+	if n := s.cfg.CommitLanes; n > 0 {
+		id = db % n
+	}
+	return groupcommit.Lane{Space: sp.index(), ID: id}
+}
+
+// submit runs op in its lane's group and returns the op's own error when the
+// group committed, else the group's (groupcommit.Committer.Submit).
+func (s *Server) submit(ctx context.Context, sp *space, db int, op *storage.GroupOp) error {
+	if err := s.groups.Submit(ctx, s.laneOf(sp, db), op); err != nil {
+		return err
+	}
+	return op.Err
+}
+
+// openGrouped commits one packet's batch of opens in its lane's group:
+// storage.Packets.OpenBatch's answers. r must not be reused when the error
+// wraps groupcommit.ErrInFlight (the group still draws from it).
+func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
+	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
+	if err := s.submit(ctx, sp, ref.Shard.DB(), op); err != nil {
+		return nil, model.Packet{}, err
+	}
+	return op.Results, op.Packet, nil
+}
+
+// sendGrouped is storage.Packets.Send through the sender's lane.
+func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
+	op := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: id, ExpiresMS: expiresMS}
+	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
+		return model.Packet{}, false, err
+	}
+	return op.Packet, op.Repeat, nil
+}
+
+// depositGrouped is storage.Wallets.Deposit through the depositor's lane.
+func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
+	op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
+	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
+		return model.Deposit{}, err
+	}
+	return op.Deposit, nil
+}
+
+// applyCreditsGrouped is storage.Wallets.ApplyCredits through the committer:
+// the credits are split by the claimant's lane (so no transaction spans two
+// lanes) into ops of at most GroupMax credits. Lanes commit in parallel; the
+// ops of one lane are submitted one after another. applied and deferred sum
+// every op that committed; the error is the first failed op's (what committed
+// stays booked: a retry of the whole batch books the rest, each credit once).
+func (s *Server) applyCreditsGrouped(ctx context.Context, sp *space, credits []model.Credit) (applied int, deferred []string, err error) {
+	type laneWork struct {
+		lane     groupcommit.Lane
+		credits  []model.Credit
+		applied  int
+		deferred []string
+		err      error
+	}
+	var lanes []*laneWork
+	byLane := map[groupcommit.Lane]*laneWork{}
+	for _, c := range credits {
+		ln := s.laneOf(sp, c.Shard.DB())
+		w := byLane[ln]
+		if w == nil {
+			w = &laneWork{lane: ln}
+			byLane[ln] = w
+			lanes = append(lanes, w)
+		}
+		w.credits = append(w.credits, c)
+	}
+	chunk := max(1, s.strategy.Strategy().GroupMax)
+	var wg sync.WaitGroup
+	for _, w := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for cs := w.credits; len(cs) > 0 && w.err == nil; {
+				n := min(chunk, len(cs))
+				op := &storage.GroupOp{Kind: storage.OpCredits, Credits: cs[:n:n]}
+				if w.err = s.groups.Submit(ctx, w.lane, op); w.err == nil {
+					w.err = op.Err
+				}
+				if w.err == nil {
+					w.applied += op.Applied
+					w.deferred = append(w.deferred, op.Deferred...)
+				}
+				cs = cs[n:]
+			}
+		}()
+	}
+	wg.Wait()
+	for _, w := range lanes {
+		applied += w.applied
+		deferred = append(deferred, w.deferred...)
+		if w.err != nil && err == nil {
+			err = w.err
+		}
+	}
+	return applied, deferred, err
+}

@@ -1,0 +1,433 @@
+// Package groupcommit gathers work for many keys into one transaction per
+// commit lane: a cell's opens of many packets, sends, deposits and credit
+// batches that live in the databases of one lane are handed to the store
+// together (storage.Grouper.CommitGroup), so they share one COMMIT and one
+// fsync.
+//
+// Each lane has one transaction in flight at a time. While it commits, new
+// ops queue; when it ends, the next group takes what queued, oldest first, up
+// to Config.Max requests. An op that arrives on an idle lane is committed at
+// once; on a busy lane the committer may wait a little for more (see
+// Committer). It knows nothing of HTTP, packets or the cell: only ops, lanes
+// and a commit function.
+package groupcommit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"redcell/internal/clock"
+	"redcell/model"
+	"redcell/storage"
+)
+
+// Lane names a commit lane: the space (0 real money, 1 stress traffic: they
+// never share a transaction) and the lane within it (a database, or a lane
+// several databases share; the caller decides).
+type Lane struct {
+	Space int
+	ID    int
+}
+
+// String is "real/7" or "shadow/7".
+func (l Lane) String() string {
+	if l.Space == 1 {
+		return fmt.Sprintf("shadow/%d", l.ID)
+	}
+	return fmt.Sprintf("real/%d", l.ID)
+}
+
+// CommitFunc commits ops, in order, as one transaction of lane's store
+// (storage.Grouper.CommitGroup's contract: per-op answers in the ops, an
+// error for the whole group). It is never called concurrently for one lane.
+type CommitFunc func(ctx context.Context, lane Lane, ops []*storage.GroupOp) error
+
+// Group describes one group after its commit, for the metrics.
+type Group struct {
+	Lane     Lane
+	Ops      int           // ops in the group
+	Requests int           // requests in the group (Weight summed)
+	Queued   time.Duration // how long the group's oldest op waited before the commit began
+	Held     time.Duration // of that, how long the committer chose to wait for more (adaptive wait)
+	Took     time.Duration // the commit itself
+	Err      error         // the group's error (nil: committed)
+}
+
+// Config sets up a Committer.
+type Config struct {
+	// Max is the most requests one group carries (Weight summed), >= 1. An
+	// op heavier than Max is committed in a group of its own.
+	Max int
+	// Wait is the longest the committer waits for a busy lane's group to
+	// fill before committing it, >= 0 (0: never wait; take what queued).
+	Wait time.Duration
+	// QueueMax is the most requests one lane may hold queued; beyond it
+	// Submit answers ErrOverloaded. An op on an empty queue is always taken.
+	QueueMax int
+	// CommitTimeout bounds one group's commit (> 0). The commit does not run
+	// under any one op's context: the group belongs to all of them.
+	CommitTimeout time.Duration
+	// Commit commits a group. Required.
+	Commit CommitFunc
+	// Observe, when set, is called after every group's commit, on the lane's
+	// worker, before the group's ops are answered.
+	Observe func(Group)
+	// Clock runs the adaptive wait and measures; nil: the system clock.
+	Clock clock.Clock
+}
+
+// Errors of Submit besides the group's own.
+var (
+	// ErrInFlight is wrapped (with model.ErrTimeout) in the error of a Submit
+	// whose context ended after its op was taken into a group that is still
+	// committing: the op may yet be written, and the committer still uses it
+	// (its Rand, its answers) until the group ends. The caller must not reuse
+	// the op or anything it holds.
+	ErrInFlight = errors.New("groupcommit: the op's group is still committing")
+)
+
+// Weight is what an op counts against Config.Max: its requests (a batch of
+// 200 opens counts 200, a credit batch its credits), at least 1.
+func Weight(op *storage.GroupOp) int {
+	switch op.Kind {
+	case storage.OpOpen:
+		return max(1, len(op.Reqs))
+	case storage.OpCredits:
+		return max(1, len(op.Credits))
+	}
+	return 1
+}
+
+// Committer runs one worker per lane, started on first use. Safe for
+// concurrent use. Create it with New, end it with Stop.
+//
+// The adaptive wait: an op submitted while its lane has no commit in flight
+// arrived on an idle lane, and a group of such ops is committed at once. A
+// group holding an op that queued behind a commit (ops arrive faster than
+// commits) first waits for more, only as long as that pays: up to the smallest of Config.Wait, half the lane's recent
+// commit time (so the database idles at most a third of the time), and the
+// time the measured arrival rate needs to fill the group to Max — and not at
+// all if that rate brings less than one more request in that time.
+type Committer struct {
+	cfg   Config
+	clock clock.Clock
+	max   atomic.Int64 // Config.Max, as SetLimits left it
+	wait  atomic.Int64 // Config.Wait in ns, as SetLimits left it
+
+	mu      sync.Mutex // guards lanes, stopped
+	lanes   map[Lane]*lane
+	stopped bool
+	wg      sync.WaitGroup // live workers
+}
+
+// New returns a committer; it starts no goroutine until the first Submit.
+func New(cfg Config) *Committer {
+	if cfg.Max < 1 || cfg.Wait < 0 || cfg.QueueMax < 1 || cfg.CommitTimeout <= 0 || cfg.Commit == nil {
+		panic("groupcommit: Max, QueueMax and CommitTimeout must be > 0, Wait >= 0 and Commit set")
+	}
+	c := &Committer{cfg: cfg, clock: clock.Or(cfg.Clock), lanes: make(map[Lane]*lane)}
+	c.SetLimits(cfg.Max, cfg.Wait)
+	return c
+}
+
+// SetLimits changes Config.Max and Config.Wait for the groups formed from
+// now on. It panics if max < 1 or wait < 0.
+func (c *Committer) SetLimits(max int, wait time.Duration) {
+	if max < 1 || wait < 0 {
+		panic("groupcommit: Max must be > 0 and Wait >= 0")
+	}
+	c.max.Store(int64(max))
+	c.wait.Store(int64(wait))
+}
+
+// waiter is one submitted op.
+type waiter struct {
+	op       *storage.GroupOp
+	weight   int
+	enqueued time.Time
+	busy     bool          // it queued behind a commit in flight
+	state    waiterState   // guarded by lane.mu
+	done     chan struct{} // closed when err is set
+	err      error
+}
+
+type waiterState uint8
+
+const (
+	queued    waiterState = iota // in the lane's queue
+	taken                        // in a group being committed
+	abandoned                    // its Submit returned before it was taken: never committed
+)
+
+// lane is one lane's queue and worker state.
+type lane struct {
+	id   Lane
+	mu   sync.Mutex // guards q, reqs, stopping
+	q    []*waiter  // oldest first; may hold abandoned waiters
+	reqs int        // requests of the queued (not abandoned) waiters
+	wake chan struct{}
+	// stopping: Stop was called; the worker commits what is queued, then exits.
+	stopping bool
+	// committing: a group's commit is in flight (set before it starts, cleared
+	// before its ops are answered).
+	committing bool
+
+	// Worker-only state (no lock): the adaptive wait's measurements.
+	commitEWMA time.Duration // recent commit time
+	rateEWMA   float64       // recent arrivals, requests per second
+	lastTake   time.Time
+}
+
+// Submit queues op on lane and blocks until the op's group has committed,
+// ctx ends, or the committer stops. It returns nil when the group committed:
+// op's answers (Results, Packet, Deposit, Applied, Err, ...) are then set. It
+// returns the group's error when the group failed (every op of the group gets
+// it; nothing or, wrapping storage.ErrCommitUnknown, an unknown part was
+// written). Other errors: model.ErrShuttingDown (the committer stopped; op not
+// taken), model.ErrOverloaded (the lane's queue is full; op not taken),
+// model.ErrTimeout when ctx ended first — before the op was taken (nothing of
+// it will be written), or wrapping ErrInFlight after (see ErrInFlight).
+func (c *Committer) Submit(ctx context.Context, ln Lane, op *storage.GroupOp) error {
+	w := &waiter{op: op, weight: Weight(op), enqueued: c.clock.Now(), done: make(chan struct{})}
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return model.ErrShuttingDown
+	}
+	l := c.lanes[ln]
+	if l == nil {
+		l = &lane{id: ln, wake: make(chan struct{}, 1)}
+		c.lanes[ln] = l
+		c.wg.Add(1)
+		go c.work(l)
+	}
+	l.mu.Lock()
+	c.mu.Unlock()
+	if l.reqs > 0 && l.reqs+w.weight > c.cfg.QueueMax {
+		l.mu.Unlock()
+		return model.Errorf(model.ErrOverloaded, "commit lane %s holds %d requests", ln, l.reqs)
+	}
+	w.busy = l.committing
+	l.q = append(l.q, w)
+	l.reqs += w.weight
+	l.mu.Unlock()
+	signal(l.wake)
+
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	st := w.state
+	if st == queued {
+		w.state = abandoned
+		l.reqs -= w.weight
+	}
+	l.mu.Unlock()
+	if st == queued {
+		return model.Errorf(model.ErrTimeout, "the request's deadline passed before its commit began")
+	}
+	select {
+	case <-w.done: // it ended meanwhile: its answer is known
+		return w.err
+	default:
+	}
+	return fmt.Errorf("%w: %w", model.Errorf(model.ErrTimeout, "the request's deadline passed while its group committed"), ErrInFlight)
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Stop takes no new ops (Submit answers ErrShuttingDown), lets every lane
+// commit what it holds, and returns when all workers have exited.
+func (c *Committer) Stop() {
+	c.mu.Lock()
+	c.stopped = true
+	for _, l := range c.lanes {
+		l.mu.Lock()
+		l.stopping = true
+		l.mu.Unlock()
+		signal(l.wake)
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+// Queued returns the requests waiting in all lanes (not yet in a group).
+func (c *Committer) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, l := range c.lanes {
+		l.mu.Lock()
+		n += l.reqs
+		l.mu.Unlock()
+	}
+	return n
+}
+
+// Lanes returns the number of lanes with a worker.
+func (c *Committer) Lanes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.lanes)
+}
+
+// work is a lane's worker: one group at a time until Stop, then what is left.
+func (c *Committer) work(l *lane) {
+	defer c.wg.Done()
+	var group []*waiter
+	for {
+		group = c.take(l, group[:0], 0)
+		if len(group) == 0 {
+			l.mu.Lock()
+			stop := l.stopping && l.reqs == 0
+			l.mu.Unlock()
+			if stop {
+				return
+			}
+			<-l.wake
+			continue
+		}
+		var held time.Duration
+		for _, w := range group {
+			if w.busy {
+				group, held = c.fill(l, group)
+				break
+			}
+		}
+		c.commit(l, group, held)
+		clear(group) // let finished ops be collected
+	}
+}
+
+// take moves queued ops into group, oldest first, while the group's requests
+// stay within Max (the first op always goes in). reqs is what group already
+// carries.
+func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
+	groupMax := int(c.max.Load())
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, w := range l.q {
+		if w.state == abandoned {
+			n++
+			continue
+		}
+		if len(group) > 0 && reqs+w.weight > groupMax {
+			break
+		}
+		w.state = taken
+		l.reqs -= w.weight
+		reqs += w.weight
+		group = append(group, w)
+		n++
+	}
+	rest := copy(l.q, l.q[n:])
+	clear(l.q[rest:])
+	l.q = l.q[:rest]
+	if rest == 0 && cap(l.q) > 1024 {
+		l.q = nil // give a burst's memory back
+	}
+	return group
+}
+
+// weightOf sums the group's requests.
+func weightOf(group []*waiter) int {
+	n := 0
+	for _, w := range group {
+		n += w.weight
+	}
+	return n
+}
+
+// fill waits for more ops on a busy lane, as long as the adaptive wait says
+// (see Committer), and returns the group and how long it waited.
+func (c *Committer) fill(l *lane, group []*waiter) ([]*waiter, time.Duration) {
+	reqs := weightOf(group)
+	wait := c.waitFor(l, reqs)
+	if wait <= 0 {
+		return group, 0
+	}
+	start := c.clock.Now()
+	timer := c.clock.After(wait)
+wait:
+	for reqs < int(c.max.Load()) {
+		select {
+		case <-l.wake:
+			group = c.take(l, group, reqs)
+			reqs = weightOf(group)
+		case <-timer:
+			group = c.take(l, group, reqs) // what arrived as the timer fired
+			break wait
+		}
+	}
+	return group, c.clock.Now().Sub(start)
+}
+
+// waitFor chooses how long a busy lane waits for a group holding reqs
+// requests to fill (see Committer).
+func (c *Committer) waitFor(l *lane, reqs int) time.Duration {
+	groupMax, bound := int(c.max.Load()), time.Duration(c.wait.Load())
+	if bound <= 0 || reqs >= groupMax || l.rateEWMA <= 0 {
+		return 0
+	}
+	wait := min(bound, l.commitEWMA/2)
+	if fill := time.Duration(float64(groupMax-reqs) / l.rateEWMA * float64(time.Second)); fill < wait {
+		wait = fill
+	}
+	if l.rateEWMA*wait.Seconds() < 1 {
+		return 0 // less than one more request expected: waiting only adds latency
+	}
+	return wait
+}
+
+// ewmaWeight is how much one new sample moves the adaptive wait's measures.
+const ewmaWeight = 0.25
+
+// commit runs one group and answers its ops.
+func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
+	start := c.clock.Now()
+	ops := make([]*storage.GroupOp, len(group))
+	for i, w := range group {
+		ops[i] = w.op
+	}
+	reqs := weightOf(group)
+	// Arrival rate: the requests this group took over the time since the
+	// previous group was taken.
+	if !l.lastTake.IsZero() {
+		if gap := start.Sub(l.lastTake); gap > 0 {
+			sample := float64(reqs) / gap.Seconds()
+			l.rateEWMA += ewmaWeight * (sample - l.rateEWMA)
+		}
+	}
+	l.lastTake = start
+	l.mu.Lock()
+	l.committing = true
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	err := c.cfg.Commit(ctx, l.id, ops)
+	cancel()
+	took := c.clock.Now().Sub(start)
+	l.mu.Lock()
+	l.committing = false // before the answers: a caller's next op finds the lane idle
+	l.mu.Unlock()
+	l.commitEWMA += time.Duration(ewmaWeight * float64(took-l.commitEWMA))
+	if c.cfg.Observe != nil { // before the answers: whoever has an answer finds its group counted
+		c.cfg.Observe(Group{Lane: l.id, Ops: len(group), Requests: reqs, Queued: start.Sub(group[0].enqueued),
+			Held: held, Took: took, Err: err})
+	}
+	for _, w := range group {
+		w.err = err
+		close(w.done)
+	}
+}
