@@ -259,7 +259,7 @@ func TestGroupCommitConfig(t *testing.T) {
 		return c, err
 	}
 	def := cell.DefaultConfig()
-	if c, err := cellOf(""); err != nil || c.GroupMax != def.GroupMax || c.GroupWait != def.GroupWait || c.CommitLanes != 0 {
+	if c, err := cellOf(""); err != nil || c.GroupMax != def.GroupMax || c.GroupWait != def.GroupWait || c.CommitLanes != def.CommitLanes {
 		t.Fatalf("defaults: %d %s %d, %v", c.GroupMax, c.GroupWait, c.CommitLanes, err)
 	}
 	c, err := cellOf("cell:\n  open_strategy: grouped\n  group_max: 64\n  group_wait: 0s\n  commit_lanes: 4\n")
