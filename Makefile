@@ -62,11 +62,11 @@ audit: build
 bench-smoke: build
 	$(BIN) bench --config $(REDCELL_VAR)/redcell.yaml --senders 4 --openers 32 --duration 10s
 
-## bench: against the cluster started by make run, in about ten minutes (deploy/local/bench.sh):
+## bench: against the cluster started by make run, in about ten minutes (deploy/local/bench.sh): roundrobin,
 ## cold and hot, one run per strategy (naive, batched, grouped when built), hot with the ceilings
 ## (database, HTTP via router and direct); festival: each strategy's highest sustained open-loop
 ## rate (p99 within 50 ms, nothing shed) by a short search, then a run at 70% of the last one's,
-## audited. Reports in var/bench/<time>/{cold,hot,festival}/; BENCH_STRATEGIES picks the strategies.
+## audited. Reports in var/bench/<time>/{roundrobin,cold,hot,festival}/; BENCH_STRATEGIES picks the strategies.
 BENCH_SUITE := deploy/local/bench.sh
 REDCELL_PPROF ?=
 BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)

@@ -62,6 +62,9 @@ type Config struct {
 	PacketAmount int64
 	// PacketCount is the number of shares per packet, >= 1.
 	PacketCount int64
+	// Packets is how many packets a roundrobin run opens in turn, 1..packetsRRMax
+	// (other workloads: 0).
+	Packets int
 	// RunID prefixes every act_id and order number of the run so runs never share
 	// accounts: 1..24 characters of [A-Za-z0-9-]. Empty means one derived from the
 	// start time of Run (reusing a RunID replays its order numbers, which the
@@ -133,6 +136,12 @@ func DefaultWorkloadConfig(w string) Config {
 		// Many groups at once: enough senders that sends never pace the opens,
 		// and a pool several times the largest group so groups overlap a little.
 		c.Senders, c.Openers, c.Users = 32, 256, 100_000
+	case WorkloadRoundRobin:
+		// 2,000 packets of 10,000 shares (200 CNY each), opened round robin by
+		// 64 connections: the cold-packet measurement of group commit. 16
+		// senders' deposits (10,000,000 cents each) cover the 40,000,000.
+		c.Senders, c.Openers, c.Packets = 16, 64, 2000
+		c.PacketAmount, c.PacketCount = 20_000, 10_000
 	case WorkloadCold:
 		// Many small packets, two shares of one CNY each: no contention.
 		c.Senders, c.Openers, c.Users = 16, 128, 100_000
@@ -218,6 +227,13 @@ func (c Config) validateWorkload() error {
 			return fmt.Errorf("bench: festival needs Users %d..%d (a group of up to %d members are distinct users), got %d",
 				festivalGroupMax, usersMax, festivalGroupMax, c.Users)
 		}
+	case WorkloadRoundRobin:
+		if c.Packets < 1 || c.Packets > packetsRRMax {
+			return fmt.Errorf("bench: roundrobin needs Packets 1..%d, got %d", packetsRRMax, c.Packets)
+		}
+		if c.Senders < 1 || int64(c.Packets)*c.PacketAmount > int64(c.Senders)*c.depositCents() {
+			return fmt.Errorf("bench: roundrobin: %d packets of %d cents need more than %d senders' deposits of %d", c.Packets, c.PacketAmount, c.Senders, c.depositCents())
+		}
 	case WorkloadCold:
 		if c.PacketCount > coldCountMax {
 			return fmt.Errorf("bench: cold packets have at most %d shares (few openers each), got %d", coldCountMax, c.PacketCount)
@@ -226,7 +242,7 @@ func (c Config) validateWorkload() error {
 			return fmt.Errorf("bench: cold needs Users %d..%d, got %d", c.PacketCount, usersMax, c.Users)
 		}
 	default:
-		return fmt.Errorf("bench: unknown Workload %q (smoke, hot, festival, cold)", c.Workload)
+		return fmt.Errorf("bench: unknown Workload %q (smoke, hot, festival, cold, roundrobin)", c.Workload)
 	}
 	return nil
 }

@@ -104,3 +104,37 @@ func TestDepositCents(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundRobinWorkload: its defaults are valid and cover their sends with
+// the senders' deposits; bad packet counts are refused; open k goes to
+// packet k mod Packets, each by a fresh account.
+func TestRoundRobinWorkload(t *testing.T) {
+	c := DefaultWorkloadConfig(WorkloadRoundRobin)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("roundrobin defaults: %v", err)
+	}
+	if c.Packets != 2000 || c.Openers != 64 || int64(c.Packets)*c.PacketAmount > int64(c.Senders)*c.depositCents() {
+		t.Fatalf("roundrobin defaults %+v", c)
+	}
+	for _, n := range []int{0, packetsRRMax + 1} {
+		bad := c
+		bad.Packets = n
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "Packets") {
+			t.Errorf("Packets %d: %v", n, err)
+		}
+	}
+	poor := c
+	poor.Senders = 1
+	if err := poor.Validate(); err == nil || !strings.Contains(err.Error(), "deposits") {
+		t.Errorf("2,000 packets from one sender's deposit: %v", err)
+	}
+	r := &loadRun{cfg: c, rr: []*packetState{{id: "a"}, {id: "b"}, {id: "c"}}}
+	seen := map[string]bool{}
+	for k := int64(balanceSampleMax); k < balanceSampleMax+7; k++ { // past the sampled accounts: no claim book needed
+		task := r.hotTask(k, time.Time{})
+		if want := r.rr[k%3].id; task.pkt.id != want || seen[task.act] {
+			t.Fatalf("open %d: packet %s by %s, want packet %s by a fresh account", k, task.pkt.id, task.act, want)
+		}
+		seen[task.act] = true
+	}
+}

@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// hotTask is open number k of the hot packet, by a fresh account.
+// hotTask is open number k of the hot packet (roundrobin: of packet k mod
+// Packets), by a fresh account.
 func (r *loadRun) hotTask(k int64, due time.Time) openTask {
-	t := openTask{due: due, pkt: r.hot, act: fmt.Sprintf("%s-h%d", r.cfg.RunID, k)}
+	t := openTask{due: due, pkt: r.rr[k%int64(len(r.rr))], act: fmt.Sprintf("%s-h%d", r.cfg.RunID, k)}
 	t.sampled = k < balanceSampleMax && r.book.sample(t.act) // the first accounts: credited first
 	return t
 }

@@ -44,6 +44,7 @@ type loadRun struct {
 
 	senders []*senderAccount
 	hot     *packetState      // hot: the one packet
+	rr      []*packetState    // hot: the one packet; roundrobin: the packets opened in turn
 	queue   *taskQueue        // festival, cold: opens not yet due
 	endLoad func()            // ends the load phase early (hot: sold out)
 	loadAt  time.Time         // start of the load phase
@@ -153,12 +154,41 @@ func (r *loadRun) setup(ctx context.Context) bool {
 	if ok.Load() == 0 || ctx.Err() != nil {
 		return false
 	}
-	if r.cfg.Workload != WorkloadHot {
-		return true
+	switch r.cfg.Workload {
+	case WorkloadHot:
+		p, res := r.send(ctx, time.Time{}, r.senders[0], 1, r.cfg.PacketAmount, r.cfg.PacketCount)
+		r.hot, r.rr = p, []*packetState{p}
+		return res.code == ""
+	case WorkloadRoundRobin:
+		return r.sendRoundRobin(ctx)
 	}
-	p, res := r.send(ctx, time.Time{}, r.senders[0], 1, r.cfg.PacketAmount, r.cfg.PacketCount)
-	r.hot = p
-	return res.code == ""
+	return true
+}
+
+// sendRoundRobin sends a roundrobin run's packets before its load, 64 at a
+// time, sender by sender in turn. It reports whether every one was sent.
+func (r *loadRun) sendRoundRobin(ctx context.Context) bool {
+	pkts := make([]*packetState, r.cfg.Packets)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for i := range pkts {
+		s := r.senders[i%len(r.senders)]
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if p, res := r.send(ctx, time.Time{}, s, int64(i+1), r.cfg.PacketAmount, r.cfg.PacketCount); res.code == "" {
+				pkts[i] = p
+			}
+		})
+	}
+	wg.Wait()
+	for _, p := range pkts {
+		if p == nil {
+			return false
+		}
+	}
+	r.rr = pkts
+	return ctx.Err() == nil
 }
 
 // redeposit makes sender s's next deposit if s has made exactly seen so far
@@ -303,9 +333,9 @@ func (r *loadRun) load(ctx context.Context) {
 	stop := startProgress(r.cfg.Progress, r.progressLabel(), r.loadAt, r.cfg.Duration, r.progress)
 	defer stop()
 	switch {
-	case r.cfg.Workload == WorkloadHot && r.cfg.Rate > 0:
+	case (r.cfg.Workload == WorkloadHot || r.cfg.Workload == WorkloadRoundRobin) && r.cfg.Rate > 0:
 		r.hotOpenLoop(ctx, load)
-	case r.cfg.Workload == WorkloadHot:
+	case r.cfg.Workload == WorkloadHot || r.cfg.Workload == WorkloadRoundRobin:
 		r.hotClosedLoop(ctx, load)
 	case r.cfg.Rate > 0:
 		r.queue = newTaskQueue(queueMax)
@@ -330,7 +360,7 @@ func (r *loadRun) progress() progressSnapshot {
 		errs += rec.errorCount()
 	}
 	s := progressSnapshot{opens: r.rec[opOpen].okCount(), errors: errs}
-	if r.cfg.Workload != WorkloadHot {
+	if r.cfg.Workload != WorkloadHot && r.cfg.Workload != WorkloadRoundRobin {
 		s.extra = fmt.Sprintf("sends %d", r.rec[opSend].okCount())
 	}
 	return s
@@ -354,6 +384,7 @@ func (r *loadRun) report(end time.Time) Report {
 		DurationMS:     r.cfg.Duration.Milliseconds(),
 		PacketAmount:   r.cfg.PacketAmount,
 		PacketCount:    r.cfg.PacketCount,
+		Packets:        r.cfg.Packets,
 		SetupMS:        r.loadAt.Sub(r.start).Milliseconds(),
 		ElapsedMS:      elapsed.Milliseconds(),
 		Deposit:        r.rec[opDeposit].stats(),

@@ -31,6 +31,7 @@ type Report struct {
 	DurationMS   int64  `json:"duration_ms"`
 	PacketAmount int64  `json:"packet_amount_cents"`
 	PacketCount  int64  `json:"packet_count"`
+	Packets      int    `json:"packets,omitempty"` // roundrobin: the packets opened in turn
 
 	// ElapsedMS is the load phase as measured; rates are over it. Smoke: from
 	// the first request (its deposits) until the last sender and opener
@@ -266,6 +267,8 @@ func (r Report) packets() string {
 			festivalGroupMin, festivalGroupMax, r.Users, festivalShareCents)
 	case WorkloadCold:
 		return fmt.Sprintf("packets of %d cents in %d shares, each opened by %d of %d users", r.PacketAmount, r.PacketCount, r.PacketCount, r.Users)
+	case WorkloadRoundRobin:
+		return fmt.Sprintf("%d packets of %d cents in %d shares, sent before the load, opened round robin, each open by a fresh account", r.Packets, r.PacketAmount, r.PacketCount)
 	}
 	return fmt.Sprintf("packets of %d cents in %d shares", r.PacketAmount, r.PacketCount)
 }

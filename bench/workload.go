@@ -24,10 +24,17 @@ const (
 	// WorkloadCold: many distinct small packets, each opened by as many users as
 	// it has shares (PacketCount, at most coldCountMax): no contention.
 	WorkloadCold = "cold"
+	// WorkloadRoundRobin: cold packets without sends during the load.
+	// Packets packets (by default 2,000 of 10,000 shares each), sent before
+	// the load starts, are opened round robin, every open by a fresh act_id:
+	// each open is the only one of its packet in flight, so batching per
+	// packet cannot help and only commits shared across keys can (strategy
+	// grouped). With Packets 1 it is hot.
+	WorkloadRoundRobin = "roundrobin"
 )
 
 // Workloads lists the workloads in the order the CLI shows them.
-var Workloads = []string{WorkloadSmoke, WorkloadHot, WorkloadFestival, WorkloadCold}
+var Workloads = []string{WorkloadSmoke, WorkloadHot, WorkloadFestival, WorkloadCold, WorkloadRoundRobin}
 
 // The shape of the festival and cold workloads.
 const (
@@ -44,6 +51,8 @@ const (
 	festivalOpenWindow = 3 * time.Second
 	// coldCountMax keeps cold packets small: few openers each.
 	coldCountMax = 10
+	// packetsRRMax bounds a roundrobin run's packets, all sent before the load.
+	packetsRRMax = 20_000
 	// coldOpenWindow: a cold packet's openers come within a second.
 	coldOpenWindow = time.Second
 )

@@ -31,6 +31,7 @@ type benchFlags struct {
 	senders, openers    int
 	rate, maxInFlight   int
 	users               int
+	packets             int
 	duration            time.Duration
 	amount, count       int64
 	configPath          string
@@ -62,7 +63,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	lim := bench.DefaultLimitsConfig(def.RouterURL)
 	f := &benchFlags{fs: flag.NewFlagSet("bench", flag.ContinueOnError), defaultLimitsConfig: lim}
 	fs := f.fs
-	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | limits (the ceilings only)")
+	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | roundrobin | limits (the ceilings only)")
 	fs.StringVar(&f.router, "router", def.RouterURL, "base URL of the router (default: router.listen of --config, else this)")
 	fs.IntVar(&f.senders, "senders", def.Senders, "accounts that send packets (hot: always 1; default per workload)")
 	fs.IntVar(&f.openers, "openers", def.Openers, "closed-loop: concurrent openers (default per workload); open-loop: the default of --max-inflight")
@@ -70,6 +71,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.rate, "rate", 0, "open-loop: target opens per second, started on schedule (hot, festival, cold); 0: closed-loop")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 0, "open-loop: most opens in flight, beyond it due opens are dropped (CLIENT_DROPPED); 0: --openers")
 	fs.IntVar(&f.users, "users", 0, "festival, cold: accounts that open packets (default 100000)")
+	fs.IntVar(&f.packets, "packets", 0, "roundrobin: packets sent before the load and opened in turn (default 2000)")
 	fs.DurationVar(&f.duration, "duration", def.Duration, "how long the load runs, per run")
 	fs.Int64Var(&f.amount, "amount", def.PacketAmount, "cents per packet (smoke, hot, cold; hot default 10000000)")
 	fs.Int64Var(&f.count, "count", def.PacketCount, "shares per packet (smoke, hot, cold; hot default 10000000, cold 2)")
@@ -193,6 +195,9 @@ func (f *benchFlags) runConfig() bench.Config {
 	}
 	if f.set["users"] {
 		cfg.Users = f.users
+	}
+	if f.set["packets"] {
+		cfg.Packets = f.packets
 	}
 	if f.set["amount"] {
 		cfg.PacketAmount = f.amount

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # bench.sh (make bench): the bench suite against the cluster make run started
 # (its config under REDCELL_VAR, default ./var), in about ten minutes:
-#   1. cold: many small packets, closed loop, 64 openers, one run per strategy;
+#   0. roundrobin: 2,000 packets sent first, opened round robin by fresh
+#      accounts, closed loop, 64 openers, one run per strategy (cold packets,
+#      no sends during the load);
+#   1. cold: many small packets sent during the load, each opened by its two
+#      members, closed loop, 64 openers, one run per strategy;
 #   2. hot: one packet, closed loop, 64 openers, one run per strategy, plus the
 #      ceilings (the database alone, HTTP no-op via the router and direct, the
 #      no-op sent by the bench and by wrk in turn), the router profiled when
@@ -66,6 +70,7 @@ step() {
 }
 
 started=$(date +%s)
+step roundrobin --workload roundrobin --openers 64 --compare "$strategies" --duration "$duration"
 step cold --workload cold --openers 64 --compare "$strategies" --duration "$duration"
 # hot also measures the no-op route by the bench and by wrk in turn (wrk where
 # installed: is the bench client the bottleneck?), and, with BENCH_PPROF (make
@@ -77,5 +82,5 @@ step festival --workload festival --compare "$strategies" --search-only --search
   --sustain-at "$sustain_at" --sustain-duration "$sustain_duration"
 
 echo
-echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{cold,hot,festival}/report.md"
+echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{roundrobin,cold,hot,festival}/report.md"
 exit "$status"
