@@ -74,6 +74,23 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 	return op.Deposit, nil
 }
 
+// relayStore is the relay's view of a space's store: under grouped, the
+// credits the relay books in this cell (its own claimants) go through the
+// committer, as the credits other cells deliver do.
+type relayStore struct {
+	storage.Store
+	s  *Server
+	sp *space
+}
+
+// ApplyCredits implements relay.Store.
+func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
+	if r.s.strategy.grouped() {
+		return r.s.applyCreditsGrouped(ctx, r.sp, credits)
+	}
+	return r.sp.store.ApplyCredits(ctx, credits)
+}
+
 // applyCreditsGrouped is storage.Wallets.ApplyCredits through the committer:
 // the credits are split by the claimant's lane (so no transaction spans two
 // lanes) into ops of at most GroupMax credits. Lanes commit in parallel; the

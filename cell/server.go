@@ -191,7 +191,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: cfg.Shards.DBs(),
-			Owns: s.Owns, Off: relayOff, Store: sp.store, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+			Owns: s.Owns, Off: relayOff, Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
 			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})

@@ -12,23 +12,26 @@ import (
 	"redcell/model"
 )
 
-// CommitGroup runs a group of ops in one transaction (Grouper). In three
+// CommitGroup runs a group of ops in one transaction (Grouper). In a few
 // round trips however many ops: one locking read of every row the group
 // touches (packet rows FOR UPDATE, wallet rows FOR UPDATE, the send and
 // deposit order numbers LOCK IN SHARE MODE, then the openers' earlier
-// claims), each table read once, sent as one multi-statement query; the
+// claims), each kind of row one UNION ALL, sent as one multi-statement query
+// (the packets on their own, first, when the group also creates wallets); the
 // decisions in memory, in list order; one multi-statement write of every
 // flow, balance, packet, claim and outbox row. Credit batches follow, after
 // every other op whatever their place in the list, each with its own no-wait
 // statements (applyCreditsTx), then COMMIT.
 //
 // Lock order: packet rows by (table, ID), then wallet rows by (table,
-// act_id) — the order a refund takes them — so a group deadlocks neither
-// another group nor a single-op call; InnoDB's victim is run again by inTx.
+// act_id), the order a refund takes them; a deadlock victim all the same is
+// run again by inTx (three tries), and a group that still fails wrote nothing.
 //
 // A COMMIT without an answer is settled by re-reading the first row the
-// group wrote (a send's or deposit's flow row, or a new claim): the group
-// is atomic, so that row tells for all of it.
+// group wrote (a send's or deposit's flow row, or a new claim), compared
+// with what this attempt wrote (time, amounts, seq): the group is atomic, so
+// that row tells for all of it. A group that wrote no such row (credits and
+// repeats only) answers ErrCommitUnknown; its retry settles it.
 func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 	if len(ops) == 0 {
 		return nil
@@ -141,11 +144,14 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			}
 			w.open(op.Ref, out)
 			if probe == nil {
-				ref, reqs := op.Ref, []model.OpenRequest{{ActID: out.Fresh[0].ActID}}
-				seq := out.Fresh[0].Seq
+				ref, first := op.Ref, out.Fresh[0]
+				reqs := []model.OpenRequest{{ActID: first.ActID}}
 				probe = func() (bool, error) {
+					// This attempt's claim: its seq, share and time, not only
+					// a claim of this user (another writer's would be one).
 					got, err := m.ClaimsOf(ctx, ref, reqs)
-					return err == nil && got[reqs[0].ActID].Seq == seq, err
+					c := got[first.ActID]
+					return err == nil && c.Seq == first.Seq && c.Amount == first.Amount && c.CreatedMS == first.CreatedMS, err
 				}
 			}
 		case OpSend:
@@ -168,7 +174,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			w.flow(op.Shard, out.Flow, out.Balance)
 			w.newPacket(op.Shard, out.Packet)
 			if probe == nil {
-				probe = m.flowProbe(ctx, fk)
+				probe = m.flowProbe(ctx, fk, out.Flow)
 			}
 		case OpDeposit:
 			k := walletKey{op.Shard, op.ActID}
@@ -188,7 +194,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			op.Deposit = out.Deposit
 			w.flow(op.Shard, out.Flow, out.Deposit.Balance)
 			if probe == nil {
-				probe = m.flowProbe(ctx, fk)
+				probe = m.flowProbe(ctx, fk, out.Flow)
 			}
 		case OpCredits:
 			creditOps = append(creditOps, op)
@@ -221,10 +227,13 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	return probe, nil
 }
 
-func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey) func() (bool, error) {
+// flowProbe tells whether flow row want, as this attempt wrote it (its
+// amount, balance after and time, not only its order number: a retry of the
+// order through another writer would have the same key), is in the table.
+func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey, want model.Flow) func() (bool, error) {
 	return func() (bool, error) {
-		_, ok, err := m.findFlow(ctx, m.db, fk.shard, fk.act, fk.order)
-		return ok, err
+		f, ok, err := m.findFlow(ctx, m.db, fk.shard, fk.act, fk.order)
+		return ok && f == want, err
 	}
 }
 
@@ -276,6 +285,15 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 	}
 	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
 
+	// Packet rows are locked first (a refund's order: packet, then wallet).
+	// When the group also locks wallets, whose rows are created (and so
+	// locked) by a write, the packets are read on their own before it.
+	packetsFirst := len(packetsByTable) > 0 && len(shards) > 0
+	if packetsFirst {
+		if err := m.lockPackets(ctx, tx, st, packetsByTable); err != nil {
+			return nil, err
+		}
+	}
 	// Wallet rows must exist to be locked: create the missing ones.
 	var b sqlBatch
 	now := m.nowMS()
@@ -295,21 +313,9 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 	type reader func(*sql.Rows) error
 	var readers []reader
 	var r sqlBatch
-	if len(packetsByTable) > 0 {
-		var u union
-		for _, t := range sortedKeys(packetsByTable) {
-			ids := packetsByTable[t]
-			sort.Strings(ids)
-			u.add("SELECT "+packetCols+" FROM "+t+" WHERE packet_id IN ("+placeholders(len(ids))+") ORDER BY packet_id FOR UPDATE", anys(ids)...)
-		}
-		r.addUnion(u)
-		readers = append(readers, func(rows *sql.Rows) error {
-			p, err := scanPacket(rows)
-			if err == nil {
-				st.packets[p.ID] = &p
-			}
-			return err
-		})
+	if len(packetsByTable) > 0 && !packetsFirst {
+		r.addUnion(packetLocks(packetsByTable))
+		readers = append(readers, st.readPacket)
 	}
 	if len(shards) > 0 {
 		var wallets, flows union
@@ -404,6 +410,46 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 		}
 	}
 	return st, rows.Close()
+}
+
+// packetLocks is the locking read of the group's packet rows, by table and ID.
+func packetLocks(byTable map[string][]string) union {
+	var u union
+	for _, t := range sortedKeys(byTable) {
+		ids := byTable[t]
+		sort.Strings(ids)
+		u.add("SELECT "+packetCols+" FROM "+t+" WHERE packet_id IN ("+placeholders(len(ids))+") ORDER BY packet_id FOR UPDATE", anys(ids)...)
+	}
+	return u
+}
+
+func (st *groupState) readPacket(rows *sql.Rows) error {
+	p, err := scanPacket(rows)
+	if err == nil {
+		st.packets[p.ID] = &p
+	}
+	return err
+}
+
+// lockPackets locks and reads the group's packet rows in a statement of
+// their own.
+func (m *MySQL) lockPackets(ctx context.Context, tx *sql.Tx, st *groupState, byTable map[string][]string) error {
+	u := packetLocks(byTable)
+	q, args := u.sql()
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("storage: lock packets: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := st.readPacket(rows); err != nil {
+			return fmt.Errorf("storage: lock packets: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("storage: lock packets: %w", err)
+	}
+	return rows.Close()
 }
 
 // groupWrites gathers a group's rows by table, for one multi-statement write.

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -177,5 +178,42 @@ func BenchmarkColdOpens(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestCommitGroupWaitsForALockedPacket: the group's locking read of a
+// packet row (a FOR UPDATE inside a UNION ALL part) waits while another
+// transaction holds the row, and the open commits once it is released, with
+// the state the other transaction left.
+func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m, _, _ := ContractMySQL(t, clock.NewManual(now))
+	ctx := context.Background()
+	s := sharding.ShardOfAct("lk")
+	if _, err := m.Deposit(ctx, s, "lk", "d", 100); err != nil {
+		t.Fatal(err)
+	}
+	id := model.NewPacketID(s, now)
+	if _, _, err := m.Send(ctx, s, model.SendRequest{Sender: "lk", Amount: 100, Count: 2, Kind: model.KindFixed, OrderNo: "o"}, id, now.Add(time.Hour).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := model.ParsePacketID(string(id))
+	release := hold(t, m, sql.LevelRepeatableRead, "SELECT packet_id FROM "+m.packetTable(ref.Shard, ref.Day)+" WHERE packet_id = ? FOR UPDATE", string(id))
+	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: sharding.ShardOfAct("u")}}, Rand: rand.New(rand.NewPCG(1, 1))}
+	done := make(chan error, 1)
+	go func() { done <- m.CommitGroup(ctx, []*GroupOp{op}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the group committed (%v) while another transaction held the packet row", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	release()
+	select {
+	case err := <-done:
+		if err != nil || op.Results[0].Err != nil || op.Results[0].Claim.Amount != 50 || op.Packet.RemainingCount != 1 {
+			t.Fatalf("after the release: %v, %+v, packet %+v", err, op.Results, op.Packet)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the group did not commit after the packet row was released")
 	}
 }

@@ -100,8 +100,8 @@ type cellSection struct {
 	Degrade       degradeEntry  `yaml:"degrade"`
 
 	GroupMax    int            `yaml:"group_max"`
-	GroupWait   *time.Duration `yaml:"group_wait"` // nil: the default; 0s: a busy lane never waits
-	CommitLanes int            `yaml:"commit_lanes"`
+	GroupWait   *time.Duration `yaml:"group_wait"`   // nil: the default; 0s: a busy lane never waits
+	CommitLanes *int           `yaml:"commit_lanes"` // nil: the default; 0: a lane per database
 }
 
 // degradeEntry: each switch "on" or "off" at start; absent keeps it on.
@@ -163,7 +163,13 @@ var envOverrides = []struct {
 		}
 		return err
 	}},
-	{"REDCELL_COMMIT_LANES", intInto(func(fc *fileConfig) *int { return &fc.Cell.CommitLanes })},
+	{"REDCELL_COMMIT_LANES", func(fc *fileConfig, v string) error {
+		n, err := strconv.Atoi(v)
+		if err == nil {
+			fc.Cell.CommitLanes = &n
+		}
+		return err
+	}},
 	{"REDCELL_QUEUE_WAIT_MAX", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.QueueWaitMax })},
 	{"REDCELL_RELAY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.RelayInterval })},
 	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
@@ -260,7 +266,9 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	if s.GroupWait != nil {
 		c.GroupWait = *s.GroupWait
 	}
-	setInt(&c.CommitLanes, s.CommitLanes)
+	if s.CommitLanes != nil {
+		c.CommitLanes = *s.CommitLanes
+	}
 	setDur(&c.RequestTimeout, s.RequestTimeout)
 	setDur(&c.RelayInterval, s.RelayInterval)
 	setDur(&c.ExpiryInterval, s.ExpiryInterval)

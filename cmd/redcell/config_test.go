@@ -266,6 +266,13 @@ func TestGroupCommitConfig(t *testing.T) {
 	if err != nil || c.OpenStrategy != cell.StrategyGrouped || c.GroupMax != 64 || c.GroupWait != 0 || c.CommitLanes != 4 {
 		t.Fatalf("from the file: %s %d %s %d, %v", c.OpenStrategy, c.GroupMax, c.GroupWait, c.CommitLanes, err)
 	}
+	if c, err := cellOf("cell:\n  commit_lanes: 0\n"); err != nil || c.CommitLanes != 0 {
+		t.Fatalf("commit_lanes: 0 (a lane per database) read as %d, %v", c.CommitLanes, err)
+	}
+	t.Setenv("REDCELL_COMMIT_LANES", "0")
+	if c, err := cellOf(""); err != nil || c.CommitLanes != 0 {
+		t.Fatalf("REDCELL_COMMIT_LANES=0 read as %d, %v", c.CommitLanes, err)
+	}
 	t.Setenv("REDCELL_GROUP_MAX", "512")
 	t.Setenv("REDCELL_GROUP_WAIT", "5ms")
 	t.Setenv("REDCELL_COMMIT_LANES", "8")
