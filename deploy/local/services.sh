@@ -120,7 +120,11 @@ start_mariadb() {
 # program's path and first argument). TEXT travels in the environment, so
 # neither ps nor awk matches itself.
 pids_with() {
-  ps -eo pid=,args= | TEXT=$1 AT=${2:-} awk '{
+  # A failed ps is a failure, not "none running": stop_with must not take it
+  # for a cluster already stopped.
+  local list
+  list=$(ps -eo pid=,args=) || return 1
+  printf '%s\n' "$list" | TEXT=$1 AT=${2:-} awk '{
     pid = $1; sub(/^[ \t]*[0-9]+[ \t]+/, "")
     i = index($0, ENVIRON["TEXT"])
     if (ENVIRON["AT"] == "start" ? i == 1 : i > 0) print pid
@@ -130,15 +134,18 @@ pids_with() {
 # stop_with TEXT SECONDS [start] sends SIGTERM to the processes pids_with
 # names, waits up to SECONDS for them to exit, then kills what is left.
 stop_with() {
-  local text=$1 secs=$2 at=${3:-} pids i
-  pids=$(pids_with "$text" "$at")
+  local text=$1 secs=$2 at=${3:-} pids="" i
+  for i in 1 2 3 4 5; do # ps itself may fail on a loaded machine: ask again
+    pids=$(pids_with "$text" "$at") && break
+    sleep 0.2
+  done
   [ -n "$pids" ] || return 0
   kill $pids 2>/dev/null || true
   for i in $(seq 1 $((secs * 4))); do
-    pids=$(pids_with "$text" "$at")
-    [ -n "$pids" ] || return 0
+    if pids=$(pids_with "$text" "$at") && [ -z "$pids" ]; then return 0; fi
     sleep 0.25
   done
+  pids=$(pids_with "$text" "$at") || true
   echo "still running after ${secs}s, killed: $text" >&2
   kill -9 $pids 2>/dev/null || true
 }
@@ -202,9 +209,10 @@ stop_cluster() {
 # cluster_pids VAR prints the pids of what run.sh started under VAR that still runs.
 cluster_pids() {
   local var=$1
-  pids_with "$var/bin/redcell router " start
-  pids_with "$var/bin/redcell cell " start
-  pids_with "-P $var/memcached/memcached.pid"
-  pids_with "--datadir=$var/cell-1/db/data "
-  pids_with "--datadir=$var/cell-2/db/data "
+  # "?" when ps failed: unknown is not "nothing left".
+  pids_with "$var/bin/redcell router " start || echo "?"
+  pids_with "$var/bin/redcell cell " start || echo "?"
+  pids_with "-P $var/memcached/memcached.pid" || echo "?"
+  pids_with "--datadir=$var/cell-1/db/data " || echo "?"
+  pids_with "--datadir=$var/cell-2/db/data " || echo "?"
 }
