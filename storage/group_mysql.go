@@ -1,10 +1,13 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -473,17 +476,9 @@ type dayKey struct {
 }
 
 func sortedDays[V any](m map[dayKey]V) []dayKey {
-	out := make([]dayKey, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].shard != out[j].shard {
-			return out[i].shard < out[j].shard
-		}
-		return out[i].day < out[j].day
+	return slices.SortedFunc(maps.Keys(m), func(a, b dayKey) int {
+		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.day, b.day))
 	})
-	return out
 }
 
 type groupBalance struct {
@@ -597,27 +592,12 @@ func (u *union) add(q string, args ...any) {
 
 func (u *union) sql() (string, []any) { return strings.Join(u.parts, " UNION ALL "), u.args }
 
-func sortedKeys[K interface{ ~string | ~int }, V any](m map[K]V) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
+func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K { return slices.Sorted(maps.Keys(m)) }
 
 func sortedWallets(m map[walletKey]groupBalance) []walletKey {
-	out := make([]walletKey, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].shard != out[j].shard {
-			return out[i].shard < out[j].shard
-		}
-		return out[i].act < out[j].act
+	return slices.SortedFunc(maps.Keys(m), func(a, b walletKey) int {
+		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.act, b.act))
 	})
-	return out
 }
 
 func walletRows(acts []string, now int64) []any {
