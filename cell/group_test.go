@@ -22,29 +22,11 @@ func grouped(cfg *cell.Config) { cfg.OpenStrategy = cell.StrategyGrouped }
 // histogram reads one histogram series of reg: its sample count and sum.
 func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (count uint64, sum float64) {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	m := series(t, reg, name, labels)
+	if m == nil {
+		return 0, 0
 	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-		}
-	}
-	return 0, 0
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
 
 // groupStats are a cell's group-commit counts in one space.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"redcell/api"
 	"redcell/cell"
@@ -82,9 +83,8 @@ func hasCredit(t *testing.T, db *sql.DB, ns, act, claimID string) bool {
 	return n == 1
 }
 
-// counter reads one series of c's registry (labels name the series; nil for
-// none): the tests wait on the cell's own counts of what it did.
-func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+// series finds one series of reg (labels name it; nil for none), or nil.
+func series(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
@@ -94,7 +94,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 		if f.GetName() != name {
 			continue
 		}
-	series:
+	next:
 		for _, m := range f.GetMetric() {
 			have := map[string]string{}
 			for _, l := range m.GetLabel() {
@@ -102,16 +102,28 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 			}
 			for k, v := range labels {
 				if have[k] != v {
-					continue series
+					continue next
 				}
 			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
+			return m
 		}
 	}
-	return 0
+	return nil
+}
+
+// counter reads one series of c's registry (labels name the series; nil for
+// none), a counter or a gauge: the tests wait on the cell's own counts of
+// what it did. 0 when there is no such series.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	m := series(t, reg, name, labels)
+	switch {
+	case m == nil:
+		return 0
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	}
+	return m.GetGauge().GetValue()
 }
 
 // waitScans waits until c's relay of space ("real", "shadow") has finished n
