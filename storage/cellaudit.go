@@ -58,31 +58,11 @@ const doubleCreditLines = 100
 
 func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellBooks, error) {
 	b := model.CellBooks{Cell: cell}
-	tx, err := m.db.Conn(ctx)
-	if err != nil {
-		return b, fmt.Errorf("storage: cell audit: %w", err)
-	}
-	defer tx.Close()
-	if _, err := tx.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
-		return b, fmt.Errorf("storage: cell audit: %w", err)
-	}
-	defer tx.ExecContext(context.Background(), "ROLLBACK")
-	ts, err := m.tables(ctx, tx)
+	tx, byKind, exists, done, err := m.snapshotTables(ctx, "cell audit")
 	if err != nil {
 		return b, err
 	}
-	exists := map[tableRef]bool{}
-	for _, t := range ts {
-		exists[t] = true
-	}
-	partner := map[string]string{"account": "flow", "packet": "claim"}
-	byKind := map[string][]tableRef{}
-	for _, t := range ts {
-		if p, ok := partner[t.kind]; ok && !exists[tableRef{kind: p, shard: t.shard, day: t.day}] {
-			continue
-		}
-		byKind[t.kind] = append(byKind[t.kind], t)
-	}
+	defer done()
 	hasOutbox := func(db int) bool { return exists[tableRef{kind: "outbox", shard: model.ShardID(db * 10)}] }
 
 	// Sums and row-level problems of accounts and packets: Ledger's statements.

@@ -103,37 +103,54 @@ func tablesMoved(err error) bool {
 // errTableDefChanged: a table was created or altered after the snapshot began.
 const errTableDefChanged = 1412
 
-func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
-	l := model.NewLedger(cell)
-	// The snapshot starts before the tables are listed, so a table created (and
-	// filled) after the listing cannot hold rows the snapshot reads elsewhere.
-	tx, err := m.db.Conn(ctx)
+// snapshotTables opens a read-only connection in one consistent snapshot and
+// lists the tables by kind, with the set of those that exist. The snapshot
+// starts before the tables are listed, so a table created (and filled) after
+// the listing cannot hold rows the snapshot reads elsewhere. A table is read
+// with its partner (account with flow, packet with claim): a partner not
+// created yet means the pair is being created and holds no rows, so it is
+// left out. done ends the snapshot and gives the connection back. what names
+// the caller in errors.
+func (m *MySQL) snapshotTables(ctx context.Context, what string) (tx *sql.Conn, byKind map[string][]tableRef, exists map[tableRef]bool, done func(), err error) {
+	tx, err = m.db.Conn(ctx)
 	if err != nil {
-		return l, fmt.Errorf("storage: ledger: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("storage: %s: %w", what, err)
 	}
-	defer tx.Close()
 	if _, err := tx.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
-		return l, fmt.Errorf("storage: ledger: %w", err)
+		tx.Close()
+		return nil, nil, nil, nil, fmt.Errorf("storage: %s: %w", what, err)
 	}
-	defer tx.ExecContext(context.Background(), "ROLLBACK")
+	done = func() {
+		_, _ = tx.ExecContext(context.Background(), "ROLLBACK")
+		tx.Close()
+	}
 	ts, err := m.tables(ctx, tx)
 	if err != nil {
-		return l, err
+		done()
+		return nil, nil, nil, nil, err
 	}
-	// A table is read with its partner (account with flow, packet with claim);
-	// a partner not created yet means the pair is being created and holds no rows.
-	exists := map[tableRef]bool{}
+	exists = map[tableRef]bool{}
 	for _, t := range ts {
 		exists[t] = true
 	}
 	partner := map[string]string{"account": "flow", "packet": "claim"}
-	byKind := map[string][]tableRef{}
+	byKind = map[string][]tableRef{}
 	for _, t := range ts {
 		if p, ok := partner[t.kind]; ok && !exists[tableRef{kind: p, shard: t.shard, day: t.day}] {
 			continue
 		}
 		byKind[t.kind] = append(byKind[t.kind], t)
 	}
+	return tx, byKind, exists, done, nil
+}
+
+func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
+	l := model.NewLedger(cell)
+	tx, byKind, _, done, err := m.snapshotTables(ctx, "ledger")
+	if err != nil {
+		return l, err
+	}
+	defer done()
 	readers := []struct {
 		kind string
 		sql  func(t tableRef) string
