@@ -397,7 +397,12 @@ func TestGroupedFIFOPerKey(t *testing.T) {
 // TestGroupedSwitch: the admin port switches a cell to grouped and sets the
 // group limits; bad limits are refused and change nothing.
 func TestGroupedSwitch(t *testing.T) {
-	c := oneCell(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
+	// The relay is off: the open's credit, booked here through the committer
+	// too, would add a group of its own at its own time.
+	c := oneCell(t, func(cfg *cell.Config) {
+		cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken
+		cfg.Degrade.Relay = true
+	})
 	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	var st api.StrategySetting
 	if code, _ := adminCall(t, c, "PUT", "Bearer "+adminToken, `{"strategy":"grouped","group_max":64,"group_wait_ms":1}`, false, &st); code != 200 ||
