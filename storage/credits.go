@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"redcell/model"
@@ -19,10 +20,13 @@ const creditRowsMax = 1000
 
 // creditPaths counts, since the store was opened, the shards' credit groups
 // of two or more credits booked by each path of applyCreditsTx: Bulk in two
-// statements, OneByOne credit by credit after the bulk statements could not
-// be written whole. (A shard's lone credit goes straight to creditOne.)
+// statements (in the batch's one round trip or in the shard's own),
+// OneByOne credit by credit after the bulk statements could not be written
+// whole. (A lone credit of a shard that falls back goes straight to
+// creditOne.) Fallback counts the batches (of up to creditRowsMax credits)
+// that could not be booked in one round trip.
 type creditPaths struct {
-	Bulk, OneByOne atomic.Int64
+	Bulk, OneByOne, Fallback atomic.Int64
 }
 
 // applyCreditsTx books credits inside tx, the caller's transaction, under
@@ -35,15 +39,22 @@ type creditPaths struct {
 // and the accounts' updated_ms (Unix ms). The shards' tables must exist
 // (EnsureShard, before the transaction: DDL would commit it).
 //
-// Per shard (one flow table, one account table), in lock order: one
-// multi-row flow INSERT (ON DUPLICATE KEY UPDATE id = id: a credit booked
-// before is an unchanged row, 0 rows affected), then one multi-row account
-// upsert adding each wallet's sum, each without waiting for a lock (noWait)
-// and both after a SAVEPOINT. When the INSERT shows credits booked before
-// (fewer rows affected than credits), or either statement meets a lock, the
-// shard's bulk part is rolled back to the savepoint and its credits are
-// booked one by one (creditOne), which defers just the locked ones. So a
-// flow row never stays without its balance change, nor the reverse.
+// First, up to creditRowsMax credits at a time, in one round trip
+// (creditAll): a SAVEPOINT, then per shard (one flow table, one account
+// table), in lock order, one multi-row flow INSERT and one multi-row account
+// upsert adding each wallet's sum, each without waiting for a lock (noWait).
+// That is the common case: credits never booked, wallets nobody else holds,
+// and most shards with one credit of the batch (1,000 shards), where a round
+// trip per shard was most of a credit's cost. When any statement meets a
+// lock or a credit booked before (a duplicate order number), the batch is
+// rolled back to the savepoint and booked shard by shard: per shard the same
+// two statements with ON DUPLICATE KEY UPDATE id = id on the flow INSERT (a
+// credit booked before is an unchanged row, 0 rows affected) after a
+// SAVEPOINT; when the INSERT shows credits booked before (fewer rows
+// affected than credits), or either statement meets a lock, the shard's
+// bulk part is rolled back to the savepoint and its credits are booked one
+// by one (creditOne), which defers just the locked ones. So a flow row never
+// stays without its balance change, nor the reverse.
 //
 // An error leaves tx unusable for money: the caller rolls it back. A lock
 // wait timeout needs innodb_rollback_on_timeout=OFF (MariaDB's default);
@@ -51,16 +62,41 @@ type creditPaths struct {
 func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64) (applied int, deferred []string, err error) {
 	sorted := lockOrder(credits)
 	for len(sorted) > 0 {
-		n := 1
-		for n < len(sorted) && n < creditRowsMax && sorted[n].Shard == sorted[0].Shard {
-			n++
+		chunk := sorted[:min(len(sorted), creditRowsMax)]
+		sorted = sorted[len(chunk):]
+		ok, err := m.creditAll(ctx, tx, chunk, now)
+		if err != nil {
+			return 0, nil, err
 		}
-		a, d, err := m.creditShard(ctx, tx, sorted[:n], now)
+		if ok {
+			applied += len(chunk)
+			continue
+		}
+		m.bulk.Fallback.Add(1)
+		a, d, err := m.creditShards(ctx, tx, chunk, now)
 		if err != nil {
 			return 0, nil, err
 		}
 		applied, deferred = applied+a, append(deferred, d...)
-		sorted = sorted[n:]
+	}
+	return applied, deferred, nil
+}
+
+// creditShards books cs (lock order, no repeats) shard by shard
+// (creditShard): the path of a batch that could not be booked in one round
+// trip.
+func (m *MySQL) creditShards(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (applied int, deferred []string, err error) {
+	for len(cs) > 0 {
+		n := 1
+		for n < len(cs) && cs[n].Shard == cs[0].Shard {
+			n++
+		}
+		a, d, err := m.creditShard(ctx, tx, cs[:n], now)
+		if err != nil {
+			return 0, nil, err
+		}
+		applied, deferred = applied+a, append(deferred, d...)
+		cs = cs[n:]
 	}
 	return applied, deferred, nil
 }
@@ -119,25 +155,11 @@ func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, 
 // written (rolled back to the savepoint). An error fails the transaction.
 func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (ok bool, err error) {
 	s := cs[0].Shard
-	flowArgsAll := make([]any, 0, len(cs)*8)
-	var acctArgs []any
-	acts := 0
-	for i, c := range cs {
-		out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
-		flowArgsAll = append(flowArgsAll, flowArgs(out.Flow)...)
-		if i > 0 && cs[i-1].ActID == c.ActID { // one upsert row per wallet, with the sum
-			acctArgs[len(acctArgs)-2] = acctArgs[len(acctArgs)-2].(model.Cents) + c.Amount
-			continue
-		}
-		acctArgs = append(acctArgs, c.ActID, c.Amount, now)
-		acts++
-	}
+	flowArgsAll, acctArgs, acts := creditRows(cs, now)
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+creditSavepoint); err != nil {
 		return false, fmt.Errorf("storage: credits savepoint: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, noWait+"INSERT INTO "+m.flowTable(s)+
-		" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES "+rowsOf(len(cs), 8)+
-		" ON DUPLICATE KEY UPDATE id = id", flowArgsAll...)
+	res, err := tx.ExecContext(ctx, noWait+m.flowInsertRows(s, len(cs))+" ON DUPLICATE KEY UPDATE id = id", flowArgsAll...)
 	if isMySQLErr(err, errLockWait) {
 		return false, m.undoBulk(ctx, tx)
 	}
@@ -151,15 +173,81 @@ func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, n
 	if n != int64(len(cs)) { // some were booked before: sort them out one by one
 		return false, m.undoBulk(ctx, tx)
 	}
-	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(s)+
-		" (act_id, balance, updated_ms) VALUES "+rowsOf(acts, 3)+
-		" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)", acctArgs...)
+	_, err = tx.ExecContext(ctx, noWait+m.accountUpsertRows(s, acts), acctArgs...)
 	if isMySQLErr(err, errLockWait) {
 		return false, m.undoBulk(ctx, tx)
 	}
 	if err != nil {
 		return false, err
 	}
+	return true, nil
+}
+
+// creditRows are the values of the flow rows of cs (one shard, lock order,
+// no repeats: 8 per credit) and of its account upsert (3 per wallet, acts
+// wallets, each with the sum of its credits).
+func creditRows(cs []model.Credit, now int64) (flows, accts []any, acts int) {
+	flows = make([]any, 0, len(cs)*8)
+	for i, c := range cs {
+		out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
+		flows = append(flows, flowArgs(out.Flow)...)
+		if i > 0 && cs[i-1].ActID == c.ActID { // one upsert row per wallet, with the sum
+			accts[len(accts)-2] = accts[len(accts)-2].(model.Cents) + c.Amount
+			continue
+		}
+		accts = append(accts, c.ActID, c.Amount, now)
+		acts++
+	}
+	return flows, accts, acts
+}
+
+// flowInsertRows is the INSERT of n flow rows of shard s.
+func (m *MySQL) flowInsertRows(s model.ShardID, n int) string {
+	return "INSERT INTO " + m.flowTable(s) +
+		" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES " + rowsOf(n, 8)
+}
+
+// accountUpsertRows is the upsert adding to n wallets of shard s.
+func (m *MySQL) accountUpsertRows(s model.ShardID, n int) string {
+	return "INSERT INTO " + m.accountTable(s) + " (act_id, balance, updated_ms) VALUES " + rowsOf(n, 3) +
+		" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)"
+}
+
+// creditAll tries to book all of cs (lock order, no repeats, at most
+// creditRowsMax) in one round trip: one statement list of a SAVEPOINT and,
+// per shard, the flow INSERT (without ON DUPLICATE KEY: a credit booked
+// before fails it with a duplicate key) and the account upsert, each
+// without waiting for a lock. ok is false when a statement met a lock or a
+// duplicate: the server stops the list there, and the transaction goes back
+// to the savepoint, so nothing of cs is written. An error fails the
+// transaction.
+func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (ok bool, err error) {
+	var q strings.Builder
+	q.WriteString("SAVEPOINT " + creditSavepoint)
+	args := make([]any, 0, len(cs)*11)
+	var shards []int // the sizes of the shard runs of two or more credits
+	for rest := cs; len(rest) > 0; {
+		n := 1
+		for n < len(rest) && rest[n].Shard == rest[0].Shard {
+			n++
+		}
+		flows, accts, acts := creditRows(rest[:n], now)
+		q.WriteString(";" + noWait + m.flowInsertRows(rest[0].Shard, n))
+		q.WriteString(";" + noWait + m.accountUpsertRows(rest[0].Shard, acts))
+		args = append(append(args, flows...), accts...)
+		if n > 1 {
+			shards = append(shards, n)
+		}
+		rest = rest[n:]
+	}
+	_, err = tx.ExecContext(ctx, q.String(), args...)
+	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
+		return false, m.undoBulk(ctx, tx)
+	}
+	if err != nil {
+		return false, err
+	}
+	m.bulk.Bulk.Add(int64(len(shards)))
 	return true, nil
 }
 
