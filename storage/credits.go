@@ -12,10 +12,11 @@ import (
 	"redcell/model"
 )
 
-// creditRowsMax is the most credits one bulk statement books: the relay's
-// batches (500) fit in one, and a 10,000-credit call (creditsPerCallMax of the
-// cell) becomes ten statements of about 1 MB each, well under
-// max_allowed_packet.
+// creditRowsMax is the most credits one statement list (creditAll) or one
+// shard's bulk statement books: the relay's batches (500) fit in one, and a
+// 10,000-credit call (creditsPerCallMax of the cell) becomes ten lists of
+// about 1 MB each, well under max_allowed_packet. (A shard whose credits
+// straddle two lists is counted in creditPaths.Bulk once per list.)
 const creditRowsMax = 1000
 
 // creditPaths counts, since the store was opened, the shards' credit groups
