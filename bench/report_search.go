@@ -55,8 +55,9 @@ func (s Suite) writeSearch(ew *errWriter) {
 		"Per strategy, the highest open-loop rate (opens/s offered) at which the opens' p99 stayed within %.0f ms, nothing was shed "+
 		"(no OVERLOADED, TIMEOUT or RATE_LIMITED answer, no client timeout or drop), no other unexpected code came back, "+
 		"and the client started at least %.0f%% of the arrivals that fell due: a ramp ×%.0f from the first rate, then bisection to within %.0f%%, "+
-		"each step a short run. Latency and the cells' metrics are the passing step's.\n\n",
-		bound, 100*searchAchievedMin, searchFactor, 100*searchPrecision)
+		"each step a short run; then, where confirmation is on, the highest passing rate runs again for longer, a tenth lower each time it fails "+
+		"(at most %d runs), and only a confirmed rate counts. Latency and the cells' metrics are the confirming run's (else the passing step's).\n\n",
+		bound, 100*searchAchievedMin, searchFactor, 100*searchPrecision, confirmMax)
 	var rows [][]string
 	for _, r := range s.Search {
 		row := []string{cmp.Or(r.Strategy, s.Workload), fmt.Sprint(r.SustainedRate)}
@@ -69,10 +70,14 @@ func (s Suite) writeSearch(ew *errWriter) {
 		if r.LowestFail > 0 {
 			fail = fmt.Sprint(r.LowestFail)
 		}
-		rows = append(rows, append(row, fail, fmt.Sprint(len(r.Steps)), r.Stop))
+		confirmed := "no"
+		if r.Confirmed {
+			confirmed = "yes"
+		}
+		rows = append(rows, append(row, fail, fmt.Sprint(len(r.Steps)), r.Stop, confirmed))
 	}
 	mdTable(ew, []string{"strategy", "sustained opens/s", "ok opens/s", "p50 ms", "p99 ms", "p99.9 ms", "commits/s", "mean batch",
-		"credit-lag p99 ms", "lowest failing", "steps", "stopped"}, rows)
+		"credit-lag p99 ms", "lowest failing", "steps", "stopped", "confirmed"}, rows)
 	if len(s.SearchRatios) > 0 {
 		rows = nil
 		for _, q := range s.SearchRatios {
@@ -83,7 +88,11 @@ func (s Suite) writeSearch(ew *errWriter) {
 	rows = nil
 	for _, r := range s.Search {
 		for _, st := range r.Steps {
-			rows = append(rows, []string{cmp.Or(r.Strategy, s.Workload), fmt.Sprint(st.Rate), passText(st.Pass), f2(st.P99MS),
+			verdict := passText(st.Pass)
+			if st.Confirm {
+				verdict = "confirm: " + verdict
+			}
+			rows = append(rows, []string{cmp.Or(r.Strategy, s.Workload), fmt.Sprint(st.Rate), verdict, f2(st.P99MS),
 				pct(st.Achieved), fmt.Sprint(st.Shed), st.Cell.commitsText(), st.Cell.batchText(), fmt.Sprintf("%.1f", float64(st.WallMS)/1000), cmp.Or(st.Why, "-")})
 		}
 	}

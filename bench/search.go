@@ -74,6 +74,14 @@ type SearchConfig struct {
 	// IdleWait bounds the wait, between two steps, for the cells' open queues
 	// and relay lanes to empty (read from their metrics), in [0, 1m].
 	IdleWait time.Duration
+	// Confirm is the load phase of the confirmation: once the short steps
+	// have found the highest passing rate, it runs again for Confirm; if
+	// that fails, a tenth lower, at most confirmMax runs in all. A short
+	// step's p99 on two shared cores moves by more than the search's
+	// precision, so an unconfirmed rate can be one the cluster does not
+	// sustain. 0: no confirmation; else in [Step, 2m]. Confirmation runs
+	// are outside Budget and StepsMax (confirmMax bounds them).
+	Confirm time.Duration
 }
 
 // DefaultSearchConfig: the search of four strategies in about four minutes.
@@ -86,6 +94,7 @@ func DefaultSearchConfig() SearchConfig {
 		MaxRate:   200_000,               // far above a loopback cluster; a typo cannot ask for more
 		StepsMax:  12,                    // ramp of ~6 and bisection of ~4, with room
 		IdleWait:  10 * time.Second,      // a failed step's backlog drains in a few seconds
+		Confirm:   12 * time.Second,      // three steps' worth: a rate that holds for 12 s holds for the sustain run
 	}
 }
 
@@ -106,6 +115,8 @@ func (c SearchConfig) Validate() error {
 		return fmt.Errorf("bench: search steps must be 1..100, got %d", c.StepsMax)
 	case c.IdleWait < 0 || c.IdleWait > time.Minute:
 		return fmt.Errorf("bench: search idle wait must be in [0, 1m], got %v", c.IdleWait)
+	case c.Confirm != 0 && (c.Confirm < c.Step || c.Confirm > 2*time.Minute):
+		return fmt.Errorf("bench: search confirmation must be 0 or in [step %v, 2m], got %v", c.Step, c.Confirm)
 	}
 	return nil
 }
@@ -143,8 +154,9 @@ type SearchStep struct {
 	Errors   map[string]int64 `json:"errors,omitempty"` // every op's error codes
 	Cell     *CellMetrics     `json:"cell_metrics,omitempty"`
 	Pass     bool             `json:"pass"`
-	Why      string           `json:"why,omitempty"` // why it failed
-	WallMS   int64            `json:"wall_ms"`       // the whole step: setup, load, settle
+	Confirm  bool             `json:"confirm,omitempty"` // a confirmation run (SearchConfig.Confirm), not a short step
+	Why      string           `json:"why,omitempty"`     // why it failed
+	WallMS   int64            `json:"wall_ms"`           // the whole step: setup, load, settle
 }
 
 // SearchResult is one strategy's search.
@@ -160,17 +172,25 @@ type SearchResult struct {
 	// Stop says why the search ended: "converged" (within searchPrecision),
 	// "max rate", "nothing passes", "budget", "steps", or an error.
 	Stop string `json:"stop"`
+	// Confirmed: a confirmation run passed at SustainedRate. With
+	// confirmation on and no run passing, SustainedRate is 0.
+	Confirmed bool `json:"confirmed"`
 }
 
-// Best is the step at SustainedRate, nil when none passed.
+// Best is the step at SustainedRate, its confirmation run when there is one;
+// nil when none passed.
 func (r SearchResult) Best() *SearchStep {
-	for i := range r.Steps {
+	for i := len(r.Steps) - 1; i >= 0; i-- {
 		if s := &r.Steps[i]; s.Pass && s.Rate == r.SustainedRate {
 			return s
 		}
 	}
 	return nil
 }
+
+// confirmMax bounds a search's confirmation runs (SearchConfig.Confirm):
+// the rate found, then up to three a tenth lower each, down to 73% of it.
+const confirmMax = 4
 
 // SearchRatio is one strategy's sustained rate over another's.
 type SearchRatio struct {
@@ -199,15 +219,18 @@ type SustainResult struct {
 type searchParams struct {
 	start, max, stepsMax int
 	budget               time.Duration
+	confirm              bool // confirm the rate found (SearchConfig.Confirm)
 }
 
-// searchRate runs one strategy's search with step (a run at a rate); now is
-// the clock the budget is kept with. It never calls step more than stepsMax
-// times, never starts a step when the longest one so far would overrun the
-// budget (the first always runs), never tries a rate at or above one that
-// failed nor at or below one that passed. An error from step ends it.
+// searchRate runs one strategy's search with step (a run at a rate, a
+// confirmation run when confirm is set); now is the clock the budget is kept
+// with. It never calls step more than stepsMax times for short steps, never
+// starts one when the longest so far would overrun the budget (the first
+// always runs), never tries a rate at or above one that failed nor at or
+// below one that passed. An error from step ends it. Then, with p.confirm,
+// the highest passing rate is confirmed (confirmSearch).
 func searchRate(ctx context.Context, p searchParams, now func() time.Time,
-	step func(ctx context.Context, rate int) (SearchStep, error)) SearchResult {
+	step func(ctx context.Context, rate int, confirm bool) (SearchStep, error)) SearchResult {
 	var res SearchResult
 	lo, hi := 0, 0 // highest pass, lowest fail; 0 none
 	begin := now()
@@ -228,11 +251,12 @@ func searchRate(ctx context.Context, p searchParams, now func() time.Time,
 			break
 		}
 		t0 := now()
-		st, err := step(ctx, rate)
+		st, err := step(ctx, rate, false)
 		longest = max(longest, now().Sub(t0))
 		if err != nil {
 			res.Stop = err.Error()
-			break
+			res.SustainedRate, res.LowestFail = lo, hi
+			return res
 		}
 		st.Rate = rate
 		res.Steps = append(res.Steps, st)
@@ -242,8 +266,39 @@ func searchRate(ctx context.Context, p searchParams, now func() time.Time,
 			hi = rate
 		}
 	}
+	if p.confirm && lo > 0 && ctx.Err() == nil {
+		lo, hi = confirmSearch(ctx, &res, lo, hi, step)
+	}
 	res.SustainedRate, res.LowestFail = lo, hi
 	return res
+}
+
+// confirmSearch runs the confirmation of rate lo (the highest short step that
+// passed; hi the lowest that failed, 0 none): a confirmation run at lo, and
+// while it fails, at a tenth lower, at most confirmMax runs. It returns the
+// confirmed rate (0 when none passed) and the lowest failing rate, and
+// appends the runs to res.Steps.
+func confirmSearch(ctx context.Context, res *SearchResult, lo, hi int,
+	step func(ctx context.Context, rate int, confirm bool) (SearchStep, error)) (int, int) {
+	for rate, i := lo, 0; i < confirmMax && rate >= searchRateMin && ctx.Err() == nil; i++ {
+		st, err := step(ctx, rate, true)
+		if err != nil {
+			res.Stop += "; confirmation: " + err.Error()
+			return 0, hi
+		}
+		st.Rate, st.Confirm = rate, true
+		res.Steps = append(res.Steps, st)
+		if st.Pass {
+			res.Confirmed = true
+			return rate, hi
+		}
+		if hi == 0 || rate < hi {
+			hi = rate
+		}
+		rate = int(float64(rate) * (1 - searchPrecision))
+	}
+	res.Stop += "; not confirmed"
+	return 0, hi
 }
 
 // nextRate is the next rate to try given the highest that passed and the
@@ -356,7 +411,7 @@ func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
 	}
 	quiesce(ctx, sc) // the credits of earlier runs, this invocation's or not
 	cfg := *sc.Search
-	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax}
+	p := searchParams{start: cfg.StartRate, max: cfg.MaxRate, stepsMax: cfg.StepsMax, confirm: cfg.Confirm > 0}
 	begin := time.Now()
 	n := 0
 	for i, strategy := range strategies {
@@ -370,19 +425,23 @@ func (s *Suite) runSearch(ctx context.Context, sc SuiteConfig) error {
 				continue
 			}
 		}
-		res := searchRate(ctx, p, time.Now, func(ctx context.Context, rate int) (SearchStep, error) {
+		res := searchRate(ctx, p, time.Now, func(ctx context.Context, rate int, confirm bool) (SearchStep, error) {
 			waitIdle(ctx, sc.Cells, cfg.IdleWait)
-			run := searchRunConfig(sc, cfg, strategy, rate, n)
+			dur, what := cfg.Step, "search"
+			if confirm {
+				dur, what = cfg.Confirm, "confirm"
+			}
+			run := searchRunConfig(sc, cfg, strategy, rate, dur, n)
 			n++
 			t0 := time.Now()
-			logf(sc.Log, "search %s: %d opens/s for %v", cmp.Or(strategy, s.Workload), rate, cfg.Step)
+			logf(sc.Log, "%s %s: %d opens/s for %v", what, cmp.Or(strategy, s.Workload), rate, dur)
 			rep, err := runMeasured(ctx, run, sc.Cells, strategy)
 			if err != nil {
 				return SearchStep{}, err
 			}
 			st := judgeStep(rep, cfg.P99Bound)
 			st.WallMS = time.Since(t0).Milliseconds()
-			logf(sc.Log, "search %s: %d opens/s: %s", cmp.Or(strategy, s.Workload), rate, stepVerdict(st))
+			logf(sc.Log, "%s %s: %d opens/s: %s", what, cmp.Or(strategy, s.Workload), rate, stepVerdict(st))
 			return st, nil
 		})
 		res.Strategy, res.P99BoundMS = strategy, ms(cfg.P99Bound)
@@ -405,10 +464,10 @@ func stepVerdict(st SearchStep) string {
 	return "fail: " + st.Why
 }
 
-// searchRunConfig is the run of one step.
-func searchRunConfig(sc SuiteConfig, cfg SearchConfig, strategy string, rate, n int) Config {
+// searchRunConfig is the run of one step (or confirmation) of load phase dur.
+func searchRunConfig(sc SuiteConfig, cfg SearchConfig, strategy string, rate int, dur time.Duration, n int) Config {
 	run := sc.Run
-	run.Rate, run.Duration = rate, cfg.Step
+	run.Rate, run.Duration = rate, dur
 	run.AllowShed = true // shedding fails the step, not the suite
 	run.Audit = nil      // the suite's other runs audit; a full audit per step would not fit the budget
 	run.SettleTimeout = searchSettle

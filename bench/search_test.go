@@ -31,21 +31,32 @@ func (c *fakeClock) now() time.Time { return c.t }
 
 // fakeCluster answers a search's steps: a step passes when its rate is at
 // most capacity; above it, it sheds (OVERLOADED) or, with slow, its p99
-// exceeds the bound. Each step takes stepTime on the clock.
+// exceeds the bound. A confirmation run passes at most at sustained when
+// that is set (a short step's luck: capacity above what holds), else at
+// capacity. Each step takes stepTime on the clock.
 type fakeCluster struct {
-	capacity int
-	slow     bool
-	stepTime time.Duration
-	clock    *fakeClock
-	rates    []int
+	capacity  int
+	sustained int
+	slow      bool
+	stepTime  time.Duration
+	clock     *fakeClock
+	rates     []int
+	confirms  []int
 }
 
-func (f *fakeCluster) step(_ context.Context, rate int) (SearchStep, error) {
+func (f *fakeCluster) step(_ context.Context, rate int, confirm bool) (SearchStep, error) {
 	f.rates = append(f.rates, rate)
 	f.clock.t = f.clock.t.Add(f.stepTime)
+	capacity := f.capacity
+	if confirm {
+		f.confirms = append(f.confirms, rate)
+		if f.sustained > 0 {
+			capacity = f.sustained
+		}
+	}
 	rep := Report{Workload: WorkloadHot, Rate: rate, DurationMS: 4000, OpensPerSec: float64(rate), Started: int64(rate) * 4, Due: int64(rate) * 4,
 		Open: OpStats{Count: int64(rate) * 4, OK: int64(rate) * 4, LatencyMS: LatencyMS{P50: 2, P99: 20, P999: 30}}}
-	if rate > f.capacity {
+	if rate > capacity {
 		if f.slow {
 			rep.Open.LatencyMS.P99 = 400
 		} else {
@@ -82,6 +93,58 @@ func TestSearchConverges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With confirmation, the rate the short steps found runs again; when it
+// does not hold, the search steps down a tenth at a time until one does, at
+// most confirmMax runs, and reports only a confirmed rate.
+func TestSearchConfirms(t *testing.T) {
+	p := testParams
+	p.confirm = true
+	t.Run("holds", func(t *testing.T) {
+		f := newFakeCluster(1234)
+		res := searchRate(context.Background(), p, f.clock.now, f.step)
+		if len(f.confirms) != 1 || !res.Confirmed || res.SustainedRate != f.confirms[0] || res.Stop != "converged" {
+			t.Fatalf("confirms %v, confirmed %v, sustained %d, stop %q", f.confirms, res.Confirmed, res.SustainedRate, res.Stop)
+		}
+		last := res.Steps[len(res.Steps)-1]
+		if !last.Confirm || !last.Pass || res.Best() != &res.Steps[len(res.Steps)-1] {
+			t.Errorf("last step %+v, best %+v: want the passing confirmation", last, res.Best())
+		}
+	})
+	t.Run("steps down", func(t *testing.T) {
+		f := newFakeCluster(1234)
+		f.sustained = 1000 // short steps pass up to 1234, longer runs only up to 1000
+		res := searchRate(context.Background(), p, f.clock.now, f.step)
+		if !res.Confirmed || res.SustainedRate > 1000 || res.SustainedRate < 900 {
+			t.Fatalf("confirms %v: confirmed %v at %d, want a confirmed rate in (900, 1000]", f.confirms, res.Confirmed, res.SustainedRate)
+		}
+		for i := 1; i < len(f.confirms); i++ {
+			if want := int(float64(f.confirms[i-1]) * (1 - searchPrecision)); f.confirms[i] != want {
+				t.Errorf("confirms %v: want each a tenth below the one before", f.confirms)
+			}
+		}
+		if res.LowestFail != f.confirms[len(f.confirms)-2] {
+			t.Errorf("lowest fail %d, want the last failed confirmation %d", res.LowestFail, f.confirms[len(f.confirms)-2])
+		}
+	})
+	t.Run("never holds", func(t *testing.T) {
+		f := newFakeCluster(1234)
+		f.sustained = 300
+		res := searchRate(context.Background(), p, f.clock.now, f.step)
+		if len(f.confirms) != confirmMax || res.Confirmed || res.SustainedRate != 0 || res.Best() != nil ||
+			!strings.HasSuffix(res.Stop, "; not confirmed") {
+			t.Errorf("confirms %v, confirmed %v, sustained %d, stop %q", f.confirms, res.Confirmed, res.SustainedRate, res.Stop)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		f := newFakeCluster(1234)
+		f.sustained = 300
+		res := searchRate(context.Background(), testParams, f.clock.now, f.step)
+		if len(f.confirms) != 0 || res.Confirmed || res.SustainedRate == 0 {
+			t.Errorf("confirms %v, confirmed %v, sustained %d", f.confirms, res.Confirmed, res.SustainedRate)
+		}
+	})
 }
 
 // The first rate fails: the search halves it until one passes, then bisects.
@@ -156,11 +219,11 @@ func TestSearchBounded(t *testing.T) {
 	t.Run("an error", func(t *testing.T) {
 		f := newFakeCluster(100_000)
 		n := 0
-		res := searchRate(context.Background(), testParams, f.clock.now, func(ctx context.Context, rate int) (SearchStep, error) {
+		res := searchRate(context.Background(), testParams, f.clock.now, func(ctx context.Context, rate int, confirm bool) (SearchStep, error) {
 			if n++; n == 3 {
 				return SearchStep{}, errTest
 			}
-			return f.step(ctx, rate)
+			return f.step(ctx, rate, confirm)
 		})
 		if len(res.Steps) != 2 || res.Stop != errTest.Error() || res.SustainedRate != 500 {
 			t.Errorf("%d steps, stop %q, sustained %d", len(res.Steps), res.Stop, res.SustainedRate)
@@ -169,9 +232,9 @@ func TestSearchBounded(t *testing.T) {
 	t.Run("cancelled", func(t *testing.T) {
 		f := newFakeCluster(100_000)
 		ctx, cancel := context.WithCancel(context.Background())
-		res := searchRate(ctx, testParams, f.clock.now, func(ctx context.Context, rate int) (SearchStep, error) {
+		res := searchRate(ctx, testParams, f.clock.now, func(ctx context.Context, rate int, confirm bool) (SearchStep, error) {
 			cancel()
-			return f.step(ctx, rate)
+			return f.step(ctx, rate, confirm)
 		})
 		if len(res.Steps) != 1 || res.Stop != context.Canceled.Error() {
 			t.Errorf("%d steps, stop %q", len(res.Steps), res.Stop)
@@ -314,6 +377,7 @@ func TestSearchValidate(t *testing.T) {
 		{"budget below a step", func(sc *SuiteConfig) { c := search; c.Budget = c.Step / 2; sc.Search = &c }},
 		{"max below start", func(sc *SuiteConfig) { c := search; c.MaxRate = c.StartRate - 1; sc.Search = &c }},
 		{"no steps", func(sc *SuiteConfig) { c := search; c.StepsMax = 0; sc.Search = &c }},
+		{"confirmation below a step", func(sc *SuiteConfig) { c := search; c.Confirm = c.Step / 2; sc.Search = &c }},
 	}
 	for _, b := range bad {
 		sc := base

@@ -97,6 +97,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.DurationVar(&f.search.P99Bound, "search-p99", f.search.P99Bound, "search: the highest open p99 a sustained rate may have")
 	fs.DurationVar(&f.search.Step, "search-step", f.search.Step, "search: the load phase of one step")
 	fs.DurationVar(&f.search.Budget, "search-time", f.search.Budget, "search: the whole search, every strategy together (each gets an equal share)")
+	fs.DurationVar(&f.search.Confirm, "search-confirm", f.search.Confirm, "search: run the highest passing rate again this long to confirm it, a tenth lower each time it fails (at most 4 runs, outside --search-time); 0: no confirmation (default: 12s, or 3 × --search-step when that is longer than 4s)")
 	fs.IntVar(&f.search.StartRate, "search-start", f.search.StartRate, "search: the first step's rate, opens/s (the ramp doubles it)")
 	fs.StringVar(&f.sustain.Strategy, "sustain-at", "", "after the search, run open-loop at --sustain-fraction of this strategy's sustained rate, audited (one of --compare; implies --search)")
 	fs.Float64Var(&f.sustain.Fraction, "sustain-fraction", f.sustain.Fraction, "the fraction of the sustained rate --sustain-at runs at")
@@ -117,6 +118,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		f.set["openers"] = true
 	}
 	f.searchOn = f.searchOn || f.searchOnly || f.sustain.Strategy != ""
+	if !f.set["search-confirm"] && f.search.Step > bench.DefaultSearchConfig().Step {
+		f.search.Confirm = min(3*f.search.Step, 2*time.Minute) // a longer step than the default's: confirm in proportion
+	}
 	if f.sustain.Strategy != "" && f.compare == "" {
 		return nil, errors.New("bench: --sustain-at names a strategy of --compare (--compare batched --sustain-at batched for one)")
 	}

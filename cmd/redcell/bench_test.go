@@ -36,8 +36,27 @@ func TestBenchSearchFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc.Search == nil || !sc.SearchOnly || sc.Search.Budget != 2*time.Minute || sc.Search.P99Bound != 40*time.Millisecond {
+	if sc.Search == nil || !sc.SearchOnly || sc.Search.Budget != 2*time.Minute || sc.Search.P99Bound != 40*time.Millisecond ||
+		sc.Search.Confirm != 12*time.Second {
 		t.Errorf("search %+v, only %v", sc.Search, sc.SearchOnly)
+	}
+	// The confirmation follows a longer step unless it is given; 0 turns it off.
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{[]string{"--search-step", "10s"}, 30 * time.Second},
+		{[]string{"--search-step", "1m"}, 2 * time.Minute},
+		{[]string{"--search-step", "10s", "--search-confirm", "15s"}, 15 * time.Second},
+		{[]string{"--search-confirm", "0"}, 0},
+	} {
+		f, err := parseBenchFlags(append([]string{"--config", cfg, "--workload", "festival", "--search"}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc, err := f.suiteConfig(); err != nil || sc.Search.Confirm != c.want {
+			t.Errorf("%v: confirmation %v (%v), want %v", c.args, sc.Search.Confirm, err, c.want)
+		}
 	}
 	if sc.Sustain == nil || sc.Sustain.Strategy != "batched" || sc.Sustain.Fraction != 0.6 || sc.Sustain.LagBound != time.Second {
 		t.Errorf("sustain %+v", sc.Sustain)
@@ -60,6 +79,7 @@ func TestBenchSearchFlags(t *testing.T) {
 		{[]string{"--workload", "festival", "--compare", "naive,batched", "--sustain-at", "grouped"}, "not among the strategies"},
 		{[]string{"--search"}, "open-loop"},
 		{[]string{"--workload", "cold", "--search", "--search-step", "10ms"}, "search step"},
+		{[]string{"--workload", "cold", "--search", "--search-step", "10s", "--search-confirm", "5s"}, "search confirmation"},
 	}
 	for _, b := range bad {
 		f, err := parseBenchFlags(append([]string{"--config", cfg}, b.args...))
