@@ -29,6 +29,12 @@ var (
 	ErrInsufficientBalance = &Error{"INSUFFICIENT_BALANCE", "balance is below the amount"}
 	// ErrOrderConflict: the order_no was used before with a different request body.
 	ErrOrderConflict = &Error{"ORDER_CONFLICT", "order_no already used with a different request"}
+	// ErrIdentityConflict: the app account is already bound, to another phone
+	// or without one; a binding never changes an actID money may hang on.
+	ErrIdentityConflict = &Error{"IDENTITY_CONFLICT", "the app account is bound otherwise"}
+	// ErrIdentityDisabled: identity binding needs the cluster's identity_key,
+	// and this cluster has none.
+	ErrIdentityDisabled = &Error{"IDENTITY_DISABLED", "identity binding needs identity_key in the cluster config"}
 	// ErrWrongCell: the shard is not owned by the cell that received the request.
 	ErrWrongCell = &Error{"WRONG_CELL", "shard is not owned by this cell"}
 	// ErrCellUnavailable: no live cell owns the shard (router only).

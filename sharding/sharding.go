@@ -21,6 +21,14 @@ func ShardOfAct(actID string) model.ShardID {
 	return model.ShardID(xxhash.Sum64String(actID) % model.ShardCount)
 }
 
+// ShardOfIdentity is the home shard of an app account's identity binding
+// (app, appUserID): the pair hashed like an actID, "app/app_user_id" (neither
+// holds '/'), so the binding lives in a db_XX like everything keyed by a
+// person.
+func ShardOfIdentity(app, appUserID string) model.ShardID {
+	return ShardOfAct(app + "/" + appUserID)
+}
+
 // Range is an inclusive range of shards.
 type Range struct{ From, To model.ShardID }
 

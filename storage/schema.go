@@ -7,6 +7,7 @@
 //	db_XX.t_packet_Y_DD      red packets created on day DD by senders of the shard
 //	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id)
 //	db_XX.t_outbox           claims waiting to be credited to the claimant's wallet
+//	db_XX.t_identity_Y       app accounts bound to actIDs, homed in shard XX*10+Y (phones only as keyed hashes)
 package storage
 
 import (
@@ -142,7 +143,7 @@ type MySQL struct {
 
 type ensureKey struct {
 	shard model.ShardID
-	day   int // 0 = the shard's account, flow and outbox tables
+	day   int // 0 = the shard's account, flow and outbox tables; identityDay its identity table
 }
 
 // Open connects to a MariaDB/MySQL server. dsn is a go-sql-driver DSN without a

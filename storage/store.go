@@ -180,10 +180,22 @@ type Schema interface {
 	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
 }
 
+// Identities is the part of the store that binds app accounts to actIDs.
+type Identities interface {
+	// BindIdentity stores want (model.NewBinding) in shard s, the home of
+	// its app account (sharding.ShardOfIdentity), unless the account is bound
+	// already: then model.Bind decides against the binding there. It answers
+	// the binding that holds and repeat (bound before; nothing written).
+	// Concurrent first bindings of one account store one; the others are
+	// decided against it. Errors: model.ErrIdentityConflict.
+	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error)
+}
+
 // Store is everything a cell needs from its database.
 type Store interface {
 	Wallets
 	Packets
+	Identities
 	Expiry
 	Outbox
 	Schema

@@ -76,6 +76,12 @@ func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (a 
 	return a, err
 }
 
+// BindIdentity implements storage.Store.
+func (s *Store) BindIdentity(ctx context.Context, sh model.ShardID, want model.IdentityBinding) (b model.IdentityBinding, repeat bool, err error) {
+	err = s.call(func() (err error) { b, repeat, err = s.inner.BindIdentity(ctx, sh, want); return err })
+	return b, repeat, err
+}
+
 // ApplyCredits implements storage.Store.
 func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
 	err = s.call(func() (err error) { applied, deferred, err = s.inner.ApplyCredits(ctx, credits); return err })

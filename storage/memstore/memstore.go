@@ -51,8 +51,14 @@ type Store struct {
 	outbox   map[int]map[string]*entry // database index → claim ID → row
 	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
 	recon    map[int]int64             // reconciliation's saved positions, by database
+	idents   map[identKey]model.IdentityBinding
 	fault    fault
 	faults   int64 // faults that fired
+}
+
+type identKey struct {
+	shard          model.ShardID
+	app, appUserID string
 }
 
 type acctKey struct {
@@ -113,7 +119,21 @@ func New(clk clock.Clock) *Store {
 		outbox:   map[int]map[string]*entry{},
 		pending:  map[int][]*entry{},
 		recon:    map[int]int64{},
+		idents:   map[identKey]model.IdentityBinding{},
 	}
+}
+
+// BindIdentity implements storage.Identities (no commit fault: a binding
+// moves no money, and its retry is a repeat).
+func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := identKey{sh, want.App, want.AppUserID}
+	if have, ok := s.idents[k]; ok {
+		return model.Bind(&have, want)
+	}
+	s.idents[k] = want
+	return model.Bind(nil, want)
 }
 
 // FailNextCommit arms a fault for the next call that commits money: the next

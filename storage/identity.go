@@ -1,0 +1,64 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"redcell/model"
+)
+
+// identityDay is the ensureKey.day of a shard's identity table: made on first
+// use, not with the shard's money tables, since most shards of a cell never
+// home a binding on a given run.
+const identityDay = -1
+
+func (m *MySQL) identityTable(s model.ShardID) string {
+	return fmt.Sprintf("%s.t_identity_%d", m.dbName(s), s.Table())
+}
+
+func (m *MySQL) identityDDL(s model.ShardID) []string {
+	return []string{
+		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
+		`CREATE TABLE IF NOT EXISTS ` + m.identityTable(s) + ` (
+  app         VARCHAR(64) NOT NULL,
+  app_user_id VARCHAR(64) NOT NULL,
+  act_id      VARCHAR(64) NOT NULL,
+  phone_hash  CHAR(64) NOT NULL DEFAULT '',
+  created_ms  BIGINT NOT NULL,
+  PRIMARY KEY (app, app_user_id)
+) ENGINE=InnoDB`,
+	}
+}
+
+// BindIdentity implements Identities. One statement stores want unless the
+// account's row is there (INSERT ... ON DUPLICATE KEY UPDATE app = app: 1 row
+// affected when it was stored, 0 when a row was there); then the row is read
+// and decided against (model.Bind). A lost answer is harmless: the retry
+// finds the row and answers it as a repeat.
+func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error) {
+	if err := m.ensure(ctx, ensureKey{shard: s, day: identityDay}, m.identityDDL(s)); err != nil {
+		return model.IdentityBinding{}, false, err
+	}
+	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.identityTable(s)+
+		" (app, app_user_id, act_id, phone_hash, created_ms) VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE app = app",
+		want.App, want.AppUserID, want.ActID, want.PhoneHash, want.CreatedMS)
+	if err != nil {
+		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return model.IdentityBinding{}, false, err
+	} else if n == 1 {
+		return model.Bind(nil, want)
+	}
+	have := model.IdentityBinding{App: want.App, AppUserID: want.AppUserID}
+	err = m.db.QueryRowContext(ctx, "SELECT act_id, phone_hash, created_ms FROM "+m.identityTable(s)+
+		" WHERE app = ? AND app_user_id = ?", want.App, want.AppUserID).Scan(&have.ActID, &have.PhoneHash, &have.CreatedMS)
+	if err == sql.ErrNoRows { // not possible: rows are never deleted
+		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: the row of %s/%s is gone", want.App, want.AppUserID)
+	}
+	if err != nil {
+		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %w", err)
+	}
+	return model.Bind(&have, want)
+}

@@ -1,0 +1,113 @@
+package storagetest
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"redcell/model"
+)
+
+func init() {
+	register("ContractIdentityBinding", contractIdentityBinding)
+	register("ContractIdentityConcurrentFirst", contractIdentityConcurrentFirst)
+}
+
+// identityKey is the key the contract's bindings are made under.
+var identityKey = []byte("contract-identity-key-0123456789")
+
+// A first binding is stored and answered as new; the same phone again, or no
+// phone, answers it as a repeat (its first time); another phone, or a phone
+// for an account bound without one, is IDENTITY_CONFLICT and changes
+// nothing; the same app user ID on another app, or on the same app in
+// another shard's table, is another account; no money moves.
+func contractIdentityBinding(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	now := f.nowMS()
+	bind := func(s model.ShardID, app, user, phone string, at int64) (model.IdentityBinding, bool, error) {
+		t.Helper()
+		return f.s.BindIdentity(f.ctx, s, model.NewBinding(identityKey, app, user, phone, at))
+	}
+	first, repeat, err := bind(sA, "chat", "u1", "+8613800000001", now)
+	want := model.IdentityBinding{App: "chat", AppUserID: "u1", ActID: model.PhoneActID(identityKey, "+8613800000001"),
+		PhoneHash: model.PhoneHash(identityKey, "+8613800000001"), CreatedMS: now}
+	if err != nil || repeat || first != want {
+		t.Fatalf("first binding: %+v, repeat %v, %v; want %+v, new", first, repeat, err, want)
+	}
+	for _, phone := range []string{"+8613800000001", ""} {
+		got, repeat, err := bind(sA, "chat", "u1", phone, now+1000)
+		if err != nil || !repeat || got != want {
+			t.Errorf("again with phone %q: %+v, repeat %v, %v; want the first binding as a repeat", phone, got, repeat, err)
+		}
+	}
+	if _, _, err := bind(sA, "chat", "u1", "+8613800000002", now); !errors.Is(err, model.ErrIdentityConflict) {
+		t.Errorf("another phone: %v, want IDENTITY_CONFLICT", err)
+	}
+	// The same phone on another app: the same person.
+	other, repeat, err := bind(sB, "video", "v9", "+8613800000001", now)
+	if err != nil || repeat || other.ActID != want.ActID || other.App != "video" {
+		t.Errorf("the phone on another app: %+v, repeat %v, %v; want a new binding to %s", other, repeat, err, want.ActID)
+	}
+	// Without a phone: an actID of the app account's own, kept.
+	bare, repeat, err := bind(sA, "chat", "u2", "", now)
+	if err != nil || repeat || bare.ActID != model.AppAccountActID(identityKey, "chat", "u2") || bare.PhoneHash != "" {
+		t.Fatalf("binding without a phone: %+v, repeat %v, %v", bare, repeat, err)
+	}
+	if _, _, err := bind(sA, "chat", "u2", "+8613800000003", now); !errors.Is(err, model.ErrIdentityConflict) {
+		t.Errorf("a phone after binding without one: %v, want IDENTITY_CONFLICT", err)
+	}
+	if got, repeat, err := bind(sA, "chat", "u2", "", now+5); err != nil || !repeat || got != bare {
+		t.Errorf("without a phone again: %+v, repeat %v, %v; want %+v", got, repeat, err, bare)
+	}
+	// The same user ID on another app is another account.
+	if got, repeat, err := bind(sA, "shop", "u2", "", now); err != nil || repeat || got.ActID == bare.ActID {
+		t.Errorf("u2 of another app: %+v, repeat %v, %v; want a new actID", got, repeat, err)
+	}
+	f.check(books{})
+}
+
+// Concurrent first bindings of one account: one is stored, every other is
+// decided against it (the same phone: a repeat of it; another phone: a
+// conflict), and all answer the one actID that holds.
+func contractIdentityConcurrentFirst(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	const n = 8
+	type answer struct {
+		b      model.IdentityBinding
+		repeat bool
+		err    error
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			phone := "+4915100000001"
+			if i%2 == 1 {
+				phone = fmt.Sprintf("+491510000010%d", i)
+			}
+			b, repeat, err := f.s.BindIdentity(f.ctx, sC, model.NewBinding(identityKey, "chat", "race", phone, f.nowMS()))
+			answers[i] = answer{b, repeat, err}
+		})
+	}
+	wg.Wait()
+	news, holds := 0, ""
+	for i, a := range answers {
+		if a.err == nil && !a.repeat {
+			news++
+			holds = a.b.ActID
+		}
+		if a.err != nil && !errors.Is(a.err, model.ErrIdentityConflict) {
+			t.Errorf("binding %d: %v", i, a.err)
+		}
+	}
+	if news != 1 {
+		t.Fatalf("%d first bindings stored, want 1: %+v", news, answers)
+	}
+	for i, a := range answers {
+		if a.err == nil && a.b.ActID != holds {
+			t.Errorf("binding %d answers %s, the stored one is %s", i, a.b.ActID, holds)
+		}
+	}
+	f.check(books{})
+}
