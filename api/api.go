@@ -168,6 +168,32 @@ type PacketResponse struct {
 	ClaimsDegraded bool `json:"claims_degraded,omitempty"`
 }
 
+// IdentityRequest is the body of PUT /v1/identities/{app}/{app_user_id}: the
+// person's phone, optional (absent, null or no body: bind without one). Send
+// E.164 ("+8613800138000"); spaces and - . ( ) are ignored. The phone is
+// kept only as a keyed hash.
+type IdentityRequest struct {
+	Phone *string `json:"phone"`
+}
+
+// IdentityResponse answers a binding: the person's act_id, which rewards,
+// packets and the wallet key on. Repeat is true when the account was bound
+// before (its first binding is answered); PhoneBound whether that binding
+// has a phone.
+type IdentityResponse struct {
+	ActID      string `json:"act_id"`
+	App        string `json:"app"`
+	AppUserID  string `json:"app_user_id"`
+	PhoneBound bool   `json:"phone_bound"`
+	Repeat     bool   `json:"repeat"`
+	CreatedMS  int64  `json:"created_at_ms"`
+}
+
+// NewIdentityResponse is the answer for binding b.
+func NewIdentityResponse(b model.IdentityBinding, repeat bool) IdentityResponse {
+	return IdentityResponse{ActID: b.ActID, App: b.App, AppUserID: b.AppUserID, PhoneBound: b.PhoneHash != "", Repeat: repeat, CreatedMS: b.CreatedMS}
+}
+
 // CreditsRequest is the body of POST /internal/credits (cell to cell).
 type CreditsRequest struct {
 	Credits []model.Credit `json:"credits"`
@@ -202,6 +228,8 @@ var status = map[string]int{
 	model.ErrExpired.Code:              http.StatusGone,
 	model.ErrInsufficientBalance.Code:  http.StatusConflict,
 	model.ErrOrderConflict.Code:        http.StatusConflict,
+	model.ErrIdentityConflict.Code:     http.StatusConflict,
+	model.ErrIdentityDisabled.Code:     http.StatusNotImplemented,
 	model.ErrWrongCell.Code:            http.StatusMisdirectedRequest,
 	model.ErrCellUnavailable.Code:      http.StatusServiceUnavailable,
 	model.ErrOverloaded.Code:           http.StatusServiceUnavailable,

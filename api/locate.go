@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 
 	"redcell/model"
 	"redcell/sharding"
@@ -11,7 +12,8 @@ import (
 // Locate finds the shard a request of public route rt goes to from the key
 // its route names (Route.Key): the act_id of the path (pathKey, as Match
 // returned it in Params.Key), the "sender" of a send's JSON body, or the
-// packet ID of the path, whose shard is part of the ID. user is the act_id the
+// packet ID of the path, whose shard is part of the ID, or the app account of
+// the path, hashed like an act_id (sharding.ShardOfIdentity). user is the act_id the
 // router's per-user limit counts for KeyActPath and KeySenderBody routes, ""
 // for packet routes (their user is in the body: see ScanActID). It is the
 // router's routing rule, pure: it reads only its arguments. Errors:
@@ -36,6 +38,12 @@ func Locate(rt Route, pathKey string, body []byte) (shard model.ShardID, user st
 			return 0, "", err
 		}
 		return ref.Shard, "", nil
+	case KeyIdentityPath:
+		app, user, err := SplitIdentityKey(pathKey)
+		if err != nil {
+			return 0, "", err
+		}
+		return sharding.ShardOfIdentity(app, user), "", nil
 	default:
 		panic("api: Locate of a route without a key: " + rt.Label)
 	}
@@ -63,4 +71,17 @@ func SenderOf(body []byte) (string, error) {
 		return "", model.Invalidf("sender: %s", msg)
 	}
 	return b.Sender, nil
+}
+
+// SplitIdentityKey splits the key of an identity route ("{app}/{app_user_id}",
+// Params.Key) and validates both. Errors: model.ErrInvalidArgument.
+func SplitIdentityKey(key string) (app, appUserID string, err error) {
+	app, appUserID, _ = strings.Cut(key, "/")
+	if err := model.ValidateApp(app); err != nil {
+		return "", "", err
+	}
+	if err := model.ValidateAppUserID(appUserID); err != nil {
+		return "", "", err
+	}
+	return app, appUserID, nil
 }

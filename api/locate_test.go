@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/sharding"
 )
 
 func TestLocate(t *testing.T) {
@@ -57,4 +58,22 @@ func TestLocate(t *testing.T) {
 		}
 	}()
 	Locate(RouteOf(RouteCredits), "", nil)
+}
+
+// TestSplitIdentityKey: the identity route's key splits into a valid app
+// and user ID, or is refused; an escaped slash inside a segment is refused.
+func TestSplitIdentityKey(t *testing.T) {
+	if app, user, err := SplitIdentityKey("chat/u-1_x"); err != nil || app != "chat" || user != "u-1_x" {
+		t.Errorf("chat/u-1_x: %q %q %v", app, user, err)
+	}
+	for _, bad := range []string{"", "chat", "chat/", "/u1", "chat/x/u1", "ch.at/u1", "chat/u 1"} {
+		if _, _, err := SplitIdentityKey(bad); !errors.Is(err, model.ErrInvalidArgument) {
+			t.Errorf("%q: %v, want INVALID_ARGUMENT", bad, err)
+		}
+	}
+	rt := RouteOf(RouteIdentity)
+	s, user, err := Locate(rt, "chat/u1", nil)
+	if err != nil || user != "" || s != sharding.ShardOfIdentity("chat", "u1") || s != sharding.ShardOfAct("chat/u1") {
+		t.Errorf("Locate: shard %d, user %q, %v", s, user, err)
+	}
 }

@@ -23,6 +23,7 @@ const (
 	RouteGrab
 	RouteOpen
 	RouteNoop
+	RouteIdentity
 	RouteCredits // POST /internal/credits, cell to cell
 	RouteRecon   // POST /internal/recon, cell to cell
 
@@ -45,10 +46,11 @@ const (
 type KeyKind uint8
 
 const (
-	KeyNone       KeyKind = iota // no key: internal and admin routes, served where they arrive
-	KeyActPath                   // the act_id in the path ({act_id})
-	KeySenderBody                // the "sender" field of the JSON body (send)
-	KeyPacketPath                // the packet ID in the path ({packet_id}); its shard is in the ID
+	KeyNone         KeyKind = iota // no key: internal and admin routes, served where they arrive
+	KeyActPath                     // the act_id in the path ({act_id})
+	KeySenderBody                  // the "sender" field of the JSON body (send)
+	KeyPacketPath                  // the packet ID in the path ({packet_id}); its shard is in the ID
+	KeyIdentityPath                // the app account of the path ({app}/{app_user_id}), hashed like an act_id
 )
 
 // Port is the listener a route is served on.
@@ -64,7 +66,7 @@ const (
 type Route struct {
 	ID      RouteID
 	Method  string // http.MethodGet, ...
-	Pattern string // e.g. "/v1/packets/{packet_id}/open"; a {name} segment is the one parameter
+	Pattern string // e.g. "/v1/packets/{packet_id}/open"; {name} segments are parameters
 	Key     KeyKind
 	// UserInBody: the act_id the router's per-user limit counts is the body's
 	// "act_id" (grab, open). Routes with KeyActPath count the path's act_id,
@@ -75,7 +77,8 @@ type Route struct {
 	// cluster secret, never forwarded by the router (404 there).
 	Internal bool
 	// Scope is the API key scope a public route needs at the router
-	// (router/apikey.Scope: read, deposit, send, open); "" for the others.
+	// (router/apikey.Scope: read, deposit, send, open, identity); "" for the
+	// others.
 	Scope string
 	Port  Port
 	segs  []string // Pattern split at '/'; "" marks the parameter
@@ -86,7 +89,9 @@ func (r Route) Public() bool { return r.ID >= routeFirstPublic && r.ID < routePu
 
 // Params are the parameters a path carried, as sent (decoded, not validated).
 type Params struct {
-	// Key is the {act_id}, {packet_id} or {id} segment; "" for a route without one.
+	// Key is the {act_id}, {packet_id} or {id} segment; "" for a route
+	// without one. A route with two ({app}/{app_user_id}) has them joined by
+	// '/', which neither may hold (SplitIdentityKey).
 	Key string
 }
 
@@ -100,6 +105,8 @@ var routes = [RouteCount]Route{
 	RouteGrab:    {ID: RouteGrab, Method: http.MethodPost, Pattern: "/v1/packets/{packet_id}/grab", Key: KeyPacketPath, UserInBody: true, Label: "grab", Scope: "open"},
 	RouteOpen:    {ID: RouteOpen, Method: http.MethodPost, Pattern: "/v1/packets/{packet_id}/open", Key: KeyPacketPath, UserInBody: true, Label: "open", Scope: "open"},
 	RouteNoop:    {ID: RouteNoop, Method: http.MethodPost, Pattern: "/v1/noop/{act_id}", Key: KeyActPath, Label: "noop", Scope: "read"},
+	RouteIdentity: {ID: RouteIdentity, Method: http.MethodPut, Pattern: "/v1/identities/{app}/{app_user_id}", Key: KeyIdentityPath,
+		Label: "identity", Scope: "identity"},
 	RouteCredits: {ID: RouteCredits, Method: http.MethodPost, Pattern: CreditsPath, Label: "credits", Internal: true},
 	RouteRecon:   {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
 
@@ -142,6 +149,9 @@ func GrabPath(id string) string { return "/v1/packets/" + id + "/grab" }
 
 // OpenPath is POST /v1/packets/{packet_id}/open.
 func OpenPath(id string) string { return "/v1/packets/" + id + "/open" }
+
+// IdentityPath is PUT /v1/identities/{app}/{app_user_id}.
+func IdentityPath(app, appUserID string) string { return "/v1/identities/" + app + "/" + appUserID }
 
 // NoopPathOf is POST /v1/noop/{act_id} (NoopPath + act_id).
 func NoopPathOf(actID string) string { return NoopPath + actID }
@@ -246,11 +256,13 @@ func segsMatch(segs, parts []string, p *Params) bool {
 	if len(segs) != len(parts) {
 		return false
 	}
-	key := ""
+	key, params := "", 0
 	for i, s := range segs {
 		switch {
+		case s == "" && params == 0:
+			key, params = parts[i], 1
 		case s == "":
-			key = parts[i]
+			key, params = key+"/"+parts[i], params+1 // only a route of two parameters gets here
 		case s != parts[i]:
 			return false
 		}

@@ -33,6 +33,11 @@ func TestMatch(t *testing.T) {
 		{method: "POST", path: "/v1/noop/bob", route: RouteNoop, key: "bob"},
 		{method: "GET", path: "/v1/noop/bob", route: RouteNoop, key: "bob", err: model.ErrMethodNotAllowed},
 		{method: "POST", path: "/v1/accounts/a%2Fb/deposit", route: RouteDeposit, key: "a/b"},
+		{method: "PUT", path: "/v1/identities/chat/u1", route: RouteIdentity, key: "chat/u1"},
+		{method: "POST", path: "/v1/identities/chat/u1", route: RouteIdentity, key: "chat/u1", err: model.ErrMethodNotAllowed},
+		{method: "PUT", path: "/v1/identities/chat%2Fx/u1", route: RouteIdentity, key: "chat/x/u1"}, // SplitIdentityKey refuses it (400)
+		{method: "PUT", path: "/v1/identities/chat", route: RouteOther, err: model.ErrNotFound},
+		{method: "PUT", path: "/v1/identities/chat/u1/x", route: RouteOther, err: model.ErrNotFound},
 		{method: "POST", path: "/internal/credits", route: RouteCredits, publicErr: model.ErrNotFound},
 		{method: "POST", path: "/internal/recon", route: RouteRecon, publicErr: model.ErrNotFound},
 		{method: "GET", path: "/internal/recon", route: RouteRecon, err: model.ErrMethodNotAllowed, publicErr: model.ErrNotFound},
@@ -123,10 +128,10 @@ func TestMatchAdmin(t *testing.T) {
 
 // TestRouteTable: the properties the router and cells rely on.
 func TestRouteTable(t *testing.T) {
-	if got := Labels(RouteCredits); len(got) != 8 || got[0] != "other" {
+	if got := Labels(RouteCredits); len(got) != 9 || got[0] != "other" || got[8] != "identity" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 10 || got[8] != "credits" || got[9] != "recon" {
+	if got := Labels(RouteMetrics); len(got) != 11 || got[9] != "credits" || got[10] != "recon" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

@@ -54,6 +54,13 @@ type Config struct {
 	// GET /healthz. At least 16 bytes: without one a cell does not start.
 	ClusterSecret string
 
+	// IdentityKey keys the hashes that bind app accounts to actIDs
+	// (model.PhoneActID, model.AppAccountActID, model.PhoneHash): every cell
+	// of a cluster must have the same, and it must never change, or the same
+	// phone gets another actID. Empty: identity binding answers 501
+	// IDENTITY_DISABLED. Else at least model.IdentityKeyMin (16) bytes.
+	IdentityKey string
+
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
 	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it
@@ -207,6 +214,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.ClusterSecret) < 16 {
 		bad("ClusterSecret (cluster_secret) must be at least 16 bytes: every call to a cell must be signed with it")
+	}
+	if c.IdentityKey != "" && len(c.IdentityKey) < model.IdentityKeyMin {
+		bad("IdentityKey (identity_key) must be empty (identity binding off) or at least %d bytes", model.IdentityKeyMin)
 	}
 	if c.PacketExpiry < time.Second || c.PacketExpiry > 7*24*time.Hour {
 		bad("PacketExpiry must be 1s..168h, got %s", c.PacketExpiry)

@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"strconv"
@@ -98,6 +99,8 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		rc.SetStatusCode(http.StatusOK)
 		rc.SetContentType("application/json")
 		rc.SetBody(s.noopBody)
+	case api.RouteIdentity:
+		s.bindIdentity(ctx, rc, sp, key)
 	case api.RouteCredits:
 		s.credits(ctx, rc, sp)
 	case api.RouteRecon:
@@ -170,6 +173,43 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		return
 	}
 	s.answers.json(rc, http.StatusOK, d)
+}
+
+// bindIdentity answers PUT /v1/identities/{app}/{app_user_id} {"phone"?}: the
+// app account's actID, bound now or before (model.Bind). The phone is used
+// only to derive the actID and its keyed hash; no answer, error or log line
+// repeats it.
+func (s *Server) bindIdentity(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, key string) {
+	sh, app, appUserID, err := s.own.identity(key)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if s.cfg.IdentityKey == "" {
+		s.answers.err(rc, model.ErrIdentityDisabled)
+		return
+	}
+	var req api.IdentityRequest
+	if body := rc.PostBody(); len(bytes.TrimSpace(body)) > 0 {
+		if err := decodeStrict(body, &req); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+	}
+	phone := ""
+	if req.Phone != nil {
+		if phone, err = model.NormalizePhone(*req.Phone); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+	}
+	want := model.NewBinding([]byte(s.cfg.IdentityKey), app, appUserID, phone, s.clock.Now().UnixMilli())
+	b, repeat, err := sp.store.BindIdentity(ctx, sh, want)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, api.NewIdentityResponse(b, repeat))
 }
 
 func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {

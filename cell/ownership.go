@@ -43,6 +43,21 @@ func (o *ownership) account(actID string) (model.ShardID, error) {
 	return sh, nil
 }
 
+// identity splits and validates the app account of an identity path
+// ("{app}/{app_user_id}") and checks this cell owns its home shard
+// (sharding.ShardOfIdentity). Errors: ErrInvalidArgument, ErrWrongCell.
+func (o *ownership) identity(key string) (sh model.ShardID, app, appUserID string, err error) {
+	app, appUserID, err = api.SplitIdentityKey(key)
+	if err != nil {
+		return 0, "", "", err
+	}
+	sh = sharding.ShardOfIdentity(app, appUserID)
+	if !o.owns(sh) {
+		return 0, "", "", o.wrongCell(sh)
+	}
+	return sh, app, appUserID, nil
+}
+
 // packetRef parses a packet ID from the path and checks this cell owns its
 // shard. Errors: ErrInvalidArgument, ErrWrongCell.
 func (o *ownership) packetRef(id string) (model.PacketRef, error) {

@@ -113,6 +113,7 @@ func TestAPIKeysGuardEveryRoute(t *testing.T) {
 		{"POST", "/v1/packets/" + pktID + "/grab", `{"act_id":"bob"}`, "open"},
 		{"POST", "/v1/packets/" + pktID + "/open", `{"act_id":"bob"}`, "open"},
 		{"POST", "/v1/noop/bob", "", "read"},
+		{"PUT", "/v1/identities/chat/u1", `{"phone":"+8613800000001"}`, "identity"},
 	}
 	forged := testKey[:len(testKey)-2] + "xx"
 	if forged == testKey {

@@ -24,6 +24,7 @@ type fileConfig struct {
 	Memcached     []string      `yaml:"memcached"`
 	AdminToken    string        `yaml:"admin_token"`    // bearer token of the cells' admin ports; empty refuses all
 	ClusterSecret string        `yaml:"cluster_secret"` // HMAC key of every call to a cell (router, cells, bench direct), >= 16 bytes
+	IdentityKey   string        `yaml:"identity_key"`   // HMAC key of identity bindings (phone → actID); never changed; "" turns binding off
 	GossipSeeds   []string      `yaml:"gossip_seeds"`
 	Router        routerSection `yaml:"router"`
 	Cells         []cellEntry   `yaml:"cells"`
@@ -146,6 +147,7 @@ var envOverrides = []struct {
 	{"REDCELL_MEMCACHED", func(fc *fileConfig, v string) error { fc.Memcached = splitList(v); return nil }},
 	{"REDCELL_ADMIN_TOKEN", func(fc *fileConfig, v string) error { fc.AdminToken = v; return nil }},
 	{"REDCELL_CLUSTER_SECRET", func(fc *fileConfig, v string) error { fc.ClusterSecret = v; return nil }},
+	{"REDCELL_IDENTITY_KEY", func(fc *fileConfig, v string) error { fc.IdentityKey = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -242,7 +244,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		return c, "", fmt.Errorf("config: no cell named %q in cells", name)
 	}
 	c.Name, c.Listen, c.DSN = entry.Name, entry.Listen, entry.DSN
-	c.AdminListen, c.AdminToken, c.ClusterSecret = entry.AdminListen, fc.AdminToken, fc.ClusterSecret
+	c.AdminListen, c.AdminToken, c.ClusterSecret, c.IdentityKey = entry.AdminListen, fc.AdminToken, fc.ClusterSecret, fc.IdentityKey
 	r, err := sharding.ParseRanges(entry.Shards)
 	if err != nil {
 		return c, "", fmt.Errorf("config: cell %s: %w", name, err)

@@ -295,3 +295,42 @@ func TestGroupCommitConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentityKeyConfig: identity_key reaches every cell from the file, the
+// environment wins over it, a short one stops the cell, and none leaves
+// binding off.
+func TestIdentityKeyConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	t.Setenv("REDCELL_IDENTITY_KEY", "")
+	fc, err := loadConfig("../../deploy/local/redcell.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := fc.cellConfig("cell-1"); err != nil || c.IdentityKey != "" {
+		t.Errorf("the reference file (make run writes the key in): %q, %v", c.IdentityKey, err)
+	}
+	fc.IdentityKey = "file-identity-key-0123456789"
+	for _, name := range []string{"cell-1", "cell-2"} {
+		if c, _, err := fc.cellConfig(name); err != nil || c.IdentityKey != fc.IdentityKey {
+			t.Errorf("%s: identity key %q, %v", name, c.IdentityKey, err)
+		}
+	}
+	t.Setenv("REDCELL_IDENTITY_KEY", "env-identity-key-0123456789")
+	if fc, err = loadConfig("../../deploy/local/redcell.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := fc.cellConfig("cell-2"); err != nil || c.IdentityKey != "env-identity-key-0123456789" {
+		t.Errorf("REDCELL_IDENTITY_KEY: %q, %v", c.IdentityKey, err)
+	}
+	t.Setenv("REDCELL_IDENTITY_KEY", "short")
+	if fc, err = loadConfig("../../deploy/local/redcell.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := fc.cellConfig("cell-1")
+	if err == nil {
+		err = c.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), "IdentityKey") {
+		t.Errorf("a 5-byte identity key: %v", err)
+	}
+}

@@ -69,6 +69,12 @@ a0=$(free_port 9200); a1=$(free_port $((a0 + 1))); a2=$(free_port $((a1 + 1)))
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+# The identity key must outlive restarts (it maps phones to actIDs): made once
+# per state directory, kept in $VAR/identity-key (make clean forgets it).
+if [ -z "${REDCELL_IDENTITY_KEY:-}" ] && [ ! -s "$VAR/identity-key" ]; then
+  (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$VAR/identity-key")
+fi
+identity=${REDCELL_IDENTITY_KEY:-$(cat "$VAR/identity-key")}
 rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
@@ -87,6 +93,7 @@ done
 sed "${sedargs[@]}" \
     -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
+    -e "s/^identity_key: \"\"/identity_key: \"$identity\"/" \
     "$here/redcell.yaml" >"$cfg"
 
 # The callers' API keys live in $VAR/api-keys.yaml (router.api_keys, hashes

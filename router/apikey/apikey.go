@@ -30,10 +30,15 @@ const (
 	ScopeDeposit Scope = "deposit" // POST /v1/accounts/{act_id}/deposit
 	ScopeSend    Scope = "send"    // POST /v1/packets
 	ScopeOpen    Scope = "open"    // grab and open a packet
+	// ScopeIdentity binds app accounts to actIDs (PUT /v1/identities/...):
+	// for a trusted caller such as the account center, it binds users of any
+	// app, not only the key's own.
+	ScopeIdentity Scope = "identity"
 )
 
-// scopes lists every scope with its bit in a key's grant mask.
-var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen}
+// scopes lists every scope with its bit in a key's grant mask (new scopes go
+// last: a mask keeps its meaning).
+var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen, ScopeIdentity}
 
 // Scopes returns every scope, in a fixed order.
 func Scopes() []Scope { return append([]Scope(nil), scopes...) }
