@@ -139,7 +139,7 @@ func DefaultConfig() Config {
 		Memcached: []string{"127.0.0.1:21211"},
 
 		PacketExpiry:   24 * time.Hour, // WeChat's rule: unclaimed money returns after 24 h
-		OpenStrategy:   StrategyBatched,
+		OpenStrategy:   StrategyGrouped,
 		BatchMax:       128, // one fsync per 128 opens; bigger batches add little past this
 		BatchWait:      0,   // take what is queued now; the queue fills while a commit runs
 		QueueDepth:     8192,
