@@ -194,6 +194,34 @@ func NewIdentityResponse(b model.IdentityBinding, repeat bool) IdentityResponse 
 	return IdentityResponse{ActID: b.ActID, App: b.App, AppUserID: b.AppUserID, PhoneBound: b.PhoneHash != "", Repeat: repeat, CreatedMS: b.CreatedMS}
 }
 
+// ActivitiesResponse answers GET /admin/activities and POST
+// /admin/activities/reload on a cell's admin port: the reward activities the
+// cell has loaded (cell/activity), or Loaded false when it has none.
+type ActivitiesResponse struct {
+	Loaded   bool             `json:"loaded"`
+	Path     string           `json:"path,omitempty"`
+	Version  string           `json:"version,omitempty"` // the first 12 hex digits of the file's SHA-256
+	LoadedMS int64            `json:"loaded_at_ms,omitempty"`
+	Parents  []ActivityParent `json:"activities"`
+}
+
+// ActivityParent is one parent activity of an ActivitiesResponse.
+type ActivityParent struct {
+	ID       string          `json:"id"`
+	Name     string          `json:"name,omitempty"`
+	Children []ActivityChild `json:"children"`
+}
+
+// ActivityChild is one child activity: its stage, its window (RFC 3339, ""
+// for open) and its scenes' IDs.
+type ActivityChild struct {
+	ID     string   `json:"id"`
+	Stage  string   `json:"stage"`
+	Start  string   `json:"start,omitempty"`
+	End    string   `json:"end,omitempty"`
+	Scenes []string `json:"scenes"`
+}
+
 // CreditsRequest is the body of POST /internal/credits (cell to cell).
 type CreditsRequest struct {
 	Credits []model.Credit `json:"credits"`

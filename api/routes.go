@@ -27,19 +27,21 @@ const (
 	RouteCredits // POST /internal/credits, cell to cell
 	RouteRecon   // POST /internal/recon, cell to cell
 
-	RouteMetrics     // GET /metrics on an admin port, no token
-	RouteStrategyGet // GET /admin/strategy on a cell's admin port
-	RouteStrategyPut // PUT /admin/strategy on a cell's admin port
-	RouteDegradeGet  // GET /admin/degrade on a cell's admin port
-	RouteDegradePut  // PUT /admin/degrade on a cell's admin port
-	RouteAudit       // POST /admin/audit on a cell's admin port
-	RouteShards      // GET /admin/shards on a cell's admin port
-	RouteKeysList    // GET /admin/keys on the router's admin port
-	RouteKeysAdd     // POST /admin/keys on the router's admin port
-	RouteKeysRevoke  // DELETE /admin/keys/{id} on the router's admin port
-	RouteCount       // the number of RouteIDs, RouteOther included
-	routePublicEnd   = RouteCredits
-	routeFirstPublic = RouteAccount
+	RouteMetrics          // GET /metrics on an admin port, no token
+	RouteStrategyGet      // GET /admin/strategy on a cell's admin port
+	RouteStrategyPut      // PUT /admin/strategy on a cell's admin port
+	RouteDegradeGet       // GET /admin/degrade on a cell's admin port
+	RouteDegradePut       // PUT /admin/degrade on a cell's admin port
+	RouteAudit            // POST /admin/audit on a cell's admin port
+	RouteShards           // GET /admin/shards on a cell's admin port
+	RouteActivities       // GET /admin/activities on a cell's admin port
+	RouteActivitiesReload // POST /admin/activities/reload on a cell's admin port
+	RouteKeysList         // GET /admin/keys on the router's admin port
+	RouteKeysAdd          // POST /admin/keys on the router's admin port
+	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
+	RouteCount            // the number of RouteIDs, RouteOther included
+	routePublicEnd        = RouteCredits
+	routeFirstPublic      = RouteAccount
 )
 
 // KeyKind says where a route's routing key is: the value hashed to a shard.
@@ -117,9 +119,12 @@ var routes = [RouteCount]Route{
 	RouteDegradePut:  {ID: RouteDegradePut, Method: http.MethodPut, Pattern: "/admin/degrade", Label: "degrade", Port: PortCellAdmin},
 	RouteAudit:       {ID: RouteAudit, Method: http.MethodPost, Pattern: "/admin/audit", Label: "audit", Port: PortCellAdmin},
 	RouteShards:      {ID: RouteShards, Method: http.MethodGet, Pattern: "/admin/shards", Label: "shards", Port: PortCellAdmin},
-	RouteKeysList:    {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysAdd:     {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysRevoke:  {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
+	RouteActivities:  {ID: RouteActivities, Method: http.MethodGet, Pattern: "/admin/activities", Label: "activities", Port: PortCellAdmin},
+	RouteActivitiesReload: {ID: RouteActivitiesReload, Method: http.MethodPost, Pattern: "/admin/activities/reload", Label: "activities",
+		Port: PortCellAdmin},
+	RouteKeysList:   {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysAdd:    {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysRevoke: {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
 }
 
 // Paths of the routes without a parameter, and builders for the others. A

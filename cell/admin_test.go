@@ -86,7 +86,7 @@ func TestAdminRefuses(t *testing.T) {
 			}
 		}
 	}
-	if got := cellStrategy(t, closed); got != cell.StrategyBatched {
-		t.Fatalf("strategy %q on the cell without an admin token, want batched", got)
+	if got, want := cellStrategy(t, closed), cell.DefaultConfig().OpenStrategy; got != want {
+		t.Fatalf("strategy %q on the cell without an admin token, want the default %s", got, want)
 	}
 }

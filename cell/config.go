@@ -61,6 +61,11 @@ type Config struct {
 	// IDENTITY_DISABLED. Else at least model.IdentityKeyMin (16) bytes.
 	IdentityKey string
 
+	// Activities is the reward activities' YAML file (cell/activity),
+	// loaded at start (an invalid file stops the cell) and again on POST
+	// /admin/activities/reload; empty: none.
+	Activities string
+
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
 	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it

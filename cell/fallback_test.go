@@ -20,6 +20,7 @@ func TestMemcachedDownAndBack(t *testing.T) {
 	c := oneCell(t, func(cfg *cell.Config) {
 		cfg.Memcached = []string{proxy.Addr()}
 		cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken
+		cfg.OpenStrategy = cell.StrategyBatched // every batch takes the memcached slot (grouped skips it for a lone open)
 	})
 	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	pre := testenv.Prefix()

@@ -138,6 +138,8 @@ type Server struct {
 	// groups commits the work of many keys of one lane together (strategy
 	// grouped; cell/groupcommit).
 	groups *groupcommit.Committer
+
+	acts *activities // the reward activities (Config.Activities)
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -208,8 +210,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+	s.acts = &activities{path: cfg.Activities, clock: clk}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -250,8 +253,12 @@ func (s *Server) Listen() (net.Listener, error) {
 // taking requests and let in-flight ones finish, drain the open queues and the
 // commit lanes, deliver what the relay holds. Background work (schema
 // warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
-// serves.
+// serves. It first loads Config.Activities; an invalid file is its error.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if err := s.acts.load(); err != nil {
+		ln.Close()
+		return fmt.Errorf("cell: %w", err)
+	}
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run}

@@ -1,6 +1,6 @@
 // Package admin is a cell's admin port: the open strategy, the degrade
 // switches, the audit of the cell's own books, the shard map as the cell sees
-// it, and GET /metrics. It is built from those parts (each behind the narrow
+// it, the reward activities (read and reload), and GET /metrics. It is built from those parts (each behind the narrow
 // interface it needs), never from the cell's server; it shares no port with
 // the public API and trusts only its bearer token.
 package admin
@@ -53,6 +53,14 @@ type Auditor interface {
 	TryAudit(ctx context.Context, space string) (api.AuditResponse, error)
 }
 
+// Activities reads and reloads the reward activities (cell/activity).
+type Activities interface {
+	Activities() api.ActivitiesResponse
+	// ReloadActivities errors: ErrInvalidArgument (the file is invalid;
+	// the loaded tree stays), ErrNotFound (no file configured).
+	ReloadActivities() (api.ActivitiesResponse, error)
+}
+
 // Peers is the cluster's shard map as this cell sees it (sharding/membership.Node).
 type Peers interface {
 	Map() *sharding.Map
@@ -69,8 +77,10 @@ type Config struct {
 	Strategy Strategy
 	Switches Switches
 	Auditor  Auditor
-	Metrics  fasthttp.RequestHandler // GET /metrics
-	Log      *slog.Logger
+	// Activities may be nil: the activity routes answer NOT_FOUND.
+	Activities Activities
+	Metrics    fasthttp.RequestHandler // GET /metrics
+	Log        *slog.Logger
 }
 
 // Server is the admin port.
@@ -170,6 +180,22 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		s.writeJSON(rc, rep)
 	case api.RouteShards:
 		s.writeJSON(rc, s.shardMap())
+	case api.RouteActivities, api.RouteActivitiesReload:
+		if s.cfg.Activities == nil {
+			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no reward activities"))
+			return
+		}
+		if rt.ID == api.RouteActivities {
+			s.writeJSON(rc, s.cfg.Activities.Activities())
+			return
+		}
+		a, err := s.cfg.Activities.ReloadActivities()
+		if err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
+		s.writeJSON(rc, a)
 	default: // a route of the table this port does not serve
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
 	}

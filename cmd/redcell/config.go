@@ -74,6 +74,7 @@ type cellEntry struct {
 }
 
 type cellSection struct {
+	Activities     string        `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
 	PacketExpiry   time.Duration `yaml:"packet_expiry"`
 	OpenStrategy   string        `yaml:"open_strategy"`
 	BatchMax       int           `yaml:"batch_max"`
@@ -148,6 +149,7 @@ var envOverrides = []struct {
 	{"REDCELL_ADMIN_TOKEN", func(fc *fileConfig, v string) error { fc.AdminToken = v; return nil }},
 	{"REDCELL_CLUSTER_SECRET", func(fc *fileConfig, v string) error { fc.ClusterSecret = v; return nil }},
 	{"REDCELL_IDENTITY_KEY", func(fc *fileConfig, v string) error { fc.IdentityKey = v; return nil }},
+	{"REDCELL_ACTIVITIES", func(fc *fileConfig, v string) error { fc.Cell.Activities = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -254,6 +256,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.Memcached = fc.Memcached
 	}
 	s := fc.Cell
+	c.Activities = fc.path(s.Activities)
 	setDur(&c.PacketExpiry, s.PacketExpiry)
 	if s.OpenStrategy != "" {
 		c.OpenStrategy = s.OpenStrategy

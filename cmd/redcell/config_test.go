@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"redcell/cell"
+	"redcell/cell/activity"
 	"redcell/router"
 )
 
@@ -100,7 +101,16 @@ func TestReferenceConfig(t *testing.T) {
 		t.Errorf("router limits in the reference file: %+v, user %+v", rc.RateLimits, rc.UserRate)
 	}
 	for _, name := range []string{"cell-1", "cell-2"} {
-		if _, _, err := fc.cellConfig(name); err != nil {
+		c, _, err := fc.cellConfig(name)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		// cell.activities is relative to the config file: beside it, the
+		// demo activities make run copies there.
+		if want := filepath.Join("../../deploy/local", "activities.yaml"); c.Activities != want {
+			t.Errorf("%s: activities %q, want %q", name, c.Activities, want)
+		} else if _, err := activity.Load(c.Activities, time.Now()); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

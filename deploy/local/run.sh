@@ -79,6 +79,9 @@ rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 
 cfg="$VAR/redcell.yaml"
+# The reward activities: the operator edits var/activities.yaml and reloads it
+# on the cells' admin ports; a later run keeps those edits.
+if [ ! -f "$VAR/activities.yaml" ]; then cp "$here/activities.yaml" "$VAR/activities.yaml"; fi
 # Each default address becomes a token first, then its port: a port moved to
 # the next one up is never moved again by the next default's substitution.
 moves=(23061 "$db1" 23062 "$db2" 21211 "$mc" 7946 "$g0" 7947 "$g1" 7948 "$g2"

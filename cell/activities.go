@@ -1,0 +1,72 @@
+package cell
+
+import (
+	"time"
+
+	"redcell/api"
+	"redcell/cell/activity"
+	"redcell/internal/clock"
+	"redcell/model"
+)
+
+// activities is the cell's reward activities (Config.Activities): loaded when
+// the cell starts serving, reloaded on the admin port (admin.Activities).
+type activities struct {
+	path   string // "" none
+	clock  clock.Clock
+	holder activity.Holder
+}
+
+// load reads the file at start; an invalid file stops the cell.
+func (a *activities) load() error {
+	if a.path == "" {
+		return nil
+	}
+	_, err := a.holder.Reload(a.path, a.clock.Now())
+	return err
+}
+
+// Activities implements admin.Activities.
+func (a *activities) Activities() api.ActivitiesResponse { return describe(a.holder.Tree()) }
+
+// ReloadActivities implements admin.Activities: an invalid file is
+// INVALID_ARGUMENT with every problem, and the loaded tree stays.
+func (a *activities) ReloadActivities() (api.ActivitiesResponse, error) {
+	if a.path == "" {
+		return api.ActivitiesResponse{}, model.Errorf(model.ErrNotFound, "no activities file is configured (cell.activities)")
+	}
+	t, err := a.holder.Reload(a.path, a.clock.Now())
+	if err != nil {
+		return api.ActivitiesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded activities stay)", err)
+	}
+	return describe(t), nil
+}
+
+// describe is the admin port's view of a tree (nil: none loaded).
+func describe(t *activity.Tree) api.ActivitiesResponse {
+	out := api.ActivitiesResponse{Parents: []api.ActivityParent{}}
+	if t == nil {
+		return out
+	}
+	out.Loaded, out.Path, out.Version, out.LoadedMS = true, t.Path, t.Version, t.Loaded.UnixMilli()
+	for _, p := range t.Parents() {
+		ap := api.ActivityParent{ID: p.ID, Name: p.Name, Children: []api.ActivityChild{}}
+		for _, c := range p.Children {
+			ac := api.ActivityChild{ID: c.ID, Stage: string(c.Stage), Scenes: []string{}}
+			if c.Start != nil {
+				ac.Start = c.Start.UTC().Format(time.RFC3339)
+			}
+			if c.End != nil {
+				ac.End = c.End.UTC().Format(time.RFC3339)
+			}
+			for _, r := range c.Rewards {
+				for _, sc := range r.Scenes {
+					ac.Scenes = append(ac.Scenes, sc.ID)
+				}
+			}
+			ap.Children = append(ap.Children, ac)
+		}
+		out.Parents = append(out.Parents, ap)
+	}
+	return out
+}

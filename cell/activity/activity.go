@@ -1,0 +1,397 @@
+// Package activity is the reward activities' configuration: a tree the
+// operator edits as YAML, as Douyin's Spring Festival reward wallet was set
+// up. A parent activity (what upstream always names) has child activities,
+// each with a time window and a stage (test, gray, official); the child of a
+// request is the one whose window holds the request's time, so upstream
+// never names a stage. A child has rewards; a reward has scenes; a scene says
+// what it pays (award type and amount rule), how much in all (budget in
+// cents, or stock in count), how fast (rate limit), whether booking is
+// retried (compensate), whether stock is controlled, and which account it
+// pays into.
+//
+// Load parses and validates a file; a Tree is immutable once loaded, so a
+// reload swaps the whole tree (Holder) and a request uses one tree from start
+// to end. Every ID that goes into a reward's order number
+// ({actID}_{scene}_{rain}_{award_type}_{stage}) — scene, award type, stage —
+// is 1..32 characters of [A-Za-z0-9-], never '_', so the number parses from
+// the right; activity and reward IDs follow the same rule.
+package activity
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Stage is the stage of a child activity. Data of each stage is kept apart
+// end to end: issuance, display and use.
+type Stage string
+
+// The stages, in the order an activity goes through them.
+const (
+	StageTest     Stage = "test"     // internal test
+	StageGray     Stage = "gray"     // gray rehearsal
+	StageOfficial Stage = "official" // the night itself: the only stage whose money can be withdrawn
+)
+
+// Stages lists every stage, in order.
+var Stages = []Stage{StageTest, StageGray, StageOfficial}
+
+// AwardCash is the award type of cash rewards (cents, paid into the wallet);
+// any other award type is a coupon kind, recorded as an asset with its
+// template ID.
+const AwardCash = "cash"
+
+// IDMax bounds every ID of the tree.
+const IDMax = 32
+
+// File is the YAML file.
+type File struct {
+	Activities []Parent `yaml:"activities"`
+}
+
+// Parent is a parent activity: upstream names it; the request time picks the
+// child.
+type Parent struct {
+	ID       string  `yaml:"id"`
+	Name     string  `yaml:"name"`
+	Children []Child `yaml:"children"`
+}
+
+// Child is one stage of a parent activity over a time window [Start, End)
+// (RFC 3339; an absent Start is the beginning of time, an absent End never
+// ends).
+type Child struct {
+	ID      string     `yaml:"id"`
+	Stage   Stage      `yaml:"stage"`
+	Start   *time.Time `yaml:"start"`
+	End     *time.Time `yaml:"end"`
+	Rewards []Reward   `yaml:"rewards"`
+}
+
+// Reward groups scenes (one prize of the activity: the rain's cash, a card
+// draw, ...).
+type Reward struct {
+	ID     string  `yaml:"id"`
+	Scenes []Scene `yaml:"scenes"`
+}
+
+// Scene is where a reward is issued: its rule.
+type Scene struct {
+	ID string `yaml:"id"`
+	// AwardType is AwardCash or a coupon kind ("coupon", "card", ...).
+	AwardType string `yaml:"award_type"`
+	// TemplateID names the coupon template of a coupon-kind scene (unused
+	// for cash).
+	TemplateID string `yaml:"template_id"`
+	// Amount is the rule the caller's amount must follow: cents for cash,
+	// pieces for coupon kinds.
+	Amount AmountRule `yaml:"amount"`
+	// Budget is the cash a scene may issue in all, cents (cash scenes).
+	Budget int64 `yaml:"budget"`
+	// Stock is the pieces a coupon-kind scene may issue in all.
+	Stock int64 `yaml:"stock"`
+	// RateLimit bounds the scene's issues per second.
+	RateLimit Rate `yaml:"rate_limit"`
+	// Compensate: a booking that fails is retried until it is booked.
+	Compensate bool `yaml:"compensate"`
+	// ControlStock: issuing draws down Budget or Stock and stops short of
+	// it; false issues without a cap (a scene the operator caps elsewhere).
+	ControlStock bool `yaml:"control_stock"`
+	// PayInto is the account the scene pays into: "wallet" (the person's
+	// wallet of the child's stage), the only one so far.
+	PayInto string `yaml:"pay_into"`
+}
+
+// AmountRule bounds the amount of one issue, inclusive.
+type AmountRule struct {
+	Min int64 `yaml:"min"`
+	Max int64 `yaml:"max"`
+}
+
+// Rate is a token bucket: PerSec sustained, Burst back to back.
+type Rate struct {
+	PerSec int `yaml:"per_sec"`
+	Burst  int `yaml:"burst"`
+}
+
+// PayIntoWallet is the one account a scene pays into so far.
+const PayIntoWallet = "wallet"
+
+// Tree is a loaded, valid configuration. Safe for concurrent use: never
+// changed after Load.
+type Tree struct {
+	parents map[string]*Parent
+	order   []string  // parent IDs, as in the file
+	Version string    // the first 12 hex digits of the file's SHA-256
+	Loaded  time.Time // when it was loaded
+	Path    string    // the file it came from
+}
+
+// Load reads, parses and validates the file at path (Parse).
+func Load(path string, now time.Time) (*Tree, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("activity: %w", err)
+	}
+	t, err := Parse(b, now)
+	if err != nil {
+		return nil, fmt.Errorf("activity: %s: %w", path, err)
+	}
+	t.Path = path
+	return t, nil
+}
+
+// Parse decodes a file (unknown keys refused) and validates it. The error
+// lists every problem found (Problems), each with its place in the tree.
+func Parse(b []byte, now time.Time) (*Tree, error) {
+	var f File
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("not a valid activities file: %w", err)
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	t := &Tree{parents: map[string]*Parent{}, Version: hex.EncodeToString(sum[:])[:12], Loaded: now}
+	for i := range f.Activities {
+		p := &f.Activities[i]
+		t.parents[p.ID] = p
+		t.order = append(t.order, p.ID)
+	}
+	return t, nil
+}
+
+// Problems is every problem Validate found, each "where: what".
+type Problems []string
+
+func (p Problems) Error() string {
+	return "invalid configuration: " + strings.Join(p, "; ")
+}
+
+// Validate checks the whole tree and returns Problems, or nil.
+func (f *File) Validate() error {
+	var ps Problems
+	bad := func(where, format string, args ...any) { ps = append(ps, where+": "+fmt.Sprintf(format, args...)) }
+	if len(f.Activities) == 0 {
+		bad("activities", "no activity")
+	}
+	parents, children := map[string]string{}, map[string]string{}
+	for i, p := range f.Activities {
+		pw := fmt.Sprintf("activities[%d]", i)
+		if err := ValidateID(p.ID); err != nil {
+			bad(pw+".id", "%v", err)
+		} else if other, dup := parents[p.ID]; dup {
+			bad(pw+".id", "%q is also %s", p.ID, other)
+		} else {
+			parents[p.ID] = pw
+		}
+		if len(p.Children) == 0 {
+			bad(pw, "no child activity")
+		}
+		for j, c := range p.Children {
+			cw := fmt.Sprintf("%s.children[%d]", pw, j)
+			validateChild(c, cw, children, bad)
+			for k := range j {
+				if o := p.Children[k]; overlap(c, o) {
+					bad(cw, "its window %s overlaps that of children[%d] (%s): a request's time must pick one child", window(c), k, window(o))
+				}
+			}
+		}
+	}
+	if len(ps) > 0 {
+		return ps
+	}
+	return nil
+}
+
+func validateChild(c Child, cw string, seen map[string]string, bad func(where, format string, args ...any)) {
+	if err := ValidateID(c.ID); err != nil {
+		bad(cw+".id", "%v", err)
+	} else if other, dup := seen[c.ID]; dup {
+		bad(cw+".id", "%q is also %s", c.ID, other)
+	} else {
+		seen[c.ID] = cw
+	}
+	if !slices.Contains(Stages, c.Stage) {
+		bad(cw+".stage", "unknown stage %q (test, gray, official)", c.Stage)
+	}
+	if c.Start != nil && c.End != nil && !c.End.After(*c.Start) {
+		bad(cw, "end %s is not after start %s", c.End.Format(time.RFC3339), c.Start.Format(time.RFC3339))
+	}
+	if len(c.Rewards) == 0 {
+		bad(cw, "no reward")
+	}
+	rewards, scenes := map[string]bool{}, map[string]string{}
+	for k, r := range c.Rewards {
+		rw := fmt.Sprintf("%s.rewards[%d]", cw, k)
+		if err := ValidateID(r.ID); err != nil {
+			bad(rw+".id", "%v", err)
+		} else if rewards[r.ID] {
+			bad(rw+".id", "%q twice in %s", r.ID, cw)
+		}
+		rewards[r.ID] = true
+		if len(r.Scenes) == 0 {
+			bad(rw, "no scene")
+		}
+		for l, s := range r.Scenes {
+			sw := fmt.Sprintf("%s.scenes[%d]", rw, l)
+			if err := ValidateID(s.ID); err != nil {
+				bad(sw+".id", "%v", err)
+			} else if other, dup := scenes[s.ID]; dup {
+				bad(sw+".id", "%q is also %s: a request names its scene within the child", s.ID, other)
+			} else {
+				scenes[s.ID] = sw
+			}
+			validateScene(s, sw, bad)
+		}
+	}
+}
+
+func validateScene(s Scene, sw string, bad func(where, format string, args ...any)) {
+	if err := ValidateID(s.AwardType); err != nil {
+		bad(sw+".award_type", "%v", err)
+	}
+	if s.Amount.Min < 1 || s.Amount.Max < s.Amount.Min {
+		bad(sw+".amount", "min %d and max %d: want 1 <= min <= max", s.Amount.Min, s.Amount.Max)
+	}
+	if s.AwardType == AwardCash {
+		if s.Budget < 1 {
+			bad(sw+".budget", "a cash scene needs a budget in cents >= 1, got %d", s.Budget)
+		}
+		if s.Stock != 0 || s.TemplateID != "" {
+			bad(sw, "a cash scene has a budget, not a stock or a template_id")
+		}
+		if s.Budget >= 1 && s.Amount.Max > s.Budget {
+			bad(sw+".amount", "max %d is above the budget %d", s.Amount.Max, s.Budget)
+		}
+	} else if s.AwardType != "" {
+		if s.Stock < 1 {
+			bad(sw+".stock", "a %s scene needs a stock >= 1, got %d", s.AwardType, s.Stock)
+		}
+		if s.Budget != 0 {
+			bad(sw, "a %s scene has a stock, not a budget", s.AwardType)
+		}
+		if err := ValidateID(s.TemplateID); err != nil {
+			bad(sw+".template_id", "a %s scene names its coupon template: %v", s.AwardType, err)
+		}
+	}
+	if s.RateLimit.PerSec < 1 || s.RateLimit.Burst < 1 {
+		bad(sw+".rate_limit", "per_sec and burst must be >= 1, got %+v", s.RateLimit)
+	}
+	if s.PayInto != PayIntoWallet {
+		bad(sw+".pay_into", "unknown account %q (wallet)", s.PayInto)
+	}
+}
+
+// ValidateID checks an ID of the tree: 1..IDMax characters of [A-Za-z0-9-]
+// (no '_': order numbers are joined with it).
+func ValidateID(s string) error {
+	if len(s) == 0 || len(s) > IDMax {
+		return fmt.Errorf("must be 1..%d characters, got %d", IDMax, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("%q may hold only ASCII letters, digits and '-'", s)
+		}
+	}
+	return nil
+}
+
+// overlap reports whether two children's windows share an instant.
+func overlap(a, b Child) bool {
+	// [aS, aE) and [bS, bE) overlap when aS < bE and bS < aE; nil is open.
+	before := func(x, y *time.Time) bool { return x == nil || y == nil || x.Before(*y) }
+	return before(a.Start, b.End) && before(b.Start, a.End)
+}
+
+func window(c Child) string {
+	s, e := "-∞", "+∞"
+	if c.Start != nil {
+		s = c.Start.UTC().Format(time.RFC3339)
+	}
+	if c.End != nil {
+		e = c.End.UTC().Format(time.RFC3339)
+	}
+	return "[" + s + ", " + e + ")"
+}
+
+// Errors of Resolve.
+var (
+	ErrUnknownActivity = errors.New("activity: unknown parent activity")
+	ErrNoChild         = errors.New("activity: no child activity at this time")
+	ErrUnknownScene    = errors.New("activity: unknown scene")
+)
+
+// Active is what a request resolves to: the parent, the child its time picked
+// (and so the stage), the reward and the scene.
+type Active struct {
+	Parent *Parent
+	Child  *Child
+	Reward *Reward
+	Scene  *Scene
+}
+
+// Resolve finds the child of parent whose window holds at, and in it scene.
+// Errors: ErrUnknownActivity, ErrNoChild (before the first window, after
+// the last, or between two), ErrUnknownScene.
+func (t *Tree) Resolve(parent, scene string, at time.Time) (Active, error) {
+	p := t.parents[parent]
+	if p == nil {
+		return Active{}, fmt.Errorf("%w %q", ErrUnknownActivity, parent)
+	}
+	for i := range p.Children {
+		c := &p.Children[i]
+		if c.Start != nil && at.Before(*c.Start) || c.End != nil && !at.Before(*c.End) {
+			continue
+		}
+		for j := range c.Rewards {
+			r := &c.Rewards[j]
+			for k := range r.Scenes {
+				if r.Scenes[k].ID == scene {
+					return Active{Parent: p, Child: c, Reward: r, Scene: &r.Scenes[k]}, nil
+				}
+			}
+		}
+		return Active{Parent: p, Child: c}, fmt.Errorf("%w %q in %s (%s)", ErrUnknownScene, scene, c.ID, c.Stage)
+	}
+	return Active{}, fmt.Errorf("%w: %s has none at %s", ErrNoChild, parent, at.UTC().Format(time.RFC3339))
+}
+
+// Parents returns the parent activities, in the file's order.
+func (t *Tree) Parents() []*Parent {
+	out := make([]*Parent, 0, len(t.order))
+	for _, id := range t.order {
+		out = append(out, t.parents[id])
+	}
+	return out
+}
+
+// Holder holds the current tree; a reload swaps it whole. Safe for
+// concurrent use; the zero value holds none.
+type Holder struct{ p atomic.Pointer[Tree] }
+
+// Tree returns the current tree, nil when none is loaded.
+func (h *Holder) Tree() *Tree { return h.p.Load() }
+
+// Reload loads path and, only when it is valid, makes it the current tree;
+// an invalid file leaves the current one in place and returns why.
+func (h *Holder) Reload(path string, now time.Time) (*Tree, error) {
+	t, err := Load(path, now)
+	if err != nil {
+		return nil, err
+	}
+	h.p.Store(t)
+	return t, nil
+}
