@@ -9,20 +9,22 @@ import (
 	"redcell/model"
 )
 
-// activities is the cell's reward activities (Config.Activities): loaded when
-// the cell starts serving, reloaded on the admin port (admin.Activities).
+// activities is the cell's reward activities (Config.Activities): loaded by
+// New (an invalid file stops the cell before it joins the cluster), reloaded
+// on the admin port (admin.Activities). No scene issues yet, so a reload
+// checks no issued counters (activity.Issued nil).
 type activities struct {
 	path   string // "" none
 	clock  clock.Clock
 	holder activity.Holder
 }
 
-// load reads the file at start; an invalid file stops the cell.
+// load reads the file when the cell is built; an invalid file stops it.
 func (a *activities) load() error {
 	if a.path == "" {
 		return nil
 	}
-	_, err := a.holder.Reload(a.path, a.clock.Now())
+	_, err := a.holder.Reload(a.path, a.clock.Now(), nil)
 	return err
 }
 
@@ -35,7 +37,7 @@ func (a *activities) ReloadActivities() (api.ActivitiesResponse, error) {
 	if a.path == "" {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrNotFound, "no activities file is configured (cell.activities)")
 	}
-	t, err := a.holder.Reload(a.path, a.clock.Now())
+	t, err := a.holder.Reload(a.path, a.clock.Now(), nil)
 	if err != nil {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded activities stay)", err)
 	}

@@ -1,7 +1,6 @@
 package cell_test
 
 import (
-	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -75,8 +74,8 @@ func TestActivitiesReload(t *testing.T) {
 	}
 }
 
-// TestActivitiesInvalidAtStart: a cell whose activities file is invalid does
-// not start serving: Serve answers why.
+// TestActivitiesInvalidAtStart: a cell whose activities file is invalid is
+// not built (so it never joins the cluster): New answers why.
 func TestActivitiesInvalidAtStart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "activities.yaml")
 	if err := os.WriteFile(path, []byte("activities: []\n"), 0o644); err != nil {
@@ -91,18 +90,9 @@ func TestActivitiesInvalidAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	mc := guard.NewMemcache(admission.NewClient([]string{"127.0.0.1:1"}), mcBreak) // never reached: Serve stops first
-	srv, err := cell.New(cfg, cell.Stores{Real: memstore.New(nil), Shadow: memstore.New(nil)}, admission.NewSlots(mc, cfg.TxPerPacket, log),
+	_, err = cell.New(cfg, cell.Stores{Real: memstore.New(nil), Shadow: memstore.New(nil)}, admission.NewSlots(mc, cfg.TxPerPacket, log),
 		admission.NewCache(mc, log), nil, reg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := srv.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Serve(ctx, ln); err == nil || !strings.Contains(err.Error(), "no activity") {
-		t.Fatalf("Serve with an invalid activities file: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "activities: no activity") {
+		t.Fatalf("a cell with an invalid activities file: %v", err)
 	}
 }

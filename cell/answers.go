@@ -43,6 +43,9 @@ func (a answers) err(rc *fasthttp.RequestCtx, err error) {
 		err = model.ErrTimeout
 	}
 	switch {
+	case errors.Is(err, model.ErrIdentityDisabled):
+		// A feature the cluster's config leaves off (501), not a failure of
+		// the cell: no incident, no log line per request.
 	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown),
 		errors.Is(err, model.ErrDBUnavailable):
 		// Load shedding is the system working as designed; it is counted, and a

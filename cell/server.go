@@ -148,7 +148,8 @@ type stats struct {
 	opensInFlight            atomic.Int64 // opens taken and not answered yet (the relay's load probe)
 }
 
-// New wires a cell. It does no I/O. The cell's metrics are registered with reg,
+// New wires a cell. It does no I/O but reading Config.Activities (an invalid
+// file is its error). The cell's metrics are registered with reg,
 // which GET /metrics on the admin port serves; reg belongs to this cell (one per
 // process, never prometheus.DefaultRegisterer, so tests can run many cells).
 // Time is read from cfg.Clock (nil: the system clock).
@@ -211,6 +212,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
 	s.acts = &activities{path: cfg.Activities, clock: clk}
+	if err := s.acts.load(); err != nil { // a local file: the one read New does, so a bad one stops the cell before it joins
+		return nil, fmt.Errorf("cell: %w", err)
+	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
@@ -253,12 +257,8 @@ func (s *Server) Listen() (net.Listener, error) {
 // taking requests and let in-flight ones finish, drain the open queues and the
 // commit lanes, deliver what the relay holds. Background work (schema
 // warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
-// serves. It first loads Config.Activities; an invalid file is its error.
+// serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	if err := s.acts.load(); err != nil {
-		ln.Close()
-		return fmt.Errorf("cell: %w", err)
-	}
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run}

@@ -21,10 +21,10 @@ func (m *MySQL) identityDDL(s model.ShardID) []string {
 	return []string{
 		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
 		`CREATE TABLE IF NOT EXISTS ` + m.identityTable(s) + ` (
-  app         VARCHAR(64) NOT NULL,
-  app_user_id VARCHAR(64) NOT NULL,
-  act_id      VARCHAR(64) NOT NULL,
-  phone_hash  CHAR(64) NOT NULL DEFAULT '',
+  app         VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  app_user_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  act_id      VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  phone_hash  CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
   created_ms  BIGINT NOT NULL,
   PRIMARY KEY (app, app_user_id)
 ) ENGINE=InnoDB`,
@@ -51,14 +51,20 @@ func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.Id
 	} else if n == 1 {
 		return model.Bind(nil, want)
 	}
-	have := model.IdentityBinding{App: want.App, AppUserID: want.AppUserID}
-	err = m.db.QueryRowContext(ctx, "SELECT act_id, phone_hash, created_ms FROM "+m.identityTable(s)+
-		" WHERE app = ? AND app_user_id = ?", want.App, want.AppUserID).Scan(&have.ActID, &have.PhoneHash, &have.CreatedMS)
+	var have model.IdentityBinding
+	err = m.db.QueryRowContext(ctx, "SELECT app, app_user_id, act_id, phone_hash, created_ms FROM "+m.identityTable(s)+
+		" WHERE app = ? AND app_user_id = ?", want.App, want.AppUserID).Scan(&have.App, &have.AppUserID, &have.ActID, &have.PhoneHash, &have.CreatedMS)
 	if err == sql.ErrNoRows { // not possible: rows are never deleted
 		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: the row of %s/%s is gone", want.App, want.AppUserID)
 	}
 	if err != nil {
 		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %w", err)
+	}
+	// The keys compare byte for byte (ascii_bin): the row is this account's,
+	// never another's that a case-blind collation would have matched.
+	if have.App != want.App || have.AppUserID != want.AppUserID {
+		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %s/%s found the row of %s/%s (the table's collation ignores case)",
+			want.App, want.AppUserID, have.App, have.AppUserID)
 	}
 	return model.Bind(&have, want)
 }

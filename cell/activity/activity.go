@@ -23,17 +23,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// Stage is the stage of a child activity. Data of each stage is kept apart
-// end to end: issuance, display and use.
+// Stage is the stage of a child activity. The reward paths to come key their
+// data by it (the stage is the last part of a reward's order number), so
+// that each stage's issuance, display and use stay apart.
 type Stage string
 
 // The stages, in the order an activity goes through them.
@@ -67,15 +70,19 @@ type Parent struct {
 	Children []Child `yaml:"children"`
 }
 
-// Child is one stage of a parent activity over a time window [Start, End)
-// (RFC 3339; an absent Start is the beginning of time, an absent End never
-// ends).
+// Child is one stage of a parent activity over a time window [Start, End).
+// In the file both are RFC 3339 strings with an explicit offset
+// ("2027-01-31T20:00:00+08:00"): a date or a time without a zone is refused,
+// never read as UTC. An absent start is the beginning of time, an absent end
+// never comes.
 type Child struct {
-	ID      string     `yaml:"id"`
-	Stage   Stage      `yaml:"stage"`
-	Start   *time.Time `yaml:"start"`
-	End     *time.Time `yaml:"end"`
-	Rewards []Reward   `yaml:"rewards"`
+	ID       string   `yaml:"id"`
+	Stage    Stage    `yaml:"stage"`
+	StartRaw string   `yaml:"start"`
+	EndRaw   string   `yaml:"end"`
+	Rewards  []Reward `yaml:"rewards"`
+
+	Start, End *time.Time `yaml:"-"` // parsed from StartRaw and EndRaw by Validate
 }
 
 // Reward groups scenes (one prize of the activity: the rain's cash, a card
@@ -128,7 +135,7 @@ type Rate struct {
 const PayIntoWallet = "wallet"
 
 // Tree is a loaded, valid configuration. Safe for concurrent use: never
-// changed after Load.
+// changed after Parse.
 type Tree struct {
 	parents map[string]*Parent
 	order   []string  // parent IDs, as in the file
@@ -157,8 +164,14 @@ func Parse(b []byte, now time.Time) (*Tree, error) {
 	var f File
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+		return nil, errors.New("the file is empty")
+	} else if err != nil {
 		return nil, fmt.Errorf("not a valid activities file: %w", err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("the file holds more than one YAML document: one tree per file")
 	}
 	if err := f.Validate(); err != nil {
 		return nil, err
@@ -187,7 +200,13 @@ func (f *File) Validate() error {
 	if len(f.Activities) == 0 {
 		bad("activities", "no activity")
 	}
-	parents, children := map[string]string{}, map[string]string{}
+	parents, children, scenes := map[string]string{}, map[string]string{}, map[string]string{}
+	for i := range f.Activities {
+		p := &f.Activities[i]
+		for j := range p.Children {
+			parseWindow(&p.Children[j], fmt.Sprintf("activities[%d].children[%d]", i, j), bad)
+		}
+	}
 	for i, p := range f.Activities {
 		pw := fmt.Sprintf("activities[%d]", i)
 		if err := ValidateID(p.ID); err != nil {
@@ -202,7 +221,7 @@ func (f *File) Validate() error {
 		}
 		for j, c := range p.Children {
 			cw := fmt.Sprintf("%s.children[%d]", pw, j)
-			validateChild(c, cw, children, bad)
+			validateChild(c, cw, children, scenes, bad)
 			for k := range j {
 				if o := p.Children[k]; overlap(c, o) {
 					bad(cw, "its window %s overlaps that of children[%d] (%s): a request's time must pick one child", window(c), k, window(o))
@@ -216,7 +235,28 @@ func (f *File) Validate() error {
 	return nil
 }
 
-func validateChild(c Child, cw string, seen map[string]string, bad func(where, format string, args ...any)) {
+// parseWindow reads a child's start and end (RFC 3339 with an offset).
+func parseWindow(c *Child, cw string, bad func(where, format string, args ...any)) {
+	for _, e := range []struct {
+		raw, name string
+		into      **time.Time
+	}{{c.StartRaw, "start", &c.Start}, {c.EndRaw, "end", &c.End}} {
+		if e.raw == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339, e.raw)
+		if err != nil {
+			bad(cw+"."+e.name, "%q is no RFC 3339 time with a zone (e.g. 2027-01-31T20:00:00+08:00)", e.raw)
+			continue
+		}
+		*e.into = &v
+	}
+}
+
+// validateChild checks one child; seen holds the child IDs so far, scenes the
+// scene IDs so far by stage (a reward's order number names the scene and the
+// stage, not the activity: a scene ID is one scene per stage in the file).
+func validateChild(c Child, cw string, seen, scenes map[string]string, bad func(where, format string, args ...any)) {
 	if err := ValidateID(c.ID); err != nil {
 		bad(cw+".id", "%v", err)
 	} else if other, dup := seen[c.ID]; dup {
@@ -233,7 +273,7 @@ func validateChild(c Child, cw string, seen map[string]string, bad func(where, f
 	if len(c.Rewards) == 0 {
 		bad(cw, "no reward")
 	}
-	rewards, scenes := map[string]bool{}, map[string]string{}
+	rewards := map[string]bool{}
 	for k, r := range c.Rewards {
 		rw := fmt.Sprintf("%s.rewards[%d]", cw, k)
 		if err := ValidateID(r.ID); err != nil {
@@ -249,10 +289,10 @@ func validateChild(c Child, cw string, seen map[string]string, bad func(where, f
 			sw := fmt.Sprintf("%s.scenes[%d]", rw, l)
 			if err := ValidateID(s.ID); err != nil {
 				bad(sw+".id", "%v", err)
-			} else if other, dup := scenes[s.ID]; dup {
-				bad(sw+".id", "%q is also %s: a request names its scene within the child", s.ID, other)
+			} else if other, dup := scenes[string(c.Stage)+"/"+s.ID]; dup {
+				bad(sw+".id", "%q is also %s in stage %s: a reward's order number names the scene and the stage only", s.ID, other, c.Stage)
 			} else {
-				scenes[s.ID] = sw
+				scenes[string(c.Stage)+"/"+s.ID] = sw
 			}
 			validateScene(s, sw, bad)
 		}
@@ -282,6 +322,9 @@ func validateScene(s Scene, sw string, bad func(where, format string, args ...an
 		}
 		if s.Budget != 0 {
 			bad(sw, "a %s scene has a stock, not a budget", s.AwardType)
+		}
+		if s.Stock >= 1 && s.Amount.Max > s.Stock {
+			bad(sw+".amount", "max %d is above the stock %d", s.Amount.Max, s.Stock)
 		}
 		if err := ValidateID(s.TemplateID); err != nil {
 			bad(sw+".template_id", "a %s scene names its coupon template: %v", s.AwardType, err)
@@ -378,19 +421,60 @@ func (t *Tree) Parents() []*Parent {
 	return out
 }
 
+// Issued tells how much a scene has issued so far (cents for cash, pieces for
+// coupon kinds), for a reload's check that no budget or stock falls below it.
+type Issued func(parent, child, scene string) int64
+
+// CheckIssued refuses a tree in which a scene's budget or stock is below what
+// it has issued already (issued: the running counters; nil checks nothing).
+func (t *Tree) CheckIssued(issued Issued) error {
+	if issued == nil {
+		return nil
+	}
+	var ps Problems
+	for _, p := range t.Parents() {
+		for _, c := range p.Children {
+			for _, r := range c.Rewards {
+				for _, s := range r.Scenes {
+					limit, what := s.Budget, "budget"
+					if s.AwardType != AwardCash {
+						limit, what = s.Stock, "stock"
+					}
+					if n := issued(p.ID, c.ID, s.ID); s.ControlStock && n > limit {
+						ps = append(ps, fmt.Sprintf("%s/%s/%s: %s %d is below the %d already issued", p.ID, c.ID, s.ID, what, limit, n))
+					}
+				}
+			}
+		}
+	}
+	if len(ps) > 0 {
+		return ps
+	}
+	return nil
+}
+
 // Holder holds the current tree; a reload swaps it whole. Safe for
 // concurrent use; the zero value holds none.
-type Holder struct{ p atomic.Pointer[Tree] }
+type Holder struct {
+	mu sync.Mutex // one reload at a time: a slower reload never stores an older file over a newer one
+	p  atomic.Pointer[Tree]
+}
 
 // Tree returns the current tree, nil when none is loaded.
 func (h *Holder) Tree() *Tree { return h.p.Load() }
 
-// Reload loads path and, only when it is valid, makes it the current tree;
-// an invalid file leaves the current one in place and returns why.
-func (h *Holder) Reload(path string, now time.Time) (*Tree, error) {
+// Reload loads path and, only when it is valid and passes CheckIssued(issued),
+// makes it the current tree; otherwise the current one stays, and the error
+// says why.
+func (h *Holder) Reload(path string, now time.Time, issued Issued) (*Tree, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	t, err := Load(path, now)
 	if err != nil {
 		return nil, err
+	}
+	if err := t.CheckIssued(issued); err != nil {
+		return nil, fmt.Errorf("activity: %s: %w", path, err)
 	}
 	h.p.Store(t)
 	return t, nil

@@ -125,6 +125,13 @@ func TestValidate(t *testing.T) {
 		{"child ID twice", file(child("c1", "test", ", end: 2027-01-10T00:00:00Z", scene) + child("c1", "official", ", start: 2027-01-10T00:00:00Z", scene)), `children[1].id: "c1" is also`},
 		{"unknown key", file(child("c1", "official", "", strings.Replace(scene, "pay_into", "payinto", 1))), "field payinto not found"},
 		{"no activity", "activities: []\n", "activities: no activity"},
+		{"a date without a zone", file(child("c1", "test", ", start: 2027-01-10", scene)), `children[0].start: "2027-01-10" is no RFC 3339 time with a zone`},
+		{"a time without a zone", file(child("c1", "test", ", end: \"2027-01-10 20:00:00\"", scene)), `children[0].end: "2027-01-10 20:00:00" is no RFC 3339`},
+		{"a scene twice in one stage", "activities:\n  - id: a\n    children:\n" + child("a1", "official", "", scene) +
+			"  - id: b\n    children:\n" + child("b1", "official", "", scene), `activities[1].children[0].rewards[0].scenes[0].id: "rain" is also activities[0]`},
+		{"coupon amount above its stock", file(child("c1", "official", "", strings.Replace(strings.Replace(scene, "cash", "coupon", 1), "budget: 1000", "template_id: t1, stock: 5", 1))), "max 10 is above the stock 5"},
+		{"an empty file", "", "the file is empty"},
+		{"two documents", file(child("c1", "official", "", scene)) + "---\nactivities: []\n", "more than one YAML document"},
 		{"no child", "activities:\n  - id: fest\n    children: []\n", "activities[0]: no child activity"},
 	}
 	for _, c := range cases {
@@ -138,6 +145,67 @@ func TestValidate(t *testing.T) {
 	var ps Problems
 	if !errors.As(err, &ps) || len(ps) != 3 {
 		t.Errorf("three problems: %v", err)
+	}
+}
+
+// Windows carry their zone: a child from 20:00 Beijing time starts at 12:00
+// UTC. The same scene ID may recur in another stage.
+func TestWindowZonesAndStages(t *testing.T) {
+	f := strings.NewReplacer("2027-01-31T20:00:00Z", "2027-01-31T20:00:00+08:00", "2027-02-01T02:00:00Z", "2027-02-01T02:00:00+08:00",
+		"end: 2027-01-31T20:00:00Z", "end: 2027-01-31T12:00:00Z").Replace(stagedFile)
+	tr, err := Parse([]byte(f), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for at, want := range map[time.Time]Stage{
+		time.Date(2027, 1, 31, 11, 59, 59, 0, time.UTC): StageGray,
+		time.Date(2027, 1, 31, 12, 0, 0, 0, time.UTC):   StageOfficial,
+		time.Date(2027, 1, 31, 17, 59, 59, 0, time.UTC): StageOfficial,
+	} {
+		if a, err := tr.Resolve("fest", "rain", at); err != nil || a.Child.Stage != want {
+			t.Errorf("at %v: %+v, %v; want %s", at, a.Child, err, want)
+		}
+	}
+	if _, err := tr.Resolve("fest", "rain", time.Date(2027, 1, 31, 18, 0, 0, 0, time.UTC)); !errors.Is(err, ErrNoChild) {
+		t.Errorf("after the official window: %v", err)
+	}
+}
+
+// A reload refuses a scene whose budget or stock falls below what it has
+// issued already, and keeps the loaded tree.
+func TestReloadBelowIssued(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "activities.yaml")
+	if err := os.WriteFile(path, []byte(stagedFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var h Holder
+	first, err := h.Reload(path, now, func(string, string, string) int64 { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fest-gray's budget is 2000 cents; 2500 issued already.
+	issued := func(p, c, s string) int64 {
+		if p == "fest" && c == "fest-gray" && s == "rain" {
+			return 2500
+		}
+		return 0
+	}
+	if _, err := h.Reload(path, now, issued); err != nil {
+		t.Errorf("control_stock is off in the file: the budget is not a cap, so nothing to refuse: %v", err)
+	}
+	kept := h.Tree()
+	if kept == first {
+		t.Error("the second reload did not swap the tree")
+	}
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(stagedFile, "pay_into: wallet", "pay_into: wallet, control_stock: true")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Reload(path, now, issued)
+	if err == nil || !strings.Contains(err.Error(), "fest/fest-gray/rain: budget 2000 is below the 2500 already issued") {
+		t.Errorf("a budget below what was issued: %v", err)
+	}
+	if h.Tree() != kept {
+		t.Error("the refused reload replaced the loaded tree")
 	}
 }
 
@@ -155,16 +223,16 @@ func TestHolderReload(t *testing.T) {
 		t.Fatal("a zero Holder holds a tree")
 	}
 	write(stagedFile)
-	first, err := h.Reload(path, now)
+	first, err := h.Reload(path, now, nil)
 	if err != nil || h.Tree() != first {
 		t.Fatalf("first load: %v", err)
 	}
 	write(strings.Replace(stagedFile, "stage: gray", "stage: grey", 1))
-	if _, err := h.Reload(path, now); err == nil || !strings.Contains(err.Error(), `unknown stage "grey"`) || h.Tree() != first {
+	if _, err := h.Reload(path, now, nil); err == nil || !strings.Contains(err.Error(), `unknown stage "grey"`) || h.Tree() != first {
 		t.Errorf("an invalid file: %v; the tree must stay", err)
 	}
 	write(strings.Replace(stagedFile, "max: 888", "max: 666", 1))
-	second, err := h.Reload(path, now.Add(time.Minute))
+	second, err := h.Reload(path, now.Add(time.Minute), nil)
 	if err != nil || h.Tree() != second || second.Version == first.Version {
 		t.Fatalf("second load: %v (versions %s, %s)", err, first.Version, second.Version)
 	}
@@ -173,7 +241,7 @@ func TestHolderReload(t *testing.T) {
 		t.Errorf("after the reload: %+v, %v", a.Scene, err)
 	}
 	os.Remove(path)
-	if _, err := h.Reload(path, now); err == nil || h.Tree() != second {
+	if _, err := h.Reload(path, now, nil); err == nil || h.Tree() != second {
 		t.Errorf("a missing file: %v; the tree must stay", err)
 	}
 }

@@ -191,6 +191,7 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		}
 		a, err := s.cfg.Activities.ReloadActivities()
 		if err != nil {
+			s.cfg.Log.Warn("activities reload refused; the loaded ones stay", "err", err)
 			s.writeErr(rc, err)
 			return
 		}

@@ -15,7 +15,9 @@ import (
 
 const apikeyUsage = `usage: redcell apikey <add|list|revoke> [flags]
 
-  add     make a key:  redcell apikey add --keys FILE --app NAME --scopes read,deposit,send,open|all [--out FILE]
+  add     make a key:  redcell apikey add --keys FILE --app NAME --scopes read,deposit,send,open,identity|all [--out FILE]
+          (identity binds users of any app to act_ids: for a trusted caller such
+          as the account center; all includes it)
   list    the entries: redcell apikey list --keys FILE [--json]
   revoke  refuse one:  redcell apikey revoke --keys FILE --id ID
 

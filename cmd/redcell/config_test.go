@@ -319,9 +319,19 @@ func TestIdentityKeyConfig(t *testing.T) {
 	if c, _, err := fc.cellConfig("cell-1"); err != nil || c.IdentityKey != "" {
 		t.Errorf("the reference file (make run writes the key in): %q, %v", c.IdentityKey, err)
 	}
-	fc.IdentityKey = "file-identity-key-0123456789"
+	ref, err := os.ReadFile("../../deploy/local/redcell.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "redcell.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(string(ref), `identity_key: ""`, `identity_key: "file-identity-key-0123456789"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fc, err = loadConfig(path); err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{"cell-1", "cell-2"} {
-		if c, _, err := fc.cellConfig(name); err != nil || c.IdentityKey != fc.IdentityKey {
+		if c, _, err := fc.cellConfig(name); err != nil || c.IdentityKey != "file-identity-key-0123456789" {
 			t.Errorf("%s: identity key %q, %v", name, c.IdentityKey, err)
 		}
 	}

@@ -70,11 +70,22 @@ a0=$(free_port 9200); a1=$(free_port $((a0 + 1))); a2=$(free_port $((a1 + 1)))
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 # The identity key must outlive restarts (it maps phones to actIDs): made once
-# per state directory, kept in $VAR/identity-key (make clean forgets it).
-if [ -z "${REDCELL_IDENTITY_KEY:-}" ] && [ ! -s "$VAR/identity-key" ]; then
-  (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$VAR/identity-key")
+# per state directory, or taken from REDCELL_IDENTITY_KEY the first time, and
+# kept in $VAR/identity-key (make clean forgets it). A later
+# REDCELL_IDENTITY_KEY that differs is refused: it would give every phone
+# another act_id.
+if [ ! -s "$VAR/identity-key" ]; then
+  (umask 077 && printf %s "${REDCELL_IDENTITY_KEY:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}" >"$VAR/identity-key")
 fi
-identity=${REDCELL_IDENTITY_KEY:-$(cat "$VAR/identity-key")}
+identity=$(cat "$VAR/identity-key")
+if [ -n "${REDCELL_IDENTITY_KEY:-}" ] && [ "$REDCELL_IDENTITY_KEY" != "$identity" ]; then
+  echo "REDCELL_IDENTITY_KEY differs from the key this state directory binds with ($VAR/identity-key); refusing to start" >&2
+  exit 1
+fi
+if ! [[ "$identity" =~ ^[A-Za-z0-9_-]{16,}$ ]]; then
+  echo "the identity key ($VAR/identity-key or REDCELL_IDENTITY_KEY) must be 16 or more of [A-Za-z0-9_-]" >&2
+  exit 1
+fi
 rport=${REDCELL_ROUTER_PORT:-8080}
 if ! port_free "$rport"; then echo "port $rport is taken; set REDCELL_ROUTER_PORT" >&2; exit 1; fi
 

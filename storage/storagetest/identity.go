@@ -20,8 +20,8 @@ var identityKey = []byte("contract-identity-key-0123456789")
 // A first binding is stored and answered as new; the same phone again, or no
 // phone, answers it as a repeat (its first time); another phone, or a phone
 // for an account bound without one, is IDENTITY_CONFLICT and changes
-// nothing; the same app user ID on another app, or on the same app in
-// another shard's table, is another account; no money moves.
+// nothing; the same app user ID on another app, or one that differs only in
+// case, is another account; no money moves.
 func contractIdentityBinding(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	now := f.nowMS()
@@ -60,9 +60,16 @@ func contractIdentityBinding(t *testing.T, newStore func(t *testing.T) Harness) 
 	if got, repeat, err := bind(sA, "chat", "u2", "", now+5); err != nil || !repeat || got != bare {
 		t.Errorf("without a phone again: %+v, repeat %v, %v; want %+v", got, repeat, err, bare)
 	}
-	// The same user ID on another app is another account.
+	// The same user ID on another app is another account, and so is a user
+	// ID that differs only in case (app and user IDs compare byte for byte).
 	if got, repeat, err := bind(sA, "shop", "u2", "", now); err != nil || repeat || got.ActID == bare.ActID {
 		t.Errorf("u2 of another app: %+v, repeat %v, %v; want a new actID", got, repeat, err)
+	}
+	if got, repeat, err := bind(sA, "chat", "U2", "", now); err != nil || repeat || got.ActID == bare.ActID || got.AppUserID != "U2" {
+		t.Errorf("U2 beside u2: %+v, repeat %v, %v; want an account of its own", got, repeat, err)
+	}
+	if got, repeat, err := bind(sA, "Chat", "u1", "+8613800000009", now); err != nil || repeat || got.ActID == want.ActID {
+		t.Errorf("u1 of app Chat beside chat: %+v, repeat %v, %v; want an account of its own", got, repeat, err)
 	}
 	f.check(books{})
 }
@@ -82,11 +89,7 @@ func contractIdentityConcurrentFirst(t *testing.T, newStore func(t *testing.T) H
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			phone := "+4915100000001"
-			if i%2 == 1 {
-				phone = fmt.Sprintf("+491510000010%d", i)
-			}
-			b, repeat, err := f.s.BindIdentity(f.ctx, sC, model.NewBinding(identityKey, "chat", "race", phone, f.nowMS()))
+			b, repeat, err := f.s.BindIdentity(f.ctx, sC, model.NewBinding(identityKey, "chat", "race", phoneOf(i), f.nowMS()))
 			answers[i] = answer{b, repeat, err}
 		})
 	}
@@ -108,6 +111,23 @@ func contractIdentityConcurrentFirst(t *testing.T, newStore func(t *testing.T) H
 		if a.err == nil && a.b.ActID != holds {
 			t.Errorf("binding %d answers %s, the stored one is %s", i, a.b.ActID, holds)
 		}
+		// A loser with the stored phone is a repeat of it; with another, a conflict.
+		samePhone := model.NewBinding(identityKey, "chat", "race", phoneOf(i), 0).ActID == holds
+		if a.err == nil && !a.repeat && a.b.ActID == holds {
+			continue // the one stored
+		}
+		if samePhone && (a.err != nil || !a.repeat) || !samePhone && !errors.Is(a.err, model.ErrIdentityConflict) {
+			t.Errorf("binding %d (same phone as the stored one: %v): repeat %v, %v", i, samePhone, a.repeat, a.err)
+		}
 	}
 	f.check(books{})
+}
+
+// phoneOf is the phone binding i of the concurrent test asks for: one phone
+// for the even ones, one each for the odd.
+func phoneOf(i int) string {
+	if i%2 == 1 {
+		return fmt.Sprintf("+491510000010%d", i)
+	}
+	return "+4915100000001"
 }
