@@ -1,11 +1,9 @@
 package cell_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"redcell/api"
@@ -17,31 +15,13 @@ import (
 
 const testIdentityKey = "test-identity-key-0123456789"
 
-// lockedBuffer is a log destination tests read while the cell writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestBindIdentity drives PUT /v1/identities/{app}/{app_user_id} on a cell
 // with the real store: the same phone on two apps is one actID, a repeat
 // answers the first binding, another phone is IDENTITY_CONFLICT, an account
 // without a phone gets an actID of its own, bad input is refused — and the
 // phone is in no row and no log line, only its keyed hash.
 func TestBindIdentity(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	c := startCellLog(t, "cell-i", "0-999", 1, nil, func(cfg *cell.Config) { cfg.IdentityKey = testIdentityKey },
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
