@@ -163,6 +163,10 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
 	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
+	s.acts = &activities{path: cfg.Activities, clock: clk}
+	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
+		return nil, fmt.Errorf("cell: %w", err)
+	}
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -211,10 +215,6 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
-	s.acts = &activities{path: cfg.Activities, clock: clk}
-	if err := s.acts.load(); err != nil { // a local file: the one read New does, so a bad one stops the cell before it joins
-		return nil, fmt.Errorf("cell: %w", err)
-	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
