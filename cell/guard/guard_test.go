@@ -323,6 +323,9 @@ func (f *fakeMemcache) Add(*memcache.Item) error            { return f.result() 
 func (f *fakeMemcache) Set(*memcache.Item) error            { return f.result() }
 func (f *fakeMemcache) CompareAndSwap(*memcache.Item) error { return f.result() }
 func (f *fakeMemcache) Close() error                        { return nil }
+func (f *fakeMemcache) Increment(string, uint64) (uint64, error) {
+	return 0, f.result()
+}
 
 // TestMemcacheBreaker: misses and CAS conflicts never trip it; a memcached that
 // times out does, after which the transaction slots use their in-process

@@ -22,6 +22,7 @@ var ErrOpen = errors.New("guard: memcached circuit breaker is open")
 // usable (*memcache.Client's Close does exactly that).
 type Pool interface {
 	admission.Memcache
+	Increment(key string, delta uint64) (uint64, error)
 	Close() error
 }
 
@@ -105,6 +106,16 @@ func (m *Memcache) Add(item *memcache.Item) error {
 // Set implements admission.Memcache.
 func (m *Memcache) Set(item *memcache.Item) error {
 	return m.call(func() error { return m.mc.Set(item) })
+}
+
+// Increment adds delta to the number stored at key and answers the new value
+// (memcached's incr; a missing key is memcache.ErrCacheMiss, an answer). A
+// retry on a fresh connection after a dead one (see deadConn) could add
+// twice only if memcached applied the command and its connection then
+// broke before the answer: callers use it for approximate counters.
+func (m *Memcache) Increment(key string, delta uint64) (n uint64, err error) {
+	err = m.call(func() (err error) { n, err = m.mc.Increment(key, delta); return err })
+	return n, err
 }
 
 // CompareAndSwap implements admission.Memcache.
