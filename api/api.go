@@ -258,6 +258,12 @@ var status = map[string]int{
 	model.ErrOrderConflict.Code:        http.StatusConflict,
 	model.ErrIdentityConflict.Code:     http.StatusConflict,
 	model.ErrIdentityDisabled.Code:     http.StatusNotImplemented,
+	model.ErrBudgetExhausted.Code:      http.StatusConflict,
+	model.ErrSceneRateLimited.Code:     http.StatusTooManyRequests,
+	model.ErrNoActiveStage.Code:        http.StatusConflict,
+	model.ErrWithdrawNotReleased.Code:  http.StatusForbidden,
+	model.ErrTokenRefused.Code:         http.StatusUnprocessableEntity,
+	model.ErrDegraded.Code:             http.StatusServiceUnavailable,
 	model.ErrWrongCell.Code:            http.StatusMisdirectedRequest,
 	model.ErrCellUnavailable.Code:      http.StatusServiceUnavailable,
 	model.ErrOverloaded.Code:           http.StatusServiceUnavailable,
@@ -277,15 +283,17 @@ var status = map[string]int{
 
 // retryable codes: the same request may succeed later.
 var retryable = map[string]bool{
-	model.ErrCellUnavailable.Code: true,
-	model.ErrOverloaded.Code:      true,
-	model.ErrTimeout.Code:         true,
-	model.ErrShuttingDown.Code:    true,
-	model.ErrRateLimited.Code:     true,
-	model.ErrUserRateLimited.Code: true,
-	model.ErrCellRateLimited.Code: true,
-	model.ErrDBUnavailable.Code:   true,
-	model.ErrInternal.Code:        true,
+	model.ErrCellUnavailable.Code:  true,
+	model.ErrOverloaded.Code:       true,
+	model.ErrTimeout.Code:          true,
+	model.ErrShuttingDown.Code:     true,
+	model.ErrRateLimited.Code:      true,
+	model.ErrUserRateLimited.Code:  true,
+	model.ErrCellRateLimited.Code:  true,
+	model.ErrSceneRateLimited.Code: true,
+	model.ErrDegraded.Code:         true,
+	model.ErrDBUnavailable.Code:    true,
+	model.ErrInternal.Code:         true,
 }
 
 // Status returns the HTTP status for an error code (500 for unknown codes).

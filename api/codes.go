@@ -87,7 +87,8 @@ var sentinels = func() map[string]*model.Error {
 	m := map[string]*model.Error{}
 	for _, e := range []*model.Error{model.ErrInvalidArgument, model.ErrNotFound, model.ErrSoldOut, model.ErrExpired,
 		model.ErrInsufficientBalance, model.ErrOrderConflict, model.ErrIdentityConflict, model.ErrIdentityDisabled,
-		model.ErrWrongCell, model.ErrCellUnavailable,
+		model.ErrBudgetExhausted, model.ErrSceneRateLimited, model.ErrNoActiveStage, model.ErrWithdrawNotReleased,
+		model.ErrTokenRefused, model.ErrDegraded, model.ErrWrongCell, model.ErrCellUnavailable,
 		model.ErrOverloaded, model.ErrTimeout, model.ErrBodyTooLarge, model.ErrMethodNotAllowed, model.ErrShuttingDown,
 		model.ErrUnauthenticated, model.ErrPermissionDenied, model.ErrUnsupportedMediaType, model.ErrRateLimited,
 		model.ErrUserRateLimited, model.ErrCellRateLimited, model.ErrDBUnavailable, model.ErrInternal} {

@@ -38,6 +38,17 @@ func Locate(rt Route, pathKey string, body []byte) (shard model.ShardID, user st
 			return 0, "", err
 		}
 		return ref.Shard, "", nil
+	case KeyActBody:
+		act, err := ActIDOf(body)
+		if err != nil {
+			return 0, "", err
+		}
+		return sharding.ShardOfAct(act), act, nil
+	case KeyActivityPath:
+		if err := model.ValidateActID(pathKey); err != nil {
+			return 0, "", model.Invalidf("parent_activity_id must be 1..64 of [A-Za-z0-9_-]")
+		}
+		return sharding.ShardOfAct(pathKey), "", nil
 	case KeyIdentityPath:
 		app, user, err := SplitIdentityKey(pathKey)
 		if err != nil {
@@ -71,6 +82,28 @@ func SenderOf(body []byte) (string, error) {
 		return "", model.Invalidf("sender: %s", msg)
 	}
 	return b.Sender, nil
+}
+
+// ActIDOf reads and validates the "act_id" of a JSON body (a reward issue)
+// without decoding the rest. Errors: model.ErrInvalidArgument.
+func ActIDOf(body []byte) (string, error) {
+	var b struct {
+		ActID string `json:"act_id"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te) && te.Field == "act_id":
+			return "", model.Invalidf("act_id must be a string")
+		case errors.As(err, &te):
+			return "", model.Invalidf("the body must be a JSON object")
+		}
+		return "", model.Invalidf("malformed JSON body")
+	}
+	if err := model.ValidateActID(b.ActID); err != nil {
+		return "", err
+	}
+	return b.ActID, nil
 }
 
 // SplitIdentityKey splits the key of an identity route ("{app}/{app_user_id}",

@@ -24,8 +24,17 @@ const (
 	RouteOpen
 	RouteNoop
 	RouteIdentity
-	RouteCredits // POST /internal/credits, cell to cell
-	RouteRecon   // POST /internal/recon, cell to cell
+	RouteReward       // POST /v1/rewards: issue a reward
+	RouteRewards      // GET /v1/accounts/{act_id}/rewards: a person's rewards
+	RouteWallet       // GET /v1/accounts/{act_id}/wallet: balance, pending, cumulative income by stage
+	RouteFlow         // GET /v1/accounts/{act_id}/flow: the wallet's flow, newest first
+	RouteWithdraw     // POST /v1/accounts/{act_id}/withdraw
+	RouteTokens       // POST /v1/accounts/{act_id}/tokens: the client's copies of reward tokens
+	RouteIssued       // GET /v1/activities/{parent_activity_id}/issued: issued so far, from in-process counters
+	RouteCredits      // POST /internal/credits, cell to cell
+	RouteRecon        // POST /internal/recon, cell to cell
+	RouteBudgetLease  // POST /internal/budget/lease, cell to the scene's home cell
+	RouteBudgetReturn // POST /internal/budget/return, cell to the scene's home cell
 
 	RouteMetrics          // GET /metrics on an admin port, no token
 	RouteStrategyGet      // GET /admin/strategy on a cell's admin port
@@ -36,6 +45,8 @@ const (
 	RouteShards           // GET /admin/shards on a cell's admin port
 	RouteActivities       // GET /admin/activities on a cell's admin port
 	RouteActivitiesReload // POST /admin/activities/reload on a cell's admin port
+	RouteWithdrawGet      // GET /admin/withdraw on a cell's admin port: the withdrawal release
+	RouteWithdrawPut      // PUT /admin/withdraw on a cell's admin port
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
@@ -53,6 +64,8 @@ const (
 	KeySenderBody                  // the "sender" field of the JSON body (send)
 	KeyPacketPath                  // the packet ID in the path ({packet_id}); its shard is in the ID
 	KeyIdentityPath                // the app account of the path ({app}/{app_user_id}), hashed like an act_id
+	KeyActBody                     // the "act_id" field of the JSON body (reward issue)
+	KeyActivityPath                // the parent activity ID of the path, hashed like an act_id (any cell answers)
 )
 
 // Port is the listener a route is served on.
@@ -109,8 +122,18 @@ var routes = [RouteCount]Route{
 	RouteNoop:    {ID: RouteNoop, Method: http.MethodPost, Pattern: "/v1/noop/{act_id}", Key: KeyActPath, Label: "noop", Scope: "read"},
 	RouteIdentity: {ID: RouteIdentity, Method: http.MethodPut, Pattern: "/v1/identities/{app}/{app_user_id}", Key: KeyIdentityPath,
 		Label: "identity", Scope: "identity"},
-	RouteCredits: {ID: RouteCredits, Method: http.MethodPost, Pattern: CreditsPath, Label: "credits", Internal: true},
-	RouteRecon:   {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
+	RouteReward:   {ID: RouteReward, Method: http.MethodPost, Pattern: RewardsPath, Key: KeyActBody, UserInBody: true, Label: "reward", Scope: "reward"},
+	RouteRewards:  {ID: RouteRewards, Method: http.MethodGet, Pattern: "/v1/accounts/{act_id}/rewards", Key: KeyActPath, Label: "rewards", Scope: "read"},
+	RouteWallet:   {ID: RouteWallet, Method: http.MethodGet, Pattern: "/v1/accounts/{act_id}/wallet", Key: KeyActPath, Label: "wallet", Scope: "read"},
+	RouteFlow:     {ID: RouteFlow, Method: http.MethodGet, Pattern: "/v1/accounts/{act_id}/flow", Key: KeyActPath, Label: "flow", Scope: "read"},
+	RouteWithdraw: {ID: RouteWithdraw, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/withdraw", Key: KeyActPath, Label: "withdraw", Scope: "withdraw"},
+	RouteTokens:   {ID: RouteTokens, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/tokens", Key: KeyActPath, Label: "tokens", Scope: "reward"},
+	RouteIssued: {ID: RouteIssued, Method: http.MethodGet, Pattern: "/v1/activities/{parent_activity_id}/issued", Key: KeyActivityPath,
+		Label: "issued", Scope: "read"},
+	RouteCredits:      {ID: RouteCredits, Method: http.MethodPost, Pattern: CreditsPath, Label: "credits", Internal: true},
+	RouteRecon:        {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
+	RouteBudgetLease:  {ID: RouteBudgetLease, Method: http.MethodPost, Pattern: BudgetLeasePath, Label: "budget_lease", Internal: true},
+	RouteBudgetReturn: {ID: RouteBudgetReturn, Method: http.MethodPost, Pattern: BudgetReturnPath, Label: "budget_return", Internal: true},
 
 	RouteMetrics:     {ID: RouteMetrics, Method: http.MethodGet, Pattern: "/metrics", Label: "metrics", Port: PortCellAdmin},
 	RouteStrategyGet: {ID: RouteStrategyGet, Method: http.MethodGet, Pattern: "/admin/strategy", Label: "strategy", Port: PortCellAdmin},
@@ -122,9 +145,11 @@ var routes = [RouteCount]Route{
 	RouteActivities:  {ID: RouteActivities, Method: http.MethodGet, Pattern: "/admin/activities", Label: "activities", Port: PortCellAdmin},
 	RouteActivitiesReload: {ID: RouteActivitiesReload, Method: http.MethodPost, Pattern: "/admin/activities/reload", Label: "activities",
 		Port: PortCellAdmin},
-	RouteKeysList:   {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysAdd:    {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysRevoke: {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
+	RouteWithdrawGet: {ID: RouteWithdrawGet, Method: http.MethodGet, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
+	RouteWithdrawPut: {ID: RouteWithdrawPut, Method: http.MethodPut, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
+	RouteKeysList:    {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysAdd:     {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysRevoke:  {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
 }
 
 // Paths of the routes without a parameter, and builders for the others. A
@@ -134,10 +159,13 @@ var routes = [RouteCount]Route{
 // HealthPath (GET) is no entry of the table: the router and every cell answer
 // it before matching, without an API key or a signature.
 const (
-	HealthPath  = "/healthz"
-	SendPath    = "/v1/packets"
-	CreditsPath = "/internal/credits"
-	ReconPath   = "/internal/recon"
+	HealthPath       = "/healthz"
+	SendPath         = "/v1/packets"
+	CreditsPath      = "/internal/credits"
+	ReconPath        = "/internal/recon"
+	RewardsPath      = "/v1/rewards"
+	BudgetLeasePath  = "/internal/budget/lease"
+	BudgetReturnPath = "/internal/budget/return"
 )
 
 // AccountPath is GET /v1/accounts/{act_id}.
@@ -157,6 +185,13 @@ func OpenPath(id string) string { return "/v1/packets/" + id + "/open" }
 
 // IdentityPath is PUT /v1/identities/{app}/{app_user_id}.
 func IdentityPath(app, appUserID string) string { return "/v1/identities/" + app + "/" + appUserID }
+
+// AccountSubPath is /v1/accounts/{act_id}/{sub}: sub is rewards, wallet,
+// flow, withdraw or tokens.
+func AccountSubPath(actID, sub string) string { return "/v1/accounts/" + actID + "/" + sub }
+
+// IssuedPath is GET /v1/activities/{parent_activity_id}/issued.
+func IssuedPath(parent string) string { return "/v1/activities/" + parent + "/issued" }
 
 // NoopPathOf is POST /v1/noop/{act_id} (NoopPath + act_id).
 func NoopPathOf(actID string) string { return NoopPath + actID }

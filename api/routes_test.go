@@ -128,10 +128,10 @@ func TestMatchAdmin(t *testing.T) {
 
 // TestRouteTable: the properties the router and cells rely on.
 func TestRouteTable(t *testing.T) {
-	if got := Labels(RouteCredits); len(got) != 9 || got[0] != "other" || got[8] != "identity" {
+	if got := Labels(RouteCredits); len(got) != 16 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 11 || got[9] != "credits" || got[10] != "recon" {
+	if got := Labels(RouteMetrics); len(got) != 20 || got[16] != "credits" || got[17] != "recon" || got[19] != "budget_return" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

@@ -95,6 +95,12 @@ func shardOf(method, path string, in any) (model.ShardID, bool) {
 		return sharding.ShardOfAct(req.Sender), true
 	case api.KeyPacketPath:
 		return packetShard(p.Key)
+	case api.KeyActBody:
+		if b, ok := in.([]byte); ok {
+			if act, err := api.ActIDOf(b); err == nil {
+				return sharding.ShardOfAct(act), true
+			}
+		}
 	}
 	return 0, false
 }

@@ -35,6 +35,20 @@ var (
 	// ErrIdentityDisabled: identity binding needs the cluster's identity_key,
 	// and this cluster has none.
 	ErrIdentityDisabled = &Error{"IDENTITY_DISABLED", "identity binding needs identity_key in the cluster config"}
+	// ErrBudgetExhausted: the reward scene's budget or stock is spent down to
+	// its reserve; issuing stops there and never passes the budget.
+	ErrBudgetExhausted = &Error{"BUDGET_EXHAUSTED", "the scene's budget or stock is spent"}
+	// ErrSceneRateLimited: the reward scene's own rate limit (activities file) refused the issue.
+	ErrSceneRateLimited = &Error{"SCENE_RATE_LIMITED", "the scene issues at its rate limit, retry later"}
+	// ErrNoActiveStage: the parent activity has no child whose window holds the request's time.
+	ErrNoActiveStage = &Error{"NO_ACTIVE_STAGE", "the activity has no stage open at this time"}
+	// ErrWithdrawNotReleased: withdrawal is not released to this act_id yet (gray release).
+	ErrWithdrawNotReleased = &Error{"WITHDRAW_NOT_RELEASED", "withdrawal is not released to this account yet"}
+	// ErrTokenRefused: a reward token was forged, altered, expired, signed by a
+	// retired key or sent for another person; the answer lists each token's reason.
+	ErrTokenRefused = &Error{"TOKEN_REFUSED", "a reward token was refused"}
+	// ErrDegraded: a degrade switch has this feature off; the rest still answers.
+	ErrDegraded = &Error{"DEGRADED", "this feature is switched off for now, retry later"}
 	// ErrWrongCell: the shard is not owned by the cell that received the request.
 	ErrWrongCell = &Error{"WRONG_CELL", "shard is not owned by this cell"}
 	// ErrCellUnavailable: no live cell owns the shard (router only).

@@ -3,6 +3,7 @@ package model
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -34,7 +35,14 @@ type Flow struct {
 	Ref          string // the packet ID of a send, refund or credit; "" for a deposit
 	ReqHash      string // RequestHash of the request (deposit, send); "" for internal orders
 	CreatedMS    int64  // Unix ms
+	// Seq is the row's place in its flow table, increasing with each row
+	// (the listing's tie-break: FlowItemID); 0 where a store did not read it.
+	Seq int64
 }
+
+// FlowItemID is a flow row's ID in a person's flow listing (FlowCursor):
+// "f:" and Seq in 20 digits, so that IDs order as their Seqs do.
+func FlowItemID(seq int64) string { return "f:" + fmt.Sprintf("%020d", seq) }
 
 // RefundOrderNo is the order number of a packet's refund flow: one packet is
 // refunded at most once. It holds ':' so it can never be a caller's order number.

@@ -195,7 +195,7 @@ func TestAdminKeys(t *testing.T) {
 			t.Errorf("POST /admin/keys, %s: %d %s", name, st, code)
 		}
 	}
-	for _, body := range []string{`{"app":"bad app","scopes":["read"]}`, `{"app":"x","scopes":[]}`, `{"app":"x","scopes":["withdraw"]}`, `{"app":"x","scopes":["read"],"extra":1}`, `[]`} {
+	for _, body := range []string{`{"app":"bad app","scopes":["read"]}`, `{"app":"x","scopes":[]}`, `{"app":"x","scopes":["payout"]}`, `{"app":"x","scopes":["read"],"extra":1}`, `[]`} {
 		if st, code, _ := call(t, "POST", admin+"/admin/keys", body, tokenHdr); st != 400 || code != "INVALID_ARGUMENT" {
 			t.Errorf("POST /admin/keys %s: %d %s, want 400", body, st, code)
 		}

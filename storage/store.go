@@ -191,6 +191,61 @@ type Identities interface {
 	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error)
 }
 
+// Rewards is the part of the store that holds issued rewards and books them
+// (model.Reward). A reward's row lives in the database of its actID's shard
+// (db_XX.t_reward, one table per database), keyed by its order number.
+type Rewards interface {
+	// IssueReward stores r as pending (r.Shard, r.OrderNo, and every field
+	// set by the caller; CreatedMS now when 0) unless its order number is
+	// stored: then model.ReplayReward decides against the stored one, which
+	// is answered with repeat set and nothing written. Concurrent issues of
+	// one order number store one. Errors: ErrOrderConflict, ErrCommitUnknown.
+	IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error)
+	// Reward reads one reward of shard s by order number. Errors: ErrNotFound.
+	Reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error)
+	// RewardsOf lists actID's rewards of shard s, newest first ((CreatedMS,
+	// OrderNo) descending), strictly after cursor, up to limit; stage "" for
+	// every stage, else that stage's only.
+	RewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error)
+	// RewardSums sums actID's rewards of shard s by stage, sorted by stage
+	// name; a stage without a reward is absent. Booked, Pending and Income
+	// are cents of cash rewards; PendingCount counts every award type.
+	RewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error)
+	// TakeRewards moves up to limit rewards of database db that are pending,
+	// or processing and taken at or before staleMS, to processing (ClaimedMS
+	// now) and answers them, oldest first. A reward taken twice is harmless:
+	// BookRewards books each at most once.
+	TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error)
+	// PendingRewardsOf lists actID's rewards of shard s that are not booked
+	// (pending or processing), oldest first, up to limit: a withdrawal books
+	// them first.
+	PendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error)
+	// BookRewards books each reward (found by Shard and OrderNo) that is not
+	// booked yet, in one transaction: official-stage cash
+	// (Reward.IntoWallet) is credited to the wallet with a FlowReward flow
+	// under model.RewardFlowOrderNo, and every one becomes booked (BookedMS
+	// now). booked counts the rewards booked by this call; one booked before,
+	// listed twice or not found changes nothing. Errors: ErrCommitUnknown (a
+	// retry settles it).
+	BookRewards(ctx context.Context, rs []model.Reward) (booked int, err error)
+	// LeaseSpent sums the Amount of the rewards issued from leaseID in the
+	// given databases.
+	LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error)
+	// Withdraw debits amount (> 0) from actID's wallet in shard s under the
+	// caller's order number, with a FlowWithdraw flow, and answers the
+	// balance right after. The same order number again with the same amount
+	// answers the first result with Repeat set; with another amount, or an
+	// order number of a deposit or send, it is ErrOrderConflict. Errors:
+	// ErrInsufficientBalance (nothing written), ErrOrderConflict,
+	// ErrCommitUnknown.
+	Withdraw(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error)
+	// FlowsOf lists actID's flow rows of shard s other than FlowReward
+	// (rewards are listed from RewardsOf), newest first ((CreatedMS,
+	// model.FlowItemID(Seq)) descending), strictly after cursor, up to
+	// limit, with Seq set.
+	FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error)
+}
+
 // Store is everything a cell needs from its database.
 type Store interface {
 	Wallets

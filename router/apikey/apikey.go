@@ -24,7 +24,7 @@ import (
 // route (router.ScopeOf): a key without it is refused with 403 PERMISSION_DENIED.
 type Scope string
 
-// The scopes. Withdrawals and reward issuance will get scopes of their own.
+// The scopes.
 const (
 	ScopeRead    Scope = "read"    // GET accounts and packets, and the no-op route
 	ScopeDeposit Scope = "deposit" // POST /v1/accounts/{act_id}/deposit
@@ -34,11 +34,13 @@ const (
 	// for a trusted caller such as the account center, it binds users of any
 	// app, not only the key's own.
 	ScopeIdentity Scope = "identity"
+	ScopeReward   Scope = "reward"   // POST /v1/rewards and the client's token copies
+	ScopeWithdraw Scope = "withdraw" // POST /v1/accounts/{act_id}/withdraw
 )
 
 // scopes lists every scope with its bit in a key's grant mask (new scopes go
 // last: a mask keeps its meaning).
-var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen, ScopeIdentity}
+var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen, ScopeIdentity, ScopeReward, ScopeWithdraw}
 
 // Scopes returns every scope, in a fixed order.
 func Scopes() []Scope { return append([]Scope(nil), scopes...) }

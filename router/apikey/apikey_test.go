@@ -73,7 +73,7 @@ func TestEntriesValidated(t *testing.T) {
 		"id length": func(k *Key) { k.ID = "abc" }, "id upper": func(k *Key) { k.ID = strings.ToUpper(k.ID) + "" },
 		"app empty": func(k *Key) { k.App = "" }, "app chars": func(k *Key) { k.App = "a b" },
 		"sha short": func(k *Key) { k.SHA256 = k.SHA256[:10] }, "no scope": func(k *Key) { k.Scopes = nil },
-		"unknown scope": func(k *Key) { k.Scopes = []Scope{"withdraw"} }, "repeated scope": func(k *Key) { k.Scopes = []Scope{ScopeRead, ScopeRead} },
+		"unknown scope": func(k *Key) { k.Scopes = []Scope{"payout"} }, "repeated scope": func(k *Key) { k.Scopes = []Scope{ScopeRead, ScopeRead} },
 	} {
 		k := good
 		mutate(&k)
@@ -90,13 +90,13 @@ func TestEntriesValidated(t *testing.T) {
 	if _, _, err := Generate("bad app!", []Scope{ScopeRead}, now); err == nil {
 		t.Error("Generate accepted a bad app name")
 	}
-	for list, want := range map[string]string{"all": "read,deposit,send,open,identity", "read, open": "read,open", "deposit": "deposit"} {
+	for list, want := range map[string]string{"all": "read,deposit,send,open,identity,reward,withdraw", "read, open": "read,open", "deposit": "deposit"} {
 		got, err := ParseScopes(list)
 		if err != nil || joinScopes(got) != want {
 			t.Errorf("ParseScopes(%q) = %v, %v; want %s", list, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "read,read", "withdraw", "read,"} {
+	for _, bad := range []string{"", "read,read", "payout", "read,"} {
 		if _, err := ParseScopes(bad); err == nil {
 			t.Errorf("ParseScopes(%q) accepted", bad)
 		}
