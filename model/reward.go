@@ -3,6 +3,8 @@ package model
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -172,6 +174,22 @@ func (c FlowCursor) Before(ms int64, id string) bool {
 	return ms < c.CreatedMS || ms == c.CreatedMS && id < c.ID
 }
 
+// FlowSeqBelow says which flow rows at exactly c.CreatedMS come after c:
+// those with Seq < the answer (FlowItemID orders as Seq does; an ID that is
+// no flow's compares with all of them at once). math.MaxInt64 lets all of
+// them through, 0 none.
+func (c FlowCursor) FlowSeqBelow() int64 {
+	if rest, ok := strings.CutPrefix(c.ID, "f:"); ok && len(rest) == 20 {
+		if n, err := strconv.ParseInt(rest, 10, 64); err == nil {
+			return n
+		}
+	}
+	if c.ID > "f:99999999999999999999" {
+		return math.MaxInt64
+	}
+	return 0
+}
+
 // String renders c for the API: "{created_ms}.{id}"; "" for the start.
 func (c FlowCursor) String() string {
 	if c.CreatedMS == 0 && c.ID == "" {
@@ -200,4 +218,83 @@ type Withdrawal struct {
 	Amount  Cents  `json:"amount"`
 	Balance Cents  `json:"balance"`
 	Repeat  bool   `json:"repeat"`
+}
+
+// WithdrawInput is what a withdrawal is decided on: the locked wallet's balance.
+type WithdrawInput struct {
+	ActID   string
+	OrderNo string
+	Amount  Cents // > 0, checked by the caller
+	Balance Cents
+	NowMS   int64
+}
+
+// WithdrawOutcome is what a withdrawal writes: its flow row (Amount < 0) and
+// the answer.
+type WithdrawOutcome struct {
+	Withdrawal Withdrawal
+	Flow       Flow
+}
+
+// ApplyWithdraw debits a withdrawal from a wallet. Errors:
+// ErrInsufficientBalance when the balance is below the amount (nothing is
+// written; the order number stays free).
+func ApplyWithdraw(in WithdrawInput) (WithdrawOutcome, error) {
+	if in.Amount < 1 || in.Balance < 0 {
+		return WithdrawOutcome{}, Invalidf("withdrawal of %d from a balance of %d", in.Amount, in.Balance)
+	}
+	if in.Balance < in.Amount {
+		return WithdrawOutcome{}, Errorf(ErrInsufficientBalance, "balance %d is below the withdrawal of %d", in.Balance, in.Amount)
+	}
+	after := in.Balance - in.Amount
+	return WithdrawOutcome{
+		Withdrawal: Withdrawal{ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount, Balance: after},
+		Flow: Flow{ActID: in.ActID, OrderNo: in.OrderNo, Kind: FlowWithdraw, Amount: -in.Amount, BalanceAfter: after,
+			BalanceKnown: true, ReqHash: WithdrawHash(in.Amount), CreatedMS: in.NowMS},
+	}, nil
+}
+
+// RewardFlow is the flow that books r into the wallet (r.IntoWallet): the
+// reward's cents under RewardFlowOrderNo, booked as "balance + Amount"
+// without reading the balance, like a credit. ok is false for a reward that
+// is booked by its state alone.
+func RewardFlow(r Reward, nowMS int64) (f Flow, ok bool) {
+	if !r.IntoWallet() {
+		return Flow{}, false
+	}
+	return Flow{ActID: r.ActID, OrderNo: RewardFlowOrderNo(r.OrderNo), Kind: FlowReward, Amount: r.Amount,
+		Ref: r.Scene, CreatedMS: nowMS}, true
+}
+
+// SumRewards sums rewards by stage as the wallet page shows them
+// (StageSums), sorted by stage name.
+func SumRewards(rs []Reward) []StageSums {
+	by := map[string]*StageSums{}
+	var order []string
+	for _, r := range rs {
+		s := by[r.Stage]
+		if s == nil {
+			s = &StageSums{Stage: r.Stage}
+			by[r.Stage] = s
+			order = append(order, r.Stage)
+		}
+		if r.Status != RewardBooked {
+			s.PendingCount++
+		}
+		if !r.Cash() {
+			continue
+		}
+		s.Income += r.Amount
+		if r.Status == RewardBooked {
+			s.Booked += r.Amount
+		} else {
+			s.Pending += r.Amount
+		}
+	}
+	sort.Strings(order)
+	out := make([]StageSums, 0, len(order))
+	for _, st := range order {
+		out = append(out, *by[st])
+	}
+	return out
 }

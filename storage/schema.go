@@ -8,6 +8,7 @@
 //	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id)
 //	db_XX.t_outbox           claims waiting to be credited to the claimant's wallet
 //	db_XX.t_identity_Y       app accounts bound to actIDs, homed in shard XX*10+Y (phones only as keyed hashes)
+//	db_XX.t_reward           rewards issued to the actIDs of the database's shards (UNIQUE order_no), booked behind
 package storage
 
 import (
@@ -69,8 +70,12 @@ func (m *MySQL) shardDDL(s model.ShardID) []string {
   ref           VARCHAR(40) NOT NULL DEFAULT '',
   req_hash      CHAR(32) NOT NULL DEFAULT '',
   created_ms    BIGINT NOT NULL,
-  UNIQUE KEY uk_order (act_id, order_no)
+  UNIQUE KEY uk_order (act_id, order_no),
+  KEY k_act_time (act_id, created_ms)
 ) ENGINE=InnoDB`,
+		// Flow tables made before k_act_time existed get it here (a no-op
+		// where it exists): the wallet's flow listing reads by it.
+		`ALTER TABLE ` + m.flowTable(s) + ` ADD INDEX IF NOT EXISTS k_act_time (act_id, created_ms)`,
 		`CREATE TABLE IF NOT EXISTS ` + m.outboxTable(s.DB()) + ` (
   claim_id     VARCHAR(40) NOT NULL PRIMARY KEY,
   packet_id    CHAR(27) NOT NULL,

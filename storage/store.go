@@ -251,6 +251,7 @@ type Store interface {
 	Wallets
 	Packets
 	Identities
+	Rewards
 	Expiry
 	Outbox
 	Schema

@@ -52,6 +52,8 @@ type Store struct {
 	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
 	recon    map[int]int64             // reconciliation's saved positions, by database
 	idents   map[identKey]model.IdentityBinding
+	rewards  map[string]*model.Reward // by order number (rewards.go)
+	flowSeq  int64                    // the last flow row's Seq
 	fault    fault
 	faults   int64 // faults that fired
 }
@@ -120,6 +122,7 @@ func New(clk clock.Clock) *Store {
 		pending:  map[int][]*entry{},
 		recon:    map[int]int64{},
 		idents:   map[identKey]model.IdentityBinding{},
+		rewards:  map[string]*model.Reward{},
 	}
 }
 
@@ -210,6 +213,8 @@ func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
 	k := flowKey{sh, f.ActID, f.OrderNo}
 	_, dup := s.flows[k]
 	invariant.That(!dup, "flow written twice under one order number")
+	s.flowSeq++
+	f.Seq = s.flowSeq
 	s.flows[k] = &f
 	a := acctKey{sh, f.ActID}
 	s.accounts[a] += f.Amount

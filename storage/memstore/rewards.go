@@ -1,0 +1,270 @@
+package memstore
+
+import (
+	"context"
+	"sort"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+)
+
+// Rewards in memory: by order number (it holds the actID, so it is unique
+// across shards), as db_XX.t_reward keys them. Queries scan every reward and
+// sort: the store serves tests and the simulation, not volume.
+
+func (s *Store) rewardList(keep func(*model.Reward) bool) []*model.Reward {
+	var out []*model.Reward
+	for _, r := range s.rewards {
+		if keep(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// IssueReward implements storage.Rewards.
+func (s *Store) IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Reward{}, false, err
+	}
+	invariant.That(r.Shard.Valid(), "shard out of range")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prior, ok := s.rewards[r.OrderNo]; ok {
+		if err := model.ReplayReward(*prior, r); err != nil {
+			return model.Reward{}, false, err
+		}
+		return *prior, true, nil
+	}
+	if r.CreatedMS == 0 {
+		r.CreatedMS = s.nowMS()
+	}
+	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
+	write, err := s.commitLocked("issue reward")
+	if write {
+		c := r
+		s.rewards[r.OrderNo] = &c
+	}
+	if err != nil {
+		return model.Reward{}, false, err
+	}
+	return r, false, nil
+}
+
+// Reward implements storage.Rewards.
+func (s *Store) Reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Reward{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.rewards[orderNo]
+	if !ok || r.Shard.DB() != sh.DB() {
+		return model.Reward{}, model.Errorf(model.ErrNotFound, "no reward %s", orderNo)
+	}
+	return *r, nil
+}
+
+// RewardsOf implements storage.Rewards.
+func (s *Store) RewardsOf(ctx context.Context, sh model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs := s.rewardList(func(r *model.Reward) bool {
+		return r.ActID == actID && r.Shard.DB() == sh.DB() && (stage == "" || r.Stage == stage) && after.Before(r.CreatedMS, r.OrderNo)
+	})
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].CreatedMS != rs[j].CreatedMS {
+			return rs[i].CreatedMS > rs[j].CreatedMS
+		}
+		return rs[i].OrderNo > rs[j].OrderNo
+	})
+	return copyRewards(rs, limit), nil
+}
+
+func copyRewards(rs []*model.Reward, limit int) []model.Reward {
+	if len(rs) > limit {
+		rs = rs[:limit]
+	}
+	var out []model.Reward
+	for _, r := range rs {
+		out = append(out, *r)
+	}
+	return out
+}
+
+// RewardSums implements storage.Rewards.
+func (s *Store) RewardSums(ctx context.Context, sh model.ShardID, actID string) ([]model.StageSums, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs := s.rewardList(func(r *model.Reward) bool { return r.ActID == actID && r.Shard.DB() == sh.DB() })
+	return model.SumRewards(copyRewards(rs, len(rs))), nil
+}
+
+// byAge orders rewards oldest first, then by order number.
+func byAge(rs []*model.Reward) {
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].CreatedMS != rs[j].CreatedMS {
+			return rs[i].CreatedMS < rs[j].CreatedMS
+		}
+		return rs[i].OrderNo < rs[j].OrderNo
+	})
+}
+
+// PendingRewardsOf implements storage.Rewards.
+func (s *Store) PendingRewardsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Reward, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs := s.rewardList(func(r *model.Reward) bool {
+		return r.ActID == actID && r.Shard.DB() == sh.DB() && r.Status != model.RewardBooked
+	})
+	byAge(rs)
+	return copyRewards(rs, limit), nil
+}
+
+// TakeRewards implements storage.Rewards.
+func (s *Store) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs := s.rewardList(func(r *model.Reward) bool {
+		return r.Shard.DB() == db && (r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= staleMS)
+	})
+	byAge(rs)
+	if len(rs) > limit {
+		rs = rs[:limit]
+	}
+	now := s.nowMS()
+	write, err := s.commitLocked("take rewards")
+	if write {
+		for _, r := range rs {
+			r.Status, r.ClaimedMS = model.RewardProcessing, now
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return copyRewards(rs, len(rs)), nil
+}
+
+// BookRewards implements storage.Rewards.
+func (s *Store) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.nowMS()
+	seen := map[string]bool{}
+	var book []*model.Reward
+	for _, want := range rs {
+		r, ok := s.rewards[want.OrderNo]
+		if !ok || seen[want.OrderNo] || r.Shard.DB() != want.Shard.DB() || r.Status == model.RewardBooked {
+			continue
+		}
+		seen[want.OrderNo] = true
+		book = append(book, r)
+	}
+	write, err := s.commitLocked("book rewards")
+	if write {
+		for _, r := range book {
+			if f, ok := model.RewardFlow(*r, now); ok {
+				s.writeFlowLocked(r.Shard, f)
+			}
+			r.Status, r.BookedMS = model.RewardBooked, now
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(book), nil
+}
+
+// LeaseSpent implements storage.Rewards.
+func (s *Store) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	in := map[int]bool{}
+	for _, db := range dbs {
+		in[db] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var total int64
+	for _, r := range s.rewards {
+		if r.LeaseID == leaseID && in[r.Shard.DB()] {
+			total += int64(r.Amount)
+		}
+	}
+	return total, nil
+}
+
+// Withdraw implements storage.Rewards.
+func (s *Store) Withdraw(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Withdrawal{}, err
+	}
+	invariant.That(sh.Valid(), "shard out of range")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prior, ok := s.flows[flowKey{sh, actID, orderNo}]; ok {
+		if err := model.ReplayOrder(*prior, model.FlowWithdraw, model.WithdrawHash(amount)); err != nil {
+			return model.Withdrawal{}, err
+		}
+		return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: prior.BalanceAfter, Repeat: true}, nil
+	}
+	out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount,
+		Balance: s.accounts[acctKey{sh, actID}], NowMS: s.nowMS()})
+	if err != nil {
+		return model.Withdrawal{}, err
+	}
+	write, err := s.commitLocked("withdraw")
+	if write {
+		s.writeFlowLocked(sh, out.Flow)
+	}
+	if err != nil {
+		return model.Withdrawal{}, err
+	}
+	return out.Withdrawal, nil
+}
+
+// FlowsOf implements storage.Rewards.
+func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	below := after.FlowSeqBelow()
+	var fs []model.Flow
+	for k, f := range s.flows {
+		if k.shard != sh || k.act != actID || f.Kind == model.FlowReward {
+			continue
+		}
+		if after != (model.FlowCursor{}) && !(f.CreatedMS < after.CreatedMS || f.CreatedMS == after.CreatedMS && f.Seq < below) {
+			continue
+		}
+		fs = append(fs, *f)
+	}
+	sort.Slice(fs, func(i, j int) bool {
+		if fs[i].CreatedMS != fs[j].CreatedMS {
+			return fs[i].CreatedMS > fs[j].CreatedMS
+		}
+		return fs[i].Seq > fs[j].Seq
+	})
+	if len(fs) > limit {
+		fs = fs[:limit]
+	}
+	return fs, nil
+}

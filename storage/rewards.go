@@ -1,0 +1,497 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+)
+
+// Rewards in MariaDB: one table per database, db_XX.t_reward, keyed by the
+// reward's order number (ascii_bin: compared byte for byte, never folded).
+// The rows of a person are found by (act_id, created_ms); the booker's
+// queue is (status, created_ms); the lease settlement's sums are by lease_id.
+
+// rewardDay is the ensureKey.day of a database's reward table (shard = the
+// database's first shard): made on first use.
+const rewardDay = -2
+
+func (m *MySQL) rewardTable(db int) string {
+	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
+	return fmt.Sprintf("%sdb_%02d.t_reward", m.ns, db)
+}
+
+func (m *MySQL) rewardDDL(db int) []string {
+	return []string{
+		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", m.ns, db),
+		`CREATE TABLE IF NOT EXISTS ` + m.rewardTable(db) + ` (
+  order_no    VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  act_id      VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  act_shard   SMALLINT NOT NULL,
+  app         VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  parent_id   VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  child_id    VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  stage       VARCHAR(8) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  scene_id    VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  rain_id     VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  award_type  VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  template_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  amount      BIGINT NOT NULL,
+  lease_id    VARCHAR(40) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  token       VARCHAR(1024) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
+  req_hash    CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  status      TINYINT NOT NULL DEFAULT 0,
+  created_ms  BIGINT NOT NULL,
+  claimed_ms  BIGINT NOT NULL DEFAULT 0,
+  booked_ms   BIGINT NOT NULL DEFAULT 0,
+  KEY k_status (status, created_ms),
+  KEY k_act (act_id, created_ms, order_no),
+  KEY k_lease (lease_id),
+  CONSTRAINT reward_amount_positive CHECK (amount >= 1)
+) ENGINE=InnoDB`,
+	}
+}
+
+func (m *MySQL) ensureRewards(ctx context.Context, db int) error {
+	return m.ensure(ctx, ensureKey{shard: model.ShardID(db * 10), day: rewardDay}, m.rewardDDL(db))
+}
+
+// rewardCols are the columns scanReward reads, in its order.
+const rewardCols = "order_no, act_id, act_shard, app, parent_id, child_id, stage, scene_id, rain_id, award_type, template_id, " +
+	"amount, lease_id, token, status, created_ms, claimed_ms, booked_ms"
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanReward(r rowScanner) (model.Reward, error) {
+	var x model.Reward
+	var shard int
+	err := r.Scan(&x.OrderNo, &x.ActID, &shard, &x.App, &x.Parent, &x.Child, &x.Stage, &x.Scene, &x.Rain, &x.AwardType,
+		&x.TemplateID, &x.Amount, &x.LeaseID, &x.Token, &x.Status, &x.CreatedMS, &x.ClaimedMS, &x.BookedMS)
+	x.Shard = model.ShardID(shard)
+	return x, err
+}
+
+func (m *MySQL) queryRewards(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]model.Reward, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []model.Reward
+	for rows.Next() {
+		r, err := scanReward(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// IssueReward implements Rewards: one INSERT ... ON DUPLICATE KEY UPDATE
+// order_no = order_no (1 row affected: stored now; 0: the order number was
+// there, and the stored row is read and decided against, model.ReplayReward).
+// An error without the server's answer is ErrCommitUnknown: a retry with the
+// same order number settles it.
+func (m *MySQL) IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error) {
+	invariant.That(r.Shard.Valid(), "shard out of range")
+	db := r.Shard.DB()
+	if err := m.ensureRewards(ctx, db); err != nil {
+		return model.Reward{}, false, err
+	}
+	if r.CreatedMS == 0 {
+		r.CreatedMS = m.nowMS()
+	}
+	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
+	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
+		"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE order_no = order_no",
+		r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType, r.TemplateID,
+		r.Amount, r.LeaseID, r.Token, r.Status, r.CreatedMS, 0, 0, model.RewardHash(r))
+	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) {
+			return model.Reward{}, false, fmt.Errorf("storage: issue reward: %w", err)
+		}
+		return model.Reward{}, false, fmt.Errorf("storage: issue reward: %w", errors.Join(ErrCommitUnknown, err))
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return model.Reward{}, false, err
+	} else if n == 1 {
+		return r, false, nil
+	}
+	prior, err := m.Reward(ctx, r.Shard, r.OrderNo)
+	if err != nil {
+		return model.Reward{}, false, fmt.Errorf("storage: issue reward: read the stored one: %w", err)
+	}
+	if err := model.ReplayReward(prior, r); err != nil {
+		return model.Reward{}, false, err
+	}
+	return prior, true, nil
+}
+
+// Reward implements Rewards.
+func (m *MySQL) Reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error) {
+	if err := m.ensureRewards(ctx, s.DB()); err != nil {
+		return model.Reward{}, err
+	}
+	r, err := scanReward(m.db.QueryRowContext(ctx, "SELECT "+rewardCols+" FROM "+m.rewardTable(s.DB())+" WHERE order_no = ?", orderNo))
+	if errors.Is(err, sql.ErrNoRows) {
+		return model.Reward{}, model.Errorf(model.ErrNotFound, "no reward %s", orderNo)
+	}
+	if err != nil {
+		return model.Reward{}, fmt.Errorf("storage: read reward: %w", err)
+	}
+	return r, nil
+}
+
+// RewardsOf implements Rewards.
+func (m *MySQL) RewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+	if err := m.ensureRewards(ctx, s.DB()); err != nil {
+		return nil, err
+	}
+	q := "SELECT " + rewardCols + " FROM " + m.rewardTable(s.DB()) + " WHERE act_id = ?"
+	args := []any{actID}
+	if stage != "" {
+		q += " AND stage = ?"
+		args = append(args, stage)
+	}
+	if after != (model.FlowCursor{}) {
+		q += " AND (created_ms < ? OR created_ms = ? AND order_no < ?)"
+		args = append(args, after.CreatedMS, after.CreatedMS, after.ID)
+	}
+	q += " ORDER BY created_ms DESC, order_no DESC LIMIT ?"
+	args = append(args, limit)
+	rs, err := m.queryRewards(ctx, m.db, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("storage: rewards of %s: %w", actID, err)
+	}
+	return rs, nil
+}
+
+// RewardSums implements Rewards: the person's rows, summed by
+// model.SumRewards (a person holds one reward per scene, rain and stage).
+func (m *MySQL) RewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error) {
+	if err := m.ensureRewards(ctx, s.DB()); err != nil {
+		return nil, err
+	}
+	rows, err := m.db.QueryContext(ctx, "SELECT stage, award_type, status, amount FROM "+m.rewardTable(s.DB())+" WHERE act_id = ?", actID)
+	if err != nil {
+		return nil, fmt.Errorf("storage: reward sums: %w", err)
+	}
+	defer rows.Close()
+	var rs []model.Reward
+	for rows.Next() {
+		var r model.Reward
+		if err := rows.Scan(&r.Stage, &r.AwardType, &r.Status, &r.Amount); err != nil {
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return model.SumRewards(rs), nil
+}
+
+// PendingRewardsOf implements Rewards.
+func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error) {
+	if err := m.ensureRewards(ctx, s.DB()); err != nil {
+		return nil, err
+	}
+	rs, err := m.queryRewards(ctx, m.db, "SELECT "+rewardCols+" FROM "+m.rewardTable(s.DB())+
+		" WHERE act_id = ? AND status <> ? ORDER BY created_ms, order_no LIMIT ?", actID, model.RewardBooked, limit)
+	if err != nil {
+		return nil, fmt.Errorf("storage: pending rewards of %s: %w", actID, err)
+	}
+	return rs, nil
+}
+
+// TakeRewards implements Rewards: in one transaction, the oldest pending rows
+// and the stale processing ones, skipping rows another booker holds (SKIP
+// LOCKED), are marked processing and read.
+func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+	if err := m.ensureRewards(ctx, db); err != nil {
+		return nil, err
+	}
+	t := m.rewardTable(db)
+	var out []model.Reward
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		out = out[:0]
+		rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
+			" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
+			model.RewardPending, limit, model.RewardProcessing, staleMS, limit)
+		if err != nil {
+			return err
+		}
+		sort.Slice(rs, func(i, j int) bool { return rs[i].CreatedMS < rs[j].CreatedMS })
+		if len(rs) > limit {
+			rs = rs[:limit]
+		}
+		if len(rs) == 0 {
+			return nil
+		}
+		now := m.nowMS()
+		args := []any{model.RewardProcessing, now}
+		for _, r := range rs {
+			args = append(args, r.OrderNo)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+t+" SET status = ?, claimed_ms = ? WHERE order_no IN ("+placeholders(len(rs))+")", args...); err != nil {
+			return err
+		}
+		for i := range rs {
+			rs[i].Status, rs[i].ClaimedMS = model.RewardProcessing, now
+		}
+		out = rs
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: take rewards of db %d: %w", db, err)
+	}
+	return out, nil
+}
+
+// BookRewards implements Rewards. One transaction: the listed reward rows
+// are locked (FOR UPDATE) and read; those not booked are booked: per shard
+// one multi-row INSERT of their FlowReward flows and one multi-row balance
+// upsert (the rows' lock means no flow of theirs can exist yet: a flow is
+// only ever written with its reward's booked state), then one UPDATE per
+// database to booked.
+func (m *MySQL) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
+	if len(rs) == 0 {
+		return 0, nil
+	}
+	byDB := map[int][]string{}
+	for _, r := range rs {
+		invariant.That(r.Shard.Valid(), "shard out of range")
+		byDB[r.Shard.DB()] = append(byDB[r.Shard.DB()], r.OrderNo)
+		if r.IntoWallet() {
+			if err := m.EnsureShard(ctx, r.Shard); err != nil {
+				return 0, err
+			}
+		}
+	}
+	dbs := make([]int, 0, len(byDB))
+	for db := range byDB {
+		if err := m.ensureRewards(ctx, db); err != nil {
+			return 0, err
+		}
+		dbs = append(dbs, db)
+	}
+	sort.Ints(dbs) // one lock order for every booker
+	var booked []model.Reward
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		booked = booked[:0]
+		now := m.nowMS()
+		for _, db := range dbs {
+			orders := byDB[db]
+			sort.Strings(orders)
+			args := make([]any, 0, len(orders)+1)
+			args = append(args, model.RewardBooked)
+			for _, o := range orders {
+				args = append(args, o)
+			}
+			found, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+
+				" WHERE status <> ? AND order_no IN ("+placeholders(len(orders))+") ORDER BY order_no FOR UPDATE", args...)
+			if err != nil {
+				return err
+			}
+			if len(found) == 0 {
+				continue
+			}
+			if err := m.bookIntoWallets(ctx, tx, found, now); err != nil {
+				return err
+			}
+			up := []any{model.RewardBooked, now}
+			for _, r := range found {
+				up = append(up, r.OrderNo)
+			}
+			if _, err := tx.ExecContext(ctx, "UPDATE "+m.rewardTable(db)+" SET status = ?, booked_ms = ? WHERE order_no IN ("+
+				placeholders(len(found))+")", up...); err != nil {
+				return err
+			}
+			booked = append(booked, found...)
+		}
+		return nil
+	})
+	if errors.Is(err, errCommitUnknown) {
+		return 0, fmt.Errorf("storage: book rewards: %w", err) // a retry books what is not booked
+	}
+	if err != nil {
+		return 0, fmt.Errorf("storage: book rewards: %w", err)
+	}
+	return len(booked), nil
+}
+
+// bookIntoWallets writes the wallet side of rewards being booked: their
+// flows and balances, per shard.
+func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Reward, now int64) error {
+	byShard := map[model.ShardID][]model.Flow{}
+	var shards []model.ShardID
+	for _, r := range rs {
+		f, ok := model.RewardFlow(r, now)
+		if !ok {
+			continue
+		}
+		if byShard[r.Shard] == nil {
+			shards = append(shards, r.Shard)
+		}
+		byShard[r.Shard] = append(byShard[r.Shard], f)
+	}
+	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
+	for _, s := range shards {
+		flows := byShard[s]
+		var fargs []any
+		sums := map[string]model.Cents{}
+		var acts []string
+		for _, f := range flows {
+			fargs = append(fargs, flowArgs(f)...)
+			if _, ok := sums[f.ActID]; !ok {
+				acts = append(acts, f.ActID)
+			}
+			sums[f.ActID] += f.Amount
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
+			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(flows)), ", "), fargs...); err != nil {
+			return fmt.Errorf("reward flows: %w", err)
+		}
+		sort.Strings(acts)
+		var aargs []any
+		for _, a := range acts {
+			aargs = append(aargs, a, sums[a], now)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(acts)), ", ")+
+			" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)", aargs...); err != nil {
+			return fmt.Errorf("reward balances: %w", err)
+		}
+	}
+	return nil
+}
+
+// LeaseSpent implements Rewards.
+func (m *MySQL) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+	var total int64
+	for _, db := range dbs {
+		if err := m.ensureRewards(ctx, db); err != nil {
+			return 0, err
+		}
+		var n int64
+		if err := m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.rewardTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n); err != nil {
+			return 0, fmt.Errorf("storage: lease spent: %w", err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// Withdraw implements Rewards, as Deposit is built: lock the wallet, decide
+// (model.ApplyWithdraw), write the flow row and the balance; a repeat or a
+// conflict is decided by the flow row of the order number
+// (model.ReplayOrder).
+func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return model.Withdrawal{}, err
+	}
+	hash := model.WithdrawHash(amount)
+	repeat := func() (model.Withdrawal, error) {
+		f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
+		if err != nil || !ok {
+			return model.Withdrawal{}, err
+		}
+		if err := model.ReplayOrder(f, model.FlowWithdraw, hash); err != nil {
+			return model.Withdrawal{}, err
+		}
+		return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: f.BalanceAfter, Repeat: true}, nil
+	}
+	if w, err := repeat(); err != nil || w.Repeat {
+		return w, err
+	}
+	var out model.WithdrawOutcome
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		bal, err := m.lockBalance(ctx, tx, s, actID)
+		if err != nil {
+			return err
+		}
+		out, err = model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
+			out.Withdrawal.Balance, out.Flow.CreatedMS, actID)
+		return err
+	})
+	if errors.Is(err, errCommitUnknown) {
+		var w model.Withdrawal
+		if ok, known := m.settleCommit(ctx, func() (bool, error) {
+			var rerr error
+			w, rerr = repeat()
+			return w.Repeat, rerr
+		}); known && ok {
+			w.Repeat = false // applied by this call's own COMMIT
+			return w, nil
+		}
+	}
+	if isMySQLErr(err, errDupEntry) {
+		w, err := repeat() // a concurrent retry won the race
+		if err == nil && !w.Repeat {
+			err = fmt.Errorf("storage: withdraw %s: order seen but its flow row is gone", orderNo)
+		}
+		return w, err
+	}
+	if err != nil {
+		return model.Withdrawal{}, fmt.Errorf("storage: withdraw: %w", err)
+	}
+	return out.Withdrawal, nil
+}
+
+// FlowsOf implements Rewards.
+func (m *MySQL) FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return nil, err
+	}
+	q := "SELECT id, kind, order_no, amount, balance_after, ref, req_hash, created_ms FROM " + m.flowTable(s) +
+		" WHERE act_id = ? AND kind <> ?"
+	args := []any{actID, string(model.FlowReward)}
+	if after != (model.FlowCursor{}) {
+		below := after.FlowSeqBelow()
+		if below == math.MaxInt64 {
+			q += " AND created_ms <= ?"
+			args = append(args, after.CreatedMS)
+		} else {
+			q += " AND (created_ms < ? OR created_ms = ? AND id < ?)"
+			args = append(args, after.CreatedMS, after.CreatedMS, below)
+		}
+	}
+	q += " ORDER BY created_ms DESC, id DESC LIMIT ?"
+	args = append(args, limit)
+	rows, err := m.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("storage: flows of %s: %w", actID, err)
+	}
+	defer rows.Close()
+	var out []model.Flow
+	for rows.Next() {
+		f := model.Flow{ActID: actID}
+		var bal sql.NullInt64
+		if err := rows.Scan(&f.Seq, &f.Kind, &f.OrderNo, &f.Amount, &bal, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
+			return nil, err
+		}
+		f.BalanceAfter, f.BalanceKnown = model.Cents(bal.Int64), bal.Valid
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
