@@ -68,6 +68,10 @@ type DegradeSetting struct {
 	GrabCache string `json:"grab_cache,omitempty"`
 	// Relay off: claims wait in the outbox; nothing is credited to other wallets.
 	Relay string `json:"relay,omitempty"`
+	// WalletFlow off: the wallet's flow listing answers 503 DEGRADED; the balance still answers.
+	WalletFlow string `json:"wallet_flow,omitempty"`
+	// Booking off: issued rewards wait pending; a withdrawal still books the person's own first.
+	Booking string `json:"booking,omitempty"`
 }
 
 // AuditResponse answers POST /admin/audit: the cell's own books, per space

@@ -101,6 +101,20 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		rc.SetBody(s.noopBody)
 	case api.RouteIdentity:
 		s.bindIdentity(ctx, rc, sp, key)
+	case api.RouteReward:
+		s.issueReward(ctx, rc, sp)
+	case api.RouteRewards:
+		s.rewardsOf(ctx, rc, sp, key)
+	case api.RouteWallet:
+		s.wallet(ctx, rc, sp, key)
+	case api.RouteFlow:
+		s.flow(ctx, rc, sp, key)
+	case api.RouteWithdraw:
+		s.withdraw(ctx, rc, sp, key)
+	case api.RouteTokens:
+		s.tokens(ctx, rc, sp, key)
+	case api.RouteIssued:
+		s.issuedSoFar(rc, sp, key)
 	case api.RouteCredits:
 		s.credits(ctx, rc, sp)
 	case api.RouteRecon:

@@ -27,9 +27,11 @@ import (
 	"redcell/cell/audit"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
+	"redcell/cell/issued"
 	"redcell/cell/keyqueue"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
+	"redcell/cell/rewardtoken"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
@@ -140,6 +142,19 @@ type Server struct {
 	groups *groupcommit.Committer
 
 	acts *activities // the reward activities (Config.Activities)
+	rw   rewards     // the reward wallet's state (rewards.go)
+	// budgets spends the leases of the scenes that control their stock,
+	// per space (cell/budget).
+	budgets [2]budgetPool
+}
+
+// budgetPool is what issuing needs of cell/budget.Pool.
+type budgetPool interface {
+	// Take spends amount of key's budget (total in all) from a lease and
+	// answers the lease's ID. Errors: model.ErrBudgetExhausted.
+	Take(ctx context.Context, key string, total, amount int64) (leaseID string, err error)
+	// Give puts back an amount Take answered, for an issue that wrote nothing.
+	Give(key, leaseID string, amount int64)
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -167,6 +182,17 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
 		return nil, fmt.Errorf("cell: %w", err)
 	}
+	if cfg.RewardKeys != "" {
+		ring, err := rewardtoken.LoadRing(cfg.RewardKeys)
+		if err != nil {
+			return nil, fmt.Errorf("cell: %w", err)
+		}
+		s.rw.ring.Store(ring)
+	}
+	rel := cfg.WithdrawRelease
+	s.rw.release.Store(&rel)
+	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
+	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -216,7 +242,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Metrics: s.metrics.serve, Log: log})
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -261,7 +287,13 @@ func (s *Server) Listen() (net.Listener, error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run}
+	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run,
+		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1])}
+	if s.cfg.IssuedMemcache != nil {
+		for _, c := range s.rw.counters {
+			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })
+		}
+	}
 	if s.cfg.WarmSchema {
 		background = append(background, s.warmer.run)
 	}

@@ -412,6 +412,37 @@ func (t *Tree) Resolve(parent, scene string, at time.Time) (Active, error) {
 	return Active{}, fmt.Errorf("%w: %s has none at %s", ErrNoChild, parent, at.UTC().Format(time.RFC3339))
 }
 
+// ChildAt is the child of parent whose window holds at; nil when parent is
+// unknown or has none then.
+func (t *Tree) ChildAt(parent string, at time.Time) *Child {
+	p := t.parents[parent]
+	if p == nil {
+		return nil
+	}
+	for i := range p.Children {
+		c := &p.Children[i]
+		if c.Start != nil && at.Before(*c.Start) || c.End != nil && !at.Before(*c.End) {
+			continue
+		}
+		return c
+	}
+	return nil
+}
+
+// ChildOfStage is the first child of parent in stage st; nil when none.
+func (t *Tree) ChildOfStage(parent string, st Stage) *Child {
+	p := t.parents[parent]
+	if p == nil {
+		return nil
+	}
+	for i := range p.Children {
+		if p.Children[i].Stage == st {
+			return &p.Children[i]
+		}
+	}
+	return nil
+}
+
 // Parents returns the parent activities, in the file's order.
 func (t *Tree) Parents() []*Parent {
 	out := make([]*Parent, 0, len(t.order))

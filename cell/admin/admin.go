@@ -61,6 +61,13 @@ type Activities interface {
 	ReloadActivities() (api.ActivitiesResponse, error)
 }
 
+// Withdrawals reads and sets the gray release of withdrawals.
+type Withdrawals interface {
+	WithdrawRelease() api.WithdrawRelease
+	// SetWithdrawRelease errors: ErrInvalidArgument.
+	SetWithdrawRelease(api.WithdrawRelease) (api.WithdrawRelease, error)
+}
+
 // Peers is the cluster's shard map as this cell sees it (sharding/membership.Node).
 type Peers interface {
 	Map() *sharding.Map
@@ -79,8 +86,10 @@ type Config struct {
 	Auditor  Auditor
 	// Activities may be nil: the activity routes answer NOT_FOUND.
 	Activities Activities
-	Metrics    fasthttp.RequestHandler // GET /metrics
-	Log        *slog.Logger
+	// Withdrawals may be nil: the withdrawal release routes answer NOT_FOUND.
+	Withdrawals Withdrawals
+	Metrics     fasthttp.RequestHandler // GET /metrics
+	Log         *slog.Logger
 }
 
 // Server is the admin port.
@@ -197,6 +206,26 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		}
 		s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
 		s.writeJSON(rc, a)
+	case api.RouteWithdrawGet, api.RouteWithdrawPut:
+		if s.cfg.Withdrawals == nil {
+			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no withdrawals"))
+			return
+		}
+		if rt.ID == api.RouteWithdrawGet {
+			s.writeJSON(rc, s.cfg.Withdrawals.WithdrawRelease())
+			return
+		}
+		var r api.WithdrawRelease
+		if err := strictjson.Decode(rc.PostBody(), &r); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		got, err := s.cfg.Withdrawals.SetWithdrawRelease(r)
+		if err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, got)
 	default: // a route of the table this port does not serve
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
 	}

@@ -28,6 +28,13 @@ type Config struct {
 	// audit counts them as in flight) and go out by the outbox scan once the
 	// switch is back on. Credits other cells send here are still applied.
 	Relay bool
+	// WalletFlow: GET /v1/accounts/{act_id}/flow answers 503 DEGRADED and
+	// runs no query; the wallet page still answers its balance.
+	WalletFlow bool
+	// Booking: the reward booker books nothing: issued rewards wait pending
+	// (the wallet shows them as pending; a withdrawal still books the
+	// person's own first).
+	Booking bool
 }
 
 // Switch names one feature.
@@ -38,12 +45,14 @@ const (
 	ClaimsList Switch = iota
 	GrabCache
 	Relay
+	WalletFlow
+	Booking
 	switchCount
 )
 
 // names are the switches' names in the admin API, the config and the metrics
 // (redcell_degrade_switch{switch=...}).
-var names = [switchCount]string{"claims_list", "grab_cache", "relay"}
+var names = [switchCount]string{"claims_list", "grab_cache", "relay", "wallet_flow", "booking"}
 
 const (
 	on  = "on"
@@ -61,7 +70,7 @@ type Switches struct {
 // feature that starts switched off.
 func New(c Config, log *slog.Logger) *Switches {
 	s := &Switches{log: log}
-	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay} {
+	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking} {
 		s.off[i].Store(o)
 		if o {
 			log.Warn("degrade switch off from the config: feature degraded", "switch", names[i])
@@ -81,7 +90,8 @@ func (s *Switches) Setting() api.DegradeSetting {
 		}
 		return on
 	}
-	return api.DegradeSetting{ClaimsList: state(ClaimsList), GrabCache: state(GrabCache), Relay: state(Relay)}
+	return api.DegradeSetting{ClaimsList: state(ClaimsList), GrabCache: state(GrabCache), Relay: state(Relay),
+		WalletFlow: state(WalletFlow), Booking: state(Booking)}
 }
 
 // Set switches the features d names ("on" or "off") and keeps those it
@@ -89,7 +99,7 @@ func (s *Switches) Setting() api.DegradeSetting {
 // logged (a warning when a feature goes off) and takes effect for the
 // requests and relay passes that start after it. Errors: ErrInvalidArgument.
 func (s *Switches) Set(d api.DegradeSetting) error {
-	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay}
+	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay, d.WalletFlow, d.Booking}
 	for i, v := range values {
 		if v != "" && v != on && v != off {
 			return model.Invalidf("%s must be \"on\" or \"off\", got %q", names[i], v)
@@ -116,7 +126,7 @@ func (s *Switches) Set(d api.DegradeSetting) error {
 // switched off (degraded), 0 while it works; read at each scrape.
 func (s *Switches) Collector() prometheus.Collector {
 	return collector{s: s, desc: prometheus.NewDesc("redcell_degrade_switch",
-		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay).",
+		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay, wallet_flow, booking).",
 		[]string{"switch"}, nil)}
 }
 

@@ -75,6 +75,13 @@ type cellEntry struct {
 
 type cellSection struct {
 	Activities     string        `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
+	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
+	RewardKeys      string                `yaml:"reward_keys"`
+	TokenTTL        time.Duration         `yaml:"token_ttl"`
+	RewardCashMax   int64                 `yaml:"reward_cash_max"`
+	BookingRate     int                   `yaml:"booking_rate"`
+	BookingBatch    int                   `yaml:"booking_batch"`
+	WithdrawRelease *cell.WithdrawRelease `yaml:"withdraw_release"`
 	PacketExpiry   time.Duration `yaml:"packet_expiry"`
 	OpenStrategy   string        `yaml:"open_strategy"`
 	BatchMax       int           `yaml:"batch_max"`
@@ -111,11 +118,14 @@ type degradeEntry struct {
 	ClaimsList string `yaml:"claims_list"`
 	GrabCache  string `yaml:"grab_cache"`
 	Relay      string `yaml:"relay"`
+	WalletFlow string `yaml:"wallet_flow"`
+	Booking    string `yaml:"booking"`
 }
 
 // switches returns the entry's fields by switch name, to read and set them.
 func (d *degradeEntry) switches() map[string]*string {
-	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay}
+	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay,
+		"wallet_flow": &d.WalletFlow, "booking": &d.Booking}
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -150,6 +160,7 @@ var envOverrides = []struct {
 	{"REDCELL_CLUSTER_SECRET", func(fc *fileConfig, v string) error { fc.ClusterSecret = v; return nil }},
 	{"REDCELL_IDENTITY_KEY", func(fc *fileConfig, v string) error { fc.IdentityKey = v; return nil }},
 	{"REDCELL_ACTIVITIES", func(fc *fileConfig, v string) error { fc.Cell.Activities = v; return nil }},
+	{"REDCELL_REWARD_KEYS", func(fc *fileConfig, v string) error { fc.Cell.RewardKeys = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -257,6 +268,16 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	s := fc.Cell
 	c.Activities = fc.path(s.Activities)
+	c.RewardKeys = fc.path(s.RewardKeys)
+	setDur(&c.TokenTTL, s.TokenTTL)
+	if s.RewardCashMax > 0 {
+		c.RewardCashMax = s.RewardCashMax
+	}
+	setInt(&c.BookingRate, s.BookingRate)
+	setInt(&c.BookingBatch, s.BookingBatch)
+	if s.WithdrawRelease != nil {
+		c.WithdrawRelease = *s.WithdrawRelease
+	}
 	setDur(&c.PacketExpiry, s.PacketExpiry)
 	if s.OpenStrategy != "" {
 		c.OpenStrategy = s.OpenStrategy
@@ -292,7 +313,8 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.ReconInterval, s.ReconInterval)
 	setDur(&c.ReconSettle, s.ReconSettle)
 	setDur(&c.AuditInterval, s.AuditInterval)
-	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay}
+	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay,
+		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking}
 	for name, v := range fc.Cell.Degrade.switches() {
 		switch *v {
 		case "", "on":

@@ -7,6 +7,7 @@
 //	redcell plan   --target-opens-per-sec N    cells needed for a target load
 //	redcell apikey add|list|revoke             the API keys of the calling apps
 //	redcell sim    --seed N --steps M           deterministic simulation of a cluster
+//	redcell rewards keygen|rotate|reissue       reward token keys; re-issue rewards from a CSV
 package main
 
 import (
@@ -29,6 +30,7 @@ commands:
   plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
   apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
   sim      simulate a cluster:        redcell sim --seed 1 --steps 100000 [--seeds 3]
+  rewards  reward keys and reissue:   redcell rewards keygen --out FILE | rotate | reissue
 
 Run 'redcell <command> -h' for the flags of a command.`
 
@@ -65,6 +67,8 @@ func run(ctx context.Context, args []string) error {
 		return runAPIKey(args[1:])
 	case "sim":
 		return runSim(ctx, args[1:])
+	case "rewards":
+		return runRewards(ctx, args[1:])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil

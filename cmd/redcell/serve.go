@@ -106,6 +106,7 @@ func runCell(ctx context.Context, args []string) error {
 		Shadow: guard.NewStore(store.Shadow(), shadowBreaker, storage.DriverFailure),
 	}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
+	cfg.IssuedMemcache = mc
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleCell, Addr: cfg.Listen, Shards: cfg.Shards.String(), Version: cfg.MapVersion},

@@ -93,6 +93,9 @@ cfg="$VAR/redcell.yaml"
 # The reward activities: the operator edits var/activities.yaml and reloads it
 # on the cells' admin ports; a later run keeps those edits.
 if [ ! -f "$VAR/activities.yaml" ]; then cp "$here/activities.yaml" "$VAR/activities.yaml"; fi
+# The reward token keys (Ed25519, mode 0600): made once per state directory;
+# rotate with redcell rewards rotate --keys var/reward-keys.yaml --id k2.
+if [ ! -f "$VAR/reward-keys.yaml" ]; then "$VAR/bin/redcell" rewards keygen --out "$VAR/reward-keys.yaml" >/dev/null; fi
 # Each default address becomes a token first, then its port: a port moved to
 # the next one up is never moved again by the next default's substitution.
 moves=(23061 "$db1" 23062 "$db2" 21211 "$mc" 7946 "$g0" 7947 "$g1" 7948 "$g2"

@@ -1,0 +1,740 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
+
+	"redcell/api"
+	"redcell/cell/activity"
+	"redcell/cell/degrade"
+	"redcell/cell/issued"
+	"redcell/cell/rewardtoken"
+	"redcell/model"
+	"redcell/storage"
+)
+
+// The reward wallet, as Douyin ran it for Spring Festival 2022: a reward is
+// issued at once — a row in the person's home shard, pending, and a signed
+// token answered to the caller — and booked behind by the booker, in bulk
+// and at its own rate (Config.BookingRate), so issuance can run far above
+// what the ledger books. Budgets never overrun: a scene that controls its
+// stock spends leases taken from the scene's home (cell/budget). A
+// withdrawal books the person's pending rewards first.
+
+// rewards is the cell's reward state.
+type rewards struct {
+	ring     atomic.Pointer[rewardtoken.Ring] // nil: no key file, issuing answers REWARDS_DISABLED
+	release  atomic.Pointer[api.WithdrawRelease]
+	limiters sync.Map // scene key → *rate.Limiter (the scene's rate_limit, per cell)
+	counters [2]*issued.Counters
+	dirty    [2]dirtyDBs // databases with rewards issued here since the booker's last pass
+	booked   [2]atomic.Int64
+}
+
+// dirtyDBs is a set of database indexes, taken whole by the booker.
+type dirtyDBs struct {
+	mu sync.Mutex
+	m  map[int]bool
+}
+
+func (d *dirtyDBs) mark(db int) {
+	d.mu.Lock()
+	if d.m == nil {
+		d.m = map[int]bool{}
+	}
+	d.m[db] = true
+	d.mu.Unlock()
+}
+
+func (d *dirtyDBs) take() map[int]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.m
+	d.m = nil
+	return m
+}
+
+// sceneKey names a scene of one child: its budget, limiter and counter.
+func sceneKey(a activity.Active) string { return a.Parent.ID + "/" + a.Child.ID + "/" + a.Scene.ID }
+
+func (s *Server) sceneLimiter(key string, r activity.Rate) *rate.Limiter {
+	if l, ok := s.rw.limiters.Load(key); ok {
+		return l.(*rate.Limiter)
+	}
+	l, _ := s.rw.limiters.LoadOrStore(key, rate.NewLimiter(rate.Limit(r.PerSec), max(r.Burst, 1)))
+	return l.(*rate.Limiter)
+}
+
+func (s *Server) issuedCounter(sp *space, key string) *issued.Counter {
+	c, err := s.rw.counters[sp.index()].Counter(key)
+	if err != nil { // a name the tree's ID rules cannot make
+		panic(err)
+	}
+	return c
+}
+
+// resolveErr turns the activity tree's errors into API errors.
+func resolveErr(err error) error {
+	switch {
+	case errors.Is(err, activity.ErrNoChild):
+		return model.Errorf(model.ErrNoActiveStage, "%v", err)
+	case errors.Is(err, activity.ErrUnknownActivity), errors.Is(err, activity.ErrUnknownScene):
+		return model.Errorf(model.ErrNotFound, "%v", err)
+	}
+	return err
+}
+
+func (s *Server) tree() (*activity.Tree, error) {
+	t := s.acts.holder.Tree()
+	if t == nil {
+		return nil, model.Errorf(model.ErrNotFound, "this cell has no reward activities loaded (cell.activities)")
+	}
+	return t, nil
+}
+
+func rewardAnswer(r model.Reward, repeat bool) api.RewardResponse {
+	return api.RewardResponse{OrderNo: r.OrderNo, Token: r.Token, Amount: int64(r.Amount), AwardType: r.AwardType,
+		TemplateID: r.TemplateID, Stage: r.Stage, ChildActivityID: r.Child, Status: r.Status.String(), Repeat: repeat,
+		CreatedMS: r.CreatedMS}
+}
+
+// validateReward checks a request against the scene it resolved to.
+func (s *Server) validateReward(req api.RewardRequest, sc *activity.Scene) error {
+	if req.App != "" {
+		if err := model.ValidateApp(req.App); err != nil {
+			return err
+		}
+	}
+	if err := activity.ValidateID(req.RainID); err != nil {
+		return model.Invalidf("rain_id: %v", err)
+	}
+	if req.AwardType != sc.AwardType {
+		return model.Invalidf("award_type %q: scene %s issues %q", req.AwardType, sc.ID, sc.AwardType)
+	}
+	if req.Amount < sc.Amount.Min || req.Amount > sc.Amount.Max {
+		return model.Invalidf("amount %d is outside scene %s's rule %d..%d", req.Amount, sc.ID, sc.Amount.Min, sc.Amount.Max)
+	}
+	if sc.AwardType == activity.AwardCash && req.Amount > s.cfg.RewardCashMax {
+		return model.Invalidf("amount %d is above the cap of %d cents per cash reward (reward_cash_max)", req.Amount, s.cfg.RewardCashMax)
+	}
+	return nil
+}
+
+// issueReward answers POST /v1/rewards.
+func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	var req api.RewardRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	sh, err := s.own.account(req.ActID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	ring := s.rw.ring.Load()
+	if ring == nil {
+		s.answers.err(rc, model.Errorf(model.ErrNotFound, "this cell issues no rewards: no reward key file (reward_keys)"))
+		return
+	}
+	t, err := s.tree()
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	now := s.clock.Now()
+	a, err := t.Resolve(req.ParentActivityID, req.SceneID, now)
+	if err != nil {
+		s.answers.err(rc, resolveErr(err))
+		return
+	}
+	if err := s.validateReward(req, a.Scene); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	stage := string(a.Child.Stage)
+	r := model.Reward{OrderNo: model.RewardOrderNo(req.ActID, a.Scene.ID, req.RainID, req.AwardType, stage),
+		ActID: req.ActID, Shard: sh, App: req.App, Parent: a.Parent.ID, Child: a.Child.ID, Stage: stage, Scene: a.Scene.ID,
+		Rain: req.RainID, AwardType: req.AwardType, TemplateID: a.Scene.TemplateID, Amount: model.Cents(req.Amount),
+		CreatedMS: now.UnixMilli()}
+	if a.Scene.AwardType == activity.AwardCash {
+		r.TemplateID = ""
+	}
+	// A repeat answers the first reward and spends neither rate nor budget.
+	if prior, err := sp.store.Reward(ctx, sh, r.OrderNo); err == nil {
+		if err := model.ReplayReward(prior, r); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+		s.answers.json(rc, http.StatusOK, rewardAnswer(prior, true))
+		return
+	} else if !errors.Is(err, model.ErrNotFound) {
+		s.answers.err(rc, err)
+		return
+	}
+	key := sceneKey(a)
+	if !s.sceneLimiter(key, a.Scene.RateLimit).AllowN(now, 1) {
+		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
+		return
+	}
+	limit := a.Scene.Budget
+	if a.Scene.AwardType != activity.AwardCash {
+		limit = a.Scene.Stock
+	}
+	if a.Scene.ControlStock {
+		if r.LeaseID, err = s.budgets[sp.index()].Take(ctx, key, limit, int64(r.Amount)); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+	}
+	giveBack := func() {
+		if r.LeaseID != "" {
+			s.budgets[sp.index()].Give(key, r.LeaseID, int64(r.Amount))
+		}
+	}
+	if r.Token, err = ring.Sign(rewardtoken.FromReward(r)); err != nil {
+		giveBack()
+		s.answers.err(rc, err)
+		return
+	}
+	got, repeat, err := sp.store.IssueReward(ctx, r)
+	if err != nil {
+		if !errors.Is(err, storage.ErrCommitUnknown) { // written or not unknown: the lease keeps it spent (never over-issue)
+			giveBack()
+		}
+		s.answers.err(rc, err)
+		return
+	}
+	if repeat { // a concurrent issue of the same order number stored first
+		giveBack()
+		s.answers.json(rc, http.StatusOK, rewardAnswer(got, true))
+		return
+	}
+	s.issuedCounter(sp, key).Add(int64(r.Amount))
+	if req.BookNow {
+		if _, err := sp.store.BookRewards(ctx, []model.Reward{got}); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+		got.Status = model.RewardBooked
+	} else {
+		s.rw.dirty[sp.index()].mark(sh.DB())
+	}
+	s.answers.json(rc, http.StatusOK, rewardAnswer(got, false))
+}
+
+// currentStage is the stage a wallet request shows: ?stage=, else the stage
+// of the child the time picks in ?parent_activity_id= (or the first parent
+// activity), else official.
+func (s *Server) currentStage(rc *fasthttp.RequestCtx) (string, error) {
+	args := rc.QueryArgs()
+	if st := string(args.Peek("stage")); st != "" {
+		if !slices.Contains(activity.Stages, activity.Stage(st)) {
+			return "", model.Invalidf("stage %q: must be test, gray or official", st)
+		}
+		return st, nil
+	}
+	t := s.acts.holder.Tree()
+	if t == nil {
+		return model.StageOfficial, nil
+	}
+	parent := string(args.Peek("parent_activity_id"))
+	if parent == "" {
+		ps := t.Parents()
+		if len(ps) == 0 {
+			return model.StageOfficial, nil
+		}
+		parent = ps[0].ID
+	}
+	if c := t.ChildAt(parent, s.clock.Now()); c != nil {
+		return string(c.Stage), nil
+	}
+	return model.StageOfficial, nil
+}
+
+// wallet answers GET /v1/accounts/{act_id}/wallet.
+func (s *Server) wallet(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	stage, err := s.currentStage(rc)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	sums, err := sp.store.RewardSums(ctx, sh, actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	acct, err := sp.store.Account(ctx, sh, actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	out := api.WalletResponse{ActID: actID, Stage: stage, FlowDegraded: s.switches.Off(degradeWalletFlow)}
+	by := map[string]model.StageSums{}
+	for _, x := range sums {
+		by[x.Stage] = x
+	}
+	for _, st := range activity.Stages {
+		x := by[string(st)]
+		w := api.StageWallet{Stage: string(st), Balance: int64(x.Booked), Pending: int64(x.Pending), CumulativeIncome: int64(x.Income)}
+		if st == activity.StageOfficial {
+			w.Balance, w.Withdrawable = int64(acct.Balance), true
+		}
+		out.Stages = append(out.Stages, w)
+		if string(st) == stage {
+			out.Balance, out.Pending, out.CumulativeIncome = w.Balance, w.Pending, w.CumulativeIncome
+		}
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// listArgs reads ?cursor= and ?limit= (1..100, default 20).
+func listArgs(rc *fasthttp.RequestCtx) (model.FlowCursor, int, error) {
+	args := rc.QueryArgs()
+	cur, err := model.ParseFlowCursor(string(args.Peek("cursor")))
+	if err != nil {
+		return cur, 0, err
+	}
+	limit := 20
+	if v := args.Peek("limit"); len(v) > 0 {
+		n, err := strconv.Atoi(string(v))
+		if err != nil || n < 1 || n > 100 {
+			return cur, 0, model.Invalidf("limit must be 1..100")
+		}
+		limit = n
+	}
+	return cur, limit, nil
+}
+
+// flowKinds names the flow kinds in the listing.
+var flowKinds = map[model.FlowKind]string{
+	model.FlowDeposit: "deposit", model.FlowSend: "send", model.FlowRefund: "refund", model.FlowCredit: "claim",
+	model.FlowWithdraw: "withdraw", model.FlowReward: "reward",
+}
+
+// flow answers GET /v1/accounts/{act_id}/flow: the stage's rewards (from
+// the reward rows, so a pending one is listed at its issue time and stays
+// there when booked) merged with the wallet's other flows (official stage
+// only), newest first.
+func (s *Server) flow(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if s.switches.Off(degradeWalletFlow) {
+		s.answers.err(rc, model.Errorf(model.ErrDegraded, "the flow listing is switched off (degrade switch wallet_flow); the wallet's balance still answers"))
+		return
+	}
+	stage, err := s.currentStage(rc)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	cur, limit, err := listArgs(rc)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	rs, err := sp.store.RewardsOf(ctx, sh, actID, stage, cur, limit)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	var fs []model.Flow
+	if stage == model.StageOfficial {
+		if fs, err = sp.store.FlowsOf(ctx, sh, actID, cur, limit); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+	}
+	out := api.FlowResponse{ActID: actID, Stage: stage, Items: make([]api.FlowItem, 0, limit)}
+	for len(out.Items) < limit && (len(rs) > 0 || len(fs) > 0) {
+		var it api.FlowItem
+		useReward := len(fs) == 0 || len(rs) > 0 && (rs[0].CreatedMS > fs[0].CreatedMS ||
+			rs[0].CreatedMS == fs[0].CreatedMS && rs[0].OrderNo > model.FlowItemID(fs[0].Seq))
+		if useReward {
+			r := rs[0]
+			rs = rs[1:]
+			amount := int64(r.Amount)
+			it = api.FlowItem{ID: r.OrderNo, Kind: "reward", Amount: amount, Status: r.Status.String(), OrderNo: r.OrderNo,
+				Ref: r.Scene, Stage: r.Stage, CreatedMS: r.CreatedMS}
+			if !r.Cash() {
+				it.Kind = "reward_" + r.AwardType
+			}
+		} else {
+			f := fs[0]
+			fs = fs[1:]
+			it = api.FlowItem{ID: model.FlowItemID(f.Seq), Kind: flowKinds[f.Kind], Amount: int64(f.Amount), Status: "booked",
+				OrderNo: f.OrderNo, Ref: f.Ref, Stage: model.StageOfficial, CreatedMS: f.CreatedMS}
+		}
+		out.Items = append(out.Items, it)
+	}
+	if n := len(out.Items); n == limit {
+		out.NextCursor = model.FlowCursor{CreatedMS: out.Items[n-1].CreatedMS, ID: out.Items[n-1].ID}.String()
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// rewardsOf answers GET /v1/accounts/{act_id}/rewards: "did this person win
+// in this activity" (?parent_activity_id=), newest first.
+func (s *Server) rewardsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	cur, limit, err := listArgs(rc)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	stage := string(rc.QueryArgs().Peek("stage"))
+	parent := string(rc.QueryArgs().Peek("parent_activity_id"))
+	out := api.RewardsResponse{ActID: actID, Rewards: []api.RewardItem{}}
+	for len(out.Rewards) < limit {
+		rs, err := sp.store.RewardsOf(ctx, sh, actID, stage, cur, limit)
+		if err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+		for _, r := range rs {
+			cur = model.FlowCursor{CreatedMS: r.CreatedMS, ID: r.OrderNo}
+			if parent != "" && r.Parent != parent {
+				continue
+			}
+			out.Rewards = append(out.Rewards, api.RewardItem{OrderNo: r.OrderNo, ParentActivityID: r.Parent, ChildActivityID: r.Child,
+				Stage: r.Stage, SceneID: r.Scene, RainID: r.Rain, AwardType: r.AwardType, TemplateID: r.TemplateID,
+				Amount: int64(r.Amount), Status: r.Status.String(), CreatedMS: r.CreatedMS, BookedMS: r.BookedMS})
+			if len(out.Rewards) == limit {
+				break
+			}
+		}
+		if len(rs) < limit {
+			cur = model.FlowCursor{}
+			break
+		}
+	}
+	if len(out.Rewards) == limit {
+		out.NextCursor = cur.String()
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// released reports whether actID may withdraw (the gray release).
+func (s *Server) released(actID string) bool {
+	rel := s.rw.release.Load()
+	if rel == nil {
+		return false
+	}
+	if slices.Contains(rel.Allow, actID) {
+		return true
+	}
+	return int(xxhash.Sum64String("withdraw/"+actID)%100) < rel.Percent
+}
+
+// forcedBookingMax bounds the pending rewards a withdrawal books first.
+const forcedBookingMax = 1000
+
+// bookPendingOf books every pending reward of a person (forced booking).
+func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID, actID string) (int, error) {
+	pend, err := sp.store.PendingRewardsOf(ctx, sh, actID, forcedBookingMax)
+	if err != nil || len(pend) == 0 {
+		return 0, err
+	}
+	n, err := sp.store.BookRewards(ctx, pend)
+	s.rw.booked[sp.index()].Add(int64(n))
+	return n, err
+}
+
+// withdraw answers POST /v1/accounts/{act_id}/withdraw.
+func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	var req api.WithdrawRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if err := model.ValidateOrderNo(req.OrderNo); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if req.Amount < 1 || req.Amount > int64(MaxDeposit) {
+		s.answers.err(rc, model.Invalidf("amount must be 1..%d cents", MaxDeposit))
+		return
+	}
+	if req.Stage != "" && req.Stage != model.StageOfficial {
+		s.answers.err(rc, model.Invalidf("stage %q: only the official stage's money can be withdrawn", req.Stage))
+		return
+	}
+	if !s.released(actID) {
+		s.answers.err(rc, model.Errorf(model.ErrWithdrawNotReleased, "withdrawal is not released to %s yet (gray release)", actID))
+		return
+	}
+	booked, err := s.bookPendingOf(ctx, sp, sh, actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	w, err := sp.store.Withdraw(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, api.WithdrawResponse{ActID: w.ActID, OrderNo: w.OrderNo, Amount: int64(w.Amount),
+		Balance: int64(w.Balance), Repeat: w.Repeat, BookedNow: booked})
+}
+
+// tokens answers POST /v1/accounts/{act_id}/tokens: each token is checked
+// (signature, key, expiry, owner); a valid one the cell has is "known"; a
+// valid one it has lost is stored again and booked ("restored"); any other
+// is refused, and then the answer is 422 TOKEN_REFUSED listing each token.
+func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	var req api.TokensRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if len(req.Tokens) == 0 || len(req.Tokens) > api.MaxTokens {
+		s.answers.err(rc, model.Invalidf("tokens: 1..%d tokens", api.MaxTokens))
+		return
+	}
+	ring := s.rw.ring.Load()
+	if ring == nil {
+		s.answers.err(rc, model.Errorf(model.ErrNotFound, "this cell has no reward key file (reward_keys)"))
+		return
+	}
+	out := api.TokensResponse{ActID: actID, Results: make([]api.TokenResult, 0, len(req.Tokens))}
+	refused := 0
+	refuse := func(i int, order, code, msg string) {
+		refused++
+		out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: order, Result: "refused", Code: code, Message: msg})
+	}
+	for i, tok := range req.Tokens {
+		c, err := ring.Verify(tok, s.clock.Now(), s.cfg.TokenTTL)
+		if err != nil {
+			refuse(i, "", rewardtoken.Reason(err), err.Error())
+			continue
+		}
+		if c.ActID != actID {
+			refuse(i, c.OrderNo, "TOKEN_WRONG_ACCOUNT", "the token is another person's reward")
+			continue
+		}
+		prior, err := sp.store.Reward(ctx, sh, c.OrderNo)
+		switch {
+		case err == nil && c.Matches(prior):
+			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "known"})
+		case err == nil:
+			refuse(i, c.OrderNo, "TOKEN_MISMATCH", "the cell holds this order number with other fields")
+		case errors.Is(err, model.ErrNotFound):
+			if err := s.restoreReward(ctx, sp, sh, c); err != nil {
+				s.answers.err(rc, err)
+				return
+			}
+			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "restored"})
+		default:
+			s.answers.err(rc, err)
+			return
+		}
+	}
+	if refused > 0 {
+		_, msg := model.CodeOf(model.Errorf(model.ErrTokenRefused, "%d of %d tokens refused; see results", refused, len(req.Tokens)))
+		out.Error = &api.ErrorDetail{Code: model.ErrTokenRefused.Code, Message: msg}
+		rc.Response.Header.Set(api.HeaderCode, model.ErrTokenRefused.Code)
+		s.answers.json(rc, api.Status(model.ErrTokenRefused.Code), out)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// restoreReward stores again, and books, a reward the cell lost whose valid
+// token the client kept. It spends no lease: its budget was spent when it
+// was first issued. The child is the parent's child of the token's stage.
+func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID, c rewardtoken.Claims) error {
+	actID, scene, rain, award, stage, err := model.ParseRewardOrderNo(c.OrderNo)
+	if err != nil || actID != c.ActID || scene != c.Scene || rain != c.Rain || award != c.AwardType || stage != c.Stage {
+		return model.Invalidf("token %s: its order number does not match its fields", c.OrderNo)
+	}
+	child := ""
+	if t := s.acts.holder.Tree(); t != nil {
+		if ch := t.ChildOfStage(c.Parent, activity.Stage(c.Stage)); ch != nil {
+			child = ch.ID
+		}
+	}
+	r := model.Reward{OrderNo: c.OrderNo, ActID: c.ActID, Shard: sh, App: c.App, Parent: c.Parent, Child: child, Stage: c.Stage,
+		Scene: c.Scene, Rain: c.Rain, AwardType: c.AwardType, TemplateID: c.TemplateID, Amount: model.Cents(c.Amount),
+		CreatedMS: c.IssuedMS}
+	ring := s.rw.ring.Load()
+	if r.Token, err = ring.Sign(rewardtoken.FromReward(r)); err != nil {
+		return err
+	}
+	got, _, err := sp.store.IssueReward(ctx, r)
+	if err != nil {
+		return err
+	}
+	_, err = sp.store.BookRewards(ctx, []model.Reward{got})
+	return err
+}
+
+// issuedSoFar answers GET /v1/activities/{parent_activity_id}/issued from
+// the in-process counters: no database, no memcached per request.
+func (s *Server) issuedSoFar(rc *fasthttp.RequestCtx, sp *space, parent string) {
+	t, err := s.tree()
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	c := t.ChildAt(parent, s.clock.Now())
+	if c == nil {
+		s.answers.err(rc, model.Errorf(model.ErrNoActiveStage, "activity %s has no stage open now (or is unknown)", parent))
+		return
+	}
+	out := api.IssuedResponse{ParentActivityID: parent, ChildActivityID: c.ID, Stage: string(c.Stage),
+		StalenessMS: 2 * issued.Interval.Milliseconds(), Scenes: []api.IssuedScene{}}
+	for _, rw := range c.Rewards {
+		for _, sc := range rw.Scenes {
+			limit := sc.Budget
+			if sc.AwardType != activity.AwardCash {
+				limit = sc.Stock
+			}
+			n := s.issuedCounter(sp, parent+"/"+c.ID+"/"+sc.ID).Read()
+			out.Scenes = append(out.Scenes, api.IssuedScene{SceneID: sc.ID, AwardType: sc.AwardType, Issued: n, Limit: limit})
+		}
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// Booking: each space's booker takes pending rewards of the cell's databases
+// (those marked dirty by an issue here at once, every database every
+// bookerScanEvery for rewards left from before a restart or by another
+// owner) and books them in batches, at Config.BookingRate rewards/s.
+const (
+	bookerTick      = 100 * time.Millisecond
+	bookerScanEvery = 5 * time.Second
+	bookerStale     = 30 * time.Second // a processing reward this old is taken again
+)
+
+func (s *Server) runBooker(sp *space) func(ctx context.Context) {
+	return func(ctx context.Context) {
+		lim := rate.NewLimiter(rate.Limit(s.cfg.BookingRate), s.cfg.BookingBatch)
+		dbs := s.cfg.Shards.DBs()
+		lastScan := time.Time{}
+		t := time.NewTicker(bookerTick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s.switches.Off(degradeBooking) {
+				continue
+			}
+			todo := s.rw.dirty[sp.index()].take()
+			if now := s.clock.Now(); now.Sub(lastScan) >= bookerScanEvery {
+				lastScan = now
+				if todo == nil {
+					todo = map[int]bool{}
+				}
+				for _, db := range dbs {
+					todo[db] = true
+				}
+			}
+			for db := range todo {
+				if !s.bookDB(ctx, sp, lim, db) {
+					s.rw.dirty[sp.index()].mark(db) // more left: next tick
+				}
+			}
+		}
+	}
+}
+
+// bookDB books one batch of database db; done is false when a full batch
+// was taken (more may wait) or booking failed.
+func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool) {
+	tctx, cancel := context.WithTimeout(ctx, txTimeout)
+	defer cancel()
+	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
+	if err != nil {
+		s.log.Warn("booker: take rewards", "space", sp.name, "db", db, "err", err)
+		return false
+	}
+	if len(rs) == 0 {
+		return true
+	}
+	if err := lim.WaitN(ctx, len(rs)); err != nil {
+		return false
+	}
+	n, err := sp.store.BookRewards(tctx, rs)
+	if err != nil {
+		s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)
+		return false
+	}
+	s.rw.booked[sp.index()].Add(int64(n))
+	return len(rs) < s.cfg.BookingBatch
+}
+
+// WithdrawRelease implements admin.Withdrawals.
+func (s *Server) WithdrawRelease() api.WithdrawRelease {
+	if r := s.rw.release.Load(); r != nil {
+		return *r
+	}
+	return api.WithdrawRelease{Allow: []string{}}
+}
+
+// SetWithdrawRelease implements admin.Withdrawals. Errors:
+// ErrInvalidArgument for a percent outside 0..100 or a bad act_id.
+func (s *Server) SetWithdrawRelease(r api.WithdrawRelease) (api.WithdrawRelease, error) {
+	if err := validateRelease(r); err != nil {
+		return api.WithdrawRelease{}, err
+	}
+	if r.Allow == nil {
+		r.Allow = []string{}
+	}
+	s.rw.release.Store(&r)
+	s.log.Info("withdrawal release changed", "percent", r.Percent, "allow", len(r.Allow))
+	return r, nil
+}
+
+func validateRelease(r api.WithdrawRelease) error {
+	if r.Percent < 0 || r.Percent > 100 {
+		return model.Invalidf("percent must be 0..100")
+	}
+	for _, a := range r.Allow {
+		if err := model.ValidateActID(a); err != nil {
+			return fmt.Errorf("allow: %w", err)
+		}
+	}
+	return nil
+}
+
+// The reward wallet's degrade switches.
+const (
+	degradeWalletFlow = degrade.WalletFlow
+	degradeBooking    = degrade.Booking
+)
