@@ -74,7 +74,7 @@ type cellEntry struct {
 }
 
 type cellSection struct {
-	Activities     string        `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
+	Activities string `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
 	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
 	RewardKeys      string                `yaml:"reward_keys"`
 	TokenTTL        time.Duration         `yaml:"token_ttl"`
@@ -82,21 +82,21 @@ type cellSection struct {
 	BookingRate     int                   `yaml:"booking_rate"`
 	BookingBatch    int                   `yaml:"booking_batch"`
 	WithdrawRelease *cell.WithdrawRelease `yaml:"withdraw_release"`
-	PacketExpiry   time.Duration `yaml:"packet_expiry"`
-	OpenStrategy   string        `yaml:"open_strategy"`
-	BatchMax       int           `yaml:"batch_max"`
-	BatchWait      time.Duration `yaml:"batch_wait"`
-	QueueDepth     int           `yaml:"queue_depth"`
-	QueueWaitMax   time.Duration `yaml:"queue_wait_max"`
-	TxPerPacket    int           `yaml:"tx_per_packet"`
-	MaxConns       int           `yaml:"max_conns"`
-	RequestTimeout time.Duration `yaml:"request_timeout"`
-	RelayInterval  time.Duration `yaml:"relay_interval"`
-	ExpiryInterval time.Duration `yaml:"expiry_interval"`
-	MaxAmount      int64         `yaml:"max_amount"`
-	MaxCount       int64         `yaml:"max_count"`
-	MaxGreeting    int           `yaml:"max_greeting"`
-	MapVersion     int64         `yaml:"map_version"`
+	PacketExpiry    time.Duration         `yaml:"packet_expiry"`
+	OpenStrategy    string                `yaml:"open_strategy"`
+	BatchMax        int                   `yaml:"batch_max"`
+	BatchWait       time.Duration         `yaml:"batch_wait"`
+	QueueDepth      int                   `yaml:"queue_depth"`
+	QueueWaitMax    time.Duration         `yaml:"queue_wait_max"`
+	TxPerPacket     int                   `yaml:"tx_per_packet"`
+	MaxConns        int                   `yaml:"max_conns"`
+	RequestTimeout  time.Duration         `yaml:"request_timeout"`
+	RelayInterval   time.Duration         `yaml:"relay_interval"`
+	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
+	MaxAmount       int64                 `yaml:"max_amount"`
+	MaxCount        int64                 `yaml:"max_count"`
+	MaxGreeting     int                   `yaml:"max_greeting"`
+	MapVersion      int64                 `yaml:"map_version"`
 
 	RateLimitPerSec int           `yaml:"rate_limit_per_sec"`
 	RateBurst       int           `yaml:"rate_burst"`
