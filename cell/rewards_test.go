@@ -1,0 +1,329 @@
+package cell_test
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"redcell/api"
+	"redcell/cell"
+	"redcell/cell/rewardtoken"
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// rewardCell starts a cell owning every shard with a reward key file and an
+// activities file of two parents: pre+"-fest" (an official child, open
+// ended, scenes rain and card) and pre+"-rehearsal" (a gray child, open
+// ended, scene rain). It answers the cell and the key file's path.
+func rewardCell(t *testing.T, pre string, controlStock bool, tune func(*cell.Config)) (*testCell, string) {
+	t.Helper()
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys.yaml")
+	if err := rewardtoken.NewKeyFile(keys, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	acts := filepath.Join(dir, "activities.yaml")
+	yaml := fmt.Sprintf(`activities:
+  - id: %[1]s-fest
+    children:
+      - id: %[1]s-off
+        stage: official
+        rewards:
+          - id: rain
+            scenes:
+              - {id: %[1]s-rain, award_type: cash, amount: {min: 1, max: 888}, budget: 100000, rate_limit: {per_sec: 10000, burst: 1000}, compensate: true, control_stock: %[2]v, pay_into: wallet}
+          - id: cards
+            scenes:
+              - {id: %[1]s-card, award_type: coupon, template_id: tpl-1, amount: {min: 1, max: 1}, stock: 1000, rate_limit: {per_sec: 10000, burst: 1000}, compensate: true, control_stock: %[2]v, pay_into: wallet}
+  - id: %[1]s-rehearsal
+    children:
+      - id: %[1]s-gray
+        stage: gray
+        rewards:
+          - id: rain
+            scenes:
+              - {id: %[1]s-grain, award_type: cash, amount: {min: 1, max: 888}, budget: 100000, rate_limit: {per_sec: 10000, burst: 1000}, compensate: true, control_stock: %[2]v, pay_into: wallet}
+`, pre, controlStock)
+	if err := os.WriteFile(acts, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCell(t, "cell-r", "0-999", 1, nil, func(cfg *cell.Config) {
+		cfg.RewardKeys, cfg.Activities = keys, acts
+		if tune != nil {
+			tune(cfg)
+		}
+	})
+	return c, keys
+}
+
+func issue(t *testing.T, c *testCell, req api.RewardRequest) (api.RewardResponse, int, string) {
+	t.Helper()
+	var out api.RewardResponse
+	st, code := call(t, "POST", c.url+api.RewardsPath, req, &out)
+	return out, st, code
+}
+
+func walletOf(t *testing.T, c *testCell, act, stage string) api.WalletResponse {
+	t.Helper()
+	var w api.WalletResponse
+	url := c.url + api.AccountSubPath(act, "wallet")
+	if stage != "" {
+		url += "?stage=" + stage
+	}
+	if st, code := call(t, "GET", url, nil, &w); st != 200 {
+		t.Fatalf("wallet of %s: %d %s", act, st, code)
+	}
+	return w
+}
+
+// waitBooked waits (5 s at most) until act's stage has nothing pending.
+func waitBooked(t *testing.T, c *testCell, act, stage string) api.WalletResponse {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		w := walletOf(t, c, act, stage)
+		if w.Pending == 0 || time.Now().After(deadline) {
+			return w
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRewards drives the reward wallet on one cell with the real store:
+// issuance (the order number, repeats, every refusal), booking behind,
+// stages kept apart, withdrawals with forced booking, the flow listing, the
+// client's token copies (known, restored after a loss, refused with a code)
+// and issued so far.
+func TestRewards(t *testing.T) {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	c, _ := rewardCell(t, pre, false, nil)
+	fest, rain, card := pre+"-fest", pre+"-rain", pre+"-card"
+	act := pre + "_alice"
+
+	r1, st, code := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r1", ActID: act, AwardType: "cash", Amount: 500, App: "chat"})
+	wantOrder := act + "_" + rain + "_r1_cash_official"
+	if st != 200 || r1.OrderNo != wantOrder || r1.Repeat || r1.Status != "pending" || r1.Stage != "official" || r1.Amount != 500 ||
+		r1.ChildActivityID != pre+"-off" || !strings.HasPrefix(r1.Token, "v1.k1.") {
+		t.Fatalf("issue: %d %s %+v", st, code, r1)
+	}
+	again, st, _ := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r1", ActID: act, AwardType: "cash", Amount: 500, App: "chat"})
+	if st != 200 || !again.Repeat || again.Token != r1.Token || again.CreatedMS != r1.CreatedMS {
+		t.Fatalf("repeat: %d %+v, want the first reward as a repeat", st, again)
+	}
+	for _, bad := range []struct {
+		req  api.RewardRequest
+		st   int
+		code string
+	}{
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r1", ActID: act, AwardType: "cash", Amount: 501, App: "chat"}, 409, "ORDER_CONFLICT"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: act, AwardType: "cash", Amount: 889}, 400, "INVALID_ARGUMENT"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: act, AwardType: "cash", Amount: 0}, 400, "INVALID_ARGUMENT"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: act, AwardType: "coupon", Amount: 5}, 400, "INVALID_ARGUMENT"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r_2", ActID: act, AwardType: "cash", Amount: 5}, 400, "INVALID_ARGUMENT"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: "nope", RainID: "r2", ActID: act, AwardType: "cash", Amount: 5}, 404, "NOT_FOUND"},
+		{api.RewardRequest{ParentActivityID: "nope", SceneID: rain, RainID: "r2", ActID: act, AwardType: "cash", Amount: 5}, 404, "NOT_FOUND"},
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: "bad act", AwardType: "cash", Amount: 5}, 400, "INVALID_ARGUMENT"},
+	} {
+		if _, st, code := issue(t, c, bad.req); st != bad.st || code != bad.code {
+			t.Errorf("%+v: %d %s, want %d %s", bad.req, st, code, bad.st, bad.code)
+		}
+	}
+	if w := walletOf(t, c, act, ""); w.Stage != "official" || w.Pending+w.Balance != 500 || w.CumulativeIncome != 500 {
+		t.Fatalf("wallet right after the issue: %+v", w)
+	}
+	w := waitBooked(t, c, act, "")
+	if w.Balance != 500 || w.Pending != 0 || w.CumulativeIncome != 500 {
+		t.Fatalf("wallet after booking: %+v, want 500 booked", w)
+	}
+
+	// A coupon kind is booked by its state: no money.
+	cp, st, code := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: card, RainID: "r1", ActID: act, AwardType: "coupon", Amount: 1})
+	if st != 200 || cp.TemplateID != "tpl-1" || cp.OrderNo != act+"_"+card+"_r1_coupon_official" {
+		t.Fatalf("coupon issue: %d %s %+v", st, code, cp)
+	}
+	// Gray money never shows in the official wallet, nor can it leave.
+	if _, st, code := issue(t, c, api.RewardRequest{ParentActivityID: pre + "-rehearsal", SceneID: pre + "-grain", RainID: "r1", ActID: act, AwardType: "cash", Amount: 300}); st != 200 {
+		t.Fatalf("gray issue: %d %s", st, code)
+	}
+	g := waitBooked(t, c, act, "gray")
+	if g.Stage != "gray" || g.Balance != 300 || g.CumulativeIncome != 300 {
+		t.Fatalf("gray wallet: %+v, want 300 booked", g)
+	}
+	o := walletOf(t, c, act, "official")
+	if o.Balance != 500 || o.CumulativeIncome != 500 || len(o.Stages) != 3 {
+		t.Fatalf("official wallet beside a gray reward: %+v, want 500", o)
+	}
+	var wd api.WithdrawResponse
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "withdraw"), api.WithdrawRequest{Amount: 100, OrderNo: "w0", Stage: "gray"}, &wd); st != 400 {
+		t.Errorf("withdraw gray money: %d %s, want 400", st, code)
+	}
+
+	// Booking switched off: a reward waits; a withdrawal books it first.
+	setDegrade(t, c, api.DegradeSetting{Booking: "off"})
+	if _, st, code := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r3", ActID: act, AwardType: "cash", Amount: 88}); st != 200 {
+		t.Fatalf("issue r3: %d %s", st, code)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if w := walletOf(t, c, act, ""); w.Pending != 88 || w.Balance != 500 {
+		t.Fatalf("with booking off: %+v, want 88 pending", w)
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "withdraw"), api.WithdrawRequest{Amount: 588, OrderNo: "w1"}, &wd); st != 200 ||
+		wd.BookedNow != 1 || wd.Balance != 0 || wd.Repeat {
+		t.Fatalf("withdraw all: %d %s %+v, want the pending reward booked first and 0 left", st, code, wd)
+	}
+	if st, _ := call(t, "POST", c.url+api.AccountSubPath(act, "withdraw"), api.WithdrawRequest{Amount: 588, OrderNo: "w1"}, &wd); st != 200 || !wd.Repeat {
+		t.Fatalf("withdraw again: %d %+v, want a repeat", st, wd)
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "withdraw"), api.WithdrawRequest{Amount: 1, OrderNo: "w2"}, nil); st != 409 || code != "INSUFFICIENT_BALANCE" {
+		t.Fatalf("withdraw from nothing: %d %s", st, code)
+	}
+	setDegrade(t, c, api.DegradeSetting{Booking: "on"})
+
+	// The flow: newest first, rewards at their issue time, paged one by one.
+	var kinds []string
+	cursor := ""
+	for range 10 {
+		var f api.FlowResponse
+		url := c.url + api.AccountSubPath(act, "flow") + "?limit=1"
+		if cursor != "" {
+			url += "&cursor=" + cursor
+		}
+		if st, code := call(t, "GET", url, nil, &f); st != 200 {
+			t.Fatalf("flow: %d %s", st, code)
+		}
+		for _, it := range f.Items {
+			kinds = append(kinds, fmt.Sprintf("%s:%d:%s", it.Kind, it.Amount, it.Status))
+		}
+		if cursor = f.NextCursor; cursor == "" {
+			break
+		}
+	}
+	want := "[withdraw:-588:booked reward:88:booked reward_coupon:1:booked reward:500:booked]"
+	if got := fmt.Sprint(kinds); got != want {
+		t.Fatalf("flow pages %s, want %s", got, want)
+	}
+	setDegrade(t, c, api.DegradeSetting{WalletFlow: "off"})
+	if st, code := call(t, "GET", c.url+api.AccountSubPath(act, "flow"), nil, nil); st != 503 || code != "DEGRADED" {
+		t.Errorf("flow degraded: %d %s, want 503 DEGRADED", st, code)
+	}
+	if w := walletOf(t, c, act, ""); !w.FlowDegraded {
+		t.Errorf("wallet with the flow degraded: %+v, want flow_degraded", w)
+	}
+	setDegrade(t, c, api.DegradeSetting{WalletFlow: "on"})
+
+	// "Did this person win": the rewards of one parent.
+	var rs api.RewardsResponse
+	if st, code := call(t, "GET", c.url+api.AccountSubPath(act, "rewards")+"?parent_activity_id="+fest, nil, &rs); st != 200 || len(rs.Rewards) != 3 {
+		t.Fatalf("rewards of %s: %d %s %+v, want 3", fest, st, code, rs)
+	}
+
+	// Issued so far, from the cell's counters.
+	var is api.IssuedResponse
+	if st, code := call(t, "GET", c.url+api.IssuedPath(fest), nil, &is); st != 200 || len(is.Scenes) != 2 || is.Scenes[0].Issued != 588 || is.Scenes[1].Issued != 1 {
+		t.Fatalf("issued: %d %s %+v, want rain 588 and card 1", st, code, is)
+	}
+}
+
+// TestRewardTokens: the client's copies of its tokens. A token the cell has
+// is known; one it lost (its row deleted here) is restored and booked once;
+// an altered one, another person's, and one signed by a key the cell does
+// not know are refused, each with its code, and the answer is 422.
+func TestRewardTokens(t *testing.T) {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	c, _ := rewardCell(t, pre, false, nil)
+	fest, rain := pre+"-fest", pre+"-rain"
+	act, other := pre+"-bob", pre+"-carol"
+	var toks []string
+	for i, amt := range []int64{100, 200} {
+		r, st, code := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: fmt.Sprintf("r%d", i), ActID: act, AwardType: "cash", Amount: amt})
+		if st != 200 {
+			t.Fatalf("issue: %d %s", st, code)
+		}
+		toks = append(toks, r.Token)
+	}
+	theirs, _, _ := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r0", ActID: other, AwardType: "cash", Amount: 5})
+	waitBooked(t, c, act, "")
+
+	var res api.TokensResponse
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: toks}, &res); st != 200 ||
+		len(res.Results) != 2 || res.Results[0].Result != "known" || res.Results[1].Result != "known" {
+		t.Fatalf("known tokens: %d %s %+v", st, code, res)
+	}
+	// The cell loses the second reward's row; the client's copy brings it back.
+	sh := sharding.ShardOfAct(act)
+	order := act + "_" + rain + "_r1_cash_official"
+	exec(t, c.db, fmt.Sprintf("DELETE FROM db_%02d.t_reward WHERE order_no = ?", sh.DB()), order)
+	exec(t, c.db, fmt.Sprintf("DELETE FROM db_%02d.t_flow_%d WHERE act_id = ? AND order_no = ?", sh.DB(), sh.Table()), act, model.RewardFlowOrderNo(order))
+	exec(t, c.db, fmt.Sprintf("UPDATE db_%02d.t_account_%d SET balance = balance - 200 WHERE act_id = ?", sh.DB(), sh.Table()), act)
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: toks}, &res); st != 200 ||
+		res.Results[0].Result != "known" || res.Results[1].Result != "restored" {
+		t.Fatalf("a lost token: %d %s %+v, want known and restored", st, code, res)
+	}
+	if st, _ := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: toks[1:]}, &res); st != 200 || res.Results[0].Result != "known" {
+		t.Fatalf("the restored token again: %d %+v, want known", st, res)
+	}
+	if w := walletOf(t, c, act, ""); w.Balance != 300 || w.Pending != 0 {
+		t.Fatalf("wallet after the restore: %+v, want 300, each reward once", w)
+	}
+
+	// Refusals, each with its code, in one 422 answer.
+	altered := []byte(toks[0])
+	i := strings.LastIndexByte(toks[0], '.') - 3
+	altered[i] ^= 1
+	forgedKeys := filepath.Join(t.TempDir(), "k.yaml")
+	if err := rewardtoken.NewKeyFile(forgedKeys, "k9"); err != nil {
+		t.Fatal(err)
+	}
+	ring, err := rewardtoken.LoadRing(forgedKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := ring.Sign(rewardtoken.Claims{ActID: act, OrderNo: act + "_" + rain + "_r9_cash_official", Amount: 888, Stage: "official"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: []string{toks[0], string(altered), theirs.Token, forged, "junk"}}, &res)
+	got := []string{}
+	for _, r := range res.Results {
+		got = append(got, r.Result+":"+r.Code)
+	}
+	want := "[known: refused:TOKEN_BAD_SIGNATURE refused:TOKEN_WRONG_ACCOUNT refused:TOKEN_UNKNOWN_KEY refused:TOKEN_MALFORMED]"
+	if st != 422 || code != "TOKEN_REFUSED" || fmt.Sprint(got) != want || res.Error == nil {
+		t.Fatalf("refusals: %d %s %v, want 422 TOKEN_REFUSED %s", st, code, got, want)
+	}
+	if w := walletOf(t, c, act, ""); w.Balance != 300 {
+		t.Fatalf("wallet after refused tokens: %+v, want 300", w)
+	}
+}
+
+// TestWithdrawRelease: the gray release lets only the allow-list and the
+// released share of act_ids withdraw; others are refused cleanly.
+func TestWithdrawRelease(t *testing.T) {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	in, out := pre+"-in", pre+"-out"
+	c, _ := rewardCell(t, pre, false, func(cfg *cell.Config) { cfg.WithdrawRelease = cell.WithdrawRelease{Percent: 0, Allow: []string{in}} })
+	for _, act := range []string{in, out} {
+		var d model.Deposit
+		if st, code := call(t, "POST", c.url+api.DepositPath(act), api.DepositRequest{Amount: 50, OrderNo: "d1"}, &d); st != 200 {
+			t.Fatalf("deposit: %d %s", st, code)
+		}
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(in, "withdraw"), api.WithdrawRequest{Amount: 50, OrderNo: "w1"}, nil); st != 200 {
+		t.Errorf("an allowed act_id: %d %s", st, code)
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(out, "withdraw"), api.WithdrawRequest{Amount: 50, OrderNo: "w1"}, nil); st != 403 || code != "WITHDRAW_NOT_RELEASED" {
+		t.Errorf("an act_id not released: %d %s, want 403 WITHDRAW_NOT_RELEASED", st, code)
+	}
+	var bal model.Account
+	if call(t, "GET", c.url+api.AccountPath(out), nil, &bal); bal.Balance != 50 {
+		t.Errorf("the refused act_id's balance: %d, want 50", bal.Balance)
+	}
+}
+
+var _ = sql.ErrNoRows
