@@ -361,8 +361,8 @@ func (r Report) WriteText(w io.Writer) error {
 		ew.printf("  balance error: %s\n", r.BalanceError)
 	}
 	if a := r.Audit; a != nil {
-		ew.printf("audit of %d cells: deposits %d = balances %d + open %d + in flight %d (%d credits); difference %d, %d problems\n",
-			len(a.Cells), a.Deposits, a.Balances, a.OpenRemaining, a.InFlight, a.InFlightCount, a.Difference, len(a.Problems))
+		ew.printf("audit of %d cells: deposits %d + rewards %d - withdrawals %d = balances %d + open %d + in flight %d (%d credits); difference %d, %d problems\n",
+			len(a.Cells), a.Deposits, a.Rewards, a.Withdrawals, a.Balances, a.OpenRemaining, a.InFlight, a.InFlightCount, a.Difference, len(a.Problems))
 	}
 	if r.AuditError != "" {
 		ew.printf("audit error: %s\n", r.AuditError)

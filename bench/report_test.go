@@ -87,6 +87,7 @@ func TestReportWriteText(t *testing.T) {
 		"open errors: EXPIRED=3 SOLD_OUT=7",
 		"4.25",
 		"claimed 2000",
+		"deposits 200000 + rewards 0 - withdrawals 0 = balances 200000 + open 0 + in flight 0",
 		"difference 0",
 		"\nOK\n",
 	} {

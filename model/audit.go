@@ -10,6 +10,8 @@ import (
 type Ledger struct {
 	Cell          string
 	Deposits      Cents                // sum of deposit flows
+	Rewards       Cents                // sum of reward flows: official-stage cash booked from an activity's budget
+	Withdrawals   Cents                // sum of withdraw flows (as a positive amount): money out to the person's bank
 	Balances      Cents                // sum of wallet balances
 	Sends         Cents                // sum of send flows (as a positive amount)
 	PacketTotals  Cents                // sum of packet amounts
@@ -43,6 +45,8 @@ type OutboxRow struct {
 // kept as a problem: one claim ID is credited at most once in a cell.
 func (l *Ledger) Merge(part Ledger) {
 	l.Deposits += part.Deposits
+	l.Rewards += part.Rewards
+	l.Withdrawals += part.Withdrawals
 	l.Balances += part.Balances
 	l.Sends += part.Sends
 	l.PacketTotals += part.PacketTotals
@@ -67,10 +71,14 @@ func (l *Ledger) Merge(part Ledger) {
 }
 
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
-// deposits = balances + money inside open packets + claims not yet credited.
+// deposits + rewards - withdrawals = balances + money inside open packets +
+// claims not yet credited. Rewards and withdrawals are money that crosses the
+// books' edge like deposits: in from an activity's budget, out to a bank.
 type AuditReport struct {
 	Cells         []string `json:"cells"`
 	Deposits      Cents    `json:"deposits"`
+	Rewards       Cents    `json:"rewards"`     // reward flows
+	Withdrawals   Cents    `json:"withdrawals"` // withdraw flows, as a positive amount
 	Balances      Cents    `json:"balances"`
 	OpenRemaining Cents    `json:"open_remaining"`
 	InFlight      Cents    `json:"in_flight"` // claimed, not yet credited to the claimant
@@ -78,7 +86,7 @@ type AuditReport struct {
 	Packets       int64    `json:"packets"`
 	ClaimsCount   int      `json:"claims"`
 	CreditsCount  int      `json:"credits"`
-	Difference    Cents    `json:"difference"` // deposits - (balances + open + in flight); must be 0
+	Difference    Cents    `json:"difference"` // deposits + rewards - withdrawals - (balances + open + in flight); must be 0
 	Problems      []string `json:"problems"`
 }
 
@@ -98,6 +106,8 @@ func Audit(ledgers []Ledger) AuditReport {
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
+		r.Rewards += l.Rewards
+		r.Withdrawals += l.Withdrawals
 		r.Balances += l.Balances
 		r.OpenRemaining += l.OpenRemaining
 		r.Packets += l.Packets
@@ -156,7 +166,7 @@ func Audit(ledgers []Ledger) AuditReport {
 		}
 	}
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
-	r.Difference = r.Deposits - (r.Balances + r.OpenRemaining + r.InFlight)
+	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
 	sort.Strings(r.Problems)
 	return r
 }

@@ -88,11 +88,47 @@ func TestAuditFindsLostMoney(t *testing.T) {
 	}
 }
 
+// TestAuditRewardsAndWithdrawals: reward flows are money in (from an
+// activity's budget) and withdraw flows money out (to a bank), summed across
+// cells: deposits + rewards - withdrawals = balances + open + in flight.
+// A reward or withdrawal booked on one side only is off by exactly its amount.
+func TestAuditRewardsAndWithdrawals(t *testing.T) {
+	books := func() (Ledger, Ledger) {
+		a, b := ledgers()
+		a.Withdrawals, a.Balances = 120, a.Balances-120 // x takes 120 of its 800 to the bank
+		b.Rewards, b.Balances = 250, b.Balances+250     // a claimant in b is rewarded 250
+		return a, b
+	}
+	a, b := books()
+	r := Audit([]Ledger{a, b})
+	if !r.OK() || r.Deposits != 1000 || r.Rewards != 250 || r.Withdrawals != 120 || r.Balances != 680+250 ||
+		r.OpenRemaining != 100 || r.InFlight != 100 || r.Difference != 0 {
+		t.Fatalf("balanced books with rewards and withdrawals: %+v", r)
+	}
+	for _, c := range []struct {
+		name  string
+		fault func(a, b *Ledger)
+		diff  Cents
+	}{
+		{"a reward flow without its balance change", func(a, b *Ledger) { b.Balances -= 250 }, 250},
+		{"a reward paid without its flow", func(a, b *Ledger) { b.Rewards = 0 }, -250},
+		{"a withdraw flow without its debit", func(a, b *Ledger) { a.Balances += 120 }, -120},
+		{"a debit without its withdraw flow", func(a, b *Ledger) { a.Withdrawals = 0 }, 120},
+		{"a second reward flow of 7 in a, no balance", func(a, b *Ledger) { a.Rewards += 7 }, 7},
+	} {
+		a, b := books()
+		c.fault(&a, &b)
+		if r := Audit([]Ledger{a, b}); r.OK() || r.Difference != c.diff {
+			t.Errorf("%s: difference %d, want %d: %+v", c.name, r.Difference, c.diff, r)
+		}
+	}
+}
+
 func TestLedgerMerge(t *testing.T) {
 	l := NewLedger("")
-	l.Merge(Ledger{Deposits: 5, Balances: 3, Credits: map[string]Credit{"c1": {ActID: "a", Amount: 2}}})
-	l.Merge(Ledger{Deposits: 1, Credits: map[string]Credit{"c1": {ActID: "b", Amount: 2}}, Problems: []string{"p"}})
-	if l.Deposits != 6 || l.Balances != 3 || l.Credits["c1"].Amount != 4 || len(l.Problems) != 2 {
+	l.Merge(Ledger{Deposits: 5, Rewards: 9, Withdrawals: 4, Balances: 3, Credits: map[string]Credit{"c1": {ActID: "a", Amount: 2}}})
+	l.Merge(Ledger{Deposits: 1, Rewards: 1, Withdrawals: 2, Credits: map[string]Credit{"c1": {ActID: "b", Amount: 2}}, Problems: []string{"p"}})
+	if l.Deposits != 6 || l.Rewards != 10 || l.Withdrawals != 6 || l.Balances != 3 || l.Credits["c1"].Amount != 4 || len(l.Problems) != 2 {
 		t.Fatalf("merged %+v", l)
 	}
 }

@@ -14,9 +14,11 @@ import (
 type CellAudit struct {
 	Cell          string `json:"cell"`
 	Deposits      Cents  `json:"deposits"`       // deposit flows
+	Rewards       Cents  `json:"rewards"`        // reward flows: official-stage cash booked into wallets
 	CreditsIn     Cents  `json:"credits"`        // credit flows: claims booked into this cell's wallets
 	RefundFlows   Cents  `json:"refunds"`        // refund flows
 	Sends         Cents  `json:"sends"`          // send flows, as a positive amount
+	Withdrawals   Cents  `json:"withdrawals"`    // withdraw flows, as a positive amount
 	Balances      Cents  `json:"balances"`       // wallet balances
 	PacketTotals  Cents  `json:"packet_totals"`  // packet amounts
 	Claimed       Cents  `json:"claimed"`        // claims of this cell's packets
@@ -28,8 +30,8 @@ type CellAudit struct {
 	// CreditsElsewhere counts credits booked here for claims made in other
 	// cells: their claims are not in these rows.
 	CreditsElsewhere int `json:"credits_elsewhere"`
-	// Difference is deposits + credits + refunds - sends - balances: every
-	// balance change is a flow row, so it must be 0.
+	// Difference is deposits + rewards + credits + refunds - sends -
+	// withdrawals - balances: every balance change is a flow row, so it must be 0.
 	Difference  Cents          `json:"difference"`
 	Differences map[string]int `json:"differences"` // kind (DiffKinds) -> count
 	Problems    []string       `json:"problems"`
@@ -43,7 +45,8 @@ func (a CellAudit) OK() bool { return a.Difference == 0 && len(a.Problems) == 0 
 // credited here, and a credit for a claim of an owned packet shard must match
 // that claim here. It checks:
 //   - the ledger's row-level problems (balance != its flows, packet sums off);
-//   - deposits + credits + refunds - sends = balances (Difference);
+//   - deposits + rewards + credits + refunds - sends - withdrawals = balances
+//     (Difference);
 //   - send flows = packet totals, refund flows = packets' refunds, and packet
 //     totals = claims + refunds + remainders;
 //   - every claim has its outbox row with the same account and amount, and
@@ -63,9 +66,11 @@ func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
 type CellBooks struct {
 	Cell             string
 	Deposits         Cents // deposit flows
+	Rewards          Cents // reward flows
 	CreditsIn        Cents // credit flows
 	RefundFlows      Cents // refund flows
 	Sends            Cents // send flows, as a positive amount
+	Withdrawals      Cents // withdraw flows, as a positive amount
 	Balances         Cents // wallet balances
 	PacketTotals     Cents // packet amounts
 	Claimed          Cents // claims of this cell's packets
@@ -82,9 +87,9 @@ type CellBooks struct {
 // CellBooksOf derives a cell's books from its ledger: the checks of
 // AuditCell between claims, outbox rows and credits, row by row.
 func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
-	b := CellBooks{Cell: l.Cell, Deposits: l.Deposits, RefundFlows: l.RefundFlows, Sends: l.Sends, Balances: l.Balances,
-		PacketTotals: l.PacketTotals, RefundAmounts: l.RefundAmounts, OpenRemaining: l.OpenRemaining,
-		Packets: l.Packets, Claims: len(l.Claims), Problems: l.Problems}
+	b := CellBooks{Cell: l.Cell, Deposits: l.Deposits, Rewards: l.Rewards, RefundFlows: l.RefundFlows, Sends: l.Sends,
+		Withdrawals: l.Withdrawals, Balances: l.Balances, PacketTotals: l.PacketTotals, RefundAmounts: l.RefundAmounts,
+		OpenRemaining: l.OpenRemaining, Packets: l.Packets, Claims: len(l.Claims), Problems: l.Problems}
 	for _, c := range l.Claims {
 		b.Claimed += c.Amount
 	}
@@ -128,15 +133,15 @@ func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 // Audit checks the books: the sums against each other, and the row-level
 // problems and differences as found.
 func (b CellBooks) Audit() CellAudit {
-	a := CellAudit{Cell: b.Cell, Deposits: b.Deposits, CreditsIn: b.CreditsIn, RefundFlows: b.RefundFlows, Sends: b.Sends,
-		Balances: b.Balances, PacketTotals: b.PacketTotals, Claimed: b.Claimed, RefundAmounts: b.RefundAmounts,
+	a := CellAudit{Cell: b.Cell, Deposits: b.Deposits, Rewards: b.Rewards, CreditsIn: b.CreditsIn, RefundFlows: b.RefundFlows,
+		Sends: b.Sends, Withdrawals: b.Withdrawals, Balances: b.Balances, PacketTotals: b.PacketTotals, Claimed: b.Claimed, RefundAmounts: b.RefundAmounts,
 		OpenRemaining: b.OpenRemaining, Packets: b.Packets, Claims: b.Claims, OutboxPending: b.OutboxPending,
 		CreditsElsewhere: b.CreditsElsewhere, Differences: map[string]int{}}
 	a.Problems = append(a.Problems, b.Problems...)
-	a.Difference = a.Deposits + a.CreditsIn + a.RefundFlows - a.Sends - a.Balances
+	a.Difference = a.Deposits + a.Rewards + a.CreditsIn + a.RefundFlows - a.Sends - a.Withdrawals - a.Balances
 	if a.Difference != 0 {
-		a.Problems = append(a.Problems, fmt.Sprintf("deposits %d + credits %d + refunds %d - sends %d != balances %d",
-			a.Deposits, a.CreditsIn, a.RefundFlows, a.Sends, a.Balances))
+		a.Problems = append(a.Problems, fmt.Sprintf("deposits %d + rewards %d + credits %d + refunds %d - sends %d - withdrawals %d != balances %d",
+			a.Deposits, a.Rewards, a.CreditsIn, a.RefundFlows, a.Sends, a.Withdrawals, a.Balances))
 	}
 	if b.Sends != b.PacketTotals {
 		a.Problems = append(a.Problems, fmt.Sprintf("send flows %d != packet totals %d", b.Sends, b.PacketTotals))

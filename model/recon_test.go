@@ -1,6 +1,7 @@
 package model
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +127,29 @@ func TestAuditCell(t *testing.T) {
 	l.Sends, l.Balances, l.PacketTotals = 400, 740, 300
 	if a := AuditCell(l, owns0to499); a.OK() {
 		t.Errorf("a send without its packet: %+v", a)
+	}
+}
+
+// TestAuditCellRewardsAndWithdrawals: a cell's own audit counts reward flows
+// in and withdraw flows out; one booked without its balance change is a
+// difference of exactly its amount, named in the problem line.
+func TestAuditCellRewardsAndWithdrawals(t *testing.T) {
+	l, _, _ := cellLedger()
+	l.Rewards, l.Withdrawals = 500, 200
+	l.Balances += 500 - 200 // bob rewarded 500, alice withdrew 200
+	a := AuditCell(l, owns0to499)
+	if !a.OK() || a.Rewards != 500 || a.Withdrawals != 200 || a.Balances != 1140 || a.Difference != 0 {
+		t.Fatalf("balanced books: %+v", a)
+	}
+	l.Balances -= 500 // the reward's flow row stands, its balance change is gone
+	a = AuditCell(l, owns0to499)
+	want := "deposits 1000 + rewards 500 + credits 140 + refunds 0 - sends 300 - withdrawals 200 != balances 640"
+	if a.OK() || a.Difference != 500 || !reflect.DeepEqual(a.Problems, []string{want}) {
+		t.Fatalf("a reward without its balance change: %+v", a)
+	}
+	l, _, _ = cellLedger()
+	l.Withdrawals = 200 // a withdraw flow whose debit never happened
+	if a := AuditCell(l, owns0to499); a.OK() || a.Difference != -200 {
+		t.Fatalf("a withdrawal without its debit: %+v", a)
 	}
 }

@@ -102,6 +102,10 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 				p.RefundFlows += model.Cents(sum)
 			case string(model.FlowCredit):
 				p.CreditsIn += model.Cents(sum)
+			case string(model.FlowReward):
+				p.Rewards += model.Cents(sum)
+			case string(model.FlowWithdraw):
+				p.Withdrawals += model.Cents(-sum)
 			default:
 				p.Problems = append(p.Problems, fmt.Sprintf("unknown flow kind %q", kind))
 			}
@@ -200,9 +204,11 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 // mergeBooks adds the sums, problems and differences of part to b.
 func mergeBooks(b *model.CellBooks, p model.CellBooks) {
 	b.Deposits += p.Deposits
+	b.Rewards += p.Rewards
 	b.CreditsIn += p.CreditsIn
 	b.RefundFlows += p.RefundFlows
 	b.Sends += p.Sends
+	b.Withdrawals += p.Withdrawals
 	b.Claimed += p.Claimed
 	b.Claims += p.Claims
 	b.OutboxPending += p.OutboxPending

@@ -28,7 +28,8 @@ func TestContractMySQL(t *testing.T) {
 func mysqlHarness(t *testing.T) storagetest.Harness {
 	clk := clock.NewManual(storagetest.Start)
 	m, fail, cuts := storage.ContractMySQL(t, rowClock{clk})
-	return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts}
+	return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts,
+		PutFlow: func(s model.ShardID, f model.Flow, delta model.Cents) { storage.PutFlowRow(t, m, s, f, delta) }}
 }
 
 // TestContractMySQLMatchesMemory runs one seeded workload, with groups

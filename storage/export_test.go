@@ -11,6 +11,7 @@ import (
 
 	"redcell/internal/clock"
 	"redcell/internal/testenv"
+	"redcell/model"
 )
 
 // ContractMySQL opens, for the contract suite (contract_test.go, package
@@ -63,5 +64,31 @@ func dropNamespace(t testing.TB, m *MySQL) {
 		if _, err := m.db.ExecContext(ctx, "DROP DATABASE "+n); err != nil {
 			t.Errorf("drop %s: %v", n, err)
 		}
+	}
+}
+
+// PutFlowRow writes f into shard s's flow table and adds delta to the balance
+// of f.ActID's wallet there (made if missing), straight in SQL with none of
+// the store's checks: the contract's Harness.PutFlow, for flow rows no call
+// of the suite writes (reward, withdraw) and for books broken on purpose
+// (delta other than f.Amount). It writes the row as the store does (flowArgs).
+func PutFlowRow(t testing.TB, m *MySQL, s model.ShardID, f model.Flow, delta model.Cents) {
+	t.Helper()
+	ctx := context.Background()
+	if err := m.EnsureShard(ctx, s); err != nil {
+		t.Fatalf("put flow: ensure shard %d: %v", s, err)
+	}
+	if _, err := m.db.ExecContext(ctx, m.flowInsert(s), flowArgs(f)...); err != nil {
+		t.Fatalf("put flow %+v: %v", f, err)
+	}
+	// Made at 0 first, then changed: the row an INSERT proposes is checked
+	// (balance >= 0) even when it turns into an update.
+	if _, err := m.db.ExecContext(ctx, "INSERT IGNORE INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?)",
+		f.ActID, f.CreatedMS); err != nil {
+		t.Fatalf("put flow: wallet of %s: %v", f.ActID, err)
+	}
+	if _, err := m.db.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
+		int64(delta), f.CreatedMS, f.ActID); err != nil {
+		t.Fatalf("put flow: balance of %s += %d: %v", f.ActID, delta, err)
 	}
 }

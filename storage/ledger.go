@@ -230,6 +230,10 @@ func scanFlows(rows *sql.Rows, l *model.Ledger) error {
 			l.Sends += model.Cents(-sum)
 		case "refund":
 			l.RefundFlows += model.Cents(sum)
+		case string(model.FlowReward):
+			l.Rewards += model.Cents(sum)
+		case string(model.FlowWithdraw):
+			l.Withdrawals += model.Cents(-sum)
 		case "credit":
 			order, act, _ := strings.Cut(order, " ")
 			id := strings.TrimPrefix(order, "claim:")

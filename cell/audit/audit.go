@@ -80,7 +80,7 @@ func New(cfg Config, spaces ...Space) *Auditor {
 	problems := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_audit_problems",
 		Help: "Problems the last audit of the cell's own books found (0: clean)."}, []string{"space"})
 	diff := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_audit_difference_cents",
-		Help: "Deposits + credits + refunds - sends - balances at the last audit of the cell's own books; must be 0."}, []string{"space"})
+		Help: "Deposits + rewards + credits + refunds - sends - withdrawals - balances at the last audit of the cell's own books; must be 0."}, []string{"space"})
 	at := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_audit_last_run_timestamp_seconds",
 		Help: "Unix time the last audit of the cell's own books finished reading."}, []string{"space"})
 	cfg.Reg.MustRegister(runs, problems, diff, at)
@@ -177,8 +177,8 @@ func (a *Auditor) auditLocked(ctx context.Context, idx []int) (api.AuditResponse
 		m.diff.Set(float64(rep.Difference))
 		out.Spaces[sp.Name] = rep
 		attrs := []any{"space", sp.Name, "took", read.Sub(start).Round(time.Millisecond), "deposits", rep.Deposits,
-			"credits", rep.CreditsIn, "balances", rep.Balances, "claims", rep.Claims, "claimed", rep.Claimed,
-			"outbox_pending", rep.OutboxPending, "difference", rep.Difference}
+			"rewards", rep.Rewards, "withdrawals", rep.Withdrawals, "credits", rep.CreditsIn, "balances", rep.Balances,
+			"claims", rep.Claims, "claimed", rep.Claimed, "outbox_pending", rep.OutboxPending, "difference", rep.Difference}
 		if rep.OK() {
 			m.runs[resultOK].Inc()
 			a.cfg.Log.Info("audit of the cell's books OK", attrs...)

@@ -67,10 +67,12 @@ func printAudit(w io.Writer, r model.AuditReport) {
 	}
 	fmt.Fprintf(w, "audit %s over cells %v\n", verdict, r.Cells)
 	fmt.Fprintf(w, "  deposits        %14d cents\n", r.Deposits)
+	fmt.Fprintf(w, "  rewards         %14d cents\n", r.Rewards)
+	fmt.Fprintf(w, "  withdrawals     %14d cents\n", r.Withdrawals)
 	fmt.Fprintf(w, "  balances        %14d cents\n", r.Balances)
 	fmt.Fprintf(w, "  open packets    %14d cents (%d packets in all)\n", r.OpenRemaining, r.Packets)
 	fmt.Fprintf(w, "  in flight       %14d cents (%d of %d claims not yet credited)\n", r.InFlight, r.InFlightCount, r.ClaimsCount)
-	fmt.Fprintf(w, "  difference      %14d cents (deposits - balances - open - in flight)\n", r.Difference)
+	fmt.Fprintf(w, "  difference      %14d cents (deposits + rewards - withdrawals - balances - open - in flight)\n", r.Difference)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}

@@ -161,3 +161,24 @@ func sqlExec(t *testing.T, db *sql.DB, q string, args ...any) {
 		t.Fatalf("%s: %v", q, err)
 	}
 }
+
+// TestPrintAuditRewardsAndWithdrawals: the text report shows reward income
+// and withdrawals next to deposits, and the difference they enter.
+func TestPrintAuditRewardsAndWithdrawals(t *testing.T) {
+	r := model.Audit([]model.Ledger{{Cell: "a", Deposits: 1000, Rewards: 250, Withdrawals: 120, Balances: 1100}})
+	var b bytes.Buffer
+	printAudit(&b, r)
+	out := b.String()
+	for _, want := range []string{
+		"audit FAILED over cells [a]",
+		fmt.Sprintf("  deposits        %14d cents\n", 1000),
+		fmt.Sprintf("  rewards         %14d cents\n", 250),
+		fmt.Sprintf("  withdrawals     %14d cents\n", 120),
+		fmt.Sprintf("  balances        %14d cents\n", 1100),
+		fmt.Sprintf("  difference      %14d cents (deposits + rewards - withdrawals - balances - open - in flight)\n", 30),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}

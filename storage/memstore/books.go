@@ -37,6 +37,10 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 			l.Sends -= f.Amount
 		case model.FlowRefund:
 			l.RefundFlows += f.Amount
+		case model.FlowReward:
+			l.Rewards += f.Amount
+		case model.FlowWithdraw:
+			l.Withdrawals -= f.Amount
 		case model.FlowCredit:
 			id := creditOrder(k.order)
 			credits[id] = append(credits[id], model.Credit{ClaimID: id, ActID: k.act, Amount: f.Amount})

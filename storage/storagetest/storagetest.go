@@ -50,6 +50,12 @@ type Harness struct {
 	// CommitFaults counts the faults FailNextCommit armed that have fired,
 	// so a test knows its call met the fault.
 	CommitFaults func() int64
+	// PutFlow writes f as a row of shard s's flow table and adds delta to
+	// the balance of f.ActID's wallet there (made if missing), with none of
+	// the store's checks: the audits' tests fabricate with it the flow rows
+	// no call of the suite writes (reward, withdraw) and books broken on
+	// purpose (delta other than f.Amount).
+	PutFlow func(s model.ShardID, f model.Flow, delta model.Cents)
 }
 
 // Start is where every harness clock starts: a fixed UTC time, so packet IDs
@@ -116,9 +122,9 @@ func (f *fixture) nowMS() int64 { return f.h.Clock.Now().UnixMilli() }
 // books is what the store's rows must add up to: the model.Audit totals of
 // this store alone, plus the send and refund flows.
 type books struct {
-	deposits, balances, open, inFlight, sends, refunds model.Cents
-	packets                                            int64
-	claims, credits                                    int
+	deposits, rewards, withdrawals, balances, open, inFlight, sends, refunds model.Cents
+	packets                                                                  int64
+	claims, credits                                                          int
 }
 
 // check reads the store's Ledger, asserts that its own audit and the cluster
@@ -130,8 +136,8 @@ func (f *fixture) check(want books) model.Ledger {
 	if !r.OK() {
 		f.t.Fatalf("audit of %s: difference %d, problems %q", f.cell, r.Difference, r.Problems)
 	}
-	got := books{deposits: r.Deposits, balances: r.Balances, open: r.OpenRemaining, inFlight: r.InFlight,
-		sends: l.Sends, refunds: l.RefundFlows, packets: r.Packets, claims: r.ClaimsCount, credits: r.CreditsCount}
+	got := books{deposits: r.Deposits, rewards: r.Rewards, withdrawals: r.Withdrawals, balances: r.Balances, open: r.OpenRemaining,
+		inFlight: r.InFlight, sends: l.Sends, refunds: l.RefundFlows, packets: r.Packets, claims: r.ClaimsCount, credits: r.CreditsCount}
 	if got != want {
 		f.t.Fatalf("books of %s: %+v, want %+v", f.cell, got, want)
 	}
