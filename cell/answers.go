@@ -43,7 +43,7 @@ func (a answers) err(rc *fasthttp.RequestCtx, err error) {
 		err = model.ErrTimeout
 	}
 	switch {
-	case errors.Is(err, model.ErrIdentityDisabled):
+	case errors.Is(err, model.ErrIdentityDisabled), errors.Is(err, model.ErrDegraded):
 		// A feature the cluster's config leaves off (501), not a failure of
 		// the cell: no incident, no log line per request.
 	case errors.Is(err, model.ErrOverloaded), errors.Is(err, model.ErrTimeout), errors.Is(err, model.ErrShuttingDown),

@@ -681,7 +681,9 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	defer cancel()
 	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
 	if err != nil {
-		s.log.Warn("booker: take rewards", "space", sp.name, "db", db, "err", err)
+		if ctx.Err() == nil {
+			s.log.Warn("booker: take rewards", "space", sp.name, "db", db, "err", err)
+		}
 		return false
 	}
 	if len(rs) == 0 {
@@ -692,7 +694,9 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	}
 	n, err := sp.store.BookRewards(tctx, rs)
 	if err != nil {
-		s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)
+		if ctx.Err() == nil {
+			s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)
+		}
 		return false
 	}
 	s.rw.booked[sp.index()].Add(int64(n))

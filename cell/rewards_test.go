@@ -1,7 +1,7 @@
 package cell_test
 
 import (
-	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,13 +53,23 @@ func rewardCell(t *testing.T, pre string, controlStock bool, tune func(*cell.Con
 	if err := os.WriteFile(acts, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := startCell(t, "cell-r", "0-999", 1, nil, func(cfg *cell.Config) {
+	c := oneCell(t, func(cfg *cell.Config) {
 		cfg.RewardKeys, cfg.Activities = keys, acts
+		cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken
 		if tune != nil {
 			tune(cfg)
 		}
 	})
+	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	return c, keys
+}
+
+// setDegrade sets degrade switches on c's admin port.
+func setDegrade(t *testing.T, c *testCell, d api.DegradeSetting) {
+	t.Helper()
+	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "PUT", c.adminURL+"/admin/degrade", d, nil); st != 200 {
+		t.Fatalf("PUT /admin/degrade %+v: %d %s", d, st, code)
+	}
 }
 
 func issue(t *testing.T, c *testCell, req api.RewardRequest) (api.RewardResponse, int, string) {
@@ -288,7 +298,21 @@ func TestRewardTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: []string{toks[0], string(altered), theirs.Token, forged, "junk"}}, &res)
+	raw, _ := json.Marshal(api.TokensRequest{Tokens: []string{toks[0], string(altered), theirs.Token, forged, "junk"}})
+	req := newRequest(nil, "POST", c.url+api.AccountSubPath(act, "tokens"), raw)
+	signer.SignRequest(req, time.Now())
+	resp, err := roundTrip(t, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = api.TokensResponse{}
+	if err := json.Unmarshal(resp.Body(), &res); err != nil {
+		t.Fatalf("422 body %s: %v", resp.Body(), err)
+	}
+	st, code := resp.StatusCode(), string(resp.Header.Peek(api.HeaderCode))
+	if res.Error == nil || res.Error.Code != code {
+		t.Errorf("the 422 body's error %+v, header code %s", res.Error, code)
+	}
 	got := []string{}
 	for _, r := range res.Results {
 		got = append(got, r.Result+":"+r.Code)
@@ -325,5 +349,3 @@ func TestWithdrawRelease(t *testing.T) {
 		t.Errorf("the refused act_id's balance: %d, want 50", bal.Balance)
 	}
 }
-
-var _ = sql.ErrNoRows

@@ -219,10 +219,10 @@ func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID str
 // TakeRewards implements Rewards: in one transaction, the oldest pending rows
 // and the stale processing ones, skipping rows another booker holds (SKIP
 // LOCKED), are marked processing and read.
+//
+// A database whose reward table does not exist yet has nothing to take: the
+// booker's scan of every database makes no table.
 func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
-	if err := m.ensureRewards(ctx, db); err != nil {
-		return nil, err
-	}
 	t := m.rewardTable(db)
 	var out []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
@@ -230,6 +230,9 @@ func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit in
 		rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
 			" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
 			model.RewardPending, limit, model.RewardProcessing, staleMS, limit)
+		if isMySQLErr(err, errNoSuchTable) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -383,11 +386,12 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 func (m *MySQL) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	var total int64
 	for _, db := range dbs {
-		if err := m.ensureRewards(ctx, db); err != nil {
-			return 0, err
-		}
 		var n int64
-		if err := m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.rewardTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n); err != nil {
+		err := m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.rewardTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n)
+		if isMySQLErr(err, errNoSuchTable) { // no reward was ever issued in db
+			continue
+		}
+		if err != nil {
 			return 0, fmt.Errorf("storage: lease spent: %w", err)
 		}
 		total += n
