@@ -29,6 +29,14 @@ func ShardOfIdentity(app, appUserID string) model.ShardID {
 	return ShardOfAct(app + "/" + appUserID)
 }
 
+// BudgetShard is the home shard of a reward scene's budget (key from
+// model.BudgetKey): "budget/"+key hashed like an actID, so the budget row and
+// its leases live in a db_XX like everything else, and every cell finds the
+// home from the key alone.
+func BudgetShard(key string) model.ShardID {
+	return ShardOfAct("budget/" + key)
+}
+
 // Range is an inclusive range of shards.
 type Range struct{ From, To model.ShardID }
 

@@ -35,6 +35,11 @@ func TestGoldenShards(t *testing.T) {
 			t.Errorf("ShardOfAct(%q) = %d, golden %d", g.act, got, g.shard)
 		}
 	}
+	// A budget's home: "budget/"+key hashed as an actID (golden too: a change
+	// moves every scene's budget rows away from their leases).
+	if got := BudgetShard("cny2027/official/rain-1"); got != 226 || got != ShardOfAct("budget/cny2027/official/rain-1") {
+		t.Errorf("BudgetShard(cny2027/official/rain-1) = %d, golden 226", got)
+	}
 	if s := model.ShardID(663); s.DB() != 66 || s.Table() != 3 {
 		t.Fatalf("shard 663 -> db %d table %d", s.DB(), s.Table())
 	}

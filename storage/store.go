@@ -257,6 +257,7 @@ type Store interface {
 	Schema
 	Books
 	Grouper
+	Budgets
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
 }

@@ -41,6 +41,7 @@ type Store struct {
 
 	mu       sync.Mutex // guards everything below
 	accounts map[acctKey]model.Cents
+	budgets  budgetBook // budgets and leases (budget.go)
 	flows    map[flowKey]*model.Flow
 	// credited indexes the credit flows: claimant's shard and claim ID to
 	// the accounts credited (more than one only if a claim was credited to
