@@ -184,3 +184,34 @@ type WithdrawRelease struct {
 	Percent int      `json:"percent" yaml:"percent"` // 0..100
 	Allow   []string `json:"allow" yaml:"allow"`
 }
+
+// BudgetLeaseRequest is the body of POST /internal/budget/lease: a cell asks
+// the home cell of budget Key for a lease of up to Want, holding back
+// Reserve, for TTLMS ms. Total is the budget as the asking cell's activities
+// file says, so a home that has no row yet makes it.
+type BudgetLeaseRequest struct {
+	Key     string `json:"key"`
+	Holder  string `json:"holder"`
+	Want    int64  `json:"want"`
+	Reserve int64  `json:"reserve"`
+	TTLMS   int64  `json:"ttl_ms"`
+	Total   int64  `json:"total"`
+}
+
+// BudgetLease is a lease granted (the answer of /internal/budget/lease).
+type BudgetLease struct {
+	ID        string `json:"id"`
+	Key       string `json:"key"`
+	Holder    string `json:"holder"`
+	Amount    int64  `json:"amount"`
+	CreatedMS int64  `json:"created_ms"`
+	ExpiresMS int64  `json:"expires_ms"`
+}
+
+// BudgetReturnRequest is the body of POST /internal/budget/return: the
+// unspent part of a lease goes back to its budget, once.
+type BudgetReturnRequest struct {
+	Key     string `json:"key"`
+	LeaseID string `json:"lease_id"`
+	Unspent int64  `json:"unspent"`
+}

@@ -11,12 +11,15 @@ import (
 
 // activities is the cell's reward activities (Config.Activities): loaded by
 // New (an invalid file stops the cell before it joins the cluster), reloaded
-// on the admin port (admin.Activities). No scene issues yet, so a reload
-// checks no issued counters (activity.Issued nil).
+// on the admin port (admin.Activities). A reload is refused when a scene's
+// budget or stock falls below what it has issued (issued); once swapped in,
+// loaded sets the budgets this cell homes to the file's.
 type activities struct {
 	path   string // "" none
 	clock  clock.Clock
 	holder activity.Holder
+	issued activity.Issued      // nil: no check (at load: nothing issued by this process yet)
+	loaded func(*activity.Tree) // nil: nothing to do
 }
 
 // load reads the file when the cell is built; an invalid file stops it.
@@ -37,9 +40,12 @@ func (a *activities) ReloadActivities() (api.ActivitiesResponse, error) {
 	if a.path == "" {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrNotFound, "no activities file is configured (cell.activities)")
 	}
-	t, err := a.holder.Reload(a.path, a.clock.Now(), nil)
+	t, err := a.holder.Reload(a.path, a.clock.Now(), a.issued)
 	if err != nil {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded activities stay)", err)
+	}
+	if a.loaded != nil {
+		a.loaded(t)
 	}
 	return describe(t), nil
 }

@@ -119,6 +119,10 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.credits(ctx, rc, sp)
 	case api.RouteRecon:
 		s.reconAnswer(ctx, rc, sp)
+	case api.RouteBudgetLease:
+		s.budgetLease(ctx, rc, sp)
+	case api.RouteBudgetReturn:
+		s.budgetReturn(ctx, rc, sp)
 	default:
 		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}

@@ -66,7 +66,7 @@ func (d *dirtyDBs) take() map[int]bool {
 }
 
 // sceneKey names a scene of one child: its budget, limiter and counter.
-func sceneKey(a activity.Active) string { return a.Parent.ID + "/" + a.Child.ID + "/" + a.Scene.ID }
+func sceneKey(a activity.Active) string { return model.BudgetKey(a.Parent.ID, a.Child.ID, a.Scene.ID) }
 
 func (s *Server) sceneLimiter(key string, r activity.Rate) *rate.Limiter {
 	if l, ok := s.rw.limiters.Load(key); ok {
@@ -193,14 +193,14 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		limit = a.Scene.Stock
 	}
 	if a.Scene.ControlStock {
-		if r.LeaseID, err = s.budgets[sp.index()].Take(ctx, key, limit, int64(r.Amount)); err != nil {
+		if r.LeaseID, err = s.pools[sp.index()].Take(ctx, key, limit, int64(r.Amount)); err != nil {
 			s.answers.err(rc, err)
 			return
 		}
 	}
 	giveBack := func() {
 		if r.LeaseID != "" {
-			s.budgets[sp.index()].Give(key, r.LeaseID, int64(r.Amount))
+			s.pools[sp.index()].Give(key, r.LeaseID, int64(r.Amount))
 		}
 	}
 	if r.Token, err = ring.Sign(rewardtoken.FromReward(r)); err != nil {
@@ -622,7 +622,7 @@ func (s *Server) issuedSoFar(rc *fasthttp.RequestCtx, sp *space, parent string) 
 			if sc.AwardType != activity.AwardCash {
 				limit = sc.Stock
 			}
-			n := s.issuedCounter(sp, parent+"/"+c.ID+"/"+sc.ID).Read()
+			n := s.issuedCounter(sp, model.BudgetKey(parent, c.ID, sc.ID)).Read()
 			out.Scenes = append(out.Scenes, api.IssuedScene{SceneID: sc.ID, AwardType: sc.AwardType, Issued: n, Limit: limit})
 		}
 	}

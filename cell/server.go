@@ -25,6 +25,7 @@ import (
 	"redcell/cell/admin"
 	"redcell/cell/admission"
 	"redcell/cell/audit"
+	"redcell/cell/budget"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
@@ -143,18 +144,9 @@ type Server struct {
 
 	acts *activities // the reward activities (Config.Activities)
 	rw   rewards     // the reward wallet's state (rewards.go)
-	// budgets spends the leases of the scenes that control their stock,
-	// per space (cell/budget).
-	budgets [2]budgetPool
-}
-
-// budgetPool is what issuing needs of cell/budget.Pool.
-type budgetPool interface {
-	// Take spends amount of key's budget (total in all) from a lease and
-	// answers the lease's ID. Errors: model.ErrBudgetExhausted.
-	Take(ctx context.Context, key string, total, amount int64) (leaseID string, err error)
-	// Give puts back an amount Take answered, for an issue that wrote nothing.
-	Give(key, leaseID string, amount int64)
+	// pools spend the leases of the scenes that control their stock, per
+	// space (budgets.go).
+	pools [2]*budget.Pool
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -193,6 +185,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.release.Store(&rel)
 	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
+	s.acts.issued, s.acts.loaded = s.sceneIssued, s.syncBudgets
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -220,6 +213,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.signer, clk, internalTimeout)
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
+	for i, sp := range s.spaces {
+		s.pools[i] = s.newPool(sp, calls)
+	}
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
@@ -288,7 +284,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run,
-		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1])}
+		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep,
+		func(context.Context) { // the budgets this cell homes, as the file loaded by New sets them
+			if t := s.acts.holder.Tree(); t != nil {
+				s.syncBudgets(t)
+			}
+		}}
 	if s.cfg.IssuedMemcache != nil {
 		for _, c := range s.rw.counters {
 			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })

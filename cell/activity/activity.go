@@ -429,6 +429,31 @@ func (t *Tree) ChildAt(parent string, at time.Time) *Child {
 	return nil
 }
 
+// SceneByKey finds the scene "parent/child/scene" (model.BudgetKey names a
+// scene's budget so); nil when there is none.
+func (t *Tree) SceneByKey(key string) *Scene {
+	parent, rest, _ := strings.Cut(key, "/")
+	child, scene, _ := strings.Cut(rest, "/")
+	p := t.parents[parent]
+	if p == nil {
+		return nil
+	}
+	for i := range p.Children {
+		c := &p.Children[i]
+		if c.ID != child {
+			continue
+		}
+		for j := range c.Rewards {
+			for k := range c.Rewards[j].Scenes {
+				if c.Rewards[j].Scenes[k].ID == scene {
+					return &c.Rewards[j].Scenes[k]
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // ChildOfStage is the first child of parent in stage st; nil when none.
 func (t *Tree) ChildOfStage(parent string, st Stage) *Child {
 	p := t.parents[parent]

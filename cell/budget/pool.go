@@ -83,6 +83,11 @@ type keyPool struct {
 	// ErrBudgetExhausted without asking the home (Config.ExhaustedWait).
 	exhaustedUntil time.Time
 	spent          int64 // taken minus given back, for metrics
+	// waiting counts the Takes waiting for a fetch: the next fetch asks
+	// for enough to serve all of them (amount each), so that a burst of
+	// Takes on a budget whose chunk is about one amount is not served one
+	// per round.
+	waiting int64
 }
 
 // held is one lease of the pool.
@@ -161,14 +166,21 @@ func (p *Pool) Take(ctx context.Context, key string, total, amount int64) (strin
 		}
 		f := kp.fetch
 		if f == nil {
-			f = p.startFetchLocked(ctx, kp, total, amount)
+			f = p.startFetchLocked(ctx, kp, total, amount*(kp.waiting+1))
 		}
+		kp.waiting++
 		kp.mu.Unlock()
 		select {
 		case <-f.done:
 		case <-ctx.Done():
+			kp.mu.Lock()
+			kp.waiting--
+			kp.mu.Unlock()
 			return "", ctx.Err()
 		}
+		kp.mu.Lock()
+		kp.waiting--
+		kp.mu.Unlock()
 		if f.err != nil {
 			return "", f.err
 		}

@@ -1,0 +1,254 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"redcell/api"
+	"redcell/api/cellclient"
+	"redcell/cell/activity"
+	"redcell/cell/budget"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+)
+
+// Budgets of the scenes that control their stock (cell/budget). A scene's
+// budget row lives in its home shard (sharding.BudgetShard of
+// parent/child/scene); the cell owning that shard is the scene's home. Each
+// space of each cell holds a budget.Pool: it spends leases taken from the
+// homes — from its own store when it owns the home shard, else over
+// POST /internal/budget/lease from the owner — and gives back what is left
+// when a lease expires (Sweep, once a second) or the cell drains.
+
+// budgetHome is the Home of a key as space sp of this cell reaches it.
+type budgetHome struct {
+	s   *Server
+	sp  *space
+	key string
+	cc  *cellclient.Client
+}
+
+func (s *Server) newPool(sp *space, cc *cellclient.Client) *budget.Pool {
+	return budget.NewPool(s.cfg.Name, func(key string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: cc} }, s.clock, budget.Config{})
+}
+
+// Grant implements budget.Home. The asking cell's total makes the row when
+// the home has none (its activities file may not be loaded yet, or the
+// scene was just added): the home row is then set from the file that
+// issues against it.
+func (h budgetHome) Grant(ctx context.Context, key, holder string, want, reserve int64, ttl time.Duration) (model.Lease, error) {
+	total, ok := h.s.sceneTotal(key)
+	if !ok {
+		return model.Lease{}, model.Errorf(model.ErrNotFound, "no scene controls budget %s in this cell's activities", key)
+	}
+	sh := sharding.BudgetShard(key)
+	if h.s.Owns(sh) {
+		return h.s.grantLocal(ctx, h.sp.store, api.BudgetLeaseRequest{Key: key, Holder: holder, Want: want, Reserve: reserve,
+			TTLMS: ttl.Milliseconds(), Total: total})
+	}
+	owner, err := h.s.ownerOf(sh)
+	if err != nil {
+		return model.Lease{}, err
+	}
+	var out api.BudgetLease
+	err = h.cc.Send(ctx, cellclient.Call{Addr: owner, Path: api.BudgetLeasePath, Stress: h.sp.stress,
+		Body: api.BudgetLeaseRequest{Key: key, Holder: holder, Want: want, Reserve: reserve, TTLMS: ttl.Milliseconds(), Total: total}, Out: &out})
+	if err != nil {
+		return model.Lease{}, err
+	}
+	return model.Lease{ID: out.ID, Key: out.Key, Holder: out.Holder, Amount: out.Amount, State: model.LeaseOpen,
+		CreatedMS: out.CreatedMS, ExpiresMS: out.ExpiresMS}, nil
+}
+
+// Return implements budget.Home.
+func (h budgetHome) Return(ctx context.Context, key, leaseID string, unspent int64) error {
+	sh := sharding.BudgetShard(key)
+	if h.s.Owns(sh) {
+		_, err := h.sp.store.ReturnLease(ctx, sh, leaseID, unspent)
+		return err
+	}
+	owner, err := h.s.ownerOf(sh)
+	if err != nil {
+		return err
+	}
+	return h.cc.Send(ctx, cellclient.Call{Addr: owner, Path: api.BudgetReturnPath, Stress: h.sp.stress,
+		Body: api.BudgetReturnRequest{Key: key, LeaseID: leaseID, Unspent: unspent}})
+}
+
+// ownerOf is the address of the live cell owning shard sh.
+func (s *Server) ownerOf(sh model.ShardID) (string, error) {
+	if s.peers != nil {
+		if m := s.peers.Map(); m != nil {
+			if c, ok := m.Owner(sh); ok {
+				return c.Addr, nil
+			}
+		}
+	}
+	return "", model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d (a budget's home)", sh)
+}
+
+// sceneTotal is the budget (cash) or stock (coupon kinds) of the scene key
+// names in the loaded activities.
+func (s *Server) sceneTotal(key string) (int64, bool) {
+	t := s.acts.holder.Tree()
+	if t == nil {
+		return 0, false
+	}
+	sc := t.SceneByKey(key)
+	if sc == nil || !sc.ControlStock {
+		return 0, false
+	}
+	if sc.AwardType == activity.AwardCash {
+		return sc.Budget, true
+	}
+	return sc.Stock, true
+}
+
+// grantLocal grants a lease from this cell's own budget row, making the row
+// from req.Total when it has none.
+func (s *Server) grantLocal(ctx context.Context, st storage.Store, req api.BudgetLeaseRequest) (model.Lease, error) {
+	sh := sharding.BudgetShard(req.Key)
+	expires := s.clock.Now().Add(time.Duration(req.TTLMS) * time.Millisecond).UnixMilli()
+	l, err := st.GrantLease(ctx, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
+	if errors.Is(err, model.ErrNotFound) {
+		if _, err := st.SetBudget(ctx, sh, req.Key, req.Total); err != nil {
+			return model.Lease{}, err
+		}
+		l, err = st.GrantLease(ctx, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
+	}
+	return l, err
+}
+
+// budgetLease answers POST /internal/budget/lease for a budget homed here.
+func (s *Server) budgetLease(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	var req api.BudgetLeaseRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if err := model.ValidateBudgetKey(req.Key); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if sh := sharding.BudgetShard(req.Key); !s.Owns(sh) {
+		s.answers.err(rc, s.own.wrongCell(sh))
+		return
+	}
+	if req.TTLMS < 1 || req.TTLMS > int64(time.Hour/time.Millisecond) || req.Total < 0 {
+		s.answers.err(rc, model.Invalidf("ttl_ms must be 1..3600000 and total >= 0"))
+		return
+	}
+	l, err := s.grantLocal(ctx, sp.store, req)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, api.BudgetLease{ID: l.ID, Key: l.Key, Holder: l.Holder, Amount: l.Amount,
+		CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS})
+}
+
+// budgetReturn answers POST /internal/budget/return for a budget homed here.
+func (s *Server) budgetReturn(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	var req api.BudgetReturnRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if err := model.ValidateBudgetKey(req.Key); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	sh := sharding.BudgetShard(req.Key)
+	if !s.Owns(sh) {
+		s.answers.err(rc, s.own.wrongCell(sh))
+		return
+	}
+	if _, err := sp.store.ReturnLease(ctx, sh, req.LeaseID, req.Unspent); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, map[string]bool{"returned": true})
+}
+
+// runBudgetSweep returns expired leases' unspent parts once a second, and
+// every lease's when the cell stops (drain).
+func (s *Server) runBudgetSweep(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for _, p := range s.pools {
+				if err := p.ReturnAll(dctx); err != nil {
+					msg := err.Error()
+					if i := strings.IndexByte(msg, '\n'); i >= 0 {
+						msg = msg[:i] + " (and more)"
+					}
+					s.log.Warn("budget: leases not returned at drain; they expire at their homes", "first_err", msg)
+				}
+			}
+			return
+		case <-t.C:
+			for _, p := range s.pools {
+				p.Sweep(ctx)
+			}
+		}
+	}
+}
+
+// sceneIssued is activity.Issued for a reload's check: the most of what the
+// scene's counter has seen and, for a budget homed here, what its leases
+// hold or spent (never below what was issued).
+func (s *Server) sceneIssued(parent, child, scene string) int64 {
+	key := model.BudgetKey(parent, child, scene)
+	n := s.issuedCounter(s.spaces[0], key).Read()
+	if sh := sharding.BudgetShard(key); s.Owns(sh) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if b, _, err := s.spaces[0].store.Budget(ctx, sh, key); err == nil {
+			n = max(n, b.Outstanding())
+		}
+	}
+	return n
+}
+
+// syncBudgets sets the budget rows this cell homes to the loaded file's
+// totals, in both spaces; a total below what is out is refused by the store
+// and logged (the reload's check refused such a file already).
+func (s *Server) syncBudgets(t *activity.Tree) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, p := range t.Parents() {
+		for _, c := range p.Children {
+			for _, r := range c.Rewards {
+				for _, sc := range r.Scenes {
+					if !sc.ControlStock {
+						continue
+					}
+					key := model.BudgetKey(p.ID, c.ID, sc.ID)
+					sh := sharding.BudgetShard(key)
+					if !s.Owns(sh) {
+						continue
+					}
+					total := sc.Budget
+					if sc.AwardType != activity.AwardCash {
+						total = sc.Stock
+					}
+					for _, sp := range s.spaces {
+						if _, err := sp.store.SetBudget(ctx, sh, key, total); err != nil {
+							s.log.Warn("budget: not set from the activities file", "key", key, "total", total, "space", sp.name, "err", err)
+						}
+					}
+				}
+			}
+		}
+	}
+}
