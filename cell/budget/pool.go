@@ -48,7 +48,7 @@ type Home interface {
 // fetchRoundsMax bounds the home calls one Take waits for: a Take whose
 // fetched leases were spent by others before it got its turn, this many
 // times, is answered model.ErrOverloaded.
-const fetchRoundsMax = 4
+const fetchRoundsMax = 8
 
 // Pool holds one cell's leases, by budget key. Safe for concurrent use: each
 // key has its own mutex, never held during a home call; the one home call
