@@ -692,7 +692,17 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	if err := lim.WaitN(ctx, len(rs)); err != nil {
 		return false
 	}
-	n, err := sp.store.BookRewards(tctx, rs)
+	var n int
+	if s.strategy.grouped() {
+		// Through the group committer: one transaction with the lane's
+		// opens, sends and credits (storage.OpRewards).
+		op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
+		if err = s.submit(tctx, sp, db, op); err == nil {
+			err, n = op.Err, op.Applied
+		}
+	} else {
+		n, err = sp.store.BookRewards(tctx, rs)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)

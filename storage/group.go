@@ -20,7 +20,8 @@ import (
 // fsync for the whole group. Credit batches are the exception: they are
 // booked after every other op of the group, whatever their place in the list
 // (a credit adds to a balance without reading it, and never waits for a
-// wallet row; a deposit or send in the same group does not see it). No op
+// wallet row; a deposit or send in the same group does not see it), and so
+// are reward bookings, after the credits. No op
 // may open a packet that a send of the same group creates (a client learns
 // a packet's ID only from its send's answer).
 //
@@ -38,6 +39,7 @@ const (
 	OpSend                         // debit the sender and create a packet: Packets.Send
 	OpDeposit                      // credit a wallet under the caller's order number: Wallets.Deposit
 	OpCredits                      // book claims into claimants' wallets: Wallets.ApplyCredits
+	OpRewards                      // book issued rewards: Rewards.BookRewards
 )
 
 func (k GroupKind) String() string {
@@ -50,6 +52,8 @@ func (k GroupKind) String() string {
 		return "deposit"
 	case OpCredits:
 		return "credits"
+	case OpRewards:
+		return "rewards"
 	}
 	return "unknown"
 }
@@ -81,13 +85,15 @@ type GroupOp struct {
 
 	// OpCredits: the credits, in any order.
 	Credits []model.Credit
+	// OpRewards: the rewards to book (by Shard and OrderNo), in any order.
+	Rewards []model.Reward
 
 	// Answers.
 	Results  []model.OpenResult // OpOpen: one per request
 	Packet   model.Packet       // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
 	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now
 	Deposit  model.Deposit      // OpDeposit
-	Applied  int                // OpCredits: this op's credits booked now
+	Applied  int                // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
 	Deferred []string           // OpCredits: claim IDs left for a later call (a wallet row was held)
 	Err      error              // this op's own error: nothing of it was written
 }

@@ -81,6 +81,8 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 					break
 				}
 			}
+		case OpRewards:
+			_, err = m.ensureRewardBooking(ctx, op.Rewards)
 		default:
 			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
 		}
@@ -123,10 +125,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	}
 	now := m.nowMS()
 	var (
-		w         groupWrites
-		repeats   []*GroupOp // sends answered by an earlier packet, read after the writes
-		creditOps []*GroupOp
-		probe     func() (bool, error)
+		w                    groupWrites
+		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
+		creditOps, rewardOps []*GroupOp
+		probe                func() (bool, error)
 	)
 	for _, op := range ops {
 		switch op.Kind {
@@ -201,6 +203,8 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			}
 		case OpCredits:
 			creditOps = append(creditOps, op)
+		case OpRewards:
+			rewardOps = append(rewardOps, op)
 		}
 	}
 	if q, args := w.sql(m); q != "" {
@@ -214,6 +218,13 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		if err != nil {
 			return nil, err
 		}
+	}
+	for _, op := range rewardOps {
+		booked, err := m.bookRewardsTx(ctx, tx, op.Rewards, now)
+		if err != nil {
+			return nil, err
+		}
+		op.Applied = len(booked)
 	}
 	for _, op := range repeats {
 		first, err := model.ParsePacketID(string(op.Packet.ID))

@@ -263,76 +263,101 @@ func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit in
 	return out, nil
 }
 
-// BookRewards implements Rewards. One transaction: the listed reward rows
-// are locked (FOR UPDATE) and read; those not booked are booked: per shard
-// one multi-row INSERT of their FlowReward flows and one multi-row balance
-// upsert (the rows' lock means no flow of theirs can exist yet: a flow is
-// only ever written with its reward's booked state), then one UPDATE per
-// database to booked.
+// BookRewards implements Rewards. One transaction (bookRewardsTx): the
+// listed reward rows are locked (FOR UPDATE) and read; those not booked are
+// booked: per shard one multi-row INSERT of their FlowReward flows and one
+// multi-row balance upsert (the rows' lock means no flow of theirs can exist
+// yet: a flow is only ever written with its reward's booked state), then one
+// UPDATE per database to booked. A group commit books rewards with the same
+// body (OpRewards).
 func (m *MySQL) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
 	if len(rs) == 0 {
 		return 0, nil
 	}
-	byDB := map[int][]string{}
-	for _, r := range rs {
-		invariant.That(r.Shard.Valid(), "shard out of range")
-		byDB[r.Shard.DB()] = append(byDB[r.Shard.DB()], r.OrderNo)
-		if r.IntoWallet() {
-			if err := m.EnsureShard(ctx, r.Shard); err != nil {
-				return 0, err
-			}
-		}
+	if _, err := m.ensureRewardBooking(ctx, rs); err != nil {
+		return 0, err
 	}
-	dbs := make([]int, 0, len(byDB))
-	for db := range byDB {
-		if err := m.ensureRewards(ctx, db); err != nil {
-			return 0, err
-		}
-		dbs = append(dbs, db)
-	}
-	sort.Ints(dbs) // one lock order for every booker
 	var booked []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		booked = booked[:0]
-		now := m.nowMS()
-		for _, db := range dbs {
-			orders := byDB[db]
-			sort.Strings(orders)
-			args := make([]any, 0, len(orders)+1)
-			args = append(args, model.RewardBooked)
-			for _, o := range orders {
-				args = append(args, o)
-			}
-			found, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+
-				" WHERE status <> ? AND order_no IN ("+placeholders(len(orders))+") ORDER BY order_no FOR UPDATE", args...)
-			if err != nil {
-				return err
-			}
-			if len(found) == 0 {
-				continue
-			}
-			if err := m.bookIntoWallets(ctx, tx, found, now); err != nil {
-				return err
-			}
-			up := []any{model.RewardBooked, now}
-			for _, r := range found {
-				up = append(up, r.OrderNo)
-			}
-			if _, err := tx.ExecContext(ctx, "UPDATE "+m.rewardTable(db)+" SET status = ?, booked_ms = ? WHERE order_no IN ("+
-				placeholders(len(found))+")", up...); err != nil {
-				return err
-			}
-			booked = append(booked, found...)
-		}
-		return nil
+		var err error
+		booked, err = m.bookRewardsTx(ctx, tx, rs, m.nowMS())
+		return err
 	})
-	if errors.Is(err, errCommitUnknown) {
-		return 0, fmt.Errorf("storage: book rewards: %w", err) // a retry books what is not booked
-	}
 	if err != nil {
-		return 0, fmt.Errorf("storage: book rewards: %w", err)
+		return 0, fmt.Errorf("storage: book rewards: %w", err) // ErrCommitUnknown: a retry books what is not booked
 	}
 	return len(booked), nil
+}
+
+// ensureRewardBooking makes the tables booking rs touches exist (outside a
+// transaction: DDL would commit it) and answers rs's databases, sorted.
+func (m *MySQL) ensureRewardBooking(ctx context.Context, rs []model.Reward) ([]int, error) {
+	seen := map[int]bool{}
+	var dbs []int
+	for _, r := range rs {
+		invariant.That(r.Shard.Valid(), "shard out of range")
+		if r.IntoWallet() {
+			if err := m.EnsureShard(ctx, r.Shard); err != nil {
+				return nil, err
+			}
+		}
+		if db := r.Shard.DB(); !seen[db] {
+			seen[db] = true
+			if err := m.ensureRewards(ctx, db); err != nil {
+				return nil, err
+			}
+			dbs = append(dbs, db)
+		}
+	}
+	sort.Ints(dbs)
+	return dbs, nil
+}
+
+// bookRewardsTx books, in tx, the rewards of rs not booked yet and answers
+// them. Databases are locked in index order, rows by order number: one lock
+// order for every booker.
+func (m *MySQL) bookRewardsTx(ctx context.Context, tx *sql.Tx, rs []model.Reward, now int64) ([]model.Reward, error) {
+	byDB := map[int][]string{}
+	var dbs []int
+	for _, r := range rs {
+		db := r.Shard.DB()
+		if byDB[db] == nil {
+			dbs = append(dbs, db)
+		}
+		byDB[db] = append(byDB[db], r.OrderNo)
+	}
+	sort.Ints(dbs)
+	var booked []model.Reward
+	for _, db := range dbs {
+		orders := byDB[db]
+		sort.Strings(orders)
+		args := make([]any, 0, len(orders)+1)
+		args = append(args, model.RewardBooked)
+		for _, o := range orders {
+			args = append(args, o)
+		}
+		found, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+
+			" WHERE status <> ? AND order_no IN ("+placeholders(len(orders))+") ORDER BY order_no FOR UPDATE", args...)
+		if err != nil {
+			return nil, err
+		}
+		if len(found) == 0 {
+			continue
+		}
+		if err := m.bookIntoWallets(ctx, tx, found, now); err != nil {
+			return nil, err
+		}
+		up := []any{model.RewardBooked, now}
+		for _, r := range found {
+			up = append(up, r.OrderNo)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.rewardTable(db)+" SET status = ?, booked_ms = ? WHERE order_no IN ("+
+			placeholders(len(found))+")", up...); err != nil {
+			return nil, err
+		}
+		booked = append(booked, found...)
+	}
+	return booked, nil
 }
 
 // bookIntoWallets writes the wallet side of rewards being booked: their

@@ -91,13 +91,16 @@ var (
 )
 
 // Weight is what an op counts against Config.Max: its requests (a batch of
-// 200 opens counts 200, a credit batch its credits), at least 1.
+// 200 opens counts 200, a credit batch its credits, a reward booking its
+// rewards), at least 1.
 func Weight(op *storage.GroupOp) int {
 	switch op.Kind {
 	case storage.OpOpen:
 		return max(1, len(op.Reqs))
 	case storage.OpCredits:
 		return max(1, len(op.Credits))
+	case storage.OpRewards:
+		return max(1, len(op.Rewards))
 	}
 	return 1
 }

@@ -61,7 +61,7 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 			g.send(op)
 		case storage.OpDeposit:
 			g.deposit(op)
-		case storage.OpCredits: // after the others, below
+		case storage.OpCredits, storage.OpRewards: // after the others, below
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
 		}
@@ -69,6 +69,15 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	for _, op := range ops {
 		if op.Kind == storage.OpCredits {
 			g.credits(op)
+		}
+	}
+	booking := map[string]bool{} // rewards an earlier op of the group books
+	for _, op := range ops {
+		if op.Kind == storage.OpRewards {
+			book := s.toBookLocked(op.Rewards, booking)
+			op.Applied = len(book)
+			now := g.now
+			g.writes = append(g.writes, func() { s.bookLocked(book, now) })
 		}
 	}
 	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))

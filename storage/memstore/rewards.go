@@ -165,7 +165,20 @@ func (s *Store) BookRewards(ctx context.Context, rs []model.Reward) (int, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.nowMS()
-	seen := map[string]bool{}
+	book := s.toBookLocked(rs, map[string]bool{})
+	write, err := s.commitLocked("book rewards")
+	if write {
+		s.bookLocked(book, now)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(book), nil
+}
+
+// toBookLocked picks the rewards of rs that booking books: stored, not
+// booked, not listed before (seen, which it adds to). s.mu must be held.
+func (s *Store) toBookLocked(rs []model.Reward, seen map[string]bool) []*model.Reward {
 	var book []*model.Reward
 	for _, want := range rs {
 		r, ok := s.rewards[want.OrderNo]
@@ -175,19 +188,17 @@ func (s *Store) BookRewards(ctx context.Context, rs []model.Reward) (int, error)
 		seen[want.OrderNo] = true
 		book = append(book, r)
 	}
-	write, err := s.commitLocked("book rewards")
-	if write {
-		for _, r := range book {
-			if f, ok := model.RewardFlow(*r, now); ok {
-				s.writeFlowLocked(r.Shard, f)
-			}
-			r.Status, r.BookedMS = model.RewardBooked, now
+	return book
+}
+
+// bookLocked books rewards toBookLocked picked. s.mu must be held.
+func (s *Store) bookLocked(book []*model.Reward, now int64) {
+	for _, r := range book {
+		if f, ok := model.RewardFlow(*r, now); ok {
+			s.writeFlowLocked(r.Shard, f)
 		}
+		r.Status, r.BookedMS = model.RewardBooked, now
 	}
-	if err != nil {
-		return 0, err
-	}
-	return len(book), nil
 }
 
 // LeaseSpent implements storage.Rewards.

@@ -3,6 +3,7 @@ package storagetest
 import (
 	"errors"
 	"fmt"
+	"redcell/storage"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ func init() {
 	register("ContractRewardWithdraw", contractRewardWithdraw)
 	register("ContractRewardFlowListing", contractRewardFlowListing)
 	register("ContractRewardLeaseSpent", contractRewardLeaseSpent)
+	register("ContractGroupRewards", contractGroupRewards)
 }
 
 // reward is a reward of act in shard s as the cell builds it.
@@ -373,5 +375,46 @@ func contractRewardLeaseSpent(t *testing.T, newStore func(t *testing.T) Harness)
 	}
 	if n, err := f.s.LeaseSpent(f.ctx, []int{sA.DB()}, "L3"); err != nil || n != 0 {
 		t.Fatalf("an unknown lease: %d %v, want 0", n, err)
+	}
+}
+
+// A group books rewards (OpRewards) as BookRewards does, beside a deposit of
+// the same wallet: each reward once, official cash into the wallet; a
+// reward listed in two ops of one group, or booked before, is booked by
+// neither again.
+func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	a := reward(sA, "kim", "rain", "r1", model.AwardCash, "official", 120)
+	b := reward(sA, "kim", "rain", "r2", model.AwardCash, "official", 30)
+	g := reward(sA, "kim", "rain", "r1", model.AwardCash, "gray", 7)
+	c := reward(sC, "lee", "rain", "r1", model.AwardCash, "official", 9) // another database
+	for _, r := range []model.Reward{a, b, g, c} {
+		f.issue(r)
+	}
+	if n, err := f.s.BookRewards(f.ctx, []model.Reward{b}); err != nil || n != 1 {
+		t.Fatalf("book b alone: %d %v", n, err)
+	}
+	dep := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
+	op1 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g}}
+	op2 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, c}}
+	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{op1, dep, op2}); err != nil {
+		t.Fatal(err)
+	}
+	if dep.Err != nil || dep.Deposit.Balance != 1030 || op1.Applied != 2 || op2.Applied != 1 || op1.Err != nil || op2.Err != nil {
+		t.Fatalf("group: deposit %+v %v, rewards %d %v and %d %v; want the deposit at 1030 (it does not see the bookings), 2 and 1",
+			dep.Deposit, dep.Err, op1.Applied, op1.Err, op2.Applied, op2.Err)
+	}
+	if bal := f.balance(sA, "kim"); bal != 1000+120+30 {
+		t.Fatalf("kim's wallet %d, want 1150: the deposit, a and b once, not the gray reward", bal)
+	}
+	if bal := f.balance(sC, "lee"); bal != 9 {
+		t.Fatalf("lee's wallet %d, want 9", bal)
+	}
+	again := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g, c}}
+	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{again}); err != nil || again.Applied != 0 {
+		t.Fatalf("the same rewards again: %d %v, want 0", again.Applied, err)
+	}
+	if bal := f.balance(sA, "kim"); bal != 1150 {
+		t.Fatalf("kim's wallet after a second group: %d, want 1150", bal)
 	}
 }
