@@ -215,3 +215,22 @@ type BudgetReturnRequest struct {
 	LeaseID string `json:"lease_id"`
 	Unspent int64  `json:"unspent"`
 }
+
+// BudgetLeasesRequest is the body of POST /internal/budget/leases: the open
+// and expired leases Holder holds of budget Key at its home, which a
+// restarted holder settles (answered as BudgetLeasesResponse).
+type BudgetLeasesRequest struct {
+	Key    string `json:"key"`
+	Holder string `json:"holder"`
+}
+
+// BudgetLeasesResponse lists leases (State "open" or "expired").
+type BudgetLeasesResponse struct {
+	Leases []BudgetLeaseState `json:"leases"`
+}
+
+// BudgetLeaseState is a lease with its state.
+type BudgetLeaseState struct {
+	BudgetLease
+	State string `json:"state"`
+}

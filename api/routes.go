@@ -35,6 +35,7 @@ const (
 	RouteRecon        // POST /internal/recon, cell to cell
 	RouteBudgetLease  // POST /internal/budget/lease, cell to the scene's home cell
 	RouteBudgetReturn // POST /internal/budget/return, cell to the scene's home cell
+	RouteBudgetLeases // POST /internal/budget/leases, a restarted cell to a scene's home: its leases to settle
 
 	RouteMetrics          // GET /metrics on an admin port, no token
 	RouteStrategyGet      // GET /admin/strategy on a cell's admin port
@@ -134,6 +135,7 @@ var routes = [RouteCount]Route{
 	RouteRecon:        {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
 	RouteBudgetLease:  {ID: RouteBudgetLease, Method: http.MethodPost, Pattern: BudgetLeasePath, Label: "budget_lease", Internal: true},
 	RouteBudgetReturn: {ID: RouteBudgetReturn, Method: http.MethodPost, Pattern: BudgetReturnPath, Label: "budget_return", Internal: true},
+	RouteBudgetLeases: {ID: RouteBudgetLeases, Method: http.MethodPost, Pattern: BudgetLeasesPath, Label: "budget_leases", Internal: true},
 
 	RouteMetrics:     {ID: RouteMetrics, Method: http.MethodGet, Pattern: "/metrics", Label: "metrics", Port: PortCellAdmin},
 	RouteStrategyGet: {ID: RouteStrategyGet, Method: http.MethodGet, Pattern: "/admin/strategy", Label: "strategy", Port: PortCellAdmin},
@@ -166,6 +168,7 @@ const (
 	RewardsPath      = "/v1/rewards"
 	BudgetLeasePath  = "/internal/budget/lease"
 	BudgetReturnPath = "/internal/budget/return"
+	BudgetLeasesPath = "/internal/budget/leases"
 )
 
 // AccountPath is GET /v1/accounts/{act_id}.

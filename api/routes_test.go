@@ -131,7 +131,7 @@ func TestRouteTable(t *testing.T) {
 	if got := Labels(RouteCredits); len(got) != 16 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 20 || got[16] != "credits" || got[17] != "recon" || got[19] != "budget_return" {
+	if got := Labels(RouteMetrics); len(got) != 21 || got[16] != "credits" || got[17] != "recon" || got[19] != "budget_return" || got[20] != "budget_leases" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

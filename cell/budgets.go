@@ -181,6 +181,7 @@ func (s *Server) budgetReturn(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 func (s *Server) runBudgetSweep(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	tick := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -199,6 +200,9 @@ func (s *Server) runBudgetSweep(ctx context.Context) {
 		case <-t.C:
 			for _, p := range s.pools {
 				p.Sweep(ctx)
+			}
+			if tick++; tick%10 == 0 {
+				s.expireHomedLeases(ctx)
 			}
 		}
 	}
@@ -248,6 +252,147 @@ func (s *Server) syncBudgets(t *activity.Tree) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// budgetLeases answers POST /internal/budget/leases for a budget homed here:
+// the holder's open and expired leases of the key.
+func (s *Server) budgetLeases(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	var req api.BudgetLeasesRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if err := model.ValidateBudgetKey(req.Key); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	sh := sharding.BudgetShard(req.Key)
+	if !s.Owns(sh) {
+		s.answers.err(rc, s.own.wrongCell(sh))
+		return
+	}
+	ls, err := s.localLeasesOf(ctx, sp, req.Key, req.Holder)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	out := api.BudgetLeasesResponse{Leases: []api.BudgetLeaseState{}}
+	for _, l := range ls {
+		out.Leases = append(out.Leases, api.BudgetLeaseState{BudgetLease: api.BudgetLease{ID: l.ID, Key: l.Key, Holder: l.Holder,
+			Amount: l.Amount, CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS}, State: string(l.State)})
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
+
+// localLeasesOf lists holder's open and expired leases of key, homed here.
+func (s *Server) localLeasesOf(ctx context.Context, sp *space, key, holder string) ([]model.Lease, error) {
+	all, err := sp.store.LeasesOf(ctx, sharding.BudgetShard(key), holder)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Lease
+	for _, l := range all {
+		if l.Key == key {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// leasesOf lists this cell's leases of key at its home, wherever that is.
+func (s *Server) leasesOf(ctx context.Context, sp *space, cc *cellclient.Client, key string) ([]model.Lease, error) {
+	sh := sharding.BudgetShard(key)
+	if s.Owns(sh) {
+		return s.localLeasesOf(ctx, sp, key, s.cfg.Name)
+	}
+	owner, err := s.ownerOf(sh)
+	if err != nil {
+		return nil, err
+	}
+	var out api.BudgetLeasesResponse
+	if err := cc.Send(ctx, cellclient.Call{Addr: owner, Path: api.BudgetLeasesPath, Stress: sp.stress,
+		Body: api.BudgetLeasesRequest{Key: key, Holder: s.cfg.Name}, Out: &out}); err != nil {
+		return nil, err
+	}
+	ls := make([]model.Lease, 0, len(out.Leases))
+	for _, l := range out.Leases {
+		ls = append(ls, model.Lease{ID: l.ID, Key: l.Key, Holder: l.Holder, Amount: l.Amount, State: model.LeaseState(l.State),
+			CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS})
+	}
+	return ls, nil
+}
+
+// controlledKeys lists the budget keys of the scenes of t that control
+// their stock.
+func controlledKeys(t *activity.Tree) []string {
+	var keys []string
+	for _, p := range t.Parents() {
+		for _, c := range p.Children {
+			for _, r := range c.Rewards {
+				for _, sc := range r.Scenes {
+					if sc.ControlStock {
+						keys = append(keys, model.BudgetKey(p.ID, c.ID, sc.ID))
+					}
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// settleLeases returns what the leases an earlier process of this cell held
+// (made before this one started) did not spend, as its reward rows tell
+// (Rewards.LeaseSpent over the cell's databases): a cell that died holding
+// leases gives their rest back once it is up again. Leases it cannot reach
+// now stay out (the budget under-issues by them) until its next start.
+func (s *Server) settleLeases(ctx context.Context) {
+	t := s.acts.holder.Tree()
+	if t == nil {
+		return
+	}
+	dbs := s.cfg.Shards.DBs()
+	for i, sp := range s.spaces {
+		for _, key := range controlledKeys(t) {
+			ls, err := s.leasesOf(ctx, sp, s.calls, key)
+			if err != nil {
+				s.log.Warn("budget: leases of an earlier run not listed; they stay out", "key", key, "space", sp.name, "err", err)
+				continue
+			}
+			var old []model.Lease
+			for _, l := range ls {
+				if l.CreatedMS < s.started.UnixMilli() {
+					old = append(old, l)
+				}
+			}
+			if len(old) == 0 {
+				continue
+			}
+			home := func(string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: s.calls} }
+			n, err := budget.Settle(ctx, home, old, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })
+			s.log.Info("budget: leases of an earlier run settled", "key", key, "space", s.spaces[i].name, "leases", len(old), "returned", n, "err", err)
+		}
+	}
+}
+
+// expireHomedLeases marks the leases past their expiry of the budgets homed
+// here expired (they stay out: the holder may have spent any of them).
+func (s *Server) expireHomedLeases(ctx context.Context) {
+	t := s.acts.holder.Tree()
+	if t == nil {
+		return
+	}
+	now := s.clock.Now().UnixMilli()
+	for _, key := range controlledKeys(t) {
+		sh := sharding.BudgetShard(key)
+		if !s.Owns(sh) {
+			continue
+		}
+		for _, sp := range s.spaces {
+			if _, err := sp.store.ExpireLeases(ctx, sh, key, now); err != nil && !errors.Is(err, model.ErrNotFound) && ctx.Err() == nil {
+				s.log.Warn("budget: expire leases", "key", key, "space", sp.name, "err", err)
 			}
 		}
 	}

@@ -123,6 +123,8 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.budgetLease(ctx, rc, sp)
 	case api.RouteBudgetReturn:
 		s.budgetReturn(ctx, rc, sp)
+	case api.RouteBudgetLeases:
+		s.budgetLeases(ctx, rc, sp)
 	default:
 		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}

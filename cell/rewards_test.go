@@ -1,6 +1,7 @@
 package cell_test
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // rewardCell starts a cell owning every shard with a reward key file and an
@@ -438,5 +440,56 @@ func TestRewardBudgetAcrossCells(t *testing.T) {
 	}
 	if total != 10_000 || granted > 9_000 || granted-returned < sum {
 		t.Fatalf("budget row: total %d granted %d returned %d; want 10,000, granted <= 9,000 and at least the %d issued out", total, granted, returned, sum)
+	}
+}
+
+// TestRewardLeasesSettledAfterRestart: leases an earlier run of a cell held
+// (made here through the store, as a run that died would leave them: one
+// lease of 500 with 200 issued from it, one of 300 with nothing issued) are
+// settled a few seconds after the cell starts: each returns exactly what its
+// reward rows did not spend, once.
+func TestRewardLeasesSettledAfterRestart(t *testing.T) {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	keys, acts := rewardFiles(t, pre, true, 100_000)
+	key := model.BudgetKey(pre+"-fest", pre+"-off", pre+"-rain")
+	sh := sharding.BudgetShard(key)
+	st, err := storage.Open(testenv.MySQLDSN(t, 1), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if _, err := st.SetBudget(ctx, sh, key, 100_000); err != nil {
+		t.Fatal(err)
+	}
+	far := time.Now().Add(time.Hour).UnixMilli()
+	l1, err := st.GrantLease(ctx, sh, key, "solo", 500, 10_000, far)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := st.GrantLease(ctx, sh, key, "solo", 300, 10_000, far)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, amt := range []model.Cents{150, 50} {
+		act := fmt.Sprintf("%s-s%d", pre, i)
+		r := model.Reward{ActID: act, Shard: sharding.ShardOfAct(act), Parent: pre + "-fest", Child: pre + "-off", Stage: "official",
+			Scene: pre + "-rain", Rain: "r1", AwardType: "cash", Amount: amt, LeaseID: l1.ID}
+		r.OrderNo = model.RewardOrderNo(act, r.Scene, r.Rain, r.AwardType, r.Stage)
+		if _, _, err := st.IssueReward(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(5 * time.Millisecond) // the leases are older than the cell's start
+	oneCell(t, func(cfg *cell.Config) { cfg.RewardKeys, cfg.Activities = keys, acts })
+	var b model.Budget
+	var ls []model.Lease
+	waitFor(t, 10*time.Second, func() bool {
+		b, ls, err = st.Budget(ctx, sh, key)
+		return err == nil && len(ls) == 2 && ls[0].State == model.LeaseReturned && ls[1].State == model.LeaseReturned
+	}, "the earlier run's leases returned")
+	un := map[string]int64{ls[0].ID: ls[0].Unspent, ls[1].ID: ls[1].Unspent}
+	if un[l1.ID] != 300 || un[l2.ID] != 300 || b.Granted != 800 || b.Returned != 600 {
+		t.Fatalf("after settling: budget %+v, unspent %v; want 300 back from each lease (800 granted, 600 returned)", b, un)
 	}
 }

@@ -147,7 +147,15 @@ type Server struct {
 	// pools spend the leases of the scenes that control their stock, per
 	// space (budgets.go).
 	pools [2]*budget.Pool
+	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
+	// started is when this process built the cell: leases made before it
+	// belong to an earlier run (settleLeases).
+	started time.Time
 }
+
+// settleDelay is how long after start a cell settles an earlier run's
+// leases: time for memberlist to list the other cells.
+const settleDelay = 3 * time.Second
 
 // stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
@@ -169,7 +177,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
-	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
+	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log, started: clk.Now()}
 	s.acts = &activities{path: cfg.Activities, clock: clk}
 	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
 		return nil, fmt.Errorf("cell: %w", err)
@@ -213,6 +221,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.signer, clk, internalTimeout)
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
+	s.calls = calls
 	for i, sp := range s.spaces {
 		s.pools[i] = s.newPool(sp, calls)
 	}
@@ -285,10 +294,18 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep,
-		func(context.Context) { // the budgets this cell homes, as the file loaded by New sets them
+		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
 			if t := s.acts.holder.Tree(); t != nil {
 				s.syncBudgets(t)
 			}
+			// Wait for the cluster map to list the other cells (the homes of
+			// budgets homed elsewhere): a few gossip rounds.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(settleDelay):
+			}
+			s.settleLeases(ctx)
 		}}
 	if s.cfg.IssuedMemcache != nil {
 		for _, c := range s.rw.counters {
