@@ -23,6 +23,9 @@ type Ledger struct {
 	Credits       map[string]Credit    // every claim credited in this cell, by claim ID
 	Outbox        map[string]OutboxRow // every outbox row of this cell, by claim ID
 	Problems      []string             // row-level breaks: balance != its flows, packet sums off, ...
+	// The reward rows (t_reward) and the budgets homed in the cell
+	// (t_budget, t_budget_lease): cash in cents, coupon kinds only counted.
+	RewardRows RewardRows
 }
 
 // NewLedger returns an empty ledger of cell, its maps made.
@@ -68,6 +71,7 @@ func (l *Ledger) Merge(part Ledger) {
 		l.Outbox[id] = o
 	}
 	l.Problems = append(l.Problems, part.Problems...)
+	l.RewardRows.merge(part.RewardRows)
 }
 
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
@@ -88,6 +92,8 @@ type AuditReport struct {
 	CreditsCount  int      `json:"credits"`
 	Difference    Cents    `json:"difference"` // deposits + rewards - withdrawals - (balances + open + in flight); must be 0
 	Problems      []string `json:"problems"`
+	// RewardRows sums the reward rows and lists the budgets (auditRewards).
+	RewardRows RewardReport `json:"reward_rows"`
 }
 
 // OK reports whether the books balance with no row-level problem.
@@ -167,6 +173,7 @@ func Audit(ledgers []Ledger) AuditReport {
 	}
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
 	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
+	auditRewards(ledgers, &r)
 	sort.Strings(r.Problems)
 	return r
 }

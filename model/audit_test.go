@@ -97,6 +97,7 @@ func TestAuditRewardsAndWithdrawals(t *testing.T) {
 		a, b := ledgers()
 		a.Withdrawals, a.Balances = 120, a.Balances-120 // x takes 120 of its 800 to the bank
 		b.Rewards, b.Balances = 250, b.Balances+250     // a claimant in b is rewarded 250
+		b.RewardRows = RewardRows{Count: 1, Issued: 250, Booked: 250, IntoWall: 250}
 		return a, b
 	}
 	a, b := books()

@@ -22,6 +22,9 @@ type tableRef struct {
 
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
+// dbTables are the tables of which a database has one, by name: their kind.
+var dbTables = map[string]string{"t_outbox": "outbox", "t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease"}
+
 // tables lists redcell's tables on the server.
 func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE ?",
@@ -40,8 +43,8 @@ func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) 
 		if err != nil || db < 0 || db >= model.ShardCount/10 || len(schema) != len(m.ns)+5 {
 			continue
 		}
-		if name == "t_outbox" {
-			out = append(out, tableRef{kind: "outbox", shard: model.ShardID(db * 10)})
+		if kind, ok := dbTables[name]; ok {
+			out = append(out, tableRef{kind: kind, shard: model.ShardID(db * 10)})
 			continue
 		}
 		m := tableName.FindStringSubmatch(name)
@@ -161,6 +164,9 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		{"packet", m.ledgerPacketSQL, scanPackets},
 		{"claim", m.ledgerClaimSQL, scanClaims},
 		{"outbox", m.ledgerOutboxSQL, scanOutbox},
+	}
+	if err := m.ledgerRewards(ctx, tx, byKind, &l); err != nil {
+		return l, err
 	}
 	for _, r := range readers {
 		list := byKind[r.kind]

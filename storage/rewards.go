@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -521,6 +522,71 @@ func (m *MySQL) FlowsOf(ctx context.Context, s model.ShardID, actID string, afte
 		}
 		f.BalanceAfter, f.BalanceKnown = model.Cents(bal.Int64), bal.Valid
 		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+// ledgerRewards reads, in the ledger's snapshot, the reward rows (sums by
+// stage, award type and status; sums by lease) and the budgets homed here
+// with their leases, into l.RewardRows.
+func (m *MySQL) ledgerRewards(ctx context.Context, tx *sql.Conn, byKind map[string][]tableRef, l *model.Ledger) error {
+	rr := &l.RewardRows
+	for _, t := range byKind["reward"] {
+		rows, err := tx.QueryContext(ctx, "SELECT stage, award_type, status, lease_id, SUM(amount), COUNT(*) FROM "+m.rewardTable(t.shard.DB())+
+			" GROUP BY stage, award_type, status, lease_id")
+		if err != nil {
+			return fmt.Errorf("storage: ledger of reward tables: %w", err)
+		}
+		for rows.Next() {
+			var x model.Reward
+			var sum, n int64
+			if err := rows.Scan(&x.Stage, &x.AwardType, &x.Status, &x.LeaseID, &sum, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			// One row stands for n rewards of sum: counted as one, then
+			// the count corrected.
+			x.Amount = model.Cents(sum)
+			rr.AddReward(x)
+			rr.Count += n - 1
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	for _, t := range byKind["budget"] {
+		if !slices.ContainsFunc(byKind["lease"], func(x tableRef) bool { return x.shard == t.shard }) {
+			continue // the pair is being created
+		}
+		bs, err := m.budgetsIn(ctx, tx, t.shard)
+		if err != nil {
+			return fmt.Errorf("storage: ledger of budget tables: %w", err)
+		}
+		rr.Budgets = append(rr.Budgets, bs...)
+		ls, err := m.leases(ctx, tx, "SELECT "+leaseCols+" FROM "+m.leaseTable(t.shard)+" ORDER BY created_ms, lease_id")
+		if err != nil {
+			return fmt.Errorf("storage: ledger of lease tables: %w", err)
+		}
+		rr.Leases = append(rr.Leases, ls...)
+	}
+	return nil
+}
+
+// budgetsIn reads every budget row of s's database.
+func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) ([]model.Budget, error) {
+	rows, err := q.QueryContext(ctx, "SELECT budget_key, total, granted, returned, updated_ms FROM "+m.budgetTable(s)+" ORDER BY budget_key")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []model.Budget
+	for rows.Next() {
+		var b model.Budget
+		if err := rows.Scan(&b.Key, &b.Total, &b.Granted, &b.Returned, &b.UpdatedMS); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
 	}
 	return out, rows.Err()
 }

@@ -89,6 +89,17 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 			l.Outbox[id] = e.row
 		}
 	}
+	for _, r := range s.rewards {
+		l.RewardRows.AddReward(*r)
+	}
+	for _, b := range s.budgets.rows {
+		l.RewardRows.Budgets = append(l.RewardRows.Budgets, *b)
+	}
+	sort.Slice(l.RewardRows.Budgets, func(i, j int) bool { return l.RewardRows.Budgets[i].Key < l.RewardRows.Budgets[j].Key })
+	for _, lr := range s.budgets.leases {
+		l.RewardRows.Leases = append(l.RewardRows.Leases, lr.l)
+	}
+	sort.Slice(l.RewardRows.Leases, func(i, j int) bool { return l.RewardRows.Leases[i].ID < l.RewardRows.Leases[j].ID })
 	sort.Strings(problems)
 	l.Problems = problems
 	return l, nil

@@ -26,10 +26,21 @@ func contractAuditRewardsAndWithdrawals(t *testing.T, newStore func(t *testing.T
 	if f.h.PutFlow == nil {
 		t.Fatal("the harness has no PutFlow: this store's audits of reward and withdraw flows go untested")
 	}
+	// A reward whose balance change happens (delta = amount) is issued and
+	// booked through the store, so its row and flow agree (the reward audit
+	// checks them); one whose change never happened is a flow alone.
 	reward := func(s model.ShardID, act, orderNo string, amount, delta model.Cents) {
 		t.Helper()
-		fl, ok := model.RewardFlow(model.Reward{OrderNo: orderNo, ActID: act, Stage: model.StageOfficial, Scene: "s1",
-			AwardType: model.AwardCash, Amount: amount}, f.nowMS())
+		r := model.Reward{OrderNo: orderNo, ActID: act, Shard: s, Parent: "p", Child: "c", Stage: model.StageOfficial, Scene: "s1",
+			Rain: "r1", AwardType: model.AwardCash, Amount: amount}
+		if delta == amount {
+			f.issue(r)
+			if n, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil || n != 1 {
+				t.Fatalf("book %s: %d %v", orderNo, n, err)
+			}
+			return
+		}
+		fl, ok := model.RewardFlow(r, f.nowMS())
 		if !ok {
 			t.Fatalf("reward %s is not booked into the wallet", orderNo)
 		}

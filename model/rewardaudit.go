@@ -1,0 +1,135 @@
+package model
+
+import (
+	"fmt"
+	"sort"
+)
+
+// RewardRows is what one cell's reward and budget rows say, for the audit:
+// cash sums in cents (coupon kinds are counted, not summed).
+type RewardRows struct {
+	Count    int64 // reward rows of every award type
+	Issued   Cents // cash rewards of every stage and status
+	Booked   Cents // cash rewards booked (every stage)
+	Pending  Cents // cash rewards pending or processing
+	IntoWall Cents // booked official-stage cash: what the cell's reward flows must sum to
+	// LeaseSpent sums the rewards (cents or pieces) issued from each lease.
+	LeaseSpent map[string]int64
+	// Budgets and Leases are the budget rows homed in the cell and all
+	// their leases.
+	Budgets []Budget
+	Leases  []Lease
+}
+
+func (r *RewardRows) merge(p RewardRows) {
+	r.Count += p.Count
+	r.Issued += p.Issued
+	r.Booked += p.Booked
+	r.Pending += p.Pending
+	r.IntoWall += p.IntoWall
+	for id, n := range p.LeaseSpent {
+		if r.LeaseSpent == nil {
+			r.LeaseSpent = map[string]int64{}
+		}
+		r.LeaseSpent[id] += n
+	}
+	r.Budgets = append(r.Budgets, p.Budgets...)
+	r.Leases = append(r.Leases, p.Leases...)
+}
+
+// AddReward counts one reward row.
+func (r *RewardRows) AddReward(x Reward) {
+	r.Count++
+	if x.LeaseID != "" {
+		if r.LeaseSpent == nil {
+			r.LeaseSpent = map[string]int64{}
+		}
+		r.LeaseSpent[x.LeaseID] += int64(x.Amount)
+	}
+	if !x.Cash() {
+		return
+	}
+	r.Issued += x.Amount
+	if x.Status == RewardBooked {
+		r.Booked += x.Amount
+		if x.IntoWallet() {
+			r.IntoWall += x.Amount
+		}
+	} else {
+		r.Pending += x.Amount
+	}
+}
+
+// BudgetLine is one budget in the audit report: Issued is what its leases'
+// rewards sum to across cells, Unissued = Total − Issued, Outstanding what
+// its leases hold or spent (Granted − Returned).
+type BudgetLine struct {
+	Key         string `json:"key"`
+	Total       int64  `json:"total"`
+	Issued      int64  `json:"issued"`
+	Unissued    int64  `json:"unissued"`
+	Outstanding int64  `json:"outstanding"`
+}
+
+// RewardReport is the reward part of the audit.
+type RewardReport struct {
+	Count    int64        `json:"count"`
+	Issued   Cents        `json:"issued"`
+	Booked   Cents        `json:"booked"`
+	Pending  Cents        `json:"pending"`
+	IntoWall Cents        `json:"into_wallets"` // booked official cash; the reward flows must sum to it
+	Budgets  []BudgetLine `json:"budgets"`
+}
+
+// auditRewards checks the reward rows of every cell against their flows and
+// budgets, adding to r's problems:
+//   - issued = booked + pending (cash), in each cell;
+//   - each cell's reward flows sum to its booked official cash: every such
+//     reward is in the wallet once, and no reward flow lacks its reward;
+//   - budget = issued + unissued with issued never above the budget: no
+//     lease's rewards pass its amount, none of a returned lease pass what it
+//     kept (Amount − Unspent), and a budget's leases hold no more than it.
+func auditRewards(ledgers []Ledger, r *AuditReport) {
+	spent := map[string]int64{}
+	var budgets []Budget
+	var leases []Lease
+	for _, l := range ledgers {
+		rr := l.RewardRows
+		r.RewardRows.Count += rr.Count
+		r.RewardRows.Issued += rr.Issued
+		r.RewardRows.Booked += rr.Booked
+		r.RewardRows.Pending += rr.Pending
+		r.RewardRows.IntoWall += rr.IntoWall
+		if rr.Issued != rr.Booked+rr.Pending {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: cash rewards issued %d != booked %d + pending %d", l.Cell, rr.Issued, rr.Booked, rr.Pending))
+		}
+		if l.Rewards != rr.IntoWall {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: reward flows %d != booked official cash rewards %d", l.Cell, l.Rewards, rr.IntoWall))
+		}
+		for id, n := range rr.LeaseSpent {
+			spent[id] += n
+		}
+		budgets = append(budgets, rr.Budgets...)
+		leases = append(leases, rr.Leases...)
+	}
+	byKey := map[string]int64{}
+	for _, ls := range leases {
+		n := spent[ls.ID]
+		byKey[ls.Key] += n
+		switch {
+		case n > ls.Amount:
+			r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above its amount %d", ls.ID, ls.Key, n, ls.Amount))
+		case ls.State == LeaseReturned && n > ls.Amount-ls.Unspent:
+			r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above the %d it kept when returned", ls.ID, ls.Key, n, ls.Amount-ls.Unspent))
+		}
+	}
+	sort.Slice(budgets, func(i, j int) bool { return budgets[i].Key < budgets[j].Key })
+	r.RewardRows.Budgets = []BudgetLine{}
+	for _, b := range budgets {
+		line := BudgetLine{Key: b.Key, Total: b.Total, Issued: byKey[b.Key], Unissued: b.Total - byKey[b.Key], Outstanding: b.Outstanding()}
+		r.RewardRows.Budgets = append(r.RewardRows.Budgets, line)
+		if line.Issued > b.Total || line.Outstanding > b.Total || line.Issued > line.Outstanding {
+			r.Problems = append(r.Problems, fmt.Sprintf("budget %s: total %d, issued %d, outstanding %d: issued passes what it may", b.Key, b.Total, line.Issued, line.Outstanding))
+		}
+	}
+}
