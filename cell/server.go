@@ -148,6 +148,8 @@ type Server struct {
 	// space (budgets.go).
 	pools [2]*budget.Pool
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
+	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
+	rwRecon *rewardReconMetrics
 	// started is when this process built the cell: leases made before it
 	// belong to an earlier run (settleLeases).
 	started time.Time
@@ -194,6 +196,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
 	s.acts.issued, s.acts.loaded = s.sceneIssued, s.syncBudgets
+	s.rwRecon = newRewardReconMetrics(reg)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -293,7 +296,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run,
-		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep,
+		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
 		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
 			if t := s.acts.holder.Tree(); t != nil {
 				s.syncBudgets(t)

@@ -133,3 +133,32 @@ func auditRewards(ledgers []Ledger, r *AuditReport) {
 		}
 	}
 }
+
+// RewardRecon is one reconciliation window of one database's rewards
+// against the reward flows booked for them (storage.Rewards.RewardRecon).
+// Booking writes a reward's flow with the reward's booked time as its
+// creation time, so within any window the two sides match exactly.
+type RewardRecon struct {
+	DB              int
+	FromMS, ToMS    int64
+	Booked          int64    // booked official cash rewards with booked_ms in the window
+	BookedCents     Cents    // their sum
+	Flows           int64    // reward flows created in the window
+	FlowCents       Cents    // their sum
+	Missing         []string // booked official cash rewards without their flow (order numbers, at most 20)
+	StalePending    int64    // rewards not booked, issued before the window's end less the stale age
+	OldestPendingMS int64    // issue time of the oldest reward not booked (0: none)
+}
+
+// Problems lists what is off in the window.
+func (r RewardRecon) Problems() []string {
+	var ps []string
+	if len(r.Missing) > 0 {
+		ps = append(ps, fmt.Sprintf("db %d: %d booked rewards without their flow (%v)", r.DB, len(r.Missing), r.Missing))
+	}
+	if r.Booked != r.Flows || r.BookedCents != r.FlowCents {
+		ps = append(ps, fmt.Sprintf("db %d: %d rewards of %d cents booked into wallets in [%d, %d), but %d reward flows of %d cents",
+			r.DB, r.Booked, r.BookedCents, r.FromMS, r.ToMS, r.Flows, r.FlowCents))
+	}
+	return ps
+}

@@ -590,3 +590,61 @@ func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) (
 	}
 	return out, rows.Err()
 }
+
+// RewardRecon implements Rewards: per shard table of the database, one
+// LEFT JOIN of the booked official cash rewards to their flows (by the
+// flow's order number, model.RewardFlowOrderNo: "reward:" and the first 32
+// hex digits of SHA2(order_no, 256)) and the window's sums of both sides.
+func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (model.RewardRecon, error) {
+	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS}
+	rt := m.rewardTable(db)
+	err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(created_ms), 0) FROM "+rt+" WHERE status <> ? AND created_ms < ?",
+		model.RewardBooked, staleMS).Scan(&out.StalePending, &out.OldestPendingMS)
+	if isMySQLErr(err, errNoSuchTable) {
+		return out, nil // no reward was ever issued in db
+	}
+	if err != nil {
+		return out, fmt.Errorf("storage: reward recon of db %d: %w", db, err)
+	}
+	for y := 0; y < 10; y++ {
+		s := model.ShardID(db*10 + y)
+		ft := m.flowTable(s)
+		var n, sum int64
+		err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM "+ft+" WHERE kind = ? AND created_ms >= ? AND created_ms < ?",
+			string(model.FlowReward), fromMS, toMS).Scan(&n, &sum)
+		if isMySQLErr(err, errNoSuchTable) {
+			continue // a shard without wallets has no booked reward either: its rewards would have made them
+		}
+		if err != nil {
+			return out, fmt.Errorf("storage: reward recon of shard %d: %w", s, err)
+		}
+		out.Flows += n
+		out.FlowCents += model.Cents(sum)
+		rows, err := m.db.QueryContext(ctx, "SELECT r.order_no, r.amount, f.id IS NULL FROM "+rt+" r LEFT JOIN "+ft+
+			" f ON f.act_id = r.act_id AND f.order_no = CONCAT('reward:', LEFT(SHA2(r.order_no, 256), 32))"+
+			" WHERE r.act_shard = ? AND r.status = ? AND r.stage = ? AND r.award_type = ? AND r.booked_ms >= ? AND r.booked_ms < ?",
+			int(s), model.RewardBooked, model.StageOfficial, model.AwardCash, fromMS, toMS)
+		if err != nil {
+			return out, fmt.Errorf("storage: reward recon of shard %d: %w", s, err)
+		}
+		for rows.Next() {
+			var order string
+			var amount int64
+			var missing bool
+			if err := rows.Scan(&order, &amount, &missing); err != nil {
+				rows.Close()
+				return out, err
+			}
+			out.Booked++
+			out.BookedCents += model.Cents(amount)
+			if missing && len(out.Missing) < 20 {
+				out.Missing = append(out.Missing, order)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}

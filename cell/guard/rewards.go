@@ -65,3 +65,9 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 	err = s.call(func() (err error) { fs, err = s.inner.FlowsOf(ctx, sh, actID, after, limit); return err })
 	return fs, err
 }
+
+// RewardRecon implements storage.Store.
+func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (r model.RewardRecon, err error) {
+	err = s.call(func() (err error) { r, err = s.inner.RewardRecon(ctx, db, fromMS, toMS, staleMS); return err })
+	return r, err
+}

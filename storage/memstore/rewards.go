@@ -279,3 +279,45 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 	}
 	return fs, nil
 }
+
+// RewardRecon implements storage.Rewards.
+func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (model.RewardRecon, error) {
+	if err := ctx.Err(); err != nil {
+		return model.RewardRecon{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS}
+	var orders []string
+	for _, r := range s.rewards {
+		if r.Shard.DB() != db {
+			continue
+		}
+		if r.Status != model.RewardBooked && r.CreatedMS < staleMS {
+			out.StalePending++
+			if out.OldestPendingMS == 0 || r.CreatedMS < out.OldestPendingMS {
+				out.OldestPendingMS = r.CreatedMS
+			}
+		}
+		if r.Status != model.RewardBooked || !r.IntoWallet() || r.BookedMS < fromMS || r.BookedMS >= toMS {
+			continue
+		}
+		out.Booked++
+		out.BookedCents += r.Amount
+		if _, ok := s.flows[flowKey{r.Shard, r.ActID, model.RewardFlowOrderNo(r.OrderNo)}]; !ok {
+			orders = append(orders, r.OrderNo)
+		}
+	}
+	for k, f := range s.flows {
+		if k.shard.DB() == db && f.Kind == model.FlowReward && f.CreatedMS >= fromMS && f.CreatedMS < toMS {
+			out.Flows++
+			out.FlowCents += f.Amount
+		}
+	}
+	sort.Strings(orders)
+	if len(orders) > 20 {
+		orders = orders[:20]
+	}
+	out.Missing = orders
+	return out, nil
+}

@@ -20,6 +20,7 @@ func init() {
 	register("ContractRewardFlowListing", contractRewardFlowListing)
 	register("ContractRewardLeaseSpent", contractRewardLeaseSpent)
 	register("ContractGroupRewards", contractGroupRewards)
+	register("ContractRewardRecon", contractRewardRecon)
 }
 
 // reward is a reward of act in shard s as the cell builds it.
@@ -416,5 +417,44 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	if bal := f.balance(sA, "kim"); bal != 1150 {
 		t.Fatalf("kim's wallet after a second group: %d, want 1150", bal)
+	}
+}
+
+// RewardRecon matches a window's booked official cash rewards with the
+// reward flows booked for them, by booked time, and counts the rewards left
+// unbooked since before the stale time; a reward flow with no reward (made
+// here with PutFlow) shows as a count that does not match.
+func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	start := f.nowMS()
+	off := reward(sA, "mia", "rain", "r1", model.AwardCash, "official", 40)
+	gray := reward(sA, "mia", "rain", "r1", model.AwardCash, "gray", 60)
+	late := reward(sB, "ned", "rain", "r1", model.AwardCash, "official", 5)
+	for _, r := range []model.Reward{off, gray, late} {
+		f.issue(r)
+	}
+	f.h.Clock.Advance(time.Second)
+	if _, err := f.s.BookRewards(f.ctx, []model.Reward{off, gray}); err != nil {
+		t.Fatal(err)
+	}
+	f.h.Clock.Advance(time.Second)
+	r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start+1)
+	if err != nil || r.Booked != 1 || r.BookedCents != 40 || r.Flows != 1 || r.FlowCents != 40 || len(r.Missing) != 0 ||
+		r.StalePending != 1 || r.OldestPendingMS != start || len(r.Problems()) != 0 {
+		t.Fatalf("recon: %+v %v; want one booked official reward of 40 with its flow, one reward pending since %d", r, err, start)
+	}
+	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), f.nowMS(), f.nowMS()+1000, start); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 {
+		t.Fatalf("a later window: %+v %v; want nothing", r, err)
+	}
+	if r, err := f.s.RewardRecon(f.ctx, sC.DB(), start, f.nowMS(), f.nowMS()); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 || len(r.Missing) != 0 {
+		t.Fatalf("a database without rewards: %+v %v", r, err)
+	}
+	if f.h.PutFlow == nil {
+		t.Fatal("the harness has no PutFlow")
+	}
+	fl, _ := model.RewardFlow(reward(sA, "oz", "rain", "r9", model.AwardCash, "official", 9), f.nowMS()-500)
+	f.h.PutFlow(sA, fl, 9)
+	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start); err != nil || r.Flows != 2 || r.Booked != 1 || len(r.Problems()) != 1 {
+		t.Fatalf("with a reward flow that has no reward: %+v %v, want its count off", r, err)
 	}
 }

@@ -1,0 +1,100 @@
+package cell
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reward reconciliation: every minute each space checks the rewards its
+// databases booked into wallets since the last check against the reward
+// flows booked for them (storage.Rewards.RewardRecon: per database, by
+// booked time), and every hour it checks them all again from the start. It
+// also reports the rewards left unbooked for longer than rewardStale (the
+// booker is stopped, or cannot book). Problems are logged with samples and
+// counted in redcell_reward_recon_problems; the audit (redcell audit) checks
+// the same rows across cells with their budgets.
+
+const (
+	rewardReconEvery = time.Minute
+	rewardReconFull  = time.Hour
+	rewardReconLag   = 5 * time.Second // a window ends this long before now: bookings in flight finish first
+	rewardStale      = 5 * time.Minute
+)
+
+// rewardReconMetrics are the reconciliation's series, by space.
+type rewardReconMetrics struct {
+	problems *prometheus.GaugeVec // problems found by the last pass
+	stale    *prometheus.GaugeVec // rewards unbooked for more than rewardStale at the last pass
+	passes   *prometheus.CounterVec
+}
+
+func newRewardReconMetrics(reg prometheus.Registerer) *rewardReconMetrics {
+	m := &rewardReconMetrics{
+		problems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_reward_recon_problems",
+			Help: "Problems the last reward reconciliation pass found: booked rewards without their flow, or windows whose rewards and flows differ."}, []string{"space"}),
+		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_reward_pending_stale",
+			Help: "Rewards issued more than 5 minutes ago and not booked yet, at the last reward reconciliation pass."}, []string{"space"}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_reward_recon_passes_total",
+			Help: "Reward reconciliation passes, by space and kind (window: the last minute; full: from the start)."}, []string{"space", "kind"}),
+	}
+	reg.MustRegister(m.problems, m.stale, m.passes)
+	return m
+}
+
+// runRewardRecon reconciles space sp's rewards until ctx ends.
+func (s *Server) runRewardRecon(sp *space) func(ctx context.Context) {
+	return func(ctx context.Context) {
+		t := time.NewTicker(rewardReconEvery)
+		defer t.Stop()
+		var pos int64 // checked up to (booked time, Unix ms)
+		lastFull := time.Time{}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := s.clock.Now()
+			to := now.Add(-rewardReconLag).UnixMilli()
+			from, kind := pos, "window"
+			if now.Sub(lastFull) >= rewardReconFull {
+				from, kind, lastFull = 0, "full", now
+			}
+			if s.reconcileRewards(ctx, sp, from, to, kind) {
+				pos = to
+			}
+		}
+	}
+}
+
+// reconcileRewards checks [from, to) in every database of the cell; ok is
+// false when a database could not be read (the window is checked again).
+func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64, kind string) (ok bool) {
+	ok = true
+	problems, stale := 0, int64(0)
+	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
+	for _, db := range s.cfg.Shards.DBs() {
+		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("reward recon: database not read", "space", sp.name, "db", db, "err", err)
+			}
+			ok = false
+			continue
+		}
+		stale += r.StalePending
+		for _, p := range r.Problems() {
+			problems++
+			s.log.Warn("reward recon: problem", "space", sp.name, "kind", kind, "problem", p)
+		}
+	}
+	s.rwRecon.problems.WithLabelValues(sp.name).Set(float64(problems))
+	s.rwRecon.stale.WithLabelValues(sp.name).Set(float64(stale))
+	s.rwRecon.passes.WithLabelValues(sp.name, kind).Inc()
+	if stale > 0 {
+		s.log.Warn("reward recon: rewards unbooked for more than 5 minutes", "space", sp.name, "rewards", stale)
+	}
+	return ok
+}
