@@ -271,3 +271,99 @@ func alterSignature(t *testing.T, tok string) string {
 	parts[3] = base64.RawURLEncoding.EncodeToString(sig)
 	return strings.Join(parts, ".")
 }
+
+// TestRewardsReissue runs redcell rewards reissue (the binary) twice over
+// one CSV file: a header, 17 good lines (cash and a coupon), a line
+// repeated, an amount outside the scene's rule and an unknown scene. The
+// first run applies 17, repeats 1 and refuses 2 (exit 1); the second
+// repeats all 18 and refuses the same 2; a file of the good lines alone,
+// run a third time, exits 0.
+func TestRewardsReissue(t *testing.T) {
+	c := startRewardCluster(t)
+	pre := testenv.Prefix()
+	dir := t.TempDir()
+	var good []string
+	for i := range 16 {
+		good = append(good, fmt.Sprintf("%s-p%d,rain,r1,%d", pre, i, 100+i))
+	}
+	good = append(good, pre+"-p0,card,r1,1,coupon")
+	all := append([]string{"act_id,scene_id,rain_id,amount,award_type"}, good...) // lines 2..18
+	all = append(all, good[3], // line 19: line 5 again
+		pre+"-p20,rain,r1,999", // line 20: above the rule 1..888
+		pre+"-p21,nope,r1,5")   // line 21: no such scene
+	file := filepath.Join(dir, "reissue.csv")
+	if err := os.WriteFile(file, []byte(strings.Join(all, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(filepath.Dir(c.config), "api-key")
+	run := func(file string, keyArgs ...string) (summary, stderr string, code int) {
+		t.Helper()
+		args := append([]string{"rewards", "reissue", "--router", c.router, "--activity", "demo-festival", "--file", file, "--concurrency", "4"}, keyArgs...)
+		cmd := exec.Command(c.bin, args...)
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+	}
+	refusedLines := "  refused INVALID_ARGUMENT: 1\n  refused NOT_FOUND: 1\n  refused lines (first 2 of 2): 20, 21\n"
+	out, errOut, code := run(file, "--api-key-file", keyFile)
+	want := fmt.Sprintf("reissue %s (demo-festival): 20 lines: applied 17, repeated 1, refused 2, failed 0\n", file) + refusedLines
+	if out != want || code != 1 {
+		t.Fatalf("first run (exit %d):\n%s\nwant (exit 1):\n%s\nstderr:\n%s", code, out, want, errOut)
+	}
+	if !strings.Contains(errOut, "reissue [####################] 20/20 lines  applied 17  repeated 1  refused 2  failed 0") ||
+		!strings.Contains(errOut, "redcell: rewards reissue: 2 lines refused, 0 failed") {
+		t.Fatalf("first run's stderr lacks the final progress line or the error:\n%s", errOut)
+	}
+	out, _, code = run(file, "--api-key-file", keyFile)
+	want = fmt.Sprintf("reissue %s (demo-festival): 20 lines: applied 0, repeated 18, refused 2, failed 0\n", file) + refusedLines
+	if out != want || code != 1 {
+		t.Fatalf("second run (exit %d):\n%s\nwant (exit 1):\n%s", code, out, want)
+	}
+	goodFile := filepath.Join(dir, "good.csv")
+	if err := os.WriteFile(goodFile, []byte(strings.Join(good, "\n")), 0o644); err != nil { // no header, no final newline
+		t.Fatal(err)
+	}
+	out, _, code = run(goodFile, "--api-key", testAPIKey)
+	if want := fmt.Sprintf("reissue %s (demo-festival): 17 lines: applied 0, repeated 17, refused 0, failed 0\n", goodFile); out != want || code != 0 {
+		t.Fatalf("good lines again (exit %d):\n%s\nwant (exit 0):\n%s", code, out, want)
+	}
+
+	// The rewards are there, once each, with the file's amounts.
+	cl, err := client.New(c.router, testAPIKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, act := range []string{pre + "-p0", pre + "-p3", pre + "-p15"} {
+		rs := must[api.RewardsResponse](t, "rewards")(cl.Rewards(context.Background(), act, "demo-festival", client.RewardsPage{}))
+		n := []int{2, 1, 1}[i]
+		if len(rs.Rewards) != n {
+			t.Fatalf("%s holds %d rewards, want %d: %+v", act, len(rs.Rewards), n, rs.Rewards)
+		}
+		cash := rs.Rewards[len(rs.Rewards)-1]
+		if want := int64(100 + []int{0, 3, 15}[i]); cash.SceneID != "rain" || cash.Amount != want {
+			t.Fatalf("%s's cash reward %+v, want %d cents", act, cash, want)
+		}
+	}
+	if won := must[bool](t, "won")(cl.Won(context.Background(), pre+"-p20", "demo-festival")); won {
+		t.Fatal("the refused line's person holds a reward")
+	}
+
+	// A malformed file sends nothing.
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte(pre+"-q1,rain,r1,5\n"+pre+"-q2,rain,r1,five\n"+pre+"-q3,rain\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = run(bad, "--api-key-file", keyFile)
+	if code != 1 || out != "" || !strings.Contains(errOut, "2 malformed lines, nothing sent") ||
+		!strings.Contains(errOut, `line 2: amount "five" is not an integer`) || !strings.Contains(errOut, "line 3: 2 fields") {
+		t.Fatalf("a malformed file (exit %d): stdout %q stderr %q", code, out, errOut)
+	}
+	if won := must[bool](t, "won")(cl.Won(context.Background(), pre+"-q1", "demo-festival")); won {
+		t.Fatal("a line of a malformed file was sent")
+	}
+}
