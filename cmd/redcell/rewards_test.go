@@ -288,7 +288,8 @@ func TestRewardsReissue(t *testing.T) {
 	}
 	good = append(good, pre+"-p0,card,r1,1,coupon")
 	all := append([]string{"act_id,scene_id,rain_id,amount,award_type"}, good...) // lines 2..18
-	all = append(all, good[3],                                                    // line 19: line 5 again
+	all = append(all,
+		good[3],                // line 19: line 5 again
 		pre+"-p20,rain,r1,999", // line 20: above the rule 1..888
 		pre+"-p21,nope,r1,5")   // line 21: no such scene
 	file := filepath.Join(dir, "reissue.csv")
