@@ -368,3 +368,70 @@ func TestRewardsReissue(t *testing.T) {
 		t.Fatal("a line of a malformed file was sent")
 	}
 }
+
+// TestBenchRewardsFlags: --workload rewards takes the booking modes in
+// --compare and its own flags, and refuses the packet workloads' flags.
+func TestBenchRewardsFlags(t *testing.T) {
+	t.Setenv("REDCELL_API_KEY", "rck_test")
+	t.Setenv("REDCELL_CLUSTER_SECRET", "env-secret-0123456789")
+	f, err := parseBenchFlags([]string{"--workload", "rewards", "--compare", "async, sync", "--concurrency", "8", "--rate", "300",
+		"--duration", "5s", "--users", "500", "--lag-samples", "50", "--reads-duration", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.rewardsConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(cfg.Modes, ",") != "async,sync" || cfg.Concurrency != 8 || cfg.Rate != 300 || cfg.Duration != 5*time.Second ||
+		cfg.Users != 500 || cfg.LagSamples != 50 || cfg.ReadsDuration != 0 || cfg.APIKey != "rck_test" ||
+		cfg.ClusterSecret != "env-secret-0123456789" || cfg.Parent != "demo-festival" || cfg.Scene != "rain" || cfg.AmountMax != 888 {
+		t.Fatalf("config %+v", cfg)
+	}
+	for _, args := range [][]string{
+		{"--workload", "rewards", "--compare", "naive,batched"},
+		{"--workload", "rewards", "--direct"},
+		{"--workload", "rewards", "--limits"},
+		{"--workload", "rewards", "--search"},
+		{"--workload", "rewards", "--amount", "5"},
+	} {
+		f, err := parseBenchFlags(args)
+		if err == nil {
+			_, err = f.rewardsConfig()
+		}
+		if err == nil {
+			t.Errorf("%q was taken", args)
+		}
+	}
+}
+
+// TestBenchRewards runs redcell bench --workload rewards briefly on the test
+// cluster, comparing async with sync booking: both issue, every sample is
+// booked, the reads answer, and the report files are written.
+func TestBenchRewards(t *testing.T) {
+	c := startRewardCluster(t)
+	for _, name := range []string{"cell-1", "cell-2"} {
+		c.admin(t, name, "PUT", "/admin/degrade", `{"booking":"on"}`)
+	}
+	out := t.TempDir()
+	cmd := exec.Command(c.bin, "bench", "--config", c.config, "--workload", "rewards", "--compare", "async,sync", "--duration", "1s",
+		"--concurrency", "4", "--lag-samples", "20", "--reads-duration", "500ms", "--out", out)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	text := stdout.String()
+	for _, want := range []string{"redcell bench: rewards of demo-festival/rain", "  async run ", "  sync  run ",
+		"booking lag of 20 sampled (20 booked)", "token issuance (async) / book_now (sync): ", "issued/no-op ", "  OK\n"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("the report lacks %q:\n%s", want, text)
+		}
+	}
+	for _, name := range []string{"report.json", "report.md"} {
+		if _, err := os.Stat(filepath.Join(out, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("bench report:\n%s", text)
+}
