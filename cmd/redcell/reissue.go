@@ -133,7 +133,7 @@ func runReissue(ctx context.Context, args []string) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("rewards reissue: interrupted with %d lines not sent: %w", sum.notSent, ctx.Err())
 	case sum.refusedCount()+sum.failedCount() > 0:
-		return fmt.Errorf("rewards reissue: %d lines refused, %d failed", sum.refusedCount(), sum.failedCount())
+		return fmt.Errorf("rewards reissue: of %d lines, refused %d, failed %d", sum.lines, sum.refusedCount(), sum.failedCount())
 	}
 	return nil
 }

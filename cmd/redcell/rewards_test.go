@@ -317,7 +317,7 @@ func TestRewardsReissue(t *testing.T) {
 		t.Fatalf("first run (exit %d):\n%s\nwant (exit 1):\n%s\nstderr:\n%s", code, out, want, errOut)
 	}
 	if !strings.Contains(errOut, "reissue [####################] 20/20 lines  applied 17  repeated 1  refused 2  failed 0") ||
-		!strings.Contains(errOut, "redcell: rewards reissue: 2 lines refused, 0 failed") {
+		!strings.Contains(errOut, "redcell: rewards reissue: of 20 lines, refused 2, failed 0") {
 		t.Fatalf("first run's stderr lacks the final progress line or the error:\n%s", errOut)
 	}
 	out, _, code = run(file, "--api-key-file", keyFile)
