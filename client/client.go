@@ -55,7 +55,7 @@ type Option func(*options)
 type options struct {
 	hc           *http.Client
 	timeout      time.Duration
-	maxIdlePerHt int
+	maxIdleConnsPerHost int
 }
 
 // Defaults of New, with reasons.
@@ -86,7 +86,7 @@ func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout =
 // WithMaxIdleConnsPerHost sets how many connections are kept open to the
 // router between calls (>= 1; default DefaultMaxIdleConnsPerHost). Ignored
 // with WithHTTPClient.
-func WithMaxIdleConnsPerHost(n int) Option { return func(o *options) { o.maxIdlePerHt = n } }
+func WithMaxIdleConnsPerHost(n int) Option { return func(o *options) { o.maxIdleConnsPerHost = n } }
 
 // WithHTTPClient sends through hc instead of a client of New's own (its
 // transport, TLS and proxy settings are then the caller's). WithTimeout
@@ -105,20 +105,20 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	if strings.TrimSpace(apiKey) == "" {
 		return nil, errors.New("client: an API key is required (the router refuses calls without one)")
 	}
-	o := options{timeout: DefaultTimeout, maxIdlePerHt: DefaultMaxIdleConnsPerHost}
+	o := options{timeout: DefaultTimeout, maxIdleConnsPerHost: DefaultMaxIdleConnsPerHost}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.timeout <= 0 || o.maxIdlePerHt < 1 {
-		return nil, fmt.Errorf("client: timeout must be > 0 and max idle connections >= 1 (got %v, %d)", o.timeout, o.maxIdlePerHt)
+	if o.timeout <= 0 || o.maxIdleConnsPerHost < 1 {
+		return nil, fmt.Errorf("client: timeout must be > 0 and max idle connections >= 1 (got %v, %d)", o.timeout, o.maxIdleConnsPerHost)
 	}
 	hc := o.hc
 	if hc == nil {
 		hc = &http.Client{Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:          o.maxIdlePerHt,
-			MaxIdleConnsPerHost:   o.maxIdlePerHt,
+			MaxIdleConns:          o.maxIdleConnsPerHost,
+			MaxIdleConnsPerHost:   o.maxIdleConnsPerHost,
 			IdleConnTimeout:       idleConnTimeout,
 			TLSHandshakeTimeout:   dialTimeout,
 			ExpectContinueTimeout: time.Second,
