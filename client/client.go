@@ -53,8 +53,8 @@ type Client struct {
 type Option func(*options)
 
 type options struct {
-	hc           *http.Client
-	timeout      time.Duration
+	hc                  *http.Client
+	timeout             time.Duration
 	maxIdleConnsPerHost int
 }
 
