@@ -66,7 +66,8 @@ bench-smoke: build
 ## cold and hot, one run per strategy (naive, batched, grouped when built), hot with the ceilings
 ## (database, HTTP via router and direct); festival: each strategy's highest sustained open-loop
 ## rate (p99 within 50 ms, nothing shed) by a short search, then a run at 70% of the last one's,
-## audited. Reports in var/bench/<time>/{roundrobin,cold,hot,festival}/; BENCH_STRATEGIES picks the strategies.
+## audited; rewards: token issuance against book_now (issues/s, booking lag) and the lag at a fixed rate, about 30 s.
+## Reports in var/bench/<time>/{roundrobin,cold,hot,festival,rewards,rewards-lag}/; BENCH_STRATEGIES picks the strategies.
 BENCH_SUITE := deploy/local/bench.sh
 REDCELL_PPROF ?=
 BENCH_PPROF ?= $(if $(filter 1,$(REDCELL_PPROF)),127.0.0.1:6060,)

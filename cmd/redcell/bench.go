@@ -56,6 +56,8 @@ type benchFlags struct {
 	searchOn            bool               // --search
 	searchOnly          bool               // --search-only
 	sustain             bench.SustainConfig
+	lagSamples          int           // rewards: --lag-samples
+	readsDuration       time.Duration // rewards: --reads-duration
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -63,7 +65,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	lim := bench.DefaultLimitsConfig(def.RouterURL)
 	f := &benchFlags{fs: flag.NewFlagSet("bench", flag.ContinueOnError), defaultLimitsConfig: lim}
 	fs := f.fs
-	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | roundrobin | limits (the ceilings only)")
+	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | roundrobin | rewards (the reward wallet: issues, booking lag) | limits (the ceilings only)")
 	fs.StringVar(&f.router, "router", def.RouterURL, "base URL of the router (default: router.listen of --config, else this)")
 	fs.IntVar(&f.senders, "senders", def.Senders, "accounts that send packets (hot: always 1; default per workload)")
 	fs.IntVar(&f.openers, "openers", def.Openers, "closed-loop: concurrent openers (default per workload); open-loop: the default of --max-inflight")
@@ -80,7 +82,8 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "accept OVERLOADED/TIMEOUT answers and open-loop drops as load shedding instead of failing the run")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
-	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config)")
+	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config); "+
+		"rewards: booking modes async,sync (token issuance, booked behind, against book_now)")
 	fs.BoolVar(&f.compareDirect, "compare-direct", false, "run each workload run through the router and then direct, and report router/direct")
 	fs.BoolVar(&f.limits, "limits", false, "also measure the ceilings: the database's batched hot-open rate and the HTTP no-op rate via the router and direct")
 	fs.DurationVar(&f.limitsDuration, "limits-duration", lim.HTTPDuration, "how long each limit measurement runs")
@@ -91,6 +94,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile (go tool pprof) to this file: is the client the bottleneck?")
 	fs.StringVar(&f.apiKeyFile, "api-key-file", "", "file holding the API key the router requires (default: REDCELL_API_KEY, else the file api-key beside --config, which make run writes)")
+	rd := bench.DefaultRewardsConfig()
+	fs.IntVar(&f.lagSamples, "lag-samples", rd.LagSamples, "rewards: async rewards whose issue-to-booked lag is polled (0..1000)")
+	fs.DurationVar(&f.readsDuration, "reads-duration", rd.ReadsDuration, "rewards: each side of the no-op vs issued-so-far read comparison; 0 skips it")
 	f.search, f.sustain = bench.DefaultSearchConfig(), bench.DefaultSustainConfig("")
 	fs.BoolVar(&f.searchOn, "search", false, "after the runs, find each strategy's highest sustained open-loop rate (hot, festival, cold): p99 within --search-p99, nothing shed, the schedule offered")
 	fs.BoolVar(&f.searchOnly, "search-only", false, "the search (and --sustain-at) without the fixed runs; implies --search")
@@ -124,8 +130,8 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	if f.sustain.Strategy != "" && f.compare == "" {
 		return nil, errors.New("bench: --sustain-at names a strategy of --compare (--compare batched --sustain-at batched for one)")
 	}
-	if f.workload != workloadLimits && !slices.Contains(bench.Workloads, f.workload) {
-		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s)", f.workload, strings.Join(bench.Workloads, ", "), workloadLimits)
+	if f.workload != workloadLimits && f.workload != bench.WorkloadRewards && !slices.Contains(bench.Workloads, f.workload) {
+		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards, workloadLimits)
 	}
 	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
 	if f.configPath != "" {
@@ -333,6 +339,9 @@ func runBench(ctx context.Context, args []string) error {
 	f, err := parseBenchFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.workload == bench.WorkloadRewards {
+		return runRewardsBench(ctx, f, args)
 	}
 	sc, err := f.suiteConfig()
 	if err != nil {

@@ -17,15 +17,22 @@ const rewardsUsage = `usage: redcell rewards <keygen|rotate|reissue> [flags]
   rotate   add a new active key:         redcell rewards rotate --keys FILE --id k2
            (the active key becomes verify-only: tokens it signed still verify;
            set a key's state to retired by hand to refuse its tokens; reload by
-           restarting the cells)`
+           restarting the cells)
+  reissue  issue again the rewards a CSV file lists, through the router:
+           redcell rewards reissue --router URL --api-key-file F --activity PARENT --file x.csv [--concurrency 8]
+           (lines act_id,scene_id,rain_id,amount[,award_type]; idempotent per line;
+           'redcell rewards reissue -h' says more)`
 
 // runRewards runs the reward operations: keygen, rotate, reissue.
-func runRewards(_ context.Context, args []string) error {
+func runRewards(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprintln(os.Stderr, rewardsUsage)
 		return errUsage
 	}
 	verb := args[0]
+	if verb == "reissue" { // flags of its own
+		return runReissue(ctx, args[1:])
+	}
 	fs := flag.NewFlagSet("rewards "+verb, flag.ContinueOnError)
 	out := fs.String("out", "", "keygen: the key file to write")
 	keys := fs.String("keys", "", "rotate: the key file")

@@ -12,7 +12,13 @@
 #      BENCH_PPROF names its pprof address;
 #   3. festival: each strategy's highest sustained open-loop rate (p99 within
 #      50 ms, nothing shed), by a short search;
-#   4. festival at 70% of the last strategy's sustained rate, audited.
+#   4. festival at 70% of the last strategy's sustained rate, audited;
+#   5. rewards (about 30 s in all): token issuance against book_now,
+#      closed-loop, 5 s each, with the booking lag of 200 samples and the
+#      no-op against the issued-so-far read; then the booking lag at a fixed
+#      300 issues/s, open-loop, 5 s. Skipped on a build whose cells have no
+#      budget pool wired while the activities control their stock: issuing
+#      there would crash the cells.
 # Each step writes report.md, report.json and chart.svg in its own directory
 # under one var/bench/<time>/ (BENCH_OUT overrides it); the script prints
 # where. Every step runs even when an earlier one failed; the exit status is
@@ -22,7 +28,8 @@
 # naive,batched,grouped when this build knows grouped, else naive,batched.
 # BENCH_SUSTAIN_AT names the strategy of step 4 (default: the last one).
 # BENCH_DURATION (10s) is each comparison run; BENCH_SEARCH_TIME (4m) the whole
-# search; BENCH_SUSTAIN_DURATION (30s) the run of step 4.
+# search; BENCH_SUSTAIN_DURATION (30s) the run of step 4; BENCH_REWARDS_DURATION
+# (5s) each run of step 5 and BENCH_REWARDS_RATE (300) its fixed rate.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -80,7 +87,20 @@ step hot --workload hot --openers 64 --compare "$strategies" --duration "$durati
   ${BENCH_PPROF:+--router-pprof "$BENCH_PPROF"}
 step festival --workload festival --compare "$strategies" --search-only --search-time "$search_time" \
   --sustain-at "$sustain_at" --sustain-duration "$sustain_duration"
+# The demo scenes control their stock (control_stock: true), which needs the
+# cells' budget pool: a build where nothing assigns cell.Server.budgets
+# would dereference a nil pool on the first issue.
+rewards_duration=${BENCH_REWARDS_DURATION:-5s}
+if grep -qs 'control_stock:[[:space:]]*true' "$VAR/activities.yaml" &&
+  ! grep -Eqs 'budgets(\[[^]]*\])?[[:space:]]*=[^=]' "$root"/cell/*.go; then
+  echo
+  echo "=== bench rewards SKIPPED: $VAR/activities.yaml controls stock and this build's cells have no budget pool"
+else
+  step rewards --workload rewards --compare async,sync --duration "$rewards_duration"
+  step rewards-lag --workload rewards --rate "${BENCH_REWARDS_RATE:-300}" --duration "$rewards_duration" \
+    --reads-duration 0 --allow-shed
+fi
 
 echo
-echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{roundrobin,cold,hot,festival}/report.md"
+echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{roundrobin,cold,hot,festival,rewards,rewards-lag}/report.md"
 exit "$status"

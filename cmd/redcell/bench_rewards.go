@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"redcell/bench"
+)
+
+// The rewards workload (bench.RunRewards) measures issues and booking lags,
+// not opens and credits, so it runs apart from the suites of the packet
+// workloads. Its --compare names booking modes, not open strategies.
+
+// rewardsFlagsRefused are the flags of the packet workloads that mean
+// nothing to the rewards workload: given, they are refused, not ignored.
+var rewardsFlagsRefused = []string{"senders", "max-inflight", "packets", "amount", "count", "direct", "compare-direct", "limits",
+	"limits-duration", "limits-concurrency", "baseline", "baseline-name", "wrk", "router-pprof", "search", "search-only",
+	"search-p99", "search-step", "search-time", "search-confirm", "search-start", "sustain-at", "sustain-fraction",
+	"sustain-duration", "lag-bound"}
+
+// rewardsConfig builds the rewards workload's config from the flags.
+func (f *benchFlags) rewardsConfig() (bench.RewardsConfig, error) {
+	for _, name := range rewardsFlagsRefused {
+		if f.set[name] {
+			return bench.RewardsConfig{}, fmt.Errorf("bench: --%s does not apply to --workload rewards", name)
+		}
+	}
+	cfg := bench.DefaultRewardsConfig()
+	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret = f.router, f.apiKey, f.clusterSecret
+	cfg.Rate, cfg.Duration, cfg.AllowShed = f.rate, f.duration, f.allowShed
+	cfg.LagSamples, cfg.ReadsDuration = f.lagSamples, f.readsDuration
+	cfg.Progress = os.Stderr
+	if f.set["openers"] {
+		cfg.Concurrency = f.openers
+	}
+	if f.set["users"] {
+		cfg.Users = f.users
+	}
+	if f.compare != "" {
+		cfg.Modes = nil
+		for _, m := range strings.Split(f.compare, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				cfg.Modes = append(cfg.Modes, m)
+			}
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+// runRewardsBench runs the rewards workload, prints its report and writes
+// report.json and report.md (--out, else var/bench/<time>/) and --json.
+func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
+	cfg, err := f.rewardsConfig()
+	if err != nil {
+		return err
+	}
+	suite, runErr := bench.RunRewards(ctx, cfg)
+	if runErr != nil && len(suite.Runs) == 0 {
+		return runErr
+	}
+	suite.Config = map[string]any{"args": args, "modes": cfg.Modes, "concurrency": cfg.Concurrency, "rate": cfg.Rate,
+		"duration": cfg.Duration.String(), "users": cfg.Users}
+	var text bytes.Buffer
+	if err := suite.WriteText(&text); err != nil {
+		return err
+	}
+	fmt.Print(text.String())
+	if f.jsonPath != "" {
+		if err := writeJSONFile(f.jsonPath, suite); err != nil {
+			return err
+		}
+	}
+	dir := f.outDir
+	if dir == "" {
+		dir = filepath.Join("var", "bench", suite.StartedAt.Format("20060102-150405"))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if err := writeJSONFile(filepath.Join(dir, bench.ReportJSONFile), suite); err != nil {
+		return err
+	}
+	md := "# redcell bench: rewards\n\n```\n" + text.String() + "```\n"
+	if err := os.WriteFile(filepath.Join(dir, bench.ReportMarkdownFile), []byte(md), 0o644); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, dir)
+	if runErr != nil {
+		return fmt.Errorf("bench: stopped early: %w", runErr)
+	}
+	if !suite.OK() {
+		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
+	}
+	return nil
+}
