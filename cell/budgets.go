@@ -385,15 +385,22 @@ func (s *Server) expireHomedLeases(ctx context.Context) {
 		return
 	}
 	now := s.clock.Now().UnixMilli()
+	failed := [2]bool{}
 	for _, key := range controlledKeys(t) {
 		sh := sharding.BudgetShard(key)
 		if !s.Owns(sh) {
 			continue
 		}
-		for _, sp := range s.spaces {
+		for i, sp := range s.spaces {
 			if _, err := sp.store.ExpireLeases(ctx, sh, key, now); err != nil && !errors.Is(err, model.ErrNotFound) && ctx.Err() == nil {
-				s.log.Warn("budget: expire leases", "key", key, "space", sp.name, "err", err)
+				failed[i] = true
+				s.inc.leaseExp[i].Fail(err, "key", key)
 			}
+		}
+	}
+	for i, f := range failed {
+		if !f {
+			s.inc.leaseExp[i].OK()
 		}
 	}
 }

@@ -22,6 +22,9 @@ type incidents struct {
 	refund     [2]*incident.Tracker // Refund of one expired packet
 	outboxLag  [2]*incident.Tracker // OutboxLag for /metrics
 	openBatch  [2]*incident.Tracker // an open transaction failing other than DB_UNAVAILABLE
+	booking    [2]*incident.Tracker // the reward booker's takes and bookings
+	rewardRead [2]*incident.Tracker // reward reconciliation's reads
+	leaseExp   [2]*incident.Tracker // a budget home marking its leases expired
 	warmUp     *incident.Tracker    // the schema warm-up (real tables only)
 	request    *incident.Tracker    // requests answered 5xx other than shedding and DB_UNAVAILABLE
 }
@@ -34,6 +37,9 @@ func newIncidents(log *slog.Logger) *incidents {
 		in.expiryScan[i] = incident.New(l, "expiry scan", every)
 		in.refund[i] = incident.New(l, "expiry refund", every)
 		in.outboxLag[i] = incident.New(l, "outbox lag read", every)
+		in.booking[i] = incident.New(l, "reward booking", every)
+		in.rewardRead[i] = incident.New(l, "reward reconciliation read", every)
+		in.leaseExp[i] = incident.New(l, "budget lease expiry", every)
 		in.openBatch[i] = incident.NewLines(l, incident.Lines{Start: "open batch failed", Still: "open batches still failing",
 			End: "open batches commit again", Error: true}, every)
 	}

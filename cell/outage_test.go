@@ -61,6 +61,9 @@ var recoveryOf = map[string]string{
 	"outbox scan failing":                     "outbox scan recovered",
 	"relay delivery failing":                  "relay delivery recovered",
 	"relay outbox marking failing":            "relay outbox marking recovered",
+	"reward booking failing":                  "reward booking recovered",
+	"reward reconciliation read failing":      "reward reconciliation read recovered",
+	"budget lease expiry failing":             "budget lease expiry recovered",
 }
 
 // TestOutageLogsBounded: a cell owning the shards of three databases, whose

@@ -79,7 +79,7 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Warn("reward recon: database not read", "space", sp.name, "db", db, "err", err)
+				s.inc.rewardRead[sp.index()].Fail(err, "db", db)
 			}
 			ok = false
 			continue
@@ -89,6 +89,9 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 			problems++
 			s.log.Warn("reward recon: problem", "space", sp.name, "kind", kind, "problem", p)
 		}
+	}
+	if ok {
+		s.inc.rewardRead[sp.index()].OK()
 	}
 	s.rwRecon.problems.WithLabelValues(sp.name).Set(float64(problems))
 	s.rwRecon.stale.WithLabelValues(sp.name).Set(float64(stale))

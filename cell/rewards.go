@@ -665,32 +665,38 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 					todo[db] = true
 				}
 			}
+			failed := false
 			for db := range todo {
-				if !s.bookDB(ctx, sp, lim, db) {
-					s.rw.dirty[sp.index()].mark(db) // more left: next tick
+				done, err := s.bookDB(ctx, sp, lim, db)
+				if err != nil && ctx.Err() == nil {
+					failed = true
+					s.inc.booking[sp.index()].Fail(err, "db", db)
 				}
+				if !done {
+					s.rw.dirty[sp.index()].mark(db) // more left (or failed): next tick
+				}
+			}
+			if !failed && len(todo) > 0 {
+				s.inc.booking[sp.index()].OK()
 			}
 		}
 	}
 }
 
 // bookDB books one batch of database db; done is false when a full batch
-// was taken (more may wait) or booking failed.
-func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool) {
+// was taken (more may wait) or booking failed (err).
+func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool, err error) {
 	tctx, cancel := context.WithTimeout(ctx, txTimeout)
 	defer cancel()
 	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("booker: take rewards", "space", sp.name, "db", db, "err", err)
-		}
-		return false
+		return false, fmt.Errorf("take rewards: %w", err)
 	}
 	if len(rs) == 0 {
-		return true
+		return true, nil
 	}
 	if err := lim.WaitN(ctx, len(rs)); err != nil {
-		return false
+		return false, nil
 	}
 	var n int
 	if s.strategy.grouped() {
@@ -704,13 +710,10 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		n, err = sp.store.BookRewards(tctx, rs)
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)
-		}
-		return false
+		return false, fmt.Errorf("book %d rewards: %w", len(rs), err)
 	}
 	s.rw.booked[sp.index()].Add(int64(n))
-	return len(rs) < s.cfg.BookingBatch
+	return len(rs) < s.cfg.BookingBatch, nil
 }
 
 // WithdrawRelease implements admin.Withdrawals.

@@ -34,13 +34,10 @@ func startRewardCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The cells have no budget pool yet (cell.Server.budgets is never set, the
-	// lease pool of cell/budget is not wired): issuing in a scene with
-	// control_stock dereferences a nil pool and kills the cell. Until it is
-	// wired, the demo scenes run without stock control here.
-	acts = []byte(strings.ReplaceAll(string(acts), "control_stock: true", "control_stock: false"))
-	if !strings.Contains(string(acts), "control_stock: false") {
-		t.Fatal("the demo activities file no longer says control_stock: true; revisit startRewardCluster")
+	// The demo scenes as make run loads them: they control their stock, so
+	// every issue spends a budget lease.
+	if !strings.Contains(string(acts), "control_stock: true") {
+		t.Fatal("the demo activities file no longer controls stock; revisit startRewardCluster")
 	}
 	actsFile, keysFile := filepath.Join(dir, "activities.yaml"), filepath.Join(dir, "reward-keys.yaml")
 	if err := os.WriteFile(actsFile, acts, 0o644); err != nil {

@@ -87,19 +87,10 @@ step hot --workload hot --openers 64 --compare "$strategies" --duration "$durati
   ${BENCH_PPROF:+--router-pprof "$BENCH_PPROF"}
 step festival --workload festival --compare "$strategies" --search-only --search-time "$search_time" \
   --sustain-at "$sustain_at" --sustain-duration "$sustain_duration"
-# The demo scenes control their stock (control_stock: true), which needs the
-# cells' budget pool: a build where nothing assigns cell.Server.budgets
-# would dereference a nil pool on the first issue.
 rewards_duration=${BENCH_REWARDS_DURATION:-5s}
-if grep -qs 'control_stock:[[:space:]]*true' "$VAR/activities.yaml" &&
-  ! grep -Eqs 'budgets(\[[^]]*\])?[[:space:]]*=[^=]' "$root"/cell/*.go; then
-  echo
-  echo "=== bench rewards SKIPPED: $VAR/activities.yaml controls stock and this build's cells have no budget pool"
-else
-  step rewards --workload rewards --compare async,sync --duration "$rewards_duration"
-  step rewards-lag --workload rewards --rate "${BENCH_REWARDS_RATE:-300}" --duration "$rewards_duration" \
-    --reads-duration 0 --allow-shed
-fi
+step rewards --workload rewards --compare async,sync --duration "$rewards_duration"
+step rewards-lag --workload rewards --rate "${BENCH_REWARDS_RATE:-300}" --duration "$rewards_duration" \
+  --reads-duration 0 --allow-shed
 
 echo
 echo "bench: strategies $strategies, $(($(date +%s) - started)) s in all; reports in $out/{roundrobin,cold,hot,festival,rewards,rewards-lag}/report.md"
