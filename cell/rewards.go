@@ -18,6 +18,7 @@ import (
 	"redcell/api"
 	"redcell/cell/activity"
 	"redcell/cell/degrade"
+	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
 	"redcell/cell/rewardtoken"
 	"redcell/model"
@@ -171,21 +172,27 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	if a.Scene.AwardType == activity.AwardCash {
 		r.TemplateID = ""
 	}
-	// A repeat answers the first reward and spends neither rate nor budget.
-	if prior, err := sp.store.Reward(ctx, sh, r.OrderNo); err == nil {
-		if err := model.ReplayReward(prior, r); err != nil {
+	// A refusal of the rate limit or the budget first looks for the reward
+	// stored under the order number: a client's retry of an issued reward
+	// gets its first answer even once the scene is spent.
+	refuse := func(cause error) {
+		prior, err := sp.store.Reward(ctx, sh, r.OrderNo)
+		switch {
+		case err == nil:
+			if err := model.ReplayReward(prior, r); err != nil {
+				s.answers.err(rc, err)
+				return
+			}
+			s.answers.json(rc, http.StatusOK, rewardAnswer(prior, true))
+		case errors.Is(err, model.ErrNotFound):
+			s.answers.err(rc, cause)
+		default:
 			s.answers.err(rc, err)
-			return
 		}
-		s.answers.json(rc, http.StatusOK, rewardAnswer(prior, true))
-		return
-	} else if !errors.Is(err, model.ErrNotFound) {
-		s.answers.err(rc, err)
-		return
 	}
 	key := sceneKey(a)
 	if !s.sceneLimiter(key, a.Scene.RateLimit).AllowN(now, 1) {
-		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
+		refuse(model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
 		return
 	}
 	limit := a.Scene.Budget
@@ -194,6 +201,10 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	}
 	if a.Scene.ControlStock {
 		if r.LeaseID, err = s.pools[sp.index()].Take(ctx, key, limit, int64(r.Amount)); err != nil {
+			if errors.Is(err, model.ErrBudgetExhausted) {
+				refuse(err)
+				return
+			}
 			s.answers.err(rc, err)
 			return
 		}
@@ -208,7 +219,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		s.answers.err(rc, err)
 		return
 	}
-	got, repeat, err := sp.store.IssueReward(ctx, r)
+	got, repeat, err := s.storeReward(ctx, sp, r)
 	if err != nil {
 		if !errors.Is(err, storage.ErrCommitUnknown) { // written or not unknown: the lease keeps it spent (never over-issue)
 			giveBack()
@@ -232,6 +243,26 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		s.rw.dirty[sp.index()].mark(sh.DB())
 	}
 	s.answers.json(rc, http.StatusOK, rewardAnswer(got, false))
+}
+
+// storeReward stores an issued reward: under the grouped strategy as one op
+// of its database's commit lane (storage.OpIssue: many issues share one
+// multi-row INSERT and one COMMIT), else on its own (IssueReward). A repeat
+// answers the reward stored before.
+func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (model.Reward, bool, error) {
+	if !s.strategy.grouped() {
+		return sp.store.IssueReward(ctx, r)
+	}
+	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: r}
+	if err := s.submit(ctx, sp, r.Shard.DB(), op); err != nil {
+		if errors.Is(err, groupcommit.ErrInFlight) {
+			// The group may yet store it: the outcome is unknown, as for a
+			// lost COMMIT answer (a retry with the order number settles it).
+			return model.Reward{}, false, fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
+		}
+		return model.Reward{}, false, err
+	}
+	return op.Issued, op.Repeat, nil
 }
 
 // currentStage is the stage a wallet request shows: ?stage=, else the stage

@@ -40,6 +40,7 @@ const (
 	OpDeposit                      // credit a wallet under the caller's order number: Wallets.Deposit
 	OpCredits                      // book claims into claimants' wallets: Wallets.ApplyCredits
 	OpRewards                      // book issued rewards: Rewards.BookRewards
+	OpIssue                        // store one issued reward: Rewards.IssueReward
 )
 
 func (k GroupKind) String() string {
@@ -54,6 +55,8 @@ func (k GroupKind) String() string {
 		return "credits"
 	case OpRewards:
 		return "rewards"
+	case OpIssue:
+		return "issue"
 	}
 	return "unknown"
 }
@@ -87,11 +90,14 @@ type GroupOp struct {
 	Credits []model.Credit
 	// OpRewards: the rewards to book (by Shard and OrderNo), in any order.
 	Rewards []model.Reward
+	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS set).
+	Reward model.Reward
 
 	// Answers.
 	Results  []model.OpenResult // OpOpen: one per request
 	Packet   model.Packet       // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
-	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now
+	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now; OpIssue: the reward was stored before
+	Issued   model.Reward       // OpIssue: the reward as stored (the first one when Repeat)
 	Deposit  model.Deposit      // OpDeposit
 	Applied  int                // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
 	Deferred []string           // OpCredits: claim IDs left for a later call (a wallet row was held)

@@ -83,6 +83,11 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 			}
 		case OpRewards:
 			_, err = m.ensureRewardBooking(ctx, op.Rewards)
+		case OpIssue:
+			if !op.Reward.Shard.Valid() || op.Reward.CreatedMS == 0 {
+				return fmt.Errorf("storage: group issue of reward %q without a shard or time", op.Reward.OrderNo)
+			}
+			err = m.ensureRewards(ctx, op.Reward.Shard.DB())
 		default:
 			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
 		}
@@ -118,6 +123,7 @@ type groupState struct {
 func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
+		op.Issued = model.Reward{}
 	}
 	st, err := m.groupRead(ctx, tx, ops)
 	if err != nil {
@@ -128,6 +134,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		w                    groupWrites
 		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
 		creditOps, rewardOps []*GroupOp
+		issueOps             []*GroupOp
 		probe                func() (bool, error)
 	)
 	for _, op := range ops {
@@ -205,6 +212,8 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			creditOps = append(creditOps, op)
 		case OpRewards:
 			rewardOps = append(rewardOps, op)
+		case OpIssue:
+			issueOps = append(issueOps, op)
 		}
 	}
 	if q, args := w.sql(m); q != "" {
@@ -217,6 +226,15 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now)
 		if err != nil {
 			return nil, err
+		}
+	}
+	if len(issueOps) > 0 {
+		p, err := m.issueRewardsTx(ctx, tx, issueOps)
+		if err != nil {
+			return nil, err
+		}
+		if probe == nil {
+			probe = p
 		}
 	}
 	for _, op := range rewardOps {

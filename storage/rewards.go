@@ -648,3 +648,78 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	}
 	return out, nil
 }
+
+// issueRewardsTx stores the rewards of a group's OpIssue ops: per database
+// one multi-row INSERT IGNORE and one read back of every order number. A
+// row whose token is the op's own was stored by this group; any other is a
+// reward stored before (or by an earlier op of the group), decided by
+// model.ReplayReward: a repeat, or the op's ErrOrderConflict. It answers a
+// probe that finds the first stored reward after a COMMIT without answer.
+func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
+	byDB := map[int][]*GroupOp{}
+	var dbs []int
+	for _, op := range ops {
+		db := op.Reward.Shard.DB()
+		if byDB[db] == nil {
+			dbs = append(dbs, db)
+		}
+		byDB[db] = append(byDB[db], op)
+	}
+	sort.Ints(dbs)
+	var probe func() (bool, error)
+	for _, db := range dbs {
+		list := byDB[db]
+		args := make([]any, 0, len(list)*19)
+		orders := make([]any, 0, len(list))
+		for _, op := range list {
+			r := op.Reward
+			args = append(args, r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
+				r.TemplateID, r.Amount, r.LeaseID, r.Token, model.RewardPending, r.CreatedMS, 0, 0, model.RewardHash(r))
+			orders = append(orders, r.OrderNo)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT IGNORE INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
+			rowsOf(len(list), 19), args...); err != nil {
+			return nil, err
+		}
+		stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
+			placeholders(len(orders))+")", orders...)
+		if err != nil {
+			return nil, err
+		}
+		byOrder := make(map[string]model.Reward, len(stored))
+		for _, r := range stored {
+			byOrder[r.OrderNo] = r
+		}
+		claimed := map[string]bool{} // order numbers an op of this group stored
+		for _, op := range list {
+			got, ok := byOrder[op.Reward.OrderNo]
+			switch {
+			case !ok:
+				return nil, fmt.Errorf("storage: reward %s neither stored nor found", op.Reward.OrderNo)
+			case !claimed[got.OrderNo] && got.Token == op.Reward.Token && got.CreatedMS == op.Reward.CreatedMS:
+				claimed[got.OrderNo] = true
+				op.Issued = got
+				if probe == nil {
+					probe = m.rewardProbe(ctx, got)
+				}
+			default:
+				if op.Err = model.ReplayReward(got, op.Reward); op.Err == nil {
+					op.Issued, op.Repeat = got, true
+				}
+			}
+		}
+	}
+	return probe, nil
+}
+
+// rewardProbe tells whether reward want, as this attempt stored it (its
+// token and time), is in its table.
+func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool, error) {
+	return func() (bool, error) {
+		r, err := m.Reward(ctx, want.Shard, want.OrderNo)
+		if errors.Is(err, model.ErrNotFound) {
+			return false, nil
+		}
+		return err == nil && r.Token == want.Token && r.CreatedMS == want.CreatedMS, err
+	}
+}

@@ -54,6 +54,7 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	for _, op := range ops {
 		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
 		op.Applied, op.Deferred, op.Err = 0, nil, nil
+		op.Issued = model.Reward{}
 		switch op.Kind {
 		case storage.OpOpen:
 			g.open(op)
@@ -62,6 +63,8 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 		case storage.OpDeposit:
 			g.deposit(op)
 		case storage.OpCredits, storage.OpRewards: // after the others, below
+		case storage.OpIssue:
+			g.issue(op)
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
 		}
@@ -99,6 +102,7 @@ type group struct {
 	flows    map[flowKey]*model.Flow    // flow rows the group made
 	packets  map[model.PacketID]*staged // packets the group made or opened
 	writes   []func()                   // run in order at COMMIT, s.mu held
+	issued   map[string]*model.Reward   // rewards the group stores, by order number
 }
 
 // staged is a packet as the group left it so far.

@@ -6,6 +6,7 @@ import (
 
 	"redcell/internal/invariant"
 	"redcell/model"
+	"redcell/storage"
 )
 
 // Rewards in memory: by order number (it holds the actID, so it is unique
@@ -320,4 +321,29 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	}
 	out.Missing = orders
 	return out, nil
+}
+
+// issue stages a group's OpIssue: a reward stored before (or by an earlier
+// op of the group) decides it by model.ReplayReward, as IssueReward does.
+func (g *group) issue(op *storage.GroupOp) {
+	r := op.Reward
+	invariant.That(r.Shard.Valid() && r.CreatedMS != 0, "group issue without a shard or time")
+	prior, ok := g.s.rewards[r.OrderNo]
+	if !ok && g.issued != nil {
+		prior, ok = g.issued[r.OrderNo]
+	}
+	if ok {
+		if op.Err = model.ReplayReward(*prior, r); op.Err == nil {
+			op.Issued, op.Repeat = *prior, true
+		}
+		return
+	}
+	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
+	c := r
+	if g.issued == nil {
+		g.issued = map[string]*model.Reward{}
+	}
+	g.issued[r.OrderNo] = &c
+	op.Issued = r
+	g.writes = append(g.writes, func() { g.s.rewards[c.OrderNo] = &c })
 }

@@ -21,6 +21,7 @@ func init() {
 	register("ContractRewardLeaseSpent", contractRewardLeaseSpent)
 	register("ContractGroupRewards", contractGroupRewards)
 	register("ContractRewardRecon", contractRewardRecon)
+	register("ContractGroupIssue", contractGroupIssue)
 }
 
 // reward is a reward of act in shard s as the cell builds it.
@@ -456,5 +457,69 @@ func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.h.PutFlow(sA, fl, 9)
 	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start); err != nil || r.Flows != 2 || r.Booked != 1 || len(r.Problems()) != 1 {
 		t.Fatalf("with a reward flow that has no reward: %+v %v, want its count off", r, err)
+	}
+}
+
+// A group stores issued rewards (OpIssue) as IssueReward does: a new one is
+// stored; the same order number again — stored before, or by an earlier op
+// of the same group — answers the stored reward as a repeat, or
+// ORDER_CONFLICT for another amount, writing nothing; a group whose COMMIT
+// answer is lost is settled, and its retry is a repeat.
+func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	at := func(r model.Reward, token string) model.Reward {
+		r.CreatedMS, r.Token = f.nowMS(), token
+		return r
+	}
+	a := at(reward(sA, "pam", "rain", "r1", model.AwardCash, "official", 70), "tok-a1")
+	aAgain := at(reward(sA, "pam", "rain", "r1", model.AwardCash, "official", 70), "tok-a2")
+	aOther := at(reward(sA, "pam", "rain", "r1", model.AwardCash, "official", 71), "tok-a3")
+	b := at(reward(sC, "quinn", "card", "r1", "coupon", "gray", 1), "tok-b")
+	pre := at(reward(sB, "ray", "rain", "r1", model.AwardCash, "official", 5), "tok-pre")
+	f.issue(pre)
+	preAgain := at(reward(sB, "ray", "rain", "r1", model.AwardCash, "official", 5), "tok-pre2")
+	ops := []*storage.GroupOp{}
+	for _, r := range []model.Reward{a, aAgain, aOther, b, preAgain} {
+		ops = append(ops, &storage.GroupOp{Kind: storage.OpIssue, Reward: r})
+	}
+	if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		token  string
+		repeat bool
+		err    error
+	}{{"tok-a1", false, nil}, {"tok-a1", true, nil}, {"", false, model.ErrOrderConflict}, {"tok-b", false, nil}, {"tok-pre", true, nil}}
+	for i, w := range want {
+		op := ops[i]
+		if w.err != nil {
+			if !errors.Is(op.Err, w.err) {
+				t.Fatalf("op %d: %v, want %v", i, op.Err, w.err)
+			}
+			continue
+		}
+		if op.Err != nil || op.Issued.Token != w.token || op.Repeat != w.repeat || op.Issued.Status != model.RewardPending {
+			t.Fatalf("op %d: %+v repeat %v err %v; want token %s repeat %v", i, op.Issued, op.Repeat, op.Err, w.token, w.repeat)
+		}
+	}
+	if got, repeat := f.issue(aAgain); !repeat || got.Token != "tok-a1" || got.Amount != 70 {
+		t.Fatalf("IssueReward after the group: %+v repeat %v", got, repeat)
+	}
+	if r, err := f.s.Reward(f.ctx, sC, b.OrderNo); err != nil || r.Token != "tok-b" || r.Stage != "gray" || r.TemplateID != "tpl-1" {
+		t.Fatalf("b as stored: %+v %v", r, err)
+	}
+	// A lost answer: the group is settled (or answers ErrCommitUnknown), and
+	// its retry finds the reward.
+	c := at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c")
+	fired := f.arm(true)
+	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: c}
+	err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{op})
+	fired()
+	if lostAnswer(t, "group issue", err) && (op.Issued.Token != "tok-c" || op.Repeat) {
+		t.Fatalf("settled issue: %+v repeat %v", op.Issued, op.Repeat)
+	}
+	retry := &storage.GroupOp{Kind: storage.OpIssue, Reward: at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c2")}
+	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{retry}); err != nil || !retry.Repeat || retry.Issued.Token != "tok-c" {
+		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Issued, retry.Repeat, err)
 	}
 }
