@@ -361,8 +361,10 @@ func (m *MySQL) bookRewardsTx(ctx context.Context, tx *sql.Tx, rs []model.Reward
 	return booked, nil
 }
 
-// bookIntoWallets writes the wallet side of rewards being booked: their
-// flows and balances, per shard.
+// bookIntoWallets writes the wallet side of rewards being booked: per shard
+// a multi-row INSERT of their flows and a multi-row balance upsert, all
+// sent as one statement list (one round trip: a batch's rewards fall in
+// as many shard tables as rewards, most of the time).
 func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Reward, now int64) error {
 	byShard := map[model.ShardID][]model.Flow{}
 	var shards []model.ShardID
@@ -376,34 +378,36 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 		}
 		byShard[r.Shard] = append(byShard[r.Shard], f)
 	}
+	if len(shards) == 0 {
+		return nil
+	}
 	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
+	var q strings.Builder
+	var args []any
 	for _, s := range shards {
 		flows := byShard[s]
-		var fargs []any
 		sums := map[string]model.Cents{}
 		var acts []string
 		for _, f := range flows {
-			fargs = append(fargs, flowArgs(f)...)
+			args = append(args, flowArgs(f)...)
 			if _, ok := sums[f.ActID]; !ok {
 				acts = append(acts, f.ActID)
 			}
 			sums[f.ActID] += f.Amount
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.flowTable(s)+
-			" (act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms) VALUES "+
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(flows)), ", "), fargs...); err != nil {
-			return fmt.Errorf("reward flows: %w", err)
+		if q.Len() > 0 {
+			q.WriteString(";")
 		}
+		q.WriteString(m.flowInsertRows(s, len(flows)))
 		sort.Strings(acts)
-		var aargs []any
 		for _, a := range acts {
-			aargs = append(aargs, a, sums[a], now)
+			args = append(args, a, sums[a], now)
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(acts)), ", ")+
-			" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)", aargs...); err != nil {
-			return fmt.Errorf("reward balances: %w", err)
-		}
+		q.WriteString(";INSERT INTO " + m.accountTable(s) + " (act_id, balance, updated_ms) VALUES " + rowsOf(len(acts), 3) +
+			" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)")
+	}
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return fmt.Errorf("reward flows and balances: %w", err)
 	}
 	return nil
 }
