@@ -73,6 +73,12 @@ func printAudit(w io.Writer, r model.AuditReport) {
 	fmt.Fprintf(w, "  open packets    %14d cents (%d packets in all)\n", r.OpenRemaining, r.Packets)
 	fmt.Fprintf(w, "  in flight       %14d cents (%d of %d claims not yet credited)\n", r.InFlight, r.InFlightCount, r.ClaimsCount)
 	fmt.Fprintf(w, "  difference      %14d cents (deposits + rewards - withdrawals - balances - open - in flight)\n", r.Difference)
+	rr := r.RewardRows
+	fmt.Fprintf(w, "  reward rows     %14d (cash issued %d = booked %d + pending %d cents; booked into wallets %d)\n",
+		rr.Count, rr.Issued, rr.Booked, rr.Pending, rr.IntoWall)
+	for _, b := range rr.Budgets {
+		fmt.Fprintf(w, "  budget %-40s total %d = issued %d + unissued %d (leases out %d)\n", b.Key, b.Total, b.Issued, b.Unissued, b.Outstanding)
+	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}
