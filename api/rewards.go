@@ -234,3 +234,11 @@ type BudgetLeaseState struct {
 	BudgetLease
 	State string `json:"state"`
 }
+
+// BookResponse answers POST /v1/accounts/{act_id}/book: the person's pending
+// rewards booked now (forced booking), and the wallet's balance after.
+type BookResponse struct {
+	ActID     string `json:"act_id"`
+	BookedNow int    `json:"booked_now"`
+	Balance   int64  `json:"balance"`
+}

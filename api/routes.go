@@ -31,6 +31,7 @@ const (
 	RouteWithdraw     // POST /v1/accounts/{act_id}/withdraw
 	RouteTokens       // POST /v1/accounts/{act_id}/tokens: the client's copies of reward tokens
 	RouteIssued       // GET /v1/activities/{parent_activity_id}/issued: issued so far, from in-process counters
+	RouteBook         // POST /v1/accounts/{act_id}/book: forced booking of a person's pending rewards
 	RouteCredits      // POST /internal/credits, cell to cell
 	RouteRecon        // POST /internal/recon, cell to cell
 	RouteBudgetLease  // POST /internal/budget/lease, cell to the scene's home cell
@@ -131,6 +132,7 @@ var routes = [RouteCount]Route{
 	RouteTokens:   {ID: RouteTokens, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/tokens", Key: KeyActPath, Label: "tokens", Scope: "reward"},
 	RouteIssued: {ID: RouteIssued, Method: http.MethodGet, Pattern: "/v1/activities/{parent_activity_id}/issued", Key: KeyActivityPath,
 		Label: "issued", Scope: "read"},
+	RouteBook:         {ID: RouteBook, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/book", Key: KeyActPath, Label: "book", Scope: "reward"},
 	RouteCredits:      {ID: RouteCredits, Method: http.MethodPost, Pattern: CreditsPath, Label: "credits", Internal: true},
 	RouteRecon:        {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
 	RouteBudgetLease:  {ID: RouteBudgetLease, Method: http.MethodPost, Pattern: BudgetLeasePath, Label: "budget_lease", Internal: true},

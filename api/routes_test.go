@@ -128,10 +128,10 @@ func TestMatchAdmin(t *testing.T) {
 
 // TestRouteTable: the properties the router and cells rely on.
 func TestRouteTable(t *testing.T) {
-	if got := Labels(RouteCredits); len(got) != 16 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" {
+	if got := Labels(RouteCredits); len(got) != 17 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" || got[16] != "book" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 21 || got[16] != "credits" || got[17] != "recon" || got[19] != "budget_return" || got[20] != "budget_leases" {
+	if got := Labels(RouteMetrics); len(got) != 22 || got[17] != "credits" || got[18] != "recon" || got[20] != "budget_return" || got[21] != "budget_leases" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

@@ -113,6 +113,8 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.withdraw(ctx, rc, sp, key)
 	case api.RouteTokens:
 		s.tokens(ctx, rc, sp, key)
+	case api.RouteBook:
+		s.forceBook(ctx, rc, sp, key)
 	case api.RouteIssued:
 		s.issuedSoFar(rc, sp, key)
 	case api.RouteCredits:

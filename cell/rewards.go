@@ -494,6 +494,28 @@ func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID,
 	return n, err
 }
 
+// forceBook answers POST /v1/accounts/{act_id}/book: the person's pending
+// rewards of every stage are booked now, ahead of the booker (forced
+// booking, as a withdrawal does first).
+func (s *Server) forceBook(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	n, err := s.bookPendingOf(ctx, sp, sh, actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	a, err := sp.store.Account(ctx, sh, actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, api.BookResponse{ActID: actID, BookedNow: n, Balance: int64(a.Balance)})
+}
+
 // withdraw answers POST /v1/accounts/{act_id}/withdraw.
 func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
 	sh, err := s.own.account(actID)

@@ -493,3 +493,27 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 		t.Fatalf("after settling: budget %+v, unspent %v; want 300 back from each lease (800 granted, 600 returned)", b, un)
 	}
 }
+
+// TestForceBook: with the booker off, a person's pending rewards are booked
+// by POST .../book at once, each once: a second call books nothing.
+func TestForceBook(t *testing.T) {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	c, _ := rewardCell(t, pre, true, func(cfg *cell.Config) { cfg.Degrade.Booking = true })
+	act := pre + "-fb"
+	for i, amt := range []int64{70, 30} {
+		if _, st, code := issue(t, c, api.RewardRequest{ParentActivityID: pre + "-fest", SceneID: pre + "-rain", RainID: fmt.Sprintf("r%d", i),
+			ActID: act, AwardType: "cash", Amount: amt}); st != 200 {
+			t.Fatalf("issue: %d %s", st, code)
+		}
+	}
+	var b api.BookResponse
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "book"), nil, &b); st != 200 || b.BookedNow != 2 || b.Balance != 100 {
+		t.Fatalf("book: %d %s %+v, want 2 booked and 100", st, code, b)
+	}
+	if st, _ := call(t, "POST", c.url+api.AccountSubPath(act, "book"), nil, &b); st != 200 || b.BookedNow != 0 || b.Balance != 100 {
+		t.Fatalf("book again: %d %+v, want nothing more", st, b)
+	}
+	if w := walletOf(t, c, act, ""); w.Pending != 0 || w.Balance != 100 {
+		t.Fatalf("wallet: %+v", w)
+	}
+}

@@ -16,10 +16,10 @@
 // or deposit by its order_no), so sending the same request again after a
 // lost answer is safe and answers the first result with repeat set.
 //
-// Forced booking has no route of its own: the cell books a person's pending
-// rewards when that person withdraws (WithdrawResponse.BookedNow counts
-// them), and otherwise behind, at the booker's rate. There is therefore no
-// ForceBook call; withdraw to book.
+// Forced booking: ForceBook books a person's pending rewards now (POST
+// /v1/accounts/{act_id}/book); a withdrawal does the same first
+// (WithdrawResponse.BookedNow counts them); otherwise the booker books them
+// behind, at its rate.
 package client
 
 import (
@@ -369,6 +369,15 @@ func (c *Client) Won(ctx context.Context, actID, parentActivityID string) (bool,
 func (c *Client) Withdraw(ctx context.Context, actID string, req api.WithdrawRequest) (api.WithdrawResponse, error) {
 	var out api.WithdrawResponse
 	err := c.call(ctx, http.MethodPost, api.AccountSubPath(seg(actID), "withdraw"), req, &out, false)
+	return out, err
+}
+
+// ForceBook books every pending reward of the person now, ahead of the
+// booker (POST /v1/accounts/{act_id}/book), and answers how many and the
+// wallet's balance after; a withdrawal does the same first.
+func (c *Client) ForceBook(ctx context.Context, actID string) (api.BookResponse, error) {
+	var out api.BookResponse
+	err := c.call(ctx, http.MethodPost, api.AccountSubPath(seg(actID), "book"), nil, &out, false)
 	return out, err
 }
 
