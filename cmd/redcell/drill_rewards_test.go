@@ -551,6 +551,26 @@ func rewardKillDrill(t *testing.T, c *cluster, full bool) {
 	// A reward left processing is taken again 30 s after it was taken
 	// (bookerStale), by a booker that scans every 5 s; then the backlog.
 	t.Logf("reward_cell_kill: %s", l.verify(t, 60*time.Second))
+	if n, held := deadLeases(t, dbs, "cell-1", killed); n > 0 {
+		t.Logf("%d budget leases the killed process held (%d units) are still open: nothing settles them (cell/budget.Settle is not called by the cell); the budgets under-issue by what they did not spend", n, held)
+	}
+}
+
+// deadLeases counts the leases of the demo budgets that holder took before
+// killed and that are still open, and sums their amounts.
+func deadLeases(t *testing.T, dbs []*sql.DB, holder string, killed time.Time) (n, amount int64) {
+	t.Helper()
+	for _, key := range budgetScenes {
+		home := sharding.BudgetShard(key)
+		var c, a int64
+		err := dbs[serverOf(home)].QueryRow(fmt.Sprintf("SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM db_%02d.t_budget_lease WHERE budget_key = ? AND holder = ? AND state = 'open' AND created_ms < ?",
+			home.DB()), key, holder, killed.UnixMilli()).Scan(&c, &a)
+		if err != nil {
+			t.Fatalf("leases of %s: %v", key, err)
+		}
+		n, amount = n+c, amount+a
+	}
+	return n, amount
 }
 
 // rewardBookingOffDrill: rewards are issued at a steady rate while the
