@@ -71,9 +71,6 @@ func (r *rewardRec) orderNo() string {
 	return model.RewardOrderNo(r.act, r.scene, r.rain, award, model.StageOfficial)
 }
 
-// cash reports whether the reward pays cents into the wallet.
-func (r *rewardRec) cash() bool { return r.scene == "rain" }
-
 // rewardLoad is one reward drill's client: fresh act_ids (prefix), and a
 // record of every request and withdrawal.
 type rewardLoad struct {
@@ -431,6 +428,13 @@ func (l *rewardLoad) checkWallets(t *testing.T, cash map[string]int64) {
 	})
 }
 
+// budgetLease is a lease as the drill reads it, with what the rewards
+// issued from it add up to.
+type budgetLease struct {
+	amount, unspent, spent int64
+	state                  string
+}
+
 // checkBudgets checks every budget scene of the demo activities against its
 // leases and the rewards issued from them (all drills' rewards: the drill's
 // servers hold no other): each lease spent at most its amount, a returned
@@ -452,58 +456,14 @@ func checkBudgets(t *testing.T, dbs []*sql.DB) string {
 		if err != nil {
 			t.Fatalf("budget %s: %v", key, err)
 		}
-		type lease struct {
-			amount, unspent, spent int64
-			state                  string
-		}
-		leases := map[string]*lease{}
-		rows, err := dbs[serverOf(home)].Query(fmt.Sprintf("SELECT lease_id, amount, unspent, state FROM db_%02d.t_budget_lease WHERE budget_key = ?", home.DB()), key)
-		if err != nil {
-			t.Fatal(err)
-		}
+		leases, states := budgetLeases(t, dbs[serverOf(home)], home, key)
+		issued, spent := spentFrom(t, dbs, schemas, key, leases)
 		var sumAmount, sumUnspent int64
-		states := map[string]int{}
-		for rows.Next() {
-			var id string
-			l := &lease{}
-			if err := rows.Scan(&id, &l.amount, &l.unspent, &l.state); err != nil {
-				t.Fatal(err)
-			}
-			leases[id] = l
-			states[l.state]++
+		for id, l := range leases {
 			sumAmount += l.amount
 			if l.state == string(model.LeaseReturned) {
 				sumUnspent += l.unspent
 			}
-		}
-		rows.Close()
-		parts := strings.Split(key, "/")
-		var spent, issued int64
-		for i, ss := range schemas {
-			for _, s := range ss {
-				rows, err := dbs[i].Query("SELECT lease_id, SUM(amount), COUNT(*) FROM "+s+".t_reward WHERE parent_id = ? AND child_id = ? AND scene_id = ? GROUP BY lease_id",
-					parts[0], parts[1], parts[2])
-				if err != nil {
-					t.Fatal(err)
-				}
-				for rows.Next() {
-					var id string
-					var amount, n int64
-					if err := rows.Scan(&id, &amount, &n); err != nil {
-						t.Fatal(err)
-					}
-					issued += n
-					spent += amount
-					if l := leases[id]; l == nil {
-						t.Errorf("budget %s: %d rewards (%d) issued from lease %q, which it never granted", key, n, amount, id)
-					} else {
-						l.spent += amount
-					}
-				}
-				rows.Close()
-			}
-		}
-		for id, l := range leases {
 			if l.spent > l.amount || l.state == string(model.LeaseReturned) && l.spent > l.amount-l.unspent {
 				t.Errorf("budget %s: lease %s (%s) of %d, %d given back, spent %d: over-issued", key, id, l.state, l.amount, l.unspent, l.spent)
 			}
@@ -511,9 +471,64 @@ func checkBudgets(t *testing.T, dbs []*sql.DB) string {
 		if sumAmount != granted || sumUnspent != returned || spent > granted-returned || granted-returned > total-total/10 {
 			t.Errorf("budget %s: total %d, granted %d, returned %d; its leases sum to %d, give back %d; %d spent", key, total, granted, returned, sumAmount, sumUnspent, spent)
 		}
-		sums = append(sums, fmt.Sprintf("%s: %d issued (%d) from %d leases %v, granted %d − returned %d of %d", parts[2], issued, spent, len(leases), states, granted, returned, total))
+		sums = append(sums, fmt.Sprintf("%s: %d issued (%d) from %d leases %v, granted %d − returned %d of %d",
+			key[strings.LastIndexByte(key, '/')+1:], issued, spent, len(leases), states, granted, returned, total))
 	}
 	return "budgets " + strings.Join(sums, "; ")
+}
+
+// budgetLeases reads every lease of key at its home, by ID, and counts them
+// by state.
+func budgetLeases(t *testing.T, db *sql.DB, home model.ShardID, key string) (map[string]*budgetLease, map[string]int) {
+	t.Helper()
+	rows, err := db.Query(fmt.Sprintf("SELECT lease_id, amount, unspent, state FROM db_%02d.t_budget_lease WHERE budget_key = ?", home.DB()), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	leases, states := map[string]*budgetLease{}, map[string]int{}
+	for rows.Next() {
+		var id string
+		l := &budgetLease{}
+		if err := rows.Scan(&id, &l.amount, &l.unspent, &l.state); err != nil {
+			t.Fatal(err)
+		}
+		leases[id] = l
+		states[l.state]++
+	}
+	return leases, states
+}
+
+// spentFrom sums the rewards of key's scene in every reward table of both
+// servers by lease into leases (a reward naming no lease of key is an
+// error), and answers their count and total.
+func spentFrom(t *testing.T, dbs []*sql.DB, schemas [][]string, key string, leases map[string]*budgetLease) (issued, spent int64) {
+	t.Helper()
+	parts := strings.Split(key, "/")
+	for i, ss := range schemas {
+		for _, s := range ss {
+			rows, err := dbs[i].Query("SELECT lease_id, SUM(amount), COUNT(*) FROM "+s+".t_reward WHERE parent_id = ? AND child_id = ? AND scene_id = ? GROUP BY lease_id",
+				parts[0], parts[1], parts[2])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var id string
+				var amount, n int64
+				if err := rows.Scan(&id, &amount, &n); err != nil {
+					t.Fatal(err)
+				}
+				issued, spent = issued+n, spent+amount
+				if l := leases[id]; l == nil {
+					t.Errorf("budget %s: %d rewards (%d) issued from lease %q, which it never granted", key, n, amount, id)
+				} else {
+					l.spent += amount
+				}
+			}
+			rows.Close()
+		}
+	}
+	return issued, spent
 }
 
 // rewardKillDrill: rewards are issued through the router at a steady rate

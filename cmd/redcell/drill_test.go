@@ -25,8 +25,9 @@ import (
 )
 
 // The fault drills of docs/operations.md. Each drill drives a mixed load of
-// sends and opens through the router, injects one fault, recovers, and then
-// checks the client's answers against the rows:
+// sends and opens through the router (the reward drills, in
+// drill_rewards_test.go, issue rewards instead), injects one fault,
+// recovers, and then checks the client's answers against the rows:
 //
 //   - every send and open is retried with the same order_no (same act_id for an
 //     open): an answered send returns the same packet and an answered open the
