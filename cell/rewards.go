@@ -676,10 +676,15 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 
 // bookDB books one batch of database db; done is false when a full batch
 // was taken (more may wait) or booking failed.
+//
+// The take and the booking get a transaction's timeout each: the wait for
+// the booking rate between them may be longer (a batch of BookingBatch
+// waits up to BookingBatch/BookingRate seconds), and a booking that timed
+// out behind it would leave its batch processing for bookerStale.
 func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool) {
 	tctx, cancel := context.WithTimeout(ctx, txTimeout)
-	defer cancel()
 	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
+	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("booker: take rewards", "space", sp.name, "db", db, "err", err)
@@ -692,7 +697,9 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	if err := lim.WaitN(ctx, len(rs)); err != nil {
 		return false
 	}
-	n, err := sp.store.BookRewards(tctx, rs)
+	bctx, cancel := context.WithTimeout(ctx, txTimeout)
+	defer cancel()
+	n, err := sp.store.BookRewards(bctx, rs)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("booker: book rewards", "space", sp.name, "db", db, "rewards", len(rs), "err", err)
