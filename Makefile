@@ -22,7 +22,8 @@ test:
 	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
 
 ## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
-## a cell leaving and rejoining, kill -9 the router, overload), each ending with a clean audit;
+## a cell leaving and rejoining, kill -9 the router, rewards issued while a cell is killed and while the booking is off,
+## overload), each ending with a clean audit;
 ## make test runs a short version of the same drills
 drill:
 	. deploy/local/services.sh && ensure_packages && \

@@ -738,10 +738,15 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 
 // bookDB books one batch of database db; done is false when a full batch
 // was taken (more may wait) or booking failed (err).
+//
+// The take and the booking get a transaction's timeout each: the wait for
+// the booking rate between them may be longer (a batch of BookingBatch
+// waits up to BookingBatch/BookingRate seconds), and a booking that timed
+// out behind it would leave its batch processing for bookerStale.
 func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool, err error) {
 	tctx, cancel := context.WithTimeout(ctx, txTimeout)
-	defer cancel()
 	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
+	cancel()
 	if err != nil {
 		return false, fmt.Errorf("take rewards: %w", err)
 	}
@@ -751,16 +756,18 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	if err := lim.WaitN(ctx, len(rs)); err != nil {
 		return false, nil
 	}
+	bctx, cancel := context.WithTimeout(ctx, txTimeout)
+	defer cancel()
 	var n int
 	if s.strategy.grouped() {
 		// Through the group committer: one transaction with the lane's
 		// opens, sends and credits (storage.OpRewards).
 		op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
-		if err = s.submit(tctx, sp, db, op); err == nil {
+		if err = s.submit(bctx, sp, db, op); err == nil {
 			err, n = op.Err, op.Applied
 		}
 	} else {
-		n, err = sp.store.BookRewards(tctx, rs)
+		n, err = sp.store.BookRewards(bctx, rs)
 	}
 	if err != nil {
 		return false, fmt.Errorf("book %d rewards: %w", len(rs), err)

@@ -97,6 +97,28 @@ func TestGroupMoneyMySQL(t *testing.T) {
 	storagetest.GroupMoney(t, mysqlHarness(t), oracle, storagetest.GroupMoneyConfig{Ops: ops, Seed: storagetest.GroupSeed(20260314), AuditEvery: 200})
 }
 
+// TestRewardMoneyMySQL is the reward wallet's money test (storagetest.RewardMoney)
+// against storage.MySQL: random issues, retries, deposits, withdrawals with
+// their forced booking, takes and bookings over three stages and two
+// databases, COMMITs cut by the harness's proxy, every answer and the books
+// held to an oracle. REDCELL_REWARD_OPS sets the number of ops (10,000 by
+// default, 1,000 under the race detector); REDCELL_REWARD_SEED replays a seed.
+func TestRewardMoneyMySQL(t *testing.T) {
+	testenv.MySQLDSN(t, 1)
+	ops := 10_000
+	if raceEnabled {
+		ops = 1_000
+	}
+	if v := os.Getenv("REDCELL_REWARD_OPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("REDCELL_REWARD_OPS=%q: want a positive number of ops", v)
+		}
+		ops = n
+	}
+	storagetest.RewardMoney(t, mysqlHarness(t), storagetest.RewardMoneyConfig{Ops: ops, Seed: storagetest.RewardSeed(20260314), CheckEvery: 500})
+}
+
 // rowClock is the harness's manual clock for the times the store writes and
 // compares (rows, expiry), and real time for its waits: a retry backoff
 // (settling a lost COMMIT, a Ledger re-read) must not wait for a test to

@@ -43,6 +43,10 @@ type clusterSpec struct {
 	dsn  [2]string // MariaDB of cell-1 and cell-2
 	mc   string    // memcached host:port
 	cell string    // the YAML body of the "cell:" section, indented two spaces
+	// rewards: the cells issue rewards, as make run's do: the config names
+	// activities.yaml (a copy of deploy/local/activities.yaml) and
+	// reward-keys.yaml (made by redcell rewards keygen) beside it.
+	rewards bool
 }
 
 // e2eCell: packets expire within seconds so that the refund path runs in the test.
@@ -108,6 +112,9 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 		c.port[names[i]] = p
 	}
 	c.writeConfig(t)
+	if spec.rewards {
+		c.rewardFiles(t)
+	}
 	// The calling app's key, made as make run makes it, beside the config
 	// (where redcell bench --config finds it); do sends it with every request.
 	keyFile := filepath.Join(filepath.Dir(c.config), "api-key")
@@ -161,9 +168,9 @@ cells:
   - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
   - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
 cell:
-%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
+%s%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
 		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], p["cell-1-admin"],
-		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell)
+		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards))
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +179,31 @@ cell:
 	for _, name := range []string{"cell-1", "cell-2"} {
 		c.cellURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name])
 		c.adminURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name+"-admin"])
+	}
+}
+
+// rewardLines is what the cell section gets when the cells issue rewards.
+func rewardLines(rewards bool) string {
+	if !rewards {
+		return ""
+	}
+	return "  activities: \"activities.yaml\"\n  reward_keys: \"reward-keys.yaml\"\n"
+}
+
+// rewardFiles puts the reward activities and a token key file beside the
+// config, as deploy/local/run.sh does for make run.
+func (c *cluster) rewardFiles(t *testing.T) {
+	t.Helper()
+	dir := filepath.Dir(c.config)
+	acts, err := os.ReadFile("../../deploy/local/activities.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "activities.yaml"), acts, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(c.bin, "rewards", "keygen", "--out", filepath.Join(dir, "reward-keys.yaml")).CombinedOutput(); err != nil {
+		t.Fatalf("rewards keygen: %v\n%s", err, out)
 	}
 }
 

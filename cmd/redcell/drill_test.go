@@ -25,8 +25,9 @@ import (
 )
 
 // The fault drills of docs/operations.md. Each drill drives a mixed load of
-// sends and opens through the router, injects one fault, recovers, and then
-// checks the client's answers against the rows:
+// sends and opens through the router (the reward drills, in
+// drill_rewards_test.go, issue rewards instead), injects one fault,
+// recovers, and then checks the client's answers against the rows:
 //
 //   - every send and open is retried with the same order_no (same act_id for an
 //     open): an answered send returns the same packet and an answered open the
@@ -45,9 +46,16 @@ import (
 
 // drillCell: packets outlive the drill (no refunds mix in), the relay runs
 // often, and a packet's FIFO is short so that the overload drill can fill it.
+// The booker books 150 rewards/s per cell in batches of 50: behind the
+// reward_cell_kill drill's issue rate (400/s, about 200 per cell), so that
+// batches it took wait (processing) for the rate when the kill comes, and
+// ahead of reward_booking_off's (250/s), so that the backlog of a booking
+// switched off drains.
 const drillCell = `  packet_expiry: 1h
   relay_interval: 200ms
   queue_depth: 48
+  booking_rate: 150
+  booking_batch: 50
 `
 
 // drillDeps are the drill's own MariaDB servers (one per cell) and memcached,
@@ -734,7 +742,8 @@ func TestDrill(t *testing.T) {
 		loadFor, workers, maxOps = 30*time.Second, 24, 1_000_000
 	}
 	deps := startDrillDeps(t)
-	c := startClusterSpec(t, clusterSpec{dsn: [2]string{deps.dsn(0), deps.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", deps.mcPort), cell: drillCell})
+	c := startClusterSpec(t, clusterSpec{dsn: [2]string{deps.dsn(0), deps.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", deps.mcPort), cell: drillCell,
+		rewards: true})
 	c.waitSchema(t)
 	cell1Act, cell2Act := actIn("probe-a", 0, 499), actIn("probe-b", 500, 999)
 
@@ -900,6 +909,14 @@ func TestDrill(t *testing.T) {
 		if t.Failed() {
 			return
 		}
+	}
+	t.Run("reward_cell_kill", func(t *testing.T) { rewardKillDrill(t, c, full) })
+	if t.Failed() {
+		return
+	}
+	t.Run("reward_booking_off", func(t *testing.T) { rewardBookingOffDrill(t, c, full) })
+	if t.Failed() {
+		return
 	}
 	t.Run("overload", func(t *testing.T) { overloadDrill(t, c, full) })
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package cell_test
+
+const raceEnabled = false
