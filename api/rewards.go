@@ -17,6 +17,10 @@ type RewardRequest struct {
 	// App names the calling app (recorded with the reward and in its token);
 	// optional, 0..64 of [A-Za-z0-9_-].
 	App string `json:"app,omitempty"`
+	// Stage, when given, must be the stage the request time picks, else 409
+	// NO_ACTIVE_STAGE: a retry or re-issue meant for one stage never lands
+	// in the next one.
+	Stage string `json:"stage,omitempty"`
 	// BookNow books the reward before answering (status booked) instead of
 	// behind: the synchronous path the bench compares token issuance with.
 	BookNow bool `json:"book_now,omitempty"`
@@ -139,7 +143,7 @@ const MaxTokens = 100
 // TokenResult is what became of one token: Result is "known" (the cell has
 // it; nothing changed), "restored" (valid, the cell had lost it: stored and
 // booked now), or "refused" with Code (TOKEN_MALFORMED, TOKEN_UNKNOWN_KEY,
-// TOKEN_BAD_SIGNATURE, TOKEN_RETIRED_KEY, TOKEN_EXPIRED, TOKEN_WRONG_ACCOUNT,
+// TOKEN_BAD_SIGNATURE, TOKEN_RETIRED_KEY, TOKEN_EXPIRED, TOKEN_WRONG_ACCOUNT, TOKEN_WRONG_SPACE,
 // TOKEN_MISMATCH).
 type TokenResult struct {
 	Index   int    `json:"index"`

@@ -165,6 +165,12 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		return
 	}
 	stage := string(a.Child.Stage)
+	if req.Stage != "" && req.Stage != stage {
+		// A late retry, or a re-issue after the stage changed: never a new
+		// reward of another stage.
+		s.answers.err(rc, model.Errorf(model.ErrNoActiveStage, "stage %s is not open now (activity %s is in %s)", req.Stage, a.Parent.ID, stage))
+		return
+	}
 	r := model.Reward{OrderNo: model.RewardOrderNo(req.ActID, a.Scene.ID, req.RainID, req.AwardType, stage),
 		ActID: req.ActID, Shard: sh, App: req.App, Parent: a.Parent.ID, Child: a.Child.ID, Stage: stage, Scene: a.Scene.ID,
 		Rain: req.RainID, AwardType: req.AwardType, TemplateID: a.Scene.TemplateID, Amount: model.Cents(req.Amount),
@@ -214,7 +220,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 			s.pools[sp.index()].Give(key, r.LeaseID, int64(r.Amount))
 		}
 	}
-	if r.Token, err = ring.Sign(rewardtoken.FromReward(r)); err != nil {
+	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
 		giveBack()
 		s.answers.err(rc, err)
 		return
@@ -263,6 +269,17 @@ func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (mo
 		return model.Reward{}, false, err
 	}
 	return op.Issued, op.Repeat, nil
+}
+
+// tokenClaims are the claims of r's token in space sp: a stress reward's
+// token says so (rewardtoken.StatusIssuedStress), and is taken back only
+// in the shadow space.
+func tokenClaims(sp *space, r model.Reward) rewardtoken.Claims {
+	c := rewardtoken.FromReward(r)
+	if sp.stress {
+		c.Status = rewardtoken.StatusIssuedStress
+	}
+	return c
 }
 
 // currentStage is the stage a wallet request shows: ?stage=, else the stage
@@ -598,6 +615,10 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			refuse(i, c.OrderNo, "TOKEN_WRONG_ACCOUNT", "the token is another person's reward")
 			continue
 		}
+		if want := tokenClaims(sp, model.Reward{}).Status; c.Status != want {
+			refuse(i, c.OrderNo, "TOKEN_WRONG_SPACE", "a stress-test token is taken back only from stress traffic, and the other way round")
+			continue
+		}
 		prior, err := sp.store.Reward(ctx, sh, c.OrderNo)
 		switch {
 		case err == nil && c.Matches(prior):
@@ -643,7 +664,7 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 		Scene: c.Scene, Rain: c.Rain, AwardType: c.AwardType, TemplateID: c.TemplateID, Amount: model.Cents(c.Amount),
 		CreatedMS: c.IssuedMS}
 	ring := s.rw.ring.Load()
-	if r.Token, err = ring.Sign(rewardtoken.FromReward(r)); err != nil {
+	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
 		return err
 	}
 	got, _, err := sp.store.IssueReward(ctx, r)

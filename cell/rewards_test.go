@@ -150,6 +150,8 @@ func TestRewards(t *testing.T) {
 		{api.RewardRequest{ParentActivityID: fest, SceneID: "nope", RainID: "r2", ActID: act, AwardType: "cash", Amount: 5}, 404, "NOT_FOUND"},
 		{api.RewardRequest{ParentActivityID: "nope", SceneID: rain, RainID: "r2", ActID: act, AwardType: "cash", Amount: 5}, 404, "NOT_FOUND"},
 		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: "bad act", AwardType: "cash", Amount: 5}, 400, "INVALID_ARGUMENT"},
+		// Meant for the gray stage, while the official one is open: refused, never a new official reward.
+		{api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r2", ActID: act, AwardType: "cash", Amount: 5, Stage: "gray"}, 409, "NO_ACTIVE_STAGE"},
 	} {
 		if _, st, code := issue(t, c, bad.req); st != bad.st || code != bad.code {
 			t.Errorf("%+v: %d %s, want %d %s", bad.req, st, code, bad.st, bad.code)
@@ -269,6 +271,13 @@ func TestRewardTokens(t *testing.T) {
 		toks = append(toks, r.Token)
 	}
 	theirs, _, _ := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r0", ActID: other, AwardType: "cash", Amount: 5})
+	// A stress-test reward of this person (the shadow tables): its token is
+	// never taken back as real money.
+	var stress api.RewardResponse
+	if st, code := callH(t, map[string]string{api.HeaderStress: "1"}, "POST", c.url+api.RewardsPath,
+		api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r7", ActID: act, AwardType: "cash", Amount: 888}, &stress); st != 200 {
+		t.Fatalf("stress issue: %d %s", st, code)
+	}
 	waitBooked(t, c, act, "")
 
 	var res api.TokensResponse
@@ -309,7 +318,7 @@ func TestRewardTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := json.Marshal(api.TokensRequest{Tokens: []string{toks[0], string(altered), theirs.Token, forged, "junk"}})
+	raw, _ := json.Marshal(api.TokensRequest{Tokens: []string{toks[0], string(altered), theirs.Token, forged, "junk", stress.Token}})
 	req := newRequest(nil, "POST", c.url+api.AccountSubPath(act, "tokens"), raw)
 	signer.SignRequest(req, time.Now())
 	resp, err := roundTrip(t, req)
@@ -328,7 +337,7 @@ func TestRewardTokens(t *testing.T) {
 	for _, r := range res.Results {
 		got = append(got, r.Result+":"+r.Code)
 	}
-	want := "[known: refused:TOKEN_BAD_SIGNATURE refused:TOKEN_WRONG_ACCOUNT refused:TOKEN_UNKNOWN_KEY refused:TOKEN_MALFORMED]"
+	want := "[known: refused:TOKEN_BAD_SIGNATURE refused:TOKEN_WRONG_ACCOUNT refused:TOKEN_UNKNOWN_KEY refused:TOKEN_MALFORMED refused:TOKEN_WRONG_SPACE]"
 	if st != 422 || code != "TOKEN_REFUSED" || fmt.Sprint(got) != want || res.Error == nil {
 		t.Fatalf("refusals: %d %s %v, want 422 TOKEN_REFUSED %s", st, code, got, want)
 	}

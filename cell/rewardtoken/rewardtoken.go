@@ -45,6 +45,11 @@ const MaxTokenLen = 1024
 // reward is issued and will be booked behind it.
 const StatusIssued = "issued"
 
+// StatusIssuedStress is the Status of a token issued to stress traffic
+// (the shadow tables): a cell takes it back only from stress traffic, so a
+// stress token never restores a reward into real money.
+const StatusIssuedStress = "issued-stress"
+
 // Claims are the reward's fields a token carries. Every string is carried as
 // is (any bytes); only the token's total length is bounded.
 type Claims struct {

@@ -28,7 +28,7 @@ import (
 // so a line issued before answers its first reward (repeated) and changes
 // nothing: running the same file twice is harmless.
 
-const reissueUsage = `usage: redcell rewards reissue --router URL (--api-key KEY | --api-key-file F) --activity PARENT --file F.csv [--concurrency 8]
+const reissueUsage = `usage: redcell rewards reissue --router URL (--api-key KEY | --api-key-file F) --activity PARENT --stage STAGE --file F.csv [--concurrency 8]
 
   Issues each line of the CSV file as a reward of the parent activity PARENT
   (POST /v1/rewards, the API key needs the scope reward). Lines are
@@ -40,8 +40,10 @@ const reissueUsage = `usage: redcell rewards reissue --router URL (--api-key KEY
 
   Idempotent per line: the server's order number
   {act_id}_{scene}_{rain}_{award_type}_{stage} makes a line issued before
-  answer its first reward ("repeated"). The stage is the one open at the
-  request time: a line re-issued after the stage changed is a new reward.
+  answer its first reward ("repeated"). --stage (test, gray or official)
+  names the stage the lines belong to: every line is sent with it, and the
+  server refuses a line when another stage is open (NO_ACTIVE_STAGE), so a
+  gray rehearsal's rewards never become official money.
   A line whose order number was issued with another amount is refused
   (ORDER_CONFLICT).
 
@@ -95,6 +97,7 @@ func runReissue(ctx context.Context, args []string) error {
 	key := fs.String("api-key", "", "the calling app's API key (scope reward)")
 	keyFile := fs.String("api-key-file", "", "a file holding the API key (make run writes var/api-key)")
 	parent := fs.String("activity", "", "the parent activity of every line, e.g. demo-festival")
+	stage := fs.String("stage", "", "the stage every line belongs to: test, gray or official (refused when another is open)")
 	file := fs.String("file", "", "the CSV file")
 	conc := fs.Int("concurrency", 8, "lines in flight at once, 1..256")
 	if err := fs.Parse(args); err != nil {
@@ -115,12 +118,17 @@ func runReissue(ctx context.Context, args []string) error {
 		return errors.New("rewards reissue: give --activity PARENT")
 	case *file == "":
 		return errors.New("rewards reissue: give --file F.csv")
+	case *stage != "test" && *stage != "gray" && *stage != "official":
+		return errors.New("rewards reissue: give --stage test, gray or official (the stage the lines were meant for)")
 	case *conc < 1 || *conc > reissueConcurrencyMax:
 		return fmt.Errorf("rewards reissue: --concurrency must be 1..%d", reissueConcurrencyMax)
 	}
 	lines, err := readReissueFile(*file, *parent)
 	if err != nil {
 		return err
+	}
+	for i := range lines {
+		lines[i].req.Stage = *stage
 	}
 	c, err := client.New(*router, apiKey, client.WithMaxIdleConnsPerHost(*conc))
 	if err != nil {

@@ -296,7 +296,7 @@ func TestRewardsReissue(t *testing.T) {
 	keyFile := filepath.Join(filepath.Dir(c.config), "api-key")
 	run := func(file string, keyArgs ...string) (summary, stderr string, code int) {
 		t.Helper()
-		args := append([]string{"rewards", "reissue", "--router", c.router, "--activity", "demo-festival", "--file", file, "--concurrency", "4"}, keyArgs...)
+		args := append([]string{"rewards", "reissue", "--router", c.router, "--activity", "demo-festival", "--stage", "official", "--file", file, "--concurrency", "4"}, keyArgs...)
 		cmd := exec.Command(c.bin, args...)
 		var out, errOut strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &errOut
