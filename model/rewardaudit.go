@@ -91,8 +91,6 @@ type RewardReport struct {
 //     kept (Amount − Unspent), and a budget's leases hold no more than it.
 func auditRewards(ledgers []Ledger, r *AuditReport) {
 	spent := map[string]int64{}
-	var budgets []Budget
-	var leases []Lease
 	for _, l := range ledgers {
 		rr := l.RewardRows
 		r.RewardRows.Count += rr.Count
@@ -109,29 +107,31 @@ func auditRewards(ledgers []Ledger, r *AuditReport) {
 		for id, n := range rr.LeaseSpent {
 			spent[id] += n
 		}
-		budgets = append(budgets, rr.Budgets...)
-		leases = append(leases, rr.Leases...)
 	}
-	byKey := map[string]int64{}
-	for _, ls := range leases {
-		n := spent[ls.ID]
-		byKey[ls.Key] += n
-		switch {
-		case n > ls.Amount:
-			r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above its amount %d", ls.ID, ls.Key, n, ls.Amount))
-		case ls.State == LeaseReturned && n > ls.Amount-ls.Unspent:
-			r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above the %d it kept when returned", ls.ID, ls.Key, n, ls.Amount-ls.Unspent))
-		}
-	}
-	sort.Slice(budgets, func(i, j int) bool { return budgets[i].Key < budgets[j].Key })
 	r.RewardRows.Budgets = []BudgetLine{}
-	for _, b := range budgets {
-		line := BudgetLine{Key: b.Key, Total: b.Total, Issued: byKey[b.Key], Unissued: b.Total - byKey[b.Key], Outstanding: b.Outstanding()}
-		r.RewardRows.Budgets = append(r.RewardRows.Budgets, line)
-		if line.Issued > b.Total || line.Outstanding > b.Total || line.Issued > line.Outstanding {
-			r.Problems = append(r.Problems, fmt.Sprintf("budget %s: total %d, issued %d, outstanding %d: issued passes what it may", b.Key, b.Total, line.Issued, line.Outstanding))
+	for _, l := range ledgers {
+		// A budget row's leases are in its own cell's rows (its home);
+		// rewards spending them may be in any cell.
+		byKey := map[string]int64{}
+		for _, ls := range l.RewardRows.Leases {
+			n := spent[ls.ID]
+			byKey[ls.Key] += n
+			switch {
+			case n > ls.Amount:
+				r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above its amount %d", ls.ID, ls.Key, n, ls.Amount))
+			case ls.State == LeaseReturned && n > ls.Amount-ls.Unspent:
+				r.Problems = append(r.Problems, fmt.Sprintf("lease %s of %s: rewards %d above the %d it kept when returned", ls.ID, ls.Key, n, ls.Amount-ls.Unspent))
+			}
+		}
+		for _, b := range l.RewardRows.Budgets {
+			line := BudgetLine{Key: b.Key, Total: b.Total, Issued: byKey[b.Key], Unissued: b.Total - byKey[b.Key], Outstanding: b.Outstanding()}
+			r.RewardRows.Budgets = append(r.RewardRows.Budgets, line)
+			if line.Issued > b.Total || line.Outstanding > b.Total || line.Issued > line.Outstanding {
+				r.Problems = append(r.Problems, fmt.Sprintf("budget %s: total %d, issued %d, outstanding %d: issued passes what it may", b.Key, b.Total, line.Issued, line.Outstanding))
+			}
 		}
 	}
+	sort.Slice(r.RewardRows.Budgets, func(i, j int) bool { return r.RewardRows.Budgets[i].Key < r.RewardRows.Budgets[j].Key })
 }
 
 // RewardRecon is one reconciliation window of one database's rewards
