@@ -35,8 +35,23 @@ type budgetHome struct {
 }
 
 func (s *Server) newPool(sp *space, cc *cellclient.Client) *budget.Pool {
-	return budget.NewPool(s.cfg.Name, func(key string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: cc} }, s.clock, budget.Config{})
+	return budget.NewPool(s.cfg.Name, func(key string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: cc} }, s.clock,
+		poolConfig(s.cfg.BudgetLeaseTTL))
 }
+
+// poolConfig is the lease pool's configuration for a lease TTL (0: the
+// default): a lease's fetch is bounded by half its life at most.
+func poolConfig(ttl time.Duration) budget.Config {
+	c := budget.Config{TTL: ttl}
+	if ttl > 0 {
+		c.FetchTimeout = min(budget.DefaultConfig().FetchTimeout, ttl/2)
+	}
+	return c
+}
+
+// settleGrace is how long past its expiry a lease is settled: longer than a
+// request's deadline and the clocks' skew between cells.
+const settleGrace = 10 * time.Second
 
 // Grant implements budget.Home. The asking cell's total makes the row when
 // the home has none (its activities file may not be loaded yet, or the
@@ -203,6 +218,7 @@ func (s *Server) runBudgetSweep(ctx context.Context) {
 			}
 			if tick++; tick%10 == 0 {
 				s.expireHomedLeases(ctx)
+				s.settleLeases(ctx)
 			}
 		}
 	}
@@ -343,11 +359,16 @@ func controlledKeys(t *activity.Tree) []string {
 	return keys
 }
 
-// settleLeases returns what the leases an earlier process of this cell held
-// (made before this one started) did not spend, as its reward rows tell
-// (Rewards.LeaseSpent over the cell's databases): a cell that died holding
-// leases gives their rest back once it is up again. Leases it cannot reach
-// now stay out (the budget under-issues by them) until its next start.
+// settleLeases returns what this cell's leases that their homes marked
+// expired did not spend, as the cell's reward rows tell (Rewards.LeaseSpent
+// over its databases): a cell that died holding leases gives their rest back
+// once it is up again, and one whose return at drain failed gives it back
+// later. Only leases expired for settleGrace are settled: a live pool spends
+// a lease only before its TTL (the home expires it at the same TTL, from its
+// own clock), and an issue writes its reward within a request's deadline of
+// taking from it — so no lease still spent from, by this process or by an
+// older one of the same name still draining, is settled. Leases it cannot
+// reach now stay out (the budget under-issues by them) until a later pass.
 func (s *Server) settleLeases(ctx context.Context) {
 	t := s.acts.holder.Tree()
 	if t == nil {
@@ -362,8 +383,9 @@ func (s *Server) settleLeases(ctx context.Context) {
 				continue
 			}
 			var old []model.Lease
+			cut := s.clock.Now().Add(-settleGrace).UnixMilli()
 			for _, l := range ls {
-				if l.CreatedMS < s.started.UnixMilli() {
+				if l.State == model.LeaseExpired && l.ExpiresMS <= cut {
 					old = append(old, l)
 				}
 			}

@@ -85,6 +85,10 @@ type Config struct {
 	// transaction.
 	BookingRate  int
 	BookingBatch int
+	// BudgetLeaseTTL is how long a cell spends from one budget lease before
+	// giving back its rest and taking a new one; a dead cell's leases are
+	// settled a little after it (0: cell/budget's default, 60 s).
+	BudgetLeaseTTL time.Duration
 	// WithdrawRelease is the gray release of withdrawals at start (the admin
 	// port changes it: PUT /admin/withdraw).
 	WithdrawRelease WithdrawRelease
@@ -264,6 +268,11 @@ func (c Config) Validate() error {
 	}
 	if c.TokenTTL < 0 {
 		bad("TokenTTL must be >= 0 (0: tokens never expire)")
+	}
+	if c.BudgetLeaseTTL != 0 && (c.BudgetLeaseTTL < 2*time.Second || c.BudgetLeaseTTL > time.Hour) {
+		bad("BudgetLeaseTTL (budget_lease_ttl) must be 0 (the default, 60s) or 2s..1h")
+	} else if err := poolConfig(c.BudgetLeaseTTL).Validate(); err != nil {
+		bad("BudgetLeaseTTL: %v", err)
 	}
 	if c.RewardCashMax < 1 {
 		bad("RewardCashMax (reward_cash_max) must be >= 1 cent")

@@ -454,9 +454,10 @@ func TestRewardBudgetAcrossCells(t *testing.T) {
 
 // TestRewardLeasesSettledAfterRestart: leases an earlier run of a cell held
 // (made here through the store, as a run that died would leave them: one
-// lease of 500 with 200 issued from it, one of 300 with nothing issued) are
-// settled a few seconds after the cell starts: each returns exactly what its
-// reward rows did not spend, once.
+// lease of 500 with 200 issued from it, one of 300 with nothing issued),
+// past their expiry, are marked expired by their home and settled a few
+// seconds after the cell starts: each returns exactly what its reward rows
+// did not spend, once.
 func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
 	keys, acts := rewardFiles(t, pre, true, 100_000)
@@ -471,7 +472,7 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 	if _, err := st.SetBudget(ctx, sh, key, 100_000); err != nil {
 		t.Fatal(err)
 	}
-	far := time.Now().Add(time.Hour).UnixMilli()
+	far := time.Now().Add(-time.Minute).UnixMilli() // expired a minute ago: past the settling grace
 	l1, err := st.GrantLease(ctx, sh, key, "solo", 500, 10_000, far)
 	if err != nil {
 		t.Fatal(err)

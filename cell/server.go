@@ -150,13 +150,10 @@ type Server struct {
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
-	// started is when this process built the cell: leases made before it
-	// belong to an earlier run (settleLeases).
-	started time.Time
 }
 
-// settleDelay is how long after start a cell settles an earlier run's
-// leases: time for memberlist to list the other cells.
+// settleDelay is how long after start a cell first settles expired leases:
+// time for memberlist to list the other cells (then every 10 s).
 const settleDelay = 3 * time.Second
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -179,7 +176,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
-	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log, started: clk.Now()}
+	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
 	s.acts = &activities{path: cfg.Activities, clock: clk}
 	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
 		return nil, fmt.Errorf("cell: %w", err)
@@ -308,6 +305,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 				return
 			case <-time.After(settleDelay):
 			}
+			s.expireHomedLeases(ctx)
 			s.settleLeases(ctx)
 		}}
 	if s.cfg.IssuedMemcache != nil {

@@ -81,6 +81,7 @@ type cellSection struct {
 	RewardCashMax   int64                 `yaml:"reward_cash_max"`
 	BookingRate     int                   `yaml:"booking_rate"`
 	BookingBatch    int                   `yaml:"booking_batch"`
+	BudgetLeaseTTL  time.Duration         `yaml:"budget_lease_ttl"`
 	WithdrawRelease *cell.WithdrawRelease `yaml:"withdraw_release"`
 	PacketExpiry    time.Duration         `yaml:"packet_expiry"`
 	OpenStrategy    string                `yaml:"open_strategy"`
@@ -275,6 +276,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	setInt(&c.BookingRate, s.BookingRate)
 	setInt(&c.BookingBatch, s.BookingBatch)
+	setDur(&c.BudgetLeaseTTL, s.BudgetLeaseTTL)
 	if s.WithdrawRelease != nil {
 		c.WithdrawRelease = *s.WithdrawRelease
 	}

@@ -566,17 +566,19 @@ func rewardKillDrill(t *testing.T, c *cluster, full bool) {
 	// A reward left processing is taken again 30 s after it was taken
 	// (bookerStale), by a booker that scans every 5 s; then the backlog.
 	t.Logf("reward_cell_kill: %s", l.verify(t, 60*time.Second))
-	// The restarted cell settles the leases the killed process held (a few
-	// seconds after it starts): each returns what its rewards did not spend,
-	// and the budgets checks above hold with them returned.
-	deadline := time.Now().Add(20 * time.Second)
+	// The restarted cell settles the leases the killed process held once
+	// their homes marked them expired (budget_lease_ttl 5 s here; marked and
+	// settled every 10 s, 10 s past their expiry): each returns what its
+	// rewards did not spend, and the budgets checks above hold with them
+	// returned.
+	deadline := time.Now().Add(45 * time.Second)
 	for {
 		n, held := deadLeases(t, dbs, "cell-1", killed)
 		if n == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d budget leases the killed process held (%d units) are still open 20 s after the checks: the restarted cell did not settle them", n, held)
+			t.Fatalf("%d budget leases the killed process held (%d units) are still open 45 s after the checks: the restarted cell did not settle them", n, held)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

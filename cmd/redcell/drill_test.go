@@ -56,6 +56,7 @@ const drillCell = `  packet_expiry: 1h
   queue_depth: 48
   booking_rate: 150
   booking_batch: 50
+  budget_lease_ttl: 5s
 `
 
 // drillDeps are the drill's own MariaDB servers (one per cell) and memcached,
