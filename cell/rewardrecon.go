@@ -10,7 +10,9 @@ import (
 // Reward reconciliation: every minute each space checks the rewards its
 // databases booked into wallets since the last check against the reward
 // flows booked for them (storage.Rewards.RewardRecon: per database, by
-// booked time), and every hour it checks them all again from the start. It
+// booked time, through the reward table's k_booked index), and every hour
+// it checks them all again from the start, then also counting the reward
+// flows (a scan of the flow tables) to catch a flow without its reward. It
 // also reports the rewards left unbooked for longer than rewardStale (the
 // booker is stopped, or cannot book). Problems are logged with samples and
 // counted in redcell_reward_recon_problems; the audit (redcell audit) checks
@@ -76,7 +78,7 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 	problems, stale := 0, int64(0)
 	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
 	for _, db := range s.cfg.Shards.DBs() {
-		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS)
+		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS, kind == "full")
 		if err != nil {
 			if ctx.Err() == nil {
 				s.inc.rewardRead[sp.index()].Fail(err, "db", db)

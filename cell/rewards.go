@@ -178,9 +178,9 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	if a.Scene.AwardType == activity.AwardCash {
 		r.TemplateID = ""
 	}
-	// A refusal of the rate limit or the budget first looks for the reward
-	// stored under the order number: a client's retry of an issued reward
-	// gets its first answer even once the scene is spent.
+	// A refusal of the budget first looks for the reward stored under the
+	// order number: a client's retry of an issued reward gets its first
+	// answer even once the scene is spent.
 	refuse := func(cause error) {
 		prior, err := sp.store.Reward(ctx, sh, r.OrderNo)
 		switch {
@@ -198,7 +198,9 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	}
 	key := sceneKey(a)
 	if !s.sceneLimiter(key, a.Scene.RateLimit).AllowN(now, 1) {
-		refuse(model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
+		// Shed without touching the database: a retry of an issued reward
+		// gets its first answer once the rate allows it again.
+		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
 		return
 	}
 	limit := a.Scene.Budget
@@ -497,18 +499,33 @@ func (s *Server) released(actID string) bool {
 	return int(xxhash.Sum64String("withdraw/"+actID)%100) < rel.Percent
 }
 
-// forcedBookingMax bounds the pending rewards a withdrawal books first.
-const forcedBookingMax = 1000
+// forcedBookingBatch is how many pending rewards forced booking books in
+// one transaction; it goes on until none is left (forcedBookingRounds at
+// most: 100,000 rewards of one person).
+const (
+	forcedBookingBatch  = 1000
+	forcedBookingRounds = 100
+)
 
 // bookPendingOf books every pending reward of a person (forced booking).
 func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID, actID string) (int, error) {
-	pend, err := sp.store.PendingRewardsOf(ctx, sh, actID, forcedBookingMax)
-	if err != nil || len(pend) == 0 {
-		return 0, err
+	total := 0
+	for range forcedBookingRounds {
+		pend, err := sp.store.PendingRewardsOf(ctx, sh, actID, forcedBookingBatch)
+		if err != nil || len(pend) == 0 {
+			return total, err
+		}
+		n, err := sp.store.BookRewards(ctx, pend)
+		s.rw.booked[sp.index()].Add(int64(n))
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if len(pend) < forcedBookingBatch {
+			return total, nil
+		}
 	}
-	n, err := sp.store.BookRewards(ctx, pend)
-	s.rw.booked[sp.index()].Add(int64(n))
-	return n, err
+	return total, model.Errorf(model.ErrOverloaded, "%s has more than %d rewards pending; retry", actID, forcedBookingBatch*forcedBookingRounds)
 }
 
 // forceBook answers POST /v1/accounts/{act_id}/book: the person's pending
@@ -626,7 +643,10 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 		case err == nil:
 			refuse(i, c.OrderNo, "TOKEN_MISMATCH", "the cell holds this order number with other fields")
 		case errors.Is(err, model.ErrNotFound):
-			if err := s.restoreReward(ctx, sp, sh, c); err != nil {
+			if err := s.restoreReward(ctx, sp, sh, c); errors.Is(err, model.ErrBudgetExhausted) {
+				refuse(i, c.OrderNo, model.ErrBudgetExhausted.Code, "the scene's budget has nothing left for the restored reward")
+				continue
+			} else if err != nil {
 				s.answers.err(rc, err)
 				return
 			}
@@ -647,8 +667,9 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 }
 
 // restoreReward stores again, and books, a reward the cell lost whose valid
-// token the client kept. It spends no lease: its budget was spent when it
-// was first issued. The child is the parent's child of the token's stage.
+// token the client kept, spending a lease of its scene's budget as an issue
+// does. The child is the parent's child of the token's stage. Errors:
+// model.ErrBudgetExhausted, the store's.
 func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID, c rewardtoken.Claims) error {
 	actID, scene, rain, award, stage, err := model.ParseRewardOrderNo(c.OrderNo)
 	if err != nil || actID != c.ActID || scene != c.Scene || rain != c.Rain || award != c.AwardType || stage != c.Stage {
@@ -663,13 +684,30 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 	r := model.Reward{OrderNo: c.OrderNo, ActID: c.ActID, Shard: sh, App: c.App, Parent: c.Parent, Child: child, Stage: c.Stage,
 		Scene: c.Scene, Rain: c.Rain, AwardType: c.AwardType, TemplateID: c.TemplateID, Amount: model.Cents(c.Amount),
 		CreatedMS: c.IssuedMS}
+	// A scene that controls its stock spends a lease for the restored
+	// reward too: the rows that lost it may have made its first lease's
+	// settlement give its amount back (counting it twice at worst is an
+	// under-issue, never an over-issue).
+	key := model.BudgetKey(c.Parent, child, c.Scene)
+	if total, ok := s.sceneTotal(key); ok {
+		if r.LeaseID, err = s.pools[sp.index()].Take(ctx, key, total, c.Amount); err != nil {
+			return err
+		}
+	}
 	ring := s.rw.ring.Load()
 	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
+		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
 		return err
 	}
-	got, _, err := sp.store.IssueReward(ctx, r)
+	got, repeat, err := sp.store.IssueReward(ctx, r)
 	if err != nil {
+		if !errors.Is(err, storage.ErrCommitUnknown) {
+			s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
+		}
 		return err
+	}
+	if repeat {
+		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
 	}
 	_, err = sp.store.BookRewards(ctx, []model.Reward{got})
 	return err

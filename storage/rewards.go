@@ -56,8 +56,12 @@ func (m *MySQL) rewardDDL(db int) []string {
   KEY k_status (status, created_ms),
   KEY k_act (act_id, created_ms, order_no),
   KEY k_lease (lease_id),
+  KEY k_booked (act_shard, status, booked_ms),
   CONSTRAINT reward_amount_positive CHECK (amount >= 1)
 ) ENGINE=InnoDB`,
+		// Reward tables made before k_booked existed get it here (a no-op
+		// where it exists): reconciliation reads a window of bookings by it.
+		`ALTER TABLE ` + m.rewardTable(db) + ` ADD INDEX IF NOT EXISTS k_booked (act_shard, status, booked_ms)`,
 	}
 }
 
@@ -599,8 +603,8 @@ func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) (
 // LEFT JOIN of the booked official cash rewards to their flows (by the
 // flow's order number, model.RewardFlowOrderNo: "reward:" and the first 32
 // hex digits of SHA2(order_no, 256)) and the window's sums of both sides.
-func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (model.RewardRecon, error) {
-	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS}
+func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
+	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS, FlowsCounted: countFlows}
 	rt := m.rewardTable(db)
 	err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(created_ms), 0) FROM "+rt+" WHERE status <> ? AND created_ms < ?",
 		model.RewardBooked, staleMS).Scan(&out.StalePending, &out.OldestPendingMS)
@@ -613,21 +617,26 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	for y := 0; y < 10; y++ {
 		s := model.ShardID(db*10 + y)
 		ft := m.flowTable(s)
-		var n, sum int64
-		err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM "+ft+" WHERE kind = ? AND created_ms >= ? AND created_ms < ?",
-			string(model.FlowReward), fromMS, toMS).Scan(&n, &sum)
-		if isMySQLErr(err, errNoSuchTable) {
-			continue // a shard without wallets has no booked reward either: its rewards would have made them
+		if countFlows { // a scan of the flow table: the hourly full pass only
+			var n, sum int64
+			err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM "+ft+" WHERE kind = ? AND created_ms >= ? AND created_ms < ?",
+				string(model.FlowReward), fromMS, toMS).Scan(&n, &sum)
+			if isMySQLErr(err, errNoSuchTable) {
+				continue // a shard without wallets has no booked reward either: its rewards would have made them
+			}
+			if err != nil {
+				return out, fmt.Errorf("storage: reward recon of shard %d: %w", s, err)
+			}
+			out.Flows += n
+			out.FlowCents += model.Cents(sum)
 		}
-		if err != nil {
-			return out, fmt.Errorf("storage: reward recon of shard %d: %w", s, err)
-		}
-		out.Flows += n
-		out.FlowCents += model.Cents(sum)
-		rows, err := m.db.QueryContext(ctx, "SELECT r.order_no, r.amount, f.id IS NULL FROM "+rt+" r LEFT JOIN "+ft+
+		rows, err := m.db.QueryContext(ctx, "SELECT r.order_no, r.amount, f.id IS NULL FROM "+rt+" r FORCE INDEX (k_booked) LEFT JOIN "+ft+
 			" f ON f.act_id = r.act_id AND f.order_no = CONCAT('reward:', LEFT(SHA2(r.order_no, 256), 32))"+
 			" WHERE r.act_shard = ? AND r.status = ? AND r.stage = ? AND r.award_type = ? AND r.booked_ms >= ? AND r.booked_ms < ?",
 			int(s), model.RewardBooked, model.StageOfficial, model.AwardCash, fromMS, toMS)
+		if isMySQLErr(err, errNoSuchTable) {
+			continue // no wallet table: no reward of the shard was booked into one
+		}
 		if err != nil {
 			return out, fmt.Errorf("storage: reward recon of shard %d: %w", s, err)
 		}
@@ -654,11 +663,13 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 }
 
 // issueRewardsTx stores the rewards of a group's OpIssue ops: per database
-// one multi-row INSERT IGNORE and one read back of every order number. A
-// row whose token is the op's own was stored by this group; any other is a
-// reward stored before (or by an earlier op of the group), decided by
-// model.ReplayReward: a repeat, or the op's ErrOrderConflict. It answers a
-// probe that finds the first stored reward after a COMMIT without answer.
+// one locking read of every order number (FOR UPDATE: a stored row is
+// locked, a missing one's gap too, so no other writer can store it before
+// this group commits), then one multi-row INSERT of the new ones. An op
+// whose order number was stored before, or by an earlier op of the group,
+// is decided by model.ReplayReward: a repeat, or its ErrOrderConflict. It
+// answers a probe that finds the first stored reward after a COMMIT
+// without answer.
 func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
@@ -673,44 +684,52 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 	var probe func() (bool, error)
 	for _, db := range dbs {
 		list := byDB[db]
-		args := make([]any, 0, len(list)*19)
-		orders := make([]any, 0, len(list))
+		orders := make([]string, 0, len(list))
 		for _, op := range list {
-			r := op.Reward
-			args = append(args, r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
-				r.TemplateID, r.Amount, r.LeaseID, r.Token, model.RewardPending, r.CreatedMS, 0, 0, model.RewardHash(r))
-			orders = append(orders, r.OrderNo)
+			orders = append(orders, op.Reward.OrderNo)
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT IGNORE INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
-			rowsOf(len(list), 19), args...); err != nil {
-			return nil, err
+		sort.Strings(orders) // one lock order
+		oargs := make([]any, len(orders))
+		for i, o := range orders {
+			oargs[i] = o
 		}
 		stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
-			placeholders(len(orders))+")", orders...)
+			placeholders(len(orders))+") FOR UPDATE", oargs...)
 		if err != nil {
 			return nil, err
 		}
-		byOrder := make(map[string]model.Reward, len(stored))
+		have := make(map[string]model.Reward, len(stored)+len(list))
 		for _, r := range stored {
-			byOrder[r.OrderNo] = r
+			have[r.OrderNo] = r
 		}
-		claimed := map[string]bool{} // order numbers an op of this group stored
+		var fresh []model.Reward
 		for _, op := range list {
-			got, ok := byOrder[op.Reward.OrderNo]
-			switch {
-			case !ok:
-				return nil, fmt.Errorf("storage: reward %s neither stored nor found", op.Reward.OrderNo)
-			case !claimed[got.OrderNo] && got.Token == op.Reward.Token && got.CreatedMS == op.Reward.CreatedMS:
-				claimed[got.OrderNo] = true
-				op.Issued = got
-				if probe == nil {
-					probe = m.rewardProbe(ctx, got)
+			if prior, ok := have[op.Reward.OrderNo]; ok {
+				if op.Err = model.ReplayReward(prior, op.Reward); op.Err == nil {
+					op.Issued, op.Repeat = prior, true
 				}
-			default:
-				if op.Err = model.ReplayReward(got, op.Reward); op.Err == nil {
-					op.Issued, op.Repeat = got, true
-				}
+				continue
 			}
+			r := op.Reward
+			r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
+			have[r.OrderNo] = r
+			fresh = append(fresh, r)
+			op.Issued = r
+		}
+		if len(fresh) == 0 {
+			continue
+		}
+		args := make([]any, 0, len(fresh)*19)
+		for _, r := range fresh {
+			args = append(args, r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
+				r.TemplateID, r.Amount, r.LeaseID, r.Token, r.Status, r.CreatedMS, 0, 0, model.RewardHash(r))
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
+			rowsOf(len(fresh), 19), args...); err != nil {
+			return nil, err
+		}
+		if probe == nil {
+			probe = m.rewardProbe(ctx, fresh[0])
 		}
 	}
 	return probe, nil

@@ -245,10 +245,12 @@ type Rewards interface {
 	// limit, with Seq set.
 	FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error)
 	// RewardRecon reconciles database db's rewards booked into wallets in
-	// [fromMS, toMS) (by booked time) against the reward flows created in
-	// it, listing up to 20 booked rewards without their flow, and counts the
-	// rewards not booked that were issued before staleMS.
-	RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (model.RewardRecon, error)
+	// [fromMS, toMS) (by booked time) against their flows, listing up to 20
+	// booked rewards without their flow, and counts the rewards not booked
+	// that were issued before staleMS. With countFlows it also counts the
+	// reward flows created in the window (a scan of the flow tables: a flow
+	// without its reward shows as counts that differ).
+	RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error)
 }
 
 // Store is everything a cell needs from its database.

@@ -67,7 +67,10 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 }
 
 // RewardRecon implements storage.Store.
-func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (r model.RewardRecon, err error) {
-	err = s.call(func() (err error) { r, err = s.inner.RewardRecon(ctx, db, fromMS, toMS, staleMS); return err })
+func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (r model.RewardRecon, err error) {
+	err = s.call(func() (err error) {
+		r, err = s.inner.RewardRecon(ctx, db, fromMS, toMS, staleMS, countFlows)
+		return err
+	})
 	return r, err
 }

@@ -282,13 +282,13 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 }
 
 // RewardRecon implements storage.Rewards.
-func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64) (model.RewardRecon, error) {
+func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	if err := ctx.Err(); err != nil {
 		return model.RewardRecon{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS}
+	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS, FlowsCounted: countFlows}
 	var orders []string
 	for _, r := range s.rewards {
 		if r.Shard.DB() != db {
@@ -310,7 +310,7 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 		}
 	}
 	for k, f := range s.flows {
-		if k.shard.DB() == db && f.Kind == model.FlowReward && f.CreatedMS >= fromMS && f.CreatedMS < toMS {
+		if countFlows && k.shard.DB() == db && f.Kind == model.FlowReward && f.CreatedMS >= fromMS && f.CreatedMS < toMS {
 			out.Flows++
 			out.FlowCents += f.Amount
 		}
