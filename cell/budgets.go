@@ -140,6 +140,19 @@ func (s *Server) grantLocal(ctx context.Context, st storage.Store, req api.Budge
 	return l, err
 }
 
+// homeShard is the home shard of budget key when this cell owns it.
+// Errors: ErrInvalidArgument (a malformed key), ErrWrongCell.
+func (s *Server) homeShard(key string) (model.ShardID, error) {
+	if err := model.ValidateBudgetKey(key); err != nil {
+		return 0, err
+	}
+	sh := sharding.BudgetShard(key)
+	if !s.Owns(sh) {
+		return 0, s.own.wrongCell(sh)
+	}
+	return sh, nil
+}
+
 // budgetLease answers POST /internal/budget/lease for a budget homed here.
 func (s *Server) budgetLease(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	var req api.BudgetLeaseRequest
@@ -147,12 +160,8 @@ func (s *Server) budgetLease(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		s.answers.err(rc, err)
 		return
 	}
-	if err := model.ValidateBudgetKey(req.Key); err != nil {
+	if _, err := s.homeShard(req.Key); err != nil {
 		s.answers.err(rc, err)
-		return
-	}
-	if sh := sharding.BudgetShard(req.Key); !s.Owns(sh) {
-		s.answers.err(rc, s.own.wrongCell(sh))
 		return
 	}
 	if req.TTLMS < 1 || req.TTLMS > int64(time.Hour/time.Millisecond) || req.Total < 0 {
@@ -175,13 +184,9 @@ func (s *Server) budgetReturn(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 		s.answers.err(rc, err)
 		return
 	}
-	if err := model.ValidateBudgetKey(req.Key); err != nil {
+	sh, err := s.homeShard(req.Key)
+	if err != nil {
 		s.answers.err(rc, err)
-		return
-	}
-	sh := sharding.BudgetShard(req.Key)
-	if !s.Owns(sh) {
-		s.answers.err(rc, s.own.wrongCell(sh))
 		return
 	}
 	if _, err := sp.store.ReturnLease(ctx, sh, req.LeaseID, req.Unspent); err != nil {
@@ -281,13 +286,8 @@ func (s *Server) budgetLeases(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 		s.answers.err(rc, err)
 		return
 	}
-	if err := model.ValidateBudgetKey(req.Key); err != nil {
+	if _, err := s.homeShard(req.Key); err != nil {
 		s.answers.err(rc, err)
-		return
-	}
-	sh := sharding.BudgetShard(req.Key)
-	if !s.Owns(sh) {
-		s.answers.err(rc, s.own.wrongCell(sh))
 		return
 	}
 	ls, err := s.localLeasesOf(ctx, sp, req.Key, req.Holder)
