@@ -575,6 +575,20 @@ func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *spac
 		return
 	}
 	if !s.released(actID) {
+		// A retry of a withdrawal made while it was released answers its
+		// first result, whatever the release says now.
+		if w, found, err := sp.store.WithdrawalOf(ctx, sh, actID, req.OrderNo); err != nil {
+			s.answers.err(rc, err)
+			return
+		} else if found {
+			if int64(w.Amount) != req.Amount {
+				s.answers.err(rc, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", req.OrderNo))
+				return
+			}
+			s.answers.json(rc, http.StatusOK, api.WithdrawResponse{ActID: w.ActID, OrderNo: w.OrderNo, Amount: int64(w.Amount),
+				Balance: int64(w.Balance), Repeat: true})
+			return
+		}
 		s.answers.err(rc, model.Errorf(model.ErrWithdrawNotReleased, "withdrawal is not released to %s yet (gray release)", actID))
 		return
 	}

@@ -368,6 +368,21 @@ func TestWithdrawRelease(t *testing.T) {
 	if call(t, "GET", c.url+api.AccountPath(out), nil, &bal); bal.Balance != 50 {
 		t.Errorf("the refused act_id's balance: %d, want 50", bal.Balance)
 	}
+	// Released no more, the allowed act_id's retry still answers its first result.
+	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "PUT", c.adminURL+"/admin/withdraw",
+		api.WithdrawRelease{Percent: 0, Allow: []string{}}, nil); st != 200 {
+		t.Fatalf("PUT /admin/withdraw: %d %s", st, code)
+	}
+	var w api.WithdrawResponse
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(in, "withdraw"), api.WithdrawRequest{Amount: 50, OrderNo: "w1"}, &w); st != 200 || !w.Repeat || w.Balance != 0 {
+		t.Errorf("a retry once no longer released: %d %s %+v, want the first result as a repeat", st, code, w)
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(in, "withdraw"), api.WithdrawRequest{Amount: 49, OrderNo: "w1"}, nil); st != 409 || code != "ORDER_CONFLICT" {
+		t.Errorf("another amount under it: %d %s, want 409 ORDER_CONFLICT", st, code)
+	}
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(in, "withdraw"), api.WithdrawRequest{Amount: 1, OrderNo: "w2"}, nil); st != 403 || code != "WITHDRAW_NOT_RELEASED" {
+		t.Errorf("a new withdrawal once no longer released: %d %s, want 403", st, code)
+	}
 }
 
 // TestRewardBudgetAcrossCells: two cells issue against one scene's budget of

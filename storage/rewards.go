@@ -746,3 +746,15 @@ func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool
 		return err == nil && r.Token == want.Token && r.CreatedMS == want.CreatedMS, err
 	}
 }
+
+// WithdrawalOf implements Rewards.
+func (m *MySQL) WithdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+	if err := m.EnsureShard(ctx, s); err != nil {
+		return model.Withdrawal{}, false, err
+	}
+	f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
+	if err != nil || !ok || f.Kind != model.FlowWithdraw {
+		return model.Withdrawal{}, false, err
+	}
+	return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: -f.Amount, Balance: f.BalanceAfter, Repeat: true}, true, nil
+}

@@ -239,6 +239,10 @@ type Rewards interface {
 	// ErrInsufficientBalance (nothing written), ErrOrderConflict,
 	// ErrCommitUnknown.
 	Withdraw(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error)
+	// WithdrawalOf reads the withdrawal actID made under orderNo, answered
+	// as a repeat (Repeat set); found is false when there is none, or when
+	// the order number was used by another kind of change.
+	WithdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (w model.Withdrawal, found bool, err error)
 	// FlowsOf lists actID's flow rows of shard s other than FlowReward
 	// (rewards are listed from RewardsOf), newest first ((CreatedMS,
 	// model.FlowItemID(Seq)) descending), strictly after cursor, up to

@@ -74,3 +74,9 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	})
 	return r, err
 }
+
+// WithdrawalOf implements storage.Store.
+func (s *Store) WithdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (w model.Withdrawal, found bool, err error) {
+	err = s.call(func() (err error) { w, found, err = s.inner.WithdrawalOf(ctx, sh, actID, orderNo); return err })
+	return w, found, err
+}

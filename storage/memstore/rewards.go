@@ -347,3 +347,17 @@ func (g *group) issue(op *storage.GroupOp) {
 	op.Issued = r
 	g.writes = append(g.writes, func() { g.s.rewards[c.OrderNo] = &c })
 }
+
+// WithdrawalOf implements storage.Rewards.
+func (s *Store) WithdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return model.Withdrawal{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.flows[flowKey{sh, actID, orderNo}]
+	if !ok || f.Kind != model.FlowWithdraw {
+		return model.Withdrawal{}, false, nil
+	}
+	return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: -f.Amount, Balance: f.BalanceAfter, Repeat: true}, true, nil
+}

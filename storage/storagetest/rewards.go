@@ -266,6 +266,15 @@ func contractRewardWithdraw(t *testing.T, newStore func(t *testing.T) Harness) {
 	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 300); err != nil || !w.Repeat || w.Balance != 700 {
 		t.Fatalf("repeat: %+v %v", w, err)
 	}
+	if w, found, err := f.s.WithdrawalOf(f.ctx, sA, "hank", "w1"); err != nil || !found ||
+		w != (model.Withdrawal{ActID: "hank", OrderNo: "w1", Amount: 300, Balance: 700, Repeat: true}) {
+		t.Fatalf("WithdrawalOf w1: %+v %v %v", w, found, err)
+	}
+	for _, order := range []string{"d1", "nope"} { // a deposit's order number, and none
+		if w, found, err := f.s.WithdrawalOf(f.ctx, sA, "hank", order); err != nil || found {
+			t.Fatalf("WithdrawalOf %s: %+v %v %v, want none", order, w, found, err)
+		}
+	}
 	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 301); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("another amount: %v, want ORDER_CONFLICT", err)
 	}
