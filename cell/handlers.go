@@ -151,7 +151,8 @@ func (s *Server) healthz(rc *fasthttp.RequestCtx) {
 		"schema_ready": s.warmer.ready.Load(), "active_packets": s.queue.Keys(),
 		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
 		"refunds": s.expiry.refunds.Load(), "relayed": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Relayed.Load() }),
-		"relay_errors": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Errors.Load() }),
+		"relay_errors":   relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Errors.Load() }),
+		"rewards_booked": s.rw.booked[0].Load() + s.rw.booked[1].Load(),
 	})
 }
 
