@@ -258,11 +258,17 @@ func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, no
 // statements took stay held until the transaction ends (InnoDB keeps them);
 // they are on rows of this batch's own credits.
 func (m *MySQL) undoBulk(ctx context.Context, tx *sql.Tx) error {
+	return undoTo(ctx, tx, creditSavepoint)
+}
+
+// undoTo rolls tx back to the savepoint name after a statement list that
+// stopped at a lock wait or a duplicate key; tx must still be open.
+func undoTo(ctx context.Context, tx *sql.Tx, name string) error {
 	if err := stillInTx(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+creditSavepoint); err != nil {
-		return fmt.Errorf("storage: credits: back to the savepoint: %w", err)
+	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+name); err != nil {
+		return fmt.Errorf("storage: back to savepoint %s: %w", name, err)
 	}
 	return nil
 }
