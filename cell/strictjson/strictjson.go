@@ -23,15 +23,20 @@ import (
 // overflow. encoding/json alone would turn bad text into U+FFFD, match keys
 // without regard to case and let a repeated key win, all silently; so the text
 // and the keys are checked first.
-func Decode(body []byte, v any) error {
+func Decode(body []byte, v any) error { return decode(body, v, true) }
+
+// decode is Decode, with the keys checked by plainKeys first when fast.
+func decode(body []byte, v any, fast bool) error {
 	if !utf8.Valid(body) {
 		return model.Invalidf("the body must be valid UTF-8")
 	}
 	if loneSurrogate(body) {
 		return model.Invalidf("the body escapes a lone UTF-16 surrogate (\\ud800-\\udfff)")
 	}
-	if err := exactKeys(body, reflect.TypeOf(v).Elem()); err != nil {
-		return err
+	if t := reflect.TypeOf(v).Elem(); !fast || !plainKeys(body, t) {
+		if err := exactKeys(body, t); err != nil {
+			return err
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -198,4 +203,146 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 	}
 	fieldsByType.Store(t, f)
 	return f
+}
+
+// plainKeys is exactKeys' fast path for the common body: it scans the
+// top-level object once, without decoding, and answers true only when every
+// key is written without escapes, names a field of t exactly and appears
+// once, and every nested value meant for a struct passes exactKeys. Any
+// other body (an escape in a key, an unknown or repeated key, text the scan
+// does not follow) answers false, and exactKeys decides it, so the errors
+// are exactKeys' own. Syntax the scan skips over loosely (a misspelt
+// literal) is refused by the decoder that runs after it, as "malformed", the
+// answer exactKeys would have given: Decode answers as without this path.
+func plainKeys(body []byte, t reflect.Type) bool {
+	fields := jsonFields(t)
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false
+	}
+	i = skipSpace(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return true
+	}
+	var seen [16]string // request types have fewer fields
+	n := 0
+	for i < len(body) {
+		if body[i] != '"' {
+			return false
+		}
+		end := i + 1
+		for end < len(body) && body[end] != '"' {
+			if body[end] == '\\' || body[end] < 0x20 {
+				return false
+			}
+			end++
+		}
+		if end >= len(body) {
+			return false
+		}
+		key := body[i+1 : end]
+		ft, ok := fields[string(key)]
+		if !ok || n == len(seen) {
+			return false
+		}
+		for _, k := range seen[:n] {
+			if k == string(key) {
+				return false
+			}
+		}
+		seen[n] = string(key)
+		n++
+		i = skipSpace(body, end+1)
+		if i >= len(body) || body[i] != ':' {
+			return false
+		}
+		i = skipSpace(body, i+1)
+		vend := skipValue(body, i)
+		if vend < 0 {
+			return false
+		}
+		if body[i] == '{' || body[i] == '[' {
+			if nestedKeys(body[i:vend], ft) != nil {
+				return false
+			}
+		}
+		i = skipSpace(body, vend)
+		if i >= len(body) {
+			return false
+		}
+		switch body[i] {
+		case '}':
+			return true
+		case ',':
+			i = skipSpace(body, i+1)
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index just past the JSON value starting at i, or -1
+// where the scan cannot follow it. It checks only what it needs to find the
+// value's end: strings and their escapes, and the nesting of objects and
+// arrays.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				if i = skipString(b, i); i < 0 {
+					return -1
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return -1
+	}
+	start := i
+	for i < len(b) && (b[i] >= '0' && b[i] <= '9' || b[i] >= 'a' && b[i] <= 'z' || b[i] == '-' || b[i] == '+' || b[i] == '.' || b[i] == 'E') {
+		i++
+	}
+	if i == start {
+		return -1
+	}
+	return i
+}
+
+// skipString returns the index just past the string starting at b[i] ('"'),
+// or -1 when it does not end.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
 }
