@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,11 +46,16 @@ const (
 	lagSamplesMax = 1000
 	// lagWaitMax bounds LagWait.
 	lagWaitMax = 5 * time.Minute
-	// lagPollInterval is how often a pending sample is asked about: the
-	// resolution of the seen lag, and 5 GETs a second per sample at most.
+	// lagPollInterval is how often the pending samples are asked about: the
+	// resolution of the seen lag while at most lagPollsPerTick are pending.
 	lagPollInterval = 200 * time.Millisecond
 	// lagPollers bounds the concurrent polls.
 	lagPollers = 8
+	// lagPollsPerTick bounds the samples asked about at each tick (50 GETs
+	// a second): with the booking off, hundreds of pending samples polled
+	// every 200 ms would be a read load of their own on the cells the run
+	// measures. The samples asked longest ago go first.
+	lagPollsPerTick = 10
 	// readsMax bounds the requests of one read measurement.
 	readsMax = 10_000_000
 	// readsDurationMax bounds each read measurement.
@@ -416,8 +422,9 @@ type lagSampler struct {
 	slot   time.Duration // the load is cut into LagSamples slots; the first issue of each is sampled
 	taken  []atomic.Bool
 
-	mu      sync.Mutex // guards samples
+	mu      sync.Mutex // guards samples and tick
 	samples []lagSample
+	tick    int64 // polls so far
 }
 
 // lagSample is one sampled reward.
@@ -425,6 +432,7 @@ type lagSample struct {
 	act, orderNo     string
 	createdMS        int64
 	seenMS, bookedMS int64 // 0 until seen booked: when (client clock) and its booked_ms
+	askedAt          int64 // the tick that last asked about it (0: never)
 	booked, lost     bool  // lost: the person's reward is another (a reused run ID)
 }
 
@@ -478,14 +486,21 @@ func (l *lagSampler) poll(ctx context.Context) (stop func()) {
 	return func() { close(quit); wg.Wait() }
 }
 
-// pollOnce asks once about each sample not seen booked.
+// pollOnce asks about the lagPollsPerTick samples not seen booked that
+// were asked about longest ago (never asked first, then in issue order).
 func (l *lagSampler) pollOnce() {
 	l.mu.Lock()
+	l.tick++
 	var todo []int
 	for i, s := range l.samples {
 		if !s.booked && !s.lost {
 			todo = append(todo, i)
 		}
+	}
+	slices.SortStableFunc(todo, func(a, b int) int { return cmp.Compare(l.samples[a].askedAt, l.samples[b].askedAt) })
+	todo = todo[:min(len(todo), lagPollsPerTick)]
+	for _, i := range todo {
+		l.samples[i].askedAt = l.tick
 	}
 	l.mu.Unlock()
 	next := atomic.Int64{}
@@ -669,8 +684,8 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 			ew.printf("        errors %s\n", codeList(r.Issue.Errors))
 		}
 		if l := r.Lag; l != nil {
-			ew.printf("        booking lag of %d sampled (%d booked): seen p50 %.0f ms p99 %.0f ms max %.0f ms (poll every %d ms); booked_ms p50 %.0f ms p99 %.0f ms max %.0f ms\n",
-				l.Sampled, l.Booked, l.Seen.P50, l.Seen.P99, l.Seen.Max, l.PollIntervalMS, l.Server.P50, l.Server.P99, l.Server.Max)
+			ew.printf("        booking lag of %d sampled (%d booked): seen p50 %.0f ms p99 %.0f ms max %.0f ms (poll every %d ms, at most %d samples a poll); booked_ms p50 %.0f ms p99 %.0f ms max %.0f ms\n",
+				l.Sampled, l.Booked, l.Seen.P50, l.Seen.P99, l.Seen.Max, l.PollIntervalMS, lagPollsPerTick, l.Server.P50, l.Server.P99, l.Server.Max)
 		}
 	}
 	if s.AsyncOverSync > 0 {
