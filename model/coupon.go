@@ -1,0 +1,230 @@
+package model
+
+import (
+	"fmt"
+	"slices"
+
+	"redcell/internal/invariant"
+)
+
+// Coupons: the decisions of a coupon drop, as Douyin Pay ran its Spring
+// Festival one. An issue request is accepted and stored first, then decided
+// behind in two layers: the activity decision (per-person limit, batch-group
+// exclusion, risk) and the asset step (stock). Requests of one batch that
+// wait together deduct the stock once, by their number or by what is left
+// (a merged deduction), and the coupons are then assigned in arrival order,
+// each person's holding checked again under the row locks of the issuing
+// transaction, so the limits hold even when two requests of one person are
+// merged together. The functions below are pure (state in, decision out);
+// the stores lock the rows, call them, and write what they answer.
+
+// CouponState is where an issue request is: accepted → deciding → issued or
+// refused (with a reason).
+type CouponState string
+
+// The states of an issue request.
+const (
+	CouponAccepted CouponState = "accepted" // stored, not decided yet
+	CouponDeciding CouponState = "deciding" // taken by a layer; re-driven if stuck
+	CouponIssued   CouponState = "issued"   // the person holds the coupon
+	CouponRefused  CouponState = "refused"  // final, with a CouponReason
+)
+
+// Final reports whether s is final.
+func (s CouponState) Final() bool { return s == CouponIssued || s == CouponRefused }
+
+// CouponReason is why a request was refused: a stable code.
+type CouponReason string
+
+// The reasons of a refusal.
+const (
+	ReasonLimit       CouponReason = "PER_PERSON_LIMIT" // the person holds the batch's limit already
+	ReasonGroup       CouponReason = "GROUP_HELD"       // the person holds a coupon of another batch of the group
+	ReasonRisk        CouponReason = "RISK"             // the risk check refused the request
+	ReasonSoldOut     CouponReason = "SOLD_OUT"         // the batch's stock is spent
+	ReasonBatchClosed CouponReason = "BATCH_CLOSED"     // outside the batch's window, or no such batch
+	// ReasonWrittenOff: the request's stock deduction lost its answer and a
+	// re-read could not prove it undone, so the unit stays deducted and no
+	// coupon is issued for it: the batch under-issues by it, never over.
+	ReasonWrittenOff CouponReason = "WRITTEN_OFF"
+)
+
+// CouponRule is the part of a batch a decision needs.
+type CouponRule struct {
+	Batch string // stock ID
+	Limit int    // coupons of the batch one person may hold, >= 1
+	Group string // batch group, "" none
+}
+
+// CouponHolding is what one person holds, as a decision reads it: coupons
+// per batch, and for each group the batch held in it.
+type CouponHolding struct {
+	ByBatch map[string]int
+	Groups  map[string]string // group → the batch of it the person holds
+}
+
+// add records one more coupon of rule's batch.
+func (h *CouponHolding) add(r CouponRule) {
+	if h.ByBatch == nil {
+		h.ByBatch = map[string]int{}
+	}
+	h.ByBatch[r.Batch]++
+	if r.Group != "" {
+		if h.Groups == nil {
+			h.Groups = map[string]string{}
+		}
+		h.Groups[r.Group] = r.Batch
+	}
+}
+
+// DecideCoupon is the activity decision for one more coupon of rule's batch
+// to a person holding h: "" when it may be issued, else ReasonLimit or
+// ReasonGroup. (Risk is decided before it, on the request's own counts.)
+func DecideCoupon(r CouponRule, h CouponHolding) CouponReason {
+	invariant.That(r.Limit >= 1, "a coupon rule's limit is >= 1")
+	if h.ByBatch[r.Batch] >= r.Limit {
+		return ReasonLimit
+	}
+	if r.Group != "" {
+		if b, ok := h.Groups[r.Group]; ok && b != r.Batch {
+			return ReasonGroup
+		}
+	}
+	return ""
+}
+
+// CouponAsk is one request in a merged deduction: whose, and the batch's rule.
+type CouponAsk struct {
+	Serial string
+	ActID  string
+	Rule   CouponRule
+}
+
+// CouponDecision is the asset step's answer for one ask: issued, or refused
+// with a reason.
+type CouponDecision struct {
+	Serial string
+	Issued bool
+	Reason CouponReason // "" when issued
+}
+
+// GrantStock is the merged deduction of one batch: want units asked of left
+// in stock grants min(want, left) (what the store's conditional UPDATE takes).
+func GrantStock(left, want int64) int64 {
+	invariant.That(want >= 0, "a deduction asks for >= 0 units")
+	return max(min(want, left), 0)
+}
+
+// AssignCoupons decides the asks of one batch that shared a deduction of
+// granted units, in arrival order: each ask is checked again against its
+// person's holding (DecideCoupon), which is updated as coupons are assigned,
+// so two asks of one person in one merge respect the limit and the group;
+// the first passing asks get the granted units, the rest are SOLD_OUT.
+// unused is the granted units no ask took (refused by the re-check): the
+// store gives them back to the stock in the same transaction. holdings maps
+// each act_id to its holding as read under lock; it is updated in place.
+func AssignCoupons(granted int64, asks []CouponAsk, holdings map[string]*CouponHolding) (out []CouponDecision, unused int64) {
+	invariant.That(granted >= 0 && granted <= int64(len(asks)), "granted is 0..the asks")
+	out = make([]CouponDecision, len(asks))
+	left := granted
+	for i, a := range asks {
+		out[i].Serial = a.Serial
+		h := holdings[a.ActID]
+		if h == nil {
+			h = &CouponHolding{}
+			holdings[a.ActID] = h
+		}
+		if reason := DecideCoupon(a.Rule, *h); reason != "" {
+			out[i].Reason = reason
+			continue
+		}
+		if left == 0 {
+			out[i].Reason = ReasonSoldOut
+			continue
+		}
+		left--
+		h.add(a.Rule)
+		out[i].Issued = true
+	}
+	return out, left
+}
+
+// MergeAsks groups asks by batch in order of each batch's first ask, each
+// group in arrival order: the deductions of one pass of the asset layer.
+func MergeAsks(asks []CouponAsk) [][]CouponAsk {
+	idx := map[string]int{}
+	var groups [][]CouponAsk
+	for _, a := range asks {
+		i, ok := idx[a.Rule.Batch]
+		if !ok {
+			i = len(groups)
+			idx[a.Rule.Batch] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], a)
+	}
+	return groups
+}
+
+// CouponBatchBooks is one batch's books for the audit: stock = issued + left
+// + written off.
+type CouponBatchBooks struct {
+	Batch      string
+	Stock      int64 // the configured total
+	Issued     int64 // coupon rows
+	Left       int64 // the stock row's remaining count
+	WrittenOff int64 // requests refused WRITTEN_OFF
+}
+
+// Difference is Stock − (Issued + Left + WrittenOff): 0 when the books
+// close; above 0, units lost without a record; below 0, over-issued.
+func (b CouponBatchBooks) Difference() int64 {
+	return b.Stock - (b.Issued + b.Left + b.WrittenOff)
+}
+
+// HeldCoupon is one issued coupon, as the audit reads it.
+type HeldCoupon struct {
+	ActID string
+	Rule  CouponRule
+}
+
+// CouponHoldingProblems checks issued coupons against their rules: no
+// person over a batch's limit, no person holding two batches of one group.
+// It returns each problem found, sorted.
+func CouponHoldingProblems(cs []HeldCoupon) []string {
+	type pb struct{ act, batch string }
+	type pg struct{ act, group string }
+	n := map[pb]int{}
+	limit := map[pb]int{}
+	groups := map[pg]map[string]bool{}
+	for _, c := range cs {
+		k := pb{c.ActID, c.Rule.Batch}
+		n[k]++
+		limit[k] = c.Rule.Limit
+		if c.Rule.Group != "" {
+			g := pg{c.ActID, c.Rule.Group}
+			if groups[g] == nil {
+				groups[g] = map[string]bool{}
+			}
+			groups[g][c.Rule.Batch] = true
+		}
+	}
+	var ps []string
+	for k, v := range n {
+		if v > limit[k] {
+			ps = append(ps, fmt.Sprintf("%s holds %d coupons of batch %s, over its limit of %d", k.act, v, k.batch, limit[k]))
+		}
+	}
+	for g, bs := range groups {
+		if len(bs) > 1 {
+			names := make([]string, 0, len(bs))
+			for b := range bs {
+				names = append(names, b)
+			}
+			slices.Sort(names)
+			ps = append(ps, fmt.Sprintf("%s holds batches %v of group %s", g.act, names, g.group))
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
