@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"redcell/internal/invariant"
@@ -227,4 +228,87 @@ func CouponHoldingProblems(cs []HeldCoupon) []string {
 	}
 	slices.Sort(ps)
 	return ps
+}
+
+// CouponRequest is one issue request as the person's cell stores it: the
+// calling app's serial number is its idempotency key (one request per app
+// and serial), accepted at once and decided behind.
+type CouponRequest struct {
+	App      string // the calling app (its API key's app); "" for an internal caller
+	Serial   string // the caller's serial number, unique per app
+	ActID    string
+	Shard    ShardID // the act_id's shard
+	Batch    string
+	Green    bool   // green channel: decided in the request, ahead of the queue
+	DeviceID string // as the caller reports it, for the risk check; may be ""
+	ClientIP string // as the caller reports it; may be ""
+
+	State      CouponState
+	Reason     CouponReason // set when refused
+	CouponID   string       // set when issued
+	AcceptedMS int64
+	TakenMS    int64 // when a layer last took it (deciding)
+	DecidedMS  int64 // when it became final
+}
+
+// ReplayCouponRequest decides a request whose app and serial are stored
+// already: nil when prior asked for the same person and batch (the caller
+// answers prior, a repeat), else ErrOrderConflict.
+func ReplayCouponRequest(prior, want CouponRequest) error {
+	if prior.ActID != want.ActID || prior.Batch != want.Batch {
+		return Errorf(ErrOrderConflict, "serial %s was used for %s in batch %s", prior.Serial, prior.ActID, prior.Batch)
+	}
+	return nil
+}
+
+// ValidateCouponRequest checks a request's caller-set fields. Errors:
+// ErrInvalidArgument.
+func ValidateCouponRequest(r CouponRequest) error {
+	if r.App != "" {
+		if err := ValidateApp(r.App); err != nil {
+			return err
+		}
+	}
+	if err := validateToken("serial_no", r.Serial); err != nil {
+		return err
+	}
+	if err := ValidateActID(r.ActID); err != nil {
+		return err
+	}
+	if !r.Shard.Valid() {
+		return Invalidf("shard %d out of range", r.Shard)
+	}
+	if err := validateToken("batch_id", r.Batch); err != nil {
+		return err
+	}
+	if r.DeviceID != "" {
+		if err := validateToken("device_id", r.DeviceID); err != nil {
+			return err
+		}
+	}
+	if r.ClientIP != "" {
+		if a, err := netip.ParseAddr(r.ClientIP); err != nil || a.String() != r.ClientIP {
+			return Invalidf("client_ip %q must be an IPv4 or IPv6 address in its canonical form", r.ClientIP)
+		}
+	}
+	return nil
+}
+
+// Coupon is one issued coupon.
+type Coupon struct {
+	ID       string // CouponID(App, Serial): one coupon per request
+	ActID    string
+	Shard    ShardID
+	Batch    string
+	Group    string
+	App      string
+	Serial   string
+	LeaseID  string // the stock deduction it came from
+	IssuedMS int64
+}
+
+// CouponID is the ID of the coupon issued for app's request serial: 32 hex
+// digits of a hash of both, so a request can hold one coupon at most.
+func CouponID(app, serial string) string {
+	return RequestHash("coupon", app, serial)
 }

@@ -53,8 +53,10 @@ type Store struct {
 	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
 	recon    map[int]int64             // reconciliation's saved positions, by database
 	idents   map[identKey]model.IdentityBinding
-	rewards  map[string]*model.Reward // by order number (rewards.go)
-	flowSeq  int64                    // the last flow row's Seq
+	rewards  map[string]*model.Reward              // by order number (rewards.go)
+	couponRq map[couponReqKey]*model.CouponRequest // coupon requests (coupons.go)
+	coupons  map[string]*model.Coupon              // by coupon ID (coupons.go)
+	flowSeq  int64                                 // the last flow row's Seq
 	fault    fault
 	faults   int64 // faults that fired
 }
@@ -124,6 +126,8 @@ func New(clk clock.Clock) *Store {
 		recon:    map[int]int64{},
 		idents:   map[identKey]model.IdentityBinding{},
 		rewards:  map[string]*model.Reward{},
+		couponRq: map[couponReqKey]*model.CouponRequest{},
+		coupons:  map[string]*model.Coupon{},
 	}
 }
 

@@ -1,0 +1,250 @@
+package memstore
+
+import (
+	"context"
+	"sort"
+
+	"redcell/internal/invariant"
+	"redcell/model"
+	"redcell/storage"
+)
+
+// Coupons in memory, as db_XX.t_coupon_req and db_XX.t_coupon hold them:
+// requests by database, app and serial; coupons by ID (one per request).
+// The store's one lock stands for the person rows' locks.
+
+var _ storage.Coupons = (*Store)(nil)
+
+type couponReqKey struct {
+	db          int
+	app, serial string
+}
+
+func reqKeyOf(r model.CouponRequest) couponReqKey {
+	return couponReqKey{r.Shard.DB(), r.App, r.Serial}
+}
+
+// AcceptCoupon implements storage.Coupons.
+func (s *Store) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return model.CouponRequest{}, false, err
+	}
+	if err := model.ValidateCouponRequest(r); err != nil {
+		return model.CouponRequest{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prior, ok := s.couponRq[reqKeyOf(r)]; ok {
+		if err := model.ReplayCouponRequest(*prior, r); err != nil {
+			return model.CouponRequest{}, false, err
+		}
+		return *prior, true, nil
+	}
+	if r.AcceptedMS == 0 {
+		r.AcceptedMS = s.nowMS()
+	}
+	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
+	c := r
+	s.couponRq[reqKeyOf(r)] = &c
+	return r, false, nil
+}
+
+// CouponRequestOf implements storage.Coupons.
+func (s *Store) CouponRequestOf(ctx context.Context, sh model.ShardID, app, serial string) (model.CouponRequest, error) {
+	if err := ctx.Err(); err != nil {
+		return model.CouponRequest{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.couponRq[couponReqKey{sh.DB(), app, serial}]
+	if !ok {
+		return model.CouponRequest{}, model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", serial, app)
+	}
+	return *r, nil
+}
+
+// TakeCouponRequests implements storage.Coupons.
+func (s *Store) TakeCouponRequests(ctx context.Context, db int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var rs []*model.CouponRequest
+	for k, r := range s.couponRq {
+		if k.db == db && (r.State == model.CouponAccepted || r.State == model.CouponDeciding && r.TakenMS <= staleMS) {
+			rs = append(rs, r)
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].AcceptedMS != rs[j].AcceptedMS {
+			return rs[i].AcceptedMS < rs[j].AcceptedMS
+		}
+		if rs[i].App != rs[j].App {
+			return rs[i].App < rs[j].App
+		}
+		return rs[i].Serial < rs[j].Serial
+	})
+	rs = rs[:min(len(rs), limit)]
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	now := s.nowMS()
+	write, err := s.commitLocked("take coupon requests")
+	out := make([]model.CouponRequest, len(rs))
+	for i, r := range rs {
+		if write {
+			r.State, r.TakenMS = model.CouponDeciding, now
+		}
+		out[i] = *r
+		out[i].State, out[i].TakenMS = model.CouponDeciding, now
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// holdingLocked is actID's holding in database db.
+func (s *Store) holdingLocked(db int, actID string) *model.CouponHolding {
+	h := &model.CouponHolding{ByBatch: map[string]int{}, Groups: map[string]string{}}
+	for _, c := range s.coupons {
+		if c.ActID == actID && c.Shard.DB() == db {
+			h.ByBatch[c.Batch]++
+			if c.Group != "" {
+				h.Groups[c.Group] = c.Batch
+			}
+		}
+	}
+	return h
+}
+
+// IssueCoupons implements storage.Coupons.
+func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	invariant.That(granted >= 0, "granted >= 0")
+	if len(reqs) == 0 {
+		return nil, granted, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var asks []model.CouponAsk
+	var open []*model.CouponRequest
+	hs := map[string]*model.CouponHolding{}
+	for _, r := range reqs {
+		invariant.That(r.Batch == rule.Batch, "every request of an issue is of its batch")
+		cur, ok := s.couponRq[reqKeyOf(r)]
+		if !ok {
+			return nil, 0, model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
+		}
+		if cur.State.Final() {
+			continue
+		}
+		if hs[cur.ActID] == nil {
+			hs[cur.ActID] = s.holdingLocked(cur.Shard.DB(), cur.ActID)
+		}
+		asks = append(asks, model.CouponAsk{Serial: cur.App + "\x00" + cur.Serial, ActID: cur.ActID, Rule: rule})
+		open = append(open, cur)
+	}
+	units := min(granted, int64(len(asks)))
+	ds, left := model.AssignCoupons(units, asks, hs)
+	unused := granted - units + left
+	now := s.nowMS()
+	write, err := s.commitLocked("issue coupons")
+	out := make([]model.CouponDecision, len(ds))
+	for i, d := range ds {
+		r := open[i]
+		d.Serial = r.Serial
+		out[i] = d
+		if !write {
+			continue
+		}
+		if d.Issued {
+			id := model.CouponID(r.App, r.Serial)
+			s.coupons[id] = &model.Coupon{ID: id, ActID: r.ActID, Shard: r.Shard, Batch: r.Batch, Group: rule.Group, App: r.App,
+				Serial: r.Serial, LeaseID: leaseID, IssuedMS: now}
+			r.State, r.CouponID, r.DecidedMS = model.CouponIssued, id, now
+		} else {
+			r.State, r.Reason, r.DecidedMS = model.CouponRefused, d.Reason, now
+		}
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, unused, nil
+}
+
+// RefuseCoupons implements storage.Coupons.
+func (s *Store) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	invariant.That(reason != "", "a refusal has a reason")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	write, err := s.commitLocked("refuse coupons")
+	if write {
+		now := s.nowMS()
+		for _, r := range reqs {
+			if cur, ok := s.couponRq[reqKeyOf(r)]; ok && !cur.State.Final() {
+				cur.State, cur.Reason, cur.DecidedMS = model.CouponRefused, reason, now
+			}
+		}
+	}
+	return err
+}
+
+// HoldingOf implements storage.Coupons.
+func (s *Store) HoldingOf(ctx context.Context, sh model.ShardID, actID string) (model.CouponHolding, error) {
+	if err := ctx.Err(); err != nil {
+		return model.CouponHolding{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return *s.holdingLocked(sh.DB(), actID), nil
+}
+
+// CouponsOf implements storage.Coupons.
+func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Coupon, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []model.Coupon
+	for _, c := range s.coupons {
+		if c.ActID == actID && c.Shard.DB() == sh.DB() {
+			out = append(out, *c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].IssuedMS != out[j].IssuedMS {
+			return out[i].IssuedMS > out[j].IssuedMS
+		}
+		return out[i].ID > out[j].ID
+	})
+	return out[:min(len(out), limit)], nil
+}
+
+// CouponLeaseSpent implements storage.Coupons.
+func (s *Store) CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, c := range s.coupons {
+		for _, db := range dbs {
+			if c.LeaseID == leaseID && c.Shard.DB() == db {
+				n++
+			}
+		}
+	}
+	return n, nil
+}

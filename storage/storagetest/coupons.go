@@ -1,0 +1,295 @@
+package storagetest
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"redcell/model"
+	"redcell/storage"
+)
+
+func init() {
+	register("ContractCouponAccept", contractCouponAccept)
+	register("ContractCouponTake", contractCouponTake)
+	register("ContractCouponIssue", contractCouponIssue)
+	register("ContractCouponIssueCommitFault", contractCouponIssueCommitFault)
+	register("ContractCouponIssueConcurrent", contractCouponIssueConcurrent)
+}
+
+// coupons is the store's storage.Coupons.
+func (f *fixture) coupons() storage.Coupons {
+	f.t.Helper()
+	c, ok := f.s.(storage.Coupons)
+	if !ok {
+		f.t.Fatalf("%T does not implement storage.Coupons", f.s)
+	}
+	return c
+}
+
+// couponReq is a request of act (shard s) for batch under app "pay".
+func couponReq(s model.ShardID, act, serial, batch string) model.CouponRequest {
+	return model.CouponRequest{App: "pay", Serial: serial, ActID: act, Shard: s, Batch: batch}
+}
+
+func (f *fixture) accept(r model.CouponRequest) model.CouponRequest {
+	f.t.Helper()
+	got, repeat, err := f.coupons().AcceptCoupon(f.ctx, r)
+	if err != nil || repeat {
+		f.t.Fatalf("accept %s: %+v repeat %v %v", r.Serial, got, repeat, err)
+	}
+	return got
+}
+
+// A request is stored once per app and serial: the same again answers the
+// stored one (repeat), another person or batch under the serial is
+// ORDER_CONFLICT, another app may use the serial; bad fields are refused.
+func contractCouponAccept(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	r := couponReq(sA, "ann", "s1", "demo-batch")
+	r.Green, r.DeviceID, r.ClientIP = true, "dev-1", "10.0.0.7"
+	got := f.accept(r)
+	if got.State != model.CouponAccepted || got.AcceptedMS != f.nowMS() || !got.Green || got.ClientIP != "10.0.0.7" {
+		t.Fatalf("accepted: %+v", got)
+	}
+	f.h.Clock.Advance(time.Second)
+	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "s1", "demo-batch"))
+	if err != nil || !repeat || again.AcceptedMS != got.AcceptedMS || !again.Green {
+		t.Fatalf("the same serial again: %+v repeat %v %v; want the first, repeat", again, repeat, err)
+	}
+	for _, other := range []model.CouponRequest{couponReq(sA, "bob", "s1", "demo-batch"), couponReq(sA, "ann", "s1", "batch-2")} {
+		if _, _, err := c.AcceptCoupon(f.ctx, other); !errors.Is(err, model.ErrOrderConflict) {
+			t.Fatalf("serial s1 for %s/%s: %v, want ORDER_CONFLICT", other.ActID, other.Batch, err)
+		}
+	}
+	otherApp := couponReq(sA, "bob", "s1", "demo-batch")
+	otherApp.App = "chat"
+	f.accept(otherApp)
+	if r, err := c.CouponRequestOf(f.ctx, sB, "chat", "s1"); err != nil || r.ActID != "bob" {
+		t.Fatalf("read back by app and serial (sB shares sA's database): %+v %v", r, err)
+	}
+	if _, err := c.CouponRequestOf(f.ctx, sC, "chat", "s1"); !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("another database: %v, want NOT_FOUND", err)
+	}
+	bad := couponReq(sA, "cy", "s 2", "demo-batch")
+	badIP := couponReq(sA, "cy", "s2", "demo-batch")
+	badIP.ClientIP = "10.0.0.07"
+	for _, b := range []model.CouponRequest{bad, badIP} {
+		if _, _, err := c.AcceptCoupon(f.ctx, b); !errors.Is(err, model.ErrInvalidArgument) {
+			t.Fatalf("%+v: %v, want INVALID_ARGUMENT", b, err)
+		}
+	}
+}
+
+// Takers move accepted requests to deciding, oldest first, and take a
+// deciding one again only once it is stale; final ones never.
+func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	for i := range 5 {
+		f.accept(couponReq(sA, fmt.Sprintf("p%d", i), fmt.Sprintf("t%d", i), "demo-batch"))
+		f.h.Clock.Advance(time.Millisecond)
+	}
+	f.accept(couponReq(sC, "q", "other-db", "demo-batch"))
+	db := sA.DB()
+	first, err := c.TakeCouponRequests(f.ctx, db, 0, 3)
+	if err != nil || len(first) != 3 || first[0].Serial != "t0" || first[2].Serial != "t2" || first[0].State != model.CouponDeciding || first[0].TakenMS != f.nowMS() {
+		t.Fatalf("first take: %+v %v", first, err)
+	}
+	takenAt := f.nowMS()
+	f.h.Clock.Advance(time.Second)
+	rest, err := c.TakeCouponRequests(f.ctx, db, takenAt-1, 10)
+	if err != nil || len(rest) != 2 || rest[0].Serial != "t3" || rest[1].Serial != "t4" {
+		t.Fatalf("second take (none stale): %+v %v", rest, err)
+	}
+	if err := c.RefuseCoupons(f.ctx, first[:1], model.ReasonRisk); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := c.TakeCouponRequests(f.ctx, db, takenAt, 10)
+	if err != nil || len(stale) != 2 || stale[0].Serial != "t1" || stale[1].Serial != "t2" {
+		t.Fatalf("the stale ones again (t0 refused): %+v %v", stale, err)
+	}
+	if r, err := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); err != nil || r.State != model.CouponRefused || r.Reason != model.ReasonRisk || r.DecidedMS != f.nowMS() {
+		t.Fatalf("refused: %+v %v", r, err)
+	}
+	if err := c.RefuseCoupons(f.ctx, first[:1], model.ReasonSoldOut); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.Reason != model.ReasonRisk {
+		t.Fatalf("a final request refused again: %+v", r)
+	}
+	if other, err := c.TakeCouponRequests(f.ctx, sC.DB(), 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
+		t.Fatalf("database 56: %+v %v", other, err)
+	}
+}
+
+// Issuing decides merged requests in order against the persons' holdings:
+// the limit and the group hold across requests of one person in one merge
+// and across calls; units beyond what was issued come back as unused; a
+// request decided before is left out and takes no unit.
+func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	a := model.CouponRule{Batch: "a", Limit: 2, Group: "g"}
+	b := model.CouponRule{Batch: "b", Limit: 1, Group: "g"}
+	var reqs []model.CouponRequest
+	for i, p := range []struct {
+		s   model.ShardID
+		act string
+	}{{sA, "ann"}, {sA, "ann"}, {sA, "ann"}, {sC, "cy"}, {sB, "bea"}} {
+		reqs = append(reqs, f.accept(couponReq(p.s, p.act, fmt.Sprintf("a%d", i), "a")))
+	}
+	taken, err := c.TakeCouponRequests(f.ctx, sA.DB(), 0, 10)
+	if err != nil || len(taken) != 4 {
+		t.Fatalf("take: %+v %v", taken, err)
+	}
+	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-1", 3, reqs) // five asks, three units
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.CouponDecision{{Serial: "a0", Issued: true, Reason: ""}, {Serial: "a1", Issued: true, Reason: ""}, {Serial: "a2", Issued: false, Reason: model.ReasonLimit}, {Serial: "a3", Issued: true, Reason: ""}, {Serial: "a4", Issued: false, Reason: model.ReasonSoldOut}}
+	if !reflect.DeepEqual(ds, want) || unused != 0 {
+		t.Fatalf("decisions %+v unused %d\nwant %+v unused 0", ds, unused, want)
+	}
+	now := f.nowMS()
+	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "a0"); r.State != model.CouponIssued || r.CouponID != model.CouponID("pay", "a0") || r.DecidedMS != now {
+		t.Fatalf("a0 as stored: %+v", r)
+	}
+	if r, _ := c.CouponRequestOf(f.ctx, sB, "pay", "a4"); r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut {
+		t.Fatalf("a4 as stored: %+v", r)
+	}
+	h, err := c.HoldingOf(f.ctx, sA, "ann")
+	if err != nil || h.ByBatch["a"] != 2 || h.Groups["g"] != "a" {
+		t.Fatalf("ann's holding: %+v %v", h, err)
+	}
+	cs, err := c.CouponsOf(f.ctx, sC, "cy", 10)
+	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
+		t.Fatalf("cy's coupons: %+v %v", cs, err)
+	}
+	if n, err := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-1"); err != nil || n != 3 {
+		t.Fatalf("lease-1 spent %d %v, want 3", n, err)
+	}
+	if n, err := c.CouponLeaseSpent(f.ctx, []int{sC.DB()}, "lease-1"); err != nil || n != 1 {
+		t.Fatalf("lease-1 spent in database 56: %d %v, want 1", n, err)
+	}
+	// Re-driven: the same requests again decide nothing and take no unit.
+	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-2", 3, reqs)
+	if err != nil || len(ds) != 0 || unused != 3 {
+		t.Fatalf("a re-drive of final requests: %+v unused %d %v; want none, 3 unused", ds, unused, err)
+	}
+	// Batch b of the same group: ann holds a, cy holds a; dee is new.
+	b0 := f.accept(couponReq(sA, "ann", "b0", "b"))
+	b1 := f.accept(couponReq(sC, "dee", "b1", "b"))
+	b2 := f.accept(couponReq(sC, "dee", "b2", "b"))
+	ds, unused, err = c.IssueCoupons(f.ctx, b, "lease-3", 3, []model.CouponRequest{b0, b1, b2})
+	want = []model.CouponDecision{{Serial: "b0", Issued: false, Reason: model.ReasonGroup}, {Serial: "b1", Issued: true, Reason: ""}, {Serial: "b2", Issued: false, Reason: model.ReasonLimit}}
+	if err != nil || !reflect.DeepEqual(ds, want) || unused != 2 {
+		t.Fatalf("batch b: %+v unused %d %v\nwant %+v unused 2", ds, unused, err, want)
+	}
+	var held []model.HeldCoupon
+	for _, p := range []struct {
+		s   model.ShardID
+		act string
+	}{{sA, "ann"}, {sB, "bea"}, {sC, "cy"}, {sC, "dee"}} {
+		cs, err := c.CouponsOf(f.ctx, p.s, p.act, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range cs {
+			r := a
+			if x.Batch == "b" {
+				r = b
+			}
+			held = append(held, model.HeldCoupon{ActID: x.ActID, Rule: r})
+		}
+	}
+	if len(held) != 4 {
+		t.Fatalf("%d coupons in all, want 4", len(held))
+	}
+	if ps := model.CouponHoldingProblems(held); len(ps) != 0 {
+		t.Fatalf("holdings: %v", ps)
+	}
+}
+
+// An issue whose COMMIT fails writes nothing; one whose answer is lost
+// answers ErrCommitUnknown or its decisions, and its requests are then
+// final with one coupon each at most: a re-drive decides nothing twice.
+func contractCouponIssueCommitFault(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	a := model.CouponRule{Batch: "a", Limit: 1}
+	r0 := f.accept(couponReq(sA, "ann", "f0", "a"))
+	r1 := f.accept(couponReq(sC, "cy", "f1", "a"))
+	fired := f.arm(false)
+	_, _, err := c.IssueCoupons(f.ctx, a, "lease-f", 2, []model.CouponRequest{r0, r1})
+	fired()
+	failedCommit(t, "issue coupons", err)
+	for _, r := range []model.CouponRequest{r0, r1} {
+		if got, _ := c.CouponRequestOf(f.ctx, r.Shard, r.App, r.Serial); got.State.Final() {
+			t.Fatalf("%s after a failed COMMIT: %+v", r.Serial, got)
+		}
+	}
+	if n, _ := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-f"); n != 0 {
+		t.Fatalf("%d coupons after a failed COMMIT", n)
+	}
+	fired = f.arm(true)
+	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-f", 2, []model.CouponRequest{r0, r1})
+	fired()
+	if lostAnswer(t, "issue coupons", err) && (len(ds) != 2 || unused != 0) {
+		t.Fatalf("settled issue: %+v unused %d", ds, unused)
+	}
+	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-g", 2, []model.CouponRequest{r0, r1})
+	if err != nil || len(ds) != 0 || unused != 2 {
+		t.Fatalf("a re-drive after the lost answer: %+v unused %d %v", ds, unused, err)
+	}
+	if n, _ := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-f"); n != 2 {
+		t.Fatalf("lease-f spent %d, want 2", n)
+	}
+}
+
+// Issues of one person's requests in separate merges at once decide one
+// after the other against the same holding: with a limit of 1, exactly one
+// coupon, and every other unit comes back unused.
+func contractCouponIssueConcurrent(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	a := model.CouponRule{Batch: "a", Limit: 1, Group: "g"}
+	const n = 8
+	reqs := make([]model.CouponRequest, n)
+	for i := range reqs {
+		reqs[i] = f.accept(couponReq(sA, "ann", fmt.Sprintf("c%d", i), "a"))
+	}
+	var mu sync.Mutex
+	issued, unusedAll := 0, int64(0)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ds, unused, err := c.IssueCoupons(f.ctx, a, fmt.Sprintf("lease-%d", i), 1, reqs[i:i+1])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			unusedAll += unused
+			for _, d := range ds {
+				if d.Issued {
+					issued++
+				} else if d.Reason != model.ReasonLimit {
+					t.Errorf("%s refused %s, want PER_PERSON_LIMIT", d.Serial, d.Reason)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if issued != 1 || unusedAll != n-1 {
+		t.Fatalf("%d issued, %d units unused; want 1 and %d", issued, unusedAll, n-1)
+	}
+	if h, err := c.HoldingOf(f.ctx, sA, "ann"); err != nil || h.ByBatch["a"] != 1 {
+		t.Fatalf("ann holds %+v %v", h, err)
+	}
+}
