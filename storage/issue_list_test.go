@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,5 +150,54 @@ func TestIssueStatementList(t *testing.T) {
 			}
 		}
 		checkIssued(t, m, rs)
+	})
+
+	t.Run("groups repeating one stored order number at once do not deadlock", func(t *testing.T) {
+		stored := issueReward(shards[1], "il4-stored", "r1", "tok-stored", 6, now)
+		if err := m.CommitGroup(ctx, issueOps([]model.Reward{stored})); err != nil {
+			t.Fatal(err)
+		}
+		deadlocks := func() int64 {
+			var name string
+			var n int64
+			if err := m.db.QueryRow("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").Scan(&name, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := deadlocks()
+		for round := range 20 {
+			var wg sync.WaitGroup
+			errs := make([]error, 4)
+			groups := make([][]*GroupOp, 4)
+			for g := range groups {
+				retry := stored
+				retry.Token = fmt.Sprintf("tok-retry-%d-%d", round, g)
+				rs := []model.Reward{retry}
+				for i := range 3 {
+					s := shards[(i+g)%len(shards)]
+					rs = append(rs, issueReward(s, fmt.Sprintf("il4-%d-%d-%d", round, g, i), "r1", "tok4", 2, now))
+				}
+				groups[g] = issueOps(rs)
+				wg.Go(func() { errs[g] = m.CommitGroup(ctx, groups[g]) })
+			}
+			wg.Wait()
+			for g, err := range errs {
+				if err != nil {
+					t.Fatalf("round %d group %d: %v", round, g, err)
+				}
+				if op := groups[g][0]; op.Err != nil || !op.Repeat || op.Issued.Token != stored.Token {
+					t.Fatalf("round %d group %d: the retry answered %+v repeat %v %v", round, g, op.Issued, op.Repeat, op.Err)
+				}
+				var rs []model.Reward
+				for _, op := range groups[g][1:] {
+					rs = append(rs, op.Reward)
+				}
+				checkIssued(t, m, rs)
+			}
+		}
+		if d := deadlocks() - before; d != 0 {
+			t.Fatalf("%d deadlocks in MariaDB (each a group retried)", d)
+		}
 	})
 }

@@ -663,14 +663,18 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	return out, nil
 }
 
-// issueRewardsTx stores the rewards of a group's OpIssue ops: per database
-// one locking read of every order number (FOR UPDATE: a stored row is
-// locked, a missing one's gap too, so no other writer can store it before
-// this group commits), then one multi-row INSERT of the new ones. An op
-// whose order number was stored before, or by an earlier op of the group,
-// is decided by model.ReplayReward: a repeat, or its ErrOrderConflict. It
-// answers a probe that finds the first stored reward after a COMMIT
-// without answer.
+// issueRewardsTx stores the rewards of a group's OpIssue ops. First
+// issueAll tries the whole group in one round trip. When that cannot store
+// every op (a stored order number, or a lock), each database in turn gets
+// one INSERT ... ON DUPLICATE KEY UPDATE order_no = order_no of all its ops'
+// rows, sorted by order number (one lock order for every writer): it stores
+// the new ones and locks the stored ones without a gap lock, so two groups
+// never deadlock over a missing order number. Then, only when the INSERT
+// stored fewer rows than it was given, the rows are read back: an op finds
+// its own row (its token and time), or one stored before it, or by an
+// earlier op of the group, and model.ReplayReward decides: a repeat, or
+// ErrOrderConflict. It answers a probe that finds a stored reward after a
+// COMMIT without answer.
 func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
@@ -682,6 +686,9 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 		byDB[db] = append(byDB[db], op)
 	}
 	sort.Ints(dbs)
+	for _, db := range dbs {
+		sortIssues(byDB[db])
+	}
 	if ok, err := m.issueAll(ctx, tx, byDB, dbs); err != nil || ok {
 		if err != nil {
 			return nil, err
@@ -693,60 +700,84 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 	var probe func() (bool, error)
 	for _, db := range dbs {
 		list := byDB[db]
-		orders := make([]string, 0, len(list))
+		args := make([]any, 0, len(list)*19)
 		for _, op := range list {
-			orders = append(orders, op.Reward.OrderNo)
+			args = append(args, issueArgs(op.Reward)...)
 		}
-		sort.Strings(orders) // one lock order
-		oargs := make([]any, len(orders))
-		for i, o := range orders {
-			oargs[i] = o
-		}
-		stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
-			placeholders(len(orders))+") FOR UPDATE", oargs...)
+		res, err := tx.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
+			rowsOf(len(list), 19)+" ON DUPLICATE KEY UPDATE order_no = order_no", args...)
 		if err != nil {
 			return nil, err
 		}
-		have := make(map[string]model.Reward, len(stored)+len(list))
-		for _, r := range stored {
-			have[r.OrderNo] = r
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, err
 		}
-		var fresh []model.Reward
-		for _, op := range list {
-			if prior, ok := have[op.Reward.OrderNo]; ok {
+		if int(n) == len(list) { // every op stored now
+			for _, op := range list {
+				op.Issued = pendingReward(op.Reward)
+			}
+		} else {
+			orders := make([]any, len(list))
+			for i, op := range list {
+				orders[i] = op.Reward.OrderNo
+			}
+			stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
+				placeholders(len(orders))+") FOR UPDATE", orders...)
+			if err != nil {
+				return nil, err
+			}
+			have := make(map[string]model.Reward, len(stored))
+			for _, r := range stored {
+				have[r.OrderNo] = r
+			}
+			mine := map[string]bool{} // order numbers an op of this group stored
+			for _, op := range list {
+				prior, ok := have[op.Reward.OrderNo]
+				invariant.That(ok, "an order number just inserted or found is in its table")
+				if !mine[prior.OrderNo] && prior.Token == op.Reward.Token && prior.CreatedMS == op.Reward.CreatedMS && prior.Status == model.RewardPending {
+					mine[prior.OrderNo] = true
+					op.Issued = prior
+					continue
+				}
 				if op.Err = model.ReplayReward(prior, op.Reward); op.Err == nil {
 					op.Issued, op.Repeat = prior, true
 				}
-				continue
 			}
-			r := op.Reward
-			r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
-			have[r.OrderNo] = r
-			fresh = append(fresh, r)
-			op.Issued = r
 		}
-		if len(fresh) == 0 {
-			continue
-		}
-		args := make([]any, 0, len(fresh)*19)
-		for _, r := range fresh {
-			args = append(args, r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
-				r.TemplateID, r.Amount, r.LeaseID, r.Token, r.Status, r.CreatedMS, 0, 0, model.RewardHash(r))
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
-			rowsOf(len(fresh), 19), args...); err != nil {
-			return nil, err
-		}
-		if probe == nil {
-			probe = m.rewardProbe(ctx, fresh[0])
+		for _, op := range list {
+			if op.Err == nil && !op.Repeat && probe == nil {
+				probe = m.rewardProbe(ctx, op.Issued)
+			}
 		}
 	}
 	return probe, nil
 }
 
+// sortIssues puts one database's issue ops in order-number order: the
+// order InnoDB locks a multi-row INSERT's rows in, the same for every
+// writer.
+func sortIssues(list []*GroupOp) {
+	sort.SliceStable(list, func(i, j int) bool { return list[i].Reward.OrderNo < list[j].Reward.OrderNo })
+}
+
+// pendingReward is r as stored by an issue: pending, never taken or booked.
+func pendingReward(r model.Reward) model.Reward {
+	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
+	return r
+}
+
+// issueArgs are the INSERT arguments of a new reward, in rewardCols order
+// and req_hash.
+func issueArgs(r model.Reward) []any {
+	return []any{r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
+		r.TemplateID, r.Amount, r.LeaseID, r.Token, model.RewardPending, r.CreatedMS, 0, 0, model.RewardHash(r)}
+}
+
 // issuePaths counts, since the store was opened, the groups of issues
 // stored by each path of issueRewardsTx: Bulk in one statement list
-// (issueAll), Fallback by a locking read and an INSERT per database.
+// (issueAll), Fallback by an INSERT (and, for a group holding a stored
+// order number, a read) per database.
 type issuePaths struct {
 	Bulk, Fallback atomic.Int64
 }
@@ -756,16 +787,21 @@ const issueSavepoint = "issues_bulk"
 
 // issueAll tries to store every op of byDB as a new reward in one round
 // trip: one statement list of a SAVEPOINT and, per database in dbs, a
-// multi-row INSERT that does not wait for a lock. A group's issues are
-// almost always new order numbers spread over many databases, so this
-// replaces a locking read and an INSERT per database. ok is false when a
-// statement met a stored order number (a repeat, or two ops of the group
-// with one) or a lock: the server stops the list there and the transaction
-// goes back to the savepoint, nothing of the group written, for
-// issueRewardsTx's read-then-insert path to decide each op.
+// multi-row INSERT that does not wait for a lock, each adding the rows it
+// stored to a session counter read back after the list. A group's issues
+// are almost always new order numbers spread over many databases, so this
+// replaces a locking read and an INSERT per database. An order number
+// stored before (a repeat, or two ops of the group with one) is not stored
+// again (ON DUPLICATE KEY UPDATE order_no = order_no: the stored row is
+// locked for update, never only shared, so what follows in this
+// transaction cannot deadlock another group doing the same); a statement
+// that meets another transaction's lock stops the list. Either way ok is
+// false: the transaction goes back to the savepoint, nothing of the group
+// written, and issueRewardsTx's per-database path decides each op (with the
+// locks taken so far still held).
 func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int) (ok bool, err error) {
 	var q strings.Builder
-	q.WriteString("SAVEPOINT " + issueSavepoint)
+	q.WriteString("SAVEPOINT " + issueSavepoint + ";SET @redcell_issued = 0")
 	n := 0
 	for _, db := range dbs {
 		n += len(byDB[db])
@@ -774,11 +810,10 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 	for _, db := range dbs {
 		list := byDB[db]
 		for _, op := range list {
-			r := op.Reward
-			args = append(args, r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType,
-				r.TemplateID, r.Amount, r.LeaseID, r.Token, model.RewardPending, r.CreatedMS, 0, 0, model.RewardHash(r))
+			args = append(args, issueArgs(op.Reward)...)
 		}
-		q.WriteString(";" + noWait + "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(len(list), 19))
+		q.WriteString(";" + noWait + "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(len(list), 19) +
+			" ON DUPLICATE KEY UPDATE order_no = order_no;SET @redcell_issued = @redcell_issued + ROW_COUNT()")
 	}
 	_, err = tx.ExecContext(ctx, q.String(), args...)
 	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
@@ -787,11 +822,16 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 	if err != nil {
 		return false, err
 	}
+	var stored int
+	if err := tx.QueryRowContext(ctx, "SELECT @redcell_issued").Scan(&stored); err != nil {
+		return false, err
+	}
+	if stored != n { // 1 per row stored, 0 per order number that was there
+		return false, undoTo(ctx, tx, issueSavepoint)
+	}
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
-			r := op.Reward
-			r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
-			op.Issued = r
+			op.Issued = pendingReward(op.Reward)
 		}
 	}
 	return true, nil
