@@ -66,7 +66,7 @@ type Batch struct {
 	StartRaw string `yaml:"start"`
 	EndRaw   string `yaml:"end"`
 
-	Start, End *time.Time `yaml:"-"` // parsed by Validate
+	Start, End *time.Time `yaml:"-"` // parsed by Validate; never changed after
 }
 
 // RiskRules are the built-in risk check's caps: coupon requests accepted per
@@ -148,6 +148,9 @@ func Parse(b []byte, now time.Time) (*Catalog, error) {
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
 		return nil, errors.New("the file holds more than one YAML document: one catalog per file")
 	}
+	if err := integersOnly(b); err != nil {
+		return nil, err
+	}
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -159,6 +162,41 @@ func Parse(b []byte, now time.Time) (*Catalog, error) {
 		c.order = append(c.order, bt.ID)
 	}
 	return c, nil
+}
+
+// intFields are the keys whose values must be written as integers: the
+// YAML decoder would read 4.99 into an int64 field as 4, and a face value
+// written in yuan instead of cents must be refused, not truncated.
+var intFields = map[string]bool{"stock": true, "face_value": true, "per_person_limit": true,
+	"per_device_per_min": true, "per_ip_per_min": true, "per_act_per_min": true}
+
+// integersOnly refuses a file where a key of intFields has a value that is
+// not an integer (a float, a string, ...), naming each.
+func integersOnly(b []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("not a valid coupon batches file: %w", err)
+	}
+	var ps Problems
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				if intFields[k.Value] && (v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int") {
+					ps = append(ps, fmt.Sprintf("line %d: %s: %q is not an integer (amounts are whole cents)", v.Line, k.Value, v.Value))
+				}
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(&doc)
+	if len(ps) > 0 {
+		return ps
+	}
+	return nil
 }
 
 // Problems is every problem Validate found, each "where: what".
@@ -248,31 +286,37 @@ func ValidateID(s string) error {
 	return nil
 }
 
-// Batch returns the batch id, nil when there is none.
-func (c *Catalog) Batch(id string) *Batch { return c.batches[id] }
+// Batch returns a copy of batch id; ok is false when there is none.
+func (c *Catalog) Batch(id string) (b Batch, ok bool) {
+	p := c.batches[id]
+	if p == nil {
+		return Batch{}, false
+	}
+	return *p, true
+}
 
-// Batches returns every batch, in the file's order.
-func (c *Catalog) Batches() []*Batch {
-	out := make([]*Batch, 0, len(c.order))
+// Batches returns a copy of every batch, in the file's order.
+func (c *Catalog) Batches() []Batch {
+	out := make([]Batch, 0, len(c.order))
 	for _, id := range c.order {
-		out = append(out, c.batches[id])
+		out = append(out, *c.batches[id])
 	}
 	return out
 }
 
-// Open returns batch id if it issues at time at. Errors: ErrUnknownBatch,
-// ErrNotStarted, ErrEnded.
-func (c *Catalog) Open(id string, at time.Time) (*Batch, error) {
+// Open returns a copy of batch id if it issues at time at. Errors:
+// ErrUnknownBatch, ErrNotStarted, ErrEnded.
+func (c *Catalog) Open(id string, at time.Time) (Batch, error) {
 	b := c.batches[id]
 	switch {
 	case b == nil:
-		return nil, fmt.Errorf("%w %q", ErrUnknownBatch, id)
+		return Batch{}, fmt.Errorf("%w %q", ErrUnknownBatch, id)
 	case b.Start != nil && at.Before(*b.Start):
-		return nil, fmt.Errorf("%w: %s starts at %s", ErrNotStarted, id, b.Start.Format(time.RFC3339))
+		return Batch{}, fmt.Errorf("%w: %s starts at %s", ErrNotStarted, id, b.Start.Format(time.RFC3339))
 	case b.End != nil && !at.Before(*b.End):
-		return nil, fmt.Errorf("%w: %s ended at %s", ErrEnded, id, b.End.Format(time.RFC3339))
+		return Batch{}, fmt.Errorf("%w: %s ended at %s", ErrEnded, id, b.End.Format(time.RFC3339))
 	}
-	return b, nil
+	return *b, nil
 }
 
 // Issued tells how many coupons a batch has issued so far (written off
@@ -280,16 +324,34 @@ func (c *Catalog) Open(id string, at time.Time) (*Batch, error) {
 type Issued func(batch string) int64
 
 // CheckIssued refuses a catalog in which a batch's stock is below what it
-// has issued (nil issued checks nothing), and one that drops a batch that
-// has issued: its coupons would have no batch.
+// has issued (nil issued checks nothing), and, against the catalog loaded
+// before (old, nil: none), one that drops a batch that has issued (its
+// coupons would have no batch), moves it to another group or lowers its
+// per-person limit.
 func (c *Catalog) CheckIssued(issued Issued, old *Catalog) error {
 	if issued == nil {
 		return nil
 	}
 	var ps Problems
 	for _, id := range c.order {
-		if n := issued(id); n > c.batches[id].Stock {
+		n := issued(id)
+		if n > c.batches[id].Stock {
 			ps = append(ps, fmt.Sprintf("batch %s: stock %d is below the %d coupons issued already", id, c.batches[id].Stock, n))
+		}
+		if old == nil || n == 0 {
+			continue
+		}
+		// Holdings are read from the coupons as issued: a batch that has
+		// issued keeps its group, and its limit may only grow, or people
+		// could hold two batches of a group or more than the limit.
+		if was := old.batches[id]; was != nil {
+			if was.Group != c.batches[id].Group {
+				ps = append(ps, fmt.Sprintf("batch %s: group %q -> %q after %d coupons were issued", id, was.Group, c.batches[id].Group, n))
+			}
+			if c.batches[id].PerPersonLimit < was.PerPersonLimit {
+				ps = append(ps, fmt.Sprintf("batch %s: per_person_limit %d -> %d after %d coupons were issued: a limit may only grow", id,
+					was.PerPersonLimit, c.batches[id].PerPersonLimit, n))
+			}
 		}
 	}
 	if old != nil {

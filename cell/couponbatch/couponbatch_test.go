@@ -23,7 +23,7 @@ func TestDemoFile(t *testing.T) {
 	if b.Stock != 1_000_000 || b.FaceValue != 500 || b.PerPersonLimit != 1 || b.Group != "demo-group" {
 		t.Fatalf("demo-batch: %+v", b)
 	}
-	if b2 := c.Batch("demo-batch-2"); b2 == nil || b2.Group != "demo-group" || b2.FaceValue != 300 {
+	if b2, ok := c.Batch("demo-batch-2"); !ok || b2.Group != "demo-group" || b2.FaceValue != 300 {
 		t.Fatalf("demo-batch-2: %+v", b2)
 	}
 	if len(c.Batches()) != 2 || c.Batches()[0].ID != "demo-batch" {
@@ -49,6 +49,10 @@ func TestParseRefuses(t *testing.T) {
 		"no zone":      {"batches: [{id: a, stock: 1, face_value: 1, per_person_limit: 1, start: '2027-01-31T20:00:00'}]\n", "batches[0].start: \"2027-01-31T20:00:00\" is no RFC 3339 time"},
 		"end first":    {"batches: [{id: a, stock: 1, face_value: 1, per_person_limit: 1, start: '2027-02-01T00:00:00+08:00', end: '2027-01-31T00:00:00+08:00'}]\n", "batches[0]: end 2027-01-31T00:00:00+08:00 is not after start"},
 		"risk":         {"batches: [{id: a, stock: 1, face_value: 1, per_person_limit: 1}]\nrisk: {per_ip_per_min: -1}\n", "risk.per_ip_per_min: -1"},
+		"yuan":         {"batches: [{id: a, stock: 1, face_value: 4.99, per_person_limit: 1}]\n", `face_value: "4.99" is not an integer`},
+		"float limit":  {"batches: [{id: a, stock: 1, face_value: 1, per_person_limit: 1.9}]\n", `per_person_limit: "1.9" is not an integer`},
+		"string stock": {"batches: [{id: a, stock: '5', face_value: 1, per_person_limit: 1}]\n", "cannot unmarshal !!str `5` into int64"},
+		"float risk":   {"batches: [{id: a, stock: 1, face_value: 1, per_person_limit: 1}]\nrisk: {per_act_per_min: 2.5}\n", `per_act_per_min: "2.5" is not an integer`},
 		"two problems": {"batches: [{id: a, stock: 0, face_value: 0, per_person_limit: 1}]\n", "stock: 0: want 1..1000000000000 coupons; batches[0].face_value"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -116,7 +120,21 @@ func TestReloadChecksIssued(t *testing.T) {
 	}
 	write("batches: [{id: a, stock: 7, face_value: 100, per_person_limit: 1}, {id: b, stock: 3, face_value: 100, per_person_limit: 1}, {id: c, stock: 1, face_value: 1, per_person_limit: 1}]\n")
 	next, err := h.Reload(path, now, func(id string) int64 { return issued[id] })
-	if err != nil || h.Catalog() != next || next.Batch("c") == nil || next.Version == first.Version {
+	if _, ok := next.Batch("c"); err != nil || h.Catalog() != next || !ok || next.Version == first.Version {
 		t.Fatalf("reload down to what was issued: %v", err)
+	}
+	// Once issued, a batch keeps its group and its limit never falls.
+	write("batches: [{id: a, stock: 7, face_value: 100, per_person_limit: 2, group: g}, {id: b, stock: 3, face_value: 100, per_person_limit: 1}, {id: c, stock: 1, face_value: 1, per_person_limit: 1}]\n")
+	if _, err := h.Reload(path, now, func(id string) int64 { return issued[id] }); err == nil || !strings.Contains(err.Error(), `batch a: group "" -> "g" after 7 coupons`) {
+		t.Fatalf("a group change after issuing: %v", err)
+	}
+	write("batches: [{id: a, stock: 7, face_value: 100, per_person_limit: 3}, {id: b, stock: 3, face_value: 100, per_person_limit: 1}, {id: c, stock: 1, face_value: 1, per_person_limit: 1, group: g}]\n")
+	raised, err := h.Reload(path, now, func(id string) int64 { return issued[id] })
+	if err != nil {
+		t.Fatalf("a raised limit, and a group on a batch that issued nothing: %v", err)
+	}
+	write("batches: [{id: a, stock: 7, face_value: 100, per_person_limit: 2}, {id: b, stock: 3, face_value: 100, per_person_limit: 1}, {id: c, stock: 1, face_value: 1, per_person_limit: 1, group: g}]\n")
+	if _, err := h.Reload(path, now, func(id string) int64 { return issued[id] }); err == nil || !strings.Contains(err.Error(), "batch a: per_person_limit 3 -> 2 after 7 coupons were issued") || h.Catalog() != raised {
+		t.Fatalf("a lowered limit after issuing: %v", err)
 	}
 }
