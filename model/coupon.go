@@ -201,7 +201,7 @@ func CouponHoldingProblems(cs []HeldCoupon) []string {
 	for _, c := range cs {
 		k := pb{c.ActID, c.Rule.Batch}
 		n[k]++
-		limit[k] = c.Rule.Limit
+		limit[k] = max(limit[k], c.Rule.Limit) // a batch's limit only grows (couponbatch.CheckIssued)
 		if c.Rule.Group != "" {
 			g := pg{c.ActID, c.Rule.Group}
 			if groups[g] == nil {

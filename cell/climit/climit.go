@@ -2,15 +2,21 @@
 // Pay's coupon queues drew their consumers' tokens: each cell takes tokens
 // from a local stock and refills it in chunks from one cluster-wide counter
 // per one-second window (a memcached key "<prefix><name>:<unix second>",
-// incremented by the chunk). The cells together take at most the configured
-// rate in any window, whatever their number; a chunk's tokens a cell does
-// not use by the end of its window are lost, so the cluster may run a little
-// under the rate, never over.
+// incremented by the chunk). While every cell reaches memcached, the cells
+// together take at most the configured rate in each window, whatever their
+// number. Windows are whole seconds of each cell's clock: with clocks in
+// step, a span of one second that straddles two windows may see up to twice
+// the rate, and a cell whose clock runs ahead spends the next window early.
+// A chunk's tokens a cell does not use by the end of its window are lost, so
+// the cluster runs under the rate when cells hold chunks they do not use
+// (with N·Chunk near the rate, idle cells can hold most of a window).
 //
-// When memcached does not answer, each cell falls back to a local token
-// bucket of rate/N per second (N: the cells the caller counts, at least 1),
-// so the cluster still runs near the rate, and back on the counter once
-// memcached answers again.
+// When memcached does not answer, a cell falls back to a local token bucket
+// of rate/N per second (N: the cells the caller counts, at least 1; a burst
+// of one token), and goes back to the counter a second later. While only
+// some cells fall back, the others still draw the whole rate from the
+// counter, so the cluster may pass the rate by the fallen-back cells'
+// share: the price of not stopping when memcached fails.
 package climit
 
 import (
@@ -89,7 +95,7 @@ func New(cfg Config, mc Memcache, clk clock.Clock) (*Limiter, error) {
 	cfg.Chunk = min(cfg.Chunk, cfg.Rate)
 	clk = clock.Or(clk)
 	l := &Limiter{cfg: cfg, mc: mc, clock: clk}
-	l.fallback = rate.NewLimiter(l.fallbackRate(), max(cfg.Chunk, 1))
+	l.fallback = rate.NewLimiter(l.fallbackRate(), 1)
 	return l, nil
 }
 

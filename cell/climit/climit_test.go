@@ -137,7 +137,7 @@ func TestFallbackIsRateOverCells(t *testing.T) {
 		ls = append(ls, l)
 	}
 	// Two seconds in 10 ms steps, memcached down: each cell runs at
-	// rate/N = 100/s (plus its bucket's burst of one chunk).
+	// rate/N = 100/s (plus its bucket's burst of one token).
 	took := make([]int, n)
 	for range 200 {
 		for i, l := range ls {
@@ -148,8 +148,8 @@ func TestFallbackIsRateOverCells(t *testing.T) {
 		clk.Advance(10 * time.Millisecond)
 	}
 	for i, x := range took {
-		if x < 190 || x > 221 {
-			t.Fatalf("cell %d took %d in 2 s on the fallback, want about 200 (100/s + a burst of 20)", i, x)
+		if x < 199 || x > 201 {
+			t.Fatalf("cell %d took %d in 2 s on the fallback, want 200 (100/s, a burst of 1)", i, x)
 		}
 	}
 	if s := ls[0].Stats(); s.FellBack < 1 || s.Refills != 0 {
@@ -185,8 +185,8 @@ func TestUnreachableMemcachedFallsBack(t *testing.T) {
 	for l.Allow() {
 		n++
 	}
-	if n != 5 || l.Stats().FellBack != 1 { // the fallback bucket's burst (one chunk); 25/s after
-		t.Fatalf("took %d, stats %+v; want the burst of 5 and one failure", n, l.Stats())
+	if n != 1 || l.Stats().FellBack != 1 { // the fallback bucket's burst of one token; 25/s after
+		t.Fatalf("took %d, stats %+v; want the burst of 1 and one failure", n, l.Stats())
 	}
 }
 
