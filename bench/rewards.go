@@ -207,6 +207,11 @@ type BookingLag struct {
 	// own lag, without the poll.
 	Server         LatencyMS `json:"server_ms"`
 	PollIntervalMS int64     `json:"poll_interval_ms"`
+	// MaxAskGapMS is the longest time a sample waited between two asks
+	// (or from its issue to its first ask) before it was seen booked: the
+	// seen lag's real resolution when more samples were pending than one
+	// poll asks about.
+	MaxAskGapMS int64 `json:"max_ask_gap_ms"`
 	// WaitedMS is how long after the load the last sample was seen booked
 	// (or the wait gave up).
 	WaitedMS int64 `json:"waited_ms"`
@@ -432,7 +437,9 @@ type lagSample struct {
 	act, orderNo     string
 	createdMS        int64
 	seenMS, bookedMS int64 // 0 until seen booked: when (client clock) and its booked_ms
-	askedAt          int64 // the tick that last asked about it (0: never)
+	askedAt          int64 // the tick that last asked about it, or the tick it was added at
+	lastAskMS        int64 // when it was last asked about (client clock), or issued
+	maxGapMS         int64 // the longest wait between two asks while it was pending
 	booked, lost     bool  // lost: the person's reward is another (a reused run ID)
 }
 
@@ -456,7 +463,10 @@ func (l *lagSampler) take(now time.Time) int {
 // add records a sampled issue's answer.
 func (l *lagSampler) add(act string, out api.RewardResponse) {
 	l.mu.Lock()
-	l.samples = append(l.samples, lagSample{act: act, orderNo: out.OrderNo, createdMS: out.CreatedMS})
+	// A new sample queues behind the ones waiting since earlier ticks, so
+	// the polls go round every pending sample in turn.
+	l.samples = append(l.samples, lagSample{act: act, orderNo: out.OrderNo, createdMS: out.CreatedMS,
+		askedAt: l.tick, lastAskMS: time.Now().UnixMilli()})
 	l.mu.Unlock()
 }
 
@@ -529,6 +539,7 @@ func (l *lagSampler) check(i int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p := &l.samples[i]
+	p.maxGapMS, p.lastAskMS = max(p.maxGapMS, now-p.lastAskMS), now
 	switch it := out.Rewards[0]; {
 	case it.OrderNo != p.orderNo:
 		p.lost = true // not this run's reward: a reused run ID; counted as not booked
@@ -551,6 +562,7 @@ func (l *lagSampler) wait(ctx context.Context, stop func(), loadEnd time.Time) B
 		WaitedMS: time.Since(loadEnd).Milliseconds()}
 	var seen, server []int64
 	for _, s := range l.samples {
+		out.MaxAskGapMS = max(out.MaxAskGapMS, s.maxGapMS)
 		if s.booked {
 			out.Booked++
 			seen = append(seen, max(s.seenMS-s.createdMS, 0))
@@ -684,8 +696,8 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 			ew.printf("        errors %s\n", codeList(r.Issue.Errors))
 		}
 		if l := r.Lag; l != nil {
-			ew.printf("        booking lag of %d sampled (%d booked): seen p50 %.0f ms p99 %.0f ms max %.0f ms (poll every %d ms, at most %d samples a poll); booked_ms p50 %.0f ms p99 %.0f ms max %.0f ms\n",
-				l.Sampled, l.Booked, l.Seen.P50, l.Seen.P99, l.Seen.Max, l.PollIntervalMS, lagPollsPerTick, l.Server.P50, l.Server.P99, l.Server.Max)
+			ew.printf("        booking lag of %d sampled (%d booked): seen p50 %.0f ms p99 %.0f ms max %.0f ms (poll every %d ms, at most %d samples a poll, longest gap between asks %d ms); booked_ms p50 %.0f ms p99 %.0f ms max %.0f ms\n",
+				l.Sampled, l.Booked, l.Seen.P50, l.Seen.P99, l.Seen.Max, l.PollIntervalMS, lagPollsPerTick, l.MaxAskGapMS, l.Server.P50, l.Server.P99, l.Server.Max)
 		}
 	}
 	if s.AsyncOverSync > 0 {

@@ -136,8 +136,9 @@ func TestRewardsCompareAndLag(t *testing.T) {
 	}
 	l := async.Lag
 	if l == nil || l.Sampled < 10 || l.Booked != l.Sampled || l.Server.P50 != 150 || l.Server.Max != 150 ||
-		l.Seen.P50 < 150 || l.Seen.Max > 150+2*float64(lagPollInterval.Milliseconds())+100 {
-		t.Fatalf("booking lag %+v, want every sample booked 150 ms after its issue, seen within about a poll after", l)
+		l.Seen.P50 < 150 || l.Seen.Max > 150+2*float64(lagPollInterval.Milliseconds())+100 ||
+		l.MaxAskGapMS < lagPollInterval.Milliseconds()/2 || l.MaxAskGapMS > 2*lagPollInterval.Milliseconds()+100 {
+		t.Fatalf("booking lag %+v, want every sample booked 150 ms after its issue, seen within about a poll after, asked about every poll", l)
 	}
 	if want := ratio(async.IssuesPerSec, sync.IssuesPerSec); s.AsyncOverSync != want || want == 0 {
 		t.Fatalf("async/sync %v, want %v", s.AsyncOverSync, want)
