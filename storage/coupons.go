@@ -407,6 +407,29 @@ func (m *MySQL) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, r
 	return nil
 }
 
+// ReleaseCouponRequests implements Coupons.
+func (m *MySQL) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
+	for _, r := range reqs {
+		if err := m.ensureCoupons(ctx, r.Shard.DB()); err != nil {
+			return err
+		}
+	}
+	err := m.inTx(ctx, func(tx *sql.Tx) error {
+		for _, r := range reqs {
+			if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(r.Shard.DB())+
+				" SET state = ?, taken_ms = 0 WHERE app = ? AND serial_no = ? AND state = ?",
+				string(model.CouponAccepted), r.App, r.Serial, string(model.CouponDeciding)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: release coupon requests: %w", err)
+	}
+	return nil
+}
+
 // HoldingOf implements Coupons.
 func (m *MySQL) HoldingOf(ctx context.Context, s model.ShardID, actID string) (model.CouponHolding, error) {
 	if err := m.ensureCoupons(ctx, s.DB()); err != nil {

@@ -225,6 +225,10 @@ type Coupons interface {
 	// RefuseCoupons sets the requests that are not final yet refused with
 	// reason; final ones are left as they are.
 	RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error
+	// ReleaseCouponRequests sets the requests that are deciding back to
+	// accepted (a draining cell's queued requests, for the next owner to
+	// take at once); others are left as they are.
+	ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error
 	// HoldingOf reads actID's holding (coupons per batch, the batch held in
 	// each group) in shard s's database, without a lock: the activity
 	// layer's early decision; IssueCoupons decides again under lock.

@@ -199,6 +199,24 @@ func (s *Store) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, r
 	return err
 }
 
+// ReleaseCouponRequests implements storage.Coupons.
+func (s *Store) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	write, err := s.commitLocked("release coupon requests")
+	if write {
+		for _, r := range reqs {
+			if cur, ok := s.couponRq[reqKeyOf(r)]; ok && cur.State == model.CouponDeciding {
+				cur.State, cur.TakenMS = model.CouponAccepted, 0
+			}
+		}
+	}
+	return err
+}
+
 // HoldingOf implements storage.Coupons.
 func (s *Store) HoldingOf(ctx context.Context, sh model.ShardID, actID string) (model.CouponHolding, error) {
 	if err := ctx.Err(); err != nil {

@@ -125,6 +125,18 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	if other, err := c.TakeCouponRequests(f.ctx, sC.DB(), 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
 		t.Fatalf("database 56: %+v %v", other, err)
 	}
+	// Released (a drain): deciding ones are accepted again and taken at
+	// once, whatever staleMS; a final one stays final.
+	if err := c.ReleaseCouponRequests(f.ctx, append(rest, first[0])); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.TakeCouponRequests(f.ctx, db, 0, 10)
+	if err != nil || len(again) != 2 || again[0].Serial != "t3" || again[1].Serial != "t4" {
+		t.Fatalf("after the release: %+v %v", again, err)
+	}
+	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.State != model.CouponRefused {
+		t.Fatalf("a refused request released: %+v", r)
+	}
 }
 
 // Issuing decides merged requests in order against the persons' holdings:
