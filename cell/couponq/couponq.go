@@ -1,0 +1,546 @@
+// Package couponq issues coupons behind the accept, in two layers of
+// bounded local queues, as Douyin Pay ran its Spring Festival drop. A
+// request is stored first (storage.Coupons.AcceptCoupon) and answered; a
+// feeder moves stored requests into the first queue, marking them deciding
+// in the database, so every queued request is durable and a request the
+// cell never got to stays accepted for whoever owns its database next.
+//
+// Layer 1, the activity decision, drains its queue at its own rate (one
+// token per request): the batch must be open, the built-in risk caps (per
+// device, IP and act_id per minute) must allow it, and the person's holding
+// must leave room (per-person limit, batch-group exclusion). Refusals are
+// final; the rest go on to layer 2.
+//
+// Layer 2, the asset step, drains at its own rate: it takes up to MergeMax
+// requests without waiting, groups them by batch (model.MergeAsks), takes
+// one stock deduction per batch (a lease of as many units as requests, or
+// what is left), and issues in one transaction that decides each request
+// again under the persons' row locks (storage.Coupons.IssueCoupons); the
+// units no request took go back. A local copy of each batch's remaining
+// stock, refreshed every second, refuses requests for a sold-out batch
+// before any deduction.
+//
+// A green-channel request (a person opening the wallet right after taking a
+// coupon) is decided in the caller's request, ahead of both queues.
+package couponq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"redcell/cell/couponbatch"
+	"redcell/internal/clock"
+	"redcell/model"
+	"redcell/storage"
+)
+
+// Stock is where the batches' stock is deducted. A deduction is a lease of
+// the batch's stock: Grant answers how many of want units it got (0 when
+// the batch is sold out) and the lease's ID; Return gives a lease's units
+// back. Left reads what a batch has left, for the local copy.
+type Stock interface {
+	Grant(ctx context.Context, batch string, want int64) (leaseID string, granted int64, err error)
+	Return(ctx context.Context, batch, leaseID string, unused int64) error
+	Left(ctx context.Context, batch string) (int64, error)
+}
+
+// Limiter paces a layer: one token per request (cell/climit.Limiter).
+type Limiter interface {
+	Allow() bool
+	Wait(ctx context.Context) error
+}
+
+// Config sets an engine.
+type Config struct {
+	Store   storage.Coupons
+	Stock   Stock
+	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
+	Layer1  Limiter
+	Layer2  Limiter
+	// DBs lists the databases whose requests this engine decides (the
+	// cell's own).
+	DBs func() []int
+	// QueueLen bounds each layer's queue (default 4096).
+	QueueLen int
+	// MergeMax is the most requests layer 2 takes into one pass (default 64).
+	MergeMax int
+	// StaleAfter is how long a request may stay deciding before the feeder
+	// takes it again (default 30 s).
+	StaleAfter time.Duration
+	// Workers is layer 1's concurrent deciders (default 8); layer 2 has one
+	// merger per 16 of them, at least one.
+	Workers int
+	Clock   clock.Clock
+	Log     *slog.Logger
+}
+
+// Engine runs the layers. Safe for concurrent use.
+type Engine struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+	q1    chan model.CouponRequest
+	q2    chan model.CouponRequest
+	kick  chan struct{}
+
+	mu      sync.Mutex
+	dirty   map[int]bool     // databases accepted into since the feeder's last pass
+	left    map[string]int64 // the local copy of each batch's stock left
+	risk    riskCounters
+	queued  map[string]bool // app+serial of requests in a queue or a step
+	stopped bool
+
+	Stats Stats
+}
+
+// Stats counts what the engine did; safe to read at any time.
+type Stats struct {
+	Accepted, Issued, Refused, Deductions, Fed, Released atomic.Int64
+}
+
+// New returns an engine; Run starts it.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Store == nil || cfg.Stock == nil || cfg.Layer1 == nil || cfg.Layer2 == nil || cfg.DBs == nil {
+		return nil, errors.New("couponq: Store, Stock, Layer1, Layer2 and DBs are required")
+	}
+	if cfg.QueueLen <= 0 {
+		cfg.QueueLen = 4096
+	}
+	if cfg.MergeMax <= 0 {
+		cfg.MergeMax = 64
+	}
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 30 * time.Second
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
+		q2: make(chan model.CouponRequest, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
+		left: map[string]int64{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}, nil
+}
+
+func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
+
+// Accept stores r (storage.Coupons.AcceptCoupon) and wakes the feeder; a
+// repeat answers the stored request. With r.Green, the request is decided
+// now, ahead of the queues, and the answer is its final state (a repeat of
+// a request not final yet is decided now too). Errors: the store's, and
+// context errors of a green decision.
+func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+	got, repeat, err := e.cfg.Store.AcceptCoupon(ctx, r)
+	if err != nil {
+		return got, repeat, err
+	}
+	if !repeat {
+		e.Stats.Accepted.Add(1)
+	}
+	if r.Green && !got.State.Final() {
+		out, err := e.decideNow(ctx, got)
+		return out, repeat, err
+	}
+	if !repeat {
+		e.mu.Lock()
+		e.dirty[r.Shard.DB()] = true
+		e.mu.Unlock()
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+	}
+	return got, repeat, nil
+}
+
+// decideNow runs both layers for one request, without the queues or their
+// limiters, and answers the request as stored after.
+func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.CouponRequest, error) {
+	// The feeder skips it while it is decided here (it may still find it
+	// accepted); should a queue hold it already, IssueCoupons and
+	// RefuseCoupons decide it once.
+	e.mu.Lock()
+	mine := !e.queued[key(r)]
+	e.queued[key(r)] = true
+	e.mu.Unlock()
+	if mine {
+		defer e.done(r)
+	}
+	if pass, err := e.decide(ctx, r); err != nil || !pass {
+		if err != nil {
+			return r, err
+		}
+		return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+	}
+	e.issue(ctx, []model.CouponRequest{r})
+	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+}
+
+// Run starts the feeder, layer 1's deciders, layer 2's mergers and the
+// stock refresher, and returns when ctx ends and every step in flight is
+// done; the requests still queued are released (accepted again).
+func (e *Engine) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { e.feed(ctx) })
+	wg.Go(func() { e.refreshStock(ctx) })
+	for range e.cfg.Workers {
+		wg.Go(func() { e.layer1(ctx) })
+	}
+	for range max(e.cfg.Workers/16, 1) {
+		wg.Go(func() { e.layer2(ctx) })
+	}
+	wg.Wait()
+	e.drain()
+}
+
+// drain releases what is left in the queues, after the workers stopped.
+func (e *Engine) drain() {
+	e.mu.Lock()
+	e.stopped = true
+	e.mu.Unlock()
+	var rest []model.CouponRequest
+	for _, q := range []chan model.CouponRequest{e.q1, e.q2} {
+	loop:
+		for {
+			select {
+			case r := <-q:
+				rest = append(rest, r)
+			default:
+				break loop
+			}
+		}
+	}
+	if len(rest) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.cfg.Store.ReleaseCouponRequests(ctx, rest); err != nil {
+		e.log.Warn("coupons: queued requests not released; the next owner takes them once stale", "requests", len(rest), "err", err)
+		return
+	}
+	e.Stats.Released.Add(int64(len(rest)))
+}
+
+// feedTick is how often the feeder takes requests from the databases
+// accepted into; every feedAll it takes from every database (stale ones,
+// and those another cell accepted before a move).
+const (
+	feedTick = 20 * time.Millisecond
+	feedAll  = time.Second
+)
+
+// feed moves stored requests into layer 1's queue.
+func (e *Engine) feed(ctx context.Context) {
+	last := time.Time{}
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.kick:
+		case <-e.clock.After(feedTick):
+		}
+		now := e.clock.Now()
+		e.mu.Lock()
+		var dbs []int
+		if now.Sub(last) >= feedAll {
+			dbs, last = e.cfg.DBs(), now
+		} else {
+			for db := range e.dirty {
+				dbs = append(dbs, db)
+			}
+		}
+		clear(e.dirty)
+		e.mu.Unlock()
+		for _, db := range dbs {
+			e.feedDB(ctx, db, now)
+		}
+	}
+}
+
+// feedDB takes as many requests of db as layer 1's queue has room for.
+func (e *Engine) feedDB(ctx context.Context, db int, now time.Time) {
+	room := cap(e.q1) - len(e.q1)
+	if room <= 0 {
+		e.mu.Lock()
+		e.dirty[db] = true // again at the next tick
+		e.mu.Unlock()
+		return
+	}
+	rs, err := e.cfg.Store.TakeCouponRequests(ctx, db, now.Add(-e.cfg.StaleAfter).UnixMilli(), room)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("coupons: take requests failing", "db", db, "err", err)
+		}
+		return
+	}
+	for _, r := range rs {
+		e.mu.Lock()
+		dup := e.queued[key(r)]
+		e.queued[key(r)] = true
+		e.mu.Unlock()
+		if dup { // still in a queue here (taken again once stale)
+			continue
+		}
+		e.Stats.Fed.Add(1)
+		e.q1 <- r // room was checked; only the feeder puts into q1
+	}
+}
+
+func (e *Engine) done(r model.CouponRequest) {
+	e.mu.Lock()
+	delete(e.queued, key(r))
+	e.mu.Unlock()
+}
+
+// layer1 decides queued requests at layer 1's rate.
+func (e *Engine) layer1(ctx context.Context) {
+	for {
+		if err := e.cfg.Layer1.Wait(ctx); err != nil {
+			return
+		}
+		var r model.CouponRequest
+		select {
+		case <-ctx.Done():
+			return
+		case r = <-e.q1:
+		}
+		pass, err := e.decide(ctx, r)
+		if err != nil || !pass {
+			if err != nil && ctx.Err() == nil {
+				e.log.Warn("coupons: decision failed; the request is taken again once stale", "serial", r.Serial, "err", err)
+			}
+			e.done(r)
+			continue
+		}
+		select {
+		case e.q2 <- r:
+		case <-ctx.Done():
+			e.mu.Lock()
+			stopped := e.stopped
+			e.mu.Unlock()
+			if !stopped { // drain releases it
+				e.q2 <- r
+			}
+			return
+		}
+	}
+}
+
+// decide is layer 1 for one request: the batch, the risk caps and the
+// holding. A refusal is written (final) and pass is false.
+func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, err error) {
+	var reason model.CouponReason
+	cat := e.catalog()
+	var rule model.CouponRule
+	if b, err := cat.Open(r.Batch, e.clock.Now()); err != nil {
+		reason = model.ReasonBatchClosed
+	} else {
+		rule = ruleOf(b)
+		if !e.risk.allow(r, cat.Risk, e.clock.Now()) {
+			reason = model.ReasonRisk
+		} else {
+			h, err := e.cfg.Store.HoldingOf(ctx, r.Shard, r.ActID)
+			if err != nil {
+				return false, err
+			}
+			reason = model.DecideCoupon(rule, h)
+		}
+	}
+	if reason == "" {
+		return true, nil
+	}
+	if err := e.cfg.Store.RefuseCoupons(ctx, []model.CouponRequest{r}, reason); err != nil {
+		return false, err
+	}
+	e.Stats.Refused.Add(1)
+	return false, nil
+}
+
+func (e *Engine) catalog() *couponbatch.Catalog {
+	if e.cfg.Catalog != nil {
+		if c := e.cfg.Catalog(); c != nil {
+			return c
+		}
+	}
+	return emptyCatalog
+}
+
+var emptyCatalog = func() *couponbatch.Catalog {
+	c, err := couponbatch.Parse([]byte("batches: [{id: none, stock: 1, face_value: 1, per_person_limit: 1, end: '1970-01-01T00:00:01Z'}]\n"), time.Unix(0, 0))
+	if err != nil {
+		panic(err)
+	}
+	return c
+}()
+
+func ruleOf(b couponbatch.Batch) model.CouponRule {
+	return model.CouponRule{Batch: b.ID, Limit: b.PerPersonLimit, Group: b.Group}
+}
+
+// layer2 merges and issues at layer 2's rate.
+func (e *Engine) layer2(ctx context.Context) {
+	for {
+		if err := e.cfg.Layer2.Wait(ctx); err != nil {
+			return
+		}
+		var first model.CouponRequest
+		select {
+		case <-ctx.Done():
+			return
+		case first = <-e.q2:
+		}
+		batch := []model.CouponRequest{first}
+	more:
+		for len(batch) < e.cfg.MergeMax && e.cfg.Layer2.Allow() {
+			select {
+			case r := <-e.q2:
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		e.issue(context.WithoutCancel(ctx), batch) // a step in flight finishes
+		for _, r := range batch {
+			e.done(r)
+		}
+	}
+}
+
+// issue is layer 2 for requests taken together: one deduction and one
+// issuing transaction per batch.
+func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) {
+	byBatch := map[string][]model.CouponRequest{}
+	var order []string
+	for _, r := range reqs {
+		if byBatch[r.Batch] == nil {
+			order = append(order, r.Batch)
+		}
+		byBatch[r.Batch] = append(byBatch[r.Batch], r)
+	}
+	cat := e.catalog()
+	for _, id := range order {
+		group := byBatch[id]
+		b, ok := cat.Batch(id)
+		if !ok {
+			e.refuse(ctx, group, model.ReasonBatchClosed)
+			continue
+		}
+		e.mu.Lock()
+		left, known := e.left[id]
+		e.mu.Unlock()
+		if known && left <= 0 {
+			e.refuse(ctx, group, model.ReasonSoldOut)
+			continue
+		}
+		if err := e.issueBatch(ctx, ruleOf(b), group); err != nil {
+			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "batch", id, "requests", len(group), "err", err)
+		}
+	}
+}
+
+func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) {
+	if err := e.cfg.Store.RefuseCoupons(ctx, reqs, reason); err != nil {
+		e.log.Warn("coupons: refusal not written; the requests are taken again once stale", "reason", reason, "err", err)
+		return
+	}
+	e.Stats.Refused.Add(int64(len(reqs)))
+}
+
+// issueBatch deducts once for reqs (one batch) and issues.
+func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest) error {
+	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
+	if err != nil {
+		// Granted or not, unknown: the requests stay deciding, and a lease
+		// granted without an answer is settled by its (zero) coupons.
+		return fmt.Errorf("deduct %d of %s: %w", len(reqs), rule.Batch, err)
+	}
+	e.Stats.Deductions.Add(1)
+	if granted == 0 {
+		e.mu.Lock()
+		e.left[rule.Batch] = 0
+		e.mu.Unlock()
+		e.refuse(ctx, reqs, model.ReasonSoldOut)
+		return nil
+	}
+	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
+	if err != nil {
+		return fmt.Errorf("issue %d of %s: %w", len(reqs), rule.Batch, err)
+	}
+	for _, d := range ds {
+		if d.Issued {
+			e.Stats.Issued.Add(1)
+		} else {
+			e.Stats.Refused.Add(1)
+		}
+	}
+	// The lease is closed even when every unit was spent, so that nobody
+	// settles it later.
+	if err := e.cfg.Stock.Return(ctx, rule.Batch, lease, unused); err != nil {
+		return fmt.Errorf("return %d unused of lease %s: %w", unused, lease, err)
+	}
+	return nil
+}
+
+// refreshEvery is how often the local copy of the stock is read.
+const refreshEvery = time.Second
+
+// refreshStock keeps the local copy of each batch's stock left.
+func (e *Engine) refreshStock(ctx context.Context) {
+	for ctx.Err() == nil {
+		for _, b := range e.catalog().Batches() {
+			n, err := e.cfg.Stock.Left(ctx, b.ID)
+			if err != nil {
+				continue
+			}
+			e.mu.Lock()
+			e.left[b.ID] = n
+			e.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.clock.After(refreshEvery):
+		}
+	}
+}
+
+// riskCounters are the built-in risk check's per-minute counts, per cell:
+// a person's requests all reach the person's cell (routed by act_id), a
+// device's or an IP's only when they ask for one person.
+type riskCounters struct {
+	mu     sync.Mutex
+	minute int64
+	m      map[string]int
+}
+
+// allow counts r under its device, IP and act_id for the current minute
+// and answers whether every count is within its cap.
+func (c *riskCounters) allow(r model.CouponRequest, caps couponbatch.RiskRules, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := now.Unix() / 60; m != c.minute {
+		c.minute = m
+		clear(c.m)
+	}
+	ok := true
+	for _, k := range []struct {
+		name, v string
+		cap     int
+	}{{"d", r.DeviceID, caps.PerDevicePerMin}, {"i", r.ClientIP, caps.PerIPPerMin}, {"a", r.ActID, caps.PerActPerMin}} {
+		if k.v == "" {
+			continue
+		}
+		c.m[k.name+k.v]++
+		if c.m[k.name+k.v] > k.cap {
+			ok = false
+		}
+	}
+	return ok
+}

@@ -1,0 +1,293 @@
+package couponq
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"redcell/cell/climit"
+	"redcell/cell/couponbatch"
+	"redcell/internal/testenv"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+	"redcell/storage/memstore"
+)
+
+// free is a limiter that never holds back.
+type free struct{}
+
+func (free) Allow() bool { return true }
+func (free) Wait(ctx context.Context) error {
+	return ctx.Err()
+}
+
+// store is what a drop needs of a store.
+type store interface {
+	storage.Coupons
+	storage.Budgets
+}
+
+// drop is one engine over st with two batches of one group (stock a, b)
+// and a third without a group.
+type drop struct {
+	t       *testing.T
+	st      store
+	cat     *couponbatch.Catalog
+	stock   *BudgetStock
+	pre     string
+	a, b, c string // batch IDs
+}
+
+func newDrop(t *testing.T, st store, stockA, stockB, stockC int64) *drop {
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	d := &drop{t: t, st: st, pre: pre, a: pre + "-a", b: pre + "-b", c: pre + "-c"}
+	cat, err := couponbatch.Parse(fmt.Appendf(nil, `batches:
+  - {id: %s, stock: %d, face_value: 500, per_person_limit: 2, group: %s-g}
+  - {id: %s, stock: %d, face_value: 300, per_person_limit: 1, group: %s-g}
+  - {id: %s, stock: %d, face_value: 100, per_person_limit: 1}
+risk: {per_device_per_min: 1000000, per_ip_per_min: 1000000, per_act_per_min: 1000000}
+`, d.a, stockA, pre, d.b, stockB, pre, d.c, stockC), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cat = cat
+	d.stock = &BudgetStock{Budgets: st, Holder: "test/coupons"}
+	if err := d.stock.Sync(context.Background(), cat); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d *drop) engine(l1, l2 Limiter) *Engine {
+	e, err := New(Config{Store: d.st, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat },
+		Layer1: l1, Layer2: l2, DBs: func() []int {
+			dbs := make([]int, model.ShardCount/10)
+			for i := range dbs {
+				dbs[i] = i
+			}
+			return dbs
+		}, MergeMax: 16, StaleAfter: time.Hour})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return e
+}
+
+// requests makes n requests by persons of a pool of p, over the three
+// batches, a few retried with the same serial.
+func (d *drop) requests(n, p int, seed uint64) []model.CouponRequest {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	batches := []string{d.a, d.a, d.b, d.c}
+	out := make([]model.CouponRequest, n)
+	for i := range out {
+		act := fmt.Sprintf("%s-p%d", d.pre, rng.IntN(p))
+		out[i] = model.CouponRequest{App: "pay", Serial: fmt.Sprintf("%s-s%d", d.pre, i), ActID: act, Shard: sharding.ShardOfAct(act),
+			Batch: batches[rng.IntN(len(batches))], DeviceID: fmt.Sprintf("dev%d", rng.IntN(50))}
+	}
+	return out
+}
+
+// accept sends every request (some twice) with a few at once.
+func accept(t *testing.T, e *Engine, rs []model.CouponRequest, greenEvery int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				r := rs[i]
+				r.Green = greenEvery > 0 && i%greenEvery == 0
+				got, _, err := e.Accept(context.Background(), r)
+				if err != nil {
+					t.Errorf("accept %s: %v", r.Serial, err)
+					continue
+				}
+				if r.Green && !got.State.Final() {
+					t.Errorf("green %s answered %s, want a final state", r.Serial, got.State)
+				}
+				if i%7 == 0 { // a client's retry
+					if again, repeat, err := e.Accept(context.Background(), rs[i]); err != nil || !repeat || again.Serial != r.Serial {
+						t.Errorf("retry of %s: %+v repeat %v %v", r.Serial, again, repeat, err)
+					}
+				}
+			}
+		})
+	}
+	for i := range rs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// settle waits (bounded) until every request is final, then checks the
+// books: no batch over its stock, every lease closed with its coupons, no
+// person over a limit or holding two batches of the group.
+func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued map[string]int64) {
+	d.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	var open int
+	for {
+		open = 0
+		for _, r := range rs {
+			got, err := d.st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			if err != nil {
+				d.t.Fatal(err)
+			}
+			if !got.State.Final() {
+				open++
+			}
+		}
+		if open == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if open > 0 {
+		d.t.Fatalf("%d of %d requests not final after %v", open, len(rs), within)
+	}
+	rules := map[string]model.CouponRule{}
+	for _, b := range d.cat.Batches() {
+		rules[b.ID] = ruleOf(b)
+	}
+	var held []model.HeldCoupon
+	issued = map[string]int64{}
+	seen := map[string]bool{}
+	for _, r := range rs {
+		if seen[r.ActID] {
+			continue
+		}
+		seen[r.ActID] = true
+		cs, err := d.st.CouponsOf(ctx, r.Shard, r.ActID, 100)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		for _, c := range cs {
+			held = append(held, model.HeldCoupon{ActID: c.ActID, Rule: rules[c.Batch]})
+			issued[c.Batch]++
+		}
+	}
+	if ps := model.CouponHoldingProblems(held); len(ps) > 0 {
+		d.t.Fatalf("holdings: %v", ps)
+	}
+	for _, b := range d.cat.Batches() {
+		sh, k := d.stock.home(b.ID)
+		bud, leases, err := d.st.Budget(ctx, sh, k)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		for _, l := range leases {
+			if l.State != model.LeaseReturned {
+				d.t.Fatalf("batch %s: lease %s still %s", b.ID, l.ID, l.State)
+			}
+		}
+		if bud.Outstanding() != issued[b.ID] || issued[b.ID] > b.Stock {
+			d.t.Fatalf("batch %s: %d out of the stock row, %d coupons, stock %d", b.ID, bud.Outstanding(), issued[b.ID], b.Stock)
+		}
+	}
+	return issued
+}
+
+func runDrop(t *testing.T, st store, n, persons int) {
+	d := newDrop(t, st, 150, 40, 1000)
+	e := d.engine(free{}, free{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	rs := d.requests(n, persons, 1)
+	accept(t, e, rs, 13)
+	issued := d.settle(rs, 60*time.Second)
+	cancel()
+	<-done
+	if issued[d.a] != 150 || issued[d.b] == 0 || issued[d.b] > 40 {
+		t.Fatalf("issued %v: want batch a sold out (150), some of b (<= 40)", issued)
+	}
+	if e.Stats.Issued.Load() == 0 || e.Stats.Deductions.Load() == 0 || e.Stats.Fed.Load() == 0 {
+		t.Fatalf("stats: issued %d deductions %d fed %d", e.Stats.Issued.Load(), e.Stats.Deductions.Load(), e.Stats.Fed.Load())
+	}
+}
+
+func TestDropMemory(t *testing.T) { runDrop(t, memstore.New(nil), 1500, 400) }
+
+func TestDropMySQL(t *testing.T) {
+	st, err := storage.Open(testenv.MySQLDSN(t, 1), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	runDrop(t, st, 800, 250)
+}
+
+// Stopped with full queues, the engine leaves the rest accepted (not
+// deciding), and the next one decides them: nothing lost, nothing twice.
+func TestDrainHandsOver(t *testing.T) {
+	st := memstore.New(nil)
+	d := newDrop(t, st, 100, 100, 100)
+	slow, err := climit.New(climit.Config{Name: "l1", Rate: 100}, nil, nil) // layer 1 at 100/s
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := d.engine(slow, free{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	rs := d.requests(400, 300, 2)
+	accept(t, e, rs, 0)
+	time.Sleep(500 * time.Millisecond) // about 50 decided
+	cancel()
+	<-done
+	var accepted, deciding, final int
+	for _, r := range rs {
+		got, _ := st.CouponRequestOf(context.Background(), r.Shard, r.App, r.Serial)
+		switch {
+		case got.State == model.CouponAccepted:
+			accepted++
+		case got.State == model.CouponDeciding:
+			deciding++
+		default:
+			final++
+		}
+	}
+	if deciding != 0 || accepted == 0 || final == 0 || e.Stats.Released.Load() == 0 {
+		t.Fatalf("after the stop: %d accepted, %d deciding, %d final, %d released; want none deciding, some of each other",
+			accepted, deciding, final, e.Stats.Released.Load())
+	}
+	next := d.engine(free{}, free{})
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done2 := make(chan struct{})
+	go func() { next.Run(ctx2); close(done2) }()
+	d.settle(rs, 30*time.Second)
+	cancel2()
+	<-done2
+}
+
+// Layer 1 runs at its limiter's rate.
+func TestLayerRate(t *testing.T) {
+	st := memstore.New(nil)
+	d := newDrop(t, st, 10000, 10000, 10000)
+	l1, err := climit.New(climit.Config{Name: "l1", Rate: 200}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := d.engine(l1, free{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	rs := d.requests(2000, 2000, 3)
+	accept(t, e, rs, 0)
+	start := time.Now()
+	time.Sleep(time.Second)
+	cancel()
+	<-done
+	n := e.Stats.Issued.Load() + e.Stats.Refused.Load()
+	rate := float64(n) / time.Since(start).Seconds()
+	if rate < 100 || rate > 300 {
+		t.Fatalf("layer 1 at 200/s decided %d in %v (%.0f/s)", n, time.Since(start), rate)
+	}
+}
