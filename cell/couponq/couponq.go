@@ -88,12 +88,11 @@ type Engine struct {
 	q2    chan model.CouponRequest
 	kick  chan struct{}
 
-	mu      sync.Mutex
-	dirty   map[int]bool     // databases accepted into since the feeder's last pass
-	left    map[string]int64 // the local copy of each batch's stock left
-	risk    riskCounters
-	queued  map[string]bool // app+serial of requests in a queue or a step
-	stopped bool
+	mu     sync.Mutex
+	dirty  map[int]bool     // databases accepted into since the feeder's last pass
+	left   map[string]int64 // the local copy of each batch's stock left
+	risk   riskCounters
+	queued map[string]bool // app+serial of requests in a queue or a step
 
 	Stats Stats
 }
@@ -201,9 +200,6 @@ func (e *Engine) Run(ctx context.Context) {
 
 // drain releases what is left in the queues, after the workers stopped.
 func (e *Engine) drain() {
-	e.mu.Lock()
-	e.stopped = true
-	e.mu.Unlock()
 	var rest []model.CouponRequest
 	for _, q := range []chan model.CouponRequest{e.q1, e.q2} {
 	loop:
@@ -216,16 +212,21 @@ func (e *Engine) drain() {
 			}
 		}
 	}
-	if len(rest) == 0 {
+	e.release(rest)
+}
+
+// release puts requests this engine will not decide back to accepted.
+func (e *Engine) release(rs []model.CouponRequest) {
+	if len(rs) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := e.cfg.Store.ReleaseCouponRequests(ctx, rest); err != nil {
-		e.log.Warn("coupons: queued requests not released; the next owner takes them once stale", "requests", len(rest), "err", err)
+	if err := e.cfg.Store.ReleaseCouponRequests(ctx, rs); err != nil {
+		e.log.Warn("coupons: queued requests not released; the next owner takes them once stale", "requests", len(rs), "err", err)
 		return
 	}
-	e.Stats.Released.Add(int64(len(rest)))
+	e.Stats.Released.Add(int64(len(rs)))
 }
 
 // feedTick is how often the feeder takes requests from the databases
@@ -311,9 +312,9 @@ func (e *Engine) layer1(ctx context.Context) {
 			return
 		case r = <-e.q1:
 		}
-		pass, err := e.decide(ctx, r)
+		pass, err := e.decide(context.WithoutCancel(ctx), r) // a step in flight finishes
 		if err != nil || !pass {
-			if err != nil && ctx.Err() == nil {
+			if err != nil {
 				e.log.Warn("coupons: decision failed; the request is taken again once stale", "serial", r.Serial, "err", err)
 			}
 			e.done(r)
@@ -322,12 +323,8 @@ func (e *Engine) layer1(ctx context.Context) {
 		select {
 		case e.q2 <- r:
 		case <-ctx.Done():
-			e.mu.Lock()
-			stopped := e.stopped
-			e.mu.Unlock()
-			if !stopped { // drain releases it
-				e.q2 <- r
-			}
+			e.release([]model.CouponRequest{r})
+			e.done(r)
 			return
 		}
 	}
