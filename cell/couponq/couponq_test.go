@@ -267,7 +267,7 @@ func TestDrainHandsOver(t *testing.T) {
 	<-done2
 }
 
-// Layer 1 runs at its limiter's rate.
+// Layer 1 never runs faster than its limiter.
 func TestLayerRate(t *testing.T) {
 	st := memstore.New(nil)
 	d := newDrop(t, st, 10000, 10000, 10000)
@@ -285,9 +285,11 @@ func TestLayerRate(t *testing.T) {
 	time.Sleep(time.Second)
 	cancel()
 	<-done
+	// Never faster than the limiter (its one-token burst, and a few
+	// decisions in flight when the clock was read); some progress.
+	elapsed := time.Since(start)
 	n := e.Stats.Issued.Load() + e.Stats.Refused.Load()
-	rate := float64(n) / time.Since(start).Seconds()
-	if rate < 100 || rate > 300 {
-		t.Fatalf("layer 1 at 200/s decided %d in %v (%.0f/s)", n, time.Since(start), rate)
+	if most := int64(200*elapsed.Seconds()) + 1 + 8; n > most || n == 0 {
+		t.Fatalf("layer 1 at 200/s decided %d in %v, want 1..%d", n, elapsed, most)
 	}
 }
