@@ -287,8 +287,8 @@ func ValidateCouponRequest(r CouponRequest) error {
 		}
 	}
 	if r.ClientIP != "" {
-		if a, err := netip.ParseAddr(r.ClientIP); err != nil || a.String() != r.ClientIP {
-			return Invalidf("client_ip %q must be an IPv4 or IPv6 address in its canonical form", r.ClientIP)
+		if a, err := netip.ParseAddr(r.ClientIP); err != nil || a.String() != r.ClientIP || a.Zone() != "" {
+			return Invalidf("client_ip %q must be an IPv4 or IPv6 address in its canonical form, without a zone", r.ClientIP)
 		}
 	}
 	return nil

@@ -65,6 +65,7 @@ func (m *MySQL) couponDDL(db int) []string {
   decided_ms  BIGINT NOT NULL DEFAULT 0,
   PRIMARY KEY (app, serial_no),
   KEY k_state (state, accepted_ms),
+  KEY k_taken (state, taken_ms),
   KEY k_act (act_id, accepted_ms)
 ) ENGINE=InnoDB`,
 		`CREATE TABLE IF NOT EXISTS ` + m.couponTable(db) + ` (
@@ -187,8 +188,15 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 		return nil, err
 	}
 	var out []model.CouponRequest
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		out = out[:0]
+	// READ COMMITTED: the locking reads lock the rows they take, not the
+	// ranges they walk, so a take neither blocks new requests (a gap lock
+	// past the last accepted row) nor holds every deciding row it passed.
+	err := func() error {
+		tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
 		accepted, err := m.queryCouponReqs(ctx, tx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
 			" WHERE state = ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED", string(model.CouponAccepted), limit)
 		if err != nil {
@@ -211,7 +219,7 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 		})
 		all = all[:min(len(all), limit)]
 		if len(all) == 0 {
-			return nil
+			return tx.Commit()
 		}
 		now := m.nowMS()
 		args := []any{string(model.CouponDeciding), now}
@@ -225,9 +233,12 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 			strings.Join(keys, ", ")+")", args...); err != nil {
 			return err
 		}
+		if err := tx.Commit(); err != nil {
+			return errors.Join(ErrCommitUnknown, err)
+		}
 		out = all
 		return nil
-	})
+	}()
 	if err != nil {
 		return nil, fmt.Errorf("storage: take coupon requests: %w", err)
 	}
@@ -332,6 +343,9 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		for _, r := range reqs {
 			cur, err := scanCouponReq(tx.QueryRowContext(ctx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(r.Shard.DB())+
 				" WHERE app = ? AND serial_no = ? FOR UPDATE", r.App, r.Serial))
+			if errors.Is(err, sql.ErrNoRows) {
+				return model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
+			}
 			if err != nil {
 				return fmt.Errorf("coupon request %s: %w", r.Serial, err)
 			}
@@ -444,6 +458,9 @@ func (m *MySQL) HoldingOf(ctx context.Context, s model.ShardID, actID string) (m
 
 // CouponsOf implements Coupons.
 func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Coupon, error) {
+	if limit < 1 {
+		return nil, nil
+	}
 	if err := m.ensureCoupons(ctx, s.DB()); err != nil {
 		return nil, err
 	}

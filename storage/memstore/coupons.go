@@ -232,6 +232,9 @@ func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, l
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if limit < 1 {
+		return nil, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []model.Coupon
