@@ -16,9 +16,11 @@
 // one stock deduction per batch (a lease of as many units as requests, or
 // what is left), and issues in one transaction that decides each request
 // again under the persons' row locks (storage.Coupons.IssueCoupons); the
-// units no request took go back. A local copy of each batch's remaining
-// stock, refreshed every second, refuses requests for a sold-out batch
-// before any deduction.
+// units no request took go back. A batch whose deduction found no unit free
+// is taken as sold out for a second (the local copy of its stock), without
+// asking the stock; a request that meets it is released and taken again a
+// second later, and refused SOLD_OUT the third time, so that units other
+// merges held in leases and gave back unused still reach a request.
 //
 // A green-channel request (a person opening the wallet right after taking a
 // coupon) is decided in the caller's request, ahead of both queues.
@@ -41,12 +43,12 @@ import (
 
 // Stock is where the batches' stock is deducted. A deduction is a lease of
 // the batch's stock: Grant answers how many of want units it got (0 when
-// the batch is sold out) and the lease's ID; Return gives a lease's units
-// back. Left reads what a batch has left, for the local copy.
+// none is free) and the lease's ID; Return closes a lease, giving back the
+// units it did not spend (repeatable: a lease returned before is left as it
+// is).
 type Stock interface {
 	Grant(ctx context.Context, batch string, want int64) (leaseID string, granted int64, err error)
 	Return(ctx context.Context, batch, leaseID string, unused int64) error
-	Left(ctx context.Context, batch string) (int64, error)
 }
 
 // Limiter paces a layer: one token per request (cell/climit.Limiter).
@@ -88,11 +90,12 @@ type Engine struct {
 	q2    chan model.CouponRequest
 	kick  chan struct{}
 
-	mu     sync.Mutex
-	dirty  map[int]bool     // databases accepted into since the feeder's last pass
-	left   map[string]int64 // the local copy of each batch's stock left
-	risk   riskCounters
-	queued map[string]bool // app+serial of requests in a queue or a step
+	mu      sync.Mutex
+	dirty   map[int]bool         // databases accepted into since the feeder's last pass
+	soldOut map[string]time.Time // batches whose last deduction found nothing free, until when
+	tries   map[string]int       // app+serial → deductions that found its batch sold out
+	risk    riskCounters
+	queued  map[string]bool // app+serial of requests in a queue or a step
 
 	Stats Stats
 }
@@ -124,7 +127,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	return &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan model.CouponRequest, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		left: map[string]int64{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}, nil
+		soldOut: map[string]time.Time{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}, nil
 }
 
 func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
@@ -143,7 +146,13 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 		e.Stats.Accepted.Add(1)
 	}
 	if r.Green && !got.State.Final() {
-		out, err := e.decideNow(ctx, got)
+		// Decided to the end even if the caller goes away: a deduction
+		// half done would hold units for nothing.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
+		defer cancel()
+		g := got
+		g.Green = true // this call is green, whatever the first one was
+		out, err := e.decideNow(dctx, g)
 		return out, repeat, err
 	}
 	if !repeat {
@@ -177,17 +186,23 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 		}
 		return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
 	}
-	e.issue(ctx, []model.CouponRequest{r})
+	if err := e.issue(ctx, []model.CouponRequest{r}); err != nil {
+		return r, err
+	}
 	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
 }
 
-// Run starts the feeder, layer 1's deciders, layer 2's mergers and the
-// stock refresher, and returns when ctx ends and every step in flight is
-// done; the requests still queued are released (accepted again).
+// stepTimeout bounds one step in flight (a decision, a merge's deduction
+// and issue, a green request), also at a stop.
+const stepTimeout = 30 * time.Second
+
+// Run starts the feeder, layer 1's deciders and layer 2's mergers, and
+// returns when ctx ends and every step in flight is done (each bounded by
+// stepTimeout); the requests still queued are released (accepted again).
+// An engine runs once.
 func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { e.feed(ctx) })
-	wg.Go(func() { e.refreshStock(ctx) })
 	for range e.cfg.Workers {
 		wg.Go(func() { e.layer1(ctx) })
 	}
@@ -213,6 +228,9 @@ func (e *Engine) drain() {
 		}
 	}
 	e.release(rest)
+	for _, r := range rest {
+		e.done(r)
+	}
 }
 
 // release puts requests this engine will not decide back to accepted.
@@ -274,11 +292,15 @@ func (e *Engine) feedDB(ctx context.Context, db int, now time.Time) {
 		e.mu.Unlock()
 		return
 	}
-	rs, err := e.cfg.Store.TakeCouponRequests(ctx, db, now.Add(-e.cfg.StaleAfter).UnixMilli(), room)
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
+	defer cancel()
+	rs, err := e.cfg.Store.TakeCouponRequests(tctx, db, now.Add(-e.cfg.StaleAfter).UnixMilli(), room)
 	if err != nil {
-		if ctx.Err() == nil {
-			e.log.Warn("coupons: take requests failing", "db", db, "err", err)
-		}
+		e.log.Warn("coupons: take requests failing", "db", db, "err", err)
+		return
+	}
+	if ctx.Err() != nil { // stopping: give them back at once
+		e.release(rs)
 		return
 	}
 	for _, r := range rs {
@@ -312,7 +334,9 @@ func (e *Engine) layer1(ctx context.Context) {
 			return
 		case r = <-e.q1:
 		}
-		pass, err := e.decide(context.WithoutCancel(ctx), r) // a step in flight finishes
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
+		pass, err := e.decide(dctx, r)
+		cancel()
 		if err != nil || !pass {
 			if err != nil {
 				e.log.Warn("coupons: decision failed; the request is taken again once stale", "serial", r.Serial, "err", err)
@@ -336,7 +360,9 @@ func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, 
 	var reason model.CouponReason
 	cat := e.catalog()
 	var rule model.CouponRule
-	if b, err := cat.Open(r.Batch, e.clock.Now()); err != nil {
+	// The window is the request's: accepted while the batch issued, it is
+	// decided even when a backlog brings it here after the end.
+	if b, err := cat.Open(r.Batch, time.UnixMilli(r.AcceptedMS)); err != nil {
 		reason = model.ReasonBatchClosed
 	} else {
 		rule = ruleOf(b)
@@ -403,7 +429,11 @@ func (e *Engine) layer2(ctx context.Context) {
 				break more
 			}
 		}
-		e.issue(context.WithoutCancel(ctx), batch) // a step in flight finishes
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
+		if err := e.issue(ictx, batch); err != nil {
+			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "requests", len(batch), "err", err)
+		}
+		cancel()
 		for _, r := range batch {
 			e.done(r)
 		}
@@ -411,8 +441,9 @@ func (e *Engine) layer2(ctx context.Context) {
 }
 
 // issue is layer 2 for requests taken together: one deduction and one
-// issuing transaction per batch.
-func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) {
+// issuing transaction per batch. A batch no longer in the catalog refuses
+// its requests (BATCH_CLOSED); the window was decided by layer 1.
+func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) error {
 	byBatch := map[string][]model.CouponRequest{}
 	var order []string
 	for _, r := range reqs {
@@ -422,53 +453,109 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) {
 		byBatch[r.Batch] = append(byBatch[r.Batch], r)
 	}
 	cat := e.catalog()
+	var errs []error
 	for _, id := range order {
 		group := byBatch[id]
 		b, ok := cat.Batch(id)
 		if !ok {
-			e.refuse(ctx, group, model.ReasonBatchClosed)
+			errs = append(errs, e.refuse(ctx, group, model.ReasonBatchClosed))
 			continue
 		}
 		e.mu.Lock()
-		left, known := e.left[id]
+		out := e.clock.Now().Before(e.soldOut[id])
 		e.mu.Unlock()
-		if known && left <= 0 {
-			e.refuse(ctx, group, model.ReasonSoldOut)
+		if out {
+			errs = append(errs, e.soldOutNow(ctx, group))
 			continue
 		}
 		if err := e.issueBatch(ctx, ruleOf(b), group); err != nil {
-			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "batch", id, "requests", len(group), "err", err)
+			errs = append(errs, fmt.Errorf("batch %s: %w", id, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
-func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) {
+func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
 	if err := e.cfg.Store.RefuseCoupons(ctx, reqs, reason); err != nil {
-		e.log.Warn("coupons: refusal not written; the requests are taken again once stale", "reason", reason, "err", err)
-		return
+		return fmt.Errorf("refuse %d (%s): %w", len(reqs), reason, err)
 	}
 	e.Stats.Refused.Add(int64(len(reqs)))
+	return nil
 }
 
-// issueBatch deducts once for reqs (one batch) and issues.
+// soldOutFor is how long a batch whose deduction found nothing free is
+// taken as sold out without asking the stock again.
+const soldOutFor = time.Second
+
+// soldOutTries is how many times a request finds its batch with nothing
+// free before it is refused SOLD_OUT: units other merges hold in leases
+// come back unused within a step, so a request released and taken again
+// (the feeder's sweep, a second later) gets them.
+const soldOutTries = 3
+
+// soldOutNow answers requests whose batch had nothing free: refused
+// SOLD_OUT after soldOutTries (a green one at once: its caller waits for
+// the final state), else released to be taken again.
+func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest) error {
+	var refuse, again []model.CouponRequest
+	e.mu.Lock()
+	for _, r := range reqs {
+		e.tries[key(r)]++
+		if e.tries[key(r)] >= soldOutTries || r.Green { // a green request is answered now
+			delete(e.tries, key(r))
+			refuse = append(refuse, r)
+		} else {
+			again = append(again, r)
+		}
+	}
+	e.mu.Unlock()
+	var err error
+	if len(again) > 0 {
+		// Off the queued set before they can be taken again: a feeder that
+		// takes one while it still looks queued here would skip it, and
+		// leave it deciding with nobody on it.
+		for _, r := range again {
+			e.done(r)
+		}
+		if err = e.cfg.Store.ReleaseCouponRequests(ctx, again); err == nil {
+			e.Stats.Released.Add(int64(len(again)))
+		}
+	}
+	if len(refuse) > 0 {
+		err = errors.Join(err, e.refuse(ctx, refuse, model.ReasonSoldOut))
+	}
+	return err
+}
+
+// issueBatch deducts once for reqs (one batch) and issues. Whatever
+// happens after the grant, the lease is closed with what it did not spend
+// when that is known; only an issue whose COMMIT lost its answer leaves it
+// open, its units counted out (under-issue, never over-issue) until it is
+// settled by its coupons.
 func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest) error {
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
 	if err != nil {
 		// Granted or not, unknown: the requests stay deciding, and a lease
 		// granted without an answer is settled by its (zero) coupons.
-		return fmt.Errorf("deduct %d of %s: %w", len(reqs), rule.Batch, err)
+		return fmt.Errorf("deduct %d: %w", len(reqs), err)
 	}
 	e.Stats.Deductions.Add(1)
 	if granted == 0 {
 		e.mu.Lock()
-		e.left[rule.Batch] = 0
+		e.soldOut[rule.Batch] = e.clock.Now().Add(soldOutFor)
 		e.mu.Unlock()
-		e.refuse(ctx, reqs, model.ReasonSoldOut)
-		return nil
+		return e.soldOutNow(ctx, reqs)
 	}
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
-		return fmt.Errorf("issue %d of %s: %w", len(reqs), rule.Batch, err)
+		if errors.Is(err, storage.ErrCommitUnknown) {
+			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", len(reqs), lease, granted, err)
+		}
+		// Nothing was written: every unit goes back.
+		if rerr := e.giveBack(ctx, rule.Batch, lease, granted); rerr != nil {
+			return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), rerr)
+		}
+		return fmt.Errorf("issue %d: %w", len(reqs), err)
 	}
 	for _, d := range ds {
 		if d.Issued {
@@ -477,35 +564,25 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 			e.Stats.Refused.Add(1)
 		}
 	}
-	// The lease is closed even when every unit was spent, so that nobody
-	// settles it later.
-	if err := e.cfg.Stock.Return(ctx, rule.Batch, lease, unused); err != nil {
-		return fmt.Errorf("return %d unused of lease %s: %w", unused, lease, err)
-	}
-	return nil
+	// Closed even when every unit was spent, so that nobody settles it.
+	return e.giveBack(ctx, rule.Batch, lease, unused)
 }
 
-// refreshEvery is how often the local copy of the stock is read.
-const refreshEvery = time.Second
-
-// refreshStock keeps the local copy of each batch's stock left.
-func (e *Engine) refreshStock(ctx context.Context) {
-	for ctx.Err() == nil {
-		for _, b := range e.catalog().Batches() {
-			n, err := e.cfg.Stock.Left(ctx, b.ID)
-			if err != nil {
-				continue
-			}
-			e.mu.Lock()
-			e.left[b.ID] = n
-			e.mu.Unlock()
+// giveBack closes a lease with unused units, trying a few times (a return
+// is repeatable).
+func (e *Engine) giveBack(ctx context.Context, batch, lease string, unused int64) error {
+	var err error
+	for attempt := range 3 {
+		if err = e.cfg.Stock.Return(ctx, batch, lease, unused); err == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-e.clock.After(refreshEvery):
+			return fmt.Errorf("return %d unused of lease %s: %w", unused, lease, err)
+		case <-e.clock.After(time.Duration(attempt+1) * 100 * time.Millisecond):
 		}
 	}
+	return fmt.Errorf("return %d unused of lease %s (left open): %w", unused, lease, err)
 }
 
 // riskCounters are the built-in risk check's per-minute counts, per cell:

@@ -150,7 +150,14 @@ func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued ma
 		time.Sleep(50 * time.Millisecond)
 	}
 	if open > 0 {
-		d.t.Fatalf("%d of %d requests not final after %v", open, len(rs), within)
+		var states []string
+		for _, r := range rs {
+			got, _ := d.st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			if !got.State.Final() && len(states) < 5 {
+				states = append(states, fmt.Sprintf("%s %s taken %d accepted %d", got.Serial, got.State, got.TakenMS, got.AcceptedMS))
+			}
+		}
+		d.t.Fatalf("%d of %d requests not final after %v: %v", open, len(rs), within, states)
 	}
 	rules := map[string]model.CouponRule{}
 	for _, b := range d.cat.Batches() {

@@ -78,13 +78,3 @@ func (s *BudgetStock) Return(ctx context.Context, batch, leaseID string, unused 
 	_, err := s.Budgets.ReturnLease(ctx, sh, leaseID, unused)
 	return err
 }
-
-// Left implements Stock: the units no lease holds.
-func (s *BudgetStock) Left(ctx context.Context, batch string) (int64, error) {
-	sh, k := s.home(batch)
-	b, _, err := s.Budgets.Budget(ctx, sh, k)
-	if err != nil {
-		return 0, err
-	}
-	return b.Available(0), nil
-}
