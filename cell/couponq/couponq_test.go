@@ -300,3 +300,62 @@ func TestLayerRate(t *testing.T) {
 		t.Fatalf("layer 1 at 200/s decided %d in %v, want 1..%d", n, elapsed, most)
 	}
 }
+
+// failing is a store whose IssueCoupons fails while fail is set: with
+// unknown, as a COMMIT whose answer was lost; else before anything is
+// written.
+type failing struct {
+	store
+	mu            sync.Mutex
+	fail, unknown bool
+}
+
+func (f *failing) IssueCoupons(ctx context.Context, rule model.CouponRule, lease string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
+	f.mu.Lock()
+	fail, unknown := f.fail, f.unknown
+	f.mu.Unlock()
+	switch {
+	case fail && unknown:
+		return nil, 0, fmt.Errorf("issue: %w", storage.ErrCommitUnknown)
+	case fail:
+		return nil, 0, fmt.Errorf("issue: connection refused")
+	}
+	return f.store.IssueCoupons(ctx, rule, lease, granted, reqs)
+}
+
+// An issue that wrote nothing gives its lease's units back at once; one
+// whose answer was lost leaves the lease open, its units counted out
+// (never over-issue); either way the requests are decided later.
+func TestFailedIssueAndItsLease(t *testing.T) {
+	for _, unknown := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unknown=%v", unknown), func(t *testing.T) {
+			f := &failing{store: memstore.New(nil), fail: true, unknown: unknown}
+			d := newDrop(t, f, 5, 5, 5)
+			e := d.engine(free{}, free{})
+			r := d.requests(1, 1, 4)[0]
+			r.Batch, r.Green = d.c, true
+			if _, _, err := e.Accept(context.Background(), r); err == nil {
+				t.Fatal("a green request whose issue failed answered no error")
+			}
+			sh, k := d.stock.home(d.c)
+			b, leases, err := f.Budget(context.Background(), sh, k)
+			if err != nil || len(leases) != 1 {
+				t.Fatalf("stock row %+v leases %+v %v", b, leases, err)
+			}
+			if unknown {
+				if leases[0].State != model.LeaseOpen || b.Outstanding() != 1 {
+					t.Fatalf("after a lost answer: lease %+v, %d out; want it open, 1 out", leases[0], b.Outstanding())
+				}
+			} else if leases[0].State != model.LeaseReturned || leases[0].Unspent != 1 || b.Outstanding() != 0 {
+				t.Fatalf("after a failed issue: lease %+v, %d out; want it returned whole, 0 out", leases[0], b.Outstanding())
+			}
+			f.mu.Lock()
+			f.fail = false
+			f.mu.Unlock()
+			got, repeat, err := e.Accept(context.Background(), r) // the client asks again, green
+			if err != nil || !repeat || got.State != model.CouponIssued {
+				t.Fatalf("green again: %+v repeat %v %v; want issued", got, repeat, err)
+			}
+		})
+	}
+}
