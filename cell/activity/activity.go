@@ -18,12 +18,8 @@
 package activity
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -31,7 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"redcell/internal/yamlfile"
 )
 
 // Stage is the stage of a child activity. The reward paths to come key their
@@ -162,22 +158,13 @@ func Load(path string, now time.Time) (*Tree, error) {
 // lists every problem found (Problems), each with its place in the tree.
 func Parse(b []byte, now time.Time) (*Tree, error) {
 	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
-		return nil, errors.New("the file is empty")
-	} else if err != nil {
-		return nil, fmt.Errorf("not a valid activities file: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("the file holds more than one YAML document: one tree per file")
+	if err := yamlfile.Decode(b, &f, "activities", "tree"); err != nil {
+		return nil, err
 	}
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256(b)
-	t := &Tree{parents: map[string]*Parent{}, Version: hex.EncodeToString(sum[:])[:12], Loaded: now}
+	t := &Tree{parents: map[string]*Parent{}, Version: yamlfile.Version(b), Loaded: now}
 	for i := range f.Activities {
 		p := &f.Activities[i]
 		t.parents[p.ID] = p

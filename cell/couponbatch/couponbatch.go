@@ -14,12 +14,8 @@
 package couponbatch
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -27,6 +23,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"redcell/internal/yamlfile"
 )
 
 // IDMax bounds a batch or group ID.
@@ -137,16 +135,8 @@ func Load(path string, now time.Time) (*Catalog, error) {
 // it; the error lists every problem found (Problems).
 func Parse(b []byte, now time.Time) (*Catalog, error) {
 	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
-		return nil, errors.New("the file is empty")
-	} else if err != nil {
-		return nil, fmt.Errorf("not a valid coupon batches file: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("the file holds more than one YAML document: one catalog per file")
+	if err := yamlfile.Decode(b, &f, "coupon batches", "catalog"); err != nil {
+		return nil, err
 	}
 	if err := integersOnly(b); err != nil {
 		return nil, err
@@ -154,8 +144,7 @@ func Parse(b []byte, now time.Time) (*Catalog, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256(b)
-	c := &Catalog{batches: map[string]*Batch{}, Risk: f.Risk.WithDefaults(), Version: hex.EncodeToString(sum[:])[:12], Loaded: now}
+	c := &Catalog{batches: map[string]*Batch{}, Risk: f.Risk.WithDefaults(), Version: yamlfile.Version(b), Loaded: now}
 	for i := range f.Batches {
 		bt := &f.Batches[i]
 		c.batches[bt.ID] = bt
