@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -249,6 +250,12 @@ type CouponRequest struct {
 	AcceptedMS int64
 	TakenMS    int64 // when a layer last took it (deciding)
 	DecidedMS  int64 // when it became final
+}
+
+// CompareCouponRequests orders requests as the stores take them: by
+// AcceptedMS, then App, then Serial (the primary key), for slices.SortFunc.
+func CompareCouponRequests(a, b CouponRequest) int {
+	return cmp.Or(cmp.Compare(a.AcceptedMS, b.AcceptedMS), cmp.Compare(a.App, b.App), cmp.Compare(a.Serial, b.Serial))
 }
 
 // ReplayCouponRequest decides a request whose app and serial are stored

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -208,15 +209,7 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 			return err
 		}
 		all := append(accepted, stale...)
-		sort.Slice(all, func(i, j int) bool {
-			if all[i].AcceptedMS != all[j].AcceptedMS {
-				return all[i].AcceptedMS < all[j].AcceptedMS
-			}
-			if all[i].App != all[j].App {
-				return all[i].App < all[j].App
-			}
-			return all[i].Serial < all[j].Serial
-		})
+		slices.SortFunc(all, model.CompareCouponRequests)
 		all = all[:min(len(all), limit)]
 		if len(all) == 0 {
 			return tx.Commit()

@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"slices"
 	"sort"
 
 	"redcell/internal/invariant"
@@ -79,15 +80,7 @@ func (s *Store) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 			rs = append(rs, r)
 		}
 	}
-	sort.Slice(rs, func(i, j int) bool {
-		if rs[i].AcceptedMS != rs[j].AcceptedMS {
-			return rs[i].AcceptedMS < rs[j].AcceptedMS
-		}
-		if rs[i].App != rs[j].App {
-			return rs[i].App < rs[j].App
-		}
-		return rs[i].Serial < rs[j].Serial
-	})
+	slices.SortFunc(rs, func(a, b *model.CouponRequest) int { return model.CompareCouponRequests(*a, *b) })
 	rs = rs[:min(len(rs), limit)]
 	if len(rs) == 0 {
 		return nil, nil
