@@ -26,6 +26,10 @@ const (
 	HeaderDeadline = "X-Redcell-Deadline-Ms"
 	// HeaderCell names the cell that answered (set by cells).
 	HeaderCell = "X-Redcell-Cell"
+	// HeaderApp carries the calling app, as its API key names it, from the
+	// router to the cell on the coupon routes (a coupon's serial_no is
+	// unique per app); the router drops any a client sent.
+	HeaderApp = "X-Redcell-App"
 	// HeaderStress marks stress-test traffic ("1"). The router forwards it; cells
 	// write such requests to shadow tables (databases shadow_db_XX), so a bench
 	// can run against a live cluster without touching real users' money.
@@ -262,6 +266,7 @@ var status = map[string]int{
 	model.ErrOrderConflict.Code:        http.StatusConflict,
 	model.ErrIdentityConflict.Code:     http.StatusConflict,
 	model.ErrIdentityDisabled.Code:     http.StatusNotImplemented,
+	model.ErrCouponsDisabled.Code:      http.StatusNotImplemented,
 	model.ErrBudgetExhausted.Code:      http.StatusConflict,
 	model.ErrSceneRateLimited.Code:     http.StatusTooManyRequests,
 	model.ErrNoActiveStage.Code:        http.StatusConflict,

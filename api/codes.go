@@ -86,7 +86,7 @@ func ResponseCode(h *fasthttp.ResponseHeader) []byte {
 var sentinels = func() map[string]*model.Error {
 	m := map[string]*model.Error{}
 	for _, e := range []*model.Error{model.ErrInvalidArgument, model.ErrNotFound, model.ErrSoldOut, model.ErrExpired,
-		model.ErrInsufficientBalance, model.ErrOrderConflict, model.ErrIdentityConflict, model.ErrIdentityDisabled,
+		model.ErrInsufficientBalance, model.ErrOrderConflict, model.ErrIdentityConflict, model.ErrIdentityDisabled, model.ErrCouponsDisabled,
 		model.ErrBudgetExhausted, model.ErrSceneRateLimited, model.ErrNoActiveStage, model.ErrWithdrawNotReleased,
 		model.ErrTokenRefused, model.ErrDegraded, model.ErrWrongCell, model.ErrCellUnavailable,
 		model.ErrOverloaded, model.ErrTimeout, model.ErrBodyTooLarge, model.ErrMethodNotAllowed, model.ErrShuttingDown,

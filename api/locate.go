@@ -13,15 +13,16 @@ import (
 // its route names (Route.Key): the act_id of the path (pathKey, as Match
 // returned it in Params.Key), the "sender" of a send's JSON body, or the
 // packet ID of the path, whose shard is part of the ID, or the app account of
-// the path, hashed like an act_id (sharding.ShardOfIdentity). user is the act_id the
-// router's per-user limit counts for KeyActPath and KeySenderBody routes, ""
+// the path, hashed like an act_id (sharding.ShardOfIdentity). For a KeyActQuery
+// route pathKey is the query's act_id. user is the act_id the
+// router's per-user limit counts for KeyActPath, KeyActQuery and KeySenderBody routes, ""
 // for packet routes (their user is in the body: see ScanActID). It is the
 // router's routing rule, pure: it reads only its arguments. Errors:
 // model.ErrInvalidArgument for a bad act_id, sender or packet ID, or a body
 // that is no JSON object. It panics for a route without a key (not public).
 func Locate(rt Route, pathKey string, body []byte) (shard model.ShardID, user string, err error) {
 	switch rt.Key {
-	case KeyActPath:
+	case KeyActPath, KeyActQuery:
 		if err := model.ValidateActID(pathKey); err != nil {
 			return 0, "", err
 		}

@@ -23,6 +23,7 @@ func TestLocate(t *testing.T) {
 		{"POST", NoopPathOf("u1"), "", 663, "u1", ""},
 		{"POST", SendPath, `{"sender":"sender-42","amount":100}`, 925, "sender-42", ""},
 		{"POST", OpenPath(pid), `{"act_id":"x"}`, 663, "", ""},
+		{"GET", AccountSubPath("alice", "coupons"), "", 289, "alice", ""},
 		{"POST", GrabPath(pid), "", 663, "", ""},
 		{"GET", PacketPath(pid), "", 663, "", ""},
 		{"GET", AccountPath("bad*id"), "", 0, "", "act_id"},
@@ -31,6 +32,8 @@ func TestLocate(t *testing.T) {
 		{"POST", SendPath, `{"sender":`, 0, "", "malformed JSON body"},
 		{"POST", SendPath, `{}`, 0, "", "sender: "},
 		{"POST", OpenPath("20261130663zz"), "", 0, "", "packet"},
+		{"POST", CouponIssuePath, `{"act_id":"alice","batch_id":"b"}`, 289, "alice", ""},
+		{"POST", CouponIssuePath, `{"batch_id":"b"}`, 0, "", "act_id"},
 	} {
 		parts, ok := PathSegments([]byte(c.path))
 		if !ok {
@@ -41,6 +44,9 @@ func TestLocate(t *testing.T) {
 			t.Fatalf("%s %s: %v", c.method, c.path, err)
 		}
 		shard, user, err := Locate(rt, p.Key, []byte(c.body))
+		if rt.Key == KeyActQuery {
+			t.Fatalf("%s: a query-keyed route in the path table", c.path)
+		}
 		if c.errHas != "" {
 			_, msg := model.CodeOf(err)
 			if !errors.Is(err, model.ErrInvalidArgument) || !strings.Contains(msg, c.errHas) || shard != 0 || user != "" {
@@ -75,5 +81,17 @@ func TestSplitIdentityKey(t *testing.T) {
 	s, user, err := Locate(rt, "chat/u1", nil)
 	if err != nil || user != "" || s != sharding.ShardOfIdentity("chat", "u1") || s != sharding.ShardOfAct("chat/u1") {
 		t.Errorf("Locate: shard %d, user %q, %v", s, user, err)
+	}
+}
+
+// TestLocateActQuery: a coupon request's state is routed by the act_id of
+// its query, which the caller passes as the key.
+func TestLocateActQuery(t *testing.T) {
+	rt := RouteOf(RouteCouponState)
+	if sh, user, err := Locate(rt, "alice", nil); err != nil || sh != 289 || user != "alice" {
+		t.Fatalf("Locate(alice) = %d %q %v", sh, user, err)
+	}
+	if _, _, err := Locate(rt, "", nil); !errors.Is(err, model.ErrInvalidArgument) {
+		t.Fatalf("Locate without an act_id: %v", err)
 	}
 }

@@ -32,6 +32,9 @@ const (
 	RouteTokens       // POST /v1/accounts/{act_id}/tokens: the client's copies of reward tokens
 	RouteIssued       // GET /v1/activities/{parent_activity_id}/issued: issued so far, from in-process counters
 	RouteBook         // POST /v1/accounts/{act_id}/book: forced booking of a person's pending rewards
+	RouteCouponIssue  // POST /v1/coupons/issue: take a coupon (accepted, issued behind)
+	RouteCouponState  // GET /v1/coupons/issue/{serial_no}?act_id=: a coupon request's state
+	RouteCoupons      // GET /v1/accounts/{act_id}/coupons: the coupons a person holds
 	RouteCredits      // POST /internal/credits, cell to cell
 	RouteRecon        // POST /internal/recon, cell to cell
 	RouteBudgetLease  // POST /internal/budget/lease, cell to the scene's home cell
@@ -49,6 +52,8 @@ const (
 	RouteActivitiesReload // POST /admin/activities/reload on a cell's admin port
 	RouteWithdrawGet      // GET /admin/withdraw on a cell's admin port: the withdrawal release
 	RouteWithdrawPut      // PUT /admin/withdraw on a cell's admin port
+	RouteCouponBatches    // GET /admin/coupons on a cell's admin port: the coupon batches and their stock
+	RouteCouponsReload    // POST /admin/coupons/reload on a cell's admin port
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
@@ -68,6 +73,9 @@ const (
 	KeyIdentityPath                // the app account of the path ({app}/{app_user_id}), hashed like an act_id
 	KeyActBody                     // the "act_id" field of the JSON body (reward issue)
 	KeyActivityPath                // the parent activity ID of the path, hashed like an act_id (any cell answers)
+	// KeyActQuery: the act_id of the query string (?act_id=), which the
+	// caller passes to Locate as pathKey (a coupon request's state).
+	KeyActQuery
 )
 
 // Port is the listener a route is served on.
@@ -132,7 +140,12 @@ var routes = [RouteCount]Route{
 	RouteTokens:   {ID: RouteTokens, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/tokens", Key: KeyActPath, Label: "tokens", Scope: "reward"},
 	RouteIssued: {ID: RouteIssued, Method: http.MethodGet, Pattern: "/v1/activities/{parent_activity_id}/issued", Key: KeyActivityPath,
 		Label: "issued", Scope: "read"},
-	RouteBook:         {ID: RouteBook, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/book", Key: KeyActPath, Label: "book", Scope: "reward"},
+	RouteBook: {ID: RouteBook, Method: http.MethodPost, Pattern: "/v1/accounts/{act_id}/book", Key: KeyActPath, Label: "book", Scope: "reward"},
+	RouteCouponIssue: {ID: RouteCouponIssue, Method: http.MethodPost, Pattern: CouponIssuePath, Key: KeyActBody, UserInBody: true,
+		Label: "coupon_issue", Scope: "coupon"},
+	RouteCouponState: {ID: RouteCouponState, Method: http.MethodGet, Pattern: "/v1/coupons/issue/{serial_no}", Key: KeyActQuery,
+		Label: "coupon_state", Scope: "read"},
+	RouteCoupons:      {ID: RouteCoupons, Method: http.MethodGet, Pattern: "/v1/accounts/{act_id}/coupons", Key: KeyActPath, Label: "coupons", Scope: "read"},
 	RouteCredits:      {ID: RouteCredits, Method: http.MethodPost, Pattern: CreditsPath, Label: "credits", Internal: true},
 	RouteRecon:        {ID: RouteRecon, Method: http.MethodPost, Pattern: ReconPath, Label: "recon", Internal: true},
 	RouteBudgetLease:  {ID: RouteBudgetLease, Method: http.MethodPost, Pattern: BudgetLeasePath, Label: "budget_lease", Internal: true},
@@ -149,11 +162,13 @@ var routes = [RouteCount]Route{
 	RouteActivities:  {ID: RouteActivities, Method: http.MethodGet, Pattern: "/admin/activities", Label: "activities", Port: PortCellAdmin},
 	RouteActivitiesReload: {ID: RouteActivitiesReload, Method: http.MethodPost, Pattern: "/admin/activities/reload", Label: "activities",
 		Port: PortCellAdmin},
-	RouteWithdrawGet: {ID: RouteWithdrawGet, Method: http.MethodGet, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
-	RouteWithdrawPut: {ID: RouteWithdrawPut, Method: http.MethodPut, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
-	RouteKeysList:    {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysAdd:     {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
-	RouteKeysRevoke:  {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
+	RouteWithdrawGet:   {ID: RouteWithdrawGet, Method: http.MethodGet, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
+	RouteWithdrawPut:   {ID: RouteWithdrawPut, Method: http.MethodPut, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
+	RouteCouponBatches: {ID: RouteCouponBatches, Method: http.MethodGet, Pattern: "/admin/coupons", Label: "coupons", Port: PortCellAdmin},
+	RouteCouponsReload: {ID: RouteCouponsReload, Method: http.MethodPost, Pattern: "/admin/coupons/reload", Label: "coupons", Port: PortCellAdmin},
+	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysAdd:       {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
+	RouteKeysRevoke:    {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
 }
 
 // Paths of the routes without a parameter, and builders for the others. A
@@ -171,7 +186,14 @@ const (
 	BudgetLeasePath  = "/internal/budget/lease"
 	BudgetReturnPath = "/internal/budget/return"
 	BudgetLeasesPath = "/internal/budget/leases"
+	CouponIssuePath  = "/v1/coupons/issue"
 )
+
+// CouponStatePath is GET /v1/coupons/issue/{serial_no}?act_id={act_id}; it
+// takes a serial and an act_id that are valid and does not escape them.
+func CouponStatePath(serial, actID string) string {
+	return CouponIssuePath + "/" + serial + "?act_id=" + actID
+}
 
 // AccountPath is GET /v1/accounts/{act_id}.
 func AccountPath(actID string) string { return "/v1/accounts/" + actID }

@@ -38,6 +38,11 @@ func TestMatch(t *testing.T) {
 		{method: "PUT", path: "/v1/identities/chat%2Fx/u1", route: RouteIdentity, key: "chat/x/u1"}, // SplitIdentityKey refuses it (400)
 		{method: "PUT", path: "/v1/identities/chat", route: RouteOther, err: model.ErrNotFound},
 		{method: "PUT", path: "/v1/identities/chat/u1/x", route: RouteOther, err: model.ErrNotFound},
+		{method: "POST", path: "/v1/coupons/issue", route: RouteCouponIssue},
+		{method: "GET", path: "/v1/coupons/issue", route: RouteCouponIssue, err: model.ErrMethodNotAllowed},
+		{method: "GET", path: "/v1/coupons/issue/s-1", route: RouteCouponState, key: "s-1"},
+		{method: "POST", path: "/v1/coupons/issue/s-1", route: RouteCouponState, key: "s-1", err: model.ErrMethodNotAllowed},
+		{method: "GET", path: "/v1/accounts/bob/coupons", route: RouteCoupons, key: "bob"},
 		{method: "POST", path: "/internal/credits", route: RouteCredits, publicErr: model.ErrNotFound},
 		{method: "POST", path: "/internal/recon", route: RouteRecon, publicErr: model.ErrNotFound},
 		{method: "GET", path: "/internal/recon", route: RouteRecon, err: model.ErrMethodNotAllowed, publicErr: model.ErrNotFound},
@@ -107,6 +112,9 @@ func TestMatchAdmin(t *testing.T) {
 		{PortCellAdmin, "PUT", "/admin/degrade", RouteDegradePut, "", nil},
 		{PortCellAdmin, "POST", "/admin/audit", RouteAudit, "", nil},
 		{PortCellAdmin, "GET", "/admin/shards", RouteShards, "", nil},
+		{PortCellAdmin, "GET", "/admin/coupons", RouteCouponBatches, "", nil},
+		{PortCellAdmin, "POST", "/admin/coupons/reload", RouteCouponsReload, "", nil},
+		{PortRouterAdmin, "GET", "/admin/coupons", RouteOther, "", model.ErrNotFound},
 		{PortCellAdmin, "GET", "/admin/keys", RouteOther, "", model.ErrNotFound},
 		{PortRouterAdmin, "GET", "/admin/keys", RouteKeysList, "", nil},
 		{PortRouterAdmin, "POST", "/admin/keys", RouteKeysAdd, "", nil},
@@ -128,10 +136,11 @@ func TestMatchAdmin(t *testing.T) {
 
 // TestRouteTable: the properties the router and cells rely on.
 func TestRouteTable(t *testing.T) {
-	if got := Labels(RouteCredits); len(got) != 17 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" || got[16] != "book" {
+	if got := Labels(RouteCredits); len(got) != 20 || got[0] != "other" || got[8] != "identity" || got[15] != "issued" || got[16] != "book" ||
+		got[17] != "coupon_issue" || got[18] != "coupon_state" || got[19] != "coupons" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 22 || got[17] != "credits" || got[18] != "recon" || got[20] != "budget_return" || got[21] != "budget_leases" {
+	if got := Labels(RouteMetrics); len(got) != 25 || got[20] != "credits" || got[21] != "recon" || got[23] != "budget_return" || got[24] != "budget_leases" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

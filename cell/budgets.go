@@ -60,7 +60,10 @@ const settleGrace = 10 * time.Second
 func (h budgetHome) Grant(ctx context.Context, key, holder string, want, reserve int64, ttl time.Duration) (model.Lease, error) {
 	total, ok := h.s.sceneTotal(key)
 	if !ok {
-		return model.Lease{}, model.Errorf(model.ErrNotFound, "no scene controls budget %s in this cell's activities", key)
+		total, ok = h.s.couponTotal(key)
+	}
+	if !ok {
+		return model.Lease{}, model.Errorf(model.ErrNotFound, "no scene or coupon batch controls budget %s in this cell's files", key)
 	}
 	sh := sharding.BudgetShard(key)
 	if h.s.Owns(sh) {
@@ -224,6 +227,7 @@ func (s *Server) runBudgetSweep(ctx context.Context) {
 			if tick++; tick%10 == 0 {
 				s.expireHomedLeases(ctx)
 				s.settleLeases(ctx)
+				s.settleCouponLeases(ctx)
 			}
 		}
 	}
@@ -318,11 +322,13 @@ func (s *Server) localLeasesOf(ctx context.Context, sp *space, key, holder strin
 	return out, nil
 }
 
-// leasesOf lists this cell's leases of key at its home, wherever that is.
-func (s *Server) leasesOf(ctx context.Context, sp *space, cc *cellclient.Client, key string) ([]model.Lease, error) {
+// leasesOf lists holder's leases of key at its home, wherever that is:
+// holder is this cell's name for reward leases, couponHolder for coupon
+// deductions.
+func (s *Server) leasesOf(ctx context.Context, sp *space, cc *cellclient.Client, key, holder string) ([]model.Lease, error) {
 	sh := sharding.BudgetShard(key)
 	if s.Owns(sh) {
-		return s.localLeasesOf(ctx, sp, key, s.cfg.Name)
+		return s.localLeasesOf(ctx, sp, key, holder)
 	}
 	owner, err := s.ownerOf(sh)
 	if err != nil {
@@ -330,7 +336,7 @@ func (s *Server) leasesOf(ctx context.Context, sp *space, cc *cellclient.Client,
 	}
 	var out api.BudgetLeasesResponse
 	if err := cc.Send(ctx, cellclient.Call{Addr: owner, Path: api.BudgetLeasesPath, Stress: sp.stress,
-		Body: api.BudgetLeasesRequest{Key: key, Holder: s.cfg.Name}, Out: &out}); err != nil {
+		Body: api.BudgetLeasesRequest{Key: key, Holder: holder}, Out: &out}); err != nil {
 		return nil, err
 	}
 	ls := make([]model.Lease, 0, len(out.Leases))
@@ -377,7 +383,7 @@ func (s *Server) settleLeases(ctx context.Context) {
 	dbs := s.cfg.Shards.DBs()
 	for i, sp := range s.spaces {
 		for _, key := range controlledKeys(t) {
-			ls, err := s.leasesOf(ctx, sp, s.calls, key)
+			ls, err := s.leasesOf(ctx, sp, s.calls, key, s.cfg.Name)
 			if err != nil {
 				s.log.Warn("budget: leases of an earlier run not listed; they stay out", "key", key, "space", sp.name, "err", err)
 				continue
@@ -402,13 +408,14 @@ func (s *Server) settleLeases(ctx context.Context) {
 // expireHomedLeases marks the leases past their expiry of the budgets homed
 // here expired (they stay out: the holder may have spent any of them).
 func (s *Server) expireHomedLeases(ctx context.Context) {
-	t := s.acts.holder.Tree()
-	if t == nil {
-		return
+	var keys []string
+	if t := s.acts.holder.Tree(); t != nil {
+		keys = controlledKeys(t)
 	}
+	keys = append(keys, s.couponKeys()...)
 	now := s.clock.Now().UnixMilli()
 	failed := [2]bool{}
-	for _, key := range controlledKeys(t) {
+	for _, key := range keys {
 		sh := sharding.BudgetShard(key)
 		if !s.Owns(sh) {
 			continue

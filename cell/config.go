@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/cell/climit"
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
 	"redcell/internal/clock"
@@ -70,6 +71,27 @@ type Config struct {
 	// loaded at start (an invalid file stops the cell) and again on POST
 	// /admin/activities/reload; empty: none.
 	Activities string
+
+	// Coupons is the coupon batches' YAML file (cell/couponbatch), loaded
+	// at start (an invalid file stops the cell) and again on POST
+	// /admin/coupons/reload; empty: the coupon routes answer 501
+	// COUPONS_DISABLED.
+	Coupons string
+	// CouponRates are the cluster-wide rates of the two coupon layers,
+	// requests per second shared by every cell (cell/climit): [0] the
+	// activity decision, [1] the stock deduction and issue.
+	CouponRates [2]int
+	// CouponMergeMax is the most queued requests one stock deduction takes
+	// (cell/couponq.Config.MergeMax).
+	CouponMergeMax int
+	// CouponQueueLen bounds each coupon layer's local queue.
+	CouponQueueLen int
+	// CouponStaleAfter is how long a coupon request may stay deciding before
+	// it is taken again (a cell died or stopped holding it).
+	CouponStaleAfter time.Duration
+	// CouponMemcache keeps the coupon layers' cluster-wide token pools
+	// (cell/climit); nil: each cell takes rate/N on its own.
+	CouponMemcache climit.Memcache
 
 	// RewardKeys is the reward token key file (cell/rewardtoken: Ed25519
 	// keys by ID, one active); empty: the cell issues no rewards (404).
@@ -185,6 +207,19 @@ func DefaultConfig() Config {
 		BookingRate:     5_000,
 		BookingBatch:    200,
 		WithdrawRelease: WithdrawRelease{Percent: 100, Allow: []string{}},
+		// The seed's drop issued about 10^5 coupons a second over a whole
+		// cluster; 20,000 a second per layer is far above what two cells on
+		// two cores take, so on this machine it binds only a flood.
+		CouponRates: [2]int{20_000, 20_000},
+		// One deduction per 64 requests of a hot batch: a 64th of the stock
+		// row's lock time, and a merge small enough to commit in one fsync.
+		CouponMergeMax: 64,
+		// About a fifth of a second of the layer rates: a queue that holds
+		// more would hold requests past the seed's 0.5 s target.
+		CouponQueueLen: 4096,
+		// A step holds a request at most 30 s (its timeout); past that the
+		// cell holding it is gone.
+		CouponStaleAfter: time.Minute,
 
 		PacketExpiry:   24 * time.Hour, // WeChat's rule: unclaimed money returns after 24 h
 		OpenStrategy:   StrategyGrouped,
@@ -323,6 +358,18 @@ func (c Config) Validate() error {
 	}
 	if c.RateLimitPerSec < 1 || c.RateBurst < 1 {
 		bad("RateLimitPerSec and RateBurst must be >= 1")
+	}
+	if c.CouponRates[0] < 1 || c.CouponRates[1] < 1 {
+		bad("CouponRates (coupon_rates) must be >= 1 request/s for both layers")
+	}
+	if c.CouponMergeMax < 1 || c.CouponMergeMax > 1000 {
+		bad("CouponMergeMax (coupon_merge_max) must be 1..1000")
+	}
+	if c.CouponQueueLen < 1 || c.CouponQueueLen > 1_000_000 {
+		bad("CouponQueueLen (coupon_queue_len) must be 1..1000000")
+	}
+	if c.CouponStaleAfter < 31*time.Second {
+		bad("CouponStaleAfter (coupon_stale_after) must be > 30s, a coupon step's timeout")
 	}
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)

@@ -117,6 +117,12 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.forceBook(ctx, rc, sp, key)
 	case api.RouteIssued:
 		s.issuedSoFar(rc, sp, key)
+	case api.RouteCouponIssue:
+		s.couponIssue(ctx, rc, sp)
+	case api.RouteCouponState:
+		s.couponRequestState(ctx, rc, sp, key)
+	case api.RouteCoupons:
+		s.couponsOf(ctx, rc, sp, key)
 	case api.RouteCredits:
 		s.credits(ctx, rc, sp)
 	case api.RouteRecon:

@@ -97,6 +97,10 @@ func (sp *space) index() int {
 type Stores struct {
 	Real   storage.Store // users' money
 	Shadow storage.Store // stress-test traffic; must not share tables with Real
+	// RealCoupons and ShadowCoupons are the coupon requests and coupons of
+	// each space, over the same databases; both are required when
+	// Config.Coupons names a batches file.
+	RealCoupons, ShadowCoupons storage.Coupons
 }
 
 // Server is one running cell: it routes and admits requests and runs the open
@@ -150,6 +154,8 @@ type Server struct {
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
+	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
+	cp *coupons
 }
 
 // settleDelay is how long after start a cell first settles expired leases:
@@ -244,10 +250,25 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
+	if cfg.Coupons != "" {
+		if stores.RealCoupons == nil || stores.ShadowCoupons == nil {
+			return nil, errors.New("cell: Coupons names a batches file, but no coupon stores were given")
+		}
+		cp, err := s.newCoupons([2]storage.Coupons{stores.RealCoupons, stores.ShadowCoupons}, reg)
+		if err != nil {
+			return nil, fmt.Errorf("cell: %w", err)
+		}
+		s.cp = cp
+	}
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
+	if s.cp != nil {
+		couponAdmin = s
+	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Metrics: s.metrics.serve, Log: log})
+
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
 		Name:               "redcell-cell",
@@ -307,6 +328,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			s.expireHomedLeases(ctx)
 			s.settleLeases(ctx)
+			s.settleCouponLeases(ctx)
 		}}
 	if s.cfg.IssuedMemcache != nil {
 		for _, c := range s.rw.counters {
@@ -315,6 +337,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	if s.cfg.WarmSchema {
 		background = append(background, s.warmer.run)
+	}
+	if s.cp != nil {
+		background = append(background, s.runCoupons)
 	}
 	for _, run := range background {
 		wg.Add(1)

@@ -433,3 +433,34 @@ func limitArg(n int) string {
 	}
 	return strconv.Itoa(n)
 }
+
+// IssueCoupon asks for a coupon (POST /v1/coupons/issue). The request is
+// stored and answered at once with state "accepted" (202), issued behind;
+// with req.Green it is decided in the call and answered with its final
+// state, "issued" or "refused" with a reason. A repeat of a serial answers
+// the stored request. Errors: *Error with Code INVALID_ARGUMENT, NOT_FOUND
+// (no such batch), ORDER_CONFLICT (the serial was used for another person
+// or batch), COUPONS_DISABLED, and the retryable ones.
+func (c *Client) IssueCoupon(ctx context.Context, req api.CouponIssueRequest) (api.CouponRequestState, error) {
+	var out api.CouponRequestState
+	err := c.call(ctx, http.MethodPost, api.CouponIssuePath, req, &out, false)
+	return out, err
+}
+
+// CouponRequest reads a coupon request's state (GET
+// /v1/coupons/issue/{serial_no}?act_id=): accepted, deciding, issued or
+// refused. Errors: *Error with Code NOT_FOUND (no request of this app with
+// the serial for actID), INVALID_ARGUMENT.
+func (c *Client) CouponRequest(ctx context.Context, serial, actID string) (api.CouponRequestState, error) {
+	var out api.CouponRequestState
+	err := c.call(ctx, http.MethodGet, api.CouponIssuePath+"/"+seg(serial)+"?act_id="+url.QueryEscape(actID), nil, &out, false)
+	return out, err
+}
+
+// Coupons lists the coupons actID holds, newest first (GET
+// /v1/accounts/{act_id}/coupons).
+func (c *Client) Coupons(ctx context.Context, actID string) (api.CouponsResponse, error) {
+	var out api.CouponsResponse
+	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "coupons"), nil, &out, false)
+	return out, err
+}

@@ -108,6 +108,7 @@ type CouponDecision struct {
 	Serial string
 	Issued bool
 	Reason CouponReason // "" when issued
+	App    string       // the request's app, set by the stores (AssignCoupons leaves it "")
 }
 
 // GrantStock is the merged deduction of one batch: want units asked of left

@@ -49,7 +49,8 @@ func TestAssignCoupons(t *testing.T) {
 	}
 	holdings := map[string]*CouponHolding{"p2": {ByBatch: map[string]int{"b": 1}, Groups: map[string]string{"g": "b"}}}
 	out, unused := AssignCoupons(2, asks, holdings)
-	want := []CouponDecision{{"s1", true, ""}, {"s2", false, ReasonLimit}, {"s3", false, ReasonGroup}, {"s4", true, ""}, {"s5", false, ReasonSoldOut}}
+	want := []CouponDecision{{Serial: "s1", Issued: true}, {Serial: "s2", Reason: ReasonLimit}, {Serial: "s3", Reason: ReasonGroup},
+		{Serial: "s4", Issued: true}, {Serial: "s5", Reason: ReasonSoldOut}}
 	if !reflect.DeepEqual(out, want) || unused != 0 {
 		t.Fatalf("got %+v unused %d\nwant %+v unused 0", out, unused, want)
 	}

@@ -35,6 +35,8 @@ var (
 	// ErrIdentityDisabled: identity binding needs the cluster's identity_key,
 	// and this cluster has none.
 	ErrIdentityDisabled = &Error{"IDENTITY_DISABLED", "identity binding needs identity_key in the cluster config"}
+	// ErrCouponsDisabled: the cell has no coupon batches file (cell.Config.Coupons).
+	ErrCouponsDisabled = &Error{"COUPONS_DISABLED", "coupons need a coupon batches file in the cell config"}
 	// ErrBudgetExhausted: the reward scene's budget or stock is spent down to
 	// its reserve; issuing stops there and never passes the budget.
 	ErrBudgetExhausted = &Error{"BUDGET_EXHAUSTED", "the scene's budget or stock is spent"}

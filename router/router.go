@@ -406,8 +406,19 @@ func (r *Router) accept(rc *fasthttp.RequestCtx, now time.Time) (target, error) 
 	if key == nil {
 		return t, apikey.ErrNoKey
 	}
-	if _, err := r.keys.Check(key, scopeOf(t.route)); err != nil {
+	app, err := r.keys.Check(key, scopeOf(t.route))
+	if err != nil {
 		return t, err
+	}
+	// The coupon routes tell the cell the calling app (a serial_no is
+	// unique per app); a client cannot choose it.
+	rc.Request.Header.Del(api.HeaderApp)
+	switch t.route.ID {
+	case api.RouteCouponIssue, api.RouteCouponState:
+		rc.Request.Header.Set(api.HeaderApp, app)
+	}
+	if t.route.Key == api.KeyActQuery {
+		t.key = string(rc.QueryArgs().Peek("act_id"))
 	}
 	if len(rc.PostBody()) > 0 && !api.MediaTypeJSON(rc.Request.Header.ContentType()) {
 		return t, errMediaType

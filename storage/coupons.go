@@ -358,7 +358,7 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		out = out[:0]
 		for i, d := range ds {
 			r := open[i]
-			d.Serial = r.Serial
+			d.Serial, d.App = r.Serial, r.App
 			out = append(out, d)
 			if d.Issued {
 				id := model.CouponID(r.App, r.Serial)

@@ -61,6 +61,14 @@ type Activities interface {
 	ReloadActivities() (api.ActivitiesResponse, error)
 }
 
+// Coupons reads and reloads the coupon batches (cell/couponbatch).
+type Coupons interface {
+	CouponBatches() api.CouponBatchesResponse
+	// ReloadCoupons errors: ErrInvalidArgument (the file is invalid, or a
+	// batch would fall below what it issued; the loaded batches stay).
+	ReloadCoupons() (api.CouponBatchesResponse, error)
+}
+
 // Withdrawals reads and sets the gray release of withdrawals.
 type Withdrawals interface {
 	WithdrawRelease() api.WithdrawRelease
@@ -88,6 +96,8 @@ type Config struct {
 	Activities Activities
 	// Withdrawals may be nil: the withdrawal release routes answer NOT_FOUND.
 	Withdrawals Withdrawals
+	// Coupons may be nil: the coupon batch routes answer NOT_FOUND.
+	Coupons Coupons
 	Metrics     fasthttp.RequestHandler // GET /metrics
 	Log         *slog.Logger
 }
@@ -206,6 +216,23 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		}
 		s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
 		s.writeJSON(rc, a)
+	case api.RouteCouponBatches, api.RouteCouponsReload:
+		if s.cfg.Coupons == nil {
+			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no coupon batches"))
+			return
+		}
+		if rt.ID == api.RouteCouponBatches {
+			s.writeJSON(rc, s.cfg.Coupons.CouponBatches())
+			return
+		}
+		c, err := s.cfg.Coupons.ReloadCoupons()
+		if err != nil {
+			s.cfg.Log.Warn("coupon batches reload refused; the loaded ones stay", "err", err)
+			s.writeErr(rc, err)
+			return
+		}
+		s.cfg.Log.Info("coupon batches reloaded", "path", c.Path, "version", c.Version)
+		s.writeJSON(rc, c)
 	case api.RouteWithdrawGet, api.RouteWithdrawPut:
 		if s.cfg.Withdrawals == nil {
 			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no withdrawals"))

@@ -77,9 +77,31 @@ type Config struct {
 	// Workers is layer 1's concurrent deciders (default 8); layer 2 has one
 	// merger per 16 of them, at least one.
 	Workers int
+	// Observe hears what the engine does, for the metrics (nil: nobody).
+	Observe Observer
 	Clock   clock.Clock
 	Log     *slog.Logger
 }
+
+// Observer hears the engine's events; its methods must be cheap and safe
+// for concurrent use.
+type Observer interface {
+	// Accepted: a new request was stored (not a repeat).
+	Accepted()
+	// Final: request r became final: issued, or refused for reason, at now.
+	Final(r model.CouponRequest, issued bool, reason model.CouponReason, now time.Time)
+	// Waited: a request waited d in layer's queue (1 or 2) before its step.
+	Waited(layer int, d time.Duration)
+	// Merged: one deduction asked for n requests of batch.
+	Merged(batch string, n int)
+}
+
+type noObserver struct{}
+
+func (noObserver) Accepted()                                                      {}
+func (noObserver) Final(model.CouponRequest, bool, model.CouponReason, time.Time) {}
+func (noObserver) Waited(int, time.Duration)                                      {}
+func (noObserver) Merged(string, int)                                             {}
 
 // Engine runs the layers. Safe for concurrent use.
 type Engine struct {
@@ -87,7 +109,7 @@ type Engine struct {
 	clock clock.Clock
 	log   *slog.Logger
 	q1    chan model.CouponRequest
-	q2    chan model.CouponRequest
+	q2    chan queued
 	kick  chan struct{}
 
 	mu      sync.Mutex
@@ -125,12 +147,24 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.Observe == nil {
+		cfg.Observe = noObserver{}
+	}
 	return &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
-		q2: make(chan model.CouponRequest, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
+		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
 		soldOut: map[string]time.Time{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}, nil
 }
 
 func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
+
+// queued is a request in layer 2's queue, with when it got there.
+type queued struct {
+	r  model.CouponRequest
+	at time.Time
+}
+
+// Depths returns how many requests wait in layer 1's and layer 2's queues.
+func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
 
 // Accept stores r (storage.Coupons.AcceptCoupon) and wakes the feeder; a
 // repeat answers the stored request. With r.Green, the request is decided
@@ -144,6 +178,7 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 	}
 	if !repeat {
 		e.Stats.Accepted.Add(1)
+		e.cfg.Observe.Accepted()
 	}
 	if r.Green && !got.State.Final() {
 		// Decided to the end even if the caller goes away: a deduction
@@ -216,15 +251,22 @@ func (e *Engine) Run(ctx context.Context) {
 // drain releases what is left in the queues, after the workers stopped.
 func (e *Engine) drain() {
 	var rest []model.CouponRequest
-	for _, q := range []chan model.CouponRequest{e.q1, e.q2} {
-	loop:
-		for {
-			select {
-			case r := <-q:
-				rest = append(rest, r)
-			default:
-				break loop
-			}
+loop1:
+	for {
+		select {
+		case r := <-e.q1:
+			rest = append(rest, r)
+		default:
+			break loop1
+		}
+	}
+loop2:
+	for {
+		select {
+		case q := <-e.q2:
+			rest = append(rest, q.r)
+		default:
+			break loop2
 		}
 	}
 	e.release(rest)
@@ -334,6 +376,9 @@ func (e *Engine) layer1(ctx context.Context) {
 			return
 		case r = <-e.q1:
 		}
+		if r.TakenMS > 0 {
+			e.cfg.Observe.Waited(1, e.clock.Now().Sub(time.UnixMilli(r.TakenMS)))
+		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
 		pass, err := e.decide(dctx, r)
 		cancel()
@@ -345,7 +390,7 @@ func (e *Engine) layer1(ctx context.Context) {
 			continue
 		}
 		select {
-		case e.q2 <- r:
+		case e.q2 <- queued{r: r, at: e.clock.Now()}:
 		case <-ctx.Done():
 			e.release([]model.CouponRequest{r})
 			e.done(r)
@@ -383,6 +428,7 @@ func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, 
 		return false, err
 	}
 	e.Stats.Refused.Add(1)
+	e.cfg.Observe.Final(r, false, reason, e.clock.Now())
 	return false, nil
 }
 
@@ -413,18 +459,21 @@ func (e *Engine) layer2(ctx context.Context) {
 		if err := e.cfg.Layer2.Wait(ctx); err != nil {
 			return
 		}
-		var first model.CouponRequest
+		var first queued
 		select {
 		case <-ctx.Done():
 			return
 		case first = <-e.q2:
 		}
-		batch := []model.CouponRequest{first}
+		now := e.clock.Now()
+		e.cfg.Observe.Waited(2, now.Sub(first.at))
+		batch := []model.CouponRequest{first.r}
 	more:
 		for len(batch) < e.cfg.MergeMax && e.cfg.Layer2.Allow() {
 			select {
-			case r := <-e.q2:
-				batch = append(batch, r)
+			case q := <-e.q2:
+				e.cfg.Observe.Waited(2, now.Sub(q.at))
+				batch = append(batch, q.r)
 			default:
 				break more
 			}
@@ -480,6 +529,10 @@ func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason 
 		return fmt.Errorf("refuse %d (%s): %w", len(reqs), reason, err)
 	}
 	e.Stats.Refused.Add(int64(len(reqs)))
+	now := e.clock.Now()
+	for _, r := range reqs {
+		e.cfg.Observe.Final(r, false, reason, now)
+	}
 	return nil
 }
 
@@ -533,6 +586,7 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest) err
 // open, its units counted out (under-issue, never over-issue) until it is
 // settled by its coupons.
 func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest) error {
+	e.cfg.Observe.Merged(rule.Batch, len(reqs))
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
 	if err != nil {
 		// Granted or not, unknown: the requests stay deciding, and a lease
@@ -557,12 +611,18 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		}
 		return fmt.Errorf("issue %d: %w", len(reqs), err)
 	}
+	bySerial := make(map[string]model.CouponRequest, len(reqs))
+	for _, r := range reqs {
+		bySerial[r.App+"\x00"+r.Serial] = r
+	}
+	now := e.clock.Now()
 	for _, d := range ds {
 		if d.Issued {
 			e.Stats.Issued.Add(1)
 		} else {
 			e.Stats.Refused.Add(1)
 		}
+		e.cfg.Observe.Final(bySerial[d.App+"\x00"+d.Serial], d.Issued, d.Reason, now)
 	}
 	// Closed even when every unit was spent, so that nobody settles it.
 	return e.giveBack(ctx, rule.Batch, lease, unused)

@@ -75,6 +75,12 @@ type cellEntry struct {
 
 type cellSection struct {
 	Activities string `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
+	// Coupons is the coupon batches' YAML, relative to this file; "" none (coupons off).
+	Coupons          string        `yaml:"coupons"`
+	CouponRates      []int         `yaml:"coupon_rates"` // [layer 1, layer 2] requests/s, cluster-wide
+	CouponMergeMax   int           `yaml:"coupon_merge_max"`
+	CouponQueueLen   int           `yaml:"coupon_queue_len"`
+	CouponStaleAfter time.Duration `yaml:"coupon_stale_after"`
 	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
 	RewardKeys      string                `yaml:"reward_keys"`
 	TokenTTL        time.Duration         `yaml:"token_ttl"`
@@ -162,6 +168,7 @@ var envOverrides = []struct {
 	{"REDCELL_IDENTITY_KEY", func(fc *fileConfig, v string) error { fc.IdentityKey = v; return nil }},
 	{"REDCELL_ACTIVITIES", func(fc *fileConfig, v string) error { fc.Cell.Activities = v; return nil }},
 	{"REDCELL_REWARD_KEYS", func(fc *fileConfig, v string) error { fc.Cell.RewardKeys = v; return nil }},
+	{"REDCELL_COUPONS", func(fc *fileConfig, v string) error { fc.Cell.Coupons = v; return nil }},
 	{"REDCELL_GOSSIP_SEEDS", func(fc *fileConfig, v string) error { fc.GossipSeeds = splitList(v); return nil }},
 	{"REDCELL_ROUTER_LISTEN", func(fc *fileConfig, v string) error { fc.Router.Listen = v; return nil }},
 	{"REDCELL_ROUTER_GOSSIP", func(fc *fileConfig, v string) error { fc.Router.Gossip = v; return nil }},
@@ -270,6 +277,17 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	s := fc.Cell
 	c.Activities = fc.path(s.Activities)
 	c.RewardKeys = fc.path(s.RewardKeys)
+	c.Coupons = fc.path(s.Coupons)
+	switch len(s.CouponRates) {
+	case 0:
+	case 2:
+		c.CouponRates = [2]int{s.CouponRates[0], s.CouponRates[1]}
+	default:
+		return c, "", fmt.Errorf("config: cell.coupon_rates must be two rates, [layer 1, layer 2], got %v", s.CouponRates)
+	}
+	setInt(&c.CouponMergeMax, s.CouponMergeMax)
+	setInt(&c.CouponQueueLen, s.CouponQueueLen)
+	setDur(&c.CouponStaleAfter, s.CouponStaleAfter)
 	setDur(&c.TokenTTL, s.TokenTTL)
 	if s.RewardCashMax > 0 {
 		c.RewardCashMax = s.RewardCashMax

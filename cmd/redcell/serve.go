@@ -101,12 +101,13 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	stores := cell.Stores{
-		Real:   guard.NewStore(store, dbBreaker, storage.DriverFailure),
-		Shadow: guard.NewStore(store.Shadow(), shadowBreaker, storage.DriverFailure),
-	}
+	shadowStore := store.Shadow() // one per process: it keeps which tables exist
+	real, shadow := guard.NewStore(store, dbBreaker, storage.DriverFailure), guard.NewStore(shadowStore, shadowBreaker, storage.DriverFailure)
+	stores := cell.Stores{Real: real, Shadow: shadow,
+		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore)}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
+	cfg.CouponMemcache = mc
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleCell, Addr: cfg.Listen, Shards: cfg.Shards.String(), Version: cfg.MapVersion},

@@ -93,6 +93,9 @@ cfg="$VAR/redcell.yaml"
 # The reward activities: the operator edits var/activities.yaml and reloads it
 # on the cells' admin ports; a later run keeps those edits.
 if [ ! -f "$VAR/activities.yaml" ]; then cp "$here/activities.yaml" "$VAR/activities.yaml"; fi
+# The coupon batches, the same way: var/coupons.yaml, reloaded on the cells'
+# admin ports (POST /admin/coupons/reload).
+if [ ! -f "$VAR/coupons.yaml" ]; then cp "$here/coupons.yaml" "$VAR/coupons.yaml"; fi
 # The reward token keys (Ed25519, mode 0600): made once per state directory;
 # rotate with redcell rewards rotate --keys var/reward-keys.yaml --id k2.
 if [ ! -f "$VAR/reward-keys.yaml" ]; then "$VAR/bin/redcell" rewards keygen --out "$VAR/reward-keys.yaml" >/dev/null; fi

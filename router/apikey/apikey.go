@@ -36,11 +36,12 @@ const (
 	ScopeIdentity Scope = "identity"
 	ScopeReward   Scope = "reward"   // POST /v1/rewards and the client's token copies
 	ScopeWithdraw Scope = "withdraw" // POST /v1/accounts/{act_id}/withdraw
+	ScopeCoupon   Scope = "coupon"   // POST /v1/coupons/issue
 )
 
 // scopes lists every scope with its bit in a key's grant mask (new scopes go
 // last: a mask keeps its meaning).
-var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen, ScopeIdentity, ScopeReward, ScopeWithdraw}
+var scopes = []Scope{ScopeRead, ScopeDeposit, ScopeSend, ScopeOpen, ScopeIdentity, ScopeReward, ScopeWithdraw, ScopeCoupon}
 
 // Scopes returns every scope, in a fixed order.
 func Scopes() []Scope { return append([]Scope(nil), scopes...) }

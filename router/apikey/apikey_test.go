@@ -90,7 +90,7 @@ func TestEntriesValidated(t *testing.T) {
 	if _, _, err := Generate("bad app!", []Scope{ScopeRead}, now); err == nil {
 		t.Error("Generate accepted a bad app name")
 	}
-	for list, want := range map[string]string{"all": "read,deposit,send,open,identity,reward,withdraw", "read, open": "read,open", "deposit": "deposit"} {
+	for list, want := range map[string]string{"all": "read,deposit,send,open,identity,reward,withdraw,coupon", "read, open": "read,open", "deposit": "deposit"} {
 		got, err := ParseScopes(list)
 		if err != nil || joinScopes(got) != want {
 			t.Errorf("ParseScopes(%q) = %v, %v; want %s", list, got, err, want)

@@ -152,7 +152,7 @@ func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	out := make([]model.CouponDecision, len(ds))
 	for i, d := range ds {
 		r := open[i]
-		d.Serial = r.Serial
+		d.Serial, d.App = r.Serial, r.App
 		out[i] = d
 		if !write {
 			continue

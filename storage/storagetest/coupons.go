@@ -163,7 +163,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []model.CouponDecision{{Serial: "a0", Issued: true, Reason: ""}, {Serial: "a1", Issued: true, Reason: ""}, {Serial: "a2", Issued: false, Reason: model.ReasonLimit}, {Serial: "a3", Issued: true, Reason: ""}, {Serial: "a4", Issued: false, Reason: model.ReasonSoldOut}}
+	want := []model.CouponDecision{{Serial: "a0", Issued: true, Reason: "", App: "pay"}, {Serial: "a1", Issued: true, Reason: "", App: "pay"}, {Serial: "a2", Issued: false, Reason: model.ReasonLimit, App: "pay"}, {Serial: "a3", Issued: true, Reason: "", App: "pay"}, {Serial: "a4", Issued: false, Reason: model.ReasonSoldOut, App: "pay"}}
 	if !reflect.DeepEqual(ds, want) || unused != 0 {
 		t.Fatalf("decisions %+v unused %d\nwant %+v unused 0", ds, unused, want)
 	}
@@ -198,7 +198,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	b1 := f.accept(couponReq(sC, "dee", "b1", "b"))
 	b2 := f.accept(couponReq(sC, "dee", "b2", "b"))
 	ds, unused, err = c.IssueCoupons(f.ctx, b, "lease-3", 3, []model.CouponRequest{b0, b1, b2})
-	want = []model.CouponDecision{{Serial: "b0", Issued: false, Reason: model.ReasonGroup}, {Serial: "b1", Issued: true, Reason: ""}, {Serial: "b2", Issued: false, Reason: model.ReasonLimit}}
+	want = []model.CouponDecision{{Serial: "b0", Issued: false, Reason: model.ReasonGroup, App: "pay"}, {Serial: "b1", Issued: true, Reason: "", App: "pay"}, {Serial: "b2", Issued: false, Reason: model.ReasonLimit, App: "pay"}}
 	if err != nil || !reflect.DeepEqual(ds, want) || unused != 2 {
 		t.Fatalf("batch b: %+v unused %d %v\nwant %+v unused 2", ds, unused, err, want)
 	}

@@ -1,0 +1,89 @@
+package api
+
+// CouponIssueRequest is the body of POST /v1/coupons/issue. SerialNo is the
+// caller's idempotency key, unique per calling app (the app its API key
+// names): a repeat answers the stored request, the same serial for another
+// person or batch is 409 ORDER_CONFLICT. Green asks for the green channel:
+// the request is decided in the call, ahead of the queues, and answered with
+// its final state. DeviceID and ClientIP, as the calling app saw them, feed
+// the built-in risk caps (per minute, per device, IP and act_id); both may be
+// left out. ClientIP is an IPv4 or IPv6 address in canonical form.
+type CouponIssueRequest struct {
+	ActID    string `json:"act_id"`
+	BatchID  string `json:"batch_id"`
+	SerialNo string `json:"serial_no"`
+	Green    bool   `json:"green,omitempty"`
+	DeviceID string `json:"device_id,omitempty"`
+	ClientIP string `json:"client_ip,omitempty"`
+}
+
+// CouponRequestState is a coupon request as stored: the answer of POST
+// /v1/coupons/issue (202 while not final, 200 when final: on the green
+// channel or a repeat) and of GET /v1/coupons/issue/{serial_no}?act_id=.
+// State is accepted, deciding, issued or refused; Reason is set when
+// refused (PER_PERSON_LIMIT, GROUP_HELD, RISK, SOLD_OUT, BATCH_CLOSED);
+// CouponID when issued. Times are Unix ms; DecidedMS is 0 until final.
+type CouponRequestState struct {
+	SerialNo   string `json:"serial_no"`
+	ActID      string `json:"act_id"`
+	BatchID    string `json:"batch_id"`
+	State      string `json:"state"`
+	Reason     string `json:"reason,omitempty"`
+	CouponID   string `json:"coupon_id,omitempty"`
+	AcceptedMS int64  `json:"accepted_ms"`
+	DecidedMS  int64  `json:"decided_ms,omitempty"`
+}
+
+// Coupon is one coupon a person holds: GET /v1/accounts/{act_id}/coupons.
+// FaceValue is in cents, from the batch as loaded now (0 when the batch is no
+// longer in the file); BatchGroup is "" for a batch in no group.
+type Coupon struct {
+	CouponID   string `json:"coupon_id"`
+	BatchID    string `json:"batch_id"`
+	BatchGroup string `json:"batch_group,omitempty"`
+	FaceValue  int64  `json:"face_value"`
+	SerialNo   string `json:"serial_no"`
+	IssuedMS   int64  `json:"issued_ms"`
+}
+
+// CouponsResponse answers GET /v1/accounts/{act_id}/coupons: the person's
+// coupons, newest first, at most ?limit= (default and cap 100).
+type CouponsResponse struct {
+	ActID   string   `json:"act_id"`
+	Coupons []Coupon `json:"coupons"`
+}
+
+// CouponBatch is one batch of GET /admin/coupons: its file entry and, for a
+// batch whose stock this cell homes, what is left and out now.
+type CouponBatch struct {
+	ID             string `json:"id"`
+	Stock          int64  `json:"stock"`
+	FaceValue      int64  `json:"face_value"`
+	PerPersonLimit int    `json:"per_person_limit"`
+	Group          string `json:"group,omitempty"`
+	StartMS        int64  `json:"start_ms,omitempty"`
+	EndMS          int64  `json:"end_ms,omitempty"`
+	// Home is true on the cell that owns the batch's stock row; Left is the
+	// stock nobody holds, Spent what issued coupons took, Out what open
+	// deductions hold (all three only at the home).
+	Home  bool  `json:"home"`
+	Left  int64 `json:"left,omitempty"`
+	Spent int64 `json:"spent,omitempty"`
+	Out   int64 `json:"out,omitempty"`
+}
+
+// CouponBatchesResponse answers GET /admin/coupons and POST
+// /admin/coupons/reload.
+type CouponBatchesResponse struct {
+	Loaded   bool          `json:"loaded"`
+	Path     string        `json:"path,omitempty"`
+	Version  string        `json:"version,omitempty"`
+	LoadedMS int64         `json:"loaded_at_ms,omitempty"`
+	Batches  []CouponBatch `json:"batches"`
+	// Engine counts since the cell started, and the queues now.
+	Accepted int64 `json:"accepted"`
+	Issued   int64 `json:"issued"`
+	Refused  int64 `json:"refused"`
+	Queue1   int   `json:"queue_layer1"`
+	Queue2   int   `json:"queue_layer2"`
+}

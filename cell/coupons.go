@@ -1,0 +1,433 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"redcell/api"
+	"redcell/cell/budget"
+	"redcell/cell/climit"
+	"redcell/cell/couponbatch"
+	"redcell/cell/couponq"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+)
+
+// The coupon drop (Config.Coupons), as Douyin Pay ran its Spring Festival
+// one: a request is stored in the person's cell and answered 202 at once;
+// each space's engine (cell/couponq) decides it behind, in two layers of
+// local queues paced by cluster-wide limits (cell/climit), deducting each
+// batch's stock once per merge from the batch's home cell. A batch's stock
+// is a budget row (couponq.StockKey) in its home shard
+// (sharding.BudgetShard), deducted by leases with no reserve under the
+// holder name couponHolder, so that a lease whose issue lost its answer is
+// settled by counting its coupons, never by reward rows.
+
+// coupons is the cell's coupon state; nil on the Server when no batches
+// file is configured.
+type coupons struct {
+	path    string
+	holder  couponbatch.Holder
+	stores  [2]storage.Coupons // by space index
+	engines [2]*couponq.Engine
+	limits  [2][2]*climit.Limiter // [space][layer]
+	metrics *couponMetrics
+}
+
+// couponHolder is the lease holder name of this cell's coupon deductions.
+func (s *Server) couponHolder() string { return s.cfg.Name + "/coupons" }
+
+// couponLeaseTTL is how long a deduction's lease lives at its home if its
+// holder never returns it (an issue whose COMMIT lost its answer).
+func (s *Server) couponLeaseTTL() time.Duration {
+	if s.cfg.BudgetLeaseTTL > 0 {
+		return s.cfg.BudgetLeaseTTL
+	}
+	return time.Minute
+}
+
+// newCoupons loads the batches file and builds an engine per space. The
+// file is read once here: an invalid one stops the cell.
+func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry) (*coupons, error) {
+	cp := &coupons{path: s.cfg.Coupons, stores: stores}
+	if _, err := cp.holder.Reload(cp.path, s.clock.Now(), nil); err != nil {
+		return nil, err
+	}
+	cp.metrics = newCouponMetrics(reg, cp)
+	cells := func() int {
+		if s.peers != nil {
+			if m := s.peers.Map(); m != nil {
+				return max(len(m.Cells()), 1)
+			}
+		}
+		return 1
+	}
+	for i, sp := range s.spaces {
+		prefix := "rc:lim:"
+		if sp.stress {
+			prefix = "s:rc:lim:"
+		}
+		for layer := range 2 {
+			l, err := climit.New(climit.Config{Name: fmt.Sprintf("coupon-layer%d", layer+1), Prefix: prefix, Rate: s.cfg.CouponRates[layer],
+				Cells: cells}, s.cfg.CouponMemcache, s.clock)
+			if err != nil {
+				return nil, err
+			}
+			cp.limits[i][layer] = l
+		}
+		e, err := couponq.New(couponq.Config{Store: stores[i], Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
+			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
+			MergeMax: s.cfg.CouponMergeMax, StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
+			Clock: s.clock, Log: s.log.With("space", sp.name)})
+		if err != nil {
+			return nil, err
+		}
+		cp.engines[i] = e
+	}
+	return cp, nil
+}
+
+// couponStock is couponq.Stock for space sp: the deduction is a lease of
+// the batch's stock row at its home, this cell's or another's
+// (budgetHome), with no reserve.
+type couponStock struct {
+	s  *Server
+	sp *space
+}
+
+func (c couponStock) home(batch string) (budgetHome, string) {
+	key := couponq.StockKey(batch)
+	return budgetHome{s: c.s, sp: c.sp, key: key, cc: c.s.calls}, key
+}
+
+// Grant implements couponq.Stock: none left is 0 units, no error.
+func (c couponStock) Grant(ctx context.Context, batch string, want int64) (string, int64, error) {
+	h, key := c.home(batch)
+	l, err := h.Grant(ctx, key, c.s.couponHolder(), want, 0, c.s.couponLeaseTTL())
+	if errors.Is(err, model.ErrBudgetExhausted) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	return l.ID, l.Amount, nil
+}
+
+// Return implements couponq.Stock.
+func (c couponStock) Return(ctx context.Context, batch, leaseID string, unused int64) error {
+	h, key := c.home(batch)
+	return h.Return(ctx, key, leaseID, unused)
+}
+
+// couponTotal is the stock of the batch whose stock row is key, from the
+// loaded batches file (budgetHome.Grant makes the home row from it).
+func (s *Server) couponTotal(key string) (int64, bool) {
+	id, ok := strings.CutPrefix(key, "coupon/")
+	if !ok || s.cp == nil {
+		return 0, false
+	}
+	cat := s.cp.holder.Catalog()
+	if cat == nil {
+		return 0, false
+	}
+	b, ok := cat.Batch(id)
+	return b.Stock, ok
+}
+
+// couponKeys lists the stock keys of the loaded batches.
+func (s *Server) couponKeys() []string {
+	if s.cp == nil {
+		return nil
+	}
+	cat := s.cp.holder.Catalog()
+	if cat == nil {
+		return nil
+	}
+	var keys []string
+	for _, b := range cat.Batches() {
+		keys = append(keys, couponq.StockKey(b.ID))
+	}
+	return keys
+}
+
+// syncCouponStock sets the stock rows this cell homes to the file's
+// stock, in both spaces; a stock below what is out is refused by the store
+// and logged.
+func (s *Server) syncCouponStock(cat *couponbatch.Catalog) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, b := range cat.Batches() {
+		key := couponq.StockKey(b.ID)
+		sh := sharding.BudgetShard(key)
+		if !s.Owns(sh) {
+			continue
+		}
+		for _, sp := range s.spaces {
+			if _, err := sp.store.SetBudget(ctx, sh, key, b.Stock); err != nil {
+				s.log.Warn("coupons: stock not set from the batches file", "batch", b.ID, "stock", b.Stock, "space", sp.name, "err", err)
+			}
+		}
+	}
+}
+
+// couponIssued is couponbatch.Issued for a reload's check: for a batch
+// whose stock this cell homes, what its deductions hold or spent; 0
+// elsewhere (the home cell's check is the one that binds).
+func (s *Server) couponIssued(batch string) int64 {
+	key := couponq.StockKey(batch)
+	sh := sharding.BudgetShard(key)
+	if !s.Owns(sh) {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	b, _, err := s.spaces[0].store.Budget(ctx, sh, key)
+	if err != nil {
+		return 0
+	}
+	return b.Outstanding()
+}
+
+// settleCouponLeases returns what this cell's coupon deductions that their
+// homes marked expired did not spend, counting their coupons
+// (storage.Coupons.CouponLeaseSpent over the cell's databases): a
+// deduction whose issue lost its answer, or whose holder died between the
+// grant and the return, gives back its rest once it is settleGrace past
+// its expiry, when no issue can still spend it.
+func (s *Server) settleCouponLeases(ctx context.Context) {
+	if s.cp == nil {
+		return
+	}
+	dbs := s.cfg.Shards.DBs()
+	for i, sp := range s.spaces {
+		st := s.cp.stores[i]
+		for _, key := range s.couponKeys() {
+			ls, err := s.leasesOf(ctx, sp, s.calls, key, s.couponHolder())
+			if err != nil {
+				s.log.Warn("coupons: deductions to settle not listed; they stay out", "key", key, "space", sp.name, "err", err)
+				continue
+			}
+			var old []model.Lease
+			cut := s.clock.Now().Add(-settleGrace).UnixMilli()
+			for _, l := range ls {
+				if l.State == model.LeaseExpired && l.ExpiresMS <= cut {
+					old = append(old, l)
+				}
+			}
+			if len(old) == 0 {
+				continue
+			}
+			home := func(string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: s.calls} }
+			n, err := budget.Settle(ctx, home, old, func(id string) (int64, error) { return st.CouponLeaseSpent(ctx, dbs, id) })
+			s.log.Info("coupons: expired deductions settled by their coupons", "key", key, "space", sp.name, "leases", len(old), "returned", n, "err", err)
+		}
+	}
+}
+
+// runCoupons runs the engines until ctx ends (they release what is queued),
+// after setting the stock rows this cell homes.
+func (s *Server) runCoupons(ctx context.Context) {
+	if cat := s.cp.holder.Catalog(); cat != nil {
+		s.syncCouponStock(cat)
+	}
+	done := make(chan struct{}, 2)
+	for _, e := range s.cp.engines {
+		go func() { e.Run(ctx); done <- struct{}{} }()
+	}
+	<-done
+	<-done
+}
+
+// CouponBatches implements admin.Coupons.
+func (s *Server) CouponBatches() api.CouponBatchesResponse { return s.describeCoupons(s.cp.holder.Catalog()) }
+
+// ReloadCoupons implements admin.Coupons: an invalid file, or one that
+// lowers a batch below what it issued, is INVALID_ARGUMENT with every
+// problem, and the loaded batches stay.
+func (s *Server) ReloadCoupons() (api.CouponBatchesResponse, error) {
+	cat, err := s.cp.holder.Reload(s.cp.path, s.clock.Now(), s.couponIssued)
+	if err != nil {
+		return api.CouponBatchesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded batches stay)", err)
+	}
+	s.syncCouponStock(cat)
+	return s.describeCoupons(cat), nil
+}
+
+func (s *Server) describeCoupons(cat *couponbatch.Catalog) api.CouponBatchesResponse {
+	out := api.CouponBatchesResponse{Batches: []api.CouponBatch{}}
+	e := s.cp.engines[0]
+	out.Accepted, out.Issued, out.Refused = e.Stats.Accepted.Load(), e.Stats.Issued.Load(), e.Stats.Refused.Load()
+	out.Queue1, out.Queue2 = e.Depths()
+	if cat == nil {
+		return out
+	}
+	out.Loaded, out.Path, out.Version, out.LoadedMS = true, cat.Path, cat.Version, cat.Loaded.UnixMilli()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, b := range cat.Batches() {
+		cb := api.CouponBatch{ID: b.ID, Stock: b.Stock, FaceValue: b.FaceValue, PerPersonLimit: b.PerPersonLimit, Group: b.Group}
+		if b.Start != nil {
+			cb.StartMS = b.Start.UnixMilli()
+		}
+		if b.End != nil {
+			cb.EndMS = b.End.UnixMilli()
+		}
+		key := couponq.StockKey(b.ID)
+		if sh := sharding.BudgetShard(key); s.Owns(sh) {
+			cb.Home = true
+			if row, ls, err := s.spaces[0].store.Budget(ctx, sh, key); err == nil {
+				out := row.Outstanding()
+				for _, l := range ls {
+					if l.State == model.LeaseOpen || l.State == model.LeaseExpired {
+						cb.Out += l.Amount
+					}
+				}
+				cb.Spent = out - cb.Out
+				cb.Left = row.Total - out
+			}
+		}
+		out.Batches = append(out.Batches, cb)
+	}
+	return out
+}
+
+// couponsOff answers a coupon route on a cell without batches.
+var couponsOff = model.Errorf(model.ErrCouponsDisabled, "this cluster runs no coupon batches (cell.coupons in the config)")
+
+// couponApp is the calling app of a coupon request, as the router set it
+// from the caller's API key (api.HeaderApp); "" when none was set.
+func couponApp(rc *fasthttp.RequestCtx) string { return string(rc.Request.Header.Peek(api.HeaderApp)) }
+
+// couponIssue answers POST /v1/coupons/issue: the request is stored
+// (accepted) and answered 202, or with its final state (200) on the green
+// channel and for a repeat of a serial. Errors: COUPONS_DISABLED,
+// INVALID_ARGUMENT, NOT_FOUND (no such batch), ORDER_CONFLICT (the serial
+// was used for another person or batch), WRONG_CELL, and the store's.
+func (s *Server) couponIssue(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	if s.cp == nil {
+		s.answers.err(rc, couponsOff)
+		return
+	}
+	var req api.CouponIssueRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	sh, err := s.own.account(req.ActID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	r := model.CouponRequest{App: couponApp(rc), Serial: req.SerialNo, ActID: req.ActID, Shard: sh, Batch: req.BatchID,
+		Green: req.Green, DeviceID: req.DeviceID, ClientIP: req.ClientIP}
+	if err := model.ValidateCouponRequest(r); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if cat := s.cp.holder.Catalog(); cat == nil {
+		s.answers.err(rc, couponsOff)
+		return
+	} else if _, ok := cat.Batch(req.BatchID); !ok {
+		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no coupon batch %q", req.BatchID))
+		return
+	}
+	got, repeat, err := s.cp.engines[sp.index()].Accept(ctx, r)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	status := http.StatusAccepted
+	if repeat || req.Green || got.State.Final() {
+		status = http.StatusOK
+	}
+	s.answers.json(rc, status, couponState(got))
+}
+
+func couponState(r model.CouponRequest) api.CouponRequestState {
+	return api.CouponRequestState{SerialNo: r.Serial, ActID: r.ActID, BatchID: r.Batch, State: string(r.State), Reason: string(r.Reason),
+		CouponID: r.CouponID, AcceptedMS: r.AcceptedMS, DecidedMS: r.DecidedMS}
+}
+
+// couponRequestState answers GET /v1/coupons/issue/{serial_no}?act_id=.
+// Errors: COUPONS_DISABLED, INVALID_ARGUMENT, NOT_FOUND (no request of this
+// app with the serial for the act_id), WRONG_CELL.
+func (s *Server) couponRequestState(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, serial string) {
+	if s.cp == nil {
+		s.answers.err(rc, couponsOff)
+		return
+	}
+	actID := string(rc.QueryArgs().Peek("act_id"))
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	app := couponApp(rc)
+	// The serial is checked as a request's would be (the batch is no part of it).
+	if err := model.ValidateCouponRequest(model.CouponRequest{App: app, Serial: serial, ActID: actID, Shard: sh, Batch: "x"}); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	got, err := s.cp.stores[sp.index()].CouponRequestOf(ctx, sh, app, serial)
+	if err == nil && got.ActID != actID {
+		err = model.ErrNotFound
+	}
+	if errors.Is(err, model.ErrNotFound) {
+		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no coupon request %s for act_id %s", serial, actID))
+		return
+	}
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	s.answers.json(rc, http.StatusOK, couponState(got))
+}
+
+// couponsOf answers GET /v1/accounts/{act_id}/coupons: the person's
+// coupons, newest first, at most ?limit= (1..100, default 100).
+func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	if s.cp == nil {
+		s.answers.err(rc, couponsOff)
+		return
+	}
+	sh, err := s.own.account(actID)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	limit := 100
+	if v := rc.QueryArgs().Peek("limit"); len(v) > 0 {
+		n, err := strconv.Atoi(string(v))
+		if err != nil || n < 1 || n > 100 {
+			s.answers.err(rc, model.Invalidf("limit must be 1..100"))
+			return
+		}
+		limit = n
+	}
+	cs, err := s.cp.stores[sp.index()].CouponsOf(ctx, sh, actID, limit)
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	cat := s.cp.holder.Catalog()
+	out := api.CouponsResponse{ActID: actID, Coupons: make([]api.Coupon, 0, len(cs))}
+	for _, c := range cs {
+		item := api.Coupon{CouponID: c.ID, BatchID: c.Batch, BatchGroup: c.Group, SerialNo: c.Serial, IssuedMS: c.IssuedMS}
+		if cat != nil {
+			if b, ok := cat.Batch(c.Batch); ok {
+				item.FaceValue = b.FaceValue
+			}
+		}
+		out.Coupons = append(out.Coupons, item)
+	}
+	s.answers.json(rc, http.StatusOK, out)
+}
