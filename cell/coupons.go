@@ -248,7 +248,9 @@ func (s *Server) runCoupons(ctx context.Context) {
 }
 
 // CouponBatches implements admin.Coupons.
-func (s *Server) CouponBatches() api.CouponBatchesResponse { return s.describeCoupons(s.cp.holder.Catalog()) }
+func (s *Server) CouponBatches() api.CouponBatchesResponse {
+	return s.describeCoupons(s.cp.holder.Catalog())
+}
 
 // ReloadCoupons implements admin.Coupons: an invalid file, or one that
 // lowers a batch below what it issued, is INVALID_ARGUMENT with every

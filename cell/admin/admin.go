@@ -98,8 +98,8 @@ type Config struct {
 	Withdrawals Withdrawals
 	// Coupons may be nil: the coupon batch routes answer NOT_FOUND.
 	Coupons Coupons
-	Metrics     fasthttp.RequestHandler // GET /metrics
-	Log         *slog.Logger
+	Metrics fasthttp.RequestHandler // GET /metrics
+	Log     *slog.Logger
 }
 
 // Server is the admin port.

@@ -39,7 +39,10 @@ func (c *Coupons) TakeCouponRequests(ctx context.Context, db int, staleMS int64,
 
 // IssueCoupons implements storage.Coupons.
 func (c *Coupons) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) (ds []model.CouponDecision, unused int64, err error) {
-	err = c.s.call(func() (err error) { ds, unused, err = c.inner.IssueCoupons(ctx, rule, leaseID, granted, reqs); return err })
+	err = c.s.call(func() (err error) {
+		ds, unused, err = c.inner.IssueCoupons(ctx, rule, leaseID, granted, reqs)
+		return err
+	})
 	return ds, unused, err
 }
 
