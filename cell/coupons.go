@@ -131,7 +131,7 @@ func (c couponStock) Return(ctx context.Context, batch, leaseID string, unused i
 // couponTotal is the stock of the batch whose stock row is key, from the
 // loaded batches file (budgetHome.Grant makes the home row from it).
 func (s *Server) couponTotal(key string) (int64, bool) {
-	id, ok := strings.CutPrefix(key, "coupon/")
+	id, ok := strings.CutPrefix(key, model.CouponStockPrefix)
 	if !ok || s.cp == nil {
 		return 0, false
 	}

@@ -26,6 +26,9 @@ type Ledger struct {
 	// The reward rows (t_reward) and the budgets homed in the cell
 	// (t_budget, t_budget_lease): cash in cents, coupon kinds only counted.
 	RewardRows RewardRows
+	// The coupon requests and coupons (t_coupon_req, t_coupon); the
+	// batches' stock rows are among RewardRows.Budgets.
+	CouponRows CouponRows
 }
 
 // NewLedger returns an empty ledger of cell, its maps made.
@@ -72,6 +75,7 @@ func (l *Ledger) Merge(part Ledger) {
 	}
 	l.Problems = append(l.Problems, part.Problems...)
 	l.RewardRows.merge(part.RewardRows)
+	l.CouponRows.merge(part.CouponRows)
 }
 
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
@@ -94,6 +98,9 @@ type AuditReport struct {
 	Problems      []string `json:"problems"`
 	// RewardRows sums the reward rows and lists the budgets (auditRewards).
 	RewardRows RewardReport `json:"reward_rows"`
+	// Coupons checks the coupon rows against the batches' stock rows
+	// (auditCoupons; CheckCoupons adds the limits).
+	Coupons CouponReport `json:"coupons"`
 }
 
 // OK reports whether the books balance with no row-level problem.
@@ -174,6 +181,7 @@ func Audit(ledgers []Ledger) AuditReport {
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
 	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
 	auditRewards(ledgers, &r)
+	auditCoupons(ledgers, &r)
 	sort.Strings(r.Problems)
 	return r
 }

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // RewardRows is what one cell's reward and budget rows say, for the audit:
@@ -114,6 +115,9 @@ func auditRewards(ledgers []Ledger, r *AuditReport) {
 		// rewards spending them may be in any cell.
 		byKey := map[string]int64{}
 		for _, ls := range l.RewardRows.Leases {
+			if strings.HasPrefix(ls.Key, CouponStockPrefix) {
+				continue // a coupon batch's deduction: auditCoupons
+			}
 			n := spent[ls.ID]
 			byKey[ls.Key] += n
 			switch {
@@ -124,6 +128,9 @@ func auditRewards(ledgers []Ledger, r *AuditReport) {
 			}
 		}
 		for _, b := range l.RewardRows.Budgets {
+			if strings.HasPrefix(b.Key, CouponStockPrefix) {
+				continue
+			}
 			line := BudgetLine{Key: b.Key, Total: b.Total, Issued: byKey[b.Key], Unissued: b.Total - byKey[b.Key], Outstanding: b.Outstanding()}
 			r.RewardRows.Budgets = append(r.RewardRows.Budgets, line)
 			if line.Issued > b.Total || line.Outstanding > b.Total || line.Issued > line.Outstanding {

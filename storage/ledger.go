@@ -23,7 +23,8 @@ type tableRef struct {
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
 // dbTables are the tables of which a database has one, by name: their kind.
-var dbTables = map[string]string{"t_outbox": "outbox", "t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease"}
+var dbTables = map[string]string{"t_outbox": "outbox", "t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease",
+	"t_coupon_req": "coupon_req", "t_coupon": "coupon"}
 
 // tables lists redcell's tables on the server.
 func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
@@ -166,6 +167,9 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		{"outbox", m.ledgerOutboxSQL, scanOutbox},
 	}
 	if err := m.ledgerRewards(ctx, tx, byKind, &l); err != nil {
+		return l, err
+	}
+	if err := m.ledgerCoupons(ctx, tx, byKind, &l); err != nil {
 		return l, err
 	}
 	for _, r := range readers {

@@ -17,7 +17,7 @@ import (
 // StockKey is the budget key of a batch's stock: "coupon/<batch>". Reward
 // budgets are "parent/child/scene", three parts; this is two, so the two
 // never share a row.
-func StockKey(batch string) string { return "coupon/" + batch }
+func StockKey(batch string) string { return model.CouponStockPrefix + batch }
 
 // BudgetStock is Stock over budget rows a store holds: each batch's stock is
 // the budget row StockKey(batch) in its home shard

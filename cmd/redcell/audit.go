@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"redcell/cell"
+	"redcell/cell/couponbatch"
 	"redcell/internal/retry"
 	"redcell/model"
 	"redcell/storage"
@@ -79,6 +81,13 @@ func printAudit(w io.Writer, r model.AuditReport) {
 	for _, b := range rr.Budgets {
 		fmt.Fprintf(w, "  budget %-40s total %d = issued %d + unissued %d (leases out %d)\n", b.Key, b.Total, b.Issued, b.Unissued, b.Outstanding)
 	}
+	cr := r.Coupons
+	if len(cr.Requests) > 0 || len(cr.Batches) > 0 {
+		fmt.Fprintf(w, "  coupon requests %14d issued, %d refused, %d open\n", cr.Requests["issued"], cr.Requests["refused"], cr.Open)
+		for _, b := range cr.Batches {
+			fmt.Fprintf(w, "  coupon batch %-34s stock %d = issued %d + left %d + written off %d\n", b.Batch, b.Stock, b.Issued, b.Left, b.WrittenOff)
+		}
+	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}
@@ -126,5 +135,35 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 			return model.AuditReport{}, err
 		}
 	}
-	return model.Audit(ledgers), nil
+	rep := model.Audit(ledgers)
+	limits, stale, err := couponAuditRules(fc)
+	if err != nil {
+		return rep, err
+	}
+	// A request still open after two stale ages was dropped by every cell
+	// that took it: lost.
+	rep.CheckCoupons(limits, time.Now().Add(-2*stale))
+	return rep, nil
+}
+
+// couponAuditRules reads what the coupon audit needs of the config: each
+// batch's per-person limit (from the batches file; none without one) and
+// the age at which a deciding request is taken again.
+func couponAuditRules(fc fileConfig) (map[string]int, time.Duration, error) {
+	stale := cell.DefaultConfig().CouponStaleAfter
+	if fc.Cell.CouponStaleAfter > 0 {
+		stale = fc.Cell.CouponStaleAfter
+	}
+	limits := map[string]int{}
+	if fc.Cell.Coupons == "" {
+		return limits, stale, nil
+	}
+	cat, err := couponbatch.Load(fc.path(fc.Cell.Coupons), time.Now())
+	if err != nil {
+		return nil, 0, fmt.Errorf("audit: %w", err)
+	}
+	for _, b := range cat.Batches() {
+		limits[b.ID] = b.PerPersonLimit
+	}
+	return limits, stale, nil
 }

@@ -231,6 +231,14 @@ func TestCouponClient(t *testing.T) {
 	if homes != 1 {
 		t.Fatalf("%d cells home %s", homes, hot)
 	}
+	// The audit over both cells: the batch's books close, and nobody is over a limit.
+	var rep strings.Builder
+	if err := audit(ctx, []string{"--config", c.config, "--settle", "0s"}, &rep); err != nil {
+		t.Fatalf("audit: %v\n%s", err, rep.String())
+	}
+	if want := fmt.Sprintf("coupon batch %-34s stock 40 = issued 40 + left 0 + written off 0", hot); !strings.Contains(rep.String(), want) {
+		t.Fatalf("audit report lacks %q:\n%s", want, rep.String())
+	}
 	if n := c.metric(t, "cell-1", "redcell_coupon_issued_total") + c.metric(t, "cell-2", "redcell_coupon_issued_total"); n != 40+3 {
 		t.Fatalf("redcell_coupon_issued_total %v, want 43 (40 of the drop, three of ann)", n)
 	}

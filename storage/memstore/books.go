@@ -100,6 +100,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 		l.RewardRows.Leases = append(l.RewardRows.Leases, lr.l)
 	}
 	sort.Slice(l.RewardRows.Leases, func(i, j int) bool { return l.RewardRows.Leases[i].ID < l.RewardRows.Leases[j].ID })
+	l.CouponRows = s.couponRowsLocked()
 	sort.Strings(problems)
 	l.Problems = problems
 	return l, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sort"
+	"strings"
 
 	"redcell/internal/invariant"
 	"redcell/model"
@@ -261,4 +262,61 @@ func (s *Store) CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string)
 		}
 	}
 	return n, nil
+}
+
+// couponRowsLocked is the ledger's coupon part, as storage.MySQL's
+// ledgerCoupons reads it from the tables.
+func (s *Store) couponRowsLocked() model.CouponRows {
+	c := model.CouponRows{Requests: map[model.CouponState]int64{}, ByBatch: map[string]int64{}, LeaseSpent: map[string]int64{}}
+	for _, r := range s.couponRq {
+		c.Requests[r.State]++
+		if r.State == model.CouponRefused && r.Reason == "" {
+			c.RefusedNoReason++
+		}
+		if !r.State.Final() && (c.OldestOpenMS == 0 || r.AcceptedMS < c.OldestOpenMS) {
+			c.OldestOpenMS = r.AcceptedMS
+		}
+		if r.State == model.CouponIssued {
+			if cp, ok := s.coupons[r.CouponID]; !ok || cp.App != r.App || cp.Serial != r.Serial {
+				c.IssuedNoCoupon++
+			}
+		}
+	}
+	type pair struct{ act, batch string }
+	held := map[pair]int64{}
+	groups := map[[2]string]map[string]bool{}
+	for _, cp := range s.coupons {
+		c.ByBatch[cp.Batch]++
+		c.LeaseSpent[cp.LeaseID]++
+		held[pair{cp.ActID, cp.Batch}]++
+		if r, ok := s.couponRq[couponReqKey{cp.Shard.DB(), cp.App, cp.Serial}]; !ok || r.State != model.CouponIssued || r.CouponID != cp.ID ||
+			r.ActID != cp.ActID || r.Batch != cp.Batch {
+			c.CouponNoRequest++
+		}
+		if cp.Group != "" {
+			k := [2]string{cp.ActID, cp.Group}
+			if groups[k] == nil {
+				groups[k] = map[string]bool{}
+			}
+			groups[k][cp.Batch] = true
+		}
+	}
+	for p, n := range held {
+		if n > 1 {
+			c.Multi = append(c.Multi, model.CouponCount{ActID: p.act, Batch: p.batch, N: n})
+		}
+	}
+	for k, bs := range groups {
+		if len(bs) > 1 {
+			names := make([]string, 0, len(bs))
+			for b := range bs {
+				names = append(names, b)
+			}
+			sort.Strings(names)
+			c.GroupClash = append(c.GroupClash, k[0]+" holds batches "+strings.Join(names, ",")+" of group "+k[1])
+		}
+	}
+	sort.Slice(c.Multi, func(i, j int) bool { return c.Multi[i].ActID+c.Multi[i].Batch < c.Multi[j].ActID+c.Multi[j].Batch })
+	sort.Strings(c.GroupClash)
+	return c
 }

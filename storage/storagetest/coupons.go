@@ -225,6 +225,27 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if ps := model.CouponHoldingProblems(held); len(ps) != 0 {
 		t.Fatalf("holdings: %v", ps)
 	}
+	// The audit's reading of the same rows.
+	l, err := f.s.Ledger(f.ctx, f.cell)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := l.CouponRows
+	wantReq := map[model.CouponState]int64{model.CouponIssued: 4, model.CouponRefused: 4}
+	if !reflect.DeepEqual(cr.Requests, wantReq) || cr.OldestOpenMS != 0 || cr.RefusedNoReason != 0 || cr.IssuedNoCoupon != 0 || cr.CouponNoRequest != 0 {
+		t.Fatalf("ledger requests %+v", cr)
+	}
+	if !reflect.DeepEqual(cr.ByBatch, map[string]int64{"a": 3, "b": 1}) || !reflect.DeepEqual(cr.LeaseSpent, map[string]int64{"lease-1": 3, "lease-3": 1}) {
+		t.Fatalf("ledger by batch %v, by lease %v", cr.ByBatch, cr.LeaseSpent)
+	}
+	if !reflect.DeepEqual(cr.Multi, []model.CouponCount{{ActID: "ann", Batch: "a", N: 2}}) || len(cr.GroupClash) != 0 {
+		t.Fatalf("ledger multi %v, group clashes %v", cr.Multi, cr.GroupClash)
+	}
+	// One more accepted and left open: the oldest open request.
+	open := f.accept(couponReq(sB, "bea", "c0", "a"))
+	if l, err = f.s.Ledger(f.ctx, f.cell); err != nil || l.CouponRows.Requests[model.CouponAccepted] != 1 || l.CouponRows.OldestOpenMS != open.AcceptedMS {
+		t.Fatalf("ledger with an open request: %+v %v", l.CouponRows, err)
+	}
 }
 
 // An issue whose COMMIT fails writes nothing; one whose answer is lost
