@@ -110,7 +110,9 @@ func auditCoupons(ledgers []Ledger, r *AuditReport) {
 	}
 	cr.OldestOpenMS = all.OldestOpenMS
 	cr.multi = all.Multi
-	bad := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf("coupons: "+format, args...)) }
+	bad := func(format string, args ...any) {
+		r.Problems = append(r.Problems, fmt.Sprintf("coupons: "+format, args...))
+	}
 	if all.RefusedNoReason > 0 {
 		bad("%d refused requests without a reason", all.RefusedNoReason)
 	}
