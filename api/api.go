@@ -76,6 +76,8 @@ type DegradeSetting struct {
 	WalletFlow string `json:"wallet_flow,omitempty"`
 	// Booking off: issued rewards wait pending; a withdrawal still books the person's own first.
 	Booking string `json:"booking,omitempty"`
+	// CouponIssue off: coupon requests are accepted and wait; none is issued until it is back on.
+	CouponIssue string `json:"coupon_issue,omitempty"`
 }
 
 // AuditResponse answers POST /admin/audit: the cell's own books, per space

@@ -72,6 +72,13 @@ type CouponBatch struct {
 	Out   int64 `json:"out,omitempty"`
 }
 
+// CouponSetting is the body of PUT /admin/coupons: MergeMax is the most
+// queued requests of a batch one stock deduction takes (1..1000; 1 is a
+// deduction per request), in both spaces, until the cell restarts.
+type CouponSetting struct {
+	MergeMax int `json:"merge_max"`
+}
+
 // CouponBatchesResponse answers GET /admin/coupons and POST
 // /admin/coupons/reload.
 type CouponBatchesResponse struct {
@@ -86,4 +93,5 @@ type CouponBatchesResponse struct {
 	Refused  int64 `json:"refused"`
 	Queue1   int   `json:"queue_layer1"`
 	Queue2   int   `json:"queue_layer2"`
+	MergeMax int   `json:"merge_max"`
 }

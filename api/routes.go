@@ -54,6 +54,7 @@ const (
 	RouteWithdrawPut      // PUT /admin/withdraw on a cell's admin port
 	RouteCouponBatches    // GET /admin/coupons on a cell's admin port: the coupon batches and their stock
 	RouteCouponsReload    // POST /admin/coupons/reload on a cell's admin port
+	RouteCouponsPut       // PUT /admin/coupons on a cell's admin port: the merge bound
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
@@ -166,6 +167,7 @@ var routes = [RouteCount]Route{
 	RouteWithdrawPut:   {ID: RouteWithdrawPut, Method: http.MethodPut, Pattern: "/admin/withdraw", Label: "withdraw_release", Port: PortCellAdmin},
 	RouteCouponBatches: {ID: RouteCouponBatches, Method: http.MethodGet, Pattern: "/admin/coupons", Label: "coupons", Port: PortCellAdmin},
 	RouteCouponsReload: {ID: RouteCouponsReload, Method: http.MethodPost, Pattern: "/admin/coupons/reload", Label: "coupons", Port: PortCellAdmin},
+	RouteCouponsPut:    {ID: RouteCouponsPut, Method: http.MethodPut, Pattern: "/admin/coupons", Label: "coupons", Port: PortCellAdmin},
 	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysAdd:       {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysRevoke:    {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},

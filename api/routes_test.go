@@ -114,6 +114,7 @@ func TestMatchAdmin(t *testing.T) {
 		{PortCellAdmin, "GET", "/admin/shards", RouteShards, "", nil},
 		{PortCellAdmin, "GET", "/admin/coupons", RouteCouponBatches, "", nil},
 		{PortCellAdmin, "POST", "/admin/coupons/reload", RouteCouponsReload, "", nil},
+		{PortCellAdmin, "PUT", "/admin/coupons", RouteCouponsPut, "", nil},
 		{PortRouterAdmin, "GET", "/admin/coupons", RouteOther, "", model.ErrNotFound},
 		{PortCellAdmin, "GET", "/admin/keys", RouteOther, "", model.ErrNotFound},
 		{PortRouterAdmin, "GET", "/admin/keys", RouteKeysList, "", nil},

@@ -17,6 +17,7 @@ import (
 	"redcell/cell/climit"
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
+	"redcell/cell/degrade"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -87,7 +88,8 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 		e, err := couponq.New(couponq.Config{Store: stores[i], Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
 			MergeMax: s.cfg.CouponMergeMax, StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
-			Clock: s.clock, Log: s.log.With("space", sp.name)})
+			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
+			Clock:  s.clock, Log: s.log.With("space", sp.name)})
 		if err != nil {
 			return nil, err
 		}
@@ -264,11 +266,23 @@ func (s *Server) ReloadCoupons() (api.CouponBatchesResponse, error) {
 	return s.describeCoupons(cat), nil
 }
 
+// SetCoupons implements admin.Coupons.
+func (s *Server) SetCoupons(set api.CouponSetting) (api.CouponBatchesResponse, error) {
+	if set.MergeMax < 1 || set.MergeMax > 1000 {
+		return api.CouponBatchesResponse{}, model.Invalidf("merge_max must be 1..1000, got %d", set.MergeMax)
+	}
+	for _, e := range s.cp.engines {
+		e.SetMergeMax(set.MergeMax)
+	}
+	return s.describeCoupons(s.cp.holder.Catalog()), nil
+}
+
 func (s *Server) describeCoupons(cat *couponbatch.Catalog) api.CouponBatchesResponse {
 	out := api.CouponBatchesResponse{Batches: []api.CouponBatch{}}
 	e := s.cp.engines[0]
 	out.Accepted, out.Issued, out.Refused = e.Stats.Accepted.Load(), e.Stats.Issued.Load(), e.Stats.Refused.Load()
 	out.Queue1, out.Queue2 = e.Depths()
+	out.MergeMax = e.MergeMax()
 	if cat == nil {
 		return out
 	}

@@ -223,7 +223,8 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	s.switches = degrade.New(cfg.Degrade, log)
 	s.signer = api.NewSigner(cfg.ClusterSecret)
-	calls := cellclient.New(&fasthttp.Client{Name: "redcell-cell", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 16},
+	calls := cellclient.New(&fasthttp.Client{Name: "redcell-cell", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 64,
+		MaxConnWaitTimeout: internalTimeout / 2},
 		s.signer, clk, internalTimeout)
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -179,15 +180,25 @@ func (m *MySQL) CouponRequestOf(ctx context.Context, s model.ShardID, app, seria
 	return r, nil
 }
 
-// TakeCouponRequests implements Coupons: a locking read that skips rows
-// other takers hold, then one UPDATE to deciding.
-func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, limit int) ([]model.CouponRequest, error) {
-	if limit < 1 {
+// TakeCouponRequests implements Coupons in one transaction of two round
+// trips and its commit: a statement list of locking reads, one per
+// database, each skipping the rows other takers hold, then a statement list
+// of UPDATEs to deciding. Each database is asked for its share of limit
+// and some more, so a database with more than that waiting gives its
+// oldest and leaves the rest to the next take.
+func (m *MySQL) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+	if limit < 1 || len(dbs) == 0 {
 		return nil, nil
 	}
-	if err := m.ensureCoupons(ctx, db); err != nil {
-		return nil, err
+	for _, db := range dbs {
+		if err := m.ensureCoupons(ctx, db); err != nil {
+			return nil, err
+		}
 	}
+	// Each database is asked for its share and some more, not for all of
+	// limit: a full queue's room over fifty databases would lock and read
+	// fifty times what is kept.
+	each := min(limit, max(64, 2*limit/len(dbs)))
 	var out []model.CouponRequest
 	// READ COMMITTED: the locking reads lock the rows they take, not the
 	// ranges they walk, so a take neither blocks new requests (a gap lock
@@ -198,36 +209,47 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 			return err
 		}
 		defer tx.Rollback()
-		accepted, err := m.queryCouponReqs(ctx, tx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
-			" WHERE state = ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED", string(model.CouponAccepted), limit)
+		var q []string
+		var args []any
+		for _, db := range dbs {
+			q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
+				" WHERE state = ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED")
+			args = append(args, string(model.CouponAccepted), each)
+			if staleMS >= 0 {
+				q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
+					" WHERE state = ? AND taken_ms <= ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED")
+				args = append(args, string(model.CouponDeciding), staleMS, each)
+			}
+		}
+		all, err := m.queryCouponReqSets(ctx, tx, strings.Join(q, ";"), args...)
 		if err != nil {
 			return err
 		}
-		stale, err := m.queryCouponReqs(ctx, tx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
-			" WHERE state = ? AND taken_ms <= ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED", string(model.CouponDeciding), staleMS, limit)
-		if err != nil {
-			return err
-		}
-		all := append(accepted, stale...)
 		slices.SortFunc(all, model.CompareCouponRequests)
 		all = all[:min(len(all), limit)]
 		if len(all) == 0 {
 			return tx.Commit()
 		}
 		now := m.nowMS()
-		args := []any{string(model.CouponDeciding), now}
-		keys := make([]string, len(all))
-		for i := range all {
-			all[i].State, all[i].TakenMS = model.CouponDeciding, now
-			args = append(args, all[i].App, all[i].Serial)
-			keys[i] = "(?, ?)"
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(db)+" SET state = ?, taken_ms = ? WHERE (app, serial_no) IN ("+
-			strings.Join(keys, ", ")+")", args...); err != nil {
+		byDBOrder := slices.Clone(all)
+		slices.SortStableFunc(byDBOrder, func(a, b model.CouponRequest) int { return cmp.Compare(a.Shard.DB(), b.Shard.DB()) })
+		q, args = q[:0], args[:0]
+		byDB(byDBOrder, func(r model.CouponRequest) int { return r.Shard.DB() }, func(db int, run []model.CouponRequest) {
+			q = append(q, "UPDATE "+m.couponReqTable(db)+" SET state = ?, taken_ms = ? WHERE (app, serial_no) IN ("+
+				strings.TrimSuffix(strings.Repeat("(?, ?),", len(run)), ",")+")")
+			args = append(args, string(model.CouponDeciding), now)
+			for _, r := range run {
+				args = append(args, r.App, r.Serial)
+			}
+		})
+		if _, err := tx.ExecContext(ctx, strings.Join(q, ";"), args...); err != nil {
 			return err
 		}
 		if err := tx.Commit(); err != nil {
 			return errors.Join(ErrCommitUnknown, err)
+		}
+		for i := range all {
+			all[i].State, all[i].TakenMS = model.CouponDeciding, now
 		}
 		out = all
 		return nil
@@ -238,15 +260,39 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 	return out, nil
 }
 
+// queryCouponReqSets runs a statement list of reads of requests and
+// answers the rows of every result set.
+func (m *MySQL) queryCouponReqSets(ctx context.Context, q rowsQueryer, query string, args ...any) ([]model.CouponRequest, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []model.CouponRequest
+	for {
+		for rows.Next() {
+			r, err := scanCouponReq(rows)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+		if !rows.NextResultSet() {
+			break
+		}
+	}
+	return out, rows.Err()
+}
+
 // personKey names a person of one database.
 type personKey struct {
 	db  int
 	act string
 }
 
-// lockPersons makes and locks the person rows of reqs' act_ids, in one
-// order (database, then act_id) for every issuer.
-func (m *MySQL) lockPersons(ctx context.Context, tx *sql.Tx, reqs []model.CouponRequest, now int64) ([]personKey, error) {
+// personsOf lists the persons of reqs once each, in the one order every
+// issuer locks them in: database, then act_id.
+func personsOf(reqs []model.CouponRequest) []personKey {
 	seen := map[personKey]bool{}
 	var ps []personKey
 	for _, r := range reqs {
@@ -262,54 +308,109 @@ func (m *MySQL) lockPersons(ctx context.Context, tx *sql.Tx, reqs []model.Coupon
 		}
 		return ps[i].act < ps[j].act
 	})
-	for i := 0; i < len(ps); {
-		j := i
-		var args []any
-		for j < len(ps) && ps[j].db == ps[i].db {
-			args = append(args, ps[j].act, now)
-			j++
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.couponPersonTable(ps[i].db)+" (act_id, updated_ms) VALUES "+rowsOf(j-i, 2)+
-			" ON DUPLICATE KEY UPDATE updated_ms = VALUES(updated_ms)", args...); err != nil {
-			return nil, err
-		}
-		i = j
-	}
-	return ps, nil
+	return ps
 }
 
-// holdings reads the holdings of persons ps (locked by lockPersons).
+// byDB calls f with each run of xs that shares a database (xs sorted by
+// database).
+func byDB[T any](xs []T, dbOf func(T) int, f func(db int, run []T)) {
+	for i := 0; i < len(xs); {
+		j := i
+		for j < len(xs) && dbOf(xs[j]) == dbOf(xs[i]) {
+			j++
+		}
+		f(dbOf(xs[i]), xs[i:j])
+		i = j
+	}
+}
+
+// lockPersons makes and locks the person rows ps (personsOf), one
+// statement list: an upsert per database.
+func (m *MySQL) lockPersons(ctx context.Context, tx *sql.Tx, ps []personKey, now int64) error {
+	var q []string
+	var args []any
+	byDB(ps, func(p personKey) int { return p.db }, func(db int, run []personKey) {
+		q = append(q, "INSERT INTO "+m.couponPersonTable(db)+" (act_id, updated_ms) VALUES "+rowsOf(len(run), 2)+
+			" ON DUPLICATE KEY UPDATE updated_ms = VALUES(updated_ms)")
+		for _, p := range run {
+			args = append(args, p.act, now)
+		}
+	})
+	_, err := tx.ExecContext(ctx, strings.Join(q, ";"), args...)
+	return err
+}
+
+// holdings reads the holdings of persons ps (locked by lockPersons), one
+// statement over their databases.
 func (m *MySQL) holdings(ctx context.Context, q rowsQueryer, ps []personKey) (map[string]*model.CouponHolding, error) {
 	out := map[string]*model.CouponHolding{}
+	var parts []string
+	var args []any
+	byDB(ps, func(p personKey) int { return p.db }, func(db int, run []personKey) {
+		parts = append(parts, "SELECT act_id, batch_id, group_id, COUNT(*) FROM "+m.couponTable(db)+" WHERE act_id IN ("+
+			placeholders(len(run))+") GROUP BY act_id, batch_id, group_id")
+		for _, p := range run {
+			args = append(args, p.act)
+		}
+	})
 	for _, p := range ps {
-		h := &model.CouponHolding{ByBatch: map[string]int{}, Groups: map[string]string{}}
-		rows, err := q.QueryContext(ctx, "SELECT batch_id, group_id, COUNT(*) FROM "+m.couponTable(p.db)+
-			" WHERE act_id = ? GROUP BY batch_id, group_id", p.act)
-		if err != nil {
+		out[p.act] = &model.CouponHolding{ByBatch: map[string]int{}, Groups: map[string]string{}}
+	}
+	rows, err := q.QueryContext(ctx, strings.Join(parts, " UNION ALL "), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var act, batch, group string
+		var n int
+		if err := rows.Scan(&act, &batch, &group, &n); err != nil {
 			return nil, err
 		}
-		for rows.Next() {
-			var batch, group string
-			var n int
-			if err := rows.Scan(&batch, &group, &n); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			h.ByBatch[batch] += n
-			if group != "" {
-				h.Groups[group] = batch
-			}
+		h := out[act]
+		if h == nil {
+			continue
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
+		h.ByBatch[batch] += n
+		if group != "" {
+			h.Groups[group] = batch
 		}
-		out[p.act] = h
+	}
+	return out, rows.Err()
+}
+
+// lockCouponReqs reads reqs as stored, locked: one statement list of a
+// locking read per database, answered in as many result sets. The map is
+// by app and serial.
+func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.CouponRequest) (map[[2]string]model.CouponRequest, error) {
+	sorted := slices.Clone(reqs)
+	slices.SortFunc(sorted, func(a, b model.CouponRequest) int {
+		return cmp.Or(cmp.Compare(a.Shard.DB(), b.Shard.DB()), cmp.Compare(a.App, b.App), cmp.Compare(a.Serial, b.Serial))
+	})
+	var q []string
+	var args []any
+	byDB(sorted, func(r model.CouponRequest) int { return r.Shard.DB() }, func(db int, run []model.CouponRequest) {
+		q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+" WHERE (app, serial_no) IN ("+
+			strings.TrimSuffix(strings.Repeat("(?, ?),", len(run)), ",")+") ORDER BY app, serial_no FOR UPDATE")
+		for _, r := range run {
+			args = append(args, r.App, r.Serial)
+		}
+	})
+	rs, err := m.queryCouponReqSets(ctx, tx, strings.Join(q, ";"), args...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[[2]string]model.CouponRequest, len(rs))
+	for _, cur := range rs {
+		out[[2]string{cur.App, cur.Serial}] = cur
 	}
 	return out, nil
 }
 
-// IssueCoupons implements Coupons.
+// IssueCoupons implements Coupons, in four round trips whatever the
+// number of requests: the persons locked, the requests read locked, the
+// holdings read, and the writes (the coupons, and every decided request
+// stored with its decision) as one statement list.
 func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
 	invariant.That(granted >= 0, "granted >= 0")
 	if len(reqs) == 0 {
@@ -325,7 +426,11 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	var unused int64
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		now := m.nowMS()
-		ps, err := m.lockPersons(ctx, tx, reqs, now)
+		ps := personsOf(reqs)
+		if err := m.lockPersons(ctx, tx, ps, now); err != nil {
+			return err
+		}
+		curs, err := m.lockCouponReqs(ctx, tx, reqs)
 		if err != nil {
 			return err
 		}
@@ -334,13 +439,9 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		var asks []model.CouponAsk
 		var open []model.CouponRequest
 		for _, r := range reqs {
-			cur, err := scanCouponReq(tx.QueryRowContext(ctx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(r.Shard.DB())+
-				" WHERE app = ? AND serial_no = ? FOR UPDATE", r.App, r.Serial))
-			if errors.Is(err, sql.ErrNoRows) {
+			cur, ok := curs[[2]string{r.App, r.Serial}]
+			if !ok {
 				return model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
-			}
-			if err != nil {
-				return fmt.Errorf("coupon request %s: %w", r.Serial, err)
 			}
 			if cur.State.Final() {
 				continue
@@ -356,31 +457,52 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		ds, left := model.AssignCoupons(units, asks, hs)
 		unused = granted - units + left
 		out = out[:0]
+		type decided struct {
+			r model.CouponRequest
+			d model.CouponDecision
+		}
+		var all []decided
 		for i, d := range ds {
 			r := open[i]
 			d.Serial, d.App = r.Serial, r.App
 			out = append(out, d)
-			if d.Issued {
-				id := model.CouponID(r.App, r.Serial)
-				if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.couponTable(r.Shard.DB())+
-					" (coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, issued_ms) VALUES "+rowsOf(1, 9),
-					id, r.ActID, int(r.Shard), r.Batch, rule.Group, r.App, r.Serial, leaseID, now); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(r.Shard.DB())+
-					" SET state = ?, coupon_id = ?, decided_ms = ? WHERE app = ? AND serial_no = ?",
-					string(model.CouponIssued), id, now, r.App, r.Serial); err != nil {
-					return err
-				}
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(r.Shard.DB())+
-				" SET state = ?, reason = ?, decided_ms = ? WHERE app = ? AND serial_no = ?",
-				string(model.CouponRefused), string(d.Reason), now, r.App, r.Serial); err != nil {
-				return err
-			}
+			all = append(all, decided{r, d})
 		}
-		return nil
+		if len(all) == 0 {
+			return nil
+		}
+		slices.SortStableFunc(all, func(a, b decided) int { return cmp.Compare(a.r.Shard.DB(), b.r.Shard.DB()) })
+		var q []string
+		var args []any
+		byDB(all, func(x decided) int { return x.r.Shard.DB() }, func(db int, run []decided) {
+			var issued int
+			for _, x := range run {
+				if !x.d.Issued {
+					continue
+				}
+				issued++
+				r := x.r
+				args = append(args, model.CouponID(r.App, r.Serial), r.ActID, int(r.Shard), r.Batch, rule.Group, r.App, r.Serial, leaseID, now)
+			}
+			if issued > 0 {
+				q = append(q, "INSERT INTO "+m.couponTable(db)+
+					" (coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, issued_ms) VALUES "+rowsOf(issued, 9))
+			}
+			// Every row is there and locked: the upsert updates each.
+			q = append(q, "INSERT INTO "+m.couponReqTable(db)+
+				" (app, serial_no, act_id, act_shard, batch_id, state, reason, coupon_id, accepted_ms, decided_ms) VALUES "+rowsOf(len(run), 10)+
+				" ON DUPLICATE KEY UPDATE state = VALUES(state), reason = VALUES(reason), coupon_id = VALUES(coupon_id), decided_ms = VALUES(decided_ms)")
+			for _, x := range run {
+				r := x.r
+				state, id := model.CouponRefused, ""
+				if x.d.Issued {
+					state, id = model.CouponIssued, model.CouponID(r.App, r.Serial)
+				}
+				args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, r.AcceptedMS, now)
+			}
+		})
+		_, err = tx.ExecContext(ctx, strings.Join(q, ";"), args...)
+		return err
 	})
 	if err != nil { // ErrCommitUnknown too: the requests are final or still deciding, and a re-drive settles them
 		return nil, 0, fmt.Errorf("storage: issue coupons: %w", err)

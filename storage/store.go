@@ -206,11 +206,13 @@ type Coupons interface {
 	// CouponRequestOf reads the request of app and serial in shard s's
 	// database. Errors: ErrNotFound.
 	CouponRequestOf(ctx context.Context, s model.ShardID, app, serial string) (model.CouponRequest, error)
-	// TakeCouponRequests moves up to limit requests of database db that are
-	// accepted, or deciding and taken at or before staleMS, to deciding
-	// (TakenMS now) and answers them, oldest accepted first. A request taken
+	// TakeCouponRequests moves up to limit requests of databases dbs that
+	// are accepted, or deciding and taken at or before staleMS, to deciding
+	// (TakenMS now) and answers them, oldest accepted first
+	// (model.CompareCouponRequests), in one transaction. A request taken
 	// twice is harmless: IssueCoupons and RefuseCoupons decide it once.
-	TakeCouponRequests(ctx context.Context, db int, staleMS int64, limit int) ([]model.CouponRequest, error)
+	// A staleMS below 0 takes accepted requests only.
+	TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error)
 	// IssueCoupons decides requests of rule's batch (any databases of this
 	// store) that share a deduction of granted units from lease leaseID, in
 	// one transaction: it locks their persons, leaves out the requests

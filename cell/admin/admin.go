@@ -67,6 +67,8 @@ type Coupons interface {
 	// ReloadCoupons errors: ErrInvalidArgument (the file is invalid, or a
 	// batch would fall below what it issued; the loaded batches stay).
 	ReloadCoupons() (api.CouponBatchesResponse, error)
+	// SetCoupons errors: ErrInvalidArgument.
+	SetCoupons(api.CouponSetting) (api.CouponBatchesResponse, error)
 }
 
 // Withdrawals reads and sets the gray release of withdrawals.
@@ -216,13 +218,28 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		}
 		s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
 		s.writeJSON(rc, a)
-	case api.RouteCouponBatches, api.RouteCouponsReload:
+	case api.RouteCouponBatches, api.RouteCouponsReload, api.RouteCouponsPut:
 		if s.cfg.Coupons == nil {
 			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no coupon batches"))
 			return
 		}
 		if rt.ID == api.RouteCouponBatches {
 			s.writeJSON(rc, s.cfg.Coupons.CouponBatches())
+			return
+		}
+		if rt.ID == api.RouteCouponsPut {
+			var set api.CouponSetting
+			if err := strictjson.Decode(rc.PostBody(), &set); err != nil {
+				s.writeErr(rc, err)
+				return
+			}
+			c, err := s.cfg.Coupons.SetCoupons(set)
+			if err != nil {
+				s.writeErr(rc, err)
+				return
+			}
+			s.cfg.Log.Info("coupon merge bound set", "merge_max", c.MergeMax)
+			s.writeJSON(rc, c)
 			return
 		}
 		c, err := s.cfg.Coupons.ReloadCoupons()

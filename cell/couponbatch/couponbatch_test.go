@@ -26,8 +26,14 @@ func TestDemoFile(t *testing.T) {
 	if b2, ok := c.Batch("demo-batch-2"); !ok || b2.Group != "demo-group" || b2.FaceValue != 300 {
 		t.Fatalf("demo-batch-2: %+v", b2)
 	}
-	if len(c.Batches()) != 2 || c.Batches()[0].ID != "demo-batch" {
+	if len(c.Batches()) != 10 || c.Batches()[0].ID != "demo-batch" || c.Batches()[2].ID != "bench-hot-1" {
 		t.Fatalf("order: %v", c.Batches())
+	}
+	// The bench's batches (bench.DefaultCouponsConfig) are in the file.
+	for _, id := range []string{"bench-hot-1", "bench-hot-2", "bench-cold-1", "bench-cold-6"} {
+		if b, ok := c.Batch(id); !ok || b.Group != "" || b.Stock < 10_000_000 {
+			t.Fatalf("%s: %+v %v", id, b, ok)
+		}
 	}
 	if c.Risk != (RiskRules{60, 6000, 60}) {
 		t.Fatalf("risk: %+v", c.Risk)

@@ -74,9 +74,15 @@ type Config struct {
 	// StaleAfter is how long a request may stay deciding before the feeder
 	// takes it again (default 30 s).
 	StaleAfter time.Duration
-	// Workers is layer 1's concurrent deciders (default 8); layer 2 has one
-	// merger per 16 of them, at least one.
+	// Workers is layer 1's concurrent deciders (default 8).
 	Workers int
+	// Mergers is layer 2's concurrent merges (default 4): each takes its
+	// own requests from the queue, so merges of different batches, and of
+	// one batch, run side by side.
+	Mergers int
+	// Paused, when it reports true, stops the feeder and green decisions:
+	// requests are accepted and wait (a degrade switch; nil: never).
+	Paused func() bool
 	// Observe hears what the engine does, for the metrics (nil: nobody).
 	Observe Observer
 	Clock   clock.Clock
@@ -115,9 +121,11 @@ type Engine struct {
 	mu      sync.Mutex
 	dirty   map[int]bool         // databases accepted into since the feeder's last pass
 	soldOut map[string]time.Time // batches whose last deduction found nothing free, until when
+	backoff map[string]time.Time // batches whose last deduction failed, until when
 	tries   map[string]int       // app+serial → deductions that found its batch sold out
 	risk    riskCounters
 	queued  map[string]bool // app+serial of requests in a queue or a step
+	merge   atomic.Int64    // MergeMax now (SetMergeMax)
 
 	Stats Stats
 }
@@ -144,24 +152,38 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 8
 	}
+	if cfg.Mergers <= 0 {
+		cfg.Mergers = 4
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	if cfg.Observe == nil {
 		cfg.Observe = noObserver{}
 	}
-	return &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
+	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}, nil
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+	e.merge.Store(int64(cfg.MergeMax))
+	return e, nil
 }
 
 func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
+
+func (e *Engine) paused() bool { return e.cfg.Paused != nil && e.cfg.Paused() }
 
 // queued is a request in layer 2's queue, with when it got there.
 type queued struct {
 	r  model.CouponRequest
 	at time.Time
 }
+
+// SetMergeMax changes how many queued requests one deduction takes at
+// most, from the next pass on (1: a deduction per request).
+func (e *Engine) SetMergeMax(n int) { e.merge.Store(int64(max(n, 1))) }
+
+// MergeMax is the bound SetMergeMax last set (Config.MergeMax at first).
+func (e *Engine) MergeMax() int { return int(e.merge.Load()) }
 
 // Depths returns how many requests wait in layer 1's and layer 2's queues.
 func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
@@ -180,7 +202,7 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 		e.Stats.Accepted.Add(1)
 		e.cfg.Observe.Accepted()
 	}
-	if r.Green && !got.State.Final() {
+	if r.Green && !got.State.Final() && !e.paused() {
 		// Decided to the end even if the caller goes away: a deduction
 		// half done would hold units for nothing.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
@@ -241,7 +263,7 @@ func (e *Engine) Run(ctx context.Context) {
 	for range e.cfg.Workers {
 		wg.Go(func() { e.layer1(ctx) })
 	}
-	for range max(e.cfg.Workers/16, 1) {
+	for range e.cfg.Mergers {
 		wg.Go(func() { e.layer2(ctx) })
 	}
 	wg.Wait()
@@ -293,7 +315,7 @@ func (e *Engine) release(rs []model.CouponRequest) {
 // accepted into; every feedAll it takes from every database (stale ones,
 // and those another cell accepted before a move).
 const (
-	feedTick = 20 * time.Millisecond
+	feedTick = 50 * time.Millisecond
 	feedAll  = time.Second
 )
 
@@ -307,11 +329,16 @@ func (e *Engine) feed(ctx context.Context) {
 		case <-e.kick:
 		case <-e.clock.After(feedTick):
 		}
+		if e.paused() {
+			continue // the accepted requests wait; the dirty set keeps where
+		}
 		now := e.clock.Now()
 		e.mu.Lock()
 		var dbs []int
+		staleMS := int64(-1) // a quick pass takes accepted requests only
 		if now.Sub(last) >= feedAll {
 			dbs, last = e.cfg.DBs(), now
+			staleMS = now.Add(-e.cfg.StaleAfter).UnixMilli()
 		} else {
 			for db := range e.dirty {
 				dbs = append(dbs, db)
@@ -319,28 +346,40 @@ func (e *Engine) feed(ctx context.Context) {
 		}
 		clear(e.dirty)
 		e.mu.Unlock()
-		for _, db := range dbs {
-			e.feedDB(ctx, db, now)
-		}
+		e.feedDBs(ctx, dbs, staleMS)
 	}
 }
 
-// feedDB takes as many requests of db as layer 1's queue has room for.
-func (e *Engine) feedDB(ctx context.Context, db int, now time.Time) {
+// feedDBs takes as many requests of dbs as layer 1's queue has room for,
+// in one take.
+func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
+	if len(dbs) == 0 {
+		return
+	}
 	room := cap(e.q1) - len(e.q1)
 	if room <= 0 {
-		e.mu.Lock()
-		e.dirty[db] = true // again at the next tick
-		e.mu.Unlock()
+		e.markDirty(dbs) // again at the next tick
 		return
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
 	defer cancel()
-	rs, err := e.cfg.Store.TakeCouponRequests(tctx, db, now.Add(-e.cfg.StaleAfter).UnixMilli(), room)
+	rs, err := e.cfg.Store.TakeCouponRequests(tctx, dbs, staleMS, room)
 	if err != nil {
-		e.log.Warn("coupons: take requests failing", "db", db, "err", err)
+		e.markDirty(dbs)
+		e.log.Warn("coupons: take requests failing", "dbs", len(dbs), "err", err)
 		return
 	}
+	// A database that gave requests may hold more (a take asks each for a
+	// share): it is asked again at the next tick.
+	gave := map[int]bool{}
+	for _, r := range rs {
+		gave[r.Shard.DB()] = true
+	}
+	var again []int
+	for db := range gave {
+		again = append(again, db)
+	}
+	e.markDirty(again)
 	if ctx.Err() != nil { // stopping: give them back at once
 		e.release(rs)
 		return
@@ -356,6 +395,14 @@ func (e *Engine) feedDB(ctx context.Context, db int, now time.Time) {
 		e.Stats.Fed.Add(1)
 		e.q1 <- r // room was checked; only the feeder puts into q1
 	}
+}
+
+func (e *Engine) markDirty(dbs []int) {
+	e.mu.Lock()
+	for _, db := range dbs {
+		e.dirty[db] = true
+	}
+	e.mu.Unlock()
 }
 
 func (e *Engine) done(r model.CouponRequest) {
@@ -469,7 +516,7 @@ func (e *Engine) layer2(ctx context.Context) {
 		e.cfg.Observe.Waited(2, now.Sub(first.at))
 		batch := []model.CouponRequest{first.r}
 	more:
-		for len(batch) < e.cfg.MergeMax && e.cfg.Layer2.Allow() {
+		for mergeMax := int(e.merge.Load()); len(batch) < mergeMax && e.cfg.Layer2.Allow(); {
 			select {
 			case q := <-e.q2:
 				e.cfg.Observe.Waited(2, now.Sub(q.at))
@@ -502,25 +549,37 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) error {
 		byBatch[r.Batch] = append(byBatch[r.Batch], r)
 	}
 	cat := e.catalog()
-	var errs []error
-	for _, id := range order {
-		group := byBatch[id]
-		b, ok := cat.Batch(id)
-		if !ok {
-			errs = append(errs, e.refuse(ctx, group, model.ReasonBatchClosed))
-			continue
-		}
-		e.mu.Lock()
-		out := e.clock.Now().Before(e.soldOut[id])
-		e.mu.Unlock()
-		if out {
-			errs = append(errs, e.soldOutNow(ctx, group))
-			continue
-		}
-		if err := e.issueBatch(ctx, ruleOf(b), group); err != nil {
-			errs = append(errs, fmt.Errorf("batch %s: %w", id, err))
-		}
+	// The batches of a pass are deducted and issued side by side: each has
+	// its own stock row, and the persons' rows are locked in one order by
+	// every issue.
+	errs := make([]error, len(order))
+	var wg sync.WaitGroup
+	for i, id := range order {
+		wg.Go(func() {
+			group := byBatch[id]
+			b, ok := cat.Batch(id)
+			if !ok {
+				errs[i] = e.refuse(ctx, group, model.ReasonBatchClosed)
+				return
+			}
+			e.mu.Lock()
+			now := e.clock.Now()
+			out, wait := now.Before(e.soldOut[id]), now.Before(e.backoff[id])
+			e.mu.Unlock()
+			if wait { // its stock did not answer a moment ago: taken again later
+				errs[i] = e.releaseNow(ctx, group)
+				return
+			}
+			if out {
+				errs[i] = e.soldOutNow(ctx, group)
+				return
+			}
+			if err := e.issueBatch(ctx, ruleOf(b), group); err != nil {
+				errs[i] = fmt.Errorf("batch %s: %w", id, err)
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -533,6 +592,23 @@ func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason 
 	for _, r := range reqs {
 		e.cfg.Observe.Final(r, false, reason, now)
 	}
+	return nil
+}
+
+// backoffFor is how long a batch whose deduction failed is left alone: its
+// requests are released and taken again after it.
+const backoffFor = time.Second
+
+// releaseNow puts requests back to accepted now, off this engine's queued
+// set first (see soldOutNow).
+func (e *Engine) releaseNow(ctx context.Context, reqs []model.CouponRequest) error {
+	for _, r := range reqs {
+		e.done(r)
+	}
+	if err := e.cfg.Store.ReleaseCouponRequests(ctx, reqs); err != nil {
+		return fmt.Errorf("release %d: %w", len(reqs), err)
+	}
+	e.Stats.Released.Add(int64(len(reqs)))
 	return nil
 }
 
@@ -589,9 +665,13 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	e.cfg.Observe.Merged(rule.Batch, len(reqs))
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
 	if err != nil {
-		// Granted or not, unknown: the requests stay deciding, and a lease
-		// granted without an answer is settled by its (zero) coupons.
-		return fmt.Errorf("deduct %d: %w", len(reqs), err)
+		// Granted or not, unknown: a lease granted without an answer is
+		// settled by its (zero) coupons. The requests are taken again after
+		// a pause of the batch, not only once stale.
+		e.mu.Lock()
+		e.backoff[rule.Batch] = e.clock.Now().Add(backoffFor)
+		e.mu.Unlock()
+		return errors.Join(fmt.Errorf("deduct %d: %w", len(reqs), err), e.releaseNow(ctx, reqs))
 	}
 	e.Stats.Deductions.Add(1)
 	if granted == 0 {
@@ -605,11 +685,12 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		if errors.Is(err, storage.ErrCommitUnknown) {
 			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", len(reqs), lease, granted, err)
 		}
-		// Nothing was written: every unit goes back.
+		// Nothing was written: every unit goes back, and the requests are
+		// taken again.
 		if rerr := e.giveBack(ctx, rule.Batch, lease, granted); rerr != nil {
 			return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), rerr)
 		}
-		return fmt.Errorf("issue %d: %w", len(reqs), err)
+		return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), e.releaseNow(ctx, reqs))
 	}
 	bySerial := make(map[string]model.CouponRequest, len(reqs))
 	for _, r := range reqs {

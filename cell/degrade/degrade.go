@@ -35,6 +35,11 @@ type Config struct {
 	// (the wallet shows them as pending; a withdrawal still books the
 	// person's own first).
 	Booking bool
+	// CouponIssue: the coupon layers take no stored request: new requests
+	// are still accepted (202) and wait accepted, durable, until the switch
+	// is back on; a green-channel request is answered accepted. Requests
+	// already in a queue are decided.
+	CouponIssue bool
 }
 
 // Switch names one feature.
@@ -47,12 +52,13 @@ const (
 	Relay
 	WalletFlow
 	Booking
+	CouponIssue
 	switchCount
 )
 
 // names are the switches' names in the admin API, the config and the metrics
 // (redcell_degrade_switch{switch=...}).
-var names = [switchCount]string{"claims_list", "grab_cache", "relay", "wallet_flow", "booking"}
+var names = [switchCount]string{"claims_list", "grab_cache", "relay", "wallet_flow", "booking", "coupon_issue"}
 
 const (
 	on  = "on"
@@ -70,7 +76,7 @@ type Switches struct {
 // feature that starts switched off.
 func New(c Config, log *slog.Logger) *Switches {
 	s := &Switches{log: log}
-	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking} {
+	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking, c.CouponIssue} {
 		s.off[i].Store(o)
 		if o {
 			log.Warn("degrade switch off from the config: feature degraded", "switch", names[i])
@@ -91,7 +97,7 @@ func (s *Switches) Setting() api.DegradeSetting {
 		return on
 	}
 	return api.DegradeSetting{ClaimsList: state(ClaimsList), GrabCache: state(GrabCache), Relay: state(Relay),
-		WalletFlow: state(WalletFlow), Booking: state(Booking)}
+		WalletFlow: state(WalletFlow), Booking: state(Booking), CouponIssue: state(CouponIssue)}
 }
 
 // Set switches the features d names ("on" or "off") and keeps those it
@@ -99,7 +105,7 @@ func (s *Switches) Setting() api.DegradeSetting {
 // logged (a warning when a feature goes off) and takes effect for the
 // requests and relay passes that start after it. Errors: ErrInvalidArgument.
 func (s *Switches) Set(d api.DegradeSetting) error {
-	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay, d.WalletFlow, d.Booking}
+	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay, d.WalletFlow, d.Booking, d.CouponIssue}
 	for i, v := range values {
 		if v != "" && v != on && v != off {
 			return model.Invalidf("%s must be \"on\" or \"off\", got %q", names[i], v)
@@ -126,7 +132,7 @@ func (s *Switches) Set(d api.DegradeSetting) error {
 // switched off (degraded), 0 while it works; read at each scrape.
 func (s *Switches) Collector() prometheus.Collector {
 	return collector{s: s, desc: prometheus.NewDesc("redcell_degrade_switch",
-		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay, wallet_flow, booking).",
+		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue).",
 		[]string{"switch"}, nil)}
 }
 

@@ -32,8 +32,8 @@ func (c *Coupons) CouponRequestOf(ctx context.Context, sh model.ShardID, app, se
 }
 
 // TakeCouponRequests implements storage.Coupons.
-func (c *Coupons) TakeCouponRequests(ctx context.Context, db int, staleMS int64, limit int) (out []model.CouponRequest, err error) {
-	err = c.s.call(func() (err error) { out, err = c.inner.TakeCouponRequests(ctx, db, staleMS, limit); return err })
+func (c *Coupons) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) (out []model.CouponRequest, err error) {
+	err = c.s.call(func() (err error) { out, err = c.inner.TakeCouponRequests(ctx, dbs, staleMS, limit); return err })
 	return out, err
 }
 

@@ -58,6 +58,8 @@ type benchFlags struct {
 	sustain             bench.SustainConfig
 	lagSamples          int           // rewards: --lag-samples
 	readsDuration       time.Duration // rewards: --reads-duration
+	mergeBacklog        int           // coupons: --merge-backlog
+	hotShare            float64       // coupons: --hot-share
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -65,7 +67,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	lim := bench.DefaultLimitsConfig(def.RouterURL)
 	f := &benchFlags{fs: flag.NewFlagSet("bench", flag.ContinueOnError), defaultLimitsConfig: lim}
 	fs := f.fs
-	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | roundrobin | rewards (the reward wallet: issues, booking lag) | limits (the ceilings only)")
+	fs.StringVar(&f.workload, "workload", bench.WorkloadSmoke, "smoke | hot | festival | cold | roundrobin | rewards (the reward wallet: issues, booking lag) | coupons (the coupon drop: accepts, issue latency, merged deduction) | limits (the ceilings only)")
 	fs.StringVar(&f.router, "router", def.RouterURL, "base URL of the router (default: router.listen of --config, else this)")
 	fs.IntVar(&f.senders, "senders", def.Senders, "accounts that send packets (hot: always 1; default per workload)")
 	fs.IntVar(&f.openers, "openers", def.Openers, "closed-loop: concurrent openers (default per workload); open-loop: the default of --max-inflight")
@@ -97,6 +99,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	rd := bench.DefaultRewardsConfig()
 	fs.IntVar(&f.lagSamples, "lag-samples", rd.LagSamples, "rewards: async rewards whose issue-to-booked lag is polled (0..1000)")
 	fs.DurationVar(&f.readsDuration, "reads-duration", rd.ReadsDuration, "rewards: each side of the no-op vs issued-so-far read comparison; 0 skips it")
+	cd := bench.DefaultCouponsConfig()
+	fs.IntVar(&f.mergeBacklog, "merge-backlog", cd.MergeBacklog, "coupons: requests of a hot batch each side of the merged-vs-single comparison accepts while issuing is held; 0 skips it (needs --config)")
+	fs.Float64Var(&f.hotShare, "hot-share", cd.HotShare, "coupons: the share of requests for the hot batches")
 	f.search, f.sustain = bench.DefaultSearchConfig(), bench.DefaultSustainConfig("")
 	fs.BoolVar(&f.searchOn, "search", false, "after the runs, find each strategy's highest sustained open-loop rate (hot, festival, cold): p99 within --search-p99, nothing shed, the schedule offered")
 	fs.BoolVar(&f.searchOnly, "search-only", false, "the search (and --sustain-at) without the fixed runs; implies --search")
@@ -130,8 +135,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	if f.sustain.Strategy != "" && f.compare == "" {
 		return nil, errors.New("bench: --sustain-at names a strategy of --compare (--compare batched --sustain-at batched for one)")
 	}
-	if f.workload != workloadLimits && f.workload != bench.WorkloadRewards && !slices.Contains(bench.Workloads, f.workload) {
-		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards, workloadLimits)
+	if f.workload != workloadLimits && f.workload != bench.WorkloadRewards && f.workload != bench.WorkloadCoupons && !slices.Contains(bench.Workloads, f.workload) {
+		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards,
+			bench.WorkloadCoupons, workloadLimits)
 	}
 	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
 	if f.configPath != "" {
@@ -342,6 +348,9 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if f.workload == bench.WorkloadRewards {
 		return runRewardsBench(ctx, f, args)
+	}
+	if f.workload == bench.WorkloadCoupons {
+		return runCouponsBench(ctx, f, args)
 	}
 	sc, err := f.suiteConfig()
 	if err != nil {

@@ -122,17 +122,18 @@ type cellSection struct {
 
 // degradeEntry: each switch "on" or "off" at start; absent keeps it on.
 type degradeEntry struct {
-	ClaimsList string `yaml:"claims_list"`
-	GrabCache  string `yaml:"grab_cache"`
-	Relay      string `yaml:"relay"`
-	WalletFlow string `yaml:"wallet_flow"`
-	Booking    string `yaml:"booking"`
+	ClaimsList  string `yaml:"claims_list"`
+	GrabCache   string `yaml:"grab_cache"`
+	Relay       string `yaml:"relay"`
+	WalletFlow  string `yaml:"wallet_flow"`
+	Booking     string `yaml:"booking"`
+	CouponIssue string `yaml:"coupon_issue"`
 }
 
 // switches returns the entry's fields by switch name, to read and set them.
 func (d *degradeEntry) switches() map[string]*string {
 	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay,
-		"wallet_flow": &d.WalletFlow, "booking": &d.Booking}
+		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue}
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -334,7 +335,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.ReconSettle, s.ReconSettle)
 	setDur(&c.AuditInterval, s.AuditInterval)
 	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay,
-		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking}
+		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue}
 	for name, v := range fc.Cell.Degrade.switches() {
 		switch *v {
 		case "", "on":

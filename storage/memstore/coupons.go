@@ -66,7 +66,7 @@ func (s *Store) CouponRequestOf(ctx context.Context, sh model.ShardID, app, seri
 }
 
 // TakeCouponRequests implements storage.Coupons.
-func (s *Store) TakeCouponRequests(ctx context.Context, db int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+func (s *Store) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (s *Store) TakeCouponRequests(ctx context.Context, db int, staleMS int64, l
 	defer s.mu.Unlock()
 	var rs []*model.CouponRequest
 	for k, r := range s.couponRq {
-		if k.db == db && (r.State == model.CouponAccepted || r.State == model.CouponDeciding && r.TakenMS <= staleMS) {
+		if slices.Contains(dbs, k.db) && (r.State == model.CouponAccepted || r.State == model.CouponDeciding && staleMS >= 0 && r.TakenMS <= staleMS) {
 			rs = append(rs, r)
 		}
 	}

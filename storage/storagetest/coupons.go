@@ -96,20 +96,23 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	f.accept(couponReq(sC, "q", "other-db", "demo-batch"))
 	db := sA.DB()
-	first, err := c.TakeCouponRequests(f.ctx, db, 0, 3)
+	first, err := c.TakeCouponRequests(f.ctx, []int{db}, 0, 3)
 	if err != nil || len(first) != 3 || first[0].Serial != "t0" || first[2].Serial != "t2" || first[0].State != model.CouponDeciding || first[0].TakenMS != f.nowMS() {
 		t.Fatalf("first take: %+v %v", first, err)
 	}
 	takenAt := f.nowMS()
 	f.h.Clock.Advance(time.Second)
-	rest, err := c.TakeCouponRequests(f.ctx, db, takenAt-1, 10)
+	rest, err := c.TakeCouponRequests(f.ctx, []int{db}, takenAt-1, 10)
 	if err != nil || len(rest) != 2 || rest[0].Serial != "t3" || rest[1].Serial != "t4" {
 		t.Fatalf("second take (none stale): %+v %v", rest, err)
 	}
 	if err := c.RefuseCoupons(f.ctx, first[:1], model.ReasonRisk); err != nil {
 		t.Fatal(err)
 	}
-	stale, err := c.TakeCouponRequests(f.ctx, db, takenAt, 10)
+	if none, err := c.TakeCouponRequests(f.ctx, []int{db}, -1, 10); err != nil || len(none) != 0 {
+		t.Fatalf("a take of accepted requests only (staleMS -1): %+v %v", none, err)
+	}
+	stale, err := c.TakeCouponRequests(f.ctx, []int{db}, takenAt, 10)
 	if err != nil || len(stale) != 2 || stale[0].Serial != "t1" || stale[1].Serial != "t2" {
 		t.Fatalf("the stale ones again (t0 refused): %+v %v", stale, err)
 	}
@@ -122,7 +125,7 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.Reason != model.ReasonRisk {
 		t.Fatalf("a final request refused again: %+v", r)
 	}
-	if other, err := c.TakeCouponRequests(f.ctx, sC.DB(), 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
+	if other, err := c.TakeCouponRequests(f.ctx, []int{sC.DB()}, 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
 		t.Fatalf("database 56: %+v %v", other, err)
 	}
 	// Released (a drain): deciding ones are accepted again and taken at
@@ -130,12 +133,21 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err := c.ReleaseCouponRequests(f.ctx, append(rest, first[0])); err != nil {
 		t.Fatal(err)
 	}
-	again, err := c.TakeCouponRequests(f.ctx, db, 0, 10)
+	again, err := c.TakeCouponRequests(f.ctx, []int{db}, 0, 10)
 	if err != nil || len(again) != 2 || again[0].Serial != "t3" || again[1].Serial != "t4" {
 		t.Fatalf("after the release: %+v %v", again, err)
 	}
 	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.State != model.CouponRefused {
 		t.Fatalf("a refused request released: %+v", r)
+	}
+	// One take over two databases answers both, oldest accepted first.
+	f.h.Clock.Advance(time.Millisecond)
+	late := f.accept(couponReq(sC, "q2", "m1", "demo-batch"))
+	f.h.Clock.Advance(time.Millisecond)
+	f.accept(couponReq(sA, "p9", "m2", "demo-batch"))
+	both, err := c.TakeCouponRequests(f.ctx, []int{db, sC.DB()}, -1, 10)
+	if err != nil || len(both) != 2 || both[0].Serial != "m1" || both[1].Serial != "m2" || both[0].AcceptedMS != late.AcceptedMS {
+		t.Fatalf("a take over two databases: %+v %v", both, err)
 	}
 }
 
@@ -155,7 +167,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	}{{sA, "ann"}, {sA, "ann"}, {sA, "ann"}, {sC, "cy"}, {sB, "bea"}} {
 		reqs = append(reqs, f.accept(couponReq(p.s, p.act, fmt.Sprintf("a%d", i), "a")))
 	}
-	taken, err := c.TakeCouponRequests(f.ctx, sA.DB(), 0, 10)
+	taken, err := c.TakeCouponRequests(f.ctx, []int{sA.DB()}, 0, 10)
 	if err != nil || len(taken) != 4 {
 		t.Fatalf("take: %+v %v", taken, err)
 	}

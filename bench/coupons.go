@@ -1,0 +1,556 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"redcell/api"
+	"redcell/internal/retry"
+)
+
+// WorkloadCoupons: a payment app's coupon drop. Every request is a fresh
+// person taking one coupon (POST /v1/coupons/issue), of a hot batch with
+// probability HotShare, else of a cold one; the cells accept it at once and
+// issue behind (cell/couponq). One invocation measures, against the same
+// cluster:
+//
+//   - ceiling: closed-loop, Concurrency workers: the highest accept rate,
+//     and how long the cells take to issue what was accepted;
+//   - sustain: open-loop at SustainFraction of the sustained rate (the
+//     lower of the ceiling's accept and issue rates): accept latency and
+//     the accepted→issued latency (from the cells' histogram, whose 0.5 s
+//     bucket is the seed's target);
+//   - merged and single: MergeBacklog requests of the first hot batch
+//     accepted while the coupon_issue degrade switch holds the layers, then
+//     released and timed until all are issued, with the cells' merge bound
+//     at its setting and at 1 (a deduction per request): the ratio is what
+//     merged stock deduction buys.
+//
+// It changes the cells' coupon_issue switch and merge bound through their
+// admin ports and puts both back. It runs through RunCoupons.
+const WorkloadCoupons = "coupons"
+
+// Bounds of a coupons run.
+const (
+	couponBacklogMax = 1_000_000
+	couponDrainMax   = 10 * time.Minute
+	// couponIssueSeries is the cells' accepted→issued histogram: its count
+	// is the coupons issued (both spaces: run it on a quiet cluster).
+	couponIssueSeries = "redcell_coupon_issue_latency_seconds"
+	// couponTargetS is the seed's target: 99% issued within 0.5 s.
+	couponTargetS = 0.5
+)
+
+// CouponsConfig describes one invocation. Start from DefaultCouponsConfig.
+type CouponsConfig struct {
+	RouterURL string
+	// APIKey needs the coupon scope; ClusterSecret signs the stress traffic
+	// (the requests go to the shadow tables, as all bench traffic).
+	APIKey, ClusterSecret string
+	// AdminURLs are the cells' admin ports ("http://host:port"), AdminToken
+	// their token: the merge comparison switches coupon_issue and the merge
+	// bound there. Metrics are the cells' GET /metrics.
+	AdminURLs  []string
+	AdminToken string
+	Metrics    []MetricsTarget
+	// Hot and Cold are batch IDs of the cells' batches file; every request
+	// is of a hot one with probability HotShare.
+	Hot, Cold []string
+	HotShare  float64
+	// Concurrency is the closed-loop workers and the open-loop in-flight bound.
+	Concurrency int
+	Duration    time.Duration // the ceiling's and the sustain run's load
+	// SustainFraction of the ceiling's accept rate is the sustain run's
+	// rate (0 skips the run).
+	SustainFraction float64
+	// MergeBacklog is the requests each side of the merge comparison
+	// accepts before it releases them (0 skips the comparison).
+	MergeBacklog int
+	// DrainWait bounds each wait for the accepted requests to be issued.
+	DrainWait time.Duration
+	Seed      uint64
+	RunID     string
+	Progress  io.Writer
+}
+
+// DefaultCouponsConfig is the bench batches make run loads
+// (deploy/local/coupons.yaml): two hot, six cold.
+func DefaultCouponsConfig() CouponsConfig {
+	return CouponsConfig{
+		RouterURL:       "http://127.0.0.1:8080",
+		Hot:             []string{"bench-hot-1", "bench-hot-2"},
+		Cold:            []string{"bench-cold-1", "bench-cold-2", "bench-cold-3", "bench-cold-4", "bench-cold-5", "bench-cold-6"},
+		HotShare:        0.5,              // a few batches take half the drop
+		Concurrency:     32,               // as the rewards workload
+		Duration:        10 * time.Second, // as the other workloads
+		SustainFraction: 0.7,              // the issue's figure
+		MergeBacklog:    3000,             // a few seconds of issuing one by one
+		DrainWait:       2 * time.Minute,
+	}
+}
+
+// Validate checks every field.
+func (c CouponsConfig) Validate() error {
+	base := Config{RouterURL: c.RouterURL}
+	if err := base.validateRouter(); err != nil {
+		return err
+	}
+	switch {
+	case c.ClusterSecret == "":
+		return errors.New("bench: coupons: its stress traffic must be signed: give the cluster secret")
+	case len(c.Hot) == 0 && len(c.Cold) == 0:
+		return errors.New("bench: coupons: name at least one batch")
+	case c.HotShare < 0 || c.HotShare > 1 || (c.HotShare > 0 && len(c.Hot) == 0) || (c.HotShare < 1 && len(c.Cold) == 0):
+		return fmt.Errorf("bench: coupons: HotShare %v must be 0..1, with hot batches when above 0 and cold ones when below 1", c.HotShare)
+	case c.Concurrency < 1 || c.Concurrency > openersMax:
+		return fmt.Errorf("bench: coupons: Concurrency must be 1..%d, got %d", openersMax, c.Concurrency)
+	case c.Duration <= 0 || c.Duration > durationMax:
+		return fmt.Errorf("bench: coupons: Duration must be in (0, %v], got %v", durationMax, c.Duration)
+	case c.SustainFraction < 0 || c.SustainFraction > 1:
+		return fmt.Errorf("bench: coupons: SustainFraction must be 0..1, got %v", c.SustainFraction)
+	case c.MergeBacklog < 0 || c.MergeBacklog > couponBacklogMax:
+		return fmt.Errorf("bench: coupons: MergeBacklog must be 0..%d, got %d", couponBacklogMax, c.MergeBacklog)
+	case c.MergeBacklog > 0 && (len(c.AdminURLs) == 0 || c.AdminToken == "" || len(c.Hot) == 0):
+		return errors.New("bench: coupons: the merge comparison needs the cells' admin ports, their token and a hot batch")
+	case c.DrainWait <= 0 || c.DrainWait > couponDrainMax:
+		return fmt.Errorf("bench: coupons: DrainWait must be in (0, %v]", couponDrainMax)
+	case len(c.Metrics) == 0:
+		return errors.New("bench: coupons: the cells' metrics are needed (the issue latency is theirs)")
+	}
+	if c.RunID != "" {
+		return validateRunID(c.RunID)
+	}
+	return nil
+}
+
+// CouponsSuite is what one invocation measured.
+type CouponsSuite struct {
+	StartedAt  time.Time    `json:"started_at"`
+	FinishedAt time.Time    `json:"finished_at"`
+	Workload   string       `json:"workload"`
+	Runs       []CouponsRun `json:"runs"`
+	// Sustained is the ceiling's lower rate of accepts and issues, per
+	// second: the rate the sustain run takes its fraction of.
+	Sustained float64 `json:"sustained_per_sec"`
+	// MergedOverSingle is the merged side's issues/s over the single side's.
+	MergedOverSingle float64        `json:"merged_over_single,omitempty"`
+	Config           map[string]any `json:"config,omitempty"`
+}
+
+// CouponsRun is one run: ceiling, sustain, merged or single.
+type CouponsRun struct {
+	Name        string  `json:"name"`
+	RunID       string  `json:"run_id"`
+	Mode        string  `json:"mode"` // closed or open
+	Rate        int     `json:"rate_per_sec,omitempty"`
+	Concurrency int     `json:"concurrency"`
+	MergeMax    int     `json:"merge_max,omitempty"` // the cells' merge bound during the run (merge comparison)
+	Accept      OpStats `json:"accept"`
+	// AcceptsPerSec is new requests accepted per second of the load.
+	AcceptsPerSec float64 `json:"accepts_per_sec"`
+	ElapsedMS     int64   `json:"elapsed_ms"` // the load
+	Due           int64   `json:"due,omitempty"`
+	Started       int64   `json:"started,omitempty"`
+	// Issued is the coupons the cells issued from the load's start until
+	// every accepted request was issued or DrainWait passed; DrainMS is that
+	// time, from the load's start (the merge comparison: from the release).
+	Issued       int64   `json:"issued"`
+	DrainMS      int64   `json:"drain_ms"`
+	IssuedPerSec float64 `json:"issued_per_sec"` // Issued over DrainMS
+	// IssueLatency is accepted→issued from the cells' histogram, ms
+	// (interpolated in its buckets); WithinTarget the share issued within
+	// 0.5 s.
+	IssueLatency LatencyMS `json:"issue_latency_ms"`
+	WithinTarget float64   `json:"issued_within_500ms"`
+	Note         string    `json:"note,omitempty"`
+}
+
+// RunCoupons runs cfg. Failed requests are counted, never returned; see
+// CouponsSuite.Problems. It returns an error for an invalid cfg or a cell
+// it cannot switch, and ctx.Err() with what was measured when ctx ends.
+func RunCoupons(ctx context.Context, cfg CouponsConfig) (CouponsSuite, error) {
+	if err := cfg.Validate(); err != nil {
+		return CouponsSuite{}, err
+	}
+	s := CouponsSuite{StartedAt: time.Now(), Workload: WorkloadCoupons}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(s.StartedAt.UnixNano())
+	}
+	if cfg.RunID == "" {
+		cfg.RunID = newRunID(s.StartedAt)
+	}
+	c := newClient(cfg.RouterURL, cfg.Concurrency, cfg.APIKey, cfg.ClusterSecret)
+	defer c.hc.CloseIdleConnections()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	cr := &couponsRunner{c: c, hc: hc, cfg: cfg}
+
+	ceiling := cr.run(ctx, "ceiling", suiteRunID(cfg.RunID, 0), 0, false)
+	s.Runs = append(s.Runs, ceiling)
+	// The sustained rate is what the cells both accept and issue: the
+	// lower of the ceiling's accept rate and its issue rate (accepted
+	// requests beyond what they issue only queue up).
+	s.Sustained = min(ceiling.AcceptsPerSec, ceiling.IssuedPerSec)
+	if ctx.Err() == nil && cfg.SustainFraction > 0 && s.Sustained > 0 && sleepCtx(ctx, rewardsPause) {
+		rate := max(int(s.Sustained*cfg.SustainFraction), 1)
+		s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), rate, false))
+	}
+	if ctx.Err() == nil && cfg.MergeBacklog > 0 && sleepCtx(ctx, rewardsPause) {
+		runs, err := cr.mergeComparison(ctx, cfg.RunID)
+		s.Runs = append(s.Runs, runs...)
+		if err != nil {
+			s.FinishedAt = time.Now()
+			return s, err
+		}
+		if len(runs) == 2 {
+			s.MergedOverSingle = ratio(runs[0].IssuedPerSec, runs[1].IssuedPerSec)
+		}
+	}
+	s.FinishedAt = time.Now()
+	return s, ctx.Err()
+}
+
+type couponsRunner struct {
+	c   *client
+	hc  *http.Client
+	cfg CouponsConfig
+}
+
+// run is the ceiling (rate 0: closed-loop) or the sustain run (open-loop
+// at rate), then the wait for what it accepted to be issued. hotOnly
+// sends every request to the first hot batch.
+func (cr *couponsRunner) run(ctx context.Context, name, runID string, rate int, hotOnly bool) CouponsRun {
+	cfg := cr.cfg
+	out := CouponsRun{Name: name, RunID: runID, Mode: modeClosed, Rate: rate, Concurrency: cfg.Concurrency}
+	if rate > 0 {
+		out.Mode = modeOpen
+	}
+	before := scrapeCells(ctx, cr.hc, cfg.Metrics)
+	l := cr.newLoad(runID, hotOnly)
+	start := time.Now()
+	load, cancel := context.WithTimeout(ctx, cfg.Duration)
+	stop := startProgress(cfg.Progress, WorkloadCoupons+"/"+name, start, cfg.Duration, func() progressSnapshot {
+		return progressSnapshot{noun: "accepts", opens: l.rec.okCount(), errors: l.rec.errorCount()}
+	})
+	if rate > 0 {
+		out.Due, out.Started = l.openLoop(ctx, load, rate)
+	} else {
+		l.closedLoop(ctx, load, -1)
+	}
+	cancel()
+	stop()
+	elapsed := time.Since(start)
+	out.ElapsedMS = elapsed.Milliseconds()
+	out.Accept = l.rec.stats()
+	accepted := l.accepted.Load()
+	out.AcceptsPerSec = float64(accepted) / elapsed.Seconds()
+	cr.drain(ctx, &out, before, start, accepted)
+	return out
+}
+
+// drain waits until the cells issued accepted coupons since before (or
+// DrainWait passes) and reads the issue latency of the run.
+func (cr *couponsRunner) drain(ctx context.Context, out *CouponsRun, before []cellScrape, from time.Time, accepted int64) {
+	deadline := time.Now().Add(cr.cfg.DrainWait)
+	var d histSnap
+	for {
+		after := scrapeCells(ctx, cr.hc, cr.cfg.Metrics)
+		var ok bool
+		var why string
+		d, ok, why = histDelta(before, after, couponIssueSeries)
+		if !ok {
+			out.Note = why
+		}
+		if ok && int64(d.count) >= accepted || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	out.DrainMS = time.Since(from).Milliseconds()
+	out.Issued = int64(d.count)
+	if out.DrainMS > 0 {
+		out.IssuedPerSec = float64(out.Issued) / (float64(out.DrainMS) / 1000)
+	}
+	if d.count > 0 {
+		q := func(p float64) float64 { v, _, _ := d.quantile(p); return v * 1000 }
+		out.IssueLatency = LatencyMS{P50: q(0.5), P99: q(0.99), P999: q(0.999)}
+		for i, up := range d.uppers {
+			if up == couponTargetS {
+				out.WithinTarget = float64(d.buckets[i]) / float64(d.count)
+			}
+		}
+	}
+}
+
+// mergeComparison runs the merged side (the cells' merge bound as set)
+// and the single side (bound 1), each: hold the layers (coupon_issue off),
+// accept MergeBacklog requests of the first hot batch, release, time the
+// issue. It puts the bound and the switch back whatever happens.
+func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]CouponsRun, error) {
+	var cur api.CouponBatchesResponse
+	if err := cr.admin(http.MethodGet, "/admin/coupons", nil, &cur); err != nil {
+		return nil, err
+	}
+	merged := max(cur.MergeMax, 2)
+	restore := func() {
+		_ = cr.admin(http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: cur.MergeMax}, nil)
+		_ = cr.admin(http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: "on"}, nil)
+	}
+	defer restore()
+	var runs []CouponsRun
+	for i, bound := range []int{merged, 1} {
+		if i > 0 && !sleepCtx(ctx, rewardsPause) {
+			break
+		}
+		name := "merged"
+		if bound == 1 {
+			name = "single"
+		}
+		if err := cr.admin(http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: bound}, nil); err != nil {
+			return runs, err
+		}
+		if err := cr.admin(http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: "off"}, nil); err != nil {
+			return runs, err
+		}
+		out := CouponsRun{Name: name, RunID: suiteRunID(runID, 2+i), Mode: modeClosed, Concurrency: cr.cfg.Concurrency, MergeMax: bound}
+		before := scrapeCells(ctx, cr.hc, cr.cfg.Metrics)
+		l := cr.newLoad(out.RunID, true)
+		start := time.Now()
+		load, cancel := context.WithTimeout(ctx, couponDrainMax)
+		l.closedLoop(ctx, load, int64(cr.cfg.MergeBacklog))
+		cancel()
+		out.ElapsedMS = time.Since(start).Milliseconds()
+		out.Accept = l.rec.stats()
+		out.AcceptsPerSec = float64(l.accepted.Load()) / time.Since(start).Seconds()
+		released := time.Now()
+		if err := cr.admin(http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: "on"}, nil); err != nil {
+			return runs, err
+		}
+		cr.drain(ctx, &out, before, released, l.accepted.Load())
+		runs = append(runs, out)
+	}
+	return runs, nil
+}
+
+// admin calls every cell's admin port (in is the JSON body, out decodes
+// the first cell's answer).
+func (cr *couponsRunner) admin(method, path string, in, out any) error {
+	for i, base := range cr.cfg.AdminURLs {
+		var body io.Reader
+		if in != nil {
+			b, _ := json.Marshal(in)
+			body = bytes.NewReader(b)
+		}
+		req, err := http.NewRequest(method, base+path, body)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+cr.cfg.AdminToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := cr.hc.Do(req)
+		if err != nil {
+			return fmt.Errorf("bench: coupons: %s %s%s: %w", method, base, path, err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("bench: coupons: %s %s%s: %s %s", method, base, path, resp.Status, strings.TrimSpace(string(b)))
+		}
+		if out != nil && i == 0 {
+			if err := json.Unmarshal(b, out); err != nil {
+				return fmt.Errorf("bench: coupons: %s %s%s: %w", method, base, path, err)
+			}
+		}
+	}
+	return nil
+}
+
+// couponLoad is one run's requests.
+type couponLoad struct {
+	c        *client
+	cfg      CouponsConfig
+	runID    string
+	hotOnly  bool
+	rec      *opRecorder
+	next     atomic.Int64
+	accepted atomic.Int64 // new requests accepted (not repeats)
+}
+
+func (cr *couponsRunner) newLoad(runID string, hotOnly bool) *couponLoad {
+	return &couponLoad{c: cr.c, cfg: cr.cfg, runID: runID, hotOnly: hotOnly, rec: newOpRecorder()}
+}
+
+// closedLoop: Concurrency workers until load ends or n requests (n < 0:
+// no bound but issuesMax) were sent.
+func (l *couponLoad) closedLoop(ctx, load context.Context, n int64) {
+	if n < 0 {
+		n = issuesMax
+	}
+	var wg sync.WaitGroup
+	for range l.cfg.Concurrency {
+		wg.Go(func() {
+			for load.Err() == nil {
+				k := l.next.Add(1) - 1
+				if k >= n {
+					return
+				}
+				l.issue(ctx, time.Time{}, k)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// openLoop starts request k at its scheduled time at rate per second.
+func (l *couponLoad) openLoop(ctx, load context.Context, rate int) (due, started int64) {
+	d := newDispatcher(l.cfg.Concurrency)
+	t0 := time.Now()
+	for k := int64(0); k < issuesMax; k++ {
+		at := scheduledAt(t0, float64(rate), k)
+		if !sleepUntil(load, at) {
+			break
+		}
+		if d.start(func() { l.issue(ctx, at, k) }) {
+			started++
+		} else {
+			l.rec.recordDropped()
+		}
+	}
+	d.wait()
+	return min(int64(time.Since(t0).Seconds()*float64(rate))+1, issuesMax), started
+}
+
+// batch is request k's batch, drawn from the seed.
+func (l *couponLoad) batch(k int64) string {
+	if l.hotOnly {
+		return l.cfg.Hot[0]
+	}
+	r := rand.New(rand.NewPCG(l.cfg.Seed, uint64(k)))
+	if len(l.cfg.Hot) > 0 && r.Float64() < l.cfg.HotShare {
+		return l.cfg.Hot[r.IntN(len(l.cfg.Hot))]
+	}
+	return l.cfg.Cold[r.IntN(len(l.cfg.Cold))]
+}
+
+// issue sends request k (a fresh person), retrying a retryable failure:
+// the serial makes a retry a repeat at worst.
+func (l *couponLoad) issue(ctx context.Context, due time.Time, k int64) {
+	id := l.runID + "-c" + strconv.FormatInt(k, 10)
+	req := api.CouponIssueRequest{ActID: id, BatchID: l.batch(k), SerialNo: id}
+	var out api.CouponRequestState
+	var res result
+	start := due
+	_ = retry.Do(ctx, retry.Policy{Attempts: attemptsMax, Backoff: retryBackoff, Retryable: isRetryable}, func(attempt int) error {
+		out = api.CouponRequestState{}
+		res = l.c.callFrom(start, http.MethodPost, api.CouponIssuePath, req, &out)
+		start = time.Time{}
+		if res.code == "" && (out.SerialNo != req.SerialNo || out.ActID != req.ActID || out.BatchID != req.BatchID ||
+			!slices.Contains([]string{"accepted", "deciding", "issued", "refused"}, out.State)) {
+			res.code, res.message = codeBadResponse, fmt.Sprintf("coupon answer %+v does not match the request %+v", out, req)
+		}
+		repeat := res.code == "" && attempt > 0
+		l.rec.record(res, repeat)
+		if res.code != "" {
+			return failed{res}
+		}
+		if !repeat {
+			l.accepted.Add(1)
+		}
+		return nil
+	})
+}
+
+// OK reports whether the suite found no problem.
+func (s CouponsSuite) OK() bool { return len(s.Problems()) == 0 }
+
+// Problems lists why the suite failed: unexpected error codes, a run that
+// accepted nothing, accepted requests not issued within the wait.
+func (s CouponsSuite) Problems() []string {
+	var ps []string
+	for _, r := range s.Runs {
+		for _, code := range sortedCodes(r.Accept.Errors) {
+			if !shedCode(code) {
+				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", r.Name, r.Accept.Errors[code], code))
+			}
+		}
+		accepted := int64(r.AcceptsPerSec*float64(r.ElapsedMS)/1000 + 0.5)
+		if r.Accept.OK == 0 {
+			ps = append(ps, r.Name+": nothing was accepted")
+		} else if r.Issued < accepted {
+			ps = append(ps, fmt.Sprintf("%s: %d of about %d accepted requests issued within %v (%s)", r.Name, r.Issued, accepted,
+				time.Duration(r.DrainMS)*time.Millisecond, r.Note))
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// Targets compares the suite with the issue's figures: merged deduction at
+// least 5x one deduction per request; at the sustain rate, 99% issued within
+// 0.5 s and the accept p99 within 20 ms. Each line says met or missed.
+func (s CouponsSuite) Targets() []string {
+	var out []string
+	mark := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "MISSED"
+	}
+	if s.MergedOverSingle > 0 {
+		out = append(out, fmt.Sprintf("merged / single issues/s %.2fx (target >= 5x): %s", s.MergedOverSingle, mark(s.MergedOverSingle >= 5)))
+	}
+	for _, r := range s.Runs {
+		if r.Name != "sustain" {
+			continue
+		}
+		out = append(out, fmt.Sprintf("sustain at %d/s: %.2f%% issued within 0.5 s (target >= 99%%): %s", r.Rate, 100*r.WithinTarget, mark(r.WithinTarget >= 0.99)),
+			fmt.Sprintf("sustain at %d/s: accept p99 %.1f ms (target <= 20 ms): %s", r.Rate, r.Accept.LatencyMS.P99, mark(r.Accept.LatencyMS.P99 <= 20)))
+	}
+	return out
+}
+
+// WriteText prints the suite for a person.
+func (s CouponsSuite) WriteText(w io.Writer) error {
+	ew := &errWriter{w: w}
+	ew.printf("redcell bench: coupons\n")
+	for _, r := range s.Runs {
+		how := fmt.Sprintf("closed-loop, %d workers", r.Concurrency)
+		if r.Mode == modeOpen {
+			how = fmt.Sprintf("open-loop at %d/s, %d in flight at most, %d of %d due started", r.Rate, r.Concurrency, r.Started, r.Due)
+		}
+		if r.MergeMax > 0 {
+			how += fmt.Sprintf(", merge bound %d, accepted while held then released", r.MergeMax)
+		}
+		ew.printf("  %-7s run %s: %s, load %v\n", r.Name, r.RunID, how, time.Duration(r.ElapsedMS)*time.Millisecond)
+		ew.printf("          accepts/s %.0f  p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms\n",
+			r.AcceptsPerSec, r.Accept.LatencyMS.P50, r.Accept.LatencyMS.P99, r.Accept.LatencyMS.P999)
+		ew.printf("          issued %d in %v (%.0f/s); accepted→issued p50 %.0f ms p99 %.0f ms, %.2f%% within 0.5 s\n",
+			r.Issued, time.Duration(r.DrainMS)*time.Millisecond, r.IssuedPerSec, r.IssueLatency.P50, r.IssueLatency.P99, 100*r.WithinTarget)
+		if len(r.Accept.Errors) > 0 {
+			ew.printf("          errors %s\n", codeList(r.Accept.Errors))
+		}
+	}
+	if s.Sustained > 0 {
+		ew.printf("  sustained (the ceiling's lower of accepts/s and issued/s): %.0f/s\n", s.Sustained)
+	}
+	for _, t := range s.Targets() {
+		ew.printf("  target: %s\n", t)
+	}
+	if ps := s.Problems(); len(ps) > 0 {
+		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))
+	} else {
+		ew.printf("  OK\n")
+	}
+	return ew.err
+}

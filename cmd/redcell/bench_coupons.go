@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"redcell/bench"
+)
+
+// The coupons workload (bench.RunCoupons) measures accepts, the
+// accepted→issued latency and merged deduction, apart from the suites of
+// the packet workloads.
+
+// couponsFlagsRefused are the flags that mean nothing to the coupons
+// workload: given, they are refused, not ignored.
+var couponsFlagsRefused = []string{"senders", "max-inflight", "packets", "amount", "count", "direct", "compare-direct", "limits",
+	"limits-duration", "limits-concurrency", "baseline", "baseline-name", "wrk", "router-pprof", "search", "search-only",
+	"search-p99", "search-step", "search-time", "search-confirm", "search-start", "sustain-at", "sustain-duration", "lag-bound",
+	"compare", "users", "rate", "lag-samples", "reads-duration"}
+
+// couponsConfig builds the coupons workload's config from the flags and
+// --config (the cells' admin ports, token and metrics).
+func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
+	for _, name := range couponsFlagsRefused {
+		if f.set[name] {
+			return bench.CouponsConfig{}, fmt.Errorf("bench: --%s does not apply to --workload coupons", name)
+		}
+	}
+	if f.configPath == "" {
+		return bench.CouponsConfig{}, errors.New("bench: --workload coupons needs --config: it reads the cells' metrics and switches them through their admin ports")
+	}
+	cfg := bench.DefaultCouponsConfig()
+	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret = f.router, f.apiKey, f.clusterSecret
+	cfg.Duration, cfg.MergeBacklog, cfg.HotShare = f.duration, f.mergeBacklog, f.hotShare
+	cfg.Progress = os.Stderr
+	if f.set["openers"] {
+		cfg.Concurrency = f.openers
+	}
+	if f.set["sustain-fraction"] {
+		cfg.SustainFraction = f.sustain.Fraction
+	}
+	fc, err := loadConfig(f.configPath)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.AdminToken = fc.AdminToken
+	for _, c := range fc.Cells {
+		if c.AdminListen != "" {
+			cfg.AdminURLs = append(cfg.AdminURLs, "http://"+c.AdminListen)
+		}
+	}
+	if cfg.Metrics, err = metricsTargets(f.configPath); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// runCouponsBench runs the coupons workload, prints its report and writes
+// report.json and report.md (--out, else var/bench/<time>/) and --json.
+func runCouponsBench(ctx context.Context, f *benchFlags, args []string) error {
+	cfg, err := f.couponsConfig()
+	if err != nil {
+		return err
+	}
+	suite, runErr := bench.RunCoupons(ctx, cfg)
+	if runErr != nil && len(suite.Runs) == 0 {
+		return runErr
+	}
+	suite.Config = map[string]any{"args": args, "concurrency": cfg.Concurrency, "duration": cfg.Duration.String(), "hot": cfg.Hot,
+		"cold": cfg.Cold, "hot_share": cfg.HotShare, "merge_backlog": cfg.MergeBacklog, "sustain_fraction": cfg.SustainFraction}
+	var text bytes.Buffer
+	if err := suite.WriteText(&text); err != nil {
+		return err
+	}
+	fmt.Print(text.String())
+	if f.jsonPath != "" {
+		if err := writeJSONFile(f.jsonPath, suite); err != nil {
+			return err
+		}
+	}
+	dir := f.outDir
+	if dir == "" {
+		dir = filepath.Join("var", "bench", suite.StartedAt.Format("20060102-150405"))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if err := writeJSONFile(filepath.Join(dir, bench.ReportJSONFile), suite); err != nil {
+		return err
+	}
+	md := "# redcell bench: coupons\n\n```\n" + text.String() + "```\n"
+	if err := os.WriteFile(filepath.Join(dir, bench.ReportMarkdownFile), []byte(md), 0o644); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, dir)
+	if runErr != nil {
+		return fmt.Errorf("bench: stopped early: %w", runErr)
+	}
+	if !suite.OK() {
+		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
+	}
+	return nil
+}
