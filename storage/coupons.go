@@ -438,14 +438,17 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		// decided first) keep their decision and take no unit.
 		var asks []model.CouponAsk
 		var open []model.CouponRequest
+		seen := map[[2]string]bool{}
 		for _, r := range reqs {
-			cur, ok := curs[[2]string{r.App, r.Serial}]
+			k := [2]string{r.App, r.Serial}
+			cur, ok := curs[k]
 			if !ok {
 				return model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
 			}
-			if cur.State.Final() {
+			if cur.State.Final() || seen[k] { // a copy of one already asked for is decided with it
 				continue
 			}
+			seen[k] = true
 			asks = append(asks, model.CouponAsk{Serial: cur.App + "\x00" + cur.Serial, ActID: cur.ActID, Rule: rule})
 			open = append(open, cur)
 		}

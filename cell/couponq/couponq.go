@@ -172,6 +172,20 @@ func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
 
 func (e *Engine) paused() bool { return e.cfg.Paused != nil && e.cfg.Paused() }
 
+// dedupe drops the later copies of a request in rs (by app and serial): a
+// pass decides each request once.
+func dedupe(rs []model.CouponRequest) []model.CouponRequest {
+	seen := make(map[string]bool, len(rs))
+	out := rs[:0]
+	for _, r := range rs {
+		if !seen[key(r)] {
+			seen[key(r)] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // queued is a request in layer 2's queue, with when it got there.
 type queued struct {
 	r  model.CouponRequest
@@ -243,7 +257,7 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 		}
 		return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
 	}
-	if err := e.issue(ctx, []model.CouponRequest{r}); err != nil {
+	if err := e.issue(ctx, []model.CouponRequest{r}, mine); err != nil {
 		return r, err
 	}
 	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
@@ -322,6 +336,11 @@ const (
 // feed moves stored requests into layer 1's queue.
 func (e *Engine) feed(ctx context.Context) {
 	last := time.Time{}
+	// The first sweep takes every deciding request, however recent: an
+	// engine starting over its databases finds the requests an earlier one
+	// (this cell's last process, killed) held. Taken twice, a request is
+	// still decided once.
+	first := true
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
@@ -339,6 +358,9 @@ func (e *Engine) feed(ctx context.Context) {
 		if now.Sub(last) >= feedAll {
 			dbs, last = e.cfg.DBs(), now
 			staleMS = now.Add(-e.cfg.StaleAfter).UnixMilli()
+			if first {
+				staleMS, first = now.UnixMilli(), false
+			}
 		} else {
 			for db := range e.dirty {
 				dbs = append(dbs, db)
@@ -525,8 +547,9 @@ func (e *Engine) layer2(ctx context.Context) {
 				break more
 			}
 		}
+		batch = dedupe(batch)
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
-		if err := e.issue(ictx, batch); err != nil {
+		if err := e.issue(ictx, batch, true); err != nil {
 			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "requests", len(batch), "err", err)
 		}
 		cancel()
@@ -539,7 +562,12 @@ func (e *Engine) layer2(ctx context.Context) {
 // issue is layer 2 for requests taken together: one deduction and one
 // issuing transaction per batch. A batch no longer in the catalog refuses
 // its requests (BATCH_CLOSED); the window was decided by layer 1.
-func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) error {
+//
+// owned says the caller holds the requests' places in the queued set: a
+// request released to be taken again leaves it. A green decision of a
+// request the feeder queued as well does not own it, and leaves the mark
+// to the queue's copy (removing it would let the feeder queue a second).
+func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned bool) error {
 	byBatch := map[string][]model.CouponRequest{}
 	var order []string
 	for _, r := range reqs {
@@ -567,14 +595,14 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest) error {
 			out, wait := now.Before(e.soldOut[id]), now.Before(e.backoff[id])
 			e.mu.Unlock()
 			if wait { // its stock did not answer a moment ago: taken again later
-				errs[i] = e.releaseNow(ctx, group)
+				errs[i] = e.releaseNow(ctx, group, owned)
 				return
 			}
 			if out {
-				errs[i] = e.soldOutNow(ctx, group)
+				errs[i] = e.soldOutNow(ctx, group, owned)
 				return
 			}
-			if err := e.issueBatch(ctx, ruleOf(b), group); err != nil {
+			if err := e.issueBatch(ctx, ruleOf(b), group, owned); err != nil {
 				errs[i] = fmt.Errorf("batch %s: %w", id, err)
 			}
 		})
@@ -601,9 +629,11 @@ const backoffFor = time.Second
 
 // releaseNow puts requests back to accepted now, off this engine's queued
 // set first (see soldOutNow).
-func (e *Engine) releaseNow(ctx context.Context, reqs []model.CouponRequest) error {
+func (e *Engine) releaseNow(ctx context.Context, reqs []model.CouponRequest, owned bool) error {
 	for _, r := range reqs {
-		e.done(r)
+		if owned {
+			e.done(r)
+		}
 	}
 	if err := e.cfg.Store.ReleaseCouponRequests(ctx, reqs); err != nil {
 		return fmt.Errorf("release %d: %w", len(reqs), err)
@@ -625,7 +655,7 @@ const soldOutTries = 3
 // soldOutNow answers requests whose batch had nothing free: refused
 // SOLD_OUT after soldOutTries (a green one at once: its caller waits for
 // the final state), else released to be taken again.
-func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest) error {
+func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, owned bool) error {
 	var refuse, again []model.CouponRequest
 	e.mu.Lock()
 	for _, r := range reqs {
@@ -644,7 +674,9 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest) err
 		// takes one while it still looks queued here would skip it, and
 		// leave it deciding with nobody on it.
 		for _, r := range again {
-			e.done(r)
+			if owned {
+				e.done(r)
+			}
 		}
 		if err = e.cfg.Store.ReleaseCouponRequests(ctx, again); err == nil {
 			e.Stats.Released.Add(int64(len(again)))
@@ -661,7 +693,7 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest) err
 // when that is known; only an issue whose COMMIT lost its answer leaves it
 // open, its units counted out (under-issue, never over-issue) until it is
 // settled by its coupons.
-func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest) error {
+func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned bool) error {
 	e.cfg.Observe.Merged(rule.Batch, len(reqs))
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
 	if err != nil {
@@ -671,14 +703,14 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		e.mu.Lock()
 		e.backoff[rule.Batch] = e.clock.Now().Add(backoffFor)
 		e.mu.Unlock()
-		return errors.Join(fmt.Errorf("deduct %d: %w", len(reqs), err), e.releaseNow(ctx, reqs))
+		return errors.Join(fmt.Errorf("deduct %d: %w", len(reqs), err), e.releaseNow(ctx, reqs, owned))
 	}
 	e.Stats.Deductions.Add(1)
 	if granted == 0 {
 		e.mu.Lock()
 		e.soldOut[rule.Batch] = e.clock.Now().Add(soldOutFor)
 		e.mu.Unlock()
-		return e.soldOutNow(ctx, reqs)
+		return e.soldOutNow(ctx, reqs, owned)
 	}
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
@@ -690,7 +722,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		if rerr := e.giveBack(ctx, rule.Batch, lease, granted); rerr != nil {
 			return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), rerr)
 		}
-		return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), e.releaseNow(ctx, reqs))
+		return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), e.releaseNow(ctx, reqs, owned))
 	}
 	bySerial := make(map[string]model.CouponRequest, len(reqs))
 	for _, r := range reqs {

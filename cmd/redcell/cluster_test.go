@@ -47,6 +47,9 @@ type clusterSpec struct {
 	// activities.yaml (a copy of deploy/local/activities.yaml) and
 	// reward-keys.yaml (made by redcell rewards keygen) beside it.
 	rewards bool
+	// coupons: the config names coupons.yaml beside it, holding one batch
+	// (drill-base); tests add theirs (cluster.addCouponBatches).
+	coupons bool
 }
 
 // e2eCell: packets expire within seconds so that the refund path runs in the test.
@@ -115,6 +118,12 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	if spec.rewards {
 		c.rewardFiles(t)
 	}
+	if spec.coupons {
+		base := "batches:\n  - {id: drill-base, stock: 1000, face_value: 100, per_person_limit: 1}\n"
+		if err := os.WriteFile(filepath.Join(filepath.Dir(c.config), "coupons.yaml"), []byte(base), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The calling app's key, made as make run makes it, beside the config
 	// (where redcell bench --config finds it); do sends it with every request.
 	keyFile := filepath.Join(filepath.Dir(c.config), "api-key")
@@ -170,7 +179,7 @@ cells:
 cell:
 %s%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
 		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], p["cell-1-admin"],
-		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards))
+		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards)+couponLines(c.spec.coupons))
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +197,14 @@ func rewardLines(rewards bool) string {
 		return ""
 	}
 	return "  activities: \"activities.yaml\"\n  reward_keys: \"reward-keys.yaml\"\n"
+}
+
+// couponLines is what the cell section gets when the cells issue coupons.
+func couponLines(coupons bool) string {
+	if !coupons {
+		return ""
+	}
+	return "  coupons: \"coupons.yaml\"\n"
 }
 
 // rewardFiles puts the reward activities and a token key file beside the

@@ -743,8 +743,8 @@ func TestDrill(t *testing.T) {
 		loadFor, workers, maxOps = 30*time.Second, 24, 1_000_000
 	}
 	deps := startDrillDeps(t)
-	c := startClusterSpec(t, clusterSpec{dsn: [2]string{deps.dsn(0), deps.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", deps.mcPort), cell: drillCell,
-		rewards: true})
+	c := startClusterSpec(t, clusterSpec{dsn: [2]string{deps.dsn(0), deps.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", deps.mcPort),
+		cell: drillCell + drillCouponRates, rewards: true, coupons: true})
 	c.waitSchema(t)
 	cell1Act, cell2Act := actIn("probe-a", 0, 499), actIn("probe-b", 500, 999)
 
@@ -920,6 +920,10 @@ func TestDrill(t *testing.T) {
 		return
 	}
 	t.Run("overload", func(t *testing.T) { overloadDrill(t, c, full) })
+	if t.Failed() {
+		return
+	}
+	couponDrills(t, c, deps, full)
 }
 
 func randHex() string { return strconv.FormatUint(rand.Uint64()&0xffffff, 16) }

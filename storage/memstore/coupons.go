@@ -130,15 +130,17 @@ func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	var asks []model.CouponAsk
 	var open []*model.CouponRequest
 	hs := map[string]*model.CouponHolding{}
+	seen := map[couponReqKey]bool{}
 	for _, r := range reqs {
 		invariant.That(r.Batch == rule.Batch, "every request of an issue is of its batch")
 		cur, ok := s.couponRq[reqKeyOf(r)]
 		if !ok {
 			return nil, 0, model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
 		}
-		if cur.State.Final() {
+		if cur.State.Final() || seen[reqKeyOf(r)] { // a copy of one already asked for is decided with it
 			continue
 		}
+		seen[reqKeyOf(r)] = true
 		if hs[cur.ActID] == nil {
 			hs[cur.ActID] = s.holdingLocked(cur.Shard.DB(), cur.ActID)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,31 @@ func init() {
 	register("ContractCouponIssue", contractCouponIssue)
 	register("ContractCouponIssueCommitFault", contractCouponIssueCommitFault)
 	register("ContractCouponIssueConcurrent", contractCouponIssueConcurrent)
+	register("ContractCouponIssueTwiceInOne", contractCouponIssueTwiceInOne)
+}
+
+// A request given twice to one issue is decided once: one coupon, the
+// request issued, the second copy taking no unit.
+func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	a := model.CouponRule{Batch: "a", Limit: 1}
+	r := f.accept(couponReq(sA, "ann", "x1", "a"))
+	o := f.accept(couponReq(sB, "bea", "x2", "a"))
+	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-d", 3, []model.CouponRequest{r, o, r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.CouponDecision{{Serial: "x1", Issued: true, App: "pay"}, {Serial: "x2", Issued: true, App: "pay"}}
+	if !reflect.DeepEqual(ds, want) || unused != 1 {
+		t.Fatalf("decisions %+v unused %d; want %+v, 1 unused", ds, unused, want)
+	}
+	if got, _ := c.CouponRequestOf(f.ctx, sA, "pay", "x1"); got.State != model.CouponIssued || got.CouponID != model.CouponID("pay", "x1") {
+		t.Fatalf("x1 as stored: %+v", got)
+	}
+	if n, _ := c.CouponLeaseSpent(f.ctx, uniqueDBs(sA, sB), "lease-d"); n != 2 {
+		t.Fatalf("lease-d spent %d, want 2", n)
+	}
 }
 
 // coupons is the store's storage.Coupons.
@@ -337,4 +363,15 @@ func contractCouponIssueConcurrent(t *testing.T, newStore func(t *testing.T) Har
 	if h, err := c.HoldingOf(f.ctx, sA, "ann"); err != nil || h.ByBatch["a"] != 1 {
 		t.Fatalf("ann holds %+v %v", h, err)
 	}
+}
+
+// uniqueDBs lists the databases of shards once each.
+func uniqueDBs(shards ...model.ShardID) []int {
+	var out []int
+	for _, s := range shards {
+		if !slices.Contains(out, s.DB()) {
+			out = append(out, s.DB())
+		}
+	}
+	return out
 }
