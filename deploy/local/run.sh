@@ -121,8 +121,8 @@ sed "${sedargs[@]}" \
 # the router starts; later runs keep using it (make clean forgets it).
 keyfile="$VAR/api-key"
 keys=$("$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml") # whole, before grep: no early exit under pipefail
-# A key made before the newest scopes existed (reward, withdraw) is replaced.
-if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*withdraw.* active$" <<<"$keys"; then
+# A key made before the newest scopes existed (reward, withdraw, coupon) is replaced.
+if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*coupon.* active$" <<<"$keys"; then
   "$VAR/bin/redcell" apikey add --keys "$VAR/api-keys.yaml" --app demo --scopes all --out "$keyfile"
 fi
 
