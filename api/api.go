@@ -76,7 +76,7 @@ type DegradeSetting struct {
 	WalletFlow string `json:"wallet_flow,omitempty"`
 	// Booking off: issued rewards wait pending; a withdrawal still books the person's own first.
 	Booking string `json:"booking,omitempty"`
-	// CouponIssue off: coupon requests are accepted and wait; none is issued until it is back on.
+	// CouponIssue off: coupon requests are accepted and wait in their rows; those already queued are still decided.
 	CouponIssue string `json:"coupon_issue,omitempty"`
 }
 

@@ -369,7 +369,7 @@ func (c Config) Validate() error {
 		bad("CouponQueueLen (coupon_queue_len) must be 1..1000000")
 	}
 	if c.CouponStaleAfter < 31*time.Second {
-		bad("CouponStaleAfter (coupon_stale_after) must be > 30s, a coupon step's timeout")
+		bad("CouponStaleAfter (coupon_stale_after) must be at least 31s: longer than a coupon step's 30 s timeout")
 	}
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)

@@ -45,9 +45,13 @@ const (
 	ReasonRisk        CouponReason = "RISK"             // the risk check refused the request
 	ReasonSoldOut     CouponReason = "SOLD_OUT"         // the batch's stock is spent
 	ReasonBatchClosed CouponReason = "BATCH_CLOSED"     // outside the batch's window, or no such batch
-	// ReasonWrittenOff: the request's stock deduction lost its answer and a
-	// re-read could not prove it undone, so the unit stays deducted and no
-	// coupon is issued for it: the batch under-issues by it, never over.
+	// ReasonWrittenOff: the seed's rule for a request whose stock deduction
+	// lost its answer: the unit stays deducted and no coupon is issued for
+	// it. The model's drop property (TestCouponDropProperty) checks the books
+	// close with it; the engine (cell/couponq) does not refuse with it: a
+	// lost deduction's units stay with its lease, the request is decided
+	// again, and the audit counts the units written off per batch
+	// (CouponBatchLine) until the lease is settled by its coupons.
 	ReasonWrittenOff CouponReason = "WRITTEN_OFF"
 )
 
@@ -66,6 +70,19 @@ type CouponHolding struct {
 }
 
 // add records one more coupon of rule's batch.
+// Plus is h with one more coupon of r's batch: a copy, h unchanged.
+func (h CouponHolding) Plus(r CouponRule) CouponHolding {
+	c := CouponHolding{ByBatch: make(map[string]int, len(h.ByBatch)+1), Groups: make(map[string]string, len(h.Groups)+1)}
+	for k, v := range h.ByBatch {
+		c.ByBatch[k] = v
+	}
+	for k, v := range h.Groups {
+		c.Groups[k] = v
+	}
+	c.add(r)
+	return c
+}
+
 func (h *CouponHolding) add(r CouponRule) {
 	if h.ByBatch == nil {
 		h.ByBatch = map[string]int{}
@@ -176,7 +193,7 @@ type CouponBatchBooks struct {
 	Stock      int64 // the configured total
 	Issued     int64 // coupon rows
 	Left       int64 // the stock row's remaining count
-	WrittenOff int64 // requests refused WRITTEN_OFF
+	WrittenOff int64 // requests refused WRITTEN_OFF (the model's drop; the audit's line is CouponBatchLine)
 }
 
 // Difference is Stock − (Issued + Left + WrittenOff): 0 when the books

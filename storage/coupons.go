@@ -574,6 +574,28 @@ func (m *MySQL) HoldingOf(ctx context.Context, s model.ShardID, actID string) (m
 	return *hs[actID], nil
 }
 
+// HoldingsOf implements Coupons: one statement over the persons'
+// databases.
+func (m *MySQL) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
+	out := map[string]model.CouponHolding{}
+	if len(reqs) == 0 {
+		return out, nil
+	}
+	for _, r := range reqs {
+		if err := m.ensureCoupons(ctx, r.Shard.DB()); err != nil {
+			return nil, err
+		}
+	}
+	hs, err := m.holdings(ctx, m.db, personsOf(reqs))
+	if err != nil {
+		return nil, fmt.Errorf("storage: holdings: %w", err)
+	}
+	for act, h := range hs {
+		out[act] = *h
+	}
+	return out, nil
+}
+
 // CouponsOf implements Coupons.
 func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Coupon, error) {
 	if limit < 1 {

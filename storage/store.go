@@ -235,6 +235,10 @@ type Coupons interface {
 	// each group) in shard s's database, without a lock: the activity
 	// layer's early decision; IssueCoupons decides again under lock.
 	HoldingOf(ctx context.Context, s model.ShardID, actID string) (model.CouponHolding, error)
+	// HoldingsOf reads the holdings of the persons of reqs (their act_ids
+	// and shards) at once, by act_id; a person without coupons has an
+	// empty holding.
+	HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error)
 	// CouponsOf lists actID's coupons in shard s's database, newest first,
 	// up to limit.
 	CouponsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Coupon, error)

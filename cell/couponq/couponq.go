@@ -118,14 +118,15 @@ type Engine struct {
 	q2    chan queued
 	kick  chan struct{}
 
-	mu      sync.Mutex
-	dirty   map[int]bool         // databases accepted into since the feeder's last pass
-	soldOut map[string]time.Time // batches whose last deduction found nothing free, until when
-	backoff map[string]time.Time // batches whose last deduction failed, until when
-	tries   map[string]int       // app+serial → deductions that found its batch sold out
-	risk    riskCounters
-	queued  map[string]bool // app+serial of requests in a queue or a step
-	merge   atomic.Int64    // MergeMax now (SetMergeMax)
+	mu       sync.Mutex
+	dirty    map[int]bool         // databases accepted into since the feeder's last pass
+	soldOut  map[string]time.Time // batches whose last deduction found nothing free, until when
+	backoff  map[string]time.Time // batches whose last deduction failed, until when
+	inflight map[string]int64     // units this engine's merges hold now, by batch
+	tries    map[string]int       // app+serial → deductions that found its batch sold out
+	risk     riskCounters
+	queued   map[string]bool // app+serial of requests in a queue or a step
+	merge    atomic.Int64    // MergeMax now (SetMergeMax)
 
 	Stats Stats
 }
@@ -163,7 +164,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
 	return e, nil
 }
@@ -257,7 +258,7 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 		}
 		return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
 	}
-	if err := e.issue(ctx, []model.CouponRequest{r}, mine); err != nil {
+	if err := e.issue(ctx, []model.CouponRequest{r}, mine, true); err != nil {
 		return r, err
 	}
 	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
@@ -433,72 +434,149 @@ func (e *Engine) done(r model.CouponRequest) {
 	e.mu.Unlock()
 }
 
-// layer1 decides queued requests at layer 1's rate.
+// layer1 decides queued requests at layer 1's rate: it takes what is
+// queued, up to decideMax, one token each, and decides them together (one
+// read of the persons' holdings, one write per refusal reason).
 func (e *Engine) layer1(ctx context.Context) {
 	for {
 		if err := e.cfg.Layer1.Wait(ctx); err != nil {
 			return
 		}
-		var r model.CouponRequest
+		var first model.CouponRequest
 		select {
 		case <-ctx.Done():
 			return
-		case r = <-e.q1:
+		case first = <-e.q1:
 		}
-		if r.TakenMS > 0 {
-			e.cfg.Observe.Waited(1, e.clock.Now().Sub(time.UnixMilli(r.TakenMS)))
+		rs := []model.CouponRequest{first}
+	more:
+		for len(rs) < decideMax && e.cfg.Layer1.Allow() {
+			select {
+			case r := <-e.q1:
+				rs = append(rs, r)
+			default:
+				break more
+			}
+		}
+		now := e.clock.Now()
+		for _, r := range rs {
+			if r.TakenMS > 0 {
+				e.cfg.Observe.Waited(1, now.Sub(time.UnixMilli(r.TakenMS)))
+			}
 		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
-		pass, err := e.decide(dctx, r)
-		cancel()
-		if err != nil || !pass {
-			if err != nil {
-				e.log.Warn("coupons: decision failed; the request is taken again once stale", "serial", r.Serial, "err", err)
+		pass, err := e.decideMany(dctx, rs, true)
+		if err != nil {
+			// Nothing decided is lost: the requests go back to accepted.
+			e.log.Warn("coupons: decision failed; the requests are taken again", "requests", len(rs), "err", err)
+			if rerr := e.releaseNow(dctx, rs, true); rerr != nil {
+				e.log.Warn("coupons: requests not released; taken again once stale", "err", rerr)
 			}
-			e.done(r)
-			continue
 		}
-		select {
-		case e.q2 <- queued{r: r, at: e.clock.Now()}:
-		case <-ctx.Done():
-			e.release([]model.CouponRequest{r})
-			e.done(r)
-			return
+		cancel()
+		passed := map[string]bool{}
+		for _, r := range pass {
+			passed[key(r)] = true
+		}
+		for _, r := range rs {
+			if !passed[key(r)] {
+				e.done(r)
+			}
+		}
+		for i, r := range pass {
+			select {
+			case e.q2 <- queued{r: r, at: e.clock.Now()}:
+			case <-ctx.Done():
+				e.release(pass[i:])
+				for _, r := range pass[i:] {
+					e.done(r)
+				}
+				return
+			}
 		}
 	}
 }
 
-// decide is layer 1 for one request: the batch, the risk caps and the
-// holding. A refusal is written (final) and pass is false.
+// decideMax is the most requests one layer 1 decision takes together.
+const decideMax = 32
+
+// decide is layer 1 for one request (the green channel).
 func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, err error) {
-	var reason model.CouponReason
+	ps, err := e.decideMany(ctx, []model.CouponRequest{r}, false)
+	return len(ps) == 1, err
+}
+
+// decideMany is layer 1 for requests taken together: the batch open at
+// each one's accept time, the risk caps, and the person's holding (one
+// read for all). Refusals are written (final), one write per reason; the
+// requests that pass are returned, and a person's requests that cannot all
+// pass together are released to be decided after. On an error nothing is
+// refused.
+func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned bool) (pass []model.CouponRequest, err error) {
 	cat := e.catalog()
-	var rule model.CouponRule
-	// The window is the request's: accepted while the batch issued, it is
-	// decided even when a backlog brings it here after the end.
-	if b, err := cat.Open(r.Batch, time.UnixMilli(r.AcceptedMS)); err != nil {
-		reason = model.ReasonBatchClosed
-	} else {
-		rule = ruleOf(b)
-		if !e.risk.allow(r, cat.Risk, e.clock.Now()) {
-			reason = model.ReasonRisk
-		} else {
-			h, err := e.cfg.Store.HoldingOf(ctx, r.Shard, r.ActID)
-			if err != nil {
-				return false, err
-			}
-			reason = model.DecideCoupon(rule, h)
+	refuse := map[model.CouponReason][]model.CouponRequest{}
+	var asks []model.CouponRequest
+	rules := map[string]model.CouponRule{}
+	now := e.clock.Now()
+	for _, r := range rs {
+		// The window is the request's: accepted while the batch issued, it
+		// is decided even when a backlog brings it here after the end.
+		b, err := cat.Open(r.Batch, time.UnixMilli(r.AcceptedMS))
+		switch {
+		case err != nil:
+			refuse[model.ReasonBatchClosed] = append(refuse[model.ReasonBatchClosed], r)
+		case !e.risk.allow(r, cat.Risk, now):
+			refuse[model.ReasonRisk] = append(refuse[model.ReasonRisk], r)
+		default:
+			rules[r.Batch] = ruleOf(b)
+			asks = append(asks, r)
 		}
 	}
-	if reason == "" {
-		return true, nil
+	if len(asks) > 0 {
+		hs, err := e.cfg.Store.HoldingsOf(ctx, asks)
+		if err != nil {
+			return nil, err
+		}
+		// A person's second request in one decision is checked against the
+		// holding with the first one's coupon in it too: if the two cannot
+		// both be issued, the second waits (released) until the first is
+		// decided, rather than taking a unit of stock layer 2 would give
+		// back, or being refused for a coupon the first may not get.
+		tentative := map[string]model.CouponHolding{}
+		var later []model.CouponRequest
+		for _, r := range asks {
+			rule := rules[r.Batch]
+			if reason := model.DecideCoupon(rule, hs[r.ActID]); reason != "" {
+				refuse[reason] = append(refuse[reason], r)
+				continue
+			}
+			t, seen := tentative[r.ActID]
+			if !seen {
+				t = hs[r.ActID]
+			}
+			if seen && model.DecideCoupon(rule, t) != "" {
+				later = append(later, r)
+				continue
+			}
+			tentative[r.ActID] = t.Plus(rule)
+			pass = append(pass, r)
+		}
+		if len(later) > 0 {
+			if err := e.releaseNow(ctx, later, owned); err != nil {
+				return nil, err
+			}
+		}
 	}
-	if err := e.cfg.Store.RefuseCoupons(ctx, []model.CouponRequest{r}, reason); err != nil {
-		return false, err
+	for reason, group := range refuse {
+		if err := e.cfg.Store.RefuseCoupons(ctx, group, reason); err != nil {
+			return nil, err
+		}
+		e.Stats.Refused.Add(int64(len(group)))
+		for _, r := range group {
+			e.cfg.Observe.Final(r, false, reason, now)
+		}
 	}
-	e.Stats.Refused.Add(1)
-	e.cfg.Observe.Final(r, false, reason, e.clock.Now())
-	return false, nil
+	return pass, nil
 }
 
 func (e *Engine) catalog() *couponbatch.Catalog {
@@ -549,7 +627,7 @@ func (e *Engine) layer2(ctx context.Context) {
 		}
 		batch = dedupe(batch)
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
-		if err := e.issue(ictx, batch, true); err != nil {
+		if err := e.issue(ictx, batch, true, false); err != nil {
 			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "requests", len(batch), "err", err)
 		}
 		cancel()
@@ -567,7 +645,11 @@ func (e *Engine) layer2(ctx context.Context) {
 // request released to be taken again leaves it. A green decision of a
 // request the feeder queued as well does not own it, and leaves the mark
 // to the queue's copy (removing it would let the feeder queue a second).
-func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned bool) error {
+//
+// green: the caller waits for the final state (the green channel), so a
+// deduction that found nothing free while this engine's other merges hold
+// units waits for them rather than releasing the request.
+func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned, green bool) error {
 	byBatch := map[string][]model.CouponRequest{}
 	var order []string
 	for _, r := range reqs {
@@ -602,7 +684,7 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned bo
 				errs[i] = e.soldOutNow(ctx, group, owned)
 				return
 			}
-			if err := e.issueBatch(ctx, ruleOf(b), group, owned); err != nil {
+			if err := e.issueBatch(ctx, ruleOf(b), group, owned, green); err != nil {
 				errs[i] = fmt.Errorf("batch %s: %w", id, err)
 			}
 		})
@@ -621,6 +703,21 @@ func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason 
 		e.cfg.Observe.Final(r, false, reason, now)
 	}
 	return nil
+}
+
+// A green request whose deduction found nothing free while this engine's
+// other merges hold units of the batch asks again every greenWait, at most
+// greenWaits times, before it is refused SOLD_OUT.
+const (
+	greenWait  = 10 * time.Millisecond
+	greenWaits = 100
+)
+
+// holding reports whether this engine's merges hold units of batch now.
+func (e *Engine) holding(batch string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inflight[batch] > 0
 }
 
 // backoffFor is how long a batch whose deduction failed is left alone: its
@@ -693,9 +790,17 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, own
 // when that is known; only an issue whose COMMIT lost its answer leaves it
 // open, its units counted out (under-issue, never over-issue) until it is
 // settled by its coupons.
-func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned bool) error {
+func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned, green bool) error {
 	e.cfg.Observe.Merged(rule.Batch, len(reqs))
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
+	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits && e.holding(rule.Batch); wait++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.clock.After(greenWait):
+		}
+		lease, granted, err = e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
+	}
 	if err != nil {
 		// Granted or not, unknown: a lease granted without an answer is
 		// settled by its (zero) coupons. The requests are taken again after
@@ -708,10 +813,26 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	e.Stats.Deductions.Add(1)
 	if granted == 0 {
 		e.mu.Lock()
-		e.soldOut[rule.Batch] = e.clock.Now().Add(soldOutFor)
+		held := e.inflight[rule.Batch]
+		if held == 0 {
+			e.soldOut[rule.Batch] = e.clock.Now().Add(soldOutFor)
+		}
 		e.mu.Unlock()
+		if held > 0 && !green {
+			// Units this engine's other merges hold may come back unused:
+			// not sold out yet; the requests are taken again.
+			return e.releaseNow(ctx, reqs, owned)
+		}
 		return e.soldOutNow(ctx, reqs, owned)
 	}
+	e.mu.Lock()
+	e.inflight[rule.Batch] += granted
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.inflight[rule.Batch] -= granted
+		e.mu.Unlock()
+	}()
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
 		if errors.Is(err, storage.ErrCommitUnknown) {

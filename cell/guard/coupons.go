@@ -62,6 +62,12 @@ func (c *Coupons) HoldingOf(ctx context.Context, sh model.ShardID, actID string)
 	return h, err
 }
 
+// HoldingsOf implements storage.Coupons.
+func (c *Coupons) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (hs map[string]model.CouponHolding, err error) {
+	err = c.s.call(func() (err error) { hs, err = c.inner.HoldingsOf(ctx, reqs); return err })
+	return hs, err
+}
+
 // CouponsOf implements storage.Coupons.
 func (c *Coupons) CouponsOf(ctx context.Context, sh model.ShardID, actID string, limit int) (out []model.Coupon, err error) {
 	err = c.s.call(func() (err error) { out, err = c.inner.CouponsOf(ctx, sh, actID, limit); return err })

@@ -203,7 +203,7 @@ var envOverrides = []struct {
 		sw := fc.Cell.Degrade.switches()
 		for _, name := range splitList(v) {
 			if sw[name] == nil {
-				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay)", name)
+				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue)", name)
 			}
 			*sw[name] = "off"
 		}

@@ -223,6 +223,20 @@ func (s *Store) HoldingOf(ctx context.Context, sh model.ShardID, actID string) (
 	return *s.holdingLocked(sh.DB(), actID), nil
 }
 
+// HoldingsOf implements storage.Coupons.
+func (s *Store) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]model.CouponHolding{}
+	for _, r := range reqs {
+		out[r.ActID] = *s.holdingLocked(r.Shard.DB(), r.ActID)
+	}
+	return out, nil
+}
+
 // CouponsOf implements storage.Coupons.
 func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Coupon, error) {
 	if err := ctx.Err(); err != nil {
