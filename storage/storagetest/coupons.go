@@ -263,6 +263,12 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if ps := model.CouponHoldingProblems(held); len(ps) != 0 {
 		t.Fatalf("holdings: %v", ps)
 	}
+	// The holdings of several persons at once, as one at a time.
+	hs, err := c.HoldingsOf(f.ctx, []model.CouponRequest{couponReq(sA, "ann", "q1", "a"), couponReq(sC, "dee", "q2", "a"), couponReq(sB, "zed", "q3", "a")})
+	if err != nil || len(hs) != 3 || hs["ann"].ByBatch["a"] != 2 || hs["ann"].Groups["g"] != "a" || hs["dee"].ByBatch["b"] != 1 ||
+		hs["dee"].Groups["g"] != "b" || len(hs["zed"].ByBatch) != 0 {
+		t.Fatalf("holdings of ann, dee, zed: %+v %v", hs, err)
+	}
 	// The audit's reading of the same rows.
 	l, err := f.s.Ledger(f.ctx, f.cell)
 	if err != nil {
