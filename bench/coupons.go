@@ -39,7 +39,10 @@ import (
 //     merged stock deduction buys.
 //
 // It changes the cells' coupon_issue switch and merge bound through their
-// admin ports and puts both back. It runs through RunCoupons.
+// admin ports and puts each cell's back as it found it: for the seconds a
+// side holds the layers, real coupon requests wait too (accepted, none
+// lost), and the cells' latency histogram the issue counts come from holds
+// both spaces: run it on a quiet cluster. It runs through RunCoupons.
 const WorkloadCoupons = "coupons"
 
 // Bounds of a coupons run.
@@ -298,14 +301,30 @@ func (cr *couponsRunner) drain(ctx context.Context, out *CouponsRun, before []ce
 // accept MergeBacklog requests of the first hot batch, release, time the
 // issue. It puts the bound and the switch back whatever happens.
 func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]CouponsRun, error) {
-	var cur api.CouponBatchesResponse
-	if err := cr.admin(http.MethodGet, "/admin/coupons", nil, &cur); err != nil {
-		return nil, err
+	// Each cell's merge bound and coupon_issue switch as they are, put back
+	// cell by cell at the end (an operator's hold stays a hold).
+	type prior struct {
+		mergeMax    int
+		couponIssue string
 	}
-	merged := max(cur.MergeMax, 2)
+	priors := make([]prior, len(cr.cfg.AdminURLs))
+	for i, base := range cr.cfg.AdminURLs {
+		var cb api.CouponBatchesResponse
+		var dg api.DegradeSetting
+		if err := cr.adminAt(base, http.MethodGet, "/admin/coupons", nil, &cb); err != nil {
+			return nil, err
+		}
+		if err := cr.adminAt(base, http.MethodGet, "/admin/degrade", nil, &dg); err != nil {
+			return nil, err
+		}
+		priors[i] = prior{cb.MergeMax, dg.CouponIssue}
+	}
+	merged := max(priors[0].mergeMax, 2)
 	restore := func() {
-		_ = cr.admin(http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: cur.MergeMax}, nil)
-		_ = cr.admin(http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: "on"}, nil)
+		for i, base := range cr.cfg.AdminURLs {
+			_ = cr.adminAt(base, http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: priors[i].mergeMax}, nil)
+			_ = cr.adminAt(base, http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: priors[i].couponIssue}, nil)
+		}
 	}
 	defer restore()
 	var runs []CouponsRun
@@ -343,10 +362,20 @@ func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]C
 	return runs, nil
 }
 
-// admin calls every cell's admin port (in is the JSON body, out decodes
-// the first cell's answer).
+// admin calls every cell's admin port with the same body.
 func (cr *couponsRunner) admin(method, path string, in, out any) error {
-	for i, base := range cr.cfg.AdminURLs {
+	for _, base := range cr.cfg.AdminURLs {
+		if err := cr.adminAt(base, method, path, in, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// adminAt calls one cell's admin port (in is the JSON body, out decodes
+// the answer).
+func (cr *couponsRunner) adminAt(base, method, path string, in, out any) error {
+	{
 		var body io.Reader
 		if in != nil {
 			b, _ := json.Marshal(in)
@@ -367,7 +396,7 @@ func (cr *couponsRunner) admin(method, path string, in, out any) error {
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("bench: coupons: %s %s%s: %s %s", method, base, path, resp.Status, strings.TrimSpace(string(b)))
 		}
-		if out != nil && i == 0 {
+		if out != nil {
 			if err := json.Unmarshal(b, out); err != nil {
 				return fmt.Errorf("bench: coupons: %s %s%s: %w", method, base, path, err)
 			}

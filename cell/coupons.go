@@ -48,12 +48,13 @@ type coupons struct {
 func (s *Server) couponHolder() string { return s.cfg.Name + "/coupons" }
 
 // couponLeaseTTL is how long a deduction's lease lives at its home if its
-// holder never returns it (an issue whose COMMIT lost its answer).
+// holder never returns it (an issue whose COMMIT lost its answer): the
+// reward leases' TTL, but never less than two coupon steps. A step (the
+// grant, the issue and the return) ends within couponq.StepTimeout of the
+// grant, so no issue can still be writing coupons of a lease its holder
+// settles (settleGrace past the lease's expiry at its home).
 func (s *Server) couponLeaseTTL() time.Duration {
-	if s.cfg.BudgetLeaseTTL > 0 {
-		return s.cfg.BudgetLeaseTTL
-	}
-	return time.Minute
+	return max(s.cfg.BudgetLeaseTTL, 2*couponq.StepTimeout)
 }
 
 // newCoupons loads the batches file and builds an engine per space. The

@@ -321,7 +321,7 @@ func ValidateCouponRequest(r CouponRequest) error {
 
 // Coupon is one issued coupon.
 type Coupon struct {
-	ID       string // CouponID(App, Serial): one coupon per request
+	ID       string // CouponID(App, Serial, ActID): one coupon per request
 	ActID    string
 	Shard    ShardID
 	Batch    string
@@ -332,8 +332,10 @@ type Coupon struct {
 	IssuedMS int64
 }
 
-// CouponID is the ID of the coupon issued for app's request serial: 32 hex
-// digits of a hash of both, so a request can hold one coupon at most.
-func CouponID(app, serial string) string {
-	return RequestHash("coupon", app, serial)
+// CouponID is the ID of the coupon issued for app's request serial of
+// actID: 32 hex digits of a hash of the three. A request holds one coupon
+// at most; a serial an app reused for another person (stored in another
+// database, where it is not seen as a repeat) gets another ID.
+func CouponID(app, serial, actID string) string {
+	return RequestHash("coupon", app, serial, actID)
 }

@@ -24,6 +24,7 @@ type CouponRows struct {
 	Requests        map[CouponState]int64 // requests by state
 	RefusedNoReason int64                 // refused without a reason
 	OldestOpenMS    int64                 // accepted_ms of the oldest request not final; 0: none
+	OldestTakenMS   int64                 // taken_ms of the deciding request taken longest ago; 0: none
 	IssuedNoCoupon  int64                 // issued requests whose coupon row is missing
 	CouponNoRequest int64                 // coupons without their issued request
 	ByBatch         map[string]int64      // coupons by batch
@@ -42,6 +43,9 @@ func (c *CouponRows) merge(p CouponRows) {
 	c.RefusedNoReason += p.RefusedNoReason
 	if p.OldestOpenMS > 0 && (c.OldestOpenMS == 0 || p.OldestOpenMS < c.OldestOpenMS) {
 		c.OldestOpenMS = p.OldestOpenMS
+	}
+	if p.OldestTakenMS > 0 && (c.OldestTakenMS == 0 || p.OldestTakenMS < c.OldestTakenMS) {
+		c.OldestTakenMS = p.OldestTakenMS
 	}
 	c.IssuedNoCoupon += p.IssuedNoCoupon
 	c.CouponNoRequest += p.CouponNoRequest
@@ -76,11 +80,14 @@ type CouponBatchLine struct {
 
 // CouponReport is the coupon part of the audit.
 type CouponReport struct {
-	Requests     map[string]int64  `json:"requests"` // by state
-	Open         int64             `json:"open"`     // accepted or deciding
-	OldestOpenMS int64             `json:"oldest_open_ms,omitempty"`
-	Batches      []CouponBatchLine `json:"batches"`
-	multi        []CouponCount
+	Requests     map[string]int64 `json:"requests"` // by state
+	Open         int64            `json:"open"`     // accepted or deciding
+	OldestOpenMS int64            `json:"oldest_open_ms,omitempty"`
+	// OldestTakenMS is when the deciding request taken longest ago was
+	// taken: one held past two stale ages is held by nobody (CheckCoupons).
+	OldestTakenMS int64             `json:"oldest_taken_ms,omitempty"`
+	Batches       []CouponBatchLine `json:"batches"`
+	multi         []CouponCount
 }
 
 // auditCoupons checks the coupon rows of every cell against the batches'
@@ -108,7 +115,7 @@ func auditCoupons(ledgers []Ledger, r *AuditReport) {
 			cr.Open += n
 		}
 	}
-	cr.OldestOpenMS = all.OldestOpenMS
+	cr.OldestOpenMS, cr.OldestTakenMS = all.OldestOpenMS, all.OldestTakenMS
 	cr.multi = all.Multi
 	bad := func(format string, args ...any) {
 		r.Problems = append(r.Problems, fmt.Sprintf("coupons: "+format, args...))
@@ -166,15 +173,17 @@ func auditCoupons(ledgers []Ledger, r *AuditReport) {
 // CheckCoupons adds the checks that need the batches file and the time:
 // no person holds more coupons of a batch than its per-person limit
 // (limits by batch ID; a batch not listed is not checked), and no request
-// accepted before openBefore is still unanswered (lost).
-func (r *AuditReport) CheckCoupons(limits map[string]int, openBefore time.Time) {
+// is deciding since before takenBefore: taken by an engine that is gone
+// and not taken again (lost). Requests waiting accepted are not lost: a
+// backlog, or issuing held by the coupon_issue switch.
+func (r *AuditReport) CheckCoupons(limits map[string]int, takenBefore time.Time) {
 	for _, m := range r.Coupons.multi {
 		if lim, ok := limits[m.Batch]; ok && m.N > int64(lim) {
 			r.Problems = append(r.Problems, fmt.Sprintf("coupons: %s holds %d coupons of %s, above its limit %d", m.ActID, m.N, m.Batch, lim))
 		}
 	}
-	if r.Coupons.Open > 0 && r.Coupons.OldestOpenMS > 0 && r.Coupons.OldestOpenMS < openBefore.UnixMilli() {
-		r.Problems = append(r.Problems, fmt.Sprintf("coupons: %d requests not answered, the oldest accepted at %s",
-			r.Coupons.Open, time.UnixMilli(r.Coupons.OldestOpenMS).UTC().Format(time.RFC3339)))
+	if r.Coupons.OldestTakenMS > 0 && r.Coupons.OldestTakenMS < takenBefore.UnixMilli() {
+		r.Problems = append(r.Problems, fmt.Sprintf("coupons: a request deciding since %s, held by nobody (%d requests open)",
+			time.UnixMilli(r.Coupons.OldestTakenMS).UTC().Format(time.RFC3339), r.Coupons.Open))
 	}
 }

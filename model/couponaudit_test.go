@@ -66,17 +66,20 @@ func TestAuditCoupons(t *testing.T) {
 		}
 	}
 
-	// A request left unanswered since before the cut is lost.
+	// A request deciding since before the cut is lost; one accepted long
+	// ago (a backlog, issuing held) is not.
 	ls := couponLedgers(map[string]int64{"l1": 3}, 3)
 	ls[1].CouponRows.Requests[CouponDeciding] = 2
-	ls[1].CouponRows.OldestOpenMS = 1_000
+	ls[1].CouponRows.Requests[CouponAccepted] = 5
+	ls[1].CouponRows.OldestOpenMS = 100
+	ls[1].CouponRows.OldestTakenMS = 1_000
 	r = Audit(ls)
 	r.CheckCoupons(nil, time.UnixMilli(500))
-	if !r.OK() || r.Coupons.Open != 2 {
-		t.Fatalf("open since after the cut: %v %+v", r.Problems, r.Coupons)
+	if !r.OK() || r.Coupons.Open != 7 {
+		t.Fatalf("taken after the cut: %v %+v", r.Problems, r.Coupons)
 	}
 	r.CheckCoupons(nil, time.UnixMilli(2_000))
-	if r.OK() || !strings.Contains(r.Problems[0], "2 requests not answered") {
-		t.Fatalf("open since before the cut: %v", r.Problems)
+	if r.OK() || !strings.Contains(r.Problems[0], "held by nobody (7 requests open)") {
+		t.Fatalf("taken before the cut: %v", r.Problems)
 	}
 }

@@ -25,13 +25,16 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 		}
 		db := t.shard.DB()
 		req, cp := m.couponReqTable(db), m.couponTable(db)
-		err := scanEach(ctx, tx, "SELECT state, reason = '', COUNT(*), MIN(accepted_ms) FROM "+req+" GROUP BY state, reason = ''",
+		err := scanEach(ctx, tx, "SELECT state, reason = '', COUNT(*), MIN(accepted_ms), MIN(taken_ms) FROM "+req+" GROUP BY state, reason = ''",
 			func(rows *sql.Rows) error {
 				var st string
 				var noReason bool
-				var n, oldest int64
-				if err := rows.Scan(&st, &noReason, &n, &oldest); err != nil {
+				var n, oldest, taken int64
+				if err := rows.Scan(&st, &noReason, &n, &oldest, &taken); err != nil {
 					return err
+				}
+				if model.CouponState(st) == model.CouponDeciding && (c.OldestTakenMS == 0 || taken < c.OldestTakenMS) {
+					c.OldestTakenMS = taken
 				}
 				s := model.CouponState(st)
 				c.Requests[s] += n

@@ -19,7 +19,7 @@ import (
 // Coupons in MariaDB, in the person's database (the act_id's shard's
 // db_XX): t_coupon_req holds the issue requests, keyed by (app, serial_no),
 // the idempotency key; t_coupon the issued coupons, keyed by
-// model.CouponID(app, serial), so a request holds one coupon at most;
+// model.CouponID(app, serial, act_id), so a request holds one coupon at most;
 // t_coupon_person one row per person who was ever issued to, locked by the
 // issuing transaction so that two merges holding one person's requests
 // decide one after the other against the same holding. The stock is not
@@ -284,6 +284,15 @@ func (m *MySQL) queryCouponReqSets(ctx context.Context, q rowsQueryer, query str
 	return out, rows.Err()
 }
 
+// reqKey names a stored request: its database, app and serial (the
+// primary key of its database's t_coupon_req).
+type reqKey struct {
+	db          int
+	app, serial string
+}
+
+func reqKeyOf(r model.CouponRequest) reqKey { return reqKey{r.Shard.DB(), r.App, r.Serial} }
+
 // personKey names a person of one database.
 type personKey struct {
 	db  int
@@ -382,7 +391,7 @@ func (m *MySQL) holdings(ctx context.Context, q rowsQueryer, ps []personKey) (ma
 // lockCouponReqs reads reqs as stored, locked: one statement list of a
 // locking read per database, answered in as many result sets. The map is
 // by app and serial.
-func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.CouponRequest) (map[[2]string]model.CouponRequest, error) {
+func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.CouponRequest) (map[reqKey]model.CouponRequest, error) {
 	sorted := slices.Clone(reqs)
 	slices.SortFunc(sorted, func(a, b model.CouponRequest) int {
 		return cmp.Or(cmp.Compare(a.Shard.DB(), b.Shard.DB()), cmp.Compare(a.App, b.App), cmp.Compare(a.Serial, b.Serial))
@@ -400,9 +409,9 @@ func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.Cou
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[[2]string]model.CouponRequest, len(rs))
+	out := make(map[reqKey]model.CouponRequest, len(rs))
 	for _, cur := range rs {
-		out[[2]string{cur.App, cur.Serial}] = cur
+		out[reqKeyOf(cur)] = cur
 	}
 	return out, nil
 }
@@ -438,9 +447,9 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		// decided first) keep their decision and take no unit.
 		var asks []model.CouponAsk
 		var open []model.CouponRequest
-		seen := map[[2]string]bool{}
+		seen := map[reqKey]bool{}
 		for _, r := range reqs {
-			k := [2]string{r.App, r.Serial}
+			k := reqKeyOf(r)
 			cur, ok := curs[k]
 			if !ok {
 				return model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
@@ -485,7 +494,7 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 				}
 				issued++
 				r := x.r
-				args = append(args, model.CouponID(r.App, r.Serial), r.ActID, int(r.Shard), r.Batch, rule.Group, r.App, r.Serial, leaseID, now)
+				args = append(args, model.CouponID(r.App, r.Serial, r.ActID), r.ActID, int(r.Shard), r.Batch, rule.Group, r.App, r.Serial, leaseID, now)
 			}
 			if issued > 0 {
 				q = append(q, "INSERT INTO "+m.couponTable(db)+
@@ -499,7 +508,7 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 				r := x.r
 				state, id := model.CouponRefused, ""
 				if x.d.Issued {
-					state, id = model.CouponIssued, model.CouponID(r.App, r.Serial)
+					state, id = model.CouponIssued, model.CouponID(r.App, r.Serial, r.ActID)
 				}
 				args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, r.AcceptedMS, now)
 			}

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,6 +124,7 @@ type Engine struct {
 	soldOut  map[string]time.Time // batches whose last deduction found nothing free, until when
 	backoff  map[string]time.Time // batches whose last deduction failed, until when
 	inflight map[string]int64     // units this engine's merges hold now, by batch
+	parked   map[string]parked    // requests put aside until a time, then released (park), by key
 	tries    map[string]int       // app+serial → deductions that found its batch sold out
 	risk     riskCounters
 	queued   map[string]bool // app+serial of requests in a queue or a step
@@ -164,12 +166,17 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
 	return e, nil
 }
 
-func key(r model.CouponRequest) string { return r.App + "\x00" + r.Serial }
+// key names a request in the engine: its database, app and serial (a
+// serial is unique per app within one database; the same serial of an app
+// for a person of another database is another request).
+func key(r model.CouponRequest) string {
+	return strconv.Itoa(r.Shard.DB()) + "\x00" + r.App + "\x00" + r.Serial
+}
 
 func (e *Engine) paused() bool { return e.cfg.Paused != nil && e.cfg.Paused() }
 
@@ -220,7 +227,7 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 	if r.Green && !got.State.Final() && !e.paused() {
 		// Decided to the end even if the caller goes away: a deduction
 		// half done would hold units for nothing.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
 		defer cancel()
 		g := got
 		g.Green = true // this call is green, whatever the first one was
@@ -250,7 +257,11 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 	e.queued[key(r)] = true
 	e.mu.Unlock()
 	if mine {
-		defer e.done(r)
+		defer func() {
+			if !e.isParked(r) { // a parked request keeps its mark until the feeder releases it
+				e.done(r)
+			}
+		}()
 	}
 	if pass, err := e.decide(ctx, r); err != nil || !pass {
 		if err != nil {
@@ -264,13 +275,13 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
 }
 
-// stepTimeout bounds one step in flight (a decision, a merge's deduction
+// StepTimeout bounds one step in flight (a decision, a merge's deduction
 // and issue, a green request), also at a stop.
-const stepTimeout = 30 * time.Second
+const StepTimeout = 30 * time.Second
 
 // Run starts the feeder, layer 1's deciders and layer 2's mergers, and
 // returns when ctx ends and every step in flight is done (each bounded by
-// stepTimeout); the requests still queued are released (accepted again).
+// StepTimeout); the requests still queued are released (accepted again).
 // An engine runs once.
 func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
@@ -306,10 +317,11 @@ loop2:
 			break loop2
 		}
 	}
-	e.release(rest)
 	for _, r := range rest {
 		e.done(r)
 	}
+	e.release(rest)
+	e.unpark(time.Time{}, true)
 }
 
 // release puts requests this engine will not decide back to accepted.
@@ -349,6 +361,7 @@ func (e *Engine) feed(ctx context.Context) {
 		case <-e.kick:
 		case <-e.clock.After(feedTick):
 		}
+		e.unpark(e.clock.Now(), false)
 		if e.paused() {
 			continue // the accepted requests wait; the dirty set keeps where
 		}
@@ -384,7 +397,7 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		e.markDirty(dbs) // again at the next tick
 		return
 	}
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout)
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
 	defer cancel()
 	rs, err := e.cfg.Store.TakeCouponRequests(tctx, dbs, staleMS, room)
 	if err != nil {
@@ -428,9 +441,12 @@ func (e *Engine) markDirty(dbs []int) {
 	e.mu.Unlock()
 }
 
+// done takes r off the engine's books: decided, or handed back for good.
+// A parked request is not done (unpark releases it).
 func (e *Engine) done(r model.CouponRequest) {
 	e.mu.Lock()
 	delete(e.queued, key(r))
+	delete(e.tries, key(r))
 	e.mu.Unlock()
 }
 
@@ -464,22 +480,21 @@ func (e *Engine) layer1(ctx context.Context) {
 				e.cfg.Observe.Waited(1, now.Sub(time.UnixMilli(r.TakenMS)))
 			}
 		}
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout) // a step in flight finishes
 		pass, err := e.decideMany(dctx, rs, true)
-		if err != nil {
-			// Nothing decided is lost: the requests go back to accepted.
-			e.log.Warn("coupons: decision failed; the requests are taken again", "requests", len(rs), "err", err)
-			if rerr := e.releaseNow(dctx, rs, true); rerr != nil {
-				e.log.Warn("coupons: requests not released; taken again once stale", "err", rerr)
-			}
-		}
 		cancel()
+		if err != nil {
+			// Nothing decided is lost: the requests are taken again after a
+			// pause.
+			e.log.Warn("coupons: decision failed; the requests are taken again", "requests", len(rs), "err", err)
+			e.park(rs, e.clock.Now().Add(backoffFor), true)
+		}
 		passed := map[string]bool{}
 		for _, r := range pass {
 			passed[key(r)] = true
 		}
 		for _, r := range rs {
-			if !passed[key(r)] {
+			if !passed[key(r)] && !e.isParked(r) {
 				e.done(r)
 			}
 		}
@@ -561,11 +576,7 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 			tentative[r.ActID] = t.Plus(rule)
 			pass = append(pass, r)
 		}
-		if len(later) > 0 {
-			if err := e.releaseNow(ctx, later, owned); err != nil {
-				return nil, err
-			}
-		}
+		e.park(later, now, owned) // taken again at the feeder's next tick
 	}
 	for reason, group := range refuse {
 		if err := e.cfg.Store.RefuseCoupons(ctx, group, reason); err != nil {
@@ -626,13 +637,15 @@ func (e *Engine) layer2(ctx context.Context) {
 			}
 		}
 		batch = dedupe(batch)
-		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepTimeout) // a step in flight finishes
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout) // a step in flight finishes
 		if err := e.issue(ictx, batch, true, false); err != nil {
 			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "requests", len(batch), "err", err)
 		}
 		cancel()
 		for _, r := range batch {
-			e.done(r)
+			if !e.isParked(r) {
+				e.done(r)
+			}
 		}
 	}
 }
@@ -677,7 +690,7 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned, g
 			out, wait := now.Before(e.soldOut[id]), now.Before(e.backoff[id])
 			e.mu.Unlock()
 			if wait { // its stock did not answer a moment ago: taken again later
-				errs[i] = e.releaseNow(ctx, group, owned)
+				e.park(group, e.backoffUntil(id), owned)
 				return
 			}
 			if out {
@@ -721,22 +734,67 @@ func (e *Engine) holding(batch string) bool {
 }
 
 // backoffFor is how long a batch whose deduction failed is left alone: its
-// requests are released and taken again after it.
+// requests are parked and taken again after it.
 const backoffFor = time.Second
 
-// releaseNow puts requests back to accepted now, off this engine's queued
-// set first (see soldOutNow).
-func (e *Engine) releaseNow(ctx context.Context, reqs []model.CouponRequest, owned bool) error {
+// heldWait is how long requests wait that found no unit free while this
+// engine's merges held some: about a step.
+const heldWait = 100 * time.Millisecond
+
+// backoffUntil is when batch's pause ends.
+func (e *Engine) backoffUntil(batch string) time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.backoff[batch]
+}
+
+// parked is a request this engine put aside: it stays deciding, marked
+// queued here, until the feeder releases it (accepted) at until.
+type parked struct {
+	r     model.CouponRequest
+	until time.Time
+}
+
+// park puts requests aside until until; the feeder then puts them back to
+// accepted and takes them again. Until then they stay deciding and marked
+// queued here, so no pass takes them twice and a batch's pause (a failed
+// deduction, a sold-out mark) really passes before they are tried again.
+// A request the caller does not own (a green decision of one the feeder
+// queued too) is left to its queued copy.
+func (e *Engine) park(reqs []model.CouponRequest, until time.Time, owned bool) {
+	if !owned {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	for _, r := range reqs {
-		if owned {
-			e.done(r)
+		e.parked[key(r)] = parked{r: r, until: until}
+	}
+}
+
+// isParked reports whether r is put aside (its queued mark is the park's).
+func (e *Engine) isParked(r model.CouponRequest) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.parked[key(r)]
+	return ok
+}
+
+// unpark releases the parked requests due by now (all of them with
+// everything true), off the queued set first.
+func (e *Engine) unpark(now time.Time, everything bool) {
+	var due []model.CouponRequest
+	e.mu.Lock()
+	for k, p := range e.parked {
+		if everything || !now.Before(p.until) {
+			due = append(due, p.r)
+			delete(e.parked, k)
+			delete(e.queued, k)
+			e.dirty[p.r.Shard.DB()] = true
 		}
 	}
-	if err := e.cfg.Store.ReleaseCouponRequests(ctx, reqs); err != nil {
-		return fmt.Errorf("release %d: %w", len(reqs), err)
-	}
-	e.Stats.Released.Add(int64(len(reqs)))
-	return nil
+	e.mu.Unlock()
+	e.release(due)
 }
 
 // soldOutFor is how long a batch whose deduction found nothing free is
@@ -765,24 +823,15 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, own
 		}
 	}
 	e.mu.Unlock()
-	var err error
+	// Tried again once the sold-out mark has passed: each try asks the
+	// stock anew.
 	if len(again) > 0 {
-		// Off the queued set before they can be taken again: a feeder that
-		// takes one while it still looks queued here would skip it, and
-		// leave it deciding with nobody on it.
-		for _, r := range again {
-			if owned {
-				e.done(r)
-			}
-		}
-		if err = e.cfg.Store.ReleaseCouponRequests(ctx, again); err == nil {
-			e.Stats.Released.Add(int64(len(again)))
-		}
+		e.park(again, e.clock.Now().Add(soldOutFor), owned)
 	}
 	if len(refuse) > 0 {
-		err = errors.Join(err, e.refuse(ctx, refuse, model.ReasonSoldOut))
+		return e.refuse(ctx, refuse, model.ReasonSoldOut)
 	}
-	return err
+	return nil
 }
 
 // issueBatch deducts once for reqs (one batch) and issues. Whatever
@@ -805,10 +854,12 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		// Granted or not, unknown: a lease granted without an answer is
 		// settled by its (zero) coupons. The requests are taken again after
 		// a pause of the batch, not only once stale.
+		until := e.clock.Now().Add(backoffFor)
 		e.mu.Lock()
-		e.backoff[rule.Batch] = e.clock.Now().Add(backoffFor)
+		e.backoff[rule.Batch] = until
 		e.mu.Unlock()
-		return errors.Join(fmt.Errorf("deduct %d: %w", len(reqs), err), e.releaseNow(ctx, reqs, owned))
+		e.park(reqs, until, owned)
+		return fmt.Errorf("deduct %d: %w", len(reqs), err)
 	}
 	e.Stats.Deductions.Add(1)
 	if granted == 0 {
@@ -820,8 +871,9 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		e.mu.Unlock()
 		if held > 0 && !green {
 			// Units this engine's other merges hold may come back unused:
-			// not sold out yet; the requests are taken again.
-			return e.releaseNow(ctx, reqs, owned)
+			// not sold out yet; the requests are taken again shortly.
+			e.park(reqs, e.clock.Now().Add(heldWait), owned)
+			return nil
 		}
 		return e.soldOutNow(ctx, reqs, owned)
 	}
@@ -843,7 +895,8 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		if rerr := e.giveBack(ctx, rule.Batch, lease, granted); rerr != nil {
 			return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), rerr)
 		}
-		return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), e.releaseNow(ctx, reqs, owned))
+		e.park(reqs, e.clock.Now(), owned)
+		return fmt.Errorf("issue %d: %w", len(reqs), err)
 	}
 	bySerial := make(map[string]model.CouponRequest, len(reqs))
 	for _, r := range reqs {
@@ -883,19 +936,26 @@ func (e *Engine) giveBack(ctx context.Context, batch, lease string, unused int64
 // a person's requests all reach the person's cell (routed by act_id), a
 // device's or an IP's only when they ask for one person.
 type riskCounters struct {
-	mu     sync.Mutex
-	minute int64
-	m      map[string]int
+	mu      sync.Mutex
+	minute  int64
+	m       map[string]int
+	verdict map[string]bool // requests counted this minute (key), and whether they passed
 }
 
 // allow counts r under its device, IP and act_id for the current minute
-// and answers whether every count is within its cap.
+// and answers whether every count is within its cap. A request decided
+// again (released and taken again) is counted once a minute: it gets the
+// verdict it got.
 func (c *riskCounters) allow(r model.CouponRequest, caps couponbatch.RiskRules, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m := now.Unix() / 60; m != c.minute {
+	if m := now.Unix() / 60; m != c.minute || c.verdict == nil {
 		c.minute = m
 		clear(c.m)
+		c.verdict = map[string]bool{}
+	}
+	if v, ok := c.verdict[key(r)]; ok {
+		return v
 	}
 	ok := true
 	for _, k := range []struct {
@@ -910,5 +970,6 @@ func (c *riskCounters) allow(r model.CouponRequest, caps couponbatch.RiskRules, 
 			ok = false
 		}
 	}
+	c.verdict[key(r)] = ok
 	return ok
 }

@@ -140,8 +140,8 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	if err != nil {
 		return rep, err
 	}
-	// A request still open after two stale ages was dropped by every cell
-	// that took it: lost.
+	// A request deciding for two stale ages was dropped by the engine that
+	// took it and not taken again: lost.
 	rep.CheckCoupons(limits, time.Now().Add(-2*stale))
 	return rep, nil
 }

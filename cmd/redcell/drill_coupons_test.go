@@ -269,6 +269,15 @@ func couponDrill(t *testing.T, c *cluster, d *drillDeps, full bool, hotStock, ho
 		}
 	}
 	t.Logf("%d requests (queues held %v when the fault came); final states %v", len(l.recs), q, counts)
+	// With a stock far above the drop, a fault never makes a request sold
+	// out; short, the repeat persons stay below the risk caps (60 a minute),
+	// so a request decided again after a fault is never counted twice.
+	if hotStock > len(l.recs) && counts["refused:SOLD_OUT"] > 0 {
+		t.Errorf("%d requests refused SOLD_OUT with stock left", counts["refused:SOLD_OUT"])
+	}
+	if !full && counts["refused:RISK"] > 0 {
+		t.Errorf("%d requests refused RISK below the caps", counts["refused:RISK"])
+	}
 	if q == 0 {
 		t.Errorf("the queues were empty when the fault came: the drill did not test full queues")
 	}

@@ -161,7 +161,7 @@ func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 			continue
 		}
 		if d.Issued {
-			id := model.CouponID(r.App, r.Serial)
+			id := model.CouponID(r.App, r.Serial, r.ActID)
 			s.coupons[id] = &model.Coupon{ID: id, ActID: r.ActID, Shard: r.Shard, Batch: r.Batch, Group: rule.Group, App: r.App,
 				Serial: r.Serial, LeaseID: leaseID, IssuedMS: now}
 			r.State, r.CouponID, r.DecidedMS = model.CouponIssued, id, now
@@ -291,6 +291,9 @@ func (s *Store) couponRowsLocked() model.CouponRows {
 		}
 		if !r.State.Final() && (c.OldestOpenMS == 0 || r.AcceptedMS < c.OldestOpenMS) {
 			c.OldestOpenMS = r.AcceptedMS
+		}
+		if r.State == model.CouponDeciding && (c.OldestTakenMS == 0 || r.TakenMS < c.OldestTakenMS) {
+			c.OldestTakenMS = r.TakenMS
 		}
 		if r.State == model.CouponIssued {
 			if cp, ok := s.coupons[r.CouponID]; !ok || cp.App != r.App || cp.Serial != r.Serial {

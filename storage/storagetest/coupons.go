@@ -38,11 +38,27 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	if !reflect.DeepEqual(ds, want) || unused != 1 {
 		t.Fatalf("decisions %+v unused %d; want %+v, 1 unused", ds, unused, want)
 	}
-	if got, _ := c.CouponRequestOf(f.ctx, sA, "pay", "x1"); got.State != model.CouponIssued || got.CouponID != model.CouponID("pay", "x1") {
+	if got, _ := c.CouponRequestOf(f.ctx, sA, "pay", "x1"); got.State != model.CouponIssued || got.CouponID != model.CouponID("pay", "x1", "ann") {
 		t.Fatalf("x1 as stored: %+v", got)
 	}
 	if n, _ := c.CouponLeaseSpent(f.ctx, uniqueDBs(sA, sB), "lease-d"); n != 2 {
 		t.Fatalf("lease-d spent %d, want 2", n)
+	}
+	// One serial of one app for persons of two databases: two requests (a
+	// serial is seen again only within a database), two coupons, two IDs.
+	if sA.DB() == sC.DB() {
+		t.Fatal("the fixture's shards sA and sC must be in two databases")
+	}
+	p := f.accept(couponReq(sA, "pia", "same", "a"))
+	q := f.accept(couponReq(sC, "quy", "same", "a"))
+	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-e", 2, []model.CouponRequest{p, q})
+	if err != nil || len(ds) != 2 || !ds[0].Issued || !ds[1].Issued || unused != 0 {
+		t.Fatalf("one serial in two databases: %+v unused %d %v", ds, unused, err)
+	}
+	cp, _ := c.CouponsOf(f.ctx, sA, "pia", 10)
+	cq, _ := c.CouponsOf(f.ctx, sC, "quy", 10)
+	if len(cp) != 1 || len(cq) != 1 || cp[0].ID == cq[0].ID || cp[0].ID != model.CouponID("pay", "same", "pia") {
+		t.Fatalf("coupons of pia %+v and quy %+v: want one each, with their own IDs", cp, cq)
 	}
 }
 
@@ -206,7 +222,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("decisions %+v unused %d\nwant %+v unused 0", ds, unused, want)
 	}
 	now := f.nowMS()
-	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "a0"); r.State != model.CouponIssued || r.CouponID != model.CouponID("pay", "a0") || r.DecidedMS != now {
+	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "a0"); r.State != model.CouponIssued || r.CouponID != model.CouponID("pay", "a0", "ann") || r.DecidedMS != now {
 		t.Fatalf("a0 as stored: %+v", r)
 	}
 	if r, _ := c.CouponRequestOf(f.ctx, sB, "pay", "a4"); r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut {
@@ -217,7 +233,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("ann's holding: %+v %v", h, err)
 	}
 	cs, err := c.CouponsOf(f.ctx, sC, "cy", 10)
-	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
+	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3", "cy") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
 		t.Fatalf("cy's coupons: %+v %v", cs, err)
 	}
 	if n, err := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-1"); err != nil || n != 3 {
