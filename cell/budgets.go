@@ -381,28 +381,35 @@ func (s *Server) settleLeases(ctx context.Context) {
 		return
 	}
 	dbs := s.cfg.Shards.DBs()
-	for i, sp := range s.spaces {
+	for _, sp := range s.spaces {
 		for _, key := range controlledKeys(t) {
-			ls, err := s.leasesOf(ctx, sp, s.calls, key, s.cfg.Name)
-			if err != nil {
-				s.log.Warn("budget: leases of an earlier run not listed; they stay out", "key", key, "space", sp.name, "err", err)
-				continue
-			}
-			var old []model.Lease
-			cut := s.clock.Now().Add(-settleGrace).UnixMilli()
-			for _, l := range ls {
-				if l.State == model.LeaseExpired && l.ExpiresMS <= cut {
-					old = append(old, l)
-				}
-			}
-			if len(old) == 0 {
-				continue
-			}
-			home := func(string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: s.calls} }
-			n, err := budget.Settle(ctx, home, old, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })
-			s.log.Info("budget: leases of an earlier run settled", "key", key, "space", s.spaces[i].name, "leases", len(old), "returned", n, "err", err)
+			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })
 		}
 	}
+}
+
+// settleExpired settles holder's leases of key that their home marked
+// expired settleGrace ago or more: each returns what spent says it did not
+// spend (budget.Settle). Leases it cannot list stay out until a later pass.
+func (s *Server) settleExpired(ctx context.Context, sp *space, key, holder string, spent func(leaseID string) (int64, error)) {
+	ls, err := s.leasesOf(ctx, sp, s.calls, key, holder)
+	if err != nil {
+		s.log.Warn("budget: expired leases not listed; they stay out", "key", key, "holder", holder, "space", sp.name, "err", err)
+		return
+	}
+	var old []model.Lease
+	cut := s.clock.Now().Add(-settleGrace).UnixMilli()
+	for _, l := range ls {
+		if l.State == model.LeaseExpired && l.ExpiresMS <= cut {
+			old = append(old, l)
+		}
+	}
+	if len(old) == 0 {
+		return
+	}
+	home := func(string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: s.calls} }
+	n, err := budget.Settle(ctx, home, old, spent)
+	s.log.Info("budget: expired leases settled", "key", key, "holder", holder, "space", sp.name, "leases", len(old), "returned", n, "err", err)
 }
 
 // expireHomedLeases marks the leases past their expiry of the budgets homed

@@ -13,7 +13,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
-	"redcell/cell/budget"
 	"redcell/cell/climit"
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
@@ -214,24 +213,7 @@ func (s *Server) settleCouponLeases(ctx context.Context) {
 	for i, sp := range s.spaces {
 		st := s.cp.stores[i]
 		for _, key := range s.couponKeys() {
-			ls, err := s.leasesOf(ctx, sp, s.calls, key, s.couponHolder())
-			if err != nil {
-				s.log.Warn("coupons: deductions to settle not listed; they stay out", "key", key, "space", sp.name, "err", err)
-				continue
-			}
-			var old []model.Lease
-			cut := s.clock.Now().Add(-settleGrace).UnixMilli()
-			for _, l := range ls {
-				if l.State == model.LeaseExpired && l.ExpiresMS <= cut {
-					old = append(old, l)
-				}
-			}
-			if len(old) == 0 {
-				continue
-			}
-			home := func(string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: s.calls} }
-			n, err := budget.Settle(ctx, home, old, func(id string) (int64, error) { return st.CouponLeaseSpent(ctx, dbs, id) })
-			s.log.Info("coupons: expired deductions settled by their coupons", "key", key, "space", sp.name, "leases", len(old), "returned", n, "err", err)
+			s.settleExpired(ctx, sp, key, s.couponHolder(), func(id string) (int64, error) { return st.CouponLeaseSpent(ctx, dbs, id) })
 		}
 	}
 }

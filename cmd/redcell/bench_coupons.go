@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"redcell/bench"
 )
@@ -73,36 +70,5 @@ func runCouponsBench(ctx context.Context, f *benchFlags, args []string) error {
 	}
 	suite.Config = map[string]any{"args": args, "concurrency": cfg.Concurrency, "duration": cfg.Duration.String(), "hot": cfg.Hot,
 		"cold": cfg.Cold, "hot_share": cfg.HotShare, "merge_backlog": cfg.MergeBacklog, "sustain_fraction": cfg.SustainFraction}
-	var text bytes.Buffer
-	if err := suite.WriteText(&text); err != nil {
-		return err
-	}
-	fmt.Print(text.String())
-	if f.jsonPath != "" {
-		if err := writeJSONFile(f.jsonPath, suite); err != nil {
-			return err
-		}
-	}
-	dir := f.outDir
-	if dir == "" {
-		dir = filepath.Join("var", "bench", suite.StartedAt.Format("20060102-150405"))
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
-	if err := writeJSONFile(filepath.Join(dir, bench.ReportJSONFile), suite); err != nil {
-		return err
-	}
-	md := "# redcell bench: coupons\n\n```\n" + text.String() + "```\n"
-	if err := os.WriteFile(filepath.Join(dir, bench.ReportMarkdownFile), []byte(md), 0o644); err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
-	fmt.Fprintf(os.Stderr, "bench: wrote %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, dir)
-	if runErr != nil {
-		return fmt.Errorf("bench: stopped early: %w", runErr)
-	}
-	if !suite.OK() {
-		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
-	}
-	return nil
+	return writeSuiteReport(f, "coupons", suite.StartedAt, suite, runErr)
 }

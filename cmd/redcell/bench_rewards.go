@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"redcell/bench"
 )
@@ -64,6 +66,21 @@ func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
 	}
 	suite.Config = map[string]any{"args": args, "modes": cfg.Modes, "concurrency": cfg.Concurrency, "rate": cfg.Rate,
 		"duration": cfg.Duration.String(), "users": cfg.Users}
+	return writeSuiteReport(f, "rewards", suite.StartedAt, suite, runErr)
+}
+
+// benchReport is what a workload's suite gives writeSuiteReport.
+type benchReport interface {
+	WriteText(w io.Writer) error
+	OK() bool
+	Problems() []string
+}
+
+// writeSuiteReport prints a workload's suite and writes its files:
+// --json, and report.json and report.md in --out (else
+// var/bench/<started>/). It returns runErr (stopped early) or the suite's
+// problems as the command's error.
+func writeSuiteReport(f *benchFlags, workload string, started time.Time, suite benchReport, runErr error) error {
 	var text bytes.Buffer
 	if err := suite.WriteText(&text); err != nil {
 		return err
@@ -76,7 +93,7 @@ func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
 	}
 	dir := f.outDir
 	if dir == "" {
-		dir = filepath.Join("var", "bench", suite.StartedAt.Format("20060102-150405"))
+		dir = filepath.Join("var", "bench", started.Format("20060102-150405"))
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -84,7 +101,7 @@ func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
 	if err := writeJSONFile(filepath.Join(dir, bench.ReportJSONFile), suite); err != nil {
 		return err
 	}
-	md := "# redcell bench: rewards\n\n```\n" + text.String() + "```\n"
+	md := "# redcell bench: " + workload + "\n\n```\n" + text.String() + "```\n"
 	if err := os.WriteFile(filepath.Join(dir, bench.ReportMarkdownFile), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
