@@ -248,7 +248,7 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 
 // decideNow runs both layers for one request, without the queues or their
 // limiters, and answers the request as stored after.
-func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.CouponRequest, error) {
+func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (_ model.CouponRequest, err error) {
 	// The feeder skips it while it is decided here (it may still find it
 	// accepted); should a queue hold it already, IssueCoupons and
 	// RefuseCoupons decide it once.
@@ -258,8 +258,15 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (model.Co
 	e.mu.Unlock()
 	if mine {
 		defer func() {
-			if !e.isParked(r) { // a parked request keeps its mark until the feeder releases it
-				e.done(r)
+			if e.isParked(r) { // a parked request keeps its mark until the feeder releases it
+				return
+			}
+			e.done(r)
+			if err != nil {
+				// The feeder may have taken it meanwhile (and skipped it as
+				// queued here): back to accepted, so it is taken again now
+				// rather than once stale.
+				e.release([]model.CouponRequest{r})
 			}
 		}()
 	}
