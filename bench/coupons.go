@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -426,38 +425,12 @@ func (l *couponLoad) closedLoop(ctx, load context.Context, n int64) {
 	if n < 0 {
 		n = issuesMax
 	}
-	var wg sync.WaitGroup
-	for range l.cfg.Concurrency {
-		wg.Go(func() {
-			for load.Err() == nil {
-				k := l.next.Add(1) - 1
-				if k >= n {
-					return
-				}
-				l.issue(ctx, time.Time{}, k)
-			}
-		})
-	}
-	wg.Wait()
+	closedLoopN(load, l.cfg.Concurrency, n, &l.next, func(k int64) { l.issue(ctx, time.Time{}, k) })
 }
 
 // openLoop starts request k at its scheduled time at rate per second.
 func (l *couponLoad) openLoop(ctx, load context.Context, rate int) (due, started int64) {
-	d := newDispatcher(l.cfg.Concurrency)
-	t0 := time.Now()
-	for k := int64(0); k < issuesMax; k++ {
-		at := scheduledAt(t0, float64(rate), k)
-		if !sleepUntil(load, at) {
-			break
-		}
-		if d.start(func() { l.issue(ctx, at, k) }) {
-			started++
-		} else {
-			l.rec.recordDropped()
-		}
-	}
-	d.wait()
-	return min(int64(time.Since(t0).Seconds()*float64(rate))+1, issuesMax), started
+	return openLoopN(load, l.cfg.Concurrency, rate, issuesMax, func(at time.Time, k int64) { l.issue(ctx, at, k) }, l.rec.recordDropped)
 }
 
 // batch is request k's batch, drawn from the seed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -126,4 +127,43 @@ func (r *loadRun) groupOpenLoop(ctx, load context.Context) {
 // t0, at most max) fell due before now, the end of the load: Report.Due.
 func (r *loadRun) countDue(t0 time.Time, rate float64, max int64) {
 	r.due.Store(min(int64(time.Since(t0).Seconds()*rate)+1, max))
+}
+
+// closedLoopN runs workers goroutines that call do(k) for k = 0, 1, ...
+// back to back (next numbers them) until load ends or k reaches n.
+func closedLoopN(load context.Context, workers int, n int64, next *atomic.Int64, do func(k int64)) {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for load.Err() == nil {
+				k := next.Add(1) - 1
+				if k >= n {
+					return
+				}
+				do(k)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// openLoopN starts do(at, k) at its scheduled time at rate per second
+// until load ends or k reaches n, inFlight at most at once (one due beyond
+// it calls dropped), and answers how many fell due and how many started.
+func openLoopN(load context.Context, inFlight, rate int, n int64, do func(at time.Time, k int64), dropped func()) (due, started int64) {
+	d := newDispatcher(inFlight)
+	t0 := time.Now()
+	for k := int64(0); k < n; k++ {
+		at := scheduledAt(t0, float64(rate), k)
+		if !sleepUntil(load, at) {
+			break
+		}
+		if d.start(func() { do(at, k) }) {
+			started++
+		} else {
+			dropped()
+		}
+	}
+	d.wait()
+	return min(int64(time.Since(t0).Seconds()*float64(rate))+1, n), started
 }

@@ -323,39 +323,16 @@ func runRewardsMode(ctx context.Context, c *client, cfg RewardsConfig, mode stri
 
 // closedLoop: Concurrency workers issue back to back until load ends.
 func (r *rewardsRun) closedLoop(ctx, load context.Context) {
-	var wg sync.WaitGroup
-	for range r.cfg.Concurrency {
-		wg.Go(func() {
-			for load.Err() == nil {
-				k := r.next.Add(1) - 1
-				if k >= issuesMax {
-					return
-				}
-				r.issue(ctx, time.Time{}, k)
-			}
-		})
-	}
-	wg.Wait()
+	closedLoopN(load, r.cfg.Concurrency, issuesMax, &r.next, func(k int64) { r.issue(ctx, time.Time{}, k) })
 }
 
 // openLoop starts issue k at its scheduled time at Rate per second until
 // load ends, Concurrency in flight at most, and returns how many fell due.
 func (r *rewardsRun) openLoop(ctx, load context.Context) (due int64) {
-	d := newDispatcher(r.cfg.Concurrency)
-	t0 := time.Now()
-	for k := int64(0); k < issuesMax; k++ {
-		at := scheduledAt(t0, float64(r.cfg.Rate), k)
-		if !sleepUntil(load, at) {
-			break
-		}
-		if d.start(func() { r.issue(ctx, at, k) }) {
-			r.started.Add(1)
-		} else {
-			r.rec.recordDropped()
-		}
-	}
-	d.wait()
-	return min(int64(time.Since(t0).Seconds()*float64(r.cfg.Rate))+1, issuesMax)
+	due, started := openLoopN(load, r.cfg.Concurrency, r.cfg.Rate, issuesMax, func(at time.Time, k int64) { r.issue(ctx, at, k) },
+		r.rec.recordDropped)
+	r.started.Add(started)
+	return due
 }
 
 // issue sends issue number k (scheduled at due; zero: now), retrying a

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -90,34 +87,10 @@ func (c *cluster) addCouponBatches(t *testing.T, batches string) {
 	}
 }
 
-// call sends one coupon request: 200 and 202 are answers (ok), as is a
-// final refusal; out receives the state.
+// call sends one coupon request: 200 and 202 are answers (ok); out
+// receives the state.
 func (l *couponLoad) call(method, path string, body any, out *api.CouponRequestState) answer {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, l.c.routerURL()+path, rd)
-	authorize(req, body != nil)
-	resp, err := l.hc.Do(req)
-	if err != nil {
-		return answer{}
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 && resp.StatusCode != 202 {
-		var e api.ErrorBody
-		_ = json.Unmarshal(b, &e)
-		if e.Error.Code == "" {
-			e.Error.Code = fmt.Sprintf("NON_JSON_%d", resp.StatusCode)
-		}
-		return answer{status: resp.StatusCode, code: e.Error.Code}
-	}
-	if out != nil && json.Unmarshal(b, out) != nil {
-		return answer{status: resp.StatusCode, code: "UNDECODABLE"}
-	}
-	return answer{status: 200}
+	return drillCall(l.hc, l.c.routerURL(), method, path, body, out, func(status int) bool { return status == 200 || status == 202 })
 }
 
 // issue sends request k: a fresh person two times in three, else one of a

@@ -234,20 +234,27 @@ func newDrillLoad(t *testing.T, c *cluster, prefix string, senders, openers int)
 
 // call sends one request through the router; out receives a 200's body.
 func (l *drillLoad) call(method, path string, body, out any) answer {
+	return drillCall(l.hc, l.c.routerURL(), method, path, body, out, func(status int) bool { return status == 200 })
+}
+
+// drillCall sends one request to the router at base: an answer whose
+// status ok accepts is decoded into out (and reported as status 200), any
+// other is its error code; no answer at all is status 0.
+func drillCall(hc *http.Client, base, method, path string, body, out any, ok func(status int) bool) answer {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, l.c.routerURL()+path, rd)
+	req, _ := http.NewRequest(method, base+path, rd)
 	authorize(req, body != nil)
-	resp, err := l.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return answer{}
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
+	if !ok(resp.StatusCode) {
 		var e api.ErrorBody
 		_ = json.Unmarshal(b, &e)
 		if e.Error.Code == "" {
