@@ -17,6 +17,7 @@ import (
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
+	"redcell/cell/groupcommit"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -85,7 +86,14 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 			}
 			cp.limits[i][layer] = l
 		}
-		e, err := couponq.New(couponq.Config{Store: stores[i], Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
+		store := stores[i]
+		accept := func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+			if s.strategy.grouped() { // the strategy the admin port set last
+				return s.acceptGrouped(ctx, sp, r)
+			}
+			return store.AcceptCoupon(ctx, r)
+		}
+		e, err := couponq.New(couponq.Config{Store: stores[i], Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
 			MergeMax: s.cfg.CouponMergeMax, StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
@@ -96,6 +104,22 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 		cp.engines[i] = e
 	}
 	return cp, nil
+}
+
+// acceptGrouped stores a coupon request, under the grouped strategy, as one
+// op of its database's commit lane (storage.OpAccept: the accepts of many people share one multi-row
+// INSERT per database and one COMMIT). Its answers are AcceptCoupon's; a
+// group still committing when ctx ends leaves the outcome unknown, as a lost
+// COMMIT answer does (ErrCommitUnknown: a retry with the serial settles it).
+func (s *Server) acceptGrouped(ctx context.Context, sp *space, r model.CouponRequest) (model.CouponRequest, bool, error) {
+	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: r}
+	if err := s.submit(ctx, sp, r.Shard.DB(), op); err != nil {
+		if errors.Is(err, groupcommit.ErrInFlight) {
+			return model.CouponRequest{}, false, fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
+		}
+		return model.CouponRequest{}, false, err
+	}
+	return op.Accepted, op.Repeat, nil
 }
 
 // couponStock is couponq.Stock for space sp: the deduction is a lease of

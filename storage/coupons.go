@@ -138,10 +138,9 @@ func (m *MySQL) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.
 	if r.AcceptedMS == 0 {
 		r.AcceptedMS = m.nowMS()
 	}
-	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
+	r = acceptedAs(r)
 	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(1, 14)+
-		" ON DUPLICATE KEY UPDATE serial_no = serial_no",
-		r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, r.Green, r.DeviceID, r.ClientIP, string(r.State), "", "", r.AcceptedMS, 0, 0)
+		" ON DUPLICATE KEY UPDATE serial_no = serial_no", couponAcceptArgs(r)...)
 	if err != nil {
 		var me *mysql.MySQLError
 		if errors.As(err, &me) {

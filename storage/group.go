@@ -41,6 +41,7 @@ const (
 	OpCredits                      // book claims into claimants' wallets: Wallets.ApplyCredits
 	OpRewards                      // book issued rewards: Rewards.BookRewards
 	OpIssue                        // store one issued reward: Rewards.IssueReward
+	OpAccept                       // store one coupon request, accepted: Coupons.AcceptCoupon
 )
 
 func (k GroupKind) String() string {
@@ -57,6 +58,8 @@ func (k GroupKind) String() string {
 		return "rewards"
 	case OpIssue:
 		return "issue"
+	case OpAccept:
+		return "accept"
 	}
 	return "unknown"
 }
@@ -92,16 +95,20 @@ type GroupOp struct {
 	Rewards []model.Reward
 	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS set).
 	Reward model.Reward
+	// OpAccept: the coupon request to store, as AcceptCoupon takes it
+	// (Shard and AcceptedMS set).
+	Coupon model.CouponRequest
 
 	// Answers.
-	Results  []model.OpenResult // OpOpen: one per request
-	Packet   model.Packet       // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
-	Repeat   bool               // OpSend: the order was applied before; Packet is the first packet as it is now; OpIssue: the reward was stored before
-	Issued   model.Reward       // OpIssue: the reward as stored (the first one when Repeat)
-	Deposit  model.Deposit      // OpDeposit
-	Applied  int                // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
-	Deferred []string           // OpCredits: claim IDs left for a later call (a wallet row was held)
-	Err      error              // this op's own error: nothing of it was written
+	Results  []model.OpenResult  // OpOpen: one per request
+	Packet   model.Packet        // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
+	Repeat   bool                // OpSend: the order was applied before; Packet is the first packet as it is now; OpIssue: the reward was stored before; OpAccept: the serial was stored before
+	Issued   model.Reward        // OpIssue: the reward as stored (the first one when Repeat)
+	Accepted model.CouponRequest // OpAccept: the request as stored (the first one, as it is now, when Repeat)
+	Deposit  model.Deposit       // OpDeposit
+	Applied  int                 // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
+	Deferred []string            // OpCredits: claim IDs left for a later call (a wallet row was held)
+	Err      error               // this op's own error: nothing of it was written
 }
 
 // Grouper commits groups of ops. Implemented by MySQL and memstore.Store;

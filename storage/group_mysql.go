@@ -88,6 +88,10 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 				return fmt.Errorf("storage: group issue of reward %q without a shard or time", op.Reward.OrderNo)
 			}
 			err = m.ensureRewards(ctx, op.Reward.Shard.DB())
+		case OpAccept:
+			if op.Coupon.Shard.Valid() { // else the op answers ErrInvalidArgument
+				err = m.ensureCoupons(ctx, op.Coupon.Shard.DB())
+			}
 		default:
 			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
 		}
@@ -123,7 +127,7 @@ type groupState struct {
 func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
-		op.Issued = model.Reward{}
+		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
 	}
 	st, err := m.groupRead(ctx, tx, ops)
 	if err != nil {
@@ -134,7 +138,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		w                    groupWrites
 		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
 		creditOps, rewardOps []*GroupOp
-		issueOps             []*GroupOp
+		issueOps, acceptOps  []*GroupOp
 		probe                func() (bool, error)
 	)
 	for _, op := range ops {
@@ -214,6 +218,8 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			rewardOps = append(rewardOps, op)
 		case OpIssue:
 			issueOps = append(issueOps, op)
+		case OpAccept:
+			acceptOps = append(acceptOps, op)
 		}
 	}
 	if q, args := w.sql(m); q != "" {
@@ -230,6 +236,15 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	}
 	if len(issueOps) > 0 {
 		p, err := m.issueRewardsTx(ctx, tx, issueOps)
+		if err != nil {
+			return nil, err
+		}
+		if probe == nil {
+			probe = p
+		}
+	}
+	if len(acceptOps) > 0 {
+		p, err := m.acceptCouponsTx(ctx, tx, acceptOps, now)
 		if err != nil {
 			return nil, err
 		}

@@ -129,11 +129,12 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 
 // MySQL is the store of one cell. It is safe for concurrent use.
 type MySQL struct {
-	db     *sql.DB
-	clock  clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
-	ns     string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
-	bulk   creditPaths // how credits were booked (credits.go)
-	issues issuePaths  // how grouped issues were stored (rewards.go)
+	db      *sql.DB
+	clock   clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
+	ns      string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
+	bulk    creditPaths // how credits were booked (credits.go)
+	issues  issuePaths  // how grouped issues were stored (rewards.go)
+	accepts issuePaths  // how grouped coupon accepts were stored (couponaccept.go)
 
 	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured     map[ensureKey]*sync.Once // tables created by this process

@@ -60,7 +60,11 @@ type Limiter interface {
 
 // Config sets an engine.
 type Config struct {
-	Store   storage.Coupons
+	Store storage.Coupons
+	// Accept stores one request as Store.AcceptCoupon does (the same
+	// answers and errors); nil: Store.AcceptCoupon. A cell sets it to
+	// store requests through its group committer.
+	Accept  func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 	Stock   Stock
 	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
 	Layer1  Limiter
@@ -216,7 +220,11 @@ func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
 // a request not final yet is decided now too). Errors: the store's, and
 // context errors of a green decision.
 func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	got, repeat, err := e.cfg.Store.AcceptCoupon(ctx, r)
+	accept := e.cfg.Accept
+	if accept == nil {
+		accept = e.cfg.Store.AcceptCoupon
+	}
+	got, repeat, err := accept(ctx, r)
 	if err != nil {
 		return got, repeat, err
 	}

@@ -51,6 +51,39 @@ func (s *Store) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.
 	return r, false, nil
 }
 
+// accept stages a group's OpAccept as AcceptCoupon decides one: a serial
+// stored before, or by an earlier op of the group, answers the stored
+// request (model.ReplayCouponRequest); a new one is stored accepted, at the
+// group's time when the request carries none.
+func (g *group) accept(op *storage.GroupOp) {
+	r := op.Coupon
+	if op.Err = model.ValidateCouponRequest(r); op.Err != nil {
+		return
+	}
+	k := reqKeyOf(r)
+	prior, ok := g.s.couponRq[k]
+	if !ok {
+		prior, ok = g.accepted[k]
+	}
+	if ok {
+		if op.Err = model.ReplayCouponRequest(*prior, r); op.Err == nil {
+			op.Accepted, op.Repeat = *prior, true
+		}
+		return
+	}
+	if r.AcceptedMS == 0 {
+		r.AcceptedMS = g.now
+	}
+	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
+	c := r
+	if g.accepted == nil {
+		g.accepted = map[couponReqKey]*model.CouponRequest{}
+	}
+	g.accepted[k] = &c
+	op.Accepted = r
+	g.writes = append(g.writes, func() { g.s.couponRq[k] = &c })
+}
+
 // CouponRequestOf implements storage.Coupons.
 func (s *Store) CouponRequestOf(ctx context.Context, sh model.ShardID, app, serial string) (model.CouponRequest, error) {
 	if err := ctx.Err(); err != nil {

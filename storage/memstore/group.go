@@ -54,7 +54,7 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	for _, op := range ops {
 		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
 		op.Applied, op.Deferred, op.Err = 0, nil, nil
-		op.Issued = model.Reward{}
+		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
 		switch op.Kind {
 		case storage.OpOpen:
 			g.open(op)
@@ -65,6 +65,8 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 		case storage.OpCredits, storage.OpRewards: // after the others, below
 		case storage.OpIssue:
 			g.issue(op)
+		case storage.OpAccept:
+			g.accept(op)
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
 		}
@@ -98,11 +100,12 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 type group struct {
 	s        *Store
 	now      int64
-	accounts map[acctKey]model.Cents    // balances the group changed
-	flows    map[flowKey]*model.Flow    // flow rows the group made
-	packets  map[model.PacketID]*staged // packets the group made or opened
-	writes   []func()                   // run in order at COMMIT, s.mu held
-	issued   map[string]*model.Reward   // rewards the group stores, by order number
+	accounts map[acctKey]model.Cents               // balances the group changed
+	flows    map[flowKey]*model.Flow               // flow rows the group made
+	packets  map[model.PacketID]*staged            // packets the group made or opened
+	writes   []func()                              // run in order at COMMIT, s.mu held
+	issued   map[string]*model.Reward              // rewards the group stores, by order number
+	accepted map[couponReqKey]*model.CouponRequest // coupon requests the group stores
 }
 
 // staged is a packet as the group left it so far.

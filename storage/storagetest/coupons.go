@@ -20,6 +20,7 @@ func init() {
 	register("ContractCouponIssueCommitFault", contractCouponIssueCommitFault)
 	register("ContractCouponIssueConcurrent", contractCouponIssueConcurrent)
 	register("ContractCouponIssueTwiceInOne", contractCouponIssueTwiceInOne)
+	register("ContractGroupAccept", contractGroupAccept)
 }
 
 // A request given twice to one issue is decided once: one coupon, the
@@ -396,4 +397,106 @@ func uniqueDBs(shards ...model.ShardID) []int {
 		}
 	}
 	return out
+}
+
+// A group stores coupon requests (OpAccept) as AcceptCoupon does: a new
+// serial is stored accepted; the same serial again — stored before, or by an
+// earlier op of the same group — answers the stored request as a repeat, or
+// ORDER_CONFLICT for another person, writing nothing; a bad request answers
+// INVALID_ARGUMENT without failing the others; a group whose COMMIT answer
+// is lost is settled, and its retry is a repeat. Accepts share a group with
+// other kinds of op.
+func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	pre := f.accept(couponReq(sB, "pat", "p1", "demo-batch"))
+	f.h.Clock.Advance(time.Second)
+	green := couponReq(sC, "cy", "g2", "demo-batch")
+	green.Green, green.DeviceID = true, "dev-9"
+	reqs := []model.CouponRequest{
+		couponReq(sA, "ann", "g1", "demo-batch"),
+		couponReq(sA, "ann", "g1", "demo-batch"),
+		couponReq(sA, "bob", "g1", "demo-batch"),
+		green,
+		couponReq(sB, "pat", "p1", "demo-batch"),
+		couponReq(sA, "dan", "bad serial", "demo-batch"),
+	}
+	ops := []*storage.GroupOp{{Kind: storage.OpDeposit, Shard: sA, ActID: "eve", OrderNo: "dep-1", Amount: 100}}
+	for _, r := range reqs {
+		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: r})
+	}
+	if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	if ops[0].Err != nil || ops[0].Deposit.Balance != 100 {
+		t.Fatalf("the deposit beside the accepts: %+v %v", ops[0].Deposit, ops[0].Err)
+	}
+	now := f.nowMS()
+	want := []struct {
+		act      string
+		accepted int64
+		repeat   bool
+		err      error
+	}{{"ann", now, false, nil}, {"ann", now, true, nil}, {"", 0, false, model.ErrOrderConflict}, {"cy", now, false, nil},
+		{"pat", pre.AcceptedMS, true, nil}, {"", 0, false, model.ErrInvalidArgument}}
+	for i, w := range want {
+		op := ops[i+1]
+		if w.err != nil {
+			if !errors.Is(op.Err, w.err) {
+				t.Fatalf("accept %d: %v, want %v", i, op.Err, w.err)
+			}
+			continue
+		}
+		if op.Err != nil || op.Accepted.ActID != w.act || op.Accepted.AcceptedMS != w.accepted || op.Repeat != w.repeat || op.Accepted.State != model.CouponAccepted {
+			t.Fatalf("accept %d: %+v repeat %v err %v; want %s at %d repeat %v", i, op.Accepted, op.Repeat, op.Err, w.act, w.accepted, w.repeat)
+		}
+	}
+	if r, err := c.CouponRequestOf(f.ctx, sC, "pay", "g2"); err != nil || r.ActID != "cy" || !r.Green || r.DeviceID != "dev-9" || r.State != model.CouponAccepted {
+		t.Fatalf("the green request as stored: %+v %v", r, err)
+	}
+	if _, err := c.CouponRequestOf(f.ctx, sA, "pay", "bad serial"); !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("the bad request was stored: %v", err)
+	}
+	taken, err := c.TakeCouponRequests(f.ctx, uniqueDBs(sA, sB, sC), -1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range taken {
+		got = append(got, r.ActID+"/"+r.Serial)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"ann/g1", "cy/g2", "pat/p1"}) {
+		t.Fatalf("taken after the group: %v, want ann/g1, cy/g2, pat/p1", got)
+	}
+	// A group of new serials only, in three databases, stores each.
+	var fresh []*storage.GroupOp
+	for i, s := range []model.ShardID{sA, sC, sB, sC} {
+		fresh = append(fresh, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
+	}
+	if err := f.s.CommitGroup(f.ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	for i, op := range fresh {
+		r, err := c.CouponRequestOf(f.ctx, op.Coupon.Shard, "pay", op.Coupon.Serial)
+		if op.Err != nil || op.Repeat || op.Accepted.AcceptedMS != now || err != nil || r.ActID != fmt.Sprintf("new%d", i) || r.State != model.CouponAccepted {
+			t.Fatalf("new accept %d: %+v repeat %v %v; stored %+v %v", i, op.Accepted, op.Repeat, op.Err, r, err)
+		}
+	}
+	// A lost answer: the group is settled (or answers ErrCommitUnknown), and
+	// its retry finds the request.
+	f.h.Clock.Advance(time.Second)
+	lost := couponReq(sA, "fay", "l1", "demo-batch")
+	fired := f.arm(true)
+	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
+	err = f.s.CommitGroup(f.ctx, []*storage.GroupOp{op})
+	fired()
+	if lostAnswer(t, "group accept", err) && (op.Accepted.ActID != "fay" || op.Repeat) {
+		t.Fatalf("settled accept: %+v repeat %v", op.Accepted, op.Repeat)
+	}
+	f.h.Clock.Advance(time.Second)
+	retry := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
+	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
+		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Accepted, retry.Repeat, err)
+	}
 }
