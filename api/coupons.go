@@ -77,6 +77,10 @@ type CouponBatch struct {
 // deduction per request), in both spaces, until the cell restarts.
 type CouponSetting struct {
 	MergeMax int `json:"merge_max"`
+	// Prefetch, when set, is how many units beyond its own a merge's
+	// deduction asks the batch's home for (0..10000; 0: a grant and a
+	// return per merge); left out, it stays.
+	Prefetch *int `json:"prefetch,omitempty"`
 }
 
 // CouponBatchesResponse answers GET /admin/coupons and POST
@@ -94,4 +98,5 @@ type CouponBatchesResponse struct {
 	Queue1   int   `json:"queue_layer1"`
 	Queue2   int   `json:"queue_layer2"`
 	MergeMax int   `json:"merge_max"`
+	Prefetch int   `json:"prefetch"`
 }

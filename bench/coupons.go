@@ -298,13 +298,15 @@ func (cr *couponsRunner) drain(ctx context.Context, out *CouponsRun, before []ce
 // mergeComparison runs the merged side (the cells' merge bound as set)
 // and the single side (bound 1), each: hold the layers (coupon_issue off),
 // accept MergeBacklog requests of the first hot batch, release, time the
-// issue. It puts the bound and the switch back whatever happens.
+// issue. Both sides run without prefetch (a grant and a return at the
+// batch's home per deduction), so the ratio is the merge's alone. It puts
+// the bound, the prefetch and the switch back whatever happens.
 func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]CouponsRun, error) {
 	// Each cell's merge bound and coupon_issue switch as they are, put back
 	// cell by cell at the end (an operator's hold stays a hold).
 	type prior struct {
-		mergeMax    int
-		couponIssue string
+		mergeMax, prefetch int
+		couponIssue        string
 	}
 	priors := make([]prior, len(cr.cfg.AdminURLs))
 	for i, base := range cr.cfg.AdminURLs {
@@ -316,12 +318,12 @@ func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]C
 		if err := cr.adminAt(base, http.MethodGet, "/admin/degrade", nil, &dg); err != nil {
 			return nil, err
 		}
-		priors[i] = prior{cb.MergeMax, dg.CouponIssue}
+		priors[i] = prior{cb.MergeMax, cb.Prefetch, dg.CouponIssue}
 	}
 	merged := max(priors[0].mergeMax, 2)
 	restore := func() {
 		for i, base := range cr.cfg.AdminURLs {
-			_ = cr.adminAt(base, http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: priors[i].mergeMax}, nil)
+			_ = cr.adminAt(base, http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: priors[i].mergeMax, Prefetch: &priors[i].prefetch}, nil)
 			_ = cr.adminAt(base, http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: priors[i].couponIssue}, nil)
 		}
 	}
@@ -335,7 +337,8 @@ func (cr *couponsRunner) mergeComparison(ctx context.Context, runID string) ([]C
 		if bound == 1 {
 			name = "single"
 		}
-		if err := cr.admin(http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: bound}, nil); err != nil {
+		none := 0
+		if err := cr.admin(http.MethodPut, "/admin/coupons", api.CouponSetting{MergeMax: bound, Prefetch: &none}, nil); err != nil {
 			return runs, err
 		}
 		if err := cr.admin(http.MethodPut, "/admin/degrade", api.DegradeSetting{CouponIssue: "off"}, nil); err != nil {

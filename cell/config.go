@@ -84,6 +84,10 @@ type Config struct {
 	// CouponMergeMax is the most queued requests one stock deduction takes
 	// (cell/couponq.Config.MergeMax).
 	CouponMergeMax int
+	// CouponPrefetch is how many units beyond its own a merge's deduction
+	// asks the batch's home for, kept as a held lease the next merges
+	// deduct from (cell/couponq.Config.Prefetch); 0: a grant per merge.
+	CouponPrefetch int
 	// CouponQueueLen bounds each coupon layer's local queue.
 	CouponQueueLen int
 	// CouponStaleAfter is how long a coupon request may stay deciding before
@@ -214,6 +218,9 @@ func DefaultConfig() Config {
 		// One deduction per 64 requests of a hot batch: a 64th of the stock
 		// row's lock time, and a merge small enough to commit in one fsync.
 		CouponMergeMax: 64,
+		// Half a full merge: on a hot batch, one grant and one return at
+		// its home serve about ten merges of the open-loop drop.
+		CouponPrefetch: 32,
 		// About a fifth of a second of the layer rates: a queue that holds
 		// more would hold requests past the seed's 0.5 s target.
 		CouponQueueLen: 4096,
@@ -364,6 +371,9 @@ func (c Config) Validate() error {
 	}
 	if c.CouponMergeMax < 1 || c.CouponMergeMax > 1000 {
 		bad("CouponMergeMax (coupon_merge_max) must be 1..1000")
+	}
+	if c.CouponPrefetch < 0 || c.CouponPrefetch > 10000 {
+		bad("CouponPrefetch (coupon_prefetch) must be 0..10000")
 	}
 	if c.CouponQueueLen < 1 || c.CouponQueueLen > 1_000_000 {
 		bad("CouponQueueLen (coupon_queue_len) must be 1..1000000")

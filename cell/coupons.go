@@ -49,12 +49,13 @@ func (s *Server) couponHolder() string { return s.cfg.Name + "/coupons" }
 
 // couponLeaseTTL is how long a deduction's lease lives at its home if its
 // holder never returns it (an issue whose COMMIT lost its answer): the
-// reward leases' TTL, but never less than two coupon steps. A step (the
-// grant, the issue and the return) ends within couponq.StepTimeout of the
-// grant, so no issue can still be writing coupons of a lease its holder
+// reward leases' TTL, but never less than two coupon steps past the
+// oldest a held lease is deducted from (couponq.HeldMaxAge). A step (the
+// grant, the issue and the return) ends within couponq.StepTimeout of its
+// start, so no issue can still be writing coupons of a lease its holder
 // settles (settleGrace past the lease's expiry at its home).
 func (s *Server) couponLeaseTTL() time.Duration {
-	return max(s.cfg.BudgetLeaseTTL, 2*couponq.StepTimeout)
+	return max(s.cfg.BudgetLeaseTTL, 2*couponq.StepTimeout, couponq.HeldMaxAge+2*couponq.StepTimeout)
 }
 
 // newCoupons loads the batches file and builds an engine per space. The
@@ -95,7 +96,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 		}
 		e, err := couponq.New(couponq.Config{Store: stores[i], Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
-			MergeMax: s.cfg.CouponMergeMax, StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
+			MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
 			Clock:  s.clock, Log: s.log.With("space", sp.name)})
 		if err != nil {
@@ -278,8 +279,14 @@ func (s *Server) SetCoupons(set api.CouponSetting) (api.CouponBatchesResponse, e
 	if set.MergeMax < 1 || set.MergeMax > 1000 {
 		return api.CouponBatchesResponse{}, model.Invalidf("merge_max must be 1..1000, got %d", set.MergeMax)
 	}
+	if set.Prefetch != nil && (*set.Prefetch < 0 || *set.Prefetch > 10000) {
+		return api.CouponBatchesResponse{}, model.Invalidf("prefetch must be 0..10000, got %d", *set.Prefetch)
+	}
 	for _, e := range s.cp.engines {
 		e.SetMergeMax(set.MergeMax)
+		if set.Prefetch != nil {
+			e.SetPrefetch(int64(*set.Prefetch))
+		}
 	}
 	return s.describeCoupons(s.cp.holder.Catalog()), nil
 }
@@ -289,7 +296,7 @@ func (s *Server) describeCoupons(cat *couponbatch.Catalog) api.CouponBatchesResp
 	e := s.cp.engines[0]
 	out.Accepted, out.Issued, out.Refused = e.Stats.Accepted.Load(), e.Stats.Issued.Load(), e.Stats.Refused.Load()
 	out.Queue1, out.Queue2 = e.Depths()
-	out.MergeMax = e.MergeMax()
+	out.MergeMax, out.Prefetch = e.MergeMax(), int(e.Prefetch())
 	if cat == nil {
 		return out
 	}

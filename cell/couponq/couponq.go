@@ -76,6 +76,10 @@ type Config struct {
 	QueueLen int
 	// MergeMax is the most requests layer 2 takes into one pass (default 64).
 	MergeMax int
+	// Prefetch is how many units beyond a merge's own a deduction asks
+	// the batch's home for; the rest are kept as a held lease the next
+	// merges deduct from (held.go). 0: a grant and a return per merge.
+	Prefetch int64
 	// StaleAfter is how long a request may stay deciding before the feeder
 	// takes it again (default 30 s).
 	StaleAfter time.Duration
@@ -124,15 +128,18 @@ type Engine struct {
 	kick  chan struct{}
 
 	mu       sync.Mutex
-	dirty    map[int]bool         // databases accepted into since the feeder's last pass
-	soldOut  map[string]time.Time // batches whose last deduction found nothing free, until when
-	backoff  map[string]time.Time // batches whose last deduction failed, until when
-	inflight map[string]int64     // units this engine's merges hold now, by batch
-	parked   map[string]parked    // requests put aside until a time, then released (park), by key
-	tries    map[string]int       // app+serial → deductions that found its batch sold out
+	dirty    map[int]bool          // databases accepted into since the feeder's last pass
+	soldOut  map[string]time.Time  // batches whose last deduction found nothing free, until when
+	backoff  map[string]time.Time  // batches whose last deduction failed, until when
+	inflight map[string]int64      // units this engine's merges hold now, by batch
+	held     map[string]*heldLease // leases kept for the next merges, by lease ID (held.go)
+	short    map[string]time.Time  // batches whose grant came back short, deducted without prefetch until when
+	parked   map[string]parked     // requests put aside until a time, then released (park), by key
+	tries    map[string]int        // app+serial → deductions that found its batch sold out
 	risk     riskCounters
 	queued   map[string]bool // app+serial of requests in a queue or a step
 	merge    atomic.Int64    // MergeMax now (SetMergeMax)
+	pre      atomic.Int64    // Prefetch now (SetPrefetch)
 
 	Stats Stats
 }
@@ -140,6 +147,9 @@ type Engine struct {
 // Stats counts what the engine did; safe to read at any time.
 type Stats struct {
 	Accepted, Issued, Refused, Deductions, Fed, Released atomic.Int64
+	// HeldDeductions counts merges that deducted from a held lease, with
+	// no grant at the batch's home (Deductions counts grants).
+	HeldDeductions atomic.Int64
 }
 
 // New returns an engine; Run starts it.
@@ -170,8 +180,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
+	e.pre.Store(max(cfg.Prefetch, 0))
 	return e, nil
 }
 
@@ -207,6 +218,14 @@ type queued struct {
 // SetMergeMax changes how many queued requests one deduction takes at
 // most, from the next pass on (1: a deduction per request).
 func (e *Engine) SetMergeMax(n int) { e.merge.Store(int64(max(n, 1))) }
+
+// SetPrefetch changes how many units beyond its own a merge's deduction
+// asks for, from the next grant on (0: none; held leases are used up or
+// closed as they age).
+func (e *Engine) SetPrefetch(n int64) { e.pre.Store(max(n, 0)) }
+
+// Prefetch is what SetPrefetch last set (Config.Prefetch at first).
+func (e *Engine) Prefetch() int64 { return e.pre.Load() }
 
 // MergeMax is the bound SetMergeMax last set (Config.MergeMax at first).
 func (e *Engine) MergeMax() int { return int(e.merge.Load()) }
@@ -301,6 +320,7 @@ const StepTimeout = 30 * time.Second
 func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { e.feed(ctx) })
+	wg.Go(func() { e.keepHeld(ctx) })
 	for range e.cfg.Workers {
 		wg.Go(func() { e.layer1(ctx) })
 	}
@@ -337,6 +357,9 @@ loop2:
 	}
 	e.release(rest)
 	e.unpark(time.Time{}, true)
+	ctx, cancel := context.WithTimeout(context.Background(), StepTimeout)
+	defer cancel()
+	e.closeHeld(ctx, true)
 }
 
 // release puts requests this engine will not decide back to accepted.
@@ -745,7 +768,7 @@ const (
 func (e *Engine) holding(batch string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.inflight[batch] > 0
+	return e.inflight[batch]+e.heldLeftLocked(batch) > 0
 }
 
 // backoffFor is how long a batch whose deduction failed is left alone: its
@@ -849,21 +872,43 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, own
 	return nil
 }
 
-// issueBatch deducts once for reqs (one batch) and issues. Whatever
-// happens after the grant, the lease is closed with what it did not spend
-// when that is known; only an issue whose COMMIT lost its answer leaves it
-// open, its units counted out (under-issue, never over-issue) until it is
-// settled by its coupons.
+// issueBatch deducts once for reqs (one batch) and issues: from a held
+// lease of the batch with enough units left (held.go), else from a lease
+// granted now, of the merge's units plus Config.Prefetch (the rest kept as
+// a held lease when all were granted). Whatever happens after the grant, a
+// lease not kept is closed with what it did not spend when that is known;
+// only an issue whose COMMIT lost its answer leaves its lease open, its
+// units counted out (under-issue, never over-issue) until it is settled by
+// its coupons.
 func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned, green bool) error {
 	e.cfg.Observe.Merged(rule.Batch, len(reqs))
-	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
+	n := int64(len(reqs))
+	if h := e.fromHeld(rule.Batch, n); h != nil {
+		e.Stats.HeldDeductions.Add(1)
+		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, h.id, n, reqs)
+		if err != nil {
+			lost := errors.Is(err, storage.ErrCommitUnknown)
+			e.endHeld(h, n, n, lost)
+			if lost {
+				return fmt.Errorf("issue %d from held lease %s (left open): %w", n, h.id, err)
+			}
+			e.park(reqs, e.clock.Now(), owned)
+			return fmt.Errorf("issue %d: %w", n, err)
+		}
+		e.finals(reqs, ds)
+		e.endHeld(h, n, unused, false)
+		return nil
+	}
+	want := n + e.prefetch(rule.Batch)
+	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, want)
 	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits && e.holding(rule.Batch); wait++ {
+		e.retireHeld(rule.Batch)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-e.clock.After(greenWait):
 		}
-		lease, granted, err = e.cfg.Stock.Grant(ctx, rule.Batch, int64(len(reqs)))
+		lease, granted, err = e.cfg.Stock.Grant(ctx, rule.Batch, n)
 	}
 	if err != nil {
 		// Granted or not, unknown: a lease granted without an answer is
@@ -874,23 +919,47 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		e.backoff[rule.Batch] = until
 		e.mu.Unlock()
 		e.park(reqs, until, owned)
-		return fmt.Errorf("deduct %d: %w", len(reqs), err)
+		return fmt.Errorf("deduct %d: %w", n, err)
 	}
 	e.Stats.Deductions.Add(1)
-	if granted == 0 {
+	if granted < want && want > n {
 		e.mu.Lock()
-		held := e.inflight[rule.Batch]
+		e.short[rule.Batch] = e.clock.Now().Add(shortFor)
+		e.mu.Unlock()
+	}
+	if granted == 0 {
+		e.retireHeld(rule.Batch) // what they hold goes back to the stock, for anyone
+		e.mu.Lock()
+		held := e.inflight[rule.Batch] + e.heldLeftLocked(rule.Batch)
 		if held == 0 {
 			e.soldOut[rule.Batch] = e.clock.Now().Add(soldOutFor)
 		}
 		e.mu.Unlock()
 		if held > 0 && !green {
-			// Units this engine's other merges hold may come back unused:
-			// not sold out yet; the requests are taken again shortly.
+			// Units this engine's other merges or held leases hold may come
+			// back unused: not sold out yet; the requests are taken again
+			// shortly.
 			e.park(reqs, e.clock.Now().Add(heldWait), owned)
 			return nil
 		}
 		return e.soldOutNow(ctx, reqs, owned)
+	}
+	if granted > n && granted == want {
+		// The merge's units now, the rest kept for the batch's next merges.
+		h := e.keep(rule.Batch, lease, granted, n)
+		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
+		if err != nil {
+			lost := errors.Is(err, storage.ErrCommitUnknown)
+			e.endHeld(h, n, n, lost)
+			if lost {
+				return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
+			}
+			e.park(reqs, e.clock.Now(), owned)
+			return fmt.Errorf("issue %d: %w", n, err)
+		}
+		e.finals(reqs, ds)
+		e.endHeld(h, n, unused, false)
+		return nil
 	}
 	e.mu.Lock()
 	e.inflight[rule.Batch] += granted
@@ -903,16 +972,23 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
 		if errors.Is(err, storage.ErrCommitUnknown) {
-			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", len(reqs), lease, granted, err)
+			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
 		}
 		// Nothing was written: every unit goes back, and the requests are
 		// taken again.
 		if rerr := e.giveBack(ctx, rule.Batch, lease, granted); rerr != nil {
-			return errors.Join(fmt.Errorf("issue %d: %w", len(reqs), err), rerr)
+			return errors.Join(fmt.Errorf("issue %d: %w", n, err), rerr)
 		}
 		e.park(reqs, e.clock.Now(), owned)
-		return fmt.Errorf("issue %d: %w", len(reqs), err)
+		return fmt.Errorf("issue %d: %w", n, err)
 	}
+	e.finals(reqs, ds)
+	// Closed even when every unit was spent, so that nobody settles it.
+	return e.giveBack(ctx, rule.Batch, lease, unused)
+}
+
+// finals counts and reports the decisions ds of reqs.
+func (e *Engine) finals(reqs []model.CouponRequest, ds []model.CouponDecision) {
 	bySerial := make(map[string]model.CouponRequest, len(reqs))
 	for _, r := range reqs {
 		bySerial[r.App+"\x00"+r.Serial] = r
@@ -926,8 +1002,6 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		}
 		e.cfg.Observe.Final(bySerial[d.App+"\x00"+d.Serial], d.Issued, d.Reason, now)
 	}
-	// Closed even when every unit was spent, so that nobody settles it.
-	return e.giveBack(ctx, rule.Batch, lease, unused)
 }
 
 // giveBack closes a lease with unused units, trying a few times (a return

@@ -2,6 +2,7 @@ package couponq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -126,9 +127,15 @@ func accept(t *testing.T, e *Engine, rs []model.CouponRequest, greenEvery int) {
 }
 
 // settle waits (bounded) until every request is final, then checks the
-// books: no batch over its stock, every lease closed with its coupons, no
-// person over a limit or holding two batches of the group.
+// books (check).
 func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued map[string]int64) {
+	d.t.Helper()
+	d.waitFinal(rs, within)
+	return d.check(rs)
+}
+
+// waitFinal waits (bounded) until every request is final.
+func (d *drop) waitFinal(rs []model.CouponRequest, within time.Duration) {
 	d.t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(within)
@@ -159,6 +166,13 @@ func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued ma
 		}
 		d.t.Fatalf("%d of %d requests not final after %v: %v", open, len(rs), within, states)
 	}
+}
+
+// check checks the books: no batch over its stock, every lease closed with
+// its coupons, no person over a limit or holding two batches of the group.
+func (d *drop) check(rs []model.CouponRequest) (issued map[string]int64) {
+	d.t.Helper()
+	ctx := context.Background()
 	rules := map[string]model.CouponRule{}
 	for _, b := range d.cat.Batches() {
 		rules[b.ID] = ruleOf(b)
@@ -201,26 +215,39 @@ func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued ma
 	return issued
 }
 
-func runDrop(t *testing.T, st store, n, persons int) {
+// runDrop drops n requests of a pool of persons on one engine, prefetch
+// units beyond each merge's own asked for at each grant (0: none), and
+// checks the books once every request is final and the engine stopped.
+func runDrop(t *testing.T, st store, n, persons int, prefetch int64) {
 	d := newDrop(t, st, 150, 40, 1000)
 	e := d.engine(free{}, free{})
+	e.SetPrefetch(prefetch)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
 	rs := d.requests(n, persons, 1)
 	accept(t, e, rs, 13)
-	issued := d.settle(rs, 60*time.Second)
+	d.waitFinal(rs, 60*time.Second)
 	cancel()
-	<-done
+	<-done // a stopped engine has closed its held leases
+	issued := d.check(rs)
 	if issued[d.a] != 150 || issued[d.b] == 0 || issued[d.b] > 40 {
 		t.Fatalf("issued %v: want batch a sold out (150), some of b (<= 40)", issued)
 	}
 	if e.Stats.Issued.Load() == 0 || e.Stats.Deductions.Load() == 0 || e.Stats.Fed.Load() == 0 {
 		t.Fatalf("stats: issued %d deductions %d fed %d", e.Stats.Issued.Load(), e.Stats.Deductions.Load(), e.Stats.Fed.Load())
 	}
+	held := e.Stats.HeldDeductions.Load()
+	if (prefetch > 0) != (held > 0) {
+		t.Fatalf("prefetch %d: %d merges deducted from held leases", prefetch, held)
+	}
+	t.Logf("prefetch %d: %d grants, %d merges from held leases, issued %v", prefetch, e.Stats.Deductions.Load(), held, issued)
 }
 
-func TestDropMemory(t *testing.T) { runDrop(t, memstore.New(nil), 1500, 400) }
+func TestDropMemory(t *testing.T) {
+	t.Run("a grant per merge", func(t *testing.T) { runDrop(t, memstore.New(nil), 1500, 400, 0) })
+	t.Run("held leases", func(t *testing.T) { runDrop(t, memstore.New(nil), 1500, 400, 8) })
+}
 
 func TestDropMySQL(t *testing.T) {
 	st, err := storage.Open(testenv.MySQLDSN(t, 1), 8)
@@ -228,7 +255,8 @@ func TestDropMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	runDrop(t, st, 800, 250)
+	t.Run("a grant per merge", func(t *testing.T) { runDrop(t, st, 800, 250, 0) })
+	t.Run("held leases", func(t *testing.T) { runDrop(t, st, 800, 250, 8) })
 }
 
 // Stopped with full queues, the engine leaves the rest accepted (not
@@ -357,5 +385,92 @@ func TestFailedIssueAndItsLease(t *testing.T) {
 				t.Fatalf("green again: %+v repeat %v %v; want issued", got, repeat, err)
 			}
 		})
+	}
+}
+
+// A merge's deduction with prefetch keeps the units it did not need as a
+// held lease; the next merge deducts from it without a grant, its coupon
+// carrying the same lease. An issue from it whose answer was lost leaves
+// it open for settlement (never returned, never deducted from again); a
+// held lease closed when the engine stops gives back exactly what no
+// coupon took.
+func TestHeldLease(t *testing.T) {
+	ctx := context.Background()
+	f := &failing{store: memstore.New(nil)}
+	d := newDrop(t, f, 5, 5, 20)
+	e := d.engine(free{}, free{})
+	e.SetPrefetch(4)
+	sh, k := d.stock.home(d.c)
+	rs := d.requests(4, 4, 9)
+	green := func(i int) (model.CouponRequest, error) {
+		r := rs[i]
+		r.ActID = fmt.Sprintf("%s-held-%d", d.pre, i) // four persons: no limit in the way
+		r.Shard = sharding.ShardOfAct(r.ActID)
+		r.Batch, r.Green = d.c, true
+		got, _, err := e.Accept(ctx, r)
+		return got, err
+	}
+	leases := func() []model.Lease {
+		t.Helper()
+		_, ls, err := f.Budget(ctx, sh, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ls
+	}
+	if got, err := green(0); err != nil || got.State != model.CouponIssued {
+		t.Fatalf("first: %+v %v", got, err)
+	}
+	ls := leases()
+	if len(ls) != 1 || ls[0].Amount != 5 || ls[0].State != model.LeaseOpen || e.Stats.Deductions.Load() != 1 {
+		t.Fatalf("after the first merge: leases %+v, %d grants; want one open lease of 1+4", ls, e.Stats.Deductions.Load())
+	}
+	first := ls[0].ID
+	if got, err := green(1); err != nil || got.State != model.CouponIssued {
+		t.Fatalf("second: %+v %v", got, err)
+	}
+	if e.Stats.Deductions.Load() != 1 || e.Stats.HeldDeductions.Load() != 1 || len(leases()) != 1 {
+		t.Fatalf("the second merge: %d grants, %d from held leases, leases %+v; want it from the held lease", e.Stats.Deductions.Load(),
+			e.Stats.HeldDeductions.Load(), leases())
+	}
+	dbs := make([]int, model.ShardCount/10)
+	for i := range dbs {
+		dbs[i] = i
+	}
+	if n, err := f.CouponLeaseSpent(ctx, dbs, first); err != nil || n != 2 {
+		t.Fatalf("coupons of the held lease: %d %v; want 2", n, err)
+	}
+	// A lost answer: the lease stays open, and is deducted from no more.
+	f.mu.Lock()
+	f.fail, f.unknown = true, true
+	f.mu.Unlock()
+	if _, err := green(2); !errors.Is(err, storage.ErrCommitUnknown) {
+		t.Fatalf("an issue whose answer was lost: %v", err)
+	}
+	f.mu.Lock()
+	f.fail = false
+	f.mu.Unlock()
+	e.closeHeld(ctx, true)
+	if ls := leases(); len(ls) != 1 || ls[0].State != model.LeaseOpen {
+		t.Fatalf("the lease of a lost answer: %+v; want it left open", ls)
+	}
+	if got, err := green(3); err != nil || got.State != model.CouponIssued {
+		t.Fatalf("after the lost answer: %+v %v", got, err)
+	}
+	ls = leases()
+	if len(ls) != 2 || e.Stats.Deductions.Load() != 2 {
+		t.Fatalf("after the lost answer: leases %+v, %d grants; want a new grant", ls, e.Stats.Deductions.Load())
+	}
+	e.closeHeld(ctx, true)
+	for _, l := range leases() {
+		switch {
+		case l.ID == first && l.State != model.LeaseOpen:
+			t.Fatalf("the lost answer's lease was closed: %+v", l)
+		case l.ID != first && (l.State != model.LeaseReturned || l.Unspent != 4):
+			t.Fatalf("the second held lease: %+v; want returned with its 4 units no coupon took", l)
+		}
+	}
+	if b, _, err := f.Budget(ctx, sh, k); err != nil || b.Outstanding() != 5+1 {
+		t.Fatalf("stock row %+v %v: want 6 out (the open lease's 5, the second's 1 coupon)", b, err)
 	}
 }

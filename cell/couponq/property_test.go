@@ -70,9 +70,13 @@ func TestLayersProperty(t *testing.T) {
 			stock := &flakyStock{inner: d.stock, rng: rand.New(rand.NewPCG(seed, 5))}
 			stock.fail.Store(true)
 			mk := func() *Engine {
+				var prefetch int64 // held leases in half the engines
+				if rng.IntN(2) == 0 {
+					prefetch = 1 + rng.Int64N(16)
+				}
 				e, err := New(Config{Store: st, Stock: stock, Catalog: d.engine(free{}, free{}).cfg.Catalog, Layer1: free{}, Layer2: free{},
 					DBs: d.engine(free{}, free{}).cfg.DBs, MergeMax: 1 + rng.IntN(24), Mergers: 1 + rng.IntN(4), QueueLen: 16 + rng.IntN(64),
-					StaleAfter: 31 * time.Second})
+					Prefetch: prefetch, StaleAfter: 31 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}

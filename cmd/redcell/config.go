@@ -79,6 +79,7 @@ type cellSection struct {
 	Coupons          string        `yaml:"coupons"`
 	CouponRates      []int         `yaml:"coupon_rates"` // [layer 1, layer 2] requests/s, cluster-wide
 	CouponMergeMax   int           `yaml:"coupon_merge_max"`
+	CouponPrefetch   *int          `yaml:"coupon_prefetch"` // nil: the default; 0: a grant per merge
 	CouponQueueLen   int           `yaml:"coupon_queue_len"`
 	CouponStaleAfter time.Duration `yaml:"coupon_stale_after"`
 	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
@@ -287,6 +288,9 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		return c, "", fmt.Errorf("config: cell.coupon_rates must be two rates, [layer 1, layer 2], got %v", s.CouponRates)
 	}
 	setInt(&c.CouponMergeMax, s.CouponMergeMax)
+	if s.CouponPrefetch != nil {
+		c.CouponPrefetch = *s.CouponPrefetch
+	}
 	setInt(&c.CouponQueueLen, s.CouponQueueLen)
 	setDur(&c.CouponStaleAfter, s.CouponStaleAfter)
 	setDur(&c.TokenTTL, s.TokenTTL)

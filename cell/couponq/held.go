@@ -1,0 +1,186 @@
+package couponq
+
+import (
+	"context"
+	"time"
+)
+
+// Held leases: a merge's deduction may ask the batch's home for more units
+// than the merge needs (Config.Prefetch). The rest stay with the engine as
+// a held lease, and the batch's next merges deduct from it in memory,
+// without a grant and a return at the home each: on a hot batch, two
+// transactions on one stock row per merge become two per lease. Every
+// coupon a merge issues from a held lease carries the lease's ID, so the
+// lease's coupons never exceed its units, and the lease is closed with what
+// no merge spent when it has been idle for heldIdle, is HeldMaxAge old, its
+// batch found the home empty, or the engine stops. An issue from it whose
+// answer was lost leaves it open, never returned: its expiry settles it by
+// counting its coupons (under-issue, never over-issue), as a merge's own
+// lease is.
+//
+// A home whose grant came back short (fewer units than asked) is near its
+// end: the batch is deducted merge by merge again for shortFor, so that
+// no cell sits on the last units while another refuses SOLD_OUT.
+
+// HeldMaxAge is the oldest a held lease is deducted from. The lease's TTL
+// must exceed it by more than StepTimeout (an issue begun just before it
+// may run a step), or the lease could be settled while a merge spends it.
+const HeldMaxAge = 10 * time.Second
+
+const (
+	// heldIdle is how long a held lease no merge deducted from is kept.
+	heldIdle = 250 * time.Millisecond
+	// heldTick is how often held leases are looked at.
+	heldTick = 100 * time.Millisecond
+	// shortFor is how long a batch whose grant came back short is deducted
+	// without prefetch.
+	shortFor = 10 * time.Second
+)
+
+// heldLease is a lease of a batch's stock the engine deducts from. Guarded
+// by Engine.mu.
+type heldLease struct {
+	batch   string
+	id      string
+	left    int64     // units no merge has taken
+	out     int64     // units merges took whose issue has not ended
+	since   time.Time // when it was granted
+	used    time.Time // when a merge last took units
+	retired bool      // take nothing more: closed once out is 0
+	lost    bool      // an issue from it lost its answer: left open for settlement
+}
+
+// fromHeld takes n units of a held lease of batch with n left, for one
+// merge; nil when there is none.
+func (e *Engine) fromHeld(batch string, n int64) *heldLease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.clock.Now()
+	for _, h := range e.held {
+		if h.batch == batch && !h.retired && h.left >= n && now.Sub(h.since) < HeldMaxAge {
+			h.left -= n
+			h.out += n
+			h.used = now
+			e.inflight[batch] += n
+			return h
+		}
+	}
+	return nil
+}
+
+// endHeld ends a merge's use of n units of h, unused of them not spent;
+// lost says the issue's outcome is unknown.
+func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h.out -= n
+	e.inflight[h.batch] -= n
+	if lost {
+		h.lost, h.retired = true, true
+		return
+	}
+	h.left += unused
+}
+
+// keep makes lease (granted units, n of them taken by the merge now) a held
+// lease of batch.
+func (e *Engine) keep(batch, lease string, granted, n int64) *heldLease {
+	now := e.clock.Now()
+	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: now, used: now}
+	e.mu.Lock()
+	e.held[lease] = h
+	e.inflight[batch] += n
+	e.mu.Unlock()
+	return h
+}
+
+// heldLeft is the units held leases of batch have not given out (called
+// with e.mu held).
+func (e *Engine) heldLeftLocked(batch string) int64 {
+	var n int64
+	for _, h := range e.held {
+		if h.batch == batch && !h.lost {
+			n += h.left
+		}
+	}
+	return n
+}
+
+// retireHeld stops deductions from batch's held leases: they are closed
+// at the next look, once their merges end.
+func (e *Engine) retireHeld(batch string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, h := range e.held {
+		if h.batch == batch {
+			h.retired = true
+		}
+	}
+}
+
+// prefetch is how many units beyond a merge's own to ask batch's home for.
+func (e *Engine) prefetch(batch string) int64 {
+	n := e.pre.Load()
+	if n <= 0 {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.clock.Now().Before(e.short[batch]) {
+		return 0
+	}
+	return n
+}
+
+// closeHeld closes the held leases no merge is using that are idle, old or
+// retired (every one with all), returning their units left to the stock.
+// A lease whose return fails (its home is down, say) is tried again at the
+// next look while it is younger than HeldMaxAge+StepTimeout, its TTL still
+// far; after that, or when the engine stops (all), it stays open and is
+// settled at its expiry by its coupons.
+func (e *Engine) closeHeld(ctx context.Context, all bool) {
+	var cs []*heldLease
+	e.mu.Lock()
+	now := e.clock.Now()
+	for id, h := range e.held {
+		if h.out > 0 {
+			continue
+		}
+		if !all && !h.retired && now.Sub(h.used) < heldIdle && now.Sub(h.since) < HeldMaxAge {
+			continue
+		}
+		delete(e.held, id)
+		if !h.lost {
+			cs = append(cs, h)
+		}
+	}
+	e.mu.Unlock()
+	for _, h := range cs {
+		err := e.cfg.Stock.Return(ctx, h.batch, h.id, h.left)
+		if err == nil {
+			continue
+		}
+		if !all && e.clock.Now().Sub(h.since) < HeldMaxAge+StepTimeout {
+			e.mu.Lock()
+			h.retired = true
+			e.held[h.id] = h // tried again at the next look
+			e.mu.Unlock()
+			continue
+		}
+		e.log.Warn("coupons: held lease not closed; its expiry settles it by its coupons", "batch", h.batch, "lease", h.id, "left", h.left, "err", err)
+	}
+}
+
+// keepHeld closes held leases as they age, until ctx ends.
+func (e *Engine) keepHeld(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.clock.After(heldTick):
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
+		e.closeHeld(cctx, false)
+		cancel()
+	}
+}
