@@ -55,7 +55,7 @@ func (s *Server) couponHolder() string { return s.cfg.Name + "/coupons" }
 // start, so no issue can still be writing coupons of a lease its holder
 // settles (settleGrace past the lease's expiry at its home).
 func (s *Server) couponLeaseTTL() time.Duration {
-	return max(s.cfg.BudgetLeaseTTL, 2*couponq.StepTimeout, couponq.HeldMaxAge+2*couponq.StepTimeout)
+	return max(s.cfg.BudgetLeaseTTL, couponq.HeldMaxAge+2*couponq.StepTimeout)
 }
 
 // newCoupons loads the batches file and builds an engine per space. The

@@ -77,8 +77,7 @@ func TestAcceptStatementList(t *testing.T) {
 
 	t.Run("a stored serial falls back and writes nothing twice", func(t *testing.T) {
 		b, f := paths()
-		again := fresh[3]
-		again.AcceptedMS = now + 5 // a retry, later
+		again := fresh[3] // a retry stored in the same millisecond as the first: still a repeat
 		more := []model.CouponRequest{req("b", 0), req("b", 1), req("b", 2)}
 		ops := acceptOps([]model.CouponRequest{more[0], again, more[1], more[2]})
 		if err := m.CommitGroup(ctx, ops); err != nil {

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"redcell/internal/invariant"
 	"redcell/model"
 )
 
@@ -39,7 +38,10 @@ func acceptedAs(r model.CouponRequest) model.CouponRequest {
 // ops' rows in (app, serial) order, the order every writer locks them in,
 // and, only when it stored fewer rows than it was given, a locking read of
 // them. It answers a probe that finds a stored request after a COMMIT
-// without answer (nil when the group stored nothing new).
+// without answer (nil when the group stored nothing new). The probe finds
+// a request like the one stored (person, batch, accept time): a client's
+// retry stored by another group in the same millisecond looks the same, so
+// CommitGroup uses it only for a group of accepts alone.
 func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, now int64) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
@@ -133,32 +135,15 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 	return true, nil
 }
 
-// acceptDB stores one database's accepts, sorted by (app, serial), with
-// one INSERT ... ON DUPLICATE KEY UPDATE (it waits for rows other
-// transactions hold), and reads the rows back, locked, when it stored fewer
-// than it was given: an op finds its own row (its person, batch and accept
-// time, not yet claimed by an earlier op of the group), else a stored
-// request that model.ReplayCouponRequest decides.
+// acceptDB stores one database's accepts, sorted by (app, serial): one
+// locking read of their serials (it waits for rows, and locks the gaps of
+// serials not stored, so nobody stores them meanwhile), then, per op in
+// order, a stored serial — stored before, or by an earlier op of this list
+// — is decided by model.ReplayCouponRequest (a repeat, or ErrOrderConflict),
+// and a new one is stored by one INSERT of the new rows. Two groups locking
+// the same gap deadlock; InnoDB rolls one back and inTx runs it again.
 func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
-	args := make([]any, 0, len(list)*14)
-	for _, op := range list {
-		args = append(args, couponAcceptArgs(op.Coupon)...)
-	}
-	res, err := tx.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(list), 14)+
-		" ON DUPLICATE KEY UPDATE serial_no = serial_no", args...)
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return err
-	}
-	if int(n) == len(list) {
-		for _, op := range list {
-			op.Accepted = acceptedAs(op.Coupon)
-		}
-		return nil
-	}
+	type k struct{ app, serial string }
 	var where []string
 	keys := make([]any, 0, 2*len(list))
 	for _, op := range list {
@@ -170,27 +155,32 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 	if err != nil {
 		return err
 	}
-	type k struct{ app, serial string }
 	have := make(map[k]model.CouponRequest, len(stored))
 	for _, r := range stored {
 		have[k{r.App, r.Serial}] = r
 	}
-	mine := map[k]bool{} // serials an op of this group stored
+	var fresh []*GroupOp
 	for _, op := range list {
 		key := k{op.Coupon.App, op.Coupon.Serial}
-		prior, ok := have[key]
-		invariant.That(ok, "a serial just inserted or found is in its table")
-		if !mine[key] && prior.State == model.CouponAccepted && prior.ActID == op.Coupon.ActID && prior.Batch == op.Coupon.Batch &&
-			prior.AcceptedMS == op.Coupon.AcceptedMS && prior.Green == op.Coupon.Green {
-			mine[key] = true
-			op.Accepted = prior
+		if prior, ok := have[key]; ok {
+			if op.Err = model.ReplayCouponRequest(prior, op.Coupon); op.Err == nil {
+				op.Accepted, op.Repeat = prior, true
+			}
 			continue
 		}
-		if op.Err = model.ReplayCouponRequest(prior, op.Coupon); op.Err == nil {
-			op.Accepted, op.Repeat = prior, true
-		}
+		op.Accepted = acceptedAs(op.Coupon)
+		have[key] = op.Accepted
+		fresh = append(fresh, op)
 	}
-	return nil
+	if len(fresh) == 0 {
+		return nil
+	}
+	args := make([]any, 0, len(fresh)*14)
+	for _, op := range fresh {
+		args = append(args, couponAcceptArgs(op.Coupon)...)
+	}
+	_, err = tx.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(fresh), 14), args...)
+	return err
 }
 
 // acceptProbe tells whether request want, as this attempt stored it (its

@@ -248,7 +248,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		if err != nil {
 			return nil, err
 		}
-		if probe == nil {
+		// An accept's probe could take another group's row for this one's
+		// (acceptCouponsTx): it settles only a group of accepts alone, never
+		// the other ops of a mixed group.
+		if probe == nil && len(acceptOps) == len(ops) {
 			probe = p
 		}
 	}

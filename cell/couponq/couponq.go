@@ -140,6 +140,7 @@ type Engine struct {
 	queued   map[string]bool // app+serial of requests in a queue or a step
 	merge    atomic.Int64    // MergeMax now (SetMergeMax)
 	pre      atomic.Int64    // Prefetch now (SetPrefetch)
+	stopping atomic.Bool     // Run's workers have stopped: no new held lease
 
 	Stats Stats
 }
@@ -331,8 +332,11 @@ func (e *Engine) Run(ctx context.Context) {
 	e.drain()
 }
 
-// drain releases what is left in the queues, after the workers stopped.
+// drain releases what is left in the queues, after the workers stopped,
+// and closes the held leases no green decision still uses (one that does
+// is settled at its expiry by its coupons).
 func (e *Engine) drain() {
+	e.stopping.Store(true)
 	var rest []model.CouponRequest
 loop1:
 	for {
@@ -758,10 +762,12 @@ func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason 
 
 // A green request whose deduction found nothing free while this engine's
 // other merges hold units of the batch asks again every greenWait, at most
-// greenWaits times, before it is refused SOLD_OUT.
+// greenWaits times, before it is refused SOLD_OUT; with nothing held here,
+// for greenPeerWait (another cell's idle held lease is closed by then).
 const (
-	greenWait  = 10 * time.Millisecond
-	greenWaits = 100
+	greenWait     = 10 * time.Millisecond
+	greenWaits    = 100
+	greenPeerWait = heldIdle + 2*heldTick
 )
 
 // holding reports whether this engine's merges hold units of batch now.
@@ -880,7 +886,7 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, own
 // only an issue whose COMMIT lost its answer leaves its lease open, its
 // units counted out (under-issue, never over-issue) until it is settled by
 // its coupons.
-func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned, green bool) error {
+func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, owned, green bool) (err error) {
 	e.cfg.Observe.Merged(rule.Batch, len(reqs))
 	n := int64(len(reqs))
 	if h := e.fromHeld(rule.Batch, n); h != nil {
@@ -899,9 +905,21 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		e.endHeld(h, n, unused, false)
 		return nil
 	}
-	want := n + e.prefetch(rule.Batch)
+	want := n
+	if pre := e.prefetch(rule.Batch); n < pre {
+		// Only a merge smaller than the prefetch asks for more: a full one
+		// already shares its grant, and a held lease serves merges of up to
+		// its units left.
+		want += pre
+	}
+	asked := e.clock.Now()
 	lease, granted, err := e.cfg.Stock.Grant(ctx, rule.Batch, want)
-	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits && e.holding(rule.Batch); wait++ {
+	// A green request that found nothing asks again while this engine
+	// holds units, and for greenPeerWait in any case: another cell's idle
+	// held lease goes back to the home within heldIdle+heldTick.
+	started := e.clock.Now()
+	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits &&
+		(e.holding(rule.Batch) || e.clock.Now().Sub(started) < greenPeerWait); wait++ {
 		e.retireHeld(rule.Batch)
 		select {
 		case <-ctx.Done():
@@ -944,9 +962,25 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		}
 		return e.soldOutNow(ctx, reqs, owned)
 	}
+	if granted < n {
+		// Fewer units than requests: the batch is near its end, but units
+		// held here or by other cells may still come back. The requests
+		// beyond the units are not refused now: they go the way of a
+		// deduction that found nothing (parked while this engine holds
+		// units, else counted towards SOLD_OUT after soldOutTries).
+		e.retireHeld(rule.Batch)
+		rest := reqs[granted:]
+		reqs = reqs[:granted]
+		n = granted
+		if e.holding(rule.Batch) && !green {
+			e.park(rest, e.clock.Now().Add(heldWait), owned)
+		} else if rerr := e.soldOutNow(ctx, rest, owned); rerr != nil {
+			defer func() { err = errors.Join(err, rerr) }()
+		}
+	}
 	if granted > n && granted == want {
 		// The merge's units now, the rest kept for the batch's next merges.
-		h := e.keep(rule.Batch, lease, granted, n)
+		h := e.keep(rule.Batch, lease, granted, n, asked)
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)

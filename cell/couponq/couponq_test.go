@@ -474,3 +474,91 @@ func TestHeldLease(t *testing.T) {
 		t.Fatalf("stock row %+v %v: want 6 out (the open lease's 5, the second's 1 coupon)", b, err)
 	}
 }
+
+// A grant of fewer units than a merge's requests refuses none of the rest
+// SOLD_OUT while units are still held (here by a held lease of the same
+// engine): they are parked, and get the units once the lease is closed.
+func TestShortGrantParks(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New(nil)
+	d := newDrop(t, st, 5, 5, 10)
+	e := d.engine(free{}, free{})
+	e.SetPrefetch(4)
+	req := func(i int, green bool) model.CouponRequest {
+		act := fmt.Sprintf("%s-short-%d", d.pre, i)
+		return model.CouponRequest{App: "pay", Serial: fmt.Sprintf("%s-short-s%d", d.pre, i), ActID: act, Shard: sharding.ShardOfAct(act),
+			Batch: d.c, Green: green}
+	}
+	if got, _, err := e.Accept(ctx, req(0, true)); err != nil || got.State != model.CouponIssued {
+		t.Fatalf("green: %+v %v", got, err) // a lease of 1+4: 4 held, 5 left at the home
+	}
+	var merge []model.CouponRequest
+	for i := 1; i <= 8; i++ {
+		if _, _, err := e.Accept(ctx, req(i, false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taken, err := st.TakeCouponRequests(ctx, uniqueDBsOf(t), -1, 100)
+	if err != nil || len(taken) != 8 {
+		t.Fatalf("take: %d %v", len(taken), err)
+	}
+	merge = append(merge, taken...)
+	rule := ruleOf(mustBatch(t, d, d.c))
+	if err := e.issueBatch(ctx, rule, merge, true, false); err != nil {
+		t.Fatal(err)
+	}
+	states := func() map[string]int {
+		out := map[string]int{}
+		for _, r := range merge {
+			got, err := st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[string(got.State)+":"+string(got.Reason)]++
+		}
+		return out
+	}
+	if s := states(); s["issued:"] != 5 || s["deciding:"] != 3 {
+		t.Fatalf("after a grant of 5 for 8: %v; want 5 issued, 3 still deciding (parked)", s)
+	}
+	parked := 0
+	for _, r := range merge {
+		if e.isParked(r) {
+			parked++
+		}
+	}
+	if parked != 3 {
+		t.Fatalf("%d requests parked, want 3", parked)
+	}
+	e.closeHeld(ctx, true) // the held lease's 4 back at the home
+	var rest []model.CouponRequest
+	for _, r := range merge {
+		if e.isParked(r) {
+			rest = append(rest, r)
+		}
+	}
+	e.unpark(time.Time{}, true)
+	if err := e.issueBatch(ctx, rule, rest, true, false); err != nil {
+		t.Fatal(err)
+	}
+	if s := states(); s["issued:"] != 8 {
+		t.Fatalf("after the held units came back: %v; want all 8 issued", s)
+	}
+}
+
+func uniqueDBsOf(t *testing.T) []int {
+	dbs := make([]int, model.ShardCount/10)
+	for i := range dbs {
+		dbs[i] = i
+	}
+	return dbs
+}
+
+func mustBatch(t *testing.T, d *drop, id string) couponbatch.Batch {
+	t.Helper()
+	b, ok := d.cat.Batch(id)
+	if !ok {
+		t.Fatalf("no batch %s", id)
+	}
+	return b
+}

@@ -83,10 +83,11 @@ func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) {
 }
 
 // keep makes lease (granted units, n of them taken by the merge now) a held
-// lease of batch.
-func (e *Engine) keep(batch, lease string, granted, n int64) *heldLease {
+// lease of batch; asked is when the grant was asked for (its age counts
+// from then: the home set its expiry at most that much later).
+func (e *Engine) keep(batch, lease string, granted, n int64, asked time.Time) *heldLease {
 	now := e.clock.Now()
-	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: now, used: now}
+	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: asked, used: now}
 	e.mu.Lock()
 	e.held[lease] = h
 	e.inflight[batch] += n
@@ -94,8 +95,8 @@ func (e *Engine) keep(batch, lease string, granted, n int64) *heldLease {
 	return h
 }
 
-// heldLeft is the units held leases of batch have not given out (called
-// with e.mu held).
+// heldLeftLocked is the units held leases of batch have not given out
+// (called with e.mu held).
 func (e *Engine) heldLeftLocked(batch string) int64 {
 	var n int64
 	for _, h := range e.held {
@@ -121,7 +122,7 @@ func (e *Engine) retireHeld(batch string) {
 // prefetch is how many units beyond a merge's own to ask batch's home for.
 func (e *Engine) prefetch(batch string) int64 {
 	n := e.pre.Load()
-	if n <= 0 {
+	if n <= 0 || e.stopping.Load() { // a stopping engine keeps no new lease
 		return 0
 	}
 	e.mu.Lock()
@@ -142,6 +143,11 @@ func (e *Engine) closeHeld(ctx context.Context, all bool) {
 	var cs []*heldLease
 	e.mu.Lock()
 	now := e.clock.Now()
+	for b, until := range e.short {
+		if !now.Before(until) {
+			delete(e.short, b)
+		}
+	}
 	for id, h := range e.held {
 		if h.out > 0 {
 			continue

@@ -30,7 +30,7 @@ func StockKey(batch string) string { return model.CouponStockPrefix + batch }
 type BudgetStock struct {
 	Budgets  storage.Budgets
 	Holder   string
-	LeaseTTL time.Duration // default 60 s
+	LeaseTTL time.Duration // default HeldMaxAge + 2*StepTimeout (70 s)
 	Clock    clock.Clock
 }
 
@@ -59,7 +59,7 @@ func (s *BudgetStock) Grant(ctx context.Context, batch string, want int64) (stri
 	}
 	ttl := s.LeaseTTL
 	if ttl <= 0 {
-		ttl = time.Minute
+		ttl = HeldMaxAge + 2*StepTimeout
 	}
 	sh, k := s.home(batch)
 	l, err := s.Budgets.GrantLease(ctx, sh, k, s.Holder, want, 0, clock.Or(s.Clock).Now().Add(ttl).UnixMilli())
