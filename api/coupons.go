@@ -46,11 +46,14 @@ type Coupon struct {
 	IssuedMS   int64  `json:"issued_ms"`
 }
 
-// CouponsResponse answers GET /v1/accounts/{act_id}/coupons: the person's
-// coupons, newest first, at most ?limit= (default and cap 100).
+// CouponsResponse answers GET /v1/accounts/{act_id}/coupons[?cursor=&limit=]:
+// the person's coupons, newest first, at most ?limit= (default and cap
+// 100); NextCursor, when set, is the ?cursor= of the next page (none: this
+// was the last).
 type CouponsResponse struct {
-	ActID   string   `json:"act_id"`
-	Coupons []Coupon `json:"coupons"`
+	ActID      string   `json:"act_id"`
+	Coupons    []Coupon `json:"coupons"`
+	NextCursor string   `json:"next_cursor,omitempty"`
 }
 
 // CouponBatch is one batch of GET /admin/coupons: its file entry and, for a

@@ -434,6 +434,11 @@ func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 		s.answers.err(rc, err)
 		return
 	}
+	after, err := model.ParseFlowCursor(string(rc.QueryArgs().Peek("cursor")))
+	if err != nil {
+		s.answers.err(rc, err)
+		return
+	}
 	limit := 100
 	if v := rc.QueryArgs().Peek("limit"); len(v) > 0 {
 		n, err := strconv.Atoi(string(v))
@@ -443,13 +448,19 @@ func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 		}
 		limit = n
 	}
-	cs, err := s.cp.stores[sp.index()].CouponsOf(ctx, sh, actID, limit)
+	// One more than asked: whether a next page exists.
+	cs, err := s.cp.stores[sp.index()].CouponsOf(ctx, sh, actID, after, limit+1)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
 	cat := s.cp.holder.Catalog()
-	out := api.CouponsResponse{ActID: actID, Coupons: make([]api.Coupon, 0, len(cs))}
+	out := api.CouponsResponse{ActID: actID, Coupons: make([]api.Coupon, 0, min(len(cs), limit))}
+	if len(cs) > limit {
+		cs = cs[:limit]
+		last := cs[limit-1]
+		out.NextCursor = model.FlowCursor{CreatedMS: last.IssuedMS, ID: last.ID}.String()
+	}
 	for _, c := range cs {
 		item := api.Coupon{CouponID: c.ID, BatchID: c.Batch, BatchGroup: c.Group, SerialNo: c.Serial, IssuedMS: c.IssuedMS}
 		if cat != nil {

@@ -464,3 +464,12 @@ func (c *Client) Coupons(ctx context.Context, actID string) (api.CouponsResponse
 	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "coupons"), nil, &out, false)
 	return out, err
 }
+
+// CouponsPage is a page of Coupons: after cursor ("" the newest; else the
+// NextCursor of the page before), at most limit (0: the server's default,
+// 100; else 1..100).
+func (c *Client) CouponsPage(ctx context.Context, actID, cursor string, limit int) (api.CouponsResponse, error) {
+	var out api.CouponsResponse
+	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "coupons")+query("cursor", cursor, "limit", limitArg(limit)), nil, &out, false)
+	return out, err
+}

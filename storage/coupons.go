@@ -605,15 +605,20 @@ func (m *MySQL) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map
 }
 
 // CouponsOf implements Coupons.
-func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Coupon, error) {
+func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
 	if limit < 1 {
 		return nil, nil
 	}
 	if err := m.ensureCoupons(ctx, s.DB()); err != nil {
 		return nil, err
 	}
+	where, args := "act_id = ?", []any{actID}
+	if after != (model.FlowCursor{}) {
+		where += " AND (issued_ms < ? OR (issued_ms = ? AND coupon_id < ?))"
+		args = append(args, after.CreatedMS, after.CreatedMS, after.ID)
+	}
 	rows, err := m.db.QueryContext(ctx, "SELECT coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, issued_ms FROM "+
-		m.couponTable(s.DB())+" WHERE act_id = ? ORDER BY issued_ms DESC, coupon_id DESC LIMIT ?", actID, limit)
+		m.couponTable(s.DB())+" WHERE "+where+" ORDER BY issued_ms DESC, coupon_id DESC LIMIT ?", append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("storage: coupons of %s: %w", actID, err)
 	}

@@ -239,9 +239,11 @@ type Coupons interface {
 	// and shards) at once, by act_id; a person without coupons has an
 	// empty holding.
 	HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error)
-	// CouponsOf lists actID's coupons in shard s's database, newest first,
-	// up to limit.
-	CouponsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Coupon, error)
+	// CouponsOf lists actID's coupons in shard s's database, newest first
+	// (issued_ms, then coupon_id, descending), up to limit, after the
+	// cursor (the zero cursor: from the newest; else only coupons older
+	// than cursor's issued_ms and coupon_id).
+	CouponsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error)
 	// CouponLeaseSpent counts the coupons issued from leaseID in the given
 	// databases.
 	CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error)

@@ -185,7 +185,7 @@ func (d *drop) check(rs []model.CouponRequest) (issued map[string]int64) {
 			continue
 		}
 		seen[r.ActID] = true
-		cs, err := d.st.CouponsOf(ctx, r.Shard, r.ActID, 100)
+		cs, err := d.st.CouponsOf(ctx, r.Shard, r.ActID, model.FlowCursor{}, 100)
 		if err != nil {
 			d.t.Fatal(err)
 		}

@@ -69,8 +69,8 @@ func (c *Coupons) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (h
 }
 
 // CouponsOf implements storage.Coupons.
-func (c *Coupons) CouponsOf(ctx context.Context, sh model.ShardID, actID string, limit int) (out []model.Coupon, err error) {
-	err = c.s.call(func() (err error) { out, err = c.inner.CouponsOf(ctx, sh, actID, limit); return err })
+func (c *Coupons) CouponsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) (out []model.Coupon, err error) {
+	err = c.s.call(func() (err error) { out, err = c.inner.CouponsOf(ctx, sh, actID, after, limit); return err })
 	return out, err
 }
 

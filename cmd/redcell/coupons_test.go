@@ -123,6 +123,18 @@ func TestCouponClient(t *testing.T) {
 		t.Fatalf("group b: %+v", g)
 	}
 
+	// ann's three coupons, two pages of two: the first with a cursor, the
+	// second the last; together the full list, newest first.
+	full := must[api.CouponsResponse](t, "coupons")(cl.Coupons(ctx, ann))
+	page1 := must[api.CouponsResponse](t, "page 1")(cl.CouponsPage(ctx, ann, "", 2))
+	page2 := must[api.CouponsResponse](t, "page 2")(cl.CouponsPage(ctx, ann, page1.NextCursor, 2))
+	if len(full.Coupons) != 3 || full.NextCursor != "" || len(page1.Coupons) != 2 || page1.NextCursor == "" || len(page2.Coupons) != 1 || page2.NextCursor != "" ||
+		page1.Coupons[0] != full.Coupons[0] || page1.Coupons[1] != full.Coupons[1] || page2.Coupons[0] != full.Coupons[2] {
+		t.Fatalf("ann's coupons %+v in pages of two: %+v then %+v", full, page1, page2)
+	}
+	_, err = cl.CouponsPage(ctx, ann, "not-a-cursor", 2)
+	apiError(t, "a cursor the API did not give", err, http.StatusBadRequest, "INVALID_ARGUMENT")
+
 	// A serial belongs to its app: another app's key sees no such request,
 	// and may use the same serial for its own.
 	out, err := exec.Command(c.bin, "apikey", "add", "--config", c.config, "--app", "other", "--scopes", "read,coupon").Output()

@@ -271,7 +271,7 @@ func (s *Store) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map
 }
 
 // CouponsOf implements storage.Coupons.
-func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Coupon, error) {
+func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -282,7 +282,8 @@ func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, l
 	defer s.mu.Unlock()
 	var out []model.Coupon
 	for _, c := range s.coupons {
-		if c.ActID == actID && c.Shard.DB() == sh.DB() {
+		older := after == (model.FlowCursor{}) || c.IssuedMS < after.CreatedMS || (c.IssuedMS == after.CreatedMS && c.ID < after.ID)
+		if c.ActID == actID && c.Shard.DB() == sh.DB() && older {
 			out = append(out, *c)
 		}
 	}

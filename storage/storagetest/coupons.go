@@ -56,8 +56,8 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	if err != nil || len(ds) != 2 || !ds[0].Issued || !ds[1].Issued || unused != 0 {
 		t.Fatalf("one serial in two databases: %+v unused %d %v", ds, unused, err)
 	}
-	cp, _ := c.CouponsOf(f.ctx, sA, "pia", 10)
-	cq, _ := c.CouponsOf(f.ctx, sC, "quy", 10)
+	cp, _ := c.CouponsOf(f.ctx, sA, "pia", model.FlowCursor{}, 10)
+	cq, _ := c.CouponsOf(f.ctx, sC, "quy", model.FlowCursor{}, 10)
 	if len(cp) != 1 || len(cq) != 1 || cp[0].ID == cq[0].ID || cp[0].ID != model.CouponID("pay", "same", "pia") {
 		t.Fatalf("coupons of pia %+v and quy %+v: want one each, with their own IDs", cp, cq)
 	}
@@ -233,7 +233,24 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || h.ByBatch["a"] != 2 || h.Groups["g"] != "a" {
 		t.Fatalf("ann's holding: %+v %v", h, err)
 	}
-	cs, err := c.CouponsOf(f.ctx, sC, "cy", 10)
+	// ann's two coupons, a page of one at a time: issued in the same
+	// millisecond, they come by coupon_id, descending; the cursor of the
+	// last one gives nothing more, a cursor past the newest gives both.
+	p1, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{}, 1)
+	if err != nil || len(p1) != 1 {
+		t.Fatalf("ann's first page: %+v %v", p1, err)
+	}
+	p2, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
+	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
+		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
+	}
+	if p3, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
+		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
+	}
+	if all, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
+		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
+	}
+	cs, err := c.CouponsOf(f.ctx, sC, "cy", model.FlowCursor{}, 10)
 	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3", "cy") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
 		t.Fatalf("cy's coupons: %+v %v", cs, err)
 	}
@@ -262,7 +279,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		s   model.ShardID
 		act string
 	}{{sA, "ann"}, {sB, "bea"}, {sC, "cy"}, {sC, "dee"}} {
-		cs, err := c.CouponsOf(f.ctx, p.s, p.act, 10)
+		cs, err := c.CouponsOf(f.ctx, p.s, p.act, model.FlowCursor{}, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
