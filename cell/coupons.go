@@ -422,8 +422,11 @@ func (s *Server) couponRequestState(ctx context.Context, rc *fasthttp.RequestCtx
 	s.answers.json(rc, http.StatusOK, couponState(got))
 }
 
-// couponsOf answers GET /v1/accounts/{act_id}/coupons: the person's
-// coupons, newest first, at most ?limit= (1..100, default 100).
+// couponsOf answers GET /v1/accounts/{act_id}/coupons[?cursor=&limit=]:
+// the person's coupons, newest first, at most ?limit= (1..100, default
+// 100), after ?cursor= (a next_cursor this route gave); next_cursor is set
+// while more are left. Errors: COUPONS_DISABLED, INVALID_ARGUMENT (act_id,
+// cursor, limit), WRONG_CELL, and the store's.
 func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
 	if s.cp == nil {
 		s.answers.err(rc, couponsOff)

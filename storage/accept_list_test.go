@@ -131,4 +131,31 @@ func TestAcceptStatementList(t *testing.T) {
 		}
 		checkAccepted(t, m, rs)
 	})
+
+	t.Run("groups with a retry and new serials at once all store, none deadlocked", func(t *testing.T) {
+		b, f := paths()
+		const groups = 8
+		errs := make(chan error, groups)
+		var all []model.CouponRequest
+		var lists [][]model.CouponRequest
+		for g := range groups {
+			list := []model.CouponRequest{fresh[0]} // a retry: every group falls back
+			for i := range 3 {
+				r := req(fmt.Sprintf("d%d", g), i*4) // shard 5: one database for all
+				list = append(list, r)
+				all = append(all, r)
+			}
+			lists = append(lists, list)
+		}
+		for _, list := range lists {
+			go func() { errs <- m.CommitGroup(ctx, acceptOps(list)) }()
+		}
+		for range groups {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		wantPaths(t, b, f, 0, groups)
+		checkAccepted(t, m, all)
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -34,14 +35,12 @@ func acceptedAs(r model.CouponRequest) model.CouponRequest {
 // each, nothing of that op written). First acceptAll tries the whole group
 // in one round trip; when that cannot store every op (a stored serial, two
 // ops of the group with one serial, or a row another transaction holds),
-// each database in turn gets one INSERT ... ON DUPLICATE KEY UPDATE of its
-// ops' rows in (app, serial) order, the order every writer locks them in,
-// and, only when it stored fewer rows than it was given, a locking read of
-// them. It answers a probe that finds a stored request after a COMMIT
-// without answer (nil when the group stored nothing new). The probe finds
-// a request like the one stored (person, batch, accept time): a client's
-// retry stored by another group in the same millisecond looks the same, so
-// CommitGroup uses it only for a group of accepts alone.
+// acceptDB stores each database's ops with a count per row. It answers a
+// probe that finds every request the group stored new after a COMMIT
+// without answer (nil when it stored none). The probe compares what a
+// request holds (person, batch, accept time): a client's retry stored by
+// another group in the same millisecond looks the same, so CommitGroup uses
+// it only for a group of accepts alone.
 func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, now int64) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
@@ -81,14 +80,18 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 			}
 		}
 	}
+	var fresh []model.CouponRequest
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
 			if op.Err == nil && !op.Repeat {
-				return m.acceptProbe(ctx, op.Accepted), nil
+				fresh = append(fresh, op.Accepted)
 			}
 		}
 	}
-	return nil, nil
+	if len(fresh) == 0 {
+		return nil, nil
+	}
+	return m.acceptProbe(ctx, fresh), nil
 }
 
 // acceptAll tries to store every op of byDB as a new request in one round
@@ -135,20 +138,48 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 	return true, nil
 }
 
-// acceptDB stores one database's accepts, sorted by (app, serial): one
-// locking read of their serials (it waits for rows, and locks the gaps of
-// serials not stored, so nobody stores them meanwhile), then, per op in
-// order, a stored serial — stored before, or by an earlier op of this list
-// — is decided by model.ReplayCouponRequest (a repeat, or ErrOrderConflict),
-// and a new one is stored by one INSERT of the new rows. Two groups locking
-// the same gap deadlock; InnoDB rolls one back and inTx runs it again.
+// acceptDB stores one database's accepts, sorted by (app, serial), in one
+// statement list: per op an INSERT ... ON DUPLICATE KEY UPDATE serial_no =
+// serial_no (it waits for rows other transactions hold, and locks a stored
+// row for update, never only shared) whose ROW_COUNT() — 1 stored now, 0
+// there already — is appended to a session string read back after. An op
+// that stored its row is new; the others (stored before, or by an earlier
+// op of this list) are read back, locked, and decided by
+// model.ReplayCouponRequest: a repeat, or ErrOrderConflict. No gap is
+// locked for a serial not stored, so concurrent groups do not deadlock over
+// new serials.
 func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
+	var q strings.Builder
+	q.WriteString("SET @redcell_acc = ''")
+	args := make([]any, 0, len(list)*14)
+	for _, op := range list {
+		q.WriteString(";INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
+			" ON DUPLICATE KEY UPDATE serial_no = serial_no;SET @redcell_acc = CONCAT(@redcell_acc, ROW_COUNT())")
+		args = append(args, couponAcceptArgs(op.Coupon)...)
+	}
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return err
+	}
+	var counts string
+	if err := tx.QueryRowContext(ctx, "SELECT @redcell_acc").Scan(&counts); err != nil {
+		return err
+	}
+	if len(counts) != len(list) {
+		return fmt.Errorf("storage: accept of %d requests counted %q", len(list), counts)
+	}
 	type k struct{ app, serial string }
 	var where []string
-	keys := make([]any, 0, 2*len(list))
-	for _, op := range list {
+	var keys []any
+	for i, op := range list {
+		if counts[i] == '1' {
+			op.Accepted = acceptedAs(op.Coupon)
+			continue
+		}
 		where = append(where, "(app = ? AND serial_no = ?)")
 		keys = append(keys, op.Coupon.App, op.Coupon.Serial)
+	}
+	if len(where) == 0 {
+		return nil
 	}
 	stored, err := m.queryCouponReqs(ctx, tx, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+" WHERE "+
 		strings.Join(where, " OR ")+" FOR UPDATE", keys...)
@@ -159,38 +190,37 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 	for _, r := range stored {
 		have[k{r.App, r.Serial}] = r
 	}
-	var fresh []*GroupOp
-	for _, op := range list {
-		key := k{op.Coupon.App, op.Coupon.Serial}
-		if prior, ok := have[key]; ok {
-			if op.Err = model.ReplayCouponRequest(prior, op.Coupon); op.Err == nil {
-				op.Accepted, op.Repeat = prior, true
-			}
+	for i, op := range list {
+		if counts[i] == '1' {
 			continue
 		}
-		op.Accepted = acceptedAs(op.Coupon)
-		have[key] = op.Accepted
-		fresh = append(fresh, op)
+		prior, ok := have[k{op.Coupon.App, op.Coupon.Serial}]
+		if !ok {
+			return fmt.Errorf("storage: accept: serial %s counted stored but not found", op.Coupon.Serial)
+		}
+		if op.Err = model.ReplayCouponRequest(prior, op.Coupon); op.Err == nil {
+			op.Accepted, op.Repeat = prior, true
+		}
 	}
-	if len(fresh) == 0 {
-		return nil
-	}
-	args := make([]any, 0, len(fresh)*14)
-	for _, op := range fresh {
-		args = append(args, couponAcceptArgs(op.Coupon)...)
-	}
-	_, err = tx.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(fresh), 14), args...)
-	return err
+	return nil
 }
 
-// acceptProbe tells whether request want, as this attempt stored it (its
-// person, batch and accept time), is in its table.
-func (m *MySQL) acceptProbe(ctx context.Context, want model.CouponRequest) func() (bool, error) {
+// acceptProbe tells whether every request of want, as this attempt stored
+// it (its person, batch and accept time), is in its table.
+func (m *MySQL) acceptProbe(ctx context.Context, want []model.CouponRequest) func() (bool, error) {
 	return func() (bool, error) {
-		r, err := m.CouponRequestOf(ctx, want.Shard, want.App, want.Serial)
-		if errors.Is(err, model.ErrNotFound) {
-			return false, nil
+		for _, w := range want {
+			r, err := m.CouponRequestOf(ctx, w.Shard, w.App, w.Serial)
+			if errors.Is(err, model.ErrNotFound) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			if r.ActID != w.ActID || r.Batch != w.Batch || r.AcceptedMS != w.AcceptedMS {
+				return false, nil
+			}
 		}
-		return err == nil && r.ActID == want.ActID && r.Batch == want.Batch && r.AcceptedMS == want.AcceptedMS, err
+		return true, nil
 	}
 }

@@ -336,7 +336,9 @@ func (e *Engine) Run(ctx context.Context) {
 // and closes the held leases no green decision still uses (one that does
 // is settled at its expiry by its coupons).
 func (e *Engine) drain() {
+	e.mu.Lock() // keep takes e.mu: no lease is kept after closeHeld below
 	e.stopping.Store(true)
+	e.mu.Unlock()
 	var rest []model.CouponRequest
 loop1:
 	for {
@@ -765,9 +767,10 @@ func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason 
 // greenWaits times, before it is refused SOLD_OUT; with nothing held here,
 // for greenPeerWait (another cell's idle held lease is closed by then).
 const (
-	greenWait     = 10 * time.Millisecond
-	greenWaits    = 100
-	greenPeerWait = heldIdle + 2*heldTick
+	greenWait      = 10 * time.Millisecond
+	greenWaits     = 100
+	greenPeerWait  = heldIdle + 2*heldTick
+	greenPeerPause = 100 * time.Millisecond
 )
 
 // holding reports whether this engine's merges hold units of batch now.
@@ -880,8 +883,10 @@ func (e *Engine) soldOutNow(ctx context.Context, reqs []model.CouponRequest, own
 
 // issueBatch deducts once for reqs (one batch) and issues: from a held
 // lease of the batch with enough units left (held.go), else from a lease
-// granted now, of the merge's units plus Config.Prefetch (the rest kept as
-// a held lease when all were granted). Whatever happens after the grant, a
+// granted now, of the merge's units plus the prefetch when the merge is
+// smaller than it (the rest kept as a held lease when all were granted). A
+// grant of fewer units than requests issues as many requests as units and
+// parks the others, or counts them towards SOLD_OUT (soldOutNow). Whatever happens after the grant, a
 // lease not kept is closed with what it did not spend when that is known;
 // only an issue whose COMMIT lost its answer leaves its lease open, its
 // units counted out (under-issue, never over-issue) until it is settled by
@@ -920,11 +925,15 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	started := e.clock.Now()
 	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits &&
 		(e.holding(rule.Batch) || e.clock.Now().Sub(started) < greenPeerWait); wait++ {
+		pause := greenPeerPause // another cell's units: they come back after its idle time
+		if e.holding(rule.Batch) {
+			pause = greenWait // this engine's own: back within a step
+		}
 		e.retireHeld(rule.Batch)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-e.clock.After(greenWait):
+		case <-e.clock.After(pause):
 		}
 		lease, granted, err = e.cfg.Stock.Grant(ctx, rule.Batch, n)
 	}
@@ -940,7 +949,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		return fmt.Errorf("deduct %d: %w", n, err)
 	}
 	e.Stats.Deductions.Add(1)
-	if granted < want && want > n {
+	if granted < want { // the home had less than asked: near the end, no prefetch for a while
 		e.mu.Lock()
 		e.short[rule.Batch] = e.clock.Now().Add(shortFor)
 		e.mu.Unlock()
@@ -978,9 +987,13 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 			defer func() { err = errors.Join(err, rerr) }()
 		}
 	}
+	var h *heldLease
 	if granted > n && granted == want {
-		// The merge's units now, the rest kept for the batch's next merges.
-		h := e.keep(rule.Batch, lease, granted, n, asked)
+		// The merge's units now, the rest kept for the batch's next merges
+		// (unless the engine began stopping meanwhile).
+		h = e.keep(rule.Batch, lease, granted, n, asked)
+	}
+	if h != nil {
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)

@@ -85,10 +85,16 @@ func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) {
 // keep makes lease (granted units, n of them taken by the merge now) a held
 // lease of batch; asked is when the grant was asked for (its age counts
 // from then: the home set its expiry at most that much later).
+// Nil when the engine is stopping: the caller issues from the lease and
+// closes it itself.
 func (e *Engine) keep(batch, lease string, granted, n int64, asked time.Time) *heldLease {
 	now := e.clock.Now()
 	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: asked, used: now}
 	e.mu.Lock()
+	if e.stopping.Load() {
+		e.mu.Unlock()
+		return nil
+	}
 	e.held[lease] = h
 	e.inflight[batch] += n
 	e.mu.Unlock()
