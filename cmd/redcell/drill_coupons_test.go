@@ -41,6 +41,10 @@ import (
 // drillCouponRates slows both layers below the drill's accept rate.
 const drillCouponRates = "  coupon_rates: [300, 300]\n  coupon_stale_after: 31s\n"
 
+// drillLayerRate is the layers' rate drillCouponRates sets, per second, for
+// the whole cluster: what a drop's backlog drains at.
+const drillLayerRate = 300
+
 // couponRec is one coupon request and the first answer.
 type couponRec struct {
 	body  api.CouponIssueRequest
@@ -227,7 +231,10 @@ func couponDrill(t *testing.T, c *cluster, d *drillDeps, full bool, hotStock, ho
 		return nil, hot
 	}
 	c.waitReady(t, 0)
-	counts = l.settle(t, 90*time.Second)
+	// Everything accepted is decided at the layers' rate: a long drop's
+	// backlog needs its time (half as much again, for the fault's
+	// re-drives), never less than 90 s.
+	counts = l.settle(t, max(90*time.Second, time.Duration(len(l.recs))*time.Second*3/2/drillLayerRate))
 	rep := c.audit(t)
 	if !rep.OK() || rep.Coupons.Open != 0 {
 		t.Fatalf("audit after the drill: problems %v, %d coupon requests open; rows that break a rule:\n%s", rep.Problems, rep.Coupons.Open,
