@@ -17,7 +17,6 @@ import (
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
-	"redcell/cell/groupcommit"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -114,10 +113,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 // COMMIT answer does (ErrCommitUnknown: a retry with the serial settles it).
 func (s *Server) acceptGrouped(ctx context.Context, sp *space, r model.CouponRequest) (model.CouponRequest, bool, error) {
 	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: r}
-	if err := s.submit(ctx, sp, r.Shard.DB(), op); err != nil {
-		if errors.Is(err, groupcommit.ErrInFlight) {
-			return model.CouponRequest{}, false, fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
-		}
+	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {
 		return model.CouponRequest{}, false, err
 	}
 	return op.Accepted, op.Repeat, nil

@@ -2,6 +2,8 @@ package cell
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	mrand "math/rand/v2"
 	"sync"
 
@@ -43,6 +45,19 @@ func (s *Server) submit(ctx context.Context, sp *space, db int, op *storage.Grou
 		return err
 	}
 	return op.Err
+}
+
+// submitStore is submit for an op that stores one row under an
+// idempotency key (a reward's order number, a coupon request's serial): a
+// group still committing when ctx ends leaves the outcome unknown, as a
+// lost COMMIT answer does (storage.ErrCommitUnknown: a retry with the key
+// settles it).
+func (s *Server) submitStore(ctx context.Context, sp *space, db int, op *storage.GroupOp) error {
+	err := s.submit(ctx, sp, db, op)
+	if errors.Is(err, groupcommit.ErrInFlight) {
+		return fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
+	}
+	return err
 }
 
 // openGrouped commits one packet's batch of opens in its lane's group:

@@ -18,7 +18,6 @@ import (
 	"redcell/api"
 	"redcell/cell/activity"
 	"redcell/cell/degrade"
-	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
 	"redcell/cell/rewardtoken"
 	"redcell/model"
@@ -262,12 +261,7 @@ func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (mo
 		return sp.store.IssueReward(ctx, r)
 	}
 	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: r}
-	if err := s.submit(ctx, sp, r.Shard.DB(), op); err != nil {
-		if errors.Is(err, groupcommit.ErrInFlight) {
-			// The group may yet store it: the outcome is unknown, as for a
-			// lost COMMIT answer (a retry with the order number settles it).
-			return model.Reward{}, false, fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
-		}
+	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {
 		return model.Reward{}, false, err
 	}
 	return op.Issued, op.Repeat, nil

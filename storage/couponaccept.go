@@ -102,8 +102,7 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 // 0) or locked elsewhere makes ok false and the transaction goes back to
 // the savepoint, nothing of the group's accepts written.
 func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int) (ok bool, err error) {
-	var q strings.Builder
-	q.WriteString("SAVEPOINT " + acceptSavepoint + ";SET @redcell_accepted = 0")
+	var inserts []string
 	n := 0
 	for _, db := range dbs {
 		n += len(byDB[db])
@@ -113,22 +112,11 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 		for _, op := range byDB[db] {
 			args = append(args, couponAcceptArgs(op.Coupon)...)
 		}
-		q.WriteString(";" + noWait + "INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(len(byDB[db]), 14) +
-			" ON DUPLICATE KEY UPDATE serial_no = serial_no;SET @redcell_accepted = @redcell_accepted + ROW_COUNT()")
+		inserts = append(inserts, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(byDB[db]), 14)+
+			" ON DUPLICATE KEY UPDATE serial_no = serial_no")
 	}
-	_, err = tx.ExecContext(ctx, q.String(), args...)
-	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
-		return false, undoTo(ctx, tx, acceptSavepoint)
-	}
-	if err != nil {
+	if ok, err := allStored(ctx, tx, acceptSavepoint, inserts, args, n); !ok || err != nil {
 		return false, err
-	}
-	var stored int
-	if err := tx.QueryRowContext(ctx, "SELECT @redcell_accepted").Scan(&stored); err != nil {
-		return false, err
-	}
-	if stored != n {
-		return false, undoTo(ctx, tx, acceptSavepoint)
 	}
 	for _, db := range dbs {
 		for _, op := range byDB[db] {

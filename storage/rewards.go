@@ -800,8 +800,7 @@ const issueSavepoint = "issues_bulk"
 // written, and issueRewardsTx's per-database path decides each op (with the
 // locks taken so far still held).
 func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int) (ok bool, err error) {
-	var q strings.Builder
-	q.WriteString("SAVEPOINT " + issueSavepoint + ";SET @redcell_issued = 0")
+	var inserts []string
 	n := 0
 	for _, db := range dbs {
 		n += len(byDB[db])
@@ -812,27 +811,46 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 		for _, op := range list {
 			args = append(args, issueArgs(op.Reward)...)
 		}
-		q.WriteString(";" + noWait + "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(len(list), 19) +
-			" ON DUPLICATE KEY UPDATE order_no = order_no;SET @redcell_issued = @redcell_issued + ROW_COUNT()")
+		inserts = append(inserts, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+rowsOf(len(list), 19)+
+			" ON DUPLICATE KEY UPDATE order_no = order_no")
 	}
-	_, err = tx.ExecContext(ctx, q.String(), args...)
-	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
-		return false, undoTo(ctx, tx, issueSavepoint)
-	}
-	if err != nil {
+	if ok, err := allStored(ctx, tx, issueSavepoint, inserts, args, n); !ok || err != nil {
 		return false, err
-	}
-	var stored int
-	if err := tx.QueryRowContext(ctx, "SELECT @redcell_issued").Scan(&stored); err != nil {
-		return false, err
-	}
-	if stored != n { // 1 per row stored, 0 per order number that was there
-		return false, undoTo(ctx, tx, issueSavepoint)
 	}
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
 			op.Issued = pendingReward(op.Reward)
 		}
+	}
+	return true, nil
+}
+
+// allStored runs inserts, INSERT statements meant to store n new rows in
+// all, as one statement list after SAVEPOINT sp, each without waiting for
+// a lock (noWait) and adding the rows it stored (ROW_COUNT(): 1 per row
+// stored, 0 per key that was there, under ON DUPLICATE KEY UPDATE of the
+// key to itself) to a session counter read back after. ok: all n stored.
+// A lock met, a duplicate key or a short count takes tx back to sp
+// (nothing of the list written, the locks taken kept) and answers false.
+func allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int) (ok bool, err error) {
+	var q strings.Builder
+	q.WriteString("SAVEPOINT " + sp + ";SET @redcell_stored = 0")
+	for _, ins := range inserts {
+		q.WriteString(";" + noWait + ins + ";SET @redcell_stored = @redcell_stored + ROW_COUNT()")
+	}
+	_, err = tx.ExecContext(ctx, q.String(), args...)
+	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
+		return false, undoTo(ctx, tx, sp)
+	}
+	if err != nil {
+		return false, err
+	}
+	var stored int
+	if err := tx.QueryRowContext(ctx, "SELECT @redcell_stored").Scan(&stored); err != nil {
+		return false, err
+	}
+	if stored != n {
+		return false, undoTo(ctx, tx, sp)
 	}
 	return true, nil
 }
