@@ -47,6 +47,7 @@ const WorkloadCoupons = "coupons"
 // Bounds of a coupons run.
 const (
 	couponBacklogMax = 1_000_000
+	couponRateMax    = 1_000_000
 	couponDrainMax   = 10 * time.Minute
 	// couponIssueSeries is the cells' accepted→issued histogram: its count
 	// is the coupons issued (both spaces: run it on a quiet cluster).
@@ -77,6 +78,9 @@ type CouponsConfig struct {
 	// SustainFraction of the ceiling's accept rate is the sustain run's
 	// rate (0 skips the run).
 	SustainFraction float64
+	// Rate, when above 0, skips the ceiling: the sustain run offers Rate
+	// requests per second (SustainFraction is then unused).
+	Rate int
 	// MergeBacklog is the requests each side of the merge comparison
 	// accepts before it releases them (0 skips the comparison).
 	MergeBacklog int
@@ -122,6 +126,8 @@ func (c CouponsConfig) Validate() error {
 		return fmt.Errorf("bench: coupons: Duration must be in (0, %v], got %v", durationMax, c.Duration)
 	case c.SustainFraction < 0 || c.SustainFraction > 1:
 		return fmt.Errorf("bench: coupons: SustainFraction must be 0..1, got %v", c.SustainFraction)
+	case c.Rate < 0 || c.Rate > couponRateMax:
+		return fmt.Errorf("bench: coupons: Rate must be 0..%d per second, got %d", couponRateMax, c.Rate)
 	case c.MergeBacklog < 0 || c.MergeBacklog > couponBacklogMax:
 		return fmt.Errorf("bench: coupons: MergeBacklog must be 0..%d, got %d", couponBacklogMax, c.MergeBacklog)
 	case c.MergeBacklog > 0 && (len(c.AdminURLs) == 0 || c.AdminToken == "" || len(c.Hot) == 0):
@@ -198,15 +204,20 @@ func RunCoupons(ctx context.Context, cfg CouponsConfig) (CouponsSuite, error) {
 	hc := &http.Client{Timeout: 10 * time.Second}
 	cr := &couponsRunner{c: c, hc: hc, cfg: cfg}
 
-	ceiling := cr.run(ctx, "ceiling", suiteRunID(cfg.RunID, 0), 0, false)
-	s.Runs = append(s.Runs, ceiling)
-	// The sustained rate is what the cells both accept and issue: the
-	// lower of the ceiling's accept rate and its issue rate (accepted
-	// requests beyond what they issue only queue up).
-	s.Sustained = min(ceiling.AcceptsPerSec, ceiling.IssuedPerSec)
-	if ctx.Err() == nil && cfg.SustainFraction > 0 && s.Sustained > 0 && sleepCtx(ctx, rewardsPause) {
-		rate := max(int(s.Sustained*cfg.SustainFraction), 1)
-		s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), rate, false))
+	if cfg.Rate > 0 {
+		// A given rate: no ceiling, one open-loop run at it.
+		s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), cfg.Rate, false))
+	} else {
+		ceiling := cr.run(ctx, "ceiling", suiteRunID(cfg.RunID, 0), 0, false)
+		s.Runs = append(s.Runs, ceiling)
+		// The sustained rate is what the cells both accept and issue: the
+		// lower of the ceiling's accept rate and its issue rate (accepted
+		// requests beyond what they issue only queue up).
+		s.Sustained = min(ceiling.AcceptsPerSec, ceiling.IssuedPerSec)
+		if ctx.Err() == nil && cfg.SustainFraction > 0 && s.Sustained > 0 && sleepCtx(ctx, rewardsPause) {
+			rate := max(int(s.Sustained*cfg.SustainFraction), 1)
+			s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), rate, false))
+		}
 	}
 	if ctx.Err() == nil && cfg.MergeBacklog > 0 && sleepCtx(ctx, rewardsPause) {
 		runs, err := cr.mergeComparison(ctx, cfg.RunID)

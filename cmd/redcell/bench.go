@@ -72,7 +72,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.senders, "senders", def.Senders, "accounts that send packets (hot: always 1; default per workload)")
 	fs.IntVar(&f.openers, "openers", def.Openers, "closed-loop: concurrent openers (default per workload); open-loop: the default of --max-inflight")
 	fs.IntVar(&f.openers, "concurrency", def.Openers, "same as --openers")
-	fs.IntVar(&f.rate, "rate", 0, "open-loop: target opens per second, started on schedule (hot, festival, cold); 0: closed-loop")
+	fs.IntVar(&f.rate, "rate", 0, "open-loop: target opens per second, started on schedule (hot, festival, cold); coupons: requests per second of one open-loop run, no ceiling; 0: closed-loop")
 	fs.IntVar(&f.maxInFlight, "max-inflight", 0, "open-loop: most opens in flight, beyond it due opens are dropped (CLIENT_DROPPED); 0: --openers")
 	fs.IntVar(&f.users, "users", 0, "festival, cold: accounts that open packets (default 100000)")
 	fs.IntVar(&f.packets, "packets", 0, "roundrobin: packets sent before the load and opened in turn (default 2000)")

@@ -18,7 +18,7 @@ import (
 var couponsFlagsRefused = []string{"senders", "max-inflight", "packets", "amount", "count", "direct", "compare-direct", "limits",
 	"limits-duration", "limits-concurrency", "baseline", "baseline-name", "wrk", "router-pprof", "search", "search-only",
 	"search-p99", "search-step", "search-time", "search-confirm", "search-start", "sustain-at", "sustain-duration", "lag-bound",
-	"compare", "users", "rate", "lag-samples", "reads-duration"}
+	"compare", "users", "lag-samples", "reads-duration"}
 
 // couponsConfig builds the coupons workload's config from the flags and
 // --config (the cells' admin ports, token and metrics).
@@ -37,6 +37,9 @@ func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
 	cfg.Progress = os.Stderr
 	if f.set["openers"] {
 		cfg.Concurrency = f.openers
+	}
+	if f.set["rate"] {
+		cfg.Rate = f.rate
 	}
 	if f.set["sustain-fraction"] {
 		cfg.SustainFraction = f.sustain.Fraction

@@ -91,3 +91,42 @@ func TestBenchSearchFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchCouponsFlags: --rate gives the coupons workload one open-loop
+// run at that rate (no ceiling); flags of the packet workloads are refused.
+func TestBenchCouponsFlags(t *testing.T) {
+	t.Setenv("REDCELL_API_KEY", "")
+	t.Setenv("REDCELL_CLUSTER_SECRET", "")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "redcell.yaml")
+	yaml := "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\nadmin_token: tok-0123456789abcdef\ncells:\n" +
+		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "coupons", "--rate", "300", "--merge-backlog", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := f.couponsConfig()
+	if err != nil || cc.Rate != 300 || cc.MergeBacklog != 0 || cc.SustainFraction != 0.7 {
+		t.Fatalf("coupons config %+v, %v; want rate 300, no merge comparison", cc, err)
+	}
+	if f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "coupons"}); err != nil {
+		t.Fatal(err)
+	} else if cc, err := f.couponsConfig(); err != nil || cc.Rate != 0 || cc.MergeBacklog != 3000 {
+		t.Fatalf("default coupons config %+v, %v; want the ceiling first (rate 0) and the merge comparison", cc, err)
+	}
+	for _, args := range [][]string{{"--rate", "-1"}, {"--packets", "5"}} {
+		f, err := parseBenchFlags(append([]string{"--config", cfg, "--workload", "coupons"}, args...))
+		if err == nil {
+			_, err = f.couponsConfig()
+		}
+		if err == nil {
+			t.Errorf("%v: accepted", args)
+		}
+	}
+}
