@@ -1,18 +1,23 @@
 // Package couponq issues coupons behind the accept, in two layers of
 // bounded local queues, as Douyin Pay ran its Spring Festival drop. A
-// request is stored first (storage.Coupons.AcceptCoupon) and answered; a
-// feeder moves stored requests into the first queue, marking them deciding
-// in the database, so every queued request is durable and a request the
-// cell never got to stays accepted for whoever owns its database next.
+// request is stored first (storage.Coupons.AcceptCoupon) and answered, and
+// goes into the first queue at once while it has room (stored as it is,
+// accepted); a feeder moves the other stored requests into the queue,
+// marking them deciding in the database. Every queued request is durable,
+// and a request the cell never got to stays accepted (or goes stale
+// deciding) for whoever owns its database next.
 //
 // Layer 1, the activity decision, drains its queue at its own rate (one
 // token per request): the batch must be open, the built-in risk caps (per
 // device, IP and act_id per minute) must allow it, and the person's holding
 // must leave room (per-person limit, batch-group exclusion). Refusals are
-// final; the rest go on to layer 2.
+// final; the rest go on to layer 2. One gatherer takes what is queued as
+// one chunk for a free decider, so a busier cell decides more requests per
+// read of holdings.
 //
 // Layer 2, the asset step, drains at its own rate: it takes up to MergeMax
-// requests without waiting, groups them by batch (model.MergeAsks), takes
+// requests without waiting (one gatherer, as layer 1's, hands each pass to
+// a free merger), groups them by batch (model.MergeAsks), takes
 // one stock deduction per batch (a lease of as many units as requests, or
 // what is left), and issues in one transaction that decides each request
 // again under the persons' row locks (storage.Coupons.IssueCoupons); the
@@ -127,6 +132,11 @@ type Engine struct {
 	q2    chan queued
 	kick  chan struct{}
 
+	// feeding is held while the feeder puts a take into q1, passing
+	// while a decider puts its pass into q2: a gatherer that got a
+	// request waits for the rest of its run before it takes a chunk.
+	feeding, passing sync.Mutex
+
 	mu       sync.Mutex
 	dirty    map[int]bool          // databases accepted into since the feeder's last pass
 	soldOut  map[string]time.Time  // batches whose last deduction found nothing free, until when
@@ -148,6 +158,9 @@ type Engine struct {
 // Stats counts what the engine did; safe to read at any time.
 type Stats struct {
 	Accepted, Issued, Refused, Deductions, Fed, Released atomic.Int64
+	// Queued counts requests put into layer 1's queue at their accept
+	// (queueNow); Fed those the feeder took from the databases.
+	Queued atomic.Int64
 	// HeldDeductions counts merges that deducted from a held lease, with
 	// no grant at the batch's home (Deductions counts grants).
 	HeldDeductions atomic.Int64
@@ -262,7 +275,7 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 		out, err := e.decideNow(dctx, g)
 		return out, repeat, err
 	}
-	if !repeat {
+	if !repeat && !e.queueNow(got) {
 		e.mu.Lock()
 		e.dirty[r.Shard.DB()] = true
 		e.mu.Unlock()
@@ -272,6 +285,35 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 		}
 	}
 	return got, repeat, nil
+}
+
+// queueNow puts a request just accepted straight into layer 1's queue,
+// stored as it is (accepted): the feeder need not take it, a take being a
+// transaction of its own, one per request or two when the cell is not
+// busy. A request the feeder's sweep takes as well is queued once
+// (e.queued); one left queued by a cell that dies is still accepted, for
+// the next owner's feeder. False, for the feeder to take it, when layer 1's
+// queue is full or the engine is paused or stopping.
+func (e *Engine) queueNow(r model.CouponRequest) bool {
+	if e.paused() || e.stopping.Load() {
+		return false
+	}
+	e.mu.Lock()
+	if e.queued[key(r)] { // a sweep took it already
+		e.mu.Unlock()
+		return true
+	}
+	e.queued[key(r)] = true
+	e.mu.Unlock()
+	r.TakenMS = e.clock.Now().UnixMilli() // queued now: layer 1's wait counts from here
+	select {
+	case e.q1 <- r:
+		e.Stats.Queued.Add(1)
+		return true
+	default:
+		e.done(r)
+		return false
+	}
 }
 
 // decideNow runs both layers for one request, without the queues or their
@@ -322,11 +364,14 @@ func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { e.feed(ctx) })
 	wg.Go(func() { e.keepHeld(ctx) })
+	decisions, merges := make(chan []model.CouponRequest), make(chan []model.CouponRequest)
+	wg.Go(func() { e.gather1(ctx, decisions) })
+	wg.Go(func() { e.gather2(ctx, merges) })
 	for range e.cfg.Workers {
-		wg.Go(func() { e.layer1(ctx) })
+		wg.Go(func() { e.layer1(ctx, decisions) })
 	}
 	for range e.cfg.Mergers {
-		wg.Go(func() { e.layer2(ctx) })
+		wg.Go(func() { e.layer2(ctx, merges) })
 	}
 	wg.Wait()
 	e.drain()
@@ -464,16 +509,30 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		e.release(rs)
 		return
 	}
+	var over []model.CouponRequest
+	e.feeding.Lock() // gather1 takes the take as one chunk
 	for _, r := range rs {
 		e.mu.Lock()
 		dup := e.queued[key(r)]
 		e.queued[key(r)] = true
 		e.mu.Unlock()
-		if dup { // still in a queue here (taken again once stale)
+		if dup { // still in a queue here (taken again once stale, or queued at its accept)
 			continue
 		}
-		e.Stats.Fed.Add(1)
-		e.q1 <- r // room was checked; only the feeder puts into q1
+		select {
+		case e.q1 <- r:
+			e.Stats.Fed.Add(1)
+		default: // accepts queued since the room was counted took it
+			e.done(r)
+			over = append(over, r)
+		}
+	}
+	e.feeding.Unlock()
+	if len(over) > 0 { // back to accepted, taken at a next tick
+		e.release(over)
+		for _, r := range over {
+			e.markDirty([]int{r.Shard.DB()})
+		}
 	}
 }
 
@@ -494,10 +553,13 @@ func (e *Engine) done(r model.CouponRequest) {
 	e.mu.Unlock()
 }
 
-// layer1 decides queued requests at layer 1's rate: it takes what is
-// queued, up to decideMax, one token each, and decides them together (one
-// read of the persons' holdings, one write per refusal reason).
-func (e *Engine) layer1(ctx context.Context) {
+// gather1 drains layer 1's queue at layer 1's rate: one token per
+// request, what is queued taken as one chunk (up to decideMax) and handed
+// to a free decider (layer1). One gatherer, so that queued requests stay
+// together however many deciders wait: while every decider is busy, the
+// next chunk grows in the queue, and a decision's one read of holdings
+// covers more requests the busier the cell is.
+func (e *Engine) gather1(ctx context.Context, out chan<- []model.CouponRequest) {
 	for {
 		if err := e.cfg.Layer1.Wait(ctx); err != nil {
 			return
@@ -508,6 +570,8 @@ func (e *Engine) layer1(ctx context.Context) {
 			return
 		case first = <-e.q1:
 		}
+		e.feeding.Lock() // the rest of a take the feeder is queuing is in
+		e.feeding.Unlock()
 		rs := []model.CouponRequest{first}
 	more:
 		for len(rs) < decideMax && e.cfg.Layer1.Allow() {
@@ -517,6 +581,38 @@ func (e *Engine) layer1(ctx context.Context) {
 			default:
 				break more
 			}
+		}
+		if !e.handOver(ctx, out, rs) {
+			return
+		}
+	}
+}
+
+// handOver gives a chunk to a free worker of out or, when ctx ends first,
+// releases it (back to accepted); false when ctx ended.
+func (e *Engine) handOver(ctx context.Context, out chan<- []model.CouponRequest, rs []model.CouponRequest) bool {
+	select {
+	case out <- rs:
+		return true
+	case <-ctx.Done():
+		for _, r := range rs {
+			e.done(r)
+		}
+		e.release(rs)
+		return false
+	}
+}
+
+// layer1 decides the chunks gather1 hands it, each together (one read of
+// the persons' holdings, one write per refusal reason), and queues what
+// passes for layer 2.
+func (e *Engine) layer1(ctx context.Context, in <-chan []model.CouponRequest) {
+	for {
+		var rs []model.CouponRequest
+		select {
+		case <-ctx.Done():
+			return
+		case rs = <-in:
 		}
 		now := e.clock.Now()
 		for _, r := range rs {
@@ -542,18 +638,40 @@ func (e *Engine) layer1(ctx context.Context) {
 				e.done(r)
 			}
 		}
-		for i, r := range pass {
-			select {
-			case e.q2 <- queued{r: r, at: e.clock.Now()}:
-			case <-ctx.Done():
-				e.release(pass[i:])
-				for _, r := range pass[i:] {
-					e.done(r)
-				}
-				return
-			}
+		if !e.queue2(ctx, pass) {
+			return
 		}
 	}
+}
+
+// queue2 puts a decision's passed requests into layer 2's queue, as one
+// run while there is room (gather2 takes them together), then waiting for
+// room; when ctx ends first, the rest are released. False when ctx ended.
+func (e *Engine) queue2(ctx context.Context, pass []model.CouponRequest) bool {
+	i := 0
+	e.passing.Lock()
+	now := e.clock.Now()
+room:
+	for ; i < len(pass); i++ {
+		select {
+		case e.q2 <- queued{r: pass[i], at: now}:
+		default:
+			break room
+		}
+	}
+	e.passing.Unlock()
+	for ; i < len(pass); i++ {
+		select {
+		case e.q2 <- queued{r: pass[i], at: e.clock.Now()}:
+		case <-ctx.Done():
+			e.release(pass[i:])
+			for _, r := range pass[i:] {
+				e.done(r)
+			}
+			return false
+		}
+	}
+	return true
 }
 
 // decideMax is the most requests one layer 1 decision takes together.
@@ -655,8 +773,11 @@ func ruleOf(b couponbatch.Batch) model.CouponRule {
 	return model.CouponRule{Batch: b.ID, Limit: b.PerPersonLimit, Group: b.Group}
 }
 
-// layer2 merges and issues at layer 2's rate.
-func (e *Engine) layer2(ctx context.Context) {
+// gather2 drains layer 2's queue at layer 2's rate: one token per
+// request, what is queued (up to MergeMax) taken as one pass and handed to
+// a free merger (layer2). One gatherer, as gather1: while the mergers are
+// busy the next pass grows, so merges are larger the busier the cell is.
+func (e *Engine) gather2(ctx context.Context, out chan<- []model.CouponRequest) {
 	for {
 		if err := e.cfg.Layer2.Wait(ctx); err != nil {
 			return
@@ -667,6 +788,8 @@ func (e *Engine) layer2(ctx context.Context) {
 			return
 		case first = <-e.q2:
 		}
+		e.passing.Lock() // the rest of that decision's pass is in the queue
+		e.passing.Unlock()
 		now := e.clock.Now()
 		e.cfg.Observe.Waited(2, now.Sub(first.at))
 		batch := []model.CouponRequest{first.r}
@@ -680,7 +803,21 @@ func (e *Engine) layer2(ctx context.Context) {
 				break more
 			}
 		}
-		batch = dedupe(batch)
+		if !e.handOver(ctx, out, dedupe(batch)) {
+			return
+		}
+	}
+}
+
+// layer2 merges and issues the passes gather2 hands it.
+func (e *Engine) layer2(ctx context.Context, in <-chan []model.CouponRequest) {
+	for {
+		var batch []model.CouponRequest
+		select {
+		case <-ctx.Done():
+			return
+		case batch = <-in:
+		}
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout) // a step in flight finishes
 		if err := e.issue(ictx, batch, true, false); err != nil {
 			e.log.Warn("coupons: issue failed; the requests are taken again once stale", "requests", len(batch), "err", err)
