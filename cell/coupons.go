@@ -95,7 +95,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 		}
 		e, err := couponq.New(couponq.Config{Store: stores[i], Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
-			MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
+			Gather: s.cfg.CouponGather, MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
 			Clock:  s.clock, Log: s.log.With("space", sp.name)})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -563,4 +564,62 @@ func mustBatch(t *testing.T, d *drop, id string) couponbatch.Batch {
 		t.Fatalf("no batch %s", id)
 	}
 	return b
+}
+
+// mergeCounter counts the deductions (merges) an engine makes.
+type mergeCounter struct {
+	noObserver
+	n atomic.Int64
+}
+
+func (m *mergeCounter) Merged(string, int) { m.n.Add(1) }
+
+// Layer 2's gatherer waits Gather for more requests, so requests that
+// trickle in are merged together; a merge bound of 1 is full at once and
+// waits for nothing.
+func TestGather(t *testing.T) {
+	seed := uint64(0)
+	run := func(gather time.Duration, mergeMax int) (merges int64, took time.Duration) {
+		t.Helper()
+		d := newDrop(t, memstore.New(nil), 1000, 1000, 1000)
+		seed++
+		rs := d.requests(20, 1_000_000, seed)
+		for i := range rs {
+			rs[i].Serial = fmt.Sprintf("%s-g%d-%d", d.pre, seed, i)
+			rs[i].Batch = d.a
+		}
+		e := d.engine(free{}, free{})
+		e.cfg.Gather = [2]time.Duration{0, gather}
+		e.SetMergeMax(mergeMax)
+		e.SetPrefetch(0)
+		m := &mergeCounter{}
+		e.cfg.Observe = m
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { e.Run(ctx); close(done) }()
+		start := time.Now()
+		for _, r := range rs {
+			if _, _, err := e.Accept(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		d.waitFinal(rs, 30*time.Second)
+		took = time.Since(start)
+		cancel()
+		<-done
+		if got := d.check(rs); got[d.a] == 0 {
+			t.Fatalf("nothing issued: %v", got)
+		}
+		return m.n.Load(), took
+	}
+	if merges, _ := run(300*time.Millisecond, 64); merges > 2 {
+		t.Errorf("gathering 300 ms: %d merges of 20 requests sent over about 100 ms, want 1 or 2", merges)
+	}
+	if merges, _ := run(0, 64); merges < 5 {
+		t.Errorf("not gathering: %d merges of 20 requests sent 5 ms apart, want one per request or two", merges)
+	}
+	if merges, took := run(300*time.Millisecond, 1); merges != 20 || took > 2*time.Second {
+		t.Errorf("merge bound 1, gathering 300 ms: %d merges in %v, want 20, well within 20 × 300 ms", merges, took)
+	}
 }

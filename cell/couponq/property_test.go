@@ -74,9 +74,13 @@ func TestLayersProperty(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					prefetch = 1 + rng.Int64N(16)
 				}
+				var gather [2]time.Duration // gatherers that wait in half the engines
+				if rng.IntN(2) == 0 {
+					gather = [2]time.Duration{time.Duration(rng.IntN(10)) * time.Millisecond, time.Duration(rng.IntN(30)) * time.Millisecond}
+				}
 				e, err := New(Config{Store: st, Stock: stock, Catalog: d.engine(free{}, free{}).cfg.Catalog, Layer1: free{}, Layer2: free{},
 					DBs: d.engine(free{}, free{}).cfg.DBs, MergeMax: 1 + rng.IntN(24), Mergers: 1 + rng.IntN(4), QueueLen: 16 + rng.IntN(64),
-					Prefetch: prefetch, StaleAfter: 31 * time.Second})
+					Prefetch: prefetch, Gather: gather, StaleAfter: 31 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}

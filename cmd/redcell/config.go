@@ -76,12 +76,13 @@ type cellEntry struct {
 type cellSection struct {
 	Activities string `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
 	// Coupons is the coupon batches' YAML, relative to this file; "" none (coupons off).
-	Coupons          string        `yaml:"coupons"`
-	CouponRates      []int         `yaml:"coupon_rates"` // [layer 1, layer 2] requests/s, cluster-wide
-	CouponMergeMax   int           `yaml:"coupon_merge_max"`
-	CouponPrefetch   *int          `yaml:"coupon_prefetch"` // nil: the default; 0: a grant per merge
-	CouponQueueLen   int           `yaml:"coupon_queue_len"`
-	CouponStaleAfter time.Duration `yaml:"coupon_stale_after"`
+	Coupons          string          `yaml:"coupons"`
+	CouponRates      []int           `yaml:"coupon_rates"` // [layer 1, layer 2] requests/s, cluster-wide
+	CouponMergeMax   int             `yaml:"coupon_merge_max"`
+	CouponPrefetch   *int            `yaml:"coupon_prefetch"` // nil: the default; 0: a grant per merge
+	CouponQueueLen   int             `yaml:"coupon_queue_len"`
+	CouponGather     []time.Duration `yaml:"coupon_gather"` // [layer 1, layer 2] waits for more requests per chunk
+	CouponStaleAfter time.Duration   `yaml:"coupon_stale_after"`
 	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
 	RewardKeys      string                `yaml:"reward_keys"`
 	TokenTTL        time.Duration         `yaml:"token_ttl"`
@@ -286,6 +287,13 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.CouponRates = [2]int{s.CouponRates[0], s.CouponRates[1]}
 	default:
 		return c, "", fmt.Errorf("config: cell.coupon_rates must be two rates, [layer 1, layer 2], got %v", s.CouponRates)
+	}
+	switch len(s.CouponGather) {
+	case 0:
+	case 2:
+		c.CouponGather = [2]time.Duration{s.CouponGather[0], s.CouponGather[1]}
+	default:
+		return c, "", fmt.Errorf("config: cell.coupon_gather must be two waits, [layer 1, layer 2], got %v", s.CouponGather)
 	}
 	setInt(&c.CouponMergeMax, s.CouponMergeMax)
 	if s.CouponPrefetch != nil {

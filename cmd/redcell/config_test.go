@@ -306,6 +306,44 @@ func TestGroupCommitConfig(t *testing.T) {
 	}
 }
 
+// TestCouponGatherConfig: coupon_gather is two waits from the file, the
+// defaults without it, [0s, 0s] for none; a wrong count, a negative wait or
+// waits that eat the 0.5 s target are refused.
+func TestCouponGatherConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	cellOf := func(body string) (cell.Config, error) {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(p)
+		if err != nil {
+			return cell.Config{}, err
+		}
+		c, _, err := fc.cellConfig("c1")
+		if err == nil {
+			err = c.Validate()
+		}
+		return c, err
+	}
+	if c, err := cellOf(""); err != nil || c.CouponGather != [2]time.Duration{10 * time.Millisecond, 40 * time.Millisecond} {
+		t.Fatalf("default: %v, %v", c.CouponGather, err)
+	}
+	if c, err := cellOf("cell:\n  coupon_gather: [0s, 0s]\n"); err != nil || c.CouponGather != [2]time.Duration{} {
+		t.Fatalf("none: %v, %v", c.CouponGather, err)
+	}
+	if c, err := cellOf("cell:\n  coupon_gather: [5ms, 100ms]\n"); err != nil || c.CouponGather != [2]time.Duration{5 * time.Millisecond, 100 * time.Millisecond} {
+		t.Fatalf("from the file: %v, %v", c.CouponGather, err)
+	}
+	for _, body := range []string{"cell:\n  coupon_gather: [10ms]\n", "cell:\n  coupon_gather: [-1ms, 10ms]\n", "cell:\n  coupon_gather: [200ms, 300ms]\n"} {
+		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), "coupon_gather") {
+			t.Errorf("%q: %v, want an error naming coupon_gather", body, err)
+		}
+	}
+}
+
 // TestIdentityKeyConfig: identity_key reaches every cell from the file, the
 // environment wins over it, a short one stops the cell, and none leaves
 // binding off.
