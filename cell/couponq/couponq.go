@@ -15,9 +15,10 @@
 // one chunk for a free decider, so a busier cell decides more requests per
 // read of holdings.
 //
-// Layer 2, the asset step, drains at its own rate: it takes up to MergeMax
-// requests without waiting (one gatherer, as layer 1's, hands each pass to
-// a free merger), groups them by batch (model.MergeAsks), takes
+// Layer 2, the asset step, drains at its own rate: one gatherer, as layer
+// 1's, takes up to MergeMax queued requests (what is queued, and what comes
+// within Config.Gather) and hands the pass to a free merger, which groups
+// them by batch (model.MergeAsks), takes
 // one stock deduction per batch (a lease of as many units as requests, or
 // what is left), and issues in one transaction that decides each request
 // again under the persons' row locks (storage.Coupons.IssueCoupons); the
@@ -98,9 +99,9 @@ type Config struct {
 	StaleAfter time.Duration
 	// Workers is layer 1's concurrent deciders (default 8).
 	Workers int
-	// Mergers is layer 2's concurrent merges (default 4): each takes its
-	// own requests from the queue, so merges of different batches, and of
-	// one batch, run side by side.
+	// Mergers is layer 2's concurrent merges (default 4): each runs a pass
+	// the gatherer hands it, so passes, of different batches or of one
+	// batch, run side by side.
 	Mergers int
 	// Paused, when it reports true, stops the feeder and green decisions:
 	// requests are accepted and wait (a degrade switch; nil: never).
@@ -147,6 +148,7 @@ type Engine struct {
 
 	mu       sync.Mutex
 	dirty    map[int]bool          // databases accepted into since the feeder's last pass
+	backlog  bool                  // requests wait in their rows for the feeder: none is queued at its accept (queueNow)
 	soldOut  map[string]time.Time  // batches whose last deduction found nothing free, until when
 	backoff  map[string]time.Time  // batches whose last deduction failed, until when
 	inflight map[string]int64      // units this engine's merges hold now, by batch
@@ -299,27 +301,36 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 // stored as it is (accepted): the feeder need not take it, a take being a
 // transaction of its own, one per request or two when the cell is not
 // busy. A request the feeder's sweep takes as well is queued once
-// (e.queued); one left queued by a cell that dies is still accepted, for
-// the next owner's feeder. False, for the feeder to take it, when layer 1's
-// queue is full or the engine is paused or stopping.
+// (e.queued). One left queued by a cell that dies is still accepted (or
+// deciding, if a sweep marked it), for the next owner. False, for the
+// feeder to take it, when the engine is paused or stopping, when layer 1's
+// queue is full, and while the feeder has a backlog to take (databases
+// marked dirty, or its last take found more than the queue had room for):
+// requests are then decided oldest first, as the feeder takes them, not a
+// new one ahead of those waiting in their rows.
 func (e *Engine) queueNow(r model.CouponRequest) bool {
 	if e.paused() || e.stopping.Load() {
 		return false
 	}
+	r.TakenMS = e.clock.Now().UnixMilli() // queued now: layer 1's wait counts from here
+	// Under e.mu, mark and send together (the send never blocks): the
+	// feeder's duplicate check and done() see a request either queued and
+	// marked or neither.
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.queued[key(r)] { // a sweep took it already
-		e.mu.Unlock()
 		return true
 	}
-	e.queued[key(r)] = true
-	e.mu.Unlock()
-	r.TakenMS = e.clock.Now().UnixMilli() // queued now: layer 1's wait counts from here
+	if e.backlog || len(e.dirty) > 0 {
+		return false
+	}
 	select {
 	case e.q1 <- r:
+		e.queued[key(r)] = true
 		e.Stats.Queued.Add(1)
 		return true
 	default:
-		e.done(r)
+		e.backlog = true // the queue is full: the feeder takes what waits, in order
 		return false
 	}
 }
@@ -492,6 +503,7 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 	room := cap(e.q1) - len(e.q1)
 	if room <= 0 {
 		e.markDirty(dbs) // again at the next tick
+		e.setBacklog(true)
 		return
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
@@ -502,22 +514,16 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		e.log.Warn("coupons: take requests failing", "dbs", len(dbs), "err", err)
 		return
 	}
-	// A database that gave requests may hold more (a take asks each for a
-	// share): it is asked again at the next tick.
-	gave := map[int]bool{}
-	for _, r := range rs {
-		gave[r.Shard.DB()] = true
-	}
-	var again []int
-	for db := range gave {
-		again = append(again, db)
-	}
-	e.markDirty(again)
 	if ctx.Err() != nil { // stopping: give them back at once
 		e.release(rs)
 		return
 	}
+	// A database that gave requests not queued here already may hold more
+	// (a take asks each for a share): it is asked again at the next tick.
+	// (The sweep also takes requests queued at their accept and still
+	// accepted; those say nothing of a backlog.)
 	var over []model.CouponRequest
+	gave := map[int]bool{}
 	e.feeding.Lock() // gather1 takes the take as one chunk
 	for _, r := range rs {
 		e.mu.Lock()
@@ -527,6 +533,7 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		if dup { // still in a queue here (taken again once stale, or queued at its accept)
 			continue
 		}
+		gave[r.Shard.DB()] = true
 		select {
 		case e.q1 <- r:
 			e.Stats.Fed.Add(1)
@@ -536,12 +543,23 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		}
 	}
 	e.feeding.Unlock()
+	var again []int
+	for db := range gave {
+		again = append(again, db)
+	}
+	e.markDirty(again)
 	if len(over) > 0 { // back to accepted, taken at a next tick
 		e.release(over)
-		for _, r := range over {
-			e.markDirty([]int{r.Shard.DB()})
-		}
 	}
+	e.setBacklog(len(over) > 0 || len(rs) >= room)
+}
+
+// setBacklog says whether requests wait in their rows beyond what the
+// feeder's last take found room for (queueNow queues none meanwhile).
+func (e *Engine) setBacklog(b bool) {
+	e.mu.Lock()
+	e.backlog = b
+	e.mu.Unlock()
 }
 
 func (e *Engine) markDirty(dbs []int) {

@@ -623,3 +623,51 @@ func TestGather(t *testing.T) {
 		t.Errorf("merge bound 1, gathering 300 ms: %d merges in %v, want 20, well within 20 × 300 ms", merges, took)
 	}
 }
+
+// While requests wait in their rows (layer 1's queue was full), a new
+// accept does not jump them: it is left for the feeder, which takes the
+// oldest first; once nothing waits, accepts are queued at once again.
+func TestNoQueueJumping(t *testing.T) {
+	st := memstore.New(nil)
+	d := newDrop(t, st, 1000, 1000, 1000)
+	slow, err := climit.New(climit.Config{Name: "l1", Rate: 50}, nil, nil) // layer 1 at 50/s
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := d.engine(slow, free{})
+	e.cfg.QueueLen = 4
+	e.q1 = make(chan model.CouponRequest, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	rs := d.requests(60, 1_000_000, 11)
+	for _, r := range rs { // 100/s, twice what layer 1 takes
+		if _, _, err := e.Accept(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	queuedInBurst := e.Stats.Queued.Load()
+	d.waitFinal(rs, 30*time.Second)
+	later := d.requests(5, 1_000_000, 12)
+	for i := range later {
+		later[i].Serial += "-later"
+	}
+	time.Sleep(200 * time.Millisecond) // the feeder's next ticks find nothing left
+	for _, r := range later {
+		if _, _, err := e.Accept(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	d.waitFinal(later, 30*time.Second)
+	cancel()
+	<-done
+	if queuedInBurst > 15 {
+		t.Errorf("%d of 60 requests queued at their accept while others waited in their rows; want about the queue's 4", queuedInBurst)
+	}
+	if n := e.Stats.Queued.Load() - queuedInBurst; n < 4 {
+		t.Errorf("after the backlog: %d of 5 requests queued at their accept, want them all (or all but one)", n)
+	}
+	d.check(append(rs, later...))
+}
