@@ -304,24 +304,29 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 // (e.queued). One left queued by a cell that dies is still accepted (or
 // deciding, if a sweep marked it), for the next owner. False, for the
 // feeder to take it, when the engine is paused or stopping, when layer 1's
-// queue is full, and while the feeder has a backlog to take (databases
-// marked dirty, or its last take found more than the queue had room for):
-// requests are then decided oldest first, as the feeder takes them, not a
-// new one ahead of those waiting in their rows.
+// queue is full, and while the feeder has a backlog (the queue was full, or
+// its last take found as many requests as the queue had room for): the
+// feeder then takes the waiting requests oldest first, and a new one does
+// not jump them. Once a take finds fewer, accepts are queued again; the
+// few accepted during that take wait for the feeder's next pass, a few
+// milliseconds (woken by their accepts).
 func (e *Engine) queueNow(r model.CouponRequest) bool {
-	if e.paused() || e.stopping.Load() {
+	if e.paused() {
 		return false
 	}
 	r.TakenMS = e.clock.Now().UnixMilli() // queued now: layer 1's wait counts from here
 	// Under e.mu, mark and send together (the send never blocks): the
 	// feeder's duplicate check and done() see a request either queued and
-	// marked or neither.
+	// marked or neither. A request left to the feeder marks its database
+	// dirty under the same lock, so no later accept is queued before the
+	// feeder took it.
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.queued[key(r)] { // a sweep took it already
 		return true
 	}
-	if e.backlog || len(e.dirty) > 0 {
+	if e.stopping.Load() || e.backlog {
+		e.dirty[r.Shard.DB()] = true
 		return false
 	}
 	select {
@@ -331,6 +336,7 @@ func (e *Engine) queueNow(r model.CouponRequest) bool {
 		return true
 	default:
 		e.backlog = true // the queue is full: the feeder takes what waits, in order
+		e.dirty[r.Shard.DB()] = true
 		return false
 	}
 }
@@ -518,12 +524,15 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		e.release(rs)
 		return
 	}
-	// A database that gave requests not queued here already may hold more
-	// (a take asks each for a share): it is asked again at the next tick.
-	// (The sweep also takes requests queued at their accept and still
-	// accepted; those say nothing of a backlog.)
+	// A database that gave requests may hold more (a take asks each for a
+	// share, which requests queued at their accept and still accepted fill
+	// as well): it is asked again at the next tick, and accepts are left
+	// to the feeder until a take finds nothing more there.
 	var over []model.CouponRequest
 	gave := map[int]bool{}
+	for _, r := range rs {
+		gave[r.Shard.DB()] = true
+	}
 	e.feeding.Lock() // gather1 takes the take as one chunk
 	for _, r := range rs {
 		e.mu.Lock()
@@ -533,7 +542,6 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		if dup { // still in a queue here (taken again once stale, or queued at its accept)
 			continue
 		}
-		gave[r.Shard.DB()] = true
 		select {
 		case e.q1 <- r:
 			e.Stats.Fed.Add(1)

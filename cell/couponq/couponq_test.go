@@ -624,38 +624,81 @@ func TestGather(t *testing.T) {
 	}
 }
 
+// gate is a limiter that gives nothing until open is closed.
+type gate struct{ open chan struct{} }
+
+func (g gate) Allow() bool {
+	select {
+	case <-g.open:
+		return true
+	default:
+		return false
+	}
+}
+
+func (g gate) Wait(ctx context.Context) error {
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // While requests wait in their rows (layer 1's queue was full), a new
 // accept does not jump them: it is left for the feeder, which takes the
 // oldest first; once nothing waits, accepts are queued at once again.
 func TestNoQueueJumping(t *testing.T) {
 	st := memstore.New(nil)
 	d := newDrop(t, st, 1000, 1000, 1000)
-	slow, err := climit.New(climit.Config{Name: "l1", Rate: 50}, nil, nil) // layer 1 at 50/s
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := d.engine(slow, free{})
-	e.cfg.QueueLen = 4
+	g := gate{open: make(chan struct{})} // layer 1 takes nothing until it opens
+	e := d.engine(g, free{})
 	e.q1 = make(chan model.CouponRequest, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
-	rs := d.requests(60, 1_000_000, 11)
-	for _, r := range rs { // 100/s, twice what layer 1 takes
+	rs := d.requests(14, 1_000_000, 11)
+	for i, r := range rs {
 		if _, _, err := e.Accept(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if i == 5 {
+			time.Sleep(120 * time.Millisecond) // the feeder's ticks meet a full queue
+		}
 	}
-	queuedInBurst := e.Stats.Queued.Load()
+	time.Sleep(120 * time.Millisecond)
+	if q, f := e.Stats.Queued.Load(), e.Stats.Fed.Load(); q != 4 || f != 0 {
+		t.Fatalf("layer 1 held: %d queued at their accept, %d taken by the feeder; want the queue's 4 and none", q, f)
+	}
+	// Room in the queue (as if layer 1 took the four), ten still in their
+	// rows: three new accepts are left to the feeder, behind the ten.
+	held := []model.CouponRequest{<-e.q1, <-e.q1, <-e.q1, <-e.q1}
+	extra := d.requests(3, 1_000_000, 13)
+	for i := range extra {
+		extra[i].Serial += "-extra"
+		if _, _, err := e.Accept(ctx, extra[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q := e.Stats.Queued.Load(); q != 4 {
+		t.Errorf("%d queued at their accept, want 4: a new accept jumped the ten waiting", q)
+	}
+	go func() { // back into the queue, behind whatever the feeder put there
+		for _, r := range held {
+			e.q1 <- r
+		}
+	}()
+	close(g.open)
+	rs = append(rs, extra...)
 	d.waitFinal(rs, 30*time.Second)
+	if f := e.Stats.Fed.Load(); f != 13 {
+		t.Errorf("the feeder took %d, want the 13 that waited in their rows", f)
+	}
+	time.Sleep(200 * time.Millisecond) // the feeder's next passes find nothing left
 	later := d.requests(5, 1_000_000, 12)
 	for i := range later {
 		later[i].Serial += "-later"
-	}
-	time.Sleep(200 * time.Millisecond) // the feeder's next ticks find nothing left
-	for _, r := range later {
-		if _, _, err := e.Accept(ctx, r); err != nil {
+		if _, _, err := e.Accept(ctx, later[i]); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(30 * time.Millisecond)
@@ -663,10 +706,7 @@ func TestNoQueueJumping(t *testing.T) {
 	d.waitFinal(later, 30*time.Second)
 	cancel()
 	<-done
-	if queuedInBurst > 15 {
-		t.Errorf("%d of 60 requests queued at their accept while others waited in their rows; want about the queue's 4", queuedInBurst)
-	}
-	if n := e.Stats.Queued.Load() - queuedInBurst; n < 4 {
+	if n := e.Stats.Queued.Load() - 4; n < 4 {
 		t.Errorf("after the backlog: %d of 5 requests queued at their accept, want them all (or all but one)", n)
 	}
 	d.check(append(rs, later...))
