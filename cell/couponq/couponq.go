@@ -526,8 +526,9 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 	}
 	// A database that gave requests may hold more (a take asks each for a
 	// share, which requests queued at their accept and still accepted fill
-	// as well): it is asked again at the next tick, and accepts are left
-	// to the feeder until a take finds nothing more there.
+	// as well): it is asked again at the next tick. So is every database of
+	// a take that found as many requests as the queue had room for: those
+	// that gave none may have been cut off by the older requests of others.
 	var over []model.CouponRequest
 	gave := map[int]bool{}
 	for _, r := range rs {
@@ -551,9 +552,12 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		}
 	}
 	e.feeding.Unlock()
-	var again []int
-	for db := range gave {
-		again = append(again, db)
+	again := dbs // a take cut at room: every database asked may hold more
+	if len(rs) < room {
+		again = again[:0:0]
+		for db := range gave {
+			again = append(again, db)
+		}
 	}
 	e.markDirty(again)
 	if len(over) > 0 { // back to accepted, taken at a next tick
