@@ -12,20 +12,10 @@ import (
 // search and sustain run; the cells' metrics come from their admin ports in
 // the config; contradictions are refused before anything runs.
 func TestBenchSearchFlags(t *testing.T) {
-	t.Setenv("REDCELL_API_KEY", "")
-	t.Setenv("REDCELL_CLUSTER_SECRET", "")
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "redcell.yaml")
-	yaml := "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\ncells:\n" +
-		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n" +
-		"  - name: cell-2\n    admin_listen: \"127.0.0.1:9207\"\n" +
-		"  - name: cell-3\n"
-	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_test\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := benchConfig(t, "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\ncells:\n"+
+		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n"+
+		"  - name: cell-2\n    admin_listen: \"127.0.0.1:9207\"\n"+
+		"  - name: cell-3\n")
 
 	f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "festival", "--compare", "naive,batched",
 		"--search-only", "--search-time", "2m", "--search-p99", "40ms", "--sustain-at", "batched", "--sustain-fraction", "0.6"})
@@ -95,18 +85,8 @@ func TestBenchSearchFlags(t *testing.T) {
 // TestBenchCouponsFlags: --rate gives the coupons workload one open-loop
 // run at that rate (no ceiling); flags of the packet workloads are refused.
 func TestBenchCouponsFlags(t *testing.T) {
-	t.Setenv("REDCELL_API_KEY", "")
-	t.Setenv("REDCELL_CLUSTER_SECRET", "")
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "redcell.yaml")
-	yaml := "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\nadmin_token: tok-0123456789abcdef\ncells:\n" +
-		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n"
-	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_test\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := benchConfig(t, "cluster_secret: file-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8160\"\nadmin_token: tok-0123456789abcdef\ncells:\n"+
+		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9206\"\n")
 	f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "coupons", "--rate", "300", "--merge-backlog", "0"})
 	if err != nil {
 		t.Fatal(err)
@@ -129,4 +109,22 @@ func TestBenchCouponsFlags(t *testing.T) {
 			t.Errorf("%v: accepted", args)
 		}
 	}
+}
+
+// benchConfig writes yaml as a config file, with an API key file beside it,
+// in a test's own directory, the environment's key and secret cleared, and
+// answers the config's path.
+func benchConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	t.Setenv("REDCELL_API_KEY", "")
+	t.Setenv("REDCELL_CLUSTER_SECRET", "")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "redcell.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte("rck_test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
