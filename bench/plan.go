@@ -8,6 +8,7 @@ import (
 	"math"
 
 	"redcell/model"
+	"redcell/sharding"
 )
 
 // DefaultHeadroom plans cells to run at 70% of their measured rate: room for a
@@ -22,17 +23,22 @@ type Plan struct {
 	Source             string  `json:"source"` // where the per-cell rate came from
 	// Cells = ceil(Target / (PerCell × Headroom)).
 	Cells int `json:"cells"`
-	// ShardsPerCell = floor(1000 / Cells); ShardsRemainder cells own one more,
-	// so every one of the 1000 shards has an owner.
-	ShardsPerCell   int      `json:"shards_per_cell"`
-	ShardsRemainder int      `json:"shards_remainder"`
-	Assumptions     []string `json:"assumptions"`
+	// DBsPerCell = floor(100 / Cells) databases (db_XX, ten shards each);
+	// DBsRemainder cells own one more, so every database has an owner: a
+	// cell owns whole databases (sharding.Ranges.CheckWholeDBs).
+	DBsPerCell   int `json:"dbs_per_cell"`
+	DBsRemainder int `json:"dbs_remainder"`
+	// Layout is each cell's shard ranges in that split, in order, as a
+	// config's cells[].shards: the first DBsRemainder cells own the extra
+	// database.
+	Layout      []string `json:"layout"`
+	Assumptions []string `json:"assumptions"`
 }
 
 // NewPlan computes the plan: cells = ceil(target / (perCell × headroom)), at
-// least 1, and the shards each cell owns. target and perCell are opens per
+// least 1, and the databases each cell owns. target and perCell are opens per
 // second (> 0); headroom is in (0, 1]. A plan that needs more cells than there
-// are shards is an error: a cell must own at least one shard.
+// are databases is an error: a cell owns at least one whole database.
 func NewPlan(target, perCell, headroom float64, source string) (Plan, error) {
 	switch {
 	case !(target > 0) || math.IsInf(target, 0):
@@ -45,14 +51,32 @@ func NewPlan(target, perCell, headroom float64, source string) (Plan, error) {
 	// The epsilon absorbs float error in perCell×headroom, so 700 / (100×0.7)
 	// is 10 cells, not 11.
 	q := target / (perCell * headroom)
-	if q > model.ShardCount {
-		return Plan{}, fmt.Errorf("bench: %.0f opens/s at %.1f per cell (headroom %.2f) needs %.0f cells, more than the %d shards",
-			target, perCell, headroom, math.Ceil(q), model.ShardCount)
+	if q > model.DBCount {
+		return Plan{}, fmt.Errorf("bench: %.0f opens/s at %.1f per cell (headroom %.2f) needs %.0f cells, more than the %d databases (a cell owns whole databases)",
+			target, perCell, headroom, math.Ceil(q), model.DBCount)
 	}
 	cells := max(1, int(math.Ceil(q-1e-9)))
+	per, extra := model.DBCount/cells, model.DBCount%cells
+	var layout []string
+	for i, db := 0, 0; i < cells; i++ {
+		n := per
+		if i < extra {
+			n++
+		}
+		dbs := make([]int, n)
+		for j := range dbs {
+			dbs[j] = db + j
+		}
+		db += n
+		r, err := sharding.RangesOfDBs(dbs)
+		if err != nil {
+			return Plan{}, err
+		}
+		layout = append(layout, r.String())
+	}
 	return Plan{
 		TargetOpensPerSec: target, PerCellOpensPerSec: perCell, Headroom: headroom, Source: source,
-		Cells: cells, ShardsPerCell: model.ShardCount / cells, ShardsRemainder: model.ShardCount % cells,
+		Cells: cells, DBsPerCell: per, DBsRemainder: extra, Layout: layout,
 		Assumptions: []string{
 			"throughput grows linearly with cells: shards spread the keys evenly (xxhash) and cells share nothing",
 			fmt.Sprintf("each cell sustains %.1f opens/s (%s) and is planned at %.0f%% of it", perCell, source, 100*headroom),
@@ -70,11 +94,16 @@ func (p Plan) WriteText(w io.Writer) error {
 	ew.printf("per cell          %12.1f opens/s (%s)\n", p.PerCellOpensPerSec, p.Source)
 	ew.printf("headroom          %12.2f (plan each cell at %.1f opens/s)\n", p.Headroom, p.PerCellOpensPerSec*p.Headroom)
 	ew.printf("cells             %12d = ceil(%.1f / (%.1f × %.2f))\n", p.Cells, p.TargetOpensPerSec, p.PerCellOpensPerSec, p.Headroom)
-	if p.ShardsRemainder == 0 {
-		ew.printf("shards per cell   %12d (%d shards / %d cells)\n", p.ShardsPerCell, model.ShardCount, p.Cells)
+	if p.DBsRemainder == 0 {
+		ew.printf("databases per cell %11d (%d databases of %d shards / %d cells)\n", p.DBsPerCell, model.DBCount, model.ShardsPerDB, p.Cells)
 	} else {
-		ew.printf("shards per cell   %12d (%d cells own %d: %d shards / %d cells)\n",
-			p.ShardsPerCell, p.ShardsRemainder, p.ShardsPerCell+1, model.ShardCount, p.Cells)
+		ew.printf("databases per cell %11d (%d cells own %d: %d databases of %d shards / %d cells)\n",
+			p.DBsPerCell, p.DBsRemainder, p.DBsPerCell+1, model.DBCount, model.ShardsPerDB, p.Cells)
+	}
+	if len(p.Layout) <= 10 {
+		for i, r := range p.Layout {
+			ew.printf("  cell %-3d shards %s\n", i+1, r)
+		}
 	}
 	ew.printf("assumptions:\n")
 	for _, a := range p.Assumptions {

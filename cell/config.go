@@ -45,7 +45,7 @@ const (
 type Config struct {
 	Name   string          // unique cell name, announced through memberlist
 	Listen string          // HTTP listen address, host:port
-	Shards sharding.Ranges // shards this cell owns
+	Shards sharding.Ranges // shards this cell owns: whole databases (sharding.Ranges.CheckWholeDBs)
 	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:23061)/"
 
 	// AdminListen is the admin port (runtime strategy switch), apart from the
@@ -304,6 +304,8 @@ func (c Config) Validate() error {
 	}
 	if len(c.Shards) == 0 {
 		bad("Shards must not be empty")
+	} else if err := c.Shards.CheckWholeDBs(); err != nil {
+		bad("Shards: %v", err)
 	}
 	if c.DSN == "" {
 		bad("DSN is required")

@@ -14,8 +14,16 @@ const ShardCount = 1000
 // ShardID is a logical shard, 0..ShardCount-1.
 type ShardID int
 
+// ShardsPerDB is how many shards one database (db_XX) holds: its t_y_dd
+// tables, y = s%10.
+const ShardsPerDB = 10
+
+// DBCount is the number of databases, db_00..db_99: the unit a cell owns and
+// the unit that moves between cells.
+const DBCount = ShardCount / ShardsPerDB
+
 // DB is the database index of the shard: shard s lives in db_{s/10:02}.
-func (s ShardID) DB() int { return int(s) / 10 }
+func (s ShardID) DB() int { return int(s) / ShardsPerDB }
 
 // Table is the table index of the shard inside its database: s%10.
 func (s ShardID) Table() int { return int(s) % 10 }

@@ -182,3 +182,41 @@ func TestGroupByOwner(t *testing.T) {
 		t.Fatalf("no credits: %v %v %d", l, r, n)
 	}
 }
+
+// TestWholeDBs: a cell's ranges cover whole databases of ten shards, and
+// RangesOfDBs writes databases back as merged ranges.
+func TestWholeDBs(t *testing.T) {
+	for _, ok := range []string{"0-999", "0-499", "500-999", "0-9", "990-999", "0-9,20-29,500-999"} {
+		r, err := ParseRanges(ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.CheckWholeDBs(); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for bad, names := range map[string]string{"0-4": "0-4", "0-332": "0-332", "5-9": "5-9", "0-9,25-39": "25-39", "7": "7", "0-498": "e.g. 0-499"} {
+		r, err := ParseRanges(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.CheckWholeDBs(); err == nil || !strings.Contains(err.Error(), names) {
+			t.Errorf("%q: %v, want an error naming %q", bad, err, names)
+		}
+	}
+	r, err := RangesOfDBs([]int{5, 0, 1, 1, 99, 6, 98})
+	if err != nil || r.String() != "0-19,50-69,980-999" || r.CheckWholeDBs() != nil {
+		t.Errorf("RangesOfDBs = %v, %v", r, err)
+	}
+	if dbs := r.DBs(); len(dbs) != 6 || dbs[0] != 0 || dbs[5] != 99 {
+		t.Errorf("DBs of %v = %v", r, dbs)
+	}
+	for _, bad := range [][]int{{-1}, {100}} {
+		if _, err := RangesOfDBs(bad); err == nil {
+			t.Errorf("RangesOfDBs(%v) accepted", bad)
+		}
+	}
+	if r, err := RangesOfDBs(nil); err != nil || len(r) != 0 {
+		t.Errorf("RangesOfDBs(nil) = %v, %v", r, err)
+	}
+}

@@ -150,12 +150,15 @@ func newWorld(cfg Config) *world {
 }
 
 // clusterMap is the shard map of three cells, built as cmd/redcell builds it
-// from a config's ranges.
+// from a config's ranges (whole databases: 33, 33 and 34 of them).
 func clusterMap() *sharding.Map {
-	ranges := []string{"0-332", "333-665", "666-999"}
+	ranges := []string{"0-329", "330-659", "660-999"}
 	var cells []sharding.Cell
 	for i, r := range ranges {
 		rs, err := sharding.ParseRanges(r)
+		if err == nil {
+			err = rs.CheckWholeDBs()
+		}
 		if err != nil {
 			panic(err)
 		}

@@ -392,3 +392,37 @@ func TestIdentityKeyConfig(t *testing.T) {
 		t.Errorf("a 5-byte identity key: %v", err)
 	}
 }
+
+// TestCellShardsWholeDBs: a cell's shards in the config cover whole
+// databases (ten shards each); a range that splits one is refused with the
+// aligned range it should be.
+func TestCellShardsWholeDBs(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cellOf := func(shards string) error {
+		t.Helper()
+		body := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"" + shards + "\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(p)
+		if err != nil {
+			return err
+		}
+		c, _, err := fc.cellConfig("c1")
+		if err == nil {
+			err = c.Validate()
+		}
+		return err
+	}
+	for _, ok := range []string{"0-999", "0-499", "500-509,600-999"} {
+		if err := cellOf(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for bad, want := range map[string]string{"0-332": "0-339", "1-999": "0-999", "500-504": "500-509"} {
+		if err := cellOf(bad); err == nil || !strings.Contains(err.Error(), "whole databases") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want a whole-databases error suggesting %s", bad, err, want)
+		}
+	}
+}

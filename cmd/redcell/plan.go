@@ -14,7 +14,8 @@ import (
 //
 //	redcell plan --target-opens-per-sec N [--per-cell-opens-per-sec R | --from report.json] [--headroom 0.7]
 //
-// cells = ceil(N / (R × headroom)) and shards per cell = 1000 / cells, with the
+// cells = ceil(N / (R × headroom)), databases per cell = 100 / cells (whole
+// databases of ten shards: the unit a cell owns), each cell's ranges, and the
 // assumptions behind them. R is given, or read from a bench report: the best
 // per-cell rate among its passing runs (bench.PerCellRateFrom).
 func runPlan(_ context.Context, args []string) error {
