@@ -269,6 +269,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		}
 		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(first.Shard, first.Day)+
 			" WHERE packet_id = ?", string(first.ID)))
+		if archived(err) { // an order repeated after its packet was archived
+			p, err = scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(first.Shard, ArchiveDay)+
+				" WHERE packet_id = ?", string(first.ID)))
+		}
 		if err != nil {
 			return nil, fmt.Errorf("storage: read the first packet of order %s: %w", op.Send.OrderNo, err)
 		}

@@ -56,7 +56,7 @@ func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) 
 		ref := tableRef{kind: m[1], shard: model.ShardID(db*10 + t)}
 		if m[3] != "" {
 			ref.day, _ = strconv.Atoi(m[3])
-			if ref.day < 1 || ref.day > 31 {
+			if ref.day < ArchiveDay || ref.day > 31 {
 				continue
 			}
 		}

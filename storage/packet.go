@@ -112,11 +112,18 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 	return out.Packet, false, nil
 }
 
-// Packet reads a packet row. Errors: ErrNotFound.
+// Packet reads a packet row, from its day table or, once archived, from its
+// shard's archive (Archive). Errors: ErrNotFound.
 func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
-	p, err := scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
-		" WHERE packet_id = ?", string(ref.ID)))
-	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
+	read := func(day int) (model.Packet, error) {
+		return scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, day)+
+			" WHERE packet_id = ?", string(ref.ID)))
+	}
+	p, err := read(ref.Day)
+	if archived(err) {
+		p, err = read(ArchiveDay)
+	}
+	if archived(err) {
 		return model.Packet{}, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
 	}
 	if err != nil {
@@ -125,8 +132,21 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 	return p, nil
 }
 
-// Claims returns up to limit claims of the packet with seq > afterSeq, by seq.
+// Claims returns up to limit claims of the packet with seq > afterSeq, by
+// seq, from its day table or, once the packet is archived, its archive.
 func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+	out, err := m.claimsPage(ctx, ref, afterSeq, limit)
+	if err != nil || len(out) > 0 {
+		return out, err
+	}
+	if in, err := m.inArchive(ctx, m.db, ref); err != nil || !in {
+		return nil, err
+	}
+	return m.claimsPage(ctx, archiveRef(ref), afterSeq, limit)
+}
+
+// claimsPage is Claims of the table ref.Day names.
+func (m *MySQL) claimsPage(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	rows, err := m.db.QueryContext(ctx, "SELECT seq, act_id, amount, created_ms FROM "+m.claimTable(ref.Shard, ref.Day)+
 		" WHERE packet_id = ? AND seq > ? ORDER BY seq LIMIT ?", string(ref.ID), afterSeq, limit)
 	if isMySQLErr(err, errNoSuchTable) {
@@ -198,9 +218,20 @@ func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, req
 }
 
 // ClaimsOf returns the claims the requests' users hold on the packet, read
-// without locks: used to answer opens of a packet known to be sold out or expired.
+// without locks: used to answer opens of a packet known to be sold out or
+// expired, archived ones too.
 func (m *MySQL) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	c, err := m.claimsOf(ctx, m.db, ref, reqs)
+	if isMySQLErr(err, errNoSuchTable) {
+		c, err = map[string]model.Claim{}, nil
+	}
+	if err != nil || len(c) > 0 {
+		return c, err
+	}
+	if in, err := m.inArchive(ctx, m.db, ref); err != nil || !in {
+		return c, err
+	}
+	c, err = m.claimsOf(ctx, m.db, archiveRef(ref), reqs)
 	if isMySQLErr(err, errNoSuchTable) {
 		return map[string]model.Claim{}, nil
 	}

@@ -6,6 +6,8 @@
 //	db_XX.t_flow_Y           every balance change of those wallets (UNIQUE act_id, order_no)
 //	db_XX.t_packet_Y_DD      red packets created on day DD by senders of the shard
 //	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id)
+//	db_XX.t_packet_Y_00      the archive: settled packets older than the retention, moved
+//	db_XX.t_claim_Y_00       with their claims (ArchiveDay), so day DD is empty when it comes round
 //	db_XX.t_outbox           claims waiting to be credited to the claimant's wallet
 //	db_XX.t_identity_Y       app accounts bound to actIDs, homed in shard XX*10+Y (phones only as keyed hashes)
 //	db_XX.t_reward           rewards issued to the actIDs of the database's shards (UNIQUE order_no), booked behind
@@ -41,13 +43,24 @@ func (m *MySQL) outboxTable(db int) string {
 	return fmt.Sprintf("%sdb_%02d.t_outbox", m.ns, db)
 }
 
+// ArchiveDay is the "day" of a shard's archive tables, t_packet_Y_00 and
+// t_claim_Y_00: no day of a month is 0, so the archive keeps the day tables'
+// name shape and columns, and everything that reads packet and claim tables
+// (the audits, reconciliation) reads it as one more day. Packets move there
+// with their claims once settled and older than the retention (Archive).
+const ArchiveDay = 0
+
+// archiveEnsure is the ensureKey.day of a shard's archive tables (day 0 is
+// the shard's own tables).
+const archiveEnsure = -5
+
 func (m *MySQL) packetTable(s model.ShardID, day int) string {
-	invariant.That(day >= 1 && day <= 31, "day out of range")
+	invariant.That(day >= ArchiveDay && day <= 31, "day out of range")
 	return fmt.Sprintf("%s.t_packet_%d_%02d", m.dbName(s), s.Table(), day)
 }
 
 func (m *MySQL) claimTable(s model.ShardID, day int) string {
-	invariant.That(day >= 1 && day <= 31, "day out of range")
+	invariant.That(day >= ArchiveDay && day <= 31, "day out of range")
 	return fmt.Sprintf("%s.t_claim_%d_%02d", m.dbName(s), s.Table(), day)
 }
 
