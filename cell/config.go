@@ -41,6 +41,10 @@ const (
 	StrategyGrouped = "grouped"
 )
 
+// MaxRetention bounds Config.Retention: 27 days and a day's archive pass
+// fit before the shortest month brings a day of month round again.
+const MaxRetention = 27 * 24 * time.Hour
+
 // Config is one cell's configuration. Start from DefaultConfig.
 type Config struct {
 	Name   string          // unique cell name, announced through memberlist
@@ -163,7 +167,17 @@ type Config struct {
 
 	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
 	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
-	MapVersion     int64         // version of the shard map this cell announces
+	// Retention is how long a settled packet and its claims stay in their
+	// day table (t_packet_Y_DD, t_claim_Y_DD) before they move to the
+	// shard's archive tables (t_packet_Y_00, t_claim_Y_00): at least
+	// PacketExpiry + 72h (the expiry, the two days after it in which opens
+	// still take the queue, and a day for the refund), at most 27 days, so
+	// day DD is empty before it comes round next month. 0 turns archiving
+	// off (day tables then fill month after month).
+	Retention time.Duration
+	// ArchiveInterval is how often the archive pass runs (with Retention).
+	ArchiveInterval time.Duration
+	MapVersion      int64 // version of the shard map this cell announces
 
 	// ReconInterval is how often reconciliation checks the claims made since its
 	// last pass against the outbox and the claimants' credits (cell/recon).
@@ -268,10 +282,12 @@ func DefaultConfig() Config {
 		RateLimitPerSec: 100_000,
 		RateBurst:       20_000, // 200 ms of the rate: absorbs a router's reconnect burst
 
-		RelayInterval:  time.Second,
-		ExpiryInterval: 5 * time.Second, // each pass reads ~3 day tables per owned shard
-		MapVersion:     1,
-		WarmSchema:     true,
+		RelayInterval:   time.Second,
+		ExpiryInterval:  5 * time.Second, // each pass reads ~3 day tables per owned shard
+		Retention:       7 * 24 * time.Hour,
+		ArchiveInterval: time.Hour,
+		MapVersion:      1,
+		WarmSchema:      true,
 		// A failed pass costs little to repeat (tables are made IF NOT EXISTS,
 		// and while the database breaker is open the store refuses at once), and
 		// tomorrow's tables should not wait an hour for an outage of a minute.
@@ -367,6 +383,13 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConns < 2 {
 		bad("MaxConns must be >= 2")
+	}
+	if c.Retention != 0 && (c.Retention < c.PacketExpiry+72*time.Hour || c.Retention > MaxRetention) {
+		bad("Retention (retention_days) must be 0 (off) or from packet_expiry + 72h (%s) to %s, got %s",
+			c.PacketExpiry+72*time.Hour, MaxRetention, c.Retention)
+	}
+	if c.ArchiveInterval <= 0 || c.ArchiveInterval > 24*time.Hour {
+		bad("ArchiveInterval (archive_interval) must be > 0 and at most 24h, got %s", c.ArchiveInterval)
 	}
 	if c.RequestTimeout <= 0 || c.RelayInterval <= 0 || c.ExpiryInterval <= 0 || c.WarmRetry <= 0 {
 		bad("RequestTimeout, RelayInterval, ExpiryInterval and WarmRetry must be > 0")

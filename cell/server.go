@@ -140,6 +140,7 @@ type Server struct {
 	auditor *audit.Auditor
 	admin   *admin.Server
 	expiry  *expirer
+	archive *archiver
 	warmer  *warmer
 
 	// groups commits the work of many keys of one lane together (strategy
@@ -244,6 +245,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
 	s.expiry = &expirer{spaces: s.spaces, shards: cfg.Shards.Shards(), interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
+	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
 	s.recon = recon.New(recon.Config{Shards: cfg.Shards, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
 		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Clock: clk, Log: log, Reg: reg},
@@ -314,7 +316,7 @@ func (s *Server) Listen() (net.Listener, error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.recon.Run, s.auditor.Run,
+	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
 		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
 			if t := s.acts.holder.Tree(); t != nil {

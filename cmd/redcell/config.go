@@ -102,6 +102,8 @@ type cellSection struct {
 	RequestTimeout  time.Duration         `yaml:"request_timeout"`
 	RelayInterval   time.Duration         `yaml:"relay_interval"`
 	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
+	RetentionDays   *int                  `yaml:"retention_days"`   // settled packets older than this move to the archive tables; 0: off
+	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
 	MaxAmount       int64                 `yaml:"max_amount"`
 	MaxCount        int64                 `yaml:"max_count"`
 	MaxGreeting     int                   `yaml:"max_greeting"`
@@ -331,6 +333,10 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.RequestTimeout, s.RequestTimeout)
 	setDur(&c.RelayInterval, s.RelayInterval)
 	setDur(&c.ExpiryInterval, s.ExpiryInterval)
+	if s.RetentionDays != nil {
+		c.Retention = time.Duration(*s.RetentionDays) * 24 * time.Hour
+	}
+	setDur(&c.ArchiveInterval, s.ArchiveInterval)
 	if s.MaxAmount > 0 {
 		c.Limits.MaxAmount = model.Cents(s.MaxAmount)
 	}

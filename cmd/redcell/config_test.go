@@ -426,3 +426,46 @@ func TestCellShardsWholeDBs(t *testing.T) {
 		}
 	}
 }
+
+// TestRetentionConfig: retention_days sets how long settled packets stay in
+// their day tables (7 by default, 0 off); below packet_expiry + 3 days or
+// above 27 it is refused.
+func TestRetentionConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	cellOf := func(body string) (cell.Config, error) {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(p)
+		if err != nil {
+			return cell.Config{}, err
+		}
+		c, _, err := fc.cellConfig("c1")
+		if err == nil {
+			err = c.Validate()
+		}
+		return c, err
+	}
+	day := 24 * time.Hour
+	for body, want := range map[string]time.Duration{
+		"":                              7 * day,
+		"cell:\n  retention_days: 0\n":  0,
+		"cell:\n  retention_days: 4\n":  4 * day, // packet_expiry 24h + 3 days
+		"cell:\n  retention_days: 27\n": 27 * day,
+		"cell:\n  retention_days: 12\n  packet_expiry: 168h\n": 12 * day,
+	} {
+		c, err := cellOf(body)
+		if err != nil || c.Retention != want {
+			t.Errorf("%q: retention %s, %v; want %s", body, c.Retention, err, want)
+		}
+	}
+	for _, body := range []string{"cell:\n  retention_days: 3\n", "cell:\n  retention_days: 28\n", "cell:\n  packet_expiry: 168h\n",
+		"cell:\n  archive_interval: 25h\n"} {
+		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), "Retention") && !strings.Contains(err.Error(), "ArchiveInterval") {
+			t.Errorf("%q: %v, want a retention or archive_interval error", body, err)
+		}
+	}
+}
