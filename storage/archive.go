@@ -60,6 +60,12 @@ func (m *MySQL) EnsureArchive(ctx context.Context, s model.ShardID) error {
 // expires_ms) instead of scanning day tables.
 const MaxPacketExpiry = 7 * 24 * time.Hour
 
+// ArchivedClaimsAge: every claim in an archive is older than this. A cell
+// archives packets created more than its retention ago, which is at least
+// packet_expiry + 72h, and a claim is made before its packet expires; so a
+// reconciliation window younger than this reads day tables only.
+const ArchivedClaimsAge = 72 * time.Hour
+
 // Archive moves the settled packets of the owned shards' day tables that
 // were created before beforeMS (Unix ms), with their claims, into the
 // shards' archive tables (t_packet_Y_00, t_claim_Y_00): at most archiveChunk

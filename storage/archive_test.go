@@ -168,6 +168,28 @@ func TestArchiveSeventyDays(t *testing.T) {
 	if err != nil || !repeat || again.ID != p.ref.ID {
 		t.Fatalf("repeat of the archived packet's send: %+v repeat=%v %v", again, repeat, err)
 	}
+	// Reconciliation of an old window reads the archived claims too, with
+	// their outbox rows.
+	var dbShards []model.ShardID
+	for sh := model.ShardID(p.ref.Shard.DB() * 10); sh < model.ShardID(p.ref.Shard.DB()*10+10); sh++ {
+		dbShards = append(dbShards, sh)
+	}
+	w, err := m.ReconWindow(ctx, p.ref.Shard.DB(), dbShards, []int{p.ref.Day}, start.UnixMilli(), start.Add(24*time.Hour).UnixMilli(), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inWindow := 0
+	for _, c := range w.Claims {
+		if c.PacketID == p.ref.ID {
+			inWindow++
+			if _, ok := w.Outbox[c.ID]; !ok {
+				t.Errorf("archived claim %s read without its outbox row", c.ID)
+			}
+		}
+	}
+	if inWindow != 3 {
+		t.Fatalf("the reconciliation window of day 0 holds %d of the archived packet's 3 claims: %+v", inWindow, w)
+	}
 	// A packet ID never sent is still not found.
 	ghost := p.ref
 	ghost.ID = model.NewPacketID(p.ref.Shard, start)

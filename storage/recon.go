@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -14,8 +15,8 @@ import (
 
 // ReconWindow reads what reconciliation compares for database db (0..99): the
 // claims created in [fromMS, toMS) in the claim tables of shards (all of db)
-// for the given days of month, and db's outbox rows created in the same
-// window. Both come from one statement, so from one consistent read: a claim
+// for the given days of month (and the archive's, for a window older than
+// ArchivedClaimsAge), and db's outbox rows created in the same window. Both come from one statement, so from one consistent read: a claim
 // and its outbox row commit together, and the read sees both or neither.
 //
 // A window is read whole when it holds at most 2×limit rows (claims and outbox
@@ -31,6 +32,10 @@ func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 		if s.DB() != db {
 			return w, fmt.Errorf("storage: recon window: shard %d is not in db %d", s, db)
 		}
+	}
+	if fromMS < m.nowMS()-ArchivedClaimsAge.Milliseconds() {
+		// A window this old may hold claims the archive moved.
+		days = append(slices.Clone(days), ArchiveDay)
 	}
 	err := m.readReconWindowRetry(ctx, db, shards, days, 2*limit, &w)
 	if errors.Is(err, errWindowFull) {
