@@ -51,6 +51,13 @@ func newArchiver(spaces [2]*space, owns func(model.ShardID) bool, retention, int
 			Help: "Archive passes that ended with an error (what they moved stays moved; the next pass goes on)."}, []string{"space"}),
 	}
 	reg.MustRegister(a.packets, a.claims, a.cents, a.unsettled, a.at, a.failures)
+	for _, sp := range spaces { // every series from the start, at 0
+		a.packets.WithLabelValues(sp.name)
+		a.claims.WithLabelValues(sp.name)
+		a.cents.WithLabelValues(sp.name)
+		a.unsettled.WithLabelValues(sp.name)
+		a.failures.WithLabelValues(sp.name)
+	}
 	return a
 }
 
