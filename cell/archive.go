@@ -2,21 +2,35 @@ package cell
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redcell/cell/guard"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
 )
 
 // archiveStore is what the archiver needs of a space's store: the MariaDB
-// store has it (storage.MySQL.Archive); a store without it is not archived.
+// store has it (storage.MySQL.Archive), and so has the breaker in front of
+// it (guard.Store, which answers storage.ErrNoArchive for a store without
+// day tables); a store without it is not archived.
 type archiveStore interface {
 	Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (storage.ArchiveResult, error)
 }
+
+var (
+	_ archiveStore = (*storage.MySQL)(nil)
+	_ archiveStore = (*guard.Store)(nil) // what cmd/redcell gives a cell
+)
+
+// archiveFirst is how long after start the first archive pass runs (then
+// every ArchiveInterval): a cell restarted more often than the interval
+// still archives.
+const archiveFirst = time.Minute
 
 // archiver moves each space's settled packets older than the retention, with
 // their claims, out of their day tables into the shards' archive tables, so
@@ -67,11 +81,18 @@ func (a *archiver) run(ctx context.Context) {
 	if a.retention <= 0 {
 		return
 	}
-	clock.Every(ctx, a.clock, a.interval, func(int) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.clock.After(min(archiveFirst, a.interval)):
+	}
+	pass := func(int) {
 		for _, sp := range a.spaces {
 			a.once(ctx, sp)
 		}
-	})
+	}
+	pass(0)
+	clock.Every(ctx, a.clock, a.interval, pass)
 }
 
 // once runs one pass over sp: packets created before now - retention.
@@ -83,6 +104,9 @@ func (a *archiver) once(ctx context.Context, sp *space) (storage.ArchiveResult, 
 	start := a.clock.Now()
 	before := start.Add(-a.retention)
 	res, err := st.Archive(ctx, a.owns, before.UnixMilli())
+	if errors.Is(err, storage.ErrNoArchive) {
+		return res, nil
+	}
 	a.packets.WithLabelValues(sp.name).Add(float64(res.Packets))
 	a.claims.WithLabelValues(sp.name).Add(float64(res.Claims))
 	a.cents.WithLabelValues(sp.name).Add(float64(res.Cents))

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"redcell/cell/guard"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
@@ -43,8 +44,14 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	real := &cutStore{res: storage.ArchiveResult{Packets: 40, Claims: 90, Cents: 12_345, Unsettled: 2}, failAfter: true}
 	shadow := &cutStore{}
 	reg := prometheus.NewRegistry()
-	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: shadow}},
-		func(model.ShardID) bool { return true }, 7*24*time.Hour, time.Hour, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Behind the breaker, as cmd/redcell gives a cell its stores.
+	a := newArchiver([2]*space{{name: "real", store: guard.NewStore(real, b, nil)}, {name: "shadow", stress: true, store: guard.NewStore(shadow, b, nil)}},
+		func(model.ShardID) bool { return true }, 7*24*time.Hour, time.Hour, clk, log, reg)
 	for _, sp := range a.spaces {
 		if _, err := a.once(context.Background(), sp); err != nil {
 			t.Fatal(err)
@@ -74,6 +81,15 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	check(a.packets.WithLabelValues("real"), 41) // what it moved before the error stays counted
 	check(a.unsettled.WithLabelValues("real"), 2)
 	check(a.at.WithLabelValues("real"), float64(now.Unix()))
+
+	// A store without day tables (no Archive) behind the breaker: skipped,
+	// no failure counted.
+	plain := newArchiver([2]*space{{name: "real", store: guard.NewStore(struct{ storage.Store }{}, b, nil)}, {name: "shadow", store: guard.NewStore(struct{ storage.Store }{}, b, nil)}},
+		a.owns, 7*24*time.Hour, time.Hour, clk, log, prometheus.NewRegistry())
+	if _, err := plain.once(context.Background(), plain.spaces[0]); err != nil {
+		t.Fatalf("a store without day tables: %v", err)
+	}
+	check(plain.failures.WithLabelValues("real"), 0)
 
 	off := newArchiver(a.spaces, a.owns, 0, time.Hour, clk, a.log, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -41,9 +41,11 @@ const (
 	StrategyGrouped = "grouped"
 )
 
-// MaxRetention bounds Config.Retention: 27 days and a day's archive pass
-// fit before the shortest month brings a day of month round again.
-const MaxRetention = 27 * 24 * time.Hour
+// MaxRetention bounds Config.Retention: a packet made at the end of day D
+// is archived by D + 1 + 25 days + one ArchiveInterval (at most a day),
+// before the shortest month brings day D round again 28 days after it
+// began.
+const MaxRetention = 25 * 24 * time.Hour
 
 // Config is one cell's configuration. Start from DefaultConfig.
 type Config struct {
@@ -171,9 +173,9 @@ type Config struct {
 	// day table (t_packet_Y_DD, t_claim_Y_DD) before they move to the
 	// shard's archive tables (t_packet_Y_00, t_claim_Y_00): at least
 	// PacketExpiry + 72h (the expiry, the two days after it in which opens
-	// still take the queue, and a day for the refund), at most 27 days, so
-	// day DD is empty before it comes round next month. 0 turns archiving
-	// off (day tables then fill month after month).
+	// still take the queue, and a day for the refund), at most MaxRetention
+	// (25 days), so day DD is empty before it comes round next month. 0
+	// turns archiving off (day tables then fill month after month).
 	Retention time.Duration
 	// ArchiveInterval is how often the archive pass runs (with Retention).
 	ArchiveInterval time.Duration

@@ -26,6 +26,10 @@ type ArchiveResult struct {
 	Tables    int // day tables looked at
 }
 
+// ErrNoArchive: the store keeps no day tables, so it has nothing to archive
+// (the in-memory store).
+var ErrNoArchive = errors.New("storage: this store keeps no day tables to archive")
+
 // archiveChunk is how many packets one archive transaction moves.
 const archiveChunk = 500
 
@@ -54,12 +58,6 @@ func (m *MySQL) EnsureArchive(ctx context.Context, s model.ShardID) error {
 	return nil
 }
 
-// MaxPacketExpiry bounds a packet's life (the cells' packet_expiry): a
-// packet created before a cut expired before the cut plus this, so the
-// archive finds old packets through the k_expiry index (status,
-// expires_ms) instead of scanning day tables.
-const MaxPacketExpiry = 7 * 24 * time.Hour
-
 // ArchivedClaimsAge: every claim in an archive is older than this. A cell
 // archives packets created more than its retention ago, which is at least
 // packet_expiry + 72h, and a claim is made before its packet expires; so a
@@ -79,11 +77,10 @@ const ArchivedClaimsAge = 72 * time.Hour
 // it in the archive (Packet, Claims, ClaimsOf).
 //
 // It first counts, 100 day tables per statement, each table's old settled
-// and old open packets through the k_expiry index (a packet created before
-// the cut expired before the cut plus MaxPacketExpiry), then moves only
-// from the tables that have some, in READ COMMITTED transactions that lock
-// the rows they move and no gaps, so sends and opens on the same tables do
-// not wait for it. Errors: the database's; what was moved before an error
+// and old open packets through the k_created index, then moves only from
+// the tables that have some, oldest first, in READ COMMITTED transactions
+// that lock the rows they move and no gaps, so sends and opens on the same
+// tables do not wait for it. Errors: the database's; what was moved before an error
 // stays moved.
 func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
 	var res ArchiveResult
@@ -107,7 +104,6 @@ func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, befo
 	})
 	slices.SortFunc(packets, func(a, b tableRef) int { return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.day, b.day)) })
 	res.Tables = len(packets)
-	expiredBy := beforeMS + MaxPacketExpiry.Milliseconds()
 	var due []tableRef
 	for start := 0; start < len(packets); start += ledgerChunk {
 		chunk := packets[start:min(start+ledgerChunk, len(packets))]
@@ -115,8 +111,8 @@ func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, befo
 		args := make([]any, 0, 3*len(chunk))
 		for i, t := range chunk {
 			parts = append(parts, fmt.Sprintf("(SELECT %d AS i, COALESCE(SUM(status <> 0), 0) AS settled, COALESCE(SUM(status = 0), 0) AS open FROM %s "+
-				"WHERE status IN (0, 1, 2) AND expires_ms < ? AND created_ms < ?)", i, m.packetTable(t.shard, t.day)))
-			args = append(args, expiredBy, beforeMS)
+				"WHERE created_ms < ?)", i, m.packetTable(t.shard, t.day)))
+			args = append(args, beforeMS)
 		}
 		rows, err := m.db.QueryContext(ctx, strings.Join(parts, " UNION ALL "), args...)
 		if err != nil {
@@ -143,7 +139,7 @@ func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, befo
 			return res, err
 		}
 		for {
-			n, err := m.archiveChunk(ctx, t, beforeMS, expiredBy, &res)
+			n, err := m.archiveChunk(ctx, t, beforeMS, &res)
 			if err != nil {
 				return res, fmt.Errorf("storage: archive %s: %w", m.packetTable(t.shard, t.day), err)
 			}
@@ -158,7 +154,7 @@ func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, befo
 // archiveChunk moves up to archiveChunk settled packets of day table t
 // created before beforeMS, with their claims, in one transaction; it returns
 // how many it moved.
-func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS, expiredBy int64, res *ArchiveResult) (int, error) {
+func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS int64, res *ArchiveResult) (int, error) {
 	pt, ct := m.packetTable(t.shard, t.day), m.claimTable(t.shard, t.day)
 	at, act := m.packetTable(t.shard, ArchiveDay), m.claimTable(t.shard, ArchiveDay)
 	var moved, claims int
@@ -173,8 +169,8 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS, expiredB
 		// Locked, so a late refund or open (none is due past the retention)
 		// waits and then finds the packet gone, never half moved.
 		rows, err := tx.QueryContext(ctx, "SELECT packet_id, amount FROM "+pt+
-			" WHERE status IN (1, 2) AND expires_ms < ? AND created_ms < ? ORDER BY packet_id LIMIT ? FOR UPDATE",
-			expiredBy, beforeMS, archiveChunk)
+			" WHERE created_ms < ? AND status <> 0 ORDER BY created_ms, packet_id LIMIT ? FOR UPDATE",
+			beforeMS, archiveChunk)
 		if err != nil {
 			return err
 		}
@@ -198,10 +194,14 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS, expiredB
 			return nil
 		}
 		in := " WHERE packet_id IN (" + placeholders(len(ids)) + ")"
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+at+" ("+packetCols+") SELECT "+packetCols+" FROM "+pt+in, ids...); err != nil {
+		r, err := tx.ExecContext(ctx, "INSERT INTO "+at+" ("+packetCols+") SELECT "+packetCols+" FROM "+pt+in, ids...)
+		if err != nil {
 			return err
 		}
-		r, err := tx.ExecContext(ctx, "INSERT INTO "+act+" (packet_id, seq, act_id, amount, created_ms) SELECT packet_id, seq, act_id, amount, created_ms FROM "+ct+in, ids...)
+		if pn, err := r.RowsAffected(); err != nil || pn != int64(len(ids)) {
+			return errors.Join(err, fmt.Errorf("locked %d packets, copied %d", len(ids), pn))
+		}
+		r, err = tx.ExecContext(ctx, "INSERT INTO "+act+" (packet_id, seq, act_id, amount, created_ms) SELECT packet_id, seq, act_id, amount, created_ms FROM "+ct+in, ids...)
 		if err != nil {
 			return err
 		}
@@ -248,6 +248,13 @@ func archived(err error) bool {
 func archiveRef(ref model.PacketRef) model.PacketRef {
 	ref.Day = ArchiveDay
 	return ref
+}
+
+// mayBeArchived reports whether packet ref is old enough to be in the
+// archive: made on a day before now - ArchivedClaimsAge. Reads of younger
+// packets (a sold-out rain's latecomers, say) never look there.
+func (m *MySQL) mayBeArchived(ref model.PacketRef) bool {
+	return time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC).Before(m.clock.Now().Add(-ArchivedClaimsAge))
 }
 
 // inArchive reports whether packet ref is in its shard's archive (false,

@@ -38,12 +38,14 @@ func TestArchiveSeventyDays(t *testing.T) {
 		order    string
 		amount   model.Cents
 		claimant string // one who claimed it
+		claims   int
 		day      int
 	}
 	var all []sent
 	var total, claimed model.Cents
 	var stuck *sent // left open past the retention on purpose
-	var archived int
+	var archived, archivedClaims int
+	var archivedCents model.Cents
 	r := rand.New(rand.NewPCG(7, 70))
 	for day := 0; day < 70; day++ {
 		today := start.AddDate(0, 0, day)
@@ -67,17 +69,17 @@ func TestArchiveSeventyDays(t *testing.T) {
 				amount := model.Cents(100 + r.IntN(900))
 				count := int64(3)
 				ref := send(t, m, s, amount, count, 24*time.Hour)
-				p := sent{ref: ref, amount: amount, day: day}
+				opens := 1 // the second packet: one share, the rest refunded
+				if k == 0 {
+					opens = int(count) // the first: claimed out
+				}
+				p := sent{ref: ref, amount: amount, day: day, claims: opens}
 				pk, err := m.Packet(ctx, ref)
 				if err != nil {
 					t.Fatal(err)
 				}
 				p.order = pk.OrderNo
 				total += amount
-				opens := 1 // the second packet: one share, the rest refunded
-				if k == 0 {
-					opens = int(count) // the first: claimed out
-				}
 				for u := 0; u < opens; u++ {
 					act := fmt.Sprintf("u%d-%d-%d-%d", day, i, k, u)
 					res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
@@ -115,6 +117,8 @@ func TestArchiveSeventyDays(t *testing.T) {
 			t.Fatal(err)
 		}
 		archived += res.Packets
+		archivedClaims += res.Claims
+		archivedCents += res.Cents
 		wantStuck := 0
 		if day >= 10 && day < 20 { // older than the retention from day 3 + 7, refunded on day 20
 			wantStuck = 1
@@ -125,15 +129,17 @@ func TestArchiveSeventyDays(t *testing.T) {
 		// Every packet created before the cut is archived, the stuck one
 		// once refunded; none younger.
 		cut := clk.Now().Add(-retention)
-		want := 0
+		want, wantClaims, wantCents := 0, 0, model.Cents(0)
 		for _, p := range all {
 			created := start.AddDate(0, 0, p.day).Add(9 * time.Hour)
 			if created.Before(cut) && (p.ref != stuck.ref || day >= 20) {
 				want++
+				wantClaims += p.claims
+				wantCents += p.amount
 			}
 		}
-		if archived != want {
-			t.Fatalf("day %d: %d archived, want %d", day, archived, want)
+		if archived != want || archivedClaims != wantClaims || archivedCents != wantCents {
+			t.Fatalf("day %d: %d packets, %d claims, %d cents archived; want %d, %d, %d", day, archived, archivedClaims, archivedCents, want, wantClaims, wantCents)
 		}
 		if day%10 == 9 || day == 69 {
 			a := sameCellAudit(t, m, owns)

@@ -120,7 +120,7 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 			" WHERE packet_id = ?", string(ref.ID)))
 	}
 	p, err := read(ref.Day)
-	if archived(err) {
+	if archived(err) && m.mayBeArchived(ref) {
 		p, err = read(ArchiveDay)
 	}
 	if archived(err) {
@@ -136,7 +136,7 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 // seq, from its day table or, once the packet is archived, its archive.
 func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	out, err := m.claimsPage(ctx, ref, afterSeq, limit)
-	if err != nil || len(out) > 0 {
+	if err != nil || len(out) > 0 || !m.mayBeArchived(ref) {
 		return out, err
 	}
 	if in, err := m.inArchive(ctx, m.db, ref); err != nil || !in {
@@ -225,7 +225,7 @@ func (m *MySQL) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.
 	if isMySQLErr(err, errNoSuchTable) {
 		c, err = map[string]model.Claim{}, nil
 	}
-	if err != nil || len(c) > 0 {
+	if err != nil || len(c) > 0 || !m.mayBeArchived(ref) {
 		return c, err
 	}
 	if in, err := m.inArchive(ctx, m.db, ref); err != nil || !in {

@@ -120,8 +120,12 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
   created_ms       BIGINT NOT NULL,
   expires_ms       BIGINT NOT NULL,
   KEY k_expiry (status, expires_ms),
+  KEY k_created (created_ms),
   CONSTRAINT remaining_not_negative CHECK (remaining_amount >= 0 AND remaining_count >= 0)
 ) ENGINE=InnoDB`,
+		// Packet tables made before k_created existed get it here (a no-op
+		// where it exists): the archive pass finds old packets by it.
+		`ALTER TABLE ` + m.packetTable(s, day) + ` ADD INDEX IF NOT EXISTS k_created (created_ms)`,
 		`CREATE TABLE IF NOT EXISTS ` + m.claimTable(s, day) + ` (
   packet_id  CHAR(27) NOT NULL,
   seq        BIGINT NOT NULL,

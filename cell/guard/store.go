@@ -210,6 +210,25 @@ func (s *Store) CellAudit(ctx context.Context, cell string, owns func(model.Shar
 	return s.inner.CellAudit(ctx, cell, owns)
 }
 
+// Archive runs the inner store's archive pass (storage.MySQL.Archive).
+// Like CellAudit it may read many tables, so it runs only while the breaker
+// is closed, is never its probe and is not counted. Errors: ErrDBOpen,
+// storage.ErrNoArchive when the inner store keeps no day tables, and the
+// inner store's.
+func (s *Store) Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (storage.ArchiveResult, error) {
+	a, ok := s.inner.(interface {
+		Archive(context.Context, func(model.ShardID) bool, int64) (storage.ArchiveResult, error)
+	})
+	if !ok {
+		return storage.ArchiveResult{}, storage.ErrNoArchive
+	}
+	if s.b.State() != StateClosed {
+		s.b.rejected.Add(1)
+		return storage.ArchiveResult{}, ErrDBOpen
+	}
+	return a.Archive(ctx, owns, beforeMS)
+}
+
 // Ledger implements storage.Store. Like EnsureDays it may run for minutes (it
 // reads every money row), so it runs only while the breaker is closed, is
 // never its probe and is not counted.

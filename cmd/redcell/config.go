@@ -333,8 +333,15 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.RequestTimeout, s.RequestTimeout)
 	setDur(&c.RelayInterval, s.RelayInterval)
 	setDur(&c.ExpiryInterval, s.ExpiryInterval)
-	if s.RetentionDays != nil {
-		c.Retention = time.Duration(*s.RetentionDays) * 24 * time.Hour
+	switch days := s.RetentionDays; {
+	case days == nil:
+		// The default week, or longer when packets live longer: at least
+		// packet_expiry + 3 days, in whole days.
+		c.Retention = max(c.Retention, (c.PacketExpiry+72*time.Hour+23*time.Hour)/(24*time.Hour)*24*time.Hour)
+	case *days < 0 || *days > 365:
+		return c, "", fmt.Errorf("config: cell.retention_days must be 0 (off) .. 365, got %d", *days)
+	default:
+		c.Retention = time.Duration(*days) * 24 * time.Hour
 	}
 	setDur(&c.ArchiveInterval, s.ArchiveInterval)
 	if s.MaxAmount > 0 {

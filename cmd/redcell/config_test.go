@@ -428,8 +428,9 @@ func TestCellShardsWholeDBs(t *testing.T) {
 }
 
 // TestRetentionConfig: retention_days sets how long settled packets stay in
-// their day tables (7 by default, 0 off); below packet_expiry + 3 days or
-// above 27 it is refused.
+// their day tables (7 by default, or packet_expiry + 3 days when longer; 0
+// off); below packet_expiry + 3 days, above 25, or outside 0..365 it is
+// refused.
 func TestRetentionConfig(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
@@ -451,10 +452,12 @@ func TestRetentionConfig(t *testing.T) {
 	}
 	day := 24 * time.Hour
 	for body, want := range map[string]time.Duration{
-		"":                              7 * day,
-		"cell:\n  retention_days: 0\n":  0,
-		"cell:\n  retention_days: 4\n":  4 * day, // packet_expiry 24h + 3 days
-		"cell:\n  retention_days: 27\n": 27 * day,
+		"":                               7 * day,
+		"cell:\n  retention_days: 0\n":   0,
+		"cell:\n  retention_days: 4\n":   4 * day, // packet_expiry 24h + 3 days
+		"cell:\n  retention_days: 25\n":  25 * day,
+		"cell:\n  packet_expiry: 168h\n": 10 * day, // unset: at least packet_expiry + 3 days
+		"cell:\n  packet_expiry: 100h\n": 8 * day,  // 172h, rounded up to whole days
 		"cell:\n  retention_days: 12\n  packet_expiry: 168h\n": 12 * day,
 	} {
 		c, err := cellOf(body)
@@ -462,9 +465,9 @@ func TestRetentionConfig(t *testing.T) {
 			t.Errorf("%q: retention %s, %v; want %s", body, c.Retention, err, want)
 		}
 	}
-	for _, body := range []string{"cell:\n  retention_days: 3\n", "cell:\n  retention_days: 28\n", "cell:\n  packet_expiry: 168h\n",
-		"cell:\n  archive_interval: 25h\n"} {
-		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), "Retention") && !strings.Contains(err.Error(), "ArchiveInterval") {
+	for _, body := range []string{"cell:\n  retention_days: 3\n", "cell:\n  retention_days: 26\n", "cell:\n  retention_days: 9\n  packet_expiry: 168h\n",
+		"cell:\n  archive_interval: 25h\n", "cell:\n  retention_days: -1\n", "cell:\n  retention_days: 100000000000\n"} {
+		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), "Retention") && !strings.Contains(err.Error(), "retention_days") && !strings.Contains(err.Error(), "ArchiveInterval") {
 			t.Errorf("%q: %v, want a retention or archive_interval error", body, err)
 		}
 	}
