@@ -185,7 +185,12 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 	db.SetMaxIdleConns(maxConns)
 	// Recycle connections so a restarted server's stale sockets do not linger.
 	db.SetConnMaxLifetime(5 * time.Minute)
-	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}, nil
+	return newMySQL(db), nil
+}
+
+// newMySQL is the store over pool db.
+func newMySQL(db *sql.DB) *MySQL {
+	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
 }
 
 // withParams sets the driver parameters every connection needs, whatever the

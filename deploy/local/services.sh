@@ -91,6 +91,19 @@ start_mariadb() {
   fi
   local flush=1 sync=1
   if [ "$mode" = fast ]; then flush=2; sync=0; fi
+  # REDCELL_REPL_ID=N: this server takes part in replication (a cell's primary
+  # with a standby, or the standby): binlog, server id N, semi-synchronous.
+  local repl=()
+  if [ -n "${REDCELL_REPL_ID:-}" ]; then
+    # The standby acknowledges a transaction's events once it has written
+    # them (AFTER_SYNC), before the primary answers its COMMIT: a COMMIT
+    # acknowledged to the cell is on the standby too. A standby silent for
+    # REDCELL_SEMISYNC_TIMEOUT_MS (10 s) turns this into asynchronous
+    # replication until it is back (docs/operations.md says what that risks).
+    repl=(--log-bin=binlog --server-id="$REDCELL_REPL_ID" --binlog-format=ROW --log-slave-updates=1
+      --rpl-semi-sync-master-enabled=1 --rpl-semi-sync-slave-enabled=1 --rpl-semi-sync-master-wait-point=AFTER_SYNC
+      --rpl-semi-sync-master-timeout="${REDCELL_SEMISYNC_TIMEOUT_MS:-10000}" --slave-parallel-threads=4 --slave-parallel-mode=optimistic)
+  fi
   # The socket path is kept short: unix sockets are limited to 108 bytes.
   local sock; sock=$(mktemp -u /tmp/rcdb.XXXXXX.sock)
   echo "$sock" >"$dir/socket.path"
@@ -99,7 +112,7 @@ start_mariadb() {
     --port="$port" --bind-address=127.0.0.1 --socket="$sock" --pid-file="$dir/mariadb.pid" --tmpdir="$dir/tmp" \
     --log-error="$dir/error.log" --skip-name-resolve --max-connections=1000 \
     --innodb-buffer-pool-size=256M --innodb-log-file-size=256M \
-    --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync \
+    --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync "${repl[@]}" \
     --innodb-file-per-table=${REDCELL_FILE_PER_TABLE:-1} --table-open-cache=8000 --table-definition-cache=8000 \
     --open-files-limit=32000 --character-set-server=utf8mb4 \
     --collation-server=utf8mb4_bin >/dev/null 2>&1 &
@@ -113,6 +126,41 @@ start_mariadb() {
   echo "MariaDB in $dir did not answer on port $port; see $dir/error.log" >&2
   tail -20 "$dir/error.log" >&2 || true
   return 1
+}
+
+# start_standby DIR PORT PRIMARY_PORT ID [durable|fast] starts a private MariaDB
+# in DIR on PORT as the standby of the server on PRIMARY_PORT (started with
+# REDCELL_REPL_ID): a replica by GTID with semi-synchronous acknowledgement,
+# server id ID. A new standby is first seeded with a consistent copy of the
+# primary's redcell databases (mariadb-dump --single-transaction, which also
+# gives the GTID position to start from). A standby that was promoted (it
+# was seeded, and replicates from nobody now) is the cell's database: it is
+# started as it is, never seeded again, and a warning says so.
+start_standby() {
+  local dir=${1:?} port=${2:?} primary=${3:?} id=${4:?} mode=${5:-durable}
+  REDCELL_REPL_ID=$id start_mariadb "$dir" "$port" "$mode" || return 1
+  local m=(mariadb --no-defaults -h127.0.0.1 -uroot)
+  if [ -n "$("${m[@]}" -P"$port" -N -e 'SHOW SLAVE STATUS')" ]; then
+    return 0 # a replica already: it reconnects by itself
+  fi
+  if [ -f "$dir/seeded" ]; then
+    echo "warning: the standby in $dir replicates from nobody: it was promoted and is the cell's database now;" >&2
+    echo "         the server on $primary is behind it (rebuild it as the standby, docs/operations.md)" >&2
+    return 0
+  fi
+  local dbs
+  dbs=$("${m[@]}" -P"$primary" -N -e "SELECT schema_name FROM information_schema.schemata
+    WHERE schema_name LIKE 'db\\_%' OR schema_name LIKE 'shadow\\_db\\_%'" | tr '\n' ' ')
+  if [ -n "${dbs// /}" ]; then
+    # shellcheck disable=SC2086 # one word per database
+    mariadb-dump --no-defaults -h127.0.0.1 -P"$primary" -uroot --single-transaction --gtid --master-data=1 \
+      --databases $dbs | "${m[@]}" -P"$port" || { echo "seeding the standby in $dir failed" >&2; return 1; }
+  else
+    "${m[@]}" -P"$port" -e "SET GLOBAL gtid_slave_pos = '$("${m[@]}" -P"$primary" -N -e 'SELECT @@gtid_binlog_pos')'" || return 1
+  fi
+  "${m[@]}" -P"$port" -e "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary, MASTER_USER='root',
+    MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE" || return 1
+  touch "$dir/seeded"
 }
 
 # pids_with TEXT [start] prints the pids of the processes whose command line
@@ -200,10 +248,12 @@ stop_cluster() {
   stop_with "$var/bin/redcell router " 20 start
   stop_with "$var/bin/redcell cell " 30 start
   stop_memcached "$var/memcached"
-  local first
-  stop_mariadb "$var/cell-1/db" & first=$! # both at once: each flushes for a few seconds
+  local first second third
+  stop_mariadb "$var/cell-1/db" & first=$! # all at once: each flushes for a few seconds
+  stop_mariadb "$var/cell-1/standby" & second=$!
+  stop_mariadb "$var/cell-2/standby" & third=$!
   stop_mariadb "$var/cell-2/db"
-  wait "$first" || true
+  wait "$first" "$second" "$third" || true
 }
 
 # cluster_pids VAR prints the pids of what run.sh started under VAR that still runs.
@@ -215,4 +265,6 @@ cluster_pids() {
   pids_with "-P $var/memcached/memcached.pid" || echo "?"
   pids_with "--datadir=$var/cell-1/db/data " || echo "?"
   pids_with "--datadir=$var/cell-2/db/data " || echo "?"
+  pids_with "--datadir=$var/cell-1/standby/data " || echo "?"
+  pids_with "--datadir=$var/cell-2/standby/data " || echo "?"
 }

@@ -1,0 +1,220 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// replicaPair starts a primary and its standby (deploy/local/services.sh,
+// fast mode) in a temporary folder and returns their DSNs and a function
+// that kills the primary with SIGKILL. Skips without MariaDB unless in CI.
+func replicaPair(t *testing.T) (primary, standby string, killPrimary func()) {
+	t.Helper()
+	if _, err := os.Stat("/usr/sbin/mariadbd"); err != nil {
+		if _, err := exec.LookPath("mariadbd"); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatal("the failover test needs mariadbd (make test installs it)")
+			}
+			t.Skip("the failover test needs mariadbd; run make test")
+		}
+	}
+	script, _ := filepath.Abs("../deploy/local/services.sh")
+	dir := t.TempDir()
+	ports := make([]int, 2)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	sh := func(script2 string) {
+		t.Helper()
+		out, err := exec.Command("bash", "-c", ". "+script+"\nset -e\n"+script2).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", script2, err, out)
+		}
+	}
+	t.Cleanup(func() { sh(fmt.Sprintf("stop_mariadb %[1]s/p; stop_mariadb %[1]s/s", dir)) })
+	sh(fmt.Sprintf("REDCELL_REPL_ID=1 start_mariadb %[1]s/p %[2]d fast; start_standby %[1]s/s %[3]d %[2]d 11 fast", dir, ports[0], ports[1]))
+	killPrimary = func() {
+		b, err := os.ReadFile(dir + "/p/mariadb.pid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid <= 0 {
+			t.Fatalf("bad pid file %q", b)
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return fmt.Sprintf("root@tcp(127.0.0.1:%d)/", ports[0]), fmt.Sprintf("root@tcp(127.0.0.1:%d)/", ports[1]), killPrimary
+}
+
+// TestFailoverKeepsAcknowledgedCommits: deposits run on a primary with a
+// semi-synchronous standby; the primary is killed with SIGKILL mid-stream;
+// Watch promotes the standby once the primary has been silent for a while,
+// and every deposit that was answered is there, exactly once, with its
+// balance; deposits go on against the standby; a store opened afterwards
+// serves from the promoted standby, not the dead primary's copy.
+func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
+	primary, standby, killPrimary := replicaPair(t)
+	var logTo io.Writer = io.Discard
+	if testing.Verbose() {
+		logTo = os.Stderr
+	}
+	log := slog.New(slog.NewTextHandler(logTo, nil))
+	m, f, err := OpenFailover(primary, standby, 16, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if f.OnStandby() {
+		t.Fatal("a fresh pair serves from the standby")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watched := make(chan struct{})
+	go func() { defer close(watched); f.Watch(ctx, 2*time.Second, 100*time.Millisecond) }()
+
+	const workers, each = 8, 60
+	// The shards' tables first, and the standby caught up with them: DDL
+	// replays one statement at a time, and the point here is the money rows.
+	for w := range workers {
+		for i := range each {
+			if err := m.EnsureShard(ctx, sharding.ShardOfAct(fmt.Sprintf("fo-%d-%d", w, i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := m.EnsureShard(ctx, sharding.ShardOfAct("fo-after")); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, m, standby)
+	var mu sync.Mutex
+	acked := map[string]model.Cents{} // act → cents answered
+	var wg sync.WaitGroup
+	killAt := make(chan struct{})
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if w == 0 && i == each/3 {
+					close(killAt)
+				}
+				act := fmt.Sprintf("fo-%d-%d", w, i)
+				dctx, dcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				_, err := m.Deposit(dctx, sharding.ShardOfAct(act), act, "dep-"+act, model.Cents(100+i))
+				dcancel()
+				if err == nil {
+					mu.Lock()
+					acked[act] = model.Cents(100 + i)
+					mu.Unlock()
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	<-killAt
+	killPrimary()
+	killed := time.Now()
+	wg.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for !f.OnStandby() {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby was not promoted within 30 s of the primary's death")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	promotedAfter := time.Since(killed)
+	<-watched // Watch ends once the standby serves
+	if promotedAfter < 2*time.Second {
+		t.Fatalf("promoted %s after the kill, before the primary was silent for 2 s", promotedAfter)
+	}
+	if f.Promotions.Load() != 1 {
+		t.Fatalf("%d promotions", f.Promotions.Load())
+	}
+	if len(acked) < workers*each/4 {
+		t.Fatalf("only %d deposits answered before the kill", len(acked))
+	}
+	// Every answered deposit is on the promoted standby, once.
+	for act, cents := range acked {
+		var a model.Account
+		var err error
+		for range 50 { // the pool drops the old primary's connections as it meets them
+			if a, err = m.Account(ctx, sharding.ShardOfAct(act), act); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil || a.Balance != cents {
+			t.Fatalf("acknowledged deposit of %d to %s: account %+v, %v after the failover", cents, act, a, err)
+		}
+	}
+	// Writes go on, on the standby.
+	var derr error
+	for range 50 {
+		if _, derr = m.Deposit(ctx, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if derr != nil {
+		t.Fatalf("a deposit after the failover: %v", derr)
+	}
+	// A later process (a cell restarted) serves from the promoted standby.
+	m2, f2, err := OpenFailover(primary, standby, 4, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if !f2.OnStandby() {
+		t.Fatal("a store opened after the promotion serves from the old primary")
+	}
+	if a, err := m2.Account(ctx, sharding.ShardOfAct("fo-after"), "fo-after"); err != nil || a.Balance != 777 {
+		t.Fatalf("the deposit after the failover, read by a new store: %+v, %v", a, err)
+	}
+	t.Logf("%d deposits answered (of %d tried), all on the standby; promoted %s after the primary's SIGKILL (failover after 2 s of silence)",
+		len(acked), workers*each, promotedAfter.Round(time.Millisecond))
+}
+
+// waitCaughtUp waits until the standby has applied everything the primary
+// (m's server) has written.
+func waitCaughtUp(t *testing.T, m *MySQL, standby string) {
+	t.Helper()
+	var pos string
+	if err := m.db.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		t.Fatal(err)
+	}
+	full, err := withParams(standby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var waited sql.NullInt64
+	if err := db.QueryRow("SELECT MASTER_GTID_WAIT(?, 120)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
+		t.Fatalf("the standby did not catch up with %s within 120 s: %v %v", pos, waited, err)
+	}
+}
