@@ -53,6 +53,14 @@ type Config struct {
 	Listen string          // HTTP listen address, host:port
 	Shards sharding.Ranges // shards this cell owns: whole databases (sharding.Ranges.CheckWholeDBs)
 	DSN    string          // MariaDB DSN without database, e.g. "root@tcp(127.0.0.1:23061)/"
+	// StandbyDSN is a semi-synchronous replica of DSN's server (empty: none):
+	// promoted when that server has not answered for FailoverAfter
+	// (storage.Failover; the caller opens the stores, cmd/redcell).
+	StandbyDSN string
+	// FailoverAfter is how long the primary may stay silent before its
+	// standby is promoted: long enough that a restart of the server (the
+	// db_restart drill, about a second) never promotes.
+	FailoverAfter time.Duration
 
 	// AdminListen is the admin port (runtime strategy switch), apart from the
 	// public one; empty means no admin port. AdminToken is the bearer token it
@@ -287,6 +295,7 @@ func DefaultConfig() Config {
 		RelayInterval:   time.Second,
 		ExpiryInterval:  5 * time.Second, // each pass reads ~3 day tables per owned shard
 		Retention:       7 * 24 * time.Hour,
+		FailoverAfter:   30 * time.Second,
 		ArchiveInterval: time.Hour,
 		MapVersion:      1,
 		WarmSchema:      true,
@@ -389,6 +398,12 @@ func (c Config) Validate() error {
 	if c.Retention != 0 && (c.Retention < c.PacketExpiry+72*time.Hour || c.Retention > MaxRetention) {
 		bad("Retention (retention_days) must be 0 (off) or from packet_expiry + 72h (%s) to %s, got %s",
 			c.PacketExpiry+72*time.Hour, MaxRetention, c.Retention)
+	}
+	if c.FailoverAfter < 2*time.Second || c.FailoverAfter > time.Hour {
+		bad("FailoverAfter (failover_after) must be 2s..1h, got %s", c.FailoverAfter)
+	}
+	if c.StandbyDSN != "" && c.StandbyDSN == c.DSN {
+		bad("StandbyDSN (standby_dsn) must name another server than DSN")
 	}
 	if c.ArchiveInterval <= 0 || c.ArchiveInterval > 24*time.Hour {
 		bad("ArchiveInterval (archive_interval) must be > 0 and at most 24h, got %s", c.ArchiveInterval)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sync"
 	"time"
@@ -114,7 +115,7 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := storage.Open(c.DSN, 2)
+			st, err := openCellDB(c, 2)
 			if err != nil {
 				errs[i] = err
 				return
@@ -166,4 +167,16 @@ func couponAuditRules(fc fileConfig) (map[string]int, time.Duration, error) {
 		limits[b.ID] = b.PerPersonLimit
 	}
 	return limits, stale, nil
+}
+
+// openCellDB opens the database a cell of the config writes to: its
+// primary, or its standby once that was promoted (a standby that replicates
+// from nobody, storage.OpenFailover), so the audit and the bench read what
+// the cell serves after a failover.
+func openCellDB(c cellEntry, conns int) (*storage.MySQL, error) {
+	if c.StandbyDSN == "" {
+		return storage.Open(c.DSN, conns)
+	}
+	st, _, err := storage.OpenFailover(c.DSN, c.StandbyDSN, conns, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return st, err
 }

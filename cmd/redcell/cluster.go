@@ -14,7 +14,6 @@ import (
 	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
-	"redcell/storage"
 )
 
 // adminCall sends one request to a cell's admin port with the bearer token and
@@ -92,7 +91,7 @@ func dbLimit(ctx context.Context, configPath string, batch int, d time.Duration)
 	if err != nil {
 		return 0, err
 	}
-	real, err := storage.Open(fc.Cells[0].DSN, 4)
+	real, err := openCellDB(fc.Cells[0], 4)
 	if err != nil {
 		return 0, err
 	}

@@ -69,6 +69,10 @@ type cellEntry struct {
 	Gossip string `yaml:"gossip"`
 	Shards string `yaml:"shards"`
 	DSN    string `yaml:"dsn"`
+	// StandbyDSN is the cell's standby database, a semi-synchronous replica
+	// of DSN's server promoted when that server stays down (failover_after);
+	// empty: none.
+	StandbyDSN string `yaml:"standby_dsn"`
 	// AdminListen is the cell's admin port (runtime settings); empty: none.
 	AdminListen string `yaml:"admin_listen"`
 }
@@ -104,6 +108,7 @@ type cellSection struct {
 	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
 	RetentionDays   *int                  `yaml:"retention_days"`   // settled packets older than this move to the archive tables; 0: off
 	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
+	FailoverAfter   time.Duration         `yaml:"failover_after"`   // a cell with a standby promotes it after its primary is down this long
 	MaxAmount       int64                 `yaml:"max_amount"`
 	MaxCount        int64                 `yaml:"max_count"`
 	MaxGreeting     int                   `yaml:"max_greeting"`
@@ -269,7 +274,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	if entry == nil {
 		return c, "", fmt.Errorf("config: no cell named %q in cells", name)
 	}
-	c.Name, c.Listen, c.DSN = entry.Name, entry.Listen, entry.DSN
+	c.Name, c.Listen, c.DSN, c.StandbyDSN = entry.Name, entry.Listen, entry.DSN, entry.StandbyDSN
 	c.AdminListen, c.AdminToken, c.ClusterSecret, c.IdentityKey = entry.AdminListen, fc.AdminToken, fc.ClusterSecret, fc.IdentityKey
 	r, err := sharding.ParseRanges(entry.Shards)
 	if err != nil {
@@ -344,6 +349,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.Retention = time.Duration(*days) * 24 * time.Hour
 	}
 	setDur(&c.ArchiveInterval, s.ArchiveInterval)
+	setDur(&c.FailoverAfter, s.FailoverAfter)
 	if s.MaxAmount > 0 {
 		c.Limits.MaxAmount = model.Cents(s.MaxAmount)
 	}

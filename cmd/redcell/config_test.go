@@ -472,3 +472,38 @@ func TestRetentionConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyConfig: a cell entry's standby_dsn and the shared
+// failover_after reach the cell's config; failover_after outside 2s..1h, or
+// a standby that is the primary, is refused.
+func TestStandbyConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cellOf := func(standby, body string) (cell.Config, error) {
+		t.Helper()
+		cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\", standby_dsn: \"" + standby + "\"}\n"
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(p)
+		if err != nil {
+			return cell.Config{}, err
+		}
+		c, _, err := fc.cellConfig("c1")
+		if err == nil {
+			err = c.Validate()
+		}
+		return c, err
+	}
+	if c, err := cellOf("", ""); err != nil || c.StandbyDSN != "" || c.FailoverAfter != 30*time.Second {
+		t.Fatalf("defaults: %q %s, %v", c.StandbyDSN, c.FailoverAfter, err)
+	}
+	if c, err := cellOf("root@tcp(127.0.0.1:4)/", "cell:\n  failover_after: 5s\n"); err != nil || c.StandbyDSN != "root@tcp(127.0.0.1:4)/" || c.FailoverAfter != 5*time.Second {
+		t.Fatalf("from the file: %q %s, %v", c.StandbyDSN, c.FailoverAfter, err)
+	}
+	for _, bad := range [][2]string{{"", "cell:\n  failover_after: 1s\n"}, {"", "cell:\n  failover_after: 2h\n"}, {"root@tcp(127.0.0.1:3)/", ""}} {
+		if _, err := cellOf(bad[0], bad[1]); err == nil || !strings.Contains(err.Error(), "FailoverAfter") && !strings.Contains(err.Error(), "StandbyDSN") {
+			t.Errorf("%q %q: %v, want a failover_after or standby_dsn error", bad[0], bad[1], err)
+		}
+	}
+}

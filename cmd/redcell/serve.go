@@ -71,7 +71,13 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := storage.Open(cfg.DSN, cfg.MaxConns)
+	var store *storage.MySQL
+	var failover *storage.Failover // nil: no standby
+	if cfg.StandbyDSN != "" {
+		store, failover, err = storage.OpenFailover(cfg.DSN, cfg.StandbyDSN, cfg.MaxConns, log.With("component", "failover"))
+	} else {
+		store, err = storage.Open(cfg.DSN, cfg.MaxConns)
+	}
 	if err != nil {
 		return err
 	}
@@ -87,6 +93,25 @@ func runCell(ctx context.Context, args []string) error {
 	}
 	defer ln.Close()
 	reg := newRegistry()
+	if failover != nil {
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		go failover.Watch(watchCtx, cfg.FailoverAfter, time.Second)
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_on_standby",
+				Help: "1 once the cell's standby database was promoted and serves (a failover), else 0."},
+				func() float64 { return b2f(failover.OnStandby()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_promotions_total",
+				Help: "Standby databases this process promoted."}, func() float64 { return float64(failover.Promotions.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_primary_down_seconds",
+				Help: "How long the primary database has not answered the failover watch (0 while it answers or once the standby serves)."},
+				func() float64 {
+					if t := failover.PrimaryDownSince(); !t.IsZero() {
+						return time.Since(t).Seconds()
+					}
+					return 0
+				}))
+	}
 	dbBreaker, err := guard.NewBreaker("db", bcfg, reg, log)
 	if err != nil {
 		return err
@@ -254,4 +279,12 @@ func servePprof(addr string, log *slog.Logger) error {
 	go func() { _ = http.Serve(ln, nil) }() // DefaultServeMux holds the pprof handlers
 	log.Info("pprof serving", "addr", ln.Addr().String())
 	return nil
+}
+
+// b2f is 1 for true, 0 for false (a gauge of a state).
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -44,7 +44,7 @@ shutdown() {
   # A MariaDB still starting (a signal during the start) is waited for, so
   # that it is there to be stopped; start_mariadb gives up within a minute.
   local job
-  for job in ${m1:-} ${m2:-}; do wait "$job" 2>/dev/null; done
+  for job in ${m1:-} ${m2:-} ${m3:-} ${m4:-}; do wait "$job" 2>/dev/null; done
   stop_cluster "$VAR"
   if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
   rm -f "$VAR"/pids/*.pid
@@ -62,6 +62,11 @@ echo "building redcell ..."
 
 # Ports: the defaults from deploy/local/redcell.yaml unless already taken here.
 db1=$(free_port 23061); db2=$(free_port $((db1 + 1)))
+# REDCELL_STANDBY=1: each cell's MariaDB gets a standby (a semi-synchronous
+# replica the cell promotes when its primary stays down).
+standby=${REDCELL_STANDBY:-0}
+s1=""; s2=""
+if [ "$standby" = 1 ]; then s1=$(free_port $((db2 + 100))); s2=$(free_port $((s1 + 1))); fi
 mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
@@ -115,6 +120,11 @@ sed "${sedargs[@]}" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     -e "s/^identity_key: \"\"/identity_key: \"$identity\"/" \
     "$here/redcell.yaml" >"$cfg"
+if [ "$standby" = 1 ]; then
+  # Each cell's standby_dsn, in the order the cells are listed.
+  awk -v a="root@tcp(127.0.0.1:$s1)/" -v b="root@tcp(127.0.0.1:$s2)/" \
+    '/^    standby_dsn: ""/ { n++; sub(/""/, "\"" (n == 1 ? a : b) "\"") } { print }' "$cfg" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+fi
 
 # The callers' API keys live in $VAR/api-keys.yaml (router.api_keys, hashes
 # only). A demo app with every scope gets a key once, in $VAR/api-key, before
@@ -127,9 +137,17 @@ if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*co
 fi
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
-start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
-start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
+r1=""; r2="" # server ids: with standbys the primaries write a binlog
+if [ "$standby" = 1 ]; then r1=1; r2=2; fi
+REDCELL_REPL_ID=$r1 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
+REDCELL_REPL_ID=$r2 start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
 wait "$m1" && wait "$m2" || { echo "MariaDB failed to start" >&2; exit 1; }
+if [ "$standby" = 1 ]; then
+  echo "starting the standbys: cell-1's on 127.0.0.1:$s1, cell-2's on 127.0.0.1:$s2 (semi-synchronous replicas) ..."
+  start_standby "$VAR/cell-1/standby" "$s1" "$db1" 11 durable & m3=$!
+  start_standby "$VAR/cell-2/standby" "$s2" "$db2" 12 durable & m4=$!
+  wait "$m3" && wait "$m4" || { echo "a standby failed to start" >&2; exit 1; }
+fi
 start_memcached "$VAR/memcached" "$mc"
 
 start_proc() {
@@ -178,7 +196,8 @@ redcell is serving.
              more keys: $VAR/bin/redcell apikey add --keys $VAR/api-keys.yaml --app NAME --scopes read,open
   router admin 127.0.0.1:$a0 (GET /metrics; /admin/keys with the admin token)
   cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
-  cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)
+  cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)${s1:+
+  standbys   cell-1 127.0.0.1:$s1 ($VAR/cell-1/standby), cell-2 127.0.0.1:$s2 ($VAR/cell-2/standby)}
   admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg
   memcached  127.0.0.1:$mc
   gossip     127.0.0.1:$g0 (router), :$g1, :$g2 (cells)
