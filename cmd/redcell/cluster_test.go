@@ -41,6 +41,8 @@ type cluster struct {
 // clusterSpec is what a cluster runs against and the config's cell section.
 type clusterSpec struct {
 	dsn  [2]string // MariaDB of cell-1 and cell-2
+	// standby: each cell's standby_dsn (empty: none).
+	standby [2]string
 	mc   string    // memcached host:port
 	cell string    // the YAML body of the "cell:" section, indented two spaces
 	// rewards: the cells issue rewards, as make run's do: the config names
@@ -174,12 +176,12 @@ router:
   admin_listen: "127.0.0.1:%d"
   api_keys: "api-keys.yaml"
 cells:
-  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, admin_listen: "127.0.0.1:%d"}
-  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, admin_listen: "127.0.0.1:%d"}
+  - {name: cell-1, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "0-499", dsn: %q, standby_dsn: %q, admin_listen: "127.0.0.1:%d"}
+  - {name: cell-2, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "500-999", dsn: %q, standby_dsn: %q, admin_listen: "127.0.0.1:%d"}
 cell:
 %s%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
-		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], p["cell-1-admin"],
-		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards)+couponLines(c.spec.coupons))
+		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], c.spec.standby[0], p["cell-1-admin"],
+		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], c.spec.standby[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards)+couponLines(c.spec.coupons))
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
