@@ -25,11 +25,11 @@ import (
 // rebuilt as the new standby by hand (docs/operations.md).
 type Failover struct {
 	primary, standby string // DSNs with the driver's parameters
-	sw                *switchConnector
-	db                *sql.DB // the store's pool
-	maxConns          int
-	promoted          atomic.Bool
-	log               *slog.Logger
+	sw               *switchConnector
+	db               *sql.DB // the store's pool
+	maxConns         int
+	promoted         atomic.Bool
+	log              *slog.Logger
 
 	// Promotions counts standbys promoted by this process; PrimaryDown is
 	// when the primary stopped answering (zero while it answers).

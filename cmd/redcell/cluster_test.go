@@ -40,11 +40,11 @@ type cluster struct {
 
 // clusterSpec is what a cluster runs against and the config's cell section.
 type clusterSpec struct {
-	dsn  [2]string // MariaDB of cell-1 and cell-2
+	dsn [2]string // MariaDB of cell-1 and cell-2
 	// standby: each cell's standby_dsn (empty: none).
 	standby [2]string
-	mc   string    // memcached host:port
-	cell string    // the YAML body of the "cell:" section, indented two spaces
+	mc      string // memcached host:port
+	cell    string // the YAML body of the "cell:" section, indented two spaces
 	// rewards: the cells issue rewards, as make run's do: the config names
 	// activities.yaml (a copy of deploy/local/activities.yaml) and
 	// reward-keys.yaml (made by redcell rewards keygen) beside it.
