@@ -178,9 +178,12 @@ var routes = [RouteCount]Route{
 // model.ParsePacketID) and does not escape it.
 //
 // HealthPath (GET) is no entry of the table: the router and every cell answer
-// it before matching, without an API key or a signature.
+// it before matching, without an API key or a signature. LivePath (GET) is a
+// cell's liveness: 200 {"cell": name} at once, reading nothing (the
+// router's health probes: a cell whose database is slow or down is alive).
 const (
 	HealthPath       = "/healthz"
+	LivePath         = "/livez"
 	SendPath         = "/v1/packets"
 	CreditsPath      = "/internal/credits"
 	ReconPath        = "/internal/recon"

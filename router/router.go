@@ -586,7 +586,11 @@ func (r *Router) healthz(rc *fasthttp.RequestCtx) {
 	if m.Uncovered() > 0 {
 		status = "degraded" // some shards have no live cell; the rest are served
 	}
-	b, _ := json.Marshal(map[string]any{"status": status, "cells": cells, "uncovered_shards": m.Uncovered(), "map_version": m.Version})
+	out := map[string]any{"status": status, "cells": cells, "uncovered_shards": m.Uncovered(), "map_version": m.Version}
+	if p, ok := r.routes.(interface{ DownCells() []string }); ok {
+		out["cells_out"] = p.DownCells() // out of the map for failed health probes
+	}
+	b, _ := json.Marshal(out)
 	rc.SetStatusCode(code)
 	rc.SetContentType("application/json")
 	rc.SetBody(b)

@@ -50,6 +50,9 @@ type routerSection struct {
 	// TLSCert, TLSKey: PEM files; both set, the router serves HTTPS only.
 	TLSCert string `yaml:"tls_cert"`
 	TLSKey  string `yaml:"tls_key"`
+	// HealthProbeInterval: how often the router probes each cell's /healthz
+	// (router.Prober); unset: 1s; 0s: no probes.
+	HealthProbeInterval *time.Duration `yaml:"health_probe_interval"`
 }
 
 type rateEntry struct {
@@ -438,4 +441,16 @@ func setInt(dst *int, v int) {
 	if v != 0 {
 		*dst = v
 	}
+}
+
+// probeConfig is the router's health probes: router.DefaultProbeConfig, at
+// the file's interval when it sets one (0s: off; the timeout stays within
+// the interval).
+func (fc fileConfig) probeConfig() (router.ProbeConfig, error) {
+	c := router.DefaultProbeConfig()
+	if iv := fc.Router.HealthProbeInterval; iv != nil {
+		c.Interval = *iv
+		c.Timeout = min(c.Timeout, c.Interval/2)
+	}
+	return c, c.Validate()
 }

@@ -244,7 +244,19 @@ func runRouter(ctx context.Context, args []string) error {
 		return err
 	}
 	defer node.Leave(2 * time.Second)
-	rt, err := router.New(cfg, node, keys, newRegistry(), log)
+	pcfg, err := fc.probeConfig()
+	if err != nil {
+		return err
+	}
+	reg := newRegistry()
+	routes, err := router.NewProber(node, pcfg, reg, log.With("component", "probe"))
+	if err != nil {
+		return err
+	}
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	defer stopProbes()
+	go routes.Run(probeCtx)
+	rt, err := router.New(cfg, routes, keys, reg, log)
 	if err != nil {
 		return err
 	}
