@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"redcell/internal/incident"
 )
 
 // Failover is a cell's database with a standby: a MariaDB replica of the
@@ -23,39 +26,175 @@ import (
 // the pool dials the standby from then on. It never switches back: the old
 // primary, if it returns, holds a past the standby has gone beyond, and is
 // rebuilt as the new standby by hand (docs/operations.md).
+//
+// Promotion leaves a mark on the standby (redcell_failover.t_promoted), so
+// a later process, the audit and the bench know to use it; a standby that
+// is neither a replica of this primary nor marked is refused, never taken
+// for the cell's database.
 type Failover struct {
 	primary, standby string // DSNs with the driver's parameters
+	primaryAddr      string // host:port
 	sw               *switchConnector
 	db               *sql.DB // the store's pool
 	maxConns         int
 	promoted         atomic.Bool
 	log              *slog.Logger
 
-	// Promotions counts standbys promoted by this process; PrimaryDown is
-	// when the primary stopped answering (zero while it answers).
+	// Promotions counts standbys promoted by this process.
 	Promotions  atomic.Int64
-	primaryDown atomic.Int64 // Unix ms
+	primaryDown atomic.Int64 // Unix ms; 0 while the primary answers
+	// replicating: at the last check while the primary answered, the
+	// standby's replication threads ran and the primary's semi-synchronous
+	// replication was on (1), or not (0); -1 before the first check.
+	replicating atomic.Int32
 }
 
-// switchConnector dials the server that serves now.
+// standbyWait is how long OpenFailover waits for a standby that does not
+// answer: without it the cell cannot tell which server is its database.
+var standbyWait = 30 * time.Second
+
+// healthEvery is how often Watch checks the standby's replication while
+// the primary answers, in pings.
+const healthEvery = 10
+
+// switchConnector dials the server that serves now, and stamps each
+// connection with the generation it was dialed in: a switch (or a
+// promotion beginning) starts a new generation, and connections of an
+// older one are refused by the pool (IsValid, ResetSession) and fail every
+// call, so no statement of this cell reaches the old primary after it.
 type switchConnector struct {
-	mu  sync.Mutex
-	cur driver.Connector
+	mu      sync.Mutex
+	cur     driver.Connector
+	gen     atomic.Int64
+	refusal error // while a promotion runs: no new connection
 }
 
 func (c *switchConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	c.mu.Lock()
-	cur := c.cur
+	cur, refusal, gen := c.cur, c.refusal, c.gen.Load()
 	c.mu.Unlock()
-	return cur.Connect(ctx)
+	if refusal != nil {
+		return nil, refusal
+	}
+	conn, err := cur.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &genConn{Conn: conn, gen: gen, sw: c}, nil
 }
 
 func (c *switchConnector) Driver() driver.Driver { return mysql.MySQLDriver{} }
 
+// set sends new connections to to, in a new generation.
 func (c *switchConnector) set(to driver.Connector) {
 	c.mu.Lock()
-	c.cur = to
+	c.cur, c.refusal = to, nil
+	c.gen.Add(1)
 	c.mu.Unlock()
+}
+
+// refuse makes every connection stale and refuses new ones with err until
+// set or resume.
+func (c *switchConnector) refuse(err error) {
+	c.mu.Lock()
+	c.refusal = err
+	c.gen.Add(1)
+	c.mu.Unlock()
+}
+
+// resume dials the current server again (a promotion abandoned).
+func (c *switchConnector) resume() {
+	c.mu.Lock()
+	c.refusal = nil
+	c.mu.Unlock()
+}
+
+// genConn is a connection of one generation of a switchConnector.
+type genConn struct {
+	driver.Conn
+	gen int64
+	sw  *switchConnector
+}
+
+func (c *genConn) stale() bool { return c.gen != c.sw.gen.Load() }
+
+func (c *genConn) IsValid() bool {
+	if c.stale() {
+		return false
+	}
+	v, ok := c.Conn.(driver.Validator)
+	return !ok || v.IsValid()
+}
+
+func (c *genConn) ResetSession(ctx context.Context) error {
+	if c.stale() {
+		return driver.ErrBadConn
+	}
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.stale() {
+		return nil, driver.ErrBadConn
+	}
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &genTx{Tx: tx, c: c}, nil
+}
+
+func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if c.stale() {
+		return nil, driver.ErrBadConn
+	}
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.stale() {
+		return nil, driver.ErrBadConn
+	}
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.stale() {
+		return nil, driver.ErrBadConn
+	}
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (c *genConn) Ping(ctx context.Context) error {
+	if c.stale() {
+		return driver.ErrBadConn
+	}
+	return c.Conn.(driver.Pinger).Ping(ctx)
+}
+
+func (c *genConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if n, ok := c.Conn.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+// genTx is a transaction of a genConn: begun before a switch, it is rolled
+// back rather than committed (on the old primary) after it.
+type genTx struct {
+	driver.Tx
+	c *genConn
+}
+
+func (t *genTx) Commit() error {
+	if t.c.stale() {
+		_ = t.Tx.Rollback()
+		return errors.New("storage: the cell's database was switched to its standby during this transaction; not committed")
+	}
+	return t.Tx.Commit()
 }
 
 func connectorOf(dsn string) (driver.Connector, error) {
@@ -66,12 +205,18 @@ func connectorOf(dsn string) (driver.Connector, error) {
 	return mysql.NewConnector(cfg)
 }
 
+// ErrStandbyUnknown: the standby is neither a replica of the primary nor
+// marked as promoted by Promote (a fresh server, one seeded half-way, one
+// pointed at another primary), so it is not taken for the cell's database.
+var ErrStandbyUnknown = errors.New("storage: the standby is neither a replica of this primary nor a promoted standby")
+
 // OpenFailover is Open for a primary with a standby (DSNs as Open takes
-// them). It serves from the primary unless the standby was promoted
-// already (it replicates from nothing: an earlier process promoted it), so
-// a cell restarted after a failover keeps writing where it wrote last.
-// Errors: a bad DSN; a standby that cannot be reached is not an error (the
-// primary serves, and Watch cannot promote until it answers).
+// them). It serves from the primary while the standby replicates from it,
+// and from the standby once that was promoted (its mark, left by Promote),
+// so a cell restarted after a failover keeps writing where it wrote last.
+// It waits up to standbyWait (30 s) for a standby that does not answer: it
+// cannot tell otherwise whether the primary is still the cell's database.
+// Errors: a bad DSN, a standby that never answered, ErrStandbyUnknown.
 func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger) (*MySQL, *Failover, error) {
 	primary, err := withParams(primaryDSN)
 	if err != nil {
@@ -81,21 +226,31 @@ func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger)
 	if err != nil {
 		return nil, nil, err
 	}
+	pcfg, _ := mysql.ParseDSN(primary)
 	pc, err := connectorOf(primary)
 	if err != nil {
 		return nil, nil, err
 	}
-	f := &Failover{primary: primary, standby: standby, sw: &switchConnector{cur: pc}, maxConns: maxConns, log: log}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if replicating, err := f.standbyReplicates(ctx); err == nil && !replicating {
+	f := &Failover{primary: primary, standby: standby, primaryAddr: pcfg.Addr, sw: &switchConnector{cur: pc}, maxConns: maxConns, log: log}
+	f.replicating.Store(-1)
+	role, err := f.standbyRole()
+	for deadline := time.Now().Add(standbyWait); err != nil && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		role, err = f.standbyRole()
+	}
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("storage: the standby did not answer for %s, so the cell cannot tell whether it was promoted: %w", standbyWait, err)
+	case role == rolePromoted:
 		sc, err := connectorOf(standby)
 		if err != nil {
 			return nil, nil, err
 		}
 		f.sw.set(sc)
 		f.promoted.Store(true)
-		log.Warn("the standby replicates from nobody: an earlier process promoted it, and the cell serves from it; rebuild the old primary as its standby (docs/operations.md)")
+		log.Warn("the standby was promoted by an earlier process: the cell serves from it; rebuild the old primary as its standby (docs/operations.md)")
+	case role == roleUnknown:
+		return nil, nil, ErrStandbyUnknown
 	}
 	db := sql.OpenDB(f.sw)
 	db.SetMaxOpenConns(maxConns)
@@ -104,6 +259,49 @@ func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger)
 	f.db = db
 	return newMySQL(db), f, nil
 }
+
+type standbyRole int
+
+const (
+	roleReplica  standbyRole = iota // replicates from this primary
+	rolePromoted                    // marked by Promote
+	roleUnknown
+)
+
+// standbyRole asks the standby what it is.
+func (f *Failover) standbyRole() (standbyRole, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	db, err := sql.Open("mysql", f.standby)
+	if err != nil {
+		return roleUnknown, err
+	}
+	defer db.Close()
+	if marked, err := promotedMark(ctx, db); err != nil || marked {
+		return rolePromoted, err
+	}
+	st, err := slaveStatus(ctx, db)
+	if err != nil {
+		return roleUnknown, err
+	}
+	if st != nil && net.JoinHostPort(st["Master_Host"], st["Master_Port"]) == f.primaryAddr {
+		return roleReplica, nil
+	}
+	return roleUnknown, nil
+}
+
+// promotedMark reports whether Promote marked the server behind db.
+func promotedMark(ctx context.Context, db *sql.DB) (bool, error) {
+	var n int
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM redcell_failover.t_promoted").Scan(&n)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errNoSuchDB) {
+		return false, nil
+	}
+	return n > 0, err
+}
+
+// errNoSuchDB: MariaDB's "unknown database".
+const errNoSuchDB = 1049
 
 // OnStandby reports whether the standby serves (it was promoted).
 func (f *Failover) OnStandby() bool { return f.promoted.Load() }
@@ -117,16 +315,11 @@ func (f *Failover) PrimaryDownSince() time.Time {
 	return time.Time{}
 }
 
-// standbyReplicates asks the standby whether it is configured as a replica.
-func (f *Failover) standbyReplicates(ctx context.Context) (bool, error) {
-	db, err := sql.Open("mysql", f.standby)
-	if err != nil {
-		return false, err
-	}
-	defer db.Close()
-	st, err := slaveStatus(ctx, db)
-	return st != nil, err
-}
+// Replicating is what Watch last found of the standby while the primary
+// answered: 1 its replication ran with semi-synchronous acknowledgement on,
+// 0 not (a promotion then could lose acknowledged commits, and Watch does
+// not promote), -1 not checked yet.
+func (f *Failover) Replicating() int { return int(f.replicating.Load()) }
 
 // slaveStatus reads SHOW SLAVE STATUS as column → value (nil: not a replica).
 func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
@@ -157,36 +350,80 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 	return out, rows.Err()
 }
 
-// Promote makes the standby serve: it stops taking the primary's binlog,
-// applies everything it received (every acknowledged commit, under
-// semi-synchronous replication), forgets the primary and sends the pool's
-// new connections to it; connections to the primary fail and are dropped
-// as they are used. Errors: the standby's (it is then not promoted).
-func (f *Failover) Promote(ctx context.Context) error {
+// errPromoting refuses new connections while a promotion runs.
+var errPromoting = errors.New("storage: the cell's standby is being promoted; retry")
+
+// Promote makes the standby serve: first no statement of this cell reaches
+// the primary any more (its connections are stale), then the standby stops
+// taking the primary's binlog, applies everything it received (every
+// acknowledged commit, under semi-synchronous replication), is marked as
+// promoted, forgets the primary, and the pool dials it. Errors: the
+// standby's, ErrStandbyUnknown (a standby that replicates from another
+// server, or from none and is not marked); the standby is then not promoted,
+// takes the binlog again, and the pool dials the primary again.
+func (f *Failover) Promote(ctx context.Context) (err error) {
 	if f.promoted.Load() {
 		return nil
 	}
+	f.sw.refuse(errPromoting)
 	db, err := sql.Open("mysql", f.standby)
 	if err != nil {
+		f.sw.resume()
 		return err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	f.log.Info("failover: promoting the standby: stopping its replication")
-	if _, err := db.ExecContext(ctx, "STOP SLAVE IO_THREAD"); err != nil {
-		return fmt.Errorf("storage: promote: stop taking the binlog: %w", err)
-	}
+	stopped := false
+	defer func() {
+		if err == nil {
+			return
+		}
+		if stopped {
+			if _, rerr := db.ExecContext(context.WithoutCancel(ctx), "START SLAVE IO_THREAD"); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("and taking the binlog again failed: %w", rerr))
+			}
+		}
+		f.sw.resume()
+	}()
 	st, err := slaveStatus(ctx, db)
 	if err != nil {
 		return fmt.Errorf("storage: promote: read the replica's state: %w", err)
 	}
-	if st != nil {
+	if st == nil {
+		if marked, merr := promotedMark(ctx, db); merr != nil || !marked {
+			return errors.Join(merr, ErrStandbyUnknown)
+		}
+	} else {
+		if net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != f.primaryAddr {
+			return fmt.Errorf("%w: it replicates from %s:%s", ErrStandbyUnknown, st["Master_Host"], st["Master_Port"])
+		}
+		f.log.Info("failover: promoting the standby: stopping its replication")
+		if _, err := db.ExecContext(ctx, "STOP SLAVE IO_THREAD"); err != nil {
+			return fmt.Errorf("storage: promote: stop taking the binlog: %w", err)
+		}
+		stopped = true
+		if st, err = slaveStatus(ctx, db); err != nil || st == nil {
+			return errors.Join(err, errors.New("storage: promote: the replica's state went away"))
+		}
 		f.log.Info("failover: waiting for the standby to apply what it received", "gtid_io_pos", st["Gtid_IO_Pos"])
 		var waited sql.NullInt64
 		if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, 60)", st["Gtid_IO_Pos"]).Scan(&waited); err != nil || !waited.Valid || waited.Int64 != 0 {
-			return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s", st["Gtid_IO_Pos"]))
+			last, _ := slaveStatus(ctx, db)
+			return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
+				st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
 		}
-		f.log.Info("failover: applied; forgetting the primary")
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS redcell_failover"); err != nil {
+			return fmt.Errorf("storage: promote: mark: %w", err)
+		}
+		if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS redcell_failover.t_promoted (id TINYINT NOT NULL PRIMARY KEY, "+
+			"old_primary VARCHAR(255) NOT NULL, gtid VARCHAR(255) NOT NULL, promoted_ms BIGINT NOT NULL) ENGINE=InnoDB"); err != nil {
+			return fmt.Errorf("storage: promote: mark: %w", err)
+		}
+		if _, err := db.ExecContext(ctx, "REPLACE INTO redcell_failover.t_promoted VALUES (1, ?, ?, ?)",
+			f.primaryAddr, st["Gtid_IO_Pos"], time.Now().UnixMilli()); err != nil {
+			return fmt.Errorf("storage: promote: mark: %w", err)
+		}
+		f.log.Info("failover: applied and marked; forgetting the primary")
 		if _, err := db.ExecContext(ctx, "STOP SLAVE"); err != nil {
 			return fmt.Errorf("storage: promote: %w", err)
 		}
@@ -202,18 +439,27 @@ func (f *Failover) Promote(ctx context.Context) error {
 	f.promoted.Store(true)
 	f.Promotions.Add(1)
 	f.primaryDown.Store(0)
-	// Idle connections to the old primary go now; busy ones fail on their
-	// next use and the pool drops them.
-	f.db.SetMaxIdleConns(0)
-	f.db.SetMaxIdleConns(f.maxConns)
 	return nil
+}
+
+// primaryAlive: an error that came from the server (too many connections,
+// access denied, ...) proves the server is up; only errors of the network
+// or of time count as the primary being down.
+func primaryAlive(err error) bool {
+	var me *mysql.MySQLError
+	return err == nil || errors.As(err, &me)
 }
 
 // Watch pings the primary every interval until ctx ends or the standby
 // serves; once the primary has not answered for after, it promotes the
 // standby (trying again at each ping while that fails). A primary that
 // answers again before after ends the outage: a database restart (the
-// db_restart drill, about a second) never promotes.
+// db_restart drill, about a second) never promotes. While the primary
+// answers it checks, every healthEvery pings, that the standby replicates
+// with semi-synchronous acknowledgement on (Replicating); a standby found
+// not replicating at the last check before an outage is not promoted
+// (it may lack acknowledged commits): the cell waits for its primary, and
+// logs why.
 func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 	probe, err := sql.Open("mysql", f.primary)
 	if err != nil {
@@ -223,9 +469,10 @@ func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 	defer probe.Close()
 	probe.SetMaxOpenConns(1)
 	probe.SetConnMaxLifetime(time.Second) // a fresh connection each ping: a dead server is seen at once
+	failing := incident.New(f.log, "failover: promoting the standby", incident.DefaultEvery)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for !f.promoted.Load() {
+	for n := 0; !f.promoted.Load(); n++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -235,9 +482,12 @@ func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 		err := probe.PingContext(pctx)
 		cancel()
 		now := time.Now()
-		if err == nil {
+		if primaryAlive(err) {
 			if down := f.primaryDown.Swap(0); down > 0 {
 				f.log.Info("failover: the primary answers again; no promotion", "down_for", now.Sub(time.UnixMilli(down)).Round(time.Millisecond))
+			}
+			if n%healthEvery == 0 {
+				f.checkReplication(ctx, probe)
 			}
 			continue
 		}
@@ -250,11 +500,46 @@ func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 		if now.Sub(time.UnixMilli(down)) < after {
 			continue
 		}
-		if err := f.Promote(ctx); err != nil {
-			f.log.Error("failover: promoting the standby failed; trying again", "err", err)
+		if f.replicating.Load() == 0 {
+			failing.Fail(errors.New("the standby was not replicating (or the primary's semi-synchronous replication was off) at the last check: it may lack acknowledged commits"),
+				"primary_down_for", now.Sub(time.UnixMilli(down)).Round(time.Second))
 			continue
 		}
+		if err := f.Promote(ctx); err != nil {
+			failing.Fail(err)
+			continue
+		}
+		failing.OK()
 		f.log.Warn("failover: the standby was promoted and serves; the old primary must be rebuilt as its standby",
-			"primary_down_for", now.Sub(time.UnixMilli(down)).Round(time.Millisecond))
+			"primary_down_for", time.Since(time.UnixMilli(down)).Round(time.Millisecond))
 	}
+}
+
+// checkReplication records whether the standby's replication threads run
+// and the primary acknowledges semi-synchronously (Replicating).
+func (f *Failover) checkReplication(ctx context.Context, primary *sql.DB) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ok := false
+	defer func() {
+		before := f.replicating.Swap(map[bool]int32{false: 0, true: 1}[ok])
+		switch {
+		case !ok && before != 0:
+			f.log.Warn("failover: the standby does not replicate with semi-synchronous acknowledgement; it will not be promoted while this lasts")
+		case ok && before == 0:
+			f.log.Info("failover: the standby replicates with semi-synchronous acknowledgement again")
+		}
+	}()
+	var name, status string
+	if err := primary.QueryRowContext(cctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil || status != "ON" {
+		return
+	}
+	db, err := sql.Open("mysql", f.standby)
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	st, err := slaveStatus(cctx, db)
+	ok = err == nil && st != nil && st["Slave_IO_Running"] == "Yes" && st["Slave_SQL_Running"] == "Yes" &&
+		net.JoinHostPort(st["Master_Host"], st["Master_Port"]) == f.primaryAddr
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -108,6 +109,33 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCaughtUp(t, m, standby)
+	// The standby applies 4 s behind what it receives: answered deposits are
+	// in its relay log, not its tables, when the primary dies, and only the
+	// promotion's wait for the apply keeps them.
+	sdb := rawDB(t, standby)
+	if _, err := sdb.Exec("STOP SLAVE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sdb.Exec("CHANGE MASTER TO MASTER_DELAY = 4"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sdb.Exec("START SLAVE"); err != nil {
+		t.Fatal(err)
+	}
+	// Semi-synchronous, one standby acknowledging.
+	var name, on, clients string
+	_ = m.db.QueryRow("SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &on)
+	for range 100 {
+		if err := m.db.QueryRow("SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'").Scan(&name, &clients); err == nil && clients == "1" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if on != "ON" || clients != "1" {
+		t.Fatalf("semi-synchronous replication: status %q, clients %q; want ON with 1", on, clients)
+	}
+	var noTxBefore int64
+	_ = m.db.QueryRow("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_NO_TX'").Scan(&noTxBefore)
 	var mu sync.Mutex
 	acked := map[string]model.Cents{} // act → cents answered
 	var wg sync.WaitGroup
@@ -134,6 +162,12 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 		}()
 	}
 	<-killAt
+	time.Sleep(300 * time.Millisecond) // deposits answered in the last moment, not applied yet on the standby
+	var noTx int64
+	_ = m.db.QueryRow("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_NO_TX'").Scan(&noTx)
+	if noTx != noTxBefore {
+		t.Fatalf("%d commits answered without the standby's acknowledgement", noTx-noTxBefore)
+	}
 	killPrimary()
 	killed := time.Now()
 	wg.Wait()
@@ -216,5 +250,54 @@ func waitCaughtUp(t *testing.T, m *MySQL, standby string) {
 	var waited sql.NullInt64
 	if err := db.QueryRow("SELECT MASTER_GTID_WAIT(?, 120)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
 		t.Fatalf("the standby did not catch up with %s within 120 s: %v %v", pos, waited, err)
+	}
+}
+
+// rawDB opens dsn with the store's driver parameters.
+func rawDB(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	full, err := withParams(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestFailoverRefusesAnUnknownStandby: a standby that is neither a replica
+// of the primary nor marked as promoted (here: a fresh server, and one
+// pointed at another primary) is refused, never taken for the cell's
+// database; one that does not answer is refused after standbyWait.
+func TestFailoverRefusesAnUnknownStandby(t *testing.T) {
+	primary, standby, _ := replicaPair(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Pointed at another server: not this primary's replica.
+	sdb := rawDB(t, standby)
+	for _, q := range []string{"STOP SLAVE", "CHANGE MASTER TO MASTER_PORT = 1", "START SLAVE"} {
+		if _, err := sdb.Exec(q); err != nil {
+			t.Fatal(q, err)
+		}
+	}
+	if _, _, err := OpenFailover(primary, standby, 2, log); !errors.Is(err, ErrStandbyUnknown) {
+		t.Fatalf("a standby replicating from elsewhere: %v, want ErrStandbyUnknown", err)
+	}
+	// Replicating from nobody, unmarked (a fresh or half-seeded server).
+	for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
+		if _, err := sdb.Exec(q); err != nil {
+			t.Fatal(q, err)
+		}
+	}
+	if _, _, err := OpenFailover(primary, standby, 2, log); !errors.Is(err, ErrStandbyUnknown) {
+		t.Fatalf("a standby replicating from nobody, unmarked: %v, want ErrStandbyUnknown", err)
+	}
+	// Not answering.
+	defer func(w time.Duration) { standbyWait = w }(standbyWait)
+	standbyWait = 2 * time.Second
+	if _, _, err := OpenFailover(primary, "root@tcp(127.0.0.1:1)/", 2, log); err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("a standby that does not answer: %v", err)
 	}
 }

@@ -65,6 +65,12 @@ db1=$(free_port 23061); db2=$(free_port $((db1 + 1)))
 # REDCELL_STANDBY=1: each cell's MariaDB gets a standby (a semi-synchronous
 # replica the cell promotes when its primary stays down).
 standby=${REDCELL_STANDBY:-0}
+if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ]; }; then
+  # Without its standby a cell would open its primary: after a failover that
+  # is the stale copy, and even before one the standby would miss this run.
+  echo "$VAR has standby databases: run with REDCELL_STANDBY=1 (make clean starts afresh)" >&2
+  exit 1
+fi
 s1=""; s2=""
 if [ "$standby" = 1 ]; then s1=$(free_port $((db2 + 100))); s2=$(free_port $((s1 + 1))); fi
 mc=$(free_port 21211)

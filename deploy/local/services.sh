@@ -139,24 +139,37 @@ start_mariadb() {
 start_standby() {
   local dir=${1:?} port=${2:?} primary=${3:?} id=${4:?} mode=${5:-durable}
   REDCELL_REPL_ID=$id start_mariadb "$dir" "$port" "$mode" || return 1
-  local m=(mariadb --no-defaults -h127.0.0.1 -uroot)
-  if [ -n "$("${m[@]}" -P"$port" -N -e 'SHOW SLAVE STATUS')" ]; then
-    return 0 # a replica already: it reconnects by itself
+  local m=(mariadb --no-defaults -h127.0.0.1 -uroot) status
+  status=$("${m[@]}" -P"$port" -N -e 'SHOW SLAVE STATUS') || { echo "cannot ask the standby in $dir whether it replicates" >&2; return 1; }
+  if [ -n "$status" ]; then
+    # A replica already: pointed at this primary's port (a later run may
+    # have given the primary another), it reconnects and goes on by GTID.
+    "${m[@]}" -P"$port" -e "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary; START SLAVE" || return 1
+    return 0
   fi
   if [ -f "$dir/seeded" ]; then
     echo "warning: the standby in $dir replicates from nobody: it was promoted and is the cell's database now;" >&2
     echo "         the server on $primary is behind it (rebuild it as the standby, docs/operations.md)" >&2
     return 0
   fi
-  local dbs
+  # Every schema but the server's own: the cells' db_XX and shadow_db_XX, and
+  # their redcell_meta (reconciliation positions), which a replica without
+  # them would stop at; not redcell_failover, the mark a promotion leaves.
+  local dbs pos
   dbs=$("${m[@]}" -P"$primary" -N -e "SELECT schema_name FROM information_schema.schemata
-    WHERE schema_name LIKE 'db\\_%' OR schema_name LIKE 'shadow\\_db\\_%'" | tr '\n' ' ')
+    WHERE schema_name NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys', 'redcell_failover')") || return 1
+  dbs=$(tr '\n' ' ' <<<"$dbs")
   if [ -n "${dbs// /}" ]; then
     # shellcheck disable=SC2086 # one word per database
     mariadb-dump --no-defaults -h127.0.0.1 -P"$primary" -uroot --single-transaction --gtid --master-data=1 \
-      --databases $dbs | "${m[@]}" -P"$port" || { echo "seeding the standby in $dir failed" >&2; return 1; }
+      --databases $dbs >"$dir/seed.sql" || { echo "dumping the primary on $primary for the standby in $dir failed" >&2; return 1; }
+    # Loaded without writing the standby's own binlog: its GTIDs stay the primary's.
+    { echo "SET SESSION sql_log_bin = 0;"; cat "$dir/seed.sql"; } | "${m[@]}" -P"$port" ||
+      { echo "seeding the standby in $dir failed" >&2; return 1; }
+    rm -f "$dir/seed.sql"
   else
-    "${m[@]}" -P"$port" -e "SET GLOBAL gtid_slave_pos = '$("${m[@]}" -P"$primary" -N -e 'SELECT @@gtid_binlog_pos')'" || return 1
+    pos=$("${m[@]}" -P"$primary" -N -e 'SELECT @@gtid_binlog_pos') || return 1
+    "${m[@]}" -P"$port" -e "SET GLOBAL gtid_slave_pos = '$pos'" || return 1
   fi
   "${m[@]}" -P"$port" -e "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary, MASTER_USER='root',
     MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE" || return 1
