@@ -50,7 +50,7 @@ type routerSection struct {
 	// TLSCert, TLSKey: PEM files; both set, the router serves HTTPS only.
 	TLSCert string `yaml:"tls_cert"`
 	TLSKey  string `yaml:"tls_key"`
-	// HealthProbeInterval: how often the router probes each cell's /healthz
+	// HealthProbeInterval: how often the router probes each cell's /livez
 	// (router.Prober); unset: 1s; 0s: no probes.
 	HealthProbeInterval *time.Duration `yaml:"health_probe_interval"`
 }
