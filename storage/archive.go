@@ -42,19 +42,7 @@ func (m *MySQL) EnsureArchive(ctx context.Context, s model.ShardID) error {
 	if err := m.ensure(ctx, ensureKey{shard: s, day: archiveEnsure}, m.dayDDL(s, ArchiveDay)); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	if m.tableMade == nil {
-		m.tableMade = map[tableRef]bool{}
-	}
-	for _, kind := range []string{"packet", "claim"} {
-		t := tableRef{kind: kind, shard: s, day: ArchiveDay}
-		m.tableMade[t] = true
-		if m.tableList != nil && !m.tableKnown[t] {
-			m.tableList = append(m.tableList, t)
-			m.tableKnown[t] = true
-		}
-	}
-	m.mu.Unlock()
+	m.madeDayTables(s, ArchiveDay)
 	return nil
 }
 

@@ -248,7 +248,15 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 	if err := m.ensure(ctx, ensureKey{shard: s, day: day}, m.dayDDL(s, day)); err != nil {
 		return err
 	}
+	m.madeDayTables(s, day)
+	return nil
+}
+
+// madeDayTables adds shard s's packet and claim tables of day (ArchiveDay
+// for its archive) to the table list, made sure of by this process.
+func (m *MySQL) madeDayTables(s model.ShardID, day int) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.tableMade == nil {
 		m.tableMade = map[tableRef]bool{}
 	}
@@ -260,8 +268,6 @@ func (m *MySQL) EnsureDay(ctx context.Context, s model.ShardID, day int) error {
 			m.tableKnown[t] = true
 		}
 	}
-	m.mu.Unlock()
-	return nil
 }
 
 func (m *MySQL) ensure(ctx context.Context, k ensureKey, ddl []string) error {

@@ -214,7 +214,7 @@ func TestReconAndDegradeConfig(t *testing.T) {
 		return p
 	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
-	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	cells := oneCell
 	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestGroupCommitConfig(t *testing.T) {
 		return p
 	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
-	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+	cells := oneCell
 	cellOf := func(body string) (cell.Config, error) {
 		t.Helper()
 		fc, err := loadConfig(write(cells + body))
@@ -311,23 +311,8 @@ func TestGroupCommitConfig(t *testing.T) {
 // waits that eat the 0.5 s target are refused.
 func TestCouponGatherConfig(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
-	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
-	cellOf := func(body string) (cell.Config, error) {
-		t.Helper()
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fc, err := loadConfig(p)
-		if err != nil {
-			return cell.Config{}, err
-		}
-		c, _, err := fc.cellConfig("c1")
-		if err == nil {
-			err = c.Validate()
-		}
-		return c, err
-	}
+	cells := oneCell
+	cellOf := func(body string) (cell.Config, error) { t.Helper(); return cellFromFile(t, cells+body) }
 	if c, err := cellOf(""); err != nil || c.CouponGather != [2]time.Duration{10 * time.Millisecond, 40 * time.Millisecond} {
 		t.Fatalf("default: %v, %v", c.CouponGather, err)
 	}
@@ -400,19 +385,7 @@ func TestCellShardsWholeDBs(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cellOf := func(shards string) error {
 		t.Helper()
-		body := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"" + shards + "\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fc, err := loadConfig(p)
-		if err != nil {
-			return err
-		}
-		c, _, err := fc.cellConfig("c1")
-		if err == nil {
-			err = c.Validate()
-		}
+		_, err := cellFromFile(t, strings.Replace(oneCell, `"0-999"`, `"`+shards+`"`, 1))
 		return err
 	}
 	for _, ok := range []string{"0-999", "0-499", "500-509,600-999"} {
@@ -433,23 +406,8 @@ func TestCellShardsWholeDBs(t *testing.T) {
 // refused.
 func TestRetentionConfig(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
-	cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
-	cellOf := func(body string) (cell.Config, error) {
-		t.Helper()
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fc, err := loadConfig(p)
-		if err != nil {
-			return cell.Config{}, err
-		}
-		c, _, err := fc.cellConfig("c1")
-		if err == nil {
-			err = c.Validate()
-		}
-		return c, err
-	}
+	cells := oneCell
+	cellOf := func(body string) (cell.Config, error) { t.Helper(); return cellFromFile(t, cells+body) }
 	day := 24 * time.Hour
 	for body, want := range map[string]time.Duration{
 		"":                               7 * day,
@@ -480,20 +438,7 @@ func TestStandbyConfig(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cellOf := func(standby, body string) (cell.Config, error) {
 		t.Helper()
-		cells := "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\", standby_dsn: \"" + standby + "\"}\n"
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(cells+body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fc, err := loadConfig(p)
-		if err != nil {
-			return cell.Config{}, err
-		}
-		c, _, err := fc.cellConfig("c1")
-		if err == nil {
-			err = c.Validate()
-		}
-		return c, err
+		return cellFromFile(t, strings.Replace(oneCell, `/"}`, `/", standby_dsn: "`+standby+`"}`, 1)+body)
 	}
 	if c, err := cellOf("", ""); err != nil || c.StandbyDSN != "" || c.FailoverAfter != 30*time.Second {
 		t.Fatalf("defaults: %q %s, %v", c.StandbyDSN, c.FailoverAfter, err)
@@ -507,3 +452,25 @@ func TestStandbyConfig(t *testing.T) {
 		}
 	}
 }
+
+// cellFromFile loads the config file body and returns cell c1's config,
+// validated (the caller's body lists a cell named c1).
+func cellFromFile(t *testing.T, body string) (cell.Config, error) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := loadConfig(p)
+	if err != nil {
+		return cell.Config{}, err
+	}
+	c, _, err := fc.cellConfig("c1")
+	if err == nil {
+		err = c.Validate()
+	}
+	return c, err
+}
+
+// oneCell is a cells section of one cell, c1, owning every shard.
+const oneCell = "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
