@@ -394,9 +394,10 @@ func (s *Server) settleLeases(ctx context.Context) {
 func (s *Server) settleExpired(ctx context.Context, sp *space, key, holder string, spent func(leaseID string) (int64, error)) {
 	ls, err := s.leasesOf(ctx, sp, s.calls, key, holder)
 	if err != nil {
-		s.log.Warn("budget: expired leases not listed; they stay out", "key", key, "holder", holder, "space", sp.name, "err", err)
+		s.inc.leaseList[sp.index()].Fail(err, "key", key, "holder", holder)
 		return
 	}
+	s.inc.leaseList[sp.index()].OK()
 	var old []model.Lease
 	cut := s.clock.Now().Add(-settleGrace).UnixMilli()
 	for _, l := range ls {

@@ -25,6 +25,7 @@ type incidents struct {
 	booking    [2]*incident.Tracker // the reward booker's takes and bookings
 	rewardRead [2]*incident.Tracker // reward reconciliation's reads
 	leaseExp   [2]*incident.Tracker // a budget home marking its leases expired
+	leaseList  [2]*incident.Tracker // a holder listing its expired leases at their home
 	warmUp     *incident.Tracker    // the schema warm-up (real tables only)
 	request    *incident.Tracker    // requests answered 5xx other than shedding and DB_UNAVAILABLE
 }
@@ -40,6 +41,7 @@ func newIncidents(log *slog.Logger) *incidents {
 		in.booking[i] = incident.New(l, "reward booking", every)
 		in.rewardRead[i] = incident.New(l, "reward reconciliation read", every)
 		in.leaseExp[i] = incident.New(l, "budget lease expiry", every)
+		in.leaseList[i] = incident.New(l, "budget: listing expired leases (they stay out meanwhile)", every)
 		in.openBatch[i] = incident.NewLines(l, incident.Lines{Start: "open batch failed", Still: "open batches still failing",
 			End: "open batches commit again", Error: true}, every)
 	}

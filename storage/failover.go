@@ -318,7 +318,7 @@ func (f *Failover) PrimaryDownSince() time.Time {
 // Replicating is what Watch last found of the standby while the primary
 // answered: 1 its replication ran with semi-synchronous acknowledgement on,
 // 0 not (a promotion then could lose acknowledged commits, and Watch does
-// not promote), -1 not checked yet.
+// not promote), -1 not checked yet, or no standby any more (it serves).
 func (f *Failover) Replicating() int { return int(f.replicating.Load()) }
 
 // slaveStatus reads SHOW SLAVE STATUS as column → value (nil: not a replica).
@@ -439,6 +439,7 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 	f.promoted.Store(true)
 	f.Promotions.Add(1)
 	f.primaryDown.Store(0)
+	f.replicating.Store(-1) // no standby any more
 	return nil
 }
 

@@ -168,6 +168,9 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	if noTx != noTxBefore {
 		t.Fatalf("%d commits answered without the standby's acknowledgement", noTx-noTxBefore)
 	}
+	if r := f.Replicating(); r != 1 {
+		t.Fatalf("the watch found the standby replicating = %d before the kill, want 1", r)
+	}
 	killPrimary()
 	killed := time.Now()
 	wg.Wait()
@@ -182,6 +185,9 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	<-watched // Watch ends once the standby serves
 	if promotedAfter < 2*time.Second {
 		t.Fatalf("promoted %s after the kill, before the primary was silent for 2 s", promotedAfter)
+	}
+	if f.Replicating() != -1 {
+		t.Fatalf("after the promotion the standby replicating reads %d, want -1 (none)", f.Replicating())
 	}
 	if f.Promotions.Load() != 1 {
 		t.Fatalf("%d promotions", f.Promotions.Load())

@@ -44,6 +44,7 @@ import (
 
 	"redcell/cell/couponbatch"
 	"redcell/internal/clock"
+	"redcell/internal/incident"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -137,6 +138,7 @@ type Engine struct {
 	cfg   Config
 	clock clock.Clock
 	log   *slog.Logger
+	takes *incident.Tracker // the feeder's takes failing (a database down)
 	q1    chan model.CouponRequest
 	q2    chan queued
 	kick  chan struct{}
@@ -202,7 +204,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Observe == nil {
 		cfg.Observe = noObserver{}
 	}
-	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, q1: make(chan model.CouponRequest, cfg.QueueLen),
+	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, takes: incident.New(cfg.Log, "coupons: take requests", incident.DefaultEvery), q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
 		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
@@ -517,9 +519,10 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 	rs, err := e.cfg.Store.TakeCouponRequests(tctx, dbs, staleMS, room)
 	if err != nil {
 		e.markDirty(dbs)
-		e.log.Warn("coupons: take requests failing", "dbs", len(dbs), "err", err)
+		e.takes.Fail(err, "dbs", len(dbs)) // logged when it starts, summarized, and when it ends
 		return
 	}
+	e.takes.OK()
 	if ctx.Err() != nil { // stopping: give them back at once
 		e.release(rs)
 		return

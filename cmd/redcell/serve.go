@@ -104,7 +104,7 @@ func runCell(ctx context.Context, args []string) error {
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_promotions_total",
 				Help: "Standby databases this process promoted."}, func() float64 { return float64(failover.Promotions.Load()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_standby_replicating",
-				Help: "1 while the standby replicates with semi-synchronous acknowledgement (checked every 10 s while the primary answers), 0 when it does not (it is then not promoted), -1 before the first check."},
+				Help: "1 while the standby replicates with semi-synchronous acknowledgement (checked every 10 s while the primary answers), 0 when it does not (it is then not promoted), -1 before the first check or once the standby serves (there is none)."},
 				func() float64 { return float64(failover.Replicating()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_primary_down_seconds",
 				Help: "How long the primary database has not answered the failover watch (0 while it answers or once the standby serves)."},

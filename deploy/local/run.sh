@@ -19,6 +19,15 @@ umask 077 # the config holds the cluster secret and the admin token; the key fil
 mkdir -p "$VAR/log" "$VAR/bin" "$VAR/pids"
 VAR=$(cd "$VAR" && pwd) # absolute: processes are found by the paths on their command lines
 ensure_packages
+# REDCELL_STANDBY=1: each cell's MariaDB gets a standby (a semi-synchronous
+# replica the cell promotes when its primary stays down).
+standby=${REDCELL_STANDBY:-0}
+if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ]; }; then
+  # Without its standby a cell would open its primary: after a failover that
+  # is the stale copy, and even before one the standby would miss this run.
+  echo "$VAR has standby databases: run with REDCELL_STANDBY=1 (or, to throw away its data, make clean)" >&2
+  exit 1
+fi
 
 # Leftovers of an earlier run (a crash, a kill -9) are stopped first, the
 # earlier run's watchdog included (it may be stopping them too).
@@ -62,16 +71,7 @@ echo "building redcell ..."
 
 # Ports: the defaults from deploy/local/redcell.yaml unless already taken here.
 db1=$(free_port 23061); db2=$(free_port $((db1 + 1)))
-# REDCELL_STANDBY=1: each cell's MariaDB gets a standby (a semi-synchronous
-# replica the cell promotes when its primary stays down).
-standby=${REDCELL_STANDBY:-0}
-if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ]; }; then
-  # Without its standby a cell would open its primary: after a failover that
-  # is the stale copy, and even before one the standby would miss this run.
-  echo "$VAR has standby databases: run with REDCELL_STANDBY=1 (make clean starts afresh)" >&2
-  exit 1
-fi
-s1=""; s2=""
+s1=""; s2="" # the standbys' ports
 if [ "$standby" = 1 ]; then s1=$(free_port $((db2 + 100))); s2=$(free_port $((s1 + 1))); fi
 mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
