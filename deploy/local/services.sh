@@ -104,7 +104,9 @@ start_mariadb() {
       --rpl-semi-sync-master-enabled=1 --rpl-semi-sync-slave-enabled=1 --rpl-semi-sync-master-wait-point=AFTER_SYNC
       --rpl-semi-sync-master-timeout="${REDCELL_SEMISYNC_TIMEOUT_MS:-10000}" --slave-parallel-threads=4 --slave-parallel-mode=optimistic)
   fi
-  # The socket path is kept short: unix sockets are limited to 108 bytes.
+  # The socket path is kept short: unix sockets are limited to 108 bytes. A
+  # server killed outright left its last one behind: gone with it now.
+  if [ -f "$dir/socket.path" ]; then rm -f "$(cat "$dir/socket.path")"; fi
   local sock; sock=$(mktemp -u /tmp/rcdb.XXXXXX.sock)
   echo "$sock" >"$dir/socket.path"
   # setsid: a Ctrl-C in the terminal reaches run.sh only, which stops things in order.
@@ -219,6 +221,8 @@ stop_mariadb() {
   [ -d "$dir" ] || return 0
   dir=$(cd "$dir" && pwd)
   stop_with "--datadir=$dir/data " 30
+  # Its socket, if it was killed outright and left it behind.
+  if [ -f "$dir/socket.path" ]; then rm -f "$(cat "$dir/socket.path")"; fi
 }
 
 # start_memcached DIR PORT starts a private memcached on 127.0.0.1:PORT.
