@@ -67,13 +67,6 @@ type syncBuffer = testenv.Buffer
 // testenv.FreePorts).
 func freePorts(t *testing.T, n int) []int { return testenv.FreePorts(t, n) }
 
-// startCluster starts the cluster of the end-to-end test on the test MariaDB
-// servers and memcached of make test.
-func startCluster(t *testing.T) *cluster {
-	return startClusterSpec(t, clusterSpec{
-		dsn: [2]string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}, mc: testenv.Memcached(t), cell: e2eCell})
-}
-
 // binDir holds the binary buildBinary built; TestMain removes it.
 var binDir string
 
