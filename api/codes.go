@@ -88,7 +88,7 @@ var sentinels = func() map[string]*model.Error {
 	for _, e := range []*model.Error{model.ErrInvalidArgument, model.ErrNotFound, model.ErrSoldOut, model.ErrExpired,
 		model.ErrInsufficientBalance, model.ErrOrderConflict, model.ErrIdentityConflict, model.ErrIdentityDisabled, model.ErrCouponsDisabled,
 		model.ErrBudgetExhausted, model.ErrSceneRateLimited, model.ErrNoActiveStage, model.ErrWithdrawNotReleased,
-		model.ErrTokenRefused, model.ErrDegraded, model.ErrWrongCell, model.ErrCellUnavailable,
+		model.ErrTokenRefused, model.ErrDegraded, model.ErrWrongCell, model.ErrMoving, model.ErrCellUnavailable,
 		model.ErrOverloaded, model.ErrTimeout, model.ErrBodyTooLarge, model.ErrMethodNotAllowed, model.ErrShuttingDown,
 		model.ErrUnauthenticated, model.ErrPermissionDenied, model.ErrUnsupportedMediaType, model.ErrRateLimited,
 		model.ErrUserRateLimited, model.ErrCellRateLimited, model.ErrDBUnavailable, model.ErrInternal} {

@@ -55,6 +55,9 @@ const (
 	RouteCouponBatches    // GET /admin/coupons on a cell's admin port: the coupon batches and their stock
 	RouteCouponsReload    // POST /admin/coupons/reload on a cell's admin port
 	RouteCouponsPut       // PUT /admin/coupons on a cell's admin port: the merge bound
+	RouteShadowCleanup    // POST /admin/shadow/cleanup on a cell's admin port: drop the shadow databases
+	RouteMovesGet         // GET /admin/moves on a cell's admin port: ownership, frozen and moved-out databases
+	RouteMovesPost        // POST /admin/moves on a cell's admin port: one step of a database move
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
@@ -168,6 +171,9 @@ var routes = [RouteCount]Route{
 	RouteCouponBatches: {ID: RouteCouponBatches, Method: http.MethodGet, Pattern: "/admin/coupons", Label: "coupons", Port: PortCellAdmin},
 	RouteCouponsReload: {ID: RouteCouponsReload, Method: http.MethodPost, Pattern: "/admin/coupons/reload", Label: "coupons", Port: PortCellAdmin},
 	RouteCouponsPut:    {ID: RouteCouponsPut, Method: http.MethodPut, Pattern: "/admin/coupons", Label: "coupons", Port: PortCellAdmin},
+	RouteShadowCleanup: {ID: RouteShadowCleanup, Method: http.MethodPost, Pattern: "/admin/shadow/cleanup", Label: "shadow_cleanup", Port: PortCellAdmin},
+	RouteMovesGet:      {ID: RouteMovesGet, Method: http.MethodGet, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
+	RouteMovesPost:     {ID: RouteMovesPost, Method: http.MethodPost, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
 	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysAdd:       {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysRevoke:    {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},

@@ -59,7 +59,10 @@ func PlanMoves(live []LiveCell, cells int) (MovePlan, error) {
 	have := map[string][]int{}
 	var names []string
 	for _, c := range live {
-		r, err := sharding.ParseRanges(c.Shards)
+		r, err := sharding.Ranges{}, error(nil)
+		if c.Shards != "" { // a cell that owns nothing yet
+			r, err = sharding.ParseRanges(c.Shards)
+		}
 		if err == nil {
 			err = r.CheckWholeDBs()
 		}

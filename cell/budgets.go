@@ -144,14 +144,14 @@ func (s *Server) grantLocal(ctx context.Context, st storage.Store, req api.Budge
 }
 
 // homeShard is the home shard of budget key when this cell owns it.
-// Errors: ErrInvalidArgument (a malformed key), ErrWrongCell.
+// Errors: ErrInvalidArgument (a malformed key), ErrWrongCell, ErrMoving.
 func (s *Server) homeShard(key string) (model.ShardID, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return 0, err
 	}
 	sh := sharding.BudgetShard(key)
-	if !s.Owns(sh) {
-		return 0, s.own.wrongCell(sh)
+	if err := s.own.check(sh); err != nil {
+		return 0, err
 	}
 	return sh, nil
 }
@@ -380,7 +380,7 @@ func (s *Server) settleLeases(ctx context.Context) {
 	if t == nil {
 		return
 	}
-	dbs := s.cfg.Shards.DBs()
+	dbs := s.own.dbs()
 	for _, sp := range s.spaces {
 		for _, key := range controlledKeys(t) {
 			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })

@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"sync/atomic"
 	"time"
 
 	"redcell/cell/admission"
@@ -12,8 +13,9 @@ import (
 // kept until an hour after its packet expires. A nil *grabCache is no cache:
 // set does nothing and get misses.
 type grabCache struct {
-	c     GrabCache
-	clock clock.Clock
+	c         GrabCache
+	clock     clock.Clock
+	shadowGen atomic.Int64 // the shadow keys' generation: one more per shadow cleanup (key, shadow.go)
 }
 
 // set writes the packet's state as a commit (or a refund) left it.
@@ -21,7 +23,7 @@ func (g *grabCache) set(sp *space, p model.Packet) {
 	if g == nil || p.ID == "" {
 		return
 	}
-	g.c.Set(sp.cacheKey(p.ID), remainingOf(p), g.ttl(p))
+	g.c.Set(g.key(sp, p.ID), remainingOf(p), g.ttl(p))
 }
 
 // fill writes a state read after a miss, unless something newer is there.
@@ -29,7 +31,7 @@ func (g *grabCache) fill(sp *space, p model.Packet) {
 	if g == nil {
 		return
 	}
-	g.c.Fill(sp.cacheKey(p.ID), remainingOf(p), g.ttl(p))
+	g.c.Fill(g.key(sp, p.ID), remainingOf(p), g.ttl(p))
 }
 
 // get reads the copy of packet id; ok is false on a miss.
@@ -37,7 +39,7 @@ func (g *grabCache) get(sp *space, id model.PacketID) (admission.Remaining, bool
 	if g == nil {
 		return admission.Remaining{}, false
 	}
-	return g.c.Get(sp.cacheKey(id))
+	return g.c.Get(g.key(sp, id))
 }
 
 func (g *grabCache) ttl(p model.Packet) time.Duration {

@@ -89,7 +89,9 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 		t.Fatal(err)
 	}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreak)
-	stores := cell.Stores{Real: guard.NewStore(store, dbBreak, storage.DriverFailure), Shadow: guard.NewStore(store.Shadow(), dbBreak, storage.DriverFailure)}
+	shadowStore := store.Shadow()
+	stores := cell.Stores{Real: guard.NewStore(store, dbBreak, storage.DriverFailure), Shadow: guard.NewStore(shadowStore, dbBreak, storage.DriverFailure),
+		ShadowDrop: shadowStore, Moves: store}
 	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)

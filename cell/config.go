@@ -187,7 +187,17 @@ type Config struct {
 	Retention time.Duration
 	// ArchiveInterval is how often the archive pass runs (with Retention).
 	ArchiveInterval time.Duration
+	// ShadowRetention: once the cell has served no stress traffic for this
+	// long, it drops its shadow space (the shadow databases of the databases
+	// it owns, as POST /admin/shadow/cleanup does), checked every 10
+	// minutes; its start counts as stress traffic. 0 turns it off; else at
+	// least 1h.
+	ShadowRetention time.Duration
 	MapVersion      int64 // version of the shard map this cell announces
+	// MoveGrace is how long a cell keeps its copy of a database it handed to
+	// another cell (cell/moves.go) before it drops it, after checking the copy
+	// did not change since the handover. Default 10 minutes.
+	MoveGrace time.Duration
 
 	// ReconInterval is how often reconciliation checks the claims made since its
 	// last pass against the outbox and the claimants' credits (cell/recon).
@@ -297,7 +307,11 @@ func DefaultConfig() Config {
 		Retention:       7 * 24 * time.Hour,
 		FailoverAfter:   30 * time.Second,
 		ArchiveInterval: time.Hour,
+		// Three days: a bench's rows outlive a weekend between its runs,
+		// and a cluster benched now and then does not keep them for good.
+		ShadowRetention: 72 * time.Hour,
 		MapVersion:      1,
+		MoveGrace:       10 * time.Minute,
 		WarmSchema:      true,
 		// A failed pass costs little to repeat (tables are made IF NOT EXISTS,
 		// and while the database breaker is open the store refuses at once), and
@@ -329,9 +343,7 @@ func (c Config) Validate() error {
 	if c.Listen == "" {
 		bad("Listen is required")
 	}
-	if len(c.Shards) == 0 {
-		bad("Shards must not be empty")
-	} else if err := c.Shards.CheckWholeDBs(); err != nil {
+	if err := c.Shards.CheckWholeDBs(); err != nil {
 		bad("Shards: %v", err)
 	}
 	if c.DSN == "" {
@@ -404,6 +416,9 @@ func (c Config) Validate() error {
 	}
 	if c.StandbyDSN != "" && c.StandbyDSN == c.DSN {
 		bad("StandbyDSN (standby_dsn) must name another server than DSN")
+	}
+	if c.ShadowRetention != 0 && c.ShadowRetention < time.Hour {
+		bad("ShadowRetention (shadow_retention) must be 0 (off) or at least 1h, got %s: shorter would drop a bench's rows between two of its runs", c.ShadowRetention)
 	}
 	if c.ArchiveInterval <= 0 || c.ArchiveInterval > 24*time.Hour {
 		bad("ArchiveInterval (archive_interval) must be > 0 and at most 24h, got %s", c.ArchiveInterval)

@@ -94,7 +94,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 			return store.AcceptCoupon(ctx, r)
 		}
 		e, err := couponq.New(couponq.Config{Store: stores[i], Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
-			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.cfg.Shards.DBs, QueueLen: s.cfg.CouponQueueLen,
+			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.own.dbs, QueueLen: s.cfg.CouponQueueLen,
 			Gather: s.cfg.CouponGather, MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
 			Clock:  s.clock, Log: s.log.With("space", sp.name)})
@@ -230,7 +230,7 @@ func (s *Server) settleCouponLeases(ctx context.Context) {
 	if s.cp == nil {
 		return
 	}
-	dbs := s.cfg.Shards.DBs()
+	dbs := s.own.dbs()
 	for i, sp := range s.spaces {
 		st := s.cp.stores[i]
 		for _, key := range s.couponKeys() {

@@ -183,10 +183,7 @@ func FuzzDecodeCredits(f *testing.F) {
 		`{"credits":[{"claim_id":"20261129417a3f9c0e1b2d4c5e6c1","packet_id":"20261129417a3f9c0e1b2d4c5e7","act_id":"bob","shard":27,"amount":1}]}`,
 		`{"credits":[{"claim_id":"20261129417a3f9c0e1b2d4c5e6c01","packet_id":"20261129417a3f9c0e1b2d4c5e6","act_id":"bob","shard":27,"amount":1}]}`,
 	})
-	o := &ownership{cell: "fuzz"}
-	for i := range o.owned {
-		o.owned[i] = true
-	}
+	o := newOwnership("fuzz", sharding.Ranges{{From: 0, To: model.ShardCount - 1}}, 1)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req api.CreditsRequest
 		err := decodeStrict(body, &req)

@@ -15,10 +15,11 @@ import (
 // grab cache.
 type expirer struct {
 	spaces       [2]*space
-	shards       []model.ShardID // the cell's own
-	interval     time.Duration   // Config.ExpiryInterval
-	packetExpiry time.Duration   // Config.PacketExpiry
-	cache        *grabCache      // nil: none
+	shards       func() []model.ShardID // the shards the cell serves now, read each pass
+	own          *ownership             // each refund enters its work and checks the packet's shard is still served
+	interval     time.Duration          // Config.ExpiryInterval
+	packetExpiry time.Duration          // Config.PacketExpiry
+	cache        *grabCache             // nil: none
 	clock        clock.Clock
 	log          *slog.Logger
 	inc          *incidents
@@ -74,7 +75,10 @@ func (e *expirer) runFull(ctx context.Context) {
 // a pass goes through again).
 func (e *expirer) once(ctx context.Context, sp *space, days []int) model.Cents {
 	var total model.Cents
-	shards := e.shards
+	shards := e.shards()
+	if len(shards) == 0 {
+		return 0
+	}
 	scan, refund := e.inc.expiryScan[sp.index()], e.inc.refund[sp.index()]
 	scanned, refundFailed := false, false
 	defer func() {
@@ -99,7 +103,13 @@ func (e *expirer) once(ctx context.Context, sp *space, days []int) model.Cents {
 				e.log.Error("bad packet id in table", "id", id)
 				continue
 			}
+			leave := e.own.enter()
+			if !e.own.owns(ref.Shard) { // frozen or handed over by a move since the scan
+				leave()
+				continue
+			}
 			cents, err := sp.store.Refund(ctx, ref)
+			leave()
 			if err != nil {
 				if ctx.Err() == nil {
 					refundFailed = true

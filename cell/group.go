@@ -99,6 +99,8 @@ type relayStore struct {
 }
 
 // ApplyCredits implements relay.Store.
+// The relay's local lane calls it after keeping only the credits of shards
+// the cell serves (relay.Config.Owns) inside relay.Config.Enter.
 func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
 	if r.s.strategy.grouped() {
 		return r.s.applyCreditsGrouped(ctx, r.sp, credits)

@@ -74,6 +74,10 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
 		return
 	}
+	// Work a move's freeze waits for (ownership.enter): every check of the
+	// request's shard happens inside it.
+	leave := s.own.enter()
+	defer leave()
 	ctx, cancel := s.deadline(rc)
 	defer cancel()
 	defer func() {
@@ -82,6 +86,10 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		}
 	}()
 	sp := s.spaceOf(rc)
+	if !s.enterSpace(rc, rt, sp) { // a shadow cleanup refuses stress requests while it drops (shadow.go)
+		return
+	}
+	defer s.leaveSpace(sp)
 	switch rt {
 	case api.RouteAccount:
 		s.getAccount(ctx, rc, sp, key)
@@ -158,7 +166,7 @@ func (s *Server) healthz(rc *fasthttp.RequestCtx) {
 		status, code = "draining", http.StatusServiceUnavailable
 	}
 	s.answers.json(rc, code, map[string]any{
-		"status": status, "cell": s.cfg.Name, "shards": s.cfg.Shards.String(), "strategy": s.strategy.Strategy().Strategy,
+		"status": status, "cell": s.cfg.Name, "shards": s.own.rangesString(), "strategy": s.strategy.Strategy().Strategy,
 		"schema_ready": s.warmer.ready.Load(), "active_packets": s.queue.Keys(),
 		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
 		"refunds": s.expiry.refunds.Load(), "relayed": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Relayed.Load() }),
@@ -257,8 +265,8 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 		s.answers.err(rc, err)
 		return
 	}
-	if !s.own.owns(sh) {
-		s.answers.err(rc, s.own.wrongCell(sh))
+	if err := s.own.check(sh); err != nil {
+		s.answers.err(rc, err)
 		return
 	}
 	now := s.clock.Now()

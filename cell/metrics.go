@@ -48,6 +48,11 @@ type metrics struct {
 	batchSize prometheus.Histogram
 	serve     fasthttp.RequestHandler // GET /metrics on the admin port
 
+	// moves (cell/moves.go)
+	moveSteps                          *prometheus.CounterVec // by op
+	moveDrain                          prometheus.Histogram
+	moveCopiesDropped, moveCopyChanged prometheus.Counter
+
 	group groupMetrics
 }
 
@@ -124,7 +129,7 @@ type metricSources struct {
 	slots     Slots
 	cache     GrabCache // nil: none
 	switches  *degrade.Switches
-	dbs       []int // the cell's own databases
+	dbs       func() []int // the databases the cell serves now
 	clock     clock.Clock
 	inc       *incidents
 	creditLag *prometheus.HistogramVec // newCreditLag: the relays observe it, newMetrics registers it
@@ -149,6 +154,16 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 			Help:    "Opens committed by one open transaction (serial and naive: 1).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 13)}), // 1 .. 4096 = BatchMax's bound
 	}
+	m.moveSteps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_move_steps_total",
+		Help: "Steps of database moves this cell took (POST /admin/moves), by op: freeze, thaw, release, adopt."}, []string{"op"})
+	m.moveDrain = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_move_drain_seconds",
+		Help:    "Time a move's freeze waited for the work in flight on the database before it answered.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}})
+	m.moveCopiesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copies_dropped_total",
+		Help: "Copies of databases handed over to another cell dropped after move_grace, unchanged since the handover."})
+	m.moveCopyChanged = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copy_changed_total",
+		Help: "Times a copy of a database handed over was found changed since the handover (kept, logged at ERROR): should stay 0."})
+	reg.MustRegister(m.moveSteps, m.moveDrain, m.moveCopiesDropped, m.moveCopyChanged)
 	limited := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_rate_limited_total",
 		Help: "Requests refused by a rate limit, by kind (route, user at the router; cell at a cell) and route."}, []string{"kind", "route"})
 	for r := range m.limited {
@@ -294,7 +309,7 @@ func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
 // rather than shown with old numbers.
 type outboxCollector struct {
 	spaces          [2]*space
-	dbs             []int
+	dbs             func() []int
 	clock           clock.Clock
 	inc             *incidents
 	pending, oldest *prometheus.Desc
@@ -329,7 +344,7 @@ func (c *outboxCollector) refreshLocked() {
 	for i, sp := range c.spaces {
 		c.ok[i] = true
 		c.lag[i].pending, c.lag[i].oldestMS = 0, 0
-		for _, db := range c.dbs {
+		for _, db := range c.dbs() {
 			n, oldest, err := sp.store.OutboxLag(ctx, db)
 			if err != nil {
 				c.ok[i] = false

@@ -216,13 +216,22 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
-	defer cancel()
 	fail := func(err error) {
 		for _, j := range live {
 			j.done <- model.OpenResult{Err: err}
 		}
 	}
+	// The batch may write the packet's database: it is work a move's freeze
+	// waits for, and it checks the shard is still served after entering (the
+	// handler's own check may be from before the freeze).
+	leave := s.own.enter()
+	defer leave()
+	if err := s.own.check(live[0].ref.Shard); err != nil {
+		fail(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
+	defer cancel()
 	reqs := make([]model.OpenRequest, len(live))
 	for i, j := range live {
 		reqs[i] = j.req

@@ -1,80 +1,272 @@
 package cell
 
 import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"redcell/api"
 	"redcell/cell/strictjson"
 	"redcell/model"
 	"redcell/sharding"
 )
 
-// ownership is which shards this cell owns, and the checks of the keys in a
-// request against it. Read-only after New: safe for concurrent use.
-type ownership struct {
-	cell  string // this cell's name, for the errors
-	owned [model.ShardCount]bool
+// ownState is one immutable view of what the cell owns: its ranges, the map
+// version it announces them with, and the databases it holds but no longer
+// serves (frozen: a move's last moments, see ownership.freeze).
+type ownState struct {
+	ranges  sharding.Ranges
+	version int64
+	owned   [model.ShardCount]bool
+	frozen  [model.DBCount]bool
+	held    []int // the owned databases, ascending (frozen ones included)
 }
 
-func newOwnership(cell string, shards sharding.Ranges) *ownership {
-	o := &ownership{cell: cell}
-	for _, sh := range shards.Shards() {
-		o.owned[sh] = true
+func newOwnState(ranges sharding.Ranges, version int64, frozen [model.DBCount]bool) *ownState {
+	st := &ownState{ranges: ranges, version: version}
+	for _, sh := range ranges.Shards() {
+		st.owned[sh] = true
 	}
+	for db := 0; db < model.DBCount; db++ {
+		if st.owned[db*model.ShardsPerDB] {
+			st.held = append(st.held, db)
+			st.frozen[db] = frozen[db]
+		}
+	}
+	return st
+}
+
+// ownership is which shards this cell owns, and the checks of the keys in a
+// request against it. It changes only through a move (freeze, release, adopt;
+// cell/moves.go), each change a new ownState swapped in whole, so a reader
+// sees one consistent view without a lock. Safe for concurrent use.
+type ownership struct {
+	cell string // this cell's name, for the errors
+	st   atomic.Pointer[ownState]
+	mu   sync.Mutex // serializes changes
+	work epochs     // work in flight that may write a database (see enter)
+}
+
+func newOwnership(cell string, shards sharding.Ranges, version int64) *ownership {
+	o := &ownership{cell: cell}
+	o.st.Store(newOwnState(shards, version, [model.DBCount]bool{}))
+	o.work.init()
 	return o
 }
 
-// owns reports whether this cell owns shard sh.
-func (o *ownership) owns(sh model.ShardID) bool { return sh.Valid() && o.owned[sh] }
+func (o *ownership) state() *ownState { return o.st.Load() }
+
+// owns reports whether this cell owns shard sh and serves it now (its
+// database is not frozen by a move).
+func (o *ownership) owns(sh model.ShardID) bool {
+	st := o.st.Load()
+	return sh.Valid() && st.owned[sh] && !st.frozen[sh.DB()]
+}
+
+// check returns nil when the cell serves shard sh, ErrMoving when it owns it
+// but its database is frozen by a move, else ErrWrongCell.
+func (o *ownership) check(sh model.ShardID) error {
+	st := o.st.Load()
+	switch {
+	case !sh.Valid() || !st.owned[sh]:
+		return o.wrongCell(sh)
+	case st.frozen[sh.DB()]:
+		return model.Errorf(model.ErrMoving, "shard %d: db_%02d is moving from %s to another cell", sh, sh.DB(), o.cell)
+	}
+	return nil
+}
+
+// dbs lists the databases the cell serves now, ascending: owned, not frozen.
+// Background work (relay scans, expiry, coupon feeders, bookings, the
+// archiver) takes this list at the start of each pass.
+func (o *ownership) dbs() []int {
+	st := o.st.Load()
+	out := make([]int, 0, len(st.held))
+	for _, db := range st.held {
+		if !st.frozen[db] {
+			out = append(out, db)
+		}
+	}
+	return out
+}
+
+// shards lists the shards the cell serves now, ascending.
+func (o *ownership) shards() []model.ShardID {
+	var out []model.ShardID
+	for _, db := range o.dbs() {
+		for sh := db * model.ShardsPerDB; sh < (db+1)*model.ShardsPerDB; sh++ {
+			out = append(out, model.ShardID(sh))
+		}
+	}
+	return out
+}
+
+// ranges returns the ranges the cell owns (frozen databases included: it
+// announces them until the move hands them over) and their map version.
+func (o *ownership) ranges() (sharding.Ranges, int64) {
+	st := o.st.Load()
+	return st.ranges, st.version
+}
+
+// rangesString is the owned ranges in config form ("" when none).
+func (o *ownership) rangesString() string { return o.st.Load().ranges.String() }
+
+// frozenDBs lists the databases frozen now.
+func (o *ownership) frozenDBs() []int {
+	st := o.st.Load()
+	var out []int
+	for _, db := range st.held {
+		if st.frozen[db] {
+			out = append(out, db)
+		}
+	}
+	return out
+}
+
+// setFrozen freezes (on) or thaws database db. Errors: the cell does not own db.
+func (o *ownership) setFrozen(db int, on bool) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := o.st.Load()
+	if db < 0 || db >= model.DBCount || !st.owned[db*model.ShardsPerDB] {
+		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, o.cell)
+	}
+	frozen := st.frozen
+	frozen[db] = on
+	o.st.Store(newOwnState(st.ranges, st.version, frozen))
+	return nil
+}
+
+// set replaces the owned databases and the version (a move's release or
+// adoption); frozen databases the cell keeps stay frozen.
+func (o *ownership) set(dbs []int, version int64) (sharding.Ranges, error) {
+	ranges, err := sharding.RangesOfDBs(dbs)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.st.Store(newOwnState(ranges, version, o.st.Load().frozen))
+	return ranges, nil
+}
+
+// holdsDB reports whether the cell owns database db, frozen or not.
+func (o *ownership) holdsDB(db int) bool {
+	return db >= 0 && db < model.DBCount && o.st.Load().owned[db*model.ShardsPerDB]
+}
+
+// held lists every database the cell owns, frozen ones included.
+func (o *ownership) held() []int { return slices.Clone(o.st.Load().held) }
+
+// enter registers work that may write the cell's databases (a request, an
+// open batch, a relay delivery, an expiry pass over a shard). The work checks
+// ownership after enter (owns, check) and calls leave when it is done; a
+// freeze waits for all work that entered before it (drain), so none that
+// checked before the freeze writes after it.
+func (o *ownership) enter() (leave func()) { return o.work.enter() }
+
+// drain waits until every work entered before the call has left, or ctx ends.
+func (o *ownership) drain(ctx context.Context) error { return o.work.drain(ctx) }
+
+// epochs counts work in flight by generation: enter joins the current one,
+// drain starts a new one and waits for the old one to empty, without
+// blocking the work that enters meanwhile.
+type epochs struct {
+	cur atomic.Pointer[epoch]
+	mu  sync.Mutex // one drain at a time
+}
+
+type epoch struct {
+	n     atomic.Int64
+	leave func()
+}
+
+func newEpoch() *epoch {
+	e := &epoch{}
+	e.leave = func() { e.n.Add(-1) }
+	return e
+}
+
+func (w *epochs) init() { w.cur.Store(newEpoch()) }
+
+func (w *epochs) enter() func() {
+	for {
+		e := w.cur.Load()
+		e.n.Add(1)
+		if w.cur.Load() == e {
+			return e.leave
+		}
+		e.n.Add(-1) // a drain began meanwhile: join the new generation
+	}
+}
+
+func (w *epochs) drain(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	old := w.cur.Swap(newEpoch())
+	for old.n.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
 
 // wrongCell is the error of a key of a shard another cell owns.
 func (o *ownership) wrongCell(sh model.ShardID) error {
 	return model.Errorf(model.ErrWrongCell, "shard %d is not owned by %s", sh, o.cell)
 }
 
-// account validates an act_id from the path and checks this cell owns its
-// shard. Errors: ErrInvalidArgument, ErrWrongCell.
+// account validates an act_id from the path and checks this cell serves its
+// shard. Errors: ErrInvalidArgument, ErrWrongCell, ErrMoving.
 func (o *ownership) account(actID string) (model.ShardID, error) {
 	if err := model.ValidateActID(actID); err != nil {
 		return 0, err
 	}
 	sh := sharding.ShardOfAct(actID)
-	if !o.owns(sh) {
-		return 0, o.wrongCell(sh)
+	if err := o.check(sh); err != nil {
+		return 0, err
 	}
 	return sh, nil
 }
 
 // identity splits and validates the app account of an identity path
-// ("{app}/{app_user_id}") and checks this cell owns its home shard
-// (sharding.ShardOfIdentity). Errors: ErrInvalidArgument, ErrWrongCell.
+// ("{app}/{app_user_id}") and checks this cell serves its home shard
+// (sharding.ShardOfIdentity). Errors: ErrInvalidArgument, ErrWrongCell,
+// ErrMoving.
 func (o *ownership) identity(key string) (sh model.ShardID, app, appUserID string, err error) {
 	app, appUserID, err = api.SplitIdentityKey(key)
 	if err != nil {
 		return 0, "", "", err
 	}
 	sh = sharding.ShardOfIdentity(app, appUserID)
-	if !o.owns(sh) {
-		return 0, "", "", o.wrongCell(sh)
+	if err := o.check(sh); err != nil {
+		return 0, "", "", err
 	}
 	return sh, app, appUserID, nil
 }
 
-// packetRef parses a packet ID from the path and checks this cell owns its
-// shard. Errors: ErrInvalidArgument, ErrWrongCell.
+// packetRef parses a packet ID from the path and checks this cell serves its
+// shard. Errors: ErrInvalidArgument, ErrWrongCell, ErrMoving.
 func (o *ownership) packetRef(id string) (model.PacketRef, error) {
 	ref, err := model.ParsePacketID(id)
 	if err != nil {
 		return ref, err
 	}
-	if !o.owns(ref.Shard) {
-		return ref, o.wrongCell(ref.Shard)
+	if err := o.check(ref.Shard); err != nil {
+		return ref, err
 	}
 	return ref, nil
 }
 
 // decodeCredits reads the body of /internal/credits and /internal/recon
 // ({"credits": [...]}, strict) and checks every credit: each names a claim of
-// its packet and a claimant of a shard this cell owns. Errors:
-// ErrInvalidArgument, ErrWrongCell.
+// its packet and a claimant of a shard this cell serves. Errors:
+// ErrInvalidArgument, ErrWrongCell, ErrMoving.
 func (o *ownership) decodeCredits(body []byte) ([]model.Credit, error) {
 	var req api.CreditsRequest
 	if err := strictjson.Decode(body, &req); err != nil {
@@ -105,8 +297,8 @@ func (o *ownership) validCredit(c model.Credit) error {
 	if sharding.ShardOfAct(c.ActID) != c.Shard {
 		return model.Invalidf("credit shard %d does not match act_id", c.Shard)
 	}
-	if !o.owns(c.Shard) {
-		return o.wrongCell(c.Shard)
+	if err := o.check(c.Shard); err != nil {
+		return err
 	}
 	if c.Amount < 1 {
 		return model.Invalidf("credit amount must be >= 1")

@@ -77,7 +77,7 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 	ok = true
 	problems, stale := 0, int64(0)
 	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
-	for _, db := range s.cfg.Shards.DBs() {
+	for _, db := range s.own.dbs() {
 		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS, kind == "full")
 		if err != nil {
 			if ctx.Err() == nil {

@@ -762,7 +762,7 @@ const (
 func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 	return func(ctx context.Context) {
 		lim := rate.NewLimiter(rate.Limit(s.cfg.BookingRate), s.cfg.BookingBatch)
-		dbs := s.cfg.Shards.DBs()
+		dbs := s.own.dbs()
 		lastScan := time.Time{}
 		t := time.NewTicker(bookerTick)
 		defer t.Stop()

@@ -101,6 +101,12 @@ type Stores struct {
 	// each space, over the same databases; both are required when
 	// Config.Coupons names a batches file.
 	RealCoupons, ShadowCoupons storage.Coupons
+	// ShadowDrop drops the shadow databases: the store behind Shadow
+	// (storage.MySQL); nil: the shadow space is never dropped (shadow.go).
+	ShadowDrop ShadowDropper
+	// Moves keeps the cell's ownership and its moved-out databases
+	// (storage.MySQL); nil: the cell refuses the steps of a move.
+	Moves MoveStore
 }
 
 // Server is one running cell: it routes and admits requests and runs the open
@@ -120,6 +126,7 @@ type Server struct {
 	log    *slog.Logger
 
 	own   *ownership
+	moves moveState
 	queue *keyqueue.Queue[queueKey, *openJob]
 	rngs  sync.Pool // *rand.Rand, one per worker at a time
 	http  *fasthttp.Server
@@ -142,6 +149,7 @@ type Server struct {
 	expiry  *expirer
 	archive *archiver
 	warmer  *warmer
+	shadow  *shadowCleaner // drops the shadow space, holds stress traffic off meanwhile (shadow.go)
 
 	// groups commits the work of many keys of one lane together (strategy
 	// grouped; cell/groupcommit).
@@ -206,7 +214,8 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
-	s.own = newOwnership(cfg.Name, cfg.Shards)
+	s.own = newOwnership(cfg.Name, cfg.Shards, cfg.MapVersion)
+	s.moves = moveState{store: stores.Moves, frozenUntil: map[int]time.Time{}}
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
@@ -236,18 +245,18 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
-		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: cfg.Shards.DBs(),
-			Owns: s.Owns, Off: relayOff, Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: s.own.dbs,
+			Owns: s.Owns, Enter: s.own.enter, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
 			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
-	s.expiry = &expirer{spaces: s.spaces, shards: cfg.Shards.Shards(), interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
+	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
 	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
-	s.recon = recon.New(recon.Config{Shards: cfg.Shards, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
+	s.recon = recon.New(recon.Config{DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
 		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Clock: clk, Log: log, Reg: reg},
 		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
@@ -264,13 +273,14 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.cp = cp
 	}
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: cfg.Shards.DBs(), clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+	s.shadow = s.newShadow(stores.ShadowDrop, reg)
 	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
 	if s.cp != nil {
 		couponAdmin = s
 	}
-	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: cfg.Shards,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Metrics: s.metrics.serve, Log: log})
+	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
 
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
@@ -316,7 +326,7 @@ func (s *Server) Listen() (net.Listener, error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	background := []func(context.Context){s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
+	background := []func(context.Context){s.runMoves, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
 		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
 			if t := s.acts.holder.Tree(); t != nil {
@@ -344,6 +354,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cp != nil {
 		background = append(background, s.runCoupons)
 	}
+	background = append(background, s.shadow.run)
 	for _, run := range background {
 		wg.Add(1)
 		go func() { defer wg.Done(); run(bg) }()

@@ -53,6 +53,10 @@ var (
 	ErrDegraded = &Error{"DEGRADED", "this feature is switched off for now, retry later"}
 	// ErrWrongCell: the shard is not owned by the cell that received the request.
 	ErrWrongCell = &Error{"WRONG_CELL", "shard is not owned by this cell"}
+	// ErrMoving: the shard's database is being moved to another cell and its
+	// writes are paused for the last few transactions (the freeze, about a
+	// second); the router retries it with a short backoff, and a client may too.
+	ErrMoving = &Error{"MOVING", "the shard's database is moving to another cell, retry"}
 	// ErrCellUnavailable: no live cell owns the shard (router only).
 	ErrCellUnavailable = &Error{"CELL_UNAVAILABLE", "no live cell owns this shard"}
 	// ErrOverloaded: a bounded queue is full or a request waited too long; retry later.

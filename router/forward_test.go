@@ -221,13 +221,15 @@ func TestWrongCellRetriedThenRetryable(t *testing.T) {
 	routes.m.Store(m)
 	url := startRouter(t, routes)
 	st, code := get(t, url+"/v1/accounts/bob")
-	if st != 503 || code != "CELL_UNAVAILABLE" || wrongHits.Load() != 2 {
-		t.Fatalf("421 twice: %d %s after %d tries", st, code, wrongHits.Load())
+	// Tried again with a doubling wait while the deadline (3 s) leaves room:
+	// 50+100+200+400+400+400 ms of waits fit, the next would pass it.
+	if st != 503 || code != "MOVING" || wrongHits.Load() < 5 || wrongHits.Load() > movedAttempts {
+		t.Fatalf("421 every time: %d %s after %d tries", st, code, wrongHits.Load())
 	}
 	// The map moves on while the router waits: the retry reaches the new owner.
 	right := fakeCell(t, 200, `{}`, &rightHits)
 	go func() {
-		for wrongHits.Load() < 3 {
+		for wrongHits.Load() < 8 {
 			time.Sleep(time.Millisecond)
 		}
 		m2, _ := sharding.NewMap([]sharding.Cell{{Name: "new", Addr: right, Shards: all}})
@@ -235,6 +237,37 @@ func TestWrongCellRetriedThenRetryable(t *testing.T) {
 	}()
 	if st, _ := get(t, url+"/v1/accounts/bob"); st != 200 || rightHits.Load() != 1 {
 		t.Fatalf("after the map moved: %d, %d hits on the new owner", st, rightHits.Load())
+	}
+}
+
+// TestMovingRetriedUntilTheNewOwnerServes: a cell in the freeze of a move
+// answers 503 MOVING; the router tries again with a doubling wait and reaches
+// the new owner once the map names it, while a plain 503 (not MOVING) is
+// passed back at once.
+func TestMovingRetriedUntilTheNewOwnerServes(t *testing.T) {
+	var movingHits, rightHits, busyHits atomic.Int64
+	all, _ := sharding.ParseRanges("0-999")
+	moving := fakeCell(t, 503, `{"error":{"code":"MOVING","message":"freeze"}}`, &movingHits)
+	right := fakeCell(t, 200, `{}`, &rightHits)
+	routes := &fixedRoutes{}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "old", Addr: moving, Shards: all, Version: 1}})
+	routes.m.Store(m)
+	url := startRouter(t, routes)
+	go func() {
+		for movingHits.Load() < 4 { // about 350 ms of freeze
+			time.Sleep(time.Millisecond)
+		}
+		m2, _ := sharding.NewMap([]sharding.Cell{{Name: "new", Addr: right, Shards: all, Version: 2}})
+		routes.m.Store(m2)
+	}()
+	if st, code := get(t, url+"/v1/accounts/bob"); st != 200 || rightHits.Load() != 1 || movingHits.Load() != 4 {
+		t.Fatalf("through a freeze: %d %s, %d MOVING answers, %d on the new owner", st, code, movingHits.Load(), rightHits.Load())
+	}
+	busy := fakeCell(t, 503, `{"error":{"code":"OVERLOADED","message":"busy"}}`, &busyHits)
+	m3, _ := sharding.NewMap([]sharding.Cell{{Name: "busy", Addr: busy, Shards: all}})
+	routes.m.Store(m3)
+	if st, code := get(t, url+"/v1/accounts/bob"); st != 503 || code != "OVERLOADED" || busyHits.Load() != 1 {
+		t.Fatalf("a plain 503: %d %s after %d tries, want OVERLOADED after 1", st, code, busyHits.Load())
 	}
 }
 
@@ -250,8 +283,8 @@ func TestWrongCellNoRetryPastDeadline(t *testing.T) {
 	routes.m.Store(m)
 	url := startRouterWith(t, routes, func(c *Config) { c.RequestTimeout = movedLeftMin - 50*time.Millisecond }, nil)
 	st, code := get(t, url+"/v1/accounts/bob")
-	if st != 503 || code != "CELL_UNAVAILABLE" || wrongHits.Load() != 1 {
-		t.Fatalf("421 with %v left: %d %s after %d tries, want 503 CELL_UNAVAILABLE after 1", movedLeftMin-50*time.Millisecond, st, code, wrongHits.Load())
+	if st != 503 || code != "MOVING" || wrongHits.Load() != 1 {
+		t.Fatalf("421 with %v left: %d %s after %d tries, want 503 MOVING after 1", movedLeftMin-50*time.Millisecond, st, code, wrongHits.Load())
 	}
 }
 

@@ -448,52 +448,69 @@ func bearer(h *fasthttp.RequestHeader) []byte {
 	return v[len(scheme):]
 }
 
-// A cell that answers 421 WRONG_CELL does not own the shard: the map is
-// changing. The router waits movedWait for the membership view to move on and
-// tries once more, if movedLeftMin of the deadline is left for it.
+// A cell that answers 421 WRONG_CELL does not own the shard (the map is
+// changing), and one that answers 503 MOVING is handing the shard's database
+// to another cell (the freeze of a move, about a second). Either way the router
+// waits movedWait, doubling up to movedWaitMax, looks the owner up again and
+// tries once more, for as long as movedLeftMin of the deadline is left for the
+// next try (at most movedAttempts tries in all).
 const (
-	movedWait    = 100 * time.Millisecond
-	movedLeftMin = 200 * time.Millisecond
+	movedWait     = 50 * time.Millisecond
+	movedWaitMax  = 400 * time.Millisecond
+	movedAttempts = 12
+	movedLeftMin  = 200 * time.Millisecond
 )
 
-// errMoved is a forward the owner answered 421 (see movedWait); errMovedLate
-// is one with too little of the deadline left to try again.
+// errMoved is a forward the owner answered 421 or MOVING (see movedWait);
+// errMovedLate is one with too little of the deadline left to try again.
 var (
-	errMoved     = errors.New("router: the shard's owner answered 421")
-	errMovedLate = errors.New("router: the shard's owner answered 421, no time left to retry")
+	errMoved     = errors.New("router: the shard's owner answered 421 or MOVING")
+	errMovedLate = errors.New("router: the shard's owner answered 421 or MOVING, no time left to retry")
 )
 
 // retryMoved is the Retryable of forwardWithRetry: a package func, not a
 // closure, so that forwarding allocates nothing for it.
 func retryMoved(err error) bool { return err == errMoved }
 
-// forwardWithRetry forwards to the shard's owner, once more after a 421
-// (retry.Do; its wait ends early when the server shuts down). A request still
-// refused then, or without time for another try, gets a retryable answer
-// rather than a final one.
+// movedAnswer reports whether the cell's answer says the shard is elsewhere
+// or on its way there: 421, or 503 with the code MOVING.
+func movedAnswer(resp *fasthttp.Response) bool {
+	switch resp.StatusCode() {
+	case fasthttp.StatusMisdirectedRequest:
+		return true
+	case fasthttp.StatusServiceUnavailable:
+		return string(api.ResponseCode(&resp.Header)) == model.ErrMoving.Code
+	}
+	return false
+}
+
+// forwardWithRetry forwards to the shard's owner, again after a 421 or a
+// MOVING answer (retry.Do; its wait ends early when the server shuts down). A
+// request still refused when the tries or the deadline run out gets the
+// retryable 503 MOVING rather than a final answer.
 func (r *Router) forwardWithRetry(rc *fasthttp.RequestCtx, shard model.ShardID, start time.Time) {
 	deadline := start.Add(r.cfg.RequestTimeout)
-	err := retry.Do(rc, retry.Policy{Attempts: 2, Backoff: movedWait, Retryable: retryMoved}, func(attempt int) error {
+	err := retry.Do(rc, retry.Policy{Attempts: movedAttempts, Backoff: movedWait, Max: movedWaitMax, Retryable: retryMoved}, func(attempt int) error {
 		if attempt > 0 {
-			start = time.Now() // the second try is signed when it is sent
+			start = time.Now() // a later try is signed when it is sent
 		}
 		cell, ok := r.routes.Map().Owner(shard)
 		if !ok {
 			r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "no live cell owns shard %d", shard))
 			return nil
 		}
-		if !r.forward(rc, cell, shard, deadline, start) || rc.Response.StatusCode() != fasthttp.StatusMisdirectedRequest {
+		if !r.forward(rc, cell, shard, deadline, start) || !movedAnswer(&rc.Response) {
 			return nil
 		}
 		// Only when the wait and another try fit in the deadline: no wait
 		// passes the request's deadline.
-		if time.Until(deadline) < movedLeftMin {
+		if time.Until(deadline) < movedLeftMin+min(movedWait<<attempt, movedWaitMax) {
 			return errMovedLate
 		}
 		return errMoved
 	})
 	if err != nil {
-		r.writeErr(rc, model.Errorf(model.ErrCellUnavailable, "shard %d is moving between cells; retry", shard))
+		r.writeErr(rc, model.Errorf(model.ErrMoving, "shard %d is moving between cells; retry", shard))
 	}
 }
 

@@ -41,7 +41,7 @@ func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) 
 			return nil, err
 		}
 		db, err := strconv.Atoi(strings.TrimPrefix(schema, m.ns+"db_"))
-		if err != nil || db < 0 || db >= model.ShardCount/10 || len(schema) != len(m.ns)+5 {
+		if err != nil || db < 0 || db >= model.ShardCount/10 || len(schema) != len(m.ns)+5 || !m.keeps(db) {
 			continue
 		}
 		if kind, ok := dbTables[name]; ok {

@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -149,6 +150,7 @@ type MySQL struct {
 	db      *sql.DB
 	clock   clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
 	ns      string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
+	filter  *dbFilter   // the databases the table listings take (SetDBFilter)
 	bulk    creditPaths // how credits were booked (credits.go)
 	issues  issuePaths  // how grouped issues were stored (rewards.go)
 	accepts issuePaths  // how grouped coupon accepts were stored (couponaccept.go)
@@ -190,7 +192,35 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 
 // newMySQL is the store over pool db.
 func newMySQL(db *sql.DB) *MySQL {
-	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
+	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: &dbFilter{}}
+}
+
+// dbFilter says which databases the store's table listings (the ledger, the
+// cell audit, the archive, the expiry and reconciliation table lists) take;
+// shared by a store and its Shadow.
+type dbFilter struct {
+	keep atomic.Pointer[func(db int) bool]
+}
+
+// SetDBFilter makes the store list the tables of the databases keep accepts
+// only (nil: all): a server holding a copy of a database another cell owns
+// now (a move's, until it is dropped) or a copy being made must not count it
+// as its own. It applies to the Shadow stores made from this one too.
+func (m *MySQL) SetDBFilter(keep func(db int) bool) {
+	if keep == nil {
+		m.filter.keep.Store(nil)
+		return
+	}
+	m.filter.keep.Store(&keep)
+}
+
+// keeps reports whether the store's listings take database db.
+func (m *MySQL) keeps(db int) bool {
+	if m.filter == nil {
+		return true
+	}
+	f := m.filter.keep.Load()
+	return f == nil || (*f)(db)
 }
 
 // withParams sets the driver parameters every connection needs, whatever the
@@ -218,7 +248,7 @@ const ShadowPrefix = "shadow_"
 // Shadow returns a store over the same server and connection pool that reads
 // and writes the shadow databases: stress-test traffic never touches real rows.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, clock: m.clock, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}}
+	return &MySQL{db: m.db, clock: m.clock, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter}
 }
 
 // Ping checks the connection.

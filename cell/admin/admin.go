@@ -78,6 +78,16 @@ type Withdrawals interface {
 	SetWithdrawRelease(api.WithdrawRelease) (api.WithdrawRelease, error)
 }
 
+// Moves runs the cell's steps of a database move (api.MoveStep).
+type Moves interface {
+	MovesState(ctx context.Context) (api.MovesState, error)
+	// MoveStep errors: ErrInvalidArgument (an unknown op or database),
+	// ErrWrongCell (freeze, thaw or release of a database the cell does not
+	// own), ErrOverloaded (the freeze did not drain in time; it thawed),
+	// ErrDBUnavailable (the ownership could not be saved; nothing changed).
+	MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer, error)
+}
+
 // Peers is the cluster's shard map as this cell sees it (sharding/membership.Node).
 type Peers interface {
 	Map() *sharding.Map
@@ -86,10 +96,10 @@ type Peers interface {
 // Config is what the admin port is built from. Listen empty: no admin port.
 // Token empty: every request but GET /metrics is refused. Peers may be nil.
 type Config struct {
-	Listen   string // host:port
-	Token    string // the bearer token every /admin route requires
-	Cell     string // this cell's name
-	Shards   sharding.Ranges
+	Listen   string        // host:port
+	Token    string        // the bearer token every /admin route requires
+	Cell     string        // this cell's name
+	Shards   func() string // the shard ranges the cell owns now
 	Peers    Peers
 	Strategy Strategy
 	Switches Switches
@@ -100,6 +110,9 @@ type Config struct {
 	Withdrawals Withdrawals
 	// Coupons may be nil: the coupon batch routes answer NOT_FOUND.
 	Coupons Coupons
+	// Moves may be nil: the move routes answer NOT_FOUND.
+	Moves   Moves
+	Shadow  ShadowCleanup           // may be nil: POST /admin/shadow/cleanup answers NOT_FOUND
 	Metrics fasthttp.RequestHandler // GET /metrics
 	Log     *slog.Logger
 }
@@ -201,6 +214,10 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		s.writeJSON(rc, rep)
 	case api.RouteShards:
 		s.writeJSON(rc, s.shardMap())
+	case api.RouteShadowCleanup:
+		s.shadowCleanup(rc)
+	case api.RouteMovesGet, api.RouteMovesPost:
+		s.moves(rc, rt.ID)
 	case api.RouteActivities, api.RouteActivitiesReload:
 		if s.cfg.Activities == nil {
 			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no reward activities"))
@@ -278,7 +295,7 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 // shardMap is the answer of GET /admin/shards: the shards this cell owns and
 // the cluster's shard map as this cell sees it through memberlist.
 func (s *Server) shardMap() api.ShardMapResponse {
-	out := api.ShardMapResponse{Cell: s.cfg.Cell, Shards: s.cfg.Shards.String(), Cells: []api.ShardMapCell{}}
+	out := api.ShardMapResponse{Cell: s.cfg.Cell, Shards: s.cfg.Shards(), Cells: []api.ShardMapCell{}}
 	if s.cfg.Peers == nil {
 		return out
 	}
@@ -321,4 +338,32 @@ func (s *Server) writeErr(rc *fasthttp.RequestCtx, err error) {
 // code ADMIN_DISABLED has no status of its own in the table).
 func writeRefusal(rc *fasthttp.RequestCtx, status int, e *model.Error) {
 	api.WriteErrorStatus(rc, status, e)
+}
+
+// moves serves GET and POST /admin/moves.
+func (s *Server) moves(rc *fasthttp.RequestCtx, rt api.RouteID) {
+	if s.cfg.Moves == nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell does not take part in moves"))
+		return
+	}
+	if rt == api.RouteMovesGet {
+		st, err := s.cfg.Moves.MovesState(s.ctx)
+		if err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, st)
+		return
+	}
+	var step api.MoveStep
+	if err := strictjson.Decode(rc.PostBody(), &step); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	ans, err := s.cfg.Moves.MoveStep(s.ctx, step)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, ans)
 }

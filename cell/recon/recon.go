@@ -86,8 +86,8 @@ type Space struct {
 // Config is what a Reconciler is built from. Every field is required but
 // Clock (nil: the system clock).
 type Config struct {
-	Shards       sharding.Ranges          // the shards this cell owns
-	Owns         func(model.ShardID) bool // Shards.Contains, as the cell checks it
+	DBs          func() []int             // the databases this cell serves now (whole: every shard of each), read each round
+	Owns         func(model.ShardID) bool // whether the cell serves a shard now
 	Peers        Peers
 	Interval     time.Duration // how often a pass runs (ReconInterval)
 	Settle       time.Duration // how old a claim must be to be checked (ReconSettle)
@@ -103,11 +103,9 @@ type Reconciler struct {
 	cfg     Config
 	clock   clock.Clock
 	spaces  []Space
-	metrics []*spaceMetrics         // by space, as spaces
-	inc     []spaceIncidents        // by space
-	shards  map[int][]model.ShardID // owned shards by database
-	dbs     []int                   // owned databases
-	checked []atomic.Int64          // by space: the oldest position, Unix ms (redcell_recon_lag_seconds)
+	metrics []*spaceMetrics  // by space, as spaces
+	inc     []spaceIncidents // by space
+	checked []atomic.Int64   // by space: the oldest position, Unix ms (redcell_recon_lag_seconds)
 }
 
 // spaceIncidents are the failures reconciliation logs as incidents, per space.
@@ -125,7 +123,7 @@ const askCellsMax = 256
 // New builds a reconciler over spaces and registers its metrics with
 // cfg.Reg; it does no I/O.
 func New(cfg Config, spaces ...Space) *Reconciler {
-	r := &Reconciler{cfg: cfg, clock: clock.Or(cfg.Clock), spaces: spaces, shards: cfg.Shards.ShardsByDB(), dbs: cfg.Shards.DBs(),
+	r := &Reconciler{cfg: cfg, clock: clock.Or(cfg.Clock), spaces: spaces,
 		checked: make([]atomic.Int64, len(spaces))}
 	r.metrics = newMetrics(cfg.Reg, spaces)
 	for i, sp := range spaces {
@@ -242,7 +240,7 @@ func (r *Reconciler) resume(ctx context.Context, i int, start int64) (map[int]in
 	}
 	cursors := map[int]int64{}
 	resumed, oldest := 0, start
-	for _, db := range r.dbs {
+	for _, db := range r.cfg.DBs() {
 		cursors[db] = start
 		if ms, ok := saved[db]; ok {
 			cursors[db] = ms
@@ -290,7 +288,20 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 	budget := rowsPerRound
 	var delivered []model.Credit
 	moved := map[int]int64{}
-	dbs := r.dbs
+	dbs := r.cfg.DBs()
+	for _, db := range dbs {
+		if _, ok := cursors[db]; !ok {
+			// A database that moved here: a move copies its saved position
+			// from the old owner before handing it over; without one it
+			// starts where the others are.
+			cursors[db] = minCursor(cursors)
+			if saved, err := sp.Books.ReconPositions(ctx); err == nil {
+				if ms, ok := saved[db]; ok {
+					cursors[db] = ms
+				}
+			}
+		}
+	}
 	track := r.inc[i].window
 	errs := 0
 	for j := range dbs {
@@ -303,7 +314,7 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 			behind = true
 			continue
 		}
-		w, err := sp.Books.ReconWindow(ctx, db, r.shards[db], reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
+		w, err := sp.Books.ReconWindow(ctx, db, dbShards(db), reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
 		if err != nil {
 			errs++
 			if ctx.Err() == nil {
@@ -588,6 +599,15 @@ func newMetrics(reg prometheus.Registerer, spaces []Space) []*spaceMetrics {
 			m.diffs[k] = diffs.WithLabelValues(name, kind)
 		}
 		out = append(out, m)
+	}
+	return out
+}
+
+// dbShards lists the shards of database db.
+func dbShards(db int) []model.ShardID {
+	out := make([]model.ShardID, model.ShardsPerDB)
+	for i := range out {
+		out[i] = model.ShardID(db*model.ShardsPerDB + i)
 	}
 	return out
 }

@@ -83,7 +83,7 @@ func newWorld(t *testing.T) *world {
 func (w *world) reconciler() *Reconciler {
 	all := sharding.Ranges{{From: 0, To: model.ShardCount - 1}}
 	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: "a:1", Shards: all}})
-	return New(Config{Shards: all, Owns: all.Contains, Peers: peers{m}, Interval: interval, Settle: settle,
+	return New(Config{DBs: all.DBs, Owns: all.Contains, Peers: peers{m}, Interval: interval, Settle: settle,
 		PacketExpiry: 24 * time.Hour, RelayOff: func() bool { return false }, Clock: w.clk,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Reg: prometheus.NewRegistry()},
 		Space{Name: "real", Books: w.books, Client: noCells{}})

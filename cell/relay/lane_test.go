@@ -194,7 +194,7 @@ func newRelayRigWith(t *testing.T, tune func(*Config), cells ...sharding.Cell) *
 	m, _ := sharding.NewMap(append([]sharding.Cell{{Name: "cell-a", Addr: "a", Shards: own}}, cells...))
 	store := newFakeOutbox()
 	net := &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
-	cfg := Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs(),
+	cfg := Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs,
 		Owns: func(sh model.ShardID) bool { return sh < 500 }, Off: func() bool { return false },
 		Store: store, Client: net, Peers: fixedPeers{m}, Log: slog.New(slog.DiscardHandler)}
 	if tune != nil {
@@ -210,9 +210,10 @@ func newRelayRigWith(t *testing.T, tune func(*Config), cells ...sharding.Cell) *
 	return &relayRig{r: r, store: store, net: net, start: time.Now(), stop: stop}
 }
 
-// credit makes a credit for a claimant of shard sh; n names it.
+// credit makes a credit for a claimant of shard sh; n names it. Its packet is
+// in a shard cell-a owns, as every packet of its outbox is.
 func credit(sh model.ShardID, n int) model.Credit {
-	id := model.PacketID(fmt.Sprintf("20260101%03d0123456789abcdef", sh))
+	id := model.PacketID(fmt.Sprintf("20260101%03d%03d3456789abcdef", sh%500, sh))
 	return model.Credit{ClaimID: fmt.Sprintf("%sc%d", id, n+1), PacketID: id, ActID: fmt.Sprintf("u%d", n), Shard: sh, Amount: 1}
 }
 

@@ -49,14 +49,19 @@ type Config struct {
 	Cell     string                   // this cell's name: the local lane's destination
 	Space    string                   // the money space, "real" or "shadow", for logs
 	Interval time.Duration            // how often the outbox is scanned (RelayInterval)
-	DBs      []int                    // the databases whose outboxes are scanned: the cell's own
-	Owns     func(model.ShardID) bool // whether this cell owns a shard (its claimants are credited locally)
-	Off      func() bool              // the relay degrade switch: true while switched off
-	Store    Store                    // the space's outbox and wallets
-	Client   Client                   // calls to other cells, for this space
-	Peers    Peers                    // the shard map
-	Clock    clock.Clock              // nil: clock.Real
-	Log      *slog.Logger
+	DBs      func() []int             // the databases whose outboxes are scanned: those the cell serves now, read each scan
+	Owns     func(model.ShardID) bool // whether this cell serves a shard now (its claimants are credited locally)
+	// Enter, when set, registers a delivery to this cell's wallets or a
+	// marking of its outbox as work that writes its databases; the relay
+	// calls the returned leave when the write is done, and checks Owns after
+	// Enter. A move's freeze waits for such work (cell.ownership). nil: none.
+	Enter  func() (leave func())
+	Off    func() bool // the relay degrade switch: true while switched off
+	Store  Store       // the space's outbox and wallets
+	Client Client      // calls to other cells, for this space
+	Peers  Peers       // the shard map
+	Clock  clock.Clock // nil: clock.Real
+	Log    *slog.Logger
 	// Busy tells whether the cell is loaded with opens (its load probe; nil:
 	// never). While it is, the lanes yield: each delivers only full batches
 	// (BatchMax), or a smaller one once its lane has held it back for
@@ -391,7 +396,7 @@ func (r *Relay) scan(ctx context.Context) {
 	before := start.Add(-2 * r.cfg.Interval).UnixMilli()
 	ok := true
 	defer r.Stats.Scans.Add(1)
-	for _, db := range r.cfg.DBs {
+	for _, db := range r.cfg.DBs() {
 		var after model.OutboxPos
 		for page := 0; page < ScanPagesMax && ctx.Err() == nil; page++ {
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
@@ -423,11 +428,27 @@ func (r *Relay) scan(ctx context.Context) {
 // goes back to the outbox. An error means nothing is known to be applied.
 func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
 	if l.local {
-		_, ids, err := r.cfg.Store.ApplyCredits(ctx, cs)
+		if r.cfg.Enter != nil {
+			leave := r.cfg.Enter()
+			defer leave()
+		}
+		// A wallet's database may have moved (or be moving) since the credit
+		// was dispatched here: only those still served are applied; the
+		// others go back to the outbox and a later scan sends them on.
+		mine := cs[:0:0]
+		for _, c := range cs {
+			if r.cfg.Owns(c.Shard) {
+				mine = append(mine, c)
+			}
+		}
+		if len(mine) == 0 {
+			return nil, nil, nil
+		}
+		_, ids, err := r.cfg.Store.ApplyCredits(ctx, mine)
 		if err != nil {
 			return nil, nil, err
 		}
-		delivered, deferred = SplitDeferred(cs, ids)
+		delivered, deferred = SplitDeferred(mine, ids)
 		return delivered, deferred, nil
 	}
 	m := r.cfg.Peers.Map()
@@ -491,6 +512,22 @@ func (r *Relay) observeLag(local bool, cs []model.Credit, now time.Time) {
 func (r *Relay) markDelivered(cs []model.Credit) {
 	ctx, cancel := context.WithTimeout(r.life, relayDBTimeout)
 	defer cancel()
+	if r.cfg.Enter != nil {
+		leave := r.cfg.Enter()
+		defer leave()
+	}
+	// An outbox row lives with its packet: a packet whose database moved away
+	// since the scan keeps its row pending here, and its new owner's relay
+	// delivers the credit again, which the receiver ignores.
+	kept := cs[:0:0]
+	for _, c := range cs {
+		if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil && r.cfg.Owns(ref.Shard) {
+			kept = append(kept, c)
+		}
+	}
+	if cs = kept; len(cs) == 0 {
+		return
+	}
 	skipped, err := r.cfg.Store.MarkDelivered(ctx, cs)
 	if err != nil {
 		r.Stats.Errors.Add(1)

@@ -108,6 +108,10 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	if len(fc.Cells) == 0 {
 		return model.AuditReport{}, fmt.Errorf("audit: config %s lists no cells", configPath)
 	}
+	owner, err := dbOwners(ctx, fc)
+	if err != nil {
+		return model.AuditReport{}, err
+	}
 	ledgers := make([]model.Ledger, len(fc.Cells))
 	errs := make([]error, len(fc.Cells))
 	var wg sync.WaitGroup
@@ -121,6 +125,9 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 				return
 			}
 			defer st.Close()
+			// Only the databases the cell owns: a copy a move left (until
+			// the old owner drops it) or one it is making is not its money.
+			st.SetDBFilter(func(db int) bool { return owner[db] == c.Name })
 			if shadow {
 				st = st.Shadow()
 			}
@@ -179,4 +186,34 @@ func openCellDB(c cellEntry, conns int) (*storage.MySQL, error) {
 	}
 	st, _, err := storage.OpenFailover(c.DSN, c.StandbyDSN, conns, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return st, err
+}
+
+// dbOwners says which cell owns each database: the cell whose ranges, as it
+// saved them after its last move (storage.MySQL.Ownership) or else as the
+// config gives them, hold it under the highest map version (a tie goes to
+// the name sorting first, as in sharding.NewMap).
+func dbOwners(ctx context.Context, fc fileConfig) ([model.DBCount]string, error) {
+	var owner [model.DBCount]string
+	var version [model.DBCount]int64
+	for _, c := range fc.Cells {
+		cfg, _, err := fc.cellConfig(c.Name)
+		if err != nil {
+			return owner, err
+		}
+		st, err := openCellDB(c, 1)
+		if err != nil {
+			return owner, err
+		}
+		err = savedOwnership(ctx, st, &cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		st.Close()
+		if err != nil {
+			return owner, fmt.Errorf("audit: cell %s: %w", c.Name, err)
+		}
+		for _, db := range cfg.Shards.DBs() {
+			if owner[db] == "" || cfg.MapVersion > version[db] || cfg.MapVersion == version[db] && c.Name < owner[db] {
+				owner[db], version[db] = c.Name, cfg.MapVersion
+			}
+		}
+	}
+	return owner, nil
 }

@@ -60,6 +60,8 @@ type benchFlags struct {
 	readsDuration       time.Duration // rewards: --reads-duration
 	mergeBacklog        int           // coupons: --merge-backlog
 	hotShare            float64       // coupons: --hot-share
+	cleanup             bool          // --cleanup: drop the shadow databases after the runs (bench_cleanup.go)
+	cleanupOnly         bool          // --cleanup with no flag but --config: only that, no load
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -114,6 +116,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.Float64Var(&f.sustain.Fraction, "sustain-fraction", f.sustain.Fraction, "the fraction of the sustained rate --sustain-at runs at")
 	fs.DurationVar(&f.sustain.Duration, "sustain-duration", 0, "the load phase of the --sustain-at run (default --duration)")
 	fs.DurationVar(&f.sustain.LagBound, "lag-bound", f.sustain.LagBound, "the credit-lag p99 the --sustain-at run should stay within")
+	fs.BoolVar(&f.cleanup, "cleanup", false, "drop the stress traffic's shadow databases on every cell of --config once the runs passed (POST /admin/shadow/cleanup; a failed run keeps them); with no other flag but --config, only that, no load")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errUsage // the flag set printed its usage; nothing more to say
@@ -127,6 +130,14 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	if f.set["concurrency"] {
 		f.set["openers"] = true
+	}
+	if f.cleanup {
+		if err := f.checkCleanup(); err != nil {
+			return nil, err
+		}
+		if f.cleanupOnly {
+			return f, nil // alone, the cleanup needs no API key or cluster secret
+		}
 	}
 	f.searchOn = f.searchOn || f.searchOnly || f.sustain.Strategy != ""
 	if !f.set["search-confirm"] && f.search.Step > bench.DefaultSearchConfig().Step {
@@ -341,10 +352,16 @@ func (f *benchFlags) plain() bool {
 // the comparisons to stdout, and writes the report files (--out, --json). It
 // returns an error when any run or step fails (see bench.Suite.OK), so the exit
 // status tells CI.
-func runBench(ctx context.Context, args []string) error {
+func runBench(ctx context.Context, args []string) (err error) {
 	f, err := parseBenchFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.cleanupOnly {
+		return cleanShadowSpaces(ctx, f.configPath, os.Stdout)
+	}
+	if f.cleanup {
+		defer func() { err = cleanAfterBench(ctx, f.configPath, err) }()
 	}
 	if f.workload == bench.WorkloadRewards {
 		return runRewardsBench(ctx, f, args)

@@ -44,7 +44,10 @@ type clusterSpec struct {
 	// standby: each cell's standby_dsn (empty: none).
 	standby [2]string
 	mc      string // memcached host:port
-	cell    string // the YAML body of the "cell:" section, indented two spaces
+	// third: cell-3's MariaDB; cell-3 starts owning nothing (a cell being
+	// added; redcell cells add gives it databases). "": no cell-3.
+	third string
+	cell  string // the YAML body of the "cell:" section, indented two spaces
 	// rewards: the cells issue rewards, as make run's do: the config names
 	// activities.yaml (a copy of deploy/local/activities.yaml) and
 	// reward-keys.yaml (made by redcell rewards keygen) beside it.
@@ -105,7 +108,8 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	}
 	c := &cluster{bin: bin, config: filepath.Join(t.TempDir(), "redcell.yaml"), spec: spec, port: map[string]int{},
 		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{}}
-	names := []string{"router", "router-gossip", "router-admin", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin"}
+	names := []string{"router", "router-gossip", "router-admin", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin",
+		"cell-3", "cell-3-gossip", "cell-3-admin"}
 	for i, p := range freePorts(t, len(names)) {
 		c.port[names[i]] = p
 	}
@@ -132,9 +136,12 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	testAPIKey = strings.TrimSpace(string(key))
 	c.start(t, "cell-1", "cell", "--config", c.config, "--name", "cell-1")
 	c.start(t, "cell-2", "cell", "--config", c.config, "--name", "cell-2")
+	if spec.third != "" {
+		c.start(t, "cell-3", "cell", "--config", c.config, "--name", "cell-3")
+	}
 	c.start(t, "router", "router", "--config", c.config)
 	t.Cleanup(func() {
-		for _, name := range []string{"router", "cell-1", "cell-2"} {
+		for _, name := range c.cells(true) {
 			c.stop(t, name)
 		}
 		if t.Failed() {
@@ -175,12 +182,16 @@ cell:
 %s%s`, c.spec.mc, p["router-gossip"], p["cell-1-gossip"], p["cell-2-gossip"], p["router"], p["router-gossip"], p["router-admin"],
 		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], c.spec.standby[0], p["cell-1-admin"],
 		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], c.spec.standby[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards)+couponLines(c.spec.coupons))
+	if c.spec.third != "" {
+		cfg = strings.Replace(cfg, "cell:\n", fmt.Sprintf("  - {name: cell-3, listen: \"127.0.0.1:%d\", gossip: \"127.0.0.1:%d\", shards: \"\", dsn: %q, admin_listen: \"127.0.0.1:%d\"}\ncell:\n",
+			p["cell-3"], p["cell-3-gossip"], c.spec.third, p["cell-3-admin"]), 1)
+	}
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.router = fmt.Sprintf("http://127.0.0.1:%d", p["router"])
 	c.routerAdmin = fmt.Sprintf("http://127.0.0.1:%d", p["router-admin"])
-	for _, name := range []string{"cell-1", "cell-2"} {
+	for _, name := range c.cells(false) {
 		c.cellURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name])
 		c.adminURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name+"-admin"])
 	}
@@ -471,4 +482,17 @@ func settleLeftoverOutboxes(t *testing.T, dsn string, all []string) {
 	if settled > 0 {
 		t.Logf("marked delivered %d outbox rows earlier tests left pending after crediting them", settled)
 	}
+}
+
+// cells names the cluster's cells (cell-3 only when the spec has one), and
+// the router first when withRouter.
+func (c *cluster) cells(withRouter bool) []string {
+	out := []string{"cell-1", "cell-2"}
+	if c.spec.third != "" {
+		out = append(out, "cell-3")
+	}
+	if withRouter {
+		out = append([]string{"router"}, out...)
+	}
+	return out
 }

@@ -111,7 +111,9 @@ type cellSection struct {
 	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
 	RetentionDays   *int                  `yaml:"retention_days"`   // settled packets older than this move to the archive tables; 0: off
 	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
+	ShadowRetention *time.Duration        `yaml:"shadow_retention"` // drop the shadow space after this long without stress traffic; nil: 72h; 0: never
 	FailoverAfter   time.Duration         `yaml:"failover_after"`   // a cell with a standby promotes it after its primary is down this long
+	MoveGrace       time.Duration         `yaml:"move_grace"`       // how long a cell keeps its copy of a database it handed over (10m)
 	MaxAmount       int64                 `yaml:"max_amount"`
 	MaxCount        int64                 `yaml:"max_count"`
 	MaxGreeting     int                   `yaml:"max_greeting"`
@@ -279,11 +281,16 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	c.Name, c.Listen, c.DSN, c.StandbyDSN = entry.Name, entry.Listen, entry.DSN, entry.StandbyDSN
 	c.AdminListen, c.AdminToken, c.ClusterSecret, c.IdentityKey = entry.AdminListen, fc.AdminToken, fc.ClusterSecret, fc.IdentityKey
-	r, err := sharding.ParseRanges(entry.Shards)
-	if err != nil {
-		return c, "", fmt.Errorf("config: cell %s: %w", name, err)
+	// A cell added to a running cluster starts with no shards ("") and
+	// receives databases by moves (redcell cells add).
+	c.Shards = sharding.Ranges{}
+	if strings.TrimSpace(entry.Shards) != "" {
+		r, err := sharding.ParseRanges(entry.Shards)
+		if err != nil {
+			return c, "", fmt.Errorf("config: cell %s: %w", name, err)
+		}
+		c.Shards = r
 	}
-	c.Shards = r
 	if len(fc.Memcached) > 0 {
 		c.Memcached = fc.Memcached
 	}
@@ -352,7 +359,11 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.Retention = time.Duration(*days) * 24 * time.Hour
 	}
 	setDur(&c.ArchiveInterval, s.ArchiveInterval)
+	if s.ShadowRetention != nil {
+		c.ShadowRetention = *s.ShadowRetention
+	}
 	setDur(&c.FailoverAfter, s.FailoverAfter)
+	setDur(&c.MoveGrace, s.MoveGrace)
 	if s.MaxAmount > 0 {
 		c.Limits.MaxAmount = model.Cents(s.MaxAmount)
 	}

@@ -164,7 +164,7 @@ func (a answer) ok() bool { return a.status == 200 }
 func (a answer) definite() bool {
 	switch a.code {
 	case "SOLD_OUT", "EXPIRED", "NOT_FOUND", "INSUFFICIENT_BALANCE", "ORDER_CONFLICT", "INVALID_ARGUMENT",
-		"OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN":
+		"OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN", "MOVING":
 		return true
 	}
 	return false
@@ -174,7 +174,7 @@ func (a answer) definite() bool {
 // may succeed later.
 func (a answer) retryLater() bool {
 	switch a.code {
-	case "OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN":
+	case "OVERLOADED", "RATE_LIMITED", "USER_RATE_LIMITED", "CELL_RATE_LIMITED", "SHUTTING_DOWN", "MOVING":
 		return true
 	}
 	return false
@@ -607,6 +607,12 @@ func (c *cluster) audit(t *testing.T) model.AuditReport {
 // admin sends an admin-port request with the token and requires a 200.
 func (c *cluster) admin(t *testing.T, cell, method, path, body string) {
 	t.Helper()
+	c.adminBody(t, cell, method, path, body)
+}
+
+// adminBody is admin, returning the answer's body.
+func (c *cluster) adminBody(t *testing.T, cell, method, path, body string) string {
+	t.Helper()
 	c.mu.Lock()
 	url := c.adminURL[cell] + path
 	c.mu.Unlock()
@@ -621,6 +627,7 @@ func (c *cluster) admin(t *testing.T, cell, method, path, body string) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, b)
 	}
+	return string(b)
 }
 
 // waitAudit runs redcell audit until no claim is in flight (the relay has
@@ -745,6 +752,7 @@ type drill struct {
 }
 
 func TestDrill(t *testing.T) {
+	tt := t // the growing drills start their cluster on the test, not on a subtest
 	full := os.Getenv("REDCELL_DRILL") == "full"
 	loadFor, workers, maxOps := 5*time.Second, 8, int64(20_000)
 	if full {
@@ -936,6 +944,15 @@ func TestDrill(t *testing.T) {
 		return
 	}
 	t.Run("db_failover", func(t *testing.T) { failoverDrill(t, loadFor, workers, maxOps) })
+	if t.Failed() {
+		return
+	}
+	var gr grow
+	t.Run("cell_add", func(t *testing.T) { cellAddDrill(t, gr.get(t, tt), workers, maxOps, full) })
+	if t.Failed() {
+		return
+	}
+	t.Run("cell_remove", func(t *testing.T) { cellRemoveDrill(t, gr.get(t, tt), workers, maxOps) })
 }
 
 // failoverDrill runs its own cluster, each cell's MariaDB with a

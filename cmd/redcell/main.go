@@ -5,6 +5,7 @@
 //	redcell audit  --config FILE [--json]      prove money conservation across cells
 //	redcell bench  [flags]                     drive load through the router
 //	redcell plan   --target-opens-per-sec N    cells needed for a target load
+//	redcell cells  status|add|remove|move      grow and shrink the cluster: move databases between cells
 //	redcell apikey add|list|revoke             the API keys of the calling apps
 //	redcell sim    --seed N --steps M           deterministic simulation of a cluster
 //	redcell rewards keygen|rotate|reissue       reward token keys; re-issue rewards from a CSV
@@ -28,6 +29,7 @@ commands:
   audit    check money conservation:  redcell audit --config FILE
   bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
   plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
+  cells    move databases:            redcell cells add --config FILE --name cell-3 | remove | move | status
   apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
   sim      simulate a cluster:        redcell sim --seed 1 --steps 100000 [--seeds 3]
   rewards  reward keys and reissue:   redcell rewards keygen --out FILE | rotate | reissue
@@ -63,6 +65,8 @@ func run(ctx context.Context, args []string) error {
 		return runBench(ctx, args[1:])
 	case "plan":
 		return runPlan(ctx, args[1:])
+	case "cells":
+		return runCells(ctx, args[1:])
 	case "apikey":
 		return runAPIKey(args[1:])
 	case "sim":

@@ -20,6 +20,7 @@ import (
 	"redcell/internal/retry"
 	"redcell/router"
 	"redcell/router/apikey"
+	"redcell/sharding"
 	"redcell/sharding/membership"
 	"redcell/storage"
 )
@@ -85,6 +86,9 @@ func runCell(ctx context.Context, args []string) error {
 	if err := waitPing(ctx, store, 30*time.Second); err != nil {
 		return fmt.Errorf("cell %s: database %s: %w", cfg.Name, redactDSN(cfg.DSN), err)
 	}
+	if err := savedOwnership(ctx, store, &cfg, log); err != nil {
+		return fmt.Errorf("cell %s: %w", cfg.Name, err)
+	}
 	// Bind the HTTP port before announcing it, so routers never learn an
 	// address that refuses connections; requests wait in the backlog until Serve.
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -132,7 +136,7 @@ func runCell(ctx context.Context, args []string) error {
 	shadowStore := store.Shadow() // one per process: it keeps which tables exist
 	real, shadow := guard.NewStore(store, dbBreaker, storage.DriverFailure), guard.NewStore(shadowStore, shadowBreaker, storage.DriverFailure)
 	stores := cell.Stores{Real: real, Shadow: shadow,
-		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore)}
+		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore), ShadowDrop: shadowStore}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
 	cfg.CouponMemcache = mc
@@ -143,7 +147,12 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), node, reg, log)
+	stores.Moves = store
+	var srv *cell.Server
+	// The audits, the archive and the table lists read the databases the
+	// cell holds, not the copies a move leaves or makes on its server.
+	store.SetDBFilter(func(db int) bool { return srv != nil && srv.Holds(db) })
+	srv, err = cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), node, reg, log)
 	if err != nil {
 		node.Shutdown()
 		return err
@@ -302,4 +311,32 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// savedOwnership replaces the config's shard ranges with those the cell saved
+// in its database after a move (storage.MySQL.Ownership), unless the config
+// gives a higher map_version (an operator overriding them). A cell that never
+// took part in a move has none saved and keeps the config's.
+func savedOwnership(ctx context.Context, store *storage.MySQL, cfg *cell.Config, log *slog.Logger) error {
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ranges, version, found, err := store.Ownership(octx, cfg.Name)
+	if err != nil {
+		return err
+	}
+	if !found || version < cfg.MapVersion {
+		return nil
+	}
+	r := sharding.Ranges{}
+	if ranges != "" {
+		if r, err = sharding.ParseRanges(ranges); err != nil {
+			return fmt.Errorf("saved ownership: %w", err)
+		}
+	}
+	if r.String() != cfg.Shards.String() || version != cfg.MapVersion {
+		log.Info("shards as saved by the last move, not as the config file says", "shards", r.String(), "version", version,
+			"config_shards", cfg.Shards.String(), "config_version", cfg.MapVersion)
+	}
+	cfg.Shards, cfg.MapVersion = r, version
+	return nil
 }

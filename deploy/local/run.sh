@@ -22,6 +22,13 @@ ensure_packages
 # REDCELL_STANDBY=1: each cell's MariaDB gets a standby (a semi-synchronous
 # replica the cell promotes when its primary stays down).
 standby=${REDCELL_STANDBY:-0}
+# REDCELL_SPARE_CELL=1: a third cell, cell-3, with its own MariaDB, that owns
+# no shards until redcell cells add moves databases to it (docs/operations.md).
+spare=${REDCELL_SPARE_CELL:-0}
+if [ "$spare" = 1 ] && [ "$standby" = 1 ]; then
+  echo "REDCELL_SPARE_CELL and REDCELL_STANDBY do not go together yet: the spare cell has no standby" >&2
+  exit 1
+fi
 if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ]; }; then
   # Without its standby a cell would open its primary: after a failover that
   # is the stale copy, and even before one the standby would miss this run.
@@ -77,6 +84,10 @@ mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
 a0=$(free_port 9200); a1=$(free_port $((a0 + 1))); a2=$(free_port $((a1 + 1)))
+db3=""; g3=""; c3=""; a3="" # the spare cell's
+if [ "$spare" = 1 ]; then
+  db3=$(free_port $((db2 + 1))); g3=$(free_port $((g2 + 1))); c3=$(free_port $((c2 + 1))); a3=$(free_port $((a2 + 1)))
+fi
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
@@ -126,6 +137,20 @@ sed "${sedargs[@]}" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     -e "s/^identity_key: \"\"/identity_key: \"$identity\"/" \
     "$here/redcell.yaml" >"$cfg"
+if [ "$spare" = 1 ]; then
+  # cell-3 goes last in the cells list, owning nothing; the others find it by gossip.
+  awk -v c="$c3" -v g="$g3" -v d="$db3" -v a="$a3" '/^cell:/ && !done {
+    print "  - name: cell-3"
+    print "    listen: \"127.0.0.1:" c "\""
+    print "    gossip: \"127.0.0.1:" g "\""
+    print "    shards: \"\"                          # none yet: redcell cells add --name cell-3 moves databases here"
+    print "    dsn: \"root@tcp(127.0.0.1:" d ")/\""
+    print "    standby_dsn: \"\""
+    print "    admin_listen: \"127.0.0.1:" a "\""
+    print ""
+    done = 1
+  } { print }' "$cfg" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+fi
 if [ "$standby" = 1 ]; then
   # Each cell's standby_dsn, in the order the cells are listed.
   awk -v a="root@tcp(127.0.0.1:$s1)/" -v b="root@tcp(127.0.0.1:$s2)/" \
@@ -143,11 +168,17 @@ if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*co
 fi
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
-r1=""; r2="" # server ids: with standbys the primaries write a binlog
-if [ "$standby" = 1 ]; then r1=1; r2=2; fi
-REDCELL_REPL_ID=$r1 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
-REDCELL_REPL_ID=$r2 start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
-wait "$m1" && wait "$m2" || { echo "MariaDB failed to start" >&2; exit 1; }
+# Server ids 1 and 2, each with a binlog: a database moves out of a cell's
+# server by replication (redcell cells), and a standby replicates from it.
+r1=""; r2=""; b1=1; b2=2
+if [ "$standby" = 1 ]; then r1=1; r2=2; b1=""; b2=""; fi
+REDCELL_REPL_ID=$r1 REDCELL_BINLOG_ID=$b1 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
+REDCELL_REPL_ID=$r2 REDCELL_BINLOG_ID=$b2 start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
+if [ "$spare" = 1 ]; then
+  echo "starting MariaDB for the spare cell-3 on 127.0.0.1:$db3 ..."
+  REDCELL_BINLOG_ID=3 start_mariadb "$VAR/cell-3/db" "$db3" durable & m3=$!
+fi
+wait "$m1" && wait "$m2" && { [ "$spare" != 1 ] || wait "$m3"; } || { echo "MariaDB failed to start" >&2; exit 1; }
 if [ "$standby" = 1 ]; then
   echo "starting the standbys: cell-1's on 127.0.0.1:$s1, cell-2's on 127.0.0.1:$s2 (semi-synchronous replicas) ..."
   start_standby "$VAR/cell-1/standby" "$s1" "$db1" 11 durable & m3=$!
@@ -169,13 +200,18 @@ if [ "${REDCELL_PPROF:-}" = 1 ]; then
 fi
 start_proc cell-1 cell --config "$cfg" --name cell-1 "${p1[@]}"
 start_proc cell-2 cell --config "$cfg" --name cell-2 "${p2[@]}"
+procs=(cell-1 cell-2 router)
+if [ "$spare" = 1 ]; then
+  start_proc cell-3 cell --config "$cfg" --name cell-3
+  procs+=(cell-3)
+fi
 start_proc router router --config "$cfg" "${p0[@]}"
 
 echo "waiting for the cluster to answer ..."
 ready=0
 for i in $(seq 1 120); do
   if curl -fsS "http://127.0.0.1:$rport/healthz" 2>/dev/null | grep -q '"uncovered_shards":0'; then ready=1; break; fi
-  for p in cell-1 cell-2 router; do
+  for p in "${procs[@]}"; do
     if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
       echo "$p exited; last lines of $VAR/log/$p.log:" >&2; tail -20 "$VAR/log/$p.log" >&2; exit 1
     fi
@@ -186,7 +222,7 @@ done
 # The cells serve at once; they also create today's and tomorrow's tables for
 # every shard they own in the background (the first run creates a few thousand).
 echo "the cells answer; waiting for them to finish creating day tables ..."
-for c in $c1 $c2; do
+for c in $c1 $c2 $c3; do
   for i in $(seq 1 240); do
     curl -fsS "http://127.0.0.1:$c/healthz" 2>/dev/null | grep -q '"schema_ready":true' && break
     sleep 0.5
@@ -202,7 +238,9 @@ redcell is serving.
              more keys: $VAR/bin/redcell apikey add --keys $VAR/api-keys.yaml --app NAME --scopes read,open
   router admin 127.0.0.1:$a0 (GET /metrics; /admin/keys with the admin token)
   cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
-  cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)${s1:+
+  cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)${c3:+
+  cell-3     http://127.0.0.1:$c3   no shards yet   MariaDB 127.0.0.1:$db3 ($VAR/cell-3/db), admin 127.0.0.1:$a3
+             give it databases: $VAR/bin/redcell cells add --config $cfg --name cell-3}${s1:+
   standbys   cell-1 127.0.0.1:$s1 ($VAR/cell-1/standby), cell-2 127.0.0.1:$s2 ($VAR/cell-2/standby)}
   admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg
   memcached  127.0.0.1:$mc
@@ -215,7 +253,7 @@ INFO
 
 # Serve until Ctrl-C or until a process dies.
 while true; do
-  for p in cell-1 cell-2 router; do
+  for p in "${procs[@]}"; do
     if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
       echo "$p exited unexpectedly; see $VAR/log/$p.log" >&2; exit 1
     fi

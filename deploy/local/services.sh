@@ -103,6 +103,10 @@ start_mariadb() {
     repl=(--log-bin=binlog --server-id="$REDCELL_REPL_ID" --binlog-format=ROW --log-slave-updates=1
       --rpl-semi-sync-master-enabled=1 --rpl-semi-sync-slave-enabled=1 --rpl-semi-sync-master-wait-point=AFTER_SYNC
       --rpl-semi-sync-master-timeout="${REDCELL_SEMISYNC_TIMEOUT_MS:-10000}" --slave-parallel-threads=4 --slave-parallel-mode=optimistic)
+  elif [ -n "${REDCELL_BINLOG_ID:-}" ]; then
+    # REDCELL_BINLOG_ID=N: a binlog (ROW) and server id N, no standby: what a
+    # move of a database out of this server replicates from (redcell cells).
+    repl=(--log-bin=binlog --server-id="$REDCELL_BINLOG_ID" --binlog-format=ROW --log-slave-updates=1 --expire-logs-days=2)
   fi
   # The socket path is kept short: unix sockets are limited to 108 bytes. A
   # server killed outright left its last one behind: gone with it now.
@@ -265,12 +269,13 @@ stop_cluster() {
   stop_with "$var/bin/redcell router " 20 start
   stop_with "$var/bin/redcell cell " 30 start
   stop_memcached "$var/memcached"
-  local first second third
+  local first second third fourth
   stop_mariadb "$var/cell-1/db" & first=$! # all at once: each flushes for a few seconds
   stop_mariadb "$var/cell-1/standby" & second=$!
   stop_mariadb "$var/cell-2/standby" & third=$!
+  stop_mariadb "$var/cell-3/db" & fourth=$!
   stop_mariadb "$var/cell-2/db"
-  wait "$first" "$second" "$third" || true
+  wait "$first" "$second" "$third" "$fourth" || true
 }
 
 # cluster_pids VAR prints the pids of what run.sh started under VAR that still runs.
@@ -284,4 +289,5 @@ cluster_pids() {
   pids_with "--datadir=$var/cell-2/db/data " || echo "?"
   pids_with "--datadir=$var/cell-1/standby/data " || echo "?"
   pids_with "--datadir=$var/cell-2/standby/data " || echo "?"
+  pids_with "--datadir=$var/cell-3/db/data " || echo "?"
 }

@@ -198,6 +198,26 @@ func (n *Node) rejoinLoop() {
 	}
 }
 
+// Announce changes the shard ranges and map version this cell announces (a
+// move of a database hands it over this way) and gossips the change at once:
+// memberlist's UpdateNode pushes the new metadata to the other members and
+// waits up to two seconds for the broadcast to go out. Errors: metadata above
+// 512 bytes, or the broadcast not sent in time (the change still spreads
+// with the next gossip rounds).
+func (n *Node) Announce(shards string, version int64) error {
+	n.mu.Lock()
+	m := n.cfg.Meta
+	m.Shards, m.Version = shards, version
+	b, err := json.Marshal(m)
+	if err != nil || len(b) > memberlist.MetaMaxSize {
+		n.mu.Unlock()
+		return fmt.Errorf("membership: metadata too large or invalid (%d bytes)", len(b))
+	}
+	n.cfg.Meta, n.meta = m, b
+	n.mu.Unlock()
+	return n.ml.UpdateNode(2 * time.Second)
+}
+
 // Map returns the latest routing snapshot (never nil).
 func (n *Node) Map() *sharding.Map { return n.view.Load() }
 
@@ -244,7 +264,10 @@ func (n *Node) upsert(node *memberlist.Node) {
 		n.remove(node.Name)
 		return
 	}
-	r, err := sharding.ParseRanges(m.Shards)
+	r, err := sharding.Ranges{}, error(nil)
+	if m.Shards != "" { // "": a cell that owns nothing (new, or drained by moves)
+		r, err = sharding.ParseRanges(m.Shards)
+	}
 	if err != nil {
 		n.cfg.Log.Warn("member announced bad shards; ignored", "member", node.Name, "shards", m.Shards, "err", err)
 		n.remove(node.Name)

@@ -82,3 +82,46 @@ func TestMapVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestAnnounceHandsOver: a database handed over by a move (the new owner
+// announces it under a higher version, then the old one announces its ranges
+// without it) reaches every member's map, the announcing nodes' own maps
+// included, within a second on loopback.
+func TestAnnounceHandsOver(t *testing.T) {
+	p := testenv.FreePorts(t, 5)
+	routerG, aG, aH, bG, bH := p[0], p[1], p[2], p[3], p[4]
+	c := newTestCluster(t)
+	c.seeds = []string{fmt.Sprintf("127.0.0.1:%d", routerG)}
+	router := c.join("router", "router-test", routerG, Meta{Role: RoleRouter}, nil)
+	a := c.join("cell-a", "cell-a", aG, Meta{Role: RoleCell, Addr: fmt.Sprintf("127.0.0.1:%d", aH), Shards: "0-499", Version: 1}, nil)
+	b := c.join("cell-b", "cell-b", bG, Meta{Role: RoleCell, Addr: fmt.Sprintf("127.0.0.1:%d", bH), Shards: "500-999", Version: 1}, nil)
+	owner := func(m *sharding.Map, s model.ShardID) string {
+		o, _ := m.Owner(s)
+		return o.Name
+	}
+	for _, n := range []*Node{router, a, b} {
+		if d, ok := waitMap(n, 10*time.Second, func(m *sharding.Map) bool { return m.Uncovered() == 0 }); !ok {
+			t.Fatalf("%s: map not whole after %s", n.cfg.Name, d)
+		}
+	}
+	// db_49 (shards 490-499) moves from cell-a to cell-b under version 2.
+	if err := b.Announce("490-999", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*Node{router, a, b} {
+		if d, ok := waitMap(n, time.Second, func(m *sharding.Map) bool { return owner(m, 495) == "cell-b" && owner(m, 489) == "cell-a" }); !ok {
+			t.Fatalf("%s: db_49 not with cell-b %s after the adoption: %q", n.cfg.Name, d, owner(n.Map(), 495))
+		}
+	}
+	if err := a.Announce("0-489", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*Node{router, a, b} {
+		if d, ok := waitMap(n, time.Second, func(m *sharding.Map) bool {
+			ca, _ := m.Owner(0)
+			return ca.Shards.String() == "0-489" && ca.Version == 2 && owner(m, 495) == "cell-b" && m.Version == 2 && m.Uncovered() == 0
+		}); !ok {
+			t.Fatalf("%s: cell-a's release not seen after %s", n.cfg.Name, d)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package api
+
+// MoveStep is the body of POST /admin/moves on a cell's admin port: one step
+// of moving database DB (db_XX with its shadow_db_XX) between cells, as the
+// mover (redcell cells) drives it.
+//   - "freeze": the cell answers 503 MOVING for DB's shards and waits until the
+//     work that checked them before has finished (at most 5 s); it thaws by
+//     itself after TTLMS (default 30,000) unless released, or, when the
+//     shard map already gives DB to another cell under a higher version,
+//     releases it.
+//   - "thaw": the move is abandoned; the cell serves DB again.
+//   - "release": the cell no longer owns DB; it saves its new ranges under
+//     Version, announces them, and keeps its copy of DB (Digest, the content
+//     the new owner verified) until the grace period ends.
+//   - "adopt": the cell owns DB from now on, under Version, and announces it.
+type MoveStep struct {
+	Op      string `json:"op"`
+	DB      int    `json:"db"`
+	Version int64  `json:"version,omitempty"`
+	TTLMS   int64  `json:"ttl_ms,omitempty"`
+	Digest  string `json:"digest,omitempty"`
+}
+
+// MoveAnswer is the answer of POST /admin/moves: the cell's ownership after
+// the step, and for a freeze how long the drain took (ms).
+type MoveAnswer struct {
+	Op        string `json:"op"`
+	DB        int    `json:"db"`
+	DrainedMS int64  `json:"drained_ms"`
+	Shards    string `json:"shards"`
+	Version   int64  `json:"version"`
+}
+
+// MovesState is the answer of GET /admin/moves: what the cell owns (Shards,
+// Version, DBs), which of its databases are frozen by a move, and the
+// databases it handed over and still holds a copy of.
+type MovesState struct {
+	Cell     string          `json:"cell"`
+	Shards   string          `json:"shards"`
+	Version  int64           `json:"version"`
+	DBs      []int           `json:"dbs"`
+	Frozen   []int           `json:"frozen"`
+	MovedOut []MovedOutState `json:"moved_out"`
+}
+
+// MovedOutState is a database a cell handed over: when (Unix ms), under which
+// map version, and when its copy is dropped (Unix ms).
+type MovedOutState struct {
+	DB         int   `json:"db"`
+	Version    int64 `json:"version"`
+	ReleasedMS int64 `json:"released_ms"`
+	DropAtMS   int64 `json:"drop_at_ms"`
+}

@@ -1,0 +1,563 @@
+// Package mover moves a database (db_XX with its shadow_db_XX) from one cell
+// to another while the cluster serves, with MariaDB's own machinery:
+//
+//  1. copy: mariadb-dump --single-transaction --master-data of the source's
+//     schemas (a consistent snapshot and its binlog position), loaded into
+//     the target's server;
+//  2. catch up: a replication channel on the target ("move_db_XX"), filtered to
+//     those schemas, from that position until it trails the source by nothing;
+//  3. freeze: the source cell answers 503 MOVING for the database's shards and
+//     drains its work in flight (POST /admin/moves op freeze); the target
+//     applies the source's last position;
+//  4. verify: row counts and CHECKSUM TABLE of every table on both servers
+//     (storage.DBDigest) must match;
+//  5. hand over: the reconciliation positions follow, the target cell adopts
+//     the database under a new map version and the source releases it; both
+//     announce through memberlist and routers follow within a gossip round.
+//
+// Any failure before the adoption thaws the source and removes the target's
+// partial copy: the source serves on as before. The freeze (step 3 to the
+// adoption) is what clients see: requests for the database's shards get
+// MOVING, which the router retries with a short backoff.
+package mover
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/api"
+	"redcell/storage"
+)
+
+// Cell is one cell as a move needs it: its admin port and its database.
+type Cell struct {
+	Name      string
+	AdminAddr string // host:port of the cell's admin port
+	DSN       string // its MariaDB, as in the cluster config (no database name)
+}
+
+// Mover runs moves. Token is the cells' admin token.
+type Mover struct {
+	Token string
+	Log   *slog.Logger
+	// CatchUpMax bounds the copy's catching up before the freeze (default 10
+	// minutes); FreezeMax bounds the freeze (default 10 s): a move that
+	// cannot finish within it thaws the source and fails.
+	CatchUpMax, FreezeMax time.Duration
+	// Dump and Client are the MariaDB programs (default mariadb-dump and
+	// mariadb from PATH).
+	Dump, Client string
+	HTTP         *http.Client // nil: a client with a 15 s timeout
+}
+
+// Result is what one move did and how long each part took.
+type Result struct {
+	DB       int           `json:"db"`
+	From     string        `json:"from"`
+	To       string        `json:"to"`
+	Version  int64         `json:"version"`
+	Tables   int           `json:"tables"` // tables with rows, both schemas
+	Rows     int64         `json:"rows"`
+	Copy     time.Duration `json:"copy_ns"`     // dump and load
+	CatchUp  time.Duration `json:"catch_up_ns"` // replication until caught up, before the freeze
+	Freeze   time.Duration `json:"freeze_ns"`   // from the freeze to the adoption: writes paused
+	Drain    time.Duration `json:"drain_ns"`    // the part of the freeze the source drained its work in flight
+	Verify   time.Duration `json:"verify_ns"`   // digests on both servers, inside the freeze
+	Attempts int           `json:"verify_attempts"`
+}
+
+func (m *Mover) defaults() {
+	if m.CatchUpMax <= 0 {
+		m.CatchUpMax = 10 * time.Minute
+	}
+	if m.FreezeMax <= 0 {
+		m.FreezeMax = 10 * time.Second
+	}
+	if m.Dump == "" {
+		m.Dump = "mariadb-dump"
+	}
+	if m.Client == "" {
+		m.Client = "mariadb"
+	}
+	if m.HTTP == nil {
+		m.HTTP = &http.Client{Timeout: 15 * time.Second}
+	}
+	if m.Log == nil {
+		m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// State reads a cell's ownership (GET /admin/moves).
+func (m *Mover) State(ctx context.Context, c Cell) (api.MovesState, error) {
+	m.defaults()
+	var st api.MovesState
+	err := m.admin(ctx, c, http.MethodGet, nil, &st)
+	return st, err
+}
+
+// Move moves database db from cell from to cell to under map version
+// version (above every cell's). See the package comment for the steps.
+func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) (res Result, err error) {
+	m.defaults()
+	res = Result{DB: db, From: from.Name, To: to.Name, Version: version}
+	src, err := openDB(from.DSN)
+	if err != nil {
+		return res, err
+	}
+	defer src.Close()
+	dst, err := openDB(to.DSN)
+	if err != nil {
+		return res, err
+	}
+	defer dst.Close()
+	if err := m.preflight(ctx, db, from, to, src, dst); err != nil {
+		return res, err
+	}
+	ch := channel(db)
+	frozen, adopted := false, false
+	defer func() {
+		if err == nil || adopted {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		if frozen {
+			if terr := m.step(cctx, from, api.MoveStep{Op: "thaw", DB: db}); terr != nil {
+				m.Log.Error("move failed and the source could not be thawed: it thaws by itself at the freeze's end", "db", db, "err", terr)
+			}
+		}
+		m.cleanTarget(cctx, dst, db)
+	}()
+
+	// 1. Copy.
+	t := time.Now()
+	file, pos, err := m.copy(ctx, db, from, to, src)
+	if err != nil {
+		return res, err
+	}
+	res.Copy = time.Since(t)
+	if err := startChannel(ctx, dst, ch, db, from.DSN, file, pos); err != nil {
+		return res, err
+	}
+	// 2. Catch up.
+	t = time.Now()
+	cctx, cancel := context.WithTimeout(ctx, m.CatchUpMax)
+	err = waitCaughtUp(cctx, src, dst, ch)
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("mover: db_%02d catching up: %w", db, err)
+	}
+	res.CatchUp = time.Since(t)
+
+	// 3. Freeze.
+	t0 := time.Now()
+	var ans api.MoveAnswer
+	if err := m.admin(ctx, from, http.MethodPost, api.MoveStep{Op: "freeze", DB: db, TTLMS: (3 * m.FreezeMax).Milliseconds()}, &ans); err != nil {
+		return res, err
+	}
+	frozen = true
+	res.Drain = time.Duration(ans.DrainedMS) * time.Millisecond
+	fctx, fcancel := context.WithDeadline(ctx, t0.Add(m.FreezeMax))
+	defer fcancel()
+	// 4. Verify: the target applies the source's position after the drain,
+	// and both digests match. A write that reached the source after the
+	// position was read makes them differ: then once more, from the new
+	// position.
+	tv := time.Now()
+	var digest storage.Digest
+	for res.Attempts = 1; ; res.Attempts++ {
+		if err := waitCaughtUp(fctx, src, dst, ch); err != nil {
+			return res, fmt.Errorf("mover: db_%02d in the freeze: %w", db, err)
+		}
+		var other storage.Digest
+		var derr, oerr error
+		done := make(chan struct{})
+		go func() { other, oerr = storage.DBDigest(fctx, src, db); close(done) }()
+		digest, derr = storage.DBDigest(fctx, dst, db)
+		<-done
+		if derr != nil || oerr != nil {
+			return res, fmt.Errorf("mover: db_%02d digests: %w", db, errors.Join(derr, oerr))
+		}
+		if digest.Sum() == other.Sum() {
+			break
+		}
+		if res.Attempts >= 3 {
+			return res, fmt.Errorf("mover: db_%02d differs after %d attempts: %s", db, res.Attempts, strings.Join(digest.Diff(other), "; "))
+		}
+		m.Log.Warn("move: copies differ; the target catches up again", "db", db, "diff", digest.Diff(other))
+	}
+	res.Verify = time.Since(tv)
+	for _, t := range digest {
+		if t.Rows > 0 {
+			res.Tables++
+			res.Rows += t.Rows
+		}
+	}
+	if _, err := dst.ExecContext(fctx, "STOP SLAVE '"+ch+"'"); err != nil {
+		return res, fmt.Errorf("mover: stop %s: %w", ch, err)
+	}
+	if err := copyReconPositions(fctx, db, from.DSN, to.DSN); err != nil {
+		return res, err
+	}
+	// 5. Hand over.
+	if err := m.step(fctx, to, api.MoveStep{Op: "adopt", DB: db, Version: version}); err != nil {
+		return res, err
+	}
+	adopted = true
+	res.Freeze = time.Since(t0)
+	if err := m.step(ctx, from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); err != nil {
+		// The target owns it under the higher version and routers follow it;
+		// the source releases it by itself when its freeze ends.
+		m.Log.Warn("move: the source did not take the release; it releases by itself when its freeze ends", "db", db, "err", err)
+	}
+	if _, err := dst.ExecContext(context.WithoutCancel(ctx), "RESET SLAVE '"+ch+"' ALL"); err != nil {
+		m.Log.Warn("move: removing the replication channel", "channel", ch, "err", err)
+	}
+	return res, nil
+}
+
+func (m *Mover) step(ctx context.Context, c Cell, s api.MoveStep) error {
+	return m.admin(ctx, c, http.MethodPost, s, nil)
+}
+
+// preflight checks what the move needs: the source owns db and writes a row
+// binlog, the servers have different server ids, the target does not own
+// db; and it removes a copy an earlier, failed move left on the target.
+func (m *Mover) preflight(ctx context.Context, db int, from, to Cell, src, dst *sql.DB) error {
+	fs, err := m.State(ctx, from)
+	if err != nil {
+		return err
+	}
+	if !contains(fs.DBs, db) {
+		return fmt.Errorf("mover: %s does not own db_%02d (it owns %s)", from.Name, db, fs.Shards)
+	}
+	if contains(fs.Frozen, db) {
+		return fmt.Errorf("mover: db_%02d is frozen on %s: another move is running", db, from.Name)
+	}
+	ts, err := m.State(ctx, to)
+	if err != nil {
+		return err
+	}
+	if contains(ts.DBs, db) {
+		return fmt.Errorf("mover: %s owns db_%02d already", to.Name, db)
+	}
+	var logBin int
+	var format string
+	var srcID, dstID int64
+	if err := src.QueryRowContext(ctx, "SELECT @@log_bin, @@binlog_format, @@server_id").Scan(&logBin, &format, &srcID); err != nil {
+		return fmt.Errorf("mover: %s's database: %w", from.Name, err)
+	}
+	if logBin != 1 || format != "ROW" {
+		return fmt.Errorf("mover: %s's database must write a ROW binlog (log_bin=%d, binlog_format=%s): start it with --log-bin --binlog-format=ROW and a server_id of its own (make run does)", from.Name, logBin, format)
+	}
+	if err := dst.QueryRowContext(ctx, "SELECT @@server_id").Scan(&dstID); err != nil {
+		return fmt.Errorf("mover: %s's database: %w", to.Name, err)
+	}
+	if srcID == dstID {
+		return fmt.Errorf("mover: %s's and %s's databases have one server_id (%d): replication needs one each", from.Name, to.Name, srcID)
+	}
+	m.cleanTarget(ctx, dst, db)
+	return nil
+}
+
+// cleanTarget removes the channel and the partial copy of a move that did
+// not finish. The target does not own db (checked before), so its copy is
+// nobody's.
+func (m *Mover) cleanTarget(ctx context.Context, dst *sql.DB, db int) {
+	ch := channel(db)
+	_, _ = dst.ExecContext(ctx, "STOP SLAVE '"+ch+"'")
+	_, _ = dst.ExecContext(ctx, "RESET SLAVE '"+ch+"' ALL")
+	for _, s := range storage.MoveSchemas(db) {
+		if _, err := dst.ExecContext(ctx, "DROP DATABASE IF EXISTS "+s); err != nil {
+			m.Log.Warn("move: removing a partial copy", "schema", s, "err", err)
+		}
+	}
+}
+
+var changeMaster = regexp.MustCompile(`CHANGE MASTER TO MASTER_LOG_FILE='([^']+)', MASTER_LOG_POS=(\d+)`)
+
+// copy dumps db's schemas from the source (one consistent snapshot, with its
+// binlog position) into the target's server. Schemas the source does not
+// have yet are not copied: the channel brings them when they are made.
+func (m *Mover) copy(ctx context.Context, db int, from, to Cell, src *sql.DB) (file string, pos int64, err error) {
+	var have []string
+	for _, s := range storage.MoveSchemas(db) {
+		var n int
+		if err := src.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?", s).Scan(&n); err != nil {
+			return "", 0, err
+		}
+		if n > 0 {
+			have = append(have, s)
+		}
+	}
+	if len(have) == 0 {
+		err := src.QueryRowContext(ctx, "SHOW MASTER STATUS").Scan(&file, &pos, new(any), new(any))
+		return file, pos, err
+	}
+	sa, err := mysqlArgs(from.DSN)
+	if err != nil {
+		return "", 0, err
+	}
+	da, err := mysqlArgs(to.DSN)
+	if err != nil {
+		return "", 0, err
+	}
+	tmp, err := os.CreateTemp("", fmt.Sprintf("redcell-move-db_%02d-*.sql", db))
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	dump := exec.CommandContext(ctx, m.Dump, append(append(sa.args, "--single-transaction", "--master-data=2", "--skip-lock-tables", "--databases"), have...)...)
+	dump.Env, dump.Stdout = append(os.Environ(), sa.env...), tmp
+	var stderr bytes.Buffer
+	dump.Stderr = &stderr
+	if err := dump.Run(); err != nil {
+		return "", 0, fmt.Errorf("mover: %s of %s: %w: %s", m.Dump, strings.Join(have, ", "), err, strings.TrimSpace(stderr.String()))
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	sc := bufio.NewScanner(tmp)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for i := 0; i < 100 && sc.Scan(); i++ {
+		if mm := changeMaster.FindStringSubmatch(sc.Text()); mm != nil {
+			file = mm[1]
+			pos, _ = strconv.ParseInt(mm[2], 10, 64)
+			break
+		}
+	}
+	if file == "" {
+		return "", 0, fmt.Errorf("mover: the dump of db_%02d has no binlog position (is the source's binlog on?)", db)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	load := exec.CommandContext(ctx, m.Client, da.args...)
+	load.Env, load.Stdin = append(os.Environ(), da.env...), tmp
+	stderr.Reset()
+	load.Stderr = &stderr
+	if err := load.Run(); err != nil {
+		return "", 0, fmt.Errorf("mover: loading db_%02d into %s: %w: %s", db, to.Name, err, strings.TrimSpace(stderr.String()))
+	}
+	return file, pos, nil
+}
+
+// channel is the name of db's replication channel on the target.
+func channel(db int) string { return fmt.Sprintf("move_db_%02d", db) }
+
+// startChannel starts replicating db's schemas from the source's binlog
+// position into the target.
+func startChannel(ctx context.Context, dst *sql.DB, ch string, db int, srcDSN, file string, pos int64) error {
+	cfg, err := mysql.ParseDSN(srcDSN)
+	if err != nil {
+		return err
+	}
+	host, port, err := splitHostPort(cfg.Addr)
+	if err != nil {
+		return err
+	}
+	schemas := storage.MoveSchemas(db)
+	for _, q := range []string{
+		fmt.Sprintf("CHANGE MASTER '%s' TO MASTER_HOST=%s, MASTER_PORT=%d, MASTER_USER=%s, MASTER_PASSWORD=%s, MASTER_LOG_FILE=%s, MASTER_LOG_POS=%d, MASTER_USE_GTID=no, MASTER_CONNECT_RETRY=1",
+			ch, quote(host), port, quote(cfg.User), quote(cfg.Passwd), quote(file), pos),
+		fmt.Sprintf("SET GLOBAL %s.replicate_wild_do_table = '%s.%%,%s.%%'", ch, schemas[0], schemas[1]),
+		"START SLAVE '" + ch + "'",
+	} {
+		if _, err := dst.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("mover: channel %s: %w", ch, err)
+		}
+	}
+	return nil
+}
+
+// waitCaughtUp waits until the channel has applied everything the source's
+// binlog held when the call began (its file and position then).
+func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
+	var file string
+	var pos int64
+	if err := src.QueryRowContext(ctx, "SHOW MASTER STATUS").Scan(&file, &pos, new(any), new(any)); err != nil {
+		return fmt.Errorf("source binlog position: %w", err)
+	}
+	for {
+		st, err := slaveStatus(ctx, dst, ch)
+		if err != nil {
+			return err
+		}
+		if st["Last_SQL_Error"] != "" || st["Last_IO_Error"] != "" && st["Slave_IO_Running"] != "Yes" {
+			return fmt.Errorf("channel %s: %s%s", ch, st["Last_SQL_Error"], st["Last_IO_Error"])
+		}
+		exec, _ := strconv.ParseInt(st["Exec_Master_Log_Pos"], 10, 64)
+		if f := st["Relay_Master_Log_File"]; f > file || f == file && exec >= pos {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("channel %s at %s:%s, source at %s:%d: %w", ch, st["Relay_Master_Log_File"], st["Exec_Master_Log_Pos"], file, pos, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func slaveStatus(ctx context.Context, db *sql.DB, ch string) (map[string]string, error) {
+	rows, err := db.QueryContext(ctx, "SHOW SLAVE '"+ch+"' STATUS")
+	if err != nil {
+		return nil, fmt.Errorf("channel %s status: %w", ch, err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	if !rows.Next() {
+		return nil, fmt.Errorf("channel %s: no status", ch)
+	}
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(cols))
+	for i, c := range cols {
+		out[c] = vals[i].String
+	}
+	return out, rows.Err()
+}
+
+// copyReconPositions gives the target the source's reconciliation position
+// of db, in both money spaces, so its reconciliation goes on from there.
+func copyReconPositions(ctx context.Context, db int, srcDSN, dstDSN string) error {
+	src, err := storage.Open(srcDSN, 2)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := storage.Open(dstDSN, 2)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	for _, pair := range [][2]*storage.MySQL{{src, dst}, {src.Shadow(), dst.Shadow()}} {
+		pos, err := pair[0].ReconPositions(ctx)
+		if err != nil {
+			return err
+		}
+		if ms, ok := pos[db]; ok {
+			if err := pair[1].SaveReconPositions(ctx, map[int]int64{db: ms}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// admin calls a cell's admin port and decodes a 200 answer into out.
+func (m *Mover) admin(ctx context.Context, c Cell, method string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.AdminAddr+"/admin/moves", body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+m.Token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := m.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("mover: %s admin: %w", c.Name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("mover: %s %s /admin/moves: %d %s", c.Name, method, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+func openDB(dsn string) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mover: dsn: %w", err)
+	}
+	cfg.DBName = ""
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(4)
+	return db, nil
+}
+
+type clientArgs struct{ args, env []string }
+
+// mysqlArgs are the command-line options (and MYSQL_PWD) of the MariaDB
+// programs for a DSN.
+func mysqlArgs(dsn string) (clientArgs, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return clientArgs{}, err
+	}
+	a := clientArgs{args: []string{"--no-defaults", "-u" + cfg.User}}
+	if cfg.Net == "unix" {
+		a.args = append(a.args, "--socket="+cfg.Addr)
+	} else {
+		host, port, err := splitHostPort(cfg.Addr)
+		if err != nil {
+			return a, err
+		}
+		a.args = append(a.args, "-h"+host, "-P"+strconv.Itoa(port), "--protocol=TCP")
+	}
+	if cfg.Passwd != "" {
+		a.env = append(a.env, "MYSQL_PWD="+cfg.Passwd)
+	}
+	return a, nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		return addr, 3306, nil
+	}
+	p, err := strconv.Atoi(addr[i+1:])
+	return addr[:i], p, err
+}
+
+func quote(s string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'" }
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}

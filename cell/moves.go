@@ -1,0 +1,379 @@
+package cell
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"redcell/api"
+	"redcell/model"
+	"redcell/sharding"
+	"redcell/storage"
+)
+
+// A database (db_XX with its shadow_db_XX) moves from one cell to another
+// while both serve (redcell cells; docs/operations.md): the new owner's
+// MariaDB copies it by replication, then the old owner freezes it (MOVING),
+// the mover verifies both copies are equal, the new owner adopts it and the
+// old one releases it, each under a new map version announced through
+// memberlist. These are the cell's steps (POST /admin/moves).
+
+// MoveStore keeps what a cell owns across restarts, and its copies of the
+// databases it handed over (storage.MySQL).
+type MoveStore interface {
+	SaveOwnership(ctx context.Context, cell, ranges string, version int64) error
+	AddMovedOut(ctx context.Context, mo storage.MovedOut) error
+	MovedOuts(ctx context.Context, cell string) ([]storage.MovedOut, error)
+	ForgetMovedOut(ctx context.Context, cell string, db int) error
+	DropMovedOut(ctx context.Context, cell string, db int) error
+	Digest(ctx context.Context, db int) (storage.Digest, error)
+}
+
+// announcer is the membership's side of a move (membership.Node.Announce).
+type announcer interface {
+	Announce(shards string, version int64) error
+}
+
+const (
+	freezeTTLDefault = 30 * time.Second // a freeze not released by then thaws (or releases, see runMoves)
+	freezeDrainMax   = 5 * time.Second  // the longest a freeze waits for work in flight
+	movesTick        = time.Second
+)
+
+// moveState is the cell's part in moves: the store and when each frozen
+// database thaws.
+type moveState struct {
+	store       MoveStore
+	mu          sync.Mutex // guards frozenUntil, steps
+	frozenUntil map[int]time.Time
+	steps       sync.Mutex // one step at a time
+	loaded      bool       // runMoves has read the marks a restart left
+	changedAt   map[int]time.Time
+}
+
+// MovesState implements admin.Moves.
+func (s *Server) MovesState(ctx context.Context) (api.MovesState, error) {
+	ranges, version := s.own.ranges()
+	out := api.MovesState{Cell: s.cfg.Name, Shards: ranges.String(), Version: version, DBs: s.own.held(), Frozen: s.own.frozenDBs(),
+		MovedOut: []api.MovedOutState{}}
+	if out.DBs == nil {
+		out.DBs = []int{}
+	}
+	if out.Frozen == nil {
+		out.Frozen = []int{}
+	}
+	if s.moves.store == nil {
+		return out, nil
+	}
+	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+	if err != nil {
+		return out, model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	for _, mo := range mos {
+		if mo.Digest == "" {
+			continue // a freeze in progress
+		}
+		out.MovedOut = append(out.MovedOut, api.MovedOutState{DB: mo.DB, Version: mo.Version, ReleasedMS: mo.ReleasedMS,
+			DropAtMS: mo.ReleasedMS + s.cfg.MoveGrace.Milliseconds()})
+	}
+	return out, nil
+}
+
+// MoveStep implements admin.Moves: one step of a move (api.MoveStep).
+func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer, error) {
+	if s.moves.store == nil {
+		return api.MoveAnswer{}, model.Errorf(model.ErrNotFound, "cell %s has no store for moves", s.cfg.Name)
+	}
+	if step.DB < 0 || step.DB >= model.DBCount {
+		return api.MoveAnswer{}, model.Invalidf("no database %d (0..%d)", step.DB, model.DBCount-1)
+	}
+	s.moves.steps.Lock()
+	defer s.moves.steps.Unlock()
+	ans := api.MoveAnswer{Op: step.Op, DB: step.DB}
+	var err error
+	switch step.Op {
+	case "freeze":
+		ans.DrainedMS, err = s.freeze(ctx, step.DB, time.Duration(step.TTLMS)*time.Millisecond)
+	case "thaw":
+		err = s.thaw(ctx, step.DB)
+	case "release":
+		err = s.release(ctx, step.DB, step.Version, step.Digest)
+	case "adopt":
+		err = s.adopt(ctx, step.DB, step.Version)
+	default:
+		err = model.Invalidf("unknown move op %q (freeze, thaw, release, adopt)", step.Op)
+	}
+	if err != nil {
+		return ans, err
+	}
+	ranges, version := s.own.ranges()
+	ans.Shards, ans.Version = ranges.String(), version
+	s.metrics.moveSteps.WithLabelValues(step.Op).Inc()
+	return ans, nil
+}
+
+func (s *Server) holds(db int) bool { return s.own.holdsDB(db) }
+
+// Holds reports whether the cell owns database db, frozen or not.
+func (s *Server) Holds(db int) bool { return s.own.holdsDB(db) }
+
+// freeze stops serving db, waits for the work that checked it before, and
+// thaws it after ttl unless released. The mark is saved first, so a cell
+// restarted meanwhile comes back with db frozen.
+func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (int64, error) {
+	if !s.holds(db) {
+		return 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+	}
+	if ttl <= 0 {
+		ttl = freezeTTLDefault
+	}
+	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, ReleasedMS: s.clock.Now().UnixMilli()}); err != nil {
+		return 0, model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	start := s.clock.Now()
+	if err := s.own.setFrozen(db, true); err != nil {
+		return 0, err
+	}
+	s.moves.mu.Lock()
+	s.moves.frozenUntil[db] = start.Add(ttl)
+	s.moves.mu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
+	defer cancel()
+	if err := s.own.drain(dctx); err != nil {
+		_ = s.thawLocked(context.WithoutCancel(ctx), db)
+		return 0, model.Errorf(model.ErrOverloaded, "db_%02d: work in flight did not finish within %s; thawed", db, freezeDrainMax)
+	}
+	drained := s.clock.Now().Sub(start)
+	s.metrics.moveDrain.Observe(drained.Seconds())
+	s.log.Info("move: database frozen", "db", db, "drained", drained, "thaws_in", ttl)
+	return drained.Milliseconds(), nil
+}
+
+func (s *Server) thaw(ctx context.Context, db int) error {
+	if !s.holds(db) {
+		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+	}
+	return s.thawLocked(ctx, db)
+}
+
+func (s *Server) thawLocked(ctx context.Context, db int) error {
+	if err := s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db); err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	s.moves.mu.Lock()
+	delete(s.moves.frozenUntil, db)
+	s.moves.mu.Unlock()
+	if err := s.own.setFrozen(db, false); err != nil {
+		return err
+	}
+	s.log.Warn("move: database thawed, served here again", "db", db)
+	return nil
+}
+
+// release hands db over: saved first (a restart never claims it again),
+// then dropped from the ranges served and announced.
+func (s *Server) release(ctx context.Context, db int, version int64, digest string) error {
+	if !s.holds(db) {
+		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+	}
+	if !slices.Contains(s.own.frozenDBs(), db) {
+		return model.Invalidf("db_%02d is not frozen: freeze it before the release", db)
+	}
+	if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
+		return model.Invalidf("a release needs the digest the new owner verified (64 hex digits, storage.Digest.Sum)")
+	}
+	_, cur := s.own.ranges()
+	if version <= cur {
+		return model.Invalidf("version %d is not above the cell's %d", version, cur)
+	}
+	dbs := slices.DeleteFunc(s.own.held(), func(d int) bool { return d == db })
+	return s.setOwned(ctx, dbs, version, func() error {
+		return s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()})
+	})
+}
+
+// adopt takes db: saved, served and announced.
+func (s *Server) adopt(ctx context.Context, db int, version int64) error {
+	if s.holds(db) {
+		return model.Invalidf("db_%02d is already owned by %s", db, s.cfg.Name)
+	}
+	_, cur := s.own.ranges()
+	if version <= cur {
+		return model.Invalidf("version %d is not above the cell's %d", version, cur)
+	}
+	dbs := append(s.own.held(), db)
+	slices.Sort(dbs)
+	return s.setOwned(ctx, dbs, version, func() error { return s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db) })
+}
+
+// setOwned saves, applies and announces a new set of databases; after runs
+// between the save and the change.
+func (s *Server) setOwned(ctx context.Context, dbs []int, version int64, after func() error) error {
+	ranges, err := rangesOf(dbs)
+	if err != nil {
+		return err
+	}
+	if err := s.moves.store.SaveOwnership(ctx, s.cfg.Name, ranges, version); err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	if err := after(); err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	r, err := s.own.set(dbs, version)
+	if err != nil {
+		return err
+	}
+	s.moves.mu.Lock()
+	for db := range s.moves.frozenUntil {
+		if !slices.Contains(dbs, db) {
+			delete(s.moves.frozenUntil, db)
+		}
+	}
+	s.moves.mu.Unlock()
+	s.announce()
+	s.log.Info("move: ownership changed", "shards", r.String(), "version", version)
+	return nil
+}
+
+func rangesOf(dbs []int) (string, error) {
+	r, err := sharding.RangesOfDBs(dbs)
+	if err != nil {
+		return "", err
+	}
+	return r.String(), nil
+}
+
+// announce gossips the cell's ranges and version (when its peers can).
+func (s *Server) announce() {
+	a, ok := s.peers.(announcer)
+	if !ok {
+		return
+	}
+	ranges, version := s.own.ranges()
+	if err := a.Announce(ranges.String(), version); err != nil {
+		s.log.Warn("move: announcing the new ranges", "err", err)
+	}
+}
+
+// runMoves resumes what a restart interrupted (databases frozen when the
+// cell stopped start frozen again), thaws freezes past their time, and drops
+// the copies of databases handed over once MoveGrace has passed and the copy
+// is unchanged.
+func (s *Server) runMoves(ctx context.Context) {
+	if s.moves.store == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		s.movesPass(ctx)
+		select {
+		case <-ctx.Done():
+		case <-s.clock.After(movesTick):
+		}
+	}
+}
+
+func (s *Server) movesPass(ctx context.Context) {
+	s.moves.steps.Lock()
+	defer s.moves.steps.Unlock()
+	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+	if err != nil {
+		return
+	}
+	now := s.clock.Now()
+	if !s.moves.loaded {
+		s.moves.loaded = true
+		for _, mo := range mos {
+			if mo.Digest == "" && s.holds(mo.DB) {
+				s.log.Warn("move: database was frozen when the cell stopped; frozen again", "db", mo.DB)
+				_ = s.own.setFrozen(mo.DB, true)
+				s.moves.mu.Lock()
+				s.moves.frozenUntil[mo.DB] = now.Add(freezeTTLDefault)
+				s.moves.mu.Unlock()
+			}
+		}
+	}
+	s.moves.mu.Lock()
+	var expired []int
+	for db, until := range s.moves.frozenUntil {
+		if !now.Before(until) {
+			expired = append(expired, db)
+		}
+	}
+	s.moves.mu.Unlock()
+	for _, db := range expired {
+		s.freezeExpired(ctx, db)
+	}
+	for _, mo := range mos {
+		if mo.Digest == "" || now.Before(time.UnixMilli(mo.ReleasedMS).Add(s.cfg.MoveGrace)) {
+			continue
+		}
+		if s.holds(mo.DB) { // owned again (moved back): its record is stale, never its data
+			_ = s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, mo.DB)
+			continue
+		}
+		s.dropCopy(ctx, mo)
+	}
+}
+
+// freezeExpired ends a freeze nobody released: if the shard map gives the
+// database to another cell under a higher version (the mover stopped after
+// the adoption), the cell releases it; otherwise it serves it again.
+func (s *Server) freezeExpired(ctx context.Context, db int) {
+	_, mine := s.own.ranges()
+	if owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB)); ok && owner.Name != s.cfg.Name && owner.Version > mine {
+		d, err := s.moves.store.Digest(ctx, db)
+		if err != nil {
+			return
+		}
+		dbs := slices.DeleteFunc(s.own.held(), func(x int) bool { return x == db })
+		if err := s.setOwned(ctx, dbs, owner.Version, func() error {
+			return s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: owner.Version, Digest: d.Sum(), ReleasedMS: s.clock.Now().UnixMilli()})
+		}); err == nil {
+			s.log.Warn("move: a frozen database was adopted by another cell; released", "db", db, "owner", owner.Name, "version", owner.Version)
+		}
+		return
+	}
+	_ = s.thawLocked(ctx, db)
+}
+
+// dropCopy drops the copy of a database handed over when it is unchanged
+// since the handover; a changed copy (a write that reached it after the
+// freeze) is kept and logged at ERROR, for a person to compare.
+func (s *Server) dropCopy(ctx context.Context, mo storage.MovedOut) {
+	d, err := s.moves.store.Digest(ctx, mo.DB)
+	if err != nil {
+		return
+	}
+	if d.Sum() != mo.Digest {
+		if s.moves.changedLogged(mo.DB) {
+			s.metrics.moveCopyChanged.Inc()
+			s.log.Error("move: the copy of a database handed over changed after the handover; kept, not dropped", "db", mo.DB,
+				"version", mo.Version, "err", errors.New("digest differs"))
+		}
+		return
+	}
+	if err := s.moves.store.DropMovedOut(ctx, s.cfg.Name, mo.DB); err != nil {
+		s.log.Warn("move: dropping the copy of a database handed over", "db", mo.DB, "err", err)
+		return
+	}
+	s.metrics.moveCopiesDropped.Inc()
+	s.log.Info("move: copy of a database handed over dropped", "db", mo.DB, "released", time.UnixMilli(mo.ReleasedMS).UTC().Format(time.RFC3339))
+}
+
+// changedLogged reports whether a changed copy should be logged now: once
+// per database per hour.
+func (m *moveState) changedLogged(db int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.changedAt == nil {
+		m.changedAt = map[int]time.Time{}
+	}
+	if t, ok := m.changedAt[db]; ok && time.Since(t) < time.Hour {
+		return false
+	}
+	m.changedAt[db] = time.Now()
+	return true
+}

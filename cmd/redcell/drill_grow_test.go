@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"redcell/api"
+)
+
+// The growing drills of docs/operations.md: cell_add adds a third cell to a
+// cluster of two under the drill load and moves databases to it (redcell
+// cells add: replication copy, freeze, verify, hand-over); cell_remove
+// drains that cell back onto the other two and stops it. They share one
+// cluster of their own (binlogs on, cell-3 configured with no shards), made
+// by whichever runs first. The short run (make test) moves 3 databases each
+// way; REDCELL_DRILL=full moves a third of them (33) under a longer load.
+
+type growCluster struct {
+	c *cluster
+	d *drillDeps
+}
+
+// grow starts the growing drills' cluster once per TestDrill run.
+type grow struct {
+	once sync.Once
+	g    *growCluster
+}
+
+func (gr *grow) get(t *testing.T, parent *testing.T) *growCluster {
+	gr.once.Do(func() {
+		d := startDrillDeps(parent)
+		p := freePorts(parent, 1)
+		d.sh(parent, fmt.Sprintf("stop_mariadb %[1]s/db1; stop_mariadb %[1]s/db2; REDCELL_BINLOG_ID=1 start_mariadb %[1]s/db1 %[2]d fast & a=$!; "+
+			"REDCELL_BINLOG_ID=2 start_mariadb %[1]s/db2 %[3]d fast & b=$!; REDCELL_BINLOG_ID=3 start_mariadb %[1]s/db3 %[4]d fast & c=$!; wait $a; wait $b; wait $c",
+			d.dir, d.dbPort[0], d.dbPort[1], p[0]))
+		parent.Cleanup(func() { d.sh(parent, fmt.Sprintf("stop_mariadb %s/db3", d.dir)) })
+		c := startClusterSpec(parent, clusterSpec{dsn: [2]string{d.dsn(0), d.dsn(1)}, third: fmt.Sprintf("root@tcp(127.0.0.1:%d)/", p[0]),
+			mc: fmt.Sprintf("127.0.0.1:%d", d.mcPort), cell: drillCell + "  move_grace: 3s\n"})
+		c.waitSchema(parent)
+		gr.g = &growCluster{c: c, d: d}
+	})
+	if gr.g == nil {
+		t.Fatal("the growing drills' cluster did not start")
+	}
+	return gr.g
+}
+
+// cellsRun runs redcell cells with args and the cluster's config, and
+// decodes its --json report (the last JSON object it prints).
+func (g *growCluster) cellsRun(t *testing.T, args ...string) moveReport {
+	t.Helper()
+	out, err := exec.Command(g.c.bin, append(append([]string{"cells"}, args...), "--config", g.c.config, "--json")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redcell cells %v: %v\n%s", args, err, out)
+	}
+	t.Logf("redcell cells %s:\n%s", strings.Join(args, " "), lastLines(string(out), 8))
+	var rep moveReport
+	if i := strings.LastIndex(string(out), "\n{"); i >= 0 {
+		if err := json.NewDecoder(bytes.NewReader(out[i+1:])).Decode(&rep); err != nil {
+			t.Fatalf("redcell cells %v: report: %v", args, err)
+		}
+	}
+	return rep
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// state is a cell's ownership from its admin port.
+func (g *growCluster) state(t *testing.T, cell string) api.MovesState {
+	t.Helper()
+	var st api.MovesState
+	if err := json.Unmarshal([]byte(g.c.adminBody(t, cell, "GET", "/admin/moves", "")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// opensPerSec is the cluster's rate of claims made (redcell_cell_opens_total)
+// over d, by cell.
+func (g *growCluster) opensPerSec(t *testing.T, d time.Duration) map[string]float64 {
+	cells := g.c.cells(false)
+	before := map[string]float64{}
+	for _, c := range cells {
+		before[c] = g.c.metric(t, c, "redcell_cell_opens_total")
+	}
+	time.Sleep(d)
+	out := map[string]float64{}
+	for _, c := range cells {
+		out[c] = (g.c.metric(t, c, "redcell_cell_opens_total") - before[c]) / d.Seconds()
+	}
+	return out
+}
+
+func total(m map[string]float64) float64 {
+	s := 0.0
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// underLoad runs the drill load while fn runs, and verifies it after. Half
+// its senders have their wallets, and so their packets, in the databases
+// dbs (those the drill moves), so that the moves happen under opens of
+// their packets.
+func (g *growCluster) underLoad(t *testing.T, name string, dbs []int, workers int, maxOps int64, fn func(l *drillLoad)) {
+	prefix := name + randHex()
+	l := newDrillLoad(t, g.c, prefix, 6, 300)
+	for i := range 6 {
+		db := dbs[i%len(dbs)]
+		s := actIn(fmt.Sprintf("%s-m%d", prefix, i), db*10, db*10+9)
+		body := map[string]any{"amount": l.deposit, "order_no": "dep-" + s}
+		if a := l.settle(t, "POST", "/v1/accounts/"+s+"/deposit", body, nil); !a.ok() {
+			t.Fatalf("deposit for %s: %+v", s, a)
+		}
+		l.senders = append(l.senders, s)
+	}
+	done, stop := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); l.runUntil(workers, stop, 10*time.Minute, maxOps) }()
+	fn(l)
+	close(stop)
+	<-done
+	if t.Failed() {
+		return
+	}
+	codes := l.codes(time.Time{}, time.Now().Add(time.Hour))
+	for code := range codes {
+		if code != "OK" && code != "SOLD_OUT" && code != "EXPIRED" && !(answer{code: code}).retryLater() {
+			t.Errorf("%s: clients saw %s (%d opens), not a retryable answer: %v", name, code, codes[code], codes)
+		}
+	}
+	t.Logf("%s: %s; opens by answer: %v", name, l.verify(t), codes)
+}
+
+// copiesDropped waits until no cell keeps a copy of a database it handed
+// over (move_grace 3 s), and checks none changed after its hand-over.
+func (g *growCluster) copiesDropped(t *testing.T) {
+	deadline := time.Now().Add(60 * time.Second)
+	for _, cell := range g.c.cells(false) {
+		for len(g.state(t, cell).MovedOut) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still keeps copies of databases it handed over: %+v", cell, g.state(t, cell).MovedOut)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if v := g.c.metric(t, cell, "redcell_cell_move_copy_changed_total"); v != 0 {
+			t.Errorf("%s: %v copies of databases handed over changed after the hand-over (a write after the freeze)", cell, v)
+		}
+	}
+}
+
+// schemasOn lists the db_XX schemas on a cell's server.
+func schemasOn(t *testing.T, dsn string) []int {
+	db := openDB(t, dsn)
+	rows, err := db.Query("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'db\\_%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var s string
+		var n int
+		_ = rows.Scan(&s)
+		if _, err := fmt.Sscanf(s, "db_%d", &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func cellAddDrill(t *testing.T, g *growCluster, workers int, maxOps int64, full bool) {
+	limit := 3
+	if full {
+		limit = 0
+	}
+	var rep moveReport
+	g.underLoad(t, "ca", []int{34, 35, 36}, workers, maxOps, func(l *drillLoad) { // the first the plan moves
+		time.Sleep(2 * time.Second)
+		before := g.opensPerSec(t, 3*time.Second)
+		args := []string{"add", "--name", "cell-3"}
+		if limit > 0 {
+			args = append(args, "--limit", fmt.Sprint(limit))
+		}
+		rep = g.cellsRun(t, args...)
+		after := g.opensPerSec(t, 3*time.Second)
+		t.Logf("cell_add: claims/s before %.0f %v, after %.0f %v", total(before), before, total(after), after)
+		if after["cell-3"] == 0 {
+			t.Errorf("cell-3 made no claims after it took %d databases: %v", rep.MovedTotal, after)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	st := g.state(t, "cell-3")
+	want := 33
+	if limit > 0 {
+		want = limit
+	}
+	if len(st.DBs) != want || rep.MovedTotal != want {
+		t.Fatalf("cell-3 owns %v after cells add (moved %d), want %d databases", st.DBs, rep.MovedTotal, want)
+	}
+	g.copiesDropped(t)
+	for _, db := range st.DBs {
+		if slices.Contains(schemasOn(t, g.c.spec.dsn[0]), db) || slices.Contains(schemasOn(t, g.c.spec.dsn[1]), db) {
+			t.Errorf("db_%02d moved to cell-3, but its old owner's server still holds it after move_grace", db)
+		}
+	}
+	// cell-1 started again reads what it owns from its database, not from
+	// the config file (which still says 0-499).
+	g.c.stop(t, "cell-1")
+	g.c.restart(t, "cell-1")
+	g.c.waitReady(t, 0)
+	var released int64 // the version of cell-1's last release
+	for _, m := range rep.Moves {
+		if m.From == "cell-1" {
+			released = max(released, m.Version)
+		}
+	}
+	if s1 := g.state(t, "cell-1"); slices.ContainsFunc(st.DBs, func(db int) bool { return slices.Contains(s1.DBs, db) }) || s1.Version != released {
+		t.Fatalf("cell-1 after a restart owns %s (v%d); cell-3 owns %v", s1.Shards, s1.Version, st.DBs)
+	}
+	if full && rep.FreezeP99 > 2*time.Second {
+		t.Errorf("writes paused per database p99 %s, target 2 s", rep.FreezeP99)
+	}
+	t.Logf("cell_add: %d databases moved to cell-3 in %s; writes paused per database p50 %s, p99 %s, max %s (target p99 <= 2 s)",
+		rep.MovedTotal, rep.TookTotal.Round(time.Millisecond), rep.FreezeP50.Round(time.Millisecond), rep.FreezeP99.Round(time.Millisecond), rep.FreezeMax.Round(time.Millisecond))
+}
+
+func cellRemoveDrill(t *testing.T, g *growCluster, workers int, maxOps int64) {
+	if len(g.state(t, "cell-3").DBs) == 0 { // run alone: give it some first
+		g.cellsRun(t, "add", "--name", "cell-3", "--limit", "2")
+	}
+	var rep moveReport
+	g.underLoad(t, "cr", g.state(t, "cell-3").DBs, workers, maxOps, func(l *drillLoad) {
+		time.Sleep(2 * time.Second)
+		rep = g.cellsRun(t, "remove", "--name", "cell-3")
+	})
+	if t.Failed() {
+		return
+	}
+	if st := g.state(t, "cell-3"); len(st.DBs) != 0 {
+		t.Fatalf("cell-3 still owns %v after cells remove", st.DBs)
+	}
+	g.copiesDropped(t)
+	g.c.stop(t, "cell-3")
+	g.c.waitReady(t, 0)
+	if rep := g.c.audit(t); !rep.OK() {
+		t.Fatalf("audit after cell-3 stopped: %+v", rep)
+	}
+	t.Logf("cell_remove: %d databases drained from cell-3 in %s (writes paused p50 %s, max %s); cell-3 stopped; the map is whole and the audit clean",
+		rep.MovedTotal, rep.TookTotal.Round(time.Millisecond), rep.FreezeP50.Round(time.Millisecond), rep.FreezeMax.Round(time.Millisecond))
+}

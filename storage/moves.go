@@ -1,0 +1,277 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// A cell's shard ownership survives restarts in its own database, so that a
+// database moved away is never claimed again from a stale config file:
+// redcell_meta.t_ownership holds the ranges and the map version the cell
+// announces, and redcell_meta.t_moved_out the databases it handed over and
+// still holds a copy of (dropped after a grace period, cell/moves.go).
+
+const (
+	ownershipTable = "redcell_meta.t_ownership"
+	movedOutTable  = "redcell_meta.t_moved_out"
+)
+
+func (m *MySQL) makeMetaTables(ctx context.Context) error {
+	for _, q := range []string{
+		"CREATE DATABASE IF NOT EXISTS redcell_meta",
+		`CREATE TABLE IF NOT EXISTS ` + ownershipTable + ` (
+  cell       VARCHAR(64) NOT NULL PRIMARY KEY,
+  ranges     VARCHAR(512) NOT NULL,
+  version    BIGINT NOT NULL,
+  updated_ms BIGINT NOT NULL
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + movedOutTable + ` (
+  cell        VARCHAR(64) NOT NULL,
+  db          SMALLINT NOT NULL,
+  version     BIGINT NOT NULL,
+  digest      CHAR(64) NOT NULL,
+  released_ms BIGINT NOT NULL,
+  PRIMARY KEY (cell, db)
+) ENGINE=InnoDB`,
+	} {
+		if _, err := m.db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("storage: meta tables: %w", err)
+		}
+	}
+	return nil
+}
+
+// Ownership returns the shard ranges (sharding.Ranges form, "" for none) and
+// map version cell last saved, and whether it ever saved any.
+func (m *MySQL) Ownership(ctx context.Context, cell string) (ranges string, version int64, found bool, err error) {
+	err = m.db.QueryRowContext(ctx, "SELECT ranges, version FROM "+ownershipTable+" WHERE cell = ?", cell).Scan(&ranges, &version)
+	switch {
+	case errors.Is(err, sql.ErrNoRows), isMySQLErr(err, errNoSuchTable), isMySQLErr(err, errUnknownDB):
+		return "", 0, false, nil
+	case err != nil:
+		return "", 0, false, fmt.Errorf("storage: ownership of %s: %w", cell, err)
+	}
+	return ranges, version, true, nil
+}
+
+// SaveOwnership records cell's ranges and version. A version below the one
+// saved is refused (an older plan never overwrites a newer one).
+func (m *MySQL) SaveOwnership(ctx context.Context, cell, ranges string, version int64) error {
+	if err := m.makeMetaTables(ctx); err != nil {
+		return err
+	}
+	res, err := m.db.ExecContext(ctx, "INSERT INTO "+ownershipTable+" (cell, ranges, version, updated_ms) VALUES (?, ?, ?, ?)"+
+		" ON DUPLICATE KEY UPDATE ranges = IF(VALUES(version) >= version, VALUES(ranges), ranges),"+
+		" updated_ms = IF(VALUES(version) >= version, VALUES(updated_ms), updated_ms), version = GREATEST(version, VALUES(version))",
+		cell, ranges, version, m.clock.Now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("storage: save ownership of %s: %w", cell, err)
+	}
+	if _, v, _, err := m.Ownership(ctx, cell); err == nil && v > version {
+		return fmt.Errorf("storage: ownership of %s is at version %d, above %d", cell, v, version)
+	}
+	_ = res
+	return nil
+}
+
+// MovedOut is a database cell Cell handed to another and still holds a copy
+// of: Digest is the copy's Digest.Sum when it was handed over. A record with
+// no Digest marks a database frozen by a move in progress.
+type MovedOut struct {
+	Cell       string
+	DB         int
+	Version    int64
+	Digest     string
+	ReleasedMS int64
+}
+
+// AddMovedOut records a database handed over.
+func (m *MySQL) AddMovedOut(ctx context.Context, mo MovedOut) error {
+	if err := m.makeMetaTables(ctx); err != nil {
+		return err
+	}
+	_, err := m.db.ExecContext(ctx, "REPLACE INTO "+movedOutTable+" (cell, db, version, digest, released_ms) VALUES (?, ?, ?, ?, ?)",
+		mo.Cell, mo.DB, mo.Version, mo.Digest, mo.ReleasedMS)
+	if err != nil {
+		return fmt.Errorf("storage: record db_%02d moved out: %w", mo.DB, err)
+	}
+	return nil
+}
+
+// MovedOuts lists cell's databases handed over and not dropped yet, and
+// those frozen by a move in progress, by db.
+func (m *MySQL) MovedOuts(ctx context.Context, cell string) ([]MovedOut, error) {
+	rows, err := m.db.QueryContext(ctx, "SELECT cell, db, version, digest, released_ms FROM "+movedOutTable+" WHERE cell = ? ORDER BY db", cell)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: moved-out databases: %w", err)
+	}
+	defer rows.Close()
+	var out []MovedOut
+	for rows.Next() {
+		var mo MovedOut
+		if err := rows.Scan(&mo.Cell, &mo.DB, &mo.Version, &mo.Digest, &mo.ReleasedMS); err != nil {
+			return nil, fmt.Errorf("storage: moved-out databases: %w", err)
+		}
+		out = append(out, mo)
+	}
+	return out, rows.Err()
+}
+
+// DropMovedOut drops db_XX and shadow_db_XX of a database handed over, and
+// its record. The caller has checked the copy is unchanged (DBDigest).
+func (m *MySQL) DropMovedOut(ctx context.Context, cell string, db int) error {
+	for _, schema := range MoveSchemas(db) {
+		if _, err := m.db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+schema); err != nil {
+			return fmt.Errorf("storage: drop %s: %w", schema, err)
+		}
+	}
+	m.forgetTables()
+	if _, err := m.db.ExecContext(ctx, "DELETE FROM "+movedOutTable+" WHERE cell = ? AND db = ?", cell, db); err != nil {
+		return fmt.Errorf("storage: drop db_%02d record: %w", db, err)
+	}
+	return nil
+}
+
+// MoveSchemas are the schemas that move with database db: db_XX and its
+// stress-traffic twin shadow_db_XX.
+func MoveSchemas(db int) []string {
+	return []string{fmt.Sprintf("db_%02d", db), fmt.Sprintf("%sdb_%02d", ShadowPrefix, db)}
+}
+
+// Digest is the content of a database's schemas as a move verifies it: every
+// table's row count and CHECKSUM TABLE, by "schema.table". Empty tables and
+// missing ones compare equal (a day table one side made and the other not).
+type Digest map[string]TableDigest
+
+// TableDigest is one table's row count and checksum.
+type TableDigest struct {
+	Rows     int64
+	Checksum int64
+}
+
+// Sum is a SHA-256 over the digest's non-empty tables in name order: two
+// servers hold the same rows iff their sums are equal.
+func (d Digest) Sum() string {
+	names := make([]string, 0, len(d))
+	for n, t := range d {
+		if t.Rows > 0 {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		fmt.Fprintf(h, "%s %d %d\n", n, d[n].Rows, d[n].Checksum)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Diff names the tables whose rows differ between d and o (at most 5).
+func (d Digest) Diff(o Digest) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, pair := range [2][2]Digest{{d, o}, {o, d}} {
+		for n, t := range pair[0] {
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			u := pair[1][n]
+			if (t.Rows > 0 || u.Rows > 0) && t != u {
+				out = append(out, fmt.Sprintf("%s: %d rows/%d vs %d rows/%d", n, d[n].Rows, d[n].Checksum, o[n].Rows, o[n].Checksum))
+			}
+		}
+	}
+	sort.Strings(out)
+	if len(out) > 5 {
+		out = out[:5]
+	}
+	return out
+}
+
+// DBDigest reads the Digest of database db's schemas (MoveSchemas) on the
+// server behind q: one statement counting the rows of every table and one
+// CHECKSUM TABLE over them all.
+func DBDigest(ctx context.Context, q *sql.DB, db int) (Digest, error) {
+	schemas := MoveSchemas(db)
+	rows, err := q.QueryContext(ctx, "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema IN (?, ?) AND table_type = 'BASE TABLE'",
+		schemas[0], schemas[1])
+	if err != nil {
+		return nil, fmt.Errorf("storage: tables of db_%02d: %w", db, err)
+	}
+	var names []string
+	for rows.Next() {
+		var s, t string
+		if err := rows.Scan(&s, &t); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		names = append(names, s+"."+t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	d := Digest{}
+	if len(names) == 0 {
+		return d, nil
+	}
+	sort.Strings(names)
+	counts := make([]string, len(names))
+	for i, n := range names {
+		counts[i] = fmt.Sprintf("SELECT '%s', COUNT(*) FROM %s", n, n)
+	}
+	if err := scanPairs(ctx, q, strings.Join(counts, " UNION ALL "), func(n string, v int64) { t := d[n]; t.Rows = v; d[n] = t }); err != nil {
+		return nil, fmt.Errorf("storage: row counts of db_%02d: %w", db, err)
+	}
+	if err := scanPairs(ctx, q, "CHECKSUM TABLE "+strings.Join(names, ", "), func(n string, v int64) { t := d[n]; t.Checksum = v; d[n] = t }); err != nil {
+		return nil, fmt.Errorf("storage: checksums of db_%02d: %w", db, err)
+	}
+	return d, nil
+}
+
+func scanPairs(ctx context.Context, q *sql.DB, query string, put func(string, int64)) error {
+	rows, err := q.QueryContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n string
+		var v sql.NullInt64
+		if err := rows.Scan(&n, &v); err != nil {
+			return err
+		}
+		put(n, v.Int64)
+	}
+	return rows.Err()
+}
+
+// ForgetMovedOut removes the record of db (a freeze abandoned: the cell
+// serves the database again), keeping the database.
+func (m *MySQL) ForgetMovedOut(ctx context.Context, cell string, db int) error {
+	_, err := m.db.ExecContext(ctx, "DELETE FROM "+movedOutTable+" WHERE cell = ? AND db = ?", cell, db)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("storage: forget db_%02d record: %w", db, err)
+	}
+	return nil
+}
+
+// Digest is DBDigest of database db on this store's server.
+func (m *MySQL) Digest(ctx context.Context, db int) (Digest, error) { return DBDigest(ctx, m.db, db) }
+
+// DB is the store's connection pool, for the moves' replication statements
+// and digests.
+func (m *MySQL) DB() *sql.DB { return m.db }
