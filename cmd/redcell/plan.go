@@ -17,7 +17,7 @@ import (
 // runPlan prints how many cells a target open rate needs:
 //
 //	redcell plan --target-opens-per-sec N [--per-cell-opens-per-sec R | --from report.json] [--headroom 0.7] [--config F]
-//	redcell plan --cells N --config F
+//	redcell plan --cells N --config F [--apply [--limit K] [--state FILE]]
 //
 // cells = ceil(N / (R × headroom)), databases per cell = 100 / cells (whole
 // databases of ten shards: the unit a cell owns), each cell's ranges, and the
@@ -25,8 +25,9 @@ import (
 // per-cell rate among its passing runs (bench.PerCellRateFrom). With
 // --config it also reads the live shard map from the config's router
 // (GET /healthz) and prints which databases move from which cell to which
-// for that many cells, or for --cells (bench.PlanMoves). Applying the moves
-// is not built yet.
+// for that many cells, or for --cells (bench.PlanMoves); --apply runs those
+// moves one database at a time, as redcell cells does (cell/mover), with a
+// progress line each and a state file a stopped run resumes from.
 func runPlan(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	target := fs.Float64("target-opens-per-sec", 0, "opens per second the cluster must sustain")
@@ -35,6 +36,9 @@ func runPlan(ctx context.Context, args []string) error {
 	headroom := fs.Float64("headroom", bench.DefaultHeadroom, "fraction of the measured rate to plan each cell at, (0, 1]")
 	config := fs.String("config", "", "cluster config: read the live shard map from its router and print the databases to move")
 	cells := fs.Int("cells", 0, "plan the moves for this many cells (with --config; default: the count the target needs)")
+	apply := fs.Bool("apply", false, "run the planned moves, one database at a time (redcell cells): every cell of the plan must be in the config and running")
+	state := fs.String("state", "", "with --apply: the file that records the moves done, so that a stopped run goes on (default: cells-plan.json beside the config)")
+	limit := fs.Int("limit", 0, "with --apply: move at most this many databases now (0: all)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errUsage
@@ -89,7 +93,25 @@ func runPlan(ctx context.Context, args []string) error {
 		return fmt.Errorf("plan: %w", err)
 	}
 	fmt.Printf("\nmoves for %d cells, from the live map of %s:\n", n, *config)
-	return mp.WriteText(os.Stdout)
+	if err := mp.WriteText(os.Stdout); err != nil || !*apply {
+		return err
+	}
+	fc, err := loadConfig(*config)
+	if err != nil {
+		return err
+	}
+	path := statePath(*state, *config, "plan")
+	moves := mp.Moves
+	if resumed, err := resumeMoves(path, "plan", fmt.Sprint(n)); err != nil {
+		return err
+	} else if resumed != nil {
+		moves = resumed
+	}
+	if err := saveMoves(path, movesFile{Op: "plan", Cell: fmt.Sprint(n), Moves: moves}); err != nil {
+		return err
+	}
+	fmt.Printf("\napplying %d moves (state in %s):\n", len(moves), path)
+	return newMoveExec(fc, 10*time.Second).run(ctx, moves, path, false, *limit)
 }
 
 // liveMap reads the cells and their shard ranges from the router of the
