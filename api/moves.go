@@ -51,3 +51,36 @@ type MovedOutState struct {
 	ReleasedMS int64 `json:"released_ms"`
 	DropAtMS   int64 `json:"drop_at_ms"`
 }
+
+// CellsRequest is the body of POST /admin/cells on the router's admin port:
+// one change of the cluster's cells, run in the background as redcell cells
+// runs it (one database at a time, resumable from its state file).
+//   - {"op":"add","name":"cell-3"}: move databases to cell-3 (in the config,
+//     running, owning nothing) until every cell holds its share;
+//   - {"op":"remove","name":"cell-3"}: move all of cell-3's databases to the
+//     others;
+//   - {"op":"move","db":34,"to":"cell-3"}: one database.
+//
+// Limit > 0 moves at most that many databases now.
+type CellsRequest struct {
+	Op    string `json:"op"`
+	Name  string `json:"name,omitempty"`
+	DB    int    `json:"db"`
+	To    string `json:"to,omitempty"`
+	Limit int    `json:"limit,omitempty"`
+}
+
+// CellsJob is the answer of GET and POST /admin/cells: the last change this
+// router started and how far it got. State is "none" (never started),
+// "running", "done" or "failed" (Error says why; the database being moved
+// when it failed is served by its old owner as before). Lines are the
+// progress lines, one per database, as redcell cells prints them (the last
+// 200).
+type CellsJob struct {
+	State     string       `json:"state"`
+	Request   CellsRequest `json:"request"`
+	StartedMS int64        `json:"started_ms,omitempty"`
+	EndedMS   int64        `json:"ended_ms,omitempty"`
+	Lines     []string     `json:"lines"`
+	Error     string       `json:"error,omitempty"`
+}

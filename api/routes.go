@@ -58,6 +58,8 @@ const (
 	RouteShadowCleanup    // POST /admin/shadow/cleanup on a cell's admin port: drop the shadow databases
 	RouteMovesGet         // GET /admin/moves on a cell's admin port: ownership, frozen and moved-out databases
 	RouteMovesPost        // POST /admin/moves on a cell's admin port: one step of a database move
+	RouteCellsGet         // GET /admin/cells on the router's admin port: the last change of the cells
+	RouteCellsPost        // POST /admin/cells on the router's admin port: add or remove a cell, move a database
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
@@ -174,6 +176,8 @@ var routes = [RouteCount]Route{
 	RouteShadowCleanup: {ID: RouteShadowCleanup, Method: http.MethodPost, Pattern: "/admin/shadow/cleanup", Label: "shadow_cleanup", Port: PortCellAdmin},
 	RouteMovesGet:      {ID: RouteMovesGet, Method: http.MethodGet, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
 	RouteMovesPost:     {ID: RouteMovesPost, Method: http.MethodPost, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
+	RouteCellsGet:      {ID: RouteCellsGet, Method: http.MethodGet, Pattern: "/admin/cells", Label: "cells", Port: PortRouterAdmin},
+	RouteCellsPost:     {ID: RouteCellsPost, Method: http.MethodPost, Pattern: "/admin/cells", Label: "cells", Port: PortRouterAdmin},
 	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysAdd:       {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysRevoke:    {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},

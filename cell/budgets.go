@@ -425,7 +425,9 @@ func (s *Server) expireHomedLeases(ctx context.Context) {
 	failed := [2]bool{}
 	for _, key := range keys {
 		sh := sharding.BudgetShard(key)
+		leave := s.own.enter() // a write a move's freeze waits for, checked inside it
 		if !s.Owns(sh) {
+			leave()
 			continue
 		}
 		for i, sp := range s.spaces {
@@ -434,6 +436,7 @@ func (s *Server) expireHomedLeases(ctx context.Context) {
 				s.inc.leaseExp[i].Fail(err, "key", key)
 			}
 		}
+		leave()
 	}
 	for i, f := range failed {
 		if !f {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -93,7 +94,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 			}
 			return store.AcceptCoupon(ctx, r)
 		}
-		e, err := couponq.New(couponq.Config{Store: stores[i], Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
+		e, err := couponq.New(couponq.Config{Store: movingCoupons{Coupons: stores[i], own: s.own}, Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.own.dbs, QueueLen: s.cfg.CouponQueueLen,
 			Gather: s.cfg.CouponGather, MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
@@ -470,4 +471,62 @@ func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 		out.Coupons = append(out.Coupons, item)
 	}
 	s.answers.json(rc, http.StatusOK, out)
+}
+
+// movingCoupons is the coupon engine's store, kept off databases a move froze
+// or handed over: each write is work the freeze waits for (ownership.enter)
+// and writes nothing when one of its requests' shards is not served
+// (ErrMoving; the engine parks those requests, and the new owner takes them
+// again once stale). The engine's queues may hold requests taken before the
+// freeze.
+type movingCoupons struct {
+	storage.Coupons
+	own *ownership
+}
+
+func (m movingCoupons) served(reqs []model.CouponRequest) error {
+	for _, r := range reqs {
+		if err := m.own.check(r.Shard); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TakeCouponRequests takes only from the databases served now.
+func (m movingCoupons) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+	leave := m.own.enter()
+	defer leave()
+	dbs = slices.DeleteFunc(slices.Clone(dbs), func(db int) bool { return !m.own.servesDB(db) })
+	if len(dbs) == 0 {
+		return nil, nil
+	}
+	return m.Coupons.TakeCouponRequests(ctx, dbs, staleMS, limit)
+}
+
+func (m movingCoupons) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
+	leave := m.own.enter()
+	defer leave()
+	if err := m.served(reqs); err != nil {
+		return nil, 0, err
+	}
+	return m.Coupons.IssueCoupons(ctx, rule, leaseID, granted, reqs)
+}
+
+func (m movingCoupons) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
+	leave := m.own.enter()
+	defer leave()
+	if err := m.served(reqs); err != nil {
+		return err
+	}
+	return m.Coupons.RefuseCoupons(ctx, reqs, reason)
+}
+
+func (m movingCoupons) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
+	leave := m.own.enter()
+	defer leave()
+	if err := m.served(reqs); err != nil {
+		return err
+	}
+	return m.Coupons.ReleaseCouponRequests(ctx, reqs)
 }

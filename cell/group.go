@@ -24,8 +24,54 @@ const laneQueueMax = 64 * 4096
 
 // commitGroup is the committer's CommitFunc: the group goes to the store of
 // the lane's space.
+//
+// A group is work a move's freeze waits for (ownership.enter), and it commits
+// only the ops whose shards the cell still serves: an op whose submitter
+// gave up waiting (its deadline passed) may reach its group after a freeze
+// began, and answers ErrMoving then, with nothing written.
 func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*storage.GroupOp) error {
-	return s.spaces[ln.Space].store.CommitGroup(ctx, ops)
+	leave := s.own.enter()
+	defer leave()
+	keep := ops[:0:0]
+	for _, op := range ops {
+		if err := s.opServed(op); err != nil {
+			op.Err = err
+			continue
+		}
+		keep = append(keep, op)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	return s.spaces[ln.Space].store.CommitGroup(ctx, keep)
+}
+
+// opServed checks that the cell serves every shard op writes: nil, or the
+// first shard's ErrMoving or ErrWrongCell.
+func (s *Server) opServed(op *storage.GroupOp) error {
+	switch op.Kind {
+	case storage.OpOpen:
+		return s.own.check(op.Ref.Shard)
+	case storage.OpSend, storage.OpDeposit:
+		return s.own.check(op.Shard)
+	case storage.OpCredits:
+		for _, c := range op.Credits {
+			if err := s.own.check(c.Shard); err != nil {
+				return err
+			}
+		}
+	case storage.OpRewards:
+		for _, r := range op.Rewards {
+			if err := s.own.check(r.Shard); err != nil {
+				return err
+			}
+		}
+	case storage.OpIssue:
+		return s.own.check(op.Reward.Shard)
+	case storage.OpAccept:
+		return s.own.check(op.Coupon.Shard)
+	}
+	return nil
 }
 
 // laneOf names the commit lane of work in database db of space sp: the

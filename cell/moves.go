@@ -24,12 +24,16 @@ import (
 // MoveStore keeps what a cell owns across restarts, and its copies of the
 // databases it handed over (storage.MySQL).
 type MoveStore interface {
-	SaveOwnership(ctx context.Context, cell, ranges string, version int64) error
+	// SaveMove saves the ranges, version and a record in one transaction.
+	SaveMove(ctx context.Context, cell, ranges string, version int64, add *storage.MovedOut, forget int) error
 	AddMovedOut(ctx context.Context, mo storage.MovedOut) error
 	MovedOuts(ctx context.Context, cell string) ([]storage.MovedOut, error)
 	ForgetMovedOut(ctx context.Context, cell string, db int) error
 	DropMovedOut(ctx context.Context, cell string, db int) error
 	Digest(ctx context.Context, db int) (storage.Digest, error)
+	// FilterChanged: the databases the cell holds changed (table lists are
+	// read again).
+	FilterChanged()
 }
 
 // announcer is the membership's side of a move (membership.Node.Announce).
@@ -49,9 +53,12 @@ type moveState struct {
 	store       MoveStore
 	mu          sync.Mutex // guards frozenUntil, steps
 	frozenUntil map[int]time.Time
-	steps       sync.Mutex // one step at a time
-	loaded      bool       // runMoves has read the marks a restart left
+	sealed      map[int]int64      // frozen databases a hand-over under this version began for (seal)
+	steps       sync.Mutex         // one step at a time
+	loaded      bool               // the marks a restart left are applied
+	due         []storage.MovedOut // copies whose grace ended, for dropDue
 	changedAt   map[int]time.Time
+	sealLog     map[int]time.Time // when a sealed freeze past its ttl was last logged
 }
 
 // MovesState implements admin.Moves.
@@ -103,8 +110,12 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 		err = s.release(ctx, step.DB, step.Version, step.Digest)
 	case "adopt":
 		err = s.adopt(ctx, step.DB, step.Version)
+	case "seal":
+		err = s.seal(ctx, step.DB, step.Version)
+	case "forget":
+		err = s.forget(ctx, step.DB)
 	default:
-		err = model.Invalidf("unknown move op %q (freeze, thaw, release, adopt)", step.Op)
+		err = model.Invalidf("unknown move op %q (freeze, seal, thaw, release, adopt, forget)", step.Op)
 	}
 	if err != nil {
 		return ans, err
@@ -126,6 +137,9 @@ func (s *Server) Holds(db int) bool { return s.own.holdsDB(db) }
 func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (int64, error) {
 	if !s.holds(db) {
 		return 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+	}
+	if slices.Contains(s.own.frozenDBs(), db) {
+		return 0, model.Invalidf("db_%02d is frozen already: another move of it is running", db)
 	}
 	if ttl <= 0 {
 		ttl = freezeTTLDefault
@@ -165,11 +179,45 @@ func (s *Server) thawLocked(ctx context.Context, db int) error {
 	}
 	s.moves.mu.Lock()
 	delete(s.moves.frozenUntil, db)
+	delete(s.moves.sealed, db)
 	s.moves.mu.Unlock()
 	if err := s.own.setFrozen(db, false); err != nil {
 		return err
 	}
 	s.log.Warn("move: database thawed, served here again", "db", db)
+	return nil
+}
+
+// seal marks a frozen database as being handed over under version: from
+// now on the freeze never ends by itself in a thaw (the new owner may have
+// adopted it), only in a release once the map shows the new owner, or by a
+// thaw asked for. Saved, so a restart keeps it.
+func (s *Server) seal(ctx context.Context, db int, version int64) error {
+	if !slices.Contains(s.own.frozenDBs(), db) {
+		return model.Invalidf("db_%02d is not frozen: freeze it before the seal", db)
+	}
+	if _, cur := s.own.ranges(); version <= cur {
+		return model.Invalidf("version %d is not above the cell's %d", version, cur)
+	}
+	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, ReleasedMS: s.clock.Now().UnixMilli()}); err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	s.moves.mu.Lock()
+	s.moves.sealed[db] = version
+	s.moves.mu.Unlock()
+	return nil
+}
+
+// forget removes the record of a database the cell handed over and does not
+// hold (before it takes the database back: its old copy must not be
+// dropped by the grace check while the new one is made).
+func (s *Server) forget(ctx context.Context, db int) error {
+	if s.holds(db) {
+		return model.Invalidf("db_%02d is owned by %s: nothing to forget", db, s.cfg.Name)
+	}
+	if err := s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db); err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
 	return nil
 }
 
@@ -190,9 +238,7 @@ func (s *Server) release(ctx context.Context, db int, version int64, digest stri
 		return model.Invalidf("version %d is not above the cell's %d", version, cur)
 	}
 	dbs := slices.DeleteFunc(s.own.held(), func(d int) bool { return d == db })
-	return s.setOwned(ctx, dbs, version, func() error {
-		return s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()})
-	})
+	return s.setOwned(ctx, dbs, version, &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()}, -1)
 }
 
 // adopt takes db: saved, served and announced.
@@ -206,26 +252,24 @@ func (s *Server) adopt(ctx context.Context, db int, version int64) error {
 	}
 	dbs := append(s.own.held(), db)
 	slices.Sort(dbs)
-	return s.setOwned(ctx, dbs, version, func() error { return s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db) })
+	return s.setOwned(ctx, dbs, version, nil, db)
 }
 
-// setOwned saves, applies and announces a new set of databases; after runs
-// between the save and the change.
-func (s *Server) setOwned(ctx context.Context, dbs []int, version int64, after func() error) error {
+// setOwned saves (with the record add, or forgetting forget's, in the same
+// transaction), applies and announces a new set of databases.
+func (s *Server) setOwned(ctx context.Context, dbs []int, version int64, add *storage.MovedOut, forget int) error {
 	ranges, err := rangesOf(dbs)
 	if err != nil {
 		return err
 	}
-	if err := s.moves.store.SaveOwnership(ctx, s.cfg.Name, ranges, version); err != nil {
-		return model.Errorf(model.ErrDBUnavailable, "%v", err)
-	}
-	if err := after(); err != nil {
+	if err := s.moves.store.SaveMove(ctx, s.cfg.Name, ranges, version, add, forget); err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
 	r, err := s.own.set(dbs, version)
 	if err != nil {
 		return err
 	}
+	s.moves.store.FilterChanged()
 	s.moves.mu.Lock()
 	for db := range s.moves.frozenUntil {
 		if !slices.Contains(dbs, db) {
@@ -268,9 +312,43 @@ func (s *Server) runMoves(ctx context.Context) {
 	}
 	for ctx.Err() == nil {
 		s.movesPass(ctx)
+		s.dropDue(ctx)
 		select {
 		case <-ctx.Done():
 		case <-s.clock.After(movesTick):
+		}
+	}
+}
+
+// loadMoveMarks freezes again the databases a restart interrupted in their
+// freeze, before the cell serves anything (Serve calls it first); if the
+// marks cannot be read now, runMoves applies them at its first pass.
+func (s *Server) loadMoveMarks(ctx context.Context) {
+	if s.moves.store == nil {
+		return
+	}
+	s.moves.steps.Lock()
+	defer s.moves.steps.Unlock()
+	mctx, cancel := context.WithTimeout(ctx, time.Second) // a database down: runMoves applies them once it answers
+	defer cancel()
+	if mos, err := s.moves.store.MovedOuts(mctx, s.cfg.Name); err == nil {
+		s.applyMarksLocked(mos)
+	}
+}
+
+func (s *Server) applyMarksLocked(mos []storage.MovedOut) {
+	s.moves.loaded = true
+	now := s.clock.Now()
+	for _, mo := range mos {
+		if mo.Digest == "" && s.holds(mo.DB) {
+			s.log.Warn("move: database was frozen when the cell stopped; frozen again", "db", mo.DB, "sealed", mo.Version > 0)
+			_ = s.own.setFrozen(mo.DB, true)
+			s.moves.mu.Lock()
+			s.moves.frozenUntil[mo.DB] = now.Add(freezeTTLDefault)
+			if mo.Version > 0 {
+				s.moves.sealed[mo.DB] = mo.Version
+			}
+			s.moves.mu.Unlock()
 		}
 	}
 }
@@ -284,16 +362,7 @@ func (s *Server) movesPass(ctx context.Context) {
 	}
 	now := s.clock.Now()
 	if !s.moves.loaded {
-		s.moves.loaded = true
-		for _, mo := range mos {
-			if mo.Digest == "" && s.holds(mo.DB) {
-				s.log.Warn("move: database was frozen when the cell stopped; frozen again", "db", mo.DB)
-				_ = s.own.setFrozen(mo.DB, true)
-				s.moves.mu.Lock()
-				s.moves.frozenUntil[mo.DB] = now.Add(freezeTTLDefault)
-				s.moves.mu.Unlock()
-			}
-		}
+		s.applyMarksLocked(mos)
 	}
 	s.moves.mu.Lock()
 	var expired []int
@@ -314,24 +383,73 @@ func (s *Server) movesPass(ctx context.Context) {
 			_ = s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, mo.DB)
 			continue
 		}
-		s.dropCopy(ctx, mo)
+		s.moves.mu.Lock()
+		t, changed := s.moves.changedAt[mo.DB]
+		s.moves.mu.Unlock()
+		if changed && now.Sub(t) < time.Hour { // found changed: compared again hourly, not each second
+			continue
+		}
+		s.moves.due = append(s.moves.due, mo)
+	}
+}
+
+// dropDue drops the copies movesPass found due, each digest read without
+// holding the steps (a step waits for no digest), the drop itself under
+// them, if the record is still there and the database still not held.
+func (s *Server) dropDue(ctx context.Context) {
+	s.moves.steps.Lock()
+	due := s.moves.due
+	s.moves.due = nil
+	s.moves.steps.Unlock()
+	for _, mo := range due {
+		d, err := s.moves.store.Digest(ctx, mo.DB)
+		if err != nil {
+			continue
+		}
+		s.moves.steps.Lock()
+		s.dropCopyLocked(ctx, mo, d)
+		s.moves.steps.Unlock()
 	}
 }
 
 // freezeExpired ends a freeze nobody released: if the shard map gives the
 // database to another cell under a higher version (the mover stopped after
-// the adoption), the cell releases it; otherwise it serves it again.
+// the adoption), the cell releases it; otherwise, unless the freeze is
+// sealed (a hand-over began, and the new owner may have adopted it), it
+// serves it again. A sealed freeze stays, logged at ERROR each minute, until
+// the map shows the new owner or a person thaws it (POST /admin/moves).
 func (s *Server) freezeExpired(ctx context.Context, db int) {
 	_, mine := s.own.ranges()
-	if owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB)); ok && owner.Name != s.cfg.Name && owner.Version > mine {
+	s.moves.mu.Lock()
+	sealed, isSealed := s.moves.sealed[db]
+	s.moves.mu.Unlock()
+	owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
+	if isSealed && !(ok && owner.Name != s.cfg.Name && owner.Version >= sealed) {
+		now := s.clock.Now()
+		s.moves.mu.Lock()
+		s.moves.frozenUntil[db] = now.Add(movesTick) // looked at again each pass
+		if s.moves.sealLog == nil {
+			s.moves.sealLog = map[int]time.Time{}
+		}
+		last, logged := s.moves.sealLog[db]
+		if !logged || now.Sub(last) >= time.Minute {
+			s.moves.sealLog[db] = now
+		}
+		s.moves.mu.Unlock()
+		if logged && now.Sub(last) < time.Minute {
+			return
+		}
+		s.log.Error("move: a database frozen for a hand-over is not in the map under its new owner; kept frozen (thaw it by hand once the new owner is known not to have adopted it)",
+			"db", db, "version", sealed)
+		return
+	}
+	if ok && owner.Name != s.cfg.Name && owner.Version > mine {
 		d, err := s.moves.store.Digest(ctx, db)
 		if err != nil {
 			return
 		}
 		dbs := slices.DeleteFunc(s.own.held(), func(x int) bool { return x == db })
-		if err := s.setOwned(ctx, dbs, owner.Version, func() error {
-			return s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: owner.Version, Digest: d.Sum(), ReleasedMS: s.clock.Now().UnixMilli()})
-		}); err == nil {
+		if err := s.setOwned(ctx, dbs, owner.Version, &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: owner.Version, Digest: d.Sum(), ReleasedMS: s.clock.Now().UnixMilli()}, -1); err == nil {
 			s.log.Warn("move: a frozen database was adopted by another cell; released", "db", db, "owner", owner.Name, "version", owner.Version)
 		}
 		return
@@ -339,16 +457,20 @@ func (s *Server) freezeExpired(ctx context.Context, db int) {
 	_ = s.thawLocked(ctx, db)
 }
 
-// dropCopy drops the copy of a database handed over when it is unchanged
-// since the handover; a changed copy (a write that reached it after the
-// freeze) is kept and logged at ERROR, for a person to compare.
-func (s *Server) dropCopy(ctx context.Context, mo storage.MovedOut) {
-	d, err := s.moves.store.Digest(ctx, mo.DB)
-	if err != nil {
+// dropCopyLocked drops the copy of a database handed over when it is
+// unchanged since the handover (d: its digest now); a changed copy (a write
+// that reached it after the freeze) is kept and logged at ERROR, for a
+// person to compare.
+func (s *Server) dropCopyLocked(ctx context.Context, mo storage.MovedOut, d storage.Digest) {
+	if s.holds(mo.DB) {
 		return
 	}
+	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+	if err != nil || !slices.ContainsFunc(mos, func(x storage.MovedOut) bool { return x == mo }) {
+		return // forgotten or replaced meanwhile
+	}
 	if d.Sum() != mo.Digest {
-		if s.moves.changedLogged(mo.DB) {
+		if s.moves.changedLogged(mo.DB, s.clock.Now()) {
 			s.metrics.moveCopyChanged.Inc()
 			s.log.Error("move: the copy of a database handed over changed after the handover; kept, not dropped", "db", mo.DB,
 				"version", mo.Version, "err", errors.New("digest differs"))
@@ -363,17 +485,14 @@ func (s *Server) dropCopy(ctx context.Context, mo storage.MovedOut) {
 	s.log.Info("move: copy of a database handed over dropped", "db", mo.DB, "released", time.UnixMilli(mo.ReleasedMS).UTC().Format(time.RFC3339))
 }
 
-// changedLogged reports whether a changed copy should be logged now: once
-// per database per hour.
-func (m *moveState) changedLogged(db int) bool {
+// changedLogged records when a copy was found changed (movesPass compares it
+// again an hour later) and reports that it is to be logged.
+func (m *moveState) changedLogged(db int, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.changedAt == nil {
 		m.changedAt = map[int]time.Time{}
 	}
-	if t, ok := m.changedAt[db]; ok && time.Since(t) < time.Hour {
-		return false
-	}
-	m.changedAt[db] = time.Now()
+	m.changedAt[db] = now
 	return true
 }

@@ -179,11 +179,27 @@ func TestMoveSteps(t *testing.T) {
 	if st := movesState(t, a); st.Version != 10 || len(st.Frozen) != 0 {
 		t.Fatalf("after the release to mv-c: %+v", st)
 	}
+	// A sealed freeze (a hand-over began) never thaws by itself: it waits
+	// for the map to show the new owner under the sealed version.
+	moveStep(t, a, api.MoveStep{Op: "freeze", DB: 7, TTLMS: 300})
+	if st, _, _ := moveStep(t, a, api.MoveStep{Op: "freeze", DB: 7}); st != 400 {
+		t.Fatalf("a second freeze of a frozen database: %d, want 400", st)
+	}
+	if st, code, _ := moveStep(t, a, api.MoveStep{Op: "seal", DB: 7, Version: 20}); st != 200 {
+		t.Fatalf("seal: %d %s", st, code)
+	}
+	time.Sleep(2500 * time.Millisecond) // the ttl and two passes
+	if st := movesState(t, a); !containsDB(st.Frozen, 7) {
+		t.Fatalf("a sealed freeze thawed by itself: %+v", st)
+	}
+	r7, _ := sharding.ParseRanges("70-79")
+	setMap(sharding.Cell{Name: "mv-d", Addr: "127.0.0.1:1", Shards: r7, Version: 20})
+	waitFor(t, 10*time.Second, func() bool { return !containsDB(movesState(t, a).DBs, 7) }, "db_07 released once the map shows its new owner")
 	var got api.MovesState
 	b2, _ := json.Marshal(movesState(t, a))
 	_ = json.Unmarshal(b2, &got)
-	if got.Shards != "0-29,50-59,70-499" {
-		t.Fatalf("mv-a owns %s at the end, want 0-29,50-59,70-499", got.Shards)
+	if got.Shards != "0-29,50-59,80-499" || got.Version != 20 {
+		t.Fatalf("mv-a owns %s (v%d) at the end, want 0-29,50-59,80-499 (v20)", got.Shards, got.Version)
 	}
 }
 

@@ -157,6 +157,12 @@ func (o *ownership) holdsDB(db int) bool {
 	return db >= 0 && db < model.DBCount && o.st.Load().owned[db*model.ShardsPerDB]
 }
 
+// servesDB reports whether the cell serves database db now: owned, not frozen.
+func (o *ownership) servesDB(db int) bool {
+	st := o.st.Load()
+	return db >= 0 && db < model.DBCount && st.owned[db*model.ShardsPerDB] && !st.frozen[db]
+}
+
 // held lists every database the cell owns, frozen ones included.
 func (o *ownership) held() []int { return slices.Clone(o.st.Load().held) }
 

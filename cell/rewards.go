@@ -762,7 +762,6 @@ const (
 func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 	return func(ctx context.Context) {
 		lim := rate.NewLimiter(rate.Limit(s.cfg.BookingRate), s.cfg.BookingBatch)
-		dbs := s.own.dbs()
 		lastScan := time.Time{}
 		t := time.NewTicker(bookerTick)
 		defer t.Stop()
@@ -781,7 +780,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 				if todo == nil {
 					todo = map[int]bool{}
 				}
-				for _, db := range dbs {
+				for _, db := range s.own.dbs() { // read each scan: moves change them
 					todo[db] = true
 				}
 			}
@@ -811,9 +810,18 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 // waits up to BookingBatch/BookingRate seconds), and a booking that timed
 // out behind it would leave its batch processing for bookerStale.
 func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool, err error) {
+	// Each write is work a move's freeze waits for, and checks the database
+	// is still served inside it; rewards taken before a freeze and not booked
+	// are taken again by the new owner once stale.
+	leave := s.own.enter()
+	if !s.own.servesDB(db) {
+		leave()
+		return true, nil
+	}
 	tctx, cancel := context.WithTimeout(ctx, txTimeout)
 	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
 	cancel()
+	leave()
 	if err != nil {
 		return false, fmt.Errorf("take rewards: %w", err)
 	}
@@ -825,6 +833,11 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	}
 	bctx, cancel := context.WithTimeout(ctx, txTimeout)
 	defer cancel()
+	leave = s.own.enter()
+	defer leave()
+	if !s.own.servesDB(db) {
+		return true, nil
+	}
 	var n int
 	if s.strategy.grouped() {
 		// Through the group committer: one transaction with the lane's

@@ -215,7 +215,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
 	s.own = newOwnership(cfg.Name, cfg.Shards, cfg.MapVersion)
-	s.moves = moveState{store: stores.Moves, frozenUntil: map[int]time.Time{}}
+	s.moves = moveState{store: stores.Moves, frozenUntil: map[int]time.Time{}, sealed: map[int]int64{}}
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
@@ -324,6 +324,7 @@ func (s *Server) Listen() (net.Listener, error) {
 // warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
 // serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.loadMoveMarks(ctx) // databases frozen by a move when the cell stopped stay frozen from the first request
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.runMoves, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,

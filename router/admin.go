@@ -90,6 +90,27 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		}
 		r.log.Info("API key added", "id", k.ID, "app", k.App, "scopes", k.Scopes)
 		r.writeAdminJSON(rc, KeyResponse{Key: k, APIKey: key})
+	case api.RouteCellsGet, api.RouteCellsPost:
+		if r.cfg.Cells == nil {
+			r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router runs no cluster changes"))
+			return
+		}
+		if rt.ID == api.RouteCellsGet {
+			r.writeAdminJSON(rc, r.cfg.Cells.Job())
+			return
+		}
+		var req api.CellsRequest
+		if err := decodeAdmin(rc, &req); err != nil {
+			r.writeErr(rc, err)
+			return
+		}
+		job, err := r.cfg.Cells.Start(req)
+		if err != nil {
+			r.writeErr(rc, err)
+			return
+		}
+		r.log.Info("cluster change started", "op", req.Op, "name", req.Name, "db", req.DB, "to", req.To)
+		r.writeAdminJSON(rc, job)
 	case api.RouteKeysRevoke:
 		k, err := r.keys.Revoke(params.Key, time.Now())
 		if err != nil {

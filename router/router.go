@@ -32,6 +32,10 @@ import (
 
 // Config is the router's configuration. Start from DefaultConfig.
 type Config struct {
+	// Cells runs changes of the cluster's cells for POST /admin/cells (the
+	// steps of redcell cells); nil: the route answers NOT_FOUND.
+	Cells CellOps
+
 	Listen          string        // public HTTP address
 	RequestTimeout  time.Duration // deadline of each request, forwarded to the cell
 	MaxBodyBytes    int           // request bodies above this are refused
@@ -117,6 +121,17 @@ func (c Config) Validate() error {
 // Routes is where the router learns the shard map (sharding/membership.Node).
 type Routes interface {
 	Map() *sharding.Map
+}
+
+// CellOps runs one change of the cluster's cells at a time in the background
+// (cmd/redcell: the mover of redcell cells).
+type CellOps interface {
+	// Start begins a change. Errors: ErrInvalidArgument (a bad request, or
+	// one the live cells refuse: a cell not in the config, a database nobody
+	// owns), ErrOverloaded (a change is running).
+	Start(req api.CellsRequest) (api.CellsJob, error)
+	// Job is the last change started and how far it got.
+	Job() api.CellsJob
 }
 
 // Keys is where the router checks the calling apps' API keys and, on its

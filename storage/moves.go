@@ -80,6 +80,49 @@ func (m *MySQL) SaveOwnership(ctx context.Context, cell, ranges string, version 
 	return nil
 }
 
+// SaveMove saves, in one transaction, cell's new ranges and version and the
+// record of the database the change concerns: add (a database handed over,
+// kept until dropped) when not nil, and the record of database forget
+// removed when forget >= 0 (a database adopted). Nothing is saved on an
+// error. A version below the one saved is refused.
+func (m *MySQL) SaveMove(ctx context.Context, cell, ranges string, version int64, add *MovedOut, forget int) error {
+	if err := m.makeMetaTables(ctx); err != nil {
+		return err
+	}
+	tx, err := m.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("storage: save move: %w", err)
+	}
+	defer tx.Rollback()
+	var saved int64
+	err = tx.QueryRowContext(ctx, "SELECT version FROM "+ownershipTable+" WHERE cell = ? FOR UPDATE", cell).Scan(&saved)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("storage: save move: %w", err)
+	}
+	if saved > version {
+		return fmt.Errorf("storage: ownership of %s is at version %d, above %d", cell, saved, version)
+	}
+	now := m.clock.Now().UnixMilli()
+	if _, err := tx.ExecContext(ctx, "REPLACE INTO "+ownershipTable+" (cell, ranges, version, updated_ms) VALUES (?, ?, ?, ?)", cell, ranges, version, now); err != nil {
+		return fmt.Errorf("storage: save move: %w", err)
+	}
+	if add != nil {
+		if _, err := tx.ExecContext(ctx, "REPLACE INTO "+movedOutTable+" (cell, db, version, digest, released_ms) VALUES (?, ?, ?, ?, ?)",
+			cell, add.DB, add.Version, add.Digest, add.ReleasedMS); err != nil {
+			return fmt.Errorf("storage: save move: %w", err)
+		}
+	}
+	if forget >= 0 {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+movedOutTable+" WHERE cell = ? AND db = ?", cell, forget); err != nil {
+			return fmt.Errorf("storage: save move: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("storage: save move: %w", err)
+	}
+	return nil
+}
+
 // MovedOut is a database cell Cell handed to another and still holds a copy
 // of: Digest is the copy's Digest.Sum when it was handed over. A record with
 // no Digest marks a database frozen by a move in progress.
@@ -271,6 +314,40 @@ func (m *MySQL) ForgetMovedOut(ctx context.Context, cell string, db int) error {
 
 // Digest is DBDigest of database db on this store's server.
 func (m *MySQL) Digest(ctx context.Context, db int) (Digest, error) { return DBDigest(ctx, m.db, db) }
+
+// MoveChannels lists the databases a move's replication channel (move_db_XX)
+// is copying onto this server.
+func (m *MySQL) MoveChannels(ctx context.Context) ([]int, error) {
+	rows, err := m.db.QueryContext(ctx, "SHOW ALL SLAVES STATUS")
+	if err != nil {
+		return nil, fmt.Errorf("storage: replication channels: %w", err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		for i, c := range cols {
+			var db int
+			if c == "Connection_name" {
+				if _, err := fmt.Sscanf(string(vals[i]), "move_db_%d", &db); err == nil {
+					out = append(out, db)
+				}
+			}
+		}
+	}
+	return out, rows.Err()
+}
 
 // DB is the store's connection pool, for the moves' replication statements
 // and digests.

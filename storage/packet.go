@@ -354,8 +354,9 @@ func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []in
 // dayTables returns the packet and claim tables that exist, from a list at most
 // a minute old. Tables this process created since are added by EnsureDay.
 func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
+	gen := m.filterGen()
 	m.mu.Lock()
-	if age := m.clock.Now().Sub(m.tableListAt); m.tableList != nil && age >= 0 && age < time.Minute {
+	if age := m.clock.Now().Sub(m.tableListAt); m.tableList != nil && age >= 0 && age < time.Minute && m.tableListGen == gen {
 		list := m.tableList
 		m.mu.Unlock()
 		return list, nil
@@ -380,7 +381,7 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 			known[t] = true
 		}
 	}
-	m.tableList, m.tableKnown, m.tableListAt = list, known, m.clock.Now()
+	m.tableList, m.tableKnown, m.tableListAt, m.tableListGen = list, known, m.clock.Now(), gen
 	m.mu.Unlock()
 	return list, nil
 }

@@ -155,12 +155,13 @@ type MySQL struct {
 	issues  issuePaths  // how grouped issues were stored (rewards.go)
 	accepts issuePaths  // how grouped coupon accepts were stored (couponaccept.go)
 
-	mu          sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
-	ensured     map[ensureKey]*sync.Once // tables created by this process
-	errs        map[ensureKey]error
-	tableList   []tableRef        // packet and claim tables known to exist (ExpiredIn, ReconWindow)
-	tableKnown  map[tableRef]bool // the entries of tableList
-	tableListAt time.Time
+	mu           sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
+	ensured      map[ensureKey]*sync.Once // tables created by this process
+	errs         map[ensureKey]error
+	tableList    []tableRef        // packet and claim tables known to exist (ExpiredIn, ReconWindow)
+	tableKnown   map[tableRef]bool // the entries of tableList
+	tableListAt  time.Time
+	tableListGen int64 // the filter's generation the list was read under
 	// tableMade: day tables EnsureDay made sure of since the last forgetTables.
 	// A refresh of tableList reads information_schema without the lock, so it
 	// may miss a table made meanwhile; every refresh merges these back in.
@@ -200,6 +201,7 @@ func newMySQL(db *sql.DB) *MySQL {
 // shared by a store and its Shadow.
 type dbFilter struct {
 	keep atomic.Pointer[func(db int) bool]
+	gen  atomic.Int64 // bumped when what keep accepts changes (FilterChanged)
 }
 
 // SetDBFilter makes the store list the tables of the databases keep accepts
@@ -212,6 +214,22 @@ func (m *MySQL) SetDBFilter(keep func(db int) bool) {
 		return
 	}
 	m.filter.keep.Store(&keep)
+}
+
+// FilterChanged says that what the filter accepts changed (a database moved
+// in or out): the cached table lists of this store and its Shadow stores are
+// read again at their next use.
+func (m *MySQL) FilterChanged() {
+	if m.filter != nil {
+		m.filter.gen.Add(1)
+	}
+}
+
+func (m *MySQL) filterGen() int64 {
+	if m.filter == nil {
+		return 0
+	}
+	return m.filter.gen.Load()
 }
 
 // keeps reports whether the store's listings take database db.

@@ -50,6 +50,10 @@ type Cell struct {
 	Name      string
 	AdminAddr string // host:port of the cell's admin port
 	DSN       string // its MariaDB, as in the cluster config (no database name)
+	// Standby: the cell's database has a semi-synchronous standby. Moves of
+	// such cells are refused: a move's replication channel would acknowledge
+	// the source's commits in the standby's place.
+	Standby bool
 }
 
 // Mover runs moves. Token is the cells' admin token.
@@ -126,17 +130,36 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		return res, err
 	}
 	defer dst.Close()
+	// One move at a time on either server: a lock each, held on its own
+	// connection until the move ends.
+	for _, side := range []struct {
+		c  Cell
+		db *sql.DB
+	}{{from, src}, {to, dst}} {
+		unlock, err := lockServer(ctx, side.db)
+		if err != nil {
+			return res, fmt.Errorf("mover: %s's database: %w", side.c.Name, err)
+		}
+		defer unlock()
+	}
 	if err := m.preflight(ctx, db, from, to, src, dst); err != nil {
 		return res, err
 	}
 	ch := channel(db)
-	frozen, adopted := false, false
+	frozen, adoptSent := false, false
+	var digest storage.Digest
 	defer func() {
-		if err == nil || adopted {
+		if err == nil {
 			return
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
+		if adoptSent {
+			// The adoption's answer was lost or refused: what the target
+			// did decides. Never drop a copy it may serve.
+			err = m.afterAdoptFailed(cctx, db, from, to, version, digest, err)
+			return
+		}
 		if frozen {
 			if terr := m.step(cctx, from, api.MoveStep{Op: "thaw", DB: db}); terr != nil {
 				m.Log.Error("move failed and the source could not be thawed: it thaws by itself at the freeze's end", "db", db, "err", terr)
@@ -180,7 +203,6 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	// position was read makes them differ: then once more, from the new
 	// position.
 	tv := time.Now()
-	var digest storage.Digest
 	for res.Attempts = 1; ; res.Attempts++ {
 		if err := waitCaughtUp(fctx, src, dst, ch); err != nil {
 			return res, fmt.Errorf("mover: db_%02d in the freeze: %w", db, err)
@@ -209,27 +231,85 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 			res.Rows += t.Rows
 		}
 	}
-	if _, err := dst.ExecContext(fctx, "STOP SLAVE '"+ch+"'"); err != nil {
-		return res, fmt.Errorf("mover: stop %s: %w", ch, err)
+	// The channel goes before the hand-over: a channel left defined would
+	// start again with the target's server, without its filter.
+	for _, q := range []string{"STOP SLAVE '" + ch + "'", "RESET SLAVE '" + ch + "' ALL"} {
+		if _, err := dst.ExecContext(fctx, q); err != nil {
+			return res, fmt.Errorf("mover: %s: %w", q, err)
+		}
 	}
 	if err := copyReconPositions(fctx, db, from.DSN, to.DSN); err != nil {
 		return res, err
 	}
-	// 5. Hand over.
-	if err := m.step(fctx, to, api.MoveStep{Op: "adopt", DB: db, Version: version}); err != nil {
+	// 5. Hand over. The seal first: from now on the source never thaws by
+	// itself, since the target may have adopted.
+	if err := m.step(fctx, from, api.MoveStep{Op: "seal", DB: db, Version: version}); err != nil {
 		return res, err
 	}
-	adopted = true
-	res.Freeze = time.Since(t0)
-	if err := m.step(ctx, from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); err != nil {
-		// The target owns it under the higher version and routers follow it;
-		// the source releases it by itself when its freeze ends.
-		m.Log.Warn("move: the source did not take the release; it releases by itself when its freeze ends", "db", db, "err", err)
+	adoptSent = true
+	actx, acancel := context.WithTimeout(ctx, 15*time.Second)
+	err = m.step(actx, to, api.MoveStep{Op: "adopt", DB: db, Version: version})
+	acancel()
+	if err != nil {
+		return res, err
 	}
-	if _, err := dst.ExecContext(context.WithoutCancel(ctx), "RESET SLAVE '"+ch+"' ALL"); err != nil {
-		m.Log.Warn("move: removing the replication channel", "channel", ch, "err", err)
+	res.Freeze = time.Since(t0)
+	if err := m.step(context.WithoutCancel(ctx), from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); err != nil {
+		// The target owns it under the higher version and routers follow it;
+		// the source, sealed, releases it when its map shows the target.
+		m.Log.Warn("move: the source did not take the release; it releases by itself once its map shows the new owner", "db", db, "err", err)
 	}
 	return res, nil
+}
+
+// afterAdoptFailed settles a move whose adoption did not answer 200: when the
+// target owns the database, the source releases it; when it surely does not,
+// the source thaws and the target's copy goes; when the target cannot be
+// asked, both are left as they are (the source stays frozen and sealed) and
+// the error says so.
+func (m *Mover) afterAdoptFailed(ctx context.Context, db int, from, to Cell, version int64, digest storage.Digest, cause error) error {
+	st, err := m.State(ctx, to)
+	switch {
+	case err != nil:
+		return fmt.Errorf("mover: db_%02d: the adoption by %s may or may not have happened (%v), and %s cannot be asked (%v): "+
+			"%s keeps it frozen; check GET /admin/moves on %s, then release it on %s or thaw it there", db, to.Name, cause, to.Name, err, from.Name, to.Name, from.Name)
+	case contains(st.DBs, db):
+		if rerr := m.step(ctx, from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); rerr != nil {
+			m.Log.Warn("move: adopted, but the source did not take the release; it releases once its map shows the new owner", "db", db, "err", rerr)
+		}
+		return nil // adopted: the move is done
+	}
+	if terr := m.step(ctx, from, api.MoveStep{Op: "thaw", DB: db}); terr != nil {
+		m.Log.Error("move failed and the source could not be thawed: thaw it by hand (POST /admin/moves)", "db", db, "err", terr)
+	}
+	dst, derr := openDB(to.DSN)
+	if derr == nil {
+		m.cleanTarget(ctx, dst, db)
+		dst.Close()
+	}
+	return fmt.Errorf("mover: db_%02d: %s did not adopt it: %w (the source serves it as before)", db, to.Name, cause)
+}
+
+// lockServer takes the move lock of a server (GET_LOCK on a connection of
+// its own, held until unlock): one move at a time per server.
+func lockServer(ctx context.Context, db *sql.DB) (unlock func(), err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('redcell_move', 0)").Scan(&got); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if got.Int64 != 1 {
+		conn.Close()
+		return nil, errors.New("another move runs on this server (the lock redcell_move is taken)")
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), "DO RELEASE_LOCK('redcell_move')")
+		conn.Close()
+	}, nil
 }
 
 func (m *Mover) step(ctx context.Context, c Cell, s api.MoveStep) error {
@@ -256,6 +336,16 @@ func (m *Mover) preflight(ctx context.Context, db int, from, to Cell, src, dst *
 	}
 	if contains(ts.DBs, db) {
 		return fmt.Errorf("mover: %s owns db_%02d already", to.Name, db)
+	}
+	if from.Standby || to.Standby {
+		return fmt.Errorf("mover: %s or %s has a standby database: moves of cells with standbys are not built (the move's channel would acknowledge commits in the standby's place)", from.Name, to.Name)
+	}
+	for _, mo := range ts.MovedOut {
+		if mo.DB == db { // the target's old copy, from when it handed db over: forgotten, then replaced
+			if err := m.step(ctx, to, api.MoveStep{Op: "forget", DB: db}); err != nil {
+				return err
+			}
+		}
 	}
 	var logBin int
 	var format string
@@ -377,7 +467,8 @@ func startChannel(ctx context.Context, dst *sql.DB, ch string, db int, srcDSN, f
 	for _, q := range []string{
 		fmt.Sprintf("CHANGE MASTER '%s' TO MASTER_HOST=%s, MASTER_PORT=%d, MASTER_USER=%s, MASTER_PASSWORD=%s, MASTER_LOG_FILE=%s, MASTER_LOG_POS=%d, MASTER_USE_GTID=no, MASTER_CONNECT_RETRY=1",
 			ch, quote(host), port, quote(cfg.User), quote(cfg.Passwd), quote(file), pos),
-		fmt.Sprintf("SET GLOBAL %s.replicate_wild_do_table = '%s.%%,%s.%%'", ch, schemas[0], schemas[1]),
+		fmt.Sprintf("SET GLOBAL %s.replicate_wild_do_table = %s", ch,
+			quote(strings.ReplaceAll(schemas[0], "_", `\_`)+".%,"+strings.ReplaceAll(schemas[1], "_", `\_`)+".%")),
 		"START SLAVE '" + ch + "'",
 	} {
 		if _, err := dst.ExecContext(ctx, q); err != nil {

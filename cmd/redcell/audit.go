@@ -108,10 +108,6 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	if len(fc.Cells) == 0 {
 		return model.AuditReport{}, fmt.Errorf("audit: config %s lists no cells", configPath)
 	}
-	owner, err := dbOwners(ctx, fc)
-	if err != nil {
-		return model.AuditReport{}, err
-	}
 	ledgers := make([]model.Ledger, len(fc.Cells))
 	errs := make([]error, len(fc.Cells))
 	var wg sync.WaitGroup
@@ -125,9 +121,14 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 				return
 			}
 			defer st.Close()
-			// Only the databases the cell owns: a copy a move left (until
-			// the old owner drops it) or one it is making is not its money.
-			st.SetDBFilter(func(db int) bool { return owner[db] == c.Name })
+			// Not the copies of moves: one the cell handed over and keeps
+			// until move_grace ends, or one a move is making on its server.
+			skip, err := moveCopies(ctx, st, c.Name)
+			if err != nil {
+				errs[i] = fmt.Errorf("audit: cell %s: %w", c.Name, err)
+				return
+			}
+			st.SetDBFilter(func(db int) bool { return !skip[db] })
 			if shadow {
 				st = st.Shadow()
 			}
@@ -188,32 +189,27 @@ func openCellDB(c cellEntry, conns int) (*storage.MySQL, error) {
 	return st, err
 }
 
-// dbOwners says which cell owns each database: the cell whose ranges, as it
-// saved them after its last move (storage.MySQL.Ownership) or else as the
-// config gives them, hold it under the highest map version (a tie goes to
-// the name sorting first, as in sharding.NewMap).
-func dbOwners(ctx context.Context, fc fileConfig) ([model.DBCount]string, error) {
-	var owner [model.DBCount]string
-	var version [model.DBCount]int64
-	for _, c := range fc.Cells {
-		cfg, _, err := fc.cellConfig(c.Name)
-		if err != nil {
-			return owner, err
-		}
-		st, err := openCellDB(c, 1)
-		if err != nil {
-			return owner, err
-		}
-		err = savedOwnership(ctx, st, &cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		st.Close()
-		if err != nil {
-			return owner, fmt.Errorf("audit: cell %s: %w", c.Name, err)
-		}
-		for _, db := range cfg.Shards.DBs() {
-			if owner[db] == "" || cfg.MapVersion > version[db] || cfg.MapVersion == version[db] && c.Name < owner[db] {
-				owner[db], version[db] = c.Name, cfg.MapVersion
-			}
+// moveCopies lists the databases on a cell's server that are copies of moves
+// and not the cell's money: those it handed over and keeps until its
+// move_grace ends (storage.MySQL.MovedOuts), and those a move's replication
+// channel (move_db_XX) is copying onto it.
+func moveCopies(ctx context.Context, st *storage.MySQL, cell string) (map[int]bool, error) {
+	skip := map[int]bool{}
+	mos, err := st.MovedOuts(ctx, cell)
+	if err != nil {
+		return nil, err
+	}
+	for _, mo := range mos {
+		if mo.Digest != "" {
+			skip[mo.DB] = true
 		}
 	}
-	return owner, nil
+	chans, err := st.MoveChannels(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, db := range chans {
+		skip[db] = true
+	}
+	return skip, nil
 }

@@ -15,8 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"redcell/api"
 	"redcell/bench"
 	"redcell/cell/mover"
+	"redcell/model"
 	"redcell/sharding"
 )
 
@@ -47,66 +49,79 @@ func runCells(ctx context.Context, args []string) error {
 		return err
 	}
 	ex := newMoveExec(fc, *freezeMax)
-	switch op {
-	case "status":
+	if op == "status" {
 		return ex.status(ctx, os.Stdout)
+	}
+	moves, path, err := ex.prepare(ctx, api.CellsRequest{Op: op, Name: *name, DB: *db, To: *to}, *state, *config)
+	if err != nil {
+		return err
+	}
+	if err := ex.run(ctx, moves, path, *jsonOut, *limit); err != nil {
+		return err
+	}
+	if st, err := ex.mv.State(ctx, ex.cells[*name]); err == nil && op == "remove" && len(st.DBs) == 0 {
+		fmt.Printf("%s owns no database now: stop it (SIGTERM) and take it out of the config\n", *name)
+	}
+	return nil
+}
+
+// prepare plans the moves of a change (add, remove, move), or takes those of
+// an earlier run of it that did not finish from its state file, and returns
+// them with the state file's path.
+func (ex *moveExec) prepare(ctx context.Context, req api.CellsRequest, state, config string) ([]bench.Move, string, error) {
+	switch req.Op {
 	case "move":
-		if *db < 0 || *to == "" {
-			return errors.New("cells move: give --db N and --to CELL")
+		if req.DB < 0 || req.DB >= model.DBCount || req.To == "" {
+			return nil, "", errors.New("cells move: give the database (0..99) and the cell to move it to")
 		}
 		live, err := ex.live(ctx)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		from := ""
 		for _, c := range live {
-			if slices.Contains(c.dbs, *db) {
+			if slices.Contains(c.dbs, req.DB) {
 				from = c.name
 			}
 		}
 		if from == "" {
-			return fmt.Errorf("cells move: no cell owns db_%02d", *db)
+			return nil, "", fmt.Errorf("cells move: no cell owns db_%02d", req.DB)
 		}
-		return ex.run(ctx, []bench.Move{{DB: *db, From: from, To: *to}}, statePath(*state, *config, "move"), *jsonOut, 0)
+		return []bench.Move{{DB: req.DB, From: from, To: req.To}}, statePath(state, config, "move"), nil
 	case "add", "remove":
-		if *name == "" {
-			return fmt.Errorf("cells %s: give --name CELL", op)
+		if req.Name == "" {
+			return nil, "", fmt.Errorf("cells %s: give the cell's name", req.Op)
 		}
-		path := statePath(*state, *config, op+"-"+*name)
-		moves, err := resumeMoves(path, op, *name)
+		path := statePath(state, config, req.Op+"-"+req.Name)
+		moves, err := resumeMoves(path, req.Op, req.Name)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		if moves == nil {
 			live, err := ex.live(ctx)
 			if err != nil {
-				return err
+				return nil, "", err
 			}
-			if op == "add" {
-				moves, err = planAdd(live, *name)
+			if req.Op == "add" {
+				moves, err = planAdd(live, req.Name)
 			} else {
-				moves, err = planRemove(live, *name)
+				moves, err = planRemove(live, req.Name)
 			}
 			if err != nil {
-				return err
+				return nil, "", err
 			}
 		}
-		if err := saveMoves(path, movesFile{Op: op, Cell: *name, Moves: moves}); err != nil {
-			return err
+		if err := saveMoves(path, movesFile{Op: req.Op, Cell: req.Name, Moves: moves}); err != nil {
+			return nil, "", err
 		}
-		if err := ex.run(ctx, moves, path, *jsonOut, *limit); err != nil {
-			return err
-		}
-		if st, err := ex.mv.State(ctx, ex.cells[*name]); err == nil && op == "remove" && len(st.DBs) == 0 {
-			fmt.Printf("%s owns no database now: stop it (SIGTERM) and take it out of the config\n", *name)
-		}
-		return nil
+		return moves, path, nil
 	}
-	return fmt.Errorf("cells: unknown command %q (status, add, remove, move)", op)
+	return nil, "", fmt.Errorf("cells: unknown command %q (status, add, remove, move)", req.Op)
 }
 
 // moveExec runs moves with the config's cells.
 type moveExec struct {
+	out   io.Writer // progress lines (os.Stdout for the command)
 	fc    fileConfig
 	mv    *mover.Mover
 	cells map[string]mover.Cell
@@ -114,10 +129,10 @@ type moveExec struct {
 }
 
 func newMoveExec(fc fileConfig, freezeMax time.Duration) *moveExec {
-	ex := &moveExec{fc: fc, cells: map[string]mover.Cell{},
+	ex := &moveExec{out: os.Stdout, fc: fc, cells: map[string]mover.Cell{},
 		mv: &mover.Mover{Token: fc.AdminToken, FreezeMax: freezeMax, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}}
 	for _, c := range fc.Cells {
-		ex.cells[c.Name] = mover.Cell{Name: c.Name, AdminAddr: c.AdminListen, DSN: c.DSN}
+		ex.cells[c.Name] = mover.Cell{Name: c.Name, AdminAddr: c.AdminListen, DSN: c.DSN, Standby: c.StandbyDSN != ""}
 		ex.names = append(ex.names, c.Name)
 	}
 	sort.Strings(ex.names)
@@ -142,6 +157,15 @@ func (ex *moveExec) live(ctx context.Context) ([]liveCell, error) {
 			return nil, fmt.Errorf("%s has frozen databases %v: a move is running (or stopped within its freeze; it ends by itself within a minute)", n, st.Frozen)
 		}
 		out = append(out, liveCell{name: n, dbs: st.DBs, version: st.Version})
+	}
+	owner := map[int]string{}
+	for _, c := range out {
+		for _, db := range c.dbs {
+			if o, dup := owner[db]; dup {
+				return nil, fmt.Errorf("db_%02d is owned by both %s and %s: a move did not finish its hand-over; see GET /admin/moves on both before any other move", db, o, c.name)
+			}
+			owner[db] = c.name
+		}
 	}
 	return out, nil
 }
@@ -319,26 +343,26 @@ func (ex *moveExec) run(ctx context.Context, moves []bench.Move, path string, js
 		}
 		bar := progressBar(i, len(moves))
 		if owner == m.To {
-			fmt.Printf("%s [%d/%d] db_%02d is on %s already\n", bar, i+1, len(moves), m.DB, m.To)
+			fmt.Fprintf(ex.out, "%s [%d/%d] db_%02d is on %s already\n", bar, i+1, len(moves), m.DB, m.To)
 			if !slices.Contains(f.Done, m.DB) {
 				f.Done = append(f.Done, m.DB)
 			}
 			continue
 		}
 		if limit > 0 && len(rep.Moves) == limit {
-			fmt.Printf("%s stopped after %d moves (--limit); run the same command again to go on\n", bar, limit)
+			fmt.Fprintf(ex.out, "%s stopped after %d moves (--limit); run the same command again to go on\n", bar, limit)
 			break
 		}
 		if owner != m.From {
 			return fmt.Errorf("cells: db_%02d is owned by %q, not %s as planned: plan again (remove %s)", m.DB, owner, m.From, path)
 		}
-		fmt.Printf("%s [%d/%d] db_%02d %s → %s ...", bar, i+1, len(moves), m.DB, m.From, m.To)
+		fmt.Fprintf(ex.out, "%s [%d/%d] db_%02d %s → %s ...", bar, i+1, len(moves), m.DB, m.From, m.To)
 		res, err := ex.mv.Move(ctx, m.DB, ex.cells[m.From], ex.cells[m.To], version+1)
 		if err != nil {
-			fmt.Println(" failed")
-			return fmt.Errorf("cells: db_%02d: %w (the source serves it as before; run the same command again to go on)", m.DB, err)
+			fmt.Fprintln(ex.out, " failed")
+			return fmt.Errorf("cells: db_%02d: %w (run the same command again to go on)", m.DB, err)
 		}
-		fmt.Printf(" %d rows, copy %s, catch-up %s, writes paused %s (drain %s, verify %s)\n", res.Rows, res.Copy.Round(time.Millisecond),
+		fmt.Fprintf(ex.out, " %d rows, copy %s, catch-up %s, writes paused %s (drain %s, verify %s)\n", res.Rows, res.Copy.Round(time.Millisecond),
 			res.CatchUp.Round(time.Millisecond), res.Freeze.Round(time.Millisecond), res.Drain.Round(time.Millisecond), res.Verify.Round(time.Millisecond))
 		rep.Moves = append(rep.Moves, res)
 		f.Done = append(f.Done, m.DB)
@@ -355,11 +379,11 @@ func (ex *moveExec) run(ctx context.Context, moves []bench.Move, path string, js
 		slices.Sort(fr)
 		rep.FreezeP50, rep.FreezeP99, rep.FreezeMax = fr[len(fr)/2], fr[min(len(fr)-1, len(fr)*99/100)], fr[len(fr)-1]
 	}
-	fmt.Printf("%s %d databases moved in %s; writes paused per database: p50 %s, p99 %s, max %s\n", progressBar(len(f.Done), len(moves)),
+	fmt.Fprintf(ex.out, "%s %d databases moved in %s; writes paused per database: p50 %s, p99 %s, max %s\n", progressBar(len(f.Done), len(moves)),
 		rep.MovedTotal, rep.TookTotal.Round(time.Millisecond), rep.FreezeP50.Round(time.Millisecond), rep.FreezeP99.Round(time.Millisecond), rep.FreezeMax.Round(time.Millisecond))
 	if jsonOut {
 		b, _ := json.MarshalIndent(rep, "", "  ")
-		fmt.Println(string(b))
+		fmt.Fprintln(ex.out, string(b))
 	}
 	return nil
 }

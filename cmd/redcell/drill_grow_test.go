@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"slices"
 	"strings"
@@ -242,10 +244,12 @@ func cellRemoveDrill(t *testing.T, g *growCluster, workers int, maxOps int64) {
 	if len(g.state(t, "cell-3").DBs) == 0 { // run alone: give it some first
 		g.cellsRun(t, "add", "--name", "cell-3", "--limit", "2")
 	}
-	var rep moveReport
+	// Through the router's admin port this time (POST /admin/cells), as an
+	// operator's tooling would.
+	var job api.CellsJob
 	g.underLoad(t, "cr", g.state(t, "cell-3").DBs, workers, maxOps, func(l *drillLoad) {
 		time.Sleep(2 * time.Second)
-		rep = g.cellsRun(t, "remove", "--name", "cell-3")
+		job = g.routerCells(t, `{"op":"remove","name":"cell-3"}`)
 	})
 	if t.Failed() {
 		return
@@ -259,6 +263,44 @@ func cellRemoveDrill(t *testing.T, g *growCluster, workers int, maxOps int64) {
 	if rep := g.c.audit(t); !rep.OK() {
 		t.Fatalf("audit after cell-3 stopped: %+v", rep)
 	}
-	t.Logf("cell_remove: %d databases drained from cell-3 in %s (writes paused p50 %s, max %s); cell-3 stopped; the map is whole and the audit clean",
-		rep.MovedTotal, rep.TookTotal.Round(time.Millisecond), rep.FreezeP50.Round(time.Millisecond), rep.FreezeMax.Round(time.Millisecond))
+	t.Logf("cell_remove: cell-3 drained through POST /admin/cells in %s; cell-3 stopped; the map is whole and the audit clean; the job's last lines:\n%s",
+		time.Duration(job.EndedMS-job.StartedMS)*time.Millisecond, strings.Join(job.Lines[max(0, len(job.Lines)-4):], "\n"))
+}
+
+// routerCells starts a change of the cells on the router's admin port and
+// waits (up to 5 minutes) for it to end; it must end done.
+func (g *growCluster) routerCells(t *testing.T, body string) api.CellsJob {
+	t.Helper()
+	call := func(method, b string) api.CellsJob {
+		req, _ := http.NewRequest(method, g.c.routerAdmin+"/admin/cells", strings.NewReader(b))
+		req.Header.Set("Authorization", "Bearer e2e-admin-token-0123")
+		if b != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var job api.CellsJob
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || json.Unmarshal(raw, &job) != nil {
+			t.Fatalf("%s /admin/cells: %d %s", method, resp.StatusCode, raw)
+		}
+		return job
+	}
+	if job := call("POST", body); job.State != "running" {
+		t.Fatalf("POST /admin/cells: %+v", job)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		job := call("GET", "")
+		switch {
+		case job.State == "done":
+			return job
+		case job.State != "running" || time.Now().After(deadline):
+			t.Fatalf("the change ended %s: %s\n%s", job.State, job.Error, strings.Join(job.Lines, "\n"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }

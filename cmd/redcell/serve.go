@@ -268,6 +268,7 @@ func runRouter(ctx context.Context, args []string) error {
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	defer stopProbes()
 	go routes.Run(probeCtx)
+	cfg.Cells = newCellJobs(ctx, fc, *path, log.With("component", "cells"))
 	rt, err := router.New(cfg, routes, keys, reg, log)
 	if err != nil {
 		return err
@@ -313,10 +314,12 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// savedOwnership replaces the config's shard ranges with those the cell saved
-// in its database after a move (storage.MySQL.Ownership), unless the config
-// gives a higher map_version (an operator overriding them). A cell that never
-// took part in a move has none saved and keeps the config's.
+// savedOwnership replaces the config's shard ranges and map version with
+// those the cell saved in its database after a move (storage.MySQL.Ownership):
+// after a move the config file no longer says what the cell owns, and a
+// database handed over must never be claimed again from it. A cell that
+// never took part in a move has none saved and keeps the config's. (To start
+// over from the file, delete the cell's row of redcell_meta.t_ownership.)
 func savedOwnership(ctx context.Context, store *storage.MySQL, cfg *cell.Config, log *slog.Logger) error {
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -324,7 +327,7 @@ func savedOwnership(ctx context.Context, store *storage.MySQL, cfg *cell.Config,
 	if err != nil {
 		return err
 	}
-	if !found || version < cfg.MapVersion {
+	if !found {
 		return nil
 	}
 	r := sharding.Ranges{}
