@@ -34,6 +34,8 @@ var cellMetricNames = struct {
 	// creditLag is the histogram of the time from a claim's commit to its
 	// credit being applied, in seconds.
 	creditLag string
+	// claims is the counter of claims made by opens, read per cell.
+	claims string
 	// idle are gauges that are 0 when a cell is idle: opens waiting in the
 	// FIFOs, requests waiting in the commit lanes, credits the relay lanes
 	// hold. The search waits for them between steps.
@@ -44,6 +46,7 @@ var cellMetricNames = struct {
 		"":        {"redcell_cell_open_batch_size"},
 	},
 	creditLag: "redcell_credit_lag_seconds",
+	claims:    "redcell_cell_opens_total",
 	idle:      []string{"redcell_cell_open_queue_depth", "redcell_cell_group_queued", "redcell_cell_relay_lane_credits"},
 }
 
@@ -77,7 +80,12 @@ type CellMetrics struct {
 	Credits        *int64   `json:"credits"`
 	CreditLagP99MS *float64 `json:"credit_lag_p99_ms"`
 	CreditLagAbove bool     `json:"credit_lag_p99_above,omitempty"`
-	Missing        []string `json:"missing,omitempty"`
+	// ClaimsPerSecByCell is each cell's claims made by opens
+	// (redcell_cell_opens_total) per second of the load phase: where the load
+	// went (a cell added during a run shows up here). A cell whose counter
+	// could not be read both times is left out.
+	ClaimsPerSecByCell map[string]float64 `json:"claims_per_sec_by_cell,omitempty"`
+	Missing            []string           `json:"missing,omitempty"`
 }
 
 // scrapeTimeout bounds one cell's GET /metrics; scrapeBytesMax its body.
@@ -100,7 +108,7 @@ type cellScrape struct {
 	cell   string
 	err    error                // the scrape failed; nothing else is set
 	hists  map[string]*histSnap // by family name
-	gauges map[string]float64   // by family name, summed over the series
+	gauges map[string]float64   // by family name, summed over the series; counters too
 }
 
 // scrapeCells reads every target's metrics at once.
@@ -158,6 +166,12 @@ func parseMetrics(r io.Reader) (map[string]*histSnap, map[string]float64, error)
 			var v float64
 			for _, m := range f.GetMetric() {
 				v += m.GetGauge().GetValue()
+			}
+			gauges[name] = v
+		case dto.MetricType_COUNTER:
+			var v float64
+			for _, m := range f.GetMetric() {
+				v += m.GetCounter().GetValue()
 			}
 			gauges[name] = v
 		}
@@ -319,7 +333,39 @@ func cellMetricsOf(before, after []cellScrape, strategy string, elapsed time.Dur
 		v, above, _ := lag.quantile(0.99)
 		cm.CreditLagP99MS, cm.CreditLagAbove = ptr(v*1000), above
 	}
+	if s := elapsed.Seconds(); s > 0 && len(before) == len(after) {
+		for i, a := range after {
+			b := before[i]
+			vb, okB := b.gauges[cellMetricNames.claims]
+			va, okA := a.gauges[cellMetricNames.claims]
+			if b.err != nil || a.err != nil || !okB || !okA || va < vb {
+				continue
+			}
+			if cm.ClaimsPerSecByCell == nil {
+				cm.ClaimsPerSecByCell = map[string]float64{}
+			}
+			cm.ClaimsPerSecByCell[a.cell] = (va - vb) / s
+		}
+	}
 	return cm
+}
+
+// byCellText is the claims per second of each cell, by name: "cell-1 120.0,
+// cell-2 98.5", or "n/a".
+func (cm *CellMetrics) byCellText() string {
+	if cm == nil || len(cm.ClaimsPerSecByCell) == 0 {
+		return "n/a"
+	}
+	names := make([]string, 0, len(cm.ClaimsPerSecByCell))
+	for n := range cm.ClaimsPerSecByCell {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.1f", n, cm.ClaimsPerSecByCell[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func ptr[T any](v T) *T { return &v }

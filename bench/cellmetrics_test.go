@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -198,3 +199,31 @@ func TestParseMetricsRejectsGarbage(t *testing.T) {
 		t.Error("garbage parsed")
 	}
 }
+
+// TestClaimsPerSecByCell: each cell's claims per second come from its own
+// counter's difference; a cell added during the run (0 before) counts all
+// its claims, one whose scrape failed is left out.
+func TestClaimsPerSecByCell(t *testing.T) {
+	counter := func(n int) string {
+		return "# TYPE redcell_cell_opens_total counter\nredcell_cell_opens_total " + itoa(n) + "\n"
+	}
+	before := []cellScrape{scrapeOf(t, "cell-1", counter(1000)), scrapeOf(t, "cell-2", counter(500)), scrapeOf(t, "cell-3", counter(0)),
+		{cell: "cell-4", err: errScrape}}
+	after := []cellScrape{scrapeOf(t, "cell-1", counter(1400)), scrapeOf(t, "cell-2", counter(700)), scrapeOf(t, "cell-3", counter(100)),
+		scrapeOf(t, "cell-4", counter(9))}
+	cm := cellMetricsOf(before, after, "batched", 4*time.Second)
+	want := map[string]float64{"cell-1": 100, "cell-2": 50, "cell-3": 25}
+	if len(cm.ClaimsPerSecByCell) != len(want) {
+		t.Fatalf("by cell %v, want %v", cm.ClaimsPerSecByCell, want)
+	}
+	for c, v := range want {
+		if cm.ClaimsPerSecByCell[c] != v {
+			t.Errorf("%s: %v claims/s, want %v", c, cm.ClaimsPerSecByCell[c], v)
+		}
+	}
+	if got := cm.byCellText(); got != "cell-1 100.0, cell-2 50.0, cell-3 25.0" {
+		t.Errorf("text %q", got)
+	}
+}
+
+var errScrape = errors.New("connection refused")

@@ -169,7 +169,8 @@ func (r Report) OK() bool { return len(r.Problems()) == 0 }
 
 // Problems lists why the run failed, empty when it passed: an unexpected error
 // code (anything but SOLD_OUT and EXPIRED, and INSUFFICIENT_BALANCE on send;
-// OVERLOADED, TIMEOUT, CLIENT_TIMEOUT and CLIENT_DROPPED only with AllowShed),
+// OVERLOADED, TIMEOUT, MOVING, CLIENT_TIMEOUT and CLIENT_DROPPED only with
+// AllowShed),
 // nothing sent or opened, more claimed than sent, a packet claimed beyond its
 // amount or count, a claimant's balance that differs from its claims or could
 // not be read, or an audit that failed or found money missing. A run with any
@@ -180,7 +181,8 @@ func (r Report) Problems() []string {
 		for _, code := range sortedCodes(r.op(o).Errors) {
 			shed := code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
 				code == model.ErrRateLimited.Code || code == model.ErrCellRateLimited.Code ||
-				code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped
+				code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped ||
+				code == model.ErrMoving.Code // a freeze longer than the router's retries: refused, retryable
 			if !expectedCodes[o][code] && !(r.AllowShed && shed) {
 				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", o, r.op(o).Errors[code], code))
 			}
@@ -308,6 +310,7 @@ func (r Report) WriteText(w io.Writer) error {
 	if cm := r.CellMetrics; cm != nil {
 		ew.printf("  cells' metrics (%d cells): %s commits/s, mean batch %s, credit-lag p99 (ms) %s\n",
 			cm.Cells, cm.commitsText(), cm.batchText(), cm.lagText())
+		ew.printf("  claims/s by cell: %s\n", cm.byCellText())
 		for _, m := range cm.Missing {
 			ew.printf("    n/a: %s\n", m)
 		}

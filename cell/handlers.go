@@ -74,10 +74,15 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
 		return
 	}
-	// Work a move's freeze waits for (ownership.enter): every check of the
-	// request's shard happens inside it.
-	leave := s.own.enter()
-	defer leave()
+	// A request that writes is work a move's freeze waits for
+	// (ownership.enter): its check of the shard happens inside it. Reads
+	// (GET) write nothing, and an open's writes are its worker's batch,
+	// which enters on its own: neither holds a freeze up while it waits
+	// (an open may wait in its packet's queue for up to a second).
+	if string(rc.Method()) != fasthttp.MethodGet && rt != api.RouteOpen {
+		leave := s.own.enter()
+		defer leave()
+	}
 	ctx, cancel := s.deadline(rc)
 	defer cancel()
 	defer func() {

@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,17 +73,22 @@ type Mover struct {
 
 // Result is what one move did and how long each part took.
 type Result struct {
-	DB       int           `json:"db"`
-	From     string        `json:"from"`
-	To       string        `json:"to"`
-	Version  int64         `json:"version"`
-	Tables   int           `json:"tables"` // tables with rows, both schemas
-	Rows     int64         `json:"rows"`
-	Copy     time.Duration `json:"copy_ns"`     // dump and load
-	CatchUp  time.Duration `json:"catch_up_ns"` // replication until caught up, before the freeze
-	Freeze   time.Duration `json:"freeze_ns"`   // from the freeze to the adoption: writes paused
-	Drain    time.Duration `json:"drain_ns"`    // the part of the freeze the source drained its work in flight
-	Verify   time.Duration `json:"verify_ns"`   // digests on both servers, inside the freeze
+	DB      int           `json:"db"`
+	From    string        `json:"from"`
+	To      string        `json:"to"`
+	Version int64         `json:"version"`
+	Tables  int           `json:"tables"` // tables with rows, both schemas
+	Rows    int64         `json:"rows"`
+	Copy    time.Duration `json:"copy_ns"`     // dump and load
+	CatchUp time.Duration `json:"catch_up_ns"` // replication until caught up, before the freeze
+	Freeze  time.Duration `json:"freeze_ns"`   // from the freeze to the adoption: writes paused
+	Drain   time.Duration `json:"drain_ns"`    // the part of the freeze the source drained its work in flight
+	Verify  time.Duration `json:"verify_ns"`   // digests on both servers, inside the freeze
+	// Applied is the part of the freeze the target took to apply the
+	// source's binlog up to its position after the drain (the first
+	// attempt's); HandOver the seal and the adoption.
+	Applied  time.Duration `json:"applied_ns"`
+	HandOver time.Duration `json:"hand_over_ns"`
 	Attempts int           `json:"verify_attempts"`
 }
 
@@ -188,6 +194,12 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	}
 	res.CatchUp = time.Since(t)
 
+	// The reconciliation positions go first: a position only moves forward,
+	// so one copied before the freeze makes the target check a little more,
+	// never less, and the copy stays out of the freeze.
+	if err := copyReconPositions(ctx, db, from.DSN, to.DSN); err != nil {
+		return res, err
+	}
 	// 3. Freeze.
 	t0 := time.Now()
 	var ans api.MoveAnswer
@@ -204,8 +216,12 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	// position.
 	tv := time.Now()
 	for res.Attempts = 1; ; res.Attempts++ {
+		ta := time.Now()
 		if err := waitCaughtUp(fctx, src, dst, ch); err != nil {
 			return res, fmt.Errorf("mover: db_%02d in the freeze: %w", db, err)
+		}
+		if res.Attempts == 1 {
+			res.Applied = time.Since(ta)
 		}
 		var other storage.Digest
 		var derr, oerr error
@@ -224,7 +240,7 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		}
 		m.Log.Warn("move: copies differ; the target catches up again", "db", db, "diff", digest.Diff(other))
 	}
-	res.Verify = time.Since(tv)
+	res.Verify = time.Since(tv) - res.Applied // the digests (and any later attempt's wait)
 	for _, t := range digest {
 		if t.Rows > 0 {
 			res.Tables++
@@ -238,11 +254,9 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 			return res, fmt.Errorf("mover: %s: %w", q, err)
 		}
 	}
-	if err := copyReconPositions(fctx, db, from.DSN, to.DSN); err != nil {
-		return res, err
-	}
 	// 5. Hand over. The seal first: from now on the source never thaws by
 	// itself, since the target may have adopted.
+	th := time.Now()
 	if err := m.step(fctx, from, api.MoveStep{Op: "seal", DB: db, Version: version}); err != nil {
 		return res, err
 	}
@@ -253,7 +267,7 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err != nil {
 		return res, err
 	}
-	res.Freeze = time.Since(t0)
+	res.Freeze, res.HandOver = time.Since(t0), time.Since(th)
 	if err := m.step(context.WithoutCancel(ctx), from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); err != nil {
 		// The target owns it under the higher version and routers follow it;
 		// the source, sealed, releases it when its map shows the target.
@@ -414,11 +428,29 @@ func (m *Mover) copy(ctx context.Context, db int, from, to Cell, src *sql.DB) (f
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	dump := exec.CommandContext(ctx, m.Dump, append(append(sa.args, "--single-transaction", "--master-data=2", "--skip-lock-tables", "--databases"), have...)...)
-	dump.Env, dump.Stdout = append(os.Environ(), sa.env...), tmp
 	var stderr bytes.Buffer
-	dump.Stderr = &stderr
-	if err := dump.Run(); err != nil {
+	for attempt := 1; ; attempt++ {
+		if err := tmp.Truncate(0); err != nil {
+			return "", 0, err
+		}
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return "", 0, err
+		}
+		dump := exec.CommandContext(ctx, m.Dump, append(append(slices.Clone(sa.args), "--single-transaction", "--master-data=2", "--skip-lock-tables", "--databases"), have...)...)
+		dump.Env, dump.Stdout = append(os.Environ(), sa.env...), tmp
+		stderr.Reset()
+		dump.Stderr = &stderr
+		err := dump.Run()
+		if err == nil {
+			break
+		}
+		// A table made after the dump's snapshot began (a day table, or a
+		// shadow table stress traffic makes on first use) fails the dump
+		// (1412): a new snapshot sees it.
+		if attempt < 5 && strings.Contains(stderr.String(), "1412") && ctx.Err() == nil {
+			m.Log.Info("move: a table was made during the dump; dumping again", "db", db, "attempt", attempt)
+			continue
+		}
 		return "", 0, fmt.Errorf("mover: %s of %s: %w: %s", m.Dump, strings.Join(have, ", "), err, strings.TrimSpace(stderr.String()))
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/bench"
+	"redcell/cell/mover"
 )
 
 // The growing drills of docs/operations.md: cell_add adds a third cell to a
@@ -188,15 +192,38 @@ func cellAddDrill(t *testing.T, g *growCluster, workers int, maxOps int64, full 
 		limit = 0
 	}
 	var rep moveReport
-	g.underLoad(t, "ca", []int{34, 35, 36}, workers, maxOps, func(l *drillLoad) { // the first the plan moves
+	var benchBefore, benchDuring, benchAfter bench.Report
+	// The drill's load at its short size beside the festival bench (full):
+	// both on this machine's two cores would otherwise saturate it.
+	g.underLoad(t, "ca", []int{34, 35, 36}, min(workers, 8), maxOps, func(l *drillLoad) { // the first the plan moves
 		time.Sleep(2 * time.Second)
+		if full { // the festival workload (stress traffic) before the move, for its rate
+			benchBefore = g.festival(t, "before", 10*time.Second)
+		}
 		before := g.opensPerSec(t, 3*time.Second)
 		args := []string{"add", "--name", "cell-3"}
 		if limit > 0 {
 			args = append(args, "--limit", fmt.Sprint(limit))
 		}
+		var during chan bench.Report
+		if full { // and through the move: the bench ends after it, and audits its own money
+			during = make(chan bench.Report, 1)
+			go func() { during <- g.festival(t, "during", 150*time.Second) }() // about the length of 33 moves here
+			time.Sleep(5 * time.Second)
+		}
 		rep = g.cellsRun(t, args...)
+		slowest := slices.Clone(rep.Moves)
+		slices.SortFunc(slowest, func(a, b mover.Result) int { return int(b.Freeze - a.Freeze) })
+		for _, m := range slowest[:min(3, len(slowest))] {
+			t.Logf("cell_add: db_%02d %s → %s: %d rows, copy %s, catch-up %s, writes paused %s (drain %s, binlog applied %s, verify %s in %d attempts, hand-over %s)", m.DB, m.From, m.To, m.Rows,
+				m.Copy.Round(time.Millisecond), m.CatchUp.Round(time.Millisecond), m.Freeze.Round(time.Millisecond), m.Drain.Round(time.Millisecond),
+				m.Applied.Round(time.Millisecond), m.Verify.Round(time.Millisecond), m.Attempts, m.HandOver.Round(time.Millisecond))
+		}
 		after := g.opensPerSec(t, 3*time.Second)
+		if full {
+			benchDuring = <-during
+			benchAfter = g.festival(t, "after", 10*time.Second)
+		}
 		t.Logf("cell_add: claims/s before %.0f %v, after %.0f %v", total(before), before, total(after), after)
 		if after["cell-3"] == 0 {
 			t.Errorf("cell-3 made no claims after it took %d databases: %v", rep.MovedTotal, after)
@@ -235,6 +262,20 @@ func cellAddDrill(t *testing.T, g *growCluster, workers int, maxOps int64, full 
 	}
 	if full && rep.FreezeP99 > 2*time.Second {
 		t.Errorf("writes paused per database p99 %s, target 2 s", rep.FreezeP99)
+	}
+	if full {
+		byCell := func(r bench.Report) map[string]float64 {
+			if r.CellMetrics == nil {
+				return nil
+			}
+			return r.CellMetrics.ClaimsPerSecByCell
+		}
+		t.Logf("cell_add: festival bench (stress traffic, through the router): before the move %.1f opens/s %v; during it (%s) %.1f opens/s %v, open errors %v; after it %.1f opens/s %v (after/before %.2f)",
+			benchBefore.OpensPerSec, byCell(benchBefore), time.Duration(benchDuring.ElapsedMS)*time.Millisecond, benchDuring.OpensPerSec, byCell(benchDuring),
+			benchDuring.Open.Errors, benchAfter.OpensPerSec, byCell(benchAfter), benchAfter.OpensPerSec/max(benchBefore.OpensPerSec, 1))
+		if byCell(benchAfter)["cell-3"] <= 0 {
+			t.Errorf("the festival bench after the move shows no claims on cell-3: %v", byCell(benchAfter))
+		}
 	}
 	t.Logf("cell_add: %d databases moved to cell-3 in %s; writes paused per database p50 %s, p99 %s, max %s (target p99 <= 2 s)",
 		rep.MovedTotal, rep.TookTotal.Round(time.Millisecond), rep.FreezeP50.Round(time.Millisecond), rep.FreezeP99.Round(time.Millisecond), rep.FreezeMax.Round(time.Millisecond))
@@ -303,4 +344,39 @@ func (g *growCluster) routerCells(t *testing.T, body string) api.CellsJob {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// festival runs redcell bench's festival workload (stress traffic, through
+// the router) for d, or until the load the drill runs beside it ends the
+// test, and returns its report. The bench audits the shadow money it moved.
+func (g *growCluster) festival(t *testing.T, name string, d time.Duration) bench.Report {
+	t.Helper()
+	dir := t.TempDir()
+	// Open loop (--rate 200): a steady load under this machine's ceiling,
+	// beside the drill's own load; closed loop, the two saturate its two
+	// cores and every freeze waits behind the queues.
+	cmd := exec.Command(g.c.bin, "bench", "--config", g.c.config, "--workload", "festival", "--users", "2000", "--rate", "200",
+		"--duration", d.String(), "--out", filepath.Join(dir, "out"), "--json", filepath.Join(dir, "run.json"), "--allow-shed")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("festival bench %s: %v\n%s", name, err, lastLines(string(b), 30))
+		return bench.Report{}
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	if err != nil {
+		t.Errorf("festival bench %s: %v", name, err)
+		return bench.Report{}
+	}
+	// A single run's report, or a suite of one run.
+	var suite struct {
+		Runs []bench.Report `json:"runs"`
+	}
+	if err := json.Unmarshal(raw, &suite); err == nil && len(suite.Runs) > 0 {
+		return suite.Runs[0]
+	}
+	var r bench.Report
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Errorf("festival bench %s: report: %v", name, err)
+	}
+	return r
 }
