@@ -17,9 +17,12 @@ RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./in
 run:
 	deploy/local/run.sh
 
-## test: unit, integration (real MariaDB + memcached) and end-to-end tests
+## test: unit, integration (real MariaDB + memcached) and end-to-end tests; the race
+## pass on servers of its own, so that rows the first pass left (moved, archived, dropped
+## by design in some tests) never meet the audits of the second
 test:
-	deploy/local/testenv.sh $(MAKE) --no-print-directory unit race
+	deploy/local/testenv.sh $(MAKE) --no-print-directory unit
+	deploy/local/testenv.sh $(MAKE) --no-print-directory race
 
 ## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
 ## a cell leaving and rejoining, kill -9 the router, rewards issued while a cell is killed and while the booking is off,
