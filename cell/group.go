@@ -25,12 +25,17 @@ const laneQueueMax = 64 * 4096
 // commitGroup is the committer's CommitFunc: the group goes to the store of
 // the lane's space.
 //
-// A group is work a move's freeze waits for (ownership.enter), and it commits
-// only the ops whose shards the cell still serves: an op whose submitter
-// gave up waiting (its deadline passed) may reach its group after a freeze
-// began, and answers ErrMoving then, with nothing written.
+// A group is work a freeze of any database its ops write waits for
+// (ownership.enterDB), and it commits only the ops whose shards the cell
+// still serves: an op whose submitter gave up waiting (its deadline passed)
+// may reach its group after a freeze began, and answers ErrMoving then, with
+// nothing written.
 func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*storage.GroupOp) error {
-	leave := s.own.enter()
+	var dbs []int
+	for _, op := range ops {
+		dbs = opDBs(dbs, op)
+	}
+	leave := s.own.enterDBs(dbs)
 	defer leave()
 	keep := ops[:0:0]
 	for _, op := range ops {
@@ -44,6 +49,33 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*st
 		return nil
 	}
 	return s.spaces[ln.Space].store.CommitGroup(ctx, keep)
+}
+
+// opDBs appends the databases of the shards op writes (those opServed
+// checks) to dbs; an op of a kind it does not know adds -1, which enterDBs
+// turns into work that waits for a freeze of any database.
+func opDBs(dbs []int, op *storage.GroupOp) []int {
+	switch op.Kind {
+	case storage.OpOpen:
+		return append(dbs, op.Ref.Shard.DB())
+	case storage.OpSend, storage.OpDeposit:
+		return append(dbs, op.Shard.DB())
+	case storage.OpCredits:
+		for _, c := range op.Credits {
+			dbs = append(dbs, c.Shard.DB())
+		}
+		return dbs
+	case storage.OpRewards:
+		for _, r := range op.Rewards {
+			dbs = append(dbs, r.Shard.DB())
+		}
+		return dbs
+	case storage.OpIssue:
+		return append(dbs, op.Reward.Shard.DB())
+	case storage.OpAccept:
+		return append(dbs, op.Coupon.Shard.DB())
+	}
+	return append(dbs, -1)
 }
 
 // opServed checks that the cell serves every shard op writes: nil, or the

@@ -15,6 +15,7 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/model"
+	"redcell/sharding"
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
@@ -76,10 +77,14 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 	}
 	// A request that writes is work a move's freeze waits for
 	// (ownership.enter): its check of the shard happens inside it. Reads
-	// (GET) write nothing, and an open's writes are its worker's batch,
-	// which enters on its own: neither holds a freeze up while it waits
-	// (an open may wait in its packet's queue for up to a second).
-	if string(rc.Method()) != fasthttp.MethodGet && rt != api.RouteOpen {
+	// (GET, and a grab, which reads a packet's state) write nothing, and an
+	// open's writes are its worker's batch, which enters on its own: none
+	// holds a freeze up while it waits (an open may wait in its packet's
+	// queue for up to a second). A send, a deposit and relayed credits enter
+	// in their handlers: under grouped their writes are the committer's
+	// groups, which enter themselves (commitGroup), else a send and a
+	// deposit enter their account's database only (enterDB).
+	if string(rc.Method()) != fasthttp.MethodGet && !entersOnItsOwn(rt) {
 		leave := s.own.enter()
 		defer leave()
 	}
@@ -156,6 +161,17 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 	}
 }
 
+// entersOnItsOwn reports whether a request of route rt writes nothing
+// (grab) or registers its writes with the ownership itself (open, send,
+// deposit, credits), rather than as work that may write any database.
+func entersOnItsOwn(rt api.RouteID) bool {
+	switch rt {
+	case api.RouteOpen, api.RouteGrab, api.RouteSend, api.RouteDeposit, api.RouteCredits:
+		return true
+	}
+	return false
+}
+
 // errUnsigned answers a call without a valid signature (401 UNAUTHENTICATED).
 var errUnsigned = model.Errorf(model.ErrUnauthenticated,
 	"a cell accepts only calls signed with the cluster secret (X-Redcell-Timestamp, X-Redcell-Signature) within %s", api.SignatureWindow)
@@ -195,6 +211,14 @@ func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, sp *sp
 }
 
 func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
+	// The deposit writes its account's database only (entersOnItsOwn):
+	// under grouped through the committer, which registers the write and
+	// checks the shard (commitGroup), else here.
+	grouped := s.strategy.grouped()
+	if !grouped {
+		leave := s.own.enterDB(sharding.ShardOfAct(actID).DB())
+		defer leave()
+	}
 	sh, err := s.own.account(actID)
 	if err != nil {
 		s.answers.err(rc, err)
@@ -210,7 +234,7 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		return
 	}
 	var d model.Deposit
-	if s.strategy.grouped() {
+	if grouped {
 		d, err = s.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
 	} else {
 		d, err = sp.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
@@ -270,6 +294,15 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 		s.answers.err(rc, err)
 		return
 	}
+	// The send writes its sender's database only (entersOnItsOwn): the
+	// debit, the flow and the packet, whose ID carries the sender's shard;
+	// under grouped through the committer, which registers the write and
+	// checks the shard (commitGroup), else here.
+	grouped := s.strategy.grouped()
+	if !grouped {
+		leave := s.own.enterDB(sh.DB())
+		defer leave()
+	}
 	if err := s.own.check(sh); err != nil {
 		s.answers.err(rc, err)
 		return
@@ -278,7 +311,7 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	id, expiresMS := model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli()
 	var p model.Packet
 	var repeat bool
-	if s.strategy.grouped() {
+	if grouped {
 		p, repeat, err = s.sendGrouped(ctx, sp, sh, req, id, expiresMS)
 	} else {
 		p, repeat, err = sp.store.Send(ctx, sh, req, id, expiresMS)
@@ -408,6 +441,14 @@ const creditsPerCallMax = 10_000
 // lists them to a sender that reads the list (api.HeaderPartial), and is a
 // retryable 503 to one that does not; what was applied stays applied.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	// The credits may write any of the cell's databases (entersOnItsOwn):
+	// under grouped through the committer, which registers the writes and
+	// checks each shard (commitGroup), else here.
+	grouped := s.strategy.grouped()
+	if !grouped {
+		leave := s.own.enter()
+		defer leave()
+	}
 	credits, err := s.own.decodeCredits(rc.PostBody())
 	if err != nil {
 		s.answers.err(rc, err)
@@ -415,7 +456,7 @@ func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 	}
 	var applied int
 	var deferred []string
-	if s.strategy.grouped() {
+	if grouped {
 		applied, deferred, err = s.applyCreditsGrouped(ctx, sp, credits)
 	} else {
 		applied, deferred, err = sp.store.ApplyCredits(ctx, credits)

@@ -156,7 +156,7 @@ func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (int64, 
 	s.moves.mu.Unlock()
 	dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
 	defer cancel()
-	if err := s.own.drain(dctx); err != nil {
+	if err := s.own.drain(dctx, db); err != nil {
 		_ = s.thawLocked(context.WithoutCancel(ctx), db)
 		return 0, model.Errorf(model.ErrOverloaded, "db_%02d: work in flight did not finish within %s; thawed", db, freezeDrainMax)
 	}

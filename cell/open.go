@@ -96,6 +96,13 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 		}
 		return results[0]
 	}
+	// The open writes the packet's database: work a freeze of it waits for,
+	// checked again inside (the handler's check may be from before a freeze).
+	leave := s.own.enterDB(ref.Shard.DB())
+	defer leave()
+	if err := s.own.check(ref.Shard); err != nil {
+		return model.OpenResult{Err: err}
+	}
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
 	s.metrics.batchSize.Observe(1)
@@ -221,11 +228,17 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 			j.done <- model.OpenResult{Err: err}
 		}
 	}
-	// The batch may write the packet's database: it is work a move's freeze
-	// waits for, and it checks the shard is still served after entering (the
-	// handler's own check may be from before the freeze).
-	leave := s.own.enter()
-	defer leave()
+	// The batch writes the packet's database only: under grouped through the
+	// committer, whose group is work a freeze of that database waits for and
+	// checks the shard itself (commitGroup); otherwise in a transaction of
+	// its own, and the batch is that work (enterDB). Either way it checks the
+	// shard is still served (the handler's own check may be from before a
+	// freeze). The strategy is read once: the work and the path agree.
+	grouped := s.strategy.grouped()
+	if !grouped {
+		leave := s.own.enterDB(live[0].ref.Shard.DB())
+		defer leave()
+	}
 	if err := s.own.check(live[0].ref.Shard); err != nil {
 		fail(err)
 		return
@@ -254,7 +267,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	// cas) cost more CPU than its share of the group's commit. A packet that
 	// turns hot batches its opens and takes the slot again.
 	release := func() {}
-	if !s.strategy.grouped() || len(live) > 1 {
+	if !grouped || len(live) > 1 {
 		var err error
 		if release, err = s.slots.Acquire(ctx, string(key)); err != nil {
 			s.stats.shed.Add(int64(len(live)))
@@ -268,7 +281,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	var results []model.OpenResult
 	var p model.Packet
 	var err error
-	if s.strategy.grouped() {
+	if grouped {
 		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r)
 	} else {
 		results, p, err = sp.store.OpenBatch(ctx, live[0].ref, reqs, r)

@@ -46,13 +46,18 @@ type ownership struct {
 	cell string // this cell's name, for the errors
 	st   atomic.Pointer[ownState]
 	mu   sync.Mutex // serializes changes
-	work epochs     // work in flight that may write a database (see enter)
+	work epochs     // work in flight that may write any database (see enter)
+	// dbWork is work in flight confined to one database (see enterDB).
+	dbWork [model.DBCount]epochs
 }
 
 func newOwnership(cell string, shards sharding.Ranges, version int64) *ownership {
 	o := &ownership{cell: cell}
 	o.st.Store(newOwnState(shards, version, [model.DBCount]bool{}))
 	o.work.init()
+	for i := range o.dbWork {
+		o.dbWork[i].init()
+	}
 	return o
 }
 
@@ -166,22 +171,63 @@ func (o *ownership) servesDB(db int) bool {
 // held lists every database the cell owns, frozen ones included.
 func (o *ownership) held() []int { return slices.Clone(o.st.Load().held) }
 
-// enter registers work that may write the cell's databases (a request, an
-// open batch, a relay delivery, an expiry pass over a shard). The work checks
-// ownership after enter (owns, check) and calls leave when it is done; a
-// freeze waits for all work that entered before it (drain), so none that
-// checked before the freeze writes after it.
+// enter registers work that may write any of the cell's databases (a relay
+// delivery, an expiry pass, a request whose databases are known only inside
+// its handler). The work checks ownership after enter (owns, check) and
+// calls leave when it is done; a freeze waits for all work that entered
+// before it (drain), so none that checked before the freeze writes after it.
 func (o *ownership) enter() (leave func()) { return o.work.enter() }
 
-// drain waits until every work entered before the call has left, or ctx ends.
-func (o *ownership) drain(ctx context.Context) error { return o.work.drain(ctx) }
+// enterDB registers work that writes database db only (an open batch, a
+// send or a deposit of one account, a group commit's share of db): as enter,
+// but only a freeze of db waits for it. The work may check only shards of
+// db after it: a check of another database's shard needs enter, or that
+// database's enterDB.
+func (o *ownership) enterDB(db int) (leave func()) {
+	if db < 0 || db >= model.DBCount {
+		return o.work.enter() // not a database: checks fail anyway
+	}
+	return o.dbWork[db].enter()
+}
+
+// enterDBs is enterDB for each of dbs (in any order, repeats allowed).
+func (o *ownership) enterDBs(dbs []int) (leave func()) {
+	var seen [model.DBCount]bool
+	leaves := make([]func(), 0, len(dbs))
+	for _, db := range dbs {
+		if db >= 0 && db < model.DBCount && seen[db] {
+			continue
+		}
+		if db >= 0 && db < model.DBCount {
+			seen[db] = true
+		}
+		leaves = append(leaves, o.enterDB(db))
+	}
+	return func() {
+		for _, l := range leaves {
+			l()
+		}
+	}
+}
+
+// drain waits until every work entered before the call (enter, and
+// enterDB of db) has left, or ctx ends.
+func (o *ownership) drain(ctx context.Context, db int) error {
+	if db < 0 || db >= model.DBCount {
+		return o.work.drain(ctx)
+	}
+	return drainAll(ctx, &o.work, &o.dbWork[db])
+}
 
 // epochs counts work in flight by generation: enter joins the current one,
-// drain starts a new one and waits for the old one to empty, without
-// blocking the work that enters meanwhile.
+// drain starts a new one and waits for the older ones to empty, without
+// blocking the work that enters meanwhile. A generation a drain gave up on
+// (its ctx ended) stays pending: the next drain waits for it too, so work
+// that checked before a failed freeze never writes after a later one.
 type epochs struct {
-	cur atomic.Pointer[epoch]
-	mu  sync.Mutex // one drain at a time
+	cur     atomic.Pointer[epoch]
+	mu      sync.Mutex // one drain at a time; guards pending
+	pending []*epoch   // older generations not seen empty yet
 }
 
 type epoch struct {
@@ -208,16 +254,29 @@ func (w *epochs) enter() func() {
 	}
 }
 
-func (w *epochs) drain(ctx context.Context) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	old := w.cur.Swap(newEpoch())
-	for old.n.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
+func (w *epochs) drain(ctx context.Context) error { return drainAll(ctx, w) }
+
+// drainAll starts a new generation in each of ws at once, then waits until
+// the older ones (pending ones included) are empty.
+func drainAll(ctx context.Context, ws ...*epochs) error {
+	for _, w := range ws {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.pending = append(w.pending, w.cur.Swap(newEpoch()))
+	}
+	for _, w := range ws {
+		for len(w.pending) > 0 {
+			if w.pending[0].n.Load() == 0 {
+				w.pending = w.pending[1:]
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
 		}
+		w.pending = nil // the emptied ones, for the collector
 	}
 	return nil
 }

@@ -246,7 +246,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: s.own.dbs,
-			Owns: s.Owns, Enter: s.own.enter, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+			Owns: s.Owns, Enter: s.own.enterDBs, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
 			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})

@@ -52,10 +52,11 @@ type Config struct {
 	DBs      func() []int             // the databases whose outboxes are scanned: those the cell serves now, read each scan
 	Owns     func(model.ShardID) bool // whether this cell serves a shard now (its claimants are credited locally)
 	// Enter, when set, registers a delivery to this cell's wallets or a
-	// marking of its outbox as work that writes its databases; the relay
-	// calls the returned leave when the write is done, and checks Owns after
-	// Enter. A move's freeze waits for such work (cell.ownership). nil: none.
-	Enter  func() (leave func())
+	// marking of its outbox as work that writes databases dbs (those of the
+	// credits' shards, or of their packets'); the relay calls the returned
+	// leave when the write is done, and checks Owns after Enter. A move's
+	// freeze of one of dbs waits for such work (cell.ownership). nil: none.
+	Enter  func(dbs []int) (leave func())
 	Off    func() bool // the relay degrade switch: true while switched off
 	Store  Store       // the space's outbox and wallets
 	Client Client      // calls to other cells, for this space
@@ -429,7 +430,11 @@ func (r *Relay) scan(ctx context.Context) {
 func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
 	if l.local {
 		if r.cfg.Enter != nil {
-			leave := r.cfg.Enter()
+			dbs := make([]int, len(cs))
+			for i, c := range cs {
+				dbs[i] = c.Shard.DB()
+			}
+			leave := r.cfg.Enter(dbs)
 			defer leave()
 		}
 		// A wallet's database may have moved (or be moving) since the credit
@@ -513,7 +518,13 @@ func (r *Relay) markDelivered(cs []model.Credit) {
 	ctx, cancel := context.WithTimeout(r.life, relayDBTimeout)
 	defer cancel()
 	if r.cfg.Enter != nil {
-		leave := r.cfg.Enter()
+		dbs := make([]int, 0, len(cs))
+		for _, c := range cs {
+			if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil {
+				dbs = append(dbs, ref.Shard.DB())
+			}
+		}
+		leave := r.cfg.Enter(dbs)
 		defer leave()
 	}
 	// An outbox row lives with its packet: a packet whose database moved away
