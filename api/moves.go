@@ -27,6 +27,7 @@ type MoveAnswer struct {
 	Op        string `json:"op"`
 	DB        int    `json:"db"`
 	DrainedMS int64  `json:"drained_ms"`
+	SavedMS   int64  `json:"saved_ms"`
 	Shards    string `json:"shards"`
 	Version   int64  `json:"version"`
 }

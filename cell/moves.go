@@ -53,12 +53,17 @@ type moveState struct {
 	store       MoveStore
 	mu          sync.Mutex // guards frozenUntil, steps
 	frozenUntil map[int]time.Time
-	sealed      map[int]int64      // frozen databases a hand-over under this version began for (seal)
-	steps       sync.Mutex         // one step at a time
-	loaded      bool               // the marks a restart left are applied
-	due         []storage.MovedOut // copies whose grace ended, for dropDue
-	changedAt   map[int]time.Time
-	sealLog     map[int]time.Time // when a sealed freeze past its ttl was last logged
+	sealed      map[int]int64 // frozen databases a hand-over under this version began for (seal)
+	steps       sync.Mutex    // one step at a time
+	// dbSteps[db] is held by a step on db (taken before steps) and by the
+	// drop of db's copy (without steps: a drop takes seconds, and a freeze
+	// of another database must not wait for it); movesPass, holding steps,
+	// only tries it.
+	dbSteps   [model.DBCount]sync.Mutex
+	loaded    bool               // the marks a restart left are applied
+	due       []storage.MovedOut // copies whose grace ended, for dropDue
+	changedAt map[int]time.Time
+	sealLog   map[int]time.Time // when a sealed freeze past its ttl was last logged
 }
 
 // MovesState implements admin.Moves.
@@ -97,13 +102,17 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	if step.DB < 0 || step.DB >= model.DBCount {
 		return api.MoveAnswer{}, model.Invalidf("no database %d (0..%d)", step.DB, model.DBCount-1)
 	}
+	// The database's steps first: a step on a database whose copy is being
+	// dropped waits for the drop without holding the cell's steps.
+	s.moves.dbSteps[step.DB].Lock()
+	defer s.moves.dbSteps[step.DB].Unlock()
 	s.moves.steps.Lock()
 	defer s.moves.steps.Unlock()
 	ans := api.MoveAnswer{Op: step.Op, DB: step.DB}
 	var err error
 	switch step.Op {
 	case "freeze":
-		ans.DrainedMS, err = s.freeze(ctx, step.DB, time.Duration(step.TTLMS)*time.Millisecond)
+		ans.SavedMS, ans.DrainedMS, err = s.freeze(ctx, step.DB, time.Duration(step.TTLMS)*time.Millisecond)
 	case "thaw":
 		err = s.thaw(ctx, step.DB)
 	case "release":
@@ -133,23 +142,25 @@ func (s *Server) Holds(db int) bool { return s.own.holdsDB(db) }
 
 // freeze stops serving db, waits for the work that checked it before, and
 // thaws it after ttl unless released. The mark is saved first, so a cell
-// restarted meanwhile comes back with db frozen.
-func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (int64, error) {
+// restarted meanwhile comes back with db frozen. It returns how long the
+// mark's save and the drain took (ms): writes to db paused after the save.
+func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (savedMS, drainedMS int64, err error) {
 	if !s.holds(db) {
-		return 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+		return 0, 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
 	}
 	if slices.Contains(s.own.frozenDBs(), db) {
-		return 0, model.Invalidf("db_%02d is frozen already: another move of it is running", db)
+		return 0, 0, model.Invalidf("db_%02d is frozen already: another move of it is running", db)
 	}
 	if ttl <= 0 {
 		ttl = freezeTTLDefault
 	}
-	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, ReleasedMS: s.clock.Now().UnixMilli()}); err != nil {
-		return 0, model.Errorf(model.ErrDBUnavailable, "%v", err)
+	t0 := s.clock.Now()
+	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, ReleasedMS: t0.UnixMilli()}); err != nil {
+		return 0, 0, model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
 	start := s.clock.Now()
 	if err := s.own.setFrozen(db, true); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	s.moves.mu.Lock()
 	s.moves.frozenUntil[db] = start.Add(ttl)
@@ -158,12 +169,12 @@ func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (int64, 
 	defer cancel()
 	if err := s.own.drain(dctx, db); err != nil {
 		_ = s.thawLocked(context.WithoutCancel(ctx), db)
-		return 0, model.Errorf(model.ErrOverloaded, "db_%02d: work in flight did not finish within %s; thawed", db, freezeDrainMax)
+		return 0, 0, model.Errorf(model.ErrOverloaded, "db_%02d: work in flight did not finish within %s; thawed", db, freezeDrainMax)
 	}
 	drained := s.clock.Now().Sub(start)
 	s.metrics.moveDrain.Observe(drained.Seconds())
 	s.log.Info("move: database frozen", "db", db, "drained", drained, "thaws_in", ttl)
-	return drained.Milliseconds(), nil
+	return start.Sub(t0).Milliseconds(), drained.Milliseconds(), nil
 }
 
 func (s *Server) thaw(ctx context.Context, db int) error {
@@ -353,15 +364,22 @@ func (s *Server) applyMarksLocked(mos []storage.MovedOut) {
 	}
 }
 
+// movesPass ends the freezes past their time and lists the copies due for
+// a drop (dropDue). It reads the records before it takes the steps, so a
+// freeze does not wait for that read, and reads them again under the steps
+// only where it changes one.
 func (s *Server) movesPass(ctx context.Context) {
-	s.moves.steps.Lock()
-	defer s.moves.steps.Unlock()
 	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
 	if err != nil {
 		return
 	}
+	s.moves.steps.Lock()
+	defer s.moves.steps.Unlock()
 	now := s.clock.Now()
 	if !s.moves.loaded {
+		if mos, err = s.moves.store.MovedOuts(ctx, s.cfg.Name); err != nil {
+			return
+		}
 		s.applyMarksLocked(mos)
 	}
 	s.moves.mu.Lock()
@@ -373,14 +391,19 @@ func (s *Server) movesPass(ctx context.Context) {
 	}
 	s.moves.mu.Unlock()
 	for _, db := range expired {
+		if !s.moves.dbSteps[db].TryLock() { // a step on it waits for the cell's steps: the next pass
+			continue
+		}
 		s.freezeExpired(ctx, db)
+		s.moves.dbSteps[db].Unlock()
 	}
+	stale := false
 	for _, mo := range mos {
 		if mo.Digest == "" || now.Before(time.UnixMilli(mo.ReleasedMS).Add(s.cfg.MoveGrace)) {
 			continue
 		}
 		if s.holds(mo.DB) { // owned again (moved back): its record is stale, never its data
-			_ = s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, mo.DB)
+			stale = true
 			continue
 		}
 		s.moves.mu.Lock()
@@ -389,13 +412,25 @@ func (s *Server) movesPass(ctx context.Context) {
 		if changed && now.Sub(t) < time.Hour { // found changed: compared again hourly, not each second
 			continue
 		}
-		s.moves.due = append(s.moves.due, mo)
+		s.moves.due = append(s.moves.due, mo) // dropCopy checks the record again
+	}
+	if !stale {
+		return
+	}
+	if mos, err = s.moves.store.MovedOuts(ctx, s.cfg.Name); err != nil {
+		return
+	}
+	for _, mo := range mos {
+		if mo.Digest != "" && s.holds(mo.DB) {
+			_ = s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, mo.DB)
+		}
 	}
 }
 
-// dropDue drops the copies movesPass found due, each digest read without
-// holding the steps (a step waits for no digest), the drop itself under
-// them, if the record is still there and the database still not held.
+// dropDue drops the copies movesPass found due, each digest read and each
+// drop made without holding the steps (a freeze waits for neither), the
+// drop under its database's dbSteps, if the record is still there and the
+// database still not held.
 func (s *Server) dropDue(ctx context.Context) {
 	s.moves.steps.Lock()
 	due := s.moves.due
@@ -406,9 +441,9 @@ func (s *Server) dropDue(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		s.moves.steps.Lock()
-		s.dropCopyLocked(ctx, mo, d)
-		s.moves.steps.Unlock()
+		s.moves.dbSteps[mo.DB].Lock()
+		s.dropCopy(ctx, mo, d)
+		s.moves.dbSteps[mo.DB].Unlock()
 	}
 }
 
@@ -457,11 +492,11 @@ func (s *Server) freezeExpired(ctx context.Context, db int) {
 	_ = s.thawLocked(ctx, db)
 }
 
-// dropCopyLocked drops the copy of a database handed over when it is
-// unchanged since the handover (d: its digest now); a changed copy (a write
-// that reached it after the freeze) is kept and logged at ERROR, for a
-// person to compare.
-func (s *Server) dropCopyLocked(ctx context.Context, mo storage.MovedOut, d storage.Digest) {
+// dropCopy drops the copy of a database handed over when it is unchanged
+// since the handover (d: its digest now); a changed copy (a write that
+// reached it after the freeze) is kept and logged at ERROR, for a person to
+// compare. The caller holds the database's dbSteps.
+func (s *Server) dropCopy(ctx context.Context, mo storage.MovedOut, d storage.Digest) {
 	if s.holds(mo.DB) {
 		return
 	}

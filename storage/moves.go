@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // A cell's shard ownership survives restarts in its own database, so that a
@@ -241,9 +242,13 @@ func (d Digest) Diff(o Digest) []string {
 	return out
 }
 
+// digestWorkers is how many connections DBDigest reads tables on at once.
+const digestWorkers = 4
+
 // DBDigest reads the Digest of database db's schemas (MoveSchemas) on the
-// server behind q: one statement counting the rows of every table and one
-// CHECKSUM TABLE over them all.
+// server behind q: the tables, split in up to digestWorkers groups read at
+// once (a move's verify runs inside its freeze), each group with one
+// statement counting its tables' rows and one CHECKSUM TABLE over them.
 func DBDigest(ctx context.Context, q *sql.DB, db int) (Digest, error) {
 	schemas := MoveSchemas(db)
 	rows, err := q.QueryContext(ctx, "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema IN (?, ?) AND table_type = 'BASE TABLE'",
@@ -269,15 +274,47 @@ func DBDigest(ctx context.Context, q *sql.DB, db int) (Digest, error) {
 		return d, nil
 	}
 	sort.Strings(names)
-	counts := make([]string, len(names))
-	for i, n := range names {
-		counts[i] = fmt.Sprintf("SELECT '%s', COUNT(*) FROM %s", n, n)
+	n := min(digestWorkers, len(names))
+	var (
+		mu   sync.Mutex
+		errs = make([]error, n)
+		wg   sync.WaitGroup
+	)
+	put := func(name string, set func(*TableDigest)) {
+		mu.Lock()
+		defer mu.Unlock()
+		t := d[name]
+		set(&t)
+		d[name] = t
 	}
-	if err := scanPairs(ctx, q, strings.Join(counts, " UNION ALL "), func(n string, v int64) { t := d[n]; t.Rows = v; d[n] = t }); err != nil {
-		return nil, fmt.Errorf("storage: row counts of db_%02d: %w", db, err)
+	for w := range n {
+		var group []string
+		for i := w; i < len(names); i += n {
+			group = append(group, names[i])
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts := make([]string, len(group))
+			for i, name := range group {
+				counts[i] = fmt.Sprintf("SELECT '%s', COUNT(*) FROM %s", name, name)
+			}
+			if err := scanPairs(ctx, q, strings.Join(counts, " UNION ALL "), func(name string, v int64) {
+				put(name, func(t *TableDigest) { t.Rows = v })
+			}); err != nil {
+				errs[w] = fmt.Errorf("storage: row counts of db_%02d: %w", db, err)
+				return
+			}
+			if err := scanPairs(ctx, q, "CHECKSUM TABLE "+strings.Join(group, ", "), func(name string, v int64) {
+				put(name, func(t *TableDigest) { t.Checksum = v })
+			}); err != nil {
+				errs[w] = fmt.Errorf("storage: checksums of db_%02d: %w", db, err)
+			}
+		}()
 	}
-	if err := scanPairs(ctx, q, "CHECKSUM TABLE "+strings.Join(names, ", "), func(n string, v int64) { t := d[n]; t.Checksum = v; d[n] = t }); err != nil {
-		return nil, fmt.Errorf("storage: checksums of db_%02d: %w", db, err)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return d, nil
 }

@@ -80,14 +80,18 @@ type Result struct {
 	Tables  int           `json:"tables"` // tables with rows, both schemas
 	Rows    int64         `json:"rows"`
 	Copy    time.Duration `json:"copy_ns"`     // dump and load
-	CatchUp time.Duration `json:"catch_up_ns"` // replication until caught up, before the freeze
+	CatchUp time.Duration `json:"catch_up_ns"` // replication until caught up (and the reconciliation positions' copy), before the freeze
 	Freeze  time.Duration `json:"freeze_ns"`   // from the freeze to the adoption: writes paused
+	Prep    time.Duration `json:"prep_ns"`     // the source saving the freeze's mark, before writes paused
 	Drain   time.Duration `json:"drain_ns"`    // the part of the freeze the source drained its work in flight
 	Verify  time.Duration `json:"verify_ns"`   // digests on both servers, inside the freeze
 	// Applied is the part of the freeze the target took to apply the
 	// source's binlog up to its position after the drain (the first
-	// attempt's); HandOver the seal and the adoption.
-	Applied  time.Duration `json:"applied_ns"`
+	// attempt's).
+	Applied time.Duration `json:"applied_ns"`
+	// Unlink is the channel's removal and the source's seal (at once);
+	// HandOver the adoption.
+	Unlink   time.Duration `json:"unlink_ns"`
 	HandOver time.Duration `json:"hand_over_ns"`
 	Attempts int           `json:"verify_attempts"`
 }
@@ -192,7 +196,6 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err != nil {
 		return res, fmt.Errorf("mover: db_%02d catching up: %w", db, err)
 	}
-	res.CatchUp = time.Since(t)
 
 	// The reconciliation positions go first: a position only moves forward,
 	// so one copied before the freeze makes the target check a little more,
@@ -200,7 +203,26 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err := copyReconPositions(ctx, db, from.DSN, to.DSN); err != nil {
 		return res, err
 	}
-	// 3. Freeze.
+	// Right before the freeze the channel catches up again, until one wait
+	// is short: what it still has to apply inside the freeze is then what
+	// the source wrote in about that time.
+	for i := 0; i < 5; i++ {
+		tw := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, m.CatchUpMax)
+		err = waitCaughtUp(cctx, src, dst, ch)
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("mover: db_%02d catching up: %w", db, err)
+		}
+		if time.Since(tw) < 50*time.Millisecond {
+			break
+		}
+	}
+	res.CatchUp = time.Since(t)
+
+	// 3. Freeze. The source saves its mark, then stops serving db and
+	// drains: writes are paused from the request on, less the time the
+	// source took to save the mark (the answer's saved_ms).
 	t0 := time.Now()
 	var ans api.MoveAnswer
 	if err := m.admin(ctx, from, http.MethodPost, api.MoveStep{Op: "freeze", DB: db, TTLMS: (3 * m.FreezeMax).Milliseconds()}, &ans); err != nil {
@@ -208,6 +230,8 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	}
 	frozen = true
 	res.Drain = time.Duration(ans.DrainedMS) * time.Millisecond
+	res.Prep = time.Duration(ans.SavedMS) * time.Millisecond
+	frozenAt := t0.Add(res.Prep)
 	fctx, fcancel := context.WithDeadline(ctx, t0.Add(m.FreezeMax))
 	defer fcancel()
 	// 4. Verify: the target applies the source's position after the drain,
@@ -248,18 +272,25 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		}
 	}
 	// The channel goes before the hand-over: a channel left defined would
-	// start again with the target's server, without its filter.
+	// start again with the target's server, without its filter. The seal,
+	// meanwhile: from then on the source never thaws by itself, since the
+	// target may adopt.
+	th := time.Now()
+	sealed := make(chan error, 1)
+	go func() { sealed <- m.step(fctx, from, api.MoveStep{Op: "seal", DB: db, Version: version}) }()
+	var cerr error
 	for _, q := range []string{"STOP SLAVE '" + ch + "'", "RESET SLAVE '" + ch + "' ALL"} {
 		if _, err := dst.ExecContext(fctx, q); err != nil {
-			return res, fmt.Errorf("mover: %s: %w", q, err)
+			cerr = fmt.Errorf("mover: %s: %w", q, err)
+			break
 		}
 	}
-	// 5. Hand over. The seal first: from now on the source never thaws by
-	// itself, since the target may have adopted.
-	th := time.Now()
-	if err := m.step(fctx, from, api.MoveStep{Op: "seal", DB: db, Version: version}); err != nil {
+	if err := errors.Join(<-sealed, cerr); err != nil {
 		return res, err
 	}
+	res.Unlink = time.Since(th)
+	// 5. Hand over.
+	th = time.Now()
 	adoptSent = true
 	actx, acancel := context.WithTimeout(ctx, 15*time.Second)
 	err = m.step(actx, to, api.MoveStep{Op: "adopt", DB: db, Version: version})
@@ -267,7 +298,7 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err != nil {
 		return res, err
 	}
-	res.Freeze, res.HandOver = time.Since(t0), time.Since(th)
+	res.Freeze, res.HandOver = time.Since(frozenAt), time.Since(th)
 	if err := m.step(context.WithoutCancel(ctx), from, api.MoveStep{Op: "release", DB: db, Version: version, Digest: digest.Sum()}); err != nil {
 		// The target owns it under the higher version and routers follow it;
 		// the source, sealed, releases it when its map shows the target.
@@ -511,7 +542,10 @@ func startChannel(ctx context.Context, dst *sql.DB, ch string, db int, srcDSN, f
 }
 
 // waitCaughtUp waits until the channel has applied everything the source's
-// binlog held when the call began (its file and position then).
+// binlog held when the call began (its file and position then): in
+// MASTER_POS_WAIT on the target, which returns as the position is applied,
+// and in steps of at most a second, between which the channel's status
+// reports an error that stopped it.
 func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
 	var file string
 	var pos int64
@@ -519,6 +553,16 @@ func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
 		return fmt.Errorf("source binlog position: %w", err)
 	}
 	for {
+		var waited sql.NullInt64
+		err := dst.QueryRowContext(ctx, "SELECT MASTER_POS_WAIT(?, ?, 1, ?)", file, pos, ch).Scan(&waited)
+		if err != nil {
+			return fmt.Errorf("channel %s waiting for %s:%d: %w", ch, file, pos, err)
+		}
+		if waited.Valid && waited.Int64 >= 0 {
+			return nil
+		}
+		// A second went by (-1), or the channel's SQL thread is not
+		// running (NULL): its status tells which.
 		st, err := slaveStatus(ctx, dst, ch)
 		if err != nil {
 			return err
@@ -636,7 +680,11 @@ func openDB(dsn string) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(4)
+	// The move's lock holds one connection; the digests read up to
+	// storage's digestWorkers tables at once on the others, kept open so
+	// the freeze does not wait for new ones.
+	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(8)
 	return db, nil
 }
 

@@ -215,9 +215,10 @@ func cellAddDrill(t *testing.T, g *growCluster, workers int, maxOps int64, full 
 		slowest := slices.Clone(rep.Moves)
 		slices.SortFunc(slowest, func(a, b mover.Result) int { return int(b.Freeze - a.Freeze) })
 		for _, m := range slowest[:min(3, len(slowest))] {
-			t.Logf("cell_add: db_%02d %s → %s: %d rows, copy %s, catch-up %s, writes paused %s (drain %s, binlog applied %s, verify %s in %d attempts, hand-over %s)", m.DB, m.From, m.To, m.Rows,
-				m.Copy.Round(time.Millisecond), m.CatchUp.Round(time.Millisecond), m.Freeze.Round(time.Millisecond), m.Drain.Round(time.Millisecond),
-				m.Applied.Round(time.Millisecond), m.Verify.Round(time.Millisecond), m.Attempts, m.HandOver.Round(time.Millisecond))
+			ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+			t.Logf("cell_add: db_%02d %s → %s: %d rows, copy %s, catch-up %s, mark saved %s, writes paused %s (drain %s, binlog applied %s, verify %s in %d attempts, channel removed and sealed %s, adoption %s)",
+				m.DB, m.From, m.To, m.Rows, ms(m.Copy), ms(m.CatchUp), ms(m.Prep), ms(m.Freeze), ms(m.Drain),
+				ms(m.Applied), ms(m.Verify), m.Attempts, ms(m.Unlink), ms(m.HandOver))
 		}
 		after := g.opensPerSec(t, 3*time.Second)
 		if full {
