@@ -238,19 +238,22 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	// and both digests match. A write that reached the source after the
 	// position was read makes them differ: then once more, from the new
 	// position.
+	// The source, drained, no longer changes: its digest is read while the
+	// target applies.
 	tv := time.Now()
 	for res.Attempts = 1; ; res.Attempts++ {
+		var other storage.Digest
+		var derr, oerr error
+		done := make(chan struct{})
+		go func() { other, oerr = storage.DBDigest(fctx, src, db); close(done) }()
 		ta := time.Now()
 		if err := waitCaughtUp(fctx, src, dst, ch); err != nil {
+			<-done
 			return res, fmt.Errorf("mover: db_%02d in the freeze: %w", db, err)
 		}
 		if res.Attempts == 1 {
 			res.Applied = time.Since(ta)
 		}
-		var other storage.Digest
-		var derr, oerr error
-		done := make(chan struct{})
-		go func() { other, oerr = storage.DBDigest(fctx, src, db); close(done) }()
 		digest, derr = storage.DBDigest(fctx, dst, db)
 		<-done
 		if derr != nil || oerr != nil {
