@@ -1,13 +1,52 @@
 #!/usr/bin/env bash
 # testenv.sh CMD... — starts what the tests need, runs CMD, stops it all:
 # two private MariaDB instances (one per test cell) and a memcached, on free
-# ports with data dirs under a temp folder. CMD sees:
+# ports with data dirs under a temp folder; it installs MariaDB, memcached and
+# promtool first where missing. CMD sees:
 #   REDCELL_TEST_MYSQL_DSN_1, REDCELL_TEST_MYSQL_DSN_2   go-sql-driver DSNs
 #   REDCELL_TEST_MEMCACHED                              host:port
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/services.sh"
 ensure_packages
+
+# ensure_promtool installs promtool if missing: deploy/deploytest runs
+# `promtool check rules` and `promtool test rules` on deploy/prometheus and
+# fails without it. Debian ships it in the prometheus package, whose install
+# would start a Prometheus server: a policy-rc.d answering 101 ("action
+# forbidden", read by invoke-rc.d and deb-systemd-invoke) keeps it from
+# starting while apt-get runs and is removed afterwards (one already there is
+# left alone), and a server started anyway is stopped.
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return 0
+  echo "installing promtool (package prometheus, without its server) with apt-get ..."
+  local SUDO; SUDO=$(need_root_cmd)
+  local policy=/usr/sbin/policy-rc.d placed="" rc=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && placed=1
+  fi
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || rc=$?
+  fi
+  if [ -n "$placed" ]; then $SUDO rm -f "$policy"; fi
+  if [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else
+    $SUDO service prometheus stop >/dev/null 2>&1 || true
+  fi
+  # The package's server if it runs all the same: only a process whose
+  # executable is the /usr/bin/prometheus just installed.
+  local pid
+  for pid in $(pgrep -x prometheus 2>/dev/null || true); do
+    if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /usr/bin/prometheus ]; then $SUDO kill "$pid" 2>/dev/null || true; fi
+  done
+  if [ "$rc" -ne 0 ] || ! command -v promtool >/dev/null 2>&1; then
+    echo "testenv: promtool could not be installed (apt-get install -y --no-install-recommends prometheus);" >&2
+    echo "         the other tests run, deploy/deploytest's TestPrometheusRules fails" >&2
+  fi
+}
+ensure_promtool
 
 tmp=$(mktemp -d /tmp/redcell-test.XXXXXX)
 cleanup() {
