@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.yaml.in/yaml/v3"
 
 	"redcell/cell"
@@ -213,6 +214,34 @@ var envOverrides = []struct {
 	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
 	{"REDCELL_RECON_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ReconInterval })},
 	{"REDCELL_AUDIT_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.AuditInterval })},
+	// Secrets as files (Compose and Kubernetes mount them so): each _FILE
+	// variable names a file whose content, less trailing white space, is the
+	// value; listed after the plain variable, it wins over it.
+	{"REDCELL_ADMIN_TOKEN_FILE", secretInto(func(fc *fileConfig) *string { return &fc.AdminToken })},
+	{"REDCELL_CLUSTER_SECRET_FILE", secretInto(func(fc *fileConfig) *string { return &fc.ClusterSecret })},
+	{"REDCELL_IDENTITY_KEY_FILE", secretInto(func(fc *fileConfig) *string { return &fc.IdentityKey })},
+	// REDCELL_DB_PASSWORD_FILE: the password of every cell's dsn and
+	// standby_dsn, so that the config file holds none.
+	{"REDCELL_DB_PASSWORD_FILE", func(fc *fileConfig, v string) error {
+		pw, err := readSecret(v)
+		if err != nil {
+			return err
+		}
+		for i := range fc.Cells {
+			for _, dsn := range []*string{&fc.Cells[i].DSN, &fc.Cells[i].StandbyDSN} {
+				if *dsn == "" {
+					continue
+				}
+				c, err := mysql.ParseDSN(*dsn)
+				if err != nil {
+					return fmt.Errorf("cell %s: dsn: %w", fc.Cells[i].Name, err)
+				}
+				c.Passwd = pw
+				*dsn = c.FormatDSN()
+			}
+		}
+		return nil
+	}},
 	{"REDCELL_DEGRADE", func(fc *fileConfig, v string) error {
 		sw := fc.Cell.Degrade.switches()
 		for _, name := range splitList(v) {
@@ -234,6 +263,30 @@ func applyEnv(fc *fileConfig, getenv func(string) string) error {
 		}
 	}
 	return nil
+}
+
+// readSecret reads a secret file: its content less trailing white space,
+// which must leave something.
+func readSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	v := strings.TrimRight(string(b), " \t\r\n")
+	if v == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return v, nil
+}
+
+func secretInto(field func(*fileConfig) *string) func(*fileConfig, string) error {
+	return func(fc *fileConfig, path string) error {
+		v, err := readSecret(path)
+		if err == nil {
+			*field(fc) = v
+		}
+		return err
+	}
 }
 
 func durationInto(field func(*fileConfig) *time.Duration) func(*fileConfig, string) error {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"redcell/cell"
 	"redcell/cell/activity"
 	"redcell/router"
@@ -474,3 +476,58 @@ func cellFromFile(t *testing.T, body string) (cell.Config, error) {
 
 // oneCell is a cells section of one cell, c1, owning every shard.
 const oneCell = "cells:\n  - {name: c1, listen: \"127.0.0.1:1\", gossip: \"127.0.0.1:2\", shards: \"0-999\", dsn: \"root@tcp(127.0.0.1:3)/\"}\n"
+
+// TestSecretFiles: the _FILE variables read secrets from files (as Compose
+// and Kubernetes mount them), win over the plain variables, and give every
+// cell's DSN the database password; an empty or missing file is an error.
+func TestSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := map[string]string{
+		"REDCELL_CLUSTER_SECRET":      "plain-secret-0123456789",
+		"REDCELL_CLUSTER_SECRET_FILE": write("cluster", "file-secret-0123456789\n"),
+		"REDCELL_ADMIN_TOKEN_FILE":    write("admin", "admin-token-from-file \r\n"),
+		"REDCELL_IDENTITY_KEY_FILE":   write("identity", "identity-key-0123456789"),
+		"REDCELL_DB_PASSWORD_FILE":    write("db", "p@ss:w/rd\n"),
+	}
+	fc := fileConfig{Cells: []cellEntry{
+		{Name: "cell-1", DSN: "redcell@tcp(mariadb-1:3306)/", StandbyDSN: "redcell@tcp(mariadb-1-standby:3306)/"},
+		{Name: "cell-2", DSN: "redcell:old@tcp(mariadb-2:3306)/?timeout=2s"},
+	}}
+	if err := applyEnv(&fc, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if fc.ClusterSecret != "file-secret-0123456789" || fc.AdminToken != "admin-token-from-file" || fc.IdentityKey != "identity-key-0123456789" {
+		t.Errorf("secrets %q %q %q", fc.ClusterSecret, fc.AdminToken, fc.IdentityKey)
+	}
+	for _, dsn := range []string{fc.Cells[0].DSN, fc.Cells[0].StandbyDSN, fc.Cells[1].DSN} {
+		c, err := mysql.ParseDSN(dsn)
+		if err != nil || c.Passwd != "p@ss:w/rd" || c.User != "redcell" {
+			t.Errorf("dsn %q: user %q password %q (%v)", dsn, c.User, c.Passwd, err)
+		}
+	}
+	if c, _ := mysql.ParseDSN(fc.Cells[1].DSN); c.Addr != "mariadb-2:3306" || c.Timeout != 2*time.Second {
+		t.Errorf("cell-2's dsn lost its address or options: %q", fc.Cells[1].DSN)
+	}
+	for name, content := range map[string]string{"empty": " \n", "missing": ""} {
+		path := filepath.Join(dir, "no-such-file")
+		if content != "" {
+			path = write(name, content)
+		}
+		err := applyEnv(&fileConfig{}, func(k string) string {
+			if k == "REDCELL_ADMIN_TOKEN_FILE" {
+				return path
+			}
+			return ""
+		})
+		if err == nil {
+			t.Errorf("an %s secret file was taken", name)
+		}
+	}
+}

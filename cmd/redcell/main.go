@@ -33,6 +33,7 @@ commands:
   apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
   sim      simulate a cluster:        redcell sim --seed 1 --steps 100000 [--seeds 3]
   rewards  reward keys and reissue:   redcell rewards keygen --out FILE | rotate | reissue
+  healthcheck  a container's probe:   redcell healthcheck http://127.0.0.1:8080/healthz
 
 Run 'redcell <command> -h' for the flags of a command.`
 
@@ -73,6 +74,8 @@ func run(ctx context.Context, args []string) error {
 		return runSim(ctx, args[1:])
 	case "rewards":
 		return runRewards(ctx, args[1:])
+	case "healthcheck":
+		return runHealthcheck(ctx, args[1:])
 	case "-h", "--help", "help":
 		fmt.Println(usage)
 		return nil

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/go-sql-driver/mysql"
+)
+
+// composeDir holds the Compose deployment (docs/operations.md, "Deploy with
+// Compose").
+const composeDir = "../../deploy/compose"
+
+// TestComposeDeployment loads deploy/compose/compose.yaml with the Compose
+// specification's own loader (its JSON schema and consistency checks), loads
+// the cluster config it mounts with redcell's own, and checks that the two
+// agree: a service per cell and one router, each on the address its config
+// gives it, reading its secrets from files Compose mounts, healthy by the
+// image's own probe, each cell after its own MariaDB (a ROW binlog, a server
+// id of its own); and that the Dockerfile builds the static, non-root image
+// the services run.
+func TestComposeDeployment(t *testing.T) {
+	// A copy with secret files, as secrets.sh makes them.
+	dir := t.TempDir()
+	for _, f := range []string{"compose.yaml", "redcell.yaml"} {
+		b, err := os.ReadFile(filepath.Join(composeDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secrets := map[string]string{
+		"cluster_secret": "compose-test-cluster-secret-0123", "admin_token": "compose-test-admin-token-0123",
+		"db_password": "compose-test-db-password", "api-keys.yaml": "keys: []\n",
+	}
+	if err := os.Mkdir(filepath.Join(dir, "secrets"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range secrets {
+		if err := os.WriteFile(filepath.Join(dir, "secrets", name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := loader.LoadWithContext(t.Context(), types.ConfigDetails{
+		WorkingDir:  dir,
+		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(dir, "compose.yaml")}},
+		Environment: types.Mapping{},
+	}, func(o *loader.Options) { o.SetProjectName("redcell", true) })
+	if err != nil {
+		t.Fatalf("compose.yaml does not load: %v", err)
+	}
+
+	// The cluster config as the containers read it: the file Compose
+	// mounts, the secrets from the files their _FILE variables name.
+	cfgMount := p.Configs["redcell"]
+	if filepath.Clean(cfgMount.File) != filepath.Join(dir, "redcell.yaml") {
+		t.Fatalf("configs.redcell is %q, want the redcell.yaml beside compose.yaml", cfgMount.File)
+	}
+	secretPath := func(svc types.ServiceConfig, env string) string {
+		t.Helper()
+		v := svc.Environment[env]
+		if v == nil || !strings.HasPrefix(*v, "/run/secrets/") {
+			t.Fatalf("%s: %s is not a file under /run/secrets", svc.Name, env)
+		}
+		name := strings.TrimPrefix(*v, "/run/secrets/")
+		if !slices.ContainsFunc(svc.Secrets, func(s types.ServiceSecretConfig) bool {
+			return s.Source == name && (s.Target == "" || s.Target == name || s.Target == *v)
+		}) {
+			t.Errorf("%s: %s names secret %q, which the service does not mount", svc.Name, env, name)
+		}
+		top, ok := p.Secrets[name]
+		if !ok {
+			t.Fatalf("%s: secret %q is not declared", svc.Name, name)
+		}
+		return top.File
+	}
+	load := func(svc types.ServiceConfig) fileConfig {
+		t.Helper()
+		if !slices.ContainsFunc(svc.Configs, func(c types.ServiceConfigObjConfig) bool {
+			return c.Source == "redcell" && c.Target == "/etc/redcell/redcell.yaml"
+		}) {
+			t.Fatalf("%s does not mount the cluster config at /etc/redcell/redcell.yaml", svc.Name)
+		}
+		env := map[string]string{}
+		for k := range svc.Environment {
+			if strings.HasSuffix(k, "_FILE") {
+				env[k] = secretPath(svc, k)
+			}
+		}
+		t.Setenv("REDCELL_CLUSTER_SECRET", "") // only what the files give
+		t.Setenv("REDCELL_ADMIN_TOKEN", "")
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		fc, err := loadConfig(filepath.Join(dir, "redcell.yaml"))
+		for k := range env {
+			t.Setenv(k, "")
+		}
+		if err != nil {
+			t.Fatalf("%s: the cluster config: %v", svc.Name, err)
+		}
+		if fc.ClusterSecret != secrets["cluster_secret"] || fc.AdminToken != secrets["admin_token"] {
+			t.Errorf("%s reads its cluster secret and admin token from elsewhere than its secret files", svc.Name)
+		}
+		return fc
+	}
+	ipOf := func(svc types.ServiceConfig) string {
+		t.Helper()
+		n := svc.Networks["redcell"]
+		if n == nil || n.Ipv4Address == "" {
+			t.Fatalf("%s has no fixed address on network redcell (gossip advertises an IP)", svc.Name)
+		}
+		return n.Ipv4Address
+	}
+	host := func(addr string) string {
+		h, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatalf("address %q: %v", addr, err)
+		}
+		return h
+	}
+	probes := func(svc types.ServiceConfig, url string) {
+		t.Helper()
+		want := []string{"CMD", "/usr/local/bin/redcell", "healthcheck", url}
+		if svc.HealthCheck == nil || !slices.Equal([]string(svc.HealthCheck.Test), want) {
+			t.Errorf("%s's health check is %v, want %v", svc.Name, svc.HealthCheck, want)
+		}
+	}
+
+	fc := load(p.Services["router"])
+	if len(fc.Cells) != 3 {
+		t.Fatalf("the config has %d cells, want 3", len(fc.Cells))
+	}
+	var serverIDs []string
+	gossip := []string{fc.Router.Gossip}
+	for _, c := range fc.Cells {
+		svc, ok := p.Services[c.Name]
+		if !ok {
+			t.Errorf("cell %s has no service", c.Name)
+			continue
+		}
+		cfc := load(svc)
+		cc, _, err := cfc.cellConfig(c.Name)
+		if err != nil {
+			t.Errorf("cell %s: the config does not validate: %v", c.Name, err)
+			continue
+		}
+		if got, want := []string(svc.Command), []string{"cell", "--config", "/etc/redcell/redcell.yaml", "--name", c.Name}; !slices.Equal(got, want) {
+			t.Errorf("%s runs %v, want %v", c.Name, got, want)
+		}
+		ip := ipOf(svc)
+		for _, a := range []string{c.Listen, c.Gossip, c.AdminListen} {
+			if host(a) != ip {
+				t.Errorf("%s: %s is not its address %s", c.Name, a, ip)
+			}
+		}
+		gossip = append(gossip, c.Gossip)
+		probes(svc, "http://"+c.Listen+"/healthz")
+		dsn, err := mysql.ParseDSN(cc.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dsn.Passwd != secrets["db_password"] {
+			t.Errorf("%s's DSN has not the password of its secret file", c.Name)
+		}
+		db, ok := p.Services[host(dsn.Addr)]
+		if !ok {
+			t.Errorf("%s's database %s has no service", c.Name, dsn.Addr)
+			continue
+		}
+		if svc.DependsOn[db.Name].Condition != types.ServiceConditionHealthy {
+			t.Errorf("%s does not wait for %s to be healthy", c.Name, db.Name)
+		}
+		if !strings.HasPrefix(db.Image, "mariadb:") || db.HealthCheck == nil {
+			t.Errorf("%s: image %q, health check %v", db.Name, db.Image, db.HealthCheck)
+		}
+		if pw := db.Environment["MARIADB_ROOT_PASSWORD_FILE"]; pw == nil || secretPath(db, "MARIADB_ROOT_PASSWORD_FILE") != secretPath(svc, "REDCELL_DB_PASSWORD_FILE") {
+			t.Errorf("%s's root password is not the secret %s reads", db.Name, c.Name)
+		}
+		args := strings.Join(db.Command, " ")
+		id := regexp.MustCompile(`--server-id=(\d+)`).FindStringSubmatch(args)
+		if !strings.Contains(args, "--binlog-format=ROW") || !strings.Contains(args, "--log-bin") || id == nil {
+			t.Errorf("%s does not write a ROW binlog with a server id (moves replicate): %s", db.Name, args)
+		} else if slices.Contains(serverIDs, id[1]) {
+			t.Errorf("%s's server id %s is another's", db.Name, id[1])
+		} else {
+			serverIDs = append(serverIDs, id[1])
+		}
+		for _, m := range fc.Memcached {
+			if _, ok := p.Services[host(m)]; !ok {
+				t.Errorf("memcached %s has no service", m)
+			}
+		}
+	}
+	if len(p.Services) != 1+2*len(fc.Cells)+1 {
+		t.Errorf("%d services, want the router, a cell and a MariaDB per cell, and memcached: %v", len(p.Services), p.ServiceNames())
+	}
+
+	router := p.Services["router"]
+	if _, err := fc.routerConfig(); err != nil {
+		t.Errorf("the router's config does not validate: %v", err)
+	}
+	rip := ipOf(router)
+	for _, a := range []string{fc.Router.Listen, fc.Router.Gossip, fc.Router.AdminListen} {
+		if host(a) != rip {
+			t.Errorf("router: %s is not its address %s", a, rip)
+		}
+	}
+	probes(router, "http://"+fc.Router.Listen+"/healthz")
+	if got := fc.Router.APIKeys; got != "/run/secrets/api_keys" || !slices.ContainsFunc(router.Secrets, func(s types.ServiceSecretConfig) bool { return s.Source == "api_keys" }) {
+		t.Errorf("the router's API keys are %q, not its mounted secret api_keys", got)
+	}
+	var published []string
+	for _, port := range router.Ports {
+		published = append(published, port.Published)
+	}
+	if !slices.Contains(published, "8080") || !slices.Contains(published, "9200") {
+		t.Errorf("the router publishes %v, want 8080 (API) and 9200 (metrics, admin)", published)
+	}
+	slices.Sort(gossip)
+	seeds := slices.Sorted(slices.Values(fc.GossipSeeds))
+	if !slices.Equal(gossip, seeds) {
+		t.Errorf("gossip seeds %v, want every node's gossip address %v", seeds, gossip)
+	}
+
+	// The image: built static (no libc in the base), run as non-root, the
+	// binary where the health checks call it.
+	b, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	stages := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(df, -1)
+	final := df[strings.LastIndex(df, "\nFROM "):]
+	for _, want := range []string{"CGO_ENABLED=0", "./cmd/redcell"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile: no %q", want)
+		}
+	}
+	if len(stages) < 2 || !strings.Contains(stages[len(stages)-1][1], "distroless/static") {
+		t.Errorf("Dockerfile's final base is %v, want a distroless static base", stages)
+	}
+	if !regexp.MustCompile(`(?m)^USER\s+nonroot`).MatchString(final) || !strings.Contains(final, "/usr/local/bin/redcell") {
+		t.Errorf("Dockerfile's final stage does not run /usr/local/bin/redcell as nonroot:\n%s", final)
+	}
+	for name, svc := range p.Services {
+		if strings.HasPrefix(name, "cell-") || name == "router" {
+			if svc.Image != "redcell:dev" {
+				t.Errorf("%s runs image %q, want redcell:dev (docker build -t redcell:dev .)", name, svc.Image)
+			}
+		}
+	}
+}
