@@ -64,7 +64,7 @@ func (m *MySQL) leaseTable(s model.ShardID) string  { return m.dbName(s) + ".t_b
 
 func (m *MySQL) budgetDDL(s model.ShardID) []string {
 	return []string{
-		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
+		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s) + dbDefaults,
 		// The CHECK is the rule of model/budget.go once more, where the rows
 		// are: a write that would pass the budget fails.
 		`CREATE TABLE IF NOT EXISTS ` + m.budgetTable(s) + ` (

@@ -49,7 +49,7 @@ func (m *MySQL) couponPersonTable(db int) string {
 func (m *MySQL) couponDDL(db int) []string {
 	ascii := "CHARACTER SET ascii COLLATE ascii_bin NOT NULL"
 	return []string{
-		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", m.ns, db),
+		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", m.ns, db) + dbDefaults,
 		`CREATE TABLE IF NOT EXISTS ` + m.couponReqTable(db) + ` (
   app         VARCHAR(64) ` + ascii + ` DEFAULT '',
   serial_no   VARCHAR(64) ` + ascii + `,

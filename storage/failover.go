@@ -412,7 +412,7 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 			return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
 				st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
 		}
-		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS redcell_failover"); err != nil {
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS redcell_failover"+dbDefaults); err != nil {
 			return fmt.Errorf("storage: promote: mark: %w", err)
 		}
 		if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS redcell_failover.t_promoted (id TINYINT NOT NULL PRIMARY KEY, "+

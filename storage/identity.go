@@ -19,7 +19,7 @@ func (m *MySQL) identityTable(s model.ShardID) string {
 
 func (m *MySQL) identityDDL(s model.ShardID) []string {
 	return []string{
-		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
+		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s) + dbDefaults,
 		`CREATE TABLE IF NOT EXISTS ` + m.identityTable(s) + ` (
   app         VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
   app_user_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,

@@ -25,7 +25,7 @@ const (
 
 func (m *MySQL) makeMetaTables(ctx context.Context) error {
 	for _, q := range []string{
-		"CREATE DATABASE IF NOT EXISTS redcell_meta",
+		"CREATE DATABASE IF NOT EXISTS redcell_meta" + dbDefaults,
 		`CREATE TABLE IF NOT EXISTS ` + ownershipTable + ` (
   cell       VARCHAR(64) NOT NULL PRIMARY KEY,
   ranges     VARCHAR(512) NOT NULL,

@@ -288,7 +288,7 @@ func (m *MySQL) SaveReconPositions(ctx context.Context, pos map[int]int64) error
 
 func (m *MySQL) makeReconTable(ctx context.Context) error {
 	for _, q := range []string{
-		"CREATE DATABASE IF NOT EXISTS " + m.ns + "redcell_meta",
+		"CREATE DATABASE IF NOT EXISTS " + m.ns + "redcell_meta" + dbDefaults,
 		"CREATE TABLE IF NOT EXISTS " + m.reconTable() + ` (
   db         SMALLINT NOT NULL PRIMARY KEY,
   checked_ms BIGINT NOT NULL,

@@ -33,7 +33,7 @@ func (m *MySQL) rewardTable(db int) string {
 
 func (m *MySQL) rewardDDL(db int) []string {
 	return []string{
-		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", m.ns, db),
+		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", m.ns, db) + dbDefaults,
 		`CREATE TABLE IF NOT EXISTS ` + m.rewardTable(db) + ` (
   order_no    VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
   act_id      VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,

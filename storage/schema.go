@@ -28,6 +28,12 @@ import (
 	"redcell/model"
 )
 
+// dbDefaults follows every CREATE DATABASE: its tables compare text byte by
+// byte (an order number "O-1" is not "o-1", nor act_id "Alice" "alice"),
+// whatever the server's own default collation is (MariaDB's is
+// case-insensitive unless set otherwise).
+const dbDefaults = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+
 func (m *MySQL) dbName(s model.ShardID) string {
 	invariant.That(s.Valid(), "shard out of range")
 	return fmt.Sprintf("%sdb_%02d", m.ns, s.DB())
@@ -67,7 +73,7 @@ func (m *MySQL) claimTable(s model.ShardID, day int) string {
 
 func (m *MySQL) shardDDL(s model.ShardID) []string {
 	return []string{
-		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s),
+		"CREATE DATABASE IF NOT EXISTS " + m.dbName(s) + dbDefaults,
 		`CREATE TABLE IF NOT EXISTS ` + m.accountTable(s) + ` (
   act_id     VARCHAR(64) NOT NULL PRIMARY KEY,
   balance    BIGINT NOT NULL,
