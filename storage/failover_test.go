@@ -134,6 +134,14 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	if on != "ON" || clients != "1" {
 		t.Fatalf("semi-synchronous replication: status %q, clients %q; want ON with 1", on, clients)
 	}
+	// The watch samples the standby on its own beat: wait for its first
+	// sample of the running replica (a loaded machine, under -race, may
+	// take seconds) before the load, and check it again before the kill.
+	for deadline := time.Now().Add(15 * time.Second); f.Replicating() != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch did not find the standby replicating within 15 s (replicating = %d)", f.Replicating())
+		}
+	}
 	var noTxBefore int64
 	_ = m.db.QueryRow("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_NO_TX'").Scan(&noTxBefore)
 	var mu sync.Mutex
