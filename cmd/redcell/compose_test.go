@@ -96,8 +96,11 @@ func TestComposeDeployment(t *testing.T) {
 				env[k] = secretPath(svc, k)
 			}
 		}
-		t.Setenv("REDCELL_CLUSTER_SECRET", "") // only what the files give
-		t.Setenv("REDCELL_ADMIN_TOKEN", "")
+		for _, kv := range os.Environ() { // only the file and the service's own variables
+			if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "REDCELL_") {
+				t.Setenv(k, "")
+			}
+		}
 		for k, v := range env {
 			t.Setenv(k, v)
 		}
@@ -187,8 +190,13 @@ func TestComposeDeployment(t *testing.T) {
 			t.Errorf("%s's root password is not the secret %s reads", db.Name, c.Name)
 		}
 		args := strings.Join(db.Command, " ")
+		for _, want := range []string{"--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin", "--expire-logs-days="} {
+			if !slices.ContainsFunc(db.Command, func(a string) bool { return strings.HasPrefix(a, want) }) {
+				t.Errorf("%s runs without %s (byte-wise text comparison; binlogs that expire)", db.Name, want)
+			}
+		}
 		id := regexp.MustCompile(`--server-id=(\d+)`).FindStringSubmatch(args)
-		if !strings.Contains(args, "--binlog-format=ROW") || !strings.Contains(args, "--log-bin") || id == nil {
+		if !slices.Contains(db.Command, "--binlog-format=ROW") || !slices.ContainsFunc(db.Command, func(a string) bool { return strings.HasPrefix(a, "--log-bin=") }) || id == nil {
 			t.Errorf("%s does not write a ROW binlog with a server id (moves replicate): %s", db.Name, args)
 		} else if slices.Contains(serverIDs, id[1]) {
 			t.Errorf("%s's server id %s is another's", db.Name, id[1])
@@ -216,7 +224,14 @@ func TestComposeDeployment(t *testing.T) {
 		}
 	}
 	probes(router, "http://"+fc.Router.Listen+"/healthz")
-	if got := fc.Router.APIKeys; got != "/run/secrets/api_keys" || !slices.ContainsFunc(router.Secrets, func(s types.ServiceSecretConfig) bool { return s.Source == "api_keys" }) {
+	for _, c := range fc.Cells {
+		if router.DependsOn[c.Name].Condition != types.ServiceConditionHealthy {
+			t.Errorf("the router does not wait for %s to be healthy", c.Name)
+		}
+	}
+	if got := fc.Router.APIKeys; got != "/run/secrets/api_keys" || !slices.ContainsFunc(router.Secrets, func(s types.ServiceSecretConfig) bool {
+		return s.Source == "api_keys" && (s.Target == "" || s.Target == "api_keys" || s.Target == got)
+	}) || p.Secrets["api_keys"].File == "" {
 		t.Errorf("the router's API keys are %q, not its mounted secret api_keys", got)
 	}
 	var published []string
@@ -240,7 +255,11 @@ func TestComposeDeployment(t *testing.T) {
 	}
 	df := string(b)
 	stages := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(df, -1)
-	final := df[strings.LastIndex(df, "\nFROM "):]
+	last := strings.LastIndex(df, "\nFROM ")
+	if last < 0 {
+		t.Fatal("Dockerfile: no FROM")
+	}
+	final := df[last:]
 	for _, want := range []string{"CGO_ENABLED=0", "./cmd/redcell"} {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile: no %q", want)

@@ -32,7 +32,10 @@ func runHealthcheck(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	// No proxy: a container may be given HTTP_PROXY, and its probe of its
+	// own address must not go through it.
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -1,34 +1,59 @@
 #!/usr/bin/env bash
-# secrets.sh — makes the secret files deploy/compose/compose.yaml mounts, once:
-# random cluster secret, admin token and database password, and a demo API
-# key for the router (its hash in secrets/api-keys.yaml, the key itself in
-# secrets/api-key, for your client). Files that exist are kept, so running it
-# again changes nothing. It runs `redcell apikey` from $REDCELL_BIN, else
-# var/bin/redcell (make build), else the redcell:dev image.
+# secrets.sh — the secret files deploy/compose/compose.yaml mounts.
+#
+#   deploy/compose/secrets.sh                       make what is missing, once
+#   deploy/compose/secrets.sh add-key APP SCOPES    one more API key (then: docker compose restart router)
+#
+# The first form writes a random cluster secret, admin token and database
+# password, and a demo API key for the router (its hash in
+# secrets/api-keys.yaml, the key itself in secrets/api-key, for your client).
+# Files that exist are kept, so running it again changes nothing; a new
+# db_password needs the MariaDB volumes made again (docker compose down -v):
+# MariaDB sets its root password only on an empty data directory.
+#
+# It runs `redcell apikey` from $REDCELL_BIN, else var/bin/redcell (make build),
+# else the redcell:dev image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dir="$here/secrets"
 mkdir -p "$dir"
 chmod 700 "$dir"
-umask 077
+
+apikey() {
+  local bin=${REDCELL_BIN:-}
+  if [ -z "$bin" ] && [ -x "$here/../../var/bin/redcell" ]; then bin="$here/../../var/bin/redcell"; fi
+  if [ -n "$bin" ]; then
+    "$bin" apikey add --keys "$dir/api-keys.yaml" "$@"
+  else
+    docker run --rm --user "$(id -u):$(id -g)" -v "$dir:/out" redcell:dev \
+      apikey add --keys /out/api-keys.yaml "$@"
+  fi
+  # Compose bind-mounts a secret file as it is, and the router runs as
+  # another user (nonroot): the hashes must be readable to it.
+  chmod 644 "$dir/api-keys.yaml"
+}
+
+case "${1:-}" in
+  add-key)
+    [ $# -eq 3 ] || { echo "usage: $0 add-key APP SCOPES   (scopes: read,deposit,send,open,identity or all)" >&2; exit 2; }
+    apikey --app "$2" --scopes "$3" --out "$dir/api-key-$2"
+    echo "secrets.sh: the key is in $dir/api-key-$2; restart the router: docker compose -f $here/compose.yaml restart router"
+    exit 0
+    ;;
+  "") ;;
+  *) echo "usage: $0 [add-key APP SCOPES]" >&2; exit 2 ;;
+esac
+
 for name in cluster_secret admin_token db_password; do
   if [ ! -s "$dir/$name" ]; then
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/$name"
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/$name")
+    # Readable to the containers' users (MariaDB's mysql, redcell's nonroot):
+    # Compose bind-mounts the file as it is. The directory stays 700.
+    chmod 644 "$dir/$name"
     echo "secrets.sh: wrote $dir/$name"
   fi
 done
 if [ ! -s "$dir/api-keys.yaml" ]; then
-  bin=${REDCELL_BIN:-}
-  [ -n "$bin" ] || { [ -x "$here/../../var/bin/redcell" ] && bin="$here/../../var/bin/redcell"; } || true
-  if [ -n "$bin" ]; then
-    "$bin" apikey add --keys "$dir/api-keys.yaml" --app demo --scopes all --out "$dir/api-key"
-  else
-    docker run --rm --user "$(id -u):$(id -g)" -v "$dir:/out" redcell:dev \
-      apikey add --keys /out/api-keys.yaml --app demo --scopes all --out /out/api-key
-  fi
+  apikey --app demo --scopes all --out "$dir/api-key"
   echo "secrets.sh: wrote $dir/api-keys.yaml and the demo key in $dir/api-key"
 fi
-# The containers run as other users (MariaDB's mysql, redcell's nonroot):
-# Compose bind-mounts these files, so they must be readable to them.
-chmod 644 "$dir"/cluster_secret "$dir"/admin_token "$dir"/db_password "$dir"/api-keys.yaml
-chmod 755 "$dir"
