@@ -46,6 +46,8 @@ stop_cluster "$VAR"
 rm -f "$VAR"/pids/*.pid
 
 stopping=0
+starting_db=0 # 1 while MariaDB servers are being started in background jobs
+watchdog=""
 shutdown() {
   # Once begun, the shutdown runs to the end: further INT, TERM and HUP are
   # ignored (GNU make forwards a TERM of its own to this script when its group
@@ -59,8 +61,17 @@ shutdown() {
   echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
   # A MariaDB still starting (a signal during the start) is waited for, so
   # that it is there to be stopped; start_mariadb gives up within a minute.
+  # The jobs are listed, not taken from $m1..$m4: the signal can come between
+  # "start_mariadb ... &" and "m1=$!", when the server's job runs but $m1 is
+  # not set yet (stop_cluster then stopped its bootstrap, the second attempt
+  # started a server after this script had gone). While servers start, every
+  # job but the watchdog is one of theirs.
   local job
-  for job in ${m1:-} ${m2:-} ${m3:-} ${m4:-}; do wait "$job" 2>/dev/null; done
+  if [ "$starting_db" = 1 ]; then
+    for job in $(jobs -p); do
+      [ "$job" = "$watchdog" ] || wait "$job" 2>/dev/null
+    done
+  fi
   stop_cluster "$VAR"
   if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
   rm -f "$VAR"/pids/*.pid
@@ -71,7 +82,8 @@ trap shutdown EXIT
 
 # The watchdog stops the cluster if this script dies without doing it.
 setsid "$here/watchdog.sh" "$VAR" $$ >>"$VAR/log/watchdog.log" 2>&1 </dev/null &
-echo $! >"$VAR/pids/watchdog.pid"
+watchdog=$!
+echo "$watchdog" >"$VAR/pids/watchdog.pid"
 
 echo "building redcell ..."
 (cd "$root" && go build -o "$VAR/bin/redcell" ./cmd/redcell)
@@ -172,6 +184,7 @@ echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2
 # server by replication (redcell cells), and a standby replicates from it.
 r1=""; r2=""; b1=1; b2=2
 if [ "$standby" = 1 ]; then r1=1; r2=2; b1=""; b2=""; fi
+starting_db=1
 REDCELL_REPL_ID=$r1 REDCELL_BINLOG_ID=$b1 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
 REDCELL_REPL_ID=$r2 REDCELL_BINLOG_ID=$b2 start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
 if [ "$spare" = 1 ]; then
@@ -185,6 +198,7 @@ if [ "$standby" = 1 ]; then
   start_standby "$VAR/cell-2/standby" "$s2" "$db2" 12 durable & m4=$!
   wait "$m3" && wait "$m4" || { echo "a standby failed to start" >&2; exit 1; }
 fi
+starting_db=0
 start_memcached "$VAR/memcached" "$mc"
 
 start_proc() {
