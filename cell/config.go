@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"redcell/api"
-	"redcell/cell/climit"
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
+	"redcell/internal/climit"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
@@ -92,7 +92,7 @@ type Config struct {
 	// COUPONS_DISABLED.
 	Coupons string
 	// CouponRates are the cluster-wide rates of the two coupon layers,
-	// requests per second shared by every cell (cell/climit): [0] the
+	// requests per second shared by every cell (internal/climit): [0] the
 	// activity decision, [1] the stock deduction and issue.
 	CouponRates [2]int
 	// CouponMergeMax is the most queued requests one stock deduction takes
@@ -112,7 +112,7 @@ type Config struct {
 	// it is taken again (a cell died or stopped holding it).
 	CouponStaleAfter time.Duration
 	// CouponMemcache keeps the coupon layers' cluster-wide token pools
-	// (cell/climit); nil: each cell takes rate/N on its own.
+	// (internal/climit); nil: each cell takes rate/N on its own.
 	CouponMemcache climit.Memcache
 
 	// RewardKeys is the reward token key file (cell/rewardtoken: Ed25519

@@ -14,10 +14,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
-	"redcell/cell/climit"
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
+	"redcell/internal/climit"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -26,7 +26,7 @@ import (
 // The coupon drop (Config.Coupons), as Douyin Pay ran its Spring Festival
 // one: a request is stored in the person's cell and answered 202 at once;
 // each space's engine (cell/couponq) decides it behind, in two layers of
-// local queues paced by cluster-wide limits (cell/climit), deducting each
+// local queues paced by cluster-wide limits (internal/climit), deducting each
 // batch's stock once per merge from the batch's home cell. A batch's stock
 // is a budget row (couponq.StockKey) in its home shard
 // (sharding.BudgetShard), deducted by leases with no reserve under the

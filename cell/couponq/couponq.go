@@ -59,7 +59,7 @@ type Stock interface {
 	Return(ctx context.Context, batch, leaseID string, unused int64) error
 }
 
-// Limiter paces a layer: one token per request (cell/climit.Limiter).
+// Limiter paces a layer: one token per request (internal/climit.Limiter).
 type Limiter interface {
 	Allow() bool
 	Wait(ctx context.Context) error

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"redcell/cell/climit"
 	"redcell/cell/couponbatch"
+	"redcell/internal/climit"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"

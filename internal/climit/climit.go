@@ -63,6 +63,9 @@ type Config struct {
 	// Cells counts the cells sharing the limit, for the fallback's rate/N
 	// (nil: 1).
 	Cells func() int
+	// FallbackBurst is the fallback bucket's burst, shared out as
+	// FallbackBurst/N (at least 1); 0: 1.
+	FallbackBurst int
 }
 
 // Limiter is one cluster-wide limit in one cell. Safe for concurrent use.
@@ -95,16 +98,29 @@ func New(cfg Config, mc Memcache, clk clock.Clock) (*Limiter, error) {
 	cfg.Chunk = min(cfg.Chunk, cfg.Rate)
 	clk = clock.Or(clk)
 	l := &Limiter{cfg: cfg, mc: mc, clock: clk}
-	l.fallback = rate.NewLimiter(l.fallbackRate(), 1)
+	l.fallback = rate.NewLimiter(l.fallbackRate(), l.fallbackBurst()) // starts full
 	return l, nil
 }
 
-func (l *Limiter) fallbackRate() rate.Limit {
-	n := 1
+func (l *Limiter) cells() int {
 	if l.cfg.Cells != nil {
-		n = max(l.cfg.Cells(), 1)
+		return max(l.cfg.Cells(), 1)
 	}
-	return rate.Limit(float64(l.cfg.Rate) / float64(n))
+	return 1
+}
+
+func (l *Limiter) fallbackRate() rate.Limit {
+	return rate.Limit(float64(l.cfg.Rate) / float64(l.cells()))
+}
+
+func (l *Limiter) fallbackBurst() int { return max(l.cfg.FallbackBurst/l.cells(), 1) }
+
+// toFallback sets the fallback bucket to the share of now's number of cells.
+func (l *Limiter) toFallback(now time.Time) {
+	l.fallback.SetLimitAt(now, l.fallbackRate())
+	if b := l.fallbackBurst(); b != l.fallback.Burst() {
+		l.fallback.SetBurstAt(now, b)
+	}
 }
 
 // Allow takes one token if the limit allows it now; it never waits.
@@ -113,7 +129,7 @@ func (l *Limiter) Allow() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mc == nil || now.Before(l.downUntil) {
-		l.fallback.SetLimitAt(now, l.fallbackRate())
+		l.toFallback(now)
 		return l.fallback.AllowN(now, 1)
 	}
 	sec := now.Unix()
@@ -128,7 +144,7 @@ func (l *Limiter) Allow() bool {
 		if err != nil {
 			l.fellBack++
 			l.downUntil = now.Add(retryAfter)
-			l.fallback.SetLimitAt(now, l.fallbackRate())
+			l.toFallback(now)
 			return l.fallback.AllowN(now, 1)
 		}
 		l.refills++
