@@ -285,6 +285,7 @@ var status = map[string]int{
 	model.ErrShuttingDown.Code:         http.StatusServiceUnavailable,
 	model.ErrUnauthenticated.Code:      http.StatusUnauthorized,
 	model.ErrPermissionDenied.Code:     http.StatusForbidden,
+	model.ErrBlocked.Code:              http.StatusForbidden,
 	model.ErrUnsupportedMediaType.Code: http.StatusUnsupportedMediaType,
 	model.ErrRateLimited.Code:          http.StatusTooManyRequests,
 	model.ErrUserRateLimited.Code:      http.StatusTooManyRequests,

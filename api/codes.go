@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"net/http"
 	"sort"
 
 	"github.com/valyala/fasthttp"
@@ -69,12 +70,22 @@ func WriteErrorStatus(rc *fasthttp.RequestCtx, status int, err error) {
 
 // WriteErrorBody writes an envelope rendered in advance (ErrorJSON of an error
 // with code), with status: refusals answered in floods are prepared once.
+//
+// A 429 or 503 answer (a rate limit, load shedding, a degrade switch, a
+// shard moving) carries Retry-After: 1 (seconds) unless the caller sets its
+// own after this: clients back off instead of retrying at once.
 func WriteErrorBody(rc *fasthttp.RequestCtx, status int, code string, body []byte) {
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
 	rc.Response.Header.Set(HeaderCode, code)
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		rc.Response.Header.Set(HeaderRetryAfter, "1")
+	}
 	rc.SetBody(body)
 }
+
+// HeaderRetryAfter is RFC 9110's Retry-After, in whole seconds here.
+const HeaderRetryAfter = "Retry-After"
 
 // ResponseCode returns an answer's HeaderCode, or nil when it has none. It
 // does not allocate: the slice is the header's and valid until resp changes.
@@ -90,7 +101,7 @@ var sentinels = func() map[string]*model.Error {
 		model.ErrBudgetExhausted, model.ErrSceneRateLimited, model.ErrNoActiveStage, model.ErrWithdrawNotReleased,
 		model.ErrTokenRefused, model.ErrDegraded, model.ErrWrongCell, model.ErrMoving, model.ErrCellUnavailable,
 		model.ErrOverloaded, model.ErrTimeout, model.ErrBodyTooLarge, model.ErrMethodNotAllowed, model.ErrShuttingDown,
-		model.ErrUnauthenticated, model.ErrPermissionDenied, model.ErrUnsupportedMediaType, model.ErrRateLimited,
+		model.ErrUnauthenticated, model.ErrPermissionDenied, model.ErrBlocked, model.ErrUnsupportedMediaType, model.ErrRateLimited,
 		model.ErrUserRateLimited, model.ErrCellRateLimited, model.ErrDBUnavailable, model.ErrInternal} {
 		m[e.Code] = e
 	}

@@ -63,6 +63,8 @@ const (
 	RouteKeysList         // GET /admin/keys on the router's admin port
 	RouteKeysAdd          // POST /admin/keys on the router's admin port
 	RouteKeysRevoke       // DELETE /admin/keys/{id} on the router's admin port
+	RouteRulesGet         // GET /admin/rules on the router's admin port: degrade fractions and anti-abuse rules, with hits
+	RouteRulesReload      // POST /admin/rules/reload on the router's admin port: read the rules file again
 	RouteCount            // the number of RouteIDs, RouteOther included
 	routePublicEnd        = RouteCredits
 	routeFirstPublic      = RouteAccount
@@ -181,6 +183,8 @@ var routes = [RouteCount]Route{
 	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysAdd:       {ID: RouteKeysAdd, Method: http.MethodPost, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},
 	RouteKeysRevoke:    {ID: RouteKeysRevoke, Method: http.MethodDelete, Pattern: "/admin/keys/{id}", Label: "keys", Port: PortRouterAdmin},
+	RouteRulesGet:      {ID: RouteRulesGet, Method: http.MethodGet, Pattern: "/admin/rules", Label: "rules", Port: PortRouterAdmin},
+	RouteRulesReload:   {ID: RouteRulesReload, Method: http.MethodPost, Pattern: "/admin/rules/reload", Label: "rules", Port: PortRouterAdmin},
 }
 
 // Paths of the routes without a parameter, and builders for the others. A

@@ -75,6 +75,9 @@ var (
 	// API key lacks the route's scope, or it marked a request as stress traffic
 	// without the cluster's signature.
 	ErrPermissionDenied = &Error{"PERMISSION_DENIED", "the caller may not do this"}
+	// ErrBlocked: a rule of the router's anti-abuse table (router.rules_file)
+	// refuses this caller's address, act_id or headers; retrying does not help.
+	ErrBlocked = &Error{"BLOCKED", "refused by an anti-abuse rule"}
 	// ErrUnsupportedMediaType: a request body sent as anything but
 	// application/json (a charset parameter of utf-8 is allowed).
 	ErrUnsupportedMediaType = &Error{"UNSUPPORTED_MEDIA_TYPE", "request bodies must be sent as application/json"}

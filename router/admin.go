@@ -12,6 +12,7 @@ import (
 	"redcell/api"
 	"redcell/model"
 	"redcell/router/apikey"
+	"redcell/router/rules"
 )
 
 // ErrAdminDisabled answers every admin route but /metrics when the router has
@@ -119,9 +120,35 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		}
 		r.log.Info("API key revoked", "id", k.ID, "app", k.App)
 		r.writeAdminJSON(rc, k)
+	case api.RouteRulesGet, api.RouteRulesReload:
+		if r.rules == nil {
+			r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router has no rules file (router.rules_file)"))
+			return
+		}
+		if rt.ID == api.RouteRulesReload {
+			changed, err := r.rules.Reload()
+			if err != nil {
+				// The table in force stays; the answer says why the file was refused.
+				r.writeErr(rc, model.Invalidf("%v (the rules in force stay)", err))
+				return
+			}
+			r.log.Info("rules reloaded", "changed", changed, "version", r.rules.Table().Version)
+		}
+		r.writeAdminJSON(rc, RulesResponse{File: r.rules.Path(), Summary: r.rules.Table().Summary(ruleRoutes), LastError: r.rules.LastError()})
 	default: // a route of the table this port does not serve
 		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
 	}
+}
+
+// RulesResponse answers GET /admin/rules and POST /admin/rules/reload: the
+// rules file, the table in force (degrade switches below 100 %, answers
+// dropped per route, the rules with the requests each refused since the
+// table was loaded) and the last load's error ("" when it went well; the
+// watch of the file reports there too).
+type RulesResponse struct {
+	File string `json:"file"`
+	rules.Summary
+	LastError string `json:"last_error"`
 }
 
 // decodeAdmin decodes a JSON admin body strictly into v.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"sort"
@@ -10,7 +11,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"redcell/api"
+	"redcell/internal/climit"
 	"redcell/router/apikey"
+	"redcell/router/rules"
 )
 
 // The router's routes are the public ones of api's table: RouteOther (an
@@ -140,4 +143,81 @@ func (u *userLimits) size() int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// ruleRoutes are the route names the rules file names routes by, by RouteID
+// ("" for routeOther, which no rule sees).
+var ruleRoutes = func() []string {
+	out := make([]string, routeCount)
+	copy(out, routeNames[:])
+	out[routeOther] = ""
+	return out
+}()
+
+// defaultSharedPrefix starts the cluster-wide limits' memcached keys.
+const defaultSharedPrefix = "rc:rl:"
+
+// newShared makes the cluster-wide limits of Config.Shared.
+func (r *Router) newShared() error {
+	sh := r.cfg.Shared
+	if sh == nil {
+		return nil
+	}
+	if sh.Memcache == nil {
+		return errors.New("router: Shared needs a memcached client")
+	}
+	prefix := sh.Prefix
+	if prefix == "" {
+		prefix = defaultSharedPrefix
+	}
+	for id := routeOther + 1; id < routeCount; id++ {
+		rl := r.cfg.RateLimits[routeNames[id]]
+		l, err := climit.New(climit.Config{Name: "route-" + routeNames[id], Prefix: prefix, Rate: rl.PerSec,
+			Cells: r.routers, FallbackBurst: rl.Burst}, sh.Memcache, sh.Clock)
+		if err != nil {
+			return fmt.Errorf("router: %w", err)
+		}
+		r.sharedRoutes[id] = l
+	}
+	u, err := climit.NewBuckets(climit.BucketsConfig{Prefix: prefix + "user:", PerSec: r.cfg.UserRate.PerSec, Burst: r.cfg.UserRate.Burst,
+		Procs: r.routers, MaxLocal: r.cfg.UserLimitersMax}, sh.Memcache, sh.Clock)
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	r.sharedUsers = u
+	return nil
+}
+
+// routers is how many routers share the limits (Shared.Routers), at least
+// 1, asked at most once a second: the fallbacks call it on every request
+// while memcached is down.
+func (r *Router) routers() int {
+	if r.cfg.Shared == nil || r.cfg.Shared.Routers == nil {
+		return 1
+	}
+	now := time.Now().UnixNano()
+	if last := r.routersAt.Load(); now-last >= int64(time.Second) && r.routersAt.CompareAndSwap(last, now) {
+		r.routersN.Store(int64(r.cfg.Shared.Routers()))
+	}
+	return int(max(r.routersN.Load(), 1))
+}
+
+// newRuleBucket makes a limit rule's buckets: shared through memcached with
+// Config.Shared, else this router's own.
+func (r *Router) newRuleBucket(rule string, perSec, burst int) (rules.Bucket, error) {
+	cfg := climit.BucketsConfig{PerSec: perSec, Burst: burst, MaxLocal: r.cfg.UserLimitersMax}
+	if sh := r.cfg.Shared; sh != nil {
+		prefix := sh.Prefix
+		if prefix == "" {
+			prefix = defaultSharedPrefix
+		}
+		cfg.Prefix, cfg.Procs = prefix+"rule:"+rule+":", r.routers
+		return climit.NewBuckets(cfg, sh.Memcache, sh.Clock)
+	}
+	return climit.NewBuckets(cfg, nil, nil) // nil, not a typed nil: this router's own buckets
+}
+
+// retryAfterSecs is a wait as Retry-After's whole seconds, at least 1.
+func retryAfterSecs(d time.Duration) int {
+	return max(1, int((d+time.Second-1)/time.Second))
 }

@@ -13,8 +13,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,10 +26,13 @@ import (
 
 	"redcell/api"
 	"redcell/api/cellclient"
+	"redcell/internal/climit"
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 	"redcell/internal/retry"
 	"redcell/model"
 	"redcell/router/apikey"
+	"redcell/router/rules"
 	"redcell/sharding"
 )
 
@@ -72,6 +78,48 @@ type Config struct {
 	// UserLimitersMax bounds the act_ids whose buckets are kept; the ones idle
 	// longest are forgotten first (see userLimits). >= 1024.
 	UserLimitersMax int
+
+	// Shared, when set, makes RateLimits and UserRate hold for all routers
+	// together, through memcached (see Shared); nil: each router counts
+	// alone, so N routers let N times the limits through.
+	Shared *Shared
+
+	// RulesFile is the degrade switches and anti-abuse rules (router/rules),
+	// read at start, on POST /admin/rules/reload and when it changes; "":
+	// none. A file that does not exist yet is an empty table.
+	RulesFile string
+	// ClientIPHeader names a header set by a trusted proxy in front of the
+	// routers (e.g. X-Forwarded-For) whose last address is the client's, for
+	// the rules' ips; "": the connection's address.
+	ClientIPHeader string
+}
+
+// Shared is what the cluster-wide limits need: memcached and the number of
+// routers.
+//
+// A route's limit is then a window counter per second in memcached
+// (internal/climit.Limiter: PerSec for the whole cluster, each router taking
+// chunks of a twentieth), after the router's own bucket of PerSec and Burst.
+// A person's is a token bucket in memcached (internal/climit.Buckets: GCRA
+// by compare-and-swap, PerSec and Burst for the whole cluster), after the
+// router's own bucket, which keeps refusing a flood cheap. When memcached
+// fails, each router falls back to a share of limit/N for a second at a time
+// (N from Routers).
+type Shared struct {
+	Memcache SharedMemcache
+	// Routers counts the live routers (the membership); nil or < 1: 1.
+	Routers func() int
+	// Prefix starts the limits' memcached keys (default "rc:rl:").
+	Prefix string
+	// Clock is the shared limits' clock (nil: the system's); tests set one.
+	Clock clock.Clock
+}
+
+// SharedMemcache is what the cluster-wide limits call on memcached
+// (gomemcache's *memcache.Client).
+type SharedMemcache interface {
+	climit.Memcache
+	climit.CASMemcache
 }
 
 // DefaultConfig returns the defaults, with reasons.
@@ -147,20 +195,27 @@ type Keys interface {
 
 // Router forwards requests to cells. Create it with New.
 type Router struct {
-	cfg     Config
-	routes  Routes
-	keys    Keys
-	log     *slog.Logger
-	http    *fasthttp.Server
-	admin   *fasthttp.Server // the admin port's server (Config.AdminListen)
-	now     func() time.Time // the rate limiters' clock; time.Now outside tests
-	limits  [routeCount]*rate.Limiter
-	users   *userLimits
-	metrics *metrics
-	signer  *api.Signer // signs every forwarded request (Config.ClusterSecret)
+	cfg    Config
+	routes Routes
+	keys   Keys
+	log    *slog.Logger
+	http   *fasthttp.Server
+	admin  *fasthttp.Server // the admin port's server (Config.AdminListen)
+	now    func() time.Time // the rate limiters' clock; time.Now outside tests
+	limits [routeCount]*rate.Limiter
+	users  *userLimits
+	// shared are the cluster-wide limits (Config.Shared): per route, and per
+	// act_id; nil without Shared.
+	sharedRoutes [routeCount]*climit.Limiter
+	sharedUsers  *climit.Buckets
+	rules        *rules.Source // nil without Config.RulesFile
+	routersN     atomic.Int64  // Shared.Routers, asked at routersAt (Unix ns)
+	routersAt    atomic.Int64
+	metrics      *metrics
+	signer       *api.Signer // signs every forwarded request (Config.ClusterSecret)
 	// refusals are the prepared answers of the rate limits, by kind and route:
 	// refusing must stay cheap when a flood is what is being refused.
-	refusals [limitKinds][routeCount][]byte
+	refusals [limitKinds + 1][routeCount][]byte // + limitDegraded
 
 	mu      sync.Mutex             // guards clients
 	clients map[string]*cellClient // by cell address
@@ -179,13 +234,25 @@ func New(cfg Config, routes Routes, keys Keys, reg *prometheus.Registry, log *sl
 	r := &Router{cfg: cfg, routes: routes, keys: keys, log: log, clients: map[string]*cellClient{}, now: time.Now,
 		limits: newRouteLimiters(cfg.RateLimits), users: newUserLimits(cfg.UserRate, cfg.UserLimitersMax),
 		signer: api.NewSigner(cfg.ClusterSecret)}
-	r.metrics = newMetrics(reg, r.users)
+	if err := r.newShared(); err != nil {
+		return nil, err
+	}
+	if cfg.RulesFile != "" {
+		src, err := rules.Open(cfg.RulesFile, ruleRoutes, r.newRuleBucket, log.With("component", "rules"))
+		if err != nil {
+			return nil, err
+		}
+		r.rules = src
+	}
+	r.metrics = newMetrics(reg, r.users, r.sharedUsers)
 	for id := routeOther + 1; id < routeCount; id++ {
 		rl := cfg.RateLimits[routeNames[id]]
 		_, r.refusals[limitRoute][id] = api.ErrorJSON(model.Errorf(model.ErrRateLimited,
 			"route %s is above its limit of %d requests/s; retry later", routeNames[id], rl.PerSec))
 		_, r.refusals[limitUser][id] = api.ErrorJSON(model.Errorf(model.ErrUserRateLimited,
 			"this act_id is above %d requests/s; retry later", cfg.UserRate.PerSec))
+		_, r.refusals[limitDegraded][id] = api.ErrorJSON(model.Errorf(model.ErrDegraded,
+			"route %s lets only part of its requests through for now (degrade switch); retry later", routeNames[id]))
 	}
 	r.http = &fasthttp.Server{
 		Handler:            r.handle,
@@ -239,6 +306,11 @@ func (r *Router) Serve(ctx context.Context, ln, admin net.Listener) error {
 	if admin != nil {
 		go func() { errc <- r.serve(r.admin, admin) }()
 		r.log.Info("router admin port", "addr", admin.Addr().String(), "token_set", r.cfg.AdminToken != "")
+	}
+	if r.rules != nil {
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go r.rules.Watch(wctx, time.Second) // every router reads the same file
 	}
 	var err error
 	select {
@@ -348,32 +420,103 @@ func bodyActID(body []byte) string {
 	return b.ActID
 }
 
-// admit applies the per-user limit, then the route's. It writes the refusal
-// and returns false when one says no. The user's bucket goes first, so that
-// one user's flood spends its own tokens, not the route's that everyone shares.
+// admit applies the rules table (degrade switch, anti-abuse rules), the
+// per-user limit, then the route's. It writes the refusal and returns false
+// when one says no. The user's bucket goes before the route's, so that one
+// user's flood spends its own tokens, not the route's that everyone shares;
+// with Config.Shared each is this router's bucket first (a flood is refused
+// without a memcached call), then the cluster's.
 func (r *Router) admit(rc *fasthttp.RequestCtx, t target) bool {
 	now := r.now()
-	if !api.IsStress(&rc.Request.Header) {
-		user := t.user
-		if t.route.UserInBody {
-			user = bodyActID(rc.PostBody())
+	stress := api.IsStress(&rc.Request.Header)
+	var tab *rules.Table
+	if r.rules != nil {
+		if tab = r.rules.Table(); tab.Idle() {
+			tab = nil
 		}
-		if user != "" && !r.users.allow(user, now) {
-			r.refuse(rc, limitUser, t.route.ID)
+	}
+	user := t.user
+	if t.route.UserInBody && (!stress || tab != nil) {
+		user = bodyActID(rc.PostBody())
+	}
+	if tab != nil && !r.checkRules(rc, tab, t, user) {
+		return false
+	}
+	if !stress && user != "" {
+		if !r.users.allow(user, now) {
+			r.refuse(rc, limitUser, t.route.ID, 1)
 			return false
+		}
+		// Only an act_id that can be valid reaches memcached (a grab's or
+		// open's body is not validated yet): any other is the cell's to refuse.
+		if r.sharedUsers != nil && model.ValidateActID(user) == nil {
+			if ok, wait := r.sharedUsers.Allow(user); !ok {
+				r.refuse(rc, limitUser, t.route.ID, retryAfterSecs(wait))
+				return false
+			}
 		}
 	}
 	if !r.limits[t.route.ID].AllowN(now, 1) {
-		r.refuse(rc, limitRoute, t.route.ID)
+		r.refuse(rc, limitRoute, t.route.ID, 1)
+		return false
+	}
+	if l := r.sharedRoutes[t.route.ID]; l != nil && !l.Allow() {
+		r.refuse(rc, limitRoute, t.route.ID, 1)
 		return false
 	}
 	return true
 }
 
-func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id api.RouteID) {
+// refuse answers 429 with the prepared refusal of kind and route, asking the
+// client to wait retryAfter seconds.
+func (r *Router) refuse(rc *fasthttp.RequestCtx, kind int, id api.RouteID, retryAfter int) {
 	r.metrics.limited[kind][id].Inc()
 	api.WriteErrorBody(rc, http.StatusTooManyRequests, limitCodes[kind], r.refusals[kind][id])
-	rc.Response.Header.Set("Retry-After", "1")
+	if retryAfter > 1 {
+		rc.Response.Header.Set(api.HeaderRetryAfter, strconv.Itoa(retryAfter))
+	}
+}
+
+// checkRules runs the request through tab (router/rules) and answers the
+// refusals: 503 DEGRADED (the route's degrade switch), 403 BLOCKED, 429
+// USER_RATE_LIMITED (a limit rule), each with Retry-After but the block.
+func (r *Router) checkRules(rc *fasthttp.RequestCtx, tab *rules.Table, t target, user string) bool {
+	q := rules.Request{Route: int(t.route.ID), IP: r.clientIP(rc), ActID: user,
+		Header: func(name string) []byte { return rc.Request.Header.Peek(name) }}
+	v, rule, wait := tab.Check(&q)
+	switch v {
+	case rules.Degraded:
+		r.metrics.ruled[v][t.route.ID].Inc()
+		api.WriteErrorBody(rc, http.StatusServiceUnavailable, model.ErrDegraded.Code, r.refusals[limitDegraded][t.route.ID])
+	case rules.Blocked:
+		r.metrics.ruled[v][t.route.ID].Inc()
+		api.WriteError(rc, model.Errorf(model.ErrBlocked, "refused by the anti-abuse rule %q", rule))
+		return false
+	case rules.Limited:
+		r.metrics.ruled[v][t.route.ID].Inc()
+		api.WriteError(rc, model.Errorf(model.ErrUserRateLimited, "above the limit of the anti-abuse rule %q; retry later", rule))
+	default:
+		return true
+	}
+	rc.Response.Header.Set(api.HeaderRetryAfter, strconv.Itoa(wait))
+	return false
+}
+
+// clientIP is the client's address for the rules: the last address of
+// Config.ClientIPHeader (the one the trusted proxy saw) when set and valid,
+// else the connection's.
+func (r *Router) clientIP(rc *fasthttp.RequestCtx) netip.Addr {
+	if h := r.cfg.ClientIPHeader; h != "" {
+		v := rc.Request.Header.Peek(h)
+		if i := bytes.LastIndexByte(v, ','); i >= 0 {
+			v = v[i+1:]
+		}
+		if a, err := netip.ParseAddr(string(bytes.TrimSpace(v))); err == nil {
+			return a.Unmap()
+		}
+	}
+	a, _ := netip.AddrFromSlice(rc.RemoteIP())
+	return a.Unmap()
 }
 
 func (r *Router) handle(rc *fasthttp.RequestCtx) {

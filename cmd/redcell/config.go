@@ -54,6 +54,16 @@ type routerSection struct {
 	// HealthProbeInterval: how often the router probes each cell's /livez
 	// (router.Prober); unset: 1s; 0s: no probes.
 	HealthProbeInterval *time.Duration `yaml:"health_probe_interval"`
+	// SharedLimits: the route and per-user limits hold for all routers
+	// together, through memcached (router.Shared); unset: on when memcached
+	// is configured.
+	SharedLimits *bool `yaml:"shared_limits"`
+	// RulesFile: the degrade switches and anti-abuse rules (router/rules),
+	// relative to this file; "": none.
+	RulesFile string `yaml:"rules_file"`
+	// ClientIPHeader: a header a trusted proxy sets, whose last address is
+	// the client's (for the rules' ips); "": the connection's address.
+	ClientIPHeader string `yaml:"client_ip_header"`
 }
 
 type rateEntry struct {
@@ -466,7 +476,21 @@ func (fc fileConfig) routerConfig() (router.Config, error) {
 	setInt(&c.UserRate.PerSec, u.PerSec)
 	setInt(&c.UserRate.Burst, u.Burst)
 	setInt(&c.UserLimitersMax, u.MaxUsers)
+	c.RulesFile, c.ClientIPHeader = fc.path(fc.Router.RulesFile), fc.Router.ClientIPHeader
 	return c, c.Validate()
+}
+
+// sharedLimits reports whether the routers' limits are cluster-wide
+// (router.shared_limits; by default when memcached is configured). Errors:
+// on without memcached.
+func (fc fileConfig) sharedLimits() (bool, error) {
+	if fc.Router.SharedLimits == nil {
+		return len(fc.Memcached) > 0, nil
+	}
+	if *fc.Router.SharedLimits && len(fc.Memcached) == 0 {
+		return false, fmt.Errorf("config: router.shared_limits needs memcached servers (memcached)")
+	}
+	return *fc.Router.SharedLimits, nil
 }
 
 // apiKeysPath returns the router's key file (router.api_keys), resolved

@@ -269,6 +269,16 @@ func runRouter(ctx context.Context, args []string) error {
 	defer stopProbes()
 	go routes.Run(probeCtx)
 	cfg.Cells = newCellJobs(ctx, fc, *path, log.With("component", "cells"))
+	shared, err := fc.sharedLimits()
+	if err != nil {
+		return err
+	}
+	if shared {
+		mc := memcache.New(fc.Memcached...)
+		mc.Timeout = 100 * time.Millisecond // a limit check must not hold a request up for long
+		mc.MaxIdleConns = 256
+		cfg.Shared = &router.Shared{Memcache: mc, Routers: node.Routers}
+	}
 	rt, err := router.New(cfg, routes, keys, reg, log)
 	if err != nil {
 		return err

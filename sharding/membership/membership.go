@@ -232,6 +232,21 @@ func (n *Node) Changed() <-chan struct{} {
 // Members returns the number of live members, this node included.
 func (n *Node) Members() int { return n.ml.NumMembers() }
 
+// Routers returns the number of live routers, this node included when it is
+// one (the routers' cluster-wide limits fall back to a share of 1/Routers).
+// It decodes every member's metadata: call it when the answer is needed, not
+// per request.
+func (n *Node) Routers() int {
+	count := 0
+	for _, m := range n.ml.Members() {
+		var meta Meta
+		if json.Unmarshal(m.Meta, &meta) == nil && meta.Role == RoleRouter {
+			count++
+		}
+	}
+	return count
+}
+
 // Leave tells the cluster this node is going (so routers stop sending to it at
 // once) and stops gossiping.
 func (n *Node) Leave(timeout time.Duration) error {

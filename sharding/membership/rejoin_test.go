@@ -279,6 +279,10 @@ func TestRouterRejoin(t *testing.T) {
 	if _, ok := waitMap(old, 10*time.Second, func(m *sharding.Map) bool { return m.Uncovered() == 0 }); !ok {
 		t.Fatalf("the cluster never formed")
 	}
+	// Routers counts the routers alone (the shared limits' N), on every member.
+	if d, ok := waitFor(5*time.Second, func() bool { return old.Routers() == 1 && cell2.Routers() == 1 && cell2.Members() == 3 }); !ok {
+		t.Fatalf("after %s: Routers %d and %d, want 1 of 3 members", d, old.Routers(), cell2.Routers())
+	}
 	if err := old.Shutdown(); err != nil {
 		t.Fatal(err)
 	}

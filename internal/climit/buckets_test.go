@@ -1,0 +1,209 @@
+package climit
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"golang.org/x/time/rate"
+
+	"redcell/internal/clock"
+	"redcell/internal/testenv"
+)
+
+// routers makes n Buckets of one family on the test memcached (one per
+// process sharing the limit), on clk.
+func routers(t *testing.T, n, perSec, burst int, clk clock.Clock) []*Buckets {
+	t.Helper()
+	mc := memcache.New(testenv.Memcached(t))
+	prefix := "rc:test:user:" + testenv.Prefix() + ":"
+	var out []*Buckets
+	for range n {
+		b, err := NewBuckets(BucketsConfig{Prefix: prefix, PerSec: perSec, Burst: burst, Procs: func() int { return n }}, mc, clk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// One person at 3x the limit, spread across two routers for 10 s: the shared
+// buckets accept the limit plus the burst, where two buckets per process
+// accept about twice that (measured in the same run).
+func TestBucketsHoldAcrossProcesses(t *testing.T) {
+	const perSec, burst, secs, factor = 20, 40, 10, 3
+	clk := clock.NewManual(time.Unix(1_900_000_000, 0))
+	shared := routers(t, 2, perSec, burst, clk)
+	local := []*rate.Limiter{rate.NewLimiter(perSec, burst), rate.NewLimiter(perSec, burst)}
+	step := time.Second / (perSec * factor)
+	var sharedOK, localOK int
+	var waits []time.Duration
+	for i := range perSec * factor * secs {
+		r := i % 2 // alternate routers
+		ok, wait := shared[r].Allow("act-1")
+		if ok {
+			sharedOK++
+		} else if wait <= 0 || wait > time.Second {
+			t.Fatalf("request %d refused with wait %v: want (0, 1s]", i, wait)
+		} else {
+			waits = append(waits, wait)
+		}
+		if local[r].AllowN(clk.Now(), 1) {
+			localOK++
+		}
+		clk.Advance(step)
+	}
+	bound := perSec*secs + burst
+	if sharedOK > bound || sharedOK < bound-2 {
+		t.Fatalf("shared buckets accepted %d of %d, want about %d (limit x time + burst), at most that", sharedOK, perSec*factor*secs, bound)
+	}
+	if localOK < 2*bound-4 {
+		t.Fatalf("per-process buckets accepted %d: the baseline should be about twice %d", localOK, bound)
+	}
+	t.Logf("3x the limit over two routers for %d s: shared %d accepted (bound %d), per-process %d (%.2fx)",
+		secs, sharedOK, bound, localOK, float64(localOK)/float64(sharedOK))
+	for _, b := range shared {
+		if s := b.Stats(); s.Fallbacks != 0 || s.Failures != 0 {
+			t.Fatalf("memcached was up, yet: %+v", s)
+		}
+	}
+	// Another act_id has a bucket of its own, full.
+	for i := range burst {
+		if ok, _ := shared[i%2].Allow("act-2"); !ok {
+			t.Fatalf("act-2's request %d refused: its bucket is not act-1's", i)
+		}
+	}
+	if ok, _ := shared[0].Allow("act-2"); ok {
+		t.Fatal("act-2 got more than its burst at one instant")
+	}
+}
+
+// Many goroutines in several processes take one key's tokens at the same
+// instant: compare-and-swap lets exactly the burst through, never more.
+func TestBucketsConcurrentTakersGetTheBurst(t *testing.T) {
+	const burst = 30
+	clk := clock.NewManual(time.Unix(1_900_000_200, 0))
+	bs := routers(t, 3, 10, burst, clk)
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if o, _ := bs[g%3].Allow("hot"); o {
+					ok.Add(1)
+				} else {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() > burst {
+		t.Fatalf("%d taken at one instant, burst is %d", ok.Load(), burst)
+	}
+	// Refusals after casAttempts conflicts are allowed (counted), never extra tokens.
+	var conflicts int64
+	for _, b := range bs {
+		conflicts += b.Stats().Conflicts
+	}
+	if ok.Load()+conflicts < burst {
+		t.Fatalf("only %d taken and %d refused for conflicts: the burst is %d", ok.Load(), conflicts, burst)
+	}
+	t.Logf("120 concurrent tries: %d taken, %d refused (%d after CAS conflicts)", ok.Load(), refused.Load(), conflicts)
+}
+
+// With memcached unreachable each process decides alone from PerSec/N and
+// Burst/N, reports it, and goes back to memcached a second later.
+func TestBucketsFallBackToTheirShare(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	mc := memcache.New(addr)
+	mc.Timeout = 100 * time.Millisecond
+	clk := clock.NewManual(time.Unix(1_900_000_400, 0))
+	procs := 4
+	b, err := NewBuckets(BucketsConfig{Prefix: "rc:test:fb:", PerSec: 20, Burst: 40, Procs: func() int { return procs }}, mc, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range 100 {
+		if ok, _ := b.Allow("act-1"); ok {
+			got++
+		}
+	}
+	if got != 10 { // Burst/N = 40/4
+		t.Fatalf("on the fallback one instant gave %d, want Burst/N = 10", got)
+	}
+	if !b.FallingBack() {
+		t.Fatal("FallingBack false while memcached is down")
+	}
+	s := b.Stats()
+	if s.Failures != 1 || s.Fallbacks != 100 {
+		t.Fatalf("one failure should put 1 s of calls on the fallback: %+v", s)
+	}
+	clk.Advance(time.Second) // the fallback's second is over: memcached is asked again
+	if b.FallingBack() {
+		t.Fatal("still on the fallback a second later")
+	}
+	procs = 2 // fewer routers: a bigger share each
+	got = 0
+	for range 100 {
+		if ok, _ := b.Allow("act-1"); ok {
+			got++
+		}
+	}
+	if s := b.Stats(); s.Failures != 2 {
+		t.Fatalf("after a second the buckets should ask memcached again (failures %d, want 2)", s.Failures)
+	}
+	// The second passed at the old share (20/4 a second): 5 tokens, then the
+	// share of 2 (10/s, burst 20) applies from now.
+	if got != 5 {
+		t.Fatalf("a second later: %d, want 5", got)
+	}
+	clk.Advance(time.Second) // now at 10/s, still failing: 10 more
+	got = 0
+	for range 100 {
+		if ok, _ := b.Allow("act-1"); ok {
+			got++
+		}
+	}
+	if got != 10 {
+		t.Fatalf("a second on a share of 2 routers gave %d, want 10", got)
+	}
+}
+
+// A value that is not a TAT (damaged, or an old format) starts the bucket full.
+func TestBucketsDamagedItem(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_900_000_600, 0))
+	mc := memcache.New(testenv.Memcached(t))
+	prefix := "rc:test:dmg:" + testenv.Prefix() + ":"
+	if err := mc.Set(&memcache.Item{Key: prefix + "a", Value: []byte("garbage"), Expiration: 60}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBuckets(BucketsConfig{Prefix: prefix, PerSec: 5, Burst: 3}, mc, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range 10 {
+		if ok, _ := b.Allow("a"); ok {
+			got++
+		}
+	}
+	if got != 3 {
+		t.Fatalf("took %d, want the burst 3", got)
+	}
+	if _, err := NewBuckets(BucketsConfig{PerSec: 0, Burst: 1}, mc, clk); err == nil {
+		t.Fatal("PerSec 0 accepted")
+	}
+}
