@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,6 +65,10 @@ type routerSection struct {
 	// ClientIPHeader: a header a trusted proxy sets, whose last address is
 	// the client's (for the rules' ips); "": the connection's address.
 	ClientIPHeader string `yaml:"client_ip_header"`
+	// AdvertiseHost: the host other members reach the router's gossip at,
+	// with gossip's port ("": gossip's host); REDCELL_ADVERTISE_HOST
+	// overrides it for one process.
+	AdvertiseHost string `yaml:"advertise_host"`
 }
 
 type rateEntry struct {
@@ -89,6 +94,10 @@ type cellEntry struct {
 	StandbyDSN string `yaml:"standby_dsn"`
 	// AdminListen is the cell's admin port (runtime settings); empty: none.
 	AdminListen string `yaml:"admin_listen"`
+	// AdvertiseHost is the host routers and cells reach this cell at, with
+	// the ports of listen and gossip ("": listen's and gossip's own hosts);
+	// REDCELL_ADVERTISE_HOST overrides it for one process.
+	AdvertiseHost string `yaml:"advertise_host"`
 }
 
 type cellSection struct {
@@ -478,6 +487,48 @@ func (fc fileConfig) routerConfig() (router.Config, error) {
 	setInt(&c.UserLimitersMax, u.MaxUsers)
 	c.RulesFile, c.ClientIPHeader = fc.path(fc.Router.RulesFile), fc.Router.ClientIPHeader
 	return c, c.Validate()
+}
+
+// cellAdvertise returns the HTTP and gossip addresses cell name announces
+// (advertised). Errors: no such cell; a listen or gossip address that binds
+// every address without an advertise host.
+func (fc fileConfig) cellAdvertise(name, listen, gossip string) (httpAddr, gossipAddr string, err error) {
+	host := ""
+	for _, e := range fc.Cells {
+		if e.Name == name {
+			host = e.AdvertiseHost
+		}
+	}
+	if httpAddr, err = advertised(listen, host, "cell "+name+" listen"); err != nil {
+		return "", "", err
+	}
+	if gossipAddr, err = advertised(gossip, host, "cell "+name+" gossip"); err != nil {
+		return "", "", err
+	}
+	return httpAddr, gossipAddr, nil
+}
+
+// advertised returns addr (host:port) with its host replaced by the
+// process's advertise host: REDCELL_ADVERTISE_HOST, else configured (a
+// cell's or the router's advertise_host), else addr as it is. Errors: addr
+// binds every address (0.0.0.0, ::, or no host) and no advertise host is
+// set: other members could not reach what it announces.
+func advertised(addr, configured, what string) (string, error) {
+	host := os.Getenv("REDCELL_ADVERTISE_HOST")
+	if host == "" {
+		host = configured
+	}
+	h, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("config: %s %q: %w", what, addr, err)
+	}
+	if host == "" {
+		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+			return "", fmt.Errorf("config: %s %q listens on every address: set advertise_host (or REDCELL_ADVERTISE_HOST) to the address the others reach it at", what, addr)
+		}
+		return addr, nil
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // sharedLimits reports whether the routers' limits are cluster-wide

@@ -531,3 +531,28 @@ func TestSecretFiles(t *testing.T) {
 		}
 	}
 }
+
+// A process announces its advertise host with its listen and gossip ports;
+// one bound to every address without an advertise host is refused.
+func TestAdvertised(t *testing.T) {
+	t.Setenv("REDCELL_ADVERTISE_HOST", "")
+	for _, c := range []struct{ addr, host, want, err string }{
+		{"127.0.0.1:9101", "", "127.0.0.1:9101", ""},
+		{"0.0.0.0:9101", "10.1.2.3", "10.1.2.3:9101", ""},
+		{"[::]:7947", "fd00::5", "[fd00::5]:7947", ""},
+		{"0.0.0.0:9101", "", "", "listens on every address"},
+		{":9101", "", "", "listens on every address"},
+		{"nohost", "10.1.2.3", "", "missing port"},
+	} {
+		got, err := advertised(c.addr, c.host, "cell x listen")
+		if got != c.want || (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("advertised(%q, %q) = %q, %v; want %q, %q", c.addr, c.host, got, err, c.want, c.err)
+		}
+	}
+	t.Setenv("REDCELL_ADVERTISE_HOST", "10.9.9.9") // the process's own wins over the file's
+	fc := fileConfig{Cells: []cellEntry{{Name: "cell-1", AdvertiseHost: "10.1.1.1"}}}
+	h, g, err := fc.cellAdvertise("cell-1", "0.0.0.0:9101", "0.0.0.0:7947")
+	if err != nil || h != "10.9.9.9:9101" || g != "10.9.9.9:7947" {
+		t.Fatalf("cellAdvertise: %q %q %v", h, g, err)
+	}
+}

@@ -140,9 +140,13 @@ func runCell(ctx context.Context, args []string) error {
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
 	cfg.CouponMemcache = mc
+	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
+	if err != nil {
+		return err
+	}
 	node, err := membership.Join(membership.Config{
-		Name: cfg.Name, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
-		Meta: membership.Meta{Role: membership.RoleCell, Addr: cfg.Listen, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
+		Name: cfg.Name, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
+		Meta: membership.Meta{Role: membership.RoleCell, Addr: httpAddr, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
 	})
 	if err != nil {
 		return err
@@ -248,8 +252,12 @@ func runRouter(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	gossipAddr, err := advertised(gossip, fc.Router.AdvertiseHost, "router gossip")
+	if err != nil {
+		return err
+	}
 	node, err := membership.Join(membership.Config{
-		Name: "router-" + cfg.Listen, Bind: gossip, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
+		Name: "router-" + cfg.Listen, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleRouter},
 	})
 	if err != nil {

@@ -61,6 +61,9 @@ type Config struct {
 	// name, which Join makes unique for each process.
 	Name  string
 	Bind  string   // gossip host:port (UDP and TCP)
+	// Advertise is the gossip host:port other members reach this one at
+	// ("": Bind), for a Bind on every address (0.0.0.0 in a container).
+	Advertise string
 	Seeds []string // gossip addresses to join; unreachable ones are retried
 	Meta  Meta     // Name and Started are set by Join
 	Log   *slog.Logger
@@ -141,6 +144,16 @@ func Join(cfg Config) (*Node, error) {
 	mc.Name = n.node
 	mc.BindAddr, mc.BindPort = host, port
 	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	if cfg.Advertise != "" {
+		ahost, aport, err := net.SplitHostPort(cfg.Advertise)
+		if err != nil {
+			return nil, fmt.Errorf("membership: advertise %q: %w", cfg.Advertise, err)
+		}
+		if mc.AdvertisePort, err = strconv.Atoi(aport); err != nil {
+			return nil, fmt.Errorf("membership: advertise port %q: %w", aport, err)
+		}
+		mc.AdvertiseAddr = ahost
+	}
 	// A leave (and every other broadcast) is sent in RetransmitMult x
 	// ceil(log10(n+1)) packets, gossip and probes alike. DefaultLocalConfig's
 	// 2 makes that 2 packets in a cluster of a few members; with a crashed
