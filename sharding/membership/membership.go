@@ -59,14 +59,14 @@ type Config struct {
 	// Name is the cell's name ("cell-1") or the router's ("router-<listen>"):
 	// the name routing and logs know it by. It is not the memberlist node
 	// name, which Join makes unique for each process.
-	Name  string
-	Bind  string   // gossip host:port (UDP and TCP)
+	Name string
+	Bind string // gossip host:port (UDP and TCP)
 	// Advertise is the gossip host:port other members reach this one at
 	// ("": Bind), for a Bind on every address (0.0.0.0 in a container).
 	Advertise string
-	Seeds []string // gossip addresses to join; unreachable ones are retried
-	Meta  Meta     // Name and Started are set by Join
-	Log   *slog.Logger
+	Seeds     []string // gossip addresses to join; unreachable ones are retried
+	Meta      Meta     // Name and Started are set by Join
+	Log       *slog.Logger
 
 	// onChange, set only by this package's tests, is called with every Map
 	// the node publishes, in order, under the node's lock.
