@@ -10,7 +10,10 @@
 // refused, reset, timed out, ctx ended), wrapped with the method and path.
 // Retryable tells the two kinds of "try again" apart from a final refusal.
 //
-// The client does not retry by itself: the caller decides, with Retryable.
+// The client does not retry by itself: the caller decides, with Retryable,
+// and waits Backoff before it sends again: the answer's Retry-After (rate
+// limits, load shedding, a degraded route) or an exponential backoff, with
+// jitter, so that clients refused together do not all come back together.
 // Every write of the API is idempotent by a key the caller sends (a reward by
 // its order number {act_id}_{scene}_{rain}_{award_type}_{stage}, a withdrawal
 // or deposit by its order_no), so sending the same request again after a
@@ -29,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -146,6 +150,8 @@ type Error struct {
 	Code      string
 	Message   string
 	Retryable bool
+	// RetryAfter is the answer's Retry-After (whole seconds), 0 without one.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -235,6 +241,33 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any, kee
 	return nil
 }
 
+// The exponential backoff of Backoff without a Retry-After: backoffBase for
+// the first retry, doubling up to backoffMax.
+const (
+	backoffBase = 100 * time.Millisecond
+	backoffMax  = 5 * time.Second
+)
+
+// Backoff returns how long to wait before sending a call that failed with
+// err again, for the attempt'th retry (1 for the first): the answer's
+// Retry-After when it has one, else 100 ms doubling per attempt up to 5 s;
+// either with up to half of it again added at random, so that the clients a
+// shed load refused together come back spread out. It is 0 for an err that
+// is not Retryable: do not send it again.
+func Backoff(err error, attempt int) time.Duration {
+	if !Retryable(err) {
+		return 0
+	}
+	var d time.Duration
+	var e *Error
+	if errors.As(err, &e) && e.RetryAfter > 0 {
+		d = e.RetryAfter // the server's word, above backoffMax too
+	} else {
+		d = min(backoffBase<<min(max(attempt-1, 0), 10), backoffMax)
+	}
+	return d + rand.N(d/2+1)
+}
+
 // messageMax bounds the Message of an answer that had no envelope.
 const messageMax = 256
 
@@ -242,6 +275,9 @@ const messageMax = 256
 // the code of api.HeaderCode when the answer has it.
 func answerError(resp *http.Response, b []byte) *Error {
 	e := &Error{Status: resp.StatusCode}
+	if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
+		e.RetryAfter = time.Duration(min(s, 3600)) * time.Second
+	}
 	var eb api.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
 		e.Code, e.Message, e.Retryable = eb.Error.Code, eb.Error.Message, eb.Error.Retryable

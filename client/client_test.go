@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -276,5 +277,58 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if _, err := client.New("https://router.example:8443/base", key); err != nil {
 		t.Errorf("a base URL with a path: %v", err)
+	}
+}
+
+// Backoff waits the answer's Retry-After, or an exponential backoff capped
+// at 5 s, each with up to half again of jitter; nothing for a final refusal.
+func TestBackoff(t *testing.T) {
+	status, retryAfter := 429, "3"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		code := map[int]string{429: "USER_RATE_LIMITED", 503: "OVERLOADED", 404: "NOT_FOUND"}[status]
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"error":{"code":%q,"message":"m","retryable":%v}}`, code, status != 404)
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "rck_0123456789ab_"+strings.Repeat("x", 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func() error { _, err := c.Wallet(context.Background(), "bob", ""); return err }
+	between := func(d, lo, hi time.Duration) {
+		t.Helper()
+		if d < lo || d > hi {
+			t.Fatalf("backoff %v, want within [%v, %v]", d, lo, hi)
+		}
+	}
+	err = call()
+	var e *client.Error
+	if !errors.As(err, &e) || e.RetryAfter != 3*time.Second {
+		t.Fatalf("429 with Retry-After 3: %#v", err)
+	}
+	spread := map[time.Duration]bool{}
+	for range 20 {
+		d := client.Backoff(err, 1)
+		between(d, 3*time.Second, 4500*time.Millisecond)
+		spread[d] = true
+	}
+	if len(spread) < 10 {
+		t.Fatalf("20 backoffs gave %d distinct waits: no jitter", len(spread))
+	}
+	status, retryAfter = 503, ""
+	err = call()
+	between(client.Backoff(err, 1), 100*time.Millisecond, 150*time.Millisecond)
+	between(client.Backoff(err, 3), 400*time.Millisecond, 600*time.Millisecond)
+	between(client.Backoff(err, 40), 5*time.Second, 7500*time.Millisecond)
+	status = 404
+	if d := client.Backoff(call(), 1); d != 0 {
+		t.Fatalf("NOT_FOUND: backoff %v, want 0 (do not retry)", d)
+	}
+	if d := client.Backoff(context.Canceled, 1); d != 0 {
+		t.Fatalf("cancelled: %v", d)
 	}
 }
