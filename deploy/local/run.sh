@@ -172,6 +172,28 @@ fi
 # The callers' API keys live in $VAR/api-keys.yaml (router.api_keys, hashes
 # only). A demo app with every scope gets a key once, in $VAR/api-key, before
 # the router starts; later runs keep using it (make clean forgets it).
+# The router's degrade switches and anti-abuse rules (router.rules_file): a
+# commented template the first time, read again by the router when it changes.
+if [ ! -e "$VAR/rules.yaml" ]; then
+  cat >"$VAR/rules.yaml" <<'RULES'
+# Degrade switches and anti-abuse rules of the router (docs/operations.md,
+# "Degrade and block at the router"). Saved changes apply within a second.
+#
+# admit:              # percent of a route's requests let through; 0 closes it
+#   detail: 50
+# retry_after: 5      # seconds a degraded answer asks clients to wait
+# rules:              # the first rule that matches decides
+#   - name: scraper
+#     header: User-Agent
+#     pattern: "(?i)python-requests"
+#     action: block
+#   - name: one-subnet
+#     ips: ["198.51.100.0/24"]
+#     action: limit
+#     limit: {per_sec: 5, burst: 10, by: ip}
+RULES
+fi
+
 keyfile="$VAR/api-key"
 keys=$("$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml") # whole, before grep: no early exit under pipefail
 # A key made before the newest scopes existed (reward, withdraw, coupon) is replaced.

@@ -1,7 +1,10 @@
 package rules
 
 import (
+	"io"
+	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +99,40 @@ rules:
 	s := tab.Summary(routeNames)
 	if s.Admit["detail"] != 0 || len(s.Admit) != 1 || s.Degraded["detail"] != 1 || s.Rules[0].Refused != 1 || s.Rules[1].Refused != 1 {
 		t.Fatalf("summary: %+v", s)
+	}
+}
+
+// A file of comments only (make run's template) is the empty table; one that
+// does not parse keeps the table in force and says why.
+func TestSourceReload(t *testing.T) {
+	path := t.TempDir() + "/rules.yaml"
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("# admit:\n#   open: 0\n\n")
+	src, err := Open(path, routeNames, newCount, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil || !src.Table().Idle() {
+		t.Fatalf("comments only: %v, idle %v", err, err == nil && src.Table().Idle())
+	}
+	write("admit:\n  open: 0\n")
+	if changed, err := src.Reload(); !changed || err != nil || src.Table().Idle() {
+		t.Fatalf("reload: %v %v", changed, err)
+	}
+	if changed, err := src.Reload(); changed || err != nil {
+		t.Fatalf("the same content again: changed %v, %v", changed, err)
+	}
+	write("admit: [")
+	if _, err := src.Reload(); err == nil || src.LastError() == "" || src.Table().Idle() {
+		t.Fatalf("a bad file: %v, last error %q, table %+v", err, src.LastError(), src.Table().Summary(routeNames))
+	}
+	if _, err := Open(path, routeNames, newCount, slog.Default()); err == nil {
+		t.Fatal("Open of a bad file succeeded")
+	}
+	_ = os.Remove(path)
+	if _, err := src.Reload(); err != nil || !src.Table().Idle() {
+		t.Fatalf("a removed file is the empty table: %v", err)
 	}
 }

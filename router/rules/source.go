@@ -64,7 +64,7 @@ func (s *Source) Reload() (changed bool, err error) {
 		return false, nil
 	}
 	t := Empty(len(s.routes))
-	if len(bytes.TrimSpace(b)) > 0 {
+	if !blank(b) {
 		if t, err = Parse(b, s.routes, s.newBucket); err != nil {
 			s.lastErr = err.Error()
 			return false, fmt.Errorf("rules: %s: %w", s.path, err)
@@ -95,6 +95,17 @@ func (s *Source) Watch(ctx context.Context, every time.Duration) {
 			}
 		}
 	}
+}
+
+// blank reports whether b holds nothing but blank lines and comments: the
+// empty table (a template with every line commented out).
+func blank(b []byte) bool {
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' {
+			return false
+		}
+	}
+	return true
 }
 
 // Path is the file's path.
