@@ -68,6 +68,11 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// What the cell announces, checked before it waits for its database.
+	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
+	if err != nil {
+		return err
+	}
 	bcfg, err := fc.breakerConfig()
 	if err != nil {
 		return err
@@ -140,10 +145,6 @@ func runCell(ctx context.Context, args []string) error {
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
 	cfg.CouponMemcache = mc
-	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
-	if err != nil {
-		return err
-	}
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleCell, Addr: httpAddr, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
@@ -257,7 +258,7 @@ func runRouter(ctx context.Context, args []string) error {
 		return err
 	}
 	node, err := membership.Join(membership.Config{
-		Name: "router-" + cfg.Listen, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
+		Name: "router-" + gossipAddr, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleRouter},
 	})
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,7 +46,6 @@ const (
 	redcellImage     = "redcell:dev" // docker build -t redcell:dev . (Dockerfile, Compose)
 	redcellImageName = "redcell"     // the name kustomization.yaml's images entry rewrites
 	redcellBinary    = "/usr/local/bin/redcell"
-	podIPPlaceholder = "${POD_IP}"
 )
 
 // How long a process may take to stop after SIGTERM, from the code
@@ -81,10 +79,13 @@ const (
 //     (checkK8sLayout);
 //   - the cluster config in the ConfigMap loads with redcell's own loader and
 //     validators (cmd/redcell's loadConfig, cellConfig, routerConfig), in each
-//     pod as its containers see it: its env, its Secret and ConfigMap files
-//     where they are mounted, the cells' copy written by their init
-//     container (run here with sh), the pod's IP; and every address in it is
-//     a Service and port of the manifests, or the pod's own (checkK8sConfig).
+//     pod as its containers see it: its env (a made-up pod IP for the
+//     downward API's status.podIP), its Secret and ConfigMap files where they
+//     are mounted. Every address it names is a Service and port of the
+//     manifests, or one the process binds on every address of its pod; and
+//     what each process announces (cmd/redcell's advertised and
+//     cellAdvertise, as serve.go calls them) is the pod's IP with the port
+//     of the container the others dial (checkK8sConfig).
 //
 // The subtests named refuses_* break one thing each and check that it is
 // found, so the checks can fail.
@@ -162,11 +163,10 @@ func TestKubernetesManifests(t *testing.T) {
 		{"headless", func(t *testing.T, m *k8sManifests) {
 			m.services["redcell-gossip"].Spec.ClusterIP = ""
 		}, "serviceName redcell-gossip is not a headless Service"},
-		{"env_order", func(t *testing.T, m *k8sManifests) {
-			c := &podOf(t, m, "Deployment", "redcell-router").Containers[0]
-			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "POD_IP" })
-			c.Env = append(slices.Delete(slices.Clone(c.Env), i, i+1), c.Env[i])
-		}, "REDCELL_ROUTER_GOSSIP refers to $(POD_IP), which is not set before it"},
+		{"env_ref", func(t *testing.T, m *k8sManifests) {
+			e := envNamed(t, m, "Deployment", "redcell-router", "REDCELL_ADVERTISE_HOST")
+			e.Value, e.ValueFrom = "$(POD_IP)", nil
+		}, "REDCELL_ADVERTISE_HOST refers to $(POD_IP), which is not set before it"},
 		{"shell_in_image", func(t *testing.T, m *k8sManifests) {
 			c := &podOf(t, m, "Deployment", "redcell-router").Containers[0]
 			c.Lifecycle.PreStop = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "sleep 10"}}}
@@ -193,13 +193,47 @@ func TestKubernetesManifests(t *testing.T) {
 		})
 	}
 
-	// The config checks find a config the processes would refuse, or one
-	// that names what the manifests do not declare.
-	configFails := []struct{ name, old, new, want string }{
-		{"dsn_host", "redcell-db-2:3306", "mariadb-2:3306", `cell-2: dsn: "mariadb-2:3306" is no Service`},
-		{"memcached_port", "redcell-memcached:11211", "redcell-memcached:11212", `memcached: "redcell-memcached:11212": Service redcell-memcached has no port 11212`},
-		{"unknown_key", "gossip_seeds:", "gossip_seed:", "field gossip_seed not found"},
-		{"listen", `listen: "${POD_IP}:9101"`, `listen: "0.0.0.0:9101"`, "cell-1: listen 0.0.0.0:9101 is not the pod's IP and its http port"},
+	// The config checks find a config the processes would refuse, one that
+	// names what the manifests do not declare, or an address announced that
+	// the others could not reach.
+	configFails := []struct {
+		name   string
+		mutate func(t *testing.T, m *k8sManifests)
+		want   string
+	}{
+		{"dsn_host", configEdit("redcell-db-2:3306", "mariadb-2:3306"), `cell-2: dsn: "mariadb-2:3306" is no Service`},
+		{"memcached_port", configEdit("redcell-memcached:11211", "redcell-memcached:11212"), `memcached: "redcell-memcached:11212": Service redcell-memcached has no port 11212`},
+		{"unknown_key", configEdit("gossip_seeds:", "gossip_seed:"), "field gossip_seed not found"},
+		// Announced as the pod's IP still, but bound to the loopback only.
+		{"listen", configEdit(`listen: "0.0.0.0:9101"`, `listen: "127.0.0.1:9101"`), "cell-1: listen 127.0.0.1:9101 does not bind every address of the pod at its http port"},
+		{"cell_no_advertise_host", func(t *testing.T, m *k8sManifests) {
+			c := &podOf(t, m, "StatefulSet", "redcell-cell-1").Containers[0]
+			c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "REDCELL_ADVERTISE_HOST" })
+		}, `cell-1: redcell refuses the config: config: cell cell-1 listen "0.0.0.0:9101" listens on every address`},
+		{"router_no_advertise_host", func(t *testing.T, m *k8sManifests) {
+			c := &podOf(t, m, "Deployment", "redcell-router").Containers[0]
+			c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "REDCELL_ADVERTISE_HOST" })
+		}, `router gossip "0.0.0.0:7946" listens on every address`},
+		{"advertise_node_ip", func(t *testing.T, m *k8sManifests) {
+			envNamed(t, m, "StatefulSet", "redcell-cell-3", "REDCELL_ADVERTISE_HOST").ValueFrom.FieldRef.FieldPath = "status.hostIP"
+		}, "cell-3 announces listen " + k8sNodeIP + ":9101, not the pod's IP 10.244.3.7 and its http port 9101"},
+		// A headless Service gives the pods' own IPs, which a process dials
+		// at the seed's port: a cell gossiping on another port is never
+		// joined through the seeds, though it is consistent in itself.
+		{"gossip_port", func(t *testing.T, m *k8sManifests) {
+			c := &podOf(t, m, "StatefulSet", "redcell-cell-2").Containers[0]
+			for i := range c.Ports {
+				if strings.HasPrefix(c.Ports[i].Name, "gossip-") {
+					c.Ports[i].ContainerPort = 7947
+				}
+			}
+			cm := m.configMaps["redcell-config"]
+			before, after, ok := strings.Cut(cm.Data["redcell.yaml"], "- name: cell-2\n")
+			if !ok || !strings.Contains(after, `gossip: "0.0.0.0:7946"`) {
+				t.Fatal("redcell.yaml has no cell-2 gossiping on 0.0.0.0:7946")
+			}
+			cm.Data["redcell.yaml"] = before + "- name: cell-2\n" + strings.Replace(after, `gossip: "0.0.0.0:7946"`, `gossip: "0.0.0.0:7947"`, 1)
+		}, "gossip seed redcell-gossip:7946: StatefulSet redcell-cell-2 gossips on port 7947"},
 	}
 	for _, c := range configFails {
 		t.Run("refuses_config_"+c.name, func(t *testing.T) {
@@ -207,16 +241,25 @@ func TestKubernetesManifests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cm := m.configMaps["redcell-config"]
-			if !strings.Contains(cm.Data["redcell.yaml"], c.old) {
-				t.Fatalf("redcell.yaml has no %q", c.old)
-			}
-			cm.Data["redcell.yaml"] = strings.Replace(cm.Data["redcell.yaml"], c.old, c.new, 1)
+			c.mutate(t, m)
 			problems := checkK8sConfig(t, m, bin, compose)
 			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, c.want) }) {
 				t.Errorf("want a problem with %q, got %q", c.want, problems)
 			}
 		})
+	}
+}
+
+// configEdit returns a mutation that replaces the first old in the
+// ConfigMap's cluster config by new.
+func configEdit(old, new string) func(t *testing.T, m *k8sManifests) {
+	return func(t *testing.T, m *k8sManifests) {
+		t.Helper()
+		cm := m.configMaps["redcell-config"]
+		if !strings.Contains(cm.Data["redcell.yaml"], old) {
+			t.Fatalf("redcell.yaml has no %q", old)
+		}
+		cm.Data["redcell.yaml"] = strings.Replace(cm.Data["redcell.yaml"], old, new, 1)
 	}
 }
 
@@ -503,6 +546,18 @@ func volumeNamed(t *testing.T, m *k8sManifests, kind, name, volume string) *core
 		t.Fatalf("%s %s has no volume %s", kind, name, volume)
 	}
 	return &spec.Volumes[i]
+}
+
+// envNamed returns the env variable called name of the first container of
+// the workload kind/name.
+func envNamed(t *testing.T, m *k8sManifests, kind, name, env string) *corev1.EnvVar {
+	t.Helper()
+	c := &podOf(t, m, kind, name).Containers[0]
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == env })
+	if i < 0 {
+		t.Fatalf("%s %s has no env %s", kind, name, env)
+	}
+	return &c.Env[i]
 }
 
 // selected returns the workloads whose pod template's labels sel matches.
@@ -1192,8 +1247,10 @@ func checkK8sScripts(t *testing.T, m *k8sManifests) {
 // -overlay, nothing on disk changes): `redcell deploytest-k8s-config
 // router|cell=NAME FILE` prints as JSON what redcell's own loader and
 // validators make of FILE with the process's environment, as `redcell
-// router` or `redcell cell --name NAME` loads it, and exits. The loader is
-// package main's, which no other package can import.
+// router` or `redcell cell --name NAME` loads it, and the addresses it would
+// announce (advertised, cellAdvertise: the calls of runRouter and runCell),
+// and exits. The loader is package main's, which no other package can
+// import.
 const configDumperSource = `package main
 
 import (
@@ -1205,7 +1262,10 @@ import (
 type deploytestCell struct {
 	Name, Listen, Gossip, AdminListen, DSN, Shards string
 	Memcached                                      []string
+	AnnounceHTTP, AnnounceGossip                   string // the cell loaded only
 }
+
+type deploytestRouter struct{ Listen, AdminListen, Gossip, AnnounceGossip, APIKeys string }
 
 func init() {
 	if len(os.Args) != 4 || os.Args[1] != "deploytest-k8s-config" {
@@ -1215,7 +1275,7 @@ func init() {
 		Error                                  string
 		GossipSeeds, Memcached                 []string
 		ClusterSecret, AdminToken, IdentityKey string
-		Router                                 *struct{ Listen, AdminListen, Gossip, APIKeys string }
+		Router                                 *deploytestRouter
 		Cell                                   *deploytestCell
 		Cells                                  []deploytestCell
 	}
@@ -1237,6 +1297,8 @@ func init() {
 			if !fail(err) {
 				out.Cell = &deploytestCell{Name: cc.Name, Listen: cc.Listen, Gossip: gossip, AdminListen: cc.AdminListen,
 					DSN: cc.DSN, Shards: cc.Shards.String(), Memcached: cc.Memcached}
+				out.Cell.AnnounceHTTP, out.Cell.AnnounceGossip, err = fc.cellAdvertise(cc.Name, cc.Listen, gossip)
+				fail(err)
 			}
 			_, err = fc.breakerConfig()
 			fail(err)
@@ -1251,7 +1313,9 @@ func init() {
 			if gossip == "" {
 				gossip = "127.0.0.1:7946" // runRouter's default
 			}
-			out.Router = &struct{ Listen, AdminListen, Gossip, APIKeys string }{rc.Listen, rc.AdminListen, gossip, keys}
+			announce, err := advertised(gossip, fc.Router.AdvertiseHost, "router gossip")
+			fail(err)
+			out.Router = &deploytestRouter{rc.Listen, rc.AdminListen, gossip, announce, keys}
 		}
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(out)
@@ -1264,7 +1328,7 @@ type configDump struct {
 	Error                                  string
 	GossipSeeds, Memcached                 []string
 	ClusterSecret, AdminToken, IdentityKey string
-	Router                                 *struct{ Listen, AdminListen, Gossip, APIKeys string }
+	Router                                 *struct{ Listen, AdminListen, Gossip, AnnounceGossip, APIKeys string }
 	Cell                                   *dumpCell
 	Cells                                  []dumpCell
 }
@@ -1272,6 +1336,7 @@ type configDump struct {
 type dumpCell struct {
 	Name, Listen, Gossip, AdminListen, DSN, Shards string
 	Memcached                                      []string
+	AnnounceHTTP, AnnounceGossip                   string
 }
 
 // buildConfigDumper builds redcell with configDumperSource added.
@@ -1306,6 +1371,10 @@ func fakeSecret(key string) string {
 	}
 	return "k8s-test-" + key + "-0123456789abcdef"
 }
+
+// k8sNodeIP is the made-up IP of every pod's node (the downward API's
+// status.hostIP); each pod's own IP is another.
+const k8sNodeIP = "192.168.50.1"
 
 // k8sPod is one pod of a workload as its containers would see it: each
 // volume a directory (a Secret's keys as fakeSecret, a ConfigMap's data, an
@@ -1427,6 +1496,8 @@ func (p *k8sPod) env(c corev1.Container) (vars map[string]string, process []stri
 			switch {
 			case f.FieldRef != nil && f.FieldRef.FieldPath == "status.podIP":
 				v = p.ip
+			case f.FieldRef != nil && f.FieldRef.FieldPath == "status.hostIP":
+				v = k8sNodeIP
 			case f.FieldRef != nil && f.FieldRef.FieldPath == "metadata.name":
 				v = p.w.name + "-0"
 			case f.FieldRef != nil && f.FieldRef.FieldPath == "metadata.namespace":
@@ -1463,53 +1534,16 @@ func expandVars(s string, vars map[string]string) string {
 	})
 }
 
-// runInit runs the pod's init containers here, their mount paths moved to
-// the pod's directories; each must run an image with sh and sed (busybox).
-func (p *k8sPod) runInit(c corev1.Container) error {
-	if !strings.HasPrefix(c.Image, "busybox:") {
-		return fmt.Errorf("init container %s runs %s: the test runs only busybox's sh and sed", c.Name, c.Image)
-	}
-	vars, env := p.env(c)
-	mounts := slices.Clone(c.VolumeMounts)
-	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i].MountPath) > len(mounts[j].MountPath) })
-	var argv []string
-	for _, a := range append(slices.Clone(c.Command), c.Args...) {
-		a = expandVars(a, vars)
-		for _, vm := range mounts {
-			a = strings.ReplaceAll(a, vm.MountPath+"/", filepath.Join(p.dirs[vm.Name], vm.SubPath)+"/")
-		}
-		argv = append(argv, a)
-	}
-	if len(argv) == 0 {
-		return fmt.Errorf("init container %s: no command", c.Name)
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(env, "PATH="+os.Getenv("PATH"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("init container %s: %v: %s", c.Name, err, out)
-	}
-	return nil
-}
-
 // dump runs the config dumper as container c would load its config.
 func (p *k8sPod) dump(bin string, c corev1.Container, role string) (configDump, error) {
 	var d configDump
-	for _, ic := range p.w.template.Spec.InitContainers {
-		if err := p.runInit(ic); err != nil {
-			return d, err
-		}
-	}
 	cfg := flagValue(c.Args, "--config")
 	file, ok := p.hostPath(c, cfg)
 	if !ok {
 		return d, fmt.Errorf("--config %s is not in a volume of the container", cfg)
 	}
-	b, err := os.ReadFile(file)
-	if err != nil {
+	if _, err := os.Stat(file); err != nil {
 		return d, fmt.Errorf("--config %s: %w", cfg, err)
-	}
-	if role != "router" && bytes.Contains(b, []byte(podIPPlaceholder)) {
-		return d, fmt.Errorf("%s still holds %s", cfg, podIPPlaceholder)
 	}
 	_, env := p.env(c)
 	cmd := exec.Command(bin, "deploytest-k8s-config", role, file)
@@ -1524,7 +1558,7 @@ func (p *k8sPod) dump(bin string, c corev1.Container, role string) (configDump, 
 		return d, fmt.Errorf("the config dumper: %w: %s", err, out)
 	}
 	if d.Error != "" {
-		return d, fmt.Errorf("redcell's loader refuses the config: %s", d.Error)
+		return d, fmt.Errorf("redcell refuses the config: %s", d.Error)
 	}
 	return d, nil
 }
@@ -1559,7 +1593,10 @@ func (m *k8sManifests) serviceBehind(addr string, proto corev1.Protocol) (*corev
 }
 
 // checkK8sConfig loads the cluster config in every router and cell pod (see
-// k8sPod.dump) and checks what it names against the manifests.
+// k8sPod.dump) and checks what it names against the manifests: every
+// address a process binds is every address of its pod (a pod's IP is known
+// only once it runs, and kubectl port-forward dials the loopback), at the
+// container's port; what it announces is its pod's IP, at that port.
 func checkK8sConfig(t *testing.T, m *k8sManifests, bin string, compose composeFacts) []string {
 	t.Helper()
 	var problems []string
@@ -1568,11 +1605,18 @@ func checkK8sConfig(t *testing.T, m *k8sManifests, bin string, compose composeFa
 	if len(routers) == 0 || len(cells) == 0 {
 		return []string{"no router or no cell to load the config as"}
 	}
-	own := func(who, what, addr, ip string, c corev1.Container, port string, anyAddr bool) {
+	binds := func(who, what, addr string, c corev1.Container, port string) {
 		host, p, err := net.SplitHostPort(addr)
 		want, ok := namedPort(c, port, corev1.ProtocolTCP)
-		if err != nil || !ok || p != strconv.Itoa(int(want)) || !(host == ip || anyAddr && (host == "0.0.0.0" || host == "")) {
-			add("%s: %s %s is not the pod's IP and its %s port", who, what, addr, port)
+		ip := net.ParseIP(host)
+		if err != nil || !ok || p != strconv.Itoa(int(want)) || !(host == "" || ip != nil && ip.IsUnspecified()) {
+			add("%s: %s %s does not bind every address of the pod at its %s port %d", who, what, addr, port, want)
+		}
+	}
+	announces := func(who, what, addr, ip string, c corev1.Container, port string) {
+		want, ok := namedPort(c, port, corev1.ProtocolTCP)
+		if !ok || addr != net.JoinHostPort(ip, strconv.Itoa(int(want))) {
+			add("%s announces %s %s, not the pod's IP %s and its %s port %d", who, what, addr, ip, port, want)
 		}
 	}
 	gossipPorts := func(who string, c corev1.Container) {
@@ -1610,13 +1654,15 @@ func checkK8sConfig(t *testing.T, m *k8sManifests, bin string, compose composeFa
 	// The routers: the whole config, as the first to load it.
 	r := routers[0]
 	rc := r.template.Spec.Containers[0]
-	rd, err := newK8sPod(t, m, r, "10.244.0.10").dump(bin, rc, "router")
+	const routerIP = "10.244.0.10"
+	rd, err := newK8sPod(t, m, r, routerIP).dump(bin, rc, "router")
 	if err != nil {
 		return append(problems, fmt.Sprintf("%s: %v", r, err))
 	}
-	own("router", "listen", rd.Router.Listen, "10.244.0.10", rc, "http", true)
-	own("router", "admin_listen", rd.Router.AdminListen, "10.244.0.10", rc, "admin", true)
-	own("router", "gossip", rd.Router.Gossip, "10.244.0.10", rc, "gossip-tcp", false)
+	binds("router", "listen", rd.Router.Listen, rc, "http")
+	binds("router", "admin_listen", rd.Router.AdminListen, rc, "admin")
+	binds("router", "gossip", rd.Router.Gossip, rc, "gossip-tcp")
+	announces("router", "gossip", rd.Router.AnnounceGossip, routerIP, rc, "gossip-tcp")
 	gossipPorts("router", rc)
 	secrets("router", rd, false)
 	memcached("router", rd.Memcached)
@@ -1638,9 +1684,16 @@ func checkK8sConfig(t *testing.T, m *k8sManifests, bin string, compose composeFa
 		if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses {
 			add("gossip seed %s: Service %s must be headless and publish pods not ready (its name must resolve to every member, also while they start)", seed, svc.Name)
 		}
+		// The Service is headless: its name resolves to the pods' own IPs,
+		// and a process dials each at the seed's port, no target port
+		// applied. A member gossiping on another port is never reached.
+		_, seedPort, _ := net.SplitHostPort(seed)
 		for _, w := range append(slices.Clone(routers), cells...) {
 			if !slices.ContainsFunc(behind, func(b k8sWorkload) bool { return b.name == w.name && b.kind == w.kind }) {
 				add("gossip seed %s does not lead to %s", seed, w)
+			}
+			if p, _ := namedPort(w.template.Spec.Containers[0], "gossip-tcp", corev1.ProtocolTCP); strconv.Itoa(int(p)) != seedPort {
+				add("gossip seed %s: %s gossips on port %d, not the seed's", seed, w, p)
 			}
 		}
 	}
@@ -1674,9 +1727,11 @@ func checkK8sConfig(t *testing.T, m *k8sManifests, bin string, compose composeFa
 			add("%s: %v", name, err)
 			continue
 		}
-		own(name, "listen", d.Cell.Listen, ip, c, "http", false)
-		own(name, "gossip", d.Cell.Gossip, ip, c, "gossip-tcp", false)
-		own(name, "admin_listen", d.Cell.AdminListen, ip, c, "admin", true)
+		binds(name, "listen", d.Cell.Listen, c, "http")
+		binds(name, "gossip", d.Cell.Gossip, c, "gossip-tcp")
+		binds(name, "admin_listen", d.Cell.AdminListen, c, "admin")
+		announces(name, "listen", d.Cell.AnnounceHTTP, ip, c, "http")
+		announces(name, "gossip", d.Cell.AnnounceGossip, ip, c, "gossip-tcp")
 		gossipPorts(name, c)
 		secrets(name, d, true)
 		memcached(name, d.Cell.Memcached)
