@@ -269,6 +269,10 @@ func TestMovingRetriedUntilTheNewOwnerServes(t *testing.T) {
 	if st, code := get(t, url+"/v1/accounts/bob"); st != 503 || code != "OVERLOADED" || busyHits.Load() != 1 {
 		t.Fatalf("a plain 503: %d %s after %d tries, want OVERLOADED after 1", st, code, busyHits.Load())
 	}
+	// The cell's answer had no Retry-After: the router adds one, as to its own 503s.
+	if a := send(t, "GET", url+"/v1/accounts/bob", "", false); a.status != 503 || a.retryAfter != "1" {
+		t.Fatalf("a cell's 503 without Retry-After: %+v, want Retry-After 1 added", a)
+	}
 }
 
 // TestWrongCellNoRetryPastDeadline: when less than movedLeftMin of the

@@ -185,7 +185,29 @@ func (r *Router) newShared() error {
 		return fmt.Errorf("router: %w", err)
 	}
 	r.sharedUsers = u
+	// N from the start: the first requests must not find 0 (taken as 1).
+	if sh.Routers != nil {
+		r.routersN.Store(int64(max(sh.Routers(), 1)))
+		r.routersAt.Store(time.Now().UnixNano())
+	}
 	return nil
+}
+
+// sharedFallingBack reports whether any cluster-wide limit runs on its local
+// fallback now (memcached failed within the last second).
+func (r *Router) sharedFallingBack() bool {
+	if r.sharedUsers == nil {
+		return false
+	}
+	if r.sharedUsers.FallingBack() {
+		return true
+	}
+	for _, l := range r.sharedRoutes {
+		if l != nil && l.FallingBack() {
+			return true
+		}
+	}
+	return false
 }
 
 // routers is how many routers share the limits (Shared.Routers), at least

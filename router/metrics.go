@@ -47,7 +47,7 @@ type metrics struct {
 	serve    fasthttp.RequestHandler                           // GET /metrics
 }
 
-func newMetrics(reg *prometheus.Registry, users *userLimits, shared *climit.Buckets) *metrics {
+func newMetrics(reg *prometheus.Registry, users *userLimits, shared *climit.Buckets, fallingBack func() bool) *metrics {
 	names := routeNames[:]
 	m := &metrics{requests: httpmetrics.New(reg, "redcell_router_request_duration_seconds",
 		"Time from a request's arrival at the router to its answer, by route and answer code (OK or the error code); _count is the request count.", names)}
@@ -78,7 +78,7 @@ func newMetrics(reg *prometheus.Registry, users *userLimits, shared *climit.Buck
 	reg.MustRegister(ruled,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_router_shared_limits_fallback",
 			Help: "1 while the cluster-wide limits are on their local fallback of limit/N (memcached failed within the last second), else 0."},
-			func() float64 { return b2f(shared != nil && shared.FallingBack()) }),
+			func() float64 { return b2f(fallingBack()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_router_shared_limit_failures_total",
 			Help: "memcached calls of the cluster-wide per-user limit that failed (each puts the router on its fallback for a second)."},
 			sharedStat(func(s climit.BucketsStats) int64 { return s.Failures })))

@@ -86,7 +86,8 @@ type Config struct {
 
 	// RulesFile is the degrade switches and anti-abuse rules (router/rules),
 	// read at start, on POST /admin/rules/reload and when it changes; "":
-	// none. A file that does not exist yet is an empty table.
+	// none. A file that does not exist yet is an empty table; one read before
+	// that is gone keeps the rules in force.
 	RulesFile string
 	// ClientIPHeader names a header set by a trusted proxy in front of the
 	// routers (e.g. X-Forwarded-For) whose last address is the client's, for
@@ -244,7 +245,7 @@ func New(cfg Config, routes Routes, keys Keys, reg *prometheus.Registry, log *sl
 		}
 		r.rules = src
 	}
-	r.metrics = newMetrics(reg, r.users, r.sharedUsers)
+	r.metrics = newMetrics(reg, r.users, r.sharedUsers, r.sharedFallingBack)
 	for id := routeOther + 1; id < routeCount; id++ {
 		rl := cfg.RateLimits[routeNames[id]]
 		_, r.refusals[limitRoute][id] = api.ErrorJSON(model.Errorf(model.ErrRateLimited,
@@ -407,17 +408,25 @@ func route(method string, rawPath string, body []byte) (target, error) {
 	return t, t.locate(body)
 }
 
-// bodyActID returns the act_id of a grab or open body, or "" when the body is
-// not valid (the cell refuses it then, without touching its store).
+// bodyActID returns the act_id of a grab or open body, or "" when the body or
+// the act_id is not valid (the cell refuses it then, without touching its
+// store). Only a valid act_id (model.ValidateActID: at most 64 bytes of
+// [A-Za-z0-9_-]) keys the per-user buckets, the rules' and memcached's: a
+// body's act_id may be as long as the body, and kept as a map key it let a
+// client pin 64 KiB per request in the router's memory.
 func bodyActID(body []byte) string {
-	if id, ok := api.ScanActID(body); ok {
-		return id
+	id, ok := api.ScanActID(body)
+	if !ok {
+		var b api.ActRequest
+		if json.Unmarshal(body, &b) != nil {
+			return ""
+		}
+		id = b.ActID
 	}
-	var b api.ActRequest
-	if json.Unmarshal(body, &b) != nil {
+	if model.ValidateActID(id) != nil {
 		return ""
 	}
-	return b.ActID
+	return id
 }
 
 // admit applies the rules table (degrade switch, anti-abuse rules), the
@@ -447,9 +456,8 @@ func (r *Router) admit(rc *fasthttp.RequestCtx, t target) bool {
 			r.refuse(rc, limitUser, t.route.ID, 1)
 			return false
 		}
-		// Only an act_id that can be valid reaches memcached (a grab's or
-		// open's body is not validated yet): any other is the cell's to refuse.
-		if r.sharedUsers != nil && model.ValidateActID(user) == nil {
+		// user is a valid act_id (api.Locate, bodyActID): a memcached key.
+		if r.sharedUsers != nil {
 			if ok, wait := r.sharedUsers.Allow(user); !ok {
 				r.refuse(rc, limitUser, t.route.ID, retryAfterSecs(wait))
 				return false
@@ -504,15 +512,21 @@ func (r *Router) checkRules(rc *fasthttp.RequestCtx, tab *rules.Table, t target,
 
 // clientIP is the client's address for the rules: the last address of
 // Config.ClientIPHeader (the one the trusted proxy saw) when set and valid,
-// else the connection's.
+// else the connection's. The last address is that of the header's last line:
+// a proxy may add its own line after the client's (HAProxy's forwardfor
+// does), and the first line is then the client's to write. An IPv6 zone is
+// dropped: it is the client's to write too, and a zone matches no prefix.
 func (r *Router) clientIP(rc *fasthttp.RequestCtx) netip.Addr {
 	if h := r.cfg.ClientIPHeader; h != "" {
-		v := rc.Request.Header.Peek(h)
+		var v []byte
+		if all := rc.Request.Header.PeekAll(h); len(all) > 0 {
+			v = all[len(all)-1]
+		}
 		if i := bytes.LastIndexByte(v, ','); i >= 0 {
 			v = v[i+1:]
 		}
 		if a, err := netip.ParseAddr(string(bytes.TrimSpace(v))); err == nil {
-			return a.Unmap()
+			return a.Unmap().WithZone("")
 		}
 	}
 	a, _ := netip.AddrFromSlice(rc.RemoteIP())
@@ -696,6 +710,13 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	switch {
 	case err == nil:
 		c.down.OK()
+		// Every 429 and 503 the router passes on asks the client to wait
+		// (api.WriteErrorBody), the cell's too when the cell did not (a cell
+		// of an older version during a rolling upgrade).
+		if st := resp.StatusCode(); (st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable) &&
+			len(resp.Header.Peek(api.HeaderRetryAfter)) == 0 {
+			resp.Header.Set(api.HeaderRetryAfter, "1")
+		}
 		return true
 	case cellclient.Transport(err) == model.ErrTimeout:
 		r.writeErr(rc, model.Errorf(model.ErrTimeout, "cell %s did not answer in time", cell.Name))

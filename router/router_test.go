@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"redcell/api"
@@ -72,6 +73,14 @@ func TestBodyActID(t *testing.T) {
 		`[]`:                        "",
 		``:                          "",
 		`{"act_id":"a","act_id":1}`: "",
+		// Only a valid act_id keys a bucket: a long one would pin its bytes
+		// in the router's maps, one with a space is no memcached key.
+		`{"act_id":"` + strings.Repeat("a", 65) + `"}`:       "",
+		`{"act_id":"` + strings.Repeat("a", 65) + `","x":1}`: "",
+		`{"act_id":"` + strings.Repeat("a", 64) + `"}`:       strings.Repeat("a", 64),
+		`{"act_id":"a b"}`:      "",
+		`{"act_id":"a\u0001b"}`: "",
+		`{"act_id":""}`:         "",
 	} {
 		if got := bodyActID([]byte(body)); got != want {
 			t.Errorf("bodyActID(%s) = %q, want %q", body, got, want)

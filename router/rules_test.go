@@ -1,8 +1,10 @@
 package router
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"redcell/api"
 	"redcell/sharding"
@@ -202,5 +206,35 @@ func TestRulesNone(t *testing.T) {
 	url := oneCellRouter(t, &hits, nil, &fakeClock{t: time.Now()})
 	if status, body := adminRules(t, url, "GET", "/admin/rules"); status != 404 || !strings.Contains(body, "rules_file") {
 		t.Fatalf("GET /admin/rules without a file: %d %s", status, body)
+	}
+}
+
+// The rules see the last address of the proxy's header, of its last line
+// when it comes in several (a proxy may add a line of its own after the
+// client's), without an IPv6 zone; a header that is missing or holds no
+// address leaves the connection's.
+func TestClientIP(t *testing.T) {
+	r := &Router{cfg: Config{ClientIPHeader: "X-Forwarded-For"}}
+	conn := &net.TCPAddr{IP: net.ParseIP("192.0.2.1"), Port: 1}
+	for _, c := range []struct{ headers, want string }{
+		{"", "192.0.2.1"},
+		{"X-Forwarded-For: 203.0.113.9\r\n", "203.0.113.9"},
+		{"X-Forwarded-For: 10.0.0.1, 203.0.113.9\r\n", "203.0.113.9"},
+		{"X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 203.0.113.9\r\n", "203.0.113.9"},
+		{"X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 10.0.0.1, 203.0.113.9\r\n", "203.0.113.9"},
+		{"X-Forwarded-For: ::ffff:203.0.113.9\r\n", "203.0.113.9"},
+		{"X-Forwarded-For: fe80::1%eth0\r\n", "fe80::1"},
+		{"X-Forwarded-For: 203.0.113.9:443\r\n", "192.0.2.1"},
+	} {
+		var req fasthttp.Request
+		raw := "GET /v1/accounts/bob HTTP/1.1\r\nHost: x\r\n" + c.headers + "\r\n"
+		if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			t.Fatal(err)
+		}
+		var rc fasthttp.RequestCtx
+		rc.Init(&req, conn, nil)
+		if got := r.clientIP(&rc); got.String() != c.want {
+			t.Errorf("%q: %v, want %s", c.headers, got, c.want)
+		}
 	}
 }

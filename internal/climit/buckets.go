@@ -22,6 +22,12 @@ type CASMemcache interface {
 	CompareAndSwap(item *memcache.Item) error
 }
 
+// tauMax bounds Burst/PerSec, how far a TAT may run ahead of now: an item
+// lives until its TAT, and memcached takes an expiration above 30 days for
+// a Unix time (one long past, so the item would be gone at once and the
+// bucket full again); it also keeps Burst·(1/PerSec) within a Duration.
+const tauMax = 29 * 24 * time.Hour
+
 // casAttempts bounds the tries of one Allow when other processes change the
 // same key in between (ErrCASConflict); past them the token is refused.
 const casAttempts = 4
@@ -77,6 +83,9 @@ func NewBuckets(cfg BucketsConfig, mc CASMemcache, clk clock.Clock) (*Buckets, e
 	if cfg.PerSec < 1 || cfg.Burst < 1 {
 		return nil, fmt.Errorf("climit: buckets need PerSec >= 1 and Burst >= 1 (got %d, %d)", cfg.PerSec, cfg.Burst)
 	}
+	if float64(cfg.Burst)/float64(cfg.PerSec) > tauMax.Seconds() {
+		return nil, fmt.Errorf("climit: Burst/PerSec is at most %v (got %d/%d)", tauMax, cfg.Burst, cfg.PerSec)
+	}
 	if cfg.MaxLocal <= 0 {
 		cfg.MaxLocal = 100_000
 	}
@@ -117,7 +126,12 @@ func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 		}
 		tat := time.Unix(0, max(prev, now.UnixNano())).Add(b.interval)
 		if ahead := tat.Sub(now); ahead > b.tau {
-			return false, ahead - b.tau
+			// No process whose clock agrees with this one writes a TAT more
+			// than tau ahead, so the wait is at most 1/PerSec; one further
+			// off came from a clock running ahead (or a damaged item) and
+			// holds only until the item expires: the wait, a client's
+			// Retry-After, is capped at a whole bucket's refill.
+			return false, min(ahead-b.tau, b.tau+b.interval)
 		}
 		it.Value = strconv.AppendInt(it.Value[:0], tat.UnixNano(), 10)
 		it.Expiration = b.ttl(tat, now)

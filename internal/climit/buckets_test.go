@@ -2,6 +2,7 @@ package climit
 
 import (
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,5 +206,36 @@ func TestBucketsDamagedItem(t *testing.T) {
 	}
 	if _, err := NewBuckets(BucketsConfig{PerSec: 0, Burst: 1}, mc, clk); err == nil {
 		t.Fatal("PerSec 0 accepted")
+	}
+	// A bucket that takes above 30 days to fill would outlive what
+	// memcached takes as a relative expiration (or a Duration).
+	for _, burst := range []int{30 * 86400, 1 << 62} {
+		if _, err := NewBuckets(BucketsConfig{PerSec: 1, Burst: burst}, mc, clk); err == nil {
+			t.Fatalf("Burst %d at 1/s accepted", burst)
+		}
+	}
+	if _, err := NewBuckets(BucketsConfig{PerSec: 1000, Burst: 1_000_000}, mc, clk); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A TAT far ahead of this process's clock (written by a process whose clock
+// runs an hour ahead) refuses the key until the item expires, but the wait
+// it reports, a client's Retry-After, stays within a whole bucket's refill.
+func TestBucketsTATFarAhead(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_900_000_800, 0))
+	mc := memcache.New(testenv.Memcached(t))
+	prefix := "rc:test:ahead:" + testenv.Prefix() + ":"
+	ahead := clk.Now().Add(time.Hour).UnixNano()
+	if err := mc.Set(&memcache.Item{Key: prefix + "a", Value: []byte(strconv.FormatInt(ahead, 10)), Expiration: 60}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewBuckets(BucketsConfig{Prefix: prefix, PerSec: 5, Burst: 3}, mc, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, wait := b.Allow("a")
+	if ok || wait <= 0 || wait > 800*time.Millisecond { // (Burst+1)/PerSec
+		t.Fatalf("Allow with a TAT an hour ahead: %v, wait %v; want refused, wait in (0, 800ms]", ok, wait)
 	}
 }

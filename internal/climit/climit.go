@@ -13,10 +13,10 @@
 //
 // When memcached does not answer, a cell falls back to a local token bucket
 // of rate/N per second (N: the cells the caller counts, at least 1; a burst
-// of one token), and goes back to the counter a second later. While only
-// some cells fall back, the others still draw the whole rate from the
-// counter, so the cluster may pass the rate by the fallen-back cells'
-// share: the price of not stopping when memcached fails.
+// of FallbackBurst/N tokens, at least one), and goes back to the counter a
+// second later. While only some cells fall back, the others still draw the
+// whole rate from the counter, so the cluster may pass the rate by the
+// fallen-back cells' share: the price of not stopping when memcached fails.
 package climit
 
 import (
@@ -217,6 +217,15 @@ func (l *Limiter) fallbackWait(now time.Time) time.Duration {
 	d := r.DelayFrom(now)
 	r.CancelAt(now)
 	return max(d, time.Millisecond)
+}
+
+// FallingBack reports whether the limiter is on its fallback now (no
+// memcached, or memcached failed within the last second).
+func (l *Limiter) FallingBack() bool {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mc == nil || now.Before(l.downUntil)
 }
 
 // Stats is what a limiter did: chunks taken from the counter and times

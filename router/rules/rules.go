@@ -28,7 +28,8 @@
 // one of ips (CIDRs or single addresses), the request's act_id in act_ids,
 // the header's value (empty when absent) matched by pattern (RE2), the route
 // in routes (route names; none: every route). A rule with no condition is
-// refused: it would match everything.
+// refused: it would match everything. A limit by act_id matches only
+// requests with an act_id (it has nothing to count the others by).
 package rules
 
 import (
@@ -41,6 +42,7 @@ import (
 	"time"
 
 	"redcell/internal/yamlfile"
+	"redcell/model"
 )
 
 // File is the rules file's YAML.
@@ -204,11 +206,22 @@ func compile(r Rule, index map[string]int, known func() []string, newBucket NewB
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
+		// The client's address is compared unmapped (an IPv4 client on an
+		// IPv6 socket is its IPv4 address): so is an IPv4-mapped prefix,
+		// which would otherwise match nothing.
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
 		c.prefixes = append(c.prefixes, p.Masked())
 	}
 	if len(r.ActIDs) > 0 {
 		c.acts = map[string]bool{}
 		for _, a := range r.ActIDs {
+			// The router sees only valid act_ids: any other (an empty one
+			// would match every request without an act_id) is a mistake.
+			if err := model.ValidateActID(a); err != nil {
+				return nil, fmt.Errorf("act_ids: %q: %w", a, err)
+			}
 			c.acts[a] = true
 		}
 	}
@@ -278,6 +291,9 @@ func (r *rule) matches(q *Request) bool {
 	if r.acts != nil && !r.acts[q.ActID] {
 		return false
 	}
+	if r.byAct && q.ActID == "" {
+		return false // nothing to count by: the rules after it decide
+	}
 	if r.pattern != nil && !r.pattern.Match(q.Header(r.Header)) {
 		return false
 	}
@@ -303,10 +319,7 @@ func (t *Table) Check(q *Request) (v Verdict, ruleName string, retryAfter int) {
 		}
 		key := q.IP.String()
 		if r.byAct {
-			if q.ActID == "" {
-				return Pass, "", 0 // nothing to count by on this route
-			}
-			key = q.ActID
+			key = q.ActID // not "": matches
 		}
 		ok, wait := r.bucket.Allow(key)
 		if ok {

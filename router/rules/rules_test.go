@@ -42,6 +42,8 @@ func TestParseRefuses(t *testing.T) {
 		{"rules:\n  - name: Bad Name\n    act_ids: [x]\n    action: block\n", "name must be"},
 		{"rules:\n  - name: a\n    routes: [nope]\n    action: block\n", `unknown route "nope"`},
 		{"rulez: []\n", "not a valid rules file"},
+		{"rules:\n  - name: a\n    act_ids: ['']\n    action: block\n", "act_ids"},
+		{"rules:\n  - name: a\n    act_ids: [bob, 'a b']\n    action: block\n", `act_ids: "a b"`},
 	} {
 		_, err := Parse([]byte(c.file), routeNames, newCount)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -102,6 +104,42 @@ rules:
 	}
 }
 
+// A limit by act_id does not match a request without one: the rules after
+// it still decide (it once passed such a request unseen by them). An
+// IPv4-mapped address or prefix in ips matches the IPv4 client it maps.
+func TestCheckActLimitWithoutActAndMappedIPs(t *testing.T) {
+	tab, err := Parse([]byte(`
+rules:
+  - name: per-act
+    routes: [open, account]
+    action: limit
+    limit: {per_sec: 1, burst: 1, by: act_id}
+  - name: bad-net
+    ips: ["::ffff:203.0.113.0/120", "::ffff:198.51.100.7"]
+    action: block
+`), routeNames, newCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := func(string) []byte { return nil }
+	bad, bad2, good := netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("192.0.2.1")
+	for i, c := range []struct {
+		q    Request
+		want Verdict
+		rule string
+	}{
+		{Request{Route: 1, IP: bad, Header: hdr}, Blocked, "bad-net"}, // no act_id: per-act does not decide
+		{Request{Route: 2, IP: bad2, Header: hdr}, Blocked, "bad-net"},
+		{Request{Route: 1, IP: good, Header: hdr}, Pass, ""},
+		{Request{Route: 1, IP: bad, ActID: "a", Header: hdr}, Pass, ""}, // per-act's one token decides
+		{Request{Route: 1, IP: bad, ActID: "a", Header: hdr}, Limited, "per-act"},
+	} {
+		if v, rule, _ := tab.Check(&c.q); v != c.want || rule != c.rule {
+			t.Errorf("case %d: %v %q, want %v %q", i, v, rule, c.want, c.rule)
+		}
+	}
+}
+
 // A file of comments only (make run's template) is the empty table; one that
 // does not parse keeps the table in force and says why.
 func TestSourceReload(t *testing.T) {
@@ -131,8 +169,16 @@ func TestSourceReload(t *testing.T) {
 	if _, err := Open(path, routeNames, newCount, slog.Default()); err == nil {
 		t.Fatal("Open of a bad file succeeded")
 	}
+	write("admit:\n  open: 0\n")
+	if _, err := src.Reload(); err != nil {
+		t.Fatal(err)
+	}
 	_ = os.Remove(path)
+	if _, err := src.Reload(); err == nil || src.Table().Idle() || !strings.Contains(src.LastError(), "gone") {
+		t.Fatalf("a removed file must keep the rules in force: %v, idle %v", err, src.Table().Idle())
+	}
+	write("")
 	if _, err := src.Reload(); err != nil || !src.Table().Idle() {
-		t.Fatalf("a removed file is the empty table: %v", err)
+		t.Fatalf("an empty file lifts them: %v", err)
 	}
 }

@@ -26,8 +26,12 @@ type Source struct {
 	mu      sync.Mutex // serializes loads; guards last, loaded, lastErr
 	last    []byte     // the content in force
 	loaded  bool       // last is set
+	existed bool       // a file was read once: its vanishing keeps the table
 	lastErr string     // the last load's error, "" after a good one
 }
+
+// errVanished: the rules file was read before and is gone now.
+var errVanished = errors.New("rules: the rules file is gone; the rules read before stay in force until it is back (to lift them all, leave an empty file)")
 
 // Open reads path and compiles it (Parse). A file that does not exist yet is
 // the empty table (Reload picks it up once written); one that does not parse
@@ -53,6 +57,12 @@ func (s *Source) Reload() (changed bool, err error) {
 	defer s.mu.Unlock()
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
+		if s.existed {
+			// Gone after it was read (a deploy tool's delete and create): the
+			// rules in force stay, so a moment without the file lifts no block.
+			s.lastErr = errVanished.Error()
+			return false, errVanished
+		}
 		b, err = nil, nil
 	}
 	if err != nil {
@@ -71,6 +81,7 @@ func (s *Source) Reload() (changed bool, err error) {
 		}
 	}
 	s.last, s.lastErr, s.loaded = b, "", true
+	s.existed = s.existed || b != nil
 	s.table.Store(t)
 	s.log.Info("rules loaded", "file", s.path, "version", t.Version, "rules", len(t.rules), "degraded_routes", len(t.Summary(s.routes).Admit))
 	return true, nil
