@@ -204,6 +204,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.rw.ring.Store(ring)
 	}
 	rel := cfg.WithdrawRelease
+	if rel.Allow == nil {
+		rel.Allow = []string{} // GET /admin/withdraw answers a list, also when the config named none
+	}
 	s.rw.release.Store(&rel)
 	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)

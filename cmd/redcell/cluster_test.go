@@ -26,6 +26,7 @@ import (
 // stopped, killed and started again (the fault drills do), and the config
 // rewritten in between (a cell coming back on new ports).
 type cluster struct {
+	t                   *testing.T // the test that started it: a spec mismatch of a request without a test of its own fails it
 	bin, config, router string
 	routerAdmin         string // the router's admin port: GET /metrics, /admin/keys
 	spec                clusterSpec
@@ -55,6 +56,8 @@ type clusterSpec struct {
 	// coupons: the config names coupons.yaml beside it, holding one batch
 	// (drill-base); tests add theirs (cluster.addCouponBatches).
 	coupons bool
+	// identity: the config has an identity_key, so identity binding works.
+	identity bool
 }
 
 // e2eCell: packets expire within seconds so that the refund path runs in the test.
@@ -74,7 +77,14 @@ func freePorts(t *testing.T, n int) []int { return testenv.FreePorts(t, n) }
 var binDir string
 
 func TestMain(m *testing.M) {
+	// Every exchange of http.DefaultClient (do, the tests' own calls, the
+	// admin calls of the commands run in process) with a test cluster's
+	// router or admin ports is checked against docs/openapi.yaml.
+	http.DefaultClient.Transport = specTransport{next: http.DefaultTransport}
 	code := m.Run()
+	if s := specSummary(); s != "" {
+		fmt.Print(s)
+	}
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
@@ -106,8 +116,9 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{bin: bin, config: filepath.Join(t.TempDir(), "redcell.yaml"), spec: spec, port: map[string]int{},
+	c := &cluster{t: t, bin: bin, config: filepath.Join(t.TempDir(), "redcell.yaml"), spec: spec, port: map[string]int{},
 		cellURL: map[string]string{}, adminURL: map[string]string{}, procs: map[string]*exec.Cmd{}, logs: map[string]*syncBuffer{}}
+	t.Cleanup(func() { specForget(c) }) // after the processes stop (cleanups run last first)
 	names := []string{"router", "router-gossip", "router-admin", "cell-1", "cell-1-gossip", "cell-1-admin", "cell-2", "cell-2-gossip", "cell-2-admin",
 		"cell-3", "cell-3-gossip", "cell-3-admin"}
 	for i, p := range freePorts(t, len(names)) {
@@ -186,6 +197,9 @@ cell:
 		cfg = strings.Replace(cfg, "cell:\n", fmt.Sprintf("  - {name: cell-3, listen: \"127.0.0.1:%d\", gossip: \"127.0.0.1:%d\", shards: \"\", dsn: %q, admin_listen: \"127.0.0.1:%d\"}\ncell:\n",
 			p["cell-3"], p["cell-3-gossip"], c.spec.third, p["cell-3-admin"]), 1)
 	}
+	if c.spec.identity {
+		cfg = "identity_key: \"e2e-identity-key-0123456789\"\n" + cfg
+	}
 	if err := os.WriteFile(c.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +209,7 @@ cell:
 		c.cellURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name])
 		c.adminURL[name] = fmt.Sprintf("http://127.0.0.1:%d", p[name+"-admin"])
 	}
+	specRegister(c)
 }
 
 // rewardLines is what the cell section gets when the cells issue rewards.
@@ -380,7 +395,7 @@ func do(t *testing.T, method, url string, body, out any) (int, string) {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, url, rd)
+	req, _ := http.NewRequestWithContext(withSpecTest(t), method, url, rd)
 	authorize(req, body != nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -75,7 +75,7 @@ func waitFinal(t *testing.T, cl *client.Client, serial, actID string, within tim
 func TestCouponClient(t *testing.T) {
 	p := testenv.Prefix()
 	c := startCouponCluster(t, p)
-	cl := must[*client.Client](t, "client")(client.New(c.router, testAPIKey))
+	cl := must[*client.Client](t, "client")(client.New(c.router, testAPIKey, client.WithHTTPClient(newSpecClient())))
 	ctx := context.Background()
 	hot, two, ga, gb := p+"-hot", p+"-two", p+"-ga", p+"-gb"
 	ann := p + "-ann"
@@ -141,7 +141,7 @@ func TestCouponClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apikey add: %v", err)
 	}
-	other := must[*client.Client](t, "client")(client.New(c.router, strings.TrimSpace(string(out))))
+	other := must[*client.Client](t, "client")(client.New(c.router, strings.TrimSpace(string(out)), client.WithHTTPClient(newSpecClient())))
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		_, err = other.CouponRequest(ctx, p+"-s1", ann)
 		if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == "NOT_FOUND" {

@@ -218,7 +218,7 @@ func couponDrill(t *testing.T, c *cluster, d *drillDeps, full bool, hotStock, ho
 	p := "cd" + randHex()
 	c.addCouponBatches(t, couponDrillBatches(p, hotStock))
 	l := &couponLoad{c: c, prefix: p, batches: []string{p + "-hot", p + "-two", p + "-ga", p + "-gb"},
-		hc: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+		hc: &http.Client{Timeout: 10 * time.Second, Transport: specTransport{next: &http.Transport{MaxIdleConnsPerHost: 256}}}}
 	done, stop := make(chan struct{}), make(chan struct{})
 	go func() { defer close(done); l.run(workers, stop, 10*loadFor, maxOps, hotShare) }()
 	time.Sleep(loadFor / 3)

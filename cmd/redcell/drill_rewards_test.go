@@ -88,7 +88,7 @@ type rewardLoad struct {
 
 func newRewardLoad(c *cluster, prefix string, people int) *rewardLoad {
 	l := &rewardLoad{c: c, prefix: prefix, withdraw: map[string]int64{},
-		dl: &drillLoad{c: c, hc: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}}
+		dl: &drillLoad{c: c, hc: &http.Client{Timeout: 10 * time.Second, Transport: specTransport{next: &http.Transport{MaxIdleConnsPerHost: 64}}}}}
 	for i := range people {
 		l.people = append(l.people, fmt.Sprintf("%s-%d", prefix, i))
 	}

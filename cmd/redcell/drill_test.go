@@ -217,7 +217,7 @@ type drillLoad struct {
 
 func newDrillLoad(t *testing.T, c *cluster, prefix string, senders, openers int) *drillLoad {
 	l := &drillLoad{c: c, prefix: prefix, deposit: 50_000_000,
-		hc: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+		hc: &http.Client{Timeout: 10 * time.Second, Transport: specTransport{next: &http.Transport{MaxIdleConnsPerHost: 256}}}}
 	for i := range senders {
 		l.senders = append(l.senders, fmt.Sprintf("%s-s%d", prefix, i))
 	}

@@ -23,7 +23,7 @@ func TestEndToEnd(t *testing.T) {
 	// smoke's own openers all matched, most likely among those leftovers
 	// (not proven: the notes of 2026-12-01); here it audits its own rows.
 	d := startDrillDeps(t)
-	c := startClusterSpec(t, clusterSpec{dsn: [2]string{d.dsn(0), d.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", d.mcPort), cell: e2eCell})
+	c := startClusterSpec(t, clusterSpec{dsn: [2]string{d.dsn(0), d.dsn(1)}, mc: fmt.Sprintf("127.0.0.1:%d", d.mcPort), cell: e2eCell, identity: true})
 	r := c.router
 	pre := testenv.Prefix()
 	sender := actIn(pre+"-s", 0, 499)      // cell-1
@@ -158,6 +158,10 @@ func TestEndToEnd(t *testing.T) {
 	// moves. A key revoked with redcell apikey (a process of its own, sharing
 	// the key file) is refused by the running router within a few seconds.
 	e2eAPIKeys(t, c, sender, acct.Balance)
+
+	// What no other cluster test sends, for the API contract's checks
+	// (docs/openapi.yaml; every exchange of this test is checked against it).
+	openAPITour(t, c, sender, short.PacketID)
 
 	// The admin port: no token or a wrong one is refused; the right one switches
 	// the open strategy at run time, and the cell keeps paying out correctly.

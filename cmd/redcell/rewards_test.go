@@ -77,11 +77,15 @@ func apiError(t *testing.T, what string, err error, status int, code string) *cl
 // booker once switched on), Won, the flow, tokens.
 func TestRewardClient(t *testing.T) {
 	c := startRewardCluster(t)
-	cl, err := client.New(c.router, testAPIKey)
+	cl, err := client.New(c.router, testAPIKey, client.WithHTTPClient(newSpecClient()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	// The gray release as the config sets it, and the activities loaded
+	// (each answer checked against docs/openapi.yaml on the way).
+	c.admin(t, "cell-1", "GET", "/admin/withdraw", "")
+	c.admin(t, "cell-1", "GET", "/admin/activities", "")
 	pre := testenv.Prefix()
 	alice := actIn(pre+"-alice", 0, 499) // cell-1
 	bob := actIn(pre+"-bob", 500, 999)   // cell-2
@@ -332,7 +336,7 @@ func TestRewardsReissue(t *testing.T) {
 	}
 
 	// The rewards are there, once each, with the file's amounts.
-	cl, err := client.New(c.router, testAPIKey)
+	cl, err := client.New(c.router, testAPIKey, client.WithHTTPClient(newSpecClient()))
 	if err != nil {
 		t.Fatal(err)
 	}
