@@ -18,11 +18,18 @@ RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./in
 UNIT_ONLY := ^(TestFailoverRefusesAnUnknownStandby|TestArchiveSeventyDays|TestOutageLogsBounded|TestStampAllocatesNothing|TestSignerAllocs|TestRewardMoney|TestRewardMoneyMySQL|TestBookerWaitsForItsRateOutsideTheTransaction)$$
 RACE_SKIP := ^(TestFailoverRefusesAnUnknownStandby|TestArchiveSeventyDays|TestOutageLogsBounded)$$
 
-.PHONY: run test unit race drill sim build audit bench-smoke vet fmt tidy clean
+.PHONY: run cluster-netns test unit race drill sim build audit bench-smoke vet fmt tidy clean
 
 ## run: install what is missing, start router + 2 cells + MariaDB x2 + memcached, serve on :8080
 run:
 	deploy/local/run.sh
+
+## cluster-netns: (root) make run's cluster as if on three hosts: router + memcached, and each cell with its
+## MariaDB, in network namespaces of their own on a bridge (10.213.N.0/24); state in var/netns; everything
+## it made (processes, namespaces, veths, bridge) is removed when it stops (docs/operations.md, "A multi-host
+## rehearsal on one machine")
+cluster-netns:
+	deploy/netns/cluster.sh
 
 ## test: unit, integration (real MariaDB + memcached) and end-to-end tests; the race
 ## pass on servers of its own, so that rows the first pass left (moved, archived, dropped
@@ -33,11 +40,12 @@ test:
 
 ## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
 ## a cell leaving and rejoining, kill -9 the router, rewards issued while a cell is killed and while the booking is off,
-## overload), each ending with a clean audit;
+## overload; as root also the netns drills: a cell partitioned past memberlist's dead-node timeout, and latency and
+## loss by Toxiproxy between the router and a cell and between that cell and its MariaDB), each ending with a clean audit;
 ## make test runs a short version of the same drills
 drill:
 	. deploy/local/services.sh && ensure_packages && \
-		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 30m -run '^TestDrill$$' ./cmd/redcell/
+		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 30m -run '^(TestDrill|TestDrillNetns)$$' ./cmd/redcell/
 
 ## sim: the deterministic simulation of a router and 3 cells (package sim) for SIM_SEEDS seeds of
 ## SIM_STEPS operations each, fresh random seeds unless SIM_SEED is set (then SIM_SEED, SIM_SEED+1, ...);
@@ -53,11 +61,11 @@ sim: build
 	$(BIN) sim --grouped --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 
 unit: vet
-	$(GO) test -p 1 -count=1 $$(comm -23 <($(GO) list ./... | sort) <($(GO) list $(RACE_PKGS) | sort))
-	$(GO) test -p 1 -count=1 -run '$(UNIT_ONLY)' $(RACE_PKGS)
+	$(GO) test -p 1 -count=1 -timeout 30m $$(comm -23 <($(GO) list ./... | sort) <($(GO) list $(RACE_PKGS) | sort))
+	$(GO) test -p 1 -count=1 -timeout 30m -run '$(UNIT_ONLY)' $(RACE_PKGS)
 
 race:
-	$(GO) test -race -p 1 -count=1 -skip '$(RACE_SKIP)' $(RACE_PKGS)
+	$(GO) test -race -p 1 -count=1 -timeout 30m -skip '$(RACE_SKIP)' $(RACE_PKGS)
 
 build:
 	$(GO) build -o $(BIN) ./cmd/redcell

@@ -41,8 +41,8 @@ ensure_wrk() {
 
 mariadbd_bin() { command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd; }
 
-# port_free PORT succeeds when nothing listens on 127.0.0.1:PORT.
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+# port_free PORT [HOST] succeeds when nothing listens on HOST:PORT (127.0.0.1).
+port_free() { ! (exec 3<>/dev/tcp/"${2:-127.0.0.1}"/"$1") 2>/dev/null; }
 
 # free_port prints a free TCP port at or above $1.
 free_port() {
@@ -53,6 +53,8 @@ free_port() {
 
 # start_mariadb DIR PORT [durable|fast] starts a private MariaDB whose data, socket,
 # pid and log live in DIR, listening on 127.0.0.1:PORT, root without password over TCP.
+# REDCELL_BIND_ADDR=A.B.C.D (make cluster-netns: a namespace's address) listens on
+# A.B.C.D:PORT instead and lets root in from A.B.C.0/24 too.
 # "durable" keeps innodb_flush_log_at_trx_commit=1 (an fsync per commit); "fast"
 # trades durability for test speed. Waits until it answers; returns non-zero on failure.
 start_mariadb() {
@@ -115,16 +117,22 @@ start_mariadb() {
   echo "$sock" >"$dir/socket.path"
   # setsid: a Ctrl-C in the terminal reaches run.sh only, which stops things in order.
   setsid "$(mariadbd_bin)" --no-defaults "${user_opt[@]}" --datadir="$dir/data" \
-    --port="$port" --bind-address=127.0.0.1 --socket="$sock" --pid-file="$dir/mariadb.pid" --tmpdir="$dir/tmp" \
+    --port="$port" --bind-address="${REDCELL_BIND_ADDR:-127.0.0.1}" --socket="$sock" --pid-file="$dir/mariadb.pid" --tmpdir="$dir/tmp" \
     --log-error="$dir/error.log" --skip-name-resolve --max-connections=1000 \
     --innodb-buffer-pool-size=256M --innodb-log-file-size=256M \
     --innodb-flush-log-at-trx-commit=$flush --sync-binlog=$sync "${repl[@]}" \
     --innodb-file-per-table=${REDCELL_FILE_PER_TABLE:-1} --table-open-cache=8000 --table-definition-cache=8000 \
     --open-files-limit=32000 --character-set-server=utf8mb4 \
     --collation-server=utf8mb4_bin >/dev/null 2>&1 &
-  local i
+  local i bind=${REDCELL_BIND_ADDR:-127.0.0.1}
   for i in $(seq 1 120); do
-    if mariadb --no-defaults -h127.0.0.1 -P"$port" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+    if [ "$bind" != 127.0.0.1 ]; then
+      # root is root@localhost only: on another address it is given to the
+      # address's /24 as well (the namespaces' bridge), through the socket.
+      mariadb --no-defaults -S"$sock" -uroot -e "CREATE USER IF NOT EXISTS 'root'@'${bind%.*}.%';
+        GRANT ALL PRIVILEGES ON *.* TO 'root'@'${bind%.*}.%' WITH GRANT OPTION" >/dev/null 2>&1 || { sleep 0.5; continue; }
+    fi
+    if mariadb --no-defaults -h"$bind" -P"$port" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
       return 0
     fi
     sleep 0.5
@@ -229,7 +237,8 @@ stop_mariadb() {
   if [ -f "$dir/socket.path" ]; then rm -f "$(cat "$dir/socket.path")"; fi
 }
 
-# start_memcached DIR PORT starts a private memcached on 127.0.0.1:PORT.
+# start_memcached DIR PORT starts a private memcached on 127.0.0.1:PORT
+# (REDCELL_BIND_ADDR:PORT when set).
 start_memcached() {
   local dir=$1 port=$2
   mkdir -p "$dir"
@@ -237,10 +246,11 @@ start_memcached() {
   stop_memcached "$dir" # one left from an earlier run
   local user_opt=()
   if [ "$(id -u)" -eq 0 ]; then user_opt=(-u root); fi
-  memcached "${user_opt[@]}" -l 127.0.0.1 -p "$port" -U 0 -m 128 -c 4096 -d -P "$dir/memcached.pid"
+  local host=${REDCELL_BIND_ADDR:-127.0.0.1}
+  memcached "${user_opt[@]}" -l "$host" -p "$port" -U 0 -m 128 -c 4096 -d -P "$dir/memcached.pid"
   local i
   for i in $(seq 1 40); do
-    if ! port_free "$port"; then return 0; fi
+    if ! port_free "$port" "$host"; then return 0; fi
     sleep 0.25
   done
   echo "memcached did not start on port $port" >&2
