@@ -69,7 +69,8 @@ type Buckets struct {
 	interval time.Duration // 1/PerSec
 	tau      time.Duration // Burst/PerSec: how far the TAT may run ahead of now
 
-	downUntil atomic.Int64 // Unix ns: on the fallback until then
+	downUntil atomic.Int64 // Unix ns: on the fallback until then; 0 once memcached answered again
+	probing   atomic.Bool  // one call is trying memcached again after a failure
 	fallbacks atomic.Int64 // Allow calls the fallback answered
 	failures  atomic.Int64 // memcached calls that failed
 	conflicts atomic.Int64 // Allow calls refused after casAttempts conflicts
@@ -100,12 +101,25 @@ func NewBuckets(cfg BucketsConfig, mc CASMemcache, clk clock.Clock) (*Buckets, e
 // only when another process changed the key in between.
 func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 	now := b.clock.Now()
-	if b.mc == nil || now.UnixNano() < b.downUntil.Load() {
+	if b.mc == nil {
 		return b.local(key, now)
+	}
+	if down := b.downUntil.Load(); down != 0 {
+		// After a failure, one call at a time tries memcached again; the
+		// others keep to the fallback until it answered, so that a memcached
+		// that does not answer at all holds up one request a second, not all
+		// that come while it times out.
+		if now.UnixNano() < down || !b.probing.CompareAndSwap(false, true) {
+			return b.local(key, now)
+		}
+		defer b.probing.Store(false)
 	}
 	k := b.cfg.Prefix + key
 	for range casAttempts {
 		it, err := b.mc.Get(k)
+		if (err == nil || errors.Is(err, memcache.ErrCacheMiss)) && b.downUntil.Load() != 0 {
+			b.downUntil.Store(0) // memcached answers again
+		}
 		if errors.Is(err, memcache.ErrCacheMiss) {
 			tat := now.Add(b.interval)
 			err = b.mc.Add(&memcache.Item{Key: k, Value: strconv.AppendInt(nil, tat.UnixNano(), 10), Expiration: b.ttl(tat, now)})

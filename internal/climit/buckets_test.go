@@ -1,6 +1,7 @@
 package climit
 
 import (
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -237,5 +238,115 @@ func TestBucketsTATFarAhead(t *testing.T) {
 	ok, wait := b.Allow("a")
 	if ok || wait <= 0 || wait > 800*time.Millisecond { // (Burst+1)/PerSec
 		t.Fatalf("Allow with a TAT an hour ahead: %v, wait %v; want refused, wait in (0, 800ms]", ok, wait)
+	}
+}
+
+// blackhole is a memcached that accepts connections and never answers (a
+// server hung, or packets dropped): each call waits out the client's timeout.
+func blackhole(t *testing.T) *memcache.Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never read
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	mc := memcache.New(ln.Addr().String())
+	mc.Timeout = 50 * time.Millisecond
+	return mc
+}
+
+// After a failure, one call at a time asks a memcached that does not answer;
+// the others keep to the fallback meanwhile instead of each waiting out the
+// timeout. Counted by the failed calls, not by time.
+func TestOneProbeAtATime(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_900_000_800, 0))
+	mc := blackhole(t)
+	b, err := NewBuckets(BucketsConfig{Prefix: "rc:test:bh:", PerSec: 1000, Burst: 1000}, mc, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(Config{Name: "bh", Prefix: "rc:test:", Rate: 1000, FallbackBurst: 1000}, mc, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Allow("a") // the first failure
+	l.Allow()
+	if b.Stats().Failures != 1 || l.Stats().FellBack != 1 {
+		t.Fatalf("first failure: %+v %+v", b.Stats(), l.Stats())
+	}
+	clk.Advance(time.Second) // the fallback's second is over
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Add(2)
+		go func() { defer wg.Done(); b.Allow(fmt.Sprintf("k%d", g)) }()
+		go func() { defer wg.Done(); l.Allow() }()
+	}
+	wg.Wait()
+	if f := b.Stats().Failures; f != 2 {
+		t.Fatalf("buckets: %d failed calls after 20 concurrent ones, want 2 (one probe)", f)
+	}
+	if f := l.Stats().FellBack; f != 2 {
+		t.Fatalf("limiter: %d failed calls after 20 concurrent ones, want 2 (one probe)", f)
+	}
+	// The limiter's probe runs without its lock: a call while it waits on
+	// memcached is answered by the fallback, not held behind it.
+	mc.Timeout = time.Second
+	clk.Advance(time.Second)
+	probed := make(chan struct{})
+	go func() { defer close(probed); l.Allow() }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		p := l.probing
+		l.mu.Unlock()
+		if p {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no probe started")
+		}
+	}
+	if !l.Allow() {
+		t.Fatal("a call during the probe was refused; the fallback has tokens")
+	}
+	l.mu.Lock()
+	still := l.probing
+	l.mu.Unlock()
+	if !still {
+		t.Fatal("the call returned only after the probe (a second against a blackhole) ended: it waited for it")
+	}
+	<-probed
+}
+
+// A probe that gets an answer puts the buckets back on memcached.
+func TestProbeBringsMemcachedBack(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_900_001_000, 0))
+	good := memcache.New(testenv.Memcached(t))
+	b, err := NewBuckets(BucketsConfig{Prefix: "rc:test:back:" + testenv.Prefix() + ":", PerSec: 10, Burst: 2}, good, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.downUntil.Store(clk.Now().Add(-time.Millisecond).UnixNano()) // as after a failure a second ago
+	if ok, _ := b.Allow("x"); !ok || b.downUntil.Load() != 0 || b.Stats().Fallbacks != 0 {
+		t.Fatalf("the probe's answer should end the outage: down %d, %+v", b.downUntil.Load(), b.Stats())
 	}
 }

@@ -78,7 +78,8 @@ type Limiter struct {
 	window    int64      // the unix second local belongs to
 	local     int        // tokens held for window
 	spent     bool       // the counter gave its last token in window: wait for the next
-	downUntil time.Time  // on the fallback until then
+	downUntil time.Time  // on the fallback until then; zero once memcached answered again
+	probing   bool       // a call asks memcached again after a failure, without mu
 	fallback  *rate.Limiter
 	fellBack  int64 // times memcached failed (Stats)
 	refills   int64 // chunks taken from the counter
@@ -128,7 +129,7 @@ func (l *Limiter) Allow() bool {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.mc == nil || now.Before(l.downUntil) {
+	if l.mc == nil || now.Before(l.downUntil) || l.probing {
 		l.toFallback(now)
 		return l.fallback.AllowN(now, 1)
 	}
@@ -140,7 +141,25 @@ func (l *Limiter) Allow() bool {
 		if l.spent {
 			return false
 		}
-		got, err := l.refill(sec)
+		var got int
+		var err error
+		if l.downUntil.IsZero() {
+			got, err = l.refill(sec) // the others wait for this one call (normally well under a millisecond)
+		} else {
+			// The first call after a failure asks memcached without the
+			// lock, and the others take the fallback meanwhile (l.probing),
+			// so that a memcached that does not answer at all holds up one
+			// request a second, not every one that comes while it times out.
+			// They touch neither the window nor its tokens.
+			l.probing = true
+			l.mu.Unlock()
+			got, err = l.refill(sec)
+			l.mu.Lock()
+			l.probing = false
+			if err == nil {
+				l.downUntil = time.Time{}
+			}
+		}
 		if err != nil {
 			l.fellBack++
 			l.downUntil = now.Add(retryAfter)
@@ -210,7 +229,7 @@ func (l *Limiter) Wait(ctx context.Context) error {
 func (l *Limiter) fallbackWait(now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.mc != nil && !now.Before(l.downUntil) {
+	if l.mc != nil && !now.Before(l.downUntil) && !l.probing {
 		return 0
 	}
 	r := l.fallback.ReserveN(now, 1)
