@@ -18,11 +18,15 @@ RACE_PKGS := ./api/... ./cell/... ./storage/... ./sharding/... ./router/... ./in
 UNIT_ONLY := ^(TestFailoverRefusesAnUnknownStandby|TestArchiveSeventyDays|TestOutageLogsBounded|TestStampAllocatesNothing|TestSignerAllocs|TestRewardMoney|TestRewardMoneyMySQL|TestBookerWaitsForItsRateOutsideTheTransaction)$$
 RACE_SKIP := ^(TestFailoverRefusesAnUnknownStandby|TestArchiveSeventyDays|TestOutageLogsBounded)$$
 
-.PHONY: run cluster-netns test unit race drill sim build audit bench-smoke vet fmt tidy clean
+.PHONY: help run cluster-netns test unit race drill sim build audit bench-smoke vet fmt tidy clean
 
 ## run: install what is missing, start router + 2 cells + MariaDB x2 + memcached, serve on :8080
 run:
 	deploy/local/run.sh
+
+## help: this list of targets
+help:
+	@awk '/^## /{sub(/^## /, ""); print}' $(firstword $(MAKEFILE_LIST))
 
 ## cluster-netns: (root) make run's cluster as if on three hosts: router + memcached, and each cell with its
 ## MariaDB, in network namespaces of their own on a bridge (10.213.N.0/24); state in var/netns; everything

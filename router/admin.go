@@ -128,6 +128,7 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		if rt.ID == api.RouteRulesReload {
 			changed, err := r.rules.Reload()
 			if err != nil {
+				r.log.Warn("rules reload refused; the rules in force stay", "err", err)
 				// The table in force stays; the answer says why the file was refused.
 				r.writeErr(rc, model.Invalidf("%v (the rules in force stay)", err))
 				return

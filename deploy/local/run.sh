@@ -272,7 +272,8 @@ redcell is serving.
   API key    $keyfile (app "demo", every scope); send it with each request:
                curl -H "Authorization: Bearer \$(cat $keyfile)" http://127.0.0.1:$rport/v1/accounts/alice
              more keys: $VAR/bin/redcell apikey add --keys $VAR/api-keys.yaml --app NAME --scopes read,open
-  router admin 127.0.0.1:$a0 (GET /metrics; /admin/keys with the admin token)
+  router admin 127.0.0.1:$a0 (GET /metrics; /admin/keys, /admin/rules with the admin token)
+  router rules $VAR/rules.yaml (degrade switches per route, anti-abuse rules; read within a second of a change)
   cell-1     http://127.0.0.1:$c1   shards 0-499    MariaDB 127.0.0.1:$db1 ($VAR/cell-1/db)
   cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)${c3:+
   cell-3     http://127.0.0.1:$c3   no shards yet   MariaDB 127.0.0.1:$db3 ($VAR/cell-3/db), admin 127.0.0.1:$a3

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"redcell/internal/yamlfile"
 )
 
 // Source is the table read from a rules file, kept current: Reload reads the
@@ -74,6 +76,9 @@ func (s *Source) Reload() (changed bool, err error) {
 		return false, nil
 	}
 	t := Empty(len(s.routes))
+	if b != nil {
+		t.Version = yamlfile.Version(b) // a template of comments has one too
+	}
 	if !blank(b) {
 		if t, err = Parse(b, s.routes, s.newBucket); err != nil {
 			s.lastErr = err.Error()
