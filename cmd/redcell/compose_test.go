@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,6 +19,48 @@ import (
 // Compose").
 const composeDir = "../../deploy/compose"
 
+// composeSecrets are the secret files loadCompose writes, as secrets.sh makes them.
+var composeSecrets = map[string]string{
+	"cluster_secret": "compose-test-cluster-secret-0123", "admin_token": "compose-test-admin-token-0123",
+	"db_password": "compose-test-db-password", "api-keys.yaml": "keys: []\n",
+}
+
+// loadCompose copies deploy/compose into a temporary directory with secret
+// files and loads the Compose files named (later ones on top of earlier
+// ones, as docker compose -f a -f b does) with the Compose specification's
+// own loader. It returns the project, the directory and the secrets.
+func loadCompose(t *testing.T, files ...string) (*types.Project, string, map[string]string) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"compose.yaml", "compose.standby.yaml", "redcell.yaml", "redcell.standby.yaml"} {
+		b, err := os.ReadFile(filepath.Join(composeDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "secrets"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range composeSecrets {
+		if err := os.WriteFile(filepath.Join(dir, "secrets", name), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cf []types.ConfigFile
+	for _, f := range files {
+		cf = append(cf, types.ConfigFile{Filename: filepath.Join(dir, f)})
+	}
+	p, err := loader.LoadWithContext(t.Context(), types.ConfigDetails{WorkingDir: dir, ConfigFiles: cf, Environment: types.Mapping{}},
+		func(o *loader.Options) { o.SetProjectName("redcell", true) })
+	if err != nil {
+		t.Fatalf("%v does not load: %v", files, err)
+	}
+	return p, dir, composeSecrets
+}
+
 // TestComposeDeployment loads deploy/compose/compose.yaml with the Compose
 // specification's own loader (its JSON schema and consistency checks), loads
 // the cluster config it mounts with redcell's own, and checks that the two
@@ -27,37 +70,7 @@ const composeDir = "../../deploy/compose"
 // id of its own); and that the Dockerfile builds the static, non-root image
 // the services run.
 func TestComposeDeployment(t *testing.T) {
-	// A copy with secret files, as secrets.sh makes them.
-	dir := t.TempDir()
-	for _, f := range []string{"compose.yaml", "redcell.yaml"} {
-		b, err := os.ReadFile(filepath.Join(composeDir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	secrets := map[string]string{
-		"cluster_secret": "compose-test-cluster-secret-0123", "admin_token": "compose-test-admin-token-0123",
-		"db_password": "compose-test-db-password", "api-keys.yaml": "keys: []\n",
-	}
-	if err := os.Mkdir(filepath.Join(dir, "secrets"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for name, v := range secrets {
-		if err := os.WriteFile(filepath.Join(dir, "secrets", name), []byte(v), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := loader.LoadWithContext(t.Context(), types.ConfigDetails{
-		WorkingDir:  dir,
-		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(dir, "compose.yaml")}},
-		Environment: types.Mapping{},
-	}, func(o *loader.Options) { o.SetProjectName("redcell", true) })
-	if err != nil {
-		t.Fatalf("compose.yaml does not load: %v", err)
-	}
+	p, dir, secrets := loadCompose(t, "compose.yaml")
 
 	// The cluster config as the containers read it: the file Compose
 	// mounts, the secrets from the files their _FILE variables name.
@@ -277,5 +290,136 @@ func TestComposeDeployment(t *testing.T) {
 				t.Errorf("%s runs image %q, want redcell:dev (docker build -t redcell:dev .)", name, svc.Image)
 			}
 		}
+	}
+}
+
+// TestComposeStandby loads compose.yaml with compose.standby.yaml on top, as
+// docker compose -f ... -f ... does, and checks the standbys against the
+// cluster config the cells then mount: each cell's standby_dsn names a
+// standby service replicating (by the MariaDB image's own setup) from the
+// very host and port of the cell's dsn, which the cell's failover requires of
+// its standby; both sides semi-synchronous (AFTER_SYNC), every server id its
+// own, the replication password and the root password from the mounted
+// secret; each cell waits for its standby; and redcell.standby.yaml is
+// redcell.yaml but for standby_dsn.
+func TestComposeStandby(t *testing.T) {
+	p, dir, secrets := loadCompose(t, "compose.yaml", "compose.standby.yaml")
+	if got := filepath.Clean(p.Configs["redcell"].File); got != filepath.Join(dir, "redcell.standby.yaml") {
+		t.Fatalf("with standbys the cells mount %q, want redcell.standby.yaml", got)
+	}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "REDCELL_") {
+			t.Setenv(k, "")
+		}
+	}
+	t.Setenv("REDCELL_DB_PASSWORD_FILE", filepath.Join(dir, "secrets", "db_password"))
+	t.Setenv("REDCELL_CLUSTER_SECRET_FILE", filepath.Join(dir, "secrets", "cluster_secret"))
+	t.Setenv("REDCELL_ADMIN_TOKEN_FILE", filepath.Join(dir, "secrets", "admin_token"))
+	withStandby, err := loadConfig(filepath.Join(dir, "redcell.standby.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := loadConfig(filepath.Join(dir, "redcell.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stripped := withStandby
+	stripped.Cells = slices.Clone(withStandby.Cells)
+	for i := range stripped.Cells {
+		stripped.Cells[i].StandbyDSN = ""
+	}
+	if !reflect.DeepEqual(stripped, plain) {
+		t.Fatalf("redcell.standby.yaml differs from redcell.yaml by more than standby_dsn:\n%+v\n%+v", stripped, plain)
+	}
+	semisync := []string{"--rpl-semi-sync-master-enabled=1", "--rpl-semi-sync-slave-enabled=1",
+		"--rpl-semi-sync-master-wait-point=AFTER_SYNC", "--log-bin=mariadb-bin", "--binlog-format=ROW", "--collation-server=utf8mb4_bin"}
+	ids := map[string]string{}
+	serverID := func(svc types.ServiceConfig) {
+		t.Helper()
+		for _, f := range semisync {
+			if !slices.Contains([]string(svc.Command), f) {
+				t.Errorf("%s runs without %s", svc.Name, f)
+			}
+		}
+		m := regexp.MustCompile(`^--server-id=(\d+)$`)
+		for _, a := range svc.Command {
+			if id := m.FindStringSubmatch(a); id != nil {
+				if other, dup := ids[id[1]]; dup {
+					t.Errorf("%s and %s share server id %s", svc.Name, other, id[1])
+				}
+				ids[id[1]] = svc.Name
+				return
+			}
+		}
+		t.Errorf("%s has no --server-id", svc.Name)
+	}
+	env := func(svc types.ServiceConfig, k string) string {
+		if v := svc.Environment[k]; v != nil {
+			return *v
+		}
+		return ""
+	}
+	for _, c := range withStandby.Cells {
+		cfg, _, err := withStandby.cellConfig(c.Name)
+		if err != nil {
+			t.Fatalf("%s: %v", c.Name, err)
+		}
+		primary, err := mysql.ParseDSN(cfg.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		standby, err := mysql.ParseDSN(cfg.StandbyDSN)
+		if err != nil || cfg.StandbyDSN == "" {
+			t.Fatalf("%s: standby_dsn %q: %v", c.Name, cfg.StandbyDSN, err)
+		}
+		if primary.Passwd != secrets["db_password"] || standby.Passwd != secrets["db_password"] {
+			t.Errorf("%s: the passwords are not the db_password secret's", c.Name)
+		}
+		pHost, pPort, _ := net.SplitHostPort(primary.Addr)
+		sHost, sPort, _ := net.SplitHostPort(standby.Addr)
+		ps, ok := p.Services[pHost]
+		if !ok {
+			t.Fatalf("%s: no service %s (its dsn)", c.Name, pHost)
+		}
+		ss, ok := p.Services[sHost]
+		if !ok {
+			t.Fatalf("%s: no service %s (its standby_dsn)", c.Name, sHost)
+		}
+		if pPort != "3306" || sPort != "3306" {
+			t.Errorf("%s: ports %s and %s, want MariaDB's 3306", c.Name, pPort, sPort)
+		}
+		// The cell refuses a standby that replicates from anywhere but the
+		// host:port of its dsn (SHOW SLAVE STATUS's Master_Host, Master_Port).
+		if got := env(ss, "MARIADB_MASTER_HOST"); got != pHost || env(ss, "MARIADB_MASTER_PORT") != "" && env(ss, "MARIADB_MASTER_PORT") != pPort {
+			t.Errorf("%s replicates from %q, want %s (the cell's dsn)", sHost, got, pHost)
+		}
+		for _, svc := range []types.ServiceConfig{ps, ss} {
+			serverID(svc)
+			if env(svc, "MARIADB_REPLICATION_USER") != "repl" || env(svc, "MARIADB_REPLICATION_PASSWORD_FILE") != "/run/secrets/db_password" ||
+				env(svc, "MARIADB_ROOT_PASSWORD_FILE") != "/run/secrets/db_password" {
+				t.Errorf("%s: replication user or password files: %v", svc.Name, svc.Environment)
+			}
+			if !slices.ContainsFunc(svc.Secrets, func(s types.ServiceSecretConfig) bool { return s.Source == "db_password" }) {
+				t.Errorf("%s does not mount db_password", svc.Name)
+			}
+		}
+		if d, ok := ss.DependsOn[pHost]; !ok || d.Condition != types.ServiceConditionHealthy {
+			t.Errorf("%s does not wait for its primary to be healthy", sHost)
+		}
+		if ss.HealthCheck == nil || !slices.Contains([]string(ss.HealthCheck.Test), "--replication_io") || !slices.Contains([]string(ss.HealthCheck.Test), "--replication_sql") {
+			t.Errorf("%s's health check does not look at its replication: %v", sHost, ss.HealthCheck)
+		}
+		cs := p.Services[c.Name]
+		for _, dep := range []string{pHost, sHost} {
+			if d, ok := cs.DependsOn[dep]; !ok || d.Condition != types.ServiceConditionHealthy {
+				t.Errorf("%s does not wait for %s to be healthy", c.Name, dep)
+			}
+		}
+		if !slices.ContainsFunc(ss.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Source == sHost && v.Target == "/var/lib/mysql" }) {
+			t.Errorf("%s keeps its data in no volume of its own", sHost)
+		}
+	}
+	if len(ids) != 6 {
+		t.Fatalf("server ids %v, want 6 distinct", ids)
 	}
 }
