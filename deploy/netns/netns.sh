@@ -115,14 +115,24 @@ down() {
   for node in "${nodes[@]}"; do
     ns=rc$id$node
     if ip netns list | awk '{print $1}' | grep -qx "$ns"; then ip netns delete "$ns"; fi
-    if ip link show "$ns" >/dev/null 2>&1; then ip link delete "$ns"; fi
+    # The host end goes with the namespace, but not at once: it may vanish
+    # between the look and the delete ("Cannot find device"), which is fine.
+    if ip link show "$ns" >/dev/null 2>&1; then ip link delete "$ns" 2>/dev/null || true; fi
   done
-  if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge"; fi
+  if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge" 2>/dev/null || true; fi
   rm -f "$owners/$id"
-  # Nothing of ID may be left.
-  local left
-  left=$( { ip netns list | awk '{print $1}' | grep -E "^rc$id(r|c1|c2)$" || true; } )
-  left+=$( { ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^(rc$id(r|c1|c2)|$bridge)$" || true; } )
+  # Nothing of ID may be left (veths of deleted namespaces go within moments).
+  local left i
+  for i in $(seq 1 50); do
+    left=$( { ip netns list | awk '{print $1}' | grep -E "^rc$id(r|c1|c2)$" || true; } )
+    left+=$( { ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^(rc$id(r|c1|c2)|$bridge)$" || true; } )
+    [ -z "$left" ] && break
+    if [ "$i" = 25 ]; then # still there: delete what is left once more
+      for node in "${nodes[@]}"; do ip link delete "rc$id$node" 2>/dev/null || true; done
+      ip link delete "$bridge" 2>/dev/null || true
+    fi
+    sleep 0.1
+  done
   if [ -n "$left" ]; then
     echo "netns.sh: could not remove: $(echo $left)" >&2
     exit 1
