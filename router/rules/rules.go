@@ -113,6 +113,7 @@ type Table struct {
 	retryAfter int
 	rules      []*rule
 	degraded   []atomic.Int64 // by route index
+	idle       bool           // no rule, every route at 100 % (Idle)
 }
 
 type rule struct {
@@ -128,7 +129,7 @@ type rule struct {
 
 // Empty is the table of no file: everything passes.
 func Empty(routes int) *Table {
-	t := &Table{admit: make([]int, routes), retryAfter: 5, degraded: make([]atomic.Int64, routes)}
+	t := &Table{admit: make([]int, routes), retryAfter: 5, degraded: make([]atomic.Int64, routes), idle: true}
 	for i := range t.admit {
 		t.admit[i] = 100
 	}
@@ -187,6 +188,7 @@ func Parse(b []byte, routeNames []string, newBucket NewBucket) (*Table, error) {
 		names[r.Name] = true
 		t.rules = append(t.rules, c)
 	}
+	t.idle = len(t.rules) == 0 && !slices.ContainsFunc(t.admit, func(p int) bool { return p < 100 })
 	return t, nil
 }
 
@@ -333,9 +335,9 @@ func (t *Table) Check(q *Request) (v Verdict, ruleName string, retryAfter int) {
 
 // Idle reports whether the table lets everything through unseen: no rule and
 // every route fully admitted (the router then skips Check).
-func (t *Table) Idle() bool {
-	return len(t.rules) == 0 && !slices.ContainsFunc(t.admit, func(p int) bool { return p < 100 })
-}
+// It is decided once, when the table is made: the router asks on every
+// request.
+func (t *Table) Idle() bool { return t.idle }
 
 // Summary is a table as the admin port shows it.
 type Summary struct {
