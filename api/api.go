@@ -213,6 +213,9 @@ type ActivitiesResponse struct {
 	Version  string           `json:"version,omitempty"` // the first 12 hex digits of the file's SHA-256
 	LoadedMS int64            `json:"loaded_at_ms,omitempty"`
 	Parents  []ActivityParent `json:"activities"`
+	// Warnings name what the file holds that loads but does nothing (a
+	// scene's compensate), each "where: what"; absent when none.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ActivityParent is one parent activity of an ActivitiesResponse.

@@ -139,6 +139,10 @@ type Config struct {
 	// IssuedMemcache keeps the "issued so far" counters cluster-wide
 	// (cell/issued); nil: each cell counts only its own issues.
 	IssuedMemcache issued.Memcache
+	// SceneMemcache keeps each reward scene's rate_limit for the whole
+	// cluster (cell/scenelimit: a token bucket per scene in memcached); nil:
+	// each cell takes rate/N and burst/N on its own (N: the live cells).
+	SceneMemcache climit.CASMemcache
 
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 

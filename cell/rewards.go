@@ -20,6 +20,7 @@ import (
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
 	"redcell/cell/rewardtoken"
+	"redcell/cell/scenelimit"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -36,7 +37,7 @@ import (
 type rewards struct {
 	ring     atomic.Pointer[rewardtoken.Ring] // nil: no key file, issuing answers REWARDS_DISABLED
 	release  atomic.Pointer[api.WithdrawRelease]
-	limiters sync.Map // scene key → *rate.Limiter (the scene's rate_limit, per cell)
+	scenes   [2]*scenelimit.Limits // each scene's rate_limit, for the whole cluster, per space
 	counters [2]*issued.Counters
 	dirty    [2]dirtyDBs // databases with rewards issued here since the booker's last pass
 	booked   [2]atomic.Int64
@@ -67,14 +68,6 @@ func (d *dirtyDBs) take() map[int]bool {
 
 // sceneKey names a scene of one child: its budget, limiter and counter.
 func sceneKey(a activity.Active) string { return model.BudgetKey(a.Parent.ID, a.Child.ID, a.Scene.ID) }
-
-func (s *Server) sceneLimiter(key string, r activity.Rate) *rate.Limiter {
-	if l, ok := s.rw.limiters.Load(key); ok {
-		return l.(*rate.Limiter)
-	}
-	l, _ := s.rw.limiters.LoadOrStore(key, rate.NewLimiter(rate.Limit(r.PerSec), max(r.Burst, 1)))
-	return l.(*rate.Limiter)
-}
 
 func (s *Server) issuedCounter(sp *space, key string) *issued.Counter {
 	c, err := s.rw.counters[sp.index()].Counter(key)
@@ -196,10 +189,12 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		}
 	}
 	key := sceneKey(a)
-	if !s.sceneLimiter(key, a.Scene.RateLimit).AllowN(now, 1) {
+	rl := a.Scene.RateLimit
+	if ok, _ := s.rw.scenes[sp.index()].Allow(key, rl.PerSec, rl.Burst); !ok {
 		// Shed without touching the database: a retry of an issued reward
-		// gets its first answer once the rate allows it again.
-		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
+		// gets its first answer once the rate allows it again. The rate is
+		// the tree's this request resolved in: a reload holds at once.
+		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s (burst %d) across the cluster", a.Scene.ID, rl.PerSec, rl.Burst))
 		return
 	}
 	limit := a.Scene.Budget
