@@ -163,6 +163,8 @@ type Server struct {
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
+	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
+	rwMetrics *rewardMetrics
 	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
 	cp *coupons
 }
@@ -212,6 +214,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
 	s.acts.issued, s.acts.loaded = s.sceneIssued, s.syncBudgets
 	s.rwRecon = newRewardReconMetrics(reg)
+	s.rwMetrics = newRewardMetrics(reg, s)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
