@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/model"
 )
@@ -65,7 +66,29 @@ func newCouponMetrics(reg *prometheus.Registry, cp *coupons) *couponMetrics {
 			}))
 		}
 	}
+	if cat := cp.holder.Catalog(); cat != nil {
+		m.seed(cat)
+	}
 	return m
+}
+
+// couponReasons are the reasons a request is refused with, each a series of
+// redcell_coupon_refused_total per batch from the batch's load on.
+var couponReasons = []model.CouponReason{model.ReasonLimit, model.ReasonGroup, model.ReasonRisk, model.ReasonSoldOut, model.ReasonBatchClosed}
+
+// seed makes the per-batch series of cat's batches at 0, so that the first
+// refusal or write-off of a batch is an increase (a series born at 1 is none
+// to rate() and increase(), and its alert would never fire).
+func (m *couponMetrics) seed(cat *couponbatch.Catalog) {
+	for _, space := range []string{"real", "shadow"} {
+		for _, b := range cat.Batches() {
+			m.issued.WithLabelValues(space, b.ID)
+			m.open.WithLabelValues(space, b.ID)
+			for _, r := range couponReasons {
+				m.refused.WithLabelValues(space, string(r), b.ID)
+			}
+		}
+	}
 }
 
 func layerLabel(n int) string { return string(rune('0' + n)) }
