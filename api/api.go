@@ -78,6 +78,8 @@ type DegradeSetting struct {
 	Booking string `json:"booking,omitempty"`
 	// CouponIssue off: coupon requests are accepted and wait in their rows; those already queued are still decided.
 	CouponIssue string `json:"coupon_issue,omitempty"`
+	// TokenRestore off: POST /v1/accounts/{act_id}/tokens restores no reward: a valid token the cell does not hold is refused (TOKEN_RESTORE_OFF).
+	TokenRestore string `json:"token_restore,omitempty"`
 }
 
 // AuditResponse answers POST /admin/audit: the cell's own books, per space

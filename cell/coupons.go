@@ -268,6 +268,7 @@ func (s *Server) ReloadCoupons() (api.CouponBatchesResponse, error) {
 		return api.CouponBatchesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded batches stay)", err)
 	}
 	s.syncCouponStock(cat)
+	s.cp.metrics.seed(cat)
 	return s.describeCoupons(cat), nil
 }
 

@@ -164,6 +164,8 @@ type Server struct {
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
+	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
+	rwMetrics *rewardMetrics
 	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
 	cp *coupons
 }
@@ -215,6 +217,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.scenes[1] = scenelimit.New(cfg.SceneMemcache, "s:rc:scene:", s.liveCells, clk)
 	s.acts.issued, s.acts.loaded = s.sceneIssued, s.activitiesLoaded
 	s.rwRecon = newRewardReconMetrics(reg)
+	s.rwMetrics = newRewardMetrics(reg, s)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}

@@ -124,6 +124,11 @@ type Observer interface {
 	Waited(layer int, d time.Duration)
 	// Merged: one deduction asked for n requests of batch.
 	Merged(batch string, n int)
+	// LeftOpen: an issue of batch lost its COMMIT's answer and left its
+	// deduction open with units no coupon is known to carry: out of the
+	// stock (written off) until the home settles the deduction by its
+	// coupons, after its TTL.
+	LeftOpen(batch string, units int64)
 }
 
 type noObserver struct{}
@@ -132,6 +137,7 @@ func (noObserver) Accepted()                                                    
 func (noObserver) Final(model.CouponRequest, bool, model.CouponReason, time.Time) {}
 func (noObserver) Waited(int, time.Duration)                                      {}
 func (noObserver) Merged(string, int)                                             {}
+func (noObserver) LeftOpen(string, int64)                                         {}
 
 // Engine runs the layers. Safe for concurrent use.
 type Engine struct {
@@ -1111,8 +1117,9 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, h.id, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
-			e.endHeld(h, n, n, lost)
+			open := e.endHeld(h, n, n, lost)
 			if lost {
+				e.cfg.Observe.LeftOpen(rule.Batch, open)
 				return fmt.Errorf("issue %d from held lease %s (left open): %w", n, h.id, err)
 			}
 			e.park(reqs, e.clock.Now(), owned)
@@ -1209,8 +1216,9 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
-			e.endHeld(h, n, n, lost)
+			open := e.endHeld(h, n, n, lost)
 			if lost {
+				e.cfg.Observe.LeftOpen(rule.Batch, open)
 				return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
 			}
 			e.park(reqs, e.clock.Now(), owned)
@@ -1231,6 +1239,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
 		if errors.Is(err, storage.ErrCommitUnknown) {
+			e.cfg.Observe.LeftOpen(rule.Batch, granted)
 			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
 		}
 		// Nothing was written: every unit goes back, and the requests are

@@ -156,18 +156,20 @@ type cellSection struct {
 
 // degradeEntry: each switch "on" or "off" at start; absent keeps it on.
 type degradeEntry struct {
-	ClaimsList  string `yaml:"claims_list"`
-	GrabCache   string `yaml:"grab_cache"`
-	Relay       string `yaml:"relay"`
-	WalletFlow  string `yaml:"wallet_flow"`
-	Booking     string `yaml:"booking"`
-	CouponIssue string `yaml:"coupon_issue"`
+	ClaimsList   string `yaml:"claims_list"`
+	GrabCache    string `yaml:"grab_cache"`
+	Relay        string `yaml:"relay"`
+	WalletFlow   string `yaml:"wallet_flow"`
+	Booking      string `yaml:"booking"`
+	CouponIssue  string `yaml:"coupon_issue"`
+	TokenRestore string `yaml:"token_restore"`
 }
 
 // switches returns the entry's fields by switch name, to read and set them.
 func (d *degradeEntry) switches() map[string]*string {
 	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay,
-		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue}
+		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue,
+		"token_restore": &d.TokenRestore}
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -265,7 +267,7 @@ var envOverrides = []struct {
 		sw := fc.Cell.Degrade.switches()
 		for _, name := range splitList(v) {
 			if sw[name] == nil {
-				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue)", name)
+				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue, token_restore)", name)
 			}
 			*sw[name] = "off"
 		}
@@ -452,7 +454,8 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.ReconSettle, s.ReconSettle)
 	setDur(&c.AuditInterval, s.AuditInterval)
 	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay,
-		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue}
+		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue,
+		"token_restore": &c.Degrade.TokenRestore}
 	for name, v := range fc.Cell.Degrade.switches() {
 		switch *v {
 		case "", "on":

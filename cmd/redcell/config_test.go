@@ -217,7 +217,7 @@ func TestReconAndDegradeConfig(t *testing.T) {
 	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cells := oneCell
-	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on}\n"))
+	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on, token_restore: off}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,15 +226,15 @@ func TestReconAndDegradeConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.ReconInterval != 30*time.Second || c.ReconSettle != 45*time.Second || c.AuditInterval != time.Hour ||
-		!c.Degrade.ClaimsList || c.Degrade.GrabCache || c.Degrade.Relay {
+		!c.Degrade.ClaimsList || c.Degrade.GrabCache || c.Degrade.Relay || !c.Degrade.TokenRestore {
 		t.Fatalf("cell config %+v", c)
 	}
 	t.Setenv("REDCELL_AUDIT_INTERVAL", "10m")
-	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache")
+	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache,token_restore")
 	if fc, err = loadConfig(write(cells)); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList {
+	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList || !c.Degrade.TokenRestore {
 		t.Fatalf("from the environment: %+v, %v", c, err)
 	}
 	t.Setenv("REDCELL_DEGRADE", "relya")
