@@ -2,6 +2,7 @@ package couponq
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"redcell/model"
@@ -75,10 +76,14 @@ func (e *Engine) refreshCopy(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, copyEvery)
 	ls, err := e.cfg.Levels(rctx, ids)
 	cancel()
-	if err != nil && ctx.Err() == nil {
-		e.copies.Fail(err, "batches", len(ids)) // logged when it starts, summarized, and when it ends
-	} else if err == nil {
+	switch {
+	case err == nil:
 		e.copies.OK()
+	case ctx.Err() != nil, errors.Is(err, model.ErrCellUnavailable) && len(ls) == 0:
+		// Stopping, or no cell in the map homes the batches yet (a cell
+		// starting before the gossip): the queues decide their requests.
+	default:
+		e.copies.Fail(err, "batches", len(ids)) // logged when it starts, summarized, and when it ends
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
