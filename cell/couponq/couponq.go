@@ -555,6 +555,15 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 		e.release(rs)
 		return
 	}
+	if e.paused() {
+		// Issuing went off while the take ran (a first sweep over cold
+		// tables takes seconds): what it took, accepted after the switch
+		// perhaps, waits in its rows like the rest rather than being
+		// decided now.
+		e.release(rs)
+		e.markDirty(dbs)
+		return
+	}
 	// A database that gave requests may hold more (a take asks each for a
 	// share, which requests queued at their accept and still accepted fill
 	// as well): it is asked again at the next tick. So is every database of
