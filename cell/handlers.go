@@ -156,6 +156,12 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.budgetReturn(ctx, rc, sp)
 	case api.RouteBudgetLeases:
 		s.budgetLeases(ctx, rc, sp)
+	case api.RouteCouponStock:
+		if s.cp == nil {
+			s.answers.err(rc, couponsOff)
+			return
+		}
+		s.couponStockAnswer(ctx, rc, sp)
 	default:
 		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}

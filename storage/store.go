@@ -197,8 +197,10 @@ type Identities interface {
 // no reserve, as many units as requests): coupons carry their lease, so a
 // lease whose holder died is settled by counting them (CouponLeaseSpent).
 type Coupons interface {
-	// AcceptCoupon stores r as accepted (AcceptedMS now when 0) unless its
-	// app and serial are stored: then model.ReplayCouponRequest decides
+	// AcceptCoupon stores r as accepted (AcceptedMS now when 0), or
+	// refused SOLD_OUT and decided at once when r is
+	// model.RefusedAtAccept (model.AcceptedForm), unless its app and
+	// serial are stored: then model.ReplayCouponRequest decides
 	// against the stored request, which is answered with repeat set.
 	// Errors: ErrInvalidArgument (model.ValidateCouponRequest),
 	// ErrOrderConflict, ErrCommitUnknown.
