@@ -32,6 +32,10 @@ type fileConfig struct {
 	Cells         []cellEntry   `yaml:"cells"`
 	Cell          cellSection   `yaml:"cell"`
 
+	// IdentityDefaultRegion: the region a bound phone without '+' is read
+	// in (cell.Config.IdentityDefaultRegion); "" keeps the default, CN.
+	IdentityDefaultRegion string `yaml:"identity_default_region"`
+
 	dir string // the config file's directory: relative paths in it are relative to it
 }
 
@@ -355,6 +359,9 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	c.Name, c.Listen, c.DSN, c.StandbyDSN = entry.Name, entry.Listen, entry.DSN, entry.StandbyDSN
 	c.AdminListen, c.AdminToken, c.ClusterSecret, c.IdentityKey = entry.AdminListen, fc.AdminToken, fc.ClusterSecret, fc.IdentityKey
+	if fc.IdentityDefaultRegion != "" {
+		c.IdentityDefaultRegion = fc.IdentityDefaultRegion
+	}
 	// A cell added to a running cluster starts with no shards ("") and
 	// receives databases by moves (redcell cells add).
 	c.Shards = sharding.Ranges{}

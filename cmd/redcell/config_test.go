@@ -556,3 +556,40 @@ func TestAdvertised(t *testing.T) {
 		t.Fatalf("cellAdvertise: %q %q %v", h, g, err)
 	}
 }
+
+// TestIdentityDefaultRegionConfig: identity_default_region reaches every
+// cell from the file (the reference file's CN, and the default when absent),
+// and a region the phone metadata does not know stops the cell.
+func TestIdentityDefaultRegionConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	ref, err := os.ReadFile("../../deploy/local/redcell.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for region, want := range map[string]string{`"CN"`: "CN", `"DE"`: "DE", `""`: "CN", `"XX"`: ""} {
+		path := filepath.Join(t.TempDir(), "redcell.yaml")
+		text := strings.Replace(string(ref), `identity_default_region: "CN"`, "identity_default_region: "+region, 1)
+		if !strings.Contains(text, "identity_default_region: "+region) {
+			t.Fatal("the reference file sets no identity_default_region")
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"cell-1", "cell-2"} {
+			c, _, err := fc.cellConfig(name)
+			if err == nil {
+				err = c.Validate()
+			}
+			switch {
+			case want == "" && (err == nil || !strings.Contains(err.Error(), "IdentityDefaultRegion")):
+				t.Errorf("region %s, %s: %v, want refused", region, name, err)
+			case want != "" && (err != nil || c.IdentityDefaultRegion != want):
+				t.Errorf("region %s, %s: %q, %v; want %s", region, name, c.IdentityDefaultRegion, err, want)
+			}
+		}
+	}
+}
