@@ -2,9 +2,7 @@ package testaudit_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
@@ -21,16 +19,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testaudit.Main(m, "redcell/internal/testaudit")) }
 
-// privateNamespace answers a fresh database name prefix and, on each test
-// server, a store of it; every database of the prefix is dropped on both
-// servers when the test ends, so the faults planted there never meet the
-// closing audits.
+// privateNamespace answers a private prefix (testaudit.PrivatePrefix) and,
+// on each test server, a store of it, and the servers.
 func privateNamespace(t *testing.T) (string, []*storage.MySQL, []string) {
 	t.Helper()
 	dsns := []string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "dc" + hex.EncodeToString(b[:]) + "_"
+	prefix := testaudit.PrivatePrefix(t, dsns...)
 	var sts []*storage.MySQL
 	for _, dsn := range dsns {
 		st, err := storage.OpenPrefixed(dsn, 4, prefix)
@@ -39,36 +33,8 @@ func privateNamespace(t *testing.T) (string, []*storage.MySQL, []string) {
 		}
 		sts = append(sts, st)
 		t.Cleanup(func() { st.Close() })
-		t.Cleanup(func() { dropPrefix(t, dsn, prefix) })
 	}
 	return prefix, sts, dsns
-}
-
-func dropPrefix(t *testing.T, dsn, prefix string) {
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer db.Close()
-	rows, err := db.Query("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE ?", strings.ReplaceAll(prefix, "_", `\_`)+"%")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	var names []string
-	for rows.Next() {
-		var n string
-		if rows.Scan(&n) == nil {
-			names = append(names, n)
-		}
-	}
-	rows.Close()
-	for _, n := range names {
-		if _, err := db.Exec("DROP DATABASE " + n); err != nil {
-			t.Errorf("drop %s: %v", n, err)
-		}
-	}
 }
 
 // actIn finds an act_id of pre whose shard is in [from, to].
