@@ -779,7 +779,10 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 			// owns, one transaction each (100 on a cell that owns every
 			// shard, seconds on a busy server), and a reward issued meanwhile
 			// must not wait for its end.
+			// A database with more left (or that failed) waits for the next
+			// tick, as before the scan: one batch per database per tick.
 			failed, booked := false, false
+			var again []int
 			book := func(todo map[int]bool) {
 				for db := range todo {
 					booked = true
@@ -789,7 +792,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 						s.inc.booking[sp.index()].Fail(err, "db", db)
 					}
 					if !done {
-						s.rw.dirty[sp.index()].mark(db) // more left (or failed): next tick
+						again = append(again, db)
 					}
 				}
 			}
@@ -803,6 +806,9 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 					book(map[int]bool{db: true})
 					book(s.rw.dirty[sp.index()].take())
 				}
+			}
+			for _, db := range again {
+				s.rw.dirty[sp.index()].mark(db) // more left (or failed): next tick
 			}
 			if !failed && booked {
 				s.inc.booking[sp.index()].OK()
