@@ -64,12 +64,18 @@ sim: build
 	$(BIN) sim --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 	$(BIN) sim --grouped --seed $(SIM_SEED) --seeds $(SIM_SEEDS) --steps $(SIM_STEPS)
 
+# Each pass ends with the closing audit of the test servers (internal/testaudit):
+# every namespace of databases on both, real and shadow, audited across the two.
+TEST_AUDIT := $(GO) run ./internal/testaudit/cmd/testaudit
+
 unit: vet
 	$(GO) test -p 1 -count=1 -timeout 30m $$(comm -23 <($(GO) list ./... | sort) <($(GO) list $(RACE_PKGS) | sort))
 	$(GO) test -p 1 -count=1 -timeout 30m -run '$(UNIT_ONLY)' $(RACE_PKGS)
+	$(TEST_AUDIT) "make unit"
 
 race:
 	$(GO) test -race -p 1 -count=1 -timeout 30m -skip '$(RACE_SKIP)' $(RACE_PKGS)
+	$(TEST_AUDIT) "make race"
 
 build:
 	$(GO) build -o $(BIN) ./cmd/redcell

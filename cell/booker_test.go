@@ -1,6 +1,7 @@
 package cell_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"redcell/api"
 	"redcell/cell"
 	"redcell/internal/testenv"
+	"redcell/sharding"
 )
 
 // TestBookerWaitsForItsRateOutsideTheTransaction: a booker whose batch
@@ -46,4 +48,70 @@ func TestBookerWaitsForItsRateOutsideTheTransaction(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("20 s after the booking was switched on: %+v", walletOf(t, c, act, "official"))
+}
+
+// TestBookerBooksAnIssueDuringItsScan: a reward issued while the booker's
+// periodic scan of every database is slow is booked without waiting for the
+// scan's end. The scan reads each of the cell's databases in turn, one
+// transaction each: on a busy server, a cell owning every shard took seconds
+// over it, and a reward issued meanwhile waited for all of it (make test
+// failed TestRewards once, still pending after 5 s). Here the reward tables
+// of databases 0-49 are locked (LOCK TABLES ... WRITE), so the scan waits a
+// transaction's 5 s timeout on each of them; the reward, in a database above
+// 49, is booked as soon as the one the scan waits on times out, not after
+// the 50 (over 4 minutes).
+func TestBookerBooksAnIssueDuringItsScan(t *testing.T) {
+	ns := privateDatabases(t) // empty reward tables to lock, and no one else's
+	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
+	c, _ := rewardCell(t, pre, false, nil)
+	act := actIn(t, pre+"_late", mustRanges(t, "500-999"))
+	reward := func(rain string) {
+		t.Helper()
+		req := api.RewardRequest{ParentActivityID: pre + "-fest", SceneID: pre + "-rain", RainID: rain, ActID: act, AwardType: "cash", Amount: 100}
+		if _, st, code := issue(t, c, req); st != 200 {
+			t.Fatalf("issue %s: %d %s", rain, st, code)
+		}
+	}
+	// One reward booked as usual makes the reward table to copy.
+	reward("r0")
+	waitFor(t, 60*time.Second, func() bool { return walletOf(t, c, act, "").Pending == 0 }, "the first reward booked")
+	like := fmt.Sprintf("%sdb_%02d.t_reward", ns, sharding.ShardOfAct(act).DB())
+	var locked []string
+	for db := range 50 {
+		exec(t, c.db, fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %sdb_%02d", ns, db))
+		table := fmt.Sprintf("%sdb_%02d.t_reward", ns, db)
+		exec(t, c.db, "CREATE TABLE IF NOT EXISTS "+table+" LIKE "+like)
+		locked = append(locked, table+" WRITE")
+	}
+	conn, err := c.db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(context.Background(), "LOCK TABLES "+strings.Join(locked, ", ")); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(context.Background(), "UNLOCK TABLES")
+	waitFor(t, 30*time.Second, func() bool {
+		var n int
+		c.db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE 'Waiting for table metadata lock' AND INFO LIKE ?",
+			"%"+ns+"db\\_%.t\\_reward%").Scan(&n)
+		return n > 0
+	}, "the booker's scan waiting on a locked reward table")
+	start := time.Now()
+	reward("r1")
+	waitFor(t, 60*time.Second, func() bool { return walletOf(t, c, act, "").Pending == 0 }, "the reward issued during the scan booked")
+	if w := walletOf(t, c, act, ""); w.Balance != 200 {
+		t.Fatalf("wallet: %+v, want 200 booked", w)
+	}
+	t.Logf("booked %s after the issue, while the scan waited on locked tables", time.Since(start).Round(100*time.Millisecond))
+}
+
+func mustRanges(t *testing.T, s string) sharding.Ranges {
+	t.Helper()
+	r, err := sharding.ParseRanges(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -42,6 +42,7 @@ type testCell struct {
 	reg      *prometheus.Registry
 	dbBreak  *guard.Breaker
 	adminURL string // "" unless tune set cfg.AdminListen
+	ns       string // the prefix of the cell's database names: "" but in a test of privateDatabases
 }
 
 // startCell runs a cell on 127.0.0.1 with a real store (test database dbN) and
@@ -59,6 +60,10 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	t.Helper()
 	dsn := testenv.MySQLDSN(t, dbN)
 	mcAddr := testenv.Memcached(t)
+	ns := privatePrefix(t)
+	if ns == "" {
+		settleForLayout(t, shards, dbN)
+	}
 	cfg := cell.DefaultConfig()
 	cfg.Name, cfg.Listen, cfg.DSN, cfg.Memcached = name, "127.0.0.1:0", dsn, []string{mcAddr}
 	r, err := sharding.ParseRanges(shards)
@@ -75,10 +80,13 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 		tune(&cfg)
 	}
 	store, err := storage.Open(cfg.DSN, cfg.MaxConns)
+	if ns != "" {
+		store, err = storage.OpenPrefixed(cfg.DSN, cfg.MaxConns, ns)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	forgetReconPositions(t, dsn)
+	forgetReconPositions(t, dsn, ns)
 	reg := prometheus.NewRegistry()
 	dbBreak, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
 	if err != nil {
@@ -96,6 +104,14 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	real, shadow := guard.NewStore(store, dbBreak, storage.DriverFailure), guard.NewStore(shadowStore, dbBreak, storage.DriverFailure)
 	stores := cell.Stores{Real: real, Shadow: shadow, ShadowDrop: shadowStore, Moves: store,
 		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore)}
+	// Without peers the cell knows itself only: its relay still meets
+	// pending outbox rows (its own, or earlier tests' on the shared server)
+	// and asks the map for their owners.
+	var self *staticPeers
+	if peers == nil {
+		self = &staticPeers{}
+		peers = self
+	}
 	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +119,13 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	ln, err := srv.Listen()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if self != nil {
+		m, err := sharding.NewMap([]sharding.Cell{{Name: name, Addr: ln.Addr().String(), Shards: cfg.Shards}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		self.m.Store(m)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -120,7 +143,7 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	}
 	t.Cleanup(func() { db.Close() })
 	addr := ln.Addr().String()
-	tc := &testCell{name: name, url: "http://" + addr, addr: addr, cfg: cfg, db: db, reg: reg, dbBreak: dbBreak}
+	tc := &testCell{name: name, url: "http://" + addr, addr: addr, cfg: cfg, db: db, reg: reg, dbBreak: dbBreak, ns: ns}
 	if cfg.AdminListen != "" {
 		tc.adminURL = "http://" + cfg.AdminListen
 	}
@@ -128,18 +151,18 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 }
 
 // forgetReconPositions drops the reconciliation positions saved in test
-// database dsn: the tests share one database, and a cell started by a test is
+// database dsn (those of prefix ns): the tests share one database, and a cell started by a test is
 // a new cell there, whose reconciliation must start when it does rather than
 // resume where another test's cell stopped (and check that test's rows).
-func forgetReconPositions(t *testing.T, dsn string) {
+func forgetReconPositions(t *testing.T, dsn, ns string) {
 	t.Helper()
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	for _, ns := range []string{"", storage.ShadowPrefix} {
-		if _, err := db.Exec("DROP DATABASE IF EXISTS " + ns + "redcell_meta"); err != nil {
+	for _, space := range []string{"", storage.ShadowPrefix} {
+		if _, err := db.Exec("DROP DATABASE IF EXISTS " + ns + space + "redcell_meta"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -778,28 +778,43 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 			if s.switches.Off(degradeBooking) {
 				continue
 			}
-			todo := s.rw.dirty[sp.index()].take()
+			// The databases issues marked come first, and again after each
+			// database of a full scan: a scan reads every database the cell
+			// owns, one transaction each (100 on a cell that owns every
+			// shard, seconds on a busy server), and a reward issued meanwhile
+			// must not wait for its end.
+			// A database with more left (or that failed) waits for the next
+			// tick, as before the scan: one batch per database per tick.
+			failed, booked := false, false
+			var again []int
+			book := func(todo map[int]bool) {
+				for db := range todo {
+					booked = true
+					done, err := s.bookDB(ctx, sp, lim, db)
+					if err != nil && ctx.Err() == nil {
+						failed = true
+						s.inc.booking[sp.index()].Fail(err, "db", db)
+					}
+					if !done {
+						again = append(again, db)
+					}
+				}
+			}
+			book(s.rw.dirty[sp.index()].take())
 			if now := s.clock.Now(); now.Sub(lastScan) >= bookerScanEvery {
 				lastScan = now
-				if todo == nil {
-					todo = map[int]bool{}
-				}
 				for _, db := range s.own.dbs() { // read each scan: moves change them
-					todo[db] = true
+					if ctx.Err() != nil {
+						return
+					}
+					book(map[int]bool{db: true})
+					book(s.rw.dirty[sp.index()].take())
 				}
 			}
-			failed := false
-			for db := range todo {
-				done, err := s.bookDB(ctx, sp, lim, db)
-				if err != nil && ctx.Err() == nil {
-					failed = true
-					s.inc.booking[sp.index()].Fail(err, "db", db)
-				}
-				if !done {
-					s.rw.dirty[sp.index()].mark(db) // more left (or failed): next tick
-				}
+			for _, db := range again {
+				s.rw.dirty[sp.index()].mark(db) // more left (or failed): next tick
 			}
-			if !failed && len(todo) > 0 {
+			if !failed && booked {
 				s.inc.booking[sp.index()].OK()
 			}
 		}

@@ -15,13 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"redcell/internal/clock"
+	"redcell/internal/testaudit"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"
 )
 
-// shadowAgeDB is the database index these tests drop the shadow copy of:
-// one few other tests write (its shadow rows of other tests go too).
+// shadowAgeDB is the database index these tests drop the shadow copy of, in
+// databases of their own (testaudit.PrivatePrefix).
 const shadowAgeDB = 98
 
 // shadowRig is a shadowCleaner over the shadow store of test database 1,
@@ -45,7 +46,10 @@ type shadowRig struct {
 func newShadowRig(t *testing.T) *shadowRig {
 	t.Helper()
 	dsn := testenv.MySQLDSN(t, 1)
-	store, err := storage.Open(dsn, 8)
+	// Databases of its own: the rig drops a shadow database, whose rows
+	// other tests' books may hold the other half of.
+	ns := testaudit.PrivatePrefix(t, dsn)
+	store, err := storage.OpenPrefixed(dsn, 8, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +92,7 @@ func (r *shadowRig) shadowExists(t *testing.T) bool {
 		t.Fatalf("real balance %d, %v: a shadow cleanup touched real money", a.Balance, err)
 	}
 	var n int
-	if err := r.db.QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = 'shadow_db_98'").Scan(&n); err != nil {
+	if err := r.db.QueryRow("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", r.store.Prefix()+"shadow_db_98").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n == 1

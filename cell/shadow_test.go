@@ -27,6 +27,7 @@ import (
 // copy of it is read). Stress traffic then works as on a new cluster, and
 // the audits of the shadow space stay clean.
 func TestShadowCleanup(t *testing.T) {
+	ns := privateDatabases(t) // the cleanup drops the shadow databases of the layout: only this test's
 	a, b := twoCells(t, shadowCells(t, ""))
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
@@ -39,7 +40,7 @@ func TestShadowCleanup(t *testing.T) {
 	for _, who := range []string{near, far} {
 		o := openOne(t, a, nil, realPacket, who)
 		waitFor(t, 10*time.Second, func() bool { return owner[who].balance(t, who) == o.Amount }, "real credit of "+who)
-		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, "", o.ClaimID) == 1 }, "real outbox row delivered")
+		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, ns, o.ClaimID) == 1 }, "real outbox row delivered")
 	}
 	// Stress traffic: the same people in the shadow tables; the packet sells out.
 	stressDeposit(t, a, sender, "dep-1", 3000)
@@ -52,10 +53,10 @@ func TestShadowCleanup(t *testing.T) {
 		t.Fatalf("grab of the sold-out shadow packet: %+v", g)
 	}
 	realRows := func() map[string][2]int64 {
-		return merge(realPrint(t, a.db, []string{sender, near}, []string{realPacket}), realPrint(t, b.db, []string{far}, nil))
+		return merge(realPrint(t, a.db, ns, []string{sender, near}, []string{realPacket}), realPrint(t, b.db, ns, []string{far}, nil))
 	}
-	rowsBefore, tablesA, tablesB := realRows(), realTables(t, a.db), realTables(t, b.db)
-	othersA, othersB := shadowSchemas(t, a.db, b.cfg.Shards), shadowSchemas(t, b.db, a.cfg.Shards)
+	rowsBefore, tablesA, tablesB := realRows(), realTables(t, a.db, ns), realTables(t, b.db, ns)
+	othersA, othersB := shadowSchemas(t, a.db, ns, b.cfg.Shards), shadowSchemas(t, b.db, ns, a.cfg.Shards)
 
 	// The cleanup: the admin token only.
 	cleanupURL := func(c *testCell) string { return c.adminURL + "/admin/shadow/cleanup" }
@@ -66,11 +67,11 @@ func TestShadowCleanup(t *testing.T) {
 		out := cleanShadow(t, c)
 		// cell-a made the sender's wallet, packet and claim tables and an
 		// outbox; cell-b its claimant's wallet tables.
-		mine := shadowName(sharding.ShardOfAct(map[*testCell]string{a: sender, b: far}[c]))
+		mine := shadowName(ns, sharding.ShardOfAct(map[*testCell]string{a: sender, b: far}[c]))
 		if out.Cell != c.name || !slices.Contains(out.Databases, mine) || out.Tables < map[*testCell]int{a: 5, b: 2}[c] || out.Owned != 50 || out.Reason != "admin" {
 			t.Fatalf("cleanup of %s: %+v, want %s among the databases", c.name, out, mine)
 		}
-		if left := shadowSchemas(t, c.db, c.cfg.Shards); len(left) != 0 {
+		if left := shadowSchemas(t, c.db, ns, c.cfg.Shards); len(left) != 0 {
 			t.Fatalf("%s: shadow databases left after the cleanup: %v", c.name, left)
 		}
 	}
@@ -83,11 +84,11 @@ func TestShadowCleanup(t *testing.T) {
 	}{{a, tablesA}, {b, tablesB}} {
 		// Tables may appear (the relay delivers what earlier tests on these
 		// servers left in their outboxes); none may go.
-		if now := realTables(t, x.c.db); slices.ContainsFunc(tableDiff(x.before, now), func(d string) bool { return d[0] == '-' }) {
+		if now := realTables(t, x.c.db, ns); slices.ContainsFunc(tableDiff(x.before, now), func(d string) bool { return d[0] == '-' }) {
 			t.Fatalf("real tables of %s's server dropped by the cleanup: %v", x.c.name, tableDiff(x.before, now))
 		}
 	}
-	if !slices.Equal(shadowSchemas(t, a.db, b.cfg.Shards), othersA) || !slices.Equal(shadowSchemas(t, b.db, a.cfg.Shards), othersB) {
+	if !slices.Equal(shadowSchemas(t, a.db, ns, b.cfg.Shards), othersA) || !slices.Equal(shadowSchemas(t, b.db, ns, a.cfg.Shards), othersB) {
 		t.Fatal("a cell dropped shadow databases it does not own")
 	}
 	// A cell audits every shadow table on its server: on servers shared with
@@ -122,7 +123,7 @@ func TestShadowCleanup(t *testing.T) {
 	for _, who := range []string{near, far} {
 		o := openOne(t, a, stress, packet, who)
 		waitFor(t, 10*time.Second, func() bool { return stressBalance(t, owner[who], who) == o.Amount }, "new shadow credit of "+who)
-		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, "shadow_", o.ClaimID) == 1 }, "new shadow outbox row delivered")
+		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, ns+"shadow_", o.ClaimID) == 1 }, "new shadow outbox row delivered")
 	}
 	if books, was := shadowAudit(t, a), after[a]; books.Claims-was.Claims != 2 || books.Claimed-was.Claimed != 400 || books.Deposits-was.Deposits != 3000 {
 		t.Fatalf("shadow books of %s after new traffic: %+v, after the cleanup %+v", a.name, books, was)
@@ -209,27 +210,32 @@ func stressGrab(t *testing.T, c *testCell, id, act string) api.GrabResponse {
 	return g
 }
 
-// shadowName is the shadow database of shard sh.
-func shadowName(sh model.ShardID) string { return fmt.Sprintf("shadow_db_%02d", sh.DB()) }
+// shadowName is the shadow database of shard sh (names prefixed with ns).
+func shadowName(ns string, sh model.ShardID) string {
+	return fmt.Sprintf("%sshadow_db_%02d", ns, sh.DB())
+}
 
-// shadowSchemas lists the shadow databases on db's server of the databases
-// in r, sorted.
-func shadowSchemas(t *testing.T, db *sql.DB, r sharding.Ranges) []string {
+// likePrefix is a LIKE pattern of the names that start with s.
+func likePrefix(s string) string { return strings.ReplaceAll(s, "_", `\_`) + "%" }
+
+// shadowSchemas lists the shadow databases (names prefixed with ns) on db's
+// server of the databases in r, sorted.
+func shadowSchemas(t *testing.T, db *sql.DB, ns string, r sharding.Ranges) []string {
 	t.Helper()
 	var out []string
-	for _, name := range listStrings(t, db, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE 'shadow\\_db\\_%' ORDER BY 1") {
+	for _, name := range listStrings(t, db, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE '"+likePrefix(ns+"shadow_db_")+"' ORDER BY 1") {
 		var n int
-		if _, err := fmt.Sscanf(name, "shadow_db_%d", &n); err == nil && r.Contains(model.ShardID(n*10)) {
+		if _, err := fmt.Sscanf(strings.TrimPrefix(name, ns), "shadow_db_%d", &n); err == nil && strings.HasPrefix(name, ns) && r.Contains(model.ShardID(n*10)) {
 			out = append(out, name)
 		}
 	}
 	return out
 }
 
-// realTables lists every real table (db_XX.name) on db's server, sorted.
-func realTables(t *testing.T, db *sql.DB) []string {
+// realTables lists every real table (ns+db_XX.name) on db's server, sorted.
+func realTables(t *testing.T, db *sql.DB, ns string) []string {
 	t.Helper()
-	return listStrings(t, db, "SELECT CONCAT(TABLE_SCHEMA, '.', TABLE_NAME) FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE 'db\\_%' ORDER BY 1")
+	return listStrings(t, db, "SELECT CONCAT(TABLE_SCHEMA, '.', TABLE_NAME) FROM information_schema.TABLES WHERE TABLE_SCHEMA LIKE '"+likePrefix(ns+"db_")+"' ORDER BY 1")
 }
 
 // tableDiff names the tables only one of two sorted lists has.
@@ -269,7 +275,7 @@ func listStrings(t *testing.T, db *sql.DB, q string) []string {
 // realPrint reads the real rows of acts (accounts and flows) and packets
 // (packet, claims, outbox rows) on db's server: per table, the row count and
 // a checksum, the sum of CRC32 over every column of each row.
-func realPrint(t *testing.T, db *sql.DB, acts, packets []string) map[string][2]int64 {
+func realPrint(t *testing.T, db *sql.DB, ns string, acts, packets []string) map[string][2]int64 {
 	t.Helper()
 	out := map[string][2]int64{}
 	read := func(table, col, val string) {
@@ -286,17 +292,17 @@ func realPrint(t *testing.T, db *sql.DB, acts, packets []string) map[string][2]i
 	}
 	for _, act := range acts {
 		sh := sharding.ShardOfAct(act)
-		read(fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table()), "act_id", act)
-		read(fmt.Sprintf("db_%02d.t_flow_%d", sh.DB(), sh.Table()), "act_id", act)
+		read(fmt.Sprintf("%sdb_%02d.t_account_%d", ns, sh.DB(), sh.Table()), "act_id", act)
+		read(fmt.Sprintf("%sdb_%02d.t_flow_%d", ns, sh.DB(), sh.Table()), "act_id", act)
 	}
 	for _, id := range packets {
 		ref, err := model.ParsePacketID(id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		read(fmt.Sprintf("db_%02d.t_packet_%d_%02d", ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
-		read(fmt.Sprintf("db_%02d.t_claim_%d_%02d", ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
-		read(fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB()), "packet_id", id)
+		read(fmt.Sprintf("%sdb_%02d.t_packet_%d_%02d", ns, ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
+		read(fmt.Sprintf("%sdb_%02d.t_claim_%d_%02d", ns, ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
+		read(fmt.Sprintf("%sdb_%02d.t_outbox", ns, ref.Shard.DB()), "packet_id", id)
 	}
 	for k, v := range out {
 		if v[0] == 0 {
@@ -333,6 +339,7 @@ func mapsEqual(a, b map[string][2]int64) bool {
 func TestShadowCleanupRelayHeld(t *testing.T) {
 	// batched: credits are applied by the store itself, which defers one
 	// whose wallet row is locked (grouped commits wait for the lock).
+	privateDatabases(t) // the cleanup drops the shadow databases of the layout: only this test's
 	c := oneCell(t, shadowCells(t, cell.StrategyBatched))
 	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	pre := testenv.Prefix()
@@ -347,7 +354,7 @@ func TestShadowCleanupRelayHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bal int64
-	if err := tx.QueryRow(fmt.Sprintf("SELECT balance FROM shadow_db_%02d.t_account_%d WHERE act_id = ? FOR UPDATE", sh.DB(), sh.Table()), claimant).Scan(&bal); err != nil {
+	if err := tx.QueryRow(fmt.Sprintf("SELECT balance FROM %sshadow_db_%02d.t_account_%d WHERE act_id = ? FOR UPDATE", c.ns, sh.DB(), sh.Table()), claimant).Scan(&bal); err != nil {
 		t.Fatal(err)
 	}
 	deferred := func() float64 { return counter(t, c.reg, "redcell_cell_relay_deferred_total", nil) }
@@ -365,8 +372,8 @@ func TestShadowCleanupRelayHeld(t *testing.T) {
 		}
 	}()
 	out := cleanShadow(t, c)
-	if !slices.Contains(out.Databases, shadowName(sh)) {
-		t.Fatalf("cleanup: %+v, want %s dropped", out, shadowName(sh))
+	if !slices.Contains(out.Databases, shadowName(c.ns, sh)) {
+		t.Fatalf("cleanup: %+v, want %s dropped", out, shadowName(c.ns, sh))
 	}
 	waitScans(t, c, "shadow", 3)
 	if got := stressBalance(t, c, claimant); got != 0 {

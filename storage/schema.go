@@ -155,7 +155,8 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 type MySQL struct {
 	db      *sql.DB
 	clock   clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
-	ns      string      // database name prefix: "" for real money, ShadowPrefix for stress traffic
+	ns      string      // database name prefix: base for real money, base+ShadowPrefix for stress traffic
+	base    string      // the namespace of OpenPrefixed ("" for Open): prefixes ns
 	filter  *dbFilter   // the databases the table listings take (SetDBFilter)
 	bulk    creditPaths // how credits were booked (credits.go)
 	issues  issuePaths  // how grouped issues were stored (rewards.go)
@@ -196,6 +197,46 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 	db.SetConnMaxLifetime(5 * time.Minute)
 	return newMySQL(db), nil
 }
+
+// OpenPrefixed is Open for a store whose databases carry a name prefix:
+// prefix+"db_XX" for real money, prefix+"shadow_db_XX" for stress traffic,
+// prefix+"redcell_meta" and prefix+"shadow_redcell_meta" for the
+// reconciliation positions. Several clusters of test cells share one server
+// this way, each layout with books of its own (cell tests,
+// internal/testaudit). prefix is lower-case letters and digits ending in
+// "_", not "shadow_". Moves and their records (MoveSchemas, Digest,
+// redcell_meta.t_ownership and t_moved_out) know the unprefixed names only:
+// a prefixed store is not for cells that move databases.
+func OpenPrefixed(dsn string, maxConns int, prefix string) (*MySQL, error) {
+	if !ValidPrefix(prefix) {
+		return nil, fmt.Errorf("storage: bad database name prefix %q (lower-case letters and digits, then _; not shadow_)", prefix)
+	}
+	m, err := Open(dsn, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	m.ns, m.base = prefix, prefix
+	return m, nil
+}
+
+// ValidPrefix reports whether prefix can name a store's databases
+// (OpenPrefixed): lower-case letters and digits ending in "_", not
+// ShadowPrefix, which names the stress space.
+func ValidPrefix(prefix string) bool {
+	if len(prefix) < 2 || len(prefix) > 24 || prefix[len(prefix)-1] != '_' || prefix == ShadowPrefix {
+		return false
+	}
+	for _, c := range prefix[:len(prefix)-1] {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Prefix is the store's database name prefix: "" for Open's store,
+// OpenPrefixed's prefix, ShadowPrefix after it for a Shadow store.
+func (m *MySQL) Prefix() string { return m.ns }
 
 // newMySQL is the store over pool db.
 func newMySQL(db *sql.DB) *MySQL {
@@ -272,7 +313,7 @@ const ShadowPrefix = "shadow_"
 // Shadow returns a store over the same server and connection pool that reads
 // and writes the shadow databases: stress-test traffic never touches real rows.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, clock: m.clock, ns: ShadowPrefix, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter}
+	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter}
 }
 
 // Ping checks the connection.

@@ -31,13 +31,13 @@ var ErrNotShadow = errors.New("storage: only the shadow store drops databases; r
 // (unknown database, no such table); the caller keeps them away
 // (cell.shadowCleaner). Safe for concurrent use.
 func (m *MySQL) DropShadow(ctx context.Context, dbs []int) (dropped []string, tables int, err error) {
-	if m.ns != ShadowPrefix {
+	if m.ns != m.base+ShadowPrefix {
 		return nil, 0, ErrNotShadow
 	}
 	names := make([]string, 0, len(dbs))
 	for _, db := range dbs {
 		invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-		names = append(names, shadowDBName(db))
+		names = append(names, m.shadowDBName(db))
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
@@ -66,11 +66,11 @@ func (m *MySQL) DropShadow(ctx context.Context, dbs []int) (dropped []string, ta
 }
 
 // shadowDBName is the shadow database of db index db. Built from the
-// constant prefix only, and checked again: a name DropShadow drops must be a
-// shadow one.
-func shadowDBName(db int) string {
-	name := fmt.Sprintf("%sdb_%02d", ShadowPrefix, db)
-	invariant.That(strings.HasPrefix(name, "shadow_db_") && len(name) == len("shadow_db_00"), "a shadow database name")
+// constant prefix after the store's namespace (OpenPrefixed) only, and
+// checked again: a name DropShadow drops must be a shadow one.
+func (m *MySQL) shadowDBName(db int) string {
+	name := fmt.Sprintf("%s%sdb_%02d", m.base, ShadowPrefix, db)
+	invariant.That(strings.HasPrefix(name, m.base+"shadow_db_") && len(name) == len(m.base+"shadow_db_00"), "a shadow database name")
 	return name
 }
 
