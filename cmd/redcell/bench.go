@@ -391,6 +391,14 @@ func runBench(ctx context.Context, args []string) (err error) {
 	if runErr != nil {
 		return fmt.Errorf("bench: stopped early: %w", runErr)
 	}
+	return benchVerdict(suite)
+}
+
+// benchVerdict is an invocation's exit: nil (status 0) when every run was
+// made and balanced its money, whatever the cluster shed by design in runs
+// that allow it (counted in the summary's verdict) and whether every
+// strategy's search confirmed a rate; else "bench FAILED" with the problems.
+func benchVerdict(suite bench.Suite) error {
 	if !suite.OK() {
 		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
 	}
