@@ -84,8 +84,9 @@ type Report struct {
 	// ResolvedOpens counts opens whose answer was lost (a timeout) that turned
 	// out, when asked again after the load, to have committed.
 	ResolvedOpens int64 `json:"resolved_opens"`
-	// AllowShed: load-shedding answers (OVERLOADED, TIMEOUT, the RATE_LIMITED
-	// codes, client timeouts and drops) were accepted.
+	// AllowShed: load-shedding answers (runShedCode: OVERLOADED, TIMEOUT, the
+	// RATE_LIMITED codes, MOVING, DB_UNAVAILABLE, client timeouts and drops)
+	// were accepted, counted in Shed.
 	AllowShed bool `json:"allow_shed"`
 
 	// BalancesChecked is true when the claimants' balances were read after the
@@ -219,11 +220,17 @@ func (r Report) Problems() []string {
 
 // runShedCode: an answer by which the cluster (or the client) sheds load by
 // design, which a run with AllowShed counts and reports instead of failing.
+// DB_UNAVAILABLE is the cell's database breaker open after queries that
+// timed out (a saturated machine: the cell sheds for the cooldown, retryable):
+// no money moves on it, and a database that is really down answers nothing
+// else, which fails the run as one that could not be made ("no packet was
+// sent/opened").
 func runShedCode(code string) bool {
 	return code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
 		code == model.ErrRateLimited.Code || code == model.ErrCellRateLimited.Code ||
 		code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped ||
-		code == model.ErrMoving.Code // a freeze longer than the router's retries: refused, retryable
+		code == model.ErrMoving.Code || // a freeze longer than the router's retries: refused, retryable
+		code == model.ErrDBUnavailable.Code
 }
 
 // Shed lists the run's shedding answers (see runShedCode) by op and code,

@@ -75,6 +75,21 @@ func TestSuiteVerdictCountsShedding(t *testing.T) {
 		t.Errorf("text report lacks %q or OK:\n%s", want, txt.String())
 	}
 
+	// The database breaker's DB_UNAVAILABLE is shed too, while the run was
+	// made; a run that sent nothing (its setup shed) could not be made.
+	s.Runs[0].Open.Errors = map[string]int64{model.ErrDBUnavailable.Code: 41}
+	if !s.OK() || !strings.Contains(strings.Join(s.Shed(), "\n"), "naive: send TIMEOUT=3, open DB_UNAVAILABLE=41") {
+		t.Errorf("DB_UNAVAILABLE: problems %q, shed %q", s.Problems(), s.Shed())
+	}
+	notMade := s
+	notMade.Runs = []Report{s.Runs[0], s.Runs[1]}
+	notMade.Runs[1].Send = OpStats{Count: 3800, Errors: map[string]int64{model.ErrDBUnavailable.Code: 3800}}
+	notMade.Runs[1].Open = OpStats{}
+	if ps := strings.Join(notMade.Problems(), "; "); notMade.OK() || !strings.Contains(ps, "batched: no packet was sent") ||
+		!strings.Contains(ps, "batched: no packet was opened") {
+		t.Errorf("a run whose setup was shed: problems %q", ps)
+	}
+
 	// Without AllowShed the same answers fail the run: a bench run by hand
 	// without --allow-shed still asks for none.
 	s.Runs[1].AllowShed = false

@@ -23,8 +23,8 @@
 # under one var/bench/<time>/ (BENCH_OUT overrides it); the script prints
 # where. Every step runs with --allow-shed: the answers by which the cluster
 # sheds load by design (OVERLOADED, TIMEOUT, MOVING, the RATE_LIMITED codes,
-# client timeouts and drops) are counted and reported per run ("shed by
-# design"), not failed, and a strategy whose search confirms no rate is
+# DB_UNAVAILABLE while a database breaker is open, client timeouts and drops)
+# are counted and reported per run ("shed by design"), not failed, and a strategy whose search confirms no rate is
 # reported as "no confirmed rate". A step fails only when money is wrong (an
 # audit difference or problem, a claim beyond its packet, a balance off) or
 # a run could not be made (the cluster down, a setup that failed, any other
