@@ -359,13 +359,6 @@ func nextRate(lo, hi int, p searchParams) (int, string) {
 	return lo + (hi-lo)/2, ""
 }
 
-// shedCodes are the answers that mean the cluster (or the client) shed load.
-var shedCodes = map[string]bool{
-	model.ErrOverloaded.Code: true, model.ErrTimeout.Code: true, model.ErrRateLimited.Code: true,
-	model.ErrCellRateLimited.Code: true, model.ErrUserRateLimited.Code: true,
-	codeClientTimeout: true, codeDropped: true,
-}
-
 // judgeStep turns a step's report into a SearchStep against the p99 bound.
 func judgeStep(rep Report, bound time.Duration) SearchStep {
 	l := rep.Open.LatencyMS
@@ -381,7 +374,7 @@ func judgeStep(rep Report, bound time.Duration) SearchStep {
 			}
 			st.Errors[code] += n
 			switch {
-			case shedCodes[code]:
+			case runShedCode(code):
 				st.Shed += n
 			case !expectedCodes[o][code]:
 				unexpected = append(unexpected, fmt.Sprintf("%s %s=%d", o, code, n))
