@@ -265,6 +265,9 @@ func (s Suite) Shed() []string {
 			out = append(out, r.Name()+": "+strings.Join(shed, ", "))
 		}
 	}
+	if s.Limits != nil {
+		out = append(out, s.Limits.Shed()...)
+	}
 	return out
 }
 
@@ -305,6 +308,7 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	if err == nil && sc.Limits != nil {
 		quiesce(ctx, sc)
 		lim, lerr := MeasureLimits(ctx, *sc.Limits)
+		lim.AllowShed = sc.Run.AllowShed // the no-op sheds as the runs may
 		s.Limits = &lim
 		err = lerr
 	}

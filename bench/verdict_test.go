@@ -168,3 +168,33 @@ func TestSustainRunAllowsShedAsTheSuite(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsVerdictCountsShedding: the no-op measurements of the hot step
+// (make bench runs it with --allow-shed) count their shedding answers; other
+// answers, and a measurement that got no answer at all, still fail.
+func TestLimitsVerdictCountsShedding(t *testing.T) {
+	l := LimitsReport{AllowShed: true,
+		NoopRouter: &NoopResult{Path: "router", Count: 1000, OK: 990, Errors: map[string]int64{model.ErrTimeout.Code: 7, codeClientTimeout: 3}},
+		Client:     &ClientCheck{WrkRuns: []NoopResult{{Path: "wrk", Count: 500, OK: 498, Errors: map[string]int64{"WRK_TIMEOUT": 2}}}}}
+	s := Suite{Workload: WorkloadHot, Limits: &l}
+	if !s.OK() {
+		t.Fatalf("no-op shedding failed the suite: %q", s.Problems())
+	}
+	want := []string{"no-op router: CLIENT_TIMEOUT=3, TIMEOUT=7", "no-op wrk: WRK_TIMEOUT=2"}
+	if got := s.Shed(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("shed %q, want %q", got, want)
+	}
+	l.NoopRouter.Errors["INTERNAL"] = 1
+	if s.OK() || !strings.Contains(strings.Join(s.Problems(), "; "), "no-op router: 10 of 1000 requests failed map[INTERNAL:1]") {
+		t.Errorf("an INTERNAL answer: problems %q", s.Problems())
+	}
+	delete(l.NoopRouter.Errors, "INTERNAL")
+	l.NoopRouter.OK = 0
+	if s.OK() {
+		t.Errorf("a no-op that got no answer passed")
+	}
+	l.NoopRouter.OK, l.AllowShed = 990, false
+	if s.OK() || s.Shed() != nil {
+		t.Errorf("without AllowShed: problems %q, shed %q", s.Problems(), s.Shed())
+	}
+}
