@@ -198,3 +198,25 @@ func TestLimitsVerdictCountsShedding(t *testing.T) {
 		t.Errorf("without AllowShed: problems %q, shed %q", s.Problems(), s.Shed())
 	}
 }
+
+// TestRoundRobinOpensThePacketsSent: a roundrobin run whose setup had sends
+// shed opens the packets that were sent, and its report counts the shed
+// sends, instead of not being made at all (make bench, issue 27).
+func TestRoundRobinOpensThePacketsSent(t *testing.T) {
+	shortSettle(t)
+	f := newFakeRouter()
+	f.shedSends = "-snd-0-" // the first sender's sends: half the packets
+	cfg := loadConfig(f.serve(t), f, WorkloadRoundRobin)
+	cfg.Packets, cfg.AllowShed = 40, true
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Packets != 20 || rep.Send.OK != 20 || rep.Send.Errors[model.ErrDBUnavailable.Code] < 20 || rep.Open.OK == 0 {
+		t.Fatalf("packets %d, sends %+v, opens ok %d", rep.Packets, rep.Send, rep.Open.OK)
+	}
+	if !rep.OK() {
+		t.Errorf("a run with shed sends failed: %q", rep.Problems())
+	}
+	checkMoney(t, f, rep)
+}
