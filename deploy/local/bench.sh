@@ -12,7 +12,9 @@
 #      BENCH_PPROF names its pprof address;
 #   3. festival: each strategy's highest sustained open-loop rate (p99 within
 #      50 ms, nothing shed), by a short search;
-#   4. festival at 70% of the last strategy's sustained rate, audited;
+#   4. festival at 70% of the last strategy's sustained rate, audited (when
+#      the search confirmed no rate for it: reported so, and the audit runs
+#      alone);
 #   5. rewards (about 30 s in all): token issuance against book_now,
 #      closed-loop, 5 s each, with the booking lag of 200 samples and the
 #      no-op against the issued-so-far read; then the booking lag at a fixed
