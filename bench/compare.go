@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"redcell/internal/retry"
@@ -245,16 +246,41 @@ func (s Suite) Problems() []string {
 		ps = append(ps, s.Limits.Problems()...)
 	}
 	if su := s.Sustain; su != nil {
-		if su.Error != "" {
-			ps = append(ps, "sustain run: "+su.Error)
-		}
-		if su.Run != nil {
-			for _, p := range su.Run.Problems() {
-				ps = append(ps, su.Run.Name()+": "+p)
-			}
-		}
+		ps = append(ps, su.Problems()...)
 	}
 	return ps
+}
+
+// Shed lists every run's shedding answers (Report.Shed) that its AllowShed
+// counted instead of failing, as "run: open TIMEOUT=69, ...": what the
+// cluster shed by design, reported with the verdict.
+func (s Suite) Shed() []string {
+	var out []string
+	runs := s.Runs
+	if su := s.Sustain; su != nil && su.Run != nil {
+		runs = append(runs[:len(runs):len(runs)], *su.Run)
+	}
+	for _, r := range runs {
+		if shed := r.Shed(); len(shed) > 0 && r.AllowShed {
+			out = append(out, r.Name()+": "+strings.Join(shed, ", "))
+		}
+	}
+	if s.Limits != nil {
+		out = append(out, s.Limits.Shed()...)
+	}
+	return out
+}
+
+// Unrated lists the strategies whose search confirmed no rate (a
+// measurement, not a failure).
+func (s Suite) Unrated() []string {
+	var out []string
+	for _, r := range s.Search {
+		if r.SustainedRate == 0 {
+			out = append(out, cmp.Or(r.Strategy, s.Workload))
+		}
+	}
+	return out
 }
 
 // RunSuite runs sc and returns what it measured. Runs that fail (money or
@@ -282,6 +308,7 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	if err == nil && sc.Limits != nil {
 		quiesce(ctx, sc)
 		lim, lerr := MeasureLimits(ctx, *sc.Limits)
+		lim.AllowShed = sc.Run.AllowShed // the no-op sheds as the runs may
 		s.Limits = &lim
 		err = lerr
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"redcell/sharding"
@@ -113,6 +114,51 @@ type LimitsReport struct {
 	// (LimitsConfig.RouterPprof).
 	RouterProfile *CPUProfile `json:"router_profile,omitempty"`
 	Errors        []string    `json:"errors,omitempty"`
+	// AllowShed: the no-op measurements' shedding answers (runShedCode, and
+	// wrk's timeouts) are counted in Shed, not failed, as in the suite's runs.
+	AllowShed bool `json:"allow_shed,omitempty"`
+}
+
+// noops lists the no-op measurements made: via the router, direct, and the
+// client check's by the bench and by wrk.
+func (l LimitsReport) noops() []*NoopResult {
+	noops := []*NoopResult{l.NoopRouter, l.NoopDirect}
+	if c := l.Client; c != nil {
+		for i := range c.Bench {
+			noops = append(noops, &c.Bench[i])
+		}
+		for i := range c.WrkRuns {
+			noops = append(noops, &c.WrkRuns[i])
+		}
+	}
+	return noops
+}
+
+// noopShedCode: a no-op answer that is load shed (wrk's timeouts too).
+func noopShedCode(code string) bool { return runShedCode(code) || code == "WRK_TIMEOUT" }
+
+// Shed lists the no-op measurements' shedding answers that AllowShed
+// counted instead of failing, one line per measurement.
+func (l LimitsReport) Shed() []string {
+	if !l.AllowShed {
+		return nil
+	}
+	var out []string
+	for _, n := range l.noops() {
+		if n == nil {
+			continue
+		}
+		var parts []string
+		for _, code := range sortedCodes(n.Errors) {
+			if noopShedCode(code) {
+				parts = append(parts, fmt.Sprintf("%s=%d", code, n.Errors[code]))
+			}
+		}
+		if len(parts) > 0 {
+			out = append(out, fmt.Sprintf("no-op %s: %s", n.Path, strings.Join(parts, ", ")))
+		}
+	}
+	return out
 }
 
 // DBLimit is the database's rate for one batch size.
@@ -144,21 +190,24 @@ func (l LimitsReport) Problems() []string {
 			ps = append(ps, fmt.Sprintf("db limit at batch %d: %s", d.Batch, d.Error))
 		}
 	}
-	noops := []*NoopResult{l.NoopRouter, l.NoopDirect}
-	if c := l.Client; c != nil {
-		if c.Error != "" {
-			ps = append(ps, "client check: "+c.Error)
-		}
-		for i := range c.Bench {
-			noops = append(noops, &c.Bench[i])
-		}
-		for i := range c.WrkRuns {
-			noops = append(noops, &c.WrkRuns[i])
-		}
+	if c := l.Client; c != nil && c.Error != "" {
+		ps = append(ps, "client check: "+c.Error)
 	}
-	for _, n := range noops {
-		if n != nil && len(n.Errors) > 0 {
-			ps = append(ps, fmt.Sprintf("no-op %s: %d of %d requests failed %v", n.Path, n.Count-n.OK, n.Count, n.Errors))
+	for _, n := range l.noops() {
+		if n == nil || len(n.Errors) == 0 {
+			continue
+		}
+		failed := n.Errors
+		if l.AllowShed && n.OK > 0 {
+			failed = map[string]int64{}
+			for code, k := range n.Errors {
+				if !noopShedCode(code) {
+					failed[code] = k
+				}
+			}
+		}
+		if len(failed) > 0 {
+			ps = append(ps, fmt.Sprintf("no-op %s: %d of %d requests failed %v", n.Path, n.Count-n.OK, n.Count, failed))
 		}
 	}
 	if p := l.RouterProfile; p != nil && p.Error != "" {

@@ -84,8 +84,9 @@ type Report struct {
 	// ResolvedOpens counts opens whose answer was lost (a timeout) that turned
 	// out, when asked again after the load, to have committed.
 	ResolvedOpens int64 `json:"resolved_opens"`
-	// AllowShed: load-shedding answers (OVERLOADED, TIMEOUT, the RATE_LIMITED
-	// codes, client timeouts and drops) were accepted.
+	// AllowShed: load-shedding answers (runShedCode: OVERLOADED, TIMEOUT, the
+	// RATE_LIMITED codes, MOVING, DB_UNAVAILABLE, client timeouts and drops)
+	// were accepted, counted in Shed.
 	AllowShed bool `json:"allow_shed"`
 
 	// BalancesChecked is true when the claimants' balances were read after the
@@ -169,8 +170,8 @@ func (r Report) OK() bool { return len(r.Problems()) == 0 }
 
 // Problems lists why the run failed, empty when it passed: an unexpected error
 // code (anything but SOLD_OUT and EXPIRED, and INSUFFICIENT_BALANCE on send;
-// OVERLOADED, TIMEOUT, MOVING, CLIENT_TIMEOUT and CLIENT_DROPPED only with
-// AllowShed),
+// the shedding answers of runShedCode only with AllowShed, which counts them
+// in Shed instead),
 // nothing sent or opened, more claimed than sent, a packet claimed beyond its
 // amount or count, a claimant's balance that differs from its claims or could
 // not be read, or an audit that failed or found money missing. A run with any
@@ -179,11 +180,7 @@ func (r Report) Problems() []string {
 	var ps []string
 	for o := op(0); o < opCount; o++ {
 		for _, code := range sortedCodes(r.op(o).Errors) {
-			shed := code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
-				code == model.ErrRateLimited.Code || code == model.ErrCellRateLimited.Code ||
-				code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped ||
-				code == model.ErrMoving.Code // a freeze longer than the router's retries: refused, retryable
-			if !expectedCodes[o][code] && !(r.AllowShed && shed) {
+			if !expectedCodes[o][code] && !(r.AllowShed && runShedCode(code)) {
 				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", o, r.op(o).Errors[code], code))
 			}
 		}
@@ -219,6 +216,35 @@ func (r Report) Problems() []string {
 		}
 	}
 	return ps
+}
+
+// runShedCode: an answer by which the cluster (or the client) sheds load by
+// design, which a run with AllowShed counts and reports instead of failing.
+// DB_UNAVAILABLE is the cell's database breaker open after queries that
+// timed out (a saturated machine: the cell sheds for the cooldown, retryable):
+// no money moves on it, and a database that is really down answers nothing
+// else, which fails the run as one that could not be made ("no packet was
+// sent/opened").
+func runShedCode(code string) bool {
+	return code == model.ErrOverloaded.Code || code == model.ErrTimeout.Code ||
+		code == model.ErrRateLimited.Code || code == model.ErrCellRateLimited.Code ||
+		code == model.ErrUserRateLimited.Code || code == codeClientTimeout || code == codeDropped ||
+		code == model.ErrMoving.Code || // a freeze longer than the router's retries: refused, retryable
+		code == model.ErrDBUnavailable.Code
+}
+
+// Shed lists the run's shedding answers (see runShedCode) by op and code,
+// as "open TIMEOUT=69", in op order; empty when none.
+func (r Report) Shed() []string {
+	var out []string
+	for o := op(0); o < opCount; o++ {
+		for _, code := range sortedCodes(r.op(o).Errors) {
+			if runShedCode(code) {
+				out = append(out, fmt.Sprintf("%s %s=%d", o, code, r.op(o).Errors[code]))
+			}
+		}
+	}
+	return out
 }
 
 // CreditsPending is how many checked accounts were short of their claims only
@@ -347,6 +373,9 @@ func (r Report) WriteText(w io.Writer) error {
 			parts = append(parts, fmt.Sprintf("%s=%d", code, errs[code]))
 		}
 		ew.printf("  %s errors: %s\n", o, strings.Join(parts, " "))
+	}
+	if shed := r.Shed(); len(shed) > 0 && r.AllowShed {
+		ew.printf("  shed by design (counted, not a failure): %s\n", strings.Join(shed, ", "))
 	}
 
 	ew.printf("\nmoney (cents): deposited %d, sent %d, claimed %d (%d opens resolved after a lost answer)\n",

@@ -252,9 +252,13 @@ func (s Suite) writeOps(ew *errWriter) {
 	mdTable(ew, []string{"run", "op", "count", "ok", "repeats", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "errors by code"}, rows)
 }
 
+// writeProblems writes the verdict: PASS or FAIL with its problems, and in
+// either case what was shed by design and which strategies have no
+// confirmed rate (counted and reported, never a failure).
 func (s Suite) writeProblems(ew *errWriter) {
+	defer s.writeNotes(ew)
 	ps := s.Problems()
-	if len(ps) == 0 && len(s.Runs) == 0 {
+	if len(ps) == 0 && len(s.Runs) == 0 && s.Sustain == nil {
 		ew.printf("**PASS**: every measurement succeeded.\n")
 		return
 	}
@@ -265,6 +269,20 @@ func (s Suite) writeProblems(ew *errWriter) {
 	ew.printf("## Problems\n\n**FAIL**\n\n")
 	for _, p := range ps {
 		ew.printf("- %s\n", p)
+	}
+}
+
+// writeNotes lists the shedding the runs counted and the strategies without
+// a confirmed rate.
+func (s Suite) writeNotes(ew *errWriter) {
+	if shed := s.Shed(); len(shed) > 0 {
+		ew.printf("\nShed by design (counted, not failures):\n\n")
+		for _, l := range shed {
+			ew.printf("- %s\n", l)
+		}
+	}
+	if un := s.Unrated(); len(un) > 0 {
+		ew.printf("\n%s: %s.\n", strings.ToUpper(noRateText[:1])+noRateText[1:], strings.Join(un, ", "))
 	}
 }
 

@@ -60,7 +60,11 @@ func (s Suite) writeSearch(ew *errWriter) {
 		bound, 100*searchAchievedMin, searchFactor, 100*searchPrecision, confirmMax)
 	var rows [][]string
 	for _, r := range s.Search {
-		row := []string{cmp.Or(r.Strategy, s.Workload), fmt.Sprint(r.SustainedRate)}
+		rate := fmt.Sprint(r.SustainedRate)
+		if r.SustainedRate == 0 {
+			rate = noRateText
+		}
+		row := []string{cmp.Or(r.Strategy, s.Workload), rate}
 		if b := r.Best(); b != nil {
 			row = append(row, f1(b.OpensPerSec), f2(b.P50MS), f2(b.P99MS), f2(b.P999MS), b.Cell.commitsText(), b.Cell.batchText(), b.Cell.lagText())
 		} else {
@@ -112,6 +116,21 @@ func (s Suite) writeSustain(ew *errWriter) {
 		ew.printf("Not run: %s.\n\n", su.Error)
 		return
 	}
+	if su.NoRate {
+		audit := "not run"
+		switch a := su.Audit; {
+		case su.AuditError != "":
+			audit = "failed: " + su.AuditError
+		case a != nil && a.Difference != 0:
+			audit = fmt.Sprintf("money differs by %d cents", a.Difference)
+		case a != nil && len(a.Problems) > 0:
+			audit = fmt.Sprintf("%d problems", len(a.Problems))
+		case a != nil:
+			audit = "clean"
+		}
+		ew.printf("Not run: %s has %s (a measurement, not a failure). The audit after the search: %s.\n\n", name, noRateText, audit)
+		return
+	}
 	r := su.Run
 	if r == nil {
 		ew.printf("Not run.\n\n")
@@ -131,6 +150,9 @@ func (s Suite) writeSustain(ew *errWriter) {
 		ew.printf("\n")
 	}
 }
+
+// noRateText is how reports show a strategy whose search confirmed no rate.
+const noRateText = "no confirmed rate"
 
 func passText(ok bool) string {
 	if ok {

@@ -30,6 +30,7 @@ type fakeRouter struct {
 	dropEvery   int // 0 = never
 	creditDelay time.Duration
 	delay       time.Duration // added to every API request, outside the lock
+	shedSends   string        // sends whose order_no contains it are always shed (DB_UNAVAILABLE), never applied
 	cells       []CellInfo    // what /healthz lists; empty: one cell owning every shard
 
 	noStress atomic.Int64 // requests that lacked api.HeaderStress: "1"
@@ -188,6 +189,10 @@ func (f *fakeRouter) depositLocked(ctx *fasthttp.RequestCtx, act string, req api
 }
 
 func (f *fakeRouter) sendLocked(ctx *fasthttp.RequestCtx, req api.SendRequest) {
+	if f.shedSends != "" && strings.Contains(req.OrderNo, f.shedSends) {
+		fail(ctx, model.ErrDBUnavailable)
+		return
+	}
 	if s, ok := f.sends[req.OrderNo]; ok {
 		s.Repeat = true
 		reply(ctx, s)

@@ -3,7 +3,6 @@ package bench
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -212,7 +211,43 @@ type SustainResult struct {
 	// p99 above its bound or unknown, an error code other than SOLD_OUT and
 	// EXPIRED, an audit that was not clean. Empty: every target met.
 	Missed []string `json:"missed,omitempty"`
-	Error  string   `json:"error,omitempty"` // why the run did not happen
+	Error  string   `json:"error,omitempty"` // why the run could not be made (a switch or setup that failed)
+	// NoRate says the run was not made because the search confirmed no rate
+	// for Strategy: a measurement (that strategy sustains nothing within the
+	// bounds here), not a failure. The audit then runs alone so that the
+	// search's money is still checked: Audit and AuditError.
+	NoRate     bool               `json:"no_rate,omitempty"`
+	Audit      *model.AuditReport `json:"audit,omitempty"`
+	AuditError string             `json:"audit_error,omitempty"`
+}
+
+// Problems lists why the sustain run counts against the suite: it could not
+// be made, its money did not balance (its run's problems; with AllowShed,
+// shedding is counted there, not failed), or, when no rate was confirmed,
+// the audit that ran instead failed or found money wrong. Missed targets are
+// reported, not failed.
+func (su SustainResult) Problems() []string {
+	var ps []string
+	if su.Error != "" {
+		ps = append(ps, "sustain run: "+su.Error)
+	}
+	if su.Run != nil {
+		for _, p := range su.Run.Problems() {
+			ps = append(ps, su.Run.Name()+": "+p)
+		}
+	}
+	if su.AuditError != "" {
+		ps = append(ps, "audit after the search: "+su.AuditError)
+	}
+	if a := su.Audit; a != nil {
+		if a.Difference != 0 {
+			ps = append(ps, fmt.Sprintf("audit after the search: money differs by %d cents", a.Difference))
+		}
+		for _, p := range a.Problems {
+			ps = append(ps, "audit after the search: "+p)
+		}
+	}
+	return ps
 }
 
 // searchParams are the numbers of one strategy's search.
@@ -324,13 +359,6 @@ func nextRate(lo, hi int, p searchParams) (int, string) {
 	return lo + (hi-lo)/2, ""
 }
 
-// shedCodes are the answers that mean the cluster (or the client) shed load.
-var shedCodes = map[string]bool{
-	model.ErrOverloaded.Code: true, model.ErrTimeout.Code: true, model.ErrRateLimited.Code: true,
-	model.ErrCellRateLimited.Code: true, model.ErrUserRateLimited.Code: true,
-	codeClientTimeout: true, codeDropped: true,
-}
-
 // judgeStep turns a step's report into a SearchStep against the p99 bound.
 func judgeStep(rep Report, bound time.Duration) SearchStep {
 	l := rep.Open.LatencyMS
@@ -346,7 +374,7 @@ func judgeStep(rep Report, bound time.Duration) SearchStep {
 			}
 			st.Errors[code] += n
 			switch {
-			case shedCodes[code]:
+			case runShedCode(code):
 				st.Shed += n
 			case !expectedCodes[o][code]:
 				unexpected = append(unexpected, fmt.Sprintf("%s %s=%d", o, code, n))
@@ -503,9 +531,6 @@ func searchRatios(rs []SearchResult) []SearchRatio {
 	return out
 }
 
-// errNoSustainedRate: the sustain run needs a rate the search found.
-var errNoSustainedRate = errors.New("no sustained rate was found")
-
 // runSustain runs the workload open-loop at Fraction of the strategy's
 // sustained rate, with the audit, and judges it against the bounds.
 func (s *Suite) runSustain(ctx context.Context, sc SuiteConfig) error {
@@ -519,8 +544,21 @@ func (s *Suite) runSustain(ctx context.Context, sc SuiteConfig) error {
 	}
 	res.Rate = int(math.Round(c.Fraction * float64(res.SustainedRate)))
 	if res.Rate < 1 {
-		res.Error = fmt.Sprintf("%v for strategy %q", errNoSustainedRate, c.Strategy)
-		return nil
+		// Nothing to run at: reported as "no confirmed rate", and the money
+		// of the search's steps (which run without an audit) is audited here.
+		res.NoRate = true
+		if sc.Run.Audit != nil {
+			quiesce(ctx, sc)
+			actx, cancel := context.WithTimeout(ctx, auditTimeout)
+			a, err := sc.Run.Audit(actx)
+			cancel()
+			if err != nil {
+				res.AuditError = err.Error()
+			} else {
+				res.Audit = &a
+			}
+		}
+		return ctx.Err()
 	}
 	if c.Strategy != "" {
 		logf(sc.Log, "switching the cells to strategy %s", c.Strategy)
@@ -530,13 +568,7 @@ func (s *Suite) runSustain(ctx context.Context, sc SuiteConfig) error {
 		}
 	}
 	quiesce(ctx, sc)
-	run := sc.Run
-	run.Rate, run.AllowShed = res.Rate, false
-	run.Duration = cmp.Or(c.Duration, sc.Run.Duration)
-	inFlight := int(math.Ceil(float64(res.Rate) * sc.Search.P99Bound.Seconds() * searchInFlightFactor))
-	run.MaxInFlight = min(max(run.inFlight(), inFlight), inFlightMax)
-	run.Label = fmt.Sprintf("%s@%.0f%%", cmp.Or(c.Strategy, run.Workload), 100*c.Fraction)
-	run.RunID = suiteRunID(sc.Run.RunID, searchRunIDBase-1)
+	run := sustainRunConfig(sc, res.Rate)
 	logf(sc.Log, "run at %.0f%% of %s's sustained %d opens/s: %d opens/s for %v", 100*c.Fraction,
 		cmp.Or(c.Strategy, run.Workload), res.SustainedRate, res.Rate, run.Duration)
 	rep, err := runMeasured(ctx, run, sc.Cells, c.Strategy)
@@ -548,6 +580,21 @@ func (s *Suite) runSustain(ctx context.Context, sc SuiteConfig) error {
 	res.Run = &rep
 	res.Missed = sustainMissed(rep, sc.Search.P99Bound, c.LagBound)
 	return err
+}
+
+// sustainRunConfig is the sustain run at rate: the suite's run open-loop,
+// with the suite's AllowShed (shedding is counted, and a missed target, or
+// fails the run as in the suite's other runs).
+func sustainRunConfig(sc SuiteConfig, rate int) Config {
+	c := *sc.Sustain
+	run := sc.Run
+	run.Rate = rate
+	run.Duration = cmp.Or(c.Duration, sc.Run.Duration)
+	inFlight := int(math.Ceil(float64(rate) * sc.Search.P99Bound.Seconds() * searchInFlightFactor))
+	run.MaxInFlight = min(max(run.inFlight(), inFlight), inFlightMax)
+	run.Label = fmt.Sprintf("%s@%.0f%%", cmp.Or(c.Strategy, run.Workload), 100*c.Fraction)
+	run.RunID = suiteRunID(sc.Run.RunID, searchRunIDBase-1)
+	return run
 }
 
 // sustainMissed lists the targets a sustain run missed.

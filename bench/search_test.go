@@ -563,13 +563,13 @@ func TestReportSectionsNA(t *testing.T) {
 		t.Errorf("text lacks %q:\n%s", want, txt.String())
 	}
 
-	// A sustain run that could not happen says why, and fails the suite.
-	s.Sustain = &SustainResult{Strategy: "grouped", Fraction: 0.7, Error: "no sustained rate was found for strategy \"grouped\""}
+	// A sustain run that could not be made says why, and fails the suite.
+	s.Sustain = &SustainResult{Strategy: "grouped", Fraction: 0.7, Error: "switch the cells to strategy grouped: refused"}
 	md.Reset()
 	if err := s.WriteMarkdown(&md, ""); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(md.String(), "## At 70% of grouped's sustained rate\n\nNot run: no sustained rate") || s.OK() {
+	if !strings.Contains(md.String(), "## At 70% of grouped's sustained rate\n\nNot run: switch the cells") || s.OK() {
 		t.Errorf("ok %v:\n%s", s.OK(), md.String())
 	}
 }

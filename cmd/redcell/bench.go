@@ -84,7 +84,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.StringVar(&f.configPath, "config", "", "cluster config file: audit the shadow tables after every run; needed by --compare and the database limit; its cluster_secret signs direct requests")
 	fs.StringVar(&f.jsonPath, "json", "", "also write the JSON report to this file (a single run's report, or the suite's)")
 	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
-	fs.BoolVar(&f.allowShed, "allow-shed", false, "accept OVERLOADED/TIMEOUT answers and open-loop drops as load shedding instead of failing the run")
+	fs.BoolVar(&f.allowShed, "allow-shed", false, "count OVERLOADED, TIMEOUT, DB_UNAVAILABLE and the other shedding answers, client timeouts and open-loop drops as load shedding (reported) instead of failing the run (make bench sets it)")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
 	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config); "+
 		"rewards: booking modes async,sync (token issuance, booked behind, against book_now)")
@@ -391,6 +391,14 @@ func runBench(ctx context.Context, args []string) (err error) {
 	if runErr != nil {
 		return fmt.Errorf("bench: stopped early: %w", runErr)
 	}
+	return benchVerdict(suite)
+}
+
+// benchVerdict is an invocation's exit: nil (status 0) when every run was
+// made and balanced its money, whatever the cluster shed by design in runs
+// that allow it (counted in the summary's verdict) and whether every
+// strategy's search confirmed a rate; else "bench FAILED" with the problems.
+func benchVerdict(suite bench.Suite) error {
 	if !suite.OK() {
 		return fmt.Errorf("bench FAILED: %s", strings.Join(suite.Problems(), "; "))
 	}
