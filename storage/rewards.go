@@ -462,6 +462,15 @@ func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo st
 		if err != nil {
 			return err
 		}
+		// A retry of this order may have committed while we waited for the
+		// lock: answer from it, not with its effect on the balance (a
+		// withdrawal that emptied the wallet would refuse its own retry).
+		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
+			if done {
+				return errRepeat
+			}
+			return err
+		}
 		out, err = model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
 		if err != nil {
 			return err
@@ -484,7 +493,7 @@ func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo st
 			return w, nil
 		}
 	}
-	if isMySQLErr(err, errDupEntry) {
+	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
 		w, err := repeat() // a concurrent retry won the race
 		if err == nil && !w.Repeat {
 			err = fmt.Errorf("storage: withdraw %s: order seen but its flow row is gone", orderNo)

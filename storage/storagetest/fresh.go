@@ -11,6 +11,49 @@ import (
 
 func init() {
 	register("ContractGroupFreshOnce", contractGroupFreshOnce)
+	register("ContractWithdrawFreshOnce", contractWithdrawFreshOnce)
+}
+
+// A withdrawal of the whole balance, sent by 8 callers at once, is made
+// once and every other answer repeats it: a caller that finds the wallet
+// emptied by its own order's first run is answered that run (Repeat), never
+// INSUFFICIENT_BALANCE.
+func contractWithdrawFreshOnce(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	rs, ok := f.s.(storage.Rewards)
+	if !ok {
+		t.Fatalf("%T does not implement storage.Rewards", f.s)
+	}
+	for round := range 5 {
+		f.deposit(sA, "wes", fmt.Sprintf("in-%d", round), 40)
+		var mu sync.Mutex
+		fresh, repeats := 0, 0
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				w, err := rs.Withdraw(f.ctx, sA, "wes", fmt.Sprintf("out-%d", round), 40)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					t.Errorf("round %d: withdraw: %v", round, err)
+				case w.Balance != 0 || w.Amount != 40:
+					t.Errorf("round %d: withdrawal %+v, want 40 taken and 0 left", round, w)
+				case w.Repeat:
+					repeats++
+				default:
+					fresh++
+				}
+			})
+		}
+		wg.Wait()
+		if fresh != 1 || repeats != 7 {
+			t.Fatalf("round %d: 8 withdrawals at once of one order: %d made, %d repeats; want 1 and 7", round, fresh, repeats)
+		}
+	}
+	if got := f.balance(sA, "wes"); got != 0 {
+		t.Fatalf("balance %d, want 0", got)
+	}
 }
 
 // Each idempotency key is stored fresh once, whatever the concurrency:
