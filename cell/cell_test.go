@@ -90,8 +90,9 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreak)
 	shadowStore := store.Shadow()
-	stores := cell.Stores{Real: guard.NewStore(store, dbBreak, storage.DriverFailure), Shadow: guard.NewStore(shadowStore, dbBreak, storage.DriverFailure),
-		ShadowDrop: shadowStore, Moves: store}
+	real, shadow := guard.NewStore(store, dbBreak, storage.DriverFailure), guard.NewStore(shadowStore, dbBreak, storage.DriverFailure)
+	stores := cell.Stores{Real: real, Shadow: shadow, ShadowDrop: shadowStore, Moves: store,
+		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore)}
 	srv, err := cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), peers, reg, log)
 	if err != nil {
 		t.Fatal(err)
