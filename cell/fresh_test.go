@@ -75,7 +75,6 @@ func TestFreshOnce(t *testing.T) {
 	c := oneCell(t, func(cfg *cell.Config) {
 		cfg.RewardKeys, cfg.Activities, cfg.Coupons, cfg.IdentityKey = keys, acts, batches, testIdentityKey
 		cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken
-		cfg.Degrade.Relay = true // every act lives in this cell: nothing to relay
 		// This test checks answers, not shedding: a loaded machine (the race
 		// detector, other tests' servers) must not turn a burst into timeouts.
 		cfg.RequestTimeout, cfg.QueueWaitMax = 30*time.Second, 30*time.Second
@@ -239,6 +238,18 @@ func freshEntries(t *testing.T, c *testCell, pre, p string) []freshEntry {
 			rows: func(t *testing.T) {
 				if sum, n, _ := claimRows(t, c.db, packet); n != freshRounds || sum != 2000 {
 					t.Errorf("claims of %s: %d of %d cents, want %d of 2000", packet, n, sum, freshRounds)
+				}
+				// Each claim is credited once, by this cell's relay (it owns every
+				// shard): no outbox row is left to a later test's cells.
+				var claims api.PacketResponse
+				if st, code := call(t, "GET", c.url+"/v1/packets/"+packet+"?limit=100", nil, &claims); st != 200 || len(claims.Claims) != freshRounds {
+					t.Fatalf("claims of %s: %d %s, %d claims", packet, st, code, len(claims.Claims))
+				}
+				for _, cl := range claims.Claims {
+					waitFor(t, 60*time.Second, func() bool { return hasCredit(t, c.db, "", cl.ActID, cl.ID) }, "the credit of claim "+cl.ID)
+					if got := c.balance(t, cl.ActID); got != int64(cl.Amount) {
+						t.Errorf("balance of opener %s: %d, want its claim's %d", cl.ActID, got, cl.Amount)
+					}
 				}
 			}},
 		{name: "reward", method: "POST", path: func(int) string { return api.RewardsPath },
