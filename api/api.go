@@ -78,6 +78,8 @@ type DegradeSetting struct {
 	Booking string `json:"booking,omitempty"`
 	// CouponIssue off: coupon requests are accepted and wait in their rows; those already queued are still decided.
 	CouponIssue string `json:"coupon_issue,omitempty"`
+	// TokenRestore off: POST /v1/accounts/{act_id}/tokens restores no reward: a valid token the cell does not hold is refused (TOKEN_RESTORE_OFF).
+	TokenRestore string `json:"token_restore,omitempty"`
 }
 
 // AuditResponse answers POST /admin/audit: the cell's own books, per space
@@ -213,6 +215,9 @@ type ActivitiesResponse struct {
 	Version  string           `json:"version,omitempty"` // the first 12 hex digits of the file's SHA-256
 	LoadedMS int64            `json:"loaded_at_ms,omitempty"`
 	Parents  []ActivityParent `json:"activities"`
+	// Warnings name what the file holds that loads but does nothing (a
+	// scene's compensate), each "where: what"; absent when none.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ActivityParent is one parent activity of an ActivitiesResponse.

@@ -107,3 +107,27 @@ type CouponBatchesResponse struct {
 	MergeMax int   `json:"merge_max"`
 	Prefetch int   `json:"prefetch"`
 }
+
+// CouponStockRequest is the body of POST /internal/coupons/stock: a cell
+// asks the home cell of these batches' stock rows what is left, for its
+// local copy of each batch's stock (refreshed every half second).
+type CouponStockRequest struct {
+	Batches []string `json:"batches"`
+}
+
+// CouponStockResponse answers CouponStockRequest: one entry per batch
+// whose stock row the answering cell homes and has (the others are left
+// out).
+type CouponStockResponse struct {
+	Stock []CouponStockLevel `json:"stock"`
+}
+
+// CouponStockLevel is a batch's stock at its home: Left, the units no
+// deduction holds or spent; Held, the units open (or expired, unsettled)
+// deductions hold, some of which may come back.
+type CouponStockLevel struct {
+	Batch string `json:"batch"`
+	Total int64  `json:"total"`
+	Left  int64  `json:"left"`
+	Held  int64  `json:"held"`
+}

@@ -40,6 +40,7 @@ const (
 	RouteBudgetLease  // POST /internal/budget/lease, cell to the scene's home cell
 	RouteBudgetReturn // POST /internal/budget/return, cell to the scene's home cell
 	RouteBudgetLeases // POST /internal/budget/leases, a restarted cell to a scene's home: its leases to settle
+	RouteCouponStock  // POST /internal/coupons/stock, a cell to coupon batches' home: their stock now, for its local copy
 
 	RouteMetrics          // GET /metrics on an admin port, no token
 	RouteStrategyGet      // GET /admin/strategy on a cell's admin port
@@ -159,6 +160,7 @@ var routes = [RouteCount]Route{
 	RouteBudgetLease:  {ID: RouteBudgetLease, Method: http.MethodPost, Pattern: BudgetLeasePath, Label: "budget_lease", Internal: true},
 	RouteBudgetReturn: {ID: RouteBudgetReturn, Method: http.MethodPost, Pattern: BudgetReturnPath, Label: "budget_return", Internal: true},
 	RouteBudgetLeases: {ID: RouteBudgetLeases, Method: http.MethodPost, Pattern: BudgetLeasesPath, Label: "budget_leases", Internal: true},
+	RouteCouponStock:  {ID: RouteCouponStock, Method: http.MethodPost, Pattern: CouponStockPath, Label: "coupon_stock", Internal: true},
 
 	RouteMetrics:     {ID: RouteMetrics, Method: http.MethodGet, Pattern: "/metrics", Label: "metrics", Port: PortCellAdmin},
 	RouteStrategyGet: {ID: RouteStrategyGet, Method: http.MethodGet, Pattern: "/admin/strategy", Label: "strategy", Port: PortCellAdmin},
@@ -206,6 +208,7 @@ const (
 	BudgetReturnPath = "/internal/budget/return"
 	BudgetLeasesPath = "/internal/budget/leases"
 	CouponIssuePath  = "/v1/coupons/issue"
+	CouponStockPath  = "/internal/coupons/stock"
 )
 
 // CouponStatePath is GET /v1/coupons/issue/{serial_no}?act_id={act_id}; it

@@ -141,7 +141,8 @@ func TestRouteTable(t *testing.T) {
 		got[17] != "coupon_issue" || got[18] != "coupon_state" || got[19] != "coupons" {
 		t.Errorf("router labels %v", got)
 	}
-	if got := Labels(RouteMetrics); len(got) != 25 || got[20] != "credits" || got[21] != "recon" || got[23] != "budget_return" || got[24] != "budget_leases" {
+	if got := Labels(RouteMetrics); len(got) != 26 || got[20] != "credits" || got[21] != "recon" || got[23] != "budget_return" || got[24] != "budget_leases" ||
+		got[25] != "coupon_stock" {
 		t.Errorf("cell labels %v", got)
 	}
 	for _, r := range Routes() {

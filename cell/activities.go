@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"log/slog"
 	"time"
 
 	"redcell/api"
@@ -17,6 +18,7 @@ import (
 type activities struct {
 	path   string // "" none
 	clock  clock.Clock
+	log    *slog.Logger
 	holder activity.Holder
 	issued activity.Issued      // nil: no check (at load: nothing issued by this process yet)
 	loaded func(*activity.Tree) // nil: nothing to do
@@ -27,8 +29,19 @@ func (a *activities) load() error {
 	if a.path == "" {
 		return nil
 	}
-	_, err := a.holder.Reload(a.path, a.clock.Now(), nil)
+	t, err := a.holder.Reload(a.path, a.clock.Now(), nil)
+	if err == nil {
+		a.warn(t)
+	}
 	return err
+}
+
+// warn logs what the loaded file holds that does nothing (a scene's
+// compensate); the admin port answers it too.
+func (a *activities) warn(t *activity.Tree) {
+	for _, w := range t.Warnings {
+		a.log.Warn("activities file: a key that does nothing", "path", t.Path, "version", t.Version, "warning", w)
+	}
 }
 
 // Activities implements admin.Activities.
@@ -44,6 +57,7 @@ func (a *activities) ReloadActivities() (api.ActivitiesResponse, error) {
 	if err != nil {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded activities stay)", err)
 	}
+	a.warn(t)
 	if a.loaded != nil {
 		a.loaded(t)
 	}
@@ -56,7 +70,7 @@ func describe(t *activity.Tree) api.ActivitiesResponse {
 	if t == nil {
 		return out
 	}
-	out.Loaded, out.Path, out.Version, out.LoadedMS = true, t.Path, t.Version, t.Loaded.UnixMilli()
+	out.Loaded, out.Path, out.Version, out.LoadedMS, out.Warnings = true, t.Path, t.Version, t.Loaded.UnixMilli(), t.Warnings
 	for _, p := range t.Parents() {
 		ap := api.ActivityParent{ID: p.ID, Name: p.Name, Children: []api.ActivityChild{}}
 		for _, c := range p.Children {
@@ -77,4 +91,26 @@ func describe(t *activity.Tree) api.ActivitiesResponse {
 		out.Parents = append(out.Parents, ap)
 	}
 	return out
+}
+
+// activitiesLoaded follows a reload: the budgets this cell homes take the
+// file's, and the scene limits forget the scenes the file no longer has
+// (a scene's new rate needs nothing: each request reads it from its tree).
+func (s *Server) activitiesLoaded(t *activity.Tree) {
+	s.syncBudgets(t)
+	keep := func(key string) bool { return t.SceneByKey(key) != nil }
+	for _, l := range s.rw.scenes {
+		l.Keep(keep)
+	}
+}
+
+// liveCells is how many cells the cluster map lists (at least 1): the N of
+// the scene limits' fallback, rate/N each while memcached does not answer.
+func (s *Server) liveCells() int {
+	if s.peers != nil {
+		if m := s.peers.Map(); m != nil {
+			return max(len(m.Cells()), 1)
+		}
+	}
+	return 1
 }

@@ -343,7 +343,7 @@ func signedHeader(method, path, body string) map[string]string {
 	ts := time.Now().UnixMilli()
 	return map[string]string{
 		api.HeaderTimestamp: strconv.FormatInt(ts, 10),
-		api.HeaderSignature: api.Sign([]byte(testSecret), method, path, false, ts, []byte(body)),
+		api.HeaderSignature: api.Sign([]byte(testSecret), method, path, api.Covered{}, ts, []byte(body)),
 	}
 }
 

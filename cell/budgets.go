@@ -35,8 +35,21 @@ type budgetHome struct {
 }
 
 func (s *Server) newPool(sp *space, cc *cellclient.Client) *budget.Pool {
-	return budget.NewPool(s.cfg.Name, func(key string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: cc} }, s.clock,
-		poolConfig(s.cfg.BudgetLeaseTTL))
+	cfg := poolConfig(s.cfg.BudgetLeaseTTL)
+	cfg.Reserve = s.sceneReserve
+	return budget.NewPool(s.cfg.Name, func(key string) budget.Home { return budgetHome{s: s, sp: sp, key: key, cc: cc} }, s.clock, cfg)
+}
+
+// sceneReserve is budget.Config.Reserve: the reserve_percent of the scene
+// key names in the loaded activities (a reload counts from the next lease),
+// or the default share when the scene is gone from the file.
+func (s *Server) sceneReserve(key string, total int64) int64 {
+	if t := s.acts.holder.Tree(); t != nil {
+		if sc := t.SceneByKey(key); sc != nil {
+			return sc.Reserve(total)
+		}
+	}
+	return (&activity.Scene{}).Reserve(total)
 }
 
 // poolConfig is the lease pool's configuration for a lease TTL (0: the
@@ -122,10 +135,7 @@ func (s *Server) sceneTotal(key string) (int64, bool) {
 	if sc == nil || !sc.ControlStock {
 		return 0, false
 	}
-	if sc.AwardType == activity.AwardCash {
-		return sc.Budget, true
-	}
-	return sc.Stock, true
+	return sc.Total(), true
 }
 
 // grantLocal grants a lease from this cell's own budget row, making the row

@@ -89,6 +89,9 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 		t.Fatal(err)
 	}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreak)
+	if cfg.CouponMemcache == nil { // the coupon layers' pools, as redcell cell gives them
+		cfg.CouponMemcache = mc
+	}
 	shadowStore := store.Shadow()
 	real, shadow := guard.NewStore(store, dbBreak, storage.DriverFailure), guard.NewStore(shadowStore, dbBreak, storage.DriverFailure)
 	stores := cell.Stores{Real: real, Shadow: shadow, ShadowDrop: shadowStore, Moves: store,

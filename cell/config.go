@@ -80,6 +80,13 @@ type Config struct {
 	// phone gets another actID. Empty: identity binding answers 501
 	// IDENTITY_DISABLED. Else at least model.IdentityKeyMin (16) bytes.
 	IdentityKey string
+	// IdentityDefaultRegion is the region (ISO 3166-1 alpha-2) a bound
+	// phone number without a '+' is read in (model.ParsePhone): with "CN",
+	// "13800138111", "008613800138111" and "+86 138 0013 8111" are one
+	// number, keyed on its E.164 form. The same in every cell, like
+	// IdentityKey, and changed only with care: another region reads the
+	// national numbers sent afterwards as another country's.
+	IdentityDefaultRegion string
 
 	// Activities is the reward activities' YAML file (cell/activity),
 	// loaded at start (an invalid file stops the cell) and again on POST
@@ -139,6 +146,10 @@ type Config struct {
 	// IssuedMemcache keeps the "issued so far" counters cluster-wide
 	// (cell/issued); nil: each cell counts only its own issues.
 	IssuedMemcache issued.Memcache
+	// SceneMemcache keeps each reward scene's rate_limit for the whole
+	// cluster (cell/scenelimit: a token bucket per scene in memcached); nil:
+	// each cell takes rate/N and burst/N on its own (N: the live cells).
+	SceneMemcache climit.CASMemcache
 
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
@@ -236,6 +247,10 @@ func DefaultConfig() Config {
 		DSN:    "root@tcp(127.0.0.1:23061)/",
 
 		Memcached: []string{"127.0.0.1:21211"},
+
+		// The red-packet festival's users are in mainland China: a number
+		// sent without its country code is a Chinese one.
+		IdentityDefaultRegion: "CN",
 
 		// A token's copy held by its client is worth handing back for a
 		// festival and its aftermath, not forever.
@@ -357,6 +372,9 @@ func (c Config) Validate() error {
 	}
 	if c.IdentityKey != "" && len(c.IdentityKey) < model.IdentityKeyMin {
 		bad("IdentityKey (identity_key) must be empty (identity binding off) or at least %d bytes", model.IdentityKeyMin)
+	}
+	if err := model.ValidPhoneRegion(c.IdentityDefaultRegion); err != nil {
+		bad("IdentityDefaultRegion (identity_default_region): %v", err)
 	}
 	if c.TokenTTL < 0 {
 		bad("TokenTTL must be >= 0 (0: tokens never expire)")

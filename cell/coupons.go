@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/api/cellclient"
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
@@ -98,6 +100,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.own.dbs, QueueLen: s.cfg.CouponQueueLen,
 			Gather: s.cfg.CouponGather, MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
+			Levels: couponStock{s: s, sp: sp}.Levels,
 			Clock:  s.clock, Log: s.log.With("space", sp.name)})
 		if err != nil {
 			return nil, err
@@ -150,6 +153,110 @@ func (c couponStock) Grant(ctx context.Context, batch string, want int64) (strin
 func (c couponStock) Return(ctx context.Context, batch, leaseID string, unused int64) error {
 	h, key := c.home(batch)
 	return h.Return(ctx, key, leaseID, unused)
+}
+
+// couponStockMax bounds the batches of one POST /internal/coupons/stock.
+const couponStockMax = 1000
+
+// Levels is couponq.Config.Levels for space sp: the batches this cell homes
+// read from its store, the others asked of their home cells, one call per
+// home, side by side. A batch with no stock row yet, or whose home did not
+// answer, is left out; the errors are joined.
+func (c couponStock) Levels(ctx context.Context, batches []string) (map[string]couponq.Level, error) {
+	out := map[string]couponq.Level{}
+	byHome := map[string][]string{}
+	var errs []error
+	for _, b := range batches {
+		key := couponq.StockKey(b)
+		sh := sharding.BudgetShard(key)
+		if !c.s.Owns(sh) {
+			owner, err := c.s.ownerOf(sh)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			byHome[owner] = append(byHome[owner], b)
+			continue
+		}
+		l, ok, err := c.s.couponLevel(ctx, c.sp, b)
+		if err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			out[b] = couponq.Level{Left: l.Left, Held: l.Held}
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for home, bs := range byHome {
+		for len(bs) > 0 {
+			part := bs[:min(len(bs), couponStockMax)]
+			bs = bs[len(part):]
+			wg.Go(func() {
+				var resp api.CouponStockResponse
+				err := c.s.calls.Send(ctx, cellclient.Call{Addr: home, Path: api.CouponStockPath, Stress: c.sp.stress,
+					Body: api.CouponStockRequest{Batches: part}, Out: &resp})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("stock of %d batches at %s: %w", len(part), home, err))
+					return
+				}
+				for _, l := range resp.Stock {
+					out[l.Batch] = couponq.Level{Left: l.Left, Held: l.Held}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// couponLevel reads batch's stock at this cell, its home: false when it
+// has no stock row yet.
+func (s *Server) couponLevel(ctx context.Context, sp *space, batch string) (api.CouponStockLevel, bool, error) {
+	key := couponq.StockKey(batch)
+	b, held, err := sp.store.BudgetLevel(ctx, sharding.BudgetShard(key), key)
+	if errors.Is(err, model.ErrNotFound) {
+		return api.CouponStockLevel{}, false, nil
+	}
+	if err != nil {
+		return api.CouponStockLevel{}, false, err
+	}
+	return api.CouponStockLevel{Batch: batch, Total: b.Total, Left: b.Available(0), Held: held}, true, nil
+}
+
+// couponStockAnswer answers POST /internal/coupons/stock: the stock of the
+// asked batches this cell homes and has a row of; the others are left out
+// (the asker's map may be older than a move). Errors: INVALID_ARGUMENT
+// (more than couponStockMax batches, or a malformed ID), the store's.
+func (s *Server) couponStockAnswer(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
+	var req api.CouponStockRequest
+	if err := decodeStrict(rc.PostBody(), &req); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	if len(req.Batches) > couponStockMax {
+		s.answers.err(rc, model.Invalidf("at most %d batches per call, got %d", couponStockMax, len(req.Batches)))
+		return
+	}
+	out := api.CouponStockResponse{Stock: make([]api.CouponStockLevel, 0, len(req.Batches))}
+	for _, b := range req.Batches {
+		if _, err := s.homeShard(couponq.StockKey(b)); errors.Is(err, model.ErrInvalidArgument) {
+			s.answers.err(rc, err)
+			return
+		} else if err != nil {
+			continue // not homed here, or frozen by a move
+		}
+		l, ok, err := s.couponLevel(ctx, sp, b)
+		if err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+		if ok {
+			out.Stock = append(out.Stock, l)
+		}
+	}
+	s.answers.json(rc, http.StatusOK, out)
 }
 
 // couponTotal is the stock of the batch whose stock row is key, from the
@@ -268,6 +375,7 @@ func (s *Server) ReloadCoupons() (api.CouponBatchesResponse, error) {
 		return api.CouponBatchesResponse{}, model.Errorf(model.ErrInvalidArgument, "%v (the loaded batches stay)", err)
 	}
 	s.syncCouponStock(cat)
+	s.cp.metrics.seed(cat)
 	return s.describeCoupons(cat), nil
 }
 

@@ -33,7 +33,7 @@ func TestDegradeSwitches(t *testing.T) {
 	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	auth := map[string]string{"Authorization": "Bearer " + adminToken}
 	var got api.DegradeSetting
-	if st, code := callH(t, auth, "GET", c.adminURL+"/admin/degrade", nil, &got); st != 200 || got != (api.DegradeSetting{ClaimsList: "on", GrabCache: "on", Relay: "on", WalletFlow: "on", Booking: "on", CouponIssue: "on"}) {
+	if st, code := callH(t, auth, "GET", c.adminURL+"/admin/degrade", nil, &got); st != 200 || got != (api.DegradeSetting{ClaimsList: "on", GrabCache: "on", Relay: "on", WalletFlow: "on", Booking: "on", CouponIssue: "on", TokenRestore: "on"}) {
 		t.Fatalf("GET /admin/degrade: %d %s %+v", st, code, got)
 	}
 	if st, _ := callRaw(t, nil, "PUT", c.adminURL+"/admin/degrade", []byte(`{"claims_list":"off"}`), nil); st != 401 {
@@ -74,7 +74,7 @@ func TestDegradeSwitches(t *testing.T) {
 		t.Fatalf("grab with the cache on: %+v", g)
 	}
 
-	if got := degrade(t, c, `{"claims_list":"off","grab_cache":"off"}`); got != (api.DegradeSetting{ClaimsList: "off", GrabCache: "off", Relay: "on", WalletFlow: "on", Booking: "on", CouponIssue: "on"}) {
+	if got := degrade(t, c, `{"claims_list":"off","grab_cache":"off"}`); got != (api.DegradeSetting{ClaimsList: "off", GrabCache: "off", Relay: "on", WalletFlow: "on", Booking: "on", CouponIssue: "on", TokenRestore: "on"}) {
 		t.Fatalf("after switching off: %+v", got)
 	}
 	if d := detail(); len(d.Claims) != 0 || !d.ClaimsDegraded || d.RemainingCount != 2 || d.Claims == nil {

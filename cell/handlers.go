@@ -156,6 +156,12 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.budgetReturn(ctx, rc, sp)
 	case api.RouteBudgetLeases:
 		s.budgetLeases(ctx, rc, sp)
+	case api.RouteCouponStock:
+		if s.cp == nil {
+			s.answers.err(rc, couponsOff)
+			return
+		}
+		s.couponStockAnswer(ctx, rc, sp)
 	default:
 		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
 	}
@@ -267,15 +273,18 @@ func (s *Server) bindIdentity(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 			return
 		}
 	}
-	phone := ""
+	idKey := []byte(s.cfg.IdentityKey)
+	var phone model.Phone
 	if req.Phone != nil {
-		if phone, err = model.NormalizePhone(*req.Phone); err != nil {
+		if phone, err = model.ParsePhone(*req.Phone, s.cfg.IdentityDefaultRegion); err != nil {
 			s.answers.err(rc, err)
 			return
 		}
 	}
-	want := model.NewBinding([]byte(s.cfg.IdentityKey), app, appUserID, phone, s.clock.Now().UnixMilli())
-	b, repeat, err := sp.store.BindIdentity(ctx, sh, want)
+	// Keyed on the number's E.164 form; a binding stored before numbers were
+	// parsed holds the hash of a legacy form and keeps its actID.
+	want := model.NewBinding(idKey, app, appUserID, phone.E164, s.clock.Now().UnixMilli())
+	b, repeat, err := sp.store.BindIdentity(ctx, sh, want, model.LegacyPhoneHashes(idKey, phone)...)
 	if err != nil {
 		s.answers.err(rc, err)
 		return

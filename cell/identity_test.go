@@ -22,8 +22,13 @@ const testIdentityKey = "test-identity-key-0123456789"
 // phone is in no row and no log line, only its keyed hash.
 func TestBindIdentity(t *testing.T) {
 	logs := &testenv.Buffer{}
-	c := startCellLog(t, "cell-i", "0-999", 1, nil, func(cfg *cell.Config) { cfg.IdentityKey = testIdentityKey },
+	// With peers: a cell's relay scans its outbox every 200 ms and reads the
+	// map (nil peers would fail the first scan).
+	peers := &staticPeers{}
+	c := startCellLog(t, "cell-i", "0-999", 1, peers, func(cfg *cell.Config) { cfg.IdentityKey = testIdentityKey },
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: c.name, Addr: c.addr, Shards: c.cfg.Shards}})
+	peers.m.Store(m)
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
 	app1, app2 := pre+"chat", pre+"video"
 	const phone, digits = "+86 138-0000-0001", "13800000001"
@@ -130,7 +135,7 @@ func TestBindIdentity(t *testing.T) {
 // TestBindIdentityDisabled: a cell without identity_key answers 501
 // IDENTITY_DISABLED and stores nothing.
 func TestBindIdentityDisabled(t *testing.T) {
-	c := startCell(t, "cell-n", "0-999", 1, nil, nil)
+	c := oneCell(t, nil)
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
 	if st, code := call(t, "PUT", c.url+api.IdentityPath(pre+"chat", "u1"), map[string]string{"phone": "+8613800000001"}, nil); st != 501 || code != model.ErrIdentityDisabled.Code {
 		t.Errorf("without identity_key: %d %s, want 501 IDENTITY_DISABLED", st, code)

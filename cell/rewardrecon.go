@@ -75,7 +75,7 @@ func (s *Server) runRewardRecon(sp *space) func(ctx context.Context) {
 // false when a database could not be read (the window is checked again).
 func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64, kind string) (ok bool) {
 	ok = true
-	problems, stale := 0, int64(0)
+	problems, stale, pending := 0, int64(0), int64(0)
 	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
 	for _, db := range s.own.dbs() {
 		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS, kind == "full")
@@ -87,6 +87,7 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 			continue
 		}
 		stale += r.StalePending
+		pending += r.Pending
 		for _, p := range r.Problems() {
 			problems++
 			s.log.Warn("reward recon: problem", "space", sp.name, "kind", kind, "problem", p)
@@ -97,6 +98,9 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 	}
 	s.rwRecon.problems.WithLabelValues(sp.name).Set(float64(problems))
 	s.rwRecon.stale.WithLabelValues(sp.name).Set(float64(stale))
+	if ok { // a database not read would make the sum low
+		s.rwMetrics.pending.WithLabelValues(sp.name).Set(float64(pending))
+	}
 	s.rwRecon.passes.WithLabelValues(sp.name, kind).Inc()
 	if stale > 0 {
 		s.log.Warn("reward recon: rewards unbooked for more than 5 minutes", "space", sp.name, "rewards", stale)

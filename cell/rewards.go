@@ -20,6 +20,7 @@ import (
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
 	"redcell/cell/rewardtoken"
+	"redcell/cell/scenelimit"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -36,7 +37,7 @@ import (
 type rewards struct {
 	ring     atomic.Pointer[rewardtoken.Ring] // nil: no key file, issuing answers REWARDS_DISABLED
 	release  atomic.Pointer[api.WithdrawRelease]
-	limiters sync.Map // scene key → *rate.Limiter (the scene's rate_limit, per cell)
+	scenes   [2]*scenelimit.Limits // each scene's rate_limit, for the whole cluster, per space
 	counters [2]*issued.Counters
 	dirty    [2]dirtyDBs // databases with rewards issued here since the booker's last pass
 	booked   [2]atomic.Int64
@@ -67,14 +68,6 @@ func (d *dirtyDBs) take() map[int]bool {
 
 // sceneKey names a scene of one child: its budget, limiter and counter.
 func sceneKey(a activity.Active) string { return model.BudgetKey(a.Parent.ID, a.Child.ID, a.Scene.ID) }
-
-func (s *Server) sceneLimiter(key string, r activity.Rate) *rate.Limiter {
-	if l, ok := s.rw.limiters.Load(key); ok {
-		return l.(*rate.Limiter)
-	}
-	l, _ := s.rw.limiters.LoadOrStore(key, rate.NewLimiter(rate.Limit(r.PerSec), max(r.Burst, 1)))
-	return l.(*rate.Limiter)
-}
 
 func (s *Server) issuedCounter(sp *space, key string) *issued.Counter {
 	c, err := s.rw.counters[sp.index()].Counter(key)
@@ -196,10 +189,12 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		}
 	}
 	key := sceneKey(a)
-	if !s.sceneLimiter(key, a.Scene.RateLimit).AllowN(now, 1) {
+	rl := a.Scene.RateLimit
+	if ok, _ := s.rw.scenes[sp.index()].Allow(key, rl.PerSec, rl.Burst); !ok {
 		// Shed without touching the database: a retry of an issued reward
-		// gets its first answer once the rate allows it again.
-		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s", a.Scene.ID, a.Scene.RateLimit.PerSec))
+		// gets its first answer once the rate allows it again. The rate is
+		// the tree's this request resolved in: a reload holds at once.
+		s.answers.err(rc, model.Errorf(model.ErrSceneRateLimited, "scene %s issues at most %d/s (burst %d) across the cluster", a.Scene.ID, rl.PerSec, rl.Burst))
 		return
 	}
 	limit := a.Scene.Budget
@@ -240,6 +235,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		return
 	}
 	s.issuedCounter(sp, key).Add(int64(r.Amount))
+	s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
 	if req.BookNow {
 		if _, err := sp.store.BookRewards(ctx, []model.Reward{got}); err != nil {
 			s.answers.err(rc, err)
@@ -602,8 +598,10 @@ func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *spac
 
 // tokens answers POST /v1/accounts/{act_id}/tokens: each token is checked
 // (signature, key, expiry, owner); a valid one the cell has is "known"; a
-// valid one it has lost is stored again and booked ("restored"); any other
+// valid one it has lost is stored again and booked ("restored"), unless the
+// token_restore degrade switch is off (refused TOKEN_RESTORE_OFF); any other
 // is refused, and then the answer is 422 TOKEN_REFUSED listing each token.
+// Each refusal is counted by code (redcell_reward_tokens_refused_total).
 func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
 	sh, err := s.own.account(actID)
 	if err != nil {
@@ -628,6 +626,7 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	refused := 0
 	refuse := func(i int, order, code, msg string) {
 		refused++
+		s.rwMetrics.tokenRefused(sp, code)
 		out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: order, Result: "refused", Code: code, Message: msg})
 	}
 	for i, tok := range req.Tokens {
@@ -637,11 +636,11 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			continue
 		}
 		if c.ActID != actID {
-			refuse(i, c.OrderNo, "TOKEN_WRONG_ACCOUNT", "the token is another person's reward")
+			refuse(i, c.OrderNo, tokenWrongAccount, "the token is another person's reward")
 			continue
 		}
 		if want := tokenClaims(sp, model.Reward{}).Status; c.Status != want {
-			refuse(i, c.OrderNo, "TOKEN_WRONG_SPACE", "a stress-test token is taken back only from stress traffic, and the other way round")
+			refuse(i, c.OrderNo, tokenWrongSpace, "a stress-test token is taken back only from stress traffic, and the other way round")
 			continue
 		}
 		prior, err := sp.store.Reward(ctx, sh, c.OrderNo)
@@ -649,7 +648,9 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 		case err == nil && c.Matches(prior):
 			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "known"})
 		case err == nil:
-			refuse(i, c.OrderNo, "TOKEN_MISMATCH", "the cell holds this order number with other fields")
+			refuse(i, c.OrderNo, tokenMismatch, "the cell holds this order number with other fields")
+		case errors.Is(err, model.ErrNotFound) && s.switches.Off(degrade.TokenRestore):
+			refuse(i, c.OrderNo, tokenRestoreOff, "restoring rewards from tokens is switched off (degrade switch token_restore)")
 		case errors.Is(err, model.ErrNotFound):
 			if err := s.restoreReward(ctx, sp, sh, c); errors.Is(err, model.ErrBudgetExhausted) {
 				refuse(i, c.OrderNo, model.ErrBudgetExhausted.Code, "the scene's budget has nothing left for the restored reward")
@@ -658,6 +659,7 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 				s.answers.err(rc, err)
 				return
 			}
+			s.rwMetrics.restored.WithLabelValues(sp.name).Inc()
 			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "restored"})
 		default:
 			s.answers.err(rc, err)
@@ -716,6 +718,8 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 	}
 	if repeat {
 		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
+	} else {
+		s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
 	}
 	_, err = sp.store.BookRewards(ctx, []model.Reward{got})
 	return err
@@ -853,6 +857,7 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		return false, fmt.Errorf("book %d rewards: %w", len(rs), err)
 	}
 	s.rw.booked[sp.index()].Add(int64(n))
+	s.rwMetrics.bookedNow(sp, rs, n, s.clock.Now())
 	return len(rs) < s.cfg.BookingBatch, nil
 }
 

@@ -256,7 +256,11 @@ func TestRewards(t *testing.T) {
 // TestRewardTokens: the client's copies of its tokens. A token the cell has
 // is known; one it lost (its row deleted here) is restored and booked once;
 // an altered one, another person's, and one signed by a key the cell does
-// not know are refused, each with its code, and the answer is 422.
+// not know are refused, each with its code, and the answer is 422. Each
+// refusal is counted by code; with the token_restore switch off a lost
+// token is refused, not restored. The reward metrics count the issues, the
+// booker's bookings and their lag, the restores and each scene's budget
+// left.
 func TestRewardTokens(t *testing.T) {
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
 	c, _ := rewardCell(t, pre, false, nil)
@@ -279,6 +283,11 @@ func TestRewardTokens(t *testing.T) {
 		t.Fatalf("stress issue: %d %s", st, code)
 	}
 	waitBooked(t, c, act, "")
+	// The booker books the three real rewards, each observed in the lag.
+	waitFor(t, 30*time.Second, func() bool {
+		return metricValue(t, scrape(t, c.adminURL), `redcell_reward_booked_total{space="real"}`) == "3"
+	}, "three real rewards booked")
+	wantMetric(t, scrape(t, c.adminURL), `redcell_reward_booking_lag_seconds_count{space="real"}`, "3")
 
 	var res api.TokensResponse
 	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: toks}, &res); st != 200 ||
@@ -301,6 +310,17 @@ func TestRewardTokens(t *testing.T) {
 	if w := walletOf(t, c, act, ""); w.Balance != 300 || w.Pending != 0 {
 		t.Fatalf("wallet after the restore: %+v, want 300, each reward once", w)
 	}
+	m := scrape(t, c.adminURL)
+	wantMetric(t, m, `redcell_reward_tokens_restored_total{space="real"}`, "1")
+	wantMetric(t, m, `redcell_reward_issued_total{space="real"}`, "4") // three issued, one restored
+	wantMetric(t, m, `redcell_reward_issued_total{space="shadow"}`, "1")
+	// The scene's budget less what was issued (the restore re-issues what
+	// its first issue counted already).
+	left := func(space string) string {
+		return fmt.Sprintf(`redcell_reward_budget_left{award_type="cash",child="%[1]s-off",parent="%[1]s-fest",scene="%[1]s-rain",space="%[2]s"}`, pre, space)
+	}
+	wantMetric(t, m, left("real"), "99695")
+	wantMetric(t, m, left("shadow"), "99112")
 
 	// Refusals, each with its code, in one 422 answer.
 	altered := []byte(toks[0])
@@ -344,6 +364,53 @@ func TestRewardTokens(t *testing.T) {
 	if w := walletOf(t, c, act, ""); w.Balance != 300 {
 		t.Fatalf("wallet after refused tokens: %+v, want 300", w)
 	}
+	refusedMetric := func(code string) string {
+		return fmt.Sprintf(`redcell_reward_tokens_refused_total{code=%q,space="real"}`, code)
+	}
+	m = scrape(t, c.adminURL)
+	for code, n := range map[string]string{"TOKEN_BAD_SIGNATURE": "1", "TOKEN_WRONG_ACCOUNT": "1", "TOKEN_UNKNOWN_KEY": "1",
+		"TOKEN_MALFORMED": "1", "TOKEN_WRONG_SPACE": "1", "TOKEN_MISMATCH": "0", "TOKEN_EXPIRED": "0", "TOKEN_RESTORE_OFF": "0"} {
+		wantMetric(t, m, refusedMetric(code), n)
+	}
+
+	// The token_restore switch off (a signing key may have leaked): a valid
+	// token whose reward the cell lost is refused, counted, and nothing is
+	// stored; a known one still answers known. Back on, it is restored.
+	setDegrade(t, c, api.DegradeSetting{TokenRestore: "off"})
+	wantMetric(t, scrape(t, c.adminURL), `redcell_degrade_switch{switch="token_restore"}`, "1")
+	order = act + "_" + rain + "_r0_cash_official"
+	exec(t, c.db, fmt.Sprintf("DELETE FROM db_%02d.t_reward WHERE order_no = ?", sh.DB()), order)
+	exec(t, c.db, fmt.Sprintf("DELETE FROM db_%02d.t_flow_%d WHERE act_id = ? AND order_no = ?", sh.DB(), sh.Table()), act, model.RewardFlowOrderNo(order))
+	exec(t, c.db, fmt.Sprintf("UPDATE db_%02d.t_account_%d SET balance = balance - 100 WHERE act_id = ?", sh.DB(), sh.Table()), act)
+	raw, _ = json.Marshal(api.TokensRequest{Tokens: toks})
+	req = newRequest(nil, "POST", c.url+api.AccountSubPath(act, "tokens"), raw)
+	signer.SignRequest(req, time.Now())
+	if resp, err = roundTrip(t, req); err != nil {
+		t.Fatal(err)
+	}
+	res = api.TokensResponse{}
+	if err := json.Unmarshal(resp.Body(), &res); err != nil {
+		t.Fatalf("422 body %s: %v", resp.Body(), err)
+	}
+	if st, code := resp.StatusCode(), string(resp.Header.Peek(api.HeaderCode)); st != 422 || code != "TOKEN_REFUSED" ||
+		len(res.Results) != 2 || res.Results[0].Code != "TOKEN_RESTORE_OFF" || res.Results[1].Result != "known" {
+		t.Fatalf("a lost token with token_restore off: %d %s %+v, want it refused TOKEN_RESTORE_OFF, the other known", st, code, res)
+	}
+	if w := walletOf(t, c, act, ""); w.Balance != 200 {
+		t.Fatalf("wallet with token_restore off: %+v, want 200 (nothing restored)", w)
+	}
+	m = scrape(t, c.adminURL)
+	wantMetric(t, m, refusedMetric("TOKEN_RESTORE_OFF"), "1")
+	wantMetric(t, m, `redcell_reward_tokens_restored_total{space="real"}`, "1")
+	setDegrade(t, c, api.DegradeSetting{TokenRestore: "on"})
+	if st, code := call(t, "POST", c.url+api.AccountSubPath(act, "tokens"), api.TokensRequest{Tokens: toks}, &res); st != 200 ||
+		res.Results[0].Result != "restored" || res.Results[1].Result != "known" {
+		t.Fatalf("the lost token with token_restore back on: %d %s %+v, want restored and known", st, code, res)
+	}
+	if w := walletOf(t, c, act, ""); w.Balance != 300 {
+		t.Fatalf("wallet after the restore: %+v, want 300", w)
+	}
+	wantMetric(t, scrape(t, c.adminURL), `redcell_reward_tokens_restored_total{space="real"}`, "2")
 }
 
 // TestWithdrawRelease: the gray release lets only the allow-list and the

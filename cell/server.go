@@ -33,6 +33,7 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/cell/rewardtoken"
+	"redcell/cell/scenelimit"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
@@ -163,6 +164,8 @@ type Server struct {
 	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
+	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
+	rwMetrics *rewardMetrics
 	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
 	cp *coupons
 }
@@ -192,7 +195,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
 	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
-	s.acts = &activities{path: cfg.Activities, clock: clk}
+	s.acts = &activities{path: cfg.Activities, clock: clk, log: log}
 	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
 		return nil, fmt.Errorf("cell: %w", err)
 	}
@@ -210,8 +213,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.release.Store(&rel)
 	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
-	s.acts.issued, s.acts.loaded = s.sceneIssued, s.syncBudgets
+	s.rw.scenes[0] = scenelimit.New(cfg.SceneMemcache, "rc:scene:", s.liveCells, clk)
+	s.rw.scenes[1] = scenelimit.New(cfg.SceneMemcache, "s:rc:scene:", s.liveCells, clk)
+	s.acts.issued, s.acts.loaded = s.sceneIssued, s.activitiesLoaded
 	s.rwRecon = newRewardReconMetrics(reg)
+	s.rwMetrics = newRewardMetrics(reg, s)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}

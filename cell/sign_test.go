@@ -109,11 +109,25 @@ var forgeries = []struct {
 		signer.SignRequest(req, time.Now())
 		req.Header.Set(api.HeaderStress, "1")
 	}},
+	{"replayed under another app", func(req *fasthttp.Request, _ []byte, _ string) {
+		req.Header.Set(api.HeaderApp, "chat")
+		signer.SignRequest(req, time.Now())
+		req.Header.Set(api.HeaderApp, "shop")
+	}},
+	{"app added after signing", func(req *fasthttp.Request, _ []byte, _ string) {
+		signer.SignRequest(req, time.Now())
+		req.Header.Set(api.HeaderApp, "shop")
+	}},
+	{"partial flag added after signing", func(req *fasthttp.Request, _ []byte, _ string) {
+		signer.SignRequest(req, time.Now())
+		req.Header.Set(api.HeaderPartial, "1")
+	}},
 }
 
 // TestUnsignedCallsRefused: deposit, send, open and relayed credits that are
 // unsigned, signed with another secret, changed after signing, replayed after
-// the window, dated in the future or moved to the other money space are
+// the window, dated in the future, moved to the other money space or given
+// another app or the partial flag after signing are
 // refused with 401 UNAUTHENTICATED, and no row changes in either cell; the
 // same calls signed properly then succeed, so it was the signature that
 // stopped them. Every call is one the cluster could make, so the rows stay

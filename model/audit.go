@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Ledger is what one cell's rows say about money, read in one consistent
@@ -101,6 +102,90 @@ type AuditReport struct {
 	// Coupons checks the coupon rows against the batches' stock rows
 	// (auditCoupons; CheckCoupons adds the limits).
 	Coupons CouponReport `json:"coupons"`
+	// Copies are the databases found on a cell's server that the cell does
+	// not own by the cluster's shard map: none of their rows is in the sums
+	// above (AddCopies).
+	Copies []DBCopy `json:"copies"`
+}
+
+// The kinds of DBCopy.
+const (
+	CopyHandedOver = "handed_over" // the cell handed it over (a move's release); kept until its move_grace ends
+	CopyFrozen     = "frozen"      // frozen by a move that has not released it yet (sealed: Version > 0)
+	CopyMovingIn   = "moving_in"   // a move's replication channel is copying it onto the server
+	CopyUnrecorded = "unrecorded"  // no move record names it: left by hand, or by a config changed by hand
+)
+
+// DBCopy is a database (db_XX) found on a cell's server that the cell does
+// not own by the cluster's shard map: another cell's money, or nobody's.
+type DBCopy struct {
+	Cell    string `json:"cell"` // the cell whose server holds it
+	DB      int    `json:"db"`
+	Kind    string `json:"kind"`              // CopyHandedOver, CopyFrozen, CopyMovingIn or CopyUnrecorded
+	Version int64  `json:"version,omitempty"` // the map version of its hand-over (handed over, or frozen and sealed)
+	Owner   string `json:"owner"`             // the cell that owns it by the map; "" none
+	// Rows and Changed: of a copy handed over only, read with its digest:
+	// its rows in all, and whether they differ from the digest recorded
+	// when it was handed over (a write reached it after the freeze).
+	Rows    int64 `json:"rows,omitempty"`
+	Changed bool  `json:"changed,omitempty"`
+}
+
+// String is the copy as the audit lists it.
+func (c DBCopy) String() string {
+	owner := c.Owner
+	if owner == "" {
+		owner = "no cell"
+	}
+	s := fmt.Sprintf("%s: db_%02d, owned by %s by the map, ", c.Cell, c.DB, owner)
+	switch c.Kind {
+	case CopyHandedOver:
+		state := "unchanged since"
+		if c.Changed {
+			state = "CHANGED after the hand-over"
+		}
+		return s + fmt.Sprintf("copy handed over under map version %d, %d rows, %s", c.Version, c.Rows, state)
+	case CopyFrozen:
+		if c.Version > 0 {
+			return s + fmt.Sprintf("frozen copy of a hand-over under map version %d, not released yet", c.Version)
+		}
+		return s + "frozen by a move in progress"
+	case CopyMovingIn:
+		return s + "being copied onto this server by a move"
+	}
+	return s + "copy with no move record"
+}
+
+// AddCopies lists copies in r. A copy handed over that changed after the
+// hand-over is a problem (money may have been written where nobody counts
+// it), and so is a copy of a database no cell owns by the map (its rows are
+// in nobody's books); the others are listed only: the cell that owns each by
+// the map counts its rows.
+func (r *AuditReport) AddCopies(copies []DBCopy) {
+	for _, c := range copies {
+		r.Copies = append(r.Copies, c)
+		switch {
+		case c.Kind == CopyHandedOver && c.Changed:
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: db_%02d, handed over under map version %d, changed after the hand-over (%d rows now): compare it with %s's",
+				c.Cell, c.DB, c.Version, c.Rows, ownerOr(c.Owner)))
+		case c.Owner == "":
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: db_%02d is on the cell's server but no cell owns it by the map: its rows are in nobody's books", c.Cell, c.DB))
+		}
+	}
+	sort.Slice(r.Copies, func(i, j int) bool {
+		if r.Copies[i].Cell != r.Copies[j].Cell {
+			return r.Copies[i].Cell < r.Copies[j].Cell
+		}
+		return r.Copies[i].DB < r.Copies[j].DB
+	})
+	sort.Strings(r.Problems)
+}
+
+func ownerOr(owner string) string {
+	if owner == "" {
+		return "the owner"
+	}
+	return owner
 }
 
 // OK reports whether the books balance with no row-level problem.
@@ -110,12 +195,16 @@ func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 
 // broken invariant it finds: per-cell sums that must match, claims without
 // their outbox row (or the other way round, or differing), credits without a
 // claim (invented money), credits of the wrong amount, a claim in two cells, a
-// claim marked delivered but never credited.
+// claim marked delivered but never credited. A problem between rows names
+// where each row is (its cell and database), the act_ids and the amounts in
+// cents, so that an operator can find the rows.
 func Audit(ledgers []Ledger) AuditReport {
 	var r AuditReport
 	claims := map[string]Claim{}
 	credits := map[string]Credit{}
-	delivered := map[string]bool{}
+	claimAt := map[string][]placed[Claim]{}   // every claim row, by claim ID: where it is
+	creditAt := map[string][]placed[Credit]{} // every credit row, by claim ID: where it is
+	delivered := map[string]OutboxRow{}
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
@@ -134,15 +223,11 @@ func Audit(ledgers []Ledger) AuditReport {
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: refund flows %d != packets' refunds %d", l.Cell, l.RefundFlows, l.RefundAmounts))
 		}
 		for id, c := range l.Claims {
-			if _, dup := claims[id]; dup {
-				r.Problems = append(r.Problems, "claim "+id+" is stored in two cells")
-			}
+			claimAt[id] = append(claimAt[id], placed[Claim]{l.Cell, c})
 			claims[id] = c
 		}
 		for id, c := range l.Credits {
-			if _, dup := credits[id]; dup {
-				r.Problems = append(r.Problems, "claim "+id+" was credited in two cells")
-			}
+			creditAt[id] = append(creditAt[id], placed[Credit]{l.Cell, c})
 			credits[id] = c
 		}
 		// A claim and its outbox row are written in one transaction of one
@@ -152,8 +237,19 @@ func Audit(ledgers []Ledger) AuditReport {
 		}
 		for id, o := range l.Outbox {
 			if o.Delivered {
-				delivered[id] = true
+				delivered[id] = o
 			}
+		}
+	}
+	for id, at := range claimAt {
+		if len(at) > 1 {
+			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is stored in %d cells: %s", id, len(at), joinPlaced(at, claimAtText(id))))
+		}
+	}
+	for id, at := range creditAt {
+		if len(at) > 1 {
+			r.Problems = append(r.Problems, fmt.Sprintf("claim %s was credited in %d cells: %s; %s", id, len(at),
+				joinPlaced(at, creditAtText), claimOf(id, claimAt[id])))
 		}
 	}
 	// A credit must match its claim in account and amount. The difference below
@@ -161,11 +257,13 @@ func Audit(ledgers []Ledger) AuditReport {
 	// more than claimed, shows there too.
 	for id, cr := range credits {
 		c, ok := claims[id]
+		at := creditAt[id][len(creditAt[id])-1]
 		switch {
 		case !ok:
-			r.Problems = append(r.Problems, fmt.Sprintf("credit %s of %d to %s has no claim", id, cr.Amount, cr.ActID))
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s of %d cents to %s (%s) has no claim", id, cr.Amount, cr.ActID, creditWhere(at)))
 		case c.Amount != cr.Amount || c.ActID != cr.ActID:
-			r.Problems = append(r.Problems, fmt.Sprintf("credit %s is %d to %s, its claim %d to %s", id, cr.Amount, cr.ActID, c.Amount, c.ActID))
+			r.Problems = append(r.Problems, fmt.Sprintf("credit %s is %d cents to %s (%s), its claim %d cents to %s (%s)",
+				id, cr.Amount, cr.ActID, creditWhere(at), c.Amount, c.ActID, claimWhere(id, claimAt[id][len(claimAt[id])-1].cell)))
 		}
 	}
 	for id, c := range claims {
@@ -174,8 +272,9 @@ func Audit(ledgers []Ledger) AuditReport {
 		}
 		r.InFlight += c.Amount
 		r.InFlightCount++
-		if delivered[id] {
-			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is marked delivered but was never credited", id))
+		if o, ok := delivered[id]; ok {
+			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is marked delivered but was never credited: %d cents owed to %s (claim in %s; the claimant's db_%02d)",
+				id, c.Amount, c.ActID, claimWhere(id, claimAt[id][len(claimAt[id])-1].cell), o.Shard.DB()))
 		}
 	}
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
@@ -184,4 +283,52 @@ func Audit(ledgers []Ledger) AuditReport {
 	auditCoupons(ledgers, &r)
 	sort.Strings(r.Problems)
 	return r
+}
+
+// placed is a row of a ledger with the cell it was read from.
+type placed[T any] struct {
+	cell string
+	row  T
+}
+
+func joinPlaced[T any](at []placed[T], text func(placed[T]) string) string {
+	parts := make([]string, len(at))
+	for i, p := range at {
+		parts[i] = text(p)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// claimWhere names the cell and database of claim id (its packet's
+// database; the cell alone when the ID does not parse).
+func claimWhere(id, cell string) string {
+	if ref, _, err := ParseClaimID(id); err == nil {
+		return fmt.Sprintf("%s, db_%02d", cell, ref.Shard.DB())
+	}
+	return cell
+}
+
+// creditWhere names the cell and database of a credit row (its claimant's).
+func creditWhere(p placed[Credit]) string {
+	return fmt.Sprintf("%s, db_%02d", p.cell, p.row.Shard.DB())
+}
+
+// claimAtText describes a row of claim id (a Claim's ID may be unset).
+func claimAtText(id string) func(placed[Claim]) string {
+	return func(p placed[Claim]) string {
+		return fmt.Sprintf("%s (%d cents to %s)", claimWhere(id, p.cell), p.row.Amount, p.row.ActID)
+	}
+}
+
+func creditAtText(p placed[Credit]) string {
+	return fmt.Sprintf("%s credited %d cents to %s", creditWhere(p), p.row.Amount, p.row.ActID)
+}
+
+// claimOf says where the claim of a claim credited in several cells is.
+func claimOf(id string, at []placed[Claim]) string {
+	if len(at) == 0 {
+		return "no cell holds its claim"
+	}
+	return "its claim: " + joinPlaced(at, claimAtText(id))
 }

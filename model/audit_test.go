@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func ledgers() (Ledger, Ledger) {
@@ -166,5 +168,72 @@ func TestDiffTally(t *testing.T) {
 	var empty DiffTally
 	if empty.Problems() != nil {
 		t.Fatalf("empty tally: %q", empty.Problems())
+	}
+}
+
+// TestAuditNamesWhere: a claim credited in two cells is named with both
+// cells, the databases, the act_ids and the amounts of each credit and of
+// the claim; a credit without a claim and a delivered claim never credited
+// name their cell and database too.
+func TestAuditNamesWhere(t *testing.T) {
+	at := time.UnixMilli(1_760_000_000_000)
+	id := ClaimID(NewPacketID(123, at), 1) // a packet of shard 123: db_12
+	claim := Claim{ID: id, ActID: "alice", Amount: 250}
+	a := Ledger{Cell: "cell-1", Deposits: 1000, Balances: 750, Sends: 250, PacketTotals: 250,
+		Claims: map[string]Claim{id: claim},
+		Outbox: map[string]OutboxRow{id: {ClaimID: id, ActID: "alice", Amount: 250, Shard: 557, Delivered: true}}}
+	b := NewLedger("cell-2")
+	b.Credits[id] = Credit{ClaimID: id, ActID: "alice", Shard: 557, Amount: 250}
+	b.Balances = 250
+	c := NewLedger("cell-3")
+	c.Credits[id] = Credit{ClaimID: id, ActID: "alice", Shard: 557, Amount: 250}
+	c.Balances = 250
+	r := Audit([]Ledger{a, b, c})
+	want := "claim " + id + " was credited in 2 cells: cell-2, db_55 credited 250 cents to alice, cell-3, db_55 credited 250 cents to alice; " +
+		"its claim: cell-1, db_12 (250 cents to alice)"
+	if r.OK() || r.Difference != -250 || !slices.Contains(r.Problems, want) {
+		t.Fatalf("double credit: want difference -250 and the problem\n%s\ngot %d and\n%s", want, r.Difference, strings.Join(r.Problems, "\n"))
+	}
+
+	b = NewLedger("cell-2")
+	b.Credits[id+"9"] = Credit{ClaimID: id + "9", ActID: "mallory", Shard: 801, Amount: 77}
+	b.Balances = 77
+	a.Balances += 250
+	r = Audit([]Ledger{a, b})
+	for _, want := range []string{
+		"credit " + id + "9 of 77 cents to mallory (cell-2, db_80) has no claim",
+		"claim " + id + " is marked delivered but was never credited: 250 cents owed to alice (claim in cell-1, db_12; the claimant's db_55)",
+	} {
+		if !slices.Contains(r.Problems, want) {
+			t.Errorf("want the problem\n%s\ngot\n%s", want, strings.Join(r.Problems, "\n"))
+		}
+	}
+}
+
+// TestAddCopies: copies are listed and never change the sums; one handed
+// over that changed since is a problem, and so is one no cell owns.
+func TestAddCopies(t *testing.T) {
+	a, b := ledgers()
+	r := Audit([]Ledger{a, b})
+	before := r.Difference
+	r.AddCopies([]DBCopy{
+		{Cell: "a", DB: 38, Kind: CopyFrozen, Version: 7, Owner: "b"},
+		{Cell: "a", DB: 12, Kind: CopyHandedOver, Version: 5, Owner: "b", Rows: 40},
+	})
+	if !r.OK() || r.Difference != before || len(r.Copies) != 2 || r.Copies[0].DB != 12 {
+		t.Fatalf("copies listed: %+v", r)
+	}
+	if s := r.Copies[1].String(); s != "a: db_38, owned by b by the map, frozen copy of a hand-over under map version 7, not released yet" {
+		t.Errorf("frozen copy listed as %q", s)
+	}
+	r.AddCopies([]DBCopy{{Cell: "b", DB: 12, Kind: CopyHandedOver, Version: 6, Owner: "a", Rows: 41, Changed: true},
+		{Cell: "b", DB: 90, Kind: CopyUnrecorded}})
+	for _, want := range []string{
+		"b: db_12, handed over under map version 6, changed after the hand-over (41 rows now): compare it with a's",
+		"b: db_90 is on the cell's server but no cell owns it by the map: its rows are in nobody's books",
+	} {
+		if !slices.Contains(r.Problems, want) {
+			t.Errorf("want the problem %q, got %q", want, r.Problems)
+		}
 	}
 }

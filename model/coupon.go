@@ -319,6 +319,30 @@ func ValidateCouponRequest(r CouponRequest) error {
 	return nil
 }
 
+// RefusedAtAccept is r to be stored already decided: refused SOLD_OUT in
+// its accept, because the cell's local copy of the batch's stock showed
+// nothing left (cell/couponq). An accept stores it refused, decided when
+// it was accepted, and no queue takes it; a serial stored before still
+// answers the stored request.
+func RefusedAtAccept(r CouponRequest) CouponRequest {
+	r.State, r.Reason = CouponRefused, ReasonSoldOut
+	return r
+}
+
+// AcceptedForm is r as an accept stores it, once AcceptedMS is set:
+// accepted with nothing decided, or, for a request refused at its accept
+// (RefusedAtAccept), refused SOLD_OUT with DecidedMS its AcceptedMS. Any
+// other state the caller set is ignored: an accept never stores a request
+// issued or deciding.
+func AcceptedForm(r CouponRequest) CouponRequest {
+	refused := r.State == CouponRefused && r.Reason == ReasonSoldOut
+	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = CouponAccepted, "", "", 0, 0
+	if refused {
+		r.State, r.Reason, r.DecidedMS = CouponRefused, ReasonSoldOut, r.AcceptedMS
+	}
+	return r
+}
+
 // Coupon is one issued coupon.
 type Coupon struct {
 	ID       string // CouponID(App, Serial, ActID): one coupon per request

@@ -2,30 +2,106 @@ package model
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
 
-func TestNormalizePhone(t *testing.T) {
+// TestParsePhone: every spelling of a number is one E.164 number (the
+// spellings of issue 27 among them: E.164, spaced, national, after the
+// international prefix "00"), read in the default region unless it starts
+// with '+'; the legacy forms are those bindings stored before numbers were
+// parsed hold for it; what is no valid number is INVALID_ARGUMENT, and the
+// error never repeats it.
+func TestParsePhone(t *testing.T) {
+	for _, c := range []struct {
+		in, region, e164 string
+		legacy           []string // some of the forms Legacy must hold
+	}{
+		{"+8613800138111", "CN", "+8613800138111", []string{"13800138111", "008613800138111", "8613800138111"}},
+		{"+86 138 0013 8111", "CN", "+8613800138111", []string{"13800138111"}},
+		{"13800138111", "CN", "+8613800138111", []string{"13800138111", "008613800138111"}},
+		{"008613800138111", "CN", "+8613800138111", []string{"13800138111", "008613800138111"}},
+		{"8613800138111", "CN", "+8613800138111", []string{"8613800138111"}},
+		{"(010) 6552-9988", "CN", "+861065529988", []string{"01065529988", "1065529988"}},
+		{"+86 138-0013-8111", "DE", "+8613800138111", []string{"13800138111"}},
+		{"030 12345678", "DE", "+493012345678", []string{"03012345678"}},
+		{"+1 650-253-0000", "CN", "+16502530000", []string{"16502530000", "6502530000"}},
+		{"(650) 253-0000", "US", "+16502530000", []string{"6502530000"}},
+	} {
+		p, err := ParsePhone(c.in, c.region)
+		if err != nil || p.E164 != c.e164 {
+			t.Errorf("ParsePhone(%q, %s) = %+v, %v; want %s", c.in, c.region, p, err, c.e164)
+			continue
+		}
+		for _, f := range c.legacy {
+			if !slices.Contains(p.Legacy, f) {
+				t.Errorf("ParsePhone(%q, %s): legacy forms %q lack %q", c.in, c.region, p.Legacy, f)
+			}
+		}
+		if slices.Contains(p.Legacy, p.E164) {
+			t.Errorf("ParsePhone(%q, %s): legacy forms %q hold the E.164 one", c.in, c.region, p.Legacy)
+		}
+	}
+	for _, bad := range []string{"", "+", "12345", "call me", "+86 138", "138001381112", "+86 138 0013 800a",
+		"+0 138 0013 8111", "1234567890123456", "138 0013 8111 x", "138 0013 8111 ext. 5", "1-800-FLOWERS", "86+13800138111", "+8613800138111" + strings.Repeat(" ", 60), "00 1 000 000 0000"} {
+		_, err := ParsePhone(bad, "CN")
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("ParsePhone(%q): %v, want INVALID_ARGUMENT", bad, err)
+			continue
+		}
+		if digits := strings.Trim(bad, "+ "); len(digits) >= 6 && strings.Contains(err.Error(), digits) {
+			t.Errorf("ParsePhone(%q): the error repeats the number: %v", bad, err)
+		}
+	}
+	for region, ok := range map[string]bool{"CN": true, "DE": true, "US": true, "": false, "cn": false, "XX": false, "CHN": false} {
+		if err := ValidPhoneRegion(region); (err == nil) != ok {
+			t.Errorf("ValidPhoneRegion(%q): %v", region, err)
+		}
+	}
+}
+
+// TestLegacyPhoneForm: the form bindings were keyed on before numbers were
+// parsed, kept as it was so that those bindings are found.
+func TestLegacyPhoneForm(t *testing.T) {
 	for in, want := range map[string]string{
 		"+86 138-0013-8000": "+8613800138000",
 		"(030) 1234.5678":   "03012345678",
 		"+1 (415) 555-0100": "+14155550100",
 		"123456":            "123456",
 	} {
-		if got, err := NormalizePhone(in); err != nil || got != want {
-			t.Errorf("NormalizePhone(%q) = %q, %v; want %q", in, got, err, want)
+		if got, err := legacyPhoneForm(in); err != nil || got != want {
+			t.Errorf("legacyPhoneForm(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{"", "+", "12345", "1234567890123456", "+86 138 0013 800a", "86+13800138000", "+86\t13800138000", "++8613800138000"} {
-		_, err := NormalizePhone(bad)
-		if !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("NormalizePhone(%q): %v, want INVALID_ARGUMENT", bad, err)
-			continue
+		if _, err := legacyPhoneForm(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("legacyPhoneForm(%q): %v, want INVALID_ARGUMENT", bad, err)
 		}
-		if digits := strings.Trim(bad, "+ "); len(digits) >= 6 && strings.Contains(err.Error(), digits) {
-			t.Errorf("NormalizePhone(%q): the error repeats the number: %v", bad, err)
-		}
+	}
+}
+
+// TestBindLegacy: a binding stored under a legacy form of the phone asked
+// for is a repeat that keeps its actID and is re-keyed to the E.164 hash;
+// one of another phone is still a conflict.
+func TestBindLegacy(t *testing.T) {
+	key := []byte("key-one-0123456789abcdef")
+	old := IdentityBinding{App: "chat", AppUserID: "u1", ActID: PhoneActID(key, "13800138111"), PhoneHash: PhoneHash(key, "13800138111"), CreatedMS: 5}
+	p, err := ParsePhone("+86 138 0013 8111", "CN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := NewBinding(key, "chat", "u1", p.E164, 9)
+	b, repeat, err := Bind(&old, want, LegacyPhoneHashes(key, p)...)
+	if err != nil || !repeat || b.ActID != old.ActID || b.CreatedMS != 5 || b.PhoneHash != PhoneHash(key, "+8613800138111") {
+		t.Errorf("legacy row: %+v, repeat %v, %v; want its act_id, re-keyed", b, repeat, err)
+	}
+	if _, _, err := Bind(&old, want); !errors.Is(err, ErrIdentityConflict) {
+		t.Errorf("legacy row without the legacy hashes: %v, want IDENTITY_CONFLICT", err)
+	}
+	q, _ := ParsePhone("13800138112", "CN")
+	if _, _, err := Bind(&old, NewBinding(key, "chat", "u1", q.E164, 9), LegacyPhoneHashes(key, q)...); !errors.Is(err, ErrIdentityConflict) {
+		t.Errorf("legacy row, another phone: %v, want IDENTITY_CONFLICT", err)
 	}
 }
 

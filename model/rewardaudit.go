@@ -154,6 +154,7 @@ type RewardRecon struct {
 	Flows           int64    // reward flows created in the window
 	FlowCents       Cents    // their sum
 	Missing         []string // booked official cash rewards without their flow (order numbers, at most 20)
+	Pending         int64    // rewards not booked (any age)
 	StalePending    int64    // rewards not booked, issued before the window's end less the stale age
 	OldestPendingMS int64    // issue time of the oldest reward not booked (0: none)
 }

@@ -35,7 +35,7 @@ func signNetHTTP(t *testing.T, req *http.Request, body string) {
 	t.Helper()
 	ts := time.Now().UnixMilli()
 	req.Header.Set(api.HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(api.HeaderSignature, api.Sign([]byte(testSecret), req.Method, req.URL.RequestURI(), req.Header.Get(api.HeaderStress) == "1", ts, []byte(body)))
+	req.Header.Set(api.HeaderSignature, api.Sign([]byte(testSecret), req.Method, req.URL.RequestURI(), api.Covered{Stress: req.Header.Get(api.HeaderStress) == "1", App: req.Header.Get(api.HeaderApp)}, ts, []byte(body)))
 }
 
 // call sends one request with the given headers and returns the status, the
@@ -315,7 +315,7 @@ func TestStressMarkNeedsSignature(t *testing.T) {
 		h := bearerHdr(testKey)
 		h[api.HeaderStress] = "1"
 		h[api.HeaderTimestamp] = strconv.FormatInt(ts, 10)
-		h[api.HeaderSignature] = api.Sign([]byte(secret), "POST", path, true, ts, []byte(signedBody))
+		h[api.HeaderSignature] = api.Sign([]byte(secret), "POST", path, api.Covered{Stress: true}, ts, []byte(signedBody))
 		return h
 	}
 	now := time.Now().UnixMilli()

@@ -294,18 +294,25 @@ func TestWrongCellNoRetryPastDeadline(t *testing.T) {
 
 // TestForwardSigned: what the router forwards arrives signed over exactly what
 // the cell reads (the request target with its query, the body, the stress
-// flag), and the cell's check accepts it; signature headers a client sent are
-// replaced. A router keyed with another secret is refused.
+// flag, the app of the caller's key on the coupon routes), and the cell's check
+// accepts it; signature headers a client sent are replaced. The same call
+// with its app changed (a capture replayed under another app's name) is
+// refused. A router keyed with another secret is refused.
 func TestForwardSigned(t *testing.T) {
 	signer := api.NewSigner(testSecret)
 	type seen struct {
-		target, body string
-		stress, ok   bool
+		target, body, app string
+		stress, ok        bool
+		otherAppOK        bool // the call verified with its app changed
 	}
 	got := make(chan seen, 1)
 	addr := serveCell(t, func(rc *fasthttp.RequestCtx) {
 		ok := signer.VerifyRequest(&rc.Request, time.Now())
-		got <- seen{string(rc.RequestURI()), string(rc.PostBody()), api.IsStress(&rc.Request.Header), ok}
+		var replay fasthttp.Request
+		rc.Request.CopyTo(&replay)
+		replay.Header.Set(api.HeaderApp, "reader-app")
+		got <- seen{string(rc.RequestURI()), string(rc.PostBody()), string(rc.Request.Header.Peek(api.HeaderApp)),
+			api.IsStress(&rc.Request.Header), ok, signer.VerifyRequest(&replay, time.Now())}
 		if !ok {
 			rc.SetStatusCode(401)
 			rc.SetBodyString(`{"error":{"code":"UNAUTHENTICATED","message":"unsigned"}}`)
@@ -320,11 +327,15 @@ func TestForwardSigned(t *testing.T) {
 	for _, c := range []struct {
 		method, path, body string
 		stress             bool
+		app                string // the app the cell should be told
 	}{
-		{"GET", "/v1/packets/" + id + "?after=2&limit=5", "", false},
-		{"POST", "/v1/packets/" + id + "/open", `{"act_id":"bob"}`, true},
-		{"POST", "/v1/accounts/bob/deposit", `{"amount":1,"order_no":"d1"}`, false},
-		{"GET", "/v1/accounts/bob?x=%2F", "", false}, // the cell gets the target as sent, signed
+		{"GET", "/v1/packets/" + id + "?after=2&limit=5", "", false, ""},
+		{"POST", "/v1/packets/" + id + "/open", `{"act_id":"bob"}`, true, ""},
+		{"POST", "/v1/accounts/bob/deposit", `{"amount":1,"order_no":"d1"}`, false, ""},
+		{"GET", "/v1/accounts/bob?x=%2F", "", false, ""}, // the cell gets the target as sent, signed
+		{"POST", api.CouponIssuePath, `{"act_id":"bob","batch_id":"b1","serial_no":"s1"}`, false, "test-app"},
+		{"POST", api.CouponIssuePath, `{"act_id":"bob","batch_id":"b1","serial_no":"s1"}`, true, "test-app"},
+		{"GET", api.CouponStatePath("s1", "bob"), "", false, "test-app"},
 	} {
 		req := fasthttp.AcquireRequest()
 		resp := fasthttp.AcquireResponse()
@@ -332,6 +343,7 @@ func TestForwardSigned(t *testing.T) {
 		req.Header.SetMethod(c.method)
 		req.Header.Set(api.HeaderTimestamp, "1")      // a client's own try
 		req.Header.Set(api.HeaderSignature, "forged") // is replaced
+		req.Header.Set(api.HeaderApp, "reader-app")   // is replaced too
 		if c.stress {
 			req.Header.Set(api.HeaderStress, "1")
 		}
@@ -347,8 +359,11 @@ func TestForwardSigned(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := <-got
-		if resp.StatusCode() != 200 || !s.ok || s.body != c.body || s.stress != c.stress {
+		if resp.StatusCode() != 200 || !s.ok || s.body != c.body || s.stress != c.stress || s.app != c.app {
 			t.Errorf("%s %s: status %d, cell saw %+v", c.method, c.path, resp.StatusCode(), s)
+		}
+		if s.otherAppOK {
+			t.Errorf("%s %s: the call verifies with its app changed to another", c.method, c.path)
 		}
 		if c.method == "GET" && s.target != string(req.URI().RequestURI()) {
 			t.Errorf("%s %s: the cell got target %q", c.method, c.path, s.target)

@@ -582,13 +582,6 @@ func (r *Router) accept(rc *fasthttp.RequestCtx, now time.Time) (target, error) 
 	if err != nil {
 		return t, err
 	}
-	// The coupon routes tell the cell the calling app (a serial_no is
-	// unique per app); a client cannot choose it.
-	rc.Request.Header.Del(api.HeaderApp)
-	switch t.route.ID {
-	case api.RouteCouponIssue, api.RouteCouponState:
-		rc.Request.Header.Set(api.HeaderApp, app)
-	}
 	if t.route.Key == api.KeyActQuery {
 		t.key = string(rc.QueryArgs().Peek("act_id"))
 	}
@@ -597,6 +590,15 @@ func (r *Router) accept(rc *fasthttp.RequestCtx, now time.Time) (target, error) 
 	}
 	if api.IsStress(&rc.Request.Header) && !r.signer.VerifyRequest(&rc.Request, now) {
 		return t, errStressUnsigned
+	}
+	// The coupon routes tell the cell the calling app (a serial_no is
+	// unique per app); a client cannot choose it. Set after the stress
+	// mark's check, which is of the request as the client signed it; the
+	// signature the cell checks covers it (api.Covered).
+	rc.Request.Header.Del(api.HeaderApp)
+	switch t.route.ID {
+	case api.RouteCouponIssue, api.RouteCouponState:
+		rc.Request.Header.Set(api.HeaderApp, app)
 	}
 	return t, t.locate(rc.PostBody())
 }
@@ -701,7 +703,7 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 	req.Header.Del(fasthttp.HeaderAuthorization)
 	// Last, once the request is what the cell will read: the deadline header,
 	// then the signature over the method, the request target (path and query,
-	// as the request line will carry them), the stress flag and the body,
+	// as the request line will carry them), the stress flag, the app and the body,
 	// replacing any signature headers the client sent. It allocates nothing.
 	cellclient.Stamp(req, r.signer, deadline, now)
 	resp := &rc.Response

@@ -15,21 +15,21 @@ import (
 // acceptSavepoint is where acceptAll's statement list goes back to.
 const acceptSavepoint = "accepts_bulk"
 
-// couponAcceptArgs are the INSERT arguments of a request stored as
-// accepted, in couponReqCols order.
+// couponAcceptArgs are the INSERT arguments of a request as an accept
+// stores it (acceptedAs), in couponReqCols order.
 func couponAcceptArgs(r model.CouponRequest) []any {
+	r = acceptedAs(r)
 	return []any{r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, r.Green, r.DeviceID, r.ClientIP,
-		string(model.CouponAccepted), "", "", r.AcceptedMS, 0, 0}
+		string(r.State), string(r.Reason), "", r.AcceptedMS, 0, r.DecidedMS}
 }
 
-// acceptedAs is r as an accept stores it: accepted, nothing decided.
-func acceptedAs(r model.CouponRequest) model.CouponRequest {
-	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
-	return r
-}
+// acceptedAs is r as an accept stores it (model.AcceptedForm): accepted,
+// nothing decided, or refused SOLD_OUT at its accept.
+func acceptedAs(r model.CouponRequest) model.CouponRequest { return model.AcceptedForm(r) }
 
 // acceptCouponsTx stores the coupon requests of a group's OpAccept ops, as
-// AcceptCoupon does one: a new (app, serial) is stored accepted, a stored
+// AcceptCoupon does one: a new (app, serial) is stored accepted (or
+// refused, model.RefusedAtAccept), a stored
 // one answers the stored request (Repeat) or ErrOrderConflict
 // (model.ReplayCouponRequest), an invalid request ErrInvalidArgument (op.Err
 // each, nothing of that op written). First acceptAll tries the whole group

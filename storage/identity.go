@@ -34,9 +34,11 @@ func (m *MySQL) identityDDL(s model.ShardID) []string {
 // BindIdentity implements Identities. One statement stores want unless the
 // account's row is there (INSERT ... ON DUPLICATE KEY UPDATE app = app: 1 row
 // affected when it was stored, 0 when a row was there); then the row is read
-// and decided against (model.Bind). A lost answer is harmless: the retry
-// finds the row and answers it as a repeat.
-func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error) {
+// and decided against (model.Bind). A row of a legacy form is re-keyed by one
+// UPDATE of its phone_hash, made only while it still holds the hash read, so
+// that it never overwrites another request's: its act_id stays. A lost answer
+// is harmless: the retry finds the row and answers it as a repeat.
+func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
 	if err := m.ensure(ctx, ensureKey{shard: s, day: identityDay}, m.identityDDL(s)); err != nil {
 		return model.IdentityBinding{}, false, err
 	}
@@ -66,5 +68,12 @@ func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.Id
 		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %s/%s found the row of %s/%s (the table's collation ignores case)",
 			want.App, want.AppUserID, have.App, have.AppUserID)
 	}
-	return model.Bind(&have, want)
+	b, repeat, err := model.Bind(&have, want, legacy...)
+	if err == nil && b.PhoneHash != have.PhoneHash {
+		if _, err := m.db.ExecContext(ctx, "UPDATE "+m.identityTable(s)+" SET phone_hash = ? WHERE app = ? AND app_user_id = ? AND phone_hash = ?",
+			b.PhoneHash, have.App, have.AppUserID, have.PhoneHash); err != nil {
+			return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: re-key the legacy row of %s/%s: %w", have.App, have.AppUserID, err)
+		}
+	}
+	return b, repeat, err
 }

@@ -222,15 +222,16 @@ func scanAccounts(rows *sql.Rows, l *model.Ledger) error {
 // per credit.
 func (m *MySQL) ledgerFlowSQL(t tableRef) string {
 	f := m.flowTable(t.shard)
-	return fmt.Sprintf("SELECT kind AS k, '' AS id, SUM(amount) AS v FROM %s WHERE kind <> 'credit' GROUP BY kind "+
-		"UNION ALL SELECT 'credit', CONCAT(order_no, ' ', act_id), amount FROM %s WHERE kind = 'credit'", f, f)
+	return fmt.Sprintf("SELECT kind AS k, '' AS id, SUM(amount) AS v, %d AS sh FROM %s WHERE kind <> 'credit' GROUP BY kind "+
+		"UNION ALL SELECT 'credit', CONCAT(order_no, ' ', act_id), amount, %d FROM %s WHERE kind = 'credit'", int(t.shard), f, int(t.shard), f)
 }
 
 func scanFlows(rows *sql.Rows, l *model.Ledger) error {
 	for rows.Next() {
 		var kind, order string
 		var sum int64
-		if err := rows.Scan(&kind, &order, &sum); err != nil {
+		var shard model.ShardID
+		if err := rows.Scan(&kind, &order, &sum, &shard); err != nil {
 			return err
 		}
 		switch kind {
@@ -251,7 +252,7 @@ func scanFlows(rows *sql.Rows, l *model.Ledger) error {
 				l.Problems = append(l.Problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, prev.ActID, act))
 				sum += int64(prev.Amount)
 			}
-			l.Credits[id] = model.Credit{ClaimID: id, ActID: act, Amount: model.Cents(sum)}
+			l.Credits[id] = model.Credit{ClaimID: id, ActID: act, Shard: shard, Amount: model.Cents(sum)}
 		default:
 			l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q", kind))
 		}

@@ -7,9 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+
+	"redcell/model"
 )
 
 // A cell's shard ownership survives restarts in its own database, so that a
@@ -250,7 +254,11 @@ const digestWorkers = 4
 // once (a move's verify runs inside its freeze), each group with one
 // statement counting its tables' rows and one CHECKSUM TABLE over them.
 func DBDigest(ctx context.Context, q *sql.DB, db int) (Digest, error) {
-	schemas := MoveSchemas(db)
+	return digestOf(ctx, q, db, MoveSchemas(db))
+}
+
+// digestOf is DBDigest of database db's schemas named.
+func digestOf(ctx context.Context, q *sql.DB, db int, schemas []string) (Digest, error) {
 	rows, err := q.QueryContext(ctx, "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema IN (?, ?) AND table_type = 'BASE TABLE'",
 		schemas[0], schemas[1])
 	if err != nil {
@@ -349,8 +357,103 @@ func (m *MySQL) ForgetMovedOut(ctx context.Context, cell string, db int) error {
 	return nil
 }
 
-// Digest is DBDigest of database db on this store's server.
-func (m *MySQL) Digest(ctx context.Context, db int) (Digest, error) { return DBDigest(ctx, m.db, db) }
+// Digest is DBDigest of database db on this store's server (of its
+// schemas under the store's name prefix, moveSchemas).
+func (m *MySQL) Digest(ctx context.Context, db int) (Digest, error) {
+	return digestOf(ctx, m.db, db, m.moveSchemas(db))
+}
+
+// moveSchemas are MoveSchemas of database db for the real and the shadow
+// store, and the same two under the name prefix of a store of a test's own
+// databases.
+func (m *MySQL) moveSchemas(db int) []string {
+	base := m.ns
+	if base == ShadowPrefix {
+		base = ""
+	}
+	return []string{fmt.Sprintf("%sdb_%02d", base, db), fmt.Sprintf("%s%sdb_%02d", base, ShadowPrefix, db)}
+}
+
+// Copies lists the databases of the store's space on its server that keep
+// does not accept (the cell does not own them by the cluster's shard map),
+// ascending, each as the moves left it (a model.DBCopy without its Owner):
+// handed over by cell (a record of MovedOuts with a digest), with its rows
+// and whether they changed since the hand-over (its Digest read now against
+// the recorded one); frozen by a move of cell (a record without a digest);
+// being copied onto the server (a move's replication channel,
+// MoveChannels); or none of these. It reads the digest of the copies
+// handed over only: every table of each.
+func (m *MySQL) Copies(ctx context.Context, cell string, keep func(db int) bool) ([]model.DBCopy, error) {
+	present, err := m.databases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mos, err := m.MovedOuts(ctx, cell)
+	if err != nil {
+		return nil, err
+	}
+	record := map[int]MovedOut{}
+	for _, mo := range mos {
+		record[mo.DB] = mo
+	}
+	chans, err := m.MoveChannels(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.DBCopy
+	for _, db := range present {
+		if keep(db) {
+			continue
+		}
+		c := model.DBCopy{Cell: cell, DB: db, Kind: model.CopyUnrecorded}
+		mo, recorded := record[db]
+		switch {
+		case recorded && mo.Digest != "":
+			d, err := m.Digest(ctx, db)
+			if err != nil {
+				return nil, err
+			}
+			c.Kind, c.Version, c.Changed = model.CopyHandedOver, mo.Version, d.Sum() != mo.Digest
+			for _, t := range d {
+				c.Rows += t.Rows
+			}
+		case recorded:
+			c.Kind, c.Version = model.CopyFrozen, mo.Version
+		case slices.Contains(chans, db):
+			c.Kind = model.CopyMovingIn
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// databases lists the databases (db_XX) of the store's space on its server,
+// ascending.
+func (m *MySQL) databases(ctx context.Context) ([]int, error) {
+	rows, err := m.db.QueryContext(ctx, "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE ?",
+		strings.ReplaceAll(m.ns+"db_", "_", "\\_")+"%")
+	if err != nil {
+		return nil, fmt.Errorf("storage: list databases: %w", err)
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		db, err := strconv.Atoi(strings.TrimPrefix(name, m.ns+"db_"))
+		if err != nil || db < 0 || db >= model.DBCount || len(name) != len(m.ns)+5 {
+			continue
+		}
+		out = append(out, db)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("storage: list databases: %w", err)
+	}
+	sort.Ints(out)
+	return out, nil
+}
 
 // MoveChannels lists the databases a move's replication channel (move_db_XX)
 // is copying onto this server.

@@ -616,8 +616,10 @@ func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) (
 func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS, FlowsCounted: countFlows}
 	rt := m.rewardTable(db)
-	err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(created_ms), 0) FROM "+rt+" WHERE status <> ? AND created_ms < ?",
-		model.RewardBooked, staleMS).Scan(&out.StalePending, &out.OldestPendingMS)
+	// One range of k_status (status, created_ms): every reward not booked,
+	// the stale ones among them counted apart.
+	err := m.db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(created_ms < ?), 0), COALESCE(MIN(CASE WHEN created_ms < ? THEN created_ms END), 0) FROM "+rt+" WHERE status <> ?",
+		staleMS, staleMS, model.RewardBooked).Scan(&out.Pending, &out.StalePending, &out.OldestPendingMS)
 	if isMySQLErr(err, errNoSuchTable) {
 		return out, nil // no reward was ever issued in db
 	}

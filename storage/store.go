@@ -185,10 +185,15 @@ type Identities interface {
 	// BindIdentity stores want (model.NewBinding) in shard s, the home of
 	// its app account (sharding.ShardOfIdentity), unless the account is bound
 	// already: then model.Bind decides against the binding there. It answers
-	// the binding that holds and repeat (bound before; nothing written).
-	// Concurrent first bindings of one account store one; the others are
-	// decided against it. Errors: model.ErrIdentityConflict.
-	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error)
+	// the binding that holds and repeat (bound before). legacy are the
+	// hashes of want's phone in the forms of bindings stored before numbers
+	// were parsed (model.LegacyPhoneHashes): a row holding one is the same
+	// phone, answered as a repeat with its actID, and re-keyed to
+	// want.PhoneHash (the only write of a repeat), so that every spelling
+	// of the number finds it from then on. Concurrent first bindings of one
+	// account store one; the others are decided against it. Errors:
+	// model.ErrIdentityConflict.
+	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error)
 }
 
 // Coupons is the person side of coupon issuance: the issue requests and the
@@ -197,8 +202,10 @@ type Identities interface {
 // no reserve, as many units as requests): coupons carry their lease, so a
 // lease whose holder died is settled by counting them (CouponLeaseSpent).
 type Coupons interface {
-	// AcceptCoupon stores r as accepted (AcceptedMS now when 0) unless its
-	// app and serial are stored: then model.ReplayCouponRequest decides
+	// AcceptCoupon stores r as accepted (AcceptedMS now when 0), or
+	// refused SOLD_OUT and decided at once when r is
+	// model.RefusedAtAccept (model.AcceptedForm), unless its app and
+	// serial are stored: then model.ReplayCouponRequest decides
 	// against the stored request, which is answered with repeat set.
 	// Errors: ErrInvalidArgument (model.ValidateCouponRequest),
 	// ErrOrderConflict, ErrCommitUnknown.

@@ -335,7 +335,7 @@ func TestStampAllocatesNothing(t *testing.T) {
 		t.Errorf("deadline header %q", got)
 	}
 	ts := string(req.Header.Peek(api.HeaderTimestamp))
-	if want := api.Sign([]byte(secret), "GET", "/v1/accounts/bob", false, now.UnixMilli(), nil); ts != strconv.FormatInt(now.UnixMilli(), 10) ||
+	if want := api.Sign([]byte(secret), "GET", "/v1/accounts/bob", api.Covered{}, now.UnixMilli(), nil); ts != strconv.FormatInt(now.UnixMilli(), 10) ||
 		string(req.Header.Peek(api.HeaderSignature)) != want {
 		t.Errorf("stamped at %s with signature %s, want %s", ts, req.Header.Peek(api.HeaderSignature), want)
 	}

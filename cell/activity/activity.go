@@ -5,9 +5,14 @@
 // request is the one whose window holds the request's time, so upstream
 // never names a stage. A child has rewards; a reward has scenes; a scene says
 // what it pays (award type and amount rule), how much in all (budget in
-// cents, or stock in count), how fast (rate limit), whether booking is
-// retried (compensate), whether stock is controlled, and which account it
-// pays into.
+// cents, or stock in count), how fast (rate limit, for the whole cluster),
+// whether stock is controlled and how much of it is held back (reserve
+// percent), and which account it pays into.
+//
+// A scene's "compensate" key is no longer read: every booking is retried
+// until it is booked (the booker takes a pending reward again and again), so
+// there is nothing to switch. A file that still has it loads, with a warning
+// (Tree.Warnings).
 //
 // Load parses and validates a file; a Tree is immutable once loaded, so a
 // reload swaps the whole tree (Holder) and a request uses one tree from start
@@ -103,13 +108,21 @@ type Scene struct {
 	Budget int64 `yaml:"budget"`
 	// Stock is the pieces a coupon-kind scene may issue in all.
 	Stock int64 `yaml:"stock"`
-	// RateLimit bounds the scene's issues per second.
+	// RateLimit bounds the scene's issues for the whole cluster: over any
+	// span T, at most Burst + PerSec·T summed over all cells.
 	RateLimit Rate `yaml:"rate_limit"`
-	// Compensate: a booking that fails is retried until it is booked.
-	Compensate bool `yaml:"compensate"`
+	// Compensate is read only to warn that it does nothing (Tree.Warnings):
+	// every booking is retried until it is booked, whatever it says, since a
+	// reward left unbooked would be money shown to a person and never paid.
+	Compensate *bool `yaml:"compensate"`
 	// ControlStock: issuing draws down Budget or Stock and stops short of
 	// it; false issues without a cap (a scene the operator caps elsewhere).
 	ControlStock bool `yaml:"control_stock"`
+	// ReservePercent is the part of Budget or Stock, in percent (0..99),
+	// held back: issuing stops once what is left of it reaches this (the
+	// seed stopped at 10 % of stock left). nil: DefaultReservePercent. Only
+	// a scene that controls its stock has one.
+	ReservePercent *int `yaml:"reserve_percent"`
 	// PayInto is the account the scene pays into: "wallet" (the person's
 	// wallet of the child's stage), the only one so far.
 	PayInto string `yaml:"pay_into"`
@@ -121,23 +134,67 @@ type AmountRule struct {
 	Max int64 `yaml:"max"`
 }
 
-// Rate is a token bucket: PerSec sustained, Burst back to back.
+// Rate is a token bucket: PerSec sustained, Burst back to back. The cells
+// keep it in memcached (cell/scenelimit), which bounds it: PerSec at most
+// RatePerSecMax, Burst at most RateBurstSecsMax seconds of PerSec.
 type Rate struct {
 	PerSec int `yaml:"per_sec"`
 	Burst  int `yaml:"burst"`
 }
 
+// Bounds of a scene's rate_limit: a million issues a second (above the
+// seed's peak of 1.8 million for all scenes, per scene), a burst of at
+// most a day of the rate (the shared bucket lives as long as its burst
+// takes to refill).
+const (
+	RatePerSecMax    = 1_000_000
+	RateBurstSecsMax = 86_400
+)
+
 // PayIntoWallet is the one account a scene pays into so far.
 const PayIntoWallet = "wallet"
+
+// DefaultReservePercent is a scene's reserve when the file sets none: the
+// 10 % of stock left at which the seed stopped issuing.
+const DefaultReservePercent = 10
+
+// ReservePercentMax bounds reserve_percent: 100 would never issue.
+const ReservePercentMax = 99
+
+// Total is what the scene may issue in all: Budget (cash, cents) or Stock
+// (coupon kinds, pieces).
+func (s *Scene) Total() int64 {
+	if s.AwardType == AwardCash {
+		return s.Budget
+	}
+	return s.Stock
+}
+
+// Reserve is the part of total (the scene's Total, or a caller's copy of
+// it) held back: ReservePercent of it, rounded down, never below 0.
+func (s *Scene) Reserve(total int64) int64 {
+	pct := int64(DefaultReservePercent)
+	if s.ReservePercent != nil {
+		pct = int64(*s.ReservePercent)
+	}
+	if total <= 0 || pct <= 0 {
+		return 0
+	}
+	return total/100*pct + total%100*pct/100 // no overflow for any int64 total
+}
 
 // Tree is a loaded, valid configuration. Safe for concurrent use: never
 // changed after Parse.
 type Tree struct {
 	parents map[string]*Parent
-	order   []string  // parent IDs, as in the file
-	Version string    // the first 12 hex digits of the file's SHA-256
-	Loaded  time.Time // when it was loaded
-	Path    string    // the file it came from
+	order   []string // parent IDs, as in the file
+	// Warnings are what the file holds that loads but does nothing (a
+	// scene's compensate), each "where: what"; the cell logs them and the
+	// admin port answers them.
+	Warnings []string
+	Version  string    // the first 12 hex digits of the file's SHA-256
+	Loaded   time.Time // when it was loaded
+	Path     string    // the file it came from
 }
 
 // Load reads, parses and validates the file at path (Parse).
@@ -164,13 +221,31 @@ func Parse(b []byte, now time.Time) (*Tree, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
-	t := &Tree{parents: map[string]*Parent{}, Version: yamlfile.Version(b), Loaded: now}
+	t := &Tree{parents: map[string]*Parent{}, Version: yamlfile.Version(b), Loaded: now, Warnings: f.warnings()}
 	for i := range f.Activities {
 		p := &f.Activities[i]
 		t.parents[p.ID] = p
 		t.order = append(t.order, p.ID)
 	}
 	return t, nil
+}
+
+// warnings lists the keys f holds that load but do nothing.
+func (f *File) warnings() []string {
+	var ws []string
+	for i, p := range f.Activities {
+		for j, c := range p.Children {
+			for k, r := range c.Rewards {
+				for l, sc := range r.Scenes {
+					if sc.Compensate != nil {
+						ws = append(ws, fmt.Sprintf("activities[%d].children[%d].rewards[%d].scenes[%d].compensate: no longer read, remove it "+
+							"(every booking is retried until it is booked)", i, j, k, l))
+					}
+				}
+			}
+		}
+	}
+	return ws
 }
 
 // Problems is every problem Validate found, each "where: what".
@@ -317,11 +392,21 @@ func validateScene(s Scene, sw string, bad func(where, format string, args ...an
 			bad(sw+".template_id", "a %s scene names its coupon template: %v", s.AwardType, err)
 		}
 	}
-	if s.RateLimit.PerSec < 1 || s.RateLimit.Burst < 1 {
-		bad(sw+".rate_limit", "per_sec and burst must be >= 1, got %+v", s.RateLimit)
+	if r := s.RateLimit; r.PerSec < 1 || r.Burst < 1 || r.PerSec > RatePerSecMax {
+		bad(sw+".rate_limit", "per_sec and burst must be >= 1, per_sec at most %d, got %+v", RatePerSecMax, r)
+	} else if r.Burst/r.PerSec > RateBurstSecsMax {
+		bad(sw+".rate_limit", "burst %d is more than %d s of per_sec %d", r.Burst, RateBurstSecsMax, r.PerSec)
 	}
 	if s.PayInto != PayIntoWallet {
 		bad(sw+".pay_into", "unknown account %q (wallet)", s.PayInto)
+	}
+	if p := s.ReservePercent; p != nil {
+		if *p < 0 || *p > ReservePercentMax {
+			bad(sw+".reserve_percent", "must be 0..%d, got %d", ReservePercentMax, *p)
+		}
+		if !s.ControlStock {
+			bad(sw+".reserve_percent", "only a scene with control_stock: true holds a reserve back")
+		}
 	}
 }
 
@@ -479,9 +564,9 @@ func (t *Tree) CheckIssued(issued Issued) error {
 		for _, c := range p.Children {
 			for _, r := range c.Rewards {
 				for _, s := range r.Scenes {
-					limit, what := s.Budget, "budget"
+					limit, what := s.Total(), "budget"
 					if s.AwardType != AwardCash {
-						limit, what = s.Stock, "stock"
+						what = "stock"
 					}
 					if n := issued(p.ID, c.ID, s.ID); s.ControlStock && n > limit {
 						ps = append(ps, fmt.Sprintf("%s/%s/%s: %s %d is below the %d already issued", p.ID, c.ID, s.ID, what, limit, n))

@@ -19,11 +19,13 @@ type Config struct {
 	// leases' remainders for a minute at most before a restarted cell or an
 	// operator may settle them.
 	TTL time.Duration
-	// Reserve is what the home holds back from leases, given the total:
-	// issuing stops when Total − Outstanding reaches it. Default total/10,
-	// as the seed stopped issuing at 10% of stock left; a scene that may
-	// issue all of its budget sets a func answering 0. A result below 0 is 0.
-	Reserve func(total int64) int64
+	// Reserve is what the home holds back from leases of a key, given the
+	// key's total: issuing stops when Total − Outstanding reaches it. It is
+	// asked at each lease fetch, so a reload that changes it counts from the
+	// next lease. Default total/10, as the seed stopped issuing at 10% of
+	// stock left; the cell answers each scene's reserve_percent. A result
+	// below 0 is 0.
+	Reserve func(key string, total int64) int64
 	// RefillBelow, in (0, 1): when what the usable leases of a key have left
 	// falls below this fraction of a chunk, or the newest of them has less
 	// than this fraction of TTL to run, the next lease is fetched in the
@@ -46,7 +48,7 @@ func DefaultConfig() Config {
 	return Config{
 		Chunk:         func(total int64) int64 { return max(1, total/200) },
 		TTL:           60 * time.Second,
-		Reserve:       func(total int64) int64 { return total / 10 },
+		Reserve:       func(_ string, total int64) int64 { return total / 10 },
 		RefillBelow:   0.25,
 		FetchTimeout:  5 * time.Second,
 		ExhaustedWait: time.Second,

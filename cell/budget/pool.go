@@ -215,7 +215,7 @@ func (p *Pool) lowLocked(kp *keyPool, now time.Time, total int64) bool {
 
 func (p *Pool) chunk(total int64) int64 { return max(1, p.cfg.Chunk(total)) }
 
-func (p *Pool) reserve(total int64) int64 { return max(0, p.cfg.Reserve(total)) }
+func (p *Pool) reserve(key string, total int64) int64 { return max(0, p.cfg.Reserve(key, total)) }
 
 // startFetchLocked starts the home call for a new lease of kp: of a chunk,
 // or of amount if that is more. It runs apart from any caller's cancellation
@@ -225,7 +225,7 @@ func (p *Pool) startFetchLocked(ctx context.Context, kp *keyPool, total, amount 
 	invariant.That(kp.fetch == nil, "budget: two fetches of one key")
 	f := &fetch{done: make(chan struct{})}
 	kp.fetch = f
-	want, reserve := max(p.chunk(total), amount), p.reserve(total)
+	want, reserve := max(p.chunk(total), amount), p.reserve(kp.key, total)
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, p.cfg.FetchTimeout)

@@ -239,7 +239,7 @@ func TestExhaustedAtTheReserve(t *testing.T) {
 	}
 
 	r = newRig(t, 100)
-	p = r.pool("cell-a", Config{Chunk: func(int64) int64 { return 20 }, Reserve: func(int64) int64 { return 0 }})
+	p = r.pool("cell-a", Config{Chunk: func(int64) int64 { return 20 }, Reserve: func(string, int64) int64 { return 0 }})
 	for i := range 10 {
 		if _, err := p.Take(ctx, testKey, 100, 10); err != nil {
 			t.Fatalf("take %d without a reserve: %v", i, err)
@@ -255,7 +255,7 @@ func TestExhaustedAtTheReserve(t *testing.T) {
 // whole is exhausted for it.
 func TestAmountIsNeverSplit(t *testing.T) {
 	r := newRig(t, 100)
-	p := r.pool("cell-a", Config{Chunk: func(int64) int64 { return 50 }, Reserve: func(int64) int64 { return 0 }})
+	p := r.pool("cell-a", Config{Chunk: func(int64) int64 { return 50 }, Reserve: func(string, int64) int64 { return 0 }})
 	ctx := context.Background()
 	a, _ := p.Take(ctx, testKey, 100, 40) // lease A: 10 left
 	b, err := p.Take(ctx, testKey, 100, 40)

@@ -23,10 +23,15 @@
 // what is left), and issues in one transaction that decides each request
 // again under the persons' row locks (storage.Coupons.IssueCoupons); the
 // units no request took go back. A batch whose deduction found no unit free
-// is taken as sold out for a second (the local copy of its stock), without
-// asking the stock; a request that meets it is released and taken again a
-// second later, and refused SOLD_OUT the third time, so that units other
-// merges held in leases and gave back unused still reach a request.
+// is marked sold out for a second, without asking the stock; a request
+// that meets the mark is released and taken again a second later, and
+// refused SOLD_OUT the third time, so that units other merges held in
+// leases and gave back unused still reach a request.
+//
+// Before all that, the accept checks a local copy of each batch's stock,
+// read from its home twice a second (copy.go): once it shows nothing left
+// and nothing held, a request is stored already refused SOLD_OUT and
+// answered at once.
 //
 // A green-channel request (a person opening the wallet right after taking a
 // coupon) is decided in the caller's request, ahead of both queues.
@@ -107,6 +112,11 @@ type Config struct {
 	// Paused, when it reports true, stops the feeder and green decisions:
 	// requests are accepted and wait (a degrade switch; nil: never).
 	Paused func() bool
+	// Levels reads the stock of batches at their homes, for the local copy
+	// (copy.go): a batch whose home did not answer, or has no stock row
+	// yet, is left out of the map (and an error may say why). nil: no copy,
+	// every request is queued.
+	Levels func(ctx context.Context, batches []string) (map[string]Level, error)
 	// Observe hears what the engine does, for the metrics (nil: nobody).
 	Observe Observer
 	Clock   clock.Clock
@@ -124,6 +134,11 @@ type Observer interface {
 	Waited(layer int, d time.Duration)
 	// Merged: one deduction asked for n requests of batch.
 	Merged(batch string, n int)
+	// LeftOpen: an issue of batch lost its COMMIT's answer and left its
+	// deduction open with units no coupon is known to carry: out of the
+	// stock (written off) until the home settles the deduction by its
+	// coupons, after its TTL.
+	LeftOpen(batch string, units int64)
 }
 
 type noObserver struct{}
@@ -132,16 +147,18 @@ func (noObserver) Accepted()                                                    
 func (noObserver) Final(model.CouponRequest, bool, model.CouponReason, time.Time) {}
 func (noObserver) Waited(int, time.Duration)                                      {}
 func (noObserver) Merged(string, int)                                             {}
+func (noObserver) LeftOpen(string, int64)                                         {}
 
 // Engine runs the layers. Safe for concurrent use.
 type Engine struct {
-	cfg   Config
-	clock clock.Clock
-	log   *slog.Logger
-	takes *incident.Tracker // the feeder's takes failing (a database down)
-	q1    chan model.CouponRequest
-	q2    chan queued
-	kick  chan struct{}
+	cfg    Config
+	clock  clock.Clock
+	log    *slog.Logger
+	takes  *incident.Tracker // the feeder's takes failing (a database down)
+	copies *incident.Tracker // the stock copy's reads failing (a home down)
+	q1     chan model.CouponRequest
+	q2     chan queued
+	kick   chan struct{}
 
 	// feeding is held while the feeder puts a take into q1, passing
 	// while a decider puts its pass into q2: a gatherer that got a
@@ -158,6 +175,7 @@ type Engine struct {
 	short    map[string]time.Time  // batches whose grant came back short, deducted without prefetch until when
 	parked   map[string]parked     // requests put aside until a time, then released (park), by key
 	tries    map[string]int        // app+serial → deductions that found its batch sold out
+	stock    map[string]copied     // the local copy of each batch's stock (copy.go)
 	risk     riskCounters
 	queued   map[string]bool // app+serial of requests in a queue or a step
 	merge    atomic.Int64    // MergeMax now (SetMergeMax)
@@ -176,6 +194,9 @@ type Stats struct {
 	// HeldDeductions counts merges that deducted from a held lease, with
 	// no grant at the batch's home (Deductions counts grants).
 	HeldDeductions atomic.Int64
+	// RefusedAtAccept counts requests stored refused SOLD_OUT in their
+	// accept by the stock copy (counted in Refused too).
+	RefusedAtAccept atomic.Int64
 }
 
 // New returns an engine; Run starts it.
@@ -204,9 +225,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Observe == nil {
 		cfg.Observe = noObserver{}
 	}
-	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, takes: incident.New(cfg.Log, "coupons: take requests", incident.DefaultEvery), q1: make(chan model.CouponRequest, cfg.QueueLen),
+	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, takes: incident.New(cfg.Log, "coupons: take requests", incident.DefaultEvery),
+		copies: incident.New(cfg.Log, "coupons: read the stock copy", incident.DefaultEvery), q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, stock: map[string]copied{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
 	e.pre.Store(max(cfg.Prefetch, 0))
 	return e, nil
@@ -260,7 +282,9 @@ func (e *Engine) MergeMax() int { return int(e.merge.Load()) }
 func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
 
 // Accept stores r (storage.Coupons.AcceptCoupon) and wakes the feeder; a
-// repeat answers the stored request. With r.Green, the request is decided
+// repeat answers the stored request. A request for a batch whose local
+// stock copy shows nothing left (copy.go) is stored refused SOLD_OUT and
+// answered so, queued nowhere. With r.Green, the request is decided
 // now, ahead of the queues, and the answer is its final state (a repeat of
 // a request not final yet is decided now too). Errors: the store's, and
 // context errors of a green decision.
@@ -269,6 +293,9 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 	if accept == nil {
 		accept = e.cfg.Store.AcceptCoupon
 	}
+	if e.refusedByCopy(r) {
+		r = model.RefusedAtAccept(r)
+	}
 	got, repeat, err := accept(ctx, r)
 	if err != nil {
 		return got, repeat, err
@@ -276,6 +303,12 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 	if !repeat {
 		e.Stats.Accepted.Add(1)
 		e.cfg.Observe.Accepted()
+		if got.State == model.CouponRefused { // refused by the copy: decided, nothing to queue
+			e.Stats.RefusedAtAccept.Add(1)
+			e.Stats.Refused.Add(1)
+			e.cfg.Observe.Final(got, false, got.Reason, e.clock.Now())
+			return got, false, nil
+		}
 	}
 	if r.Green && !got.State.Final() && !e.paused() {
 		// Decided to the end even if the caller goes away: a deduction
@@ -391,6 +424,7 @@ func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { e.feed(ctx) })
 	wg.Go(func() { e.keepHeld(ctx) })
+	wg.Go(func() { e.keepCopy(ctx) })
 	decisions, merges := make(chan []model.CouponRequest), make(chan []model.CouponRequest)
 	wg.Go(func() { e.gather1(ctx, decisions) })
 	wg.Go(func() { e.gather2(ctx, merges) })
@@ -525,6 +559,15 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 	e.takes.OK()
 	if ctx.Err() != nil { // stopping: give them back at once
 		e.release(rs)
+		return
+	}
+	if e.paused() {
+		// Issuing went off while the take ran (a first sweep over cold
+		// tables takes seconds): what it took, accepted after the switch
+		// perhaps, waits in its rows like the rest rather than being
+		// decided now.
+		e.release(rs)
+		e.markDirty(dbs)
 		return
 	}
 	// A database that gave requests may hold more (a take asks each for a
@@ -1111,8 +1154,9 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, h.id, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
-			e.endHeld(h, n, n, lost)
+			open := e.endHeld(h, n, n, lost)
 			if lost {
+				e.cfg.Observe.LeftOpen(rule.Batch, open)
 				return fmt.Errorf("issue %d from held lease %s (left open): %w", n, h.id, err)
 			}
 			e.park(reqs, e.clock.Now(), owned)
@@ -1209,8 +1253,9 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
-			e.endHeld(h, n, n, lost)
+			open := e.endHeld(h, n, n, lost)
 			if lost {
+				e.cfg.Observe.LeftOpen(rule.Batch, open)
 				return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
 			}
 			e.park(reqs, e.clock.Now(), owned)
@@ -1231,6 +1276,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
 	if err != nil {
 		if errors.Is(err, storage.ErrCommitUnknown) {
+			e.cfg.Observe.LeftOpen(rule.Batch, granted)
 			return fmt.Errorf("issue %d from lease %s (left open, %d units out): %w", n, lease, granted, err)
 		}
 		// Nothing was written: every unit goes back, and the requests are

@@ -363,10 +363,17 @@ func TestFailedIssueAndItsLease(t *testing.T) {
 			f := &failing{store: memstore.New(nil), fail: true, unknown: unknown}
 			d := newDrop(t, f, 5, 5, 5)
 			e := d.engine(free{}, free{})
+			obs := &openCounter{}
+			e.cfg.Observe = obs
 			r := d.requests(1, 1, 4)[0]
 			r.Batch, r.Green = d.c, true
 			if _, _, err := e.Accept(context.Background(), r); err == nil {
 				t.Fatal("a green request whose issue failed answered no error")
+			}
+			// The lost answer's unit is reported written off; a failure
+			// that wrote nothing gave it back.
+			if want := map[bool]int64{true: 1, false: 0}[unknown]; obs.of(d.c) != want {
+				t.Fatalf("units reported left open: %d, want %d", obs.of(d.c), want)
 			}
 			sh, k := d.stock.home(d.c)
 			b, leases, err := f.Budget(context.Background(), sh, k)
@@ -402,6 +409,8 @@ func TestHeldLease(t *testing.T) {
 	f := &failing{store: memstore.New(nil)}
 	d := newDrop(t, f, 5, 5, 20)
 	e := d.engine(free{}, free{})
+	obs := &openCounter{}
+	e.cfg.Observe = obs
 	e.SetPrefetch(4)
 	sh, k := d.stock.home(d.c)
 	rs := d.requests(4, 4, 9)
@@ -449,6 +458,11 @@ func TestHeldLease(t *testing.T) {
 	f.mu.Unlock()
 	if _, err := green(2); !errors.Is(err, storage.ErrCommitUnknown) {
 		t.Fatalf("an issue whose answer was lost: %v", err)
+	}
+	// Of the lease's 5 units two carry coupons: the lost issue's one and
+	// the two never given out are written off until settled.
+	if n := obs.of(d.c); n != 3 {
+		t.Fatalf("units reported left open: %d, want 3", n)
 	}
 	f.mu.Lock()
 	f.fail = false
@@ -573,6 +587,28 @@ type mergeCounter struct {
 }
 
 func (m *mergeCounter) Merged(string, int) { m.n.Add(1) }
+
+// openCounter sums the units an engine reports left open (Observer.LeftOpen).
+type openCounter struct {
+	noObserver
+	mu    sync.Mutex
+	units map[string]int64 // by batch
+}
+
+func (o *openCounter) LeftOpen(batch string, units int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.units == nil {
+		o.units = map[string]int64{}
+	}
+	o.units[batch] += units
+}
+
+func (o *openCounter) of(batch string) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.units[batch]
+}
 
 // Layer 2's gatherer waits Gather for more requests, so requests that
 // trickle in are merged together; a merge bound of 1 is full at once and

@@ -69,17 +69,20 @@ func (e *Engine) fromHeld(batch string, n int64) *heldLease {
 }
 
 // endHeld ends a merge's use of n units of h, unused of them not spent;
-// lost says the outcome is unknown.
-func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) {
+// lost says the outcome is unknown: h is then left open, and open
+// is the units no coupon is known to carry (the lost issue's n and what h
+// never gave out).
+func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h.out -= n
 	e.inflight[h.batch] -= n
 	if lost {
 		h.lost, h.retired = true, true
-		return
+		return n + h.left // the lost issue's units and those never given out
 	}
 	h.left += unused
+	return 0
 }
 
 // keep makes lease (granted units, n of them taken by the merge now) a held

@@ -78,3 +78,22 @@ func (s *BudgetStock) Return(ctx context.Context, batch, leaseID string, unused 
 	_, err := s.Budgets.ReturnLease(ctx, sh, leaseID, unused)
 	return err
 }
+
+// Levels implements Config.Levels over the stock rows the store holds: a
+// batch without a row is left out.
+func (s *BudgetStock) Levels(ctx context.Context, batches []string) (map[string]Level, error) {
+	out := map[string]Level{}
+	var errs []error
+	for _, b := range batches {
+		sh, k := s.home(b)
+		row, held, err := s.Budgets.BudgetLevel(ctx, sh, k)
+		switch {
+		case errors.Is(err, model.ErrNotFound):
+		case err != nil:
+			errs = append(errs, fmt.Errorf("batch %s: %w", b, err))
+		default:
+			out[b] = Level{Left: row.Available(0), Held: held}
+		}
+	}
+	return out, errors.Join(errs...)
+}

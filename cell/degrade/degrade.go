@@ -40,6 +40,13 @@ type Config struct {
 	// is back on; a green-channel request is answered accepted. Requests
 	// already in a queue are decided.
 	CouponIssue bool
+	// TokenRestore: POST /v1/accounts/{act_id}/tokens restores nothing: a
+	// valid token whose reward the cell does not hold is refused
+	// (TOKEN_RESTORE_OFF) instead of stored again; tokens are still checked
+	// and counted, and those the cell holds still answer "known". For a
+	// signing key that may have leaked (seed 000): forged tokens would
+	// verify, and restoring them would issue rewards nobody was given.
+	TokenRestore bool
 }
 
 // Switch names one feature.
@@ -53,12 +60,13 @@ const (
 	WalletFlow
 	Booking
 	CouponIssue
+	TokenRestore
 	switchCount
 )
 
 // names are the switches' names in the admin API, the config and the metrics
 // (redcell_degrade_switch{switch=...}).
-var names = [switchCount]string{"claims_list", "grab_cache", "relay", "wallet_flow", "booking", "coupon_issue"}
+var names = [switchCount]string{"claims_list", "grab_cache", "relay", "wallet_flow", "booking", "coupon_issue", "token_restore"}
 
 const (
 	on  = "on"
@@ -76,7 +84,7 @@ type Switches struct {
 // feature that starts switched off.
 func New(c Config, log *slog.Logger) *Switches {
 	s := &Switches{log: log}
-	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking, c.CouponIssue} {
+	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking, c.CouponIssue, c.TokenRestore} {
 		s.off[i].Store(o)
 		if o {
 			log.Warn("degrade switch off from the config: feature degraded", "switch", names[i])
@@ -97,7 +105,8 @@ func (s *Switches) Setting() api.DegradeSetting {
 		return on
 	}
 	return api.DegradeSetting{ClaimsList: state(ClaimsList), GrabCache: state(GrabCache), Relay: state(Relay),
-		WalletFlow: state(WalletFlow), Booking: state(Booking), CouponIssue: state(CouponIssue)}
+		WalletFlow: state(WalletFlow), Booking: state(Booking), CouponIssue: state(CouponIssue),
+		TokenRestore: state(TokenRestore)}
 }
 
 // Set switches the features d names ("on" or "off") and keeps those it
@@ -105,7 +114,7 @@ func (s *Switches) Setting() api.DegradeSetting {
 // logged (a warning when a feature goes off) and takes effect for the
 // requests and relay passes that start after it. Errors: ErrInvalidArgument.
 func (s *Switches) Set(d api.DegradeSetting) error {
-	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay, d.WalletFlow, d.Booking, d.CouponIssue}
+	values := [switchCount]string{d.ClaimsList, d.GrabCache, d.Relay, d.WalletFlow, d.Booking, d.CouponIssue, d.TokenRestore}
 	for i, v := range values {
 		if v != "" && v != on && v != off {
 			return model.Invalidf("%s must be \"on\" or \"off\", got %q", names[i], v)
@@ -132,7 +141,7 @@ func (s *Switches) Set(d api.DegradeSetting) error {
 // switched off (degraded), 0 while it works; read at each scrape.
 func (s *Switches) Collector() prometheus.Collector {
 	return collector{s: s, desc: prometheus.NewDesc("redcell_degrade_switch",
-		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue).",
+		"1 while a feature is switched off (degraded) through the admin API or the config, by switch (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue, token_restore).",
 		[]string{"switch"}, nil)}
 }
 

@@ -42,6 +42,12 @@ func (s *Store) Budget(ctx context.Context, sh model.ShardID, key string) (b mod
 	return b, ls, err
 }
 
+// BudgetLevel implements storage.Store.
+func (s *Store) BudgetLevel(ctx context.Context, sh model.ShardID, key string) (b model.Budget, held int64, err error) {
+	err = s.call(func() (err error) { b, held, err = s.inner.BudgetLevel(ctx, sh, key); return err })
+	return b, held, err
+}
+
 // LeasesOf implements storage.Store.
 func (s *Store) LeasesOf(ctx context.Context, sh model.ShardID, holder string) (ls []model.Lease, err error) {
 	err = s.call(func() (err error) { ls, err = s.inner.LeasesOf(ctx, sh, holder); return err })

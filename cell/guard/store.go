@@ -77,8 +77,8 @@ func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (a 
 }
 
 // BindIdentity implements storage.Store.
-func (s *Store) BindIdentity(ctx context.Context, sh model.ShardID, want model.IdentityBinding) (b model.IdentityBinding, repeat bool, err error) {
-	err = s.call(func() (err error) { b, repeat, err = s.inner.BindIdentity(ctx, sh, want); return err })
+func (s *Store) BindIdentity(ctx context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (b model.IdentityBinding, repeat bool, err error) {
+	err = s.call(func() (err error) { b, repeat, err = s.inner.BindIdentity(ctx, sh, want, legacy...); return err })
 	return b, repeat, err
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"redcell/cell/couponbatch"
 	"redcell/internal/retry"
 	"redcell/model"
+	"redcell/sharding"
 	"redcell/storage"
 )
 
@@ -50,6 +52,9 @@ func audit(ctx context.Context, args []string, out io.Writer) error {
 		})
 	if err != nil {
 		return err
+	}
+	if rep.Copies == nil {
+		rep.Copies = []model.DBCopy{}
 	}
 	if *asJSON {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -89,8 +94,30 @@ func printAudit(w io.Writer, r model.AuditReport) {
 			fmt.Fprintf(w, "  coupon batch %-34s stock %d = issued %d + left %d + written off %d\n", b.Batch, b.Stock, b.Issued, b.Left, b.WrittenOff)
 		}
 	}
+	printCopies(w, r.Copies)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
+	}
+}
+
+// printCopies lists the copies not counted, one line each; those with no
+// move record (leftovers a test server may hold by the dozen) in one line
+// per cell.
+func printCopies(w io.Writer, copies []model.DBCopy) {
+	stray := map[string][]string{}
+	var cells []string
+	for _, c := range copies {
+		if c.Kind != model.CopyUnrecorded || c.Owner == "" {
+			fmt.Fprintf(w, "  copy, not counted: %s\n", c)
+			continue
+		}
+		if stray[c.Cell] == nil {
+			cells = append(cells, c.Cell)
+		}
+		stray[c.Cell] = append(stray[c.Cell], fmt.Sprintf("db_%02d (%s's)", c.DB, c.Owner))
+	}
+	for _, cell := range cells {
+		fmt.Fprintf(w, "  copies, not counted: %s: %s, with no move record\n", cell, strings.Join(stray[cell], ", "))
 	}
 }
 
@@ -99,7 +126,11 @@ func auditShadow(ctx context.Context, configPath string) (model.AuditReport, err
 	return auditNamespace(ctx, configPath, true)
 }
 
-// auditNamespace reads every cell listed in the config and combines their ledgers.
+// auditNamespace reads every cell listed in the config and combines their
+// ledgers. Each cell's books count the databases it owns by the cluster's
+// shard map only (clusterOwners); every other database found on its server
+// (a copy a move handed over, froze or is making, or one nobody recorded)
+// is listed in the report's copies and never enters the sums.
 func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.AuditReport, error) {
 	fc, err := loadConfig(configPath)
 	if err != nil {
@@ -108,43 +139,61 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	if len(fc.Cells) == 0 {
 		return model.AuditReport{}, fmt.Errorf("audit: config %s lists no cells", configPath)
 	}
+	stores := make([]*storage.MySQL, len(fc.Cells))
+	defer func() {
+		for _, st := range stores {
+			if st != nil {
+				st.Close()
+			}
+		}
+	}()
+	for i, c := range fc.Cells {
+		if stores[i], err = openCellDB(c, 2); err != nil {
+			return model.AuditReport{}, fmt.Errorf("audit: cell %s: %w", c.Name, err)
+		}
+	}
+	owners, err := clusterOwners(fc, func(i int) (string, int64, bool, error) { return stores[i].Ownership(ctx, fc.Cells[i].Name) })
+	if err != nil {
+		return model.AuditReport{}, err
+	}
 	ledgers := make([]model.Ledger, len(fc.Cells))
+	copies := make([][]model.DBCopy, len(fc.Cells))
 	errs := make([]error, len(fc.Cells))
 	var wg sync.WaitGroup
 	for i, c := range fc.Cells {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := openCellDB(c, 2)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer st.Close()
-			// Not the copies of moves: one the cell handed over and keeps
-			// until move_grace ends, or one a move is making on its server.
-			skip, err := moveCopies(ctx, st, c.Name)
-			if err != nil {
-				errs[i] = fmt.Errorf("audit: cell %s: %w", c.Name, err)
-				return
-			}
-			st.SetDBFilter(func(db int) bool { return !skip[db] })
+			st := stores[i]
+			own := func(db int) bool { return owners[db] == c.Name }
+			// A database another cell of the same server owns is that
+			// cell's, not a copy.
+			shared := func(db int) bool { return own(db) || ownedOnServer(fc, owners[db], c.DSN) }
+			st.SetDBFilter(own)
 			if shadow {
 				st = st.Shadow()
 			}
-			ledgers[i], errs[i] = st.Ledger(ctx, c.Name)
-			if errs[i] != nil {
+			if ledgers[i], errs[i] = st.Ledger(ctx, c.Name); errs[i] != nil {
 				errs[i] = fmt.Errorf("audit: cell %s: %w", c.Name, errs[i])
+				return
+			}
+			if copies[i], errs[i] = st.Copies(ctx, c.Name, shared); errs[i] != nil {
+				errs[i] = fmt.Errorf("audit: cell %s: %w", c.Name, errs[i])
+				return
+			}
+			for j := range copies[i] {
+				copies[i][j].Owner = owners[copies[i][j].DB]
 			}
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return model.AuditReport{}, err
-		}
+	if err := errors.Join(errs...); err != nil {
+		return model.AuditReport{}, err
 	}
 	rep := model.Audit(ledgers)
+	for _, cs := range copies {
+		rep.AddCopies(cs)
+	}
 	limits, stale, err := couponAuditRules(fc)
 	if err != nil {
 		return rep, err
@@ -153,6 +202,55 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	// took it and not taken again: lost.
 	rep.CheckCoupons(limits, time.Now().Add(-2*stale))
 	return rep, nil
+}
+
+// clusterOwners is the cluster's shard map as the audit decides ownership:
+// each cell of the config announces the ranges and map version it saved in
+// its database after a move (redcell_meta.t_ownership, as the cell itself
+// takes them at start; saved(i) reads those of fc.Cells[i]), or the
+// config's when it saved none, and where two cells claim a database the
+// higher version wins (sharding.NewMap, as every router decides). It
+// returns the owner's name of each database ("" none).
+func clusterOwners(fc fileConfig, saved func(i int) (ranges string, version int64, found bool, err error)) ([model.DBCount]string, error) {
+	var owners [model.DBCount]string
+	version := cell.DefaultConfig().MapVersion
+	if fc.Cell.MapVersion > 0 {
+		version = fc.Cell.MapVersion
+	}
+	cells := make([]sharding.Cell, len(fc.Cells))
+	for i, c := range fc.Cells {
+		ranges, v, found, err := saved(i)
+		if err != nil {
+			return owners, fmt.Errorf("audit: cell %s: %w", c.Name, err)
+		}
+		if !found {
+			ranges, v = c.Shards, version
+		}
+		r := sharding.Ranges{}
+		if strings.TrimSpace(ranges) != "" {
+			if r, err = sharding.ParseRanges(ranges); err != nil {
+				return owners, fmt.Errorf("audit: cell %s: shards %q: %w", c.Name, ranges, err)
+			}
+		}
+		cells[i] = sharding.Cell{Name: c.Name, Shards: r, Version: v}
+	}
+	m, _ := sharding.NewMap(cells)
+	for db := range owners {
+		if o, ok := m.Owner(model.ShardID(db * model.ShardsPerDB)); ok {
+			owners[db] = o.Name
+		}
+	}
+	return owners, nil
+}
+
+// ownedOnServer reports whether cell name (not "") writes to the server dsn.
+func ownedOnServer(fc fileConfig, name, dsn string) bool {
+	for _, c := range fc.Cells {
+		if name != "" && c.Name == name && c.DSN == dsn {
+			return true
+		}
+	}
+	return false
 }
 
 // couponAuditRules reads what the coupon audit needs of the config: each
@@ -187,29 +285,4 @@ func openCellDB(c cellEntry, conns int) (*storage.MySQL, error) {
 	}
 	st, _, err := storage.OpenFailover(c.DSN, c.StandbyDSN, conns, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return st, err
-}
-
-// moveCopies lists the databases on a cell's server that are copies of moves
-// and not the cell's money: those it handed over and keeps until its
-// move_grace ends (storage.MySQL.MovedOuts), and those a move's replication
-// channel (move_db_XX) is copying onto it.
-func moveCopies(ctx context.Context, st *storage.MySQL, cell string) (map[int]bool, error) {
-	skip := map[int]bool{}
-	mos, err := st.MovedOuts(ctx, cell)
-	if err != nil {
-		return nil, err
-	}
-	for _, mo := range mos {
-		if mo.Digest != "" {
-			skip[mo.DB] = true
-		}
-	}
-	chans, err := st.MoveChannels(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, db := range chans {
-		skip[db] = true
-	}
-	return skip, nil
 }

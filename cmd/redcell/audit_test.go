@@ -104,7 +104,7 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 				sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+invented)
 				sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance - 77 WHERE act_id = ?", far)
 			},
-			"credit " + invented + " of 77 to " + far + " has no claim", -77},
+			fmt.Sprintf("credit %s of 77 cents to %s (cell-2, db_%02d) has no claim", invented, far, cFar.Shard.DB()), -77},
 		{"outbox row of a claim dropped",
 			func() { sqlExec(t, db1, "DELETE FROM "+outbox+" WHERE claim_id = ?", cNear.ClaimID) },
 			func() {
@@ -179,6 +179,61 @@ func TestPrintAuditRewardsAndWithdrawals(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestClusterOwners: the audit decides who owns a database from the cluster's
+// shard map: the ranges each cell saved after a move (or its config's), the
+// higher map version winning a database two cells claim. cell-1 was stopped
+// in the hand-over of db_38 to cell-3 (its saved ranges still hold db_38,
+// at version 1); cell-3 adopted it at version 2: db_38 is cell-3's.
+func TestClusterOwners(t *testing.T) {
+	fc := fileConfig{Cells: []cellEntry{{Name: "cell-1", Shards: "0-499"}, {Name: "cell-2", Shards: "500-999"}, {Name: "cell-3", Shards: ""}}}
+	saved := map[string]struct {
+		ranges  string
+		version int64
+	}{"cell-1": {"0-499", 1}, "cell-3": {"380-389", 2}}
+	owners, err := clusterOwners(fc, func(i int) (string, int64, bool, error) {
+		s, ok := saved[fc.Cells[i].Name]
+		return s.ranges, s.version, ok, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for db, want := range map[int]string{0: "cell-1", 37: "cell-1", 38: "cell-3", 39: "cell-1", 49: "cell-1", 50: "cell-2", 99: "cell-2"} {
+		if owners[db] != want {
+			t.Errorf("db_%02d owned by %q, want %q", db, owners[db], want)
+		}
+	}
+	// Before the adoption was saved, db_38 is still cell-1's.
+	delete(saved, "cell-3")
+	if owners, _ = clusterOwners(fc, func(i int) (string, int64, bool, error) {
+		s, ok := saved[fc.Cells[i].Name]
+		return s.ranges, s.version, ok, nil
+	}); owners[38] != "cell-1" {
+		t.Errorf("db_38 before the adoption owned by %q, want cell-1", owners[38])
+	}
+}
+
+// TestPrintAuditCopies: the text report lists the copies it did not count,
+// one line each, those with no move record in one line per cell.
+func TestPrintAuditCopies(t *testing.T) {
+	r := model.Audit(nil)
+	r.AddCopies([]model.DBCopy{
+		{Cell: "cell-1", DB: 38, Kind: model.CopyFrozen, Version: 4, Owner: "cell-3"},
+		{Cell: "cell-1", DB: 61, Kind: model.CopyUnrecorded, Owner: "cell-2"},
+		{Cell: "cell-1", DB: 62, Kind: model.CopyUnrecorded, Owner: "cell-2"},
+	})
+	var b bytes.Buffer
+	printAudit(&b, r)
+	for _, want := range []string{
+		"audit OK over cells []",
+		"  copy, not counted: cell-1: db_38, owned by cell-3 by the map, frozen copy of a hand-over under map version 4, not released yet\n",
+		"  copies, not counted: cell-1: db_61 (cell-2's), db_62 (cell-2's), with no move record\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
 	}
 }

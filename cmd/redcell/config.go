@@ -32,6 +32,10 @@ type fileConfig struct {
 	Cells         []cellEntry   `yaml:"cells"`
 	Cell          cellSection   `yaml:"cell"`
 
+	// IdentityDefaultRegion: the region a bound phone without '+' is read
+	// in (cell.Config.IdentityDefaultRegion); "" keeps the default, CN.
+	IdentityDefaultRegion string `yaml:"identity_default_region"`
+
 	dir string // the config file's directory: relative paths in it are relative to it
 }
 
@@ -156,18 +160,20 @@ type cellSection struct {
 
 // degradeEntry: each switch "on" or "off" at start; absent keeps it on.
 type degradeEntry struct {
-	ClaimsList  string `yaml:"claims_list"`
-	GrabCache   string `yaml:"grab_cache"`
-	Relay       string `yaml:"relay"`
-	WalletFlow  string `yaml:"wallet_flow"`
-	Booking     string `yaml:"booking"`
-	CouponIssue string `yaml:"coupon_issue"`
+	ClaimsList   string `yaml:"claims_list"`
+	GrabCache    string `yaml:"grab_cache"`
+	Relay        string `yaml:"relay"`
+	WalletFlow   string `yaml:"wallet_flow"`
+	Booking      string `yaml:"booking"`
+	CouponIssue  string `yaml:"coupon_issue"`
+	TokenRestore string `yaml:"token_restore"`
 }
 
 // switches returns the entry's fields by switch name, to read and set them.
 func (d *degradeEntry) switches() map[string]*string {
 	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay,
-		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue}
+		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue,
+		"token_restore": &d.TokenRestore}
 }
 
 // loadConfig reads path (strict: unknown keys are errors), then applies the
@@ -265,7 +271,7 @@ var envOverrides = []struct {
 		sw := fc.Cell.Degrade.switches()
 		for _, name := range splitList(v) {
 			if sw[name] == nil {
-				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue)", name)
+				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue, token_restore)", name)
 			}
 			*sw[name] = "off"
 		}
@@ -353,6 +359,9 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	c.Name, c.Listen, c.DSN, c.StandbyDSN = entry.Name, entry.Listen, entry.DSN, entry.StandbyDSN
 	c.AdminListen, c.AdminToken, c.ClusterSecret, c.IdentityKey = entry.AdminListen, fc.AdminToken, fc.ClusterSecret, fc.IdentityKey
+	if fc.IdentityDefaultRegion != "" {
+		c.IdentityDefaultRegion = fc.IdentityDefaultRegion
+	}
 	// A cell added to a running cluster starts with no shards ("") and
 	// receives databases by moves (redcell cells add).
 	c.Shards = sharding.Ranges{}
@@ -452,7 +461,8 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.ReconSettle, s.ReconSettle)
 	setDur(&c.AuditInterval, s.AuditInterval)
 	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay,
-		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue}
+		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue,
+		"token_restore": &c.Degrade.TokenRestore}
 	for name, v := range fc.Cell.Degrade.switches() {
 		switch *v {
 		case "", "on":

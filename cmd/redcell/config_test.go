@@ -217,7 +217,7 @@ func TestReconAndDegradeConfig(t *testing.T) {
 	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cells := oneCell
-	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on}\n"))
+	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on, token_restore: off}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,15 +226,15 @@ func TestReconAndDegradeConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.ReconInterval != 30*time.Second || c.ReconSettle != 45*time.Second || c.AuditInterval != time.Hour ||
-		!c.Degrade.ClaimsList || c.Degrade.GrabCache || c.Degrade.Relay {
+		!c.Degrade.ClaimsList || c.Degrade.GrabCache || c.Degrade.Relay || !c.Degrade.TokenRestore {
 		t.Fatalf("cell config %+v", c)
 	}
 	t.Setenv("REDCELL_AUDIT_INTERVAL", "10m")
-	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache")
+	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache,token_restore")
 	if fc, err = loadConfig(write(cells)); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList {
+	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList || !c.Degrade.TokenRestore {
 		t.Fatalf("from the environment: %+v, %v", c, err)
 	}
 	t.Setenv("REDCELL_DEGRADE", "relya")
@@ -554,5 +554,42 @@ func TestAdvertised(t *testing.T) {
 	h, g, err := fc.cellAdvertise("cell-1", "0.0.0.0:9101", "0.0.0.0:7947")
 	if err != nil || h != "10.9.9.9:9101" || g != "10.9.9.9:7947" {
 		t.Fatalf("cellAdvertise: %q %q %v", h, g, err)
+	}
+}
+
+// TestIdentityDefaultRegionConfig: identity_default_region reaches every
+// cell from the file (the reference file's CN, and the default when absent),
+// and a region the phone metadata does not know stops the cell.
+func TestIdentityDefaultRegionConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	ref, err := os.ReadFile("../../deploy/local/redcell.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for region, want := range map[string]string{`"CN"`: "CN", `"DE"`: "DE", `""`: "CN", `"XX"`: ""} {
+		path := filepath.Join(t.TempDir(), "redcell.yaml")
+		text := strings.Replace(string(ref), `identity_default_region: "CN"`, "identity_default_region: "+region, 1)
+		if !strings.Contains(text, "identity_default_region: "+region) {
+			t.Fatal("the reference file sets no identity_default_region")
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fc, err := loadConfig(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"cell-1", "cell-2"} {
+			c, _, err := fc.cellConfig(name)
+			if err == nil {
+				err = c.Validate()
+			}
+			switch {
+			case want == "" && (err == nil || !strings.Contains(err.Error(), "IdentityDefaultRegion")):
+				t.Errorf("region %s, %s: %v, want refused", region, name, err)
+			case want != "" && (err != nil || c.IdentityDefaultRegion != want):
+				t.Errorf("region %s, %s: %q, %v; want %s", region, name, c.IdentityDefaultRegion, err, want)
+			}
+		}
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -380,4 +382,79 @@ func (g *growCluster) festival(t *testing.T, name string, d time.Duration) bench
 		t.Errorf("festival bench %s: report: %v", name, err)
 	}
 	return r
+}
+
+// planApplyDrill: redcell plan --cells 2 --apply, on the growing cluster
+// after cell_add gave cell-3 some databases, plans them back to cell-1 and
+// cell-2 (50 databases each). The
+// first run stops after one moved database (--limit 1, the documented stop);
+// the second resumes from the state file: it names the recorded run, skips
+// the database already moved and moves the rest. Then every database is
+// where the plan says (cell-3 owns none, cell-1 and cell-2 50 each), each
+// was handed over once (runs' lines and the cells' adoptions) and the audit
+// is clean.
+func planApplyDrill(t *testing.T, g *growCluster) {
+	had := g.state(t, "cell-3").DBs
+	if len(had) == 0 {
+		g.cellsRun(t, "add", "--name", "cell-3", "--limit", "2")
+		had = g.state(t, "cell-3").DBs
+	}
+	had = slices.Sorted(slices.Values(had))
+	adopted := func() float64 {
+		return g.c.metric(t, "cell-1", `redcell_cell_move_steps_total{op="adopt"}`) + g.c.metric(t, "cell-2", `redcell_cell_move_steps_total{op="adopt"}`)
+	}
+	adoptedBefore := adopted()
+	state := filepath.Join(t.TempDir(), "plan-state.json")
+	moved := regexp.MustCompile(`db_(\d+) (\S+) → (\S+) \.\.\. \d+ rows`)
+	firstTo := ""
+	run := func(args ...string) (out string, dbs []int) {
+		t.Helper()
+		b, err := exec.Command(g.c.bin, append([]string{"plan", "--cells", "2", "--config", g.c.config, "--apply", "--state", state}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("redcell plan --apply %v: %v\n%s", args, err, b)
+		}
+		t.Logf("redcell plan --cells 2 --apply %s:\n%s", strings.Join(args, " "), lastLines(string(b), 6))
+		for _, m := range moved.FindAllStringSubmatch(string(b), -1) {
+			db, _ := strconv.Atoi(m[1])
+			if m[2] != "cell-3" || m[3] != "cell-1" && m[3] != "cell-2" {
+				t.Errorf("plan moved db_%02d %s → %s, want from cell-3 to cell-1 or cell-2", db, m[2], m[3])
+			}
+			if firstTo == "" {
+				firstTo = m[3]
+			}
+			dbs = append(dbs, db)
+		}
+		return string(b), dbs
+	}
+	_, first := run("--limit", "1")
+	if len(first) != 1 {
+		t.Fatalf("the first run moved %v, want one database (--limit 1)", first)
+	}
+	var f movesFile
+	if b, err := os.ReadFile(state); err != nil || json.Unmarshal(b, &f) != nil || len(f.Moves) != len(had) || !slices.Equal(f.Done, first) {
+		t.Fatalf("state file after the stopped run: %+v %v; want %d moves, done %v", f, err, len(had), first)
+	}
+	out, rest := run()
+	if !strings.Contains(out, fmt.Sprintf("resuming the run recorded in %s: 1 of %d moves done", state, len(had))) ||
+		!strings.Contains(out, fmt.Sprintf("db_%02d is on %s already", first[0], firstTo)) {
+		t.Errorf("the second run did not resume the recorded one:\n%s", out)
+	}
+	all := append(slices.Clone(first), rest...)
+	slices.Sort(all)
+	if !slices.Equal(all, had) || slices.Contains(rest, first[0]) {
+		t.Fatalf("moved %v then %v; want each of cell-3's %v once", first, rest, had)
+	}
+	if n := adopted() - adoptedBefore; n != float64(len(had)) {
+		t.Errorf("cell-1 and cell-2 adopted %v databases over both runs, want %d (each once)", n, len(had))
+	}
+	for cell, want := range map[string]int{"cell-1": 50, "cell-2": 50, "cell-3": 0} {
+		if st := g.state(t, cell); len(st.DBs) != want {
+			t.Errorf("%s owns %d databases (%s) after the plan, want %d", cell, len(st.DBs), st.Shards, want)
+		}
+	}
+	g.copiesDropped(t)
+	if rep := g.c.audit(t); !rep.OK() {
+		t.Fatalf("audit after the plan: %+v", rep)
+	}
+	t.Logf("plan_apply: %v moved back from cell-3 in two runs (stopped after %v, resumed from %s); audit clean", had, first, state)
 }

@@ -952,6 +952,10 @@ func TestDrill(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("plan_apply", func(t *testing.T) { planApplyDrill(t, gr.get(t, tt)) })
+	if t.Failed() {
+		return
+	}
 	t.Run("cell_remove", func(t *testing.T) { cellRemoveDrill(t, gr.get(t, tt), workers, maxOps) })
 }
 

@@ -144,6 +144,7 @@ func runCell(ctx context.Context, args []string) error {
 		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore), ShadowDrop: shadowStore}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
+	cfg.SceneMemcache = mc
 	cfg.CouponMemcache = mc
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),

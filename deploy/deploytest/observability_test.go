@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"redcell/cell/rewardtoken"
 	"redcell/internal/testenv"
 )
 
@@ -333,9 +334,11 @@ type family struct {
 // scrape: the `redcell audit` command exposes no metrics. A *Vec series
 // appears only once a label value is used; the test sends one request to each
 // process (the request histograms) and waits for the router's first health
-// probe of the cell (redcell_router_cell_healthy). Vectors that stay empty on
-// an idle cell (the reward reconciliation's, the coupons', the archive's, the
-// shadow cleaner's) are accepted when the Go source declares them by name
+// probe of the cell (redcell_router_cell_healthy). The cell runs a reward
+// key file, an activities file of one scene and a batches file of one batch,
+// so that the reward and coupon series by scene and by batch are scraped.
+// Vectors that stay empty on an idle cell (the reward reconciliation's, the
+// archive's, the shadow cleaner's) are accepted when the Go source declares them by name
 // (Name: "...", prometheus.NewDesc("...") or httpmetrics.New(reg, "...")),
 // and the test logs each name taken from the source; their labels are not
 // checked.
@@ -494,6 +497,30 @@ func scrapeRunningCluster(t *testing.T) map[string]family {
 	routerURL, routerAdmin := fmt.Sprintf("http://127.0.0.1:%d", p[3]), fmt.Sprintf("http://127.0.0.1:%d", p[5])
 	// The cell's name is this test's own: a cell saves what it owns under its
 	// name in its database (moves), and no other test uses this one.
+	// A reward key file, an activities file with one open scene and a
+	// batches file with one batch: the reward and coupon series by scene
+	// and by batch then exist from the start, with their labels.
+	if err := rewardtoken.NewKeyFile(filepath.Join(dir, "reward-keys.yaml"), "k1"); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"activities.yaml": `activities:
+  - id: deploytest-fest
+    children:
+      - id: deploytest-official
+        stage: official
+        rewards:
+          - id: rain
+            scenes:
+              - {id: deploytest-rain, award_type: cash, amount: {min: 1, max: 100}, budget: 100000, rate_limit: {per_sec: 100, burst: 100}, control_stock: true, pay_into: wallet}
+`,
+		"coupons.yaml": "batches:\n  - {id: deploytest-batch, stock: 100, face_value: 100, per_person_limit: 1}\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	config := fmt.Sprintf(`memcached: [%q]
 admin_token: "deploytest-admin-token-0123"
 cluster_secret: "deploytest-cluster-secret-0123456789"
@@ -504,6 +531,10 @@ router:
   admin_listen: "127.0.0.1:%d"
   api_keys: "api-keys.yaml"
   health_probe_interval: 200ms
+cell:
+  reward_keys: "reward-keys.yaml"
+  activities: "activities.yaml"
+  coupons: "coupons.yaml"
 cells:
   - {name: deploytest-metrics, listen: "127.0.0.1:%d", gossip: "127.0.0.1:%d", shards: "", dsn: %q, admin_listen: "127.0.0.1:%d"}
 `, mc, p[4], p[1], p[3], p[4], p[5], p[0], p[1], dsn, p[2])

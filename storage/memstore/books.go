@@ -43,7 +43,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 			l.Withdrawals -= f.Amount
 		case model.FlowCredit:
 			id := creditOrder(k.order)
-			credits[id] = append(credits[id], model.Credit{ClaimID: id, ActID: k.act, Amount: f.Amount})
+			credits[id] = append(credits[id], model.Credit{ClaimID: id, ActID: k.act, Shard: k.shard, Amount: f.Amount})
 		default:
 			problems = append(problems, fmt.Sprintf("unknown flow kind %q", f.Kind))
 		}
@@ -54,7 +54,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 		c := cs[0]
 		for _, more := range cs[1:] {
 			problems = append(problems, fmt.Sprintf("claim %s credited twice (to %s and %s)", id, c.ActID, more.ActID))
-			c.ActID, c.Amount = more.ActID, c.Amount+more.Amount
+			c.ActID, c.Shard, c.Amount = more.ActID, more.Shard, c.Amount+more.Amount
 		}
 		l.Credits[id] = c
 	}

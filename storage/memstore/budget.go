@@ -186,6 +186,21 @@ func (s *Store) Budget(ctx context.Context, sh model.ShardID, key string) (model
 	return *have, ls, nil
 }
 
+// BudgetLevel implements storage.Budgets.
+func (s *Store) BudgetLevel(ctx context.Context, sh model.ShardID, key string) (model.Budget, int64, error) {
+	b, ls, err := s.Budget(ctx, sh, key)
+	if err != nil {
+		return model.Budget{}, 0, err
+	}
+	var held int64
+	for _, l := range ls {
+		if l.State == model.LeaseOpen || l.State == model.LeaseExpired {
+			held += l.Amount
+		}
+	}
+	return b, held, nil
+}
+
 // LeasesOf implements storage.Budgets.
 func (s *Store) LeasesOf(ctx context.Context, sh model.ShardID, holder string) ([]model.Lease, error) {
 	if err := ctx.Err(); err != nil {

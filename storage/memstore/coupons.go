@@ -45,7 +45,7 @@ func (s *Store) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.
 	if r.AcceptedMS == 0 {
 		r.AcceptedMS = s.nowMS()
 	}
-	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
+	r = model.AcceptedForm(r)
 	c := r
 	s.couponRq[reqKeyOf(r)] = &c
 	return r, false, nil
@@ -74,7 +74,7 @@ func (g *group) accept(op *storage.GroupOp) {
 	if r.AcceptedMS == 0 {
 		r.AcceptedMS = g.now
 	}
-	r.State, r.Reason, r.CouponID, r.TakenMS, r.DecidedMS = model.CouponAccepted, "", "", 0, 0
+	r = model.AcceptedForm(r)
 	c := r
 	if g.accepted == nil {
 		g.accepted = map[couponReqKey]*model.CouponRequest{}

@@ -133,12 +133,16 @@ func New(clk clock.Clock) *Store {
 
 // BindIdentity implements storage.Identities (no commit fault: a binding
 // moves no money, and its retry is a repeat).
-func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding) (model.IdentityBinding, bool, error) {
+func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := identKey{sh, want.App, want.AppUserID}
 	if have, ok := s.idents[k]; ok {
-		return model.Bind(&have, want)
+		b, repeat, err := model.Bind(&have, want, legacy...)
+		if err == nil && b != have {
+			s.idents[k] = b // re-keyed from a legacy form
+		}
+		return b, repeat, err
 	}
 	s.idents[k] = want
 	return model.Bind(nil, want)

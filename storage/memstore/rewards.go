@@ -294,6 +294,9 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 		if r.Shard.DB() != db {
 			continue
 		}
+		if r.Status != model.RewardBooked {
+			out.Pending++
+		}
 		if r.Status != model.RewardBooked && r.CreatedMS < staleMS {
 			out.StalePending++
 			if out.OldestPendingMS == 0 || r.CreatedMS < out.OldestPendingMS {

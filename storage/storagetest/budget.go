@@ -51,6 +51,17 @@ func (f *fixture) budgetRows(s model.ShardID, key string) (model.Budget, []model
 	if b.Key != key || b.Granted != granted || b.Returned != returned || b.Outstanding() > b.Total {
 		f.t.Fatalf("budget %+v does not add up: leases grant %d and return %d", b, granted, returned)
 	}
+	// BudgetLevel: the same row, and the open and expired leases' units.
+	var held int64
+	for _, l := range ls {
+		if l.State != model.LeaseReturned {
+			held += l.Amount
+		}
+	}
+	lb, lheld, err := f.s.BudgetLevel(f.ctx, s, key)
+	if err != nil || lb != b || lheld != held {
+		f.t.Fatalf("BudgetLevel(%s): %+v held %d, %v; want %+v held %d", key, lb, lheld, err, b, held)
+	}
 	return b, ls
 }
 
@@ -230,6 +241,9 @@ func contractBudgetReturnOnce(t *testing.T, newStore func(t *testing.T) Harness)
 func contractBudgetExpiry(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	now := f.nowMS()
+	if _, _, err := f.s.BudgetLevel(f.ctx, sB, budgetKey); !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("BudgetLevel of no budget: %v, want NOT_FOUND", err)
+	}
 	if _, err := f.s.SetBudget(f.ctx, sB, budgetKey, 1000); err != nil {
 		t.Fatal(err)
 	}

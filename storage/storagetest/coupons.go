@@ -21,6 +21,7 @@ func init() {
 	register("ContractCouponIssueConcurrent", contractCouponIssueConcurrent)
 	register("ContractCouponIssueTwiceInOne", contractCouponIssueTwiceInOne)
 	register("ContractGroupAccept", contractGroupAccept)
+	register("ContractCouponRefusedAtAccept", contractCouponRefusedAtAccept)
 }
 
 // A request given twice to one issue is decided once: one coupon, the
@@ -515,5 +516,94 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	retry := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
 	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Accepted, retry.Repeat, err)
+	}
+}
+
+// A request refused at its accept (model.RefusedAtAccept: the local copy
+// of the batch's stock showed nothing left) is stored refused SOLD_OUT,
+// decided when accepted, alone or in a group (in one round trip, and when a
+// stored serial sends the group one statement at a time); a repeat answers
+// it as stored, whatever the repeat asks; no take finds it; and a request
+// stored accepted before stays accepted when a repeat comes refused.
+func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	c := f.coupons()
+	got, repeat, err := c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
+	if err != nil || repeat {
+		t.Fatal(repeat, err)
+	}
+	now := f.nowMS()
+	wantRefused := func(what string, r model.CouponRequest, accepted int64) {
+		t.Helper()
+		if r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut || r.AcceptedMS != accepted || r.DecidedMS != accepted || r.CouponID != "" || r.TakenMS != 0 {
+			t.Fatalf("%s: %+v; want refused SOLD_OUT, accepted and decided at %d", what, r, accepted)
+		}
+	}
+	wantRefused("answered", got, now)
+	stored, err := c.CouponRequestOf(f.ctx, sA, "pay", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRefused("stored", stored, now)
+	f.h.Clock.Advance(time.Second)
+	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "r1", "gone"))
+	if err != nil || !repeat {
+		t.Fatalf("repeat: %v %v", repeat, err)
+	}
+	wantRefused("a repeat asking to be accepted", again, now)
+	// Accepted first, then a repeat refused at its accept: the stored one.
+	f.accept(couponReq(sA, "bob", "r2", "gone"))
+	again, repeat, err = c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
+	if err != nil || !repeat || again.State != model.CouponAccepted || again.Reason != "" || again.DecidedMS != 0 {
+		t.Fatalf("a refused repeat of an accepted request: %+v repeat %v %v", again, repeat, err)
+	}
+	// In groups: new serials only (one round trip), then with a stored one.
+	f.h.Clock.Advance(time.Second)
+	groupNow := f.nowMS()
+	for i, serials := range [][]string{{"g1", "g2"}, {"g3", "r1"}} {
+		var ops []*storage.GroupOp
+		for _, sr := range serials {
+			ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: model.RefusedAtAccept(couponReq(sA, "ann", sr, "gone"))})
+		}
+		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(sC, "cy", fmt.Sprintf("a%d", i), "gone")})
+		if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range ops[:2] {
+			if op.Err != nil {
+				t.Fatalf("group %d, %s: %v", i, op.Coupon.Serial, op.Err)
+			}
+			if op.Coupon.Serial == "r1" {
+				if !op.Repeat {
+					t.Fatalf("group %d: r1 not a repeat", i)
+				}
+				wantRefused("r1 in a group", op.Accepted, now)
+				continue
+			}
+			if op.Repeat {
+				t.Fatalf("group %d, %s: a repeat", i, op.Coupon.Serial)
+			}
+			wantRefused("in a group", op.Accepted, groupNow)
+			st, err := c.CouponRequestOf(f.ctx, sA, "pay", op.Coupon.Serial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantRefused("stored by a group", st, groupNow)
+		}
+		if a := ops[2]; a.Err != nil || a.Repeat || a.Accepted.State != model.CouponAccepted || a.Accepted.Reason != "" {
+			t.Fatalf("group %d: the accepted request beside them: %+v %v", i, a.Accepted, a.Err)
+		}
+	}
+	taken, err := c.TakeCouponRequests(f.ctx, uniqueDBs(sA, sC), 0, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range taken {
+		names = append(names, r.ActID+"/"+r.Serial)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"bob/r2", "cy/a0", "cy/a1"}) {
+		t.Fatalf("taken %v; want only the accepted requests", names)
 	}
 }
