@@ -32,6 +32,10 @@ type CouponRequestState struct {
 	CouponID   string `json:"coupon_id,omitempty"`
 	AcceptedMS int64  `json:"accepted_ms"`
 	DecidedMS  int64  `json:"decided_ms,omitempty"`
+	// Repeat is set on every answer of POST /v1/coupons/issue, false on
+	// the one answer that stored the serial (202, or 200 on the green
+	// channel) and true on every other; the state route leaves it out.
+	Repeat *bool `json:"repeat,omitempty"`
 }
 
 // Coupon is one coupon a person holds: GET /v1/accounts/{act_id}/coupons.

@@ -484,7 +484,9 @@ func (s *Server) couponIssue(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	if repeat || req.Green || got.State.Final() {
 		status = http.StatusOK
 	}
-	s.answers.json(rc, status, couponState(got))
+	out := couponState(got)
+	out.Repeat = &repeat
+	s.answers.json(rc, status, out)
 }
 
 func couponState(r model.CouponRequest) api.CouponRequestState {

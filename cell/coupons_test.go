@@ -221,8 +221,15 @@ func TestCouponSoldOutAtAccept(t *testing.T) {
 		if got.State != "refused" || got.Reason != "SOLD_OUT" || got.AcceptedMS == 0 || got.DecidedMS != got.AcceptedMS || got.CouponID != "" {
 			t.Fatalf("%s: answered %+v; want refused SOLD_OUT, decided when accepted", c.name, got)
 		}
-		if st, again, code := takeCoupon(t, c, api.CouponIssueRequest{ActID: act, BatchID: batch, SerialNo: serial}); st != 200 || again != got {
-			t.Fatalf("%s: repeat answered %d %s %+v; want 200 %+v", c.name, st, code, again, got)
+		if got.Repeat == nil || *got.Repeat {
+			t.Fatalf("%s: the request refused at accept answered repeat %v; want false", c.name, got.Repeat)
+		}
+		got.Repeat = nil // the state route leaves it out; a repeat says true
+		if st, again, code := takeCoupon(t, c, api.CouponIssueRequest{ActID: act, BatchID: batch, SerialNo: serial}); st != 200 ||
+			again.Repeat == nil || !*again.Repeat {
+			t.Fatalf("%s: repeat answered %d %s repeat %v; want 200, a repeat", c.name, st, code, again.Repeat)
+		} else if again.Repeat = nil; again != got {
+			t.Fatalf("%s: repeat answered %+v; want %+v", c.name, again, got)
 		}
 		green := serial + "-g"
 		if st, again, code := takeCoupon(t, c, api.CouponIssueRequest{ActID: act, BatchID: batch, SerialNo: green, Green: true}); st != 200 ||

@@ -239,7 +239,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		if err != nil {
 			return nil, err
 		}
-		if probe == nil {
+		// As an accept's (below): another group's copy of a reward looks
+		// like this one's, so the probe settles a group of issues alone.
+		if probe == nil && len(issueOps) == len(ops) {
 			probe = p
 		}
 	}

@@ -462,6 +462,15 @@ func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo st
 		if err != nil {
 			return err
 		}
+		// A retry of this order may have committed while we waited for the
+		// lock: answer from it, not with its effect on the balance (a
+		// withdrawal that emptied the wallet would refuse its own retry).
+		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
+			if done {
+				return errRepeat
+			}
+			return err
+		}
 		out, err = model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
 		if err != nil {
 			return err
@@ -484,7 +493,7 @@ func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo st
 			return w, nil
 		}
 	}
-	if isMySQLErr(err, errDupEntry) {
+	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
 		w, err := repeat() // a concurrent retry won the race
 		if err == nil && !w.Repeat {
 			err = fmt.Errorf("storage: withdraw %s: order seen but its flow row is gone", orderNo)
@@ -668,15 +677,18 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // issueRewardsTx stores the rewards of a group's OpIssue ops. First
 // issueAll tries the whole group in one round trip. When that cannot store
 // every op (a stored order number, or a lock), each database in turn gets
-// one INSERT ... ON DUPLICATE KEY UPDATE order_no = order_no of all its ops'
-// rows, sorted by order number (one lock order for every writer): it stores
-// the new ones and locks the stored ones without a gap lock, so two groups
-// never deadlock over a missing order number. Then, only when the INSERT
-// stored fewer rows than it was given, the rows are read back: an op finds
-// its own row (its token and time), or one stored before it, or by an
-// earlier op of the group, and model.ReplayReward decides: a repeat, or
+// issueDB: a statement list of one INSERT ... ON DUPLICATE KEY UPDATE
+// order_no = order_no per op, sorted by order number (one lock order for
+// every writer), each counting the row it stored. It stores the new ones
+// and locks the stored ones without a gap lock, so two groups never
+// deadlock over a missing order number. An op is new only when its own
+// INSERT stored its row: what a stored row holds cannot tell (a client's
+// retries sent in one millisecond carry one token and one time). The
+// others are read back and model.ReplayReward decides: a repeat, or
 // ErrOrderConflict. It answers a probe that finds a stored reward after a
-// COMMIT without answer.
+// COMMIT without answer (nil when the group stored none); the probe
+// compares the token and time, which another group's copy of the same
+// request shares, so groupTx uses it only for a group of issues alone.
 func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
@@ -701,59 +713,77 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 	m.issues.Fallback.Add(1)
 	var probe func() (bool, error)
 	for _, db := range dbs {
-		list := byDB[db]
-		args := make([]any, 0, len(list)*19)
-		for _, op := range list {
-			args = append(args, issueArgs(op.Reward)...)
-		}
-		res, err := tx.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
-			rowsOf(len(list), 19)+" ON DUPLICATE KEY UPDATE order_no = order_no", args...)
-		if err != nil {
+		if err := m.issueDB(ctx, tx, db, byDB[db]); err != nil {
 			return nil, err
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return nil, err
-		}
-		if int(n) == len(list) { // every op stored now
-			for _, op := range list {
-				op.Issued = pendingReward(op.Reward)
-			}
-		} else {
-			orders := make([]any, len(list))
-			for i, op := range list {
-				orders[i] = op.Reward.OrderNo
-			}
-			stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
-				placeholders(len(orders))+") FOR UPDATE", orders...)
-			if err != nil {
-				return nil, err
-			}
-			have := make(map[string]model.Reward, len(stored))
-			for _, r := range stored {
-				have[r.OrderNo] = r
-			}
-			mine := map[string]bool{} // order numbers an op of this group stored
-			for _, op := range list {
-				prior, ok := have[op.Reward.OrderNo]
-				invariant.That(ok, "an order number just inserted or found is in its table")
-				if !mine[prior.OrderNo] && prior.Token == op.Reward.Token && prior.CreatedMS == op.Reward.CreatedMS && prior.Status == model.RewardPending {
-					mine[prior.OrderNo] = true
-					op.Issued = prior
-					continue
-				}
-				if op.Err = model.ReplayReward(prior, op.Reward); op.Err == nil {
-					op.Issued, op.Repeat = prior, true
-				}
-			}
-		}
-		for _, op := range list {
+		for _, op := range byDB[db] {
 			if op.Err == nil && !op.Repeat && probe == nil {
 				probe = m.rewardProbe(ctx, op.Issued)
 			}
 		}
 	}
 	return probe, nil
+}
+
+// issueDB stores one database's issues (sorted by order number) in one
+// statement list: per op an INSERT ... ON DUPLICATE KEY UPDATE order_no =
+// order_no whose ROW_COUNT() — 1 stored now, 0 there already — is appended
+// to a session string read back after. An op whose INSERT stored its row
+// is new; the others (stored before, by another transaction or an earlier
+// op of this list) are read back, locked, and decided by
+// model.ReplayReward: a repeat, or ErrOrderConflict.
+func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
+	var q strings.Builder
+	q.WriteString("SET @redcell_iss = ''")
+	args := make([]any, 0, len(list)*19)
+	for _, op := range list {
+		q.WriteString(";INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
+			" ON DUPLICATE KEY UPDATE order_no = order_no;SET @redcell_iss = CONCAT(@redcell_iss, ROW_COUNT())")
+		args = append(args, issueArgs(op.Reward)...)
+	}
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return err
+	}
+	var counts string
+	if err := tx.QueryRowContext(ctx, "SELECT @redcell_iss").Scan(&counts); err != nil {
+		return err
+	}
+	if len(counts) != len(list) {
+		return fmt.Errorf("storage: issue of %d rewards counted %q", len(list), counts)
+	}
+	var orders []any
+	for i, op := range list {
+		if counts[i] == '1' {
+			op.Issued = pendingReward(op.Reward)
+			continue
+		}
+		orders = append(orders, op.Reward.OrderNo)
+	}
+	if len(orders) == 0 {
+		return nil
+	}
+	stored, err := m.queryRewards(ctx, tx, "SELECT "+rewardCols+" FROM "+m.rewardTable(db)+" WHERE order_no IN ("+
+		placeholders(len(orders))+") FOR UPDATE", orders...)
+	if err != nil {
+		return err
+	}
+	have := make(map[string]model.Reward, len(stored))
+	for _, r := range stored {
+		have[r.OrderNo] = r
+	}
+	for i, op := range list {
+		if counts[i] == '1' {
+			continue
+		}
+		prior, ok := have[op.Reward.OrderNo]
+		if !ok {
+			return fmt.Errorf("storage: issue: order number %s counted stored but not found", op.Reward.OrderNo)
+		}
+		if op.Err = model.ReplayReward(prior, op.Reward); op.Err == nil {
+			op.Issued, op.Repeat = prior, true
+		}
+	}
+	return nil
 }
 
 // sortIssues puts one database's issue ops in order-number order: the
@@ -858,14 +888,16 @@ func allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, arg
 }
 
 // rewardProbe tells whether reward want, as this attempt stored it (its
-// token and time), is in its table.
+// token, time and lease), is in its table. A retry of the request sent in
+// the same millisecond without a lease (a scene that does not control its
+// stock) stores the same, so the probe settles only groups of issues alone.
 func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool, error) {
 	return func() (bool, error) {
 		r, err := m.Reward(ctx, want.Shard, want.OrderNo)
 		if errors.Is(err, model.ErrNotFound) {
 			return false, nil
 		}
-		return err == nil && r.Token == want.Token && r.CreatedMS == want.CreatedMS, err
+		return err == nil && r.Token == want.Token && r.CreatedMS == want.CreatedMS && r.LeaseID == want.LeaseID, err
 	}
 }
 

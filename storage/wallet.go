@@ -173,6 +173,15 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 		if err != nil {
 			return err
 		}
+		// A retry of this order may have committed while we waited for the
+		// lock: answer from it, not with its effect on the balance (a
+		// withdrawal that emptied the wallet would refuse its own retry).
+		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
+			if done {
+				return errRepeat
+			}
+			return err
+		}
 		out, err = model.ApplyDeposit(model.DepositInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
 		if err != nil {
 			return err
@@ -195,7 +204,7 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 			return d, nil
 		}
 	}
-	if isMySQLErr(err, errDupEntry) {
+	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
 		d, err := repeat() // a concurrent retry won the race
 		if err == nil && !d.Repeat {
 			err = fmt.Errorf("storage: deposit %s: order seen but its flow row is gone", orderNo)
