@@ -239,7 +239,7 @@ func TestCouponSoldOutAtAccept(t *testing.T) {
 		if st := couponStateOf(t, c, serial, act); st != got {
 			t.Fatalf("%s: the state route answered %+v; want %+v", c.name, st, got)
 		}
-		if v := metric(t, c, `redcell_coupon_refused_total{reason="SOLD_OUT",space="real"}`); v < 2 {
+		if v := metric(t, c, `redcell_coupon_refused_total{batch="`+batch+`",reason="SOLD_OUT",space="real"}`); v < 2 {
 			t.Fatalf("%s: redcell_coupon_refused_total{SOLD_OUT} %v, want at least the 2 answered at accept", c.name, v)
 		}
 	}
@@ -317,7 +317,7 @@ risk: {per_device_per_min: 2, per_ip_per_min: 3, per_act_per_min: 2}
 		wantIssued += countIssued(got) + 3 - risky
 		break
 	}
-	if v := metric(t, c, `redcell_coupon_refused_total{reason="RISK",space="real"}`); v < 3 {
+	if v := metric(t, c, `redcell_coupon_refused_total{batch="`+batch+`",reason="RISK",space="real"}`); v < 3 {
 		t.Fatalf("redcell_coupon_refused_total{RISK} %v, want at least 3", v)
 	}
 	issued, left, off := batchBooks(t, batch, c)

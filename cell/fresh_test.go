@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,11 +56,8 @@ type freshAnswer struct {
 // of freshBurst identical requests sent at once as new ("repeat": false; a
 // queued coupon request 202) and every other as a repeat of the same
 // operation, for freshRounds rounds; then the rows hold one operation per
-// key and the balances that follow from it. Every entry runs under naive
-// and grouped; opens under serial and batched too, the only requests those
-// two strategies run otherwise than naive does (they set the packet
-// queues' batch; every other entry takes the store directly unless
-// grouped). The grouped strategy's reward issue answered a request stored
+// key and the balances that follow from it. Every entry runs under each
+// open strategy (naive, serial, batched, grouped). The grouped strategy's reward issue answered a request stored
 // by an earlier group as new again (its token and time matched the stored
 // row's); a withdrawal that emptied the wallet refused its concurrent
 // repeats INSUFFICIENT_BALANCE.
@@ -86,19 +82,15 @@ func TestFreshOnce(t *testing.T) {
 		if code, errCode := adminCall(t, c, "PUT", "Bearer "+adminToken, body, false, nil); code != 200 {
 			t.Fatalf("switch to %s: %d %s", strategy, code, errCode)
 		}
-		opensOnly := strategy == cell.StrategySerial || strategy == cell.StrategyBatched
-		t.Run(strategy, func(t *testing.T) { freshUnder(t, c, pre, fmt.Sprintf("%s-%d", pre, k), opensOnly) })
+		t.Run(strategy, func(t *testing.T) { freshUnder(t, c, pre, fmt.Sprintf("%s-%d", pre, k)) })
 	}
 }
 
 // freshUnder runs TestFreshOnce's rounds under the strategy set now, with
 // act_ids, order numbers and serials made from p (pre names the test's
 // activities and batch), then checks each entry's rows.
-func freshUnder(t *testing.T, c *testCell, pre, p string, opensOnly bool) {
+func freshUnder(t *testing.T, c *testCell, pre, p string) {
 	entries := freshEntries(t, c, pre, p)
-	if opensOnly {
-		entries = slices.DeleteFunc(entries, func(e freshEntry) bool { return e.name != "open" })
-	}
 	slow := map[string]time.Duration{} // each entry's slowest answer, logged: a slow run says why
 	var slowMu sync.Mutex
 	defer func() { t.Logf("slowest answers: %v", slow) }()
