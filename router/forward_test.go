@@ -295,7 +295,8 @@ func TestWrongCellNoRetryPastDeadline(t *testing.T) {
 // TestForwardSigned: what the router forwards arrives signed over exactly what
 // the cell reads (the request target with its query, the body, the stress
 // flag, the app of the caller's key on the coupon routes), and the cell's check
-// accepts it; signature headers a client sent are replaced. The same call
+// accepts it; signature headers a client sent are replaced, and a client's
+// HeaderPartial (a peer's word on credits) is dropped. The same call
 // with its app changed (a capture replayed under another app's name) is
 // refused. A router keyed with another secret is refused.
 func TestForwardSigned(t *testing.T) {
@@ -304,6 +305,7 @@ func TestForwardSigned(t *testing.T) {
 		target, body, app string
 		stress, ok        bool
 		otherAppOK        bool // the call verified with its app changed
+		partial           bool // the cell was told HeaderPartial
 	}
 	got := make(chan seen, 1)
 	addr := serveCell(t, func(rc *fasthttp.RequestCtx) {
@@ -312,7 +314,8 @@ func TestForwardSigned(t *testing.T) {
 		rc.Request.CopyTo(&replay)
 		replay.Header.Set(api.HeaderApp, "reader-app")
 		got <- seen{string(rc.RequestURI()), string(rc.PostBody()), string(rc.Request.Header.Peek(api.HeaderApp)),
-			api.IsStress(&rc.Request.Header), ok, signer.VerifyRequest(&replay, time.Now())}
+			api.IsStress(&rc.Request.Header), ok, signer.VerifyRequest(&replay, time.Now()),
+			len(rc.Request.Header.Peek(api.HeaderPartial)) > 0}
 		if !ok {
 			rc.SetStatusCode(401)
 			rc.SetBodyString(`{"error":{"code":"UNAUTHENTICATED","message":"unsigned"}}`)
@@ -344,6 +347,7 @@ func TestForwardSigned(t *testing.T) {
 		req.Header.Set(api.HeaderTimestamp, "1")      // a client's own try
 		req.Header.Set(api.HeaderSignature, "forged") // is replaced
 		req.Header.Set(api.HeaderApp, "reader-app")   // is replaced too
+		req.Header.Set(api.HeaderPartial, "1")        // a peer's word, dropped
 		if c.stress {
 			req.Header.Set(api.HeaderStress, "1")
 		}
@@ -359,7 +363,7 @@ func TestForwardSigned(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := <-got
-		if resp.StatusCode() != 200 || !s.ok || s.body != c.body || s.stress != c.stress || s.app != c.app {
+		if resp.StatusCode() != 200 || !s.ok || s.body != c.body || s.stress != c.stress || s.app != c.app || s.partial {
 			t.Errorf("%s %s: status %d, cell saw %+v", c.method, c.path, resp.StatusCode(), s)
 		}
 		if s.otherAppOK {

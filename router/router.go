@@ -595,7 +595,10 @@ func (r *Router) accept(rc *fasthttp.RequestCtx, now time.Time) (target, error) 
 	// unique per app); a client cannot choose it. Set after the stress
 	// mark's check, which is of the request as the client signed it; the
 	// signature the cell checks covers it (api.Covered).
+	// HeaderPartial is a peer's word on /internal/credits, never a client's:
+	// the router's signature must not lend it authority.
 	rc.Request.Header.Del(api.HeaderApp)
+	rc.Request.Header.Del(api.HeaderPartial)
 	switch t.route.ID {
 	case api.RouteCouponIssue, api.RouteCouponState:
 		rc.Request.Header.Set(api.HeaderApp, app)

@@ -174,8 +174,8 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 			return err
 		}
 		// A retry of this order may have committed while we waited for the
-		// lock: answer from it, not with its effect on the balance (a
-		// withdrawal that emptied the wallet would refuse its own retry).
+		// lock: answer it as the repeat it is, found under the lock, so that
+		// only the transaction that stored the flow answers it fresh.
 		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
 			if done {
 				return errRepeat

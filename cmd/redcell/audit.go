@@ -152,7 +152,7 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 			return model.AuditReport{}, fmt.Errorf("audit: cell %s: %w", c.Name, err)
 		}
 	}
-	owners, err := clusterOwners(fc, func(i int) (string, int64, bool, error) { return stores[i].Ownership(ctx, fc.Cells[i].Name) })
+	owners, ties, err := clusterOwners(fc, func(i int) (string, int64, bool, error) { return stores[i].Ownership(ctx, fc.Cells[i].Name) })
 	if err != nil {
 		return model.AuditReport{}, err
 	}
@@ -194,6 +194,7 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	for _, cs := range copies {
 		rep.AddCopies(cs)
 	}
+	rep.Problems = append(rep.Problems, ties...)
 	limits, stale, err := couponAuditRules(fc)
 	if err != nil {
 		return rep, err
@@ -210,8 +211,11 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 // takes them at start; saved(i) reads those of fc.Cells[i]), or the
 // config's when it saved none, and where two cells claim a database the
 // higher version wins (sharding.NewMap, as every router decides). It
-// returns the owner's name of each database ("" none).
-func clusterOwners(fc fileConfig, saved func(i int) (ranges string, version int64, found bool, err error)) ([model.DBCount]string, error) {
+// returns the owner's name of each database ("" none), and a problem for
+// each database two cells claim under one version: no version decides
+// between them, so both may have served it (the map's tie-break by name
+// would count one and list the other's copy as harmless).
+func clusterOwners(fc fileConfig, saved func(i int) (ranges string, version int64, found bool, err error)) ([model.DBCount]string, []string, error) {
 	var owners [model.DBCount]string
 	version := cell.DefaultConfig().MapVersion
 	if fc.Cell.MapVersion > 0 {
@@ -221,7 +225,7 @@ func clusterOwners(fc fileConfig, saved func(i int) (ranges string, version int6
 	for i, c := range fc.Cells {
 		ranges, v, found, err := saved(i)
 		if err != nil {
-			return owners, fmt.Errorf("audit: cell %s: %w", c.Name, err)
+			return owners, nil, fmt.Errorf("audit: cell %s: %w", c.Name, err)
 		}
 		if !found {
 			ranges, v = c.Shards, version
@@ -229,18 +233,28 @@ func clusterOwners(fc fileConfig, saved func(i int) (ranges string, version int6
 		r := sharding.Ranges{}
 		if strings.TrimSpace(ranges) != "" {
 			if r, err = sharding.ParseRanges(ranges); err != nil {
-				return owners, fmt.Errorf("audit: cell %s: shards %q: %w", c.Name, ranges, err)
+				return owners, nil, fmt.Errorf("audit: cell %s: shards %q: %w", c.Name, ranges, err)
 			}
 		}
 		cells[i] = sharding.Cell{Name: c.Name, Shards: r, Version: v}
 	}
 	m, _ := sharding.NewMap(cells)
+	var ties []string
 	for db := range owners {
-		if o, ok := m.Owner(model.ShardID(db * model.ShardsPerDB)); ok {
-			owners[db] = o.Name
+		first := model.ShardID(db * model.ShardsPerDB)
+		o, ok := m.Owner(first)
+		if !ok {
+			continue
+		}
+		owners[db] = o.Name
+		for _, c := range cells {
+			if c.Name != o.Name && c.Version == o.Version && c.Shards.Contains(first) {
+				ties = append(ties, fmt.Sprintf("db_%02d is claimed by %s and %s under one map version %d: no version decides its owner, so both may have served it",
+					db, o.Name, c.Name, o.Version))
+			}
 		}
 	}
-	return owners, nil
+	return owners, ties, nil
 }
 
 // ownedOnServer reports whether cell name (not "") writes to the server dsn.

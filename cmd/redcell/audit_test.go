@@ -194,12 +194,12 @@ func TestClusterOwners(t *testing.T) {
 		ranges  string
 		version int64
 	}{"cell-1": {"0-499", 1}, "cell-3": {"380-389", 2}}
-	owners, err := clusterOwners(fc, func(i int) (string, int64, bool, error) {
+	owners, ties, err := clusterOwners(fc, func(i int) (string, int64, bool, error) {
 		s, ok := saved[fc.Cells[i].Name]
 		return s.ranges, s.version, ok, nil
 	})
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || len(ties) != 0 {
+		t.Fatal(err, ties)
 	}
 	for db, want := range map[int]string{0: "cell-1", 37: "cell-1", 38: "cell-3", 39: "cell-1", 49: "cell-1", 50: "cell-2", 99: "cell-2"} {
 		if owners[db] != want {
@@ -208,11 +208,24 @@ func TestClusterOwners(t *testing.T) {
 	}
 	// Before the adoption was saved, db_38 is still cell-1's.
 	delete(saved, "cell-3")
-	if owners, _ = clusterOwners(fc, func(i int) (string, int64, bool, error) {
+	if owners, _, _ = clusterOwners(fc, func(i int) (string, int64, bool, error) {
 		s, ok := saved[fc.Cells[i].Name]
 		return s.ranges, s.version, ok, nil
 	}); owners[38] != "cell-1" {
 		t.Errorf("db_38 before the adoption owned by %q, want cell-1", owners[38])
+	}
+	// Two cells claiming db_38 under one version: a problem naming both,
+	// not a silent pick by name.
+	saved["cell-3"] = struct {
+		ranges  string
+		version int64
+	}{"380-389", 1}
+	_, ties, _ = clusterOwners(fc, func(i int) (string, int64, bool, error) {
+		s, ok := saved[fc.Cells[i].Name]
+		return s.ranges, s.version, ok, nil
+	})
+	if want := "db_38 is claimed by cell-1 and cell-3 under one map version 1"; len(ties) != 1 || !strings.Contains(ties[0], want) {
+		t.Errorf("a tie gave problems %q, want one with %q", ties, want)
 	}
 }
 
