@@ -787,8 +787,15 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 			// tick, as before the scan: one batch per database per tick.
 			failed, booked := false, false
 			var again []int
+			// The switch is read before each database, not once a tick: a
+			// scan takes seconds, and a booking switched off meanwhile stops
+			// at once (what was marked stays marked for when it is on).
 			book := func(todo map[int]bool) {
 				for db := range todo {
+					if s.switches.Off(degradeBooking) {
+						again = append(again, db)
+						continue
+					}
 					booked = true
 					done, err := s.bookDB(ctx, sp, lim, db)
 					if err != nil && ctx.Err() == nil {
@@ -806,6 +813,9 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 				for _, db := range s.own.dbs() { // read each scan: moves change them
 					if ctx.Err() != nil {
 						return
+					}
+					if s.switches.Off(degradeBooking) {
+						break
 					}
 					book(map[int]bool{db: true})
 					book(s.rw.dirty[sp.index()].take())
