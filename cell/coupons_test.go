@@ -147,6 +147,18 @@ func batchBooks(t *testing.T, batch string, cells ...*testCell) (issued, left, w
 	return issued, left, writtenOff
 }
 
+// settledBooks is batchBooks once nothing is out but what was issued: an
+// engine's held lease goes back once idle (couponq's heldIdle, 250 ms), and
+// until then its unspent units read as written off. Waited for up to 30 s.
+func settledBooks(t *testing.T, batch string, cells ...*testCell) (issued, left, writtenOff int64) {
+	t.Helper()
+	waitFor(t, 30*time.Second, func() bool {
+		issued, left, writtenOff = batchBooks(t, batch, cells...)
+		return writtenOff == 0
+	}, "batch "+batch+": every held lease returned (nothing written off)")
+	return issued, left, writtenOff
+}
+
 // cellOf is the cell of a and b that owns act's shard.
 func cellOf(act string, a, b *testCell) *testCell {
 	if a.cfg.Shards.Contains(sharding.ShardOfAct(act)) {
@@ -243,7 +255,7 @@ func TestCouponSoldOutAtAccept(t *testing.T) {
 			t.Fatalf("%s: redcell_coupon_refused_total{SOLD_OUT} %v, want at least the 2 answered at accept", c.name, v)
 		}
 	}
-	iss, left, off := batchBooks(t, batch, a, b)
+	iss, left, off := settledBooks(t, batch, a, b)
 	if iss != 5 || left != 0 || off != 0 {
 		t.Fatalf("books of %s: issued %d, left %d, written off %d; want 5, 0, 0", batch, iss, left, off)
 	}
@@ -320,7 +332,7 @@ risk: {per_device_per_min: 2, per_ip_per_min: 3, per_act_per_min: 2}
 	if v := metric(t, c, `redcell_coupon_refused_total{batch="`+batch+`",reason="RISK",space="real"}`); v < 3 {
 		t.Fatalf("redcell_coupon_refused_total{RISK} %v, want at least 3", v)
 	}
-	issued, left, off := batchBooks(t, batch, c)
+	issued, left, off := settledBooks(t, batch, c)
 	if int(issued) != wantIssued || left != 1000-issued || off != 0 {
 		t.Fatalf("books of %s: issued %d (want %d), left %d, written off %d", batch, issued, wantIssued, left, off)
 	}
@@ -394,7 +406,7 @@ func TestCouponIssueSwitch(t *testing.T) {
 			t.Fatalf("%s once on: %+v", r.SerialNo, st)
 		}
 	}
-	if issued, left, off := batchBooks(t, batch, c); issued != 4 || left != 96 || off != 0 {
+	if issued, left, off := settledBooks(t, batch, c); issued != 4 || left != 96 || off != 0 {
 		t.Fatalf("books of %s: issued %d, left %d, written off %d; want 4, 96, 0", batch, issued, left, off)
 	}
 }
