@@ -204,15 +204,23 @@ func (r Report) Problems() []string {
 	if r.BalanceError != "" {
 		ps = append(ps, "balances: "+r.BalanceError)
 	}
-	if r.AuditError != "" {
-		ps = append(ps, "audit: "+r.AuditError)
+	return append(ps, auditProblems("audit", r.Audit, r.AuditError)...)
+}
+
+// auditProblems says what is wrong in an audit, each line starting with
+// prefix: its error (auditErr, when it could not run), a money difference
+// (cents), each problem it found. Empty: nil audit and no error, or clean.
+func auditProblems(prefix string, a *model.AuditReport, auditErr string) []string {
+	var ps []string
+	if auditErr != "" {
+		ps = append(ps, prefix+": "+auditErr)
 	}
-	if a := r.Audit; a != nil {
+	if a != nil {
 		if a.Difference != 0 {
-			ps = append(ps, fmt.Sprintf("audit: money differs by %d cents", a.Difference))
+			ps = append(ps, fmt.Sprintf("%s: money differs by %d cents", prefix, a.Difference))
 		}
 		for _, p := range a.Problems {
-			ps = append(ps, "audit: "+p)
+			ps = append(ps, prefix+": "+p)
 		}
 	}
 	return ps

@@ -236,18 +236,7 @@ func (su SustainResult) Problems() []string {
 			ps = append(ps, su.Run.Name()+": "+p)
 		}
 	}
-	if su.AuditError != "" {
-		ps = append(ps, "audit after the search: "+su.AuditError)
-	}
-	if a := su.Audit; a != nil {
-		if a.Difference != 0 {
-			ps = append(ps, fmt.Sprintf("audit after the search: money differs by %d cents", a.Difference))
-		}
-		for _, p := range a.Problems {
-			ps = append(ps, "audit after the search: "+p)
-		}
-	}
-	return ps
+	return append(ps, auditProblems("audit after the search", su.Audit, su.AuditError)...)
 }
 
 // searchParams are the numbers of one strategy's search.

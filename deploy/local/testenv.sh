@@ -5,6 +5,9 @@
 # promtool first where missing. CMD sees:
 #   REDCELL_TEST_MYSQL_DSN_1, REDCELL_TEST_MYSQL_DSN_2   go-sql-driver DSNs
 #   REDCELL_TEST_MEMCACHED                              host:port
+# testenv.sh --install only installs what is missing and exits: make test runs
+# it once before its two passes start their servers side by side (two apt-get
+# at once would fight over dpkg's lock).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/services.sh"
@@ -47,6 +50,7 @@ ensure_promtool() {
   fi
 }
 ensure_promtool
+if [ "${1:-}" = --install ]; then exit 0; fi
 
 tmp=$(mktemp -d /tmp/redcell-test.XXXXXX)
 cleanup() {
