@@ -222,16 +222,14 @@ func couponDrill(t *testing.T, c *cluster, d *drillDeps, full bool, hotStock, ho
 	done, stop := make(chan struct{}), make(chan struct{})
 	go func() { defer close(done); l.run(workers, stop, 10*loadFor, maxOps, hotShare) }()
 	time.Sleep(loadFor / 3)
-	// The queues' depth as the fault comes: the first of up to 6 samples 50 ms
-	// apart that finds requests queued (one sample alone can catch the
-	// moment the layers have just emptied a queue, and failed a CI run so).
+	// The fault comes once requests are queued: the queues' depth is sampled
+	// every 25 ms until one finds requests queued, for up to 5 s while the
+	// load goes on (the layers empty a queue between their takes, and six
+	// samples 50 ms apart once missed every full one on a busy machine).
 	var q float64
-	for i := range 6 {
-		if q = c.metric(t, "cell-1", "redcell_coupon_queue_depth") + c.metric(t, "cell-2", "redcell_coupon_queue_depth"); q > 0 {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(25 * time.Millisecond) {
+		if q = c.metric(t, "cell-1", "redcell_coupon_queue_depth") + c.metric(t, "cell-2", "redcell_coupon_queue_depth"); q > 0 || time.Now().After(deadline) {
 			break
-		}
-		if i < 5 {
-			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	fault(t, c, d, loadFor/3)
