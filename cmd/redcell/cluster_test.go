@@ -360,7 +360,7 @@ func (c *cluster) waitSchema(t *testing.T) {
 // optional label filter such as `{breaker="db"}`) on a cell's admin port.
 func (c *cluster) metric(t *testing.T, cell, series string) float64 {
 	t.Helper()
-	resp, err := http.Get(c.adminURL[cell] + "/metrics")
+	resp, err := adminUp(func() (*http.Response, error) { return http.Get(c.adminURL[cell] + "/metrics") })
 	if err != nil {
 		t.Fatalf("%s metrics: %v", cell, err)
 	}

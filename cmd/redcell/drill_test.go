@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -610,15 +611,32 @@ func (c *cluster) admin(t *testing.T, cell, method, path, body string) {
 	c.adminBody(t, cell, method, path, body)
 }
 
+// adminUp makes an admin-port call, again while the port refuses the
+// connection, for up to 15 s: a cell logs that it serves, and the router
+// counts its shards, a moment before its admin port listens (a PUT sent in
+// between was once refused beside the race pass).
+func adminUp(call func() (*http.Response, error)) (*http.Response, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := call()
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+			return resp, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // adminBody is admin, returning the answer's body.
 func (c *cluster) adminBody(t *testing.T, cell, method, path, body string) string {
 	t.Helper()
 	c.mu.Lock()
 	url := c.adminURL[cell] + path
 	c.mu.Unlock()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer e2e-admin-token-0123")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminUp(func() (*http.Response, error) {
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer e2e-admin-token-0123")
+		return http.DefaultClient.Do(req)
+	})
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
