@@ -261,12 +261,15 @@ func TestEndToEnd(t *testing.T) {
 	c.waitSchema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
+	// No shadow tables made first (--prepare-shadow=false): a 2 s smoke load
+	// touches a few shards, and making every shard's would be most of the
+	// test's time (TestPrepareShadow covers that step).
+	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
 	if out, err := bench.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
 	// And straight to the cells, signed with the config's cluster secret.
-	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
+	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
 	if out, err := direct.CombinedOutput(); err != nil {
 		t.Fatalf("bench --direct: %v\n%s", err, out)
 	}
