@@ -167,12 +167,23 @@ func TestGiveRestores(t *testing.T) {
 	if ls := p.Leases(); len(ls) != 1 || ls[0].ID != id || ls[0].Unspent != 100 {
 		t.Fatalf("leases after Give: %+v; want %s with all 100 left", ls, id)
 	}
+	if g := r.home.grants.Load(); g != 1 {
+		t.Fatalf("%d grants before the second take, want 1", g)
+	}
 	again, err := p.Take(ctx, testKey, 1000, 100)
 	if err != nil || again != id {
 		t.Fatalf("take of the whole lease after Give: %s, %v; want %s", again, err, id)
 	}
-	if g := r.home.grants.Load(); g != 1 {
-		t.Fatalf("%d grants, want 1", g)
+	// The take emptied the lease, which starts one refill in the background
+	// (RefillBelow): once it is in, the home granted exactly twice, the
+	// first lease and that refill, never a lease for the take itself.
+	for deadline := time.Now().Add(10 * time.Second); len(p.Leases()) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refill 10 s after the lease was emptied: leases %+v", p.Leases())
+		}
+	}
+	if g := r.home.grants.Load(); g != 2 {
+		t.Fatalf("%d grants, want 2 (the first lease and the refill after it was emptied)", g)
 	}
 	p.Give("other/key/x", id, 5) // an unknown key: nothing happens
 }
