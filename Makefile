@@ -41,16 +41,22 @@ cluster-netns:
 ## [unit] or [race]
 test:
 	deploy/local/testenv.sh --install
-	$(MAKE) --no-print-directory -j2 test-unit test-race
+	@mkdir -p $(TEST_LOGS)
+	$(MAKE) --no-print-directory -j2 test-unit test-race || \
+		{ deploy/local/testfailures.sh $(TEST_LOGS)/unit.log $(TEST_LOGS)/race.log; exit 1; }
 
+# Each pass's output is also kept in $(TEST_LOGS); when make test fails, its last
+# lines are each failed test's name and message, and any panic, from both passes
+# (deploy/local/testfailures.sh), so a log's tail says what failed.
+TEST_LOGS := $(REDCELL_VAR)/test
 # The two passes of make test. Most of the unit pass's time is the drills and
 # clusters of cmd/redcell waiting on timeouts and restarts, most of the race
 # pass's is CPU: side by side they take about the longer one's time.
 .PHONY: test-unit test-race
 test-unit:
-	deploy/local/testenv.sh $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/[unit] /'
+	deploy/local/testenv.sh $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/[unit] /' | tee $(TEST_LOGS)/unit.log
 test-race:
-	deploy/local/testenv.sh $(MAKE) --no-print-directory race 2>&1 | sed -u 's/^/[race] /'
+	deploy/local/testenv.sh $(MAKE) --no-print-directory race 2>&1 | sed -u 's/^/[race] /' | tee $(TEST_LOGS)/race.log
 
 ## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
 ## a cell leaving and rejoining, kill -9 the router, rewards issued while a cell is killed and while the booking is off,
