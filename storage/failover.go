@@ -62,11 +62,14 @@ const healthEvery = 10
 // promotion beginning) starts a new generation, and connections of an
 // older one are refused by the pool (IsValid, ResetSession) and fail every
 // call, so no statement of this cell reaches the old primary after it.
+// It also counts the round trips its connections make (trips): a store
+// opened without a standby dials through one that never switches.
 type switchConnector struct {
 	mu      sync.Mutex
 	cur     driver.Connector
 	gen     atomic.Int64
 	refusal error // while a promotion runs: no new connection
+	trips   atomic.Int64
 }
 
 func (c *switchConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -140,6 +143,12 @@ func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
+	// The driver sets a non-default isolation level with a statement of
+	// its own before START TRANSACTION.
+	if opts.Isolation != driver.IsolationLevel(sql.LevelDefault) {
+		c.sw.trips.Add(1)
+	}
+	c.sw.trips.Add(1)
 	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -151,6 +160,7 @@ func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
+	c.sw.trips.Add(1)
 	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
 }
 
@@ -158,6 +168,7 @@ func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.N
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
+	c.sw.trips.Add(1)
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
 }
 
@@ -165,6 +176,7 @@ func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
+	c.sw.trips.Add(1)
 	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
 
@@ -172,6 +184,7 @@ func (c *genConn) Ping(ctx context.Context) error {
 	if c.stale() {
 		return driver.ErrBadConn
 	}
+	c.sw.trips.Add(1)
 	return c.Conn.(driver.Pinger).Ping(ctx)
 }
 
@@ -190,11 +203,17 @@ type genTx struct {
 }
 
 func (t *genTx) Commit() error {
+	t.c.sw.trips.Add(1)
 	if t.c.stale() {
 		_ = t.Tx.Rollback()
 		return errors.New("storage: the cell's database was switched to its standby during this transaction; not committed")
 	}
 	return t.Tx.Commit()
+}
+
+func (t *genTx) Rollback() error {
+	t.c.sw.trips.Add(1)
+	return t.Tx.Rollback()
 }
 
 func connectorOf(dsn string) (driver.Connector, error) {
@@ -257,7 +276,9 @@ func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger)
 	db.SetMaxIdleConns(maxConns)
 	db.SetConnMaxLifetime(5 * time.Minute)
 	f.db = db
-	return newMySQL(db), f, nil
+	m := newMySQL(db)
+	m.trips = &f.sw.trips
+	return m, f, nil
 }
 
 type standbyRole int

@@ -161,6 +161,7 @@ type MySQL struct {
 	bulk    creditPaths // how credits were booked (credits.go)
 	issues  issuePaths  // how grouped issues were stored (rewards.go)
 	accepts issuePaths  // how grouped coupon accepts were stored (couponaccept.go)
+	trips   *atomic.Int64 // round trips to the server, over the pool (switchConnector); nil: not counted
 
 	mu           sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process
@@ -187,15 +188,20 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sql.Open("mysql", full)
+	conn, err := connectorOf(full)
 	if err != nil {
 		return nil, fmt.Errorf("storage: open: %w", err)
 	}
+	// A connector that never switches: it counts the round trips.
+	sw := &switchConnector{cur: conn}
+	db := sql.OpenDB(sw)
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	// Recycle connections so a restarted server's stale sockets do not linger.
 	db.SetConnMaxLifetime(5 * time.Minute)
-	return newMySQL(db), nil
+	m := newMySQL(db)
+	m.trips = &sw.trips
+	return m, nil
 }
 
 // OpenPrefixed is Open for a store whose databases carry a name prefix:
@@ -313,7 +319,19 @@ const ShadowPrefix = "shadow_"
 // Shadow returns a store over the same server and connection pool that reads
 // and writes the shadow databases: stress-test traffic never touches real rows.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter}
+	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter, trips: m.trips}
+}
+
+// RoundTrips is how many round trips the store's connections have made to
+// its server since it was opened, whatever they carried: a statement or a
+// statement list, a BEGIN (two with an isolation level), a COMMIT or
+// ROLLBACK, a ping. Shadow stores share their store's count. 0 for a store
+// not opened by Open or OpenFailover.
+func (m *MySQL) RoundTrips() int64 {
+	if m.trips == nil {
+		return 0
+	}
+	return m.trips.Load()
 }
 
 // Ping checks the connection.

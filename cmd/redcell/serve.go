@@ -102,6 +102,9 @@ func runCell(ctx context.Context, args []string) error {
 	}
 	defer ln.Close()
 	reg := newRegistry()
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_round_trips_total",
+		Help: "Round trips the cell's connections made to its database server (a statement or statement list, BEGIN, COMMIT, ROLLBACK, a ping), real and shadow spaces together; the bench divides it by operations."},
+		func() float64 { return float64(store.RoundTrips()) }))
 	if failover != nil {
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		defer stopWatch()
