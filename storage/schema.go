@@ -154,13 +154,13 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 // MySQL is the store of one cell. It is safe for concurrent use.
 type MySQL struct {
 	db      *sql.DB
-	clock   clock.Clock // the only source of time: rows' times, expiry, cache ages, retry waits
-	ns      string      // database name prefix: base for real money, base+ShadowPrefix for stress traffic
-	base    string      // the namespace of OpenPrefixed ("" for Open): prefixes ns
-	filter  *dbFilter   // the databases the table listings take (SetDBFilter)
-	bulk    creditPaths // how credits were booked (credits.go)
-	issues  issuePaths  // how grouped issues were stored (rewards.go)
-	accepts issuePaths  // how grouped coupon accepts were stored (couponaccept.go)
+	clock   clock.Clock   // the only source of time: rows' times, expiry, cache ages, retry waits
+	ns      string        // database name prefix: base for real money, base+ShadowPrefix for stress traffic
+	base    string        // the namespace of OpenPrefixed ("" for Open): prefixes ns
+	filter  *dbFilter     // the databases the table listings take (SetDBFilter)
+	bulk    creditPaths   // how credits were booked (credits.go)
+	issues  issuePaths    // how grouped issues were stored (rewards.go)
+	accepts issuePaths    // how grouped coupon accepts were stored (couponaccept.go)
 	trips   *atomic.Int64 // round trips to the server, over the pool (switchConnector); nil: not counted
 
 	mu           sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
