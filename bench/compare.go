@@ -76,6 +76,8 @@ type Cluster struct {
 	GetStrategy func(ctx context.Context) (string, error)
 	// Cells are scraped around this cluster's runs, as SuiteConfig.Cells.
 	Cells []MetricsTarget
+	// Work measures this cluster's runs, as Config.Work does the main one's.
+	Work *WorkSources
 }
 
 // Validate checks the suite and its run config.
@@ -326,7 +328,7 @@ func (s *Suite) runAll(ctx context.Context, sc SuiteConfig) (err error) {
 	targets := []target{{run: sc.Run, set: sc.SetStrategy, get: sc.GetStrategy, cells: sc.Cells}}
 	if b := sc.Baseline; b != nil {
 		run := sc.Run
-		run.RouterURL, run.ClusterSecret, run.APIKey, run.Audit = b.RouterURL, b.ClusterSecret, b.APIKey, b.Audit
+		run.RouterURL, run.ClusterSecret, run.APIKey, run.Audit, run.Work = b.RouterURL, b.ClusterSecret, b.APIKey, b.Audit, b.Work
 		run.RouterPprof = "" // the profile address is the main cluster's router's
 		targets = append(targets, target{name: b.Name, run: run, set: b.SetStrategy, get: b.GetStrategy, cells: b.Cells})
 	}

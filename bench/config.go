@@ -74,6 +74,10 @@ type Config struct {
 	// flight (about 15 s at most) and keeps the last report. It must be safe to
 	// call more than once.
 	Audit func(ctx context.Context) (model.AuditReport, error)
+	// Work, when set, measures what the load cost per fresh open (a workload's
+	// load phase; not smoke): Report.Work. One WorkSources per cluster, shared
+	// by its runs (it measures the idle rate once).
+	Work *WorkSources
 	// Progress, when set, gets a one-line progress bar rewritten (with '\r')
 	// about once a second, and a final newline. Written from one goroutine.
 	Progress io.Writer

@@ -102,7 +102,14 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 		openHot: newOpRecorder(), openCold: newOpRecorder()}
 	r.requester = newRequester(c, start) // the timeline restarts with the load, below
 
+	if cfg.Work != nil {
+		cfg.Work.measureIdle(ctx) // before the setup's requests
+	}
 	ready := r.setup(ctx)
+	var work0 workSnap
+	if cfg.Work != nil {
+		work0 = cfg.Work.begin(ctx)
+	}
 	r.loadAt = time.Now()
 	r.rec[opOpen].tl = newTimeline(r.loadAt)
 	if ready {
@@ -112,6 +119,9 @@ func runLoad(ctx context.Context, cfg Config) (Report, error) {
 	rep := r.report(end)
 	if err := interrupted(ctx, cfg, &rep); err != nil {
 		return rep, err
+	}
+	if cfg.Work != nil {
+		rep.Work = cfg.Work.end(ctx, work0, rep.Open.OK-rep.Open.Repeats, "open")
 	}
 	r.resolveUncertain(ctx)
 	rep.ClaimedCents, rep.ResolvedOpens = r.claimedCents.Load(), r.resolved.Load()

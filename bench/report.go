@@ -117,6 +117,11 @@ type Report struct {
 	// batch size, credit lag (see CellMetrics); nil when the suite had no
 	// cells to scrape.
 	CellMetrics *CellMetrics `json:"cell_metrics,omitempty"`
+
+	// Work is what the run cost per fresh operation: statements, round
+	// trips, memcached commands, CPU by process (see Work); nil when the
+	// run had no Config.Work.
+	Work *Work `json:"work,omitempty"`
 }
 
 // OpStats counts the requests of one operation. Count is every HTTP request
@@ -346,6 +351,12 @@ func (r Report) WriteText(w io.Writer) error {
 			cm.Cells, cm.commitsText(), cm.batchText(), cm.lagText())
 		ew.printf("  claims/s by cell: %s\n", cm.byCellText())
 		for _, m := range cm.Missing {
+			ew.printf("    n/a: %s\n", m)
+		}
+	}
+	if w := r.Work; w != nil {
+		ew.printf("  work per %s (%d, idle taken off): %s\n", w.OpKind, w.Ops, w.Text())
+		for _, m := range w.Missing {
 			ew.printf("    n/a: %s\n", m)
 		}
 	}

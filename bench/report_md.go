@@ -69,6 +69,7 @@ func (s Suite) writeSummary(ew *errWriter) {
 			"commits/s", "mean batch", "credit-lag p99 ms", "verdict"}, rows)
 	}
 	s.writeCellMetrics(ew)
+	s.writeWork(ew)
 	if len(s.VsBaseline) > 0 {
 		ew.printf("## Against the baseline cluster\n\nThe same workload (one seed) on both clusters, interleaved; ratio = this cluster's successful opens/s / the baseline's.\n\n")
 		var rows [][]string
@@ -364,3 +365,29 @@ func verdict(ok bool) string {
 func f1(x float64) string  { return fmt.Sprintf("%.1f", x) }
 func f2(x float64) string  { return fmt.Sprintf("%.2f", x) }
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
+
+// writeWork is the table of what each run cost per fresh operation (runs
+// with Report.Work).
+func (s Suite) writeWork(ew *errWriter) {
+	var rows [][]string
+	for _, r := range s.Runs {
+		w := r.Work
+		if w == nil {
+			continue
+		}
+		idle := "n/a"
+		if w.IdleStatementsPerSec != nil {
+			idle = f1(*w.IdleStatementsPerSec)
+		}
+		rows = append(rows, []string{r.Name(), fmt.Sprint(w.Ops), w.statementsText(), w.tripsText(), w.memcachedText(),
+			w.cpuText("mariadb"), w.cpuText("cells"), w.cpuText("router"), w.cpuText("memcached"), w.cpuText("bench"), w.cpuText("total"), idle})
+	}
+	if len(rows) == 0 {
+		return
+	}
+	ew.printf("## Work per operation\n\nPer fresh operation of each run (opens that were not repeats), from the load's start until the servers were quiet again, " +
+		"the cluster's idle rate taken off: SQL statements (the database servers' Queries), the cells' round trips to their databases, " +
+		"memcached commands, and CPU µs by process. The runs' text reports break the statements down by kind.\n\n")
+	mdTable(ew, []string{"run", "ops", "statements", "DB round trips", "memcached", "MariaDB µs", "cells µs", "router µs",
+		"memcached µs", "bench µs", "total µs", "idle statements/s"}, rows)
+}

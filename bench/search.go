@@ -487,6 +487,7 @@ func searchRunConfig(sc SuiteConfig, cfg SearchConfig, strategy string, rate int
 	run.Rate, run.Duration = rate, dur
 	run.AllowShed = true // shedding fails the step, not the suite
 	run.Audit = nil      // the suite's other runs audit; a full audit per step would not fit the budget
+	run.Work = nil       // the wait for quiet servers would not fit either; the sustained run measures it
 	run.SettleTimeout = searchSettle
 	inFlight := int(math.Ceil(float64(rate) * cfg.P99Bound.Seconds() * searchInFlightFactor))
 	run.MaxInFlight = min(max(run.inFlight(), inFlight), inFlightMax)

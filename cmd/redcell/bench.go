@@ -63,6 +63,8 @@ type benchFlags struct {
 	cleanup             bool          // --cleanup: drop the shadow databases after the runs (bench_cleanup.go)
 	cleanupOnly         bool          // --cleanup with no flag but --config: only that, no load
 	prepareShadow       bool          // --prepare-shadow: the shadow space's tables before the first run (bench_shadow.go)
+	work                bool          // --work: measure each run's work per open (bench_work.go)
+	idleWindow          time.Duration // --idle-window: how long the idle rate is measured
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -87,6 +89,10 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		"which the cells' warm-up makes for the real space only (else the first runs make them and the second run pays; a few seconds when they exist; not while databases move)")
 	fs.StringVar(&f.jsonPath, "json", "", "also write the JSON report to this file (a single run's report, or the suite's)")
 	fs.StringVar(&f.outDir, "out", "", "write report.md, report.json and chart.svg here (default var/bench/<time>/ unless a plain smoke run)")
+	fs.BoolVar(&f.work, "work", true, "with --config: measure what each run costs per fresh open, from its load's start until the servers are quiet again, "+
+		"the idle rate taken off: SQL statements (each database server's Queries, and by kind), the cells' round trips to their databases, memcached commands, "+
+		"and CPU µs by process (MariaDB when it runs on this machine, the cells, the router, memcached, the bench)")
+	fs.DurationVar(&f.idleWindow, "idle-window", 5*time.Second, "--work: how long each cluster's idle rate is measured before its first run (0: none, nothing taken off)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "count OVERLOADED, TIMEOUT, DB_UNAVAILABLE and the other shedding answers, client timeouts and open-loop drops as load shedding (reported) instead of failing the run (make bench sets it)")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
 	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config); "+
@@ -256,6 +262,11 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 			return sc, err
 		}
 		sc.Cells = cells
+		if f.work {
+			if sc.Run.Work, err = workSources(f.configPath, f.idleWindow); err != nil {
+				return sc, err
+			}
+		}
 	}
 	if f.searchOn {
 		search := f.search
@@ -300,6 +311,11 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		}
 		if b.Cells, err = metricsTargets(f.baselinePath); err != nil {
 			return sc, err
+		}
+		if f.work {
+			if b.Work, err = workSources(f.baselinePath, f.idleWindow); err != nil {
+				return sc, err
+			}
 		}
 		if f.compare != "" {
 			path := f.baselinePath

@@ -361,7 +361,7 @@ func (g *growCluster) festival(t *testing.T, name string, d time.Duration) bench
 	// made first: the bench runs while databases move, and its own
 	// traffic makes what it needs through the cells.
 	cmd := exec.Command(g.c.bin, "bench", "--config", g.c.config, "--workload", "festival", "--users", "2000", "--rate", "200",
-		"--prepare-shadow=false", "--duration", d.String(), "--out", filepath.Join(dir, "out"), "--json", filepath.Join(dir, "run.json"), "--allow-shed")
+		"--prepare-shadow=false", "--work=false", "--duration", d.String(), "--out", filepath.Join(dir, "out"), "--json", filepath.Join(dir, "run.json"), "--allow-shed")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Errorf("festival bench %s: %v\n%s", name, err, lastLines(string(b), 30))

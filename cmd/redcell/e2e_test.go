@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"redcell/api"
+	"redcell/bench"
 	"redcell/internal/testenv"
 )
 
@@ -273,6 +276,7 @@ func TestEndToEnd(t *testing.T) {
 	if out, err := direct.CombinedOutput(); err != nil {
 		t.Fatalf("bench --direct: %v\n%s", err, out)
 	}
+	e2eBenchWork(ctx, t, c)
 
 	// cell-2 leaves: its shards answer 503 within a bounded time, cell-1's still work.
 	c.stop(t, "cell-2")
@@ -346,5 +350,65 @@ func e2eAPIKeys(t *testing.T, c *cluster, sender string, balance int64) {
 	var acct struct{ Balance int64 }
 	if st, _ := do(t, "GET", r+"/v1/accounts/"+sender, nil, &acct); st != 200 || acct.Balance != balance {
 		t.Fatalf("refused calls moved the balance: %d → %d", balance, acct.Balance)
+	}
+}
+
+// e2eBenchWork runs a short roundrobin load with --work and checks what it
+// says an open costs: statements (inserts and updates among them) and round
+// trips within bounds an open could have, CPU of every process measured
+// (MariaDB's too: the test servers run on this machine), and memcached
+// commands counted (0 or more: stress traffic skips the per-person limit).
+func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "work.json")
+	cmd := exec.CommandContext(ctx, c.bin, "bench", "--config", c.config, "--prepare-shadow=false", "--workload", "roundrobin",
+		"--packets", "20", "--senders", "2", "--openers", "8", "--duration", "2s", "--idle-window", "1s", "--allow-shed", "--json", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bench --work: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var suite struct {
+		Runs []struct {
+			Open struct {
+				OK int64 `json:"ok"`
+			} `json:"open"`
+			Work *bench.Work `json:"work"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &suite); err != nil || len(suite.Runs) != 1 || suite.Runs[0].Work == nil {
+		t.Fatalf("bench --work: %v, report:\n%s", err, b)
+	}
+	w := suite.Runs[0].Work
+	t.Logf("roundrobin, work per open: %s", w.Text())
+	if w.Ops < 10 || w.Ops > suite.Runs[0].Open.OK {
+		t.Errorf("work over %d ops, of %d opens answered", w.Ops, suite.Runs[0].Open.OK)
+	}
+	in := func(name string, v *float64, lo, hi float64) {
+		t.Helper()
+		if v == nil || *v < lo || *v > hi {
+			t.Errorf("%s per open = %v, want %.1f..%.1f (work %+v)", name, v, lo, hi, *w)
+		}
+	}
+	// An open is at least its claim's INSERT and its packet's UPDATE, and a
+	// credit's; far fewer than 60 statements however the cell groups them.
+	in("statements", w.Statements, 2, 60)
+	in("db round trips", w.DBRoundTrips, 0.1, 40)
+	in("memcached commands", w.MemcachedCommands, 0, 20)
+	if w.ByKind["insert"] <= 0 || w.ByKind["update"] <= 0 {
+		t.Errorf("statements by kind %v: want inserts and updates", w.ByKind)
+	}
+	for _, p := range []string{"mariadb", "cells", "router", "memcached", "bench", "total"} {
+		if _, ok := w.CPUMicros[p]; !ok {
+			t.Errorf("no CPU of %s: %v (missing %v)", p, w.CPUMicros, w.Missing)
+		}
+	}
+	if w.CPUMicros["cells"] <= 0 || w.CPUMicros["mariadb"] <= 0 {
+		t.Errorf("CPU per open %v: the cells and MariaDB did work", w.CPUMicros)
+	}
+	if w.IdleStatementsPerSec == nil {
+		t.Errorf("no idle rate (missing %v)", w.Missing)
 	}
 }

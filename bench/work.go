@@ -1,0 +1,334 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The work a run costs, per fresh operation: SQL statements by the database
+// servers' own counters, database round trips by the cells' count, memcached
+// commands, and CPU by process. Counts are exact on a noisy machine where
+// times are not, so they say first what a change saved.
+//
+// A run's window starts when its load does (after its setup: deposits, the
+// packets sent before the load) and ends when the servers are quiet again:
+// the cells' queues and relay lanes empty and the statement rate back within
+// workQuietFactor of the idle rate, so the credits of the run's claims count
+// but its audit does not. The idle rate, measured once per cluster before
+// its first run (WorkSources.IdleWindow), is taken off every figure over the
+// window: what is left is what the operations cost, background excluded.
+
+// Counter names, as WorkSources.Counters and the process scrapes give them.
+// Statement kinds are counterKind+"insert", "update", ... (each server's
+// Com_insert, Com_update, ... summed over the servers).
+const (
+	counterStatements = "statements"     // each server's Queries, summed
+	counterOwn        = "own_statements" // statements the meter itself sent to read the servers
+	counterKind       = "com_"           // prefix of the statement kinds
+	counterTrips      = "db_round_trips" // the cells' redcell_cell_db_round_trips_total
+	counterMemcached  = "memcached_commands"
+	counterCPU        = "cpu_" // prefix: CPU seconds by process kind (mariadb, cells, router, memcached, bench)
+)
+
+// workQuietFactor: a window ends once the statement rate is within this
+// factor of the idle rate; workQuietMax bounds the wait for it.
+const (
+	workQuietFactor = 1.5
+	workQuietMax    = 30 * time.Second
+	workQuietPoll   = 500 * time.Millisecond
+)
+
+// WorkSources says where a cluster's work is read.
+type WorkSources struct {
+	// Counters reads the servers' counters (names above: statements,
+	// own_statements, com_*, memcached_commands, cpu_mariadb, cpu_memcached),
+	// and what it could not read. Required.
+	Counters func(ctx context.Context) (map[string]float64, []string)
+	// Processes are the router's and the cells' GET /metrics: their
+	// process_cpu_seconds_total (cpu_router for a target named "router",
+	// else cpu_cells) and the cells' round trips to their databases.
+	Processes []MetricsTarget
+	// Cells are the cells' metrics, whose idle gauges end a window.
+	Cells []MetricsTarget
+	// IdleWindow is how long the idle rate is measured before the first run;
+	// 0: not measured, nothing subtracted.
+	IdleWindow time.Duration
+
+	once sync.Once
+	idle map[string]float64 // per second
+	// idleMissing is why the idle rate is unknown, if it is.
+	idleMissing []string
+}
+
+// Work is what a run cost per fresh operation (Ops), the cluster's idle
+// rate over the window taken off. A figure that could not be read is left
+// out and Missing says why.
+type Work struct {
+	Ops      int64  `json:"ops"`       // fresh operations (opens that were not repeats) in the window
+	OpKind   string `json:"op_kind"`   // what Ops counts, e.g. "open"
+	WindowMS int64  `json:"window_ms"` // from the load's start until the servers were quiet
+	// QuietMS is how long the window ran on after the load ended, for the
+	// servers to be quiet again; Quiet is false when workQuietMax ran out.
+	QuietMS int64 `json:"quiet_ms"`
+	Quiet   bool  `json:"quiet"`
+	// IdleStatementsPerSec is the cluster's statement rate with no load, as
+	// measured before its first run; IdleWindowMS how long.
+	IdleStatementsPerSec *float64 `json:"idle_statements_per_sec,omitempty"`
+	IdleWindowMS         int64    `json:"idle_window_ms"`
+	// Per operation.
+	Statements        *float64           `json:"statements,omitempty"`         // all database servers
+	ByKind            map[string]float64 `json:"statements_by_kind,omitempty"` // insert, update, select, begin, commit, ... (≥ 0.005 shown)
+	DBRoundTrips      *float64           `json:"db_round_trips,omitempty"`     // the cells' connections to their servers
+	MemcachedCommands *float64           `json:"memcached_commands,omitempty"` // get, set, cas, add, incr, delete, touch
+	// CPUMicros is CPU µs per operation by process kind: mariadb (every
+	// server), cells, router, memcached, bench (this process: the client),
+	// and total.
+	CPUMicros map[string]float64 `json:"cpu_us,omitempty"`
+	Missing   []string           `json:"missing,omitempty"`
+}
+
+// workSnap is one reading of every counter.
+type workSnap struct {
+	at      time.Time
+	c       map[string]float64
+	missing []string
+}
+
+// snap reads every counter at once: the servers' (Counters), the
+// processes' metrics, and this process's CPU.
+func (w *WorkSources) snap(ctx context.Context) workSnap {
+	s := workSnap{at: time.Now(), c: map[string]float64{}}
+	var wg sync.WaitGroup
+	var scrapes []cellScrape
+	wg.Go(func() { scrapes = scrapeCells(ctx, metricsClient, w.Processes) })
+	c, missing := w.Counters(ctx)
+	wg.Wait()
+	maps.Copy(s.c, c)
+	s.missing = append(s.missing, missing...)
+	for _, sc := range scrapes {
+		if sc.err != nil {
+			s.missing = append(s.missing, fmt.Sprintf("%s: %v", sc.cell, sc.err))
+			continue
+		}
+		kind := counterCPU + "cells"
+		if sc.cell == "router" {
+			kind = counterCPU + "router"
+		}
+		s.c[kind] += sc.gauges["process_cpu_seconds_total"]
+		s.c[counterTrips] += sc.gauges["redcell_cell_db_round_trips_total"]
+	}
+	s.c[counterCPU+"bench"] = selfCPUSeconds()
+	return s
+}
+
+// selfCPUSeconds is this process's CPU time, user and system.
+func selfCPUSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// net is after - before with the meter's own statements taken off.
+func netCounters(before, after workSnap) map[string]float64 {
+	d := map[string]float64{}
+	for k, v := range after.c {
+		if b, ok := before.c[k]; ok {
+			d[k] = v - b
+		}
+	}
+	own := d[counterOwn]
+	delete(d, counterOwn)
+	if _, ok := d[counterStatements]; ok {
+		d[counterStatements] -= own
+		d[counterKind+"show_status"] -= own
+	}
+	return d
+}
+
+// measureIdle measures the idle rate once (IdleWindow), before the first run.
+func (w *WorkSources) measureIdle(ctx context.Context) {
+	w.once.Do(func() {
+		if w.IdleWindow <= 0 {
+			return
+		}
+		before := w.snap(ctx)
+		if !sleepCtx(ctx, w.IdleWindow) {
+			return
+		}
+		after := w.snap(ctx)
+		w.idleMissing = append(before.missing, after.missing...)
+		secs := after.at.Sub(before.at).Seconds()
+		w.idle = map[string]float64{}
+		for k, v := range netCounters(before, after) {
+			w.idle[k] = max(0, v) / secs
+		}
+		delete(w.idle, counterCPU+"bench") // the idle bench is this process waiting: not the cluster's
+	})
+}
+
+// begin measures the idle rate if it is not known yet, then takes the
+// window's first reading.
+func (w *WorkSources) begin(ctx context.Context) workSnap {
+	w.measureIdle(ctx)
+	return w.snap(ctx)
+}
+
+// end waits for the servers to be quiet (see the top of this file), takes
+// the window's last reading and returns the work per op.
+func (w *WorkSources) end(ctx context.Context, before workSnap, ops int64, opKind string) *Work {
+	loadEnd := time.Now()
+	wait, cancel := context.WithTimeout(ctx, workQuietMax)
+	defer cancel()
+	quiet := false
+	prev := w.snap(ctx)
+	for !quiet && sleepCtx(wait, workQuietPoll) {
+		cur := w.snap(ctx)
+		quiet = w.quiet(prev, cur) && idle(scrapeCells(wait, metricsClient, w.Cells))
+		prev = cur
+	}
+	after := prev
+	work := &Work{Ops: ops, OpKind: opKind, WindowMS: after.at.Sub(before.at).Milliseconds(),
+		QuietMS: after.at.Sub(loadEnd).Milliseconds(), Quiet: quiet, IdleWindowMS: w.IdleWindow.Milliseconds()}
+	work.Missing = append(append(work.Missing, before.missing...), after.missing...)
+	work.Missing = append(work.Missing, w.idleMissing...)
+	if !quiet {
+		work.Missing = append(work.Missing, fmt.Sprintf("the servers were not quiet %v after the load (the statement rate above %.1f× idle, or a cell's queue or relay lane not empty): the window ends there", workQuietMax, workQuietFactor))
+	}
+	if r, ok := w.idle[counterStatements]; ok {
+		work.IdleStatementsPerSec = &r
+	}
+	if ops <= 0 {
+		work.Missing = append(work.Missing, "no fresh operation in the window: nothing to divide by")
+		return work
+	}
+	secs := after.at.Sub(before.at).Seconds()
+	d := netCounters(before, after)
+	per := func(k string) (float64, bool) {
+		v, ok := d[k]
+		if !ok {
+			return 0, false
+		}
+		return max(0, v-w.idle[k]*secs) / float64(ops), true
+	}
+	ptr := func(k string) *float64 {
+		if v, ok := per(k); ok {
+			return &v
+		}
+		return nil
+	}
+	work.Statements = ptr(counterStatements)
+	work.DBRoundTrips = ptr(counterTrips)
+	work.MemcachedCommands = ptr(counterMemcached)
+	for k := range d {
+		switch {
+		case strings.HasPrefix(k, counterKind):
+			if v, _ := per(k); v >= 0.005 {
+				if work.ByKind == nil {
+					work.ByKind = map[string]float64{}
+				}
+				work.ByKind[strings.TrimPrefix(k, counterKind)] = v
+			}
+		case strings.HasPrefix(k, counterCPU):
+			v, _ := per(k)
+			if work.CPUMicros == nil {
+				work.CPUMicros = map[string]float64{}
+			}
+			work.CPUMicros[strings.TrimPrefix(k, counterCPU)] = v * 1e6
+			work.CPUMicros["total"] += v * 1e6
+		}
+	}
+	return work
+}
+
+// quiet: the statement rate between two readings is within workQuietFactor
+// of the idle rate (with no idle rate: no statement at all).
+func (w *WorkSources) quiet(a, b workSnap) bool {
+	d := netCounters(a, b)
+	v, ok := d[counterStatements]
+	if !ok {
+		return true // unknown: the cells' gauges decide
+	}
+	secs := b.at.Sub(a.at).Seconds()
+	return secs > 0 && v/secs <= workQuietFactor*w.idle[counterStatements]+1
+}
+
+// Text is the work in one line, e.g. "9.21 statements (insert 3.00,
+// update 2.00, ...), 5.10 round trips, 0.00 memcached commands, CPU µs
+// mariadb 566 cells 460 ... total 1194".
+func (w *Work) Text() string {
+	if w == nil {
+		return "n/a"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s statements", naF(w.Statements, "%.2f"))
+	if len(w.ByKind) > 0 {
+		kinds := slices.SortedFunc(maps.Keys(w.ByKind), func(x, y string) int {
+			if w.ByKind[x] != w.ByKind[y] {
+				if w.ByKind[x] > w.ByKind[y] {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(x, y)
+		})
+		parts := make([]string, len(kinds))
+		for i, k := range kinds {
+			parts[i] = fmt.Sprintf("%s %.2f", k, w.ByKind[k])
+		}
+		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(&b, ", %s round trips, %s memcached commands", naF(w.DBRoundTrips, "%.2f"), naF(w.MemcachedCommands, "%.2f"))
+	if len(w.CPUMicros) > 0 {
+		b.WriteString(", CPU µs")
+		for _, k := range workCPUOrder {
+			if v, ok := w.CPUMicros[k]; ok {
+				fmt.Fprintf(&b, " %s %.0f", k, v)
+			}
+		}
+	}
+	return b.String()
+}
+
+// workCPUOrder is the order the processes are listed in.
+var workCPUOrder = []string{"mariadb", "cells", "router", "memcached", "bench", "total"}
+
+// cpuText is one process kind's CPU µs per op, "n/a" when unknown.
+func (w *Work) cpuText(kind string) string {
+	if w == nil {
+		return "n/a"
+	}
+	if v, ok := w.CPUMicros[kind]; ok {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return "n/a"
+}
+
+// statementsText and the others are one figure for a table, "n/a" when unknown.
+func (w *Work) statementsText() string {
+	if w == nil {
+		return "n/a"
+	}
+	return naF(w.Statements, "%.2f")
+}
+
+func (w *Work) tripsText() string {
+	if w == nil {
+		return "n/a"
+	}
+	return naF(w.DBRoundTrips, "%.2f")
+}
+
+func (w *Work) memcachedText() string {
+	if w == nil {
+		return "n/a"
+	}
+	return naF(w.MemcachedCommands, "%.2f")
+}
