@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -489,16 +490,23 @@ func (e *Engine) release(rs []model.CouponRequest) {
 }
 
 // feedTick is how often the feeder takes requests from the databases
-// accepted into; every feedAll it takes from every database (stale ones,
-// and those another cell accepted before a move).
-const (
-	feedTick = 50 * time.Millisecond
-	feedAll  = time.Second
-)
+// accepted into since its last take (the dirty set: this process's
+// accepts that did not go straight into the queue, and takes that failed).
+const feedTick = 50 * time.Millisecond
+
+// sweepEvery is how often the feeder also sweeps every database it
+// decides: requests deciding longer than StaleAfter (their taker died or
+// stalled) and, at the first sweep and whenever the databases it decides
+// change (a move), every request there, which earlier processes or cells
+// accepted. A sixth of StaleAfter (10 s at the default minute), at least a
+// second: a stale request waits at most that past StaleAfter, and an idle
+// cell reads each database's queue once a sweep rather than every tick.
+func (e *Engine) sweepEvery() time.Duration { return max(time.Second, e.cfg.StaleAfter/6) }
 
 // feed moves stored requests into layer 1's queue.
 func (e *Engine) feed(ctx context.Context) {
 	last := time.Time{}
+	var swept []int // the databases of the last sweep
 	// The first sweep takes every deciding request, however recent: an
 	// engine starting over its databases finds the requests an earlier one
 	// (this cell's last process, killed) held. Taken twice, a request is
@@ -516,11 +524,12 @@ func (e *Engine) feed(ctx context.Context) {
 			continue // the accepted requests wait; the dirty set keeps where
 		}
 		now := e.clock.Now()
+		all := e.cfg.DBs()
 		e.mu.Lock()
 		var dbs []int
 		staleMS := int64(-1) // a quick pass takes accepted requests only
-		if now.Sub(last) >= feedAll {
-			dbs, last = e.cfg.DBs(), now
+		if now.Sub(last) >= e.sweepEvery() || !sameDBs(all, swept) {
+			dbs, last, swept = all, now, slices.Clone(all)
 			staleMS = now.Add(-e.cfg.StaleAfter).UnixMilli()
 			if first {
 				staleMS, first = now.UnixMilli(), false
@@ -534,6 +543,14 @@ func (e *Engine) feed(ctx context.Context) {
 		e.mu.Unlock()
 		e.feedDBs(ctx, dbs, staleMS)
 	}
+}
+
+// sameDBs reports whether a and b list the same databases, in any order.
+func sameDBs(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 // feedDBs takes as many requests of dbs as layer 1's queue has room for,

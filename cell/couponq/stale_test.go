@@ -23,6 +23,7 @@ import (
 type take struct {
 	at      time.Time
 	staleMS int64
+	dbs     []int
 	serials []string
 }
 
@@ -39,7 +40,7 @@ type takesSeen struct {
 func (s *takesSeen) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
 	at := s.clock.Now()
 	rs, err := s.Coupons.TakeCouponRequests(ctx, dbs, staleMS, limit)
-	tk := take{at: at, staleMS: staleMS}
+	tk := take{at: at, staleMS: staleMS, dbs: slices.Clone(dbs)}
 	for _, r := range rs {
 		tk.serials = append(tk.serials, r.Serial)
 	}
@@ -51,6 +52,13 @@ func (s *takesSeen) TakeCouponRequests(ctx context.Context, dbs []int, staleMS i
 	default:
 	}
 	return rs, err
+}
+
+// all returns every take so far.
+func (s *takesSeen) all() []take {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.takes)
 }
 
 // sweeps returns the full sweeps so far (those that take stale deciding
@@ -136,6 +144,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 		return got
 	}
 	tookIt := func(tk take, r model.CouponRequest) bool { return slices.Contains(tk.serials, r.Serial) }
+	var sweep time.Duration // the engine's sweepEvery, once it is made
 	// driveUntilTaken moves the clock a full sweep's interval at a time
 	// until a sweep takes r, each time waiting (briefly) for the feeder's
 	// take: a move made before the feeder waited on the clock wakes nobody,
@@ -147,7 +156,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("clock at %s: no sweep took %s; sweeps %+v", clk.Now().Format(time.TimeOnly), r.Serial, seen.sweeps())
 			}
-			clk.Advance(feedAll)
+			clk.Advance(sweep)
 			select {
 			case <-seen.took:
 			case <-time.After(100 * time.Millisecond):
@@ -169,6 +178,9 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 		DBs: func() []int { return []int{home} }, StaleAfter: staleAfter, Workers: 1, Mergers: 1, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sweep = e.sweepEvery(); sweep != 5*time.Second {
+		t.Fatalf("sweep every %v with StaleAfter %v, want a sixth", sweep, staleAfter)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -214,8 +226,8 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 		if tk.at.Add(-staleAfter).UnixMilli() < recentMS {
 			t.Fatalf("taken again at %d after %v deciding, before StaleAfter (%v)", tk.at.UnixMilli(), tk.at.Sub(time.UnixMilli(recentMS)), staleAfter)
 		}
-		if late := tk.at.Sub(time.UnixMilli(recentMS)) - staleAfter; late > 2*feedAll {
-			t.Fatalf("taken again %v after it turned stale, want within two sweeps (%v)", late, 2*feedAll)
+		if late := tk.at.Sub(time.UnixMilli(recentMS)) - staleAfter; late > 2*sweep {
+			t.Fatalf("taken again %v after it turned stale, want within two sweeps (%v)", late, 2*sweep)
 		}
 		break
 	}
@@ -242,5 +254,81 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	}
 	if left := bud.Total - bud.Outstanding(); issuedNow[d.c] != 3 || bud.Total != 10 || issuedNow[d.c]+left != bud.Total {
 		t.Fatalf("batch %s: %d issued + %d left, stock %d; want 3 + 7 = 10", d.c, issuedNow[d.c], left, bud.Total)
+	}
+}
+
+// TestIdleFeederReadsNothing: with nothing accepted, the feeder takes
+// nothing between its sweeps (an idle cell does not read its databases'
+// queues every tick); a change of the databases it decides (a move) makes
+// the next tick a sweep of the new list; the sweep after comes sweepEvery
+// later. Times are the manual clock's, as each take read it.
+func TestIdleFeederReadsNothing(t *testing.T) {
+	st, err := storage.Open(testenv.MySQLDSN(t, 1), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	clk := clock.NewManual(time.Now())
+	st.SetClock(clk)
+	d := newDrop(t, st, 10, 10, 10)
+	seen := &takesSeen{Coupons: st, clock: clk, took: make(chan struct{}, 1)}
+	var mu sync.Mutex
+	dbs := []int{1, 2, 3}
+	// StaleAfter 6 s: a sweep every second, twenty ticks.
+	e, err := New(Config{Store: seen, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat }, Layer1: free{}, Layer2: free{},
+		DBs: func() []int { mu.Lock(); defer mu.Unlock(); return slices.Clone(dbs) }, StaleAfter: 6 * time.Second, Workers: 1, Mergers: 1, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweep := e.sweepEvery()
+	if sweep != time.Second {
+		t.Fatalf("sweep every %v with StaleAfter 6s, want 1s", sweep)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// tick moves the clock one feeder tick and gives the feeder a moment
+	// to take (a tick it misses only moves the clock further).
+	tick := func() {
+		clk.Advance(feedTick)
+		select {
+		case <-seen.took:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	untilTakes := func(n int) []take {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); len(seen.all()) < n; tick() {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d takes within 30 s: %+v", n, seen.all())
+			}
+		}
+		return seen.all()
+	}
+	isSweep := func(tk take, want []int) bool { return tk.staleMS >= 0 && slices.Equal(tk.dbs, want) }
+
+	first := untilTakes(1)[0]
+	if !isSweep(first, []int{1, 2, 3}) {
+		t.Fatalf("first take %+v: want a sweep of databases 1-3", first)
+	}
+	for range 5 { // idle ticks
+		tick()
+	}
+	mu.Lock()
+	dbs = []int{1, 2, 3, 4} // a move brings database 4
+	mu.Unlock()
+	takes := untilTakes(2)
+	if tk := takes[1]; !isSweep(tk, []int{1, 2, 3, 4}) || tk.at.Sub(first.at) >= sweep {
+		t.Fatalf("take after the move %+v (%v after the first): want a sweep of databases 1-4 before the next was due (%v)", tk, tk.at.Sub(first.at), sweep)
+	}
+	takes = untilTakes(3)
+	if len(takes) != 3 {
+		t.Fatalf("takes %+v: want three, sweeps all", takes)
+	}
+	gap := takes[2].at.Sub(takes[1].at)
+	if !isSweep(takes[2], []int{1, 2, 3, 4}) || gap < sweep || gap > sweep+10*feedTick {
+		t.Fatalf("third take %+v, %v after the second: want the next sweep, %v after it (the idle ticks between took nothing)", takes[2], gap, sweep)
 	}
 }
