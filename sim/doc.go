@@ -41,8 +41,9 @@
 //     per storage.Grouper.CommitGroup, one batch of a packet in a lane at a
 //     time; the committer's settings and rules, not its code); the relay's control flow (cell/relay runs
 //     goroutines, lanes and a clock; the model is one event loop's timers: a
-//     lane per destination cell, the outbox scan every interval for rows two
-//     intervals old, delivery, MarkDelivered, deferred credits tried again;
+//     lane per destination cell, the outbox scan of every database every
+//     interval for rows two intervals old (the relay reads only the marked
+//     ones between sweeps; the model reads more, never less), delivery, MarkDelivered, deferred credits tried again;
 //     a delivery to another cell is given up after 1 s, not the relay's 5 s,
 //     and a failed one is left to the next scan instead of pausing its lane)
 //     and expiry (what cell/expiry.go does: ExpiredIn, then Refund at the

@@ -243,6 +243,21 @@ func (l *lane) attempt(batch []queued) bool {
 	for _, c := range deferred {
 		again[c.ClaimID] = true
 	}
+	if len(delivered)+len(deferred) < len(cs) {
+		// Some are no longer this destination's: back to the outbox, whose
+		// database the next scans read.
+		done := make(map[string]bool, len(delivered))
+		for _, c := range delivered {
+			done[c.ClaimID] = true
+		}
+		var back []model.Credit
+		for _, c := range cs {
+			if !done[c.ClaimID] && !again[c.ClaimID] {
+				back = append(back, c)
+			}
+		}
+		l.r.markDirty(back)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.backoff, l.pausedUntil = 0, time.Time{}

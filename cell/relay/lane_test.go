@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -32,10 +33,11 @@ type fakeOutbox struct {
 	defer_  func(c model.Credit) bool // deferred by this call? (nil: never)
 	release chan struct{}             // when set, ApplyCredits waits for it to close
 	readGap chan struct{}             // when set, PendingCredits waits for it after reading db 0
+	reads   map[int]int               // PendingCredits calls by database
 }
 
 func newFakeOutbox() *fakeOutbox {
-	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}}
+	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, reads: map[int]int{}}
 }
 
 func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
@@ -77,6 +79,7 @@ func (f *fakeOutbox) MarkDelivered(ctx context.Context, cs []model.Credit) (int,
 func (f *fakeOutbox) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reads[db]++
 	if db != 0 {
 		return nil, model.OutboxPos{}, nil
 	}
@@ -669,6 +672,51 @@ func TestLaneShrinksAfterTimeouts(t *testing.T) {
 		for _, c := range cs {
 			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
 				t.Fatalf("%s marked %d times, want 1", c.ClaimID, n)
+			}
+		}
+	})
+}
+
+// TestScanReadsOnlyMarkedOutboxes: the first scan reads every database's
+// outbox, and so does every tenth (SweepIntervals); the scans between read
+// only those marked: here database 40, whose claim no lane could take (its
+// claimant's shard has no owner in the map), until a scan that could see
+// that row finds nothing there.
+func TestScanReadsOnlyMarkedOutboxes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _ := sharding.ParseRanges("500-749") // 750-999: no owner
+		rig := newRelayRig(t, sharding.Cell{Name: "cell-b", Addr: "b", Shards: b})
+		reads := func() map[int]int {
+			rig.store.mu.Lock()
+			defer rig.store.mu.Unlock()
+			return maps.Clone(rig.store.reads)
+		}
+		time.Sleep(300 * time.Millisecond) // the first scan, at 200 ms: a sweep
+		synctest.Wait()
+		if got := reads(); len(got) != 50 || got[0] != 1 || got[49] != 1 {
+			t.Fatalf("after the first scan: reads %v, want each of the 50 databases once", got)
+		}
+		c := credit(900, 0) // its packet is in shard 400, database 40
+		rig.r.Enqueue([]model.Credit{c})
+		time.Sleep(1500 * time.Millisecond) // scans at 400 ms .. 1.8 s
+		synctest.Wait()
+		got := reads()
+		if got[40] < 3 || got[40] > 5 {
+			t.Errorf("database 40 read %d times after its mark, want 3-5 (until a scan that sees rows as old as the mark finds none)", got[40])
+		}
+		for db, n := range got {
+			if db != 40 && n != 1 {
+				t.Errorf("database %d read %d times between sweeps, want once (the first sweep)", db, n)
+			}
+		}
+		if n := rig.r.Stats.Scans.Load(); n != 9 {
+			t.Errorf("%d scans by 1.8 s, want 9", n)
+		}
+		time.Sleep(500 * time.Millisecond) // the scan at 2.2 s: ten intervals after the first sweep
+		synctest.Wait()
+		for db, n := range reads() {
+			if want := 2 + max(0, got[db]-1); n != want {
+				t.Errorf("database %d read %d times after the second sweep, want %d", db, n, want)
 			}
 		}
 	})

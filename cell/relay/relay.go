@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,6 +123,14 @@ type Relay struct {
 	endLife context.CancelFunc // ends life
 	lanesWG sync.WaitGroup     // lane goroutines
 
+	// What the scans read (see scan): between sweeps of every database,
+	// only those whose outbox may hold rows no lane took.
+	scanMu    sync.Mutex
+	dirty     map[int]time.Time // database → when it was last marked
+	lastSweep time.Time         // start of the last sweep that read every database; zero: none yet
+	swept     []int             // the databases of that sweep
+	wasOff    bool              // a scan found the relay switched off since the last sweep
+
 	failures  *incident.Set     // failed deliveries, per destination
 	deferrals *incident.Set     // credits deferred again and again, per destination
 	marking   *incident.Tracker // outbox marks that failed
@@ -205,7 +214,7 @@ const (
 // New builds a relay; it does no I/O and starts nothing (see Run).
 func New(cfg Config) *Relay {
 	log := cfg.Log.With("space", cfg.Space)
-	r := &Relay{cfg: cfg, clock: clock.Or(cfg.Clock), log: log, remote: map[string]*lane{}, stop: make(chan struct{}),
+	r := &Relay{cfg: cfg, clock: clock.Or(cfg.Clock), log: log, remote: map[string]*lane{}, stop: make(chan struct{}), dirty: map[int]time.Time{},
 		failures:  incident.NewSet(log, "relay delivery", "dest", incident.DefaultEvery, lanesMax+1),
 		deferrals: incident.NewSet(log, "relay credit deferred for long", "dest", incident.DefaultEvery, lanesMax+1),
 		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
@@ -240,10 +249,65 @@ func NewCredits(results []model.OpenResult) []model.Credit {
 // switched off, waits in the outbox for a later scan.
 func (r *Relay) Enqueue(credits []model.Credit) {
 	if r.cfg.Off() {
+		r.markDirty(credits)
 		return
 	}
 	if left := r.dispatch(credits, time.Time{}); left > 0 {
 		r.Stats.Dropped.Add(int64(left))
+		r.markDirty(credits) // which of them is not known: their databases are read again
+	}
+}
+
+// SweepIntervals: every this many Intervals a scan reads every database's
+// outbox (and at the first scan, after the relay was switched off, and when
+// the databases the cell serves change). The scans between read only the
+// databases whose outboxes may hold rows no lane took (markDirty): an idle
+// cell reads each outbox once a sweep, not every Interval.
+const SweepIntervals = 10
+
+// markDirty marks the outboxes of cs's claims (their packets' databases) to
+// be read by the next scans: rows no lane took, or given back to the outbox.
+// A mark stays until a scan that sees rows as old as the mark finds none.
+func (r *Relay) markDirty(cs []model.Credit) {
+	now := r.clock.Now()
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	for _, c := range cs {
+		if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil {
+			r.dirty[ref.Shard.DB()] = now
+		}
+	}
+}
+
+// scanList is what the scan that starts at start reads: every database the
+// cell serves (a sweep) or only the marked ones among them.
+func (r *Relay) scanList(start time.Time) (dbs []int, sweep bool) {
+	all := r.cfg.DBs()
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	if r.lastSweep.IsZero() || r.wasOff || start.Sub(r.lastSweep) >= SweepIntervals*r.cfg.Interval || !slices.Equal(all, r.swept) {
+		return all, true
+	}
+	for _, db := range all {
+		if _, ok := r.dirty[db]; ok {
+			dbs = append(dbs, db)
+		}
+	}
+	return dbs, false
+}
+
+// scanned records what a scan that started at start (reading rows created
+// up to before, Unix ms) found in db: rows keep it marked; none clears a
+// mark made by then, when the scan could see the rows it was made for.
+func (r *Relay) scanned(db int, found bool, start time.Time, before int64) {
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	if found {
+		r.dirty[db] = start
+		return
+	}
+	if at, ok := r.dirty[db]; ok && at.UnixMilli() <= before {
+		delete(r.dirty, db)
 	}
 }
 
@@ -364,9 +428,13 @@ func (r *Relay) lanes() []*lane {
 // rest for the next start. Run returns when the lanes have exited.
 func (r *Relay) Run(ctx context.Context) {
 	clock.Every(ctx, r.clock, r.cfg.Interval, func(int) {
-		if !r.cfg.Off() {
-			r.scan(ctx)
+		if r.cfg.Off() {
+			r.scanMu.Lock()
+			r.wasOff = true // rows piled up unread: the next scan reads every database
+			r.scanMu.Unlock()
+			return
 		}
+		r.scan(ctx)
 	})
 	r.mu.Lock()
 	r.stopping = true
@@ -388,22 +456,26 @@ func (r *Relay) Run(ctx context.Context) {
 // by page by (created_ms, claim_id), so rows that cannot be delivered now
 // (their cell is down) do not hide newer ones. A lane skips the credits it
 // already holds; one that is full or backing off takes none, and they wait
-// for a later scan.
+// for a later scan. It reads every database in a sweep, else only those
+// marked (scanList).
 func (r *Relay) scan(ctx context.Context) {
 	start := r.clock.Now()
 	for _, l := range r.lanes() {
 		l.scanBegins(start)
 	}
 	before := start.Add(-2 * r.cfg.Interval).UnixMilli()
+	dbs, sweep := r.scanList(start)
 	ok := true
 	defer r.Stats.Scans.Add(1)
-	for _, db := range r.cfg.DBs() {
+	for _, db := range dbs {
 		var after model.OutboxPos
+		found, read := false, true
 		for page := 0; page < ScanPagesMax && ctx.Err() == nil; page++ {
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
 			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, BatchMax)
 			cancel()
 			if err != nil {
+				read = false
 				if ctx.Err() == nil {
 					ok = false
 					r.Stats.Errors.Add(1)
@@ -411,15 +483,26 @@ func (r *Relay) scan(ctx context.Context) {
 				}
 				break
 			}
+			found = found || len(credits) > 0
 			r.dispatch(credits, start)
 			if len(credits) < BatchMax {
 				break
 			}
 			after = next
 		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.scanned(db, found || !read, start, before)
 	}
 	if ok {
 		r.scanning.OK()
+		if sweep {
+			all := slices.Clone(dbs)
+			r.scanMu.Lock()
+			r.lastSweep, r.swept, r.wasOff = start, all, false
+			r.scanMu.Unlock()
+		}
 	}
 }
 
@@ -540,6 +623,9 @@ func (r *Relay) markDelivered(cs []model.Credit) {
 		return
 	}
 	skipped, err := r.cfg.Store.MarkDelivered(ctx, cs)
+	if err != nil || skipped > 0 {
+		r.markDirty(cs) // left pending: read again, delivered again (the receiver ignores it)
+	}
 	if err != nil {
 		r.Stats.Errors.Add(1)
 		r.marking.Fail(err, "credits", len(cs))
