@@ -11,8 +11,11 @@ import (
 // The local copy of each batch's stock, as seed 001 keeps it: the check
 // before a deduction need not ask the stock's home every time, nor be
 // exact (the deduction decides); its use is to stop, cheaply, requests for
-// a batch that has nothing left. Every copyEvery the engine reads each
-// batch's stock at its home (Config.Levels); a request for a batch whose
+// a batch that has nothing left. Every copyEvery the engine reads the
+// stock at its home (Config.Levels) of each batch a request asked about
+// within copyActive (a batch nobody asks about is not read: an idle cell
+// reads no stock, and a batch's first requests after a quiet spell find no
+// copy and go to the queues); a request for a batch whose
 // copy shows nothing left and nothing held by deductions is stored already
 // refused SOLD_OUT in its accept (model.RefusedAtAccept) and answered at
 // once, without a queue. The copy may be late (a request accepted and
@@ -40,6 +43,10 @@ const copyEvery = 500 * time.Millisecond
 // answering leaves its batches' requests to the queues.
 const copyMaxAge = 2 * time.Second
 
+// copyActive: a batch's copy is kept fresh while a request asked about it
+// within this long.
+const copyActive = 10 * time.Second
+
 // copied is a batch's level and when it was read.
 type copied struct {
 	Level
@@ -61,18 +68,31 @@ func (e *Engine) keepCopy(ctx context.Context) {
 	}
 }
 
-// refreshCopy reads every batch's level once (Config.Levels); a batch
-// whose home did not answer keeps its last level until it is too old.
+// refreshCopy reads, once (Config.Levels), the level of every batch of the
+// catalog a request asked about within copyActive; a batch whose home did
+// not answer keeps its last level until it is too old.
 func (e *Engine) refreshCopy(ctx context.Context) {
 	bs := e.catalog().Batches()
 	if len(bs) == 0 || e.cfg.Catalog == nil {
 		return
 	}
-	ids := make([]string, len(bs))
-	for i, b := range bs {
-		ids[i] = b.ID
-	}
 	at := e.clock.Now()
+	var ids []string
+	e.mu.Lock()
+	for _, b := range bs {
+		if t, ok := e.asked[b.ID]; ok && at.Sub(t) <= copyActive {
+			ids = append(ids, b.ID)
+		}
+	}
+	for id, t := range e.asked {
+		if at.Sub(t) > copyActive {
+			delete(e.asked, id)
+		}
+	}
+	e.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
 	rctx, cancel := context.WithTimeout(ctx, copyEvery)
 	ls, err := e.cfg.Levels(rctx, ids)
 	cancel()
@@ -108,6 +128,9 @@ func (e *Engine) CopyOf(batch string) (Level, bool) {
 // accept: the copy, young enough, shows nothing left and nothing held,
 // and issuing is on (while it is off requests wait, accepted, for a fix).
 func (e *Engine) refusedByCopy(r model.CouponRequest) bool {
+	e.mu.Lock()
+	e.asked[r.Batch] = e.clock.Now() // keeps its copy fresh (refreshCopy)
+	e.mu.Unlock()
 	if e.paused() {
 		return false
 	}

@@ -19,15 +19,22 @@ import (
 // refused (they may come back); once they are spent, a request is stored
 // refused SOLD_OUT in its accept, decided when accepted, queued nowhere, and
 // a repeat answers it as stored; a copy older than copyMaxAge, issuing held
-// off, and a stock raised by a reload let requests through again.
+// off, and a stock raised by a reload let requests through again. Only
+// batches a request asked about within copyActive are read: none before
+// the first request, none once the requests stopped that long ago.
 func TestStockCopy(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewManual(time.Now())
 	st := memstore.New(clk)
 	d := newDrop(t, st, 10, 10, 3)
 	paused := false
+	var levelReads []int // batches read by each Levels call
+	levels := func(ctx context.Context, batches []string) (map[string]Level, error) {
+		levelReads = append(levelReads, len(batches))
+		return d.stock.Levels(ctx, batches)
+	}
 	e, err := New(Config{Store: st, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat },
-		Layer1: free{}, Layer2: free{}, DBs: func() []int { return nil }, Clock: clk, Levels: d.stock.Levels,
+		Layer1: free{}, Layer2: free{}, DBs: func() []int { return nil }, Clock: clk, Levels: levels,
 		Paused: func() bool { return paused }})
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +58,10 @@ func TestStockCopy(t *testing.T) {
 		return got
 	}
 
+	e.refreshCopy(ctx)
+	if len(levelReads) != 0 {
+		t.Fatalf("levels read %v before any request asked", levelReads)
+	}
 	acceptAs("before any copy", req(), model.CouponAccepted)
 	// All three units held by one deduction: none left, but they may come back.
 	lease, granted, err := d.stock.Grant(ctx, d.c, 3)
@@ -105,4 +116,14 @@ func TestStockCopy(t *testing.T) {
 		t.Fatalf("copy after the stock was raised: %+v %v", l, ok)
 	}
 	acceptAs("stock raised", req(), model.CouponAccepted)
+	if last := levelReads[len(levelReads)-1]; last != 1 {
+		t.Fatalf("the last refresh read %d batches, want 1: the one asked about", last)
+	}
+	// No request for longer than copyActive: the copy is not read again.
+	reads := len(levelReads)
+	clk.Advance(copyActive + time.Millisecond)
+	e.refreshCopy(ctx)
+	if len(levelReads) != reads {
+		t.Fatalf("levels read %v after %v without a request", levelReads[reads:], copyActive)
+	}
 }

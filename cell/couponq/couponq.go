@@ -177,6 +177,7 @@ type Engine struct {
 	parked   map[string]parked     // requests put aside until a time, then released (park), by key
 	tries    map[string]int        // app+serial → deductions that found its batch sold out
 	stock    map[string]copied     // the local copy of each batch's stock (copy.go)
+	asked    map[string]time.Time  // when a request last asked each batch's copy (copy.go)
 	risk     riskCounters
 	queued   map[string]bool // app+serial of requests in a queue or a step
 	merge    atomic.Int64    // MergeMax now (SetMergeMax)
@@ -229,7 +230,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, takes: incident.New(cfg.Log, "coupons: take requests", incident.DefaultEvery),
 		copies: incident.New(cfg.Log, "coupons: read the stock copy", incident.DefaultEvery), q1: make(chan model.CouponRequest, cfg.QueueLen),
 		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, stock: map[string]copied{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
+		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, stock: map[string]copied{}, asked: map[string]time.Time{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
 	e.merge.Store(int64(cfg.MergeMax))
 	e.pre.Store(max(cfg.Prefetch, 0))
 	return e, nil
