@@ -564,7 +564,7 @@ func rewardKillDrill(t *testing.T, c *cluster, full bool) {
 	t.Logf("cell-1 killed with SIGKILL under %d rewards/s and started again: ready %s after the start, served %s after that; %d rewards its booker had taken were left processing",
 		rate, ready.Round(time.Millisecond), serves.Round(time.Millisecond), stuck)
 	// A reward left processing is taken again 30 s after it was taken
-	// (bookerStale), by a booker that scans every 5 s; then the backlog.
+	// (bookerStale), by a booker that scans every database every 30 s; then the backlog.
 	t.Logf("reward_cell_kill: %s", l.verify(t, 60*time.Second))
 	// The restarted cell settles the leases the killed process held once
 	// their homes marked them expired (budget_lease_ttl 5 s here; marked and
