@@ -180,9 +180,9 @@ func (m *MySQL) CouponRequestOf(ctx context.Context, s model.ShardID, app, seria
 }
 
 // TakeCouponRequests implements Coupons in one transaction of two round
-// trips and its commit: a statement list of locking reads, one per
-// database, each skipping the rows other takers hold, then a statement list
-// of UPDATEs to deciding. Each database is asked for its share of limit
+// trips and its commit: one statement of locking reads, a UNION ALL of one
+// or two per database, each skipping the rows other takers hold, then a
+// statement list of UPDATEs to deciding. Each database is asked for its share of limit
 // and some more, so a database with more than that waiting gives its
 // oldest and leaves the rest to the next take.
 func (m *MySQL) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
@@ -211,16 +211,18 @@ func (m *MySQL) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64
 		var q []string
 		var args []any
 		for _, db := range dbs {
-			q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
-				" WHERE state = ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED")
+			q = append(q, "(SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
+				" WHERE state = ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED)")
 			args = append(args, string(model.CouponAccepted), each)
 			if staleMS >= 0 {
-				q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
-					" WHERE state = ? AND taken_ms <= ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED")
+				q = append(q, "(SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+
+					" WHERE state = ? AND taken_ms <= ? ORDER BY accepted_ms, app, serial_no LIMIT ? FOR UPDATE SKIP LOCKED)")
 				args = append(args, string(model.CouponDeciding), staleMS, each)
 			}
 		}
-		all, err := m.queryCouponReqSets(ctx, tx, strings.Join(q, ";"), args...)
+		// One statement, a UNION ALL of every database's reads: a sweep of
+		// an idle cell's 50 databases is one read, not 100.
+		all, err := m.queryCouponReqSets(ctx, tx, strings.Join(q, " UNION ALL "), args...)
 		if err != nil {
 			return err
 		}
