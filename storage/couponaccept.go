@@ -96,8 +96,8 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 
 // acceptAll tries to store every op of byDB as a new request in one round
 // trip: a statement list of a SAVEPOINT and, per database in dbs, a
-// multi-row INSERT that does not wait for a lock, each adding the rows it
-// stored to a session counter read back after. Any serial stored before
+// multi-row INSERT that does not wait for a lock, whose rows stored the
+// driver reports (allStored). Any serial stored before
 // (ON DUPLICATE KEY UPDATE serial_no = serial_no stores nothing and counts
 // 0) or locked elsewhere makes ok false and the transaction goes back to
 // the savepoint, nothing of the group's accepts written.
@@ -115,7 +115,7 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 		inserts = append(inserts, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(byDB[db]), 14)+
 			" ON DUPLICATE KEY UPDATE serial_no = serial_no")
 	}
-	if ok, err := allStored(ctx, tx, acceptSavepoint, inserts, args, n); !ok || err != nil {
+	if ok, err := m.allStored(ctx, tx, acceptSavepoint, inserts, args, n); !ok || err != nil {
 		return false, err
 	}
 	for _, db := range dbs {
@@ -129,37 +129,33 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 // acceptDB stores one database's accepts, sorted by (app, serial), in one
 // statement list: per op an INSERT ... ON DUPLICATE KEY UPDATE serial_no =
 // serial_no (it waits for rows other transactions hold, and locks a stored
-// row for update, never only shared) whose ROW_COUNT() — 1 stored now, 0
-// there already — is appended to a session string read back after. An op
+// row for update, never only shared), which affects 1 row when it stored
+// it now and 0 when it was there already (execCounted). An op
 // that stored its row is new; the others (stored before, or by an earlier
 // op of this list) are read back, locked, and decided by
 // model.ReplayCouponRequest: a repeat, or ErrOrderConflict. No gap is
 // locked for a serial not stored, so concurrent groups do not deadlock over
 // new serials.
 func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
-	var q strings.Builder
-	q.WriteString("SET @redcell_acc = ''")
+	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*14)
-	for _, op := range list {
-		q.WriteString(";INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
-			" ON DUPLICATE KEY UPDATE serial_no = serial_no;SET @redcell_acc = CONCAT(@redcell_acc, ROW_COUNT())")
+	for i, op := range list {
+		q[i] = "INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
+			" ON DUPLICATE KEY UPDATE serial_no = serial_no"
 		args = append(args, couponAcceptArgs(op.Coupon)...)
 	}
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return err
-	}
-	var counts string
-	if err := tx.QueryRowContext(ctx, "SELECT @redcell_acc").Scan(&counts); err != nil {
+	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)
+	if err != nil {
 		return err
 	}
 	if len(counts) != len(list) {
-		return fmt.Errorf("storage: accept of %d requests counted %q", len(list), counts)
+		return fmt.Errorf("storage: accept of %d requests counted %v", len(list), counts)
 	}
 	type k struct{ app, serial string }
 	var where []string
 	var keys []any
 	for i, op := range list {
-		if counts[i] == '1' {
+		if counts[i] == 1 {
 			op.Accepted = acceptedAs(op.Coupon)
 			continue
 		}
@@ -179,7 +175,7 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 		have[k{r.App, r.Serial}] = r
 	}
 	for i, op := range list {
-		if counts[i] == '1' {
+		if counts[i] == 1 {
 			continue
 		}
 		prior, ok := have[k{op.Coupon.App, op.Coupon.Serial}]

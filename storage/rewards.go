@@ -727,33 +727,29 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 
 // issueDB stores one database's issues (sorted by order number) in one
 // statement list: per op an INSERT ... ON DUPLICATE KEY UPDATE order_no =
-// order_no whose ROW_COUNT() — 1 stored now, 0 there already — is appended
-// to a session string read back after. An op whose INSERT stored its row
+// order_no, which affects 1 row when it stored it now and 0 when it was
+// there already (execCounted). An op whose INSERT stored its row
 // is new; the others (stored before, by another transaction or an earlier
 // op of this list) are read back, locked, and decided by
 // model.ReplayReward: a repeat, or ErrOrderConflict.
 func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
-	var q strings.Builder
-	q.WriteString("SET @redcell_iss = ''")
+	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*19)
-	for _, op := range list {
-		q.WriteString(";INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
-			" ON DUPLICATE KEY UPDATE order_no = order_no;SET @redcell_iss = CONCAT(@redcell_iss, ROW_COUNT())")
+	for i, op := range list {
+		q[i] = "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
+			" ON DUPLICATE KEY UPDATE order_no = order_no"
 		args = append(args, issueArgs(op.Reward)...)
 	}
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return err
-	}
-	var counts string
-	if err := tx.QueryRowContext(ctx, "SELECT @redcell_iss").Scan(&counts); err != nil {
+	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)
+	if err != nil {
 		return err
 	}
 	if len(counts) != len(list) {
-		return fmt.Errorf("storage: issue of %d rewards counted %q", len(list), counts)
+		return fmt.Errorf("storage: issue of %d rewards counted %v", len(list), counts)
 	}
 	var orders []any
 	for i, op := range list {
-		if counts[i] == '1' {
+		if counts[i] == 1 {
 			op.Issued = pendingReward(op.Reward)
 			continue
 		}
@@ -772,7 +768,7 @@ func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp
 		have[r.OrderNo] = r
 	}
 	for i, op := range list {
-		if counts[i] == '1' {
+		if counts[i] == 1 {
 			continue
 		}
 		prior, ok := have[op.Reward.OrderNo]
@@ -819,8 +815,8 @@ const issueSavepoint = "issues_bulk"
 
 // issueAll tries to store every op of byDB as a new reward in one round
 // trip: one statement list of a SAVEPOINT and, per database in dbs, a
-// multi-row INSERT that does not wait for a lock, each adding the rows it
-// stored to a session counter read back after the list. A group's issues
+// multi-row INSERT that does not wait for a lock, whose rows stored the
+// driver reports (allStored). A group's issues
 // are almost always new order numbers spread over many databases, so this
 // replaces a locking read and an INSERT per database. An order number
 // stored before (a repeat, or two ops of the group with one) is not stored
@@ -846,7 +842,7 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 		inserts = append(inserts, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+rowsOf(len(list), 19)+
 			" ON DUPLICATE KEY UPDATE order_no = order_no")
 	}
-	if ok, err := allStored(ctx, tx, issueSavepoint, inserts, args, n); !ok || err != nil {
+	if ok, err := m.allStored(ctx, tx, issueSavepoint, inserts, args, n); !ok || err != nil {
 		return false, err
 	}
 	for _, db := range dbs {
@@ -859,29 +855,29 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 
 // allStored runs inserts, INSERT statements meant to store n new rows in
 // all, as one statement list after SAVEPOINT sp, each without waiting for
-// a lock (noWait) and adding the rows it stored (ROW_COUNT(): 1 per row
-// stored, 0 per key that was there, under ON DUPLICATE KEY UPDATE of the
-// key to itself) to a session counter read back after. ok: all n stored.
-// A lock met, a duplicate key or a short count takes tx back to sp
-// (nothing of the list written, the locks taken kept) and answers false.
-func allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int) (ok bool, err error) {
-	var q strings.Builder
-	q.WriteString("SAVEPOINT " + sp + ";SET @redcell_stored = 0")
+// a lock (noWait), and adds up the rows they stored (execCounted: 1 per
+// row stored, 0 per key that was there, under ON DUPLICATE KEY UPDATE of
+// the key to itself). ok: all n stored. A lock met, a duplicate key or a
+// short count takes tx back to sp (nothing of the list written, the locks
+// taken kept) and answers false.
+func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int) (ok bool, err error) {
+	q := make([]string, 0, len(inserts)+1)
+	q = append(q, "SAVEPOINT "+sp)
 	for _, ins := range inserts {
-		q.WriteString(";" + noWait + ins + ";SET @redcell_stored = @redcell_stored + ROW_COUNT()")
+		q = append(q, noWait+ins)
 	}
-	_, err = tx.ExecContext(ctx, q.String(), args...)
+	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)
 	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
 		return false, undoTo(ctx, tx, sp)
 	}
 	if err != nil {
 		return false, err
 	}
-	var stored int
-	if err := tx.QueryRowContext(ctx, "SELECT @redcell_stored").Scan(&stored); err != nil {
-		return false, err
+	var stored int64
+	for _, c := range counts[1:] { // after the SAVEPOINT's
+		stored += c
 	}
-	if stored != n {
+	if len(counts) != len(q) || stored != int64(n) {
 		return false, undoTo(ctx, tx, sp)
 	}
 	return true, nil

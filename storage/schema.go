@@ -162,6 +162,7 @@ type MySQL struct {
 	issues  issuePaths    // how grouped issues were stored (rewards.go)
 	accepts issuePaths    // how grouped coupon accepts were stored (couponaccept.go)
 	trips   *atomic.Int64 // round trips to the server, over the pool (switchConnector); nil: not counted
+	txConns *txConnMap    // inTx's transactions and their connections (counted.go)
 
 	mu           sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process
@@ -246,7 +247,7 @@ func (m *MySQL) Prefix() string { return m.ns }
 
 // newMySQL is the store over pool db.
 func newMySQL(db *sql.DB) *MySQL {
-	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: &dbFilter{}}
+	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: &dbFilter{}, txConns: &txConnMap{}}
 }
 
 // dbFilter says which databases the store's table listings (the ledger, the
@@ -319,7 +320,7 @@ const ShadowPrefix = "shadow_"
 // Shadow returns a store over the same server and connection pool that reads
 // and writes the shadow databases: stress-test traffic never touches real rows.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter, trips: m.trips}
+	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter, trips: m.trips, txConns: m.txConns}
 }
 
 // RoundTrips is how many round trips the store's connections have made to

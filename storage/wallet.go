@@ -61,10 +61,18 @@ func lockVictim(err error) bool {
 // re-run. A COMMIT without an answer is errCommitUnknown, never re-run.
 func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	err := retry.Do(ctx, retry.Policy{Attempts: 3, Retryable: lockVictim, Clock: m.clock}, func(int) error {
-		tx, err := m.db.BeginTx(ctx, nil)
+		// On a connection of its own, so that execCounted can reach it.
+		conn, err := m.db.Conn(ctx)
 		if err != nil {
 			return fmt.Errorf("storage: begin: %w", err)
 		}
+		defer conn.Close()
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("storage: begin: %w", err)
+		}
+		m.txConns.put(tx, conn)
+		defer m.txConns.drop(tx)
 		if err := fn(tx); err != nil {
 			_ = tx.Rollback()
 			return err
