@@ -59,6 +59,9 @@ const (
 // CouponsConfig describes one invocation. Start from DefaultCouponsConfig.
 type CouponsConfig struct {
 	RouterURL string
+	// Work, when set, measures what each run cost per accepted request, its
+	// issue included (Work).
+	Work *WorkSources
 	// APIKey needs the coupon scope; ClusterSecret signs the stress traffic
 	// (the requests go to the shadow tables, as all bench traffic).
 	APIKey, ClusterSecret string
@@ -183,6 +186,9 @@ type CouponsRun struct {
 	IssueLatency LatencyMS `json:"issue_latency_ms"`
 	WithinTarget float64   `json:"issued_within_500ms"`
 	Note         string    `json:"note,omitempty"`
+	// Work is what the run cost per accepted request, its issue included
+	// (CouponsConfig.Work).
+	Work *Work `json:"work,omitempty"`
 }
 
 // RunCoupons runs cfg. Failed requests are counted, never returned; see
@@ -249,6 +255,10 @@ func (cr *couponsRunner) run(ctx context.Context, name, runID string, rate int, 
 	if rate > 0 {
 		out.Mode = modeOpen
 	}
+	var work0 workSnap
+	if cfg.Work != nil {
+		work0 = cfg.Work.begin(ctx)
+	}
 	before := scrapeCells(ctx, cr.hc, cfg.Metrics)
 	l := cr.newLoad(runID, hotOnly)
 	start := time.Now()
@@ -269,6 +279,9 @@ func (cr *couponsRunner) run(ctx context.Context, name, runID string, rate int, 
 	accepted := l.accepted.Load()
 	out.AcceptsPerSec = float64(accepted) / elapsed.Seconds()
 	cr.drain(ctx, &out, before, start, accepted)
+	if cfg.Work != nil && ctx.Err() == nil {
+		out.Work = cfg.Work.end(ctx, work0, accepted, "coupon request")
+	}
 	return out
 }
 
@@ -556,6 +569,7 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 		if len(r.Accept.Errors) > 0 {
 			ew.printf("          errors %s\n", codeList(r.Accept.Errors))
 		}
+		r.Work.writeLine(ew, "          ")
 	}
 	if s.Sustained > 0 {
 		ew.printf("  sustained (the ceiling's lower of accepts/s and issued/s): %.0f/s\n", s.Sustained)

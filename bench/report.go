@@ -354,12 +354,7 @@ func (r Report) WriteText(w io.Writer) error {
 			ew.printf("    n/a: %s\n", m)
 		}
 	}
-	if w := r.Work; w != nil {
-		ew.printf("  work per %s (%d, idle taken off): %s\n", w.OpKind, w.Ops, w.Text())
-		for _, m := range w.Missing {
-			ew.printf("    n/a: %s\n", m)
-		}
-	}
+	r.Work.writeLine(ew, "  ")
 	if p := r.RouterProfile; p != nil && p.Error == "" {
 		ew.printf("  router: %.1f µs of CPU per request, %.2f cores busy (profiled %.0f s)\n", p.CPUMicrosPerRequest, p.CoresBusy, p.Seconds)
 	}

@@ -69,6 +69,8 @@ const (
 // DefaultRewardsConfig; RunRewards calls Validate.
 type RewardsConfig struct {
 	RouterURL string
+	// Work, when set, measures what each run cost per new reward (Work).
+	Work *WorkSources
 	// APIKey is the calling app's key (scope reward and read); ClusterSecret
 	// signs every request, which the router needs of stress traffic (the
 	// rewards go to the shadow tables, as all bench traffic).
@@ -192,6 +194,9 @@ type RewardsRun struct {
 	Due     int64       `json:"due,omitempty"`
 	Started int64       `json:"started,omitempty"`
 	Lag     *BookingLag `json:"booking_lag,omitempty"` // async runs with LagSamples
+	// Work is what the run cost per new reward, its booking included
+	// (RewardsConfig.Work).
+	Work *Work `json:"work,omitempty"`
 }
 
 // BookingLag is how long the sampled rewards of an async run took from
@@ -291,6 +296,10 @@ func runRewardsMode(ctx context.Context, c *client, cfg RewardsConfig, mode stri
 	if cfg.Rate > 0 {
 		out.Mode = modeOpen
 	}
+	var work0 workSnap
+	if cfg.Work != nil {
+		work0 = cfg.Work.begin(ctx)
+	}
 	r.loadAt = time.Now()
 	if !r.bookNow && cfg.LagSamples > 0 {
 		r.lag = newLagSampler(c, cfg, r.loadAt)
@@ -317,6 +326,9 @@ func runRewardsMode(ctx context.Context, c *client, cfg RewardsConfig, mode stri
 	if r.lag != nil {
 		lag := r.lag.wait(ctx, stopPolls, end)
 		out.Lag = &lag
+	}
+	if cfg.Work != nil && ctx.Err() == nil {
+		out.Work = cfg.Work.end(ctx, work0, out.Issue.OK-out.Issue.Repeats, "reward")
 	}
 	return out
 }
@@ -676,6 +688,7 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 			ew.printf("        booking lag of %d sampled (%d booked): seen p50 %.0f ms p99 %.0f ms max %.0f ms (poll every %d ms, at most %d samples a poll, longest gap between asks %d ms); booked_ms p50 %.0f ms p99 %.0f ms max %.0f ms\n",
 				l.Sampled, l.Booked, l.Seen.P50, l.Seen.P99, l.Seen.Max, l.PollIntervalMS, lagPollsPerTick, l.MaxAskGapMS, l.Server.P50, l.Server.P99, l.Server.Max)
 		}
+		r.Work.writeLine(ew, "        ")
 	}
 	if s.AsyncOverSync > 0 {
 		ew.printf("  token issuance (async) / book_now (sync): %.2fx issues/s\n", s.AsyncOverSync)

@@ -332,3 +332,15 @@ func (w *Work) memcachedText() string {
 	}
 	return naF(w.MemcachedCommands, "%.2f")
 }
+
+// writeLine writes the work as a report's line, indented, and what could
+// not be read under it; nothing for nil.
+func (w *Work) writeLine(ew *errWriter, indent string) {
+	if w == nil {
+		return
+	}
+	ew.printf("%swork per %s (%d, idle taken off): %s\n", indent, w.OpKind, w.Ops, w.Text())
+	for _, m := range w.Missing {
+		ew.printf("%s  n/a: %s\n", indent, m)
+	}
+}

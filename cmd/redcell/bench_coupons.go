@@ -57,6 +57,11 @@ func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
 	if cfg.Metrics, err = metricsTargets(f.configPath); err != nil {
 		return cfg, err
 	}
+	if f.work {
+		if cfg.Work, err = workSources(f.configPath, f.idleWindow); err != nil {
+			return cfg, err
+		}
+	}
 	return cfg, cfg.Validate()
 }
 

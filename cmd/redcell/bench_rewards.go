@@ -50,6 +50,13 @@ func (f *benchFlags) rewardsConfig() (bench.RewardsConfig, error) {
 			}
 		}
 	}
+	if f.configPath != "" && f.work {
+		w, err := workSources(f.configPath, f.idleWindow)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Work = w
+	}
 	return cfg, cfg.Validate()
 }
 

@@ -418,7 +418,7 @@ func TestBenchRewards(t *testing.T) {
 	// --prepare-shadow=false: a 1 s run touches a few shards (TestPrepareShadow
 	// covers the step that makes every shard's shadow tables first).
 	cmd := exec.Command(c.bin, "bench", "--config", c.config, "--prepare-shadow=false", "--workload", "rewards", "--compare", "async,sync", "--duration", "1s",
-		"--concurrency", "4", "--lag-samples", "20", "--reads-duration", "500ms", "--out", out)
+		"--concurrency", "4", "--lag-samples", "20", "--reads-duration", "500ms", "--idle-window", "500ms", "--out", out)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -429,6 +429,20 @@ func TestBenchRewards(t *testing.T) {
 		"token issuance (async) / book_now (sync): ", "issued/no-op ", "  OK\n"} {
 		if !strings.Contains(text, want) {
 			t.Fatalf("the report lacks %q:\n%s", want, text)
+		}
+	}
+	// Each run says what a reward cost, its booking included: at least its
+	// INSERT, then its flow and wallet writes.
+	if n := strings.Count(text, "work per reward ("); n != 2 {
+		t.Fatalf("%d work lines, want one per run:\n%s", n, text)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if _, rest, ok := strings.Cut(line, "work per reward ("); ok {
+			var ops int
+			var stmts float64
+			if _, err := fmt.Sscanf(rest, "%d, idle taken off): %f statements", &ops, &stmts); err != nil || ops < 1 || stmts < 1 || stmts > 60 {
+				t.Errorf("work line %q: %d rewards, %.2f statements each (%v); want at least 1 and 1..60", line, ops, stmts, err)
+			}
 		}
 	}
 	// A sample is taken in each twentieth of the run; one whose slice saw no
