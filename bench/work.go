@@ -211,12 +211,19 @@ func (w *WorkSources) end(ctx context.Context, before workSnap, ops int64, opKin
 	}
 	secs := after.at.Sub(before.at).Seconds()
 	d := netCounters(before, after)
+	var below []string // figures the idle rate took below zero
 	per := func(k string) (float64, bool) {
 		v, ok := d[k]
 		if !ok {
 			return 0, false
 		}
-		return max(0, v-w.idle[k]*secs) / float64(ops), true
+		if net := v - w.idle[k]*secs; net < 0 {
+			if !strings.HasPrefix(k, counterKind) { // a kind's few statements a second are noise
+				below = append(below, k)
+			}
+			return 0, true
+		}
+		return (v - w.idle[k]*secs) / float64(ops), true
 	}
 	ptr := func(k string) *float64 {
 		if v, ok := per(k); ok {
@@ -244,6 +251,11 @@ func (w *WorkSources) end(ctx context.Context, before workSnap, ops int64, opKin
 			work.CPUMicros[strings.TrimPrefix(k, counterCPU)] = v * 1e6
 			work.CPUMicros["total"] += v * 1e6
 		}
+	}
+	if len(below) > 0 {
+		slices.Sort(below)
+		work.Missing = append(work.Missing, fmt.Sprintf("the idle rate, measured before the first run, is above this window's for %s (shown as 0): the cluster was busier then (warming up?); measure again on a settled cluster or with --idle-window 0",
+			strings.Join(below, ", ")))
 	}
 	return work
 }
