@@ -83,6 +83,7 @@ type Work struct {
 	IdleWindowMS         int64    `json:"idle_window_ms"`
 	// Per operation.
 	Statements        *float64           `json:"statements,omitempty"`         // all database servers
+	StatementsGross   *float64           `json:"statements_gross,omitempty"`   // the same before the idle rate is taken off
 	ByKind            map[string]float64 `json:"statements_by_kind,omitempty"` // insert, update, select, begin, commit, ... (≥ 0.005 shown)
 	DBRoundTrips      *float64           `json:"db_round_trips,omitempty"`     // the cells' connections to their servers
 	MemcachedCommands *float64           `json:"memcached_commands,omitempty"` // get, set, cas, add, incr, delete, touch
@@ -232,6 +233,10 @@ func (w *WorkSources) end(ctx context.Context, before workSnap, ops int64, opKin
 		return nil
 	}
 	work.Statements = ptr(counterStatements)
+	if v, ok := d[counterStatements]; ok {
+		g := max(0, v) / float64(ops)
+		work.StatementsGross = &g
+	}
 	work.DBRoundTrips = ptr(counterTrips)
 	work.MemcachedCommands = ptr(counterMemcached)
 	for k := range d {
@@ -261,8 +266,11 @@ func (w *WorkSources) end(ctx context.Context, before workSnap, ops int64, opKin
 }
 
 // quiet: the statement rate between two readings is within workQuietFactor
-// of the idle rate (with no idle rate: no statement at all).
+// of the idle rate (with no idle rate measured: always).
 func (w *WorkSources) quiet(a, b workSnap) bool {
+	if w.idle == nil {
+		return true // no idle rate to compare with: the cells' gauges decide
+	}
 	d := netCounters(a, b)
 	v, ok := d[counterStatements]
 	if !ok {
@@ -281,6 +289,9 @@ func (w *Work) Text() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s statements", naF(w.Statements, "%.2f"))
+	if w.StatementsGross != nil {
+		fmt.Fprintf(&b, " (%.2f with the idle rate)", *w.StatementsGross)
+	}
 	if len(w.ByKind) > 0 {
 		kinds := slices.SortedFunc(maps.Keys(w.ByKind), func(x, y string) int {
 			if w.ByKind[x] != w.ByKind[y] {

@@ -42,6 +42,9 @@ func TestWorkPerOp(t *testing.T) {
 		}
 	}
 	near("statements per op", work.Statements, 10, 0.1)
+	if work.StatementsGross == nil || *work.StatementsGross <= *work.Statements {
+		t.Errorf("gross statements %v, want above the net %v (the idle rate ran over the window)", work.StatementsGross, *work.Statements)
+	}
 	near("idle statements/s", work.IdleStatementsPerSec, 50, 5)
 	near("memcached commands per op", work.MemcachedCommands, 2, 1e-9)
 	ins, mdb := work.ByKind["insert"], work.CPUMicros["mariadb"]

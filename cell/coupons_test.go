@@ -351,7 +351,7 @@ func countIssued(reasons []string) int {
 
 // TestCouponIssueSwitch (issue 27, item 5): with coupon_issue off, requests
 // are accepted (202; a green one 200 accepted) and wait accepted in their
-// rows through the feeder's sweeps, issuing nothing; switched on, the
+// rows through the feeder's passes, issuing nothing; switched on, the
 // feeder takes the backlog and every request is issued, the books closing.
 func TestCouponIssueSwitch(t *testing.T) {
 	p := couponPrefix()
@@ -368,9 +368,9 @@ func TestCouponIssueSwitch(t *testing.T) {
 		}
 		reqs = append(reqs, req)
 	}
-	// The feeder would sweep every database once a second: watched for
-	// 2.5 s (two sweeps and more), the requests stay accepted and nothing
-	// is issued. Absence takes a window of time; it is bounded, not waited
+	// The feeder would take the databases accepted into every 50 ms: watched
+	// for 2.5 s (fifty passes), the requests stay accepted and nothing is
+	// issued. Absence takes a window of time; it is bounded, not waited
 	// on.
 	// A take already running when the switch went off (the engine's first
 	// sweep over cold tables may take seconds) may hold a request deciding

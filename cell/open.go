@@ -17,6 +17,7 @@ import (
 	"redcell/cell/relay"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // openJob is one open waiting in its packet's FIFO.
@@ -292,6 +293,12 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	release()
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
+		if errors.Is(err, groupcommit.ErrInFlight) || errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown) {
+			// The claims may be committed though no answer says so, and
+			// their retries are repeats, which hand no credit to the relay:
+			// it reads this database's outbox at its next scans.
+			sp.relay.MarkDB(live[0].ref.Shard.DB())
+		}
 		if errors.Is(err, model.ErrDBUnavailable) || errors.Is(err, model.ErrTimeout) || errors.Is(err, model.ErrOverloaded) ||
 			errors.Is(err, model.ErrShuttingDown) {
 			// The database breaker counts and logs outages; one line per batch would

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -452,4 +453,68 @@ func serveCellOn(t *testing.T, addr string, hits *atomic.Int64) {
 	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) { hits.Add(1); rc.SetBodyString(`{}`) }}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown() })
+}
+
+// TestRestartedCellGetsFreshConnections: a cell started again on the same
+// address (a new process, a new Started in the map) gets its requests on
+// new connections. The old process closed the pooled ones when it stopped;
+// a POST sent on one of them fails, and fasthttp resends only idempotent
+// requests: before, the router answered those 503 CELL_UNAVAILABLE (seen
+// in a drill: 12 opens, right after a cell's restart, once a burst needed
+// more connections than the new process had been given).
+func TestRestartedCellGetsFreshConnections(t *testing.T) {
+	all, _ := sharding.ParseRanges("0-999")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	var hits atomic.Int64
+	slow := func(rc *fasthttp.RequestCtx) { // overlapping calls: one connection each
+		hits.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		rc.SetStatusCode(200)
+		rc.SetBodyString(`{}`)
+	}
+	first := &fasthttp.Server{Handler: slow}
+	go first.Serve(ln)
+	routes := &fixedRoutes{}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all, Started: 1}})
+	routes.m.Store(m)
+	url := startRouter(t, routes)
+	deposit := func(i int) answer {
+		return send(t, "POST", url+"/v1/accounts/bob/deposit", fmt.Sprintf(`{"amount":1,"order_no":"d%d"}`, i), false)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			if a := deposit(i); a.status != 200 {
+				t.Errorf("before the restart: %+v", a)
+			}
+		})
+	}
+	wg.Wait()
+	// The process stops (its connections closed) and a new one serves the
+	// same address; the map names the new process.
+	if err := first.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := &fasthttp.Server{Handler: slow}
+	go second.Serve(ln2)
+	t.Cleanup(func() { second.Shutdown() })
+	m2, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all, Started: 2}})
+	routes.m.Store(m2)
+	before := hits.Load()
+	for i := range 8 {
+		if a := deposit(100 + i); a.status != 200 {
+			t.Fatalf("deposit %d after the restart: %+v (the old process's connection?)", i, a)
+		}
+	}
+	if n := hits.Load() - before; n != 8 {
+		t.Fatalf("the new process served %d of 8", n)
+	}
 }

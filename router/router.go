@@ -739,6 +739,12 @@ func (r *Router) forward(rc *fasthttp.RequestCtx, cell sharding.Cell, shard mode
 type cellClient struct {
 	hc   *fasthttp.HostClient
 	down *incident.Tracker
+	// started is the process at the address the pool's connections were
+	// made to (sharding.Cell.Started): a cell started again on the same
+	// address leaves the pool full of the old process's closed connections,
+	// and a request sent on one fails (fasthttp resends only idempotent
+	// ones), so the idle ones are closed when the map names a new process.
+	started int64
 }
 
 // cellClientsMax bounds the pools kept: past it, pools of addresses that no
@@ -749,6 +755,10 @@ func (r *Router) client(cell sharding.Cell) *cellClient {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c, ok := r.clients[cell.Addr]
+	if ok && c.started != cell.Started {
+		c.hc.CloseIdleConnections()
+		c.started = cell.Started
+	}
 	if !ok {
 		if len(r.clients) >= cellClientsMax {
 			live := map[string]bool{}
@@ -770,7 +780,8 @@ func (r *Router) client(cell sharding.Cell) *cellClient {
 				Addr: cell.Addr, Name: "redcell-router", MaxConns: r.cfg.MaxConnsPerCell,
 				MaxIdleConnDuration: 30 * time.Second, MaxConnWaitTimeout: r.cfg.RequestTimeout,
 			},
-			down: incident.New(r.log.With("cell", cell.Name, "addr", cell.Addr), "forwarding to cell", incident.DefaultEvery),
+			down:    incident.New(r.log.With("cell", cell.Name, "addr", cell.Addr), "forwarding to cell", incident.DefaultEvery),
+			started: cell.Started,
 		}
 		r.clients[cell.Addr] = c
 	}

@@ -85,6 +85,12 @@ func (m *MySQL) execCounted(ctx context.Context, tx *sql.Tx, query string, args 
 			named[i] = nv
 		}
 		res, err := ex.ExecContext(ctx, query, named)
+		if errors.Is(err, driver.ErrBadConn) {
+			// Not as ErrBadConn: from Raw it would make the Conn close itself,
+			// which waits for the transaction on it to end, which waits for
+			// this call. The transaction's rollback discards the connection.
+			return fmt.Errorf("storage: connection lost: %v", err)
+		}
 		if err != nil {
 			return err
 		}

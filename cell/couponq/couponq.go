@@ -29,7 +29,8 @@
 // leases and gave back unused still reach a request.
 //
 // Before all that, the accept checks a local copy of each batch's stock,
-// read from its home twice a second (copy.go): once it shows nothing left
+// read from its home twice a second while requests ask about the batch
+// (copy.go): once it shows nothing left
 // and nothing held, a request is stored already refused SOLD_OUT and
 // answered at once.
 //
@@ -396,9 +397,11 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (_ model.
 			e.done(r)
 			if err != nil {
 				// The feeder may have taken it meanwhile (and skipped it as
-				// queued here): back to accepted, so it is taken again now
-				// rather than once stale.
+				// queued here): back to accepted, and its database to the
+				// feeder's next pass, so it is taken again now rather than
+				// at a sweep or once stale.
 				e.release([]model.CouponRequest{r})
+				e.markDirty([]int{r.Shard.DB()})
 			}
 		}()
 	}

@@ -157,6 +157,16 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if off {
+		if len(l.queue) > 0 {
+			// Back to the outbox: their databases are read again once the
+			// relay is on. (markDirty takes scanMu under l.mu; scanMu is
+			// never held while a lane's lock is taken.)
+			back := make([]model.Credit, len(l.queue))
+			for i, q := range l.queue {
+				back[i] = q.c
+			}
+			defer l.r.markDirty(back)
+		}
 		l.queue, l.held, l.long = nil, map[string]struct{}{}, 0
 	}
 	if len(l.queue) == 0 {

@@ -269,13 +269,31 @@ const SweepIntervals = 10
 // be read by the next scans: rows no lane took, or given back to the outbox.
 // A mark stays until a scan that sees rows as old as the mark finds none.
 func (r *Relay) markDirty(cs []model.Credit) {
-	now := r.clock.Now()
 	r.scanMu.Lock()
 	defer r.scanMu.Unlock()
+	now := r.clock.Now() // under the lock: marks only move forward
 	for _, c := range cs {
 		if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil {
-			r.dirty[ref.Shard.DB()] = now
+			r.markLocked(ref.Shard.DB(), now)
 		}
+	}
+}
+
+// MarkDB marks database db's outbox to be read by the next scans: a commit
+// whose outcome is unknown may have left claims there that no lane was
+// handed (the cell's open path calls it).
+func (r *Relay) MarkDB(db int) {
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	r.markLocked(db, r.clock.Now())
+}
+
+// markLocked marks db as of at, never earlier than a mark it has: a later
+// mark is for rows a scan as old as the earlier one could not see. scanMu
+// must be held.
+func (r *Relay) markLocked(db int, at time.Time) {
+	if was, ok := r.dirty[db]; !ok || was.Before(at) {
+		r.dirty[db] = at
 	}
 }
 
@@ -303,7 +321,7 @@ func (r *Relay) scanned(db int, found bool, start time.Time, before int64) {
 	r.scanMu.Lock()
 	defer r.scanMu.Unlock()
 	if found {
-		r.dirty[db] = start
+		r.markLocked(db, start)
 		return
 	}
 	if at, ok := r.dirty[db]; ok && at.UnixMilli() <= before {
@@ -500,6 +518,15 @@ func (r *Relay) scan(ctx context.Context) {
 		if sweep {
 			all := slices.Clone(dbs)
 			r.scanMu.Lock()
+			if r.lastSweep.IsZero() || r.wasOff || !slices.Equal(all, r.swept) {
+				// A sweep for an event (the start, the relay back on, databases
+				// come or gone) read rows up to two intervals old only; those
+				// younger, left by an earlier process, a previous owner or
+				// while the relay was off, are read by the scans to come.
+				for _, db := range all {
+					r.markLocked(db, start)
+				}
+			}
 			r.lastSweep, r.swept, r.wasOff = start, all, false
 			r.scanMu.Unlock()
 		}

@@ -433,17 +433,20 @@ func TestBenchRewards(t *testing.T) {
 		}
 	}
 	// Each run says what a reward cost, its booking included: at least its
-	// INSERT, then its flow and wallet writes (the idle rate, measured over
-	// 1 s once the cells' warm-up made their tables, taken off).
+	// INSERT, then its flow and wallet writes. The bound is on the figure
+	// with the idle rate: measured over 1 s (once the cells' warm-up made
+	// their tables), the idle rate may or may not catch a sweep of the
+	// background readers, so the net figure may be anywhere below it.
 	if n := strings.Count(text, "work per reward ("); n != 2 {
 		t.Fatalf("%d work lines, want one per run:\n%s", n, text)
 	}
 	for _, line := range strings.Split(text, "\n") {
 		if _, rest, ok := strings.Cut(line, "work per reward ("); ok {
 			var ops int
-			var stmts float64
-			if _, err := fmt.Sscanf(rest, "%d, idle taken off): %f statements", &ops, &stmts); err != nil || ops < 1 || stmts < 1 || stmts > 60 {
-				t.Errorf("work line %q: %d rewards, %.2f statements each (%v); want at least 1 and 1..60", line, ops, stmts, err)
+			var net, gross float64
+			if _, err := fmt.Sscanf(rest, "%d, idle taken off): %f statements (%f with the idle rate)", &ops, &net, &gross); err != nil ||
+				ops < 1 || gross < 1 || gross > 60 || net > gross {
+				t.Errorf("work line %q: %d rewards, %.2f statements each, %.2f with the idle rate (%v); want at least 1 reward, 1..60 with the idle rate, and no more without", line, ops, net, gross, err)
 			}
 		}
 	}
