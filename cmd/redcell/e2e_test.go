@@ -354,10 +354,11 @@ func e2eAPIKeys(t *testing.T, c *cluster, sender string, balance int64) {
 }
 
 // e2eBenchWork runs a short roundrobin load with --work and checks what it
-// says an open costs: statements (inserts and updates among them) and round
-// trips within bounds an open could have, CPU of every process measured
-// (MariaDB's too: the test servers run on this machine), and memcached
-// commands counted (0 or more: stress traffic skips the per-person limit).
+// says an open costs: statements with the idle rate within bounds an open
+// could have (inserts among them), the net figures below them, CPU of every
+// process measured (MariaDB's too: the test servers run on this machine),
+// and memcached commands counted (0 or more: stress traffic skips the
+// per-person limit).
 func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "work.json")
@@ -396,20 +397,23 @@ func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 	// credit's; far fewer than 60 statements however the cell groups them.
 	// Gross: the idle rate, over 1 s, may or may not have caught a sweep of
 	// the background readers, so the net figure is only bounded above.
+	// The net figures (the idle rate taken off) are only bounded above: a
+	// kind the background also runs (its UPDATEs, its round trips, its CPU)
+	// may come out at 0 after a window that caught more of it than the run.
 	in("statements with the idle rate", w.StatementsGross, 2, 60)
 	in("statements", w.Statements, 0, 60)
-	in("db round trips", w.DBRoundTrips, 0.1, 40)
+	in("db round trips", w.DBRoundTrips, 0, 40)
 	in("memcached commands", w.MemcachedCommands, 0, 20)
-	if w.ByKind["insert"] <= 0 || w.ByKind["update"] <= 0 {
-		t.Errorf("statements by kind %v: want inserts and updates", w.ByKind)
+	if w.ByKind["insert"] <= 0 {
+		t.Errorf("statements by kind %v: want inserts (each open's claim)", w.ByKind)
 	}
 	for _, p := range []string{"mariadb", "cells", "router", "memcached", "bench", "total"} {
 		if _, ok := w.CPUMicros[p]; !ok {
 			t.Errorf("no CPU of %s: %v (missing %v)", p, w.CPUMicros, w.Missing)
 		}
 	}
-	if w.CPUMicros["cells"] <= 0 || w.CPUMicros["mariadb"] <= 0 {
-		t.Errorf("CPU per open %v: the cells and MariaDB did work", w.CPUMicros)
+	if w.CPUMicros["total"] <= 0 {
+		t.Errorf("CPU per open %v: the processes did work", w.CPUMicros)
 	}
 	if w.IdleStatementsPerSec == nil {
 		t.Errorf("no idle rate (missing %v)", w.Missing)
