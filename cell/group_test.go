@@ -11,6 +11,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell"
+	"redcell/internal/testaudit"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
@@ -55,6 +56,16 @@ func groupsOf(t *testing.T, c *testCell, space string) groupStats {
 // per database) reach every claimant once, and the audit of the books is
 // clean.
 func TestGroupedMoney(t *testing.T) {
+	// The real space of the test servers holds what earlier tests left: an
+	// outbox row credited but never marked is delivered again by the next
+	// relay (the receiver ignores it), a group of the real space, which the
+	// check below would take for stress traffic there (seen once in a
+	// clean-clone run). Mark those first, as the cluster tests do.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := testaudit.Settle(ctx, []string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}); err != nil {
+		t.Fatal(err)
+	}
 	a, b := twoCells(t, grouped)
 	pre := testenv.Prefix()
 	type sender struct {
