@@ -94,6 +94,12 @@ type AuditResponse struct {
 // in the receiver's wallets. At most 10,000 per call.
 type ReconRequest struct {
 	Credits []model.Credit `json:"credits"`
+	// Copy asks the receiver to answer from its own copy of each claimant's
+	// database whether or not it serves that database now: one it serves, or
+	// one it handed over and still keeps. Credits of a database it holds no
+	// copy of are Missing. The relay asks so before it delivers a credit to
+	// any cell but the one the credit was sent to (model.Credit.Dest).
+	Copy bool `json:"copy,omitempty"`
 }
 
 // ReconResponse says how many of a ReconRequest's claims are credited as

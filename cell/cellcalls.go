@@ -29,8 +29,18 @@ func (cc cellCalls) Credits(ctx context.Context, addr string, cs []model.Credit)
 // Recon asks the cell at addr which of cs it has credited (POST
 // /internal/recon). Errors: *cellclient.Error.
 func (cc cellCalls) Recon(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error) {
+	return cc.recon(ctx, addr, api.ReconRequest{Credits: cs})
+}
+
+// ReconCopy asks the cell at addr which of cs it has credited in its own
+// copy of their claimants' databases, served now or handed over (POST
+// /internal/recon with copy set). Errors: *cellclient.Error.
+func (cc cellCalls) ReconCopy(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error) {
+	return cc.recon(ctx, addr, api.ReconRequest{Credits: cs, Copy: true})
+}
+
+func (cc cellCalls) recon(ctx context.Context, addr string, req api.ReconRequest) (api.ReconResponse, error) {
 	var out api.ReconResponse
-	err := cc.c.Send(ctx, cellclient.Call{Addr: addr, Path: api.ReconPath, Stress: cc.stress,
-		Body: api.ReconRequest{Credits: cs}, Out: &out})
+	err := cc.c.Send(ctx, cellclient.Call{Addr: addr, Path: api.ReconPath, Stress: cc.stress, Body: req, Out: &out})
 	return out, err
 }

@@ -485,15 +485,47 @@ func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 // delivered here are credited as claimed (recon.Answer). serveRoute has
 // checked its signature, as for every call; it reads only.
 func (s *Server) reconAnswer(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	credits, err := s.own.decodeCredits(rc.PostBody())
+	credits, copied, err := s.own.decodeRecon(rc.PostBody())
 	if err != nil {
 		s.answers.err(rc, err)
 		return
+	}
+	var absent []string // copy: claims of databases this cell keeps no copy of
+	if copied {
+		if credits, absent, err = s.inCopies(ctx, credits); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
 	}
 	out, err := recon.Answer(ctx, sp.store, credits)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
+	out.Missing = append(out.Missing, absent...)
 	s.answers.json(rc, http.StatusOK, out)
+}
+
+// inCopies splits credits into those whose claimant's database this cell
+// keeps a copy of (it serves it, or handed it over and has not dropped its
+// copy: a moved-out record) and the claim IDs of the rest.
+func (s *Server) inCopies(ctx context.Context, credits []model.Credit) (kept []model.Credit, absent []string, err error) {
+	copies := map[int]bool{}
+	if s.moves.store != nil {
+		mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+		if err != nil {
+			return nil, nil, model.Errorf(model.ErrDBUnavailable, "%v", err)
+		}
+		for _, mo := range mos {
+			copies[mo.DB] = true
+		}
+	}
+	for _, c := range credits {
+		if db := c.Shard.DB(); copies[db] || s.own.holdsDB(db) {
+			kept = append(kept, c)
+		} else {
+			absent = append(absent, c.ClaimID)
+		}
+	}
+	return kept, absent, nil
 }

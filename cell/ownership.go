@@ -348,7 +348,30 @@ func (o *ownership) decodeCredits(body []byte) ([]model.Credit, error) {
 	return req.Credits, nil
 }
 
-func (o *ownership) validCredit(c model.Credit) error {
+// decodeRecon decodes a POST /internal/recon body: its credits, checked as
+// decodeCredits checks them, and whether it asks about copies (api.ReconRequest.Copy),
+// whose credits need not be of shards the cell owns now.
+func (o *ownership) decodeRecon(body []byte) (credits []model.Credit, copied bool, err error) {
+	var req api.ReconRequest
+	if err := strictjson.Decode(body, &req); err != nil {
+		return nil, false, err
+	}
+	if len(req.Credits) > creditsPerCallMax {
+		return nil, false, model.Invalidf("at most %d credits per call", creditsPerCallMax)
+	}
+	for _, c := range req.Credits {
+		if err := o.validCreditOf(c, !req.Copy); err != nil {
+			return nil, false, err
+		}
+	}
+	return req.Credits, req.Copy, nil
+}
+
+func (o *ownership) validCredit(c model.Credit) error { return o.validCreditOf(c, true) }
+
+// validCreditOf checks a credit's fields, and with owned that this cell owns
+// its claimant's shard now.
+func (o *ownership) validCreditOf(c model.Credit, owned bool) error {
 	ref, _, err := model.ParseClaimID(c.ClaimID)
 	if err != nil {
 		return err
@@ -362,8 +385,13 @@ func (o *ownership) validCredit(c model.Credit) error {
 	if sharding.ShardOfAct(c.ActID) != c.Shard {
 		return model.Invalidf("credit shard %d does not match act_id", c.Shard)
 	}
-	if err := o.check(c.Shard); err != nil {
-		return err
+	if !c.Shard.Valid() {
+		return model.Invalidf("credit shard %d out of range", c.Shard)
+	}
+	if owned {
+		if err := o.check(c.Shard); err != nil {
+			return err
+		}
 	}
 	if c.Amount < 1 {
 		return model.Invalidf("credit amount must be >= 1")

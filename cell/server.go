@@ -110,6 +110,28 @@ type Stores struct {
 	Moves MoveStore
 }
 
+// creditDester is a store that names, in each new outbox row, the cell its
+// credit goes to (storage.MySQL and memstore.Store: SetCreditDest).
+type creditDester interface {
+	SetCreditDest(dest func(model.ShardID) string)
+}
+
+// creditDest names the cell a credit to a claimant of shard sh goes to now:
+// this cell when it owns sh, else the shard map's owner ("" when none). New
+// outbox rows record it (model.Credit.Dest).
+func (s *Server) creditDest(sh model.ShardID) string {
+	if s.own.owns(sh) {
+		return s.cfg.Name
+	}
+	if s.peers == nil {
+		return ""
+	}
+	if c, ok := s.peers.Map().Owner(sh); ok {
+		return c.Name
+	}
+	return ""
+}
+
 // Server is one running cell: it routes and admits requests and runs the open
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
@@ -247,6 +269,13 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.signer, clk, internalTimeout)
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
+	// The stores as built (storage.MySQL, memstore.Store) or, wrapped, the
+	// one behind Moves, whose Shadow store shares the setting.
+	for _, st := range []any{stores.Real, stores.Shadow, stores.Moves} {
+		if d, ok := st.(creditDester); ok {
+			d.SetCreditDest(s.creditDest)
+		}
+	}
 	s.calls = calls
 	for i, sp := range s.spaces {
 		s.pools[i] = s.newPool(sp, calls)
@@ -265,7 +294,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
 	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
-	s.recon = recon.New(recon.Config{DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
+	s.recon = recon.New(recon.Config{Cell: cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
 		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Clock: clk, Log: log, Reg: reg},
 		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})

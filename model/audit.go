@@ -46,6 +46,7 @@ type OutboxRow struct {
 	Amount    Cents
 	Delivered bool
 	CreatedMS int64
+	Dest      string // where the credit was sent or applied (Credit.Dest); "" when not known
 }
 
 // Merge adds part's sums, rows and problems to l. A claim credited in both is

@@ -86,6 +86,13 @@ type Credit struct {
 	// (a cell refuses unknown fields, so an older receiver would refuse it),
 	// and the receiving side never uses it.
 	CreatedMS int64 `json:"-"`
+	// Dest is the cell the credit was sent to or may have been applied at,
+	// as its outbox row records it: where the claimant's shard was owned
+	// when the claim was made, then where a delivery applied it. "" when not
+	// known (rows made before the record, fresh claims not yet delivered).
+	// The relay asks Dest before it delivers the credit to any other cell.
+	// Not sent between cells, like CreatedMS.
+	Dest string `json:"-"`
 }
 
 // OutboxPos is a position in an outbox, ordered by (CreatedMS, ClaimID).

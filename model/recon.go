@@ -24,10 +24,15 @@ const (
 	DiffCreditMismatch = "credit_mismatch"
 	// DiffCreditOrphan: a credit whose claim does not exist (invented money).
 	DiffCreditOrphan = "credit_orphan"
+	// DiffCreditElsewhere: the claimant's wallet has no credit for a claim
+	// the relay marked delivered, but the cell the credit was applied at
+	// (Credit.Dest) has it in its copy of the claimant's database, which it
+	// no longer serves: the database was handed over without that row.
+	DiffCreditElsewhere = "credit_elsewhere"
 )
 
 // DiffKinds lists every kind of difference, in a fixed order.
-var DiffKinds = [...]string{DiffOutboxMissing, DiffOutboxOrphan, DiffOutboxMismatch, DiffCreditMissing, DiffCreditMismatch, DiffCreditOrphan}
+var DiffKinds = [...]string{DiffOutboxMissing, DiffOutboxOrphan, DiffOutboxMismatch, DiffCreditMissing, DiffCreditMismatch, DiffCreditOrphan, DiffCreditElsewhere}
 
 // Tally counts rows and the cents they hold.
 type Tally struct {
@@ -111,7 +116,7 @@ func CompareOutbox(claims map[string]Claim, outbox map[string]OutboxRow) OutboxC
 		default:
 			r.Matched.Add(c.Amount)
 			if o.Delivered {
-				r.Delivered = append(r.Delivered, Credit{ClaimID: id, PacketID: c.PacketID, ActID: c.ActID, Shard: o.Shard, Amount: c.Amount})
+				r.Delivered = append(r.Delivered, Credit{ClaimID: id, PacketID: c.PacketID, ActID: c.ActID, Shard: o.Shard, Amount: c.Amount, Dest: o.Dest})
 			} else {
 				r.Pending = append(r.Pending, o)
 			}

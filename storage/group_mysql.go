@@ -135,7 +135,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 	}
 	now := m.nowMS()
 	var (
-		w                    groupWrites
+		w                    = groupWrites{dest: m.creditDest}
 		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
 		creditOps, rewardOps []*GroupOp
 		issueOps, acceptOps  []*GroupOp
@@ -519,6 +519,7 @@ type groupWrites struct {
 	claimN     map[dayKey]int
 	outbox     map[int][]any // database → rows
 	outboxN    map[int]int
+	dest       func(model.ShardID) string     // a new outbox row's dest (MySQL.creditDest)
 	packets    map[model.PacketID]groupPacket // packets opened: their final state
 }
 
@@ -576,7 +577,7 @@ func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
 		w.claims[t] = append(w.claims[t], string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
 		w.claimN[t]++
 		db := ref.Shard.DB()
-		w.outbox[db] = append(w.outbox[db], cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS)
+		w.outbox[db] = append(w.outbox[db], cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS, w.dest(cr.Shard))
 		w.outboxN[db]++
 	}
 	w.packets[ref.ID] = groupPacket{ref, out.Packet}
@@ -600,8 +601,8 @@ func (w *groupWrites) sql(m *MySQL) (string, []any) {
 		b.add("INSERT INTO "+m.claimTable(t.shard, t.day)+" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(w.claimN[t], 5), w.claims[t]...)
 	}
 	for _, db := range sortedKeys(w.outbox) {
-		b.add("INSERT INTO "+m.outboxTable(db)+" (claim_id, packet_id, act_id, act_shard, amount, created_ms) VALUES "+
-			rowsOf(w.outboxN[db], 6), w.outbox[db]...)
+		b.add("INSERT INTO "+m.outboxTable(db)+" (claim_id, packet_id, act_id, act_shard, amount, created_ms, dest) VALUES "+
+			rowsOf(w.outboxN[db], 7), w.outbox[db]...)
 	}
 	for _, id := range sortedKeys(w.packets) {
 		gp := w.packets[id]

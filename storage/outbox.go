@@ -13,10 +13,10 @@ import (
 // PendingCredits lists up to limit outbox rows of database db (0..99) not yet
 // delivered, created at or before beforeMS (Unix ms) and after the position
 // (afterMS, afterID), in (created_ms, claim_id) order, each with its
-// CreatedMS. next is the position of the last row returned, to page on from.
+// CreatedMS and Dest. next is the position of the last row returned, to page on from.
 func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
 	var next model.OutboxPos
-	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms FROM "+m.outboxTable(db)+
+	rows, err := m.db.QueryContext(ctx, "SELECT claim_id, packet_id, act_id, act_shard, amount, created_ms, dest FROM "+m.outboxTable(db)+
 		" WHERE state = 0 AND created_ms <= ? AND (created_ms > ? OR (created_ms = ? AND claim_id > ?)) ORDER BY created_ms, claim_id LIMIT ?",
 		beforeMS, afterMS, afterMS, afterID, limit)
 	if isMySQLErr(err, errNoSuchTable) {
@@ -29,7 +29,7 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	var out []model.Credit
 	for rows.Next() {
 		var c model.Credit
-		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &c.CreatedMS); err != nil {
+		if err := rows.Scan(&c.ClaimID, &c.PacketID, &c.ActID, &c.Shard, &c.Amount, &c.CreatedMS, &c.Dest); err != nil {
 			return nil, next, err
 		}
 		next = model.OutboxPos{CreatedMS: c.CreatedMS, ClaimID: c.ClaimID}
@@ -39,7 +39,8 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 }
 
 // MarkDelivered marks outbox rows as delivered once the claimant's cell has
-// applied them. Marking twice is harmless. The relay calls it once per
+// applied them, and records where: each row's dest becomes its credit's Dest
+// (kept when that is ""). Marking twice is harmless. The relay calls it once per
 // delivered batch, whose claims come from packets of many databases: it marks
 // them all in one short READ COMMITTED transaction (one commit), two
 // statements per database, in database order. It never waits for a row
@@ -50,12 +51,14 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 // nothing.
 func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
 	byDB := map[int][]any{}
+	dest := make(map[string]string, len(credits))
 	for _, c := range credits {
 		ref, _, err := model.ParseClaimID(c.ClaimID)
 		if err != nil {
 			return 0, fmt.Errorf("storage: mark delivered: %w", err)
 		}
 		byDB[ref.Shard.DB()] = append(byDB[ref.Shard.DB()], c.ClaimID)
+		dest[c.ClaimID] = c.Dest
 	}
 	if len(byDB) == 0 {
 		return 0, nil
@@ -68,7 +71,7 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 	defer tx.Rollback()
 	for _, db := range slices.Sorted(maps.Keys(byDB)) {
 		ids := byDB[db]
-		locked, err := m.markIn(ctx, tx, db, ids)
+		locked, err := m.markIn(ctx, tx, db, ids, dest)
 		if err != nil {
 			return 0, fmt.Errorf("storage: mark delivered: %w", err)
 		}
@@ -81,37 +84,45 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 }
 
 // markIn marks, inside tx, the rows of outbox db named by ids that no other
-// transaction holds, and returns how many it held (marked now or before).
-func (m *MySQL) markIn(ctx context.Context, tx *sql.Tx, db int, ids []any) (int, error) {
+// transaction holds, each with its dest (by claim ID; "" keeps the row's),
+// and returns how many it held (marked now or before). One UPDATE per
+// distinct dest: a lane's batch has one.
+func (m *MySQL) markIn(ctx context.Context, tx *sql.Tx, db int, ids []any, dest map[string]string) (int, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT claim_id FROM "+m.outboxTable(db)+" WHERE claim_id IN ("+placeholders(len(ids))+") FOR UPDATE SKIP LOCKED", ids...)
 	if err != nil {
 		return 0, err
 	}
-	var mine []any
+	mine := map[string][]any{} // by dest
+	n := 0
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
 			return 0, err
 		}
-		mine = append(mine, id)
+		mine[dest[id]] = append(mine[dest[id]], id)
+		n++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, err
 	}
-	if len(mine) == 0 {
-		return 0, nil
-	}
-	args := append([]any{m.nowMS()}, mine...)
 	// The rows are this transaction's now; the UPDATE may still wait a moment
 	// to insert into the k_pending index (another transaction's gap lock
 	// there), bounded by ctx. Without waiting it failed under a light bench.
-	if _, err := tx.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET state = 1, delivered_ms = ? WHERE state = 0 AND claim_id IN ("+
-		placeholders(len(mine))+")", args...); err != nil {
-		return 0, err
+	now := m.nowMS()
+	for _, d := range slices.Sorted(maps.Keys(mine)) {
+		ids := mine[d]
+		set, args := "SET state = 1, delivered_ms = ?", []any{now}
+		if d != "" {
+			set, args = set+", dest = ?", append(args, d)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" "+set+" WHERE state = 0 AND claim_id IN ("+
+			placeholders(len(ids))+")", append(args, ids...)...); err != nil {
+			return 0, err
+		}
 	}
-	return len(mine), nil
+	return n, nil
 }
 
 // OutboxLag counts undelivered outbox rows of database db and the age of the

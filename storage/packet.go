@@ -271,18 +271,18 @@ func (m *MySQL) claimsOf(ctx context.Context, tx rowsQueryer, ref model.PacketRe
 // outbox row of fresh[i], created with it), one multi-row INSERT each.
 func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRef, fresh []model.Claim, credits []model.Credit) error {
 	claimArgs := make([]any, 0, len(fresh)*5)
-	outArgs := make([]any, 0, len(fresh)*6)
+	outArgs := make([]any, 0, len(fresh)*7)
 	for i, c := range fresh {
 		cr := credits[i]
 		claimArgs = append(claimArgs, string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
-		outArgs = append(outArgs, cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS)
+		outArgs = append(outArgs, cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS, m.creditDest(cr.Shard))
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.claimTable(ref.Shard, ref.Day)+
 		" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(len(fresh), 5), claimArgs...); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, "INSERT INTO "+m.outboxTable(ref.Shard.DB())+
-		" (claim_id, packet_id, act_id, act_shard, amount, created_ms) VALUES "+rowsOf(len(fresh), 6), outArgs...)
+		" (claim_id, packet_id, act_id, act_shard, amount, created_ms, dest) VALUES "+rowsOf(len(fresh), 7), outArgs...)
 	return err
 }
 

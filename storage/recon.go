@@ -101,13 +101,13 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 		}
 	}
 	// Every part returns: kind, claim or packet ID, act_id, shard (outbox) or
-	// seq (claim), amount, state, created_ms.
-	parts := []string{"(SELECT 'o', claim_id, act_id, act_shard, amount, state, created_ms FROM " + m.outboxTable(db) +
+	// seq (claim), amount, state, created_ms, dest (outbox; '' for claims).
+	parts := []string{"(SELECT 'o', claim_id, act_id, act_shard, amount, state, created_ms, dest FROM " + m.outboxTable(db) +
 		" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ?)"}
 	args := []any{w.FromMS, w.ToMS}
 	for _, t := range tables {
 		if want[t] {
-			parts = append(parts, "(SELECT 'c', packet_id, act_id, seq, amount, 0, created_ms FROM "+m.claimTable(t.shard, t.day)+
+			parts = append(parts, "(SELECT 'c', packet_id, act_id, seq, amount, 0, created_ms, '' FROM "+m.claimTable(t.shard, t.day)+
 				" WHERE created_ms >= ? AND created_ms < ?)")
 			args = append(args, w.FromMS, w.ToMS)
 		}
@@ -124,15 +124,15 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 		if n++; n > maxRows {
 			return claimTables, fmt.Errorf("window [%d, %d) holds more than %d claims and outbox rows: %w", w.FromMS, w.ToMS, maxRows, errWindowFull)
 		}
-		var kind, id, act string
+		var kind, id, act, dest string
 		var num, amount, createdMS int64
 		var state int
-		if err := rows.Scan(&kind, &id, &act, &num, &amount, &state, &createdMS); err != nil {
+		if err := rows.Scan(&kind, &id, &act, &num, &amount, &state, &createdMS, &dest); err != nil {
 			return claimTables, err
 		}
 		if kind == "o" {
 			w.Outbox[id] = model.OutboxRow{ClaimID: id, ActID: act, Shard: model.ShardID(num), Amount: model.Cents(amount),
-				Delivered: state == 1, CreatedMS: createdMS}
+				Delivered: state == 1, CreatedMS: createdMS, Dest: dest}
 			continue
 		}
 		c := model.Claim{ID: model.ClaimID(model.PacketID(id), num), PacketID: model.PacketID(id), Seq: num, ActID: act,

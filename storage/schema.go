@@ -105,8 +105,13 @@ func (m *MySQL) shardDDL(s model.ShardID) []string {
   state        TINYINT NOT NULL DEFAULT 0,
   created_ms   BIGINT NOT NULL,
   delivered_ms BIGINT NULL,
+  dest         VARCHAR(64) NOT NULL DEFAULT '',
   KEY k_pending (state, created_ms, claim_id)
 ) ENGINE=InnoDB`,
+		// Outbox tables made before dest existed get it here (a no-op where
+		// it exists): the cell the credit was sent to, or may have been
+		// applied at (Credit.Dest).
+		`ALTER TABLE ` + m.outboxTable(s.DB()) + ` ADD COLUMN IF NOT EXISTS dest VARCHAR(64) NOT NULL DEFAULT '' AFTER delivered_ms`,
 	}
 }
 
@@ -256,6 +261,8 @@ func newMySQL(db *sql.DB) *MySQL {
 type dbFilter struct {
 	keep atomic.Pointer[func(db int) bool]
 	gen  atomic.Int64 // bumped when what keep accepts changes (FilterChanged)
+	// dest names the cell a claimant's shard is credited at now (SetCreditDest).
+	dest atomic.Pointer[func(model.ShardID) string]
 }
 
 // SetDBFilter makes the store list the tables of the databases keep accepts
@@ -268,6 +275,30 @@ func (m *MySQL) SetDBFilter(keep func(db int) bool) {
 		return
 	}
 	m.filter.keep.Store(&keep)
+}
+
+// SetCreditDest sets how the store names, in a new outbox row, the cell its
+// credit goes to: the cell that owns the claimant's shard when the claim is
+// made ("" when none does; nil: "" for every row). The relay reads it back
+// (Credit.Dest) to ask that cell before it delivers the credit anywhere else.
+// It applies to the Shadow stores made from this one too.
+func (m *MySQL) SetCreditDest(dest func(model.ShardID) string) {
+	if dest == nil {
+		m.filter.dest.Store(nil)
+		return
+	}
+	m.filter.dest.Store(&dest)
+}
+
+// creditDest is SetCreditDest's name for a credit to a claimant of shard sh.
+func (m *MySQL) creditDest(sh model.ShardID) string {
+	if m.filter == nil {
+		return ""
+	}
+	if f := m.filter.dest.Load(); f != nil {
+		return (*f)(sh)
+	}
+	return ""
 }
 
 // FilterChanged says that what the filter accepts changed (a database moved

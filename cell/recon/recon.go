@@ -43,6 +43,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +71,9 @@ type Books interface {
 // call ends when ctx does and sends ctx's deadline to the receiver.
 type Client interface {
 	Recon(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error)
+	// ReconCopy asks the same of the cell's own copy of the claimants'
+	// databases, served now or handed over (api.ReconRequest.Copy).
+	ReconCopy(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error)
 }
 
 // Peers tells which cell owns a shard (sharding/membership.Node).
@@ -86,6 +91,7 @@ type Space struct {
 // Config is what a Reconciler is built from. Every field is required but
 // Clock (nil: the system clock).
 type Config struct {
+	Cell         string                   // this cell's name, as outbox rows record it (Credit.Dest)
 	DBs          func() []int             // the databases this cell serves now (whole: every shard of each), read each round
 	Owns         func(model.ShardID) bool // whether the cell serves a shard now
 	Peers        Peers
@@ -407,11 +413,89 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.
 		}()
 	}
 	wg.Wait()
+	round := model.Diffs{}
 	for _, l := range lanes {
 		p.credited = p.credited.Plus(l.out.credited)
-		p.diffs.Merge(l.out.diffs)
+		round.Merge(l.out.diffs)
 		p.unverified += l.out.unverified
 	}
+	checked := make(map[string]string, len(delivered)) // claim ID → the cell asked
+	for _, c := range local {
+		checked[c.ClaimID] = r.cfg.Cell
+	}
+	for _, g := range remote {
+		for _, c := range g.Credits {
+			checked[c.ClaimID] = g.Cell.Name
+		}
+	}
+	r.findElsewhere(ctx, sp, delivered, checked, round)
+	p.diffs.Merge(round)
+}
+
+// findElsewhere looks for the credits of round's credit_missing claims
+// whose outbox rows say they were applied at a cell other than the one
+// asked (Credit.Dest; checked names the cell asked, by claim ID): in that
+// cell's copy of the claimant's database (Client.ReconCopy). Those found
+// move to credit_elsewhere: not lost, but in a copy no cell serves (a
+// database handed over without them). A cell that cannot be asked leaves
+// its claims credit_missing.
+func (r *Reconciler) findElsewhere(ctx context.Context, sp Space, delivered []model.Credit, checked map[string]string, round model.Diffs) {
+	missing := round[model.DiffCreditMissing]
+	if len(missing) == 0 {
+		return
+	}
+	isMissing := make(map[string]bool, len(missing))
+	for _, id := range missing {
+		isMissing[id] = true
+	}
+	byDest := map[string][]model.Credit{}
+	for _, c := range delivered {
+		if isMissing[c.ClaimID] && c.Dest != "" && c.Dest != checked[c.ClaimID] {
+			byDest[c.Dest] = append(byDest[c.Dest], c)
+		}
+	}
+	if len(byDest) == 0 {
+		return
+	}
+	cells := r.cfg.Peers.Map().Cells()
+	found := map[string]bool{}
+	for _, dest := range slices.Sorted(maps.Keys(byDest)) {
+		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == dest })
+		if i < 0 {
+			continue
+		}
+		cs := byDest[dest]
+		for start := 0; start < len(cs) && ctx.Err() == nil; start += chunkMax {
+			chunk := cs[start:min(start+chunkMax, len(cs))]
+			actx, cancel := context.WithTimeout(ctx, askTimeout)
+			out, err := sp.Client.ReconCopy(actx, cells[i].Addr, chunk)
+			cancel()
+			if err != nil {
+				r.cfg.Log.Warn("reconciliation could not ask where credits were applied", "space", sp.Name, "cell", dest, "claims", len(chunk), "err", err)
+				break
+			}
+			notThere := make(map[string]bool, len(out.Missing)+len(out.Mismatched))
+			for _, id := range append(out.Missing, out.Mismatched...) {
+				notThere[id] = true
+			}
+			for _, c := range chunk {
+				if !notThere[c.ClaimID] {
+					found[c.ClaimID] = true
+				}
+			}
+		}
+	}
+	if len(found) == 0 {
+		return
+	}
+	round[model.DiffCreditMissing] = slices.DeleteFunc(missing, func(id string) bool { return found[id] })
+	if len(round[model.DiffCreditMissing]) == 0 {
+		delete(round, model.DiffCreditMissing)
+	}
+	for id := range found {
+		round[model.DiffCreditElsewhere] = append(round[model.DiffCreditElsewhere], id)
+	}
+	slices.Sort(round[model.DiffCreditElsewhere])
 }
 
 // creditResult is what the credit checks of one lane found.
@@ -574,7 +658,7 @@ func newMetrics(reg prometheus.Registerer, spaces []Space) []*spaceMetrics {
 		reg.MustRegister(v)
 		return v
 	}
-	diffs := counter("redcell_recon_differences_total", "Differences reconciliation found, by space and kind (outbox_missing, outbox_orphan, outbox_mismatch, credit_missing, credit_mismatch, credit_orphan).", "kind")
+	diffs := counter("redcell_recon_differences_total", "Differences reconciliation found, by space and kind (outbox_missing, outbox_orphan, outbox_mismatch, credit_missing, credit_mismatch, credit_orphan, credit_elsewhere).", "kind")
 	differences := gauge("redcell_recon_differences", "Differences found by the last reconciliation pass (0: clean).")
 	lastSuccess := gauge("redcell_recon_last_success_timestamp_seconds", "Unix time of the last reconciliation pass that read every window it meant to.")
 	checkedUntil := gauge("redcell_recon_checked_until_timestamp_seconds", "Claims created before this Unix time have been reconciled (the oldest window end over the databases).")

@@ -64,6 +64,10 @@ func (noCells) Recon(context.Context, string, []model.Credit) (api.ReconResponse
 	return api.ReconResponse{}, errors.New("no other cell")
 }
 
+func (noCells) ReconCopy(context.Context, string, []model.Credit) (api.ReconResponse, error) {
+	return api.ReconResponse{}, errors.New("no other cell")
+}
+
 const (
 	interval = time.Minute
 	settle   = 30 * time.Second

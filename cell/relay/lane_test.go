@@ -30,6 +30,7 @@ type fakeOutbox struct {
 	batches [][]string                // claim IDs of each ApplyCredits call, in order
 	applied map[string]int            // times each claim was applied or found applied
 	marked  map[string]int            // times each claim was marked delivered
+	dests   map[string]string         // the Dest each claim was last marked with
 	defer_  func(c model.Credit) bool // deferred by this call? (nil: never)
 	release chan struct{}             // when set, ApplyCredits waits for it to close
 	readGap chan struct{}             // when set, PendingCredits waits for it after reading db 0
@@ -37,7 +38,7 @@ type fakeOutbox struct {
 }
 
 func newFakeOutbox() *fakeOutbox {
-	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, reads: map[int]int{}}
+	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, dests: map[string]string{}, reads: map[int]int{}}
 }
 
 func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
@@ -71,6 +72,7 @@ func (f *fakeOutbox) MarkDelivered(ctx context.Context, cs []model.Credit) (int,
 	defer f.mu.Unlock()
 	for _, c := range cs {
 		f.marked[c.ClaimID]++
+		f.dests[c.ClaimID] = c.Dest
 		f.pending = slices.DeleteFunc(f.pending, func(p model.Credit) bool { return p.ClaimID == c.ClaimID })
 	}
 	return 0, nil
@@ -126,6 +128,36 @@ type fakeNet struct {
 	mu     sync.Mutex
 	calls  []remoteCall
 	answer func(ctx context.Context, addr string) ([]string, error)
+	// copies answers ReconCopy: whether the cell at addr has c applied in its
+	// copy (nil: none has).
+	copies func(addr string, c model.Credit) (bool, error)
+	asked  []string // "addr claim" of every ReconCopy question, in order
+}
+
+func (n *fakeNet) ReconCopy(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error) {
+	n.mu.Lock()
+	copies := n.copies
+	for _, c := range cs {
+		n.asked = append(n.asked, addr+" "+c.ClaimID)
+	}
+	n.mu.Unlock()
+	out := api.ReconResponse{Missing: []string{}, Mismatched: []string{}}
+	for _, c := range cs {
+		found := false
+		if copies != nil {
+			var err error
+			if found, err = copies(addr, c); err != nil {
+				return api.ReconResponse{}, err
+			}
+		}
+		if found {
+			out.Matched++
+			out.MatchedCents += int64(c.Amount)
+		} else {
+			out.Missing = append(out.Missing, c.ClaimID)
+		}
+	}
+	return out, nil
 }
 
 func (n *fakeNet) Credits(ctx context.Context, addr string, cs []model.Credit) (api.CreditsResponse, error) {
@@ -725,6 +757,60 @@ func TestScanReadsOnlyMarkedOutboxes(t *testing.T) {
 			if want := got[db] + 1; n != want {
 				t.Errorf("database %d read %d times after the second sweep, want %d (a periodic sweep marks nothing)", db, n, want)
 			}
+		}
+	})
+}
+
+// TestCreditAppliedOnceAcrossCells: before a credit goes to a cell other
+// than the one its outbox row says it was sent to (Credit.Dest), the relay
+// asks that cell's copy of the claimant's database. Found there: not
+// delivered again, marked with where it was applied (Stats.Elsewhere). Not
+// found: delivered, marked with the new destination. That cell not in the
+// map: held in the outbox (Stats.Held). A row sent nowhere else, or never
+// sent, is delivered without a question.
+func TestCreditAppliedOnceAcrossCells(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		rig.net.copies = func(addr string, c model.Credit) (bool, error) {
+			return addr == "c" && (c.ActID == "u0" || c.ActID == "u3"), nil
+		}
+		x, y, z := credit(600, 0), credit(601, 1), credit(602, 2) // cell-b's claimants
+		w, v, u := credit(10, 3), credit(11, 4), credit(603, 5)   // cell-a's, cell-a's, cell-b's
+		x.Dest, y.Dest, z.Dest, w.Dest, v.Dest = "cell-c", "cell-c", "cell-gone", "cell-c", "cell-a"
+		if left := rig.r.dispatch([]model.Credit{x, y, z, w, v, u}, time.Time{}); left != 0 {
+			t.Fatalf("%d credits left in the outbox, want 0", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		var sentB []string
+		for _, c := range rig.net.to("b") {
+			sentB = append(sentB, c.ids...)
+		}
+		slices.Sort(sentB)
+		if want := slices.Sorted(slices.Values(ids(y, u))); !slices.Equal(sentB, want) {
+			t.Errorf("delivered to cell-b: %v, want %v (y not found at cell-c, u never sent elsewhere)", sentB, want)
+		}
+		if a := rig.store.count(rig.store.applied, v.ClaimID); a != 1 {
+			t.Errorf("v applied %d times here, want 1", a)
+		}
+		if a := rig.store.count(rig.store.applied, w.ClaimID); a != 0 {
+			t.Errorf("w, applied at cell-c's copy, applied %d times here, want 0", a)
+		}
+		rig.store.mu.Lock()
+		dests := maps.Clone(rig.store.dests)
+		rig.store.mu.Unlock()
+		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", u.ClaimID: "cell-b", v.ClaimID: "cell-a"}
+		if !maps.Equal(dests, want) {
+			t.Errorf("marked with dests %v, want %v (z held, unmarked)", dests, want)
+		}
+		rig.net.mu.Lock()
+		asked := slices.Sorted(slices.Values(rig.net.asked))
+		rig.net.mu.Unlock()
+		if wantAsked := slices.Sorted(slices.Values([]string{"c " + x.ClaimID, "c " + y.ClaimID, "c " + w.ClaimID})); !slices.Equal(asked, wantAsked) {
+			t.Errorf("asked %v, want %v", asked, wantAsked)
+		}
+		if e, h := rig.r.Stats.Elsewhere.Load(), rig.r.Stats.Held.Load(); e != 2 || h != 1 {
+			t.Errorf("Stats.Elsewhere %d, Held %d; want 2 and 1", e, h)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,10 @@ type Store interface {
 // the claim IDs the receiver deferred (a wallet row was locked).
 type Client interface {
 	Credits(ctx context.Context, addr string, cs []model.Credit) (api.CreditsResponse, error)
+	// ReconCopy asks the cell at addr which of cs it has credited in its own
+	// copy of their claimants' databases, served now or handed over (POST
+	// /internal/recon, api.ReconRequest.Copy).
+	ReconCopy(ctx context.Context, addr string, cs []model.Credit) (api.ReconResponse, error)
 }
 
 // Peers tells which cell owns a shard (sharding/membership.Node).
@@ -91,6 +96,14 @@ type Stats struct {
 	MarkSkipped atomic.Int64 // delivered credits left pending because their row was locked
 	Scans       atomic.Int64 // outbox scans finished
 	Yields      atomic.Int64 // times a lane began to hold back a batch because the cell was loaded (Config.Busy)
+	// Elsewhere counts credits not delivered because the cell they were sent
+	// to has them applied in its copy of the claimant's database, which
+	// another cell serves now: reported, never booked a second time.
+	Elsewhere atomic.Int64
+	// Held counts credits kept in the outbox, once per attempt, because the
+	// cell they were sent to could not be asked whether it applied them (it
+	// is not in the map, or the question failed).
+	Held atomic.Int64
 }
 
 // Relay delivers the claims of one money space. Fresh claims come straight
@@ -135,6 +148,7 @@ type Relay struct {
 	deferrals *incident.Set     // credits deferred again and again, per destination
 	marking   *incident.Tracker // outbox marks that failed
 	scanning  *incident.Tracker // outbox reads that failed
+	asking    *incident.Set     // credits held: their last destination could not be asked, per that cell
 }
 
 // The relay's limits that the simulation (package sim) models with the same
@@ -219,6 +233,7 @@ func New(cfg Config) *Relay {
 		deferrals: incident.NewSet(log, "relay credit deferred for long", "dest", incident.DefaultEvery, lanesMax+1),
 		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
 		scanning:  incident.New(log, "outbox scan", incident.DefaultEvery),
+		asking:    incident.NewSet(log, "relay credit held: the cell it was sent to cannot be asked", "sent_to", incident.DefaultEvery, lanesMax+1),
 	}
 	r.life, r.endLife = context.WithCancel(context.Background())
 	return r
@@ -556,15 +571,16 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 				mine = append(mine, c)
 			}
 		}
+		mine, elsewhere := r.askElsewhere(ctx, r.cfg.Cell, mine)
 		if len(mine) == 0 {
-			return nil, nil, nil
+			return elsewhere, nil, nil
 		}
 		_, ids, err := r.cfg.Store.ApplyCredits(ctx, mine)
 		if err != nil {
 			return nil, nil, err
 		}
 		delivered, deferred = SplitDeferred(mine, ids)
-		return delivered, deferred, nil
+		return append(sentTo(delivered, r.cfg.Cell), elsewhere...), deferred, nil
 	}
 	m := r.cfg.Peers.Map()
 	var mine []model.Credit
@@ -574,16 +590,101 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 			mine, addr = append(mine, c), owner.Addr
 		}
 	}
+	mine, elsewhere := r.askElsewhere(ctx, l.dest, mine)
 	if len(mine) == 0 {
-		return nil, nil, nil
+		return elsewhere, nil, nil
 	}
 	resp, err := r.cfg.Client.Credits(ctx, addr, mine)
 	if err != nil {
 		return nil, nil, err
 	}
 	delivered, deferred = SplitDeferred(mine, resp.Deferred)
-	return delivered, deferred, nil
+	return append(sentTo(delivered, l.dest), elsewhere...), deferred, nil
 }
+
+// sentTo sets every credit's Dest to dest, the cell that applied it (the
+// outbox mark records it).
+func sentTo(cs []model.Credit, dest string) []model.Credit {
+	for i := range cs {
+		cs[i].Dest = dest
+	}
+	return cs
+}
+
+// askElsewhere makes a credit applied at most once across the cluster, not
+// only per database: before cs are delivered to cell to, it asks, for each
+// credit sent before to another cell (Credit.Dest, as the outbox row records
+// it), that cell whether its copy of the claimant's database has the credit
+// (Client.ReconCopy; this cell's own copies too, through the same call). A
+// database handed over without its rows would otherwise take the credit a
+// second time. It returns the credits to deliver now (not found there) and
+// those found applied there (kept with that Dest, to be marked delivered:
+// reported, counted in Stats.Elsewhere, never booked again). A credit whose
+// last destination is not in the map, fails to answer, or holds the claim
+// under another account or amount is in neither: it stays in the outbox
+// (Stats.Held) and is asked about again.
+func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, elsewhere []model.Credit) {
+	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != "" && c.Dest != to }) {
+		return cs, nil // the common case: nothing was sent anywhere else
+	}
+	byDest := map[string][]model.Credit{}
+	for _, c := range cs {
+		if c.Dest == "" || c.Dest == to {
+			deliver = append(deliver, c)
+		} else {
+			byDest[c.Dest] = append(byDest[c.Dest], c)
+		}
+	}
+	cells := r.cfg.Peers.Map().Cells()
+	for _, dest := range slices.Sorted(maps.Keys(byDest)) {
+		asked := byDest[dest]
+		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == dest })
+		if i < 0 {
+			r.Stats.Held.Add(int64(len(asked)))
+			r.asking.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			continue
+		}
+		resp, err := r.cfg.Client.ReconCopy(ctx, cells[i].Addr, asked)
+		if err != nil {
+			r.Stats.Held.Add(int64(len(asked)))
+			r.asking.Of(dest).Fail(err, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			continue
+		}
+		r.asking.Of(dest).OK()
+		missing, mismatched := setOf(resp.Missing), setOf(resp.Mismatched)
+		var found []model.Credit
+		for _, c := range asked {
+			switch {
+			case missing[c.ClaimID]:
+				deliver = append(deliver, c)
+			case mismatched[c.ClaimID]:
+				r.Stats.Held.Add(1)
+				r.log.Error("relay credit held: the cell it was sent to holds the claim credited to another account or amount",
+					"claim", c.ClaimID, "act_id", c.ActID, "amount", c.Amount, "sent_to", dest, "deliver_to", to)
+			default:
+				found = append(found, c)
+			}
+		}
+		if len(found) > 0 {
+			r.Stats.Elsewhere.Add(int64(len(found)))
+			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database: not delivered again, marked with where they were applied",
+				"credits", len(found), "claim", found[0].ClaimID, "act_id", found[0].ActID, "amount", found[0].Amount,
+				"db", found[0].Shard.DB(), "applied_at", dest, "served_by", to)
+			elsewhere = append(elsewhere, found...)
+		}
+	}
+	return deliver, elsewhere
+}
+
+func setOf(ids []string) map[string]bool {
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+var errDestGone = errors.New("the cell is not in the shard map")
 
 // SplitDeferred splits cs into the credits whose claim IDs are not in ids and
 // those that are (the IDs a receiver's ApplyCredits deferred), each in cs's

@@ -156,7 +156,9 @@ func (s *Store) readWindowLocked(db int, keys []tableKey, maxRows int, w *model.
 			if n++; n > maxRows {
 				return true
 			}
-			w.Outbox[id] = e.row
+			row := e.row
+			row.Dest = e.dest
+			w.Outbox[id] = row
 		}
 	}
 	for _, k := range keys {

@@ -48,10 +48,11 @@ type Store struct {
 	// two accounts, which the Ledger reports).
 	credited map[claimKey][]string
 	packets  map[model.PacketID]*packet
-	tables   map[tableKey]*table       // packets by shard and day of month
-	outbox   map[int]map[string]*entry // database index → claim ID → row
-	pending  map[int][]*entry          // undelivered rows per database, by (CreatedMS, ClaimID)
-	recon    map[int]int64             // reconciliation's saved positions, by database
+	tables   map[tableKey]*table        // packets by shard and day of month
+	outbox   map[int]map[string]*entry  // database index → claim ID → row
+	dest     func(model.ShardID) string // a new outbox row's dest (SetCreditDest); nil: ""
+	pending  map[int][]*entry           // undelivered rows per database, by (CreatedMS, ClaimID)
+	recon    map[int]int64              // reconciliation's saved positions, by database
 	idents   map[identKey]model.IdentityBinding
 	rewards  map[string]*model.Reward              // by order number (rewards.go)
 	couponRq map[couponReqKey]*model.CouponRequest // coupon requests (coupons.go)
@@ -102,8 +103,9 @@ type packet struct {
 
 // entry is one outbox row.
 type entry struct {
-	row model.OutboxRow
-	pid model.PacketID
+	row  model.OutboxRow
+	pid  model.PacketID
+	dest string // Credit.Dest
 }
 
 // fault is the armed commit fault, if any.

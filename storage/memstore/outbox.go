@@ -14,8 +14,20 @@ func before(aMS int64, aID string, bMS int64, bID string) bool {
 	return aMS < bMS || aMS == bMS && aID < bID
 }
 
-// addOutboxLocked writes a new outbox row of database db, pending. s.mu must be held.
+// SetCreditDest implements storage.MySQL's SetCreditDest: how a new outbox
+// row names the cell its credit goes to (nil: "").
+func (s *Store) SetCreditDest(dest func(model.ShardID) string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dest = dest
+}
+
+// addOutboxLocked writes a new outbox row of database db, pending, with its
+// dest (SetCreditDest). s.mu must be held.
 func (s *Store) addOutboxLocked(e *entry, db int) {
+	if s.dest != nil {
+		e.dest = s.dest(e.row.Shard)
+	}
 	rows, ok := s.outbox[db]
 	if !ok {
 		rows = map[string]*entry{}
@@ -48,7 +60,7 @@ func (s *Store) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 	var out []model.Credit
 	for ; i < len(list) && len(out) < limit && list[i].row.CreatedMS <= beforeMS; i++ {
 		o := list[i].row
-		out = append(out, model.Credit{ClaimID: o.ClaimID, PacketID: list[i].pid, ActID: o.ActID, Shard: o.Shard, Amount: o.Amount, CreatedMS: o.CreatedMS})
+		out = append(out, model.Credit{ClaimID: o.ClaimID, PacketID: list[i].pid, ActID: o.ActID, Shard: o.Shard, Amount: o.Amount, CreatedMS: o.CreatedMS, Dest: list[i].dest})
 		next = model.OutboxPos{CreatedMS: o.CreatedMS, ClaimID: o.ClaimID}
 	}
 	return out, next, nil
@@ -79,6 +91,9 @@ func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 			continue
 		}
 		e.row.Delivered = true
+		if c.Dest != "" {
+			e.dest = c.Dest
+		}
 		list := s.pending[db]
 		i := sort.Search(len(list), func(i int) bool {
 			return !before(list[i].row.CreatedMS, list[i].row.ClaimID, e.row.CreatedMS, e.row.ClaimID)
