@@ -93,7 +93,9 @@ func TestCreditOnceAcrossHandOver(t *testing.T) {
 
 	ref, _ := model.ParsePacketID(packet)
 	outbox := fmt.Sprintf("%sdb_%02d.t_outbox", b.ns, ref.Shard.DB())
-	loseMark := func() { exec(t, b.db, "UPDATE "+outbox+" SET state = 0, delivered_ms = NULL WHERE claim_id = ?", c1.ClaimID) }
+	loseMark := func() {
+		exec(t, b.db, "UPDATE "+outbox+" SET state = 0, delivered_ms = NULL WHERE claim_id = ?", c1.ClaimID)
+	}
 	loseMark()
 	setDegrade(t, b, api.DegradeSetting{Relay: "on"})
 	waitFor(t, 20*time.Second, func() bool {

@@ -787,8 +787,8 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 			sentB = append(sentB, c.ids...)
 		}
 		slices.Sort(sentB)
-		if want := slices.Sorted(slices.Values(ids(y, u))); !slices.Equal(sentB, want) {
-			t.Errorf("delivered to cell-b: %v, want %v (y not found at cell-c, u never sent elsewhere)", sentB, want)
+		if want := slices.Sorted(slices.Values(ids(y, z, u))); !slices.Equal(sentB, want) {
+			t.Errorf("delivered to cell-b: %v, want %v (y not found at cell-c, z's cell gone, u never sent elsewhere)", sentB, want)
 		}
 		if a := rig.store.count(rig.store.applied, v.ClaimID); a != 1 {
 			t.Errorf("v applied %d times here, want 1", a)
@@ -799,9 +799,9 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		rig.store.mu.Lock()
 		dests := maps.Clone(rig.store.dests)
 		rig.store.mu.Unlock()
-		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", u.ClaimID: "cell-b", v.ClaimID: "cell-a"}
+		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", z.ClaimID: "cell-b", u.ClaimID: "cell-b", v.ClaimID: "cell-a"}
 		if !maps.Equal(dests, want) {
-			t.Errorf("marked with dests %v, want %v (z held, unmarked)", dests, want)
+			t.Errorf("marked with dests %v, want %v", dests, want)
 		}
 		rig.net.mu.Lock()
 		asked := slices.Sorted(slices.Values(rig.net.asked))
@@ -809,8 +809,23 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		if wantAsked := slices.Sorted(slices.Values([]string{"c " + x.ClaimID, "c " + y.ClaimID, "c " + w.ClaimID})); !slices.Equal(asked, wantAsked) {
 			t.Errorf("asked %v, want %v", asked, wantAsked)
 		}
-		if e, h := rig.r.Stats.Elsewhere.Load(), rig.r.Stats.Held.Load(); e != 2 || h != 1 {
-			t.Errorf("Stats.Elsewhere %d, Held %d; want 2 and 1", e, h)
+		if e, h, un := rig.r.Stats.Elsewhere.Load(), rig.r.Stats.Held.Load(), rig.r.Stats.Unasked.Load(); e != 2 || h != 0 || un != 1 {
+			t.Errorf("Stats.Elsewhere %d, Held %d, Unasked %d; want 2, 0 and 1", e, h, un)
+		}
+
+		// cell-c cannot answer: its credits stay in the outbox, asked again later.
+		rig.net.copies = func(string, model.Credit) (bool, error) { return false, errRefused }
+		callsB := len(rig.net.to("b"))
+		q := credit(604, 6)
+		q.Dest = "cell-c"
+		rig.r.dispatch([]model.Credit{q}, time.Time{})
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		if a, m := len(rig.net.to("b")), rig.store.count(rig.store.marked, q.ClaimID); a != callsB || m != 0 {
+			t.Errorf("while cell-c cannot answer: %d calls to cell-b (want still %d), q marked %d times (want 0)", a, callsB, m)
+		}
+		if h := rig.r.Stats.Held.Load(); h != 1 {
+			t.Errorf("Stats.Held %d, want 1", h)
 		}
 	})
 }

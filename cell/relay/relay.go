@@ -101,9 +101,13 @@ type Stats struct {
 	// another cell serves now: reported, never booked a second time.
 	Elsewhere atomic.Int64
 	// Held counts credits kept in the outbox, once per attempt, because the
-	// cell they were sent to could not be asked whether it applied them (it
-	// is not in the map, or the question failed).
+	// cell they were sent to could not be asked whether it applied them (the
+	// question failed) or holds the claim with another account or amount.
 	Held atomic.Int64
+	// Unasked counts credits delivered to another cell without the question,
+	// because the cell they were sent to is not in the map (removed, or
+	// down): applied once there only if their database moved with its rows.
+	Unasked atomic.Int64
 }
 
 // Relay delivers the claims of one money space. Fresh claims come straight
@@ -149,6 +153,7 @@ type Relay struct {
 	marking   *incident.Tracker // outbox marks that failed
 	scanning  *incident.Tracker // outbox reads that failed
 	asking    *incident.Set     // credits held: their last destination could not be asked, per that cell
+	unasked   *incident.Set     // credits delivered unasked: their last destination left the map, per that cell
 }
 
 // The relay's limits that the simulation (package sim) models with the same
@@ -234,6 +239,7 @@ func New(cfg Config) *Relay {
 		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
 		scanning:  incident.New(log, "outbox scan", incident.DefaultEvery),
 		asking:    incident.NewSet(log, "relay credit held: the cell it was sent to cannot be asked", "sent_to", incident.DefaultEvery, lanesMax+1),
+		unasked:   incident.NewSet(log, "relay credit delivered without asking the cell it was sent to, which is not in the map", "sent_to", incident.DefaultEvery, lanesMax+1),
 	}
 	r.life, r.endLife = context.WithCancel(context.Background())
 	return r
@@ -620,9 +626,10 @@ func sentTo(cs []model.Credit, dest string) []model.Credit {
 // second time. It returns the credits to deliver now (not found there) and
 // those found applied there (kept with that Dest, to be marked delivered:
 // reported, counted in Stats.Elsewhere, never booked again). A credit whose
-// last destination is not in the map, fails to answer, or holds the claim
-// under another account or amount is in neither: it stays in the outbox
-// (Stats.Held) and is asked about again.
+// last destination fails to answer, or holds the claim under another account
+// or amount, is in neither: it stays in the outbox (Stats.Held) and is asked
+// about again. One whose last destination is not in the map is delivered
+// unasked (Stats.Unasked, an incident per that cell).
 func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, elsewhere []model.Credit) {
 	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != "" && c.Dest != to }) {
 		return cs, nil // the common case: nothing was sent anywhere else
@@ -640,10 +647,17 @@ func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) 
 		asked := byDest[dest]
 		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == dest })
 		if i < 0 {
-			r.Stats.Held.Add(int64(len(asked)))
-			r.asking.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			// Nobody to ask: a cell leaves the map when it is removed, after
+			// verified moves took its databases with their rows (the new
+			// owner refuses a repeat), or while it is down. Held, such
+			// credits would never be delivered after a removal: they go on,
+			// counted.
+			r.Stats.Unasked.Add(int64(len(asked)))
+			r.unasked.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			deliver = append(deliver, asked...)
 			continue
 		}
+		r.unasked.Of(dest).OK()
 		resp, err := r.cfg.Client.ReconCopy(ctx, cells[i].Addr, asked)
 		if err != nil {
 			r.Stats.Held.Add(int64(len(asked)))
