@@ -322,6 +322,12 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 // afterOpen refreshes the grab cache and hands new claims to the relay.
 func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) {
 	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
+	for i := range credits {
+		// Where the store's outbox rows say they go, as it named it a moment
+		// ago: a lane delivering elsewhere (the map changed since) asks there
+		// first.
+		credits[i].Dest = s.creditDest(credits[i].Shard)
+	}
 	s.stats.opens.Add(int64(len(credits)))
 	final := model.FinalErr(p, s.clock.Now().UnixMilli())
 	closed := final != nil

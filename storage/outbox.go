@@ -125,6 +125,26 @@ func (m *MySQL) markIn(ctx context.Context, tx *sql.Tx, db int, ids []any, dest 
 	return n, nil
 }
 
+// SendTo implements Outbox: one UPDATE per outbox database, autocommit.
+func (m *MySQL) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+	byDB := map[int][]any{}
+	for _, c := range credits {
+		ref, _, err := model.ParseClaimID(c.ClaimID)
+		if err != nil {
+			return fmt.Errorf("storage: send to: %w", err)
+		}
+		byDB[ref.Shard.DB()] = append(byDB[ref.Shard.DB()], c.ClaimID)
+	}
+	for _, db := range slices.Sorted(maps.Keys(byDB)) {
+		ids := byDB[db]
+		if _, err := m.db.ExecContext(ctx, "UPDATE "+m.outboxTable(db)+" SET dest = ? WHERE state = 0 AND claim_id IN ("+
+			placeholders(len(ids))+")", append([]any{dest}, ids...)...); err != nil {
+			return fmt.Errorf("storage: send to: %w", err)
+		}
+	}
+	return nil
+}
+
 // OutboxLag counts undelivered outbox rows of database db and the age of the
 // oldest in ms (0 when empty).
 func (m *MySQL) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error) {

@@ -160,17 +160,17 @@ func (m *MySQL) CreditsOf(ctx context.Context, credits []model.Credit) (map[stri
 	}
 	shards := make([]model.ShardID, 0, len(byShard))
 	for s := range byShard {
-		if err := m.EnsureShard(ctx, s); err != nil {
-			return nil, err
-		}
 		shards = append(shards, s)
 	}
 	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
 	found := map[string]model.Credit{}
-	for start := 0; start < len(shards); start += ledgerChunk {
+	// It creates nothing: it also reads the copies a cell keeps of databases
+	// it handed over, which must stay as they were. A flow table that does
+	// not exist holds no credit.
+	query := func(shards []model.ShardID) error {
 		var parts []string
 		var args []any
-		for _, s := range shards[start:min(start+ledgerChunk, len(shards))] {
+		for _, s := range shards {
 			acts, orders := map[string]bool{}, make([]any, 0, len(byShard[s]))
 			for _, c := range byShard[s] {
 				acts[c.ActID] = true
@@ -183,7 +183,22 @@ func (m *MySQL) CreditsOf(ctx context.Context, credits []model.Credit) (map[stri
 			}
 			args = append(args, orders...)
 		}
-		if err := m.readCredits(ctx, strings.Join(parts, " UNION ALL "), args, found); err != nil {
+		return m.readCredits(ctx, strings.Join(parts, " UNION ALL "), args, found)
+	}
+	absent := func(err error) bool { return isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) }
+	for start := 0; start < len(shards); start += ledgerChunk {
+		chunk := shards[start:min(start+ledgerChunk, len(shards))]
+		err := query(chunk)
+		if absent(err) { // some table is missing: each shard on its own, the missing ones skipped
+			err = nil
+			for _, s := range chunk {
+				if e := query([]model.ShardID{s}); e != nil && !absent(e) {
+					err = e
+					break
+				}
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("storage: credits of claims: %w", err)
 		}
 	}

@@ -122,6 +122,13 @@ type Outbox interface {
 	// not found); the relay delivers those again. Errors: ErrInvalidArgument
 	// for a malformed claim ID.
 	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
+	// SendTo records in the credits' pending outbox rows that they are
+	// about to be delivered to cell dest (their dest), before the relay
+	// delivers them to another cell than the one the rows named: had a
+	// delivery applied them and its mark been lost, the row still names
+	// where. Rows delivered already keep theirs. Errors: ErrInvalidArgument
+	// for a malformed claim ID.
+	SendTo(ctx context.Context, credits []model.Credit, dest string) error
 	// OutboxLag counts the undelivered rows of database db and the age of
 	// the oldest in ms at the store's clock (0, 0 when none); for metrics.
 	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)
@@ -143,6 +150,9 @@ type Books interface {
 	// with ClaimID, ActID and Amount as booked; a claim credited to two of
 	// the accounts asked about comes back with the amounts summed. At most
 	// 10,000 credits per call; more, or a shard out of range, is an error.
+	// It creates nothing: a database or flow table that does not exist
+	// holds no credit (a cell's kept copy of a database it handed over is
+	// read as it is).
 	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
 	// ReconPositions returns where reconciliation has checked up to, by
 	// database (0..99), as last saved: claims created before that Unix ms

@@ -151,6 +151,11 @@ func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 	return skipped, err
 }
 
+// SendTo implements storage.Store.
+func (s *Store) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+	return s.call(func() error { return s.inner.SendTo(ctx, credits, dest) })
+}
+
 // OutboxLag implements storage.Store.
 func (s *Store) OutboxLag(ctx context.Context, db int) (pending, oldestMS int64, err error) {
 	err = s.call(func() (err error) { pending, oldestMS, err = s.inner.OutboxLag(ctx, db); return err })

@@ -31,6 +31,7 @@ type fakeOutbox struct {
 	applied map[string]int            // times each claim was applied or found applied
 	marked  map[string]int            // times each claim was marked delivered
 	dests   map[string]string         // the Dest each claim was last marked with
+	sent    map[string]string         // the dest each claim was last recorded as sent to (SendTo)
 	defer_  func(c model.Credit) bool // deferred by this call? (nil: never)
 	release chan struct{}             // when set, ApplyCredits waits for it to close
 	readGap chan struct{}             // when set, PendingCredits waits for it after reading db 0
@@ -38,7 +39,7 @@ type fakeOutbox struct {
 }
 
 func newFakeOutbox() *fakeOutbox {
-	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, dests: map[string]string{}, reads: map[int]int{}}
+	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, dests: map[string]string{}, sent: map[string]string{}, reads: map[int]int{}}
 }
 
 func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
@@ -76,6 +77,15 @@ func (f *fakeOutbox) MarkDelivered(ctx context.Context, cs []model.Credit) (int,
 		f.pending = slices.DeleteFunc(f.pending, func(p model.Credit) bool { return p.ClaimID == c.ClaimID })
 	}
 	return 0, nil
+}
+
+func (f *fakeOutbox) SendTo(ctx context.Context, cs []model.Credit, dest string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range cs {
+		f.sent[c.ClaimID] = dest
+	}
+	return nil
 }
 
 func (f *fakeOutbox) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
@@ -763,21 +773,24 @@ func TestScanReadsOnlyMarkedOutboxes(t *testing.T) {
 
 // TestCreditAppliedOnceAcrossCells: before a credit goes to a cell other
 // than the one its outbox row says it was sent to (Credit.Dest), the relay
-// asks that cell's copy of the claimant's database. Found there: not
-// delivered again, marked with where it was applied (Stats.Elsewhere). Not
-// found: delivered, marked with the new destination. That cell not in the
+// asks that cell's copy of the claimant's database. Found there and not
+// where the database is served now: not delivered again, marked with where
+// it was applied (Stats.Elsewhere); found at both (moved with its rows):
+// marked with the new destination, not counted. Not found: recorded as
+// sent to the new destination, delivered, marked with it. That cell not in the
 // map: held in the outbox (Stats.Held). A row sent nowhere else, or never
 // sent, is delivered without a question.
 func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
 		rig.net.copies = func(addr string, c model.Credit) (bool, error) {
-			return addr == "c" && (c.ActID == "u0" || c.ActID == "u3"), nil
+			return addr == "c" && (c.ActID == "u0" || c.ActID == "u3" || c.ActID == "u7") || addr == "b" && c.ActID == "u7", nil
 		}
 		x, y, z := credit(600, 0), credit(601, 1), credit(602, 2) // cell-b's claimants
 		w, v, u := credit(10, 3), credit(11, 4), credit(603, 5)   // cell-a's, cell-a's, cell-b's
-		x.Dest, y.Dest, z.Dest, w.Dest, v.Dest = "cell-c", "cell-c", "cell-gone", "cell-c", "cell-a"
-		if left := rig.r.dispatch([]model.Credit{x, y, z, w, v, u}, time.Time{}); left != 0 {
+		r := credit(605, 7)                                       // cell-b's, found at cell-c and cell-b: moved with its rows
+		x.Dest, y.Dest, z.Dest, w.Dest, v.Dest, r.Dest = "cell-c", "cell-c", "cell-gone", "cell-c", "cell-a", "cell-c"
+		if left := rig.r.dispatch([]model.Credit{x, y, z, w, v, u, r}, time.Time{}); left != 0 {
 			t.Fatalf("%d credits left in the outbox, want 0", left)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -799,14 +812,23 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		rig.store.mu.Lock()
 		dests := maps.Clone(rig.store.dests)
 		rig.store.mu.Unlock()
-		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", z.ClaimID: "cell-b", u.ClaimID: "cell-b", v.ClaimID: "cell-a"}
+		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", z.ClaimID: "cell-b", u.ClaimID: "cell-b",
+			v.ClaimID: "cell-a", r.ClaimID: "cell-b"}
 		if !maps.Equal(dests, want) {
 			t.Errorf("marked with dests %v, want %v", dests, want)
+		}
+		rig.store.mu.Lock()
+		sent := maps.Clone(rig.store.sent)
+		rig.store.mu.Unlock()
+		if want := map[string]string{y.ClaimID: "cell-b", z.ClaimID: "cell-b"}; !maps.Equal(sent, want) {
+			t.Errorf("recorded as sent before delivery: %v, want %v (the two delivered to another cell than their rows named)", sent, want)
 		}
 		rig.net.mu.Lock()
 		asked := slices.Sorted(slices.Values(rig.net.asked))
 		rig.net.mu.Unlock()
-		if wantAsked := slices.Sorted(slices.Values([]string{"c " + x.ClaimID, "c " + y.ClaimID, "c " + w.ClaimID})); !slices.Equal(asked, wantAsked) {
+		// x, y, w, r at cell-c; then the found ones where they are served: x and r at cell-b, w here.
+		if wantAsked := slices.Sorted(slices.Values([]string{"c " + x.ClaimID, "c " + y.ClaimID, "c " + w.ClaimID, "c " + r.ClaimID,
+			"b " + x.ClaimID, "b " + r.ClaimID, "a " + w.ClaimID})); !slices.Equal(asked, wantAsked) {
 			t.Errorf("asked %v, want %v", asked, wantAsked)
 		}
 		if e, h, un := rig.r.Stats.Elsewhere.Load(), rig.r.Stats.Held.Load(), rig.r.Stats.Unasked.Load(); e != 2 || h != 0 || un != 1 {

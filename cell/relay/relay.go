@@ -9,6 +9,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -24,12 +25,13 @@ import (
 )
 
 // Store is the part of a cell's store the relay uses (storage.Outbox and
-// storage.Wallets): outbox rows to deliver, wallets to credit for this cell's
-// own claimants.
+// storage.Wallets): outbox rows to deliver (and where they go), wallets to
+// credit for this cell's own claimants.
 type Store interface {
 	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
 	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
 	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
+	SendTo(ctx context.Context, credits []model.Credit, dest string) error
 }
 
 // Client delivers credits to another cell (POST /internal/credits, signed,
@@ -102,7 +104,8 @@ type Stats struct {
 	Elsewhere atomic.Int64
 	// Held counts credits kept in the outbox, once per attempt, because the
 	// cell they were sent to could not be asked whether it applied them (the
-	// question failed) or holds the claim with another account or amount.
+	// question failed, or that cell holds the claim with another account or
+	// amount) or their new destination could not be recorded.
 	Held atomic.Int64
 	// Unasked counts credits delivered to another cell without the question,
 	// because the cell they were sent to is not in the map (removed, or
@@ -238,7 +241,7 @@ func New(cfg Config) *Relay {
 		deferrals: incident.NewSet(log, "relay credit deferred for long", "dest", incident.DefaultEvery, lanesMax+1),
 		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
 		scanning:  incident.New(log, "outbox scan", incident.DefaultEvery),
-		asking:    incident.NewSet(log, "relay credit held: the cell it was sent to cannot be asked", "sent_to", incident.DefaultEvery, lanesMax+1),
+		asking:    incident.NewSet(log, "relay credit held: where it went cannot be asked or recorded", "sent_to", incident.DefaultEvery, lanesMax+1),
 		unasked:   incident.NewSet(log, "relay credit delivered without asking the cell it was sent to, which is not in the map", "sent_to", incident.DefaultEvery, lanesMax+1),
 	}
 	r.life, r.endLife = context.WithCancel(context.Background())
@@ -555,11 +558,19 @@ func (r *Relay) scan(ctx context.Context) {
 }
 
 // deliver applies cs at l's destination within ctx and sorts them:
-// delivered (applied now or before), deferred (a wallet row was locked); any
-// other credit of cs is no longer l's to deliver (the shard map changed) and
-// goes back to the outbox. An error means nothing is known to be applied.
+// delivered (applied now or before, each with the Dest to mark it with),
+// deferred (a wallet row was locked); any other credit of cs is no longer
+// l's to deliver now (the shard map changed, or a question about where it
+// went could not be answered: askElsewhere) and goes back to the outbox. An
+// error means nothing is known to be applied.
 func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
 	if l.local {
+		// Asked before Enter: a move's freeze of these databases waits for
+		// the write, not for questions to other cells.
+		cs, done := r.askElsewhere(ctx, l.dest, cs)
+		if len(cs) == 0 {
+			return done, nil, nil
+		}
 		if r.cfg.Enter != nil {
 			dbs := make([]int, len(cs))
 			for i, c := range cs {
@@ -577,16 +588,15 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 				mine = append(mine, c)
 			}
 		}
-		mine, elsewhere := r.askElsewhere(ctx, r.cfg.Cell, mine)
 		if len(mine) == 0 {
-			return elsewhere, nil, nil
+			return done, nil, nil
 		}
 		_, ids, err := r.cfg.Store.ApplyCredits(ctx, mine)
 		if err != nil {
 			return nil, nil, err
 		}
 		delivered, deferred = SplitDeferred(mine, ids)
-		return append(sentTo(delivered, r.cfg.Cell), elsewhere...), deferred, nil
+		return append(sentTo(delivered, l.dest), done...), deferred, nil
 	}
 	m := r.cfg.Peers.Map()
 	var mine []model.Credit
@@ -596,16 +606,16 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 			mine, addr = append(mine, c), owner.Addr
 		}
 	}
-	mine, elsewhere := r.askElsewhere(ctx, l.dest, mine)
+	mine, done := r.askElsewhere(ctx, l.dest, mine)
 	if len(mine) == 0 {
-		return elsewhere, nil, nil
+		return done, nil, nil
 	}
 	resp, err := r.cfg.Client.Credits(ctx, addr, mine)
 	if err != nil {
 		return nil, nil, err
 	}
 	delivered, deferred = SplitDeferred(mine, resp.Deferred)
-	return append(sentTo(delivered, l.dest), elsewhere...), deferred, nil
+	return append(sentTo(delivered, l.dest), done...), deferred, nil
 }
 
 // sentTo sets every credit's Dest to dest, the cell that applied it (the
@@ -617,22 +627,35 @@ func sentTo(cs []model.Credit, dest string) []model.Credit {
 	return cs
 }
 
+// askTimeout bounds one question of askElsewhere, so that a hung cell
+// delays the credits it is asked about, not the lane's batch.
+const askTimeout = 2 * time.Second
+
 // askElsewhere makes a credit applied at most once across the cluster, not
-// only per database: before cs are delivered to cell to, it asks, for each
-// credit sent before to another cell (Credit.Dest, as the outbox row records
-// it), that cell whether its copy of the claimant's database has the credit
-// (Client.ReconCopy; this cell's own copies too, through the same call). A
-// database handed over without its rows would otherwise take the credit a
-// second time. It returns the credits to deliver now (not found there) and
-// those found applied there (kept with that Dest, to be marked delivered:
-// reported, counted in Stats.Elsewhere, never booked again). A credit whose
-// last destination fails to answer, or holds the claim under another account
-// or amount, is in neither: it stays in the outbox (Stats.Held) and is asked
-// about again. One whose last destination is not in the map is delivered
-// unasked (Stats.Unasked, an incident per that cell).
-func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, elsewhere []model.Credit) {
+// only per database: before cs are delivered to cell to, it asks about each
+// credit that went to another cell before (Credit.Dest, as its outbox row
+// records it) that cell's copy of the claimant's database (Client.ReconCopy;
+// this cell's own copies too, through the same call). A database handed over
+// without its rows would otherwise take the credit a second time.
+//
+//   - Not found there: recorded as sent to to (Store.SendTo, so a lost mark
+//     still leaves the row naming where it may be applied) and returned in
+//     deliver.
+//   - Found there, and to has it too (the database moved with its rows):
+//     returned in done with Dest to, to be marked delivered.
+//   - Found there but not at to: returned in done with that Dest, to be
+//     marked delivered; logged at ERROR and counted (Stats.Elsewhere): the
+//     money sits in a copy no cell serves; never booked again.
+//   - That cell not in the map: nobody to ask (removed, or down; a move
+//     needs its source up, so the database came to to by a move that copied
+//     its rows): delivered unasked (Stats.Unasked, an incident per cell).
+//   - A question that fails (within askTimeout), a record that fails, or a
+//     claim held there under another account or amount: in neither; the
+//     credit stays in the outbox (Stats.Held, an incident) and is asked
+//     about again.
+func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, done []model.Credit) {
 	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != "" && c.Dest != to }) {
-		return cs, nil // the common case: nothing was sent anywhere else
+		return cs, nil // the common case: nothing went anywhere else
 	}
 	byDest := map[string][]model.Credit{}
 	for _, c := range cs {
@@ -643,51 +666,107 @@ func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) 
 		}
 	}
 	cells := r.cfg.Peers.Map().Cells()
+	addrOf := func(name string) (string, bool) {
+		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == name })
+		if i < 0 {
+			return "", false
+		}
+		return cells[i].Addr, true
+	}
+	held := func(dest string, cs []model.Credit, err error) {
+		r.Stats.Held.Add(int64(len(cs)))
+		r.asking.Of(dest).Fail(err, "credits", len(cs), "claim", cs[0].ClaimID, "deliver_to", to)
+	}
 	for _, dest := range slices.Sorted(maps.Keys(byDest)) {
 		asked := byDest[dest]
-		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == dest })
-		if i < 0 {
-			// Nobody to ask: a cell leaves the map when it is removed, after
-			// verified moves took its databases with their rows (the new
-			// owner refuses a repeat), or while it is down. Held, such
-			// credits would never be delivered after a removal: they go on,
-			// counted.
+		addr, ok := addrOf(dest)
+		if !ok {
 			r.Stats.Unasked.Add(int64(len(asked)))
 			r.unasked.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			if err := r.sendTo(ctx, asked, to); err != nil {
+				held(dest, asked, err)
+				continue
+			}
 			deliver = append(deliver, asked...)
 			continue
 		}
 		r.unasked.Of(dest).OK()
-		resp, err := r.cfg.Client.ReconCopy(ctx, cells[i].Addr, asked)
+		missing, found, err := r.askCopy(ctx, addr, asked)
 		if err != nil {
-			r.Stats.Held.Add(int64(len(asked)))
-			r.asking.Of(dest).Fail(err, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+			held(dest, asked, err)
+			continue
+		}
+		if len(missing) > 0 {
+			if err := r.sendTo(ctx, missing, to); err != nil {
+				held(dest, missing, err)
+				continue // found ones are asked about again with them
+			}
+			deliver = append(deliver, missing...)
+		}
+		if len(found) == 0 {
+			r.asking.Of(dest).OK()
+			continue
+		}
+		// Found where it went. Does to, which serves the database now, have
+		// it too (its rows moved with it)?
+		toAddr, ok := addrOf(to)
+		if !ok {
+			held(dest, found, errDestGone)
+			continue
+		}
+		notHere, here, err := r.askCopy(ctx, toAddr, found)
+		if err != nil {
+			held(to, found, err)
 			continue
 		}
 		r.asking.Of(dest).OK()
-		missing, mismatched := setOf(resp.Missing), setOf(resp.Mismatched)
-		var found []model.Credit
-		for _, c := range asked {
-			switch {
-			case missing[c.ClaimID]:
-				deliver = append(deliver, c)
-			case mismatched[c.ClaimID]:
-				r.Stats.Held.Add(1)
-				r.log.Error("relay credit held: the cell it was sent to holds the claim credited to another account or amount",
-					"claim", c.ClaimID, "act_id", c.ActID, "amount", c.Amount, "sent_to", dest, "deliver_to", to)
-			default:
-				found = append(found, c)
-			}
-		}
-		if len(found) > 0 {
-			r.Stats.Elsewhere.Add(int64(len(found)))
-			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database: not delivered again, marked with where they were applied",
-				"credits", len(found), "claim", found[0].ClaimID, "act_id", found[0].ActID, "amount", found[0].Amount,
-				"db", found[0].Shard.DB(), "applied_at", dest, "served_by", to)
-			elsewhere = append(elsewhere, found...)
+		done = append(done, sentTo(here, to)...)
+		if len(notHere) > 0 {
+			r.Stats.Elsewhere.Add(int64(len(notHere)))
+			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database, and not where it is served now: not delivered again, marked with where they were applied",
+				"credits", len(notHere), "claim", notHere[0].ClaimID, "act_id", notHere[0].ActID, "amount", notHere[0].Amount,
+				"db", notHere[0].Shard.DB(), "applied_at", dest, "served_by", to)
+			done = append(done, notHere...)
 		}
 	}
-	return deliver, elsewhere
+	return deliver, done
+}
+
+// askCopy asks the cell at addr, within askTimeout, which of cs its copy of
+// the claimants' databases holds credited as claimed: missing are not
+// there, found are; a claim held there under another account or amount is
+// an error (errConflict), as is an answer that does not account for every
+// claim.
+func (r *Relay) askCopy(ctx context.Context, addr string, cs []model.Credit) (missing, found []model.Credit, err error) {
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	resp, err := r.cfg.Client.ReconCopy(ctx, addr, cs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(resp.Mismatched) > 0 {
+		return nil, nil, fmt.Errorf("%w: %s", errConflict, resp.Mismatched[0])
+	}
+	isMissing := setOf(resp.Missing)
+	for _, c := range cs {
+		if isMissing[c.ClaimID] {
+			missing = append(missing, c)
+		} else {
+			found = append(found, c)
+		}
+	}
+	if int64(len(found)) != resp.Matched {
+		return nil, nil, fmt.Errorf("the cell accounted for %d of %d claims", resp.Matched+int64(len(resp.Missing)), len(cs))
+	}
+	return missing, found, nil
+}
+
+// sendTo records, within relayDBTimeout, that cs are about to be delivered
+// to cell to (Store.SendTo).
+func (r *Relay) sendTo(ctx context.Context, cs []model.Credit, to string) error {
+	ctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
+	defer cancel()
+	return r.cfg.Store.SendTo(ctx, cs, to)
 }
 
 func setOf(ids []string) map[string]bool {
@@ -698,7 +777,10 @@ func setOf(ids []string) map[string]bool {
 	return out
 }
 
-var errDestGone = errors.New("the cell is not in the shard map")
+var (
+	errDestGone = errors.New("the cell is not in the shard map")
+	errConflict = errors.New("the cell holds the claim credited to another account or amount")
+)
 
 // SplitDeferred splits cs into the credits whose claim IDs are not in ids and
 // those that are (the IDs a receiver's ApplyCredits deferred), each in cs's

@@ -104,6 +104,27 @@ func (s *Store) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 	return skipped, nil
 }
 
+// SendTo implements storage.Outbox.
+func (s *Store) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, c := range credits {
+		if _, _, err := model.ParseClaimID(c.ClaimID); err != nil {
+			return fmt.Errorf("memstore: send to: %w", err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range credits {
+		ref, _, _ := model.ParseClaimID(c.ClaimID)
+		if e, ok := s.outbox[ref.Shard.DB()][c.ClaimID]; ok && !e.row.Delivered {
+			e.dest = dest
+		}
+	}
+	return nil
+}
+
 // OutboxLag implements storage.Outbox.
 func (s *Store) OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error) {
 	if err := ctx.Err(); err != nil {

@@ -1,6 +1,8 @@
 package storagetest
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +16,67 @@ func init() {
 	register("ContractPendingCreditsPages", contractPendingCreditsPages)
 	register("ContractCrossCellCredit", contractCrossCellCredit)
 	register("ContractLedgerSeesDoubleCredit", contractLedgerSeesDoubleCredit)
+	register("ContractCreditDest", contractCreditDest)
+}
+
+// A new outbox row names the cell its credit goes to as the store's
+// SetCreditDest names it when the claim is made, and PendingCredits gives it
+// (Credit.Dest); SendTo changes it on pending rows only; MarkDelivered
+// records the Dest it is given, and keeps the row's when given "". The
+// reconciliation window reads it back (OutboxRow.Dest).
+func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	d, ok := f.s.(interface {
+		SetCreditDest(func(model.ShardID) string)
+	})
+	if !ok {
+		t.Fatalf("%T does not name where credits go (SetCreditDest)", f.s)
+	}
+	d.SetCreditDest(func(sh model.ShardID) string { return fmt.Sprintf("cell-%d", sh) })
+	t.Cleanup(func() { d.SetCreditDest(nil) })
+	f.deposit(sA, "ann", "d1", 1000)
+	_, ref := f.send(sA, sendReq("ann", "s1", 900, 3), time.Hour)
+	f.h.Clock.Advance(time.Millisecond)
+	res, _ := f.open(ref, 7, opener("bob", sB), opener("cy", sC), opener("dee", sA))
+	f.h.Clock.Advance(time.Millisecond)
+	dests := func() map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		for _, c := range f.pending(sA.DB(), 100) {
+			out[c.ClaimID] = c.Dest
+		}
+		return out
+	}
+	b, c, a := res[0].Claim.ID, res[1].Claim.ID, res[2].Claim.ID
+	if got, want := dests(), map[string]string{b: fmt.Sprintf("cell-%d", sB), c: fmt.Sprintf("cell-%d", sC), a: fmt.Sprintf("cell-%d", sA)}; !maps.Equal(got, want) {
+		t.Fatalf("pending credits' dests %v, want %v", got, want)
+	}
+	cs := []model.Credit{creditOf(res[0].Claim, sB), creditOf(res[1].Claim, sC), creditOf(res[2].Claim, sA)}
+	if err := f.s.SendTo(f.ctx, cs[:2], "cell-x"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dests(), map[string]string{b: "cell-x", c: "cell-x", a: fmt.Sprintf("cell-%d", sA)}; !maps.Equal(got, want) {
+		t.Fatalf("dests after SendTo: %v, want %v", got, want)
+	}
+	cs[0].Dest, cs[1].Dest = "cell-y", ""
+	f.markDelivered(cs[:2])
+	if err := f.s.SendTo(f.ctx, cs[:2], "cell-z"); err != nil { // delivered: kept
+		t.Fatal(err)
+	}
+	if err := f.s.SendTo(f.ctx, []model.Credit{{ClaimID: "x"}}, "cell-z"); err == nil {
+		t.Fatal("SendTo of a malformed claim ID: no error")
+	}
+	w, err := f.s.ReconWindow(f.ctx, sA.DB(), []model.ShardID{sA}, []int{ref.Day}, 0, f.nowMS()+1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for id, o := range w.Outbox {
+		got[id] = o.Dest
+	}
+	if want := map[string]string{b: "cell-y", c: "cell-x", a: fmt.Sprintf("cell-%d", sA)}; !maps.Equal(got, want) {
+		t.Fatalf("outbox rows' dests after the marks %v, want %v", got, want)
+	}
 }
 
 // Every claim is credited exactly once through outbox → ApplyCredits →
