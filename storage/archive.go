@@ -39,7 +39,7 @@ func (m *MySQL) EnsureArchive(ctx context.Context, s model.ShardID) error {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return err
 	}
-	if err := m.ensure(ctx, ensureKey{shard: s, day: archiveEnsure}, m.dayDDL(s, ArchiveDay)); err != nil {
+	if err := m.ensureProbed(ctx, ensureKey{shard: s, day: archiveEnsure}, m.dayNeeds(s, ArchiveDay), m.dayDDL(s, ArchiveDay)); err != nil {
 		return err
 	}
 	m.madeDayTables(s, ArchiveDay)

@@ -76,11 +76,11 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 		case OpDeposit:
 			err = m.EnsureShard(ctx, op.Shard)
 		case OpCredits:
-			for _, c := range op.Credits {
-				if err = m.EnsureShard(ctx, c.Shard); err != nil {
-					break
-				}
+			shards := make([]model.ShardID, len(op.Credits))
+			for i, c := range op.Credits {
+				shards[i] = c.Shard
 			}
+			err = m.EnsureShards(ctx, shards)
 		case OpRewards:
 			_, err = m.ensureRewardBooking(ctx, op.Rewards)
 		case OpIssue:

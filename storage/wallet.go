@@ -258,15 +258,12 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (appli
 	if len(credits) == 0 {
 		return 0, nil, nil
 	}
-	ensured := map[model.ShardID]bool{}
-	for _, c := range credits {
-		if ensured[c.Shard] {
-			continue
-		}
-		if err := m.EnsureShard(ctx, c.Shard); err != nil {
-			return 0, nil, err
-		}
-		ensured[c.Shard] = true
+	shards := make([]model.ShardID, len(credits))
+	for i, c := range credits {
+		shards[i] = c.Shard
+	}
+	if err := m.EnsureShards(ctx, shards); err != nil {
+		return 0, nil, err
 	}
 	err = m.inTx(ctx, func(tx *sql.Tx) error {
 		var err error // inTx may run this again: the answer is the last run's
