@@ -62,6 +62,16 @@ func (m *MySQL) execCounted(ctx context.Context, tx *sql.Tx, query string, args 
 	if !ok {
 		return nil, errors.New("storage: a counted statement list outside a transaction of inTx")
 	}
+	return execList(ctx, conn, query, args...)
+}
+
+// execList runs query, a statement list, on conn in one round trip and
+// returns the rows each statement affected, in order (see execCounted). A
+// lost connection is returned as a plain error: from Raw, ErrBadConn would
+// make the Conn close itself, which waits for a transaction on it to end,
+// which waits for this call (the transaction's rollback, or the caller's
+// Close, discards the connection).
+func execList(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]int64, error) {
 	var counts []int64
 	err := conn.Raw(func(dc any) error {
 		ex, ok := dc.(driver.ExecerContext)
@@ -86,9 +96,6 @@ func (m *MySQL) execCounted(ctx context.Context, tx *sql.Tx, query string, args 
 		}
 		res, err := ex.ExecContext(ctx, query, named)
 		if errors.Is(err, driver.ErrBadConn) {
-			// Not as ErrBadConn: from Raw it would make the Conn close itself,
-			// which waits for the transaction on it to end, which waits for
-			// this call. The transaction's rollback discards the connection.
 			return fmt.Errorf("storage: connection lost: %v", err)
 		}
 		if err != nil {

@@ -228,3 +228,56 @@ func TestMarkDeliveredAcrossDatabases(t *testing.T) {
 		t.Errorf("the row locked before: state %d, want 1", st)
 	}
 }
+
+// TestMarkDeliveredOneRoundTrip: a delivered batch whose rows are all
+// pending and unlocked, over two databases and two dests, is marked in one
+// round trip, each row with its dest; marking it again (every row marked
+// before) takes the exact path and skips nothing.
+func TestMarkDeliveredOneRoundTrip(t *testing.T) {
+	m := openStore(t)
+	pre := testenv.Prefix()
+	a := claimsFor(t, m, pre+"-a", []string{pre + "-x", pre + "-y"})
+	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
+	preB := pre + "-b"
+	for sharding.ShardOfAct(preB+"-s").DB() == refA.Shard.DB() {
+		preB += "b"
+	}
+	b := claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
+	all := append(slices.Clone(a), b...)
+	ctx := context.Background()
+	if n, _, err := m.ApplyCredits(ctx, all); err != nil || n != len(all) {
+		t.Fatal(n, err)
+	}
+	all[0].Dest, all[1].Dest, all[2].Dest = "cell-x", "cell-y", "cell-x"
+	before := m.RoundTrips()
+	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 0 {
+		t.Fatalf("mark: %d skipped, %v", skipped, err)
+	}
+	if n := m.RoundTrips() - before; n != 1 {
+		t.Errorf("marking 4 pending rows of 2 databases: %d round trips, want 1", n)
+	}
+	for i, want := range []string{"cell-x", "cell-y", "cell-x", ""} {
+		ref, _, _ := model.ParseClaimID(all[i].ClaimID)
+		var st int
+		var dest string
+		if err := m.db.QueryRow("SELECT state, dest FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", all[i].ClaimID).Scan(&st, &dest); err != nil {
+			t.Fatal(err)
+		}
+		if st != 1 || dest != want {
+			t.Errorf("row %d: state %d dest %q, want 1 %q", i, st, dest, want)
+		}
+	}
+	all[3].Dest = "cell-z" // marked before: its dest stays
+	before = m.RoundTrips()
+	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 0 {
+		t.Fatalf("mark again: %d skipped, %v; want 0 (marked before)", skipped, err)
+	}
+	if n := m.RoundTrips() - before; n < 2 {
+		t.Errorf("marking rows marked before: %d round trips, want the exact path's", n)
+	}
+	ref, _, _ := model.ParseClaimID(all[3].ClaimID)
+	var dest string
+	if err := m.db.QueryRow("SELECT dest FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", all[3].ClaimID).Scan(&dest); err != nil || dest != "" {
+		t.Errorf("a row marked before took a new dest: %q (%v)", dest, err)
+	}
+}

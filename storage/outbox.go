@@ -3,9 +3,11 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"redcell/model"
 )
@@ -41,14 +43,20 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 // MarkDelivered marks outbox rows as delivered once the claimant's cell has
 // applied them, and records where: each row's dest becomes its credit's Dest
 // (kept when that is ""). Marking twice is harmless. The relay calls it once per
-// delivered batch, whose claims come from packets of many databases: it marks
-// them all in one short READ COMMITTED transaction (one commit), two
-// statements per database, in database order. It never waits for a row
-// another transaction holds locked: per database it locks the rows it can
-// (SELECT ... FOR UPDATE SKIP LOCKED) and marks those. skipped counts the
-// rows left pending because they were locked (or are gone); the relay
-// delivers those again later, which the receiver ignores. An error marks
-// nothing.
+// delivered batch, whose claims come from packets of many databases.
+//
+// The common case (every row pending, none locked) is one round trip
+// (markAll): one READ COMMITTED transaction of one UPDATE per database and
+// dest, none waiting for a lock, sent as one statement list with its COMMIT.
+// The databases where that marked fewer rows than named (rows marked before,
+// or gone), or all of them when a row was locked, are marked again exactly,
+// in one READ COMMITTED transaction, two statements per database, in
+// database order: per database it locks the rows it can (SELECT ... FOR
+// UPDATE SKIP LOCKED) and marks those. It never waits for a row another
+// transaction holds locked. skipped counts the rows left pending because
+// they were locked (or are gone); the relay delivers those again later,
+// which the receiver ignores. An error marks nothing the fast path had not
+// committed (rows marked are marked rightly either way).
 func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error) {
 	byDB := map[int][]any{}
 	dest := make(map[string]string, len(credits))
@@ -63,13 +71,20 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 	if len(byDB) == 0 {
 		return 0, nil
 	}
+	again, err := m.markAll(ctx, byDB, dest)
+	if err != nil {
+		return 0, fmt.Errorf("storage: mark delivered: %w", err)
+	}
+	if len(again) == 0 {
+		return 0, nil
+	}
 	// READ COMMITTED: the locking reads take the rows they find, never a gap.
 	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, fmt.Errorf("storage: mark delivered: %w", err)
 	}
 	defer tx.Rollback()
-	for _, db := range slices.Sorted(maps.Keys(byDB)) {
+	for _, db := range again {
 		ids := byDB[db]
 		locked, err := m.markIn(ctx, tx, db, ids, dest)
 		if err != nil {
@@ -81,6 +96,75 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 		return 0, fmt.Errorf("storage: mark delivered: commit: %w", err)
 	}
 	return skipped, nil
+}
+
+// markAll is MarkDelivered's one round trip: SET TRANSACTION ISOLATION LEVEL
+// READ COMMITTED, START TRANSACTION, per database (in order) and dest one
+// UPDATE of the pending rows named (without waiting for a lock: noWait),
+// COMMIT, as one statement list on a connection of its own. It returns the
+// databases (in order) to mark again exactly: those whose UPDATEs changed
+// fewer rows than they name (committed: what they changed is marked), or,
+// when a row was locked, every database (rolled back: nothing marked).
+func (m *MySQL) markAll(ctx context.Context, byDB map[int][]any, dest map[string]string) (again []int, err error) {
+	dbs := slices.Sorted(maps.Keys(byDB))
+	var q strings.Builder
+	q.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+	var args []any
+	type part struct{ db, n int }
+	var parts []part // one per UPDATE, in order
+	now := m.nowMS()
+	for _, db := range dbs {
+		mine := map[string][]any{} // by dest
+		for _, id := range byDB[db] {
+			d := dest[id.(string)]
+			mine[d] = append(mine[d], id)
+		}
+		for _, d := range slices.Sorted(maps.Keys(mine)) {
+			ids := mine[d]
+			set := "SET state = 1, delivered_ms = ?"
+			args = append(args, now)
+			if d != "" {
+				set += ", dest = ?"
+				args = append(args, d)
+			}
+			q.WriteString(";" + noWait + "UPDATE " + m.outboxTable(db) + " " + set + " WHERE state = 0 AND claim_id IN (" + placeholders(len(ids)) + ")")
+			args = append(args, ids...)
+			parts = append(parts, part{db, len(ids)})
+		}
+	}
+	q.WriteString("; COMMIT")
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	counts, err := execList(ctx, conn, q.String(), args...)
+	if err != nil {
+		// The list stopped at the failing statement, inside its transaction
+		// when START TRANSACTION ran: roll it back, or drop the connection.
+		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		if isMySQLErr(err, errLockWait) {
+			return dbs, nil
+		}
+		return nil, err
+	}
+	if len(counts) != 2+len(parts)+1 {
+		return nil, fmt.Errorf("storage: mark delivered: %d statement counts for %d statements", len(counts), 2+len(parts)+1)
+	}
+	short := map[int]bool{}
+	for i, p := range parts {
+		if counts[2+i] != int64(p.n) {
+			short[p.db] = true
+		}
+	}
+	for _, db := range dbs {
+		if short[db] {
+			again = append(again, db)
+		}
+	}
+	return again, nil
 }
 
 // markIn marks, inside tx, the rows of outbox db named by ids that no other
