@@ -32,10 +32,11 @@ const (
 	shedDeadline                    // the request's deadline passed in the queue
 	shedNoSlot                      // no memcached transaction slot within the transaction timeout
 	shedShutdown                    // the queue is closed: the cell is draining
+	shedCreditLag                   // the relay is behind with this cell.s credits (creditShed)
 	shedReasons
 )
 
-var shedReasonNames = [shedReasons]string{"queue_full", "queue_wait", "deadline", "no_slot", "shutting_down"}
+var shedReasonNames = [shedReasons]string{"queue_full", "queue_wait", "deadline", "no_slot", "shutting_down", "credit_lag"}
 
 // metrics are the cell's Prometheus series. Label values are all made in
 // newMetrics; the hot path indexes arrays and calls atomic adds.

@@ -40,6 +40,10 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		return
 	}
 	req := model.OpenRequest{ActID: actID, Shard: sharding.ShardOfAct(actID)}
+	if err := s.creditShed(sp); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
 	s.stats.opensInFlight.Add(1) // the relay's load probe (loaded)
 	defer s.stats.opensInFlight.Add(-1)
 	var res model.OpenResult

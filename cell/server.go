@@ -76,6 +76,7 @@ type space struct {
 	store  storage.Store
 	relay  *relay.Relay
 	closed closedSet
+	behind behindReading // the relay's last Behind, for creditShed
 }
 
 // cacheKey is the grab-cache key of a packet in this space.

@@ -41,6 +41,7 @@ type lane struct {
 	pausedUntil time.Time            // while backing off the lane takes no credits
 	yieldSince  time.Time            // when the lane began to hold back a batch for load; zero: not yielding
 	size        int                  // the most credits the next batch takes: BatchMax, halved after a timed-out attempt (batchMin..BatchMax)
+	flight      time.Time            // when the lane took the fresh credit of the attempt in flight it has held longest; zero: none
 	retired     bool                 // run has exited; offer takes nothing
 }
 
@@ -50,6 +51,7 @@ type queued struct {
 	c         model.Credit
 	due       time.Time // zero: now
 	deferrals int       // times the destination deferred it
+	taken     time.Time // when the lane took it fresh from an open (Enqueue); zero: from a scan (Relay.Behind)
 }
 
 func newLane(r *Relay, dest string, local bool) *lane {
@@ -80,7 +82,11 @@ func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
 			continue
 		}
 		l.held[c.ClaimID] = struct{}{}
-		l.queue = append(l.queue, queued{c: c})
+		q := queued{c: c}
+		if scanStart.IsZero() {
+			q.taken = now
+		}
+		l.queue = append(l.queue, q)
 		holds++
 		took = true
 	}
@@ -228,6 +234,8 @@ func (l *lane) attempt(batch []queued) bool {
 		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
 	}
 	ctx, cancel := context.WithDeadline(l.r.life, deadline)
+	l.setFlight(batch)
+	defer l.setFlight(nil)
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
@@ -298,6 +306,42 @@ func (l *lane) attempt(batch []queued) bool {
 	}
 	l.r.deferredCredits(l, len(deferred), longest, l.long)
 	return true
+}
+
+// setFlight records, for oldest, the fresh credit of batch, the attempt now
+// in flight (nil: none), that the lane took first.
+func (l *lane) setFlight(batch []queued) {
+	var first time.Time
+	for _, q := range batch {
+		if !q.taken.IsZero() && (first.IsZero() || q.taken.Before(first)) {
+			first = q.taken
+		}
+	}
+	l.mu.Lock()
+	l.flight = first
+	l.mu.Unlock()
+}
+
+// oldest is when the lane took the fresh credit (one an open handed over,
+// not a scan) it has held longest among those that wait on the lane itself:
+// in flight, or queued and never deferred; zero: none, or the lane is
+// backing off after a failed delivery. A credit the receiver deferred waits
+// for a wallet row another transaction holds, not for the lane; one a scan
+// found is a backlog (a restart, the relay switched back on) that fresh
+// credits queue behind, which is what counts.
+func (l *lane) oldest() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.backoff > 0 {
+		return time.Time{}
+	}
+	first := l.flight
+	for _, q := range l.queue {
+		if q.deferrals == 0 && !q.taken.IsZero() && (first.IsZero() || q.taken.Before(first)) {
+			first = q.taken
+		}
+	}
+	return first
 }
 
 // flush delivers, when the cell stops, everything the lane holds, once, in

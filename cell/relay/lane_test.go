@@ -851,3 +851,51 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		}
 	})
 }
+
+// TestRelayBehind: Behind is how long a lane has held the fresh credit it
+// has held longest, in flight or queued: not a credit a scan found, nor one
+// the receiver deferred, nor those of a lane backing off after a failure,
+// nor any while the relay is switched off.
+func TestRelayBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var off atomic.Bool
+		rig := newRelayRigWith(t, func(c *Config) { c.Off = off.Load })
+		rig.net.answer = func(context.Context, string) ([]string, error) { return nil, errRefused }
+		release := make(chan struct{})
+		rig.store.release = release // the local lane's delivery waits
+		if b := rig.r.Behind(time.Now()); b != 0 {
+			t.Fatalf("holding nothing: behind %s, want 0", b)
+		}
+		old := credit(12, 9)
+		old.CreatedMS = time.Now().Add(-time.Hour).UnixMilli()
+		rig.r.dispatch([]model.Credit{old}, time.Now()) // found by a scan: a backlog, not counted
+		rig.r.dispatch([]model.Credit{credit(10, 0), credit(600, 1)}, time.Time{})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		// The local attempt is in flight since the linger; cell-b refused
+		// its credit, and that lane backs off: not counted.
+		if b := rig.r.Behind(time.Now()); b != time.Second {
+			t.Errorf("local delivery in flight for 1 s: behind %s, want 1s (the fresh credit's hold, not the scan's or the failing lane's)", b)
+		}
+		off.Store(true)
+		if b := rig.r.Behind(time.Now()); b != 0 {
+			t.Errorf("relay switched off: behind %s, want 0", b)
+		}
+		off.Store(false)
+
+		rig.store.defer_ = func(c model.Credit) bool { return c.ClaimID == credit(11, 2).ClaimID }
+		rig.r.dispatch([]model.Credit{credit(11, 2)}, time.Time{}) // queued behind the attempt in flight
+		rig.store.mu.Lock()
+		rig.store.release = nil
+		rig.store.mu.Unlock()
+		close(release)
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if n := rig.store.count(rig.store.applied, credit(10, 0).ClaimID); n != 1 {
+			t.Fatalf("local credit applied %d times after the release, want 1", n)
+		}
+		if b := rig.r.Behind(time.Now()); b != 0 {
+			t.Errorf("only a deferred credit held (and a failing lane's): behind %s, want 0", b)
+		}
+	})
+}

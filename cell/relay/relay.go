@@ -233,6 +233,35 @@ const (
 	yieldPoll = 25 * time.Millisecond
 )
 
+// Behind is how far the relay is behind at now with the credits this
+// cell's opens make: how long a lane has held the fresh credit (handed over
+// by an open, Enqueue) it has held longest among those that wait on the
+// lane itself (in flight, or queued and never deferred: lane.oldest), over
+// the local lane and every lane to another cell whose last delivery did not
+// fail; 0 when none holds such a credit or the relay is switched off. The
+// cell sheds opens while it grows (cell.creditShedShare): a lane's database
+// work competes with the opens' for the same servers, one connection
+// against dozens, and without a bounded share of them credits fall seconds
+// behind under overload. A lane backing off after failures is not counted:
+// its destination is down or hung, which shedding here does not mend (the
+// outbox keeps its credits). Safe for concurrent use; it reads each lane's
+// queue under its lock (up to laneDepthMax credits).
+func (r *Relay) Behind(now time.Time) time.Duration {
+	if r.cfg.Off() {
+		return 0
+	}
+	var first time.Time
+	for _, l := range r.lanes() {
+		if o := l.oldest(); !o.IsZero() && (first.IsZero() || o.Before(first)) {
+			first = o
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return max(now.Sub(first), 0)
+}
+
 // New builds a relay; it does no I/O and starts nothing (see Run).
 func New(cfg Config) *Relay {
 	log := cfg.Log.With("space", cfg.Space)
