@@ -41,7 +41,7 @@ type lane struct {
 	pausedUntil time.Time            // while backing off the lane takes no credits
 	yieldSince  time.Time            // when the lane began to hold back a batch for load; zero: not yielding
 	size        int                  // the most credits the next batch takes: BatchMax, halved after a timed-out attempt (batchMin..BatchMax)
-	flight      time.Time            // when the lane took the fresh credit of the attempt in flight it has held longest; zero: none
+	flight      time.Time            // the earliest since of the attempt in flight (queued.since); zero: none
 	retired     bool                 // run has exited; offer takes nothing
 }
 
@@ -51,7 +51,7 @@ type queued struct {
 	c         model.Credit
 	due       time.Time // zero: now
 	deferrals int       // times the destination deferred it
-	taken     time.Time // when the lane took it fresh from an open (Enqueue); zero: from a scan (Relay.Behind)
+	since     time.Time // a fresh credit (an open handed it over: Enqueue): its claim's creation, or when the lane took it if that is unknown or later; zero: from a scan (Relay.Behind)
 }
 
 func newLane(r *Relay, dest string, local bool) *lane {
@@ -84,7 +84,10 @@ func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
 		l.held[c.ClaimID] = struct{}{}
 		q := queued{c: c}
 		if scanStart.IsZero() {
-			q.taken = now
+			q.since = now
+			if made := time.UnixMilli(c.CreatedMS); c.CreatedMS > 0 && made.Before(now) {
+				q.since = made
+			}
 		}
 		l.queue = append(l.queue, q)
 		holds++
@@ -308,13 +311,13 @@ func (l *lane) attempt(batch []queued) bool {
 	return true
 }
 
-// setFlight records, for oldest, the fresh credit of batch, the attempt now
-// in flight (nil: none), that the lane took first.
+// setFlight records, for oldest, the earliest since of the fresh credits of
+// batch, the attempt now in flight (nil: none).
 func (l *lane) setFlight(batch []queued) {
 	var first time.Time
 	for _, q := range batch {
-		if !q.taken.IsZero() && (first.IsZero() || q.taken.Before(first)) {
-			first = q.taken
+		if !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
+			first = q.since
 		}
 	}
 	l.mu.Lock()
@@ -322,10 +325,10 @@ func (l *lane) setFlight(batch []queued) {
 	l.mu.Unlock()
 }
 
-// oldest is when the lane took the fresh credit (one an open handed over,
-// not a scan) it has held longest among those that wait on the lane itself:
-// in flight, or queued and never deferred; zero: none, or the lane is
-// backing off after a failed delivery. A credit the receiver deferred waits
+// oldest is the earliest since (the claim's creation) of the fresh credits
+// (those an open handed over, not a scan) that wait on the lane itself: in
+// flight, or queued and never deferred; zero: none, or the lane is backing
+// off after a failed delivery. A credit the receiver deferred waits
 // for a wallet row another transaction holds, not for the lane; one a scan
 // found is a backlog (a restart, the relay switched back on) that fresh
 // credits queue behind, which is what counts.
@@ -337,8 +340,8 @@ func (l *lane) oldest() time.Time {
 	}
 	first := l.flight
 	for _, q := range l.queue {
-		if q.deferrals == 0 && !q.taken.IsZero() && (first.IsZero() || q.taken.Before(first)) {
-			first = q.taken
+		if q.deferrals == 0 && !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
+			first = q.since
 		}
 	}
 	return first

@@ -852,10 +852,11 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 	})
 }
 
-// TestRelayBehind: Behind is how long a lane has held the fresh credit it
-// has held longest, in flight or queued: not a credit a scan found, nor one
-// the receiver deferred, nor those of a lane backing off after a failure,
-// nor any while the relay is switched off.
+// TestRelayBehind: Behind is the age of the oldest fresh credit a lane
+// holds, in flight or queued, from its claim's creation (from when the lane
+// took it when that is unknown): not a credit a scan found, nor one the
+// receiver deferred, nor those of a lane backing off after a failure, nor
+// any while the relay is switched off.
 func TestRelayBehind(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var off atomic.Bool
@@ -869,13 +870,15 @@ func TestRelayBehind(t *testing.T) {
 		old := credit(12, 9)
 		old.CreatedMS = time.Now().Add(-time.Hour).UnixMilli()
 		rig.r.dispatch([]model.Credit{old}, time.Now()) // found by a scan: a backlog, not counted
-		rig.r.dispatch([]model.Credit{credit(10, 0), credit(600, 1)}, time.Time{})
+		fresh, unknown := credit(10, 0), credit(13, 3)
+		fresh.CreatedMS = time.Now().Add(-500 * time.Millisecond).UnixMilli()
+		rig.r.dispatch([]model.Credit{fresh, unknown, credit(600, 1)}, time.Time{})
 		time.Sleep(time.Second)
 		synctest.Wait()
 		// The local attempt is in flight since the linger; cell-b refused
 		// its credit, and that lane backs off: not counted.
-		if b := rig.r.Behind(time.Now()); b != time.Second {
-			t.Errorf("local delivery in flight for 1 s: behind %s, want 1s (the fresh credit's hold, not the scan's or the failing lane's)", b)
+		if b := rig.r.Behind(time.Now()); b != 1500*time.Millisecond {
+			t.Errorf("local delivery in flight for 1 s, its claim made 0.5 s before: behind %s, want 1.5s (not the scan's credit's age, nor the failing lane's)", b)
 		}
 		off.Store(true)
 		if b := rig.r.Behind(time.Now()); b != 0 {
@@ -891,7 +894,7 @@ func TestRelayBehind(t *testing.T) {
 		close(release)
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		if n := rig.store.count(rig.store.applied, credit(10, 0).ClaimID); n != 1 {
+		if n := rig.store.count(rig.store.applied, fresh.ClaimID); n != 1 {
 			t.Fatalf("local credit applied %d times after the release, want 1", n)
 		}
 		if b := rig.r.Behind(time.Now()); b != 0 {

@@ -234,9 +234,10 @@ const (
 )
 
 // Behind is how far the relay is behind at now with the credits this
-// cell's opens make: how long a lane has held the fresh credit (handed over
-// by an open, Enqueue) it has held longest among those that wait on the
-// lane itself (in flight, or queued and never deferred: lane.oldest), over
+// cell's opens make: the age (from its claim's creation, as the credit lag
+// counts it) of the oldest fresh credit (handed over by an open, Enqueue)
+// among those that wait on a lane itself (in flight, or queued and never
+// deferred: lane.oldest), over
 // the local lane and every lane to another cell whose last delivery did not
 // fail; 0 when none holds such a credit or the relay is switched off. The
 // cell sheds opens while it grows (cell.creditShedShare): a lane's database
