@@ -76,6 +76,7 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	cfg.ExpiryInterval = 200 * time.Millisecond
 	cfg.WarmSchema = false             // tables are created on first use; the e2e test runs the warm-up
 	cfg.QueueWaitMax = 5 * time.Second // these tests check results, not shedding
+	cfg.CreditShedFrom = 0             // nor shedding for credits (TestOpensShedWhileCreditsLag turns it on)
 	if tune != nil {
 		tune(&cfg)
 	}

@@ -153,12 +153,18 @@ type Config struct {
 
 	Memcached []string // memcached servers for the CAS cap and the grab cache
 
-	PacketExpiry   time.Duration // a packet's life; the remainder is refunded after it
-	OpenStrategy   string        // naive | serial | batched | grouped
-	BatchMax       int           // most opens committed in one transaction (batched)
-	BatchWait      time.Duration // how long a worker waits for a batch to fill (batched)
-	QueueDepth     int           // bounded FIFO length per packet; beyond it opens are shed
-	QueueWaitMax   time.Duration // an open that waited longer than this is shed (retryable)
+	PacketExpiry time.Duration // a packet's life; the remainder is refunded after it
+	OpenStrategy string        // naive | serial | batched | grouped
+	BatchMax     int           // most opens committed in one transaction (batched)
+	BatchWait    time.Duration // how long a worker waits for a batch to fill (batched)
+	QueueDepth   int           // bounded FIFO length per packet; beyond it opens are shed
+	QueueWaitMax time.Duration // an open that waited longer than this is shed (retryable)
+	// CreditShedFrom and CreditShedAll bound the shedding of opens while the
+	// relay is behind with this cell's credits (relay.Relay.Behind): none
+	// shed up to CreditShedFrom, all from CreditShedAll, in proportion
+	// between (creditshed.go). CreditShedFrom 0: never shed for credits.
+	CreditShedFrom time.Duration
+	CreditShedAll  time.Duration
 	TxPerPacket    int           // memcached CAS cap on concurrent transactions per packet
 	MaxConns       int           // database connections
 	RequestTimeout time.Duration // deadline of a request when the caller sent none
@@ -292,7 +298,9 @@ func DefaultConfig() Config {
 		BatchWait:      0,   // take what is queued now; the queue fills while a commit runs
 		QueueDepth:     8192,
 		QueueWaitMax:   500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
-		TxPerPacket:    1,                      // one transaction per packet at a time: no lock fights
+		CreditShedFrom: 500 * time.Millisecond, // twice the relay's yield (relay.YieldMax): a credit past it is behind
+		CreditShedAll:  1200 * time.Millisecond,
+		TxPerPacket:    1, // one transaction per packet at a time: no lock fights
 		MaxConns:       64,
 		RequestTimeout: 3 * time.Second,
 		Limits:         model.DefaultLimits(),
@@ -418,6 +426,9 @@ func (c Config) Validate() error {
 	}
 	if c.QueueDepth < 1 || c.QueueWaitMax <= 0 {
 		bad("QueueDepth and QueueWaitMax must be > 0")
+	}
+	if c.CreditShedFrom < 0 || (c.CreditShedFrom > 0 && c.CreditShedAll <= c.CreditShedFrom) {
+		bad("CreditShedFrom must be 0 (off) or > 0 with CreditShedAll above it")
 	}
 	if c.TxPerPacket < 1 {
 		bad("TxPerPacket must be >= 1")

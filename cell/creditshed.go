@@ -14,29 +14,27 @@ import (
 // overload the server's time is shared per connection, and credits fell tens
 // of seconds behind while every open was answered. So opens are shed, a
 // growing share of them, while the relay is behind with this cell's credits
-// (relay.Relay.Behind): none up to creditShedFrom, all from
-// creditShedAll, in proportion between. What a shed open frees goes to the
-// credits; the lane catches up within a batch or two and opens are taken
-// again. The credit lag this bounds is the bench's: p99 ≤ 2 s in every
-// strategy. Not settable (docs/config.md lists them).
-const (
-	creditShedFrom = 300 * time.Millisecond
-	creditShedAll  = 1000 * time.Millisecond
-	// behindFor is how long one reading of Behind is used: it reads the
-	// lane's queue under its lock, and opens come by the thousand a second.
-	behindFor = 20 * time.Millisecond
-)
+// (relay.Relay.Behind): none up to Config.CreditShedFrom (500 ms), all from
+// Config.CreditShedAll (1.2 s), in proportion between. What a shed open
+// frees goes to the credits; the lane catches up within a batch or two and
+// opens are taken again. The credit lag this bounds is the bench's: p99 ≤
+// 2 s in every strategy.
+
+// behindFor is how long one reading of Behind is used: it reads the lanes'
+// queues under their locks, and opens come by the thousand a second.
+const behindFor = 20 * time.Millisecond
 
 // creditShedShare is the share of opens shed when the relay is behind by
-// behind: 0 up to creditShedFrom, 1 from creditShedAll, linear between.
-func creditShedShare(behind time.Duration) float64 {
+// behind: 0 up to from (or always when from is 0), 1 from all, linear
+// between.
+func creditShedShare(behind, from, all time.Duration) float64 {
 	switch {
-	case behind <= creditShedFrom:
+	case from <= 0 || behind <= from:
 		return 0
-	case behind >= creditShedAll:
+	case behind >= all:
 		return 1
 	}
-	return float64(behind-creditShedFrom) / float64(creditShedAll-creditShedFrom)
+	return float64(behind-from) / float64(all-from)
 }
 
 // behindReading is a space's last reading of its relay's Behind.
@@ -47,9 +45,10 @@ type behindReading struct {
 
 // creditShed answers whether this open is shed because the space's credits
 // are behind (creditShedShare of opens are), with the error to answer: the
-// retryable OVERLOADED. Counted as a shed open (reason credit_lag).
+// retryable OVERLOADED. Counted as a shed open (reason credit_lag). Off
+// when Config.CreditShedFrom is 0.
 func (s *Server) creditShed(sp *space) error {
-	if sp.relay == nil {
+	if sp.relay == nil || s.cfg.CreditShedFrom <= 0 {
 		return nil
 	}
 	now := s.clock.Now()
@@ -60,7 +59,7 @@ func (s *Server) creditShed(sp *space) error {
 		r.behind.Store(int64(behind))
 		r.at.Store(now.UnixNano())
 	}
-	share := creditShedShare(behind)
+	share := creditShedShare(behind, s.cfg.CreditShedFrom, s.cfg.CreditShedAll)
 	if share == 0 || (share < 1 && mrand.Float64() >= share) {
 		return nil
 	}

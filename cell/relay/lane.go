@@ -41,7 +41,8 @@ type lane struct {
 	pausedUntil time.Time            // while backing off the lane takes no credits
 	yieldSince  time.Time            // when the lane began to hold back a batch for load; zero: not yielding
 	size        int                  // the most credits the next batch takes: BatchMax, halved after a timed-out attempt (batchMin..BatchMax)
-	flight      time.Time            // the earliest since of the attempt in flight (queued.since); zero: none
+	flight      time.Time            // the earliest since of the attempt in flight (queued.since, never-deferred credits); zero: none
+	flightStart time.Time            // when the attempt in flight began; zero: none
 	retired     bool                 // run has exited; offer takes nothing
 }
 
@@ -190,7 +191,15 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 			l.yieldSince = now
 			l.r.Stats.Yields.Add(1)
 		}
-		if left := YieldMax - now.Sub(l.yieldSince); left > 0 {
+		left := YieldMax - now.Sub(l.yieldSince)
+		if first := l.firstFreshLocked(); !first.IsZero() {
+			// A fresh credit is held back for YieldMax from its claim's
+			// creation at most, not from the yield's start: the open's own
+			// commit counts, and a credit never waits long enough, yielding
+			// alone, to make the cell shed opens (Relay.Behind).
+			left = min(left, YieldMax-now.Sub(first))
+		}
+		if left > 0 {
 			return nil, min(left, yieldPoll)
 		}
 	}
@@ -237,8 +246,8 @@ func (l *lane) attempt(batch []queued) bool {
 		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
 	}
 	ctx, cancel := context.WithDeadline(l.r.life, deadline)
-	l.setFlight(batch)
-	defer l.setFlight(nil)
+	l.setFlight(batch, l.r.clock.Now())
+	defer l.setFlight(nil, time.Time{})
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
@@ -250,6 +259,9 @@ func (l *lane) attempt(batch []queued) bool {
 			l.size = max(min(l.size, len(cs))/2, batchMin)
 		}
 		l.queue = append(append([]queued(nil), batch...), l.queue...) // a copy: batch may share flush's array
+		for i := range l.queue {
+			l.queue[i].since = time.Time{} // held through a failure: a backlog now (oldest)
+		}
 		l.backoff = min(max(2*l.backoff, relayBackoffMin), relayBackoffMax)
 		l.pausedUntil = now.Add(l.backoff)
 		l.mu.Unlock()
@@ -311,34 +323,52 @@ func (l *lane) attempt(batch []queued) bool {
 	return true
 }
 
-// setFlight records, for oldest, the earliest since of the fresh credits of
-// batch, the attempt now in flight (nil: none).
-func (l *lane) setFlight(batch []queued) {
+// setFlight records, for oldest, the attempt now in flight (batch, begun at
+// start; nil: none): the earliest since of its fresh credits never deferred.
+func (l *lane) setFlight(batch []queued, start time.Time) {
 	var first time.Time
 	for _, q := range batch {
-		if !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
+		if q.deferrals == 0 && !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
 			first = q.since
 		}
 	}
 	l.mu.Lock()
-	l.flight = first
+	l.flight, l.flightStart = first, start
 	l.mu.Unlock()
 }
 
-// oldest is the earliest since (the claim's creation) of the fresh credits
-// (those an open handed over, not a scan) that wait on the lane itself: in
-// flight, or queued and never deferred; zero: none, or the lane is backing
-// off after a failed delivery. A credit the receiver deferred waits
-// for a wallet row another transaction holds, not for the lane; one a scan
-// found is a backlog (a restart, the relay switched back on) that fresh
+// remoteStall: a lane to another cell whose attempt has run this long is
+// stalled on that cell (down, hung, or too loaded), which shedding opens
+// here does not mend: its credits are not counted (oldest) until the
+// attempt ends. That cell's own opens are shed for its overload.
+const remoteStall = 500 * time.Millisecond
+
+// oldest is, at now, the earliest since (the claim's creation) of the fresh
+// credits (those an open handed over, not a scan) that wait on the lane
+// itself: in flight, or queued and never deferred. Zero: none, or the lane
+// is backing off after a failed delivery, or it is a lane to another cell
+// whose attempt has run longer than remoteStall. A credit the receiver
+// deferred waits for a wallet row another transaction holds, not for the
+// lane; one a scan found, or one held through a failed attempt, is a
+// backlog (a restart, the relay switched back on, a peer back up) that fresh
 // credits queue behind, which is what counts.
-func (l *lane) oldest() time.Time {
+func (l *lane) oldest(now time.Time) time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.backoff > 0 {
+	if l.backoff > 0 || (!l.local && !l.flightStart.IsZero() && now.Sub(l.flightStart) > remoteStall) {
 		return time.Time{}
 	}
 	first := l.flight
+	if q := l.firstFreshLocked(); !q.IsZero() && (first.IsZero() || q.Before(first)) {
+		first = q
+	}
+	return first
+}
+
+// firstFreshLocked is the earliest since of the queued fresh credits never
+// deferred; zero: none. l.mu is held.
+func (l *lane) firstFreshLocked() time.Time {
+	var first time.Time
 	for _, q := range l.queue {
 		if q.deferrals == 0 && !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
 			first = q.since

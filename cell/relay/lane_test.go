@@ -902,3 +902,61 @@ func TestRelayBehind(t *testing.T) {
 		}
 	})
 }
+
+// TestRelayBehindRemoteStall: a lane to another cell counts while its
+// attempt has run up to remoteStall, not after (the peer is stalled); the
+// credits it held through the failed attempt are a backlog when the peer
+// answers again, not a lag to shed opens for.
+func TestRelayBehindRemoteStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newRelayRig(t)
+		var mu sync.Mutex
+		hang := true
+		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
+			mu.Lock()
+			h := hang
+			mu.Unlock()
+			if h {
+				return stalled(ctx)
+			}
+			select {
+			case <-time.After(200 * time.Millisecond):
+				return nil, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		rig.r.dispatch([]model.Credit{credit(600, 1)}, time.Time{})
+		time.Sleep(Linger + 100*time.Millisecond)
+		synctest.Wait()
+		if b := rig.r.Behind(time.Now()); b != Linger+100*time.Millisecond {
+			t.Errorf("remote attempt in flight 100 ms: behind %s, want %s", b, Linger+100*time.Millisecond)
+		}
+		time.Sleep(remoteStall)
+		synctest.Wait()
+		if b := rig.r.Behind(time.Now()); b != 0 {
+			t.Errorf("remote attempt in flight over %s: behind %s, want 0 (stalled peer)", remoteStall, b)
+		}
+		rig.r.dispatch([]model.Credit{credit(601, 2)}, time.Time{}) // queued behind the stalled attempt
+		mu.Lock()
+		hang = false
+		mu.Unlock()
+		// The attempt fails at its 5 s bound, the lane backs off 100 ms, and
+		// the retry (both credits) takes 200 ms: look in its middle.
+		time.Sleep(Linger + relayAttemptTimeout + relayBackoffMin + 100*time.Millisecond - (Linger + 100*time.Millisecond + remoteStall))
+		synctest.Wait()
+		if calls := len(rig.net.to("b")); calls != 2 {
+			t.Fatalf("%d calls to cell-b, want 2 (the stalled one and the retry in flight)", calls)
+		}
+		if b := rig.r.Behind(time.Now()); b != 0 {
+			t.Errorf("retry in flight after a failure: behind %s, want 0 (its credits are a backlog)", b)
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		for _, c := range []model.Credit{credit(600, 1), credit(601, 2)} {
+			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
+				t.Errorf("%s marked %d times, want 1", c.ClaimID, n)
+			}
+		}
+	})
+}

@@ -239,7 +239,8 @@ const (
 // among those that wait on a lane itself (in flight, or queued and never
 // deferred: lane.oldest), over
 // the local lane and every lane to another cell whose last delivery did not
-// fail; 0 when none holds such a credit or the relay is switched off. The
+// fail and whose attempt in flight, if any, has not stalled (remoteStall);
+// 0 when none holds such a credit or the relay is switched off. The
 // cell sheds opens while it grows (cell.creditShedShare): a lane's database
 // work competes with the opens' for the same servers, one connection
 // against dozens, and without a bounded share of them credits fall seconds
@@ -253,7 +254,7 @@ func (r *Relay) Behind(now time.Time) time.Duration {
 	}
 	var first time.Time
 	for _, l := range r.lanes() {
-		if o := l.oldest(); !o.IsZero() && (first.IsZero() || o.Before(first)) {
+		if o := l.oldest(now); !o.IsZero() && (first.IsZero() || o.Before(first)) {
 			first = o
 		}
 	}

@@ -128,6 +128,8 @@ type cellSection struct {
 	BatchWait       time.Duration         `yaml:"batch_wait"`
 	QueueDepth      int                   `yaml:"queue_depth"`
 	QueueWaitMax    time.Duration         `yaml:"queue_wait_max"`
+	CreditShedFrom  *time.Duration        `yaml:"credit_shed_from"` // nil: the default; 0s: never shed for credits
+	CreditShedAll   time.Duration         `yaml:"credit_shed_all"`
 	TxPerPacket     int                   `yaml:"tx_per_packet"`
 	MaxConns        int                   `yaml:"max_conns"`
 	RequestTimeout  time.Duration         `yaml:"request_timeout"`
@@ -417,6 +419,10 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	setDur(&c.BatchWait, s.BatchWait)
 	setInt(&c.QueueDepth, s.QueueDepth)
 	setDur(&c.QueueWaitMax, s.QueueWaitMax)
+	if s.CreditShedFrom != nil {
+		c.CreditShedFrom = *s.CreditShedFrom
+	}
+	setDur(&c.CreditShedAll, s.CreditShedAll)
 	setInt(&c.TxPerPacket, s.TxPerPacket)
 	setInt(&c.MaxConns, s.MaxConns)
 	setInt(&c.GroupMax, s.GroupMax)
