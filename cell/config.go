@@ -298,8 +298,8 @@ func DefaultConfig() Config {
 		BatchWait:      0,   // take what is queued now; the queue fills while a commit runs
 		QueueDepth:     8192,
 		QueueWaitMax:   500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
-		CreditShedFrom: 500 * time.Millisecond, // twice the relay's yield (relay.YieldMax): a credit past it is behind
-		CreditShedAll:  1200 * time.Millisecond,
+		CreditShedFrom: 300 * time.Millisecond, // above the relay's yield (relay.YieldMax, 250 ms from the claim's creation)
+		CreditShedAll:  1000 * time.Millisecond,
 		TxPerPacket:    1, // one transaction per packet at a time: no lock fights
 		MaxConns:       64,
 		RequestTimeout: 3 * time.Second,
