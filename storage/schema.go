@@ -171,8 +171,9 @@ type MySQL struct {
 	trips   *atomic.Int64 // round trips to the server, over the pool (switchConnector); nil: not counted
 	txConns *txConnMap    // inTx's transactions and their connections (counted.go)
 
-	mu           sync.Mutex               // guards ensured, errs, tableList, tableKnown, tableListAt, tableMade
+	mu           sync.Mutex               // guards ensured, forgets, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process
+	forgets      int64                    // times forgetDBs dropped entries of ensured
 	errs         map[ensureKey]error
 	tableList    []tableRef        // packet and claim tables known to exist (ExpiredIn, ReconWindow)
 	tableKnown   map[tableRef]bool // the entries of tableList
@@ -415,6 +416,7 @@ func (m *MySQL) EnsureShards(ctx context.Context, shards []model.ShardID) error 
 	var todo []model.ShardID
 	seen := map[model.ShardID]bool{}
 	m.mu.Lock()
+	gen := m.forgets
 	for _, s := range shards {
 		if _, ok := m.ensured[ensureKey{shard: s}]; !ok && !seen[s] {
 			todo = append(todo, s)
@@ -435,7 +437,7 @@ func (m *MySQL) EnsureShards(ctx context.Context, shards []model.ShardID) error 
 		}
 		for i, s := range chunk {
 			if !slices.Contains(present[3*i:3*i+3], false) {
-				m.ensuredAlready(ensureKey{shard: s})
+				m.ensuredAlready(ensureKey{shard: s}, gen)
 			}
 		}
 	}
@@ -447,12 +449,13 @@ func (m *MySQL) EnsureShards(ctx context.Context, shards []model.ShardID) error 
 	return nil
 }
 
-// ensuredAlready records k as made sure of by this process (found made),
-// unless a call for it has begun.
-func (m *MySQL) ensuredAlready(k ensureKey) {
+// ensuredAlready records k as made sure of by this process (found made by
+// a schema read begun when forgets was gen), unless a call for it has begun
+// or databases were dropped since the read began (forgetDBs).
+func (m *MySQL) ensuredAlready(k ensureKey, gen int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.ensured[k]; ok {
+	if _, ok := m.ensured[k]; ok || m.forgets != gen {
 		return
 	}
 	once := new(sync.Once)

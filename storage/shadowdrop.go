@@ -111,6 +111,7 @@ func (m *MySQL) forgetDBs(dbs []int) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.forgets++ // a schema read begun before this may have seen the dropped tables (EnsureShards)
 	for k := range m.ensured {
 		if gone[k.shard.DB()] {
 			delete(m.ensured, k)
