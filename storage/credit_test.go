@@ -184,19 +184,27 @@ func TestMarkDeliveredSkipsLockedRows(t *testing.T) {
 	}
 }
 
+// claimsInTwoDBs makes two claims (by pre-x, pre-y) on a packet of one
+// database and two (pre-x, pre-z) on a packet of another.
+func claimsInTwoDBs(t *testing.T, m *MySQL, pre string) (a, b []model.Credit) {
+	t.Helper()
+	a = claimsFor(t, m, pre+"-a", []string{pre + "-x", pre + "-y"})
+	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
+	preB := pre + "-b"
+	for sharding.ShardOfAct(preB+"-s").DB() == refA.Shard.DB() {
+		preB += "b"
+	}
+	return a, claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
+}
+
 // TestMarkDeliveredAcrossDatabases: one call marks the outbox rows of claims
 // on packets of two databases (one transaction); a row held locked in one of
 // them is skipped and the rest of both are marked.
 func TestMarkDeliveredAcrossDatabases(t *testing.T) {
 	m := openStore(t)
 	pre := testenv.Prefix()
-	a := claimsFor(t, m, pre+"-a", []string{pre + "-x", pre + "-y"})
+	a, b := claimsInTwoDBs(t, m, pre)
 	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
-	preB := pre + "-b"
-	for sharding.ShardOfAct(preB+"-s").DB() == refA.Shard.DB() {
-		preB += "b"
-	}
-	b := claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
 	refB, _, _ := model.ParseClaimID(b[0].ClaimID)
 	all := append(slices.Clone(a), b...)
 	if n, _, err := m.ApplyCredits(context.Background(), all); err != nil || n != len(all) {
@@ -236,13 +244,7 @@ func TestMarkDeliveredAcrossDatabases(t *testing.T) {
 func TestMarkDeliveredOneRoundTrip(t *testing.T) {
 	m := openStore(t)
 	pre := testenv.Prefix()
-	a := claimsFor(t, m, pre+"-a", []string{pre + "-x", pre + "-y"})
-	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
-	preB := pre + "-b"
-	for sharding.ShardOfAct(preB+"-s").DB() == refA.Shard.DB() {
-		preB += "b"
-	}
-	b := claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
+	a, b := claimsInTwoDBs(t, m, pre)
 	all := append(slices.Clone(a), b...)
 	ctx := context.Background()
 	if n, _, err := m.ApplyCredits(ctx, all); err != nil || n != len(all) {
