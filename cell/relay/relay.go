@@ -173,10 +173,12 @@ const (
 	// database: the rest waits for the next scan.
 	ScanPagesMax = 10
 	// YieldMax is the longest a lane holds back a batch smaller than
-	// BatchMax while the cell is loaded (Config.Busy): under load a claimant
-	// waits at most this much more for the credit, a quarter of the 1 s
-	// credit-lag bound the bench holds the cell to, and a lane still delivers
-	// at least four batches a second.
+	// BatchMax while the cell is loaded (Config.Busy), counted from the
+	// yield's start and, for a fresh credit, from its claim's creation, the
+	// earlier bound winning: under load a claimant waits at most this much
+	// more for the credit, below the bound from which the cell sheds opens
+	// for credits (cell.Config.CreditShedFrom, 300 ms), and a lane still
+	// delivers at least four batches a second.
 	YieldMax = 250 * time.Millisecond
 )
 
@@ -237,11 +239,10 @@ const (
 // cell's opens make: the age (from its claim's creation, as the credit lag
 // counts it) of the oldest fresh credit (handed over by an open, Enqueue)
 // among those that wait on a lane itself (in flight, or queued and never
-// deferred: lane.oldest), over
-// the local lane and every lane to another cell whose last delivery did not
-// fail and whose attempt in flight, if any, has not stalled (remoteStall);
-// 0 when none holds such a credit or the relay is switched off. The
-// cell sheds opens while it grows (cell.creditShedShare): a lane's database
+// deferred: lane.oldest), over the local lane and every lane to another
+// cell whose last delivery did not fail and whose attempt in flight, if
+// any, has not stalled (remoteStall); 0 when none holds such a credit or the
+// relay is switched off. The cell sheds opens while it grows (cell.creditShedShare): a lane's database
 // work competes with the opens' for the same servers, one connection
 // against dozens, and without a bounded share of them credits fall seconds
 // behind under overload. A lane backing off after failures is not counted:
