@@ -326,12 +326,7 @@ func (l *lane) attempt(batch []queued) bool {
 // setFlight records, for oldest, the attempt now in flight (batch, begun at
 // start; nil: none): the earliest since of its fresh credits never deferred.
 func (l *lane) setFlight(batch []queued, start time.Time) {
-	var first time.Time
-	for _, q := range batch {
-		if q.deferrals == 0 && !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
-			first = q.since
-		}
-	}
+	first := earliestFresh(batch)
 	l.mu.Lock()
 	l.flight, l.flightStart = first, start
 	l.mu.Unlock()
@@ -368,9 +363,13 @@ func (l *lane) oldest(now time.Time) time.Time {
 
 // firstFreshLocked is the earliest since of the queued fresh credits never
 // deferred; zero: none. l.mu is held.
-func (l *lane) firstFreshLocked() time.Time {
+func (l *lane) firstFreshLocked() time.Time { return earliestFresh(l.queue) }
+
+// earliestFresh is the earliest since of the fresh credits of qs never
+// deferred; zero: none.
+func earliestFresh(qs []queued) time.Time {
 	var first time.Time
-	for _, q := range l.queue {
+	for _, q := range qs {
 		if q.deferrals == 0 && !q.since.IsZero() && (first.IsZero() || q.since.Before(first)) {
 			first = q.since
 		}
