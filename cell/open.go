@@ -115,7 +115,9 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
-	s.afterOpen(sp, p, results)
+	if s.afterOpen(sp, p, results) {
+		s.cache.set(sp, p)
+	}
 	return results[0]
 }
 
@@ -317,14 +319,22 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	}
 	track.OK()
 	s.stats.openBatches.Add(1)
-	s.afterOpen(sp, p, results)
+	cache := s.afterOpen(sp, p, results)
 	for i, j := range live {
 		j.done <- results[i]
 	}
+	// The grab cache's copy is written after the answers: its memcached
+	// round trip is off every opener's path. It stays in this packet's
+	// worker, so the next batch's copy cannot overtake it.
+	if cache {
+		s.cache.set(sp, p)
+	}
 }
 
-// afterOpen refreshes the grab cache and hands new claims to the relay.
-func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) {
+// afterOpen hands new claims to the relay and notes a packet the open closed.
+// It reports whether the grab cache's copy of p is to be refreshed (a claim
+// taken or the packet closed), which the caller does once it has answered.
+func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) bool {
 	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
 	for i := range credits {
 		// Where the store's outbox rows say they go, as it named it a moment
@@ -338,10 +348,8 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 	if closed {
 		sp.closed.put(p.ID, final)
 	}
-	if len(credits) > 0 || closed {
-		s.cache.set(sp, p)
-	}
 	if len(credits) > 0 {
 		sp.relay.Enqueue(credits)
 	}
+	return len(credits) > 0 || closed
 }

@@ -17,3 +17,11 @@ for log in "$@"; do
 	grep -E -A 25 -e '--- FAIL|panic:|test timed out' "$log" | head -n 400
 	grep -E -e '^\[[a-z]+\] FAIL[[:space:]]' "$log"
 done
+# Last, what the failed tests said, a line each (their Errorf, Fatalf and
+# Logf lines: a failed test's output only), so that the very end of the
+# output names the failure even when a test dumped long logs after it.
+echo "---- what the failed tests said, a line each (the last 60)"
+for log in "$@"; do
+	[ -f "$log" ] || continue
+	grep -E -e '^\[[a-z]+\] +[A-Za-z0-9_]+\.go:[0-9]+: ' "$log" | cut -c1-300 | tail -n 60
+done
