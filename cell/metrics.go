@@ -214,8 +214,8 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 		newFallbackGauges(s.slots, s.cache),
 		s.switches.Collector(),
 		&outboxCollector{spaces: s.spaces, dbs: s.dbs, clock: s.clock, inc: s.inc,
-			pending: prometheus.NewDesc("redcell_cell_outbox_pending", "Claims in the outboxes not yet credited, by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
-			oldest:  prometheus.NewDesc("redcell_cell_outbox_oldest_seconds", "Age of the oldest claim not yet credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
+			pending: prometheus.NewDesc("redcell_cell_credits_pending", "Claims not yet known credited in their claimant's wallet (their outbox rows not marked delivered), by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
+			oldest:  prometheus.NewDesc("redcell_cell_credits_pending_oldest_seconds", "Age of the oldest claim not yet known credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
 		},
 	)
 	m.group = newGroupMetrics(reg, s.groups.Queued)

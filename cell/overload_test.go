@@ -111,7 +111,7 @@ func TestCellMetrics(t *testing.T) {
 	wantMetric(t, m, `redcell_rate_limited_total{kind="cell",route="open"}`, "0")
 	wantMetric(t, m, `redcell_breaker_state{breaker="db"}`, "0")
 	wantMetric(t, m, `redcell_breaker_state{breaker="memcached"}`, "0")
-	metricValue(t, m, `redcell_cell_outbox_pending{space="real"}`)
+	metricValue(t, m, `redcell_cell_credits_pending{space="real"}`)
 	metricValue(t, m, `redcell_memcached_fallbacks_total`)
 	waitFor(t, 30*time.Second, func() bool {
 		return metricValue(t, scrape(t, c.adminURL), `redcell_cell_relay_delivered_total`) == "2"

@@ -904,7 +904,7 @@ func TestDrill(t *testing.T) {
 				c.admin(t, cell, "PUT", "/admin/degrade", `{"relay":"off"}`)
 			}
 			time.Sleep(window)
-			pending := c.metric(t, "cell-1", `redcell_cell_outbox_pending{space="real"}`) + c.metric(t, "cell-2", `redcell_cell_outbox_pending{space="real"}`)
+			pending := c.metric(t, "cell-1", `redcell_cell_credits_pending{space="real"}`) + c.metric(t, "cell-2", `redcell_cell_credits_pending{space="real"}`)
 			rep := c.audit(t)
 			for _, cell := range []string{"cell-1", "cell-2"} {
 				c.admin(t, cell, "PUT", "/admin/degrade", `{"relay":"on"}`)
