@@ -58,6 +58,10 @@ type SuiteConfig struct {
 	Search     *SearchConfig
 	SearchOnly bool
 	Sustain    *SustainConfig
+	// Bare, when set, runs the bare open (bare.go) after the runs, on the
+	// main cluster's first database server, measured by Run.Work: the floor
+	// beside every run's figures (Suite.Bare).
+	Bare *BareConfig
 }
 
 // Cluster is a second cluster a suite compares the main one with (see
@@ -194,7 +198,9 @@ type Suite struct {
 	Search       []SearchResult `json:"search,omitempty"`
 	SearchRatios []SearchRatio  `json:"search_ratios,omitempty"`
 	Sustain      *SustainResult `json:"sustain,omitempty"`
-	Config       map[string]any `json:"config,omitempty"` // the command line, for the record
+	// Bare is the bare open's run (SuiteConfig.Bare): the floor.
+	Bare   *BareReport    `json:"bare,omitempty"`
+	Config map[string]any `json:"config,omitempty"` // the command line, for the record
 }
 
 // StrategyRow compares one strategy's run with the first strategy's.
@@ -306,6 +312,21 @@ func RunSuite(ctx context.Context, sc SuiteConfig) (Suite, error) {
 	err := s.runAll(ctx, sc)
 	if err == nil {
 		err = s.runSearch(ctx, sc)
+	}
+	if err == nil && sc.Bare != nil && !sc.SkipLoad {
+		quiesce(ctx, sc)
+		bc := *sc.Bare
+		bc.Work = sc.Run.Work
+		logf(sc.Log, "bare open: %d workers, %d packets a transaction, for %v", cmp.Or(bc.Workers, 4), BarePackets, cmp.Or(bc.Duration, 5*time.Second))
+		rep, berr := RunBare(ctx, bc)
+		s.Bare = rep
+		if berr != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			} else {
+				s.Errors = append(s.Errors, berr.Error())
+			}
+		}
 	}
 	if err == nil && sc.Limits != nil {
 		quiesce(ctx, sc)

@@ -70,6 +70,7 @@ func (s Suite) writeSummary(ew *errWriter) {
 	}
 	s.writeCellMetrics(ew)
 	s.writeWork(ew)
+	s.writeBare(ew)
 	if len(s.VsBaseline) > 0 {
 		ew.printf("## Against the baseline cluster\n\nThe same workload (one seed) on both clusters, interleaved; ratio = this cluster's successful opens/s / the baseline's.\n\n")
 		var rows [][]string
@@ -390,4 +391,35 @@ func (s Suite) writeWork(ew *errWriter) {
 		"memcached commands, and CPU µs by process. The runs' text reports break the statements down by kind.\n\n")
 	mdTable(ew, []string{"run", "ops", "statements", "DB round trips", "memcached", "MariaDB µs", "cells µs", "router µs",
 		"memcached µs", "bench µs", "total µs", "idle statements/s"}, rows)
+}
+
+// writeBare is the bare open's run and every run's work over it: how many
+// times the floor each open cost, in statements and in MariaDB CPU.
+func (s Suite) writeBare(ew *errWriter) {
+	b := s.Bare
+	if b == nil {
+		return
+	}
+	ew.printf("## The floor: the bare open\n\nThe open as the database alone does it (bench/bare.go): %d workers, each %d packets a transaction "+
+		"(START TRANSACTION, one locking SELECT, one multi-row claim INSERT, one multi-row packet upsert, COMMIT), "+
+		"on the first cell's database server, after the runs: %d opens in %.1f s, %.0f opens/s.\n\n",
+		b.Workers, b.PacketsPerTx, b.Opens, float64(b.DurationMS)/1000, b.OpensPerSec)
+	rows := [][]string{{"bare", fmt.Sprint(b.Opens), b.Work.statementsText(), b.Work.cpuText("mariadb"), b.Work.cpuText("total"), "1.00", "1.00"}}
+	for _, r := range s.Runs {
+		if r.Work == nil {
+			continue
+		}
+		rows = append(rows, []string{r.Name(), fmt.Sprint(r.Work.Ops), r.Work.statementsText(), r.Work.cpuText("mariadb"), r.Work.cpuText("total"),
+			overFloor(r.Work.Statements, b.Work.statementsPtr()), overFloor(r.Work.cpuPtr("mariadb"), b.Work.cpuPtr("mariadb"))})
+	}
+	mdTable(ew, []string{"run", "ops", "statements/op", "MariaDB µs/op", "total µs/op", "statements ÷ bare", "MariaDB µs ÷ bare"}, rows)
+}
+
+// overFloor is x / floor for a table, "n/a" when either is unknown or the
+// floor is 0.
+func overFloor(x, floor *float64) string {
+	if x == nil || floor == nil || *floor <= 0 {
+		return "n/a"
+	}
+	return f2(*x / *floor)
 }

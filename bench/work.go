@@ -334,6 +334,24 @@ func (w *Work) cpuText(kind string) string {
 	return "n/a"
 }
 
+// statementsPtr and cpuPtr are a figure or nil (unknown, or no Work).
+func (w *Work) statementsPtr() *float64 {
+	if w == nil {
+		return nil
+	}
+	return w.Statements
+}
+
+func (w *Work) cpuPtr(kind string) *float64 {
+	if w == nil {
+		return nil
+	}
+	if v, ok := w.CPUMicros[kind]; ok {
+		return &v
+	}
+	return nil
+}
+
 // statementsText and the others are one figure for a table, "n/a" when unknown.
 func (w *Work) statementsText() string {
 	if w == nil {

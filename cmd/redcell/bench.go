@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"redcell/api"
 	"redcell/bench"
@@ -65,6 +68,9 @@ type benchFlags struct {
 	prepareShadow       bool          // --prepare-shadow: the shadow space's tables before the first run (bench_shadow.go)
 	work                bool          // --work: measure each run's work per open (bench_work.go)
 	idleWindow          time.Duration // --idle-window: how long the idle rate is measured
+	bare                bool          // --bare: the bare open after the runs (bench/bare.go)
+	bareDuration        time.Duration // --bare-duration
+	bareWorkers         int           // --bare-workers
 }
 
 func parseBenchFlags(args []string) (*benchFlags, error) {
@@ -92,6 +98,10 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.BoolVar(&f.work, "work", true, "with --config: measure what each run costs per fresh open, from its load's start until the servers are quiet again, "+
 		"the idle rate taken off: SQL statements (each database server's Queries, and by kind), the cells' round trips to their databases, memcached commands, "+
 		"and CPU µs by process (MariaDB when it runs on this machine, the cells, the router, memcached, the bench)")
+	fs.BoolVar(&f.bare, "bare", true, "with --config and --work, an open workload: after the runs, run the bare open (the floor: per transaction one locking read, one claim INSERT and one "+
+		"packet upsert for 16 packets on one table, no HTTP, no cell) on the first cell's database server, measured the same way, and report every run's statements and MariaDB µs per open over it")
+	fs.DurationVar(&f.bareDuration, "bare-duration", 5*time.Second, "--bare: how long the bare opens run")
+	fs.IntVar(&f.bareWorkers, "bare-workers", 4, "--bare: concurrent bare transactions, each on its own 16 packets")
 	fs.DurationVar(&f.idleWindow, "idle-window", 5*time.Second, "--work: how long each cluster's idle rate is measured before its first run (0: none, nothing taken off)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "count OVERLOADED, TIMEOUT, DB_UNAVAILABLE and the other shedding answers, client timeouts and open-loop drops as load shedding (reported) instead of failing the run (make bench sets it)")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
@@ -266,6 +276,11 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 			if sc.Run.Work, err = workSources(f.configPath, f.idleWindow); err != nil {
 				return sc, err
 			}
+			if f.bare && f.workload != workloadLimits {
+				if sc.Bare, err = bareConfig(f.configPath, f.bareWorkers, f.bareDuration); err != nil {
+					return sc, err
+				}
+			}
 		}
 	}
 	if f.searchOn {
@@ -405,6 +420,9 @@ func runBench(ctx context.Context, args []string) (err error) {
 			return err
 		}
 		defer stop()
+	}
+	if sc.Bare != nil {
+		defer sc.Bare.DB.Close()
 	}
 	suite, runErr := bench.RunSuite(ctx, sc)
 	if runErr != nil && len(suite.Runs) == 0 && suite.Limits == nil && len(suite.Search) == 0 {
@@ -549,4 +567,32 @@ func getCellStrategy(ctx context.Context, adminAddr, token string) (api.Strategy
 		return st, fmt.Errorf("GET /admin/strategy: unreadable answer %q", body)
 	}
 	return st, nil
+}
+
+// bareConfig is the bare open's run on the database server of the config's
+// first cell: a pool of its own (parameters interpolated, as the cells'
+// statements are, so each statement is one round trip).
+func bareConfig(configPath string, workers int, d time.Duration) (*bench.BareConfig, error) {
+	fc, err := loadConfig(configPath)
+	if err != nil {
+		return nil, err
+	}
+	if len(fc.Cells) == 0 {
+		return nil, errors.New("bench: --bare: no cells in the config")
+	}
+	if workers < 1 || workers > 256 || d <= 0 || d > 5*time.Minute {
+		return nil, errors.New("bench: --bare-workers must be 1..256 and --bare-duration in (0, 5m]")
+	}
+	dc, err := mysql.ParseDSN(fc.Cells[0].DSN)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --bare: cell %s: dsn: %w", fc.Cells[0].Name, err)
+	}
+	dc.DBName, dc.InterpolateParams = "", true
+	db, err := sql.Open("mysql", dc.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(workers + 1)
+	db.SetMaxIdleConns(workers + 1)
+	return &bench.BareConfig{DB: db, Workers: workers, Duration: d}, nil
 }

@@ -360,7 +360,7 @@ func (g *growCluster) festival(t *testing.T, name string, d time.Duration) bench
 	// cores and every freeze waits behind the queues. No shadow tables
 	// made first: the bench runs while databases move, and its own
 	// traffic makes what it needs through the cells.
-	cmd := exec.Command(g.c.bin, "bench", "--config", g.c.config, "--workload", "festival", "--users", "2000", "--rate", "200",
+	cmd := exec.Command(g.c.bin, "bench", "--config", g.c.config, "--bare=false", "--workload", "festival", "--users", "2000", "--rate", "200",
 		"--prepare-shadow=false", "--work=false", "--duration", d.String(), "--out", filepath.Join(dir, "out"), "--json", filepath.Join(dir, "run.json"), "--allow-shed")
 	b, err := cmd.CombinedOutput()
 	if err != nil {

@@ -267,12 +267,12 @@ func TestEndToEnd(t *testing.T) {
 	// No shadow tables made first (--prepare-shadow=false): a 2 s smoke load
 	// touches a few shards, and making every shard's would be most of the
 	// test's time (TestPrepareShadow covers that step).
-	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
+	bench := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--bare=false", "--senders", "2", "--openers", "8", "--duration", "2s", "--allow-shed")
 	if out, err := bench.CombinedOutput(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
 	// And straight to the cells, signed with the config's cluster secret.
-	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
+	direct := exec.CommandContext(ctx, c.bin, "bench", "--router", r, "--config", c.config, "--prepare-shadow=false", "--bare=false", "--direct", "--senders", "2", "--openers", "8", "--duration", "1s", "--allow-shed")
 	if out, err := direct.CombinedOutput(); err != nil {
 		t.Fatalf("bench --direct: %v\n%s", err, out)
 	}
@@ -363,7 +363,7 @@ func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "work.json")
 	cmd := exec.CommandContext(ctx, c.bin, "bench", "--config", c.config, "--prepare-shadow=false", "--workload", "roundrobin",
-		"--packets", "20", "--senders", "2", "--openers", "8", "--duration", "2s", "--idle-window", "1s", "--allow-shed", "--json", out)
+		"--packets", "20", "--senders", "2", "--openers", "8", "--duration", "2s", "--idle-window", "1s", "--allow-shed", "--bare-duration", "1s", "--json", out)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("bench --work: %v\n%s", err, b)
 	}
@@ -378,6 +378,7 @@ func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 			} `json:"open"`
 			Work *bench.Work `json:"work"`
 		} `json:"runs"`
+		Bare *bench.BareReport `json:"bare"`
 	}
 	if err := json.Unmarshal(b, &suite); err != nil || len(suite.Runs) != 1 || suite.Runs[0].Work == nil {
 		t.Fatalf("bench --work: %v, report:\n%s", err, b)
@@ -417,5 +418,32 @@ func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 	}
 	if w.IdleStatementsPerSec == nil {
 		t.Errorf("no idle rate (missing %v)", w.Missing)
+	}
+
+	// The floor beside it: the bare open ran after the run, 16 claims a
+	// transaction of 5 statements (0.3125 an open), on the same servers,
+	// metered the same way (the gross figure adds the idle rate's share),
+	// and its database is gone.
+	bare := suite.Bare
+	if bare == nil || bare.Work == nil {
+		t.Fatalf("bench --work: no bare run in the report:\n%s", b)
+	}
+	t.Logf("bare: %d opens in %d ms; work per open: %s", bare.Opens, bare.DurationMS, bare.Work.Text())
+	if bare.Opens < 16 || bare.Opens != 16*bare.Transactions || bare.Work.Ops != bare.Opens {
+		t.Errorf("bare: %+v", *bare)
+	}
+	if g := bare.Work.StatementsGross; g == nil || *g < 0.3 || *g > 1.5 {
+		t.Errorf("bare: statements per open with the idle rate %v, want 0.3..1.5 (5 for 16 opens, plus the idle share)", g)
+	}
+	if bare.Work.Statements == nil || w.Statements == nil || *bare.Work.Statements >= *w.Statements {
+		t.Errorf("bare: %v statements per open, the roundrobin run's %v: the floor is not below the open", bare.Work.Statements, w.Statements)
+	}
+	if _, ok := bare.Work.CPUMicros["mariadb"]; !ok {
+		t.Errorf("bare: no MariaDB CPU: %v (missing %v)", bare.Work.CPUMicros, bare.Work.Missing)
+	}
+	db := openDB(t, c.spec.dsn[0])
+	var n int
+	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?", bench.BareDatabase).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the bare database after the run: %d (%v), want dropped", n, err)
 	}
 }
