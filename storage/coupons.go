@@ -33,17 +33,17 @@ const couponDay = -4
 
 func (m *MySQL) couponReqTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("%sdb_%02d.t_coupon_req", m.ns, db)
+	return m.tableNamesOf().couponReq[db]
 }
 
 func (m *MySQL) couponTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("%sdb_%02d.t_coupon", m.ns, db)
+	return m.tableNamesOf().coupon[db]
 }
 
 func (m *MySQL) couponPersonTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("%sdb_%02d.t_coupon_person", m.ns, db)
+	return m.tableNamesOf().couponPer[db]
 }
 
 func (m *MySQL) couponDDL(db int) []string {

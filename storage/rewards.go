@@ -28,7 +28,7 @@ const rewardDay = -2
 
 func (m *MySQL) rewardTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("%sdb_%02d.t_reward", m.ns, db)
+	return m.tableNamesOf().reward[db]
 }
 
 func (m *MySQL) rewardDDL(db int) []string {

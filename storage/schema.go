@@ -36,20 +36,84 @@ import (
 // case-insensitive unless set otherwise).
 const dbDefaults = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 
+// tableNames are a store's database and table names, made once per
+// namespace instead of formatted for every statement: the shard tables'
+// and the per-database tables' all at once, each shard's day tables (32
+// days, the archive's included) the first time the shard is used.
+type tableNames struct {
+	ns                   string
+	db, outbox           [model.ShardCount / 10]string
+	reward, coupon       [model.ShardCount / 10]string
+	couponReq, couponPer [model.ShardCount / 10]string
+	account, flow        [model.ShardCount]string
+	days                 [model.ShardCount]atomic.Pointer[dayNames]
+}
+
+// dayNames are one shard's day tables, by day of month (ArchiveDay: the
+// archive's).
+type dayNames struct {
+	packet, claim [32]string
+}
+
+func newTableNames(ns string) *tableNames {
+	n := &tableNames{ns: ns}
+	for db := range n.db {
+		n.db[db] = fmt.Sprintf("%sdb_%02d", ns, db)
+		n.outbox[db] = n.db[db] + ".t_outbox"
+		n.reward[db] = n.db[db] + ".t_reward"
+		n.coupon[db] = n.db[db] + ".t_coupon"
+		n.couponReq[db] = n.db[db] + ".t_coupon_req"
+		n.couponPer[db] = n.db[db] + ".t_coupon_person"
+	}
+	for s := range n.account {
+		sh := model.ShardID(s)
+		n.account[s] = fmt.Sprintf("%s.t_account_%d", n.db[sh.DB()], sh.Table())
+		n.flow[s] = fmt.Sprintf("%s.t_flow_%d", n.db[sh.DB()], sh.Table())
+	}
+	return n
+}
+
+// dayOf is shard s's day tables, made on first use (two goroutines may
+// both make them; either copy is right).
+func (n *tableNames) dayOf(s model.ShardID) *dayNames {
+	if d := n.days[s].Load(); d != nil {
+		return d
+	}
+	d := &dayNames{}
+	for day := range d.packet {
+		d.packet[day] = fmt.Sprintf("%s.t_packet_%d_%02d", n.db[s.DB()], s.Table(), day)
+		d.claim[day] = fmt.Sprintf("%s.t_claim_%d_%02d", n.db[s.DB()], s.Table(), day)
+	}
+	n.days[s].Store(d)
+	return d
+}
+
+// tableNamesOf is the store's names for its current namespace (m.ns).
+func (m *MySQL) tableNamesOf() *tableNames {
+	if n := m.names.Load(); n != nil && n.ns == m.ns {
+		return n
+	}
+	n := newTableNames(m.ns)
+	m.names.Store(n)
+	return n
+}
+
 func (m *MySQL) dbName(s model.ShardID) string {
 	invariant.That(s.Valid(), "shard out of range")
-	return fmt.Sprintf("%sdb_%02d", m.ns, s.DB())
+	return m.tableNamesOf().db[s.DB()]
 }
 
 func (m *MySQL) accountTable(s model.ShardID) string {
-	return fmt.Sprintf("%s.t_account_%d", m.dbName(s), s.Table())
+	invariant.That(s.Valid(), "shard out of range")
+	return m.tableNamesOf().account[s]
 }
 func (m *MySQL) flowTable(s model.ShardID) string {
-	return fmt.Sprintf("%s.t_flow_%d", m.dbName(s), s.Table())
+	invariant.That(s.Valid(), "shard out of range")
+	return m.tableNamesOf().flow[s]
 }
 func (m *MySQL) outboxTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return fmt.Sprintf("%sdb_%02d.t_outbox", m.ns, db)
+	return m.tableNamesOf().outbox[db]
 }
 
 // ArchiveDay is the "day" of a shard's archive tables, t_packet_Y_00 and
@@ -65,12 +129,14 @@ const archiveEnsure = -5
 
 func (m *MySQL) packetTable(s model.ShardID, day int) string {
 	invariant.That(day >= ArchiveDay && day <= 31, "day out of range")
-	return fmt.Sprintf("%s.t_packet_%d_%02d", m.dbName(s), s.Table(), day)
+	invariant.That(s.Valid(), "shard out of range")
+	return m.tableNamesOf().dayOf(s).packet[day]
 }
 
 func (m *MySQL) claimTable(s model.ShardID, day int) string {
 	invariant.That(day >= ArchiveDay && day <= 31, "day out of range")
-	return fmt.Sprintf("%s.t_claim_%d_%02d", m.dbName(s), s.Table(), day)
+	invariant.That(s.Valid(), "shard out of range")
+	return m.tableNamesOf().dayOf(s).claim[day]
 }
 
 func (m *MySQL) shardDDL(s model.ShardID) []string {
@@ -161,15 +227,16 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 // MySQL is the store of one cell. It is safe for concurrent use.
 type MySQL struct {
 	db      *sql.DB
-	clock   clock.Clock   // the only source of time: rows' times, expiry, cache ages, retry waits
-	ns      string        // database name prefix: base for real money, base+ShadowPrefix for stress traffic
-	base    string        // the namespace of OpenPrefixed ("" for Open): prefixes ns
-	filter  *dbFilter     // the databases the table listings take (SetDBFilter)
-	bulk    creditPaths   // how credits were booked (credits.go)
-	issues  issuePaths    // how grouped issues were stored (rewards.go)
-	accepts issuePaths    // how grouped coupon accepts were stored (couponaccept.go)
-	trips   *atomic.Int64 // round trips to the server, over the pool (switchConnector); nil: not counted
-	txConns *txConnMap    // inTx's transactions and their connections (counted.go)
+	clock   clock.Clock                // the only source of time: rows' times, expiry, cache ages, retry waits
+	ns      string                     // database name prefix: base for real money, base+ShadowPrefix for stress traffic
+	base    string                     // the namespace of OpenPrefixed ("" for Open): prefixes ns
+	filter  *dbFilter                  // the databases the table listings take (SetDBFilter)
+	bulk    creditPaths                // how credits were booked (credits.go)
+	issues  issuePaths                 // how grouped issues were stored (rewards.go)
+	accepts issuePaths                 // how grouped coupon accepts were stored (couponaccept.go)
+	trips   *atomic.Int64              // round trips to the server, over the pool (switchConnector); nil: not counted
+	txConns *txConnMap                 // inTx's transactions and their connections (counted.go)
+	names   atomic.Pointer[tableNames] // made for ns on first use (tableNamesOf)
 
 	mu           sync.Mutex               // guards ensured, forgets, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process
