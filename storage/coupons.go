@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -523,53 +524,66 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	return out, unused, nil
 }
 
-// RefuseCoupons implements Coupons.
+// RefuseCoupons implements Coupons: one UPDATE per database and app, all of
+// them one statement list in one transaction.
 func (m *MySQL) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
 	invariant.That(reason != "", "a refusal has a reason")
-	for _, r := range reqs {
-		if err := m.ensureCoupons(ctx, r.Shard.DB()); err != nil {
-			return err
-		}
-	}
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		now := m.nowMS()
-		for _, r := range reqs {
-			if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(r.Shard.DB())+
-				" SET state = ?, reason = ?, decided_ms = ? WHERE app = ? AND serial_no = ? AND state IN (?, ?)",
-				string(model.CouponRefused), string(reason), now, r.App, r.Serial,
-				string(model.CouponAccepted), string(model.CouponDeciding)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := m.updateRequests(ctx, reqs, "state = ?, reason = ?, decided_ms = ?", []any{string(model.CouponRefused), string(reason), m.nowMS()},
+		model.CouponAccepted, model.CouponDeciding)
 	if err != nil {
 		return fmt.Errorf("storage: refuse coupons: %w", err)
 	}
 	return nil
 }
 
-// ReleaseCouponRequests implements Coupons.
+// ReleaseCouponRequests implements Coupons, as RefuseCoupons in statements.
 func (m *MySQL) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
-	for _, r := range reqs {
-		if err := m.ensureCoupons(ctx, r.Shard.DB()); err != nil {
-			return err
-		}
-	}
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		for _, r := range reqs {
-			if _, err := tx.ExecContext(ctx, "UPDATE "+m.couponReqTable(r.Shard.DB())+
-				" SET state = ?, taken_ms = 0 WHERE app = ? AND serial_no = ? AND state = ?",
-				string(model.CouponAccepted), r.App, r.Serial, string(model.CouponDeciding)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := m.updateRequests(ctx, reqs, "state = ?, taken_ms = 0", []any{string(model.CouponAccepted)}, model.CouponDeciding); err != nil {
 		return fmt.Errorf("storage: release coupon requests: %w", err)
 	}
 	return nil
+}
+
+// updateRequests sets set (its values setArgs) on the requests reqs names
+// whose state is one of from: per database and app one UPDATE of their
+// serial numbers (the primary key's), in (database, app, serial) order, the
+// order every writer of the rows locks them in; all in one transaction, one
+// statement list, one round trip.
+func (m *MySQL) updateRequests(ctx context.Context, reqs []model.CouponRequest, set string, setArgs []any, from ...model.CouponState) error {
+	type dbApp struct {
+		db  int
+		app string
+	}
+	serials := map[dbApp][]string{}
+	for _, r := range reqs {
+		k := dbApp{r.Shard.DB(), r.App}
+		if _, ok := serials[k]; !ok {
+			if err := m.ensureCoupons(ctx, k.db); err != nil {
+				return err
+			}
+		}
+		serials[k] = append(serials[k], r.Serial)
+	}
+	keys := slices.SortedFunc(maps.Keys(serials), func(a, b dbApp) int { return cmp.Or(cmp.Compare(a.db, b.db), strings.Compare(a.app, b.app)) })
+	var b sqlBatch
+	for _, k := range keys {
+		ss := slices.Compact(slices.Sorted(slices.Values(serials[k])))
+		args := append(slices.Clone(setArgs), k.app)
+		args = append(args, anys(ss)...)
+		for _, st := range from {
+			args = append(args, string(st))
+		}
+		b.add("UPDATE "+m.couponReqTable(k.db)+" SET "+set+" WHERE app = ? AND serial_no IN ("+placeholders(len(ss))+") AND state IN ("+
+			placeholders(len(from))+")", args...)
+	}
+	q, args := b.sql()
+	if q == "" {
+		return nil
+	}
+	return m.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	})
 }
 
 // HoldingOf implements Coupons.

@@ -1,0 +1,64 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"redcell/model"
+)
+
+// Refusals and releases are one statement per database and app, all in one
+// round trip between BEGIN and COMMIT however many requests and databases;
+// each moves only the rows in the states it may move.
+func TestRefuseInOneRoundTrip(t *testing.T) {
+	m := ownNamespaceStore(t)
+	ctx := context.Background()
+	shards := []model.ShardID{31, 310, 311, 777} // databases 3, 31 (twice) and 77
+	var reqs []model.CouponRequest
+	for i, s := range shards {
+		for _, app := range []string{"pay", "shop"} {
+			r := model.CouponRequest{App: app, Serial: fmt.Sprintf("r%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"}
+			got, repeat, err := m.AcceptCoupon(ctx, r)
+			if err != nil || repeat {
+				t.Fatalf("accept %+v: %+v %v %v", r, got, repeat, err)
+			}
+			reqs = append(reqs, got)
+		}
+	}
+	// One of them is refused first: a later refusal leaves its reason.
+	if err := m.RefuseCoupons(ctx, reqs[:1], model.ReasonRisk); err != nil {
+		t.Fatal(err)
+	}
+	before := m.RoundTrips()
+	if err := m.RefuseCoupons(ctx, append(reqs, reqs[3]), model.ReasonSoldOut); err != nil { // one listed twice
+		t.Fatal(err)
+	}
+	if got := m.RoundTrips() - before; got != 3 {
+		t.Errorf("refusing %d requests of 3 databases and 2 apps: %d round trips, want 3 (BEGIN, the list, COMMIT)", len(reqs)+1, got)
+	}
+	for i, r := range reqs {
+		got, err := m.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+		want := model.ReasonSoldOut
+		if i == 0 {
+			want = model.ReasonRisk
+		}
+		if err != nil || got.State != model.CouponRefused || got.Reason != want || got.DecidedMS == 0 {
+			t.Errorf("%s/%s: %+v %v, want refused %s", r.App, r.Serial, got, err, want)
+		}
+	}
+	// A release moves deciding requests only: refused ones stay refused.
+	before = m.RoundTrips()
+	if err := m.ReleaseCouponRequests(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.RoundTrips() - before; got != 3 {
+		t.Errorf("releasing: %d round trips, want 3", got)
+	}
+	if got, _ := m.CouponRequestOf(ctx, reqs[5].Shard, reqs[5].App, reqs[5].Serial); got.State != model.CouponRefused {
+		t.Errorf("a refused request after a release: %+v", got)
+	}
+	if err := m.RefuseCoupons(ctx, nil, model.ReasonRisk); err != nil {
+		t.Errorf("refusing nothing: %v", err)
+	}
+}
