@@ -37,7 +37,7 @@ const requestTimeout = 5 * time.Second
 // (the router answers in the cells' terms), to the router or, when cells is
 // set, straight to the cell owning each request's key. Every request carries
 // api.HeaderStress: "1", so the cells write bench traffic to their shadow
-// tables. It is safe for concurrent use.
+// tables, unless real is set (Config.Real). It is safe for concurrent use.
 type client struct {
 	hc *fasthttp.Client   // cc's connection pools
 	cc *cellclient.Client // deadline, stress mark, signature, error decoding
@@ -49,6 +49,8 @@ type client struct {
 	// apiKey, when set, is sent as "Authorization: Bearer" (the router
 	// requires it; cells ignore it, so a direct client sends none).
 	apiKey string
+	// real: no stress mark (Config.Real); set before the first call.
+	real bool
 }
 
 // newClient sizes the connection pool to conns, the number of goroutines that
@@ -111,7 +113,7 @@ func (c *client) callFrom(start time.Time, method, path string, in, out any) res
 	// The deadline is the request's own (Start: sent): a request sent late
 	// still gets its full timeout, and the lateness shows in its latency.
 	// Background: no goroutine per call; the deadline bounds it.
-	err := c.cc.Send(context.Background(), cellclient.Call{Method: method, Addr: base, Path: path, Stress: true,
+	err := c.cc.Send(context.Background(), cellclient.Call{Method: method, Addr: base, Path: path, Stress: !c.real,
 		Bearer: c.apiKey, Start: sent, Body: in, Out: out})
 	r := result{latency: time.Since(start)}
 	if err == nil {

@@ -103,6 +103,13 @@ type Config struct {
 	// Direct sends every request straight to the cell that owns its key (as the
 	// router's /healthz lists them) instead of through the router.
 	Direct bool
+	// Real sends real traffic instead of stress traffic (no api.HeaderStress):
+	// real money in the cells' real tables, under the router's per-person
+	// limit (user_rate_limit, through memcached with shared_limits), the
+	// path a production request takes. For a test cluster only: its rows stay
+	// (the bench's accounts, run ID first). Not with Direct (the limit is the
+	// router's).
+	Real bool
 	// ClusterSecret signs every request, as a router signs what it forwards:
 	// cells refuse unsigned calls (Direct), and the router takes a request
 	// marked as stress traffic, as all bench traffic is, only when it is
@@ -198,6 +205,9 @@ func (c Config) Validate() error {
 	if c.PacketAmount < c.PacketCount || c.PacketAmount > int64(limits.MaxAmount) {
 		return fmt.Errorf("bench: PacketAmount must be %d..%d cents (>= PacketCount), got %d",
 			c.PacketCount, limits.MaxAmount, c.PacketAmount)
+	}
+	if c.Real && c.Direct {
+		return errors.New("bench: Real goes through the router (its per-person limit is what it measures): not with Direct")
 	}
 	if c.RunID != "" {
 		if err := validateRunID(c.RunID); err != nil {

@@ -395,6 +395,7 @@ func (r *loadRun) report(end time.Time) Report {
 		Workload:       r.cfg.Workload,
 		Mode:           modeClosed,
 		Direct:         r.cfg.Direct,
+		Real:           r.cfg.Real,
 		Cells:          r.cells,
 		AllowShed:      r.cfg.AllowShed,
 		RouterURL:      r.cfg.RouterURL,

@@ -241,6 +241,39 @@ func TestCold(t *testing.T) {
 	}
 }
 
+// A real run (Config.Real) sends no request marked as stress traffic, and is
+// otherwise the same run: its money balances, its report says so; it is
+// refused in direct mode.
+func TestRealRunIsNotStress(t *testing.T) {
+	shortSettle(t)
+	f := newFakeRouter()
+	cfg := loadConfig(f.serve(t), f, WorkloadRoundRobin)
+	cfg.Packets, cfg.Real = 20, true
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.stress.Load() != 0 || f.noStress.Load() < rep.Open.OK+rep.Send.OK {
+		t.Errorf("%d requests marked as stress, %d not, for %d opens and %d sends", f.stress.Load(), f.noStress.Load(), rep.Open.OK, rep.Send.OK)
+	}
+	f.mu.Lock()
+	paid, claims := f.paidCents, f.nClaims
+	f.mu.Unlock()
+	if !rep.Real || !rep.OK() || rep.Open.OK < 2 || rep.Open.OK != int64(claims) || rep.ClaimedCents != paid {
+		t.Errorf("real run: real %v ok %v (%v), %d opens claiming %d cents, the fake made %d claims of %d", rep.Real, rep.OK(), rep.Problems(),
+			rep.Open.OK, rep.ClaimedCents, claims, paid)
+	}
+	var b bytes.Buffer
+	_ = rep.WriteText(&b)
+	if !strings.Contains(b.String(), "real traffic") {
+		t.Errorf("the text report does not say the run was real:\n%s", b.String())
+	}
+	cfg.Direct = true
+	if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "not with Direct") {
+		t.Errorf("a real direct run: %v", err)
+	}
+}
+
 // fakeCell serves one cell's shards of a shared fakeRouter and refuses the
 // others with 421 WRONG_CELL, as a real cell does. Its routing check is written
 // apart from the bench's so that the test checks the bench.

@@ -23,6 +23,7 @@ type Report struct {
 	Rate         int    `json:"rate_per_sec"` // open-loop target, opens/s; 0 closed-loop
 	MaxInFlight  int    `json:"max_in_flight,omitempty"`
 	Direct       bool   `json:"direct"` // sent to the cells, not through the router
+	Real         bool   `json:"real,omitempty"` // real traffic (Config.Real), not stress
 	Cells        int    `json:"cells"`  // cells the router listed at the start; 0 unknown
 	RouterURL    string `json:"router_url"`
 	Senders      int    `json:"senders"`
@@ -288,6 +289,9 @@ func (r Report) describe() string {
 		parts = append(parts, "direct to the cells")
 	} else {
 		parts = append(parts, "through the router")
+	}
+	if r.Real {
+		parts = append(parts, "real traffic (real tables, per-person limits)")
 	}
 	if r.Cells > 0 {
 		parts = append(parts, fmt.Sprintf("%d cells", r.Cells))

@@ -161,6 +161,7 @@ func newRun(cfg Config, c *client, start time.Time) *run {
 // a shard no cell owns, is an error.
 func connect(cfg Config, conns int) (*client, int, error) {
 	c := newClient(cfg.RouterURL, conns, cfg.APIKey, cfg.ClusterSecret)
+	c.real = cfg.Real
 	cells, uncovered, err := discoverCells(c)
 	if !cfg.Direct {
 		return c, len(cells), nil // the count is informational; err only loses it
@@ -367,6 +368,7 @@ func (r *run) report(elapsed time.Duration) Report {
 		Workload:       WorkloadSmoke,
 		Mode:           modeClosed,
 		Direct:         r.cfg.Direct,
+		Real:           r.cfg.Real,
 		Cells:          r.cells,
 		AllowShed:      r.cfg.AllowShed,
 		RouterURL:      r.cfg.RouterURL,

@@ -34,6 +34,7 @@ type fakeRouter struct {
 	cells       []CellInfo    // what /healthz lists; empty: one cell owning every shard
 
 	noStress atomic.Int64 // requests that lacked api.HeaderStress: "1"
+	stress   atomic.Int64 // requests that had it
 	noops    atomic.Int64 // no-op requests answered
 
 	mu       sync.Mutex // guards every field below
@@ -115,6 +116,8 @@ func (f *fakeRouter) creditDueLocked(now time.Time) {
 func (f *fakeRouter) handle(ctx *fasthttp.RequestCtx) {
 	if string(ctx.Request.Header.Peek(api.HeaderStress)) != "1" {
 		f.noStress.Add(1)
+	} else {
+		f.stress.Add(1)
 	}
 	switch p := string(ctx.Path()); {
 	case p == "/healthz":

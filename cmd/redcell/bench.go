@@ -68,6 +68,7 @@ type benchFlags struct {
 	prepareShadow       bool          // --prepare-shadow: the shadow space's tables before the first run (bench_shadow.go)
 	work                bool          // --work: measure each run's work per open (bench_work.go)
 	idleWindow          time.Duration // --idle-window: how long the idle rate is measured
+	real                bool          // --real: real traffic, not stress (bench.Config.Real)
 	bare                bool          // --bare: the bare open after the runs (bench/bare.go)
 	bareDuration        time.Duration // --bare-duration
 	bareWorkers         int           // --bare-workers
@@ -104,6 +105,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.bareWorkers, "bare-workers", 4, "--bare: concurrent bare transactions, each on its own 16 packets")
 	fs.DurationVar(&f.idleWindow, "idle-window", 5*time.Second, "--work: how long each cluster's idle rate is measured before its first run (0: none, nothing taken off)")
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "count OVERLOADED, TIMEOUT, DB_UNAVAILABLE and the other shedding answers, client timeouts and open-loop drops as load shedding (reported) instead of failing the run (make bench sets it)")
+	fs.BoolVar(&f.real, "real", false, "send real traffic, not stress traffic: real money in the cells' real tables (the bench's own accounts, left there), "+
+		"under the router's per-person limit (user_rate_limit: give enough --senders that each sends at most its burst), audited in the real space; "+
+		"the path production requests take. A test cluster only; through the router only; open workloads only")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
 	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config); "+
 		"rewards: booking modes async,sync (token issuance, booked behind, against book_now)")
@@ -169,6 +173,9 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards,
 			bench.WorkloadCoupons, workloadLimits)
 	}
+	if f.real && (f.direct || f.compareDirect || f.workload == workloadLimits || f.workload == bench.WorkloadRewards || f.workload == bench.WorkloadCoupons) {
+		return nil, errors.New("bench: --real runs an open workload through the router: not with --direct, --compare-direct or --workload limits, rewards or coupons")
+	}
 	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
 	if f.configPath != "" {
 		fc, err := loadConfig(f.configPath) // the environment wins over the file, as everywhere
@@ -229,7 +236,7 @@ func (f *benchFlags) runConfig() bench.Config {
 		w = bench.WorkloadSmoke
 	}
 	cfg := bench.DefaultWorkloadConfig(w)
-	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct = f.router, f.duration, f.allowShed, f.direct
+	cfg.RouterURL, cfg.Duration, cfg.AllowShed, cfg.Direct, cfg.Real = f.router, f.duration, f.allowShed, f.direct, f.real
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
 	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
 	cfg.RouterPprof = f.routerPprof
@@ -254,8 +261,10 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg.Progress = os.Stderr
 	if path := f.configPath; path != "" {
 		// Bench traffic is stress traffic: the cells keep it in shadow tables,
-		// so the audit that proves the run is the shadow one.
-		cfg.Audit = func(ctx context.Context) (model.AuditReport, error) { return auditShadow(ctx, path) }
+		// so the audit that proves the run is the shadow one; a --real run's
+		// is the real one.
+		shadow := !f.real
+		cfg.Audit = func(ctx context.Context) (model.AuditReport, error) { return auditNamespace(ctx, path, shadow) }
 	}
 	return cfg
 }
@@ -320,7 +329,7 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		sc.Limits = &lc
 	}
 	if f.baselinePath != "" {
-		b, err := baselineCluster(f.baselinePath, f.baselineName)
+		b, err := baselineCluster(f.baselinePath, f.baselineName, !f.real)
 		if err != nil {
 			return sc, err
 		}
@@ -344,7 +353,7 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 
 // baselineCluster reads the --baseline cluster from its config: where its
 // router listens, its cluster secret and the API key make run wrote beside it.
-func baselineCluster(path, name string) (*bench.Cluster, error) {
+func baselineCluster(path, name string, shadow bool) (*bench.Cluster, error) {
 	fc, err := loadConfig(path)
 	if err != nil {
 		return nil, fmt.Errorf("bench: --baseline: %w", err)
@@ -358,7 +367,7 @@ func baselineCluster(path, name string) (*bench.Cluster, error) {
 	}
 	return &bench.Cluster{Name: name, RouterURL: "http://" + fc.Router.Listen, ClusterSecret: fc.ClusterSecret,
 		APIKey: strings.TrimSpace(string(key)),
-		Audit:  func(ctx context.Context) (model.AuditReport, error) { return auditShadow(ctx, path) }}, nil
+		Audit:  func(ctx context.Context) (model.AuditReport, error) { return auditNamespace(ctx, path, shadow) }}, nil
 }
 
 // metricsTargets lists the GET /metrics of every cell in the config that has
