@@ -81,7 +81,7 @@ func TestBareCheck(t *testing.T) {
 	}
 	// A claim of worker 0's packets taken by hand: the packet row no
 	// longer matches its claims.
-	if _, err := db.Exec("UPDATE "+name+".t_packet SET remaining_count = remaining_count - 1 WHERE packet_id = 0"); err != nil {
+	if _, err := db.Exec("UPDATE " + name + ".t_packet SET remaining_count = remaining_count - 1 WHERE packet_id = 0"); err != nil {
 		t.Fatal(err)
 	}
 	if err := bareCheck(ctx, db, name, 3*BarePackets); err == nil {

@@ -22,9 +22,9 @@ type Report struct {
 	Mode         string `json:"mode"`         // "closed" or "open" (open-loop at Rate)
 	Rate         int    `json:"rate_per_sec"` // open-loop target, opens/s; 0 closed-loop
 	MaxInFlight  int    `json:"max_in_flight,omitempty"`
-	Direct       bool   `json:"direct"` // sent to the cells, not through the router
+	Direct       bool   `json:"direct"`         // sent to the cells, not through the router
 	Real         bool   `json:"real,omitempty"` // real traffic (Config.Real), not stress
-	Cells        int    `json:"cells"`  // cells the router listed at the start; 0 unknown
+	Cells        int    `json:"cells"`          // cells the router listed at the start; 0 unknown
 	RouterURL    string `json:"router_url"`
 	Senders      int    `json:"senders"`
 	Openers      int    `json:"openers"`
