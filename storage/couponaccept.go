@@ -41,7 +41,7 @@ func acceptedAs(r model.CouponRequest) model.CouponRequest { return model.Accept
 // request holds (person, batch, accept time): a client's retry stored by
 // another group in the same millisecond looks the same, so CommitGroup uses
 // it only for a group of accepts alone.
-func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, now int64) (func() (bool, error), error) {
+func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, now int64, fresh bool) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
 	for _, op := range ops {
@@ -66,7 +66,7 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 			return cmp.Or(cmp.Compare(a.Coupon.App, b.Coupon.App), cmp.Compare(a.Coupon.Serial, b.Coupon.Serial))
 		})
 	}
-	ok, err := m.acceptAll(ctx, tx, byDB, dbs)
+	ok, err := m.acceptAll(ctx, tx, byDB, dbs, fresh)
 	if err != nil {
 		return nil, err
 	}
@@ -80,18 +80,18 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 			}
 		}
 	}
-	var fresh []model.CouponRequest
+	var stored []model.CouponRequest
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
 			if op.Err == nil && !op.Repeat {
-				fresh = append(fresh, op.Accepted)
+				stored = append(stored, op.Accepted)
 			}
 		}
 	}
-	if len(fresh) == 0 {
+	if len(stored) == 0 {
 		return nil, nil
 	}
-	return m.acceptProbe(ctx, fresh), nil
+	return m.acceptProbe(ctx, stored), nil
 }
 
 // acceptAll tries to store every op of byDB as a new request in one round
@@ -101,7 +101,7 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 // (ON DUPLICATE KEY UPDATE serial_no = serial_no stores nothing and counts
 // 0) or locked elsewhere makes ok false and the transaction goes back to
 // the savepoint, nothing of the group's accepts written.
-func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int) (ok bool, err error) {
+func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int, fresh bool) (ok bool, err error) {
 	var inserts []string
 	n := 0
 	for _, db := range dbs {
@@ -115,7 +115,7 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 		inserts = append(inserts, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(byDB[db]), 14)+
 			" ON DUPLICATE KEY UPDATE serial_no = serial_no")
 	}
-	if ok, err := m.allStored(ctx, tx, acceptSavepoint, inserts, args, n); !ok || err != nil {
+	if ok, err := m.allStored(ctx, tx, acceptSavepoint, inserts, args, n, fresh); !ok || err != nil {
 		return false, err
 	}
 	for _, db := range dbs {

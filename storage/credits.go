@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -60,12 +61,19 @@ type creditPaths struct {
 // An error leaves tx unusable for money: the caller rolls it back. A lock
 // wait timeout needs innodb_rollback_on_timeout=OFF (MariaDB's default);
 // with it ON the call fails (stillInTx).
-func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64) (applied int, deferred []string, err error) {
+//
+// fresh says nothing has been written or locked in tx before the call: the
+// first bulk list then goes without its SAVEPOINT (one statement less), and
+// when it cannot be written whole the call answers errBulkUnfit, which ends
+// the transaction; its caller rolls back and runs it again with fresh false
+// (bulkRetry).
+func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool) (applied int, deferred []string, err error) {
 	sorted := lockOrder(credits)
 	for len(sorted) > 0 {
 		chunk := sorted[:min(len(sorted), creditRowsMax)]
 		sorted = sorted[len(chunk):]
-		ok, err := m.creditAll(ctx, tx, chunk, now)
+		ok, err := m.creditAll(ctx, tx, chunk, now, fresh)
+		fresh = false
 		if err != nil {
 			return 0, nil, err
 		}
@@ -221,10 +229,13 @@ func (m *MySQL) accountUpsertRows(s model.ShardID, n int) string {
 // without waiting for a lock. ok is false when a statement met a lock or a
 // duplicate: the server stops the list there, and the transaction goes back
 // to the savepoint, so nothing of cs is written. An error fails the
-// transaction.
-func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (ok bool, err error) {
+// transaction. Fresh (applyCreditsTx): no SAVEPOINT, and errBulkUnfit
+// instead of going back to it.
+func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, fresh bool) (ok bool, err error) {
 	var q strings.Builder
-	q.WriteString("SAVEPOINT " + creditSavepoint)
+	if !fresh {
+		q.WriteString("SAVEPOINT " + creditSavepoint + ";")
+	}
 	args := make([]any, 0, len(cs)*11)
 	var shards []int // the sizes of the shard runs of two or more credits
 	for rest := cs; len(rest) > 0; {
@@ -233,7 +244,10 @@ func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, no
 			n++
 		}
 		flows, accts, acts := creditRows(rest[:n], now)
-		q.WriteString(";" + noWait + m.flowInsertRows(rest[0].Shard, n))
+		if len(args) > 0 {
+			q.WriteString(";")
+		}
+		q.WriteString(noWait + m.flowInsertRows(rest[0].Shard, n))
 		q.WriteString(";" + noWait + m.accountUpsertRows(rest[0].Shard, acts))
 		args = append(append(args, flows...), accts...)
 		if n > 1 {
@@ -243,6 +257,9 @@ func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, no
 	}
 	_, err = tx.ExecContext(ctx, q.String(), args...)
 	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
+		if fresh {
+			return false, errBulkUnfit
+		}
 		return false, m.undoBulk(ctx, tx)
 	}
 	if err != nil {
@@ -250,6 +267,22 @@ func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, no
 	}
 	m.bulk.Bulk.Add(int64(len(shards)))
 	return true, nil
+}
+
+// errBulkUnfit: a bulk statement list run first in its transaction without
+// a SAVEPOINT (fresh) could not be written whole; the transaction is to be
+// rolled back and run again with savepoints (bulkRetry).
+var errBulkUnfit = errors.New("storage: the bulk list could not be written whole; run again with a savepoint")
+
+// bulkRetry runs run(true) (its first bulk list without a SAVEPOINT, fresh)
+// and, when that answers errBulkUnfit, run(false): the common case saves a
+// statement per transaction, the rare one pays a rolled-back attempt.
+func bulkRetry(run func(fresh bool) error) error {
+	err := run(true)
+	if errors.Is(err, errBulkUnfit) {
+		err = run(false)
+	}
+	return err
 }
 
 // undoBulk takes a shard's bulk statements back after a lock wait or a

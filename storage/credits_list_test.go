@@ -9,6 +9,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -237,11 +238,11 @@ func TestApplyCreditsTwiceInOneTx(t *testing.T) {
 	cs := synthCredits(t, m, testenv.Prefix(), []model.ShardID{3, 17, 250}, 2, 2)
 	bg := context.Background()
 	err := m.inTx(bg, func(tx *sql.Tx) error {
-		a1, _, err := m.applyCreditsTx(bg, tx, cs, m.nowMS())
+		a1, _, err := m.applyCreditsTx(bg, tx, cs, m.nowMS(), true) // first in the transaction
 		if err != nil {
 			return err
 		}
-		a2, _, err := m.applyCreditsTx(bg, tx, append(slices.Clone(cs[2:5]), cs...), m.nowMS())
+		a2, _, err := m.applyCreditsTx(bg, tx, append(slices.Clone(cs[2:5]), cs...), m.nowMS(), false)
 		if err != nil {
 			return err
 		}
@@ -320,6 +321,66 @@ func TestApplyCreditsConcurrentOverlap(t *testing.T) {
 	}
 	if sum != len(cs) {
 		t.Errorf("applied %d in all, want %d", sum, len(cs))
+	}
+	checkCreditRows(t, m, cs, func(model.Credit) bool { return true })
+}
+
+// comSavepoints is the SAVEPOINT statements tx's connection has run.
+func comSavepoints(t *testing.T, tx *sql.Tx) int64 {
+	t.Helper()
+	var name string
+	var n int64
+	if err := tx.QueryRow("SHOW SESSION STATUS LIKE 'Com_savepoint'").Scan(&name, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// First in its transaction (fresh), a bulk list runs without a SAVEPOINT;
+// when it cannot be written whole it answers errBulkUnfit and writes
+// nothing the transaction keeps, and ApplyCredits runs it again with the
+// savepoint path: a batch holding a credit booked before books the rest,
+// each once.
+func TestCreditsFreshWithoutSavepoint(t *testing.T) {
+	m := ownNamespaceStore(t)
+	cs := synthCredits(t, m, testenv.Prefix(), []model.ShardID{3, 17, 250}, 2, 2)
+	bg := context.Background()
+	for _, fresh := range []bool{true, false} {
+		tx, err := m.db.BeginTx(bg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := comSavepoints(t, tx)
+		a, d, err := m.applyCreditsTx(bg, tx, cs, m.nowMS(), fresh)
+		after := comSavepoints(t, tx)
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(1)
+		if fresh {
+			want = 0
+		}
+		if err != nil || a != len(cs) || len(d) != 0 || after-before != want {
+			t.Errorf("fresh %v: applied %d, deferred %v, %v; %d savepoints, want %d", fresh, a, d, err, after-before, want)
+		}
+	}
+	// One credit booked before: the fresh list cannot be written whole.
+	if a, _, err := m.ApplyCredits(bg, cs[:1]); err != nil || a != 1 {
+		t.Fatalf("the first credit: %d %v", a, err)
+	}
+	tx, err := m.db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.applyCreditsTx(bg, tx, cs, m.nowMS(), true); !errors.Is(err, errBulkUnfit) {
+		t.Errorf("a fresh list over a booked credit: %v, want errBulkUnfit", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	checkCreditRows(t, m, cs, func(c model.Credit) bool { return c.ClaimID == cs[0].ClaimID })
+	if a, d, err := m.ApplyCredits(bg, cs); err != nil || a != len(cs)-1 || len(d) != 0 {
+		t.Fatalf("the batch after: applied %d, deferred %v, %v; want %d", a, d, err, len(cs)-1)
 	}
 	checkCreditRows(t, m, cs, func(model.Credit) bool { return true })
 }

@@ -229,7 +229,7 @@ func TestApplyCreditsTxRollsBackWithCaller(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		applied, deferred, err := m.applyCreditsTx(bg, tx, credits, m.nowMS())
+		applied, deferred, err := m.applyCreditsTx(bg, tx, credits, m.nowMS(), false)
 		if err != nil || applied != len(credits) || len(deferred) != 0 {
 			t.Fatal(applied, deferred, err)
 		}

@@ -43,10 +43,12 @@ func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 		return err
 	}
 	var probe func() (bool, error)
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		probe, err = m.groupTx(ctx, tx, ops)
-		return err
+	err := bulkRetry(func(fresh bool) error {
+		return m.inTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			probe, err = m.groupTx(ctx, tx, ops, fresh)
+			return err
+		})
 	})
 	if errors.Is(err, errCommitUnknown) && probe != nil {
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
@@ -124,7 +126,10 @@ type groupState struct {
 // groupTx locks, decides, writes. It returns a probe that tells, after a
 // COMMIT without an answer, whether the group was applied (nil when the
 // group wrote nothing a probe can find). It may run more than once (inTx).
-func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
+//
+// fresh: a group that reads nothing (credits, issues, accepts, bookings
+// only) runs its first bulk list without a SAVEPOINT (applyCreditsTx).
+func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh bool) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
 		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
@@ -222,20 +227,30 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 			acceptOps = append(acceptOps, op)
 		}
 	}
+	// Fresh only while nothing was read or written: opens, sends and
+	// deposits read (and lock) first.
+	for _, op := range ops {
+		if op.Kind == OpOpen || op.Kind == OpSend || op.Kind == OpDeposit {
+			fresh = false
+		}
+	}
 	if q, args := w.sql(m); q != "" {
+		fresh = false
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return nil, err
 		}
 	}
 	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
 		var err error
-		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now)
+		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now, fresh)
+		fresh = false
 		if err != nil {
 			return nil, err
 		}
 	}
 	if len(issueOps) > 0 {
-		p, err := m.issueRewardsTx(ctx, tx, issueOps)
+		p, err := m.issueRewardsTx(ctx, tx, issueOps, fresh)
+		fresh = false
 		if err != nil {
 			return nil, err
 		}
@@ -246,7 +261,8 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func()
 		}
 	}
 	if len(acceptOps) > 0 {
-		p, err := m.acceptCouponsTx(ctx, tx, acceptOps, now)
+		p, err := m.acceptCouponsTx(ctx, tx, acceptOps, now, fresh)
+		fresh = false
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ package storage
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -200,4 +201,56 @@ func TestIssueStatementList(t *testing.T) {
 			t.Fatalf("%d deadlocks in MariaDB (each a group retried)", d)
 		}
 	})
+}
+
+// A group of issues alone runs its list without a SAVEPOINT (fresh); a
+// stored order number in it answers errBulkUnfit, and CommitGroup then runs
+// the group again on the savepoint path, deciding the repeat.
+func TestIssueFreshWithoutSavepoint(t *testing.T) {
+	m := ownNamespaceStore(t)
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	var rs []model.Reward
+	for i := range 6 {
+		s := model.ShardID(7 + 100*i)
+		rs = append(rs, issueReward(s, fmt.Sprintf("if-%d", i), "r1", fmt.Sprintf("tokf-%d", i), 3, now))
+		if err := m.ensureRewards(ctx, s.DB()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// In a transaction of inTx (execCounted needs one), rolled back.
+	run := func(rs []model.Reward, fresh bool) (n int64, err error) {
+		rollback := errors.New("roll back")
+		if ierr := m.inTx(ctx, func(tx *sql.Tx) error {
+			before := comSavepoints(t, tx)
+			_, err = m.issueRewardsTx(ctx, tx, issueOps(rs), fresh)
+			n = comSavepoints(t, tx) - before
+			return rollback
+		}); !errors.Is(ierr, rollback) {
+			t.Fatal(ierr)
+		}
+		return n, err
+	}
+	if n, err := run(rs, true); err != nil || n != 0 {
+		t.Errorf("fresh: %d savepoints, %v; want none", n, err)
+	}
+	if n, err := run(rs, false); err != nil || n != 1 {
+		t.Errorf("not fresh: %d savepoints, %v; want one", n, err)
+	}
+	if err := m.CommitGroup(ctx, issueOps(rs[:1])); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(rs, true); !errors.Is(err, errBulkUnfit) {
+		t.Errorf("fresh over a stored order number: %v, want errBulkUnfit", err)
+	}
+	ops := issueOps(rs)
+	if err := m.CommitGroup(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	for i, op := range ops {
+		if op.Err != nil || op.Repeat != (i == 0) {
+			t.Errorf("op %d: repeat %v err %v", i, op.Repeat, op.Err)
+		}
+	}
+	checkIssued(t, m, rs)
 }

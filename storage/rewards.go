@@ -689,7 +689,7 @@ func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // COMMIT without answer (nil when the group stored none); the probe
 // compares the token and time, which another group's copy of the same
 // request shares, so groupTx uses it only for a group of issues alone.
-func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (func() (bool, error), error) {
+func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh bool) (func() (bool, error), error) {
 	byDB := map[int][]*GroupOp{}
 	var dbs []int
 	for _, op := range ops {
@@ -703,7 +703,7 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp) 
 	for _, db := range dbs {
 		sortIssues(byDB[db])
 	}
-	if ok, err := m.issueAll(ctx, tx, byDB, dbs); err != nil || ok {
+	if ok, err := m.issueAll(ctx, tx, byDB, dbs, fresh); err != nil || ok {
 		if err != nil {
 			return nil, err
 		}
@@ -827,7 +827,7 @@ const issueSavepoint = "issues_bulk"
 // false: the transaction goes back to the savepoint, nothing of the group
 // written, and issueRewardsTx's per-database path decides each op (with the
 // locks taken so far still held).
-func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int) (ok bool, err error) {
+func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int, fresh bool) (ok bool, err error) {
 	var inserts []string
 	n := 0
 	for _, db := range dbs {
@@ -842,7 +842,7 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 		inserts = append(inserts, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+rowsOf(len(list), 19)+
 			" ON DUPLICATE KEY UPDATE order_no = order_no")
 	}
-	if ok, err := m.allStored(ctx, tx, issueSavepoint, inserts, args, n); !ok || err != nil {
+	if ok, err := m.allStored(ctx, tx, issueSavepoint, inserts, args, n, fresh); !ok || err != nil {
 		return false, err
 	}
 	for _, db := range dbs {
@@ -860,25 +860,36 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 // the key to itself). ok: all n stored. A lock met, a duplicate key or a
 // short count takes tx back to sp (nothing of the list written, the locks
 // taken kept) and answers false.
-func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int) (ok bool, err error) {
+//
+// Fresh: nothing was written or locked in tx before (applyCreditsTx's
+// fresh): no SAVEPOINT, and errBulkUnfit where it would go back to it.
+func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int, fresh bool) (ok bool, err error) {
 	q := make([]string, 0, len(inserts)+1)
-	q = append(q, "SAVEPOINT "+sp)
+	if !fresh {
+		q = append(q, "SAVEPOINT "+sp)
+	}
 	for _, ins := range inserts {
 		q = append(q, noWait+ins)
 	}
+	undo := func() error {
+		if fresh {
+			return errBulkUnfit
+		}
+		return undoTo(ctx, tx, sp)
+	}
 	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)
 	if isMySQLErr(err, errLockWait) || isMySQLErr(err, errDupEntry) {
-		return false, undoTo(ctx, tx, sp)
+		return false, undo()
 	}
 	if err != nil {
 		return false, err
 	}
 	var stored int64
-	for _, c := range counts[1:] { // after the SAVEPOINT's
+	for _, c := range counts[len(q)-len(inserts):] { // after the SAVEPOINT's, if any
 		stored += c
 	}
 	if len(counts) != len(q) || stored != int64(n) {
-		return false, undoTo(ctx, tx, sp)
+		return false, undo()
 	}
 	return true, nil
 }

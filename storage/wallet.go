@@ -265,10 +265,12 @@ func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (appli
 	if err := m.EnsureShards(ctx, shards); err != nil {
 		return 0, nil, err
 	}
-	err = m.inTx(ctx, func(tx *sql.Tx) error {
-		var err error // inTx may run this again: the answer is the last run's
-		applied, deferred, err = m.applyCreditsTx(ctx, tx, credits, m.nowMS())
-		return err
+	err = bulkRetry(func(fresh bool) error {
+		return m.inTx(ctx, func(tx *sql.Tx) error {
+			var err error // inTx may run this again: the answer is the last run's
+			applied, deferred, err = m.applyCreditsTx(ctx, tx, credits, m.nowMS(), fresh)
+			return err
+		})
 	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("storage: apply credits: %w", err)
