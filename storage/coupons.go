@@ -390,24 +390,26 @@ func (m *MySQL) holdings(ctx context.Context, q rowsQueryer, ps []personKey) (ma
 	return out, rows.Err()
 }
 
-// lockCouponReqs reads reqs as stored, locked: one statement list of a
-// locking read per database, answered in as many result sets. The map is
-// by app and serial.
+// lockCouponReqs reads reqs as stored, locked: one statement, a UNION ALL
+// of a locking read per database (each part takes its locks in turn, in
+// database order, then app and serial within one). The map is by app and
+// serial.
 func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.CouponRequest) (map[reqKey]model.CouponRequest, error) {
 	sorted := slices.Clone(reqs)
 	slices.SortFunc(sorted, func(a, b model.CouponRequest) int {
 		return cmp.Or(cmp.Compare(a.Shard.DB(), b.Shard.DB()), cmp.Compare(a.App, b.App), cmp.Compare(a.Serial, b.Serial))
 	})
-	var q []string
-	var args []any
+	var u union
 	byDB(sorted, func(r model.CouponRequest) int { return r.Shard.DB() }, func(db int, run []model.CouponRequest) {
-		q = append(q, "SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+" WHERE (app, serial_no) IN ("+
-			strings.TrimSuffix(strings.Repeat("(?, ?),", len(run)), ",")+") ORDER BY app, serial_no FOR UPDATE")
+		args := make([]any, 0, 2*len(run))
 		for _, r := range run {
 			args = append(args, r.App, r.Serial)
 		}
+		u.add("SELECT "+couponReqCols+" FROM "+m.couponReqTable(db)+" WHERE (app, serial_no) IN ("+
+			strings.TrimSuffix(strings.Repeat("(?, ?),", len(run)), ",")+") ORDER BY app, serial_no FOR UPDATE", args...)
 	})
-	rs, err := m.queryCouponReqSets(ctx, tx, strings.Join(q, ";"), args...)
+	q, args := u.sql()
+	rs, err := m.queryCouponReqs(ctx, tx, q, args...)
 	if err != nil {
 		return nil, err
 	}
