@@ -90,14 +90,14 @@ func RunBare(ctx context.Context, cfg BareConfig) (*BareReport, error) {
 		return nil, errors.New("bench: bare: workers must be 1..256, duration at most 5m and the database a name of 1..64 letters, digits and _")
 	}
 	db := cfg.Database
-	if err := bareSchema(ctx, cfg.DB, db, cfg.Workers*BarePackets); err != nil {
-		return nil, err
-	}
-	defer func() {
+	defer func() { // also after a schema made in part
 		drop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		_, _ = cfg.DB.ExecContext(drop, "DROP DATABASE IF EXISTS "+db)
 	}()
+	if err := bareSchema(ctx, cfg.DB, db, cfg.Workers*BarePackets); err != nil {
+		return nil, err
+	}
 	var work0 workSnap
 	if cfg.Work != nil {
 		work0 = cfg.Work.begin(ctx)

@@ -70,7 +70,10 @@ func TestDegradeSwitches(t *testing.T) {
 	if d := detail(); len(d.Claims) != 1 || d.ClaimsDegraded {
 		t.Fatalf("detail with the claims list on: %+v", d)
 	}
-	if g := grab(); g.Source != "cache" || g.Remaining != 2 {
+	// The open's worker writes the copy after its answer: wait for it.
+	var g api.GrabResponse
+	waitFor(t, 5*time.Second, func() bool { g = grab(); return g.Remaining == 2 }, "the grab cache's copy after the open")
+	if g.Source != "cache" {
 		t.Fatalf("grab with the cache on: %+v", g)
 	}
 

@@ -1,6 +1,7 @@
 package cell_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -34,20 +35,27 @@ func TestMemcachedDownAndBack(t *testing.T) {
 		}
 		return g
 	}
-	openOne(t, c, nil, id, pre+"-u1")
-	if g := grab(); g.Source != "cache" || g.Remaining != 4 {
-		t.Fatalf("grab with memcached up: %+v", g)
+	// The open's worker writes the copy after it has answered: a grab
+	// waits for it (the count drops to want), then must come from src.
+	grabAfterOpen := func(want int64, src, what string) {
+		t.Helper()
+		var g api.GrabResponse
+		waitFor(t, 5*time.Second, func() bool { g = grab(); return g.Remaining == want }, fmt.Sprintf("%s: remaining %d", what, want))
+		if src != "" && g.Source != src {
+			t.Fatalf("%s: %+v, want source %s", what, g, src)
+		}
 	}
+	openOne(t, c, nil, id, pre+"-u1")
+	grabAfterOpen(4, "cache", "grab with memcached up")
 
 	proxy.Stop()
 	openOne(t, c, nil, id, pre+"-u2") // the transaction cap counts in-process
+	grabAfterOpen(3, "", "first grab with memcached down")
 	if g := grab(); g.Remaining != 3 || g.Source == "cache" {
 		t.Fatalf("first grab with memcached down: %+v", g)
 	}
 	openOne(t, c, nil, id, pre+"-u3")
-	if g := grab(); g.Source != "local" || g.Remaining != 2 {
-		t.Fatalf("grab from the in-process copy: %+v", g)
-	}
+	grabAfterOpen(2, "local", "grab from the in-process copy")
 	m := scrape(t, c.adminURL)
 	wantMetric(t, m, `redcell_memcached_fallback{use="slots"}`, "1")
 	wantMetric(t, m, `redcell_memcached_fallback{use="grab_cache"}`, "1")

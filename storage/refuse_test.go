@@ -61,4 +61,38 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	if err := m.RefuseCoupons(ctx, nil, model.ReasonRisk); err != nil {
 		t.Errorf("refusing nothing: %v", err)
 	}
+
+	// Deciding requests of two databases and two apps, released in one
+	// call: accepted again, taken again; refused beside them, they are
+	// refused with the reason given, once.
+	var more []model.CouponRequest
+	for i, s := range shards {
+		for _, app := range []string{"pay", "shop"} {
+			got, _, err := m.AcceptCoupon(ctx, model.CouponRequest{App: app, Serial: fmt.Sprintf("d%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			more = append(more, got)
+		}
+	}
+	dbs := []int{3, 31, 77}
+	taken, err := m.TakeCouponRequests(ctx, dbs, -1, 100)
+	if err != nil || len(taken) != len(more) {
+		t.Fatalf("take: %d of %d, %v", len(taken), len(more), err)
+	}
+	if err := m.ReleaseCouponRequests(ctx, taken[:5]); err != nil {
+		t.Fatal(err)
+	}
+	again, err := m.TakeCouponRequests(ctx, dbs, -1, 100)
+	if err != nil || len(again) != 5 {
+		t.Fatalf("after releasing 5: took %d again, %v", len(again), err)
+	}
+	if err := m.RefuseCoupons(ctx, append(again, taken[5:]...), model.ReasonRisk); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range more {
+		if got, err := m.CouponRequestOf(ctx, r.Shard, r.App, r.Serial); err != nil || got.State != model.CouponRefused || got.Reason != model.ReasonRisk {
+			t.Errorf("%s/%s after the release and refusal: %+v %v", r.App, r.Serial, got, err)
+		}
+	}
 }

@@ -884,11 +884,14 @@ func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []
 	if err != nil {
 		return false, err
 	}
+	if len(counts) != len(q) {
+		return false, undo()
+	}
 	var stored int64
 	for _, c := range counts[len(q)-len(inserts):] { // after the SAVEPOINT's, if any
 		stored += c
 	}
-	if len(counts) != len(q) || stored != int64(n) {
+	if stored != int64(n) {
 		return false, undo()
 	}
 	return true, nil

@@ -121,11 +121,6 @@ func printCopies(w io.Writer, copies []model.DBCopy) {
 	}
 }
 
-// auditShadow audits the shadow tables of stress traffic (the bench's audit).
-func auditShadow(ctx context.Context, configPath string) (model.AuditReport, error) {
-	return auditNamespace(ctx, configPath, true)
-}
-
 // auditNamespace reads every cell listed in the config and combines their
 // ledgers. Each cell's books count the databases it owns by the cluster's
 // shard map only (clusterOwners); every other database found on its server

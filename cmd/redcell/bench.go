@@ -173,8 +173,8 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards,
 			bench.WorkloadCoupons, workloadLimits)
 	}
-	if f.real && (f.direct || f.compareDirect || f.workload == workloadLimits || f.workload == bench.WorkloadRewards || f.workload == bench.WorkloadCoupons) {
-		return nil, errors.New("bench: --real runs an open workload through the router: not with --direct, --compare-direct or --workload limits, rewards or coupons")
+	if f.real && (f.direct || f.compareDirect || f.limits || f.workload == workloadLimits || f.workload == bench.WorkloadRewards || f.workload == bench.WorkloadCoupons) {
+		return nil, errors.New("bench: --real runs an open workload through the router: not with --direct, --compare-direct, --limits or --workload limits, rewards or coupons")
 	}
 	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
 	if f.configPath != "" {
@@ -406,7 +406,7 @@ func runBench(ctx context.Context, args []string) (err error) {
 	if f.cleanup {
 		defer func() { err = cleanAfterBench(ctx, f.configPath, err) }()
 	}
-	if f.configPath != "" && f.prepareShadow {
+	if f.configPath != "" && f.prepareShadow && !f.real { // a real run writes the real tables, made at the cells' start
 		// The shadow space's tables before the first run: else the runs
 		// create them, and whichever comes second pays (prepareShadow).
 		if err := prepareShadow(ctx, f.configPath, os.Stderr); err != nil {
