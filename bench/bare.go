@@ -237,3 +237,25 @@ func bareRows(n, cols int) string {
 	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", cols), ", ") + ")"
 	return strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
 }
+
+// namedWork is a run's name and what it cost (nil: not measured).
+type namedWork struct {
+	name string
+	work *Work
+}
+
+// writeFloor is the bare run in a text report: its rate and cost per
+// open, then each run's statements and MariaDB µs per operation divided by
+// the bare open's (the rewards and coupons reports; report.md of the open
+// workloads has the table of Suite.writeBare).
+func (b *BareReport) writeFloor(ew *errWriter, indent string, runs []namedWork) {
+	ew.printf("%sthe floor, the bare open (%d workers, %d packets a transaction): %.0f opens/s, %s statements and %s MariaDB µs per open\n",
+		indent, b.Workers, b.PacketsPerTx, b.OpensPerSec, b.Work.statementsText(), b.Work.cpuText("mariadb"))
+	for _, r := range runs {
+		if r.work == nil {
+			continue
+		}
+		ew.printf("%s  %s over the floor: statements %s×, MariaDB µs %s×\n", indent, r.name,
+			overFloor(r.work.Statements, b.Work.statementsPtr()), overFloor(r.work.cpuPtr("mariadb"), b.Work.cpuPtr("mariadb")))
+	}
+}

@@ -156,8 +156,10 @@ type CouponsSuite struct {
 	// second: the rate the sustain run takes its fraction of.
 	Sustained float64 `json:"sustained_per_sec"`
 	// MergedOverSingle is the merged side's issues/s over the single side's.
-	MergedOverSingle float64        `json:"merged_over_single,omitempty"`
-	Config           map[string]any `json:"config,omitempty"`
+	MergedOverSingle float64 `json:"merged_over_single,omitempty"`
+	// Bare is the bare open run after the runs (the floor; bare.go).
+	Bare   *BareReport    `json:"bare,omitempty"`
+	Config map[string]any `json:"config,omitempty"`
 }
 
 // CouponsRun is one run: ceiling, sustain, merged or single.
@@ -576,6 +578,13 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 	}
 	for _, t := range s.Targets() {
 		ew.printf("  target: %s\n", t)
+	}
+	if s.Bare != nil {
+		works := make([]namedWork, 0, len(s.Runs))
+		for _, r := range s.Runs {
+			works = append(works, namedWork{r.Name, r.Work})
+		}
+		s.Bare.writeFloor(ew, "  ", works)
 	}
 	if ps := s.Problems(); len(ps) > 0 {
 		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))

@@ -169,9 +169,11 @@ type RewardsSuite struct {
 	Runs       []RewardsRun `json:"runs"`
 	// AsyncOverSync is the async run's issues/s over the sync run's (both
 	// ran; else 0): what token issuance buys over booking in the request.
-	AsyncOverSync float64        `json:"async_over_sync,omitempty"`
-	Reads         *ReadsReport   `json:"reads,omitempty"`
-	Config        map[string]any `json:"config,omitempty"`
+	AsyncOverSync float64      `json:"async_over_sync,omitempty"`
+	Reads         *ReadsReport `json:"reads,omitempty"`
+	// Bare is the bare open run after the runs (the floor; bare.go).
+	Bare   *BareReport    `json:"bare,omitempty"`
+	Config map[string]any `json:"config,omitempty"`
 }
 
 // RewardsRun is one booking mode's run.
@@ -696,6 +698,13 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 	if r := s.Reads; r != nil {
 		ew.printf("  reads, closed-loop, %d workers, %v each: no-op %.0f/s (p99 %.1f ms), issued so far %.0f/s (p99 %.1f ms): issued/no-op %.2f\n",
 			r.Concurrency, time.Duration(r.DurationMS)*time.Millisecond, r.NoopPerSec, r.Noop.LatencyMS.P99, r.IssuedPerSec, r.Issued.LatencyMS.P99, r.Ratio)
+	}
+	if s.Bare != nil {
+		works := make([]namedWork, 0, len(s.Runs))
+		for _, r := range s.Runs {
+			works = append(works, namedWork{r.Booking, r.Work})
+		}
+		s.Bare.writeFloor(ew, "  ", works)
 	}
 	if ps := s.Problems(); len(ps) > 0 {
 		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))

@@ -606,3 +606,28 @@ func bareConfig(configPath string, workers int, d time.Duration) (*bench.BareCon
 	db.SetMaxIdleConns(workers + 1)
 	return &bench.BareConfig{DB: db, Workers: workers, Duration: d}, nil
 }
+
+// runBare runs the bare open after a rewards or coupons invocation, measured
+// by work (nil: --work off, no floor), unless --bare=false or the config
+// names no database server. A failed bare run is said on stderr and leaves
+// no floor: the workload's verdict is its own.
+func (f *benchFlags) runBare(ctx context.Context, work *bench.WorkSources) *bench.BareReport {
+	if !f.bare || work == nil || f.configPath == "" {
+		return nil
+	}
+	bc, err := bareConfig(f.configPath, f.bareWorkers, f.bareDuration)
+	if err == nil && bc == nil {
+		return nil
+	}
+	if err == nil {
+		defer bc.DB.Close()
+		bc.Work = work
+		fmt.Fprintf(os.Stderr, "bench: bare open: %d workers, %d packets a transaction, for %v\n", f.bareWorkers, bench.BarePackets, f.bareDuration)
+		var rep *bench.BareReport
+		if rep, err = bench.RunBare(ctx, *bc); err == nil {
+			return rep
+		}
+	}
+	fmt.Fprintf(os.Stderr, "bench: bare open: %v\n", err)
+	return nil
+}

@@ -76,6 +76,9 @@ func runCouponsBench(ctx context.Context, f *benchFlags, args []string) error {
 	if runErr != nil && len(suite.Runs) == 0 {
 		return runErr
 	}
+	if runErr == nil {
+		suite.Bare = f.runBare(ctx, cfg.Work)
+	}
 	suite.Config = map[string]any{"args": args, "concurrency": cfg.Concurrency, "duration": cfg.Duration.String(), "hot": cfg.Hot,
 		"cold": cfg.Cold, "hot_share": cfg.HotShare, "merge_backlog": cfg.MergeBacklog, "sustain_fraction": cfg.SustainFraction}
 	return writeSuiteReport(f, "coupons", suite.StartedAt, suite, runErr)

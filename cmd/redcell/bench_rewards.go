@@ -71,6 +71,9 @@ func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
 	if runErr != nil && len(suite.Runs) == 0 {
 		return runErr
 	}
+	if runErr == nil {
+		suite.Bare = f.runBare(ctx, cfg.Work)
+	}
 	suite.Config = map[string]any{"args": args, "modes": cfg.Modes, "concurrency": cfg.Concurrency, "rate": cfg.Rate,
 		"duration": cfg.Duration.String(), "users": cfg.Users}
 	return writeSuiteReport(f, "rewards", suite.StartedAt, suite, runErr)

@@ -419,7 +419,7 @@ func TestBenchRewards(t *testing.T) {
 	// --prepare-shadow=false: a 1 s run touches a few shards (TestPrepareShadow
 	// covers the step that makes every shard's shadow tables first).
 	cmd := exec.Command(c.bin, "bench", "--config", c.config, "--prepare-shadow=false", "--workload", "rewards", "--compare", "async,sync", "--duration", "1s",
-		"--concurrency", "4", "--lag-samples", "20", "--reads-duration", "500ms", "--idle-window", "1s", "--out", out)
+		"--concurrency", "4", "--lag-samples", "20", "--reads-duration", "500ms", "--idle-window", "1s", "--bare-duration", "500ms", "--out", out)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -427,7 +427,8 @@ func TestBenchRewards(t *testing.T) {
 	}
 	text := stdout.String()
 	for _, want := range []string{"redcell bench: rewards of demo-festival/rain", "  async run ", "  sync  run ",
-		"token issuance (async) / book_now (sync): ", "issued/no-op ", "  OK\n"} {
+		"token issuance (async) / book_now (sync): ", "issued/no-op ", "  the floor, the bare open (4 workers, 16 packets a transaction): ",
+		"    async over the floor: statements ", "    sync over the floor: statements ", "  OK\n"} {
 		if !strings.Contains(text, want) {
 			t.Fatalf("the report lacks %q:\n%s", want, text)
 		}
