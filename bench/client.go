@@ -139,3 +139,11 @@ func (c *client) callFrom(start time.Time, method, path string, in, out any) res
 	}
 	return r
 }
+
+// realNote is what a report's title adds for a real run.
+func realNote(real bool) string {
+	if real {
+		return " (real traffic: real tables, per-person limits)"
+	}
+	return ""
+}

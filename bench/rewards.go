@@ -75,9 +75,12 @@ type RewardsConfig struct {
 	// signs every request, which the router needs of stress traffic (the
 	// rewards go to the shadow tables, as all bench traffic).
 	APIKey, ClusterSecret string
-	Parent, Scene         string // a cash scene; its rule must allow 1..AmountMax
-	AmountMax             int64  // amounts are drawn in 1..AmountMax cents
-	Users                 int    // the pool of act_ids, 1..usersMax
+	// Real sends real traffic (Config.Real): real rewards in the real
+	// tables, under the router's per-person limit.
+	Real          bool
+	Parent, Scene string // a cash scene; its rule must allow 1..AmountMax
+	AmountMax     int64  // amounts are drawn in 1..AmountMax cents
+	Users         int    // the pool of act_ids, 1..usersMax
 	// Concurrency is the closed-loop workers, or the open-loop in-flight
 	// bound (an issue due beyond it is dropped: CLIENT_DROPPED); also the
 	// read measurement's workers. 1..openersMax.
@@ -166,6 +169,7 @@ type RewardsSuite struct {
 	Workload   string       `json:"workload"`
 	Parent     string       `json:"parent_activity_id"`
 	Scene      string       `json:"scene_id"`
+	Real       bool         `json:"real,omitempty"` // real traffic (RewardsConfig.Real), not stress
 	Runs       []RewardsRun `json:"runs"`
 	// AsyncOverSync is the async run's issues/s over the sync run's (both
 	// ran; else 0): what token issuance buys over booking in the request.
@@ -253,6 +257,7 @@ func RunRewards(ctx context.Context, cfg RewardsConfig) (RewardsSuite, error) {
 		cfg.RunID = newRunID(s.StartedAt)
 	}
 	c := newClient(cfg.RouterURL, cfg.Concurrency+lagPollers, cfg.APIKey, cfg.ClusterSecret)
+	c.real, s.Real = cfg.Real, cfg.Real
 	defer c.hc.CloseIdleConnections()
 	for i, mode := range cfg.Modes {
 		if i > 0 && !sleepCtx(ctx, rewardsPause) {
@@ -674,7 +679,7 @@ func shedCode(code string) bool {
 // WriteText prints the suite for a person.
 func (s RewardsSuite) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
-	ew.printf("redcell bench: rewards of %s/%s\n", s.Parent, s.Scene)
+	ew.printf("redcell bench: rewards of %s/%s%s\n", s.Parent, s.Scene, realNote(s.Real))
 	for _, r := range s.Runs {
 		how := fmt.Sprintf("closed-loop, %d workers", r.Concurrency)
 		if r.Mode == modeOpen {

@@ -233,3 +233,22 @@ func TestIssueAmounts(t *testing.T) {
 		t.Fatalf("20000 draws took %d of the 888 amounts", len(seen))
 	}
 }
+
+// A real rewards run (RewardsConfig.Real) sends nothing marked as stress
+// traffic and says so in its report; otherwise it is the same run.
+func TestRewardsReal(t *testing.T) {
+	f := newFakeRewards(0)
+	cfg := rewardsConfig(serveHandler(t, f.handle))
+	cfg.Duration, cfg.ReadsDuration, cfg.LagSamples, cfg.Real = 300*time.Millisecond, 0, 3, true
+	s, err := RunRewards(context.Background(), cfg)
+	if err != nil || !s.OK() || len(s.Runs) != 1 || !s.Real {
+		t.Fatalf("suite: %v %v %+v", err, s.Problems(), s)
+	}
+	if ok := s.Runs[0].Issue.OK; ok == 0 || f.noStress.Load() < ok {
+		t.Fatalf("%d issues, %d requests without the stress mark: want every request without it", ok, f.noStress.Load())
+	}
+	var b strings.Builder
+	if err := s.WriteText(&b); err != nil || !strings.Contains(b.String(), "(real traffic: real tables, per-person limits)") {
+		t.Fatalf("text report:\n%s", b.String())
+	}
+}

@@ -32,7 +32,7 @@ func (f *benchFlags) rewardsConfig() (bench.RewardsConfig, error) {
 		}
 	}
 	cfg := bench.DefaultRewardsConfig()
-	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret = f.router, f.apiKey, f.clusterSecret
+	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret, cfg.Real = f.router, f.apiKey, f.clusterSecret, f.real
 	cfg.Rate, cfg.Duration, cfg.AllowShed = f.rate, f.duration, f.allowShed
 	cfg.LagSamples, cfg.ReadsDuration = f.lagSamples, f.readsDuration
 	cfg.Progress = os.Stderr
