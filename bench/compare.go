@@ -84,6 +84,18 @@ type Cluster struct {
 	Work *WorkSources
 }
 
+// validateTarget checks what every workload needs of a baseline cluster:
+// its name and where to send its traffic.
+func (b *Cluster) validateTarget() error {
+	switch {
+	case b.Name == "" || len(b.Name) > runIDLenMax:
+		return fmt.Errorf("bench: the baseline cluster needs a name of 1..%d characters", runIDLenMax)
+	case b.RouterURL == "" || b.ClusterSecret == "":
+		return errors.New("bench: the baseline cluster needs a router URL and its cluster secret")
+	}
+	return nil
+}
+
 // Validate checks the suite and its run config.
 func (sc SuiteConfig) Validate() error {
 	if !sc.SkipLoad {
@@ -118,10 +130,8 @@ func (sc SuiteConfig) Validate() error {
 		switch {
 		case sc.SkipLoad:
 			return errors.New("bench: comparing with a baseline cluster needs a workload")
-		case b.Name == "" || len(b.Name) > runIDLenMax:
-			return fmt.Errorf("bench: the baseline cluster needs a name of 1..%d characters", runIDLenMax)
-		case b.RouterURL == "" || b.ClusterSecret == "":
-			return errors.New("bench: the baseline cluster needs a router URL and its cluster secret")
+		case b.validateTarget() != nil:
+			return b.validateTarget()
 		case sc.CompareDirect:
 			return errors.New("bench: a baseline comparison runs through the routers only (no --compare-direct)")
 		case len(sc.Strategies) > 0 && (b.SetStrategy == nil || b.GetStrategy == nil):
@@ -226,6 +236,9 @@ type BaselineRow struct {
 	Ratio               float64 `json:"ratio"` // main / baseline: above 1 the main cluster is faster
 	P99MS               float64 `json:"p99_ms"`
 	BaselineP99MS       float64 `json:"baseline_p99_ms"`
+	// Work is both runs' work per open and their ratios, when the clusters'
+	// work was measured (Cluster.Work, Config.Work).
+	Work *WorkVsBaseline `json:"work,omitempty"`
 }
 
 // DirectRow compares a run through the router with the same run sent direct.
@@ -481,7 +494,7 @@ func (s *Suite) compare(sc SuiteConfig) {
 				if b.Cluster == sc.Baseline.Name && b.Strategy == r.Strategy {
 					s.VsBaseline = append(s.VsBaseline, BaselineRow{Strategy: r.Strategy,
 						OpensPerSec: r.OpensPerSec, BaselineOpensPerSec: b.OpensPerSec, Ratio: ratio(r.OpensPerSec, b.OpensPerSec),
-						P99MS: r.Open.LatencyMS.P99, BaselineP99MS: b.Open.LatencyMS.P99})
+						P99MS: r.Open.LatencyMS.P99, BaselineP99MS: b.Open.LatencyMS.P99, Work: workVsBaseline(r.Work, b.Work)})
 					break
 				}
 			}

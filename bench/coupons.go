@@ -92,6 +92,17 @@ type CouponsConfig struct {
 	Seed      uint64
 	RunID     string
 	Progress  io.Writer
+	// Real sends real traffic (Config.Real): real requests in the real
+	// tables, taking the batches' real stock, under the router's
+	// per-person limit. For a test cluster.
+	Real bool
+	// Baseline, when set, is a second cluster (say, the build before a
+	// change) the ceiling and the sustain run also run against,
+	// interleaved (the ceiling here first, the sustain run there first, at
+	// this cluster's rate); its Name, RouterURL, ClusterSecret, APIKey,
+	// Cells (its metrics: the issue latency) and Work are used. The merge
+	// comparison runs here only. The suite's VsBaseline pairs the runs.
+	Baseline *Cluster
 }
 
 // DefaultCouponsConfig is the bench batches make run loads
@@ -140,6 +151,14 @@ func (c CouponsConfig) Validate() error {
 	case len(c.Metrics) == 0:
 		return errors.New("bench: coupons: the cells' metrics are needed (the issue latency is theirs)")
 	}
+	if b := c.Baseline; b != nil {
+		if err := b.validateTarget(); err != nil {
+			return fmt.Errorf("bench: coupons: %w", err)
+		}
+		if len(b.Cells) == 0 {
+			return errors.New("bench: coupons: the baseline cluster's cell metrics are needed (the issue latency is theirs)")
+		}
+	}
 	if c.RunID != "" {
 		return validateRunID(c.RunID)
 	}
@@ -151,7 +170,12 @@ type CouponsSuite struct {
 	StartedAt  time.Time    `json:"started_at"`
 	FinishedAt time.Time    `json:"finished_at"`
 	Workload   string       `json:"workload"`
+	Real       bool         `json:"real,omitempty"` // real traffic (CouponsConfig.Real), not stress
 	Runs       []CouponsRun `json:"runs"`
+	// VsBaseline pairs the ceiling and sustain runs with their runs on the
+	// baseline cluster (CouponsConfig.Baseline): accepts/s, accept p99 and
+	// work per request.
+	VsBaseline []OpsVsBaseline `json:"vs_baseline,omitempty"`
 	// Sustained is the ceiling's lower rate of accepts and issues, per
 	// second: the rate the sustain run takes its fraction of.
 	Sustained float64 `json:"sustained_per_sec"`
@@ -165,6 +189,7 @@ type CouponsSuite struct {
 // CouponsRun is one run: ceiling, sustain, merged or single.
 type CouponsRun struct {
 	Name        string  `json:"name"`
+	Cluster     string  `json:"cluster,omitempty"` // the baseline's Name for its runs; "" this cluster's
 	RunID       string  `json:"run_id"`
 	Mode        string  `json:"mode"` // closed or open
 	Rate        int     `json:"rate_per_sec,omitempty"`
@@ -193,6 +218,14 @@ type CouponsRun struct {
 	Work *Work `json:"work,omitempty"`
 }
 
+// label is the run's name, after its cluster's for a baseline run.
+func (r CouponsRun) label() string {
+	if r.Cluster != "" {
+		return r.Cluster + "/" + r.Name
+	}
+	return r.Name
+}
+
 // RunCoupons runs cfg. Failed requests are counted, never returned; see
 // CouponsSuite.Problems. It returns an error for an invalid cfg or a cell
 // it cannot switch, and ctx.Err() with what was measured when ctx ends.
@@ -207,24 +240,71 @@ func RunCoupons(ctx context.Context, cfg CouponsConfig) (CouponsSuite, error) {
 	if cfg.RunID == "" {
 		cfg.RunID = newRunID(s.StartedAt)
 	}
+	s.Real = cfg.Real
 	c := newClient(cfg.RouterURL, cfg.Concurrency, cfg.APIKey, cfg.ClusterSecret)
+	c.real = cfg.Real
 	defer c.hc.CloseIdleConnections()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	cr := &couponsRunner{c: c, hc: hc, cfg: cfg}
+	var br *couponsRunner // the baseline's, or nil
+	if b := cfg.Baseline; b != nil {
+		bc := newClient(b.RouterURL, cfg.Concurrency, b.APIKey, b.ClusterSecret)
+		bc.real = cfg.Real
+		defer bc.hc.CloseIdleConnections()
+		bcfg := cfg
+		bcfg.RouterURL, bcfg.Metrics, bcfg.Work = b.RouterURL, b.Cells, b.Work
+		br = &couponsRunner{c: bc, hc: hc, cfg: bcfg, cluster: b.Name}
+	}
+	// both runs one run on this cluster and, with a baseline, on it too,
+	// this cluster first unless baseFirst; the runs' IDs differ (n, n+10).
+	both := func(name string, n, rate int, baseFirst bool) (mine CouponsRun) {
+		order := []*couponsRunner{cr, br}
+		if baseFirst {
+			order = []*couponsRunner{br, cr}
+		}
+		ran := 0
+		for _, r := range order {
+			if r == nil || (ran > 0 && !sleepCtx(ctx, rewardsPause)) {
+				continue
+			}
+			ran++
+			id := n
+			if r == br {
+				id += 10
+			}
+			out := r.run(ctx, name, suiteRunID(cfg.RunID, id), rate, false)
+			out.Cluster = r.cluster
+			s.Runs = append(s.Runs, out)
+			if r == cr {
+				mine = out
+			}
+		}
+		return mine
+	}
 
 	if cfg.Rate > 0 {
 		// A given rate: no ceiling, one open-loop run at it.
-		s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), cfg.Rate, false))
+		both("sustain", 1, cfg.Rate, false)
 	} else {
-		ceiling := cr.run(ctx, "ceiling", suiteRunID(cfg.RunID, 0), 0, false)
-		s.Runs = append(s.Runs, ceiling)
+		ceiling := both("ceiling", 0, 0, false)
 		// The sustained rate is what the cells both accept and issue: the
 		// lower of the ceiling's accept rate and its issue rate (accepted
 		// requests beyond what they issue only queue up).
 		s.Sustained = min(ceiling.AcceptsPerSec, ceiling.IssuedPerSec)
 		if ctx.Err() == nil && cfg.SustainFraction > 0 && s.Sustained > 0 && sleepCtx(ctx, rewardsPause) {
 			rate := max(int(s.Sustained*cfg.SustainFraction), 1)
-			s.Runs = append(s.Runs, cr.run(ctx, "sustain", suiteRunID(cfg.RunID, 1), rate, false))
+			both("sustain", 1, rate, true)
+		}
+	}
+	for _, r := range s.Runs {
+		if r.Cluster != "" {
+			continue
+		}
+		for _, b := range s.Runs {
+			if b.Cluster != "" && b.Name == r.Name {
+				s.VsBaseline = append(s.VsBaseline, newOpsVsBaseline(r.Name, r.AcceptsPerSec, b.AcceptsPerSec,
+					r.Accept.LatencyMS.P99, b.Accept.LatencyMS.P99, r.Work, b.Work))
+			}
 		}
 	}
 	if ctx.Err() == nil && cfg.MergeBacklog > 0 && sleepCtx(ctx, rewardsPause) {
@@ -243,9 +323,10 @@ func RunCoupons(ctx context.Context, cfg CouponsConfig) (CouponsSuite, error) {
 }
 
 type couponsRunner struct {
-	c   *client
-	hc  *http.Client
-	cfg CouponsConfig
+	c       *client
+	hc      *http.Client
+	cfg     CouponsConfig
+	cluster string // the baseline's name; "" this cluster
 }
 
 // run is the ceiling (rate 0: closed-loop) or the sustain run (open-loop
@@ -510,16 +591,17 @@ func (s CouponsSuite) OK() bool { return len(s.Problems()) == 0 }
 func (s CouponsSuite) Problems() []string {
 	var ps []string
 	for _, r := range s.Runs {
+		name := r.label()
 		for _, code := range sortedCodes(r.Accept.Errors) {
 			if !shedCode(code) {
-				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", r.Name, r.Accept.Errors[code], code))
+				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", name, r.Accept.Errors[code], code))
 			}
 		}
 		accepted := int64(r.AcceptsPerSec*float64(r.ElapsedMS)/1000 + 0.5)
 		if r.Accept.OK == 0 {
-			ps = append(ps, r.Name+": nothing was accepted")
+			ps = append(ps, name+": nothing was accepted")
 		} else if r.Issued < accepted {
-			ps = append(ps, fmt.Sprintf("%s: %d of about %d accepted requests issued within %v (%s)", r.Name, r.Issued, accepted,
+			ps = append(ps, fmt.Sprintf("%s: %d of about %d accepted requests issued within %v (%s)", name, r.Issued, accepted,
 				time.Duration(r.DrainMS)*time.Millisecond, r.Note))
 		}
 	}
@@ -542,7 +624,7 @@ func (s CouponsSuite) Targets() []string {
 		out = append(out, fmt.Sprintf("merged / single issues/s %.2fx (target >= 5x): %s", s.MergedOverSingle, mark(s.MergedOverSingle >= 5)))
 	}
 	for _, r := range s.Runs {
-		if r.Name != "sustain" {
+		if r.Name != "sustain" || r.Cluster != "" {
 			continue
 		}
 		out = append(out, fmt.Sprintf("sustain at %d/s: %.2f%% issued within 0.5 s (target >= 99%%): %s", r.Rate, 100*r.WithinTarget, mark(r.WithinTarget >= 0.99)),
@@ -554,7 +636,7 @@ func (s CouponsSuite) Targets() []string {
 // WriteText prints the suite for a person.
 func (s CouponsSuite) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
-	ew.printf("redcell bench: coupons\n")
+	ew.printf("redcell bench: coupons%s\n", realNote(s.Real))
 	for _, r := range s.Runs {
 		how := fmt.Sprintf("closed-loop, %d workers", r.Concurrency)
 		if r.Mode == modeOpen {
@@ -563,7 +645,7 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 		if r.MergeMax > 0 {
 			how += fmt.Sprintf(", merge bound %d, accepted while held then released", r.MergeMax)
 		}
-		ew.printf("  %-7s run %s: %s, load %v\n", r.Name, r.RunID, how, time.Duration(r.ElapsedMS)*time.Millisecond)
+		ew.printf("  %-7s run %s: %s, load %v\n", r.label(), r.RunID, how, time.Duration(r.ElapsedMS)*time.Millisecond)
 		ew.printf("          accepts/s %.0f  p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms\n",
 			r.AcceptsPerSec, r.Accept.LatencyMS.P50, r.Accept.LatencyMS.P99, r.Accept.LatencyMS.P999)
 		ew.printf("          issued %d in %v (%.0f/s); accepted→issued p50 %.0f ms p99 %.0f ms, %.2f%% within 0.5 s\n",
@@ -572,6 +654,9 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 			ew.printf("          errors %s\n", codeList(r.Accept.Errors))
 		}
 		r.Work.writeLine(ew, "          ")
+	}
+	for _, v := range s.VsBaseline {
+		v.writeLine(ew, "  ", "accepts/s", "coupon request")
 	}
 	if s.Sustained > 0 {
 		ew.printf("  sustained (the ceiling's lower of accepts/s and issued/s): %.0f/s\n", s.Sustained)
@@ -582,7 +667,9 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 	if s.Bare != nil {
 		works := make([]namedWork, 0, len(s.Runs))
 		for _, r := range s.Runs {
-			works = append(works, namedWork{r.Name, r.Work})
+			if r.Cluster == "" { // the floor is on this cluster's server
+				works = append(works, namedWork{r.Name, r.Work})
+			}
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}

@@ -78,6 +78,7 @@ func (s Suite) writeSummary(ew *errWriter) {
 			rows = append(rows, []string{cmp.Or(b.Strategy, s.Workload), f1(b.OpensPerSec), f1(b.BaselineOpensPerSec), f2(b.Ratio), f2(b.P99MS), f2(b.BaselineP99MS)})
 		}
 		mdTable(ew, []string{"strategy", "opens/s", "baseline opens/s", "ratio", "p99 ms", "baseline p99 ms"}, rows)
+		writeWorkVsBaseline(ew, "open", s.VsBaseline, func(b BaselineRow) (string, *WorkVsBaseline) { return cmp.Or(b.Strategy, s.Workload), b.Work })
 		if len(s.BaselineComparison) > 0 {
 			ew.printf("The baseline's own strategies, each against its first:\n\n")
 			rows = nil
@@ -422,4 +423,23 @@ func overFloor(x, floor *float64) string {
 		return "n/a"
 	}
 	return f2(*x / *floor)
+}
+
+// writeWorkVsBaseline is the work table of a comparison with the baseline
+// cluster: per run, statements and CPU µs per op (op names it) on both
+// clusters and their ratios. Nothing when no row has work measured.
+func writeWorkVsBaseline[T any](ew *errWriter, op string, rows []T, of func(T) (string, *WorkVsBaseline)) {
+	var cells [][]string
+	for _, r := range rows {
+		name, w := of(r)
+		if w == nil {
+			continue
+		}
+		cells = append(cells, append([]string{name}, w.cells()...))
+	}
+	if len(cells) == 0 {
+		return
+	}
+	ew.printf("Work per %s on both clusters (each cluster's idle rate taken off; ratio = this cluster's / the baseline's, below 1 this build costs less):\n\n", op)
+	mdTable(ew, append([]string{"run"}, workVsBaselineHeader...), cells)
 }

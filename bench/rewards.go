@@ -101,6 +101,12 @@ type RewardsConfig struct {
 	Seed          uint64 // amounts; 0: from the clock
 	RunID         string // prefixes act_ids; "" one from the start time
 	Progress      io.Writer
+	// Baseline, when set, is a second cluster (say, the build before a
+	// change) each mode's run also runs against, interleaved (this cluster
+	// first, then the baseline; the next mode the other way round), with the
+	// same amounts; its Name, RouterURL, ClusterSecret, APIKey and Work are
+	// used. The suite's VsBaseline pairs the runs.
+	Baseline *Cluster
 }
 
 // DefaultRewardsConfig is the demo activity make run loads, closed-loop, one
@@ -156,6 +162,11 @@ func (c RewardsConfig) Validate() error {
 		}
 		seen[m] = true
 	}
+	if b := c.Baseline; b != nil {
+		if err := b.validateTarget(); err != nil {
+			return fmt.Errorf("bench: rewards: %w", err)
+		}
+	}
 	if c.RunID != "" {
 		return validateRunID(c.RunID)
 	}
@@ -175,6 +186,9 @@ type RewardsSuite struct {
 	// ran; else 0): what token issuance buys over booking in the request.
 	AsyncOverSync float64      `json:"async_over_sync,omitempty"`
 	Reads         *ReadsReport `json:"reads,omitempty"`
+	// VsBaseline pairs each mode's run with its run on the baseline cluster
+	// (RewardsConfig.Baseline): issues/s and work per reward.
+	VsBaseline []OpsVsBaseline `json:"vs_baseline,omitempty"`
 	// Bare is the bare open run after the runs (the floor; bare.go).
 	Bare   *BareReport    `json:"bare,omitempty"`
 	Config map[string]any `json:"config,omitempty"`
@@ -183,6 +197,7 @@ type RewardsSuite struct {
 // RewardsRun is one booking mode's run.
 type RewardsRun struct {
 	RunID       string `json:"run_id"`
+	Cluster     string `json:"cluster,omitempty"` // the baseline's Name for its runs; "" this cluster's
 	Booking     string `json:"booking"` // BookingAsync or BookingSync
 	Mode        string `json:"mode"`    // closed or open
 	Rate        int    `json:"rate_per_sec"`
@@ -259,20 +274,60 @@ func RunRewards(ctx context.Context, cfg RewardsConfig) (RewardsSuite, error) {
 	c := newClient(cfg.RouterURL, cfg.Concurrency+lagPollers, cfg.APIKey, cfg.ClusterSecret)
 	c.real, s.Real = cfg.Real, cfg.Real
 	defer c.hc.CloseIdleConnections()
-	for i, mode := range cfg.Modes {
-		if i > 0 && !sleepCtx(ctx, rewardsPause) {
-			break
-		}
-		run := cfg
-		run.RunID = suiteRunID(cfg.RunID, i)
-		s.Runs = append(s.Runs, runRewardsMode(ctx, c, run, mode))
+	type target struct {
+		c       *client
+		cluster string
+		work    *WorkSources
 	}
-	if len(s.Runs) == 2 {
-		a, b := s.Runs[0], s.Runs[1]
-		if a.Booking == BookingSync {
-			a, b = b, a
+	targets := []target{{c, "", cfg.Work}}
+	if b := cfg.Baseline; b != nil {
+		bc := newClient(b.RouterURL, cfg.Concurrency+lagPollers, b.APIKey, b.ClusterSecret)
+		bc.real = cfg.Real
+		defer bc.hc.CloseIdleConnections()
+		targets = append(targets, target{bc, b.Name, b.Work})
+	}
+	n := 0
+	for i, mode := range cfg.Modes {
+		order := slices.Clone(targets)
+		if i%2 == 1 {
+			slices.Reverse(order)
 		}
-		s.AsyncOverSync = ratio(a.IssuesPerSec, b.IssuesPerSec)
+		for _, t := range order {
+			if n > 0 && !sleepCtx(ctx, rewardsPause) {
+				break
+			}
+			run := cfg
+			run.RunID, run.Work = suiteRunID(cfg.RunID, n), t.work
+			r := runRewardsMode(ctx, t.c, run, mode)
+			r.Cluster = t.cluster
+			s.Runs = append(s.Runs, r)
+			n++
+		}
+	}
+	var async, sync *RewardsRun
+	for i, r := range s.Runs {
+		if r.Cluster != "" {
+			continue
+		}
+		if r.Booking == BookingSync {
+			sync = &s.Runs[i]
+		} else {
+			async = &s.Runs[i]
+		}
+	}
+	if async != nil && sync != nil {
+		s.AsyncOverSync = ratio(async.IssuesPerSec, sync.IssuesPerSec)
+	}
+	for _, r := range s.Runs {
+		if r.Cluster != "" {
+			continue
+		}
+		for _, b := range s.Runs {
+			if b.Cluster != "" && b.Booking == r.Booking {
+				s.VsBaseline = append(s.VsBaseline, newOpsVsBaseline(r.Booking, r.IssuesPerSec, b.IssuesPerSec,
+					r.Issue.LatencyMS.P99, b.Issue.LatencyMS.P99, r.Work, b.Work))
+			}
+		}
 	}
 	if ctx.Err() == nil && cfg.ReadsDuration > 0 {
 		r := measureReads(ctx, c, cfg)
@@ -645,6 +700,9 @@ func (s RewardsSuite) Problems() []string {
 	var ps []string
 	for _, r := range s.Runs {
 		name := r.Booking
+		if r.Cluster != "" {
+			name = r.Cluster + "/" + name
+		}
 		for _, code := range sortedCodes(r.Issue.Errors) {
 			if !(r.AllowShed && shedCode(code)) {
 				ps = append(ps, fmt.Sprintf("%s: %d unexpected %s", name, r.Issue.Errors[code], code))
@@ -685,7 +743,11 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 		if r.Mode == modeOpen {
 			how = fmt.Sprintf("open-loop at %d/s, %d in flight at most, %d of %d due started", r.Rate, r.Concurrency, r.Started, r.Due)
 		}
-		ew.printf("  %-5s run %s: %s, %v\n", r.Booking, r.RunID, how, time.Duration(r.ElapsedMS)*time.Millisecond)
+		name := r.Booking
+		if r.Cluster != "" {
+			name = r.Cluster + "/" + name
+		}
+		ew.printf("  %-5s run %s: %s, %v\n", name, r.RunID, how, time.Duration(r.ElapsedMS)*time.Millisecond)
 		ew.printf("        issues/s %.0f  issued %d (%d cents)  repeats %d  p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms\n",
 			r.IssuesPerSec, r.Issue.OK-r.Issue.Repeats, r.IssuedCents, r.Issue.Repeats, r.Issue.LatencyMS.P50, r.Issue.LatencyMS.P99, r.Issue.LatencyMS.P999)
 		if len(r.Issue.Errors) > 0 {
@@ -700,6 +762,9 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 	if s.AsyncOverSync > 0 {
 		ew.printf("  token issuance (async) / book_now (sync): %.2fx issues/s\n", s.AsyncOverSync)
 	}
+	for _, v := range s.VsBaseline {
+		v.writeLine(ew, "  ", "issues/s", "reward")
+	}
 	if r := s.Reads; r != nil {
 		ew.printf("  reads, closed-loop, %d workers, %v each: no-op %.0f/s (p99 %.1f ms), issued so far %.0f/s (p99 %.1f ms): issued/no-op %.2f\n",
 			r.Concurrency, time.Duration(r.DurationMS)*time.Millisecond, r.NoopPerSec, r.Noop.LatencyMS.P99, r.IssuedPerSec, r.Issued.LatencyMS.P99, r.Ratio)
@@ -707,7 +772,9 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 	if s.Bare != nil {
 		works := make([]namedWork, 0, len(s.Runs))
 		for _, r := range s.Runs {
-			works = append(works, namedWork{r.Booking, r.Work})
+			if r.Cluster == "" { // the floor is on this cluster's server
+				works = append(works, namedWork{r.Booking, r.Work})
+			}
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}

@@ -252,3 +252,57 @@ func TestRewardsReal(t *testing.T) {
 		t.Fatalf("text report:\n%s", b.String())
 	}
 }
+
+// TestRewardsBaseline: with a baseline cluster, each mode runs on both
+// clusters, interleaved (this one first, then the other way round), each
+// cluster's issues go to its own router, and the suite pairs the runs.
+func TestRewardsBaseline(t *testing.T) {
+	mainF, oldF := newFakeRewards(0), newFakeRewards(0)
+	cfg := rewardsConfig(serveHandler(t, mainF.handle))
+	cfg.Modes, cfg.ReadsDuration, cfg.LagSamples = []string{BookingAsync, BookingSync}, 0, 3
+	cfg.Duration = 200 * time.Millisecond
+	cfg.Baseline = &Cluster{Name: "old", RouterURL: serveHandler(t, oldF.handle), ClusterSecret: cfg.ClusterSecret, APIKey: "k"}
+	s, err := RunRewards(context.Background(), cfg)
+	if err != nil || !s.OK() {
+		t.Fatalf("suite: %v %v", err, s.Problems())
+	}
+	var order []string
+	var mainOK, oldOK int64
+	for _, r := range s.Runs {
+		order = append(order, r.Cluster+"/"+r.Booking)
+		if r.Cluster == "old" {
+			oldOK += r.Issue.OK
+		} else {
+			mainOK += r.Issue.OK
+		}
+	}
+	if got := strings.Join(order, ","); got != "/async,old/async,old/sync,/sync" {
+		t.Fatalf("runs %s, want the clusters interleaved A B, B A", got)
+	}
+	if mainOK == 0 || oldOK == 0 || mainF.issues.Load() != mainOK || oldF.issues.Load() != oldOK {
+		t.Fatalf("issues: main runs %d (its router saw %d), baseline runs %d (its router saw %d)", mainOK, mainF.issues.Load(), oldOK, oldF.issues.Load())
+	}
+	if len(s.VsBaseline) != 2 {
+		t.Fatalf("pairs %+v", s.VsBaseline)
+	}
+	for _, v := range s.VsBaseline {
+		var a, b RewardsRun
+		for _, r := range s.Runs {
+			if r.Booking == v.Run && r.Cluster == "" {
+				a = r
+			} else if r.Booking == v.Run {
+				b = r
+			}
+		}
+		if v.OpsPerSec != a.IssuesPerSec || v.BaselineOpsPerSec != b.IssuesPerSec || v.Ratio != ratio(a.IssuesPerSec, b.IssuesPerSec) || v.Ratio == 0 {
+			t.Errorf("pair %+v, want %v over %v", v, a.IssuesPerSec, b.IssuesPerSec)
+		}
+	}
+	if want := ratio(s.Runs[0].IssuesPerSec, s.Runs[3].IssuesPerSec); s.AsyncOverSync != want {
+		t.Errorf("async/sync %v, want this cluster's %v", s.AsyncOverSync, want)
+	}
+	var b strings.Builder
+	if err := s.WriteText(&b); err != nil || !strings.Contains(b.String(), "old/sync run") || !strings.Contains(b.String(), "async against the baseline: issues/s") {
+		t.Fatalf("text report:\n%s", b.String())
+	}
+}

@@ -385,3 +385,89 @@ func (w *Work) writeLine(ew *errWriter, indent string) {
 		ew.printf("%s  n/a: %s\n", indent, m)
 	}
 }
+
+// WorkVsBaseline is one run's work per operation beside the same run's on
+// the baseline cluster (SuiteConfig.Baseline, RewardsConfig.Baseline,
+// CouponsConfig.Baseline), each ratio this run's over the baseline's: below
+// 1 this build costs less. A figure either side could not read is nil.
+type WorkVsBaseline struct {
+	Statements         *float64 `json:"statements,omitempty"`
+	BaselineStatements *float64 `json:"baseline_statements,omitempty"`
+	StatementsRatio    *float64 `json:"statements_ratio,omitempty"`
+	// CPU µs per operation over every process (total) and MariaDB's alone.
+	CPUMicros             *float64 `json:"cpu_us,omitempty"`
+	BaselineCPUMicros     *float64 `json:"baseline_cpu_us,omitempty"`
+	CPURatio              *float64 `json:"cpu_ratio,omitempty"`
+	MariaDBMicros         *float64 `json:"mariadb_us,omitempty"`
+	BaselineMariaDBMicros *float64 `json:"baseline_mariadb_us,omitempty"`
+	MariaDBRatio          *float64 `json:"mariadb_ratio,omitempty"`
+}
+
+// workVsBaseline pairs w (this cluster's run) with b (the baseline's); nil
+// when neither was measured.
+func workVsBaseline(w, b *Work) *WorkVsBaseline {
+	if w == nil && b == nil {
+		return nil
+	}
+	over := func(x, y *float64) *float64 {
+		if x == nil || y == nil || *y <= 0 {
+			return nil
+		}
+		return ptr(*x / *y)
+	}
+	v := &WorkVsBaseline{Statements: w.statementsPtr(), BaselineStatements: b.statementsPtr(),
+		CPUMicros: w.cpuPtr("total"), BaselineCPUMicros: b.cpuPtr("total"),
+		MariaDBMicros: w.cpuPtr("mariadb"), BaselineMariaDBMicros: b.cpuPtr("mariadb")}
+	v.StatementsRatio = over(v.Statements, v.BaselineStatements)
+	v.CPURatio = over(v.CPUMicros, v.BaselineCPUMicros)
+	v.MariaDBRatio = over(v.MariaDBMicros, v.BaselineMariaDBMicros)
+	return v
+}
+
+// cells is the comparison as a table's cells: statements, baseline's,
+// ratio, then the same for all-process CPU µs and MariaDB's.
+func (v *WorkVsBaseline) cells() []string {
+	if v == nil {
+		v = &WorkVsBaseline{}
+	}
+	return []string{naF(v.Statements, "%.2f"), naF(v.BaselineStatements, "%.2f"), naF(v.StatementsRatio, "%.2f"),
+		naF(v.CPUMicros, "%.0f"), naF(v.BaselineCPUMicros, "%.0f"), naF(v.CPURatio, "%.2f"),
+		naF(v.MariaDBMicros, "%.0f"), naF(v.BaselineMariaDBMicros, "%.0f"), naF(v.MariaDBRatio, "%.2f")}
+}
+
+// workVsBaselineHeader heads cells' columns.
+var workVsBaselineHeader = []string{"statements/op", "baseline", "ratio", "CPU µs/op (all)", "baseline", "ratio",
+	"MariaDB µs/op", "baseline", "ratio"}
+
+// OpsVsBaseline compares one run of the rewards or coupons workload with the
+// same run on the baseline cluster: its rate of fresh operations, p99, and
+// work per operation.
+type OpsVsBaseline struct {
+	Run               string          `json:"run"` // the booking mode, or the coupons run's name
+	OpsPerSec         float64         `json:"ops_per_sec"`
+	BaselineOpsPerSec float64         `json:"baseline_ops_per_sec"`
+	Ratio             float64         `json:"ratio"` // this cluster's / the baseline's: above 1 this build is faster
+	P99MS             float64         `json:"p99_ms"`
+	BaselineP99MS     float64         `json:"baseline_p99_ms"`
+	Work              *WorkVsBaseline `json:"work,omitempty"`
+}
+
+func newOpsVsBaseline(run string, rate, baseRate, p99, baseP99 float64, w, b *Work) OpsVsBaseline {
+	return OpsVsBaseline{Run: run, OpsPerSec: rate, BaselineOpsPerSec: baseRate, Ratio: ratio(rate, baseRate),
+		P99MS: p99, BaselineP99MS: baseP99, Work: workVsBaseline(w, b)}
+}
+
+// writeLine prints the comparison for a text report, e.g. "async against
+// the baseline: issues/s 900 / 450 = 2.00, p99 12.0 / 30.0 ms; per reward
+// statements 2.92 / 5.99 = 0.49, CPU µs (all) 800 / 1600 = 0.50, MariaDB µs
+// 300 / 700 = 0.43".
+func (v OpsVsBaseline) writeLine(ew *errWriter, indent, rate, op string) {
+	ew.printf("%s%s against the baseline: %s %.0f / %.0f = %.2f, p99 %.1f / %.1f ms", indent, v.Run, rate, v.OpsPerSec, v.BaselineOpsPerSec, v.Ratio,
+		v.P99MS, v.BaselineP99MS)
+	if w := v.Work; w != nil {
+		c := w.cells()
+		ew.printf("; per %s statements %s / %s = %s, CPU µs (all) %s / %s = %s, MariaDB µs %s / %s = %s", op,
+			c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8])
+	}
+	ew.printf("\n")
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"math"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,5 +63,32 @@ func TestWorkPerOp(t *testing.T) {
 	// Zero fresh ops: nothing to divide by, said so.
 	if z := w.end(ctx, w.begin(ctx), 0, "open"); z.Statements != nil || len(z.Missing) == 0 {
 		t.Errorf("zero ops: statements %v, missing %v", z.Statements, z.Missing)
+	}
+}
+
+// TestWorkVsBaseline: the ratios are this cluster's figures over the
+// baseline's, a side that could not be read leaves its ratio out, and the
+// summary's baseline section carries the work table.
+func TestWorkVsBaseline(t *testing.T) {
+	main := &Work{Statements: ptr(4.5), CPUMicros: map[string]float64{"total": 600, "mariadb": 250}}
+	old := &Work{Statements: ptr(9.0), CPUMicros: map[string]float64{"total": 1200, "mariadb": 1000}}
+	v := workVsBaseline(main, old)
+	if v.StatementsRatio == nil || *v.StatementsRatio != 0.5 || *v.CPURatio != 0.5 || *v.MariaDBRatio != 0.25 {
+		t.Fatalf("ratios %+v", v)
+	}
+	if got := workVsBaseline(main, nil); got.StatementsRatio != nil || got.CPURatio != nil || *got.Statements != 4.5 {
+		t.Errorf("baseline unread: %+v, want no ratios and this side's figures", got)
+	}
+	if workVsBaseline(nil, nil) != nil {
+		t.Error("neither side measured: want nil")
+	}
+	s := Suite{Workload: WorkloadCold, VsBaseline: []BaselineRow{{Strategy: "grouped", OpensPerSec: 900, BaselineOpensPerSec: 450, Ratio: 2, Work: v}}}
+	var sum strings.Builder
+	if err := s.WriteSummary(&sum); err != nil {
+		t.Fatal(err)
+	}
+	want := "| grouped | 4.50 | 9.00 | 0.50 | 600 | 1200 | 0.50 | 250 | 1000 | 0.25 |"
+	if !strings.Contains(sum.String(), "Work per open on both clusters") || !strings.Contains(sum.String(), want) {
+		t.Errorf("summary lacks the work row %q:\n%s", want, sum.String())
 	}
 }

@@ -107,7 +107,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.BoolVar(&f.allowShed, "allow-shed", false, "count OVERLOADED, TIMEOUT, DB_UNAVAILABLE and the other shedding answers, client timeouts and open-loop drops as load shedding (reported) instead of failing the run (make bench sets it)")
 	fs.BoolVar(&f.real, "real", false, "send real traffic, not stress traffic: real money in the cells' real tables (the bench's own accounts, left there), "+
 		"under the router's per-person limit (user_rate_limit: give enough --senders that each sends at most its burst), audited in the real space; "+
-		"the path production requests take. A test cluster only; through the router only; not the coupons workload")
+		"the path production requests take; the coupons workload takes its batches' real stock. A test cluster only; through the router only")
 	fs.BoolVar(&f.direct, "direct", false, "send the workload straight to the owning cells instead of through the router (signed: needs the cluster secret of --config or REDCELL_CLUSTER_SECRET)")
 	fs.StringVar(&f.compare, "compare", "", "comma-separated strategies (naive, serial, batched, grouped; e.g. naive,batched,grouped): one run per strategy, switching the cells first (needs --config); "+
 		"rewards: booking modes async,sync (token issuance, booked behind, against book_now)")
@@ -173,8 +173,8 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		return nil, fmt.Errorf("bench: unknown --workload %q (%s, %s, %s, %s)", f.workload, strings.Join(bench.Workloads, ", "), bench.WorkloadRewards,
 			bench.WorkloadCoupons, workloadLimits)
 	}
-	if f.real && (f.direct || f.compareDirect || f.limits || f.workload == workloadLimits || f.workload == bench.WorkloadCoupons) {
-		return nil, errors.New("bench: --real runs a workload through the router: not with --direct, --compare-direct, --limits or --workload limits or coupons")
+	if f.real && (f.direct || f.compareDirect || f.limits || f.workload == workloadLimits) {
+		return nil, errors.New("bench: --real runs a workload through the router: not with --direct, --compare-direct, --limits or --workload limits")
 	}
 	f.clusterSecret = os.Getenv("REDCELL_CLUSTER_SECRET")
 	if f.configPath != "" {
@@ -329,17 +329,12 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		sc.Limits = &lc
 	}
 	if f.baselinePath != "" {
-		b, err := baselineCluster(f.baselinePath, f.baselineName, !f.real)
+		b, err := f.baseline()
 		if err != nil {
 			return sc, err
 		}
 		if b.Cells, err = metricsTargets(f.baselinePath); err != nil {
 			return sc, err
-		}
-		if f.work {
-			if b.Work, err = workSources(f.baselinePath, f.idleWindow); err != nil {
-				return sc, err
-			}
 		}
 		if f.compare != "" {
 			path := f.baselinePath
@@ -349,6 +344,24 @@ func (f *benchFlags) suiteConfig() (bench.SuiteConfig, error) {
 		sc.Baseline = b
 	}
 	return sc, sc.Validate()
+}
+
+// baseline is the --baseline cluster (nil without the flag), its work
+// measured (workSources) with --work.
+func (f *benchFlags) baseline() (*bench.Cluster, error) {
+	if f.baselinePath == "" {
+		return nil, nil
+	}
+	b, err := baselineCluster(f.baselinePath, f.baselineName, !f.real)
+	if err != nil {
+		return nil, err
+	}
+	if f.work {
+		if b.Work, err = workSources(f.baselinePath, f.idleWindow); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // baselineCluster reads the --baseline cluster from its config: where its

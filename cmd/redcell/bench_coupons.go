@@ -16,7 +16,7 @@ import (
 // couponsFlagsRefused are the flags that mean nothing to the coupons
 // workload: given, they are refused, not ignored.
 var couponsFlagsRefused = []string{"senders", "max-inflight", "packets", "amount", "count", "direct", "compare-direct", "limits",
-	"limits-duration", "limits-concurrency", "baseline", "baseline-name", "wrk", "router-pprof", "search", "search-only",
+	"limits-duration", "limits-concurrency", "wrk", "router-pprof", "search", "search-only",
 	"search-p99", "search-step", "search-time", "search-confirm", "search-start", "sustain-at", "sustain-duration", "lag-bound",
 	"compare", "users", "lag-samples", "reads-duration"}
 
@@ -32,7 +32,7 @@ func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
 		return bench.CouponsConfig{}, errors.New("bench: --workload coupons needs --config: it reads the cells' metrics and switches them through their admin ports")
 	}
 	cfg := bench.DefaultCouponsConfig()
-	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret = f.router, f.apiKey, f.clusterSecret
+	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret, cfg.Real = f.router, f.apiKey, f.clusterSecret, f.real
 	cfg.Duration, cfg.MergeBacklog, cfg.HotShare = f.duration, f.mergeBacklog, f.hotShare
 	cfg.Progress = os.Stderr
 	if f.set["openers"] {
@@ -59,6 +59,14 @@ func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
 	}
 	if f.work {
 		if cfg.Work, err = workSources(f.configPath, f.idleWindow); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.Baseline, err = f.baseline(); err != nil {
+		return cfg, err
+	}
+	if b := cfg.Baseline; b != nil {
+		if b.Cells, err = metricsTargets(f.baselinePath); err != nil {
 			return cfg, err
 		}
 	}

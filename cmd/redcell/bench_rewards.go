@@ -20,7 +20,7 @@ import (
 // rewardsFlagsRefused are the flags of the packet workloads that mean
 // nothing to the rewards workload: given, they are refused, not ignored.
 var rewardsFlagsRefused = []string{"senders", "max-inflight", "packets", "amount", "count", "direct", "compare-direct", "limits",
-	"limits-duration", "limits-concurrency", "baseline", "baseline-name", "wrk", "router-pprof", "search", "search-only",
+	"limits-duration", "limits-concurrency", "wrk", "router-pprof", "search", "search-only",
 	"search-p99", "search-step", "search-time", "search-confirm", "search-start", "sustain-at", "sustain-fraction",
 	"sustain-duration", "lag-bound"}
 
@@ -57,6 +57,11 @@ func (f *benchFlags) rewardsConfig() (bench.RewardsConfig, error) {
 		}
 		cfg.Work = w
 	}
+	b, err := f.baseline()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Baseline = b
 	return cfg, cfg.Validate()
 }
 
