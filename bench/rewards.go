@@ -198,8 +198,8 @@ type RewardsSuite struct {
 type RewardsRun struct {
 	RunID       string `json:"run_id"`
 	Cluster     string `json:"cluster,omitempty"` // the baseline's Name for its runs; "" this cluster's
-	Booking     string `json:"booking"` // BookingAsync or BookingSync
-	Mode        string `json:"mode"`    // closed or open
+	Booking     string `json:"booking"`           // BookingAsync or BookingSync
+	Mode        string `json:"mode"`              // closed or open
 	Rate        int    `json:"rate_per_sec"`
 	Concurrency int    `json:"concurrency"`
 	DurationMS  int64  `json:"duration_ms"`
