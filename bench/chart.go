@@ -49,6 +49,13 @@ func (s Suite) WriteSVG(w io.Writer) error {
 	if len(s.Runs) > 1 {
 		panels = 3
 	}
+	worked := false
+	for _, r := range s.Runs {
+		worked = worked || r.Work != nil
+	}
+	if worked {
+		panels++
+	}
 	height := chartTop + panels*(chartPanelHeight+chartPanelGap)
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		chartWidth, height, chartWidth, height)
@@ -92,6 +99,20 @@ func (s Suite) WriteSVG(w io.Writer) error {
 		half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
 		barPanel(&b, chartMarginLeft, top, half, "opens/s by run (× the first)", names, rates, colors, rateLabels)
 		barPanel(&b, chartMarginLeft+half+40, top, half, "p99 of opens by run, ms", names, p99s, colors, p99Labels)
+	}
+	if worked {
+		top += chartPanelHeight + chartPanelGap
+		var names, colors, stmL, cpuL []string
+		var stms, cpus []float64
+		for i, r := range s.Runs {
+			names, colors = append(names, r.Name()), append(colors, chartColors[i%len(chartColors)])
+			st, c := r.Work.statementsPtr(), r.Work.cpuPtr("total")
+			stms, stmL = append(stms, valueOr0(st)), append(stmL, naF(st, "%.2f"))
+			cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))
+		}
+		half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
+		barPanel(&b, chartMarginLeft, top, half, "SQL statements per open (idle taken off)", names, stms, colors, stmL)
+		barPanel(&b, chartMarginLeft+half+40, top, half, "CPU µs per open, all processes", names, cpus, colors, cpuL)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
@@ -233,3 +254,90 @@ func num(v float64) string {
 }
 
 func esc(s string) string { return html.EscapeString(s) }
+
+// barRun is one run of a bar chart (writeRunsSVG): its rate of fresh
+// operations, p99 in ms, and work per operation (nil: not measured).
+type barRun struct {
+	name      string
+	rate, p99 float64
+	work      *Work
+}
+
+// writeRunsSVG draws the runs of a workload without a timeline (rewards,
+// coupons) as bars: the rate (× the first run), the p99, and, when any run's
+// work was measured, statements and CPU µs (all processes) per operation
+// (op names it). A figure a run could not measure is drawn as 0 and
+// labelled n/a.
+func writeRunsSVG(w io.Writer, title, rateTitle, op string, runs []barRun) error {
+	rows := 1
+	for _, r := range runs {
+		if r.work != nil {
+			rows = 2
+		}
+	}
+	height := chartTop + rows*(chartPanelHeight+chartPanelGap)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
+		chartWidth, height, chartWidth, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="16" font-weight="bold">%s</text>`+"\n", chartMarginLeft, esc(title))
+	if len(runs) == 0 {
+		b.WriteString("</svg>\n")
+		_, err := io.WriteString(w, b.String())
+		return err
+	}
+	var names, colors, rateL, p99L, stmL, cpuL []string
+	var rates, p99s, stms, cpus []float64
+	for i, r := range runs {
+		names, colors = append(names, r.name), append(colors, chartColors[i%len(chartColors)])
+		rates, rateL = append(rates, r.rate), append(rateL, fmt.Sprintf("%.0f/s ×%.2f", r.rate, ratio(r.rate, runs[0].rate)))
+		p99s, p99L = append(p99s, r.p99), append(p99L, fmt.Sprintf("%.1f ms", r.p99))
+		s, c := r.work.statementsPtr(), r.work.cpuPtr("total")
+		stms, stmL = append(stms, valueOr0(s)), append(stmL, naF(s, "%.2f"))
+		cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))
+	}
+	half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
+	top := float64(chartTop + chartPanelGap/2)
+	barPanel(&b, chartMarginLeft, top, half, rateTitle+" by run (× the first)", names, rates, colors, rateL)
+	barPanel(&b, chartMarginLeft+half+40, top, half, "p99 by run, ms", names, p99s, colors, p99L)
+	if rows == 2 {
+		top += chartPanelHeight + chartPanelGap
+		barPanel(&b, chartMarginLeft, top, half, "SQL statements per "+op+" (idle taken off)", names, stms, colors, stmL)
+		barPanel(&b, chartMarginLeft+half+40, top, half, "CPU µs per "+op+", all processes", names, cpus, colors, cpuL)
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// valueOr0 is *v, or 0 for nil.
+func valueOr0(v *float64) float64 {
+	if v == nil {
+		return 0
+	}
+	return *v
+}
+
+// WriteSVG writes the suite's chart (writeRunsSVG): every run's issues/s,
+// p99, statements and CPU µs per reward.
+func (s RewardsSuite) WriteSVG(w io.Writer) error {
+	var runs []barRun
+	for _, r := range s.Runs {
+		name := r.Booking
+		if r.Cluster != "" {
+			name = r.Cluster + "/" + name
+		}
+		runs = append(runs, barRun{name, r.IssuesPerSec, r.Issue.LatencyMS.P99, r.Work})
+	}
+	return writeRunsSVG(w, fmt.Sprintf("redcell bench: rewards of %s/%s (%s)", s.Parent, s.Scene, verdict(s.OK())), "new rewards/s", "reward", runs)
+}
+
+// WriteSVG writes the suite's chart (writeRunsSVG): every run's accepts/s,
+// accept p99, statements and CPU µs per coupon request.
+func (s CouponsSuite) WriteSVG(w io.Writer) error {
+	var runs []barRun
+	for _, r := range s.Runs {
+		runs = append(runs, barRun{r.label(), r.AcceptsPerSec, r.Accept.LatencyMS.P99, r.Work})
+	}
+	return writeRunsSVG(w, fmt.Sprintf("redcell bench: coupons (%s)", verdict(s.OK())), "accepts/s", "request", runs)
+}

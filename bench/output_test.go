@@ -178,3 +178,47 @@ func TestLimitsOnlyOutput(t *testing.T) {
 		t.Errorf("limits markdown:\n%s", b.String())
 	}
 }
+
+// With work measured, the open chart gets a row of work bars, and the
+// rewards and coupons charts draw rate, p99 and work bars per run, a run
+// without work labelled n/a; all well-formed XML.
+func TestWorkCharts(t *testing.T) {
+	s := comparedSuite()
+	s.Runs[0].Work = &Work{Statements: ptr(4.57), CPUMicros: map[string]float64{"total": 812}}
+	var b bytes.Buffer
+	if err := s.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(b.Bytes(), new(struct{})); err != nil {
+		t.Fatalf("chart: %v", err)
+	}
+	for _, want := range []string{"SQL statements per open", ">4.57<", ">812 µs<", ">n/a<"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("open chart lacks %q", want)
+		}
+	}
+	rw := RewardsSuite{Parent: "demo-festival", Scene: "rain", Runs: []RewardsRun{
+		{Booking: BookingAsync, IssuesPerSec: 874, Issue: OpStats{OK: 1, LatencyMS: LatencyMS{P99: 143.5}}, Work: &Work{Statements: ptr(2.93), CPUMicros: map[string]float64{"total": 1741}}},
+		{Booking: BookingAsync, Cluster: "before", IssuesPerSec: 437, Issue: OpStats{OK: 1, LatencyMS: LatencyMS{P99: 256.5}}, Work: &Work{Statements: ptr(5.48)}},
+	}}
+	b.Reset()
+	if err := rw.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(b.Bytes(), new(struct{})); err != nil {
+		t.Fatalf("rewards chart: %v", err)
+	}
+	for _, want := range []string{"new rewards/s by run", ">874/s ×1.00<", ">437/s ×0.50<", ">before/async<", ">143.5 ms<", ">5.48<", ">1741 µs<", ">n/a<", "per reward"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("rewards chart lacks %q", want)
+		}
+	}
+	cs := CouponsSuite{Runs: []CouponsRun{{Name: "ceiling", AcceptsPerSec: 900, Accept: OpStats{OK: 1}}}}
+	b.Reset()
+	if err := cs.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(b.Bytes(), new(struct{})); err != nil || !strings.Contains(b.String(), "accepts/s by run") || strings.Contains(b.String(), "SQL statements") {
+		t.Fatalf("coupons chart without work (err %v):\n%s", err, b.String())
+	}
+}

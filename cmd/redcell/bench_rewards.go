@@ -87,6 +87,7 @@ func runRewardsBench(ctx context.Context, f *benchFlags, args []string) error {
 // benchReport is what a workload's suite gives writeSuiteReport.
 type benchReport interface {
 	WriteText(w io.Writer) error
+	WriteSVG(w io.Writer) error
 	OK() bool
 	Problems() []string
 }
@@ -116,11 +117,18 @@ func writeSuiteReport(f *benchFlags, workload string, started time.Time, suite b
 	if err := writeJSONFile(filepath.Join(dir, bench.ReportJSONFile), suite); err != nil {
 		return err
 	}
-	md := "# redcell bench: " + workload + "\n\n```\n" + text.String() + "```\n"
+	md := "# redcell bench: " + workload + "\n\n![chart](" + bench.ChartFile + ")\n\n```\n" + text.String() + "```\n"
 	if err := os.WriteFile(filepath.Join(dir, bench.ReportMarkdownFile), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "bench: wrote %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, dir)
+	var svg bytes.Buffer
+	if err := suite.WriteSVG(&svg); err != nil {
+		return fmt.Errorf("bench: render %s: %w", bench.ChartFile, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, bench.ChartFile), svg.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s, %s and %s in %s\n", bench.ReportMarkdownFile, bench.ReportJSONFile, bench.ChartFile, dir)
 	if runErr != nil {
 		return fmt.Errorf("bench: stopped early: %w", runErr)
 	}

@@ -466,5 +466,10 @@ func TestBenchRewards(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The chart: both runs' bars, with their work.
+	if svg, err := os.ReadFile(filepath.Join(out, "chart.svg")); err != nil || !strings.Contains(string(svg), "SQL statements per reward") ||
+		!strings.Contains(string(svg), ">sync<") || !strings.Contains(string(svg), ">async<") {
+		t.Fatalf("chart.svg (%v):\n%s", err, svg)
+	}
 	t.Logf("bench report:\n%s", text)
 }
