@@ -3,6 +3,7 @@ package climit
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,9 +29,13 @@ type CASMemcache interface {
 // bucket full again); it also keeps Burst·(1/PerSec) within a Duration.
 const tauMax = 29 * 24 * time.Hour
 
-// casAttempts bounds the tries of one Allow when other processes change the
-// same key in between (ErrCASConflict); past them the token is refused.
-const casAttempts = 4
+// casAttempts bounds the tries of one exchange when other processes change
+// the same key in between (ErrCASConflict); past them its tokens are
+// refused. Each conflict means another process took tokens (progress); as a
+// process runs one exchange of a key at a time (its calls grouped), the
+// contenders are the processes, not their requests, so a bound this size is
+// reached only by a process starved by many others.
+const casAttempts = 16
 
 // BucketsConfig sets a family of shared token buckets.
 type BucketsConfig struct {
@@ -77,6 +82,28 @@ type Buckets struct {
 
 	mu       sync.Mutex // guards cur, old
 	cur, old map[string]*rate.Limiter
+
+	gmu  sync.Mutex           // guards keys and every keyState's fields but run
+	keys map[string]*keyState // the keys with a call in Allow now
+}
+
+// keyState is one key's calls in this process: at most one exchange with
+// memcached at a time (run), and the group of calls that came while it was
+// in flight (forming), which the next exchange answers together.
+type keyState struct {
+	run     sync.Mutex // held by the group leader whose exchange is in flight
+	forming *group     // nil: no group waiting
+	refs    int        // calls in Allow for the key
+}
+
+// group is calls of one key answered by one exchange: the first granted
+// of its n calls (in arrival order) get a token, the others wait.
+type group struct {
+	n        int
+	done     chan struct{}
+	granted  int
+	wait     time.Duration
+	fallback bool // memcached failed: each call asks the fallback itself
 }
 
 // NewBuckets returns the buckets on mc (nil: always the fallback).
@@ -92,13 +119,22 @@ func NewBuckets(cfg BucketsConfig, mc CASMemcache, clk clock.Clock) (*Buckets, e
 	}
 	interval := time.Second / time.Duration(cfg.PerSec)
 	return &Buckets{cfg: cfg, mc: mc, clock: clock.Or(clk), interval: interval, tau: time.Duration(cfg.Burst) * interval,
-		cur: map[string]*rate.Limiter{}, old: map[string]*rate.Limiter{}}, nil
+		cur: map[string]*rate.Limiter{}, old: map[string]*rate.Limiter{}, keys: map[string]*keyState{}}, nil
 }
 
 // Allow takes one token of key's bucket and reports whether there was one,
 // and, when there was not, how long until there will be (the answer's
-// Retry-After). It never waits: a memcached read and a compare-and-swap, more
-// only when another process changed the key in between.
+// Retry-After). It never waits on the bucket: a memcached read and a
+// compare-and-swap, more only when another process changed the key in
+// between (each retry after a random pause up to 50 µs·2^attempt, so that
+// two processes do not lose to each other in step).
+//
+// The calls of one key in this process share their exchanges: while one is
+// in flight, the calls that come form a group, and the next exchange takes
+// tokens for the whole group at once (one read, one swap), given to its
+// calls in arrival order. So a hot key (a scene's bucket) costs a process
+// one exchange at a time however many requests wait on it, and its calls do
+// not race each other's swaps (which refused tokens a bucket had room for).
 func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 	now := b.clock.Now()
 	if b.mc == nil {
@@ -113,57 +149,130 @@ func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 			return b.local(key, now)
 		}
 		defer b.probing.Store(false)
+		granted, wait, fellBack := b.take(key, 1, now)
+		if fellBack {
+			return b.local(key, now)
+		}
+		return granted == 1, wait
 	}
+	b.gmu.Lock()
+	ks := b.keys[key]
+	if ks == nil {
+		ks = &keyState{}
+		b.keys[key] = ks
+	}
+	ks.refs++
+	g := ks.forming
+	if g == nil {
+		g = &group{done: make(chan struct{})}
+		ks.forming = g
+	}
+	idx := g.n
+	g.n++
+	b.gmu.Unlock()
+	if idx == 0 { // the group's leader
+		ks.run.Lock()
+		b.gmu.Lock()
+		ks.forming = nil // later calls form the next group
+		n := g.n
+		b.gmu.Unlock()
+		g.granted, g.wait, g.fallback = b.take(key, n, b.clock.Now())
+		ks.run.Unlock()
+		close(g.done)
+	} else {
+		<-g.done
+	}
+	b.gmu.Lock()
+	if ks.refs--; ks.refs == 0 {
+		delete(b.keys, key)
+	}
+	b.gmu.Unlock()
+	switch {
+	case g.fallback:
+		return b.local(key, b.clock.Now())
+	case idx < g.granted:
+		return true, 0
+	case g.granted > 0:
+		return false, b.interval // the tokens ran out within the group: the next one is an interval on
+	}
+	return false, g.wait
+}
+
+// take takes up to n tokens of key's bucket in memcached at now, in one read
+// and one compare-and-swap (again when another process changed the key in
+// between, up to casAttempts), and returns how many it took. When it took
+// none, wait is how long until there will be one. fellBack: memcached failed
+// (fail noted it), nothing taken.
+func (b *Buckets) take(key string, n int, now time.Time) (granted int, wait time.Duration, fellBack bool) {
 	k := b.cfg.Prefix + key
-	for range casAttempts {
+	for attempt := range casAttempts {
+		if attempt > 0 {
+			// Lost the race: step out of phase with the process that won
+			// (which may be about to run its next exchange), a random
+			// moment up to 50 µs·2^attempt (at most 1.6 ms).
+			time.Sleep(rand.N(time.Duration(50<<min(attempt, 5)) * time.Microsecond))
+			now = b.clock.Now()
+		}
 		it, err := b.mc.Get(k)
 		if (err == nil || errors.Is(err, memcache.ErrCacheMiss)) && b.downUntil.Load() != 0 {
 			b.downUntil.Store(0) // memcached answers again
 		}
 		if errors.Is(err, memcache.ErrCacheMiss) {
-			tat := now.Add(b.interval)
+			granted = min(n, b.cfg.Burst) // a full bucket
+			tat := now.Add(time.Duration(granted) * b.interval)
 			err = b.mc.Add(&memcache.Item{Key: k, Value: strconv.AppendInt(nil, tat.UnixNano(), 10), Expiration: b.ttl(tat, now)})
 			if errors.Is(err, memcache.ErrNotStored) {
 				continue // another process made it first: read theirs
 			}
 			if err != nil {
-				return b.fail(key, now, err)
+				b.fail(err)
+				return 0, 0, true
 			}
-			return true, 0
+			return granted, 0, false
 		}
 		if err != nil {
-			return b.fail(key, now, err)
+			b.fail(err)
+			return 0, 0, true
 		}
 		prev, perr := strconv.ParseInt(string(it.Value), 10, 64)
 		if perr != nil {
 			prev = 0 // not ours or damaged: start the bucket full again
 		}
-		tat := time.Unix(0, max(prev, now.UnixNano())).Add(b.interval)
-		if ahead := tat.Sub(now); ahead > b.tau {
+		// GCRA for n: token i (1..n) fits when base + i·interval − now ≤ tau.
+		base := time.Unix(0, max(prev, now.UnixNano()))
+		room := b.tau - base.Sub(now)
+		if fit := int(room / b.interval); fit < n {
+			granted = max(fit, 0)
+		} else {
+			granted = n
+		}
+		if granted == 0 {
 			// No process whose clock agrees with this one writes a TAT more
 			// than tau ahead, so the wait is at most 1/PerSec; one further
 			// off came from a clock running ahead (or a damaged item) and
 			// holds only until the item expires: the wait, a client's
 			// Retry-After, is capped at a whole bucket's refill.
-			return false, min(ahead-b.tau, b.tau+b.interval)
+			ahead := base.Add(b.interval).Sub(now)
+			return 0, min(ahead-b.tau, b.tau+b.interval), false
 		}
+		tat := base.Add(time.Duration(granted) * b.interval)
 		it.Value = strconv.AppendInt(it.Value[:0], tat.UnixNano(), 10)
 		it.Expiration = b.ttl(tat, now)
 		err = b.mc.CompareAndSwap(it)
 		switch {
 		case err == nil:
-			return true, 0
+			return granted, 0, false
 		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored):
-			now = b.clock.Now()
 			continue // changed or expired in between: read it again
 		default:
-			return b.fail(key, now, err)
+			b.fail(err)
+			return 0, 0, true
 		}
 	}
 	// Other processes changed the key between each read and its swap: a
 	// flood of one key. Refused, so that the limit holds under any contention.
-	b.conflicts.Add(1)
-	return false, b.interval
+	b.conflicts.Add(int64(n))
+	return 0, b.interval, false
 }
 
 // ttl keeps the item until its TAT is past, in whole seconds (at least 1).
@@ -172,16 +281,16 @@ func (b *Buckets) ttl(tat, now time.Time) int32 {
 }
 
 // fail notes a memcached failure and puts the process on its fallback for a
-// second (retryAfter). A key memcached cannot take (too long, or a space or
-// control character in it) is the caller's fault, not memcached's: that one
-// key is answered locally and the others still go to memcached.
-func (b *Buckets) fail(key string, now time.Time, err error) (bool, time.Duration) {
+// second (retryAfter); the caller answers from the fallback. A key memcached
+// cannot take (too long, or a space or control character in it) is the
+// caller's fault, not memcached's: that one key is answered locally and the
+// others still go to memcached.
+func (b *Buckets) fail(err error) {
 	if errors.Is(err, memcache.ErrMalformedKey) {
-		return b.local(key, now)
+		return
 	}
 	b.failures.Add(1)
-	b.downUntil.Store(now.Add(retryAfter).UnixNano())
-	return b.local(key, now)
+	b.downUntil.Store(b.clock.Now().Add(retryAfter).UnixNano())
 }
 
 // local answers from key's fallback bucket: PerSec/N and Burst/N.

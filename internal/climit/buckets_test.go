@@ -350,3 +350,74 @@ func TestProbeBringsMemcachedBack(t *testing.T) {
 		t.Fatalf("the probe's answer should end the outage: down %d, %+v", b.downUntil.Load(), b.Stats())
 	}
 }
+
+// countingMC counts the reads a Buckets sends.
+type countingMC struct {
+	CASMemcache
+	gets atomic.Int64
+}
+
+func (c *countingMC) Get(key string) (*memcache.Item, error) {
+	c.gets.Add(1)
+	return c.CASMemcache.Get(key)
+}
+
+// A hot key well below its limit (a scene's bucket under many concurrent
+// requests): every call is granted, however many race, because a process's
+// calls of one key share its exchanges instead of racing each other's swaps;
+// and the process reads memcached fewer times than it is called. Then, past
+// the burst at one instant, exactly the rest of the burst is granted.
+func TestBucketsHotKeyGroupsItsCalls(t *testing.T) {
+	const burst, procs, workers, calls = 1000, 2, 16, 20
+	clk := clock.NewManual(time.Unix(1_900_000_400, 0))
+	mc := memcache.New(testenv.Memcached(t))
+	prefix := "rc:test:scene:" + testenv.Prefix() + ":"
+	var counters []*countingMC
+	var bs []*Buckets
+	for range procs {
+		c := &countingMC{CASMemcache: mc}
+		b, err := NewBuckets(BucketsConfig{Prefix: prefix, PerSec: 100, Burst: burst, Procs: func() int { return procs }}, c, clk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counters, bs = append(counters, c), append(bs, b)
+	}
+	var ok, refused atomic.Int64
+	run := func(n int) {
+		var wg sync.WaitGroup
+		for w := range procs * workers {
+			wg.Go(func() {
+				for range n {
+					if o, _ := bs[w%procs].Allow("rain"); o {
+						ok.Add(1)
+					} else {
+						refused.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	run(calls)
+	if ok.Load() != procs*workers*calls || refused.Load() != 0 {
+		t.Fatalf("%d granted, %d refused of %d calls within the burst of %d (stats %+v %+v): want every one granted", ok.Load(), refused.Load(), procs*workers*calls, burst,
+			bs[0].Stats(), bs[1].Stats())
+	}
+	gets := counters[0].gets.Load() + counters[1].gets.Load()
+	if gets >= procs*workers*calls {
+		t.Errorf("%d memcached reads for %d calls: want the calls of a key to share them", gets, procs*workers*calls)
+	}
+	t.Logf("%d calls on one key from %d goroutines in %d processes: all granted, %d memcached reads", ok.Load(), procs*workers, procs, gets)
+	// The clock stands still: 360 tokens are left of the burst, and no more.
+	ok.Store(0)
+	refused.Store(0)
+	run(calls)
+	if ok.Load() != burst-procs*workers*calls {
+		t.Fatalf("%d granted past %d taken at one instant: want exactly the %d left of the burst", ok.Load(), procs*workers*calls, burst-procs*workers*calls)
+	}
+	for _, b := range bs {
+		if len(b.keys) != 0 {
+			t.Errorf("%d keys still held after every call returned", len(b.keys))
+		}
+	}
+}
