@@ -292,6 +292,9 @@ func writeRunsSVG(w io.Writer, title, rateTitle, op string, runs []barRun) error
 		names, colors = append(names, r.name), append(colors, chartColors[i%len(chartColors)])
 		rates, rateL = append(rates, r.rate), append(rateL, fmt.Sprintf("%.0f/s ×%.2f", r.rate, ratio(r.rate, runs[0].rate)))
 		p99s, p99L = append(p99s, r.p99), append(p99L, fmt.Sprintf("%.1f ms", r.p99))
+		if r.p99 == 0 { // not measured (an external load's)
+			p99L[len(p99L)-1] = "n/a"
+		}
 		s, c := r.work.statementsPtr(), r.work.cpuPtr("total")
 		stms, stmL = append(stms, valueOr0(s)), append(stmL, naF(s, "%.2f"))
 		cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))

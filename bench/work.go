@@ -462,8 +462,10 @@ func newOpsVsBaseline(run string, rate, baseRate, p99, baseP99 float64, w, b *Wo
 // statements 2.92 / 5.99 = 0.49, CPU µs (all) 800 / 1600 = 0.50, MariaDB µs
 // 300 / 700 = 0.43".
 func (v OpsVsBaseline) writeLine(ew *errWriter, indent, rate, op string) {
-	ew.printf("%s%s against the baseline: %s %.0f / %.0f = %.2f, p99 %.1f / %.1f ms", indent, v.Run, rate, v.OpsPerSec, v.BaselineOpsPerSec, v.Ratio,
-		v.P99MS, v.BaselineP99MS)
+	ew.printf("%s%s against the baseline: %s %.0f / %.0f = %.2f", indent, v.Run, rate, v.OpsPerSec, v.BaselineOpsPerSec, v.Ratio)
+	if v.P99MS > 0 || v.BaselineP99MS > 0 { // an external load's latency is its own
+		ew.printf(", p99 %.1f / %.1f ms", v.P99MS, v.BaselineP99MS)
+	}
 	if w := v.Work; w != nil {
 		c := w.cells()
 		ew.printf("; per %s statements %s / %s = %s, CPU µs (all) %s / %s = %s, MariaDB µs %s / %s = %s", op,

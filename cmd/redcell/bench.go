@@ -51,6 +51,9 @@ type benchFlags struct {
 	apiKey              string          // the key the router requires: --api-key-file, else REDCELL_API_KEY, else api-key beside --config
 	baselinePath        string          // --baseline: the config of a second cluster to compare with
 	baselineName        string
+	external            string // --external: a load command the bench meters (bench.RunExternal)
+	externalOp          string
+	externalRounds      int
 	cpuProfile          string // --cpuprofile: the bench's own CPU profile
 	wrk                 string // --wrk: "", "auto" or wrk's path (bench.FindWrk)
 	routerPprof         string // --router-pprof: the router's pprof address
@@ -117,6 +120,11 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 	fs.IntVar(&f.limitsConcurrency, "limits-concurrency", lim.Concurrency, "concurrent no-op requests")
 	fs.StringVar(&f.baselinePath, "baseline", "", "config file of a second cluster (an older build, say) to run every run against too, interleaved, and compare with (its API key: the file api-key beside it)")
 	fs.StringVar(&f.baselineName, "baseline-name", "baseline", "how reports name the --baseline cluster's runs")
+	fs.StringVar(&f.external, "external", "", "a load command (sh -c; wrk with a script of deploy/local/wrk, say) to meter instead of the bench's own load: "+
+		"it gets REDCELL_ROUTER_URL, REDCELL_API_KEY, REDCELL_CLUSTER and REDCELL_ROUND, and prints \"REDCELL_FRESH <n>\", its fresh operations; "+
+		"the report gives the work per operation (needs --config; with --baseline, on both clusters, interleaved)")
+	fs.StringVar(&f.externalOp, "external-op", "open", "--external: what its fresh operations are (open, reward, coupon request), for the report")
+	fs.IntVar(&f.externalRounds, "external-rounds", 1, "--external: runs of the command per cluster (1..10; with --baseline round 2 runs the baseline first)")
 	fs.StringVar(&f.wrk, "wrk", "", "with the limits: also send the router no-op with wrk (auto: wrk on PATH, skipped when missing; or its path) and report bench ÷ wrk")
 	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile (go tool pprof) to this file: is the client the bottleneck?")
@@ -418,6 +426,9 @@ func runBench(ctx context.Context, args []string) (err error) {
 	}
 	if f.cleanup {
 		defer func() { err = cleanAfterBench(ctx, f.configPath, err) }()
+	}
+	if f.external != "" { // its own traffic: real, no shadow tables to make
+		return runExternalBench(ctx, f, args)
 	}
 	if f.configPath != "" && f.prepareShadow && !f.real { // a real run writes the real tables, made at the cells' start
 		// The shadow space's tables before the first run: else the runs

@@ -4,10 +4,10 @@
 # make run cluster and writes their IDs, one per line, to OUT; open-roundrobin.lua
 # then opens them round robin with wrk, as an outside client would (the
 # cross-check of `redcell bench --workload roundrobin`). Real money, not stress
-# traffic: use it on a test cluster.
+# traffic: use it on a test cluster. KEY_FILE "-" reads the key from $REDCELL_API_KEY.
 set -euo pipefail
 url=${1:-http://127.0.0.1:8080}
-key=$(cat "${2:-var/api-key}")
+if [ "${2:-var/api-key}" = - ]; then key=$REDCELL_API_KEY; else key=$(cat "${2:-var/api-key}"); fi
 out=${3:-var/wrk-packets.txt}
 : >"$out"
 run=$(date +%s)

@@ -1,11 +1,13 @@
 -- wrk script: opens the packets listed in $IDS (one ID per line) round robin,
--- each open by a fresh act_id, with the API key $KEY; prints how many opens
--- took a new claim ("repeat":false). Use:
+-- each open by a fresh act_id, with the API key $KEY (else $REDCELL_API_KEY);
+-- prints how many opens took a new claim ("repeat":false), and that count on
+-- a line "REDCELL_FRESH <n>" for `redcell bench --external`. Use:
 --   IDS=var/wrk-packets.txt KEY=$(cat var/api-key) RUN=$RANDOM \
 --     wrk -t2 -c64 -d10s -s deploy/local/wrk/open-roundrobin.lua http://127.0.0.1:8080
+-- One packet's ID in $IDS opens that packet alone (the hot open, make-hot.sh).
 local ids = {}
 for line in io.lines(os.getenv("IDS")) do ids[#ids + 1] = line end
-local key, run = os.getenv("KEY"), os.getenv("RUN") or "0"
+local key, run = os.getenv("KEY") or os.getenv("REDCELL_API_KEY"), os.getenv("RUN") or "0"
 -- Globals, not locals: setup (in wrk's main state) sets each thread's tid,
 -- and done reads each thread's fresh, through thread:set and thread:get.
 threads, nthreads, tid, n, fresh = {}, 0, 0, 0, 0
@@ -31,4 +33,5 @@ function done(summary, latency, requests)
   for _, t in ipairs(threads) do total = total + t:get("fresh") end
   io.write(string.format("fresh claims %d of %d requests (%.1f/s), non-2xx %d\n", total, summary.requests,
     total / (summary.duration / 1e6), summary.errors.status))
+  io.write(string.format("REDCELL_FRESH %d\n", total))
 end
