@@ -100,6 +100,22 @@ func TestBenchCouponsFlags(t *testing.T) {
 	} else if cc, err := f.couponsConfig(); err != nil || cc.Rate != 0 || cc.MergeBacklog != 3000 {
 		t.Fatalf("default coupons config %+v, %v; want the ceiling first (rate 0) and the merge comparison", cc, err)
 	}
+	// --baseline names a second cluster, with its metrics (the issue latency)
+	// and its meter; --real is taken.
+	old := benchConfig(t, "cluster_secret: old-secret-0123456789\nrouter:\n  listen: \"127.0.0.1:8161\"\ncells:\n"+
+		"  - name: cell-1\n    admin_listen: \"127.0.0.1:9207\"\n")
+	if f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "coupons", "--baseline", old, "--baseline-name", "before", "--real"}); err != nil {
+		t.Fatal(err)
+	} else if cc, err := f.couponsConfig(); err != nil || !cc.Real || cc.Baseline == nil || cc.Baseline.Name != "before" ||
+		cc.Baseline.RouterURL != "http://127.0.0.1:8161" || cc.Baseline.ClusterSecret != "old-secret-0123456789" ||
+		len(cc.Baseline.Cells) != 1 || cc.Baseline.Cells[0].URL != "http://127.0.0.1:9207/metrics" || cc.Baseline.Work == nil {
+		t.Fatalf("coupons config with a baseline %+v, %v", cc, err)
+	}
+	if f, err := parseBenchFlags([]string{"--config", cfg, "--workload", "rewards", "--baseline", old}); err != nil {
+		t.Fatal(err)
+	} else if rc, err := f.rewardsConfig(); err != nil || rc.Baseline == nil || rc.Baseline.Name != "baseline" || rc.Baseline.Work == nil {
+		t.Fatalf("rewards config with a baseline %+v, %v", rc, err)
+	}
 	for _, args := range [][]string{{"--rate", "-1"}, {"--packets", "5"}} {
 		f, err := parseBenchFlags(append([]string{"--config", cfg, "--workload", "coupons"}, args...))
 		if err == nil {
