@@ -46,8 +46,9 @@ func (s Suite) WriteSVG(w io.Writer) error {
 	}
 	var b strings.Builder
 	panels := 2
-	if len(s.Runs) > 1 {
-		panels = 3
+	bars := len(s.Runs) > 1 // a row of bars comparing the runs
+	if bars {
+		panels++
 	}
 	worked := false
 	for _, r := range s.Runs {
@@ -86,7 +87,7 @@ func (s Suite) WriteSVG(w io.Writer) error {
 	linePanel(&b, top, "successful opens per second", rate, xMax)
 	top += chartPanelHeight + chartPanelGap
 	linePanel(&b, top, "p99 latency of opens, ms", p99, xMax)
-	if panels == 3 {
+	if bars {
 		top += chartPanelHeight + chartPanelGap
 		var names, colors, rateLabels, p99Labels []string
 		var rates, p99s []float64
@@ -290,7 +291,7 @@ func writeRunsSVG(w io.Writer, title, rateTitle, op string, runs []barRun) error
 	var rates, p99s, stms, cpus []float64
 	for i, r := range runs {
 		names, colors = append(names, r.name), append(colors, chartColors[i%len(chartColors)])
-		rates, rateL = append(rates, r.rate), append(rateL, fmt.Sprintf("%.0f/s ×%.2f", r.rate, ratio(r.rate, runs[0].rate)))
+		rates, rateL = append(rates, r.rate), append(rateL, fmt.Sprintf("%.0f/s ×%s", r.rate, naF(ratioPtr(r.rate, runs[0].rate), "%.2f")))
 		p99s, p99L = append(p99s, r.p99), append(p99L, fmt.Sprintf("%.1f ms", r.p99))
 		if r.p99 == 0 { // not measured (an external load's)
 			p99L[len(p99L)-1] = "n/a"
@@ -335,12 +336,15 @@ func (s RewardsSuite) WriteSVG(w io.Writer) error {
 	return writeRunsSVG(w, fmt.Sprintf("redcell bench: rewards of %s/%s (%s)", s.Parent, s.Scene, verdict(s.OK())), "new rewards/s", "reward", runs)
 }
 
-// WriteSVG writes the suite's chart (writeRunsSVG): every run's accepts/s,
-// accept p99, statements and CPU µs per coupon request.
+// WriteSVG writes the suite's chart (writeRunsSVG): the ceiling's and the
+// sustain runs' accepts/s, accept p99, statements and CPU µs per coupon
+// request. The merge comparison (issues/s after a release) is the text's.
 func (s CouponsSuite) WriteSVG(w io.Writer) error {
 	var runs []barRun
 	for _, r := range s.Runs {
-		runs = append(runs, barRun{r.label(), r.AcceptsPerSec, r.Accept.LatencyMS.P99, r.Work})
+		if r.MergeMax == 0 {
+			runs = append(runs, barRun{r.label(), r.AcceptsPerSec, r.Accept.LatencyMS.P99, r.Work})
+		}
 	}
 	return writeRunsSVG(w, fmt.Sprintf("redcell bench: coupons (%s)", verdict(s.OK())), "accepts/s", "request", runs)
 }

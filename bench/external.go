@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -23,7 +24,7 @@ import (
 // connections, the meter the same as the bench's own runs.
 
 // FreshMark starts the line an external command prints its count of fresh
-// operations on: "REDCELL_FRESH 1234".
+// operations on: "REDCELL_FRESH 1234". The last such line counts.
 const FreshMark = "REDCELL_FRESH "
 
 // externalOutputMax bounds the output kept of one run of the command (its
@@ -91,9 +92,13 @@ func (c ExternalConfig) Validate() error {
 	case c.Timeout < 0:
 		return errors.New("bench: external: a negative timeout")
 	}
-	for _, t := range c.Targets {
+	for i, t := range c.Targets {
 		if t.RouterURL == "" || t.Work == nil {
 			return errors.New("bench: external: every cluster needs its router URL and its meter")
+		}
+		// The command tells the clusters apart by REDCELL_CLUSTER.
+		if i > 0 && (t.Name == "" || t.Name == clusterName("") || len(t.Name) > runIDLenMax) {
+			return fmt.Errorf("bench: external: the baseline needs a name of 1..%d characters other than %q", runIDLenMax, clusterName(""))
 		}
 	}
 	return nil
@@ -155,6 +160,12 @@ func runExternal(ctx context.Context, cfg ExternalConfig, t ExternalTarget, roun
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, "sh", "-c", cfg.Command)
+	// The command and whatever it starts are a process group of their
+	// own: the timeout (or the bench's end) kills all of them, not only the
+	// shell, and the output's pipe is let go of a few seconds after.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = append(os.Environ(), "REDCELL_ROUTER_URL="+t.RouterURL, "REDCELL_API_KEY="+t.APIKey,
 		"REDCELL_CLUSTER="+clusterName(t.Name), "REDCELL_ROUND="+strconv.Itoa(round))
 	pr, pw := io.Pipe()
@@ -166,6 +177,7 @@ func runExternal(ctx context.Context, cfg ExternalConfig, t ExternalTarget, roun
 	)
 	wg.Go(func() {
 		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1<<20) // a longer line ends the scan; the rest is drained below
 		for sc.Scan() {
 			line := sc.Text()
 			if cfg.Output != nil {
@@ -186,6 +198,9 @@ func runExternal(ctx context.Context, cfg ExternalConfig, t ExternalTarget, roun
 	start := time.Now()
 	err := cmd.Run()
 	elapsed := time.Since(start)
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything it left running in the background
+	}
 	pw.Close()
 	wg.Wait()
 	out.ElapsedMS, out.Tail = elapsed.Milliseconds(), strings.Join(tail, "\n")

@@ -72,4 +72,17 @@ func TestRunExternal(t *testing.T) {
 	if err := (ExternalConfig{Command: "true", Op: "open", Rounds: 1}).Validate(); err == nil {
 		t.Error("no cluster: accepted")
 	}
+	// A command past its timeout is stopped with what it started (here a
+	// sleep in a subshell, which holds the output pipe), at once.
+	cfg.Command, cfg.Timeout = `(sleep 60; echo REDCELL_FRESH 1); echo REDCELL_FRESH 2`, 300*time.Millisecond
+	start := time.Now()
+	rep, err = RunExternal(context.Background(), cfg)
+	if took := time.Since(start); err != nil || took > 20*time.Second || rep.OK() || rep.Runs[0].ElapsedMS > 20000 {
+		t.Errorf("a command past its timeout: %v after %v, problems %v", err, took, rep.Problems())
+	}
+	two := cfg
+	two.Targets = []ExternalTarget{cfg.Targets[0], {Name: "main", RouterURL: "http://x", Work: cfg.Targets[0].Work}}
+	if err := two.Validate(); err == nil {
+		t.Error("a baseline named main: accepted")
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,10 +193,39 @@ func TestWorkCharts(t *testing.T) {
 	if err := xml.Unmarshal(b.Bytes(), new(struct{})); err != nil {
 		t.Fatalf("chart: %v", err)
 	}
-	for _, want := range []string{"SQL statements per open", ">4.57<", ">812 µs<", ">n/a<"} {
+	for _, want := range []string{"SQL statements per open", ">4.57<", ">812 µs<", ">n/a<", "opens/s by run", "p99 of opens by run"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("open chart lacks %q", want)
 		}
+	}
+	// Every panel within the picture: time, time, bars, work.
+	var svg struct {
+		Height float64 `xml:"height,attr"`
+		Rects  []struct {
+			Y float64 `xml:"y,attr"`
+			H string  `xml:"height,attr"` // "100%" for the background
+		} `xml:"rect"`
+	}
+	if err := xml.Unmarshal(b.Bytes(), &svg); err != nil {
+		t.Fatal(err)
+	}
+	if want := float64(chartTop + 4*(chartPanelHeight+chartPanelGap)); svg.Height != want {
+		t.Errorf("height %v, want 4 panels' %v", svg.Height, want)
+	}
+	for _, r := range svg.Rects {
+		if h, err := strconv.ParseFloat(r.H, 64); err == nil && r.Y+h > svg.Height {
+			t.Errorf("a rect at y %v, height %v, ends below the picture's %v", r.Y, h, svg.Height)
+		}
+	}
+	one := comparedSuite()
+	one.Runs = one.Runs[:1]
+	one.Runs[0].Work = s.Runs[0].Work
+	b.Reset()
+	if err := one.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "opens/s by run") || !strings.Contains(b.String(), "SQL statements per open") {
+		t.Error("one run with work: want the work bars and no comparison bars")
 	}
 	rw := RewardsSuite{Parent: "demo-festival", Scene: "rain", Runs: []RewardsRun{
 		{Booking: BookingAsync, IssuesPerSec: 874, Issue: OpStats{OK: 1, LatencyMS: LatencyMS{P99: 143.5}}, Work: &Work{Statements: ptr(2.93), CPUMicros: map[string]float64{"total": 1741}}},

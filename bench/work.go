@@ -88,7 +88,8 @@ type Work struct {
 	DBRoundTrips      *float64           `json:"db_round_trips,omitempty"`     // the cells' connections to their servers
 	MemcachedCommands *float64           `json:"memcached_commands,omitempty"` // get, set, cas, add, incr, delete, touch
 	// CPUMicros is CPU µs per operation by process kind: mariadb (every
-	// server), cells, router, memcached, bench (this process: the client),
+	// server), cells, router, memcached, bench (the client: this process, and
+	// the --external command and what it ran),
 	// and total.
 	CPUMicros map[string]float64 `json:"cpu_us,omitempty"`
 	Missing   []string           `json:"missing,omitempty"`
@@ -128,13 +129,18 @@ func (w *WorkSources) snap(ctx context.Context) workSnap {
 	return s
 }
 
-// selfCPUSeconds is this process's CPU time, user and system.
+// selfCPUSeconds is this process's CPU time, user and system, and its
+// children's that have ended (an --external load command and what it ran):
+// the client's CPU, whichever client it was.
 func selfCPUSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+	var total time.Duration
+	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(who, &ru); err == nil {
+			total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return total.Seconds()
 }
 
 // net is after - before with the meter's own statements taken off.
@@ -462,7 +468,8 @@ func newOpsVsBaseline(run string, rate, baseRate, p99, baseP99 float64, w, b *Wo
 // statements 2.92 / 5.99 = 0.49, CPU µs (all) 800 / 1600 = 0.50, MariaDB µs
 // 300 / 700 = 0.43".
 func (v OpsVsBaseline) writeLine(ew *errWriter, indent, rate, op string) {
-	ew.printf("%s%s against the baseline: %s %.0f / %.0f = %.2f", indent, v.Run, rate, v.OpsPerSec, v.BaselineOpsPerSec, v.Ratio)
+	ew.printf("%s%s against the baseline: %s %.0f / %.0f = %s", indent, v.Run, rate, v.OpsPerSec, v.BaselineOpsPerSec,
+		naF(ratioPtr(v.OpsPerSec, v.BaselineOpsPerSec), "%.2f"))
 	if v.P99MS > 0 || v.BaselineP99MS > 0 { // an external load's latency is its own
 		ew.printf(", p99 %.1f / %.1f ms", v.P99MS, v.BaselineP99MS)
 	}

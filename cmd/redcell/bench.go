@@ -54,6 +54,7 @@ type benchFlags struct {
 	external            string // --external: a load command the bench meters (bench.RunExternal)
 	externalOp          string
 	externalRounds      int
+	externalTimeout     time.Duration
 	cpuProfile          string // --cpuprofile: the bench's own CPU profile
 	wrk                 string // --wrk: "", "auto" or wrk's path (bench.FindWrk)
 	routerPprof         string // --router-pprof: the router's pprof address
@@ -124,6 +125,7 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 		"it gets REDCELL_ROUTER_URL, REDCELL_API_KEY, REDCELL_CLUSTER and REDCELL_ROUND, and prints \"REDCELL_FRESH <n>\", its fresh operations; "+
 		"the report gives the work per operation (needs --config; with --baseline, on both clusters, interleaved)")
 	fs.StringVar(&f.externalOp, "external-op", "open", "--external: what its fresh operations are (open, reward, coupon request), for the report")
+	fs.DurationVar(&f.externalTimeout, "external-timeout", 10*time.Minute, "--external: each run of the command is stopped after this (with what it started)")
 	fs.IntVar(&f.externalRounds, "external-rounds", 1, "--external: runs of the command per cluster (1..10; with --baseline round 2 runs the baseline first)")
 	fs.StringVar(&f.wrk, "wrk", "", "with the limits: also send the router no-op with wrk (auto: wrk on PATH, skipped when missing; or its path) and report bench ÷ wrk")
 	fs.StringVar(&f.routerPprof, "router-pprof", "", "profile the router's CPU during each run through it and during the limits' router no-op, from its pprof address (make run with REDCELL_PPROF=1: 127.0.0.1:6060), and report its top functions and CPU per request")

@@ -3,10 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 
 	"redcell/bench"
 )
+
+// externalFlagsRefused are the flags of the bench's own load, which an
+// external command does not take: given, they are refused, not ignored.
+var externalFlagsRefused = []string{"workload", "compare", "real", "duration", "rate", "openers", "senders", "direct", "compare-direct",
+	"limits", "search", "search-only", "sustain-at", "cleanup", "packets", "amount", "count"}
 
 // runExternalBench meters an outside load command (--external) on this
 // cluster and, with --baseline, on the baseline too (bench.RunExternal), and
@@ -15,14 +21,17 @@ func runExternalBench(ctx context.Context, f *benchFlags, args []string) error {
 	if f.configPath == "" || !f.work {
 		return errors.New("bench: --external meters the servers of --config: give --config (and leave --work on)")
 	}
-	if f.cleanup {
-		return errors.New("bench: --external sends its own (real) traffic: there is no shadow space to --cleanup")
+	for _, name := range externalFlagsRefused {
+		if f.set[name] {
+			return fmt.Errorf("bench: --%s is the bench's own load: it does not apply to --external", name)
+		}
 	}
 	w, err := workSources(f.configPath, f.idleWindow)
 	if err != nil {
 		return err
 	}
-	cfg := bench.ExternalConfig{Command: f.external, Op: f.externalOp, Rounds: f.externalRounds, Output: os.Stderr, Progress: os.Stderr,
+	cfg := bench.ExternalConfig{Command: f.external, Op: f.externalOp, Rounds: f.externalRounds, Timeout: f.externalTimeout,
+		Output: os.Stderr, Progress: os.Stderr,
 		Targets: []bench.ExternalTarget{{RouterURL: f.router, APIKey: f.apiKey, Work: w}}}
 	b, err := f.baseline()
 	if err != nil {

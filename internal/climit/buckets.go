@@ -3,6 +3,7 @@ package climit
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -83,13 +84,25 @@ type Buckets struct {
 	mu       sync.Mutex // guards cur, old
 	cur, old map[string]*rate.Limiter
 
-	gmu  sync.Mutex           // guards keys and every keyState's fields but run
-	keys map[string]*keyState // the keys with a call in Allow now
+	seed   maphash.Seed
+	shards [keyShards]keyShard // the keys with a call in Allow now, by hash
+}
+
+// keyShards spreads the keys in Allow over this many locks, so that calls
+// of different keys (a router's persons) seldom wait for one another.
+const keyShards = 64
+
+// keyShard is some keys' states and the lock guarding them and every
+// field of theirs but run.
+type keyShard struct {
+	mu   sync.Mutex
+	keys map[string]*keyState
 }
 
 // keyState is one key's calls in this process: at most one exchange with
 // memcached at a time (run), and the group of calls that came while it was
-// in flight (forming), which the next exchange answers together.
+// in flight (forming), which the next exchange answers together. Its
+// fields but run are guarded by its shard's mu.
 type keyState struct {
 	run     sync.Mutex // held by the group leader whose exchange is in flight
 	forming *group     // nil: no group waiting
@@ -119,7 +132,7 @@ func NewBuckets(cfg BucketsConfig, mc CASMemcache, clk clock.Clock) (*Buckets, e
 	}
 	interval := time.Second / time.Duration(cfg.PerSec)
 	return &Buckets{cfg: cfg, mc: mc, clock: clock.Or(clk), interval: interval, tau: time.Duration(cfg.Burst) * interval,
-		cur: map[string]*rate.Limiter{}, old: map[string]*rate.Limiter{}, keys: map[string]*keyState{}}, nil
+		cur: map[string]*rate.Limiter{}, old: map[string]*rate.Limiter{}, seed: maphash.MakeSeed()}, nil
 }
 
 // Allow takes one token of key's bucket and reports whether there was one,
@@ -155,11 +168,15 @@ func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 		}
 		return granted == 1, wait
 	}
-	b.gmu.Lock()
-	ks := b.keys[key]
+	sh := &b.shards[maphash.String(b.seed, key)%keyShards]
+	sh.mu.Lock()
+	ks := sh.keys[key]
 	if ks == nil {
+		if sh.keys == nil {
+			sh.keys = map[string]*keyState{}
+		}
 		ks = &keyState{}
-		b.keys[key] = ks
+		sh.keys[key] = ks
 	}
 	ks.refs++
 	g := ks.forming
@@ -169,24 +186,17 @@ func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 	}
 	idx := g.n
 	g.n++
-	b.gmu.Unlock()
+	sh.mu.Unlock()
 	if idx == 0 { // the group's leader
-		ks.run.Lock()
-		b.gmu.Lock()
-		ks.forming = nil // later calls form the next group
-		n := g.n
-		b.gmu.Unlock()
-		g.granted, g.wait, g.fallback = b.take(key, n, b.clock.Now())
-		ks.run.Unlock()
-		close(g.done)
+		b.lead(sh, ks, g, key)
 	} else {
 		<-g.done
 	}
-	b.gmu.Lock()
+	sh.mu.Lock()
 	if ks.refs--; ks.refs == 0 {
-		delete(b.keys, key)
+		delete(sh.keys, key)
 	}
-	b.gmu.Unlock()
+	sh.mu.Unlock()
 	switch {
 	case g.fallback:
 		return b.local(key, b.clock.Now())
@@ -196,6 +206,25 @@ func (b *Buckets) Allow(key string) (ok bool, wait time.Duration) {
 		return false, b.interval // the tokens ran out within the group: the next one is an interval on
 	}
 	return false, g.wait
+}
+
+// lead runs group g's exchange once the key's previous one is done, and
+// wakes its calls. Should an earlier group have found memcached failing
+// meanwhile, g goes to the fallback without trying it again (one probe a
+// second does, in Allow).
+func (b *Buckets) lead(sh *keyShard, ks *keyState, g *group, key string) {
+	ks.run.Lock()
+	defer close(g.done)
+	defer ks.run.Unlock()
+	sh.mu.Lock()
+	ks.forming = nil // later calls form the next group
+	n := g.n
+	sh.mu.Unlock()
+	if b.downUntil.Load() != 0 {
+		g.fallback = true
+		return
+	}
+	g.granted, g.wait, g.fallback = b.take(key, n, b.clock.Now())
 }
 
 // take takes up to n tokens of key's bucket in memcached at now, in one read

@@ -1,7 +1,9 @@
 package climit
 
 import (
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"net"
 	"strconv"
 	"sync"
@@ -416,8 +418,76 @@ func TestBucketsHotKeyGroupsItsCalls(t *testing.T) {
 		t.Fatalf("%d granted past %d taken at one instant: want exactly the %d left of the burst", ok.Load(), procs*workers*calls, burst-procs*workers*calls)
 	}
 	for _, b := range bs {
-		if len(b.keys) != 0 {
-			t.Errorf("%d keys still held after every call returned", len(b.keys))
+		for i := range b.shards {
+			if n := len(b.shards[i].keys); n != 0 {
+				t.Errorf("%d keys still held after every call returned", n)
+			}
 		}
+	}
+}
+
+// stuckMC is a memcached whose reads wait for release, then fail.
+type stuckMC struct {
+	CASMemcache
+	entered chan struct{}
+	release chan struct{}
+	gets    atomic.Int64
+}
+
+func (m *stuckMC) Get(string) (*memcache.Item, error) {
+	if m.gets.Add(1) == 1 {
+		close(m.entered)
+	}
+	<-m.release
+	return nil, errors.New("memcached: i/o timeout")
+}
+
+// The calls of a key that queue behind a failing exchange go to the
+// fallback with it: memcached is read once, not once per group.
+func TestBucketsGroupBehindAFailureFallsBack(t *testing.T) {
+	mc := &stuckMC{entered: make(chan struct{}), release: make(chan struct{})}
+	b, err := NewBuckets(BucketsConfig{Prefix: "rc:test:", PerSec: 100, Burst: 100}, mc, clock.NewManual(time.Unix(1_900_000_600, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	call := func() {
+		defer wg.Done()
+		if o, _ := b.Allow("rain"); o {
+			ok.Add(1)
+		}
+	}
+	wg.Add(1)
+	go call()
+	<-mc.entered // the first exchange is in flight
+	wg.Add(3)
+	for range 3 {
+		go call()
+	}
+	sh := &b.shards[maphash.String(b.seed, "rain")%keyShards]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sh.mu.Lock()
+		refs := 0
+		if ks := sh.keys["rain"]; ks != nil {
+			refs = ks.refs
+		}
+		sh.mu.Unlock()
+		if refs == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls joined, want 4", refs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(mc.release)
+	wg.Wait()
+	if n := mc.gets.Load(); n != 1 {
+		t.Errorf("%d memcached reads, want 1: the group queued behind the failure must not try again", n)
+	}
+	if s := b.Stats(); ok.Load() != 4 || s.Fallbacks != 4 || s.Failures != 1 {
+		t.Errorf("%d granted, stats %+v: want all 4 from the fallback's bucket after one failure", ok.Load(), s)
 	}
 }

@@ -1,11 +1,13 @@
 -- wrk script: asks for one coupon of batch $BATCH (default bench-cold-1, a
 -- large stock) per request, each for a fresh act_id under its own serial
--- number, with the API key $KEY (else $REDCELL_API_KEY); prints how many
+-- number, with the API key $REDCELL_API_KEY (else $KEY); prints how many
 -- were accepted (202), and that count on a line "REDCELL_FRESH <n>" for
 -- `redcell bench --external`. Use:
 --   KEY=$(cat var/api-key) RUN=$RANDOM wrk -t2 -c16 -d10s -s deploy/local/wrk/coupon.lua http://127.0.0.1:8080
 -- Real coupons from the batch's real stock: use it on a test cluster.
-local key, run = os.getenv("KEY") or os.getenv("REDCELL_API_KEY"), os.getenv("RUN") or "0"
+-- Under `redcell bench --external` the cluster's key wins; RUN (else the clock) keeps act_ids new.
+local key = os.getenv("REDCELL_API_KEY") or os.getenv("KEY")
+local run = os.getenv("RUN") or tostring(os.time())
 local batch = os.getenv("BATCH") or "bench-cold-1"
 threads, nthreads, tid, n, fresh = {}, 0, 0, 0, 0
 function setup(thread)

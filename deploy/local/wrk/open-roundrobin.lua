@@ -1,5 +1,5 @@
 -- wrk script: opens the packets listed in $IDS (one ID per line) round robin,
--- each open by a fresh act_id, with the API key $KEY (else $REDCELL_API_KEY);
+-- each open by a fresh act_id, with the API key $REDCELL_API_KEY (else $KEY);
 -- prints how many opens took a new claim ("repeat":false), and that count on
 -- a line "REDCELL_FRESH <n>" for `redcell bench --external`. Use:
 --   IDS=var/wrk-packets.txt KEY=$(cat var/api-key) RUN=$RANDOM \
@@ -7,7 +7,9 @@
 -- One packet's ID in $IDS opens that packet alone (the hot open, make-hot.sh).
 local ids = {}
 for line in io.lines(os.getenv("IDS")) do ids[#ids + 1] = line end
-local key, run = os.getenv("KEY") or os.getenv("REDCELL_API_KEY"), os.getenv("RUN") or "0"
+-- Under `redcell bench --external` the cluster's key wins; RUN (else the clock) keeps act_ids new.
+local key = os.getenv("REDCELL_API_KEY") or os.getenv("KEY")
+local run = os.getenv("RUN") or tostring(os.time())
 -- Globals, not locals: setup (in wrk's main state) sets each thread's tid,
 -- and done reads each thread's fresh, through thread:set and thread:get.
 threads, nthreads, tid, n, fresh = {}, 0, 0, 0, 0

@@ -1,10 +1,12 @@
 -- wrk script: issues one 1-cent cash reward of demo-festival/rain per
--- request, each to a fresh act_id, with the API key $KEY (else
--- $REDCELL_API_KEY); prints how many were new ("repeat":false), and that
+-- request, each to a fresh act_id, with the API key $REDCELL_API_KEY (else
+-- $KEY); prints how many were new ("repeat":false), and that
 -- count on a line "REDCELL_FRESH <n>" for `redcell bench --external`. Use:
 --   KEY=$(cat var/api-key) RUN=$RANDOM wrk -t2 -c16 -d10s -s deploy/local/wrk/reward.lua http://127.0.0.1:8080
 -- Real rewards into real wallets: use it on a test cluster.
-local key, run = os.getenv("KEY") or os.getenv("REDCELL_API_KEY"), os.getenv("RUN") or "0"
+-- Under `redcell bench --external` the cluster's key wins; RUN (else the clock) keeps act_ids new.
+local key = os.getenv("REDCELL_API_KEY") or os.getenv("KEY")
+local run = os.getenv("RUN") or tostring(os.time())
 threads, nthreads, tid, n, fresh = {}, 0, 0, 0, 0
 function setup(thread)
   nthreads = nthreads + 1
