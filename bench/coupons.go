@@ -296,17 +296,10 @@ func RunCoupons(ctx context.Context, cfg CouponsConfig) (CouponsSuite, error) {
 			both("sustain", 1, rate, true)
 		}
 	}
-	for _, r := range s.Runs {
-		if r.Cluster != "" {
-			continue
-		}
-		for _, b := range s.Runs {
-			if b.Cluster != "" && b.Name == r.Name {
-				s.VsBaseline = append(s.VsBaseline, newOpsVsBaseline(r.Name, r.AcceptsPerSec, b.AcceptsPerSec,
-					r.Accept.LatencyMS.P99, b.Accept.LatencyMS.P99, r.Work, b.Work))
-			}
-		}
-	}
+	s.VsBaseline = pairWithBaseline(s.Runs, func(r CouponsRun) (string, string) { return r.Cluster, r.Name },
+		func(r, b CouponsRun) OpsVsBaseline {
+			return newOpsVsBaseline(r.Name, r.AcceptsPerSec, b.AcceptsPerSec, r.Accept.LatencyMS.P99, b.Accept.LatencyMS.P99, r.Work, b.Work)
+		})
 	if ctx.Err() == nil && cfg.MergeBacklog > 0 && sleepCtx(ctx, rewardsPause) {
 		runs, err := cr.mergeComparison(ctx, cfg.RunID)
 		s.Runs = append(s.Runs, runs...)

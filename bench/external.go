@@ -127,18 +127,10 @@ func RunExternal(ctx context.Context, cfg ExternalConfig) (ExternalReport, error
 			rep.Runs = append(rep.Runs, runExternal(ctx, cfg, t, round))
 		}
 	}
-	if len(cfg.Targets) == 2 {
-		for _, r := range rep.Runs {
-			if r.Cluster != "" {
-				continue
-			}
-			for _, b := range rep.Runs {
-				if b.Cluster != "" && b.Round == r.Round {
-					rep.VsBaseline = append(rep.VsBaseline, newOpsVsBaseline(fmt.Sprintf("round %d", r.Round), r.PerSec, b.PerSec, 0, 0, r.Work, b.Work))
-				}
-			}
-		}
-	}
+	rep.VsBaseline = pairWithBaseline(rep.Runs, func(r ExternalRun) (string, string) { return r.Cluster, fmt.Sprintf("round %d", r.Round) },
+		func(r, b ExternalRun) OpsVsBaseline {
+			return newOpsVsBaseline(fmt.Sprintf("round %d", r.Round), r.PerSec, b.PerSec, 0, 0, r.Work, b.Work)
+		})
 	return rep, ctx.Err()
 }
 

@@ -318,17 +318,10 @@ func RunRewards(ctx context.Context, cfg RewardsConfig) (RewardsSuite, error) {
 	if async != nil && sync != nil {
 		s.AsyncOverSync = ratio(async.IssuesPerSec, sync.IssuesPerSec)
 	}
-	for _, r := range s.Runs {
-		if r.Cluster != "" {
-			continue
-		}
-		for _, b := range s.Runs {
-			if b.Cluster != "" && b.Booking == r.Booking {
-				s.VsBaseline = append(s.VsBaseline, newOpsVsBaseline(r.Booking, r.IssuesPerSec, b.IssuesPerSec,
-					r.Issue.LatencyMS.P99, b.Issue.LatencyMS.P99, r.Work, b.Work))
-			}
-		}
-	}
+	s.VsBaseline = pairWithBaseline(s.Runs, func(r RewardsRun) (string, string) { return r.Cluster, r.Booking },
+		func(r, b RewardsRun) OpsVsBaseline {
+			return newOpsVsBaseline(r.Booking, r.IssuesPerSec, b.IssuesPerSec, r.Issue.LatencyMS.P99, b.Issue.LatencyMS.P99, r.Work, b.Work)
+		})
 	if ctx.Err() == nil && cfg.ReadsDuration > 0 {
 		r := measureReads(ctx, c, cfg)
 		s.Reads = &r

@@ -480,3 +480,22 @@ func (v OpsVsBaseline) writeLine(ew *errWriter, indent, rate, op string) {
 	}
 	ew.printf("\n")
 }
+
+// pairWithBaseline pairs each of runs on this cluster with the run of the
+// same name on the baseline (of(r) gives a run's cluster, "" this one, and
+// its name) and compares them (vs).
+func pairWithBaseline[R any](runs []R, of func(R) (cluster, name string), vs func(mine, base R) OpsVsBaseline) []OpsVsBaseline {
+	var out []OpsVsBaseline
+	for _, r := range runs {
+		c, name := of(r)
+		if c != "" {
+			continue
+		}
+		for _, b := range runs {
+			if bc, bn := of(b); bc != "" && bn == name {
+				out = append(out, vs(r, b))
+			}
+		}
+	}
+	return out
+}
