@@ -277,6 +277,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("bench --direct: %v\n%s", err, out)
 	}
 	e2eBenchWork(ctx, t, c)
+	e2eBenchExternal(ctx, t, c)
 
 	// cell-2 leaves: its shards answer 503 within a bounded time, cell-1's still work.
 	c.stop(t, "cell-2")
@@ -446,4 +447,41 @@ func e2eBenchWork(ctx context.Context, t *testing.T, c *cluster) {
 	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?", bench.BareDatabase).Scan(&n); err != nil || n != 0 {
 		t.Errorf("the bare database after the run: %d (%v), want dropped", n, err)
 	}
+}
+
+// e2eBenchExternal: bench --external meters an outside command on the
+// cluster: five deposits sent with curl to new accounts through the router,
+// with the key and router the bench gives it; the report has its count and
+// the servers' statements over it (each deposit at least its INSERT).
+func e2eBenchExternal(ctx context.Context, t *testing.T, c *cluster) {
+	t.Helper()
+	dir := t.TempDir()
+	command := `ok=0; for i in 1 2 3 4 5; do ` +
+		`curl -fsS -o /dev/null -H "Authorization: Bearer $REDCELL_API_KEY" -H 'Content-Type: application/json' ` +
+		`-d '{"amount": 100, "order_no": "x1"}' "$REDCELL_ROUTER_URL/v1/accounts/ext-$REDCELL_ROUND-$$-$i/deposit" && ok=$((ok+1)); done; ` +
+		`echo "REDCELL_FRESH $ok"`
+	cmd := exec.CommandContext(ctx, c.bin, "bench", "--config", c.config, "--idle-window", "1s", "--external-op", "deposit",
+		"--external", command, "--out", dir)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bench --external: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, bench.ReportJSONFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.ExternalReport
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Runs) != 1 {
+		t.Fatalf("bench --external: %v, report:\n%s", err, b)
+	}
+	r := rep.Runs[0]
+	if r.Fresh != 5 || r.Error != "" || r.Work == nil || r.Work.Ops != 5 {
+		t.Fatalf("bench --external: run %+v, want 5 deposits metered", r)
+	}
+	if g := r.Work.StatementsGross; g == nil || *g < 1 || *g > 200 {
+		t.Errorf("bench --external: %v statements per deposit with the idle rate, want 1..200 (work %s)", g, r.Work.Text())
+	}
+	if _, err := os.Stat(filepath.Join(dir, bench.ChartFile)); err != nil {
+		t.Error(err)
+	}
+	t.Logf("external deposits, work per deposit: %s", r.Work.Text())
 }

@@ -7,13 +7,15 @@
 # need_root_cmd prints "sudo" when the current user is not root.
 need_root_cmd() { if [ "$(id -u)" -ne 0 ]; then echo sudo; fi; }
 
-# ensure_packages installs mariadb-server and memcached (and, as root, iproute2)
+# ensure_packages installs mariadb-server, memcached and curl (run.sh waits for
+# the cluster with it; the wrk helpers send with it) and, as root, iproute2,
 # with apt-get if missing.
 ensure_packages() {
   local missing=()
   command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
   command -v memcached >/dev/null 2>&1 || [ -x /usr/bin/memcached ] || missing+=(memcached)
   command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
   # ip (iproute2): the netns drills (root only) make namespaces, veths and a bridge.
   if [ "$(id -u)" -eq 0 ]; then command -v ip >/dev/null 2>&1 || missing+=(iproute2); fi
   if [ ${#missing[@]} -gt 0 ]; then
