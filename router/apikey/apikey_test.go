@@ -183,10 +183,17 @@ func TestFileSharedByRouters(t *testing.T) {
 		t.Fatalf("revoked entry kept with its time: %+v", keys[0])
 	}
 
-	// Another key, then the file broken by hand: the keys in use stay.
+	// Another key, then the file broken by hand: the keys in use stay. The
+	// broken file replaces the good one whole (written aside, renamed): a's
+	// watcher runs, and a write in place would let it read the file empty
+	// between the truncation and the bytes (no keys, as documented), which
+	// is not the case under test.
 	key2, _, _ := b.Add("other", []Scope{ScopeSend}, now)
 	waitFor(t, "a to read the new key", func() bool { _, err := a.Check([]byte(key2), ScopeSend); return err == nil })
-	if err := os.WriteFile(path, []byte("keys: [ {id: broken"), 0o600); err != nil {
+	if err := os.WriteFile(path+".tmp", []byte("keys: [ {id: broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Reload(); err == nil {
