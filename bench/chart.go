@@ -103,17 +103,12 @@ func (s Suite) WriteSVG(w io.Writer) error {
 	}
 	if worked {
 		top += chartPanelHeight + chartPanelGap
-		var names, colors, stmL, cpuL []string
-		var stms, cpus []float64
-		for i, r := range s.Runs {
-			names, colors = append(names, r.Name()), append(colors, chartColors[i%len(chartColors)])
-			st, c := r.Work.statementsPtr(), r.Work.cpuPtr("total")
-			stms, stmL = append(stms, valueOr0(st)), append(stmL, naF(st, "%.2f"))
-			cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))
+		var names []string
+		var works []*Work
+		for _, r := range s.Runs {
+			names, works = append(names, r.Name()), append(works, r.Work)
 		}
-		half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
-		barPanel(&b, chartMarginLeft, top, half, "SQL statements per open (idle taken off)", names, stms, colors, stmL)
-		barPanel(&b, chartMarginLeft+half+40, top, half, "CPU µs per open, all processes", names, cpus, colors, cpuL)
+		workBars(&b, top, "open", names, works)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
@@ -287,8 +282,9 @@ func writeRunsSVG(w io.Writer, title, rateTitle, op string, runs []barRun) error
 		_, err := io.WriteString(w, b.String())
 		return err
 	}
-	var names, colors, rateL, p99L, stmL, cpuL []string
-	var rates, p99s, stms, cpus []float64
+	var names, colors, rateL, p99L []string
+	var rates, p99s []float64
+	var works []*Work
 	for i, r := range runs {
 		names, colors = append(names, r.name), append(colors, chartColors[i%len(chartColors)])
 		rates, rateL = append(rates, r.rate), append(rateL, fmt.Sprintf("%.0f/s ×%s", r.rate, naF(ratioPtr(r.rate, runs[0].rate), "%.2f")))
@@ -296,22 +292,35 @@ func writeRunsSVG(w io.Writer, title, rateTitle, op string, runs []barRun) error
 		if r.p99 == 0 { // not measured (an external load's)
 			p99L[len(p99L)-1] = "n/a"
 		}
-		s, c := r.work.statementsPtr(), r.work.cpuPtr("total")
-		stms, stmL = append(stms, valueOr0(s)), append(stmL, naF(s, "%.2f"))
-		cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))
+		works = append(works, r.work)
 	}
 	half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
 	top := float64(chartTop + chartPanelGap/2)
 	barPanel(&b, chartMarginLeft, top, half, rateTitle+" by run (× the first)", names, rates, colors, rateL)
 	barPanel(&b, chartMarginLeft+half+40, top, half, "p99 by run, ms", names, p99s, colors, p99L)
 	if rows == 2 {
-		top += chartPanelHeight + chartPanelGap
-		barPanel(&b, chartMarginLeft, top, half, "SQL statements per "+op+" (idle taken off)", names, stms, colors, stmL)
-		barPanel(&b, chartMarginLeft+half+40, top, half, "CPU µs per "+op+", all processes", names, cpus, colors, cpuL)
+		workBars(&b, top+chartPanelHeight+chartPanelGap, op, names, works)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// workBars draws a row of two bar panels at top: each run's statements and
+// CPU µs (all processes) per operation (op names it), n/a where a run (its
+// work nil, or the figure unread) has none. Runs take chartColors in order.
+func workBars(b *strings.Builder, top float64, op string, names []string, works []*Work) {
+	var colors, stmL, cpuL []string
+	var stms, cpus []float64
+	for i, w := range works {
+		colors = append(colors, chartColors[i%len(chartColors)])
+		st, c := w.statementsPtr(), w.cpuPtr("total")
+		stms, stmL = append(stms, valueOr0(st)), append(stmL, naF(st, "%.2f"))
+		cpus, cpuL = append(cpus, valueOr0(c)), append(cpuL, naF(c, "%.0f µs"))
+	}
+	half := float64(chartWidth-chartMarginLeft-chartMarginRight-40) / 2
+	barPanel(b, chartMarginLeft, top, half, "SQL statements per "+op+" (idle taken off)", names, stms, colors, stmL)
+	barPanel(b, chartMarginLeft+half+40, top, half, "CPU µs per "+op+", all processes", names, cpus, colors, cpuL)
 }
 
 // valueOr0 is *v, or 0 for nil.

@@ -658,11 +658,9 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 		ew.printf("  target: %s\n", t)
 	}
 	if s.Bare != nil {
-		works := make([]namedWork, 0, len(s.Runs))
+		var works []namedWork
 		for _, r := range s.Runs {
-			if r.Cluster == "" { // the floor is on this cluster's server
-				works = append(works, namedWork{r.Name, r.Work})
-			}
+			works = appendOwnWork(works, r.Cluster, r.Name, r.Work)
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}

@@ -763,11 +763,9 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 			r.Concurrency, time.Duration(r.DurationMS)*time.Millisecond, r.NoopPerSec, r.Noop.LatencyMS.P99, r.IssuedPerSec, r.Issued.LatencyMS.P99, r.Ratio)
 	}
 	if s.Bare != nil {
-		works := make([]namedWork, 0, len(s.Runs))
+		var works []namedWork
 		for _, r := range s.Runs {
-			if r.Cluster == "" { // the floor is on this cluster's server
-				works = append(works, namedWork{r.Booking, r.Work})
-			}
+			works = appendOwnWork(works, r.Cluster, r.Booking, r.Work)
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}

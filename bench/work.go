@@ -499,3 +499,12 @@ func pairWithBaseline[R any](runs []R, of func(R) (cluster, name string), vs fun
 	}
 	return out
 }
+
+// appendOwnWork appends a run's work to the floor's list when the run is of
+// this cluster (cluster ""): the bare open ran on this cluster's server.
+func appendOwnWork(works []namedWork, cluster, name string, w *Work) []namedWork {
+	if cluster != "" {
+		return works
+	}
+	return append(works, namedWork{name, w})
+}
