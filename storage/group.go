@@ -71,8 +71,9 @@ func (k GroupKind) String() string {
 type GroupOp struct {
 	Kind GroupKind
 
-	// OpOpen: the packet, the opens in FIFO order, and the random source of
-	// the double-mean draws (not shared with other goroutines).
+	// OpOpen: the packet, the opens in FIFO order, and the random source
+	// the op takes its draw seed from (two draws, model.TakeDrawSeed; not
+	// shared with other goroutines).
 	Ref  model.PacketRef
 	Reqs []model.OpenRequest
 	Rand *rand.Rand

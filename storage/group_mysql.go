@@ -30,6 +30,14 @@ import (
 // act_id), the order a refund takes them; a deadlock victim all the same is
 // run again by inTx (three tries), and a group that still fails wrote nothing.
 //
+// Opens are decided without reading the openers' earlier claims: a new
+// claim is inserted at once, and the claim table's unique key on (packet,
+// act_id) refuses a user's second one. When it does (a repeat), or when an
+// open's answer is SOLD_OUT or EXPIRED (a user who claimed earlier gets the
+// claim instead), the transaction is rolled back and the group run again
+// with the claims read after the locks: a repeat costs a second
+// transaction, a fresh open no read.
+//
 // A COMMIT without an answer is settled by re-reading the first row the
 // group wrote (a send's or deposit's flow row, or a new claim), compared
 // with what this attempt wrote (time, amounts, seq): the group is atomic, so
@@ -42,13 +50,29 @@ func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 	if err := m.ensureGroup(ctx, ops); err != nil {
 		return err
 	}
+	// Each open's seed, taken once: every run of the transaction draws the
+	// same shares (model.DrawSeed).
+	seeds := make([]model.DrawSeed, len(ops))
+	for i, op := range ops {
+		if op.Kind == OpOpen {
+			seeds[i] = model.TakeDrawSeed(op.Rand)
+		}
+	}
 	var probe func() (bool, error)
+	readClaims := false // optimistic: uk_claim refuses a repeat (groupTx)
 	err := bulkRetry(func(fresh bool) error {
-		return m.inTx(ctx, func(tx *sql.Tx) error {
-			var err error
-			probe, err = m.groupTx(ctx, tx, ops, fresh)
-			return err
-		})
+		for {
+			err := m.inTx(ctx, func(tx *sql.Tx) error {
+				var err error
+				probe, err = m.groupTx(ctx, tx, ops, seeds, fresh, readClaims)
+				return err
+			})
+			if !errors.Is(err, errClaimsNeeded) || readClaims {
+				return err
+			}
+			m.claimRereads.Add(1)
+			readClaims = true
+		}
 	})
 	if errors.Is(err, errCommitUnknown) && probe != nil {
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
@@ -129,12 +153,19 @@ type groupState struct {
 //
 // fresh: a group that reads nothing (credits, issues, accepts, bookings
 // only) runs its first bulk list without a SAVEPOINT (applyCreditsTx).
-func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh bool) (func() (bool, error), error) {
+//
+// seeds[i]: op i's draw seed (an open's), the same in every run.
+//
+// readClaims: the openers' earlier claims are read after the locks. Without
+// it, groupTx answers errClaimsNeeded (having written nothing that stays:
+// the caller rolls back) when an answer could depend on them: an open
+// answered SOLD_OUT or EXPIRED, or a new claim the unique key refused.
+func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds []model.DrawSeed, fresh, readClaims bool) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
 		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
 	}
-	st, err := m.groupRead(ctx, tx, ops)
+	st, err := m.groupRead(ctx, tx, ops, readClaims)
 	if err != nil {
 		return nil, err
 	}
@@ -146,15 +177,18 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh b
 		issueOps, acceptOps  []*GroupOp
 		probe                func() (bool, error)
 	)
-	for _, op := range ops {
+	for i, op := range ops {
 		switch op.Kind {
 		case OpOpen:
 			p := st.packets[op.Ref.ID]
-			in := model.OpenInput{Packet: model.Packet{ID: op.Ref.ID}, Reqs: op.Reqs, NowMS: now, Rand: op.Rand}
+			in := model.OpenInput{Packet: model.Packet{ID: op.Ref.ID}, Reqs: op.Reqs, NowMS: now, Rand: seeds[i].Rand()}
 			if p != nil {
 				in.Packet, in.Found, in.Earlier = *p, true, st.claims[op.Ref.ID]
 			}
 			out := model.Open(in)
+			if p != nil && !readClaims && refusedAny(out.Results) {
+				return nil, errClaimsNeeded // the user may hold a claim: read it
+			}
 			op.Results, op.Packet = out.Results, out.Packet
 			if len(out.Fresh) == 0 {
 				continue
@@ -237,6 +271,11 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh b
 	if q, args := w.sql(m); q != "" {
 		fresh = false
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			if !readClaims && isMySQLErr(err, errDupEntry) {
+				// uk_claim refused a repeat (sends' and deposits' order
+				// numbers were read under lock, so they cannot be it).
+				return nil, errClaimsNeeded
+			}
 			return nil, err
 		}
 	}
@@ -309,10 +348,26 @@ func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey, want model.Flow)
 	}
 }
 
+// errClaimsNeeded: a group decided without the openers' earlier claims must
+// run again with them (groupTx); the transaction is rolled back.
+var errClaimsNeeded = errors.New("storage: the openers' earlier claims are needed")
+
+// refusedAny tells whether an open's answers hold an error (SOLD_OUT,
+// EXPIRED), which a user's earlier claim would have replaced.
+func refusedAny(rs []model.OpenResult) bool {
+	for _, r := range rs {
+		if r.Err != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // groupRead takes the group's locks and reads its rows: one statement
 // creating the wallets the group debits or credits (so they can be locked),
-// then one multi-statement query of locking reads and the claims.
-func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*groupState, error) {
+// then one multi-statement query of locking reads and, with readClaims, the
+// openers' earlier claims.
+func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readClaims bool) (*groupState, error) {
 	st := &groupState{
 		packets: map[model.PacketID]*model.Packet{},
 		claims:  map[model.PacketID]map[string]model.Claim{},
@@ -330,6 +385,9 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp) (*gro
 				st.claims[op.Ref.ID] = map[string]model.Claim{}
 				t := m.packetTable(op.Ref.Shard, op.Ref.Day)
 				packetsByTable[t] = append(packetsByTable[t], string(op.Ref.ID))
+			}
+			if !readClaims {
+				continue
 			}
 			ct := m.claimTable(op.Ref.Shard, op.Ref.Day)
 			if claimsByTable[ct] == nil {

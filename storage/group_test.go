@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"redcell/internal/clock"
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -215,5 +216,78 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the group did not commit after the packet row was released")
+	}
+}
+
+// TestOpenWithoutClaimsRead: an open reads no claims when every opener gets
+// a new one (one SELECT, the packet's locking read, counted on the store's
+// only connection); a repeat, caught by uk_claim, and a refusal (a user who
+// claimed before must get the claim, not SOLD_OUT) run the group again with
+// the claims read, and answer as before.
+func TestOpenWithoutClaimsRead(t *testing.T) {
+	m, err := Open(testenv.MySQLDSN(t, 1), 1) // one connection: its session counters are the store's
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	ctx := context.Background()
+	if _, err := m.Deposit(ctx, sharding.ShardOfAct("ow"), "ow", "d-"+testenv.Prefix(), 300); err != nil {
+		t.Fatal(err)
+	}
+	ref := send(t, m, "ow", 300, 3, time.Hour)
+	selects := func() int64 {
+		t.Helper()
+		var name string
+		var n int64
+		if err := m.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_select'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	reqs := func(acts ...string) []model.OpenRequest {
+		out := make([]model.OpenRequest, len(acts))
+		for i, a := range acts {
+			out[i] = model.OpenRequest{ActID: a, Shard: sharding.ShardOfAct(a)}
+		}
+		return out
+	}
+	base := selects()
+	base = selects() - base // what reading the counter itself adds
+	s0, re0 := selects(), m.claimRereads.Load()
+	fresh, _, err := m.OpenBatch(ctx, ref, reqs("u1", "u2"), r)
+	if err != nil || fresh[0].Err != nil || fresh[1].Err != nil || fresh[0].Claim.Seq != 1 || fresh[1].Claim.Seq != 2 {
+		t.Fatalf("fresh opens: %v %+v", err, fresh)
+	}
+	if got := selects() - s0 - base; got != 1 {
+		t.Errorf("fresh opens ran %d SELECTs, want 1 (the packet's locking read)", got)
+	}
+	if got := m.claimRereads.Load() - re0; got != 0 {
+		t.Errorf("fresh opens re-read the claims %d times", got)
+	}
+
+	// u1 again beside a new opener: the unique key refuses u1's second
+	// claim, and the group runs again with the claims read.
+	again, p, err := m.OpenBatch(ctx, ref, reqs("u1", "u3"), r)
+	if err != nil || !again[0].Repeat || again[0].Claim != fresh[0].Claim || again[1].Err != nil || again[1].Claim.Seq != 3 {
+		t.Fatalf("repeat beside a fresh open: %v %+v (first %+v)", err, again, fresh[0])
+	}
+	if p.RemainingCount != 0 || p.Status != model.StatusSoldOut {
+		t.Errorf("packet after the last share: %+v", p)
+	}
+	if got := m.claimRereads.Load() - re0; got != 1 {
+		t.Errorf("re-reads after a repeat: %d, want 1", got)
+	}
+	// Sold out: u2 holds a claim and gets it back; u4 is refused.
+	closed, _, err := m.OpenBatch(ctx, ref, reqs("u2", "u4"), r)
+	if err != nil || !closed[0].Repeat || closed[0].Claim != fresh[1].Claim || !errors.Is(closed[1].Err, model.ErrSoldOut) {
+		t.Fatalf("opens of the sold-out packet: %v %+v", err, closed)
+	}
+	if got := m.claimRereads.Load() - re0; got != 2 {
+		t.Errorf("re-reads after a refusal: %d, want 2", got)
+	}
+	sum, n, users := rowsOfPacket(t, m, ref)
+	if sum != 300 || n != 3 || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 || users["u4"] != 0 {
+		t.Errorf("claim rows: sum %d, %d rows, users %v", sum, n, users)
 	}
 }

@@ -168,53 +168,21 @@ func (m *MySQL) claimsPage(ctx context.Context, ref model.PacketRef, afterSeq in
 	return out, rows.Err()
 }
 
-// OpenBatch opens packet ref once for each request, in order, in ONE transaction:
-// lock the packet row, read the claims the requests' users already hold, decide
-// (model.Open: the earlier claim to users who already claimed, a share of the
-// remainder for the others, double-mean for random packets), insert the new
-// claims and their outbox rows, update the packet, commit. A user listed twice
-// gets one claim. Per-request errors: ErrSoldOut, ErrExpired, ErrNotFound. An
-// error for the whole batch (the transaction failed) means nothing was written.
-// It also returns the packet as the transaction left it (zero if not found).
-// r must not be shared with other goroutines.
+// OpenBatch opens packet ref once for each request, in order, in ONE
+// transaction: a group of one open through CommitGroup (lock the packet row,
+// decide by model.Open, insert the new claims and their outbox rows, update
+// the packet, commit; the earlier claims are read only when a repeat or a
+// refusal needs them). A user listed twice gets one claim. Per-request
+// errors: ErrSoldOut, ErrExpired, ErrNotFound. An error for the whole batch
+// (the transaction failed) means nothing was written. It also returns the
+// packet as the transaction left it (zero if not found). r must not be
+// shared with other goroutines.
 func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
-	var out model.OpenOutcome
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		out, err = m.openTx(ctx, tx, ref, reqs, r)
-		return err
-	})
-	if err != nil {
+	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: reqs, Rand: r}
+	if err := m.CommitGroup(ctx, []*GroupOp{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("storage: open %s: %w", ref.ID, err)
 	}
-	return out.Results, out.Packet, nil
-}
-
-func (m *MySQL) openTx(ctx context.Context, tx *sql.Tx, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) (model.OpenOutcome, error) {
-	p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
-		" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
-	if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
-		return model.Open(model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs}), nil
-	}
-	if err != nil {
-		return model.OpenOutcome{}, err
-	}
-	earlier, err := m.claimsOf(ctx, tx, ref, reqs)
-	if err != nil {
-		return model.OpenOutcome{}, err
-	}
-	out := model.Open(model.OpenInput{Packet: p, Found: true, Earlier: earlier, Reqs: reqs, NowMS: m.nowMS(), Rand: r})
-	if len(out.Fresh) == 0 {
-		return out, nil
-	}
-	if err := m.insertClaims(ctx, tx, ref, out.Fresh, out.Credits); err != nil {
-		return model.OpenOutcome{}, err
-	}
-	q := out.Packet
-	_, err = tx.ExecContext(ctx, "UPDATE "+m.packetTable(ref.Shard, ref.Day)+
-		" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
-		q.RemainingAmount, q.RemainingCount, q.Status, string(ref.ID))
-	return out, err
+	return op.Results, op.Packet, nil
 }
 
 // ClaimsOf returns the claims the requests' users hold on the packet, read
@@ -265,25 +233,6 @@ func (m *MySQL) claimsOf(ctx context.Context, tx rowsQueryer, ref model.PacketRe
 		out[c.ActID] = c
 	}
 	return out, rows.Err()
-}
-
-// insertClaims writes the new claims and their outbox rows (credits[i] is the
-// outbox row of fresh[i], created with it), one multi-row INSERT each.
-func (m *MySQL) insertClaims(ctx context.Context, tx *sql.Tx, ref model.PacketRef, fresh []model.Claim, credits []model.Credit) error {
-	claimArgs := make([]any, 0, len(fresh)*5)
-	outArgs := make([]any, 0, len(fresh)*7)
-	for i, c := range fresh {
-		cr := credits[i]
-		claimArgs = append(claimArgs, string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
-		outArgs = append(outArgs, cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS, m.creditDest(cr.Shard))
-	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.claimTable(ref.Shard, ref.Day)+
-		" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(len(fresh), 5), claimArgs...); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+m.outboxTable(ref.Shard.DB())+
-		" (claim_id, packet_id, act_id, act_shard, amount, created_ms, dest) VALUES "+rowsOf(len(fresh), 7), outArgs...)
-	return err
 }
 
 func placeholders(n int) string {

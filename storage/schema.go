@@ -237,6 +237,9 @@ type MySQL struct {
 	trips   *atomic.Int64              // round trips to the server, over the pool (switchConnector); nil: not counted
 	txConns *txConnMap                 // inTx's transactions and their connections (counted.go)
 	names   atomic.Pointer[tableNames] // made for ns on first use (tableNamesOf)
+	// claimRereads: groups run again with their openers' claims read (a
+	// repeat, or an open answered SOLD_OUT or EXPIRED; CommitGroup).
+	claimRereads atomic.Int64
 
 	mu           sync.Mutex               // guards ensured, forgets, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process

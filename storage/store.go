@@ -78,8 +78,8 @@ type Packets interface {
 	// transaction, by the rules of model.Open: a user gets at most one claim
 	// per packet (an earlier claim comes back with Repeat set; a user listed
 	// twice gets one claim, the later answer repeating it); a new claim takes
-	// the next seq, its share the next draw from r (double-mean, or the fixed
-	// share), created now, with its outbox row owed to the request's shard.
+	// the next seq, its share drawn from the batch's seed, which it takes
+	// from r (model.TakeDrawSeed; double-mean, or the fixed share), created now, with its outbox row owed to the request's shard.
 	// Per-request errors (in OpenResult.Err): ErrNotFound, ErrSoldOut (no
 	// share left, whatever the time), ErrExpired (refunded, or now >=
 	// ExpiresMS). It returns the packet as the batch left it (zero if not

@@ -206,7 +206,7 @@ func (g *group) send(op *storage.GroupOp) {
 
 func (g *group) open(op *storage.GroupOp) {
 	id := op.Ref.ID
-	in := model.OpenInput{Packet: model.Packet{ID: id}, Reqs: op.Reqs, NowMS: g.now, Rand: op.Rand}
+	in := model.OpenInput{Packet: model.Packet{ID: id}, Reqs: op.Reqs, NowMS: g.now, Rand: model.TakeDrawSeed(op.Rand).Rand()}
 	sp := g.packet(id)
 	if sp != nil {
 		in.Packet, in.Found, in.Earlier = sp.p, true, sp.claimsOf(op.Reqs)

@@ -102,7 +102,7 @@ func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs, NowMS: s.nowMS(), Rand: r}
+	in := model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs, NowMS: s.nowMS(), Rand: model.TakeDrawSeed(r).Rand()}
 	pk, found := s.packets[ref.ID]
 	if found {
 		in.Packet, in.Found, in.Earlier = pk.p, true, pk.claimsOfLocked(reqs)

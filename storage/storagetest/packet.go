@@ -147,7 +147,7 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 // twice in a batch gets one claim (the later answer repeats it), a user who
 // claimed before gets the earlier claim back with Repeat set. New claims take
 // seq 1, 2, ... in request order, each share the next double-mean draw from
-// r, created at the store's clock; each new claim gets its outbox row, owed
+// the batch's seed taken from r (model.TakeDrawSeed), created at the store's clock; each new claim gets its outbox row, owed
 // to the shard its request named.
 func contractOpenOneClaimPerUser(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)

@@ -312,7 +312,7 @@ func wantCode(t *testing.T, what string, err error, want *model.Error) {
 // cents in count shares drawn from seed: what OpenBatch must give new claims,
 // in request order, when it is handed rand.New(rand.NewPCG(seed, seed)).
 func draws(amount model.Cents, count int64, seed uint64, n int) []model.Cents {
-	r := rand.New(rand.NewPCG(seed, seed))
+	r := model.TakeDrawSeed(rand.New(rand.NewPCG(seed, seed))).Rand() // the batch's seed, as the stores take it
 	var out []model.Cents
 	for i := 0; i < n; i++ {
 		s := model.SplitNext(amount, count, r)
