@@ -283,3 +283,73 @@ func TestMarkDeliveredOneRoundTrip(t *testing.T) {
 		t.Errorf("a row marked before took a new dest: %q (%v)", dest, err)
 	}
 }
+
+// TestMarkDeliveredOneStatement: a delivered batch of one database and dest
+// (a hot packet's credits) is marked by its UPDATE alone, in autocommit: one
+// statement, no BEGIN or COMMIT (the session counters of the store's only
+// connection); two databases take the transaction.
+func TestMarkDeliveredOneStatement(t *testing.T) {
+	m, err := Open(testenv.MySQLDSN(t, 1), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	ctx := context.Background()
+	pre := testenv.Prefix()
+	a, b := claimsInTwoDBs(t, m, pre)
+	all := append(slices.Clone(a), b...)
+	if n, _, err := m.ApplyCredits(ctx, all); err != nil || n != len(all) {
+		t.Fatal(n, err)
+	}
+	counters := func() map[string]int64 {
+		t.Helper()
+		rows, err := m.db.QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('Com_update', 'Com_begin', 'Com_commit')")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]int64{}
+		for rows.Next() {
+			var k string
+			var v int64
+			if err := rows.Scan(&k, &v); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = v
+		}
+		return out
+	}
+	mark := func(cs []model.Credit) map[string]int64 {
+		t.Helper()
+		before := counters()
+		if skipped, err := m.MarkDelivered(ctx, cs); err != nil || skipped != 0 {
+			t.Fatalf("mark: %d skipped, %v", skipped, err)
+		}
+		after := counters()
+		for k := range after {
+			after[k] -= before[k]
+		}
+		return after
+	}
+	if got := mark(a); got["Com_update"] != 1 || got["Com_begin"] != 0 || got["Com_commit"] != 0 {
+		t.Errorf("one database: %v, want 1 UPDATE and no BEGIN or COMMIT", got)
+	}
+	if got := mark(b); got["Com_update"] != 1 || got["Com_begin"] != 0 {
+		t.Errorf("the other database: %v", got)
+	}
+	for _, c := range all {
+		ref, _, _ := model.ParseClaimID(c.ClaimID)
+		var st int
+		if err := m.db.QueryRow("SELECT state FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil || st != 1 {
+			t.Errorf("%s: state %d (%v), want 1", c.ClaimID, st, err)
+		}
+	}
+	c, d := claimsInTwoDBs(t, m, pre+"2")
+	two := append(slices.Clone(c), d...)
+	if n, _, err := m.ApplyCredits(ctx, two); err != nil || n != len(two) {
+		t.Fatal(n, err)
+	}
+	if got := mark(two); got["Com_update"] != 2 || got["Com_begin"] != 1 || got["Com_commit"] != 1 {
+		t.Errorf("two databases: %v, want 2 UPDATEs in one transaction", got)
+	}
+}

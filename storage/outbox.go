@@ -47,7 +47,9 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 //
 // The common case (every row pending, none locked) is one round trip
 // (markAll): one READ COMMITTED transaction of one UPDATE per database and
-// dest, none waiting for a lock, sent as one statement list with its COMMIT.
+// dest, none waiting for a lock, sent as one statement list with its COMMIT;
+// a batch of one database and dest (a hot packet's credits) is that UPDATE
+// alone, its own transaction, three statements fewer.
 // The databases where that marked fewer rows than named (rows marked before,
 // or gone), or all of them when a row was locked, are marked again exactly,
 // in one READ COMMITTED transaction, two statements per database, in
@@ -101,14 +103,14 @@ func (m *MySQL) MarkDelivered(ctx context.Context, credits []model.Credit) (skip
 // markAll is MarkDelivered's one round trip: SET TRANSACTION ISOLATION LEVEL
 // READ COMMITTED, START TRANSACTION, per database (in order) and dest one
 // UPDATE of the pending rows named (without waiting for a lock: noWait),
-// COMMIT, as one statement list on a connection of its own. It returns the
+// COMMIT, as one statement list on a connection of its own; a single UPDATE
+// is sent alone, in autocommit. It returns the
 // databases (in order) to mark again exactly: those whose UPDATEs changed
 // fewer rows than they name (committed: what they changed is marked), or,
 // when a row was locked, every database (rolled back: nothing marked).
 func (m *MySQL) markAll(ctx context.Context, byDB map[int][]any, dest map[string]string) (again []int, err error) {
 	dbs := slices.Sorted(maps.Keys(byDB))
-	var q strings.Builder
-	q.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+	var updates []string
 	var args []any
 	type part struct{ db, n int }
 	var parts []part // one per UPDATE, in order
@@ -127,18 +129,24 @@ func (m *MySQL) markAll(ctx context.Context, byDB map[int][]any, dest map[string
 				set += ", dest = ?"
 				args = append(args, d)
 			}
-			q.WriteString(";" + noWait + "UPDATE " + m.outboxTable(db) + " " + set + " WHERE state = 0 AND claim_id IN (" + placeholders(len(ids)) + ")")
+			updates = append(updates, noWait+"UPDATE "+m.outboxTable(db)+" "+set+" WHERE state = 0 AND claim_id IN ("+placeholders(len(ids))+")")
 			args = append(args, ids...)
 			parts = append(parts, part{db, len(ids)})
 		}
 	}
-	q.WriteString("; COMMIT")
+	// One UPDATE goes alone: autocommit makes it its own transaction, and
+	// a lock it would wait for rolls back that statement, all of it.
+	list, head, tail := updates[0], 0, 0 // head, tail: statements around the UPDATEs
+	if len(updates) > 1 {
+		list = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;" + strings.Join(updates, ";") + "; COMMIT"
+		head, tail = 2, 1
+	}
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	counts, err := execList(ctx, conn, q.String(), args...)
+	counts, err := execList(ctx, conn, list, args...)
 	if err != nil {
 		// The list stopped at the failing statement, inside its transaction
 		// when START TRANSACTION ran: roll it back, or drop the connection.
@@ -150,12 +158,12 @@ func (m *MySQL) markAll(ctx context.Context, byDB map[int][]any, dest map[string
 		}
 		return nil, err
 	}
-	if len(counts) != 2+len(parts)+1 {
-		return nil, fmt.Errorf("storage: mark delivered: %d statement counts for %d statements", len(counts), 2+len(parts)+1)
+	if want := head + len(parts) + tail; len(counts) != want {
+		return nil, fmt.Errorf("storage: mark delivered: %d statement counts for %d statements", len(counts), want)
 	}
 	short := map[int]bool{}
 	for i, p := range parts {
-		if counts[2+i] != int64(p.n) {
+		if counts[head+i] != int64(p.n) {
 			short[p.db] = true
 		}
 	}
