@@ -62,11 +62,11 @@ type creditPaths struct {
 // wait timeout needs innodb_rollback_on_timeout=OFF (MariaDB's default);
 // with it ON the call fails (stillInTx).
 //
-// fresh says nothing has been written or locked in tx before the call: the
+// fresh says the transaction runs for the first time (bulkRetry): the
 // first bulk list then goes without its SAVEPOINT (one statement less), and
 // when it cannot be written whole the call answers errBulkUnfit, which ends
-// the transaction; its caller rolls back and runs it again with fresh false
-// (bulkRetry).
+// the transaction, whatever it wrote before the call; its caller rolls it
+// back and runs it again, whole, with fresh false.
 func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool) (applied int, deferred []string, err error) {
 	sorted := lockOrder(credits)
 	for len(sorted) > 0 {

@@ -151,8 +151,12 @@ type groupState struct {
 // COMMIT without an answer, whether the group was applied (nil when the
 // group wrote nothing a probe can find). It may run more than once (inTx).
 //
-// fresh: a group that reads nothing (credits, issues, accepts, bookings
-// only) runs its first bulk list without a SAVEPOINT (applyCreditsTx).
+// fresh: the first run of the group: its bulk lists (credits, issues,
+// accepts) go without a SAVEPOINT, wherever they come in the transaction,
+// and one that cannot be written whole answers errBulkUnfit, which rolls
+// the whole group back to run again with savepoints (bulkRetry). A group's
+// rare unfit list costs a second run; every other group a statement less
+// per list.
 //
 // seeds[i]: op i's draw seed (an open's), the same in every run.
 //
@@ -261,15 +265,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			acceptOps = append(acceptOps, op)
 		}
 	}
-	// Fresh only while nothing was read or written: opens, sends and
-	// deposits read (and lock) first.
-	for _, op := range ops {
-		if op.Kind == OpOpen || op.Kind == OpSend || op.Kind == OpDeposit {
-			fresh = false
-		}
-	}
 	if q, args := w.sql(m); q != "" {
-		fresh = false
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			if !readClaims && isMySQLErr(err, errDupEntry) {
 				// uk_claim refused a repeat (sends' and deposits' order
@@ -282,14 +278,12 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
 		var err error
 		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now, fresh)
-		fresh = false
 		if err != nil {
 			return nil, err
 		}
 	}
 	if len(issueOps) > 0 {
 		p, err := m.issueRewardsTx(ctx, tx, issueOps, fresh)
-		fresh = false
 		if err != nil {
 			return nil, err
 		}
@@ -301,7 +295,6 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	}
 	if len(acceptOps) > 0 {
 		p, err := m.acceptCouponsTx(ctx, tx, acceptOps, now, fresh)
-		fresh = false
 		if err != nil {
 			return nil, err
 		}

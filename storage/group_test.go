@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -289,5 +290,60 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	sum, n, users := rowsOfPacket(t, m, ref)
 	if sum != 300 || n != 3 || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 || users["u4"] != 0 {
 		t.Errorf("claim rows: sum %d, %d rows, users %v", sum, n, users)
+	}
+}
+
+// TestGroupOfOpensAndCreditsWithoutSavepoint: a group's credit list goes
+// without a SAVEPOINT after the group's open wrote (its first run); when
+// the list cannot be written whole (a credit booked before) the whole group
+// runs again with savepoints, and the open is still applied once, the
+// booked credit not again, the others once.
+func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
+	m, err := Open(testenv.MySQLDSN(t, 1), 1) // one connection: its session counters are the store's
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	m.ns = "rg" + testenv.Prefix()[1:] + "_"
+	t.Cleanup(func() { dropNamespace(t, m) })
+	ctx := context.Background()
+	pre := testenv.Prefix()
+	deposit(t, m, pre+"-s", 300)
+	ref := send(t, m, pre+"-s", 300, 3, time.Hour)
+	savepoints := func() int64 {
+		t.Helper()
+		var name string
+		var n int64
+		if err := m.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_savepoint'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	opener := func(act string) *GroupOp {
+		return &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, Rand: r}
+	}
+	cs := synthCredits(t, m, pre+"a", []model.ShardID{3, 17}, 1, 1)
+	s0 := savepoints()
+	first := []*GroupOp{opener("u1"), {Kind: OpCredits, Credits: cs}}
+	if err := m.CommitGroup(ctx, first); err != nil || first[0].Results[0].Err != nil || first[1].Applied != len(cs) {
+		t.Fatalf("open and credits: %v, %+v, applied %d", err, first[0].Results, first[1].Applied)
+	}
+	if got := savepoints() - s0; got != 0 {
+		t.Errorf("open and credits: %d savepoints, want 0", got)
+	}
+	more := synthCredits(t, m, pre+"b", []model.ShardID{3, 250}, 1, 1)
+	s1 := savepoints()
+	second := []*GroupOp{opener("u2"), {Kind: OpCredits, Credits: append(slices.Clone(cs[:1]), more...)}}
+	if err := m.CommitGroup(ctx, second); err != nil || second[0].Results[0].Err != nil || second[0].Results[0].Claim.Seq != 2 || second[1].Applied != len(more) {
+		t.Fatalf("open and credits, one booked before: %v, %+v, applied %d", err, second[0].Results, second[1].Applied)
+	}
+	if got := savepoints() - s1; got < 1 {
+		t.Errorf("the group over a booked credit ran with %d savepoints, want its second run's", got)
+	}
+	checkCreditRows(t, m, append(slices.Clone(cs), more...), func(model.Credit) bool { return true })
+	paid := first[0].Results[0].Claim.Amount + second[0].Results[0].Claim.Amount
+	if sum, n, users := rowsOfPacket(t, m, ref); n != 2 || sum != paid || users["u1"] != 1 || users["u2"] != 1 {
+		t.Errorf("claims: %d rows, sum %d, users %v", n, sum, users)
 	}
 }

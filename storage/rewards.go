@@ -861,8 +861,8 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 // short count takes tx back to sp (nothing of the list written, the locks
 // taken kept) and answers false.
 //
-// Fresh: nothing was written or locked in tx before (applyCreditsTx's
-// fresh): no SAVEPOINT, and errBulkUnfit where it would go back to it.
+// Fresh: the transaction's first run (applyCreditsTx's fresh): no
+// SAVEPOINT, and errBulkUnfit where it would go back to it.
 func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []string, args []any, n int, fresh bool) (ok bool, err error) {
 	q := make([]string, 0, len(inserts)+1)
 	if !fresh {
