@@ -1,6 +1,10 @@
 package model
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+
+	"redcell/internal/invariant"
+)
 
 // DrawSeed is an open batch's own seed, taken once per batch from the
 // caller's source (TakeDrawSeed): the batch's double-mean draws come from a
@@ -11,11 +15,9 @@ import "math/rand/v2"
 type DrawSeed [2]uint64
 
 // TakeDrawSeed takes a batch's seed from r: two draws, whatever the batch
-// holds. A nil r gives the zero seed.
+// holds. r must not be nil (a broken invariant: it panics).
 func TakeDrawSeed(r *rand.Rand) DrawSeed {
-	if r == nil {
-		return DrawSeed{}
-	}
+	invariant.That(r != nil, "an open batch without a random source")
 	return DrawSeed{r.Uint64(), r.Uint64()}
 }
 

@@ -7,7 +7,7 @@ import (
 
 // TestDrawSeed: a seed's sources draw the same sequence each time, two
 // batches' seeds taken in turn from one source differ, and taking a seed
-// moves the caller's source by exactly two draws.
+// moves the caller's source by exactly two draws; a nil source panics.
 func TestDrawSeed(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	a, b := TakeDrawSeed(r), TakeDrawSeed(r)
@@ -27,7 +27,10 @@ func TestDrawSeed(t *testing.T) {
 	if got, want := r.Uint64(), ref.Uint64(); got != want {
 		t.Errorf("after two seeds the source gives %d, want %d (four draws taken)", got, want)
 	}
-	if TakeDrawSeed(nil) != (DrawSeed{}) {
-		t.Error("a nil source gives a seed other than zero")
-	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a nil source gave a seed")
+		}
+	}()
+	TakeDrawSeed(nil)
 }

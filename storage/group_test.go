@@ -297,7 +297,8 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 // without a SAVEPOINT after the group's open wrote (its first run); when
 // the list cannot be written whole (a credit booked before) the whole group
 // runs again with savepoints, and the open is still applied once, the
-// booked credit not again, the others once.
+// booked credit not again, the others once; the next such group, within
+// unfitQuiet, takes its savepoints at once.
 func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	m, err := Open(testenv.MySQLDSN(t, 1), 1) // one connection: its session counters are the store's
 	if err != nil {
@@ -305,6 +306,7 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	m.ns = "rg" + testenv.Prefix()[1:] + "_"
+	m.clock = clock.NewManual(time.Now()) // still: the third group comes within unfitQuiet of the second
 	t.Cleanup(func() { dropNamespace(t, m) })
 	ctx := context.Background()
 	pre := testenv.Prefix()
@@ -338,12 +340,60 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	if err := m.CommitGroup(ctx, second); err != nil || second[0].Results[0].Err != nil || second[0].Results[0].Claim.Seq != 2 || second[1].Applied != len(more) {
 		t.Fatalf("open and credits, one booked before: %v, %+v, applied %d", err, second[0].Results, second[1].Applied)
 	}
-	if got := savepoints() - s1; got < 1 {
-		t.Errorf("the group over a booked credit ran with %d savepoints, want its second run's", got)
+	if got := savepoints() - s1; got < 2 {
+		t.Errorf("the group over a booked credit ran with %d savepoints, want its second run's (the list's, then the one-by-one path's)", got)
+	}
+	// Within unfitQuiet of that, a group that locks rows keeps its savepoints.
+	s2 := savepoints()
+	third := []*GroupOp{opener("u3"), {Kind: OpCredits, Credits: synthCredits(t, m, pre+"c", []model.ShardID{5}, 1, 1)}}
+	if err := m.CommitGroup(ctx, third); err != nil || third[0].Results[0].Err != nil || third[1].Applied != 1 {
+		t.Fatalf("the group after: %v, %+v, applied %d", err, third[0].Results, third[1].Applied)
+	}
+	if got := savepoints() - s2; got != 1 {
+		t.Errorf("the group right after an unfit one: %d savepoints, want 1", got)
 	}
 	checkCreditRows(t, m, append(slices.Clone(cs), more...), func(model.Credit) bool { return true })
-	paid := first[0].Results[0].Claim.Amount + second[0].Results[0].Claim.Amount
-	if sum, n, users := rowsOfPacket(t, m, ref); n != 2 || sum != paid || users["u1"] != 1 || users["u2"] != 1 {
+	paid := first[0].Results[0].Claim.Amount + second[0].Results[0].Claim.Amount + third[0].Results[0].Claim.Amount
+	if sum, n, users := rowsOfPacket(t, m, ref); n != 3 || sum != paid || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 {
 		t.Errorf("claims: %d rows, sum %d, users %v", n, sum, users)
+	}
+}
+
+// TestOpenRerunDrawsTheSameShares: a batch run again because it held a
+// repeat draws the shares a batch of its fresh openers alone draws, from the
+// same source: packets a and b alike (amount, count, first claim), a opened
+// by a repeat and two new users, b by the two new users, each with a source
+// seeded alike.
+func TestOpenRerunDrawsTheSameShares(t *testing.T) {
+	m := openStore(t)
+	ctx := context.Background()
+	pre := testenv.Prefix()
+	deposit(t, m, pre+"-s", 2000)
+	a, b := send(t, m, pre+"-s", 1000, 5, time.Hour), send(t, m, pre+"-s", 1000, 5, time.Hour)
+	reqs := func(acts ...string) []model.OpenRequest {
+		out := make([]model.OpenRequest, len(acts))
+		for i, act := range acts {
+			out[i] = model.OpenRequest{ActID: act, Shard: sharding.ShardOfAct(act)}
+		}
+		return out
+	}
+	for _, ref := range []model.PacketRef{a, b} {
+		if res, _, err := m.OpenBatch(ctx, ref, reqs("u0"), rand.New(rand.NewPCG(1, 1))); err != nil || res[0].Err != nil {
+			t.Fatal(err, res)
+		}
+	}
+	re0 := m.claimRereads.Load()
+	ra, _, err := m.OpenBatch(ctx, a, reqs("u0", "u1", "u2"), rand.New(rand.NewPCG(9, 9)))
+	if err != nil || !ra[0].Repeat || m.claimRereads.Load()-re0 != 1 {
+		t.Fatalf("a: %v %+v, %d re-reads", err, ra, m.claimRereads.Load()-re0)
+	}
+	rb, _, err := m.OpenBatch(ctx, b, reqs("u1", "u2"), rand.New(rand.NewPCG(9, 9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if ra[i+1].Claim.Amount != rb[i].Claim.Amount || ra[i+1].Claim.Seq != rb[i].Claim.Seq {
+			t.Errorf("opener %d: %+v on a (run again), %+v on b", i+1, ra[i+1].Claim, rb[i].Claim)
+		}
 	}
 }

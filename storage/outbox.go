@@ -49,7 +49,9 @@ func (m *MySQL) PendingCredits(ctx context.Context, db int, beforeMS, afterMS in
 // (markAll): one READ COMMITTED transaction of one UPDATE per database and
 // dest, none waiting for a lock, sent as one statement list with its COMMIT;
 // a batch of one database and dest (a hot packet's credits) is that UPDATE
-// alone, its own transaction, three statements fewer.
+// alone, its own transaction under the session's REPEATABLE READ, three
+// statements fewer (a row of it another transaction holds, even one marked
+// before, then fails it whole, and the exact path below marks the rest).
 // The databases where that marked fewer rows than named (rows marked before,
 // or gone), or all of them when a row was locked, are marked again exactly,
 // in one READ COMMITTED transaction, two statements per database, in
@@ -150,8 +152,11 @@ func (m *MySQL) markAll(ctx context.Context, byDB map[int][]any, dest map[string
 	if err != nil {
 		// The list stopped at the failing statement, inside its transaction
 		// when START TRANSACTION ran: roll it back, or drop the connection.
-		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		// (A lone UPDATE in autocommit was rolled back with its statement.)
+		if head > 0 {
+			if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
 		}
 		if isMySQLErr(err, errLockWait) {
 			return dbs, nil

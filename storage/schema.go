@@ -240,6 +240,9 @@ type MySQL struct {
 	// claimRereads: groups run again with their openers' claims read (a
 	// repeat, or an open answered SOLD_OUT or EXPIRED; CommitGroup).
 	claimRereads atomic.Int64
+	// unfitMS: when (Unix ms) a group that locks rows last ran with
+	// savepoints after an unfit bulk list (CommitGroup, unfitQuiet).
+	unfitMS atomic.Int64
 
 	mu           sync.Mutex               // guards ensured, forgets, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process
