@@ -33,11 +33,13 @@ import (
 //
 // Opens are decided without reading the openers' earlier claims: a new
 // claim is inserted at once, and the claim table's unique key on (packet,
-// act_id) refuses a user's second one. When it does (a repeat), or when an
-// open's answer is SOLD_OUT or EXPIRED (a user who claimed earlier gets the
-// claim instead), the transaction is rolled back and the group run again
-// with the claims read after the locks: a repeat costs a second
-// transaction, a fresh open no read.
+// act_id) refuses a user's second one. When it does (a repeat), the
+// transaction is rolled back and the group run again with the claims read
+// after the locks: a repeat costs a second transaction, a fresh open no
+// read. When an open's answer would be SOLD_OUT or EXPIRED (decided first
+// on copies, refusalAhead), the claims are read in the same transaction
+// before the decisions, for a user who claimed earlier gets the claim
+// instead: one statement more.
 //
 // A COMMIT without an answer is settled by re-reading the first row the
 // group wrote (a send's or deposit's flow row, or a new claim), compared
@@ -174,10 +176,11 @@ type groupState struct {
 //
 // seeds[i]: op i's draw seed (an open's), the same in every run.
 //
-// readClaims: the openers' earlier claims are read after the locks. Without
-// it, groupTx answers errClaimsNeeded (having written nothing that stays:
-// the caller rolls back) when an answer could depend on them: an open
-// answered SOLD_OUT or EXPIRED, or a new claim the unique key refused.
+// readClaims: the openers' earlier claims are read with the locks. Without
+// it, they are read after the locks only when an open's answer would be a
+// refusal (refusalAhead), and groupTx answers errClaimsNeeded (having
+// written nothing that stays: the caller rolls back) when the unique key
+// refuses a new claim.
 func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds []model.DrawSeed, fresh, readClaims bool) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
@@ -188,6 +191,13 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 		return nil, err
 	}
 	now := m.nowMS()
+	if !readClaims && refusalAhead(st, ops, seeds, now) {
+		// A refusal ahead: read the claims now, in this transaction.
+		if err := m.readClaims(ctx, tx, st, ops); err != nil {
+			return nil, err
+		}
+		readClaims = true
+	}
 	var (
 		w                    = groupWrites{dest: m.creditDest}
 		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
@@ -205,7 +215,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			}
 			out := model.Open(in)
 			if p != nil && !readClaims && refusedAny(out.Results) {
-				return nil, errClaimsNeeded // the user may hold a claim: read it
+				// refusalAhead foresees every refusal; should one come all
+				// the same, the group runs again with the claims read.
+				return nil, errClaimsNeeded
 			}
 			op.Results, op.Packet = out.Results, out.Packet
 			if len(out.Fresh) == 0 {
@@ -386,7 +398,6 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 		flows:   map[groupFlowKey]model.Flow{},
 	}
 	packetsByTable := map[string][]string{} // packet table → IDs
-	claimsByTable := map[string]map[model.PacketID][]string{}
 	walletsByShard := map[model.ShardID]map[string]bool{}
 	flowsByShard := map[model.ShardID]map[[2]string]bool{}
 	for _, op := range ops {
@@ -396,16 +407,6 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 				st.claims[op.Ref.ID] = map[string]model.Claim{}
 				t := m.packetTable(op.Ref.Shard, op.Ref.Day)
 				packetsByTable[t] = append(packetsByTable[t], string(op.Ref.ID))
-			}
-			if !readClaims {
-				continue
-			}
-			ct := m.claimTable(op.Ref.Shard, op.Ref.Day)
-			if claimsByTable[ct] == nil {
-				claimsByTable[ct] = map[model.PacketID][]string{}
-			}
-			for _, r := range op.Reqs {
-				claimsByTable[ct][op.Ref.ID] = append(claimsByTable[ct][op.Ref.ID], r.ActID)
 			}
 		case OpSend, OpDeposit:
 			act, order := op.ActID, op.OrderNo
@@ -498,32 +499,9 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 	// The claims are read after every lock is held (a consistent read: its
 	// snapshot starts here, so it sees every claim committed before the
 	// packets were locked).
-	if len(claimsByTable) > 0 {
-		var u union
-		for _, t := range sortedKeys(claimsByTable) {
-			byPacket := claimsByTable[t]
-			var conds []string
-			var args []any
-			for _, id := range sortedKeys(byPacket) {
-				acts := byPacket[id]
-				conds = append(conds, "(packet_id = ? AND act_id IN ("+placeholders(len(acts))+"))")
-				args = append(args, string(id))
-				args = append(args, anys(acts)...)
-			}
-			u.add("SELECT packet_id, seq, act_id, amount, created_ms FROM "+t+" WHERE "+strings.Join(conds, " OR "), args...)
-		}
+	if u := m.claimsUnion(ops); readClaims && len(u.parts) > 0 {
 		r.addUnion(u)
-		readers = append(readers, func(rows *sql.Rows) error {
-			var c model.Claim
-			if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
-				return err
-			}
-			c.ID = model.ClaimID(c.PacketID, c.Seq)
-			if held := st.claims[c.PacketID]; held != nil {
-				held[c.ActID] = c
-			}
-			return nil
-		})
+		readers = append(readers, st.readClaim)
 	}
 	if len(readers) == 0 {
 		return st, nil
@@ -551,6 +529,99 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 		}
 	}
 	return st, rows.Close()
+}
+
+// claimsUnion is the read of the openers' earlier claims: per claim table
+// one part, per packet its requests' act_ids.
+func (m *MySQL) claimsUnion(ops []*GroupOp) union {
+	byTable := map[string]map[model.PacketID][]string{}
+	for _, op := range ops {
+		if op.Kind != OpOpen {
+			continue
+		}
+		t := m.claimTable(op.Ref.Shard, op.Ref.Day)
+		if byTable[t] == nil {
+			byTable[t] = map[model.PacketID][]string{}
+		}
+		for _, r := range op.Reqs {
+			byTable[t][op.Ref.ID] = append(byTable[t][op.Ref.ID], r.ActID)
+		}
+	}
+	var u union
+	for _, t := range sortedKeys(byTable) {
+		byPacket := byTable[t]
+		var conds []string
+		var args []any
+		for _, id := range sortedKeys(byPacket) {
+			acts := byPacket[id]
+			conds = append(conds, "(packet_id = ? AND act_id IN ("+placeholders(len(acts))+"))")
+			args = append(args, string(id))
+			args = append(args, anys(acts)...)
+		}
+		u.add("SELECT packet_id, seq, act_id, amount, created_ms FROM "+t+" WHERE "+strings.Join(conds, " OR "), args...)
+	}
+	return u
+}
+
+// readClaim keeps a claim row of claimsUnion's read.
+func (st *groupState) readClaim(rows *sql.Rows) error {
+	var c model.Claim
+	if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount, &c.CreatedMS); err != nil {
+		return err
+	}
+	c.ID = model.ClaimID(c.PacketID, c.Seq)
+	if held := st.claims[c.PacketID]; held != nil {
+		held[c.ActID] = c
+	}
+	return nil
+}
+
+// readClaims reads the openers' earlier claims in a statement of their own,
+// after the group's locks (groupTx, when an answer will be a refusal).
+func (m *MySQL) readClaims(ctx context.Context, tx *sql.Tx, st *groupState, ops []*GroupOp) error {
+	u := m.claimsUnion(ops)
+	if len(u.parts) == 0 {
+		return nil
+	}
+	q, args := u.sql()
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("storage: read claims: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := st.readClaim(rows); err != nil {
+			return fmt.Errorf("storage: read claims: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("storage: read claims: %w", err)
+	}
+	return rows.Close()
+}
+
+// refusalAhead tells whether deciding the group's opens as if no opener held
+// a claim would refuse one (SOLD_OUT, EXPIRED): then the claims must be read
+// first, for a user who claimed before gets the claim, not the refusal. It
+// decides on copies of the packets, in list order, with each op's own seed
+// (the group's decisions draw the same shares again).
+func refusalAhead(st *groupState, ops []*GroupOp, seeds []model.DrawSeed, now int64) bool {
+	after := map[model.PacketID]model.Packet{}
+	for i, op := range ops {
+		if op.Kind != OpOpen || st.packets[op.Ref.ID] == nil {
+			continue
+		}
+		p, ok := after[op.Ref.ID]
+		if !ok {
+			p = *st.packets[op.Ref.ID]
+		}
+		out := model.Open(model.OpenInput{Packet: p, Found: true, Reqs: op.Reqs, NowMS: now, Rand: seeds[i].Rand()})
+		if refusedAny(out.Results) {
+			return true
+		}
+		after[op.Ref.ID] = out.Packet
+	}
+	return false
 }
 
 // packetLocks is the locking read of the group's packet rows, by table and ID.

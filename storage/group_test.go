@@ -222,9 +222,9 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 
 // TestOpenWithoutClaimsRead: an open reads no claims when every opener gets
 // a new one (one SELECT, the packet's locking read, counted on the store's
-// only connection); a repeat, caught by uk_claim, and a refusal (a user who
-// claimed before must get the claim, not SOLD_OUT) run the group again with
-// the claims read, and answer as before.
+// only connection); a repeat, caught by uk_claim, runs the group again with
+// the claims read; a refusal (a user who claimed before must get the claim,
+// not SOLD_OUT) reads the claims in the same transaction.
 func TestOpenWithoutClaimsRead(t *testing.T) {
 	m, err := Open(testenv.MySQLDSN(t, 1), 1) // one connection: its session counters are the store's
 	if err != nil {
@@ -232,10 +232,10 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	ctx := context.Background()
-	if _, err := m.Deposit(ctx, sharding.ShardOfAct("ow"), "ow", "d-"+testenv.Prefix(), 300); err != nil {
+	if _, err := m.Deposit(ctx, sharding.ShardOfAct("ow"), "ow", "d-"+testenv.Prefix(), 400); err != nil {
 		t.Fatal(err)
 	}
-	ref := send(t, m, "ow", 300, 3, time.Hour)
+	ref := send(t, m, "ow", 400, 4, time.Hour)
 	selects := func() int64 {
 		t.Helper()
 		var name string
@@ -273,22 +273,33 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	if err != nil || !again[0].Repeat || again[0].Claim != fresh[0].Claim || again[1].Err != nil || again[1].Claim.Seq != 3 {
 		t.Fatalf("repeat beside a fresh open: %v %+v (first %+v)", err, again, fresh[0])
 	}
-	if p.RemainingCount != 0 || p.Status != model.StatusSoldOut {
-		t.Errorf("packet after the last share: %+v", p)
+	if p.RemainingCount != 1 {
+		t.Errorf("packet after three shares: %+v", p)
 	}
 	if got := m.claimRereads.Load() - re0; got != 1 {
 		t.Errorf("re-reads after a repeat: %d, want 1", got)
 	}
-	// Sold out: u2 holds a claim and gets it back; u4 is refused.
-	closed, _, err := m.OpenBatch(ctx, ref, reqs("u2", "u4"), r)
-	if err != nil || !closed[0].Repeat || closed[0].Claim != fresh[1].Claim || !errors.Is(closed[1].Err, model.ErrSoldOut) {
-		t.Fatalf("opens of the sold-out packet: %v %+v", err, closed)
+	// The last share: u2 holds a claim and gets it back, u4 takes the share
+	// and u5 is refused. Decided as if no one held a claim, u5's answer
+	// would be SOLD_OUT: foreseen, so the claims are read in the same
+	// transaction, and u2 gets the claim, not a share.
+	s1 := selects()
+	closed, p, err := m.OpenBatch(ctx, ref, reqs("u2", "u4", "u5"), r)
+	if err != nil || !closed[0].Repeat || closed[0].Claim != fresh[1].Claim || closed[1].Err != nil || closed[1].Claim.Seq != 4 ||
+		!errors.Is(closed[2].Err, model.ErrSoldOut) {
+		t.Fatalf("opens of the last share: %v %+v", err, closed)
 	}
-	if got := m.claimRereads.Load() - re0; got != 2 {
-		t.Errorf("re-reads after a refusal: %d, want 2", got)
+	if p.RemainingCount != 0 || p.Status != model.StatusSoldOut {
+		t.Errorf("packet after the last share: %+v", p)
+	}
+	if got := selects() - s1 - base; got != 2 {
+		t.Errorf("opens of the last share ran %d SELECTs, want 2 (the lock, the claims)", got)
+	}
+	if got := m.claimRereads.Load() - re0; got != 1 {
+		t.Errorf("re-reads after a refusal: %d, want still 1", got)
 	}
 	sum, n, users := rowsOfPacket(t, m, ref)
-	if sum != 300 || n != 3 || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 || users["u4"] != 0 {
+	if sum != 400 || n != 4 || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 || users["u4"] != 1 || users["u5"] != 0 {
 		t.Errorf("claim rows: sum %d, %d rows, users %v", sum, n, users)
 	}
 }
