@@ -583,19 +583,25 @@ func (m *MySQL) readClaims(ctx context.Context, tx *sql.Tx, st *groupState, ops 
 	if len(u.parts) == 0 {
 		return nil
 	}
+	return queryUnion(ctx, tx, u, st.readClaim, "read claims")
+}
+
+// queryUnion runs u in tx as a statement of its own and hands each row to
+// read; errors name what.
+func queryUnion(ctx context.Context, tx *sql.Tx, u union, read func(*sql.Rows) error, what string) error {
 	q, args := u.sql()
 	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("storage: read claims: %w", err)
+		return fmt.Errorf("storage: %s: %w", what, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		if err := st.readClaim(rows); err != nil {
-			return fmt.Errorf("storage: read claims: %w", err)
+		if err := read(rows); err != nil {
+			return fmt.Errorf("storage: %s: %w", what, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("storage: read claims: %w", err)
+		return fmt.Errorf("storage: %s: %w", what, err)
 	}
 	return rows.Close()
 }
@@ -646,22 +652,7 @@ func (st *groupState) readPacket(rows *sql.Rows) error {
 // lockPackets locks and reads the group's packet rows in a statement of
 // their own.
 func (m *MySQL) lockPackets(ctx context.Context, tx *sql.Tx, st *groupState, byTable map[string][]string) error {
-	u := packetLocks(byTable)
-	q, args := u.sql()
-	rows, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("storage: lock packets: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := st.readPacket(rows); err != nil {
-			return fmt.Errorf("storage: lock packets: %w", err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("storage: lock packets: %w", err)
-	}
-	return rows.Close()
+	return queryUnion(ctx, tx, packetLocks(byTable), st.readPacket, "lock packets")
 }
 
 // groupWrites gathers a group's rows by table, for one multi-statement write.
