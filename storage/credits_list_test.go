@@ -328,9 +328,18 @@ func TestApplyCreditsConcurrentOverlap(t *testing.T) {
 // comSavepoints is the SAVEPOINT statements tx's connection has run.
 func comSavepoints(t *testing.T, tx *sql.Tx) int64 {
 	t.Helper()
-	var name string
+	return sessionCount(t, tx, "Com_savepoint")
+}
+
+// sessionCount is the session status counter name (Com_select, say) of
+// q's connection: a transaction's, or a pool of one connection's.
+func sessionCount(t *testing.T, q interface {
+	QueryRow(string, ...any) *sql.Row
+}, name string) int64 {
+	t.Helper()
+	var got string
 	var n int64
-	if err := tx.QueryRow("SHOW SESSION STATUS LIKE 'Com_savepoint'").Scan(&name, &n); err != nil {
+	if err := q.QueryRow("SHOW SESSION STATUS LIKE ?", name).Scan(&got, &n); err != nil {
 		t.Fatal(err)
 	}
 	return n

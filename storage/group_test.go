@@ -236,15 +236,7 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := send(t, m, "ow", 400, 4, time.Hour)
-	selects := func() int64 {
-		t.Helper()
-		var name string
-		var n int64
-		if err := m.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_select'").Scan(&name, &n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	selects := func() int64 { t.Helper(); return sessionCount(t, m.db, "Com_select") }
 	r := rand.New(rand.NewPCG(3, 4))
 	reqs := func(acts ...string) []model.OpenRequest {
 		out := make([]model.OpenRequest, len(acts))
@@ -323,15 +315,7 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	pre := testenv.Prefix()
 	deposit(t, m, pre+"-s", 300)
 	ref := send(t, m, pre+"-s", 300, 3, time.Hour)
-	savepoints := func() int64 {
-		t.Helper()
-		var name string
-		var n int64
-		if err := m.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_savepoint'").Scan(&name, &n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	savepoints := func() int64 { t.Helper(); return sessionCount(t, m.db, "Com_savepoint") }
 	r := rand.New(rand.NewPCG(5, 6))
 	opener := func(act string) *GroupOp {
 		return &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, Rand: r}
