@@ -8,24 +8,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redcell/cell/guard"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
 )
 
 // archiveStore is what the archiver needs of a space's store: the MariaDB
-// store has it (storage.MySQL.Archive), and so has the breaker in front of
-// it (guard.Store, which answers storage.ErrNoArchive for a store without
-// day tables); a store without it is not archived.
+// store has it (storage.MySQL.Archive); a store without it (no day tables)
+// is not archived.
 type archiveStore interface {
 	Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (storage.ArchiveResult, error)
 }
 
-var (
-	_ archiveStore = (*storage.MySQL)(nil)
-	_ archiveStore = (*guard.Store)(nil) // what cmd/redcell gives a cell
-)
+var _ archiveStore = (*storage.MySQL)(nil)
 
 // archiveFirst is how long after start the first archive pass runs (then
 // every ArchiveInterval): a cell restarted more often than the interval

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"redcell/cell/guard"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
@@ -45,12 +44,7 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	shadow := &cutStore{}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	b, err := guard.NewBreaker("db", guard.DefaultConfig(), reg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Behind the breaker, as cmd/redcell gives a cell its stores.
-	a := newArchiver([2]*space{{name: "real", store: guard.NewStore(real, b, nil)}, {name: "shadow", stress: true, store: guard.NewStore(shadow, b, nil)}},
+	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: shadow}},
 		func(model.ShardID) bool { return true }, 7*24*time.Hour, time.Hour, clk, log, reg)
 	for _, sp := range a.spaces {
 		if _, err := a.once(context.Background(), sp); err != nil {
@@ -82,9 +76,8 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	check(a.unsettled.WithLabelValues("real"), 2)
 	check(a.at.WithLabelValues("real"), float64(now.Unix()))
 
-	// A store without day tables (no Archive) behind the breaker: skipped,
-	// no failure counted.
-	plain := newArchiver([2]*space{{name: "real", store: guard.NewStore(struct{ storage.Store }{}, b, nil)}, {name: "shadow", store: guard.NewStore(struct{ storage.Store }{}, b, nil)}},
+	// A store without day tables (no Archive): skipped, no failure counted.
+	plain := newArchiver([2]*space{{name: "real", store: struct{ storage.Store }{}}, {name: "shadow", store: struct{ storage.Store }{}}},
 		a.owns, 7*24*time.Hour, time.Hour, clk, log, prometheus.NewRegistry())
 	if _, err := plain.once(context.Background(), plain.spaces[0]); err != nil {
 		t.Fatalf("a store without day tables: %v", err)

@@ -102,9 +102,9 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 		cfg.CouponMemcache = mc
 	}
 	shadowStore := store.Shadow()
-	real, shadow := guard.NewStore(store, dbBreak, storage.DriverFailure), guard.NewStore(shadowStore, dbBreak, storage.DriverFailure)
-	stores := cell.Stores{Real: real, Shadow: shadow, ShadowDrop: shadowStore, Moves: store,
-		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore)}
+	store.SetBreaker(dbBreak)
+	shadowStore.SetBreaker(dbBreak)
+	stores := cell.Stores{Real: store, Shadow: shadowStore, ShadowDrop: shadowStore, Moves: store, RealCoupons: store, ShadowCoupons: shadowStore}
 	// Without peers the cell knows itself only: its relay still meets
 	// pending outbox rows (its own, or earlier tests' on the shared server)
 	// and asks the map for their owners.

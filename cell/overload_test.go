@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +18,6 @@ import (
 	"redcell/cell/admission"
 	"redcell/cell/guard"
 	"redcell/internal/testenv"
-	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
 )
@@ -148,21 +147,11 @@ func TestCellRateLimit(t *testing.T) {
 	wantMetric(t, scrape(t, "http://"+admin), `redcell_rate_limited_total{kind="cell",route="account"}`, "1")
 }
 
-// countingStore counts the Account calls that reach the store under the breaker.
-type countingStore struct {
-	storage.Store
-	accounts atomic.Int64
-}
-
-func (c *countingStore) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
-	c.accounts.Add(1)
-	return c.Store.Account(ctx, sh, actID)
-}
-
 // TestDBBreakerThroughHTTP: a cell whose database refuses connections answers
-// 503 DB_UNAVAILABLE; after five such failures its breaker answers alone, fast,
-// without calling the store, and /healthz says db_unreachable at once. Needs
-// no database: that is the point.
+// 503 DB_UNAVAILABLE; after five such failures its breaker (in front of the
+// store's connections, as cmd/redcell sets it) answers alone, fast, without
+// dialing the server, and /healthz says db_unreachable at once. Needs no
+// database: that is the point.
 func TestDBBreakerThroughHTTP(t *testing.T) {
 	dead, err := storage.Open("root@tcp("+freeAddr(t)+")/", 4)
 	if err != nil {
@@ -180,8 +169,9 @@ func TestDBBreakerThroughHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counting := &countingStore{Store: dead}
-	stores := cell.Stores{Real: guard.NewStore(counting, b, storage.DriverFailure), Shadow: guard.NewStore(dead.Shadow(), b, storage.DriverFailure)}
+	dead.SetBreaker(b)
+	dead.Shadow().SetBreaker(b)
+	stores := cell.Stores{Real: dead, Shadow: dead.Shadow()}
 	mc := admission.NewClient(cfg.Memcached)
 	peers := &staticPeers{}
 	m, _ := sharding.NewMap([]sharding.Cell{{Name: cfg.Name, Addr: "127.0.0.1:1", Shards: all}})
@@ -205,17 +195,23 @@ func TestDBBreakerThroughHTTP(t *testing.T) {
 			t.Fatalf("request %d to a cell with a dead database: %d %s", i, st, code)
 		}
 	}
-	if n := counting.accounts.Load(); n != 5 {
-		t.Fatalf("%d calls reached the store, want 5", n)
+	// Each request, and the cell's background loops, dialed and were
+	// refused: the breaker is open now (five failures in a row).
+	exp := scrape(t, "http://"+cfg.AdminListen)
+	wantMetric(t, exp, `redcell_breaker_state{breaker="db"}`, "2")
+	rejected := func(exp string) int {
+		n, err := strconv.Atoi(metricValue(t, exp, `redcell_breaker_rejected_total{breaker="db"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
+	before := rejected(exp)
 	start := time.Now()
 	for range 20 {
 		if st, code := call(t, "GET", url+"/v1/accounts/bob", nil, nil); st != 503 || code != "DB_UNAVAILABLE" {
 			t.Fatalf("with the breaker open: %d %s", st, code)
 		}
-	}
-	if n := counting.accounts.Load(); n != 5 {
-		t.Fatalf("%d calls reached the store with the breaker open, want none", n-5)
 	}
 	resp, err := http.Get(url + "/healthz")
 	if err != nil {
@@ -229,7 +225,15 @@ func TestDBBreakerThroughHTTP(t *testing.T) {
 	if time.Since(start) > 2*time.Second {
 		t.Fatalf("20 refusals and a health check took %s: the breaker should answer at once", time.Since(start))
 	}
-	exp := scrape(t, "http://"+cfg.AdminListen)
+	// The 20 requests and the health check's ping were refused by the
+	// breaker, without dialing.
+	exp = scrape(t, "http://"+cfg.AdminListen)
+	if n := rejected(exp) - before; n < 21 {
+		t.Fatalf("the breaker refused %d round trips for 20 requests and a health check, want at least 21", n)
+	}
+	if n := dead.RoundTrips(); n != 0 {
+		t.Fatalf("%d round trips reached a server that refuses connections", n)
+	}
 	wantMetric(t, exp, `redcell_breaker_state{breaker="db"}`, "2")
 	wantMetric(t, exp, `redcell_cell_request_duration_seconds_count{code="DB_UNAVAILABLE",route="account"}`, "25")
 }

@@ -72,7 +72,8 @@ type switchConnector struct {
 	trips   atomic.Int64
 }
 
-func (c *switchConnector) Connect(ctx context.Context) (driver.Conn, error) {
+// connect dials a connection of the current generation, behind g.
+func (c *switchConnector) connect(ctx context.Context, g *gate) (driver.Conn, error) {
 	c.mu.Lock()
 	cur, refusal, gen := c.cur, c.refusal, c.gen.Load()
 	c.mu.Unlock()
@@ -83,7 +84,7 @@ func (c *switchConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &genConn{Conn: conn, gen: gen, sw: c}, nil
+	return &genConn{Conn: conn, gen: gen, sw: c, gate: g}, nil
 }
 
 func (c *switchConnector) Driver() driver.Driver { return mysql.MySQLDriver{} }
@@ -112,11 +113,13 @@ func (c *switchConnector) resume() {
 	c.mu.Unlock()
 }
 
-// genConn is a connection of one generation of a switchConnector.
+// genConn is a connection of one generation of a switchConnector. Its
+// round trips but COMMIT and ROLLBACK go through its pool's gate (Guarded).
 type genConn struct {
 	driver.Conn
-	gen int64
-	sw  *switchConnector
+	gen  int64
+	sw   *switchConnector
+	gate *gate
 }
 
 func (c *genConn) stale() bool { return c.gen != c.sw.gen.Load() }
@@ -149,7 +152,8 @@ func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 		c.sw.trips.Add(1)
 	}
 	c.sw.trips.Add(1)
-	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	var tx driver.Tx
+	err := Guarded(c.gate.breaker(), func() (err error) { tx, err = c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts); return err })
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +165,12 @@ func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt
 		return nil, driver.ErrBadConn
 	}
 	c.sw.trips.Add(1)
-	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+	var st driver.Stmt
+	err := Guarded(c.gate.breaker(), func() (err error) {
+		st, err = c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+		return err
+	})
+	return st, err
 }
 
 func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -169,7 +178,9 @@ func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.N
 		return nil, driver.ErrBadConn
 	}
 	c.sw.trips.Add(1)
-	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+	var res driver.Result
+	err := Guarded(c.gate.breaker(), func() (err error) { res, err = c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args); return err })
+	return res, err
 }
 
 func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -177,7 +188,12 @@ func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.
 		return nil, driver.ErrBadConn
 	}
 	c.sw.trips.Add(1)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+	var rows driver.Rows
+	err := Guarded(c.gate.breaker(), func() (err error) {
+		rows, err = c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+		return err
+	})
+	return rows, err
 }
 
 func (c *genConn) Ping(ctx context.Context) error {
@@ -185,7 +201,7 @@ func (c *genConn) Ping(ctx context.Context) error {
 		return driver.ErrBadConn
 	}
 	c.sw.trips.Add(1)
-	return c.Conn.(driver.Pinger).Ping(ctx)
+	return Guarded(c.gate.breaker(), func() error { return c.Conn.(driver.Pinger).Ping(ctx) })
 }
 
 func (c *genConn) CheckNamedValue(nv *driver.NamedValue) error {
@@ -271,13 +287,8 @@ func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger)
 	case role == roleUnknown:
 		return nil, nil, ErrStandbyUnknown
 	}
-	db := sql.OpenDB(f.sw)
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxLifetime(5 * time.Minute)
-	f.db = db
-	m := newMySQL(db)
-	m.trips = &f.sw.trips
+	m := newMySQL(f.sw, maxConns)
+	f.db = m.db
 	return m, f, nil
 }
 

@@ -19,8 +19,8 @@ const (
 // many connections, a shutdown in progress or a killed connection. Business
 // answers (model errors, duplicate keys, deadlocks) are not failures. Generic
 // network errors (refused, reset, timeouts, driver.ErrBadConn) are not listed
-// here; cell/guard.Infrastructure checks those, and cmd/redcell passes this
-// function to cell/guard.NewStore for the rest.
+// here; cell/guard.Infrastructure checks those, and the database breaker
+// (cell/guard.Breaker.Allow) counts both.
 func DriverFailure(err error) bool {
 	if errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, mysql.ErrMalformPkt) || errors.Is(err, mysql.ErrPktSync) || errors.Is(err, mysql.ErrPktSyncMul) {
 		return true

@@ -16,6 +16,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -226,17 +227,21 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
 
 // MySQL is the store of one cell. It is safe for concurrent use.
 type MySQL struct {
-	db      *sql.DB
-	clock   clock.Clock                // the only source of time: rows' times, expiry, cache ages, retry waits
-	ns      string                     // database name prefix: base for real money, base+ShadowPrefix for stress traffic
-	base    string                     // the namespace of OpenPrefixed ("" for Open): prefixes ns
-	filter  *dbFilter                  // the databases the table listings take (SetDBFilter)
-	bulk    creditPaths                // how credits were booked (credits.go)
-	issues  issuePaths                 // how grouped issues were stored (rewards.go)
-	accepts issuePaths                 // how grouped coupon accepts were stored (couponaccept.go)
-	trips   *atomic.Int64              // round trips to the server, over the pool (switchConnector); nil: not counted
-	txConns *txConnMap                 // inTx's transactions and their connections (counted.go)
-	names   atomic.Pointer[tableNames] // made for ns on first use (tableNamesOf)
+	db       *sql.DB
+	clock    clock.Clock                // the only source of time: rows' times, expiry, cache ages, retry waits
+	ns       string                     // database name prefix: base for real money, base+ShadowPrefix for stress traffic
+	base     string                     // the namespace of OpenPrefixed ("" for Open): prefixes ns
+	filter   *dbFilter                  // the databases the table listings take (SetDBFilter)
+	bulk     creditPaths                // how credits were booked (credits.go)
+	issues   issuePaths                 // how grouped issues were stored (rewards.go)
+	accepts  issuePaths                 // how grouped coupon accepts were stored (couponaccept.go)
+	trips    *atomic.Int64              // round trips to the server, over both pools (switchConnector)
+	sw       *switchConnector           // what both pools dial through
+	gate     *gate                      // the pool's breaker (SetBreaker)
+	maxConns int                        // the pool's connections at most
+	shadow   *shadowOf                  // the real store's Shadow, shared by both
+	txConns  *txConnMap                 // inTx's transactions and their connections (counted.go)
+	names    atomic.Pointer[tableNames] // made for ns on first use (tableNamesOf)
 	// claimRereads: groups run again with their openers' claims read (a
 	// repeat, or an open answered SOLD_OUT or EXPIRED; CommitGroup).
 	claimRereads atomic.Int64
@@ -275,15 +280,7 @@ func Open(dsn string, maxConns int) (*MySQL, error) {
 		return nil, fmt.Errorf("storage: open: %w", err)
 	}
 	// A connector that never switches: it counts the round trips.
-	sw := &switchConnector{cur: conn}
-	db := sql.OpenDB(sw)
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	// Recycle connections so a restarted server's stale sockets do not linger.
-	db.SetConnMaxLifetime(5 * time.Minute)
-	m := newMySQL(db)
-	m.trips = &sw.trips
-	return m, nil
+	return newMySQL(&switchConnector{cur: conn}, maxConns), nil
 }
 
 // OpenPrefixed is Open for a store whose databases carry a name prefix:
@@ -327,8 +324,32 @@ func ValidPrefix(prefix string) bool {
 func (m *MySQL) Prefix() string { return m.ns }
 
 // newMySQL is the store over pool db.
-func newMySQL(db *sql.DB) *MySQL {
-	return &MySQL{db: db, clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: &dbFilter{}, txConns: &txConnMap{}}
+// newMySQL returns a store of real money whose pool (up to maxConns
+// connections) dials through sw.
+func newMySQL(sw *switchConnector, maxConns int) *MySQL {
+	m := &MySQL{clock: clock.Real{}, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: &dbFilter{},
+		txConns: &txConnMap{}, sw: sw, maxConns: maxConns, shadow: &shadowOf{}}
+	m.db, m.gate = openPool(sw, maxConns)
+	m.trips = &sw.trips
+	return m
+}
+
+// openPool opens a pool of up to maxConns connections dialed through sw,
+// behind a gate of its own.
+func openPool(sw *switchConnector, maxConns int) (*sql.DB, *gate) {
+	g := &gate{}
+	db := sql.OpenDB(&gateConnector{sw: sw, gate: g})
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	// Recycle connections so a restarted server's stale sockets do not linger.
+	db.SetConnMaxLifetime(5 * time.Minute)
+	return db, g
+}
+
+// shadowOf holds a store's Shadow, made once.
+type shadowOf struct {
+	once  sync.Once
+	store *MySQL
 }
 
 // dbFilter says which databases the store's table listings (the ledger, the
@@ -424,10 +445,24 @@ func withParams(dsn string) (string, error) {
 // the same tables as db_XX for stress-test traffic.
 const ShadowPrefix = "shadow_"
 
-// Shadow returns a store over the same server and connection pool that reads
-// and writes the shadow databases: stress-test traffic never touches real rows.
+// Shadow returns the store over the same server that reads and writes the
+// shadow databases: stress-test traffic never touches real rows. It is made
+// on the first call (with the store's clock then) and the same after: one
+// per store, with a connection pool of its own (as many connections as the
+// store's) behind a breaker of its own (SetBreaker on it), so stress traffic
+// neither takes real money's connections nor opens its breaker. The shadow
+// store's Shadow is itself. Close closes both pools.
 func (m *MySQL) Shadow() *MySQL {
-	return &MySQL{db: m.db, clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{}, filter: m.filter, trips: m.trips, txConns: m.txConns}
+	if m.ns != m.base {
+		return m
+	}
+	m.shadow.once.Do(func() {
+		sh := &MySQL{clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{},
+			filter: m.filter, trips: m.trips, txConns: m.txConns, sw: m.sw, maxConns: m.maxConns, shadow: m.shadow}
+		sh.db, sh.gate = openPool(m.sw, m.maxConns)
+		m.shadow.store = sh
+	})
+	return m.shadow.store
 }
 
 // RoundTrips is how many round trips the store's connections have made to
@@ -445,8 +480,15 @@ func (m *MySQL) RoundTrips() int64 {
 // Ping checks the connection.
 func (m *MySQL) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
 
-// Close closes the pool.
-func (m *MySQL) Close() error { return m.db.Close() }
+// Close closes the store's pool, and its Shadow's when it was made; a
+// shadow store's Close closes its own pool only.
+func (m *MySQL) Close() error {
+	err := m.db.Close()
+	if m.ns == m.base && m.shadow.store != nil {
+		err = errors.Join(err, m.shadow.store.db.Close())
+	}
+	return err
+}
 
 // SetClock replaces the clock (tests and the simulation; nil: the system
 // clock). Call it before the store is used: it is not synchronized.

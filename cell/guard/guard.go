@@ -1,6 +1,8 @@
 // Package guard puts circuit breakers between a cell and its infrastructure:
-// Store wraps a cell.Store (the MariaDB calls) and Memcache wraps a memcached
-// client (transaction slots and grab cache).
+// a Breaker sits in front of a database's connections (Allow, for
+// storage.MySQL.SetBreaker: every round trip of the store, whatever its
+// method, asks it), and Memcache wraps a memcached client (transaction slots
+// and grab cache).
 //
 // A Breaker counts only infrastructure failures: refused or broken
 // connections, network timeouts, and calls that ran out of their deadline
@@ -9,9 +11,9 @@
 // is up and count as successes; a caller's cancellation counts as nothing.
 // After Config.Failures consecutive failures the breaker opens: for
 // Config.Cooldown every call is refused at once instead of waiting on a dead
-// server (the store answers model.ErrDBUnavailable; memcached calls fail with
-// ErrOpen, so admission falls back to its in-process count and the grab cache
-// reads as a miss). Then it is half-open: one probe call goes through, and
+// server (the store answers storage.ErrDBOpen, a model.ErrDBUnavailable;
+// memcached calls fail with ErrOpen, so admission falls back to its
+// in-process count and the grab cache reads as a miss). Then it is half-open: one probe call goes through, and
 // its success closes the breaker, its failure opens it again.
 package guard
 
@@ -164,26 +166,49 @@ func (b *Breaker) State() State {
 // do runs f if the breaker lets it and tells the breaker what f's error means
 // (judge). refused is true when f did not run.
 func (b *Breaker) do(f func() error, judge func(err error, took time.Duration) error) (err error, refused bool) {
-	done, aerr := b.cb.Allow()
+	report, aerr := b.allow()
 	if aerr != nil {
-		b.rejected.Add(1)
 		return aerr, true
 	}
 	reported := false
 	defer func() {
 		if !reported { // f panicked: count it, or a half-open breaker would wait for this probe forever
-			done(errFailure)
+			report(errFailure, 0, nil)
 		}
 	}()
 	start := time.Now()
 	err = f()
-	verdict := judge(err, time.Since(start))
-	if verdict == errFailure {
-		b.failures.Add(1)
-	}
+	took := time.Since(start)
 	reported = true
-	done(verdict)
+	report(err, took, func(err error) bool { return judge(err, took) == errFailure })
 	return err, false
+}
+
+// allow asks the breaker for one call. When it may go, report must be called
+// once with the call's error and duration, and isFailure, which says whether
+// an error other than a context error is an infrastructure failure (nil:
+// err counts as one); report answers whether the breaker counted a failure.
+func (b *Breaker) allow() (report func(err error, took time.Duration, isFailure func(error) bool) bool, err error) {
+	done, err := b.cb.Allow()
+	if err != nil {
+		b.rejected.Add(1)
+		return nil, err
+	}
+	return func(err error, took time.Duration, isFailure func(error) bool) bool {
+		verdict, ok := b.judgeContext(err, took)
+		switch {
+		case ok:
+		case err == nil:
+			verdict = nil
+		case isFailure == nil || isFailure(err):
+			verdict = errFailure
+		}
+		if verdict == errFailure {
+			b.failures.Add(1)
+		}
+		done(verdict)
+		return verdict == errFailure
+	}, nil
 }
 
 // Infrastructure reports whether err says the server could not be reached or

@@ -33,20 +33,17 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // refused is what dialing a closed port returns.
 var refused = fmt.Errorf("storage: read account: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 
-// fakeStore answers Account with whatever next says and counts the calls
-// that reached it; every other method is the nil interface's (a call panics).
-type fakeStore struct {
-	storage.Store
+// fakeDB stands for a database's round trips: each answers whatever next
+// says, and calls counts those that reached it.
+type fakeDB struct {
 	calls atomic.Int64
 	next  func(ctx context.Context) error
 }
 
-func (f *fakeStore) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
-	f.calls.Add(1)
-	if err := f.next(ctx); err != nil {
-		return model.Account{}, err
-	}
-	return model.Account{ActID: actID, Shard: sh}, nil
+// trip makes one round trip behind b, as a store with b in front of its
+// connections does (storage.MySQL.SetBreaker).
+func (f *fakeDB) trip(ctx context.Context, b *guard.Breaker) error {
+	return storage.Guarded(b, func() error { f.calls.Add(1); return f.next(ctx) })
 }
 
 func newBreaker(t *testing.T, reg prometheus.Registerer) *guard.Breaker {
@@ -62,25 +59,24 @@ func newBreaker(t *testing.T, reg prometheus.Registerer) *guard.Breaker {
 // through unchanged and leave the breaker closed, however many.
 func TestBusinessErrorsNeverTrip(t *testing.T) {
 	b := newBreaker(t, nil)
-	business := []error{model.ErrSoldOut, model.ErrInsufficientBalance, model.ErrNotFound,
-		model.Errorf(model.ErrOrderConflict, "order_no x was used with a different request"), errors.New("storage: some bug")}
+	business := []error{&mysql.MySQLError{Number: 1062, Message: "Duplicate entry"}, &mysql.MySQLError{Number: 1213, Message: "Deadlock found"},
+		&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"}, model.ErrSoldOut, errors.New("storage: some bug")}
 	var want error
-	f := &fakeStore{next: func(context.Context) error { return want }}
-	s := guard.NewStore(f, b, storage.DriverFailure)
+	f := &fakeDB{next: func(context.Context) error { return want }}
 	for i := range 100 {
 		want = business[i%len(business)]
-		if _, err := s.Account(context.Background(), 1, "a"); err != want {
+		if err := f.trip(context.Background(), b); err != want {
 			t.Fatalf("business error %v came back as %v", want, err)
 		}
 	}
 	if b.State() != guard.StateClosed || f.calls.Load() != 100 {
-		t.Fatalf("after 100 business errors: state %d, %d calls reached the store", b.State(), f.calls.Load())
+		t.Fatalf("after 100 business errors: state %d, %d round trips reached the server", b.State(), f.calls.Load())
 	}
 }
 
 // TestBreakerOpensAndRecovers: five infrastructure failures in a row (a success
 // in between starts the count again) open the breaker; open, it answers
-// DB_UNAVAILABLE (503, retryable) without calling the store; after the
+// DB_UNAVAILABLE (503, retryable) without a round trip; after the
 // cooldown one probe goes through while other calls are still refused; the
 // probe's success closes it, a failed probe opens it again.
 func TestBreakerOpensAndRecovers(t *testing.T) {
@@ -89,7 +85,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		b := newBreaker(t, reg)
 		var fail atomic.Bool
 		var gate chan struct{} // when set, the store waits on it
-		f := &fakeStore{next: func(context.Context) error {
+		f := &fakeDB{next: func(context.Context) error {
 			if gate != nil {
 				<-gate
 			}
@@ -98,9 +94,8 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 			}
 			return nil
 		}}
-		s := guard.NewStore(f, b, storage.DriverFailure)
 		ctx := context.Background()
-		account := func() error { _, err := s.Account(ctx, 1, "a"); return err }
+		account := func() error { return f.trip(ctx, b) }
 
 		fail.Store(true)
 		for range 4 {
@@ -127,7 +122,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		calls := f.calls.Load()
 		for range 10 {
 			err := account()
-			if err != guard.ErrDBOpen || !errors.Is(err, model.ErrDBUnavailable) {
+			if err != storage.ErrDBOpen || !errors.Is(err, model.ErrDBUnavailable) {
 				t.Fatalf("open breaker answered %v", err)
 			}
 			if status, body := api.ErrorJSON(err); status != 503 || string(api.ErrorCode(body)) != "DB_UNAVAILABLE" {
@@ -135,7 +130,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 			}
 		}
 		if f.calls.Load() != calls {
-			t.Fatalf("%d calls reached the store while the breaker was open", f.calls.Load()-calls)
+			t.Fatalf("%d round trips reached the server while the breaker was open", f.calls.Load()-calls)
 		}
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP redcell_breaker_rejected_total Calls a circuit breaker refused without trying (DB_UNAVAILABLE, or memcached's in-process fallback).
@@ -169,8 +164,8 @@ redcell_breaker_failures_total{breaker="db"} 9
 		gate = make(chan struct{})
 		probe := make(chan error)
 		go func() { probe <- account() }()
-		synctest.Wait() // the probe is inside the store, waiting on gate
-		if err := account(); err != guard.ErrDBOpen {
+		synctest.Wait() // the probe is in its round trip, waiting on gate
+		if err := account(); err != storage.ErrDBOpen {
 			t.Fatalf("a call during the probe: %v, want ErrDBOpen", err)
 		}
 		close(gate)
@@ -188,7 +183,7 @@ redcell_breaker_failures_total{breaker="db"} 9
 			}
 		}
 		if f.calls.Load() != before+3 {
-			t.Fatal("calls after recovery did not reach the store")
+			t.Fatal("round trips after recovery did not reach the server")
 		}
 	})
 }
@@ -206,20 +201,19 @@ func TestBreakerLogsAnOutageOnce(t *testing.T) {
 		}
 		var fail atomic.Bool
 		fail.Store(true)
-		f := &fakeStore{next: func(context.Context) error {
+		f := &fakeDB{next: func(context.Context) error {
 			if fail.Load() {
 				return refused
 			}
 			return nil
 		}}
-		s := guard.NewStore(f, b, storage.DriverFailure)
-		for range 600 { // a call every 100 ms for a minute
-			_, _ = s.Account(context.Background(), 1, "a")
+		for range 600 { // a round trip every 100 ms for a minute
+			_ = f.trip(context.Background(), b)
 			time.Sleep(100 * time.Millisecond)
 		}
 		fail.Store(false)
 		for b.State() != guard.StateClosed {
-			_, _ = s.Account(context.Background(), 1, "a")
+			_ = f.trip(context.Background(), b)
 			time.Sleep(100 * time.Millisecond)
 		}
 		out := buf.String()
@@ -254,11 +248,10 @@ func TestWhichErrorsCount(t *testing.T) {
 		}
 		for _, c := range cases {
 			b := newBreaker(t, nil)
-			f := &fakeStore{next: func(context.Context) error { time.Sleep(c.delay); return c.err }}
-			s := guard.NewStore(f, b, storage.DriverFailure)
+			f := &fakeDB{next: func(context.Context) error { time.Sleep(c.delay); return c.err }}
 			for range 20 {
-				_, err := s.Account(context.Background(), 1, "a")
-				if !errors.Is(err, c.err) && err != guard.ErrDBOpen {
+				err := f.trip(context.Background(), b)
+				if !errors.Is(err, c.err) && err != storage.ErrDBOpen {
 					t.Fatalf("%s: the error %v was lost: %v", c.name, c.err, err)
 				}
 				if errors.Is(err, context.DeadlineExceeded) && errors.Is(err, model.ErrDBUnavailable) {
@@ -272,8 +265,11 @@ func TestWhichErrorsCount(t *testing.T) {
 	})
 }
 
-// TestRealDriverTrips: a store on a port nobody listens on fails with the
-// driver's real error, which counts; five later the breaker answers alone.
+// TestRealDriverTrips: a store on a port nobody listens on, with the
+// breaker in front of its connections, fails with the driver's real error
+// (as DB_UNAVAILABLE), which counts; five later the breaker answers alone,
+// for every method of the store, and the store's Shadow (a breaker of its
+// own, still closed) still dials.
 func TestRealDriverTrips(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -286,23 +282,36 @@ func TestRealDriverTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	b := newBreaker(t, nil)
-	s := guard.NewStore(dead, b, storage.DriverFailure)
-	for i := range 5 {
-		_, err := s.Account(context.Background(), 1, "a")
-		if !errors.Is(err, model.ErrDBUnavailable) || err == guard.ErrDBOpen {
+	b, sb := newBreaker(t, nil), newBreaker(t, nil)
+	dead.SetBreaker(b)
+	dead.Shadow().SetBreaker(sb)
+	// Every round trip counts (a call may make several): the breaker opens
+	// within five calls, each of which dialed and was refused.
+	for i := 0; b.State() != guard.StateOpen; i++ {
+		if i == 5 {
+			t.Fatal("five calls to a dead server left the breaker closed")
+		}
+		_, err := dead.Account(context.Background(), 1, "a")
+		// The call whose round trips opened the breaker may end refused.
+		if !errors.Is(err, model.ErrDBUnavailable) || i == 0 && !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("call %d to a dead server: %v, want the driver's error as DB_UNAVAILABLE", i, err)
 		}
 	}
 	start := time.Now()
-	if _, err := s.Account(context.Background(), 1, "a"); err != guard.ErrDBOpen {
+	if _, err := dead.Account(context.Background(), 1, "a"); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("sixth call: %v, want ErrDBOpen", err)
 	}
-	if err := s.Ping(context.Background()); err != guard.ErrDBOpen || time.Since(start) > 100*time.Millisecond {
+	if err := dead.Ping(context.Background()); !errors.Is(err, storage.ErrDBOpen) || time.Since(start) > 100*time.Millisecond {
 		t.Fatalf("ping while open: %v after %s", err, time.Since(start))
 	}
-	if err := s.EnsureDays(context.Background(), []model.ShardID{1}, []int{1}, 1, nil); err != guard.ErrDBOpen {
+	if err := dead.EnsureDays(context.Background(), []model.ShardID{1}, []int{1}, 1, nil); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("warm-up while open: %v", err)
+	}
+	if _, _, err := dead.PendingCredits(context.Background(), 0, 1, 0, "", 10); !errors.Is(err, storage.ErrDBOpen) {
+		t.Fatalf("outbox read while open: %v", err)
+	}
+	if _, err := dead.Shadow().Account(context.Background(), 1, "a"); !errors.Is(err, syscall.ECONNREFUSED) || sb.State() != guard.StateClosed {
+		t.Fatalf("the shadow store behind its own breaker: %v, state %d", err, sb.State())
 	}
 }
 

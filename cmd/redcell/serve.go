@@ -28,7 +28,6 @@ import (
 // The store is bound to the cell's interfaces here, where the wiring happens:
 // MariaDB and memcached each behind a circuit breaker.
 var _ storage.Store = (*storage.MySQL)(nil)
-var _ storage.Store = (*guard.Store)(nil)
 var _ admission.Memcache = (*memcache.Client)(nil)
 var _ admission.Memcache = (*guard.Memcache)(nil)
 var _ cell.Slots = (*admission.Slots)(nil)
@@ -141,10 +140,10 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	shadowStore := store.Shadow() // one per process: it keeps which tables exist
-	real, shadow := guard.NewStore(store, dbBreaker, storage.DriverFailure), guard.NewStore(shadowStore, shadowBreaker, storage.DriverFailure)
-	stores := cell.Stores{Real: real, Shadow: shadow,
-		RealCoupons: guard.NewCoupons(real, store), ShadowCoupons: guard.NewCoupons(shadow, shadowStore), ShadowDrop: shadowStore}
+	shadowStore := store.Shadow() // its own pool: it keeps which tables exist
+	store.SetBreaker(dbBreaker)
+	shadowStore.SetBreaker(shadowBreaker)
+	stores := cell.Stores{Real: store, Shadow: shadowStore, RealCoupons: store, ShadowCoupons: shadowStore, ShadowDrop: shadowStore}
 	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
 	cfg.IssuedMemcache = mc
 	cfg.SceneMemcache = mc
