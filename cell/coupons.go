@@ -89,12 +89,8 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 			}
 			cp.limits[i][layer] = l
 		}
-		store := stores[i]
 		accept := func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-			if s.strategy.grouped() { // the strategy the admin port set last
-				return s.acceptGrouped(ctx, sp, r)
-			}
-			return store.AcceptCoupon(ctx, r)
+			return s.acceptGrouped(ctx, sp, r)
 		}
 		e, err := couponq.New(couponq.Config{Store: movingCoupons{Coupons: stores[i], own: s.own}, Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.own.dbs, QueueLen: s.cfg.CouponQueueLen,
@@ -110,7 +106,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 	return cp, nil
 }
 
-// acceptGrouped stores a coupon request, under the grouped strategy, as one
+// acceptGrouped stores a coupon request, whatever the open strategy, as one
 // op of its database's commit lane (storage.OpAccept: the accepts of many people share one multi-row
 // INSERT per database and one COMMIT). Its answers are AcceptCoupon's; a
 // group still committing when ctx ends leaves the outcome unknown, as a lost

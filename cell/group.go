@@ -12,7 +12,8 @@ import (
 	"redcell/storage"
 )
 
-// The cell's side of group commit (strategy grouped): which lane an op joins,
+// The cell's side of group commit (every write; opens under strategy
+// grouped): which lane an op joins,
 // how a lane's group reaches its space's store, and the requests that go
 // through the committer instead of a transaction of their own.
 
@@ -167,9 +168,9 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 	return op.Deposit, nil
 }
 
-// relayStore is the relay's view of a space's store: under grouped, the
-// credits the relay books in this cell (its own claimants) go through the
-// committer, as the credits other cells deliver do.
+// relayStore is the relay's view of a space's store: the credits the relay
+// books in this cell (its own claimants) go through the committer, as the
+// credits other cells deliver do.
 type relayStore struct {
 	storage.Store
 	s  *Server
@@ -180,10 +181,7 @@ type relayStore struct {
 // The relay's local lane calls it after keeping only the credits of shards
 // the cell serves (relay.Config.Owns) inside relay.Config.Enter.
 func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	if r.s.strategy.grouped() {
-		return r.s.applyCreditsGrouped(ctx, r.sp, credits)
-	}
-	return r.sp.store.ApplyCredits(ctx, credits)
+	return r.s.applyCreditsGrouped(ctx, r.sp, credits)
 }
 
 // applyCreditsGrouped is storage.Wallets.ApplyCredits through the committer:

@@ -15,7 +15,6 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/model"
-	"redcell/sharding"
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
@@ -80,10 +79,9 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 	// (GET, and a grab, which reads a packet's state) write nothing, and an
 	// open's writes are its worker's batch, which enters on its own: none
 	// holds a freeze up while it waits (an open may wait in its packet's
-	// queue for up to a second). A send, a deposit and relayed credits enter
-	// in their handlers: under grouped their writes are the committer's
-	// groups, which enter themselves (commitGroup), else a send and a
-	// deposit enter their account's database only (enterDB).
+	// queue for up to a second). A send, a deposit and relayed credits
+	// write only through the committer, whose groups enter themselves
+	// (commitGroup).
 	if string(rc.Method()) != fasthttp.MethodGet && !entersOnItsOwn(rt) {
 		leave := s.own.enter()
 		defer leave()
@@ -217,14 +215,9 @@ func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, sp *sp
 }
 
 func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	// The deposit writes its account's database only (entersOnItsOwn):
-	// under grouped through the committer, which registers the write and
-	// checks the shard (commitGroup), else here.
-	grouped := s.strategy.grouped()
-	if !grouped {
-		leave := s.own.enterDB(sharding.ShardOfAct(actID).DB())
-		defer leave()
-	}
+	// The deposit writes its account's database only (entersOnItsOwn),
+	// through the committer, which registers the write and checks the shard
+	// (commitGroup).
 	sh, err := s.own.account(actID)
 	if err != nil {
 		s.answers.err(rc, err)
@@ -239,12 +232,7 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		s.answers.err(rc, err)
 		return
 	}
-	var d model.Deposit
-	if grouped {
-		d, err = s.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
-	} else {
-		d, err = sp.store.Deposit(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
-	}
+	d, err := s.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -305,26 +293,15 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	}
 	// The send writes its sender's database only (entersOnItsOwn): the
 	// debit, the flow and the packet, whose ID carries the sender's shard;
-	// under grouped through the committer, which registers the write and
-	// checks the shard (commitGroup), else here.
-	grouped := s.strategy.grouped()
-	if !grouped {
-		leave := s.own.enterDB(sh.DB())
-		defer leave()
-	}
+	// through the committer, which registers the write and checks the shard
+	// again (commitGroup).
 	if err := s.own.check(sh); err != nil {
 		s.answers.err(rc, err)
 		return
 	}
 	now := s.clock.Now()
 	id, expiresMS := model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli()
-	var p model.Packet
-	var repeat bool
-	if grouped {
-		p, repeat, err = s.sendGrouped(ctx, sp, sh, req, id, expiresMS)
-	} else {
-		p, repeat, err = sp.store.Send(ctx, sh, req, id, expiresMS)
-	}
+	p, repeat, err := s.sendGrouped(ctx, sp, sh, req, id, expiresMS)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -450,26 +427,15 @@ const creditsPerCallMax = 10_000
 // lists them to a sender that reads the list (api.HeaderPartial), and is a
 // retryable 503 to one that does not; what was applied stays applied.
 func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	// The credits may write any of the cell's databases (entersOnItsOwn):
-	// under grouped through the committer, which registers the writes and
-	// checks each shard (commitGroup), else here.
-	grouped := s.strategy.grouped()
-	if !grouped {
-		leave := s.own.enter()
-		defer leave()
-	}
+	// The credits may write any of the cell's databases (entersOnItsOwn),
+	// through the committer, which registers the writes and checks each
+	// shard (commitGroup).
 	credits, err := s.own.decodeCredits(rc.PostBody())
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
-	var applied int
-	var deferred []string
-	if grouped {
-		applied, deferred, err = s.applyCreditsGrouped(ctx, sp, credits)
-	} else {
-		applied, deferred, err = sp.store.ApplyCredits(ctx, credits)
-	}
+	applied, deferred, err := s.applyCreditsGrouped(ctx, sp, credits)
 	if err != nil {
 		s.answers.err(rc, err)
 		return

@@ -237,7 +237,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	s.issuedCounter(sp, key).Add(int64(r.Amount))
 	s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
 	if req.BookNow {
-		if _, err := sp.store.BookRewards(ctx, []model.Reward{got}); err != nil {
+		if _, err := s.bookRewards(ctx, sp, []model.Reward{got}); err != nil {
 			s.answers.err(rc, err)
 			return
 		}
@@ -248,14 +248,22 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	s.answers.json(rc, http.StatusOK, rewardAnswer(got, false))
 }
 
-// storeReward stores an issued reward: under the grouped strategy as one op
-// of its database's commit lane (storage.OpIssue: many issues share one
-// multi-row INSERT and one COMMIT), else on its own (IssueReward). A repeat
-// answers the reward stored before.
-func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (model.Reward, bool, error) {
-	if !s.strategy.grouped() {
-		return sp.store.IssueReward(ctx, r)
+// bookRewards books rs, rewards of one database (one person's, or one
+// reward), as one op of that database's commit lane (storage.OpRewards):
+// storage.Rewards.BookRewards's answers.
+func (s *Server) bookRewards(ctx context.Context, sp *space, rs []model.Reward) (int, error) {
+	if len(rs) == 0 {
+		return 0, nil
 	}
+	op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
+	err := s.submitStore(ctx, sp, rs[0].Shard.DB(), op)
+	return op.Applied, err
+}
+
+// storeReward stores an issued reward as one op of its database's commit
+// lane (storage.OpIssue: many issues share one multi-row INSERT and one
+// COMMIT). A repeat answers the reward stored before.
+func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (model.Reward, bool, error) {
 	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: r}
 	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {
 		return model.Reward{}, false, err
@@ -505,7 +513,7 @@ func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID,
 		if err != nil || len(pend) == 0 {
 			return total, err
 		}
-		n, err := sp.store.BookRewards(ctx, pend)
+		n, err := s.bookRewards(ctx, sp, pend)
 		s.rw.booked[sp.index()].Add(int64(n))
 		total += n
 		if err != nil {
@@ -721,7 +729,7 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 	} else {
 		s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
 	}
-	_, err = sp.store.BookRewards(ctx, []model.Reward{got})
+	_, err = s.bookRewards(ctx, sp, []model.Reward{got})
 	return err
 }
 
@@ -872,16 +880,12 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	if !s.own.servesDB(db) {
 		return true, nil
 	}
+	// Through the group committer: one transaction with the lane's opens,
+	// sends and credits (storage.OpRewards).
 	var n int
-	if s.strategy.grouped() {
-		// Through the group committer: one transaction with the lane's
-		// opens, sends and credits (storage.OpRewards).
-		op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
-		if err = s.submit(bctx, sp, db, op); err == nil {
-			err, n = op.Err, op.Applied
-		}
-	} else {
-		n, err = sp.store.BookRewards(bctx, rs)
+	op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
+	if err = s.submit(bctx, sp, db, op); err == nil {
+		err, n = op.Err, op.Applied
 	}
 	if err != nil {
 		return false, fmt.Errorf("book %d rewards: %w", len(rs), err)

@@ -29,15 +29,18 @@ type openStrategy struct {
 // Strategy returns how opens run now.
 func (o *openStrategy) Strategy() api.StrategySetting { return *o.cur.Load() }
 
-// grouped reports whether work goes through the group committer now.
+// grouped reports whether opens go through the group committer now. The
+// strategy decides opens only: every other write of the cell (sends,
+// deposits, credits, reward issues and bookings, coupon accepts) goes
+// through the group committer whatever it is.
 func (o *openStrategy) grouped() bool { return o.cur.Load().Strategy == StrategyGrouped }
 
 // SetStrategy switches how opens run, for opens that start from now on: the
 // strategy (naive, serial, batched, grouped), the batch size and wait of the
 // packet queues (batched and grouped) and the group commit's size and wait
-// bound (grouped). Opens already queued run under the new batch settings.
-// Under grouped, sends, deposits and received credits join the group commit
-// too. Errors: ErrInvalidArgument.
+// bound (grouped; every other write goes through the committer whatever
+// the strategy, under these limits). Opens already queued run under the
+// new batch settings. Errors: ErrInvalidArgument.
 func (o *openStrategy) SetStrategy(st api.StrategySetting) error {
 	switch st.Strategy {
 	case StrategyNaive, StrategySerial, StrategyBatched, StrategyGrouped:
