@@ -2,7 +2,9 @@ package cell
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,12 +16,16 @@ import (
 // path only what a refund changes: each space's closed-packet set and the
 // grab cache.
 type expirer struct {
-	spaces       [2]*space
-	shards       func() []model.ShardID // the shards the cell serves now, read each pass
-	own          *ownership             // each refund enters its work and checks the packet's shard is still served
-	interval     time.Duration          // Config.ExpiryInterval
-	packetExpiry time.Duration          // Config.PacketExpiry
-	cache        *grabCache             // nil: none
+	spaces [2]*space
+	shards func() []model.ShardID // the shards the cell serves now, read each pass
+	own    *ownership             // a packet whose shard the cell no longer serves is skipped
+	// refund refunds one packet through the group committer (Server.refundGrouped),
+	// which registers the write and checks the packet's shard is still
+	// served: the cents refunded and the packet as the refund left it.
+	refund       func(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error)
+	interval     time.Duration // Config.ExpiryInterval
+	packetExpiry time.Duration // Config.PacketExpiry
+	cache        *grabCache    // nil: none
 	clock        clock.Clock
 	log          *slog.Logger
 	inc          *incidents
@@ -29,7 +35,7 @@ type expirer struct {
 
 // run refunds expired packets until ctx ends: every ExpiryInterval it scans the packet
 // tables of the days a still-open packet could have been created on and refunds
-// each expired one. Refund locks the packet row, so it serializes with opens.
+// each expired one. A refund locks the packet row, so it serializes with opens.
 //
 // Beside it, a full scan of all 31 day slots runs 30 s after start and then
 // every fullScanInterval, so packets left open by an outage longer than the
@@ -46,6 +52,10 @@ func (e *expirer) run(ctx context.Context) {
 		}
 	})
 }
+
+// refundsInFlight bounds the refunds of one pass waiting in the group
+// committer at once.
+const refundsInFlight = 64
 
 // shadowEvery: how often (in passes) the shadow tables are scanned too.
 const shadowEvery = 4
@@ -96,38 +106,54 @@ func (e *expirer) once(ctx context.Context, sp *space, days []int) model.Cents {
 		}
 		scan.OK()
 		scanned = true
-		refunded := 0
+		// The round's refunds go to the group committer together (at most
+		// refundsInFlight at a time), so they share its transactions.
+		var (
+			mu       sync.Mutex
+			wg       sync.WaitGroup
+			refunded int
+			slots    = make(chan struct{}, refundsInFlight)
+		)
 		for _, id := range ids {
 			ref, err := model.ParsePacketID(string(id))
 			if err != nil {
 				e.log.Error("bad packet id in table", "id", id)
 				continue
 			}
-			leave := e.own.enter()
 			if !e.own.owns(ref.Shard) { // frozen or handed over by a move since the scan
-				leave()
 				continue
 			}
-			cents, err := sp.store.Refund(ctx, ref)
-			leave()
-			if err != nil {
-				if ctx.Err() == nil {
-					refundFailed = true
-					refund.Fail(err, "packet", id)
+			slots <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				cents, p, err := e.refund(ctx, sp, ref)
+				if errors.Is(err, model.ErrMoving) || errors.Is(err, model.ErrWrongCell) {
+					return // frozen or handed over since the check: the next owner refunds it
 				}
-				continue
-			}
-			if cents > 0 {
+				if err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						refundFailed = true
+						mu.Unlock()
+						refund.Fail(err, "packet", id)
+					}
+					return
+				}
+				if cents == 0 {
+					return
+				}
+				mu.Lock()
 				refunded++
 				total += cents
+				mu.Unlock()
 				e.refunds.Add(1)
 				e.refundCents.Add(int64(cents))
 				sp.closed.put(ref.ID, model.ErrExpired)
-				if p, err := sp.store.Packet(ctx, ref); err == nil {
-					e.cache.set(sp, p)
-				}
-			}
+				e.cache.set(sp, p)
+			}()
 		}
+		wg.Wait()
 		if len(ids) < 500 || refunded == 0 {
 			return total
 		}

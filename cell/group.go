@@ -57,9 +57,9 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*st
 // turns into work that waits for a freeze of any database.
 func opDBs(dbs []int, op *storage.GroupOp) []int {
 	switch op.Kind {
-	case storage.OpOpen:
+	case storage.OpOpen, storage.OpRefund:
 		return append(dbs, op.Ref.Shard.DB())
-	case storage.OpSend, storage.OpDeposit:
+	case storage.OpSend, storage.OpDeposit, storage.OpWithdraw:
 		return append(dbs, op.Shard.DB())
 	case storage.OpCredits:
 		for _, c := range op.Credits {
@@ -83,9 +83,9 @@ func opDBs(dbs []int, op *storage.GroupOp) []int {
 // first shard's ErrMoving or ErrWrongCell.
 func (s *Server) opServed(op *storage.GroupOp) error {
 	switch op.Kind {
-	case storage.OpOpen:
+	case storage.OpOpen, storage.OpRefund:
 		return s.own.check(op.Ref.Shard)
-	case storage.OpSend, storage.OpDeposit:
+	case storage.OpSend, storage.OpDeposit, storage.OpWithdraw:
 		return s.own.check(op.Shard)
 	case storage.OpCredits:
 		for _, c := range op.Credits {
@@ -150,6 +150,18 @@ func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef
 	return op.Results, op.Packet, nil
 }
 
+// refundGrouped is storage.Expiry.Refund through the packet's lane (storage.OpRefund):
+// the cents refunded and the packet as the refund left it. Errors:
+// ErrNotFound, ErrMoving or ErrWrongCell (the cell no longer serves the
+// packet's shard; nothing written), the committer's.
+func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error) {
+	op := &storage.GroupOp{Kind: storage.OpRefund, Ref: ref}
+	if err := s.submitStore(ctx, sp, ref.Shard.DB(), op); err != nil {
+		return 0, model.Packet{}, err
+	}
+	return op.Refunded, op.Packet, nil
+}
+
 // sendGrouped is storage.Packets.Send through the sender's lane.
 func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
 	op := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: id, ExpiresMS: expiresMS}
@@ -166,6 +178,16 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 		return model.Deposit{}, err
 	}
 	return op.Deposit, nil
+}
+
+// withdrawGrouped is storage.Rewards.Withdraw through the account's lane
+// (storage.OpWithdraw).
+func (s *Server) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
+	op := &storage.GroupOp{Kind: storage.OpWithdraw, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
+	if err := s.submitStore(ctx, sp, sh.DB(), op); err != nil {
+		return model.Withdrawal{}, err
+	}
+	return op.Withdrawal, nil
 }
 
 // relayStore is the relay's view of a space's store: the credits the relay

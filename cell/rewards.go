@@ -595,7 +595,8 @@ func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *spac
 		s.answers.err(rc, err)
 		return
 	}
-	w, err := sp.store.Withdraw(ctx, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	// After the booking has committed: the withdrawal sees what it booked.
+	w, err := s.withdrawGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
 	if err != nil {
 		s.answers.err(rc, err)
 		return

@@ -291,7 +291,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
-	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
+	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
 	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}

@@ -31,8 +31,9 @@ func (o *openStrategy) Strategy() api.StrategySetting { return *o.cur.Load() }
 
 // grouped reports whether opens go through the group committer now. The
 // strategy decides opens only: every other write of the cell (sends,
-// deposits, credits, reward issues and bookings, coupon accepts) goes
-// through the group committer whatever it is.
+// deposits, withdrawals, credits, refunds, reward issues and bookings,
+// coupon accepts)
+// goes through the group committer whatever it is.
 func (o *openStrategy) grouped() bool { return o.cur.Load().Strategy == StrategyGrouped }
 
 // SetStrategy switches how opens run, for opens that start from now on: the

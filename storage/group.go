@@ -35,13 +35,15 @@ type GroupKind uint8
 
 // The kinds of op a group carries.
 const (
-	OpOpen    GroupKind = iota + 1 // open a packet once per request: Packets.OpenBatch
-	OpSend                         // debit the sender and create a packet: Packets.Send
-	OpDeposit                      // credit a wallet under the caller's order number: Wallets.Deposit
-	OpCredits                      // book claims into claimants' wallets: Wallets.ApplyCredits
-	OpRewards                      // book issued rewards: Rewards.BookRewards
-	OpIssue                        // store one issued reward: Rewards.IssueReward
-	OpAccept                       // store one coupon request, accepted: Coupons.AcceptCoupon
+	OpOpen     GroupKind = iota + 1 // open a packet once per request: Packets.OpenBatch
+	OpSend                          // debit the sender and create a packet: Packets.Send
+	OpDeposit                       // credit a wallet under the caller's order number: Wallets.Deposit
+	OpCredits                       // book claims into claimants' wallets: Wallets.ApplyCredits
+	OpRewards                       // book issued rewards: Rewards.BookRewards
+	OpIssue                         // store one issued reward: Rewards.IssueReward
+	OpAccept                        // store one coupon request, accepted: Coupons.AcceptCoupon
+	OpRefund                        // give an expired packet's exact remainder back to its sender: Expiry.Refund
+	OpWithdraw                      // debit a wallet under the caller's order number: Rewards.Withdraw
 )
 
 func (k GroupKind) String() string {
@@ -60,6 +62,10 @@ func (k GroupKind) String() string {
 		return "issue"
 	case OpAccept:
 		return "accept"
+	case OpRefund:
+		return "refund"
+	case OpWithdraw:
+		return "withdraw"
 	}
 	return "unknown"
 }
@@ -73,14 +79,14 @@ type GroupOp struct {
 
 	// OpOpen: the packet, the opens in FIFO order, and the random source
 	// the op takes its draw seed from (two draws, model.TakeDrawSeed; not
-	// shared with other goroutines).
+	// shared with other goroutines). OpRefund: the packet (Ref) alone.
 	Ref  model.PacketRef
 	Reqs []model.OpenRequest
 	Rand *rand.Rand
 
 	// OpSend: the sender's shard, the validated request, the new packet's
 	// ID (model.NewPacketID for Shard) and its expiry (Unix ms).
-	// OpDeposit: Shard too, and the deposit's wallet, order number and
+	// OpDeposit, OpWithdraw: Shard too, and the wallet, order number and
 	// amount (cents, > 0).
 	Shard     model.ShardID
 	Send      model.SendRequest
@@ -101,15 +107,17 @@ type GroupOp struct {
 	Coupon model.CouponRequest
 
 	// Answers.
-	Results  []model.OpenResult  // OpOpen: one per request
-	Packet   model.Packet        // OpOpen: the packet as this op left it (zero if not found); OpSend: the packet
-	Repeat   bool                // OpSend: the order was applied before; Packet is the first packet as it is now; OpIssue: the reward was stored before; OpAccept: the serial was stored before
-	Issued   model.Reward        // OpIssue: the reward as stored (the first one when Repeat)
-	Accepted model.CouponRequest // OpAccept: the request as stored (the first one, as it is now, when Repeat)
-	Deposit  model.Deposit       // OpDeposit
-	Applied  int                 // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
-	Deferred []string            // OpCredits: claim IDs left for a later call (a wallet row was held)
-	Err      error               // this op's own error: nothing of it was written
+	Results    []model.OpenResult  // OpOpen: one per request
+	Packet     model.Packet        // OpOpen, OpRefund: the packet as this op left it (zero if not found); OpSend: the packet
+	Repeat     bool                // OpSend: the order was applied before; Packet is the first packet as it is now; OpIssue: the reward was stored before; OpAccept: the serial was stored before
+	Issued     model.Reward        // OpIssue: the reward as stored (the first one when Repeat)
+	Accepted   model.CouponRequest // OpAccept: the request as stored (the first one, as it is now, when Repeat)
+	Deposit    model.Deposit       // OpDeposit
+	Withdrawal model.Withdrawal    // OpWithdraw (Repeat set for an order applied before)
+	Applied    int                 // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
+	Deferred   []string            // OpCredits: claim IDs left for a later call (a wallet row was held)
+	Refunded   model.Cents         // OpRefund: the cents refunded now (0: nothing was due; not expired, sold out, refunded before)
+	Err        error               // this op's own error: nothing of it was written
 }
 
 // Grouper commits groups of ops. Implemented by MySQL and memstore.Store;

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"redcell/internal/invariant"
 	"redcell/model"
 )
 
@@ -67,7 +68,7 @@ func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 	// after an outage, say), each would cost the whole group twice.
 	locks := false
 	for _, op := range ops {
-		locks = locks || op.Kind == OpOpen || op.Kind == OpSend || op.Kind == OpDeposit
+		locks = locks || op.Kind == OpOpen || op.Kind == OpSend || op.Kind == OpDeposit || op.Kind == OpRefund || op.Kind == OpWithdraw
 	}
 	freshFirst := !locks || m.nowMS()-m.unfitMS.Load() >= unfitQuiet.Milliseconds()
 	var probe func() (bool, error)
@@ -115,7 +116,7 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 				return fmt.Errorf("storage: group send with packet ID %q of another shard", op.PacketID)
 			}
 			err = m.EnsureDay(ctx, op.Shard, ref.Day)
-		case OpDeposit:
+		case OpDeposit, OpWithdraw:
 			err = m.EnsureShard(ctx, op.Shard)
 		case OpCredits:
 			shards := make([]model.ShardID, len(op.Credits))
@@ -133,6 +134,11 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 		case OpAccept:
 			if op.Coupon.Shard.Valid() { // else the op answers ErrInvalidArgument
 				err = m.ensureCoupons(ctx, op.Coupon.Shard.DB())
+			}
+		case OpRefund:
+			// The packet's tables, and its shard's, where its sender's wallet is.
+			if err = m.EnsureShard(ctx, op.Ref.Shard); err == nil {
+				err = m.EnsureDay(ctx, op.Ref.Shard, op.Ref.Day)
 			}
 		default:
 			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
@@ -184,7 +190,7 @@ type groupState struct {
 func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds []model.DrawSeed, fresh, readClaims bool) (func() (bool, error), error) {
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
-		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
+		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
 	}
 	st, err := m.groupRead(ctx, tx, ops, readClaims)
 	if err != nil {
@@ -197,6 +203,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			return nil, err
 		}
 		readClaims = true
+	}
+	if err := m.lockRefundWallets(ctx, tx, st, ops, now); err != nil {
+		return nil, err
 	}
 	var (
 		w                    = groupWrites{dest: m.creditDest}
@@ -280,6 +289,46 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			w.flow(op.Shard, out.Flow, out.Deposit.Balance)
 			if probe == nil {
 				probe = m.flowProbe(ctx, fk, out.Flow)
+			}
+		case OpWithdraw:
+			k := walletKey{op.Shard, op.ActID}
+			fk := groupFlowKey{op.Shard, op.ActID, op.OrderNo}
+			if f, ok := st.flows[fk]; ok {
+				if op.Err = model.ReplayOrder(f, model.FlowWithdraw, model.WithdrawHash(op.Amount)); op.Err == nil {
+					op.Withdrawal = model.Withdrawal{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: f.BalanceAfter, Repeat: true}
+				}
+				continue
+			}
+			out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: st.wallets[k], NowMS: now})
+			if err != nil {
+				op.Err = err
+				continue
+			}
+			st.wallets[k], st.flows[fk] = out.Withdrawal.Balance, out.Flow
+			op.Withdrawal = out.Withdrawal
+			w.flow(op.Shard, out.Flow, out.Withdrawal.Balance)
+			if probe == nil {
+				probe = m.flowProbe(ctx, fk, out.Flow)
+			}
+		case OpRefund:
+			p := st.packets[op.Ref.ID]
+			if p == nil {
+				op.Err = model.Errorf(model.ErrNotFound, "red packet %s not found", op.Ref.ID)
+				continue
+			}
+			out := model.Refund(*p, now)
+			op.Packet = out.Packet
+			if !out.Due {
+				continue
+			}
+			k := walletKey{op.Ref.Shard, out.Flow.ActID}
+			bal, ok := st.wallets[k]
+			invariant.That(ok, "a refund's wallet was not locked")
+			st.wallets[k], *p, op.Refunded = bal+out.Amount, out.Packet, out.Amount
+			w.flow(op.Ref.Shard, out.Flow, st.wallets[k])
+			w.packetState(op.Ref, out.Packet)
+			if probe == nil {
+				probe = m.flowProbe(ctx, groupFlowKey{op.Ref.Shard, out.Flow.ActID, out.Flow.OrderNo}, out.Flow)
 			}
 		case OpCredits:
 			creditOps = append(creditOps, op)
@@ -402,13 +451,13 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 	flowsByShard := map[model.ShardID]map[[2]string]bool{}
 	for _, op := range ops {
 		switch op.Kind {
-		case OpOpen:
+		case OpOpen, OpRefund:
 			if _, ok := st.claims[op.Ref.ID]; !ok {
 				st.claims[op.Ref.ID] = map[string]model.Claim{}
 				t := m.packetTable(op.Ref.Shard, op.Ref.Day)
 				packetsByTable[t] = append(packetsByTable[t], string(op.Ref.ID))
 			}
-		case OpSend, OpDeposit:
+		case OpSend, OpDeposit, OpWithdraw:
 			act, order := op.ActID, op.OrderNo
 			if op.Kind == OpSend {
 				act, order = op.Send.Sender, op.Send.OrderNo
@@ -476,13 +525,7 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 				m.flowTable(s)+" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
 		}
 		r.addUnion(wallets)
-		readers = append(readers, func(rows *sql.Rows) error {
-			var k walletKey
-			var bal model.Cents
-			err := rows.Scan(&k.shard, &k.act, &bal)
-			st.wallets[k] = bal
-			return err
-		})
+		readers = append(readers, st.readWallet)
 		r.addUnion(flows)
 		readers = append(readers, func(rows *sql.Rows) error {
 			var s model.ShardID
@@ -529,6 +572,15 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 		}
 	}
 	return st, rows.Close()
+}
+
+// readWallet reads one row of a wallets' locking read: shard, act_id, balance.
+func (st *groupState) readWallet(rows *sql.Rows) error {
+	var k walletKey
+	var bal model.Cents
+	err := rows.Scan(&k.shard, &k.act, &bal)
+	st.wallets[k] = bal
+	return err
 }
 
 // claimsUnion is the read of the openers' earlier claims: per claim table
@@ -655,6 +707,63 @@ func (m *MySQL) lockPackets(ctx context.Context, tx *sql.Tx, st *groupState, byT
 	return queryUnion(ctx, tx, packetLocks(byTable), st.readPacket, "lock packets")
 }
 
+// lockRefundWallets locks, after the packets' locks (a refund's order:
+// packet, then wallet), the wallets of the senders the group's refunds may
+// pay (packets open and past their expiry as read) that the group's reads
+// did not lock, and reads their balances: one statement when there are any,
+// and one more creating a wallet row that is missing (the sender's wallet
+// exists once it sent, unless the row went with a hand-made repair).
+func (m *MySQL) lockRefundWallets(ctx context.Context, tx *sql.Tx, st *groupState, ops []*GroupOp, now int64) error {
+	byShard := map[model.ShardID]map[string]bool{}
+	for _, op := range ops {
+		if op.Kind != OpRefund {
+			continue
+		}
+		p := st.packets[op.Ref.ID]
+		if p == nil || p.Status != model.StatusOpen || now < p.ExpiresMS {
+			continue
+		}
+		if _, ok := st.wallets[walletKey{op.Ref.Shard, p.Sender}]; ok {
+			continue
+		}
+		if byShard[op.Ref.Shard] == nil {
+			byShard[op.Ref.Shard] = map[string]bool{}
+		}
+		byShard[op.Ref.Shard][p.Sender] = true
+	}
+	if len(byShard) == 0 {
+		return nil
+	}
+	var u union
+	for _, s := range sortedKeys(byShard) {
+		acts := sortedKeys(byShard[s])
+		u.add("SELECT "+strconv.Itoa(int(s))+", act_id, balance FROM "+m.accountTable(s)+
+			" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
+	}
+	if err := queryUnion(ctx, tx, u, st.readWallet, "lock refund wallets"); err != nil {
+		return err
+	}
+	var b sqlBatch
+	for _, s := range sortedKeys(byShard) {
+		var missing []string
+		for _, a := range sortedKeys(byShard[s]) {
+			if _, ok := st.wallets[walletKey{s, a}]; !ok {
+				missing = append(missing, a)
+				st.wallets[walletKey{s, a}] = 0
+			}
+		}
+		if len(missing) > 0 {
+			b.add("INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+rowsOf(len(missing), 3), walletRows(missing, now)...)
+		}
+	}
+	if q, args := b.sql(); q != "" {
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("storage: create refund wallets: %w", err)
+		}
+	}
+	return nil
+}
+
 // groupWrites gathers a group's rows by table, for one multi-statement write.
 type groupWrites struct {
 	flows      map[model.ShardID][]any // flowArgs rows
@@ -716,6 +825,8 @@ func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
 	if w.claims == nil {
 		w.claims, w.claimN = map[dayKey][]any{}, map[dayKey]int{}
 		w.outbox, w.outboxN = map[int][]any{}, map[int]int{}
+	}
+	if w.packets == nil {
 		w.packets = map[model.PacketID]groupPacket{}
 	}
 	t := dayKey{ref.Shard, ref.Day}
@@ -728,6 +839,15 @@ func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
 		w.outboxN[db]++
 	}
 	w.packets[ref.ID] = groupPacket{ref, out.Packet}
+}
+
+// packetState records a packet's state after an op other than an open (a
+// refund): written by the same UPDATE as an opened packet's.
+func (w *groupWrites) packetState(ref model.PacketRef, p model.Packet) {
+	if w.packets == nil {
+		w.packets = map[model.PacketID]groupPacket{}
+	}
+	w.packets[ref.ID] = groupPacket{ref, p}
 }
 
 // sql is the group's write: every INSERT and UPDATE, in a fixed order.
@@ -754,8 +874,8 @@ func (w *groupWrites) sql(m *MySQL) (string, []any) {
 	for _, id := range sortedKeys(w.packets) {
 		gp := w.packets[id]
 		q := gp.p
-		b.add("UPDATE "+m.packetTable(gp.ref.Shard, gp.ref.Day)+" SET remaining_amount = ?, remaining_count = ?, status = ? WHERE packet_id = ?",
-			q.RemainingAmount, q.RemainingCount, q.Status, string(id))
+		b.add("UPDATE "+m.packetTable(gp.ref.Shard, gp.ref.Day)+" SET remaining_amount = ?, remaining_count = ?, status = ?, refund_amount = ? WHERE packet_id = ?",
+			q.RemainingAmount, q.RemainingCount, q.Status, q.RefundAmount, string(id))
 	}
 	return b.sql()
 }

@@ -14,7 +14,8 @@ var _ storage.Grouper = (*Store)(nil)
 // CommitGroup implements storage.Grouper. Under the store's lock it decides
 // the ops in list order — credit batches after every other op, in their
 // list order among themselves — each with the pure function of its kind
-// (model.ApplyDeposit, model.Send, model.Open, model.ApplyCredit, and
+// (model.ApplyDeposit, model.ApplyWithdraw, model.Send, model.Open,
+// model.Refund, model.ApplyCredit, and
 // model.ReplayOrder for an order number seen before), against the rows as the
 // ops before it in the group left them (a staged view: the store's rows under
 // what the group has decided so far); then it commits once: every op's
@@ -54,7 +55,7 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	for _, op := range ops {
 		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
 		op.Applied, op.Deferred, op.Err = 0, nil, nil
-		op.Issued, op.Accepted = model.Reward{}, model.CouponRequest{}
+		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
 		switch op.Kind {
 		case storage.OpOpen:
 			g.open(op)
@@ -67,6 +68,10 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 			g.issue(op)
 		case storage.OpAccept:
 			g.accept(op)
+		case storage.OpRefund:
+			g.refund(op)
+		case storage.OpWithdraw:
+			g.withdraw(op)
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
 		}
@@ -177,6 +182,26 @@ func (g *group) deposit(op *storage.GroupOp) {
 	op.Deposit = out.Deposit
 }
 
+func (g *group) withdraw(op *storage.GroupOp) {
+	sh := op.Shard
+	invariant.That(sh.Valid(), "shard out of range")
+	if prior, ok := g.flow(flowKey{sh, op.ActID, op.OrderNo}); ok {
+		if op.Err = model.ReplayOrder(*prior, model.FlowWithdraw, model.WithdrawHash(op.Amount)); op.Err == nil {
+			op.Withdrawal = model.Withdrawal{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: prior.BalanceAfter, Repeat: true}
+		}
+		return
+	}
+	out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount,
+		Balance: g.balance(acctKey{sh, op.ActID}), NowMS: g.now})
+	if err != nil {
+		op.Err = err
+		return
+	}
+	g.addFlow(sh, out.Flow)
+	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
+	op.Withdrawal = out.Withdrawal
+}
+
 func (g *group) send(op *storage.GroupOp) {
 	sh, req, id := op.Shard, op.Send, op.PacketID
 	ref, err := model.ParsePacketID(string(id))
@@ -221,6 +246,26 @@ func (g *group) open(op *storage.GroupOp) {
 		sp.fresh[c.ActID] = c
 	}
 	g.writes = append(g.writes, func() { g.s.writeOpenLocked(g.s.packets[id], out) })
+}
+
+// refund stages an expired packet's refund (model.Refund) as Refund decides
+// it: the remainder to the sender's wallet under "refund:"+ID, the packet
+// refunded.
+func (g *group) refund(op *storage.GroupOp) {
+	sp := g.packet(op.Ref.ID)
+	if sp == nil {
+		op.Err = model.Errorf(model.ErrNotFound, "red packet %s not found", op.Ref.ID)
+		return
+	}
+	out := model.Refund(sp.p, g.now)
+	op.Packet = out.Packet
+	if !out.Due {
+		return
+	}
+	sh, id := op.Ref.Shard, op.Ref.ID
+	g.addFlow(sh, out.Flow)
+	sp.p, op.Refunded = out.Packet, out.Amount
+	g.writes = append(g.writes, func() { g.s.writeRefundLocked(g.s.packets[id], out) })
 }
 
 // claimsOf returns the claims the requests' users hold on the packet, in the

@@ -208,6 +208,14 @@ func (s *Store) tableKeysLocked(shards []model.ShardID, days []int) []tableKey {
 	return keys
 }
 
+// writeRefundLocked writes a refund that is due: its flow and balance, and
+// the packet refunded (no longer open). s.mu is held.
+func (s *Store) writeRefundLocked(pk *packet, out model.RefundOutcome) {
+	s.writeFlowLocked(pk.ref.Shard, out.Flow)
+	pk.p = out.Packet
+	delete(s.tables[tableKey{pk.ref.Shard, pk.ref.Day}].open, pk.p.ID)
+}
+
 // Refund implements storage.Expiry: the decision is model.Refund's.
 func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
 	if err := ctx.Err(); err != nil {
@@ -222,9 +230,7 @@ func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, e
 	out := model.Refund(pk.p, s.nowMS())
 	write, err := s.commitLocked("refund")
 	if write && out.Due {
-		s.writeFlowLocked(pk.ref.Shard, out.Flow)
-		pk.p = out.Packet
-		delete(s.tables[tableKey{pk.ref.Shard, pk.ref.Day}].open, pk.p.ID)
+		s.writeRefundLocked(pk, out)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("memstore: refund %s: %w", ref.ID, err)

@@ -22,8 +22,9 @@ import (
 // an open's random source. op makes a fresh GroupOp from it as often as
 // needed (the group, a retry, the oracle), each with its own source.
 type spec struct {
-	in   storage.GroupOp // inputs only
-	seed uint64
+	in     storage.GroupOp // inputs only
+	seed   uint64
+	sender string // OpRefund: the packet's sender, whose wallet a refund may credit
 }
 
 func (s spec) op() *storage.GroupOp {
@@ -46,6 +47,14 @@ func sendOp(s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS
 
 func openOp(ref model.PacketRef, seed uint64, reqs ...model.OpenRequest) spec {
 	return spec{in: storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs}, seed: seed}
+}
+
+func withdrawOp(s model.ShardID, act, order string, amount model.Cents) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpWithdraw, Shard: s, ActID: act, OrderNo: order, Amount: amount}}
+}
+
+func refundOp(ref model.PacketRef) spec {
+	return spec{in: storage.GroupOp{Kind: storage.OpRefund, Ref: ref}}
 }
 
 func creditsOp(credits ...model.Credit) spec {
@@ -100,6 +109,23 @@ func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
 			return err
 		}
 		op.Applied, op.Deferred = n, deferred
+	case storage.OpWithdraw:
+		w, err := s.Withdraw(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		if err != nil && errCode(err) == "error" {
+			return err
+		}
+		op.Withdrawal, op.Err = w, err
+	case storage.OpRefund:
+		c, err := s.Refund(ctx, op.Ref)
+		if err != nil && errCode(err) == "error" {
+			return err
+		}
+		if op.Refunded, op.Err = c, err; err == nil {
+			// The packet as the refund left it, as the group answers it.
+			if op.Packet, err = s.Packet(ctx, op.Ref); err != nil {
+				return err
+			}
+		}
 	default:
 		return fmt.Errorf("op of unknown kind %d", op.Kind)
 	}
@@ -110,14 +136,16 @@ func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
 // ("error" for one without a code), and nothing but the code of an op that
 // failed.
 type answer struct {
-	Kind     storage.GroupKind
-	Results  []result
-	Packet   model.Packet
-	Repeat   bool
-	Deposit  model.Deposit
-	Applied  int
-	Deferred []string
-	Err      string
+	Kind       storage.GroupKind
+	Results    []result
+	Packet     model.Packet
+	Repeat     bool
+	Deposit    model.Deposit
+	Applied    int
+	Deferred   []string
+	Refunded   model.Cents
+	Withdrawal model.Withdrawal
+	Err        string
 }
 
 type result struct {
@@ -140,7 +168,7 @@ func answerOf(op *storage.GroupOp) answer {
 	if op.Err != nil {
 		return answer{Kind: op.Kind, Err: errCode(op.Err)}
 	}
-	a := answer{Kind: op.Kind, Packet: op.Packet, Repeat: op.Repeat, Deposit: op.Deposit, Applied: op.Applied}
+	a := answer{Kind: op.Kind, Packet: op.Packet, Repeat: op.Repeat, Deposit: op.Deposit, Applied: op.Applied, Refunded: op.Refunded, Withdrawal: op.Withdrawal}
 	if len(op.Deferred) > 0 {
 		a.Deferred = op.Deferred
 	}
@@ -288,6 +316,8 @@ func init() {
 	register("ContractGroupEmpty", contractGroupEmpty)
 	register("ContractGroupReplay", contractGroupReplay)
 	register("ContractGroupCommitFault", contractGroupCommitFault)
+	register("ContractGroupRefund", contractGroupRefund)
+	register("ContractGroupWithdraw", contractGroupWithdraw)
 	register("ContractGroupMoney", func(t *testing.T, newStore func(t *testing.T) Harness) {
 		GroupMoney(t, newStore(t), newStore(t), GroupMoneyConfig{Ops: 600, Seed: GroupSeed(1), AuditEvery: 10})
 	})
@@ -332,6 +362,91 @@ func contractGroupMatchesSingle(t *testing.T, newStore func(t *testing.T) Harnes
 		t.Fatalf("credits applied %d and %d, want 2 and 1", ops[0].Applied, ops[2].Applied)
 	}
 	p.g.check(books{deposits: 2231, balances: 1631 + claimed, open: 600 - claimed, sends: 600, packets: 3, claims: 3, credits: 3})
+}
+
+// Refunds in a group answer as Refund does, in list order with the ops
+// around them: the exact remainder of an expired packet to its sender's
+// wallet once (a second refund of it in the group, one of a packet not
+// expired and one of a sold-out packet refund nothing), NOT_FOUND for a
+// packet that does not exist, an open of the expired packet EXPIRED, and
+// the sender's deposits before and after see the balance in that order.
+func contractGroupRefund(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	p.commit("setup", depositOp(sA, "ann", "d1", 1000))
+	id1, p1 := p.packetID(sA)
+	id2, p2 := p.packetID(sA)
+	id3, p3 := p.packetID(sA)
+	now := p.nowMS()
+	p.commit("sends", sendOp(sA, sendReq("ann", "s1", 300, 3), id1, now+100), sendOp(sA, sendReq("ann", "s2", 200, 2), id2, now+3_600_000),
+		sendOp(sA, model.SendRequest{Sender: "ann", Amount: 10, Count: 1, Kind: model.KindFixed, OrderNo: "s3"}, id3, now+100))
+	opened := p.commit("opens", openOp(p1, 1, opener("bob", sB)), openOp(p3, 2, opener("cy", sC)))
+	left := 300 - opened[0].Results[0].Claim.Amount
+	p.advanceMS(200)
+	_, missing := p.packetID(sB)
+	ops := p.commit("refunds",
+		depositOp(sA, "ann", "d2", 5),    // 0: 1000 - 510 + 5
+		openOp(p1, 3, opener("dan", sC)), // 1: EXPIRED
+		refundOp(p1),                     // 2: the remainder
+		refundOp(p1),                     // 3: refunded before: nothing
+		refundOp(p2),                     // 4: not expired: nothing
+		refundOp(p3),                     // 5: sold out: nothing
+		refundOp(missing),                // 6: NOT_FOUND
+		depositOp(sA, "ann", "d3", 1),    // 7: sees the refund
+	)
+	wantResults(t, "open of the expired packet", ops[1], []string{model.ErrExpired.Code}, []bool{false})
+	if q := ops[2].Packet; ops[2].Refunded != left || q.Status != model.StatusRefunded || q.RefundAmount != left || q.RemainingAmount != 0 {
+		t.Fatalf("refund of the expired packet: %d cents, packet %+v; want %d", ops[2].Refunded, q, left)
+	}
+	for i, what := range map[int]string{3: "a second refund", 4: "a packet not expired", 5: "a sold-out packet"} {
+		if ops[i].Err != nil || ops[i].Refunded != 0 {
+			t.Fatalf("refund of %s: %d cents, %v; want nothing", what, ops[i].Refunded, ops[i].Err)
+		}
+	}
+	wantOp(t, "refund of a missing packet", ops[6], model.ErrNotFound)
+	if ops[0].Deposit.Balance != 495 || ops[7].Deposit.Balance != 496+left {
+		t.Fatalf("deposits around the refund: balances %d and %d, want 495 and %d", ops[0].Deposit.Balance, ops[7].Deposit.Balance, 496+left)
+	}
+	claimed := 300 - left + 10
+	p.g.check(books{deposits: 1006, balances: 1006 - 510 + left, open: 200, inFlight: claimed, sends: 510, refunds: left, packets: 3, claims: 2})
+}
+
+// Withdrawals in a group answer as Withdraw does, in list order with the
+// ops on the same wallet: a debit and the balance after it, a withdrawal
+// above the balance refused with its order number left free, a repeat
+// answering the first result, the order number with another amount or
+// used by a deposit ORDER_CONFLICT.
+func contractGroupWithdraw(t *testing.T, newStore func(t *testing.T) Harness) {
+	p := newStorePair(t, newStore)
+	p.commit("setup", depositOp(sA, "ann", "d1", 1000), depositOp(sB, "bob", "d1", 50))
+	p.advanceMS(1)
+	ops := p.commit("withdrawals",
+		withdrawOp(sA, "ann", "w1", 300), // 0: 700
+		withdrawOp(sA, "ann", "w2", 701), // 1: insufficient
+		depositOp(sA, "ann", "d2", 1),    // 2: 701
+		withdrawOp(sA, "ann", "w2", 701), // 3: 0, the order number stayed free
+		withdrawOp(sA, "ann", "w1", 300), // 4: repeat of 0
+		withdrawOp(sA, "ann", "w1", 299), // 5: conflict: another amount
+		depositOp(sA, "ann", "w2", 5),    // 6: conflict: a withdrawal's order number
+		withdrawOp(sA, "ann", "d1", 1),   // 7: conflict: a deposit's
+		withdrawOp(sB, "bob", "w1", 50),  // 8: 0, another wallet with the same order number
+	)
+	if w := ops[0].Withdrawal; w.Balance != 700 || w.Amount != 300 || w.Repeat {
+		t.Fatalf("withdrawal: %+v", w)
+	}
+	wantOp(t, "withdrawal above the balance", ops[1], model.ErrInsufficientBalance)
+	if w := ops[3].Withdrawal; w.Balance != 0 || w.Repeat || ops[2].Deposit.Balance != 701 {
+		t.Fatalf("withdrawal after a deposit: %+v (deposit %+v)", w, ops[2].Deposit)
+	}
+	if w := ops[4].Withdrawal; w.Balance != 700 || !w.Repeat {
+		t.Fatalf("withdrawal repeated: %+v, want the first result", w)
+	}
+	wantOp(t, "withdrawal with another amount", ops[5], model.ErrOrderConflict)
+	wantOp(t, "deposit under a withdrawal's order number", ops[6], model.ErrOrderConflict)
+	wantOp(t, "withdrawal under a deposit's order number", ops[7], model.ErrOrderConflict)
+	if w := ops[8].Withdrawal; w.Balance != 0 || w.Repeat {
+		t.Fatalf("bob's withdrawal: %+v", w)
+	}
+	p.g.check(books{deposits: 1051, withdrawals: 1051, balances: 0})
 }
 
 // One op's failure answers that op and never fails the others: an

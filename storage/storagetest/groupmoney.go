@@ -55,9 +55,9 @@ const (
 var injectNames = [injectKinds]string{"duplicate order number", "insufficient balance", "sold out", "killed before COMMIT", "COMMIT answer lost"}
 
 // GroupMoney is the money test of group commit: cfg.Ops mixed ops (deposits,
-// sends, opens of one to four users, credit batches taken from the outbox)
-// committed through h's CommitGroup in seeded random groups of 2 to 12 ops,
-// each group carrying one injected failure: a duplicate order number (a
+// withdrawals, sends, opens of one to four users, refunds of packets mostly
+// past their expiry, credit batches taken from the outbox) committed through h's
+// CommitGroup in seeded random groups of 2 to 12 ops, each group carrying one injected failure: a duplicate order number (a
 // repeat or ORDER_CONFLICT), a send above the balance, an open past a
 // packet's last share, a COMMIT whose connection is killed before it
 // reaches the database (the group must fail, write nothing, and its retry
@@ -105,7 +105,7 @@ func GroupMoney(t *testing.T, h, oracle Harness, cfg GroupMoneyConfig) {
 		}
 	}
 	if cfg.Ops >= 200 && (r.ClaimsCount == 0 || r.CreditsCount == 0 || m.stats["sold out"] == 0 || m.stats["insufficient balance"] == 0 ||
-		m.stats["order conflict"] == 0 || m.stats["repeat"] == 0) {
+		m.stats["order conflict"] == 0 || m.stats["repeat"] == 0 || m.stats["refund"] == 0 || m.stats["withdraw"] == 0) {
 		t.Fatalf("the run did too little: %+v, answers %v", r, m.stats)
 	}
 	t.Logf("seed %d: %d ops in %d groups, injected %v; answers %v; %d packets, %d claims, %d credits, %d cents in flight",
@@ -149,6 +149,14 @@ func (m *money) deposit(u string) spec {
 	return depositOp(m.shardOf(u), u, m.order("d"), model.Cents(100+m.r.IntN(20)*100))
 }
 
+// withdraw is a withdrawal of up to about the user's balance as the oracle
+// holds it (above it now and then: refused, its order number left free).
+func (m *money) withdraw(u string) spec {
+	s := m.shardOf(u)
+	amount := 1 + m.p.o.balance(s, u)*model.Cents(m.r.IntN(11))/10
+	return withdrawOp(s, u, m.order("w"), amount)
+}
+
 func (m *money) send() spec {
 	u := m.user()
 	s := m.shardOf(u)
@@ -187,6 +195,25 @@ func (m *money) pending() []model.Credit {
 	return all
 }
 
+// refund is a refund of a recent packet, one past its expiry when there is
+// one (else one not expired, which refunds nothing).
+func (m *money) refund() (spec, bool) {
+	if len(m.refs) == 0 {
+		return spec{}, false
+	}
+	now := m.p.nowMS()
+	ref := m.refs[len(m.refs)-1-m.r.IntN(min(len(m.refs), 10))]
+	for _, i := range m.r.Perm(len(m.refs)) {
+		if p := m.p.o.packet(m.refs[i]); p.Status == model.StatusOpen && now >= p.ExpiresMS {
+			ref = m.refs[i]
+			break
+		}
+	}
+	sp := refundOp(ref)
+	sp.sender = m.p.o.packet(ref).Sender
+	return sp, true
+}
+
 func (m *money) credits(pool []model.Credit) (spec, bool) {
 	if len(pool) == 0 {
 		return spec{}, false
@@ -202,7 +229,7 @@ func (m *money) credits(pool []model.Credit) (spec, bool) {
 func touched(specs []spec, act string, s model.ShardID) bool {
 	for _, sp := range specs {
 		switch in := sp.in; in.Kind {
-		case storage.OpDeposit:
+		case storage.OpDeposit, storage.OpWithdraw:
 			if in.ActID == act && in.Shard == s {
 				return true
 			}
@@ -215,6 +242,10 @@ func touched(specs []spec, act string, s model.ShardID) bool {
 				if c.ActID == act && c.Shard == s {
 					return true
 				}
+			}
+		case storage.OpRefund:
+			if sp.sender == act && in.Ref.Shard == s {
+				return true
 			}
 		}
 	}
@@ -247,12 +278,16 @@ func (m *money) group(gi int) int {
 		var sp spec
 		ok := true
 		switch x := m.r.IntN(100); {
-		case x < 25:
+		case x < 22:
 			sp = m.deposit(m.user())
+		case x < 25:
+			sp = m.withdraw(m.user())
 		case x < 45:
 			sp = m.send()
-		case x < 85:
+		case x < 80:
 			sp, ok = m.open()
+		case x < 85:
+			sp, ok = m.refund()
 		case len(batch) == 0:
 			if sp, ok = m.credits(m.pending()); ok {
 				batch = append(batch, sp)
@@ -401,6 +436,16 @@ func (m *money) learn(specs []spec, ops []*storage.GroupOp) {
 					m.stats["claim"]++
 				}
 			}
+		case storage.OpRefund:
+			if op.Refunded > 0 {
+				m.stats["refund"]++
+			}
+		case storage.OpWithdraw:
+			if op.Withdrawal.Repeat {
+				m.stats["repeat"]++
+				continue
+			}
+			m.stats["withdraw"]++
 		case storage.OpCredits:
 			m.stats["credited"] += op.Applied
 			if m.r.IntN(2) == 0 {
