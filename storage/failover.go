@@ -114,7 +114,8 @@ func (c *switchConnector) resume() {
 }
 
 // genConn is a connection of one generation of a switchConnector. Its
-// round trips but COMMIT and ROLLBACK go through its pool's gate (Guarded).
+// round trips but COMMIT and ROLLBACK go through its pool's gate (Guarded);
+// one the breaker refuses is not counted in trips (it never left).
 type genConn struct {
 	driver.Conn
 	gen  int64
@@ -146,14 +147,17 @@ func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
-	// The driver sets a non-default isolation level with a statement of
-	// its own before START TRANSACTION.
-	if opts.Isolation != driver.IsolationLevel(sql.LevelDefault) {
-		c.sw.trips.Add(1)
-	}
-	c.sw.trips.Add(1)
 	var tx driver.Tx
-	err := Guarded(c.gate.breaker(), func() (err error) { tx, err = c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts); return err })
+	err := Guarded(c.gate.breaker(), func() (err error) {
+		// The driver sets a non-default isolation level with a statement
+		// of its own before START TRANSACTION.
+		if opts.Isolation != driver.IsolationLevel(sql.LevelDefault) {
+			c.sw.trips.Add(1)
+		}
+		c.sw.trips.Add(1)
+		tx, err = c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -164,9 +168,9 @@ func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
-	c.sw.trips.Add(1)
 	var st driver.Stmt
 	err := Guarded(c.gate.breaker(), func() (err error) {
+		c.sw.trips.Add(1)
 		st, err = c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
 		return err
 	})
@@ -177,9 +181,12 @@ func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.N
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
-	c.sw.trips.Add(1)
 	var res driver.Result
-	err := Guarded(c.gate.breaker(), func() (err error) { res, err = c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args); return err })
+	err := Guarded(c.gate.breaker(), func() (err error) {
+		c.sw.trips.Add(1)
+		res, err = c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+		return err
+	})
 	return res, err
 }
 
@@ -187,9 +194,9 @@ func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
-	c.sw.trips.Add(1)
 	var rows driver.Rows
 	err := Guarded(c.gate.breaker(), func() (err error) {
+		c.sw.trips.Add(1)
 		rows, err = c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 		return err
 	})
@@ -200,8 +207,7 @@ func (c *genConn) Ping(ctx context.Context) error {
 	if c.stale() {
 		return driver.ErrBadConn
 	}
-	c.sw.trips.Add(1)
-	return Guarded(c.gate.breaker(), func() error { return c.Conn.(driver.Pinger).Ping(ctx) })
+	return Guarded(c.gate.breaker(), func() error { c.sw.trips.Add(1); return c.Conn.(driver.Pinger).Ping(ctx) })
 }
 
 func (c *genConn) CheckNamedValue(nv *driver.NamedValue) error {

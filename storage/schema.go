@@ -468,8 +468,8 @@ func (m *MySQL) Shadow() *MySQL {
 // RoundTrips is how many round trips the store's connections have made to
 // its server since it was opened, whatever they carried: a statement or a
 // statement list, a BEGIN (two with an isolation level), a COMMIT or
-// ROLLBACK, a ping. Shadow stores share their store's count. 0 for a store
-// not opened by Open or OpenFailover.
+// ROLLBACK, a ping; not those its breaker refused (SetBreaker). Shadow
+// stores share their store's count.
 func (m *MySQL) RoundTrips() int64 {
 	if m.trips == nil {
 		return 0
