@@ -718,7 +718,7 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
 		return err
 	}
-	got, repeat, err := sp.store.IssueReward(ctx, r)
+	got, repeat, err := s.storeReward(ctx, sp, r)
 	if err != nil {
 		if !errors.Is(err, storage.ErrCommitUnknown) {
 			s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
