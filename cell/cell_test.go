@@ -146,7 +146,10 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	addr := ln.Addr().String()
 	tc := &testCell{name: name, url: "http://" + addr, addr: addr, cfg: cfg, db: db, reg: reg, dbBreak: dbBreak, ns: ns}
 	if cfg.AdminListen != "" {
+		// The admin port starts with Serve, beside the public one: a test
+		// that reads it first waits for it.
 		tc.adminURL = "http://" + cfg.AdminListen
+		waitFor(t, 5*time.Second, func() bool { _, err := client.Get(tc.adminURL + "/metrics"); return err == nil }, "admin port of "+name+" up")
 	}
 	return tc
 }

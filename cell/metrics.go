@@ -57,7 +57,7 @@ type metrics struct {
 	group groupMetrics
 }
 
-// groupMetrics describe the group commits (strategy grouped), by space
+// groupMetrics describe the group commits (every write; opens under strategy grouped), by space
 // (index as space.index()).
 type groupMetrics struct {
 	commits, failures [2]prometheus.Counter
@@ -71,7 +71,7 @@ func newGroupMetrics(reg *prometheus.Registry, queued func() int) groupMetrics {
 	var g groupMetrics
 	space := []string{"space"}
 	commits := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_group_commits_total",
-		Help: "Group commits (strategy grouped) that committed, by space: the transactions of the grouped path."}, space)
+		Help: "Group commits that committed, by space: the transactions of every write, and of opens under strategy grouped."}, space)
 	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_group_commit_errors_total",
 		Help: "Group commits that failed, by space: every request of the group got the error."}, space)
 	sizes := prometheus.ExponentialBuckets(1, 2, 13) // 1 .. 4096 = GroupMax's bound

@@ -111,7 +111,7 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
 	s.metrics.batchSize.Observe(1)
-	results, p, err := sp.store.OpenBatch(ctx, ref, []model.OpenRequest{req}, r)
+	results, p, err := openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -291,7 +291,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	if grouped {
 		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r)
 	} else {
-		results, p, err = sp.store.OpenBatch(ctx, live[0].ref, reqs, r)
+		results, p, err = openAlone(ctx, sp, live[0].ref, reqs, r)
 	}
 	if !errors.Is(err, groupcommit.ErrInFlight) {
 		s.rngs.Put(r) // else the group still draws from r: leave it to the collector

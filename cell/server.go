@@ -421,9 +421,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.queue.Close()
 	s.queue.Wait()
-	s.groups.Stop() // after the packet workers: they submit their last batches
+	// The committer stops last: the packet workers submit their last batches
+	// to it, and the background loops (the relay's local lane, expiry,
+	// bookers, coupon engines) write through it until they end.
 	stopBG()
 	wg.Wait()
+	s.groups.Stop()
 	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())
 	return err
 }

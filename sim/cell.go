@@ -21,7 +21,7 @@ type cell struct {
 	idx    int
 	node   int
 	name   string
-	store  storage.Store
+	store  storage.Full
 	shards []model.ShardID // owned, ascending
 	dbs    []int           // databases holding owned shards, ascending
 	rng    *rand.Rand      // the split of opens, packet IDs
@@ -67,7 +67,7 @@ func newCell(w *world, i int) *cell {
 	c := &cell{w: w, idx: i, node: nodeCell0 + i, name: cellName(i), rng: stream(w.cfg.Seed, streamCell+uint64(i))}
 	c.store = newStore(w)
 	if w.cfg.Plant == PlantCreditTwice {
-		c.store = &creditTwice{Store: c.store, owns: c.owns}
+		c.store = &creditTwice{Full: c.store, owns: c.owns}
 	}
 	for s := model.ShardID(0); s < model.ShardCount; s++ {
 		if w.cellOf(s) == i {

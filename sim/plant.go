@@ -13,16 +13,16 @@ import (
 // that order number was never seen — a credit applied without its
 // idempotency key. The claimant's cell is paid twice for one claim.
 type creditTwice struct {
-	storage.Store
+	storage.Full
 	owns func(model.ShardID) bool
 }
 
 func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	before, err := s.Store.CreditsOf(ctx, credits)
+	before, err := s.Full.CreditsOf(ctx, credits)
 	if err != nil {
 		return 0, nil, err
 	}
-	applied, deferred, err := s.Store.ApplyCredits(ctx, credits)
+	applied, deferred, err := s.Full.ApplyCredits(ctx, credits)
 	if err != nil {
 		return applied, deferred, err
 	}
@@ -34,7 +34,7 @@ func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) 
 		}
 	}
 	if len(again) > 0 {
-		if _, _, err := s.Store.ApplyCredits(ctx, again); err != nil {
+		if _, _, err := s.Full.ApplyCredits(ctx, again); err != nil {
 			return applied, deferred, err
 		}
 	}
@@ -52,11 +52,11 @@ func (s *creditTwice) CommitGroup(ctx context.Context, ops []*storage.GroupOp) e
 	before := map[string]model.Credit{}
 	if len(credits) > 0 {
 		var err error
-		if before, err = s.Store.CreditsOf(ctx, credits); err != nil {
+		if before, err = s.Full.CreditsOf(ctx, credits); err != nil {
 			return err
 		}
 	}
-	if err := s.Store.CommitGroup(ctx, ops); err != nil {
+	if err := s.Full.CommitGroup(ctx, ops); err != nil {
 		return err
 	}
 	var again []model.Credit
@@ -67,7 +67,7 @@ func (s *creditTwice) CommitGroup(ctx context.Context, ops []*storage.GroupOp) e
 		}
 	}
 	if len(again) > 0 {
-		if _, _, err := s.Store.ApplyCredits(ctx, again); err != nil {
+		if _, _, err := s.Full.ApplyCredits(ctx, again); err != nil {
 			return err
 		}
 	}
@@ -84,5 +84,5 @@ func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
 
 // FailNextCommit passes the fault hook through.
 func (s *creditTwice) FailNextCommit(lostAnswer bool) {
-	s.Store.(commitFailer).FailNextCommit(lostAnswer)
+	s.Full.(commitFailer).FailNextCommit(lostAnswer)
 }

@@ -11,7 +11,7 @@ import (
 // newStore is a cell's durable store: storage/memstore, the in-memory store
 // that passes the same contract suite as the MariaDB store, reading the
 // simulated clock, behind lockedRows.
-func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w.clk), w: w} }
+func newStore(w *world) storage.Full { return &lockedRows{Full: memstore.New(w.clk), w: w} }
 
 // lockedRows models the wallet rows other transactions hold in a MariaDB
 // store, which the in-memory store never has (one lock, one call at a time):
@@ -19,14 +19,14 @@ func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w
 // call, listed in deferred with nothing written for it, as storage.MySQL
 // does with a credit whose row is locked. Everything else is memstore's.
 type lockedRows struct {
-	storage.Store
+	storage.Full
 	w *world
 }
 
 func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
 	p := s.w.faults.Defer
 	if p == 0 {
-		return s.Store.ApplyCredits(ctx, credits)
+		return s.Full.ApplyCredits(ctx, credits)
 	}
 	var now []model.Credit
 	var later []string
@@ -37,7 +37,7 @@ func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (
 			now = append(now, c)
 		}
 	}
-	applied, deferred, err := s.Store.ApplyCredits(ctx, now)
+	applied, deferred, err := s.Full.ApplyCredits(ctx, now)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -49,7 +49,7 @@ func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (
 func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	p := s.w.faults.Defer
 	if p == 0 {
-		return s.Store.CommitGroup(ctx, ops)
+		return s.Full.CommitGroup(ctx, ops)
 	}
 	type held struct {
 		op    *storage.GroupOp
@@ -73,7 +73,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) er
 		op.Credits = now
 		hs = append(hs, h)
 	}
-	err := s.Store.CommitGroup(ctx, ops)
+	err := s.Full.CommitGroup(ctx, ops)
 	for _, h := range hs {
 		h.op.Credits = h.all
 		h.op.Deferred = append(h.op.Deferred, h.later...)
@@ -83,7 +83,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) er
 
 // FailNextCommit passes the fault hook through.
 func (s *lockedRows) FailNextCommit(lostAnswer bool) {
-	s.Store.(commitFailer).FailNextCommit(lostAnswer)
+	s.Full.(commitFailer).FailNextCommit(lostAnswer)
 }
 
 var _ commitFailer = (*memstore.Store)(nil)

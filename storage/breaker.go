@@ -46,7 +46,7 @@ func Guarded(b Breaker, f func() error) error {
 	}
 	reported := false
 	defer func() {
-		if !reported { // f panicked: a half-open breaker would wait for this probe forever
+		if !reported { // f panicked: count it, or a half-open breaker would wait for this probe forever
 			done(errPanicked, 0)
 		}
 	}()
@@ -60,7 +60,10 @@ func Guarded(b Breaker, f func() error) error {
 	return fmt.Errorf("%w: %w", model.ErrDBUnavailable, err)
 }
 
-var errPanicked = errors.New("storage: a round trip panicked")
+// errPanicked is what a breaker is told of a round trip that panicked: an
+// infrastructure failure (it wraps driver.ErrBadConn, which every judge
+// counts), so a panicking probe never closes the breaker.
+var errPanicked = fmt.Errorf("storage: a round trip panicked: %w", driver.ErrBadConn)
 
 // gate is where a pool's connections find their breaker: one per pool (a
 // store and its Shadow have a pool each, so stress traffic never opens the
@@ -91,8 +94,12 @@ func (c *gateConnector) Driver() driver.Driver { return c.sw.Driver() }
 
 // SetBreaker puts b in front of the store's connections (nil: none): every
 // round trip of this store then goes through Guarded with b. COMMIT and
-// ROLLBACK are never refused (a transaction begun runs to its end), nor
-// counted. A store and its Shadow have a breaker each. Call it before the
+// ROLLBACK (a transaction's, or a lone COMMIT or ROLLBACK statement) are
+// never refused (a transaction begun runs to its end), nor counted; nor are
+// the rows of a result set read after its query answered. A read that
+// settles a COMMIT without an answer is a round trip like any other: while
+// the breaker is open it is refused, and the write answers ErrCommitUnknown
+// (a retry with its order number settles it). A store and its Shadow have a breaker each. Call it before the
 // store is used.
 func (m *MySQL) SetBreaker(b Breaker) {
 	if b == nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,13 +182,24 @@ func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.N
 	if c.stale() {
 		return nil, driver.ErrBadConn
 	}
-	var res driver.Result
-	err := Guarded(c.gate.breaker(), func() (err error) {
+	exec := func() (res driver.Result, err error) {
 		c.sw.trips.Add(1)
-		res, err = c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
-		return err
-	})
+		return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+	}
+	if endsTx(query) {
+		// A transaction begun as a statement (a snapshot's START
+		// TRANSACTION) ends as one: never refused, as genTx's are not.
+		return exec()
+	}
+	var res driver.Result
+	err := Guarded(c.gate.breaker(), func() (err error) { res, err = exec(); return err })
 	return res, err
+}
+
+// endsTx reports whether query is a lone COMMIT or ROLLBACK.
+func endsTx(query string) bool {
+	q := strings.TrimSpace(query)
+	return strings.EqualFold(q, "ROLLBACK") || strings.EqualFold(q, "COMMIT")
 }
 
 func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {

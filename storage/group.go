@@ -35,15 +35,15 @@ type GroupKind uint8
 
 // The kinds of op a group carries.
 const (
-	OpOpen     GroupKind = iota + 1 // open a packet once per request: Packets.OpenBatch
-	OpSend                          // debit the sender and create a packet: Packets.Send
-	OpDeposit                       // credit a wallet under the caller's order number: Wallets.Deposit
-	OpCredits                       // book claims into claimants' wallets: Wallets.ApplyCredits
-	OpRewards                       // book issued rewards: Rewards.BookRewards
-	OpIssue                         // store one issued reward: Rewards.IssueReward
-	OpAccept                        // store one coupon request, accepted: Coupons.AcceptCoupon
-	OpRefund                        // give an expired packet's exact remainder back to its sender: Expiry.Refund
-	OpWithdraw                      // debit a wallet under the caller's order number: Rewards.Withdraw
+	OpOpen     GroupKind = iota + 1 // open a packet once per request: Singles.OpenBatch
+	OpSend                          // debit the sender and create a packet: Singles.Send
+	OpDeposit                       // credit a wallet under the caller's order number: Singles.Deposit
+	OpCredits                       // book claims into claimants' wallets: Singles.ApplyCredits
+	OpRewards                       // book issued rewards: Singles.BookRewards
+	OpIssue                         // store one issued reward: Singles.IssueReward
+	OpAccept                        // store one coupon request, accepted: Singles.AcceptCoupon
+	OpRefund                        // give an expired packet's exact remainder back to its sender: Singles.Refund
+	OpWithdraw                      // debit a wallet under the caller's order number: Singles.Withdraw
 )
 
 func (k GroupKind) String() string {
@@ -134,4 +134,39 @@ type Grouper interface {
 	// with its order numbers and users settles it, never applying twice).
 	// An empty list is a no-op.
 	CommitGroup(ctx context.Context, ops []*GroupOp) error
+}
+
+// WalletMove is an OpDeposit's or an OpWithdraw's decision, as both stores
+// take it in a group: the kind and request hash its order number is
+// replayed against (model.ReplayOrder), the pure decision on the wallet's
+// balance (model.ApplyDeposit, model.ApplyWithdraw: the flow, whose
+// BalanceAfter is the balance after, or the refusal), and the op's answer
+// for a balance after it, fresh or a repeat.
+type WalletMove struct {
+	Kind   model.FlowKind
+	Hash   string
+	Apply  func(balance model.Cents, nowMS int64) (model.Flow, error)
+	Answer func(balance model.Cents, repeat bool)
+}
+
+// WalletMoveOf returns op's WalletMove; op is an OpDeposit or an OpWithdraw.
+func WalletMoveOf(op *GroupOp) WalletMove {
+	if op.Kind == OpWithdraw {
+		return WalletMove{Kind: model.FlowWithdraw, Hash: model.WithdrawHash(op.Amount),
+			Apply: func(balance model.Cents, nowMS int64) (model.Flow, error) {
+				out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: balance, NowMS: nowMS})
+				return out.Flow, err
+			},
+			Answer: func(balance model.Cents, repeat bool) {
+				op.Withdrawal = model.Withdrawal{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: balance, Repeat: repeat}
+			}}
+	}
+	return WalletMove{Kind: model.FlowDeposit, Hash: model.DepositHash(op.Amount),
+		Apply: func(balance model.Cents, nowMS int64) (model.Flow, error) {
+			out, err := model.ApplyDeposit(model.DepositInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: balance, NowMS: nowMS})
+			return out.Flow, err
+		},
+		Answer: func(balance model.Cents, repeat bool) {
+			op.Deposit = model.Deposit{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: balance, Repeat: repeat}
+		}}
 }

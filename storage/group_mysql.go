@@ -29,8 +29,11 @@ import (
 // statements (applyCreditsTx), then COMMIT.
 //
 // Lock order: packet rows by (table, ID), then wallet rows by (table,
-// act_id), the order a refund takes them; a deadlock victim all the same is
-// run again by inTx (three tries), and a group that still fails wrote nothing.
+// act_id), the order a refund takes them; the wallets of the group's
+// refunds' senders, known only once their packets are read, come last, in
+// a locking read of their own (lockRefundWallets). A deadlock victim all
+// the same is run again by inTx (three tries), and a group that still fails
+// wrote nothing.
 //
 // Opens are decided without reading the openers' earlier claims: a new
 // claim is inserted at once, and the claim table's unique key on (packet,
@@ -270,45 +273,26 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			if probe == nil {
 				probe = m.flowProbe(ctx, fk, out.Flow)
 			}
-		case OpDeposit:
+		case OpDeposit, OpWithdraw:
+			mv := WalletMoveOf(op)
 			k := walletKey{op.Shard, op.ActID}
 			fk := groupFlowKey{op.Shard, op.ActID, op.OrderNo}
 			if f, ok := st.flows[fk]; ok {
-				if op.Err = model.ReplayOrder(f, model.FlowDeposit, model.DepositHash(op.Amount)); op.Err == nil {
-					op.Deposit = model.Deposit{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: f.BalanceAfter, Repeat: true}
+				if op.Err = model.ReplayOrder(f, mv.Kind, mv.Hash); op.Err == nil {
+					mv.Answer(f.BalanceAfter, true)
 				}
 				continue
 			}
-			out, err := model.ApplyDeposit(model.DepositInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: st.wallets[k], NowMS: now})
+			f, err := mv.Apply(st.wallets[k], now)
 			if err != nil {
 				op.Err = err
 				continue
 			}
-			st.wallets[k], st.flows[fk] = out.Deposit.Balance, out.Flow
-			op.Deposit = out.Deposit
-			w.flow(op.Shard, out.Flow, out.Deposit.Balance)
+			st.wallets[k], st.flows[fk] = f.BalanceAfter, f
+			mv.Answer(f.BalanceAfter, false)
+			w.flow(op.Shard, f, f.BalanceAfter)
 			if probe == nil {
-				probe = m.flowProbe(ctx, fk, out.Flow)
-			}
-		case OpWithdraw:
-			k := walletKey{op.Shard, op.ActID}
-			fk := groupFlowKey{op.Shard, op.ActID, op.OrderNo}
-			if f, ok := st.flows[fk]; ok {
-				if op.Err = model.ReplayOrder(f, model.FlowWithdraw, model.WithdrawHash(op.Amount)); op.Err == nil {
-					op.Withdrawal = model.Withdrawal{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: f.BalanceAfter, Repeat: true}
-				}
-				continue
-			}
-			out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: st.wallets[k], NowMS: now})
-			if err != nil {
-				op.Err = err
-				continue
-			}
-			st.wallets[k], st.flows[fk] = out.Withdrawal.Balance, out.Flow
-			op.Withdrawal = out.Withdrawal
-			w.flow(op.Shard, out.Flow, out.Withdrawal.Balance)
-			if probe == nil {
-				probe = m.flowProbe(ctx, fk, out.Flow)
+				probe = m.flowProbe(ctx, fk, f)
 			}
 		case OpRefund:
 			p := st.packets[op.Ref.ID]

@@ -349,7 +349,7 @@ func openPool(sw *switchConnector, maxConns int) (*sql.DB, *gate) {
 // shadowOf holds a store's Shadow, made once.
 type shadowOf struct {
 	once  sync.Once
-	store *MySQL
+	store atomic.Pointer[MySQL]
 }
 
 // dbFilter says which databases the store's table listings (the ledger, the
@@ -447,11 +447,13 @@ const ShadowPrefix = "shadow_"
 
 // Shadow returns the store over the same server that reads and writes the
 // shadow databases: stress-test traffic never touches real rows. It is made
-// on the first call (with the store's clock then) and the same after: one
-// per store, with a connection pool of its own (as many connections as the
-// store's) behind a breaker of its own (SetBreaker on it), so stress traffic
-// neither takes real money's connections nor opens its breaker. The shadow
-// store's Shadow is itself. Close closes both pools.
+// on the first call (with the store's clock; SetClock on the store sets
+// both) and the same after: one per store, with a connection pool of its
+// own (up to as many connections as the store's: a cell opens up to twice
+// max_conns) behind a breaker of its own (SetBreaker on it), so stress
+// traffic neither takes real money's connections nor opens its breaker. The
+// shadow store's Shadow is itself. The store's Close closes both pools; a
+// shadow store's Close closes its own only.
 func (m *MySQL) Shadow() *MySQL {
 	if m.ns != m.base {
 		return m
@@ -460,9 +462,9 @@ func (m *MySQL) Shadow() *MySQL {
 		sh := &MySQL{clock: m.clock, ns: m.base + ShadowPrefix, base: m.base, ensured: map[ensureKey]*sync.Once{}, errs: map[ensureKey]error{},
 			filter: m.filter, trips: m.trips, txConns: m.txConns, sw: m.sw, maxConns: m.maxConns, shadow: m.shadow}
 		sh.db, sh.gate = openPool(m.sw, m.maxConns)
-		m.shadow.store = sh
+		m.shadow.store.Store(sh)
 	})
-	return m.shadow.store
+	return m.shadow.store.Load()
 }
 
 // RoundTrips is how many round trips the store's connections have made to
@@ -484,15 +486,22 @@ func (m *MySQL) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
 // shadow store's Close closes its own pool only.
 func (m *MySQL) Close() error {
 	err := m.db.Close()
-	if m.ns == m.base && m.shadow.store != nil {
-		err = errors.Join(err, m.shadow.store.db.Close())
+	if sh := m.shadow.store.Load(); m.ns == m.base && sh != nil {
+		err = errors.Join(err, sh.db.Close())
 	}
 	return err
 }
 
 // SetClock replaces the clock (tests and the simulation; nil: the system
-// clock). Call it before the store is used: it is not synchronized.
-func (m *MySQL) SetClock(c clock.Clock) { m.clock = clock.Or(c) }
+// clock), of the store's Shadow too when it was made (a shadow store's
+// SetClock sets its own only). Call it before the store is used: it is not
+// synchronized.
+func (m *MySQL) SetClock(c clock.Clock) {
+	m.clock = clock.Or(c)
+	if sh := m.shadow.store.Load(); m.ns == m.base && sh != nil {
+		sh.clock = m.clock
+	}
+}
 
 // nowMS is the store's clock in Unix ms.
 func (m *MySQL) nowMS() int64 { return m.clock.Now().UnixMilli() }

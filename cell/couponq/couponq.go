@@ -1,6 +1,6 @@
 // Package couponq issues coupons behind the accept, in two layers of
 // bounded local queues, as Douyin Pay ran its Spring Festival drop. A
-// request is stored first (storage.Coupons.AcceptCoupon) and answered, and
+// request is stored first (storage.Singles.AcceptCoupon) and answered, and
 // goes into the first queue at once while it has room (stored as it is,
 // accepted); a feeder moves the other stored requests into the queue,
 // marking them deciding in the database. Every queued request is durable,
@@ -75,9 +75,10 @@ type Limiter interface {
 // Config sets an engine.
 type Config struct {
 	Store storage.Coupons
-	// Accept stores one request as Store.AcceptCoupon does (the same
-	// answers and errors); nil: Store.AcceptCoupon. A cell sets it to
-	// store requests through its group committer.
+	// Accept stores one request as storage.Singles.AcceptCoupon does (the
+	// same answers and errors); nil: Store's own AcceptCoupon, which it
+	// must then have. A cell sets it to store requests through its group
+	// committer.
 	Accept  func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 	Stock   Stock
 	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
@@ -207,6 +208,15 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Stock == nil || cfg.Layer1 == nil || cfg.Layer2 == nil || cfg.DBs == nil {
 		return nil, errors.New("couponq: Store, Stock, Layer1, Layer2 and DBs are required")
 	}
+	if cfg.Accept == nil {
+		own, ok := cfg.Store.(interface {
+			AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
+		})
+		if !ok {
+			return nil, errors.New("couponq: Accept is required for a store without AcceptCoupon")
+		}
+		cfg.Accept = own.AcceptCoupon
+	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096
 	}
@@ -284,7 +294,7 @@ func (e *Engine) MergeMax() int { return int(e.merge.Load()) }
 // Depths returns how many requests wait in layer 1's and layer 2's queues.
 func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
 
-// Accept stores r (storage.Coupons.AcceptCoupon) and wakes the feeder; a
+// Accept stores r (Config.Accept) and wakes the feeder; a
 // repeat answers the stored request. A request for a batch whose local
 // stock copy shows nothing left (copy.go) is stored refused SOLD_OUT and
 // answered so, queued nowhere. With r.Green, the request is decided
@@ -293,9 +303,6 @@ func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
 // context errors of a green decision.
 func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
 	accept := e.cfg.Accept
-	if accept == nil {
-		accept = e.cfg.Store.AcceptCoupon
-	}
 	if e.refusedByCopy(r) {
 		r = model.RefusedAtAccept(r)
 	}

@@ -30,7 +30,7 @@ type take struct {
 // takesSeen passes every call to the store and keeps what the feeder asked
 // and got.
 type takesSeen struct {
-	storage.Coupons
+	store
 	clock clock.Clock
 	took  chan struct{} // a take returned (capacity 1)
 	mu    sync.Mutex
@@ -39,7 +39,7 @@ type takesSeen struct {
 
 func (s *takesSeen) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
 	at := s.clock.Now()
-	rs, err := s.Coupons.TakeCouponRequests(ctx, dbs, staleMS, limit)
+	rs, err := s.store.TakeCouponRequests(ctx, dbs, staleMS, limit)
 	tk := take{at: at, staleMS: staleMS, dbs: slices.Clone(dbs)}
 	for _, r := range rs {
 		tk.serials = append(tk.serials, r.Serial)
@@ -102,7 +102,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	st.SetClock(clk)
 	d := newDrop(t, st, 10, 10, 10)
 	const staleAfter = 30 * time.Second
-	seen := &takesSeen{Coupons: st, clock: clk, took: make(chan struct{}, 1)}
+	seen := &takesSeen{store: st, clock: clk, took: make(chan struct{}, 1)}
 
 	// Three persons of one database: the engine decides that database alone.
 	var acts []string
@@ -271,7 +271,7 @@ func TestIdleFeederReadsNothing(t *testing.T) {
 	clk := clock.NewManual(time.Now())
 	st.SetClock(clk)
 	d := newDrop(t, st, 10, 10, 10)
-	seen := &takesSeen{Coupons: st, clock: clk, took: make(chan struct{}, 1)}
+	seen := &takesSeen{store: st, clock: clk, took: make(chan struct{}, 1)}
 	var mu sync.Mutex
 	dbs := []int{1, 2, 3}
 	// StaleAfter 6 s: a sweep every second, twenty ticks.

@@ -100,15 +100,16 @@ func Namespaces(ctx context.Context, dsns []string) ([]string, error) {
 func Audit(ctx context.Context, dsns []string, prefix string, shadow bool) (Space, error) {
 	ledgers := make([]model.Ledger, 0, len(dsns))
 	for i, dsn := range dsns {
-		st, err := open(dsn, prefix)
+		real, err := open(dsn, prefix)
 		if err != nil {
 			return Space{}, err
 		}
+		st := real
 		if shadow {
-			st = st.Shadow()
+			st = real.Shadow()
 		}
 		l, err := st.Ledger(ctx, fmt.Sprintf("server-%d", i+1))
-		st.Close()
+		real.Close() // both pools
 		if err != nil {
 			return Space{}, fmt.Errorf("testaudit: %sdb_XX on server %d: %w", prefix, i+1, err)
 		}

@@ -61,8 +61,8 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 			g.open(op)
 		case storage.OpSend:
 			g.send(op)
-		case storage.OpDeposit:
-			g.deposit(op)
+		case storage.OpDeposit, storage.OpWithdraw:
+			g.wallet(op)
 		case storage.OpCredits, storage.OpRewards: // after the others, below
 		case storage.OpIssue:
 			g.issue(op)
@@ -70,8 +70,6 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 			g.accept(op)
 		case storage.OpRefund:
 			g.refund(op)
-		case storage.OpWithdraw:
-			g.withdraw(op)
 		default:
 			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
 		}
@@ -162,44 +160,26 @@ func (g *group) addFlow(sh model.ShardID, f model.Flow) {
 	invariant.That(g.accounts[a] >= 0, "staged balance below zero")
 }
 
-func (g *group) deposit(op *storage.GroupOp) {
+// wallet stages a deposit or a withdrawal (storage.WalletMoveOf) as Deposit
+// and Withdraw decide them.
+func (g *group) wallet(op *storage.GroupOp) {
 	sh := op.Shard
 	invariant.That(sh.Valid(), "shard out of range")
+	mv := storage.WalletMoveOf(op)
 	if prior, ok := g.flow(flowKey{sh, op.ActID, op.OrderNo}); ok {
-		if op.Err = model.ReplayOrder(*prior, model.FlowDeposit, model.DepositHash(op.Amount)); op.Err == nil {
-			op.Deposit = model.Deposit{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: prior.BalanceAfter, Repeat: true}
+		if op.Err = model.ReplayOrder(*prior, mv.Kind, mv.Hash); op.Err == nil {
+			mv.Answer(prior.BalanceAfter, true)
 		}
 		return
 	}
-	out, err := model.ApplyDeposit(model.DepositInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount,
-		Balance: g.balance(acctKey{sh, op.ActID}), NowMS: g.now})
+	f, err := mv.Apply(g.balance(acctKey{sh, op.ActID}), g.now)
 	if err != nil {
 		op.Err = err
 		return
 	}
-	g.addFlow(sh, out.Flow)
-	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
-	op.Deposit = out.Deposit
-}
-
-func (g *group) withdraw(op *storage.GroupOp) {
-	sh := op.Shard
-	invariant.That(sh.Valid(), "shard out of range")
-	if prior, ok := g.flow(flowKey{sh, op.ActID, op.OrderNo}); ok {
-		if op.Err = model.ReplayOrder(*prior, model.FlowWithdraw, model.WithdrawHash(op.Amount)); op.Err == nil {
-			op.Withdrawal = model.Withdrawal{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount, Balance: prior.BalanceAfter, Repeat: true}
-		}
-		return
-	}
-	out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: op.ActID, OrderNo: op.OrderNo, Amount: op.Amount,
-		Balance: g.balance(acctKey{sh, op.ActID}), NowMS: g.now})
-	if err != nil {
-		op.Err = err
-		return
-	}
-	g.addFlow(sh, out.Flow)
-	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
-	op.Withdrawal = out.Withdrawal
+	g.addFlow(sh, f)
+	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, f) })
+	mv.Answer(f.BalanceAfter, false)
 }
 
 func (g *group) send(op *storage.GroupOp) {

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -64,10 +65,16 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	}
 }
 
-// coupons is the store's storage.Coupons.
-func (f *fixture) coupons() storage.Coupons {
+// couponStore is storage.Coupons with the single accept (storage.Singles).
+type couponStore interface {
+	storage.Coupons
+	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
+}
+
+// coupons is the store's storage.Coupons, with its AcceptCoupon.
+func (f *fixture) coupons() couponStore {
 	f.t.Helper()
-	c, ok := f.s.(storage.Coupons)
+	c, ok := f.s.(couponStore)
 	if !ok {
 		f.t.Fatalf("%T does not implement storage.Coupons", f.s)
 	}

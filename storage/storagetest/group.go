@@ -83,7 +83,7 @@ func grouperOf(t *testing.T, h Harness) storage.Grouper {
 // single runs op through the single-op method of its kind on s and sets its
 // answers as CommitGroup sets them: a coded error of a send or deposit is
 // the op's own (op.Err); any other error is returned.
-func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
+func single(ctx context.Context, s storage.Full, op *storage.GroupOp) error {
 	switch op.Kind {
 	case storage.OpOpen:
 		res, p, err := s.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)

@@ -1,4 +1,5 @@
-// Package storagetest is the contract of storage.Store, written as tests:
+// Package storagetest is the contract of storage.Full (storage.Store and
+// storage.Singles), written as tests:
 // every store a cell may run on (storage.MySQL over MariaDB, memstore.Store in
 // memory) must pass Run. Each test states one promise of the interface
 // (storage/store.go) and checks it against real values: idempotency by order
@@ -35,7 +36,7 @@ import (
 // Harness is one fresh, empty store and the handles the contract drives it by.
 type Harness struct {
 	// Store holds no rows at all: its Ledger is empty when the test starts.
-	Store storage.Store
+	Store storage.Full
 	// Clock is the store's only source of time (creation times, expiry,
 	// outbox lag); the test moves it. It starts at Start.
 	Clock *clock.Manual
@@ -101,7 +102,7 @@ func ownsAll(model.ShardID) bool { return true }
 type fixture struct {
 	t    *testing.T
 	h    Harness
-	s    storage.Store
+	s    storage.Full
 	ctx  context.Context
 	cell string
 	owns func(model.ShardID) bool

@@ -105,7 +105,7 @@ func (w *Workload) packetID(s model.ShardID) model.PacketID {
 }
 
 // call counts one store call and returns the store to make it on.
-func (w *Workload) call(s storage.Store) storage.Store {
+func (w *Workload) call(s storage.Full) storage.Full {
 	w.calls++
 	return s
 }
