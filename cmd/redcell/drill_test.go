@@ -156,6 +156,10 @@ func (d *drillDeps) startMemcached(t *testing.T) {
 type answer struct {
 	status int
 	code   string // "" on 200
+	// creditLag: an OVERLOADED answered because the cell's credits were
+	// behind (cell/creditshed.go), a shed of the whole cell's opens, not of
+	// one packet's queue.
+	creditLag bool
 }
 
 func (a answer) ok() bool { return a.status == 200 }
@@ -262,7 +266,8 @@ func drillCall(hc *http.Client, base, method, path string, body, out any, ok fun
 		if e.Error.Code == "" {
 			e.Error.Code = "NON_JSON_" + strconv.Itoa(resp.StatusCode)
 		}
-		return answer{status: resp.StatusCode, code: e.Error.Code}
+		return answer{status: resp.StatusCode, code: e.Error.Code,
+			creditLag: e.Error.Code == model.ErrOverloaded.Code && strings.HasPrefix(e.Error.Message, "credits are ")}
 	}
 	if out != nil && json.Unmarshal(b, out) != nil {
 		return answer{status: resp.StatusCode, code: "UNDECODABLE"}
@@ -389,6 +394,20 @@ func (l *drillLoad) codes(from, to time.Time) map[string]int {
 		}
 	}
 	return m
+}
+
+// creditShed counts the load's opens shed because the cell's credits were
+// behind (answer.creditLag).
+func (l *drillLoad) creditShed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.opens {
+		if r.res.creditLag {
+			n++
+		}
+	}
+	return n
 }
 
 func (a answer) label() string {
@@ -1104,14 +1123,27 @@ func overloadDrill(t *testing.T, c *cluster, full bool) {
 	if fc["OVERLOADED"] == 0 || fc["OK"] == 0 {
 		t.Errorf("flood of %d opens on one packet: %v; want some shed and some served", floodOps, fc)
 	}
-	lightTotal, lightOK := 0, lc["OK"]+lc["SOLD_OUT"]
+	// The light client's packets are not the hot one: none of their opens
+	// may be shed by a packet's queue. The credit-lag shed is the cell's,
+	// not a queue's: while the flood's credits are behind by more than
+	// credit_shed_from (300 ms), a share of every open of that cell is shed
+	// by design (architecture.md, the relay's bounded share), and the light
+	// client's may be among them.
+	lightTotal, lightOK, lightCreditShed := 0, lc["OK"]+lc["SOLD_OUT"], light.creditShed()
 	for _, n := range lc {
 		lightTotal += n
 	}
-	if lc["OVERLOADED"] > 0 || lightTotal == 0 || lightOK*100 < lightTotal*99 {
-		t.Errorf("light client during the flood: %v; want every open served", lc)
+	if lc["OVERLOADED"] > lightCreditShed || lightTotal == 0 || lightOK*100 < (lightTotal-lightCreditShed)*99 {
+		t.Errorf("light client during the flood: %v (%d shed for credit lag); want every open served but those", lc, lightCreditShed)
 	}
-	t.Logf("flood: %v; light client: %v", fc, lc)
+	t.Logf("flood: %v, %d shed for credit lag; light client: %v, %d of its opens shed for credit lag", fc, flood.creditShed(), lc, lightCreditShed)
+	for _, cell := range []string{"cell-1", "cell-2"} {
+		var by []string
+		for _, r := range []string{"queue_full", "queue_wait", "deadline", "no_slot", "credit_lag"} {
+			by = append(by, fmt.Sprintf("%s %v", r, c.metric(t, cell, `redcell_cell_shed_total{reason="`+r+`"}`)))
+		}
+		t.Logf("%s shed opens: %s", cell, strings.Join(by, ", "))
+	}
 	t.Logf("flood: %s", flood.verify(t))
 	t.Logf("light: %s", light.verify(t))
 }
