@@ -29,7 +29,8 @@ func mysqlHarness(t *testing.T) storagetest.Harness {
 	clk := clock.NewManual(storagetest.Start)
 	m, fail, cuts := storage.ContractMySQL(t, rowClock{clk})
 	return storagetest.Harness{Store: m, Clock: clk, FailNextCommit: fail, CommitFaults: cuts,
-		PutFlow: func(s model.ShardID, f model.Flow, delta model.Cents) { storage.PutFlowRow(t, m, s, f, delta) }}
+		PutFlow: func(s model.ShardID, f model.Flow, delta model.Cents) { storage.PutFlowRow(t, m, s, f, delta) },
+		HoldWallet: func(s model.ShardID, act string) (func() int, func()) { return storage.HoldWallet(t, m, s, act) }}
 }
 
 // TestContractMySQLMatchesMemory runs one seeded workload, with groups

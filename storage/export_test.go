@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,4 +92,46 @@ func PutFlowRow(t testing.TB, m *MySQL, s model.ShardID, f model.Flow, delta mod
 		int64(delta), f.CreatedMS, f.ActID); err != nil {
 		t.Fatalf("put flow: balance of %s += %d: %v", f.ActID, delta, err)
 	}
+}
+
+// HoldWallet holds the wallet row of actID in shard s locked from a
+// transaction of its own, on a connection of its own, as another request
+// holding it would (storagetest.Harness.HoldWallet): it writes the row (made
+// at balance 0 where it was missing) and stays open. waiters is the
+// server's count of row-lock waits now (Innodb_row_lock_current_waits: any
+// transaction's; information_schema's lock-wait tables do not list the
+// groups' waits on this server); release rolls the hold back (again: a
+// no-op).
+func HoldWallet(t testing.TB, m *MySQL, s model.ShardID, actID string) (waiters func() int, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := m.EnsureShard(ctx, s); err != nil {
+		t.Fatalf("hold wallet: ensure shard %d: %v", s, err)
+	}
+	tx, err := m.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatalf("hold wallet: %v", err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, 0) ON DUPLICATE KEY UPDATE balance = balance", actID); err != nil {
+		_ = tx.Rollback()
+		t.Fatalf("hold wallet of %s: %v", actID, err)
+	}
+	var once sync.Once
+	waiters = func() int {
+		var name string
+		var n int
+		if err := m.db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Innodb_row_lock_current_waits'").Scan(&name, &n); err != nil {
+			t.Errorf("hold wallet of %s: count the lock waits: %v", actID, err)
+		}
+		return n
+	}
+	release = func() {
+		once.Do(func() {
+			if err := tx.Rollback(); err != nil {
+				t.Errorf("hold wallet of %s: release: %v", actID, err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return waiters, release
 }

@@ -3,6 +3,8 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 
 	"redcell/internal/invariant"
 	"redcell/model"
@@ -36,6 +38,12 @@ var _ storage.Grouper = (*Store)(nil)
 // storage.ErrCommitUnknown when the armed commit fault fires (see
 // FailNextCommit). An empty list returns nil at once and never meets the
 // fault.
+//
+// A wallet held by HoldWallet is what a row lock of another transaction is
+// to MariaDB: a group that deposits to it, withdraws from it, sends from
+// it or refunds to it waits for its release before deciding anything (or
+// answers ctx's error when ctx ends first, having written nothing), and a
+// credit to it is deferred (GroupOp.Deferred).
 func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -43,7 +51,9 @@ func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	s.mu.Lock()
+	if err := s.lockUnheld(ctx, ops); err != nil {
+		return err
+	}
 	defer s.mu.Unlock()
 	g := &group{
 		s:        s,
@@ -266,6 +276,12 @@ func (sp *staged) claimsOf(reqs []model.OpenRequest) map[string]model.Claim {
 func (g *group) credits(op *storage.GroupOp) {
 	for _, c := range op.Credits {
 		invariant.That(c.Shard.Valid(), "credit to a shard out of range")
+		if _, held := g.s.held[acctKey{c.Shard, c.ActID}]; held {
+			if !slices.Contains(op.Deferred, c.ClaimID) {
+				op.Deferred = append(op.Deferred, c.ClaimID)
+			}
+			continue
+		}
 		_, booked := g.flow(flowKey{c.Shard, c.ActID, model.CreditOrderNo(c.ClaimID)})
 		out := model.ApplyCredit(model.CreditInput{Credit: c, Booked: booked, NowMS: g.now})
 		if !out.Applied {
@@ -276,4 +292,90 @@ func (g *group) credits(op *storage.GroupOp) {
 		g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, out.Flow) })
 		op.Applied++
 	}
+}
+
+// HoldWallet holds the wallet of actID in shard s as another transaction's
+// row lock would (see CommitGroup), for the contract suite's fault of a
+// lock held (storagetest.Harness.HoldWallet): waiters counts the groups
+// waiting for any held wallet; release ends the hold (again: a no-op).
+func (s *Store) HoldWallet(sh model.ShardID, actID string) (waiters func() int, release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := acctKey{sh, actID}
+	invariant.That(s.held[k] == nil, "wallet held twice")
+	if s.held == nil {
+		s.held = map[acctKey]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	s.held[k] = ch
+	var once sync.Once
+	waiters = func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.waiting
+	}
+	release = func() {
+		once.Do(func() {
+			s.mu.Lock()
+			delete(s.held, k)
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+	return waiters, release
+}
+
+// lockUnheld takes s.mu once no wallet that ops write is held (HoldWallet),
+// waiting for each hold's release as a transaction waits for a row lock.
+// When ctx ends first it returns ctx's error with s.mu not held.
+func (s *Store) lockUnheld(ctx context.Context, ops []*storage.GroupOp) error {
+	for {
+		s.mu.Lock()
+		ch := s.heldByLocked(ops)
+		if ch == nil {
+			return nil
+		}
+		s.waiting++
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// heldByLocked is the release channel of a held wallet that one of ops
+// deposits to, withdraws from, sends from or refunds to (a packet the
+// store holds); nil when none is held. s.mu must be held.
+func (s *Store) heldByLocked(ops []*storage.GroupOp) chan struct{} {
+	if len(s.held) == 0 {
+		return nil
+	}
+	for _, op := range ops {
+		var k acctKey
+		switch op.Kind {
+		case storage.OpDeposit, storage.OpWithdraw:
+			k = acctKey{op.Shard, op.ActID}
+		case storage.OpSend:
+			k = acctKey{op.Shard, op.Send.Sender}
+		case storage.OpRefund:
+			p, ok := s.packets[op.Ref.ID]
+			if !ok {
+				continue
+			}
+			k = acctKey{op.Ref.Shard, p.p.Sender}
+		default:
+			continue
+		}
+		if ch, ok := s.held[k]; ok {
+			return ch
+		}
+	}
+	return nil
 }

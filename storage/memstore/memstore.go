@@ -60,6 +60,10 @@ type Store struct {
 	flowSeq  int64                                 // the last flow row's Seq
 	fault    fault
 	faults   int64 // faults that fired
+	// held are the wallets HoldWallet holds, each with the channel its
+	// release closes; waiting counts the groups waiting for one of them.
+	held    map[acctKey]chan struct{}
+	waiting int
 }
 
 type identKey struct {

@@ -14,6 +14,6 @@ func TestContractMemory(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		clk := clock.NewManual(storagetest.Start)
 		s := New(clk)
-		return storagetest.Harness{Store: s, Clock: clk, FailNextCommit: s.FailNextCommit, CommitFaults: s.CommitFaults, PutFlow: s.putFlow}
+		return storagetest.Harness{Store: s, Clock: clk, FailNextCommit: s.FailNextCommit, CommitFaults: s.CommitFaults, PutFlow: s.putFlow, HoldWallet: s.HoldWallet}
 	})
 }

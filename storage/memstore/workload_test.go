@@ -13,7 +13,7 @@ import (
 func harness() (storagetest.Harness, *Store) {
 	clk := clock.NewManual(storagetest.Start)
 	s := New(clk)
-	return storagetest.Harness{Store: s, Clock: clk, FailNextCommit: s.FailNextCommit, CommitFaults: s.CommitFaults}, s
+	return storagetest.Harness{Store: s, Clock: clk, FailNextCommit: s.FailNextCommit, CommitFaults: s.CommitFaults, HoldWallet: s.HoldWallet}, s
 }
 
 // TestWorkloadDeterministicAndConserved: the same seed gives the same answers

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -48,11 +49,12 @@ const (
 	injectInsufficient        // a send above its sender's balance
 	injectSoldOut             // an open that finds no share left
 	injectKill                // the connection killed before COMMIT (h.FailNextCommit(false))
+	injectLocked              // a wallet the group writes held by another transaction (h.HoldWallet)
 	injectLost                // the COMMIT applied, its answer lost (h.FailNextCommit(true))
 	injectKinds
 )
 
-var injectNames = [injectKinds]string{"duplicate order number", "insufficient balance", "sold out", "killed before COMMIT", "COMMIT answer lost"}
+var injectNames = [injectKinds]string{"duplicate order number", "insufficient balance", "sold out", "killed before COMMIT", "a lock held", "COMMIT answer lost"}
 
 // GroupMoney is the money test of group commit: cfg.Ops mixed ops (deposits,
 // withdrawals, sends, opens of one to four users, refunds of packets mostly
@@ -61,7 +63,11 @@ var injectNames = [injectKinds]string{"duplicate order number", "insufficient ba
 // repeat or ORDER_CONFLICT), a send above the balance, an open past a
 // packet's last share, a COMMIT whose connection is killed before it
 // reaches the database (the group must fail, write nothing, and its retry
-// apply every op once), these four in turn, and in one group of 64
+// apply every op once), a deposit whose wallet another transaction holds
+// locked (h.HoldWallet; the group must wait for it: released, the group
+// commits as if nothing had held it; or its context ended while it waits,
+// the group fails, writes nothing, and its retry applies every op once,
+// the two in turn), these five in turn, and in one group of 64
 // instead a COMMIT that applied but whose answer was lost (the group
 // answers success or storage.ErrCommitUnknown; its retry applies nothing
 // twice). A group's credit batch, at most one,
@@ -79,6 +85,9 @@ var injectNames = [injectKinds]string{"duplicate order number", "insufficient ba
 // and 15). On failure it prints the seed.
 func GroupMoney(t *testing.T, h, oracle Harness, cfg GroupMoneyConfig) {
 	t.Helper()
+	if h.HoldWallet == nil {
+		t.Fatal("GroupMoney: the harness has no HoldWallet")
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("GroupMoney seed %d: REDCELL_GROUP_SEED=%d replays this run", cfg.Seed, cfg.Seed)
@@ -316,6 +325,8 @@ func (m *money) group(gi int) int {
 			sp, ok = m.soldOut(specs)
 		case injectKill, injectLost:
 			sp, ok = m.deposit(m.user()), true // something to write, so there is a COMMIT to cut
+		case injectLocked:
+			sp, ok = m.deposit(m.uncredited(batch)), true
 		}
 		if !ok {
 			inj.kind = injectInsufficient
@@ -354,14 +365,77 @@ func (m *money) group(gi int) int {
 		m.learn(specs, first)
 		ops = opsOf(specs)
 	}
-	if err := m.p.cg.CommitGroup(m.p.g.ctx, ops); err != nil {
-		m.t.Fatalf("%s: %v", what, err)
+	if inj.kind == injectLocked {
+		if m.injected[injectLocked]%2 == 0 {
+			m.held(what, ops, &sp.in, true) // fails, writes nothing
+			ops = opsOf(specs)            // the retry, below
+		} else {
+			m.held(what, ops, &sp.in, false) // commits: answered below
+		}
+	}
+	if inj.kind != injectLocked || m.injected[injectLocked]%2 == 0 {
+		if err := m.p.cg.CommitGroup(m.p.g.ctx, ops); err != nil {
+			m.t.Fatalf("%s: %v", what, err)
+		}
 	}
 	want := m.p.oracle(specs)
 	m.p.compare(what, ops, want)
 	m.check(what, inj, ops[inj.at])
 	m.learn(specs, want)
 	return len(specs)
+}
+
+// uncredited is a user whom no credit of batch (a credit batch or
+// nothing) credits: a credit to a held wallet is deferred, which the
+// oracle, holding nothing, would not do.
+func (m *money) uncredited(batch []spec) string {
+	for {
+		u := m.user()
+		if !touched(batch, u, m.shardOf(u)) {
+			return u
+		}
+	}
+}
+
+// held commits ops while the wallet of in, the group's injected deposit,
+// is held by another transaction (Harness.HoldWallet). Once the group waits
+// for it, either its context ends (end: the group must answer an error;
+// nothing may be written, which the retry's answers, the oracle's, show)
+// or the hold is released (the group must commit, answered by the caller).
+func (m *money) held(what string, ops []*storage.GroupOp, in *storage.GroupOp, end bool) {
+	m.t.Helper()
+	waiters, release := m.p.g.h.HoldWallet(in.Shard, in.ActID)
+	defer release()
+	ctx, cancel := context.WithCancel(m.p.g.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.p.cg.CommitGroup(ctx, ops) }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	giveUp := time.Now().Add(30 * time.Second) // it waits within milliseconds
+	for waiters() == 0 {
+		select {
+		case err := <-done:
+			m.t.Fatalf("%s: the group answered (%v) without waiting for the wallet of %s, held by another transaction", what, err, in.ActID)
+		case <-tick.C:
+		}
+		if time.Now().After(giveUp) {
+			m.t.Fatalf("%s: the group did not wait for the held wallet of %s within 30 s", what, in.ActID)
+		}
+	}
+	if end {
+		cancel()
+	} else {
+		release()
+	}
+	err := <-done
+	switch {
+	case end && err == nil:
+		m.t.Fatalf("%s: the group whose context ended while it waited for a held wallet answered success", what)
+	case !end && err != nil:
+		m.t.Fatalf("%s: the group that waited for a held wallet, then released: %v", what, err)
+	}
+	m.stats["waited for a held wallet"]++
 }
 
 // check asserts that the injected op answered its failure.

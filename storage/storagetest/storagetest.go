@@ -57,6 +57,15 @@ type Harness struct {
 	// no call of the suite writes (reward, withdraw) and books broken on
 	// purpose (delta other than f.Amount).
 	PutFlow func(s model.ShardID, f model.Flow, delta model.Cents)
+	// HoldWallet holds the wallet row of actID in shard s locked, as
+	// another transaction holding it would (made at balance 0 where it
+	// was missing, gone again at release): a group that deposits to it,
+	// withdraws from it, sends from it or refunds to it waits until
+	// release, or until its context ends (then it answers an error and
+	// writes nothing); a credit to it is deferred. waiters counts the
+	// groups waiting for the hold now; release may be called more than
+	// once. GroupMoney needs it; other tests leave it nil.
+	HoldWallet func(s model.ShardID, actID string) (waiters func() int, release func())
 }
 
 // Start is where every harness clock starts: a fixed UTC time, so packet IDs
