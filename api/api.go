@@ -70,7 +70,7 @@ type DegradeSetting struct {
 	ClaimsList string `json:"claims_list,omitempty"`
 	// GrabCache off: grab reads the packet from the database, never memcached.
 	GrabCache string `json:"grab_cache,omitempty"`
-	// Relay off: claims wait in the outbox; nothing is credited to other wallets.
+	// Relay off: claims wait uncredited (each claim is its own outbox row); nothing is credited to other wallets.
 	Relay string `json:"relay,omitempty"`
 	// WalletFlow off: the wallet's flow listing answers 503 DEGRADED; the balance still answers.
 	WalletFlow string `json:"wallet_flow,omitempty"`
@@ -90,8 +90,8 @@ type AuditResponse struct {
 }
 
 // ReconRequest is the body of POST /internal/recon (cell to cell): claims the
-// sender's outbox marked delivered, to be checked against the credits booked
-// in the receiver's wallets. At most 10,000 per call.
+// sender made, each as the credit it owes, to be checked against the credits
+// booked in the receiver's wallets. At most 10,000 per call.
 type ReconRequest struct {
 	Credits []model.Credit `json:"credits"`
 	// Copy asks the receiver to answer from its own copy of each claimant's

@@ -105,9 +105,9 @@ func startCellLog(t *testing.T, name, shards string, dbN int, peers cell.Peers, 
 	store.SetBreaker(dbBreak)
 	shadowStore.SetBreaker(dbBreak)
 	stores := cell.Stores{Real: store, Shadow: shadowStore, ShadowDrop: shadowStore, Moves: store, RealCoupons: store, ShadowCoupons: shadowStore}
-	// Without peers the cell knows itself only: its relay still meets
-	// pending outbox rows (its own, or earlier tests' on the shared server)
-	// and asks the map for their owners.
+	// Without peers the cell knows itself only: its relay still reads the
+	// claims past its saved positions (its own, or earlier tests' on the
+	// shared server) and asks the map for their owners.
 	var self *staticPeers
 	if peers == nil {
 		self = &staticPeers{}

@@ -192,7 +192,7 @@ type Config struct {
 	RateLimitPerSec int
 	RateBurst       int
 
-	RelayInterval  time.Duration // how often the outbox is scanned for undelivered claims
+	RelayInterval  time.Duration // how often the relay offers again what no lane took, reads claims it must and (every relay.PositionEvery) saves positions
 	ExpiryInterval time.Duration // how often packet tables are scanned for expired packets
 	// Retention is how long a settled packet and its claims stay in their
 	// day table (t_packet_Y_DD, t_claim_Y_DD) before they move to the
@@ -217,7 +217,7 @@ type Config struct {
 	MoveGrace time.Duration
 
 	// ReconInterval is how often reconciliation checks the claims made since its
-	// last pass against the outbox and the claimants' credits (cell/recon).
+	// last pass against the claimants' credits (cell/recon).
 	ReconInterval time.Duration
 	// ReconSettle is how old a claim must be before reconciliation checks it:
 	// by then its transaction has committed and its credit normally arrived,

@@ -102,12 +102,13 @@ func TestDegradeSwitches(t *testing.T) {
 	wantMetric(t, scrape(t, c.adminURL), `redcell_degrade_switch{switch="grab_cache"}`, "0")
 }
 
-// TestRelaySwitch: with the relay off, a cross-cell claim waits in the
-// outbox, uncredited, and the books still balance (the audit counts it in
-// flight; reconciliation calls it lag, not a difference). Back on, it is
-// credited exactly once. The switch stops the relays of both spaces; the test
-// moves stress-test money, whose shadow tables hold few rows, so the audits
-// read little.
+// TestRelaySwitch: with the relay off, a cross-cell claim stays uncredited,
+// held by the sending cell's relay (redcell_cell_credits_pending), and the
+// books still balance (the audit counts it in flight; reconciliation calls
+// it lag, not a difference, and hands it to the relay again, which holds
+// it). Back on, it is credited exactly once and the relay lets it go. The
+// switch stops the relays of both spaces; the test moves stress-test money,
+// whose shadow tables hold few rows, so the audits read little.
 func TestRelaySwitch(t *testing.T) {
 	a, b := twoCells(t, fastRecon(t))
 	degrade(t, a, `{"relay":"off"}`)
@@ -123,6 +124,7 @@ func TestRelaySwitch(t *testing.T) {
 		t.Fatalf("send: %d %s", st, code)
 	}
 	claim := openOne(t, a, stress, pkt.PacketID, claimant)
+	opened := time.Now()
 	balance := func() int64 {
 		var acct model.Account
 		callH(t, stress, "GET", b.url+"/v1/accounts/"+claimant, nil, &acct)
@@ -131,8 +133,12 @@ func TestRelaySwitch(t *testing.T) {
 	waitFor(t, 15*time.Second, func() bool {
 		return metric(t, a, `redcell_recon_lagging_claims_total{space="shadow"}`) >= 1
 	}, "reconciliation to see the claim lag")
-	if got, state := balance(), outboxState(t, a.db, "shadow_", claim.ClaimID); got != 0 || state != 0 {
-		t.Fatalf("relay off: claimant credited %d, outbox state %d", got, state)
+	if got, held := balance(), creditsPending(t, a, "shadow"); got != 0 || held < 1 || hasCredit(t, b.db, "shadow_", claimant, claim.ClaimID) {
+		t.Fatalf("relay off: claimant credited %d (credit flow %v), %v credits held by the relay, want 0, none, at least 1",
+			got, hasCredit(t, b.db, "shadow_", claimant, claim.ClaimID), held)
+	}
+	if age, least := metric(t, a, `redcell_cell_credits_pending_oldest_seconds{space="shadow"}`), time.Since(opened).Seconds()-1; age < least {
+		t.Fatalf("relay off: the oldest credit held is %v s old, want at least the claim's age, %.1f s", age, least)
 	}
 	for _, k := range model.DiffKinds {
 		if n := metric(t, a, `redcell_recon_differences_total{kind="`+k+`",space="shadow"}`); n != 0 {
@@ -145,8 +151,8 @@ func TestRelaySwitch(t *testing.T) {
 
 	degrade(t, a, `{"relay":"on"}`)
 	waitFor(t, 10*time.Second, func() bool { return balance() == claim.Amount }, "credit once the relay is back on")
-	waitFor(t, 5*time.Second, func() bool { return outboxState(t, a.db, "shadow_", claim.ClaimID) == 1 }, "outbox row marked delivered")
-	waitScans(t, a, "shadow", 3) // more scans must not credit again
+	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "shadow") == 0 }, "the relay to let the delivered credit go")
+	waitScans(t, a, "shadow", 3) // more passes must not credit again
 	if got := balance(); got != claim.Amount || !hasCredit(t, b.db, "shadow_", claimant, claim.ClaimID) {
 		t.Fatalf("balance %d, want %d, credited once", got, claim.Amount)
 	}

@@ -232,7 +232,7 @@ func freshEntries(t *testing.T, c *testCell, pre, p string) []freshEntry {
 					t.Errorf("claims of %s: %d of %d cents, want %d of 2000", packet, n, sum, freshRounds)
 				}
 				// Each claim is credited once, by this cell's relay (it owns every
-				// shard): no outbox row is left to a later test's cells.
+				// shard): no claim is left uncredited to a later test's cells.
 				var claims api.PacketResponse
 				if st, code := call(t, "GET", c.url+"/v1/packets/"+packet+"?limit=100", nil, &claims); st != 200 || len(claims.Claims) != freshRounds {
 					t.Fatalf("claims of %s: %d %s, %d claims", packet, st, code, len(claims.Claims))

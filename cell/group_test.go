@@ -56,11 +56,12 @@ func groupsOf(t *testing.T, c *testCell, space string) groupStats {
 // per database) reach every claimant once, and the audit of the books is
 // clean.
 func TestGroupedMoney(t *testing.T) {
-	// The real space of the test servers holds what earlier tests left: an
-	// outbox row credited but never marked is delivered again by the next
-	// relay (the receiver ignores it), a group of the real space, which the
-	// check below would take for stress traffic there (seen once in a
-	// clean-clone run). Mark those first, as the cluster tests do.
+	// The real space of the test servers holds what earlier tests left: a
+	// claim credited past its database's saved relay position is read and
+	// delivered again by the next relay (the receiver ignores it), a group of
+	// the real space, which the check below would take for stress traffic
+	// there (seen once in a clean-clone run). Move the positions past those
+	// first, as the cluster tests do.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := testaudit.Settle(ctx, []string{testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)}); err != nil {
@@ -268,9 +269,9 @@ func TestGroupedMoney(t *testing.T) {
 	}
 	// Stress traffic wrote nothing real: no real balance for any sender or
 	// claimant, no real packet. (The real space's group counter is no proof
-	// either way: the relay delivers there the outbox rows earlier tests left
-	// pending in the test servers' real space, a real group each; seen in a
-	// clean-clone run.)
+	// either way: the relay delivers there the claims earlier tests left past
+	// the saved positions in the test servers' real space, a real group each;
+	// seen in a clean-clone run.)
 	realBalance := func(act string) (int, int64) {
 		c := a
 		if !a.cfg.Shards.Contains(sharding.ShardOfAct(act)) {

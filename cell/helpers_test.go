@@ -56,15 +56,26 @@ func openOne(t *testing.T, c *testCell, h map[string]string, id, act string) api
 	return o
 }
 
-// outboxState reads a claim's outbox row (ns: "" or "shadow_"): -1 when there is none.
-func outboxState(t *testing.T, db *sql.DB, ns, claimID string) int {
-	ref, _, err := model.ParseClaimID(claimID)
+// claimDest reads the dest of a claim's row in namespace ns ("" or a
+// prefix, then "shadow_" for the stress space): the cell its credit was sent
+// to or may have been applied at; "" when there is no row.
+func claimDest(t *testing.T, db *sql.DB, ns, claimID string) string {
+	t.Helper()
+	ref, seq, err := model.ParseClaimID(claimID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := -1
-	db.QueryRow(fmt.Sprintf("SELECT state FROM %sdb_%02d.t_outbox WHERE claim_id = ?", ns, ref.Shard.DB()), claimID).Scan(&state)
-	return state
+	var dest string
+	db.QueryRow(fmt.Sprintf("SELECT dest FROM %sdb_%02d.t_claim_%d_%02d WHERE packet_id = ? AND seq = ?", ns, ref.Shard.DB(), ref.Shard.Table(), ref.Day),
+		string(ref.ID), seq).Scan(&dest)
+	return dest
+}
+
+// creditsPending reads c's redcell_cell_credits_pending of space ("real",
+// "shadow"): the claims its relay holds, not yet known credited.
+func creditsPending(t *testing.T, c *testCell, space string) float64 {
+	t.Helper()
+	return counter(t, c.reg, "redcell_cell_credits_pending", map[string]string{"space": space})
 }
 
 // exec runs a statement against a test database and fails the test on error.
@@ -127,8 +138,9 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 }
 
 // waitScans waits until c's relay of space ("real", "shadow") has finished n
-// more outbox scans than when it is called: at least n-1 of them began after
-// the call, so whatever they could deliver they have handed to the lanes.
+// more passes than when it is called: at least n-1 of them began after the
+// call, so whatever they could offer or read again they have handed to the
+// lanes.
 func waitScans(t *testing.T, c *testCell, space string, n int) {
 	t.Helper()
 	scans := func() float64 {
@@ -136,5 +148,5 @@ func waitScans(t *testing.T, c *testCell, space string, n int) {
 	}
 	from := scans()
 	waitFor(t, time.Duration(n+10)*c.cfg.RelayInterval+5*time.Second, func() bool { return scans() >= from+float64(n) },
-		fmt.Sprintf("%d more outbox scans of the %s space", n, space))
+		fmt.Sprintf("%d more relay passes of the %s space", n, space))
 }

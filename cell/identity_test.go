@@ -22,8 +22,8 @@ const testIdentityKey = "test-identity-key-0123456789"
 // phone is in no row and no log line, only its keyed hash.
 func TestBindIdentity(t *testing.T) {
 	logs := &testenv.Buffer{}
-	// With peers: a cell's relay scans its outbox every 200 ms and reads the
-	// map (nil peers would fail the first scan).
+	// With peers: a cell's relay works every 200 ms and reads the map for
+	// the claims it reads again (nil peers would fail the first pass).
 	peers := &staticPeers{}
 	c := startCellLog(t, "cell-i", "0-999", 1, peers, func(cfg *cell.Config) { cfg.IdentityKey = testIdentityKey },
 		slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))

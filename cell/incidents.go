@@ -20,7 +20,6 @@ import (
 type incidents struct {
 	expiryScan [2]*incident.Tracker // ExpiredIn: which packets to refund
 	refund     [2]*incident.Tracker // Refund of one expired packet
-	outboxLag  [2]*incident.Tracker // OutboxLag for /metrics
 	openBatch  [2]*incident.Tracker // an open transaction failing other than DB_UNAVAILABLE
 	booking    [2]*incident.Tracker // the reward booker's takes and bookings
 	rewardRead [2]*incident.Tracker // reward reconciliation's reads
@@ -37,7 +36,6 @@ func newIncidents(log *slog.Logger) *incidents {
 		l := log.With("space", name)
 		in.expiryScan[i] = incident.New(l, "expiry scan", every)
 		in.refund[i] = incident.New(l, "expiry refund", every)
-		in.outboxLag[i] = incident.New(l, "outbox lag read", every)
 		in.booking[i] = incident.New(l, "reward booking", every)
 		in.rewardRead[i] = incident.New(l, "reward reconciliation read", every)
 		in.leaseExp[i] = incident.New(l, "budget lease expiry", every)

@@ -26,13 +26,15 @@ var layouts struct {
 	lastT *testing.T      // the test that started the last cell
 }
 
-// settleForLayout settles the test servers' outboxes (testaudit.Settle)
+// settleForLayout settles the test servers (testaudit.Settle: the relay
+// positions past the claims credited, reconciliation positions forgotten)
 // before a cell owning shards on test server dbN starts, when no cell of
 // that ownership on that server ran since the last settle: a cell of another
 // layout (cell-a 0-499 on server 1 after the solo cell 0-999 there, say)
-// would deliver a credit an earlier layout booked but had not marked, to
-// another cell on the other server, and book it twice. Cells of one layout
-// deliver such a row to the cell that booked it, which books it once.
+// would read again a claim an earlier layout credited past its saved
+// position, deliver it to another cell on the other server, and book it
+// twice. Cells of one layout deliver such a claim to the cell that booked
+// it, which books it once.
 func settleForLayout(t *testing.T, shards string, dbN int) {
 	t.Helper()
 	key := fmt.Sprintf("%s@%d", shards, dbN)
@@ -51,10 +53,10 @@ func settleForLayout(t *testing.T, shards string, dbN int) {
 	defer cancel()
 	n, err := testaudit.Settle(ctx, dsns)
 	if err != nil {
-		t.Fatalf("settle the outboxes before %s: %v", key, err)
+		t.Fatalf("settle the test servers before %s: %v", key, err)
 	}
 	if n > 0 {
-		t.Logf("marked delivered %d outbox rows earlier layouts left pending after crediting them", n)
+		t.Logf("moved %d relay positions past the claims earlier layouts credited", n)
 	}
 	if first || layouts.last == nil {
 		layouts.last = map[string]bool{}

@@ -1,8 +1,6 @@
 package cell
 
 import (
-	"context"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,10 +115,6 @@ func (m *metrics) observeGroup(g groupcommit.Group) {
 	m.group.took[i].Observe(g.Took.Seconds())
 }
 
-// outboxLagTTL: how long a reading of the outboxes is reused, so that frequent
-// scrapes cost the database at most one pass per this interval.
-const outboxLagTTL = 5 * time.Second
-
 // metricSources are the parts of the cell its metrics read at each scrape.
 type metricSources struct {
 	queue     *keyqueue.Queue[queueKey, *openJob]
@@ -187,15 +181,16 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 			Help: "Packets with a live FIFO worker."}, func() float64 { return float64(s.queue.Keys()) }),
 		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
 		counter("redcell_cell_open_batches_total", "Open transactions committed by the FIFO workers.", s.stats.openBatches.Load),
-		relayCounter("redcell_cell_relay_delivered_total", "Credits the relay delivered and marked in the outbox.", func(r *relay.Stats) int64 { return r.Relayed.Load() }),
-		relayCounter("redcell_cell_relay_errors_total", "Relay failures: outbox scans, deliveries and outbox marks that failed, claims with no live owner.", func(r *relay.Stats) int64 { return r.Errors.Load() }),
-		relayCounter("redcell_cell_relay_handoff_dropped_total", "Fresh claims no relay lane took (full, backing off, no owner; the outbox scan delivers them).", func(r *relay.Stats) int64 { return r.Dropped.Load() }),
+		relayCounter("redcell_cell_relay_delivered_total", "Credits whose delivery the relay saw acknowledged (applied now or before).", func(r *relay.Stats) int64 { return r.Relayed.Load() }),
+		relayCounter("redcell_cell_relay_errors_total", "Relay failures: claim reads, position reads and saves, and deliveries that failed, claims with no live owner.", func(r *relay.Stats) int64 { return r.Errors.Load() }),
+		relayCounter("redcell_cell_relay_handoff_dropped_total", "Fresh claims no relay lane took at once (full, backing off, no owner; the relay holds them and offers them again).", func(r *relay.Stats) int64 { return r.Dropped.Load() }),
 		relayCounter("redcell_cell_relay_deferred_total", "Credits the receiving store deferred because a wallet row they need was locked (each deferral counted; retried).", func(r *relay.Stats) int64 { return r.Deferred.Load() }),
 		scansOf(s.spaces[0]), scansOf(s.spaces[1]),
 		relayCounter("redcell_cell_relay_applied_elsewhere_total", "Credits not delivered because the cell they were sent to has them applied in its copy of the claimant's database, which another cell serves now (each logged at ERROR: the money sits in a copy no cell serves; never booked a second time).", func(r *relay.Stats) int64 { return r.Elsewhere.Load() }),
-		relayCounter("redcell_cell_relay_held_total", "Credits kept in the outbox, per attempt, because the cell they were sent to could not be asked whether it applied them before they go to another cell (the question failed, or it holds the claim with another account or amount).", func(r *relay.Stats) int64 { return r.Held.Load() }),
+		relayCounter("redcell_cell_relay_held_total", "Credits held back, per attempt, because the cell they were sent to could not be asked whether it applied them before they go to another cell (the question failed, or it holds the claim with another account or amount).", func(r *relay.Stats) int64 { return r.Held.Load() }),
 		relayCounter("redcell_cell_relay_unasked_total", "Credits delivered to another cell than the one they were sent to without asking it, because that cell is not in the shard map (removed after its databases moved with their rows, or down).", func(r *relay.Stats) int64 { return r.Unasked.Load() }),
-		relayCounter("redcell_cell_relay_mark_skipped_total", "Delivered credits left pending in the outbox because their row was locked (delivered again later, ignored by the receiver).", func(r *relay.Stats) int64 { return r.MarkSkipped.Load() }),
+		relayCounter("redcell_cell_relay_claim_reads_total", "Pages of claims the relay read from its store past a database's position (after a start, a database gained, a commit whose outcome was unknown, too much held).", func(r *relay.Stats) int64 { return r.Reads.Load() }),
+		relayCounter("redcell_cell_relay_position_saves_total", "Saves of the relay's positions (one write for every database whose claims came or went, every relay.PositionEvery).", func(r *relay.Stats) int64 { return r.Saves.Load() }),
 		laneCollector{spaces: s.spaces,
 			credits: prometheus.NewDesc("redcell_cell_relay_lane_credits", "Credits a relay lane holds (queued, in flight or waiting to be tried again), by space, destination cell and kind (local: this cell's own wallets; remote).", []string{"space", "dest", "kind"}, nil),
 			backoff: prometheus.NewDesc("redcell_cell_relay_lane_backoff_seconds", "A relay lane's pause after failed deliveries (0: the last one succeeded), by space, destination cell and kind.", []string{"space", "dest", "kind"}, nil),
@@ -213,10 +208,7 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 		}),
 		newFallbackGauges(s.slots, s.cache),
 		s.switches.Collector(),
-		&outboxCollector{spaces: s.spaces, dbs: s.dbs, clock: s.clock, inc: s.inc,
-			pending: prometheus.NewDesc("redcell_cell_credits_pending", "Claims not yet known credited in their claimant's wallet (their outbox rows not marked delivered), by space (real, shadow); read at most every 5 s.", []string{"space"}, nil),
-			oldest:  prometheus.NewDesc("redcell_cell_credits_pending_oldest_seconds", "Age of the oldest claim not yet known credited (0: none), by space; read at most every 5 s.", []string{"space"}, nil),
-		},
+		heldOf(s.spaces[0]), heldOf(s.spaces[1]),
 	)
 	m.group = newGroupMetrics(reg, s.groups.Queued)
 	m.serve = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -248,12 +240,39 @@ func creditLagOf(lag *prometheus.HistogramVec, space string) func(local bool, d 
 	}
 }
 
-// scansOf is redcell_cell_relay_scans_total{space}: the outbox scans the
-// space's relay finished (the tests wait for scans to see that a pass ran).
+// scansOf is redcell_cell_relay_scans_total{space}: the Intervals the
+// space's relay worked (the tests wait for them to see that a pass ran).
 func scansOf(sp *space) prometheus.Collector {
 	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_relay_scans_total",
-		Help: "Outbox scans the relay finished, by space.", ConstLabels: prometheus.Labels{"space": sp.name}},
+		Help: "Relay passes finished (every RelayInterval: held credits offered again, claims read where needed, positions saved), by space.", ConstLabels: prometheus.Labels{"space": sp.name}},
 		func() float64 { return float64(sp.relay.Stats.Scans.Load()) })
+}
+
+// heldOf is redcell_cell_credits_pending{space} and
+// redcell_cell_credits_pending_oldest_seconds{space}: what the space's
+// relay holds, read from its memory when scraped.
+func heldOf(sp *space) prometheus.Collector {
+	return heldCollector{sp: sp,
+		pending: prometheus.NewDesc("redcell_cell_credits_pending", "Claims not yet known credited in their claimant's wallet: those the relay holds, by space (real, shadow). Claims it has not read back yet after a start are not counted until it has.", nil, prometheus.Labels{"space": sp.name}),
+		oldest:  prometheus.NewDesc("redcell_cell_credits_pending_oldest_seconds", "Age of the oldest claim the relay holds not yet known credited (0: none), by space.", nil, prometheus.Labels{"space": sp.name}),
+	}
+}
+
+type heldCollector struct {
+	sp              *space
+	pending, oldest *prometheus.Desc
+}
+
+func (c heldCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.pending; ch <- c.oldest }
+
+func (c heldCollector) Collect(ch chan<- prometheus.Metric) {
+	n, oldestMS := c.sp.relay.Held()
+	age := 0.0
+	if oldestMS > 0 {
+		age = max(float64(c.sp.relay.Now().UnixMilli()-oldestMS)/1000, 0)
+	}
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age)
 }
 
 // newFallbackGauges: redcell_memcached_fallback{use} is 1 while that user of
@@ -304,62 +323,6 @@ func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.credits, prometheus.GaugeValue, float64(l.Held), sp.name, l.Dest, kind)
 			ch <- prometheus.MustNewConstMetric(c.backoff, prometheus.GaugeValue, l.Backoff.Seconds(), sp.name, l.Dest, kind)
-		}
-	}
-}
-
-// outboxCollector reads the outbox lag of both spaces when scraped, at most
-// once per outboxLagTTL. A space whose reading failed is left out of the scrape
-// rather than shown with old numbers.
-type outboxCollector struct {
-	spaces          [2]*space
-	dbs             func() []int
-	clock           clock.Clock
-	inc             *incidents
-	pending, oldest *prometheus.Desc
-
-	mu  sync.Mutex // guards at, lag, ok
-	at  time.Time
-	lag [2]struct{ pending, oldestMS int64 }
-	ok  [2]bool
-}
-
-func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.pending; ch <- c.oldest }
-
-func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.clock.Now().Sub(c.at) >= outboxLagTTL {
-		c.refreshLocked()
-	}
-	for i, name := range [2]string{"real", "shadow"} {
-		if c.ok[i] {
-			ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(c.lag[i].pending), name)
-			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, float64(c.lag[i].oldestMS)/1000, name)
-		}
-	}
-}
-
-// refreshLocked reads every owned database's outbox in both spaces; c.mu must be held.
-func (c *outboxCollector) refreshLocked() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	c.at = c.clock.Now()
-	for i, sp := range c.spaces {
-		c.ok[i] = true
-		c.lag[i].pending, c.lag[i].oldestMS = 0, 0
-		for _, db := range c.dbs() {
-			n, oldest, err := sp.store.OutboxLag(ctx, db)
-			if err != nil {
-				c.ok[i] = false
-				c.inc.outboxLag[i].Fail(err, "db", db)
-				break
-			}
-			c.lag[i].pending += n
-			c.lag[i].oldestMS = max(c.lag[i].oldestMS, oldest)
-		}
-		if c.ok[i] {
-			c.inc.outboxLag[i].OK()
 		}
 	}
 }

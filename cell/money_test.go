@@ -142,13 +142,13 @@ func TestCrossCellCredit(t *testing.T) {
 	if credits != 1 {
 		t.Fatalf("%d credit rows in the claimant's cell", credits)
 	}
-	// The sender's outbox row is marked delivered.
+	// The sender's claim row names the claimant's cell as where the credit
+	// went, and the sender's relay, its delivery acknowledged, holds nothing.
 	ref, _ := model.ParsePacketID(id)
-	waitFor(t, 5*time.Second, func() bool {
-		var state int
-		a.db.QueryRow(fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id = ?", ref.Shard.DB()), claim.ClaimID).Scan(&state)
-		return state == 1
-	}, "outbox row marked delivered")
+	if dest := claimDest(t, a.db, "", claim.ClaimID); dest != b.name {
+		t.Fatalf("the claim row names %q as where its credit went, want %q", dest, b.name)
+	}
+	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the sender's relay to let the delivered credit go")
 	// A credit for an account the receiving cell does not own is refused.
 	wrong := credit
 	wrong.ActID = actIn(t, pre+"-w", a.cfg.Shards)
@@ -183,9 +183,10 @@ func TestCrossCellCredit(t *testing.T) {
 	}
 }
 
-// TestRelayRedrivesFromOutbox: when the claimant's cell is unreachable the claim
-// waits in the outbox; once the cell is back the scan delivers it, once.
-func TestRelayRedrivesFromOutbox(t *testing.T) {
+// TestRelayRedrivesHeldCredit: when the claimant's cell is unreachable the
+// sending cell's relay holds the claim (redcell_cell_credits_pending) and
+// tries again; once the cell is back it delivers it, once, and lets it go.
+func TestRelayRedrivesHeldCredit(t *testing.T) {
 	peers := &staticPeers{}
 	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
 	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
@@ -205,13 +206,14 @@ func TestRelayRedrivesFromOutbox(t *testing.T) {
 	// its retry after the backoff, or a scan): a credit could have landed by now.
 	waitFor(t, 10*time.Second, func() bool { return counter(t, a.reg, "redcell_cell_relay_errors_total", nil) >= 2 },
 		"two failed deliveries to the unreachable cell")
-	if got := b.balance(t, claimant); got != 0 {
-		t.Fatalf("credited %d while unreachable", got)
+	if got, held := b.balance(t, claimant), creditsPending(t, a, "real"); got != 0 || held < 1 {
+		t.Fatalf("credited %d while unreachable, %v credits held by the relay; want 0 and at least 1", got, held)
 	}
 	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
 	peers.m.Store(good)
 	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == 500 }, "credit after the cell came back")
-	waitScans(t, a, "real", 3) // more scans must not credit again
+	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the relay to let the delivered credit go")
+	waitScans(t, a, "real", 3) // more passes must not credit again
 	if got := b.balance(t, claimant); got != 500 {
 		t.Fatalf("balance %d, want 500", got)
 	}

@@ -302,8 +302,8 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		if errors.Is(err, groupcommit.ErrInFlight) || errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown) {
 			// The claims may be committed though no answer says so, and
 			// their retries are repeats, which hand no credit to the relay:
-			// it reads this database's outbox at its next scans.
-			sp.relay.MarkDB(live[0].ref.Shard.DB())
+			// it reads this database's recent claims at its next pass.
+			sp.relay.MarkDB(live[0].ref.Shard.DB(), now.Add(-time.Second)) // the claims are stamped after the batch began
 		}
 		if errors.Is(err, model.ErrDBUnavailable) || errors.Is(err, model.ErrTimeout) || errors.Is(err, model.ErrOverloaded) ||
 			errors.Is(err, model.ErrShuttingDown) {
@@ -337,7 +337,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) bool {
 	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
 	for i := range credits {
-		// Where the store's outbox rows say they go, as it named it a moment
+		// Where the store's claim rows say they go, as it named it a moment
 		// ago: a lane delivering elsewhere (the map changed since) asks there
 		// first.
 		credits[i].Dest = s.creditDest(credits[i].Shard)

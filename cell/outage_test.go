@@ -53,14 +53,13 @@ var recoveryOf = map[string]string{
 	"expiry refund failing":                   "expiry refund recovered",
 	"reconciliation window read failing":      "reconciliation window read recovered",
 	"reconciliation credit read failing":      "reconciliation credit read recovered",
-	"outbox lag read failing":                 "outbox lag read recovered",
 	"schema warm-up failing":                  "schema warm-up recovered",
 	"audit of the cell's books could not run": "audit of the cell's books runs again",
 	"open batch failed":                       "open batches commit again",
 	"request failed":                          "requests answered again",
-	"outbox scan failing":                     "outbox scan recovered",
+	"relay position failing":                  "relay position recovered",
+	"relay claims read failing":               "relay claims read recovered",
 	"relay delivery failing":                  "relay delivery recovered",
-	"relay outbox marking failing":            "relay outbox marking recovered",
 	"reward booking failing":                  "reward booking recovered",
 	"reward reconciliation read failing":      "reward reconciliation read recovered",
 	"budget lease expiry failing":             "budget lease expiry recovered",
@@ -130,7 +129,7 @@ func TestOutageLogsBounded(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"circuit breaker opened", "expiry scan failing", "reconciliation window read failing",
-		"schema warm-up failing", "audit of the cell's books could not run", "outbox lag read failing", "outbox scan failing"} {
+		"schema warm-up failing", "audit of the cell's books could not run", "relay position failing"} {
 		if counts[want] == 0 {
 			t.Errorf("no %q while the database was down", want)
 		}

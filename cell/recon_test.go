@@ -22,13 +22,25 @@ func fastRecon(t *testing.T) func(*cell.Config) {
 }
 
 // TestReconciliation: clean traffic between two cells is reconciled with no
-// difference, local and cross-cell credits alike. Then a fault of each kind
-// is put straight into the databases (a credit flow row deleted, a claim's
-// amount changed, an outbox row dropped): reconciliation reports each by its
-// kind within seconds, and the admin audit of the cell's books finds them too
-// (and refuses a caller without the token). The faults are made in the shadow
-// tables of stress traffic, which reconciliation checks like real money, so
-// the audit reads few rows; they are undone afterwards.
+// difference, local and cross-cell credits alike. Then faults are put
+// straight into the databases, before their window is checked:
+//
+//  1. the credit of a delivered cross-cell claim is lost (its flow row
+//     deleted and the balance set back, as a receiver that lost it would
+//     leave it): reconciliation finds the claim uncredited past its settle
+//     time, counts it as lag, not a difference, and hands it to the relay,
+//     which credits it again;
+//  2. a claim's amount is changed (its credit keeps the old one):
+//     reconciliation reports credit_mismatch;
+//  3. a claim the relay never got (its row and its packet's written straight
+//     into the tables, as a commit whose claims no open handed over and no
+//     relay read again): reconciliation finds it uncredited, lag, and the
+//     relay credits it.
+//
+// The admin audit of the cell's books (refused without the token) finds the
+// mismatch too, and nothing else. The faults are made in the shadow tables
+// of stress traffic, which reconciliation checks like real money, so the
+// audit reads few rows; the changed amount is set back afterwards.
 func TestReconciliation(t *testing.T) {
 	a, b := twoCells(t, fastRecon(t))
 	pre := testenv.Prefix()
@@ -47,7 +59,7 @@ func TestReconciliation(t *testing.T) {
 		return metric(t, a, `redcell_recon_credited_claims_total{space="real"}`) >= 2
 	}, "clean claims reconciled, both credits found")
 	if n := metric(t, a, `redcell_recon_checked_claims_total{space="real"}`); n < 2 {
-		t.Fatalf("%v claims checked against the outbox", n)
+		t.Fatalf("%v claims checked against their credits", n)
 	}
 	for _, k := range model.DiffKinds {
 		if n := metric(t, a, `redcell_recon_differences_total{kind="`+k+`",space="real"}`); n != 0 {
@@ -69,24 +81,35 @@ func TestReconciliation(t *testing.T) {
 		}
 		return out.PacketID
 	}
-	lost, changed, dropped := sendStress("snd-lost"), sendStress("snd-changed"), sendStress("snd-dropped")
+	lost, changed, unseen := sendStress("snd-lost"), sendStress("snd-changed"), sendStress("snd-unseen")
+	lagging := func() float64 { return metric(t, a, `redcell_recon_lagging_claims_total{space="shadow"}`) }
+	lagBefore := lagging()
 
-	// 1. The credit flow row of a cross-cell claim, delivered, is deleted.
+	// 1. The credit of a cross-cell claim, delivered, is lost.
 	cLost := openOne(t, a, stress, lost, far)
-	waitFor(t, 5*time.Second, func() bool { return outboxState(t, a.db, "shadow_", cLost.ClaimID) == 1 }, "delivery")
+	waitFor(t, 5*time.Second, func() bool { return hasCredit(t, b.db, "shadow_", far, cLost.ClaimID) }, "delivery")
+	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "shadow") == 0 }, "the relay to let the delivered credit go")
 	farShard := sharding.ShardOfAct(far)
 	flowTable := fmt.Sprintf("shadow_db_%02d.t_flow_%d", farShard.DB(), farShard.Table())
-	var flowID, flowMS int64
-	if err := b.db.QueryRow("SELECT id, created_ms FROM "+flowTable+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cLost.ClaimID).Scan(&flowID, &flowMS); err != nil {
+	accountTable := fmt.Sprintf("shadow_db_%02d.t_account_%d", farShard.DB(), farShard.Table())
+	tx, err := b.db.Begin()
+	if err != nil {
 		t.Fatal(err)
 	}
-	exec(t, b.db, "DELETE FROM "+flowTable+" WHERE id = ?", flowID)
-	t.Cleanup(func() {
-		exec(t, b.db, "INSERT INTO "+flowTable+" (id, act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, ?, 'credit', ?, ?, ?)",
-			flowID, far, "claim:"+cLost.ClaimID, cLost.Amount, lost, flowMS)
-	})
+	if _, err := tx.Exec("DELETE FROM "+flowTable+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cLost.ClaimID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("UPDATE "+accountTable+" SET balance = balance - ? WHERE act_id = ?", cLost.Amount, far); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := stressBalance(t, b, far); got != 0 {
+		t.Fatalf("the far claimant's shadow balance with its credit lost: %d, want 0", got)
+	}
 
-	// 2. A claim's amount is changed (its outbox row and credit keep the old one).
+	// 2. A claim's amount is changed (its credit keeps the old one).
 	cChanged := openOne(t, a, stress, changed, near)
 	ref, _ := model.ParsePacketID(changed)
 	claimTable := fmt.Sprintf("shadow_db_%02d.t_claim_%d_%02d", ref.Shard.DB(), ref.Shard.Table(), ref.Day)
@@ -95,28 +118,36 @@ func TestReconciliation(t *testing.T) {
 		exec(t, a.db, "UPDATE "+claimTable+" SET amount = amount + 1 WHERE packet_id = ? AND seq = ?", changed, cChanged.Seq)
 	})
 
-	// 3. A claim's outbox row is dropped.
-	cDropped := openOne(t, a, stress, dropped, near)
-	ref, _ = model.ParsePacketID(dropped)
-	outbox := fmt.Sprintf("shadow_db_%02d.t_outbox", ref.Shard.DB())
-	exec(t, a.db, "DELETE FROM "+outbox+" WHERE claim_id = ?", cDropped.ClaimID)
-	t.Cleanup(func() { // delivered: the relay credited it from the claim it was handed
-		waitFor(t, 5*time.Second, func() bool { return hasCredit(t, a.db, "shadow_", near, cDropped.ClaimID) }, "credit of the claim whose outbox row was dropped")
-		exec(t, a.db, "INSERT INTO "+outbox+" (claim_id, packet_id, act_id, act_shard, amount, state, created_ms, delivered_ms) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
-			cDropped.ClaimID, dropped, near, int(sharding.ShardOfAct(near)), cDropped.Amount, time.Now().UnixMilli(), time.Now().UnixMilli())
-	})
+	// 3. A claim the relay never got: the packet's one share taken in its
+	// rows, with no open (the rows as an open's commit leaves them).
+	ref, _ = model.ParsePacketID(unseen)
+	unseenID := model.ClaimID(model.PacketID(unseen), 1)
+	exec(t, a.db, fmt.Sprintf("INSERT INTO shadow_db_%02d.t_claim_%d_%02d (packet_id, seq, act_id, amount, created_ms, act_shard, dest) VALUES (?, 1, ?, 100, ?, ?, ?)",
+		ref.Shard.DB(), ref.Shard.Table(), ref.Day), unseen, near, time.Now().UnixMilli(), int(sharding.ShardOfAct(near)), a.name)
+	exec(t, a.db, fmt.Sprintf("UPDATE shadow_db_%02d.t_packet_%d_%02d SET remaining_amount = 0, remaining_count = 0, status = 1 WHERE packet_id = ?",
+		ref.Shard.DB(), ref.Shard.Table(), ref.Day), unseen)
 
-	for _, kind := range []string{model.DiffCreditMissing, model.DiffOutboxMismatch, model.DiffOutboxMissing} {
-		waitFor(t, 15*time.Second, func() bool {
-			return metric(t, a, `redcell_recon_differences_total{kind="`+kind+`",space="shadow"}`) >= 1
-		}, "reconciliation to report "+kind)
+	waitFor(t, 15*time.Second, func() bool {
+		return metric(t, a, `redcell_recon_differences_total{kind="credit_mismatch",space="shadow"}`) >= 1
+	}, "reconciliation to report credit_mismatch")
+	waitFor(t, 15*time.Second, func() bool {
+		return hasCredit(t, b.db, "shadow_", far, cLost.ClaimID) && hasCredit(t, a.db, "shadow_", near, unseenID)
+	}, "the lost credit and the unseen claim's booked by the relay, handed the claims by reconciliation")
+	if n := lagging() - lagBefore; n < 2 {
+		t.Errorf("reconciliation counted %v claims lagging, want at least 2 (the lost credit, the unseen claim)", n)
 	}
-	for _, kind := range []string{model.DiffOutboxOrphan, model.DiffCreditMismatch} {
+	if got := stressBalance(t, b, far); got != cLost.Amount {
+		t.Errorf("the far claimant's shadow balance after the credit was re-driven: %d, want %d (once)", got, cLost.Amount)
+	}
+	if got, want := stressBalance(t, a, near), cChanged.Amount+100; got != want {
+		t.Errorf("the near claimant's shadow balance: %d, want %d (the changed claim's credit and the unseen claim's)", got, want)
+	}
+	for _, kind := range []string{model.DiffCreditMissing, model.DiffCreditOrphan, model.DiffCreditElsewhere} {
 		if n := metric(t, a, `redcell_recon_differences_total{kind="`+kind+`",space="shadow"}`); n != 0 {
-			t.Errorf("%v differences of kind %s, none was made", n, kind)
+			t.Errorf("%v differences of kind %s, none was made (a claim not credited is lag)", n, kind)
 		}
 	}
-	if n := metric(t, a, `redcell_recon_differences_total{kind="credit_missing",space="real"}`); n != 0 {
+	if n := metric(t, a, `redcell_recon_differences_total{kind="credit_mismatch",space="real"}`); n != 0 {
 		t.Errorf("faults in the shadow tables counted as real money: %v", n)
 	}
 
@@ -134,8 +165,8 @@ func TestReconciliation(t *testing.T) {
 		t.Fatalf("audit: %d %s", st, code)
 	}
 	books := rep.Spaces["shadow"]
-	if rep.OK || books.Differences[model.DiffOutboxMissing] != 1 || books.Differences[model.DiffOutboxMismatch] != 1 || len(rep.Spaces) != 1 {
-		t.Fatalf("audit with the faults in place: %+v", rep)
+	if rep.OK || books.Differences[model.DiffCreditMismatch] != 1 || books.Differences[model.DiffCreditOrphan] != 0 || len(rep.Spaces) != 1 {
+		t.Fatalf("audit with the faults in place: %+v, want one credit_mismatch", rep)
 	}
 	if metric(t, a, `redcell_audit_runs_total{result="failed",space="shadow"}`) != 1 {
 		t.Fatal("failed audit not counted")

@@ -16,6 +16,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell"
+	"redcell/cell/relay"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
@@ -35,7 +36,6 @@ type probeClaim struct {
 	claim    api.OpenResponse
 	answered time.Time // when the open answered
 	credited time.Time // when the balance first showed the claim (zero: not yet)
-	marked   time.Time // when the sender's outbox first showed it delivered (zero: not yet)
 }
 
 // actsInShard returns n act_ids (prefix-0, prefix-1, ...) whose shard is sh.
@@ -90,11 +90,8 @@ func walletBalance(t *testing.T, db *sql.DB, act string) int64 {
 
 // creditWatch follows claims, from its own goroutine, from the moment each is
 // answered: every 5 ms it reads the balances of those not credited yet (one
-// query per account table) and, given the sender's database, their outbox
-// rows, and notes when each first shows credited, and marked delivered.
+// query per account table), and notes when each first shows credited.
 type creditWatch struct {
-	outbox *sql.DB // the sender cell's database; nil: marks not watched
-
 	mu     sync.Mutex // guards claims, the times in them, and errs
 	claims []*probeClaim
 	errs   []error
@@ -103,8 +100,8 @@ type creditWatch struct {
 	done chan struct{}
 }
 
-func watchCredits(t *testing.T, outbox *sql.DB) *creditWatch {
-	w := &creditWatch{outbox: outbox, stop: make(chan struct{}), done: make(chan struct{})}
+func watchCredits(t *testing.T) *creditWatch {
+	w := &creditWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		for {
@@ -158,18 +155,13 @@ func (w *creditWatch) poll() {
 		db   *sql.DB
 		name string
 	}
-	accounts, outboxes := map[table][]*probeClaim{}, map[table][]*probeClaim{}
+	accounts := map[table][]*probeClaim{}
 	w.mu.Lock()
 	for _, c := range w.claims {
 		if c.credited.IsZero() {
 			sh := sharding.ShardOfAct(c.act)
 			k := table{c.db, fmt.Sprintf("db_%02d.t_account_%d", sh.DB(), sh.Table())}
 			accounts[k] = append(accounts[k], c)
-		}
-		if w.outbox != nil && c.marked.IsZero() {
-			ref, _, _ := model.ParseClaimID(c.claim.ClaimID)
-			k := table{w.outbox, fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB())}
-			outboxes[k] = append(outboxes[k], c)
 		}
 	}
 	w.mu.Unlock()
@@ -215,14 +207,6 @@ func (w *creditWatch) poll() {
 				}
 			})
 	}
-	for tb, cs := range outboxes {
-		read(tb, "SELECT claim_id, state FROM %s WHERE claim_id IN (%s)", cs, func(c *probeClaim) any { return c.claim.ClaimID },
-			func(c *probeClaim, id string, state int64, at time.Time) {
-				if c.claim.ClaimID == id && state == 1 && c.marked.IsZero() {
-					c.marked = at
-				}
-			})
-	}
 }
 
 // until waits, for up to limit, until done reports true (called with the
@@ -254,12 +238,6 @@ func allCredited(cs []*probeClaim) func() bool {
 	}
 }
 
-func allMarked(cs []*probeClaim) func() bool {
-	return func() bool {
-		return !slices.ContainsFunc(cs, func(c *probeClaim) bool { return c.marked.IsZero() })
-	}
-}
-
 // only returns the claims of the given kinds.
 func only(cs []*probeClaim, kinds ...string) []*probeClaim {
 	var out []*probeClaim
@@ -272,7 +250,7 @@ func only(cs []*probeClaim, kinds ...string) []*probeClaim {
 }
 
 // delays returns, for each claim, the time from its open's answer to what at
-// reads (its credit or its mark); a claim not seen counts as missing.
+// reads (its credit); a claim not seen counts as missing.
 func delays(cs []*probeClaim, at func(*probeClaim) time.Time) (ds []time.Duration, missing int) {
 	for _, c := range cs {
 		if at(c).IsZero() {
@@ -311,7 +289,6 @@ func report(t *testing.T, what string, cs []*probeClaim, at func(*probeClaim) ti
 }
 
 func creditedAt(c *probeClaim) time.Time { return c.credited }
-func markedAt(c *probeClaim) time.Time   { return c.marked }
 
 // holdLocked runs q (a locking read) in a transaction of its own on db and
 // keeps it open, so the rows it read stay locked, until release is called or
@@ -341,9 +318,9 @@ func holdLocked(t *testing.T, db *sql.DB, q string, args ...any) (release func()
 }
 
 // checkExactlyOnce: each claimant holds exactly its claim, in one credit flow
-// keyed by the claim, and the sender's outbox (db sender) marks every claim
-// delivered (waiting up to 5 s for the marks). Then, after three more relay
-// scans (counted by the sender), nothing has changed.
+// keyed by the claim, and the sender's relay holds no credit any more, every
+// delivery acknowledged (waiting up to 5 s). Then, after three more relay
+// passes (counted by the sender), nothing has changed.
 func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 	t.Helper()
 	check := func() {
@@ -360,9 +337,7 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 		}
 	}
 	check()
-	waitFor(t, 5*time.Second, func() bool {
-		return !slices.ContainsFunc(claims, func(c *probeClaim) bool { return outboxState(t, sender.db, "", c.claim.ClaimID) != 1 })
-	}, "every outbox row marked delivered")
+	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, sender, "real") == 0 }, "the sender's relay to let every delivered credit go")
 	waitScans(t, sender, "real", 3)
 	check()
 }
@@ -371,8 +346,8 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 // held locked by another transaction. The credits of every other claimant, in
 // that cell and in the sending cell's own shards, are applied within a second
 // of their claims; the locked one waits, and is applied once the lock is
-// released, exactly once. Balances, credit flows and outbox rows end exact,
-// and the sending cell observed every credit's lag.
+// released, exactly once. Balances and credit flows end exact, the sending
+// cell's relay holds nothing, and it observed every credit's lag.
 func TestRelayLockedWalletRow(t *testing.T) {
 	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
 	pre := testenv.Prefix()
@@ -401,7 +376,7 @@ func TestRelayLockedWalletRow(t *testing.T) {
 	n := len(local) + len(remote)
 	a.deposit(t, sender, 100_000)
 	id := a.send(t, sender, int64(n)*100, int64(n), "snd-1")
-	w := watchCredits(t, nil)
+	w := watchCredits(t)
 	claims := w.open(t, a, id, append([]string{locked}, interleave(local, remote[1:])...), kind, db)
 	others := only(claims, "local", "remote")
 
@@ -435,12 +410,16 @@ func TestRelayLockedWalletRow(t *testing.T) {
 	checkExactlyOnce(t, claims, a)
 }
 
-// TestRelayLockedOutboxRows: the outbox rows of four claims (two local, two in
-// the other cell) are held locked by another transaction while the relay
-// takes them up. Fresh claims made meanwhile are credited and marked
-// delivered within a second each; the locked rows stay pending while locked
-// and are marked once released; nothing is credited twice.
-func TestRelayLockedOutboxRows(t *testing.T) {
+// TestRelayLockedPositionRow: the row of the relay's saved position for the
+// sending cell's packet database is held locked by another transaction, so
+// that every save of positions waits on it and fails at its deadline, while
+// the relay delivers. Four claims made while the relay was off (two local,
+// two in the other cell) are credited once it is back on, and fresh claims
+// made meanwhile within a second each: a save never holds up a delivery. The
+// saved position stays where it was while locked; once released, the relay
+// saves it again, moved on (and relay.Slack behind now at least); nothing is
+// credited twice.
+func TestRelayLockedPositionRow(t *testing.T) {
 	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
@@ -459,43 +438,48 @@ func TestRelayLockedOutboxRows(t *testing.T) {
 	n := len(local) + len(remote)
 	a.deposit(t, sender, 100_000)
 	id := a.send(t, sender, int64(n)*100, int64(n), "snd-1")
-
-	// The held claims are made while the relay is off, and their outbox rows
-	// locked before it is back on.
-	degrade(t, a, `{"relay":"off"}`)
-	w := watchCredits(t, a.db)
-	held := w.open(t, a, id, interleave(local[:2], remote[:2]), kind, db)
 	ref, _ := model.ParsePacketID(id)
-	ids := []any{}
-	for _, c := range held {
-		ids = append(ids, c.claim.ClaimID)
+	positions := fmt.Sprintf("db_%02d.t_relay_position", ref.Shard.DB())
+	position := func() int64 { // a consistent read: it never waits on the lock
+		var ms int64
+		a.db.QueryRow("SELECT pos_ms FROM " + positions + " WHERE id = 1").Scan(&ms)
+		return ms
 	}
-	release := holdLocked(t, a.db, fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id IN (?%s) FOR UPDATE",
-		ref.Shard.DB(), strings.Repeat(", ?", len(ids)-1)), ids...)
+	waitFor(t, 10*time.Second, func() bool { return position() > 0 }, "the relay's first save of its position")
+
+	// The held claims are made while the relay is off (it holds them), and
+	// the position's row locked before it is back on.
+	degrade(t, a, `{"relay":"off"}`)
+	w := watchCredits(t)
+	held := w.open(t, a, id, interleave(local[:2], remote[:2]), kind, db)
+	if got := creditsPending(t, a, "real"); got < float64(len(held)) {
+		t.Fatalf("the relay holds %v credits while off, want at least the %d claims made", got, len(held))
+	}
+	release := holdLocked(t, a.db, "SELECT pos_ms FROM "+positions+" WHERE id = 1 FOR UPDATE")
+	locked := position()
+	errs := func() float64 { return counter(t, a.reg, "redcell_cell_relay_errors_total", nil) }
+	errsBefore := errs()
 	degrade(t, a, `{"relay":"on"}`)
-	// An outbox scan hands the held rows to the relay (once they are two scan
-	// intervals old), which credits them and finds their rows locked.
 	if !w.until(10*time.Second, allCredited(held)) {
 		t.Fatal("the held claims were not credited within 10 s of the relay switched on")
 	}
 
 	fresh := w.open(t, a, id, interleave(local[2:], remote[2:]), kind, db)
-	w.until(12*time.Second, func() bool { return allCredited(fresh)() && allMarked(fresh)() })
-	for _, c := range held {
-		if st := outboxState(t, a.db, "", c.claim.ClaimID); st != 0 {
-			t.Errorf("%s: outbox state %d while its row was locked", c.act, st)
-		}
+	w.until(12*time.Second, allCredited(fresh))
+	waitFor(t, 3*relay.PositionEvery, func() bool { return errs() > errsBefore }, "a save of the positions to fail on the locked row")
+	if got := position(); got != locked {
+		t.Errorf("the saved position moved from %d to %d while its row was locked", locked, got)
 	}
 	release()
 	claims := append(held, fresh...)
-	if !w.until(15*time.Second, func() bool { return allCredited(claims)() && allMarked(claims)() }) {
-		t.Errorf("not every claim credited and marked within 15 s of the lock's release")
+	if !w.until(15*time.Second, allCredited(claims)) {
+		t.Errorf("not every claim credited within 15 s of the lock's release")
 	}
 	w.halt()
-	report(t, "credit delay, fresh credits while outbox rows are locked", fresh, creditedAt)
-	report(t, "delivered-mark delay, fresh credits while outbox rows are locked", fresh, markedAt)
-	if n := metric(t, a, "redcell_cell_relay_mark_skipped_total"); n < 1 {
-		t.Errorf("redcell_cell_relay_mark_skipped_total = %v, want >= 1", n)
+	report(t, "credit delay, fresh credits while the position's row is locked", fresh, creditedAt)
+	waitFor(t, 3*relay.PositionEvery, func() bool { return position() > locked }, "the relay to save its position again, once released")
+	if got, most := position(), time.Now().Add(-relay.Slack).UnixMilli(); got > most {
+		t.Errorf("the saved position %d is less than relay.Slack behind now (%d at most)", got, most)
 	}
 	checkExactlyOnce(t, claims, a)
 }
@@ -525,7 +509,7 @@ func TestCreditsAnswerNamesDeferred(t *testing.T) {
 	a.deposit(t, sender, 200)
 	id := a.send(t, sender, 200, 2, "snd-1")
 	kind, db := map[string]string{free: "free", locked: "locked"}, map[string]*sql.DB{free: b.db, locked: b.db}
-	w := watchCredits(t, nil)
+	w := watchCredits(t)
 	claims := w.open(t, a, id, acts, kind, db)
 	var credits []model.Credit
 	for _, c := range claims {

@@ -111,15 +111,25 @@ type Stores struct {
 	Moves MoveStore
 }
 
-// creditDester is a store that names, in each new outbox row, the cell its
+// creditDester is a store that names, in each new claim row, the cell its
 // credit goes to (storage.MySQL and memstore.Store: SetCreditDest).
 type creditDester interface {
 	SetCreditDest(dest func(model.ShardID) string)
 }
 
+// redrive hands claims reconciliation found uncredited past their settle
+// time to the relay of the space named space (recon.Config.Redrive).
+func (s *Server) redrive(space string, cs []model.Credit) {
+	for _, sp := range s.spaces {
+		if sp.name == space {
+			sp.relay.Redrive(cs)
+		}
+	}
+}
+
 // creditDest names the cell a credit to a claimant of shard sh goes to now:
 // this cell when it owns sh, else the shard map's owner ("" when none). New
-// outbox rows record it (model.Credit.Dest).
+// claim rows record it (model.Credit.Dest).
 func (s *Server) creditDest(sh model.ShardID) string {
 	if s.own.owns(sh) {
 		return s.cfg.Name
@@ -296,7 +306,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
 	s.recon = recon.New(recon.Config{Cell: cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
-		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Clock: clk, Log: log, Reg: reg},
+		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: clk, Log: log, Reg: reg},
 		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
 	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},

@@ -37,9 +37,10 @@ import (
 //     OVERLOADED while the space is closed, and the drop waits for those in
 //     flight: no open, send or credit writes during it;
 //   - the shadow relay is switched off while closed: its lanes let go of
-//     every credit they hold (the outbox keeps them, and the drop takes the
-//     outbox), and the drop waits until they hold none, before and after it;
-//     a credit of a dropped claim is never applied to the new tables;
+//     every credit they hold, and the drop waits until they hold none,
+//     before and after it; after the drop the relay forgets every credit it
+//     held and every position (relay.Reset), so a credit of a dropped claim
+//     is never applied to the new tables;
 //   - the audit is held (audit.Auditor.Hold) before the space closes: no
 //     audit reads a space half dropped, and a long audit does not keep the
 //     space closed;
@@ -290,8 +291,8 @@ func (c *shadowCleaner) dropClosed(ctx context.Context, out *api.ShadowCleanupRe
 	if err != nil {
 		return err
 	}
-	// A relay scan that read an outbox page just before its database went
-	// hands it to the lanes at once; while the relay is off they let it go.
+	// A relay read of claims just before its database went hands them to
+	// the lanes at once; while the relay is off they let them go.
 	if err := waitUntil(ctx, shadowRelayWait, "the shadow relay's lanes", relayIdle); err != nil {
 		c.p.log.Warn("shadow cleanup: the relay still holds credits of dropped claims", "err", err)
 	}
@@ -324,7 +325,7 @@ func (s *Server) newShadow(drop ShadowDropper, reg prometheus.Registerer) *shado
 	sp := s.spaces[1]
 	return newShadowCleaner(shadowParts{cell: s.cfg.Name, drop: drop, dbs: s.own.dbs, retention: s.cfg.ShadowRetention,
 		every: shadowCheckEvery, quiet: shadowQuiet(s.cfg), relayHeld: func() int { return relayHeld(sp.relay) }, audits: s.auditor, settle: s.pools[1].ReturnAll,
-		forget: func() { sp.closed.reset(); s.cache.forgetShadow() }, clock: s.clock, log: s.log}, reg)
+		forget: func() { sp.closed.reset(); s.cache.forgetShadow(); sp.relay.Reset() }, clock: s.clock, log: s.log}, reg)
 }
 
 // shadowQuiet is how long after its last stress traffic a cell may drop its

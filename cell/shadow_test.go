@@ -34,14 +34,14 @@ func TestShadowCleanup(t *testing.T) {
 	near, far := actIn(t, pre+"-near", a.cfg.Shards), actIn(t, pre+"-far", b.cfg.Shards)
 	owner := map[string]*testCell{near: a, far: b}
 
-	// Real money, settled: every claim credited and its outbox row marked.
+	// Real money, settled: every claim credited, and let go by the relay.
 	a.deposit(t, sender, 5000)
 	realPacket := a.send(t, sender, 1000, 2, "snd-real")
 	for _, who := range []string{near, far} {
 		o := openOne(t, a, nil, realPacket, who)
 		waitFor(t, 10*time.Second, func() bool { return owner[who].balance(t, who) == o.Amount }, "real credit of "+who)
-		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, ns, o.ClaimID) == 1 }, "real outbox row delivered")
 	}
+	waitFor(t, 10*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the real relay to let the delivered credits go")
 	// Stress traffic: the same people in the shadow tables; the packet sells out.
 	stressDeposit(t, a, sender, "dep-1", 3000)
 	oldPacket := stressSend(t, a, sender, 600, 2, "snd-1")
@@ -65,8 +65,8 @@ func TestShadowCleanup(t *testing.T) {
 	}
 	for _, c := range []*testCell{a, b} {
 		out := cleanShadow(t, c)
-		// cell-a made the sender's wallet, packet and claim tables and an
-		// outbox; cell-b its claimant's wallet tables.
+		// cell-a made the sender's wallet, packet and claim tables and a
+		// relay position; cell-b its claimant's wallet tables.
 		mine := shadowName(ns, sharding.ShardOfAct(map[*testCell]string{a: sender, b: far}[c]))
 		if out.Cell != c.name || !slices.Contains(out.Databases, mine) || out.Tables < map[*testCell]int{a: 5, b: 2}[c] || out.Owned != 50 || out.Reason != "admin" {
 			t.Fatalf("cleanup of %s: %+v, want %s among the databases", c.name, out, mine)
@@ -82,8 +82,8 @@ func TestShadowCleanup(t *testing.T) {
 		c      *testCell
 		before []string
 	}{{a, tablesA}, {b, tablesB}} {
-		// Tables may appear (the relay delivers what earlier tests on these
-		// servers left in their outboxes); none may go.
+		// Tables may appear (a relay delivers what earlier tests on these
+		// servers left uncredited, and saves positions); none may go.
 		if now := realTables(t, x.c.db, ns); slices.ContainsFunc(tableDiff(x.before, now), func(d string) bool { return d[0] == '-' }) {
 			t.Fatalf("real tables of %s's server dropped by the cleanup: %v", x.c.name, tableDiff(x.before, now))
 		}
@@ -123,8 +123,8 @@ func TestShadowCleanup(t *testing.T) {
 	for _, who := range []string{near, far} {
 		o := openOne(t, a, stress, packet, who)
 		waitFor(t, 10*time.Second, func() bool { return stressBalance(t, owner[who], who) == o.Amount }, "new shadow credit of "+who)
-		waitFor(t, 10*time.Second, func() bool { return outboxState(t, a.db, ns+"shadow_", o.ClaimID) == 1 }, "new shadow outbox row delivered")
 	}
+	waitFor(t, 10*time.Second, func() bool { return creditsPending(t, a, "shadow") == 0 }, "the shadow relay to let the new credits go")
 	if books, was := shadowAudit(t, a), after[a]; books.Claims-was.Claims != 2 || books.Claimed-was.Claimed != 400 || books.Deposits-was.Deposits != 3000 {
 		t.Fatalf("shadow books of %s after new traffic: %+v, after the cleanup %+v", a.name, books, was)
 	}
@@ -273,7 +273,7 @@ func listStrings(t *testing.T, db *sql.DB, q string) []string {
 }
 
 // realPrint reads the real rows of acts (accounts and flows) and packets
-// (packet, claims, outbox rows) on db's server: per table, the row count and
+// (packet, claims) on db's server: per table, the row count and
 // a checksum, the sum of CRC32 over every column of each row.
 func realPrint(t *testing.T, db *sql.DB, ns string, acts, packets []string) map[string][2]int64 {
 	t.Helper()
@@ -302,7 +302,6 @@ func realPrint(t *testing.T, db *sql.DB, ns string, acts, packets []string) map[
 		}
 		read(fmt.Sprintf("%sdb_%02d.t_packet_%d_%02d", ns, ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
 		read(fmt.Sprintf("%sdb_%02d.t_claim_%d_%02d", ns, ref.Shard.DB(), ref.Shard.Table(), ref.Day), "packet_id", id)
-		read(fmt.Sprintf("%sdb_%02d.t_outbox", ns, ref.Shard.DB()), "packet_id", id)
 	}
 	for k, v := range out {
 		if v[0] == 0 {

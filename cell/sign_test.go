@@ -21,8 +21,9 @@ import (
 
 // moneyRows is what a refused call must leave as it was, in both spaces (real
 // and shadow): the balances and flow rows of some accounts, the packets they
-// sent, and the claims, outbox rows and remainders of some packets. A table
-// that does not exist counts -1, so creating it shows as a change too.
+// sent, and the claims (with where their credits went) and remainders of
+// some packets. A table that does not exist counts -1, so creating it shows
+// as a change too.
 type moneyRows map[string]int64
 
 // rowDays are the days of month whose packet tables readMoneyRows counts:
@@ -50,7 +51,7 @@ func readMoneyRows(t *testing.T, db *sql.DB, acts, packetIDs []string) moneyRows
 			at := fmt.Sprintf("%sdb_%02d.", space, ref.Shard.DB())
 			rows[space+id+" claims"] = count(t, db, "SELECT COUNT(*) FROM "+at+fmt.Sprintf("t_claim_%d_%02d WHERE packet_id = ?", ref.Shard.Table(), ref.Day), id)
 			rows[space+id+" remaining"] = count(t, db, "SELECT COALESCE(SUM(remaining_amount), 0) FROM "+at+fmt.Sprintf("t_packet_%d_%02d WHERE packet_id = ?", ref.Shard.Table(), ref.Day), id)
-			rows[space+id+" outbox"] = count(t, db, "SELECT COUNT(*) FROM "+at+"t_outbox WHERE packet_id = ?", id)
+			rows[space+id+" claims sent"] = count(t, db, "SELECT COUNT(*) FROM "+at+fmt.Sprintf("t_claim_%d_%02d WHERE packet_id = ? AND dest <> ''", ref.Shard.Table(), ref.Day), id)
 		}
 	}
 	return rows
@@ -131,8 +132,8 @@ var forgeries = []struct {
 // refused with 401 UNAUTHENTICATED, and no row changes in either cell; the
 // same calls signed properly then succeed, so it was the signature that
 // stopped them. Every call is one the cluster could make, so the rows stay
-// ones the audit accepts: the credit is that of a real claim, held in the
-// outbox while the claimant's cell looks unreachable to the relay.
+// ones the audit accepts: the credit is that of a real claim, held by the
+// relay while the claimant's cell looks unreachable to it.
 func TestUnsignedCallsRefused(t *testing.T) {
 	peers := &staticPeers{}
 	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
@@ -201,15 +202,14 @@ func TestUnsignedCallsRefused(t *testing.T) {
 	if got := b.balance(t, claimant); got != claim.Amount {
 		t.Fatalf("claimant balance %d, want the claim's %d", got, claim.Amount)
 	}
-	// The relay finds the claimant's cell again; its redelivery changes nothing.
+	// The relay holds the claim until a delivery of its own is acknowledged:
+	// it finds the claimant's cell again, and its redelivery changes nothing.
+	if held := creditsPending(t, a, "real"); held < 1 {
+		t.Fatalf("%v credits held by the relay while the claimant's cell is unreachable, want at least 1", held)
+	}
 	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
 	peers.m.Store(good)
-	ref, _ := model.ParsePacketID(id)
-	waitFor(t, 10*time.Second, func() bool {
-		var state int
-		a.db.QueryRow(fmt.Sprintf("SELECT state FROM db_%02d.t_outbox WHERE claim_id = ?", ref.Shard.DB()), claim.ClaimID).Scan(&state)
-		return state == 1
-	}, "outbox row marked delivered")
+	waitFor(t, 10*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the relay's redelivery acknowledged and the credit let go")
 	if got := b.balance(t, claimant); got != claim.Amount {
 		t.Fatalf("claimant balance %d after the relay, want %d", got, claim.Amount)
 	}

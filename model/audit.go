@@ -10,20 +10,19 @@ import (
 // snapshot of that cell's database (storage.MySQL.Ledger). All amounts are cents.
 type Ledger struct {
 	Cell          string
-	Deposits      Cents                // sum of deposit flows
-	Rewards       Cents                // sum of reward flows: official-stage cash booked from an activity's budget
-	Withdrawals   Cents                // sum of withdraw flows (as a positive amount): money out to the person's bank
-	Balances      Cents                // sum of wallet balances
-	Sends         Cents                // sum of send flows (as a positive amount)
-	PacketTotals  Cents                // sum of packet amounts
-	OpenRemaining Cents                // money still inside packets (not claimed, not refunded)
-	RefundFlows   Cents                // sum of refund flows
-	RefundAmounts Cents                // sum of packets' refund_amount
-	Packets       int64                // packet rows read
-	Claims        map[string]Claim     // every claim made in this cell, by claim ID
-	Credits       map[string]Credit    // every claim credited in this cell, by claim ID
-	Outbox        map[string]OutboxRow // every outbox row of this cell, by claim ID
-	Problems      []string             // row-level breaks: balance != its flows, packet sums off, ...
+	Deposits      Cents             // sum of deposit flows
+	Rewards       Cents             // sum of reward flows: official-stage cash booked from an activity's budget
+	Withdrawals   Cents             // sum of withdraw flows (as a positive amount): money out to the person's bank
+	Balances      Cents             // sum of wallet balances
+	Sends         Cents             // sum of send flows (as a positive amount)
+	PacketTotals  Cents             // sum of packet amounts
+	OpenRemaining Cents             // money still inside packets (not claimed, not refunded)
+	RefundFlows   Cents             // sum of refund flows
+	RefundAmounts Cents             // sum of packets' refund_amount
+	Packets       int64             // packet rows read
+	Claims        map[string]Claim  // every claim made in this cell, by claim ID
+	Credits       map[string]Credit // every claim credited in this cell, by claim ID
+	Problems      []string          // row-level breaks: balance != its flows, packet sums off, ...
 	// The reward rows (t_reward) and the budgets homed in the cell
 	// (t_budget, t_budget_lease): cash in cents, coupon kinds only counted.
 	RewardRows RewardRows
@@ -34,19 +33,7 @@ type Ledger struct {
 
 // NewLedger returns an empty ledger of cell, its maps made.
 func NewLedger(cell string) Ledger {
-	return Ledger{Cell: cell, Claims: map[string]Claim{}, Credits: map[string]Credit{}, Outbox: map[string]OutboxRow{}}
-}
-
-// OutboxRow is a claim's row in the outbox of the claim's cell: whom the claim
-// is owed to, how much, and whether the relay has delivered it.
-type OutboxRow struct {
-	ClaimID   string
-	ActID     string
-	Shard     ShardID // the claimant's shard
-	Amount    Cents
-	Delivered bool
-	CreatedMS int64
-	Dest      string // where the credit was sent or applied (Credit.Dest); "" when not known
+	return Ledger{Cell: cell, Claims: map[string]Claim{}, Credits: map[string]Credit{}}
 }
 
 // Merge adds part's sums, rows and problems to l. A claim credited in both is
@@ -71,9 +58,6 @@ func (l *Ledger) Merge(part Ledger) {
 			c.Amount += prev.Amount
 		}
 		l.Credits[id] = c
-	}
-	for id, o := range part.Outbox {
-		l.Outbox[id] = o
 	}
 	l.Problems = append(l.Problems, part.Problems...)
 	l.RewardRows.merge(part.RewardRows)
@@ -193,10 +177,9 @@ func ownerOr(owner string) string {
 func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 0 }
 
 // Audit combines the cells' ledgers. It proves conservation and lists every
-// broken invariant it finds: per-cell sums that must match, claims without
-// their outbox row (or the other way round, or differing), credits without a
+// broken invariant it finds: per-cell sums that must match, credits without a
 // claim (invented money), credits of the wrong amount, a claim in two cells, a
-// claim marked delivered but never credited. A problem between rows names
+// claim credited in two cells. Claims not credited yet are in flight. A problem between rows names
 // where each row is (its cell and database), the act_ids and the amounts in
 // cents, so that an operator can find the rows.
 func Audit(ledgers []Ledger) AuditReport {
@@ -205,7 +188,6 @@ func Audit(ledgers []Ledger) AuditReport {
 	credits := map[string]Credit{}
 	claimAt := map[string][]placed[Claim]{}   // every claim row, by claim ID: where it is
 	creditAt := map[string][]placed[Credit]{} // every credit row, by claim ID: where it is
-	delivered := map[string]OutboxRow{}
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
@@ -230,16 +212,6 @@ func Audit(ledgers []Ledger) AuditReport {
 		for id, c := range l.Credits {
 			creditAt[id] = append(creditAt[id], placed[Credit]{l.Cell, c})
 			credits[id] = c
-		}
-		// A claim and its outbox row are written in one transaction of one
-		// cell, so each cell's claims must match its own outbox rows.
-		for _, p := range CompareOutbox(l.Claims, l.Outbox).Diffs.Problems() {
-			r.Problems = append(r.Problems, l.Cell+": "+p)
-		}
-		for id, o := range l.Outbox {
-			if o.Delivered {
-				delivered[id] = o
-			}
 		}
 	}
 	for id, at := range claimAt {
@@ -273,10 +245,6 @@ func Audit(ledgers []Ledger) AuditReport {
 		}
 		r.InFlight += c.Amount
 		r.InFlightCount++
-		if o, ok := delivered[id]; ok {
-			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is marked delivered but was never credited: %d cents owed to %s (claim in %s; the claimant's db_%02d)",
-				id, c.Amount, c.ActID, claimWhere(id, claimAt[id][len(claimAt[id])-1].cell), o.Shard.DB()))
-		}
 	}
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
 	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)

@@ -26,7 +26,9 @@ type CellAudit struct {
 	OpenRemaining Cents  `json:"open_remaining"` // money still inside packets
 	Packets       int64  `json:"packets"`
 	Claims        int    `json:"claims"`
-	OutboxPending int    `json:"outbox_pending"` // claims the relay has not delivered yet
+	// CreditsPending counts claims of this cell's packets whose claimants
+	// this cell serves and that are not credited here yet: the relay's lag.
+	CreditsPending int `json:"credits_pending"`
 	// CreditsElsewhere counts credits booked here for claims made in other
 	// cells: their claims are not in these rows.
 	CreditsElsewhere int `json:"credits_elsewhere"`
@@ -41,18 +43,17 @@ type CellAudit struct {
 func (a CellAudit) OK() bool { return a.Difference == 0 && len(a.Problems) == 0 }
 
 // AuditCell checks one cell's ledger by itself. owns tells which shards are
-// the cell's: a delivered claim whose claimant's shard is owned must be
-// credited here, and a credit for a claim of an owned packet shard must match
+// the cell's: a credit of a claim whose claimant's shard is owned must match
+// it here, and a credit for a claim of an owned packet shard must match
 // that claim here. It checks:
 //   - the ledger's row-level problems (balance != its flows, packet sums off);
 //   - deposits + rewards + credits + refunds - sends - withdrawals = balances
 //     (Difference);
 //   - send flows = packet totals, refund flows = packets' refunds, and packet
 //     totals = claims + refunds + remainders;
-//   - every claim has its outbox row with the same account and amount, and
-//     every outbox row its claim;
-//   - for its own claimants: every delivered claim is credited, to the same
-//     account with the same amount; every credit of an owned packet has its claim.
+//   - for its own claimants: every claim credited is credited to the same
+//     account with the same amount (one not credited yet is counted
+//     pending); every credit of an owned packet has its claim.
 //
 // It is CellBooks.Audit over what it derives from l (CellBooksOf): a store
 // that sums its rows in place fills CellBooks itself and gets the same report.
@@ -61,8 +62,7 @@ func AuditCell(l Ledger, owns func(ShardID) bool) CellAudit {
 }
 
 // CellBooks is what a cell's audit is computed from: the sums of its rows,
-// the row-level problems, and the differences between claims, outbox rows
-// and credits, counted by kind with a few claim IDs each. All amounts are cents.
+// the row-level problems, and the differences between claims and credits, counted by kind with a few claim IDs each. All amounts are cents.
 type CellBooks struct {
 	Cell             string
 	Deposits         Cents // deposit flows
@@ -78,14 +78,14 @@ type CellBooks struct {
 	OpenRemaining    Cents // money still inside packets
 	Packets          int64
 	Claims           int
-	OutboxPending    int      // claims matching their outbox row that is not delivered yet
+	CreditsPending   int      // claims of owned claimants not credited here yet
 	CreditsElsewhere int      // credits of claims whose packet shard is not owned
 	Problems         []string // row-level problems (Ledger.Problems)
 	Diffs            DiffTally
 }
 
 // CellBooksOf derives a cell's books from its ledger: the checks of
-// AuditCell between claims, outbox rows and credits, row by row.
+// AuditCell between claims and credits, row by row.
 func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 	b := CellBooks{Cell: l.Cell, Deposits: l.Deposits, Rewards: l.Rewards, RefundFlows: l.RefundFlows, Sends: l.Sends,
 		Withdrawals: l.Withdrawals, Balances: l.Balances, PacketTotals: l.PacketTotals, RefundAmounts: l.RefundAmounts,
@@ -96,18 +96,21 @@ func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 	for _, c := range l.Credits {
 		b.CreditsIn += c.Amount
 	}
-	ob := CompareOutbox(l.Claims, l.Outbox)
-	b.OutboxPending = len(ob.Pending)
-	diffs := ob.Diffs
-	var local []Credit
-	checked := map[string]bool{} // credits compared from the outbox side
-	for _, c := range ob.Delivered {
-		if owns(c.Shard) {
-			local = append(local, c)
-			checked[c.ClaimID] = true
+	diffs := Diffs{}
+	checked := map[string]bool{} // credits compared from the claim side
+	for id, c := range l.Claims {
+		if !owns(c.ActShard) {
+			continue // its claimant's cell checks the credit (recon, redcell audit)
 		}
+		cr, ok := l.Credits[id]
+		switch {
+		case !ok:
+			b.CreditsPending++
+		case cr.ActID != c.ActID || cr.Amount != c.Amount:
+			diffs.Add(DiffCreditMismatch, id)
+		}
+		checked[id] = true
 	}
-	diffs.Merge(CompareCredits(local, l.Credits).Diffs)
 	for id, cr := range l.Credits {
 		ref, _, err := ParseClaimID(id)
 		if err == nil && !owns(ref.Shard) {
@@ -135,7 +138,7 @@ func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 func (b CellBooks) Audit() CellAudit {
 	a := CellAudit{Cell: b.Cell, Deposits: b.Deposits, Rewards: b.Rewards, CreditsIn: b.CreditsIn, RefundFlows: b.RefundFlows,
 		Sends: b.Sends, Withdrawals: b.Withdrawals, Balances: b.Balances, PacketTotals: b.PacketTotals, Claimed: b.Claimed, RefundAmounts: b.RefundAmounts,
-		OpenRemaining: b.OpenRemaining, Packets: b.Packets, Claims: b.Claims, OutboxPending: b.OutboxPending,
+		OpenRemaining: b.OpenRemaining, Packets: b.Packets, Claims: b.Claims, CreditsPending: b.CreditsPending,
 		CreditsElsewhere: b.CreditsElsewhere, Differences: map[string]int{}}
 	a.Problems = append(a.Problems, b.Problems...)
 	a.Difference = a.Deposits + a.Rewards + a.CreditsIn + a.RefundFlows - a.Sends - a.Withdrawals - a.Balances

@@ -63,6 +63,18 @@ type Claim struct {
 	ActID     string   `json:"act_id"`
 	Amount    Cents    `json:"amount"`
 	CreatedMS int64    `json:"created_at_ms"`
+	// ActShard is the claimant's shard as the claim's row records it (the
+	// credit's Credit.Shard), and Dest the cell its credit was sent to or
+	// may have been applied at (Credit.Dest; "" when not known). The books
+	// read both; answers never carry them (0 and "" in a claim answered).
+	ActShard ShardID `json:"-"`
+	Dest     string  `json:"-"`
+}
+
+// CreditOf is the credit claim c owes its claimant: its ActShard, CreatedMS
+// and Dest carried over.
+func CreditOf(c Claim) Credit {
+	return Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: c.ActShard, Amount: c.Amount, CreatedMS: c.CreatedMS, Dest: c.Dest}
 }
 
 // OpenResult is the answer to one open in a batch: a claim (new, or the earlier
@@ -87,18 +99,21 @@ type Credit struct {
 	// and the receiving side never uses it.
 	CreatedMS int64 `json:"-"`
 	// Dest is the cell the credit was sent to or may have been applied at,
-	// as its outbox row records it: where the claimant's shard was owned
-	// when the claim was made, then where a delivery applied it. "" when not
-	// known (rows made before the record, fresh claims not yet delivered).
+	// as its claim's row records it: where the claimant's shard was owned
+	// when the claim was made, then where the relay sent it when that
+	// changed (SendTo). "" when not known (rows made before the record).
 	// The relay asks Dest before it delivers the credit to any other cell.
 	// Not sent between cells, like CreatedMS.
 	Dest string `json:"-"`
 }
 
-// OutboxPos is a position in an outbox, ordered by (CreatedMS, ClaimID).
-type OutboxPos struct {
+// ClaimPos is a position among a database's claims, ordered by
+// (CreatedMS, PacketID, Seq): the order the relay pages them in. The zero
+// ClaimPos is before every claim.
+type ClaimPos struct {
 	CreatedMS int64
-	ClaimID   string
+	PacketID  PacketID
+	Seq       int64
 }
 
 // Account is a wallet: the balance in cents.

@@ -11,28 +11,23 @@ import (
 // (Audit) name what they find with these; they are the label values of
 // redcell_recon_differences_total.
 const (
-	// DiffOutboxMissing: a claim without its outbox row; it would never be credited.
-	DiffOutboxMissing = "outbox_missing"
-	// DiffOutboxOrphan: an outbox row without its claim; it would credit money nobody claimed.
-	DiffOutboxOrphan = "outbox_orphan"
-	// DiffOutboxMismatch: an outbox row whose account or amount is not its claim's.
-	DiffOutboxMismatch = "outbox_mismatch"
-	// DiffCreditMissing: the relay marked a claim delivered, yet the claimant's
-	// wallet has no credit for it.
+	// DiffCreditMissing: a claim whose credit the claimant's wallet does
+	// not have although the relay was told it was applied (reconciliation
+	// names a claim uncredited past its settle time lag, and re-drives it).
 	DiffCreditMissing = "credit_missing"
 	// DiffCreditMismatch: a credit whose account or amount is not its claim's.
 	DiffCreditMismatch = "credit_mismatch"
 	// DiffCreditOrphan: a credit whose claim does not exist (invented money).
 	DiffCreditOrphan = "credit_orphan"
-	// DiffCreditElsewhere: the claimant's wallet has no credit for a claim
-	// the relay marked delivered, but the cell the credit was applied at
-	// (Credit.Dest) has it in its copy of the claimant's database, which it
-	// no longer serves: the database was handed over without that row.
+	// DiffCreditElsewhere: the claimant's wallet has no credit for a claim,
+	// but the cell the credit was sent to (Credit.Dest) has it in its copy
+	// of the claimant's database, which it no longer serves: the database
+	// was handed over without that row.
 	DiffCreditElsewhere = "credit_elsewhere"
 )
 
 // DiffKinds lists every kind of difference, in a fixed order.
-var DiffKinds = [...]string{DiffOutboxMissing, DiffOutboxOrphan, DiffOutboxMismatch, DiffCreditMissing, DiffCreditMismatch, DiffCreditOrphan, DiffCreditElsewhere}
+var DiffKinds = [...]string{DiffCreditMissing, DiffCreditMismatch, DiffCreditOrphan, DiffCreditElsewhere}
 
 // Tally counts rows and the cents they hold.
 type Tally struct {
@@ -89,50 +84,6 @@ func (d Diffs) Problems() []string {
 	return out
 }
 
-// OutboxCheck is the claims of a cell compared with its outbox rows.
-type OutboxCheck struct {
-	Claims    Tally       // claims read
-	Outbox    Tally       // outbox rows read
-	Matched   Tally       // claims whose outbox row agrees with them
-	Delivered []Credit    // matched claims the relay marked delivered: their credits can be checked
-	Pending   []OutboxRow // matched claims not delivered yet
-	Diffs     Diffs
-}
-
-// CompareOutbox checks that every claim has its outbox row, with the same
-// account and amount, and that every outbox row has its claim. The outbox's
-// primary key is the claim ID, so a claim has at most one row. Delivered and
-// Pending come out sorted by claim ID.
-func CompareOutbox(claims map[string]Claim, outbox map[string]OutboxRow) OutboxCheck {
-	r := OutboxCheck{Diffs: Diffs{}}
-	for id, c := range claims {
-		r.Claims.Add(c.Amount)
-		o, ok := outbox[id]
-		switch {
-		case !ok:
-			r.Diffs.Add(DiffOutboxMissing, id)
-		case o.ActID != c.ActID || o.Amount != c.Amount:
-			r.Diffs.Add(DiffOutboxMismatch, id)
-		default:
-			r.Matched.Add(c.Amount)
-			if o.Delivered {
-				r.Delivered = append(r.Delivered, Credit{ClaimID: id, PacketID: c.PacketID, ActID: c.ActID, Shard: o.Shard, Amount: c.Amount, Dest: o.Dest})
-			} else {
-				r.Pending = append(r.Pending, o)
-			}
-		}
-	}
-	for id, o := range outbox {
-		r.Outbox.Add(o.Amount)
-		if _, ok := claims[id]; !ok {
-			r.Diffs.Add(DiffOutboxOrphan, id)
-		}
-	}
-	sort.Slice(r.Delivered, func(i, j int) bool { return r.Delivered[i].ClaimID < r.Delivered[j].ClaimID })
-	sort.Slice(r.Pending, func(i, j int) bool { return r.Pending[i].ClaimID < r.Pending[j].ClaimID })
-	return r
-}
-
 // CreditCheck is delivered claims compared with the credits booked for them.
 type CreditCheck struct {
 	Matched Tally // claims credited to the right account with the right amount
@@ -158,12 +109,10 @@ func CompareCredits(want []Credit, found map[string]Credit) CreditCheck {
 }
 
 // ReconWindow is what reconciliation reads of one database for one window of
-// time, in one consistent read: the claims created in [FromMS, ToMS) and the
-// outbox rows created in the same window (a claim and its outbox row share
-// their creation time). ToMS may be below what was asked for when the window
-// held more rows than a read may take; the next window starts there.
+// time: the claims created in [FromMS, ToMS), each with its ActShard and
+// Dest. ToMS may be below what was asked for when the window held more rows
+// than a read may take; the next window starts there.
 type ReconWindow struct {
 	FromMS, ToMS int64
 	Claims       map[string]Claim
-	Outbox       map[string]OutboxRow
 }

@@ -90,7 +90,7 @@ func (c *cell) start() {
 	c.closed = map[model.PacketID]error{}
 	c.lanes, c.openBusy = map[int][]pendingOp{}, map[model.PacketID]bool{}
 	c.relay = newRelay(c)
-	c.every(relayInterval, c.relay.scan)
+	c.every(relayInterval, c.relay.tick)
 	c.every(expiryInterval, c.expire)
 }
 
@@ -415,6 +415,11 @@ func (c *cell) opened(ref model.PacketRef, batch []openWaiter, op *storage.Group
 		code, _ := model.CodeOf(err)
 		w.log.begin(w, "open-batch").s(c.name).s(string(id)).i(int64(len(batch))).s(code).end()
 		w.check.openFailed(ref)
+		if commitUnknown(err) {
+			// The claims may be committed though no answer says so (as
+			// cell/open.go): the relay reads the database's recent claims.
+			c.relay.markDB(ref.Shard.DB())
+		}
 		for _, wt := range batch {
 			c.reply(wt.id, errAnswer(err))
 		}
@@ -435,7 +440,7 @@ func (c *cell) opened(ref model.PacketRef, batch []openWaiter, op *storage.Group
 	w.check.opened(c, ref, reqs, results, p)
 	fresh := cellrelay.NewCredits(results) // as cell/open.go afterOpen
 	w.counts["open.claim"] += int64(len(fresh))
-	c.relay.dispatch(fresh)
+	c.relay.enqueue(fresh)
 	c.noteClosed(p)
 }
 

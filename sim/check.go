@@ -350,16 +350,45 @@ func (k *checker) afterEvent() {
 	}
 }
 
-// drained reports whether every outbox is delivered.
+// drained reports whether every claim is credited: every cell is up and its
+// relay holds nothing and has nothing left to read, and then (nothing more
+// would be delivered) every claim in the cluster's rows is credited. A claim
+// left uncredited then is a violation (credited-exactly-once) naming it.
 func (k *checker) drained() bool {
 	w := k.w
 	for _, c := range w.cells {
-		for _, db := range c.dbs {
-			n, _, err := c.store.OutboxLag(w.ctx, db)
-			if err != nil || n > 0 {
-				return false
-			}
+		if c.down || !c.relay.idle() {
+			return false
 		}
+	}
+	claims, credited := map[string]model.Claim{}, map[string]bool{}
+	for _, c := range w.cells {
+		l, err := c.store.Ledger(w.ctx, c.name)
+		if err != nil {
+			w.fail("ledger", nil, "Ledger of %s: %v", c.name, err)
+			return true
+		}
+		for id, cl := range l.Claims {
+			claims[id] = cl
+		}
+		for id := range l.Credits {
+			credited[id] = true
+		}
+	}
+	var lost []string
+	for id := range claims {
+		if !credited[id] {
+			lost = append(lost, id)
+		}
+	}
+	if len(lost) > 0 {
+		sort.Strings(lost)
+		cl, made := claims[lost[0]], "at an unknown time"
+		if ms := k.claimCreatedMS(lost[0]); ms > 0 {
+			made = fmt.Sprintf("at t=%d ms", ms-simStart.UnixMilli())
+		}
+		w.fail("credited-exactly-once", lost[:min(len(lost), 4)], "%d claims are not credited and no relay holds or will read them: %s (%s, %d cents, made %s)",
+			len(lost), lost[0], cl.ActID, cl.Amount, made)
 	}
 	return true
 }

@@ -131,7 +131,7 @@ const (
 	serviceTime    = 1 * time.Millisecond   // a cell answers this long after its store call
 	requestTimeout = 300 * time.Millisecond // a client gives an attempt up after this
 	attemptsMax    = 8                      // tries of one operation, the first included
-	relayInterval  = 100 * time.Millisecond // outbox scan period (cell.Config.RelayInterval)
+	relayInterval  = 100 * time.Millisecond // relay tick period: reads, offers again, saves (cell.Config.RelayInterval)
 	relayTimeout   = 1 * time.Second        // one delivery to another cell
 	expiryInterval = 500 * time.Millisecond // expiry pass period (cell.Config.ExpiryInterval)
 	packetExpiry   = 5 * time.Second        // a packet's life (cell.Config.PacketExpiry): short, so that packets expire all through a run

@@ -21,9 +21,11 @@
 //     credits an open batch owes (relay.NewCredits), their split into local
 //     and per-owner-cell groups (sharding.Map.GroupByOwner, which the relay's
 //     dispatch and recon's checkCredits use too), the batch and page bounds
-//     and the linger (relay.BatchMax, relay.ScanPagesMax, relay.Linger), the
-//     split of a receiver's deferred IDs (relay.SplitDeferred) and a deferred
-//     credit's backoff (relay.DeferralBackoff); the wire types of package api
+//     and the linger (relay.BatchMax, relay.ScanPagesMax, relay.Linger), how
+//     often positions are saved and how far behind now they stay
+//     (relay.PositionEvery, relay.Slack), the split of a receiver's deferred
+//     IDs (relay.SplitDeferred) and a deferred credit's backoff
+//     (relay.DeferralBackoff); the wire types of package api
 //     (requests and their Validate, answers with api.NewSendResponse and
 //     api.NewGrabResponse, the error envelope and its retryable flag through
 //     api.ErrorJSON); and each cell's store, storage/memstore, reached only
@@ -39,13 +41,22 @@
 //     cell/open.go's closedSetMax); with Config.Grouped, the commit lanes of
 //     strategy grouped (a lane per database, a 3 ms linger, at most 64 ops
 //     per storage.Grouper.CommitGroup, one batch of a packet in a lane at a
-//     time; the committer's settings and rules, not its code); the relay's control flow (cell/relay runs
-//     goroutines, lanes and a clock; the model is one event loop's timers: a
-//     lane per destination cell, the outbox scan of every database every
-//     interval for rows two intervals old (the relay reads only the marked
-//     ones between sweeps; the model reads more, never less), delivery, MarkDelivered, deferred credits tried again;
-//     a delivery to another cell is given up after 1 s, not the relay's 5 s,
-//     and a failed one is left to the next scan instead of pausing its lane)
+//     time; the committer's settings and rules, not its code); the relay's
+//     control flow (cell/relay runs goroutines, lanes and a clock; the model
+//     is one event loop's timers: the fresh claims of the open batches held
+//     in memory until a delivery is acknowledged, a lane per destination
+//     cell, delivery, deferred credits tried again; every interval the saved
+//     positions of the databases not loaded yet read (Store.RelayPositions),
+//     the claims past them read and delivered (Store.ClaimsAfter: after a
+//     start, and a database's last relay.Slack after an open batch whose
+//     commit's outcome is unknown, as cell/open.go's MarkDB), what no lane
+//     holds offered again after two intervals, and every relay.PositionEvery
+//     the positions saved (Store.SaveRelayPositions) of the databases whose
+//     claims came or went, never past a held claim; a delivery to another
+//     cell is given up after 1 s, not the relay's 5 s, and a failed one is
+//     offered again at the next interval instead of pausing its lane; no
+//     HeldMax bound, no Redrive: the simulated relays hold little and the
+//     model has no reconciliation)
 //     and expiry (what cell/expiry.go does: ExpiredIn, then Refund at the
 //     simulated time; a full scan every tenth pass instead of every ten
 //     minutes). The router is modelled as the stateless forwarder it is; its
@@ -59,8 +70,11 @@
 //   - The simulator's own: the event loop, the clock (a clock.Manual moved only
 //     by the loop; nothing reads the wall clock), the network (latency, drops,
 //     duplicates, reordering, cut links), cell crashes and restarts (the store
-//     survives, everything volatile is lost), the workload with its retries
-//     under the same order number, and the checkers.
+//     survives, everything volatile is lost: the relay's held claims too,
+//     read again past the saved positions by the next life), the workload
+//     with its retries under the same order number, and the checkers (the
+//     drain ends when every relay holds nothing and has nothing left to
+//     read, and every claim in the rows is then credited).
 //
 // Determinism: one goroutine; randomness comes from math/rand/v2 PCG sources
 // seeded from Config.Seed, one stream per component; no Go map is iterated

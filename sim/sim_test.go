@@ -47,7 +47,8 @@ func TestSimSeeds(t *testing.T) {
 				return
 			}
 			for _, kind := range []string{"net.drop", "net.duplicate", "net.slow", "cell.crash", "client.retry", "client.repeat_order",
-				"store.fail_commit", "relay.timeout", "relay.deferred", "credits.again", "credits.applied", "open.claim", "open.closed_answers", "answer.open.EXPIRED", "answer.open.SOLD_OUT",
+				"store.fail_commit", "relay.timeout", "relay.deferred", "relay.read", "relay.mark_db", "relay.saved", "relay.reoffered",
+				"credits.again", "credits.applied", "open.claim", "open.closed_answers", "answer.open.EXPIRED", "answer.open.SOLD_OUT",
 				"answer.send.OK", "answer.deposit.OK", "answer.grab.OK", "check.audit"} {
 				if r.Counts[kind] == 0 {
 					t.Errorf("seed %d: no %s in the run", seed, kind)

@@ -292,7 +292,8 @@ func (w *world) heal() {
 }
 
 // drain runs until every packet is past its expiry and refunded or sold out,
-// and every outbox is delivered, or fails after a bound of simulated time.
+// and every claim is credited (checker.drained), or fails after a bound of
+// simulated time.
 func (w *world) drain() {
 	until := w.client.lastExpiryMS + 3*expiryInterval.Milliseconds() + 5*relayInterval.Milliseconds()
 	limit := until + 120_000 // two minutes of simulated time to deliver what is left

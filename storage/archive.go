@@ -59,7 +59,8 @@ const ArchivedClaimsAge = 72 * time.Hour
 // snapshot sees a packet and its claims in one place, and the audits, which
 // read the archive as one more day, see the same sums before and after. A
 // packet still open (status 0) is left where it is and counted Unsettled.
-// Outbox rows and flows stay: they live in tables of their own. Run it with
+// Flows stay: they live in tables of their own. A claim keeps its columns (the
+// credit it owes, ActShard and Dest): the relay and the books read the archive as a day. Run it with
 // a cut older than the packet expiry plus the refund's own time (the cell's
 // retention), so no open or refund reaches a moved packet; reads by ID find
 // it in the archive (Packet, Claims, ClaimsOf).
@@ -189,7 +190,7 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS int64, re
 		if pn, err := r.RowsAffected(); err != nil || pn != int64(len(ids)) {
 			return errors.Join(err, fmt.Errorf("locked %d packets, copied %d", len(ids), pn))
 		}
-		r, err = tx.ExecContext(ctx, "INSERT INTO "+act+" (packet_id, seq, act_id, amount, created_ms) SELECT packet_id, seq, act_id, amount, created_ms FROM "+ct+in, ids...)
+		r, err = tx.ExecContext(ctx, "INSERT INTO "+act+" (packet_id, seq, act_id, amount, created_ms, act_shard, dest) SELECT packet_id, seq, act_id, amount, created_ms, act_shard, dest FROM "+ct+in, ids...)
 		if err != nil {
 			return err
 		}

@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -11,33 +13,43 @@ import (
 
 	"redcell/internal/retry"
 	"redcell/model"
+	"redcell/sharding"
 )
 
 // CellAudit checks this store's books as model.AuditCell checks its Ledger,
-// in one consistent snapshot, with the memory of the process bounded however
-// many rows there are. The server sums accounts, flows, packets and claims
-// per table and returns the accounts whose balance is not the sum of their
-// flows and the packets that do not add up (at most 100 per table, as
-// Ledger); it joins each claim table with its database's outbox by primary
-// key and returns one sum row and the claims without their outbox row or
-// differing from it; it counts each outbox, and names the rows without a
-// claim only when the counts say there are some; and it sorts every credit
-// and outbox row into one stream by claim ID, which is checked here one
-// claim ID at a time. What is kept: the sums, the count of each kind of
-// difference with its 10 smallest claim IDs (model.DiffTally), and up to
-// oddMax claims that disagree with their outbox row (whose credits are
-// compared with the claim itself, as model.AuditCell does).
+// with the memory of the process bounded however many rows there are. The
+// server sums accounts, flows and packets per table and returns the accounts
+// whose balance is not the sum of their flows and the packets that do not add
+// up (at most 100 per table, as Ledger). Claims and credits are compared as
+// two streams sorted by claim ID, merged here one claim ID at a time: every
+// credit flow in one statement over the flow tables; the claims in a series
+// of statements of at most claimChunk tables each, one per date of the claim
+// IDs (the packets' creation dates, read first) and run of shards, each
+// statement's claims following the last's. Per claim ID it counts and sums
+// the claim; a claim whose claimant's shard the cell owns (its act_shard, or
+// sharding.ShardOfAct of its act_id in a row made before that column) is
+// pending while no credit of it is booked here, and a credit_mismatch when
+// its credit names another account or amount; a credit of an owned packet
+// shard without its claim is a credit_orphan, or a credit_mismatch when it
+// differs from its claim (and was not compared from the claim's side); a
+// credit of another cell's packet is counted (CreditsElsewhere). What is
+// kept: the sums and the count of each kind of difference with its 10
+// smallest claim IDs (model.DiffTally).
 //
-// It reports what model.AuditCell reports of the Ledger on every store whose
-// claims each sit in the database of their outbox row (they are written in
-// one transaction there) and, where rows disagree, as long as at most oddMax
-// claims disagree with their outbox rows. Beyond that it may name a
-// difference differently: a claim is matched with the outbox of its own
-// database only; past oddMax a credit is compared with the outbox row of its
-// claim; a claim credited more than once is a credit_mismatch even if the
-// credits sum to the claim; at most 100 "credited twice" lines are written.
+// Everything but the credit stream is read in one consistent snapshot; the
+// credit stream in one of its own, begun just before it: every credit it
+// sees has its claim (committed before the credit) in the other, and a
+// credit booked in between only makes its claim look pending. It holds two
+// of the pool's connections while it reads (a cell's pool has at least two).
 //
-// Tables created while it reads make it start over with a new snapshot, up
+// It reports what model.AuditCell reports of the Ledger, but where a claim
+// is credited more than once: that is a credit_mismatch even if the credits
+// sum to the claim, and at most 100 "credited twice" lines are written;
+// where a claim ID is found in two claim tables: it is counted once, as its
+// first row; and where a claim sits in the table of another shard or day
+// than its ID names: it is counted, named in a problem line and not compared.
+//
+// Tables created while it reads make it start over with new snapshots, up
 // to 5 times, as Ledger does.
 func (m *MySQL) CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error) {
 	var b model.CellBooks
@@ -58,12 +70,24 @@ const doubleCreditLines = 100
 
 func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellBooks, error) {
 	b := model.CellBooks{Cell: cell}
-	tx, byKind, exists, done, err := m.snapshotTables(ctx, "cell audit")
+	// The credits' snapshot begins first (see CellAudit).
+	cr, err := m.db.Conn(ctx)
+	if err != nil {
+		return b, fmt.Errorf("storage: cell audit: %w", err)
+	}
+	if _, err := cr.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
+		cr.Close()
+		return b, fmt.Errorf("storage: cell audit: %w", err)
+	}
+	defer func() {
+		_, _ = cr.ExecContext(context.Background(), "ROLLBACK")
+		cr.Close()
+	}()
+	tx, byKind, _, done, err := m.snapshotTables(ctx, "cell audit")
 	if err != nil {
 		return b, err
 	}
 	defer done()
-	hasOutbox := func(db int) bool { return exists[tableRef{kind: "outbox", shard: model.ShardID(db * 10)}] }
 
 	// Sums and row-level problems of accounts and packets: Ledger's statements.
 	l := model.NewLedger(cell)
@@ -116,85 +140,11 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 		return b, fmt.Errorf("storage: cell audit of flow tables: %w", err)
 	}
 
-	// Claims against their database's outbox: one sum row per table, then
-	// one row per claim without its outbox row ('m') or differing from it ('x').
-	withRow := map[int]int64{} // by database: claims that have an outbox row
-	var odd oddClaims          // claims and outbox rows that disagree
-	claimSQL := func(t tableRef) string {
-		c := m.claimTable(t.shard, t.day)
-		if !hasOutbox(t.shard.DB()) {
-			return fmt.Sprintf("SELECT 's' AS k, %d AS db, COUNT(*) AS n, COALESCE(SUM(amount), 0) AS v, 0 AS w, 0 AS p, '' AS id, '' AS act FROM %s "+
-				"UNION ALL SELECT 'm', 0, 0, amount, 0, 0, CONCAT(packet_id, 'c', seq), act_id FROM %s", t.shard.DB(), c, c)
-		}
-		o := m.outboxTable(t.shard.DB())
-		join := " FROM " + c + " c LEFT JOIN " + o + " o ON o.claim_id = CONCAT(c.packet_id, 'c', c.seq)"
-		agree := "(o.act_id = c.act_id AND o.amount = c.amount)"
-		return fmt.Sprintf("SELECT 's' AS k, %d AS db, COUNT(*) AS n, COALESCE(SUM(c.amount), 0) AS v, COALESCE(SUM(o.claim_id IS NOT NULL), 0) AS w, "+
-			"COALESCE(SUM(o.claim_id IS NOT NULL AND %s AND o.state <> 1), 0) AS p, '' AS id, '' AS act%s "+
-			"UNION ALL SELECT IF(o.claim_id IS NULL, 'm', 'x'), 0, 0, c.amount, 0, 0, CONCAT(c.packet_id, 'c', c.seq), c.act_id%s "+
-			"WHERE o.claim_id IS NULL OR NOT %s", t.shard.DB(), agree, join, join, agree)
-	}
-	type claimPart struct {
-		b       model.CellBooks
-		withRow map[int]int64
-		odd     oddClaims
-	}
-	err = readTables(ctx, tx, byKind["claim"], claimSQL, func(rows *sql.Rows, p *claimPart) error {
-		for rows.Next() {
-			var k, id, act string
-			var db, n, sum, with, pending int64
-			if err := rows.Scan(&k, &db, &n, &sum, &with, &pending, &id, &act); err != nil {
-				return err
-			}
-			if k != "s" {
-				p.odd.add(id, &model.Claim{ID: id, ActID: act, Amount: model.Cents(sum)})
-			}
-			switch k {
-			case "s":
-				p.b.Claims += int(n)
-				p.b.Claimed += model.Cents(sum)
-				p.b.OutboxPending += int(pending)
-				p.withRow[int(db)] += with
-			case "m":
-				p.b.Diffs.Add(model.DiffOutboxMissing, id)
-			default:
-				p.b.Diffs.Add(model.DiffOutboxMismatch, id)
-			}
-		}
-		return nil
-	}, func() claimPart { return claimPart{withRow: map[int]int64{}} }, func(p claimPart) {
-		mergeBooks(&b, p.b)
-		for db, n := range p.withRow {
-			withRow[db] += n
-		}
-		odd.merge(p.odd)
-	})
+	segs, err := m.claimSegments(ctx, tx, byKind["claim"])
 	if err != nil {
-		return b, fmt.Errorf("storage: cell audit of claim tables: %w", err)
+		return b, err
 	}
-
-	// Outbox rows without their claim: counted per database, named only when
-	// there are some.
-	var outboxes []tableRef
-	claimsOf := map[int][]tableRef{}
-	for _, t := range byKind["claim"] {
-		claimsOf[t.shard.DB()] = append(claimsOf[t.shard.DB()], t)
-	}
-	for _, t := range byKind["outbox"] {
-		outboxes = append(outboxes, t)
-		var n int64
-		if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.outboxTable(t.shard.DB())).Scan(&n); err != nil {
-			return b, fmt.Errorf("storage: cell audit of outbox of db %d: %w", t.shard.DB(), err)
-		}
-		if n == withRow[t.shard.DB()] {
-			continue
-		}
-		if err := m.outboxOrphans(ctx, tx, t.shard.DB(), claimsOf[t.shard.DB()], &b.Diffs, &odd); err != nil {
-			return b, err
-		}
-	}
-
-	if err := m.auditCredits(ctx, tx, byKind["flow"], outboxes, owns, odd, &b); err != nil {
+	if err := m.auditClaims(ctx, cr, tx, byKind["flow"], segs, owns, &b); err != nil {
 		return b, err
 	}
 	sort.Strings(b.Problems)
@@ -211,133 +161,260 @@ func mergeBooks(b *model.CellBooks, p model.CellBooks) {
 	b.Withdrawals += p.Withdrawals
 	b.Claimed += p.Claimed
 	b.Claims += p.Claims
-	b.OutboxPending += p.OutboxPending
+	b.CreditsPending += p.CreditsPending
 	b.Problems = append(b.Problems, p.Problems...)
 	b.Diffs.Merge(p.Diffs)
 }
 
-// outboxOrphans names the outbox rows of database db whose claim is in none
-// of its claim tables (claims). Only called when the counts say there are some.
-func (m *MySQL) outboxOrphans(ctx context.Context, tx rowsQueryer, db int, claims []tableRef, d *model.DiffTally, odd *oddClaims) error {
-	q := "SELECT claim_id FROM " + m.outboxTable(db) + " o"
-	var conds []string
-	for _, t := range claims {
-		conds = append(conds, "NOT EXISTS (SELECT 1 FROM "+m.claimTable(t.shard, t.day)+
-			" c WHERE c.packet_id = LEFT(o.claim_id, 27) AND CONCAT(c.packet_id, 'c', c.seq) = o.claim_id)")
-	}
-	if len(conds) > 0 {
-		q += " WHERE " + strings.Join(conds, " AND ")
-	}
-	rows, err := tx.QueryContext(ctx, q)
-	if err != nil {
-		return fmt.Errorf("storage: cell audit, outbox orphans of db %d: %w", db, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		d.Add(model.DiffOutboxOrphan, id)
-		odd.add(id, nil)
-	}
-	return rows.Err()
+// claimChunk bounds the claim tables one statement of a cell audit reads
+// (a statement over thousands of tables fails).
+const claimChunk = ledgerChunk
+
+// claimSegment is one statement of the claim stream: the claims of date (the
+// first 8 characters of their IDs) in tables, all of other shards than the
+// segments of that date before it, in shard order.
+type claimSegment struct {
+	date   string
+	tables []tableRef
 }
 
-// auditCredits compares every credit with the outbox rows and the claims, as
-// model.AuditCell does: delivered rows of owned claimants without their
-// credit or differing from it, credits of owned packets without their claim
-// or differing from it (unless compared from the outbox side already),
-// credits of other cells' packets (counted), and claims credited more than
-// once. The server reads every credit and outbox row into one stream sorted
-// by claim ID; this merges it one claim ID at a time, so it holds only the
-// rows of one claim. odd holds the claims that disagree with their outbox
-// row (or have none), which are compared with the claim itself.
-func (m *MySQL) auditCredits(ctx context.Context, tx rowsQueryer, flows, outboxes []tableRef, owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks) error {
-	var parts []string
-	for _, t := range flows {
-		parts = append(parts, "SELECT IF(order_no LIKE 'claim:%', SUBSTRING(order_no, 7), order_no) AS id, 1 AS src, act_id AS act, "+
-			"amount, 0 AS state, 0 AS shard FROM "+m.flowTable(t.shard)+" WHERE kind = 'credit'")
+// claimSegments reads which dates the claim IDs of each claim table hold
+// (claimChunk tables a statement) and lays out the claim stream: by date,
+// then by shard, claimChunk tables (with a shard's day and archive tables
+// in one) a segment. A table created after the snapshot began holds no row
+// it sees and is left out.
+func (m *MySQL) claimSegments(ctx context.Context, tx rowsQueryer, claims []tableRef) ([]claimSegment, error) {
+	byDate := map[string][]tableRef{}
+	datesSQL := func(t tableRef) string {
+		return fmt.Sprintf("SELECT %d AS s, %d AS d, LEFT(packet_id, 8) AS dt FROM %s GROUP BY dt", int(t.shard), t.day, m.claimTable(t.shard, t.day))
 	}
-	for _, t := range outboxes {
-		parts = append(parts, "SELECT claim_id, 0, act_id, amount, state, act_shard FROM "+m.outboxTable(t.shard.DB()))
-	}
-	if len(parts) == 0 {
+	err := readTables(ctx, tx, claims, datesSQL, func(rows *sql.Rows, p *map[string][]tableRef) error {
+		for rows.Next() {
+			var t tableRef
+			var date string
+			if err := rows.Scan(&t.shard, &t.day, &date); err != nil {
+				return err
+			}
+			t.kind = "claim"
+			(*p)[date] = append((*p)[date], t)
+		}
 		return nil
-	}
-	rows, err := tx.QueryContext(ctx, "SELECT id, src, act, amount, state, shard FROM ("+strings.Join(parts, " UNION ALL ")+
-		") u ORDER BY CAST(id AS BINARY), src")
+	}, func() map[string][]tableRef { return map[string][]tableRef{} }, func(p map[string][]tableRef) {
+		for d, ts := range p {
+			byDate[d] = append(byDate[d], ts...)
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("storage: cell audit of credits: %w", err)
+		return nil, fmt.Errorf("storage: cell audit, dates of claims: %w", err)
 	}
-	defer rows.Close()
-	var g creditGroup
-	twice := 0
-	for rows.Next() {
-		var id, act string
-		var src, state int
-		var amount int64
-		var shard model.ShardID
-		if err := rows.Scan(&id, &src, &act, &amount, &state, &shard); err != nil {
+	var segs []claimSegment
+	for _, date := range slices.Sorted(maps.Keys(byDate)) {
+		ts := byDate[date]
+		slices.SortFunc(ts, func(a, b tableRef) int { return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.day, b.day)) })
+		for len(ts) > 0 {
+			n := min(claimChunk, len(ts))
+			for n < len(ts) && n > 1 && ts[n].shard == ts[n-1].shard {
+				n-- // a shard's tables in one segment: their claims interleave
+			}
+			segs = append(segs, claimSegment{date: date, tables: ts[:n]})
+			ts = ts[n:]
+		}
+	}
+	return segs, nil
+}
+
+// auditClaims compares every claim with the credits booked for it, and every
+// credit with its claim, as model.CellBooksOf does (see CellAudit), and
+// counts and sums the claims. The credits stream from cr, the claims from
+// tx, segment after segment; both sorted by claim ID, they are merged here
+// one claim ID at a time, so it holds only the rows of one claim.
+func (m *MySQL) auditClaims(ctx context.Context, cr, tx rowsQueryer, flows []tableRef, segs []claimSegment, owns func(model.ShardID) bool, b *model.CellBooks) error {
+	credits := &creditStream{}
+	if len(flows) > 0 {
+		parts := make([]string, 0, len(flows))
+		for _, t := range flows {
+			parts = append(parts, "SELECT IF(order_no LIKE 'claim:%', SUBSTRING(order_no, 7), order_no) AS id, act_id AS act, amount FROM "+
+				m.flowTable(t.shard)+" WHERE kind = 'credit'")
+		}
+		rows, err := cr.QueryContext(ctx, "SELECT id, act, amount FROM ("+strings.Join(parts, " UNION ALL ")+") u ORDER BY CAST(id AS BINARY)")
+		if err != nil {
 			return fmt.Errorf("storage: cell audit of credits: %w", err)
 		}
-		if id != g.id {
-			twice += g.check(owns, odd, b, twice)
-			g = creditGroup{id: id}
+		defer rows.Close()
+		credits.rows = rows
+	}
+	claims := &claimStream{ctx: ctx, m: m, tx: tx, segs: segs}
+	defer claims.close()
+	if err := credits.next(); err != nil {
+		return err
+	}
+	if err := claims.next(b); err != nil {
+		return err
+	}
+	twice := 0
+	for credits.ok || claims.ok {
+		id := claims.id
+		if !claims.ok || credits.ok && credits.id < id {
+			id = credits.id
 		}
-		if src == 0 {
-			if !g.hasOutbox { // a second row of one claim ID (in two databases) is an orphan of its own
-				g.hasOutbox, g.outbox = true, model.OutboxRow{ClaimID: id, ActID: act, Amount: model.Cents(amount), Delivered: state == 1, Shard: shard}
+		g := claimGroup{id: id}
+		for claims.ok && claims.id == id {
+			if g.claim == nil { // a second row of one claim ID (in two tables) is not counted again
+				c := claims.claim
+				g.claim = &c
+				b.Claims++
+				b.Claimed += c.Amount
 			}
-			continue
+			if err := claims.next(b); err != nil {
+				return err
+			}
 		}
-		g.acts = append(g.acts, act)
-		g.sum += model.Cents(amount)
+		for credits.ok && credits.id == id {
+			g.acts = append(g.acts, credits.act)
+			g.sum += credits.amount
+			if err := credits.next(); err != nil {
+				return err
+			}
+		}
+		twice += g.check(owns, b, twice)
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("storage: cell audit of credits: %w", err)
-	}
-	twice += g.check(owns, odd, b, twice)
 	if twice > doubleCreditLines {
 		b.Problems = append(b.Problems, fmt.Sprintf("%d more credits of claims credited twice", twice-doubleCreditLines))
 	}
 	return nil
 }
 
-// creditGroup is what the cell holds of one claim ID: its outbox row and
-// the credits booked for it.
-type creditGroup struct {
-	id        string
-	hasOutbox bool
-	outbox    model.OutboxRow
-	acts      []string    // accounts credited, as read
-	sum       model.Cents // credited in all
+// creditStream is the credit flows in claim ID order: the current one
+// (ok false once read to the end).
+type creditStream struct {
+	rows   *sql.Rows
+	ok     bool
+	id     string
+	act    string
+	amount model.Cents
+}
+
+func (c *creditStream) next() error {
+	c.ok = false
+	if c.rows == nil {
+		return nil
+	}
+	if c.rows.Next() {
+		c.ok = true
+		if err := c.rows.Scan(&c.id, &c.act, &c.amount); err != nil {
+			return fmt.Errorf("storage: cell audit of credits: %w", err)
+		}
+		return nil
+	}
+	if err := c.rows.Err(); err != nil {
+		return fmt.Errorf("storage: cell audit of credits: %w", err)
+	}
+	return nil
+}
+
+// claimStream is the claims in claim ID order, read segment by segment: the
+// current one (ok false once read to the end).
+type claimStream struct {
+	ctx   context.Context
+	m     *MySQL
+	tx    rowsQueryer
+	segs  []claimSegment
+	rows  *sql.Rows
+	ok    bool
+	id    string
+	claim model.Claim
+}
+
+// next moves to the next claim. A claim in the table of another shard or
+// day than its ID names cannot be placed in the order: it is counted in b,
+// named in a problem line and skipped.
+func (c *claimStream) next(b *model.CellBooks) error {
+	c.ok = false
+	for {
+		if c.rows == nil {
+			if len(c.segs) == 0 {
+				return nil
+			}
+			seg := c.segs[0]
+			c.segs = c.segs[1:]
+			var u union
+			for _, t := range seg.tables {
+				u.add(fmt.Sprintf("SELECT CONCAT(packet_id, 'c', seq) AS id, act_id, amount, act_shard, %d AS s, %d AS d FROM %s WHERE packet_id LIKE ?",
+					int(t.shard), t.day, c.m.claimTable(t.shard, t.day)), seg.date+"%")
+			}
+			q, args := u.sql()
+			rows, err := c.tx.QueryContext(c.ctx, "SELECT id, act_id, amount, act_shard, s, d FROM ("+q+") u ORDER BY CAST(id AS BINARY)", args...)
+			if err != nil {
+				return fmt.Errorf("storage: cell audit of claims of %s: %w", seg.date, err)
+			}
+			c.rows = rows
+		}
+		if !c.rows.Next() {
+			err := c.rows.Err()
+			c.close()
+			if err != nil {
+				return fmt.Errorf("storage: cell audit of claims: %w", err)
+			}
+			continue
+		}
+		var cl model.Claim
+		var shard, tableShard model.ShardID
+		var day int
+		if err := c.rows.Scan(&cl.ID, &cl.ActID, &cl.Amount, &shard, &tableShard, &day); err != nil {
+			return fmt.Errorf("storage: cell audit of claims: %w", err)
+		}
+		cl.ActShard = shard
+		if shard < 0 {
+			cl.ActShard = sharding.ShardOfAct(cl.ActID)
+		}
+		if ref, _, err := model.ParseClaimID(cl.ID); err != nil || ref.Shard != tableShard || day != ArchiveDay && ref.Day != day {
+			b.Claims++
+			b.Claimed += cl.Amount
+			b.Problems = append(b.Problems, fmt.Sprintf("claim %s of %d cents to %s is in the claim table of shard %d, day %d",
+				cl.ID, cl.Amount, cl.ActID, tableShard, day))
+			continue
+		}
+		c.ok, c.id, c.claim = true, cl.ID, cl
+		return nil
+	}
+}
+
+func (c *claimStream) close() {
+	if c.rows != nil {
+		c.rows.Close()
+		c.rows = nil
+	}
+}
+
+// claimGroup is what the cell holds of one claim ID: its claim (nil when
+// there is none) and the credits booked for it.
+type claimGroup struct {
+	id    string
+	claim *model.Claim
+	acts  []string    // accounts credited, as read
+	sum   model.Cents // credited in all
 }
 
 // check adds what the group shows to b, as model.CellBooksOf does, and
 // returns how many "credited twice" lines it found (written while shown+found
 // stays within doubleCreditLines).
-func (g creditGroup) check(owns func(model.ShardID) bool, odd oddClaims, b *model.CellBooks, shown int) int {
-	if g.id == "" && !g.hasOutbox && len(g.acts) == 0 {
+func (g claimGroup) check(owns func(model.ShardID) bool, b *model.CellBooks, shown int) int {
+	if g.claim == nil && len(g.acts) == 0 {
 		return 0
 	}
-	// The claim: from the outbox row when the two agree, else as found.
-	var claim *model.Claim
-	if odd.has(g.id) {
-		claim = odd.claims[g.id]
-	} else if g.hasOutbox {
-		claim = &model.Claim{ID: g.id, ActID: g.outbox.ActID, Amount: g.outbox.Amount}
+	differs := func() bool {
+		return len(g.acts) != 1 || g.acts[0] != g.claim.ActID || g.sum != g.claim.Amount
 	}
-	differs := func(act string, amount model.Cents) bool {
-		return len(g.acts) != 1 || g.acts[0] != act || g.sum != amount
-	}
-	checked := g.hasOutbox && g.outbox.Delivered && !odd.has(g.id) && owns(g.outbox.Shard)
-	if checked {
-		switch {
-		case len(g.acts) == 0:
-			b.Diffs.Add(model.DiffCreditMissing, g.id)
-		case differs(g.outbox.ActID, g.outbox.Amount):
-			b.Diffs.Add(model.DiffCreditMismatch, g.id)
+	checked := false // compared from the claim's side
+	if c := g.claim; c != nil {
+		if owns(c.ActShard) {
+			checked = true
+			switch {
+			case len(g.acts) == 0:
+				b.CreditsPending++
+			case differs():
+				b.Diffs.Add(model.DiffCreditMismatch, g.id)
+			}
 		}
 	}
 	if len(g.acts) == 0 {
@@ -357,50 +434,13 @@ func (g creditGroup) check(owns func(model.ShardID) bool, odd oddClaims, b *mode
 	switch {
 	case err == nil && !owns(ref.Shard):
 		b.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
-	case err != nil || claim == nil:
+	case err != nil || g.claim == nil:
 		b.Diffs.Add(model.DiffCreditOrphan, g.id)
-	case !checked && differs(claim.ActID, claim.Amount):
+	case !checked && differs():
 		b.Diffs.Add(model.DiffCreditMismatch, g.id)
 	}
 	return found
 }
-
-// oddMax bounds the claims a cell audit compares with their credits one by
-// one (claims that disagree with their outbox rows). Past it the audit names
-// those differences as the server's joins find them.
-const oddMax = 10_000
-
-// oddClaims are claims that disagree with their outbox row, by claim ID: the
-// claim (nil for an outbox row without one). Over oddMax it holds none and
-// says so: has then answers false for every ID.
-type oddClaims struct {
-	claims map[string]*model.Claim
-	over   bool
-}
-
-func (o *oddClaims) add(id string, c *model.Claim) {
-	if o.over {
-		return
-	}
-	if o.claims == nil {
-		o.claims = map[string]*model.Claim{}
-	}
-	o.claims[id] = c
-	if len(o.claims) > oddMax {
-		o.claims, o.over = nil, true
-	}
-}
-
-func (o *oddClaims) merge(p oddClaims) {
-	if p.over {
-		o.claims, o.over = nil, true
-	}
-	for id, c := range p.claims {
-		o.add(id, c)
-	}
-}
-
-func (o oddClaims) has(id string) bool { _, ok := o.claims[id]; return ok }
 
 // readTables runs sqlOf of each table, ledgerChunk tables to a UNION ALL
 // statement, scans each statement's rows into a fresh part (newPart) and

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
@@ -136,52 +137,6 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 			t.Errorf("%s: balance %d with %d credit flows, want %d with 1", c.ActID, b, n, c.Amount)
 		}
 	}
-	if skipped, err := m.MarkDelivered(bg, credits); err != nil || skipped != 0 {
-		t.Fatal(skipped, err)
-	}
-}
-
-// TestMarkDeliveredSkipsLockedRows: one of three outbox rows is held locked by
-// another transaction; MarkDelivered does not wait for it: it marks the other
-// two at once and leaves that one pending, to be marked by a later call.
-func TestMarkDeliveredSkipsLockedRows(t *testing.T) {
-	m := openStore(t)
-	pre := testenv.Prefix()
-	credits := claimsFor(t, m, pre, []string{pre + "-a", pre + "-b", pre + "-c"})
-	bg := context.Background()
-	if _, _, err := m.ApplyCredits(bg, credits); err != nil {
-		t.Fatal(err)
-	}
-	ref, _, _ := model.ParseClaimID(credits[0].ClaimID)
-	outbox := m.outboxTable(ref.Shard.DB())
-	state := func(c model.Credit) (st int) {
-		if err := m.db.QueryRow("SELECT state FROM "+outbox+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	release := hold(t, m, sql.LevelReadCommitted, "SELECT state FROM "+outbox+" WHERE claim_id = ? FOR UPDATE", credits[1].ClaimID)
-	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
-	defer cancel()
-	start := time.Now()
-	skipped, err := m.MarkDelivered(ctx, credits)
-	if took := time.Since(start); err != nil || skipped != 1 || took > time.Second {
-		t.Fatalf("with one row locked: %d skipped, err %v after %s; want the other 2 marked at once", skipped, err, took)
-	}
-	for i, want := range []int{1, 0, 1} {
-		if st := state(credits[i]); st != want {
-			t.Errorf("row %d: state %d, want %d", i, st, want)
-		}
-	}
-	release()
-	if skipped, err := m.MarkDelivered(bg, credits); err != nil || skipped != 0 {
-		t.Fatal(skipped, err)
-	}
-	for i := range credits {
-		if st := state(credits[i]); st != 1 {
-			t.Errorf("row %d after the lock: state %d, want 1", i, st)
-		}
-	}
 }
 
 // claimsInTwoDBs makes two claims (by pre-x, pre-y) on a packet of one
@@ -197,149 +152,113 @@ func claimsInTwoDBs(t *testing.T, m *MySQL, pre string) (a, b []model.Credit) {
 	return a, claimsFor(t, m, preB, []string{pre + "-x", pre + "-z"})
 }
 
-// TestMarkDeliveredAcrossDatabases: one call marks the outbox rows of claims
-// on packets of two databases (one transaction); a row held locked in one of
-// them is skipped and the rest of both are marked.
-func TestMarkDeliveredAcrossDatabases(t *testing.T) {
+// TestRelayReadsAndWritesOneRoundTrip: the relay's reads and writes on
+// MariaDB cost one round trip each, whatever the number of claim tables or
+// databases: ClaimsAfter of one database (a UNION of its claim tables) finds
+// its own claims only, with their claimant shard; SendTo of claims in two
+// databases records the dest in both; SaveRelayPositions of two databases
+// and RelayPositions read them back.
+func TestRelayReadsAndWritesOneRoundTrip(t *testing.T) {
 	m := openStore(t)
-	pre := testenv.Prefix()
-	a, b := claimsInTwoDBs(t, m, pre)
+	ctx := context.Background()
+	a, b := claimsInTwoDBs(t, m, testenv.Prefix())
 	refA, _, _ := model.ParseClaimID(a[0].ClaimID)
 	refB, _, _ := model.ParseClaimID(b[0].ClaimID)
-	all := append(slices.Clone(a), b...)
-	if n, _, err := m.ApplyCredits(context.Background(), all); err != nil || n != len(all) {
-		t.Fatal(n, err) // credited first, as the relay does, so the rows stay ones the audit accepts
-	}
-	state := func(c model.Credit) (st int) {
-		ref, _, _ := model.ParseClaimID(c.ClaimID)
-		if err := m.db.QueryRow("SELECT state FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil {
+	trips := func(fn func() error) int64 {
+		t.Helper()
+		before := m.RoundTrips()
+		if err := fn(); err != nil {
 			t.Fatal(err)
 		}
-		return st
+		return m.RoundTrips() - before
 	}
-	release := hold(t, m, sql.LevelReadCommitted, "SELECT state FROM "+m.outboxTable(refB.Shard.DB())+" WHERE claim_id = ? FOR UPDATE", b[1].ClaimID)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 1 {
-		t.Fatalf("%d skipped, err %v; want the locked one", skipped, err)
+	if _, err := m.dayTables(ctx); err != nil { // the table list, read once a minute
+		t.Fatal(err)
 	}
-	for i, want := range []int{1, 1, 1, 0} {
-		if st := state(all[i]); st != want {
-			t.Errorf("row %d (db %d): state %d, want %d", i, []int{refA.Shard.DB(), refA.Shard.DB(), refB.Shard.DB(), refB.Shard.DB()}[i], st, want)
+	var got []model.Credit
+	if n := trips(func() (err error) {
+		got, _, err = m.ClaimsAfter(ctx, refA.Shard.DB(), 0, model.ClaimPos{}, m.nowMS()+1, 100_000)
+		return err
+	}); n != 1 {
+		t.Errorf("ClaimsAfter: %d round trips, want 1", n)
+	}
+	found := 0
+	for _, c := range got {
+		for _, w := range a {
+			if c.ClaimID == w.ClaimID {
+				found++
+				if c.ActID != w.ActID || c.Amount != w.Amount || c.Shard != w.Shard || c.CreatedMS <= 0 {
+					t.Errorf("claim %s read as %+v, want %+v", w.ClaimID, c, w)
+				}
+			}
+		}
+		for _, w := range b {
+			if c.ClaimID == w.ClaimID {
+				t.Errorf("claim %s of db_%02d read from db_%02d", w.ClaimID, refB.Shard.DB(), refA.Shard.DB())
+			}
 		}
 	}
-	release()
-	if skipped, err := m.MarkDelivered(context.Background(), all); err != nil || skipped != 0 {
-		t.Fatal(skipped, err)
+	if found != len(a) {
+		t.Fatalf("ClaimsAfter of db_%02d found %d of its %d claims", refA.Shard.DB(), found, len(a))
 	}
-	if st := state(all[3]); st != 1 {
-		t.Errorf("the row locked before: state %d, want 1", st)
+	both := append(append([]model.Credit(nil), a...), b...)
+	if n := trips(func() error { return m.SendTo(ctx, both, "cell-q") }); n != 1 {
+		t.Errorf("SendTo of claims in two databases: %d round trips, want 1", n)
 	}
-}
-
-// TestMarkDeliveredOneRoundTrip: a delivered batch whose rows are all
-// pending and unlocked, over two databases and two dests, is marked in one
-// round trip, each row with its dest; marking it again (every row marked
-// before) takes the exact path and skips nothing.
-func TestMarkDeliveredOneRoundTrip(t *testing.T) {
-	m := openStore(t)
-	pre := testenv.Prefix()
-	a, b := claimsInTwoDBs(t, m, pre)
-	all := append(slices.Clone(a), b...)
-	ctx := context.Background()
-	if n, _, err := m.ApplyCredits(ctx, all); err != nil || n != len(all) {
-		t.Fatal(n, err)
-	}
-	all[0].Dest, all[1].Dest, all[2].Dest = "cell-x", "cell-y", "cell-x"
-	before := m.RoundTrips()
-	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 0 {
-		t.Fatalf("mark: %d skipped, %v", skipped, err)
-	}
-	if n := m.RoundTrips() - before; n != 1 {
-		t.Errorf("marking 4 pending rows of 2 databases: %d round trips, want 1", n)
-	}
-	for i, want := range []string{"cell-x", "cell-y", "cell-x", ""} {
-		ref, _, _ := model.ParseClaimID(all[i].ClaimID)
-		var st int
+	for _, c := range both {
+		ref, seq, _ := model.ParseClaimID(c.ClaimID)
 		var dest string
-		if err := m.db.QueryRow("SELECT state, dest FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", all[i].ClaimID).Scan(&st, &dest); err != nil {
-			t.Fatal(err)
-		}
-		if st != 1 || dest != want {
-			t.Errorf("row %d: state %d dest %q, want 1 %q", i, st, dest, want)
+		if err := m.db.QueryRow("SELECT dest FROM "+m.claimTable(ref.Shard, ref.Day)+" WHERE packet_id = ? AND seq = ?", string(ref.ID), seq).Scan(&dest); err != nil || dest != "cell-q" {
+			t.Errorf("claim %s: dest %q (%v), want cell-q", c.ClaimID, dest, err)
 		}
 	}
-	all[3].Dest = "cell-z" // marked before: its dest stays
-	before = m.RoundTrips()
-	if skipped, err := m.MarkDelivered(ctx, all); err != nil || skipped != 0 {
-		t.Fatalf("mark again: %d skipped, %v; want 0 (marked before)", skipped, err)
+	pos := map[int]int64{refA.Shard.DB(): 1_000, refB.Shard.DB(): 2_000}
+	if n := trips(func() error { return m.SaveRelayPositions(ctx, pos) }); n != 1 {
+		t.Errorf("SaveRelayPositions of two databases: %d round trips, want 1", n)
 	}
-	if n := m.RoundTrips() - before; n < 2 {
-		t.Errorf("marking rows marked before: %d round trips, want the exact path's", n)
-	}
-	ref, _, _ := model.ParseClaimID(all[3].ClaimID)
-	var dest string
-	if err := m.db.QueryRow("SELECT dest FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", all[3].ClaimID).Scan(&dest); err != nil || dest != "" {
-		t.Errorf("a row marked before took a new dest: %q (%v)", dest, err)
+	var read map[int]int64
+	if n := trips(func() (err error) {
+		read, err = m.RelayPositions(ctx, []int{refA.Shard.DB(), refB.Shard.DB()})
+		return err
+	}); n != 1 || read[refA.Shard.DB()] != 1_000 || read[refB.Shard.DB()] != 2_000 {
+		t.Errorf("RelayPositions: %v in %d round trips, want %v in 1", read, n, pos)
 	}
 }
 
-// TestMarkDeliveredOneStatement: a delivered batch of one database and dest
-// (a hot packet's credits) is marked by its UPDATE alone, in autocommit: one
-// statement, no BEGIN or COMMIT (the session counters of the store's only
-// connection); two databases take the transaction.
-func TestMarkDeliveredOneStatement(t *testing.T) {
-	m, err := Open(testenv.MySQLDSN(t, 1), 1)
+// TestRelayPositionFromLegacyOutbox: a database upgraded from a version with
+// an outbox table has no saved position; RelayPositions gives the creation
+// time of its oldest undelivered outbox row, or a minute before now when
+// none is undelivered, and a saved position wins over both. A database
+// without either is absent.
+func TestRelayPositionFromLegacyOutbox(t *testing.T) {
+	m, _, _ := ContractMySQL(t, clock.Real{}) // a namespace of its own, dropped at the end
+	ctx := context.Background()
+	const a, b, c = 31, 32, 33
+	now := m.nowMS()
+	for _, db := range []int{a, b} {
+		d := m.tableNamesOf().db[db]
+		for _, q := range []string{"CREATE DATABASE IF NOT EXISTS " + d + dbDefaults,
+			"CREATE TABLE " + d + ".t_outbox (claim_id VARCHAR(40) NOT NULL PRIMARY KEY, state TINYINT NOT NULL, created_ms BIGINT NOT NULL)"} {
+			if _, err := m.db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	da := m.tableNamesOf().db[a]
+	if _, err := m.db.ExecContext(ctx, "INSERT INTO "+da+".t_outbox VALUES ('x1', 1, 1000), ('x2', 0, 5000), ('x3', 0, 7000)"); err != nil {
+		t.Fatal(err)
+	}
+	pos, err := m.RelayPositions(ctx, []int{a, b, c})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { m.Close() })
-	ctx := context.Background()
-	pre := testenv.Prefix()
-	a, b := claimsInTwoDBs(t, m, pre)
-	all := append(slices.Clone(a), b...)
-	if n, _, err := m.ApplyCredits(ctx, all); err != nil || n != len(all) {
-		t.Fatal(n, err)
+	if pos[a] != 5000 || pos[b] < now-2*legacyUndelivered.Milliseconds() || pos[b] > m.nowMS() || len(pos) != 2 {
+		t.Fatalf("positions %v, want db %d at 5000 (its oldest undelivered row), db %d about a minute before %d, db %d absent", pos, a, b, now, c)
 	}
-	counters := func() map[string]int64 {
-		t.Helper()
-		out := map[string]int64{}
-		for _, k := range []string{"Com_update", "Com_begin", "Com_commit"} {
-			out[k] = sessionCount(t, m.db, k)
-		}
-		return out
+	if err := m.SaveRelayPositions(ctx, map[int]int64{a: 9000}); err != nil {
+		t.Fatal(err)
 	}
-	mark := func(cs []model.Credit) map[string]int64 {
-		t.Helper()
-		before := counters()
-		if skipped, err := m.MarkDelivered(ctx, cs); err != nil || skipped != 0 {
-			t.Fatalf("mark: %d skipped, %v", skipped, err)
-		}
-		after := counters()
-		for k := range after {
-			after[k] -= before[k]
-		}
-		return after
-	}
-	if got := mark(a); got["Com_update"] != 1 || got["Com_begin"] != 0 || got["Com_commit"] != 0 {
-		t.Errorf("one database: %v, want 1 UPDATE and no BEGIN or COMMIT", got)
-	}
-	if got := mark(b); got["Com_update"] != 1 || got["Com_begin"] != 0 || got["Com_commit"] != 0 {
-		t.Errorf("the other database: %v", got)
-	}
-	for _, c := range all {
-		ref, _, _ := model.ParseClaimID(c.ClaimID)
-		var st int
-		if err := m.db.QueryRow("SELECT state FROM "+m.outboxTable(ref.Shard.DB())+" WHERE claim_id = ?", c.ClaimID).Scan(&st); err != nil || st != 1 {
-			t.Errorf("%s: state %d (%v), want 1", c.ClaimID, st, err)
-		}
-	}
-	c, d := claimsInTwoDBs(t, m, pre+"2")
-	two := append(slices.Clone(c), d...)
-	if n, _, err := m.ApplyCredits(ctx, two); err != nil || n != len(two) {
-		t.Fatal(n, err)
-	}
-	if got := mark(two); got["Com_update"] != 2 || got["Com_begin"] != 1 || got["Com_commit"] != 1 {
-		t.Errorf("two databases: %v, want 2 UPDATEs in one transaction", got)
+	if pos, err := m.RelayPositions(ctx, []int{a}); err != nil || pos[a] != 9000 {
+		t.Fatalf("after a save: %v, %v; want the saved 9000", pos, err)
 	}
 }

@@ -4,7 +4,7 @@ package storage
 // fall back: a failure in the last shard's statements after earlier shards'
 // ran, batches over creditRowsMax, the same credits twice in one
 // transaction, and overlapping batches at once. Synthetic credits (no
-// outbox rows) in a namespace of their own.
+// claims) in a namespace of their own.
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 )
 
 // ownNamespaceStore is a store with a namespace of its own (dropped at the end), so
-// synthetic credits (no outbox rows) never meet other tests' rows.
+// synthetic credits (no claims) never meet other tests' rows.
 func ownNamespaceStore(t *testing.T) *MySQL {
 	t.Helper()
 	m := openStore(t)

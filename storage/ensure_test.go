@@ -63,17 +63,17 @@ func TestEnsureReadsTheSchema(t *testing.T) {
 	if n := trips(batch, func() error { return batch.EnsureShards(ctx, []model.ShardID{123, 124, 125, 123}) }); n != 1 {
 		t.Errorf("EnsureShards of 3 made shards: %d round trips, want 1", n)
 	}
-	if n := trips(batch, func() error { return batch.EnsureShards(ctx, []model.ShardID{124, 125, 126}) }); n < 1+6 {
+	if n := trips(batch, func() error { return batch.EnsureShards(ctx, []model.ShardID{124, 125, 126}) }); n < int64(1+len(batch.shardDDL(126))) {
 		t.Errorf("EnsureShards of 2 made shards and a new one: %d round trips, want the new one's probe and DDL", n)
 	}
 	if ok, err := batch.schemaHas(ctx, batch.shardNeeds(126)); err != nil || !ok {
 		t.Errorf("after EnsureShards: shard 126's tables present = %v (%v)", ok, err)
 	}
 
-	// Older versions: the outbox without dest, the claim table without
-	// k_created. A new process adds them.
+	// Older versions: the claim table without k_created, act_shard and
+	// dest. A new process adds them.
 	for _, q := range []string{
-		"ALTER TABLE " + first.outboxTable(s.DB()) + " DROP COLUMN dest",
+		"ALTER TABLE " + first.claimTable(s, day) + " DROP COLUMN dest, DROP COLUMN act_shard",
 		"ALTER TABLE " + first.claimTable(s, day) + " DROP INDEX k_created",
 	} {
 		if _, err := first.db.ExecContext(ctx, q); err != nil {
@@ -81,10 +81,10 @@ func TestEnsureReadsTheSchema(t *testing.T) {
 		}
 	}
 	old := open()
-	if n := trips(old, func() error { return old.EnsureDay(ctx, s, day) }); n < 1+6+4 {
+	if n := trips(old, func() error { return old.EnsureDay(ctx, s, day) }); n < int64(1+len(old.dayDDL(s, day))) {
 		t.Errorf("EnsureDay of old tables: %d round trips, want the probes and the DDL", n)
 	}
-	for _, need := range append(old.dayNeeds(s, day), needOf(old.outboxTable(s.DB()), "dest", "")) {
+	for _, need := range append(old.dayNeeds(s, day), needOf(old.claimTable(s, day), "act_shard", "")) {
 		ok, err := old.schemaHas(ctx, []schemaNeed{need})
 		if err != nil || !ok {
 			t.Errorf("after EnsureDay: %+v present = %v (%v), want true", need, ok, err)

@@ -24,7 +24,7 @@ import (
 // claims), each kind of row one UNION ALL, sent as one multi-statement query
 // (the packets on their own, first, when the group also creates wallets); the
 // decisions in memory, in list order; one multi-statement write of every
-// flow, balance, packet, claim and outbox row. Credit batches follow, after
+// flow, balance, packet and claim row. Credit batches follow, after
 // every other op whatever their place in the list, each with its own no-wait
 // statements (applyCreditsTx), then COMMIT.
 //
@@ -757,9 +757,7 @@ type groupWrites struct {
 	newN       map[dayKey]int
 	claims     map[dayKey][]any // claim table → rows
 	claimN     map[dayKey]int
-	outbox     map[int][]any // database → rows
-	outboxN    map[int]int
-	dest       func(model.ShardID) string     // a new outbox row's dest (MySQL.creditDest)
+	dest       func(model.ShardID) string     // a new claim's dest (MySQL.creditDest)
 	packets    map[model.PacketID]groupPacket // packets opened: their final state
 }
 
@@ -808,7 +806,6 @@ func (w *groupWrites) newPacket(s model.ShardID, q model.Packet) {
 func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
 	if w.claims == nil {
 		w.claims, w.claimN = map[dayKey][]any{}, map[dayKey]int{}
-		w.outbox, w.outboxN = map[int][]any{}, map[int]int{}
 	}
 	if w.packets == nil {
 		w.packets = map[model.PacketID]groupPacket{}
@@ -816,11 +813,8 @@ func (w *groupWrites) open(ref model.PacketRef, out model.OpenOutcome) {
 	t := dayKey{ref.Shard, ref.Day}
 	for i, c := range out.Fresh {
 		cr := out.Credits[i]
-		w.claims[t] = append(w.claims[t], string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS)
+		w.claims[t] = append(w.claims[t], string(ref.ID), c.Seq, c.ActID, c.Amount, c.CreatedMS, int(cr.Shard), w.dest(cr.Shard))
 		w.claimN[t]++
-		db := ref.Shard.DB()
-		w.outbox[db] = append(w.outbox[db], cr.ClaimID, string(ref.ID), cr.ActID, int(cr.Shard), cr.Amount, c.CreatedMS, w.dest(cr.Shard))
-		w.outboxN[db]++
 	}
 	w.packets[ref.ID] = groupPacket{ref, out.Packet}
 }
@@ -849,11 +843,7 @@ func (w *groupWrites) sql(m *MySQL) (string, []any) {
 		b.add("INSERT INTO "+m.packetTable(t.shard, t.day)+" ("+packetCols+") VALUES "+rowsOf(w.newN[t], 13), w.newPackets[t]...)
 	}
 	for _, t := range sortedDays(w.claims) {
-		b.add("INSERT INTO "+m.claimTable(t.shard, t.day)+" (packet_id, seq, act_id, amount, created_ms) VALUES "+rowsOf(w.claimN[t], 5), w.claims[t]...)
-	}
-	for _, db := range sortedKeys(w.outbox) {
-		b.add("INSERT INTO "+m.outboxTable(db)+" (claim_id, packet_id, act_id, act_shard, amount, created_ms, dest) VALUES "+
-			rowsOf(w.outboxN[db], 7), w.outbox[db]...)
+		b.add("INSERT INTO "+m.claimTable(t.shard, t.day)+" (packet_id, seq, act_id, amount, created_ms, act_shard, dest) VALUES "+rowsOf(w.claimN[t], 7), w.claims[t]...)
 	}
 	for _, id := range sortedKeys(w.packets) {
 		gp := w.packets[id]

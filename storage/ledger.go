@@ -15,7 +15,7 @@ import (
 
 // tableRef is a table found on the server, with its indexes parsed back to ints.
 type tableRef struct {
-	kind  string // account, flow, packet, claim, outbox
+	kind  string // account, flow, packet, claim, or a table of which a database has one (dbTables)
 	shard model.ShardID
 	day   int
 }
@@ -23,7 +23,8 @@ type tableRef struct {
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
 // dbTables are the tables of which a database has one, by name: their kind.
-var dbTables = map[string]string{"t_outbox": "outbox", "t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease",
+// (A t_outbox left by an older version is not listed: nothing reads it.)
+var dbTables = map[string]string{"t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease",
 	"t_coupon_req": "coupon_req", "t_coupon": "coupon"}
 
 // tables lists redcell's tables on the server.
@@ -73,15 +74,16 @@ func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) 
 const ledgerChunk = 100
 
 // Ledger reads every money row of this store in one consistent snapshot (the
-// claims, credits and outbox rows one by one, the rest as sums) and checks the
+// claims, each with its ActShard and Dest, and the credits one by one, the
+// rest as sums) and checks the
 // row-level invariants: each balance equals the sum of its flows, each
 // packet's claims + refund + remainder equal its amount and its claim count plus
 // remaining count equal its count, an open packet holds at least a cent per share.
 //
 // Tables being created while it reads (a cell creates day tables ahead) can make
 // one read fail; it then starts over with a new snapshot, up to 5 times. It
-// holds every claim, credit and outbox row in memory (about 1.4 KiB of heap
-// per claim with its outbox row and credit: 1.4 GiB for 1,000,000 claims), so
+// holds every claim and credit in memory (about 1 KiB of heap per claim with
+// its credit: 1 GiB for 1,000,000 claims), so
 // it serves `redcell audit`, which matches claims and credits across cells;
 // the cell's own audit uses CellAudit, which does not.
 func (m *MySQL) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
@@ -164,7 +166,6 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		{"flow", m.ledgerFlowSQL, scanFlows},
 		{"packet", m.ledgerPacketSQL, scanPackets},
 		{"claim", m.ledgerClaimSQL, scanClaims},
-		{"outbox", m.ledgerOutboxSQL, scanOutbox},
 	}
 	if err := m.ledgerRewards(ctx, tx, byKind, &l); err != nil {
 		return l, err
@@ -296,43 +297,23 @@ func scanPackets(rows *sql.Rows, l *model.Ledger) error {
 }
 
 func (m *MySQL) ledgerClaimSQL(t tableRef) string {
-	return "SELECT packet_id, seq, act_id, amount FROM " + m.claimTable(t.shard, t.day)
+	return "SELECT " + claimCreditCols + " FROM " + m.claimTable(t.shard, t.day)
 }
 
+// scanClaims reads claims as the ledger holds them: ID, packet, seq,
+// account, amount, ActShard (computed from act_id for a row made before the
+// column existed) and Dest. CreatedMS is left 0, as the in-memory store's
+// ledger leaves it: the audits do not read it.
 func scanClaims(rows *sql.Rows, l *model.Ledger) error {
 	for rows.Next() {
-		var c model.Claim
-		if err := rows.Scan(&c.PacketID, &c.Seq, &c.ActID, &c.Amount); err != nil {
-			return err
-		}
-		c.ID = model.ClaimID(c.PacketID, c.Seq)
-		l.Claims[c.ID] = c
-	}
-	return nil
-}
-
-func (m *MySQL) ledgerOutboxSQL(t tableRef) string {
-	return "SELECT claim_id, act_id, act_shard, amount, state, created_ms FROM " + m.outboxTable(t.shard.DB())
-}
-
-func scanOutbox(rows *sql.Rows, l *model.Ledger) error {
-	for rows.Next() {
-		o, err := scanOutboxRow(rows)
+		cr, pos, err := scanClaimCredit(rows)
 		if err != nil {
 			return err
 		}
-		l.Outbox[o.ClaimID] = o
+		l.Claims[cr.ClaimID] = model.Claim{ID: cr.ClaimID, PacketID: cr.PacketID, Seq: pos.Seq, ActID: cr.ActID, Amount: cr.Amount,
+			ActShard: cr.Shard, Dest: cr.Dest}
 	}
 	return nil
-}
-
-// scanOutboxRow reads the columns claim_id, act_id, act_shard, amount, state, created_ms.
-func scanOutboxRow(rows *sql.Rows) (model.OutboxRow, error) {
-	var o model.OutboxRow
-	var state int
-	err := rows.Scan(&o.ClaimID, &o.ActID, &o.Shard, &o.Amount, &state, &o.CreatedMS)
-	o.Delivered = state == 1
-	return o, err
 }
 
 // readChunk runs the UNION ALL of parts, scans it into a fresh ledger and

@@ -325,20 +325,20 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 		c := res[0].Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount, CreatedMS: c.CreatedMS})
 	}
-	pending, _, err := m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 1000)
+	pending, _, err := m.ClaimsAfter(ctx, ref.Shard.DB(), 0, model.ClaimPos{}, time.Now().UnixMilli(), 100_000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	found := 0
 	for _, p := range pending {
 		for _, c := range credits {
-			if p == c {
+			if p.ClaimID == c.ClaimID && p.ActID == c.ActID && p.Amount == c.Amount && p.Shard == c.Shard && p.CreatedMS == c.CreatedMS {
 				found++
 			}
 		}
 	}
 	if found != 3 {
-		t.Fatalf("outbox holds %d of the 3 claims", found)
+		t.Fatalf("the claims read back hold %d of the 3 credits owed", found)
 	}
 	for i := 0; i < 3; i++ { // deliver three times
 		n, deferred, err := m.ApplyCredits(ctx, credits)
@@ -352,17 +352,6 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 	for _, c := range credits {
 		if b := balance(t, m, c.ActID); b != c.Amount {
 			t.Fatalf("%s balance %d, claim %d", c.ActID, b, c.Amount)
-		}
-	}
-	if _, err := m.MarkDelivered(ctx, credits); err != nil {
-		t.Fatal(err)
-	}
-	pending, _, _ = m.PendingCredits(ctx, ref.Shard.DB(), time.Now().UnixMilli(), 0, "", 100000)
-	for _, p := range pending {
-		for _, c := range credits {
-			if p.ClaimID == c.ClaimID {
-				t.Fatalf("claim %s still pending after delivery", c.ClaimID)
-			}
 		}
 	}
 }

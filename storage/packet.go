@@ -170,7 +170,7 @@ func (m *MySQL) claimsPage(ctx context.Context, ref model.PacketRef, afterSeq in
 
 // OpenBatch opens packet ref once for each request, in order, in ONE
 // transaction: a group of one open through CommitGroup (lock the packet row,
-// decide by model.Open, insert the new claims and their outbox rows, update
+// decide by model.Open, insert the new claims (each its own outbox row), update
 // the packet, commit; the earlier claims are read only when a repeat or a
 // refusal needs them). A user listed twice gets one claim. Per-request
 // errors: ErrSoldOut, ErrExpired, ErrNotFound. An error for the whole batch

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -16,42 +17,43 @@ import (
 // ReconWindow reads what reconciliation compares for database db (0..99): the
 // claims created in [fromMS, toMS) in the claim tables of shards (all of db)
 // for the given days of month (and the archive's, for a window older than
-// ArchivedClaimsAge), and db's outbox rows created in the same window. Both come from one statement, so from one consistent read: a claim
-// and its outbox row commit together, and the read sees both or neither.
+// ArchivedClaimsAge), each with the credit it owes: its claimant's shard
+// (ActShard; a row made before the column existed gets
+// sharding.ShardOfAct(act_id)) and Dest. They come from one statement, a
+// UNION ALL of the claim tables, each read by its k_created index.
 //
-// A window is read whole when it holds at most 2×limit rows (claims and outbox
-// rows together, about limit of each). A bigger one is cut short at the
-// creation time of the first outbox row past limit (never below fromMS+1, so
-// one millisecond's rows are read whole however many) and read again; the
-// result's ToMS says where it ended. If the cut window still holds more than
-// 4×limit rows, its claims and outbox rows disagree by more than a window's
-// worth, and that is an error.
+// A window is read whole when it holds at most limit claims. A bigger one is
+// cut short at the creation time of the claim past limit (never below
+// fromMS+1, so one millisecond's claims are read whole however many) and
+// read again; the result's ToMS says where it ended. If the cut window then
+// holds more than 2×limit claims (claims appeared in it between the two
+// reads), that is an error, and the window is read again by the next pass.
+// A database none of whose claim tables exists reads empty.
 func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
-	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}, Outbox: map[string]model.OutboxRow{}}
+	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}}
 	for _, s := range shards {
 		if s.DB() != db {
 			return w, fmt.Errorf("storage: recon window: shard %d is not in db %d", s, db)
 		}
 	}
+	if limit < 1 {
+		return w, fmt.Errorf("storage: recon window: limit %d", limit)
+	}
 	if fromMS < m.nowMS()-ArchivedClaimsAge.Milliseconds() {
 		// A window this old may hold claims the archive moved.
 		days = append(slices.Clone(days), ArchiveDay)
 	}
-	err := m.readReconWindowRetry(ctx, db, shards, days, 2*limit, &w)
+	err := m.readReconWindowRetry(ctx, shards, days, limit, &w)
 	if errors.Is(err, errWindowFull) {
 		var cut int64
-		err = m.db.QueryRowContext(ctx, "SELECT created_ms FROM "+m.outboxTable(db)+
-			" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ? ORDER BY created_ms LIMIT 1 OFFSET ?",
-			fromMS, toMS, limit).Scan(&cut)
-		if err == nil || errors.Is(err, sql.ErrNoRows) { // no row: the claims, not the outbox, filled the window
-			if err == nil {
-				w.ToMS = max(cut, fromMS+1)
+		if cut, err = m.reconCut(ctx, shards, days, fromMS, toMS, limit); err == nil {
+			w.ToMS = max(cut, fromMS+1)
+			maxRows := 2 * limit
+			if w.ToMS == fromMS+1 {
+				maxRows = math.MaxInt - 1 // one millisecond is read whole
 			}
-			err = m.readReconWindowRetry(ctx, db, shards, days, 4*limit, &w)
+			err = m.readReconWindowRetry(ctx, shards, days, maxRows, &w)
 		}
-	}
-	if errors.Is(err, errNoOutbox) {
-		return w, nil // no shard of db was ever used: nothing to read
 	}
 	if err != nil {
 		return w, fmt.Errorf("storage: recon window of db %d: %w", db, err)
@@ -59,40 +61,14 @@ func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 	return w, nil
 }
 
-// Why a window was not read.
-var (
-	errWindowFull = errors.New("storage: recon window holds too many rows")
-	errNoOutbox   = errors.New("storage: no outbox table")
-)
+// errWindowFull: a recon window holds more claims than a read takes.
+var errWindowFull = errors.New("storage: recon window holds too many claims")
 
-// readReconWindowRetry reads the window; when a claim table in the cached list
-// went away it reads the list again and retries once. errNoOutbox: the
-// database has no outbox table and no claim table is known in it.
-func (m *MySQL) readReconWindowRetry(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
-	missing := func(err error) bool { return isMySQLErr(err, errNoSuchTable) }
-	return retry.Do(ctx, retry.Policy{Attempts: 2, Retryable: missing, Clock: m.clock}, func(int) error {
-		clear(w.Claims)
-		clear(w.Outbox)
-		claimTables, err := m.readReconWindow(ctx, db, shards, days, maxRows, w)
-		if !missing(err) {
-			return err
-		}
-		if claimTables == 0 {
-			// Only the outbox was read, so it is what is missing; the claim
-			// tables of a shard are made after its outbox, so none exist either.
-			return errNoOutbox
-		}
-		m.forgetTables()
-		return err
-	})
-}
-
-// readReconWindow reads the window in one statement and returns how many
-// claim tables it read.
-func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) (int, error) {
+// reconTables lists the claim tables of shards for days known to exist.
+func (m *MySQL) reconTables(ctx context.Context, shards []model.ShardID, days []int) ([]tableRef, error) {
 	tables, err := m.dayTables(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	want := map[tableRef]bool{}
 	for _, s := range shards {
@@ -100,46 +76,85 @@ func (m *MySQL) readReconWindow(ctx context.Context, db int, shards []model.Shar
 			want[tableRef{kind: "claim", shard: s, day: d}] = true
 		}
 	}
-	// Every part returns: kind, claim or packet ID, act_id, shard (outbox) or
-	// seq (claim), amount, state, created_ms, dest (outbox; '' for claims).
-	parts := []string{"(SELECT 'o', claim_id, act_id, act_shard, amount, state, created_ms, dest FROM " + m.outboxTable(db) +
-		" WHERE state IN (0, 1) AND created_ms >= ? AND created_ms < ?)"}
-	args := []any{w.FromMS, w.ToMS}
+	var out []tableRef
 	for _, t := range tables {
 		if want[t] {
-			parts = append(parts, "(SELECT 'c', packet_id, act_id, seq, amount, 0, created_ms, '' FROM "+m.claimTable(t.shard, t.day)+
-				" WHERE created_ms >= ? AND created_ms < ?)")
-			args = append(args, w.FromMS, w.ToMS)
+			out = append(out, t)
 		}
 	}
-	args = append(args, maxRows+1)
-	claimTables := len(parts) - 1
-	rows, err := m.db.QueryContext(ctx, strings.Join(parts, " UNION ALL ")+" LIMIT ?", args...)
-	if err != nil {
-		return claimTables, err
-	}
-	defer rows.Close()
-	n := 0
-	for rows.Next() {
-		if n++; n > maxRows {
-			return claimTables, fmt.Errorf("window [%d, %d) holds more than %d claims and outbox rows: %w", w.FromMS, w.ToMS, maxRows, errWindowFull)
+	return out, nil
+}
+
+// retryMissing runs read, and when a table in the cached list went away
+// (a shard handed over) reads the list again and runs it once more.
+func (m *MySQL) retryMissing(ctx context.Context, read func() error) error {
+	missing := func(err error) bool { return isMySQLErr(err, errNoSuchTable) }
+	return retry.Do(ctx, retry.Policy{Attempts: 2, Retryable: missing, Clock: m.clock}, func(int) error {
+		err := read()
+		if missing(err) {
+			m.forgetTables()
 		}
-		var kind, id, act, dest string
-		var num, amount, createdMS int64
-		var state int
-		if err := rows.Scan(&kind, &id, &act, &num, &amount, &state, &createdMS, &dest); err != nil {
-			return claimTables, err
+		return err
+	})
+}
+
+// reconCut returns the creation time of the claim past limit in [fromMS,
+// toMS) (toMS when there is none): each table gives its first limit+1 claims
+// by k_created, and the server picks from those.
+func (m *MySQL) reconCut(ctx context.Context, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (int64, error) {
+	cut := toMS
+	err := m.retryMissing(ctx, func() error {
+		tables, err := m.reconTables(ctx, shards, days)
+		if err != nil || len(tables) == 0 {
+			return err
 		}
-		if kind == "o" {
-			w.Outbox[id] = model.OutboxRow{ClaimID: id, ActID: act, Shard: model.ShardID(num), Amount: model.Cents(amount),
-				Delivered: state == 1, CreatedMS: createdMS, Dest: dest}
-			continue
+		var u union
+		for _, t := range tables {
+			u.add("SELECT created_ms FROM "+m.claimTable(t.shard, t.day)+" WHERE created_ms >= ? AND created_ms < ? ORDER BY created_ms LIMIT ?",
+				fromMS, toMS, limit+1)
 		}
-		c := model.Claim{ID: model.ClaimID(model.PacketID(id), num), PacketID: model.PacketID(id), Seq: num, ActID: act,
-			Amount: model.Cents(amount), CreatedMS: createdMS}
-		w.Claims[c.ID] = c
-	}
-	return claimTables, rows.Err()
+		q, args := u.sql()
+		err = m.db.QueryRowContext(ctx, "SELECT created_ms FROM ("+q+") u ORDER BY created_ms LIMIT 1 OFFSET ?", append(args, limit)...).Scan(&cut)
+		if errors.Is(err, sql.ErrNoRows) { // fewer claims now than the read found: it is read again whole
+			cut, err = toMS, nil
+		}
+		return err
+	})
+	return cut, err
+}
+
+// readReconWindowRetry reads the window's claims in one statement, at most
+// maxRows of them (errWindowFull past that).
+func (m *MySQL) readReconWindowRetry(ctx context.Context, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
+	return m.retryMissing(ctx, func() error {
+		clear(w.Claims)
+		tables, err := m.reconTables(ctx, shards, days)
+		if err != nil || len(tables) == 0 {
+			return err // none: no shard of db was ever used on these days
+		}
+		var u union
+		for _, t := range tables {
+			u.add("SELECT "+claimCreditCols+" FROM "+m.claimTable(t.shard, t.day)+" WHERE created_ms >= ? AND created_ms < ?", w.FromMS, w.ToMS)
+		}
+		q, args := u.sql()
+		rows, err := m.db.QueryContext(ctx, q+" LIMIT ?", append(args, maxRows+1)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for n := 0; rows.Next(); n++ {
+			if n >= maxRows {
+				return fmt.Errorf("window [%d, %d) holds more than %d claims: %w", w.FromMS, w.ToMS, maxRows, errWindowFull)
+			}
+			c, pos, err := scanClaimCredit(rows)
+			if err != nil {
+				return err
+			}
+			w.Claims[c.ClaimID] = model.Claim{ID: c.ClaimID, PacketID: c.PacketID, Seq: pos.Seq, ActID: c.ActID, Amount: c.Amount,
+				CreatedMS: c.CreatedMS, ActShard: c.Shard, Dest: c.Dest}
+		}
+		return rows.Err()
+	})
 }
 
 // CreditsOf returns the credit flows booked in this store for the given

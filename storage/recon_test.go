@@ -3,7 +3,11 @@ package storage
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,9 +16,11 @@ import (
 	"redcell/sharding"
 )
 
-// TestReconWindow: the window read returns exactly the claims and outbox rows
-// created inside it, agreeing row for row; a limit cuts it at a millisecond
-// boundary; CreditsOf finds the credits as booked, and a changed claim shows up.
+// TestReconWindow: the window read returns exactly the claims created inside
+// it, each with the credit it owes (claimant's shard, computed from act_id
+// for a row made before act_shard existed; its Dest); a limit cuts it at a
+// millisecond boundary, never inside one millisecond; CreditsOf finds the
+// credits as booked, and a changed claim no longer matches its credit.
 func TestReconWindow(t *testing.T) {
 	m := openStore(t)
 	ctx := context.Background()
@@ -39,53 +45,86 @@ func TestReconWindow(t *testing.T) {
 			t.Fatal(err, res)
 		}
 		c := res[0].Claim
-		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount})
+		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount,
+			CreatedMS: clk.Now().UnixMilli()})
 	}
 	from, to := base.Add(time.Millisecond).UnixMilli(), base.Add(4*time.Millisecond).UnixMilli()
 	days := []int{ref.Day}
+	owed := func(w model.ReconWindow) []model.Credit {
+		var out []model.Credit
+		for _, id := range slices.Sorted(maps.Keys(w.Claims)) {
+			out = append(out, model.CreditOf(w.Claims[id]))
+		}
+		return out
+	}
 	w, err := m.ReconWindow(ctx, db, shards, days, from, to, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob := model.CompareOutbox(w.Claims, w.Outbox)
-	if w.ToMS != to || ob.Diffs.Count() != 0 || ob.Matched != (model.Tally{Count: 3, Cents: 600}) || len(ob.Pending) != 3 {
-		t.Fatalf("window %+v: %+v", w, ob)
+	want := slices.Clone(credits)
+	slices.SortFunc(want, func(a, b model.Credit) int { return strings.Compare(a.ClaimID, b.ClaimID) })
+	if w.ToMS != to || !reflect.DeepEqual(owed(w), want) {
+		t.Fatalf("window to %d: %+v\nwant the credits %+v", w.ToMS, owed(w), want)
 	}
-	// A limit of 1 (2 rows read whole) cuts the window after the first millisecond.
-	w, err = m.ReconWindow(ctx, db, shards, days, from, to, 1)
-	if err != nil || w.ToMS != from+1 || len(w.Claims) != 1 || len(w.Outbox) != 1 {
-		t.Fatalf("cut window %+v, %v", w, err)
+	// A limit of 1 cuts the window after the first millisecond, 2 after the second.
+	for limit := 1; limit <= 3; limit++ {
+		w, err = m.ReconWindow(ctx, db, shards, days, from, to, limit)
+		if end := min(from+int64(limit), to); err != nil || w.ToMS != end || len(w.Claims) != limit {
+			t.Fatalf("window of limit %d: %+v, %v (want it cut at %d)", limit, w, err, end)
+		}
 	}
-	// Credited and marked: the rows read as delivered and CreditsOf finds them.
+	// Two claims in one millisecond are read whole, whatever the limit.
+	clk.Set(base.Add(10 * time.Millisecond))
+	ref2 := send(t, m, sender, 200, 2, time.Hour)
+	clk.Set(base.Add(11 * time.Millisecond))
+	res, _, err := m.OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: pre + "-cx", Shard: sharding.ShardOfAct(pre + "-cx")},
+		{ActID: pre + "-cy", Shard: sharding.ShardOfAct(pre + "-cy")}}, rand.New(rand.NewPCG(1, 2)))
+	if err != nil || res[0].Err != nil || res[1].Err != nil {
+		t.Fatal(err, res)
+	}
+	ms := clk.Now().UnixMilli()
+	if w, err = m.ReconWindow(ctx, db, shards, []int{ref2.Day}, ms, ms+5, 1); err != nil || w.ToMS != ms+1 || len(w.Claims) != 2 {
+		t.Fatalf("one millisecond of 2 claims with limit 1: %+v, %v", w, err)
+	}
+
+	// A row made before act_shard existed reads with the shard of its act_id;
+	// a row's dest reads as its Dest.
+	claimTable := m.claimTable(ref.Shard, ref.Day)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := m.db.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec("UPDATE "+claimTable+" SET act_shard = -1, dest = 'cell-x' WHERE packet_id = ? AND seq = 1", string(ref.ID))
+	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)
+	if c := w.Claims[credits[0].ClaimID]; c.ActShard != credits[0].Shard || c.Dest != "cell-x" || !reflect.DeepEqual(w.Claims[credits[1].ClaimID], model.Claim{
+		ID: credits[1].ClaimID, PacketID: ref.ID, Seq: 2, ActID: credits[1].ActID, Amount: credits[1].Amount, CreatedMS: credits[1].CreatedMS, ActShard: credits[1].Shard}) {
+		t.Fatalf("claims read: %+v", w.Claims)
+	}
+
+	// Credited: CreditsOf finds the credits the claims owe.
 	if _, _, err := m.ApplyCredits(ctx, credits); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.MarkDelivered(ctx, credits); err != nil {
-		t.Fatal(err)
-	}
-	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)
-	ob = model.CompareOutbox(w.Claims, w.Outbox)
-	found, err := m.CreditsOf(ctx, ob.Delivered)
+	found, err := m.CreditsOf(ctx, owed(w))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cc := model.CompareCredits(ob.Delivered, found); len(ob.Delivered) != 3 || cc.Matched != (model.Tally{Count: 3, Cents: 600}) || cc.Diffs.Count() != 0 {
-		t.Fatalf("credits: %+v %+v", ob, cc)
+	if cc := model.CompareCredits(owed(w), found); cc.Matched != (model.Tally{Count: 3, Cents: 600}) || cc.Diffs.Count() != 0 {
+		t.Fatalf("credits: %+v", cc)
 	}
-	// A claim whose amount changed no longer matches its outbox row.
-	claimTable := m.claimTable(ref.Shard, ref.Day)
-	if _, err := m.db.Exec("UPDATE "+claimTable+" SET amount = amount + 1 WHERE packet_id = ? AND seq = 1", string(ref.ID)); err != nil {
-		t.Fatal(err)
-	}
+	// A claim whose amount changed no longer matches its credit.
+	exec("UPDATE "+claimTable+" SET amount = amount + 1 WHERE packet_id = ? AND seq = 1", string(ref.ID))
 	t.Cleanup(func() {
 		m.db.Exec("UPDATE "+claimTable+" SET amount = amount - 1 WHERE packet_id = ? AND seq = 1", string(ref.ID))
 	})
 	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)
-	if ob = model.CompareOutbox(w.Claims, w.Outbox); len(ob.Diffs[model.DiffOutboxMismatch]) != 1 || ob.Diffs[model.DiffOutboxMismatch][0] != credits[0].ClaimID {
-		t.Fatalf("changed claim: %+v", ob.Diffs)
+	if cc := model.CompareCredits(owed(w), found); !slices.Equal(cc.Diffs[model.DiffCreditMismatch], []string{credits[0].ClaimID}) || cc.Matched.Count != 2 {
+		t.Fatalf("changed claim: %+v", cc)
 	}
 	// Outside the window nothing is read.
-	if w, err = m.ReconWindow(ctx, db, shards, days, to, to+1000, 100); err != nil || len(w.Claims)+len(w.Outbox) != 0 {
+	if w, err = m.ReconWindow(ctx, db, shards, days, to, base.Add(10*time.Millisecond).UnixMilli(), 100); err != nil || len(w.Claims) != 0 {
 		t.Fatalf("empty window %+v, %v", w, err)
 	}
 }

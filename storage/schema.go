@@ -5,10 +5,10 @@
 //	db_XX.t_account_Y        wallets of shard XX*10+Y
 //	db_XX.t_flow_Y           every balance change of those wallets (UNIQUE act_id, order_no)
 //	db_XX.t_packet_Y_DD      red packets created on day DD by senders of the shard
-//	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id)
+//	db_XX.t_claim_Y_DD       their claims (UNIQUE packet_id, act_id); each owes its claimant a credit (the relay's outbox)
 //	db_XX.t_packet_Y_00      the archive: settled packets older than the retention, moved
 //	db_XX.t_claim_Y_00       with their claims (ArchiveDay), so day DD is empty when it comes round
-//	db_XX.t_outbox           claims waiting to be credited to the claimant's wallet
+//	db_XX.t_relay_position   the relay's position: every claim of the database created before it is credited
 //	db_XX.t_identity_Y       app accounts bound to actIDs, homed in shard XX*10+Y (phones only as keyed hashes)
 //	db_XX.t_reward           rewards issued to the actIDs of the database's shards (UNIQUE order_no), booked behind
 package storage
@@ -43,7 +43,7 @@ const dbDefaults = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 // days, the archive's included) the first time the shard is used.
 type tableNames struct {
 	ns                   string
-	db, outbox           [model.ShardCount / 10]string
+	db, relayPos         [model.ShardCount / 10]string
 	reward, coupon       [model.ShardCount / 10]string
 	couponReq, couponPer [model.ShardCount / 10]string
 	account, flow        [model.ShardCount]string
@@ -60,7 +60,7 @@ func newTableNames(ns string) *tableNames {
 	n := &tableNames{ns: ns}
 	for db := range n.db {
 		n.db[db] = fmt.Sprintf("%sdb_%02d", ns, db)
-		n.outbox[db] = n.db[db] + ".t_outbox"
+		n.relayPos[db] = n.db[db] + ".t_relay_position"
 		n.reward[db] = n.db[db] + ".t_reward"
 		n.coupon[db] = n.db[db] + ".t_coupon"
 		n.couponReq[db] = n.db[db] + ".t_coupon_req"
@@ -112,9 +112,9 @@ func (m *MySQL) flowTable(s model.ShardID) string {
 	invariant.That(s.Valid(), "shard out of range")
 	return m.tableNamesOf().flow[s]
 }
-func (m *MySQL) outboxTable(db int) string {
+func (m *MySQL) relayPosTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return m.tableNamesOf().outbox[db]
+	return m.tableNamesOf().relayPos[db]
 }
 
 // ArchiveDay is the "day" of a shard's archive tables, t_packet_Y_00 and
@@ -165,22 +165,11 @@ func (m *MySQL) shardDDL(s model.ShardID) []string {
 		// Flow tables made before k_act_time existed get it here (a no-op
 		// where it exists): the wallet's flow listing reads by it.
 		`ALTER TABLE ` + m.flowTable(s) + ` ADD INDEX IF NOT EXISTS k_act_time (act_id, created_ms)`,
-		`CREATE TABLE IF NOT EXISTS ` + m.outboxTable(s.DB()) + ` (
-  claim_id     VARCHAR(40) NOT NULL PRIMARY KEY,
-  packet_id    CHAR(27) NOT NULL,
-  act_id       VARCHAR(64) NOT NULL,
-  act_shard    SMALLINT NOT NULL,
-  amount       BIGINT NOT NULL,
-  state        TINYINT NOT NULL DEFAULT 0,
-  created_ms   BIGINT NOT NULL,
-  delivered_ms BIGINT NULL,
-  dest         VARCHAR(64) NOT NULL DEFAULT '',
-  KEY k_pending (state, created_ms, claim_id)
+		`CREATE TABLE IF NOT EXISTS ` + m.relayPosTable(s.DB()) + ` (
+  id         TINYINT NOT NULL PRIMARY KEY,
+  pos_ms     BIGINT NOT NULL,
+  updated_ms BIGINT NOT NULL
 ) ENGINE=InnoDB`,
-		// Outbox tables made before dest existed get it here (a no-op where
-		// it exists): the cell the credit was sent to, or may have been
-		// applied at (Credit.Dest).
-		`ALTER TABLE ` + m.outboxTable(s.DB()) + ` ADD COLUMN IF NOT EXISTS dest VARCHAR(64) NOT NULL DEFAULT '' AFTER delivered_ms`,
 	}
 }
 
@@ -213,11 +202,17 @@ func (m *MySQL) dayDDL(s model.ShardID, day int) []string {
   act_id     VARCHAR(64) NOT NULL,
   amount     BIGINT NOT NULL,
   created_ms BIGINT NOT NULL,
+  act_shard  SMALLINT NOT NULL DEFAULT -1,
+  dest       VARCHAR(64) NOT NULL DEFAULT '',
   PRIMARY KEY (packet_id, seq),
   UNIQUE KEY uk_claim (packet_id, act_id),
   KEY k_created (created_ms),
   CONSTRAINT share_positive CHECK (amount >= 1)
 ) ENGINE=InnoDB`,
+		// Claim tables made before a claim was its own outbox row get its
+		// claimant's shard (-1 in rows made before: computed from act_id)
+		// and the cell its credit goes to (Credit.Dest) here.
+		`ALTER TABLE ` + m.claimTable(s, day) + ` ADD COLUMN IF NOT EXISTS act_shard SMALLINT NOT NULL DEFAULT -1 AFTER created_ms, ADD COLUMN IF NOT EXISTS dest VARCHAR(64) NOT NULL DEFAULT '' AFTER act_shard`,
 		// Claim tables made before k_created existed get it here (a no-op,
 		// a fraction of a millisecond, where it exists): reconciliation reads
 		// a time window by it. Day tables are reused month after month.
@@ -265,7 +260,7 @@ type MySQL struct {
 
 type ensureKey struct {
 	shard model.ShardID
-	day   int // 0 = the shard's account, flow and outbox tables; identityDay its identity table
+	day   int // 0 = the shard's account and flow tables and its database's relay position; identityDay its identity table
 }
 
 // Open connects to a MariaDB/MySQL server. dsn is a go-sql-driver DSN without a
@@ -374,7 +369,7 @@ func (m *MySQL) SetDBFilter(keep func(db int) bool) {
 	m.filter.keep.Store(&keep)
 }
 
-// SetCreditDest sets how the store names, in a new outbox row, the cell its
+// SetCreditDest sets how the store names, in a new claim row, the cell its
 // credit goes to: the cell that owns the claimant's shard when the claim is
 // made ("" when none does; nil: "" for every row). The relay reads it back
 // (Credit.Dest) to ask that cell before it delivers the credit anywhere else.
@@ -506,7 +501,7 @@ func (m *MySQL) SetClock(c clock.Clock) {
 // nowMS is the store's clock in Unix ms.
 func (m *MySQL) nowMS() int64 { return m.clock.Now().UnixMilli() }
 
-// EnsureShard creates the shard's database and account, flow and outbox tables
+// EnsureShard creates the shard's database and account and flow tables, and the database's relay position table,
 // once per process; concurrent callers wait for the first.
 //
 // A process that finds them made (by another process, or before a restart:
@@ -522,7 +517,7 @@ func (m *MySQL) shardNeeds(s model.ShardID) []schemaNeed {
 	return []schemaNeed{
 		needOf(m.accountTable(s), "", ""),
 		needOf(m.flowTable(s), "", "k_act_time"),
-		needOf(m.outboxTable(s.DB()), "dest", ""),
+		needOf(m.relayPosTable(s.DB()), "", ""),
 	}
 }
 
@@ -624,6 +619,7 @@ func (m *MySQL) dayNeeds(s model.ShardID, day int) []schemaNeed {
 	return []schemaNeed{
 		needOf(m.packetTable(s, day), "", "k_created"),
 		needOf(m.claimTable(s, day), "", "k_created"),
+		needOf(m.claimTable(s, day), "dest", ""),
 	}
 }
 

@@ -60,42 +60,49 @@ type Expiry interface {
 	ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error)
 }
 
-// Outbox is the claims waiting to be credited in the claimants' cells. A
-// claim's outbox row lives in the database of the packet's shard.
-type Outbox interface {
-	// PendingCredits pages through the undelivered rows of database db
-	// created at or before beforeMS, after position (afterMS, afterID), in
-	// (created_ms, claim ID) order, up to limit, each credit with its
-	// CreatedMS; next is the last row's position (zero when none).
-	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
-	// MarkDelivered marks the credits' outbox rows delivered (found by claim
-	// ID); marking twice is harmless. It never waits for a row another
-	// transaction holds: skipped counts the rows left pending (locked, or
-	// not found); the relay delivers those again. Errors: ErrInvalidArgument
-	// for a malformed claim ID.
-	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
-	// SendTo records in the credits' pending outbox rows that they are
-	// about to be delivered to cell dest (their dest), before the relay
-	// delivers them to another cell than the one the rows named: had a
-	// delivery applied them and its mark been lost, the row still names
-	// where. Rows delivered already keep theirs. Errors: ErrInvalidArgument
-	// for a malformed claim ID.
+// Relayed is what the relay reads and writes of a cell's claims. A claim is
+// its own outbox row: each owes its claimant a credit, and nothing marks it
+// delivered. The relay keeps, per database of the packets' shards, a
+// position below which every claim is known credited (RelayPositions), and
+// after a restart reads the claims past it again (ClaimsAfter); the
+// receiving side refuses a second credit by claim ID.
+type Relayed interface {
+	// ClaimsAfter pages through the claims of database db (every claim
+	// table of its shards, every day) created in [fromMS, beforeMS] and
+	// after position after (the zero ClaimPos: no such bound), in
+	// (created_ms, packet_id, seq) order, up to limit, each as the credit it
+	// owes: the claimant's shard, CreatedMS and Dest as its row records
+	// them. next is the last one's position (after when none). A database
+	// never used reads empty; one out of 0..99 is ErrInvalidArgument.
+	ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) (credits []model.Credit, next model.ClaimPos, err error)
+	// SendTo records dest in the credits' claim rows (found by claim ID)
+	// before the relay delivers them to another cell than the one the rows
+	// name: had a delivery applied them there, the row still names where.
+	// A claim not found is skipped. Errors: ErrInvalidArgument for a
+	// malformed claim ID.
 	SendTo(ctx context.Context, credits []model.Credit, dest string) error
-	// OutboxLag counts the undelivered rows of database db and the age of
-	// the oldest in ms at the store's clock (0, 0 when none); for metrics.
-	OutboxLag(ctx context.Context, db int) (pending int64, oldestMS int64, err error)
+	// RelayPositions returns the relay's saved positions of databases dbs
+	// (Unix ms: every claim of the database created before it is credited),
+	// read from each database itself, so that a position moves with its
+	// database. A database without one is absent (MySQL: unless it holds an
+	// earlier version's outbox table, whose oldest undelivered row gives it;
+	// see MySQL.RelayPositions).
+	RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error)
+	// SaveRelayPositions records positions (database -> Unix ms), in one
+	// round trip. A position may move back (the relay found an older claim
+	// uncredited). A database out of 0..99 is an error.
+	SaveRelayPositions(ctx context.Context, pos map[int]int64) error
 }
 
 // Books is what reconciliation and the audits read.
 type Books interface {
-	// ReconWindow reads, in one consistent read, the claims created in
-	// [fromMS, toMS) in the claim tables of shards (all of database db; a
-	// shard of another database is an error) for the given days of month,
-	// and every outbox row of db created in the window, delivered or not.
-	// A window of more than 2×limit rows is cut short at the creation time
-	// of the outbox row past limit (never below fromMS+1) and read again;
-	// the result's ToMS says where it ended. A database never used reads
-	// empty. See MySQL.ReconWindow.
+	// ReconWindow reads the claims created in [fromMS, toMS) in the claim
+	// tables of shards (all of database db; a shard of another database is
+	// an error) for the given days of month, each with its Dest, in one
+	// statement. A window of more than limit claims is cut short at the
+	// creation time of the claim past limit (never below fromMS+1) and
+	// read again; the result's ToMS says where it ended. A database never
+	// used reads empty. See MySQL.ReconWindow.
 	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
 	// CreditsOf returns the credit flows booked here for the given claims
 	// (matched by the claimant's shard, act_id and claim ID), by claim ID,
@@ -124,7 +131,7 @@ type Books interface {
 	CellAudit(ctx context.Context, cell string, owns func(model.ShardID) bool) (model.CellAudit, error)
 	// Ledger reads every money row in one snapshot, as sums (deposits,
 	// balances, sends, packet totals, remainders, refunds) and as rows
-	// (claims, credits, outbox rows, by claim ID), and lists row-level
+	// (claims, with their Dest, and credits, by claim ID), and lists row-level
 	// problems (a balance that is not the sum of its flows, a packet whose
 	// claims, refund and remainder do not add up, a claim credited twice).
 	// Its Cell is cell. model.AuditCell and model.Audit check it.
@@ -134,7 +141,8 @@ type Books interface {
 // Schema creates tables ahead of need. A store without tables (memstore)
 // answers nil.
 type Schema interface {
-	// EnsureShard makes the shard's wallet, flow and outbox tables exist.
+	// EnsureShard makes the shard's wallet and flow tables, and its
+	// database's relay position table, exist.
 	EnsureShard(ctx context.Context, s model.ShardID) error
 	// EnsureDays makes the packet and claim tables of every shard for each of
 	// days exist, with up to parallel workers, calling progress (if not nil,
@@ -296,7 +304,7 @@ type Singles interface {
 	// per packet (an earlier claim comes back with Repeat set; a user listed
 	// twice gets one claim, the later answer repeating it); a new claim takes
 	// the next seq, its share drawn from the batch's seed, which it takes
-	// from r (model.TakeDrawSeed; double-mean, or the fixed share), created now, with its outbox row owed to the request's shard.
+	// from r (model.TakeDrawSeed; double-mean, or the fixed share), created now, its credit owed to the request's shard.
 	// Per-request errors (in OpenResult.Err): ErrNotFound, ErrSoldOut (no
 	// share left, whatever the time), ErrExpired (refunded, or now >=
 	// ExpiresMS). It returns the packet as the batch left it (zero if not
@@ -357,7 +365,7 @@ type Store interface {
 	Identities
 	Rewards
 	Expiry
-	Outbox
+	Relayed
 	Schema
 	Books
 	Grouper

@@ -8,14 +8,14 @@ import (
 )
 
 // BenchmarkTableNames: the names one grouped open of a cold packet and its
-// credit use (the packet's and claim's day tables, the outbox, the
+// credit use (the packet's and claim's day tables, the relay position, the
 // claimant's flow and account tables), as the statements build them.
 func BenchmarkTableNames(b *testing.B) {
 	m := &MySQL{ns: "t01_"}
 	n := 0
 	for i := range b.N {
 		s := model.ShardID(i % model.ShardCount)
-		n += len(m.packetTable(s, 6)) + len(m.claimTable(s, 6)) + len(m.outboxTable(s.DB())) + len(m.flowTable(s)) + len(m.accountTable(s))
+		n += len(m.packetTable(s, 6)) + len(m.claimTable(s, 6)) + len(m.relayPosTable(s.DB())) + len(m.flowTable(s)) + len(m.accountTable(s))
 	}
 	if n == 0 {
 		b.Fatal("no names")
@@ -39,15 +39,15 @@ func TestTableNames(t *testing.T) {
 			}
 			if s%10 == 0 {
 				d := int(s / 10)
-				want = append(want, db+".t_outbox", db+".t_reward", db+".t_coupon", db+".t_coupon_req", db+".t_coupon_person")
-				got = append(got, m.outboxTable(d), m.rewardTable(d), m.couponTable(d), m.couponReqTable(d), m.couponPersonTable(d))
+				want = append(want, db+".t_relay_position", db+".t_reward", db+".t_coupon", db+".t_coupon_req", db+".t_coupon_person")
+				got = append(got, m.relayPosTable(d), m.rewardTable(d), m.couponTable(d), m.couponReqTable(d), m.couponPersonTable(d))
 			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("ns %q shard %d: %v, want %v", ns, s, got, want)
 			}
 		}
 	}
-	for _, bad := range []func(){func() { m.packetTable(5, 32) }, func() { m.flowTable(model.ShardCount) }, func() { m.outboxTable(100) }} {
+	for _, bad := range []func(){func() { m.packetTable(5, 32) }, func() { m.flowTable(model.ShardCount) }, func() { m.relayPosTable(100) }} {
 		func() {
 			defer func() {
 				if recover() == nil {

@@ -114,9 +114,10 @@ func (a *Auditor) Run(ctx context.Context) {
 // Audit checks every money row of the space named (every space for "") for
 // what the cell can prove from its own rows alone (model.AuditCell):
 // balances against flows, packets against claims, refunds and remainders,
-// claims against the outbox, and delivered claims of its own claimants
-// against their credits. A report that is not OK is logged at ERROR with its
-// problems; either way the result is in the metrics (redcell_audit_*). It
+// and the claims of its own claimants against their credits (one not
+// credited yet is counted pending, not a difference). A report that is not
+// OK is logged at ERROR with its problems; either way the result is in the
+// metrics (redcell_audit_*). It
 // waits while another audit runs. Errors: ErrInvalidArgument for an unknown
 // space; the store's, when a space could not be read.
 func (a *Auditor) Audit(ctx context.Context, space string) (api.AuditResponse, error) {
@@ -178,7 +179,7 @@ func (a *Auditor) auditLocked(ctx context.Context, idx []int) (api.AuditResponse
 		out.Spaces[sp.Name] = rep
 		attrs := []any{"space", sp.Name, "took", read.Sub(start).Round(time.Millisecond), "deposits", rep.Deposits,
 			"rewards", rep.Rewards, "withdrawals", rep.Withdrawals, "credits", rep.CreditsIn, "balances", rep.Balances,
-			"claims", rep.Claims, "claimed", rep.Claimed, "outbox_pending", rep.OutboxPending, "difference", rep.Difference}
+			"claims", rep.Claims, "claimed", rep.Claimed, "credits_pending", rep.CreditsPending, "difference", rep.Difference}
 		if rep.OK() {
 			m.runs[resultOK].Inc()
 			a.cfg.Log.Info("audit of the cell's books OK", attrs...)

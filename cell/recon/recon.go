@@ -1,20 +1,25 @@
 // Package recon is a cell's reconciliation: near-real-time proof that claims
 // turn into credits.
 //
-// Every ReconInterval, for each space and each owned database, the cell reads
-// the claims created in the window [checked up to, now - ReconSettle) and the
-// outbox rows of the same window, in one consistent read, and checks:
+// A claim is its own outbox row: nothing marks it delivered. Every
+// ReconInterval, for each space and each owned database, the cell reads the
+// claims created in the window [checked up to, now - ReconSettle), each with
+// its claimant's shard and the cell its credit was sent to (Claim.ActShard,
+// Claim.Dest), and checks every one against the credits booked for it in its
+// claimant's wallet: claimants of this cell in its own flow tables
+// (Books.CreditsOf), others by a signed POST /internal/recon to the cell that
+// owns them, 5,000 claims a call (the local lookups and each other cell's
+// calls side by side). It finds:
 //
-//  1. every claim has its outbox row with the same account and amount, and
-//     every outbox row its claim (kinds outbox_missing, outbox_orphan,
-//     outbox_mismatch);
-//  2. an outbox row still pending at that age is lag, not a difference: it is
-//     counted (redcell_recon_lagging_claims_total) and logged;
-//  3. every delivered row is credited in the claimant's wallet with the same
-//     account and amount (credit_missing, credit_mismatch): claimants of this
-//     cell are looked up in its own flow tables, others by a signed
-//     POST /internal/recon to the cell that owns them, 5,000 claims a call
-//     (the local lookups and each other cell's calls side by side).
+//  1. a credit of another account or amount than its claim: credit_mismatch;
+//  2. a claim not credited where its claimant is served, but found in the
+//     copy of the claimant's database kept by the cell its credit was sent to
+//     (Claim.Dest, when another than the one asked): credit_elsewhere (the
+//     database was handed over without that row);
+//  3. any other claim not credited at that age is lag, never a difference:
+//     it is counted (redcell_recon_lagging_claims_total), logged, and
+//     re-driven through the relay (Config.Redrive), which delivers it again;
+//     the receiving database refuses a second credit by claim ID.
 //
 // Where each database's windows have been checked up to is saved in the
 // space's own store after the credits of every round are checked
@@ -22,11 +27,11 @@
 // from there: a window is checked again after a crash, never skipped.
 // Databases never saved start when the cell starts; claims made before are
 // covered by the hourly audit of the cell's own books and by `redcell audit`.
-// A delivered claim whose claimant's cell cannot be asked is counted as
-// unverified, and a claim still pending when its window was checked is not
-// checked again: the audits cover both.
+// A claim whose claimant's cell cannot be asked is counted as unverified, and
+// a claim re-driven is not checked again: the relay keeps it until it is
+// credited, and the audits cover both.
 //
-// A pass reads in rounds of at most windowRows outbox rows per database and
+// A pass reads in rounds of at most windowRows claims per database and
 // rowsPerRound in all, and goes on with another round while a database is
 // behind, for up to ReconInterval, and while one is still behind the next
 // pass follows after a second: a backlog (after a restart, or a burst above
@@ -36,7 +41,8 @@
 //
 // A Reconciler is built from what it reads: each space's books (Books), a
 // client for other cells (Client), the shard map (Peers), a clock, a logger
-// and a metrics registry; it knows nothing of the cell's server.
+// and a metrics registry, and it hands lagging claims to Config.Redrive; it
+// knows nothing of the cell's server.
 package recon
 
 import (
@@ -89,9 +95,10 @@ type Space struct {
 }
 
 // Config is what a Reconciler is built from. Every field is required but
-// Clock (nil: the system clock).
+// Redrive (nil: lagging claims are not re-driven) and Clock (nil: the system
+// clock).
 type Config struct {
-	Cell         string                   // this cell's name, as outbox rows record it (Credit.Dest)
+	Cell         string                   // this cell's name, as claim rows record it (Claim.Dest)
 	DBs          func() []int             // the databases this cell serves now (whole: every shard of each), read each round
 	Owns         func(model.ShardID) bool // whether the cell serves a shard now
 	Peers        Peers
@@ -99,9 +106,16 @@ type Config struct {
 	Settle       time.Duration // how old a claim must be to be checked (ReconSettle)
 	PacketExpiry time.Duration // a packet's life: which day tables hold a window's claims
 	RelayOff     func() bool   // the relay degrade switch, named in the lag warning
-	Clock        clock.Clock
-	Log          *slog.Logger
-	Reg          prometheus.Registerer
+	// Redrive hands the relay the claims of space ("real" or "shadow", as
+	// Space.Name) found not credited at ReconSettle's age, each as the
+	// credit it owes (model.CreditOf: claimant's shard, CreatedMS, Dest), to
+	// be delivered again. It is called from the pass, once per round with
+	// lagging claims, and must not block on delivery. nil: lagging claims
+	// are counted and logged only.
+	Redrive func(space string, cs []model.Credit)
+	Clock   clock.Clock
+	Log     *slog.Logger
+	Reg     prometheus.Registerer
 }
 
 // Reconciler runs reconciliation passes over its spaces (Run).
@@ -158,11 +172,11 @@ func New(cfg Config, spaces ...Space) *Reconciler {
 }
 
 const (
-	// windowRows bounds the outbox rows one window read takes from one
+	// windowRows bounds the claims one window read takes from one
 	// database: above the largest open batch (4096 claims share one creation
 	// time), small enough to hold in memory.
 	windowRows = 20_000
-	// rowsPerRound bounds the outbox rows one round of a pass reads in all
+	// rowsPerRound bounds the claims one round of a pass reads in all
 	// (about 30 MB of claims and credits held at once).
 	rowsPerRound = 200_000
 	// chunkMax is how many claims one credit lookup or /internal/recon call
@@ -174,10 +188,11 @@ const (
 
 // pass is what one reconciliation pass found in one space.
 type pass struct {
-	checked    model.Tally // claims whose outbox row agrees with them
-	credited   model.Tally // delivered claims credited as claimed
-	lagging    int64       // claims undelivered at ReconSettle's age
-	unverified int64       // delivered claims whose claimant's cell could not be asked
+	checked    model.Tally // claims read from the settled windows
+	credited   model.Tally // claims credited as claimed
+	lagging    int64       // claims not credited at ReconSettle's age (re-driven)
+	lagSample  []string    // a few of their claim IDs, for the log
+	unverified int64       // claims whose claimant's cell could not be asked
 	errors     int         // windows that could not be read (read again next pass)
 	diffs      model.Diffs
 	behind     bool // a database was still behind when the pass ended
@@ -263,8 +278,8 @@ func (r *Reconciler) resume(ctx context.Context, i int, start int64) (map[int]in
 }
 
 // pass checks the windows of every owned database that have settled since
-// the last pass, in rounds of at most rowsPerRound outbox rows: after each
-// round the credits of its delivered claims are checked and the positions
+// the last pass, in rounds of at most rowsPerRound claims: after each
+// round the credits of its claims are checked and the positions
 // reached are saved. Rounds go on while a database is behind, for up to
 // Interval, and the next pass then starts after catchUpPause rather than
 // Interval: reconciliation keeps pace with any rate its reads keep up with,
@@ -284,7 +299,7 @@ func (r *Reconciler) pass(ctx context.Context, i int, cursors map[int]int64, n i
 
 // round reads, for each owned database of space i behind to, the window from
 // its cursor, advances the cursor past what it read, checks the credits of
-// the delivered claims and saves the positions reached. Round k starts at the
+// its claims and saves the positions reached. Round k starts at the
 // k-th database, so that when the round's row budget runs out it is not
 // always the same databases that wait: a database is left for the next round
 // rather than read with less than a whole window's budget. It reports
@@ -292,7 +307,7 @@ func (r *Reconciler) pass(ctx context.Context, i int, cursors map[int]int64, n i
 func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k int, to int64, p *pass) (behind bool) {
 	sp := r.spaces[i]
 	budget := rowsPerRound
-	var delivered []model.Credit
+	var claims []model.Credit
 	moved := map[int]int64{}
 	dbs := r.cfg.DBs()
 	for _, db := range dbs {
@@ -331,18 +346,18 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 		cursors[db] = w.ToMS
 		moved[db] = w.ToMS
 		behind = behind || w.ToMS < to
-		ob := model.CompareOutbox(w.Claims, w.Outbox)
-		budget -= int(ob.Outbox.Count)
-		p.checked = p.checked.Plus(ob.Matched)
-		p.lagging += int64(len(ob.Pending))
-		p.diffs.Merge(ob.Diffs)
-		delivered = append(delivered, ob.Delivered...)
+		budget -= len(w.Claims)
+		for _, id := range slices.Sorted(maps.Keys(w.Claims)) {
+			c := w.Claims[id]
+			p.checked.Add(c.Amount)
+			claims = append(claims, model.CreditOf(c))
+		}
 	}
 	p.errors += errs
 	if errs == 0 && ctx.Err() == nil {
 		track.OK() // once per round: one database failing while others answer stays one incident
 	}
-	r.checkCredits(ctx, i, delivered, p)
+	r.checkCredits(ctx, i, claims, p)
 	if len(moved) > 0 && ctx.Err() == nil {
 		// Saved only now that the round's credits were checked: after a
 		// restart its windows are checked again rather than skipped.
@@ -370,15 +385,17 @@ func minCursor(cursors map[int]int64) int64 {
 	return until
 }
 
-// checkCredits checks that each delivered claim is credited as claimed: in
-// this cell's flow tables for its own claimants, through the owner's
+// checkCredits checks that each claim is credited as claimed: in this
+// cell's flow tables for its own claimants, through the owner's
 // /internal/recon for the others. The local lookups and each other cell's
 // calls run side by side (each in order, chunkMax claims at a time), since
 // they wait on different databases; their results are added in a fixed
-// order (local, then the cells by name).
-func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.Credit, p *pass) {
+// order (local, then the cells by name). A claim not credited is looked for
+// where its credit was sent (findElsewhere); one not found there either is
+// lag: counted, and handed to Config.Redrive.
+func (r *Reconciler) checkCredits(ctx context.Context, i int, claims []model.Credit, p *pass) {
 	sp := r.spaces[i]
-	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(delivered, r.cfg.Owns)
+	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(claims, r.cfg.Owns)
 	p.unverified += int64(noOwner) // no live owner to ask now
 	type lane struct {
 		credits []model.Credit
@@ -419,7 +436,7 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.
 		round.Merge(l.out.diffs)
 		p.unverified += l.out.unverified
 	}
-	checked := make(map[string]string, len(delivered)) // claim ID → the cell asked
+	checked := make(map[string]string, len(claims)) // claim ID → the cell asked
 	for _, c := range local {
 		checked[c.ClaimID] = r.cfg.Cell
 	}
@@ -428,18 +445,48 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, delivered []model.
 			checked[c.ClaimID] = g.Cell.Name
 		}
 	}
-	r.findElsewhere(ctx, sp, delivered, checked, round)
+	r.findElsewhere(ctx, sp, claims, checked, round)
+	if missing := round[model.DiffCreditMissing]; len(missing) > 0 {
+		// Not credited at the settle age, and not where it was sent: lag.
+		delete(round, model.DiffCreditMissing)
+		r.lag(sp, claims, missing, p)
+	}
 	p.diffs.Merge(round)
 }
 
+// lagSamples is how many lagging claim IDs a pass keeps for its log line.
+const lagSamples = 5
+
+// lag counts the claims missing (by ID, of claims) as lagging and hands them
+// to Config.Redrive.
+func (r *Reconciler) lag(sp Space, claims []model.Credit, missing []string, p *pass) {
+	p.lagging += int64(len(missing))
+	isMissing := make(map[string]bool, len(missing))
+	for _, id := range missing {
+		isMissing[id] = true
+	}
+	out := make([]model.Credit, 0, len(missing))
+	for _, c := range claims {
+		if isMissing[c.ClaimID] {
+			out = append(out, c)
+			if len(p.lagSample) < lagSamples {
+				p.lagSample = append(p.lagSample, c.ClaimID)
+			}
+		}
+	}
+	if r.cfg.Redrive != nil && len(out) > 0 {
+		r.cfg.Redrive(sp.Name, out)
+	}
+}
+
 // findElsewhere looks for the credits of round's credit_missing claims
-// whose outbox rows say they were applied at a cell other than the one
-// asked (Credit.Dest; checked names the cell asked, by claim ID): in that
-// cell's copy of the claimant's database (Client.ReconCopy). Those found
-// move to credit_elsewhere: not lost, but in a copy no cell serves (a
-// database handed over without them). A cell that cannot be asked leaves
-// its claims credit_missing.
-func (r *Reconciler) findElsewhere(ctx context.Context, sp Space, delivered []model.Credit, checked map[string]string, round model.Diffs) {
+// whose rows say they were sent to a cell other than the one asked
+// (Credit.Dest; checked names the cell asked, by claim ID): in that cell's
+// copy of the claimant's database (Client.ReconCopy). Those found move to
+// credit_elsewhere: not lost, but in a copy no cell serves (a database
+// handed over without them). A cell that cannot be asked leaves its claims
+// credit_missing (lag, to be re-driven).
+func (r *Reconciler) findElsewhere(ctx context.Context, sp Space, claims []model.Credit, checked map[string]string, round model.Diffs) {
 	missing := round[model.DiffCreditMissing]
 	if len(missing) == 0 {
 		return
@@ -449,7 +496,7 @@ func (r *Reconciler) findElsewhere(ctx context.Context, sp Space, delivered []mo
 		isMissing[id] = true
 	}
 	byDest := map[string][]model.Credit{}
-	for _, c := range delivered {
+	for _, c := range claims {
 		if isMissing[c.ClaimID] && c.Dest != "" && c.Dest != checked[c.ClaimID] {
 			byDest[c.Dest] = append(byDest[c.Dest], c)
 		}
@@ -559,7 +606,7 @@ func ask(ctx context.Context, c Client, addr string, cs []model.Credit) (model.C
 }
 
 // Answer is what a cell answers to POST /internal/recon: which of the claims
-// another cell delivered here are credited as claimed, read from books (the
+// another cell asks about are credited here as claimed, read from books (the
 // caller has checked the call's signature and the credits). It reads only.
 // Errors: the store's.
 func Answer(ctx context.Context, books Books, credits []model.Credit) (api.ReconResponse, error) {
@@ -580,8 +627,8 @@ func orEmpty(ids []string) []string {
 }
 
 // report logs what a pass found and counts it in the metrics: each kind
-// of difference at ERROR with its count and sample claim IDs, lag and
-// unverified claims at WARN.
+// of difference at ERROR with its count and sample claim IDs, lagging
+// (re-driven) and unverified claims at WARN.
 func (r *Reconciler) report(i int, p pass, cursors map[int]int64) {
 	m := r.metrics[i]
 	m.checkedClaims.Add(float64(p.checked.Count))
@@ -611,11 +658,11 @@ func (r *Reconciler) report(i int, p pass, cursors map[int]int64) {
 		if r.cfg.RelayOff() {
 			relay = "off"
 		}
-		log.Warn("reconciliation: claims not delivered after the settle time", "space", space, "claims", p.lagging,
-			"settle", r.cfg.Settle, "relay_switch", relay)
+		log.Warn("reconciliation: claims not credited after the settle time, re-driven through the relay", "space", space,
+			"claims", p.lagging, "sample", p.lagSample, "settle", r.cfg.Settle, "relay_switch", relay, "redriven", r.cfg.Redrive != nil)
 	}
 	if p.unverified > 0 {
-		log.Warn("reconciliation: delivered claims whose credits could not be checked", "space", space, "claims", p.unverified)
+		log.Warn("reconciliation: claims whose credits could not be checked", "space", space, "claims", p.unverified)
 	}
 	if p.diffs.Count() == 0 && p.checked.Count > 0 {
 		log.Debug("reconciliation clean", "space", space, "checked_claims", p.checked.Count, "checked_cents", p.checked.Cents,
@@ -658,15 +705,15 @@ func newMetrics(reg prometheus.Registerer, spaces []Space) []*spaceMetrics {
 		reg.MustRegister(v)
 		return v
 	}
-	diffs := counter("redcell_recon_differences_total", "Differences reconciliation found, by space and kind (outbox_missing, outbox_orphan, outbox_mismatch, credit_missing, credit_mismatch, credit_orphan, credit_elsewhere).", "kind")
+	diffs := counter("redcell_recon_differences_total", "Differences reconciliation found, by space and kind (credit_missing, credit_mismatch, credit_orphan, credit_elsewhere).", "kind")
 	differences := gauge("redcell_recon_differences", "Differences found by the last reconciliation pass (0: clean).")
 	lastSuccess := gauge("redcell_recon_last_success_timestamp_seconds", "Unix time of the last reconciliation pass that read every window it meant to.")
 	checkedUntil := gauge("redcell_recon_checked_until_timestamp_seconds", "Claims created before this Unix time have been reconciled (the oldest window end over the databases).")
-	checkedClaims := counter("redcell_recon_checked_claims_total", "Claims reconciliation found matching their outbox rows.")
-	checkedCents := counter("redcell_recon_checked_cents_total", "Cents of the claims reconciliation found matching their outbox rows.")
-	credited := counter("redcell_recon_credited_claims_total", "Delivered claims reconciliation found credited as claimed.")
-	lagging := counter("redcell_recon_lagging_claims_total", "Claims still undelivered when reconciliation checked them (lag, not a difference).")
-	unverified := counter("redcell_recon_unverified_claims_total", "Delivered claims whose credits reconciliation could not check (claimant's cell unknown or unreachable).")
+	checkedClaims := counter("redcell_recon_checked_claims_total", "Claims of settled windows reconciliation checked against their credits.")
+	checkedCents := counter("redcell_recon_checked_cents_total", "Cents of the claims of settled windows reconciliation checked against their credits.")
+	credited := counter("redcell_recon_credited_claims_total", "Claims reconciliation found credited as claimed.")
+	lagging := counter("redcell_recon_lagging_claims_total", "Claims not credited yet when reconciliation checked them (lag, not a difference), re-driven through the relay.")
+	unverified := counter("redcell_recon_unverified_claims_total", "Claims whose credits reconciliation could not check (claimant's cell unknown or unreachable).")
 	errs := counter("redcell_recon_errors_total", "Reconciliation windows that could not be read (read again at the next pass).")
 	passSeconds := gauge("redcell_recon_pass_seconds", "How long the last reconciliation pass took.")
 	var out []*spaceMetrics

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,12 +25,13 @@ import (
 // world is one cell owning every shard, its books in memory, and a clock the
 // test moves.
 type world struct {
-	t     *testing.T
-	clk   *clock.Manual
-	store *memstore.Store
-	books *flakyBooks
-	ctx   context.Context
-	n     int // claims made so far
+	t        *testing.T
+	clk      *clock.Manual
+	store    *memstore.Store
+	books    *flakyBooks
+	ctx      context.Context
+	n        int                       // claims made so far
+	redriven map[string][]model.Credit // by space: what the reconcilers handed to Config.Redrive
 }
 
 // flakyBooks is a store whose position saves fail while failSave is set, as
@@ -76,7 +78,7 @@ const (
 func newWorld(t *testing.T) *world {
 	clk := clock.NewManual(time.Date(2026, 3, 14, 10, 0, 0, 0, time.UTC))
 	s := memstore.New(clk)
-	w := &world{t: t, clk: clk, store: s, books: &flakyBooks{Store: s}, ctx: context.Background()}
+	w := &world{t: t, clk: clk, store: s, books: &flakyBooks{Store: s}, ctx: context.Background(), redriven: map[string][]model.Credit{}}
 	if _, err := s.Deposit(w.ctx, 7, "ann", "d1", 1_000_000); err != nil {
 		t.Fatal(err)
 	}
@@ -87,16 +89,24 @@ func newWorld(t *testing.T) *world {
 func (w *world) reconciler() *Reconciler {
 	all := sharding.Ranges{{From: 0, To: model.ShardCount - 1}}
 	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: "a:1", Shards: all}})
-	return New(Config{DBs: all.DBs, Owns: all.Contains, Peers: peers{m}, Interval: interval, Settle: settle,
-		PacketExpiry: 24 * time.Hour, RelayOff: func() bool { return false }, Clock: w.clk,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Reg: prometheus.NewRegistry()},
-		Space{Name: "real", Books: w.books, Client: noCells{}})
+	return w.reconcilerOf("a", m, all, noCells{})
 }
 
-// claims makes n claims of a new packet, one per millisecond from now,
-// credits them and marks them delivered, and moves the clock past them.
-func (w *world) claims(n int) {
+// reconcilerOf builds the reconciler of cell, serving shards, with map m
+// and client for other cells; what it re-drives is kept in w.redriven.
+func (w *world) reconcilerOf(cell string, m *sharding.Map, shards sharding.Ranges, client Client) *Reconciler {
+	return New(Config{Cell: cell, DBs: shards.DBs, Owns: shards.Contains, Peers: peers{m}, Interval: interval, Settle: settle,
+		PacketExpiry: 24 * time.Hour, RelayOff: func() bool { return false }, Clock: w.clk,
+		Redrive: func(space string, cs []model.Credit) { w.redriven[space] = append(w.redriven[space], cs...) },
+		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)), Reg: prometheus.NewRegistry()},
+		Space{Name: "real", Books: w.books, Client: client})
+}
+
+// open makes a claim of a new packet for each of acts, one per millisecond
+// from now, and moves the clock past them; it answers the credits they owe.
+func (w *world) open(acts ...string) []model.Credit {
 	w.t.Helper()
+	n := len(acts)
 	id := model.NewPacketID(7, w.clk.Now())
 	if _, _, err := w.store.Send(w.ctx, 7, model.SendRequest{Sender: "ann", Amount: model.Cents(10 * n), Count: int64(n),
 		Kind: model.KindRandom, OrderNo: string(id)}, id, w.clk.Now().Add(time.Hour).UnixMilli()); err != nil {
@@ -104,9 +114,8 @@ func (w *world) claims(n int) {
 	}
 	ref, _ := model.ParsePacketID(string(id))
 	var credits []model.Credit
-	for range n {
+	for _, act := range acts {
 		w.clk.Advance(time.Millisecond)
-		act := fmt.Sprintf("user%d", w.n)
 		w.n++
 		res, _, err := w.store.OpenBatch(w.ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
@@ -115,13 +124,27 @@ func (w *world) claims(n int) {
 		c := res[0].Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(act), Amount: c.Amount})
 	}
-	if _, _, err := w.store.ApplyCredits(w.ctx, credits); err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := w.store.MarkDelivered(w.ctx, credits); err != nil {
-		w.t.Fatal(err)
-	}
 	w.clk.Advance(time.Millisecond)
+	return credits
+}
+
+// claims makes n claims of a new packet, one per millisecond from now,
+// credits them, and moves the clock past them.
+func (w *world) claims(n int) {
+	w.t.Helper()
+	acts := make([]string, n)
+	for i := range acts {
+		acts[i] = fmt.Sprintf("user%d", w.n+i)
+	}
+	w.credit(w.open(acts...)...)
+}
+
+// credit books credits in the claimants' wallets.
+func (w *world) credit(cs ...model.Credit) {
+	w.t.Helper()
+	if _, _, err := w.store.ApplyCredits(w.ctx, cs); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // run resumes r as Run does at its start and runs one pass now.
@@ -264,5 +287,143 @@ func TestReconRunResumes(t *testing.T) {
 	w.runFor(r3, 4)
 	if got := testutil.ToFloat64(r3.metrics[0].checkedClaims); got != 4 {
 		t.Fatalf("restarted run checked %v claims, want the 4 made while down", got)
+	}
+}
+
+// TestReconLagIsRedriven: a claim not credited at the settle age is lag, not
+// a difference: it is counted, and handed to Config.Redrive once, as the
+// credit it owes; a credit of another amount is a credit_mismatch and is
+// not re-driven. Nothing is checked twice.
+func TestReconLagIsRedriven(t *testing.T) {
+	w := newWorld(t)
+	r := w.reconciler()
+	cursors, err := r.resume(w.ctx, 0, w.clk.Now().UnixMilli())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := w.open("lag-a", "lag-b", "lag-c", "lag-d")
+	wrong := cs[2]
+	wrong.Amount++
+	w.credit(cs[0], cs[1], wrong) // cs[3] not credited
+	w.clk.Advance(settle)
+	p := r.pass(w.ctx, 0, cursors, 0)
+	r.report(0, p, cursors)
+	var cents model.Cents
+	for _, c := range cs {
+		cents += c.Amount
+	}
+	if p.checked != (model.Tally{Count: 4, Cents: cents}) || p.credited.Count != 2 || p.lagging != 1 || p.unverified != 0 ||
+		p.diffs.Count() != 1 || len(p.diffs[model.DiffCreditMismatch]) != 1 || p.diffs[model.DiffCreditMismatch][0] != cs[2].ClaimID {
+		t.Fatalf("pass: %+v", p)
+	}
+	got := w.redriven["real"]
+	if len(got) != 1 || got[0].ClaimID != cs[3].ClaimID || got[0].ActID != "lag-d" || got[0].Shard != cs[3].Shard ||
+		got[0].Amount != cs[3].Amount || got[0].PacketID != cs[3].PacketID || got[0].CreatedMS == 0 {
+		t.Fatalf("re-driven: %+v, want the credit %+v", got, cs[3])
+	}
+	m := r.metrics[0]
+	if testutil.ToFloat64(m.lagging) != 1 || testutil.ToFloat64(m.diffs[slices.Index(model.DiffKinds[:], model.DiffCreditMissing)]) != 0 ||
+		testutil.ToFloat64(m.differences) != 1 {
+		t.Fatalf("metrics: lagging %v, credit_missing %v, differences %v", testutil.ToFloat64(m.lagging),
+			testutil.ToFloat64(m.diffs[slices.Index(model.DiffKinds[:], model.DiffCreditMissing)]), testutil.ToFloat64(m.differences))
+	}
+	w.clk.Advance(interval)
+	if p = r.pass(w.ctx, 0, cursors, 1); p.checked.Count != 0 || p.lagging != 0 || len(w.redriven["real"]) != 1 {
+		t.Fatalf("next pass: %+v, re-driven %d", p, len(w.redriven["real"]))
+	}
+}
+
+// otherCell answers /internal/recon as the cell b that serves the claimants
+// of shards 500-999: credited holds the credits its wallets have, by claim
+// ID, and copied the claims whose credits its copy of a database it handed
+// over holds (ReconCopy).
+type otherCell struct {
+	credited map[string]model.Cents
+	copied   map[string]bool
+	asked    []string // the addresses asked, call by call
+}
+
+func (o *otherCell) Recon(_ context.Context, addr string, cs []model.Credit) (api.ReconResponse, error) {
+	o.asked = append(o.asked, "recon "+addr)
+	out := api.ReconResponse{Missing: []string{}, Mismatched: []string{}}
+	for _, c := range cs {
+		amount, ok := o.credited[c.ClaimID]
+		switch {
+		case !ok:
+			out.Missing = append(out.Missing, c.ClaimID)
+		case amount != c.Amount:
+			out.Mismatched = append(out.Mismatched, c.ClaimID)
+		default:
+			out.Matched++
+			out.MatchedCents += int64(c.Amount)
+		}
+	}
+	return out, nil
+}
+
+func (o *otherCell) ReconCopy(_ context.Context, addr string, cs []model.Credit) (api.ReconResponse, error) {
+	o.asked = append(o.asked, "copy "+addr)
+	out := api.ReconResponse{Missing: []string{}, Mismatched: []string{}}
+	for _, c := range cs {
+		if o.copied[c.ClaimID] {
+			out.Matched++
+		} else {
+			out.Missing = append(out.Missing, c.ClaimID)
+		}
+	}
+	return out, nil
+}
+
+// TestReconOtherCells: cell a (shards 0-499) checks its claims of cell b's
+// claimants by asking b. One b credited is credited; one b lacks is lag and
+// re-driven; one b lacks but whose credit was sent to a (Dest), which still
+// holds it in its copy of the claimant's database, is credit_elsewhere and
+// not re-driven; one sent to a and not in its copy either is lag; one b
+// credited with another amount is credit_mismatch. A claim of a's own
+// claimant is looked up locally.
+func TestReconOtherCells(t *testing.T) {
+	w := newWorld(t)
+	a, b := sharding.Ranges{{From: 0, To: 499}}, sharding.Ranges{{From: 500, To: 999}}
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: "a:1", Shards: a}, {Name: "b", Addr: "b:1", Shards: b}})
+	actIn := func(pre string, rs sharding.Ranges) string {
+		for i := 0; ; i++ {
+			if act := fmt.Sprintf("%s%d", pre, i); rs.Contains(sharding.ShardOfAct(act)) {
+				return act
+			}
+		}
+	}
+	other := &otherCell{credited: map[string]model.Cents{}, copied: map[string]bool{}}
+	r := w.reconcilerOf("a", m, a, other)
+	cursors, err := r.resume(w.ctx, 0, w.clk.Now().UnixMilli())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.store.SetCreditDest(func(s model.ShardID) string { return map[bool]string{true: "a", false: "b"}[a.Contains(s)] })
+	sent := w.open(actIn("ok", b), actIn("lag", b), actIn("wrong", b), actIn("local", a))
+	w.store.SetCreditDest(func(model.ShardID) string { return "a" }) // b's claimants were a's when these were made
+	moved := w.open(actIn("kept", b), actIn("lost", b))
+	other.credited[sent[0].ClaimID] = sent[0].Amount
+	other.credited[sent[2].ClaimID] = sent[2].Amount + 1
+	other.copied[moved[0].ClaimID] = true
+	w.credit(sent[3])
+	w.clk.Advance(settle)
+	p := r.pass(w.ctx, 0, cursors, 0)
+	if p.checked.Count != 6 || p.credited.Count != 2 || p.lagging != 2 || p.unverified != 0 || p.diffs.Count() != 2 ||
+		!slices.Equal(p.diffs[model.DiffCreditMismatch], []string{sent[2].ClaimID}) ||
+		!slices.Equal(p.diffs[model.DiffCreditElsewhere], []string{moved[0].ClaimID}) {
+		t.Fatalf("pass: %+v", p)
+	}
+	var redriven []string
+	for _, c := range w.redriven["real"] {
+		redriven = append(redriven, c.ClaimID)
+	}
+	slices.Sort(redriven)
+	want := []string{sent[1].ClaimID, moved[1].ClaimID}
+	slices.Sort(want)
+	if !slices.Equal(redriven, want) {
+		t.Fatalf("re-driven %v, want %v (the lagging claims, not the one found elsewhere)", redriven, want)
+	}
+	if !slices.Equal(other.asked, []string{"recon b:1", "copy a:1"}) {
+		t.Fatalf("calls %v, want b asked, then a's copy for the claims sent to a", other.asked)
 	}
 }

@@ -16,11 +16,12 @@ import (
 // destination that is slow or down delays only its own credits.
 //
 // The lane holds each credit from the moment it takes it (offer) until the
-// credit is delivered and marked, or given back to the outbox; a credit it
-// holds is never taken twice (held), so the outbox scan, which finds every
-// pending row, cannot hand a slow lane the same credits again and again. Nor
-// does a scan hand back a credit the lane let go after that scan began
-// (released): the scan may have read its row just before it was marked.
+// credit's delivery is acknowledged, or it gives it back to the relay; a
+// credit it holds is never taken twice (held), so the relay, which offers
+// again what it holds, cannot hand a slow lane the same credits again and
+// again. Nor does a read or offer hand back a credit the lane let go after
+// it began (released): it may have found the credit just before the
+// acknowledgement.
 //
 // Lifecycle: the relay makes a lane on the first credit for its destination
 // and starts run; run exits when the relay stops (after flushing what the lane
@@ -62,7 +63,7 @@ func newLane(r *Relay, dest string, local bool) *lane {
 // offer takes the credits of cs that the lane does not hold yet, as long as
 // it has room (laneDepthMax) and is not backing off, and returns how many of
 // cs it now holds (or, offered by a scan that began at scanStart, let go
-// since); the others stay in the outbox for the scan. It never blocks.
+// since); the relay holds the others and offers them again. It never blocks.
 func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -76,7 +77,7 @@ func (l *lane) offer(cs []model.Credit, now, scanStart time.Time) (holds int) {
 			continue
 		}
 		if at, ok := l.released[c.ClaimID]; ok && !scanStart.IsZero() && !at.Before(scanStart) {
-			holds++ // the scan read its row before the lane marked it
+			holds++ // found before the lane's delivery was acknowledged
 			continue
 		}
 		if paused || len(l.held) >= laneDepthMax {
@@ -158,7 +159,7 @@ func (l *lane) linger() {
 // With none, wait is how long until one is (or the backoff ends, or a
 // yielding lane asks about the load again), -1 when the lane holds nothing.
 // While the relay is switched off the lane gives back everything it holds:
-// the outbox keeps it. While the cell is loaded (Config.Busy) it yields: it
+// the relay keeps it. While the cell is loaded (Config.Busy) it yields: it
 // takes a batch only when a full one (l.size) is held or it has held back
 // for YieldMax.
 func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
@@ -168,14 +169,13 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	defer l.mu.Unlock()
 	if off {
 		if len(l.queue) > 0 {
-			// Back to the outbox: their databases are read again once the
-			// relay is on. (markDirty takes scanMu under l.mu; scanMu is
-			// never held while a lane's lock is taken.)
+			// Back to the relay, offered again once it is on. (letGo takes
+			// trackMu after l.mu is released: deferred.)
 			back := make([]model.Credit, len(l.queue))
 			for i, q := range l.queue {
 				back[i] = q.c
 			}
-			defer l.r.markDirty(back)
+			defer l.r.letGo(back)
 		}
 		l.queue, l.held, l.long = nil, map[string]struct{}{}, 0
 	}
@@ -224,9 +224,9 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 }
 
 // attempt delivers one batch within the lane's attempt timeout and settles
-// it: the delivered credits are marked and let go, the deferred ones queued
-// again after their own backoff, the others (no longer this destination's)
-// given back to the outbox. A failure puts the whole batch back and pauses the
+// it: the delivered credits are acknowledged and let go, the deferred ones
+// queued again after their own backoff, the others (no longer this
+// destination's) given back to the relay. A failure puts the whole batch back and pauses the
 // lane (exponential backoff); a success ends the pause. An attempt that ran
 // out of time halves the lane's batch size (down to batchMin), so a loaded
 // destination still gets work done rather than rolling back whole batches
@@ -270,15 +270,15 @@ func (l *lane) attempt(batch []queued) bool {
 	l.r.succeeded(l)
 	l.r.observeLag(l.local, delivered, now)
 	if len(delivered) > 0 {
-		l.r.markDelivered(delivered)
+		l.r.acked(delivered)
 	}
 	again := make(map[string]bool, len(deferred))
 	for _, c := range deferred {
 		again[c.ClaimID] = true
 	}
 	if len(delivered)+len(deferred) < len(cs) {
-		// Some are no longer this destination's: back to the outbox, whose
-		// database the next scans read.
+		// Some are no longer this destination's: back to the relay, which
+		// offers them to their destination now.
 		done := make(map[string]bool, len(delivered))
 		for _, c := range delivered {
 			done[c.ClaimID] = true
@@ -289,13 +289,13 @@ func (l *lane) attempt(batch []queued) bool {
 				back = append(back, c)
 			}
 		}
-		l.r.markDirty(back)
+		l.r.letGo(back)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.backoff, l.pausedUntil = 0, time.Time{}
 	l.size = min(2*l.size, BatchMax)
-	if len(l.released) > 4*laneDepthMax { // no scan ran for long (switched off): forget
+	if len(l.released) > 4*laneDepthMax { // no offer ran for long (switched off): forget
 		l.released = map[string]time.Time{}
 	}
 	var longest *queued
@@ -380,7 +380,8 @@ func earliestFresh(qs []queued) time.Time {
 // flush delivers, when the cell stops, everything the lane holds, once, in
 // batches of up to BatchMax, until a delivery fails or the relay's flush
 // time (relayFlushMax) is up. A lane backing off does not try: its
-// destination failed just now. The outbox keeps whatever is left.
+// destination failed just now. What is left is read again at the next
+// start, past its database's position.
 func (l *lane) flush() {
 	if l.r.cfg.Off() {
 		return
@@ -401,9 +402,9 @@ func (l *lane) flush() {
 	}
 }
 
-// scanBegins forgets the credits let go before a scan that begins at start:
-// that scan reads their rows after they were marked (or, left pending, the
-// scan is to deliver them again).
+// scanBegins forgets the credits let go before a read or offer that begins
+// at start: it finds them acknowledged (or, held still, it is to offer them
+// again).
 func (l *lane) scanBegins(start time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

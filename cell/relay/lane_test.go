@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,30 +20,108 @@ import (
 	"redcell/sharding"
 )
 
-// These tests drive the relay's lanes on synctest's fake clock, with the
-// store and the other cells faked: which credits go where, when, and how
-// often. The real ones are exercised in relay_test.go and stall_test.go.
+// These tests drive the relay on synctest's fake clock, with the store and
+// the other cells faked: which credits go where, when, and how often, what
+// the relay holds, what it reads and what positions it saves. The real ones
+// are exercised in cell's relay_test.go and stall_test.go.
 
-// fakeOutbox is the Store the relay uses, in memory.
-type fakeOutbox struct {
-	mu      sync.Mutex
-	pending []model.Credit            // what PendingCredits finds (db 0 only); marking removes
-	batches [][]string                // claim IDs of each ApplyCredits call, in order
-	applied map[string]int            // times each claim was applied or found applied
-	marked  map[string]int            // times each claim was marked delivered
-	dests   map[string]string         // the Dest each claim was last marked with
-	sent    map[string]string         // the dest each claim was last recorded as sent to (SendTo)
-	defer_  func(c model.Credit) bool // deferred by this call? (nil: never)
-	release chan struct{}             // when set, ApplyCredits waits for it to close
-	readGap chan struct{}             // when set, PendingCredits waits for it after reading db 0
-	reads   map[int]int               // PendingCredits calls by database
+// fakeStore is the Store the relay uses, in memory: the claims of each
+// database (what ClaimsAfter reads), the saved positions, and the wallets
+// of this cell's claimants (ApplyCredits).
+type fakeStore struct {
+	mu        sync.Mutex
+	claims    map[int][]model.Credit    // by database of the packet's shard, in ClaimPos order (addClaims)
+	positions map[int]int64             // the saved positions, by database
+	saves     []map[int]int64           // every SaveRelayPositions call, in order
+	posReads  [][]int                   // the databases of every RelayPositions call, in order
+	reads     map[int]int               // ClaimsAfter calls by database
+	froms     map[int][]int64           // the fromMS of each ClaimsAfter call by database
+	batches   [][]string                // claim IDs of each ApplyCredits call, in order
+	applied   map[string]int            // times each claim was applied or found applied
+	sent      map[string]string         // the dest each claim was last recorded as sent to (SendTo)
+	defer_    func(c model.Credit) bool // deferred by this call? (nil: never)
+	release   chan struct{}             // when set, ApplyCredits waits for it to close
+	readGap   chan struct{}             // when set, a ClaimsAfter that found claims waits for it before it returns
 }
 
-func newFakeOutbox() *fakeOutbox {
-	return &fakeOutbox{applied: map[string]int{}, marked: map[string]int{}, dests: map[string]string{}, sent: map[string]string{}, reads: map[int]int{}}
+var _ Store = (*fakeStore)(nil)
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{claims: map[int][]model.Credit{}, positions: map[int]int64{}, reads: map[int]int{}, froms: map[int][]int64{},
+		applied: map[string]int{}, sent: map[string]string{}}
 }
 
-func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
+// posOf is a credit's claim position (model.ClaimPos).
+func posOf(c model.Credit) model.ClaimPos {
+	_, seq, _ := model.ParseClaimID(c.ClaimID)
+	return model.ClaimPos{CreatedMS: c.CreatedMS, PacketID: c.PacketID, Seq: seq}
+}
+
+func comparePos(a, b model.ClaimPos) int {
+	return cmp.Or(cmp.Compare(a.CreatedMS, b.CreatedMS), strings.Compare(string(a.PacketID), string(b.PacketID)), cmp.Compare(a.Seq, b.Seq))
+}
+
+// addClaims commits cs: ClaimsAfter finds them under their packets' databases.
+func (f *fakeStore) addClaims(cs ...model.Credit) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range cs {
+		ref, err := model.ParsePacketID(string(c.PacketID))
+		if err != nil {
+			panic(err)
+		}
+		db := ref.Shard.DB()
+		f.claims[db] = append(f.claims[db], c)
+		slices.SortFunc(f.claims[db], func(a, b model.Credit) int { return comparePos(posOf(a), posOf(b)) })
+	}
+}
+
+func (f *fakeStore) ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads[db]++
+	f.froms[db] = append(f.froms[db], fromMS)
+	next := after
+	var out []model.Credit
+	for _, c := range f.claims[db] {
+		if c.CreatedMS < fromMS || after != (model.ClaimPos{}) && comparePos(posOf(c), after) <= 0 {
+			continue
+		}
+		if c.CreatedMS > beforeMS || len(out) == limit {
+			break
+		}
+		out, next = append(out, c), posOf(c)
+	}
+	if gap := f.readGap; gap != nil && len(out) > 0 {
+		f.mu.Unlock()
+		<-gap
+		f.mu.Lock()
+	}
+	return out, next, nil
+}
+
+func (f *fakeStore) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.posReads = append(f.posReads, slices.Clone(dbs))
+	out := map[int]int64{}
+	for _, db := range dbs {
+		if p, ok := f.positions[db]; ok {
+			out[db] = p
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeStore) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.saves = append(f.saves, maps.Clone(pos))
+	maps.Copy(f.positions, pos)
+	return nil
+}
+
+func (f *fakeStore) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
 	f.mu.Lock()
 	wait := f.release
 	f.mu.Unlock()
@@ -68,18 +147,7 @@ func (f *fakeOutbox) ApplyCredits(ctx context.Context, cs []model.Credit) (int, 
 	return len(cs) - len(deferred), deferred, nil
 }
 
-func (f *fakeOutbox) MarkDelivered(ctx context.Context, cs []model.Credit) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, c := range cs {
-		f.marked[c.ClaimID]++
-		f.dests[c.ClaimID] = c.Dest
-		f.pending = slices.DeleteFunc(f.pending, func(p model.Credit) bool { return p.ClaimID == c.ClaimID })
-	}
-	return 0, nil
-}
-
-func (f *fakeOutbox) SendTo(ctx context.Context, cs []model.Credit, dest string) error {
+func (f *fakeStore) SendTo(ctx context.Context, cs []model.Credit, dest string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, c := range cs {
@@ -88,36 +156,17 @@ func (f *fakeOutbox) SendTo(ctx context.Context, cs []model.Credit, dest string)
 	return nil
 }
 
-func (f *fakeOutbox) PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) ([]model.Credit, model.OutboxPos, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.reads[db]++
-	if db != 0 {
-		return nil, model.OutboxPos{}, nil
-	}
-	sorted := slices.SortedFunc(slices.Values(f.pending), func(a, b model.Credit) int { return strings.Compare(a.ClaimID, b.ClaimID) })
-	var out []model.Credit
-	for _, c := range sorted {
-		if c.ClaimID > afterID && len(out) < limit {
-			out = append(out, c)
-		}
-	}
-	var next model.OutboxPos
-	if len(out) > 0 {
-		next.ClaimID = out[len(out)-1].ClaimID
-	}
-	if gap := f.readGap; gap != nil {
-		f.mu.Unlock()
-		<-gap
-		f.mu.Lock()
-	}
-	return out, next, nil
-}
-
-func (f *fakeOutbox) count(m map[string]int, id string) int {
+func (f *fakeStore) count(m map[string]int, id string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return m[id]
+}
+
+// savedSince returns the SaveRelayPositions calls after the first n.
+func (f *fakeStore) savedSince(n int) []map[int]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.saves[n:])
 }
 
 // fixedPeers is a shard map that does not change.
@@ -215,37 +264,60 @@ var errRefused = errors.New("connection refused")
 // to cell-c (addr "c") unless cells says otherwise.
 type relayRig struct {
 	r     *Relay
-	store *fakeOutbox
+	store *fakeStore
 	net   *fakeNet
 	start time.Time
 	stop  func() // stops the relay (flushing) and waits for it
 }
 
+// rigOpts is what newRig builds a rig from; every field may be left zero.
+type rigOpts struct {
+	store *fakeStore      // nil: a new one (a rig over another rig's store: a restart)
+	net   *fakeNet        // nil: one that takes every credit
+	tune  func(*Config)   // applied to the relay's Config first
+	prep  func(r *Relay)  // called before Run
+	cells []sharding.Cell // the other cells (nil: cell-b and cell-c)
+}
+
 func newRelayRig(t *testing.T, cells ...sharding.Cell) *relayRig {
 	t.Helper()
-	return newRelayRigWith(t, nil, cells...)
+	return newRig(t, rigOpts{cells: cells})
 }
 
 // newRelayRigWith is newRelayRig with tune (if not nil) applied to the
 // relay's Config first.
 func newRelayRigWith(t *testing.T, tune func(*Config), cells ...sharding.Cell) *relayRig {
 	t.Helper()
+	return newRig(t, rigOpts{tune: tune, cells: cells})
+}
+
+func newRig(t *testing.T, o rigOpts) *relayRig {
+	t.Helper()
 	own, _ := sharding.ParseRanges("0-499")
+	cells := o.cells
 	if cells == nil {
 		b, _ := sharding.ParseRanges("500-749")
 		c, _ := sharding.ParseRanges("750-999")
 		cells = []sharding.Cell{{Name: "cell-b", Addr: "b", Shards: b}, {Name: "cell-c", Addr: "c", Shards: c}}
 	}
 	m, _ := sharding.NewMap(append([]sharding.Cell{{Name: "cell-a", Addr: "a", Shards: own}}, cells...))
-	store := newFakeOutbox()
-	net := &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
+	store, net := o.store, o.net
+	if store == nil {
+		store = newFakeStore()
+	}
+	if net == nil {
+		net = &fakeNet{answer: func(context.Context, string) ([]string, error) { return nil, nil }}
+	}
 	cfg := Config{Cell: "cell-a", Space: "real", Interval: 200 * time.Millisecond, DBs: own.DBs,
 		Owns: func(sh model.ShardID) bool { return sh < 500 }, Off: func() bool { return false },
 		Store: store, Client: net, Peers: fixedPeers{m}, Log: slog.New(slog.DiscardHandler)}
-	if tune != nil {
-		tune(&cfg)
+	if o.tune != nil {
+		o.tune(&cfg)
 	}
 	r := New(cfg)
+	if o.prep != nil {
+		o.prep(r)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -255,11 +327,44 @@ func newRelayRigWith(t *testing.T, tune func(*Config), cells ...sharding.Cell) *
 	return &relayRig{r: r, store: store, net: net, start: time.Now(), stop: stop}
 }
 
+// holds tells whether the relay holds c (not yet known credited).
+func (rig *relayRig) holds(c model.Credit) bool {
+	rig.r.trackMu.Lock()
+	defer rig.r.trackMu.Unlock()
+	for _, t := range rig.r.dbs {
+		if _, ok := t.pending[c.ClaimID]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// held is how many credits the relay holds (Relay.Held).
+func (rig *relayRig) held() int {
+	n, _ := rig.r.Held()
+	return n
+}
+
 // credit makes a credit for a claimant of shard sh; n names it. Its packet is
-// in a shard cell-a owns, as every packet of its outbox is.
-func credit(sh model.ShardID, n int) model.Credit {
-	id := model.PacketID(fmt.Sprintf("20260101%03d%03d3456789abcdef", sh%500, sh))
-	return model.Credit{ClaimID: fmt.Sprintf("%sc%d", id, n+1), PacketID: id, ActID: fmt.Sprintf("u%d", n), Shard: sh, Amount: 1}
+// in a shard cell-a owns (sh%500, database sh%500/10), as every packet whose
+// claims its relay delivers is.
+func credit(sh model.ShardID, n int) model.Credit { return claimIn(sh%500, sh, n, time.Time{}) }
+
+// claimAt is credit(sh, n) of a claim made at made.
+func claimAt(sh model.ShardID, n int, made time.Time) model.Credit {
+	return claimIn(sh%500, sh, n, made)
+}
+
+// claimIn makes the credit of a claim of a packet of shard pkt (one packet
+// per pkt and sh) for a claimant of shard sh, made at made (zero: unknown);
+// n names it.
+func claimIn(pkt, sh model.ShardID, n int, made time.Time) model.Credit {
+	id := model.PacketID(fmt.Sprintf("20260101%03d%03d3456789abcdef", pkt, sh))
+	c := model.Credit{ClaimID: fmt.Sprintf("%sc%d", id, n+1), PacketID: id, ActID: fmt.Sprintf("u%d", n), Shard: sh, Amount: 1}
+	if !made.IsZero() {
+		c.CreatedMS = made.UnixMilli()
+	}
+	return c
 }
 
 func ids(cs ...model.Credit) []string {
@@ -284,22 +389,24 @@ func TestLanesKeepDestinationsApart(t *testing.T) {
 			return nil, nil
 		}
 		local, toB, toC := credit(10, 0), credit(600, 1), credit(800, 2)
-		if left := rig.r.dispatch([]model.Credit{toC, local, toB}, time.Time{}); left != 0 {
-			t.Fatalf("%d credits left in the outbox, want 0", left)
+		rig.r.Enqueue([]model.Credit{toC, local, toB})
+		if d := rig.r.Stats.Dropped.Load(); d != 0 {
+			t.Fatalf("%d credits no lane took, want 0", d)
 		}
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		if rig.store.count(rig.store.marked, local.ClaimID) != 1 || len(rig.net.to("b")) != 1 {
-			t.Fatalf("after 50 ms: local marked %d times, %d calls to cell-b; want 1 and 1", rig.store.count(rig.store.marked, local.ClaimID), len(rig.net.to("b")))
+		if rig.store.count(rig.store.applied, local.ClaimID) != 1 || len(rig.net.to("b")) != 1 || rig.holds(local) || rig.holds(toB) {
+			t.Fatalf("after 50 ms: local applied %d times, %d calls to cell-b, held %v %v; want 1, 1, and neither held",
+				rig.store.count(rig.store.applied, local.ClaimID), len(rig.net.to("b")), rig.holds(local), rig.holds(toB))
 		}
 		time.Sleep(time.Second) // cell-c's first call still hangs
 		local2, toB2 := credit(11, 3), credit(601, 4)
-		rig.r.dispatch([]model.Credit{local2, toB2}, time.Time{})
+		rig.r.Enqueue([]model.Credit{local2, toB2})
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		if rig.store.count(rig.store.marked, local2.ClaimID) != 1 || len(rig.net.to("b")) != 2 {
-			t.Fatalf("while cell-c hangs: the new local credit marked %d times, %d calls to cell-b; want 1 and 2",
-				rig.store.count(rig.store.marked, local2.ClaimID), len(rig.net.to("b")))
+		if rig.store.count(rig.store.applied, local2.ClaimID) != 1 || len(rig.net.to("b")) != 2 {
+			t.Fatalf("while cell-c hangs: the new local credit applied %d times, %d calls to cell-b; want 1 and 2",
+				rig.store.count(rig.store.applied, local2.ClaimID), len(rig.net.to("b")))
 		}
 		time.Sleep(relayAttemptTimeout + time.Second) // past the first call's timeout and the backoff
 		calls := rig.net.to("c")
@@ -314,15 +421,15 @@ func TestLanesKeepDestinationsApart(t *testing.T) {
 		if gap := calls[1].at.Sub(calls[0].at); gap != relayAttemptTimeout+relayBackoffMin {
 			t.Errorf("second call to cell-c %s after the first, want %s", gap, relayAttemptTimeout+relayBackoffMin)
 		}
-		if n := rig.store.count(rig.store.marked, toC.ClaimID); n != 0 {
-			t.Errorf("cell-c's credit marked %d times while it hangs", n)
+		if !rig.holds(toC) || rig.held() != 1 {
+			t.Errorf("while cell-c hangs: its credit held %v, %d held in all; want it, alone", rig.holds(toC), rig.held())
 		}
 	})
 }
 
 // TestLaneBackoff: a destination that refuses every call is tried after
 // 100 ms, then 200 ms, ... up to 5 s between attempts; while the lane backs
-// off it takes no credits (they stay in the outbox); the first success ends
+// off it takes no credits (the relay holds them); the first success ends
 // the backoff, so the next failure waits 100 ms again.
 func TestLaneBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -371,10 +478,10 @@ func TestLaneBackoff(t *testing.T) {
 }
 
 // TestLaneBoundAndNoDoubleHandOff: with its deliveries stuck, a lane holds at
-// most laneDepthMax credits, the rest stay in the outbox; the scans that find
-// every pending row meanwhile hand it nothing it holds. Once deliveries go
-// through, each credit is applied and marked exactly once, the ones it had no
-// room for through a later scan.
+// most laneDepthMax credits, the relay the rest; the offers of every held
+// credit meanwhile (every 2 Intervals) hand it nothing it holds. Once
+// deliveries go through, each credit is applied exactly once, the ones it
+// had no room for through a later offer, and the relay holds nothing.
 func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
@@ -384,57 +491,66 @@ func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
 		for i := range laneDepthMax + 100 {
 			all = append(all, credit(model.ShardID(i%500), i))
 		}
-		rig.store.mu.Lock()
-		rig.store.pending = slices.Clone(all)
-		rig.store.mu.Unlock()
-		if left := rig.r.dispatch(all, time.Time{}); left != 100 {
-			t.Fatalf("%d credits left in the outbox, want the 100 beyond the lane's bound", left)
+		rig.r.Enqueue(all)
+		if d := rig.r.Stats.Dropped.Load(); d != 100 {
+			t.Fatalf("%d credits no lane took, want the 100 beyond the lane's bound", d)
 		}
-		time.Sleep(time.Second + 50*time.Millisecond) // five scans
+		time.Sleep(time.Second + 50*time.Millisecond) // five Intervals
 		synctest.Wait()
 		if held, _ := rig.r.local.state(); held != laneDepthMax {
 			t.Fatalf("the lane holds %d credits, want %d", held, laneDepthMax)
+		}
+		if n := rig.held(); n != len(all) {
+			t.Fatalf("the relay holds %d credits, want %d", n, len(all))
 		}
 		close(stuck)
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		for _, c := range all {
-			if a, m := rig.store.count(rig.store.applied, c.ClaimID), rig.store.count(rig.store.marked, c.ClaimID); a != 1 || m != 1 {
-				t.Fatalf("%s applied %d and marked %d times, want once each", c.ClaimID, a, m)
+			if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 {
+				t.Fatalf("%s applied %d times, want once", c.ClaimID, a)
 			}
+		}
+		if n := rig.held(); n != 0 {
+			t.Fatalf("the relay holds %d credits after every one was applied, want 0", n)
 		}
 	})
 }
 
-// TestScanDoesNotHandBackWhatWasJustDelivered: the scan reads a pending row;
-// before it hands the credit over, the lane delivers and marks it. The lane
-// does not take it again from that scan: it is applied once.
-func TestScanDoesNotHandBackWhatWasJustDelivered(t *testing.T) {
+// TestReadDoesNotHoldWhatWasJustDelivered: after a restart the relay reads a
+// claim past the saved position; before it holds the credit and hands it
+// over, the lane (given it fresh by the open path meanwhile) delivers it.
+// Neither the lane nor the relay takes it again from that read: it is
+// applied once and the relay holds nothing.
+func TestReadDoesNotHoldWhatWasJustDelivered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rig := newRelayRig(t)
-		x := credit(30, 0)
+		store := newFakeStore()
+		x := claimAt(30, 0, time.Now().Add(-time.Second))
+		store.addClaims(x)
 		applying, reading := make(chan struct{}), make(chan struct{})
-		rig.store.mu.Lock()
-		rig.store.pending, rig.store.release, rig.store.readGap = []model.Credit{x}, applying, reading
-		rig.store.mu.Unlock()
-		rig.r.dispatch([]model.Credit{x}, time.Time{}) // its delivery waits for applying
-		time.Sleep(300 * time.Millisecond)             // the scan at 200 ms has read x's row and waits for reading
+		store.release, store.readGap = applying, reading
+		rig := newRig(t, rigOpts{store: store})
+		rig.r.Enqueue([]model.Credit{x})   // its delivery waits for applying
+		time.Sleep(300 * time.Millisecond) // the tick at 200 ms has read x and waits for reading
 		synctest.Wait()
-		close(applying) // x is delivered, marked and let go
+		close(applying) // x is delivered, acknowledged and let go
 		synctest.Wait()
-		close(reading) // the scan hands x over
-		time.Sleep(time.Second)
+		close(reading) // the read hands x over
+		time.Sleep(2 * time.Second)
 		synctest.Wait()
-		if a, m := rig.store.count(rig.store.applied, x.ClaimID), rig.store.count(rig.store.marked, x.ClaimID); a != 1 || m != 1 {
-			t.Fatalf("applied %d and marked %d times, want once each", a, m)
+		if a := rig.store.count(rig.store.applied, x.ClaimID); a != 1 {
+			t.Fatalf("applied %d times, want once", a)
+		}
+		if n := rig.held(); n != 0 {
+			t.Fatalf("the relay holds %d credits, want 0", n)
 		}
 	})
 }
 
 // TestLaneDeferredCredit: a credit whose wallet row is locked is deferred
-// three times: the lane tries it again after 100, 200 and 400 ms, and marks
-// it only once applied; the other credits of its batch, and credits handed
-// over meanwhile, are applied and marked at once.
+// three times: the lane tries it again after 100, 200 and 400 ms, and the
+// relay holds it until it is applied; the other credits of its batch, and
+// credits handed over meanwhile, are applied at once and let go.
 func TestLaneDeferredCredit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
@@ -448,23 +564,23 @@ func TestLaneDeferredCredit(t *testing.T) {
 			return len(tries) <= 3
 		}
 		others := []model.Credit{credit(21, 1), credit(22, 2)}
-		rig.r.dispatch(append([]model.Credit{locked}, others...), time.Time{})
+		rig.r.Enqueue(append([]model.Credit{locked}, others...))
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
 		for _, c := range others {
-			if m := rig.store.count(rig.store.marked, c.ClaimID); m != 1 {
-				t.Fatalf("%s marked %d times, want 1", c.ClaimID, m)
+			if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 || rig.holds(c) {
+				t.Fatalf("%s applied %d times, held %v; want 1, let go", c.ClaimID, a, rig.holds(c))
 			}
 		}
-		if m := rig.store.count(rig.store.marked, locked.ClaimID); m != 0 {
-			t.Fatalf("the deferred credit was marked")
+		if !rig.holds(locked) || rig.held() != 1 {
+			t.Fatalf("the deferred credit held %v, %d held in all; want it, alone", rig.holds(locked), rig.held())
 		}
 		later := credit(23, 3)
-		rig.r.dispatch([]model.Credit{later}, time.Time{})
+		rig.r.Enqueue([]model.Credit{later})
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		if m := rig.store.count(rig.store.marked, later.ClaimID); m != 1 {
-			t.Fatalf("a credit handed over while another waits: marked %d times, want 1", m)
+		if a := rig.store.count(rig.store.applied, later.ClaimID); a != 1 {
+			t.Fatalf("a credit handed over while another waits: applied %d times, want 1", a)
 		}
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
@@ -478,11 +594,14 @@ func TestLaneDeferredCredit(t *testing.T) {
 		if !slices.Equal(gaps, []time.Duration{100 * ms, 200 * ms, 400 * ms}) {
 			t.Errorf("gaps between tries of the deferred credit %v, want [100ms 200ms 400ms]", gaps)
 		}
-		if a, m := rig.store.applied[locked.ClaimID], rig.store.marked[locked.ClaimID]; a != 1 || m != 1 {
-			t.Errorf("the deferred credit applied %d and marked %d times, want once each", a, m)
+		if a := rig.store.applied[locked.ClaimID]; a != 1 {
+			t.Errorf("the deferred credit applied %d times, want once", a)
 		}
 		if n := rig.r.Stats.Deferred.Load(); n != 3 {
 			t.Errorf("relayDeferred %d, want 3", n)
+		}
+		if n, _ := rig.r.Held(); n != 0 {
+			t.Errorf("the relay holds %d credits once the deferred one is applied, want 0", n)
 		}
 	})
 }
@@ -490,7 +609,8 @@ func TestLaneDeferredCredit(t *testing.T) {
 // TestRelayStopFlushes: when the cell stops, each lane delivers what it holds
 // at once (not after the linger, not waiting for the scan), and all of it
 // within relayFlushMax even when a destination hangs (one try, bounded by the
-// attempt timeout); the hanging cell's credits stay in the outbox.
+// attempt timeout); the relay still holds the hanging cell's credits when
+// it stops (read again past their position at the next start).
 func TestRelayStopFlushes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
@@ -501,15 +621,20 @@ func TestRelayStopFlushes(t *testing.T) {
 			return nil, nil
 		}
 		cs := []model.Credit{credit(10, 0), credit(600, 1), credit(800, 2), credit(11, 3)}
-		rig.r.dispatch(cs, time.Time{})
+		rig.r.Enqueue(cs)
 		start := time.Now()
 		rig.stop()
 		if took := time.Since(start); took > relayFlushMax {
 			t.Errorf("stopping took %s, want at most %s", took, relayFlushMax)
 		}
-		for i, want := range []int{1, 1, 0, 1} {
-			if m := rig.store.count(rig.store.marked, cs[i].ClaimID); m != want {
-				t.Errorf("credit %d marked %d times, want %d", i, m, want)
+		for i, want := range []bool{false, false, true, false} {
+			if h := rig.holds(cs[i]); h != want {
+				t.Errorf("credit %d held %v after the stop, want %v", i, h, want)
+			}
+		}
+		for _, i := range []int{0, 3} {
+			if a := rig.store.count(rig.store.applied, cs[i].ClaimID); a != 1 {
+				t.Errorf("local credit %d applied %d times, want 1", i, a)
 			}
 		}
 		if b := rig.net.to("b"); len(b) != 1 || !slices.Equal(b[0].ids, ids(cs[1])) {
@@ -525,7 +650,7 @@ func TestRelayStopFlushes(t *testing.T) {
 }
 
 // TestLanesBoundedAndRetired: at most lanesMax lanes to other cells; credits
-// for one more cell stay in the outbox. A lane that held nothing for
+// for one more cell are left to the relay. A lane that held nothing for
 // laneIdleStop stops; the next credit for its cell starts it again.
 func TestLanesBoundedAndRetired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -538,7 +663,7 @@ func TestLanesBoundedAndRetired(t *testing.T) {
 		}
 		rig := newRelayRig(t, cells...)
 		if left := rig.r.dispatch(cs[:lanesMax], time.Time{}); left != 0 {
-			t.Fatalf("%d credits left in the outbox, want 0", left)
+			t.Fatalf("%d credits no lane took, want 0", left)
 		}
 		if left := rig.r.dispatch(cs[lanesMax:], time.Time{}); left != 1 {
 			t.Fatalf("a credit for a cell beyond %d lanes was taken", lanesMax)
@@ -603,8 +728,8 @@ func TestLanesYieldToOpens(t *testing.T) {
 		time.Sleep(10*time.Millisecond + yieldPoll)
 		synctest.Wait()
 		for _, c := range small[:2] {
-			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
-				t.Errorf("loaded, after YieldMax: %s marked %d times, want 1", c.ClaimID, n)
+			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
+				t.Errorf("loaded, after YieldMax: %s applied %d times, want 1", c.ClaimID, n)
 			}
 		}
 		if calls := len(rig.net.to("b")); calls != 1 {
@@ -618,8 +743,8 @@ func TestLanesYieldToOpens(t *testing.T) {
 		rig.r.dispatch(full, time.Time{})
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
-		if n := rig.store.count(rig.store.marked, full[BatchMax-1].ClaimID); n != 1 {
-			t.Errorf("loaded, a full batch: marked %d times at once, want 1", n)
+		if n := rig.store.count(rig.store.applied, full[BatchMax-1].ClaimID); n != 1 {
+			t.Errorf("loaded, a full batch: applied %d times at once, want 1", n)
 		}
 
 		late := []model.Credit{credit(30, 900), credit(31, 901)}
@@ -633,8 +758,8 @@ func TestLanesYieldToOpens(t *testing.T) {
 		time.Sleep(yieldPoll + Linger)
 		synctest.Wait()
 		for _, c := range late {
-			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
-				t.Errorf("load dropped: %s marked %d times within %s, want 1", c.ClaimID, n, yieldPoll+Linger)
+			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
+				t.Errorf("load dropped: %s applied %d times within %s, want 1", c.ClaimID, n, yieldPoll+Linger)
 			}
 		}
 	})
@@ -693,7 +818,7 @@ func TestLaneShrinksAfterTimeouts(t *testing.T) {
 		for i := range cs {
 			cs[i] = credit(model.ShardID(i%500), i)
 		}
-		rig.r.dispatch(cs, time.Time{})
+		rig.r.Enqueue(cs)
 		time.Sleep(2*relayLocalTimeout + time.Second) // two attempts time out (500, then 250), the third (125) waits
 		synctest.Wait()
 		rig.store.mu.Lock()
@@ -712,74 +837,106 @@ func TestLaneShrinksAfterTimeouts(t *testing.T) {
 			t.Errorf("batches applied: %v, want %v", sizes, want)
 		}
 		for _, c := range cs {
-			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
-				t.Fatalf("%s marked %d times, want 1", c.ClaimID, n)
+			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
+				t.Fatalf("%s applied %d times, want 1", c.ClaimID, n)
 			}
+		}
+		if n := rig.held(); n != 0 {
+			t.Fatalf("the relay holds %d credits, want 0", n)
 		}
 	})
 }
 
-// TestScanReadsOnlyMarkedOutboxes: the first scan reads every database's
-// outbox, and so does every tenth (SweepIntervals); a sweep for an event
-// (here the start) marks every database, so the two scans after it read
-// them all again (rows younger than two intervals); the scans between read
-// only those marked: here database 40, whose claim no lane could take (its
-// claimant's shard has no owner in the map), until a scan that could see
-// that row finds nothing there.
-func TestScanReadsOnlyMarkedOutboxes(t *testing.T) {
+// TestReadsOnlyWhereNeeded: the first Interval reads the saved positions of
+// every database the cell serves, in one call, and the claims past them,
+// once per database (one page each here: none is full); the Intervals after
+// read nothing while nothing calls for it. A database the cell gains is
+// read from its position at the next Interval, once; one it loses is no
+// longer read or saved.
+func TestReadsOnlyWhereNeeded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b, _ := sharding.ParseRanges("500-749") // 750-999: no owner
-		rig := newRelayRig(t, sharding.Cell{Name: "cell-b", Addr: "b", Shards: b})
-		reads := func() map[int]int {
+		var gained atomic.Bool
+		own, _ := sharding.ParseRanges("0-499")
+		more, _ := sharding.ParseRanges("10-509")
+		rig := newRelayRigWith(t, func(c *Config) {
+			c.DBs = func() []int {
+				if gained.Load() {
+					return more.DBs() // gains database 50, loses 0
+				}
+				return own.DBs()
+			}
+			c.Owns = func(sh model.ShardID) bool {
+				if gained.Load() {
+					return sh >= 10 && sh < 510
+				}
+				return sh < 500
+			}
+		})
+		rig.store.mu.Lock()
+		rig.store.positions[50] = time.Now().Add(-time.Minute).UnixMilli()
+		rig.store.mu.Unlock()
+		snapshot := func() (map[int]int, [][]int, map[int][]int64) {
 			rig.store.mu.Lock()
 			defer rig.store.mu.Unlock()
-			return maps.Clone(rig.store.reads)
+			return maps.Clone(rig.store.reads), slices.Clone(rig.store.posReads), maps.Clone(rig.store.froms)
 		}
-		time.Sleep(300 * time.Millisecond) // the first scan, at 200 ms: a sweep
+		time.Sleep(300 * time.Millisecond) // the first Interval, at 200 ms
 		synctest.Wait()
-		if got := reads(); len(got) != 50 || got[0] != 1 || got[49] != 1 {
-			t.Fatalf("after the first scan: reads %v, want each of the 50 databases once", got)
+		reads, posReads, froms := snapshot()
+		if len(posReads) != 1 || !slices.Equal(posReads[0], own.DBs()) {
+			t.Fatalf("positions read %v, want the 50 databases in one call", posReads)
 		}
-		time.Sleep(400 * time.Millisecond) // the scans at 400 and 600 ms: the start's rows
+		if len(reads) != 50 || reads[0] != 1 || reads[49] != 1 || froms[7][0] != 0 {
+			t.Fatalf("after the first Interval: reads %v (database 7 from %v), want each of the 50 databases once, from its first claim (no position saved)", reads, froms[7])
+		}
+		time.Sleep(2 * time.Second) // ten more Intervals
 		synctest.Wait()
-		if got := reads(); len(got) != 50 || got[0] != 3 || got[49] != 3 {
-			t.Fatalf("after three scans: reads %v, want each of the 50 databases three times", got)
+		if again, posAgain, _ := snapshot(); !maps.Equal(again, reads) || len(posAgain) != 1 {
+			t.Fatalf("Intervals with nothing to read read claims %v and positions %v, want nothing more", again, posAgain)
 		}
-		c := credit(900, 0) // its packet is in shard 400, database 40
-		rig.r.Enqueue([]model.Credit{c})
-		time.Sleep(1100 * time.Millisecond) // scans at 800 ms .. 1.8 s
+		if n := rig.r.Stats.Scans.Load(); n != 11 {
+			t.Errorf("%d Intervals worked by 2.3 s, want 11", n)
+		}
+		saves := len(rig.store.savedSince(0))
+		gained.Store(true)
+		time.Sleep(time.Second)
 		synctest.Wait()
-		got := reads()
-		if got[40] < 3+3 || got[40] > 3+5 {
-			t.Errorf("database 40 read %d times, want 3 and 3-5 after its mark (until a scan that sees rows as old as the mark finds none)", got[40])
+		reads, posReads, froms = snapshot()
+		if len(posReads) != 2 || !slices.Equal(posReads[1], []int{50}) {
+			t.Fatalf("positions read %v, want database 50's alone after the first", posReads)
 		}
-		for db, n := range got {
-			if db != 40 && n != 3 {
-				t.Errorf("database %d read %d times between sweeps, want 3 (the start's sweep and the two scans after it)", db, n)
+		if reads[50] != 1 || froms[50][0] != rig.store.positions[50] {
+			t.Errorf("database 50 read %d times from %v, want once from its saved position %d", reads[50], froms[50], rig.store.positions[50])
+		}
+		for db, n := range reads {
+			if db != 50 && n != 1 {
+				t.Errorf("database %d read %d times, want once (at the start)", db, n)
 			}
 		}
-		if n := rig.r.Stats.Scans.Load(); n != 9 {
-			t.Errorf("%d scans by 1.8 s, want 9", n)
-		}
-		time.Sleep(500 * time.Millisecond) // the scan at 2.2 s: ten intervals after the first sweep
+		rig.r.Enqueue([]model.Credit{claimAt(5, 0, time.Now())}) // database 0, lost: held until the next Interval forgets it
+		time.Sleep(PositionEvery)
 		synctest.Wait()
-		for db, n := range reads() {
-			if want := got[db] + 1; n != want {
-				t.Errorf("database %d read %d times after the second sweep, want %d (a periodic sweep marks nothing)", db, n, want)
+		for _, pos := range rig.store.savedSince(saves) {
+			if _, ok := pos[0]; ok {
+				t.Errorf("saved a position of database 0, which the cell no longer serves: %v", pos)
 			}
+		}
+		if n := rig.held(); n != 0 {
+			t.Errorf("the relay holds %d credits of a database it no longer serves, want 0", n)
 		}
 	})
 }
 
 // TestCreditAppliedOnceAcrossCells: before a credit goes to a cell other
-// than the one its outbox row says it was sent to (Credit.Dest), the relay
+// than the one its claim row says it was sent to (Credit.Dest), the relay
 // asks that cell's copy of the claimant's database. Found there and not
-// where the database is served now: not delivered again, marked with where
-// it was applied (Stats.Elsewhere); found at both (moved with its rows):
-// marked with the new destination, not counted. Not found: recorded as
-// sent to the new destination, delivered, marked with it. That cell not in the
-// map: held in the outbox (Stats.Held). A row sent nowhere else, or never
-// sent, is delivered without a question.
+// where the database is served now: not delivered again, acknowledged
+// (Stats.Elsewhere); found at both (moved with its rows): acknowledged, not
+// counted. Not found: recorded as sent to the new destination (SendTo),
+// delivered. That cell not in the map: recorded as sent to the new
+// destination and delivered unasked (Stats.Unasked). That cell unable to
+// answer: held by the relay (Stats.Held) and asked about again. A claim
+// sent nowhere else, or never sent, is delivered without a question.
 func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
@@ -790,8 +947,10 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		w, v, u := credit(10, 3), credit(11, 4), credit(603, 5)   // cell-a's, cell-a's, cell-b's
 		r := credit(605, 7)                                       // cell-b's, found at cell-c and cell-b: moved with its rows
 		x.Dest, y.Dest, z.Dest, w.Dest, v.Dest, r.Dest = "cell-c", "cell-c", "cell-gone", "cell-c", "cell-a", "cell-c"
-		if left := rig.r.dispatch([]model.Credit{x, y, z, w, v, u, r}, time.Time{}); left != 0 {
-			t.Fatalf("%d credits left in the outbox, want 0", left)
+		all := []model.Credit{x, y, z, w, v, u, r}
+		rig.r.Enqueue(all)
+		if d := rig.r.Stats.Dropped.Load(); d != 0 {
+			t.Fatalf("%d credits no lane took, want 0", d)
 		}
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
@@ -809,13 +968,10 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		if a := rig.store.count(rig.store.applied, w.ClaimID); a != 0 {
 			t.Errorf("w, applied at cell-c's copy, applied %d times here, want 0", a)
 		}
-		rig.store.mu.Lock()
-		dests := maps.Clone(rig.store.dests)
-		rig.store.mu.Unlock()
-		want := map[string]string{x.ClaimID: "cell-c", w.ClaimID: "cell-c", y.ClaimID: "cell-b", z.ClaimID: "cell-b", u.ClaimID: "cell-b",
-			v.ClaimID: "cell-a", r.ClaimID: "cell-b"}
-		if !maps.Equal(dests, want) {
-			t.Errorf("marked with dests %v, want %v", dests, want)
+		for _, c := range all {
+			if rig.holds(c) {
+				t.Errorf("%s (%s) still held, want acknowledged", c.ClaimID, c.ActID)
+			}
 		}
 		rig.store.mu.Lock()
 		sent := maps.Clone(rig.store.sent)
@@ -835,19 +991,38 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 			t.Errorf("Stats.Elsewhere %d, Held %d, Unasked %d; want 2, 0 and 1", e, h, un)
 		}
 
-		// cell-c cannot answer: its credits stay in the outbox, asked again later.
+		// cell-c cannot answer: the relay holds its credits and asks about
+		// them again at its next offers.
+		rig.net.mu.Lock()
 		rig.net.copies = func(string, model.Credit) (bool, error) { return false, errRefused }
+		rig.net.mu.Unlock()
 		callsB := len(rig.net.to("b"))
 		q := credit(604, 6)
 		q.Dest = "cell-c"
-		rig.r.dispatch([]model.Credit{q}, time.Time{})
+		rig.r.Enqueue([]model.Credit{q})
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
-		if a, m := len(rig.net.to("b")), rig.store.count(rig.store.marked, q.ClaimID); a != callsB || m != 0 {
-			t.Errorf("while cell-c cannot answer: %d calls to cell-b (want still %d), q marked %d times (want 0)", a, callsB, m)
+		if a := len(rig.net.to("b")); a != callsB || !rig.holds(q) {
+			t.Errorf("while cell-c cannot answer: %d calls to cell-b (want still %d), q held %v (want true)", a, callsB, rig.holds(q))
 		}
 		if h := rig.r.Stats.Held.Load(); h != 1 {
 			t.Errorf("Stats.Held %d, want 1", h)
+		}
+		time.Sleep(time.Second) // offered again at the Intervals 2 and 4 after (600 ms and 1 s)
+		synctest.Wait()
+		if h := rig.r.Stats.Held.Load(); h < 2 || !rig.holds(q) {
+			t.Errorf("after a second: Stats.Held %d, q held %v; want it asked about again, and held", h, rig.holds(q))
+		}
+		rig.net.mu.Lock()
+		rig.net.copies = nil // cell-c answers: not there
+		rig.net.mu.Unlock()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		rig.store.mu.Lock()
+		sentQ := rig.store.sent[q.ClaimID]
+		rig.store.mu.Unlock()
+		if rig.holds(q) || sentQ != "cell-b" || len(rig.net.to("b")) != callsB+1 {
+			t.Errorf("cell-c answering again: q held %v, sent to %q, %d calls to cell-b; want delivered to cell-b, once", rig.holds(q), sentQ, len(rig.net.to("b"))-callsB)
 		}
 	})
 }
@@ -926,7 +1101,7 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 				return nil, ctx.Err()
 			}
 		}
-		rig.r.dispatch([]model.Credit{credit(600, 1)}, time.Time{})
+		rig.r.Enqueue([]model.Credit{credit(600, 1)})
 		time.Sleep(Linger + 100*time.Millisecond)
 		synctest.Wait()
 		if b := rig.r.Behind(time.Now()); b != Linger+100*time.Millisecond {
@@ -937,7 +1112,7 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 		if b := rig.r.Behind(time.Now()); b != 0 {
 			t.Errorf("remote attempt in flight over %s: behind %s, want 0 (stalled peer)", remoteStall, b)
 		}
-		rig.r.dispatch([]model.Credit{credit(601, 2)}, time.Time{}) // queued behind the stalled attempt
+		rig.r.Enqueue([]model.Credit{credit(601, 2)}) // queued behind the stalled attempt
 		mu.Lock()
 		hang = false
 		mu.Unlock()
@@ -953,10 +1128,11 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 		synctest.Wait()
-		for _, c := range []model.Credit{credit(600, 1), credit(601, 2)} {
-			if n := rig.store.count(rig.store.marked, c.ClaimID); n != 1 {
-				t.Errorf("%s marked %d times, want 1", c.ClaimID, n)
-			}
+		if calls := rig.net.to("b"); len(calls) != 2 || !slices.Equal(calls[1].ids, ids(credit(600, 1), credit(601, 2))) {
+			t.Errorf("calls to cell-b %+v, want the retry to carry both credits", calls)
+		}
+		if n := rig.held(); n != 0 {
+			t.Errorf("the relay holds %d credits after the retry, want 0", n)
 		}
 	})
 }

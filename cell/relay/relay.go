@@ -1,12 +1,17 @@
-// Package relay delivers claims to the claimants' wallets: at least once from
-// a cell's outbox, applied exactly once by the receiving side (the claim ID is
-// the order number). It is built from what it uses: the outbox and the wallets
-// of one money space (Store), a client for calls to other cells (Client), the
-// shard map (Peers), a clock and a logger; it knows nothing of the cell's
-// server.
+// Package relay delivers claims to the claimants' wallets: at least once,
+// applied exactly once by the receiving side (the claim ID is the order
+// number). A claim is its own outbox row: the relay takes committed claims
+// from the open workers in memory, holds each until a delivery is
+// acknowledged, and keeps per database a durable position below which every
+// claim is credited, read back after a restart (or when the cell gains the
+// database) to deliver the claims past it again. It is built from what it
+// uses: the claims and wallets of one money space (Store), a client for
+// calls to other cells (Client), the shard map (Peers), a clock and a
+// logger; it knows nothing of the cell's server.
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,12 +29,14 @@ import (
 	"redcell/sharding"
 )
 
-// Store is the part of a cell's store the relay uses (storage.Outbox and
-// storage.Wallets): outbox rows to deliver (and where they go), wallets to
-// credit for this cell's own claimants.
+// Store is the part of a cell's store the relay uses (storage.Relayed and
+// the wallets): the claims to read again past a position, the positions,
+// where a credit went (SendTo), and wallets to credit for this cell's own
+// claimants.
 type Store interface {
-	PendingCredits(ctx context.Context, db int, beforeMS, afterMS int64, afterID string, limit int) (credits []model.Credit, next model.OutboxPos, err error)
-	MarkDelivered(ctx context.Context, credits []model.Credit) (skipped int, err error)
+	ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) (credits []model.Credit, next model.ClaimPos, err error)
+	RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error)
+	SaveRelayPositions(ctx context.Context, pos map[int]int64) error
 	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
 	SendTo(ctx context.Context, credits []model.Credit, dest string) error
 }
@@ -56,17 +63,17 @@ type Peers interface {
 type Config struct {
 	Cell     string                   // this cell's name: the local lane's destination
 	Space    string                   // the money space, "real" or "shadow", for logs
-	Interval time.Duration            // how often the outbox is scanned (RelayInterval)
-	DBs      func() []int             // the databases whose outboxes are scanned: those the cell serves now, read each scan
+	Interval time.Duration            // how often the relay offers again what no lane took, reads claims it must and saves positions (RelayInterval)
+	DBs      func() []int             // the databases whose claims it delivers: those the cell serves now, read every Interval
 	Owns     func(model.ShardID) bool // whether this cell serves a shard now (its claimants are credited locally)
 	// Enter, when set, registers a delivery to this cell's wallets or a
-	// marking of its outbox as work that writes databases dbs (those of the
-	// credits' shards, or of their packets'); the relay calls the returned
+	// save of positions as work that writes databases dbs (those of the
+	// credits' shards, or the positions'); the relay calls the returned
 	// leave when the write is done, and checks Owns after Enter. A move's
 	// freeze of one of dbs waits for such work (cell.ownership). nil: none.
 	Enter  func(dbs []int) (leave func())
 	Off    func() bool // the relay degrade switch: true while switched off
-	Store  Store       // the space's outbox and wallets
+	Store  Store       // the space's claims and wallets
 	Client Client      // calls to other cells, for this space
 	Peers  Peers       // the shard map
 	Clock  clock.Clock // nil: clock.Real
@@ -82,8 +89,8 @@ type Config struct {
 	// now or found applied before), the time from its claim's creation
 	// (Credit.CreatedMS; credits without one are not observed) to the
 	// acknowledgement, on the relay's clock; local tells the lane kind. A
-	// credit delivered again (its outbox mark was skipped or lost) is
-	// observed again, with its longer lag. nil: not observed. Called from
+	// credit delivered again (read again after a restart) is observed
+	// again, with its longer lag. nil: not observed. Called from
 	// the lanes' goroutines.
 	CreditLag func(local bool, lag time.Duration)
 }
@@ -91,19 +98,20 @@ type Config struct {
 // Stats are the relay's counters since the start (the cell's metrics and
 // /healthz read them).
 type Stats struct {
-	Relayed     atomic.Int64 // credits delivered and marked in the outbox
-	Dropped     atomic.Int64 // fresh claims no lane took (the outbox scan delivers them)
-	Errors      atomic.Int64 // failed scans, deliveries and marks, and claims with no live owner
-	Deferred    atomic.Int64 // credits the receiver deferred (each deferral)
-	MarkSkipped atomic.Int64 // delivered credits left pending because their row was locked
-	Scans       atomic.Int64 // outbox scans finished
-	Yields      atomic.Int64 // times a lane began to hold back a batch because the cell was loaded (Config.Busy)
+	Relayed  atomic.Int64 // credits whose delivery was acknowledged (applied now or before)
+	Dropped  atomic.Int64 // fresh claims no lane took at once (held, and offered again 2 to 3 Intervals later)
+	Errors   atomic.Int64 // failed reads, position saves and deliveries, and claims with no live owner
+	Deferred atomic.Int64 // credits the receiver deferred (each deferral)
+	Reads    atomic.Int64 // pages of claims read again from the store (after a start, a gained database, an unknown commit)
+	Saves    atomic.Int64 // position saves written
+	Scans    atomic.Int64 // Intervals worked (tick): offers again, reads, saves
+	Yields   atomic.Int64 // times a lane began to hold back a batch because the cell was loaded (Config.Busy)
 	// Elsewhere counts credits not delivered because the cell they were sent
 	// to has them applied in its copy of the claimant's database, which
 	// another cell serves now: reported, never booked a second time.
 	Elsewhere atomic.Int64
-	// Held counts credits kept in the outbox, once per attempt, because the
-	// cell they were sent to could not be asked whether it applied them (the
+	// Held counts credits kept back, once per attempt, because the cell
+	// they were sent to could not be asked whether it applied them (the
 	// question failed, or that cell holds the claim with another account or
 	// amount) or their new destination could not be recorded.
 	Held atomic.Int64
@@ -114,15 +122,17 @@ type Stats struct {
 }
 
 // Relay delivers the claims of one money space. Fresh claims come straight
-// from the open workers (Enqueue); a periodic scan of the outbox picks up
-// whatever that missed (a crash, a full or paused lane, a peer down, a locked
-// row).
+// from the open workers (Enqueue) and are held in memory until a delivery
+// is acknowledged; what a lane could not take is offered again every
+// Interval. Claims it never saw (committed before a crash, an unknown
+// commit's, those of a database it gains) it reads from the store past the
+// database's saved position.
 //
-// Both hand credits to dispatch, which splits them by destination, the cell
-// that owns the claimant's wallet, into lanes (lane.go): the local lane for
-// this cell's own shards, which applies them in its store and never waits on
-// the network, and one lane per other cell. Nothing that hands credits over
-// ever blocks: what a lane cannot take stays in the outbox for the scan.
+// Credits go to dispatch, which splits them by destination, the cell that
+// owns the claimant's wallet, into lanes (lane.go): the local lane for this
+// cell's own shards, which applies them in its store and never waits on the
+// network, and one lane per other cell. Nothing that hands credits over ever
+// blocks.
 //
 // Lifecycle: New, then Run until its ctx ends; Enqueue may be called at any
 // time from any goroutine (after Run ends it takes nothing).
@@ -139,38 +149,58 @@ type Relay struct {
 
 	stop    chan struct{}      // closed when the cell stops: lanes flush and exit
 	flushBy atomic.Int64       // Unix ns when the flush after stop ends (no attempt runs past it); 0 while serving
-	life    context.Context    // parent of every delivery and mark; ends relayFlushMax after stop
+	life    context.Context    // parent of every delivery and save; ends relayFlushMax after stop
 	endLife context.CancelFunc // ends life
 	lanesWG sync.WaitGroup     // lane goroutines
 
-	// What the scans read (see scan): between sweeps of every database,
-	// only those whose outbox may hold rows no lane took.
-	scanMu    sync.Mutex
-	dirty     map[int]time.Time // database → when it was last marked
-	lastSweep time.Time         // start of the last sweep that read every database; zero: none yet
-	swept     []int             // the databases of that sweep
-	wasOff    bool              // a scan found the relay switched off since the last sweep
+	trackMu  sync.Mutex       // guards dbs, held, lastSave, readAcks
+	dbs      map[int]*dbTrack // by database of the packets' shards: what the relay holds of its claims
+	held     int              // credits held over every database
+	heldMax  int              // HeldMax (lower in tests)
+	lastSave time.Time        // when positions were last saved
+	// readAcks holds, while a tick runs (nil between ticks), the claim IDs
+	// acknowledged since it began: its read of claims does not hold them
+	// again (a lane let them go after the read began: lane.released).
+	readAcks map[string]bool
 
 	failures  *incident.Set     // failed deliveries, per destination
 	deferrals *incident.Set     // credits deferred again and again, per destination
-	marking   *incident.Tracker // outbox marks that failed
-	scanning  *incident.Tracker // outbox reads that failed
+	saving    *incident.Tracker // position saves (and reads) that failed
+	reading   *incident.Tracker // claim reads that failed
 	asking    *incident.Set     // credits held: their last destination could not be asked, per that cell
 	unasked   *incident.Set     // credits delivered unasked: their last destination left the map, per that cell
+}
+
+// dbTrack is what the relay knows of the claims of one database (of the
+// packets' shards) it serves.
+type dbTrack struct {
+	pending map[string]*tracked // claims not yet known credited, by claim ID
+	loaded  bool                // saved was read from the store
+	saved   int64               // the position last saved or read (Unix ms); -1: none stored
+	moved   bool                // claims came or went since the last save
+	read    bool                // claims past from must be read from the store
+	from    int64               // where that reading starts (Unix ms)
+	cursor  model.ClaimPos      // how far it has got (zero: not begun)
+}
+
+// tracked is a credit the relay holds until a delivery is acknowledged.
+type tracked struct {
+	c       model.Credit
+	offered time.Time // when last offered to a lane; zero: never, or let go since
 }
 
 // The relay's limits that the simulation (package sim) models with the same
 // values. None is settable: docs/config.md lists them.
 const (
-	// BatchMax is the most credits one delivery carries, and one page of an
-	// outbox scan: one transaction at the receiver, one HTTP call for another
-	// cell.
+	// BatchMax is the most credits one delivery carries, and one page of
+	// claims read from the store: one transaction at the receiver, one HTTP
+	// call for another cell.
 	BatchMax = 500
 	// Linger is how long a lane waits for a batch to fill; it adds at most
 	// this much to the time a claimant waits for the credit.
 	Linger = 20 * time.Millisecond
-	// ScanPagesMax is the most pages of BatchMax rows one scan reads per
-	// database: the rest waits for the next scan.
+	// ScanPagesMax is the most pages of BatchMax claims one Interval reads
+	// per database: the rest waits for the next.
 	ScanPagesMax = 10
 	// YieldMax is the longest a lane holds back a batch smaller than
 	// BatchMax while the cell is loaded (Config.Busy), counted from the
@@ -203,7 +233,7 @@ const (
 	// on this cell's own database, which on a shard's first use creates its
 	// tables first (seconds for a batch on a busy server without the warm-up).
 	relayLocalTimeout = 5 * time.Second
-	// relayDBTimeout bounds each outbox read (scan) and mark.
+	// relayDBTimeout bounds each read of claims or positions, and each save.
 	relayDBTimeout = 2 * time.Second
 	// relayBackoffMin and relayBackoffMax bound a lane's pause after a failed
 	// delivery (doubling from the first to the second; a success ends it) and
@@ -215,7 +245,7 @@ const (
 	laneDepthMax = 8192
 	// lanesMax is the most lanes to other cells per space: above the 100 cells
 	// a cluster can have (a cell owns at least one database of 100). Credits
-	// for a cell beyond it wait in the outbox until a lane retires.
+	// for a cell beyond it wait, held, until a lane retires.
 	lanesMax = 128
 	// laneIdleStop: a lane that held nothing this long stops (the cell it
 	// served may have left the map); the next credit for it starts it again.
@@ -235,6 +265,30 @@ const (
 	yieldPoll = 25 * time.Millisecond
 )
 
+// The relay's positions. None is settable: docs/config.md lists them.
+const (
+	// PositionEvery is how often the relay saves, per database whose claims
+	// came or went since, the position below which every claim is credited.
+	// After a crash the claims past it are read and delivered again (the
+	// receivers refuse them as repeats): about Slack + PositionEvery of
+	// claims, more when a credit was held for longer.
+	PositionEvery = 5 * time.Second
+	// Slack is how far behind now a position stays even when nothing is
+	// held: a claim is stamped (created_ms) before its group commits and
+	// reaches the relay, within the open's own deadline, well below this.
+	// One that took longer and was lost in a crash is read again only by
+	// reconciliation, after its settle time.
+	Slack = 5 * time.Second
+	// HeldMax is the most credits the relay holds over every database (a
+	// destination down for long); past it, claims of a database are read
+	// from the store again later instead of being held.
+	HeldMax = 200_000
+	// reofferIntervals: a held credit is offered again at the first
+	// Interval at least this many Intervals after its last offer (2 to 3
+	// Intervals later); a lane that holds it skips it.
+	reofferIntervals = 2
+)
+
 // Behind is how far the relay is behind at now with the credits this
 // cell's opens make: the age (from its claim's creation, as the credit lag
 // counts it) of the oldest fresh credit (handed over by an open, Enqueue)
@@ -247,7 +301,7 @@ const (
 // against dozens, and without a bounded share of them credits fall seconds
 // behind under overload. A lane backing off after failures is not counted:
 // its destination is down or hung, which shedding here does not mend (the
-// outbox keeps its credits). Safe for concurrent use; it reads each lane's
+// relay keeps its credits). Safe for concurrent use; it reads each lane's
 // queue under its lock (up to laneDepthMax credits).
 func (r *Relay) Behind(now time.Time) time.Duration {
 	if r.cfg.Off() {
@@ -268,11 +322,11 @@ func (r *Relay) Behind(now time.Time) time.Duration {
 // New builds a relay; it does no I/O and starts nothing (see Run).
 func New(cfg Config) *Relay {
 	log := cfg.Log.With("space", cfg.Space)
-	r := &Relay{cfg: cfg, clock: clock.Or(cfg.Clock), log: log, remote: map[string]*lane{}, stop: make(chan struct{}), dirty: map[int]time.Time{},
+	r := &Relay{cfg: cfg, clock: clock.Or(cfg.Clock), log: log, remote: map[string]*lane{}, stop: make(chan struct{}), dbs: map[int]*dbTrack{}, heldMax: HeldMax,
 		failures:  incident.NewSet(log, "relay delivery", "dest", incident.DefaultEvery, lanesMax+1),
 		deferrals: incident.NewSet(log, "relay credit deferred for long", "dest", incident.DefaultEvery, lanesMax+1),
-		marking:   incident.New(log, "relay outbox marking", incident.DefaultEvery),
-		scanning:  incident.New(log, "outbox scan", incident.DefaultEvery),
+		saving:    incident.New(log, "relay position", incident.DefaultEvery),
+		reading:   incident.New(log, "relay claims read", incident.DefaultEvery),
 		asking:    incident.NewSet(log, "relay credit held: where it went cannot be asked or recorded", "sent_to", incident.DefaultEvery, lanesMax+1),
 		unasked:   incident.NewSet(log, "relay credit delivered without asking the cell it was sent to, which is not in the map", "sent_to", incident.DefaultEvery, lanesMax+1),
 	}
@@ -300,100 +354,185 @@ func NewCredits(results []model.OpenResult) []model.Credit {
 	return credits
 }
 
-// Enqueue hands fresh claims from the open workers to their lanes without
-// blocking; what the lanes cannot take, or everything while the relay is
-// switched off, waits in the outbox for a later scan.
+// Enqueue takes fresh claims from the open workers (committed) and hands
+// them to their lanes without blocking; the relay holds each until a
+// delivery is acknowledged, and offers again, 2 to 3 Intervals later, what
+// no lane took (or everything, once the relay is switched back on).
 func (r *Relay) Enqueue(credits []model.Credit) {
-	if r.cfg.Off() {
-		r.markDirty(credits)
+	credits, _ = r.hold(credits, r.clock.Now(), false)
+	if len(credits) == 0 || r.cfg.Off() {
 		return
 	}
 	if left := r.dispatch(credits, time.Time{}); left > 0 {
 		r.Stats.Dropped.Add(int64(left))
-		r.markDirty(credits) // which of them is not known: their databases are read again
 	}
 }
 
-// SweepIntervals: every this many Intervals a scan reads every database's
-// outbox (and at the first scan, after the relay was switched off, and when
-// the databases the cell serves change). The scans between read only the
-// databases whose outboxes may hold rows no lane took (markDirty): an idle
-// cell reads each outbox once a sweep, not every Interval.
-const SweepIntervals = 10
-
-// markDirty marks the outboxes of cs's claims (their packets' databases) to
-// be read by the next scans: rows no lane took, or given back to the outbox.
-// A mark stays until a scan that sees rows as old as the mark finds none.
-func (r *Relay) markDirty(cs []model.Credit) {
-	r.scanMu.Lock()
-	defer r.scanMu.Unlock()
-	now := r.clock.Now() // under the lock: marks only move forward
+// hold adds cs to what the relay holds, each under its packet's database,
+// offered at offered (zero: not yet), and returns those it did not hold
+// already. Past HeldMax a database's claims are left to a read from the
+// store instead (its position stays below them); leftMS is the creation
+// time (Unix ms) of the first credit of cs left out so, -1 when none. read
+// tells that cs were read from the store by the running tick (readClaims):
+// those acknowledged since it began are not held again.
+func (r *Relay) hold(cs []model.Credit, offered time.Time, read bool) (out []model.Credit, leftMS int64) {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	out, leftMS = cs[:0:0], -1
 	for _, c := range cs {
-		if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil {
-			r.markLocked(ref.Shard.DB(), now)
+		ref, err := model.ParsePacketID(string(c.PacketID))
+		if err != nil {
+			continue
 		}
-	}
-}
-
-// MarkDB marks database db's outbox to be read by the next scans: a commit
-// whose outcome is unknown may have left claims there that no lane was
-// handed (the cell's open path calls it).
-func (r *Relay) MarkDB(db int) {
-	r.scanMu.Lock()
-	defer r.scanMu.Unlock()
-	r.markLocked(db, r.clock.Now())
-}
-
-// markLocked marks db as of at, never earlier than a mark it has: a later
-// mark is for rows a scan as old as the earlier one could not see. scanMu
-// must be held.
-func (r *Relay) markLocked(db int, at time.Time) {
-	if was, ok := r.dirty[db]; !ok || was.Before(at) {
-		r.dirty[db] = at
-	}
-}
-
-// scanList is what the scan that starts at start reads: every database the
-// cell serves (a sweep) or only the marked ones among them.
-func (r *Relay) scanList(start time.Time) (dbs []int, sweep bool) {
-	all := r.cfg.DBs()
-	r.scanMu.Lock()
-	defer r.scanMu.Unlock()
-	if r.lastSweep.IsZero() || r.wasOff || start.Sub(r.lastSweep) >= SweepIntervals*r.cfg.Interval || !slices.Equal(all, r.swept) {
-		return all, true
-	}
-	for _, db := range all {
-		if _, ok := r.dirty[db]; ok {
-			dbs = append(dbs, db)
+		t := r.trackLocked(ref.Shard.DB())
+		if _, ok := t.pending[c.ClaimID]; ok {
+			continue
 		}
+		if read && r.readAcks[c.ClaimID] {
+			continue // delivered while it was read
+		}
+		if r.held >= r.heldMax {
+			r.rereadLocked(t, c.CreatedMS)
+			if leftMS < 0 {
+				leftMS = c.CreatedMS
+			}
+			continue
+		}
+		t.pending[c.ClaimID] = &tracked{c: c, offered: offered}
+		t.moved = true
+		r.held++
+		out = append(out, c)
 	}
-	return dbs, false
+	return out, leftMS
 }
 
-// scanned records what a scan that started at start (reading rows created
-// up to before, Unix ms) found in db: rows keep it marked; none clears a
-// mark made by then, when the scan could see the rows it was made for.
-func (r *Relay) scanned(db int, found bool, start time.Time, before int64) {
-	r.scanMu.Lock()
-	defer r.scanMu.Unlock()
-	if found {
-		r.markLocked(db, start)
+// trackLocked is database db's track, made when missing (its saved
+// position not read yet: it reads the claims past it). r.trackMu is held.
+func (r *Relay) trackLocked(db int) *dbTrack {
+	t, ok := r.dbs[db]
+	if !ok {
+		t = &dbTrack{pending: map[string]*tracked{}, saved: -1, read: true}
+		r.dbs[db] = t
+	}
+	return t
+}
+
+// rereadLocked makes t's claims from fromMS on be read from the store
+// again (a reading under way goes on from the earlier of the two).
+// r.trackMu is held.
+func (r *Relay) rereadLocked(t *dbTrack, fromMS int64) {
+	if t.read {
+		if t.loaded && fromMS < max(t.from, t.cursor.CreatedMS) {
+			t.from, t.cursor = fromMS, model.ClaimPos{}
+		}
 		return
 	}
-	if at, ok := r.dirty[db]; ok && at.UnixMilli() <= before {
-		delete(r.dirty, db)
+	t.read, t.from, t.cursor = true, fromMS, model.ClaimPos{}
+}
+
+// acked forgets credits whose delivery was acknowledged.
+func (r *Relay) acked(cs []model.Credit) {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	for _, c := range cs {
+		if r.readAcks != nil {
+			r.readAcks[c.ClaimID] = true
+		}
+		ref, err := model.ParsePacketID(string(c.PacketID))
+		if err != nil {
+			continue
+		}
+		if t, ok := r.dbs[ref.Shard.DB()]; ok {
+			if _, ok := t.pending[c.ClaimID]; ok {
+				delete(t.pending, c.ClaimID)
+				t.moved = true
+				r.held--
+			}
+		}
 	}
+	r.Stats.Relayed.Add(int64(len(cs)))
+}
+
+// letGo marks held credits a lane gave up (the relay switched off, the
+// claimant's cell changed) to be offered again at the next Interval.
+func (r *Relay) letGo(cs []model.Credit) {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	for _, c := range cs {
+		ref, err := model.ParsePacketID(string(c.PacketID))
+		if err != nil {
+			continue
+		}
+		if t, ok := r.dbs[ref.Shard.DB()]; ok {
+			if p, ok := t.pending[c.ClaimID]; ok {
+				p.offered = time.Time{}
+			}
+		}
+	}
+}
+
+// MarkDB makes the claims of database db made since since (at most Slack
+// before now) be read from the store at the next Interval: a commit whose
+// outcome is unknown may have made claims no one handed over (the cell's
+// open path calls it with when its batch began, less a margin). The
+// receivers refuse those among them that were credited already.
+func (r *Relay) MarkDB(db int, since time.Time) {
+	now := r.clock.Now().UnixMilli()
+	from := min(max(since.UnixMilli(), now-Slack.Milliseconds()), now)
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	r.rereadLocked(r.trackLocked(db), from)
+}
+
+// Redrive hands the relay claims reconciliation found uncredited past
+// their settle time: held (when not held already) and offered at the next
+// Interval, whatever a lane did with them before.
+func (r *Relay) Redrive(cs []model.Credit) {
+	r.hold(cs, time.Time{}, false)
+	r.letGo(cs)
+}
+
+// Reset forgets every credit the relay holds and every database's position
+// (read again at the next Interval): the shadow space's tables were dropped
+// (cell.shadowCleaner), and what the relay held of them must never be
+// delivered. It leaves the lanes alone: call it while the relay is switched
+// off, when they let go of whatever they hold (the cleaner waits until they
+// hold nothing).
+func (r *Relay) Reset() {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	r.dbs, r.held = map[int]*dbTrack{}, 0
+}
+
+// Now is the relay's clock's time.
+func (r *Relay) Now() time.Time { return r.clock.Now() }
+
+// Held reports how many credits the relay holds (not yet known credited)
+// and the creation time (Unix ms) of the oldest; 0 when none. For
+// redcell_cell_credits_pending.
+func (r *Relay) Held() (n int, oldestMS int64) {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	for _, t := range r.dbs {
+		for _, p := range t.pending {
+			if ms := p.c.CreatedMS; ms > 0 && (oldestMS == 0 || ms < oldestMS) {
+				oldestMS = ms
+			}
+		}
+	}
+	return r.held, oldestMS
 }
 
 // dispatch offers each credit to the lane of its destination and returns how
 // many no lane took: its lane is full, backing off or stopping, no room is
-// left for another lane, or no live cell owns the claimant's shard. Those stay
-// in the outbox. scanStart is when the scan that read them began (zero for
-// fresh claims; see lane.offer). It never blocks.
+// left for another lane, or no live cell owns the claimant's shard. The
+// relay holds those and offers them again. scanStart is when the read or
+// offer that found them began (zero for fresh claims; see lane.offer). It
+// never blocks.
 func (r *Relay) dispatch(credits []model.Credit, scanStart time.Time) (left int) {
 	local, remote, noOwner := r.cfg.Peers.Map().GroupByOwner(credits, r.cfg.Owns)
 	if noOwner > 0 {
-		r.Stats.Errors.Add(int64(noOwner)) // no live owner now: the outbox keeps them
+		r.Stats.Errors.Add(int64(noOwner)) // no live owner now: held, offered again
 		left += noOwner
 	}
 	now := r.clock.Now()
@@ -496,20 +635,13 @@ func (r *Relay) lanes() []*lane {
 	return out
 }
 
-// Run scans the outbox every Interval until ctx ends, then stops the lanes:
-// each delivers what it holds, all within relayFlushMax (every attempt's
-// context ends by then, and the client's call with it); the outbox keeps the
-// rest for the next start. Run returns when the lanes have exited.
+// Run works every Interval until ctx ends (tick), then stops the lanes: each
+// delivers what it holds, all within relayFlushMax (every attempt's context
+// ends by then, and the client's call with it); the claims left are read
+// again past their database's position at the next start. Run returns when
+// the lanes have exited.
 func (r *Relay) Run(ctx context.Context) {
-	clock.Every(ctx, r.clock, r.cfg.Interval, func(int) {
-		if r.cfg.Off() {
-			r.scanMu.Lock()
-			r.wasOff = true // rows piled up unread: the next scan reads every database
-			r.scanMu.Unlock()
-			return
-		}
-		r.scan(ctx)
-	})
+	clock.Every(ctx, r.clock, r.cfg.Interval, func(int) { r.tick(ctx) })
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
@@ -526,65 +658,266 @@ func (r *Relay) Run(ctx context.Context) {
 	r.endLife()
 }
 
-// scan hands the lanes the outbox rows older than two relay intervals, page
-// by page by (created_ms, claim_id), so rows that cannot be delivered now
-// (their cell is down) do not hide newer ones. A lane skips the credits it
-// already holds; one that is full or backing off takes none, and they wait
-// for a later scan. It reads every database in a sweep, else only those
-// marked (scanList).
-func (r *Relay) scan(ctx context.Context) {
-	start := r.clock.Now()
+// tick is one Interval's work: follow the databases the cell serves, read
+// the saved positions of those new to it, read claims where it must
+// (readClaims), offer again what no lane holds (reoffer), and every
+// PositionEvery save the positions (savePositions). While the relay is
+// switched off it only follows the databases and saves.
+func (r *Relay) tick(ctx context.Context) {
+	now := r.clock.Now()
+	r.trackMu.Lock()
+	r.readAcks = map[string]bool{}
+	r.trackMu.Unlock()
 	for _, l := range r.lanes() {
-		l.scanBegins(start)
+		l.scanBegins(now)
 	}
-	before := start.Add(-2 * r.cfg.Interval).UnixMilli()
-	dbs, sweep := r.scanList(start)
-	ok := true
-	defer r.Stats.Scans.Add(1)
+	r.follow()
+	r.loadPositions(ctx)
+	if !r.cfg.Off() {
+		r.readClaims(ctx, now)
+		r.reoffer(now)
+	}
+	r.trackMu.Lock()
+	r.readAcks = nil
+	due := now.Sub(r.lastSave) >= PositionEvery
+	r.trackMu.Unlock()
+	if due {
+		r.savePositions(ctx, now)
+	}
+	r.Stats.Scans.Add(1)
+}
+
+// follow tracks every database the cell serves and forgets those it no
+// longer does: their new owner reads their claims past the saved position
+// (a lane still holding one of them delivers it; the receiver refuses the
+// repeat).
+func (r *Relay) follow() {
+	all := r.cfg.DBs()
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	served := make(map[int]bool, len(all))
+	for _, db := range all {
+		served[db] = true
+		r.trackLocked(db)
+	}
+	for db, t := range r.dbs {
+		if !served[db] {
+			r.held -= len(t.pending)
+			delete(r.dbs, db)
+		}
+	}
+}
+
+// loadPositions reads the saved position of each database whose position
+// is not known yet, in one call; the claims past it are to be read
+// (readClaims). A database without one is read from its first claim.
+func (r *Relay) loadPositions(ctx context.Context) {
+	r.trackMu.Lock()
+	var dbs []int
+	for db, t := range r.dbs {
+		if !t.loaded {
+			dbs = append(dbs, db)
+		}
+	}
+	r.trackMu.Unlock()
+	if len(dbs) == 0 {
+		return
+	}
+	slices.Sort(dbs)
+	pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
+	pos, err := r.cfg.Store.RelayPositions(pctx, dbs)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.Stats.Errors.Add(1)
+			r.saving.Fail(err, "reading", len(dbs))
+		}
+		return
+	}
+	// A read that works ends an incident a failed read began: with the
+	// positions read back, nothing may be left to save that would end it.
+	r.saving.OK()
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
 	for _, db := range dbs {
-		var after model.OutboxPos
-		found, read := false, true
+		t, ok := r.dbs[db]
+		if !ok || t.loaded {
+			continue
+		}
+		t.loaded, t.saved = true, -1
+		from := int64(0)
+		if p, ok := pos[db]; ok {
+			t.saved, from = p, p
+		}
+		if !t.read || from < max(t.from, t.cursor.CreatedMS) || t.cursor == (model.ClaimPos{}) {
+			t.read, t.from, t.cursor = true, from, model.ClaimPos{}
+		}
+	}
+}
+
+// readClaims reads, for each database whose claims must be read, up to
+// ScanPagesMax pages of BatchMax claims past where its reading has got,
+// created up to now, holds those it does not hold yet and offers them to
+// the lanes; a page not full ends the database's reading. It stops reading
+// while the relay holds HeldMax credits.
+func (r *Relay) readClaims(ctx context.Context, now time.Time) {
+	type job struct {
+		db     int
+		from   int64
+		cursor model.ClaimPos
+	}
+	var jobs []job
+	r.trackMu.Lock()
+	for db, t := range r.dbs {
+		if t.loaded && t.read {
+			jobs = append(jobs, job{db, t.from, t.cursor})
+		}
+	}
+	r.trackMu.Unlock()
+	slices.SortFunc(jobs, func(a, b job) int { return a.db - b.db })
+	ok := true
+	for _, j := range jobs {
 		for page := 0; page < ScanPagesMax && ctx.Err() == nil; page++ {
+			r.trackMu.Lock()
+			full := r.held >= r.heldMax
+			r.trackMu.Unlock()
+			if full {
+				break
+			}
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-			credits, next, err := r.cfg.Store.PendingCredits(pctx, db, before, after.CreatedMS, after.ClaimID, BatchMax)
+			cs, next, err := r.cfg.Store.ClaimsAfter(pctx, j.db, j.from, j.cursor, now.UnixMilli(), BatchMax)
 			cancel()
 			if err != nil {
-				read = false
 				if ctx.Err() == nil {
 					ok = false
 					r.Stats.Errors.Add(1)
-					r.scanning.Fail(err, "db", db)
+					r.reading.Fail(err, "db", j.db)
 				}
 				break
 			}
-			found = found || len(credits) > 0
-			r.dispatch(credits, start)
-			if len(credits) < BatchMax {
+			r.Stats.Reads.Add(1)
+			fresh, leftMS := r.hold(cs, now, true)
+			if len(fresh) > 0 {
+				r.dispatch(fresh, now)
+			}
+			done := len(cs) < BatchMax
+			r.trackMu.Lock()
+			t, same := r.dbs[j.db]
+			same = same && t.read && t.from == j.from && t.cursor == j.cursor
+			if same {
+				switch {
+				case leftMS >= 0: // HeldMax: read again from the first claim left out, once there is room
+					t.from, t.cursor = leftMS, model.ClaimPos{}
+				case done:
+					t.read, t.cursor = false, model.ClaimPos{}
+				default:
+					t.cursor = next
+				}
+			}
+			r.trackMu.Unlock()
+			if done || !same || leftMS >= 0 { // !same: a reading from further back began meanwhile, at the next Interval
 				break
 			}
-			after = next
+			j.cursor = next
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		r.scanned(db, found || !read, start, before)
 	}
 	if ok {
-		r.scanning.OK()
-		if sweep {
-			all := slices.Clone(dbs)
-			r.scanMu.Lock()
-			if r.lastSweep.IsZero() || r.wasOff || !slices.Equal(all, r.swept) {
-				// A sweep for an event (the start, the relay back on, databases
-				// come or gone) read rows up to two intervals old only; those
-				// younger, left by an earlier process, a previous owner or
-				// while the relay was off, are read by the scans to come.
-				for _, db := range all {
-					r.markLocked(db, start)
-				}
+		r.reading.OK()
+	}
+}
+
+// reoffer offers the lanes again every held credit not offered for
+// reofferIntervals Intervals (no lane took it, or a lane gave it up); a lane
+// that holds it already skips it.
+func (r *Relay) reoffer(now time.Time) {
+	cutoff := now.Add(-reofferIntervals * r.cfg.Interval)
+	var cs []model.Credit
+	r.trackMu.Lock()
+	for _, t := range r.dbs {
+		for _, p := range t.pending {
+			if p.offered.IsZero() || !p.offered.After(cutoff) {
+				p.offered = now
+				cs = append(cs, p.c)
 			}
-			r.lastSweep, r.swept, r.wasOff = start, all, false
-			r.scanMu.Unlock()
+		}
+	}
+	r.trackMu.Unlock()
+	if len(cs) > 0 {
+		slices.SortFunc(cs, func(a, b model.Credit) int { return cmp.Compare(a.CreatedMS, b.CreatedMS) })
+		r.dispatch(cs, now)
+	}
+}
+
+// positionLocked is database t's position at now: Slack before now, and
+// never past a claim the relay holds or one a reading under way has not
+// reached. r.trackMu is held.
+func positionLocked(t *dbTrack, now time.Time) int64 {
+	p := now.Add(-Slack).UnixMilli()
+	if t.read {
+		p = min(p, max(t.from, t.cursor.CreatedMS))
+	}
+	for _, c := range t.pending {
+		p = min(p, c.c.CreatedMS)
+	}
+	return p
+}
+
+// savePositions saves, in one call, the position of every database whose
+// position is known and whose claims came or went since the last save
+// (never of a database without claims: a save would make its tables),
+// inside Config.Enter for those databases (a move's freeze waits for it),
+// and only of those the cell still serves then.
+func (r *Relay) savePositions(ctx context.Context, now time.Time) {
+	pos := map[int]int64{}
+	r.trackMu.Lock()
+	r.lastSave = now
+	for db, t := range r.dbs {
+		if t.loaded && t.moved { // a database whose claims never came or went keeps what it has (or none: it is read from its first claim, of which it has none)
+			if p := positionLocked(t, now); p != t.saved {
+				pos[db] = p
+			}
+			t.moved = false
+		}
+	}
+	r.trackMu.Unlock()
+	if len(pos) == 0 {
+		return
+	}
+	dbs := slices.Sorted(maps.Keys(pos))
+	if r.cfg.Enter != nil {
+		leave := r.cfg.Enter(dbs)
+		defer leave()
+	}
+	for _, db := range dbs {
+		if !r.cfg.Owns(model.ShardID(db * 10)) {
+			delete(pos, db)
+		}
+	}
+	if len(pos) == 0 {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
+	err := r.cfg.Store.SaveRelayPositions(sctx, pos)
+	cancel()
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.Stats.Errors.Add(1)
+			r.saving.Fail(err, "databases", len(pos))
+		}
+		for db := range pos {
+			if t, ok := r.dbs[db]; ok {
+				t.moved = true // saved at the next try
+			}
+		}
+		return
+	}
+	r.saving.OK()
+	r.Stats.Saves.Add(1)
+	for db, p := range pos {
+		if t, ok := r.dbs[db]; ok {
+			t.saved = p
 		}
 	}
 }
@@ -593,8 +926,8 @@ func (r *Relay) scan(ctx context.Context) {
 // delivered (applied now or before, each with the Dest to mark it with),
 // deferred (a wallet row was locked); any other credit of cs is no longer
 // l's to deliver now (the shard map changed, or a question about where it
-// went could not be answered: askElsewhere) and goes back to the outbox. An
-// error means nothing is known to be applied.
+// went could not be answered: askElsewhere): the relay holds it and offers
+// it again. An error means nothing is known to be applied.
 func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delivered, deferred []model.Credit, err error) {
 	if l.local {
 		// Asked before Enter: a move's freeze of these databases waits for
@@ -613,7 +946,7 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 		}
 		// A wallet's database may have moved (or be moving) since the credit
 		// was dispatched here: only those still served are applied; the
-		// others go back to the outbox and a later scan sends them on.
+		// others are offered again, to their new owner.
 		mine := cs[:0:0]
 		for _, c := range cs {
 			if r.cfg.Owns(c.Shard) {
@@ -650,8 +983,7 @@ func (r *Relay) deliver(ctx context.Context, l *lane, cs []model.Credit) (delive
 	return append(sentTo(delivered, l.dest), done...), deferred, nil
 }
 
-// sentTo sets every credit's Dest to dest, the cell that applied it (the
-// outbox mark records it).
+// sentTo sets every credit's Dest to dest, the cell that applied it.
 func sentTo(cs []model.Credit, dest string) []model.Credit {
 	for i := range cs {
 		cs[i].Dest = dest
@@ -665,26 +997,25 @@ const askTimeout = 2 * time.Second
 
 // askElsewhere makes a credit applied at most once across the cluster, not
 // only per database: before cs are delivered to cell to, it asks about each
-// credit that went to another cell before (Credit.Dest, as its outbox row
+// credit that went to another cell before (Credit.Dest, as its claim row
 // records it) that cell's copy of the claimant's database (Client.ReconCopy;
 // this cell's own copies too, through the same call). A database handed over
 // without its rows would otherwise take the credit a second time.
 //
-//   - Not found there: recorded as sent to to (Store.SendTo, so a lost mark
-//     still leaves the row naming where it may be applied) and returned in
-//     deliver.
+//   - Not found there: recorded as sent to to (Store.SendTo, so that the
+//     claim row names where it may be applied) and returned in deliver.
 //   - Found there, and to has it too (the database moved with its rows):
-//     returned in done with Dest to, to be marked delivered.
-//   - Found there but not at to: returned in done with that Dest, to be
-//     marked delivered; logged at ERROR and counted (Stats.Elsewhere): the
+//     returned in done with Dest to, acknowledged.
+//   - Found there but not at to: returned in done with that Dest,
+//     acknowledged; logged at ERROR and counted (Stats.Elsewhere): the
 //     money sits in a copy no cell serves; never booked again.
 //   - That cell not in the map: nobody to ask (removed, or down; a move
 //     needs its source up, so the database came to to by a move that copied
 //     its rows): delivered unasked (Stats.Unasked, an incident per cell).
 //   - A question that fails (within askTimeout), a record that fails, or a
 //     claim held there under another account or amount: in neither; the
-//     credit stays in the outbox (Stats.Held, an incident) and is asked
-//     about again.
+//     relay holds the credit (Stats.Held, an incident) and asks about it
+//     again.
 func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, done []model.Credit) {
 	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != "" && c.Dest != to }) {
 		return cs, nil // the common case: nothing went anywhere else
@@ -755,7 +1086,7 @@ func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) 
 		done = append(done, sentTo(here, to)...)
 		if len(notHere) > 0 {
 			r.Stats.Elsewhere.Add(int64(len(notHere)))
-			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database, and not where it is served now: not delivered again, marked with where they were applied",
+			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database, and not where it is served now: not delivered again",
 				"credits", len(notHere), "claim", notHere[0].ClaimID, "act_id", notHere[0].ActID, "amount", notHere[0].Amount,
 				"db", notHere[0].Shard.DB(), "applied_at", dest, "served_by", to)
 			done = append(done, notHere...)
@@ -847,49 +1178,6 @@ func (r *Relay) observeLag(local bool, cs []model.Credit, now time.Time) {
 			f(local, max(now.Sub(time.UnixMilli(c.CreatedMS)), 0))
 		}
 	}
-}
-
-// markDelivered marks delivered credits in the outbox within relayDBTimeout.
-// Rows it cannot mark (locked by another transaction, or the database
-// failing) stay pending: the scan delivers them again, which the receiver
-// ignores.
-func (r *Relay) markDelivered(cs []model.Credit) {
-	ctx, cancel := context.WithTimeout(r.life, relayDBTimeout)
-	defer cancel()
-	if r.cfg.Enter != nil {
-		dbs := make([]int, 0, len(cs))
-		for _, c := range cs {
-			if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil {
-				dbs = append(dbs, ref.Shard.DB())
-			}
-		}
-		leave := r.cfg.Enter(dbs)
-		defer leave()
-	}
-	// An outbox row lives with its packet: a packet whose database moved away
-	// since the scan keeps its row pending here, and its new owner's relay
-	// delivers the credit again, which the receiver ignores.
-	kept := cs[:0:0]
-	for _, c := range cs {
-		if ref, err := model.ParsePacketID(string(c.PacketID)); err == nil && r.cfg.Owns(ref.Shard) {
-			kept = append(kept, c)
-		}
-	}
-	if cs = kept; len(cs) == 0 {
-		return
-	}
-	skipped, err := r.cfg.Store.MarkDelivered(ctx, cs)
-	if err != nil || skipped > 0 {
-		r.markDirty(cs) // left pending: read again, delivered again (the receiver ignores it)
-	}
-	if err != nil {
-		r.Stats.Errors.Add(1)
-		r.marking.Fail(err, "credits", len(cs))
-		return
-	}
-	r.marking.OK()
-	r.Stats.Relayed.Add(int64(len(cs) - skipped))
-	r.Stats.MarkSkipped.Add(int64(skipped))
 }
 
 // failed records a failed delivery of n credits by l.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +23,10 @@ import (
 // clean after a packet whose claims were credited in both cells; then rows are
 // corrupted straight in MariaDB, one fault at a time, and each time the audit
 // fails (an error, so the command exits non-zero) and prints the problem and
-// the difference: a delivered claim whose credit row is gone, a credit
-// without a claim, a claim whose outbox row is gone. Each fault is undone.
+// the difference: a credit row gone with the balance it made (the balance no
+// longer its flows), a credit without a claim, a claim whose amount changed
+// under its credit. A credit lost with its balance set back is no fault: the
+// claim is in flight again, and the audit passes. Each fault is undone.
 func TestAuditCatchesCorruptRows(t *testing.T) {
 	dsn1, dsn2 := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)
 	config := filepath.Join(t.TempDir(), "redcell.yaml")
@@ -37,7 +40,7 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 	m1, m2 := openStore(t, dsn1), openStore(t, dsn2)
 	db1, db2 := openDB(t, dsn1), openDB(t, dsn2)
 
-	// A packet of cell-1, claimed by a wallet of each cell, credited and delivered.
+	// A packet of cell-1, claimed by a wallet of each cell, both credited.
 	pre := testenv.Prefix()
 	sender, near, far := actIn(pre+"-s", 0, 499), actIn(pre+"-n", 0, 499), actIn(pre+"-f", 500, 999)
 	sh := sharding.ShardOfAct(sender)
@@ -63,29 +66,35 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 	if _, _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m1.MarkDelivered(ctx, []model.Credit{cNear, cFar}); err != nil {
-		t.Fatal(err)
-	}
 
 	run := func() (string, error) {
 		var out bytes.Buffer
 		err := audit(ctx, []string{"--config", config, "--settle", "0s"}, &out)
 		return out.String(), err
 	}
-	if out, err := run(); err != nil || !strings.Contains(out, "audit OK") {
+	out, err := run()
+	if err != nil || !strings.Contains(out, "audit OK") {
 		t.Fatalf("audit before any fault: %v\n%s", err, out)
 	}
+	inFlight := func(out string) model.Cents { // the audit's in-flight line, in cents
+		var cents model.Cents
+		if i := strings.Index(out, "  in flight "); i >= 0 {
+			fmt.Sscanf(out[i+len("  in flight "):], "%d", &cents)
+		}
+		return cents
+	}
+	before := inFlight(out)
 	farFlow := fmt.Sprintf("db_%02d.t_flow_%d", cFar.Shard.DB(), cFar.Shard.Table())
 	farAccount := fmt.Sprintf("db_%02d.t_account_%d", cFar.Shard.DB(), cFar.Shard.Table())
-	outbox := fmt.Sprintf("db_%02d.t_outbox", ref.Shard.DB())
+	claims := fmt.Sprintf("db_%02d.t_claim_%d_%02d", ref.Shard.DB(), ref.Shard.Table(), ref.Day)
 	invented := model.ClaimID(model.NewPacketID(sh, time.Now()), 1)
 	faults := []struct {
 		name          string
 		corrupt, undo func()
-		problem       string
+		problems      []string
 		differenceCts model.Cents
 	}{
-		{"credit row of a delivered claim deleted",
+		{"credit row of a credited claim deleted, its balance kept",
 			func() {
 				sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cFar.ClaimID)
 			},
@@ -93,7 +102,7 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 				sqlExec(t, db2, "INSERT INTO "+farFlow+" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', ?, ?, ?)",
 					far, "claim:"+cFar.ClaimID, cFar.Amount, string(id), time.Now().UnixMilli())
 			},
-			"claim " + cFar.ClaimID + " is marked delivered but was never credited", -cFar.Amount},
+			[]string{fmt.Sprintf("cell-2: account %s (shard %d): balance %d, flows sum to 0", far, cFar.Shard, cFar.Amount)}, -cFar.Amount},
 		{"credit without a claim",
 			func() {
 				sqlExec(t, db2, "INSERT INTO "+farFlow+" (act_id, order_no, kind, amount, ref, created_ms) VALUES (?, ?, 'credit', 77, '', ?)",
@@ -104,14 +113,16 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 				sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+invented)
 				sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance - 77 WHERE act_id = ?", far)
 			},
-			fmt.Sprintf("credit %s of 77 cents to %s (cell-2, db_%02d) has no claim", invented, far, cFar.Shard.DB()), -77},
-		{"outbox row of a claim dropped",
-			func() { sqlExec(t, db1, "DELETE FROM "+outbox+" WHERE claim_id = ?", cNear.ClaimID) },
+			[]string{fmt.Sprintf("credit %s of 77 cents to %s (cell-2, db_%02d) has no claim", invented, far, cFar.Shard.DB())}, -77},
+		{"amount of a credited claim changed",
 			func() {
-				sqlExec(t, db1, "INSERT INTO "+outbox+" (claim_id, packet_id, act_id, act_shard, amount, state, created_ms, delivered_ms) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
-					cNear.ClaimID, string(id), near, int(cNear.Shard), cNear.Amount, time.Now().UnixMilli(), time.Now().UnixMilli())
+				sqlExec(t, db1, "UPDATE "+claims+" SET amount = amount - 1 WHERE packet_id = ? AND seq = ?", string(id), res[0].Claim.Seq)
 			},
-			"outbox_missing: 1 claims (" + cNear.ClaimID + ")", 0},
+			func() {
+				sqlExec(t, db1, "UPDATE "+claims+" SET amount = amount + 1 WHERE packet_id = ? AND seq = ?", string(id), res[0].Claim.Seq)
+			},
+			[]string{fmt.Sprintf("credit %s is %d cents to %s (", cNear.ClaimID, cNear.Amount, near),
+				fmt.Sprintf("its claim %d cents to %s (", cNear.Amount-1, near)}, 0},
 	}
 	for _, f := range faults {
 		f.corrupt()
@@ -122,9 +133,10 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 			}
 		})
 		out, err := run()
-		if err == nil || !strings.Contains(out, "audit FAILED") || !strings.Contains(out, f.problem) ||
+		named := !slices.ContainsFunc(f.problems, func(p string) bool { return !strings.Contains(out, p) })
+		if err == nil || !strings.Contains(out, "audit FAILED") || !named ||
 			!strings.Contains(out, fmt.Sprintf("difference      %14d cents", f.differenceCts)) {
-			t.Errorf("%s: audit answered %v, want a failure naming %q and difference %d:\n%s", f.name, err, f.problem, f.differenceCts, out)
+			t.Errorf("%s: audit answered %v, want a failure naming %q and difference %d:\n%s", f.name, err, f.problems, f.differenceCts, out)
 		}
 		t.Logf("%s:\n%s", f.name, out)
 		f.undo()
@@ -132,6 +144,24 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 	}
 	if out, err := run(); err != nil {
 		t.Fatalf("audit after undoing the faults: %v\n%s", err, out)
+	}
+
+	// Not a fault: the far credit lost with the balance it made (as a
+	// receiver that lost the transaction would leave it). The claim is in
+	// flight again, for the relay or reconciliation to deliver: the books
+	// balance.
+	sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cFar.ClaimID)
+	sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance - ? WHERE act_id = ?", cFar.Amount, far)
+	out, err = run()
+	if _, _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil { // delivered again
+		t.Fatal(err)
+	}
+	if err != nil || !strings.Contains(out, "audit OK") || inFlight(out) != before+cFar.Amount {
+		t.Errorf("a credit lost with its balance: audit answered %v with %d cents in flight, want OK with %d (%d before, and the claim's %d):\n%s",
+			err, inFlight(out), before+cFar.Amount, before, cFar.Amount, out)
+	}
+	if out, err := run(); err != nil || inFlight(out) != before {
+		t.Fatalf("audit after the credit was delivered again: %v, %d cents in flight, want %d\n%s", err, inFlight(out), before, out)
 	}
 }
 

@@ -119,7 +119,7 @@ var buildBinary = sync.OnceValues(func() (string, error) {
 
 func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 	t.Helper()
-	settleLeftoverOutboxes(t, spec.dsn[:])
+	settleLeftovers(t, spec.dsn[:])
 	bin, err := buildBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -435,15 +435,16 @@ func actIn(prefix string, from, to int) string {
 	}
 }
 
-// settleLeftoverOutboxes marks delivered the pending outbox rows, real and
-// shadow, of the servers all that earlier tests left behind after their
-// claims were credited on one of them (a test cell stopped between booking a
-// credit and marking its row): this cluster's relay, whose shard map differs
-// from theirs, would deliver them to another cell and credit them twice (a
-// credit an earlier cell booked on the other server, for a shard this
-// cluster gives to this one, was once booked again here). Rows never
-// credited stay pending, for the relay (testaudit.Settle).
-func settleLeftoverOutboxes(t *testing.T, all []string) {
+// settleLeftovers readies the servers all for this cluster
+// (testaudit.Settle): each database's relay position moves past the claims
+// earlier tests credited on one of them, and reconciliation positions are
+// forgotten. This cluster's relay, whose shard map differs from theirs,
+// would otherwise read such a claim again past an earlier cell's saved
+// position and deliver it to another cell, crediting it twice (a credit an
+// earlier cell booked on the other server, for a shard this cluster gives to
+// this one, was once booked again here); its reconciliation, resuming, would
+// re-drive it. Claims past the latest credited one stay for the relay.
+func settleLeftovers(t *testing.T, all []string) {
 	t.Helper()
 	var dsns []string
 	for _, d := range all {
@@ -453,12 +454,12 @@ func settleLeftoverOutboxes(t *testing.T, all []string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	settled, err := testaudit.Settle(ctx, dsns)
+	moved, err := testaudit.Settle(ctx, dsns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if settled > 0 {
-		t.Logf("marked delivered %d outbox rows earlier tests left pending after crediting them", settled)
+	if moved > 0 {
+		t.Logf("moved %d relay positions past the claims earlier tests credited", moved)
 	}
 }
 

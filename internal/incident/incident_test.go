@@ -30,7 +30,7 @@ func TestTrackerLogsStartSummaryAndEnd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var buf bytes.Buffer
 		log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		tr := New(log, "outbox scan", 10*time.Second)
+		tr := New(log, "relay claims read", 10*time.Second)
 		tr.OK() // nothing failing: nothing logged
 		if got := lines(&buf); len(got) != 0 {
 			t.Fatalf("OK without a failure logged %q", got)
@@ -45,11 +45,11 @@ func TestTrackerLogsStartSummaryAndEnd(t *testing.T) {
 		if len(got) != 3 {
 			t.Fatalf("25 s of failures logged %d lines, want 3 (start + 2 summaries):\n%s", len(got), buf.String())
 		}
-		if !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], `msg="outbox scan failing"`) || !strings.Contains(got[0], `err="connection refused"`) {
+		if !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], `msg="relay claims read failing"`) || !strings.Contains(got[0], `err="connection refused"`) {
 			t.Errorf("start line = %q", got[0])
 		}
 		// The first summary covers the failures of the 10 s after the start line.
-		if !strings.Contains(got[1], `msg="outbox scan still failing"`) || !strings.Contains(got[1], "failures=500 ") || !strings.Contains(got[1], "failures_total=501") {
+		if !strings.Contains(got[1], `msg="relay claims read still failing"`) || !strings.Contains(got[1], "failures=500 ") || !strings.Contains(got[1], "failures_total=501") {
 			t.Errorf("summary line = %q", got[1])
 		}
 		if !tr.Failing() {
@@ -58,13 +58,13 @@ func TestTrackerLogsStartSummaryAndEnd(t *testing.T) {
 		tr.OK()
 		tr.OK()
 		got = lines(&buf)
-		if len(got) != 4 || !strings.Contains(got[3], "level=INFO") || !strings.Contains(got[3], `msg="outbox scan recovered"`) ||
+		if len(got) != 4 || !strings.Contains(got[3], "level=INFO") || !strings.Contains(got[3], `msg="relay claims read recovered"`) ||
 			!strings.Contains(got[3], "failures_total=1250") || !strings.Contains(got[3], "lasted=25s") {
 			t.Fatalf("after recovery:\n%s", buf.String())
 		}
 		// A new failure after the recovery is a new start.
 		tr.Fail(down)
-		if got = lines(&buf); len(got) != 5 || !strings.Contains(got[4], `msg="outbox scan failing"`) {
+		if got = lines(&buf); len(got) != 5 || !strings.Contains(got[4], `msg="relay claims read failing"`) {
 			t.Fatalf("second failure:\n%s", buf.String())
 		}
 	})

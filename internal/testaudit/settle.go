@@ -8,121 +8,160 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"redcell/model"
+	"redcell/storage"
 )
 
-// absent reports whether err says a row is not there: no row, no such table
-// (1146) or no such database (1049).
-func absent(err error) bool {
-	var me *mysql.MySQLError
-	return errors.Is(err, sql.ErrNoRows) || errors.As(err, &me) && (me.Number == 1146 || me.Number == 1049)
-}
+// settlePage is how many claims Settle reads and checks at a time (a
+// credit lookup takes at most 10,000).
+const settlePage = 5000
 
-// Settle marks delivered the pending outbox rows, of every namespace and
-// space on the servers dsns, whose claims are credited already (in the same
-// namespace and space, on any of the servers): rows a test cell left pending
-// when it stopped between booking a credit and marking its row. Cells of
-// another layout (another shard map over the same databases) would deliver
-// such a row to another cell, on the other server, and credit it twice. Rows
-// credited nowhere stay pending, for the next relay to deliver once. It
-// writes nothing else: a credit booked twice stays for the audit to find. It
-// answers how many rows it marked.
+// Settle moves the relay's saved position of every database, of every
+// namespace and space on the servers dsns, past the claims already credited
+// (in the same namespace and space, on any of the servers): claims a test
+// cell left past its saved position when it stopped, credited but not yet
+// known credited. A cell of another layout (another shard map over the same
+// databases) would read them again after the position and deliver them to
+// another cell, on the other server, and credit them twice. A position stops
+// before the first claim credited nowhere (in created_ms order: just past
+// the last claim credited before it, or at its millisecond when they share
+// one), for the next relay to deliver it once; the claims credited after it
+// are read again by that relay. A position never moves back. For the same
+// reason it forgets the reconciliation positions (t_recon_position): a cell
+// of another layout resuming from them would find those claims uncredited
+// in their claimants' new cells and re-drive them there. It writes nothing
+// else: a credit booked twice stays for the audit to find. It answers how
+// many claims the relay positions moved past.
 //
-// Safe while cells run: a row it marks is one whose credit exists, which is
-// what a relay marks it for.
+// Safe while cells run: the relay position it saves is one below which
+// every claim is credited, which is what a relay saves; a running cell's
+// reconciliation keeps its positions in memory and saves them again.
 func Settle(ctx context.Context, dsns []string) (int, error) {
-	dbs := make([]*sql.DB, len(dsns))
-	for i, dsn := range dsns {
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			return 0, err
-		}
-		defer db.Close()
-		dbs[i] = db
-	}
-	settled := 0
-	for _, db := range dbs {
-		schemas, err := outboxSchemas(ctx, db)
-		if err != nil {
-			return settled, err
-		}
-		for _, schema := range schemas {
-			n, err := settleSchema(ctx, db, dbs, schema)
-			settled += n
-			if err != nil {
-				return settled, err
-			}
-		}
-	}
-	return settled, nil
-}
-
-// outboxSchemas lists the databases of the server that hold an outbox.
-func outboxSchemas(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SELECT TABLE_SCHEMA FROM information_schema.TABLES WHERE TABLE_NAME = 't_outbox'")
+	prefixes, err := Namespaces(ctx, dsns)
 	if err != nil {
-		return nil, fmt.Errorf("testaudit: list outboxes: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		if schemaName.MatchString(s) {
-			out = append(out, s)
-		}
-	}
-	return out, rows.Err()
-}
-
-// settleSchema settles the pending rows of one outbox (schema: [prefix][shadow_]db_NN).
-func settleSchema(ctx context.Context, db *sql.DB, all []*sql.DB, schema string) (int, error) {
-	ns := schema[:len(schema)-len("db_00")] // the namespace and space: the claimant's database is ns + "db_NN"
-	rows, err := db.QueryContext(ctx, "SELECT claim_id, act_id, act_shard FROM "+schema+".t_outbox WHERE state = 0")
-	if err != nil {
-		return 0, fmt.Errorf("testaudit: pending rows of %s: %w", schema, err)
-	}
-	type row struct {
-		claim, act string
-		shard      int
-	}
-	var list []row
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.claim, &r.act, &r.shard); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		list = append(list, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, err
 	}
 	settled := 0
-	for _, r := range list {
-		credited := false
-		for _, o := range all {
-			var one int
-			err := o.QueryRowContext(ctx, fmt.Sprintf("SELECT 1 FROM %sdb_%02d.t_flow_%d WHERE act_id = ? AND order_no = ?", ns, r.shard/10, r.shard%10),
-				r.act, "claim:"+r.claim).Scan(&one)
-			if err == nil {
-				credited = true
-				break
-			}
-			if !absent(err) {
-				return settled, fmt.Errorf("testaudit: credit of %s: %w", r.claim, err)
+	for _, prefix := range prefixes {
+		for _, shadow := range []bool{false, true} {
+			n, err := settleSpace(ctx, dsns, prefix, shadow)
+			settled += n
+			if err != nil {
+				return settled, fmt.Errorf("testaudit: settle %s: %w", Space{Prefix: prefix, Shadow: shadow}.Name(), err)
 			}
 		}
-		if !credited {
-			continue // credited nowhere (or no such table): a relay delivers it
-		}
-		if _, err := db.ExecContext(ctx, "UPDATE "+schema+".t_outbox SET state = 1, delivered_ms = ? WHERE claim_id = ? AND state = 0",
-			time.Now().UnixMilli(), r.claim); err != nil {
-			return settled, fmt.Errorf("testaudit: mark %s delivered in %s: %w", r.claim, schema, err)
-		}
-		settled++
 	}
 	return settled, nil
+}
+
+// settleSpace settles the databases of one namespace and space on every
+// server.
+func settleSpace(ctx context.Context, dsns []string, prefix string, shadow bool) (int, error) {
+	stores := make([]*storage.MySQL, len(dsns))
+	for i, dsn := range dsns {
+		real, err := open(dsn, prefix)
+		if err != nil {
+			return 0, err
+		}
+		defer real.Close() // both pools
+		stores[i] = real
+		if shadow {
+			stores[i] = real.Shadow()
+		}
+	}
+	dbs := make([]int, model.ShardCount/model.ShardsPerDB)
+	for db := range dbs {
+		dbs[db] = db
+	}
+	ns := prefix
+	if shadow {
+		ns += storage.ShadowPrefix
+	}
+	for _, dsn := range dsns {
+		if err := forgetRecon(ctx, dsn, ns); err != nil {
+			return 0, err
+		}
+	}
+	settled := 0
+	for _, st := range stores {
+		saved, err := st.RelayPositions(ctx, dbs)
+		if err != nil {
+			return settled, err
+		}
+		moved := map[int]int64{}
+		for _, db := range dbs {
+			pos, n, err := settleDB(ctx, st, stores, db, saved[db])
+			if err != nil {
+				return settled, err
+			}
+			if pos > saved[db] {
+				moved[db] = pos
+				settled += n
+			}
+		}
+		if err := st.SaveRelayPositions(ctx, moved); err != nil {
+			return settled, err
+		}
+	}
+	return settled, nil
+}
+
+// settleDB reads the claims of database db of st created at or after from,
+// in created_ms order, and answers the position past those credited on any
+// of the stores all (from when there are none) and how many it passed.
+func settleDB(ctx context.Context, st *storage.MySQL, all []*storage.MySQL, db int, from int64) (int64, int, error) {
+	pos, passed := from, 0
+	lastMS, inLastMS := int64(-1), 0 // the last claim's creation time, and the claims passed in it
+	after := model.ClaimPos{}
+	now := time.Now().UnixMilli()
+	for {
+		page, next, err := st.ClaimsAfter(ctx, db, from, after, now, settlePage)
+		if err != nil || len(page) == 0 {
+			return pos, passed, err
+		}
+		credited := map[string]bool{}
+		for _, o := range all {
+			found, err := o.CreditsOf(ctx, page)
+			if err != nil {
+				return pos, passed, err
+			}
+			for id := range found {
+				credited[id] = true
+			}
+		}
+		for _, c := range page {
+			if !credited[c.ClaimID] {
+				// Credited nowhere: a relay delivers it. The position stays
+				// just past the last claim credited, or at this one's
+				// millisecond when they share it (those are not passed).
+				if c.CreatedMS < pos {
+					return c.CreatedMS, passed - inLastMS, nil
+				}
+				return pos, passed, nil
+			}
+			if c.CreatedMS != lastMS {
+				lastMS, inLastMS = c.CreatedMS, 0
+			}
+			pos, passed, inLastMS = c.CreatedMS+1, passed+1, inLastMS+1
+		}
+		after = next
+	}
+}
+
+// forgetRecon deletes the reconciliation positions of namespace and space ns
+// (its database name prefix: the namespace's, then storage.ShadowPrefix for
+// the shadow space) on the server at dsn.
+func forgetRecon(ctx context.Context, dsn, ns string) error {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, "DELETE FROM `"+ns+"redcell_meta`.t_recon_position")
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && (me.Number == 1146 || me.Number == 1049) { // never saved
+		return nil
+	}
+	return err
 }

@@ -10,12 +10,13 @@
 //
 // Tests keep what they leave auditable: cells of different layouts share
 // the unprefixed databases, and before a cell of another layout starts the
-// outboxes are settled (Settle: a pending row whose claim is credited on
-// either server is marked delivered, so no later relay books it again);
-// tests that leave differences on purpose (planted faults, moves, dropped
-// databases) use a private namespace they drop when they end. Legitimate leftovers pass:
-// credits still in flight (a claim whose outbox row is pending, credited
-// nowhere or once), packets left open.
+// servers are settled (Settle: each database's relay position moves past
+// the latest claim credited on either server, so no later relay reads it
+// again and books it a second time, and reconciliation positions are
+// forgotten); tests that leave differences on purpose (planted faults,
+// moves, dropped databases) use a private namespace they drop when they end.
+// Legitimate leftovers pass: credits still in flight (a claim credited
+// nowhere yet), packets left open.
 package testaudit
 
 import (

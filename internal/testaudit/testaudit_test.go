@@ -2,7 +2,6 @@ package testaudit_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
@@ -50,11 +49,11 @@ func actIn(pre string, from, to int) string {
 // TestAuditCatchesAPlantedDoubleCredit plants, in a private namespace on
 // the two test servers laid out as cell-a (0-499, server 1) and cell-b
 // (500-999, server 2), what an earlier layout's leftover did to TestEndToEnd:
-// a claim on server 1 credited on server 2, its outbox row still pending (a
-// legitimate leftover: the audit passes and Settle marks it delivered), then
-// credited again on server 1 (a cell that owned every shard there). The
-// closing audit must fail, naming the claim, in the namespace's real space
-// only.
+// a claim on server 1 credited on server 2, past the relay position of its
+// database (a legitimate leftover: the audit passes, and Settle moves the
+// position past it, not past a later claim credited nowhere), then credited
+// again on server 1 (a cell that owned every shard there). The closing audit
+// must fail, naming the claim, in the namespace's real space only.
 func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	prefix, st, dsns := privateNamespace(t)
 	ctx := context.Background()
@@ -94,20 +93,57 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	if applied, _, err := st[1].ApplyCredits(ctx, []model.Credit{credit}); err != nil || applied != 1 {
 		t.Fatalf("credit on server 2: %d %v", applied, err)
 	}
-	if r := audit("credited once, outbox row pending"); !r.OK() || r.InFlightCount != 0 || r.Balances != 1_000 {
-		t.Fatalf("credited once, outbox row pending: %+v, want clean", r)
+	if r := audit("credited once"); !r.OK() || r.InFlightCount != 0 || r.Balances != 1_000 {
+		t.Fatalf("credited once: %+v, want clean", r)
+	}
+
+	// A second claim, after the credited one and credited nowhere, and a
+	// reconciliation position: Settle moves the relay position of the
+	// packet's database past the credited claim and not past the other, and
+	// forgets the reconciliation position.
+	for time.Now().UnixMilli() <= claim.CreatedMS { // the second claim is created a millisecond later at least
+	}
+	id2 := model.NewPacketID(shS, time.Now())
+	if _, _, err := st[0].Send(ctx, shS, model.SendRequest{Sender: sender, Amount: 200, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send2"},
+		id2, time.Now().Add(time.Hour).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	ref2, _ := model.ParsePacketID(string(id2))
+	res2, _, err := st[0].OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(3, 4)))
+	if err != nil || len(res2) != 1 || res2[0].Err != nil {
+		t.Fatalf("second open: %v %+v", err, res2)
+	}
+	claim2 := res2[0].Claim
+	if claim2.CreatedMS <= claim.CreatedMS || ref2.Shard.DB() != ref.Shard.DB() {
+		t.Fatalf("second claim made at %d in db_%02d, want after %d in db_%02d", claim2.CreatedMS, ref2.Shard.DB(), claim.CreatedMS, ref.Shard.DB())
+	}
+	db := ref.Shard.DB()
+	if err := st[0].SaveReconPositions(ctx, map[int]int64{db: time.Now().UnixMilli()}); err != nil {
+		t.Fatal(err)
 	}
 	if n, err := testaudit.Settle(ctx, dsns); err != nil || n < 1 {
-		t.Fatalf("settle: %d %v, want the credited row marked", n, err)
+		t.Fatalf("settle: %d %v, want the relay position of db_%02d moved", n, err, db)
 	}
-	var state int
-	db, _ := sql.Open("mysql", dsns[0])
-	defer db.Close()
-	if err := db.QueryRow(fmt.Sprintf("SELECT state FROM %sdb_%02d.t_outbox WHERE claim_id = ?", prefix, ref.Shard.DB()), claim.ID).Scan(&state); err != nil || state != 1 {
-		t.Fatalf("outbox row after the settle: state %d %v, want 1 (delivered)", state, err)
+	pos, err := st[0].RelayPositions(ctx, []int{db})
+	if err != nil || pos[db] != claim.CreatedMS+1 {
+		t.Fatalf("relay position of db_%02d after the settle: %v %v, want %d (just past the credited claim, at %d the claim credited nowhere)",
+			db, pos, err, claim.CreatedMS+1, claim2.CreatedMS)
 	}
-	if r := audit("settled"); !r.OK() {
-		t.Fatalf("settled: %+v", r)
+	cs, _, err := st[0].ClaimsAfter(ctx, db, pos[db], model.ClaimPos{}, time.Now().UnixMilli(), 10)
+	if err != nil || len(cs) != 1 || cs[0].ClaimID != claim2.ID {
+		t.Fatalf("claims a relay reads past the position: %+v %v, want only %s", cs, err, claim2.ID)
+	}
+	if recon, err := st[0].ReconPositions(ctx); err != nil || len(recon) != 0 {
+		t.Fatalf("reconciliation positions after the settle: %v %v, want none", recon, err)
+	}
+	if _, err := testaudit.Settle(ctx, dsns); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := st[0].RelayPositions(ctx, []int{db}); err != nil || again[db] != pos[db] {
+		t.Fatalf("relay position of db_%02d after a second settle: %v %v, want %d still", db, again, err, pos[db])
+	}
+	if r := audit("settled"); !r.OK() || r.InFlightCount != 1 || r.InFlight != claim2.Amount {
+		t.Fatalf("settled: %+v, want clean with the second claim in flight", r)
 	}
 
 	// The double credit: the same claim booked on server 1 too.

@@ -2,7 +2,6 @@ package memstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,7 +16,8 @@ import (
 // equals the sum of its flows; each packet's claims + refund + remainder equal
 // its amount, its claims + remaining count equal its count, and its status
 // agrees with what is left; no claim is credited twice. As there, Claims
-// carry no CreatedMS and Credits only ClaimID, ActID and Amount.
+// carry no CreatedMS (but their ActShard and Dest) and Credits only ClaimID,
+// ActID and Amount.
 func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Ledger{}, err
@@ -71,9 +71,10 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 		l.OpenRemaining += p.RemainingAmount
 		l.RefundAmounts += p.RefundAmount
 		var paid model.Cents
-		for _, c := range pk.claims {
+		for i, c := range pk.claims {
 			paid += c.Amount
-			l.Claims[c.ID] = model.Claim{ID: c.ID, PacketID: c.PacketID, Seq: c.Seq, ActID: c.ActID, Amount: c.Amount}
+			r := pk.routes[i]
+			l.Claims[c.ID] = model.Claim{ID: c.ID, PacketID: c.PacketID, Seq: c.Seq, ActID: c.ActID, Amount: c.Amount, ActShard: r.shard, Dest: r.dest}
 		}
 		n := int64(len(pk.claims))
 		if paid+p.RefundAmount+p.RemainingAmount != p.Amount || n+p.RemainingCount != p.Count ||
@@ -82,11 +83,6 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 			p.Status == model.StatusRefunded && p.RemainingAmount != 0 {
 			problems = append(problems, fmt.Sprintf("packet %s: amount %d count %d, claims %d in %d, refund %d, remaining %d in %d, status %d",
 				p.ID, p.Amount, p.Count, paid, n, p.RefundAmount, p.RemainingAmount, p.RemainingCount, p.Status))
-		}
-	}
-	for _, rows := range s.outbox {
-		for id, e := range rows {
-			l.Outbox[id] = e.row
 		}
 	}
 	for _, r := range s.rewards {
@@ -106,15 +102,12 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	return l, nil
 }
 
-// errWindowFull: a recon window holds more rows than a read may take.
-var errWindowFull = errors.New("memstore: recon window holds too many rows")
-
 // ReconWindow implements storage.Books with the cut of storage.MySQL.ReconWindow:
-// a window of more than 2×limit rows ends at the creation time of the outbox
-// row past limit (never below fromMS+1); if it still holds more than 4×limit
-// rows, that is an error.
+// a window of more than limit claims ends at the creation time of the claim
+// past limit (never below fromMS+1), and is read whole. Each claim carries
+// its ActShard and Dest.
 func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
-	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}, Outbox: map[string]model.OutboxRow{}}
+	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}}
 	if err := ctx.Err(); err != nil {
 		return w, err
 	}
@@ -125,55 +118,30 @@ func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := s.tableKeysLocked(shards, days)
-	if s.readWindowLocked(db, keys, 2*limit, &w) {
-		var times []int64
-		for _, e := range s.outbox[db] {
-			if e.row.CreatedMS >= fromMS && e.row.CreatedMS < toMS {
-				times = append(times, e.row.CreatedMS)
-			}
-		}
-		if len(times) > limit {
-			slices.Sort(times)
-			w.ToMS = max(times[limit], fromMS+1)
-		}
-		if s.readWindowLocked(db, keys, 4*limit, &w) {
-			return w, fmt.Errorf("memstore: recon window of db %d: [%d, %d) holds more than %d claims and outbox rows: %w",
-				db, w.FromMS, w.ToMS, 4*limit, errWindowFull)
-		}
-	}
-	return w, nil
-}
-
-// readWindowLocked fills w with the window's claims and outbox rows; full
-// reports that they were more than maxRows (w is then partial). s.mu must be held.
-func (s *Store) readWindowLocked(db int, keys []tableKey, maxRows int, w *model.ReconWindow) (full bool) {
-	clear(w.Claims)
-	clear(w.Outbox)
-	n := 0
-	for id, e := range s.outbox[db] {
-		if e.row.CreatedMS >= w.FromMS && e.row.CreatedMS < w.ToMS {
-			if n++; n > maxRows {
-				return true
-			}
-			row := e.row
-			row.Dest = e.dest
-			w.Outbox[id] = row
-		}
-	}
-	for _, k := range keys {
+	var in []model.Claim
+	for _, k := range s.tableKeysLocked(shards, days) {
 		for _, pk := range s.tables[k].packets {
-			for _, c := range pk.claims {
-				if c.CreatedMS >= w.FromMS && c.CreatedMS < w.ToMS {
-					if n++; n > maxRows {
-						return true
-					}
-					w.Claims[c.ID] = c
+			for i, c := range pk.claims {
+				if c.CreatedMS >= fromMS && c.CreatedMS < toMS {
+					in = append(in, pk.fullClaim(i))
 				}
 			}
 		}
 	}
-	return false
+	if len(in) > limit {
+		times := make([]int64, len(in))
+		for i, c := range in {
+			times[i] = c.CreatedMS
+		}
+		slices.Sort(times)
+		w.ToMS = max(times[max(limit, 0)], fromMS+1)
+	}
+	for _, c := range in {
+		if c.CreatedMS < w.ToMS {
+			w.Claims[c.ID] = c
+		}
+	}
+	return w, nil
 }
 
 // CreditsOf implements storage.Books: as storage.MySQL.CreditsOf, a credit

@@ -48,10 +48,12 @@ type Store struct {
 	// two accounts, which the Ledger reports).
 	credited map[claimKey][]string
 	packets  map[model.PacketID]*packet
-	tables   map[tableKey]*table        // packets by shard and day of month
-	outbox   map[int]map[string]*entry  // database index → claim ID → row
-	dest     func(model.ShardID) string // a new outbox row's dest (SetCreditDest); nil: ""
-	pending  map[int][]*entry           // undelivered rows per database, by (CreatedMS, ClaimID)
+	tables   map[tableKey]*table // packets by shard and day of month
+	// byDB indexes every claim by the database of its packet's shard, in
+	// (CreatedMS, PacketID, Seq) order: what ClaimsAfter pages (relay.go).
+	byDB     map[int][]claimAt
+	dest     func(model.ShardID) string // a new claim's Dest (SetCreditDest); nil: ""
+	relay    map[int]int64              // the relay's saved positions, by database
 	recon    map[int]int64              // reconciliation's saved positions, by database
 	idents   map[identKey]model.IdentityBinding
 	rewards  map[string]*model.Reward              // by order number (rewards.go)
@@ -101,15 +103,17 @@ type table struct {
 type packet struct {
 	p      model.Packet
 	ref    model.PacketRef
-	claims []model.Claim  // claims[i].Seq == i+1
+	claims []model.Claim  // claims[i].Seq == i+1, as answered: no ActShard, no Dest
+	routes []route        // routes[i] is where claims[i]'s credit goes
 	byUser map[string]int // act_id → index in claims
 }
 
-// entry is one outbox row.
-type entry struct {
-	row  model.OutboxRow
-	pid  model.PacketID
-	dest string // Credit.Dest
+// route is what a claim's row records of its credit besides the claim:
+// the claimant's shard (Claim.ActShard) and the cell its credit was sent to
+// (Claim.Dest).
+type route struct {
+	shard model.ShardID
+	dest  string
 }
 
 // fault is the armed commit fault, if any.
@@ -127,8 +131,8 @@ func New(clk clock.Clock) *Store {
 		credited: map[claimKey][]string{},
 		packets:  map[model.PacketID]*packet{},
 		tables:   map[tableKey]*table{},
-		outbox:   map[int]map[string]*entry{},
-		pending:  map[int][]*entry{},
+		byDB:     map[int][]claimAt{},
+		relay:    map[int]int64{},
 		recon:    map[int]int64{},
 		idents:   map[identKey]model.IdentityBinding{},
 		rewards:  map[string]*model.Reward{},

@@ -118,8 +118,8 @@ func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model
 	return out.Results, out.Packet, nil
 }
 
-// writeOpenLocked writes an open's new claims, their outbox rows and the
-// packet after. s.mu must be held.
+// writeOpenLocked writes an open's new claims, each owed to the shard its
+// credit names (ActShard), and the packet after. s.mu must be held.
 func (s *Store) writeOpenLocked(pk *packet, out model.OpenOutcome) {
 	for i, c := range out.Fresh {
 		invariant.That(c.Seq == int64(len(pk.claims))+1, "claim out of seq order")
@@ -127,9 +127,7 @@ func (s *Store) writeOpenLocked(pk *packet, out model.OpenOutcome) {
 		invariant.That(!dup, "a second claim for one user")
 		pk.byUser[c.ActID] = len(pk.claims)
 		pk.claims = append(pk.claims, c)
-		cr := out.Credits[i]
-		s.addOutboxLocked(&entry{pid: pk.p.ID, row: model.OutboxRow{ClaimID: c.ID, ActID: c.ActID, Shard: cr.Shard, Amount: c.Amount, CreatedMS: c.CreatedMS}},
-			pk.ref.Shard.DB())
+		s.indexClaimLocked(pk, len(pk.claims)-1, out.Credits[i].Shard)
 	}
 	pk.p = out.Packet
 	if pk.p.Status != model.StatusOpen {

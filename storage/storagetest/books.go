@@ -57,27 +57,40 @@ func contractReconPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 }
 
 // ReconWindow reads, of one database, the claims created in [from, to) in
-// the claim tables of the shards and days asked, and the database's outbox
-// rows created in the window (all of them: the outbox is per database),
-// delivered or not. A window of more than 2×limit rows is cut at the creation
-// time of the outbox row past limit (never below from+1) and ToMS says so.
-// Shards of another database are an error; a database never used reads empty.
+// the claim tables of the shards and days asked, each with its claimant's
+// shard (ActShard) and Dest, credited or not. A window of more than limit
+// claims is cut at the creation time of the claim past limit (never below
+// from+1: one millisecond's claims are read whole) and ToMS says so.
+// Shards of another database are an error; a database never used reads
+// empty.
 func contractReconWindow(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	f.deposit(sA, "ann", "d1", 1000)
-	_, ref := f.send(sA, sendReq("ann", "s1", 600, 3), time.Hour)
-	var claims []model.Claim
-	for i, act := range []string{"bob", "cy", "dee"} { // one open per millisecond
+	_, ref := f.send(sA, sendReq("ann", "s1", 600, 5), time.Hour)
+	var claims []model.Claim // bob and eve in the first millisecond, then cy, then dee
+	acts := []model.ShardID{sC, sB, sA, sC}
+	for i, reqs := range [][]model.OpenRequest{{opener("bob", sC), opener("eve", sB)}, {opener("cy", sA)}, {opener("dee", sC)}} {
 		f.h.Clock.Advance(time.Millisecond)
-		res, _ := f.open(ref, uint64(i), opener(act, sC))
-		claims = append(claims, res[0].Claim)
+		res, _ := f.open(ref, uint64(i), reqs...)
+		for _, r := range res {
+			claims = append(claims, r.Claim)
+		}
+	}
+	// As the window reads them: with the claimant's shard.
+	full := make([]model.Claim, len(claims))
+	for i, c := range claims {
+		full[i] = c
+		full[i].ActShard = acts[i]
 	}
 	db := sA.DB()
 	var shards []model.ShardID
 	for s := db * 10; s < db*10+10; s++ {
 		shards = append(shards, model.ShardID(s))
 	}
-	from, to := claims[0].CreatedMS, claims[2].CreatedMS+1
+	from, to := claims[0].CreatedMS, claims[3].CreatedMS+1
+	if claims[1].CreatedMS != from || claims[2].CreatedMS != from+1 || claims[3].CreatedMS != from+2 {
+		t.Fatalf("claims created at %d, %d, %d, %d", claims[0].CreatedMS, claims[1].CreatedMS, claims[2].CreatedMS, claims[3].CreatedMS)
+	}
 	read := func(shards []model.ShardID, days []int, from, to int64, limit int) model.ReconWindow {
 		t.Helper()
 		w, err := f.s.ReconWindow(f.ctx, db, shards, days, from, to, limit)
@@ -86,52 +99,48 @@ func contractReconWindow(t *testing.T, newStore func(t *testing.T) Harness) {
 		}
 		return w
 	}
-	expect := func(w model.ReconWindow, toMS int64, claimsIn []model.Claim, outboxOf []model.Claim, delivered bool) {
+	expect := func(what string, w model.ReconWindow, fromMS, toMS int64, claimsIn []model.Claim) {
 		t.Helper()
-		if w.FromMS != from || w.ToMS != toMS {
-			t.Fatalf("window [%d, %d), want [%d, %d)", w.FromMS, w.ToMS, from, toMS)
+		if w.FromMS != fromMS || w.ToMS != toMS {
+			t.Fatalf("%s: window [%d, %d), want [%d, %d)", what, w.FromMS, w.ToMS, fromMS, toMS)
 		}
 		if got, want := claimIDs(w.Claims), idsOf(claimsIn); !slices.Equal(got, want) {
-			t.Fatalf("window claims %v, want %v", got, want)
+			t.Fatalf("%s: window claims %v, want %v", what, got, want)
 		}
 		for _, c := range claimsIn {
 			if w.Claims[c.ID] != c {
-				t.Fatalf("window claim %+v, want %+v", w.Claims[c.ID], c)
-			}
-		}
-		if len(w.Outbox) != len(outboxOf) {
-			t.Fatalf("window outbox %+v, want rows of %v", w.Outbox, idsOf(outboxOf))
-		}
-		for _, c := range outboxOf {
-			want := model.OutboxRow{ClaimID: c.ID, ActID: c.ActID, Shard: sC, Amount: c.Amount, Delivered: delivered, CreatedMS: c.CreatedMS}
-			if w.Outbox[c.ID] != want {
-				t.Fatalf("window outbox row %+v, want %+v", w.Outbox[c.ID], want)
+				t.Fatalf("%s: window claim %+v, want %+v", what, w.Claims[c.ID], c)
 			}
 		}
 	}
-	expect(read(shards, []int{14}, from, to, 100), to, claims, claims, false)
-	if w := read(shards, []int{14}, from+1, to-1, 100); len(w.Claims) != 1 || w.Claims[claims[1].ID] != claims[1] || len(w.Outbox) != 1 {
-		t.Fatalf("middle millisecond: %+v", w)
-	}
-	// Six rows with a limit of 1: cut at the second outbox row's millisecond.
-	expect(read(shards, []int{14}, from, to, 1), from+1, claims[:1], claims[:1], false)
-	// Claims of shards or days not asked are left out; the outbox rows are not.
-	expect(read([]model.ShardID{sB}, []int{14}, from, to, 100), to, nil, claims, false)
-	expect(read(shards, []int{15}, from, to, 100), to, nil, claims, false)
+	expect("all", read(shards, []int{14}, from, to, 100), from, to, full)
+	expect("limit 4", read(shards, []int{14}, from, to, 4), from, to, full)
+	expect("middle millisecond", read(shards, []int{14}, from+1, to-1, 100), from+1, to-1, full[2:3])
+	// Cut at the creation time of the claim past limit.
+	expect("limit 3", read(shards, []int{14}, from, to, 3), from, from+2, full[:3])
+	expect("limit 2", read(shards, []int{14}, from, to, 2), from, from+1, full[:2])
+	// The claim past limit was made at from: cut at from+1, its millisecond read whole.
+	expect("limit 1", read(shards, []int{14}, from, to, 1), from, from+1, full[:2])
+	// Claims of shards or days not asked are left out.
+	expect("another shard", read([]model.ShardID{sB}, []int{14}, from, to, 100), from, to, nil)
+	expect("another day", read(shards, []int{15}, from, to, 100), from, to, nil)
 
-	credits := []model.Credit{creditOf(claims[0], sC), creditOf(claims[1], sC), creditOf(claims[2], sC)}
+	credits := make([]model.Credit, len(claims))
+	for i, c := range claims {
+		credits[i] = creditOf(c, acts[i])
+	}
 	f.applyCredits(credits)
-	f.markDelivered(credits)
-	expect(read(shards, []int{14}, from, to, 100), to, claims, claims, true)
+	expect("all, credited", read(shards, []int{14}, from, to, 100), from, to, full)
 
 	if _, err := f.s.ReconWindow(f.ctx, db, []model.ShardID{sC}, []int{14}, from, to, 100); err == nil {
 		t.Fatal("recon window of db 12 with a shard of db 56: no error")
 	}
 	empty, err := f.s.ReconWindow(f.ctx, 77, []model.ShardID{770, 771}, []int{14}, from, to, 100)
-	if err != nil || empty.FromMS != from || empty.ToMS != to || len(empty.Claims) != 0 || len(empty.Outbox) != 0 {
+	if err != nil || empty.FromMS != from || empty.ToMS != to || len(empty.Claims) != 0 {
 		t.Fatalf("recon window of a database never used: %+v, %v", empty, err)
 	}
-	f.check(books{deposits: 1000, balances: 1000, sends: 600, packets: 1, claims: 3, credits: 3})
+	f.check(books{deposits: 1000, balances: 400 + sum(credits[0].Amount, credits[1].Amount, credits[2].Amount, credits[3].Amount),
+		open: 600 - sum(credits[0].Amount, credits[1].Amount, credits[2].Amount, credits[3].Amount), sends: 600, packets: 1, claims: 4, credits: 4})
 }
 
 func idsOf(cs []model.Claim) []string {

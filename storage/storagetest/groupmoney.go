@@ -23,7 +23,7 @@ type GroupMoneyConfig struct {
 	// Seed draws everything: the groups, their ops, the injected failures.
 	Seed uint64
 	// AuditEvery compares the two stores' ledgers (audits, sums, claims,
-	// credits, outbox rows) after every AuditEvery-th group; 0 only at the
+	// credits) after every AuditEvery-th group; 0 only at the
 	// end. Every group is compared answer by answer whatever it is.
 	AuditEvery int
 }
@@ -58,7 +58,7 @@ var injectNames = [injectKinds]string{"duplicate order number", "insufficient ba
 
 // GroupMoney is the money test of group commit: cfg.Ops mixed ops (deposits,
 // withdrawals, sends, opens of one to four users, refunds of packets mostly
-// past their expiry, credit batches taken from the outbox) committed through h's
+// past their expiry, credit batches of claims not credited yet) committed through h's
 // CommitGroup in seeded random groups of 2 to 12 ops, each group carrying one injected failure: a duplicate order number (a
 // repeat or ORDER_CONFLICT), a send above the balance, an open past a
 // packet's last share, a COMMIT whose connection is killed before it
@@ -194,12 +194,26 @@ func (m *money) open() (spec, bool) {
 	return openOp(ref, m.r.Uint64(), reqs...), true
 }
 
-// pending is the oldest undelivered outbox rows the oracle holds, up to
-// 100 per database, as the relay pages them.
+// pending is the claims of WorkShards' databases not credited yet, as the
+// oracle's ledger shows them, each as the credit it owes, by claim ID.
 func (m *money) pending() []model.Credit {
+	l, err := m.p.o.s.Ledger(m.p.o.ctx, m.p.o.cell)
+	if err != nil {
+		m.t.Fatalf("the oracle's ledger: %v", err)
+	}
 	var all []model.Credit
-	for _, db := range []int{WorkShards[0].DB(), WorkShards[2].DB()} {
-		all = append(all, m.p.o.pending(db, 100)...)
+	for _, id := range claimIDs(l.Claims) {
+		c := l.Claims[id]
+		ref, _, err := model.ParseClaimID(id)
+		if err != nil {
+			m.t.Fatalf("the oracle's ledger: claim %s: %v", id, err)
+		}
+		if c.ActShard != m.shardOf(c.ActID) {
+			m.t.Fatalf("the oracle's ledger: claim %s of %s owed to shard %d, the claimant's is %d", id, c.ActID, c.ActShard, m.shardOf(c.ActID))
+		}
+		if _, credited := l.Credits[id]; !credited && slices.ContainsFunc(WorkShards, func(s model.ShardID) bool { return s.DB() == ref.Shard.DB() }) {
+			all = append(all, model.CreditOf(c))
+		}
 	}
 	return all
 }
@@ -368,7 +382,7 @@ func (m *money) group(gi int) int {
 	if inj.kind == injectLocked {
 		if m.injected[injectLocked]%2 == 0 {
 			m.held(what, ops, &sp.in, true) // fails, writes nothing
-			ops = opsOf(specs)            // the retry, below
+			ops = opsOf(specs)              // the retry, below
 		} else {
 			m.held(what, ops, &sp.in, false) // commits: answered below
 		}
@@ -473,8 +487,7 @@ func errName(code string) string {
 	return code
 }
 
-// learn records what the oracle's answers applied, and marks about half the
-// credit batches delivered in both stores.
+// learn records what the oracle's answers applied.
 func (m *money) learn(specs []spec, ops []*storage.GroupOp) {
 	for i, op := range ops {
 		a := answerOf(op)
@@ -522,28 +535,7 @@ func (m *money) learn(specs []spec, ops []*storage.GroupOp) {
 			m.stats["withdraw"]++
 		case storage.OpCredits:
 			m.stats["credited"] += op.Applied
-			if m.r.IntN(2) == 0 {
-				m.markDelivered(op.Credits)
-			}
 		}
-	}
-}
-
-// markDelivered marks the credits delivered in both stores, each claim
-// once, as the relay marks a batch.
-func (m *money) markDelivered(credits []model.Credit) {
-	var once []model.Credit
-	seen := map[string]bool{}
-	for _, c := range credits {
-		if !seen[c.ClaimID] {
-			seen[c.ClaimID] = true
-			once = append(once, c)
-		}
-	}
-	sg, err := m.p.g.s.MarkDelivered(m.p.g.ctx, once)
-	so, erro := m.p.o.s.MarkDelivered(m.p.o.ctx, once)
-	if err != nil || erro != nil || sg != so {
-		m.t.Fatalf("mark %d delivered: skipped %d, %v; the oracle skipped %d, %v", len(once), sg, err, so, erro)
 	}
 }
 

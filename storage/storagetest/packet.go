@@ -147,8 +147,9 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 // twice in a batch gets one claim (the later answer repeats it), a user who
 // claimed before gets the earlier claim back with Repeat set. New claims take
 // seq 1, 2, ... in request order, each share the next double-mean draw from
-// the batch's seed taken from r (model.TakeDrawSeed), created at the store's clock; each new claim gets its outbox row, owed
-// to the shard its request named.
+// the batch's seed taken from r (model.TakeDrawSeed), created at the store's clock; each new claim is owed to the shard its
+// request named (ClaimsAfter, the Ledger's ActShard), and no answer carries
+// that shard or a Dest.
 func contractOpenOneClaimPerUser(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	f.deposit(sA, "ann", "d1", 1000)
@@ -191,17 +192,16 @@ func contractOpenOneClaimPerUser(t *testing.T, newStore func(t *testing.T) Harne
 		t.Fatalf("claims-of: %+v, %v", held, err)
 	}
 	l := f.check(books{deposits: 1000, open: left, inFlight: 1000 - left, sends: 1000, packets: 1, claims: 3})
+	if got, want := f.owed(sA.DB(), 10), []model.Credit{creditOf(bob, sB), creditOf(cy, sC), creditOf(dee, sA)}; !slices.Equal(got, want) {
+		t.Fatalf("claims after: %+v, want %+v", got, want)
+	}
 	for _, c := range []struct {
 		claim model.Claim
 		shard model.ShardID
 	}{{bob, sB}, {cy, sC}, {dee, sA}} {
-		o := l.Outbox[c.claim.ID]
-		want := model.OutboxRow{ClaimID: c.claim.ID, ActID: c.claim.ActID, Shard: c.shard, Amount: c.claim.Amount, CreatedMS: c.claim.CreatedMS}
-		if o != want {
-			t.Fatalf("outbox row %+v, want %+v", o, want)
-		}
 		lc := l.Claims[c.claim.ID]
-		if lc.ID != c.claim.ID || lc.PacketID != ref.ID || lc.Seq != c.claim.Seq || lc.ActID != c.claim.ActID || lc.Amount != c.claim.Amount {
+		if lc.ID != c.claim.ID || lc.PacketID != ref.ID || lc.Seq != c.claim.Seq || lc.ActID != c.claim.ActID || lc.Amount != c.claim.Amount ||
+			lc.ActShard != c.shard || lc.Dest != "" {
 			t.Fatalf("ledger claim %+v, want %+v", lc, c.claim)
 		}
 	}

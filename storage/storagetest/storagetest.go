@@ -5,8 +5,9 @@
 // (storage/store.go) and checks it against real values: idempotency by order
 // number, errors by code, conservation after every call (the store's own
 // Ledger through model.AuditCell and model.Audit), one claim per user per
-// packet, credits booked exactly once through outbox → ApplyCredits →
-// MarkDelivered, refunds of exactly the remainder once, and what a call does
+// packet, every claim listed as the credit it owes (storage.Relayed) and
+// booked exactly once by ApplyCredits however often it is delivered, refunds
+// of exactly the remainder once, and what a call does
 // when its COMMIT fails or its answer is lost. Group commit
 // (storage.Grouper, which every store must implement) is held to the
 // single-op methods: a second store fed a group's ops one by one answers
@@ -37,8 +38,8 @@ import (
 type Harness struct {
 	// Store holds no rows at all: its Ledger is empty when the test starts.
 	Store storage.Full
-	// Clock is the store's only source of time (creation times, expiry,
-	// outbox lag); the test moves it. It starts at Start.
+	// Clock is the store's only source of time (creation times, expiry);
+	// the test moves it. It starts at Start.
 	Clock *clock.Manual
 	// FailNextCommit arms a fault for the next transaction that commits
 	// (the next Deposit, Send, OpenBatch, Refund, ApplyCredits, or
@@ -95,7 +96,8 @@ func register(name string, run func(t *testing.T, newStore func(t *testing.T) Ha
 	contract = append(contract, contractTest{name: name, run: run})
 }
 
-// Shards the tests use: sA and sB share database 12 (one outbox), sC lives in
+// Shards the tests use: sA and sB share database 12 (one relay position:
+// ClaimsAfter lists the claims of both), sC lives in
 // database 56. In the two-cell tests cell "a" owns database 12 and cell "b"
 // database 56.
 const (
@@ -277,11 +279,14 @@ func (f *fixture) refund(ref model.PacketRef) model.Cents {
 	return c
 }
 
-func (f *fixture) pending(db int, limit int) []model.Credit {
+// owed is the credits the claims of database db owe, as the relay reads
+// them after a restart with no saved position: the first limit claims
+// created up to now (ClaimsAfter), credited or not.
+func (f *fixture) owed(db int, limit int) []model.Credit {
 	f.t.Helper()
-	cs, _, err := f.s.PendingCredits(f.ctx, db, f.nowMS(), 0, "", limit)
+	cs, _, err := f.s.ClaimsAfter(f.ctx, db, 0, model.ClaimPos{}, f.nowMS(), limit)
 	if err != nil {
-		f.t.Fatalf("pending credits of db %d: %v", db, err)
+		f.t.Fatalf("claims after of db %d: %v", db, err)
 	}
 	return cs
 }
@@ -295,16 +300,9 @@ func (f *fixture) applyCredits(credits []model.Credit) int {
 	return n
 }
 
-func (f *fixture) markDelivered(credits []model.Credit) {
-	f.t.Helper()
-	skipped, err := f.s.MarkDelivered(f.ctx, credits)
-	if err != nil || skipped != 0 {
-		f.t.Fatalf("mark %d delivered: skipped %d, %v", len(credits), skipped, err)
-	}
-}
-
-// creditOf is the credit a claim owes its claimant in shard s, as its
-// outbox row reads (created with the claim).
+// creditOf is the credit a claim owes its claimant in shard s, as
+// ClaimsAfter reads it from the claim's row while nothing names its Dest
+// (no SetCreditDest, no SendTo).
 func creditOf(c model.Claim, s model.ShardID) model.Credit {
 	return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: s, Amount: c.Amount, CreatedMS: c.CreatedMS}
 }

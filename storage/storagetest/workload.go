@@ -15,7 +15,8 @@ import (
 
 // Workload drives a store with a seeded random mix of the calls a cell makes:
 // deposits, sends, batched opens of recent packets, the credit relay
-// (PendingCredits → ApplyCredits → MarkDelivered), expiry and refunds, order
+// (ClaimsAfter → ApplyCredits → SaveRelayPositions, and now and then a
+// restart from RelayPositions that delivers claims again), expiry and refunds, order
 // numbers used again (repeats and conflicts), clock steps across midnight and,
 // when asked, injected commit faults. It folds every answer into a
 // transcript hash (codes, not message texts, for errors), so two stores given
@@ -24,7 +25,7 @@ import (
 // those calls through storage.Grouper instead.
 type Workload struct {
 	// Groups makes one step in twenty commit a group of 2 to 8 mixed ops
-	// (deposits, sends, opens, and last a credit batch from an outbox)
+	// (deposits, sends, opens, and last a credit batch of the relay's)
 	// through CommitGroup; h's store must implement storage.Grouper. Off,
 	// the workload draws exactly as it did before groups existed.
 	Groups bool
@@ -39,6 +40,11 @@ type Workload struct {
 	ops    int
 	calls  int
 	groups int // groups committed
+	// The relay's state per database (12, 56): it reads the claims created
+	// from relayFrom (its saved position when it last restarted) after
+	// relayAt (the last claim it delivered since).
+	relayFrom map[int]int64
+	relayAt   map[int]model.ClaimPos
 }
 
 // WorkShards are the shards the workload's users live in: two in database
@@ -50,7 +56,8 @@ var WorkShards = []model.ShardID{123, 125, 567, 568}
 // tables 14 and 15). With faults it arms h.FailNextCommit now and then. With
 // record it keeps the transcript hash.
 func NewWorkload(h Harness, seed uint64, faults, record bool) *Workload {
-	w := &Workload{h: h, r: rand.New(rand.NewPCG(seed, 1)), ctx: context.Background(), faults: faults}
+	w := &Workload{h: h, r: rand.New(rand.NewPCG(seed, 1)), ctx: context.Background(), faults: faults,
+		relayFrom: map[int]int64{}, relayAt: map[int]model.ClaimPos{}}
 	if record {
 		w.sum = fnv.New64a()
 	}
@@ -149,13 +156,15 @@ func (w *Workload) Step() {
 			w.record(" ", r.Claim, r.Repeat, code(r.Err))
 		}
 	case k < 85:
+		if w.r.IntN(8) == 0 {
+			w.restartRelay()
+		}
 		for _, db := range []int{12, 56} {
-			cs, next, err := w.call(s).PendingCredits(w.ctx, db, now.UnixMilli(), 0, "", 50)
+			cs, next, err := w.claimsAfter(db, 50)
 			n, deferred, aerr := w.call(s).ApplyCredits(w.ctx, cs)
-			w.record("relay", cs, next, code(err), n, deferred, code(aerr))
-			if aerr == nil {
-				skipped, merr := w.call(s).MarkDelivered(w.ctx, cs)
-				w.record("mark", skipped, code(merr))
+			w.record("relay", n, deferred, code(aerr))
+			if err == nil && aerr == nil && len(deferred) == 0 {
+				w.delivered(db, next, len(cs))
 			}
 		}
 	case k < 90:
@@ -208,9 +217,8 @@ func (w *Workload) group() {
 		}
 	}
 	db := []int{12, 56}[w.r.IntN(2)]
-	cs, _, err := w.call(w.h.Store).PendingCredits(w.ctx, db, now.UnixMilli(), 0, "", 20)
-	w.record("group pending", cs, code(err))
-	if len(cs) > 0 {
+	cs, next, err := w.claimsAfter(db, 20)
+	if err == nil && len(cs) > 0 {
 		ops = append(ops, &storage.GroupOp{Kind: storage.OpCredits, Credits: cs})
 	}
 	w.calls++
@@ -230,8 +238,43 @@ func (w *Workload) group() {
 			ref, _ := model.ParsePacketID(string(op.Packet.ID))
 			w.refs = append(w.refs, ref)
 		case op.Kind == storage.OpCredits && len(op.Deferred) == 0:
-			skipped, merr := w.call(w.h.Store).MarkDelivered(w.ctx, op.Credits)
-			w.record("mark", skipped, code(merr))
+			w.delivered(db, next, len(cs))
 		}
+	}
+}
+
+// claimsAfter is the relay's next read of database db: up to limit claims
+// past its position, created before the current millisecond (every claim
+// of an earlier millisecond is committed, so none can land behind the
+// position later).
+func (w *Workload) claimsAfter(db, limit int) ([]model.Credit, model.ClaimPos, error) {
+	cs, next, err := w.call(w.h.Store).ClaimsAfter(w.ctx, db, w.relayFrom[db], w.relayAt[db], w.h.Clock.Now().UnixMilli()-1, limit)
+	w.record("claims after", db, cs, next, code(err))
+	return cs, next, err
+}
+
+// delivered moves the relay of db past the n claims up to next, all
+// credited, and saves its position: every claim created before next's
+// millisecond is credited.
+func (w *Workload) delivered(db int, next model.ClaimPos, n int) {
+	if n == 0 {
+		return
+	}
+	w.relayAt[db] = next
+	err := w.call(w.h.Store).SaveRelayPositions(w.ctx, map[int]int64{db: next.CreatedMS})
+	w.record("save relay position", db, next.CreatedMS, code(err))
+}
+
+// restartRelay is the relay starting over: it forgets where it was and
+// reads again from the positions it saved, delivering again the claims of
+// those milliseconds (credited once all the same).
+func (w *Workload) restartRelay() {
+	pos, err := w.call(w.h.Store).RelayPositions(w.ctx, []int{12, 56})
+	w.record("relay positions", pos[12], pos[56], len(pos), code(err))
+	if err != nil {
+		return
+	}
+	for _, db := range []int{12, 56} {
+		w.relayFrom[db], w.relayAt[db] = pos[db], model.ClaimPos{}
 	}
 }

@@ -1,0 +1,266 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"redcell/internal/retry"
+	"redcell/model"
+	"redcell/sharding"
+)
+
+// claimCreditCols are what a claim row gives of the credit it owes, in
+// scanClaimCredit's order.
+const claimCreditCols = "packet_id, seq, act_id, amount, created_ms, act_shard, dest"
+
+// scanClaimCredit reads a row of claimCreditCols as the credit the claim owes
+// its claimant; a row made before act_shard existed (-1) gets the shard
+// computed from its act_id.
+func scanClaimCredit(r rowScanner) (model.Credit, model.ClaimPos, error) {
+	var c model.Credit
+	var pid string
+	var seq int64
+	var shard int
+	if err := r.Scan(&pid, &seq, &c.ActID, &c.Amount, &c.CreatedMS, &shard, &c.Dest); err != nil {
+		return c, model.ClaimPos{}, err
+	}
+	c.PacketID, c.ClaimID = model.PacketID(pid), model.ClaimID(model.PacketID(pid), seq)
+	c.Shard = model.ShardID(shard)
+	if shard < 0 {
+		c.Shard = sharding.ShardOfAct(c.ActID)
+	}
+	return c, model.ClaimPos{CreatedMS: c.CreatedMS, PacketID: c.PacketID, Seq: seq}, nil
+}
+
+// ClaimsAfter implements Relayed: one statement, a UNION ALL of every claim
+// table of db known to exist (each read through its k_created index, which
+// InnoDB keeps in (created_ms, packet_id, seq) order), each part limited and
+// the whole ordered and limited again. A table listed but gone since (a
+// shard handed over) makes it read the list again and retry once.
+func (m *MySQL) ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
+	if db < 0 || db >= model.ShardCount/10 {
+		return nil, after, model.Invalidf("database %d out of range", db)
+	}
+	if limit <= 0 {
+		return nil, after, nil
+	}
+	var out []model.Credit
+	next := after
+	missing := func(err error) bool { return isMySQLErr(err, errNoSuchTable) }
+	err := retry.Do(ctx, retry.Policy{Attempts: 2, Retryable: missing, Clock: m.clock}, func(int) error {
+		out, next = nil, after
+		tables, err := m.dayTables(ctx)
+		if err != nil {
+			return err
+		}
+		var u union
+		for _, t := range tables {
+			if t.kind != "claim" || t.shard.DB() != db {
+				continue
+			}
+			q := "SELECT " + claimCreditCols + " FROM " + m.claimTable(t.shard, t.day) + " WHERE created_ms >= ? AND created_ms <= ?"
+			args := []any{max(fromMS, after.CreatedMS), beforeMS}
+			if after != (model.ClaimPos{}) {
+				q += " AND (created_ms > ? OR (created_ms = ? AND (packet_id > ? OR (packet_id = ? AND seq > ?))))"
+				args = append(args, after.CreatedMS, after.CreatedMS, string(after.PacketID), string(after.PacketID), after.Seq)
+			}
+			u.add(q+" ORDER BY created_ms, packet_id, seq LIMIT ?", append(args, limit)...)
+		}
+		if len(u.parts) == 0 {
+			return nil
+		}
+		q, args := u.sql()
+		rows, err := m.db.QueryContext(ctx, q+" ORDER BY created_ms, packet_id, seq LIMIT ?", append(args, limit)...)
+		if err != nil {
+			if missing(err) {
+				m.forgetTables()
+			}
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			c, pos, err := scanClaimCredit(rows)
+			if err != nil {
+				return err
+			}
+			out, next = append(out, c), pos
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, after, fmt.Errorf("storage: claims of db_%02d after %+v: %w", db, after, err)
+	}
+	return out, next, nil
+}
+
+// SendTo implements Relayed: one UPDATE per claim table, all in one
+// statement list, autocommit. A claim moved to the archive since keeps the
+// dest it had there (its packet is older than the retention).
+func (m *MySQL) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+	type table struct {
+		shard model.ShardID
+		day   int
+	}
+	byTable := map[table][]any{}
+	for _, c := range credits {
+		ref, seq, err := model.ParseClaimID(c.ClaimID)
+		if err != nil {
+			return fmt.Errorf("storage: send to: %w", err)
+		}
+		t := table{ref.Shard, ref.Day}
+		byTable[t] = append(byTable[t], string(ref.ID), seq)
+	}
+	if len(byTable) == 0 {
+		return nil
+	}
+	var b sqlBatch
+	for _, t := range slices.SortedFunc(maps.Keys(byTable), func(a, b table) int {
+		if a.shard != b.shard {
+			return int(a.shard) - int(b.shard)
+		}
+		return a.day - b.day
+	}) {
+		keys := byTable[t]
+		b.add("UPDATE "+m.claimTable(t.shard, t.day)+" SET dest = ? WHERE (packet_id, seq) IN ("+
+			strings.TrimSuffix(strings.Repeat("(?, ?),", len(keys)/2), ",")+")", append([]any{dest}, keys...)...)
+	}
+	q, args := b.sql()
+	if _, err := m.db.ExecContext(ctx, q, args...); err != nil && !isMySQLErr(err, errNoSuchTable) {
+		return fmt.Errorf("storage: send to: %w", err)
+	}
+	return nil
+}
+
+// RelayPositions implements Relayed: one statement over the databases'
+// position tables; when one of them is missing (a database never used since
+// the table existed), each database is read by itself. A database without
+// a saved position that still has the outbox table of an earlier version
+// answers the position that table gives (legacyPosition): one more
+// statement per such database, at a relay's start only.
+func (m *MySQL) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
+	out := map[int]int64{}
+	if len(dbs) == 0 {
+		return out, nil
+	}
+	read := func(dbs []int) error {
+		var u union
+		for _, db := range dbs {
+			if db < 0 || db >= model.ShardCount/10 {
+				return model.Invalidf("database %d out of range", db)
+			}
+			u.add("SELECT ? AS db, pos_ms FROM "+m.relayPosTable(db)+" WHERE id = 1", db)
+		}
+		q, args := u.sql()
+		rows, err := m.db.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var db int
+			var ms int64
+			if err := rows.Scan(&db, &ms); err != nil {
+				return err
+			}
+			out[db] = ms
+		}
+		return rows.Err()
+	}
+	err := read(dbs)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		err = nil
+		for _, db := range dbs {
+			if e := read([]int{db}); e != nil && !isMySQLErr(e, errNoSuchTable) && !isMySQLErr(e, errUnknownDB) {
+				err = e
+				break
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: relay positions: %w", err)
+	}
+	for _, db := range dbs {
+		if _, ok := out[db]; ok {
+			continue
+		}
+		p, ok, err := m.legacyPosition(ctx, db)
+		if err != nil {
+			return nil, fmt.Errorf("storage: relay positions: %w", err)
+		}
+		if ok {
+			out[db] = p
+		}
+	}
+	return out, nil
+}
+
+// legacyUndelivered is how far back before its clock's time the store
+// places the position of a database upgraded from an outbox with nothing
+// undelivered: claims this version made there before the relay's first save.
+const legacyUndelivered = time.Minute
+
+// legacyPosition is the position of database db, which has none saved, as
+// its outbox table of a version before claims were their own outbox (kept,
+// no longer written) gives it: the creation time of its oldest undelivered
+// row, or legacyUndelivered before now when none is. ok is false when db
+// has no such table: a database never used, or made by this version. So
+// the first start of this version reads back the claims the outbox still
+// owed, not every claim the tables hold.
+func (m *MySQL) legacyPosition(ctx context.Context, db int) (pos int64, ok bool, err error) {
+	var oldest sql.NullInt64
+	err = m.db.QueryRowContext(ctx, "SELECT MIN(created_ms) FROM "+m.tableNamesOf().db[db]+".t_outbox WHERE state = 0").Scan(&oldest)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	pos = m.clock.Now().Add(-legacyUndelivered).UnixMilli()
+	if oldest.Valid {
+		pos = min(pos, oldest.Int64)
+	}
+	return pos, true, nil
+}
+
+// SaveRelayPositions implements Relayed: one upsert per database, all in one
+// statement list, autocommit. A database whose table is missing has its
+// shards' tables made (EnsureShard of its first shard) and the list is sent
+// again, once.
+func (m *MySQL) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
+	if len(pos) == 0 {
+		return nil
+	}
+	dbs := slices.Sorted(maps.Keys(pos))
+	for _, db := range dbs {
+		if db < 0 || db >= model.ShardCount/10 {
+			return fmt.Errorf("storage: save relay positions: %w", model.Invalidf("database %d out of range", db))
+		}
+	}
+	now := m.nowMS()
+	var b sqlBatch
+	for _, db := range dbs {
+		b.add("INSERT INTO "+m.relayPosTable(db)+" (id, pos_ms, updated_ms) VALUES (1, ?, ?) ON DUPLICATE KEY UPDATE pos_ms = VALUES(pos_ms), updated_ms = VALUES(updated_ms)",
+			pos[db], now)
+	}
+	q, args := b.sql()
+	_, err := m.db.ExecContext(ctx, q, args...)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		var errs []error
+		for _, db := range dbs {
+			errs = append(errs, m.EnsureShard(ctx, model.ShardID(db*10)))
+		}
+		if err = errors.Join(errs...); err == nil {
+			_, err = m.db.ExecContext(ctx, q, args...)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("storage: save relay positions: %w", err)
+	}
+	return nil
+}
