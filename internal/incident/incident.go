@@ -16,7 +16,7 @@ import (
 // not to: an outage of a minute gives six lines, not thousands.
 const DefaultEvery = 10 * time.Second
 
-// Tracker follows one kind of failure (what), for example "outbox scan".
+// Tracker follows one kind of failure (what), for example "relay claims read".
 // Fail reports an attempt that failed, OK one that succeeded. Logged:
 //   - at the first Fail after an OK (or ever): WARN "<what> failing", with
 //     the error and the caller's attributes;
