@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"time"
 
 	"redcell/cell/groupcommit"
 	"redcell/model"
@@ -142,9 +143,26 @@ func (s *Server) submitStore(ctx context.Context, sp *space, db int, op *storage
 // openGrouped commits one packet's batch of opens in its lane's group:
 // storage.Singles.OpenBatch's answers. r must not be reused when the error
 // wraps groupcommit.ErrInFlight (the group still draws from it).
-func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
+//
+// A batch whose group was still committing when ctx ended has its claims
+// handed to the relay when the group ends (afterOpen, from a goroutine of
+// its own that lives as long as the group): no answer carries them, and
+// their retries are repeats, which hand the relay nothing. When that
+// group's outcome is unknown, the relay reads the database's claims back
+// from since instead (relay.Relay.MarkDB).
+func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand, since time.Time) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
 	if err := s.submit(ctx, sp, ref.Shard.DB(), op); err != nil {
+		if wait, ok := groupcommit.InFlight(err); ok {
+			go func() {
+				switch gerr := wait(); {
+				case gerr == nil:
+					s.afterOpen(sp, op.Packet, op.Results)
+				case errors.Is(gerr, storage.ErrCommitUnknown):
+					sp.relay.MarkDB(ref.Shard.DB(), since)
+				}
+			}()
+		}
 		return nil, model.Packet{}, err
 	}
 	return op.Results, op.Packet, nil

@@ -289,7 +289,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	var p model.Packet
 	var err error
 	if grouped {
-		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r)
+		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
 	} else {
 		results, p, err = openAlone(ctx, sp, live[0].ref, reqs, r)
 	}
@@ -299,10 +299,12 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	release()
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
-		if errors.Is(err, groupcommit.ErrInFlight) || errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown) {
+		if !errors.Is(err, groupcommit.ErrInFlight) && (errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown)) {
 			// The claims may be committed though no answer says so, and
 			// their retries are repeats, which hand no credit to the relay:
-			// it reads this database's recent claims at its next pass.
+			// it reads this database's claims made since the batch began
+			// at its next pass. (A group still committing hands them over
+			// when it ends: openGrouped.)
 			sp.relay.MarkDB(live[0].ref.Shard.DB(), now.Add(-time.Second)) // the claims are stamped after the batch began
 		}
 		if errors.Is(err, model.ErrDBUnavailable) || errors.Is(err, model.ErrTimeout) || errors.Is(err, model.ErrOverloaded) ||

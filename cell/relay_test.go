@@ -445,6 +445,10 @@ func TestRelayLockedPositionRow(t *testing.T) {
 		a.db.QueryRow("SELECT pos_ms FROM " + positions + " WHERE id = 1").Scan(&ms)
 		return ms
 	}
+	// A claim on another packet of the database: the relay saves a
+	// position only for a database whose claims came or went.
+	warm := a.send(t, sender, 100, 1, "snd-0")
+	openOne(t, a, nil, warm, actsInShard(t, pre+"-w", 123, 1)[0])
 	waitFor(t, 10*time.Second, func() bool { return position() > 0 }, "the relay's first save of its position")
 
 	// The held claims are made while the relay is off (it holds them), and

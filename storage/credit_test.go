@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -260,5 +261,31 @@ func TestRelayPositionFromLegacyOutbox(t *testing.T) {
 	}
 	if pos, err := m.RelayPositions(ctx, []int{a}); err != nil || pos[a] != 9000 {
 		t.Fatalf("after a save: %v, %v; want the saved 9000", pos, err)
+	}
+}
+
+// TestRelaySkipsMissingDatabases: a save of positions for a database that
+// does not exist (no claims; a shadow space just dropped) makes nothing and
+// stores nothing, and the others of the same save are stored; a database
+// made by an earlier version, without the position table, gets it.
+func TestRelaySkipsMissingDatabases(t *testing.T) {
+	m, _, _ := ContractMySQL(t, clock.Real{})
+	ctx := context.Background()
+	if err := m.EnsureShard(ctx, 120); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.db.ExecContext(ctx, "CREATE DATABASE "+m.tableNamesOf().db[13]+dbDefaults); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SaveRelayPositions(ctx, map[int]int64{12: 100, 13: 200, 14: 300}); err != nil {
+		t.Fatal(err)
+	}
+	pos, err := m.RelayPositions(ctx, []int{12, 13, 14})
+	if err != nil || !maps.Equal(pos, map[int]int64{12: 100, 13: 200}) {
+		t.Fatalf("positions %v (%v), want 12 and 13 saved, 14 absent", pos, err)
+	}
+	var n int
+	if err := m.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?", m.tableNamesOf().db[14]).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("database 14 exists after the save (%d, %v), want it never made", n, err)
 	}
 }

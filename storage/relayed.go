@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -100,38 +99,63 @@ func (m *MySQL) ClaimsAfter(ctx context.Context, db int, fromMS int64, after mod
 }
 
 // SendTo implements Relayed: one UPDATE per claim table, all in one
-// statement list, autocommit. A claim moved to the archive since keeps the
-// dest it had there (its packet is older than the retention).
+// statement list, autocommit: the claim's day table and, where the shard
+// has one listed, its archive (the claim may have moved there). A table
+// gone makes it read the list of tables again and send the list once more,
+// with the listed tables only.
 func (m *MySQL) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
-	type table struct {
-		shard model.ShardID
-		day   int
-	}
-	byTable := map[table][]any{}
+	byShard := map[model.ShardID]map[int][]any{} // shard → day → (packet_id, seq) pairs
 	for _, c := range credits {
 		ref, seq, err := model.ParseClaimID(c.ClaimID)
 		if err != nil {
 			return fmt.Errorf("storage: send to: %w", err)
 		}
-		t := table{ref.Shard, ref.Day}
-		byTable[t] = append(byTable[t], string(ref.ID), seq)
+		if byShard[ref.Shard] == nil {
+			byShard[ref.Shard] = map[int][]any{}
+		}
+		byShard[ref.Shard][ref.Day] = append(byShard[ref.Shard][ref.Day], string(ref.ID), seq)
 	}
-	if len(byTable) == 0 {
+	if len(byShard) == 0 {
 		return nil
 	}
-	var b sqlBatch
-	for _, t := range slices.SortedFunc(maps.Keys(byTable), func(a, b table) int {
-		if a.shard != b.shard {
-			return int(a.shard) - int(b.shard)
+	missing := func(err error) bool { return isMySQLErr(err, errNoSuchTable) }
+	err := retry.Do(ctx, retry.Policy{Attempts: 2, Retryable: missing, Clock: m.clock}, func(attempt int) error {
+		tables, err := m.dayTables(ctx)
+		if err != nil {
+			return err
 		}
-		return a.day - b.day
-	}) {
-		keys := byTable[t]
-		b.add("UPDATE "+m.claimTable(t.shard, t.day)+" SET dest = ? WHERE (packet_id, seq) IN ("+
-			strings.TrimSuffix(strings.Repeat("(?, ?),", len(keys)/2), ",")+")", append([]any{dest}, keys...)...)
-	}
-	q, args := b.sql()
-	if _, err := m.db.ExecContext(ctx, q, args...); err != nil && !isMySQLErr(err, errNoSuchTable) {
+		known := make(map[tableRef]bool, len(tables))
+		for _, t := range tables {
+			known[t] = true
+		}
+		var b sqlBatch
+		update := func(sh model.ShardID, day int, keys []any) {
+			// A claim's day table exists unless the list was stale (then
+			// read again): the archive only where listed.
+			if known[tableRef{kind: "claim", shard: sh, day: day}] || day != ArchiveDay && attempt == 0 {
+				b.add("UPDATE "+m.claimTable(sh, day)+" SET dest = ? WHERE (packet_id, seq) IN ("+
+					strings.TrimSuffix(strings.Repeat("(?, ?),", len(keys)/2), ",")+")", append([]any{dest}, keys...)...)
+			}
+		}
+		for _, sh := range slices.Sorted(maps.Keys(byShard)) {
+			var all []any
+			for _, day := range slices.Sorted(maps.Keys(byShard[sh])) {
+				update(sh, day, byShard[sh][day])
+				all = append(all, byShard[sh][day]...)
+			}
+			update(sh, ArchiveDay, all)
+		}
+		if len(b.parts) == 0 {
+			return nil
+		}
+		q, args := b.sql()
+		_, err = m.db.ExecContext(ctx, q, args...)
+		if missing(err) {
+			m.forgetTables()
+		}
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("storage: send to: %w", err)
 	}
 	return nil
@@ -229,9 +253,10 @@ func (m *MySQL) legacyPosition(ctx context.Context, db int) (pos int64, ok bool,
 }
 
 // SaveRelayPositions implements Relayed: one upsert per database, all in one
-// statement list, autocommit. A database whose table is missing has its
-// shards' tables made (EnsureShard of its first shard) and the list is sent
-// again, once.
+// statement list, autocommit. When a database lacks the table (made by an
+// earlier version) each is saved by itself, its table made first; a
+// database that does not exist is skipped: it holds no claims (a shadow
+// space dropped, say), and a save must not make it.
 func (m *MySQL) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
 	if len(pos) == 0 {
 		return nil
@@ -243,20 +268,31 @@ func (m *MySQL) SaveRelayPositions(ctx context.Context, pos map[int]int64) error
 		}
 	}
 	now := m.nowMS()
+	upsert := func(db int) (string, []any) {
+		return "INSERT INTO " + m.relayPosTable(db) + " (id, pos_ms, updated_ms) VALUES (1, ?, ?) ON DUPLICATE KEY UPDATE pos_ms = VALUES(pos_ms), updated_ms = VALUES(updated_ms)",
+			[]any{pos[db], now}
+	}
 	var b sqlBatch
 	for _, db := range dbs {
-		b.add("INSERT INTO "+m.relayPosTable(db)+" (id, pos_ms, updated_ms) VALUES (1, ?, ?) ON DUPLICATE KEY UPDATE pos_ms = VALUES(pos_ms), updated_ms = VALUES(updated_ms)",
-			pos[db], now)
+		q, args := upsert(db)
+		b.add(q, args...)
 	}
 	q, args := b.sql()
 	_, err := m.db.ExecContext(ctx, q, args...)
 	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
-		var errs []error
+		err = nil
 		for _, db := range dbs {
-			errs = append(errs, m.EnsureShard(ctx, model.ShardID(db*10)))
-		}
-		if err = errors.Join(errs...); err == nil {
-			_, err = m.db.ExecContext(ctx, q, args...)
+			q, args := upsert(db)
+			_, e := m.db.ExecContext(ctx, q, args...)
+			if isMySQLErr(e, errNoSuchTable) {
+				if _, e = m.db.ExecContext(ctx, m.relayPosDDL(db)); e == nil {
+					_, e = m.db.ExecContext(ctx, q, args...)
+				}
+			}
+			if e != nil && !isMySQLErr(e, errUnknownDB) {
+				err = e
+				break
+			}
 		}
 	}
 	if err != nil {

@@ -165,12 +165,18 @@ func (m *MySQL) shardDDL(s model.ShardID) []string {
 		// Flow tables made before k_act_time existed get it here (a no-op
 		// where it exists): the wallet's flow listing reads by it.
 		`ALTER TABLE ` + m.flowTable(s) + ` ADD INDEX IF NOT EXISTS k_act_time (act_id, created_ms)`,
-		`CREATE TABLE IF NOT EXISTS ` + m.relayPosTable(s.DB()) + ` (
+		m.relayPosDDL(s.DB()),
+	}
+}
+
+// relayPosDDL makes database db's relay position table (storage.Relayed):
+// one row, id 1.
+func (m *MySQL) relayPosDDL(db int) string {
+	return `CREATE TABLE IF NOT EXISTS ` + m.relayPosTable(db) + ` (
   id         TINYINT NOT NULL PRIMARY KEY,
   pos_ms     BIGINT NOT NULL,
   updated_ms BIGINT NOT NULL
-) ENGINE=InnoDB`,
-	}
+) ENGINE=InnoDB`
 }
 
 func (m *MySQL) dayDDL(s model.ShardID, day int) []string {

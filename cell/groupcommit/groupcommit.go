@@ -240,7 +240,32 @@ func (c *Committer) Submit(ctx context.Context, ln Lane, op *storage.GroupOp) er
 		return w.err
 	default:
 	}
-	return fmt.Errorf("%w: %w", model.Errorf(model.ErrTimeout, "the request's deadline passed while its group committed"), ErrInFlight)
+	return &inFlight{timeout: model.Errorf(model.ErrTimeout, "the request's deadline passed while its group committed"), w: w}
+}
+
+// inFlight is Submit's error for an op whose group is still committing: a
+// model.ErrTimeout wrapping ErrInFlight, through which InFlight waits for
+// the group's end.
+type inFlight struct {
+	timeout error
+	w       *waiter
+}
+
+func (e *inFlight) Error() string   { return e.timeout.Error() + ": " + ErrInFlight.Error() }
+func (e *inFlight) Unwrap() []error { return []error{e.timeout, ErrInFlight} }
+
+// InFlight reports whether err is Submit's error for an op whose group was
+// still committing (wrapping ErrInFlight) and, if so, returns wait, which
+// blocks until that group ends and returns what Submit would have: the
+// group's error, or nil with the op's answers set. The open path hands the
+// claims of such an op to the relay once wait returns nil (no one else
+// learns of them).
+func InFlight(err error) (wait func() error, ok bool) {
+	var e *inFlight
+	if !errors.As(err, &e) {
+		return nil, false
+	}
+	return func() error { <-e.w.done; return e.w.err }, true
 }
 
 func signal(c chan struct{}) {

@@ -27,9 +27,12 @@
 // from there: a window is checked again after a crash, never skipped.
 // Databases never saved start when the cell starts; claims made before are
 // covered by the hourly audit of the cell's own books and by `redcell audit`.
-// A claim whose claimant's cell cannot be asked is counted as unverified, and
-// a claim re-driven is not checked again: the relay keeps it until it is
-// credited, and the audits cover both.
+// A claim whose claimant's cell cannot be asked is counted as unverified
+// and handed to the relay all the same (Config.Redrive). A claim re-driven
+// is not checked again: the relay holds it until a delivery is
+// acknowledged, and saves its position below it before Redrive returns, so
+// that a crash after this pass's save reads it back (the relay's own
+// position save can fail: then only the audits see it, counted in flight).
 //
 // A pass reads in rounds of at most windowRows claims per database and
 // rowsPerRound in all, and goes on with another round while a database is
@@ -431,10 +434,34 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, claims []model.Cre
 	}
 	wg.Wait()
 	round := model.Diffs{}
+	var unchecked []model.Credit
 	for _, l := range lanes {
 		p.credited = p.credited.Plus(l.out.credited)
 		round.Merge(l.out.diffs)
 		p.unverified += l.out.unverified
+		unchecked = append(unchecked, l.out.unchecked...)
+	}
+	if noOwner > 0 {
+		grouped := make(map[string]bool, len(claims)-noOwner)
+		for _, c := range local {
+			grouped[c.ClaimID] = true
+		}
+		for _, g := range remote {
+			for _, c := range g.Credits {
+				grouped[c.ClaimID] = true
+			}
+		}
+		for _, c := range claims {
+			if !grouped[c.ClaimID] {
+				unchecked = append(unchecked, c)
+			}
+		}
+	}
+	// Not known credited, though not known missing either: handed to the
+	// relay too (a receiver refuses those it credited before), so that a
+	// claim reconciliation moves past is never left to no one.
+	if r.cfg.Redrive != nil && len(unchecked) > 0 {
+		r.cfg.Redrive(sp.Name, unchecked)
 	}
 	checked := make(map[string]string, len(claims)) // claim ID → the cell asked
 	for _, c := range local {
@@ -550,6 +577,7 @@ type creditResult struct {
 	credited   model.Tally
 	diffs      model.Diffs
 	unverified int64
+	unchecked  []model.Credit // the claims of the unverified chunks
 }
 
 // checkLane checks cs chunkMax claims at a time with check; a chunk that
@@ -564,6 +592,7 @@ func checkLane(ctx context.Context, cs []model.Credit, track *incident.Tracker,
 		cc, err := check(ctx, chunk)
 		if err != nil {
 			out.unverified += int64(len(chunk))
+			out.unchecked = append(out.unchecked, chunk...)
 			if ctx.Err() == nil {
 				failed = true
 				track.Fail(err, "claims", len(chunk))

@@ -313,7 +313,7 @@ func TestMarkDBReadsSlack(t *testing.T) {
 			t.Fatalf("before MarkDB: recent applied %d times, database 1 read %d times; want 0 and 1", r, store.reads[1])
 		}
 		marked := time.Now()
-		rig.r.MarkDB(1, marked.Add(-time.Minute)) // at most Slack back
+		rig.r.MarkDB(1, marked.Add(-Slack))
 		time.Sleep(200 * time.Millisecond)
 		synctest.Wait()
 		store.mu.Lock()
@@ -417,8 +417,13 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 		store.mu.Lock()
 		froms := slices.Clone(store.froms[1])
 		store.mu.Unlock()
-		if want := []int64{t0.Add(-10 * time.Second).UnixMilli(), cs[0].CreatedMS, cs[3].CreatedMS}; !slices.Equal(froms, want) {
-			t.Errorf("database 1 read from %v, want %v (the start, the first claim left out, the first the read left out)", froms, want)
+		// The start, the first claim left out, the first the read left out;
+		// then at most one more reading, asked for by a claim left out while
+		// one was under way, from no earlier than that pass's start (it
+		// reads nothing new: every claim was sent once, above).
+		if want := []int64{t0.Add(-10 * time.Second).UnixMilli(), cs[0].CreatedMS, cs[3].CreatedMS}; len(froms) < 3 || len(froms) > 4 ||
+			!slices.Equal(froms[:3], want) || len(froms) == 4 && froms[3] <= froms[2] {
+			t.Errorf("database 1 read from %v, want %v and at most one more, later", froms, want)
 		}
 		if n := rig.held(); n != 0 {
 			t.Errorf("Held %d at the end, want 0", n)
@@ -460,8 +465,8 @@ func TestHeldMaxCutsARead(t *testing.T) {
 		store.mu.Lock()
 		froms := slices.Clone(store.froms[1])
 		store.mu.Unlock()
-		if len(froms) != 2 || froms[1] != cs[3].CreatedMS {
-			t.Errorf("database 1 read from %v, want a second read from the first claim left out (%d)", froms, cs[3].CreatedMS)
+		if len(froms) < 2 || len(froms) > 3 || froms[1] != cs[3].CreatedMS || len(froms) == 3 && froms[2] <= froms[1] {
+			t.Errorf("database 1 read from %v, want a second read from the first claim left out (%d), and at most one more, later", froms, cs[3].CreatedMS)
 		}
 		if n := rig.held(); n != 0 {
 			t.Errorf("Held %d at the end, want 0", n)

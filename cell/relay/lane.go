@@ -170,7 +170,7 @@ func (l *lane) next(now time.Time) (batch []queued, wait time.Duration) {
 	if off {
 		if len(l.queue) > 0 {
 			// Back to the relay, offered again once it is on. (letGo takes
-			// trackMu after l.mu is released: deferred.)
+			// trackMu while l.mu is held: nothing takes l.mu under trackMu.)
 			back := make([]model.Credit, len(l.queue))
 			for i, q := range l.queue {
 				back[i] = q.c

@@ -976,8 +976,8 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		rig.store.mu.Lock()
 		sent := maps.Clone(rig.store.sent)
 		rig.store.mu.Unlock()
-		if want := map[string]string{y.ClaimID: "cell-b", z.ClaimID: "cell-b"}; !maps.Equal(sent, want) {
-			t.Errorf("recorded as sent before delivery: %v, want %v (the two delivered to another cell than their rows named)", sent, want)
+		if want := map[string]string{y.ClaimID: "cell-b", z.ClaimID: "cell-b", u.ClaimID: "cell-b"}; !maps.Equal(sent, want) {
+			t.Errorf("recorded as sent before delivery: %v, want %v (the two delivered to another cell than their rows named, and u, whose row named none)", sent, want)
 		}
 		rig.net.mu.Lock()
 		asked := slices.Sorted(slices.Values(rig.net.asked))

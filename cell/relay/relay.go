@@ -153,6 +153,7 @@ type Relay struct {
 	endLife context.CancelFunc // ends life
 	lanesWG sync.WaitGroup     // lane goroutines
 
+	saveMu   sync.Mutex       // one savePositions at a time (a tick's, Redrive's, the stop's)
 	trackMu  sync.Mutex       // guards dbs, held, lastSave, readAcks
 	dbs      map[int]*dbTrack // by database of the packets' shards: what the relay holds of its claims
 	held     int              // credits held over every database
@@ -181,6 +182,8 @@ type dbTrack struct {
 	read    bool                // claims past from must be read from the store
 	from    int64               // where that reading starts (Unix ms)
 	cursor  model.ClaimPos      // how far it has got (zero: not begun)
+	again   int64               // a reading asked for while one was under way, from this (Unix ms), to run when it ends; -1: none
+	againAt time.Time           // when again was asked for
 }
 
 // tracked is a credit the relay holds until a delivery is acknowledged.
@@ -275,9 +278,13 @@ const (
 	PositionEvery = 5 * time.Second
 	// Slack is how far behind now a position stays even when nothing is
 	// held: a claim is stamped (created_ms) before its group commits and
-	// reaches the relay, within the open's own deadline, well below this.
-	// One that took longer and was lost in a crash is read again only by
-	// reconciliation, after its settle time.
+	// reaches the relay, normally within milliseconds. A group still
+	// committing when its open's deadline passed hands its claims over when
+	// it ends (cell.openGrouped), up to the commit bound (5 s, as Slack)
+	// later; one whose outcome stays unknown has them read back
+	// (MarkDB). A claim handed over later than Slack and lost in a crash
+	// before its delivery is read back only by reconciliation, after its
+	// settle time.
 	Slack = 5 * time.Second
 	// HeldMax is the most credits the relay holds over every database (a
 	// destination down for long); past it, claims of a database are read
@@ -411,23 +418,28 @@ func (r *Relay) hold(cs []model.Credit, offered time.Time, read bool) (out []mod
 func (r *Relay) trackLocked(db int) *dbTrack {
 	t, ok := r.dbs[db]
 	if !ok {
-		t = &dbTrack{pending: map[string]*tracked{}, saved: -1, read: true}
+		t = &dbTrack{pending: map[string]*tracked{}, saved: -1, read: true, again: -1}
 		r.dbs[db] = t
 	}
 	return t
 }
 
 // rereadLocked makes t's claims from fromMS on be read from the store
-// again (a reading under way goes on from the earlier of the two).
+// again: a reading is begun, or the one under way starts again from
+// fromMS when that is further back, or else one more follows it (again).
 // r.trackMu is held.
 func (r *Relay) rereadLocked(t *dbTrack, fromMS int64) {
-	if t.read {
-		if t.loaded && fromMS < max(t.from, t.cursor.CreatedMS) {
-			t.from, t.cursor = fromMS, model.ClaimPos{}
-		}
-		return
+	switch {
+	case !t.read:
+		t.read, t.from, t.cursor = true, fromMS, model.ClaimPos{}
+	case t.loaded && fromMS < max(t.from, t.cursor.CreatedMS):
+		t.from, t.cursor = fromMS, model.ClaimPos{} // the reading under way starts again, further back
+	case t.again < 0 || fromMS < t.again:
+		// The reading under way stops at its pass's start, perhaps before
+		// the claims this is for (an unknown commit's, stamped later): one
+		// more reading follows it (readClaims: from where it must).
+		t.again, t.againAt = fromMS, r.clock.Now()
 	}
-	t.read, t.from, t.cursor = true, fromMS, model.ClaimPos{}
 }
 
 // acked forgets credits whose delivery was acknowledged.
@@ -471,14 +483,13 @@ func (r *Relay) letGo(cs []model.Credit) {
 	}
 }
 
-// MarkDB makes the claims of database db made since since (at most Slack
-// before now) be read from the store at the next Interval: a commit whose
-// outcome is unknown may have made claims no one handed over (the cell's
-// open path calls it with when its batch began, less a margin). The
-// receivers refuse those among them that were credited already.
+// MarkDB makes the claims of database db made since since be read from
+// the store at the next Interval: a commit whose outcome is unknown may
+// have made claims no one handed over (the cell's open path calls it with
+// when its batch began, less a margin). The receivers refuse those among
+// them that were credited already.
 func (r *Relay) MarkDB(db int, since time.Time) {
-	now := r.clock.Now().UnixMilli()
-	from := min(max(since.UnixMilli(), now-Slack.Milliseconds()), now)
+	from := min(since.UnixMilli(), r.clock.Now().UnixMilli())
 	r.trackMu.Lock()
 	defer r.trackMu.Unlock()
 	r.rereadLocked(r.trackLocked(db), from)
@@ -490,6 +501,9 @@ func (r *Relay) MarkDB(db int, since time.Time) {
 func (r *Relay) Redrive(cs []model.Credit) {
 	r.hold(cs, time.Time{}, false)
 	r.letGo(cs)
+	// Saved now, before reconciliation moves its own position past them: a
+	// crash before the next save would otherwise leave them below both.
+	r.savePositions(r.life, r.clock.Now())
 }
 
 // Reset forgets every credit the relay holds and every database's position
@@ -637,9 +651,10 @@ func (r *Relay) lanes() []*lane {
 
 // Run works every Interval until ctx ends (tick), then stops the lanes: each
 // delivers what it holds, all within relayFlushMax (every attempt's context
-// ends by then, and the client's call with it); the claims left are read
-// again past their database's position at the next start. Run returns when
-// the lanes have exited.
+// ends by then, and the client's call with it); then it saves the positions
+// once more (within relayDBTimeout), and the claims left are read again past
+// them at the next start. Run returns when the lanes have exited and the
+// save is done.
 func (r *Relay) Run(ctx context.Context) {
 	clock.Every(ctx, r.clock, r.cfg.Interval, func(int) { r.tick(ctx) })
 	r.mu.Lock()
@@ -656,6 +671,11 @@ func (r *Relay) Run(ctx context.Context) {
 		<-lanesDone
 	}
 	r.endLife()
+	// What the flush delivered moves the positions: the next start reads
+	// back only what is left.
+	sctx, cancel := context.WithTimeout(context.Background(), relayDBTimeout)
+	r.savePositions(sctx, r.clock.Now())
+	cancel()
 }
 
 // tick is one Interval's work: follow the databases the cell serves, read
@@ -808,6 +828,16 @@ func (r *Relay) readClaims(ctx context.Context, now time.Time) {
 				switch {
 				case leftMS >= 0: // HeldMax: read again from the first claim left out, once there is room
 					t.from, t.cursor = leftMS, model.ClaimPos{}
+				case done && t.again >= 0:
+					// Another reading was asked for meanwhile, for claims
+					// committed by then. Asked before this pass began, its
+					// claims up to the pass's start were read now: it goes
+					// on from there; asked since, from where it was asked.
+					from := t.again
+					if t.againAt.Before(now) {
+						from = max(from, now.UnixMilli()+1)
+					}
+					t.from, t.cursor, t.again = from, model.ClaimPos{}, -1
 				case done:
 					t.read, t.cursor = false, model.ClaimPos{}
 				default:
@@ -856,6 +886,9 @@ func positionLocked(t *dbTrack, now time.Time) int64 {
 	if t.read {
 		p = min(p, max(t.from, t.cursor.CreatedMS))
 	}
+	if t.again >= 0 {
+		p = min(p, t.again)
+	}
 	for _, c := range t.pending {
 		p = min(p, c.c.CreatedMS)
 	}
@@ -868,6 +901,8 @@ func positionLocked(t *dbTrack, now time.Time) int64 {
 // inside Config.Enter for those databases (a move's freeze waits for it),
 // and only of those the cell still serves then.
 func (r *Relay) savePositions(ctx context.Context, now time.Time) {
+	r.saveMu.Lock() // one save at a time: a later one never lands before an earlier one
+	defer r.saveMu.Unlock()
 	pos := map[int]int64{}
 	r.trackMu.Lock()
 	r.lastSave = now
@@ -888,10 +923,21 @@ func (r *Relay) savePositions(ctx context.Context, now time.Time) {
 		leave := r.cfg.Enter(dbs)
 		defer leave()
 	}
+	var skipped []int
 	for _, db := range dbs {
 		if !r.cfg.Owns(model.ShardID(db * 10)) {
 			delete(pos, db)
+			skipped = append(skipped, db)
 		}
+	}
+	if len(skipped) > 0 { // frozen for a move, say: saved once served again (follow forgets it if it goes)
+		r.trackMu.Lock()
+		for _, db := range skipped {
+			if t, ok := r.dbs[db]; ok {
+				t.moved = true
+			}
+		}
+		r.trackMu.Unlock()
 	}
 	if len(pos) == 0 {
 		return
@@ -998,7 +1044,7 @@ const askTimeout = 2 * time.Second
 // askElsewhere makes a credit applied at most once across the cluster, not
 // only per database: before cs are delivered to cell to, it asks about each
 // credit that went to another cell before (Credit.Dest, as its claim row
-// records it) that cell's copy of the claimant's database (Client.ReconCopy;
+// records it; a row that names no cell gets to recorded first, Store.SendTo) that cell's copy of the claimant's database (Client.ReconCopy;
 // this cell's own copies too, through the same call). A database handed over
 // without its rows would otherwise take the credit a second time.
 //
@@ -1017,15 +1063,27 @@ const askTimeout = 2 * time.Second
 //     relay holds the credit (Stats.Held, an incident) and asks about it
 //     again.
 func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) (deliver, done []model.Credit) {
-	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != "" && c.Dest != to }) {
-		return cs, nil // the common case: nothing went anywhere else
+	if !slices.ContainsFunc(cs, func(c model.Credit) bool { return c.Dest != to }) {
+		return cs, nil // the common case: each row names to already
 	}
 	byDest := map[string][]model.Credit{}
+	var unnamed []model.Credit // rows that name no cell (no owner when made, an earlier version's): recorded first
 	for _, c := range cs {
-		if c.Dest == "" || c.Dest == to {
+		switch c.Dest {
+		case to:
 			deliver = append(deliver, c)
-		} else {
+		case "":
+			unnamed = append(unnamed, c)
+		default:
 			byDest[c.Dest] = append(byDest[c.Dest], c)
+		}
+	}
+	if len(unnamed) > 0 {
+		if err := r.sendTo(ctx, unnamed, to); err != nil {
+			r.Stats.Held.Add(int64(len(unnamed)))
+			r.asking.Of("").Fail(err, "credits", len(unnamed), "claim", unnamed[0].ClaimID, "deliver_to", to)
+		} else {
+			deliver = append(deliver, unnamed...)
 		}
 	}
 	cells := r.cfg.Peers.Map().Cells()
