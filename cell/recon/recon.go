@@ -592,7 +592,9 @@ func checkLane(ctx context.Context, cs []model.Credit, track *incident.Tracker,
 		cc, err := check(ctx, chunk)
 		if err != nil {
 			out.unverified += int64(len(chunk))
-			out.unchecked = append(out.unchecked, chunk...)
+			if ctx.Err() == nil { // not when the cell stops: its relay is stopping too
+				out.unchecked = append(out.unchecked, chunk...)
+			}
 			if ctx.Err() == nil {
 				failed = true
 				track.Fail(err, "claims", len(chunk))

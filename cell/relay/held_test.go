@@ -409,21 +409,35 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 		h.releaseC()
 		time.Sleep(time.Second)
 		synctest.Wait()
+		// Each left out is sent, once, or twice: a claim left out while a
+		// reading is under way asks for one more reading after it, which
+		// may send again what the first one sent (the receiver refuses it).
 		got := sentIDs(rig.net, "b")
-		slices.Sort(got)
-		if want := slices.Sorted(slices.Values(ids(cs...))); !slices.Equal(got, want) {
-			t.Fatalf("sent to cell-b %v, want each of %v once", got, want)
+		sent := map[string]int{}
+		for _, id := range got {
+			sent[id]++
+		}
+		for _, c := range cs {
+			if n := sent[c.ClaimID]; n < 1 || n > 2 {
+				t.Fatalf("sent to cell-b %v: %s %d times, want once or twice", got, c.ClaimID, n)
+			}
+		}
+		if len(sent) != len(cs) {
+			t.Fatalf("sent to cell-b %v, want the %d claims left out only", got, len(cs))
 		}
 		store.mu.Lock()
 		froms := slices.Clone(store.froms[1])
 		store.mu.Unlock()
 		// The start, the first claim left out, the first the read left out;
-		// then at most one more reading, asked for by a claim left out while
-		// one was under way, from no earlier than that pass's start (it
-		// reads nothing new: every claim was sent once, above).
-		if want := []int64{t0.Add(-10 * time.Second).UnixMilli(), cs[0].CreatedMS, cs[3].CreatedMS}; len(froms) < 3 || len(froms) > 4 ||
-			!slices.Equal(froms[:3], want) || len(froms) == 4 && froms[3] <= froms[2] {
-			t.Errorf("database 1 read from %v, want %v and at most one more, later", froms, want)
+		// then a few more readings, each asked for by a claim left out while
+		// one was under way, none from before the first claim left out.
+		want := []int64{t0.Add(-10 * time.Second).UnixMilli(), cs[0].CreatedMS, cs[3].CreatedMS}
+		ok := len(froms) >= 3 && len(froms) <= 3+len(cs) && slices.Equal(froms[:3], want)
+		for _, f := range froms[min(3, len(froms)):] {
+			ok = ok && f >= cs[0].CreatedMS
+		}
+		if !ok {
+			t.Errorf("database 1 read from %v, want %v, then at most %d more, none before %d", froms, want, len(cs), cs[0].CreatedMS)
 		}
 		if n := rig.held(); n != 0 {
 			t.Errorf("Held %d at the end, want 0", n)

@@ -183,7 +183,8 @@ type dbTrack struct {
 	from    int64               // where that reading starts (Unix ms)
 	cursor  model.ClaimPos      // how far it has got (zero: not begun)
 	again   int64               // a reading asked for while one was under way, from this (Unix ms), to run when it ends; -1: none
-	againAt time.Time           // when again was asked for
+	againAt time.Time           // when again was last asked for
+	began   time.Time           // the start of the pass that read the reading's first page
 }
 
 // tracked is a credit the relay holds until a delivery is acknowledged.
@@ -429,16 +430,21 @@ func (r *Relay) trackLocked(db int) *dbTrack {
 // fromMS when that is further back, or else one more follows it (again).
 // r.trackMu is held.
 func (r *Relay) rereadLocked(t *dbTrack, fromMS int64) {
+	t.moved = true // a save must not pass what this is for: it sees the reading (positionLocked)
 	switch {
 	case !t.read:
 		t.read, t.from, t.cursor = true, fromMS, model.ClaimPos{}
 	case t.loaded && fromMS < max(t.from, t.cursor.CreatedMS):
 		t.from, t.cursor = fromMS, model.ClaimPos{} // the reading under way starts again, further back
-	case t.again < 0 || fromMS < t.again:
-		// The reading under way stops at its pass's start, perhaps before
-		// the claims this is for (an unknown commit's, stamped later): one
-		// more reading follows it (readClaims: from where it must).
-		t.again, t.againAt = fromMS, r.clock.Now()
+	default:
+		// The reading under way may have read past these claims' place
+		// before they were committed, or stop before them: one more
+		// reading follows it unless every page of it began after this ask
+		// (readClaims).
+		if t.again < 0 || fromMS < t.again {
+			t.again = fromMS
+		}
+		t.againAt = r.clock.Now()
 	}
 }
 
@@ -825,21 +831,22 @@ func (r *Relay) readClaims(ctx context.Context, now time.Time) {
 			t, same := r.dbs[j.db]
 			same = same && t.read && t.from == j.from && t.cursor == j.cursor
 			if same {
+				if j.cursor == (model.ClaimPos{}) {
+					t.began = now // the reading's first page: read after now
+				}
 				switch {
 				case leftMS >= 0: // HeldMax: read again from the first claim left out, once there is room
 					t.from, t.cursor = leftMS, model.ClaimPos{}
-				case done && t.again >= 0:
+				case done && t.again >= 0 && !(t.againAt.Before(t.began) && t.again >= t.from):
 					// Another reading was asked for meanwhile, for claims
-					// committed by then. Asked before this pass began, its
-					// claims up to the pass's start were read now: it goes
-					// on from there; asked since, from where it was asked.
-					from := t.again
-					if t.againAt.Before(now) {
-						from = max(from, now.UnixMilli()+1)
-					}
-					t.from, t.cursor, t.again = from, model.ClaimPos{}, -1
+					// committed by then, and some page of this one may
+					// have been read before: it runs from there.
+					t.from, t.cursor, t.again = t.again, model.ClaimPos{}, -1
 				case done:
-					t.read, t.cursor = false, model.ClaimPos{}
+					// Every ask came before this reading's first page,
+					// whose pass began after them: its pages saw those
+					// claims (committed by then, stamped before).
+					t.read, t.cursor, t.again = false, model.ClaimPos{}, -1
 				default:
 					t.cursor = next
 				}
