@@ -289,3 +289,38 @@ func TestRelaySkipsMissingDatabases(t *testing.T) {
 		t.Fatalf("database 14 exists after the save (%d, %v), want it never made", n, err)
 	}
 }
+
+// TestOldClaimTablesUpgraded: a claim table of an earlier version, without
+// act_shard and dest, holding a claim, is given both columns by the first
+// read of the claim tables (dayTables), so the relay's ClaimsAfter reads
+// it (the claimant's shard computed from its act_id) instead of failing
+// on an unknown column.
+func TestOldClaimTablesUpgraded(t *testing.T) {
+	m, _, _ := ContractMySQL(t, clock.Real{})
+	ctx := context.Background()
+	const s, day = model.ShardID(345), 3
+	if err := m.EnsureDay(ctx, s, day); err != nil {
+		t.Fatal(err)
+	}
+	ct := m.claimTable(s, day)
+	pid := "20260303345" + "00000000000000a1"
+	for _, q := range []string{
+		"ALTER TABLE " + ct + " DROP COLUMN dest, DROP COLUMN act_shard",
+		"INSERT INTO " + ct + " (packet_id, seq, act_id, amount, created_ms) VALUES ('" + pid + "', 1, 'old-claimant', 25, 5000)",
+	} {
+		if _, err := m.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, err := m.ClaimsAfter(ctx, s.DB(), 0, model.ClaimPos{}, 10_000, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ClaimID != model.ClaimID(model.PacketID(pid), 1) || got[0].Shard != sharding.ShardOfAct("old-claimant") ||
+		got[0].Amount != 25 || got[0].Dest != "" {
+		t.Fatalf("claims read %+v, want the old claim owed to shard %d", got, sharding.ShardOfAct("old-claimant"))
+	}
+	if ok, err := m.schemaHas(ctx, []schemaNeed{needOf(ct, "act_shard", ""), needOf(ct, "dest", "")}); err != nil || !ok {
+		t.Fatalf("after the read: the columns present = %v (%v), want true", ok, err)
+	}
+}

@@ -311,6 +311,9 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 		return list, nil
 	}
 	m.mu.Unlock()
+	if err := m.upgradeClaimTables(ctx); err != nil {
+		return nil, err
+	}
 	all, err := m.tables(ctx, m.db)
 	if err != nil {
 		return nil, err
@@ -388,4 +391,54 @@ func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, e
 		return 0, fmt.Errorf("storage: refund %s: %w", ref.ID, err)
 	}
 	return refunded, nil
+}
+
+// upgradeClaimTables gives every claim table of the store's namespace made
+// by a version before claims were their own outbox rows the two columns
+// this one reads (act_shard, dest: dayDDL's ALTER), once per process and
+// namespace: every reader of the claim tables (the relay's ClaimsAfter,
+// reconciliation, the ledgers) lists them through dayTables, which calls
+// it first. One read of information_schema finds those lacking dest; each
+// gets one ALTER TABLE. An error leaves it to the next call.
+func (m *MySQL) upgradeClaimTables(ctx context.Context) error {
+	ns := m.ns
+	if done := m.upgradedNS.Load(); done != nil && *done == ns {
+		return nil
+	}
+	// Once, whatever the caller's deadline (a relay read has 2 s; the
+	// schema read over thousands of tables may take longer): callers wait.
+	m.upgradeMu.Lock()
+	defer m.upgradeMu.Unlock()
+	if done := m.upgradedNS.Load(); done != nil && *done == ns {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	pattern := strings.ReplaceAll(ns, "_", `\_`) + `db\_%`
+	rows, err := m.db.QueryContext(ctx, `SELECT t.TABLE_SCHEMA, t.TABLE_NAME FROM information_schema.TABLES t
+WHERE t.TABLE_SCHEMA LIKE ? AND t.TABLE_NAME LIKE 't\_claim\_%' AND NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS c
+WHERE c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME AND c.COLUMN_NAME = 'dest')`, pattern)
+	if err != nil {
+		return fmt.Errorf("storage: find claim tables to upgrade: %w", err)
+	}
+	var old []string
+	for rows.Next() {
+		var schema, name string
+		if err := rows.Scan(&schema, &name); err != nil {
+			rows.Close()
+			return err
+		}
+		old = append(old, schema+"."+name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, t := range old {
+		if _, err := m.db.ExecContext(ctx, "ALTER TABLE "+t+" ADD COLUMN IF NOT EXISTS act_shard SMALLINT NOT NULL DEFAULT -1 AFTER created_ms, ADD COLUMN IF NOT EXISTS dest VARCHAR(64) NOT NULL DEFAULT '' AFTER act_shard"); err != nil {
+			return fmt.Errorf("storage: upgrade claim table %s: %w", t, err)
+		}
+	}
+	m.upgradedNS.Store(&ns)
+	return nil
 }

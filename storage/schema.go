@@ -243,6 +243,10 @@ type MySQL struct {
 	shadow   *shadowOf                  // the real store's Shadow, shared by both
 	txConns  *txConnMap                 // inTx's transactions and their connections (counted.go)
 	names    atomic.Pointer[tableNames] // made for ns on first use (tableNamesOf)
+	// upgradedNS: the namespace whose claim tables upgradeClaimTables has
+	// brought to this version's columns.
+	upgradedNS atomic.Pointer[string]
+	upgradeMu  sync.Mutex // one upgradeClaimTables at a time
 	// claimRereads: groups run again with their openers' claims read (a
 	// repeat, or an open answered SOLD_OUT or EXPIRED; CommitGroup).
 	claimRereads atomic.Int64
