@@ -262,7 +262,7 @@ func (r *relay) savePositions() {
 	var dbs []int
 	for _, db := range c.dbs {
 		t := r.dbs[db]
-		if !t.loaded || !t.moved && t.saved >= 0 {
+		if !t.loaded || !t.moved { // as cell/relay: a database whose claims never came or went is not saved
 			continue
 		}
 		t.moved = false
