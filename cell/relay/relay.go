@@ -456,19 +456,27 @@ func (r *Relay) acked(cs []model.Credit) {
 		if r.readAcks != nil {
 			r.readAcks[c.ClaimID] = true
 		}
-		ref, err := model.ParsePacketID(string(c.PacketID))
-		if err != nil {
-			continue
-		}
-		if t, ok := r.dbs[ref.Shard.DB()]; ok {
-			if _, ok := t.pending[c.ClaimID]; ok {
-				delete(t.pending, c.ClaimID)
-				t.moved = true
-				r.held--
-			}
+		if t, p := r.heldLocked(c); p != nil {
+			delete(t.pending, c.ClaimID)
+			t.moved = true
+			r.held--
 		}
 	}
 	r.Stats.Relayed.Add(int64(len(cs)))
+}
+
+// heldLocked is c's entry among what the relay holds, with its database's
+// track; nil when it is not held. r.trackMu is held.
+func (r *Relay) heldLocked(c model.Credit) (*dbTrack, *tracked) {
+	ref, err := model.ParsePacketID(string(c.PacketID))
+	if err != nil {
+		return nil, nil
+	}
+	t, ok := r.dbs[ref.Shard.DB()]
+	if !ok {
+		return nil, nil
+	}
+	return t, t.pending[c.ClaimID]
 }
 
 // letGo marks held credits a lane gave up (the relay switched off, the
@@ -477,14 +485,8 @@ func (r *Relay) letGo(cs []model.Credit) {
 	r.trackMu.Lock()
 	defer r.trackMu.Unlock()
 	for _, c := range cs {
-		ref, err := model.ParsePacketID(string(c.PacketID))
-		if err != nil {
-			continue
-		}
-		if t, ok := r.dbs[ref.Shard.DB()]; ok {
-			if p, ok := t.pending[c.ClaimID]; ok {
-				p.offered = time.Time{}
-			}
+		if _, p := r.heldLocked(c); p != nil {
+			p.offered = time.Time{}
 		}
 	}
 }
