@@ -50,7 +50,7 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*st
 	if len(keep) == 0 {
 		return nil
 	}
-	return s.spaces[ln.Space].store.CommitGroup(ctx, keep)
+	return s.spaces[ln.Space].store.CommitGroup(ctx, storage.Ops(keep))
 }
 
 // opDBs appends the databases of the shards op writes (those opServed
@@ -186,7 +186,7 @@ func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketR
 // answers are storage.Singles.OpenBatch's.
 func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
-	if err := sp.store.CommitGroup(ctx, []*storage.GroupOp{op}); err != nil {
+	if err := sp.store.CommitGroup(ctx, []storage.Op{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("open %s: %w", ref.ID, err)
 	}
 	return op.Results, op.Packet, nil

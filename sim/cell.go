@@ -211,7 +211,7 @@ func (c *cell) flushLane(db int) {
 			ops[i] = p.op
 		}
 		c.maybeFailCommit()
-		err := c.store.CommitGroup(w.ctx, ops)
+		err := c.store.CommitGroup(w.ctx, storage.Ops(ops))
 		ln := w.log.begin(w, "group").s(c.name).i(int64(db)).i(int64(n))
 		if err != nil {
 			code, _ := model.CodeOf(err)

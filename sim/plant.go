@@ -42,7 +42,8 @@ func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) 
 }
 
 // CommitGroup is ApplyCredits's bug for the credits of a group's credit ops.
-func (s *creditTwice) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+func (s *creditTwice) CommitGroup(ctx context.Context, list []storage.Op) error {
+	ops := moneyOps(list)
 	var credits []model.Credit
 	for _, op := range ops {
 		if op.Kind == storage.OpCredits {
@@ -56,7 +57,7 @@ func (s *creditTwice) CommitGroup(ctx context.Context, ops []*storage.GroupOp) e
 			return err
 		}
 	}
-	if err := s.Full.CommitGroup(ctx, ops); err != nil {
+	if err := s.Full.CommitGroup(ctx, list); err != nil {
 		return err
 	}
 	var again []model.Credit

@@ -46,10 +46,11 @@ func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (
 
 // CommitGroup leaves credits of the group's credit ops for a later call as
 // ApplyCredits does; the rest of the group is memstore's.
-func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+func (s *lockedRows) CommitGroup(ctx context.Context, list []storage.Op) error {
+	ops := moneyOps(list)
 	p := s.w.faults.Defer
 	if p == 0 {
-		return s.Full.CommitGroup(ctx, ops)
+		return s.Full.CommitGroup(ctx, list)
 	}
 	type held struct {
 		op    *storage.GroupOp
@@ -73,7 +74,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, ops []*storage.GroupOp) er
 		op.Credits = now
 		hs = append(hs, h)
 	}
-	err := s.Full.CommitGroup(ctx, ops)
+	err := s.Full.CommitGroup(ctx, list)
 	for _, h := range hs {
 		h.op.Credits = h.all
 		h.op.Deferred = append(h.op.Deferred, h.later...)
@@ -87,3 +88,14 @@ func (s *lockedRows) FailNextCommit(lostAnswer bool) {
 }
 
 var _ commitFailer = (*memstore.Store)(nil)
+
+// moneyOps are the *GroupOp ops of list (the kinds these wrappers look at).
+func moneyOps(list []storage.Op) []*storage.GroupOp {
+	var ops []*storage.GroupOp
+	for _, op := range list {
+		if g, ok := op.(*storage.GroupOp); ok {
+			ops = append(ops, g)
+		}
+	}
+	return ops
+}

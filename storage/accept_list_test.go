@@ -63,7 +63,7 @@ func TestAcceptStatementList(t *testing.T) {
 	t.Run("new serials in one round trip", func(t *testing.T) {
 		b, f := paths()
 		ops := acceptOps(fresh)
-		if err := m.CommitGroup(ctx, ops); err != nil {
+		if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 			t.Fatal(err)
 		}
 		wantPaths(t, b, f, 1, 0)
@@ -80,7 +80,7 @@ func TestAcceptStatementList(t *testing.T) {
 		again := fresh[3] // a retry stored in the same millisecond as the first: still a repeat
 		more := []model.CouponRequest{req("b", 0), req("b", 1), req("b", 2)}
 		ops := acceptOps([]model.CouponRequest{more[0], again, more[1], more[2]})
-		if err := m.CommitGroup(ctx, ops); err != nil {
+		if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 			t.Fatal(err)
 		}
 		wantPaths(t, b, f, 0, 1)
@@ -116,7 +116,7 @@ func TestAcceptStatementList(t *testing.T) {
 			released <- other.Commit()
 		}()
 		ops := acceptOps(rs)
-		err = m.CommitGroup(ctx, ops)
+		err = m.CommitGroup(ctx, Ops(ops))
 		if rerr := <-released; rerr != nil {
 			t.Fatal(rerr)
 		}
@@ -148,7 +148,7 @@ func TestAcceptStatementList(t *testing.T) {
 			lists = append(lists, list)
 		}
 		for _, list := range lists {
-			go func() { errs <- m.CommitGroup(ctx, acceptOps(list)) }()
+			go func() { errs <- m.CommitGroup(ctx, Ops(acceptOps(list))) }()
 		}
 		for range groups {
 			if err := <-errs; err != nil {

@@ -132,8 +132,10 @@ type Grouper interface {
 	// of any op was written — or, wrapping ErrCommitUnknown, that the COMMIT
 	// got no answer and a re-read could not settle it (a retry of each op
 	// with its order numbers and users settles it, never applying twice).
-	// An empty list is a no-op.
-	CommitGroup(ctx context.Context, ops []*GroupOp) error
+	// An empty list is a no-op. A typed op (op.go) is the whole of its
+	// group: CommitGroup runs it alone and answers its errors; beside other
+	// ops it is ErrInvalidArgument.
+	CommitGroup(ctx context.Context, ops []Op) error
 }
 
 // WalletMove is an OpDeposit's or an OpWithdraw's decision, as both stores

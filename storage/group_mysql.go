@@ -50,7 +50,14 @@ import (
 // with what this attempt wrote (time, amounts, seq): the group is atomic, so
 // that row tells for all of it. A group that wrote no such row (credits and
 // repeats only) answers ErrCommitUnknown; its retry settles it.
-func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
+func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
+	ops, typed, err := SplitOps(list)
+	if err != nil || typed != nil {
+		if err != nil {
+			return err
+		}
+		return Dispatch(ctx, typed, m.couponOps, m.budgetOps, m.rewardOps, m.bookOps)
+	}
 	if len(ops) == 0 {
 		return nil
 	}
@@ -76,7 +83,7 @@ func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 	freshFirst := !locks || m.nowMS()-m.unfitMS.Load() >= unfitQuiet.Milliseconds()
 	var probe func() (bool, error)
 	readClaims := false // optimistic: uk_claim refuses a repeat (groupTx)
-	err := bulkRetry(func(fresh bool) error {
+	err = bulkRetry(func(fresh bool) error {
 		if !fresh && locks {
 			m.unfitMS.Store(m.nowMS()) // bulkRetry's second run: a list was unfit
 		}
@@ -103,6 +110,11 @@ func (m *MySQL) CommitGroup(ctx context.Context, ops []*GroupOp) error {
 		return fmt.Errorf("storage: group of %d: %w", len(ops), err)
 	}
 	return nil
+}
+
+// Read implements Reader.
+func (m *MySQL) Read(ctx context.Context, q Query) error {
+	return Dispatch(ctx, q, m.couponReads, m.budgetReads, m.rewardReads, m.bookReads)
 }
 
 // ensureGroup makes the tables the ops touch exist, outside the transaction

@@ -56,7 +56,7 @@ func TestCommitGroupMixed(t *testing.T) {
 		op(GroupOp{Kind: OpOpen, Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}, {ActID: "u4", Shard: shardOf("u4")}}, Rand: r}),
 		op(GroupOp{Kind: OpCredits, Credits: []model.Credit{{ClaimID: model.ClaimID(ref1.ID, 1), PacketID: ref1.ID, ActID: "u1", Shard: shardOf("u1"), Amount: 100}}}),
 	}
-	if err := m.CommitGroup(ctx, ops); err != nil {
+	if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 		t.Fatal(err)
 	}
 	want := []struct {
@@ -98,7 +98,7 @@ func TestCommitGroupMixed(t *testing.T) {
 		op(GroupOp{Kind: OpSend, Shard: shardOf("a"), Send: ops[2].Send, PacketID: model.NewPacketID(shardOf("a"), now), ExpiresMS: 1}),
 		op(GroupOp{Kind: OpCredits, Credits: ops[9].Credits}),
 	}
-	if err := m.CommitGroup(ctx, again); err != nil {
+	if err := m.CommitGroup(ctx, Ops(again)); err != nil {
 		t.Fatal(err)
 	}
 	if !again[0].Deposit.Repeat || again[0].Deposit.Balance != 500 || !again[1].Repeat || again[1].Packet.ID != p2ID || again[2].Applied != 0 {
@@ -111,12 +111,12 @@ func TestCommitGroupMixed(t *testing.T) {
 	// A lost COMMIT answer is settled by the re-read.
 	failNext(true)
 	lost := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d1", Amount: 9})}
-	if err := m.CommitGroup(ctx, lost); err != nil || lost[0].Deposit.Balance != 9 {
+	if err := m.CommitGroup(ctx, Ops(lost)); err != nil || lost[0].Deposit.Balance != 9 {
 		t.Fatalf("lost answer: %v %+v", err, lost[0].Deposit)
 	}
 	failNext(false)
 	cut := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d2", Amount: 9})}
-	if err := m.CommitGroup(ctx, cut); !errors.Is(err, ErrCommitUnknown) {
+	if err := m.CommitGroup(ctx, Ops(cut)); !errors.Is(err, ErrCommitUnknown) {
 		t.Fatalf("cut COMMIT answered %v", err)
 	}
 	if got := balance(t, m, "c"); got != 9 {
@@ -175,7 +175,7 @@ func BenchmarkColdOpens(b *testing.B) {
 				for _, ref := range refs[i:end] {
 					ops = append(ops, &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: 1}}, Rand: r})
 				}
-				if err := m.CommitGroup(ctx, ops); err != nil {
+				if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -203,7 +203,7 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 	release := hold(t, m, sql.LevelRepeatableRead, "SELECT packet_id FROM "+m.packetTable(ref.Shard, ref.Day)+" WHERE packet_id = ? FOR UPDATE", string(id))
 	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: sharding.ShardOfAct("u")}}, Rand: rand.New(rand.NewPCG(1, 1))}
 	done := make(chan error, 1)
-	go func() { done <- m.CommitGroup(ctx, []*GroupOp{op}) }()
+	go func() { done <- m.CommitGroup(ctx, []Op{op}) }()
 	select {
 	case err := <-done:
 		t.Fatalf("the group committed (%v) while another transaction held the packet row", err)
@@ -323,7 +323,7 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	cs := synthCredits(t, m, pre+"a", []model.ShardID{3, 17}, 1, 1)
 	s0 := savepoints()
 	first := []*GroupOp{opener("u1"), {Kind: OpCredits, Credits: cs}}
-	if err := m.CommitGroup(ctx, first); err != nil || first[0].Results[0].Err != nil || first[1].Applied != len(cs) {
+	if err := m.CommitGroup(ctx, Ops(first)); err != nil || first[0].Results[0].Err != nil || first[1].Applied != len(cs) {
 		t.Fatalf("open and credits: %v, %+v, applied %d", err, first[0].Results, first[1].Applied)
 	}
 	if got := savepoints() - s0; got != 0 {
@@ -332,7 +332,7 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	more := synthCredits(t, m, pre+"b", []model.ShardID{3, 250}, 1, 1)
 	s1 := savepoints()
 	second := []*GroupOp{opener("u2"), {Kind: OpCredits, Credits: append(slices.Clone(cs[:1]), more...)}}
-	if err := m.CommitGroup(ctx, second); err != nil || second[0].Results[0].Err != nil || second[0].Results[0].Claim.Seq != 2 || second[1].Applied != len(more) {
+	if err := m.CommitGroup(ctx, Ops(second)); err != nil || second[0].Results[0].Err != nil || second[0].Results[0].Claim.Seq != 2 || second[1].Applied != len(more) {
 		t.Fatalf("open and credits, one booked before: %v, %+v, applied %d", err, second[0].Results, second[1].Applied)
 	}
 	if got := savepoints() - s1; got < 2 {
@@ -341,7 +341,7 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	// Within unfitQuiet of that, a group that locks rows keeps its savepoints.
 	s2 := savepoints()
 	third := []*GroupOp{opener("u3"), {Kind: OpCredits, Credits: synthCredits(t, m, pre+"c", []model.ShardID{5}, 1, 1)}}
-	if err := m.CommitGroup(ctx, third); err != nil || third[0].Results[0].Err != nil || third[1].Applied != 1 {
+	if err := m.CommitGroup(ctx, Ops(third)); err != nil || third[0].Results[0].Err != nil || third[1].Applied != 1 {
 		t.Fatalf("the group after: %v, %+v, applied %d", err, third[0].Results, third[1].Applied)
 	}
 	if got := savepoints() - s2; got != 1 {

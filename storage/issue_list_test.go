@@ -65,7 +65,7 @@ func TestIssueStatementList(t *testing.T) {
 	t.Run("new order numbers in one round trip", func(t *testing.T) {
 		bulk, fb := m.issues.Bulk.Load(), m.issues.Fallback.Load()
 		ops := issueOps(fresh)
-		if err := m.CommitGroup(ctx, ops); err != nil {
+		if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 			t.Fatal(err)
 		}
 		if m.issues.Bulk.Load() != bulk+1 || m.issues.Fallback.Load() != fb {
@@ -92,7 +92,7 @@ func TestIssueStatementList(t *testing.T) {
 			more = append(more, issueReward(s, fmt.Sprintf("il2-%d-%d", s, i), "r1", fmt.Sprintf("tok2-%d", i), 9, now))
 		}
 		ops := issueOps(append([]model.Reward{more[0], again, more[1], conflict}, more[2:]...))
-		if err := m.CommitGroup(ctx, ops); err != nil {
+		if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 			t.Fatal(err)
 		}
 		if m.issues.Bulk.Load() != bulk || m.issues.Fallback.Load() != fb+1 {
@@ -135,7 +135,7 @@ func TestIssueStatementList(t *testing.T) {
 			released <- other.Commit()
 		}()
 		ops := issueOps(rs)
-		err = m.CommitGroup(ctx, ops)
+		err = m.CommitGroup(ctx, Ops(ops))
 		if rerr := <-released; rerr != nil {
 			t.Fatal(rerr)
 		}
@@ -155,7 +155,7 @@ func TestIssueStatementList(t *testing.T) {
 
 	t.Run("groups repeating one stored order number at once do not deadlock", func(t *testing.T) {
 		stored := issueReward(shards[1], "il4-stored", "r1", "tok-stored", 6, now)
-		if err := m.CommitGroup(ctx, issueOps([]model.Reward{stored})); err != nil {
+		if err := m.CommitGroup(ctx, Ops(issueOps([]model.Reward{stored}))); err != nil {
 			t.Fatal(err)
 		}
 		deadlocks := func() int64 {
@@ -180,7 +180,7 @@ func TestIssueStatementList(t *testing.T) {
 					rs = append(rs, issueReward(s, fmt.Sprintf("il4-%d-%d-%d", round, g, i), "r1", "tok4", 2, now))
 				}
 				groups[g] = issueOps(rs)
-				wg.Go(func() { errs[g] = m.CommitGroup(ctx, groups[g]) })
+				wg.Go(func() { errs[g] = m.CommitGroup(ctx, Ops(groups[g])) })
 			}
 			wg.Wait()
 			for g, err := range errs {
@@ -237,14 +237,14 @@ func TestIssueFreshWithoutSavepoint(t *testing.T) {
 	if n, err := run(rs, false); err != nil || n != 1 {
 		t.Errorf("not fresh: %d savepoints, %v; want one", n, err)
 	}
-	if err := m.CommitGroup(ctx, issueOps(rs[:1])); err != nil {
+	if err := m.CommitGroup(ctx, Ops(issueOps(rs[:1]))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := run(rs, true); !errors.Is(err, errBulkUnfit) {
 		t.Errorf("fresh over a stored order number: %v, want errBulkUnfit", err)
 	}
 	ops := issueOps(rs)
-	if err := m.CommitGroup(ctx, ops); err != nil {
+	if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 		t.Fatal(err)
 	}
 	for i, op := range ops {

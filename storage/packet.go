@@ -179,7 +179,7 @@ func (m *MySQL) claimsPage(ctx context.Context, ref model.PacketRef, afterSeq in
 // shared with other goroutines.
 func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
 	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: reqs, Rand: r}
-	if err := m.CommitGroup(ctx, []*GroupOp{op}); err != nil {
+	if err := m.CommitGroup(ctx, []Op{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("storage: open %s: %w", ref.ID, err)
 	}
 	return op.Results, op.Packet, nil

@@ -369,6 +369,7 @@ type Store interface {
 	Schema
 	Books
 	Grouper
+	Reader
 	Budgets
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error

@@ -23,7 +23,9 @@ func TestMemstoreMoney(t *testing.T) {
 	var groups, requests int
 	var mu sync.Mutex
 	c := New(Config{Max: 32, Wait: time.Millisecond, QueueMax: 10_000, CommitTimeout: 5 * time.Second,
-		Commit: func(ctx context.Context, _ Lane, ops []*storage.GroupOp) error { return st.CommitGroup(ctx, ops) },
+		Commit: func(ctx context.Context, _ Lane, ops []*storage.GroupOp) error {
+			return st.CommitGroup(ctx, storage.Ops(ops))
+		},
 		Observe: func(g Group) {
 			mu.Lock()
 			groups, requests = groups+1, requests+g.Requests

@@ -44,9 +44,16 @@ var _ storage.Grouper = (*Store)(nil)
 // it or refunds to it waits for its release before deciding anything (or
 // answers ctx's error when ctx ends first, having written nothing), and a
 // credit to it is deferred (GroupOp.Deferred).
-func (s *Store) CommitGroup(ctx context.Context, ops []*storage.GroupOp) error {
+func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	ops, typed, err := storage.SplitOps(list)
+	if err != nil {
+		return err
+	}
+	if typed != nil {
+		return storage.Dispatch(ctx, typed, s.couponOps, s.budgetOps, s.rewardOps, s.bookOps)
 	}
 	if len(ops) == 0 {
 		return nil
@@ -323,6 +330,14 @@ func (s *Store) HoldWallet(sh model.ShardID, actID string) (waiters func() int, 
 		})
 	}
 	return waiters, release
+}
+
+// Read implements storage.Reader.
+func (s *Store) Read(ctx context.Context, q storage.Query) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return storage.Dispatch(ctx, q, s.couponReads, s.budgetReads, s.rewardReads, s.bookReads)
 }
 
 // lockUnheld takes s.mu once no wallet that ops write is held (HoldWallet),

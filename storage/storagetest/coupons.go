@@ -450,7 +450,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	for _, r := range reqs {
 		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: r})
 	}
-	if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+	if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 		t.Fatal(err)
 	}
 	if ops[0].Err != nil || ops[0].Deposit.Balance != 100 {
@@ -499,7 +499,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	for i, s := range []model.ShardID{sA, sC, sB, sC} {
 		fresh = append(fresh, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
 	}
-	if err := f.s.CommitGroup(f.ctx, fresh); err != nil {
+	if err := f.s.CommitGroup(f.ctx, storage.Ops(fresh)); err != nil {
 		t.Fatal(err)
 	}
 	for i, op := range fresh {
@@ -514,14 +514,14 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	lost := couponReq(sA, "fay", "l1", "demo-batch")
 	fired := f.arm(true)
 	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
-	err = f.s.CommitGroup(f.ctx, []*storage.GroupOp{op})
+	err = f.s.CommitGroup(f.ctx, []storage.Op{op})
 	fired()
 	if lostAnswer(t, "group accept", err) && (op.Accepted.ActID != "fay" || op.Repeat) {
 		t.Fatalf("settled accept: %+v repeat %v", op.Accepted, op.Repeat)
 	}
 	f.h.Clock.Advance(time.Second)
 	retry := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
-	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Accepted, retry.Repeat, err)
 	}
 }
@@ -573,7 +573,7 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 			ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: model.RefusedAtAccept(couponReq(sA, "ann", sr, "gone"))})
 		}
 		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(sC, "cy", fmt.Sprintf("a%d", i), "gone")})
-		if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+		if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 			t.Fatal(err)
 		}
 		for _, op := range ops[:2] {

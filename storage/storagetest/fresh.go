@@ -98,7 +98,7 @@ func contractGroupFreshOnce(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	commit := func(v *verdicts, round int) {
 		group := ops(round)
-		if err := f.s.CommitGroup(f.ctx, group); err != nil {
+		if err := f.s.CommitGroup(f.ctx, storage.Ops(group)); err != nil {
 			t.Errorf("group of round %d: %v", round, err)
 			return
 		}

@@ -255,7 +255,7 @@ func (p *pair) compare(what string, got, want []*storage.GroupOp) {
 func (p *pair) commit(what string, specs ...spec) []*storage.GroupOp {
 	p.t.Helper()
 	ops := opsOf(specs)
-	if err := p.cg.CommitGroup(p.g.ctx, ops); err != nil {
+	if err := p.cg.CommitGroup(p.g.ctx, storage.Ops(ops)); err != nil {
 		p.t.Fatalf("%s: commit group of %d ops: %v", what, len(ops), err)
 	}
 	p.compare(what, ops, p.oracle(specs))
@@ -625,14 +625,14 @@ func contractGroupEmpty(t *testing.T, newStore func(t *testing.T) Harness) {
 	g := grouperOf(t, f.h)
 	f.deposit(sA, "ann", "d1", 10)
 	for _, ops := range [][]*storage.GroupOp{nil, {}} {
-		if err := g.CommitGroup(f.ctx, ops); err != nil {
+		if err := g.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 			t.Fatalf("empty group: %v", err)
 		}
 	}
 	f.check(books{deposits: 10, balances: 10})
 	before := f.h.CommitFaults()
 	f.h.FailNextCommit(false)
-	if err := g.CommitGroup(f.ctx, nil); err != nil {
+	if err := g.CommitGroup(f.ctx, storage.Ops(nil)); err != nil {
 		t.Fatalf("empty group with a fault armed: %v", err)
 	}
 	if n := f.h.CommitFaults() - before; n != 0 {
@@ -705,7 +705,7 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 
 	fired := p.g.arm(false)
 	ops := opsOf(groupA)
-	err := p.cg.CommitGroup(p.g.ctx, ops)
+	err := p.cg.CommitGroup(p.g.ctx, storage.Ops(ops))
 	fired()
 	if err == nil {
 		t.Fatal("a group whose COMMIT failed answered success")
@@ -729,7 +729,7 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 		sendOp(sC, sendReq("cy", "s1", 9, 3), id3, exp), depositOp(sA, "ann", "d2", 5)}
 	fired = p.g.arm(true)
 	ops = opsOf(groupB)
-	err = p.cg.CommitGroup(p.g.ctx, ops)
+	err = p.cg.CommitGroup(p.g.ctx, storage.Ops(ops))
 	fired()
 	answered := lostAnswer(t, "group", err)
 	first := p.oracle(groupB)

@@ -355,7 +355,7 @@ func (m *money) group(gi int) int {
 	ops := opsOf(specs)
 	if inj.kind == injectKill {
 		fired := m.p.g.arm(false)
-		err := m.p.cg.CommitGroup(m.p.g.ctx, ops)
+		err := m.p.cg.CommitGroup(m.p.g.ctx, storage.Ops(ops))
 		fired()
 		if err == nil {
 			m.t.Fatalf("%s: the group whose connection was killed before COMMIT answered success", what)
@@ -368,7 +368,7 @@ func (m *money) group(gi int) int {
 		// same ops again: repeats, and whatever the first pass made
 		// possible (a send the group's own deposit now covers).
 		fired := m.p.g.arm(true)
-		err := m.p.cg.CommitGroup(m.p.g.ctx, ops)
+		err := m.p.cg.CommitGroup(m.p.g.ctx, storage.Ops(ops))
 		fired()
 		first := m.p.oracle(specs)
 		if err == nil {
@@ -388,7 +388,7 @@ func (m *money) group(gi int) int {
 		}
 	}
 	if inj.kind != injectLocked || m.injected[injectLocked]%2 == 0 {
-		if err := m.p.cg.CommitGroup(m.p.g.ctx, ops); err != nil {
+		if err := m.p.cg.CommitGroup(m.p.g.ctx, storage.Ops(ops)); err != nil {
 			m.t.Fatalf("%s: %v", what, err)
 		}
 	}
@@ -423,7 +423,7 @@ func (m *money) held(what string, ops []*storage.GroupOp, in *storage.GroupOp, e
 	ctx, cancel := context.WithCancel(m.p.g.ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- m.p.cg.CommitGroup(ctx, ops) }()
+	go func() { done <- m.p.cg.CommitGroup(ctx, storage.Ops(ops)) }()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	giveUp := time.Now().Add(30 * time.Second) // it waits within milliseconds

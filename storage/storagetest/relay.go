@@ -56,7 +56,7 @@ func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.h.Clock.Advance(time.Millisecond)
 	// A claim made in a group gets its Dest as well.
 	gop := openOp(ref, 8, opener("eve", sC)).op()
-	if err := grouperOf(t, f.h).CommitGroup(f.ctx, []*storage.GroupOp{gop}); err != nil || len(gop.Results) != 1 || gop.Results[0].Err != nil {
+	if err := grouperOf(t, f.h).CommitGroup(f.ctx, []storage.Op{gop}); err != nil || len(gop.Results) != 1 || gop.Results[0].Err != nil {
 		t.Fatalf("group open: %v, %s", err, describe(gop.Results))
 	}
 	f.h.Clock.Advance(time.Millisecond)

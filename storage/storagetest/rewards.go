@@ -408,7 +408,7 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	dep := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
 	op1 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g}}
 	op2 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, c}}
-	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{op1, dep, op2}); err != nil {
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{op1, dep, op2}); err != nil {
 		t.Fatal(err)
 	}
 	if dep.Err != nil || dep.Deposit.Balance != 1030 || op1.Applied != 2 || op2.Applied != 1 || op1.Err != nil || op2.Err != nil {
@@ -422,7 +422,7 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("lee's wallet %d, want 9", bal)
 	}
 	again := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g, c}}
-	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{again}); err != nil || again.Applied != 0 {
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{again}); err != nil || again.Applied != 0 {
 		t.Fatalf("the same rewards again: %d %v, want 0", again.Applied, err)
 	}
 	if bal := f.balance(sA, "kim"); bal != 1150 {
@@ -495,7 +495,7 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	for _, r := range []model.Reward{a, aAgain, aOther, b, preAgain} {
 		ops = append(ops, &storage.GroupOp{Kind: storage.OpIssue, Reward: r})
 	}
-	if err := f.s.CommitGroup(f.ctx, ops); err != nil {
+	if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 		t.Fatal(err)
 	}
 	want := []struct {
@@ -526,13 +526,13 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	c := at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c")
 	fired := f.arm(true)
 	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: c}
-	err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{op})
+	err := f.s.CommitGroup(f.ctx, []storage.Op{op})
 	fired()
 	if lostAnswer(t, "group issue", err) && (op.Issued.Token != "tok-c" || op.Repeat) {
 		t.Fatalf("settled issue: %+v repeat %v", op.Issued, op.Repeat)
 	}
 	retry := &storage.GroupOp{Kind: storage.OpIssue, Reward: at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c2")}
-	if err := f.s.CommitGroup(f.ctx, []*storage.GroupOp{retry}); err != nil || !retry.Repeat || retry.Issued.Token != "tok-c" {
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Issued.Token != "tok-c" {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Issued, retry.Repeat, err)
 	}
 }

@@ -222,7 +222,7 @@ func (w *Workload) group() {
 		ops = append(ops, &storage.GroupOp{Kind: storage.OpCredits, Credits: cs})
 	}
 	w.calls++
-	err = g.CommitGroup(w.ctx, ops)
+	err = g.CommitGroup(w.ctx, storage.Ops(ops))
 	w.record("group", len(ops), code(err))
 	if err != nil {
 		return
