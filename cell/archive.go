@@ -13,15 +13,6 @@ import (
 	"redcell/storage"
 )
 
-// archiveStore is what the archiver needs of a space's store: the MariaDB
-// store has it (storage.MySQL.Archive); a store without it (no day tables)
-// is not archived.
-type archiveStore interface {
-	Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (storage.ArchiveResult, error)
-}
-
-var _ archiveStore = (*storage.MySQL)(nil)
-
 // archiveFirst is how long after start the first archive pass runs (then
 // every ArchiveInterval): a cell restarted more often than the interval
 // still archives.
@@ -92,13 +83,9 @@ func (a *archiver) run(ctx context.Context) {
 
 // once runs one pass over sp: packets created before now - retention.
 func (a *archiver) once(ctx context.Context, sp *space) (storage.ArchiveResult, error) {
-	st, ok := sp.store.(archiveStore)
-	if !ok {
-		return storage.ArchiveResult{}, nil
-	}
 	start := a.clock.Now()
 	before := start.Add(-a.retention)
-	res, err := st.Archive(ctx, a.owns, before.UnixMilli())
+	res, err := storage.Archive(ctx, sp.store, a.owns, before.UnixMilli()) // storage.ArchivePass
 	if errors.Is(err, storage.ErrNoArchive) {
 		return res, nil
 	}

@@ -3,6 +3,7 @@ package cell
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
+	"redcell/storage/memstore"
 )
 
 // cutStore is a space's store that records the cut each archive pass asks
@@ -25,12 +27,18 @@ type cutStore struct {
 	failAfter bool
 }
 
-func (c *cutStore) Archive(_ context.Context, owns func(model.ShardID) bool, beforeMS int64) (storage.ArchiveResult, error) {
-	c.cuts = append(c.cuts, beforeMS)
-	if c.failAfter && len(c.cuts) > 1 {
-		return storage.ArchiveResult{Packets: 1}, errors.New("database went away")
+func (c *cutStore) CommitGroup(_ context.Context, ops []storage.Op) error {
+	a, ok := ops[0].(*storage.ArchivePass)
+	if len(ops) != 1 || !ok {
+		return fmt.Errorf("cutStore runs archive passes only, not %T", ops[0])
 	}
-	return c.res, nil
+	c.cuts = append(c.cuts, a.BeforeMS)
+	if c.failAfter && len(c.cuts) > 1 {
+		a.Result = storage.ArchiveResult{Packets: 1}
+		return errors.New("database went away")
+	}
+	a.Result = c.res
+	return nil
 }
 
 // TestArchiverCutAndMetrics: a pass asks each space's store for the
@@ -76,8 +84,9 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	check(a.unsettled.WithLabelValues("real"), 2)
 	check(a.at.WithLabelValues("real"), float64(now.Unix()))
 
-	// A store without day tables (no Archive): skipped, no failure counted.
-	plain := newArchiver([2]*space{{name: "real", store: struct{ storage.Store }{}}, {name: "shadow", store: struct{ storage.Store }{}}},
+	// A store without day tables (storage.ErrNoArchive): skipped, no failure counted.
+	mem := memstore.New(clk)
+	plain := newArchiver([2]*space{{name: "real", store: mem}, {name: "shadow", store: mem}},
 		a.owns, 7*24*time.Hour, time.Hour, clk, log, prometheus.NewRegistry())
 	if _, err := plain.once(context.Background(), plain.spaces[0]); err != nil {
 		t.Fatalf("a store without day tables: %v", err)

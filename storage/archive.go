@@ -30,6 +30,39 @@ type ArchiveResult struct {
 // (the in-memory store).
 var ErrNoArchive = errors.New("storage: this store keeps no day tables to archive")
 
+// ArchivePass is one archive step as a typed op (CommitGroup; see
+// MySQL.Archive for what it moves, and how): the packets created before
+// BeforeMS (Unix ms) in the day tables of the shards Owns says are the
+// cell's, with their claims. Result is set even when it fails (what was
+// moved before the error stays moved). Errors: ErrNoArchive from a store
+// without day tables (memstore), the database's.
+type ArchivePass struct {
+	Owns     func(model.ShardID) bool
+	BeforeMS int64
+
+	Result ArchiveResult
+}
+
+func (*ArchivePass) isOp() {}
+
+// Archive runs one ArchivePass through g and answers its result.
+func Archive(ctx context.Context, g Grouper, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
+	op := &ArchivePass{Owns: owns, BeforeMS: beforeMS}
+	err := g.CommitGroup(ctx, []Op{op})
+	return op.Result, err
+}
+
+// archiveOps runs the ArchivePass op.
+func (m *MySQL) archiveOps(ctx context.Context, op Op) (bool, error) {
+	a, ok := op.(*ArchivePass)
+	if !ok {
+		return false, nil
+	}
+	var err error
+	a.Result, err = m.archive(ctx, a.Owns, a.BeforeMS)
+	return true, err
+}
+
 // archiveChunk is how many packets one archive transaction moves.
 const archiveChunk = 500
 
@@ -52,7 +85,7 @@ func (m *MySQL) EnsureArchive(ctx context.Context, s model.ShardID) error {
 // reconciliation window younger than this reads day tables only.
 const ArchivedClaimsAge = 72 * time.Hour
 
-// Archive moves the settled packets of the owned shards' day tables that
+// archive moves the settled packets of the owned shards' day tables that
 // were created before beforeMS (Unix ms), with their claims, into the
 // shards' archive tables (t_packet_Y_00, t_claim_Y_00): at most archiveChunk
 // packets per transaction, each packet with all its claims in one, so every
@@ -71,7 +104,7 @@ const ArchivedClaimsAge = 72 * time.Hour
 // that lock the rows they move and no gaps, so sends and opens on the same
 // tables do not wait for it. Errors: the database's; what was moved before an error
 // stays moved.
-func (m *MySQL) Archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
+func (m *MySQL) archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
 	var res ArchiveResult
 	all, err := m.tables(ctx, m.db)
 	if err != nil {

@@ -112,7 +112,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		res, err := m.Archive(ctx, owns, clk.Now().Add(-retention).UnixMilli())
+		res, err := Archive(ctx, m, owns, clk.Now().Add(-retention).UnixMilli())
 		if err != nil {
 			t.Fatal(err)
 		}

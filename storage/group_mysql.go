@@ -56,7 +56,7 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 		if err != nil {
 			return err
 		}
-		return Dispatch(ctx, typed, m.couponOps, m.budgetOps, m.rewardOps, m.bookOps)
+		return Dispatch(ctx, typed, m.couponOps, m.budgetOps, m.rewardOps, m.bookOps, m.archiveOps)
 	}
 	if len(ops) == 0 {
 		return nil

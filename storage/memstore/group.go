@@ -53,7 +53,7 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 		return err
 	}
 	if typed != nil {
-		return storage.Dispatch(ctx, typed, s.couponOps, s.budgetOps, s.rewardOps, s.bookOps)
+		return storage.Dispatch(ctx, typed, s.couponOps, s.budgetOps, s.rewardOps, s.bookOps, s.archiveOps)
 	}
 	if len(ops) == 0 {
 		return nil
@@ -330,6 +330,15 @@ func (s *Store) HoldWallet(sh model.ShardID, actID string) (waiters func() int, 
 		})
 	}
 	return waiters, release
+}
+
+// archiveOps answers the archive step (storage.ArchivePass): this store
+// keeps no day tables, so storage.ErrNoArchive.
+func (s *Store) archiveOps(_ context.Context, op storage.Op) (bool, error) {
+	if _, ok := op.(*storage.ArchivePass); !ok {
+		return false, nil
+	}
+	return true, storage.ErrNoArchive
 }
 
 // Read implements storage.Reader.
