@@ -140,13 +140,14 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 // waitScans waits until c's relay of space ("real", "shadow") has finished n
 // more passes than when it is called: at least n-1 of them began after the
 // call, so whatever they could offer or read again they have handed to the
-// lanes.
+// lanes. The deadline is far above the usual 3-4 intervals: a pass that
+// meets a dropped database or a loaded machine (-race, 2 cores) takes longer.
 func waitScans(t *testing.T, c *testCell, space string, n int) {
 	t.Helper()
 	scans := func() float64 {
 		return counter(t, c.reg, "redcell_cell_relay_scans_total", map[string]string{"space": space})
 	}
 	from := scans()
-	waitFor(t, time.Duration(n+10)*c.cfg.RelayInterval+5*time.Second, func() bool { return scans() >= from+float64(n) },
+	waitFor(t, time.Duration(n+10)*c.cfg.RelayInterval+30*time.Second, func() bool { return scans() >= from+float64(n) },
 		fmt.Sprintf("%d more relay passes of the %s space", n, space))
 }
