@@ -166,58 +166,6 @@ type Identities interface {
 	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error)
 }
 
-// Coupons is the person side of coupon issuance: the issue requests and the
-// coupons, in the act_id's database. The stock is a Budgets row of the
-// batch's home shard, and a merged deduction a lease of it (GrantLease with
-// no reserve, as many units as requests): coupons carry their lease, so a
-// lease whose holder died is settled by counting them (CouponLeaseSpent).
-type Coupons interface {
-	// CouponRequestOf reads the request of app and serial in shard s's
-	// database. Errors: ErrNotFound.
-	CouponRequestOf(ctx context.Context, s model.ShardID, app, serial string) (model.CouponRequest, error)
-	// TakeCouponRequests moves up to limit requests of databases dbs that
-	// are accepted, or deciding and taken at or before staleMS, to deciding
-	// (TakenMS now) and answers them, oldest accepted first
-	// (model.CompareCouponRequests), in one transaction. A request taken
-	// twice is harmless: IssueCoupons and RefuseCoupons decide it once.
-	// A staleMS below 0 takes accepted requests only.
-	TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error)
-	// IssueCoupons decides requests of rule's batch (any databases of this
-	// store) that share a deduction of granted units from lease leaseID, in
-	// one transaction: it locks their persons, leaves out the requests
-	// already final (decided before, by another taker), and decides the rest
-	// in order with model.AssignCoupons against the persons' holdings: a
-	// coupon row (model.CouponID, with leaseID) and state issued, or state
-	// refused with the reason. It answers the decisions made, in order, and
-	// unused: the granted units no request took, for the caller to return
-	// to the lease. Errors: ErrCommitUnknown (each request is then final or
-	// still deciding; the lease is settled by its coupon rows).
-	IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) (decisions []model.CouponDecision, unused int64, err error)
-	// RefuseCoupons sets the requests that are not final yet refused with
-	// reason; final ones are left as they are.
-	RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error
-	// ReleaseCouponRequests sets the requests that are deciding back to
-	// accepted (a draining cell's queued requests, for the next owner to
-	// take at once); others are left as they are.
-	ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error
-	// HoldingOf reads actID's holding (coupons per batch, the batch held in
-	// each group) in shard s's database, without a lock: the activity
-	// layer's early decision; IssueCoupons decides again under lock.
-	HoldingOf(ctx context.Context, s model.ShardID, actID string) (model.CouponHolding, error)
-	// HoldingsOf reads the holdings of the persons of reqs (their act_ids
-	// and shards) at once, by act_id; a person without coupons has an
-	// empty holding.
-	HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error)
-	// CouponsOf lists actID's coupons in shard s's database, newest first
-	// (issued_ms, then coupon_id, descending), up to limit, after the
-	// cursor (the zero cursor: from the newest; else only coupons older
-	// than cursor's issued_ms and coupon_id).
-	CouponsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error)
-	// CouponLeaseSpent counts the coupons issued from leaseID in the given
-	// databases.
-	CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error)
-}
-
 // Rewards is the part of the store that holds issued rewards and books them
 // (model.Reward). A reward's row lives in the database of its actID's shard
 // (db_XX.t_reward, one table per database), keyed by its order number.

@@ -12,6 +12,7 @@ import (
 
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -196,7 +197,7 @@ func settleOpenLeases(t *testing.T, st *memstore.Store, d *drop) {
 			if l.State == model.LeaseReturned {
 				continue
 			}
-			spent, err := st.CouponLeaseSpent(ctx, dbs, l.ID)
+			spent, err := storage.CouponLeaseSpent(ctx, st, dbs, l.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

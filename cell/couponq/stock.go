@@ -24,7 +24,7 @@ func StockKey(batch string) string { return model.CouponStockPrefix + batch }
 // (sharding.BudgetShard), and a deduction is a lease of it with no reserve,
 // always returned after the issue with the units it did not spend. A lease
 // whose issue lost its answer stays open until its TTL; whoever settles it
-// must count its coupons (storage.Coupons.CouponLeaseSpent), never reward
+// must count its coupons (storage.CouponLeaseSpentQuery), never reward
 // rows: so Holder must differ from the name under which the cell holds
 // reward leases (e.g. "cell-1/coupons").
 type BudgetStock struct {
