@@ -150,22 +150,6 @@ type Schema interface {
 	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
 }
 
-// Identities is the part of the store that binds app accounts to actIDs.
-type Identities interface {
-	// BindIdentity stores want (model.NewBinding) in shard s, the home of
-	// its app account (sharding.ShardOfIdentity), unless the account is bound
-	// already: then model.Bind decides against the binding there. It answers
-	// the binding that holds and repeat (bound before). legacy are the
-	// hashes of want's phone in the forms of bindings stored before numbers
-	// were parsed (model.LegacyPhoneHashes): a row holding one is the same
-	// phone, answered as a repeat with its actID, and re-keyed to
-	// want.PhoneHash (the only write of a repeat), so that every spelling
-	// of the number finds it from then on. Concurrent first bindings of one
-	// account store one; the others are decided against it. Errors:
-	// model.ErrIdentityConflict.
-	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error)
-}
-
 // Coupons is the person side of coupon issuance: the issue requests and the
 // coupons, in the act_id's database. The stock is a Budgets row of the
 // batch's home shard, and a merged deduction a lease of it (GrantLease with
@@ -362,7 +346,6 @@ type Full interface {
 type Store interface {
 	Wallets
 	Packets
-	Identities
 	Rewards
 	Expiry
 	Relayed
@@ -370,7 +353,6 @@ type Store interface {
 	Books
 	Grouper
 	Reader
-	Budgets
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
 }
