@@ -211,7 +211,7 @@ func (c couponStock) Levels(ctx context.Context, batches []string) (map[string]c
 // has no stock row yet.
 func (s *Server) couponLevel(ctx context.Context, sp *space, batch string) (api.CouponStockLevel, bool, error) {
 	key := couponq.StockKey(batch)
-	b, held, err := sp.store.BudgetLevel(ctx, sharding.BudgetShard(key), key)
+	b, held, err := storage.BudgetLevel(ctx, sp.store, sharding.BudgetShard(key), key)
 	if errors.Is(err, model.ErrNotFound) {
 		return api.CouponStockLevel{}, false, nil
 	}
@@ -299,7 +299,7 @@ func (s *Server) syncCouponStock(cat *couponbatch.Catalog) {
 			continue
 		}
 		for _, sp := range s.spaces {
-			if _, err := sp.store.SetBudget(ctx, sh, key, b.Stock); err != nil {
+			if _, err := storage.SetBudget(ctx, sp.store, sh, key, b.Stock); err != nil {
 				s.log.Warn("coupons: stock not set from the batches file", "batch", b.ID, "stock", b.Stock, "space", sp.name, "err", err)
 			}
 		}
@@ -317,7 +317,7 @@ func (s *Server) couponIssued(batch string) int64 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	b, _, err := s.spaces[0].store.Budget(ctx, sh, key)
+	b, _, err := storage.Budget(ctx, s.spaces[0].store, sh, key)
 	if err != nil {
 		return 0
 	}
@@ -415,7 +415,7 @@ func (s *Server) describeCoupons(cat *couponbatch.Catalog) api.CouponBatchesResp
 		key := couponq.StockKey(b.ID)
 		if sh := sharding.BudgetShard(key); s.Owns(sh) {
 			cb.Home = true
-			if row, ls, err := s.spaces[0].store.Budget(ctx, sh, key); err == nil {
+			if row, ls, err := storage.Budget(ctx, s.spaces[0].store, sh, key); err == nil {
 				out := row.Outstanding()
 				for _, l := range ls {
 					if l.State == model.LeaseOpen || l.State == model.LeaseExpired {

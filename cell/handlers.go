@@ -15,6 +15,7 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/model"
+	"redcell/storage"
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
@@ -272,7 +273,7 @@ func (s *Server) bindIdentity(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 	// Keyed on the number's E.164 form; a binding stored before numbers were
 	// parsed holds the hash of a legacy form and keeps its actID.
 	want := model.NewBinding(idKey, app, appUserID, phone.E164, s.clock.Now().UnixMilli())
-	b, repeat, err := sp.store.BindIdentity(ctx, sh, want, model.LegacyPhoneHashes(idKey, phone)...)
+	b, repeat, err := storage.BindIdentity(ctx, sp.store, sh, want, model.LegacyPhoneHashes(idKey, phone)...)
 	if err != nil {
 		s.answers.err(rc, err)
 		return

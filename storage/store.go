@@ -150,22 +150,6 @@ type Schema interface {
 	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
 }
 
-// Identities is the part of the store that binds app accounts to actIDs.
-type Identities interface {
-	// BindIdentity stores want (model.NewBinding) in shard s, the home of
-	// its app account (sharding.ShardOfIdentity), unless the account is bound
-	// already: then model.Bind decides against the binding there. It answers
-	// the binding that holds and repeat (bound before). legacy are the
-	// hashes of want's phone in the forms of bindings stored before numbers
-	// were parsed (model.LegacyPhoneHashes): a row holding one is the same
-	// phone, answered as a repeat with its actID, and re-keyed to
-	// want.PhoneHash (the only write of a repeat), so that every spelling
-	// of the number finds it from then on. Concurrent first bindings of one
-	// account store one; the others are decided against it. Errors:
-	// model.ErrIdentityConflict.
-	BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error)
-}
-
 // Rewards is the part of the store that holds issued rewards and books them
 // (model.Reward). A reward's row lives in the database of its actID's shard
 // (db_XX.t_reward, one table per database), keyed by its order number.
@@ -310,7 +294,6 @@ type Full interface {
 type Store interface {
 	Wallets
 	Packets
-	Identities
 	Rewards
 	Expiry
 	Relayed
@@ -318,7 +301,6 @@ type Store interface {
 	Books
 	Grouper
 	Reader
-	Budgets
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
 }

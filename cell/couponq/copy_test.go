@@ -109,7 +109,7 @@ func TestStockCopy(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	acceptAs("copy too old", req(), model.CouponAccepted)
 	// Raised by a reload (the home's row): the next refresh lets requests in.
-	if _, err := st.SetBudget(ctx, sharding.BudgetShard(StockKey(d.c)), StockKey(d.c), 5); err != nil {
+	if _, err := storage.SetBudget(ctx, st, sharding.BudgetShard(StockKey(d.c)), StockKey(d.c), 5); err != nil {
 		t.Fatal(err)
 	}
 	e.refreshCopy(ctx)

@@ -30,9 +30,8 @@ func (free) Wait(ctx context.Context) error {
 
 // store is what a drop needs of a store.
 type store interface {
-	storage.Grouper
+	storage.Grouper // the budget ops (BudgetStock) and the coupon ops
 	storage.Reader
-	storage.Budgets
 	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) // storage.Singles
 }
 
@@ -202,7 +201,7 @@ func (d *drop) check(rs []model.CouponRequest) (issued map[string]int64) {
 	}
 	for _, b := range d.cat.Batches() {
 		sh, k := d.stock.home(b.ID)
-		bud, leases, err := d.st.Budget(ctx, sh, k)
+		bud, leases, err := storage.Budget(ctx, d.st, sh, k)
 		if err != nil {
 			d.t.Fatal(err)
 		}
@@ -384,7 +383,7 @@ func TestFailedIssueAndItsLease(t *testing.T) {
 				t.Fatalf("units reported left open: %d, want %d", obs.of(d.c), want)
 			}
 			sh, k := d.stock.home(d.c)
-			b, leases, err := f.Budget(context.Background(), sh, k)
+			b, leases, err := storage.Budget(context.Background(), f, sh, k)
 			if err != nil || len(leases) != 1 {
 				t.Fatalf("stock row %+v leases %+v %v", b, leases, err)
 			}
@@ -432,7 +431,7 @@ func TestHeldLease(t *testing.T) {
 	}
 	leases := func() []model.Lease {
 		t.Helper()
-		_, ls, err := f.Budget(ctx, sh, k)
+		_, ls, err := storage.Budget(ctx, f, sh, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -495,7 +494,7 @@ func TestHeldLease(t *testing.T) {
 			t.Fatalf("the second held lease: %+v; want returned with its 4 units no coupon took", l)
 		}
 	}
-	if b, _, err := f.Budget(ctx, sh, k); err != nil || b.Outstanding() != 5+1 {
+	if b, _, err := storage.Budget(ctx, f, sh, k); err != nil || b.Outstanding() != 5+1 {
 		t.Fatalf("stock row %+v %v: want 6 out (the open lease's 5, the second's 1 coupon)", b, err)
 	}
 }

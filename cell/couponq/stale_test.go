@@ -257,7 +257,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	}
 	issuedNow := d.check([]model.CouponRequest{marker, old, recent})
 	sh, k := d.stock.home(d.c)
-	bud, _, err := st.Budget(ctx, sh, k)
+	bud, _, err := storage.Budget(ctx, st, sh, k)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,9 +141,9 @@ func New(clk clock.Clock) *Store {
 	}
 }
 
-// BindIdentity implements storage.Identities (no commit fault: a binding
+// bindIdentity runs storage.BindAccount (no commit fault: a binding
 // moves no money, and its retry is a repeat).
-func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
+func (s *Store) bindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := identKey{sh, want.App, want.AppUserID}
