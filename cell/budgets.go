@@ -376,7 +376,7 @@ func controlledKeys(t *activity.Tree) []string {
 }
 
 // settleLeases returns what this cell's leases that their homes marked
-// expired did not spend, as the cell's reward rows tell (Rewards.LeaseSpent
+// expired did not spend, as the cell's reward rows tell (storage.LeaseSpent
 // over its databases): a cell that died holding leases gives their rest back
 // once it is up again, and one whose return at drain failed gives it back
 // later. Only leases expired for settleGrace are settled: a live pool spends
@@ -393,7 +393,7 @@ func (s *Server) settleLeases(ctx context.Context) {
 	dbs := s.own.dbs()
 	for _, sp := range s.spaces {
 		for _, key := range controlledKeys(t) {
-			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })
+			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return storage.LeaseSpent(ctx, sp.store, dbs, id) })
 		}
 	}
 }

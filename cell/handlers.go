@@ -207,7 +207,7 @@ func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, sp *sp
 		s.answers.err(rc, err)
 		return
 	}
-	a, err := sp.store.Account(ctx, sh, actID)
+	a, err := storage.Account(ctx, sp.store, sh, actID)
 	if err != nil {
 		s.answers.err(rc, err)
 		return

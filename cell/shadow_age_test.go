@@ -88,7 +88,7 @@ func (r *shadowRig) makeShadow(t *testing.T, order string) {
 // real row of the rig is as it was.
 func (r *shadowRig) shadowExists(t *testing.T) bool {
 	t.Helper()
-	if a, err := r.store.Account(context.Background(), r.shard, r.real); err != nil || a.Balance != 999 {
+	if a, err := storage.Account(context.Background(), r.store, r.shard, r.real); err != nil || a.Balance != 999 {
 		t.Fatalf("real balance %d, %v: a shadow cleanup touched real money", a.Balance, err)
 	}
 	var n int

@@ -275,7 +275,7 @@ func (c *cell) handle(m *message) {
 	case opGrab:
 		c.grab(m.id, q)
 	case opAccount:
-		a, err := c.store.Account(w.ctx, s, q.actID)
+		a, err := storage.Account(w.ctx, c.store, s, q.actID)
 		if err != nil {
 			c.reply(m.id, errAnswer(err))
 			return

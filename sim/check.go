@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 // checker holds the simulator's view of every packet, built from what the
@@ -145,7 +146,7 @@ func (k *checker) sent(c *cell, s model.ShardID, req model.SendRequest, p model.
 }
 
 func (k *checker) accountNotNegative(c *cell, s model.ShardID, actID string) {
-	a, err := c.store.Account(k.w.ctx, s, actID)
+	a, err := storage.Account(k.w.ctx, c.store, s, actID)
 	if err != nil {
 		k.w.fail("account", []string{actID}, "account %s cannot be read: %v", actID, err)
 		return

@@ -146,7 +146,7 @@ func TestCommitAnswerLost(t *testing.T) {
 	ctx := context.Background()
 	act := testenv.Prefix() + "-lost"
 	s := sharding.ShardOfAct(act)
-	if _, err := m.Account(ctx, s, act); err != nil { // the shard's tables exist before the cut
+	if _, err := Account(ctx, m, s, act); err != nil { // the shard's tables exist before the cut
 		t.Fatal(err)
 	}
 
@@ -173,7 +173,7 @@ func TestCommitLost(t *testing.T) {
 	ctx := context.Background()
 	act := testenv.Prefix() + "-cut"
 	s := sharding.ShardOfAct(act)
-	if _, err := m.Account(ctx, s, act); err != nil {
+	if _, err := Account(ctx, m, s, act); err != nil {
 		t.Fatal(err)
 	}
 	p.arm(p.forward.Load())
@@ -195,7 +195,7 @@ func wantRows(t *testing.T, m *MySQL, s model.ShardID, act string, flows int, ba
 	if err := m.db.QueryRow("SELECT COUNT(*) FROM "+m.flowTable(s)+" WHERE act_id = ?", act).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	a, err := m.Account(context.Background(), s, act)
+	a, err := Account(context.Background(), m, s, act)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func deposit(t *testing.T, m *MySQL, act string, amount model.Cents) {
 
 func balance(t *testing.T, m *MySQL, act string) model.Cents {
 	t.Helper()
-	a, err := m.Account(context.Background(), sharding.ShardOfAct(act), act)
+	a, err := Account(context.Background(), m, sharding.ShardOfAct(act), act)
 	if err != nil {
 		t.Fatal(err)
 	}

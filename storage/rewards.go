@@ -135,7 +135,7 @@ func (m *MySQL) IssueReward(ctx context.Context, r model.Reward) (model.Reward, 
 	} else if n == 1 {
 		return r, false, nil
 	}
-	prior, err := m.Reward(ctx, r.Shard, r.OrderNo)
+	prior, err := m.reward(ctx, r.Shard, r.OrderNo)
 	if err != nil {
 		return model.Reward{}, false, fmt.Errorf("storage: issue reward: read the stored one: %w", err)
 	}
@@ -145,8 +145,8 @@ func (m *MySQL) IssueReward(ctx context.Context, r model.Reward) (model.Reward, 
 	return prior, true, nil
 }
 
-// Reward implements Rewards.
-func (m *MySQL) Reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error) {
+// reward answers RewardQuery.
+func (m *MySQL) reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return model.Reward{}, err
 	}
@@ -160,8 +160,8 @@ func (m *MySQL) Reward(ctx context.Context, s model.ShardID, orderNo string) (mo
 	return r, nil
 }
 
-// RewardsOf implements Rewards.
-func (m *MySQL) RewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+// rewardsOf answers RewardsOfQuery.
+func (m *MySQL) rewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -184,9 +184,9 @@ func (m *MySQL) RewardsOf(ctx context.Context, s model.ShardID, actID, stage str
 	return rs, nil
 }
 
-// RewardSums implements Rewards: the person's rows, summed by
+// rewardSums answers RewardSumsQuery: the person's rows, summed by
 // model.SumRewards (a person holds one reward per scene, rain and stage).
-func (m *MySQL) RewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error) {
+func (m *MySQL) rewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -209,8 +209,8 @@ func (m *MySQL) RewardSums(ctx context.Context, s model.ShardID, actID string) (
 	return model.SumRewards(rs), nil
 }
 
-// PendingRewardsOf implements Rewards.
-func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error) {
+// pendingRewardsOf answers PendingRewardsOfQuery.
+func (m *MySQL) pendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -222,13 +222,13 @@ func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID str
 	return rs, nil
 }
 
-// TakeRewards implements Rewards: in one transaction, the oldest pending rows
+// takeRewards runs TakeRewardsOp: in one transaction, the oldest pending rows
 // and the stale processing ones, skipping rows another booker holds (SKIP
 // LOCKED), are marked processing and read.
 //
 // A database whose reward table does not exist yet has nothing to take: the
 // booker's scan of every database makes no table.
-func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
 	t := m.rewardTable(db)
 	var out []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
@@ -417,8 +417,8 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 	return nil
 }
 
-// LeaseSpent implements Rewards.
-func (m *MySQL) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// leaseSpent answers LeaseSpentQuery.
+func (m *MySQL) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	var total int64
 	for _, db := range dbs {
 		var n int64
@@ -506,8 +506,8 @@ func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo st
 	return out.Withdrawal, nil
 }
 
-// FlowsOf implements Rewards.
-func (m *MySQL) FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+// flowsOf answers FlowsOfQuery.
+func (m *MySQL) flowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return nil, err
 	}
@@ -609,11 +609,11 @@ func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) (
 	return out, rows.Err()
 }
 
-// RewardRecon implements Rewards: per shard table of the database, one
+// rewardRecon answers RewardReconQuery: per shard table of the database, one
 // LEFT JOIN of the booked official cash rewards to their flows (by the
 // flow's order number, model.RewardFlowOrderNo: "reward:" and the first 32
 // hex digits of SHA2(order_no, 256)) and the window's sums of both sides.
-func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
+func (m *MySQL) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS, FlowsCounted: countFlows}
 	rt := m.rewardTable(db)
 	// One range of k_status (status, created_ms): every reward not booked,
@@ -903,7 +903,7 @@ func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []
 // stock) stores the same, so the probe settles only groups of issues alone.
 func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool, error) {
 	return func() (bool, error) {
-		r, err := m.Reward(ctx, want.Shard, want.OrderNo)
+		r, err := m.reward(ctx, want.Shard, want.OrderNo)
 		if errors.Is(err, model.ErrNotFound) {
 			return false, nil
 		}
@@ -911,8 +911,8 @@ func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool
 	}
 }
 
-// WithdrawalOf implements Rewards.
-func (m *MySQL) WithdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+// withdrawalOf answers WithdrawalQuery.
+func (m *MySQL) withdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return model.Withdrawal{}, false, err
 	}

@@ -65,7 +65,7 @@ func TestDropShadow(t *testing.T) {
 	if !schemaExists(t, m, "db_96") {
 		t.Fatal("db_96 went with its shadow")
 	}
-	if a, err := m.Account(ctx, s96, act); err != nil || a.Balance != 4321 {
+	if a, err := Account(ctx, m, s96, act); err != nil || a.Balance != 4321 {
 		t.Fatalf("real balance after the drop: %d, %v", a.Balance, err)
 	}
 
@@ -78,7 +78,7 @@ func TestDropShadow(t *testing.T) {
 	if _, err := sh.Deposit(ctx, s96, act, "shadow-2", 7); err != nil {
 		t.Fatalf("shadow deposit after the drop: %v", err)
 	}
-	if a, err := sh.Account(ctx, s96, act); err != nil || a.Balance != 7 {
+	if a, err := Account(ctx, sh, s96, act); err != nil || a.Balance != 7 {
 		t.Fatalf("shadow balance after the drop: %d, %v (want only the new deposit)", a.Balance, err)
 	}
 	if err := sh.EnsureDay(ctx, s96, day); err != nil {
@@ -92,7 +92,7 @@ func TestDropShadow(t *testing.T) {
 	if _, _, err := m.DropShadow(ctx, []int{96}); !errors.Is(err, ErrNotShadow) {
 		t.Fatalf("DropShadow on the real store: %v, want ErrNotShadow", err)
 	}
-	if a, err := m.Account(ctx, s96, act); err != nil || a.Balance != 4321 || !schemaExists(t, m, "db_96") {
+	if a, err := Account(ctx, m, s96, act); err != nil || a.Balance != 4321 || !schemaExists(t, m, "db_96") {
 		t.Fatalf("real balance after a refused drop: %d, %v", a.Balance, err)
 	}
 }

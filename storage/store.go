@@ -32,13 +32,6 @@ import (
 // applying twice. Match with errors.Is.
 var ErrCommitUnknown = errors.New("storage: commit outcome unknown")
 
-// Wallets is the part of the store that holds balances.
-type Wallets interface {
-	// Account reads actID's wallet in shard s: balance 0 for an account
-	// never touched (not an error).
-	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
-}
-
 // Packets is the part of the store that holds red packets and their claims.
 type Packets interface {
 	// Packet reads one packet. Errors: ErrNotFound.
@@ -150,50 +143,6 @@ type Schema interface {
 	EnsureDays(ctx context.Context, shards []model.ShardID, days []int, parallel int, progress func(done, total int)) error
 }
 
-// Rewards is the part of the store that holds issued rewards and books them
-// (model.Reward). A reward's row lives in the database of its actID's shard
-// (db_XX.t_reward, one table per database), keyed by its order number.
-type Rewards interface {
-	// Reward reads one reward of shard s by order number. Errors: ErrNotFound.
-	Reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error)
-	// RewardsOf lists actID's rewards of shard s, newest first ((CreatedMS,
-	// OrderNo) descending), strictly after cursor, up to limit; stage "" for
-	// every stage, else that stage's only.
-	RewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error)
-	// RewardSums sums actID's rewards of shard s by stage, sorted by stage
-	// name; a stage without a reward is absent. Booked, Pending and Income
-	// are cents of cash rewards; PendingCount counts every award type.
-	RewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error)
-	// TakeRewards moves up to limit rewards of database db that are pending,
-	// or processing and taken at or before staleMS, to processing (ClaimedMS
-	// now) and answers them, oldest first. A reward taken twice is harmless:
-	// BookRewards books each at most once.
-	TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error)
-	// PendingRewardsOf lists actID's rewards of shard s that are not booked
-	// (pending or processing), oldest first, up to limit: a withdrawal books
-	// them first.
-	PendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error)
-	// LeaseSpent sums the Amount of the rewards issued from leaseID in the
-	// given databases.
-	LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error)
-	// WithdrawalOf reads the withdrawal actID made under orderNo, answered
-	// as a repeat (Repeat set); found is false when there is none, or when
-	// the order number was used by another kind of change.
-	WithdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (w model.Withdrawal, found bool, err error)
-	// FlowsOf lists actID's flow rows of shard s other than FlowReward
-	// (rewards are listed from RewardsOf), newest first ((CreatedMS,
-	// model.FlowItemID(Seq)) descending), strictly after cursor, up to
-	// limit, with Seq set.
-	FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error)
-	// RewardRecon reconciles database db's rewards booked into wallets in
-	// [fromMS, toMS) (by booked time) against their flows, listing up to 20
-	// booked rewards without their flow, and counts the rewards not booked
-	// that were issued before staleMS. With countFlows it also counts the
-	// reward flows created in the window (a scan of the flow tables: a flow
-	// without its reward shows as counts that differ).
-	RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error)
-}
-
 // Singles are the single-operation writes: each method is one operation in
 // a transaction of its own, the same operation a GroupOp of its kind is in a
 // group (OpDeposit, OpCredits, OpSend, OpOpen, OpRefund, OpAccept, OpIssue,
@@ -292,9 +241,7 @@ type Full interface {
 
 // Store is everything a cell needs from its database.
 type Store interface {
-	Wallets
 	Packets
-	Rewards
 	Expiry
 	Relayed
 	Schema

@@ -225,8 +225,9 @@ func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo str
 	return out.Deposit, nil
 }
 
-// Account returns the wallet of actID; an account never touched has balance 0.
-func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error) {
+// account answers AccountQuery: the wallet of actID; an account never
+// touched has balance 0.
+func (m *MySQL) account(ctx context.Context, s model.ShardID, actID string) (model.Account, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return model.Account{}, err
 	}

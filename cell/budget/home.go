@@ -44,7 +44,7 @@ func (h localHome) Return(ctx context.Context, key, leaseID string, unspent int6
 // (storage.LeasesOf in each home database: open and expired ones)
 // did not spend: for each, unspent = Amount − spent(lease ID), where spent
 // sums the issues that name the lease (the integrator reads it from the
-// reward rows, storage.Rewards LeaseSpent). Returned leases in the list are
+// reward rows, storage.LeaseSpentQuery). Returned leases in the list are
 // skipped. It answers the sum of the unspent parts it returned; a repeated
 // Settle of the same leases changes nothing at the homes (a return happens
 // once) but answers that sum again. Errors, joined, one per lease it could

@@ -248,8 +248,8 @@ func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
 // creditOrder is the claim ID in a credit flow's order number (model.CreditOrderNo).
 func creditOrder(order string) string { return strings.TrimPrefix(order, "claim:") }
 
-// Account implements storage.Wallets.
-func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
+// account answers storage.AccountQuery.
+func (s *Store) account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Account{}, err
 	}

@@ -52,8 +52,8 @@ func (s *Store) IssueReward(ctx context.Context, r model.Reward) (model.Reward, 
 	return r, false, nil
 }
 
-// Reward implements storage.Rewards.
-func (s *Store) Reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
+// reward answers storage.RewardQuery.
+func (s *Store) reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Reward{}, err
 	}
@@ -66,8 +66,8 @@ func (s *Store) Reward(ctx context.Context, sh model.ShardID, orderNo string) (m
 	return *r, nil
 }
 
-// RewardsOf implements storage.Rewards.
-func (s *Store) RewardsOf(ctx context.Context, sh model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+// rewardsOf answers storage.RewardsOfQuery.
+func (s *Store) rewardsOf(ctx context.Context, sh model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -96,8 +96,8 @@ func copyRewards(rs []*model.Reward, limit int) []model.Reward {
 	return out
 }
 
-// RewardSums implements storage.Rewards.
-func (s *Store) RewardSums(ctx context.Context, sh model.ShardID, actID string) ([]model.StageSums, error) {
+// rewardSums answers storage.RewardSumsQuery.
+func (s *Store) rewardSums(ctx context.Context, sh model.ShardID, actID string) ([]model.StageSums, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -117,8 +117,8 @@ func byAge(rs []*model.Reward) {
 	})
 }
 
-// PendingRewardsOf implements storage.Rewards.
-func (s *Store) PendingRewardsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Reward, error) {
+// pendingRewardsOf answers storage.PendingRewardsOfQuery.
+func (s *Store) pendingRewardsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -131,8 +131,8 @@ func (s *Store) PendingRewardsOf(ctx context.Context, sh model.ShardID, actID st
 	return copyRewards(rs, limit), nil
 }
 
-// TakeRewards implements storage.Rewards.
-func (s *Store) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+// takeRewards runs storage.TakeRewardsOp.
+func (s *Store) takeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -202,8 +202,8 @@ func (s *Store) bookLocked(book []*model.Reward, now int64) {
 	}
 }
 
-// LeaseSpent implements storage.Rewards.
-func (s *Store) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// leaseSpent answers storage.LeaseSpentQuery.
+func (s *Store) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -251,8 +251,8 @@ func (s *Store) Withdraw(ctx context.Context, sh model.ShardID, actID, orderNo s
 	return out.Withdrawal, nil
 }
 
-// FlowsOf implements storage.Rewards.
-func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+// flowsOf answers storage.FlowsOfQuery.
+func (s *Store) flowsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -281,8 +281,8 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 	return fs, nil
 }
 
-// RewardRecon implements storage.Rewards.
-func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
+// rewardRecon answers storage.RewardReconQuery.
+func (s *Store) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	if err := ctx.Err(); err != nil {
 		return model.RewardRecon{}, err
 	}
@@ -351,8 +351,8 @@ func (g *group) issue(op *storage.GroupOp) {
 	g.writes = append(g.writes, func() { g.s.rewards[c.OrderNo] = &c })
 }
 
-// WithdrawalOf implements storage.Rewards.
-func (s *Store) WithdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+// withdrawalOf answers storage.WithdrawalQuery.
+func (s *Store) withdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Withdrawal{}, false, err
 	}

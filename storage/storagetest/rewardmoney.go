@@ -574,7 +574,7 @@ func (m *rewardMoney) take(db int, staleMS int64, limit int) []model.Reward {
 			eligible = append(eligible, r)
 		}
 	}
-	taken, err := m.f.s.TakeRewards(m.f.ctx, db, staleMS, limit)
+	taken, err := storage.TakeRewards(m.f.ctx, m.f.s, db, staleMS, limit)
 	if err != nil || len(taken) != min(limit, len(eligible)) {
 		m.fatalf("take from db %d (limit %d): %d rewards, %v; want %d of %d eligible", db, limit, len(taken), err, min(limit, len(eligible)), len(eligible))
 	}
@@ -717,7 +717,7 @@ func (m *rewardMoney) checkPerson(p rmPerson) {
 	if b := m.f.balance(p.shard, p.act); b != m.balance[p.act] {
 		m.fatalf("balance of %s: %d, want %d", p.act, b, m.balance[p.act])
 	}
-	sums, err := m.f.s.RewardSums(m.f.ctx, p.shard, p.act)
+	sums, err := storage.RewardSums(m.f.ctx, m.f.s, p.shard, p.act)
 	if want := m.sumsOf(p); err != nil || !reflect.DeepEqual(append([]model.StageSums{}, sums...), want) {
 		m.fatalf("reward sums of %s: %+v %v, want %+v", p.act, sums, err, want)
 	}
@@ -726,7 +726,7 @@ func (m *rewardMoney) checkPerson(p rmPerson) {
 // checkPending checks PendingRewardsOf against the oracle and answers it.
 func (m *rewardMoney) checkPending(p rmPerson) []model.Reward {
 	m.t.Helper()
-	pend, err := m.f.s.PendingRewardsOf(m.f.ctx, p.shard, p.act, 1000)
+	pend, err := storage.PendingRewardsOf(m.f.ctx, m.f.s, p.shard, p.act, 1000)
 	want := m.rewardsOf(p, false, func(r *model.Reward) bool { return r.Status != model.RewardBooked })
 	if err != nil || len(pend) != len(want) || len(want) > 0 && !reflect.DeepEqual(pend, want) {
 		m.fatalf("pending rewards of %s: %d %v, want %d:\n%+v\nwant\n%+v", p.act, len(pend), err, len(want), pend, want)
@@ -738,7 +738,7 @@ func (m *rewardMoney) checkPending(p rmPerson) []model.Reward {
 func (m *rewardMoney) checkReward(orderNo string) {
 	m.t.Helper()
 	o := m.rewards[orderNo]
-	r, err := m.f.s.Reward(m.f.ctx, o.Shard, orderNo)
+	r, err := storage.Reward(m.f.ctx, m.f.s, o.Shard, orderNo)
 	if err != nil || r != *o {
 		m.fatalf("reward %s: %+v %v, want %+v", orderNo, r, err, *o)
 	}
@@ -753,7 +753,7 @@ func (m *rewardMoney) checkListing(p rmPerson) model.Cents {
 	var got []model.Reward
 	seen := map[string]bool{}
 	for cur := (model.FlowCursor{}); ; {
-		page, err := m.f.s.RewardsOf(m.f.ctx, p.shard, p.act, "", cur, 7)
+		page, err := storage.RewardsOf(m.f.ctx, m.f.s, p.shard, p.act, "", cur, 7)
 		if err != nil {
 			m.fatalf("rewards of %s: %v", p.act, err)
 		}
@@ -776,7 +776,7 @@ func (m *rewardMoney) checkListing(p rmPerson) model.Cents {
 	var flows []model.Flow
 	var sum model.Cents
 	for cur := (model.FlowCursor{}); ; {
-		page, err := m.f.s.FlowsOf(m.f.ctx, p.shard, p.act, cur, 5)
+		page, err := storage.FlowsOf(m.f.ctx, m.f.s, p.shard, p.act, cur, 5)
 		if err != nil {
 			m.fatalf("flows of %s: %v", p.act, err)
 		}
@@ -828,7 +828,7 @@ func (m *rewardMoney) checkAll(when string) {
 	}
 	dbs := []int{WorkShards[0].DB(), WorkShards[2].DB()}
 	for _, lease := range []string{"L0", "L1", "L2", "L-retry"} {
-		if n, err := m.f.s.LeaseSpent(m.f.ctx, dbs, lease); err != nil || model.Cents(n) != m.spent[lease] {
+		if n, err := storage.LeaseSpent(m.f.ctx, m.f.s, dbs, lease); err != nil || model.Cents(n) != m.spent[lease] {
 			m.fatalf("%s: lease %s spent %d, %v; want %d", when, lease, n, err, m.spent[lease])
 		}
 	}

@@ -213,7 +213,7 @@ func (f *fixture) deposit(s model.ShardID, act, order string, amount model.Cents
 
 func (f *fixture) balance(s model.ShardID, act string) model.Cents {
 	f.t.Helper()
-	a, err := f.s.Account(f.ctx, s, act)
+	a, err := storage.Account(f.ctx, f.s, s, act)
 	if err != nil {
 		f.t.Fatalf("account %s: %v", act, err)
 	}
