@@ -15,6 +15,7 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/model"
+	"redcell/storage"
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
@@ -353,7 +354,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		source = "local"
 	}
 	if !ok {
-		p, err := sp.store.Packet(ctx, ref)
+		p, err := storage.Packet(ctx, sp.store, ref)
 		if err != nil {
 			s.answers.err(rc, err)
 			return
@@ -388,7 +389,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			return
 		}
 	}
-	p, err := sp.store.Packet(ctx, ref)
+	p, err := storage.Packet(ctx, sp.store, ref)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -396,7 +397,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	var claims []model.Claim
 	degraded := s.switches.Off(degrade.ClaimsList)
 	if !degraded {
-		if claims, err = sp.store.Claims(ctx, ref, after, limit); err != nil {
+		if claims, err = storage.Claims(ctx, sp.store, ref, after, limit); err != nil {
 			s.answers.err(rc, err)
 			return
 		}
