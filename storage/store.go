@@ -39,7 +39,8 @@ type Wallets interface {
 	Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error)
 }
 
-// Books is what reconciliation and the audits read.
+// Books is what the audits read (reconciliation reads through Read:
+// ReconWindowQuery, CreditsOfQuery, ReconPositionsQuery; ops_books.go).
 type Books interface {
 	// CellAudit checks this store's books as model.AuditCell checks its
 	// Ledger, with the same result (for MariaDB within the bounds
