@@ -354,7 +354,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		source = "local"
 	}
 	if !ok {
-		p, err := sp.store.Packet(ctx, ref)
+		p, err := storage.Packet(ctx, sp.store, ref)
 		if err != nil {
 			s.answers.err(rc, err)
 			return
@@ -389,7 +389,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			return
 		}
 	}
-	p, err := sp.store.Packet(ctx, ref)
+	p, err := storage.Packet(ctx, sp.store, ref)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -397,7 +397,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	var claims []model.Claim
 	degraded := s.switches.Off(degrade.ClaimsList)
 	if !degraded {
-		if claims, err = sp.store.Claims(ctx, ref, after, limit); err != nil {
+		if claims, err = storage.Claims(ctx, sp.store, ref, after, limit); err != nil {
 			s.answers.err(rc, err)
 			return
 		}

@@ -476,7 +476,7 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 	for i, wt := range oq.waiting {
 		reqs[i] = wt.req
 	}
-	earlier, err := c.store.ClaimsOf(w.ctx, oq.ref, reqs)
+	earlier, err := storage.ClaimsOf(w.ctx, c.store, oq.ref, reqs)
 	if err != nil {
 		for _, wt := range oq.waiting {
 			c.reply(wt.id, errAnswer(err))
@@ -502,7 +502,7 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 func (c *cell) grab(id uint64, q *request) {
 	w := c.w
 	ref, _ := model.ParsePacketID(q.packetID)
-	p, err := c.store.Packet(w.ctx, ref)
+	p, err := storage.Packet(w.ctx, c.store, ref)
 	if err != nil {
 		c.reply(id, errAnswer(err))
 		return
@@ -582,7 +582,7 @@ func (c *cell) expire() {
 	if c.passes%10 == 0 {
 		days = model.AllDays()
 	}
-	ids, err := c.store.ExpiredIn(w.ctx, c.shards, days, w.timeNow().UnixMilli(), 500)
+	ids, err := storage.ExpiredIn(w.ctx, c.store, c.shards, days, w.timeNow().UnixMilli(), 500)
 	if err != nil {
 		w.count("expiry.scan_failed")
 		return

@@ -18,7 +18,7 @@ type creditTwice struct {
 }
 
 func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	before, err := s.Full.CreditsOf(ctx, credits)
+	before, err := storage.CreditsOf(ctx, s.Full, credits)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -53,7 +53,7 @@ func (s *creditTwice) CommitGroup(ctx context.Context, list []storage.Op) error 
 	before := map[string]model.Credit{}
 	if len(credits) > 0 {
 		var err error
-		if before, err = s.Full.CreditsOf(ctx, credits); err != nil {
+		if before, err = storage.CreditsOf(ctx, s.Full, credits); err != nil {
 			return err
 		}
 	}

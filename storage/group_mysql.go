@@ -258,7 +258,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 				probe = func() (bool, error) {
 					// This attempt's claim: its seq, share and time, not only
 					// a claim of this user (another writer's would be one).
-					got, err := m.ClaimsOf(ctx, ref, reqs)
+					got, err := m.claimsOfPacket(ctx, ref, reqs)
 					c := got[first.ActID]
 					return err == nil && c.Seq == first.Seq && c.Amount == first.Amount && c.CreatedMS == first.CreatedMS, err
 				}

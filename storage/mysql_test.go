@@ -285,7 +285,7 @@ func TestRefundRacesLateOpens(t *testing.T) {
 		}
 		wg.Wait()
 		sum, _, _ := rowsOfPacket(t, m, ref)
-		p, err := m.Packet(ctx, ref)
+		p, err := Packet(ctx, m, ref)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +325,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 		c := res[0].Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount, CreatedMS: c.CreatedMS})
 	}
-	pending, _, err := m.ClaimsAfter(ctx, ref.Shard.DB(), 0, model.ClaimPos{}, time.Now().UnixMilli(), 100_000)
+	pending, _, err := ClaimsAfter(ctx, m, ref.Shard.DB(), 0, model.ClaimPos{}, time.Now().UnixMilli(), 100_000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +499,7 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	days := []int{refs[0].Day}
 	// The scan is asked at explicit times, so the test does not race the clock.
 	find := func(at time.Time) map[model.PacketID]bool {
-		ids, err := m.ExpiredIn(ctx, shards, days, at.UnixMilli(), 100000)
+		ids, err := ExpiredIn(ctx, m, shards, days, at.UnixMilli(), 100000)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,7 +50,7 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 		if err != nil {
 			return model.Packet{}, false, fmt.Errorf("storage: flow row holds bad packet id %q: %w", f.Ref, err)
 		}
-		p, err := m.Packet(ctx, first)
+		p, err := m.readPacket(ctx, first)
 		return p, err == nil, err
 	}
 	if p, rep, err := again(); err != nil || rep {
@@ -112,9 +112,9 @@ func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest
 	return out.Packet, false, nil
 }
 
-// Packet reads a packet row, from its day table or, once archived, from its
+// readPacket reads a packet row, from its day table or, once archived, from its
 // shard's archive (Archive). Errors: ErrNotFound.
-func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+func (m *MySQL) readPacket(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
 	read := func(day int) (model.Packet, error) {
 		return scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, day)+
 			" WHERE packet_id = ?", string(ref.ID)))
@@ -132,9 +132,9 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 	return p, nil
 }
 
-// Claims returns up to limit claims of the packet with seq > afterSeq, by
+// packetClaims returns up to limit claims of the packet with seq > afterSeq, by
 // seq, from its day table or, once the packet is archived, its archive.
-func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+func (m *MySQL) packetClaims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	out, err := m.claimsPage(ctx, ref, afterSeq, limit)
 	if err != nil || len(out) > 0 || !m.mayBeArchived(ref) {
 		return out, err
@@ -185,10 +185,10 @@ func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model
 	return op.Results, op.Packet, nil
 }
 
-// ClaimsOf returns the claims the requests' users hold on the packet, read
+// claimsOfPacket returns the claims the requests' users hold on the packet, read
 // without locks: used to answer opens of a packet known to be sold out or
 // expired, archived ones too.
-func (m *MySQL) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+func (m *MySQL) claimsOfPacket(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	c, err := m.claimsOf(ctx, m.db, ref, reqs)
 	if isMySQLErr(err, errNoSuchTable) {
 		c, err = map[string]model.Claim{}, nil
@@ -244,12 +244,12 @@ func rowsOf(n, cols int) string {
 	return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
 }
 
-// ExpiredIn lists up to limit open packets that expired at or before nowMS,
+// expiredIn lists up to limit open packets that expired at or before nowMS,
 // from the packet tables of the given shards and days of month that exist. It
 // reads the list of tables from information_schema (cached for a minute) and
 // asks up to 100 tables per statement, so a pass over hundreds of shards is a
 // handful of round trips, not one per table.
-func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+func (m *MySQL) expiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
 	existing, err := m.dayTables(ctx)
 	if err != nil {
 		return nil, err

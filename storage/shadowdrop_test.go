@@ -46,7 +46,7 @@ func TestDropShadow(t *testing.T) {
 	if err := sh.EnsureDay(ctx, s96, day); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sh.ExpiredIn(ctx, []model.ShardID{s96}, []int{day}, 0, 10); err != nil { // caches the table list
+	if _, err := ExpiredIn(ctx, sh, []model.ShardID{s96}, []int{day}, 0, 10); err != nil { // caches the table list
 		t.Fatal(err)
 	}
 
@@ -84,7 +84,7 @@ func TestDropShadow(t *testing.T) {
 	if err := sh.EnsureDay(ctx, s96, day); err != nil {
 		t.Fatal(err)
 	}
-	if ids, err := sh.ExpiredIn(ctx, []model.ShardID{s96}, []int{day}, 0, 10); err != nil || len(ids) != 0 {
+	if ids, err := ExpiredIn(ctx, sh, []model.ShardID{s96}, []int{day}, 0, 10); err != nil || len(ids) != 0 {
 		t.Fatalf("expiry scan of the new tables: %v, %v", ids, err)
 	}
 

@@ -32,89 +32,9 @@ import (
 // applying twice. Match with errors.Is.
 var ErrCommitUnknown = errors.New("storage: commit outcome unknown")
 
-// Packets is the part of the store that holds red packets and their claims.
-type Packets interface {
-	// Packet reads one packet. Errors: ErrNotFound.
-	Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error)
-	// Claims returns up to limit claims of the packet with seq > afterSeq,
-	// in seq order; none (no error) for a packet that does not exist.
-	Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error)
-	// ClaimsOf reads, without locks, the claims the requests' users hold on
-	// the packet, by act_id; users without one are absent. Empty (no error)
-	// for a packet that does not exist.
-	ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error)
-}
-
-// Expiry finds and refunds expired packets.
-type Expiry interface {
-	// ExpiredIn lists up to limit open packets with ExpiresMS <= nowMS in
-	// the packet tables of the given shards and days of month, in no
-	// promised order. Sold-out and refunded packets are never listed.
-	ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error)
-}
-
-// Relayed is what the relay reads and writes of a cell's claims. A claim is
-// its own outbox row: each owes its claimant a credit, and nothing marks it
-// delivered. The relay keeps, per database of the packets' shards, a
-// position below which every claim is known credited (RelayPositions), and
-// after a restart reads the claims past it again (ClaimsAfter); the
-// receiving side refuses a second credit by claim ID.
-type Relayed interface {
-	// ClaimsAfter pages through the claims of database db (every claim
-	// table of its shards, every day) created in [fromMS, beforeMS] and
-	// after position after (the zero ClaimPos: no such bound), in
-	// (created_ms, packet_id, seq) order, up to limit, each as the credit it
-	// owes: the claimant's shard, CreatedMS and Dest as its row records
-	// them. next is the last one's position (after when none). A database
-	// never used reads empty; one out of 0..99 is ErrInvalidArgument.
-	ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) (credits []model.Credit, next model.ClaimPos, err error)
-	// SendTo records dest in the credits' claim rows (found by claim ID)
-	// before the relay delivers them to another cell than the one the rows
-	// name: had a delivery applied them there, the row still names where.
-	// A claim not found is skipped. Errors: ErrInvalidArgument for a
-	// malformed claim ID.
-	SendTo(ctx context.Context, credits []model.Credit, dest string) error
-	// RelayPositions returns the relay's saved positions of databases dbs
-	// (Unix ms: every claim of the database created before it is credited),
-	// read from each database itself, so that a position moves with its
-	// database. A database without one is absent (MySQL: unless it holds an
-	// earlier version's outbox table, whose oldest undelivered row gives it;
-	// see MySQL.RelayPositions).
-	RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error)
-	// SaveRelayPositions records positions (database -> Unix ms), in one
-	// round trip. A position may move back (the relay found an older claim
-	// uncredited). A database out of 0..99 is an error.
-	SaveRelayPositions(ctx context.Context, pos map[int]int64) error
-}
-
-// Books is what reconciliation and the audits read.
+// Books is what the audits read (reconciliation reads through Read:
+// ReconWindowQuery, CreditsOfQuery, ReconPositionsQuery; ops_books.go).
 type Books interface {
-	// ReconWindow reads the claims created in [fromMS, toMS) in the claim
-	// tables of shards (all of database db; a shard of another database is
-	// an error) for the given days of month, each with its Dest, in one
-	// statement. A window of more than limit claims is cut short at the
-	// creation time of the claim past limit (never below fromMS+1) and
-	// read again; the result's ToMS says where it ended. A database never
-	// used reads empty. See MySQL.ReconWindow.
-	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
-	// CreditsOf returns the credit flows booked here for the given claims
-	// (matched by the claimant's shard, act_id and claim ID), by claim ID,
-	// with ClaimID, ActID and Amount as booked; a claim credited to two of
-	// the accounts asked about comes back with the amounts summed. At most
-	// 10,000 credits per call; more, or a shard out of range, is an error.
-	// It creates nothing: a database or flow table that does not exist
-	// holds no credit (a cell's kept copy of a database it handed over is
-	// read as it is).
-	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
-	// ReconPositions returns where reconciliation has checked up to, by
-	// database (0..99), as last saved: claims created before that Unix ms
-	// were checked. Databases never saved are absent.
-	ReconPositions(ctx context.Context) (map[int]int64, error)
-	// SaveReconPositions records positions (database -> Unix ms) durably, in
-	// one write. A position never moves back: a save below the stored one
-	// keeps the stored one, so a repeated or late save changes nothing. A
-	// database out of 0..99 is an error.
-	SaveReconPositions(ctx context.Context, pos map[int]int64) error
 	// CellAudit checks this store's books as model.AuditCell checks its
 	// Ledger, with the same result (for MariaDB within the bounds
 	// MySQL.CellAudit gives), but with memory bounded whatever the number of
@@ -241,9 +161,6 @@ type Full interface {
 
 // Store is everything a cell needs from its database.
 type Store interface {
-	Packets
-	Expiry
-	Relayed
 	Schema
 	Books
 	Grouper

@@ -307,7 +307,7 @@ func TestRealDriverTrips(t *testing.T) {
 	if err := dead.EnsureDays(context.Background(), []model.ShardID{1}, []int{1}, 1, nil); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("warm-up while open: %v", err)
 	}
-	if _, _, err := dead.ClaimsAfter(context.Background(), 0, 0, model.ClaimPos{}, time.Now().UnixMilli(), 10); !errors.Is(err, storage.ErrDBOpen) {
+	if _, _, err := storage.ClaimsAfter(context.Background(), dead, 0, 0, model.ClaimPos{}, time.Now().UnixMilli(), 10); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("relay's claims read while open: %v", err)
 	}
 	if _, err := storage.Account(context.Background(), dead.Shadow(), 1, "a"); !errors.Is(err, syscall.ECONNREFUSED) || sb.State() != guard.StateClosed {

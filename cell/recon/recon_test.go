@@ -19,6 +19,7 @@ import (
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -42,18 +43,24 @@ type flakyBooks struct {
 	failRead atomic.Bool // ReconPositions fails
 }
 
-func (b *flakyBooks) ReconPositions(ctx context.Context) (map[int]int64, error) {
-	if b.failRead.Load() {
-		return nil, errors.New("injected: positions unreadable")
+// Read fails a storage.ReconPositionsQuery while failRead is set; the rest
+// is the store's.
+func (b *flakyBooks) Read(ctx context.Context, q storage.Query) error {
+	if _, ok := q.(*storage.ReconPositionsQuery); ok && b.failRead.Load() {
+		return errors.New("injected: positions unreadable")
 	}
-	return b.Store.ReconPositions(ctx)
+	return b.Store.Read(ctx, q)
 }
 
-func (b *flakyBooks) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
-	if b.failSave {
-		return errors.New("injected: position not saved")
+// CommitGroup fails a storage.AdvanceReconPositions while failSave is set;
+// the rest is the store's.
+func (b *flakyBooks) CommitGroup(ctx context.Context, ops []storage.Op) error {
+	if len(ops) == 1 && b.failSave {
+		if _, ok := ops[0].(*storage.AdvanceReconPositions); ok {
+			return errors.New("injected: position not saved")
+		}
 	}
-	return b.Store.SaveReconPositions(ctx, pos)
+	return b.Store.CommitGroup(ctx, ops)
 }
 
 type peers struct{ m *sharding.Map }
@@ -175,7 +182,7 @@ func TestReconResumesFromSavedPosition(t *testing.T) {
 	if p.checked.Count != 3 || p.credited.Count != 3 || p.diffs.Count() != 0 {
 		t.Fatalf("first pass: %+v", p)
 	}
-	saved, _ := w.store.ReconPositions(w.ctx)
+	saved, _ := storage.ReconPositions(w.ctx, w.store)
 	for db, c := range cursors { // every owned database, read empty or not
 		if saved[db] != c {
 			t.Fatalf("db %d saved at %d, checked up to %d", db, saved[db], c)
@@ -244,7 +251,7 @@ func (w *world) runFor(r *Reconciler, want float64) {
 	}
 	w.clk.Advance(interval)
 	saved := func() bool {
-		pos, _ := w.store.ReconPositions(w.ctx)
+		pos, _ := storage.ReconPositions(w.ctx, w.store)
 		return pos[0] >= w.clk.Now().Add(-settle).UnixMilli()
 	}
 	over := func() bool {

@@ -118,28 +118,28 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 		t.Fatalf("second claim made at %d in db_%02d, want after %d in db_%02d", claim2.CreatedMS, ref2.Shard.DB(), claim.CreatedMS, ref.Shard.DB())
 	}
 	db := ref.Shard.DB()
-	if err := st[0].SaveReconPositions(ctx, map[int]int64{db: time.Now().UnixMilli()}); err != nil {
+	if err := storage.SaveReconPositions(ctx, st[0], map[int]int64{db: time.Now().UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := testaudit.Settle(ctx, dsns); err != nil || n < 1 {
 		t.Fatalf("settle: %d %v, want the relay position of db_%02d moved", n, err, db)
 	}
-	pos, err := st[0].RelayPositions(ctx, []int{db})
+	pos, err := storage.RelayPositions(ctx, st[0], []int{db})
 	if err != nil || pos[db] != claim.CreatedMS+1 {
 		t.Fatalf("relay position of db_%02d after the settle: %v %v, want %d (just past the credited claim, at %d the claim credited nowhere)",
 			db, pos, err, claim.CreatedMS+1, claim2.CreatedMS)
 	}
-	cs, _, err := st[0].ClaimsAfter(ctx, db, pos[db], model.ClaimPos{}, time.Now().UnixMilli(), 10)
+	cs, _, err := storage.ClaimsAfter(ctx, st[0], db, pos[db], model.ClaimPos{}, time.Now().UnixMilli(), 10)
 	if err != nil || len(cs) != 1 || cs[0].ClaimID != claim2.ID {
 		t.Fatalf("claims a relay reads past the position: %+v %v, want only %s", cs, err, claim2.ID)
 	}
-	if recon, err := st[0].ReconPositions(ctx); err != nil || len(recon) != 0 {
+	if recon, err := storage.ReconPositions(ctx, st[0]); err != nil || len(recon) != 0 {
 		t.Fatalf("reconciliation positions after the settle: %v %v, want none", recon, err)
 	}
 	if _, err := testaudit.Settle(ctx, dsns); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := st[0].RelayPositions(ctx, []int{db}); err != nil || again[db] != pos[db] {
+	if again, err := storage.RelayPositions(ctx, st[0], []int{db}); err != nil || again[db] != pos[db] {
 		t.Fatalf("relay position of db_%02d after a second settle: %v %v, want %d still", db, again, err, pos[db])
 	}
 	if r := audit("settled"); !r.OK() || r.InFlightCount != 1 || r.InFlight != claim2.Amount {

@@ -65,8 +65,8 @@ func (s *Store) tableLocked(k tableKey) *table {
 	return t
 }
 
-// Packet implements storage.Packets.
-func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+// readPacket answers storage.PacketQuery.
+func (s *Store) readPacket(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Packet{}, err
 	}
@@ -79,8 +79,8 @@ func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 	return pk.p, nil
 }
 
-// Claims implements storage.Packets.
-func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+// packetClaims answers storage.ClaimsQuery.
+func (s *Store) packetClaims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -146,8 +146,8 @@ func (pk *packet) claimsOfLocked(reqs []model.OpenRequest) map[string]model.Clai
 	return held
 }
 
-// ClaimsOf implements storage.Packets.
-func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+// claimsOfPacket answers storage.ClaimsOfQuery.
+func (s *Store) claimsOfPacket(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -160,9 +160,9 @@ func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.
 	return pk.claimsOfLocked(reqs), nil
 }
 
-// ExpiredIn implements storage.Expiry. It lists the packets by ID, so a
+// expiredIn answers storage.ExpiredQuery. It lists the packets by ID, so a
 // limit below the number expired picks the same ones every time.
-func (s *Store) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+func (s *Store) expiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ func contractCommitFaultSend(t *testing.T, newStore func(t *testing.T) Harness) 
 	_, _, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 300, 3), id, exp)
 	fired()
 	failedCommit(t, "send", err)
-	_, err = f.s.Packet(f.ctx, ref)
+	_, err = storage.Packet(f.ctx, f.s, ref)
 	wantCode(t, "packet of a send whose COMMIT failed", err, model.ErrNotFound)
 	f.check(books{deposits: 1000, balances: 1000})
 	if p, repeat, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 300, 3), id, exp); err != nil || repeat || p.ID != id {
@@ -124,7 +124,7 @@ func contractCommitFaultOpen(t *testing.T, newStore func(t *testing.T) Harness) 
 	_, _, err := f.s.OpenBatch(f.ctx, ref, []model.OpenRequest{opener("bob", sB)}, rand.New(rand.NewPCG(1, 1)))
 	fired()
 	failedCommit(t, "open", err)
-	if held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("bob", sB)}); err != nil || len(held) != 0 {
+	if held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB)}); err != nil || len(held) != 0 {
 		t.Fatalf("claims after a failed open: %+v, %v", held, err)
 	}
 	if p := f.packet(ref); p.RemainingCount != 4 || p.RemainingAmount != 1000 {

@@ -123,7 +123,7 @@ func single(ctx context.Context, s storage.Full, op *storage.GroupOp) error {
 		}
 		if op.Refunded, op.Err = c, err; err == nil {
 			// The packet as the refund left it, as the group answers it.
-			if op.Packet, err = s.Packet(ctx, op.Ref); err != nil {
+			if op.Packet, err = storage.Packet(ctx, s, op.Ref); err != nil {
 				return err
 			}
 		}
@@ -713,7 +713,7 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 	if got := model.Audit([]model.Ledger{p.g.ledger()}); !reflect.DeepEqual(got, before) {
 		t.Fatalf("a group whose COMMIT failed (%v) wrote: %+v, before %+v", err, got, before)
 	}
-	if _, err := p.g.s.Packet(p.g.ctx, p2); !errors.Is(err, model.ErrNotFound) {
+	if _, err := storage.Packet(p.g.ctx, p.g.s, p2); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("the packet of a send whose group failed: %v", err)
 	}
 	ops = p.commit("retry of the failed group", groupA...)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -93,7 +94,7 @@ func contractSendInsufficientBalance(t *testing.T, newStore func(t *testing.T) H
 	f.deposit(sA, "ann", "d1", 99)
 	_, _, err = f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	wantCode(t, "send of 100 from 99", err, model.ErrInsufficientBalance)
-	_, err = f.s.Packet(f.ctx, ref)
+	_, err = storage.Packet(f.ctx, f.s, ref)
 	wantCode(t, "packet of a refused send", err, model.ErrNotFound)
 	f.check(books{deposits: 99, balances: 99})
 	f.deposit(sA, "ann", "d2", 1)
@@ -120,7 +121,7 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = f.s.Packet(f.ctx, ref)
+		_, err = storage.Packet(f.ctx, f.s, ref)
 		wantCode(t, "packet", err, model.ErrNotFound)
 		_, err = f.s.Refund(f.ctx, ref)
 		wantCode(t, "refund", err, model.ErrNotFound)
@@ -131,11 +132,11 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 		for i, r := range res {
 			wantCode(t, fmt.Sprintf("open %d of a missing packet", i), r.Err, model.ErrNotFound)
 		}
-		cs, err := f.s.Claims(f.ctx, ref, 0, 10)
+		cs, err := storage.Claims(f.ctx, f.s, ref, 0, 10)
 		if err != nil || len(cs) != 0 {
 			t.Fatalf("claims of a missing packet: %v, %v", cs, err)
 		}
-		held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("bob", sB)})
+		held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB)})
 		if err != nil || len(held) != 0 {
 			t.Fatalf("claims-of of a missing packet: %v, %v", held, err)
 		}
@@ -179,15 +180,15 @@ func contractOpenOneClaimPerUser(t *testing.T, newStore func(t *testing.T) Harne
 		t.Fatalf("packet after the second batch: %+v", p)
 	}
 
-	all, err := f.s.Claims(f.ctx, ref, 0, 10)
+	all, err := storage.Claims(f.ctx, f.s, ref, 0, 10)
 	if err != nil || !slices.Equal(all, []model.Claim{bob, cy, dee}) {
 		t.Fatalf("claims: %+v, %v", all, err)
 	}
-	page, err := f.s.Claims(f.ctx, ref, 1, 1)
+	page, err := storage.Claims(f.ctx, f.s, ref, 1, 1)
 	if err != nil || !slices.Equal(page, []model.Claim{cy}) {
 		t.Fatalf("claims after seq 1, limit 1: %+v, %v", page, err)
 	}
-	held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("dee", sA), opener("zed", sA), opener("bob", sB)})
+	held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("dee", sA), opener("zed", sA), opener("bob", sB)})
 	if err != nil || len(held) != 2 || held["dee"] != dee || held["bob"] != bob {
 		t.Fatalf("claims-of: %+v, %v", held, err)
 	}
@@ -391,7 +392,7 @@ func contractExpiredIn(t *testing.T, newStore func(t *testing.T) Harness) {
 		{[]model.ShardID{sC}, []int{14, 15}, Start.Add(48 * time.Hour), nil},
 		{both, []int{16}, Start.Add(48 * time.Hour), nil},
 	} {
-		got, err := f.s.ExpiredIn(f.ctx, c.shards, c.days, c.now.UnixMilli(), 100)
+		got, err := storage.ExpiredIn(f.ctx, f.s, c.shards, c.days, c.now.UnixMilli(), 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,7 +402,7 @@ func contractExpiredIn(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("expired in shards %v days %v at %v: %v, want %v", c.shards, c.days, c.now, got, c.want)
 		}
 	}
-	got, err := f.s.ExpiredIn(f.ctx, both, []int{14, 15}, Start.Add(48*time.Hour).UnixMilli(), 2)
+	got, err := storage.ExpiredIn(f.ctx, f.s, both, []int{14, 15}, Start.Add(48*time.Hour).UnixMilli(), 2)
 	if err != nil || len(got) != 2 {
 		t.Fatalf("limit 2 of 3: %v, %v", got, err)
 	}

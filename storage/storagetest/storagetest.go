@@ -5,7 +5,7 @@
 // (storage/store.go) and checks it against real values: idempotency by order
 // number, errors by code, conservation after every call (the store's own
 // Ledger through model.AuditCell and model.Audit), one claim per user per
-// packet, every claim listed as the credit it owes (storage.Relayed) and
+// packet, every claim listed as the credit it owes (storage.ClaimsAfterQuery) and
 // booked exactly once by ApplyCredits however often it is delivered, refunds
 // of exactly the remainder once, and what a call does
 // when its COMMIT fails or its answer is lost. Group commit
@@ -246,7 +246,7 @@ func (f *fixture) send(s model.ShardID, req model.SendRequest, ttl time.Duration
 
 func (f *fixture) packet(ref model.PacketRef) model.Packet {
 	f.t.Helper()
-	p, err := f.s.Packet(f.ctx, ref)
+	p, err := storage.Packet(f.ctx, f.s, ref)
 	if err != nil {
 		f.t.Fatalf("packet %s: %v", ref.ID, err)
 	}
@@ -284,7 +284,7 @@ func (f *fixture) refund(ref model.PacketRef) model.Cents {
 // created up to now (ClaimsAfter), credited or not.
 func (f *fixture) owed(db int, limit int) []model.Credit {
 	f.t.Helper()
-	cs, _, err := f.s.ClaimsAfter(f.ctx, db, 0, model.ClaimPos{}, f.nowMS(), limit)
+	cs, _, err := storage.ClaimsAfter(f.ctx, f.s, db, 0, model.ClaimPos{}, f.nowMS(), limit)
 	if err != nil {
 		f.t.Fatalf("claims after of db %d: %v", db, err)
 	}

@@ -168,7 +168,7 @@ func (w *Workload) Step() {
 			}
 		}
 	case k < 90:
-		ids, err := w.call(s).ExpiredIn(w.ctx, WorkShards, []int{14, 15}, now.UnixMilli(), 1000)
+		ids, err := storage.ExpiredIn(w.ctx, w.call(s), WorkShards, []int{14, 15}, now.UnixMilli(), 1000)
 		slices.Sort(ids) // the order is not promised
 		w.record("expired", ids, code(err))
 		for _, id := range ids {
@@ -248,7 +248,7 @@ func (w *Workload) group() {
 // of an earlier millisecond is committed, so none can land behind the
 // position later).
 func (w *Workload) claimsAfter(db, limit int) ([]model.Credit, model.ClaimPos, error) {
-	cs, next, err := w.call(w.h.Store).ClaimsAfter(w.ctx, db, w.relayFrom[db], w.relayAt[db], w.h.Clock.Now().UnixMilli()-1, limit)
+	cs, next, err := storage.ClaimsAfter(w.ctx, w.call(w.h.Store), db, w.relayFrom[db], w.relayAt[db], w.h.Clock.Now().UnixMilli()-1, limit)
 	w.record("claims after", db, cs, next, code(err))
 	return cs, next, err
 }
@@ -261,7 +261,7 @@ func (w *Workload) delivered(db int, next model.ClaimPos, n int) {
 		return
 	}
 	w.relayAt[db] = next
-	err := w.call(w.h.Store).SaveRelayPositions(w.ctx, map[int]int64{db: next.CreatedMS})
+	err := storage.SaveRelayPositions(w.ctx, w.call(w.h.Store), map[int]int64{db: next.CreatedMS})
 	w.record("save relay position", db, next.CreatedMS, code(err))
 }
 
@@ -269,7 +269,7 @@ func (w *Workload) delivered(db int, next model.ClaimPos, n int) {
 // reads again from the positions it saved, delivering again the claims of
 // those milliseconds (credited once all the same).
 func (w *Workload) restartRelay() {
-	pos, err := w.call(w.h.Store).RelayPositions(w.ctx, []int{12, 56})
+	pos, err := storage.RelayPositions(w.ctx, w.call(w.h.Store), []int{12, 56})
 	w.record("relay positions", pos[12], pos[56], len(pos), code(err))
 	if err != nil {
 		return
