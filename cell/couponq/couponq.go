@@ -1,6 +1,6 @@
 // Package couponq issues coupons behind the accept, in two layers of
 // bounded local queues, as Douyin Pay ran its Spring Festival drop. A
-// request is stored first (storage.Singles.AcceptCoupon) and answered, and
+// request is stored first (storage.AcceptCoupon) and answered, and
 // goes into the first queue at once while it has room (stored as it is,
 // accepted); a feeder moves the other stored requests into the queue,
 // marking them deciding in the database. Every queued request is durable,
@@ -75,10 +75,10 @@ type Limiter interface {
 // Config sets an engine.
 type Config struct {
 	Store storage.Coupons
-	// Accept stores one request as storage.Singles.AcceptCoupon does (the
-	// same answers and errors); nil: Store's own AcceptCoupon, which it
-	// must then have. A cell sets it to store requests through its group
-	// committer.
+	// Accept stores one request as storage.AcceptCoupon does (the same
+	// answers and errors); nil: storage.AcceptCoupon on Store, which must
+	// then be a storage.Grouper. A cell sets it to store requests through
+	// its group committer.
 	Accept  func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 	Stock   Stock
 	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
@@ -209,13 +209,13 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("couponq: Store, Stock, Layer1, Layer2 and DBs are required")
 	}
 	if cfg.Accept == nil {
-		own, ok := cfg.Store.(interface {
-			AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
-		})
+		g, ok := cfg.Store.(storage.Grouper)
 		if !ok {
-			return nil, errors.New("couponq: Accept is required for a store without AcceptCoupon")
+			return nil, errors.New("couponq: Accept is required for a store without CommitGroup")
 		}
-		cfg.Accept = own.AcceptCoupon
+		cfg.Accept = func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+			return storage.AcceptCoupon(ctx, g, r)
+		}
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096

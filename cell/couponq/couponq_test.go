@@ -32,7 +32,7 @@ func (free) Wait(ctx context.Context) error {
 type store interface {
 	storage.Coupons
 	storage.Budgets
-	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) // storage.Singles
+	storage.Grouper // storage.AcceptCoupon
 }
 
 // drop is one engine over st with two batches of one group (stock a, b)
