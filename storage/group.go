@@ -100,7 +100,8 @@ type GroupOp struct {
 	Credits []model.Credit
 	// OpRewards: the rewards to book (by Shard and OrderNo), in any order.
 	Rewards []model.Reward
-	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS set).
+	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS: the
+	// group's time when 0).
 	Reward model.Reward
 	// OpAccept: the coupon request to store, as AcceptCoupon takes it
 	// (Shard and AcceptedMS set).

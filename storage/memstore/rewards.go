@@ -252,8 +252,11 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // issue stages a group's OpIssue: a reward stored before (or by an earlier
 // op of the group) decides it by model.ReplayReward, as IssueReward does.
 func (g *group) issue(op *storage.GroupOp) {
+	if op.Reward.CreatedMS == 0 {
+		op.Reward.CreatedMS = g.now
+	}
 	r := op.Reward
-	invariant.That(r.Shard.Valid() && r.CreatedMS != 0, "group issue without a shard or time")
+	invariant.That(r.Shard.Valid(), "group issue without a shard")
 	prior, ok := g.s.rewards[r.OrderNo]
 	if !ok && g.issued != nil {
 		prior, ok = g.issued[r.OrderNo]
