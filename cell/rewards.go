@@ -250,7 +250,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 
 // bookRewards books rs, rewards of one database (one person's, or one
 // reward), as one op of that database's commit lane (storage.OpRewards):
-// storage.Singles.BookRewards's answers.
+// storage.BookRewards's answers.
 func (s *Server) bookRewards(ctx context.Context, sp *space, rs []model.Reward) (int, error) {
 	if len(rs) == 0 {
 		return 0, nil

@@ -565,7 +565,7 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 		r := model.Reward{ActID: act, Shard: sharding.ShardOfAct(act), Parent: pre + "-fest", Child: pre + "-off", Stage: "official",
 			Scene: pre + "-rain", Rain: "r1", AwardType: "cash", Amount: amt, LeaseID: l1.ID}
 		r.OrderNo = model.RewardOrderNo(act, r.Scene, r.Rain, r.AwardType, r.Stage)
-		if _, _, err := st.IssueReward(ctx, r); err != nil {
+		if _, _, err := storage.IssueReward(ctx, st, r); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,7 +21,7 @@ type cell struct {
 	idx    int
 	node   int
 	name   string
-	store  storage.Full
+	store  storage.Store
 	shards []model.ShardID // owned, ascending
 	dbs    []int           // databases holding owned shards, ascending
 	rng    *rand.Rand      // the split of opens, packet IDs
@@ -67,7 +67,7 @@ func newCell(w *world, i int) *cell {
 	c := &cell{w: w, idx: i, node: nodeCell0 + i, name: cellName(i), rng: stream(w.cfg.Seed, streamCell+uint64(i))}
 	c.store = newStore(w)
 	if w.cfg.Plant == PlantCreditTwice {
-		c.store = &creditTwice{Full: c.store, owns: c.owns}
+		c.store = &creditTwice{Store: c.store, owns: c.owns}
 	}
 	for s := model.ShardID(0); s < model.ShardCount; s++ {
 		if w.cellOf(s) == i {
@@ -187,13 +187,13 @@ func (c *cell) single(op *storage.GroupOp) error {
 	var err error
 	switch op.Kind {
 	case storage.OpDeposit:
-		op.Deposit, err = c.store.Deposit(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		op.Deposit, err = storage.Deposit(ctx, c.store, op.Shard, op.ActID, op.OrderNo, op.Amount)
 	case storage.OpSend:
-		op.Packet, op.Repeat, err = c.store.Send(ctx, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+		op.Packet, op.Repeat, err = storage.Send(ctx, c.store, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
 	case storage.OpOpen:
-		op.Results, op.Packet, err = c.store.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)
+		op.Results, op.Packet, err = storage.OpenBatch(ctx, c.store, op.Ref, op.Reqs, op.Rand)
 	case storage.OpCredits:
-		op.Applied, op.Deferred, err = c.store.ApplyCredits(ctx, op.Credits)
+		op.Applied, op.Deferred, err = storage.ApplyCredits(ctx, c.store, op.Credits)
 	}
 	return err
 }
@@ -594,7 +594,7 @@ func (c *cell) expire() {
 			return
 		}
 		c.maybeFailCommit()
-		cents, err := c.store.Refund(w.ctx, ref)
+		cents, err := storage.Refund(w.ctx, c.store, ref)
 		ln := w.log.begin(w, "refund").s(c.name).s(string(id))
 		if err != nil {
 			code, _ := model.CodeOf(err)

@@ -82,7 +82,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 				total += amount
 				for u := 0; u < opens; u++ {
 					act := fmt.Sprintf("u%d-%d-%d-%d", day, i, k, u)
-					res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
+					res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
 					if err != nil || res[0].Err != nil {
 						t.Fatalf("open: %v %v", err, res)
 					}
@@ -103,12 +103,12 @@ func TestArchiveSeventyDays(t *testing.T) {
 			if p.day != day || p.day == 3 && stuck != nil && p.ref == stuck.ref {
 				continue
 			}
-			if _, err := m.Refund(ctx, p.ref); err != nil {
+			if _, err := Refund(ctx, m, p.ref); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if day == 20 {
-			if _, err := m.Refund(ctx, stuck.ref); err != nil {
+			if _, err := Refund(ctx, m, stuck.ref); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -169,7 +169,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 	if err != nil || len(held) != 1 || held[p.claimant].PacketID != p.ref.ID {
 		t.Fatalf("claims of %s on the archived packet: %+v, %v", p.claimant, held, err)
 	}
-	again, repeat, err := m.Send(ctx, p.ref.Shard, model.SendRequest{Sender: senders[0], Amount: p.amount, Count: 3, Kind: model.KindRandom, OrderNo: p.order},
+	again, repeat, err := Send(ctx, m, p.ref.Shard, model.SendRequest{Sender: senders[0], Amount: p.amount, Count: 3, Kind: model.KindRandom, OrderNo: p.order},
 		model.NewPacketID(p.ref.Shard, clk.Now()), clk.Now().Add(time.Hour).UnixMilli())
 	if err != nil || !repeat || again.ID != p.ref.ID {
 		t.Fatalf("repeat of the archived packet's send: %+v repeat=%v %v", again, repeat, err)

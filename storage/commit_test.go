@@ -151,14 +151,14 @@ func TestCommitAnswerLost(t *testing.T) {
 	}
 
 	p.arm(p.forward.Load())
-	d, err := m.Deposit(ctx, s, act, "dep-1", 5000)
+	d, err := Deposit(ctx, m, s, act, "dep-1", 5000)
 	if err != nil || d.Repeat || d.Balance != 5000 || p.cuts.Load() != 1 {
 		t.Fatalf("deposit with its COMMIT answer lost: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}
 
 	id := model.NewPacketID(s, time.Now())
 	p.arm(p.forward.Load())
-	pk, rep, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1200, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli())
+	pk, rep, err := Send(ctx, m, s, model.SendRequest{Sender: act, Amount: 1200, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli())
 	if err != nil || rep || pk.ID != id || pk.Amount != 1200 || p.cuts.Load() != 2 {
 		t.Fatalf("send with its COMMIT answer lost: %+v %v %v (cuts %d)", pk, rep, err, p.cuts.Load())
 	}
@@ -177,11 +177,11 @@ func TestCommitLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.arm(p.forward.Load())
-	if d, err := m.Deposit(ctx, s, act, "dep-1", 700); err == nil || p.cuts.Load() != 1 {
+	if d, err := Deposit(ctx, m, s, act, "dep-1", 700); err == nil || p.cuts.Load() != 1 {
 		t.Fatalf("deposit whose COMMIT was cut: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}
 	wantRows(t, direct, s, act, 0, 0)
-	d, err := m.Deposit(ctx, s, act, "dep-1", 700)
+	d, err := Deposit(ctx, m, s, act, "dep-1", 700)
 	if err != nil || d.Repeat || d.Balance != 700 {
 		t.Fatalf("retry: %+v, %v", d, err)
 	}

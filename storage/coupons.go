@@ -11,8 +11,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/go-sql-driver/mysql"
-
 	"redcell/internal/invariant"
 	"redcell/model"
 )
@@ -121,45 +119,6 @@ func (m *MySQL) queryCouponReqs(ctx context.Context, q interface {
 		out = append(out, r)
 	}
 	return out, rows.Err()
-}
-
-// AcceptCoupon implements Singles: one INSERT ... ON DUPLICATE KEY UPDATE
-// (1 row affected: stored now; 0: the serial was there, and the stored
-// request is read and decided against, model.ReplayCouponRequest).
-func (m *MySQL) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	if err := model.ValidateCouponRequest(r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	db := r.Shard.DB()
-	if err := m.ensureCoupons(ctx, db); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	if r.AcceptedMS == 0 {
-		r.AcceptedMS = m.nowMS()
-	}
-	r = acceptedAs(r)
-	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(1, 14)+
-		" ON DUPLICATE KEY UPDATE serial_no = serial_no", couponAcceptArgs(r)...)
-	if err != nil {
-		var me *mysql.MySQLError
-		if errors.As(err, &me) {
-			return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: %w", err)
-		}
-		return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: %w", errors.Join(ErrCommitUnknown, err))
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return model.CouponRequest{}, false, err
-	} else if n == 1 {
-		return r, false, nil
-	}
-	prior, err := m.couponRequestOf(ctx, r.Shard, r.App, r.Serial)
-	if err != nil {
-		return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: read the stored one: %w", err)
-	}
-	if err := model.ReplayCouponRequest(prior, r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	return prior, true, nil
 }
 
 // couponRequestOf answers CouponRequestQuery.

@@ -25,7 +25,7 @@ func claimsFor(t *testing.T, m *MySQL, pre string, claimants []string) []model.C
 	ref := send(t, m, sender, model.Cents(100*len(claimants)), int64(len(claimants)), time.Hour)
 	var credits []model.Credit
 	for _, act := range claimants {
-		res, _, err := m.OpenBatch(context.Background(), ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
+		res, _, err := OpenBatch(context.Background(), m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res[0].Err)
 		}
@@ -91,7 +91,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
 	defer cancel()
 	start := time.Now()
-	applied, deferred, err := m.ApplyCredits(ctx, credits)
+	applied, deferred, err := ApplyCredits(ctx, m, credits)
 	took := time.Since(start)
 	if err != nil || applied != 2 || took > time.Second {
 		t.Fatalf("with two wallets locked: applied %d, err %v after %s; want the other 2 applied at once", applied, err, took)
@@ -118,7 +118,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	// defer one for a moment, as it would a relay's delivery: retry briefly.
 	total := 0
 	for try := 0; try < 20 && total < 2; try++ {
-		applied, _, err := m.ApplyCredits(bg, credits)
+		applied, _, err := ApplyCredits(bg, m, credits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	if total != 2 {
 		t.Fatalf("after the locks: %d applied, want the 2 deferred ones", total)
 	}
-	if applied, deferred, err := m.ApplyCredits(bg, credits); err != nil || applied != 0 || len(deferred) != 0 {
+	if applied, deferred, err := ApplyCredits(bg, m, credits); err != nil || applied != 0 || len(deferred) != 0 {
 		t.Fatalf("one more delivery: applied %d, deferred %v, err %v; want nothing", applied, deferred, err)
 	}
 	for _, c := range credits {

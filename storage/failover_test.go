@@ -158,7 +158,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 				}
 				act := fmt.Sprintf("fo-%d-%d", w, i)
 				dctx, dcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-				_, err := m.Deposit(dctx, sharding.ShardOfAct(act), act, "dep-"+act, model.Cents(100+i))
+				_, err := Deposit(dctx, m, sharding.ShardOfAct(act), act, "dep-"+act, model.Cents(100+i))
 				dcancel()
 				if err == nil {
 					mu.Lock()
@@ -220,7 +220,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	// Writes go on, on the standby.
 	var derr error
 	for range 50 {
-		if _, derr = m.Deposit(ctx, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
+		if _, derr = Deposit(ctx, m, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -40,7 +40,7 @@ func TestReconWindow(t *testing.T) {
 	for i := range 3 { // one open per millisecond: base+1, base+2, base+3
 		clk.Set(base.Add(time.Duration(i+1) * time.Millisecond))
 		act := pre + "-c" + string(rune('a'+i))
-		res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
+		res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res)
 		}
@@ -77,7 +77,7 @@ func TestReconWindow(t *testing.T) {
 	clk.Set(base.Add(10 * time.Millisecond))
 	ref2 := send(t, m, sender, 200, 2, time.Hour)
 	clk.Set(base.Add(11 * time.Millisecond))
-	res, _, err := m.OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: pre + "-cx", Shard: sharding.ShardOfAct(pre + "-cx")},
+	res, _, err := OpenBatch(ctx, m, ref2, []model.OpenRequest{{ActID: pre + "-cx", Shard: sharding.ShardOfAct(pre + "-cx")},
 		{ActID: pre + "-cy", Shard: sharding.ShardOfAct(pre + "-cy")}}, rand.New(rand.NewPCG(1, 2)))
 	if err != nil || res[0].Err != nil || res[1].Err != nil {
 		t.Fatal(err, res)
@@ -104,7 +104,7 @@ func TestReconWindow(t *testing.T) {
 	}
 
 	// Credited: CreditsOf finds the credits the claims owe.
-	if _, _, err := m.ApplyCredits(ctx, credits); err != nil {
+	if _, _, err := ApplyCredits(ctx, m, credits); err != nil {
 		t.Fatal(err)
 	}
 	found, err := CreditsOf(ctx, m, owed(w))

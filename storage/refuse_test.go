@@ -19,7 +19,7 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	for i, s := range shards {
 		for _, app := range []string{"pay", "shop"} {
 			r := model.CouponRequest{App: app, Serial: fmt.Sprintf("r%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"}
-			got, repeat, err := m.AcceptCoupon(ctx, r)
+			got, repeat, err := AcceptCoupon(ctx, m, r)
 			if err != nil || repeat {
 				t.Fatalf("accept %+v: %+v %v %v", r, got, repeat, err)
 			}
@@ -68,7 +68,7 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	var more []model.CouponRequest
 	for i, s := range shards {
 		for _, app := range []string{"pay", "shop"} {
-			got, _, err := m.AcceptCoupon(ctx, model.CouponRequest{App: app, Serial: fmt.Sprintf("d%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"})
+			got, _, err := AcceptCoupon(ctx, m, model.CouponRequest{App: app, Serial: fmt.Sprintf("d%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"})
 			if err != nil {
 				t.Fatal(err)
 			}

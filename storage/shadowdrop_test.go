@@ -34,11 +34,11 @@ func TestDropShadow(t *testing.T) {
 	defer cancel()
 	act := testenv.Prefix() + "-d"
 	s96, s97 := model.ShardID(963), model.ShardID(975)
-	if _, err := m.Deposit(ctx, s96, act, "real-1", 4321); err != nil {
+	if _, err := Deposit(ctx, m, s96, act, "real-1", 4321); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []model.ShardID{s96, s97} {
-		if _, err := sh.Deposit(ctx, s, act, "shadow-1", 100); err != nil {
+		if _, err := Deposit(ctx, sh, s, act, "shadow-1", 100); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -75,7 +75,7 @@ func TestDropShadow(t *testing.T) {
 	}
 
 	// The store makes the tables again: the shadow space works as new.
-	if _, err := sh.Deposit(ctx, s96, act, "shadow-2", 7); err != nil {
+	if _, err := Deposit(ctx, sh, s96, act, "shadow-2", 7); err != nil {
 		t.Fatalf("shadow deposit after the drop: %v", err)
 	}
 	if a, err := Account(ctx, sh, s96, act); err != nil || a.Balance != 7 {

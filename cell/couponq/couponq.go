@@ -1,6 +1,6 @@
 // Package couponq issues coupons behind the accept, in two layers of
 // bounded local queues, as Douyin Pay ran its Spring Festival drop. A
-// request is stored first (storage.Singles.AcceptCoupon) and answered, and
+// request is stored first (storage.AcceptCoupon) and answered, and
 // goes into the first queue at once while it has room (stored as it is,
 // accepted); a feeder moves the other stored requests into the queue,
 // marking them deciding in the database. Every queued request is durable,
@@ -83,10 +83,9 @@ type Store interface {
 // Config sets an engine.
 type Config struct {
 	Store Store
-	// Accept stores one request as storage.Singles.AcceptCoupon does (the
-	// same answers and errors); nil: Store's own AcceptCoupon, which it
-	// must then have. A cell sets it to store requests through its group
-	// committer.
+	// Accept stores one request as storage.AcceptCoupon does (the same
+	// answers and errors); nil: storage.AcceptCoupon on Store. A cell sets
+	// it to store requests through its group committer.
 	Accept  func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 	Stock   Stock
 	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
@@ -217,13 +216,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("couponq: Store, Stock, Layer1, Layer2 and DBs are required")
 	}
 	if cfg.Accept == nil {
-		own, ok := cfg.Store.(interface {
-			AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
-		})
-		if !ok {
-			return nil, errors.New("couponq: Accept is required for a store without AcceptCoupon")
+		st := cfg.Store
+		cfg.Accept = func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+			return storage.AcceptCoupon(ctx, st, r)
 		}
-		cfg.Accept = own.AcceptCoupon
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096

@@ -30,9 +30,8 @@ func (free) Wait(ctx context.Context) error {
 
 // store is what a drop needs of a store.
 type store interface {
-	storage.Grouper // the budget ops (BudgetStock) and the coupon ops
+	storage.Grouper // the budget and coupon ops, storage.AcceptCoupon
 	storage.Reader
-	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) // storage.Singles
 }
 
 // drop is one engine over st with two batches of one group (stock a, b)

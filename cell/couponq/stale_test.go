@@ -132,7 +132,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	// take of a cell that died leaves it.
 	leftDeciding := func(r model.CouponRequest, takenMS int64) {
 		t.Helper()
-		if _, repeat, err := st.AcceptCoupon(ctx, r); err != nil || repeat {
+		if _, repeat, err := storage.AcceptCoupon(ctx, st, r); err != nil || repeat {
 			t.Fatalf("accept %s: repeat %v, %v", r.Serial, repeat, err)
 		}
 		res, err := db.Exec(fmt.Sprintf("UPDATE db_%02d.t_coupon_req SET state = ?, taken_ms = ? WHERE app = ? AND serial_no = ? AND state = ?", r.Shard.DB()),

@@ -86,7 +86,7 @@ func newWorld(t *testing.T) *world {
 	clk := clock.NewManual(time.Date(2026, 3, 14, 10, 0, 0, 0, time.UTC))
 	s := memstore.New(clk)
 	w := &world{t: t, clk: clk, store: s, books: &flakyBooks{Store: s}, ctx: context.Background(), redriven: map[string][]model.Credit{}}
-	if _, err := s.Deposit(w.ctx, 7, "ann", "d1", 1_000_000); err != nil {
+	if _, err := storage.Deposit(w.ctx, s, 7, "ann", "d1", 1_000_000); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -115,7 +115,7 @@ func (w *world) open(acts ...string) []model.Credit {
 	w.t.Helper()
 	n := len(acts)
 	id := model.NewPacketID(7, w.clk.Now())
-	if _, _, err := w.store.Send(w.ctx, 7, model.SendRequest{Sender: "ann", Amount: model.Cents(10 * n), Count: int64(n),
+	if _, _, err := storage.Send(w.ctx, w.store, 7, model.SendRequest{Sender: "ann", Amount: model.Cents(10 * n), Count: int64(n),
 		Kind: model.KindRandom, OrderNo: string(id)}, id, w.clk.Now().Add(time.Hour).UnixMilli()); err != nil {
 		w.t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func (w *world) open(acts ...string) []model.Credit {
 	for _, act := range acts {
 		w.clk.Advance(time.Millisecond)
 		w.n++
-		res, _, err := w.store.OpenBatch(w.ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
+		res, _, err := storage.OpenBatch(w.ctx, w.store, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
 			w.t.Fatal(err, res)
 		}
@@ -149,7 +149,7 @@ func (w *world) claims(n int) {
 // credit books credits in the claimants' wallets.
 func (w *world) credit(cs ...model.Credit) {
 	w.t.Helper()
-	if _, _, err := w.store.ApplyCredits(w.ctx, cs); err != nil {
+	if _, _, err := storage.ApplyCredits(w.ctx, w.store, cs); err != nil {
 		w.t.Fatal(err)
 	}
 }

@@ -60,11 +60,11 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	pre := testenv.Prefix()
 	sender, claimant := actIn(pre+"s", 0, 499), actIn(pre+"c", 500, 999)
 	shS, shC := sharding.ShardOfAct(sender), sharding.ShardOfAct(claimant)
-	if _, err := st[0].Deposit(ctx, shS, sender, pre+"-dep", 1_000); err != nil {
+	if _, err := storage.Deposit(ctx, st[0], shS, sender, pre+"-dep", 1_000); err != nil {
 		t.Fatal(err)
 	}
 	id := model.NewPacketID(shS, time.Now())
-	if _, _, err := st[0].Send(ctx, shS, model.SendRequest{Sender: sender, Amount: 300, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send"},
+	if _, _, err := storage.Send(ctx, st[0], shS, model.SendRequest{Sender: sender, Amount: 300, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send"},
 		id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, _, err := st[0].OpenBatch(ctx, ref, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(1, 2)))
+	res, _, err := storage.OpenBatch(ctx, st[0], ref, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(1, 2)))
 	if err != nil || len(res) != 1 || res[0].Err != nil {
 		t.Fatalf("open: %v %+v", err, res)
 	}
@@ -90,7 +90,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	if r := audit("claim in flight"); !r.OK() || r.InFlightCount != 1 || r.InFlight != 300 || r.Deposits != 1_000 {
 		t.Fatalf("claim in flight: %+v, want clean with 300 cents in flight", r)
 	}
-	if applied, _, err := st[1].ApplyCredits(ctx, []model.Credit{credit}); err != nil || applied != 1 {
+	if applied, _, err := storage.ApplyCredits(ctx, st[1], []model.Credit{credit}); err != nil || applied != 1 {
 		t.Fatalf("credit on server 2: %d %v", applied, err)
 	}
 	if r := audit("credited once"); !r.OK() || r.InFlightCount != 0 || r.Balances != 1_000 {
@@ -104,12 +104,12 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	for time.Now().UnixMilli() <= claim.CreatedMS { // the second claim is created a millisecond later at least
 	}
 	id2 := model.NewPacketID(shS, time.Now())
-	if _, _, err := st[0].Send(ctx, shS, model.SendRequest{Sender: sender, Amount: 200, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send2"},
+	if _, _, err := storage.Send(ctx, st[0], shS, model.SendRequest{Sender: sender, Amount: 200, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send2"},
 		id2, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	ref2, _ := model.ParsePacketID(string(id2))
-	res2, _, err := st[0].OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(3, 4)))
+	res2, _, err := storage.OpenBatch(ctx, st[0], ref2, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(3, 4)))
 	if err != nil || len(res2) != 1 || res2[0].Err != nil {
 		t.Fatalf("second open: %v %+v", err, res2)
 	}
@@ -147,7 +147,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	}
 
 	// The double credit: the same claim booked on server 1 too.
-	if applied, _, err := st[0].ApplyCredits(ctx, []model.Credit{credit}); err != nil || applied != 1 {
+	if applied, _, err := storage.ApplyCredits(ctx, st[0], []model.Credit{credit}); err != nil || applied != 1 {
 		t.Fatalf("second credit on server 1: %d %v", applied, err)
 	}
 	r := audit("credited twice")

@@ -24,31 +24,6 @@ func reqKeyOf(r model.CouponRequest) couponReqKey {
 	return couponReqKey{r.Shard.DB(), r.App, r.Serial}
 }
 
-// AcceptCoupon implements storage.Singles.
-func (s *Store) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	if err := model.ValidateCouponRequest(r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.couponRq[reqKeyOf(r)]; ok {
-		if err := model.ReplayCouponRequest(*prior, r); err != nil {
-			return model.CouponRequest{}, false, err
-		}
-		return *prior, true, nil
-	}
-	if r.AcceptedMS == 0 {
-		r.AcceptedMS = s.nowMS()
-	}
-	r = model.AcceptedForm(r)
-	c := r
-	s.couponRq[reqKeyOf(r)] = &c
-	return r, false, nil
-}
-
 // accept stages a group's OpAccept as AcceptCoupon decides one: a serial
 // stored before, or by an earlier op of the group, answers the stored
 // request (model.ReplayCouponRequest); a new one is stored accepted, at the

@@ -23,35 +23,6 @@ func (s *Store) rewardList(keep func(*model.Reward) bool) []*model.Reward {
 	return out
 }
 
-// IssueReward implements storage.Rewards.
-func (s *Store) IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Reward{}, false, err
-	}
-	invariant.That(r.Shard.Valid(), "shard out of range")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.rewards[r.OrderNo]; ok {
-		if err := model.ReplayReward(*prior, r); err != nil {
-			return model.Reward{}, false, err
-		}
-		return *prior, true, nil
-	}
-	if r.CreatedMS == 0 {
-		r.CreatedMS = s.nowMS()
-	}
-	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
-	write, err := s.commitLocked("issue reward")
-	if write {
-		c := r
-		s.rewards[r.OrderNo] = &c
-	}
-	if err != nil {
-		return model.Reward{}, false, err
-	}
-	return r, false, nil
-}
-
 // reward answers storage.RewardQuery.
 func (s *Store) reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
 	if err := ctx.Err(); err != nil {
@@ -158,25 +129,6 @@ func (s *Store) takeRewards(ctx context.Context, db int, staleMS int64, limit in
 	return copyRewards(rs, len(rs)), nil
 }
 
-// BookRewards implements storage.Rewards.
-func (s *Store) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.nowMS()
-	book := s.toBookLocked(rs, map[string]bool{})
-	write, err := s.commitLocked("book rewards")
-	if write {
-		s.bookLocked(book, now)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return len(book), nil
-}
-
 // toBookLocked picks the rewards of rs that booking books: stored, not
 // booked, not listed before (seen, which it adds to). s.mu must be held.
 func (s *Store) toBookLocked(rs []model.Reward, seen map[string]bool) []*model.Reward {
@@ -220,35 +172,6 @@ func (s *Store) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 		}
 	}
 	return total, nil
-}
-
-// Withdraw implements storage.Rewards.
-func (s *Store) Withdraw(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Withdrawal{}, err
-	}
-	invariant.That(sh.Valid(), "shard out of range")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.flows[flowKey{sh, actID, orderNo}]; ok {
-		if err := model.ReplayOrder(*prior, model.FlowWithdraw, model.WithdrawHash(amount)); err != nil {
-			return model.Withdrawal{}, err
-		}
-		return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: prior.BalanceAfter, Repeat: true}, nil
-	}
-	out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount,
-		Balance: s.accounts[acctKey{sh, actID}], NowMS: s.nowMS()})
-	if err != nil {
-		return model.Withdrawal{}, err
-	}
-	write, err := s.commitLocked("withdraw")
-	if write {
-		s.writeFlowLocked(sh, out.Flow)
-	}
-	if err != nil {
-		return model.Withdrawal{}, err
-	}
-	return out.Withdrawal, nil
 }
 
 // flowsOf answers storage.FlowsOfQuery.
@@ -329,8 +252,11 @@ func (s *Store) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // issue stages a group's OpIssue: a reward stored before (or by an earlier
 // op of the group) decides it by model.ReplayReward, as IssueReward does.
 func (g *group) issue(op *storage.GroupOp) {
+	if op.Reward.CreatedMS == 0 {
+		op.Reward.CreatedMS = g.now
+	}
 	r := op.Reward
-	invariant.That(r.Shard.Valid() && r.CreatedMS != 0, "group issue without a shard or time")
+	invariant.That(r.Shard.Valid(), "group issue without a shard")
 	prior, ok := g.s.rewards[r.OrderNo]
 	if !ok && g.issued != nil {
 		prior, ok = g.issued[r.OrderNo]

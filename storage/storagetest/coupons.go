@@ -1,7 +1,6 @@
 package storagetest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -65,12 +64,11 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	}
 }
 
-// couponStore runs the coupon ops and queries (storage.CouponTake ...),
-// with the single accept (storage.Singles).
+// couponStore runs the coupon ops and queries (storage.CouponTake ...)
+// and the accept (storage.AcceptCoupon, through CommitGroup).
 type couponStore interface {
 	storage.Grouper
 	storage.Reader
-	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 }
 
 // coupons is the store as a couponStore.
@@ -90,7 +88,7 @@ func couponReq(s model.ShardID, act, serial, batch string) model.CouponRequest {
 
 func (f *fixture) accept(r model.CouponRequest) model.CouponRequest {
 	f.t.Helper()
-	got, repeat, err := f.coupons().AcceptCoupon(f.ctx, r)
+	got, repeat, err := storage.AcceptCoupon(f.ctx, f.coupons(), r)
 	if err != nil || repeat {
 		f.t.Fatalf("accept %s: %+v repeat %v %v", r.Serial, got, repeat, err)
 	}
@@ -110,12 +108,12 @@ func contractCouponAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("accepted: %+v", got)
 	}
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "s1", "demo-batch"))
+	again, repeat, err := storage.AcceptCoupon(f.ctx, c, couponReq(sA, "ann", "s1", "demo-batch"))
 	if err != nil || !repeat || again.AcceptedMS != got.AcceptedMS || !again.Green {
 		t.Fatalf("the same serial again: %+v repeat %v %v; want the first, repeat", again, repeat, err)
 	}
 	for _, other := range []model.CouponRequest{couponReq(sA, "bob", "s1", "demo-batch"), couponReq(sA, "ann", "s1", "batch-2")} {
-		if _, _, err := c.AcceptCoupon(f.ctx, other); !errors.Is(err, model.ErrOrderConflict) {
+		if _, _, err := storage.AcceptCoupon(f.ctx, c, other); !errors.Is(err, model.ErrOrderConflict) {
 			t.Fatalf("serial s1 for %s/%s: %v, want ORDER_CONFLICT", other.ActID, other.Batch, err)
 		}
 	}
@@ -132,7 +130,7 @@ func contractCouponAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	badIP := couponReq(sA, "cy", "s2", "demo-batch")
 	badIP.ClientIP = "10.0.0.07"
 	for _, b := range []model.CouponRequest{bad, badIP} {
-		if _, _, err := c.AcceptCoupon(f.ctx, b); !errors.Is(err, model.ErrInvalidArgument) {
+		if _, _, err := storage.AcceptCoupon(f.ctx, c, b); !errors.Is(err, model.ErrInvalidArgument) {
 			t.Fatalf("%+v: %v, want INVALID_ARGUMENT", b, err)
 		}
 	}
@@ -537,7 +535,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	c := f.coupons()
-	got, repeat, err := c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
+	got, repeat, err := storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
 	if err != nil || repeat {
 		t.Fatal(repeat, err)
 	}
@@ -555,14 +553,14 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 	}
 	wantRefused("stored", stored, now)
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "r1", "gone"))
+	again, repeat, err := storage.AcceptCoupon(f.ctx, c, couponReq(sA, "ann", "r1", "gone"))
 	if err != nil || !repeat {
 		t.Fatalf("repeat: %v %v", repeat, err)
 	}
 	wantRefused("a repeat asking to be accepted", again, now)
 	// Accepted first, then a repeat refused at its accept: the stored one.
 	f.accept(couponReq(sA, "bob", "r2", "gone"))
-	again, repeat, err = c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
+	again, repeat, err = storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
 	if err != nil || !repeat || again.State != model.CouponAccepted || again.Reason != "" || again.DecidedMS != 0 {
 		t.Fatalf("a refused repeat of an accepted request: %+v repeat %v %v", again, repeat, err)
 	}

@@ -62,7 +62,7 @@ func contractSendIdempotent(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.open(ref, 1, opener("bob", sB))
 	now := f.packet(ref)
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := f.s.Send(f.ctx, sA, req, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
+	again, repeat, err := storage.Send(f.ctx, f.s, sA, req, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
 	if err != nil || !repeat || again != now || again.ID != first.ID {
 		t.Fatalf("repeat: %+v repeat %v %v; want %+v", again, repeat, err, now)
 	}
@@ -72,7 +72,7 @@ func contractSendIdempotent(t *testing.T, newStore func(t *testing.T) Harness) {
 		{Sender: "ann", Amount: 500, Count: 5, Kind: model.KindFixed, Greeting: "hi", OrderNo: "s1"},
 		{Sender: "ann", Amount: 500, Count: 5, Kind: model.KindRandom, Greeting: "ho", OrderNo: "s1"},
 	} {
-		_, _, err := f.s.Send(f.ctx, sA, other, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
+		_, _, err := storage.Send(f.ctx, f.s, sA, other, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
 		wantCode(t, fmt.Sprintf("send %+v under a used order number", other), err, model.ErrOrderConflict)
 	}
 	if b := f.balance(sA, "ann"); b != 500 {
@@ -89,16 +89,16 @@ func contractSendInsufficientBalance(t *testing.T, newStore func(t *testing.T) H
 	f := newFixture(t, newStore)
 	id := model.NewPacketID(sA, f.h.Clock.Now())
 	ref, _ := model.ParsePacketID(string(id))
-	_, _, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	_, _, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	wantCode(t, "send from an untouched account", err, model.ErrInsufficientBalance)
 	f.deposit(sA, "ann", "d1", 99)
-	_, _, err = f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	_, _, err = storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	wantCode(t, "send of 100 from 99", err, model.ErrInsufficientBalance)
 	_, err = storage.Packet(f.ctx, f.s, ref)
 	wantCode(t, "packet of a refused send", err, model.ErrNotFound)
 	f.check(books{deposits: 99, balances: 99})
 	f.deposit(sA, "ann", "d2", 1)
-	p, repeat, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	p, repeat, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	if err != nil || repeat || p.ID != id || p.Amount != 100 {
 		t.Fatalf("send once the money is there: %+v repeat %v %v", p, repeat, err)
 	}
@@ -123,9 +123,9 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 		}
 		_, err = storage.Packet(f.ctx, f.s, ref)
 		wantCode(t, "packet", err, model.ErrNotFound)
-		_, err = f.s.Refund(f.ctx, ref)
+		_, err = storage.Refund(f.ctx, f.s, ref)
 		wantCode(t, "refund", err, model.ErrNotFound)
-		res, p, err := f.s.OpenBatch(f.ctx, ref, []model.OpenRequest{opener("bob", sB), opener("cy", sC)}, rand.New(rand.NewPCG(1, 1)))
+		res, p, err := storage.OpenBatch(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB), opener("cy", sC)}, rand.New(rand.NewPCG(1, 1)))
 		if err != nil || len(res) != 2 || p != (model.Packet{}) {
 			t.Fatalf("open of a missing packet: %s packet %+v, %v", describe(res), p, err)
 		}
@@ -285,7 +285,7 @@ func contractOpenConcurrent(t *testing.T, newStore func(t *testing.T) Harness) {
 			for u := range 3 {
 				reqs = append(reqs, opener(fmt.Sprintf("u%d-%d", b, u), sB))
 			}
-			res, _, err := f.s.OpenBatch(f.ctx, ref, reqs, rand.New(rand.NewPCG(uint64(b), 9)))
+			res, _, err := storage.OpenBatch(f.ctx, f.s, ref, reqs, rand.New(rand.NewPCG(uint64(b), 9)))
 			if err != nil {
 				t.Error(err)
 				return

@@ -37,7 +37,7 @@ func reward(s model.ShardID, act, scene, rain, award, stage string, amount model
 
 func (f *fixture) issue(r model.Reward) (model.Reward, bool) {
 	f.t.Helper()
-	got, repeat, err := f.s.IssueReward(f.ctx, r)
+	got, repeat, err := storage.IssueReward(f.ctx, f.s, r)
 	if err != nil {
 		f.t.Fatalf("issue %s: %v", r.OrderNo, err)
 	}
@@ -72,7 +72,7 @@ func contractRewardIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	} {
 		bad := r1
 		change(&bad)
-		if _, _, err := f.s.IssueReward(f.ctx, bad); !errors.Is(err, model.ErrOrderConflict) {
+		if _, _, err := storage.IssueReward(f.ctx, f.s, bad); !errors.Is(err, model.ErrOrderConflict) {
 			t.Errorf("same order number, another %s: %v, want ORDER_CONFLICT", name, err)
 		}
 	}
@@ -133,7 +133,7 @@ func contractRewardIssueConcurrent(t *testing.T, newStore func(t *testing.T) Har
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, repeat, err := f.s.IssueReward(f.ctx, r)
+			_, repeat, err := storage.IssueReward(f.ctx, f.s, r)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -188,7 +188,7 @@ func contractRewardBooking(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || len(pend) != 2 {
 		t.Fatalf("pending of dave: %+v %v, want 2", pend, err)
 	}
-	booked, err := f.s.BookRewards(f.ctx, append(taken, off))
+	booked, err := storage.BookRewards(f.ctx, f.s, append(taken, off))
 	if err != nil || booked != 3 {
 		t.Fatalf("book: %d %v, want 3", booked, err)
 	}
@@ -198,7 +198,7 @@ func contractRewardBooking(t *testing.T, newStore func(t *testing.T) Harness) {
 	if b := f.balance(sB, "erin"); b != 0 {
 		t.Fatalf("erin's wallet after a coupon kind: %d, want 0", b)
 	}
-	if booked, err := f.s.BookRewards(f.ctx, taken); err != nil || booked != 0 {
+	if booked, err := storage.BookRewards(f.ctx, f.s, taken); err != nil || booked != 0 {
 		t.Fatalf("book again: %d %v, want 0", booked, err)
 	}
 	if b := f.balance(sA, "dave"); b != 500 {
@@ -229,22 +229,22 @@ func contractRewardBookingCommitFault(t *testing.T, newStore func(t *testing.T) 
 	r := reward(sA, "gina", "rain", "r1", model.AwardCash, "official", 250)
 	f.issue(r)
 	fired := f.arm(false)
-	_, err := f.s.BookRewards(f.ctx, []model.Reward{r})
+	_, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r})
 	fired()
 	failedCommit(t, "book rewards", err)
 	if b := f.balance(sA, "gina"); b != 0 {
 		t.Fatalf("wallet after a failed booking: %d, want 0", b)
 	}
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil || n != 1 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r}); err != nil || n != 1 {
 		t.Fatalf("retry: %d %v, want 1", n, err)
 	}
 	r2 := reward(sA, "gina", "rain", "r2", model.AwardCash, "official", 50)
 	f.issue(r2)
 	fired = f.arm(true)
-	_, err = f.s.BookRewards(f.ctx, []model.Reward{r2})
+	_, err = storage.BookRewards(f.ctx, f.s, []model.Reward{r2})
 	fired()
 	lostAnswer(t, "book rewards", err)
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{r2}); err != nil || n != 0 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r2}); err != nil || n != 0 {
 		t.Fatalf("retry after a lost answer: %d %v, want 0 (booked already)", n, err)
 	}
 	if b := f.balance(sA, "gina"); b != 300 {
@@ -259,11 +259,11 @@ func contractRewardBookingCommitFault(t *testing.T, newStore func(t *testing.T) 
 func contractRewardWithdraw(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	f.deposit(sA, "hank", "d1", 1000)
-	w, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 300)
+	w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 300)
 	if err != nil || w != (model.Withdrawal{ActID: "hank", OrderNo: "w1", Amount: 300, Balance: 700}) {
 		t.Fatalf("withdraw: %+v %v", w, err)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 300); err != nil || !w.Repeat || w.Balance != 700 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 300); err != nil || !w.Repeat || w.Balance != 700 {
 		t.Fatalf("repeat: %+v %v", w, err)
 	}
 	if w, found, err := storage.WithdrawalOf(f.ctx, f.s, sA, "hank", "w1"); err != nil || !found ||
@@ -275,36 +275,36 @@ func contractRewardWithdraw(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("WithdrawalOf %s: %+v %v %v, want none", order, w, found, err)
 		}
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 301); !errors.Is(err, model.ErrOrderConflict) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 301); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("another amount: %v, want ORDER_CONFLICT", err)
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "d1", 1000); !errors.Is(err, model.ErrOrderConflict) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "d1", 1000); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("a deposit's order number: %v, want ORDER_CONFLICT", err)
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "w2", 701); !errors.Is(err, model.ErrInsufficientBalance) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w2", 701); !errors.Is(err, model.ErrInsufficientBalance) {
 		t.Fatalf("above the balance: %v, want INSUFFICIENT_BALANCE", err)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w2", 700); err != nil || w.Balance != 0 || w.Repeat {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w2", 700); err != nil || w.Balance != 0 || w.Repeat {
 		t.Fatalf("the refused order number again, for the whole balance: %+v %v", w, err)
 	}
 	// COMMIT faults: a failed one writes nothing and the retry applies it;
 	// a lost answer applied it, and the retry is a repeat.
 	f.deposit(sA, "hank", "d2", 10)
 	fired := f.arm(false)
-	_, err = f.s.Withdraw(f.ctx, sA, "hank", "w3", 4)
+	_, err = storage.Withdraw(f.ctx, f.s, sA, "hank", "w3", 4)
 	fired()
 	failedCommit(t, "withdraw", err)
 	if b := f.balance(sA, "hank"); b != 10 {
 		t.Fatalf("balance after a failed withdrawal: %d, want 10", b)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w3", 4); err != nil || w.Repeat || w.Balance != 6 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w3", 4); err != nil || w.Repeat || w.Balance != 6 {
 		t.Fatalf("retry: %+v %v", w, err)
 	}
 	fired = f.arm(true)
-	_, err = f.s.Withdraw(f.ctx, sA, "hank", "w4", 6)
+	_, err = storage.Withdraw(f.ctx, f.s, sA, "hank", "w4", 6)
 	fired()
 	lostAnswer(t, "withdraw", err)
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w4", 6); err != nil || !w.Repeat || w.Balance != 0 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w4", 6); err != nil || !w.Repeat || w.Balance != 0 {
 		t.Fatalf("retry after a lost answer: %+v %v, want a repeat at 0", w, err)
 	}
 }
@@ -318,12 +318,12 @@ func contractRewardFlowListing(t *testing.T, newStore func(t *testing.T) Harness
 	f.deposit(sA, "ivy", "d2", 200)
 	f.deposit(sA, "jack", "d1", 999) // another person in the same table
 	f.h.Clock.Advance(time.Millisecond)
-	if _, err := f.s.Withdraw(f.ctx, sA, "ivy", "w1", 50); err != nil {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "ivy", "w1", 50); err != nil {
 		t.Fatal(err)
 	}
 	r := reward(sA, "ivy", "rain", "r1", model.AwardCash, "official", 70)
 	f.issue(r)
-	if _, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil {
+	if _, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r}); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
@@ -402,7 +402,7 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	for _, r := range []model.Reward{a, b, g, c} {
 		f.issue(r)
 	}
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{b}); err != nil || n != 1 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{b}); err != nil || n != 1 {
 		t.Fatalf("book b alone: %d %v", n, err)
 	}
 	dep := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
@@ -444,7 +444,7 @@ func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
 		f.issue(r)
 	}
 	f.h.Clock.Advance(time.Second)
-	if _, err := f.s.BookRewards(f.ctx, []model.Reward{off, gray}); err != nil {
+	if _, err := storage.BookRewards(f.ctx, f.s, []model.Reward{off, gray}); err != nil {
 		t.Fatal(err)
 	}
 	f.h.Clock.Advance(time.Second)
