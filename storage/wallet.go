@@ -117,38 +117,8 @@ func (m *MySQL) findFlow(ctx context.Context, q queryer, s model.ShardID, actID,
 	return f, true, nil
 }
 
-// errRepeat aborts a transaction that found its order already applied.
-var errRepeat = errors.New("storage: order already applied")
-
-// findFlowLocked is findFlow with a locking read inside tx: it sees the latest
-// committed row, not the transaction's snapshot.
-func (m *MySQL) findFlowLocked(ctx context.Context, tx *sql.Tx, s model.ShardID, actID, orderNo string) (string, bool, error) {
-	var kind string
-	err := tx.QueryRowContext(ctx, "SELECT kind FROM "+m.flowTable(s)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", actID, orderNo).Scan(&kind)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
-	}
-	if err != nil {
-		return "", false, fmt.Errorf("storage: read flow: %w", err)
-	}
-	return kind, true, nil
-}
-
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// lockBalance makes sure the account row exists and locks it; it returns the balance.
-func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, actID string) (model.Cents, error) {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
-		actID, m.nowMS()); err != nil {
-		return 0, fmt.Errorf("storage: create account: %w", err)
-	}
-	var bal model.Cents
-	if err := tx.QueryRowContext(ctx, "SELECT balance FROM "+m.accountTable(s)+" WHERE act_id = ? FOR UPDATE", actID).Scan(&bal); err != nil {
-		return 0, fmt.Errorf("storage: lock account: %w", err)
-	}
-	return bal, nil
 }
 
 // account answers AccountQuery: the wallet of actID; an account never
