@@ -7,8 +7,8 @@ import (
 	"redcell/storage"
 )
 
-// creditTwice is the planted bug PlantCreditTwice: a store whose
-// ApplyCredits, for every credit whose order number "claim:<id>" was booked
+// creditTwice is the planted bug PlantCreditTwice: a store whose credit
+// ops (OpCredits), for every credit whose order number "claim:<id>" was booked
 // before, books it again in a neighbouring shard of the same store, where
 // that order number was never seen — a credit applied without its
 // idempotency key. The claimant's cell is paid twice for one claim.

@@ -15,8 +15,9 @@ func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w
 
 // lockedRows models the wallet rows other transactions hold in a MariaDB
 // store, which the in-memory store never has (one lock, one call at a time):
-// ApplyCredits leaves each credit, with probability Faults.Defer, for a later
-// call, listed in deferred with nothing written for it, as storage.MySQL
+// a group's credit op (OpCredits) leaves each credit, with probability
+// Faults.Defer, for a later group, listed in the op's Deferred with nothing
+// written for it, as storage.MySQL
 // does with a credit whose row is locked. Everything else is memstore's.
 type lockedRows struct {
 	storage.Store

@@ -104,7 +104,7 @@ type GroupOp struct {
 	// group's time when 0).
 	Reward model.Reward
 	// OpAccept: the coupon request to store, as AcceptCoupon takes it
-	// (Shard and AcceptedMS set).
+	// (Shard set; AcceptedMS the group's time when 0).
 	Coupon model.CouponRequest
 
 	// Answers.

@@ -7,7 +7,7 @@
 // its claimant's shard and the cell its credit was sent to (Claim.ActShard,
 // Claim.Dest), and checks every one against the credits booked for it in its
 // claimant's wallet: claimants of this cell in its own flow tables
-// (Books.CreditsOf), others by a signed POST /internal/recon to the cell that
+// (storage.CreditsOfQuery), others by a signed POST /internal/recon to the cell that
 // owns them, 5,000 claims a call (the local lookups and each other cell's
 // calls side by side). It finds:
 //

@@ -1052,11 +1052,11 @@ const askTimeout = 2 * time.Second
 // askElsewhere makes a credit applied at most once across the cluster, not
 // only per database: before cs are delivered to cell to, it asks about each
 // credit that went to another cell before (Credit.Dest, as its claim row
-// records it; a row that names no cell gets to recorded first, Store.SendTo) that cell's copy of the claimant's database (Client.ReconCopy;
+// records it; a row that names no cell gets to recorded first, storage.RecordDest) that cell's copy of the claimant's database (Client.ReconCopy;
 // this cell's own copies too, through the same call). A database handed over
 // without its rows would otherwise take the credit a second time.
 //
-//   - Not found there: recorded as sent to to (Store.SendTo, so that the
+//   - Not found there: recorded as sent to to (storage.RecordDest, so that the
 //     claim row names where it may be applied) and returned in deliver.
 //   - Found there, and to has it too (the database moved with its rows):
 //     returned in done with Dest to, acknowledged.
@@ -1191,7 +1191,7 @@ func (r *Relay) askCopy(ctx context.Context, addr string, cs []model.Credit) (mi
 }
 
 // sendTo records, within relayDBTimeout, that cs are about to be delivered
-// to cell to (Store.SendTo).
+// to cell to (storage.RecordDest).
 func (r *Relay) sendTo(ctx context.Context, cs []model.Credit, to string) error {
 	ctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
 	defer cancel()

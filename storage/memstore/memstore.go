@@ -158,11 +158,11 @@ func (s *Store) bindIdentity(_ context.Context, sh model.ShardID, want model.Ide
 	return model.Bind(nil, want)
 }
 
-// FailNextCommit arms a fault for the next call that commits money: the next
-// Deposit or Send that gets past its order-number check and its decision
-// (a repeat, a conflict and a refused send answer without committing),
-// OpenBatch, Refund of an existing packet, ApplyCredits of at least one
-// credit, or CommitGroup of at least one op (the whole group meets it once).
+// FailNextCommit arms a fault for the next CommitGroup of at least one money
+// op (*storage.GroupOp; the whole group meets it once), whatever the group
+// decides: a single write (storage.Deposit, storage.Send, ...) is a group of
+// one, so a repeat, a conflict or a refusal meets it too, as a transaction
+// that COMMITs without writing meets a dead connection in MariaDB.
 // With lostAnswer false that call writes nothing and answers an error
 // matching storage.ErrCommitUnknown (the COMMIT never reached the database);
 // with lostAnswer true it writes everything and then answers that error (the

@@ -42,8 +42,8 @@ type Harness struct {
 	// the test moves it. It starts at Start.
 	Clock *clock.Manual
 	// FailNextCommit arms a fault for the next transaction that commits
-	// (the next Deposit, Send, OpenBatch, Refund, ApplyCredits, or
-	// CommitGroup of a group that writes): with lostAnswer false its COMMIT
+	// (the next group of money ops: storage.Deposit, storage.Send,
+	// storage.OpenBatch, ... are groups of one): with lostAnswer false its COMMIT
 	// fails and nothing is applied (the connection dies before the COMMIT
 	// reaches the database); with lostAnswer true the COMMIT is applied but
 	// its answer is lost. The call then answers as the store's contract
