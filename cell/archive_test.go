@@ -28,8 +28,11 @@ type cutStore struct {
 }
 
 func (c *cutStore) CommitGroup(_ context.Context, ops []storage.Op) error {
+	if len(ops) != 1 {
+		return fmt.Errorf("cutStore runs one archive pass at a time, not %d ops", len(ops))
+	}
 	a, ok := ops[0].(*storage.ArchivePass)
-	if len(ops) != 1 || !ok {
+	if !ok {
 		return fmt.Errorf("cutStore runs archive passes only, not %T", ops[0])
 	}
 	c.cuts = append(c.cuts, a.BeforeMS)

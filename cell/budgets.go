@@ -101,7 +101,7 @@ func (h budgetHome) Grant(ctx context.Context, key, holder string, want, reserve
 func (h budgetHome) Return(ctx context.Context, key, leaseID string, unspent int64) error {
 	sh := sharding.BudgetShard(key)
 	if h.s.Owns(sh) {
-		_, err := h.sp.store.ReturnLease(ctx, sh, leaseID, unspent)
+		_, err := storage.ReturnLease(ctx, h.sp.store, sh, leaseID, unspent)
 		return err
 	}
 	owner, err := h.s.ownerOf(sh)
@@ -143,12 +143,12 @@ func (s *Server) sceneTotal(key string) (int64, bool) {
 func (s *Server) grantLocal(ctx context.Context, st storage.Store, req api.BudgetLeaseRequest) (model.Lease, error) {
 	sh := sharding.BudgetShard(req.Key)
 	expires := s.clock.Now().Add(time.Duration(req.TTLMS) * time.Millisecond).UnixMilli()
-	l, err := st.GrantLease(ctx, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
+	l, err := storage.GrantLease(ctx, st, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
 	if errors.Is(err, model.ErrNotFound) {
-		if _, err := st.SetBudget(ctx, sh, req.Key, req.Total); err != nil {
+		if _, err := storage.SetBudget(ctx, st, sh, req.Key, req.Total); err != nil {
 			return model.Lease{}, err
 		}
-		l, err = st.GrantLease(ctx, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
+		l, err = storage.GrantLease(ctx, st, sh, req.Key, req.Holder, req.Want, req.Reserve, expires)
 	}
 	return l, err
 }
@@ -202,7 +202,7 @@ func (s *Server) budgetReturn(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 		s.answers.err(rc, err)
 		return
 	}
-	if _, err := sp.store.ReturnLease(ctx, sh, req.LeaseID, req.Unspent); err != nil {
+	if _, err := storage.ReturnLease(ctx, sp.store, sh, req.LeaseID, req.Unspent); err != nil {
 		s.answers.err(rc, err)
 		return
 	}
@@ -252,7 +252,7 @@ func (s *Server) sceneIssued(parent, child, scene string) int64 {
 	if sh := sharding.BudgetShard(key); s.Owns(sh) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if b, _, err := s.spaces[0].store.Budget(ctx, sh, key); err == nil {
+		if b, _, err := storage.Budget(ctx, s.spaces[0].store, sh, key); err == nil {
 			n = max(n, b.Outstanding())
 		}
 	}
@@ -282,7 +282,7 @@ func (s *Server) syncBudgets(t *activity.Tree) {
 						total = sc.Stock
 					}
 					for _, sp := range s.spaces {
-						if _, err := sp.store.SetBudget(ctx, sh, key, total); err != nil {
+						if _, err := storage.SetBudget(ctx, sp.store, sh, key, total); err != nil {
 							s.log.Warn("budget: not set from the activities file", "key", key, "total", total, "space", sp.name, "err", err)
 						}
 					}
@@ -319,7 +319,7 @@ func (s *Server) budgetLeases(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 
 // localLeasesOf lists holder's open and expired leases of key, homed here.
 func (s *Server) localLeasesOf(ctx context.Context, sp *space, key, holder string) ([]model.Lease, error) {
-	all, err := sp.store.LeasesOf(ctx, sharding.BudgetShard(key), holder)
+	all, err := storage.LeasesOf(ctx, sp.store, sharding.BudgetShard(key), holder)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +376,7 @@ func controlledKeys(t *activity.Tree) []string {
 }
 
 // settleLeases returns what this cell's leases that their homes marked
-// expired did not spend, as the cell's reward rows tell (Rewards.LeaseSpent
+// expired did not spend, as the cell's reward rows tell (storage.LeaseSpent
 // over its databases): a cell that died holding leases gives their rest back
 // once it is up again, and one whose return at drain failed gives it back
 // later. Only leases expired for settleGrace are settled: a live pool spends
@@ -393,7 +393,7 @@ func (s *Server) settleLeases(ctx context.Context) {
 	dbs := s.own.dbs()
 	for _, sp := range s.spaces {
 		for _, key := range controlledKeys(t) {
-			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return sp.store.LeaseSpent(ctx, dbs, id) })
+			s.settleExpired(ctx, sp, key, s.cfg.Name, func(id string) (int64, error) { return storage.LeaseSpent(ctx, sp.store, dbs, id) })
 		}
 	}
 }
@@ -441,7 +441,7 @@ func (s *Server) expireHomedLeases(ctx context.Context) {
 			continue
 		}
 		for i, sp := range s.spaces {
-			if _, err := sp.store.ExpireLeases(ctx, sh, key, now); err != nil && !errors.Is(err, model.ErrNotFound) && ctx.Err() == nil {
+			if _, err := storage.ExpireLeases(ctx, sp.store, sh, key, now); err != nil && !errors.Is(err, model.ErrNotFound) && ctx.Err() == nil {
 				failed[i] = true
 				s.inc.leaseExp[i].Fail(err, "key", key)
 			}

@@ -40,7 +40,7 @@ import (
 type coupons struct {
 	path    string
 	holder  couponbatch.Holder
-	stores  [2]storage.Coupons // by space index
+	stores  [2]couponq.Store // by space index
 	engines [2]*couponq.Engine
 	limits  [2][2]*climit.Limiter // [space][layer]
 	metrics *couponMetrics
@@ -62,7 +62,7 @@ func (s *Server) couponLeaseTTL() time.Duration {
 
 // newCoupons loads the batches file and builds an engine per space. The
 // file is read once here: an invalid one stops the cell.
-func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry) (*coupons, error) {
+func (s *Server) newCoupons(stores [2]couponq.Store, reg *prometheus.Registry) (*coupons, error) {
 	cp := &coupons{path: s.cfg.Coupons, stores: stores}
 	if _, err := cp.holder.Reload(cp.path, s.clock.Now(), nil); err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func (s *Server) newCoupons(stores [2]storage.Coupons, reg *prometheus.Registry)
 		accept := func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
 			return s.acceptGrouped(ctx, sp, r)
 		}
-		e, err := couponq.New(couponq.Config{Store: movingCoupons{Coupons: stores[i], own: s.own}, Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
+		e, err := couponq.New(couponq.Config{Store: movingCoupons{Store: stores[i], own: s.own}, Accept: accept, Stock: couponStock{s: s, sp: sp}, Catalog: cp.holder.Catalog,
 			Layer1: cp.limits[i][0], Layer2: cp.limits[i][1], DBs: s.own.dbs, QueueLen: s.cfg.CouponQueueLen,
 			Gather: s.cfg.CouponGather, MergeMax: s.cfg.CouponMergeMax, Prefetch: int64(s.cfg.CouponPrefetch), StaleAfter: s.cfg.CouponStaleAfter, Observe: cp.metrics.observer(sp.name),
 			Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
@@ -211,7 +211,7 @@ func (c couponStock) Levels(ctx context.Context, batches []string) (map[string]c
 // has no stock row yet.
 func (s *Server) couponLevel(ctx context.Context, sp *space, batch string) (api.CouponStockLevel, bool, error) {
 	key := couponq.StockKey(batch)
-	b, held, err := sp.store.BudgetLevel(ctx, sharding.BudgetShard(key), key)
+	b, held, err := storage.BudgetLevel(ctx, sp.store, sharding.BudgetShard(key), key)
 	if errors.Is(err, model.ErrNotFound) {
 		return api.CouponStockLevel{}, false, nil
 	}
@@ -299,7 +299,7 @@ func (s *Server) syncCouponStock(cat *couponbatch.Catalog) {
 			continue
 		}
 		for _, sp := range s.spaces {
-			if _, err := sp.store.SetBudget(ctx, sh, key, b.Stock); err != nil {
+			if _, err := storage.SetBudget(ctx, sp.store, sh, key, b.Stock); err != nil {
 				s.log.Warn("coupons: stock not set from the batches file", "batch", b.ID, "stock", b.Stock, "space", sp.name, "err", err)
 			}
 		}
@@ -317,7 +317,7 @@ func (s *Server) couponIssued(batch string) int64 {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	b, _, err := s.spaces[0].store.Budget(ctx, sh, key)
+	b, _, err := storage.Budget(ctx, s.spaces[0].store, sh, key)
 	if err != nil {
 		return 0
 	}
@@ -326,7 +326,7 @@ func (s *Server) couponIssued(batch string) int64 {
 
 // settleCouponLeases returns what this cell's coupon deductions that their
 // homes marked expired did not spend, counting their coupons
-// (storage.Coupons.CouponLeaseSpent over the cell's databases): a
+// (storage.CouponLeaseSpentQuery over the cell's databases): a
 // deduction whose issue lost its answer, or whose holder died between the
 // grant and the return, gives back its rest once it is settleGrace past
 // its expiry, when no issue can still spend it.
@@ -338,7 +338,7 @@ func (s *Server) settleCouponLeases(ctx context.Context) {
 	for i, sp := range s.spaces {
 		st := s.cp.stores[i]
 		for _, key := range s.couponKeys() {
-			s.settleExpired(ctx, sp, key, s.couponHolder(), func(id string) (int64, error) { return st.CouponLeaseSpent(ctx, dbs, id) })
+			s.settleExpired(ctx, sp, key, s.couponHolder(), func(id string) (int64, error) { return storage.CouponLeaseSpent(ctx, st, dbs, id) })
 		}
 	}
 }
@@ -415,7 +415,7 @@ func (s *Server) describeCoupons(cat *couponbatch.Catalog) api.CouponBatchesResp
 		key := couponq.StockKey(b.ID)
 		if sh := sharding.BudgetShard(key); s.Owns(sh) {
 			cb.Home = true
-			if row, ls, err := s.spaces[0].store.Budget(ctx, sh, key); err == nil {
+			if row, ls, err := storage.Budget(ctx, s.spaces[0].store, sh, key); err == nil {
 				out := row.Outstanding()
 				for _, l := range ls {
 					if l.State == model.LeaseOpen || l.State == model.LeaseExpired {
@@ -510,7 +510,7 @@ func (s *Server) couponRequestState(ctx context.Context, rc *fasthttp.RequestCtx
 		s.answers.err(rc, err)
 		return
 	}
-	got, err := s.cp.stores[sp.index()].CouponRequestOf(ctx, sh, app, serial)
+	got, err := storage.CouponRequestOf(ctx, s.cp.stores[sp.index()], sh, app, serial)
 	if err == nil && got.ActID != actID {
 		err = model.ErrNotFound
 	}
@@ -555,7 +555,7 @@ func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 		limit = n
 	}
 	// One more than asked: whether a next page exists.
-	cs, err := s.cp.stores[sp.index()].CouponsOf(ctx, sh, actID, after, limit+1)
+	cs, err := storage.CouponsOf(ctx, s.cp.stores[sp.index()], sh, actID, after, limit+1)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -580,13 +580,16 @@ func (s *Server) couponsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 }
 
 // movingCoupons is the coupon engine's store, kept off databases a move froze
-// or handed over: each write is work the freeze waits for (ownership.enter)
-// and writes nothing when one of its requests' shards is not served
-// (ErrMoving; the engine parks those requests, and the new owner takes them
-// again once stale). The engine's queues may hold requests taken before the
-// freeze.
+// or handed over: each coupon op (storage.CouponTake, CouponIssue,
+// CouponRefusal, CouponRelease) is work the freeze waits for
+// (ownership.enter), and an issue, refusal or release writes nothing when
+// one of its requests' shards is not served (ErrMoving; the engine parks
+// those requests, and the new owner takes them again once stale); a take
+// takes only from the databases served now. The engine's queues may hold
+// requests taken before the freeze. Every other op, and every read, passes
+// through.
 type movingCoupons struct {
-	storage.Coupons
+	couponq.Store
 	own *ownership
 }
 
@@ -599,40 +602,37 @@ func (m movingCoupons) served(reqs []model.CouponRequest) error {
 	return nil
 }
 
-// TakeCouponRequests takes only from the databases served now.
-func (m movingCoupons) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
-	leave := m.own.enter()
-	defer leave()
-	dbs = slices.DeleteFunc(slices.Clone(dbs), func(db int) bool { return !m.own.servesDB(db) })
-	if len(dbs) == 0 {
-		return nil, nil
+// CommitGroup runs the coupon ops as the type's comment says.
+func (m movingCoupons) CommitGroup(ctx context.Context, list []storage.Op) error {
+	if len(list) != 1 {
+		return m.Store.CommitGroup(ctx, list)
 	}
-	return m.Coupons.TakeCouponRequests(ctx, dbs, staleMS, limit)
-}
-
-func (m movingCoupons) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
-	leave := m.own.enter()
-	defer leave()
-	if err := m.served(reqs); err != nil {
-		return nil, 0, err
+	var reqs []model.CouponRequest
+	switch op := list[0].(type) {
+	case *storage.CouponTake:
+		leave := m.own.enter()
+		defer leave()
+		dbs := op.DBs
+		defer func() { op.DBs = dbs }()
+		op.DBs = slices.DeleteFunc(slices.Clone(dbs), func(db int) bool { return !m.own.servesDB(db) })
+		if len(op.DBs) == 0 {
+			op.Taken = nil
+			return nil
+		}
+		return m.Store.CommitGroup(ctx, list)
+	case *storage.CouponIssue:
+		reqs = op.Reqs
+	case *storage.CouponRefusal:
+		reqs = op.Reqs
+	case *storage.CouponRelease:
+		reqs = op.Reqs
+	default:
+		return m.Store.CommitGroup(ctx, list)
 	}
-	return m.Coupons.IssueCoupons(ctx, rule, leaseID, granted, reqs)
-}
-
-func (m movingCoupons) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
-	leave := m.own.enter()
-	defer leave()
-	if err := m.served(reqs); err != nil {
-		return err
-	}
-	return m.Coupons.RefuseCoupons(ctx, reqs, reason)
-}
-
-func (m movingCoupons) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
 	leave := m.own.enter()
 	defer leave()
 	if err := m.served(reqs); err != nil {
 		return err
 	}
-	return m.Coupons.ReleaseCouponRequests(ctx, reqs)
+	return m.Store.CommitGroup(ctx, list)
 }

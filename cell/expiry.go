@@ -10,6 +10,7 @@ import (
 
 	"redcell/internal/clock"
 	"redcell/model"
+	"redcell/storage"
 )
 
 // expirer refunds expired packets in both spaces. It shares with the open
@@ -97,7 +98,7 @@ func (e *expirer) once(ctx context.Context, sp *space, days []int) model.Cents {
 		}
 	}()
 	for round := 0; round < 50 && ctx.Err() == nil; round++ { // 50 x 500 refunds at most per pass
-		ids, err := sp.store.ExpiredIn(ctx, shards, days, e.clock.Now().UnixMilli(), 500)
+		ids, err := storage.ExpiredIn(ctx, sp.store, shards, days, e.clock.Now().UnixMilli(), 500)
 		if err != nil {
 			if ctx.Err() == nil {
 				scan.Fail(err)

@@ -141,7 +141,7 @@ func (s *Server) submitStore(ctx context.Context, sp *space, db int, op *storage
 }
 
 // openGrouped commits one packet's batch of opens in its lane's group:
-// storage.Singles.OpenBatch's answers. r must not be reused when the error
+// storage.OpenBatch's answers. r must not be reused when the error
 // wraps groupcommit.ErrInFlight (the group still draws from it).
 //
 // A batch whose group was still committing when ctx ended has its claims
@@ -168,7 +168,7 @@ func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef
 	return op.Results, op.Packet, nil
 }
 
-// refundGrouped is storage.Singles.Refund through the packet's lane (storage.OpRefund):
+// refundGrouped is storage.Refund through the packet's lane (storage.OpRefund):
 // the cents refunded and the packet as the refund left it. Errors:
 // ErrNotFound, ErrMoving or ErrWrongCell (the cell no longer serves the
 // packet's shard; nothing written), the committer's.
@@ -183,7 +183,7 @@ func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketR
 // openAlone commits one packet's batch of opens in a transaction of its own
 // (the strategies that do not group: naive, serial, batched): a group of one
 // op (storage.OpOpen) on the space's store, not through the committer. Its
-// answers are storage.Singles.OpenBatch's.
+// answers are storage.OpenBatch's.
 func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
 	if err := sp.store.CommitGroup(ctx, []storage.Op{op}); err != nil {
@@ -192,7 +192,7 @@ func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model
 	return op.Results, op.Packet, nil
 }
 
-// sendGrouped is storage.Singles.Send through the sender's lane.
+// sendGrouped is storage.Send through the sender's lane.
 func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
 	op := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: id, ExpiresMS: expiresMS}
 	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
@@ -201,7 +201,7 @@ func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, r
 	return op.Packet, op.Repeat, nil
 }
 
-// depositGrouped is storage.Singles.Deposit through the depositor's lane.
+// depositGrouped is storage.Deposit through the depositor's lane.
 func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
 	op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
 	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
@@ -210,7 +210,7 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 	return op.Deposit, nil
 }
 
-// withdrawGrouped is storage.Singles.Withdraw through the account's lane
+// withdrawGrouped is storage.Withdraw through the account's lane
 // (storage.OpWithdraw).
 func (s *Server) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
 	op := &storage.GroupOp{Kind: storage.OpWithdraw, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
@@ -236,7 +236,7 @@ func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (i
 	return r.s.applyCreditsGrouped(ctx, r.sp, credits)
 }
 
-// applyCreditsGrouped is storage.Singles.ApplyCredits through the committer:
+// applyCreditsGrouped is storage.ApplyCredits through the committer:
 // the credits are split by the claimant's lane (so no transaction spans two
 // lanes) into ops of at most GroupMax credits. Lanes commit in parallel; the
 // ops of one lane are submitted one after another. applied and deferred sum

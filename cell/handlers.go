@@ -15,6 +15,7 @@ import (
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/model"
+	"redcell/storage"
 )
 
 // handle routes a request. Paths are the public API's (the router forwards them
@@ -206,7 +207,7 @@ func (s *Server) getAccount(ctx context.Context, rc *fasthttp.RequestCtx, sp *sp
 		s.answers.err(rc, err)
 		return
 	}
-	a, err := sp.store.Account(ctx, sh, actID)
+	a, err := storage.Account(ctx, sp.store, sh, actID)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -272,7 +273,7 @@ func (s *Server) bindIdentity(ctx context.Context, rc *fasthttp.RequestCtx, sp *
 	// Keyed on the number's E.164 form; a binding stored before numbers were
 	// parsed holds the hash of a legacy form and keeps its actID.
 	want := model.NewBinding(idKey, app, appUserID, phone.E164, s.clock.Now().UnixMilli())
-	b, repeat, err := sp.store.BindIdentity(ctx, sh, want, model.LegacyPhoneHashes(idKey, phone)...)
+	b, repeat, err := storage.BindIdentity(ctx, sp.store, sh, want, model.LegacyPhoneHashes(idKey, phone)...)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -353,7 +354,7 @@ func (s *Server) grab(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		source = "local"
 	}
 	if !ok {
-		p, err := sp.store.Packet(ctx, ref)
+		p, err := storage.Packet(ctx, sp.store, ref)
 		if err != nil {
 			s.answers.err(rc, err)
 			return
@@ -388,7 +389,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			return
 		}
 	}
-	p, err := sp.store.Packet(ctx, ref)
+	p, err := storage.Packet(ctx, sp.store, ref)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -396,7 +397,7 @@ func (s *Server) detail(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 	var claims []model.Claim
 	degraded := s.switches.Off(degrade.ClaimsList)
 	if !degraded {
-		if claims, err = sp.store.Claims(ctx, ref, after, limit); err != nil {
+		if claims, err = storage.Claims(ctx, sp.store, ref, after, limit); err != nil {
 			s.answers.err(rc, err)
 			return
 		}

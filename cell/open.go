@@ -124,7 +124,7 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 // openOld answers an open of a packet created long before its expiry: the
 // earlier claim if this user has one, else SOLD_OUT or EXPIRED.
 func (s *Server) openOld(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
-	p, err := sp.store.Packet(ctx, ref)
+	p, err := storage.Packet(ctx, sp.store, ref)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -172,7 +172,7 @@ func (c *closedSet) put(id model.PacketID, final error) {
 // answerClosed answers opens of a packet that cannot pay out again: users who
 // claimed before get their claim back, the rest get the final error.
 func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
-	earlier, err := sp.store.ClaimsOf(ctx, ref, reqs)
+	earlier, err := storage.ClaimsOf(ctx, sp.store, ref, reqs)
 	if err != nil {
 		return nil, err
 	}

@@ -5,11 +5,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"redcell/storage"
 )
 
 // Reward reconciliation: every minute each space checks the rewards its
 // databases booked into wallets since the last check against the reward
-// flows booked for them (storage.Rewards.RewardRecon: per database, by
+// flows booked for them (storage.RewardReconQuery: per database, by
 // booked time, through the reward table's k_booked index), and every hour
 // it checks them all again from the start, then also counting the reward
 // flows (a scan of the flow tables) to catch a flow without its reward. It
@@ -78,7 +80,7 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 	problems, stale, pending := 0, int64(0), int64(0)
 	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
 	for _, db := range s.own.dbs() {
-		r, err := sp.store.RewardRecon(ctx, db, from, to, staleMS, kind == "full")
+		r, err := storage.RewardRecon(ctx, sp.store, db, from, to, staleMS, kind == "full")
 		if err != nil {
 			if ctx.Err() == nil {
 				s.inc.rewardRead[sp.index()].Fail(err, "db", db)

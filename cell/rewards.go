@@ -174,7 +174,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	// order number: a client's retry of an issued reward gets its first
 	// answer even once the scene is spent.
 	refuse := func(cause error) {
-		prior, err := sp.store.Reward(ctx, sh, r.OrderNo)
+		prior, err := storage.Reward(ctx, sp.store, sh, r.OrderNo)
 		switch {
 		case err == nil:
 			if err := model.ReplayReward(prior, r); err != nil {
@@ -250,7 +250,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 
 // bookRewards books rs, rewards of one database (one person's, or one
 // reward), as one op of that database's commit lane (storage.OpRewards):
-// storage.Singles.BookRewards's answers.
+// storage.BookRewards's answers.
 func (s *Server) bookRewards(ctx context.Context, sp *space, rs []model.Reward) (int, error) {
 	if len(rs) == 0 {
 		return 0, nil
@@ -323,12 +323,12 @@ func (s *Server) wallet(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 		s.answers.err(rc, err)
 		return
 	}
-	sums, err := sp.store.RewardSums(ctx, sh, actID)
+	sums, err := storage.RewardSums(ctx, sp.store, sh, actID)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
-	acct, err := sp.store.Account(ctx, sh, actID)
+	acct, err := storage.Account(ctx, sp.store, sh, actID)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -400,14 +400,14 @@ func (s *Server) flow(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, a
 		s.answers.err(rc, err)
 		return
 	}
-	rs, err := sp.store.RewardsOf(ctx, sh, actID, stage, cur, limit)
+	rs, err := storage.RewardsOf(ctx, sp.store, sh, actID, stage, cur, limit)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
 	var fs []model.Flow
 	if stage == model.StageOfficial {
-		if fs, err = sp.store.FlowsOf(ctx, sh, actID, cur, limit); err != nil {
+		if fs, err = storage.FlowsOf(ctx, sp.store, sh, actID, cur, limit); err != nil {
 			s.answers.err(rc, err)
 			return
 		}
@@ -457,7 +457,7 @@ func (s *Server) rewardsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 	parent := string(rc.QueryArgs().Peek("parent_activity_id"))
 	out := api.RewardsResponse{ActID: actID, Rewards: []api.RewardItem{}}
 	for len(out.Rewards) < limit {
-		rs, err := sp.store.RewardsOf(ctx, sh, actID, stage, cur, limit)
+		rs, err := storage.RewardsOf(ctx, sp.store, sh, actID, stage, cur, limit)
 		if err != nil {
 			s.answers.err(rc, err)
 			return
@@ -509,7 +509,7 @@ const (
 func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID, actID string) (int, error) {
 	total := 0
 	for range forcedBookingRounds {
-		pend, err := sp.store.PendingRewardsOf(ctx, sh, actID, forcedBookingBatch)
+		pend, err := storage.PendingRewardsOf(ctx, sp.store, sh, actID, forcedBookingBatch)
 		if err != nil || len(pend) == 0 {
 			return total, err
 		}
@@ -540,7 +540,7 @@ func (s *Server) forceBook(ctx context.Context, rc *fasthttp.RequestCtx, sp *spa
 		s.answers.err(rc, err)
 		return
 	}
-	a, err := sp.store.Account(ctx, sh, actID)
+	a, err := storage.Account(ctx, sp.store, sh, actID)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -575,7 +575,7 @@ func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *spac
 	if !s.released(actID) {
 		// A retry of a withdrawal made while it was released answers its
 		// first result, whatever the release says now.
-		if w, found, err := sp.store.WithdrawalOf(ctx, sh, actID, req.OrderNo); err != nil {
+		if w, found, err := storage.WithdrawalOf(ctx, sp.store, sh, actID, req.OrderNo); err != nil {
 			s.answers.err(rc, err)
 			return
 		} else if found {
@@ -652,7 +652,7 @@ func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space,
 			refuse(i, c.OrderNo, tokenWrongSpace, "a stress-test token is taken back only from stress traffic, and the other way round")
 			continue
 		}
-		prior, err := sp.store.Reward(ctx, sh, c.OrderNo)
+		prior, err := storage.Reward(ctx, sp.store, sh, c.OrderNo)
 		switch {
 		case err == nil && c.Matches(prior):
 			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "known"})
@@ -862,7 +862,7 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		return true, nil
 	}
 	tctx, cancel := context.WithTimeout(ctx, txTimeout)
-	rs, err := sp.store.TakeRewards(tctx, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
+	rs, err := storage.TakeRewards(tctx, sp.store, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
 	cancel()
 	leave()
 	if err != nil {

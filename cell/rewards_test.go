@@ -548,15 +548,15 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 	}
 	defer st.Close()
 	ctx := context.Background()
-	if _, err := st.SetBudget(ctx, sh, key, 100_000); err != nil {
+	if _, err := storage.SetBudget(ctx, st, sh, key, 100_000); err != nil {
 		t.Fatal(err)
 	}
 	far := time.Now().Add(-time.Minute).UnixMilli() // expired a minute ago: past the settling grace
-	l1, err := st.GrantLease(ctx, sh, key, "solo", 500, 10_000, far)
+	l1, err := storage.GrantLease(ctx, st, sh, key, "solo", 500, 10_000, far)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l2, err := st.GrantLease(ctx, sh, key, "solo", 300, 10_000, far)
+	l2, err := storage.GrantLease(ctx, st, sh, key, "solo", 300, 10_000, far)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 		r := model.Reward{ActID: act, Shard: sharding.ShardOfAct(act), Parent: pre + "-fest", Child: pre + "-off", Stage: "official",
 			Scene: pre + "-rain", Rain: "r1", AwardType: "cash", Amount: amt, LeaseID: l1.ID}
 		r.OrderNo = model.RewardOrderNo(act, r.Scene, r.Rain, r.AwardType, r.Stage)
-		if _, _, err := st.IssueReward(ctx, r); err != nil {
+		if _, _, err := storage.IssueReward(ctx, st, r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -574,7 +574,7 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 	var b model.Budget
 	var ls []model.Lease
 	waitFor(t, 10*time.Second, func() bool {
-		b, ls, err = st.Budget(ctx, sh, key)
+		b, ls, err = storage.Budget(ctx, st, sh, key)
 		return err == nil && len(ls) == 2 && ls[0].State == model.LeaseReturned && ls[1].State == model.LeaseReturned
 	}, "the earlier run's leases returned")
 	un := map[string]int64{ls[0].ID: ls[0].Unspent, ls[1].ID: ls[1].Unspent}

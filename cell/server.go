@@ -26,6 +26,7 @@ import (
 	"redcell/cell/admission"
 	"redcell/cell/audit"
 	"redcell/cell/budget"
+	"redcell/cell/couponq"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
@@ -102,7 +103,7 @@ type Stores struct {
 	// RealCoupons and ShadowCoupons are the coupon requests and coupons of
 	// each space, over the same databases; both are required when
 	// Config.Coupons names a batches file.
-	RealCoupons, ShadowCoupons storage.Coupons
+	RealCoupons, ShadowCoupons couponq.Store
 	// ShadowDrop drops the shadow databases: the store behind Shadow
 	// (storage.MySQL); nil: the shadow space is never dropped (shadow.go).
 	ShadowDrop ShadowDropper
@@ -315,7 +316,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		if stores.RealCoupons == nil || stores.ShadowCoupons == nil {
 			return nil, errors.New("cell: Coupons names a batches file, but no coupon stores were given")
 		}
-		cp, err := s.newCoupons([2]storage.Coupons{stores.RealCoupons, stores.ShadowCoupons}, reg)
+		cp, err := s.newCoupons([2]couponq.Store{stores.RealCoupons, stores.ShadowCoupons}, reg)
 		if err != nil {
 			return nil, fmt.Errorf("cell: %w", err)
 		}

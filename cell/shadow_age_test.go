@@ -61,7 +61,7 @@ func newShadowRig(t *testing.T) *shadowRig {
 	t.Cleanup(func() { db.Close() })
 	r := &shadowRig{clk: clock.NewManual(time.Now()), store: store, sh: store.Shadow(), db: db,
 		real: testenv.Prefix() + "-real", shard: model.ShardID(shadowAgeDB*10 + 4), retention: 2 * time.Hour, checkEvery: time.Minute}
-	if _, err := store.Deposit(context.Background(), r.shard, r.real, "real-1", 999); err != nil {
+	if _, err := storage.Deposit(context.Background(), store, r.shard, r.real, "real-1", 999); err != nil {
 		t.Fatal(err)
 	}
 	r.c = newShadowCleaner(shadowParts{cell: "age", drop: r.sh, dbs: func() []int { return []int{shadowAgeDB} }, retention: r.retention,
@@ -79,7 +79,7 @@ func (h holdCounter) Hold(context.Context) (func(), error) { h.n.Add(1); return 
 // makeShadow writes a shadow row (its tables made first) in shadowAgeDB.
 func (r *shadowRig) makeShadow(t *testing.T, order string) {
 	t.Helper()
-	if _, err := r.sh.Deposit(context.Background(), r.shard, r.real, order, 5); err != nil {
+	if _, err := storage.Deposit(context.Background(), r.sh, r.shard, r.real, order, 5); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -88,7 +88,7 @@ func (r *shadowRig) makeShadow(t *testing.T, order string) {
 // real row of the rig is as it was.
 func (r *shadowRig) shadowExists(t *testing.T) bool {
 	t.Helper()
-	if a, err := r.store.Account(context.Background(), r.shard, r.real); err != nil || a.Balance != 999 {
+	if a, err := storage.Account(context.Background(), r.store, r.shard, r.real); err != nil || a.Balance != 999 {
 		t.Fatalf("real balance %d, %v: a shadow cleanup touched real money", a.Balance, err)
 	}
 	var n int

@@ -142,7 +142,7 @@ func auditRewards(ledgers []Ledger, r *AuditReport) {
 }
 
 // RewardRecon is one reconciliation window of one database's rewards
-// against the reward flows booked for them (storage.Rewards.RewardRecon).
+// against the reward flows booked for them (storage.RewardReconQuery).
 // Booking writes a reward's flow with the reward's booked time as its
 // creation time, so within any window the two sides match exactly.
 type RewardRecon struct {

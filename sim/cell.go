@@ -21,7 +21,7 @@ type cell struct {
 	idx    int
 	node   int
 	name   string
-	store  storage.Full
+	store  storage.Store
 	shards []model.ShardID // owned, ascending
 	dbs    []int           // databases holding owned shards, ascending
 	rng    *rand.Rand      // the split of opens, packet IDs
@@ -67,7 +67,7 @@ func newCell(w *world, i int) *cell {
 	c := &cell{w: w, idx: i, node: nodeCell0 + i, name: cellName(i), rng: stream(w.cfg.Seed, streamCell+uint64(i))}
 	c.store = newStore(w)
 	if w.cfg.Plant == PlantCreditTwice {
-		c.store = &creditTwice{Full: c.store, owns: c.owns}
+		c.store = &creditTwice{Store: c.store, owns: c.owns}
 	}
 	for s := model.ShardID(0); s < model.ShardCount; s++ {
 		if w.cellOf(s) == i {
@@ -187,13 +187,13 @@ func (c *cell) single(op *storage.GroupOp) error {
 	var err error
 	switch op.Kind {
 	case storage.OpDeposit:
-		op.Deposit, err = c.store.Deposit(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		op.Deposit, err = storage.Deposit(ctx, c.store, op.Shard, op.ActID, op.OrderNo, op.Amount)
 	case storage.OpSend:
-		op.Packet, op.Repeat, err = c.store.Send(ctx, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+		op.Packet, op.Repeat, err = storage.Send(ctx, c.store, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
 	case storage.OpOpen:
-		op.Results, op.Packet, err = c.store.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)
+		op.Results, op.Packet, err = storage.OpenBatch(ctx, c.store, op.Ref, op.Reqs, op.Rand)
 	case storage.OpCredits:
-		op.Applied, op.Deferred, err = c.store.ApplyCredits(ctx, op.Credits)
+		op.Applied, op.Deferred, err = storage.ApplyCredits(ctx, c.store, op.Credits)
 	}
 	return err
 }
@@ -275,7 +275,7 @@ func (c *cell) handle(m *message) {
 	case opGrab:
 		c.grab(m.id, q)
 	case opAccount:
-		a, err := c.store.Account(w.ctx, s, q.actID)
+		a, err := storage.Account(w.ctx, c.store, s, q.actID)
 		if err != nil {
 			c.reply(m.id, errAnswer(err))
 			return
@@ -476,7 +476,7 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 	for i, wt := range oq.waiting {
 		reqs[i] = wt.req
 	}
-	earlier, err := c.store.ClaimsOf(w.ctx, oq.ref, reqs)
+	earlier, err := storage.ClaimsOf(w.ctx, c.store, oq.ref, reqs)
 	if err != nil {
 		for _, wt := range oq.waiting {
 			c.reply(wt.id, errAnswer(err))
@@ -502,7 +502,7 @@ func (c *cell) answerClosed(oq *openQueue, final error) {
 func (c *cell) grab(id uint64, q *request) {
 	w := c.w
 	ref, _ := model.ParsePacketID(q.packetID)
-	p, err := c.store.Packet(w.ctx, ref)
+	p, err := storage.Packet(w.ctx, c.store, ref)
 	if err != nil {
 		c.reply(id, errAnswer(err))
 		return
@@ -582,7 +582,7 @@ func (c *cell) expire() {
 	if c.passes%10 == 0 {
 		days = model.AllDays()
 	}
-	ids, err := c.store.ExpiredIn(w.ctx, c.shards, days, w.timeNow().UnixMilli(), 500)
+	ids, err := storage.ExpiredIn(w.ctx, c.store, c.shards, days, w.timeNow().UnixMilli(), 500)
 	if err != nil {
 		w.count("expiry.scan_failed")
 		return
@@ -594,7 +594,7 @@ func (c *cell) expire() {
 			return
 		}
 		c.maybeFailCommit()
-		cents, err := c.store.Refund(w.ctx, ref)
+		cents, err := storage.Refund(w.ctx, c.store, ref)
 		ln := w.log.begin(w, "refund").s(c.name).s(string(id))
 		if err != nil {
 			code, _ := model.CodeOf(err)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 // checker holds the simulator's view of every packet, built from what the
@@ -57,14 +58,14 @@ func (k *checker) view(c *cell, ref model.PacketRef) *packetView {
 // resync reads the packet and all its claims from the store.
 func (k *checker) resync(c *cell, v *packetView) {
 	w := k.w
-	p, err := c.store.Packet(w.ctx, v.ref)
+	p, err := storage.Packet(w.ctx, c.store, v.ref)
 	if err != nil {
 		w.fail("packet-exists", []string{string(v.ref.ID)}, "packet %s cannot be read: %v", v.ref.ID, err)
 		return
 	}
 	v.amount, v.refund, v.claims, v.users, v.claimed = p.Amount, p.RefundAmount, nil, map[string]model.Claim{}, 0
 	for after := int64(0); ; {
-		page, err := c.store.Claims(w.ctx, v.ref, after, 1000)
+		page, err := storage.Claims(w.ctx, c.store, v.ref, after, 1000)
 		if err != nil {
 			w.fail("packet-exists", []string{string(v.ref.ID)}, "claims of %s cannot be read: %v", v.ref.ID, err)
 			return
@@ -145,7 +146,7 @@ func (k *checker) sent(c *cell, s model.ShardID, req model.SendRequest, p model.
 }
 
 func (k *checker) accountNotNegative(c *cell, s model.ShardID, actID string) {
-	a, err := c.store.Account(k.w.ctx, s, actID)
+	a, err := storage.Account(k.w.ctx, c.store, s, actID)
 	if err != nil {
 		k.w.fail("account", []string{actID}, "account %s cannot be read: %v", actID, err)
 		return
@@ -247,7 +248,7 @@ func (k *checker) opened(c *cell, ref model.PacketRef, reqs []model.OpenRequest,
 // batch's are.
 func (k *checker) openedClosed(c *cell, ref model.PacketRef, reqs []model.OpenRequest, results []model.OpenResult) {
 	w := k.w
-	p, err := c.store.Packet(w.ctx, ref)
+	p, err := storage.Packet(w.ctx, c.store, ref)
 	if err != nil {
 		w.fail("packet-exists", []string{string(ref.ID)}, "closed packet %s cannot be read: %v", ref.ID, err)
 		return
@@ -291,7 +292,7 @@ func (k *checker) refunded(c *cell, ref model.PacketRef, cents model.Cents) {
 	if w.violation != nil {
 		return
 	}
-	p, err := c.store.Packet(w.ctx, ref)
+	p, err := storage.Packet(w.ctx, c.store, ref)
 	if err != nil {
 		w.fail("packet-exists", keys, "packet %s cannot be read after its refund: %v", ref.ID, err)
 		return
@@ -328,7 +329,7 @@ func (k *checker) credited(c *cell, credits []model.Credit, deferred []string) {
 	if len(booked) == 0 {
 		return
 	}
-	got, err := c.store.CreditsOf(w.ctx, booked)
+	got, err := storage.CreditsOf(w.ctx, c.store, booked)
 	if err != nil {
 		w.fail("credit-booked", nil, "CreditsOf on %s: %v", c.name, err)
 		return
@@ -504,7 +505,7 @@ func (k *checker) finalProblems(rep model.AuditReport, claims map[string]model.C
 	}
 	for _, id := range k.packetOrder {
 		v := k.packets[id]
-		p, err := w.cells[w.cellOf(v.ref.Shard)].store.Packet(w.ctx, v.ref)
+		p, err := storage.Packet(w.ctx, w.cells[w.cellOf(v.ref.Shard)].store, v.ref)
 		switch {
 		case err != nil:
 			problems = append(problems, fmt.Sprintf("packet-exists: %s: %v", id, err))

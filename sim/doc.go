@@ -46,12 +46,12 @@
 //     is one event loop's timers: the fresh claims of the open batches held
 //     in memory until a delivery is acknowledged, a lane per destination
 //     cell, delivery, deferred credits tried again; every interval the saved
-//     positions of the databases not loaded yet read (Store.RelayPositions),
-//     the claims past them read and delivered (Store.ClaimsAfter: after a
+//     positions of the databases not loaded yet read (storage.RelayPositionsQuery),
+//     the claims past them read and delivered (storage.ClaimsAfterQuery: after a
 //     start, and a database's last relay.Slack after an open batch whose
 //     commit's outcome is unknown, as cell/open.go's MarkDB), what no lane
 //     holds offered again after two intervals, and every relay.PositionEvery
-//     the positions saved (Store.SaveRelayPositions) of the databases whose
+//     the positions saved (storage.SetRelayPositions) of the databases whose
 //     claims came or went, never past a held claim; a delivery to another
 //     cell is given up after 1 s, not the relay's 5 s, and a failed one is
 //     offered again at the next interval instead of pausing its lane; no

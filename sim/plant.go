@@ -7,38 +7,14 @@ import (
 	"redcell/storage"
 )
 
-// creditTwice is the planted bug PlantCreditTwice: a store whose
-// ApplyCredits, for every credit whose order number "claim:<id>" was booked
+// creditTwice is the planted bug PlantCreditTwice: a store whose credit
+// ops (OpCredits), for every credit whose order number "claim:<id>" was booked
 // before, books it again in a neighbouring shard of the same store, where
 // that order number was never seen — a credit applied without its
 // idempotency key. The claimant's cell is paid twice for one claim.
 type creditTwice struct {
-	storage.Full
+	storage.Store
 	owns func(model.ShardID) bool
-}
-
-func (s *creditTwice) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	before, err := s.Full.CreditsOf(ctx, credits)
-	if err != nil {
-		return 0, nil, err
-	}
-	applied, deferred, err := s.Full.ApplyCredits(ctx, credits)
-	if err != nil {
-		return applied, deferred, err
-	}
-	var again []model.Credit
-	for _, c := range credits {
-		if _, booked := before[c.ClaimID]; booked {
-			c.Shard = s.neighbour(c.Shard)
-			again = append(again, c)
-		}
-	}
-	if len(again) > 0 {
-		if _, _, err := s.Full.ApplyCredits(ctx, again); err != nil {
-			return applied, deferred, err
-		}
-	}
-	return applied, deferred, nil
 }
 
 // CommitGroup is ApplyCredits's bug for the credits of a group's credit ops.
@@ -53,11 +29,11 @@ func (s *creditTwice) CommitGroup(ctx context.Context, list []storage.Op) error 
 	before := map[string]model.Credit{}
 	if len(credits) > 0 {
 		var err error
-		if before, err = s.Full.CreditsOf(ctx, credits); err != nil {
+		if before, err = storage.CreditsOf(ctx, s.Store, credits); err != nil {
 			return err
 		}
 	}
-	if err := s.Full.CommitGroup(ctx, list); err != nil {
+	if err := s.Store.CommitGroup(ctx, list); err != nil {
 		return err
 	}
 	var again []model.Credit
@@ -68,7 +44,7 @@ func (s *creditTwice) CommitGroup(ctx context.Context, list []storage.Op) error 
 		}
 	}
 	if len(again) > 0 {
-		if _, _, err := s.Full.ApplyCredits(ctx, again); err != nil {
+		if _, _, err := storage.ApplyCredits(ctx, s.Store, again); err != nil {
 			return err
 		}
 	}
@@ -85,5 +61,5 @@ func (s *creditTwice) neighbour(sh model.ShardID) model.ShardID {
 
 // FailNextCommit passes the fault hook through.
 func (s *creditTwice) FailNextCommit(lostAnswer bool) {
-	s.Full.(commitFailer).FailNextCommit(lostAnswer)
+	s.Store.(commitFailer).FailNextCommit(lostAnswer)
 }

@@ -173,7 +173,7 @@ func (r *relay) loadPositions() {
 	if len(dbs) == 0 {
 		return
 	}
-	pos, err := c.store.RelayPositions(w.ctx, dbs)
+	pos, err := storage.RelayPositions(w.ctx, c.store, dbs)
 	if err != nil {
 		w.count("relay.positions_failed")
 		return
@@ -204,7 +204,7 @@ func (r *relay) readClaims() {
 	for _, db := range c.dbs {
 		t := r.dbs[db]
 		for page := 0; t.loaded && t.read && page < cellrelay.ScanPagesMax; page++ {
-			cs, next, err := c.store.ClaimsAfter(w.ctx, db, t.from, t.cursor, nowMS, cellrelay.BatchMax)
+			cs, next, err := storage.ClaimsAfter(w.ctx, c.store, db, t.from, t.cursor, nowMS, cellrelay.BatchMax)
 			if err != nil {
 				w.count("relay.read_failed")
 				break
@@ -285,7 +285,7 @@ func (r *relay) savePositions() {
 	for _, db := range dbs {
 		ln = ln.i(int64(db)).i(pos[db])
 	}
-	if err := c.store.SaveRelayPositions(w.ctx, pos); err != nil {
+	if err := storage.SaveRelayPositions(w.ctx, c.store, pos); err != nil {
 		code, _ := model.CodeOf(err)
 		ln.s(code).end()
 		w.count("relay.save_failed")

@@ -11,37 +11,17 @@ import (
 // newStore is a cell's durable store: storage/memstore, the in-memory store
 // that passes the same contract suite as the MariaDB store, reading the
 // simulated clock, behind lockedRows.
-func newStore(w *world) storage.Full { return &lockedRows{Full: memstore.New(w.clk), w: w} }
+func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w.clk), w: w} }
 
 // lockedRows models the wallet rows other transactions hold in a MariaDB
 // store, which the in-memory store never has (one lock, one call at a time):
-// ApplyCredits leaves each credit, with probability Faults.Defer, for a later
-// call, listed in deferred with nothing written for it, as storage.MySQL
+// a group's credit op (OpCredits) leaves each credit, with probability
+// Faults.Defer, for a later group, listed in the op's Deferred with nothing
+// written for it, as storage.MySQL
 // does with a credit whose row is locked. Everything else is memstore's.
 type lockedRows struct {
-	storage.Full
+	storage.Store
 	w *world
-}
-
-func (s *lockedRows) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	p := s.w.faults.Defer
-	if p == 0 {
-		return s.Full.ApplyCredits(ctx, credits)
-	}
-	var now []model.Credit
-	var later []string
-	for _, c := range credits {
-		if s.w.rngFault.Float64() < p {
-			later = append(later, c.ClaimID)
-		} else {
-			now = append(now, c)
-		}
-	}
-	applied, deferred, err := s.Full.ApplyCredits(ctx, now)
-	if err != nil {
-		return 0, nil, err
-	}
-	return applied, append(deferred, later...), nil
 }
 
 // CommitGroup leaves credits of the group's credit ops for a later call as
@@ -50,7 +30,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, list []storage.Op) error {
 	ops := moneyOps(list)
 	p := s.w.faults.Defer
 	if p == 0 {
-		return s.Full.CommitGroup(ctx, list)
+		return s.Store.CommitGroup(ctx, list)
 	}
 	type held struct {
 		op    *storage.GroupOp
@@ -74,7 +54,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, list []storage.Op) error {
 		op.Credits = now
 		hs = append(hs, h)
 	}
-	err := s.Full.CommitGroup(ctx, list)
+	err := s.Store.CommitGroup(ctx, list)
 	for _, h := range hs {
 		h.op.Credits = h.all
 		h.op.Deferred = append(h.op.Deferred, h.later...)
@@ -84,7 +64,7 @@ func (s *lockedRows) CommitGroup(ctx context.Context, list []storage.Op) error {
 
 // FailNextCommit passes the fault hook through.
 func (s *lockedRows) FailNextCommit(lostAnswer bool) {
-	s.Full.(commitFailer).FailNextCommit(lostAnswer)
+	s.Store.(commitFailer).FailNextCommit(lostAnswer)
 }
 
 var _ commitFailer = (*memstore.Store)(nil)

@@ -31,7 +31,7 @@ type ArchiveResult struct {
 var ErrNoArchive = errors.New("storage: this store keeps no day tables to archive")
 
 // ArchivePass is one archive step as a typed op (CommitGroup; see
-// MySQL.Archive for what it moves, and how): the packets created before
+// MySQL.archive for what it moves, and how): the packets created before
 // BeforeMS (Unix ms) in the day tables of the shards Owns says are the
 // cell's, with their claims. Result is set even when it fails (what was
 // moved before the error stays moved). Errors: ErrNoArchive from a store

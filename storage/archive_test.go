@@ -74,7 +74,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 					opens = int(count) // the first: claimed out
 				}
 				p := sent{ref: ref, amount: amount, day: day, claims: opens}
-				pk, err := m.Packet(ctx, ref)
+				pk, err := Packet(ctx, m, ref)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -82,7 +82,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 				total += amount
 				for u := 0; u < opens; u++ {
 					act := fmt.Sprintf("u%d-%d-%d-%d", day, i, k, u)
-					res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
+					res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
 					if err != nil || res[0].Err != nil {
 						t.Fatalf("open: %v %v", err, res)
 					}
@@ -103,12 +103,12 @@ func TestArchiveSeventyDays(t *testing.T) {
 			if p.day != day || p.day == 3 && stuck != nil && p.ref == stuck.ref {
 				continue
 			}
-			if _, err := m.Refund(ctx, p.ref); err != nil {
+			if _, err := Refund(ctx, m, p.ref); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if day == 20 {
-			if _, err := m.Refund(ctx, stuck.ref); err != nil {
+			if _, err := Refund(ctx, m, stuck.ref); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -157,19 +157,19 @@ func TestArchiveSeventyDays(t *testing.T) {
 	if n := countRows(t, m, m.packetTable(p.ref.Shard, p.ref.Day), string(p.ref.ID)); n != 0 {
 		t.Fatalf("packet %s still in its day table", p.ref.ID)
 	}
-	pk, err := m.Packet(ctx, p.ref)
+	pk, err := Packet(ctx, m, p.ref)
 	if err != nil || pk.ID != p.ref.ID || pk.Amount != p.amount || pk.Status == model.StatusOpen {
 		t.Fatalf("archived packet read as %+v, %v", pk, err)
 	}
-	cs, err := m.Claims(ctx, p.ref, 0, 10)
+	cs, err := Claims(ctx, m, p.ref, 0, 10)
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("archived packet's claims %+v, %v", cs, err)
 	}
-	held, err := m.ClaimsOf(ctx, p.ref, []model.OpenRequest{{ActID: p.claimant}, {ActID: "nobody"}})
+	held, err := ClaimsOf(ctx, m, p.ref, []model.OpenRequest{{ActID: p.claimant}, {ActID: "nobody"}})
 	if err != nil || len(held) != 1 || held[p.claimant].PacketID != p.ref.ID {
 		t.Fatalf("claims of %s on the archived packet: %+v, %v", p.claimant, held, err)
 	}
-	again, repeat, err := m.Send(ctx, p.ref.Shard, model.SendRequest{Sender: senders[0], Amount: p.amount, Count: 3, Kind: model.KindRandom, OrderNo: p.order},
+	again, repeat, err := Send(ctx, m, p.ref.Shard, model.SendRequest{Sender: senders[0], Amount: p.amount, Count: 3, Kind: model.KindRandom, OrderNo: p.order},
 		model.NewPacketID(p.ref.Shard, clk.Now()), clk.Now().Add(time.Hour).UnixMilli())
 	if err != nil || !repeat || again.ID != p.ref.ID {
 		t.Fatalf("repeat of the archived packet's send: %+v repeat=%v %v", again, repeat, err)
@@ -180,7 +180,7 @@ func TestArchiveSeventyDays(t *testing.T) {
 	for sh := model.ShardID(p.ref.Shard.DB() * 10); sh < model.ShardID(p.ref.Shard.DB()*10+10); sh++ {
 		dbShards = append(dbShards, sh)
 	}
-	w, err := m.ReconWindow(ctx, p.ref.Shard.DB(), dbShards, []int{p.ref.Day}, start.UnixMilli(), start.Add(24*time.Hour).UnixMilli(), 1000)
+	w, err := ReconWindow(ctx, m, p.ref.Shard.DB(), dbShards, []int{p.ref.Day}, start.UnixMilli(), start.Add(24*time.Hour).UnixMilli(), 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +199,10 @@ func TestArchiveSeventyDays(t *testing.T) {
 	// A packet ID never sent is still not found.
 	ghost := p.ref
 	ghost.ID = model.NewPacketID(p.ref.Shard, start)
-	if _, err := m.Packet(ctx, ghost); !errors.Is(err, model.ErrNotFound) {
+	if _, err := Packet(ctx, m, ghost); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("a packet never sent: %v", err)
 	}
-	if cs, err := m.Claims(ctx, ghost, 0, 10); err != nil || len(cs) != 0 {
+	if cs, err := Claims(ctx, m, ghost, 0, 10); err != nil || len(cs) != 0 {
 		t.Fatalf("claims of a packet never sent: %v, %v", cs, err)
 	}
 }

@@ -214,7 +214,7 @@ func TestReconRate(t *testing.T) {
 	var inCredits time.Duration
 	start := time.Now()
 	for from < to {
-		w, err := m.ReconWindow(ctx, 0, shards, []int{14}, from, to, 20_000)
+		w, err := ReconWindow(ctx, m, 0, shards, []int{14}, from, to, 20_000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func TestReconRate(t *testing.T) {
 		for i := 0; i < len(owed); i += 5000 {
 			chunk := owed[i:min(i+5000, len(owed))]
 			began := time.Now()
-			found, err := m.CreditsOf(ctx, chunk)
+			found, err := CreditsOf(ctx, m, chunk)
 			inCredits += time.Since(began)
 			if err != nil {
 				t.Fatal(err)

@@ -9,57 +9,6 @@ import (
 	"redcell/model"
 )
 
-// Budgets is the part of the store that holds reward scenes' budgets and the
-// leases cells take of them (model.Budget, model.Lease; the approach is
-// described in model/budget.go). A budget lives in its home shard s
-// (sharding.BudgetShard of its key): its row in db_XX.t_budget and its
-// leases in db_XX.t_budget_lease of s's database. Amounts are in the
-// budget's unit (cents or pieces); times are Unix ms. The sum of the leases
-// never passes the total: Granted − Returned <= Total always.
-type Budgets interface {
-	// SetBudget creates key's budget with total, or changes its total, and
-	// answers the row. Errors: ErrInvalidArgument for a malformed key, a
-	// total below 0, or a total below what is already issued or held by
-	// leases (Granted − Returned; nothing changes).
-	SetBudget(ctx context.Context, s model.ShardID, key string, total int64) (model.Budget, error)
-	// GrantLease grants holder an open lease of min(want, Total −
-	// (Granted − Returned) − reserve), expiring at expiresMS, with a new
-	// random ID, in one transaction with the budget row locked: concurrent
-	// grants never take more than Total − reserve between them. Errors:
-	// ErrNotFound (no budget key), ErrBudgetExhausted (nothing left above
-	// reserve), ErrInvalidArgument (want < 1, reserve < 0, a malformed key or
-	// holder), ErrCommitUnknown (the lease may exist: the holder finds it in
-	// LeasesOf and settles it).
-	GrantLease(ctx context.Context, s model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error)
-	// ReturnLease turns an open or expired lease returned with Unspent =
-	// unspent and adds unspent to its budget's Returned, once: a lease
-	// returned before is answered as it is and nothing changes, whatever
-	// unspent says. Errors: ErrNotFound (no such lease in s's database),
-	// ErrInvalidArgument (unspent outside 0..Amount, a malformed ID),
-	// ErrCommitUnknown (a retry settles it).
-	ReturnLease(ctx context.Context, s model.ShardID, leaseID string, unspent int64) (model.Lease, error)
-	// ExpireLeases turns key's open leases with ExpiresMS <= nowMS expired
-	// and counts them. An expired lease keeps its whole Amount outstanding
-	// (its holder may have spent any of it): the budget never over-issues,
-	// and ReturnLease still takes the unspent part back.
-	ExpireLeases(ctx context.Context, s model.ShardID, key string, nowMS int64) (int, error)
-	// Budget reads key's row and every one of its leases, oldest first
-	// ((CreatedMS, ID)), in one consistent read. Errors: ErrNotFound.
-	Budget(ctx context.Context, s model.ShardID, key string) (model.Budget, []model.Lease, error)
-	// BudgetLevel reads key's row and held, the sum of the amounts of its
-	// open and expired leases (units that may still come back), in one
-	// consistent read that does not list the leases: cheap enough for a
-	// copy of a coupon batch's stock refreshed every half second
-	// (cell/couponq). Errors: ErrNotFound.
-	BudgetLevel(ctx context.Context, s model.ShardID, key string) (b model.Budget, held int64, err error)
-	// LeasesOf lists the open and expired leases holder has in s's database
-	// (of every budget homed there), oldest first: what a restarted holder
-	// must settle (cell/budget.Settle).
-	LeasesOf(ctx context.Context, s model.ShardID, holder string) ([]model.Lease, error)
-}
-
-var _ Budgets = (*MySQL)(nil)
-
 // budgetDay is the ensureKey.day of a database's budget tables (keyed by
 // the database's first shard): made on first use, since most databases home
 // no budget. (identityDay is -1; the reward tables take -2.)
@@ -133,9 +82,9 @@ func (m *MySQL) writeBudget(ctx context.Context, tx *sql.Tx, s model.ShardID, b 
 	return err
 }
 
-// SetBudget implements Budgets: make sure the row exists (total 0), lock it,
+// setBudget runs SetBudgetTotal: make sure the row exists (total 0), lock it,
 // decide (model.SetBudgetTotal), write.
-func (m *MySQL) SetBudget(ctx context.Context, s model.ShardID, key string, total int64) (model.Budget, error) {
+func (m *MySQL) setBudget(ctx context.Context, s model.ShardID, key string, total int64) (model.Budget, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return model.Budget{}, err
 	}
@@ -161,10 +110,10 @@ func (m *MySQL) SetBudget(ctx context.Context, s model.ShardID, key string, tota
 	if errors.Is(err, errCommitUnknown) {
 		// Setting a total twice is harmless: the re-read tells whether it holds.
 		if ok, known := m.settleCommit(ctx, func() (bool, error) {
-			b, _, rerr := m.Budget(ctx, s, key)
+			b, _, rerr := m.budget(ctx, s, key)
 			return rerr == nil && b.Total == total, rerr
 		}); known && ok {
-			b, _, err := m.Budget(ctx, s, key)
+			b, _, err := m.budget(ctx, s, key)
 			return b, err
 		}
 	}
@@ -174,11 +123,11 @@ func (m *MySQL) SetBudget(ctx context.Context, s model.ShardID, key string, tota
 	return out, nil
 }
 
-// GrantLease implements Budgets: lock the budget row, decide
+// grantLease runs GrantBudgetLease: lock the budget row, decide
 // (model.GrantLease), insert the lease and write the row. The lease ID is
 // drawn before the transaction, so a lost COMMIT answer is settled by
 // looking for it.
-func (m *MySQL) GrantLease(ctx context.Context, s model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error) {
+func (m *MySQL) grantLease(ctx context.Context, s model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return model.Lease{}, err
 	}
@@ -241,10 +190,10 @@ func (m *MySQL) lease(ctx context.Context, q queryer, s model.ShardID, id string
 	return l, nil
 }
 
-// ReturnLease implements Budgets: find the lease's budget, lock the budget
+// returnLease runs ReturnBudgetLease: find the lease's budget, lock the budget
 // row and then the lease (the order GrantLease locks in), decide
 // (model.ReturnLease), write both rows.
-func (m *MySQL) ReturnLease(ctx context.Context, s model.ShardID, leaseID string, unspent int64) (model.Lease, error) {
+func (m *MySQL) returnLease(ctx context.Context, s model.ShardID, leaseID string, unspent int64) (model.Lease, error) {
 	if err := model.ValidateLeaseID(leaseID); err != nil {
 		return model.Lease{}, err
 	}
@@ -292,9 +241,9 @@ func (m *MySQL) ReturnLease(ctx context.Context, s model.ShardID, leaseID string
 	return out, nil
 }
 
-// ExpireLeases implements Budgets in one UPDATE (by k_key_state): no budget
+// expireLeases runs ExpireBudgetLeases in one UPDATE (by k_key_state): no budget
 // total changes, so the budget row is not locked.
-func (m *MySQL) ExpireLeases(ctx context.Context, s model.ShardID, key string, nowMS int64) (int, error) {
+func (m *MySQL) expireLeases(ctx context.Context, s model.ShardID, key string, nowMS int64) (int, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return 0, err
 	}
@@ -310,9 +259,9 @@ func (m *MySQL) ExpireLeases(ctx context.Context, s model.ShardID, key string, n
 	return int(n), err
 }
 
-// Budget implements Budgets: both reads in one read-only transaction, so
+// budget runs BudgetQuery: both reads in one read-only transaction, so
 // they see one snapshot.
-func (m *MySQL) Budget(ctx context.Context, s model.ShardID, key string) (model.Budget, []model.Lease, error) {
+func (m *MySQL) budget(ctx context.Context, s model.ShardID, key string) (model.Budget, []model.Lease, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return model.Budget{}, nil, err
 	}
@@ -336,9 +285,9 @@ func (m *MySQL) Budget(ctx context.Context, s model.ShardID, key string) (model.
 	return b, ls, tx.Commit()
 }
 
-// BudgetLevel implements Budgets: the row, then the open and expired
+// budgetLevel runs BudgetLevelQuery: the row, then the open and expired
 // leases' sum by k_key_state, in one snapshot.
-func (m *MySQL) BudgetLevel(ctx context.Context, s model.ShardID, key string) (model.Budget, int64, error) {
+func (m *MySQL) budgetLevel(ctx context.Context, s model.ShardID, key string) (model.Budget, int64, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return model.Budget{}, 0, err
 	}
@@ -362,8 +311,8 @@ func (m *MySQL) BudgetLevel(ctx context.Context, s model.ShardID, key string) (m
 	return b, held, tx.Commit()
 }
 
-// LeasesOf implements Budgets (by k_holder_state).
-func (m *MySQL) LeasesOf(ctx context.Context, s model.ShardID, holder string) ([]model.Lease, error) {
+// leasesOf runs HolderLeasesQuery (by k_holder_state).
+func (m *MySQL) leasesOf(ctx context.Context, s model.ShardID, holder string) ([]model.Lease, error) {
 	if err := model.ValidateLeaseHolder(holder); err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ func TestCellAuditFindsWhatTheLedgerFinds(t *testing.T) {
 	for i := range 6 {
 		clk.Set(base.Add(time.Duration(i+1) * time.Millisecond))
 		act := fmt.Sprintf("user%d", i)
-		res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
+		res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res)
 		}
@@ -75,7 +75,7 @@ func TestCellAuditFindsWhatTheLedgerFinds(t *testing.T) {
 	// Five credited, one pending; and a credit of a claim made in another
 	// cell (its packet's shard is not owned here).
 	elsewhere := model.Credit{ClaimID: string(model.NewPacketID(other, base)) + "c1", ActID: "user0", Shard: credits[0].Shard, Amount: 7}
-	if _, _, err := m.ApplyCredits(ctx, append(slices.Clone(credits[:5]), elsewhere)); err != nil {
+	if _, _, err := ApplyCredits(ctx, m, append(slices.Clone(credits[:5]), elsewhere)); err != nil {
 		t.Fatal(err)
 	}
 	a := sameCellAudit(t, m, owns)

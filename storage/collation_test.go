@@ -60,7 +60,7 @@ func TestDatabasesCompareBytes(t *testing.T) {
 		t.Fatal("EnsureShard made no tables")
 	}
 	for _, order := range []string{"O-1", "o-1"} {
-		d, err := m.Deposit(ctx, sh, "alice", order, 100)
+		d, err := Deposit(ctx, m, sh, "alice", order, 100)
 		if err != nil || d.Repeat {
 			t.Fatalf("deposit %s: %+v %v (a case-insensitive table takes it for a repeat or a conflict)", order, d, err)
 		}

@@ -146,19 +146,19 @@ func TestCommitAnswerLost(t *testing.T) {
 	ctx := context.Background()
 	act := testenv.Prefix() + "-lost"
 	s := sharding.ShardOfAct(act)
-	if _, err := m.Account(ctx, s, act); err != nil { // the shard's tables exist before the cut
+	if _, err := Account(ctx, m, s, act); err != nil { // the shard's tables exist before the cut
 		t.Fatal(err)
 	}
 
 	p.arm(p.forward.Load())
-	d, err := m.Deposit(ctx, s, act, "dep-1", 5000)
+	d, err := Deposit(ctx, m, s, act, "dep-1", 5000)
 	if err != nil || d.Repeat || d.Balance != 5000 || p.cuts.Load() != 1 {
 		t.Fatalf("deposit with its COMMIT answer lost: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}
 
 	id := model.NewPacketID(s, time.Now())
 	p.arm(p.forward.Load())
-	pk, rep, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1200, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli())
+	pk, rep, err := Send(ctx, m, s, model.SendRequest{Sender: act, Amount: 1200, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli())
 	if err != nil || rep || pk.ID != id || pk.Amount != 1200 || p.cuts.Load() != 2 {
 		t.Fatalf("send with its COMMIT answer lost: %+v %v %v (cuts %d)", pk, rep, err, p.cuts.Load())
 	}
@@ -173,15 +173,15 @@ func TestCommitLost(t *testing.T) {
 	ctx := context.Background()
 	act := testenv.Prefix() + "-cut"
 	s := sharding.ShardOfAct(act)
-	if _, err := m.Account(ctx, s, act); err != nil {
+	if _, err := Account(ctx, m, s, act); err != nil {
 		t.Fatal(err)
 	}
 	p.arm(p.forward.Load())
-	if d, err := m.Deposit(ctx, s, act, "dep-1", 700); err == nil || p.cuts.Load() != 1 {
+	if d, err := Deposit(ctx, m, s, act, "dep-1", 700); err == nil || p.cuts.Load() != 1 {
 		t.Fatalf("deposit whose COMMIT was cut: %+v, %v (cuts %d)", d, err, p.cuts.Load())
 	}
 	wantRows(t, direct, s, act, 0, 0)
-	d, err := m.Deposit(ctx, s, act, "dep-1", 700)
+	d, err := Deposit(ctx, m, s, act, "dep-1", 700)
 	if err != nil || d.Repeat || d.Balance != 700 {
 		t.Fatalf("retry: %+v, %v", d, err)
 	}
@@ -195,7 +195,7 @@ func wantRows(t *testing.T, m *MySQL, s model.ShardID, act string, flows int, ba
 	if err := m.db.QueryRow("SELECT COUNT(*) FROM "+m.flowTable(s)+" WHERE act_id = ?", act).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	a, err := m.Account(context.Background(), s, act)
+	a, err := Account(context.Background(), m, s, act)
 	if err != nil {
 		t.Fatal(err)
 	}

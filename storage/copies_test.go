@@ -47,11 +47,11 @@ func plantMoney(t *testing.T, m *MySQL, db int, pre string, at time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	sender, sh := actOfDB(pre+"-s", db)
-	if _, err := m.Deposit(ctx, sh, sender, "dep-1", 1000); err != nil {
+	if _, err := Deposit(ctx, m, sh, sender, "dep-1", 1000); err != nil {
 		t.Fatal(err)
 	}
 	id := model.NewPacketID(sh, at)
-	if _, _, err := m.Send(ctx, sh, model.SendRequest{Sender: sender, Amount: 600, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"},
+	if _, _, err := Send(ctx, m, sh, model.SendRequest{Sender: sender, Amount: 600, Count: 3, Kind: model.KindRandom, OrderNo: "snd-1"},
 		id, at.Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func plantMoney(t *testing.T, m *MySQL, db int, pre string, at time.Time) {
 		a, ash := actOfDB(fmt.Sprintf("%s-o%d", pre, i), db)
 		opens = append(opens, model.OpenRequest{ActID: a, Shard: ash})
 	}
-	res, _, err := m.OpenBatch(ctx, ref, opens, mrand.New(mrand.NewPCG(1, 2)))
+	res, _, err := OpenBatch(ctx, m, ref, opens, mrand.New(mrand.NewPCG(1, 2)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func plantMoney(t *testing.T, m *MySQL, db int, pre string, at time.Time) {
 		c := r.Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount})
 	}
-	if _, _, err := m.ApplyCredits(ctx, credits); err != nil {
+	if _, _, err := ApplyCredits(ctx, m, credits); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -224,7 +224,7 @@ func TestCopiesNeverCounted(t *testing.T) {
 
 	// A write reaches x's copy after the hand-over.
 	sender, sh := actOfDB(pre+"-s", 38)
-	if _, err := s1.Deposit(ctx, sh, sender, "dep-late", 5); err != nil {
+	if _, err := Deposit(ctx, s1, sh, sender, "dep-late", 5); err != nil {
 		t.Fatal(err)
 	}
 	rep = audit()

@@ -194,7 +194,7 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 func (m *MySQL) acceptProbe(ctx context.Context, want []model.CouponRequest) func() (bool, error) {
 	return func() (bool, error) {
 		for _, w := range want {
-			r, err := m.CouponRequestOf(ctx, w.Shard, w.App, w.Serial)
+			r, err := m.couponRequestOf(ctx, w.Shard, w.App, w.Serial)
 			if errors.Is(err, model.ErrNotFound) {
 				return false, nil
 			}

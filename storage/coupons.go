@@ -11,8 +11,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/go-sql-driver/mysql"
-
 	"redcell/internal/invariant"
 	"redcell/model"
 )
@@ -26,8 +24,6 @@ import (
 // decide one after the other against the same holding. The stock is not
 // here: it is a Budgets row of the batch's home shard, a merged deduction a
 // lease of it (model.GrantLease, no reserve).
-
-var _ Coupons = (*MySQL)(nil)
 
 // couponDay is the ensureKey.day of a database's coupon tables.
 const couponDay = -4
@@ -125,47 +121,8 @@ func (m *MySQL) queryCouponReqs(ctx context.Context, q interface {
 	return out, rows.Err()
 }
 
-// AcceptCoupon implements Coupons: one INSERT ... ON DUPLICATE KEY UPDATE
-// (1 row affected: stored now; 0: the serial was there, and the stored
-// request is read and decided against, model.ReplayCouponRequest).
-func (m *MySQL) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	if err := model.ValidateCouponRequest(r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	db := r.Shard.DB()
-	if err := m.ensureCoupons(ctx, db); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	if r.AcceptedMS == 0 {
-		r.AcceptedMS = m.nowMS()
-	}
-	r = acceptedAs(r)
-	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(1, 14)+
-		" ON DUPLICATE KEY UPDATE serial_no = serial_no", couponAcceptArgs(r)...)
-	if err != nil {
-		var me *mysql.MySQLError
-		if errors.As(err, &me) {
-			return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: %w", err)
-		}
-		return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: %w", errors.Join(ErrCommitUnknown, err))
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return model.CouponRequest{}, false, err
-	} else if n == 1 {
-		return r, false, nil
-	}
-	prior, err := m.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
-	if err != nil {
-		return model.CouponRequest{}, false, fmt.Errorf("storage: accept coupon: read the stored one: %w", err)
-	}
-	if err := model.ReplayCouponRequest(prior, r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	return prior, true, nil
-}
-
-// CouponRequestOf implements Coupons.
-func (m *MySQL) CouponRequestOf(ctx context.Context, s model.ShardID, app, serial string) (model.CouponRequest, error) {
+// couponRequestOf answers CouponRequestQuery.
+func (m *MySQL) couponRequestOf(ctx context.Context, s model.ShardID, app, serial string) (model.CouponRequest, error) {
 	if err := m.ensureCoupons(ctx, s.DB()); err != nil {
 		return model.CouponRequest{}, err
 	}
@@ -180,13 +137,13 @@ func (m *MySQL) CouponRequestOf(ctx context.Context, s model.ShardID, app, seria
 	return r, nil
 }
 
-// TakeCouponRequests implements Coupons in one transaction of two round
+// takeCouponRequests runs CouponTake in one transaction of two round
 // trips and its commit: one statement of locking reads, a UNION ALL of one
 // or two per database, each skipping the rows other takers hold, then a
 // statement list of UPDATEs to deciding. Each database is asked for its share of limit
 // and some more, so a database with more than that waiting gives its
 // oldest and leaves the rest to the next take.
-func (m *MySQL) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+func (m *MySQL) takeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
 	if limit < 1 || len(dbs) == 0 {
 		return nil, nil
 	}
@@ -420,11 +377,11 @@ func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.Cou
 	return out, nil
 }
 
-// IssueCoupons implements Coupons, in four round trips whatever the
+// issueCoupons runs CouponIssue, in four round trips whatever the
 // number of requests: the persons locked, the requests read locked, the
 // holdings read, and the writes (the coupons, and every decided request
 // stored with its decision) as one statement list.
-func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
+func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
 	invariant.That(granted >= 0, "granted >= 0")
 	if len(reqs) == 0 {
 		return nil, granted, nil
@@ -526,9 +483,9 @@ func (m *MySQL) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	return out, unused, nil
 }
 
-// RefuseCoupons implements Coupons: one UPDATE per database and app, all of
+// refuseCoupons runs CouponRefusal: one UPDATE per database and app, all of
 // them one statement list in one transaction.
-func (m *MySQL) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
+func (m *MySQL) refuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
 	invariant.That(reason != "", "a refusal has a reason")
 	err := m.updateRequests(ctx, reqs, "state = ?, reason = ?, decided_ms = ?", []any{string(model.CouponRefused), string(reason), m.nowMS()},
 		model.CouponAccepted, model.CouponDeciding)
@@ -538,8 +495,8 @@ func (m *MySQL) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, r
 	return nil
 }
 
-// ReleaseCouponRequests implements Coupons, as RefuseCoupons in statements.
-func (m *MySQL) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
+// releaseCouponRequests runs CouponRelease, as refuseCoupons in statements.
+func (m *MySQL) releaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
 	if err := m.updateRequests(ctx, reqs, "state = ?, taken_ms = 0", []any{string(model.CouponAccepted)}, model.CouponDeciding); err != nil {
 		return fmt.Errorf("storage: release coupon requests: %w", err)
 	}
@@ -588,8 +545,8 @@ func (m *MySQL) updateRequests(ctx context.Context, reqs []model.CouponRequest, 
 	})
 }
 
-// HoldingOf implements Coupons.
-func (m *MySQL) HoldingOf(ctx context.Context, s model.ShardID, actID string) (model.CouponHolding, error) {
+// holdingOf answers HoldingQuery.
+func (m *MySQL) holdingOf(ctx context.Context, s model.ShardID, actID string) (model.CouponHolding, error) {
 	if err := m.ensureCoupons(ctx, s.DB()); err != nil {
 		return model.CouponHolding{}, err
 	}
@@ -600,9 +557,9 @@ func (m *MySQL) HoldingOf(ctx context.Context, s model.ShardID, actID string) (m
 	return *hs[actID], nil
 }
 
-// HoldingsOf implements Coupons: one statement over the persons'
+// holdingsOf answers HoldingsQuery: one statement over the persons'
 // databases.
-func (m *MySQL) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
+func (m *MySQL) holdingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
 	out := map[string]model.CouponHolding{}
 	if len(reqs) == 0 {
 		return out, nil
@@ -622,8 +579,8 @@ func (m *MySQL) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map
 	return out, nil
 }
 
-// CouponsOf implements Coupons.
-func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
+// couponsOf answers CouponsQuery.
+func (m *MySQL) couponsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
 	if limit < 1 {
 		return nil, nil
 	}
@@ -654,8 +611,8 @@ func (m *MySQL) CouponsOf(ctx context.Context, s model.ShardID, actID string, af
 	return out, rows.Err()
 }
 
-// CouponLeaseSpent implements Coupons.
-func (m *MySQL) CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// couponLeaseSpent answers CouponLeaseSpentQuery.
+func (m *MySQL) couponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	var total int64
 	for _, db := range dbs {
 		var n int64

@@ -25,7 +25,7 @@ func claimsFor(t *testing.T, m *MySQL, pre string, claimants []string) []model.C
 	ref := send(t, m, sender, model.Cents(100*len(claimants)), int64(len(claimants)), time.Hour)
 	var credits []model.Credit
 	for _, act := range claimants {
-		res, _, err := m.OpenBatch(context.Background(), ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
+		res, _, err := OpenBatch(context.Background(), m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res[0].Err)
 		}
@@ -91,7 +91,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
 	defer cancel()
 	start := time.Now()
-	applied, deferred, err := m.ApplyCredits(ctx, credits)
+	applied, deferred, err := ApplyCredits(ctx, m, credits)
 	took := time.Since(start)
 	if err != nil || applied != 2 || took > time.Second {
 		t.Fatalf("with two wallets locked: applied %d, err %v after %s; want the other 2 applied at once", applied, err, took)
@@ -118,7 +118,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	// defer one for a moment, as it would a relay's delivery: retry briefly.
 	total := 0
 	for try := 0; try < 20 && total < 2; try++ {
-		applied, _, err := m.ApplyCredits(bg, credits)
+		applied, _, err := ApplyCredits(bg, m, credits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	if total != 2 {
 		t.Fatalf("after the locks: %d applied, want the 2 deferred ones", total)
 	}
-	if applied, deferred, err := m.ApplyCredits(bg, credits); err != nil || applied != 0 || len(deferred) != 0 {
+	if applied, deferred, err := ApplyCredits(bg, m, credits); err != nil || applied != 0 || len(deferred) != 0 {
 		t.Fatalf("one more delivery: applied %d, deferred %v, err %v; want nothing", applied, deferred, err)
 	}
 	for _, c := range credits {
@@ -178,7 +178,7 @@ func TestRelayReadsAndWritesOneRoundTrip(t *testing.T) {
 	}
 	var got []model.Credit
 	if n := trips(func() (err error) {
-		got, _, err = m.ClaimsAfter(ctx, refA.Shard.DB(), 0, model.ClaimPos{}, m.nowMS()+1, 100_000)
+		got, _, err = ClaimsAfter(ctx, m, refA.Shard.DB(), 0, model.ClaimPos{}, m.nowMS()+1, 100_000)
 		return err
 	}); n != 1 {
 		t.Errorf("ClaimsAfter: %d round trips, want 1", n)
@@ -203,7 +203,7 @@ func TestRelayReadsAndWritesOneRoundTrip(t *testing.T) {
 		t.Fatalf("ClaimsAfter of db_%02d found %d of its %d claims", refA.Shard.DB(), found, len(a))
 	}
 	both := append(append([]model.Credit(nil), a...), b...)
-	if n := trips(func() error { return m.SendTo(ctx, both, "cell-q") }); n != 1 {
+	if n := trips(func() error { return SendTo(ctx, m, both, "cell-q") }); n != 1 {
 		t.Errorf("SendTo of claims in two databases: %d round trips, want 1", n)
 	}
 	for _, c := range both {
@@ -214,12 +214,12 @@ func TestRelayReadsAndWritesOneRoundTrip(t *testing.T) {
 		}
 	}
 	pos := map[int]int64{refA.Shard.DB(): 1_000, refB.Shard.DB(): 2_000}
-	if n := trips(func() error { return m.SaveRelayPositions(ctx, pos) }); n != 1 {
+	if n := trips(func() error { return SaveRelayPositions(ctx, m, pos) }); n != 1 {
 		t.Errorf("SaveRelayPositions of two databases: %d round trips, want 1", n)
 	}
 	var read map[int]int64
 	if n := trips(func() (err error) {
-		read, err = m.RelayPositions(ctx, []int{refA.Shard.DB(), refB.Shard.DB()})
+		read, err = RelayPositions(ctx, m, []int{refA.Shard.DB(), refB.Shard.DB()})
 		return err
 	}); n != 1 || read[refA.Shard.DB()] != 1_000 || read[refB.Shard.DB()] != 2_000 {
 		t.Errorf("RelayPositions: %v in %d round trips, want %v in 1", read, n, pos)
@@ -249,17 +249,17 @@ func TestRelayPositionFromLegacyOutbox(t *testing.T) {
 	if _, err := m.db.ExecContext(ctx, "INSERT INTO "+da+".t_outbox VALUES ('x1', 1, 1000), ('x2', 0, 5000), ('x3', 0, 7000)"); err != nil {
 		t.Fatal(err)
 	}
-	pos, err := m.RelayPositions(ctx, []int{a, b, c})
+	pos, err := RelayPositions(ctx, m, []int{a, b, c})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if pos[a] != 5000 || pos[b] < now-2*legacyUndelivered.Milliseconds() || pos[b] > m.nowMS() || len(pos) != 2 {
 		t.Fatalf("positions %v, want db %d at 5000 (its oldest undelivered row), db %d about a minute before %d, db %d absent", pos, a, b, now, c)
 	}
-	if err := m.SaveRelayPositions(ctx, map[int]int64{a: 9000}); err != nil {
+	if err := SaveRelayPositions(ctx, m, map[int]int64{a: 9000}); err != nil {
 		t.Fatal(err)
 	}
-	if pos, err := m.RelayPositions(ctx, []int{a}); err != nil || pos[a] != 9000 {
+	if pos, err := RelayPositions(ctx, m, []int{a}); err != nil || pos[a] != 9000 {
 		t.Fatalf("after a save: %v, %v; want the saved 9000", pos, err)
 	}
 }
@@ -277,10 +277,10 @@ func TestRelaySkipsMissingDatabases(t *testing.T) {
 	if _, err := m.db.ExecContext(ctx, "CREATE DATABASE "+m.tableNamesOf().db[13]+dbDefaults); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SaveRelayPositions(ctx, map[int]int64{12: 100, 13: 200, 14: 300}); err != nil {
+	if err := SaveRelayPositions(ctx, m, map[int]int64{12: 100, 13: 200, 14: 300}); err != nil {
 		t.Fatal(err)
 	}
-	pos, err := m.RelayPositions(ctx, []int{12, 13, 14})
+	pos, err := RelayPositions(ctx, m, []int{12, 13, 14})
 	if err != nil || !maps.Equal(pos, map[int]int64{12: 100, 13: 200}) {
 		t.Fatalf("positions %v (%v), want 12 and 13 saved, 14 absent", pos, err)
 	}
@@ -312,7 +312,7 @@ func TestOldClaimTablesUpgraded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, _, err := m.ClaimsAfter(ctx, s.DB(), 0, model.ClaimPos{}, 10_000, 10)
+	got, _, err := ClaimsAfter(ctx, m, s.DB(), 0, model.ClaimPos{}, 10_000, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

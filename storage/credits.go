@@ -32,7 +32,7 @@ type creditPaths struct {
 }
 
 // applyCreditsTx books credits inside tx, the caller's transaction, under
-// the contract of Singles.ApplyCredits: applied counts the credits booked
+// the contract of ApplyCredits: applied counts the credits booked
 // now, deferred names (by claim ID, once each) those whose flow index or
 // wallet row another transaction holds, with nothing written for them; every
 // other credit had been booked before (or is listed twice: booked once).

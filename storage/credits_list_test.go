@@ -144,11 +144,11 @@ func TestApplyCreditsBookedBeforeInLastShard(t *testing.T) {
 			before = c
 		}
 	}
-	if a, _, err := m.ApplyCredits(context.Background(), []model.Credit{before}); err != nil || a != 1 {
+	if a, _, err := ApplyCredits(context.Background(), m, []model.Credit{before}); err != nil || a != 1 {
 		t.Fatal(a, err)
 	}
 	fb := m.bulk.Fallback.Load()
-	a, d, err := m.ApplyCredits(context.Background(), cs)
+	a, d, err := ApplyCredits(context.Background(), m, cs)
 	if err != nil || a != len(cs)-1 || len(d) != 0 {
 		t.Fatalf("applied %d deferred %v err %v; want %d", a, d, err, len(cs)-1)
 	}
@@ -170,7 +170,7 @@ func TestApplyCreditsLockedWalletInLastShard(t *testing.T) {
 	release := hold(t, m, sql.LevelReadCommitted, "SELECT balance FROM "+m.accountTable(locked.Shard)+" WHERE act_id = ? FOR UPDATE", locked.ActID)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	a, d, err := m.ApplyCredits(ctx, cs)
+	a, d, err := ApplyCredits(ctx, m, cs)
 	var want []string
 	for _, c := range cs {
 		if c.ActID == locked.ActID {
@@ -184,7 +184,7 @@ func TestApplyCreditsLockedWalletInLastShard(t *testing.T) {
 	}
 	checkCreditRows(t, m, cs, func(c model.Credit) bool { return c.ActID != locked.ActID })
 	release()
-	a, d, err = m.ApplyCredits(context.Background(), cs)
+	a, d, err = ApplyCredits(context.Background(), m, cs)
 	if err != nil || a != len(want) || len(d) != 0 {
 		t.Fatalf("after release: applied %d deferred %v err %v", a, d, err)
 	}
@@ -205,7 +205,7 @@ func TestApplyCreditsAcrossChunks(t *testing.T) {
 		t.Fatalf("fixture: no wallet spans the chunk boundary")
 	}
 	pre1, pre2 := sorted[10], sorted[1300]
-	if a, _, err := m.ApplyCredits(context.Background(), []model.Credit{pre1, pre2}); err != nil || a != 2 {
+	if a, _, err := ApplyCredits(context.Background(), m, []model.Credit{pre1, pre2}); err != nil || a != 2 {
 		t.Fatal(a, err)
 	}
 	lockedAct := sorted[1450].ActID
@@ -213,7 +213,7 @@ func TestApplyCreditsAcrossChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := hold(t, m, sql.LevelReadCommitted, "SELECT balance FROM "+m.accountTable(7)+" WHERE act_id = ? FOR UPDATE", lockedAct)
-	a, d, err := m.ApplyCredits(context.Background(), cs)
+	a, d, err := ApplyCredits(context.Background(), m, cs)
 	nLocked := 0
 	for _, c := range cs {
 		if c.ActID == lockedAct {
@@ -225,7 +225,7 @@ func TestApplyCreditsAcrossChunks(t *testing.T) {
 	}
 	checkCreditRows(t, m, cs, func(c model.Credit) bool { return c.ActID != lockedAct })
 	release()
-	if a, d, err := m.ApplyCredits(context.Background(), cs); err != nil || a != nLocked || len(d) != 0 {
+	if a, d, err := ApplyCredits(context.Background(), m, cs); err != nil || a != nLocked || len(d) != 0 {
 		t.Fatalf("after release: %d %v %v", a, d, err)
 	}
 	checkCreditRows(t, m, cs, func(model.Credit) bool { return true })
@@ -273,13 +273,13 @@ func TestApplyCreditsFlowRowHeldInLastShard(t *testing.T) {
 	if _, err := other.Exec(m.flowInsert(held.Shard), flowArgs(out.Flow)...); err != nil {
 		t.Fatal(err)
 	}
-	a, d, err := m.ApplyCredits(context.Background(), cs)
+	a, d, err := ApplyCredits(context.Background(), m, cs)
 	if err != nil || a != len(cs)-1 || !slices.Equal(d, []string{held.ClaimID}) {
 		t.Fatalf("applied %d deferred %v err %v", a, d, err)
 	}
 	other.Rollback()
 	checkCreditRows(t, m, cs, func(c model.Credit) bool { return c.ClaimID != held.ClaimID })
-	if a, d, err := m.ApplyCredits(context.Background(), cs); err != nil || a != 1 || len(d) != 0 {
+	if a, d, err := ApplyCredits(context.Background(), m, cs); err != nil || a != 1 || len(d) != 0 {
 		t.Fatalf("after: %d %v %v", a, d, err)
 	}
 	checkCreditRows(t, m, cs, func(model.Credit) bool { return true })
@@ -302,7 +302,7 @@ func TestApplyCreditsConcurrentOverlap(t *testing.T) {
 				mine[i], mine[j] = mine[j], mine[i]
 			}
 			for try := 0; try < 200; try++ {
-				a, d, err := m.ApplyCredits(context.Background(), mine)
+				a, d, err := ApplyCredits(context.Background(), m, mine)
 				if err != nil {
 					t.Logf("worker %d: %v", w, err)
 					continue
@@ -374,7 +374,7 @@ func TestCreditsFreshWithoutSavepoint(t *testing.T) {
 		}
 	}
 	// One credit booked before: the fresh list cannot be written whole.
-	if a, _, err := m.ApplyCredits(bg, cs[:1]); err != nil || a != 1 {
+	if a, _, err := ApplyCredits(bg, m, cs[:1]); err != nil || a != 1 {
 		t.Fatalf("the first credit: %d %v", a, err)
 	}
 	tx, err := m.db.BeginTx(bg, nil)
@@ -388,7 +388,7 @@ func TestCreditsFreshWithoutSavepoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkCreditRows(t, m, cs, func(c model.Credit) bool { return c.ClaimID == cs[0].ClaimID })
-	if a, d, err := m.ApplyCredits(bg, cs); err != nil || a != len(cs)-1 || len(d) != 0 {
+	if a, d, err := ApplyCredits(bg, m, cs); err != nil || a != len(cs)-1 || len(d) != 0 {
 		t.Fatalf("the batch after: applied %d, deferred %v, %v; want %d", a, d, err, len(cs)-1)
 	}
 	checkCreditRows(t, m, cs, func(model.Credit) bool { return true })

@@ -92,7 +92,7 @@ func paths(m *MySQL) (bulk, oneByOne int64) { return m.bulk.Bulk.Load(), m.bulk.
 func TestApplyCreditsBulkFresh(t *testing.T) {
 	m := openStore(t)
 	credits, _ := bulkFixture(t, m)
-	applied, deferred, err := m.ApplyCredits(context.Background(), credits)
+	applied, deferred, err := ApplyCredits(context.Background(), m, credits)
 	if err != nil || applied != len(credits) || len(deferred) != 0 {
 		t.Fatalf("applied %d, deferred %v, err %v; want all %d", applied, deferred, err, len(credits))
 	}
@@ -103,7 +103,7 @@ func TestApplyCreditsBulkFresh(t *testing.T) {
 		t.Errorf("%d batches fell back to shard by shard; want all in one round trip", f)
 	}
 	checkBooked(t, m, credits, func(model.Credit) bool { return true })
-	applied, deferred, err = m.ApplyCredits(context.Background(), credits)
+	applied, deferred, err = ApplyCredits(context.Background(), m, credits)
 	if err != nil || applied != 0 || len(deferred) != 0 {
 		t.Fatalf("again: applied %d, deferred %v, err %v; want nothing", applied, deferred, err)
 	}
@@ -118,12 +118,12 @@ func TestApplyCreditsBulkMixed(t *testing.T) {
 	m := openStore(t)
 	credits, _ := bulkFixture(t, m)
 	first := credits[:len(credits)/2]
-	if applied, _, err := m.ApplyCredits(context.Background(), first); err != nil || applied != len(first) {
+	if applied, _, err := ApplyCredits(context.Background(), m, first); err != nil || applied != len(first) {
 		t.Fatal(applied, err)
 	}
 	_, oneBefore := paths(m)
 	fallbackBefore := m.bulk.Fallback.Load()
-	applied, deferred, err := m.ApplyCredits(context.Background(), credits)
+	applied, deferred, err := ApplyCredits(context.Background(), m, credits)
 	if err != nil || applied != len(credits)-len(first) || len(deferred) != 0 {
 		t.Fatalf("applied %d, deferred %v, err %v; want the other %d", applied, deferred, err, len(credits)-len(first))
 	}
@@ -156,7 +156,7 @@ func TestApplyCreditsBulkLockedWallet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
 	defer cancel()
 	start := time.Now()
-	applied, deferred, err := m.ApplyCredits(ctx, credits)
+	applied, deferred, err := ApplyCredits(ctx, m, credits)
 	if took := time.Since(start); err != nil || applied != len(credits)-2 || took > time.Second {
 		t.Fatalf("applied %d, err %v after %s; want all but %s's 2 at once", applied, err, took, locked)
 	}
@@ -175,7 +175,7 @@ func TestApplyCreditsBulkLockedWallet(t *testing.T) {
 	release()
 	total := 0
 	for try := 0; try < 20 && total < 2; try++ { // a neighbouring key's lock may defer it a moment more
-		applied, _, err := m.ApplyCredits(bg, credits)
+		applied, _, err := ApplyCredits(bg, m, credits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +195,7 @@ func TestApplyCreditsListedTwice(t *testing.T) {
 	m := openStore(t)
 	credits, _ := bulkFixture(t, m)
 	twice := append(slices.Clone(credits), credits[0], credits[3], credits[0])
-	applied, deferred, err := m.ApplyCredits(context.Background(), twice)
+	applied, deferred, err := ApplyCredits(context.Background(), m, twice)
 	if err != nil || applied != len(credits) || len(deferred) != 0 {
 		t.Fatalf("applied %d, deferred %v, err %v; want %d", applied, deferred, err, len(credits))
 	}
@@ -315,7 +315,7 @@ func BenchmarkApplyCredits(b *testing.B) {
 		b.Run(fmt.Sprintf("credits=%d/shards=%d/bulk", perCall, spread), func(b *testing.B) {
 			run := testenv.Prefix()
 			for i := 0; b.Loop(); i++ {
-				if n, _, err := m.ApplyCredits(ctx, batch(run, i)); err != nil || n != perCall {
+				if n, _, err := ApplyCredits(ctx, m, batch(run, i)); err != nil || n != perCall {
 					b.Fatal(n, err)
 				}
 			}

@@ -158,7 +158,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 				}
 				act := fmt.Sprintf("fo-%d-%d", w, i)
 				dctx, dcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-				_, err := m.Deposit(dctx, sharding.ShardOfAct(act), act, "dep-"+act, model.Cents(100+i))
+				_, err := Deposit(dctx, m, sharding.ShardOfAct(act), act, "dep-"+act, model.Cents(100+i))
 				dcancel()
 				if err == nil {
 					mu.Lock()
@@ -208,7 +208,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 		var a model.Account
 		var err error
 		for range 50 { // the pool drops the old primary's connections as it meets them
-			if a, err = m.Account(ctx, sharding.ShardOfAct(act), act); err == nil {
+			if a, err = Account(ctx, m, sharding.ShardOfAct(act), act); err == nil {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -220,7 +220,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	// Writes go on, on the standby.
 	var derr error
 	for range 50 {
-		if _, derr = m.Deposit(ctx, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
+		if _, derr = Deposit(ctx, m, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -237,7 +237,7 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	if !f2.OnStandby() {
 		t.Fatal("a store opened after the promotion serves from the old primary")
 	}
-	if a, err := m2.Account(ctx, sharding.ShardOfAct("fo-after"), "fo-after"); err != nil || a.Balance != 777 {
+	if a, err := Account(ctx, m2, sharding.ShardOfAct("fo-after"), "fo-after"); err != nil || a.Balance != 777 {
 		t.Fatalf("the deposit after the failover, read by a new store: %+v, %v", a, err)
 	}
 	t.Logf("%d deposits answered (of %d tried), all on the standby; promoted %s after the primary's SIGKILL (failover after 2 s of silence)",

@@ -35,15 +35,15 @@ type GroupKind uint8
 
 // The kinds of op a group carries.
 const (
-	OpOpen     GroupKind = iota + 1 // open a packet once per request: Singles.OpenBatch
-	OpSend                          // debit the sender and create a packet: Singles.Send
-	OpDeposit                       // credit a wallet under the caller's order number: Singles.Deposit
-	OpCredits                       // book claims into claimants' wallets: Singles.ApplyCredits
-	OpRewards                       // book issued rewards: Singles.BookRewards
-	OpIssue                         // store one issued reward: Singles.IssueReward
-	OpAccept                        // store one coupon request, accepted: Singles.AcceptCoupon
-	OpRefund                        // give an expired packet's exact remainder back to its sender: Singles.Refund
-	OpWithdraw                      // debit a wallet under the caller's order number: Singles.Withdraw
+	OpOpen     GroupKind = iota + 1 // open a packet once per request: OpenBatch
+	OpSend                          // debit the sender and create a packet: Send
+	OpDeposit                       // credit a wallet under the caller's order number: Deposit
+	OpCredits                       // book claims into claimants' wallets: ApplyCredits
+	OpRewards                       // book issued rewards: BookRewards
+	OpIssue                         // store one issued reward: IssueReward
+	OpAccept                        // store one coupon request, accepted: AcceptCoupon
+	OpRefund                        // give an expired packet's exact remainder back to its sender: Refund
+	OpWithdraw                      // debit a wallet under the caller's order number: Withdraw
 )
 
 func (k GroupKind) String() string {
@@ -72,7 +72,7 @@ func (k GroupKind) String() string {
 
 // GroupOp is one request in a group: its inputs, set by the caller, and its
 // answers, set by CommitGroup. The inputs and answers of each kind mean what
-// the single-op method of the same kind says (store.go); the answers are
+// the single-op function of the same kind says (single.go); the answers are
 // valid only when CommitGroup returns nil.
 type GroupOp struct {
 	Kind GroupKind
@@ -100,10 +100,11 @@ type GroupOp struct {
 	Credits []model.Credit
 	// OpRewards: the rewards to book (by Shard and OrderNo), in any order.
 	Rewards []model.Reward
-	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS set).
+	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS: the
+	// group's time when 0).
 	Reward model.Reward
 	// OpAccept: the coupon request to store, as AcceptCoupon takes it
-	// (Shard and AcceptedMS set).
+	// (Shard set; AcceptedMS the group's time when 0).
 	Coupon model.CouponRequest
 
 	// Answers.

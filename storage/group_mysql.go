@@ -142,8 +142,8 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 		case OpRewards:
 			_, err = m.ensureRewardBooking(ctx, op.Rewards)
 		case OpIssue:
-			if !op.Reward.Shard.Valid() || op.Reward.CreatedMS == 0 {
-				return fmt.Errorf("storage: group issue of reward %q without a shard or time", op.Reward.OrderNo)
+			if !op.Reward.Shard.Valid() {
+				return fmt.Errorf("storage: group issue of reward %q without a shard", op.Reward.OrderNo)
 			}
 			err = m.ensureRewards(ctx, op.Reward.Shard.DB())
 		case OpAccept:
@@ -258,7 +258,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 				probe = func() (bool, error) {
 					// This attempt's claim: its seq, share and time, not only
 					// a claim of this user (another writer's would be one).
-					got, err := m.ClaimsOf(ctx, ref, reqs)
+					got, err := m.claimsOfPacket(ctx, ref, reqs)
 					c := got[first.ActID]
 					return err == nil && c.Seq == first.Seq && c.Amount == first.Amount && c.CreatedMS == first.CreatedMS, err
 				}
@@ -331,6 +331,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 		case OpRewards:
 			rewardOps = append(rewardOps, op)
 		case OpIssue:
+			if op.Reward.CreatedMS == 0 {
+				op.Reward.CreatedMS = now
+			}
 			issueOps = append(issueOps, op)
 		case OpAccept:
 			acceptOps = append(acceptOps, op)

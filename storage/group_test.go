@@ -25,17 +25,17 @@ func TestCommitGroupMixed(t *testing.T) {
 	shardOf := sharding.ShardOfAct
 
 	// A packet made the ordinary way, to open in the group.
-	if _, err := m.Deposit(ctx, shardOf("s1"), "s1", "d0", 1000); err != nil {
+	if _, err := Deposit(ctx, m, shardOf("s1"), "s1", "d0", 1000); err != nil {
 		t.Fatal(err)
 	}
 	p1ID := model.NewPacketID(shardOf("s1"), now)
-	p1, _, err := m.Send(ctx, shardOf("s1"), model.SendRequest{Sender: "s1", Amount: 300, Count: 3, Kind: model.KindFixed, OrderNo: "o1"}, p1ID, now.Add(time.Hour).UnixMilli())
+	p1, _, err := Send(ctx, m, shardOf("s1"), model.SendRequest{Sender: "s1", Amount: 300, Count: 3, Kind: model.KindFixed, OrderNo: "o1"}, p1ID, now.Add(time.Hour).UnixMilli())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ref1, _ := model.ParsePacketID(string(p1.ID))
 	// u1 claims before the group: the group answers it as a repeat.
-	if res, _, err := m.OpenBatch(ctx, ref1, []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}}, r); err != nil || res[0].Err != nil {
+	if res, _, err := OpenBatch(ctx, m, ref1, []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}}, r); err != nil || res[0].Err != nil {
 		t.Fatal(err, res)
 	}
 	missing, _ := model.ParsePacketID(string(model.NewPacketID(shardOf("nobody"), now)))
@@ -148,7 +148,7 @@ func BenchmarkColdOpens(b *testing.B) {
 			senders := 64
 			for i := 0; i < senders; i++ {
 				act := "s" + string(rune('A'+i%26)) + string(rune('a'+i/26))
-				if _, err := m.Deposit(ctx, sharding.ShardOfAct(act), act, "d", 1<<40); err != nil {
+				if _, err := Deposit(ctx, m, sharding.ShardOfAct(act), act, "d", 1<<40); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -157,7 +157,7 @@ func BenchmarkColdOpens(b *testing.B) {
 				act := "s" + string(rune('A'+i%senders%26)) + string(rune('a'+i%senders/26))
 				s := sharding.ShardOfAct(act)
 				id := model.NewPacketID(s, now)
-				if _, _, err := m.Send(ctx, s, model.SendRequest{Sender: act, Amount: 1000, Count: 10, Kind: model.KindRandom, OrderNo: "o" + string(id)}, id, now.Add(time.Hour).UnixMilli()); err != nil {
+				if _, _, err := Send(ctx, m, s, model.SendRequest{Sender: act, Amount: 1000, Count: 10, Kind: model.KindRandom, OrderNo: "o" + string(id)}, id, now.Add(time.Hour).UnixMilli()); err != nil {
 					b.Fatal(err)
 				}
 				refs[i], _ = model.ParsePacketID(string(id))
@@ -166,7 +166,7 @@ func BenchmarkColdOpens(b *testing.B) {
 			for i := 0; i < b.N; i += group {
 				end := min(i+group, b.N)
 				if group == 1 {
-					if _, _, err := m.OpenBatch(ctx, refs[i], []model.OpenRequest{{ActID: "u", Shard: 1}}, r); err != nil {
+					if _, _, err := OpenBatch(ctx, m, refs[i], []model.OpenRequest{{ActID: "u", Shard: 1}}, r); err != nil {
 						b.Fatal(err)
 					}
 					continue
@@ -192,11 +192,11 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 	m, _, _ := ContractMySQL(t, clock.NewManual(now))
 	ctx := context.Background()
 	s := sharding.ShardOfAct("lk")
-	if _, err := m.Deposit(ctx, s, "lk", "d", 100); err != nil {
+	if _, err := Deposit(ctx, m, s, "lk", "d", 100); err != nil {
 		t.Fatal(err)
 	}
 	id := model.NewPacketID(s, now)
-	if _, _, err := m.Send(ctx, s, model.SendRequest{Sender: "lk", Amount: 100, Count: 2, Kind: model.KindFixed, OrderNo: "o"}, id, now.Add(time.Hour).UnixMilli()); err != nil {
+	if _, _, err := Send(ctx, m, s, model.SendRequest{Sender: "lk", Amount: 100, Count: 2, Kind: model.KindFixed, OrderNo: "o"}, id, now.Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	ref, _ := model.ParsePacketID(string(id))
@@ -232,7 +232,7 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	ctx := context.Background()
-	if _, err := m.Deposit(ctx, sharding.ShardOfAct("ow"), "ow", "d-"+testenv.Prefix(), 400); err != nil {
+	if _, err := Deposit(ctx, m, sharding.ShardOfAct("ow"), "ow", "d-"+testenv.Prefix(), 400); err != nil {
 		t.Fatal(err)
 	}
 	ref := send(t, m, "ow", 400, 4, time.Hour)
@@ -248,7 +248,7 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	base := selects()
 	base = selects() - base // what reading the counter itself adds
 	s0, re0 := selects(), m.claimRereads.Load()
-	fresh, _, err := m.OpenBatch(ctx, ref, reqs("u1", "u2"), r)
+	fresh, _, err := OpenBatch(ctx, m, ref, reqs("u1", "u2"), r)
 	if err != nil || fresh[0].Err != nil || fresh[1].Err != nil || fresh[0].Claim.Seq != 1 || fresh[1].Claim.Seq != 2 {
 		t.Fatalf("fresh opens: %v %+v", err, fresh)
 	}
@@ -261,7 +261,7 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 
 	// u1 again beside a new opener: the unique key refuses u1's second
 	// claim, and the group runs again with the claims read.
-	again, p, err := m.OpenBatch(ctx, ref, reqs("u1", "u3"), r)
+	again, p, err := OpenBatch(ctx, m, ref, reqs("u1", "u3"), r)
 	if err != nil || !again[0].Repeat || again[0].Claim != fresh[0].Claim || again[1].Err != nil || again[1].Claim.Seq != 3 {
 		t.Fatalf("repeat beside a fresh open: %v %+v (first %+v)", err, again, fresh[0])
 	}
@@ -276,7 +276,7 @@ func TestOpenWithoutClaimsRead(t *testing.T) {
 	// would be SOLD_OUT: foreseen, so the claims are read in the same
 	// transaction, and u2 gets the claim, not a share.
 	s1 := selects()
-	closed, p, err := m.OpenBatch(ctx, ref, reqs("u2", "u4", "u5"), r)
+	closed, p, err := OpenBatch(ctx, m, ref, reqs("u2", "u4", "u5"), r)
 	if err != nil || !closed[0].Repeat || closed[0].Claim != fresh[1].Claim || closed[1].Err != nil || closed[1].Claim.Seq != 4 ||
 		!errors.Is(closed[2].Err, model.ErrSoldOut) {
 		t.Fatalf("opens of the last share: %v %+v", err, closed)
@@ -373,16 +373,16 @@ func TestOpenRerunDrawsTheSameShares(t *testing.T) {
 		return out
 	}
 	for _, ref := range []model.PacketRef{a, b} {
-		if res, _, err := m.OpenBatch(ctx, ref, reqs("u0"), rand.New(rand.NewPCG(1, 1))); err != nil || res[0].Err != nil {
+		if res, _, err := OpenBatch(ctx, m, ref, reqs("u0"), rand.New(rand.NewPCG(1, 1))); err != nil || res[0].Err != nil {
 			t.Fatal(err, res)
 		}
 	}
 	re0 := m.claimRereads.Load()
-	ra, _, err := m.OpenBatch(ctx, a, reqs("u0", "u1", "u2"), rand.New(rand.NewPCG(9, 9)))
+	ra, _, err := OpenBatch(ctx, m, a, reqs("u0", "u1", "u2"), rand.New(rand.NewPCG(9, 9)))
 	if err != nil || !ra[0].Repeat || m.claimRereads.Load()-re0 != 1 {
 		t.Fatalf("a: %v %+v, %d re-reads", err, ra, m.claimRereads.Load()-re0)
 	}
-	rb, _, err := m.OpenBatch(ctx, b, reqs("u1", "u2"), rand.New(rand.NewPCG(9, 9)))
+	rb, _, err := OpenBatch(ctx, m, b, reqs("u1", "u2"), rand.New(rand.NewPCG(9, 9)))
 	if err != nil {
 		t.Fatal(err)
 	}

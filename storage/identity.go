@@ -31,14 +31,14 @@ func (m *MySQL) identityDDL(s model.ShardID) []string {
 	}
 }
 
-// BindIdentity implements Identities. One statement stores want unless the
+// bindIdentity runs BindAccount. One statement stores want unless the
 // account's row is there (INSERT ... ON DUPLICATE KEY UPDATE app = app: 1 row
 // affected when it was stored, 0 when a row was there); then the row is read
 // and decided against (model.Bind). A row of a legacy form is re-keyed by one
 // UPDATE of its phone_hash, made only while it still holds the hash read, so
 // that it never overwrites another request's: its act_id stays. A lost answer
 // is harmless: the retry finds the row and answers it as a repeat.
-func (m *MySQL) BindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
+func (m *MySQL) bindIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
 	if err := m.ensure(ctx, ensureKey{shard: s, day: identityDay}, m.identityDDL(s)); err != nil {
 		return model.IdentityBinding{}, false, err
 	}

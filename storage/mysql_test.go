@@ -47,14 +47,14 @@ func (c setTime) Set(t time.Time) { c.at.Set(t) }
 
 func deposit(t *testing.T, m *MySQL, act string, amount model.Cents) {
 	t.Helper()
-	if _, err := m.Deposit(context.Background(), sharding.ShardOfAct(act), act, "dep-"+act, amount); err != nil {
+	if _, err := Deposit(context.Background(), m, sharding.ShardOfAct(act), act, "dep-"+act, amount); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func balance(t *testing.T, m *MySQL, act string) model.Cents {
 	t.Helper()
-	a, err := m.Account(context.Background(), sharding.ShardOfAct(act), act)
+	a, err := Account(context.Background(), m, sharding.ShardOfAct(act), act)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func send(t *testing.T, m *MySQL, sender string, amount model.Cents, count int64
 	t.Helper()
 	s := sharding.ShardOfAct(sender)
 	id := model.NewPacketID(s, m.clock.Now())
-	p, _, err := m.Send(context.Background(), s, model.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: model.KindRandom, OrderNo: "snd-" + string(id[11:])}, id, m.clock.Now().Add(expires).UnixMilli())
+	p, _, err := Send(context.Background(), m, s, model.SendRequest{Sender: sender, Amount: amount, Count: count, Kind: model.KindRandom, OrderNo: "snd-" + string(id[11:])}, id, m.clock.Now().Add(expires).UnixMilli())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,18 +103,18 @@ func TestDepositIdempotentByOrderNo(t *testing.T) {
 	ctx := context.Background()
 	act := testenv.Prefix() + "-a"
 	s := sharding.ShardOfAct(act)
-	d, err := m.Deposit(ctx, s, act, "o1", 100)
+	d, err := Deposit(ctx, m, s, act, "o1", 100)
 	if err != nil || d.Balance != 100 || d.Repeat {
 		t.Fatalf("%+v %v", d, err)
 	}
-	d, err = m.Deposit(ctx, s, act, "o1", 100)
+	d, err = Deposit(ctx, m, s, act, "o1", 100)
 	if err != nil || d.Balance != 100 || !d.Repeat {
 		t.Fatalf("retry: %+v %v", d, err)
 	}
-	if _, err = m.Deposit(ctx, s, act, "o1", 200); !errors.Is(err, model.ErrOrderConflict) {
+	if _, err = Deposit(ctx, m, s, act, "o1", 200); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("same order_no, other amount: %v", err)
 	}
-	if d, err = m.Deposit(ctx, s, act, "o2", 50); err != nil || d.Balance != 150 {
+	if d, err = Deposit(ctx, m, s, act, "o2", 50); err != nil || d.Balance != 150 {
 		t.Fatalf("%+v %v", d, err)
 	}
 	// 20 concurrent retries of one new order apply it once.
@@ -123,7 +123,7 @@ func TestDepositIdempotentByOrderNo(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := m.Deposit(ctx, s, act, "o3", 7); err != nil {
+			if _, err := Deposit(ctx, m, s, act, "o3", 7); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -146,7 +146,7 @@ func TestSendDebitsOnceAndInsufficientChangesNothing(t *testing.T) {
 	s := sharding.ShardOfAct(sender)
 	deposit(t, m, sender, 500)
 	req := model.SendRequest{Sender: sender, Amount: 1000, Count: 10, Kind: model.KindRandom, OrderNo: "snd-1"}
-	if _, _, err := m.Send(ctx, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli()); !errors.Is(err, model.ErrInsufficientBalance) {
+	if _, _, err := Send(ctx, m, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli()); !errors.Is(err, model.ErrInsufficientBalance) {
 		t.Fatalf("send above balance: %v", err)
 	}
 	if b := balance(t, m, sender); b != 500 {
@@ -154,16 +154,16 @@ func TestSendDebitsOnceAndInsufficientChangesNothing(t *testing.T) {
 	}
 	req.Amount = 300
 	id := model.NewPacketID(s, time.Now())
-	p, rep, err := m.Send(ctx, s, req, id, time.Now().Add(time.Hour).UnixMilli())
+	p, rep, err := Send(ctx, m, s, req, id, time.Now().Add(time.Hour).UnixMilli())
 	if err != nil || rep || p.ID != id || p.RemainingAmount != 300 {
 		t.Fatalf("%+v %v %v", p, rep, err)
 	}
-	p2, rep, err := m.Send(ctx, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli())
+	p2, rep, err := Send(ctx, m, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli())
 	if err != nil || !rep || p2.ID != id {
 		t.Fatalf("retry made %s (repeat %v, err %v), want %s", p2.ID, rep, err, id)
 	}
 	req.Count = 3
-	if _, _, err := m.Send(ctx, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli()); !errors.Is(err, model.ErrOrderConflict) {
+	if _, _, err := Send(ctx, m, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli()); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("same order_no, other body: %v", err)
 	}
 	if b := balance(t, m, sender); b != 200 {
@@ -185,14 +185,14 @@ func TestOpenBatchInvariants(t *testing.T) {
 	}
 	reqs = append(reqs, reqs[0]) // the same user twice in one batch
 	r := rand.New(rand.NewPCG(1, 2))
-	res, p, err := m.OpenBatch(ctx, ref, reqs[:6], r)
+	res, p, err := OpenBatch(ctx, m, ref, reqs[:6], r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.RemainingCount != 4 {
 		t.Fatalf("remaining count %d after 6 opens", p.RemainingCount)
 	}
-	res2, p, err := m.OpenBatch(ctx, ref, reqs, r) // 6 repeats, 4 new, 5 sold out, 1 duplicate
+	res2, p, err := OpenBatch(ctx, m, ref, reqs, r) // 6 repeats, 4 new, 5 sold out, 1 duplicate
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestOpenBatchInvariants(t *testing.T) {
 	}
 	// Opening an unknown packet is NOT_FOUND, not an error of the batch.
 	unknown, _ := model.ParsePacketID(string(model.NewPacketID(ref.Shard, time.Now())))
-	res3, _, err := m.OpenBatch(ctx, unknown, reqs[:1], r)
+	res3, _, err := OpenBatch(ctx, m, unknown, reqs[:1], r)
 	if err != nil || !errors.Is(res3[0].Err, model.ErrNotFound) {
 		t.Fatalf("unknown packet: %v %v", err, res3[0].Err)
 	}
@@ -248,7 +248,7 @@ func TestRefundRacesLateOpens(t *testing.T) {
 				r := rand.New(rand.NewPCG(uint64(g), uint64(round)))
 				for i := 0; i < 40; i++ {
 					act := pre + "-u" + itoa(g*1000+i)
-					res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
+					res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, r)
 					if err != nil {
 						t.Error(err)
 						return
@@ -271,7 +271,7 @@ func TestRefundRacesLateOpens(t *testing.T) {
 				defer wg.Done()
 				time.Sleep(150 * time.Millisecond)
 				for j := 0; j < 20; j++ {
-					c, err := m.Refund(ctx, ref)
+					c, err := Refund(ctx, m, ref)
 					if err != nil {
 						t.Error(err)
 						return
@@ -285,7 +285,7 @@ func TestRefundRacesLateOpens(t *testing.T) {
 		}
 		wg.Wait()
 		sum, _, _ := rowsOfPacket(t, m, ref)
-		p, err := m.Packet(ctx, ref)
+		p, err := Packet(ctx, m, ref)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,14 +318,14 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 	var credits []model.Credit
 	for _, u := range []string{"a", "b", "c"} {
 		act := pre + "-" + u
-		res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
+		res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 1)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res[0].Err)
 		}
 		c := res[0].Claim
 		credits = append(credits, model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount, CreatedMS: c.CreatedMS})
 	}
-	pending, _, err := m.ClaimsAfter(ctx, ref.Shard.DB(), 0, model.ClaimPos{}, time.Now().UnixMilli(), 100_000)
+	pending, _, err := ClaimsAfter(ctx, m, ref.Shard.DB(), 0, model.ClaimPos{}, time.Now().UnixMilli(), 100_000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestApplyCreditsExactlyOnce(t *testing.T) {
 		t.Fatalf("the claims read back hold %d of the 3 credits owed", found)
 	}
 	for i := 0; i < 3; i++ { // deliver three times
-		n, deferred, err := m.ApplyCredits(ctx, credits)
+		n, deferred, err := ApplyCredits(ctx, m, credits)
 		if err != nil || len(deferred) != 0 {
 			t.Fatal(deferred, err)
 		}
@@ -405,7 +405,7 @@ func TestConcurrentSendRetries(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p, _, err := m.Send(ctx, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli())
+			p, _, err := Send(ctx, m, s, req, model.NewPacketID(s, time.Now()), time.Now().Add(time.Hour).UnixMilli())
 			if err != nil {
 				t.Errorf("retry %d: %v", i, err)
 				return
@@ -451,7 +451,7 @@ func TestShadowIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sh.Deposit(ctx, s, act, "dep-1", 777); err != nil {
+	if _, err := Deposit(ctx, sh, s, act, "dep-1", 777); err != nil {
 		t.Fatal(err)
 	}
 	if b := balance(t, sh, act); b != 777 {
@@ -499,7 +499,7 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	days := []int{refs[0].Day}
 	// The scan is asked at explicit times, so the test does not race the clock.
 	find := func(at time.Time) map[model.PacketID]bool {
-		ids, err := m.ExpiredIn(ctx, shards, days, at.UnixMilli(), 100000)
+		ids, err := ExpiredIn(ctx, m, shards, days, at.UnixMilli(), 100000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -524,7 +524,7 @@ func TestExpiredInFindsOnlyExpiredOpenPackets(t *testing.T) {
 	}
 	m.SetClock(newSetTime(inTwoHours)) // Refund checks expiry by the store's clock
 	for _, r := range refs {
-		if c, err := m.Refund(ctx, r); err != nil || c != 100 {
+		if c, err := Refund(ctx, m, r); err != nil || c != 100 {
 			t.Fatalf("refund of %s: %d, %v", r.ID, c, err)
 		}
 	}

@@ -18,8 +18,8 @@ import (
 //   - A typed op (the ops_*.go files: coupon takes and decisions, lease
 //     grants and returns, identity binds, reward takes, the relay's and
 //     reconciliation's positions): the whole of its group, run in a
-//     transaction of its own. CommitGroup answers its errors as the op's
-//     own method did (its doc comment gives them).
+//     transaction of its own. CommitGroup answers the errors its type's
+//     doc comment gives.
 //
 // A Query is one read: a typed struct with its inputs and, once Read returns
 // nil, its answer.

@@ -3,13 +3,10 @@ package storage
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
-	"redcell/internal/invariant"
 	"redcell/model"
 )
 
@@ -24,97 +21,9 @@ func scanPacket(row interface{ Scan(...any) error }) (model.Packet, error) {
 	return p, err
 }
 
-// Send debits req.Sender (shard s) by req.Amount and creates packet id in one
-// transaction: lock the sender's wallet, decide (model.Send), write the flow
-// row, the balance and the packet. id must come from model.NewPacketID for
-// shard s. expiresMS is Unix ms. A retry with the same order number and request
-// returns the first packet with repeat set. Errors: ErrInsufficientBalance
-// (nothing written), ErrOrderConflict. The request must be validated by the
-// caller.
-func (m *MySQL) Send(ctx context.Context, s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (p model.Packet, repeat bool, err error) {
-	ref, err := model.ParsePacketID(string(id))
-	invariant.That(err == nil && ref.Shard == s, "send with a packet ID of another shard")
-	if err := m.EnsureDay(ctx, s, ref.Day); err != nil {
-		return model.Packet{}, false, err
-	}
-	hash := model.SendHash(req)
-	again := func() (model.Packet, bool, error) {
-		f, ok, err := m.findFlow(ctx, m.db, s, req.Sender, req.OrderNo)
-		if err != nil || !ok {
-			return model.Packet{}, false, err
-		}
-		if err := model.ReplayOrder(f, model.FlowSend, hash); err != nil {
-			return model.Packet{}, false, err
-		}
-		first, err := model.ParsePacketID(f.Ref)
-		if err != nil {
-			return model.Packet{}, false, fmt.Errorf("storage: flow row holds bad packet id %q: %w", f.Ref, err)
-		}
-		p, err := m.Packet(ctx, first)
-		return p, err == nil, err
-	}
-	if p, rep, err := again(); err != nil || rep {
-		return p, rep, err
-	}
-	now := m.nowMS()
-	var out model.SendOutcome
-	err = m.inTx(ctx, func(tx *sql.Tx) error {
-		bal, err := m.lockBalance(ctx, tx, s, req.Sender)
-		if err != nil {
-			return err
-		}
-		// A retry of this order may have committed while we waited for the lock:
-		// answer from it, not with its effect on the balance.
-		if _, done, err := m.findFlowLocked(ctx, tx, s, req.Sender, req.OrderNo); err != nil || done {
-			if done {
-				return errRepeat
-			}
-			return err
-		}
-		out, err = model.Send(model.SendInput{Req: req, ID: id, Balance: bal, NowMS: now, ExpiresMS: expiresMS})
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
-			out.Balance, now, req.Sender); err != nil {
-			return err
-		}
-		q := out.Packet
-		_, err = tx.ExecContext(ctx, "INSERT INTO "+m.packetTable(s, ref.Day)+" ("+packetCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-			string(q.ID), q.Sender, q.OrderNo, string(q.Kind), q.Greeting, q.Amount, q.Count, q.RemainingAmount, q.RemainingCount,
-			q.RefundAmount, q.Status, q.CreatedMS, q.ExpiresMS)
-		return err
-	})
-	if errors.Is(err, errCommitUnknown) {
-		var first model.Packet
-		if ok, known := m.settleCommit(ctx, func() (bool, error) {
-			var rerr error
-			var rep bool
-			first, rep, rerr = again()
-			return rep, rerr
-		}); known && ok {
-			return first, false, nil // applied by this call's own COMMIT
-		}
-	}
-	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
-		p, rep, err := again()
-		if err == nil && !rep {
-			err = fmt.Errorf("storage: send %s: order seen but its flow row is gone", req.OrderNo)
-		}
-		return p, rep, err
-	}
-	if err != nil {
-		return model.Packet{}, false, fmt.Errorf("storage: send: %w", err)
-	}
-	return out.Packet, false, nil
-}
-
-// Packet reads a packet row, from its day table or, once archived, from its
+// readPacket reads a packet row, from its day table or, once archived, from its
 // shard's archive (Archive). Errors: ErrNotFound.
-func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+func (m *MySQL) readPacket(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
 	read := func(day int) (model.Packet, error) {
 		return scanPacket(m.db.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, day)+
 			" WHERE packet_id = ?", string(ref.ID)))
@@ -132,9 +41,9 @@ func (m *MySQL) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 	return p, nil
 }
 
-// Claims returns up to limit claims of the packet with seq > afterSeq, by
+// packetClaims returns up to limit claims of the packet with seq > afterSeq, by
 // seq, from its day table or, once the packet is archived, its archive.
-func (m *MySQL) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+func (m *MySQL) packetClaims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	out, err := m.claimsPage(ctx, ref, afterSeq, limit)
 	if err != nil || len(out) > 0 || !m.mayBeArchived(ref) {
 		return out, err
@@ -168,27 +77,10 @@ func (m *MySQL) claimsPage(ctx context.Context, ref model.PacketRef, afterSeq in
 	return out, rows.Err()
 }
 
-// OpenBatch opens packet ref once for each request, in order, in ONE
-// transaction: a group of one open through CommitGroup (lock the packet row,
-// decide by model.Open, insert the new claims (each its own outbox row), update
-// the packet, commit; the earlier claims are read only when a repeat or a
-// refusal needs them). A user listed twice gets one claim. Per-request
-// errors: ErrSoldOut, ErrExpired, ErrNotFound. An error for the whole batch
-// (the transaction failed) means nothing was written. It also returns the
-// packet as the transaction left it (zero if not found). r must not be
-// shared with other goroutines.
-func (m *MySQL) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
-	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: reqs, Rand: r}
-	if err := m.CommitGroup(ctx, []Op{op}); err != nil {
-		return nil, model.Packet{}, fmt.Errorf("storage: open %s: %w", ref.ID, err)
-	}
-	return op.Results, op.Packet, nil
-}
-
-// ClaimsOf returns the claims the requests' users hold on the packet, read
+// claimsOfPacket returns the claims the requests' users hold on the packet, read
 // without locks: used to answer opens of a packet known to be sold out or
 // expired, archived ones too.
-func (m *MySQL) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+func (m *MySQL) claimsOfPacket(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	c, err := m.claimsOf(ctx, m.db, ref, reqs)
 	if isMySQLErr(err, errNoSuchTable) {
 		c, err = map[string]model.Claim{}, nil
@@ -244,12 +136,12 @@ func rowsOf(n, cols int) string {
 	return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
 }
 
-// ExpiredIn lists up to limit open packets that expired at or before nowMS,
+// expiredIn lists up to limit open packets that expired at or before nowMS,
 // from the packet tables of the given shards and days of month that exist. It
 // reads the list of tables from information_schema (cached for a minute) and
 // asks up to 100 tables per statement, so a pass over hundreds of shards is a
 // handful of round trips, not one per table.
-func (m *MySQL) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+func (m *MySQL) expiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
 	existing, err := m.dayTables(ctx)
 	if err != nil {
 		return nil, err
@@ -343,54 +235,6 @@ func (m *MySQL) forgetTables() {
 	m.mu.Lock()
 	m.tableList, m.tableMade = nil, nil
 	m.mu.Unlock()
-}
-
-// Refund gives an expired packet's exact remainder back to its sender, once: it
-// locks the packet row (so it serializes with opens), decides (model.Refund:
-// due only while the packet is open and expired at the store's clock), then
-// locks the sender's wallet and writes the refund flow, the balance and the
-// packet. The flow order number "refund:" + packet ID makes a second refund
-// impossible. Returns the cents refunded (0 if nothing was due). Errors:
-// ErrNotFound (no such packet), ErrCommitUnknown.
-func (m *MySQL) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
-	var refunded model.Cents
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		refunded = 0
-		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(ref.Shard, ref.Day)+
-			" WHERE packet_id = ? FOR UPDATE", string(ref.ID)))
-		if errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) {
-			return model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
-		}
-		if err != nil {
-			return err
-		}
-		out := model.Refund(p, m.nowMS())
-		if !out.Due {
-			return nil
-		}
-		s, f, q := ref.Shard, out.Flow, out.Packet
-		if _, err := m.lockBalance(ctx, tx, s, f.ActID); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(f)...); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = balance + ?, updated_ms = ? WHERE act_id = ?",
-			f.Amount, f.CreatedMS, f.ActID); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.packetTable(s, ref.Day)+
-			" SET status = ?, refund_amount = ?, remaining_amount = ? WHERE packet_id = ?",
-			q.Status, q.RefundAmount, q.RemainingAmount, string(ref.ID)); err != nil {
-			return err
-		}
-		refunded = out.Amount
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("storage: refund %s: %w", ref.ID, err)
-	}
-	return refunded, nil
 }
 
 // upgradeClaimTables gives every claim table of the store's namespace made

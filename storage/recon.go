@@ -14,7 +14,7 @@ import (
 	"redcell/model"
 )
 
-// ReconWindow reads what reconciliation compares for database db (0..99): the
+// reconWindow reads what reconciliation compares for database db (0..99): the
 // claims created in [fromMS, toMS) in the claim tables of shards (all of db)
 // for the given days of month (and the archive's, for a window older than
 // ArchivedClaimsAge), each with the credit it owes: its claimant's shard
@@ -29,7 +29,7 @@ import (
 // holds more than 2×limit claims (claims appeared in it between the two
 // reads), that is an error, and the window is read again by the next pass.
 // A database none of whose claim tables exists reads empty.
-func (m *MySQL) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
+func (m *MySQL) reconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
 	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}}
 	for _, s := range shards {
 		if s.DB() != db {
@@ -157,12 +157,12 @@ func (m *MySQL) readReconWindowRetry(ctx context.Context, shards []model.ShardID
 	})
 }
 
-// CreditsOf returns the credit flows booked in this store for the given
+// creditsOf returns the credit flows booked in this store for the given
 // claims, by claim ID, as they are (account and amount), so the caller can
 // compare them with the claims; a claim credited to two of the accounts asked
 // about comes back with the two amounts summed. Credits whose claimant's shard
 // is not in this store's databases are not found. At most 10,000 credits per call.
-func (m *MySQL) CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
+func (m *MySQL) creditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
 	if len(credits) > 10_000 {
 		return nil, fmt.Errorf("storage: credits of %d claims: at most 10000 per call", len(credits))
 	}
@@ -251,10 +251,10 @@ func (m *MySQL) reconTable() string { return m.ns + "redcell_meta.t_recon_positi
 // errUnknownDB: the schema does not exist (yet).
 const errUnknownDB = 1049
 
-// ReconPositions returns, by database (0..99), where reconciliation has
+// reconPositions returns, by database (0..99), where reconciliation has
 // checked up to as last saved: claims created before that Unix ms have been
 // checked. A database never saved is absent; a store never saved reads empty.
-func (m *MySQL) ReconPositions(ctx context.Context) (map[int]int64, error) {
+func (m *MySQL) reconPositions(ctx context.Context) (map[int]int64, error) {
 	out := map[int]int64{}
 	rows, err := m.db.QueryContext(ctx, "SELECT db, checked_ms FROM "+m.reconTable())
 	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
@@ -278,12 +278,12 @@ func (m *MySQL) ReconPositions(ctx context.Context) (map[int]int64, error) {
 	return out, nil
 }
 
-// SaveReconPositions records, in one statement, where reconciliation has
+// saveReconPositions records, in one statement, where reconciliation has
 // checked up to for each database in pos (database 0..99 -> Unix ms). A
 // position never moves back: saving one below what is stored keeps the stored
 // one, so a save repeated or replayed out of order changes nothing. The table
 // is made on first use.
-func (m *MySQL) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
+func (m *MySQL) saveReconPositions(ctx context.Context, pos map[int]int64) error {
 	if len(pos) == 0 {
 		return nil
 	}

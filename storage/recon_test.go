@@ -40,7 +40,7 @@ func TestReconWindow(t *testing.T) {
 	for i := range 3 { // one open per millisecond: base+1, base+2, base+3
 		clk.Set(base.Add(time.Duration(i+1) * time.Millisecond))
 		act := pre + "-c" + string(rune('a'+i))
-		res, _, err := m.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
+		res, _, err := OpenBatch(ctx, m, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
 			t.Fatal(err, res)
 		}
@@ -57,7 +57,7 @@ func TestReconWindow(t *testing.T) {
 		}
 		return out
 	}
-	w, err := m.ReconWindow(ctx, db, shards, days, from, to, 100)
+	w, err := ReconWindow(ctx, m, db, shards, days, from, to, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestReconWindow(t *testing.T) {
 	}
 	// A limit of 1 cuts the window after the first millisecond, 2 after the second.
 	for limit := 1; limit <= 3; limit++ {
-		w, err = m.ReconWindow(ctx, db, shards, days, from, to, limit)
+		w, err = ReconWindow(ctx, m, db, shards, days, from, to, limit)
 		if end := min(from+int64(limit), to); err != nil || w.ToMS != end || len(w.Claims) != limit {
 			t.Fatalf("window of limit %d: %+v, %v (want it cut at %d)", limit, w, err, end)
 		}
@@ -77,13 +77,13 @@ func TestReconWindow(t *testing.T) {
 	clk.Set(base.Add(10 * time.Millisecond))
 	ref2 := send(t, m, sender, 200, 2, time.Hour)
 	clk.Set(base.Add(11 * time.Millisecond))
-	res, _, err := m.OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: pre + "-cx", Shard: sharding.ShardOfAct(pre + "-cx")},
+	res, _, err := OpenBatch(ctx, m, ref2, []model.OpenRequest{{ActID: pre + "-cx", Shard: sharding.ShardOfAct(pre + "-cx")},
 		{ActID: pre + "-cy", Shard: sharding.ShardOfAct(pre + "-cy")}}, rand.New(rand.NewPCG(1, 2)))
 	if err != nil || res[0].Err != nil || res[1].Err != nil {
 		t.Fatal(err, res)
 	}
 	ms := clk.Now().UnixMilli()
-	if w, err = m.ReconWindow(ctx, db, shards, []int{ref2.Day}, ms, ms+5, 1); err != nil || w.ToMS != ms+1 || len(w.Claims) != 2 {
+	if w, err = ReconWindow(ctx, m, db, shards, []int{ref2.Day}, ms, ms+5, 1); err != nil || w.ToMS != ms+1 || len(w.Claims) != 2 {
 		t.Fatalf("one millisecond of 2 claims with limit 1: %+v, %v", w, err)
 	}
 
@@ -97,17 +97,17 @@ func TestReconWindow(t *testing.T) {
 		}
 	}
 	exec("UPDATE "+claimTable+" SET act_shard = -1, dest = 'cell-x' WHERE packet_id = ? AND seq = 1", string(ref.ID))
-	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)
+	w, _ = ReconWindow(ctx, m, db, shards, days, from, to, 100)
 	if c := w.Claims[credits[0].ClaimID]; c.ActShard != credits[0].Shard || c.Dest != "cell-x" || !reflect.DeepEqual(w.Claims[credits[1].ClaimID], model.Claim{
 		ID: credits[1].ClaimID, PacketID: ref.ID, Seq: 2, ActID: credits[1].ActID, Amount: credits[1].Amount, CreatedMS: credits[1].CreatedMS, ActShard: credits[1].Shard}) {
 		t.Fatalf("claims read: %+v", w.Claims)
 	}
 
 	// Credited: CreditsOf finds the credits the claims owe.
-	if _, _, err := m.ApplyCredits(ctx, credits); err != nil {
+	if _, _, err := ApplyCredits(ctx, m, credits); err != nil {
 		t.Fatal(err)
 	}
-	found, err := m.CreditsOf(ctx, owed(w))
+	found, err := CreditsOf(ctx, m, owed(w))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +119,12 @@ func TestReconWindow(t *testing.T) {
 	t.Cleanup(func() {
 		m.db.Exec("UPDATE "+claimTable+" SET amount = amount - 1 WHERE packet_id = ? AND seq = 1", string(ref.ID))
 	})
-	w, _ = m.ReconWindow(ctx, db, shards, days, from, to, 100)
+	w, _ = ReconWindow(ctx, m, db, shards, days, from, to, 100)
 	if cc := model.CompareCredits(owed(w), found); !slices.Equal(cc.Diffs[model.DiffCreditMismatch], []string{credits[0].ClaimID}) || cc.Matched.Count != 2 {
 		t.Fatalf("changed claim: %+v", cc)
 	}
 	// Outside the window nothing is read.
-	if w, err = m.ReconWindow(ctx, db, shards, days, to, base.Add(10*time.Millisecond).UnixMilli(), 100); err != nil || len(w.Claims) != 0 {
+	if w, err = ReconWindow(ctx, m, db, shards, days, to, base.Add(10*time.Millisecond).UnixMilli(), 100); err != nil || len(w.Claims) != 0 {
 		t.Fatalf("empty window %+v, %v", w, err)
 	}
 }
@@ -198,7 +198,7 @@ func TestCreditsOfDoubleCredit(t *testing.T) {
 		{ClaimID: claimX, PacketID: pid, ActID: a, Shard: s, Amount: 300},
 		{ClaimID: claimY, PacketID: pid, ActID: b, Shard: s, Amount: 200},
 	}
-	found, err := m.CreditsOf(ctx, asked)
+	found, err := CreditsOf(ctx, m, asked)
 	if err != nil {
 		t.Fatal(err)
 	}

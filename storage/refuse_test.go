@@ -19,7 +19,7 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	for i, s := range shards {
 		for _, app := range []string{"pay", "shop"} {
 			r := model.CouponRequest{App: app, Serial: fmt.Sprintf("r%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"}
-			got, repeat, err := m.AcceptCoupon(ctx, r)
+			got, repeat, err := AcceptCoupon(ctx, m, r)
 			if err != nil || repeat {
 				t.Fatalf("accept %+v: %+v %v %v", r, got, repeat, err)
 			}
@@ -27,18 +27,18 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 		}
 	}
 	// One of them is refused first: a later refusal leaves its reason.
-	if err := m.RefuseCoupons(ctx, reqs[:1], model.ReasonRisk); err != nil {
+	if err := RefuseCoupons(ctx, m, reqs[:1], model.ReasonRisk); err != nil {
 		t.Fatal(err)
 	}
 	before := m.RoundTrips()
-	if err := m.RefuseCoupons(ctx, append(reqs, reqs[3]), model.ReasonSoldOut); err != nil { // one listed twice
+	if err := RefuseCoupons(ctx, m, append(reqs, reqs[3]), model.ReasonSoldOut); err != nil { // one listed twice
 		t.Fatal(err)
 	}
 	if got := m.RoundTrips() - before; got != 3 {
 		t.Errorf("refusing %d requests of 3 databases and 2 apps: %d round trips, want 3 (BEGIN, the list, COMMIT)", len(reqs)+1, got)
 	}
 	for i, r := range reqs {
-		got, err := m.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+		got, err := CouponRequestOf(ctx, m, r.Shard, r.App, r.Serial)
 		want := model.ReasonSoldOut
 		if i == 0 {
 			want = model.ReasonRisk
@@ -49,16 +49,16 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	}
 	// A release moves deciding requests only: refused ones stay refused.
 	before = m.RoundTrips()
-	if err := m.ReleaseCouponRequests(ctx, reqs); err != nil {
+	if err := ReleaseCouponRequests(ctx, m, reqs); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.RoundTrips() - before; got != 3 {
 		t.Errorf("releasing: %d round trips, want 3", got)
 	}
-	if got, _ := m.CouponRequestOf(ctx, reqs[5].Shard, reqs[5].App, reqs[5].Serial); got.State != model.CouponRefused {
+	if got, _ := CouponRequestOf(ctx, m, reqs[5].Shard, reqs[5].App, reqs[5].Serial); got.State != model.CouponRefused {
 		t.Errorf("a refused request after a release: %+v", got)
 	}
-	if err := m.RefuseCoupons(ctx, nil, model.ReasonRisk); err != nil {
+	if err := RefuseCoupons(ctx, m, nil, model.ReasonRisk); err != nil {
 		t.Errorf("refusing nothing: %v", err)
 	}
 
@@ -68,7 +68,7 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 	var more []model.CouponRequest
 	for i, s := range shards {
 		for _, app := range []string{"pay", "shop"} {
-			got, _, err := m.AcceptCoupon(ctx, model.CouponRequest{App: app, Serial: fmt.Sprintf("d%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"})
+			got, _, err := AcceptCoupon(ctx, m, model.CouponRequest{App: app, Serial: fmt.Sprintf("d%d", i), ActID: fmt.Sprintf("a%d", i), Shard: s, Batch: "b1"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,22 +76,22 @@ func TestRefuseInOneRoundTrip(t *testing.T) {
 		}
 	}
 	dbs := []int{3, 31, 77}
-	taken, err := m.TakeCouponRequests(ctx, dbs, -1, 100)
+	taken, err := TakeCouponRequests(ctx, m, dbs, -1, 100)
 	if err != nil || len(taken) != len(more) {
 		t.Fatalf("take: %d of %d, %v", len(taken), len(more), err)
 	}
-	if err := m.ReleaseCouponRequests(ctx, taken[:5]); err != nil {
+	if err := ReleaseCouponRequests(ctx, m, taken[:5]); err != nil {
 		t.Fatal(err)
 	}
-	again, err := m.TakeCouponRequests(ctx, dbs, -1, 100)
+	again, err := TakeCouponRequests(ctx, m, dbs, -1, 100)
 	if err != nil || len(again) != 5 {
 		t.Fatalf("after releasing 5: took %d again, %v", len(again), err)
 	}
-	if err := m.RefuseCoupons(ctx, append(again, taken[5:]...), model.ReasonRisk); err != nil {
+	if err := RefuseCoupons(ctx, m, append(again, taken[5:]...), model.ReasonRisk); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range more {
-		if got, err := m.CouponRequestOf(ctx, r.Shard, r.App, r.Serial); err != nil || got.State != model.CouponRefused || got.Reason != model.ReasonRisk {
+		if got, err := CouponRequestOf(ctx, m, r.Shard, r.App, r.Serial); err != nil || got.State != model.CouponRefused || got.Reason != model.ReasonRisk {
 			t.Errorf("%s/%s after the release and refusal: %+v %v", r.App, r.Serial, got, err)
 		}
 	}

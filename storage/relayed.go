@@ -37,12 +37,12 @@ func scanClaimCredit(r rowScanner) (model.Credit, model.ClaimPos, error) {
 	return c, model.ClaimPos{CreatedMS: c.CreatedMS, PacketID: c.PacketID, Seq: seq}, nil
 }
 
-// ClaimsAfter implements Relayed: one statement, a UNION ALL of every claim
+// claimsAfter answers ClaimsAfterQuery: one statement, a UNION ALL of every claim
 // table of db known to exist (each read through its k_created index, which
 // InnoDB keeps in (created_ms, packet_id, seq) order), each part limited and
 // the whole ordered and limited again. A table listed but gone since (a
 // shard handed over) makes it read the list again and retry once.
-func (m *MySQL) ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
+func (m *MySQL) claimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
 	if db < 0 || db >= model.ShardCount/10 {
 		return nil, after, model.Invalidf("database %d out of range", db)
 	}
@@ -98,12 +98,12 @@ func (m *MySQL) ClaimsAfter(ctx context.Context, db int, fromMS int64, after mod
 	return out, next, nil
 }
 
-// SendTo implements Relayed: one UPDATE per claim table, all in one
+// sendTo runs RecordDest: one UPDATE per claim table, all in one
 // statement list, autocommit: the claim's day table and, where the shard
 // has one listed, its archive (the claim may have moved there). A table
 // gone makes it read the list of tables again and send the list once more,
 // with the listed tables only.
-func (m *MySQL) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+func (m *MySQL) sendTo(ctx context.Context, credits []model.Credit, dest string) error {
 	byShard := map[model.ShardID]map[int][]any{} // shard → day → (packet_id, seq) pairs
 	for _, c := range credits {
 		ref, seq, err := model.ParseClaimID(c.ClaimID)
@@ -161,13 +161,13 @@ func (m *MySQL) SendTo(ctx context.Context, credits []model.Credit, dest string)
 	return nil
 }
 
-// RelayPositions implements Relayed: one statement over the databases'
+// relayPositions answers RelayPositionsQuery: one statement over the databases'
 // position tables; when one of them is missing (a database never used since
 // the table existed), each database is read by itself. A database without
 // a saved position that still has the outbox table of an earlier version
 // answers the position that table gives (legacyPosition): one more
 // statement per such database, at a relay's start only.
-func (m *MySQL) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
+func (m *MySQL) relayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
 	out := map[int]int64{}
 	if len(dbs) == 0 {
 		return out, nil
@@ -252,12 +252,12 @@ func (m *MySQL) legacyPosition(ctx context.Context, db int) (pos int64, ok bool,
 	return pos, true, nil
 }
 
-// SaveRelayPositions implements Relayed: one upsert per database, all in one
+// saveRelayPositions runs SetRelayPositions: one upsert per database, all in one
 // statement list, autocommit. When a database lacks the table (made by an
 // earlier version) each is saved by itself, its table made first; a
 // database that does not exist is skipped: it holds no claims (a shadow
 // space dropped, say), and a save must not make it.
-func (m *MySQL) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
+func (m *MySQL) saveRelayPositions(ctx context.Context, pos map[int]int64) error {
 	if len(pos) == 0 {
 		return nil
 	}

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/go-sql-driver/mysql"
-
 	"redcell/internal/invariant"
 	"redcell/model"
 )
@@ -104,49 +102,8 @@ func (m *MySQL) queryRewards(ctx context.Context, q interface {
 	return out, rows.Err()
 }
 
-// IssueReward implements Rewards: one INSERT ... ON DUPLICATE KEY UPDATE
-// order_no = order_no (1 row affected: stored now; 0: the order number was
-// there, and the stored row is read and decided against, model.ReplayReward).
-// An error without the server's answer is ErrCommitUnknown: a retry with the
-// same order number settles it.
-func (m *MySQL) IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error) {
-	invariant.That(r.Shard.Valid(), "shard out of range")
-	db := r.Shard.DB()
-	if err := m.ensureRewards(ctx, db); err != nil {
-		return model.Reward{}, false, err
-	}
-	if r.CreatedMS == 0 {
-		r.CreatedMS = m.nowMS()
-	}
-	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
-	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+
-		"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE order_no = order_no",
-		r.OrderNo, r.ActID, int(r.Shard), r.App, r.Parent, r.Child, r.Stage, r.Scene, r.Rain, r.AwardType, r.TemplateID,
-		r.Amount, r.LeaseID, r.Token, r.Status, r.CreatedMS, 0, 0, model.RewardHash(r))
-	if err != nil {
-		var me *mysql.MySQLError
-		if errors.As(err, &me) {
-			return model.Reward{}, false, fmt.Errorf("storage: issue reward: %w", err)
-		}
-		return model.Reward{}, false, fmt.Errorf("storage: issue reward: %w", errors.Join(ErrCommitUnknown, err))
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return model.Reward{}, false, err
-	} else if n == 1 {
-		return r, false, nil
-	}
-	prior, err := m.Reward(ctx, r.Shard, r.OrderNo)
-	if err != nil {
-		return model.Reward{}, false, fmt.Errorf("storage: issue reward: read the stored one: %w", err)
-	}
-	if err := model.ReplayReward(prior, r); err != nil {
-		return model.Reward{}, false, err
-	}
-	return prior, true, nil
-}
-
-// Reward implements Rewards.
-func (m *MySQL) Reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error) {
+// reward answers RewardQuery.
+func (m *MySQL) reward(ctx context.Context, s model.ShardID, orderNo string) (model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return model.Reward{}, err
 	}
@@ -160,8 +117,8 @@ func (m *MySQL) Reward(ctx context.Context, s model.ShardID, orderNo string) (mo
 	return r, nil
 }
 
-// RewardsOf implements Rewards.
-func (m *MySQL) RewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+// rewardsOf answers RewardsOfQuery.
+func (m *MySQL) rewardsOf(ctx context.Context, s model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -184,9 +141,9 @@ func (m *MySQL) RewardsOf(ctx context.Context, s model.ShardID, actID, stage str
 	return rs, nil
 }
 
-// RewardSums implements Rewards: the person's rows, summed by
+// rewardSums answers RewardSumsQuery: the person's rows, summed by
 // model.SumRewards (a person holds one reward per scene, rain and stage).
-func (m *MySQL) RewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error) {
+func (m *MySQL) rewardSums(ctx context.Context, s model.ShardID, actID string) ([]model.StageSums, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -209,8 +166,8 @@ func (m *MySQL) RewardSums(ctx context.Context, s model.ShardID, actID string) (
 	return model.SumRewards(rs), nil
 }
 
-// PendingRewardsOf implements Rewards.
-func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error) {
+// pendingRewardsOf answers PendingRewardsOfQuery.
+func (m *MySQL) pendingRewardsOf(ctx context.Context, s model.ShardID, actID string, limit int) ([]model.Reward, error) {
 	if err := m.ensureRewards(ctx, s.DB()); err != nil {
 		return nil, err
 	}
@@ -222,13 +179,13 @@ func (m *MySQL) PendingRewardsOf(ctx context.Context, s model.ShardID, actID str
 	return rs, nil
 }
 
-// TakeRewards implements Rewards: in one transaction, the oldest pending rows
+// takeRewards runs TakeRewardsOp: in one transaction, the oldest pending rows
 // and the stale processing ones, skipping rows another booker holds (SKIP
 // LOCKED), are marked processing and read.
 //
 // A database whose reward table does not exist yet has nothing to take: the
 // booker's scan of every database makes no table.
-func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
 	t := m.rewardTable(db)
 	var out []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
@@ -267,32 +224,6 @@ func (m *MySQL) TakeRewards(ctx context.Context, db int, staleMS int64, limit in
 		return nil, fmt.Errorf("storage: take rewards of db %d: %w", db, err)
 	}
 	return out, nil
-}
-
-// BookRewards implements Rewards. One transaction (bookRewardsTx): the
-// listed reward rows are locked (FOR UPDATE) and read; those not booked are
-// booked: per shard one multi-row INSERT of their FlowReward flows and one
-// multi-row balance upsert (the rows' lock means no flow of theirs can exist
-// yet: a flow is only ever written with its reward's booked state), then one
-// UPDATE per database to booked. A group commit books rewards with the same
-// body (OpRewards).
-func (m *MySQL) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
-	if len(rs) == 0 {
-		return 0, nil
-	}
-	if _, err := m.ensureRewardBooking(ctx, rs); err != nil {
-		return 0, err
-	}
-	var booked []model.Reward
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		booked, err = m.bookRewardsTx(ctx, tx, rs, m.nowMS())
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("storage: book rewards: %w", err) // ErrCommitUnknown: a retry books what is not booked
-	}
-	return len(booked), nil
 }
 
 // ensureRewardBooking makes the tables booking rs touches exist (outside a
@@ -417,8 +348,8 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 	return nil
 }
 
-// LeaseSpent implements Rewards.
-func (m *MySQL) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// leaseSpent answers LeaseSpentQuery.
+func (m *MySQL) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	var total int64
 	for _, db := range dbs {
 		var n int64
@@ -434,80 +365,8 @@ func (m *MySQL) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 	return total, nil
 }
 
-// Withdraw implements Rewards, as Deposit is built: lock the wallet, decide
-// (model.ApplyWithdraw), write the flow row and the balance; a repeat or a
-// conflict is decided by the flow row of the order number
-// (model.ReplayOrder).
-func (m *MySQL) Withdraw(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
-	if err := m.EnsureShard(ctx, s); err != nil {
-		return model.Withdrawal{}, err
-	}
-	hash := model.WithdrawHash(amount)
-	repeat := func() (model.Withdrawal, error) {
-		f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
-		if err != nil || !ok {
-			return model.Withdrawal{}, err
-		}
-		if err := model.ReplayOrder(f, model.FlowWithdraw, hash); err != nil {
-			return model.Withdrawal{}, err
-		}
-		return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: f.BalanceAfter, Repeat: true}, nil
-	}
-	if w, err := repeat(); err != nil || w.Repeat {
-		return w, err
-	}
-	var out model.WithdrawOutcome
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		bal, err := m.lockBalance(ctx, tx, s, actID)
-		if err != nil {
-			return err
-		}
-		// A retry of this order may have committed while we waited for the
-		// lock: answer from it, not with its effect on the balance (a
-		// withdrawal that emptied the wallet would refuse its own retry).
-		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
-			if done {
-				return errRepeat
-			}
-			return err
-		}
-		out, err = model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
-			out.Withdrawal.Balance, out.Flow.CreatedMS, actID)
-		return err
-	})
-	if errors.Is(err, errCommitUnknown) {
-		var w model.Withdrawal
-		if ok, known := m.settleCommit(ctx, func() (bool, error) {
-			var rerr error
-			w, rerr = repeat()
-			return w.Repeat, rerr
-		}); known && ok {
-			w.Repeat = false // applied by this call's own COMMIT
-			return w, nil
-		}
-	}
-	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
-		w, err := repeat() // a concurrent retry won the race
-		if err == nil && !w.Repeat {
-			err = fmt.Errorf("storage: withdraw %s: order seen but its flow row is gone", orderNo)
-		}
-		return w, err
-	}
-	if err != nil {
-		return model.Withdrawal{}, fmt.Errorf("storage: withdraw: %w", err)
-	}
-	return out.Withdrawal, nil
-}
-
-// FlowsOf implements Rewards.
-func (m *MySQL) FlowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+// flowsOf answers FlowsOfQuery.
+func (m *MySQL) flowsOf(ctx context.Context, s model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return nil, err
 	}
@@ -609,11 +468,11 @@ func (m *MySQL) budgetsIn(ctx context.Context, q rowsQueryer, s model.ShardID) (
 	return out, rows.Err()
 }
 
-// RewardRecon implements Rewards: per shard table of the database, one
+// rewardRecon answers RewardReconQuery: per shard table of the database, one
 // LEFT JOIN of the booked official cash rewards to their flows (by the
 // flow's order number, model.RewardFlowOrderNo: "reward:" and the first 32
 // hex digits of SHA2(order_no, 256)) and the window's sums of both sides.
-func (m *MySQL) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
+func (m *MySQL) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	out := model.RewardRecon{DB: db, FromMS: fromMS, ToMS: toMS, FlowsCounted: countFlows}
 	rt := m.rewardTable(db)
 	// One range of k_status (status, created_ms): every reward not booked,
@@ -903,7 +762,7 @@ func (m *MySQL) allStored(ctx context.Context, tx *sql.Tx, sp string, inserts []
 // stock) stores the same, so the probe settles only groups of issues alone.
 func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool, error) {
 	return func() (bool, error) {
-		r, err := m.Reward(ctx, want.Shard, want.OrderNo)
+		r, err := m.reward(ctx, want.Shard, want.OrderNo)
 		if errors.Is(err, model.ErrNotFound) {
 			return false, nil
 		}
@@ -911,8 +770,8 @@ func (m *MySQL) rewardProbe(ctx context.Context, want model.Reward) func() (bool
 	}
 }
 
-// WithdrawalOf implements Rewards.
-func (m *MySQL) WithdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+// withdrawalOf answers WithdrawalQuery.
+func (m *MySQL) withdrawalOf(ctx context.Context, s model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return model.Withdrawal{}, false, err
 	}

@@ -169,7 +169,7 @@ func (m *MySQL) shardDDL(s model.ShardID) []string {
 	}
 }
 
-// relayPosDDL makes database db's relay position table (storage.Relayed):
+// relayPosDDL makes database db's relay position table (storage.SetRelayPositions):
 // one row, id 1.
 func (m *MySQL) relayPosDDL(db int) string {
 	return `CREATE TABLE IF NOT EXISTS ` + m.relayPosTable(db) + ` (

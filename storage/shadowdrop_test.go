@@ -34,11 +34,11 @@ func TestDropShadow(t *testing.T) {
 	defer cancel()
 	act := testenv.Prefix() + "-d"
 	s96, s97 := model.ShardID(963), model.ShardID(975)
-	if _, err := m.Deposit(ctx, s96, act, "real-1", 4321); err != nil {
+	if _, err := Deposit(ctx, m, s96, act, "real-1", 4321); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []model.ShardID{s96, s97} {
-		if _, err := sh.Deposit(ctx, s, act, "shadow-1", 100); err != nil {
+		if _, err := Deposit(ctx, sh, s, act, "shadow-1", 100); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -46,7 +46,7 @@ func TestDropShadow(t *testing.T) {
 	if err := sh.EnsureDay(ctx, s96, day); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sh.ExpiredIn(ctx, []model.ShardID{s96}, []int{day}, 0, 10); err != nil { // caches the table list
+	if _, err := ExpiredIn(ctx, sh, []model.ShardID{s96}, []int{day}, 0, 10); err != nil { // caches the table list
 		t.Fatal(err)
 	}
 
@@ -65,7 +65,7 @@ func TestDropShadow(t *testing.T) {
 	if !schemaExists(t, m, "db_96") {
 		t.Fatal("db_96 went with its shadow")
 	}
-	if a, err := m.Account(ctx, s96, act); err != nil || a.Balance != 4321 {
+	if a, err := Account(ctx, m, s96, act); err != nil || a.Balance != 4321 {
 		t.Fatalf("real balance after the drop: %d, %v", a.Balance, err)
 	}
 
@@ -75,16 +75,16 @@ func TestDropShadow(t *testing.T) {
 	}
 
 	// The store makes the tables again: the shadow space works as new.
-	if _, err := sh.Deposit(ctx, s96, act, "shadow-2", 7); err != nil {
+	if _, err := Deposit(ctx, sh, s96, act, "shadow-2", 7); err != nil {
 		t.Fatalf("shadow deposit after the drop: %v", err)
 	}
-	if a, err := sh.Account(ctx, s96, act); err != nil || a.Balance != 7 {
+	if a, err := Account(ctx, sh, s96, act); err != nil || a.Balance != 7 {
 		t.Fatalf("shadow balance after the drop: %d, %v (want only the new deposit)", a.Balance, err)
 	}
 	if err := sh.EnsureDay(ctx, s96, day); err != nil {
 		t.Fatal(err)
 	}
-	if ids, err := sh.ExpiredIn(ctx, []model.ShardID{s96}, []int{day}, 0, 10); err != nil || len(ids) != 0 {
+	if ids, err := ExpiredIn(ctx, sh, []model.ShardID{s96}, []int{day}, 0, 10); err != nil || len(ids) != 0 {
 		t.Fatalf("expiry scan of the new tables: %v, %v", ids, err)
 	}
 
@@ -92,7 +92,7 @@ func TestDropShadow(t *testing.T) {
 	if _, _, err := m.DropShadow(ctx, []int{96}); !errors.Is(err, ErrNotShadow) {
 		t.Fatalf("DropShadow on the real store: %v, want ErrNotShadow", err)
 	}
-	if a, err := m.Account(ctx, s96, act); err != nil || a.Balance != 4321 || !schemaExists(t, m, "db_96") {
+	if a, err := Account(ctx, m, s96, act); err != nil || a.Balance != 4321 || !schemaExists(t, m, "db_96") {
 		t.Fatalf("real balance after a refused drop: %d, %v", a.Balance, err)
 	}
 }

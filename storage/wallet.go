@@ -117,116 +117,13 @@ func (m *MySQL) findFlow(ctx context.Context, q queryer, s model.ShardID, actID,
 	return f, true, nil
 }
 
-// errRepeat aborts a transaction that found its order already applied.
-var errRepeat = errors.New("storage: order already applied")
-
-// findFlowLocked is findFlow with a locking read inside tx: it sees the latest
-// committed row, not the transaction's snapshot.
-func (m *MySQL) findFlowLocked(ctx context.Context, tx *sql.Tx, s model.ShardID, actID, orderNo string) (string, bool, error) {
-	var kind string
-	err := tx.QueryRowContext(ctx, "SELECT kind FROM "+m.flowTable(s)+" WHERE act_id = ? AND order_no = ? LOCK IN SHARE MODE", actID, orderNo).Scan(&kind)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
-	}
-	if err != nil {
-		return "", false, fmt.Errorf("storage: read flow: %w", err)
-	}
-	return kind, true, nil
-}
-
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// lockBalance makes sure the account row exists and locks it; it returns the balance.
-func (m *MySQL) lockBalance(ctx context.Context, tx *sql.Tx, s model.ShardID, actID string) (model.Cents, error) {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE act_id = act_id",
-		actID, m.nowMS()); err != nil {
-		return 0, fmt.Errorf("storage: create account: %w", err)
-	}
-	var bal model.Cents
-	if err := tx.QueryRowContext(ctx, "SELECT balance FROM "+m.accountTable(s)+" WHERE act_id = ? FOR UPDATE", actID).Scan(&bal); err != nil {
-		return 0, fmt.Errorf("storage: lock account: %w", err)
-	}
-	return bal, nil
-}
-
-// Deposit credits amount cents to actID (in shard s) under the caller's order
-// number: lock the wallet, decide (model.ApplyDeposit), write the flow row and
-// the balance. A retry with the same order number and amount returns the first
-// result (Repeat set); a different amount, or an order number used for another
-// kind of change, is ErrOrderConflict (model.ReplayOrder). amount must be > 0
-// (validated by the caller).
-func (m *MySQL) Deposit(ctx context.Context, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
-	if err := m.EnsureShard(ctx, s); err != nil {
-		return model.Deposit{}, err
-	}
-	hash := model.DepositHash(amount)
-	repeat := func() (model.Deposit, error) {
-		f, ok, err := m.findFlow(ctx, m.db, s, actID, orderNo)
-		if err != nil || !ok {
-			return model.Deposit{}, err
-		}
-		if err := model.ReplayOrder(f, model.FlowDeposit, hash); err != nil {
-			return model.Deposit{}, err
-		}
-		return model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: f.BalanceAfter, Repeat: true}, nil
-	}
-	if d, err := repeat(); err != nil || d.Repeat {
-		return d, err
-	}
-	var out model.DepositOutcome
-	err := m.inTx(ctx, func(tx *sql.Tx) error {
-		bal, err := m.lockBalance(ctx, tx, s, actID)
-		if err != nil {
-			return err
-		}
-		// A retry of this order may have committed while we waited for the
-		// lock: answer it as the repeat it is, found under the lock, so that
-		// only the transaction that stored the flow answers it fresh.
-		if _, done, err := m.findFlowLocked(ctx, tx, s, actID, orderNo); err != nil || done {
-			if done {
-				return errRepeat
-			}
-			return err
-		}
-		out, err = model.ApplyDeposit(model.DepositInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: bal, NowMS: m.nowMS()})
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.flowInsert(s), flowArgs(out.Flow)...); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, "UPDATE "+m.accountTable(s)+" SET balance = ?, updated_ms = ? WHERE act_id = ?",
-			out.Deposit.Balance, out.Flow.CreatedMS, actID)
-		return err
-	})
-	if errors.Is(err, errCommitUnknown) {
-		var d model.Deposit
-		if ok, known := m.settleCommit(ctx, func() (bool, error) {
-			var rerr error
-			d, rerr = repeat()
-			return d.Repeat, rerr
-		}); known && ok {
-			d.Repeat = false // applied by this call's own COMMIT
-			return d, nil
-		}
-	}
-	if isMySQLErr(err, errDupEntry) || errors.Is(err, errRepeat) {
-		d, err := repeat() // a concurrent retry won the race
-		if err == nil && !d.Repeat {
-			err = fmt.Errorf("storage: deposit %s: order seen but its flow row is gone", orderNo)
-		}
-		return d, err
-	}
-	if err != nil {
-		return model.Deposit{}, fmt.Errorf("storage: deposit: %w", err)
-	}
-	return out.Deposit, nil
-}
-
-// Account returns the wallet of actID; an account never touched has balance 0.
-func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (model.Account, error) {
+// account answers AccountQuery: the wallet of actID; an account never
+// touched has balance 0.
+func (m *MySQL) account(ctx context.Context, s model.ShardID, actID string) (model.Account, error) {
 	if err := m.EnsureShard(ctx, s); err != nil {
 		return model.Account{}, err
 	}
@@ -236,46 +133,6 @@ func (m *MySQL) Account(ctx context.Context, s model.ShardID, actID string) (mod
 		return model.Account{}, fmt.Errorf("storage: read account: %w", err)
 	}
 	return a, nil
-}
-
-// ApplyCredits books claims into the claimants' wallets (all in shards of this
-// store) in one transaction. Each credit is applied at most once: the order
-// number is "claim:" + claim ID, so a credit delivered twice changes nothing
-// the second time. applied counts the credits booked now.
-//
-// It never waits for a lock another transaction holds on a claimant's account
-// row or flow index (a wallet row held by a long transaction, a send's
-// re-check of its order number): such a credit is deferred, listed by claim
-// ID in deferred, with nothing written for it, while the rest of the batch
-// commits. The caller retries deferred credits later. Every credit neither
-// applied nor deferred had been applied before.
-//
-// It makes the shards' tables exist, then runs applyCreditsTx (credits.go:
-// per shard one multi-row flow INSERT and one multi-row balance upsert, or
-// credit by credit when those meet a lock or a credit booked before) in a
-// transaction of its own.
-func (m *MySQL) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
-	if len(credits) == 0 {
-		return 0, nil, nil
-	}
-	shards := make([]model.ShardID, len(credits))
-	for i, c := range credits {
-		shards[i] = c.Shard
-	}
-	if err := m.EnsureShards(ctx, shards); err != nil {
-		return 0, nil, err
-	}
-	err = bulkRetry(func(fresh bool) error {
-		return m.inTx(ctx, func(tx *sql.Tx) error {
-			var err error // inTx may run this again: the answer is the last run's
-			applied, deferred, err = m.applyCreditsTx(ctx, tx, credits, m.nowMS(), fresh)
-			return err
-		})
-	})
-	if err != nil {
-		return 0, nil, fmt.Errorf("storage: apply credits: %w", err)
-	}
-	return applied, deferred, nil
 }
 
 type creditOutcome int

@@ -11,9 +11,10 @@ import (
 	"redcell/sharding"
 )
 
-// Rows is what a home cell keeps budgets in: the grant and return calls of
-// storage.Budgets (which every store implements; cmd wires it, as cell never
-// imports storage).
+// Rows is what a home cell keeps budgets in: the grant and return of a
+// store's lease ops (storage.GrantLease and storage.ReturnLease, with a store
+// as first argument, have these signatures without it; the integrator adapts
+// them, as this package never imports storage).
 type Rows interface {
 	GrantLease(ctx context.Context, s model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error)
 	ReturnLease(ctx context.Context, s model.ShardID, leaseID string, unspent int64) (model.Lease, error)
@@ -40,10 +41,10 @@ func (h localHome) Return(ctx context.Context, key, leaseID string, unspent int6
 }
 
 // Settle returns, after a crash, what the leases a restarted holder finds
-// (storage.Budgets LeasesOf in each home database: open and expired ones)
+// (storage.LeasesOf in each home database: open and expired ones)
 // did not spend: for each, unspent = Amount − spent(lease ID), where spent
 // sums the issues that name the lease (the integrator reads it from the
-// reward rows, storage.Rewards LeaseSpent). Returned leases in the list are
+// reward rows, storage.LeaseSpentQuery). Returned leases in the list are
 // skipped. It answers the sum of the unspent parts it returned; a repeated
 // Settle of the same leases changes nothing at the homes (a return happens
 // once) but answers that sum again. Errors, joined, one per lease it could

@@ -8,8 +8,9 @@
 // Pay's coupon issuance describe for budgets and stock at their rates: keep
 // the count in one place, hand servers pieces of it ahead of time, spend the
 // pieces in memory, give back what is left; under-issue rather than ever
-// over-issue. The home side (rows, grants, returns) is storage.Budgets in the
-// home cell's store; model/budget.go states the rule.
+// over-issue. The home side (rows, grants, returns) is the budget ops of
+// the home cell's store (storage/ops_budgets.go); model/budget.go states
+// the rule.
 //
 // A Pool serves one cell (the holder of its leases): Take spends from a
 // lease, fetching a new one when needed; Give puts back what an issue that
@@ -35,13 +36,13 @@ import (
 // (LocalHome) or another cell over HTTP (the integrator wires that).
 type Home interface {
 	// Grant grants holder a lease of key of up to want (>= 1), holding back
-	// reserve (>= 0), expiring ttl from the home's now: storage.Budgets
-	// GrantLease. Errors: model.ErrBudgetExhausted, model.ErrNotFound (no
-	// such budget), or a failure.
+	// reserve (>= 0), expiring ttl from the home's now: storage.GrantLease.
+	// Errors: model.ErrBudgetExhausted, model.ErrNotFound (no such budget),
+	// or a failure.
 	Grant(ctx context.Context, key, holder string, want, reserve int64, ttl time.Duration) (model.Lease, error)
 	// Return gives back the unspent part (0..Amount) of lease leaseID of
 	// key; once (a repeat changes nothing and is no error):
-	// storage.Budgets ReturnLease.
+	// storage.ReturnLease.
 	Return(ctx context.Context, key, leaseID string, unspent int64) error
 }
 

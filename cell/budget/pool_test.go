@@ -12,6 +12,7 @@ import (
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -19,7 +20,18 @@ const testKey = "cny/official/rain-1"
 
 var start = time.Date(2027, 2, 9, 20, 0, 0, 0, time.UTC)
 
-// home is the scene's home over memstore's Budgets (which passes the store
+// storeRows is Rows over a store's lease ops.
+type storeRows struct{ g storage.Grouper }
+
+func (r storeRows) GrantLease(ctx context.Context, s model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error) {
+	return storage.GrantLease(ctx, r.g, s, key, holder, want, reserve, expiresMS)
+}
+
+func (r storeRows) ReturnLease(ctx context.Context, s model.ShardID, leaseID string, unspent int64) (model.Lease, error) {
+	return storage.ReturnLease(ctx, r.g, s, leaseID, unspent)
+}
+
+// home is the scene's home over memstore's budget ops (which passes the store
 // contract, storage/storagetest), counting grants; with gate set, each grant
 // waits for a receive from it.
 type home struct {
@@ -46,10 +58,10 @@ type rig struct {
 func newRig(t *testing.T, total int64) *rig {
 	clk := clock.NewManual(start)
 	store := memstore.New(clk)
-	if _, err := store.SetBudget(context.Background(), sharding.BudgetShard(testKey), testKey, total); err != nil {
+	if _, err := storage.SetBudget(context.Background(), store, sharding.BudgetShard(testKey), testKey, total); err != nil {
 		t.Fatal(err)
 	}
-	return &rig{t: t, clk: clk, store: store, home: &home{Home: LocalHome(store, clk)}}
+	return &rig{t: t, clk: clk, store: store, home: &home{Home: LocalHome(storeRows{store}, clk)}}
 }
 
 func (r *rig) pool(holder string, cfg Config) *Pool {
@@ -59,7 +71,7 @@ func (r *rig) pool(holder string, cfg Config) *Pool {
 // rows reads the budget and its leases by ID.
 func (r *rig) rows() (model.Budget, map[string]model.Lease) {
 	r.t.Helper()
-	b, ls, err := r.store.Budget(context.Background(), sharding.BudgetShard(testKey), testKey)
+	b, ls, err := storage.Budget(context.Background(), r.store, sharding.BudgetShard(testKey), testKey)
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // A cell dies holding leases; restarted, it finds them (LeasesOf, open and
@@ -31,10 +32,10 @@ func TestSettleReturnsWhatWasNotSpent(t *testing.T) {
 	}
 	// The home expires what is due meanwhile; expired leases are settled too.
 	s := sharding.BudgetShard(testKey)
-	if _, err := r.store.ExpireLeases(ctx, s, testKey, start.Add(dead.cfg.TTL).UnixMilli()); err != nil {
+	if _, err := storage.ExpireLeases(ctx, r.store, s, testKey, start.Add(dead.cfg.TTL).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
-	found, err := r.store.LeasesOf(ctx, s, "cell-a")
+	found, err := storage.LeasesOf(ctx, r.store, s, "cell-a")
 	if err != nil || len(found) < 2 {
 		t.Fatalf("leases of the dead cell: %+v, %v; want at least 2", found, err)
 	}
@@ -52,7 +53,7 @@ func TestSettleReturnsWhatWasNotSpent(t *testing.T) {
 	if b.Outstanding() != took.sum {
 		t.Fatalf("after settling: %d out, %d spent", b.Outstanding(), took.sum)
 	}
-	if left, err := r.store.LeasesOf(ctx, s, "cell-a"); err != nil || len(left) != 0 {
+	if left, err := storage.LeasesOf(ctx, r.store, s, "cell-a"); err != nil || len(left) != 0 {
 		t.Fatalf("leases left to settle: %+v, %v", left, err)
 	}
 	// Again, with the stale list: the homes change nothing.
@@ -78,7 +79,7 @@ func TestSettleReportsWhatItCannotSettle(t *testing.T) {
 	s := sharding.BudgetShard(testKey)
 	var ls []model.Lease
 	for range 3 {
-		l, err := r.store.GrantLease(ctx, s, testKey, "cell-a", 100, 0, start.UnixMilli()+60_000)
+		l, err := storage.GrantLease(ctx, r.store, s, testKey, "cell-a", 100, 0, start.UnixMilli()+60_000)
 		if err != nil {
 			t.Fatal(err)
 		}

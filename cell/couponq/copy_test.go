@@ -10,6 +10,7 @@ import (
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -84,7 +85,7 @@ func TestStockCopy(t *testing.T) {
 	if got.Reason != model.ReasonSoldOut || got.DecidedMS != got.AcceptedMS || got.AcceptedMS != clk.Now().UnixMilli() {
 		t.Fatalf("refused at accept: %+v", got)
 	}
-	if stored, err := st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial); err != nil || stored != got {
+	if stored, err := storage.CouponRequestOf(ctx, st, r.Shard, r.App, r.Serial); err != nil || stored != got {
 		t.Fatalf("stored %+v %v; answered %+v", stored, err, got)
 	}
 	again, repeat, err := e.Accept(ctx, r)
@@ -108,7 +109,7 @@ func TestStockCopy(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	acceptAs("copy too old", req(), model.CouponAccepted)
 	// Raised by a reload (the home's row): the next refresh lets requests in.
-	if _, err := st.SetBudget(ctx, sharding.BudgetShard(StockKey(d.c)), StockKey(d.c), 5); err != nil {
+	if _, err := storage.SetBudget(ctx, st, sharding.BudgetShard(StockKey(d.c)), StockKey(d.c), 5); err != nil {
 		t.Fatal(err)
 	}
 	e.refreshCopy(ctx)

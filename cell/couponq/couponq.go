@@ -1,6 +1,6 @@
 // Package couponq issues coupons behind the accept, in two layers of
 // bounded local queues, as Douyin Pay ran its Spring Festival drop. A
-// request is stored first (storage.Singles.AcceptCoupon) and answered, and
+// request is stored first (storage.AcceptCoupon) and answered, and
 // goes into the first queue at once while it has room (stored as it is,
 // accepted); a feeder moves the other stored requests into the queue,
 // marking them deciding in the database. Every queued request is durable,
@@ -21,7 +21,7 @@
 // them by batch (model.MergeAsks), takes
 // one stock deduction per batch (a lease of as many units as requests, or
 // what is left), and issues in one transaction that decides each request
-// again under the persons' row locks (storage.Coupons.IssueCoupons); the
+// again under the persons' row locks (storage.CouponIssue); the
 // units no request took go back. A batch whose deduction found no unit free
 // is marked sold out for a second, without asking the stock; a request
 // that meets the mark is released and taken again a second later, and
@@ -72,13 +72,20 @@ type Limiter interface {
 	Wait(ctx context.Context) error
 }
 
+// Store is an engine's store: it commits the coupon ops (storage.CouponTake,
+// CouponIssue, CouponRefusal, CouponRelease) and reads the coupon queries
+// (storage.CouponRequestQuery, HoldingsQuery).
+type Store interface {
+	storage.Grouper
+	storage.Reader
+}
+
 // Config sets an engine.
 type Config struct {
-	Store storage.Coupons
-	// Accept stores one request as storage.Singles.AcceptCoupon does (the
-	// same answers and errors); nil: Store's own AcceptCoupon, which it
-	// must then have. A cell sets it to store requests through its group
-	// committer.
+	Store Store
+	// Accept stores one request as storage.AcceptCoupon does (the same
+	// answers and errors); nil: storage.AcceptCoupon on Store. A cell sets
+	// it to store requests through its group committer.
 	Accept  func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
 	Stock   Stock
 	Catalog func() *couponbatch.Catalog // the current batches; nil answers refuse every request
@@ -209,13 +216,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("couponq: Store, Stock, Layer1, Layer2 and DBs are required")
 	}
 	if cfg.Accept == nil {
-		own, ok := cfg.Store.(interface {
-			AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
-		})
-		if !ok {
-			return nil, errors.New("couponq: Accept is required for a store without AcceptCoupon")
+		st := cfg.Store
+		cfg.Accept = func(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
+			return storage.AcceptCoupon(ctx, st, r)
 		}
-		cfg.Accept = own.AcceptCoupon
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 4096
@@ -416,12 +420,12 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (_ model.
 		if err != nil {
 			return r, err
 		}
-		return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+		return storage.CouponRequestOf(ctx, e.cfg.Store, r.Shard, r.App, r.Serial)
 	}
 	if err := e.issue(ctx, []model.CouponRequest{r}, mine, true); err != nil {
 		return r, err
 	}
-	return e.cfg.Store.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+	return storage.CouponRequestOf(ctx, e.cfg.Store, r.Shard, r.App, r.Serial)
 }
 
 // StepTimeout bounds one step in flight (a decision, a merge's deduction
@@ -493,7 +497,7 @@ func (e *Engine) release(rs []model.CouponRequest) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := e.cfg.Store.ReleaseCouponRequests(ctx, rs); err != nil {
+	if err := storage.ReleaseCouponRequests(ctx, e.cfg.Store, rs); err != nil {
 		e.log.Warn("coupons: queued requests not released; the next owner takes them once stale", "requests", len(rs), "err", err)
 		return
 	}
@@ -578,7 +582,7 @@ func (e *Engine) feedDBs(ctx context.Context, dbs []int, staleMS int64) {
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
 	defer cancel()
-	rs, err := e.cfg.Store.TakeCouponRequests(tctx, dbs, staleMS, room)
+	rs, err := storage.TakeCouponRequests(tctx, e.cfg.Store, dbs, staleMS, room)
 	if err != nil {
 		e.markDirty(dbs)
 		e.takes.Fail(err, "dbs", len(dbs)) // logged when it starts, summarized, and when it ends
@@ -845,7 +849,7 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 		}
 	}
 	if len(asks) > 0 {
-		hs, err := e.cfg.Store.HoldingsOf(ctx, asks)
+		hs, err := storage.HoldingsOf(ctx, e.cfg.Store, asks)
 		if err != nil {
 			return nil, err
 		}
@@ -876,7 +880,7 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 		e.park(later, now, owned) // taken again at the feeder's next tick
 	}
 	for reason, group := range refuse {
-		if err := e.cfg.Store.RefuseCoupons(ctx, group, reason); err != nil {
+		if err := storage.RefuseCoupons(ctx, e.cfg.Store, group, reason); err != nil {
 			return nil, err
 		}
 		e.Stats.Refused.Add(int64(len(group)))
@@ -1034,7 +1038,7 @@ func (e *Engine) issue(ctx context.Context, reqs []model.CouponRequest, owned, g
 }
 
 func (e *Engine) refuse(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
-	if err := e.cfg.Store.RefuseCoupons(ctx, reqs, reason); err != nil {
+	if err := storage.RefuseCoupons(ctx, e.cfg.Store, reqs, reason); err != nil {
 		return fmt.Errorf("refuse %d (%s): %w", len(reqs), reason, err)
 	}
 	e.Stats.Refused.Add(int64(len(reqs)))
@@ -1179,7 +1183,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 	n := int64(len(reqs))
 	if h := e.fromHeld(rule.Batch, n); h != nil {
 		e.Stats.HeldDeductions.Add(1)
-		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, h.id, n, reqs)
+		ds, unused, err := storage.IssueCoupons(ctx, e.cfg.Store, rule, h.id, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
 			open := e.endHeld(h, n, n, lost)
@@ -1278,7 +1282,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		h = e.keep(rule.Batch, lease, granted, n, asked)
 	}
 	if h != nil {
-		ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, n, reqs)
+		ds, unused, err := storage.IssueCoupons(ctx, e.cfg.Store, rule, lease, n, reqs)
 		if err != nil {
 			lost := errors.Is(err, storage.ErrCommitUnknown)
 			open := e.endHeld(h, n, n, lost)
@@ -1301,7 +1305,7 @@ func (e *Engine) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 		e.inflight[rule.Batch] -= granted
 		e.mu.Unlock()
 	}()
-	ds, unused, err := e.cfg.Store.IssueCoupons(ctx, rule, lease, granted, reqs)
+	ds, unused, err := storage.IssueCoupons(ctx, e.cfg.Store, rule, lease, granted, reqs)
 	if err != nil {
 		if errors.Is(err, storage.ErrCommitUnknown) {
 			e.cfg.Observe.LeftOpen(rule.Batch, granted)

@@ -30,9 +30,8 @@ func (free) Wait(ctx context.Context) error {
 
 // store is what a drop needs of a store.
 type store interface {
-	storage.Coupons
-	storage.Budgets
-	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) // storage.Singles
+	storage.Grouper // the budget and coupon ops, storage.AcceptCoupon
+	storage.Reader
 }
 
 // drop is one engine over st with two batches of one group (stock a, b)
@@ -145,7 +144,7 @@ func (d *drop) waitFinal(rs []model.CouponRequest, within time.Duration) {
 	for {
 		open = 0
 		for _, r := range rs {
-			got, err := d.st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			got, err := storage.CouponRequestOf(ctx, d.st, r.Shard, r.App, r.Serial)
 			if err != nil {
 				d.t.Fatal(err)
 			}
@@ -161,7 +160,7 @@ func (d *drop) waitFinal(rs []model.CouponRequest, within time.Duration) {
 	if open > 0 {
 		var states []string
 		for _, r := range rs {
-			got, _ := d.st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			got, _ := storage.CouponRequestOf(ctx, d.st, r.Shard, r.App, r.Serial)
 			if !got.State.Final() && len(states) < 5 {
 				states = append(states, fmt.Sprintf("%s %s taken %d accepted %d", got.Serial, got.State, got.TakenMS, got.AcceptedMS))
 			}
@@ -187,7 +186,7 @@ func (d *drop) check(rs []model.CouponRequest) (issued map[string]int64) {
 			continue
 		}
 		seen[r.ActID] = true
-		cs, err := d.st.CouponsOf(ctx, r.Shard, r.ActID, model.FlowCursor{}, 100)
+		cs, err := storage.CouponsOf(ctx, d.st, r.Shard, r.ActID, model.FlowCursor{}, 100)
 		if err != nil {
 			d.t.Fatal(err)
 		}
@@ -201,7 +200,7 @@ func (d *drop) check(rs []model.CouponRequest) (issued map[string]int64) {
 	}
 	for _, b := range d.cat.Batches() {
 		sh, k := d.stock.home(b.ID)
-		bud, leases, err := d.st.Budget(ctx, sh, k)
+		bud, leases, err := storage.Budget(ctx, d.st, sh, k)
 		if err != nil {
 			d.t.Fatal(err)
 		}
@@ -283,7 +282,7 @@ func TestDrainHandsOver(t *testing.T) {
 	<-done
 	var accepted, deciding, final int
 	for _, r := range rs {
-		got, _ := st.CouponRequestOf(context.Background(), r.Shard, r.App, r.Serial)
+		got, _ := storage.CouponRequestOf(context.Background(), st, r.Shard, r.App, r.Serial)
 		switch {
 		case got.State == model.CouponAccepted:
 			accepted++
@@ -333,26 +332,32 @@ func TestLayerRate(t *testing.T) {
 	}
 }
 
-// failing is a store whose IssueCoupons fails while fail is set: with
-// unknown, as a COMMIT whose answer was lost; else before anything is
-// written.
+// failing is a store whose issues (storage.CouponIssue) fail while fail is
+// set: with unknown, as a COMMIT whose answer was lost; else before
+// anything is written. Every other op passes through.
 type failing struct {
 	store
 	mu            sync.Mutex
 	fail, unknown bool
 }
 
-func (f *failing) IssueCoupons(ctx context.Context, rule model.CouponRule, lease string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
-	f.mu.Lock()
-	fail, unknown := f.fail, f.unknown
-	f.mu.Unlock()
-	switch {
-	case fail && unknown:
-		return nil, 0, fmt.Errorf("issue: %w", storage.ErrCommitUnknown)
-	case fail:
-		return nil, 0, fmt.Errorf("issue: connection refused")
+func (f *failing) CommitGroup(ctx context.Context, list []storage.Op) error {
+	if len(list) == 1 {
+		if op, ok := list[0].(*storage.CouponIssue); ok {
+			f.mu.Lock()
+			fail, unknown := f.fail, f.unknown
+			f.mu.Unlock()
+			switch {
+			case fail && unknown:
+				op.Decisions, op.Unused = nil, 0
+				return fmt.Errorf("issue: %w", storage.ErrCommitUnknown)
+			case fail:
+				op.Decisions, op.Unused = nil, 0
+				return fmt.Errorf("issue: connection refused")
+			}
+		}
 	}
-	return f.store.IssueCoupons(ctx, rule, lease, granted, reqs)
+	return f.store.CommitGroup(ctx, list)
 }
 
 // An issue that wrote nothing gives its lease's units back at once; one
@@ -377,7 +382,7 @@ func TestFailedIssueAndItsLease(t *testing.T) {
 				t.Fatalf("units reported left open: %d, want %d", obs.of(d.c), want)
 			}
 			sh, k := d.stock.home(d.c)
-			b, leases, err := f.Budget(context.Background(), sh, k)
+			b, leases, err := storage.Budget(context.Background(), f, sh, k)
 			if err != nil || len(leases) != 1 {
 				t.Fatalf("stock row %+v leases %+v %v", b, leases, err)
 			}
@@ -425,7 +430,7 @@ func TestHeldLease(t *testing.T) {
 	}
 	leases := func() []model.Lease {
 		t.Helper()
-		_, ls, err := f.Budget(ctx, sh, k)
+		_, ls, err := storage.Budget(ctx, f, sh, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -450,7 +455,7 @@ func TestHeldLease(t *testing.T) {
 	for i := range dbs {
 		dbs[i] = i
 	}
-	if n, err := f.CouponLeaseSpent(ctx, dbs, first); err != nil || n != 2 {
+	if n, err := storage.CouponLeaseSpent(ctx, f, dbs, first); err != nil || n != 2 {
 		t.Fatalf("coupons of the held lease: %d %v; want 2", n, err)
 	}
 	// A lost answer: the lease stays open, and is deducted from no more.
@@ -488,7 +493,7 @@ func TestHeldLease(t *testing.T) {
 			t.Fatalf("the second held lease: %+v; want returned with its 4 units no coupon took", l)
 		}
 	}
-	if b, _, err := f.Budget(ctx, sh, k); err != nil || b.Outstanding() != 5+1 {
+	if b, _, err := storage.Budget(ctx, f, sh, k); err != nil || b.Outstanding() != 5+1 {
 		t.Fatalf("stock row %+v %v: want 6 out (the open lease's 5, the second's 1 coupon)", b, err)
 	}
 }
@@ -516,7 +521,7 @@ func TestShortGrantParks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	taken, err := st.TakeCouponRequests(ctx, uniqueDBsOf(t), -1, 100)
+	taken, err := storage.TakeCouponRequests(ctx, st, uniqueDBsOf(t), -1, 100)
 	if err != nil || len(taken) != 8 {
 		t.Fatalf("take: %d %v", len(taken), err)
 	}
@@ -528,7 +533,7 @@ func TestShortGrantParks(t *testing.T) {
 	states := func() map[string]int {
 		out := map[string]int{}
 		for _, r := range merge {
-			got, err := st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			got, err := storage.CouponRequestOf(ctx, st, r.Shard, r.App, r.Serial)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -188,7 +189,7 @@ func settleOpenLeases(t *testing.T, st *memstore.Store, d *drop) {
 	}
 	for _, id := range []string{d.a, d.b, d.c} {
 		sh, k := d.stock.home(id)
-		_, ls, err := st.Budget(ctx, sh, k)
+		_, ls, err := storage.Budget(ctx, st, sh, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,11 +197,11 @@ func settleOpenLeases(t *testing.T, st *memstore.Store, d *drop) {
 			if l.State == model.LeaseReturned {
 				continue
 			}
-			spent, err := st.CouponLeaseSpent(ctx, dbs, l.ID)
+			spent, err := storage.CouponLeaseSpent(ctx, st, dbs, l.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := st.ReturnLease(ctx, sh, l.ID, l.Amount-spent); err != nil {
+			if _, err := storage.ReturnLease(ctx, st, sh, l.ID, l.Amount-spent); err != nil {
 				t.Fatal(err)
 			}
 		}

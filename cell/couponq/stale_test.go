@@ -37,11 +37,20 @@ type takesSeen struct {
 	takes []take
 }
 
-func (s *takesSeen) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+// CommitGroup keeps the takes (storage.CouponTake); every other op passes
+// through.
+func (s *takesSeen) CommitGroup(ctx context.Context, list []storage.Op) error {
+	var op *storage.CouponTake
+	if len(list) == 1 {
+		op, _ = list[0].(*storage.CouponTake)
+	}
+	if op == nil {
+		return s.store.CommitGroup(ctx, list)
+	}
 	at := s.clock.Now()
-	rs, err := s.store.TakeCouponRequests(ctx, dbs, staleMS, limit)
-	tk := take{at: at, staleMS: staleMS, dbs: slices.Clone(dbs)}
-	for _, r := range rs {
+	err := s.store.CommitGroup(ctx, list)
+	tk := take{at: at, staleMS: op.StaleMS, dbs: slices.Clone(op.DBs)}
+	for _, r := range op.Taken {
 		tk.serials = append(tk.serials, r.Serial)
 	}
 	s.mu.Lock()
@@ -51,7 +60,7 @@ func (s *takesSeen) TakeCouponRequests(ctx context.Context, dbs []int, staleMS i
 	case s.took <- struct{}{}:
 	default:
 	}
-	return rs, err
+	return err
 }
 
 // all returns every take so far.
@@ -123,7 +132,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	// take of a cell that died leaves it.
 	leftDeciding := func(r model.CouponRequest, takenMS int64) {
 		t.Helper()
-		if _, repeat, err := st.AcceptCoupon(ctx, r); err != nil || repeat {
+		if _, repeat, err := storage.AcceptCoupon(ctx, st, r); err != nil || repeat {
 			t.Fatalf("accept %s: repeat %v, %v", r.Serial, repeat, err)
 		}
 		res, err := db.Exec(fmt.Sprintf("UPDATE db_%02d.t_coupon_req SET state = ?, taken_ms = ? WHERE app = ? AND serial_no = ? AND state = ?", r.Shard.DB()),
@@ -137,7 +146,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	}
 	stateOf := func(r model.CouponRequest) model.CouponRequest {
 		t.Helper()
-		got, err := st.CouponRequestOf(ctx, r.Shard, r.App, r.Serial)
+		got, err := storage.CouponRequestOf(ctx, st, r.Shard, r.App, r.Serial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +247,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	// stock row counts the three units out and every lease closed.
 	for _, r := range []model.CouponRequest{marker, old, recent} {
 		got := stateOf(r)
-		cs, err := st.CouponsOf(ctx, r.Shard, r.ActID, model.FlowCursor{}, 100)
+		cs, err := storage.CouponsOf(ctx, st, r.Shard, r.ActID, model.FlowCursor{}, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +257,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	}
 	issuedNow := d.check([]model.CouponRequest{marker, old, recent})
 	sh, k := d.stock.home(d.c)
-	bud, _, err := st.Budget(ctx, sh, k)
+	bud, _, err := storage.Budget(ctx, st, sh, k)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,14 +24,23 @@ func StockKey(batch string) string { return model.CouponStockPrefix + batch }
 // (sharding.BudgetShard), and a deduction is a lease of it with no reserve,
 // always returned after the issue with the units it did not spend. A lease
 // whose issue lost its answer stays open until its TTL; whoever settles it
-// must count its coupons (storage.Coupons.CouponLeaseSpent), never reward
+// must count its coupons (storage.CouponLeaseSpentQuery), never reward
 // rows: so Holder must differ from the name under which the cell holds
 // reward leases (e.g. "cell-1/coupons").
 type BudgetStock struct {
-	Budgets  storage.Budgets
+	Budgets  BudgetRows
 	Holder   string
 	LeaseTTL time.Duration // default HeldMaxAge + 2*StepTimeout (70 s)
 	Clock    clock.Clock
+}
+
+// BudgetRows is the store BudgetStock keeps the stock rows in: its writes
+// are budget ops of CommitGroup (storage.SetBudgetTotal,
+// storage.GrantBudgetLease, storage.ReturnBudgetLease), its reads
+// storage.BudgetLevelQuery.
+type BudgetRows interface {
+	storage.Grouper
+	storage.Reader
 }
 
 func (s *BudgetStock) home(batch string) (model.ShardID, string) {
@@ -40,12 +49,12 @@ func (s *BudgetStock) home(batch string) (model.ShardID, string) {
 }
 
 // Sync sets every batch's stock row to the catalog's stock
-// (storage.Budgets.SetBudget: a stock below what is out is refused there).
+// (storage.SetBudgetTotal: a stock below what is out is refused there).
 func (s *BudgetStock) Sync(ctx context.Context, c *couponbatch.Catalog) error {
 	var errs []error
 	for _, b := range c.Batches() {
 		sh, k := s.home(b.ID)
-		if _, err := s.Budgets.SetBudget(ctx, sh, k, b.Stock); err != nil {
+		if _, err := storage.SetBudget(ctx, s.Budgets, sh, k, b.Stock); err != nil {
 			errs = append(errs, fmt.Errorf("batch %s: %w", b.ID, err))
 		}
 	}
@@ -62,7 +71,7 @@ func (s *BudgetStock) Grant(ctx context.Context, batch string, want int64) (stri
 		ttl = HeldMaxAge + 2*StepTimeout
 	}
 	sh, k := s.home(batch)
-	l, err := s.Budgets.GrantLease(ctx, sh, k, s.Holder, want, 0, clock.Or(s.Clock).Now().Add(ttl).UnixMilli())
+	l, err := storage.GrantLease(ctx, s.Budgets, sh, k, s.Holder, want, 0, clock.Or(s.Clock).Now().Add(ttl).UnixMilli())
 	if errors.Is(err, model.ErrBudgetExhausted) {
 		return "", 0, nil
 	}
@@ -75,7 +84,7 @@ func (s *BudgetStock) Grant(ctx context.Context, batch string, want int64) (stri
 // Return implements Stock: the lease is closed with unused units unspent.
 func (s *BudgetStock) Return(ctx context.Context, batch, leaseID string, unused int64) error {
 	sh, _ := s.home(batch)
-	_, err := s.Budgets.ReturnLease(ctx, sh, leaseID, unused)
+	_, err := storage.ReturnLease(ctx, s.Budgets, sh, leaseID, unused)
 	return err
 }
 
@@ -86,7 +95,7 @@ func (s *BudgetStock) Levels(ctx context.Context, batches []string) (map[string]
 	var errs []error
 	for _, b := range batches {
 		sh, k := s.home(b)
-		row, held, err := s.Budgets.BudgetLevel(ctx, sh, k)
+		row, held, err := storage.BudgetLevel(ctx, s.Budgets, sh, k)
 		switch {
 		case errors.Is(err, model.ErrNotFound):
 		case err != nil:

@@ -136,7 +136,7 @@ func TestMemstoreMoney(t *testing.T) {
 		t.Fatalf("%d credits applied, want %d", applied, len(credits))
 	}
 	for act, want := range owed {
-		a, err := st.Account(ctx, sharding.ShardOfAct(act), act)
+		a, err := storage.Account(ctx, st, sharding.ShardOfAct(act), act)
 		if err != nil || a.Balance != want {
 			t.Fatalf("%s: balance %d, want %d (%v)", act, a.Balance, want, err)
 		}

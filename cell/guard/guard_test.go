@@ -291,14 +291,14 @@ func TestRealDriverTrips(t *testing.T) {
 		if i == 5 {
 			t.Fatal("five calls to a dead server left the breaker closed")
 		}
-		_, err := dead.Account(context.Background(), 1, "a")
+		_, err := storage.Account(context.Background(), dead, 1, "a")
 		// The call whose round trips opened the breaker may end refused.
 		if !errors.Is(err, model.ErrDBUnavailable) || i == 0 && !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("call %d to a dead server: %v, want the driver's error as DB_UNAVAILABLE", i, err)
 		}
 	}
 	start := time.Now()
-	if _, err := dead.Account(context.Background(), 1, "a"); !errors.Is(err, storage.ErrDBOpen) {
+	if _, err := storage.Account(context.Background(), dead, 1, "a"); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("sixth call: %v, want ErrDBOpen", err)
 	}
 	if err := dead.Ping(context.Background()); !errors.Is(err, storage.ErrDBOpen) || time.Since(start) > 100*time.Millisecond {
@@ -307,10 +307,10 @@ func TestRealDriverTrips(t *testing.T) {
 	if err := dead.EnsureDays(context.Background(), []model.ShardID{1}, []int{1}, 1, nil); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("warm-up while open: %v", err)
 	}
-	if _, _, err := dead.ClaimsAfter(context.Background(), 0, 0, model.ClaimPos{}, time.Now().UnixMilli(), 10); !errors.Is(err, storage.ErrDBOpen) {
+	if _, _, err := storage.ClaimsAfter(context.Background(), dead, 0, 0, model.ClaimPos{}, time.Now().UnixMilli(), 10); !errors.Is(err, storage.ErrDBOpen) {
 		t.Fatalf("relay's claims read while open: %v", err)
 	}
-	if _, err := dead.Shadow().Account(context.Background(), 1, "a"); !errors.Is(err, syscall.ECONNREFUSED) || sb.State() != guard.StateClosed {
+	if _, err := storage.Account(context.Background(), dead.Shadow(), 1, "a"); !errors.Is(err, syscall.ECONNREFUSED) || sb.State() != guard.StateClosed {
 		t.Fatalf("the shadow store behind its own breaker: %v, state %d", err, sb.State())
 	}
 }

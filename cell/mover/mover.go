@@ -627,12 +627,12 @@ func copyReconPositions(ctx context.Context, db int, srcDSN, dstDSN string) erro
 	}
 	defer dst.Close()
 	for _, pair := range [][2]*storage.MySQL{{src, dst}, {src.Shadow(), dst.Shadow()}} {
-		pos, err := pair[0].ReconPositions(ctx)
+		pos, err := storage.ReconPositions(ctx, pair[0])
 		if err != nil {
 			return err
 		}
 		if ms, ok := pos[db]; ok {
-			if err := pair[1].SaveReconPositions(ctx, map[int]int64{db: ms}); err != nil {
+			if err := storage.SaveReconPositions(ctx, pair[1], map[int]int64{db: ms}); err != nil {
 				return err
 			}
 		}

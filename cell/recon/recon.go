@@ -7,7 +7,7 @@
 // its claimant's shard and the cell its credit was sent to (Claim.ActShard,
 // Claim.Dest), and checks every one against the credits booked for it in its
 // claimant's wallet: claimants of this cell in its own flow tables
-// (Books.CreditsOf), others by a signed POST /internal/recon to the cell that
+// (storage.CreditsOfQuery), others by a signed POST /internal/recon to the cell that
 // owns them, 5,000 claims a call (the local lookups and each other cell's
 // calls side by side). It finds:
 //
@@ -65,14 +65,14 @@ import (
 	"redcell/internal/incident"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
-// Books is the part of a cell's store reconciliation reads (storage.Books).
+// Books is the part of a cell's store reconciliation reads and writes: the
+// reconciliation queries and op of package storage.
 type Books interface {
-	ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error)
-	CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error)
-	ReconPositions(ctx context.Context) (map[int]int64, error)
-	SaveReconPositions(ctx context.Context, pos map[int]int64) error
+	storage.Reader  // storage.ReconWindowQuery, storage.CreditsOfQuery, storage.ReconPositionsQuery
+	storage.Grouper // storage.AdvanceReconPositions
 }
 
 // Client asks another cell which claims it has credited (POST
@@ -258,7 +258,7 @@ const catchUpPause = time.Second
 // resume returns the cursors of space i: the saved position of each owned
 // database, start for one never saved.
 func (r *Reconciler) resume(ctx context.Context, i int, start int64) (map[int]int64, error) {
-	saved, err := r.spaces[i].Books.ReconPositions(ctx)
+	saved, err := storage.ReconPositions(ctx, r.spaces[i].Books)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +319,7 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 			// from the old owner before handing it over; without one it
 			// starts where the others are.
 			cursors[db] = minCursor(cursors)
-			if saved, err := sp.Books.ReconPositions(ctx); err == nil {
+			if saved, err := storage.ReconPositions(ctx, sp.Books); err == nil {
 				if ms, ok := saved[db]; ok {
 					cursors[db] = ms
 				}
@@ -338,7 +338,7 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 			behind = true
 			continue
 		}
-		w, err := sp.Books.ReconWindow(ctx, db, dbShards(db), reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
+		w, err := storage.ReconWindow(ctx, sp.Books, db, dbShards(db), reconDays(from, to, r.cfg.PacketExpiry), from, to, windowRows)
 		if err != nil {
 			errs++
 			if ctx.Err() == nil {
@@ -364,7 +364,7 @@ func (r *Reconciler) round(ctx context.Context, i int, cursors map[int]int64, k 
 	if len(moved) > 0 && ctx.Err() == nil {
 		// Saved only now that the round's credits were checked: after a
 		// restart its windows are checked again rather than skipped.
-		if err := sp.Books.SaveReconPositions(ctx, moved); err != nil {
+		if err := storage.SaveReconPositions(ctx, sp.Books, moved); err != nil {
 			if ctx.Err() == nil {
 				r.inc[i].save.Fail(err, "databases", len(moved))
 			}
@@ -410,7 +410,7 @@ func (r *Reconciler) checkCredits(ctx context.Context, i int, claims []model.Cre
 	if len(local) > 0 {
 		lanes = append(lanes, &lane{credits: local, track: r.inc[i].credits,
 			check: func(ctx context.Context, chunk []model.Credit) (model.CreditCheck, error) {
-				found, err := sp.Books.CreditsOf(ctx, chunk)
+				found, err := storage.CreditsOf(ctx, sp.Books, chunk)
 				if err != nil {
 					return model.CreditCheck{}, err
 				}
@@ -641,7 +641,7 @@ func ask(ctx context.Context, c Client, addr string, cs []model.Credit) (model.C
 // caller has checked the call's signature and the credits). It reads only.
 // Errors: the store's.
 func Answer(ctx context.Context, books Books, credits []model.Credit) (api.ReconResponse, error) {
-	found, err := books.CreditsOf(ctx, credits)
+	found, err := storage.CreditsOf(ctx, books, credits)
 	if err != nil {
 		return api.ReconResponse{}, err
 	}

@@ -19,6 +19,7 @@ import (
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 	"redcell/storage/memstore"
 )
 
@@ -42,18 +43,24 @@ type flakyBooks struct {
 	failRead atomic.Bool // ReconPositions fails
 }
 
-func (b *flakyBooks) ReconPositions(ctx context.Context) (map[int]int64, error) {
-	if b.failRead.Load() {
-		return nil, errors.New("injected: positions unreadable")
+// Read fails a storage.ReconPositionsQuery while failRead is set; the rest
+// is the store's.
+func (b *flakyBooks) Read(ctx context.Context, q storage.Query) error {
+	if _, ok := q.(*storage.ReconPositionsQuery); ok && b.failRead.Load() {
+		return errors.New("injected: positions unreadable")
 	}
-	return b.Store.ReconPositions(ctx)
+	return b.Store.Read(ctx, q)
 }
 
-func (b *flakyBooks) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
-	if b.failSave {
-		return errors.New("injected: position not saved")
+// CommitGroup fails a storage.AdvanceReconPositions while failSave is set;
+// the rest is the store's.
+func (b *flakyBooks) CommitGroup(ctx context.Context, ops []storage.Op) error {
+	if len(ops) == 1 && b.failSave {
+		if _, ok := ops[0].(*storage.AdvanceReconPositions); ok {
+			return errors.New("injected: position not saved")
+		}
 	}
-	return b.Store.SaveReconPositions(ctx, pos)
+	return b.Store.CommitGroup(ctx, ops)
 }
 
 type peers struct{ m *sharding.Map }
@@ -79,7 +86,7 @@ func newWorld(t *testing.T) *world {
 	clk := clock.NewManual(time.Date(2026, 3, 14, 10, 0, 0, 0, time.UTC))
 	s := memstore.New(clk)
 	w := &world{t: t, clk: clk, store: s, books: &flakyBooks{Store: s}, ctx: context.Background(), redriven: map[string][]model.Credit{}}
-	if _, err := s.Deposit(w.ctx, 7, "ann", "d1", 1_000_000); err != nil {
+	if _, err := storage.Deposit(w.ctx, s, 7, "ann", "d1", 1_000_000); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -108,7 +115,7 @@ func (w *world) open(acts ...string) []model.Credit {
 	w.t.Helper()
 	n := len(acts)
 	id := model.NewPacketID(7, w.clk.Now())
-	if _, _, err := w.store.Send(w.ctx, 7, model.SendRequest{Sender: "ann", Amount: model.Cents(10 * n), Count: int64(n),
+	if _, _, err := storage.Send(w.ctx, w.store, 7, model.SendRequest{Sender: "ann", Amount: model.Cents(10 * n), Count: int64(n),
 		Kind: model.KindRandom, OrderNo: string(id)}, id, w.clk.Now().Add(time.Hour).UnixMilli()); err != nil {
 		w.t.Fatal(err)
 	}
@@ -117,7 +124,7 @@ func (w *world) open(acts ...string) []model.Credit {
 	for _, act := range acts {
 		w.clk.Advance(time.Millisecond)
 		w.n++
-		res, _, err := w.store.OpenBatch(w.ctx, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
+		res, _, err := storage.OpenBatch(w.ctx, w.store, ref, []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil || res[0].Err != nil {
 			w.t.Fatal(err, res)
 		}
@@ -142,7 +149,7 @@ func (w *world) claims(n int) {
 // credit books credits in the claimants' wallets.
 func (w *world) credit(cs ...model.Credit) {
 	w.t.Helper()
-	if _, _, err := w.store.ApplyCredits(w.ctx, cs); err != nil {
+	if _, _, err := storage.ApplyCredits(w.ctx, w.store, cs); err != nil {
 		w.t.Fatal(err)
 	}
 }
@@ -175,7 +182,7 @@ func TestReconResumesFromSavedPosition(t *testing.T) {
 	if p.checked.Count != 3 || p.credited.Count != 3 || p.diffs.Count() != 0 {
 		t.Fatalf("first pass: %+v", p)
 	}
-	saved, _ := w.store.ReconPositions(w.ctx)
+	saved, _ := storage.ReconPositions(w.ctx, w.store)
 	for db, c := range cursors { // every owned database, read empty or not
 		if saved[db] != c {
 			t.Fatalf("db %d saved at %d, checked up to %d", db, saved[db], c)
@@ -244,7 +251,7 @@ func (w *world) runFor(r *Reconciler, want float64) {
 	}
 	w.clk.Advance(interval)
 	saved := func() bool {
-		pos, _ := w.store.ReconPositions(w.ctx)
+		pos, _ := storage.ReconPositions(w.ctx, w.store)
 		return pos[0] >= w.clk.Now().Add(-settle).UnixMilli()
 	}
 	over := func() bool {

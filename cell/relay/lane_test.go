@@ -18,6 +18,7 @@ import (
 	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // These tests drive the relay on synctest's fake clock, with the store and
@@ -76,7 +77,36 @@ func (f *fakeStore) addClaims(cs ...model.Credit) {
 	}
 }
 
-func (f *fakeStore) ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
+// Read answers the relay's queries (storage.ClaimsAfterQuery,
+// storage.RelayPositionsQuery) from the fake's claims and positions.
+func (f *fakeStore) Read(ctx context.Context, q storage.Query) error {
+	var err error
+	switch q := q.(type) {
+	case *storage.ClaimsAfterQuery:
+		q.Credits, q.Next, err = f.claimsAfter(ctx, q.DB, q.FromMS, q.After, q.BeforeMS, q.Limit)
+	case *storage.RelayPositionsQuery:
+		q.Pos, err = f.relayPositions(ctx, q.DBs)
+	default:
+		return storage.UnknownOp(q)
+	}
+	return err
+}
+
+// CommitGroup runs the relay's ops (storage.SetRelayPositions,
+// storage.RecordDest) on the fake's positions and dests.
+func (f *fakeStore) CommitGroup(ctx context.Context, ops []storage.Op) error {
+	if len(ops) == 1 {
+		switch o := ops[0].(type) {
+		case *storage.SetRelayPositions:
+			return f.saveRelayPositions(ctx, o.Pos)
+		case *storage.RecordDest:
+			return f.sendTo(ctx, o.Credits, o.Dest)
+		}
+	}
+	return storage.UnknownOp(ops)
+}
+
+func (f *fakeStore) claimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reads[db]++
@@ -100,7 +130,7 @@ func (f *fakeStore) ClaimsAfter(ctx context.Context, db int, fromMS int64, after
 	return out, next, nil
 }
 
-func (f *fakeStore) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
+func (f *fakeStore) relayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.posReads = append(f.posReads, slices.Clone(dbs))
@@ -113,7 +143,7 @@ func (f *fakeStore) RelayPositions(ctx context.Context, dbs []int) (map[int]int6
 	return out, nil
 }
 
-func (f *fakeStore) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
+func (f *fakeStore) saveRelayPositions(ctx context.Context, pos map[int]int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.saves = append(f.saves, maps.Clone(pos))
@@ -147,7 +177,7 @@ func (f *fakeStore) ApplyCredits(ctx context.Context, cs []model.Credit) (int, [
 	return len(cs) - len(deferred), deferred, nil
 }
 
-func (f *fakeStore) SendTo(ctx context.Context, cs []model.Credit, dest string) error {
+func (f *fakeStore) sendTo(ctx context.Context, cs []model.Credit, dest string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, c := range cs {

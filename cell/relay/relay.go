@@ -27,18 +27,17 @@ import (
 	"redcell/internal/incident"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
-// Store is the part of a cell's store the relay uses (storage.Relayed and
-// the wallets): the claims to read again past a position, the positions,
-// where a credit went (SendTo), and wallets to credit for this cell's own
-// claimants.
+// Store is the part of a cell's store the relay uses (the relay's queries
+// and ops of package storage, and the wallets): the claims to read again
+// past a position, the positions, where a credit went (storage.SendTo), and
+// wallets to credit for this cell's own claimants.
 type Store interface {
-	ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) (credits []model.Credit, next model.ClaimPos, err error)
-	RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error)
-	SaveRelayPositions(ctx context.Context, pos map[int]int64) error
+	storage.Reader  // storage.ClaimsAfterQuery, storage.RelayPositionsQuery
+	storage.Grouper // storage.SetRelayPositions, storage.RecordDest
 	ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error)
-	SendTo(ctx context.Context, credits []model.Credit, dest string) error
 }
 
 // Client delivers credits to another cell (POST /internal/credits, signed,
@@ -753,7 +752,7 @@ func (r *Relay) loadPositions(ctx context.Context) {
 	}
 	slices.Sort(dbs)
 	pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-	pos, err := r.cfg.Store.RelayPositions(pctx, dbs)
+	pos, err := storage.RelayPositions(pctx, r.cfg.Store, dbs)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -813,7 +812,7 @@ func (r *Relay) readClaims(ctx context.Context, now time.Time) {
 				break
 			}
 			pctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-			cs, next, err := r.cfg.Store.ClaimsAfter(pctx, j.db, j.from, j.cursor, now.UnixMilli(), BatchMax)
+			cs, next, err := storage.ClaimsAfter(pctx, r.cfg.Store, j.db, j.from, j.cursor, now.UnixMilli(), BatchMax)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
@@ -952,7 +951,7 @@ func (r *Relay) savePositions(ctx context.Context, now time.Time) {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
-	err := r.cfg.Store.SaveRelayPositions(sctx, pos)
+	err := storage.SaveRelayPositions(sctx, r.cfg.Store, pos)
 	cancel()
 	r.trackMu.Lock()
 	defer r.trackMu.Unlock()
@@ -1053,11 +1052,11 @@ const askTimeout = 2 * time.Second
 // askElsewhere makes a credit applied at most once across the cluster, not
 // only per database: before cs are delivered to cell to, it asks about each
 // credit that went to another cell before (Credit.Dest, as its claim row
-// records it; a row that names no cell gets to recorded first, Store.SendTo) that cell's copy of the claimant's database (Client.ReconCopy;
+// records it; a row that names no cell gets to recorded first, storage.RecordDest) that cell's copy of the claimant's database (Client.ReconCopy;
 // this cell's own copies too, through the same call). A database handed over
 // without its rows would otherwise take the credit a second time.
 //
-//   - Not found there: recorded as sent to to (Store.SendTo, so that the
+//   - Not found there: recorded as sent to to (storage.RecordDest, so that the
 //     claim row names where it may be applied) and returned in deliver.
 //   - Found there, and to has it too (the database moved with its rows):
 //     returned in done with Dest to, acknowledged.
@@ -1192,11 +1191,11 @@ func (r *Relay) askCopy(ctx context.Context, addr string, cs []model.Credit) (mi
 }
 
 // sendTo records, within relayDBTimeout, that cs are about to be delivered
-// to cell to (Store.SendTo).
+// to cell to (storage.RecordDest).
 func (r *Relay) sendTo(ctx context.Context, cs []model.Credit, to string) error {
 	ctx, cancel := context.WithTimeout(ctx, relayDBTimeout)
 	defer cancel()
-	return r.cfg.Store.SendTo(ctx, cs, to)
+	return storage.SendTo(ctx, r.cfg.Store, cs, to)
 }
 
 func setOf(ids []string) map[string]bool {

@@ -44,15 +44,15 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 	pre := testenv.Prefix()
 	sender, near, far := actIn(pre+"-s", 0, 499), actIn(pre+"-n", 0, 499), actIn(pre+"-f", 500, 999)
 	sh := sharding.ShardOfAct(sender)
-	if _, err := m1.Deposit(ctx, sh, sender, "dep-1", 1000); err != nil {
+	if _, err := storage.Deposit(ctx, m1, sh, sender, "dep-1", 1000); err != nil {
 		t.Fatal(err)
 	}
 	id := model.NewPacketID(sh, time.Now())
-	if _, _, err := m1.Send(ctx, sh, model.SendRequest{Sender: sender, Amount: 600, Count: 2, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
+	if _, _, err := storage.Send(ctx, m1, sh, model.SendRequest{Sender: sender, Amount: 600, Count: 2, Kind: model.KindRandom, OrderNo: "snd-1"}, id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	ref, _ := model.ParsePacketID(string(id))
-	res, _, err := m1.OpenBatch(ctx, ref, []model.OpenRequest{{ActID: near, Shard: sharding.ShardOfAct(near)}, {ActID: far, Shard: sharding.ShardOfAct(far)}}, rand.New(rand.NewPCG(1, 2)))
+	res, _, err := storage.OpenBatch(ctx, m1, ref, []model.OpenRequest{{ActID: near, Shard: sharding.ShardOfAct(near)}, {ActID: far, Shard: sharding.ShardOfAct(far)}}, rand.New(rand.NewPCG(1, 2)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,10 +60,10 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 		return model.Credit{ClaimID: c.ID, PacketID: c.PacketID, ActID: c.ActID, Shard: sharding.ShardOfAct(c.ActID), Amount: c.Amount}
 	}
 	cNear, cFar := credit(res[0].Claim), credit(res[1].Claim)
-	if _, _, err := m1.ApplyCredits(ctx, []model.Credit{cNear}); err != nil {
+	if _, _, err := storage.ApplyCredits(ctx, m1, []model.Credit{cNear}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil {
+	if _, _, err := storage.ApplyCredits(ctx, m2, []model.Credit{cFar}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -153,7 +153,7 @@ func TestAuditCatchesCorruptRows(t *testing.T) {
 	sqlExec(t, db2, "DELETE FROM "+farFlow+" WHERE act_id = ? AND order_no = ?", far, "claim:"+cFar.ClaimID)
 	sqlExec(t, db2, "UPDATE "+farAccount+" SET balance = balance - ? WHERE act_id = ?", cFar.Amount, far)
 	out, err = run()
-	if _, _, err := m2.ApplyCredits(ctx, []model.Credit{cFar}); err != nil { // delivered again
+	if _, _, err := storage.ApplyCredits(ctx, m2, []model.Credit{cFar}); err != nil { // delivered again
 		t.Fatal(err)
 	}
 	if err != nil || !strings.Contains(out, "audit OK") || inFlight(out) != before+cFar.Amount {

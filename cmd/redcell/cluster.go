@@ -14,6 +14,7 @@ import (
 	"redcell/api"
 	"redcell/model"
 	"redcell/sharding"
+	"redcell/storage"
 )
 
 // adminCall sends one request to a cell's admin port with the bearer token and
@@ -106,11 +107,11 @@ func dbLimit(ctx context.Context, configPath string, batch int, d time.Duration)
 	}
 	s := sharding.ShardOfAct(sender)
 	const total = 10_000_000 // cents and shares: every share is 1 cent, the packet never runs out
-	if _, err := st.Deposit(ctx, s, sender, run+"-dep", total); err != nil {
+	if _, err := storage.Deposit(ctx, st, s, sender, run+"-dep", total); err != nil {
 		return 0, err
 	}
 	id := model.NewPacketID(s, time.Now())
-	if _, _, err := st.Send(ctx, s, model.SendRequest{Sender: sender, Amount: total, Count: total, Kind: model.KindRandom, OrderNo: run + "-snd"},
+	if _, _, err := storage.Send(ctx, st, s, model.SendRequest{Sender: sender, Amount: total, Count: total, Kind: model.KindRandom, OrderNo: run + "-snd"},
 		id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		return 0, err
 	}
@@ -125,7 +126,7 @@ func dbLimit(ctx context.Context, configPath string, batch int, d time.Duration)
 			n++
 			reqs[i] = model.OpenRequest{ActID: act, Shard: sharding.ShardOfAct(act)}
 		}
-		res, _, err := st.OpenBatch(ctx, ref, reqs, r)
+		res, _, err := storage.OpenBatch(ctx, st, ref, reqs, r)
 		if err != nil {
 			return 0, err
 		}

@@ -85,7 +85,7 @@ func settleSpace(ctx context.Context, dsns []string, prefix string, shadow bool)
 	}
 	settled := 0
 	for _, st := range stores {
-		saved, err := st.RelayPositions(ctx, dbs)
+		saved, err := storage.RelayPositions(ctx, st, dbs)
 		if err != nil {
 			return settled, err
 		}
@@ -100,7 +100,7 @@ func settleSpace(ctx context.Context, dsns []string, prefix string, shadow bool)
 				settled += n
 			}
 		}
-		if err := st.SaveRelayPositions(ctx, moved); err != nil {
+		if err := storage.SaveRelayPositions(ctx, st, moved); err != nil {
 			return settled, err
 		}
 	}
@@ -116,13 +116,13 @@ func settleDB(ctx context.Context, st *storage.MySQL, all []*storage.MySQL, db i
 	after := model.ClaimPos{}
 	now := time.Now().UnixMilli()
 	for {
-		page, next, err := st.ClaimsAfter(ctx, db, from, after, now, settlePage)
+		page, next, err := storage.ClaimsAfter(ctx, st, db, from, after, now, settlePage)
 		if err != nil || len(page) == 0 {
 			return pos, passed, err
 		}
 		credited := map[string]bool{}
 		for _, o := range all {
-			found, err := o.CreditsOf(ctx, page)
+			found, err := storage.CreditsOf(ctx, o, page)
 			if err != nil {
 				return pos, passed, err
 			}

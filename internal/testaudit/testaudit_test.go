@@ -60,11 +60,11 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	pre := testenv.Prefix()
 	sender, claimant := actIn(pre+"s", 0, 499), actIn(pre+"c", 500, 999)
 	shS, shC := sharding.ShardOfAct(sender), sharding.ShardOfAct(claimant)
-	if _, err := st[0].Deposit(ctx, shS, sender, pre+"-dep", 1_000); err != nil {
+	if _, err := storage.Deposit(ctx, st[0], shS, sender, pre+"-dep", 1_000); err != nil {
 		t.Fatal(err)
 	}
 	id := model.NewPacketID(shS, time.Now())
-	if _, _, err := st[0].Send(ctx, shS, model.SendRequest{Sender: sender, Amount: 300, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send"},
+	if _, _, err := storage.Send(ctx, st[0], shS, model.SendRequest{Sender: sender, Amount: 300, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send"},
 		id, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, _, err := st[0].OpenBatch(ctx, ref, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(1, 2)))
+	res, _, err := storage.OpenBatch(ctx, st[0], ref, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(1, 2)))
 	if err != nil || len(res) != 1 || res[0].Err != nil {
 		t.Fatalf("open: %v %+v", err, res)
 	}
@@ -90,7 +90,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	if r := audit("claim in flight"); !r.OK() || r.InFlightCount != 1 || r.InFlight != 300 || r.Deposits != 1_000 {
 		t.Fatalf("claim in flight: %+v, want clean with 300 cents in flight", r)
 	}
-	if applied, _, err := st[1].ApplyCredits(ctx, []model.Credit{credit}); err != nil || applied != 1 {
+	if applied, _, err := storage.ApplyCredits(ctx, st[1], []model.Credit{credit}); err != nil || applied != 1 {
 		t.Fatalf("credit on server 2: %d %v", applied, err)
 	}
 	if r := audit("credited once"); !r.OK() || r.InFlightCount != 0 || r.Balances != 1_000 {
@@ -104,12 +104,12 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	for time.Now().UnixMilli() <= claim.CreatedMS { // the second claim is created a millisecond later at least
 	}
 	id2 := model.NewPacketID(shS, time.Now())
-	if _, _, err := st[0].Send(ctx, shS, model.SendRequest{Sender: sender, Amount: 200, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send2"},
+	if _, _, err := storage.Send(ctx, st[0], shS, model.SendRequest{Sender: sender, Amount: 200, Count: 1, Kind: model.KindFixed, OrderNo: pre + "-send2"},
 		id2, time.Now().Add(time.Hour).UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	ref2, _ := model.ParsePacketID(string(id2))
-	res2, _, err := st[0].OpenBatch(ctx, ref2, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(3, 4)))
+	res2, _, err := storage.OpenBatch(ctx, st[0], ref2, []model.OpenRequest{{ActID: claimant, Shard: shC}}, mrand.New(mrand.NewPCG(3, 4)))
 	if err != nil || len(res2) != 1 || res2[0].Err != nil {
 		t.Fatalf("second open: %v %+v", err, res2)
 	}
@@ -118,28 +118,28 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 		t.Fatalf("second claim made at %d in db_%02d, want after %d in db_%02d", claim2.CreatedMS, ref2.Shard.DB(), claim.CreatedMS, ref.Shard.DB())
 	}
 	db := ref.Shard.DB()
-	if err := st[0].SaveReconPositions(ctx, map[int]int64{db: time.Now().UnixMilli()}); err != nil {
+	if err := storage.SaveReconPositions(ctx, st[0], map[int]int64{db: time.Now().UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := testaudit.Settle(ctx, dsns); err != nil || n < 1 {
 		t.Fatalf("settle: %d %v, want the relay position of db_%02d moved", n, err, db)
 	}
-	pos, err := st[0].RelayPositions(ctx, []int{db})
+	pos, err := storage.RelayPositions(ctx, st[0], []int{db})
 	if err != nil || pos[db] != claim.CreatedMS+1 {
 		t.Fatalf("relay position of db_%02d after the settle: %v %v, want %d (just past the credited claim, at %d the claim credited nowhere)",
 			db, pos, err, claim.CreatedMS+1, claim2.CreatedMS)
 	}
-	cs, _, err := st[0].ClaimsAfter(ctx, db, pos[db], model.ClaimPos{}, time.Now().UnixMilli(), 10)
+	cs, _, err := storage.ClaimsAfter(ctx, st[0], db, pos[db], model.ClaimPos{}, time.Now().UnixMilli(), 10)
 	if err != nil || len(cs) != 1 || cs[0].ClaimID != claim2.ID {
 		t.Fatalf("claims a relay reads past the position: %+v %v, want only %s", cs, err, claim2.ID)
 	}
-	if recon, err := st[0].ReconPositions(ctx); err != nil || len(recon) != 0 {
+	if recon, err := storage.ReconPositions(ctx, st[0]); err != nil || len(recon) != 0 {
 		t.Fatalf("reconciliation positions after the settle: %v %v, want none", recon, err)
 	}
 	if _, err := testaudit.Settle(ctx, dsns); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := st[0].RelayPositions(ctx, []int{db}); err != nil || again[db] != pos[db] {
+	if again, err := storage.RelayPositions(ctx, st[0], []int{db}); err != nil || again[db] != pos[db] {
 		t.Fatalf("relay position of db_%02d after a second settle: %v %v, want %d still", db, again, err, pos[db])
 	}
 	if r := audit("settled"); !r.OK() || r.InFlightCount != 1 || r.InFlight != claim2.Amount {
@@ -147,7 +147,7 @@ func TestAuditCatchesAPlantedDoubleCredit(t *testing.T) {
 	}
 
 	// The double credit: the same claim booked on server 1 too.
-	if applied, _, err := st[0].ApplyCredits(ctx, []model.Credit{credit}); err != nil || applied != 1 {
+	if applied, _, err := storage.ApplyCredits(ctx, st[0], []model.Credit{credit}); err != nil || applied != 1 {
 		t.Fatalf("second credit on server 1: %d %v", applied, err)
 	}
 	r := audit("credited twice")

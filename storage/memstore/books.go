@@ -102,11 +102,11 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 	return l, nil
 }
 
-// ReconWindow implements storage.Books with the cut of storage.MySQL.ReconWindow:
+// reconWindow answers storage.ReconWindowQuery with the cut of MySQL's:
 // a window of more than limit claims ends at the creation time of the claim
 // past limit (never below fromMS+1), and is read whole. Each claim carries
 // its ActShard and Dest.
-func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
+func (s *Store) reconWindow(ctx context.Context, db int, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (model.ReconWindow, error) {
 	w := model.ReconWindow{FromMS: fromMS, ToMS: toMS, Claims: map[string]model.Claim{}}
 	if err := ctx.Err(); err != nil {
 		return w, err
@@ -144,11 +144,11 @@ func (s *Store) ReconWindow(ctx context.Context, db int, shards []model.ShardID,
 	return w, nil
 }
 
-// CreditsOf implements storage.Books: as storage.MySQL.CreditsOf, a credit
+// creditsOf answers storage.CreditsOfQuery: as with MySQL, a credit
 // flow is found when its shard is a claimant's shard asked about, its account
 // one of the accounts asked about in that shard, and its claim one of the
 // claims asked about in that shard.
-func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
+func (s *Store) creditsOf(ctx context.Context, credits []model.Credit) (map[string]model.Credit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -187,8 +187,8 @@ func (s *Store) CreditsOf(ctx context.Context, credits []model.Credit) (map[stri
 	return found, nil
 }
 
-// ReconPositions implements storage.Books.
-func (s *Store) ReconPositions(ctx context.Context) (map[int]int64, error) {
+// reconPositions answers storage.ReconPositionsQuery.
+func (s *Store) reconPositions(ctx context.Context) (map[int]int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -197,8 +197,8 @@ func (s *Store) ReconPositions(ctx context.Context) (map[int]int64, error) {
 	return maps.Clone(s.recon), nil
 }
 
-// SaveReconPositions implements storage.Books: a position never moves back.
-func (s *Store) SaveReconPositions(ctx context.Context, pos map[int]int64) error {
+// saveReconPositions runs storage.AdvanceReconPositions: a position never moves back.
+func (s *Store) saveReconPositions(ctx context.Context, pos map[int]int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -11,10 +11,7 @@ import (
 
 	"redcell/internal/invariant"
 	"redcell/model"
-	"redcell/storage"
 )
-
-var _ storage.Budgets = (*Store)(nil)
 
 // budgetBook is db_XX.t_budget and db_XX.t_budget_lease of every database:
 // rows keyed by (database, key), leases by ID with their database, as the
@@ -56,8 +53,8 @@ func (s *Store) leaseIDLocked(key string) string {
 	return hex.EncodeToString(h[:model.LeaseIDLen/2])
 }
 
-// SetBudget implements storage.Budgets.
-func (s *Store) SetBudget(ctx context.Context, sh model.ShardID, key string, total int64) (model.Budget, error) {
+// setBudget runs storage.SetBudgetTotal.
+func (s *Store) setBudget(ctx context.Context, sh model.ShardID, key string, total int64) (model.Budget, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Budget{}, err
 	}
@@ -81,8 +78,8 @@ func (s *Store) SetBudget(ctx context.Context, sh model.ShardID, key string, tot
 	return out, nil
 }
 
-// GrantLease implements storage.Budgets.
-func (s *Store) GrantLease(ctx context.Context, sh model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error) {
+// grantLease runs storage.GrantBudgetLease.
+func (s *Store) grantLease(ctx context.Context, sh model.ShardID, key, holder string, want, reserve, expiresMS int64) (model.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Lease{}, err
 	}
@@ -115,8 +112,8 @@ func (s *Store) GrantLease(ctx context.Context, sh model.ShardID, key, holder st
 	return l, nil
 }
 
-// ReturnLease implements storage.Budgets.
-func (s *Store) ReturnLease(ctx context.Context, sh model.ShardID, leaseID string, unspent int64) (model.Lease, error) {
+// returnLease runs storage.ReturnBudgetLease.
+func (s *Store) returnLease(ctx context.Context, sh model.ShardID, leaseID string, unspent int64) (model.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Lease{}, err
 	}
@@ -141,8 +138,8 @@ func (s *Store) ReturnLease(ctx context.Context, sh model.ShardID, leaseID strin
 	return l, nil
 }
 
-// ExpireLeases implements storage.Budgets.
-func (s *Store) ExpireLeases(ctx context.Context, sh model.ShardID, key string, nowMS int64) (int, error) {
+// expireLeases runs storage.ExpireBudgetLeases.
+func (s *Store) expireLeases(ctx context.Context, sh model.ShardID, key string, nowMS int64) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -162,8 +159,8 @@ func (s *Store) ExpireLeases(ctx context.Context, sh model.ShardID, key string, 
 	return n, nil
 }
 
-// Budget implements storage.Budgets.
-func (s *Store) Budget(ctx context.Context, sh model.ShardID, key string) (model.Budget, []model.Lease, error) {
+// budget runs storage.BudgetQuery.
+func (s *Store) budget(ctx context.Context, sh model.ShardID, key string) (model.Budget, []model.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Budget{}, nil, err
 	}
@@ -186,9 +183,9 @@ func (s *Store) Budget(ctx context.Context, sh model.ShardID, key string) (model
 	return *have, ls, nil
 }
 
-// BudgetLevel implements storage.Budgets.
-func (s *Store) BudgetLevel(ctx context.Context, sh model.ShardID, key string) (model.Budget, int64, error) {
-	b, ls, err := s.Budget(ctx, sh, key)
+// budgetLevel runs storage.BudgetLevelQuery.
+func (s *Store) budgetLevel(ctx context.Context, sh model.ShardID, key string) (model.Budget, int64, error) {
+	b, ls, err := s.budget(ctx, sh, key)
 	if err != nil {
 		return model.Budget{}, 0, err
 	}
@@ -201,8 +198,8 @@ func (s *Store) BudgetLevel(ctx context.Context, sh model.ShardID, key string) (
 	return b, held, nil
 }
 
-// LeasesOf implements storage.Budgets.
-func (s *Store) LeasesOf(ctx context.Context, sh model.ShardID, holder string) ([]model.Lease, error) {
+// leasesOf runs storage.HolderLeasesQuery.
+func (s *Store) leasesOf(ctx context.Context, sh model.ShardID, holder string) ([]model.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

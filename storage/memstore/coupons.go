@@ -15,8 +15,6 @@ import (
 // requests by database, app and serial; coupons by ID (one per request).
 // The store's one lock stands for the person rows' locks.
 
-var _ storage.Coupons = (*Store)(nil)
-
 type couponReqKey struct {
 	db          int
 	app, serial string
@@ -24,31 +22,6 @@ type couponReqKey struct {
 
 func reqKeyOf(r model.CouponRequest) couponReqKey {
 	return couponReqKey{r.Shard.DB(), r.App, r.Serial}
-}
-
-// AcceptCoupon implements storage.Coupons.
-func (s *Store) AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	if err := model.ValidateCouponRequest(r); err != nil {
-		return model.CouponRequest{}, false, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.couponRq[reqKeyOf(r)]; ok {
-		if err := model.ReplayCouponRequest(*prior, r); err != nil {
-			return model.CouponRequest{}, false, err
-		}
-		return *prior, true, nil
-	}
-	if r.AcceptedMS == 0 {
-		r.AcceptedMS = s.nowMS()
-	}
-	r = model.AcceptedForm(r)
-	c := r
-	s.couponRq[reqKeyOf(r)] = &c
-	return r, false, nil
 }
 
 // accept stages a group's OpAccept as AcceptCoupon decides one: a serial
@@ -84,8 +57,8 @@ func (g *group) accept(op *storage.GroupOp) {
 	g.writes = append(g.writes, func() { g.s.couponRq[k] = &c })
 }
 
-// CouponRequestOf implements storage.Coupons.
-func (s *Store) CouponRequestOf(ctx context.Context, sh model.ShardID, app, serial string) (model.CouponRequest, error) {
+// couponRequestOf answers storage.CouponRequestQuery.
+func (s *Store) couponRequestOf(ctx context.Context, sh model.ShardID, app, serial string) (model.CouponRequest, error) {
 	if err := ctx.Err(); err != nil {
 		return model.CouponRequest{}, err
 	}
@@ -98,8 +71,8 @@ func (s *Store) CouponRequestOf(ctx context.Context, sh model.ShardID, app, seri
 	return *r, nil
 }
 
-// TakeCouponRequests implements storage.Coupons.
-func (s *Store) TakeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
+// takeCouponRequests runs storage.CouponTake.
+func (s *Store) takeCouponRequests(ctx context.Context, dbs []int, staleMS int64, limit int) ([]model.CouponRequest, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -149,8 +122,8 @@ func (s *Store) holdingLocked(db int, actID string) *model.CouponHolding {
 	return h
 }
 
-// IssueCoupons implements storage.Coupons.
-func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
+// issueCoupons runs storage.CouponIssue.
+func (s *Store) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -208,8 +181,8 @@ func (s *Store) IssueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 	return out, unused, nil
 }
 
-// RefuseCoupons implements storage.Coupons.
-func (s *Store) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
+// refuseCoupons runs storage.CouponRefusal.
+func (s *Store) refuseCoupons(ctx context.Context, reqs []model.CouponRequest, reason model.CouponReason) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -228,8 +201,8 @@ func (s *Store) RefuseCoupons(ctx context.Context, reqs []model.CouponRequest, r
 	return err
 }
 
-// ReleaseCouponRequests implements storage.Coupons.
-func (s *Store) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
+// releaseCouponRequests runs storage.CouponRelease.
+func (s *Store) releaseCouponRequests(ctx context.Context, reqs []model.CouponRequest) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -246,8 +219,8 @@ func (s *Store) ReleaseCouponRequests(ctx context.Context, reqs []model.CouponRe
 	return err
 }
 
-// HoldingOf implements storage.Coupons.
-func (s *Store) HoldingOf(ctx context.Context, sh model.ShardID, actID string) (model.CouponHolding, error) {
+// holdingOf answers storage.HoldingQuery.
+func (s *Store) holdingOf(ctx context.Context, sh model.ShardID, actID string) (model.CouponHolding, error) {
 	if err := ctx.Err(); err != nil {
 		return model.CouponHolding{}, err
 	}
@@ -256,8 +229,8 @@ func (s *Store) HoldingOf(ctx context.Context, sh model.ShardID, actID string) (
 	return *s.holdingLocked(sh.DB(), actID), nil
 }
 
-// HoldingsOf implements storage.Coupons.
-func (s *Store) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
+// holdingsOf answers storage.HoldingsQuery.
+func (s *Store) holdingsOf(ctx context.Context, reqs []model.CouponRequest) (map[string]model.CouponHolding, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -270,8 +243,8 @@ func (s *Store) HoldingsOf(ctx context.Context, reqs []model.CouponRequest) (map
 	return out, nil
 }
 
-// CouponsOf implements storage.Coupons.
-func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
+// couponsOf answers storage.CouponsQuery.
+func (s *Store) couponsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Coupon, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -296,8 +269,8 @@ func (s *Store) CouponsOf(ctx context.Context, sh model.ShardID, actID string, a
 	return out[:min(len(out), limit)], nil
 }
 
-// CouponLeaseSpent implements storage.Coupons.
-func (s *Store) CouponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// couponLeaseSpent answers storage.CouponLeaseSpentQuery.
+func (s *Store) couponLeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

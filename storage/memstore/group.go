@@ -26,7 +26,7 @@ var _ storage.Grouper = (*Store)(nil)
 // request) stages nothing of it and never fails the others. The clock is read
 // once: every row the group writes carries that time.
 //
-// An op answers what the single-op method of its kind would answer, called in
+// An op answers what the single-op function of its kind would answer, called in
 // the op's place in that order: a send or deposit whose (act_id, order number)
 // was applied before, by an earlier call or an earlier op of the group, is a
 // repeat (Repeat set, the first result) or ErrOrderConflict; an open's Packet

@@ -141,9 +141,9 @@ func New(clk clock.Clock) *Store {
 	}
 }
 
-// BindIdentity implements storage.Identities (no commit fault: a binding
+// bindIdentity runs storage.BindAccount (no commit fault: a binding
 // moves no money, and its retry is a repeat).
-func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
+func (s *Store) bindIdentity(_ context.Context, sh model.ShardID, want model.IdentityBinding, legacy ...string) (model.IdentityBinding, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := identKey{sh, want.App, want.AppUserID}
@@ -158,11 +158,11 @@ func (s *Store) BindIdentity(_ context.Context, sh model.ShardID, want model.Ide
 	return model.Bind(nil, want)
 }
 
-// FailNextCommit arms a fault for the next call that commits money: the next
-// Deposit or Send that gets past its order-number check and its decision
-// (a repeat, a conflict and a refused send answer without committing),
-// OpenBatch, Refund of an existing packet, ApplyCredits of at least one
-// credit, or CommitGroup of at least one op (the whole group meets it once).
+// FailNextCommit arms a fault for the next CommitGroup of at least one money
+// op (*storage.GroupOp; the whole group meets it once), whatever the group
+// decides: a single write (storage.Deposit, storage.Send, ...) is a group of
+// one, so a repeat, a conflict or a refusal meets it too, as a transaction
+// that COMMITs without writing meets a dead connection in MariaDB.
 // With lostAnswer false that call writes nothing and answers an error
 // matching storage.ErrCommitUnknown (the COMMIT never reached the database);
 // with lostAnswer true it writes everything and then answers that error (the
@@ -197,36 +197,6 @@ func (s *Store) commitLocked(op string) (write bool, err error) {
 
 func (s *Store) nowMS() int64 { return s.clk.Now().UnixMilli() }
 
-// Deposit implements storage.Wallets.
-func (s *Store) Deposit(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Deposit{}, err
-	}
-	invariant.That(sh.Valid(), "shard out of range")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := flowKey{sh, actID, orderNo}
-	if prior, ok := s.flows[k]; ok {
-		if err := model.ReplayOrder(*prior, model.FlowDeposit, model.DepositHash(amount)); err != nil {
-			return model.Deposit{}, err
-		}
-		return model.Deposit{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: prior.BalanceAfter, Repeat: true}, nil
-	}
-	a := acctKey{sh, actID}
-	out, err := model.ApplyDeposit(model.DepositInput{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: s.accounts[a], NowMS: s.nowMS()})
-	if err != nil {
-		return model.Deposit{}, err
-	}
-	write, err := s.commitLocked("deposit")
-	if write {
-		s.writeFlowLocked(sh, out.Flow)
-	}
-	if err != nil {
-		return model.Deposit{}, err
-	}
-	return out.Deposit, nil
-}
-
 // writeFlowLocked writes a flow row and its balance change. s.mu must be held.
 func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
 	k := flowKey{sh, f.ActID, f.OrderNo}
@@ -248,8 +218,8 @@ func (s *Store) writeFlowLocked(sh model.ShardID, f model.Flow) {
 // creditOrder is the claim ID in a credit flow's order number (model.CreditOrderNo).
 func creditOrder(order string) string { return strings.TrimPrefix(order, "claim:") }
 
-// Account implements storage.Wallets.
-func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
+// account answers storage.AccountQuery.
+func (s *Store) account(ctx context.Context, sh model.ShardID, actID string) (model.Account, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Account{}, err
 	}
@@ -257,44 +227,6 @@ func (s *Store) Account(ctx context.Context, sh model.ShardID, actID string) (mo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return model.Account{ActID: actID, Shard: sh, Balance: s.accounts[acctKey{sh, actID}]}, nil
-}
-
-// ApplyCredits implements storage.Wallets. Nothing is ever locked by another
-// call, so no credit is deferred.
-func (s *Store) ApplyCredits(ctx context.Context, credits []model.Credit) (applied int, deferred []string, err error) {
-	if err := ctx.Err(); err != nil {
-		return 0, nil, err
-	}
-	if len(credits) == 0 {
-		return 0, nil, nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.nowMS()
-	var writes []model.Flow
-	var shards []model.ShardID
-	batch := make(map[flowKey]bool, len(credits))
-	for _, c := range credits {
-		invariant.That(c.Shard.Valid(), "credit to a shard out of range")
-		k := flowKey{c.Shard, c.ActID, model.CreditOrderNo(c.ClaimID)}
-		_, booked := s.flows[k]
-		out := model.ApplyCredit(model.CreditInput{Credit: c, Booked: booked || batch[k], NowMS: now})
-		if out.Applied {
-			batch[k] = true
-			writes = append(writes, out.Flow)
-			shards = append(shards, c.Shard)
-		}
-	}
-	write, err := s.commitLocked("apply credits")
-	if write {
-		for i, f := range writes {
-			s.writeFlowLocked(shards[i], f)
-		}
-	}
-	if err != nil {
-		return 0, nil, err
-	}
-	return len(writes), nil, nil
 }
 
 // EnsureShard implements storage.Schema: every table exists in memory.

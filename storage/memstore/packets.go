@@ -2,47 +2,11 @@ package memstore
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
 	"slices"
 
 	"redcell/internal/invariant"
 	"redcell/model"
 )
-
-// Send implements storage.Packets.
-func (s *Store) Send(ctx context.Context, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Packet{}, false, err
-	}
-	ref, err := model.ParsePacketID(string(id))
-	invariant.That(err == nil && ref.Shard == sh, "send with a packet ID of another shard")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.flows[flowKey{sh, req.Sender, req.OrderNo}]; ok {
-		if err := model.ReplayOrder(*prior, model.FlowSend, model.SendHash(req)); err != nil {
-			return model.Packet{}, false, err
-		}
-		first, ok := s.packets[model.PacketID(prior.Ref)]
-		invariant.That(ok, "send flow without its packet")
-		return first.p, true, nil
-	}
-	if _, taken := s.packets[id]; taken {
-		return model.Packet{}, false, fmt.Errorf("memstore: send %s: packet ID %s exists", req.OrderNo, id)
-	}
-	out, err := model.Send(model.SendInput{Req: req, ID: id, Balance: s.accounts[acctKey{sh, req.Sender}], NowMS: s.nowMS(), ExpiresMS: expiresMS})
-	if err != nil {
-		return model.Packet{}, false, err
-	}
-	write, err := s.commitLocked("send")
-	if write {
-		s.writeSendLocked(ref, out)
-	}
-	if err != nil {
-		return model.Packet{}, false, err
-	}
-	return out.Packet, false, nil
-}
 
 // writeSendLocked writes a send's flow and its new packet, open, in the
 // packet table of ref's shard and day. s.mu must be held.
@@ -65,8 +29,8 @@ func (s *Store) tableLocked(k tableKey) *table {
 	return t
 }
 
-// Packet implements storage.Packets.
-func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
+// readPacket answers storage.PacketQuery.
+func (s *Store) readPacket(ctx context.Context, ref model.PacketRef) (model.Packet, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Packet{}, err
 	}
@@ -79,8 +43,8 @@ func (s *Store) Packet(ctx context.Context, ref model.PacketRef) (model.Packet, 
 	return pk.p, nil
 }
 
-// Claims implements storage.Packets.
-func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
+// packetClaims answers storage.ClaimsQuery.
+func (s *Store) packetClaims(ctx context.Context, ref model.PacketRef, afterSeq int64, limit int) ([]model.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -93,29 +57,6 @@ func (s *Store) Claims(ctx context.Context, ref model.PacketRef, afterSeq int64,
 	from := max(afterSeq, 0)
 	to := min(from+int64(limit), int64(len(pk.claims)))
 	return slices.Clone(pk.claims[from:to]), nil
-}
-
-// OpenBatch implements storage.Packets: the decision is model.Open's.
-func (s *Store) OpenBatch(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest, r *rand.Rand) ([]model.OpenResult, model.Packet, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, model.Packet{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	in := model.OpenInput{Packet: model.Packet{ID: ref.ID}, Reqs: reqs, NowMS: s.nowMS(), Rand: model.TakeDrawSeed(r).Rand()}
-	pk, found := s.packets[ref.ID]
-	if found {
-		in.Packet, in.Found, in.Earlier = pk.p, true, pk.claimsOfLocked(reqs)
-	}
-	out := model.Open(in)
-	write, err := s.commitLocked("open")
-	if write && found && len(out.Fresh) > 0 {
-		s.writeOpenLocked(pk, out)
-	}
-	if err != nil {
-		return nil, model.Packet{}, fmt.Errorf("memstore: open %s: %w", ref.ID, err)
-	}
-	return out.Results, out.Packet, nil
 }
 
 // writeOpenLocked writes an open's new claims, each owed to the shard its
@@ -146,8 +87,8 @@ func (pk *packet) claimsOfLocked(reqs []model.OpenRequest) map[string]model.Clai
 	return held
 }
 
-// ClaimsOf implements storage.Packets.
-func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
+// claimsOfPacket answers storage.ClaimsOfQuery.
+func (s *Store) claimsOfPacket(ctx context.Context, ref model.PacketRef, reqs []model.OpenRequest) (map[string]model.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -160,9 +101,9 @@ func (s *Store) ClaimsOf(ctx context.Context, ref model.PacketRef, reqs []model.
 	return pk.claimsOfLocked(reqs), nil
 }
 
-// ExpiredIn implements storage.Expiry. It lists the packets by ID, so a
+// expiredIn answers storage.ExpiredQuery. It lists the packets by ID, so a
 // limit below the number expired picks the same ones every time.
-func (s *Store) ExpiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
+func (s *Store) expiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -212,26 +153,4 @@ func (s *Store) writeRefundLocked(pk *packet, out model.RefundOutcome) {
 	s.writeFlowLocked(pk.ref.Shard, out.Flow)
 	pk.p = out.Packet
 	delete(s.tables[tableKey{pk.ref.Shard, pk.ref.Day}].open, pk.p.ID)
-}
-
-// Refund implements storage.Expiry: the decision is model.Refund's.
-func (s *Store) Refund(ctx context.Context, ref model.PacketRef) (model.Cents, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	pk, ok := s.packets[ref.ID]
-	if !ok {
-		return 0, model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)
-	}
-	out := model.Refund(pk.p, s.nowMS())
-	write, err := s.commitLocked("refund")
-	if write && out.Due {
-		s.writeRefundLocked(pk, out)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("memstore: refund %s: %w", ref.ID, err)
-	}
-	return out.Amount, nil
 }

@@ -71,10 +71,10 @@ func (pk *packet) fullClaim(i int) model.Claim {
 	return c
 }
 
-// ClaimsAfter implements storage.Relayed over the relay index of db: every
+// claimsAfter answers storage.ClaimsAfterQuery over the relay index of db: every
 // claim of the packets of db's shards, all days. As storage.MySQL, a
 // database out of 0..99 is ErrInvalidArgument.
-func (s *Store) ClaimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
+func (s *Store) claimsAfter(ctx context.Context, db int, fromMS int64, after model.ClaimPos, beforeMS int64, limit int) ([]model.Credit, model.ClaimPos, error) {
 	next := after
 	if err := ctx.Err(); err != nil {
 		return nil, next, err
@@ -101,8 +101,8 @@ func (s *Store) ClaimsAfter(ctx context.Context, db int, fromMS int64, after mod
 	return out, next, nil
 }
 
-// SendTo implements storage.Relayed.
-func (s *Store) SendTo(ctx context.Context, credits []model.Credit, dest string) error {
+// sendTo runs storage.RecordDest.
+func (s *Store) sendTo(ctx context.Context, credits []model.Credit, dest string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -122,8 +122,8 @@ func (s *Store) SendTo(ctx context.Context, credits []model.Credit, dest string)
 	return nil
 }
 
-// RelayPositions implements storage.Relayed.
-func (s *Store) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
+// relayPositions answers storage.RelayPositionsQuery.
+func (s *Store) relayPositions(ctx context.Context, dbs []int) (map[int]int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -138,9 +138,9 @@ func (s *Store) RelayPositions(ctx context.Context, dbs []int) (map[int]int64, e
 	return out, nil
 }
 
-// SaveRelayPositions implements storage.Relayed: all or nothing, and a
+// saveRelayPositions runs storage.SetRelayPositions: all or nothing, and a
 // position may move back.
-func (s *Store) SaveRelayPositions(ctx context.Context, pos map[int]int64) error {
+func (s *Store) saveRelayPositions(ctx context.Context, pos map[int]int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

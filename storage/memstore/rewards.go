@@ -23,37 +23,8 @@ func (s *Store) rewardList(keep func(*model.Reward) bool) []*model.Reward {
 	return out
 }
 
-// IssueReward implements storage.Rewards.
-func (s *Store) IssueReward(ctx context.Context, r model.Reward) (model.Reward, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Reward{}, false, err
-	}
-	invariant.That(r.Shard.Valid(), "shard out of range")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.rewards[r.OrderNo]; ok {
-		if err := model.ReplayReward(*prior, r); err != nil {
-			return model.Reward{}, false, err
-		}
-		return *prior, true, nil
-	}
-	if r.CreatedMS == 0 {
-		r.CreatedMS = s.nowMS()
-	}
-	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0
-	write, err := s.commitLocked("issue reward")
-	if write {
-		c := r
-		s.rewards[r.OrderNo] = &c
-	}
-	if err != nil {
-		return model.Reward{}, false, err
-	}
-	return r, false, nil
-}
-
-// Reward implements storage.Rewards.
-func (s *Store) Reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
+// reward answers storage.RewardQuery.
+func (s *Store) reward(ctx context.Context, sh model.ShardID, orderNo string) (model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Reward{}, err
 	}
@@ -66,8 +37,8 @@ func (s *Store) Reward(ctx context.Context, sh model.ShardID, orderNo string) (m
 	return *r, nil
 }
 
-// RewardsOf implements storage.Rewards.
-func (s *Store) RewardsOf(ctx context.Context, sh model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
+// rewardsOf answers storage.RewardsOfQuery.
+func (s *Store) rewardsOf(ctx context.Context, sh model.ShardID, actID, stage string, after model.FlowCursor, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -96,8 +67,8 @@ func copyRewards(rs []*model.Reward, limit int) []model.Reward {
 	return out
 }
 
-// RewardSums implements storage.Rewards.
-func (s *Store) RewardSums(ctx context.Context, sh model.ShardID, actID string) ([]model.StageSums, error) {
+// rewardSums answers storage.RewardSumsQuery.
+func (s *Store) rewardSums(ctx context.Context, sh model.ShardID, actID string) ([]model.StageSums, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -117,8 +88,8 @@ func byAge(rs []*model.Reward) {
 	})
 }
 
-// PendingRewardsOf implements storage.Rewards.
-func (s *Store) PendingRewardsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Reward, error) {
+// pendingRewardsOf answers storage.PendingRewardsOfQuery.
+func (s *Store) pendingRewardsOf(ctx context.Context, sh model.ShardID, actID string, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -131,8 +102,8 @@ func (s *Store) PendingRewardsOf(ctx context.Context, sh model.ShardID, actID st
 	return copyRewards(rs, limit), nil
 }
 
-// TakeRewards implements storage.Rewards.
-func (s *Store) TakeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
+// takeRewards runs storage.TakeRewardsOp.
+func (s *Store) takeRewards(ctx context.Context, db int, staleMS int64, limit int) ([]model.Reward, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -156,25 +127,6 @@ func (s *Store) TakeRewards(ctx context.Context, db int, staleMS int64, limit in
 		return nil, err
 	}
 	return copyRewards(rs, len(rs)), nil
-}
-
-// BookRewards implements storage.Rewards.
-func (s *Store) BookRewards(ctx context.Context, rs []model.Reward) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.nowMS()
-	book := s.toBookLocked(rs, map[string]bool{})
-	write, err := s.commitLocked("book rewards")
-	if write {
-		s.bookLocked(book, now)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return len(book), nil
 }
 
 // toBookLocked picks the rewards of rs that booking books: stored, not
@@ -202,8 +154,8 @@ func (s *Store) bookLocked(book []*model.Reward, now int64) {
 	}
 }
 
-// LeaseSpent implements storage.Rewards.
-func (s *Store) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
+// leaseSpent answers storage.LeaseSpentQuery.
+func (s *Store) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -222,37 +174,8 @@ func (s *Store) LeaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 	return total, nil
 }
 
-// Withdraw implements storage.Rewards.
-func (s *Store) Withdraw(ctx context.Context, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
-	if err := ctx.Err(); err != nil {
-		return model.Withdrawal{}, err
-	}
-	invariant.That(sh.Valid(), "shard out of range")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if prior, ok := s.flows[flowKey{sh, actID, orderNo}]; ok {
-		if err := model.ReplayOrder(*prior, model.FlowWithdraw, model.WithdrawHash(amount)); err != nil {
-			return model.Withdrawal{}, err
-		}
-		return model.Withdrawal{ActID: actID, OrderNo: orderNo, Amount: amount, Balance: prior.BalanceAfter, Repeat: true}, nil
-	}
-	out, err := model.ApplyWithdraw(model.WithdrawInput{ActID: actID, OrderNo: orderNo, Amount: amount,
-		Balance: s.accounts[acctKey{sh, actID}], NowMS: s.nowMS()})
-	if err != nil {
-		return model.Withdrawal{}, err
-	}
-	write, err := s.commitLocked("withdraw")
-	if write {
-		s.writeFlowLocked(sh, out.Flow)
-	}
-	if err != nil {
-		return model.Withdrawal{}, err
-	}
-	return out.Withdrawal, nil
-}
-
-// FlowsOf implements storage.Rewards.
-func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
+// flowsOf answers storage.FlowsOfQuery.
+func (s *Store) flowsOf(ctx context.Context, sh model.ShardID, actID string, after model.FlowCursor, limit int) ([]model.Flow, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -281,8 +204,8 @@ func (s *Store) FlowsOf(ctx context.Context, sh model.ShardID, actID string, aft
 	return fs, nil
 }
 
-// RewardRecon implements storage.Rewards.
-func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
+// rewardRecon answers storage.RewardReconQuery.
+func (s *Store) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS int64, countFlows bool) (model.RewardRecon, error) {
 	if err := ctx.Err(); err != nil {
 		return model.RewardRecon{}, err
 	}
@@ -329,8 +252,11 @@ func (s *Store) RewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // issue stages a group's OpIssue: a reward stored before (or by an earlier
 // op of the group) decides it by model.ReplayReward, as IssueReward does.
 func (g *group) issue(op *storage.GroupOp) {
+	if op.Reward.CreatedMS == 0 {
+		op.Reward.CreatedMS = g.now
+	}
 	r := op.Reward
-	invariant.That(r.Shard.Valid() && r.CreatedMS != 0, "group issue without a shard or time")
+	invariant.That(r.Shard.Valid(), "group issue without a shard")
 	prior, ok := g.s.rewards[r.OrderNo]
 	if !ok && g.issued != nil {
 		prior, ok = g.issued[r.OrderNo]
@@ -351,8 +277,8 @@ func (g *group) issue(op *storage.GroupOp) {
 	g.writes = append(g.writes, func() { g.s.rewards[c.OrderNo] = &c })
 }
 
-// WithdrawalOf implements storage.Rewards.
-func (s *Store) WithdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
+// withdrawalOf answers storage.WithdrawalQuery.
+func (s *Store) withdrawalOf(ctx context.Context, sh model.ShardID, actID, orderNo string) (model.Withdrawal, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return model.Withdrawal{}, false, err
 	}

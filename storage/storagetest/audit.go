@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -35,7 +36,7 @@ func contractAuditRewardsAndWithdrawals(t *testing.T, newStore func(t *testing.T
 			Rain: "r1", AwardType: model.AwardCash, Amount: amount}
 		if delta == amount {
 			f.issue(r)
-			if n, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil || n != 1 {
+			if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r}); err != nil || n != 1 {
 				t.Fatalf("book %s: %d %v", orderNo, n, err)
 			}
 			return

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -21,7 +22,7 @@ func contractReconPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	read := func() map[int]int64 {
 		t.Helper()
-		pos, err := f.s.ReconPositions(f.ctx)
+		pos, err := storage.ReconPositions(f.ctx, f.s)
 		if err != nil {
 			t.Fatalf("recon positions: %v", err)
 		}
@@ -29,7 +30,7 @@ func contractReconPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	save := func(pos map[int]int64) {
 		t.Helper()
-		if err := f.s.SaveReconPositions(f.ctx, pos); err != nil {
+		if err := storage.SaveReconPositions(f.ctx, f.s, pos); err != nil {
 			t.Fatalf("save recon positions %v: %v", pos, err)
 		}
 	}
@@ -47,7 +48,7 @@ func contractReconPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("positions after a late save %v", pos)
 	}
 	for _, bad := range []int{-1, 100} {
-		if err := f.s.SaveReconPositions(f.ctx, map[int]int64{bad: 1, 4: 1}); err == nil {
+		if err := storage.SaveReconPositions(f.ctx, f.s, map[int]int64{bad: 1, 4: 1}); err == nil {
 			t.Fatalf("save of database %d: no error", bad)
 		}
 	}
@@ -93,7 +94,7 @@ func contractReconWindow(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	read := func(shards []model.ShardID, days []int, from, to int64, limit int) model.ReconWindow {
 		t.Helper()
-		w, err := f.s.ReconWindow(f.ctx, db, shards, days, from, to, limit)
+		w, err := storage.ReconWindow(f.ctx, f.s, db, shards, days, from, to, limit)
 		if err != nil {
 			t.Fatalf("recon window [%d, %d) limit %d: %v", from, to, limit, err)
 		}
@@ -132,10 +133,10 @@ func contractReconWindow(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.applyCredits(credits)
 	expect("all, credited", read(shards, []int{14}, from, to, 100), from, to, full)
 
-	if _, err := f.s.ReconWindow(f.ctx, db, []model.ShardID{sC}, []int{14}, from, to, 100); err == nil {
+	if _, err := storage.ReconWindow(f.ctx, f.s, db, []model.ShardID{sC}, []int{14}, from, to, 100); err == nil {
 		t.Fatal("recon window of db 12 with a shard of db 56: no error")
 	}
-	empty, err := f.s.ReconWindow(f.ctx, 77, []model.ShardID{770, 771}, []int{14}, from, to, 100)
+	empty, err := storage.ReconWindow(f.ctx, f.s, 77, []model.ShardID{770, 771}, []int{14}, from, to, 100)
 	if err != nil || empty.FromMS != from || empty.ToMS != to || len(empty.Claims) != 0 {
 		t.Fatalf("recon window of a database never used: %+v, %v", empty, err)
 	}

@@ -1,7 +1,6 @@
 package storagetest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -33,7 +32,7 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	a := model.CouponRule{Batch: "a", Limit: 1}
 	r := f.accept(couponReq(sA, "ann", "x1", "a"))
 	o := f.accept(couponReq(sB, "bea", "x2", "a"))
-	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-d", 3, []model.CouponRequest{r, o, r})
+	ds, unused, err := storage.IssueCoupons(f.ctx, c, a, "lease-d", 3, []model.CouponRequest{r, o, r})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +40,10 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	if !reflect.DeepEqual(ds, want) || unused != 1 {
 		t.Fatalf("decisions %+v unused %d; want %+v, 1 unused", ds, unused, want)
 	}
-	if got, _ := c.CouponRequestOf(f.ctx, sA, "pay", "x1"); got.State != model.CouponIssued || got.CouponID != model.CouponID("pay", "x1", "ann") {
+	if got, _ := storage.CouponRequestOf(f.ctx, c, sA, "pay", "x1"); got.State != model.CouponIssued || got.CouponID != model.CouponID("pay", "x1", "ann") {
 		t.Fatalf("x1 as stored: %+v", got)
 	}
-	if n, _ := c.CouponLeaseSpent(f.ctx, uniqueDBs(sA, sB), "lease-d"); n != 2 {
+	if n, _ := storage.CouponLeaseSpent(f.ctx, c, uniqueDBs(sA, sB), "lease-d"); n != 2 {
 		t.Fatalf("lease-d spent %d, want 2", n)
 	}
 	// One serial of one app for persons of two databases: two requests (a
@@ -54,29 +53,30 @@ func contractCouponIssueTwiceInOne(t *testing.T, newStore func(t *testing.T) Har
 	}
 	p := f.accept(couponReq(sA, "pia", "same", "a"))
 	q := f.accept(couponReq(sC, "quy", "same", "a"))
-	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-e", 2, []model.CouponRequest{p, q})
+	ds, unused, err = storage.IssueCoupons(f.ctx, c, a, "lease-e", 2, []model.CouponRequest{p, q})
 	if err != nil || len(ds) != 2 || !ds[0].Issued || !ds[1].Issued || unused != 0 {
 		t.Fatalf("one serial in two databases: %+v unused %d %v", ds, unused, err)
 	}
-	cp, _ := c.CouponsOf(f.ctx, sA, "pia", model.FlowCursor{}, 10)
-	cq, _ := c.CouponsOf(f.ctx, sC, "quy", model.FlowCursor{}, 10)
+	cp, _ := storage.CouponsOf(f.ctx, c, sA, "pia", model.FlowCursor{}, 10)
+	cq, _ := storage.CouponsOf(f.ctx, c, sC, "quy", model.FlowCursor{}, 10)
 	if len(cp) != 1 || len(cq) != 1 || cp[0].ID == cq[0].ID || cp[0].ID != model.CouponID("pay", "same", "pia") {
 		t.Fatalf("coupons of pia %+v and quy %+v: want one each, with their own IDs", cp, cq)
 	}
 }
 
-// couponStore is storage.Coupons with the single accept (storage.Singles).
+// couponStore runs the coupon ops and queries (storage.CouponTake ...)
+// and the accept (storage.AcceptCoupon, through CommitGroup).
 type couponStore interface {
-	storage.Coupons
-	AcceptCoupon(ctx context.Context, r model.CouponRequest) (model.CouponRequest, bool, error)
+	storage.Grouper
+	storage.Reader
 }
 
-// coupons is the store's storage.Coupons, with its AcceptCoupon.
+// coupons is the store as a couponStore.
 func (f *fixture) coupons() couponStore {
 	f.t.Helper()
 	c, ok := f.s.(couponStore)
 	if !ok {
-		f.t.Fatalf("%T does not implement storage.Coupons", f.s)
+		f.t.Fatalf("%T does not implement couponStore", f.s)
 	}
 	return c
 }
@@ -88,7 +88,7 @@ func couponReq(s model.ShardID, act, serial, batch string) model.CouponRequest {
 
 func (f *fixture) accept(r model.CouponRequest) model.CouponRequest {
 	f.t.Helper()
-	got, repeat, err := f.coupons().AcceptCoupon(f.ctx, r)
+	got, repeat, err := storage.AcceptCoupon(f.ctx, f.coupons(), r)
 	if err != nil || repeat {
 		f.t.Fatalf("accept %s: %+v repeat %v %v", r.Serial, got, repeat, err)
 	}
@@ -108,29 +108,29 @@ func contractCouponAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("accepted: %+v", got)
 	}
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "s1", "demo-batch"))
+	again, repeat, err := storage.AcceptCoupon(f.ctx, c, couponReq(sA, "ann", "s1", "demo-batch"))
 	if err != nil || !repeat || again.AcceptedMS != got.AcceptedMS || !again.Green {
 		t.Fatalf("the same serial again: %+v repeat %v %v; want the first, repeat", again, repeat, err)
 	}
 	for _, other := range []model.CouponRequest{couponReq(sA, "bob", "s1", "demo-batch"), couponReq(sA, "ann", "s1", "batch-2")} {
-		if _, _, err := c.AcceptCoupon(f.ctx, other); !errors.Is(err, model.ErrOrderConflict) {
+		if _, _, err := storage.AcceptCoupon(f.ctx, c, other); !errors.Is(err, model.ErrOrderConflict) {
 			t.Fatalf("serial s1 for %s/%s: %v, want ORDER_CONFLICT", other.ActID, other.Batch, err)
 		}
 	}
 	otherApp := couponReq(sA, "bob", "s1", "demo-batch")
 	otherApp.App = "chat"
 	f.accept(otherApp)
-	if r, err := c.CouponRequestOf(f.ctx, sB, "chat", "s1"); err != nil || r.ActID != "bob" {
+	if r, err := storage.CouponRequestOf(f.ctx, c, sB, "chat", "s1"); err != nil || r.ActID != "bob" {
 		t.Fatalf("read back by app and serial (sB shares sA's database): %+v %v", r, err)
 	}
-	if _, err := c.CouponRequestOf(f.ctx, sC, "chat", "s1"); !errors.Is(err, model.ErrNotFound) {
+	if _, err := storage.CouponRequestOf(f.ctx, c, sC, "chat", "s1"); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("another database: %v, want NOT_FOUND", err)
 	}
 	bad := couponReq(sA, "cy", "s 2", "demo-batch")
 	badIP := couponReq(sA, "cy", "s2", "demo-batch")
 	badIP.ClientIP = "10.0.0.07"
 	for _, b := range []model.CouponRequest{bad, badIP} {
-		if _, _, err := c.AcceptCoupon(f.ctx, b); !errors.Is(err, model.ErrInvalidArgument) {
+		if _, _, err := storage.AcceptCoupon(f.ctx, c, b); !errors.Is(err, model.ErrInvalidArgument) {
 			t.Fatalf("%+v: %v, want INVALID_ARGUMENT", b, err)
 		}
 	}
@@ -147,48 +147,48 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	f.accept(couponReq(sC, "q", "other-db", "demo-batch"))
 	db := sA.DB()
-	first, err := c.TakeCouponRequests(f.ctx, []int{db}, 0, 3)
+	first, err := storage.TakeCouponRequests(f.ctx, c, []int{db}, 0, 3)
 	if err != nil || len(first) != 3 || first[0].Serial != "t0" || first[2].Serial != "t2" || first[0].State != model.CouponDeciding || first[0].TakenMS != f.nowMS() {
 		t.Fatalf("first take: %+v %v", first, err)
 	}
 	takenAt := f.nowMS()
 	f.h.Clock.Advance(time.Second)
-	rest, err := c.TakeCouponRequests(f.ctx, []int{db}, takenAt-1, 10)
+	rest, err := storage.TakeCouponRequests(f.ctx, c, []int{db}, takenAt-1, 10)
 	if err != nil || len(rest) != 2 || rest[0].Serial != "t3" || rest[1].Serial != "t4" {
 		t.Fatalf("second take (none stale): %+v %v", rest, err)
 	}
-	if err := c.RefuseCoupons(f.ctx, first[:1], model.ReasonRisk); err != nil {
+	if err := storage.RefuseCoupons(f.ctx, c, first[:1], model.ReasonRisk); err != nil {
 		t.Fatal(err)
 	}
-	if none, err := c.TakeCouponRequests(f.ctx, []int{db}, -1, 10); err != nil || len(none) != 0 {
+	if none, err := storage.TakeCouponRequests(f.ctx, c, []int{db}, -1, 10); err != nil || len(none) != 0 {
 		t.Fatalf("a take of accepted requests only (staleMS -1): %+v %v", none, err)
 	}
-	stale, err := c.TakeCouponRequests(f.ctx, []int{db}, takenAt, 10)
+	stale, err := storage.TakeCouponRequests(f.ctx, c, []int{db}, takenAt, 10)
 	if err != nil || len(stale) != 2 || stale[0].Serial != "t1" || stale[1].Serial != "t2" {
 		t.Fatalf("the stale ones again (t0 refused): %+v %v", stale, err)
 	}
-	if r, err := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); err != nil || r.State != model.CouponRefused || r.Reason != model.ReasonRisk || r.DecidedMS != f.nowMS() {
+	if r, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "t0"); err != nil || r.State != model.CouponRefused || r.Reason != model.ReasonRisk || r.DecidedMS != f.nowMS() {
 		t.Fatalf("refused: %+v %v", r, err)
 	}
-	if err := c.RefuseCoupons(f.ctx, first[:1], model.ReasonSoldOut); err != nil {
+	if err := storage.RefuseCoupons(f.ctx, c, first[:1], model.ReasonSoldOut); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.Reason != model.ReasonRisk {
+	if r, _ := storage.CouponRequestOf(f.ctx, c, sA, "pay", "t0"); r.Reason != model.ReasonRisk {
 		t.Fatalf("a final request refused again: %+v", r)
 	}
-	if other, err := c.TakeCouponRequests(f.ctx, []int{sC.DB()}, 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
+	if other, err := storage.TakeCouponRequests(f.ctx, c, []int{sC.DB()}, 0, 10); err != nil || len(other) != 1 || other[0].Serial != "other-db" {
 		t.Fatalf("database 56: %+v %v", other, err)
 	}
 	// Released (a drain): deciding ones are accepted again and taken at
 	// once, whatever staleMS; a final one stays final.
-	if err := c.ReleaseCouponRequests(f.ctx, append(rest, first[0])); err != nil {
+	if err := storage.ReleaseCouponRequests(f.ctx, c, append(rest, first[0])); err != nil {
 		t.Fatal(err)
 	}
-	again, err := c.TakeCouponRequests(f.ctx, []int{db}, 0, 10)
+	again, err := storage.TakeCouponRequests(f.ctx, c, []int{db}, 0, 10)
 	if err != nil || len(again) != 2 || again[0].Serial != "t3" || again[1].Serial != "t4" {
 		t.Fatalf("after the release: %+v %v", again, err)
 	}
-	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "t0"); r.State != model.CouponRefused {
+	if r, _ := storage.CouponRequestOf(f.ctx, c, sA, "pay", "t0"); r.State != model.CouponRefused {
 		t.Fatalf("a refused request released: %+v", r)
 	}
 	// One take over two databases answers both, oldest accepted first.
@@ -196,7 +196,7 @@ func contractCouponTake(t *testing.T, newStore func(t *testing.T) Harness) {
 	late := f.accept(couponReq(sC, "q2", "m1", "demo-batch"))
 	f.h.Clock.Advance(time.Millisecond)
 	f.accept(couponReq(sA, "p9", "m2", "demo-batch"))
-	both, err := c.TakeCouponRequests(f.ctx, []int{db, sC.DB()}, -1, 10)
+	both, err := storage.TakeCouponRequests(f.ctx, c, []int{db, sC.DB()}, -1, 10)
 	if err != nil || len(both) != 2 || both[0].Serial != "m1" || both[1].Serial != "m2" || both[0].AcceptedMS != late.AcceptedMS {
 		t.Fatalf("a take over two databases: %+v %v", both, err)
 	}
@@ -218,11 +218,11 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	}{{sA, "ann"}, {sA, "ann"}, {sA, "ann"}, {sC, "cy"}, {sB, "bea"}} {
 		reqs = append(reqs, f.accept(couponReq(p.s, p.act, fmt.Sprintf("a%d", i), "a")))
 	}
-	taken, err := c.TakeCouponRequests(f.ctx, []int{sA.DB()}, 0, 10)
+	taken, err := storage.TakeCouponRequests(f.ctx, c, []int{sA.DB()}, 0, 10)
 	if err != nil || len(taken) != 4 {
 		t.Fatalf("take: %+v %v", taken, err)
 	}
-	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-1", 3, reqs) // five asks, three units
+	ds, unused, err := storage.IssueCoupons(f.ctx, c, a, "lease-1", 3, reqs) // five asks, three units
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,45 +231,45 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("decisions %+v unused %d\nwant %+v unused 0", ds, unused, want)
 	}
 	now := f.nowMS()
-	if r, _ := c.CouponRequestOf(f.ctx, sA, "pay", "a0"); r.State != model.CouponIssued || r.CouponID != model.CouponID("pay", "a0", "ann") || r.DecidedMS != now {
+	if r, _ := storage.CouponRequestOf(f.ctx, c, sA, "pay", "a0"); r.State != model.CouponIssued || r.CouponID != model.CouponID("pay", "a0", "ann") || r.DecidedMS != now {
 		t.Fatalf("a0 as stored: %+v", r)
 	}
-	if r, _ := c.CouponRequestOf(f.ctx, sB, "pay", "a4"); r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut {
+	if r, _ := storage.CouponRequestOf(f.ctx, c, sB, "pay", "a4"); r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut {
 		t.Fatalf("a4 as stored: %+v", r)
 	}
-	h, err := c.HoldingOf(f.ctx, sA, "ann")
+	h, err := storage.HoldingOf(f.ctx, c, sA, "ann")
 	if err != nil || h.ByBatch["a"] != 2 || h.Groups["g"] != "a" {
 		t.Fatalf("ann's holding: %+v %v", h, err)
 	}
 	// ann's two coupons, a page of one at a time: issued in the same
 	// millisecond, they come by coupon_id, descending; the cursor of the
 	// last one gives nothing more, a cursor past the newest gives both.
-	p1, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{}, 1)
+	p1, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{}, 1)
 	if err != nil || len(p1) != 1 {
 		t.Fatalf("ann's first page: %+v %v", p1, err)
 	}
-	p2, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
+	p2, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
 	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
 		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
 	}
-	if p3, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
+	if p3, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
 		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
 	}
-	if all, err := c.CouponsOf(f.ctx, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
+	if all, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
 		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
 	}
-	cs, err := c.CouponsOf(f.ctx, sC, "cy", model.FlowCursor{}, 10)
+	cs, err := storage.CouponsOf(f.ctx, c, sC, "cy", model.FlowCursor{}, 10)
 	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3", "cy") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
 		t.Fatalf("cy's coupons: %+v %v", cs, err)
 	}
-	if n, err := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-1"); err != nil || n != 3 {
+	if n, err := storage.CouponLeaseSpent(f.ctx, c, []int{sA.DB(), sC.DB()}, "lease-1"); err != nil || n != 3 {
 		t.Fatalf("lease-1 spent %d %v, want 3", n, err)
 	}
-	if n, err := c.CouponLeaseSpent(f.ctx, []int{sC.DB()}, "lease-1"); err != nil || n != 1 {
+	if n, err := storage.CouponLeaseSpent(f.ctx, c, []int{sC.DB()}, "lease-1"); err != nil || n != 1 {
 		t.Fatalf("lease-1 spent in database 56: %d %v, want 1", n, err)
 	}
 	// Re-driven: the same requests again decide nothing and take no unit.
-	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-2", 3, reqs)
+	ds, unused, err = storage.IssueCoupons(f.ctx, c, a, "lease-2", 3, reqs)
 	if err != nil || len(ds) != 0 || unused != 3 {
 		t.Fatalf("a re-drive of final requests: %+v unused %d %v; want none, 3 unused", ds, unused, err)
 	}
@@ -277,7 +277,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	b0 := f.accept(couponReq(sA, "ann", "b0", "b"))
 	b1 := f.accept(couponReq(sC, "dee", "b1", "b"))
 	b2 := f.accept(couponReq(sC, "dee", "b2", "b"))
-	ds, unused, err = c.IssueCoupons(f.ctx, b, "lease-3", 3, []model.CouponRequest{b0, b1, b2})
+	ds, unused, err = storage.IssueCoupons(f.ctx, c, b, "lease-3", 3, []model.CouponRequest{b0, b1, b2})
 	want = []model.CouponDecision{{Serial: "b0", Issued: false, Reason: model.ReasonGroup, App: "pay"}, {Serial: "b1", Issued: true, Reason: "", App: "pay"}, {Serial: "b2", Issued: false, Reason: model.ReasonLimit, App: "pay"}}
 	if err != nil || !reflect.DeepEqual(ds, want) || unused != 2 {
 		t.Fatalf("batch b: %+v unused %d %v\nwant %+v unused 2", ds, unused, err, want)
@@ -287,7 +287,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		s   model.ShardID
 		act string
 	}{{sA, "ann"}, {sB, "bea"}, {sC, "cy"}, {sC, "dee"}} {
-		cs, err := c.CouponsOf(f.ctx, p.s, p.act, model.FlowCursor{}, 10)
+		cs, err := storage.CouponsOf(f.ctx, c, p.s, p.act, model.FlowCursor{}, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,7 +306,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("holdings: %v", ps)
 	}
 	// The holdings of several persons at once, as one at a time.
-	hs, err := c.HoldingsOf(f.ctx, []model.CouponRequest{couponReq(sA, "ann", "q1", "a"), couponReq(sC, "dee", "q2", "a"), couponReq(sB, "zed", "q3", "a")})
+	hs, err := storage.HoldingsOf(f.ctx, c, []model.CouponRequest{couponReq(sA, "ann", "q1", "a"), couponReq(sC, "dee", "q2", "a"), couponReq(sB, "zed", "q3", "a")})
 	if err != nil || len(hs) != 3 || hs["ann"].ByBatch["a"] != 2 || hs["ann"].Groups["g"] != "a" || hs["dee"].ByBatch["b"] != 1 ||
 		hs["dee"].Groups["g"] != "b" || len(hs["zed"].ByBatch) != 0 {
 		t.Fatalf("holdings of ann, dee, zed: %+v %v", hs, err)
@@ -344,28 +344,28 @@ func contractCouponIssueCommitFault(t *testing.T, newStore func(t *testing.T) Ha
 	r0 := f.accept(couponReq(sA, "ann", "f0", "a"))
 	r1 := f.accept(couponReq(sC, "cy", "f1", "a"))
 	fired := f.arm(false)
-	_, _, err := c.IssueCoupons(f.ctx, a, "lease-f", 2, []model.CouponRequest{r0, r1})
+	_, _, err := storage.IssueCoupons(f.ctx, c, a, "lease-f", 2, []model.CouponRequest{r0, r1})
 	fired()
 	failedCommit(t, "issue coupons", err)
 	for _, r := range []model.CouponRequest{r0, r1} {
-		if got, _ := c.CouponRequestOf(f.ctx, r.Shard, r.App, r.Serial); got.State.Final() {
+		if got, _ := storage.CouponRequestOf(f.ctx, c, r.Shard, r.App, r.Serial); got.State.Final() {
 			t.Fatalf("%s after a failed COMMIT: %+v", r.Serial, got)
 		}
 	}
-	if n, _ := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-f"); n != 0 {
+	if n, _ := storage.CouponLeaseSpent(f.ctx, c, []int{sA.DB(), sC.DB()}, "lease-f"); n != 0 {
 		t.Fatalf("%d coupons after a failed COMMIT", n)
 	}
 	fired = f.arm(true)
-	ds, unused, err := c.IssueCoupons(f.ctx, a, "lease-f", 2, []model.CouponRequest{r0, r1})
+	ds, unused, err := storage.IssueCoupons(f.ctx, c, a, "lease-f", 2, []model.CouponRequest{r0, r1})
 	fired()
 	if lostAnswer(t, "issue coupons", err) && (len(ds) != 2 || unused != 0) {
 		t.Fatalf("settled issue: %+v unused %d", ds, unused)
 	}
-	ds, unused, err = c.IssueCoupons(f.ctx, a, "lease-g", 2, []model.CouponRequest{r0, r1})
+	ds, unused, err = storage.IssueCoupons(f.ctx, c, a, "lease-g", 2, []model.CouponRequest{r0, r1})
 	if err != nil || len(ds) != 0 || unused != 2 {
 		t.Fatalf("a re-drive after the lost answer: %+v unused %d %v", ds, unused, err)
 	}
-	if n, _ := c.CouponLeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "lease-f"); n != 2 {
+	if n, _ := storage.CouponLeaseSpent(f.ctx, c, []int{sA.DB(), sC.DB()}, "lease-f"); n != 2 {
 		t.Fatalf("lease-f spent %d, want 2", n)
 	}
 }
@@ -387,7 +387,7 @@ func contractCouponIssueConcurrent(t *testing.T, newStore func(t *testing.T) Har
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			ds, unused, err := c.IssueCoupons(f.ctx, a, fmt.Sprintf("lease-%d", i), 1, reqs[i:i+1])
+			ds, unused, err := storage.IssueCoupons(f.ctx, c, a, fmt.Sprintf("lease-%d", i), 1, reqs[i:i+1])
 			if err != nil {
 				t.Error(err)
 				return
@@ -408,7 +408,7 @@ func contractCouponIssueConcurrent(t *testing.T, newStore func(t *testing.T) Har
 	if issued != 1 || unusedAll != n-1 {
 		t.Fatalf("%d issued, %d units unused; want 1 and %d", issued, unusedAll, n-1)
 	}
-	if h, err := c.HoldingOf(f.ctx, sA, "ann"); err != nil || h.ByBatch["a"] != 1 {
+	if h, err := storage.HoldingOf(f.ctx, c, sA, "ann"); err != nil || h.ByBatch["a"] != 1 {
 		t.Fatalf("ann holds %+v %v", h, err)
 	}
 }
@@ -476,13 +476,13 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("accept %d: %+v repeat %v err %v; want %s at %d repeat %v", i, op.Accepted, op.Repeat, op.Err, w.act, w.accepted, w.repeat)
 		}
 	}
-	if r, err := c.CouponRequestOf(f.ctx, sC, "pay", "g2"); err != nil || r.ActID != "cy" || !r.Green || r.DeviceID != "dev-9" || r.State != model.CouponAccepted {
+	if r, err := storage.CouponRequestOf(f.ctx, c, sC, "pay", "g2"); err != nil || r.ActID != "cy" || !r.Green || r.DeviceID != "dev-9" || r.State != model.CouponAccepted {
 		t.Fatalf("the green request as stored: %+v %v", r, err)
 	}
-	if _, err := c.CouponRequestOf(f.ctx, sA, "pay", "bad serial"); !errors.Is(err, model.ErrNotFound) {
+	if _, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "bad serial"); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("the bad request was stored: %v", err)
 	}
-	taken, err := c.TakeCouponRequests(f.ctx, uniqueDBs(sA, sB, sC), -1, 10)
+	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sB, sC), -1, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +503,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatal(err)
 	}
 	for i, op := range fresh {
-		r, err := c.CouponRequestOf(f.ctx, op.Coupon.Shard, "pay", op.Coupon.Serial)
+		r, err := storage.CouponRequestOf(f.ctx, c, op.Coupon.Shard, "pay", op.Coupon.Serial)
 		if op.Err != nil || op.Repeat || op.Accepted.AcceptedMS != now || err != nil || r.ActID != fmt.Sprintf("new%d", i) || r.State != model.CouponAccepted {
 			t.Fatalf("new accept %d: %+v repeat %v %v; stored %+v %v", i, op.Accepted, op.Repeat, op.Err, r, err)
 		}
@@ -535,7 +535,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	c := f.coupons()
-	got, repeat, err := c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
+	got, repeat, err := storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
 	if err != nil || repeat {
 		t.Fatal(repeat, err)
 	}
@@ -547,20 +547,20 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 		}
 	}
 	wantRefused("answered", got, now)
-	stored, err := c.CouponRequestOf(f.ctx, sA, "pay", "r1")
+	stored, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "r1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantRefused("stored", stored, now)
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := c.AcceptCoupon(f.ctx, couponReq(sA, "ann", "r1", "gone"))
+	again, repeat, err := storage.AcceptCoupon(f.ctx, c, couponReq(sA, "ann", "r1", "gone"))
 	if err != nil || !repeat {
 		t.Fatalf("repeat: %v %v", repeat, err)
 	}
 	wantRefused("a repeat asking to be accepted", again, now)
 	// Accepted first, then a repeat refused at its accept: the stored one.
 	f.accept(couponReq(sA, "bob", "r2", "gone"))
-	again, repeat, err = c.AcceptCoupon(f.ctx, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
+	again, repeat, err = storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
 	if err != nil || !repeat || again.State != model.CouponAccepted || again.Reason != "" || again.DecidedMS != 0 {
 		t.Fatalf("a refused repeat of an accepted request: %+v repeat %v %v", again, repeat, err)
 	}
@@ -591,7 +591,7 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 				t.Fatalf("group %d, %s: a repeat", i, op.Coupon.Serial)
 			}
 			wantRefused("in a group", op.Accepted, groupNow)
-			st, err := c.CouponRequestOf(f.ctx, sA, "pay", op.Coupon.Serial)
+			st, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", op.Coupon.Serial)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -601,7 +601,7 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 			t.Fatalf("group %d: the accepted request beside them: %+v %v", i, a.Accepted, a.Err)
 		}
 	}
-	taken, err := c.TakeCouponRequests(f.ctx, uniqueDBs(sA, sC), 0, 20)
+	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sC), 0, 20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func contractCommitFaultDeposit(t *testing.T, newStore func(t *testing.T) Harnes
 	f := newFixture(t, newStore)
 	f.deposit(sA, "ann", "d0", 10)
 	fired := f.arm(false)
-	_, err := f.s.Deposit(f.ctx, sA, "ann", "d1", 100)
+	_, err := storage.Deposit(f.ctx, f.s, sA, "ann", "d1", 100)
 	fired()
 	failedCommit(t, "deposit", err)
 	f.check(books{deposits: 10, balances: 10})
@@ -70,7 +70,7 @@ func contractCommitFaultDeposit(t *testing.T, newStore func(t *testing.T) Harnes
 	f.check(books{deposits: 110, balances: 110})
 
 	fired = f.arm(true)
-	d, err := f.s.Deposit(f.ctx, sA, "ann", "d2", 50)
+	d, err := storage.Deposit(f.ctx, f.s, sA, "ann", "d2", 50)
 	fired()
 	if lostAnswer(t, "deposit", err) && (d.Repeat || d.Balance != 160) {
 		t.Fatalf("deposit whose answer was lost answered %+v", d)
@@ -89,27 +89,27 @@ func contractCommitFaultSend(t *testing.T, newStore func(t *testing.T) Harness) 
 	ref, _ := model.ParsePacketID(string(id))
 	exp := f.nowMS() + time.Hour.Milliseconds()
 	fired := f.arm(false)
-	_, _, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 300, 3), id, exp)
+	_, _, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 300, 3), id, exp)
 	fired()
 	failedCommit(t, "send", err)
-	_, err = f.s.Packet(f.ctx, ref)
+	_, err = storage.Packet(f.ctx, f.s, ref)
 	wantCode(t, "packet of a send whose COMMIT failed", err, model.ErrNotFound)
 	f.check(books{deposits: 1000, balances: 1000})
-	if p, repeat, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 300, 3), id, exp); err != nil || repeat || p.ID != id {
+	if p, repeat, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 300, 3), id, exp); err != nil || repeat || p.ID != id {
 		t.Fatalf("retry of a failed send: %+v repeat %v, %v", p, repeat, err)
 	}
 	f.check(books{deposits: 1000, balances: 700, open: 300, sends: 300, packets: 1})
 
 	id2 := model.NewPacketID(sA, f.h.Clock.Now())
 	fired = f.arm(true)
-	p, repeat, err := f.s.Send(f.ctx, sA, sendReq("ann", "s2", 200, 2), id2, exp)
+	p, repeat, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s2", 200, 2), id2, exp)
 	fired()
 	if lostAnswer(t, "send", err) && (repeat || p.ID != id2 || p.Amount != 200) {
 		t.Fatalf("send whose answer was lost answered %+v repeat %v", p, repeat)
 	}
 	f.check(books{deposits: 1000, balances: 500, open: 500, sends: 500, packets: 2})
 	// The retry carries a new packet ID, as a caller that lost the answer would.
-	p, repeat, err = f.s.Send(f.ctx, sA, sendReq("ann", "s2", 200, 2), model.NewPacketID(sA, f.h.Clock.Now()), exp)
+	p, repeat, err = storage.Send(f.ctx, f.s, sA, sendReq("ann", "s2", 200, 2), model.NewPacketID(sA, f.h.Clock.Now()), exp)
 	if err != nil || !repeat || p.ID != id2 {
 		t.Fatalf("retry of a send whose answer was lost: %+v repeat %v, %v; want packet %s", p, repeat, err, id2)
 	}
@@ -121,10 +121,10 @@ func contractCommitFaultOpen(t *testing.T, newStore func(t *testing.T) Harness) 
 	f.deposit(sA, "ann", "d0", 1000)
 	_, ref := f.send(sA, sendReq("ann", "s1", 1000, 4), time.Hour)
 	fired := f.arm(false)
-	_, _, err := f.s.OpenBatch(f.ctx, ref, []model.OpenRequest{opener("bob", sB)}, rand.New(rand.NewPCG(1, 1)))
+	_, _, err := storage.OpenBatch(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB)}, rand.New(rand.NewPCG(1, 1)))
 	fired()
 	failedCommit(t, "open", err)
-	if held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("bob", sB)}); err != nil || len(held) != 0 {
+	if held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB)}); err != nil || len(held) != 0 {
 		t.Fatalf("claims after a failed open: %+v, %v", held, err)
 	}
 	if p := f.packet(ref); p.RemainingCount != 4 || p.RemainingAmount != 1000 {
@@ -138,7 +138,7 @@ func contractCommitFaultOpen(t *testing.T, newStore func(t *testing.T) Harness) 
 	bob := res[0].Claim.Amount
 
 	fired = f.arm(true)
-	first, _, err := f.s.OpenBatch(f.ctx, ref, []model.OpenRequest{opener("cy", sC)}, rand.New(rand.NewPCG(2, 2)))
+	first, _, err := storage.OpenBatch(f.ctx, f.s, ref, []model.OpenRequest{opener("cy", sC)}, rand.New(rand.NewPCG(2, 2)))
 	fired()
 	ok := lostAnswer(t, "open", err)
 	if ok && (len(first) != 1 || first[0].Err != nil || first[0].Repeat || first[0].Claim.Seq != 2) {
@@ -159,7 +159,7 @@ func contractCommitFaultRefund(t *testing.T, newStore func(t *testing.T) Harness
 	_, p2 := f.send(sA, sendReq("ann", "s2", 200, 2), time.Hour)
 	f.h.Clock.Advance(time.Hour)
 	fired := f.arm(false)
-	_, err := f.s.Refund(f.ctx, p1)
+	_, err := storage.Refund(f.ctx, f.s, p1)
 	fired()
 	failedCommit(t, "refund", err)
 	if p := f.packet(p1); p.Status != model.StatusOpen || p.RemainingAmount != 300 {
@@ -172,7 +172,7 @@ func contractCommitFaultRefund(t *testing.T, newStore func(t *testing.T) Harness
 	f.check(books{deposits: 1000, balances: 800, open: 200, sends: 500, refunds: 300, packets: 2})
 
 	fired = f.arm(true)
-	c, err := f.s.Refund(f.ctx, p2)
+	c, err := storage.Refund(f.ctx, f.s, p2)
 	fired()
 	if lostAnswer(t, "refund", err) && c != 200 {
 		t.Fatalf("refund whose answer was lost answered %d", c)
@@ -194,7 +194,7 @@ func contractCommitFaultCredits(t *testing.T, newStore func(t *testing.T) Harnes
 	res, _ := f.open(ref, 1, opener("bob", sB), opener("cy", sC))
 	c1, c2 := creditOf(res[0].Claim, sB), creditOf(res[1].Claim, sC)
 	fired := f.arm(false)
-	_, _, err := f.s.ApplyCredits(f.ctx, []model.Credit{c1})
+	_, _, err := storage.ApplyCredits(f.ctx, f.s, []model.Credit{c1})
 	fired()
 	failedCommit(t, "credit", err)
 	if b := f.balance(sB, "bob"); b != 0 {
@@ -207,7 +207,7 @@ func contractCommitFaultCredits(t *testing.T, newStore func(t *testing.T) Harnes
 	f.check(books{deposits: 100, balances: c1.Amount, inFlight: c2.Amount, sends: 100, packets: 1, claims: 2, credits: 1})
 
 	fired = f.arm(true)
-	n, deferred, err := f.s.ApplyCredits(f.ctx, []model.Credit{c2})
+	n, deferred, err := storage.ApplyCredits(f.ctx, f.s, []model.Credit{c2})
 	fired()
 	if lostAnswer(t, "credit", err) && (n != 1 || len(deferred) != 0) {
 		t.Fatalf("credit whose answer was lost: %d applied, deferred %v", n, deferred)

@@ -28,7 +28,7 @@ func contractWithdrawFreshOnce(t *testing.T, newStore func(t *testing.T) Harness
 		var wg sync.WaitGroup
 		for range 8 {
 			wg.Go(func() {
-				w, err := rs.Withdraw(f.ctx, sA, "wes", fmt.Sprintf("out-%d", round), 40)
+				w, err := storage.Withdraw(f.ctx, rs, sA, "wes", fmt.Sprintf("out-%d", round), 40)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {

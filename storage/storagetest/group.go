@@ -14,9 +14,9 @@ import (
 )
 
 // The group-commit contract (storage.Grouper, storage/group.go), checked
-// against the single-op methods: a second store of the same kind, fed the
-// same ops one by one through Deposit, Send, OpenBatch and ApplyCredits, is
-// the oracle. Every op of a group must answer what its single-op method
+// against the single-op helpers: a second store of the same kind, fed the
+// same ops one at a time through storage.Deposit, Send, OpenBatch,
+// ApplyCredits, Withdraw and Refund (each a group of one), is the oracle. Every op of a group must answer what its single-op method
 // answers in its place, and both stores must hold the same rows after.
 
 // spec is one op of a group as a caller makes it: its inputs, and the seed of
@@ -81,49 +81,49 @@ func grouperOf(t *testing.T, h Harness) storage.Grouper {
 	return g
 }
 
-// single runs op through the single-op method of its kind on s and sets its
+// single runs op through the single-op helper of its kind on s and sets its
 // answers as CommitGroup sets them: a coded error of a send or deposit is
 // the op's own (op.Err); any other error is returned.
-func single(ctx context.Context, s storage.Full, op *storage.GroupOp) error {
+func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
 	switch op.Kind {
 	case storage.OpOpen:
-		res, p, err := s.OpenBatch(ctx, op.Ref, op.Reqs, op.Rand)
+		res, p, err := storage.OpenBatch(ctx, s, op.Ref, op.Reqs, op.Rand)
 		if err != nil {
 			return err
 		}
 		op.Results, op.Packet = res, p
 	case storage.OpSend:
-		p, rep, err := s.Send(ctx, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+		p, rep, err := storage.Send(ctx, s, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Packet, op.Repeat, op.Err = p, rep, err
 	case storage.OpDeposit:
-		d, err := s.Deposit(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		d, err := storage.Deposit(ctx, s, op.Shard, op.ActID, op.OrderNo, op.Amount)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Deposit, op.Err = d, err
 	case storage.OpCredits:
-		n, deferred, err := s.ApplyCredits(ctx, op.Credits)
+		n, deferred, err := storage.ApplyCredits(ctx, s, op.Credits)
 		if err != nil {
 			return err
 		}
 		op.Applied, op.Deferred = n, deferred
 	case storage.OpWithdraw:
-		w, err := s.Withdraw(ctx, op.Shard, op.ActID, op.OrderNo, op.Amount)
+		w, err := storage.Withdraw(ctx, s, op.Shard, op.ActID, op.OrderNo, op.Amount)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Withdrawal, op.Err = w, err
 	case storage.OpRefund:
-		c, err := s.Refund(ctx, op.Ref)
+		c, err := storage.Refund(ctx, s, op.Ref)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		if op.Refunded, op.Err = c, err; err == nil {
 			// The packet as the refund left it, as the group answers it.
-			if op.Packet, err = s.Packet(ctx, op.Ref); err != nil {
+			if op.Packet, err = storage.Packet(ctx, s, op.Ref); err != nil {
 				return err
 			}
 		}
@@ -638,7 +638,7 @@ func contractGroupEmpty(t *testing.T, newStore func(t *testing.T) Harness) {
 	if n := f.h.CommitFaults() - before; n != 0 {
 		t.Fatalf("an empty group met the armed commit fault (%d fired)", n)
 	}
-	_, err := f.s.Deposit(f.ctx, sA, "ann", "d2", 5)
+	_, err := storage.Deposit(f.ctx, f.s, sA, "ann", "d2", 5)
 	if n := f.h.CommitFaults() - before; n != 1 {
 		t.Fatalf("the commit fault fired %d times on the deposit after the empty group, want 1", n)
 	}
@@ -713,7 +713,7 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 	if got := model.Audit([]model.Ledger{p.g.ledger()}); !reflect.DeepEqual(got, before) {
 		t.Fatalf("a group whose COMMIT failed (%v) wrote: %+v, before %+v", err, got, before)
 	}
-	if _, err := p.g.s.Packet(p.g.ctx, p2); !errors.Is(err, model.ErrNotFound) {
+	if _, err := storage.Packet(p.g.ctx, p.g.s, p2); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("the packet of a send whose group failed: %v", err)
 	}
 	ops = p.commit("retry of the failed group", groupA...)

@@ -598,7 +598,7 @@ func (m *money) soldOut(specs []spec) (spec, bool) {
 		for j, u := range m.users {
 			all[j] = opener(u, m.shardOf(u))
 		}
-		held, err := m.p.o.s.ClaimsOf(m.p.o.ctx, ref, all)
+		held, err := storage.ClaimsOf(m.p.o.ctx, m.p.o.s, ref, all)
 		if err != nil {
 			m.t.Fatal(err)
 		}

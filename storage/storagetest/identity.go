@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -28,7 +29,7 @@ func contractIdentityBinding(t *testing.T, newStore func(t *testing.T) Harness) 
 	now := f.nowMS()
 	bind := func(s model.ShardID, app, user, phone string, at int64) (model.IdentityBinding, bool, error) {
 		t.Helper()
-		return f.s.BindIdentity(f.ctx, s, model.NewBinding(identityKey, app, user, phone, at))
+		return storage.BindIdentity(f.ctx, f.s, s, model.NewBinding(identityKey, app, user, phone, at))
 	}
 	first, repeat, err := bind(sA, "chat", "u1", "+8613800000001", now)
 	want := model.IdentityBinding{App: "chat", AppUserID: "u1", ActID: model.PhoneActID(identityKey, "+8613800000001"),
@@ -87,7 +88,7 @@ func contractIdentityLegacyRows(t *testing.T, newStore func(t *testing.T) Harnes
 	legacyRow := func(user, form string) model.IdentityBinding {
 		t.Helper()
 		old := model.IdentityBinding{App: "chat", AppUserID: user, ActID: model.PhoneActID(identityKey, form), PhoneHash: model.PhoneHash(identityKey, form), CreatedMS: now}
-		if b, repeat, err := f.s.BindIdentity(f.ctx, sA, old); err != nil || repeat || b != old {
+		if b, repeat, err := storage.BindIdentity(f.ctx, f.s, sA, old); err != nil || repeat || b != old {
 			t.Fatalf("the legacy row %s: %+v, repeat %v, %v", user, b, repeat, err)
 		}
 		return old
@@ -102,7 +103,7 @@ func contractIdentityLegacyRows(t *testing.T, newStore func(t *testing.T) Harnes
 		if legacy {
 			hashes = model.LegacyPhoneHashes(identityKey, p)
 		}
-		return f.s.BindIdentity(f.ctx, sA, model.NewBinding(identityKey, "chat", user, p.E164, now+1000), hashes...)
+		return storage.BindIdentity(f.ctx, f.s, sA, model.NewBinding(identityKey, "chat", user, p.E164, now+1000), hashes...)
 	}
 	e164Hash := model.PhoneHash(identityKey, "+8613800138111")
 	for _, c := range []struct{ user, stored, spelling string }{
@@ -151,7 +152,7 @@ func contractIdentityConcurrentFirst(t *testing.T, newStore func(t *testing.T) H
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			b, repeat, err := f.s.BindIdentity(f.ctx, sC, model.NewBinding(identityKey, "chat", "race", phoneOf(i), f.nowMS()))
+			b, repeat, err := storage.BindIdentity(f.ctx, f.s, sC, model.NewBinding(identityKey, "chat", "race", phoneOf(i), f.nowMS()))
 			answers[i] = answer{b, repeat, err}
 		})
 	}

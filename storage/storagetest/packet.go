@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -61,7 +62,7 @@ func contractSendIdempotent(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.open(ref, 1, opener("bob", sB))
 	now := f.packet(ref)
 	f.h.Clock.Advance(time.Second)
-	again, repeat, err := f.s.Send(f.ctx, sA, req, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
+	again, repeat, err := storage.Send(f.ctx, f.s, sA, req, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
 	if err != nil || !repeat || again != now || again.ID != first.ID {
 		t.Fatalf("repeat: %+v repeat %v %v; want %+v", again, repeat, err, now)
 	}
@@ -71,7 +72,7 @@ func contractSendIdempotent(t *testing.T, newStore func(t *testing.T) Harness) {
 		{Sender: "ann", Amount: 500, Count: 5, Kind: model.KindFixed, Greeting: "hi", OrderNo: "s1"},
 		{Sender: "ann", Amount: 500, Count: 5, Kind: model.KindRandom, Greeting: "ho", OrderNo: "s1"},
 	} {
-		_, _, err := f.s.Send(f.ctx, sA, other, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
+		_, _, err := storage.Send(f.ctx, f.s, sA, other, model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+5000)
 		wantCode(t, fmt.Sprintf("send %+v under a used order number", other), err, model.ErrOrderConflict)
 	}
 	if b := f.balance(sA, "ann"); b != 500 {
@@ -88,16 +89,16 @@ func contractSendInsufficientBalance(t *testing.T, newStore func(t *testing.T) H
 	f := newFixture(t, newStore)
 	id := model.NewPacketID(sA, f.h.Clock.Now())
 	ref, _ := model.ParsePacketID(string(id))
-	_, _, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	_, _, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	wantCode(t, "send from an untouched account", err, model.ErrInsufficientBalance)
 	f.deposit(sA, "ann", "d1", 99)
-	_, _, err = f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	_, _, err = storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	wantCode(t, "send of 100 from 99", err, model.ErrInsufficientBalance)
-	_, err = f.s.Packet(f.ctx, ref)
+	_, err = storage.Packet(f.ctx, f.s, ref)
 	wantCode(t, "packet of a refused send", err, model.ErrNotFound)
 	f.check(books{deposits: 99, balances: 99})
 	f.deposit(sA, "ann", "d2", 1)
-	p, repeat, err := f.s.Send(f.ctx, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
+	p, repeat, err := storage.Send(f.ctx, f.s, sA, sendReq("ann", "s1", 100, 1), id, f.nowMS()+1000)
 	if err != nil || repeat || p.ID != id || p.Amount != 100 {
 		t.Fatalf("send once the money is there: %+v repeat %v %v", p, repeat, err)
 	}
@@ -120,22 +121,22 @@ func contractNotFound(t *testing.T, newStore func(t *testing.T) Harness) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = f.s.Packet(f.ctx, ref)
+		_, err = storage.Packet(f.ctx, f.s, ref)
 		wantCode(t, "packet", err, model.ErrNotFound)
-		_, err = f.s.Refund(f.ctx, ref)
+		_, err = storage.Refund(f.ctx, f.s, ref)
 		wantCode(t, "refund", err, model.ErrNotFound)
-		res, p, err := f.s.OpenBatch(f.ctx, ref, []model.OpenRequest{opener("bob", sB), opener("cy", sC)}, rand.New(rand.NewPCG(1, 1)))
+		res, p, err := storage.OpenBatch(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB), opener("cy", sC)}, rand.New(rand.NewPCG(1, 1)))
 		if err != nil || len(res) != 2 || p != (model.Packet{}) {
 			t.Fatalf("open of a missing packet: %s packet %+v, %v", describe(res), p, err)
 		}
 		for i, r := range res {
 			wantCode(t, fmt.Sprintf("open %d of a missing packet", i), r.Err, model.ErrNotFound)
 		}
-		cs, err := f.s.Claims(f.ctx, ref, 0, 10)
+		cs, err := storage.Claims(f.ctx, f.s, ref, 0, 10)
 		if err != nil || len(cs) != 0 {
 			t.Fatalf("claims of a missing packet: %v, %v", cs, err)
 		}
-		held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("bob", sB)})
+		held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("bob", sB)})
 		if err != nil || len(held) != 0 {
 			t.Fatalf("claims-of of a missing packet: %v, %v", held, err)
 		}
@@ -179,15 +180,15 @@ func contractOpenOneClaimPerUser(t *testing.T, newStore func(t *testing.T) Harne
 		t.Fatalf("packet after the second batch: %+v", p)
 	}
 
-	all, err := f.s.Claims(f.ctx, ref, 0, 10)
+	all, err := storage.Claims(f.ctx, f.s, ref, 0, 10)
 	if err != nil || !slices.Equal(all, []model.Claim{bob, cy, dee}) {
 		t.Fatalf("claims: %+v, %v", all, err)
 	}
-	page, err := f.s.Claims(f.ctx, ref, 1, 1)
+	page, err := storage.Claims(f.ctx, f.s, ref, 1, 1)
 	if err != nil || !slices.Equal(page, []model.Claim{cy}) {
 		t.Fatalf("claims after seq 1, limit 1: %+v, %v", page, err)
 	}
-	held, err := f.s.ClaimsOf(f.ctx, ref, []model.OpenRequest{opener("dee", sA), opener("zed", sA), opener("bob", sB)})
+	held, err := storage.ClaimsOf(f.ctx, f.s, ref, []model.OpenRequest{opener("dee", sA), opener("zed", sA), opener("bob", sB)})
 	if err != nil || len(held) != 2 || held["dee"] != dee || held["bob"] != bob {
 		t.Fatalf("claims-of: %+v, %v", held, err)
 	}
@@ -284,7 +285,7 @@ func contractOpenConcurrent(t *testing.T, newStore func(t *testing.T) Harness) {
 			for u := range 3 {
 				reqs = append(reqs, opener(fmt.Sprintf("u%d-%d", b, u), sB))
 			}
-			res, _, err := f.s.OpenBatch(f.ctx, ref, reqs, rand.New(rand.NewPCG(uint64(b), 9)))
+			res, _, err := storage.OpenBatch(f.ctx, f.s, ref, reqs, rand.New(rand.NewPCG(uint64(b), 9)))
 			if err != nil {
 				t.Error(err)
 				return
@@ -391,7 +392,7 @@ func contractExpiredIn(t *testing.T, newStore func(t *testing.T) Harness) {
 		{[]model.ShardID{sC}, []int{14, 15}, Start.Add(48 * time.Hour), nil},
 		{both, []int{16}, Start.Add(48 * time.Hour), nil},
 	} {
-		got, err := f.s.ExpiredIn(f.ctx, c.shards, c.days, c.now.UnixMilli(), 100)
+		got, err := storage.ExpiredIn(f.ctx, f.s, c.shards, c.days, c.now.UnixMilli(), 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,7 +402,7 @@ func contractExpiredIn(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("expired in shards %v days %v at %v: %v, want %v", c.shards, c.days, c.now, got, c.want)
 		}
 	}
-	got, err := f.s.ExpiredIn(f.ctx, both, []int{14, 15}, Start.Add(48*time.Hour).UnixMilli(), 2)
+	got, err := storage.ExpiredIn(f.ctx, f.s, both, []int{14, 15}, Start.Add(48*time.Hour).UnixMilli(), 2)
 	if err != nil || len(got) != 2 {
 		t.Fatalf("limit 2 of 3: %v, %v", got, err)
 	}

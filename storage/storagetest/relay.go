@@ -12,7 +12,7 @@ import (
 	"redcell/storage"
 )
 
-// The relay's side of the store (storage.Relayed): a claim is its own
+// The relay's side of the store (storage.ClaimsAfterQuery and the relay's ops): a claim is its own
 // outbox row. ClaimsAfter lists claims as the credits they owe, whether
 // credited or not (nothing marks them); ApplyCredits books each once
 // however often it is delivered; SendTo records where a credit went; the
@@ -69,7 +69,7 @@ func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
 			out[cr.ClaimID] = cr.Dest
 		}
 		l := f.ledger()
-		w, err := f.s.ReconWindow(f.ctx, sA.DB(), []model.ShardID{sA}, []int{ref.Day}, 0, f.nowMS()+1, 100)
+		w, err := storage.ReconWindow(f.ctx, f.s, sA.DB(), []model.ShardID{sA}, []int{ref.Day}, 0, f.nowMS()+1, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("new claims' dests %v, want %v", got, want)
 	}
 	cs := []model.Credit{creditOf(res[0].Claim, sB), creditOf(res[1].Claim, sC), creditOf(res[2].Claim, sA)}
-	if err := f.s.SendTo(f.ctx, cs[:2], "cell-x"); err != nil {
+	if err := storage.SendTo(f.ctx, f.s, cs[:2], "cell-x"); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := dests(), map[string]string{b: "cell-x", c: "cell-x", a: cell(sA), e: cell(sC)}; !maps.Equal(got, want) {
@@ -99,13 +99,13 @@ func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("applied %d of 1", n)
 	}
 	unknown := []model.Credit{{ClaimID: model.ClaimID(ref.ID, 9)}, {ClaimID: model.ClaimID(model.NewPacketID(sB, f.h.Clock.Now()), 1)}}
-	if err := f.s.SendTo(f.ctx, append(slices.Clone(cs[:1]), unknown...), "cell-y"); err != nil {
+	if err := storage.SendTo(f.ctx, f.s, append(slices.Clone(cs[:1]), unknown...), "cell-y"); err != nil {
 		t.Fatalf("SendTo with claims not found: %v", err)
 	}
-	if err := f.s.SendTo(f.ctx, nil, "cell-z"); err != nil {
+	if err := storage.SendTo(f.ctx, f.s, nil, "cell-z"); err != nil {
 		t.Fatalf("SendTo of nothing: %v", err)
 	}
-	err := f.s.SendTo(f.ctx, []model.Credit{{ClaimID: "x"}}, "cell-z")
+	err := storage.SendTo(f.ctx, f.s, []model.Credit{{ClaimID: "x"}}, "cell-z")
 	wantCode(t, "SendTo of a malformed claim ID", err, model.ErrInvalidArgument)
 	// A claim made after the dest function changed takes the new one; the
 	// others keep theirs.
@@ -185,7 +185,7 @@ func contractCreditsExactlyOnce(t *testing.T, newStore func(t *testing.T) Harnes
 
 	// CreditsOf finds the booked credits by claim ID, and nothing for a claim never credited.
 	never := model.Credit{ClaimID: model.ClaimID(ref.ID, 4), PacketID: ref.ID, ActID: "eve", Shard: sB, Amount: 1}
-	found, err := f.s.CreditsOf(f.ctx, append(slices.Clone(credits), never))
+	found, err := storage.CreditsOf(f.ctx, f.s, append(slices.Clone(credits), never))
 	if err != nil || len(found) != 3 {
 		t.Fatalf("credits of: %+v, %v", found, err)
 	}
@@ -194,10 +194,10 @@ func contractCreditsExactlyOnce(t *testing.T, newStore func(t *testing.T) Harnes
 			t.Fatalf("credits of %s: %+v", c.ClaimID, got)
 		}
 	}
-	if _, err := f.s.CreditsOf(f.ctx, make([]model.Credit, 10_001)); err == nil {
+	if _, err := storage.CreditsOf(f.ctx, f.s, make([]model.Credit, 10_001)); err == nil {
 		t.Fatal("credits of 10,001 claims: no error")
 	}
-	if _, err := f.s.CreditsOf(f.ctx, []model.Credit{{ClaimID: credits[0].ClaimID, ActID: "bob", Shard: model.ShardCount}}); err == nil {
+	if _, err := storage.CreditsOf(f.ctx, f.s, []model.Credit{{ClaimID: credits[0].ClaimID, ActID: "bob", Shard: model.ShardCount}}); err == nil {
 		t.Fatal("credits of a claimant in shard 1000: no error")
 	}
 }
@@ -251,7 +251,7 @@ func contractClaimsAfterPages(t *testing.T, newStore func(t *testing.T) Harness)
 	db := sA.DB()
 	read := func(what string, fromMS int64, after model.ClaimPos, beforeMS int64, limit int, want []model.Credit, wantNext model.ClaimPos) {
 		t.Helper()
-		got, next, err := f.s.ClaimsAfter(f.ctx, db, fromMS, after, beforeMS, limit)
+		got, next, err := storage.ClaimsAfter(f.ctx, f.s, db, fromMS, after, beforeMS, limit)
 		if err != nil || !slices.Equal(got, want) || next != wantNext {
 			t.Fatalf("%s: %+v next %+v, %v;\nwant %+v next %+v", what, got, next, err, want, wantNext)
 		}
@@ -282,12 +282,12 @@ func contractClaimsAfterPages(t *testing.T, newStore func(t *testing.T) Harness)
 	read("from t1, after the fourth, up to t2", t1, posOf(claims[3]), t2, 10, nil, posOf(claims[3]))
 
 	// Database 56 holds p3's claim only.
-	got, next, err := f.s.ClaimsAfter(f.ctx, sC.DB(), 0, zero, f.nowMS(), 10)
+	got, next, err := storage.ClaimsAfter(f.ctx, f.s, sC.DB(), 0, zero, f.nowMS(), 10)
 	if want := []model.Credit{creditOf(r3[0].Claim, sA)}; err != nil || !slices.Equal(got, want) || next != posOf(r3[0].Claim) {
 		t.Fatalf("claims of db 56: %+v next %+v, %v; want %+v", got, next, err, want)
 	}
 	far := model.ClaimPos{CreatedMS: 5, PacketID: "x", Seq: 1}
-	if got, next, err := f.s.ClaimsAfter(f.ctx, 77, 0, far, f.nowMS(), 10); err != nil || len(got) != 0 || next != far {
+	if got, next, err := storage.ClaimsAfter(f.ctx, f.s, 77, 0, far, f.nowMS(), 10); err != nil || len(got) != 0 || next != far {
 		t.Fatalf("claims of a database never used: %+v next %+v, %v", got, next, err)
 	}
 
@@ -352,11 +352,11 @@ func contractCrossCellCredit(t *testing.T, newStore func(t *testing.T) Harness) 
 	if got := b.balance(sC, "cy"); got != credit.Amount {
 		t.Fatalf("claimant's balance %d, want %d", got, credit.Amount)
 	}
-	found, err := b.s.CreditsOf(b.ctx, owed)
+	found, err := storage.CreditsOf(b.ctx, b.s, owed)
 	if err != nil || found[credit.ClaimID].Amount != credit.Amount || found[credit.ClaimID].ActID != "cy" {
 		t.Fatalf("credits of, claimant's cell: %+v, %v", found, err)
 	}
-	if found, err := a.s.CreditsOf(a.ctx, owed); err != nil || len(found) != 0 {
+	if found, err := storage.CreditsOf(a.ctx, a.s, owed); err != nil || len(found) != 0 {
 		t.Fatalf("credits of, claim's cell: %+v, %v", found, err)
 	}
 }
@@ -395,7 +395,7 @@ func contractLedgerSeesDoubleCredit(t *testing.T, newStore func(t *testing.T) Ha
 	if r := model.Audit([]model.Ledger{l}); r.OK() {
 		t.Fatalf("audit passed a double credit: %+v", r)
 	}
-	found, err := f.s.CreditsOf(f.ctx, []model.Credit{good, forged})
+	found, err := storage.CreditsOf(f.ctx, f.s, []model.Credit{good, forged})
 	if err != nil || found[good.ClaimID].Amount != 2*good.Amount {
 		t.Fatalf("credits of a claim booked twice: %+v, %v", found, err)
 	}
@@ -417,7 +417,7 @@ func contractRelayPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	read := func(dbs ...int) map[int]int64 {
 		t.Helper()
-		pos, err := f.s.RelayPositions(f.ctx, dbs)
+		pos, err := storage.RelayPositions(f.ctx, f.s, dbs)
 		if err != nil {
 			t.Fatalf("relay positions of %v: %v", dbs, err)
 		}
@@ -425,7 +425,7 @@ func contractRelayPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	save := func(pos map[int]int64) {
 		t.Helper()
-		if err := f.s.SaveRelayPositions(f.ctx, pos); err != nil {
+		if err := storage.SaveRelayPositions(f.ctx, f.s, pos); err != nil {
 			t.Fatalf("save relay positions %v: %v", pos, err)
 		}
 	}
@@ -451,11 +451,11 @@ func contractRelayPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("relay positions after a move back %v, want %v", pos, want)
 	}
 	for _, bad := range []int{-1, 100} {
-		if err := f.s.SaveRelayPositions(f.ctx, map[int]int64{bad: 1, 4: 1, 12: 1}); err == nil {
+		if err := storage.SaveRelayPositions(f.ctx, f.s, map[int]int64{bad: 1, 4: 1, 12: 1}); err == nil {
 			t.Fatalf("save of database %d: no error", bad)
 		}
 	}
-	if err := f.s.SaveReconPositions(f.ctx, map[int]int64{12: t0 + 999}); err != nil {
+	if err := storage.SaveReconPositions(f.ctx, f.s, map[int]int64{12: t0 + 999}); err != nil {
 		t.Fatal(err)
 	}
 	f.deposit(sA, "ann", "d1", 100)
@@ -465,7 +465,7 @@ func contractRelayPositions(t *testing.T, newStore func(t *testing.T) Harness) {
 	if pos := read(0, 4, 12, 56, 99); !maps.Equal(pos, want) {
 		t.Fatalf("relay positions after refused saves, a recon save and a claim: %v, want %v", pos, want)
 	}
-	if rp, err := f.s.ReconPositions(f.ctx); err != nil || !maps.Equal(rp, map[int]int64{12: t0 + 999}) {
+	if rp, err := storage.ReconPositions(f.ctx, f.s); err != nil || !maps.Equal(rp, map[int]int64{12: t0 + 999}) {
 		t.Fatalf("recon positions after the relay's saves: %v, %v", rp, err)
 	}
 }

@@ -243,7 +243,7 @@ func (m *rewardMoney) newReward(p rmPerson) model.Reward {
 func (m *rewardMoney) issue() []rmPerson {
 	p := m.person()
 	r := m.newReward(p)
-	got, repeat, err := m.f.s.IssueReward(m.f.ctx, r)
+	got, repeat, err := storage.IssueReward(m.f.ctx, m.f.s, r)
 	want := r
 	if want.CreatedMS == 0 {
 		want.CreatedMS = m.nowMS()
@@ -284,7 +284,7 @@ func (m *rewardMoney) retry() []rmPerson {
 	if m.r.IntN(2) == 0 {
 		again.LeaseID = "L-retry"
 	}
-	got, repeat, err := m.f.s.IssueReward(m.f.ctx, again)
+	got, repeat, err := storage.IssueReward(m.f.ctx, m.f.s, again)
 	if err != nil || !repeat || got != *prior {
 		m.fatalf("exact retry of %s: %+v repeat %v, %v; want the stored %+v as a repeat", prior.OrderNo, got, repeat, err, *prior)
 	}
@@ -311,7 +311,7 @@ func (m *rewardMoney) conflict() []rmPerson {
 	default:
 		bad.Amount += model.Cents(1 + m.r.IntN(5))
 	}
-	_, _, err := m.f.s.IssueReward(m.f.ctx, bad)
+	_, _, err := storage.IssueReward(m.f.ctx, m.f.s, bad)
 	if !errors.Is(err, model.ErrOrderConflict) {
 		m.fatalf("conflicting retry of %s (%+v): %v, want ORDER_CONFLICT", prior.OrderNo, bad, err)
 	}
@@ -324,7 +324,7 @@ func (m *rewardMoney) conflict() []rmPerson {
 func (m *rewardMoney) deposit() []rmPerson {
 	if len(m.deps) > 0 && m.r.IntN(8) == 0 {
 		d := m.deps[m.r.IntN(len(m.deps))]
-		got, err := m.f.s.Deposit(m.f.ctx, d.p.shard, d.p.act, d.orderNo, d.amount)
+		got, err := storage.Deposit(m.f.ctx, m.f.s, d.p.shard, d.p.act, d.orderNo, d.amount)
 		if err != nil || !got.Repeat || got.Balance != d.balance {
 			m.fatalf("deposit %s again: %+v %v; want a repeat at %d", d.orderNo, got, err, d.balance)
 		}
@@ -334,7 +334,7 @@ func (m *rewardMoney) deposit() []rmPerson {
 	p := m.person()
 	d := rmOrder{p: p, orderNo: m.next("d"), amount: model.Cents(100 + m.r.IntN(5000))}
 	d.balance = m.balance[p.act] + d.amount
-	got, err := m.f.s.Deposit(m.f.ctx, p.shard, p.act, d.orderNo, d.amount)
+	got, err := storage.Deposit(m.f.ctx, m.f.s, p.shard, p.act, d.orderNo, d.amount)
 	if err != nil || got.Repeat || got.Balance != d.balance {
 		m.fatalf("deposit %s of %d to %s: %+v %v; want balance %d", d.orderNo, d.amount, p.act, got, err, d.balance)
 	}
@@ -366,7 +366,7 @@ func (m *rewardMoney) withdraw() []rmPerson {
 	if x < 12 && len(m.wds) > 0 {
 		w := m.wds[m.r.IntN(len(m.wds))]
 		m.forcedBooking(w.p)
-		got, err := m.f.s.Withdraw(m.f.ctx, w.p.shard, w.p.act, w.orderNo, w.amount)
+		got, err := storage.Withdraw(m.f.ctx, m.f.s, w.p.shard, w.p.act, w.orderNo, w.amount)
 		if err != nil || !got.Repeat || got.Balance != w.balance || got.Amount != w.amount || got.OrderNo != w.orderNo {
 			m.fatalf("withdrawal %s again: %+v %v; want a repeat at %d", w.orderNo, got, err, w.balance)
 		}
@@ -375,7 +375,7 @@ func (m *rewardMoney) withdraw() []rmPerson {
 	}
 	if x < 20 && len(m.wds)+len(m.deps) > 0 {
 		o := m.orderToReuse()
-		_, err := m.f.s.Withdraw(m.f.ctx, o.p.shard, o.p.act, o.orderNo, o.amount+model.Cents(1+m.r.IntN(3)))
+		_, err := storage.Withdraw(m.f.ctx, m.f.s, o.p.shard, o.p.act, o.orderNo, o.amount+model.Cents(1+m.r.IntN(3)))
 		if !errors.Is(err, model.ErrOrderConflict) {
 			m.fatalf("withdrawal under the used order number %s: %v, want ORDER_CONFLICT", o.orderNo, err)
 		}
@@ -392,7 +392,7 @@ func (m *rewardMoney) withdraw() []rmPerson {
 	bal := m.balance[p.act]
 	if bal == 0 || m.r.IntN(5) == 0 {
 		amount := bal + model.Cents(1+m.r.IntN(100))
-		_, err := m.f.s.Withdraw(m.f.ctx, p.shard, p.act, order, amount)
+		_, err := storage.Withdraw(m.f.ctx, m.f.s, p.shard, p.act, order, amount)
 		if !errors.Is(err, model.ErrInsufficientBalance) {
 			m.fatalf("withdrawal %s of %d from a balance of %d: %v, want INSUFFICIENT_BALANCE", order, amount, bal, err)
 		}
@@ -429,7 +429,7 @@ func (m *rewardMoney) withdrawOnce(w rmOrder) {
 	switch m.r.IntN(12) {
 	case 0:
 		fired := m.f.arm(false)
-		_, err := m.f.s.Withdraw(m.f.ctx, p.shard, p.act, w.orderNo, w.amount)
+		_, err := storage.Withdraw(m.f.ctx, m.f.s, p.shard, p.act, w.orderNo, w.amount)
 		fired()
 		if !errors.Is(err, storage.ErrCommitUnknown) {
 			m.fatalf("withdrawal %s whose COMMIT failed: %v, want storage.ErrCommitUnknown", w.orderNo, err)
@@ -440,7 +440,7 @@ func (m *rewardMoney) withdrawOnce(w rmOrder) {
 		m.stats["fault: failed"]++
 	case 1:
 		fired := m.f.arm(true)
-		got, err := m.f.s.Withdraw(m.f.ctx, p.shard, p.act, w.orderNo, w.amount)
+		got, err := storage.Withdraw(m.f.ctx, m.f.s, p.shard, p.act, w.orderNo, w.amount)
 		fired()
 		if err != nil && !errors.Is(err, storage.ErrCommitUnknown) || err == nil && got != want {
 			m.fatalf("withdrawal %s whose COMMIT answer was lost: %+v %v; want %+v or storage.ErrCommitUnknown", w.orderNo, got, err, want)
@@ -448,7 +448,7 @@ func (m *rewardMoney) withdrawOnce(w rmOrder) {
 		want.Repeat = true
 		m.stats["fault: lost"]++
 	}
-	got, err := m.f.s.Withdraw(m.f.ctx, p.shard, p.act, w.orderNo, w.amount)
+	got, err := storage.Withdraw(m.f.ctx, m.f.s, p.shard, p.act, w.orderNo, w.amount)
 	if err != nil || got != want {
 		m.fatalf("withdrawal %s of %d from %s: %+v %v; want %+v", w.orderNo, w.amount, p.act, got, err, want)
 	}
@@ -462,7 +462,7 @@ func (m *rewardMoney) book(what string, rs []model.Reward) {
 	if len(want) > 0 && m.r.IntN(10) == 0 {
 		if m.r.IntN(2) == 0 {
 			fired := m.f.arm(false)
-			_, err := m.f.s.BookRewards(m.f.ctx, rs)
+			_, err := storage.BookRewards(m.f.ctx, m.f.s, rs)
 			fired()
 			if !errors.Is(err, storage.ErrCommitUnknown) {
 				m.fatalf("%s: booking whose COMMIT failed: %v, want storage.ErrCommitUnknown", what, err)
@@ -473,7 +473,7 @@ func (m *rewardMoney) book(what string, rs []model.Reward) {
 			m.stats["fault: failed"]++
 		} else {
 			fired := m.f.arm(true)
-			n, err := m.f.s.BookRewards(m.f.ctx, rs)
+			n, err := storage.BookRewards(m.f.ctx, m.f.s, rs)
 			fired()
 			if err != nil && !errors.Is(err, storage.ErrCommitUnknown) || err == nil && n != len(want) {
 				m.fatalf("%s: booking whose COMMIT answer was lost: %d %v; want %d or storage.ErrCommitUnknown", what, n, err, len(want))
@@ -483,7 +483,7 @@ func (m *rewardMoney) book(what string, rs []model.Reward) {
 			want = nil // the retry below books nothing more
 		}
 	}
-	n, err := m.f.s.BookRewards(m.f.ctx, rs)
+	n, err := storage.BookRewards(m.f.ctx, m.f.s, rs)
 	if err != nil || n != len(want) {
 		m.fatalf("%s: book %d rewards: %d booked, %v; want %d (those not booked before: %v)", what, len(rs), n, err, len(want), want)
 	}
@@ -574,7 +574,7 @@ func (m *rewardMoney) take(db int, staleMS int64, limit int) []model.Reward {
 			eligible = append(eligible, r)
 		}
 	}
-	taken, err := m.f.s.TakeRewards(m.f.ctx, db, staleMS, limit)
+	taken, err := storage.TakeRewards(m.f.ctx, m.f.s, db, staleMS, limit)
 	if err != nil || len(taken) != min(limit, len(eligible)) {
 		m.fatalf("take from db %d (limit %d): %d rewards, %v; want %d of %d eligible", db, limit, len(taken), err, min(limit, len(eligible)), len(eligible))
 	}
@@ -717,7 +717,7 @@ func (m *rewardMoney) checkPerson(p rmPerson) {
 	if b := m.f.balance(p.shard, p.act); b != m.balance[p.act] {
 		m.fatalf("balance of %s: %d, want %d", p.act, b, m.balance[p.act])
 	}
-	sums, err := m.f.s.RewardSums(m.f.ctx, p.shard, p.act)
+	sums, err := storage.RewardSums(m.f.ctx, m.f.s, p.shard, p.act)
 	if want := m.sumsOf(p); err != nil || !reflect.DeepEqual(append([]model.StageSums{}, sums...), want) {
 		m.fatalf("reward sums of %s: %+v %v, want %+v", p.act, sums, err, want)
 	}
@@ -726,7 +726,7 @@ func (m *rewardMoney) checkPerson(p rmPerson) {
 // checkPending checks PendingRewardsOf against the oracle and answers it.
 func (m *rewardMoney) checkPending(p rmPerson) []model.Reward {
 	m.t.Helper()
-	pend, err := m.f.s.PendingRewardsOf(m.f.ctx, p.shard, p.act, 1000)
+	pend, err := storage.PendingRewardsOf(m.f.ctx, m.f.s, p.shard, p.act, 1000)
 	want := m.rewardsOf(p, false, func(r *model.Reward) bool { return r.Status != model.RewardBooked })
 	if err != nil || len(pend) != len(want) || len(want) > 0 && !reflect.DeepEqual(pend, want) {
 		m.fatalf("pending rewards of %s: %d %v, want %d:\n%+v\nwant\n%+v", p.act, len(pend), err, len(want), pend, want)
@@ -738,7 +738,7 @@ func (m *rewardMoney) checkPending(p rmPerson) []model.Reward {
 func (m *rewardMoney) checkReward(orderNo string) {
 	m.t.Helper()
 	o := m.rewards[orderNo]
-	r, err := m.f.s.Reward(m.f.ctx, o.Shard, orderNo)
+	r, err := storage.Reward(m.f.ctx, m.f.s, o.Shard, orderNo)
 	if err != nil || r != *o {
 		m.fatalf("reward %s: %+v %v, want %+v", orderNo, r, err, *o)
 	}
@@ -753,7 +753,7 @@ func (m *rewardMoney) checkListing(p rmPerson) model.Cents {
 	var got []model.Reward
 	seen := map[string]bool{}
 	for cur := (model.FlowCursor{}); ; {
-		page, err := m.f.s.RewardsOf(m.f.ctx, p.shard, p.act, "", cur, 7)
+		page, err := storage.RewardsOf(m.f.ctx, m.f.s, p.shard, p.act, "", cur, 7)
 		if err != nil {
 			m.fatalf("rewards of %s: %v", p.act, err)
 		}
@@ -776,7 +776,7 @@ func (m *rewardMoney) checkListing(p rmPerson) model.Cents {
 	var flows []model.Flow
 	var sum model.Cents
 	for cur := (model.FlowCursor{}); ; {
-		page, err := m.f.s.FlowsOf(m.f.ctx, p.shard, p.act, cur, 5)
+		page, err := storage.FlowsOf(m.f.ctx, m.f.s, p.shard, p.act, cur, 5)
 		if err != nil {
 			m.fatalf("flows of %s: %v", p.act, err)
 		}
@@ -828,7 +828,7 @@ func (m *rewardMoney) checkAll(when string) {
 	}
 	dbs := []int{WorkShards[0].DB(), WorkShards[2].DB()}
 	for _, lease := range []string{"L0", "L1", "L2", "L-retry"} {
-		if n, err := m.f.s.LeaseSpent(m.f.ctx, dbs, lease); err != nil || model.Cents(n) != m.spent[lease] {
+		if n, err := storage.LeaseSpent(m.f.ctx, m.f.s, dbs, lease); err != nil || model.Cents(n) != m.spent[lease] {
 			m.fatalf("%s: lease %s spent %d, %v; want %d", when, lease, n, err, m.spent[lease])
 		}
 	}

@@ -37,7 +37,7 @@ func reward(s model.ShardID, act, scene, rain, award, stage string, amount model
 
 func (f *fixture) issue(r model.Reward) (model.Reward, bool) {
 	f.t.Helper()
-	got, repeat, err := f.s.IssueReward(f.ctx, r)
+	got, repeat, err := storage.IssueReward(f.ctx, f.s, r)
 	if err != nil {
 		f.t.Fatalf("issue %s: %v", r.OrderNo, err)
 	}
@@ -72,14 +72,14 @@ func contractRewardIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	} {
 		bad := r1
 		change(&bad)
-		if _, _, err := f.s.IssueReward(f.ctx, bad); !errors.Is(err, model.ErrOrderConflict) {
+		if _, _, err := storage.IssueReward(f.ctx, f.s, bad); !errors.Is(err, model.ErrOrderConflict) {
 			t.Errorf("same order number, another %s: %v, want ORDER_CONFLICT", name, err)
 		}
 	}
-	if r, err := f.s.Reward(f.ctx, sA, r1.OrderNo); err != nil || r != want {
+	if r, err := storage.Reward(f.ctx, f.s, sA, r1.OrderNo); err != nil || r != want {
 		t.Fatalf("Reward: %+v %v, want %+v", r, err, want)
 	}
-	if _, err := f.s.Reward(f.ctx, sA, r1.OrderNo+"x"); !errors.Is(err, model.ErrNotFound) {
+	if _, err := storage.Reward(f.ctx, f.s, sA, r1.OrderNo+"x"); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("Reward of an unknown order number: %v, want NOT_FOUND", err)
 	}
 	// Three more in one millisecond, one of them gray, one a coupon kind.
@@ -95,7 +95,7 @@ func contractRewardIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	var seen []string
 	cur := model.FlowCursor{}
 	for range 10 {
-		page, err := f.s.RewardsOf(f.ctx, sA, "alice_1", "", cur, 1)
+		page, err := storage.RewardsOf(f.ctx, f.s, sA, "alice_1", "", cur, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,11 +109,11 @@ func contractRewardIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if fmt.Sprint(seen) != fmt.Sprint(wantOrder) {
 		t.Fatalf("paged listing %v, want %v", seen, wantOrder)
 	}
-	gray, err := f.s.RewardsOf(f.ctx, sA, "alice_1", "gray", model.FlowCursor{}, 10)
+	gray, err := storage.RewardsOf(f.ctx, f.s, sA, "alice_1", "gray", model.FlowCursor{}, 10)
 	if err != nil || len(gray) != 1 || gray[0].Amount != 300 {
 		t.Fatalf("gray listing: %+v %v", gray, err)
 	}
-	sums, err := f.s.RewardSums(f.ctx, sA, "alice_1")
+	sums, err := storage.RewardSums(f.ctx, f.s, sA, "alice_1")
 	wantSums := []model.StageSums{{Stage: "gray", Pending: 300, Income: 300, PendingCount: 1},
 		{Stage: "official", Pending: 700, Income: 700, PendingCount: 3}}
 	if err != nil || fmt.Sprint(sums) != fmt.Sprint(wantSums) {
@@ -133,7 +133,7 @@ func contractRewardIssueConcurrent(t *testing.T, newStore func(t *testing.T) Har
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, repeat, err := f.s.IssueReward(f.ctx, r)
+			_, repeat, err := storage.IssueReward(f.ctx, f.s, r)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -168,7 +168,7 @@ func contractRewardBooking(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.issue(card)
 	other := reward(sC, "frank", "rain", "r1", model.AwardCash, "official", 40) // database 56
 	f.issue(other)
-	taken, err := f.s.TakeRewards(f.ctx, sA.DB(), f.nowMS()-60_000, 10)
+	taken, err := storage.TakeRewards(f.ctx, f.s, sA.DB(), f.nowMS()-60_000, 10)
 	if err != nil || len(taken) != 3 || taken[0].OrderNo != off.OrderNo || taken[1].OrderNo != gray.OrderNo || taken[2].OrderNo != card.OrderNo {
 		t.Fatalf("take: %+v %v; want the three rewards of database 12, oldest first", taken, err)
 	}
@@ -177,18 +177,18 @@ func contractRewardBooking(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("taken %s: status %v claimed %d", r.OrderNo, r.Status, r.ClaimedMS)
 		}
 	}
-	if again, err := f.s.TakeRewards(f.ctx, sA.DB(), f.nowMS()-60_000, 10); err != nil || len(again) != 0 {
+	if again, err := storage.TakeRewards(f.ctx, f.s, sA.DB(), f.nowMS()-60_000, 10); err != nil || len(again) != 0 {
 		t.Fatalf("take again before they are stale: %+v %v, want none", again, err)
 	}
 	f.h.Clock.Advance(2 * time.Minute)
-	if again, err := f.s.TakeRewards(f.ctx, sA.DB(), f.nowMS()-60_000, 2); err != nil || len(again) != 2 {
+	if again, err := storage.TakeRewards(f.ctx, f.s, sA.DB(), f.nowMS()-60_000, 2); err != nil || len(again) != 2 {
 		t.Fatalf("take stale ones, limit 2: %d %v, want 2", len(again), err)
 	}
-	pend, err := f.s.PendingRewardsOf(f.ctx, sA, "dave", 10)
+	pend, err := storage.PendingRewardsOf(f.ctx, f.s, sA, "dave", 10)
 	if err != nil || len(pend) != 2 {
 		t.Fatalf("pending of dave: %+v %v, want 2", pend, err)
 	}
-	booked, err := f.s.BookRewards(f.ctx, append(taken, off))
+	booked, err := storage.BookRewards(f.ctx, f.s, append(taken, off))
 	if err != nil || booked != 3 {
 		t.Fatalf("book: %d %v, want 3", booked, err)
 	}
@@ -198,26 +198,26 @@ func contractRewardBooking(t *testing.T, newStore func(t *testing.T) Harness) {
 	if b := f.balance(sB, "erin"); b != 0 {
 		t.Fatalf("erin's wallet after a coupon kind: %d, want 0", b)
 	}
-	if booked, err := f.s.BookRewards(f.ctx, taken); err != nil || booked != 0 {
+	if booked, err := storage.BookRewards(f.ctx, f.s, taken); err != nil || booked != 0 {
 		t.Fatalf("book again: %d %v, want 0", booked, err)
 	}
 	if b := f.balance(sA, "dave"); b != 500 {
 		t.Fatalf("dave's wallet after booking twice: %d, want 500", b)
 	}
-	r, err := f.s.Reward(f.ctx, sA, off.OrderNo)
+	r, err := storage.Reward(f.ctx, f.s, sA, off.OrderNo)
 	if err != nil || r.Status != model.RewardBooked || r.BookedMS != f.nowMS() {
 		t.Fatalf("booked reward: %+v %v", r, err)
 	}
-	sums, err := f.s.RewardSums(f.ctx, sA, "dave")
+	sums, err := storage.RewardSums(f.ctx, f.s, sA, "dave")
 	wantSums := []model.StageSums{{Stage: "gray", Booked: 300, Income: 300}, {Stage: "official", Booked: 500, Income: 500}}
 	if err != nil || fmt.Sprint(sums) != fmt.Sprint(wantSums) {
 		t.Fatalf("sums %+v %v, want %+v", sums, err, wantSums)
 	}
-	if pend, err := f.s.PendingRewardsOf(f.ctx, sA, "dave", 10); err != nil || len(pend) != 0 {
+	if pend, err := storage.PendingRewardsOf(f.ctx, f.s, sA, "dave", 10); err != nil || len(pend) != 0 {
 		t.Fatalf("pending of dave after booking: %+v %v", pend, err)
 	}
 	// The untouched database's reward is still pending.
-	if r, err := f.s.Reward(f.ctx, sC, other.OrderNo); err != nil || r.Status != model.RewardPending {
+	if r, err := storage.Reward(f.ctx, f.s, sC, other.OrderNo); err != nil || r.Status != model.RewardPending {
 		t.Fatalf("reward of database 56: %+v %v, want pending", r, err)
 	}
 }
@@ -229,22 +229,22 @@ func contractRewardBookingCommitFault(t *testing.T, newStore func(t *testing.T) 
 	r := reward(sA, "gina", "rain", "r1", model.AwardCash, "official", 250)
 	f.issue(r)
 	fired := f.arm(false)
-	_, err := f.s.BookRewards(f.ctx, []model.Reward{r})
+	_, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r})
 	fired()
 	failedCommit(t, "book rewards", err)
 	if b := f.balance(sA, "gina"); b != 0 {
 		t.Fatalf("wallet after a failed booking: %d, want 0", b)
 	}
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil || n != 1 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r}); err != nil || n != 1 {
 		t.Fatalf("retry: %d %v, want 1", n, err)
 	}
 	r2 := reward(sA, "gina", "rain", "r2", model.AwardCash, "official", 50)
 	f.issue(r2)
 	fired = f.arm(true)
-	_, err = f.s.BookRewards(f.ctx, []model.Reward{r2})
+	_, err = storage.BookRewards(f.ctx, f.s, []model.Reward{r2})
 	fired()
 	lostAnswer(t, "book rewards", err)
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{r2}); err != nil || n != 0 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r2}); err != nil || n != 0 {
 		t.Fatalf("retry after a lost answer: %d %v, want 0 (booked already)", n, err)
 	}
 	if b := f.balance(sA, "gina"); b != 300 {
@@ -259,52 +259,52 @@ func contractRewardBookingCommitFault(t *testing.T, newStore func(t *testing.T) 
 func contractRewardWithdraw(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	f.deposit(sA, "hank", "d1", 1000)
-	w, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 300)
+	w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 300)
 	if err != nil || w != (model.Withdrawal{ActID: "hank", OrderNo: "w1", Amount: 300, Balance: 700}) {
 		t.Fatalf("withdraw: %+v %v", w, err)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 300); err != nil || !w.Repeat || w.Balance != 700 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 300); err != nil || !w.Repeat || w.Balance != 700 {
 		t.Fatalf("repeat: %+v %v", w, err)
 	}
-	if w, found, err := f.s.WithdrawalOf(f.ctx, sA, "hank", "w1"); err != nil || !found ||
+	if w, found, err := storage.WithdrawalOf(f.ctx, f.s, sA, "hank", "w1"); err != nil || !found ||
 		w != (model.Withdrawal{ActID: "hank", OrderNo: "w1", Amount: 300, Balance: 700, Repeat: true}) {
 		t.Fatalf("WithdrawalOf w1: %+v %v %v", w, found, err)
 	}
 	for _, order := range []string{"d1", "nope"} { // a deposit's order number, and none
-		if w, found, err := f.s.WithdrawalOf(f.ctx, sA, "hank", order); err != nil || found {
+		if w, found, err := storage.WithdrawalOf(f.ctx, f.s, sA, "hank", order); err != nil || found {
 			t.Fatalf("WithdrawalOf %s: %+v %v %v, want none", order, w, found, err)
 		}
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "w1", 301); !errors.Is(err, model.ErrOrderConflict) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w1", 301); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("another amount: %v, want ORDER_CONFLICT", err)
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "d1", 1000); !errors.Is(err, model.ErrOrderConflict) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "d1", 1000); !errors.Is(err, model.ErrOrderConflict) {
 		t.Fatalf("a deposit's order number: %v, want ORDER_CONFLICT", err)
 	}
-	if _, err := f.s.Withdraw(f.ctx, sA, "hank", "w2", 701); !errors.Is(err, model.ErrInsufficientBalance) {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w2", 701); !errors.Is(err, model.ErrInsufficientBalance) {
 		t.Fatalf("above the balance: %v, want INSUFFICIENT_BALANCE", err)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w2", 700); err != nil || w.Balance != 0 || w.Repeat {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w2", 700); err != nil || w.Balance != 0 || w.Repeat {
 		t.Fatalf("the refused order number again, for the whole balance: %+v %v", w, err)
 	}
 	// COMMIT faults: a failed one writes nothing and the retry applies it;
 	// a lost answer applied it, and the retry is a repeat.
 	f.deposit(sA, "hank", "d2", 10)
 	fired := f.arm(false)
-	_, err = f.s.Withdraw(f.ctx, sA, "hank", "w3", 4)
+	_, err = storage.Withdraw(f.ctx, f.s, sA, "hank", "w3", 4)
 	fired()
 	failedCommit(t, "withdraw", err)
 	if b := f.balance(sA, "hank"); b != 10 {
 		t.Fatalf("balance after a failed withdrawal: %d, want 10", b)
 	}
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w3", 4); err != nil || w.Repeat || w.Balance != 6 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w3", 4); err != nil || w.Repeat || w.Balance != 6 {
 		t.Fatalf("retry: %+v %v", w, err)
 	}
 	fired = f.arm(true)
-	_, err = f.s.Withdraw(f.ctx, sA, "hank", "w4", 6)
+	_, err = storage.Withdraw(f.ctx, f.s, sA, "hank", "w4", 6)
 	fired()
 	lostAnswer(t, "withdraw", err)
-	if w, err := f.s.Withdraw(f.ctx, sA, "hank", "w4", 6); err != nil || !w.Repeat || w.Balance != 0 {
+	if w, err := storage.Withdraw(f.ctx, f.s, sA, "hank", "w4", 6); err != nil || !w.Repeat || w.Balance != 0 {
 		t.Fatalf("retry after a lost answer: %+v %v, want a repeat at 0", w, err)
 	}
 }
@@ -318,18 +318,18 @@ func contractRewardFlowListing(t *testing.T, newStore func(t *testing.T) Harness
 	f.deposit(sA, "ivy", "d2", 200)
 	f.deposit(sA, "jack", "d1", 999) // another person in the same table
 	f.h.Clock.Advance(time.Millisecond)
-	if _, err := f.s.Withdraw(f.ctx, sA, "ivy", "w1", 50); err != nil {
+	if _, err := storage.Withdraw(f.ctx, f.s, sA, "ivy", "w1", 50); err != nil {
 		t.Fatal(err)
 	}
 	r := reward(sA, "ivy", "rain", "r1", model.AwardCash, "official", 70)
 	f.issue(r)
-	if _, err := f.s.BookRewards(f.ctx, []model.Reward{r}); err != nil {
+	if _, err := storage.BookRewards(f.ctx, f.s, []model.Reward{r}); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	cur := model.FlowCursor{}
 	for i := range 10 {
-		page, err := f.s.FlowsOf(f.ctx, sA, "ivy", cur, 1)
+		page, err := storage.FlowsOf(f.ctx, f.s, sA, "ivy", cur, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -356,11 +356,11 @@ func contractRewardFlowListing(t *testing.T, newStore func(t *testing.T) Harness
 	}
 	// A cursor at a reward's ID in the same millisecond as flows: flows'
 	// IDs ("f:...") sort below an act ID that starts with a letter after 'f'.
-	all, err := f.s.FlowsOf(f.ctx, sA, "ivy", model.FlowCursor{CreatedMS: Start.UnixMilli(), ID: "zz"}, 10)
+	all, err := storage.FlowsOf(f.ctx, f.s, sA, "ivy", model.FlowCursor{CreatedMS: Start.UnixMilli(), ID: "zz"}, 10)
 	if err != nil || len(all) != 2 {
 		t.Fatalf("flows at the first millisecond below a reward ID: %d %v, want 2", len(all), err)
 	}
-	none, err := f.s.FlowsOf(f.ctx, sA, "ivy", model.FlowCursor{CreatedMS: Start.UnixMilli(), ID: "a"}, 10)
+	none, err := storage.FlowsOf(f.ctx, f.s, sA, "ivy", model.FlowCursor{CreatedMS: Start.UnixMilli(), ID: "a"}, 10)
 	if err != nil || len(none) != 0 {
 		t.Fatalf("flows at the first millisecond below ID \"a\": %d %v, want 0", len(none), err)
 	}
@@ -378,13 +378,13 @@ func contractRewardLeaseSpent(t *testing.T, newStore func(t *testing.T) Harness)
 		r.LeaseID = x.lease
 		f.issue(r)
 	}
-	if n, err := f.s.LeaseSpent(f.ctx, []int{sA.DB(), sC.DB()}, "L1"); err != nil || n != 70 {
+	if n, err := storage.LeaseSpent(f.ctx, f.s, []int{sA.DB(), sC.DB()}, "L1"); err != nil || n != 70 {
 		t.Fatalf("L1 over both databases: %d %v, want 70", n, err)
 	}
-	if n, err := f.s.LeaseSpent(f.ctx, []int{sA.DB()}, "L2"); err != nil || n != 80 {
+	if n, err := storage.LeaseSpent(f.ctx, f.s, []int{sA.DB()}, "L2"); err != nil || n != 80 {
 		t.Fatalf("L2: %d %v, want 80", n, err)
 	}
-	if n, err := f.s.LeaseSpent(f.ctx, []int{sA.DB()}, "L3"); err != nil || n != 0 {
+	if n, err := storage.LeaseSpent(f.ctx, f.s, []int{sA.DB()}, "L3"); err != nil || n != 0 {
 		t.Fatalf("an unknown lease: %d %v, want 0", n, err)
 	}
 }
@@ -402,7 +402,7 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	for _, r := range []model.Reward{a, b, g, c} {
 		f.issue(r)
 	}
-	if n, err := f.s.BookRewards(f.ctx, []model.Reward{b}); err != nil || n != 1 {
+	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{b}); err != nil || n != 1 {
 		t.Fatalf("book b alone: %d %v", n, err)
 	}
 	dep := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
@@ -444,19 +444,19 @@ func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
 		f.issue(r)
 	}
 	f.h.Clock.Advance(time.Second)
-	if _, err := f.s.BookRewards(f.ctx, []model.Reward{off, gray}); err != nil {
+	if _, err := storage.BookRewards(f.ctx, f.s, []model.Reward{off, gray}); err != nil {
 		t.Fatal(err)
 	}
 	f.h.Clock.Advance(time.Second)
-	r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start+1, true)
+	r, err := storage.RewardRecon(f.ctx, f.s, sA.DB(), start, f.nowMS(), start+1, true)
 	if err != nil || r.Booked != 1 || r.BookedCents != 40 || r.Flows != 1 || r.FlowCents != 40 || len(r.Missing) != 0 ||
 		r.Pending != 1 || r.StalePending != 1 || r.OldestPendingMS != start || len(r.Problems()) != 0 {
 		t.Fatalf("recon: %+v %v; want one booked official reward of 40 with its flow, one reward pending since %d", r, err, start)
 	}
-	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), f.nowMS(), f.nowMS()+1000, start, true); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 || r.Pending != 1 {
+	if r, err := storage.RewardRecon(f.ctx, f.s, sA.DB(), f.nowMS(), f.nowMS()+1000, start, true); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 || r.Pending != 1 {
 		t.Fatalf("a later window: %+v %v; want nothing but the reward pending (not stale)", r, err)
 	}
-	if r, err := f.s.RewardRecon(f.ctx, sC.DB(), start, f.nowMS(), f.nowMS(), true); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 || r.Pending != 0 || len(r.Missing) != 0 {
+	if r, err := storage.RewardRecon(f.ctx, f.s, sC.DB(), start, f.nowMS(), f.nowMS(), true); err != nil || r.Booked != 0 || r.Flows != 0 || r.StalePending != 0 || r.Pending != 0 || len(r.Missing) != 0 {
 		t.Fatalf("a database without rewards: %+v %v", r, err)
 	}
 	if f.h.PutFlow == nil {
@@ -464,11 +464,11 @@ func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 	fl, _ := model.RewardFlow(reward(sA, "oz", "rain", "r9", model.AwardCash, "official", 9), f.nowMS()-500)
 	f.h.PutFlow(sA, fl, 9)
-	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start, true); err != nil || r.Flows != 2 || r.Booked != 1 || len(r.Problems()) != 1 {
+	if r, err := storage.RewardRecon(f.ctx, f.s, sA.DB(), start, f.nowMS(), start, true); err != nil || r.Flows != 2 || r.Booked != 1 || len(r.Problems()) != 1 {
 		t.Fatalf("with a reward flow that has no reward: %+v %v, want its count off", r, err)
 	}
 	// A window pass without the flow scan sees the booked side only.
-	if r, err := f.s.RewardRecon(f.ctx, sA.DB(), start, f.nowMS(), start, false); err != nil || r.Flows != 0 || r.Booked != 1 || len(r.Problems()) != 0 {
+	if r, err := storage.RewardRecon(f.ctx, f.s, sA.DB(), start, f.nowMS(), start, false); err != nil || r.Flows != 0 || r.Booked != 1 || len(r.Problems()) != 0 {
 		t.Fatalf("a pass without counting flows: %+v %v", r, err)
 	}
 }
@@ -518,7 +518,7 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if got, repeat := f.issue(aAgain); !repeat || got.Token != "tok-a1" || got.Amount != 70 {
 		t.Fatalf("IssueReward after the group: %+v repeat %v", got, repeat)
 	}
-	if r, err := f.s.Reward(f.ctx, sC, b.OrderNo); err != nil || r.Token != "tok-b" || r.Stage != "gray" || r.TemplateID != "tpl-1" {
+	if r, err := storage.Reward(f.ctx, f.s, sC, b.OrderNo); err != nil || r.Token != "tok-b" || r.Stage != "gray" || r.TemplateID != "tpl-1" {
 		t.Fatalf("b as stored: %+v %v", r, err)
 	}
 	// A lost answer: the group is settled (or answers ErrCommitUnknown), and

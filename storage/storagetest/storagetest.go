@@ -1,16 +1,16 @@
-// Package storagetest is the contract of storage.Full (storage.Store and
-// storage.Singles), written as tests:
+// Package storagetest is the contract of storage.Store, written as tests:
 // every store a cell may run on (storage.MySQL over MariaDB, memstore.Store in
 // memory) must pass Run. Each test states one promise of the interface
 // (storage/store.go) and checks it against real values: idempotency by order
 // number, errors by code, conservation after every call (the store's own
 // Ledger through model.AuditCell and model.Audit), one claim per user per
-// packet, every claim listed as the credit it owes (storage.Relayed) and
-// booked exactly once by ApplyCredits however often it is delivered, refunds
+// packet, every claim listed as the credit it owes (storage.ClaimsAfterQuery) and
+// booked exactly once by storage.ApplyCredits however often it is delivered, refunds
 // of exactly the remainder once, and what a call does
 // when its COMMIT fails or its answer is lost. Group commit
 // (storage.Grouper, which every store must implement) is held to the
-// single-op methods: a second store fed a group's ops one by one answers
+// single-op helpers (storage.Deposit, storage.Send, ..., each a group of
+// one): a second store fed a group's ops one by one answers
 // every op alike (group.go), and GroupMoney is its money test.
 //
 // Every test name contains "Contract" so `go test -run Contract` picks the
@@ -37,13 +37,13 @@ import (
 // Harness is one fresh, empty store and the handles the contract drives it by.
 type Harness struct {
 	// Store holds no rows at all: its Ledger is empty when the test starts.
-	Store storage.Full
+	Store storage.Store
 	// Clock is the store's only source of time (creation times, expiry);
 	// the test moves it. It starts at Start.
 	Clock *clock.Manual
 	// FailNextCommit arms a fault for the next transaction that commits
-	// (the next Deposit, Send, OpenBatch, Refund, ApplyCredits, or
-	// CommitGroup of a group that writes): with lostAnswer false its COMMIT
+	// (the next group of money ops: storage.Deposit, storage.Send,
+	// storage.OpenBatch, ... are groups of one): with lostAnswer false its COMMIT
 	// fails and nothing is applied (the connection dies before the COMMIT
 	// reaches the database); with lostAnswer true the COMMIT is applied but
 	// its answer is lost. The call then answers as the store's contract
@@ -113,7 +113,7 @@ func ownsAll(model.ShardID) bool { return true }
 type fixture struct {
 	t    *testing.T
 	h    Harness
-	s    storage.Full
+	s    storage.Store
 	ctx  context.Context
 	cell string
 	owns func(model.ShardID) bool
@@ -204,7 +204,7 @@ var twiceLine = regexp.MustCompile(`^(.* credited twice \(to )(\S+) and (\S+)\)$
 
 func (f *fixture) deposit(s model.ShardID, act, order string, amount model.Cents) model.Deposit {
 	f.t.Helper()
-	d, err := f.s.Deposit(f.ctx, s, act, order, amount)
+	d, err := storage.Deposit(f.ctx, f.s, s, act, order, amount)
 	if err != nil {
 		f.t.Fatalf("deposit %s %d to %s: %v", order, amount, act, err)
 	}
@@ -213,7 +213,7 @@ func (f *fixture) deposit(s model.ShardID, act, order string, amount model.Cents
 
 func (f *fixture) balance(s model.ShardID, act string) model.Cents {
 	f.t.Helper()
-	a, err := f.s.Account(f.ctx, s, act)
+	a, err := storage.Account(f.ctx, f.s, s, act)
 	if err != nil {
 		f.t.Fatalf("account %s: %v", act, err)
 	}
@@ -233,7 +233,7 @@ func sendReq(sender, order string, amount model.Cents, count int64) model.SendRe
 func (f *fixture) send(s model.ShardID, req model.SendRequest, ttl time.Duration) (model.Packet, model.PacketRef) {
 	f.t.Helper()
 	id := model.NewPacketID(s, f.h.Clock.Now())
-	p, repeat, err := f.s.Send(f.ctx, s, req, id, f.h.Clock.Now().Add(ttl).UnixMilli())
+	p, repeat, err := storage.Send(f.ctx, f.s, s, req, id, f.h.Clock.Now().Add(ttl).UnixMilli())
 	if err != nil || repeat {
 		f.t.Fatalf("send %+v: repeat %v, %v", req, repeat, err)
 	}
@@ -246,7 +246,7 @@ func (f *fixture) send(s model.ShardID, req model.SendRequest, ttl time.Duration
 
 func (f *fixture) packet(ref model.PacketRef) model.Packet {
 	f.t.Helper()
-	p, err := f.s.Packet(f.ctx, ref)
+	p, err := storage.Packet(f.ctx, f.s, ref)
 	if err != nil {
 		f.t.Fatalf("packet %s: %v", ref.ID, err)
 	}
@@ -260,7 +260,7 @@ func opener(act string, s model.ShardID) model.OpenRequest {
 
 func (f *fixture) open(ref model.PacketRef, seed uint64, reqs ...model.OpenRequest) ([]model.OpenResult, model.Packet) {
 	f.t.Helper()
-	res, p, err := f.s.OpenBatch(f.ctx, ref, reqs, rand.New(rand.NewPCG(seed, seed)))
+	res, p, err := storage.OpenBatch(f.ctx, f.s, ref, reqs, rand.New(rand.NewPCG(seed, seed)))
 	if err != nil {
 		f.t.Fatalf("open %s: %v", ref.ID, err)
 	}
@@ -272,7 +272,7 @@ func (f *fixture) open(ref model.PacketRef, seed uint64, reqs ...model.OpenReque
 
 func (f *fixture) refund(ref model.PacketRef) model.Cents {
 	f.t.Helper()
-	c, err := f.s.Refund(f.ctx, ref)
+	c, err := storage.Refund(f.ctx, f.s, ref)
 	if err != nil {
 		f.t.Fatalf("refund %s: %v", ref.ID, err)
 	}
@@ -284,7 +284,7 @@ func (f *fixture) refund(ref model.PacketRef) model.Cents {
 // created up to now (ClaimsAfter), credited or not.
 func (f *fixture) owed(db int, limit int) []model.Credit {
 	f.t.Helper()
-	cs, _, err := f.s.ClaimsAfter(f.ctx, db, 0, model.ClaimPos{}, f.nowMS(), limit)
+	cs, _, err := storage.ClaimsAfter(f.ctx, f.s, db, 0, model.ClaimPos{}, f.nowMS(), limit)
 	if err != nil {
 		f.t.Fatalf("claims after of db %d: %v", db, err)
 	}
@@ -293,7 +293,7 @@ func (f *fixture) owed(db int, limit int) []model.Credit {
 
 func (f *fixture) applyCredits(credits []model.Credit) int {
 	f.t.Helper()
-	n, deferred, err := f.s.ApplyCredits(f.ctx, credits)
+	n, deferred, err := storage.ApplyCredits(f.ctx, f.s, credits)
 	if err != nil || len(deferred) != 0 {
 		f.t.Fatalf("apply %d credits: deferred %v, %v", len(credits), deferred, err)
 	}

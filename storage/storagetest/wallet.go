@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"redcell/model"
+	"redcell/storage"
 )
 
 func init() {
@@ -48,7 +49,7 @@ func contractDepositIdempotent(t *testing.T, newStore func(t *testing.T) Harness
 	if d := f.deposit(sA, "ann", "o1", 100); d.Balance != 100 || !d.Repeat {
 		t.Fatalf("repeat after another deposit: %+v", d)
 	}
-	_, err := f.s.Deposit(f.ctx, sA, "ann", "o1", 200)
+	_, err := storage.Deposit(f.ctx, f.s, sA, "ann", "o1", 200)
 	wantCode(t, "same order number, other amount", err, model.ErrOrderConflict)
 	f.check(books{deposits: 150, balances: 150})
 	// The order number is the account's: another account may use it.
@@ -58,9 +59,9 @@ func contractDepositIdempotent(t *testing.T, newStore func(t *testing.T) Harness
 	f.check(books{deposits: 220, balances: 220})
 	// A send's order number is taken for deposits, and the other way round.
 	f.send(sA, sendReq("ann", "s1", 30, 1), time.Hour)
-	_, err = f.s.Deposit(f.ctx, sA, "ann", "s1", 30)
+	_, err = storage.Deposit(f.ctx, f.s, sA, "ann", "s1", 30)
 	wantCode(t, "deposit under a send's order number", err, model.ErrOrderConflict)
-	_, _, err = f.s.Send(f.ctx, sA, sendReq("ann", "o2", 50, 1), model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+1000)
+	_, _, err = storage.Send(f.ctx, f.s, sA, sendReq("ann", "o2", 50, 1), model.NewPacketID(sA, f.h.Clock.Now()), f.nowMS()+1000)
 	wantCode(t, "send under a deposit's order number", err, model.ErrOrderConflict)
 	if b := f.balance(sA, "ann"); b != 120 {
 		t.Fatalf("ann's balance %d, want 120", b)
@@ -81,7 +82,7 @@ func contractDepositConcurrentRetries(t *testing.T, newStore func(t *testing.T) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			answers[i], errs[i] = f.s.Deposit(f.ctx, sA, "ann", "o1", 7)
+			answers[i], errs[i] = storage.Deposit(f.ctx, f.s, sA, "ann", "o1", 7)
 		}()
 	}
 	wg.Wait()
@@ -106,7 +107,7 @@ func contractDepositBalanceLimit(t *testing.T, newStore func(t *testing.T) Harne
 	f := newFixture(t, newStore)
 	top := model.Cents(math.MaxInt64 - 10)
 	f.deposit(sA, "ann", "d1", top)
-	_, err := f.s.Deposit(f.ctx, sA, "ann", "d2", 11)
+	_, err := storage.Deposit(f.ctx, f.s, sA, "ann", "d2", 11)
 	wantCode(t, "deposit past the largest balance", err, model.ErrInvalidArgument)
 	f.check(books{deposits: top, balances: top})
 	if d := f.deposit(sA, "ann", "d2", 10); d.Balance != math.MaxInt64 || d.Repeat {

@@ -112,7 +112,7 @@ func (w *Workload) packetID(s model.ShardID) model.PacketID {
 }
 
 // call counts one store call and returns the store to make it on.
-func (w *Workload) call(s storage.Full) storage.Full {
+func (w *Workload) call(s storage.Store) storage.Store {
 	w.calls++
 	return s
 }
@@ -127,7 +127,7 @@ func (w *Workload) Step() {
 	switch k := w.r.IntN(100); {
 	case k < 15:
 		u := w.user()
-		d, err := w.call(s).Deposit(w.ctx, w.shardOf(u), u, fmt.Sprintf("d%d", w.r.IntN(w.ops+1)), model.Cents(1+w.r.IntN(5)*100))
+		d, err := storage.Deposit(w.ctx, w.call(s), w.shardOf(u), u, fmt.Sprintf("d%d", w.r.IntN(w.ops+1)), model.Cents(1+w.r.IntN(5)*100))
 		w.record("deposit", d, code(err))
 	case k < 30:
 		u := w.user()
@@ -137,7 +137,7 @@ func (w *Workload) Step() {
 		if w.r.IntN(4) == 0 {
 			req.Kind, req.Amount = model.KindFixed, model.Cents(req.Count*int64(1+w.r.IntN(50)))
 		}
-		p, rep, err := w.call(s).Send(w.ctx, sh, req, w.packetID(sh), now.Add(time.Duration(1+w.r.IntN(3000))*time.Millisecond).UnixMilli())
+		p, rep, err := storage.Send(w.ctx, w.call(s), sh, req, w.packetID(sh), now.Add(time.Duration(1+w.r.IntN(3000))*time.Millisecond).UnixMilli())
 		w.record("send", p, rep, code(err))
 		if err == nil && !rep {
 			ref, _ := model.ParsePacketID(string(p.ID))
@@ -150,7 +150,7 @@ func (w *Workload) Step() {
 			u := w.user()
 			reqs[i] = model.OpenRequest{ActID: u, Shard: w.shardOf(u)}
 		}
-		res, p, err := w.call(s).OpenBatch(w.ctx, ref, reqs, w.r)
+		res, p, err := storage.OpenBatch(w.ctx, w.call(s), ref, reqs, w.r)
 		w.record("open", p, code(err))
 		for _, r := range res {
 			w.record(" ", r.Claim, r.Repeat, code(r.Err))
@@ -161,19 +161,19 @@ func (w *Workload) Step() {
 		}
 		for _, db := range []int{12, 56} {
 			cs, next, err := w.claimsAfter(db, 50)
-			n, deferred, aerr := w.call(s).ApplyCredits(w.ctx, cs)
+			n, deferred, aerr := storage.ApplyCredits(w.ctx, w.call(s), cs)
 			w.record("relay", n, deferred, code(aerr))
 			if err == nil && aerr == nil && len(deferred) == 0 {
 				w.delivered(db, next, len(cs))
 			}
 		}
 	case k < 90:
-		ids, err := w.call(s).ExpiredIn(w.ctx, WorkShards, []int{14, 15}, now.UnixMilli(), 1000)
+		ids, err := storage.ExpiredIn(w.ctx, w.call(s), WorkShards, []int{14, 15}, now.UnixMilli(), 1000)
 		slices.Sort(ids) // the order is not promised
 		w.record("expired", ids, code(err))
 		for _, id := range ids {
 			ref, _ := model.ParsePacketID(string(id))
-			c, err := w.call(s).Refund(w.ctx, ref)
+			c, err := storage.Refund(w.ctx, w.call(s), ref)
 			w.record("refund", c, code(err))
 		}
 	case k < 92 && w.faults:
@@ -248,7 +248,7 @@ func (w *Workload) group() {
 // of an earlier millisecond is committed, so none can land behind the
 // position later).
 func (w *Workload) claimsAfter(db, limit int) ([]model.Credit, model.ClaimPos, error) {
-	cs, next, err := w.call(w.h.Store).ClaimsAfter(w.ctx, db, w.relayFrom[db], w.relayAt[db], w.h.Clock.Now().UnixMilli()-1, limit)
+	cs, next, err := storage.ClaimsAfter(w.ctx, w.call(w.h.Store), db, w.relayFrom[db], w.relayAt[db], w.h.Clock.Now().UnixMilli()-1, limit)
 	w.record("claims after", db, cs, next, code(err))
 	return cs, next, err
 }
@@ -261,7 +261,7 @@ func (w *Workload) delivered(db int, next model.ClaimPos, n int) {
 		return
 	}
 	w.relayAt[db] = next
-	err := w.call(w.h.Store).SaveRelayPositions(w.ctx, map[int]int64{db: next.CreatedMS})
+	err := storage.SaveRelayPositions(w.ctx, w.call(w.h.Store), map[int]int64{db: next.CreatedMS})
 	w.record("save relay position", db, next.CreatedMS, code(err))
 }
 
@@ -269,7 +269,7 @@ func (w *Workload) delivered(db int, next model.ClaimPos, n int) {
 // reads again from the positions it saved, delivering again the claims of
 // those milliseconds (credited once all the same).
 func (w *Workload) restartRelay() {
-	pos, err := w.call(w.h.Store).RelayPositions(w.ctx, []int{12, 56})
+	pos, err := storage.RelayPositions(w.ctx, w.call(w.h.Store), []int{12, 56})
 	w.record("relay positions", pos[12], pos[56], len(pos), code(err))
 	if err != nil {
 		return
