@@ -68,6 +68,9 @@ func opDBs(dbs []int, op *storage.GroupOp) []int {
 		}
 		return dbs
 	case storage.OpRewards:
+		if op.Take != nil {
+			return append(dbs, op.Take.DB)
+		}
 		for _, r := range op.Rewards {
 			dbs = append(dbs, r.Shard.DB())
 		}
@@ -95,6 +98,9 @@ func (s *Server) opServed(op *storage.GroupOp) error {
 			}
 		}
 	case storage.OpRewards:
+		if op.Take != nil {
+			return s.own.check(model.ShardID(op.Take.DB * model.ShardsPerDB))
+		}
 		for _, r := range op.Rewards {
 			if err := s.own.check(r.Shard); err != nil {
 				return err

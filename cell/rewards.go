@@ -846,54 +846,43 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 }
 
 // bookDB books one batch of database db; done is false when a full batch
-// was taken (more may wait) or booking failed (err).
+// was booked (more may wait) or booking failed (err).
 //
-// The take and the booking get a transaction's timeout each: the wait for
-// the booking rate between them may be longer (a batch of BookingBatch
-// waits up to BookingBatch/BookingRate seconds), and a booking that timed
-// out behind it would leave its batch processing for bookerStale.
+// The batch is found, locked and booked in one op of the database's commit
+// lane (storage.OpRewards with a storage.RewardTake: its locking read,
+// the wallets' flows and balances and the rows marked booked, in the lane's
+// group transaction). The booking rate is paid after: the wait for a
+// batch's tokens follows its booking, so a batch never waits holding rows
+// (the limiter's burst is one batch, BookingBatch).
 func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool, err error) {
 	// Each write is work a move's freeze waits for, and checks the database
-	// is still served inside it; rewards taken before a freeze and not booked
-	// are taken again by the new owner once stale.
+	// is still served inside it.
+	bctx, cancel := context.WithTimeout(ctx, txTimeout)
+	defer cancel()
 	leave := s.own.enter()
 	if !s.own.servesDB(db) {
 		leave()
 		return true, nil
 	}
-	tctx, cancel := context.WithTimeout(ctx, txTimeout)
-	rs, err := storage.TakeRewards(tctx, sp.store, db, s.clock.Now().Add(-bookerStale).UnixMilli(), s.cfg.BookingBatch)
-	cancel()
+	op := &storage.GroupOp{Kind: storage.OpRewards,
+		Take: &storage.RewardTake{DB: db, StaleMS: s.clock.Now().Add(-bookerStale).UnixMilli(), Limit: s.cfg.BookingBatch}}
+	if err = s.submit(bctx, sp, db, op); err == nil {
+		err = op.Err
+	}
 	leave()
 	if err != nil {
-		return false, fmt.Errorf("take rewards: %w", err)
+		return false, fmt.Errorf("book rewards of db %d: %w", db, err)
 	}
-	if len(rs) == 0 {
+	n := op.Applied
+	if n == 0 {
 		return true, nil
-	}
-	if err := lim.WaitN(ctx, len(rs)); err != nil {
-		return false, nil
-	}
-	bctx, cancel := context.WithTimeout(ctx, txTimeout)
-	defer cancel()
-	leave = s.own.enter()
-	defer leave()
-	if !s.own.servesDB(db) {
-		return true, nil
-	}
-	// Through the group committer: one transaction with the lane's opens,
-	// sends and credits (storage.OpRewards).
-	var n int
-	op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
-	if err = s.submit(bctx, sp, db, op); err == nil {
-		err, n = op.Err, op.Applied
-	}
-	if err != nil {
-		return false, fmt.Errorf("book %d rewards: %w", len(rs), err)
 	}
 	s.rw.booked[sp.index()].Add(int64(n))
-	s.rwMetrics.bookedNow(sp, rs, n, s.clock.Now())
-	return len(rs) < s.cfg.BookingBatch, nil
+	s.rwMetrics.bookedNow(sp, op.Rewards, n, s.clock.Now())
+	if err := lim.WaitN(ctx, n); err != nil {
+		return false, nil
+	}
+	return n < s.cfg.BookingBatch, nil
 }
 
 // WithdrawRelease implements admin.Withdrawals.

@@ -17,11 +17,13 @@ import (
 )
 
 // commitCutter is a TCP proxy in front of MariaDB that, once armed, cuts the
-// next connection that sends COMMIT: with forward set it passes the COMMIT on
-// and drops the server's answer (the commit happens, the client never hears
-// of it); without, it drops the COMMIT itself (the server rolls back when the
-// connection goes). The fault of a database restarting between COMMIT and its
-// answer, injected on purpose.
+// next connection that sends a statement that commits: a COMMIT, or an
+// INSERT outside a transaction (autocommit: storeAlone). With forward set it
+// passes the statement on and drops the server's answer (the commit happens,
+// the client never hears of it); without, it drops the statement itself
+// (nothing is committed: the server rolls back when the connection goes).
+// The fault of a database restarting between a commit and its answer,
+// injected on purpose.
 type commitCutter struct {
 	ln      net.Listener
 	target  string
@@ -89,11 +91,27 @@ func (p *commitCutter) pipe(client net.Conn) {
 		}
 	}()
 	buf := make([]byte, 32<<10)
+	inTx := false // a START TRANSACTION was sent, its COMMIT or ROLLBACK not yet
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
-			// COM_QUERY (0x03) "COMMIT" after the 4-byte packet header.
-			if bytes.Contains(buf[:n], []byte("\x03COMMIT")) && p.armed.CompareAndSwap(true, false) {
+			// COM_QUERY (0x03) after the 4-byte packet header: the text
+			// protocol (interpolateParams) sends every statement so.
+			commits := false
+			if n > 5 && buf[4] == 0x03 {
+				text := buf[5:n]
+				switch {
+				case bytes.HasPrefix(text, []byte("START TRANSACTION")):
+					inTx = true
+				case bytes.HasPrefix(text, []byte("COMMIT")):
+					inTx, commits = false, true
+				case bytes.HasPrefix(text, []byte("ROLLBACK")) && !bytes.HasPrefix(text, []byte("ROLLBACK TO")):
+					inTx = false
+				case !inTx && (bytes.HasPrefix(text, []byte("INSERT")) || bytes.HasPrefix(text, []byte(noWait+"INSERT"))):
+					commits = true
+				}
+			}
+			if commits && p.armed.CompareAndSwap(true, false) {
 				cut.Store(true)
 				if p.forward.Load() {
 					_, _ = server.Write(buf[:n])

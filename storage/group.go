@@ -98,8 +98,11 @@ type GroupOp struct {
 
 	// OpCredits: the credits, in any order.
 	Credits []model.Credit
-	// OpRewards: the rewards to book (by Shard and OrderNo), in any order.
+	// OpRewards: the rewards to book (by Shard and OrderNo), in any order;
+	// or, with Take set instead, the rewards of one database a booker books
+	// next (RewardTake), answered in Rewards as booked.
 	Rewards []model.Reward
+	Take    *RewardTake
 	// OpIssue: the reward to store, as IssueReward takes it (CreatedMS: the
 	// group's time when 0).
 	Reward model.Reward
@@ -119,6 +122,17 @@ type GroupOp struct {
 	Deferred   []string            // OpCredits: claim IDs left for a later call (a wallet row was held)
 	Refunded   model.Cents         // OpRefund: the cents refunded now (0: nothing was due; not expired, sold out, refunded before)
 	Err        error               // this op's own error: nothing of it was written
+}
+
+// RewardTake names the rewards a booker books next in database DB: the
+// oldest pending ones, and those left processing at StaleMS (Unix ms) or
+// earlier (taken by TakeRewardsOp and never booked: a booker that stopped),
+// at most Limit, skipping rows another transaction holds. They are found,
+// locked and booked in the group's own transaction: no take of their own.
+type RewardTake struct {
+	DB      int
+	StaleMS int64
+	Limit   int
 }
 
 // Grouper commits groups of ops. Implemented by MySQL and memstore.Store;

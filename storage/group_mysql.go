@@ -64,6 +64,9 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 	if err := m.ensureGroup(ctx, ops); err != nil {
 		return err
 	}
+	if alone, err := m.storeAlone(ctx, ops); alone {
+		return err
+	}
 	// Each open's seed, taken once: every run of the transaction draws the
 	// same shares (model.DrawSeed).
 	seeds := make([]model.DrawSeed, len(ops))
@@ -88,12 +91,22 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 			m.unfitMS.Store(m.nowMS()) // bulkRetry's second run: a list was unfit
 		}
 		fresh = fresh && freshFirst
-		for {
+		for tables := 0; ; {
 			err := m.inTx(ctx, func(tx *sql.Tx) error {
 				var err error
 				probe, err = m.groupTx(ctx, tx, ops, seeds, fresh, readClaims)
 				return err
 			})
+			var need *tablesNeeded
+			if errors.As(err, &need) && tables < 2 {
+				// A booker's take found rewards of shards whose wallet
+				// tables are not made sure of: make them, run again.
+				tables++
+				if err := m.EnsureShards(ctx, need.shards); err != nil {
+					return err
+				}
+				continue
+			}
 			if !errors.Is(err, errClaimsNeeded) || readClaims {
 				return err
 			}
@@ -206,6 +219,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	for _, op := range ops { // answers of an earlier run of this transaction
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
 		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
+		if op.Take != nil {
+			op.Rewards = nil
+		}
 	}
 	st, err := m.groupRead(ctx, tx, ops, readClaims)
 	if err != nil {
@@ -380,6 +396,14 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 		}
 	}
 	for _, op := range rewardOps {
+		if op.Take != nil {
+			booked, err := m.takeAndBookTx(ctx, tx, *op.Take, now)
+			if err != nil {
+				return nil, err
+			}
+			op.Rewards, op.Applied = booked, len(booked)
+			continue
+		}
 		booked, err := m.bookRewardsTx(ctx, tx, op.Rewards, now)
 		if err != nil {
 			return nil, err

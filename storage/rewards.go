@@ -190,18 +190,9 @@ func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit in
 	var out []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		out = out[:0]
-		rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
-			" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
-			model.RewardPending, limit, model.RewardProcessing, staleMS, limit)
-		if isMySQLErr(err, errNoSuchTable) {
-			return nil
-		}
+		rs, err := m.lockToBook(ctx, tx, RewardTake{DB: db, StaleMS: staleMS, Limit: limit})
 		if err != nil {
 			return err
-		}
-		sort.Slice(rs, func(i, j int) bool { return rs[i].CreatedMS < rs[j].CreatedMS })
-		if len(rs) > limit {
-			rs = rs[:limit]
 		}
 		if len(rs) == 0 {
 			return nil
@@ -224,6 +215,63 @@ func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit in
 		return nil, fmt.Errorf("storage: take rewards of db %d: %w", db, err)
 	}
 	return out, nil
+}
+
+// lockToBook reads and locks the rewards tk names, oldest first, in tx
+// (none when the database has no reward table yet: a booker's scan of
+// every database makes no table).
+func (m *MySQL) lockToBook(ctx context.Context, tx *sql.Tx, tk RewardTake) ([]model.Reward, error) {
+	t := m.rewardTable(tk.DB)
+	rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
+		" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
+		model.RewardPending, tk.Limit, model.RewardProcessing, tk.StaleMS, tk.Limit)
+	if isMySQLErr(err, errNoSuchTable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].CreatedMS < rs[j].CreatedMS })
+	if len(rs) > tk.Limit {
+		rs = rs[:tk.Limit]
+	}
+	return rs, nil
+}
+
+// takeAndBookTx books, in tx, the rewards tk names (a group's OpRewards with
+// Take) and answers them: one locking read, then bookFound's statements.
+// A reward whose wallet tables this process has not made sure of yet
+// answers tablesNeeded, with nothing written: CommitGroup makes them
+// (DDL, outside a transaction) and runs the group again.
+func (m *MySQL) takeAndBookTx(ctx context.Context, tx *sql.Tx, tk RewardTake, now int64) ([]model.Reward, error) {
+	rs, err := m.lockToBook(ctx, tx, tk)
+	if err != nil || len(rs) == 0 {
+		return nil, err
+	}
+	var need tablesNeeded
+	for _, r := range rs {
+		if r.IntoWallet() && !m.ensuredOK(ensureKey{shard: r.Shard}) {
+			need.shards = append(need.shards, r.Shard)
+		}
+	}
+	if len(need.shards) > 0 {
+		return nil, &need
+	}
+	if err := m.bookFound(ctx, tx, tk.DB, rs, now); err != nil {
+		return nil, err
+	}
+	for i := range rs {
+		rs[i].Status, rs[i].BookedMS = model.RewardBooked, now
+	}
+	return rs, nil
+}
+
+// tablesNeeded is a group's answer when it found rows whose shards' tables
+// this process has not made sure of: nothing of it written to keep.
+type tablesNeeded struct{ shards []model.ShardID }
+
+func (e *tablesNeeded) Error() string {
+	return fmt.Sprintf("storage: the tables of %d shards are needed first", len(e.shards))
 }
 
 // ensureRewardBooking makes the tables booking rs touches exist (outside a
@@ -281,15 +329,7 @@ func (m *MySQL) bookRewardsTx(ctx context.Context, tx *sql.Tx, rs []model.Reward
 		if len(found) == 0 {
 			continue
 		}
-		if err := m.bookIntoWallets(ctx, tx, found, now); err != nil {
-			return nil, err
-		}
-		up := []any{model.RewardBooked, now}
-		for _, r := range found {
-			up = append(up, r.OrderNo)
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+m.rewardTable(db)+" SET status = ?, booked_ms = ? WHERE order_no IN ("+
-			placeholders(len(found))+")", up...); err != nil {
+		if err := m.bookFound(ctx, tx, db, found, now); err != nil {
 			return nil, err
 		}
 		booked = append(booked, found...)
@@ -297,11 +337,31 @@ func (m *MySQL) bookRewardsTx(ctx context.Context, tx *sql.Tx, rs []model.Reward
 	return booked, nil
 }
 
-// bookIntoWallets writes the wallet side of rewards being booked: per shard
-// a multi-row INSERT of their flows and a multi-row balance upsert, all
-// sent as one statement list (one round trip: a batch's rewards fall in
-// as many shard tables as rewards, most of the time).
-func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Reward, now int64) error {
+// bookFound books rs, rewards of database db read and locked in tx, not
+// booked yet: their wallets' side (bookIntoWalletsSQL) and their rows marked
+// booked, in one round trip.
+func (m *MySQL) bookFound(ctx context.Context, tx *sql.Tx, db int, rs []model.Reward, now int64) error {
+	q, args := m.bookIntoWalletsSQL(rs, now)
+	if q != "" {
+		q += ";"
+	}
+	q += "UPDATE " + m.rewardTable(db) + " SET status = ?, booked_ms = ? WHERE order_no IN (" + placeholders(len(rs)) + ")"
+	args = append(args, model.RewardBooked, now)
+	for _, r := range rs {
+		args = append(args, r.OrderNo)
+	}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("storage: book %d rewards: %w", len(rs), err)
+	}
+	return nil
+}
+
+// bookIntoWalletsSQL is the wallet side of rewards being booked, as a
+// statement list and its arguments ("" when none goes into a wallet): per
+// shard a multi-row INSERT of their flows and a multi-row balance upsert
+// (a batch's rewards fall in as many shard tables as rewards, most of the
+// time).
+func (m *MySQL) bookIntoWalletsSQL(rs []model.Reward, now int64) (string, []any) {
 	byShard := map[model.ShardID][]model.Flow{}
 	var shards []model.ShardID
 	for _, r := range rs {
@@ -315,7 +375,7 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 		byShard[r.Shard] = append(byShard[r.Shard], f)
 	}
 	if len(shards) == 0 {
-		return nil
+		return "", nil
 	}
 	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
 	var q strings.Builder
@@ -342,10 +402,7 @@ func (m *MySQL) bookIntoWallets(ctx context.Context, tx *sql.Tx, rs []model.Rewa
 		q.WriteString(";INSERT INTO " + m.accountTable(s) + " (act_id, balance, updated_ms) VALUES " + rowsOf(len(acts), 3) +
 			" ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)")
 	}
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return fmt.Errorf("reward flows and balances: %w", err)
-	}
-	return nil
+	return q.String(), args
 }
 
 // leaseSpent answers LeaseSpentQuery.
@@ -662,11 +719,12 @@ func issueArgs(r model.Reward) []any {
 }
 
 // issuePaths counts, since the store was opened, the groups of issues
-// stored by each path of issueRewardsTx: Bulk in one statement list
-// (issueAll), Fallback by an INSERT (and, for a group holding a stored
-// order number, a read) per database.
+// (or accepts) stored by each path: Alone, a group of one as its INSERT in
+// autocommit (storeAlone); Bulk in one statement list (issueAll); Fallback
+// by an INSERT (and, for a group holding a stored order number, a read)
+// per database.
 type issuePaths struct {
-	Bulk, Fallback atomic.Int64
+	Alone, Bulk, Fallback atomic.Int64
 }
 
 // issueSavepoint is where issueAll's statement list goes back to.

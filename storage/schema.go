@@ -725,6 +725,15 @@ func (m *MySQL) ensure(ctx context.Context, k ensureKey, ddl []string) error {
 	return m.ensureWith(ctx, k, func() error { return m.runDDL(ctx, k, ddl) })
 }
 
+// ensuredOK reports whether k was made sure of in this process, without
+// error (nothing sent to the server).
+func (m *MySQL) ensuredOK(k ensureKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err, ok := m.errs[k]
+	return ok && err == nil
+}
+
 // ensureWith runs make once per process for k: concurrent callers wait for
 // the first and get its error; after an error a later call tries again.
 func (m *MySQL) ensureWith(ctx context.Context, k ensureKey, create func() error) error {

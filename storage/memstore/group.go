@@ -73,6 +73,9 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
 		op.Applied, op.Deferred, op.Err = 0, nil, nil
 		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
+		if op.Take != nil {
+			op.Rewards = nil
+		}
 		switch op.Kind {
 		case storage.OpOpen:
 			g.open(op)
@@ -99,7 +102,17 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 	booking := map[string]bool{} // rewards an earlier op of the group books
 	for _, op := range ops {
 		if op.Kind == storage.OpRewards {
-			book := s.toBookLocked(op.Rewards, booking)
+			var book []*model.Reward
+			if op.Take != nil {
+				book = s.toTakeLocked(*op.Take, booking)
+				op.Rewards = make([]model.Reward, len(book))
+				for i, r := range book {
+					op.Rewards[i] = *r
+					op.Rewards[i].Status, op.Rewards[i].BookedMS = model.RewardBooked, g.now
+				}
+			} else {
+				book = s.toBookLocked(op.Rewards, booking)
+			}
 			op.Applied = len(book)
 			now := g.now
 			g.writes = append(g.writes, func() { s.bookLocked(book, now) })

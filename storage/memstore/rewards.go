@@ -144,6 +144,25 @@ func (s *Store) toBookLocked(rs []model.Reward, seen map[string]bool) []*model.R
 	return book
 }
 
+// toTakeLocked picks the rewards a booker's take tk books (storage.RewardTake):
+// of its database, pending or processing since tk.StaleMS, not listed
+// before (seen, which it adds to), oldest first, at most tk.Limit. s.mu
+// must be held.
+func (s *Store) toTakeLocked(tk storage.RewardTake, seen map[string]bool) []*model.Reward {
+	rs := s.rewardList(func(r *model.Reward) bool {
+		return r.Shard.DB() == tk.DB && !seen[r.OrderNo] &&
+			(r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= tk.StaleMS)
+	})
+	byAge(rs)
+	if len(rs) > tk.Limit {
+		rs = rs[:tk.Limit]
+	}
+	for _, r := range rs {
+		seen[r.OrderNo] = true
+	}
+	return rs
+}
+
 // bookLocked books rewards toBookLocked picked. s.mu must be held.
 func (s *Store) bookLocked(book []*model.Reward, now int64) {
 	for _, r := range book {

@@ -528,6 +528,9 @@ func (m *rewardMoney) takeAndBook() []rmPerson {
 		staleMS = m.nowMS() // every processing reward is stale
 	}
 	limit := 1 + m.r.IntN(15)
+	if m.r.IntN(3) == 0 {
+		return m.takeInGroup(db, staleMS, limit)
+	}
 	taken := m.take(db, staleMS, limit)
 	var touched []rmPerson
 	for _, r := range taken {
@@ -604,6 +607,57 @@ func (m *rewardMoney) take(db int, staleMS int64, limit int) []model.Reward {
 	}
 	m.stats["taken"] += len(taken)
 	return taken
+}
+
+// takeInGroup is a booker's pass as cells make it: one group op
+// (OpRewards with a RewardTake) that finds the oldest eligible rewards of
+// db, as take does, and books them in the same transaction. It checks the
+// op booked as many as limit allows of the eligible ones, oldest first,
+// each once, and answered them as booked now.
+func (m *rewardMoney) takeInGroup(db int, staleMS int64, limit int) []rmPerson {
+	var eligible []*model.Reward
+	for _, r := range m.rewards {
+		if r.Shard.DB() == db && (r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= staleMS) {
+			eligible = append(eligible, r)
+		}
+	}
+	op := &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: db, StaleMS: staleMS, Limit: limit}}
+	err := m.f.s.CommitGroup(m.f.ctx, []storage.Op{op})
+	if err != nil || op.Err != nil || op.Applied != min(limit, len(eligible)) || len(op.Rewards) != op.Applied {
+		m.fatalf("take and book in a group, db %d (limit %d): %d booked, %d answered, %v %v; want %d of %d eligible",
+			db, limit, op.Applied, len(op.Rewards), err, op.Err, min(limit, len(eligible)), len(eligible))
+	}
+	now, seen, newest := m.nowMS(), map[string]bool{}, int64(0)
+	var touched []rmPerson
+	var orders []string
+	for i, r := range op.Rewards {
+		o := m.rewards[r.OrderNo]
+		if o == nil || seen[r.OrderNo] || !slices.Contains(eligible, o) {
+			m.fatalf("take and book in a group, db %d, answered %s: not eligible, or twice", db, r.OrderNo)
+		}
+		seen[r.OrderNo] = true
+		if i > 0 && r.CreatedMS < op.Rewards[i-1].CreatedMS {
+			m.fatalf("take and book in a group, db %d: not oldest first", db)
+		}
+		newest = max(newest, r.CreatedMS)
+		orders = append(orders, r.OrderNo)
+		if p := personOf(o); !slices.Contains(touched, p) {
+			touched = append(touched, p)
+		}
+	}
+	for _, o := range eligible {
+		if !seen[o.OrderNo] && o.CreatedMS < newest {
+			m.fatalf("take and book in a group, db %d, left %s (created %d) and booked one created at %d: not the oldest", db, o.OrderNo, o.CreatedMS, newest)
+		}
+	}
+	m.booked(orders)
+	for _, r := range op.Rewards {
+		if o := m.rewards[r.OrderNo]; r != *o || r.BookedMS != now {
+			m.fatalf("take and book in a group answered %+v, want %+v", r, *o)
+		}
+	}
+	m.stats["taken and booked in a group"] += len(op.Rewards)
+	return touched
 }
 
 // bookSome books a few rewards taken or not, booked or not, one listed

@@ -1,0 +1,123 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/go-sql-driver/mysql"
+
+	"redcell/model"
+)
+
+// A group of one op that stores one row under its idempotency key (a
+// reward's issue, OpIssue, or a coupon request's accept, OpAccept) is that
+// row's INSERT alone, in autocommit: one statement and one round trip,
+// where a transaction of its own would add a BEGIN and a COMMIT to it. At
+// the rates most cells see, a lane's group holds one such op most of the
+// time (a reward or a coupon request falls in one of 100 databases), so
+// this is most issues' and accepts' path; two or more ops share a
+// transaction as before (issueRewardsTx, acceptCouponsTx).
+//
+// The answers are the group's: the INSERT ... ON DUPLICATE KEY UPDATE of the
+// key to itself stores the row and counts 1, or finds the key stored and
+// counts 0, and then the stored row, read back, decides a repeat or
+// ErrOrderConflict (model.ReplayReward, model.ReplayCouponRequest). A
+// statement the server refused wrote nothing. A statement without an answer
+// (the connection lost, ctx ended) is settled by the probe a COMMIT without
+// answer gets, else answers ErrCommitUnknown: a retry with the key settles
+// it, never storing twice.
+
+// storeAlone runs ops, one OpIssue or OpAccept, as its INSERT alone
+// (above); ok is false for any other group, which storeAlone leaves as it
+// is.
+func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err error) {
+	if len(ops) != 1 || (ops[0].Kind != OpIssue && ops[0].Kind != OpAccept) {
+		return false, nil
+	}
+	op := ops[0]
+	op.Issued, op.Accepted, op.Repeat, op.Err = model.Reward{}, model.CouponRequest{}, false, nil
+	now := m.nowMS()
+	var (
+		q      string
+		args   []any
+		stored func()                          // sets the answer of a row stored now
+		probe  func() (bool, error)            // after no answer: is this attempt's row there
+		replay func(ctx context.Context) error // after a count of 0: read the stored row, decide
+	)
+	switch op.Kind {
+	case OpIssue:
+		if op.Reward.CreatedMS == 0 {
+			op.Reward.CreatedMS = now
+		}
+		r := op.Reward
+		q = "INSERT INTO " + m.rewardTable(r.Shard.DB()) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
+			" ON DUPLICATE KEY UPDATE order_no = order_no"
+		args = issueArgs(r)
+		stored = func() { op.Issued = pendingReward(r) }
+		probe = m.rewardProbe(ctx, pendingReward(r))
+		replay = func(ctx context.Context) error {
+			prior, err := m.reward(ctx, r.Shard, r.OrderNo)
+			if err != nil {
+				return fmt.Errorf("storage: issue: order number %s counted stored: %w", r.OrderNo, err)
+			}
+			if op.Err = model.ReplayReward(prior, r); op.Err == nil {
+				op.Issued, op.Repeat = prior, true
+			}
+			return nil
+		}
+	case OpAccept:
+		if op.Coupon.AcceptedMS == 0 {
+			op.Coupon.AcceptedMS = now
+		}
+		if op.Err = model.ValidateCouponRequest(op.Coupon); op.Err != nil {
+			return true, nil
+		}
+		r := op.Coupon
+		q = "INSERT INTO " + m.couponReqTable(r.Shard.DB()) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
+			" ON DUPLICATE KEY UPDATE serial_no = serial_no"
+		args = couponAcceptArgs(r)
+		stored = func() { op.Accepted = acceptedAs(r) }
+		probe = m.acceptProbe(ctx, []model.CouponRequest{acceptedAs(r)})
+		replay = func(ctx context.Context) error {
+			prior, err := m.couponRequestOf(ctx, r.Shard, r.App, r.Serial)
+			if err != nil {
+				return fmt.Errorf("storage: accept: serial %s counted stored: %w", r.Serial, err)
+			}
+			if op.Err = model.ReplayCouponRequest(prior, r); op.Err == nil {
+				op.Accepted, op.Repeat = prior, true
+			}
+			return nil
+		}
+	}
+	m.issuePathsOf(op.Kind).Alone.Add(1)
+	res, err := m.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		var refused *mysql.MySQLError
+		if errors.As(err, &refused) || errors.Is(err, ErrDBOpen) {
+			return true, fmt.Errorf("storage: %s alone: %w", op.Kind, err) // nothing written
+		}
+		if ok, known := m.settleCommit(ctx, probe); known && ok {
+			stored()
+			return true, nil
+		}
+		return true, fmt.Errorf("storage: %s alone: %w", op.Kind, errors.Join(errCommitUnknown, err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return true, fmt.Errorf("storage: %s alone: %w", op.Kind, err)
+	}
+	if n == 1 {
+		stored()
+		return true, nil
+	}
+	return true, replay(ctx)
+}
+
+// issuePathsOf is the path counter of kind k's groups: issues' or accepts'.
+func (m *MySQL) issuePathsOf(k GroupKind) *issuePaths {
+	if k == OpAccept {
+		return &m.accepts
+	}
+	return &m.issues
+}
