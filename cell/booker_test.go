@@ -17,9 +17,10 @@ import (
 // waits longer for booking_rate than a transaction's 5 s timeout still books
 // it once the rate allows. booking_rate 2/s, batches of 12, 24 rewards
 // issued with the booking off: switched on, the first batch spends the
-// burst and the second waits 6 s for its tokens. Before, the take's timeout
+// burst and the second waits 6 s for its tokens. Once, the take's timeout
 // also covered that wait and the booking behind it: the batch failed ("begin:
 // context deadline exceeded") and stayed processing for 30 s (bookerStale).
+// Now a batch is booked first and its tokens are waited for after.
 // It takes 6 s, so make race leaves it to make unit.
 func TestBookerWaitsForItsRateOutsideTheTransaction(t *testing.T) {
 	if raceEnabled {

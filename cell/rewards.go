@@ -261,8 +261,9 @@ func (s *Server) bookRewards(ctx context.Context, sp *space, rs []model.Reward) 
 }
 
 // storeReward stores an issued reward as one op of its database's commit
-// lane (storage.OpIssue: many issues share one multi-row INSERT and one
-// COMMIT). A repeat answers the reward stored before.
+// lane (storage.OpIssue: the issues of a group share one multi-row INSERT
+// per database and one COMMIT; an issue alone is its INSERT in autocommit).
+// A repeat answers the reward stored before.
 func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (model.Reward, bool, error) {
 	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: r}
 	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {

@@ -533,9 +533,10 @@ func spentFrom(t *testing.T, dbs []*sql.DB, schemas [][]string, key string, leas
 
 // rewardKillDrill: rewards are issued through the router at a steady rate
 // while cell-1 is killed with SIGKILL and started again on its ports; its
-// booker dies holding rewards it took (processing), which a booker takes
-// again once they are 30 s stale. Every reward answered 200 is stored and
-// booked exactly once, within bookWait.
+// booker's batch in flight rolls back with its transaction (a reward left
+// processing, by a take of an earlier version, would be taken again once
+// 30 s stale). Every reward answered 200 is stored and booked exactly once,
+// within bookWait.
 func rewardKillDrill(t *testing.T, c *cluster, full bool) {
 	loadFor, rate := 6*time.Second, 400
 	if full {

@@ -50,7 +50,7 @@ import (
 // often, and a packet's FIFO is short so that the overload drill can fill it.
 // The booker books 150 rewards/s per cell in batches of 50: behind the
 // reward_cell_kill drill's issue rate (400/s, about 200 per cell), so that
-// batches it took wait (processing) for the rate when the kill comes, and
+// a backlog is pending when the kill comes, and
 // ahead of reward_booking_off's (250/s), so that the backlog of a booking
 // switched off drains.
 const drillCell = `  packet_expiry: 1h
