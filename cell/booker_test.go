@@ -64,7 +64,9 @@ func TestBookerWaitsForItsRateOutsideTheTransaction(t *testing.T) {
 func TestBookerBooksAnIssueDuringItsScan(t *testing.T) {
 	ns := privateDatabases(t) // empty reward tables to lock, and no one else's
 	pre := strings.ReplaceAll(testenv.Prefix(), "_", "-")
-	c, _ := rewardCell(t, pre, false, nil)
+	// Passes every 100 ms: the first scan (at the first pass) is over by the
+	// time the tables are locked, and the next comes bookerScanEvery after it.
+	c, _ := rewardCell(t, pre, false, func(cfg *cell.Config) { cfg.BookingInterval = 100 * time.Millisecond })
 	act := actIn(t, pre+"_late", mustRanges(t, "500-999"))
 	reward := func(rain string) {
 		t.Helper()

@@ -136,6 +136,12 @@ type Config struct {
 	// transaction.
 	BookingRate  int
 	BookingBatch int
+	// BookingInterval is how often each space's booker books the databases
+	// issued into since its last pass (docs/rewards.md): a reward waits up
+	// to this long for its booking, and a longer interval books more
+	// rewards per database at once (one locking read, one UPDATE and, per
+	// shard table, one flow INSERT and one balance upsert for all of them).
+	BookingInterval time.Duration
 	// BudgetLeaseTTL is how long a cell spends from one budget lease before
 	// giving back its rest and taking a new one; a dead cell's leases are
 	// settled a little after it (0: cell/budget's default, 60 s).
@@ -269,6 +275,7 @@ func DefaultConfig() Config {
 		// thousand a second leaves the database to opens.
 		BookingRate:     5_000,
 		BookingBatch:    200,
+		BookingInterval: 2 * time.Second,
 		WithdrawRelease: WithdrawRelease{Percent: 100, Allow: []string{}},
 		// The seed's drop issued about 10^5 coupons a second over a whole
 		// cluster; 20,000 a second per layer is far above what two cells on
@@ -397,6 +404,9 @@ func (c Config) Validate() error {
 	}
 	if c.BookingRate < 1 || c.BookingBatch < 1 || c.BookingBatch > 1000 {
 		bad("BookingRate must be >= 1 and BookingBatch 1..1000")
+	}
+	if c.BookingInterval < 10*time.Millisecond || c.BookingInterval > 10*time.Second {
+		bad("BookingInterval must be 10ms..10s")
 	}
 	if err := validateRelease(c.WithdrawRelease); err != nil {
 		bad("WithdrawRelease: %v", err)

@@ -772,7 +772,6 @@ func (s *Server) issuedSoFar(rc *fasthttp.RequestCtx, sp *space, parent string) 
 // per database: an idle cell scans once per bookerStale, not every few
 // seconds (every 5 s it was 60 of an idle server's statements a second).
 const (
-	bookerTick      = 100 * time.Millisecond
 	bookerStale     = 30 * time.Second // a processing reward this old is taken again
 	bookerScanEvery = bookerStale      // a reward left processing is taken again within two of these
 )
@@ -782,7 +781,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 		lim := rate.NewLimiter(rate.Limit(s.cfg.BookingRate), s.cfg.BookingBatch)
 		lastScan := time.Time{}
 		var scanned []int // the databases of the last scan
-		t := time.NewTicker(bookerTick)
+		t := time.NewTicker(s.cfg.BookingInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -805,14 +804,17 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 			// The switch is read before each database, not once a tick: a
 			// scan takes seconds, and a booking switched off meanwhile stops
 			// at once (what was marked stays marked for when it is on).
-			book := func(todo map[int]bool) {
+			// scan: the databases come from the scan of every database, not
+			// from issues here; each is asked first whether it holds anything
+			// to book (bookDB).
+			book := func(todo map[int]bool, scan bool) {
 				for db := range todo {
 					if s.switches.Off(degradeBooking) {
 						again = append(again, db)
 						continue
 					}
 					booked = true
-					done, err := s.bookDB(ctx, sp, lim, db)
+					done, err := s.bookDB(ctx, sp, lim, db, scan)
 					if err != nil && ctx.Err() == nil {
 						failed = true
 						s.inc.booking[sp.index()].Fail(err, "db", db)
@@ -822,7 +824,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 					}
 				}
 			}
-			book(s.rw.dirty[sp.index()].take())
+			book(s.rw.dirty[sp.index()].take(), false)
 			if now, dbs := s.clock.Now(), s.own.dbs(); now.Sub(lastScan) >= bookerScanEvery || !slices.Equal(dbs, scanned) {
 				lastScan, scanned = now, dbs
 				for _, db := range dbs { // read each tick: moves change them
@@ -832,8 +834,8 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 					if s.switches.Off(degradeBooking) {
 						break
 					}
-					book(map[int]bool{db: true})
-					book(s.rw.dirty[sp.index()].take())
+					book(map[int]bool{db: true}, true)
+					book(s.rw.dirty[sp.index()].take(), false)
 				}
 			}
 			for _, db := range again {
@@ -855,18 +857,36 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 // group transaction). The booking rate is paid after: the wait for a
 // batch's tokens follows its booking, so a batch never waits holding rows
 // (the limiter's burst is one batch, BookingBatch).
-func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int) (done bool, err error) {
-	// Each write is work a move's freeze waits for, and checks the database
-	// is still served inside it.
+//
+// A database of the scan (scan set) is asked first, with one read outside
+// the lane, whether it holds anything to book (storage.RewardsDueQuery): a
+// scan of every database finds nothing in almost all of them, and each
+// would otherwise be a group of its lane.
+func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int, scan bool) (done bool, err error) {
 	bctx, cancel := context.WithTimeout(ctx, txTimeout)
 	defer cancel()
+	staleMS := s.clock.Now().Add(-bookerStale).UnixMilli()
+	if scan {
+		if !s.own.servesDB(db) {
+			return true, nil
+		}
+		q := &storage.RewardsDueQuery{DB: db, StaleMS: staleMS}
+		if err := sp.store.Read(bctx, q); err != nil {
+			return false, fmt.Errorf("rewards due in db %d: %w", db, err)
+		}
+		if !q.Due {
+			return true, nil
+		}
+	}
+	// Each write is work a move's freeze waits for, and checks the database
+	// is still served inside it.
 	leave := s.own.enter()
 	if !s.own.servesDB(db) {
 		leave()
 		return true, nil
 	}
 	op := &storage.GroupOp{Kind: storage.OpRewards,
-		Take: &storage.RewardTake{DB: db, StaleMS: s.clock.Now().Add(-bookerStale).UnixMilli(), Limit: s.cfg.BookingBatch}}
+		Take: &storage.RewardTake{DB: db, StaleMS: staleMS, Limit: s.cfg.BookingBatch}}
 	if err = s.submit(bctx, sp, db, op); err == nil {
 		err = op.Err
 	}
@@ -876,14 +896,14 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 	}
 	n := op.Applied
 	if n == 0 {
-		return true, nil
+		return len(op.Deferred) == 0, nil
 	}
 	s.rw.booked[sp.index()].Add(int64(n))
 	s.rwMetrics.bookedNow(sp, op.Rewards, n, s.clock.Now())
 	if err := lim.WaitN(ctx, n); err != nil {
 		return false, nil
 	}
-	return n < s.cfg.BookingBatch, nil
+	return n < s.cfg.BookingBatch && len(op.Deferred) == 0, nil
 }
 
 // WithdrawRelease implements admin.Withdrawals.

@@ -119,9 +119,11 @@ type GroupOp struct {
 	Deposit    model.Deposit       // OpDeposit
 	Withdrawal model.Withdrawal    // OpWithdraw (Repeat set for an order applied before)
 	Applied    int                 // OpCredits: this op's credits booked now; OpRewards: its rewards booked now
-	Deferred   []string            // OpCredits: claim IDs left for a later call (a wallet row was held)
+	Deferred   []string            // OpCredits: claim IDs left for a later call (a wallet row was held); OpRewards with Take: order numbers found but left pending (their wallet tables made after the group), for the next pass
 	Refunded   model.Cents         // OpRefund: the cents refunded now (0: nothing was due; not expired, sold out, refunded before)
 	Err        error               // this op's own error: nothing of it was written
+
+	tablesFirst []model.ShardID // MySQL: shards whose tables a Take's rewards left in Deferred need (made after the group)
 }
 
 // RewardTake names the rewards a booker books next in database DB: the

@@ -91,22 +91,12 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 			m.unfitMS.Store(m.nowMS()) // bulkRetry's second run: a list was unfit
 		}
 		fresh = fresh && freshFirst
-		for tables := 0; ; {
+		for {
 			err := m.inTx(ctx, func(tx *sql.Tx) error {
 				var err error
 				probe, err = m.groupTx(ctx, tx, ops, seeds, fresh, readClaims)
 				return err
 			})
-			var need *tablesNeeded
-			if errors.As(err, &need) && tables < 2 {
-				// A booker's take found rewards of shards whose wallet
-				// tables are not made sure of: make them, run again.
-				tables++
-				if err := m.EnsureShards(ctx, need.shards); err != nil {
-					return err
-				}
-				continue
-			}
 			if !errors.Is(err, errClaimsNeeded) || readClaims {
 				return err
 			}
@@ -114,6 +104,18 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 			readClaims = true
 		}
 	})
+	// A booker's take left rewards whose wallet tables were not made sure
+	// of (takeAndBookTx): make them now, outside the transaction.
+	var shards []model.ShardID
+	for _, op := range ops {
+		shards = append(shards, op.tablesFirst...)
+		op.tablesFirst = nil
+	}
+	if len(shards) > 0 {
+		if terr := m.EnsureShards(ctx, shards); terr != nil && err == nil {
+			err = terr
+		}
+	}
 	if errors.Is(err, errCommitUnknown) && probe != nil {
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
 			return nil // applied by this group's own COMMIT
@@ -159,6 +161,11 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 				return fmt.Errorf("storage: group issue of reward %q without a shard", op.Reward.OrderNo)
 			}
 			err = m.ensureRewards(ctx, op.Reward.Shard.DB())
+			if err == nil && op.Reward.IntoWallet() {
+				// Its booking's wallet tables, made now: a booker's take
+				// runs in a transaction, where DDL cannot (takeAndBookTx).
+				err = m.EnsureShard(ctx, op.Reward.Shard)
+			}
 		case OpAccept:
 			if op.Coupon.Shard.Valid() { // else the op answers ErrInvalidArgument
 				err = m.ensureCoupons(ctx, op.Coupon.Shard.DB())
@@ -220,7 +227,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
 		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
 		if op.Take != nil {
-			op.Rewards = nil
+			op.Rewards, op.tablesFirst = nil, nil
 		}
 	}
 	st, err := m.groupRead(ctx, tx, ops, readClaims)
@@ -397,11 +404,11 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	}
 	for _, op := range rewardOps {
 		if op.Take != nil {
-			booked, err := m.takeAndBookTx(ctx, tx, *op.Take, now)
+			booked, left, shards, err := m.takeAndBookTx(ctx, tx, *op.Take, now)
 			if err != nil {
 				return nil, err
 			}
-			op.Rewards, op.Applied = booked, len(booked)
+			op.Rewards, op.Applied, op.Deferred, op.tablesFirst = booked, len(booked), left, shards
 			continue
 		}
 		booked, err := m.bookRewardsTx(ctx, tx, op.Rewards, now)

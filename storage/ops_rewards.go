@@ -128,7 +128,21 @@ type RewardReconQuery struct {
 	Recon model.RewardRecon
 }
 
+// RewardsDueQuery tells in Due whether database DB holds a reward a
+// booker's RewardTake of StaleMS would book: one pending, or processing and
+// taken at or before StaleMS (Unix ms). One read without a lock, no
+// transaction; a database without a reward table holds none. The booker's
+// scan of every database asks this first, so that a database with nothing
+// to book costs one statement and no commit-lane group.
+type RewardsDueQuery struct {
+	DB      int
+	StaleMS int64
+
+	Due bool
+}
+
 func (*TakeRewardsOp) isOp()            {}
+func (*RewardsDueQuery) isQuery()       {}
 func (*AccountQuery) isQuery()          {}
 func (*RewardQuery) isQuery()           {}
 func (*RewardsOfQuery) isQuery()        {}
@@ -172,6 +186,8 @@ func (m *MySQL) rewardReads(ctx context.Context, q Query) (bool, error) {
 		x.Flows, err = m.flowsOf(ctx, x.Shard, x.ActID, x.After, x.Limit)
 	case *RewardReconQuery:
 		x.Recon, err = m.rewardRecon(ctx, x.DB, x.FromMS, x.ToMS, x.StaleMS, x.CountFlows)
+	case *RewardsDueQuery:
+		x.Due, err = m.rewardsDue(ctx, x.DB, x.StaleMS)
 	default:
 		return false, nil
 	}

@@ -217,6 +217,21 @@ func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit in
 	return out, nil
 }
 
+// rewardsDue answers RewardsDueQuery: one statement, no lock.
+func (m *MySQL) rewardsDue(ctx context.Context, db int, staleMS int64) (bool, error) {
+	t := m.rewardTable(db)
+	var n int
+	err := m.db.QueryRowContext(ctx, "SELECT (EXISTS (SELECT 1 FROM "+t+" WHERE status = ?)) + (EXISTS (SELECT 1 FROM "+t+
+		" WHERE status = ? AND claimed_ms <= ?))", model.RewardPending, model.RewardProcessing, staleMS).Scan(&n)
+	if isMySQLErr(err, errNoSuchTable) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("storage: rewards due in db %d: %w", db, err)
+	}
+	return n > 0, nil
+}
+
 // lockToBook reads and locks the rewards tk names, oldest first, in tx
 // (none when the database has no reward table yet: a booker's scan of
 // every database makes no table).
@@ -240,38 +255,34 @@ func (m *MySQL) lockToBook(ctx context.Context, tx *sql.Tx, tk RewardTake) ([]mo
 
 // takeAndBookTx books, in tx, the rewards tk names (a group's OpRewards with
 // Take) and answers them: one locking read, then bookFound's statements.
-// A reward whose wallet tables this process has not made sure of yet
-// answers tablesNeeded, with nothing written: CommitGroup makes them
-// (DDL, outside a transaction) and runs the group again.
-func (m *MySQL) takeAndBookTx(ctx context.Context, tx *sql.Tx, tk RewardTake, now int64) ([]model.Reward, error) {
+// A reward whose wallet tables this process has not made sure of yet (DDL
+// cannot run in a transaction: it would commit it) is left pending and
+// answered in left, its shard in shards: CommitGroup makes those tables
+// after the transaction, and the next pass books it. An issue makes its
+// shard's tables sure (ensureGroup), so only a reward from before a start,
+// or from another owner, is left once.
+func (m *MySQL) takeAndBookTx(ctx context.Context, tx *sql.Tx, tk RewardTake, now int64) (booked []model.Reward, left []string, shards []model.ShardID, err error) {
 	rs, err := m.lockToBook(ctx, tx, tk)
 	if err != nil || len(rs) == 0 {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	var need tablesNeeded
 	for _, r := range rs {
 		if r.IntoWallet() && !m.ensuredOK(ensureKey{shard: r.Shard}) {
-			need.shards = append(need.shards, r.Shard)
+			left, shards = append(left, r.OrderNo), append(shards, r.Shard)
+			continue
 		}
+		booked = append(booked, r)
 	}
-	if len(need.shards) > 0 {
-		return nil, &need
+	if len(booked) == 0 {
+		return nil, left, shards, nil
 	}
-	if err := m.bookFound(ctx, tx, tk.DB, rs, now); err != nil {
-		return nil, err
+	if err := m.bookFound(ctx, tx, tk.DB, booked, now); err != nil {
+		return nil, nil, nil, err
 	}
-	for i := range rs {
-		rs[i].Status, rs[i].BookedMS = model.RewardBooked, now
+	for i := range booked {
+		booked[i].Status, booked[i].BookedMS = model.RewardBooked, now
 	}
-	return rs, nil
-}
-
-// tablesNeeded is a group's answer when it found rows whose shards' tables
-// this process has not made sure of: nothing of it written to keep.
-type tablesNeeded struct{ shards []model.ShardID }
-
-func (e *tablesNeeded) Error() string {
-	return fmt.Sprintf("storage: the tables of %d shards are needed first", len(e.shards))
+	return booked, left, shards, nil
 }
 
 // ensureRewardBooking makes the tables booking rs touches exist (outside a

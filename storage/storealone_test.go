@@ -25,8 +25,12 @@ func TestStoreAlone(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UnixMilli()
 	first := issueReward(125, "sa-ann", "r1", "tok-1", 7, now)
-	// Make the tables first: their DDL is not the op's work.
+	// Make the tables first (the reward table, the wallet tables an issue
+	// makes sure of): their DDL is not the op's work.
 	if err := m.ensureRewards(ctx, first.Shard.DB()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureShard(ctx, first.Shard); err != nil {
 		t.Fatal(err)
 	}
 	one := func(name string, op *GroupOp, wantTrips int64) {
@@ -165,4 +169,64 @@ func TestStoreAloneRace(t *testing.T) {
 	}
 	r.Token = winner
 	checkIssued(t, m, []model.Reward{r})
+}
+
+// A booker's take (OpRewards with a RewardTake) in a process that has not
+// made sure of a reward's wallet tables (the reward issued before a start,
+// here by another store on the same databases, before those tables were
+// made) leaves that reward pending, answered in Deferred, makes the tables
+// after its transaction, and books it at the next take; the rewards whose
+// tables it knows it books at once.
+func TestTakeLeavesRewardsOfUnknownTables(t *testing.T) {
+	issuer := ownNamespaceStore(t)
+	booker := openStore(t)
+	booker.ns = issuer.ns
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	known := issueReward(125, "tk-known", "r1", "t1", 5, now)
+	unknown := issueReward(129, "tk-unknown", "r1", "t2", 7, now+1) // shard 129: database 12, as 125
+	for _, r := range []model.Reward{known, unknown} {
+		if err := issuer.CommitGroup(ctx, []Op{&GroupOp{Kind: OpIssue, Reward: r}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The issuer made both shards' tables; drop the second's wallet tables,
+	// as a database from before they were made would have them missing.
+	for _, q := range []string{"DROP TABLE " + issuer.flowTable(129), "DROP TABLE " + issuer.accountTable(129)} {
+		if _, err := issuer.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := booker.EnsureShard(ctx, 125); err != nil { // the booker knows shard 125's tables
+		t.Fatal(err)
+	}
+	take := func() *GroupOp {
+		t.Helper()
+		op := &GroupOp{Kind: OpRewards, Take: &RewardTake{DB: 12, StaleMS: now, Limit: 10}}
+		if err := booker.CommitGroup(ctx, []Op{op}); err != nil || op.Err != nil {
+			t.Fatal(err, op.Err)
+		}
+		return op
+	}
+	op := take()
+	if op.Applied != 1 || len(op.Rewards) != 1 || op.Rewards[0].OrderNo != known.OrderNo || op.Rewards[0].Status != model.RewardBooked ||
+		len(op.Deferred) != 1 || op.Deferred[0] != unknown.OrderNo {
+		t.Fatalf("first take: applied %d %+v, deferred %v; want the known one booked, the other deferred", op.Applied, op.Rewards, op.Deferred)
+	}
+	if !booker.ensuredOK(ensureKey{shard: 129}) {
+		t.Fatal("shard 129's tables not made after the take")
+	}
+	op = take()
+	if op.Applied != 1 || op.Rewards[0].OrderNo != unknown.OrderNo || len(op.Deferred) != 0 {
+		t.Fatalf("second take: applied %d %+v, deferred %v; want the deferred one booked", op.Applied, op.Rewards, op.Deferred)
+	}
+	for _, r := range []model.Reward{known, unknown} {
+		a, err := booker.account(ctx, r.Shard, r.ActID)
+		if err != nil || a.Balance != r.Amount {
+			t.Fatalf("%s: balance %d %v, want %d", r.ActID, a.Balance, err, r.Amount)
+		}
+	}
+	if op := take(); op.Applied != 0 || len(op.Deferred) != 0 {
+		t.Fatalf("third take: %+v", op)
+	}
 }

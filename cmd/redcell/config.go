@@ -120,6 +120,7 @@ type cellSection struct {
 	RewardCashMax   int64                 `yaml:"reward_cash_max"`
 	BookingRate     int                   `yaml:"booking_rate"`
 	BookingBatch    int                   `yaml:"booking_batch"`
+	BookingInterval time.Duration         `yaml:"booking_interval"`
 	BudgetLeaseTTL  time.Duration         `yaml:"budget_lease_ttl"`
 	WithdrawRelease *cell.WithdrawRelease `yaml:"withdraw_release"`
 	PacketExpiry    time.Duration         `yaml:"packet_expiry"`
@@ -407,6 +408,7 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	}
 	setInt(&c.BookingRate, s.BookingRate)
 	setInt(&c.BookingBatch, s.BookingBatch)
+	setDur(&c.BookingInterval, s.BookingInterval)
 	setDur(&c.BudgetLeaseTTL, s.BudgetLeaseTTL)
 	if s.WithdrawRelease != nil {
 		c.WithdrawRelease = *s.WithdrawRelease

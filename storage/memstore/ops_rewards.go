@@ -41,6 +41,8 @@ func (s *Store) rewardReads(ctx context.Context, q storage.Query) (bool, error) 
 		x.Flows, err = s.flowsOf(ctx, x.Shard, x.ActID, x.After, x.Limit)
 	case *storage.RewardReconQuery:
 		x.Recon, err = s.rewardRecon(ctx, x.DB, x.FromMS, x.ToMS, x.StaleMS, x.CountFlows)
+	case *storage.RewardsDueQuery:
+		x.Due, err = s.rewardsDue(ctx, x.DB, x.StaleMS)
 	default:
 		return false, nil
 	}

@@ -144,6 +144,21 @@ func (s *Store) toBookLocked(rs []model.Reward, seen map[string]bool) []*model.R
 	return book
 }
 
+// rewardsDue answers storage.RewardsDueQuery.
+func (s *Store) rewardsDue(ctx context.Context, db int, staleMS int64) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.rewards {
+		if r.Shard.DB() == db && (r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= staleMS) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // toTakeLocked picks the rewards a booker's take tk books (storage.RewardTake):
 // of its database, pending or processing since tk.StaleMS, not listed
 // before (seen, which it adds to), oldest first, at most tk.Limit. s.mu

@@ -609,7 +609,8 @@ func (m *rewardMoney) take(db int, staleMS int64, limit int) []model.Reward {
 	return taken
 }
 
-// takeInGroup is a booker's pass as cells make it: one group op
+// takeInGroup is a booker's pass as cells make it: RewardsDueQuery (true
+// exactly when a reward is eligible), then one group op
 // (OpRewards with a RewardTake) that finds the oldest eligible rewards of
 // db, as take does, and books them in the same transaction. It checks the
 // op booked as many as limit allows of the eligible ones, oldest first,
@@ -620,6 +621,10 @@ func (m *rewardMoney) takeInGroup(db int, staleMS int64, limit int) []rmPerson {
 		if r.Shard.DB() == db && (r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= staleMS) {
 			eligible = append(eligible, r)
 		}
+	}
+	due := &storage.RewardsDueQuery{DB: db, StaleMS: staleMS}
+	if err := m.f.s.Read(m.f.ctx, due); err != nil || due.Due != (len(eligible) > 0) {
+		m.fatalf("rewards due in db %d: %v, %v; want %v (%d eligible)", db, due.Due, err, len(eligible) > 0, len(eligible))
 	}
 	op := &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: db, StaleMS: staleMS, Limit: limit}}
 	err := m.f.s.CommitGroup(m.f.ctx, []storage.Op{op})
