@@ -763,17 +763,19 @@ func (s *Server) issuedSoFar(rc *fasthttp.RequestCtx, sp *space, parent string) 
 	s.answers.json(rc, http.StatusOK, out)
 }
 
-// Booking: each space's booker takes pending rewards of the cell's databases
-// (those marked dirty by an issue here at once; every database at the first
-// tick, whenever the databases the cell serves change, and every
-// bookerScanEvery, for rewards left from before a restart, by another owner,
-// or processing for longer than bookerStale) and books them in batches, at
-// Config.BookingRate rewards/s. A scan of every database is a transaction
-// per database: an idle cell scans once per bookerStale, not every few
-// seconds (every 5 s it was 60 of an idle server's statements a second).
+// Booking: every Config.BookingInterval each space's booker books the
+// pending rewards of the cell's databases (those marked dirty by an issue
+// here; every database at the first pass, whenever the databases the cell
+// serves change, and every bookerScanEvery, for rewards left from before a
+// restart, by another owner, or processing for longer than bookerStale by a
+// take of an earlier version) in batches, at Config.BookingRate rewards/s.
+// The scan of every database asks each one first, with one read
+// (storage.RewardsDueQuery), and books only where something is due: an
+// idle cell scans once per bookerStale, not every few seconds.
 const (
-	bookerStale     = 30 * time.Second // a processing reward this old is taken again
-	bookerScanEvery = bookerStale      // a reward left processing is taken again within two of these
+	bookerBatchesMax = 20               // batches of one database in one pass, at most
+	bookerStale      = 30 * time.Second // a processing reward this old is taken again
+	bookerScanEvery  = bookerStale      // a reward left processing is taken again within two of these
 )
 
 func (s *Server) runBooker(sp *space) func(ctx context.Context) {
@@ -814,13 +816,23 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 						continue
 					}
 					booked = true
-					done, err := s.bookDB(ctx, sp, lim, db, scan)
-					if err != nil && ctx.Err() == nil {
-						failed = true
-						s.inc.booking[sp.index()].Fail(err, "db", db)
-					}
-					if !done {
-						again = append(again, db)
+					// Batch after batch while they come back full (the
+					// limiter paces them), up to bookerBatchesMax a pass:
+					// one batch a pass would cap a database at
+					// booking_batch per booking_interval (100/s by default).
+					for n := 1; ; n++ {
+						done, err := s.bookDB(ctx, sp, lim, db, scan && n == 1)
+						if err != nil && ctx.Err() == nil {
+							failed = true
+							s.inc.booking[sp.index()].Fail(err, "db", db)
+						}
+						if done {
+							break
+						}
+						if err != nil || n == bookerBatchesMax || ctx.Err() != nil || s.switches.Off(degradeBooking) {
+							again = append(again, db)
+							break
+						}
 					}
 				}
 			}

@@ -17,8 +17,10 @@ import (
 )
 
 // commitCutter is a TCP proxy in front of MariaDB that, once armed, cuts the
-// next connection that sends a statement that commits: a COMMIT, or an
-// INSERT outside a transaction (autocommit: storeAlone). With forward set it
+// next connection that sends a statement that commits: a COMMIT, or the
+// INSERT of a reward or coupon request outside a transaction (autocommit:
+// storeAlone). Each read from the client is taken to start at a packet
+// (the driver writes a statement and waits for its answer). With forward set it
 // passes the statement on and drops the server's answer (the commit happens,
 // the client never hears of it); without, it drops the statement itself
 // (nothing is committed: the server rolls back when the connection goes).
@@ -107,7 +109,10 @@ func (p *commitCutter) pipe(client net.Conn) {
 					inTx, commits = false, true
 				case bytes.HasPrefix(text, []byte("ROLLBACK")) && !bytes.HasPrefix(text, []byte("ROLLBACK TO")):
 					inTx = false
-				case !inTx && (bytes.HasPrefix(text, []byte("INSERT")) || bytes.HasPrefix(text, []byte(noWait+"INSERT"))):
+				case !inTx && bytes.HasPrefix(text, []byte("INSERT")) &&
+					(bytes.Contains(text[:min(len(text), 200)], []byte(".t_reward (")) || bytes.Contains(text[:min(len(text), 200)], []byte(".t_coupon_req ("))):
+					// storeAlone's INSERT (a reward's or a coupon request's,
+					// in autocommit); other autocommit statements pass.
 					commits = true
 				}
 			}

@@ -105,16 +105,16 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 		}
 	})
 	// A booker's take left rewards whose wallet tables were not made sure
-	// of (takeAndBookTx): make them now, outside the transaction.
+	// of (takeAndBookTx): make them now, outside the transaction. A failure
+	// here answers nothing: the group's outcome is err's, and those rewards
+	// stay as they are for a later pass, which tries again.
 	var shards []model.ShardID
 	for _, op := range ops {
 		shards = append(shards, op.tablesFirst...)
 		op.tablesFirst = nil
 	}
 	if len(shards) > 0 {
-		if terr := m.EnsureShards(ctx, shards); terr != nil && err == nil {
-			err = terr
-		}
+		_ = m.EnsureShards(ctx, shards)
 	}
 	if errors.Is(err, errCommitUnknown) && probe != nil {
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
@@ -379,6 +379,19 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			return nil, err
 		}
 	}
+	// A booker's batch books rewards stored before this group, never its
+	// own issues (as memstore: the rows a group stores are not there for
+	// its take), so it goes before them.
+	for _, op := range rewardOps {
+		if op.Take == nil {
+			continue
+		}
+		booked, left, shards, err := m.takeAndBookTx(ctx, tx, *op.Take, now)
+		if err != nil {
+			return nil, err
+		}
+		op.Rewards, op.Applied, op.Deferred, op.tablesFirst = booked, len(booked), left, shards
+	}
 	if len(issueOps) > 0 {
 		p, err := m.issueRewardsTx(ctx, tx, issueOps, fresh)
 		if err != nil {
@@ -404,12 +417,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	}
 	for _, op := range rewardOps {
 		if op.Take != nil {
-			booked, left, shards, err := m.takeAndBookTx(ctx, tx, *op.Take, now)
-			if err != nil {
-				return nil, err
-			}
-			op.Rewards, op.Applied, op.Deferred, op.tablesFirst = booked, len(booked), left, shards
-			continue
+			continue // booked before the issues (above)
 		}
 		booked, err := m.bookRewardsTx(ctx, tx, op.Rewards, now)
 		if err != nil {

@@ -256,8 +256,8 @@ func (m *MySQL) lockToBook(ctx context.Context, tx *sql.Tx, tk RewardTake) ([]mo
 // takeAndBookTx books, in tx, the rewards tk names (a group's OpRewards with
 // Take) and answers them: one locking read, then bookFound's statements.
 // A reward whose wallet tables this process has not made sure of yet (DDL
-// cannot run in a transaction: it would commit it) is left pending and
-// answered in left, its shard in shards: CommitGroup makes those tables
+// cannot run in a transaction: it would commit it) is left as it is
+// (pending, or a stale processing) and answered in left, its shard in shards: CommitGroup makes those tables
 // after the transaction, and the next pass books it. An issue makes its
 // shard's tables sure (ensureGroup), so only a reward from before a start,
 // or from another owner, is left once.

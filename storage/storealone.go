@@ -2,11 +2,13 @@ package storage
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/internal/retry"
 	"redcell/model"
 )
 
@@ -22,11 +24,12 @@ import (
 // The answers are the group's: the INSERT ... ON DUPLICATE KEY UPDATE of the
 // key to itself stores the row and counts 1, or finds the key stored and
 // counts 0, and then the stored row, read back, decides a repeat or
-// ErrOrderConflict (model.ReplayReward, model.ReplayCouponRequest). A
-// statement the server refused wrote nothing. A statement without an answer
-// (the connection lost, ctx ended) is settled by the probe a COMMIT without
-// answer gets, else answers ErrCommitUnknown: a retry with the key settles
-// it, never storing twice.
+// ErrOrderConflict (model.ReplayReward, model.ReplayCouponRequest). A lock
+// victim runs again (three tries, as inTx). A statement the server refused
+// before executing it (notExecuted) wrote nothing. Any other failure (the
+// connection lost, ctx ended, an error of the commit itself) is settled by
+// the probe a COMMIT without answer gets, else answers ErrCommitUnknown: a
+// retry with the key settles it, never storing twice.
 
 // storeAlone runs ops, one OpIssue or OpAccept, as its INSERT alone
 // (above); ok is false for any other group, which storeAlone leaves as it
@@ -91,10 +94,14 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 		}
 	}
 	m.issuePathsOf(op.Kind).Alone.Add(1)
-	res, err := m.db.ExecContext(ctx, q, args...)
+	var res sql.Result
+	err = retry.Do(ctx, retry.Policy{Attempts: 3, Retryable: lockVictim, Clock: m.clock}, func(int) error {
+		var err error
+		res, err = m.db.ExecContext(ctx, q, args...)
+		return err
+	})
 	if err != nil {
-		var refused *mysql.MySQLError
-		if errors.As(err, &refused) || errors.Is(err, ErrDBOpen) {
+		if notExecuted(err) {
 			return true, fmt.Errorf("storage: %s alone: %w", op.Kind, err) // nothing written
 		}
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
@@ -112,6 +119,29 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 		return true, nil
 	}
 	return true, replay(ctx)
+}
+
+// notExecuted reports whether err, an autocommit statement's, says the
+// statement was not executed: the breaker refused it before it was sent,
+// or the server refused it before any commit (a lock wait or deadlock, a
+// missing table, a read-only server, a value the column refuses). Any other
+// error, the server's errors of its commit phase (a killed connection, a
+// shutdown, an error during commit) among them, leaves the outcome unknown.
+func notExecuted(err error) bool {
+	if errors.Is(err, ErrDBOpen) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case errLockWait, errLockDeadlock, errNoSuchTable,
+		1290, 1836, // read-only (--read-only, a replica)
+		1048, 1054, 1064, 1264, 1292, 1364, 1366, 1406: // a value or column refused, a syntax error
+		return true
+	}
+	return false
 }
 
 // issuePathsOf is the path counter of kind k's groups: issues' or accepts'.

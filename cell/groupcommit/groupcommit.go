@@ -92,7 +92,7 @@ var (
 
 // Weight is what an op counts against Config.Max: its requests (a batch of
 // 200 opens counts 200, a credit batch its credits, a reward booking its
-// rewards), at least 1.
+// rewards, a booker's batch its limit), at least 1.
 func Weight(op *storage.GroupOp) int {
 	switch op.Kind {
 	case storage.OpOpen:
@@ -100,6 +100,9 @@ func Weight(op *storage.GroupOp) int {
 	case storage.OpCredits:
 		return max(1, len(op.Credits))
 	case storage.OpRewards:
+		if op.Take != nil { // a booker's batch: as many as it may book
+			return max(1, op.Take.Limit)
+		}
 		return max(1, len(op.Rewards))
 	}
 	return 1

@@ -22,6 +22,7 @@ func init() {
 	register("ContractGroupRewards", contractGroupRewards)
 	register("ContractRewardRecon", contractRewardRecon)
 	register("ContractGroupIssue", contractGroupIssue)
+	register("ContractTakeBesideIssue", contractTakeBesideIssue)
 }
 
 // reward is a reward of act in shard s as the cell builds it.
@@ -534,5 +535,52 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	retry := &storage.GroupOp{Kind: storage.OpIssue, Reward: at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c2")}
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Issued.Token != "tok-c" {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Issued, retry.Repeat, err)
+	}
+}
+
+// A booker's batch (OpRewards with a RewardTake) in the same group as an
+// issue into its database books the rewards stored before the group, never
+// the group's own issue, which is answered and stored pending and booked by
+// the next take; RewardsDueQuery tells the database has one due then, and
+// none once it is booked.
+func contractTakeBesideIssue(t *testing.T, newStore func(t *testing.T) Harness) {
+	f := newFixture(t, newStore)
+	older := reward(sA, "tia", "rain", "r1", model.AwardCash, "official", 40)
+	older.CreatedMS, older.Token = f.nowMS(), "tok-older"
+	f.issue(older)
+	f.h.Clock.Advance(time.Second)
+	fresh := reward(sA, "uma", "rain", "r1", model.AwardCash, "official", 9)
+	fresh.CreatedMS, fresh.Token = f.nowMS(), "tok-fresh"
+	take := func() *storage.GroupOp {
+		return &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: sA.DB(), StaleMS: f.nowMS(), Limit: 10}}
+	}
+	issue, tk := &storage.GroupOp{Kind: storage.OpIssue, Reward: fresh}, take()
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{issue, tk}); err != nil || issue.Err != nil || tk.Err != nil {
+		t.Fatal(err, issue.Err, tk.Err)
+	}
+	if tk.Applied != 1 || len(tk.Rewards) != 1 || tk.Rewards[0].OrderNo != older.OrderNo || tk.Rewards[0].Status != model.RewardBooked {
+		t.Fatalf("the take beside an issue booked %d: %+v; want the older reward alone", tk.Applied, tk.Rewards)
+	}
+	if issue.Repeat || issue.Issued.Status != model.RewardPending {
+		t.Fatalf("the issue beside a take: %+v repeat %v; want new, pending", issue.Issued, issue.Repeat)
+	}
+	if r, err := storage.Reward(f.ctx, f.s, sA, fresh.OrderNo); err != nil || r.Status != model.RewardPending {
+		t.Fatalf("the issue as stored: %+v %v; want pending", r, err)
+	}
+	due := &storage.RewardsDueQuery{DB: sA.DB(), StaleMS: f.nowMS()}
+	if err := f.s.Read(f.ctx, due); err != nil || !due.Due {
+		t.Fatalf("rewards due after the group: %v %v; want one", due.Due, err)
+	}
+	next := take()
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{next}); err != nil || next.Applied != 1 || next.Rewards[0].OrderNo != fresh.OrderNo {
+		t.Fatalf("the next take: %+v %v; want the group's issue booked", next.Rewards, err)
+	}
+	for _, r := range []model.Reward{older, fresh} {
+		if a, err := storage.Account(f.ctx, f.s, sA, r.ActID); err != nil || a.Balance != r.Amount {
+			t.Fatalf("%s: balance %d %v, want %d", r.ActID, a.Balance, err, r.Amount)
+		}
+	}
+	if err := f.s.Read(f.ctx, due); err != nil || due.Due {
+		t.Fatalf("rewards due once all are booked: %v %v; want none", due.Due, err)
 	}
 }
