@@ -877,7 +877,8 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db int, scan bool) (done bool, err error) {
 	bctx, cancel := context.WithTimeout(ctx, txTimeout)
 	defer cancel()
-	staleMS := s.clock.Now().Add(-bookerStale).UnixMilli()
+	began := s.clock.Now()
+	staleMS := began.Add(-bookerStale).UnixMilli()
 	if scan {
 		if !s.own.servesDB(db) {
 			return true, nil
@@ -898,7 +899,7 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		return true, nil
 	}
 	op := &storage.GroupOp{Kind: storage.OpRewards,
-		Take: &storage.RewardTake{DB: db, StaleMS: staleMS, Limit: s.cfg.BookingBatch}}
+		Take: &storage.RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: began.UnixMilli(), Limit: s.cfg.BookingBatch}}
 	if err = s.submit(bctx, sp, db, op); err == nil {
 		err = op.Err
 	}

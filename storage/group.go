@@ -129,12 +129,16 @@ type GroupOp struct {
 // RewardTake names the rewards a booker books next in database DB: the
 // oldest pending ones, and those left processing at StaleMS (Unix ms) or
 // earlier (taken by TakeRewardsOp and never booked: a booker that stopped),
-// at most Limit, skipping rows another transaction holds. They are found,
-// locked and booked in the group's own transaction: no take of their own.
+// issued at IssuedByMS (Unix ms) or earlier, at most Limit, skipping rows
+// another transaction holds. They are found, locked and booked in the
+// group's own transaction: no take of their own. IssuedByMS is when the
+// booker began the batch: a batch still queued when booking was switched
+// off never books a reward issued after it.
 type RewardTake struct {
-	DB      int
-	StaleMS int64
-	Limit   int
+	DB         int
+	StaleMS    int64
+	IssuedByMS int64
+	Limit      int
 }
 
 // Grouper commits groups of ops. Implemented by MySQL and memstore.Store;

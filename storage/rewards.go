@@ -190,7 +190,7 @@ func (m *MySQL) takeRewards(ctx context.Context, db int, staleMS int64, limit in
 	var out []model.Reward
 	err := m.inTx(ctx, func(tx *sql.Tx) error {
 		out = out[:0]
-		rs, err := m.lockToBook(ctx, tx, RewardTake{DB: db, StaleMS: staleMS, Limit: limit})
+		rs, err := m.lockToBook(ctx, tx, RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: math.MaxInt64, Limit: limit})
 		if err != nil {
 			return err
 		}
@@ -237,9 +237,9 @@ func (m *MySQL) rewardsDue(ctx context.Context, db int, staleMS int64) (bool, er
 // every database makes no table).
 func (m *MySQL) lockToBook(ctx context.Context, tx *sql.Tx, tk RewardTake) ([]model.Reward, error) {
 	t := m.rewardTable(tk.DB)
-	rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
-		" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
-		model.RewardPending, tk.Limit, model.RewardProcessing, tk.StaleMS, tk.Limit)
+	rs, err := m.queryRewards(ctx, tx, "(SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND created_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)"+
+		" UNION ALL (SELECT "+rewardCols+" FROM "+t+" WHERE status = ? AND created_ms <= ? AND claimed_ms <= ? ORDER BY created_ms LIMIT ? FOR UPDATE SKIP LOCKED)",
+		model.RewardPending, tk.IssuedByMS, tk.Limit, model.RewardProcessing, tk.IssuedByMS, tk.StaleMS, tk.Limit)
 	if isMySQLErr(err, errNoSuchTable) {
 		return nil, nil
 	}

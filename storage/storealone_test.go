@@ -202,7 +202,7 @@ func TestTakeLeavesRewardsOfUnknownTables(t *testing.T) {
 	}
 	take := func() *GroupOp {
 		t.Helper()
-		op := &GroupOp{Kind: OpRewards, Take: &RewardTake{DB: 12, StaleMS: now, Limit: 10}}
+		op := &GroupOp{Kind: OpRewards, Take: &RewardTake{DB: 12, StaleMS: now, IssuedByMS: now + 1, Limit: 10}}
 		if err := booker.CommitGroup(ctx, []Op{op}); err != nil || op.Err != nil {
 			t.Fatal(err, op.Err)
 		}

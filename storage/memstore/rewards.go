@@ -160,12 +160,12 @@ func (s *Store) rewardsDue(ctx context.Context, db int, staleMS int64) (bool, er
 }
 
 // toTakeLocked picks the rewards a booker's take tk books (storage.RewardTake):
-// of its database, pending or processing since tk.StaleMS, not listed
+// of its database, issued by tk.IssuedByMS, pending or processing since tk.StaleMS, not listed
 // before (seen, which it adds to), oldest first, at most tk.Limit. s.mu
 // must be held.
 func (s *Store) toTakeLocked(tk storage.RewardTake, seen map[string]bool) []*model.Reward {
 	rs := s.rewardList(func(r *model.Reward) bool {
-		return r.Shard.DB() == tk.DB && !seen[r.OrderNo] &&
+		return r.Shard.DB() == tk.DB && !seen[r.OrderNo] && r.CreatedMS <= tk.IssuedByMS &&
 			(r.Status == model.RewardPending || r.Status == model.RewardProcessing && r.ClaimedMS <= tk.StaleMS)
 	})
 	byAge(rs)

@@ -540,9 +540,10 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 
 // A booker's batch (OpRewards with a RewardTake) in the same group as an
 // issue into its database books the rewards stored before the group, never
-// the group's own issue, which is answered and stored pending and booked by
-// the next take; RewardsDueQuery tells the database has one due then, and
-// none once it is booked.
+// the group's own issue, which is answered and stored pending; a take whose
+// IssuedByMS is before that issue leaves it too, and the next take books
+// it; RewardsDueQuery tells the database has one due then, and none once it
+// is booked.
 func contractTakeBesideIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	older := reward(sA, "tia", "rain", "r1", model.AwardCash, "official", 40)
@@ -552,7 +553,7 @@ func contractTakeBesideIssue(t *testing.T, newStore func(t *testing.T) Harness) 
 	fresh := reward(sA, "uma", "rain", "r1", model.AwardCash, "official", 9)
 	fresh.CreatedMS, fresh.Token = f.nowMS(), "tok-fresh"
 	take := func() *storage.GroupOp {
-		return &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: sA.DB(), StaleMS: f.nowMS(), Limit: 10}}
+		return &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: sA.DB(), StaleMS: f.nowMS(), IssuedByMS: f.nowMS(), Limit: 10}}
 	}
 	issue, tk := &storage.GroupOp{Kind: storage.OpIssue, Reward: fresh}, take()
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{issue, tk}); err != nil || issue.Err != nil || tk.Err != nil {
@@ -570,6 +571,14 @@ func contractTakeBesideIssue(t *testing.T, newStore func(t *testing.T) Harness) 
 	due := &storage.RewardsDueQuery{DB: sA.DB(), StaleMS: f.nowMS()}
 	if err := f.s.Read(f.ctx, due); err != nil || !due.Due {
 		t.Fatalf("rewards due after the group: %v %v; want one", due.Due, err)
+	}
+	// A batch begun before the issue (IssuedByMS earlier than its time)
+	// leaves it: a booking switched off while such a batch was queued books
+	// nothing issued after.
+	early := take()
+	early.Take.IssuedByMS = fresh.CreatedMS - 1
+	if err := f.s.CommitGroup(f.ctx, []storage.Op{early}); err != nil || early.Applied != 0 || len(early.Rewards) != 0 {
+		t.Fatalf("a take begun before the issue booked %d: %+v %v; want none", early.Applied, early.Rewards, err)
 	}
 	next := take()
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{next}); err != nil || next.Applied != 1 || next.Rewards[0].OrderNo != fresh.OrderNo {
