@@ -23,6 +23,14 @@ func couponAcceptArgs(r model.CouponRequest) []any {
 		string(r.State), string(r.Reason), "", r.AcceptedMS, 0, r.DecidedMS}
 }
 
+// acceptInsert is the INSERT of n coupon requests of database db
+// (couponAcceptArgs each): ON DUPLICATE KEY UPDATE of the serial to itself
+// stores nothing for one stored before and counts 0 for it.
+func (m *MySQL) acceptInsert(db, n int) string {
+	return "INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(n, 14) +
+		" ON DUPLICATE KEY UPDATE serial_no = serial_no"
+}
+
 // acceptedAs is r as an accept stores it (model.AcceptedForm): accepted,
 // nothing decided, or refused SOLD_OUT at its accept.
 func acceptedAs(r model.CouponRequest) model.CouponRequest { return model.AcceptedForm(r) }
@@ -112,8 +120,7 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 		for _, op := range byDB[db] {
 			args = append(args, couponAcceptArgs(op.Coupon)...)
 		}
-		inserts = append(inserts, "INSERT INTO "+m.couponReqTable(db)+" ("+couponReqCols+") VALUES "+rowsOf(len(byDB[db]), 14)+
-			" ON DUPLICATE KEY UPDATE serial_no = serial_no")
+		inserts = append(inserts, m.acceptInsert(db, len(byDB[db])))
 	}
 	if ok, err := m.allStored(ctx, tx, acceptSavepoint, inserts, args, n, fresh); !ok || err != nil {
 		return false, err
@@ -140,8 +147,7 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*14)
 	for i, op := range list {
-		q[i] = "INSERT INTO " + m.couponReqTable(db) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
-			" ON DUPLICATE KEY UPDATE serial_no = serial_no"
+		q[i] = m.acceptInsert(db, 1)
 		args = append(args, couponAcceptArgs(op.Coupon)...)
 	}
 	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)

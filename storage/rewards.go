@@ -663,8 +663,7 @@ func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp
 	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*19)
 	for i, op := range list {
-		q[i] = "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
-			" ON DUPLICATE KEY UPDATE order_no = order_no"
+		q[i] = m.issueInsert(db, 1)
 		args = append(args, issueArgs(op.Reward)...)
 	}
 	counts, err := m.execCounted(ctx, tx, strings.Join(q, ";"), args...)
@@ -722,6 +721,14 @@ func pendingReward(r model.Reward) model.Reward {
 	return r
 }
 
+// issueInsert is the INSERT of n new rewards of database db (issueArgs
+// each): ON DUPLICATE KEY UPDATE of the order number to itself stores
+// nothing for one stored before and counts 0 for it.
+func (m *MySQL) issueInsert(db, n int) string {
+	return "INSERT INTO " + m.rewardTable(db) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(n, 19) +
+		" ON DUPLICATE KEY UPDATE order_no = order_no"
+}
+
 // issueArgs are the INSERT arguments of a new reward, in rewardCols order
 // and req_hash.
 func issueArgs(r model.Reward) []any {
@@ -767,8 +774,7 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 		for _, op := range list {
 			args = append(args, issueArgs(op.Reward)...)
 		}
-		inserts = append(inserts, "INSERT INTO "+m.rewardTable(db)+" ("+rewardCols+", req_hash) VALUES "+rowsOf(len(list), 19)+
-			" ON DUPLICATE KEY UPDATE order_no = order_no")
+		inserts = append(inserts, m.issueInsert(db, len(list)))
 	}
 	if ok, err := m.allStored(ctx, tx, issueSavepoint, inserts, args, n, fresh); !ok || err != nil {
 		return false, err

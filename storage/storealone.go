@@ -54,8 +54,7 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 			op.Reward.CreatedMS = now
 		}
 		r := op.Reward
-		q = "INSERT INTO " + m.rewardTable(r.Shard.DB()) + " (" + rewardCols + ", req_hash) VALUES " + rowsOf(1, 19) +
-			" ON DUPLICATE KEY UPDATE order_no = order_no"
+		q = m.issueInsert(r.Shard.DB(), 1)
 		args = issueArgs(r)
 		stored = func() { op.Issued = pendingReward(r) }
 		probe = m.rewardProbe(ctx, pendingReward(r))
@@ -77,8 +76,7 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 			return true, nil
 		}
 		r := op.Coupon
-		q = "INSERT INTO " + m.couponReqTable(r.Shard.DB()) + " (" + couponReqCols + ") VALUES " + rowsOf(1, 14) +
-			" ON DUPLICATE KEY UPDATE serial_no = serial_no"
+		q = m.acceptInsert(r.Shard.DB(), 1)
 		args = couponAcceptArgs(r)
 		stored = func() { op.Accepted = acceptedAs(r) }
 		probe = m.acceptProbe(ctx, []model.CouponRequest{acceptedAs(r)})
