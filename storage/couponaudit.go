@@ -4,27 +4,24 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"slices"
 
 	"redcell/model"
 )
 
-// ledgerCoupons reads the coupon requests and coupons of every database
-// that has both tables into l.CouponRows, in the ledger's snapshot: sums
+// ledgerCoupons reads the coupon requests of every database (an issued
+// request is its coupon) into l.CouponRows, in the ledger's snapshot: sums
 // by state, batch and deduction, and the rows that break a rule (an issued
-// request without its coupon, a coupon without its issued request, a
+// request without a coupon ID, a refused or open request holding one, a
 // person with more than one coupon of a batch or two batches of a group).
-// The tables of a database are made together (ensureCoupons); a database
-// with one and not the other is being made and holds no rows.
+// The ledger brought the tables to this version's shape before its snapshot
+// (upgradeCoupons).
 func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[string][]tableRef, l *model.Ledger) error {
 	c := &l.CouponRows
 	c.Requests, c.ByBatch, c.LeaseSpent = map[model.CouponState]int64{}, map[string]int64{}, map[string]int64{}
 	for _, t := range byKind["coupon_req"] {
-		if !slices.ContainsFunc(byKind["coupon"], func(x tableRef) bool { return x.shard == t.shard }) {
-			continue
-		}
 		db := t.shard.DB()
-		req, cp := m.couponReqTable(db), m.couponTable(db)
+		req := m.couponReqTable(db)
+		issued := "FROM " + req + " WHERE state = 'issued'"
 		err := scanEach(ctx, tx, "SELECT state, reason = '', COUNT(*), MIN(accepted_ms), MIN(taken_ms) FROM "+req+" GROUP BY state, reason = ''",
 			func(rows *sql.Rows) error {
 				var st string
@@ -47,17 +44,15 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 				return nil
 			})
 		if err == nil {
-			err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" r LEFT JOIN "+cp+" c ON c.coupon_id = r.coupon_id "+
-				"WHERE r.state = 'issued' AND (c.coupon_id IS NULL OR c.app <> r.app OR c.serial_no <> r.serial_no)",
+			err = scanEach(ctx, tx, "SELECT COUNT(*) "+issued+" AND coupon_id = ''",
 				func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.IssuedNoCoupon += n; return err })
 		}
 		if err == nil {
-			err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+cp+" c LEFT JOIN "+req+" r ON r.app = c.app AND r.serial_no = c.serial_no "+
-				"WHERE r.state IS NULL OR r.state <> 'issued' OR r.coupon_id <> c.coupon_id OR r.act_id <> c.act_id OR r.batch_id <> c.batch_id",
+			err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" WHERE state <> 'issued' AND coupon_id <> ''",
 				func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.CouponNoRequest += n; return err })
 		}
 		if err == nil {
-			err = scanEach(ctx, tx, "SELECT batch_id, lease_id, COUNT(*) FROM "+cp+" GROUP BY batch_id, lease_id", func(rows *sql.Rows) error {
+			err = scanEach(ctx, tx, "SELECT batch_id, lease_id, COUNT(*) "+issued+" GROUP BY batch_id, lease_id", func(rows *sql.Rows) error {
 				var batch, lease string
 				var n int64
 				if err := rows.Scan(&batch, &lease, &n); err != nil {
@@ -69,7 +64,7 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 			})
 		}
 		if err == nil {
-			err = scanEach(ctx, tx, "SELECT act_id, batch_id, COUNT(*) FROM "+cp+" GROUP BY act_id, batch_id HAVING COUNT(*) > 1",
+			err = scanEach(ctx, tx, "SELECT act_id, batch_id, COUNT(*) "+issued+" GROUP BY act_id, batch_id HAVING COUNT(*) > 1",
 				func(rows *sql.Rows) error {
 					var x model.CouponCount
 					err := rows.Scan(&x.ActID, &x.Batch, &x.N)
@@ -78,8 +73,8 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 				})
 		}
 		if err == nil {
-			err = scanEach(ctx, tx, "SELECT act_id, group_id, GROUP_CONCAT(DISTINCT batch_id ORDER BY batch_id) FROM "+cp+
-				" WHERE group_id <> '' GROUP BY act_id, group_id HAVING COUNT(DISTINCT batch_id) > 1 LIMIT 100",
+			err = scanEach(ctx, tx, "SELECT act_id, group_id, GROUP_CONCAT(DISTINCT batch_id ORDER BY batch_id) "+issued+
+				" AND group_id <> '' GROUP BY act_id, group_id HAVING COUNT(DISTINCT batch_id) > 1 LIMIT 100",
 				func(rows *sql.Rows) error {
 					var act, group, batches string
 					err := rows.Scan(&act, &group, &batches)

@@ -17,8 +17,10 @@ import (
 
 // Coupons in MariaDB, in the person's database (the act_id's shard's
 // db_XX): t_coupon_req holds the issue requests, keyed by (app, serial_no),
-// the idempotency key; t_coupon the issued coupons, keyed by
-// model.CouponID(app, serial, act_id), so a request holds one coupon at most;
+// the idempotency key, and an issued request is its coupon too (state
+// issued, coupon_id model.CouponID(app, serial, act_id), group_id, lease_id,
+// issued at decided_ms), so a request holds one coupon at most and its
+// decision and coupon are one row written by one statement;
 // t_coupon_person one row per person who was ever issued to, locked by the
 // issuing transaction so that two merges holding one person's requests
 // decide one after the other against the same holding. The stock is not
@@ -31,11 +33,6 @@ const couponDay = -4
 func (m *MySQL) couponReqTable(db int) string {
 	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
 	return m.tableNamesOf().couponReq[db]
-}
-
-func (m *MySQL) couponTable(db int) string {
-	invariant.That(db >= 0 && db < model.ShardCount/10, "db index out of range")
-	return m.tableNamesOf().coupon[db]
 }
 
 func (m *MySQL) couponPersonTable(db int) string {
@@ -62,22 +59,12 @@ func (m *MySQL) couponDDL(db int) []string {
   accepted_ms BIGINT NOT NULL,
   taken_ms    BIGINT NOT NULL DEFAULT 0,
   decided_ms  BIGINT NOT NULL DEFAULT 0,
+  group_id    ` + couponGroupCol + `,
+  lease_id    ` + couponLeaseCol + `,
   PRIMARY KEY (app, serial_no),
   KEY k_state (state, accepted_ms),
   KEY k_taken (state, taken_ms),
-  KEY k_act (act_id, accepted_ms)
-) ENGINE=InnoDB`,
-		`CREATE TABLE IF NOT EXISTS ` + m.couponTable(db) + ` (
-  coupon_id  CHAR(32) ` + ascii + ` PRIMARY KEY,
-  act_id     VARCHAR(64) ` + ascii + `,
-  act_shard  SMALLINT NOT NULL,
-  batch_id   VARCHAR(64) ` + ascii + `,
-  group_id   VARCHAR(64) ` + ascii + ` DEFAULT '',
-  app        VARCHAR(64) ` + ascii + ` DEFAULT '',
-  serial_no  VARCHAR(64) ` + ascii + `,
-  lease_id   VARCHAR(40) ` + ascii + ` DEFAULT '',
-  issued_ms  BIGINT NOT NULL,
-  KEY k_act (act_id, issued_ms),
+  KEY k_act (act_id, accepted_ms),
   KEY k_lease (lease_id)
 ) ENGINE=InnoDB`,
 		`CREATE TABLE IF NOT EXISTS ` + m.couponPersonTable(db) + ` (
@@ -87,8 +74,97 @@ func (m *MySQL) couponDDL(db int) []string {
 	}
 }
 
+// The columns an issued request holds as its coupon (beside coupon_id and
+// decided_ms, its issue time): the batch's group, and the stock lease its
+// unit came from.
+const (
+	couponGroupCol = "VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT ''"
+	couponLeaseCol = "VARCHAR(40) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT ''"
+)
+
+// couponFoldDay is the ensureKey.day of a database's coupon tables brought
+// to this version (foldCoupons).
+const couponFoldDay = -6
+
+// ensureCoupons makes db's coupon tables exist, in this version's shape
+// (upgradeCoupons first), once per process.
 func (m *MySQL) ensureCoupons(ctx context.Context, db int) error {
+	if err := m.upgradeCoupons(ctx, db); err != nil {
+		return err
+	}
 	return m.ensure(ctx, ensureKey{shard: model.ShardID(db * 10), day: couponDay}, m.couponDDL(db))
+}
+
+// upgradeCoupons brings db's coupon tables, if a version that kept issued
+// coupons in a table of their own (t_coupon) made them, to this version's
+// shape, once per process (foldCoupons). Every reader and writer of the
+// coupon tables calls it first: ensureCoupons, the ledger, the lease's
+// spent count.
+func (m *MySQL) upgradeCoupons(ctx context.Context, db int) error {
+	return m.ensureWith(ctx, ensureKey{shard: model.ShardID(db * 10), day: couponFoldDay}, func() error {
+		if err := m.foldCoupons(ctx, db); err != nil {
+			return fmt.Errorf("storage: upgrade the coupon tables of db %d: %w", db, err)
+		}
+		return nil
+	})
+}
+
+// upgradeAllCoupons runs upgradeCoupons for every database of the store
+// that has coupon tables (one listing of information_schema), before a
+// snapshot reads them: a snapshot cannot change a table.
+func (m *MySQL) upgradeAllCoupons(ctx context.Context) error {
+	ts, err := m.tables(ctx, m.db)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if t.kind == "coupon_req" {
+			if err := m.upgradeCoupons(ctx, t.shard.DB()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// foldCoupons upgrades db's coupon tables of an earlier version: one read of
+// information_schema; where t_coupon_req lacks lease_id, one ALTER TABLE
+// (group_id, lease_id, k_lease); where a t_coupon is left, each coupon's
+// group and lease copied into its issued request's row (one UPDATE with a
+// join, atomic), then t_coupon renamed t_coupon_folded: kept as it was,
+// read by nothing. Tables of this version cost the read alone.
+func (m *MySQL) foldCoupons(ctx context.Context, db int) error {
+	schema := m.tableNamesOf().db[db]
+	var req, lease, old int
+	err := m.db.QueryRowContext(ctx, `SELECT
+ (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon_req'),
+ (SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon_req' AND COLUMN_NAME = 'lease_id'),
+ (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon')`,
+		schema, schema, schema).Scan(&req, &lease, &old)
+	if err != nil || req == 0 {
+		return err // no request table: nothing of an earlier version here
+	}
+	reqT, oldT := schema+".t_coupon_req", schema+".t_coupon"
+	if lease == 0 {
+		if _, err := m.db.ExecContext(ctx, "ALTER TABLE "+reqT+" ADD COLUMN IF NOT EXISTS group_id "+couponGroupCol+
+			", ADD COLUMN IF NOT EXISTS lease_id "+couponLeaseCol+", ADD KEY IF NOT EXISTS k_lease (lease_id)"); err != nil {
+			return err
+		}
+	}
+	if old == 0 {
+		return nil
+	}
+	if _, err := m.db.ExecContext(ctx, "UPDATE "+reqT+" r JOIN "+oldT+" c ON c.app = r.app AND c.serial_no = r.serial_no"+
+		" SET r.group_id = c.group_id, r.lease_id = c.lease_id WHERE r.state = ?", string(model.CouponIssued)); err != nil {
+		return err
+	}
+	_, err = m.db.ExecContext(ctx, "RENAME TABLE "+oldT+" TO "+schema+".t_coupon_folded")
+	if isMySQLErr(err, errTableExists) { // folded before, and made again by an earlier version since: keep both
+		if _, err = m.db.ExecContext(ctx, "INSERT IGNORE INTO "+schema+".t_coupon_folded SELECT * FROM "+oldT); err == nil {
+			_, err = m.db.ExecContext(ctx, "DROP TABLE "+oldT)
+		}
+	}
+	return err
 }
 
 const couponReqCols = "app, serial_no, act_id, act_shard, batch_id, green, device_id, client_ip, state, reason, coupon_id, accepted_ms, taken_ms, decided_ms"
@@ -315,11 +391,12 @@ func (m *MySQL) holdings(ctx context.Context, q rowsQueryer, ps []personKey) (ma
 	var parts []string
 	var args []any
 	byDB(ps, func(p personKey) int { return p.db }, func(db int, run []personKey) {
-		parts = append(parts, "SELECT act_id, batch_id, group_id, COUNT(*) FROM "+m.couponTable(db)+" WHERE act_id IN ("+
-			placeholders(len(run))+") GROUP BY act_id, batch_id, group_id")
+		parts = append(parts, "SELECT act_id, batch_id, group_id, COUNT(*) FROM "+m.couponReqTable(db)+" WHERE act_id IN ("+
+			placeholders(len(run))+") AND state = ? GROUP BY act_id, batch_id, group_id")
 		for _, p := range run {
 			args = append(args, p.act)
 		}
+		args = append(args, string(model.CouponIssued))
 	})
 	for _, p := range ps {
 		out[p.act] = &model.CouponHolding{ByBatch: map[string]int{}, Groups: map[string]string{}}
@@ -379,8 +456,9 @@ func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.Cou
 
 // issueCoupons runs CouponIssue, in four round trips whatever the
 // number of requests: the persons locked, the requests read locked, the
-// holdings read, and the writes (the coupons, and every decided request
-// stored with its decision) as one statement list.
+// holdings read, and the writes (every decided request stored with its
+// decision, an issued one as its coupon: one upsert per database) as one
+// statement list.
 func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
 	invariant.That(granted >= 0, "granted >= 0")
 	if len(reqs) == 0 {
@@ -448,30 +526,20 @@ func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		var q []string
 		var args []any
 		byDB(all, func(x decided) int { return x.r.Shard.DB() }, func(db int, run []decided) {
-			var issued int
-			for _, x := range run {
-				if !x.d.Issued {
-					continue
-				}
-				issued++
-				r := x.r
-				args = append(args, model.CouponID(r.App, r.Serial, r.ActID), r.ActID, int(r.Shard), r.Batch, rule.Group, r.App, r.Serial, leaseID, now)
-			}
-			if issued > 0 {
-				q = append(q, "INSERT INTO "+m.couponTable(db)+
-					" (coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, issued_ms) VALUES "+rowsOf(issued, 9))
-			}
-			// Every row is there and locked: the upsert updates each.
+			// Every row is there and locked: the upsert updates each, an
+			// issued one becoming its coupon (the coupon's ID, group and
+			// lease; decided_ms its issue time).
 			q = append(q, "INSERT INTO "+m.couponReqTable(db)+
-				" (app, serial_no, act_id, act_shard, batch_id, state, reason, coupon_id, accepted_ms, decided_ms) VALUES "+rowsOf(len(run), 10)+
-				" ON DUPLICATE KEY UPDATE state = VALUES(state), reason = VALUES(reason), coupon_id = VALUES(coupon_id), decided_ms = VALUES(decided_ms)")
+				" (app, serial_no, act_id, act_shard, batch_id, state, reason, coupon_id, group_id, lease_id, accepted_ms, decided_ms) VALUES "+rowsOf(len(run), 12)+
+				" ON DUPLICATE KEY UPDATE state = VALUES(state), reason = VALUES(reason), coupon_id = VALUES(coupon_id),"+
+				" group_id = VALUES(group_id), lease_id = VALUES(lease_id), decided_ms = VALUES(decided_ms)")
 			for _, x := range run {
 				r := x.r
-				state, id := model.CouponRefused, ""
+				state, id, group, lease := model.CouponRefused, "", "", ""
 				if x.d.Issued {
-					state, id = model.CouponIssued, model.CouponID(r.App, r.Serial, r.ActID)
+					state, id, group, lease = model.CouponIssued, model.CouponID(r.App, r.Serial, r.ActID), rule.Group, leaseID
 				}
-				args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, r.AcceptedMS, now)
+				args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, group, lease, r.AcceptedMS, now)
 			}
 		})
 		_, err = tx.ExecContext(ctx, strings.Join(q, ";"), args...)
@@ -589,11 +657,13 @@ func (m *MySQL) couponsOf(ctx context.Context, s model.ShardID, actID string, af
 	}
 	where, args := "act_id = ?", []any{actID}
 	if after != (model.FlowCursor{}) {
-		where += " AND (issued_ms < ? OR (issued_ms = ? AND coupon_id < ?))"
+		where += " AND (decided_ms < ? OR (decided_ms = ? AND coupon_id < ?))"
 		args = append(args, after.CreatedMS, after.CreatedMS, after.ID)
 	}
-	rows, err := m.db.QueryContext(ctx, "SELECT coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, issued_ms FROM "+
-		m.couponTable(s.DB())+" WHERE "+where+" ORDER BY issued_ms DESC, coupon_id DESC LIMIT ?", append(args, limit)...)
+	// An issued request is its coupon, issued at its decided_ms.
+	rows, err := m.db.QueryContext(ctx, "SELECT coupon_id, act_id, act_shard, batch_id, group_id, app, serial_no, lease_id, decided_ms FROM "+
+		m.couponReqTable(s.DB())+" WHERE "+where+" AND state = ? ORDER BY decided_ms DESC, coupon_id DESC LIMIT ?",
+		append(args, string(model.CouponIssued), limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("storage: coupons of %s: %w", actID, err)
 	}
@@ -616,7 +686,11 @@ func (m *MySQL) couponLeaseSpent(ctx context.Context, dbs []int, leaseID string)
 	var total int64
 	for _, db := range dbs {
 		var n int64
-		err := m.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.couponTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n)
+		if err := m.upgradeCoupons(ctx, db); err != nil {
+			return 0, err
+		}
+		err := m.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.couponReqTable(db)+" WHERE lease_id = ? AND state = ?",
+			leaseID, string(model.CouponIssued)).Scan(&n)
 		if isMySQLErr(err, errNoSuchTable) {
 			continue
 		}

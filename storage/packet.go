@@ -10,7 +10,11 @@ import (
 	"redcell/model"
 )
 
-const errNoSuchTable = 1146
+// MariaDB error numbers: a table that does not exist, one that does.
+const (
+	errNoSuchTable = 1146
+	errTableExists = 1050
+)
 
 const packetCols = "packet_id, sender, order_no, kind, greeting, amount, count, remaining_amount, remaining_count, refund_amount, status, created_ms, expires_ms"
 

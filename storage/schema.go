@@ -44,7 +44,7 @@ const dbDefaults = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 type tableNames struct {
 	ns                   string
 	db, relayPos         [model.ShardCount / 10]string
-	reward, coupon       [model.ShardCount / 10]string
+	reward               [model.ShardCount / 10]string
 	couponReq, couponPer [model.ShardCount / 10]string
 	account, flow        [model.ShardCount]string
 	days                 [model.ShardCount]atomic.Pointer[dayNames]
@@ -62,7 +62,6 @@ func newTableNames(ns string) *tableNames {
 		n.db[db] = fmt.Sprintf("%sdb_%02d", ns, db)
 		n.relayPos[db] = n.db[db] + ".t_relay_position"
 		n.reward[db] = n.db[db] + ".t_reward"
-		n.coupon[db] = n.db[db] + ".t_coupon"
 		n.couponReq[db] = n.db[db] + ".t_coupon_req"
 		n.couponPer[db] = n.db[db] + ".t_coupon_person"
 	}

@@ -39,8 +39,8 @@ func TestTableNames(t *testing.T) {
 			}
 			if s%10 == 0 {
 				d := int(s / 10)
-				want = append(want, db+".t_relay_position", db+".t_reward", db+".t_coupon", db+".t_coupon_req", db+".t_coupon_person")
-				got = append(got, m.relayPosTable(d), m.rewardTable(d), m.couponTable(d), m.couponReqTable(d), m.couponPersonTable(d))
+				want = append(want, db+".t_relay_position", db+".t_reward", db+".t_coupon_req", db+".t_coupon_person")
+				got = append(got, m.relayPosTable(d), m.rewardTable(d), m.couponReqTable(d), m.couponPersonTable(d))
 			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("ns %q shard %d: %v, want %v", ns, s, got, want)

@@ -198,14 +198,14 @@ func TestCouponClient(t *testing.T) {
 		var n, np int
 		for d := range 100 {
 			var exists int
-			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = 't_coupon'", fmt.Sprintf("db_%02d", d)).Scan(&exists); err != nil {
+			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = 't_coupon_req'", fmt.Sprintf("db_%02d", d)).Scan(&exists); err != nil {
 				t.Fatal(err)
 			}
 			if exists == 0 {
 				continue
 			}
 			var a, b int
-			if err := db.QueryRow(fmt.Sprintf("SELECT COUNT(*), COUNT(DISTINCT act_id) FROM db_%02d.t_coupon WHERE batch_id = ?", d), hot).Scan(&a, &b); err != nil {
+			if err := db.QueryRow(fmt.Sprintf("SELECT COUNT(*), COUNT(DISTINCT act_id) FROM db_%02d.t_coupon_req WHERE batch_id = ? AND state = 'issued'", d), hot).Scan(&a, &b); err != nil {
 				t.Fatal(err)
 			}
 			n, np = n+a, np+b

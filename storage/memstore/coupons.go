@@ -11,8 +11,9 @@ import (
 	"redcell/storage"
 )
 
-// Coupons in memory, as db_XX.t_coupon_req and db_XX.t_coupon hold them:
-// requests by database, app and serial; coupons by ID (one per request).
+// Coupons in memory, as db_XX.t_coupon_req holds them (an issued request
+// is its coupon): requests by database, app and serial; coupons by ID (one
+// per request).
 // The store's one lock stands for the person rows' locks.
 
 type couponReqKey struct {
