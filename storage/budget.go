@@ -285,8 +285,9 @@ func (m *MySQL) budget(ctx context.Context, s model.ShardID, key string) (model.
 	return b, ls, tx.Commit()
 }
 
-// budgetLevel runs BudgetLevelQuery: the row, then the open and expired
-// leases' sum by k_key_state, in one snapshot.
+// budgetLevel runs BudgetLevelQuery: the row and the open and expired
+// leases' sum (by k_key_state) in one statement, so in one snapshot
+// without a transaction of its own: one statement and one round trip.
 func (m *MySQL) budgetLevel(ctx context.Context, s model.ShardID, key string) (model.Budget, int64, error) {
 	if err := model.ValidateBudgetKey(key); err != nil {
 		return model.Budget{}, 0, err
@@ -294,21 +295,19 @@ func (m *MySQL) budgetLevel(ctx context.Context, s model.ShardID, key string) (m
 	if err := m.ensureBudgets(ctx, s); err != nil {
 		return model.Budget{}, 0, err
 	}
-	tx, err := m.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return model.Budget{}, 0, fmt.Errorf("storage: begin: %w", err)
-	}
-	defer tx.Rollback()
-	b, err := m.readBudget(ctx, tx, s, key, false)
-	if err != nil {
-		return model.Budget{}, 0, err
-	}
+	var b model.Budget
 	var held int64
-	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.leaseTable(s)+" WHERE budget_key = ? AND state IN (?, ?)",
-		key, string(model.LeaseOpen), string(model.LeaseExpired)).Scan(&held); err != nil {
-		return model.Budget{}, 0, fmt.Errorf("storage: read budget %s's held leases: %w", key, err)
+	err := m.db.QueryRowContext(ctx, "SELECT b.budget_key, b.total, b.granted, b.returned, b.updated_ms, "+
+		"(SELECT COALESCE(SUM(l.amount), 0) FROM "+m.leaseTable(s)+" l WHERE l.budget_key = b.budget_key AND l.state IN (?, ?)) "+
+		"FROM "+m.budgetTable(s)+" b WHERE b.budget_key = ?", string(model.LeaseOpen), string(model.LeaseExpired), key).
+		Scan(&b.Key, &b.Total, &b.Granted, &b.Returned, &b.UpdatedMS, &held)
+	if errors.Is(err, sql.ErrNoRows) {
+		return model.Budget{}, 0, model.Errorf(model.ErrNotFound, "no budget %s in shard %d", key, s)
 	}
-	return b, held, tx.Commit()
+	if err != nil {
+		return model.Budget{}, 0, fmt.Errorf("storage: read budget %s's level: %w", key, err)
+	}
+	return b, held, nil
 }
 
 // leasesOf runs HolderLeasesQuery (by k_holder_state).
