@@ -21,7 +21,8 @@
 //     credits an open batch owes (relay.NewCredits), their split into local
 //     and per-owner-cell groups (sharding.Map.GroupByOwner, which the relay's
 //     dispatch and recon's checkCredits use too), the batch and page bounds
-//     and the linger (relay.BatchMax, relay.ScanPagesMax, relay.Linger), how
+//     and the linger (relay.BatchMax, relay.ScanPagesMax, relay.Linger,
+//     relay.LingerFlow, relay.LingerMax), how
 //     often positions are saved and how far behind now they stay
 //     (relay.PositionEvery, relay.Slack), the split of a receiver's deferred
 //     IDs (relay.SplitDeferred) and a deferred credit's backoff

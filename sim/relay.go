@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	cellrelay "redcell/cell/relay"
 	"redcell/model"
@@ -13,7 +14,8 @@ import (
 // claims are its outbox: the fresh claims of the open batches are held in
 // memory until a delivery is acknowledged, and split by the cell that owns
 // the claimant's wallet into lanes; a lane waits cellrelay.Linger for its
-// batch to fill, then delivers it — the local lane through the cell's own
+// batch to fill (again while its credits keep coming, as a cellrelay lane
+// does, up to cellrelay.LingerMax), then delivers it — the local lane through the cell's own
 // store, the others as a credits message to the claimants' cell, which
 // applies them and answers. A credit the receiver deferred is tried again
 // after a backoff; a delivery with no answer within relayTimeout is given
@@ -35,6 +37,8 @@ type relay struct {
 	inLane   map[string]bool        // claim IDs in a lane, in flight or waiting out a deferral
 	lanes    [cellCount][]model.Credit
 	armed    [cellCount]bool           // a flush is scheduled
+	armN     [cellCount]int            // the lane's length at its last wait's start (cellrelay.LingerFlow)
+	armSince [cellCount]int64          // simulated ms of the lane's first wait since its last flush
 	inFlight map[uint64][]model.Credit // deliveries to other cells by ID, awaiting their answer
 	deferred map[string]int            // claim ID → times deferred
 }
@@ -347,8 +351,24 @@ func (r *relay) enqueueLane(dest int, credits []model.Credit) {
 	r.lanes[dest] = append(r.lanes[dest], credits...)
 	if !r.armed[dest] {
 		r.armed[dest] = true
-		r.c.later(cellrelay.Linger, func() { r.flush(dest) })
+		r.armN[dest], r.armSince[dest] = len(r.lanes[dest]), r.c.w.now
+		r.c.later(cellrelay.Linger, func() { r.linger(dest) })
 	}
+}
+
+// linger ends one of lane dest's waits: as a cellrelay lane, it waits
+// cellrelay.Linger again while the last wait brought cellrelay.LingerFlow
+// credits or more, up to cellrelay.LingerMax from its first wait (about its
+// oldest credit's claim), unless a full batch is held; then it flushes.
+func (r *relay) linger(dest int) {
+	n := len(r.lanes[dest])
+	waited := time.Duration(r.c.w.now-r.armSince[dest]) * time.Millisecond
+	if n < cellrelay.BatchMax && n-r.armN[dest] >= cellrelay.LingerFlow && waited+cellrelay.Linger <= cellrelay.LingerMax {
+		r.armN[dest] = n
+		r.c.later(cellrelay.Linger, func() { r.linger(dest) })
+		return
+	}
+	r.flush(dest)
 }
 
 // flush delivers what lane dest holds, cellrelay.BatchMax credits at a time.

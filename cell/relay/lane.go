@@ -138,19 +138,37 @@ func (l *lane) run() {
 	}
 }
 
-// linger waits Linger for more credits, unless a full batch is queued:
-// under load one delivery (one transaction, one HTTP call) then carries
-// hundreds of credits instead of one open batch's worth.
+// linger waits for more credits, unless a full batch is queued: Linger,
+// then Linger again while each wait brings LingerFlow or more and the
+// oldest fresh credit's claim (or the first wait) is less than LingerMax
+// ago. A lone credit waits Linger; under a flow of opens one delivery (one
+// transaction, one HTTP call) carries hundreds of credits, several of them
+// of one shard table, instead of one open batch's worth.
 func (l *lane) linger() {
+	c := l.r.clock
+	start := c.Now()
 	l.mu.Lock()
-	full := len(l.queue) >= l.size
+	n, full := len(l.queue), len(l.queue) >= l.size
 	l.mu.Unlock()
-	if full {
-		return
-	}
-	select {
-	case <-l.r.stop:
-	case <-l.r.clock.After(Linger):
+	for !full {
+		select {
+		case <-l.r.stop:
+			return
+		case <-c.After(Linger):
+		}
+		now := c.Now()
+		from := start
+		l.mu.Lock()
+		m := len(l.queue)
+		full = m >= l.size
+		if first := l.firstFreshLocked(); !first.IsZero() && first.Before(from) {
+			from = first
+		}
+		l.mu.Unlock()
+		if m-n < LingerFlow || now.Sub(from)+Linger > LingerMax {
+			return
+		}
+		n = m
 	}
 }
 

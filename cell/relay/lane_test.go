@@ -1166,3 +1166,69 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 		}
 	})
 }
+
+// TestLaneLingersWhileCreditsFlow: a lone credit is delivered after one
+// Linger; a lane whose credits keep coming (LingerFlow or more per Linger)
+// waits again, and delivers them in batches of LingerMax's worth, each
+// credit within LingerMax and a Linger of its claim; a trickle below
+// LingerFlow goes one credit a batch, each after one Linger.
+func TestLaneLingersWhileCreditsFlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var lags lagLog
+		rig := newRelayRigWith(t, func(c *Config) { c.CreditLag = lags.observe })
+		sizes := func() []int {
+			rig.store.mu.Lock()
+			defer rig.store.mu.Unlock()
+			var out []int
+			for _, b := range rig.store.batches {
+				out = append(out, len(b))
+			}
+			rig.store.batches = nil
+			return out
+		}
+		n := 0
+		next := func() model.Credit { n++; return claimAt(10, n, time.Now()) }
+
+		rig.r.Enqueue([]model.Credit{next()})
+		time.Sleep(Linger + time.Millisecond)
+		synctest.Wait()
+		if got := sizes(); !slices.Equal(got, []int{1}) {
+			t.Fatalf("a lone credit: batches %v after one linger, want [1]", got)
+		}
+
+		// A flow of 600 credits a second (12 per Linger) for 400 ms.
+		for range 80 {
+			rig.r.Enqueue([]model.Credit{next(), next(), next()})
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(LingerMax + Linger)
+		synctest.Wait()
+		got := sizes()
+		total := 0
+		for _, s := range got {
+			total += s
+		}
+		if total != 240 || len(got) > 4 || slices.Max(got) < 90 {
+			t.Fatalf("a flow of 240 credits over 400 ms: batches %v, want them all in at most 4 batches of up to LingerMax's worth (about 120)", got)
+		}
+		lagsSeen, _ := lags.seen()
+		for i, d := range lagsSeen[1:] {
+			if d > LingerMax+Linger {
+				t.Fatalf("credit %d of the flow waited %s, want at most LingerMax + Linger (%s)", i, d, LingerMax+Linger)
+			}
+		}
+
+		// A trickle: one credit every 30 ms.
+		for range 10 {
+			rig.r.Enqueue([]model.Credit{next()})
+			time.Sleep(30 * time.Millisecond)
+		}
+		synctest.Wait()
+		if got := sizes(); len(got) != 10 || slices.Max(got) != 1 {
+			t.Fatalf("a trickle of 10 credits 30 ms apart: batches %v, want 10 of 1", got)
+		}
+		if c := rig.store.count(rig.store.applied, claimAt(10, 1, time.Time{}).ClaimID); c != 1 {
+			t.Fatalf("the first credit applied %d times, want 1", c)
+		}
+	})
+}
