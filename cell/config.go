@@ -305,7 +305,7 @@ func DefaultConfig() Config {
 		BatchWait:      0,   // take what is queued now; the queue fills while a commit runs
 		QueueDepth:     8192,
 		QueueWaitMax:   500 * time.Millisecond, // QQ's rule: after 500 ms the client gave up
-		CreditShedFrom: 300 * time.Millisecond, // above the relay's yield (relay.YieldMax, 250 ms from the claim's creation)
+		CreditShedFrom: 400 * time.Millisecond, // above the relay's linger and yield (relay.LingerMax 200 ms, relay.YieldMax 250 ms, from the claim's creation) and a loaded delivery
 		CreditShedAll:  1000 * time.Millisecond,
 		TxPerPacket:    1, // one transaction per packet at a time: no lock fights
 		MaxConns:       64,

@@ -14,7 +14,7 @@ import (
 // overload the server's time is shared per connection, and credits fell tens
 // of seconds behind while every open was answered. So opens are shed, a
 // growing share of them, while the relay is behind with this cell's credits
-// (relay.Relay.Behind): none up to Config.CreditShedFrom (300 ms), all from
+// (relay.Relay.Behind): none up to Config.CreditShedFrom (400 ms), all from
 // Config.CreditShedAll (1 s), in proportion between. What a shed open
 // frees goes to the credits; the lane catches up within a batch or two and
 // opens are taken again. The credit lag this bounds is the bench's: p99 ≤

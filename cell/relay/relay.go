@@ -214,8 +214,8 @@ const (
 	// LingerMax bounds a lane's waits for its batch to fill, counted from
 	// its oldest fresh credit's claim (or, for credits a scan found, from
 	// the first wait): under the cell's bound for shedding opens for
-	// credits (cell.Config.CreditShedFrom, 300 ms), with room for the
-	// delivery.
+	// credits (cell.Config.CreditShedFrom, 400 ms), with room for a
+	// delivery to a loaded cell.
 	LingerMax = 200 * time.Millisecond
 	// ScanPagesMax is the most pages of BatchMax claims one Interval reads
 	// per database: the rest waits for the next.
@@ -225,7 +225,7 @@ const (
 	// yield's start and, for a fresh credit, from its claim's creation, the
 	// earlier bound winning: under load a claimant waits at most this much
 	// more for the credit, below the bound from which the cell sheds opens
-	// for credits (cell.Config.CreditShedFrom, 300 ms), and a lane still
+	// for credits (cell.Config.CreditShedFrom, 400 ms), and a lane still
 	// delivers at least four batches a second.
 	YieldMax = 250 * time.Millisecond
 )

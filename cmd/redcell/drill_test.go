@@ -1137,7 +1137,7 @@ func overloadDrill(t *testing.T, c *cluster, full bool) {
 	// The light client's packets are not the hot one: none of their opens
 	// may be shed by a packet's queue. The credit-lag shed is the cell's,
 	// not a queue's: while the flood's credits are behind by more than
-	// credit_shed_from (300 ms), a share of every open of that cell is shed
+	// credit_shed_from (400 ms), a share of every open of that cell is shed
 	// by design (architecture.md, the relay's bounded share), and the light
 	// client's may be among them.
 	lightTotal, lightOK, lightCreditShed := 0, lc["OK"]+lc["SOLD_OUT"], light.creditShed()
