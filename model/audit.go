@@ -26,7 +26,7 @@ type Ledger struct {
 	// The reward rows (t_reward) and the budgets homed in the cell
 	// (t_budget, t_budget_lease): cash in cents, coupon kinds only counted.
 	RewardRows RewardRows
-	// The coupon requests and coupons (t_coupon_req, t_coupon); the
+	// The coupon requests, an issued one holding its coupon (t_coupon_req); the
 	// batches' stock rows are among RewardRows.Budgets.
 	CouponRows CouponRows
 }

@@ -25,8 +25,8 @@ type CouponRows struct {
 	RefusedNoReason int64                 // refused without a reason
 	OldestOpenMS    int64                 // accepted_ms of the oldest request not final; 0: none
 	OldestTakenMS   int64                 // taken_ms of the deciding request taken longest ago; 0: none
-	IssuedNoCoupon  int64                 // issued requests whose coupon row is missing
-	CouponNoRequest int64                 // coupons without their issued request
+	IssuedNoCoupon  int64                 // issued requests without their coupon (no coupon ID or lease; in an earlier version's tables, no coupon row)
+	CouponNoRequest int64                 // coupons without their issued request (a coupon ID on a request not issued; a coupon of an earlier version's table whose request is not issued)
 	ByBatch         map[string]int64      // coupons by batch
 	LeaseSpent      map[string]int64      // coupons by the deduction (lease) they came from
 	Multi           []CouponCount         // persons holding more than one coupon of a batch

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -52,26 +53,64 @@ func fillOldCoupons(t *testing.T, m *MySQL, db int, act, batch, group, lease str
 }
 
 // TestOldCouponTablesUpgraded: coupon tables made by a version that kept
-// coupons in t_coupon are brought to this version's shape at their first
-// use (a coupon read; or the ledger, before its snapshot): the requests get
-// group_id and lease_id, each issued request its coupon's, and t_coupon is
-// kept as t_coupon_folded. Holdings, coupons, a lease's spent count and the
+// coupons in t_coupon are read by the ledger as that version kept them
+// (the ledger writes nothing), and brought to this version's shape at their
+// first use in a cell (a coupon read, a lease's spent count): the requests
+// get group_id and lease_id, each issued request its coupon's, and t_coupon
+// is kept as t_coupon_folded, whose coupons the ledger still checks. A fold
+// stopped half way (t_coupon renamed t_coupon_folding, not yet joined) is
+// finished by the next. Holdings, coupons, a lease's spent count and the
 // ledger then read the old coupons; a new issue writes no t_coupon.
 func TestOldCouponTablesUpgraded(t *testing.T) {
 	m, _, _ := ContractMySQL(t, clock.Real{})
 	ctx := context.Background()
 	id7 := fillOldCoupons(t, m, 7, "old-7", "b-old", "g-old", "lease-7")
 	fillOldCoupons(t, m, 8, "old-8", "b-old", "", "lease-8")
-
-	// db 8 first meets the ledger (no coupon read before it).
-	l, err := m.Ledger(ctx, "c")
-	if err != nil {
-		t.Fatal(err)
+	fillOldCoupons(t, m, 9, "old-9", "b-old", "", "lease-9")
+	s8, s9 := m.tableNamesOf().db[8], m.tableNamesOf().db[9]
+	for _, q := range []string{
+		// db 8: an issued request whose coupon is missing, and a coupon
+		// whose request is not issued: what the audit must go on seeing.
+		"INSERT INTO " + s8 + ".t_coupon_req (app, serial_no, act_id, act_shard, batch_id, state, coupon_id, accepted_ms, decided_ms) VALUES " +
+			"('app', 'lost', 'old-8', 80, 'b-old', 'issued', 'ffffffffffffffffffffffffffffffff', 1000, 2000)",
+		"INSERT INTO " + s8 + ".t_coupon VALUES ('eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee', 'old-8', 80, 'b-old', '', 'app', 't-old-8', 'lease-8', 2000)",
+		// db 9: a fold that stopped after its rename.
+		"ALTER TABLE " + s9 + ".t_coupon_req ADD COLUMN group_id " + couponGroupCol + ", ADD COLUMN lease_id " + couponLeaseCol + ", ADD KEY k_lease (lease_id)",
+		"RENAME TABLE " + s9 + ".t_coupon TO " + s9 + ".t_coupon_folding",
+	} {
+		if _, err := m.db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
 	}
-	c := l.CouponRows
-	if c.ByBatch["b-old"] != 2 || c.LeaseSpent["lease-7"] != 1 || c.LeaseSpent["lease-8"] != 1 || c.IssuedNoCoupon != 0 ||
-		c.CouponNoRequest != 0 || c.Requests[model.CouponIssued] != 2 || c.Requests[model.CouponAccepted] != 2 {
-		t.Fatalf("ledger of the upgraded tables: %+v", c)
+	tables := func(schema string) (old, folding, folded int) {
+		t.Helper()
+		if err := m.db.QueryRow("SELECT SUM(TABLE_NAME = 't_coupon'), SUM(TABLE_NAME = 't_coupon_folding'), SUM(TABLE_NAME = 't_coupon_folded') "+
+			"FROM information_schema.TABLES WHERE TABLE_SCHEMA = ?", schema).Scan(&old, &folding, &folded); err != nil {
+			t.Fatal(err)
+		}
+		return old, folding, folded
+	}
+	// lease8: lease-8's coupons as the ledger counts them: 2 before the
+	// fold (one of them the coupon without its request), 1 after it (the
+	// folded one is checked apart), and the issued request without its
+	// coupon then counted under no lease.
+	check := func(when string, lease8, noLease int64) {
+		t.Helper()
+		l, err := m.Ledger(ctx, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := l.CouponRows
+		if c.ByBatch["b-old"] != 4 || c.LeaseSpent["lease-7"] != 1 || c.LeaseSpent["lease-8"] != lease8 || c.LeaseSpent[""] != noLease || c.LeaseSpent["lease-9"] != 1 ||
+			c.IssuedNoCoupon != 1 || c.CouponNoRequest != 1 || c.Requests[model.CouponIssued] != 4 || c.Requests[model.CouponAccepted] != 3 {
+			t.Fatalf("%s: the ledger's coupons %+v; want 4 coupons of b-old, %d of lease-8 and %d of none, "+
+				"one issued request without its coupon, one coupon without its request, 4 issued and 3 accepted requests", when, c, lease8, noLease)
+		}
+	}
+
+	check("before any fold", 2, 0)
+	if old, _, _ := tables(m.tableNamesOf().db[7]); old != 1 {
+		t.Fatalf("the ledger folded db 7's tables (t_coupon %d): an audit writes nothing", old)
 	}
 	h := &HoldingQuery{Shard: 70, ActID: "old-7"}
 	if err := m.Read(ctx, h); err != nil {
@@ -88,18 +127,21 @@ func TestOldCouponTablesUpgraded(t *testing.T) {
 		cs.Coupons[0].IssuedMS != 2000 || cs.Coupons[0].Serial != "s-old-7" {
 		t.Fatalf("coupons of old-7: %+v, want %s of lease-7, group g-old, issued at 2000", cs.Coupons, id7)
 	}
-	sp := &CouponLeaseSpentQuery{DBs: []int{7, 8, 9}, LeaseID: "lease-8"}
+	sp := &CouponLeaseSpentQuery{DBs: []int{7, 8, 9, 10}, LeaseID: "lease-9"}
 	if err := m.Read(ctx, sp); err != nil || sp.Spent != 1 {
-		t.Fatalf("lease-8 spent %d (%v), want 1", sp.Spent, err)
+		t.Fatalf("lease-9 spent %d (%v), want 1", sp.Spent, err)
 	}
-	for _, db := range []int{7, 8} {
+	for _, db := range []int{7, 8, 9} {
 		schema := m.tableNamesOf().db[db]
-		var old, folded int
-		if err := m.db.QueryRow("SELECT (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon'), "+
-			"(SELECT COUNT(*) FROM "+schema+".t_coupon_folded)", schema).Scan(&old, &folded); err != nil || old != 0 || folded != 1 {
-			t.Fatalf("db %d: t_coupon tables %d, t_coupon_folded rows %d (%v); want 0 and 1", db, old, folded, err)
+		var rows int
+		if old, folding, folded := tables(schema); old != 0 || folding != 0 || folded != 1 {
+			t.Fatalf("db %d after the fold: t_coupon %d, t_coupon_folding %d, t_coupon_folded %d; want 0, 0, 1", db, old, folding, folded)
+		}
+		if err := m.db.QueryRow("SELECT COUNT(*) FROM " + schema + ".t_coupon_folded").Scan(&rows); err != nil || rows != map[int]int{7: 1, 8: 2, 9: 1}[db] {
+			t.Fatalf("db %d: t_coupon_folded holds %d rows (%v)", db, rows, err)
 		}
 	}
+	check("after the folds", 1, 1)
 
 	// A new issue on the upgraded tables: its coupon is its request row.
 	r, _, err := AcceptCoupon(ctx, m, model.CouponRequest{App: "app", Serial: "new-7", ActID: "old-7", Shard: 70, Batch: "b-new", AcceptedMS: 4000})
@@ -113,7 +155,11 @@ func TestOldCouponTablesUpgraded(t *testing.T) {
 	if err := m.Read(ctx, h); err != nil || h.Holding.ByBatch["b-new"] != 1 || h.Holding.ByBatch["b-old"] != 1 {
 		t.Fatalf("holding after the new issue: %+v (%v)", h.Holding, err)
 	}
-	if l, err = m.Ledger(ctx, "c"); err != nil || l.CouponRows.ByBatch["b-new"] != 1 || l.CouponRows.LeaseSpent["lease-new"] != 1 || l.CouponRows.IssuedNoCoupon != 0 {
+	l, err := m.Ledger(ctx, "c")
+	if err != nil || l.CouponRows.ByBatch["b-new"] != 1 || l.CouponRows.LeaseSpent["lease-new"] != 1 || l.CouponRows.IssuedNoCoupon != 1 {
 		t.Fatalf("ledger after the new issue: %+v (%v)", l.CouponRows, err)
+	}
+	if _, _, err := IssueCoupons(ctx, m, model.CouponRule{Batch: "b-new", Limit: 1}, "", 1, []model.CouponRequest{r}); !errors.Is(err, model.ErrInvalidArgument) {
+		t.Fatalf("an issue of a unit without its lease: %v, want INVALID_ARGUMENT", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"redcell/internal/invariant"
 	"redcell/model"
@@ -98,8 +99,9 @@ func (m *MySQL) ensureCoupons(ctx context.Context, db int) error {
 // upgradeCoupons brings db's coupon tables, if a version that kept issued
 // coupons in a table of their own (t_coupon) made them, to this version's
 // shape, once per process (foldCoupons). Every reader and writer of the
-// coupon tables calls it first: ensureCoupons, the ledger, the lease's
-// spent count.
+// coupon tables in a cell calls it first: ensureCoupons, and the lease's
+// spent count. The ledger (an audit) writes nothing: it reads a database
+// not folded yet as its version left it.
 func (m *MySQL) upgradeCoupons(ctx context.Context, db int) error {
 	return m.ensureWith(ctx, ensureKey{shard: model.ShardID(db * 10), day: couponFoldDay}, func() error {
 		if err := m.foldCoupons(ctx, db); err != nil {
@@ -109,62 +111,69 @@ func (m *MySQL) upgradeCoupons(ctx context.Context, db int) error {
 	})
 }
 
-// upgradeAllCoupons runs upgradeCoupons for every database of the store
-// that has coupon tables (one listing of information_schema), before a
-// snapshot reads them: a snapshot cannot change a table.
-func (m *MySQL) upgradeAllCoupons(ctx context.Context) error {
-	ts, err := m.tables(ctx, m.db)
-	if err != nil {
-		return err
-	}
-	for _, t := range ts {
-		if t.kind == "coupon_req" {
-			if err := m.upgradeCoupons(ctx, t.shard.DB()); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// foldCoupons upgrades db's coupon tables of an earlier version: one read of
-// information_schema; where t_coupon_req lacks lease_id, one ALTER TABLE
-// (group_id, lease_id, k_lease); where a t_coupon is left, each coupon's
-// group and lease copied into its issued request's row (one UPDATE with a
-// join, atomic), then t_coupon renamed t_coupon_folded: kept as it was,
-// read by nothing. Tables of this version cost the read alone.
+// foldCoupons brings db's coupon tables of an earlier version to this one,
+// in steps each of which is atomic, so that a crash between two leaves a
+// state the next call goes on from, and a second process doing the same at
+// once, or a process of the earlier version still writing, loses nothing:
+//
+//  1. t_coupon_req without lease_id: one ALTER TABLE (group_id, lease_id,
+//     k_lease);
+//  2. a t_coupon: renamed t_coupon_folding (an earlier version's coupon
+//     INSERT after it fails and writes nothing);
+//  3. a t_coupon_folding: each of its coupons' group and lease copied into
+//     its issued request (one UPDATE with a join), then the table renamed
+//     t_coupon_folded, kept as it was (its rows copied into one folded
+//     before, and it dropped, when there is one).
+//
+// The ledger checks t_coupon_folded's coupons against the requests as it
+// checked t_coupon's, and reads a database whose fold has not finished as
+// the earlier version left it (ledgerCouponsBefore). Tables of this version
+// cost one read of information_schema.
 func (m *MySQL) foldCoupons(ctx context.Context, db int) error {
+	// Once, whatever the caller's deadline: an old table's ALTER and join
+	// take as long as its rows; callers wait.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	defer cancel()
 	schema := m.tableNamesOf().db[db]
-	var req, lease, old int
-	err := m.db.QueryRowContext(ctx, `SELECT
+	reqT, oldT, foldingT, foldedT := schema+".t_coupon_req", schema+".t_coupon", schema+".t_coupon_folding", schema+".t_coupon_folded"
+	for range 8 {
+		var req, lease, old, folding int
+		err := m.db.QueryRowContext(ctx, `SELECT
  (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon_req'),
  (SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon_req' AND COLUMN_NAME = 'lease_id'),
- (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon')`,
-		schema, schema, schema).Scan(&req, &lease, &old)
-	if err != nil || req == 0 {
-		return err // no request table: nothing of an earlier version here
-	}
-	reqT, oldT := schema+".t_coupon_req", schema+".t_coupon"
-	if lease == 0 {
-		if _, err := m.db.ExecContext(ctx, "ALTER TABLE "+reqT+" ADD COLUMN IF NOT EXISTS group_id "+couponGroupCol+
-			", ADD COLUMN IF NOT EXISTS lease_id "+couponLeaseCol+", ADD KEY IF NOT EXISTS k_lease (lease_id)"); err != nil {
+ (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon'),
+ (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 't_coupon_folding')`,
+			schema, schema, schema, schema).Scan(&req, &lease, &old, &folding)
+		switch {
+		case err != nil:
+			return err
+		case req == 0:
+			return nil // no request table: nothing of an earlier version here
+		case lease == 0:
+			_, err = m.db.ExecContext(ctx, "ALTER TABLE "+reqT+" ADD COLUMN IF NOT EXISTS group_id "+couponGroupCol+
+				", ADD COLUMN IF NOT EXISTS lease_id "+couponLeaseCol+", ADD KEY IF NOT EXISTS k_lease (lease_id)")
+		case folding > 0:
+			_, err = m.db.ExecContext(ctx, "UPDATE "+reqT+" r JOIN "+foldingT+" c ON c.app = r.app AND c.serial_no = r.serial_no"+
+				" SET r.group_id = c.group_id, r.lease_id = c.lease_id WHERE r.state = ? AND r.coupon_id = c.coupon_id", string(model.CouponIssued))
+			if err == nil {
+				_, err = m.db.ExecContext(ctx, "RENAME TABLE "+foldingT+" TO "+foldedT)
+			}
+			if isMySQLErr(err, errTableExists) { // folded before, and made again by an earlier version since
+				if _, err = m.db.ExecContext(ctx, "INSERT IGNORE INTO "+foldedT+" SELECT * FROM "+foldingT); err == nil {
+					_, err = m.db.ExecContext(ctx, "DROP TABLE "+foldingT)
+				}
+			}
+		case old > 0:
+			_, err = m.db.ExecContext(ctx, "RENAME TABLE "+oldT+" TO "+foldingT)
+		default:
+			return nil
+		}
+		// A table another process moved meanwhile (1146, 1050): read again.
+		if err != nil && !isMySQLErr(err, errNoSuchTable) && !isMySQLErr(err, errTableExists) {
 			return err
 		}
 	}
-	if old == 0 {
-		return nil
-	}
-	if _, err := m.db.ExecContext(ctx, "UPDATE "+reqT+" r JOIN "+oldT+" c ON c.app = r.app AND c.serial_no = r.serial_no"+
-		" SET r.group_id = c.group_id, r.lease_id = c.lease_id WHERE r.state = ?", string(model.CouponIssued)); err != nil {
-		return err
-	}
-	_, err = m.db.ExecContext(ctx, "RENAME TABLE "+oldT+" TO "+schema+".t_coupon_folded")
-	if isMySQLErr(err, errTableExists) { // folded before, and made again by an earlier version since: keep both
-		if _, err = m.db.ExecContext(ctx, "INSERT IGNORE INTO "+schema+".t_coupon_folded SELECT * FROM "+oldT); err == nil {
-			_, err = m.db.ExecContext(ctx, "DROP TABLE "+oldT)
-		}
-	}
-	return err
+	return errors.New("the tables kept changing under the fold")
 }
 
 const couponReqCols = "app, serial_no, act_id, act_shard, batch_id, green, device_id, client_ip, state, reason, coupon_id, accepted_ms, taken_ms, decided_ms"
@@ -461,6 +470,9 @@ func (m *MySQL) lockCouponReqs(ctx context.Context, tx *sql.Tx, reqs []model.Cou
 // statement list.
 func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID string, granted int64, reqs []model.CouponRequest) ([]model.CouponDecision, int64, error) {
 	invariant.That(granted >= 0, "granted >= 0")
+	if granted > 0 && leaseID == "" {
+		return nil, 0, model.Invalidf("a coupon issue with units needs the lease they came from")
+	}
 	if len(reqs) == 0 {
 		return nil, granted, nil
 	}

@@ -23,10 +23,11 @@ type tableRef struct {
 var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([0-9]{2}))?$`)
 
 // dbTables are the tables of which a database has one, by name: their kind.
-// (A t_outbox or t_coupon_folded left by an older version is not listed:
-// nothing reads it.)
+// (A t_outbox left by an older version is not listed: nothing reads it.
+// The coupon tables of a version that kept coupons apart are read by the
+// ledger alone: ledgerCoupons.)
 var dbTables = map[string]string{"t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease",
-	"t_coupon_req": "coupon_req"}
+	"t_coupon_req": "coupon_req", "t_coupon": "coupon_old", "t_coupon_folding": "coupon_folding", "t_coupon_folded": "coupon_folded"}
 
 // tables lists redcell's tables on the server.
 func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
@@ -153,9 +154,6 @@ func (m *MySQL) snapshotTables(ctx context.Context, what string) (tx *sql.Conn, 
 
 func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
 	l := model.NewLedger(cell)
-	if err := m.upgradeAllCoupons(ctx); err != nil {
-		return l, err
-	}
 	tx, byKind, _, done, err := m.snapshotTables(ctx, "ledger")
 	if err != nil {
 		return l, err

@@ -33,13 +33,14 @@ type CouponTake struct {
 // store) that share a deduction of Granted units from lease LeaseID, in one
 // transaction: it locks their persons, leaves out the requests already
 // final (decided before, by another taker), and decides the rest in order
-// with model.AssignCoupons against the persons' holdings: a coupon row
-// (model.CouponID, with LeaseID) and state issued, or state refused with
-// the reason. It answers the decisions made, in order, in Decisions, and in
-// Unused the granted units no request took, for the caller to return to the
-// lease. Errors: ErrNotFound (a request not stored; nothing written),
-// ErrCommitUnknown (each request is then final or still deciding; the lease
-// is settled by its coupon rows).
+// with model.AssignCoupons against the persons' holdings: state issued, the
+// request holding its coupon (model.CouponID, Rule's group, LeaseID), or
+// state refused with the reason. It answers the decisions made, in order, in
+// Decisions, and in Unused the granted units no request took, for the caller
+// to return to the lease. Errors: ErrInvalidArgument (Granted above 0 with
+// no LeaseID; nothing written), ErrNotFound (a request not stored; nothing
+// written), ErrCommitUnknown (each request is then final or still deciding;
+// the lease is settled by its coupons).
 type CouponIssue struct {
 	Rule    model.CouponRule
 	LeaseID string

@@ -118,7 +118,16 @@ func (l *lane) run() {
 		}
 		batch, wait := l.next(c.Now())
 		if len(batch) > 0 {
-			l.attempt(batch)
+			if l.attempt(batch) {
+				// What came during the delivery lingers as what comes to
+				// an idle lane does: a flow's next batch fills too.
+				l.mu.Lock()
+				more := len(l.queue) > 0
+				l.mu.Unlock()
+				if more {
+					l.linger()
+				}
+			}
 			idleSince = c.Now()
 			continue
 		}

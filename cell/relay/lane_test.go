@@ -42,6 +42,7 @@ type fakeStore struct {
 	sent      map[string]string         // the dest each claim was last recorded as sent to (SendTo)
 	defer_    func(c model.Credit) bool // deferred by this call? (nil: never)
 	release   chan struct{}             // when set, ApplyCredits waits for it to close
+	took      time.Duration             // how long each ApplyCredits takes (on the test's clock)
 	readGap   chan struct{}             // when set, a ClaimsAfter that found claims waits for it before it returns
 }
 
@@ -153,8 +154,9 @@ func (f *fakeStore) saveRelayPositions(ctx context.Context, pos map[int]int64) e
 
 func (f *fakeStore) ApplyCredits(ctx context.Context, cs []model.Credit) (int, []string, error) {
 	f.mu.Lock()
-	wait := f.release
+	wait, took := f.release, f.took
 	f.mu.Unlock()
+	time.Sleep(took)
 	if wait != nil {
 		select {
 		case <-wait:
@@ -1217,6 +1219,32 @@ func TestLaneLingersWhileCreditsFlow(t *testing.T) {
 				t.Fatalf("credit %d of the flow waited %s, want at most LingerMax + Linger (%s)", i, d, LingerMax+Linger)
 			}
 		}
+
+		// The same flow for 1 s, each delivery taking 30 ms: what comes
+		// during a delivery lingers too, so no batch but the last is small.
+		rig.store.mu.Lock()
+		rig.store.took = 30 * time.Millisecond
+		rig.store.mu.Unlock()
+		for range 200 {
+			rig.r.Enqueue([]model.Credit{next(), next(), next()})
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(LingerMax + Linger + 30*time.Millisecond)
+		synctest.Wait()
+		got = sizes()
+		total = 0
+		for i, s := range got {
+			total += s
+			if s < 60 && i < len(got)-1 {
+				t.Fatalf("a flow of 600 credits a second with deliveries of 30 ms: batches %v, want each but the last of 60 or more", got)
+			}
+		}
+		if total != 600 || len(got) > 8 {
+			t.Fatalf("a flow of 600 credits over 1 s with deliveries of 30 ms: batches %v, want all 600 in at most 8", got)
+		}
+		rig.store.mu.Lock()
+		rig.store.took = 0
+		rig.store.mu.Unlock()
 
 		// A trickle: one credit every 30 ms.
 		for range 10 {

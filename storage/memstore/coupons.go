@@ -129,6 +129,9 @@ func (s *Store) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		return nil, 0, err
 	}
 	invariant.That(granted >= 0, "granted >= 0")
+	if granted > 0 && leaseID == "" {
+		return nil, 0, model.Invalidf("a coupon issue with units needs the lease they came from")
+	}
 	if len(reqs) == 0 {
 		return nil, granted, nil
 	}
