@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
 	"redcell/model"
@@ -13,25 +13,41 @@ import (
 // ledgerCoupons reads the coupon requests of every database (an issued
 // request is its coupon) into l.CouponRows, in the ledger's snapshot: sums
 // by state, batch and deduction, and the rows that break a rule (an issued
-// request without its coupon's ID or lease, a refused or open request
-// holding a coupon ID, a person with more than one coupon of a batch or two
-// batches of a group). The ledger writes nothing: a database whose tables an
-// earlier version made and no cell has folded yet (foldCoupons: a t_coupon
-// or t_coupon_folding is there) is read as that version kept it, coupons in
-// their own table; a folded one's t_coupon_folded is checked against the
-// requests as that table was.
+// request without its coupon, a coupon without its issued request, a
+// person with more than one coupon of a batch or two batches of a group).
+//
+// The ledger writes nothing, so it reads whatever a fold (foldCoupons) has
+// made of an earlier version's tables so far:
+//   - t_coupon_req without lease_id (not folded): as that version did, its
+//     coupons those of t_coupon (none when there is none: the pair is being
+//     made);
+//   - with lease_id: its coupons the issued requests holding a lease, and
+//     the rows of a t_coupon or t_coupon_folding (a fold under way, or a
+//     table an earlier version made again) that no issued request holds
+//     yet; an issued request is without its coupon when it holds no coupon
+//     ID, or no lease and no such row; every row of those tables and of
+//     t_coupon_folded is checked against its request.
 func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[string][]tableRef, l *model.Ledger) error {
 	c := &l.CouponRows
 	c.Requests, c.ByBatch, c.LeaseSpent = map[model.CouponState]int64{}, map[string]int64{}, map[string]int64{}
-	in := func(kind string, db int) []tableRef {
-		var out []tableRef
-		for _, t := range byKind[kind] {
-			if t.shard.DB() == db {
-				out = append(out, t)
-			}
-		}
-		return out
+	if len(byKind["coupon_req"]) == 0 {
+		return nil
 	}
+	folded := map[string]bool{} // schemas whose t_coupon_req has lease_id
+	err := scanEach(ctx, tx, "SELECT TABLE_SCHEMA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA LIKE ? AND TABLE_NAME = 't_coupon_req' AND COLUMN_NAME = 'lease_id'",
+		func(rows *sql.Rows) error {
+			var schema string
+			err := rows.Scan(&schema)
+			folded[schema] = true
+			return err
+		}, strings.ReplaceAll(m.ns+"db_", "_", `\_`)+"%")
+	if err != nil {
+		return fmt.Errorf("storage: ledger: the coupon tables' shape: %w", err)
+	}
+	in := func(kind string, db int) bool {
+		return slices.ContainsFunc(byKind[kind], func(t tableRef) bool { return t.shard.DB() == db })
+	}
+	const cols = "coupon_id, act_id, batch_id, group_id, app, serial_no, lease_id"
 	for _, t := range byKind["coupon_req"] {
 		db := t.shard.DB()
 		schema := m.tableNamesOf().db[db]
@@ -57,45 +73,63 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 				}
 				return nil
 			})
-		// The coupons: the issued requests; or, not folded yet, the table
-		// of coupons an earlier version kept (both of its names, should a
-		// fold have stopped half way and that version have made one again).
-		coupons := "(SELECT coupon_id, act_id, batch_id, group_id, app, serial_no, lease_id FROM " + req + " WHERE state = 'issued')"
-		var before []string
-		for kind, name := range map[string]string{"coupon_old": "t_coupon", "coupon_folding": "t_coupon_folding"} {
-			if len(in(kind, db)) > 0 {
-				before = append(before, "SELECT coupon_id, act_id, batch_id, group_id, app, serial_no, lease_id FROM "+schema+"."+name)
-			}
+		// The coupon rows kept apart: an earlier version's table, or a
+		// fold's under way (both, should a fold have stopped half way and
+		// that version have made one again); and those a fold finished.
+		var apart, checked []string
+		if in("coupon_old", db) {
+			apart = append(apart, "SELECT "+cols+" FROM "+schema+".t_coupon")
 		}
-		sort.Strings(before)
-		if len(before) > 0 {
-			coupons = "(" + strings.Join(before, " UNION ALL ") + ")"
-			if err == nil { // an issued request without its coupon, as the earlier version kept them
+		if in("coupon_folding", db) {
+			apart = append(apart, "SELECT "+cols+" FROM "+schema+".t_coupon_folding")
+		}
+		checked = append(checked, apart...)
+		if in("coupon_folded", db) {
+			checked = append(checked, "SELECT "+cols+" FROM "+schema+".t_coupon_folded")
+		}
+		union := func(parts []string) string { return "(" + strings.Join(parts, " UNION ALL ") + ")" }
+		var coupons string
+		switch {
+		case !folded[schema] && len(apart) == 0:
+			coupons = "" // an earlier version's pair being made: no coupons yet
+		case !folded[schema]:
+			coupons = union(apart)
+			if err == nil {
 				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" r LEFT JOIN "+coupons+" c ON c.coupon_id = r.coupon_id "+
 					"WHERE r.state = 'issued' AND (c.coupon_id IS NULL OR c.app <> r.app OR c.serial_no <> r.serial_no)",
 					func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.IssuedNoCoupon += n; return err })
 			}
-			if err == nil {
-				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+coupons+" c LEFT JOIN "+req+" r ON r.app = c.app AND r.serial_no = c.serial_no "+
-					"WHERE r.state IS NULL OR r.state <> 'issued' OR r.coupon_id <> c.coupon_id OR r.act_id <> c.act_id OR r.batch_id <> c.batch_id",
-					func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.CouponNoRequest += n; return err })
+		default:
+			inRow := "SELECT " + cols + " FROM " + req + " WHERE state = 'issued' AND lease_id <> ''"
+			coupons = "(" + inRow + ")"
+			noCoupon := "coupon_id = '' OR lease_id = ''"
+			if len(apart) > 0 {
+				coupons = union([]string{inRow, "SELECT c.coupon_id, c.act_id, c.batch_id, c.group_id, c.app, c.serial_no, c.lease_id FROM " + union(apart) +
+					" c LEFT JOIN " + req + " r ON r.app = c.app AND r.serial_no = c.serial_no AND r.coupon_id = c.coupon_id AND r.state = 'issued' AND r.lease_id <> '' " +
+					"WHERE r.app IS NULL"})
+				noCoupon = "coupon_id = '' OR (lease_id = '' AND NOT EXISTS (SELECT 1 FROM " + union(apart) +
+					" c WHERE c.coupon_id = r.coupon_id AND c.app = r.app AND c.serial_no = r.serial_no))"
 			}
-		} else {
 			if err == nil {
-				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" WHERE state = 'issued' AND (coupon_id = '' OR lease_id = '')",
+				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" r WHERE state = 'issued' AND ("+noCoupon+")",
 					func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.IssuedNoCoupon += n; return err })
 			}
 			if err == nil {
 				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+req+" WHERE state <> 'issued' AND (coupon_id <> '' OR lease_id <> '')",
 					func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.CouponNoRequest += n; return err })
 			}
-			if err == nil && len(in("coupon_folded", db)) > 0 {
-				// The coupons an earlier version kept apart, checked
-				// against the requests they were folded into.
-				err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+schema+".t_coupon_folded c LEFT JOIN "+req+" r ON r.app = c.app AND r.serial_no = c.serial_no "+
-					"WHERE r.state IS NULL OR r.state <> 'issued' OR r.coupon_id <> c.coupon_id OR r.act_id <> c.act_id OR r.batch_id <> c.batch_id OR r.lease_id <> c.lease_id",
-					func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.CouponNoRequest += n; return err })
+		}
+		if err == nil && len(checked) > 0 {
+			// Every coupon row kept apart against its request.
+			err = scanEach(ctx, tx, "SELECT COUNT(*) FROM "+union(checked)+" c LEFT JOIN "+req+" r ON r.app = c.app AND r.serial_no = c.serial_no "+
+				"WHERE r.state IS NULL OR r.state <> 'issued' OR r.coupon_id <> c.coupon_id OR r.act_id <> c.act_id OR r.batch_id <> c.batch_id",
+				func(rows *sql.Rows) error { var n int64; err := rows.Scan(&n); c.CouponNoRequest += n; return err })
+		}
+		if coupons == "" {
+			if err != nil {
+				return fmt.Errorf("storage: ledger of the coupon tables of db %d: %w", db, err)
 			}
+			continue
 		}
 		if err == nil {
 			err = scanEach(ctx, tx, "SELECT batch_id, lease_id, COUNT(*) FROM "+coupons+" c GROUP BY batch_id, lease_id", func(rows *sql.Rows) error {
@@ -135,9 +169,9 @@ func (m *MySQL) ledgerCoupons(ctx context.Context, tx *sql.Conn, byKind map[stri
 	return nil
 }
 
-// scanEach runs query and calls scan for each row.
-func scanEach(ctx context.Context, q rowsQueryer, query string, scan func(*sql.Rows) error) error {
-	rows, err := q.QueryContext(ctx, query)
+// scanEach runs query (with args) and calls scan for each row.
+func scanEach(ctx context.Context, q rowsQueryer, query string, scan func(*sql.Rows) error, args ...any) error {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}

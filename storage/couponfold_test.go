@@ -90,25 +90,25 @@ func TestOldCouponTablesUpgraded(t *testing.T) {
 		}
 		return old, folding, folded
 	}
-	// lease8: lease-8's coupons as the ledger counts them: 2 before the
-	// fold (one of them the coupon without its request), 1 after it (the
-	// folded one is checked apart), and the issued request without its
-	// coupon then counted under no lease.
-	check := func(when string, lease8, noLease int64) {
+	// oldB, lease8: b-old's and lease-8's coupons as the ledger counts
+	// them: 4 and 2 before the fold (one of lease-8's the coupon without its
+	// request); 3 and 1 after it (that coupon is checked apart, and the
+	// issued request without its coupon holds none).
+	check := func(when string, oldB, lease8 int64) {
 		t.Helper()
 		l, err := m.Ledger(ctx, "c")
 		if err != nil {
 			t.Fatal(err)
 		}
 		c := l.CouponRows
-		if c.ByBatch["b-old"] != 4 || c.LeaseSpent["lease-7"] != 1 || c.LeaseSpent["lease-8"] != lease8 || c.LeaseSpent[""] != noLease || c.LeaseSpent["lease-9"] != 1 ||
+		if c.ByBatch["b-old"] != oldB || c.LeaseSpent["lease-7"] != 1 || c.LeaseSpent["lease-8"] != lease8 || c.LeaseSpent[""] != 0 || c.LeaseSpent["lease-9"] != 1 ||
 			c.IssuedNoCoupon != 1 || c.CouponNoRequest != 1 || c.Requests[model.CouponIssued] != 4 || c.Requests[model.CouponAccepted] != 3 {
-			t.Fatalf("%s: the ledger's coupons %+v; want 4 coupons of b-old, %d of lease-8 and %d of none, "+
-				"one issued request without its coupon, one coupon without its request, 4 issued and 3 accepted requests", when, c, lease8, noLease)
+			t.Fatalf("%s: the ledger's coupons %+v; want %d coupons of b-old, %d of lease-8 and none without a lease, "+
+				"one issued request without its coupon, one coupon without its request, 4 issued and 3 accepted requests", when, c, oldB, lease8)
 		}
 	}
 
-	check("before any fold", 2, 0)
+	check("before any fold", 4, 2)
 	if old, _, _ := tables(m.tableNamesOf().db[7]); old != 1 {
 		t.Fatalf("the ledger folded db 7's tables (t_coupon %d): an audit writes nothing", old)
 	}
@@ -141,7 +141,7 @@ func TestOldCouponTablesUpgraded(t *testing.T) {
 			t.Fatalf("db %d: t_coupon_folded holds %d rows (%v)", db, rows, err)
 		}
 	}
-	check("after the folds", 1, 1)
+	check("after the folds", 3, 1)
 
 	// A new issue on the upgraded tables: its coupon is its request row.
 	r, _, err := AcceptCoupon(ctx, m, model.CouponRequest{App: "app", Serial: "new-7", ActID: "old-7", Shard: 70, Batch: "b-new", AcceptedMS: 4000})
@@ -158,6 +158,24 @@ func TestOldCouponTablesUpgraded(t *testing.T) {
 	l, err := m.Ledger(ctx, "c")
 	if err != nil || l.CouponRows.ByBatch["b-new"] != 1 || l.CouponRows.LeaseSpent["lease-new"] != 1 || l.CouponRows.IssuedNoCoupon != 1 {
 		t.Fatalf("ledger after the new issue: %+v (%v)", l.CouponRows, err)
+	}
+	// An earlier version started again on db 7 (which the docs warn
+	// against) makes t_coupon again and issues a coupon there: the ledger
+	// still counts every coupon, the folded and in-row ones and that one.
+	s7 := m.tableNamesOf().db[7]
+	id := model.CouponID("app", "t-old-7", "old-7")
+	for _, q := range []string{oldCouponDDL(s7)[2],
+		"INSERT INTO " + s7 + ".t_coupon VALUES ('" + id + "', 'old-7', 70, 'b-old', '', 'app', 't-old-7', 'lease-again', 5000)",
+		"UPDATE " + s7 + ".t_coupon_req SET state = 'issued', coupon_id = '" + id + "', decided_ms = 5000 WHERE serial_no = 't-old-7'",
+	} {
+		if _, err := m.db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if l, err = m.Ledger(ctx, "c"); err != nil || l.CouponRows.ByBatch["b-old"] != 4 || l.CouponRows.ByBatch["b-new"] != 1 ||
+		l.CouponRows.LeaseSpent["lease-again"] != 1 || l.CouponRows.LeaseSpent["lease-7"] != 1 || l.CouponRows.IssuedNoCoupon != 1 || l.CouponRows.CouponNoRequest != 1 {
+		t.Fatalf("ledger with t_coupon made again after the fold: %+v (%v); want 4 coupons of b-old (one of lease-again), 1 of b-new, "+
+			"one issued request without its coupon, one coupon without its request", l.CouponRows, err)
 	}
 	if _, _, err := IssueCoupons(ctx, m, model.CouponRule{Batch: "b-new", Limit: 1}, "", 1, []model.CouponRequest{r}); !errors.Is(err, model.ErrInvalidArgument) {
 		t.Fatalf("an issue of a unit without its lease: %v, want INVALID_ARGUMENT", err)

@@ -160,7 +160,7 @@ func (m *MySQL) foldCoupons(ctx context.Context, db int) error {
 			}
 			if isMySQLErr(err, errTableExists) { // folded before, and made again by an earlier version since
 				if _, err = m.db.ExecContext(ctx, "INSERT IGNORE INTO "+foldedT+" SELECT * FROM "+foldingT); err == nil {
-					_, err = m.db.ExecContext(ctx, "DROP TABLE "+foldingT)
+					_, err = m.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+foldingT)
 				}
 			}
 		case old > 0:
