@@ -126,9 +126,9 @@ func (m *MySQL) upgradeCoupons(ctx context.Context, db int) error {
 //     before, and it dropped, when there is one).
 //
 // The ledger checks t_coupon_folded's coupons against the requests as it
-// checked t_coupon's, and reads a database whose fold has not finished as
-// the earlier version left it (ledgerCouponsBefore). Tables of this version
-// cost one read of information_schema.
+// checked t_coupon's, and reads a database whose fold has not finished from
+// what the fold has made of it so far (ledgerCoupons). Tables of this
+// version cost one read of information_schema.
 func (m *MySQL) foldCoupons(ctx context.Context, db int) error {
 	// Once, whatever the caller's deadline: an old table's ALTER and join
 	// take as long as its rows; callers wait.
