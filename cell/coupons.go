@@ -107,12 +107,12 @@ func (s *Server) newCoupons(stores [2]couponq.Store, reg *prometheus.Registry) (
 }
 
 // acceptGrouped stores a coupon request, whatever the open strategy, as one
-// op of its database's commit lane (storage.OpAccept: the accepts of many people share one multi-row
+// op of its database's commit lane (storage.AcceptOp: the accepts of many people share one multi-row
 // INSERT per database and one COMMIT; an accept alone is its INSERT in autocommit). Its answers are AcceptCoupon's; a
 // group still committing when ctx ends leaves the outcome unknown, as a lost
 // COMMIT answer does (ErrCommitUnknown: a retry with the serial settles it).
 func (s *Server) acceptGrouped(ctx context.Context, sp *space, r model.CouponRequest) (model.CouponRequest, bool, error) {
-	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: r}
+	op := &storage.AcceptOp{Coupon: r}
 	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {
 		return model.CouponRequest{}, false, err
 	}

@@ -32,7 +32,7 @@ const laneQueueMax = 64 * 4096
 // still serves: an op whose submitter gave up waiting (its deadline passed)
 // may reach its group after a freeze began, and answers ErrMoving then, with
 // nothing written.
-func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*storage.GroupOp) error {
+func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []storage.MoneyOp) error {
 	var dbs []int
 	for _, op := range ops {
 		dbs = opDBs(dbs, op)
@@ -42,7 +42,7 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*st
 	keep := ops[:0:0]
 	for _, op := range ops {
 		if err := s.opServed(op); err != nil {
-			op.Err = err
+			op.Fail(err)
 			continue
 		}
 		keep = append(keep, op)
@@ -54,62 +54,21 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []*st
 }
 
 // opDBs appends the databases of the shards op writes (those opServed
-// checks) to dbs; an op of a kind it does not know adds -1, which enterDBs
-// turns into work that waits for a freeze of any database.
-func opDBs(dbs []int, op *storage.GroupOp) []int {
-	switch op.Kind {
-	case storage.OpOpen, storage.OpRefund:
-		return append(dbs, op.Ref.Shard.DB())
-	case storage.OpSend, storage.OpDeposit, storage.OpWithdraw:
-		return append(dbs, op.Shard.DB())
-	case storage.OpCredits:
-		for _, c := range op.Credits {
-			dbs = append(dbs, c.Shard.DB())
-		}
-		return dbs
-	case storage.OpRewards:
-		if op.Take != nil {
-			return append(dbs, op.Take.DB)
-		}
-		for _, r := range op.Rewards {
-			dbs = append(dbs, r.Shard.DB())
-		}
-		return dbs
-	case storage.OpIssue:
-		return append(dbs, op.Reward.Shard.DB())
-	case storage.OpAccept:
-		return append(dbs, op.Coupon.Shard.DB())
+// checks) to dbs.
+func opDBs(dbs []int, op storage.MoneyOp) []int {
+	for _, sh := range op.Shards() {
+		dbs = append(dbs, sh.DB())
 	}
-	return append(dbs, -1)
+	return dbs
 }
 
 // opServed checks that the cell serves every shard op writes: nil, or the
 // first shard's ErrMoving or ErrWrongCell.
-func (s *Server) opServed(op *storage.GroupOp) error {
-	switch op.Kind {
-	case storage.OpOpen, storage.OpRefund:
-		return s.own.check(op.Ref.Shard)
-	case storage.OpSend, storage.OpDeposit, storage.OpWithdraw:
-		return s.own.check(op.Shard)
-	case storage.OpCredits:
-		for _, c := range op.Credits {
-			if err := s.own.check(c.Shard); err != nil {
-				return err
-			}
+func (s *Server) opServed(op storage.MoneyOp) error {
+	for _, sh := range op.Shards() {
+		if err := s.own.check(sh); err != nil {
+			return err
 		}
-	case storage.OpRewards:
-		if op.Take != nil {
-			return s.own.check(model.ShardID(op.Take.DB * model.ShardsPerDB))
-		}
-		for _, r := range op.Rewards {
-			if err := s.own.check(r.Shard); err != nil {
-				return err
-			}
-		}
-	case storage.OpIssue:
-		return s.own.check(op.Reward.Shard)
-	case storage.OpAccept:
-		return s.own.check(op.Coupon.Shard)
 	}
 	return nil
 }
@@ -126,11 +85,11 @@ func (s *Server) laneOf(sp *space, db int) groupcommit.Lane {
 
 // submit runs op in its lane's group and returns the op's own error when the
 // group committed, else the group's (groupcommit.Committer.Submit).
-func (s *Server) submit(ctx context.Context, sp *space, db int, op *storage.GroupOp) error {
+func (s *Server) submit(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
 	if err := s.groups.Submit(ctx, s.laneOf(sp, db), op); err != nil {
 		return err
 	}
-	return op.Err
+	return op.Failed()
 }
 
 // submitStore is submit for an op that stores one row under an
@@ -138,7 +97,7 @@ func (s *Server) submit(ctx context.Context, sp *space, db int, op *storage.Grou
 // group still committing when ctx ends leaves the outcome unknown, as a
 // lost COMMIT answer does (storage.ErrCommitUnknown: a retry with the key
 // settles it).
-func (s *Server) submitStore(ctx context.Context, sp *space, db int, op *storage.GroupOp) error {
+func (s *Server) submitStore(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
 	err := s.submit(ctx, sp, db, op)
 	if errors.Is(err, groupcommit.ErrInFlight) {
 		return fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
@@ -157,7 +116,7 @@ func (s *Server) submitStore(ctx context.Context, sp *space, db int, op *storage
 // group's outcome is unknown, the relay reads the database's claims back
 // from since instead (relay.Relay.MarkDB).
 func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand, since time.Time) ([]model.OpenResult, model.Packet, error) {
-	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
+	op := &storage.OpenOp{Ref: ref, Reqs: reqs, Rand: r}
 	if err := s.submit(ctx, sp, ref.Shard.DB(), op); err != nil {
 		if wait, ok := groupcommit.InFlight(err); ok {
 			go func() {
@@ -174,12 +133,12 @@ func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef
 	return op.Results, op.Packet, nil
 }
 
-// refundGrouped is storage.Refund through the packet's lane (storage.OpRefund):
+// refundGrouped is storage.Refund through the packet's lane (storage.RefundOp):
 // the cents refunded and the packet as the refund left it. Errors:
 // ErrNotFound, ErrMoving or ErrWrongCell (the cell no longer serves the
 // packet's shard; nothing written), the committer's.
 func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error) {
-	op := &storage.GroupOp{Kind: storage.OpRefund, Ref: ref}
+	op := &storage.RefundOp{Ref: ref}
 	if err := s.submitStore(ctx, sp, ref.Shard.DB(), op); err != nil {
 		return 0, model.Packet{}, err
 	}
@@ -188,10 +147,10 @@ func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketR
 
 // openAlone commits one packet's batch of opens in a transaction of its own
 // (the strategies that do not group: naive, serial, batched): a group of one
-// op (storage.OpOpen) on the space's store, not through the committer. Its
+// op (storage.OpenOp) on the space's store, not through the committer. Its
 // answers are storage.OpenBatch's.
 func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
-	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs, Rand: r}
+	op := &storage.OpenOp{Ref: ref, Reqs: reqs, Rand: r}
 	if err := sp.store.CommitGroup(ctx, []storage.Op{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("open %s: %w", ref.ID, err)
 	}
@@ -200,7 +159,7 @@ func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model
 
 // sendGrouped is storage.Send through the sender's lane.
 func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
-	op := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: id, ExpiresMS: expiresMS}
+	op := &storage.SendOp{Shard: sh, Req: req, PacketID: id, ExpiresMS: expiresMS}
 	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
 		return model.Packet{}, false, err
 	}
@@ -209,7 +168,7 @@ func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, r
 
 // depositGrouped is storage.Deposit through the depositor's lane.
 func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
-	op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
+	op := &storage.DepositOp{Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
 	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
 		return model.Deposit{}, err
 	}
@@ -217,9 +176,9 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 }
 
 // withdrawGrouped is storage.Withdraw through the account's lane
-// (storage.OpWithdraw).
+// (storage.WithdrawOp).
 func (s *Server) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
-	op := &storage.GroupOp{Kind: storage.OpWithdraw, Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
+	op := &storage.WithdrawOp{Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
 	if err := s.submitStore(ctx, sp, sh.DB(), op); err != nil {
 		return model.Withdrawal{}, err
 	}
@@ -276,7 +235,7 @@ func (s *Server) applyCreditsGrouped(ctx context.Context, sp *space, credits []m
 			defer wg.Done()
 			for cs := w.credits; len(cs) > 0 && w.err == nil; {
 				n := min(chunk, len(cs))
-				op := &storage.GroupOp{Kind: storage.OpCredits, Credits: cs[:n:n]}
+				op := &storage.CreditsOp{Credits: cs[:n:n]}
 				if w.err = s.groups.Submit(ctx, w.lane, op); w.err == nil {
 					w.err = op.Err
 				}

@@ -249,23 +249,23 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 }
 
 // bookRewards books rs, rewards of one database (one person's, or one
-// reward), as one op of that database's commit lane (storage.OpRewards):
+// reward), as one op of that database's commit lane (storage.BookOp):
 // storage.BookRewards's answers.
 func (s *Server) bookRewards(ctx context.Context, sp *space, rs []model.Reward) (int, error) {
 	if len(rs) == 0 {
 		return 0, nil
 	}
-	op := &storage.GroupOp{Kind: storage.OpRewards, Rewards: rs}
+	op := &storage.BookOp{Rewards: rs}
 	err := s.submitStore(ctx, sp, rs[0].Shard.DB(), op)
 	return op.Applied, err
 }
 
 // storeReward stores an issued reward as one op of its database's commit
-// lane (storage.OpIssue: the issues of a group share one multi-row INSERT
+// lane (storage.IssueOp: the issues of a group share one multi-row INSERT
 // per database and one COMMIT; an issue alone is its INSERT in autocommit).
 // A repeat answers the reward stored before.
 func (s *Server) storeReward(ctx context.Context, sp *space, r model.Reward) (model.Reward, bool, error) {
-	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: r}
+	op := &storage.IssueOp{Reward: r}
 	if err := s.submitStore(ctx, sp, r.Shard.DB(), op); err != nil {
 		return model.Reward{}, false, err
 	}
@@ -864,7 +864,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 // was booked (more may wait) or booking failed (err).
 //
 // The batch is found, locked and booked in one op of the database's commit
-// lane (storage.OpRewards with a storage.RewardTake: its locking read,
+// lane (storage.BookOp with a storage.RewardTake: its locking read,
 // the wallets' flows and balances and the rows marked booked, in the lane's
 // group transaction). The booking rate is paid after: the wait for a
 // batch's tokens follows its booking, so a batch never waits holding rows
@@ -898,8 +898,7 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		leave()
 		return true, nil
 	}
-	op := &storage.GroupOp{Kind: storage.OpRewards,
-		Take: &storage.RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: began.UnixMilli(), Limit: s.cfg.BookingBatch}}
+	op := &storage.BookOp{Take: &storage.RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: began.UnixMilli(), Limit: s.cfg.BookingBatch}}
 	if err = s.submit(bctx, sp, db, op); err == nil {
 		err = op.Err
 	}

@@ -46,7 +46,7 @@ type cell struct {
 
 // pendingOp is an op waiting in its lane, and what to do with its answers.
 type pendingOp struct {
-	op   *storage.GroupOp
+	op   storage.MoneyOp
 	done func(err error)
 }
 
@@ -168,7 +168,7 @@ func b2i(b bool) int64 {
 // before it, as before every call that writes), or, when the run is
 // Grouped, in the next group of database db's lane. done gets the error of
 // the call or of the whole group; the op's own answers and errors are in op.
-func (c *cell) commit(db int, op *storage.GroupOp, done func(err error)) {
+func (c *cell) commit(db int, op storage.MoneyOp, done func(err error)) {
 	if !c.w.cfg.Grouped {
 		c.maybeFailCommit()
 		done(c.single(op))
@@ -182,17 +182,17 @@ func (c *cell) commit(db int, op *storage.GroupOp, done func(err error)) {
 
 // single runs op as its single-op store call, answers in op as CommitGroup
 // would set them; a deposit's or send's refusal is the call's error.
-func (c *cell) single(op *storage.GroupOp) error {
+func (c *cell) single(op storage.MoneyOp) error {
 	ctx := c.w.ctx
 	var err error
-	switch op.Kind {
-	case storage.OpDeposit:
+	switch op := op.(type) {
+	case *storage.DepositOp:
 		op.Deposit, err = storage.Deposit(ctx, c.store, op.Shard, op.ActID, op.OrderNo, op.Amount)
-	case storage.OpSend:
-		op.Packet, op.Repeat, err = storage.Send(ctx, c.store, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
-	case storage.OpOpen:
+	case *storage.SendOp:
+		op.Packet, op.Repeat, err = storage.Send(ctx, c.store, op.Shard, op.Req, op.PacketID, op.ExpiresMS)
+	case *storage.OpenOp:
 		op.Results, op.Packet, err = storage.OpenBatch(ctx, c.store, op.Ref, op.Reqs, op.Rand)
-	case storage.OpCredits:
+	case *storage.CreditsOp:
 		op.Applied, op.Deferred, err = storage.ApplyCredits(ctx, c.store, op.Credits)
 	}
 	return err
@@ -206,7 +206,7 @@ func (c *cell) flushLane(db int) {
 		n := min(len(c.lanes[db]), groupMax)
 		group := c.lanes[db][:n:n]
 		c.lanes[db] = c.lanes[db][n:]
-		ops := make([]*storage.GroupOp, n)
+		ops := make([]storage.MoneyOp, n)
 		for i, p := range group {
 			ops[i] = p.op
 		}
@@ -292,7 +292,7 @@ func (c *cell) deposit(id uint64, s model.ShardID, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: s, ActID: q.actID, OrderNo: q.deposit.OrderNo, Amount: model.Cents(q.deposit.Amount)}
+	op := &storage.DepositOp{Shard: s, ActID: q.actID, OrderNo: q.deposit.OrderNo, Amount: model.Cents(q.deposit.Amount)}
 	c.commit(s.DB(), op, func(err error) {
 		if err == nil {
 			err = op.Err
@@ -319,7 +319,7 @@ func (c *cell) send(id uint64, s model.ShardID, q *request) {
 		c.reply(id, errAnswer(err))
 		return
 	}
-	op := &storage.GroupOp{Kind: storage.OpSend, Shard: s, Send: req, PacketID: c.newPacketID(s), ExpiresMS: w.timeNow().Add(packetExpiry).UnixMilli()}
+	op := &storage.SendOp{Shard: s, Req: req, PacketID: c.newPacketID(s), ExpiresMS: w.timeNow().Add(packetExpiry).UnixMilli()}
 	c.commit(s.DB(), op, func(err error) {
 		if err == nil {
 			err = op.Err
@@ -373,7 +373,7 @@ func (c *cell) flushOpens(id model.PacketID) {
 		for i, wt := range batch {
 			reqs[i] = wt.req
 		}
-		op := &storage.GroupOp{Kind: storage.OpOpen, Ref: oq.ref, Reqs: reqs, Rand: c.rng}
+		op := &storage.OpenOp{Ref: oq.ref, Reqs: reqs, Rand: c.rng}
 		c.commit(oq.ref.Shard.DB(), op, func(err error) { c.opened(oq.ref, batch, op, err) })
 	}
 }
@@ -398,7 +398,7 @@ func (c *cell) openNext(id model.PacketID, oq *openQueue) {
 		reqs[i] = wt.req
 	}
 	c.openBusy[id] = true
-	op := &storage.GroupOp{Kind: storage.OpOpen, Ref: oq.ref, Reqs: reqs, Rand: c.rng}
+	op := &storage.OpenOp{Ref: oq.ref, Reqs: reqs, Rand: c.rng}
 	c.commit(oq.ref.Shard.DB(), op, func(err error) {
 		delete(c.openBusy, id)
 		c.opened(oq.ref, batch, op, err)
@@ -409,7 +409,7 @@ func (c *cell) openNext(id model.PacketID, oq *openQueue) {
 }
 
 // opened answers the opens of one batch.
-func (c *cell) opened(ref model.PacketRef, batch []openWaiter, op *storage.GroupOp, err error) {
+func (c *cell) opened(ref model.PacketRef, batch []openWaiter, op *storage.OpenOp, err error) {
 	w, id, reqs := c.w, ref.ID, op.Reqs
 	if err != nil {
 		code, _ := model.CodeOf(err)
@@ -541,7 +541,7 @@ func (c *cell) applyCredits(m *message) {
 // sums once every part is answered (an error if any part failed).
 func (c *cell) bookCredits(credits []model.Credit, done func(applied int, deferred []string, err error)) {
 	if !c.w.cfg.Grouped {
-		op := &storage.GroupOp{Kind: storage.OpCredits, Credits: credits}
+		op := &storage.CreditsOp{Credits: credits}
 		c.commit(0, op, func(err error) { done(op.Applied, op.Deferred, err) })
 		return
 	}
@@ -558,7 +558,7 @@ func (c *cell) bookCredits(credits []model.Credit, done func(applied int, deferr
 	var deferred []string
 	var failed error
 	for _, db := range dbs {
-		op := &storage.GroupOp{Kind: storage.OpCredits, Credits: byDB[db]}
+		op := &storage.CreditsOp{Credits: byDB[db]}
 		c.commit(db, op, func(err error) {
 			if err != nil && failed == nil {
 				failed = err

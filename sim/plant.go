@@ -8,7 +8,7 @@ import (
 )
 
 // creditTwice is the planted bug PlantCreditTwice: a store whose credit
-// ops (OpCredits), for every credit whose order number "claim:<id>" was booked
+// ops (storage.CreditsOp), for every credit whose order number "claim:<id>" was booked
 // before, books it again in a neighbouring shard of the same store, where
 // that order number was never seen — a credit applied without its
 // idempotency key. The claimant's cell is paid twice for one claim.
@@ -22,8 +22,8 @@ func (s *creditTwice) CommitGroup(ctx context.Context, list []storage.Op) error 
 	ops := moneyOps(list)
 	var credits []model.Credit
 	for _, op := range ops {
-		if op.Kind == storage.OpCredits {
-			credits = append(credits, op.Credits...)
+		if c, ok := op.(*storage.CreditsOp); ok {
+			credits = append(credits, c.Credits...)
 		}
 	}
 	before := map[string]model.Credit{}

@@ -15,7 +15,7 @@ func newStore(w *world) storage.Store { return &lockedRows{Store: memstore.New(w
 
 // lockedRows models the wallet rows other transactions hold in a MariaDB
 // store, which the in-memory store never has (one lock, one call at a time):
-// a group's credit op (OpCredits) leaves each credit, with probability
+// a group's credit op (storage.CreditsOp) leaves each credit, with probability
 // Faults.Defer, for a later group, listed in the op's Deferred with nothing
 // written for it, as storage.MySQL
 // does with a credit whose row is locked. Everything else is memstore's.
@@ -33,13 +33,14 @@ func (s *lockedRows) CommitGroup(ctx context.Context, list []storage.Op) error {
 		return s.Store.CommitGroup(ctx, list)
 	}
 	type held struct {
-		op    *storage.GroupOp
+		op    *storage.CreditsOp
 		all   []model.Credit
 		later []string
 	}
 	var hs []held
-	for _, op := range ops {
-		if op.Kind != storage.OpCredits {
+	for _, o := range ops {
+		op, ok := o.(*storage.CreditsOp)
+		if !ok {
 			continue
 		}
 		h := held{op: op, all: op.Credits}
@@ -69,11 +70,11 @@ func (s *lockedRows) FailNextCommit(lostAnswer bool) {
 
 var _ commitFailer = (*memstore.Store)(nil)
 
-// moneyOps are the *GroupOp ops of list (the kinds these wrappers look at).
-func moneyOps(list []storage.Op) []*storage.GroupOp {
-	var ops []*storage.GroupOp
+// moneyOps are the money ops of list (the kinds these wrappers look at).
+func moneyOps(list []storage.Op) []storage.MoneyOp {
+	var ops []storage.MoneyOp
 	for _, op := range list {
-		if g, ok := op.(*storage.GroupOp); ok {
+		if g, ok := op.(storage.MoneyOp); ok {
 			ops = append(ops, g)
 		}
 	}

@@ -14,10 +14,10 @@ import (
 	"redcell/model"
 )
 
-func acceptOps(rs []model.CouponRequest) []*GroupOp {
-	ops := make([]*GroupOp, len(rs))
+func acceptOps(rs []model.CouponRequest) []*AcceptOp {
+	ops := make([]*AcceptOp, len(rs))
 	for i, r := range rs {
-		ops[i] = &GroupOp{Kind: OpAccept, Coupon: r}
+		ops[i] = &AcceptOp{Coupon: r}
 	}
 	return ops
 }

@@ -35,7 +35,7 @@ func (m *MySQL) acceptInsert(db, n int) string {
 // nothing decided, or refused SOLD_OUT at its accept.
 func acceptedAs(r model.CouponRequest) model.CouponRequest { return model.AcceptedForm(r) }
 
-// acceptCouponsTx stores the coupon requests of a group's OpAccept ops, as
+// acceptCouponsTx stores the coupon requests of a group's AcceptOp ops, as
 // AcceptCoupon does one: a new (app, serial) is stored accepted (or
 // refused, model.RefusedAtAccept), a stored
 // one answers the stored request (Repeat) or ErrOrderConflict
@@ -49,8 +49,8 @@ func acceptedAs(r model.CouponRequest) model.CouponRequest { return model.Accept
 // request holds (person, batch, accept time): a client's retry stored by
 // another group in the same millisecond looks the same, so CommitGroup uses
 // it only for a group of accepts alone.
-func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, now int64, fresh bool) (func() (bool, error), error) {
-	byDB := map[int][]*GroupOp{}
+func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*AcceptOp, now int64, fresh bool) (func() (bool, error), error) {
+	byDB := map[int][]*AcceptOp{}
 	var dbs []int
 	for _, op := range ops {
 		if op.Coupon.AcceptedMS == 0 {
@@ -70,7 +70,7 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 	}
 	slices.Sort(dbs)
 	for _, db := range dbs {
-		slices.SortStableFunc(byDB[db], func(a, b *GroupOp) int {
+		slices.SortStableFunc(byDB[db], func(a, b *AcceptOp) int {
 			return cmp.Or(cmp.Compare(a.Coupon.App, b.Coupon.App), cmp.Compare(a.Coupon.Serial, b.Coupon.Serial))
 		})
 	}
@@ -109,7 +109,7 @@ func (m *MySQL) acceptCouponsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp,
 // (ON DUPLICATE KEY UPDATE serial_no = serial_no stores nothing and counts
 // 0) or locked elsewhere makes ok false and the transaction goes back to
 // the savepoint, nothing of the group's accepts written.
-func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int, fresh bool) (ok bool, err error) {
+func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*AcceptOp, dbs []int, fresh bool) (ok bool, err error) {
 	var inserts []string
 	n := 0
 	for _, db := range dbs {
@@ -127,7 +127,7 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 	}
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
-			op.Accepted = acceptedAs(op.Coupon)
+			op.Stored()
 		}
 	}
 	return true, nil
@@ -143,7 +143,7 @@ func (m *MySQL) acceptAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*Group
 // model.ReplayCouponRequest: a repeat, or ErrOrderConflict. No gap is
 // locked for a serial not stored, so concurrent groups do not deadlock over
 // new serials.
-func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
+func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*AcceptOp) error {
 	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*14)
 	for i, op := range list {
@@ -162,7 +162,7 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 	var keys []any
 	for i, op := range list {
 		if counts[i] == 1 {
-			op.Accepted = acceptedAs(op.Coupon)
+			op.Stored()
 			continue
 		}
 		where = append(where, "(app = ? AND serial_no = ?)")
@@ -188,9 +188,7 @@ func (m *MySQL) acceptDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupO
 		if !ok {
 			return fmt.Errorf("storage: accept: serial %s counted stored but not found", op.Coupon.Serial)
 		}
-		if op.Err = model.ReplayCouponRequest(prior, op.Coupon); op.Err == nil {
-			op.Accepted, op.Repeat = prior, true
-		}
+		op.Replay(prior)
 	}
 	return nil
 }

@@ -69,19 +69,17 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 	}
 	// Each open's seed, taken once: every run of the transaction draws the
 	// same shares (model.DrawSeed).
-	seeds := make([]model.DrawSeed, len(ops))
-	for i, op := range ops {
-		if op.Kind == OpOpen {
-			seeds[i] = model.TakeDrawSeed(op.Rand)
-		}
-	}
+	BeginGroup(ops)
 	// A group that locks packet or wallet rows runs its bulk lists without
 	// savepoints only while such groups have not had to run again lately
 	// (unfitQuiet): where unfit lists are routine (credits delivered again
 	// after an outage, say), each would cost the whole group twice.
 	locks := false
 	for _, op := range ops {
-		locks = locks || op.Kind == OpOpen || op.Kind == OpSend || op.Kind == OpDeposit || op.Kind == OpRefund || op.Kind == OpWithdraw
+		switch op.(type) {
+		case *OpenOp, *SendOp, *DepositOp, *WithdrawOp, *RefundOp:
+			locks = true
+		}
 	}
 	freshFirst := !locks || m.nowMS()-m.unfitMS.Load() >= unfitQuiet.Milliseconds()
 	var probe func() (bool, error)
@@ -94,7 +92,7 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 		for {
 			err := m.inTx(ctx, func(tx *sql.Tx) error {
 				var err error
-				probe, err = m.groupTx(ctx, tx, ops, seeds, fresh, readClaims)
+				probe, err = m.groupTx(ctx, tx, ops, fresh, readClaims)
 				return err
 			})
 			if !errors.Is(err, errClaimsNeeded) || readClaims {
@@ -110,8 +108,10 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 	// stay as they are for a later pass, which tries again.
 	var shards []model.ShardID
 	for _, op := range ops {
-		shards = append(shards, op.tablesFirst...)
-		op.tablesFirst = nil
+		if b, ok := op.(*BookOp); ok {
+			shards = append(shards, b.tablesFirst...)
+			b.tablesFirst = nil
+		}
 	}
 	if len(shards) > 0 {
 		_ = m.EnsureShards(ctx, shards)
@@ -134,29 +134,27 @@ func (m *MySQL) Read(ctx context.Context, q Query) error {
 
 // ensureGroup makes the tables the ops touch exist, outside the transaction
 // (DDL would commit it).
-func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
+func (m *MySQL) ensureGroup(ctx context.Context, ops []MoneyOp) error {
 	for _, op := range ops {
 		var err error
-		switch op.Kind {
-		case OpOpen:
+		switch op := op.(type) {
+		case *OpenOp:
 			err = m.EnsureDay(ctx, op.Ref.Shard, op.Ref.Day)
-		case OpSend:
+		case *SendOp:
 			ref, perr := model.ParsePacketID(string(op.PacketID))
 			if perr != nil || ref.Shard != op.Shard {
 				return fmt.Errorf("storage: group send with packet ID %q of another shard", op.PacketID)
 			}
 			err = m.EnsureDay(ctx, op.Shard, ref.Day)
-		case OpDeposit, OpWithdraw:
+		case *DepositOp:
 			err = m.EnsureShard(ctx, op.Shard)
-		case OpCredits:
-			shards := make([]model.ShardID, len(op.Credits))
-			for i, c := range op.Credits {
-				shards[i] = c.Shard
-			}
-			err = m.EnsureShards(ctx, shards)
-		case OpRewards:
+		case *WithdrawOp:
+			err = m.EnsureShard(ctx, op.Shard)
+		case *CreditsOp:
+			err = m.EnsureShards(ctx, op.Shards())
+		case *BookOp:
 			_, err = m.ensureRewardBooking(ctx, op.Rewards)
-		case OpIssue:
+		case *IssueOp:
 			if !op.Reward.Shard.Valid() {
 				return fmt.Errorf("storage: group issue of reward %q without a shard", op.Reward.OrderNo)
 			}
@@ -166,17 +164,17 @@ func (m *MySQL) ensureGroup(ctx context.Context, ops []*GroupOp) error {
 				// runs in a transaction, where DDL cannot (takeAndBookTx).
 				err = m.EnsureShard(ctx, op.Reward.Shard)
 			}
-		case OpAccept:
+		case *AcceptOp:
 			if op.Coupon.Shard.Valid() { // else the op answers ErrInvalidArgument
 				err = m.ensureCoupons(ctx, op.Coupon.Shard.DB())
 			}
-		case OpRefund:
+		case *RefundOp:
 			// The packet's tables, and its shard's, where its sender's wallet is.
 			if err = m.EnsureShard(ctx, op.Ref.Shard); err == nil {
 				err = m.EnsureDay(ctx, op.Ref.Shard, op.Ref.Day)
 			}
 		default:
-			return fmt.Errorf("storage: group op of unknown kind %d", op.Kind)
+			return fmt.Errorf("storage: group op %T of no known kind", op)
 		}
 		if err != nil {
 			return err
@@ -196,12 +194,109 @@ type groupFlowKey struct {
 	order string
 }
 
-// groupState is what a group's decisions read and change, keyed as the rows.
+// groupState is what a group's decisions read and change, keyed as the rows
+// (GroupState): the rows groupRead locked, the decisions' writes, gathered
+// for one multi-statement write, and the probe of the first row written.
 type groupState struct {
-	packets map[model.PacketID]*model.Packet          // locked rows; nil entry: not found
-	claims  map[model.PacketID]map[string]model.Claim // openers' claims, earlier and new
-	wallets map[walletKey]model.Cents
-	flows   map[groupFlowKey]model.Flow // send and deposit order numbers seen
+	m          *MySQL
+	ctx        context.Context
+	now        int64
+	claimsRead bool                                      // the openers' earlier claims are in claims
+	packets    map[model.PacketID]*model.Packet          // locked rows and the group's new ones; nil entry: not found
+	claims     map[model.PacketID]map[string]model.Claim // openers' claims, earlier and new
+	wallets    map[walletKey]model.Cents
+	flows      map[groupFlowKey]model.Flow // send and deposit order numbers seen
+	w          groupWrites
+	probe      func() (bool, error) // the first row written, as this attempt wrote it
+	repeats    []sentBefore         // sends answered by an earlier packet, read after the writes
+}
+
+type sentBefore struct {
+	id   model.PacketID
+	into *model.Packet
+}
+
+var _ GroupState = (*groupState)(nil)
+
+func (st *groupState) NowMS() int64 { return st.now }
+
+func (st *groupState) Packet(id model.PacketID) (model.Packet, bool) {
+	if p := st.packets[id]; p != nil {
+		return *p, true
+	}
+	return model.Packet{}, false
+}
+
+func (st *groupState) Claims(id model.PacketID, _ []model.OpenRequest) (map[string]model.Claim, bool) {
+	return st.claims[id], st.claimsRead
+}
+
+func (st *groupState) Balance(sh model.ShardID, actID string) model.Cents {
+	return st.wallets[walletKey{sh, actID}]
+}
+
+func (st *groupState) Flow(sh model.ShardID, actID, orderNo string) (model.Flow, bool) {
+	f, ok := st.flows[groupFlowKey{sh, actID, orderNo}]
+	return f, ok
+}
+
+func (st *groupState) Opened(ref model.PacketRef, out model.OpenOutcome) {
+	*st.packets[ref.ID] = out.Packet
+	held := st.claims[ref.ID]
+	for _, c := range out.Fresh {
+		held[c.ActID] = c
+	}
+	st.w.open(ref, out)
+	if st.probe == nil {
+		first := out.Fresh[0]
+		reqs := []model.OpenRequest{{ActID: first.ActID}}
+		m, ctx := st.m, st.ctx
+		st.probe = func() (bool, error) {
+			// This attempt's claim: its seq, share and time, not only
+			// a claim of this user (another writer's would be one).
+			got, err := m.claimsOfPacket(ctx, ref, reqs)
+			c := got[first.ActID]
+			return err == nil && c.Seq == first.Seq && c.Amount == first.Amount && c.CreatedMS == first.CreatedMS, err
+		}
+	}
+}
+
+func (st *groupState) Sent(sh model.ShardID, out model.SendOutcome) {
+	f := out.Flow
+	fk := groupFlowKey{sh, f.ActID, f.OrderNo}
+	st.wallets[walletKey{sh, f.ActID}], st.flows[fk] = out.Balance, f
+	p := out.Packet
+	st.packets[p.ID], st.claims[p.ID] = &p, map[string]model.Claim{}
+	st.w.flow(sh, f, out.Balance)
+	st.w.newPacket(sh, out.Packet)
+	st.probeFlow(fk, f)
+}
+
+func (st *groupState) Moved(sh model.ShardID, f model.Flow) {
+	fk := groupFlowKey{sh, f.ActID, f.OrderNo}
+	st.wallets[walletKey{sh, f.ActID}], st.flows[fk] = f.BalanceAfter, f
+	st.w.flow(sh, f, f.BalanceAfter)
+	st.probeFlow(fk, f)
+}
+
+func (st *groupState) Refunded(ref model.PacketRef, out model.RefundOutcome) {
+	k := walletKey{ref.Shard, out.Flow.ActID}
+	bal, ok := st.wallets[k]
+	invariant.That(ok, "a refund's wallet was not locked")
+	st.wallets[k], *st.packets[ref.ID] = bal+out.Amount, out.Packet
+	st.w.flow(ref.Shard, out.Flow, st.wallets[k])
+	st.w.packetState(ref, out.Packet)
+	st.probeFlow(groupFlowKey{ref.Shard, out.Flow.ActID, out.Flow.OrderNo}, out.Flow)
+}
+
+func (st *groupState) SentBefore(id model.PacketID, into *model.Packet) {
+	st.repeats = append(st.repeats, sentBefore{id, into})
+}
+
+func (st *groupState) probeFlow(fk groupFlowKey, f model.Flow) {
+	if st.probe == nil {
+		st.probe = st.m.flowProbe(st.ctx, fk, f)
+	}
 }
 
 // groupTx locks, decides, writes. It returns a probe that tells, after a
@@ -215,156 +310,60 @@ type groupState struct {
 // rare unfit list costs a second run; every other group a statement less
 // per list.
 //
-// seeds[i]: op i's draw seed (an open's), the same in every run.
-//
 // readClaims: the openers' earlier claims are read with the locks. Without
 // it, they are read after the locks only when an open's answer would be a
 // refusal (refusalAhead), and groupTx answers errClaimsNeeded (having
 // written nothing that stays: the caller rolls back) when the unique key
 // refuses a new claim.
-func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds []model.DrawSeed, fresh, readClaims bool) (func() (bool, error), error) {
-	for _, op := range ops { // answers of an earlier run of this transaction
-		op.Results, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, op.Err = nil, model.Packet{}, false, model.Deposit{}, 0, nil, nil
-		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
-		if op.Take != nil {
-			op.Rewards, op.tablesFirst = nil, nil
-		}
-	}
+func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, readClaims bool) (func() (bool, error), error) {
+	ResetAnswers(ops) // answers of an earlier run of this transaction
 	st, err := m.groupRead(ctx, tx, ops, readClaims)
 	if err != nil {
 		return nil, err
 	}
 	now := m.nowMS()
-	if !readClaims && refusalAhead(st, ops, seeds, now) {
+	st.m, st.ctx, st.now, st.claimsRead, st.w.dest = m, ctx, now, readClaims, m.creditDest
+	if !readClaims && refusalAhead(st, ops, now) {
 		// A refusal ahead: read the claims now, in this transaction.
 		if err := m.readClaims(ctx, tx, st, ops); err != nil {
 			return nil, err
 		}
-		readClaims = true
+		st.claimsRead = true
 	}
 	if err := m.lockRefundWallets(ctx, tx, st, ops, now); err != nil {
 		return nil, err
 	}
 	var (
-		w                    = groupWrites{dest: m.creditDest}
-		repeats              []*GroupOp // sends answered by an earlier packet, read after the writes
-		creditOps, rewardOps []*GroupOp
-		issueOps, acceptOps  []*GroupOp
-		probe                func() (bool, error)
+		creditOps []*CreditsOp
+		bookOps   []*BookOp
+		issueOps  []*IssueOp
+		acceptOps []*AcceptOp
 	)
-	for i, op := range ops {
-		switch op.Kind {
-		case OpOpen:
-			p := st.packets[op.Ref.ID]
-			in := model.OpenInput{Packet: model.Packet{ID: op.Ref.ID}, Reqs: op.Reqs, NowMS: now, Rand: seeds[i].Rand()}
-			if p != nil {
-				in.Packet, in.Found, in.Earlier = *p, true, st.claims[op.Ref.ID]
-			}
-			out := model.Open(in)
-			if p != nil && !readClaims && refusedAny(out.Results) {
-				// refusalAhead foresees every refusal; should one come all
-				// the same, the group runs again with the claims read.
-				return nil, errClaimsNeeded
-			}
-			op.Results, op.Packet = out.Results, out.Packet
-			if len(out.Fresh) == 0 {
-				continue
-			}
-			*p = out.Packet
-			for _, c := range out.Fresh {
-				st.claims[op.Ref.ID][c.ActID] = c
-			}
-			w.open(op.Ref, out)
-			if probe == nil {
-				ref, first := op.Ref, out.Fresh[0]
-				reqs := []model.OpenRequest{{ActID: first.ActID}}
-				probe = func() (bool, error) {
-					// This attempt's claim: its seq, share and time, not only
-					// a claim of this user (another writer's would be one).
-					got, err := m.claimsOfPacket(ctx, ref, reqs)
-					c := got[first.ActID]
-					return err == nil && c.Seq == first.Seq && c.Amount == first.Amount && c.CreatedMS == first.CreatedMS, err
-				}
-			}
-		case OpSend:
-			k := walletKey{op.Shard, op.Send.Sender}
-			fk := groupFlowKey{op.Shard, op.Send.Sender, op.Send.OrderNo}
-			if f, ok := st.flows[fk]; ok {
-				if op.Err = model.ReplayOrder(f, model.FlowSend, model.SendHash(op.Send)); op.Err == nil {
-					op.Repeat, op.Packet.ID = true, model.PacketID(f.Ref)
-					repeats = append(repeats, op)
-				}
-				continue
-			}
-			out, err := model.Send(model.SendInput{Req: op.Send, ID: op.PacketID, Balance: st.wallets[k], NowMS: now, ExpiresMS: op.ExpiresMS})
-			if err != nil {
-				op.Err = err
-				continue
-			}
-			st.wallets[k], st.flows[fk] = out.Balance, out.Flow
-			op.Packet = out.Packet
-			w.flow(op.Shard, out.Flow, out.Balance)
-			w.newPacket(op.Shard, out.Packet)
-			if probe == nil {
-				probe = m.flowProbe(ctx, fk, out.Flow)
-			}
-		case OpDeposit, OpWithdraw:
-			mv := WalletMoveOf(op)
-			k := walletKey{op.Shard, op.ActID}
-			fk := groupFlowKey{op.Shard, op.ActID, op.OrderNo}
-			if f, ok := st.flows[fk]; ok {
-				if op.Err = model.ReplayOrder(f, mv.Kind, mv.Hash); op.Err == nil {
-					mv.Answer(f.BalanceAfter, true)
-				}
-				continue
-			}
-			f, err := mv.Apply(st.wallets[k], now)
-			if err != nil {
-				op.Err = err
-				continue
-			}
-			st.wallets[k], st.flows[fk] = f.BalanceAfter, f
-			mv.Answer(f.BalanceAfter, false)
-			w.flow(op.Shard, f, f.BalanceAfter)
-			if probe == nil {
-				probe = m.flowProbe(ctx, fk, f)
-			}
-		case OpRefund:
-			p := st.packets[op.Ref.ID]
-			if p == nil {
-				op.Err = model.Errorf(model.ErrNotFound, "red packet %s not found", op.Ref.ID)
-				continue
-			}
-			out := model.Refund(*p, now)
-			op.Packet = out.Packet
-			if !out.Due {
-				continue
-			}
-			k := walletKey{op.Ref.Shard, out.Flow.ActID}
-			bal, ok := st.wallets[k]
-			invariant.That(ok, "a refund's wallet was not locked")
-			st.wallets[k], *p, op.Refunded = bal+out.Amount, out.Packet, out.Amount
-			w.flow(op.Ref.Shard, out.Flow, st.wallets[k])
-			w.packetState(op.Ref, out.Packet)
-			if probe == nil {
-				probe = m.flowProbe(ctx, groupFlowKey{op.Ref.Shard, out.Flow.ActID, out.Flow.OrderNo}, out.Flow)
-			}
-		case OpCredits:
+	for _, op := range ops {
+		decided, err := Decide(st, op)
+		if err != nil {
+			return nil, err // errClaimsNeeded: refusalAhead foresees every refusal; should one come all the same, the group runs again with the claims read
+		}
+		if decided {
+			continue
+		}
+		switch op := op.(type) {
+		case *CreditsOp:
 			creditOps = append(creditOps, op)
-		case OpRewards:
-			rewardOps = append(rewardOps, op)
-		case OpIssue:
+		case *BookOp:
+			bookOps = append(bookOps, op)
+		case *IssueOp:
 			if op.Reward.CreatedMS == 0 {
 				op.Reward.CreatedMS = now
 			}
 			issueOps = append(issueOps, op)
-		case OpAccept:
+		case *AcceptOp:
 			acceptOps = append(acceptOps, op)
 		}
 	}
-	if q, args := w.sql(m); q != "" {
+	if q, args := st.w.sql(m); q != "" {
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			if !readClaims && isMySQLErr(err, errDupEntry) && strings.Contains(err.Error(), "'uk_claim'") {
+			if !st.claimsRead && isMySQLErr(err, errDupEntry) && strings.Contains(err.Error(), "'uk_claim'") {
 				// uk_claim refused a repeat; any other key's duplicate
 				// is an error of the group.
 				return nil, errClaimsNeeded
@@ -372,6 +371,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			return nil, err
 		}
 	}
+	probe := st.probe
 	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
 		var err error
 		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now, fresh)
@@ -382,7 +382,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 	// A booker's batch books rewards stored before this group, never its
 	// own issues (as memstore: the rows a group stores are not there for
 	// its take), so it goes before them.
-	for _, op := range rewardOps {
+	for _, op := range bookOps {
 		if op.Take == nil {
 			continue
 		}
@@ -415,7 +415,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 			probe = p
 		}
 	}
-	for _, op := range rewardOps {
+	for _, op := range bookOps {
 		if op.Take != nil {
 			continue // booked before the issues (above)
 		}
@@ -425,10 +425,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 		}
 		op.Applied = len(booked)
 	}
-	for _, op := range repeats {
-		first, err := model.ParsePacketID(string(op.Packet.ID))
+	for _, r := range st.repeats {
+		first, err := model.ParsePacketID(string(r.id))
 		if err != nil {
-			return nil, fmt.Errorf("storage: flow row holds bad packet id %q: %w", op.Packet.ID, err)
+			return nil, fmt.Errorf("storage: flow row holds bad packet id %q: %w", r.id, err)
 		}
 		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(first.Shard, first.Day)+
 			" WHERE packet_id = ?", string(first.ID)))
@@ -437,9 +437,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, seeds [
 				" WHERE packet_id = ?", string(first.ID)))
 		}
 		if err != nil {
-			return nil, fmt.Errorf("storage: read the first packet of order %s: %w", op.Send.OrderNo, err)
+			return nil, fmt.Errorf("storage: read the first packet %s of a send's order: %w", r.id, err)
 		}
-		op.Packet = p
+		*r.into = p
 	}
 	return probe, nil
 }
@@ -477,7 +477,7 @@ func refusedAny(rs []model.OpenResult) bool {
 // creating the wallets the group debits or credits (so they can be locked),
 // then one multi-statement query of locking reads and, with readClaims, the
 // openers' earlier claims.
-func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readClaims bool) (*groupState, error) {
+func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []MoneyOp, readClaims bool) (*groupState, error) {
 	st := &groupState{
 		packets: map[model.PacketID]*model.Packet{},
 		claims:  map[model.PacketID]map[string]model.Claim{},
@@ -487,25 +487,33 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []*GroupOp, readC
 	packetsByTable := map[string][]string{} // packet table → IDs
 	walletsByShard := map[model.ShardID]map[string]bool{}
 	flowsByShard := map[model.ShardID]map[[2]string]bool{}
+	packet := func(ref model.PacketRef) {
+		if _, ok := st.claims[ref.ID]; !ok {
+			st.claims[ref.ID] = map[string]model.Claim{}
+			t := m.packetTable(ref.Shard, ref.Day)
+			packetsByTable[t] = append(packetsByTable[t], string(ref.ID))
+		}
+	}
+	wallet := func(sh model.ShardID, act, order string) {
+		if walletsByShard[sh] == nil {
+			walletsByShard[sh] = map[string]bool{}
+			flowsByShard[sh] = map[[2]string]bool{}
+		}
+		walletsByShard[sh][act] = true
+		flowsByShard[sh][[2]string{act, order}] = true
+	}
 	for _, op := range ops {
-		switch op.Kind {
-		case OpOpen, OpRefund:
-			if _, ok := st.claims[op.Ref.ID]; !ok {
-				st.claims[op.Ref.ID] = map[string]model.Claim{}
-				t := m.packetTable(op.Ref.Shard, op.Ref.Day)
-				packetsByTable[t] = append(packetsByTable[t], string(op.Ref.ID))
-			}
-		case OpSend, OpDeposit, OpWithdraw:
-			act, order := op.ActID, op.OrderNo
-			if op.Kind == OpSend {
-				act, order = op.Send.Sender, op.Send.OrderNo
-			}
-			if walletsByShard[op.Shard] == nil {
-				walletsByShard[op.Shard] = map[string]bool{}
-				flowsByShard[op.Shard] = map[[2]string]bool{}
-			}
-			walletsByShard[op.Shard][act] = true
-			flowsByShard[op.Shard][[2]string{act, order}] = true
+		switch op := op.(type) {
+		case *OpenOp:
+			packet(op.Ref)
+		case *RefundOp:
+			packet(op.Ref)
+		case *SendOp:
+			wallet(op.Shard, op.Req.Sender, op.Req.OrderNo)
+		case *DepositOp:
+			wallet(op.Shard, op.ActID, op.OrderNo)
+		case *WithdrawOp:
+			wallet(op.Shard, op.ActID, op.OrderNo)
 		}
 	}
 	shards := make([]model.ShardID, 0, len(walletsByShard))
@@ -623,10 +631,11 @@ func (st *groupState) readWallet(rows *sql.Rows) error {
 
 // claimsUnion is the read of the openers' earlier claims: per claim table
 // one part, per packet its requests' act_ids.
-func (m *MySQL) claimsUnion(ops []*GroupOp) union {
+func (m *MySQL) claimsUnion(ops []MoneyOp) union {
 	byTable := map[string]map[model.PacketID][]string{}
-	for _, op := range ops {
-		if op.Kind != OpOpen {
+	for _, o := range ops {
+		op, ok := o.(*OpenOp)
+		if !ok {
 			continue
 		}
 		t := m.claimTable(op.Ref.Shard, op.Ref.Day)
@@ -668,7 +677,7 @@ func (st *groupState) readClaim(rows *sql.Rows) error {
 
 // readClaims reads the openers' earlier claims in a statement of their own,
 // after the group's locks (groupTx, when an answer will be a refusal).
-func (m *MySQL) readClaims(ctx context.Context, tx *sql.Tx, st *groupState, ops []*GroupOp) error {
+func (m *MySQL) readClaims(ctx context.Context, tx *sql.Tx, st *groupState, ops []MoneyOp) error {
 	u := m.claimsUnion(ops)
 	if len(u.parts) == 0 {
 		return nil
@@ -701,17 +710,18 @@ func queryUnion(ctx context.Context, tx *sql.Tx, u union, read func(*sql.Rows) e
 // first, for a user who claimed before gets the claim, not the refusal. It
 // decides on copies of the packets, in list order, with each op's own seed
 // (the group's decisions draw the same shares again).
-func refusalAhead(st *groupState, ops []*GroupOp, seeds []model.DrawSeed, now int64) bool {
+func refusalAhead(st *groupState, ops []MoneyOp, now int64) bool {
 	after := map[model.PacketID]model.Packet{}
-	for i, op := range ops {
-		if op.Kind != OpOpen || st.packets[op.Ref.ID] == nil {
+	for _, o := range ops {
+		op, ok := o.(*OpenOp)
+		if !ok || st.packets[op.Ref.ID] == nil {
 			continue
 		}
 		p, ok := after[op.Ref.ID]
 		if !ok {
 			p = *st.packets[op.Ref.ID]
 		}
-		out := model.Open(model.OpenInput{Packet: p, Found: true, Reqs: op.Reqs, NowMS: now, Rand: seeds[i].Rand()})
+		out := model.Open(model.OpenInput{Packet: p, Found: true, Reqs: op.Reqs, NowMS: now, Rand: op.seed.Rand()})
 		if refusedAny(out.Results) {
 			return true
 		}
@@ -751,10 +761,11 @@ func (m *MySQL) lockPackets(ctx context.Context, tx *sql.Tx, st *groupState, byT
 // did not lock, and reads their balances: one statement when there are any,
 // and one more creating a wallet row that is missing (the sender's wallet
 // exists once it sent, unless the row went with a hand-made repair).
-func (m *MySQL) lockRefundWallets(ctx context.Context, tx *sql.Tx, st *groupState, ops []*GroupOp, now int64) error {
+func (m *MySQL) lockRefundWallets(ctx context.Context, tx *sql.Tx, st *groupState, ops []MoneyOp, now int64) error {
 	byShard := map[model.ShardID]map[string]bool{}
-	for _, op := range ops {
-		if op.Kind != OpRefund {
+	for _, o := range ops {
+		op, ok := o.(*RefundOp)
+		if !ok {
 			continue
 		}
 		p := st.packets[op.Ref.ID]

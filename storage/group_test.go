@@ -40,22 +40,20 @@ func TestCommitGroupMixed(t *testing.T) {
 	}
 	missing, _ := model.ParsePacketID(string(model.NewPacketID(shardOf("nobody"), now)))
 	p2ID := model.NewPacketID(shardOf("a"), now)
-	op := func(o GroupOp) *GroupOp { return &o }
-	ops := []*GroupOp{
-		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}),
-		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d2", Amount: 250}),
-		// Spends both deposits above: FIFO per wallet inside the group.
-		op(GroupOp{Kind: OpSend, Shard: shardOf("a"), Send: model.SendRequest{Sender: "a", Amount: 700, Count: 2, Kind: model.KindRandom, OrderNo: "s1"},
-			PacketID: p2ID, ExpiresMS: now.Add(time.Hour).UnixMilli()}),
-		op(GroupOp{Kind: OpSend, Shard: shardOf("b"), Send: model.SendRequest{Sender: "b", Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: "s1"},
-			PacketID: model.NewPacketID(shardOf("b"), now), ExpiresMS: now.Add(time.Hour).UnixMilli()}), // insufficient
-		op(GroupOp{Kind: OpDeposit, Shard: shardOf("s1"), ActID: "s1", OrderNo: "d0", Amount: 1000}), // repeat
-		op(GroupOp{Kind: OpDeposit, Shard: shardOf("s1"), ActID: "s1", OrderNo: "o1", Amount: 5}),    // an order a send used
-		op(GroupOp{Kind: OpOpen, Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}, {ActID: "u2", Shard: shardOf("u2")}}, Rand: r}),
-		op(GroupOp{Kind: OpOpen, Ref: missing, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}}, Rand: r}),
-		op(GroupOp{Kind: OpOpen, Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}, {ActID: "u4", Shard: shardOf("u4")}}, Rand: r}),
-		op(GroupOp{Kind: OpCredits, Credits: []model.Credit{{ClaimID: model.ClaimID(ref1.ID, 1), PacketID: ref1.ID, ActID: "u1", Shard: shardOf("u1"), Amount: 100}}}),
-	}
+	d1 := &DepositOp{Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}
+	d2 := &DepositOp{Shard: shardOf("a"), ActID: "a", OrderNo: "d2", Amount: 250}
+	// Spends both deposits above: FIFO per wallet inside the group.
+	s1 := &SendOp{Shard: shardOf("a"), Req: model.SendRequest{Sender: "a", Amount: 700, Count: 2, Kind: model.KindRandom, OrderNo: "s1"},
+		PacketID: p2ID, ExpiresMS: now.Add(time.Hour).UnixMilli()}
+	sb := &SendOp{Shard: shardOf("b"), Req: model.SendRequest{Sender: "b", Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: "s1"},
+		PacketID: model.NewPacketID(shardOf("b"), now), ExpiresMS: now.Add(time.Hour).UnixMilli()} // insufficient
+	d0 := &DepositOp{Shard: shardOf("s1"), ActID: "s1", OrderNo: "d0", Amount: 1000} // repeat
+	do1 := &DepositOp{Shard: shardOf("s1"), ActID: "s1", OrderNo: "o1", Amount: 5}   // an order a send used
+	o1 := &OpenOp{Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u1", Shard: shardOf("u1")}, {ActID: "u2", Shard: shardOf("u2")}}, Rand: r}
+	o2 := &OpenOp{Ref: missing, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}}, Rand: r}
+	o3 := &OpenOp{Ref: ref1, Reqs: []model.OpenRequest{{ActID: "u3", Shard: shardOf("u3")}, {ActID: "u4", Shard: shardOf("u4")}}, Rand: r}
+	cr := &CreditsOp{Credits: []model.Credit{{ClaimID: model.ClaimID(ref1.ID, 1), PacketID: ref1.ID, ActID: "u1", Shard: shardOf("u1"), Amount: 100}}}
+	ops := []MoneyOp{d1, d2, s1, sb, d0, do1, o1, o2, o3, cr}
 	if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 		t.Fatal(err)
 	}
@@ -64,45 +62,44 @@ func TestCommitGroupMixed(t *testing.T) {
 		balance model.Cents
 	}{{nil, 500}, {nil, 750}, {nil, 0}, {model.ErrInsufficientBalance, 0}, {nil, 1000}, {model.ErrOrderConflict, 0}}
 	for i, w := range want {
-		if !errors.Is(ops[i].Err, w.err) || (w.err == nil && ops[i].Kind == OpDeposit && ops[i].Deposit.Balance != w.balance) {
-			t.Errorf("op %d: err %v, deposit %+v; want %v, balance %d", i, ops[i].Err, ops[i].Deposit, w.err, w.balance)
+		d, isDeposit := ops[i].(*DepositOp)
+		if !errors.Is(ops[i].Failed(), w.err) || (w.err == nil && isDeposit && d.Deposit.Balance != w.balance) {
+			t.Errorf("op %d: err %v, %+v; want %v, balance %d", i, ops[i].Failed(), ops[i], w.err, w.balance)
 		}
 	}
-	if !ops[4].Deposit.Repeat || ops[0].Deposit.Repeat {
-		t.Errorf("repeat flags: %+v %+v", ops[0].Deposit, ops[4].Deposit)
+	if !d0.Deposit.Repeat || d1.Deposit.Repeat {
+		t.Errorf("repeat flags: %+v %+v", d1.Deposit, d0.Deposit)
 	}
-	if ops[2].Packet.ID != p2ID || ops[2].Packet.RemainingAmount != 700 {
-		t.Errorf("send answered %+v", ops[2].Packet)
+	if s1.Packet.ID != p2ID || s1.Packet.RemainingAmount != 700 {
+		t.Errorf("send answered %+v", s1.Packet)
 	}
 	if got := balance(t, m, "a"); got != 50 {
 		t.Errorf("a's balance %d, want 50", got)
 	}
-	o1, o2, o3 := ops[6].Results, ops[7].Results, ops[8].Results
-	if !o1[0].Repeat || o1[1].Err != nil || o1[1].Claim.Seq != 2 || !errors.Is(o2[0].Err, model.ErrNotFound) ||
-		o3[0].Err != nil || o3[0].Claim.Seq != 3 || !errors.Is(o3[1].Err, model.ErrSoldOut) {
-		t.Errorf("opens answered %+v / %+v / %+v", o1, o2, o3)
+	r1, r2, r3 := o1.Results, o2.Results, o3.Results
+	if !r1[0].Repeat || r1[1].Err != nil || r1[1].Claim.Seq != 2 || !errors.Is(r2[0].Err, model.ErrNotFound) ||
+		r3[0].Err != nil || r3[0].Claim.Seq != 3 || !errors.Is(r3[1].Err, model.ErrSoldOut) {
+		t.Errorf("opens answered %+v / %+v / %+v", r1, r2, r3)
 	}
-	if ops[8].Packet.RemainingCount != 0 || ops[8].Packet.Status != model.StatusSoldOut {
-		t.Errorf("packet after the group %+v", ops[8].Packet)
+	if o3.Packet.RemainingCount != 0 || o3.Packet.Status != model.StatusSoldOut {
+		t.Errorf("packet after the group %+v", o3.Packet)
 	}
-	if ops[9].Applied != 1 || len(ops[9].Deferred) != 0 {
-		t.Errorf("credits applied %d deferred %v", ops[9].Applied, ops[9].Deferred)
+	if cr.Applied != 1 || len(cr.Deferred) != 0 {
+		t.Errorf("credits applied %d deferred %v", cr.Applied, cr.Deferred)
 	}
 	if got := balance(t, m, "u1"); got != 100 {
 		t.Errorf("u1's balance %d, want 100", got)
 	}
 
 	// The same group again moves nothing.
-	again := []*GroupOp{
-		op(GroupOp{Kind: OpDeposit, Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}),
-		op(GroupOp{Kind: OpSend, Shard: shardOf("a"), Send: ops[2].Send, PacketID: model.NewPacketID(shardOf("a"), now), ExpiresMS: 1}),
-		op(GroupOp{Kind: OpCredits, Credits: ops[9].Credits}),
-	}
-	if err := m.CommitGroup(ctx, Ops(again)); err != nil {
+	ad := &DepositOp{Shard: shardOf("a"), ActID: "a", OrderNo: "d1", Amount: 500}
+	as := &SendOp{Shard: shardOf("a"), Req: s1.Req, PacketID: model.NewPacketID(shardOf("a"), now), ExpiresMS: 1}
+	ac := &CreditsOp{Credits: cr.Credits}
+	if err := m.CommitGroup(ctx, []Op{ad, as, ac}); err != nil {
 		t.Fatal(err)
 	}
-	if !again[0].Deposit.Repeat || again[0].Deposit.Balance != 500 || !again[1].Repeat || again[1].Packet.ID != p2ID || again[2].Applied != 0 {
-		t.Errorf("replayed group answered %+v / %+v / %+v", again[0].Deposit, again[1], again[2])
+	if !ad.Deposit.Repeat || ad.Deposit.Balance != 500 || !as.Repeat || as.Packet.ID != p2ID || ac.Applied != 0 {
+		t.Errorf("replayed group answered %+v / %+v / %+v", ad.Deposit, as, ac)
 	}
 	if got := balance(t, m, "a"); got != 50 {
 		t.Errorf("a's balance %d after the replay, want 50", got)
@@ -110,13 +107,13 @@ func TestCommitGroupMixed(t *testing.T) {
 
 	// A lost COMMIT answer is settled by the re-read.
 	failNext(true)
-	lost := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d1", Amount: 9})}
-	if err := m.CommitGroup(ctx, Ops(lost)); err != nil || lost[0].Deposit.Balance != 9 {
-		t.Fatalf("lost answer: %v %+v", err, lost[0].Deposit)
+	lost := &DepositOp{Shard: shardOf("c"), ActID: "c", OrderNo: "d1", Amount: 9}
+	if err := m.CommitGroup(ctx, []Op{lost}); err != nil || lost.Deposit.Balance != 9 {
+		t.Fatalf("lost answer: %v %+v", err, lost.Deposit)
 	}
 	failNext(false)
-	cut := []*GroupOp{op(GroupOp{Kind: OpDeposit, Shard: shardOf("c"), ActID: "c", OrderNo: "d2", Amount: 9})}
-	if err := m.CommitGroup(ctx, Ops(cut)); !errors.Is(err, ErrCommitUnknown) {
+	cut := &DepositOp{Shard: shardOf("c"), ActID: "c", OrderNo: "d2", Amount: 9}
+	if err := m.CommitGroup(ctx, []Op{cut}); !errors.Is(err, ErrCommitUnknown) {
 		t.Fatalf("cut COMMIT answered %v", err)
 	}
 	if got := balance(t, m, "c"); got != 9 {
@@ -171,9 +168,9 @@ func BenchmarkColdOpens(b *testing.B) {
 					}
 					continue
 				}
-				ops := make([]*GroupOp, 0, group)
+				ops := make([]*OpenOp, 0, group)
 				for _, ref := range refs[i:end] {
-					ops = append(ops, &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: 1}}, Rand: r})
+					ops = append(ops, &OpenOp{Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: 1}}, Rand: r})
 				}
 				if err := m.CommitGroup(ctx, Ops(ops)); err != nil {
 					b.Fatal(err)
@@ -201,7 +198,7 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 	}
 	ref, _ := model.ParsePacketID(string(id))
 	release := hold(t, m, sql.LevelRepeatableRead, "SELECT packet_id FROM "+m.packetTable(ref.Shard, ref.Day)+" WHERE packet_id = ? FOR UPDATE", string(id))
-	op := &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: sharding.ShardOfAct("u")}}, Rand: rand.New(rand.NewPCG(1, 1))}
+	op := &OpenOp{Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: sharding.ShardOfAct("u")}}, Rand: rand.New(rand.NewPCG(1, 1))}
 	done := make(chan error, 1)
 	go func() { done <- m.CommitGroup(ctx, []Op{op}) }()
 	select {
@@ -317,38 +314,38 @@ func TestGroupOfOpensAndCreditsWithoutSavepoint(t *testing.T) {
 	ref := send(t, m, pre+"-s", 300, 3, time.Hour)
 	savepoints := func() int64 { t.Helper(); return sessionCount(t, m.db, "Com_savepoint") }
 	r := rand.New(rand.NewPCG(5, 6))
-	opener := func(act string) *GroupOp {
-		return &GroupOp{Kind: OpOpen, Ref: ref, Reqs: []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, Rand: r}
+	opener := func(act string) *OpenOp {
+		return &OpenOp{Ref: ref, Reqs: []model.OpenRequest{{ActID: act, Shard: sharding.ShardOfAct(act)}}, Rand: r}
 	}
 	cs := synthCredits(t, m, pre+"a", []model.ShardID{3, 17}, 1, 1)
 	s0 := savepoints()
-	first := []*GroupOp{opener("u1"), {Kind: OpCredits, Credits: cs}}
-	if err := m.CommitGroup(ctx, Ops(first)); err != nil || first[0].Results[0].Err != nil || first[1].Applied != len(cs) {
-		t.Fatalf("open and credits: %v, %+v, applied %d", err, first[0].Results, first[1].Applied)
+	first, firstC := opener("u1"), &CreditsOp{Credits: cs}
+	if err := m.CommitGroup(ctx, []Op{first, firstC}); err != nil || first.Results[0].Err != nil || firstC.Applied != len(cs) {
+		t.Fatalf("open and credits: %v, %+v, applied %d", err, first.Results, firstC.Applied)
 	}
 	if got := savepoints() - s0; got != 0 {
 		t.Errorf("open and credits: %d savepoints, want 0", got)
 	}
 	more := synthCredits(t, m, pre+"b", []model.ShardID{3, 250}, 1, 1)
 	s1 := savepoints()
-	second := []*GroupOp{opener("u2"), {Kind: OpCredits, Credits: append(slices.Clone(cs[:1]), more...)}}
-	if err := m.CommitGroup(ctx, Ops(second)); err != nil || second[0].Results[0].Err != nil || second[0].Results[0].Claim.Seq != 2 || second[1].Applied != len(more) {
-		t.Fatalf("open and credits, one booked before: %v, %+v, applied %d", err, second[0].Results, second[1].Applied)
+	second, secondC := opener("u2"), &CreditsOp{Credits: append(slices.Clone(cs[:1]), more...)}
+	if err := m.CommitGroup(ctx, []Op{second, secondC}); err != nil || second.Results[0].Err != nil || second.Results[0].Claim.Seq != 2 || secondC.Applied != len(more) {
+		t.Fatalf("open and credits, one booked before: %v, %+v, applied %d", err, second.Results, secondC.Applied)
 	}
 	if got := savepoints() - s1; got < 2 {
 		t.Errorf("the group over a booked credit ran with %d savepoints, want its second run's (the list's, then the one-by-one path's)", got)
 	}
 	// Within unfitQuiet of that, a group that locks rows keeps its savepoints.
 	s2 := savepoints()
-	third := []*GroupOp{opener("u3"), {Kind: OpCredits, Credits: synthCredits(t, m, pre+"c", []model.ShardID{5}, 1, 1)}}
-	if err := m.CommitGroup(ctx, Ops(third)); err != nil || third[0].Results[0].Err != nil || third[1].Applied != 1 {
-		t.Fatalf("the group after: %v, %+v, applied %d", err, third[0].Results, third[1].Applied)
+	third, thirdC := opener("u3"), &CreditsOp{Credits: synthCredits(t, m, pre+"c", []model.ShardID{5}, 1, 1)}
+	if err := m.CommitGroup(ctx, []Op{third, thirdC}); err != nil || third.Results[0].Err != nil || thirdC.Applied != 1 {
+		t.Fatalf("the group after: %v, %+v, applied %d", err, third.Results, thirdC.Applied)
 	}
 	if got := savepoints() - s2; got != 1 {
 		t.Errorf("the group right after an unfit one: %d savepoints, want 1", got)
 	}
 	checkCreditRows(t, m, append(slices.Clone(cs), more...), func(model.Credit) bool { return true })
-	paid := first[0].Results[0].Claim.Amount + second[0].Results[0].Claim.Amount + third[0].Results[0].Claim.Amount
+	paid := first.Results[0].Claim.Amount + second.Results[0].Claim.Amount + third.Results[0].Claim.Amount
 	if sum, n, users := rowsOfPacket(t, m, ref); n != 3 || sum != paid || users["u1"] != 1 || users["u2"] != 1 || users["u3"] != 1 {
 		t.Errorf("claims: %d rows, sum %d, users %v", n, sum, users)
 	}

@@ -25,11 +25,11 @@ func issueReward(s model.ShardID, act, rain, tok string, amount model.Cents, now
 	return r
 }
 
-// issueOps makes one OpIssue per reward.
-func issueOps(rs []model.Reward) []*GroupOp {
-	ops := make([]*GroupOp, len(rs))
+// issueOps makes one IssueOp per reward.
+func issueOps(rs []model.Reward) []*IssueOp {
+	ops := make([]*IssueOp, len(rs))
 	for i, r := range rs {
-		ops[i] = &GroupOp{Kind: OpIssue, Reward: r}
+		ops[i] = &IssueOp{Reward: r}
 	}
 	return ops
 }
@@ -170,7 +170,7 @@ func TestIssueStatementList(t *testing.T) {
 		for round := range 20 {
 			var wg sync.WaitGroup
 			errs := make([]error, 4)
-			groups := make([][]*GroupOp, 4)
+			groups := make([][]*IssueOp, 4)
 			for g := range groups {
 				retry := stored
 				retry.Token = fmt.Sprintf("tok-retry-%d-%d", round, g)

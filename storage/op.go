@@ -12,9 +12,10 @@ import (
 // the audits, the schema and Ping beside them). What an operation is lives in
 // a type of its own: its inputs, and the answers the store sets.
 //
-//   - *GroupOp: the money kinds (open, send, deposit, withdraw, credits,
-//     refund, reward issue and booking, coupon accept) that share a group's
-//     locking reads and multi-row writes (group.go).
+//   - A MoneyOp: the money operations (open, send, deposit, withdraw,
+//     credits, refund, reward issue and booking, coupon accept), one type
+//     each, that share a group's locking reads and multi-row writes
+//     (moneyops.go, group.go).
 //   - A typed op (the ops_*.go files: coupon takes and decisions, lease
 //     grants and returns, identity binds, reward takes, the relay's and
 //     reconciliation's positions): the whole of its group, run in a
@@ -25,7 +26,7 @@ import (
 // nil, its answer.
 
 // Op is one operation of a group. The types that implement it are this
-// package's: *GroupOp and the typed ops.
+// package's: the money ops and the typed ops.
 type Op interface{ isOp() }
 
 // Query is one read of Reader.Read. The types that implement it are this
@@ -40,10 +41,8 @@ type Reader interface {
 	Read(ctx context.Context, q Query) error
 }
 
-func (*GroupOp) isOp() {}
-
 // Ops returns gs as a group's op list.
-func Ops(gs []*GroupOp) []Op {
+func Ops[T Op](gs []T) []Op {
 	ops := make([]Op, len(gs))
 	for i, g := range gs {
 		ops[i] = g
@@ -54,11 +53,11 @@ func Ops(gs []*GroupOp) []Op {
 // SplitOps returns ops's money kinds, or its one typed op: a typed op is the
 // whole of its group, so a list that holds one beside anything else is
 // ErrInvalidArgument. Both stores' CommitGroup start with it.
-func SplitOps(ops []Op) (money []*GroupOp, typed Op, err error) {
-	money = make([]*GroupOp, 0, len(ops))
+func SplitOps(ops []Op) (money []MoneyOp, typed Op, err error) {
+	money = make([]MoneyOp, 0, len(ops))
 	for _, op := range ops {
 		switch o := op.(type) {
-		case *GroupOp:
+		case MoneyOp:
 			money = append(money, o)
 		case nil:
 			return nil, nil, model.Invalidf("group holds a nil op")

@@ -11,7 +11,7 @@ import (
 // a Budgets row of the batch's home shard, and a merged deduction a lease of
 // it (GrantLease with no reserve, as many units as requests): coupons carry
 // their lease, so a lease whose holder died is settled by counting them
-// (CouponLeaseSpentQuery). A request is stored by a group's OpAccept
+// (CouponLeaseSpentQuery). A request is stored by a group's AcceptOp
 // (AcceptCoupon: a group of one).
 
 // CouponTake moves up to Limit requests of databases DBs that are accepted,

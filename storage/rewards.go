@@ -253,7 +253,7 @@ func (m *MySQL) lockToBook(ctx context.Context, tx *sql.Tx, tk RewardTake) ([]mo
 	return rs, nil
 }
 
-// takeAndBookTx books, in tx, the rewards tk names (a group's OpRewards with
+// takeAndBookTx books, in tx, the rewards tk names (a group's BookOp with
 // Take) and answers them: one locking read, then bookFound's statements.
 // A reward whose wallet tables this process has not made sure of yet (DDL
 // cannot run in a transaction: it would commit it) is left as it is
@@ -601,7 +601,7 @@ func (m *MySQL) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	return out, nil
 }
 
-// issueRewardsTx stores the rewards of a group's OpIssue ops. First
+// issueRewardsTx stores the rewards of a group's IssueOp ops. First
 // issueAll tries the whole group in one round trip. When that cannot store
 // every op (a stored order number, or a lock), each database in turn gets
 // issueDB: a statement list of one INSERT ... ON DUPLICATE KEY UPDATE
@@ -616,8 +616,8 @@ func (m *MySQL) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 // COMMIT without answer (nil when the group stored none); the probe
 // compares the token and time, which another group's copy of the same
 // request shares, so groupTx uses it only for a group of issues alone.
-func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, fresh bool) (func() (bool, error), error) {
-	byDB := map[int][]*GroupOp{}
+func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*IssueOp, fresh bool) (func() (bool, error), error) {
+	byDB := map[int][]*IssueOp{}
 	var dbs []int
 	for _, op := range ops {
 		db := op.Reward.Shard.DB()
@@ -659,7 +659,7 @@ func (m *MySQL) issueRewardsTx(ctx context.Context, tx *sql.Tx, ops []*GroupOp, 
 // is new; the others (stored before, by another transaction or an earlier
 // op of this list) are read back, locked, and decided by
 // model.ReplayReward: a repeat, or ErrOrderConflict.
-func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp) error {
+func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*IssueOp) error {
 	q := make([]string, len(list))
 	args := make([]any, 0, len(list)*19)
 	for i, op := range list {
@@ -676,7 +676,7 @@ func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp
 	var orders []any
 	for i, op := range list {
 		if counts[i] == 1 {
-			op.Issued = pendingReward(op.Reward)
+			op.Stored()
 			continue
 		}
 		orders = append(orders, op.Reward.OrderNo)
@@ -701,9 +701,7 @@ func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp
 		if !ok {
 			return fmt.Errorf("storage: issue: order number %s counted stored but not found", op.Reward.OrderNo)
 		}
-		if op.Err = model.ReplayReward(prior, op.Reward); op.Err == nil {
-			op.Issued, op.Repeat = prior, true
-		}
+		op.Replay(prior)
 	}
 	return nil
 }
@@ -711,7 +709,7 @@ func (m *MySQL) issueDB(ctx context.Context, tx *sql.Tx, db int, list []*GroupOp
 // sortIssues puts one database's issue ops in order-number order: the
 // order InnoDB locks a multi-row INSERT's rows in, the same for every
 // writer.
-func sortIssues(list []*GroupOp) {
+func sortIssues(list []*IssueOp) {
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Reward.OrderNo < list[j].Reward.OrderNo })
 }
 
@@ -762,7 +760,7 @@ const issueSavepoint = "issues_bulk"
 // false: the transaction goes back to the savepoint, nothing of the group
 // written, and issueRewardsTx's per-database path decides each op (with the
 // locks taken so far still held).
-func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupOp, dbs []int, fresh bool) (ok bool, err error) {
+func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*IssueOp, dbs []int, fresh bool) (ok bool, err error) {
 	var inserts []string
 	n := 0
 	for _, db := range dbs {
@@ -781,7 +779,7 @@ func (m *MySQL) issueAll(ctx context.Context, tx *sql.Tx, byDB map[int][]*GroupO
 	}
 	for _, db := range dbs {
 		for _, op := range byDB[db] {
-			op.Issued = pendingReward(op.Reward)
+			op.Stored()
 		}
 	}
 	return true, nil

@@ -13,7 +13,7 @@ import (
 )
 
 // A group of one op that stores one row under its idempotency key (a
-// reward's issue, OpIssue, or a coupon request's accept, OpAccept) is that
+// reward's issue, IssueOp, or a coupon request's accept, AcceptOp) is that
 // row's INSERT alone, in autocommit: one statement and one round trip,
 // where a transaction of its own would add a BEGIN and a COMMIT to it. At
 // the rates most cells see, a lane's group holds one such op most of the
@@ -31,44 +31,47 @@ import (
 // the probe a COMMIT without answer gets, else answers ErrCommitUnknown: a
 // retry with the key settles it, never storing twice.
 
-// storeAlone runs ops, one OpIssue or OpAccept, as its INSERT alone
+// storeAlone runs ops, one IssueOp or AcceptOp, as its INSERT alone
 // (above); ok is false for any other group, which storeAlone leaves as it
 // is.
-func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err error) {
-	if len(ops) != 1 || (ops[0].Kind != OpIssue && ops[0].Kind != OpAccept) {
+func (m *MySQL) storeAlone(ctx context.Context, ops []MoneyOp) (ok bool, err error) {
+	if len(ops) != 1 {
 		return false, nil
 	}
-	op := ops[0]
-	op.Issued, op.Accepted, op.Repeat, op.Err = model.Reward{}, model.CouponRequest{}, false, nil
+	switch ops[0].(type) {
+	case *IssueOp, *AcceptOp:
+	default:
+		return false, nil
+	}
+	ResetAnswers(ops)
 	now := m.nowMS()
 	var (
+		kind   = ops[0].Kind()
 		q      string
 		args   []any
 		stored func()                          // sets the answer of a row stored now
 		probe  func() (bool, error)            // after no answer: is this attempt's row there
 		replay func(ctx context.Context) error // after a count of 0: read the stored row, decide
 	)
-	switch op.Kind {
-	case OpIssue:
+	switch op := ops[0].(type) {
+	case *IssueOp:
 		if op.Reward.CreatedMS == 0 {
 			op.Reward.CreatedMS = now
 		}
 		r := op.Reward
 		q = m.issueInsert(r.Shard.DB(), 1)
 		args = issueArgs(r)
-		stored = func() { op.Issued = pendingReward(r) }
+		stored = op.Stored
 		probe = m.rewardProbe(ctx, pendingReward(r))
 		replay = func(ctx context.Context) error {
 			prior, err := m.reward(ctx, r.Shard, r.OrderNo)
 			if err != nil {
 				return fmt.Errorf("storage: issue: order number %s counted stored: %w", r.OrderNo, err)
 			}
-			if op.Err = model.ReplayReward(prior, r); op.Err == nil {
-				op.Issued, op.Repeat = prior, true
-			}
+			op.Replay(prior)
 			return nil
 		}
-	case OpAccept:
+	case *AcceptOp:
 		if op.Coupon.AcceptedMS == 0 {
 			op.Coupon.AcceptedMS = now
 		}
@@ -78,20 +81,18 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 		r := op.Coupon
 		q = m.acceptInsert(r.Shard.DB(), 1)
 		args = couponAcceptArgs(r)
-		stored = func() { op.Accepted = acceptedAs(r) }
+		stored = op.Stored
 		probe = m.acceptProbe(ctx, []model.CouponRequest{acceptedAs(r)})
 		replay = func(ctx context.Context) error {
 			prior, err := m.couponRequestOf(ctx, r.Shard, r.App, r.Serial)
 			if err != nil {
 				return fmt.Errorf("storage: accept: serial %s counted stored: %w", r.Serial, err)
 			}
-			if op.Err = model.ReplayCouponRequest(prior, r); op.Err == nil {
-				op.Accepted, op.Repeat = prior, true
-			}
+			op.Replay(prior)
 			return nil
 		}
 	}
-	m.issuePathsOf(op.Kind).Alone.Add(1)
+	m.issuePathsOf(kind).Alone.Add(1)
 	var res sql.Result
 	err = retry.Do(ctx, retry.Policy{Attempts: 3, Retryable: lockVictim, Clock: m.clock}, func(int) error {
 		var err error
@@ -100,17 +101,17 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []*GroupOp) (ok bool, err er
 	})
 	if err != nil {
 		if notExecuted(err) {
-			return true, fmt.Errorf("storage: %s alone: %w", op.Kind, err) // nothing written
+			return true, fmt.Errorf("storage: %s alone: %w", kind, err) // nothing written
 		}
 		if ok, known := m.settleCommit(ctx, probe); known && ok {
 			stored()
 			return true, nil
 		}
-		return true, fmt.Errorf("storage: %s alone: %w", op.Kind, errors.Join(errCommitUnknown, err))
+		return true, fmt.Errorf("storage: %s alone: %w", kind, errors.Join(errCommitUnknown, err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return true, fmt.Errorf("storage: %s alone: %w", op.Kind, err)
+		return true, fmt.Errorf("storage: %s alone: %w", kind, err)
 	}
 	if n == 1 {
 		stored()

@@ -33,21 +33,21 @@ func TestStoreAlone(t *testing.T) {
 	if err := m.EnsureShard(ctx, first.Shard); err != nil {
 		t.Fatal(err)
 	}
-	one := func(name string, op *GroupOp, wantTrips int64) {
+	one := func(name string, op MoneyOp, wantTrips int64) {
 		t.Helper()
-		alone, trips := m.issuePathsOf(op.Kind).Alone.Load(), m.RoundTrips()
+		alone, trips := m.issuePathsOf(op.Kind()).Alone.Load(), m.RoundTrips()
 		if err := m.CommitGroup(ctx, []Op{op}); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if got := m.RoundTrips() - trips; got != wantTrips {
 			t.Errorf("%s: %d round trips, want %d", name, got, wantTrips)
 		}
-		if m.issuePathsOf(op.Kind).Alone.Load() != alone+1 {
+		if m.issuePathsOf(op.Kind()).Alone.Load() != alone+1 {
 			t.Errorf("%s: not stored alone", name)
 		}
 	}
 
-	op := &GroupOp{Kind: OpIssue, Reward: first}
+	op := &IssueOp{Reward: first}
 	one("new issue", op, 1)
 	if op.Err != nil || op.Repeat || op.Issued.Token != "tok-1" || op.Issued.Status != model.RewardPending {
 		t.Fatalf("new issue: %+v repeat %v err %v", op.Issued, op.Repeat, op.Err)
@@ -56,14 +56,14 @@ func TestStoreAlone(t *testing.T) {
 
 	retry := first
 	retry.Token = "tok-retry"
-	op = &GroupOp{Kind: OpIssue, Reward: retry}
+	op = &IssueOp{Reward: retry}
 	one("a retry", op, 2) // the INSERT counts 0, the stored row is read
 	if op.Err != nil || !op.Repeat || op.Issued.Token != "tok-1" {
 		t.Fatalf("retry: %+v repeat %v err %v; want the first reward, repeat", op.Issued, op.Repeat, op.Err)
 	}
 	conflict := first
 	conflict.Token, conflict.Amount = "tok-other", 8
-	op = &GroupOp{Kind: OpIssue, Reward: conflict}
+	op = &IssueOp{Reward: conflict}
 	one("another amount", op, 2)
 	if !errors.Is(op.Err, model.ErrOrderConflict) {
 		t.Fatalf("another amount: %v; want ORDER_CONFLICT", op.Err)
@@ -72,7 +72,7 @@ func TestStoreAlone(t *testing.T) {
 
 	// A reward of CreatedMS 0 takes the store's time.
 	timeless := issueReward(125, "sa-bo", "r1", "tok-2", 3, 0)
-	op = &GroupOp{Kind: OpIssue, Reward: timeless}
+	op = &IssueOp{Reward: timeless}
 	one("an issue without a time", op, 1)
 	if op.Err != nil || op.Issued.CreatedMS == 0 {
 		t.Fatalf("issue without a time: %+v err %v", op.Issued, op.Err)
@@ -83,12 +83,12 @@ func TestStoreAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := model.CouponRequest{App: "pay", Serial: "sa-s1", ActID: "sa-cy", Shard: 125, Batch: "b1", AcceptedMS: now}
-	acc := &GroupOp{Kind: OpAccept, Coupon: req}
+	acc := &AcceptOp{Coupon: req}
 	one("new accept", acc, 1)
 	if acc.Err != nil || acc.Repeat || acc.Accepted.State != model.CouponAccepted || acc.Accepted.ActID != "sa-cy" {
 		t.Fatalf("new accept: %+v repeat %v err %v", acc.Accepted, acc.Repeat, acc.Err)
 	}
-	acc = &GroupOp{Kind: OpAccept, Coupon: req}
+	acc = &AcceptOp{Coupon: req}
 	acc.Coupon.AcceptedMS = now + 5 // a retry, later
 	one("an accept's retry", acc, 2)
 	if acc.Err != nil || !acc.Repeat || acc.Accepted.AcceptedMS != now {
@@ -96,7 +96,7 @@ func TestStoreAlone(t *testing.T) {
 	}
 	other := req
 	other.ActID = "sa-dee"
-	acc = &GroupOp{Kind: OpAccept, Coupon: other}
+	acc = &AcceptOp{Coupon: other}
 	one("another person under the serial", acc, 2)
 	if !errors.Is(acc.Err, model.ErrOrderConflict) {
 		t.Fatalf("another person under the serial: %v; want ORDER_CONFLICT", acc.Err)
@@ -105,7 +105,7 @@ func TestStoreAlone(t *testing.T) {
 	if err != nil || got.ActID != "sa-cy" || got.AcceptedMS != now {
 		t.Fatalf("stored request: %+v %v", got, err)
 	}
-	bad := &GroupOp{Kind: OpAccept, Coupon: model.CouponRequest{App: "pay", Serial: "", ActID: "x", Shard: 125, Batch: "b1"}}
+	bad := &AcceptOp{Coupon: model.CouponRequest{App: "pay", Serial: "", ActID: "x", Shard: 125, Batch: "b1"}}
 	if err := m.CommitGroup(ctx, []Op{bad}); err != nil || !errors.Is(bad.Err, model.ErrInvalidArgument) {
 		t.Fatalf("invalid accept: %v, op %v", err, bad.Err)
 	}
@@ -132,13 +132,13 @@ func TestStoreAloneRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 8
-	ops := make([]*GroupOp, n)
+	ops := make([]*IssueOp, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range ops {
 		rr := r
 		rr.Token = fmt.Sprintf("tok-%d", i)
-		ops[i] = &GroupOp{Kind: OpIssue, Reward: rr}
+		ops[i] = &IssueOp{Reward: rr}
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- m.CommitGroup(ctx, []Op{ops[i]}) }()
 	}
@@ -186,7 +186,7 @@ func TestTakeLeavesRewardsOfUnknownTables(t *testing.T) {
 	known := issueReward(125, "tk-known", "r1", "t1", 5, now)
 	unknown := issueReward(129, "tk-unknown", "r1", "t2", 7, now+1) // shard 129: database 12, as 125
 	for _, r := range []model.Reward{known, unknown} {
-		if err := issuer.CommitGroup(ctx, []Op{&GroupOp{Kind: OpIssue, Reward: r}}); err != nil {
+		if err := issuer.CommitGroup(ctx, []Op{&IssueOp{Reward: r}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -200,9 +200,9 @@ func TestTakeLeavesRewardsOfUnknownTables(t *testing.T) {
 	if err := booker.EnsureShard(ctx, 125); err != nil { // the booker knows shard 125's tables
 		t.Fatal(err)
 	}
-	take := func() *GroupOp {
+	take := func() *BookOp {
 		t.Helper()
-		op := &GroupOp{Kind: OpRewards, Take: &RewardTake{DB: 12, StaleMS: now, IssuedByMS: now + 1, Limit: 10}}
+		op := &BookOp{Take: &RewardTake{DB: 12, StaleMS: now, IssuedByMS: now + 1, Limit: 10}}
 		if err := booker.CommitGroup(ctx, []Op{op}); err != nil || op.Err != nil {
 			t.Fatal(err, op.Err)
 		}

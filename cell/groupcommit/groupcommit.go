@@ -44,7 +44,7 @@ func (l Lane) String() string {
 // CommitFunc commits ops, in order, as one transaction of lane's store
 // (storage.Grouper.CommitGroup's contract: per-op answers in the ops, an
 // error for the whole group). It is never called concurrently for one lane.
-type CommitFunc func(ctx context.Context, lane Lane, ops []*storage.GroupOp) error
+type CommitFunc func(ctx context.Context, lane Lane, ops []storage.MoneyOp) error
 
 // Group describes one group after its commit, for the metrics.
 type Group struct {
@@ -90,24 +90,6 @@ var (
 	ErrInFlight = errors.New("groupcommit: the op's group is still committing")
 )
 
-// Weight is what an op counts against Config.Max: its requests (a batch of
-// 200 opens counts 200, a credit batch its credits, a reward booking its
-// rewards, a booker's batch its limit), at least 1.
-func Weight(op *storage.GroupOp) int {
-	switch op.Kind {
-	case storage.OpOpen:
-		return max(1, len(op.Reqs))
-	case storage.OpCredits:
-		return max(1, len(op.Credits))
-	case storage.OpRewards:
-		if op.Take != nil { // a booker's batch: as many as it may book
-			return max(1, op.Take.Limit)
-		}
-		return max(1, len(op.Rewards))
-	}
-	return 1
-}
-
 // Committer runs one worker per lane, started on first use. Safe for
 // concurrent use. Create it with New, end it with Stop.
 //
@@ -152,7 +134,7 @@ func (c *Committer) SetLimits(max int, wait time.Duration) {
 
 // waiter is one submitted op.
 type waiter struct {
-	op       *storage.GroupOp
+	op       storage.MoneyOp
 	weight   int
 	enqueued time.Time
 	busy     bool          // it queued behind a commit in flight
@@ -197,8 +179,8 @@ type lane struct {
 // taken), model.ErrOverloaded (the lane's queue is full; op not taken),
 // model.ErrTimeout when ctx ended first — before the op was taken (nothing of
 // it will be written), or wrapping ErrInFlight after (see ErrInFlight).
-func (c *Committer) Submit(ctx context.Context, ln Lane, op *storage.GroupOp) error {
-	w := &waiter{op: op, weight: Weight(op), enqueued: c.clock.Now(), done: make(chan struct{})}
+func (c *Committer) Submit(ctx context.Context, ln Lane, op storage.MoneyOp) error {
+	w := &waiter{op: op, weight: op.Weight(), enqueued: c.clock.Now(), done: make(chan struct{})}
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
@@ -428,7 +410,7 @@ const ewmaWeight = 0.25
 // commit runs one group and answers its ops.
 func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 	start := c.clock.Now()
-	ops := make([]*storage.GroupOp, len(group))
+	ops := make([]storage.MoneyOp, len(group))
 	for i, w := range group {
 		ops[i] = w.op
 	}

@@ -17,7 +17,7 @@ import (
 // each commit first tells started and then waits for gate to close.
 type fakeStore struct {
 	mu      sync.Mutex
-	groups  [][]*storage.GroupOp
+	groups  [][]storage.MoneyOp
 	lanes   []Lane
 	err     error
 	gate    chan struct{}
@@ -26,7 +26,7 @@ type fakeStore struct {
 	overlap bool         // two commits of one lane ran at once
 }
 
-func (f *fakeStore) commit(ctx context.Context, ln Lane, ops []*storage.GroupOp) error {
+func (f *fakeStore) commit(ctx context.Context, ln Lane, ops []storage.MoneyOp) error {
 	f.mu.Lock()
 	if f.active == nil {
 		f.active = map[Lane]int{}
@@ -52,7 +52,9 @@ func (f *fakeStore) commit(ctx context.Context, ln Lane, ops []*storage.GroupOp)
 	f.groups = append(f.groups, ops)
 	f.lanes = append(f.lanes, ln)
 	for _, op := range ops {
-		op.Applied = len(f.groups) // which group committed it
+		if d, ok := op.(*storage.DepositOp); ok {
+			d.Deposit.Balance = model.Cents(len(f.groups)) // which group committed it
+		}
 	}
 	return f.err
 }
@@ -71,14 +73,14 @@ func newCommitter(f *fakeStore, tune func(*Config)) *Committer {
 	return New(cfg)
 }
 
-func deposit(n int) *storage.GroupOp {
-	return &storage.GroupOp{Kind: storage.OpDeposit, OrderNo: fmt.Sprintf("o%d", n), Amount: 1}
+func deposit(n int) *storage.DepositOp {
+	return &storage.DepositOp{OrderNo: fmt.Sprintf("o%d", n), Amount: 1}
 }
 
 var lane0 = Lane{Space: 0, ID: 3}
 
 // submitAsync submits op and sends its error on the returned channel.
-func submitAsync(c *Committer, ctx context.Context, ln Lane, op *storage.GroupOp) chan error {
+func submitAsync(c *Committer, ctx context.Context, ln Lane, op storage.MoneyOp) chan error {
 	ch := make(chan error, 1)
 	go func() { ch <- c.Submit(ctx, ln, op) }()
 	return ch
@@ -134,7 +136,7 @@ func TestOpsQueuedDuringACommitShareTheNext(t *testing.T) {
 	defer c.Stop()
 	first := submitAsync(c, context.Background(), lane0, deposit(0))
 	<-f.started
-	var ops []*storage.GroupOp
+	var ops []*storage.DepositOp
 	var errs []chan error
 	for i := 1; i <= 5; i++ {
 		op := deposit(i)
@@ -151,9 +153,9 @@ func TestOpsQueuedDuringACommitShareTheNext(t *testing.T) {
 	if n := f.count(); n != 2 {
 		t.Fatalf("%d groups, want 2", n)
 	}
-	for i, op := range f.groups[1] {
-		if op != ops[i] || op.Applied != 2 {
-			t.Fatalf("second group op %d is %s (group %d), want %s in order", i, op.OrderNo, op.Applied, ops[i].OrderNo)
+	for i, o := range f.groups[1] {
+		if op, ok := o.(*storage.DepositOp); !ok || op != ops[i] || op.Deposit.Balance != 2 {
+			t.Fatalf("second group op %d is %+v, want %s of group 2 in order", i, o, ops[i].OrderNo)
 		}
 	}
 }
@@ -168,17 +170,17 @@ func TestGroupMaxBoundsRequests(t *testing.T) {
 	<-f.started
 	var errs []chan error
 	queued := 0
-	add := func(op *storage.GroupOp) {
+	add := func(op storage.MoneyOp) {
 		errs = append(errs, submitAsync(c, context.Background(), lane0, op))
-		queued += Weight(op)
+		queued += op.Weight()
 		waitQueued(t, c, lane0, queued)
 	}
 	for i := 0; i < 10; i++ {
 		add(deposit(i + 1))
 	}
-	add(&storage.GroupOp{Kind: storage.OpOpen, Reqs: make([]model.OpenRequest, 20)}) // heavier than Max
-	add(&storage.GroupOp{Kind: storage.OpOpen, Reqs: make([]model.OpenRequest, 5)})
-	add(&storage.GroupOp{Kind: storage.OpCredits, Credits: make([]model.Credit, 3)})
+	add(&storage.OpenOp{Reqs: make([]model.OpenRequest, 20)}) // heavier than Max
+	add(&storage.OpenOp{Reqs: make([]model.OpenRequest, 5)})
+	add(&storage.CreditsOp{Credits: make([]model.Credit, 3)})
 	go func() {
 		for range f.started {
 		}
@@ -194,7 +196,7 @@ func TestGroupMaxBoundsRequests(t *testing.T) {
 	for _, g := range f.groups {
 		n := 0
 		for _, op := range g {
-			n += Weight(op)
+			n += op.Weight()
 		}
 		sizes = append(sizes, n)
 	}

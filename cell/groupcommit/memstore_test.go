@@ -23,7 +23,7 @@ func TestMemstoreMoney(t *testing.T) {
 	var groups, requests int
 	var mu sync.Mutex
 	c := New(Config{Max: 32, Wait: time.Millisecond, QueueMax: 10_000, CommitTimeout: 5 * time.Second,
-		Commit: func(ctx context.Context, _ Lane, ops []*storage.GroupOp) error {
+		Commit: func(ctx context.Context, _ Lane, ops []storage.MoneyOp) error {
 			return st.CommitGroup(ctx, storage.Ops(ops))
 		},
 		Observe: func(g Group) {
@@ -39,11 +39,11 @@ func TestMemstoreMoney(t *testing.T) {
 	}()
 	ctx := context.Background()
 	laneOf := func(sh model.ShardID) Lane { return Lane{ID: sh.DB()} }
-	submit := func(sh model.ShardID, op *storage.GroupOp) error {
+	submit := func(sh model.ShardID, op storage.MoneyOp) error {
 		if err := c.Submit(ctx, laneOf(sh), op); err != nil {
 			return err
 		}
-		return op.Err
+		return op.Failed()
 	}
 
 	// 24 senders deposit five times and send one packet of it all.
@@ -58,21 +58,21 @@ func TestMemstoreMoney(t *testing.T) {
 			act := fmt.Sprintf("gc-s%d", i)
 			sh := sharding.ShardOfAct(act)
 			for d := range 5 {
-				op := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: act, OrderNo: fmt.Sprintf("d%d", d), Amount: 100}
+				op := &storage.DepositOp{Shard: sh, ActID: act, OrderNo: fmt.Sprintf("d%d", d), Amount: 100}
 				if err := submit(sh, op); err != nil || op.Deposit.Balance != model.Cents(100*(d+1)) {
 					t.Errorf("deposit %d of %s: %v %+v", d, act, err, op.Deposit)
 					return
 				}
 			}
 			id := model.NewPacketID(sh, now)
-			op := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, PacketID: id, ExpiresMS: now.Add(time.Hour).UnixMilli(),
-				Send: model.SendRequest{Sender: act, Amount: 500, Count: 10, Kind: model.KindRandom, OrderNo: "s1"}}
+			op := &storage.SendOp{Shard: sh, PacketID: id, ExpiresMS: now.Add(time.Hour).UnixMilli(),
+				Req: model.SendRequest{Sender: act, Amount: 500, Count: 10, Kind: model.KindRandom, OrderNo: "s1"}}
 			if err := submit(sh, op); err != nil {
 				t.Errorf("send of %s: %v", act, err)
 				return
 			}
-			over := &storage.GroupOp{Kind: storage.OpSend, Shard: sh, PacketID: model.NewPacketID(sh, now), ExpiresMS: now.Add(time.Hour).UnixMilli(),
-				Send: model.SendRequest{Sender: act, Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: "s2"}}
+			over := &storage.SendOp{Shard: sh, PacketID: model.NewPacketID(sh, now), ExpiresMS: now.Add(time.Hour).UnixMilli(),
+				Req: model.SendRequest{Sender: act, Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: "s2"}}
 			if err := submit(sh, over); err == nil {
 				t.Errorf("a send from an empty wallet of %s went through", act)
 			}
@@ -100,7 +100,7 @@ func TestMemstoreMoney(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(u), 7))
 			for _, ref := range packets {
 				req := model.OpenRequest{ActID: act, Shard: sharding.ShardOfAct(act)}
-				op := &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: []model.OpenRequest{req}, Rand: r}
+				op := &storage.OpenOp{Ref: ref, Reqs: []model.OpenRequest{req}, Rand: r}
 				if err := submit(ref.Shard, op); err != nil {
 					t.Errorf("open: %v", err)
 					return
@@ -126,7 +126,7 @@ func TestMemstoreMoney(t *testing.T) {
 	}
 	applied := 0
 	for ln, cs := range byLane {
-		op := &storage.GroupOp{Kind: storage.OpCredits, Credits: cs}
+		op := &storage.CreditsOp{Credits: cs}
 		if err := c.Submit(ctx, ln, op); err != nil || op.Err != nil || len(op.Deferred) != 0 {
 			t.Fatalf("credits: %v %v %v", err, op.Err, op.Deferred)
 		}

@@ -25,11 +25,11 @@ func reqKeyOf(r model.CouponRequest) couponReqKey {
 	return couponReqKey{r.Shard.DB(), r.App, r.Serial}
 }
 
-// accept stages a group's OpAccept as AcceptCoupon decides one: a serial
+// accept stages a group's AcceptOp as AcceptCoupon decides one: a serial
 // stored before, or by an earlier op of the group, answers the stored
 // request (model.ReplayCouponRequest); a new one is stored accepted, at the
 // group's time when the request carries none.
-func (g *group) accept(op *storage.GroupOp) {
+func (g *group) accept(op *storage.AcceptOp) {
 	r := op.Coupon
 	if op.Err = model.ValidateCouponRequest(r); op.Err != nil {
 		return
@@ -40,9 +40,7 @@ func (g *group) accept(op *storage.GroupOp) {
 		prior, ok = g.accepted[k]
 	}
 	if ok {
-		if op.Err = model.ReplayCouponRequest(*prior, r); op.Err == nil {
-			op.Accepted, op.Repeat = *prior, true
-		}
+		op.Replay(*prior)
 		return
 	}
 	if r.AcceptedMS == 0 {

@@ -15,14 +15,13 @@ var _ storage.Grouper = (*Store)(nil)
 
 // CommitGroup implements storage.Grouper. Under the store's lock it decides
 // the ops in list order — credit batches after every other op, in their
-// list order among themselves — each with the pure function of its kind
-// (model.ApplyDeposit, model.ApplyWithdraw, model.Send, model.Open,
-// model.Refund, model.ApplyCredit, and
-// model.ReplayOrder for an order number seen before), against the rows as the
+// list order among themselves — the row ops by storage.Decide, with the
+// group as its storage.GroupState, the others with the pure function of
+// their kind (model.ApplyCredit, the ops' Replay), against the rows as the
 // ops before it in the group left them (a staged view: the store's rows under
 // what the group has decided so far); then it commits once: every op's
 // writes, in list order, or none of them when the armed commit fault says the
-// COMMIT failed. An op's own error (GroupOp.Err, or an OpenResult.Err of one
+// COMMIT failed. An op's own error (its storage.Outcome, or an OpenResult.Err of one
 // request) stages nothing of it and never fails the others. The clock is read
 // once: every row the group writes carries that time.
 //
@@ -30,8 +29,8 @@ var _ storage.Grouper = (*Store)(nil)
 // the op's place in that order: a send or deposit whose (act_id, order number)
 // was applied before, by an earlier call or an earlier op of the group, is a
 // repeat (Repeat set, the first result) or ErrOrderConflict; an open's Packet
-// is the packet as that op left it; no credit is ever deferred. Ops of an
-// unknown kind answer ErrInvalidArgument. The answers of every op are reset
+// is the packet as that op left it; a credit is deferred only while its
+// wallet is held (HoldWallet). The answers of every op are reset
 // first, so a retry may pass the same ops again.
 //
 // Errors: ctx's error (nothing decided), or one matching
@@ -43,7 +42,7 @@ var _ storage.Grouper = (*Store)(nil)
 // to MariaDB: a group that deposits to it, withdraws from it, sends from
 // it or refunds to it waits for its release before deciding anything (or
 // answers ctx's error when ctx ends first, having written nothing), and a
-// credit to it is deferred (GroupOp.Deferred).
+// credit to it is deferred (storage.CreditsOp.Deferred).
 func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -69,54 +68,49 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 		flows:    map[flowKey]*model.Flow{},
 		packets:  map[model.PacketID]*staged{},
 	}
+	storage.BeginGroup(ops)
+	storage.ResetAnswers(ops)
 	for _, op := range ops {
-		op.Results, op.Packet, op.Repeat, op.Deposit = nil, model.Packet{}, false, model.Deposit{}
-		op.Applied, op.Deferred, op.Err = 0, nil, nil
-		op.Issued, op.Accepted, op.Refunded, op.Withdrawal = model.Reward{}, model.CouponRequest{}, 0, model.Withdrawal{}
-		if op.Take != nil {
-			op.Rewards = nil
+		decided, err := storage.Decide(g, op)
+		invariant.That(err == nil, "a decision against the store's complete claims failed the group")
+		if decided {
+			continue
 		}
-		switch op.Kind {
-		case storage.OpOpen:
-			g.open(op)
-		case storage.OpSend:
-			g.send(op)
-		case storage.OpDeposit, storage.OpWithdraw:
-			g.wallet(op)
-		case storage.OpCredits, storage.OpRewards: // after the others, below
-		case storage.OpIssue:
+		switch op := op.(type) {
+		case *storage.CreditsOp, *storage.BookOp: // after the others, below
+		case *storage.IssueOp:
 			g.issue(op)
-		case storage.OpAccept:
+		case *storage.AcceptOp:
 			g.accept(op)
-		case storage.OpRefund:
-			g.refund(op)
 		default:
-			op.Err = model.Invalidf("group op of unknown kind %d", op.Kind)
+			op.Fail(model.Invalidf("group op %T of no known kind", op))
 		}
 	}
 	for _, op := range ops {
-		if op.Kind == storage.OpCredits {
-			g.credits(op)
+		if c, ok := op.(*storage.CreditsOp); ok {
+			g.credits(c)
 		}
 	}
 	booking := map[string]bool{} // rewards an earlier op of the group books
-	for _, op := range ops {
-		if op.Kind == storage.OpRewards {
-			var book []*model.Reward
-			if op.Take != nil {
-				book = s.toTakeLocked(*op.Take, booking)
-				op.Rewards = make([]model.Reward, len(book))
-				for i, r := range book {
-					op.Rewards[i] = *r
-					op.Rewards[i].Status, op.Rewards[i].BookedMS = model.RewardBooked, g.now
-				}
-			} else {
-				book = s.toBookLocked(op.Rewards, booking)
-			}
-			op.Applied = len(book)
-			now := g.now
-			g.writes = append(g.writes, func() { s.bookLocked(book, now) })
+	for _, o := range ops {
+		op, ok := o.(*storage.BookOp)
+		if !ok {
+			continue
 		}
+		var book []*model.Reward
+		if op.Take != nil {
+			book = s.toTakeLocked(*op.Take, booking)
+			op.Rewards = make([]model.Reward, len(book))
+			for i, r := range book {
+				op.Rewards[i] = *r
+				op.Rewards[i].Status, op.Rewards[i].BookedMS = model.RewardBooked, g.now
+			}
+		} else {
+			book = s.toBookLocked(op.Rewards, booking)
+		}
+		op.Applied = len(book)
+		now := g.now
+		g.writes = append(g.writes, func() { s.bookLocked(book, now) })
 	}
 	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))
 	if write {
@@ -190,67 +184,34 @@ func (g *group) addFlow(sh model.ShardID, f model.Flow) {
 	invariant.That(g.accounts[a] >= 0, "staged balance below zero")
 }
 
-// wallet stages a deposit or a withdrawal (storage.WalletMoveOf) as Deposit
-// and Withdraw decide them.
-func (g *group) wallet(op *storage.GroupOp) {
-	sh := op.Shard
-	invariant.That(sh.Valid(), "shard out of range")
-	mv := storage.WalletMoveOf(op)
-	if prior, ok := g.flow(flowKey{sh, op.ActID, op.OrderNo}); ok {
-		if op.Err = model.ReplayOrder(*prior, mv.Kind, mv.Hash); op.Err == nil {
-			mv.Answer(prior.BalanceAfter, true)
-		}
-		return
+var _ storage.GroupState = (*group)(nil)
+
+func (g *group) NowMS() int64 { return g.now }
+
+func (g *group) Packet(id model.PacketID) (model.Packet, bool) {
+	if sp := g.packet(id); sp != nil {
+		return sp.p, true
 	}
-	f, err := mv.Apply(g.balance(acctKey{sh, op.ActID}), g.now)
-	if err != nil {
-		op.Err = err
-		return
-	}
-	g.addFlow(sh, f)
-	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, f) })
-	mv.Answer(f.BalanceAfter, false)
+	return model.Packet{}, false
 }
 
-func (g *group) send(op *storage.GroupOp) {
-	sh, req, id := op.Shard, op.Send, op.PacketID
-	ref, err := model.ParsePacketID(string(id))
-	invariant.That(err == nil && ref.Shard == sh, "send with a packet ID of another shard")
-	if prior, ok := g.flow(flowKey{sh, req.Sender, req.OrderNo}); ok {
-		if op.Err = model.ReplayOrder(*prior, model.FlowSend, model.SendHash(req)); op.Err == nil {
-			first := g.packet(model.PacketID(prior.Ref))
-			invariant.That(first != nil, "send flow without its packet")
-			op.Packet, op.Repeat = first.p, true
-		}
-		return
-	}
-	if g.packet(id) != nil {
-		op.Err = fmt.Errorf("memstore: send %s: packet ID %s exists", req.OrderNo, id)
-		return
-	}
-	out, err := model.Send(model.SendInput{Req: req, ID: id, Balance: g.balance(acctKey{sh, req.Sender}), NowMS: g.now, ExpiresMS: op.ExpiresMS})
-	if err != nil {
-		op.Err = err
-		return
-	}
-	g.addFlow(sh, out.Flow)
-	g.packets[id] = &staged{p: out.Packet, fresh: map[string]model.Claim{}}
-	g.writes = append(g.writes, func() { g.s.writeSendLocked(ref, out) })
-	op.Packet = out.Packet
+func (g *group) Claims(id model.PacketID, reqs []model.OpenRequest) (map[string]model.Claim, bool) {
+	return g.packet(id).claimsOf(reqs), true
 }
 
-func (g *group) open(op *storage.GroupOp) {
-	id := op.Ref.ID
-	in := model.OpenInput{Packet: model.Packet{ID: id}, Reqs: op.Reqs, NowMS: g.now, Rand: model.TakeDrawSeed(op.Rand).Rand()}
-	sp := g.packet(id)
-	if sp != nil {
-		in.Packet, in.Found, in.Earlier = sp.p, true, sp.claimsOf(op.Reqs)
+func (g *group) Balance(sh model.ShardID, actID string) model.Cents {
+	return g.balance(acctKey{sh, actID})
+}
+
+func (g *group) Flow(sh model.ShardID, actID, orderNo string) (model.Flow, bool) {
+	if f, ok := g.flow(flowKey{sh, actID, orderNo}); ok {
+		return *f, true
 	}
-	out := model.Open(in)
-	op.Results, op.Packet = out.Results, out.Packet
-	if sp == nil || len(out.Fresh) == 0 {
-		return
-	}
+	return model.Flow{}, false
+}
+
+func (g *group) Opened(ref model.PacketRef, out model.OpenOutcome) {
+	sp, id := g.packet(ref.ID), ref.ID
 	sp.p = out.Packet
 	for _, c := range out.Fresh {
 		sp.fresh[c.ActID] = c
@@ -258,24 +219,31 @@ func (g *group) open(op *storage.GroupOp) {
 	g.writes = append(g.writes, func() { g.s.writeOpenLocked(g.s.packets[id], out) })
 }
 
-// refund stages an expired packet's refund (model.Refund) as Refund decides
-// it: the remainder to the sender's wallet under "refund:"+ID, the packet
-// refunded.
-func (g *group) refund(op *storage.GroupOp) {
-	sp := g.packet(op.Ref.ID)
-	if sp == nil {
-		op.Err = model.Errorf(model.ErrNotFound, "red packet %s not found", op.Ref.ID)
-		return
-	}
-	out := model.Refund(sp.p, g.now)
-	op.Packet = out.Packet
-	if !out.Due {
-		return
-	}
-	sh, id := op.Ref.Shard, op.Ref.ID
+func (g *group) Sent(sh model.ShardID, out model.SendOutcome) {
+	ref, err := model.ParsePacketID(string(out.Packet.ID))
+	invariant.That(err == nil && ref.Shard == sh, "send with a packet ID of another shard")
 	g.addFlow(sh, out.Flow)
-	sp.p, op.Refunded = out.Packet, out.Amount
+	g.packets[ref.ID] = &staged{p: out.Packet, fresh: map[string]model.Claim{}}
+	g.writes = append(g.writes, func() { g.s.writeSendLocked(ref, out) })
+}
+
+func (g *group) Moved(sh model.ShardID, f model.Flow) {
+	invariant.That(sh.Valid(), "shard out of range")
+	g.addFlow(sh, f)
+	g.writes = append(g.writes, func() { g.s.writeFlowLocked(sh, f) })
+}
+
+func (g *group) Refunded(ref model.PacketRef, out model.RefundOutcome) {
+	id := ref.ID
+	g.addFlow(ref.Shard, out.Flow)
+	g.packet(id).p = out.Packet
 	g.writes = append(g.writes, func() { g.s.writeRefundLocked(g.s.packets[id], out) })
+}
+
+func (g *group) SentBefore(id model.PacketID, into *model.Packet) {
+	first := g.packet(id)
+	invariant.That(first != nil, "send flow without its packet")
+	*into = first.p
 }
 
 // claimsOf returns the claims the requests' users hold on the packet, in the
@@ -293,7 +261,7 @@ func (sp *staged) claimsOf(reqs []model.OpenRequest) map[string]model.Claim {
 	return held
 }
 
-func (g *group) credits(op *storage.GroupOp) {
+func (g *group) credits(op *storage.CreditsOp) {
 	for _, c := range op.Credits {
 		invariant.That(c.Shard.Valid(), "credit to a shard out of range")
 		if _, held := g.s.held[acctKey{c.Shard, c.ActID}]; held {
@@ -365,7 +333,7 @@ func (s *Store) Read(ctx context.Context, q storage.Query) error {
 // lockUnheld takes s.mu once no wallet that ops write is held (HoldWallet),
 // waiting for each hold's release as a transaction waits for a row lock.
 // When ctx ends first it returns ctx's error with s.mu not held.
-func (s *Store) lockUnheld(ctx context.Context, ops []*storage.GroupOp) error {
+func (s *Store) lockUnheld(ctx context.Context, ops []storage.MoneyOp) error {
 	for {
 		s.mu.Lock()
 		ch := s.heldByLocked(ops)
@@ -390,18 +358,20 @@ func (s *Store) lockUnheld(ctx context.Context, ops []*storage.GroupOp) error {
 // heldByLocked is the release channel of a held wallet that one of ops
 // deposits to, withdraws from, sends from or refunds to (a packet the
 // store holds); nil when none is held. s.mu must be held.
-func (s *Store) heldByLocked(ops []*storage.GroupOp) chan struct{} {
+func (s *Store) heldByLocked(ops []storage.MoneyOp) chan struct{} {
 	if len(s.held) == 0 {
 		return nil
 	}
 	for _, op := range ops {
 		var k acctKey
-		switch op.Kind {
-		case storage.OpDeposit, storage.OpWithdraw:
+		switch op := op.(type) {
+		case *storage.DepositOp:
 			k = acctKey{op.Shard, op.ActID}
-		case storage.OpSend:
-			k = acctKey{op.Shard, op.Send.Sender}
-		case storage.OpRefund:
+		case *storage.WithdrawOp:
+			k = acctKey{op.Shard, op.ActID}
+		case *storage.SendOp:
+			k = acctKey{op.Shard, op.Req.Sender}
+		case *storage.RefundOp:
 			p, ok := s.packets[op.Ref.ID]
 			if !ok {
 				continue

@@ -159,7 +159,7 @@ func (s *Store) bindIdentity(_ context.Context, sh model.ShardID, want model.Ide
 }
 
 // FailNextCommit arms a fault for the next CommitGroup of at least one money
-// op (*storage.GroupOp; the whole group meets it once), whatever the group
+// op (storage.MoneyOp; the whole group meets it once), whatever the group
 // decides: a single write (storage.Deposit, storage.Send, ...) is a group of
 // one, so a repeat, a conflict or a refusal meets it too, as a transaction
 // that COMMITs without writing meets a dead connection in MariaDB.

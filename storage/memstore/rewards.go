@@ -283,9 +283,9 @@ func (s *Store) rewardRecon(ctx context.Context, db int, fromMS, toMS, staleMS i
 	return out, nil
 }
 
-// issue stages a group's OpIssue: a reward stored before (or by an earlier
+// issue stages a group's IssueOp: a reward stored before (or by an earlier
 // op of the group) decides it by model.ReplayReward, as IssueReward does.
-func (g *group) issue(op *storage.GroupOp) {
+func (g *group) issue(op *storage.IssueOp) {
 	if op.Reward.CreatedMS == 0 {
 		op.Reward.CreatedMS = g.now
 	}
@@ -296,9 +296,7 @@ func (g *group) issue(op *storage.GroupOp) {
 		prior, ok = g.issued[r.OrderNo]
 	}
 	if ok {
-		if op.Err = model.ReplayReward(*prior, r); op.Err == nil {
-			op.Issued, op.Repeat = *prior, true
-		}
+		op.Replay(*prior)
 		return
 	}
 	r.Status, r.ClaimedMS, r.BookedMS = model.RewardPending, 0, 0

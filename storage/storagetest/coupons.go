@@ -424,7 +424,7 @@ func uniqueDBs(shards ...model.ShardID) []int {
 	return out
 }
 
-// A group stores coupon requests (OpAccept) as AcceptCoupon does: a new
+// A group stores coupon requests (storage.AcceptOp) as AcceptCoupon does: a new
 // serial is stored accepted; the same serial again — stored before, or by an
 // earlier op of the same group — answers the stored request as a repeat, or
 // ORDER_CONFLICT for another person, writing nothing; a bad request answers
@@ -446,15 +446,16 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		couponReq(sB, "pat", "p1", "demo-batch"),
 		couponReq(sA, "dan", "bad serial", "demo-batch"),
 	}
-	ops := []*storage.GroupOp{{Kind: storage.OpDeposit, Shard: sA, ActID: "eve", OrderNo: "dep-1", Amount: 100}}
+	dep := &storage.DepositOp{Shard: sA, ActID: "eve", OrderNo: "dep-1", Amount: 100}
+	var ops []*storage.AcceptOp
 	for _, r := range reqs {
-		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: r})
+		ops = append(ops, &storage.AcceptOp{Coupon: r})
 	}
-	if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
+	if err := f.s.CommitGroup(f.ctx, append([]storage.Op{dep}, storage.Ops(ops)...)); err != nil {
 		t.Fatal(err)
 	}
-	if ops[0].Err != nil || ops[0].Deposit.Balance != 100 {
-		t.Fatalf("the deposit beside the accepts: %+v %v", ops[0].Deposit, ops[0].Err)
+	if dep.Err != nil || dep.Deposit.Balance != 100 {
+		t.Fatalf("the deposit beside the accepts: %+v %v", dep.Deposit, dep.Err)
 	}
 	now := f.nowMS()
 	want := []struct {
@@ -465,7 +466,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	}{{"ann", now, false, nil}, {"ann", now, true, nil}, {"", 0, false, model.ErrOrderConflict}, {"cy", now, false, nil},
 		{"pat", pre.AcceptedMS, true, nil}, {"", 0, false, model.ErrInvalidArgument}}
 	for i, w := range want {
-		op := ops[i+1]
+		op := ops[i]
 		if w.err != nil {
 			if !errors.Is(op.Err, w.err) {
 				t.Fatalf("accept %d: %v, want %v", i, op.Err, w.err)
@@ -495,9 +496,9 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("taken after the group: %v, want ann/g1, cy/g2, pat/p1", got)
 	}
 	// A group of new serials only, in three databases, stores each.
-	var fresh []*storage.GroupOp
+	var fresh []*storage.AcceptOp
 	for i, s := range []model.ShardID{sA, sC, sB, sC} {
-		fresh = append(fresh, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
+		fresh = append(fresh, &storage.AcceptOp{Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
 	}
 	if err := f.s.CommitGroup(f.ctx, storage.Ops(fresh)); err != nil {
 		t.Fatal(err)
@@ -513,14 +514,14 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.h.Clock.Advance(time.Second)
 	lost := couponReq(sA, "fay", "l1", "demo-batch")
 	fired := f.arm(true)
-	op := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
+	op := &storage.AcceptOp{Coupon: lost}
 	err = f.s.CommitGroup(f.ctx, []storage.Op{op})
 	fired()
 	if lostAnswer(t, "group accept", err) && (op.Accepted.ActID != "fay" || op.Repeat) {
 		t.Fatalf("settled accept: %+v repeat %v", op.Accepted, op.Repeat)
 	}
 	f.h.Clock.Advance(time.Second)
-	retry := &storage.GroupOp{Kind: storage.OpAccept, Coupon: lost}
+	retry := &storage.AcceptOp{Coupon: lost}
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Accepted, retry.Repeat, err)
 	}
@@ -568,11 +569,11 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 	f.h.Clock.Advance(time.Second)
 	groupNow := f.nowMS()
 	for i, serials := range [][]string{{"g1", "g2"}, {"g3", "r1"}} {
-		var ops []*storage.GroupOp
+		var ops []*storage.AcceptOp
 		for _, sr := range serials {
-			ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: model.RefusedAtAccept(couponReq(sA, "ann", sr, "gone"))})
+			ops = append(ops, &storage.AcceptOp{Coupon: model.RefusedAtAccept(couponReq(sA, "ann", sr, "gone"))})
 		}
-		ops = append(ops, &storage.GroupOp{Kind: storage.OpAccept, Coupon: couponReq(sC, "cy", fmt.Sprintf("a%d", i), "gone")})
+		ops = append(ops, &storage.AcceptOp{Coupon: couponReq(sC, "cy", fmt.Sprintf("a%d", i), "gone")})
 		if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 			t.Fatal(err)
 		}

@@ -64,17 +64,17 @@ func contractGroupFreshOnce(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	f.deposit(sA, "fay", "seed", 10_000)
 	now := f.nowMS()
-	ops := func(round int) []*storage.GroupOp {
+	ops := func(round int) []storage.MoneyOp {
 		r := reward(sC, "fay", "rain", fmt.Sprintf("f%d", round), model.AwardCash, "official", 7)
 		r.CreatedMS = now
 		cr := couponReq(sA, "fay", fmt.Sprintf("fs%d", round), "demo-batch")
 		cr.AcceptedMS = now
 		send := sendReq("fay", fmt.Sprintf("send-%d", round), 10, 2)
-		return []*storage.GroupOp{
-			{Kind: storage.OpIssue, Reward: r},
-			{Kind: storage.OpAccept, Coupon: cr},
-			{Kind: storage.OpDeposit, Shard: sA, ActID: "fay", OrderNo: fmt.Sprintf("dep-%d", round), Amount: 3},
-			{Kind: storage.OpSend, Shard: sA, Send: send, PacketID: model.NewPacketID(sA, f.h.Clock.Now()), ExpiresMS: now + 60_000},
+		return []storage.MoneyOp{
+			&storage.IssueOp{Reward: r},
+			&storage.AcceptOp{Coupon: cr},
+			&storage.DepositOp{Shard: sA, ActID: "fay", OrderNo: fmt.Sprintf("dep-%d", round), Amount: 3},
+			&storage.SendOp{Shard: sA, Req: send, PacketID: model.NewPacketID(sA, f.h.Clock.Now()), ExpiresMS: now + 60_000},
 		}
 	}
 	type verdicts struct {
@@ -82,10 +82,11 @@ func contractGroupFreshOnce(t *testing.T, newStore func(t *testing.T) Harness) {
 		fresh [4]int
 		seen  [4]int
 	}
-	record := func(v *verdicts, group []*storage.GroupOp) {
+	record := func(v *verdicts, group []storage.MoneyOp) {
 		v.mu.Lock()
 		defer v.mu.Unlock()
-		for i, op := range group {
+		for i, o := range group {
+			op := answeredOf(o)
 			if op.Err != nil {
 				t.Errorf("%s op: %v", op.Kind, op.Err)
 				continue
@@ -108,7 +109,7 @@ func contractGroupFreshOnce(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Helper()
 		for i, n := range v.fresh {
 			if n != 1 {
-				t.Errorf("%s: %s answered new %d times of %d, want once", what, ops(0)[i].Kind, n, v.seen[i])
+				t.Errorf("%s: %s answered new %d times of %d, want once", what, ops(0)[i].Kind(), n, v.seen[i])
 			}
 		}
 	}

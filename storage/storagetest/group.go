@@ -20,54 +20,110 @@ import (
 // answers in its place, and both stores must hold the same rows after.
 
 // spec is one op of a group as a caller makes it: its inputs, and the seed of
-// an open's random source. op makes a fresh GroupOp from it as often as
-// needed (the group, a retry, the oracle), each with its own source.
+// an open's random source. op makes a fresh op from it as often as needed
+// (the group, a retry, the oracle), each with its own source.
 type spec struct {
-	in     storage.GroupOp // inputs only
+	in     storage.MoneyOp // inputs only
 	seed   uint64
-	sender string // OpRefund: the packet's sender, whose wallet a refund may credit
+	sender string // a refund: the packet's sender, whose wallet a refund may credit
 }
 
-func (s spec) op() *storage.GroupOp {
-	in := s.in
-	op := &storage.GroupOp{Kind: in.Kind, Ref: in.Ref, Reqs: in.Reqs, Shard: in.Shard, Send: in.Send, PacketID: in.PacketID,
-		ExpiresMS: in.ExpiresMS, ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount, Credits: in.Credits}
-	if in.Kind == storage.OpOpen {
-		op.Rand = rand.New(rand.NewPCG(s.seed, s.seed))
+func (s spec) op() storage.MoneyOp {
+	switch in := s.in.(type) {
+	case *storage.OpenOp:
+		return &storage.OpenOp{Ref: in.Ref, Reqs: in.Reqs, Rand: rand.New(rand.NewPCG(s.seed, s.seed))}
+	case *storage.SendOp:
+		return &storage.SendOp{Shard: in.Shard, Req: in.Req, PacketID: in.PacketID, ExpiresMS: in.ExpiresMS}
+	case *storage.DepositOp:
+		return &storage.DepositOp{Shard: in.Shard, ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount}
+	case *storage.WithdrawOp:
+		return &storage.WithdrawOp{Shard: in.Shard, ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount}
+	case *storage.RefundOp:
+		return &storage.RefundOp{Ref: in.Ref}
+	case *storage.CreditsOp:
+		return &storage.CreditsOp{Credits: in.Credits}
 	}
-	return op
+	panic(fmt.Sprintf("storagetest: spec of %T", s.in))
 }
 
 func depositOp(s model.ShardID, act, order string, amount model.Cents) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpDeposit, Shard: s, ActID: act, OrderNo: order, Amount: amount}}
+	return spec{in: &storage.DepositOp{Shard: s, ActID: act, OrderNo: order, Amount: amount}}
 }
 
 func sendOp(s model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpSend, Shard: s, Send: req, PacketID: id, ExpiresMS: expiresMS}}
+	return spec{in: &storage.SendOp{Shard: s, Req: req, PacketID: id, ExpiresMS: expiresMS}}
 }
 
 func openOp(ref model.PacketRef, seed uint64, reqs ...model.OpenRequest) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs}, seed: seed}
+	return spec{in: &storage.OpenOp{Ref: ref, Reqs: reqs}, seed: seed}
 }
 
 func withdrawOp(s model.ShardID, act, order string, amount model.Cents) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpWithdraw, Shard: s, ActID: act, OrderNo: order, Amount: amount}}
+	return spec{in: &storage.WithdrawOp{Shard: s, ActID: act, OrderNo: order, Amount: amount}}
 }
 
 func refundOp(ref model.PacketRef) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpRefund, Ref: ref}}
+	return spec{in: &storage.RefundOp{Ref: ref}}
 }
 
 func creditsOp(credits ...model.Credit) spec {
-	return spec{in: storage.GroupOp{Kind: storage.OpCredits, Credits: credits}}
+	return spec{in: &storage.CreditsOp{Credits: credits}}
 }
 
-func opsOf(specs []spec) []*storage.GroupOp {
-	ops := make([]*storage.GroupOp, len(specs))
+func opsOf(specs []spec) []storage.MoneyOp {
+	ops := make([]storage.MoneyOp, len(specs))
 	for i, s := range specs {
 		ops[i] = s.op()
 	}
 	return ops
+}
+
+// answered is an op's answers, whatever its type: the suite's checks read
+// them by name (the fields of a type the op has not are zero).
+type answered struct {
+	Kind       storage.GroupKind
+	Results    []model.OpenResult
+	Packet     model.Packet
+	Repeat     bool
+	Deposit    model.Deposit
+	Withdrawal model.Withdrawal
+	Applied    int
+	Deferred   []string
+	Refunded   model.Cents
+	Err        error
+}
+
+func answeredOf(op storage.MoneyOp) answered {
+	a := answered{Kind: op.Kind(), Err: op.Failed()}
+	switch op := op.(type) {
+	case *storage.OpenOp:
+		a.Results, a.Packet = op.Results, op.Packet
+	case *storage.SendOp:
+		a.Packet, a.Repeat = op.Packet, op.Repeat
+	case *storage.DepositOp:
+		a.Deposit = op.Deposit
+	case *storage.WithdrawOp:
+		a.Withdrawal = op.Withdrawal
+	case *storage.RefundOp:
+		a.Packet, a.Refunded = op.Packet, op.Refunded
+	case *storage.CreditsOp:
+		a.Applied, a.Deferred = op.Applied, op.Deferred
+	case *storage.BookOp:
+		a.Applied, a.Deferred = op.Applied, op.Deferred
+	case *storage.IssueOp:
+		a.Repeat = op.Repeat
+	case *storage.AcceptOp:
+		a.Repeat = op.Repeat
+	}
+	return a
+}
+
+func answeredAll(ops []storage.MoneyOp) []answered {
+	out := make([]answered, len(ops))
+	for i, op := range ops {
+		out[i] = answeredOf(op)
+	}
+	return out
 }
 
 // grouperOf returns h's store as a storage.Grouper; a store without
@@ -84,39 +140,39 @@ func grouperOf(t *testing.T, h Harness) storage.Grouper {
 // single runs op through the single-op helper of its kind on s and sets its
 // answers as CommitGroup sets them: a coded error of a send or deposit is
 // the op's own (op.Err); any other error is returned.
-func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
-	switch op.Kind {
-	case storage.OpOpen:
+func single(ctx context.Context, s storage.Store, op storage.MoneyOp) error {
+	switch op := op.(type) {
+	case *storage.OpenOp:
 		res, p, err := storage.OpenBatch(ctx, s, op.Ref, op.Reqs, op.Rand)
 		if err != nil {
 			return err
 		}
 		op.Results, op.Packet = res, p
-	case storage.OpSend:
-		p, rep, err := storage.Send(ctx, s, op.Shard, op.Send, op.PacketID, op.ExpiresMS)
+	case *storage.SendOp:
+		p, rep, err := storage.Send(ctx, s, op.Shard, op.Req, op.PacketID, op.ExpiresMS)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Packet, op.Repeat, op.Err = p, rep, err
-	case storage.OpDeposit:
+	case *storage.DepositOp:
 		d, err := storage.Deposit(ctx, s, op.Shard, op.ActID, op.OrderNo, op.Amount)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Deposit, op.Err = d, err
-	case storage.OpCredits:
+	case *storage.CreditsOp:
 		n, deferred, err := storage.ApplyCredits(ctx, s, op.Credits)
 		if err != nil {
 			return err
 		}
 		op.Applied, op.Deferred = n, deferred
-	case storage.OpWithdraw:
+	case *storage.WithdrawOp:
 		w, err := storage.Withdraw(ctx, s, op.Shard, op.ActID, op.OrderNo, op.Amount)
 		if err != nil && errCode(err) == "error" {
 			return err
 		}
 		op.Withdrawal, op.Err = w, err
-	case storage.OpRefund:
+	case *storage.RefundOp:
 		c, err := storage.Refund(ctx, s, op.Ref)
 		if err != nil && errCode(err) == "error" {
 			return err
@@ -128,7 +184,7 @@ func single(ctx context.Context, s storage.Store, op *storage.GroupOp) error {
 			}
 		}
 	default:
-		return fmt.Errorf("op of unknown kind %d", op.Kind)
+		return fmt.Errorf("op %T of no kind single runs", op)
 	}
 	return nil
 }
@@ -165,7 +221,8 @@ func errCode(err error) string {
 	return "error"
 }
 
-func answerOf(op *storage.GroupOp) answer {
+func answerOf(o storage.MoneyOp) answer {
+	op := answeredOf(o)
 	if op.Err != nil {
 		return answer{Kind: op.Kind, Err: errCode(op.Err)}
 	}
@@ -222,16 +279,16 @@ func (p *pair) packetID(s model.ShardID) (model.PacketID, model.PacketRef) {
 // oracle feeds the ops of specs to the oracle one by one, in the order a
 // group decides them (credit batches after every other op), and returns
 // them answered, in list order.
-func (p *pair) oracle(specs []spec) []*storage.GroupOp {
+func (p *pair) oracle(specs []spec) []storage.MoneyOp {
 	p.t.Helper()
 	ops := opsOf(specs)
 	for _, credits := range []bool{false, true} {
 		for i, op := range ops {
-			if (op.Kind == storage.OpCredits) != credits {
+			if (op.Kind() == storage.OpCredits) != credits {
 				continue
 			}
 			if err := single(p.o.ctx, p.o.s, op); err != nil {
-				p.t.Fatalf("oracle: op %d (%s): %v", i, op.Kind, err)
+				p.t.Fatalf("oracle: op %d (%s): %v", i, op.Kind(), err)
 			}
 		}
 	}
@@ -239,11 +296,11 @@ func (p *pair) oracle(specs []spec) []*storage.GroupOp {
 }
 
 // compare fails the test unless every op of got answered as its twin in want.
-func (p *pair) compare(what string, got, want []*storage.GroupOp) {
+func (p *pair) compare(what string, got, want []storage.MoneyOp) {
 	p.t.Helper()
 	for i := range want {
 		if g, w := answerOf(got[i]), answerOf(want[i]); !reflect.DeepEqual(g, w) {
-			p.t.Fatalf("%s: op %d (%s) answered\n  %+v\nits single-op method answers\n  %+v", what, i, want[i].Kind, g, w)
+			p.t.Fatalf("%s: op %d (%s) answered\n  %+v\nits single-op method answers\n  %+v", what, i, want[i].Kind(), g, w)
 		}
 	}
 }
@@ -252,7 +309,7 @@ func (p *pair) compare(what string, got, want []*storage.GroupOp) {
 // the oracle one by one, and fails the test unless every answer is the
 // oracle's and both stores' books are clean and alike. It returns the
 // group's ops, answered.
-func (p *pair) commit(what string, specs ...spec) []*storage.GroupOp {
+func (p *pair) commit(what string, specs ...spec) []answered {
 	p.t.Helper()
 	ops := opsOf(specs)
 	if err := p.cg.CommitGroup(p.g.ctx, storage.Ops(ops)); err != nil {
@@ -260,7 +317,7 @@ func (p *pair) commit(what string, specs ...spec) []*storage.GroupOp {
 	}
 	p.compare(what, ops, p.oracle(specs))
 	p.sameBooks(what)
-	return ops
+	return answeredAll(ops)
 }
 
 // sameBooks fails the test unless both stores' ledgers pass their audits and
@@ -284,7 +341,7 @@ func (p *pair) sameBooks(what string) model.AuditReport {
 }
 
 // wantOp fails the test unless op failed with code want (nil: succeeded).
-func wantOp(t *testing.T, what string, op *storage.GroupOp, want *model.Error) {
+func wantOp(t *testing.T, what string, op answered, want *model.Error) {
 	t.Helper()
 	if want == nil {
 		if op.Err != nil {
@@ -297,7 +354,7 @@ func wantOp(t *testing.T, what string, op *storage.GroupOp, want *model.Error) {
 
 // wantResults fails the test unless the open's results carry the codes
 // want ("" for a claim), with Repeat where rep says.
-func wantResults(t *testing.T, what string, op *storage.GroupOp, want []string, rep []bool) {
+func wantResults(t *testing.T, what string, op answered, want []string, rep []bool) {
 	t.Helper()
 	if op.Err != nil || len(op.Results) != len(want) {
 		t.Fatalf("%s: %d results, %v; want %d", what, len(op.Results), op.Err, len(want))
@@ -624,7 +681,7 @@ func contractGroupEmpty(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
 	g := grouperOf(t, f.h)
 	f.deposit(sA, "ann", "d1", 10)
-	for _, ops := range [][]*storage.GroupOp{nil, {}} {
+	for _, ops := range [][]storage.MoneyOp{nil, {}} {
 		if err := g.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 			t.Fatalf("empty group: %v", err)
 		}
@@ -632,7 +689,7 @@ func contractGroupEmpty(t *testing.T, newStore func(t *testing.T) Harness) {
 	f.check(books{deposits: 10, balances: 10})
 	before := f.h.CommitFaults()
 	f.h.FailNextCommit(false)
-	if err := g.CommitGroup(f.ctx, storage.Ops(nil)); err != nil {
+	if err := g.CommitGroup(f.ctx, nil); err != nil {
 		t.Fatalf("empty group with a fault armed: %v", err)
 	}
 	if n := f.h.CommitFaults() - before; n != 0 {
@@ -716,10 +773,10 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 	if _, err := storage.Packet(p.g.ctx, p.g.s, p2); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("the packet of a send whose group failed: %v", err)
 	}
-	ops = p.commit("retry of the failed group", groupA...)
-	wantOp(t, "send above the balance", ops[4], model.ErrInsufficientBalance)
-	if ops[0].Deposit.Repeat || ops[1].Repeat || ops[3].Applied != 1 {
-		t.Fatalf("retry of a failed group found it applied: %+v %+v %d", ops[0].Deposit, ops[1].Packet, ops[3].Applied)
+	got := p.commit("retry of the failed group", groupA...)
+	wantOp(t, "send above the balance", got[4], model.ErrInsufficientBalance)
+	if got[0].Deposit.Repeat || got[1].Repeat || got[3].Applied != 1 {
+		t.Fatalf("retry of a failed group found it applied: %+v %+v %d", got[0].Deposit, got[1].Packet, got[3].Applied)
 	}
 
 	p.advanceMS(1)
@@ -738,9 +795,9 @@ func contractGroupCommitFault(t *testing.T, newStore func(t *testing.T) Harness)
 	}
 	p.sameBooks("group whose COMMIT answer was lost")
 	p.advanceMS(1)
-	ops = p.commit("retry of the group whose answer was lost", groupB...)
-	if !ops[0].Deposit.Repeat || ops[1].Applied != 0 || !ops[3].Repeat || ops[3].Packet.ID != id3 {
-		t.Fatalf("retry after a lost answer applied again: %+v, %d credits, send %+v", ops[0].Deposit, ops[1].Applied, ops[3].Packet)
+	got = p.commit("retry of the group whose answer was lost", groupB...)
+	if !got[0].Deposit.Repeat || got[1].Applied != 0 || !got[3].Repeat || got[3].Packet.ID != id3 {
+		t.Fatalf("retry after a lost answer applied again: %+v, %d credits, send %+v", got[0].Deposit, got[1].Applied, got[3].Packet)
 	}
-	wantResults(t, "open after a lost answer", ops[2], []string{"", ""}, []bool{true, true})
+	wantResults(t, "open after a lost answer", got[2], []string{"", ""}, []bool{true, true})
 }

@@ -251,22 +251,26 @@ func (m *money) credits(pool []model.Credit) (spec, bool) {
 // touched reports whether an op of specs changes act's balance.
 func touched(specs []spec, act string, s model.ShardID) bool {
 	for _, sp := range specs {
-		switch in := sp.in; in.Kind {
-		case storage.OpDeposit, storage.OpWithdraw:
+		switch in := sp.in.(type) {
+		case *storage.DepositOp:
 			if in.ActID == act && in.Shard == s {
 				return true
 			}
-		case storage.OpSend:
-			if in.Send.Sender == act && in.Shard == s {
+		case *storage.WithdrawOp:
+			if in.ActID == act && in.Shard == s {
 				return true
 			}
-		case storage.OpCredits:
+		case *storage.SendOp:
+			if in.Req.Sender == act && in.Shard == s {
+				return true
+			}
+		case *storage.CreditsOp:
 			for _, c := range in.Credits {
 				if c.ActID == act && c.Shard == s {
 					return true
 				}
 			}
-		case storage.OpRefund:
+		case *storage.RefundOp:
 			if sp.sender == act && in.Ref.Shard == s {
 				return true
 			}
@@ -278,7 +282,7 @@ func touched(specs []spec, act string, s model.ShardID) bool {
 // opened reports whether an op of specs opens ref.
 func opened(specs []spec, ref model.PacketRef) bool {
 	for _, sp := range specs {
-		if sp.in.Kind == storage.OpOpen && sp.in.Ref.ID == ref.ID {
+		if o, ok := sp.in.(*storage.OpenOp); ok && o.Ref.ID == ref.ID {
 			return true
 		}
 	}
@@ -381,10 +385,10 @@ func (m *money) group(gi int) int {
 	}
 	if inj.kind == injectLocked {
 		if m.injected[injectLocked]%2 == 0 {
-			m.held(what, ops, &sp.in, true) // fails, writes nothing
-			ops = opsOf(specs)              // the retry, below
+			m.held(what, ops, sp.in.(*storage.DepositOp), true) // fails, writes nothing
+			ops = opsOf(specs)                                  // the retry, below
 		} else {
-			m.held(what, ops, &sp.in, false) // commits: answered below
+			m.held(what, ops, sp.in.(*storage.DepositOp), false) // commits: answered below
 		}
 	}
 	if inj.kind != injectLocked || m.injected[injectLocked]%2 == 0 {
@@ -416,7 +420,7 @@ func (m *money) uncredited(batch []spec) string {
 // for it, either its context ends (end: the group must answer an error;
 // nothing may be written, which the retry's answers, the oracle's, show)
 // or the hold is released (the group must commit, answered by the caller).
-func (m *money) held(what string, ops []*storage.GroupOp, in *storage.GroupOp, end bool) {
+func (m *money) held(what string, ops []storage.MoneyOp, in *storage.DepositOp, end bool) {
 	m.t.Helper()
 	waiters, release := m.p.g.h.HoldWallet(in.Shard, in.ActID)
 	defer release()
@@ -453,12 +457,13 @@ func (m *money) held(what string, ops []*storage.GroupOp, in *storage.GroupOp, e
 }
 
 // check asserts that the injected op answered its failure.
-func (m *money) check(what string, inj injection, op *storage.GroupOp) {
+func (m *money) check(what string, inj injection, o storage.MoneyOp) {
+	op := answeredOf(o)
 	m.t.Helper()
 	switch inj.kind {
 	case injectDup:
 		if inj.repeat && (op.Err != nil || !op.Repeat && !op.Deposit.Repeat) {
-			m.t.Fatalf("%s: an order number replayed answered %+v", what, answerOf(op))
+			m.t.Fatalf("%s: an order number replayed answered %+v", what, answerOf(o))
 		}
 		if !inj.repeat {
 			wantOp(m.t, what+": an order number reused", op, model.ErrOrderConflict)
@@ -488,9 +493,9 @@ func errName(code string) string {
 }
 
 // learn records what the oracle's answers applied.
-func (m *money) learn(specs []spec, ops []*storage.GroupOp) {
-	for i, op := range ops {
-		a := answerOf(op)
+func (m *money) learn(specs []spec, ops []storage.MoneyOp) {
+	for i, o := range ops {
+		a, op := answerOf(o), answeredOf(o)
 		if a.Err != "" {
 			m.stats[errName(a.Err)]++
 			continue
@@ -546,25 +551,27 @@ func (m *money) duplicate() (spec, bool, bool) {
 		return spec{}, false, false
 	}
 	d := m.done[m.r.IntN(len(m.done))].in
+	snd, isSend := d.(*storage.SendOp)
+	dep, _ := d.(*storage.DepositOp)
 	switch m.r.IntN(4) {
 	case 0: // the same request again
-		if d.Kind == storage.OpSend {
-			return sendOp(d.Shard, d.Send, m.packetID(d.Shard), d.ExpiresMS), true, true
+		if isSend {
+			return sendOp(snd.Shard, snd.Req, m.packetID(snd.Shard), snd.ExpiresMS), true, true
 		}
-		return depositOp(d.Shard, d.ActID, d.OrderNo, d.Amount), true, true
+		return depositOp(dep.Shard, dep.ActID, dep.OrderNo, dep.Amount), true, true
 	case 1: // the same kind, another amount
-		if d.Kind == storage.OpSend {
-			req := d.Send
+		if isSend {
+			req := snd.Req
 			req.Kind, req.Amount = model.KindRandom, req.Amount+1
-			return sendOp(d.Shard, req, m.packetID(d.Shard), d.ExpiresMS), false, true
+			return sendOp(snd.Shard, req, m.packetID(snd.Shard), snd.ExpiresMS), false, true
 		}
-		return depositOp(d.Shard, d.ActID, d.OrderNo, d.Amount+1), false, true
+		return depositOp(dep.Shard, dep.ActID, dep.OrderNo, dep.Amount+1), false, true
 	default: // the other kind
-		if d.Kind == storage.OpSend {
-			return depositOp(d.Shard, d.Send.Sender, d.Send.OrderNo, 100), false, true
+		if isSend {
+			return depositOp(snd.Shard, snd.Req.Sender, snd.Req.OrderNo, 100), false, true
 		}
-		req := model.SendRequest{Sender: d.ActID, Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: d.OrderNo}
-		return sendOp(d.Shard, req, m.packetID(d.Shard), m.p.nowMS()+1000), false, true
+		req := model.SendRequest{Sender: dep.ActID, Amount: 1, Count: 1, Kind: model.KindRandom, OrderNo: dep.OrderNo}
+		return sendOp(dep.Shard, req, m.packetID(dep.Shard), m.p.nowMS()+1000), false, true
 	}
 }
 

@@ -55,7 +55,7 @@ func contractCreditDest(t *testing.T, newStore func(t *testing.T) Harness) {
 	res, _ := f.open(ref, 7, opener("bob", sB), opener("cy", sC), opener("dee", sA))
 	f.h.Clock.Advance(time.Millisecond)
 	// A claim made in a group gets its Dest as well.
-	gop := openOp(ref, 8, opener("eve", sC)).op()
+	gop := openOp(ref, 8, opener("eve", sC)).op().(*storage.OpenOp)
 	if err := grouperOf(t, f.h).CommitGroup(f.ctx, []storage.Op{gop}); err != nil || len(gop.Results) != 1 || gop.Results[0].Err != nil {
 		t.Fatalf("group open: %v, %s", err, describe(gop.Results))
 	}

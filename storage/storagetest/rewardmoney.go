@@ -611,7 +611,7 @@ func (m *rewardMoney) take(db int, staleMS int64, limit int) []model.Reward {
 
 // takeInGroup is a booker's pass as cells make it: RewardsDueQuery (true
 // exactly when a reward is eligible), then one group op
-// (OpRewards with a RewardTake) that finds the oldest eligible rewards of
+// (BookOp with a RewardTake) that finds the oldest eligible rewards of
 // db, as take does, and books them in the same transaction. It checks the
 // op booked as many as limit allows of the eligible ones, oldest first,
 // each once, and answered them as booked now.
@@ -626,7 +626,7 @@ func (m *rewardMoney) takeInGroup(db int, staleMS int64, limit int) []rmPerson {
 	if err := m.f.s.Read(m.f.ctx, due); err != nil || due.Due != (len(eligible) > 0) {
 		m.fatalf("rewards due in db %d: %v, %v; want %v (%d eligible)", db, due.Due, err, len(eligible) > 0, len(eligible))
 	}
-	op := &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: m.nowMS(), Limit: limit}}
+	op := &storage.BookOp{Take: &storage.RewardTake{DB: db, StaleMS: staleMS, IssuedByMS: m.nowMS(), Limit: limit}}
 	err := m.f.s.CommitGroup(m.f.ctx, []storage.Op{op})
 	if err != nil || op.Err != nil || op.Applied != min(limit, len(eligible)) || len(op.Rewards) != op.Applied {
 		m.fatalf("take and book in a group, db %d (limit %d): %d booked, %d answered, %v %v; want %d of %d eligible",

@@ -390,7 +390,7 @@ func contractRewardLeaseSpent(t *testing.T, newStore func(t *testing.T) Harness)
 	}
 }
 
-// A group books rewards (OpRewards) as BookRewards does, beside a deposit of
+// A group books rewards (storage.BookOp) as BookRewards does, beside a deposit of
 // the same wallet: each reward once, official cash into the wallet; a
 // reward listed in two ops of one group, or booked before, is booked by
 // neither again.
@@ -406,9 +406,9 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	if n, err := storage.BookRewards(f.ctx, f.s, []model.Reward{b}); err != nil || n != 1 {
 		t.Fatalf("book b alone: %d %v", n, err)
 	}
-	dep := &storage.GroupOp{Kind: storage.OpDeposit, Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
-	op1 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g}}
-	op2 := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, c}}
+	dep := &storage.DepositOp{Shard: sA, ActID: "kim", OrderNo: "d1", Amount: 1000}
+	op1 := &storage.BookOp{Rewards: []model.Reward{a, b, g}}
+	op2 := &storage.BookOp{Rewards: []model.Reward{a, c}}
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{op1, dep, op2}); err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +422,7 @@ func contractGroupRewards(t *testing.T, newStore func(t *testing.T) Harness) {
 	if bal := f.balance(sC, "lee"); bal != 9 {
 		t.Fatalf("lee's wallet %d, want 9", bal)
 	}
-	again := &storage.GroupOp{Kind: storage.OpRewards, Rewards: []model.Reward{a, b, g, c}}
+	again := &storage.BookOp{Rewards: []model.Reward{a, b, g, c}}
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{again}); err != nil || again.Applied != 0 {
 		t.Fatalf("the same rewards again: %d %v, want 0", again.Applied, err)
 	}
@@ -474,7 +474,7 @@ func contractRewardRecon(t *testing.T, newStore func(t *testing.T) Harness) {
 	}
 }
 
-// A group stores issued rewards (OpIssue) as IssueReward does: a new one is
+// A group stores issued rewards (storage.IssueOp) as IssueReward does: a new one is
 // stored; the same order number again — stored before, or by an earlier op
 // of the same group — answers the stored reward as a repeat, or
 // ORDER_CONFLICT for another amount, writing nothing; a group whose COMMIT
@@ -492,9 +492,9 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	pre := at(reward(sB, "ray", "rain", "r1", model.AwardCash, "official", 5), "tok-pre")
 	f.issue(pre)
 	preAgain := at(reward(sB, "ray", "rain", "r1", model.AwardCash, "official", 5), "tok-pre2")
-	ops := []*storage.GroupOp{}
+	ops := []*storage.IssueOp{}
 	for _, r := range []model.Reward{a, aAgain, aOther, b, preAgain} {
-		ops = append(ops, &storage.GroupOp{Kind: storage.OpIssue, Reward: r})
+		ops = append(ops, &storage.IssueOp{Reward: r})
 	}
 	if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
 		t.Fatal(err)
@@ -526,19 +526,19 @@ func contractGroupIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	// its retry finds the reward.
 	c := at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c")
 	fired := f.arm(true)
-	op := &storage.GroupOp{Kind: storage.OpIssue, Reward: c}
+	op := &storage.IssueOp{Reward: c}
 	err := f.s.CommitGroup(f.ctx, []storage.Op{op})
 	fired()
 	if lostAnswer(t, "group issue", err) && (op.Issued.Token != "tok-c" || op.Repeat) {
 		t.Fatalf("settled issue: %+v repeat %v", op.Issued, op.Repeat)
 	}
-	retry := &storage.GroupOp{Kind: storage.OpIssue, Reward: at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c2")}
+	retry := &storage.IssueOp{Reward: at(reward(sA, "sal", "rain", "r1", model.AwardCash, "official", 3), "tok-c2")}
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Issued.Token != "tok-c" {
 		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Issued, retry.Repeat, err)
 	}
 }
 
-// A booker's batch (OpRewards with a RewardTake) in the same group as an
+// A booker's batch (BookOp with a RewardTake) in the same group as an
 // issue into its database books the rewards stored before the group, never
 // the group's own issue, which is answered and stored pending; a take whose
 // IssuedByMS is before that issue leaves it too, and the next take books
@@ -552,10 +552,10 @@ func contractTakeBesideIssue(t *testing.T, newStore func(t *testing.T) Harness) 
 	f.h.Clock.Advance(time.Second)
 	fresh := reward(sA, "uma", "rain", "r1", model.AwardCash, "official", 9)
 	fresh.CreatedMS, fresh.Token = f.nowMS(), "tok-fresh"
-	take := func() *storage.GroupOp {
-		return &storage.GroupOp{Kind: storage.OpRewards, Take: &storage.RewardTake{DB: sA.DB(), StaleMS: f.nowMS(), IssuedByMS: f.nowMS(), Limit: 10}}
+	take := func() *storage.BookOp {
+		return &storage.BookOp{Take: &storage.RewardTake{DB: sA.DB(), StaleMS: f.nowMS(), IssuedByMS: f.nowMS(), Limit: 10}}
 	}
-	issue, tk := &storage.GroupOp{Kind: storage.OpIssue, Reward: fresh}, take()
+	issue, tk := &storage.IssueOp{Reward: fresh}, take()
 	if err := f.s.CommitGroup(f.ctx, []storage.Op{issue, tk}); err != nil || issue.Err != nil || tk.Err != nil {
 		t.Fatal(err, issue.Err, tk.Err)
 	}

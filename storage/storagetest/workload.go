@@ -192,18 +192,18 @@ func (w *Workload) group() {
 		panic(fmt.Sprintf("storagetest: Workload.Groups over a store without CommitGroup (%T)", w.h.Store))
 	}
 	now := w.h.Clock.Now()
-	var ops []*storage.GroupOp
+	var ops []storage.MoneyOp
 	for n := 2 + w.r.IntN(7); len(ops) < n; {
 		u := w.user()
 		sh := w.shardOf(u)
 		switch k := w.r.IntN(10); {
 		case k < 3:
-			ops = append(ops, &storage.GroupOp{Kind: storage.OpDeposit, Shard: sh, ActID: u,
+			ops = append(ops, &storage.DepositOp{Shard: sh, ActID: u,
 				OrderNo: fmt.Sprintf("d%d", w.r.IntN(w.ops+1)), Amount: model.Cents(1 + w.r.IntN(5)*100)})
 		case k < 5:
 			req := model.SendRequest{Sender: u, Amount: model.Cents(10 + w.r.IntN(500)), Count: int64(1 + w.r.IntN(8)), Kind: model.KindRandom,
 				OrderNo: fmt.Sprintf("s%d", w.r.IntN(w.ops+1))}
-			ops = append(ops, &storage.GroupOp{Kind: storage.OpSend, Shard: sh, Send: req, PacketID: w.packetID(sh),
+			ops = append(ops, &storage.SendOp{Shard: sh, Req: req, PacketID: w.packetID(sh),
 				ExpiresMS: now.Add(time.Duration(1+w.r.IntN(3000)) * time.Millisecond).UnixMilli()})
 		case len(w.refs) > 0:
 			ref := w.refs[len(w.refs)-1-w.r.IntN(min(len(w.refs), 20))]
@@ -212,14 +212,14 @@ func (w *Workload) group() {
 				v := w.user()
 				reqs[i] = model.OpenRequest{ActID: v, Shard: w.shardOf(v)}
 			}
-			ops = append(ops, &storage.GroupOp{Kind: storage.OpOpen, Ref: ref, Reqs: reqs,
+			ops = append(ops, &storage.OpenOp{Ref: ref, Reqs: reqs,
 				Rand: rand.New(rand.NewPCG(w.r.Uint64(), w.r.Uint64()))})
 		}
 	}
 	db := []int{12, 56}[w.r.IntN(2)]
 	cs, next, err := w.claimsAfter(db, 20)
 	if err == nil && len(cs) > 0 {
-		ops = append(ops, &storage.GroupOp{Kind: storage.OpCredits, Credits: cs})
+		ops = append(ops, &storage.CreditsOp{Credits: cs})
 	}
 	w.calls++
 	err = g.CommitGroup(w.ctx, storage.Ops(ops))
@@ -228,7 +228,8 @@ func (w *Workload) group() {
 		return
 	}
 	w.groups++
-	for _, op := range ops {
+	for _, o := range ops {
+		op := answeredOf(o)
 		w.record(" ", op.Kind, op.Packet, op.Repeat, op.Deposit, op.Applied, op.Deferred, code(op.Err))
 		for _, r := range op.Results {
 			w.record("  ", r.Claim, r.Repeat, code(r.Err))
