@@ -77,7 +77,7 @@ func TestOpensShedWhileCreditsLag(t *testing.T) {
 			continue
 		}
 		if st != http.StatusServiceUnavailable || code != "OVERLOADED" {
-			t.Fatalf("open while a credit hangs: %d %s, want 200 or 503 OVERLOADED", st, code)
+			t.Fatalf("open %d (%s) after %s while a credit hangs: %d %s, want 200 or 503 OVERLOADED", i, act, time.Since(start), st, code)
 		}
 		shedAt = time.Now()
 		break

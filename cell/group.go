@@ -32,18 +32,30 @@ const laneQueueMax = 64 * 4096
 // still serves: an op whose submitter gave up waiting (its deadline passed)
 // may reach its group after a freeze began, and answers ErrMoving then, with
 // nothing written.
+//
+// The opens' same-cell claimants are credited in the group's own
+// transaction (storage.OpenOp.CreditHere): their databases are entered with
+// the group's, so a claimant's shard the cell serves now stays served until
+// the group ends.
 func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []storage.MoneyOp) error {
 	var dbs []int
 	for _, op := range ops {
 		dbs = opDBs(dbs, op)
+		if o, ok := op.(*storage.OpenOp); ok {
+			dbs = claimantDBs(dbs, o)
+		}
 	}
 	leave := s.own.enterDBs(dbs)
 	defer leave()
+	sp := s.spaces[ln.Space]
 	keep := ops[:0:0]
 	for _, op := range ops {
 		if err := s.opServed(op); err != nil {
 			op.Fail(err)
 			continue
+		}
+		if o, ok := op.(*storage.OpenOp); ok {
+			o.CreditHere = s.creditHere(sp)
 		}
 		keep = append(keep, op)
 	}
@@ -60,6 +72,27 @@ func opDBs(dbs []int, op storage.MoneyOp) []int {
 		dbs = append(dbs, sh.DB())
 	}
 	return dbs
+}
+
+// claimantDBs appends the databases of op's openers' shards to dbs: where
+// their credits go when the group books them (creditHere).
+func claimantDBs(dbs []int, op *storage.OpenOp) []int {
+	for _, r := range op.Reqs {
+		dbs = append(dbs, r.Shard.DB())
+	}
+	return dbs
+}
+
+// creditHere is an open's storage.OpenOp.CreditHere in space sp: a
+// claimant's shard the cell serves now (owned, its database not frozen),
+// whose database the caller entered (claimantDBs); nil, crediting nothing
+// in the open's transaction, while the relay is switched off (its degrade
+// switch holds every credit back).
+func (s *Server) creditHere(sp *space) func(model.ShardID) bool {
+	if sp.relay != nil && sp.relay.Off() {
+		return nil
+	}
+	return func(sh model.ShardID) bool { return s.own.check(sh) == nil }
 }
 
 // opServed checks that the cell serves every shard op writes: nil, or the
@@ -148,9 +181,14 @@ func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketR
 // openAlone commits one packet's batch of opens in a transaction of its own
 // (the strategies that do not group: naive, serial, batched): a group of one
 // op (storage.OpenOp) on the space's store, not through the committer. Its
-// answers are storage.OpenBatch's.
-func openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
+// answers are storage.OpenBatch's. The caller entered the packet's
+// database; the claimants' are entered here, for their credits in the same
+// transaction (creditHere).
+func (s *Server) openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.OpenOp{Ref: ref, Reqs: reqs, Rand: r}
+	leave := s.own.enterDBs(claimantDBs(nil, op))
+	defer leave()
+	op.CreditHere = s.creditHere(sp)
 	if err := sp.store.CommitGroup(ctx, []storage.Op{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("open %s: %w", ref.ID, err)
 	}

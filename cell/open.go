@@ -5,6 +5,7 @@ import (
 	"errors"
 	mrand "math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -111,7 +112,7 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
 	s.metrics.batchSize.Observe(1)
-	results, p, err := openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
+	results, p, err := s.openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -291,7 +292,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	if grouped {
 		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
 	} else {
-		results, p, err = openAlone(ctx, sp, live[0].ref, reqs, r)
+		results, p, err = s.openAlone(ctx, sp, live[0].ref, reqs, r)
 	}
 	if !errors.Is(err, groupcommit.ErrInFlight) {
 		s.rngs.Put(r) // else the group still draws from r: leave it to the collector
@@ -338,13 +339,20 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 // taken or the packet closed), which the caller does once it has answered.
 func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult) bool {
 	credits := relay.NewCredits(results) // a user listed twice in a batch is credited once
+	fresh := len(credits)
+	credits = slices.DeleteFunc(credits, func(c model.Credit) bool { return creditedHere(results, c.ClaimID) })
+	if len(credits) < fresh {
+		if ref, err := model.ParsePacketID(string(p.ID)); err == nil {
+			sp.relay.Came(ref.Shard.DB()) // its position moves past them
+		}
+	}
 	for i := range credits {
 		// Where the store's claim rows say they go, as it named it a moment
 		// ago: a lane delivering elsewhere (the map changed since) asks there
 		// first.
 		credits[i].Dest = s.creditDest(credits[i].Shard)
 	}
-	s.stats.opens.Add(int64(len(credits)))
+	s.stats.opens.Add(int64(fresh))
 	final := model.FinalErr(p, s.clock.Now().UnixMilli())
 	closed := final != nil
 	if closed {
@@ -353,5 +361,16 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 	if len(credits) > 0 {
 		sp.relay.Enqueue(credits)
 	}
-	return len(credits) > 0 || closed
+	return fresh > 0 || closed
+}
+
+// creditedHere tells whether claim id was credited in its open's own
+// transaction (model.OpenResult.Credited): the relay has nothing to deliver.
+func creditedHere(results []model.OpenResult, id string) bool {
+	for _, r := range results {
+		if r.Credited && r.Claim.ID == id {
+			return true
+		}
+	}
+	return false
 }

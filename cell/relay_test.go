@@ -399,13 +399,17 @@ func TestRelayLockedWalletRow(t *testing.T) {
 	if n := metric(t, a, "redcell_cell_relay_deferred_total"); n < 1 {
 		t.Errorf("redcell_cell_relay_deferred_total = %v, want >= 1", n)
 	}
-	// Every credit's lag is observed by the sending cell's relay, by lane kind;
-	// the locked one's after its lock was released.
-	for kind, want := range map[string]int{"local": len(local), "remote": len(remote)} {
-		series := `redcell_credit_lag_seconds_count{kind="` + kind + `",space="real"}`
-		if n := metric(t, a, series); n < float64(want) {
-			t.Errorf("%s = %v, want >= %d", series, n, want)
-		}
+	// Every remote credit's lag is observed by the sending cell's relay; the
+	// locked one's after its lock was released. The sending cell's own
+	// claimants were credited in their opens' transactions: no relay lane
+	// carried them.
+	if n, series := metric(t, a, `redcell_credit_lag_seconds_count{kind="remote",space="real"}`), "remote"; n < float64(len(remote)) {
+		t.Errorf("credit lag samples of kind %s = %v, want >= %d", series, n, len(remote))
+	}
+	// (one whose flow index a neighbouring key's insert held for a moment
+	// goes through the relay all the same).
+	if n := metric(t, a, `redcell_credit_lag_seconds_count{kind="local",space="real"}`); n >= float64(len(local)) {
+		t.Errorf("credit lag samples of kind local = %v, want fewer than the %d local claimants: they are credited in their opens", n, len(local))
 	}
 	checkExactlyOnce(t, claims, a)
 }

@@ -83,6 +83,10 @@ type OpenResult struct {
 	Claim  Claim
 	Repeat bool
 	Err    error
+	// Credited: the claim, new, was credited to its claimant's wallet in
+	// the open's own transaction (a claimant of the same cell whose wallet
+	// row was free), so no relay delivers it.
+	Credited bool
 }
 
 // Credit moves a claim's amount into the claimant's wallet. It is applied at

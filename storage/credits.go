@@ -68,11 +68,26 @@ type creditPaths struct {
 // the transaction, whatever it wrote before the call; its caller rolls it
 // back and runs it again, whole, with fresh false.
 func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool) (applied int, deferred []string, err error) {
+	return m.bookCredits(ctx, tx, credits, now, fresh, noWait)
+}
+
+// creditsHereTx is applyCreditsTx for the credits of an open's same-cell
+// claimants, in the open's own transaction (OpenOp.CreditHere): no statement
+// waits for a table's metadata lock either (noWaitAny), so a wallet table
+// held by a LOCK TABLES or a DDL defers the credit to the relay instead of
+// holding the open.
+func (m *MySQL) creditsHereTx(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool) (applied int, deferred []string, err error) {
+	return m.bookCredits(ctx, tx, credits, now, fresh, noWaitAny)
+}
+
+// bookCredits is applyCreditsTx with nw, the prefix each statement runs
+// under (noWait, noWaitAny).
+func (m *MySQL) bookCredits(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool, nw string) (applied int, deferred []string, err error) {
 	sorted := lockOrder(credits)
 	for len(sorted) > 0 {
 		chunk := sorted[:min(len(sorted), creditRowsMax)]
 		sorted = sorted[len(chunk):]
-		ok, err := m.creditAll(ctx, tx, chunk, now, fresh)
+		ok, err := m.creditAll(ctx, tx, chunk, now, fresh, nw)
 		fresh = false
 		if err != nil {
 			return 0, nil, err
@@ -82,7 +97,7 @@ func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.
 			continue
 		}
 		m.bulk.Fallback.Add(1)
-		a, d, err := m.creditShards(ctx, tx, chunk, now)
+		a, d, err := m.creditShards(ctx, tx, chunk, now, nw)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -94,13 +109,13 @@ func (m *MySQL) applyCreditsTx(ctx context.Context, tx *sql.Tx, credits []model.
 // creditShards books cs (lock order, no repeats) shard by shard
 // (creditShard): the path of a batch that could not be booked in one round
 // trip.
-func (m *MySQL) creditShards(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (applied int, deferred []string, err error) {
+func (m *MySQL) creditShards(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, nw string) (applied int, deferred []string, err error) {
 	for len(cs) > 0 {
 		n := 1
 		for n < len(cs) && cs[n].Shard == cs[0].Shard {
 			n++
 		}
-		a, d, err := m.creditShard(ctx, tx, cs[:n], now)
+		a, d, err := m.creditShard(ctx, tx, cs[:n], now, nw)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -131,9 +146,9 @@ const creditSavepoint = "credits_bulk"
 // creditRowsMax) in bulk, or one by one when the bulk cannot be written as a
 // whole (see applyCreditsTx). A lone credit is booked by creditOne at once:
 // the same two statements as the bulk's, without the savepoint.
-func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (applied int, deferred []string, err error) {
+func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, nw string) (applied int, deferred []string, err error) {
 	if len(cs) > 1 { // one credit alone: its two statements, without a savepoint
-		ok, err := m.creditBulk(ctx, tx, cs, now)
+		ok, err := m.creditBulk(ctx, tx, cs, now, nw)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -144,7 +159,7 @@ func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, 
 		m.bulk.OneByOne.Add(1)
 	}
 	for _, c := range cs {
-		outcome, err := m.creditOne(ctx, tx, c, now)
+		outcome, err := m.creditOne(ctx, tx, c, now, nw)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -162,13 +177,13 @@ func (m *MySQL) creditShard(ctx context.Context, tx *sql.Tx, cs []model.Credit, 
 // with one flow INSERT and one account upsert. ok is false when it could not
 // (some were booked before, or a row was locked): then nothing of cs is
 // written (rolled back to the savepoint). An error fails the transaction.
-func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64) (ok bool, err error) {
+func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, nw string) (ok bool, err error) {
 	s := cs[0].Shard
 	flowArgsAll, acctArgs, acts := creditRows(cs, now)
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+creditSavepoint); err != nil {
 		return false, fmt.Errorf("storage: credits savepoint: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, noWait+m.flowInsertRows(s, len(cs))+" ON DUPLICATE KEY UPDATE id = id", flowArgsAll...)
+	res, err := tx.ExecContext(ctx, nw+m.flowInsertRows(s, len(cs))+" ON DUPLICATE KEY UPDATE id = id", flowArgsAll...)
 	if isMySQLErr(err, errLockWait) {
 		return false, m.undoBulk(ctx, tx)
 	}
@@ -182,7 +197,7 @@ func (m *MySQL) creditBulk(ctx context.Context, tx *sql.Tx, cs []model.Credit, n
 	if n != int64(len(cs)) { // some were booked before: sort them out one by one
 		return false, m.undoBulk(ctx, tx)
 	}
-	_, err = tx.ExecContext(ctx, noWait+m.accountUpsertRows(s, acts), acctArgs...)
+	_, err = tx.ExecContext(ctx, nw+m.accountUpsertRows(s, acts), acctArgs...)
 	if isMySQLErr(err, errLockWait) {
 		return false, m.undoBulk(ctx, tx)
 	}
@@ -231,7 +246,7 @@ func (m *MySQL) accountUpsertRows(s model.ShardID, n int) string {
 // to the savepoint, so nothing of cs is written. An error fails the
 // transaction. Fresh (applyCreditsTx): no SAVEPOINT, and errBulkUnfit
 // instead of going back to it.
-func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, fresh bool) (ok bool, err error) {
+func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, now int64, fresh bool, nw string) (ok bool, err error) {
 	var q strings.Builder
 	if !fresh {
 		q.WriteString("SAVEPOINT " + creditSavepoint + ";")
@@ -247,8 +262,8 @@ func (m *MySQL) creditAll(ctx context.Context, tx *sql.Tx, cs []model.Credit, no
 		if len(args) > 0 {
 			q.WriteString(";")
 		}
-		q.WriteString(noWait + m.flowInsertRows(rest[0].Shard, n))
-		q.WriteString(";" + noWait + m.accountUpsertRows(rest[0].Shard, acts))
+		q.WriteString(nw + m.flowInsertRows(rest[0].Shard, n))
+		q.WriteString(";" + nw + m.accountUpsertRows(rest[0].Shard, acts))
 		args = append(append(args, flows...), accts...)
 		if n > 1 {
 			shards = append(shards, n)

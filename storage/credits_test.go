@@ -285,7 +285,7 @@ func BenchmarkApplyCredits(b *testing.B) {
 				err := m.inTx(ctx, func(tx *sql.Tx) error {
 					now := m.nowMS()
 					for _, c := range cs {
-						if out, err := m.creditOne(ctx, tx, c, now); err != nil || out != creditApplied {
+						if out, err := m.creditOne(ctx, tx, c, now, noWait); err != nil || out != creditApplied {
 							return fmt.Errorf("credit %s: outcome %d, %v", c.ClaimID, out, err)
 						}
 					}
@@ -301,7 +301,7 @@ func BenchmarkApplyCredits(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				cs := lockOrder(batch(run, i))
 				err := m.inTx(ctx, func(tx *sql.Tx) error {
-					n, _, err := m.creditShards(ctx, tx, cs, m.nowMS())
+					n, _, err := m.creditShards(ctx, tx, cs, m.nowMS(), noWait)
 					if err == nil && n != perCall {
 						err = fmt.Errorf("applied %d of %d", n, perCall)
 					}

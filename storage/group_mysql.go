@@ -372,6 +372,28 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 		}
 	}
 	probe := st.probe
+	// The opens' same-cell credits (OpenOp.CreditHere), before the credit
+	// batches: one bulk list for all, no wait for a held wallet or table.
+	// Only to shards whose wallet tables this process made sure of: no DDL
+	// on an open's path (the relay's delivery makes them).
+	var here []model.Credit
+	for _, op := range ops {
+		if o, ok := op.(*OpenOp); ok && len(o.here) > 0 {
+			o.here = slices.DeleteFunc(o.here, func(c model.Credit) bool { return !m.ensuredOK(ensureKey{shard: c.Shard}) })
+			here = append(here, o.here...)
+		}
+	}
+	if len(here) > 0 {
+		_, deferred, err := m.creditsHereTx(ctx, tx, here, now, fresh)
+		if err != nil {
+			return nil, err
+		}
+		for _, op := range ops {
+			if o, ok := op.(*OpenOp); ok && len(o.Here()) > 0 {
+				o.MarkCredited(deferred)
+			}
+		}
+	}
 	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
 		var err error
 		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now, fresh)

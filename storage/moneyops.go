@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"redcell/model"
 )
@@ -68,16 +69,47 @@ func (*AcceptOp) isOp()   {}
 // Rand is the source the op takes its draw seed from, once per CommitGroup
 // (two draws, model.TakeDrawSeed: every run of the transaction draws the
 // same shares; not shared with other goroutines).
+//
+// CreditHere, when set, tells the claimants' shards (a request's Shard)
+// whose wallets the group may credit in its own transaction: a same-cell
+// claimant, whose database the caller made sure it serves for the group's
+// time. A new claim of such a shard is credited there, after the group's
+// other writes, when its wallet row is free (no wait; a held one is left to
+// the relay), under the order number a relay's credit would take
+// (model.CreditOrderNo), and its result is marked Credited. MySQL credits
+// there only a shard whose wallet tables the process has made sure of (no
+// DDL on an open's path); the others are left to the relay.
 type OpenOp struct {
-	Ref  model.PacketRef
-	Reqs []model.OpenRequest
-	Rand *rand.Rand
+	Ref        model.PacketRef
+	Reqs       []model.OpenRequest
+	Rand       *rand.Rand
+	CreditHere func(model.ShardID) bool
 
 	Results []model.OpenResult // one per request
 	Packet  model.Packet       // the packet as this op left it (zero if not found)
 	Outcome
 
 	seed model.DrawSeed
+	here []model.Credit // the new claims the group may credit here (CreditHere)
+}
+
+// Here is the credits of the op's new claims the group may book in its own
+// transaction (CreditHere), as its decision made them; nil when none.
+func (op *OpenOp) Here() []model.Credit { return op.here }
+
+// MarkCredited marks the results of Here's credits Credited, but for those
+// named in deferred (by claim ID: their wallet rows were held).
+func (op *OpenOp) MarkCredited(deferred []string) {
+	for _, c := range op.here {
+		if slices.Contains(deferred, c.ClaimID) {
+			continue
+		}
+		for i := range op.Results {
+			if r := &op.Results[i]; r.Err == nil && r.Claim.ID == c.ClaimID {
+				r.Credited = true
+			}
+		}
+	}
 }
 
 // SendOp debits Req.Sender in Shard and creates packet PacketID
@@ -223,7 +255,7 @@ func (op *BookOp) Weight() int {
 	return max(1, len(op.Rewards))
 }
 
-func (op *OpenOp) reset()     { op.Results, op.Packet, op.Err = nil, model.Packet{}, nil }
+func (op *OpenOp) reset()     { op.Results, op.Packet, op.Err, op.here = nil, model.Packet{}, nil, nil }
 func (op *SendOp) reset()     { op.Packet, op.Repeat, op.Err = model.Packet{}, false, nil }
 func (op *DepositOp) reset()  { op.Deposit, op.Err = model.Deposit{}, nil }
 func (op *WithdrawOp) reset() { op.Withdrawal, op.Err = model.Withdrawal{}, nil }
@@ -387,6 +419,13 @@ func (op *OpenOp) decide(st GroupState, now int64) error {
 	op.Results, op.Packet = out.Results, out.Packet
 	if found && len(out.Fresh) > 0 {
 		st.Opened(op.Ref, out)
+		if op.CreditHere != nil {
+			for _, c := range out.Credits {
+				if op.CreditHere(c.Shard) {
+					op.here = append(op.here, c)
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -147,13 +147,17 @@ const (
 // transaction holds (MariaDB's SET STATEMENT ... FOR, statement-scoped).
 const noWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 
+// noWaitAny is noWait without a wait for a table's metadata lock either (a
+// LOCK TABLES, a DDL under way): either wait answers error 1205 at once.
+const noWaitAny = "SET STATEMENT innodb_lock_wait_timeout=0, lock_wait_timeout=0 FOR "
+
 // creditOne books one credit inside tx (applyCreditsTx's path for a shard
 // whose bulk statements could not be written whole). An error must fail
 // the whole transaction. The decision (model.ApplyCredit) is asked as for a
 // credit not booked yet; the flow row's UNIQUE order number then makes the
 // INSERT of a credit booked before a no-op (0 rows affected), which is the
 // decision's answer for a booked credit: nothing changes.
-func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64) (creditOutcome, error) {
+func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now int64, nw string) (creditOutcome, error) {
 	out := model.ApplyCredit(model.CreditInput{Credit: c, NowMS: now})
 	f := out.Flow
 	// In one lock order (shard, act_id, claim ID): insert the flow row, then
@@ -163,7 +167,7 @@ func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now i
 	// keeping the transaction). When the account row is held, the flow row just
 	// inserted is deleted again (it is this transaction's own, so that cannot
 	// wait). Only a duplicate order number is ignored (0 rows affected).
-	res, err := tx.ExecContext(ctx, noWait+m.flowInsert(c.Shard)+" ON DUPLICATE KEY UPDATE id = id", flowArgs(f)...)
+	res, err := tx.ExecContext(ctx, nw+m.flowInsert(c.Shard)+" ON DUPLICATE KEY UPDATE id = id", flowArgs(f)...)
 	if isMySQLErr(err, errLockWait) {
 		return creditDeferred, stillInTx(ctx, tx) // nothing of this credit written
 	}
@@ -177,7 +181,7 @@ func (m *MySQL) creditOne(ctx context.Context, tx *sql.Tx, c model.Credit, now i
 	if n == 0 { // booked before: as model.ApplyCredit answers for a booked credit, nothing changes
 		return creditRepeat, nil
 	}
-	_, err = tx.ExecContext(ctx, noWait+"INSERT INTO "+m.accountTable(c.Shard)+
+	_, err = tx.ExecContext(ctx, nw+"INSERT INTO "+m.accountTable(c.Shard)+
 		" (act_id, balance, updated_ms) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), updated_ms = VALUES(updated_ms)",
 		f.ActID, f.Amount, f.CreatedMS)
 	if isMySQLErr(err, errLockWait) {

@@ -376,6 +376,9 @@ func NewCredits(results []model.OpenResult) []model.Credit {
 	return credits
 }
 
+// Off reports whether the relay's degrade switch is off (Config.Off).
+func (r *Relay) Off() bool { return r.cfg.Off() }
+
 // Enqueue takes fresh claims from the open workers (committed) and hands
 // them to their lanes without blocking; the relay holds each until a
 // delivery is acknowledged, and offers again, 2 to 3 Intervals later, what
@@ -426,6 +429,16 @@ func (r *Relay) hold(cs []model.Credit, offered time.Time, read bool) (out []mod
 		out = append(out, c)
 	}
 	return out, leftMS
+}
+
+// Came notes claims of database db (their packets') credited in their
+// opens' own transactions (model.OpenResult.Credited): the relay holds
+// nothing for them, but the database's claims came, so its next save of
+// positions moves db's past them, as it would past delivered ones.
+func (r *Relay) Came(db int) {
+	r.trackMu.Lock()
+	defer r.trackMu.Unlock()
+	r.trackLocked(db).moved = true
 }
 
 // trackLocked is database db's track, made when missing (its saved

@@ -86,6 +86,13 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 			op.Fail(model.Invalidf("group op %T of no known kind", op))
 		}
 	}
+	for _, op := range ops { // the opens' same-cell credits (OpenOp.CreditHere), before the credit batches
+		if o, ok := op.(*storage.OpenOp); ok && len(o.Here()) > 0 {
+			c := &storage.CreditsOp{Credits: o.Here()}
+			g.credits(c)
+			o.MarkCredited(c.Deferred)
+		}
+	}
 	for _, op := range ops {
 		if c, ok := op.(*storage.CreditsOp); ok {
 			g.credits(c)
