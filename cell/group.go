@@ -35,8 +35,8 @@ const laneQueueMax = 64 * 4096
 //
 // The opens' same-cell claimants are credited in the group's own
 // transaction (storage.OpenOp.CreditHere): their databases are entered with
-// the group's, so a claimant's shard the cell serves now stays served until
-// the group ends.
+// the group's, so a freeze of one waits for the group, and the check of a
+// claimant's shard is made inside the transaction, after the entry.
 func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []storage.MoneyOp) error {
 	var dbs []int
 	for _, op := range ops {

@@ -180,6 +180,7 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_open_queue_packets",
 			Help: "Packets with a live FIFO worker."}, func() float64 { return float64(s.queue.Keys()) }),
 		counter("redcell_cell_opens_total", "Claims made by opens (repeats not counted).", s.stats.opens.Load),
+		counter("redcell_cell_credits_in_open_total", "Claims credited in their open's own transaction (a claimant of this cell): never held by the relay.", s.stats.creditedInOpen.Load),
 		counter("redcell_cell_open_batches_total", "Open transactions committed by the FIFO workers.", s.stats.openBatches.Load),
 		relayCounter("redcell_cell_relay_delivered_total", "Credits whose delivery the relay saw acknowledged (applied now or before).", func(r *relay.Stats) int64 { return r.Relayed.Load() }),
 		relayCounter("redcell_cell_relay_errors_total", "Relay failures: claim reads, position reads and saves, and deliveries that failed, claims with no live owner.", func(r *relay.Stats) int64 { return r.Errors.Load() }),

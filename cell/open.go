@@ -342,6 +342,7 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 	fresh := len(credits)
 	credits = slices.DeleteFunc(credits, func(c model.Credit) bool { return creditedHere(results, c.ClaimID) })
 	if len(credits) < fresh {
+		s.stats.creditedInOpen.Add(int64(fresh - len(credits)))
 		if ref, err := model.ParsePacketID(string(p.ID)); err == nil {
 			sp.relay.Came(ref.Shard.DB()) // its position moves past them
 		}

@@ -112,13 +112,15 @@ func TestCellMetrics(t *testing.T) {
 	wantMetric(t, m, `redcell_breaker_state{breaker="memcached"}`, "0")
 	metricValue(t, m, `redcell_cell_credits_pending{space="real"}`)
 	metricValue(t, m, `redcell_memcached_fallbacks_total`)
-	// Both claims relayed and counted (with, at most, the claims of earlier
-	// cells past this one's saved positions, read again at its start and
-	// acknowledged as repeats), and let go.
+	// Both claims credited, each either in its open (a claimant whose
+	// wallet tables the cell had made) or by the relay (with, at most, the
+	// claims of earlier cells past this one's saved positions, read again at
+	// its start and acknowledged as repeats), counted, and let go.
 	waitFor(t, 30*time.Second, func() bool {
-		return c.balance(t, pre+"a")+c.balance(t, pre+"b") == 1000 && metric(t, c, `redcell_cell_relay_delivered_total`) >= 2 &&
+		return c.balance(t, pre+"a")+c.balance(t, pre+"b") == 1000 &&
+			metric(t, c, `redcell_cell_relay_delivered_total`)+metric(t, c, `redcell_cell_credits_in_open_total`) >= 2 &&
 			metric(t, c, `redcell_cell_credits_pending{space="real"}`) == 0
-	}, "both claims relayed and counted")
+	}, "both claims credited and counted")
 }
 
 // TestCellRateLimit: past its burst the cell answers 429 CELL_RATE_LIMITED

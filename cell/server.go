@@ -211,6 +211,7 @@ const settleDelay = 3 * time.Second
 // stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
 	opens, openBatches, shed atomic.Int64
+	creditedInOpen           atomic.Int64 // claims credited in their opens' own transactions
 	opensInFlight            atomic.Int64 // opens taken and not answered yet (the relay's load probe)
 }
 

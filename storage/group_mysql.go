@@ -84,6 +84,7 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 	freshFirst := !locks || m.nowMS()-m.unfitMS.Load() >= unfitQuiet.Milliseconds()
 	var probe func() (bool, error)
 	readClaims := false // optimistic: uk_claim refuses a repeat (groupTx)
+	hereSaved := false  // the opens' same-cell credits behind a savepoint (groupTx)
 	err = bulkRetry(func(fresh bool) error {
 		if !fresh && locks {
 			m.unfitMS.Store(m.nowMS()) // bulkRetry's second run: a list was unfit
@@ -92,9 +93,13 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 		for {
 			err := m.inTx(ctx, func(tx *sql.Tx) error {
 				var err error
-				probe, err = m.groupTx(ctx, tx, ops, fresh, readClaims)
+				probe, err = m.groupTx(ctx, tx, ops, fresh, readClaims, hereSaved)
 				return err
 			})
+			if errors.Is(err, errHereUnfit) && !hereSaved {
+				hereSaved = true
+				continue
+			}
 			if !errors.Is(err, errClaimsNeeded) || readClaims {
 				return err
 			}
@@ -315,7 +320,15 @@ func (st *groupState) probeFlow(fk groupFlowKey, f model.Flow) {
 // refusal (refusalAhead), and groupTx answers errClaimsNeeded (having
 // written nothing that stays: the caller rolls back) when the unique key
 // refuses a new claim.
-func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, readClaims bool) (func() (bool, error), error) {
+//
+// hereSaved: the opens' same-cell credits (OpenOp.CreditHere) go behind a
+// savepoint, so a held row (a wallet, or the gap of a flow index another
+// group's order-number read locks) defers its credit to the relay alone.
+// Without it they go without one, and a held row answers errHereUnfit: the
+// group runs again with hereSaved. One run more, for that group only: the
+// groups after keep their lists without savepoints (unfitMS is not set, as
+// it is for an unfit credit batch).
+func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, readClaims, hereSaved bool) (func() (bool, error), error) {
 	ResetAnswers(ops) // answers of an earlier run of this transaction
 	st, err := m.groupRead(ctx, tx, ops, readClaims)
 	if err != nil {
@@ -384,7 +397,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 		}
 	}
 	if len(here) > 0 {
-		_, deferred, err := m.creditsHereTx(ctx, tx, here, now, fresh)
+		_, deferred, err := m.creditsHereTx(ctx, tx, here, now, fresh && !hereSaved)
+		if errors.Is(err, errBulkUnfit) {
+			return nil, errHereUnfit
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -479,6 +495,11 @@ func (m *MySQL) flowProbe(ctx context.Context, fk groupFlowKey, want model.Flow)
 // unfitQuiet is how long after a group that locks rows had to run again for
 // an unfit bulk list such groups keep their savepoints (CommitGroup).
 const unfitQuiet = time.Second
+
+// errHereUnfit: an open's same-cell credits, without a savepoint, met a
+// held row (groupTx); the transaction is rolled back and run again with
+// them behind one.
+var errHereUnfit = errors.New("storage: an open's same-cell credits met a held row; run again with a savepoint")
 
 // errClaimsNeeded: a group decided without the openers' earlier claims must
 // run again with them (groupTx); the transaction is rolled back.

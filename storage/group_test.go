@@ -389,3 +389,49 @@ func TestOpenRerunDrawsTheSameShares(t *testing.T) {
 		}
 	}
 }
+
+// TestCreditHereHeldRow: an open's same-cell credit that meets a held
+// wallet row defers that credit alone (the others of the group are
+// credited in it) and leaves the groups after without savepoints: the
+// group runs once more with its credits behind one, and unfitMS, which
+// would make the next second's groups keep theirs, is not set.
+func TestCreditHereHeldRow(t *testing.T) {
+	m := openStore(t)
+	ctx := context.Background()
+	pre := testenv.Prefix()
+	deposit(t, m, pre+"-s", 300)
+	ref := send(t, m, pre+"-s", 300, 3, time.Hour)
+	x, y := pre+"-x", pre+"-y"
+	deposit(t, m, x, 1) // their wallet rows and tables, made by this process
+	deposit(t, m, y, 1)
+	sy := sharding.ShardOfAct(y)
+	release := hold(t, m, sql.LevelRepeatableRead, "SELECT balance FROM "+m.accountTable(sy)+" WHERE act_id = ? FOR UPDATE", y)
+	unfit := m.unfitMS.Load()
+	op := &OpenOp{Ref: ref, Rand: rand.New(rand.NewPCG(7, 8)), CreditHere: func(model.ShardID) bool { return true },
+		Reqs: []model.OpenRequest{{ActID: x, Shard: sharding.ShardOfAct(x)}, {ActID: y, Shard: sy}}}
+	if err := m.CommitGroup(ctx, []Op{op}); err != nil || op.Err != nil {
+		t.Fatal(err, op.Err)
+	}
+	release()
+	rx, ry := op.Results[0], op.Results[1]
+	if rx.Err != nil || ry.Err != nil || !rx.Credited || ry.Credited {
+		t.Fatalf("results %+v / %+v; want x credited in the open, y (held) not", rx, ry)
+	}
+	if got := balance(t, m, x); got != 1+rx.Claim.Amount {
+		t.Errorf("x's balance %d, want %d", got, 1+rx.Claim.Amount)
+	}
+	if got := balance(t, m, y); got != 1 {
+		t.Errorf("y's balance %d while held, want 1", got)
+	}
+	if m.unfitMS.Load() != unfit {
+		t.Errorf("a held row met by an open's same-cell credit set unfitMS: the groups after would keep their savepoints")
+	}
+	cy := model.Credit{ClaimID: ry.Claim.ID, PacketID: ref.ID, ActID: y, Shard: sy, Amount: ry.Claim.Amount}
+	cx := model.Credit{ClaimID: rx.Claim.ID, PacketID: ref.ID, ActID: x, Shard: sharding.ShardOfAct(x), Amount: rx.Claim.Amount}
+	if n, deferred, err := ApplyCredits(ctx, m, []model.Credit{cx, cy}); err != nil || n != 1 || len(deferred) != 0 {
+		t.Fatalf("the relay's delivery after: applied %d, deferred %v, %v; want y's alone", n, deferred, err)
+	}
+	if got := balance(t, m, y); got != 1+ry.Claim.Amount {
+		t.Errorf("y's balance %d after the delivery, want %d", got, 1+ry.Claim.Amount)
+	}
+}
