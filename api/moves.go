@@ -12,7 +12,10 @@ package api
 //   - "release": the cell no longer owns DB; it saves its new ranges under
 //     Version, announces them, and keeps its copy of DB (Digest, the content
 //     the new owner verified) until the grace period ends.
-//   - "adopt": the cell owns DB from now on, under Version, and announces it.
+//   - "adopt": the cell owns DB from now on, under Version, and announces it,
+//     once its own copy of DB matches Digest, the content the mover verified
+//     on both copies (storage.Digest.Sum); a copy that does not (an empty
+//     one, say) is refused, 400 INVALID_ARGUMENT, and not served.
 type MoveStep struct {
 	Op      string `json:"op"`
 	DB      int    `json:"db"`

@@ -66,8 +66,18 @@ type moveState struct {
 	sealLog   map[int]time.Time // when a sealed freeze past its ttl was last logged
 }
 
-// MovesState implements admin.Moves.
+// MovesState implements admin.Moves. It waits for a step under way (a
+// step is answered from one state, never from the middle of one): a mover
+// that gave up waiting on an adoption and asks what the cell did learns what
+// the adoption did, never "not held" while it is still saving. When ctx ends
+// first it answers TIMEOUT, and the mover leaves the move as it is (the
+// source frozen and sealed).
 func (s *Server) MovesState(ctx context.Context) (api.MovesState, error) {
+	unlock, err := s.lockSteps(ctx)
+	if err != nil {
+		return api.MovesState{}, err
+	}
+	defer unlock()
 	ranges, version := s.own.ranges()
 	out := api.MovesState{Cell: s.cfg.Name, Shards: ranges.String(), Version: version, DBs: s.own.held(), Frozen: s.own.frozenDBs(),
 		MovedOut: []api.MovedOutState{}}
@@ -118,7 +128,7 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	case "release":
 		err = s.release(ctx, step.DB, step.Version, step.Digest)
 	case "adopt":
-		err = s.adopt(ctx, step.DB, step.Version)
+		err = s.adopt(ctx, step.DB, step.Version, step.Digest)
 	case "seal":
 		err = s.seal(ctx, step.DB, step.Version)
 	case "forget":
@@ -133,6 +143,26 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	ans.Shards, ans.Version = ranges.String(), version
 	s.metrics.moveSteps.WithLabelValues(step.Op).Inc()
 	return ans, nil
+}
+
+// lockSteps takes the cell's steps lock (moveState.steps), waiting for a
+// step under way, or answers TIMEOUT when ctx ends first.
+func (s *Server) lockSteps(ctx context.Context) (unlock func(), err error) {
+	if s.moves.steps.TryLock() {
+		return s.moves.steps.Unlock, nil
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, model.Errorf(model.ErrTimeout, "a move step is under way on %s; ask again", s.cfg.Name)
+		case <-tick.C:
+			if s.moves.steps.TryLock() {
+				return s.moves.steps.Unlock, nil
+			}
+		}
+	}
 }
 
 func (s *Server) holds(db int) bool { return s.own.holdsDB(db) }
@@ -241,7 +271,7 @@ func (s *Server) release(ctx context.Context, db int, version int64, digest stri
 	if !slices.Contains(s.own.frozenDBs(), db) {
 		return model.Invalidf("db_%02d is not frozen: freeze it before the release", db)
 	}
-	if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
+	if !wellFormedDigest(digest) {
 		return model.Invalidf("a release needs the digest the new owner verified (64 hex digits, storage.Digest.Sum)")
 	}
 	_, cur := s.own.ranges()
@@ -252,14 +282,27 @@ func (s *Server) release(ctx context.Context, db int, version int64, digest stri
 	return s.setOwned(ctx, dbs, version, &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()}, -1)
 }
 
-// adopt takes db: saved, served and announced.
-func (s *Server) adopt(ctx context.Context, db int, version int64) error {
+// adopt takes db: saved, served and announced, once the cell's copy matches
+// digest, the content the mover verified on both copies (a hand-over never
+// serves a copy without its rows).
+func (s *Server) adopt(ctx context.Context, db int, version int64, digest string) error {
 	if s.holds(db) {
 		return model.Invalidf("db_%02d is already owned by %s", db, s.cfg.Name)
 	}
 	_, cur := s.own.ranges()
 	if version <= cur {
 		return model.Invalidf("version %d is not above the cell's %d", version, cur)
+	}
+	if !wellFormedDigest(digest) {
+		return model.Invalidf("an adoption needs the digest the mover verified (64 hex digits, storage.Digest.Sum)")
+	}
+	d, err := s.moves.store.Digest(ctx, db)
+	if err != nil {
+		return model.Errorf(model.ErrDBUnavailable, "db_%02d: digest of this cell's copy: %v", db, err)
+	}
+	if got := d.Sum(); got != digest {
+		s.log.Error("move: adoption refused: this cell's copy is not the one the mover verified", "db", db, "version", version, "copy", got, "verified", digest)
+		return model.Invalidf("db_%02d: this cell's copy (digest %s) is not the one the mover verified (%s): not adopted", db, got, digest)
 	}
 	dbs := append(s.own.held(), db)
 	slices.Sort(dbs)
@@ -291,6 +334,11 @@ func (s *Server) setOwned(ctx context.Context, dbs []int, version int64, add *st
 	s.announce()
 	s.log.Info("move: ownership changed", "shards", r.String(), "version", version)
 	return nil
+}
+
+// wellFormedDigest tells whether d is a storage.Digest.Sum: 64 hex digits.
+func wellFormedDigest(d string) bool {
+	return len(d) == 64 && strings.Trim(d, "0123456789abcdef") == ""
 }
 
 func rangesOf(dbs []int) (string, error) {

@@ -22,6 +22,17 @@ func actInDB(prefix string, db int) string {
 	}
 }
 
+// copyDigest is the digest of c's copy of database db (storage.Digest.Sum),
+// as its adoption checks it.
+func copyDigest(t *testing.T, c *testCell, db int) string {
+	t.Helper()
+	d, err := storage.DBDigestIn(t.Context(), c.db, db, c.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Sum()
+}
+
 func moveStep(t *testing.T, c *testCell, step api.MoveStep) (int, string, api.MoveAnswer) {
 	t.Helper()
 	var ans api.MoveAnswer
@@ -152,14 +163,28 @@ func TestMoveSteps(t *testing.T) {
 		t.Fatalf("moved out %+v, dropped %v; want both kept", mo, metric(t, a, "redcell_cell_move_copies_dropped_total"))
 	}
 
+	// An adoption needs the digest the mover verified, and mv-b's copy must
+	// match it: one that does not (an empty copy, a stale one) is refused and
+	// not served.
+	bBefore := movesState(t, b)
+	if st, _, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 3}); st != 400 {
+		t.Fatalf("adopt without a digest: %d, want 400", st)
+	}
+	bd := copyDigest(t, b, 3)
+	if st, code, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 3, Digest: otherDigest(bd)}); st != 400 || code != "INVALID_ARGUMENT" {
+		t.Fatalf("adopt of a copy that is not the one verified: %d %s, want 400 INVALID_ARGUMENT", st, code)
+	}
+	if st := movesState(t, b); containsDB(st.DBs, 3) || st.Version != bBefore.Version || st.Shards != bBefore.Shards {
+		t.Fatalf("a refused adoption changed mv-b: %+v, before %+v", st, bBefore)
+	}
 	// Adopt db_03 on mv-b: it serves it, under version 3.
-	if st, code, ans := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 3}); st != 200 || ans.Shards != "30-39,500-999" {
+	if st, code, ans := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 3, Digest: bd}); st != 200 || ans.Shards != "30-39,500-999" {
 		t.Fatalf("adopt: %d %s %+v", st, code, ans)
 	}
 	if s, code := call(t, "GET", b.url+"/v1/accounts/"+act3, nil, nil); s != 200 && code != "NOT_FOUND" {
 		t.Fatalf("account on the adopter: %d %s", s, code)
 	}
-	if st, _, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 4}); st != 400 {
+	if st, _, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: 3, Version: 4, Digest: bd}); st != 400 {
 		t.Fatalf("adopting a database owned already: %d, want 400", st)
 	}
 	setMap()

@@ -257,6 +257,13 @@ func DBDigest(ctx context.Context, q *sql.DB, db int) (Digest, error) {
 	return digestOf(ctx, q, db, MoveSchemas(db))
 }
 
+// DBDigestIn is DBDigest of database db's schemas under name prefix ns on
+// the server behind q: a store's, for a store opened with that prefix (a
+// test's own databases); ns "" is DBDigest.
+func DBDigestIn(ctx context.Context, q *sql.DB, db int, ns string) (Digest, error) {
+	return digestOf(ctx, q, db, []string{fmt.Sprintf("%sdb_%02d", ns, db), fmt.Sprintf("%s%sdb_%02d", ns, ShadowPrefix, db)})
+}
+
 // digestOf is DBDigest of database db's schemas named.
 func digestOf(ctx context.Context, q *sql.DB, db int, schemas []string) (Digest, error) {
 	rows, err := q.QueryContext(ctx, "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema IN (?, ?) AND table_type = 'BASE TABLE'",

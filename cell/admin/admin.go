@@ -340,6 +340,10 @@ func writeRefusal(rc *fasthttp.RequestCtx, status int, e *model.Error) {
 	api.WriteErrorStatus(rc, status, e)
 }
 
+// movesStateWait bounds how long GET /admin/moves waits for a move step
+// under way before it answers TIMEOUT.
+const movesStateWait = 20 * time.Second
+
 // moves serves GET and POST /admin/moves.
 func (s *Server) moves(rc *fasthttp.RequestCtx, rt api.RouteID) {
 	if s.cfg.Moves == nil {
@@ -347,7 +351,9 @@ func (s *Server) moves(rc *fasthttp.RequestCtx, rt api.RouteID) {
 		return
 	}
 	if rt == api.RouteMovesGet {
-		st, err := s.cfg.Moves.MovesState(s.ctx)
+		ctx, cancel := context.WithTimeout(s.ctx, movesStateWait)
+		defer cancel()
+		st, err := s.cfg.Moves.MovesState(ctx)
 		if err != nil {
 			s.writeErr(rc, err)
 			return

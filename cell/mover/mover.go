@@ -296,7 +296,7 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	th = time.Now()
 	adoptSent = true
 	actx, acancel := context.WithTimeout(ctx, 15*time.Second)
-	err = m.step(actx, to, api.MoveStep{Op: "adopt", DB: db, Version: version})
+	err = m.step(actx, to, api.MoveStep{Op: "adopt", DB: db, Version: version, Digest: digest.Sum()})
 	acancel()
 	if err != nil {
 		return res, err
