@@ -170,3 +170,38 @@ func TestHandOverAdoptLate(t *testing.T) {
 		t.Fatalf("cell-b on the account after the hand-over: %d %s, want 200", s, code)
 	}
 }
+
+// TestHandOverStaleConfig: a cell that serves a database the shard map
+// gives to another cell under a higher version — as a cell restarted from a
+// config file that still names a database it handed over would, its saved
+// ownership lost — stops serving it within a few passes: frozen, then
+// released to the map's owner, which serves it alone.
+func TestHandOverStaleConfig(t *testing.T) {
+	a, b, setMap := handOverPair(t, "hsc")
+	pre := testenv.Prefix()
+	act := actIn(t, pre+"-hsc", a.cfg.Shards)
+	db := sharding.ShardOfAct(act).DB()
+	// cell-b adopts the database under version 2 (its copy as it is: the
+	// hand-over's rows are not what this test is about); cell-a, from its
+	// stale config, still holds it under version 1.
+	if st, code, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: db, Version: 2, Digest: copyDigest(t, b, db)}); st != 200 {
+		t.Fatalf("adopt at cell-b: %d %s", st, code)
+	}
+	if st := movesState(t, a); !containsDB(st.DBs, db) || st.Version != 1 {
+		t.Fatalf("cell-a before the map shows cell-b: %+v", st)
+	}
+	setMap() // the map: cell-b owns it under version 2
+	waitFor(t, 20*time.Second, func() bool { return !containsDB(movesState(t, a).DBs, db) }, "cell-a stops serving the database the map gives cell-b")
+	if st := movesState(t, a); st.Version != 2 || len(st.Frozen) != 0 {
+		t.Fatalf("cell-a after it yielded: %+v; want version 2, nothing frozen", st)
+	}
+	if s, code := call(t, "GET", a.url+"/v1/accounts/"+act, nil, nil); s != 421 || code != "WRONG_CELL" {
+		t.Fatalf("cell-a on the account: %d %s, want 421 WRONG_CELL", s, code)
+	}
+	if s, code := call(t, "GET", b.url+"/v1/accounts/"+act, nil, nil); s != 200 {
+		t.Fatalf("cell-b on the account: %d %s, want 200", s, code)
+	}
+	if st := movesState(t, b); !containsDB(st.DBs, db) {
+		t.Fatalf("cell-b after cell-a yielded: %+v", st)
+	}
+}

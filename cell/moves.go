@@ -445,6 +445,13 @@ func (s *Server) movesPass(ctx context.Context) {
 		s.freezeExpired(ctx, db)
 		s.moves.dbSteps[db].Unlock()
 	}
+	for _, db := range s.ownedElsewhere() {
+		if !s.moves.dbSteps[db].TryLock() {
+			continue
+		}
+		s.yield(ctx, db)
+		s.moves.dbSteps[db].Unlock()
+	}
 	stale := false
 	for _, mo := range mos {
 		if mo.Digest == "" || now.Before(time.UnixMilli(mo.ReleasedMS).Add(s.cfg.MoveGrace)) {
@@ -493,6 +500,49 @@ func (s *Server) dropDue(ctx context.Context) {
 		s.dropCopy(ctx, mo, d)
 		s.moves.dbSteps[mo.DB].Unlock()
 	}
+}
+
+// ownedElsewhere lists the databases the cell serves (held, not frozen)
+// that the shard map gives to another cell under a version above the
+// cell's: a cell started from a config file that still names a database it
+// handed over, whose saved ownership was lost, say.
+func (s *Server) ownedElsewhere() []int {
+	_, mine := s.own.ranges()
+	frozen := s.own.frozenDBs()
+	var out []int
+	for _, db := range s.own.held() {
+		if slices.Contains(frozen, db) {
+			continue
+		}
+		if owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB)); ok && owner.Name != s.cfg.Name && owner.Version > mine {
+			out = append(out, db)
+		}
+	}
+	return out
+}
+
+// yield stops serving db, which the map gives to another cell under a
+// higher version (ownedElsewhere): frozen and drained, then released to
+// that owner as a freeze that owner adopted is (freezeExpired), its copy
+// kept as a handed-over one. Logged at ERROR: two cells served it until
+// now. The caller holds the steps and db's dbSteps.
+func (s *Server) yield(ctx context.Context, db int) {
+	owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
+	if !ok {
+		return
+	}
+	s.log.Error("move: the map gives a database this cell serves to another cell under a higher version; it is no longer served here",
+		"db", db, "owner", owner.Name, "version", owner.Version)
+	if err := s.own.setFrozen(db, true); err != nil {
+		return
+	}
+	s.moves.mu.Lock()
+	s.moves.frozenUntil[db] = s.clock.Now().Add(freezeTTLDefault)
+	s.moves.mu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
+	defer cancel()
+	_ = s.own.drain(dctx, db) // what still runs checked it before: released once it ends or the drain gives up
+	s.freezeExpired(ctx, db)
 }
 
 // freezeExpired ends a freeze nobody released: if the shard map gives the
