@@ -17,7 +17,7 @@ import (
 // handOverPair starts two cells on the test's own databases, a owning
 // 0-499 and b 500-999, with their admin ports and a copy kept for an hour
 // after a release (nothing is dropped), and a map setter.
-func handOverPair(t *testing.T, name string) (a, b *testCell, setMap func()) {
+func handOverPair(t *testing.T, name string) (a, b *testCell, setMap func(extra ...sharding.Cell)) {
 	t.Helper()
 	privateDatabases(t)
 	peers := &staticPeers{}
@@ -26,12 +26,14 @@ func handOverPair(t *testing.T, name string) (a, b *testCell, setMap func()) {
 	}
 	a = startCell(t, name+"-a", "0-499", 1, peers, tune)
 	b = startCell(t, name+"-b", "500-999", 2, peers, tune)
-	setMap = func() {
+	setMap = func(extra ...sharding.Cell) {
 		sa, sb := movesState(t, a), movesState(t, b)
 		ra, _ := sharding.ParseRanges(sa.Shards)
 		rb, _ := sharding.ParseRanges(sb.Shards)
-		m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: ra, Version: sa.Version},
-			{Name: b.name, Addr: b.addr, Shards: rb, Version: sb.Version}})
+		// NewMap reports shards two cells claim (the point of these tests),
+		// and builds the map all the same: the higher version wins.
+		m, _ := sharding.NewMap(append([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: ra, Version: sa.Version},
+			{Name: b.name, Addr: b.addr, Shards: rb, Version: sb.Version}}, extra...))
 		peers.m.Store(m)
 	}
 	for _, c := range []*testCell{a, b} {
@@ -171,37 +173,52 @@ func TestHandOverAdoptLate(t *testing.T) {
 	}
 }
 
-// TestHandOverStaleConfig: a cell that serves a database the shard map
-// gives to another cell under a higher version — as a cell restarted from a
-// config file that still names a database it handed over would, its saved
-// ownership lost — stops serving it within a few passes: frozen, then
-// released to the map's owner, which serves it alone.
+// TestHandOverStaleConfig: a cell that serves databases the shard map gives
+// to other cells under higher versions — as a cell restarted from a config
+// file that still names databases it handed over would, its saved ownership
+// lost — stops serving all of them within a few passes, in one release
+// under the highest of those versions (one by one, its version would rise
+// above the next owner's and win that database back), and keeps their
+// copies (never dropped: no mover verified them).
 func TestHandOverStaleConfig(t *testing.T) {
 	a, b, setMap := handOverPair(t, "hsc")
 	pre := testenv.Prefix()
-	act := actIn(t, pre+"-hsc", a.cfg.Shards)
+	notFirst, _ := sharding.ParseRanges("10-499")
+	act := actIn(t, pre+"-hsc", notFirst)
 	db := sharding.ShardOfAct(act).DB()
+	// db_00, given to a third cell under version 3: the cell meets it first,
+	// so released alone its version would rise to 3, above cell-b's 2.
+	other := 0
 	// cell-b adopts the database under version 2 (its copy as it is: the
 	// hand-over's rows are not what this test is about); cell-a, from its
-	// stale config, still holds it under version 1.
+	// stale config, still holds both under version 1.
 	if st, code, _ := moveStep(t, b, api.MoveStep{Op: "adopt", DB: db, Version: 2, Digest: copyDigest(t, b, db)}); st != 200 {
 		t.Fatalf("adopt at cell-b: %d %s", st, code)
 	}
-	if st := movesState(t, a); !containsDB(st.DBs, db) || st.Version != 1 {
-		t.Fatalf("cell-a before the map shows cell-b: %+v", st)
+	if st := movesState(t, a); !containsDB(st.DBs, db) || !containsDB(st.DBs, other) || st.Version != 1 {
+		t.Fatalf("cell-a before the map shows the new owners: %+v", st)
 	}
-	setMap() // the map: cell-b owns it under version 2
-	waitFor(t, 20*time.Second, func() bool { return !containsDB(movesState(t, a).DBs, db) }, "cell-a stops serving the database the map gives cell-b")
-	if st := movesState(t, a); st.Version != 2 || len(st.Frozen) != 0 {
-		t.Fatalf("cell-a after it yielded: %+v; want version 2, nothing frozen", st)
+	third, _ := sharding.RangesOfDBs([]int{other})
+	setMap(sharding.Cell{Name: "hsc-c", Addr: "127.0.0.1:1", Shards: third, Version: 3})
+	waitFor(t, 20*time.Second, func() bool {
+		st := movesState(t, a)
+		return !containsDB(st.DBs, db) && !containsDB(st.DBs, other)
+	}, "cell-a stops serving both databases the map gives to others")
+	st := movesState(t, a)
+	if st.Version != 3 || len(st.Frozen) != 0 {
+		t.Fatalf("cell-a after it yielded: %+v; want version 3, nothing frozen", st)
+	}
+	kept := map[int]bool{}
+	for _, mo := range st.MovedOut {
+		kept[mo.DB] = true
+	}
+	if !kept[db] || !kept[other] {
+		t.Fatalf("cell-a's copies after it yielded: %+v; want both kept", st.MovedOut)
 	}
 	if s, code := call(t, "GET", a.url+"/v1/accounts/"+act, nil, nil); s != 421 || code != "WRONG_CELL" {
 		t.Fatalf("cell-a on the account: %d %s, want 421 WRONG_CELL", s, code)
 	}
 	if s, code := call(t, "GET", b.url+"/v1/accounts/"+act, nil, nil); s != 200 {
 		t.Fatalf("cell-b on the account: %d %s, want 200", s, code)
-	}
-	if st := movesState(t, b); !containsDB(st.DBs, db) {
-		t.Fatalf("cell-b after cell-a yielded: %+v", st)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"redcell/api"
@@ -55,6 +56,7 @@ type moveState struct {
 	frozenUntil map[int]time.Time
 	sealed      map[int]int64 // frozen databases a hand-over under this version began for (seal)
 	steps       sync.Mutex    // one step at a time
+	arriving    atomic.Int64  // steps arrived and not ended (counted before their locks): MovesState waits for none
 	// dbSteps[db] is held by a step on db (taken before steps) and by the
 	// drop of db's copy (without steps: a drop takes seconds, and a freeze
 	// of another database must not wait for it); movesPass, holding steps,
@@ -112,6 +114,8 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	if step.DB < 0 || step.DB >= model.DBCount {
 		return api.MoveAnswer{}, model.Invalidf("no database %d (0..%d)", step.DB, model.DBCount-1)
 	}
+	s.moves.arriving.Add(1) // before its locks: MovesState waits for a step still queued too
+	defer s.moves.arriving.Add(-1)
 	// The database's steps first: a step on a database whose copy is being
 	// dropped waits for the drop without holding the cell's steps.
 	s.moves.dbSteps[step.DB].Lock()
@@ -145,10 +149,21 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	return ans, nil
 }
 
-// lockSteps takes the cell's steps lock (moveState.steps), waiting for a
-// step under way, or answers TIMEOUT when ctx ends first.
+// lockSteps takes the cell's steps lock (moveState.steps) once no step is
+// under way or queued for its locks (moveState.arriving), or answers
+// TIMEOUT when ctx ends first.
 func (s *Server) lockSteps(ctx context.Context) (unlock func(), err error) {
-	if s.moves.steps.TryLock() {
+	try := func() bool {
+		if s.moves.arriving.Load() > 0 || !s.moves.steps.TryLock() {
+			return false
+		}
+		if s.moves.arriving.Load() > 0 { // one arrived meanwhile: it goes first
+			s.moves.steps.Unlock()
+			return false
+		}
+		return true
+	}
+	if try() {
 		return s.moves.steps.Unlock, nil
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -158,7 +173,7 @@ func (s *Server) lockSteps(ctx context.Context) (unlock func(), err error) {
 		case <-ctx.Done():
 			return nil, model.Errorf(model.ErrTimeout, "a move step is under way on %s; ask again", s.cfg.Name)
 		case <-tick.C:
-			if s.moves.steps.TryLock() {
+			if try() {
 				return s.moves.steps.Unlock, nil
 			}
 		}
@@ -445,12 +460,8 @@ func (s *Server) movesPass(ctx context.Context) {
 		s.freezeExpired(ctx, db)
 		s.moves.dbSteps[db].Unlock()
 	}
-	for _, db := range s.ownedElsewhere() {
-		if !s.moves.dbSteps[db].TryLock() {
-			continue
-		}
-		s.yield(ctx, db)
-		s.moves.dbSteps[db].Unlock()
+	if dbs := s.ownedElsewhere(); len(dbs) > 0 {
+		s.yield(ctx, dbs)
 	}
 	stale := false
 	for _, mo := range mos {
@@ -521,28 +532,72 @@ func (s *Server) ownedElsewhere() []int {
 	return out
 }
 
-// yield stops serving db, which the map gives to another cell under a
-// higher version (ownedElsewhere): frozen and drained, then released to
-// that owner as a freeze that owner adopted is (freezeExpired), its copy
-// kept as a handed-over one. Logged at ERROR: two cells served it until
-// now. The caller holds the steps and db's dbSteps.
-func (s *Server) yield(ctx context.Context, db int) {
-	owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
-	if !ok {
+// yield stops serving dbs, each of which the map gives to another cell
+// under a version above the cell's (ownedElsewhere): all frozen and
+// drained, then released in one save under the highest of those versions
+// (the cell has one version: releasing them one by one would raise it above
+// the next one's owner, and the cell would then win that database back).
+// Each copy is recorded as handed over with yieldedDigest, which no copy
+// matches: it is never dropped (no mover verified its rows against the
+// owner's; what it took while two cells served it is for a person to
+// compare), and the cells' Copies show it changed. Logged at ERROR: two
+// cells served them until now. The caller holds the steps; a database whose
+// dbSteps is taken (a drop, a step) waits for the next pass.
+func (s *Server) yield(ctx context.Context, dbs []int) {
+	var took []int
+	version := int64(0)
+	for _, db := range dbs {
+		owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
+		if !ok || !s.moves.dbSteps[db].TryLock() {
+			continue
+		}
+		defer s.moves.dbSteps[db].Unlock()
+		s.log.Error("move: the map gives a database this cell serves to another cell under a higher version; it is no longer served here, and its copy is kept",
+			"db", db, "owner", owner.Name, "version", owner.Version)
+		if err := s.own.setFrozen(db, true); err != nil {
+			continue
+		}
+		took, version = append(took, db), max(version, owner.Version)
+	}
+	if len(took) == 0 {
 		return
 	}
-	s.log.Error("move: the map gives a database this cell serves to another cell under a higher version; it is no longer served here",
-		"db", db, "owner", owner.Name, "version", owner.Version)
-	if err := s.own.setFrozen(db, true); err != nil {
-		return
+	for _, db := range took {
+		dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
+		_ = s.own.drain(dctx, db) // work that checked it before: it ends, or the drain gives up
+		cancel()
 	}
-	s.moves.mu.Lock()
-	s.moves.frozenUntil[db] = s.clock.Now().Add(freezeTTLDefault)
-	s.moves.mu.Unlock()
-	dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
-	defer cancel()
-	_ = s.own.drain(dctx, db) // what still runs checked it before: released once it ends or the drain gives up
-	s.freezeExpired(ctx, db)
+	held := slices.DeleteFunc(s.own.held(), func(x int) bool { return slices.Contains(took, x) })
+	now := s.clock.Now().UnixMilli()
+	for i, db := range took {
+		mo := &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: yieldedDigest, ReleasedMS: now}
+		if i < len(took)-1 {
+			// Records first, the ownership with the last: a restart between
+			// them finds the database held and yields it again.
+			if err := s.moves.store.AddMovedOut(ctx, *mo); err != nil {
+				s.thawAll(took)
+				return
+			}
+			continue
+		}
+		if err := s.setOwned(ctx, held, version, mo, -1); err != nil {
+			s.thawAll(took)
+			return
+		}
+	}
+	s.log.Warn("move: databases the map gives to other cells released", "dbs", took, "version", version)
+}
+
+// yieldedDigest is the digest recorded for a copy the cell yielded
+// (yield): well-formed, and no copy's (storage.Digest.Sum is a SHA-256).
+var yieldedDigest = strings.Repeat("0", 64)
+
+// thawAll serves dbs again after a yield that could not save (the next pass
+// tries again).
+func (s *Server) thawAll(dbs []int) {
+	for _, db := range dbs {
+		_ = s.own.setFrozen(db, false)
+	}
 }
 
 // freezeExpired ends a freeze nobody released: if the shard map gives the
