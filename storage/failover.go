@@ -594,3 +594,38 @@ func (f *Failover) checkReplication(ctx context.Context, primary *sql.DB) {
 	ok = err == nil && st != nil && st["Slave_IO_Running"] == "Yes" && st["Slave_SQL_Running"] == "Yes" &&
 		net.JoinHostPort(st["Master_Host"], st["Master_Port"]) == f.primaryAddr
 }
+
+// Serving tells which of a cell's two servers is its database now: the
+// primary while its standby replicates from it (standby is then the
+// standby's DSN), or the standby once a promotion marked it (standby is
+// then "": the cell has none until the old primary is rebuilt as one).
+// DSNs as Open takes them. Errors: the standby's, ErrStandbyUnknown.
+func Serving(ctx context.Context, primaryDSN, standbyDSN string) (serving, standby string, err error) {
+	if standbyDSN == "" {
+		return primaryDSN, "", nil
+	}
+	sdsn, err := withParams(standbyDSN)
+	if err != nil {
+		return "", "", err
+	}
+	db, err := sql.Open("mysql", sdsn)
+	if err != nil {
+		return "", "", err
+	}
+	defer db.Close()
+	if marked, err := promotedMark(ctx, db); err != nil || marked {
+		return standbyDSN, "", err
+	}
+	st, err := slaveStatus(ctx, db)
+	if err != nil {
+		return "", "", err
+	}
+	pcfg, err := mysql.ParseDSN(primaryDSN)
+	if err != nil {
+		return "", "", fmt.Errorf("storage: bad DSN: %w", err)
+	}
+	if st == nil || net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != pcfg.Addr {
+		return "", "", ErrStandbyUnknown
+	}
+	return primaryDSN, standbyDSN, nil
+}

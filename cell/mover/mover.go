@@ -15,6 +15,22 @@
 //     the database under a new map version and the source releases it; both
 //     announce through memberlist and routers follow within a gossip round.
 //
+// Cells whose MariaDB has a semi-synchronous standby move too. The channel
+// replicates asynchronously (the target's rpl_semi_sync_slave_enabled is off
+// while it runs), so the source's commits are acknowledged by the source's
+// standby alone. What the channel applies goes into the target's binlog
+// (log_slave_updates) and, semi-synchronously, to the target's standby.
+// Before the freeze the channel pauses, the target's standby catches up,
+// and its copy's digest must match the target's; inside the freeze the
+// target's semi-synchronous replication must be on (so the tail the freeze
+// applies is on the standby when the target answers); after the hand-over
+// the standby is waited for until it has applied that tail. The source's
+// standby drops its copy with the source (the DROP goes through its
+// binlog). Each server then needs a GTID domain of its own
+// (--gtid-domain-id; make run gives each its server id): the target's
+// binlog holds the source's transactions under the source's GTIDs, and in
+// one domain their sequence numbers would go back and forth.
+//
 // Any failure before the adoption thaws the source and removes the target's
 // partial copy: the source serves on as before. The freeze (step 3 to the
 // adoption) is what clients see: requests for the database's shards get
@@ -51,10 +67,12 @@ type Cell struct {
 	Name      string
 	AdminAddr string // host:port of the cell's admin port
 	DSN       string // its MariaDB, as in the cluster config (no database name)
-	// Standby: the cell's database has a semi-synchronous standby. Moves of
-	// such cells are refused: a move's replication channel would acknowledge
-	// the source's commits in the standby's place.
-	Standby bool
+	// StandbyDSN is the cell's semi-synchronous standby ("" none). A move
+	// works on whichever of the two serves (storage.Serving: the standby
+	// once a failover promoted it). Into a cell with a standby, the standby
+	// takes the copy through the target's binlog and is checked before the
+	// freeze (see Move).
+	StandbyDSN string
 }
 
 // Mover runs moves. Token is the cells' admin token.
@@ -94,6 +112,12 @@ type Result struct {
 	Unlink   time.Duration `json:"unlink_ns"`
 	HandOver time.Duration `json:"hand_over_ns"`
 	Attempts int           `json:"verify_attempts"`
+	// StandbyCheck is the target's standby catching up and its digest
+	// checked, before the freeze (0: the target has no standby);
+	// StandbyApplied the wait, after the hand-over, for it to apply the
+	// freeze's tail.
+	StandbyCheck   time.Duration `json:"standby_check_ns,omitempty"`
+	StandbyApplied time.Duration `json:"standby_applied_ns,omitempty"`
 }
 
 func (m *Mover) defaults() {
@@ -130,6 +154,14 @@ func (m *Mover) State(ctx context.Context, c Cell) (api.MovesState, error) {
 func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) (res Result, err error) {
 	m.defaults()
 	res = Result{DB: db, From: from.Name, To: to.Name, Version: version}
+	var fromSB, toSB string
+	if from.DSN, fromSB, err = storage.Serving(ctx, from.DSN, from.StandbyDSN); err != nil {
+		return res, fmt.Errorf("mover: %s's databases: %w", from.Name, err)
+	}
+	if to.DSN, toSB, err = storage.Serving(ctx, to.DSN, to.StandbyDSN); err != nil {
+		return res, fmt.Errorf("mover: %s's databases: %w", to.Name, err)
+	}
+	from.StandbyDSN, to.StandbyDSN = fromSB, toSB
 	src, err := openDB(from.DSN)
 	if err != nil {
 		return res, err
@@ -155,6 +187,13 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err := m.preflight(ctx, db, from, to, src, dst); err != nil {
 		return res, err
 	}
+	// Registered before the clean-up below, so it runs after it: the
+	// target acknowledges nothing for the source while a channel is defined.
+	restore, err := asyncChannels(ctx, dst)
+	if err != nil {
+		return res, fmt.Errorf("mover: %s's database: %w", to.Name, err)
+	}
+	defer restore()
 	ch := channel(db)
 	frozen, adoptSent := false, false
 	var digest storage.Digest
@@ -202,6 +241,13 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	// never less, and the copy stays out of the freeze.
 	if err := copyReconPositions(ctx, db, from.DSN, to.DSN); err != nil {
 		return res, err
+	}
+	if to.StandbyDSN != "" {
+		ts := time.Now()
+		if err := m.checkStandby(ctx, db, dst, to.StandbyDSN, ch); err != nil {
+			return res, err
+		}
+		res.StandbyCheck = time.Since(ts)
 	}
 	// Right before the freeze the channel catches up again, until one wait
 	// is short: what it still has to apply inside the freeze is then what
@@ -268,6 +314,13 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		m.Log.Warn("move: copies differ; the target catches up again", "db", db, "diff", digest.Diff(other))
 	}
 	res.Verify = time.Since(tv) - res.Applied // the digests (and any later attempt's wait)
+	// The target's binlog position with all of db in it.
+	var tail string
+	if to.StandbyDSN != "" {
+		if tail, err = acknowledged(fctx, dst); err != nil {
+			return res, fmt.Errorf("mover: db_%02d: %s's standby: %w", db, to.Name, err)
+		}
+	}
 	for _, t := range digest {
 		if t.Rows > 0 {
 			res.Tables++
@@ -306,6 +359,15 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		// The target owns it under the higher version and routers follow it;
 		// the source, sealed, releases it when its map shows the target.
 		m.Log.Warn("move: the source did not take the release; it releases by itself once its map shows the new owner", "db", db, "err", err)
+	}
+	if tail != "" {
+		// The standby acknowledged the tail; here it has applied it too,
+		// so what it serves after a promotion holds the whole copy at once.
+		ts := time.Now()
+		if err := standbyApplied(context.WithoutCancel(ctx), to.StandbyDSN, tail, m.CatchUpMax); err != nil {
+			m.Log.Warn("move: done, but the target's standby has not applied it yet (it holds it: it acknowledged it)", "db", db, "err", err)
+		}
+		res.StandbyApplied = time.Since(ts)
 	}
 	return res, nil
 }
@@ -385,9 +447,6 @@ func (m *Mover) preflight(ctx context.Context, db int, from, to Cell, src, dst *
 	if contains(ts.DBs, db) {
 		return fmt.Errorf("mover: %s owns db_%02d already", to.Name, db)
 	}
-	if from.Standby || to.Standby {
-		return fmt.Errorf("mover: %s or %s has a standby database: moves of cells with standbys are not built (the move's channel would acknowledge commits in the standby's place)", from.Name, to.Name)
-	}
 	for _, mo := range ts.MovedOut {
 		if mo.DB == db { // the target's old copy, from when it handed db over: forgotten, then replaced
 			if err := m.step(ctx, to, api.MoveStep{Op: "forget", DB: db}); err != nil {
@@ -409,6 +468,19 @@ func (m *Mover) preflight(ctx context.Context, db int, from, to Cell, src, dst *
 	}
 	if srcID == dstID {
 		return fmt.Errorf("mover: %s's and %s's databases have one server_id (%d): replication needs one each", from.Name, to.Name, srcID)
+	}
+	if to.StandbyDSN != "" {
+		var srcDom, dstDom int64
+		if err := src.QueryRowContext(ctx, "SELECT @@gtid_domain_id").Scan(&srcDom); err != nil {
+			return fmt.Errorf("mover: %s's database: %w", from.Name, err)
+		}
+		if err := dst.QueryRowContext(ctx, "SELECT @@gtid_domain_id").Scan(&dstDom); err != nil {
+			return fmt.Errorf("mover: %s's database: %w", to.Name, err)
+		}
+		if srcDom == dstDom {
+			return fmt.Errorf("mover: %s's and %s's databases write GTID domain %d both: %s's standby replicates by GTID, and the source's transactions in its binlog would break the domain's order; "+
+				"give each server a domain of its own (--gtid-domain-id, as make run does)", from.Name, to.Name, srcDom, to.Name)
+		}
 	}
 	m.cleanTarget(ctx, dst, db)
 	return nil
@@ -513,6 +585,113 @@ func (m *Mover) copy(ctx context.Context, db int, from, to Cell, src *sql.DB) (f
 		return "", 0, fmt.Errorf("mover: loading db_%02d into %s: %w: %s", db, to.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return file, pos, nil
+}
+
+// asyncChannels makes the target's replication channels asynchronous while a
+// move runs (rpl_semi_sync_slave_enabled off; a channel's I/O thread reads it
+// when it connects): a semi-synchronous channel would acknowledge the
+// source's commits in place of the source's standby, and a commit the
+// standby lacks could be lost in a failover of the source. restore sets the
+// variable back as it was.
+func asyncChannels(ctx context.Context, dst *sql.DB) (restore func(), err error) {
+	var on int
+	if err := dst.QueryRowContext(ctx, "SELECT @@rpl_semi_sync_slave_enabled").Scan(&on); err != nil {
+		return nil, err
+	}
+	if on == 0 {
+		return func() {}, nil
+	}
+	if _, err := dst.ExecContext(ctx, "SET GLOBAL rpl_semi_sync_slave_enabled = 0"); err != nil {
+		return nil, err
+	}
+	return func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		_, _ = dst.ExecContext(rctx, "SET GLOBAL rpl_semi_sync_slave_enabled = 1")
+	}, nil
+}
+
+// checkStandby checks the target's standby's copy of db before the freeze:
+// the channel's applier pauses (the source serves on; its binlog queues on
+// the target), the standby applies the target's binlog up to its end, and
+// the digests of db on the target and on its standby must match. The
+// applier runs again whatever happens.
+func (m *Mover) checkStandby(ctx context.Context, db int, dst *sql.DB, standbyDSN, ch string) (err error) {
+	sb, err := openDB(standbyDSN)
+	if err != nil {
+		return err
+	}
+	defer sb.Close()
+	if _, err := dst.ExecContext(ctx, "STOP SLAVE '"+ch+"' SQL_THREAD"); err != nil {
+		return fmt.Errorf("mover: channel %s: %w", ch, err)
+	}
+	defer func() {
+		if _, serr := dst.ExecContext(context.WithoutCancel(ctx), "START SLAVE '"+ch+"' SQL_THREAD"); serr != nil {
+			err = errors.Join(err, fmt.Errorf("mover: channel %s: %w", ch, serr))
+		}
+	}()
+	var pos string
+	if err := dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		return err
+	}
+	if err := waitGTID(ctx, sb, pos, m.CatchUpMax); err != nil {
+		return fmt.Errorf("mover: db_%02d: the target's standby: %w", db, err)
+	}
+	var onStandby storage.Digest
+	var serr error
+	done := make(chan struct{})
+	go func() { onStandby, serr = storage.DBDigest(ctx, sb, db); close(done) }()
+	onTarget, terr := storage.DBDigest(ctx, dst, db)
+	<-done
+	if err := errors.Join(terr, serr); err != nil {
+		return fmt.Errorf("mover: db_%02d digests on the target and its standby: %w", db, err)
+	}
+	if onTarget.Sum() != onStandby.Sum() {
+		return fmt.Errorf("mover: db_%02d differs between the target and its standby: %s", db, strings.Join(onTarget.Diff(onStandby), "; "))
+	}
+	return nil
+}
+
+// acknowledged reads, inside the freeze, the target's binlog position (all
+// of the moved database is in it) and checks that the target replicates
+// semi-synchronously to its standby, so that every transaction up to it was
+// acknowledged by the standby before the target committed it. A target
+// whose standby fell behind (semi-synchronous replication off after its
+// timeout) fails the move: a failover right after would lose the tail.
+func acknowledged(ctx context.Context, dst *sql.DB) (pos string, err error) {
+	var name, status string
+	if err := dst.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil {
+		return "", err
+	}
+	if status != "ON" {
+		return "", fmt.Errorf("its semi-synchronous replication is %s (the standby fell behind or is gone): what the freeze applies would not be on it", status)
+	}
+	err = dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos)
+	return pos, err
+}
+
+// standbyApplied waits until the standby behind dsn has applied the GTID
+// position pos (up to max).
+func standbyApplied(ctx context.Context, dsn, pos string, max time.Duration) error {
+	sb, err := openDB(dsn)
+	if err != nil {
+		return err
+	}
+	defer sb.Close()
+	return waitGTID(ctx, sb, pos, max)
+}
+
+// waitGTID waits, in MASTER_GTID_WAIT, until the replica behind db has
+// applied pos, up to max.
+func waitGTID(ctx context.Context, db *sql.DB, pos string, max time.Duration) error {
+	var waited sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, ?)", pos, max.Seconds()).Scan(&waited); err != nil {
+		return fmt.Errorf("waiting for GTID %s: %w", pos, err)
+	}
+	if !waited.Valid || waited.Int64 != 0 {
+		return fmt.Errorf("it did not apply GTID %s within %s", pos, max)
+	}
+	return nil
 }
 
 // channel is the name of db's replication channel on the target.

@@ -132,7 +132,7 @@ func newMoveExec(fc fileConfig, freezeMax time.Duration) *moveExec {
 	ex := &moveExec{out: os.Stdout, fc: fc, cells: map[string]mover.Cell{},
 		mv: &mover.Mover{Token: fc.AdminToken, FreezeMax: freezeMax, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}}
 	for _, c := range fc.Cells {
-		ex.cells[c.Name] = mover.Cell{Name: c.Name, AdminAddr: c.AdminListen, DSN: c.DSN, Standby: c.StandbyDSN != ""}
+		ex.cells[c.Name] = mover.Cell{Name: c.Name, AdminAddr: c.AdminListen, DSN: c.DSN, StandbyDSN: c.StandbyDSN}
 		ex.names = append(ex.names, c.Name)
 	}
 	sort.Strings(ex.names)

@@ -49,7 +49,9 @@ type clusterSpec struct {
 	// third: cell-3's MariaDB; cell-3 starts owning nothing (a cell being
 	// added; redcell cells add gives it databases). "": no cell-3.
 	third string
-	cell  string // the YAML body of the "cell:" section, indented two spaces
+	// thirdStandby: cell-3's standby_dsn ("" none).
+	thirdStandby string
+	cell         string // the YAML body of the "cell:" section, indented two spaces
 	// rewards: the cells issue rewards, as make run's do: the config names
 	// activities.yaml (a copy of deploy/local/activities.yaml) and
 	// reward-keys.yaml (made by redcell rewards keygen) beside it.
@@ -202,8 +204,8 @@ cell:
 		p["cell-1"], p["cell-1-gossip"], c.spec.dsn[0], c.spec.standby[0], p["cell-1-admin"],
 		p["cell-2"], p["cell-2-gossip"], c.spec.dsn[1], c.spec.standby[1], p["cell-2-admin"], c.spec.cell, rewardLines(c.spec.rewards)+couponLines(c.spec.coupons))
 	if c.spec.third != "" {
-		cfg = strings.Replace(cfg, "cell:\n", fmt.Sprintf("  - {name: cell-3, listen: \"127.0.0.1:%d\", gossip: \"127.0.0.1:%d\", shards: \"\", dsn: %q, admin_listen: \"127.0.0.1:%d\"}\ncell:\n",
-			p["cell-3"], p["cell-3-gossip"], c.spec.third, p["cell-3-admin"]), 1)
+		cfg = strings.Replace(cfg, "cell:\n", fmt.Sprintf("  - {name: cell-3, listen: \"127.0.0.1:%d\", gossip: \"127.0.0.1:%d\", shards: \"\", dsn: %q, standby_dsn: %q, admin_listen: \"127.0.0.1:%d\"}\ncell:\n",
+			p["cell-3"], p["cell-3-gossip"], c.spec.third, c.spec.thirdStandby, p["cell-3-admin"]), 1)
 	}
 	if c.spec.identity {
 		cfg = "identity_key: \"e2e-identity-key-0123456789\"\n" + cfg

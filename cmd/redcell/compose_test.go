@@ -348,6 +348,11 @@ func TestComposeStandby(t *testing.T) {
 					t.Errorf("%s and %s share server id %s", svc.Name, other, id[1])
 				}
 				ids[id[1]] = svc.Name
+				// A GTID domain of its own: a standby replicates by GTID the
+				// binlog a move also writes the source's transactions into.
+				if !slices.Contains([]string(svc.Command), "--gtid-domain-id="+id[1]) {
+					t.Errorf("%s has server id %s but not --gtid-domain-id=%s", svc.Name, id[1], id[1])
+				}
 				return
 			}
 		}

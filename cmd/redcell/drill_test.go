@@ -995,6 +995,10 @@ func TestDrill(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("cell_add_standby", func(t *testing.T) { cellAddStandbyDrill(t, workers, maxOps, full) })
+	if t.Failed() {
+		return
+	}
 	var gr grow
 	t.Run("cell_add", func(t *testing.T) { cellAddDrill(t, gr.get(t, tt), workers, maxOps, full) })
 	if t.Failed() {

@@ -25,11 +25,9 @@ standby=${REDCELL_STANDBY:-0}
 # REDCELL_SPARE_CELL=1: a third cell, cell-3, with its own MariaDB, that owns
 # no shards until redcell cells add moves databases to it (docs/operations.md).
 spare=${REDCELL_SPARE_CELL:-0}
-if [ "$spare" = 1 ] && [ "$standby" = 1 ]; then
-  echo "REDCELL_SPARE_CELL and REDCELL_STANDBY do not go together yet: the spare cell has no standby" >&2
-  exit 1
-fi
-if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ]; }; then
+# Both together: cell-3 gets a standby of its own too, and databases move
+# between cells with standbys (docs/operations.md, "Add a cell").
+if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ] || [ -f "$VAR/cell-3/standby/seeded" ]; }; then
   # Without its standby a cell would open its primary: after a failover that
   # is the stale copy, and even before one the standby would miss this run.
   echo "$VAR has standby databases: run with REDCELL_STANDBY=1 (or, to throw away its data, make clean)" >&2
@@ -96,9 +94,10 @@ mc=$(free_port 21211)
 g0=$(free_port 7946); g1=$(free_port $((g0 + 1))); g2=$(free_port $((g1 + 1)))
 c1=$(free_port 9101); c2=$(free_port $((c1 + 1)))
 a0=$(free_port 9200); a1=$(free_port $((a0 + 1))); a2=$(free_port $((a1 + 1)))
-db3=""; g3=""; c3=""; a3="" # the spare cell's
+db3=""; g3=""; c3=""; a3=""; s3="" # the spare cell's
 if [ "$spare" = 1 ]; then
   db3=$(free_port $((db2 + 1))); g3=$(free_port $((g2 + 1))); c3=$(free_port $((c2 + 1))); a3=$(free_port $((a2 + 1)))
+  if [ "$standby" = 1 ]; then s3=$(free_port $((s2 + 1))); fi
 fi
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
 token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
@@ -165,8 +164,8 @@ if [ "$spare" = 1 ]; then
 fi
 if [ "$standby" = 1 ]; then
   # Each cell's standby_dsn, in the order the cells are listed.
-  awk -v a="root@tcp(127.0.0.1:$s1)/" -v b="root@tcp(127.0.0.1:$s2)/" \
-    '/^    standby_dsn: ""/ { n++; sub(/""/, "\"" (n == 1 ? a : b) "\"") } { print }' "$cfg" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+  awk -v a="root@tcp(127.0.0.1:$s1)/" -v b="root@tcp(127.0.0.1:$s2)/" -v c="root@tcp(127.0.0.1:$s3)/" \
+    '/^    standby_dsn: ""/ { n++; sub(/""/, "\"" (n == 1 ? a : n == 2 ? b : c) "\"") } { print }' "$cfg" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
 fi
 
 # The callers' API keys live in $VAR/api-keys.yaml (router.api_keys, hashes
@@ -202,23 +201,29 @@ if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*co
 fi
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
-# Server ids 1 and 2, each with a binlog: a database moves out of a cell's
-# server by replication (redcell cells), and a standby replicates from it.
-r1=""; r2=""; b1=1; b2=2
-if [ "$standby" = 1 ]; then r1=1; r2=2; b1=""; b2=""; fi
+# Server ids 1 and 2 (3 for the spare, 11-13 for the standbys), each its own
+# GTID domain, each with a binlog: a database moves out of a cell's server by
+# replication (redcell cells), and a standby replicates from it.
+r1=""; r2=""; r3=""; b1=1; b2=2; b3=3
+if [ "$standby" = 1 ]; then r1=1; r2=2; r3=3; b1=""; b2=""; b3=""; fi
 starting_db=1
 REDCELL_REPL_ID=$r1 REDCELL_BINLOG_ID=$b1 start_mariadb "$VAR/cell-1/db" "$db1" durable & m1=$!
 REDCELL_REPL_ID=$r2 REDCELL_BINLOG_ID=$b2 start_mariadb "$VAR/cell-2/db" "$db2" durable & m2=$!
 if [ "$spare" = 1 ]; then
   echo "starting MariaDB for the spare cell-3 on 127.0.0.1:$db3 ..."
-  REDCELL_BINLOG_ID=3 start_mariadb "$VAR/cell-3/db" "$db3" durable & m3=$!
+  REDCELL_REPL_ID=$r3 REDCELL_BINLOG_ID=$b3 start_mariadb "$VAR/cell-3/db" "$db3" durable & m3=$!
 fi
 wait "$m1" && wait "$m2" && { [ "$spare" != 1 ] || wait "$m3"; } || { echo "MariaDB failed to start" >&2; exit 1; }
 if [ "$standby" = 1 ]; then
   echo "starting the standbys: cell-1's on 127.0.0.1:$s1, cell-2's on 127.0.0.1:$s2 (semi-synchronous replicas) ..."
   start_standby "$VAR/cell-1/standby" "$s1" "$db1" 11 durable & m3=$!
   start_standby "$VAR/cell-2/standby" "$s2" "$db2" 12 durable & m4=$!
-  wait "$m3" && wait "$m4" || { echo "a standby failed to start" >&2; exit 1; }
+  m5=""
+  if [ "$spare" = 1 ]; then
+    echo "starting cell-3's standby on 127.0.0.1:$s3 ..."
+    start_standby "$VAR/cell-3/standby" "$s3" "$db3" 13 durable & m5=$!
+  fi
+  wait "$m3" && wait "$m4" && { [ -z "$m5" ] || wait "$m5"; } || { echo "a standby failed to start" >&2; exit 1; }
 fi
 starting_db=0
 start_memcached "$VAR/memcached" "$mc"
@@ -278,7 +283,7 @@ redcell is serving.
   cell-2     http://127.0.0.1:$c2   shards 500-999  MariaDB 127.0.0.1:$db2 ($VAR/cell-2/db)${c3:+
   cell-3     http://127.0.0.1:$c3   no shards yet   MariaDB 127.0.0.1:$db3 ($VAR/cell-3/db), admin 127.0.0.1:$a3
              give it databases: $VAR/bin/redcell cells add --config $cfg --name cell-3}${s1:+
-  standbys   cell-1 127.0.0.1:$s1 ($VAR/cell-1/standby), cell-2 127.0.0.1:$s2 ($VAR/cell-2/standby)}
+  standbys   cell-1 127.0.0.1:$s1 ($VAR/cell-1/standby), cell-2 127.0.0.1:$s2 ($VAR/cell-2/standby)${s3:+, cell-3 127.0.0.1:$s3 ($VAR/cell-3/standby)}}
   admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg
   memcached  127.0.0.1:$mc
   gossip     127.0.0.1:$g0 (router), :$g1, :$g2 (cells)

@@ -107,13 +107,13 @@ start_mariadb() {
     # acknowledged to the cell is on the standby too. A standby silent for
     # REDCELL_SEMISYNC_TIMEOUT_MS (10 s) turns this into asynchronous
     # replication until it is back (docs/operations.md says what that risks).
-    repl=(--log-bin=binlog --server-id="$REDCELL_REPL_ID" --binlog-format=ROW --log-slave-updates=1
+    repl=(--log-bin=binlog --server-id="$REDCELL_REPL_ID" --gtid-domain-id="$REDCELL_REPL_ID" --binlog-format=ROW --log-slave-updates=1
       --rpl-semi-sync-master-enabled=1 --rpl-semi-sync-slave-enabled=1 --rpl-semi-sync-master-wait-point=AFTER_SYNC
       --rpl-semi-sync-master-timeout="${REDCELL_SEMISYNC_TIMEOUT_MS:-10000}" --slave-parallel-threads=4 --slave-parallel-mode=optimistic)
   elif [ -n "${REDCELL_BINLOG_ID:-}" ]; then
     # REDCELL_BINLOG_ID=N: a binlog (ROW) and server id N, no standby: what a
     # move of a database out of this server replicates from (redcell cells).
-    repl=(--log-bin=binlog --server-id="$REDCELL_BINLOG_ID" --binlog-format=ROW --log-slave-updates=1 --expire-logs-days=2)
+    repl=(--log-bin=binlog --server-id="$REDCELL_BINLOG_ID" --gtid-domain-id="$REDCELL_BINLOG_ID" --binlog-format=ROW --log-slave-updates=1 --expire-logs-days=2)
   fi
   # The socket path is kept short: unix sockets are limited to 108 bytes. A
   # server killed outright left its last one behind: gone with it now.
@@ -284,13 +284,12 @@ stop_cluster() {
   stop_with "$var/bin/redcell router " 20 start
   stop_with "$var/bin/redcell cell " 30 start
   stop_memcached "$var/memcached"
-  local first second third fourth
-  stop_mariadb "$var/cell-1/db" & first=$! # all at once: each flushes for a few seconds
-  stop_mariadb "$var/cell-1/standby" & second=$!
-  stop_mariadb "$var/cell-2/standby" & third=$!
-  stop_mariadb "$var/cell-3/db" & fourth=$!
+  local d pids=()
+  for d in cell-1/db cell-1/standby cell-2/standby cell-3/db cell-3/standby; do
+    stop_mariadb "$var/$d" & pids+=($!) # all at once: each flushes for a few seconds
+  done
   stop_mariadb "$var/cell-2/db"
-  wait "$first" "$second" "$third" "$fourth" || true
+  wait "${pids[@]}" || true
 }
 
 # cluster_pids VAR prints the pids of what run.sh started under VAR that still runs.
@@ -305,4 +304,5 @@ cluster_pids() {
   pids_with "--datadir=$var/cell-1/standby/data " || echo "?"
   pids_with "--datadir=$var/cell-2/standby/data " || echo "?"
   pids_with "--datadir=$var/cell-3/db/data " || echo "?"
+  pids_with "--datadir=$var/cell-3/standby/data " || echo "?"
 }

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"database/sql"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"redcell/cell/mover"
+)
+
+// cellAddStandbyDrill grows a cluster set up for production: each of its
+// three cells' MariaDB has a semi-synchronous standby (services.sh
+// start_standby), cell-3 starts owning nothing, and redcell cells add moves
+// databases to it under the drill load. Right after the last hand-over
+// cell-3's primary is killed with SIGKILL for good: its standby, which took
+// the copies through cell-3's binlog and was checked before each freeze, is
+// promoted (failover_after 3 s) and serves the moved databases. The load's
+// verify (every answered send, claim and credit there once) and the audit
+// over the promoted standby end it; the sources' standbys dropped their
+// copies with their primaries.
+func cellAddStandbyDrill(t *testing.T, workers int, maxOps int64, full bool) {
+	limit := 2
+	if full {
+		limit = 10
+	}
+	d := startDrillDeps(t)
+	p := freePorts(t, 4) // cell-3's primary, then the three standbys
+	d.sh(t, fmt.Sprintf("stop_mariadb %[1]s/db1; stop_mariadb %[1]s/db2; "+
+		"REDCELL_REPL_ID=1 start_mariadb %[1]s/db1 %[2]d fast & a=$!; REDCELL_REPL_ID=2 start_mariadb %[1]s/db2 %[3]d fast & b=$!; "+
+		"REDCELL_REPL_ID=3 start_mariadb %[1]s/db3 %[4]d fast & c=$!; wait $a; wait $b; wait $c; "+
+		"start_standby %[1]s/sb1 %[5]d %[2]d 11 fast & a=$!; start_standby %[1]s/sb2 %[6]d %[3]d 12 fast & b=$!; "+
+		"start_standby %[1]s/sb3 %[7]d %[4]d 13 fast & c=$!; wait $a; wait $b; wait $c",
+		d.dir, d.dbPort[0], d.dbPort[1], p[0], p[1], p[2], p[3]))
+	t.Cleanup(func() {
+		d.sh(t, fmt.Sprintf("stop_mariadb %[1]s/db3 & a=$!; stop_mariadb %[1]s/sb1 & b=$!; stop_mariadb %[1]s/sb2 & c=$!; stop_mariadb %[1]s/sb3; wait $a $b $c", d.dir))
+	})
+	dsn := func(port int) string { return fmt.Sprintf("root@tcp(127.0.0.1:%d)/", port) }
+	primaries := []string{d.dsn(0), d.dsn(1), dsn(p[0])}
+	standbys := []string{dsn(p[1]), dsn(p[2]), dsn(p[3])}
+	c := startClusterSpec(t, clusterSpec{dsn: [2]string{primaries[0], primaries[1]}, standby: [2]string{standbys[0], standbys[1]},
+		third: primaries[2], thirdStandby: standbys[2], mc: fmt.Sprintf("127.0.0.1:%d", d.mcPort),
+		cell: drillCell + "  failover_after: 3s\n  move_grace: 3s\n"})
+	c.waitSchema(t)
+	// The standbys replay the warm-up's CREATE TABLEs one at a time; the
+	// drill is about money rows, so it starts once they have caught up.
+	for i := range primaries {
+		standbyCaughtUp(t, primaries[i], standbys[i])
+	}
+	g := &growCluster{c: c, d: d, dbKilled: true}
+	var rep moveReport
+	var again time.Duration
+	var moved []int
+	// The load's senders live in the databases the plan moves first (as in
+	// cell_add), so the moves happen under opens of their packets.
+	g.underLoad(t, "cs", []int{34, 35, 36}, min(workers, 8), maxOps, func(l *drillLoad) {
+		time.Sleep(2 * time.Second)
+		rep = g.cellsRun(t, "add", "--name", "cell-3", "--limit", fmt.Sprint(limit))
+		d.killDB(t, 2) // cell-3's primary, right after the hand-overs
+		for _, m := range rep.Moves {
+			moved = append(moved, m.DB)
+		}
+		if len(moved) == 0 {
+			t.Errorf("cells add moved nothing")
+			return
+		}
+		again = waitServes(t, c, actIn("probe-cs", moved[0]*10, moved[0]*10+9), 90*time.Second)
+		time.Sleep(3 * time.Second) // the load goes on against the promoted standby
+	})
+	if t.Failed() {
+		return
+	}
+	slices.Sort(moved)
+	st := g.state(t, "cell-3")
+	if rep.MovedTotal != limit || !slices.Equal(st.DBs, moved) {
+		t.Fatalf("cell-3 owns %v after cells add --limit %d (moved %d: %v)", st.DBs, limit, rep.MovedTotal, moved)
+	}
+	if v := c.metric(t, "cell-3", "redcell_cell_db_on_standby"); v != 1 {
+		t.Fatalf("cell-3 serves again after its primary's kill, but redcell_cell_db_on_standby is %v, want 1 (promoted)", v)
+	}
+	for _, m := range rep.Moves {
+		if m.StandbyCheck <= 0 || m.StandbyApplied <= 0 {
+			t.Errorf("db_%02d moved to cell-3 without its standby checked (%s before the freeze) or waited for (%s after the hand-over)", m.DB, m.StandbyCheck, m.StandbyApplied)
+		}
+	}
+	g.copiesDropped(t)
+	for i, sb := range standbys[:2] {
+		if have := schemasOn(t, sb); slices.ContainsFunc(moved, func(db int) bool { return slices.Contains(have, db) }) {
+			t.Errorf("cell-%d's standby still holds moved databases after its primary dropped them: %v", i+1, have)
+		}
+	}
+	if have := schemasOn(t, standbys[2]); !slices.ContainsFunc(moved, func(db int) bool { return slices.Contains(have, db) }) {
+		t.Errorf("cell-3's promoted standby holds %v, not the moved databases %v", have, moved)
+	}
+	slowest := slices.MaxFunc(rep.Moves, func(a, b mover.Result) int { return int(a.Freeze - b.Freeze) })
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	t.Logf("cell_add_standby: %d databases moved to cell-3 (with a standby) in %s; writes paused p50 %s, p99 %s, max %s; slowest db_%02d: standby checked before the freeze %s, applied after the hand-over %s; "+
+		"cell-3's primary killed right after, its standby promoted and serving the moved databases %s after the kill",
+		rep.MovedTotal, ms(rep.TookTotal), ms(rep.FreezeP50), ms(rep.FreezeP99), ms(rep.FreezeMax), slowest.DB, ms(slowest.StandbyCheck), ms(slowest.StandbyApplied),
+		ms(again))
+}
+
+// standbyCaughtUp waits until the standby has applied everything the primary's
+// binlog holds now.
+func standbyCaughtUp(t *testing.T, primary, standby string) {
+	t.Helper()
+	var pos string
+	if err := openDB(t, primary).QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		t.Fatal(err)
+	}
+	var waited sql.NullInt64
+	if err := openDB(t, standby).QueryRow("SELECT MASTER_GTID_WAIT(?, 300)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
+		t.Fatalf("the standby %s did not catch up with %s: %v %v", standby, pos, waited, err)
+	}
+}
