@@ -246,7 +246,7 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS int64, re
 			return errors.Join(err, fmt.Errorf("copied %d packets, deleted %d", len(ids), dn))
 		}
 		if err := tx.Commit(); err != nil {
-			return errors.Join(errCommitUnknown, err)
+			return commitUnknown(err)
 		}
 		moved, claims, cents = len(ids), int(n), sum
 		return nil

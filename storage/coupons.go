@@ -290,7 +290,7 @@ func (m *MySQL) takeCouponRequests(ctx context.Context, dbs []int, staleMS int64
 			return err
 		}
 		if err := tx.Commit(); err != nil {
-			return errors.Join(ErrCommitUnknown, err)
+			return commitUnknown(err)
 		}
 		for i := range all {
 			all[i].State, all[i].TakenMS = model.CouponDeciding, now

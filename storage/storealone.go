@@ -107,7 +107,7 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []MoneyOp) (ok bool, err err
 			stored()
 			return true, nil
 		}
-		return true, fmt.Errorf("storage: %s alone: %w", kind, errors.Join(errCommitUnknown, err))
+		return true, fmt.Errorf("storage: %s alone: %w", kind, commitUnknown(err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -29,6 +30,18 @@ func isMySQLErr(err error, num uint16) bool {
 // answer. The money paths re-read by order number (settleCommit) before
 // answering with it.
 var errCommitUnknown = ErrCommitUnknown
+
+// commitUnknown is a COMMIT (or an autocommit statement) that got no answer,
+// err: errCommitUnknown, and also model.ErrDBUnavailable when the
+// connection broke or the server could not serve (DriverFailure, a bad
+// connection), so that the caller's client is answered a retryable 503
+// DB_UNAVAILABLE, as for any other dropped connection, not a 500.
+func commitUnknown(err error) error {
+	if DriverFailure(err) || errors.Is(err, driver.ErrBadConn) {
+		return errors.Join(errCommitUnknown, fmt.Errorf("%w: %w", model.ErrDBUnavailable, err))
+	}
+	return errors.Join(errCommitUnknown, err)
+}
 
 // settleCommit finds out whether a transaction whose COMMIT got no answer was
 // applied, by calling applied (a re-read by order number) up to three times
@@ -78,7 +91,7 @@ func (m *MySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 			return err
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("storage: commit: %w", errors.Join(errCommitUnknown, err))
+			return fmt.Errorf("storage: commit: %w", commitUnknown(err))
 		}
 		return nil
 	})
