@@ -32,6 +32,11 @@ type PlannedCell struct {
 	After   string `json:"after"`  // "" for a cell removed
 	New     bool   `json:"new,omitempty"`
 	Removed bool   `json:"removed,omitempty"`
+	// RateBefore and RateAfter are the cell's money operations a second
+	// (the sums of its databases' measured rates), now and after the plan:
+	// set in a plan by rates (PlanMovesByRate).
+	RateBefore float64 `json:"rate_before,omitempty"`
+	RateAfter  float64 `json:"rate_after,omitempty"`
 }
 
 // MovePlan is how the databases of a live map spread over another number
@@ -39,6 +44,8 @@ type PlannedCell struct {
 type MovePlan struct {
 	Cells []PlannedCell `json:"cells"`
 	Moves []Move        `json:"moves"`
+	// ByRate: planned by measured rates (PlanMovesByRate), not by count.
+	ByRate bool `json:"by_rate,omitempty"`
 }
 
 var cellNumber = regexp.MustCompile(`^(.*?)(\d+)$`)
@@ -52,60 +59,9 @@ var cellNumber = regexp.MustCompile(`^(.*?)(\d+)$`)
 // share. Errors: a live range that splits a database, a database owned
 // twice or by no cell, cells outside 1..100.
 func PlanMoves(live []LiveCell, cells int) (MovePlan, error) {
-	if cells < 1 || cells > model.DBCount {
-		return MovePlan{}, fmt.Errorf("bench: plan for %d cells: must be 1..%d (a cell owns whole databases)", cells, model.DBCount)
-	}
-	owner := make([]string, model.DBCount)
-	have := map[string][]int{}
-	var names []string
-	for _, c := range live {
-		r, err := sharding.Ranges{}, error(nil)
-		if c.Shards != "" { // a cell that owns nothing yet
-			r, err = sharding.ParseRanges(c.Shards)
-		}
-		if err == nil {
-			err = r.CheckWholeDBs()
-		}
-		if err != nil {
-			return MovePlan{}, fmt.Errorf("bench: live cell %s: %w", c.Name, err)
-		}
-		if _, dup := have[c.Name]; dup {
-			return MovePlan{}, fmt.Errorf("bench: live map lists cell %s twice", c.Name)
-		}
-		names = append(names, c.Name)
-		for _, db := range r.DBs() {
-			if owner[db] != "" {
-				return MovePlan{}, fmt.Errorf("bench: db_%02d is owned by %s and %s", db, owner[db], c.Name)
-			}
-			owner[db] = c.Name
-			have[c.Name] = append(have[c.Name], db)
-		}
-	}
-	for db, o := range owner {
-		if o == "" {
-			return MovePlan{}, fmt.Errorf("bench: db_%02d has no owner in the live map (a cell down?): plan when every database is served", db)
-		}
-	}
-	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(a, b) })
-	kept, removed := names, []string(nil)
-	if cells < len(names) {
-		kept, removed = names[:cells], names[cells:]
-	}
-	targets := slices.Clone(kept)
-	prefix, next := "cell-", 0
-	for _, n := range names {
-		if m := cellNumber.FindStringSubmatch(n); m != nil {
-			if v, _ := strconv.Atoi(m[2]); v >= next {
-				prefix, next = m[1], v+1
-			}
-		}
-	}
-	isNew := map[string]bool{}
-	for len(targets) < cells {
-		name := prefix + strconv.Itoa(next)
-		next++
-		targets = append(targets, name)
-		isNew[name] = true
+	lm, err := readLive(live, cells)
+	if err != nil {
+		return MovePlan{}, err
 	}
 	per, extra := model.DBCount/cells, model.DBCount%cells
 	share := func(i int) int {
@@ -116,42 +72,232 @@ func PlanMoves(live []LiveCell, cells int) (MovePlan, error) {
 	}
 	after := map[string][]int{}
 	var pool []int
-	for i, name := range targets {
-		dbs := have[name]
+	for i, name := range lm.targets {
+		dbs := lm.have[name]
 		keep := min(len(dbs), share(i))
 		after[name] = slices.Clone(dbs[:keep])
 		pool = append(pool, dbs[keep:]...)
 	}
-	for _, name := range removed {
-		pool = append(pool, have[name]...)
+	for _, name := range lm.removed {
+		pool = append(pool, lm.have[name]...)
 	}
 	slices.Sort(pool)
-	var moves []Move
-	for i, name := range targets {
+	for i, name := range lm.targets {
 		for len(after[name]) < share(i) && len(pool) > 0 {
-			db := pool[0]
+			after[name] = append(after[name], pool[0])
 			pool = pool[1:]
-			after[name] = append(after[name], db)
-			moves = append(moves, Move{DB: db, From: owner[db], To: name})
 		}
 	}
 	if len(pool) > 0 {
 		return MovePlan{}, fmt.Errorf("bench: %d databases left without a cell (a bug)", len(pool))
 	}
-	slices.SortFunc(moves, func(a, b Move) int { return cmp.Compare(a.DB, b.DB) })
-	var plan MovePlan
-	for _, name := range append(slices.Clone(targets), removed...) {
-		pc := PlannedCell{Name: name, New: isNew[name], Removed: slices.Contains(removed, name)}
-		if r, err := sharding.RangesOfDBs(have[name]); err == nil && len(r) > 0 {
+	return lm.plan(after, nil), nil
+}
+
+// RateTolerance is how far above the mean a cell's rate may stay in a plan
+// by rates (PlanMovesByRate): moves that would only even out less than that
+// are not worth their write pauses, nor measurements this noisy.
+const RateTolerance = 0.10
+
+// PlanMovesByRate is PlanMoves by measured load instead of by count:
+// rates[db] is database db's rate of money operations (per second, from the
+// cells' redcell_cell_db_ops_total), and the plan evens out the cells' sums
+// of them. The cells are chosen and named as PlanMoves does. The removed
+// cells' databases go first, hottest first, each to the cell whose sum is
+// lowest then; after that, while the highest sum is more than
+// RateTolerance above the mean, the highest cell gives the lowest the
+// database whose rate is nearest half their difference (and below it, so
+// that every move lowers the higher of the two). A database that would go
+// back and forth stays where it is. Errors: PlanMoves', and no rate
+// measured at all (plan by count then).
+func PlanMovesByRate(live []LiveCell, cells int, rates map[int]float64) (MovePlan, error) {
+	lm, err := readLive(live, cells)
+	if err != nil {
+		return MovePlan{}, err
+	}
+	var total float64
+	for db := range model.DBCount {
+		total += max(rates[db], 0)
+	}
+	if total <= 0 {
+		return MovePlan{}, fmt.Errorf("bench: no database had a measured rate: plan by count")
+	}
+	rate := func(db int) float64 { return max(rates[db], 0) }
+	after := map[string][]int{}
+	load := map[string]float64{}
+	for _, name := range lm.targets {
+		after[name] = slices.Clone(lm.have[name])
+		for _, db := range after[name] {
+			load[name] += rate(db)
+		}
+	}
+	lowest := func() string {
+		return slices.MinFunc(lm.targets, func(a, b string) int { return cmp.Compare(load[a], load[b]) })
+	}
+	highest := func() string {
+		return slices.MaxFunc(lm.targets, func(a, b string) int { return cmp.Compare(load[a], load[b]) })
+	}
+	give := func(db int, from, to string) {
+		if from != "" {
+			after[from] = slices.DeleteFunc(after[from], func(d int) bool { return d == db })
+			load[from] -= rate(db)
+		}
+		after[to] = append(after[to], db)
+		load[to] += rate(db)
+	}
+	var pool []int
+	for _, name := range lm.removed {
+		pool = append(pool, lm.have[name]...)
+	}
+	hottestFirst := func(a, b int) int {
+		if c := cmp.Compare(rate(b), rate(a)); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	}
+	slices.SortFunc(pool, hottestFirst)
+	for _, db := range pool {
+		give(db, "", lowest())
+	}
+	mean := total / float64(len(lm.targets))
+	moved := map[int]bool{}
+	for range model.DBCount * len(lm.targets) { // each move lowers the sum of squares: bounded anyway
+		hi, lo := highest(), lowest()
+		gap := load[hi] - load[lo]
+		if load[hi] <= mean*(1+RateTolerance) || gap <= 0 {
+			break
+		}
+		best, bestOff := -1, 0.0
+		for _, db := range after[hi] {
+			r := rate(db)
+			if r <= 0 || r >= gap || moved[db] {
+				continue
+			}
+			if off := abs(gap/2 - r); best < 0 || off < bestOff || off == bestOff && db < best {
+				best, bestOff = db, off
+			}
+		}
+		if best < 0 {
+			break
+		}
+		moved[best] = true
+		give(best, hi, lo)
+	}
+	p := lm.plan(after, load)
+	for i := range p.Cells {
+		for _, db := range lm.have[p.Cells[i].Name] {
+			p.Cells[i].RateBefore += rate(db)
+		}
+	}
+	return p, nil
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// liveMap is a live map read for a plan: each database's owner, each cell's
+// databases (lowest first), the cells the plan keeps or adds (targets, in
+// order) and those it removes.
+type liveMap struct {
+	owner            []string
+	have             map[string][]int
+	targets, removed []string
+	isNew            map[string]bool
+}
+
+func readLive(live []LiveCell, cells int) (liveMap, error) {
+	if cells < 1 || cells > model.DBCount {
+		return liveMap{}, fmt.Errorf("bench: plan for %d cells: must be 1..%d (a cell owns whole databases)", cells, model.DBCount)
+	}
+	lm := liveMap{owner: make([]string, model.DBCount), have: map[string][]int{}, isNew: map[string]bool{}}
+	var names []string
+	for _, c := range live {
+		r, err := sharding.Ranges{}, error(nil)
+		if c.Shards != "" { // a cell that owns nothing yet
+			r, err = sharding.ParseRanges(c.Shards)
+		}
+		if err == nil {
+			err = r.CheckWholeDBs()
+		}
+		if err != nil {
+			return liveMap{}, fmt.Errorf("bench: live cell %s: %w", c.Name, err)
+		}
+		if _, dup := lm.have[c.Name]; dup {
+			return liveMap{}, fmt.Errorf("bench: live map lists cell %s twice", c.Name)
+		}
+		names = append(names, c.Name)
+		lm.have[c.Name] = nil
+		for _, db := range r.DBs() {
+			if lm.owner[db] != "" {
+				return liveMap{}, fmt.Errorf("bench: db_%02d is owned by %s and %s", db, lm.owner[db], c.Name)
+			}
+			lm.owner[db] = c.Name
+			lm.have[c.Name] = append(lm.have[c.Name], db)
+		}
+	}
+	for db, o := range lm.owner {
+		if o == "" {
+			return liveMap{}, fmt.Errorf("bench: db_%02d has no owner in the live map (a cell down?): plan when every database is served", db)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(a, b) })
+	lm.targets = names
+	if cells < len(names) {
+		lm.targets, lm.removed = slices.Clone(names[:cells]), names[cells:]
+	}
+	lm.targets = slices.Clone(lm.targets)
+	prefix, next := "cell-", 0
+	for _, n := range names {
+		if m := cellNumber.FindStringSubmatch(n); m != nil {
+			if v, _ := strconv.Atoi(m[2]); v >= next {
+				prefix, next = m[1], v+1
+			}
+		}
+	}
+	for len(lm.targets) < cells {
+		name := prefix + strconv.Itoa(next)
+		next++
+		lm.targets = append(lm.targets, name)
+		lm.isNew[name] = true
+	}
+	return lm, nil
+}
+
+// plan is the MovePlan from the live map to after (each target's databases);
+// load, when given, is each target's rate after, and the rates before are
+// summed from it and the moves.
+func (lm liveMap) plan(after map[string][]int, load map[string]float64) MovePlan {
+	var p MovePlan
+	for _, name := range lm.targets {
+		for _, db := range after[name] {
+			if lm.owner[db] != name {
+				p.Moves = append(p.Moves, Move{DB: db, From: lm.owner[db], To: name})
+			}
+		}
+	}
+	slices.SortFunc(p.Moves, func(a, b Move) int { return cmp.Compare(a.DB, b.DB) })
+	for _, name := range append(slices.Clone(lm.targets), lm.removed...) {
+		pc := PlannedCell{Name: name, New: lm.isNew[name], Removed: slices.Contains(lm.removed, name)}
+		if r, err := sharding.RangesOfDBs(lm.have[name]); err == nil && len(r) > 0 {
 			pc.Before = r.String()
 		}
-		if r, err := sharding.RangesOfDBs(after[name]); err == nil && len(r) > 0 {
+		dbs := slices.Sorted(slices.Values(after[name]))
+		if r, err := sharding.RangesOfDBs(dbs); err == nil && len(r) > 0 {
 			pc.After = r.String()
 		}
-		plan.Cells = append(plan.Cells, pc)
+		p.Cells = append(p.Cells, pc)
 	}
-	plan.Moves = moves
-	return plan, nil
+	if load != nil {
+		p.ByRate = true
+		for i := range p.Cells {
+			p.Cells[i].RateAfter = load[p.Cells[i].Name]
+		}
+	}
+	return p
 }
 
 // WriteText prints the cells before and after and the moves, runs of
@@ -166,6 +312,9 @@ func (p MovePlan) WriteText(w io.Writer) error {
 			note = "  (new)"
 		case c.Removed:
 			note = "  (removed)"
+		}
+		if p.ByRate {
+			note = fmt.Sprintf("  %.1f → %.1f ops/s%s", c.RateBefore, c.RateAfter, note)
 		}
 		ew.printf("  %-10s %-24s → %s%s\n", c.Name, orNone(c.Before), orNone(c.After), note)
 	}

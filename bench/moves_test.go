@@ -103,3 +103,102 @@ func checkCovers(t *testing.T, p MovePlan) {
 		t.Fatalf("after the plan: conflicts %v, %d uncovered, shares %d..%d", conflicts, m.Uncovered(), lo, hi)
 	}
 }
+
+// TestPlanMovesByRate: a plan by measured rates moves the hot database that
+// evens two cells out (where a plan by count moves none), fills a new cell
+// up to about the mean, gives a removed cell's databases hottest first to
+// the cell with the least load, and refuses when nothing was measured.
+func TestPlanMovesByRate(t *testing.T) {
+	two := []LiveCell{{Name: "cell-1", Shards: "0-499"}, {Name: "cell-2", Shards: "500-999"}}
+	rates := map[int]float64{}
+	for db := range model.DBCount {
+		rates[db] = 1
+	}
+	rates[3], rates[4] = 100, 80 // cell-1 228/s, cell-2 50/s
+	p, err := PlanMovesByRate(two, 2, rates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// gap 178: db_04 (80) is nearest half of it; after it 148 and 130, within
+	// 10 % of the mean (139).
+	if len(p.Moves) != 1 || p.Moves[0] != (Move{DB: 4, From: "cell-1", To: "cell-2"}) || !p.ByRate {
+		t.Fatalf("moves %+v (by rate %v), want db_04 cell-1 → cell-2", p.Moves, p.ByRate)
+	}
+	if c := p.Cells[0]; c.RateBefore != 228 || c.RateAfter != 148 || c.After != "0-39,50-499" {
+		t.Fatalf("cell-1: %+v", c)
+	}
+	if c := p.Cells[1]; c.RateBefore != 50 || c.RateAfter != 130 || c.After != "40-49,500-999" {
+		t.Fatalf("cell-2: %+v", c)
+	}
+	if same, err := PlanMoves(two, 2); err != nil || len(same.Moves) != 0 {
+		t.Fatalf("by count the same map needs no move: %+v %v", same.Moves, err)
+	}
+	var buf bytes.Buffer
+	if err := p.WriteText(&buf); err != nil || !strings.Contains(buf.String(), "228.0 → 148.0 ops/s") {
+		t.Fatalf("text: %v\n%s", err, buf.String())
+	}
+
+	// A new cell: uniform rates, so about a third of the databases go to it.
+	for db := range model.DBCount {
+		rates[db] = 1
+	}
+	p, err = PlanMovesByRate(two, 3, rates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCover(t, p)
+	for _, c := range p.Cells {
+		if c.RateAfter > 100.0/3*(1+RateTolerance) || c.RateAfter < 100.0/3*(1-2*RateTolerance) {
+			t.Errorf("%s after the plan: %.1f ops/s, mean %.1f", c.Name, c.RateAfter, 100.0/3)
+		}
+	}
+	if n := len(p.Moves); n < 27 || n > 33 {
+		t.Errorf("%d moves to fill a new cell with a third of uniform load", n)
+	}
+
+	// A removed cell: its hot databases go to the least loaded cells first.
+	three := []LiveCell{{Name: "cell-1", Shards: "0-339"}, {Name: "cell-2", Shards: "340-669"}, {Name: "cell-3", Shards: "670-999"}}
+	rates[70], rates[71] = 50, 40
+	p, err = PlanMovesByRate(three, 2, rates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCover(t, p)
+	to := map[int]string{}
+	for _, m := range p.Moves {
+		if m.From != "cell-3" {
+			t.Errorf("move %+v: only cell-3's databases go", m)
+		}
+		to[m.DB] = m.To
+	}
+	if len(p.Moves) != 33 || to[70] == to[71] {
+		t.Errorf("%d moves; db_70 to %s and db_71 to %s (the two hottest should split)", len(p.Moves), to[70], to[71])
+	}
+
+	if _, err := PlanMovesByRate(two, 2, map[int]float64{}); err == nil {
+		t.Fatal("a plan by rates with no rate measured: no error")
+	}
+}
+
+// checkCover fails unless the plan's ranges after cover every shard once.
+func checkCover(t *testing.T, p MovePlan) {
+	t.Helper()
+	seen := make([]int, model.DBCount)
+	for _, c := range p.Cells {
+		if c.After == "" {
+			continue
+		}
+		r, err := sharding.ParseRanges(c.After)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, db := range r.DBs() {
+			seen[db]++
+		}
+	}
+	for db, n := range seen {
+		if n != 1 {
+			t.Fatalf("db_%02d owned %d times after the plan: %+v", db, n, p.Cells)
+		}
+	}
+}

@@ -62,7 +62,15 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []sto
 	if len(keep) == 0 {
 		return nil
 	}
-	return s.spaces[ln.Space].store.CommitGroup(ctx, storage.Ops(keep))
+	if err := s.spaces[ln.Space].store.CommitGroup(ctx, storage.Ops(keep)); err != nil {
+		return err
+	}
+	for _, op := range keep {
+		if sh := op.Shards(); len(sh) > 0 {
+			s.stats.dbOps[sh[0].DB()].Add(1)
+		}
+	}
+	return nil
 }
 
 // opDBs appends the databases of the shards op writes (those opServed

@@ -1,6 +1,8 @@
 package cell
 
 import (
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +17,7 @@ import (
 	"redcell/cell/relay"
 	"redcell/internal/clock"
 	"redcell/internal/httpmetrics"
+	"redcell/model"
 )
 
 // routeLabels are the route label values of the cell's request metrics: the
@@ -192,6 +195,8 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 		relayCounter("redcell_cell_relay_unasked_total", "Credits delivered to another cell than the one they were sent to without asking it, because that cell is not in the shard map (removed after its databases moved with their rows, or down).", func(r *relay.Stats) int64 { return r.Unasked.Load() }),
 		relayCounter("redcell_cell_relay_claim_reads_total", "Pages of claims the relay read from its store past a database's position (after a start, a database gained, a commit whose outcome was unknown, too much held).", func(r *relay.Stats) int64 { return r.Reads.Load() }),
 		relayCounter("redcell_cell_relay_position_saves_total", "Saves of the relay's positions (one write for every database whose claims came or went, every relay.PositionEvery).", func(r *relay.Stats) int64 { return r.Saves.Load() }),
+		dbOpsCollector{ops: &s.stats.dbOps, desc: prometheus.NewDesc("redcell_cell_db_ops_total",
+			"Money operations committed in each database (both spaces; a database listed once it had one): the per-database load redcell plan --rate-window balances.", []string{"db"}, nil)},
 		laneCollector{spaces: s.spaces,
 			credits: prometheus.NewDesc("redcell_cell_relay_lane_credits", "Credits a relay lane holds (queued, in flight or waiting to be tried again), by space, destination cell and kind (local: this cell's own wallets; remote).", []string{"space", "dest", "kind"}, nil),
 			backoff: prometheus.NewDesc("redcell_cell_relay_lane_backoff_seconds", "A relay lane's pause after failed deliveries (0: the last one succeeded), by space, destination cell and kind.", []string{"space", "dest", "kind"}, nil),
@@ -304,6 +309,23 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// dbOpsCollector reports redcell_cell_db_ops_total for the databases that
+// had an operation (at most model.DBCount series).
+type dbOpsCollector struct {
+	ops  *[model.DBCount]atomic.Int64
+	desc *prometheus.Desc
+}
+
+func (c dbOpsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c dbOpsCollector) Collect(ch chan<- prometheus.Metric) {
+	for db := range c.ops {
+		if n := c.ops[db].Load(); n > 0 {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), fmt.Sprintf("%02d", db))
+		}
+	}
 }
 
 // laneCollector reports the relay lanes of both spaces when scraped: at most

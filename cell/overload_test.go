@@ -2,6 +2,7 @@ package cell_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -112,6 +113,23 @@ func TestCellMetrics(t *testing.T) {
 	wantMetric(t, m, `redcell_breaker_state{breaker="memcached"}`, "0")
 	metricValue(t, m, `redcell_cell_credits_pending{space="real"}`)
 	metricValue(t, m, `redcell_memcached_fallbacks_total`)
+	// Per database: the deposit, the send and the two opens' transactions
+	// in the sender's (the packet's) database, and at most the two credits
+	// elsewhere (a relay's; none when booked in the opens).
+	senderDB := sharding.ShardOfAct(sender).DB()
+	if n := metricValue(t, m, fmt.Sprintf(`redcell_cell_db_ops_total{db="%02d"}`, senderDB)); n != "4" && n != "5" && n != "6" {
+		t.Errorf("redcell_cell_db_ops_total of the sender's db_%02d: %s, want 4 (and up to 2 credits)", senderDB, n)
+	}
+	var all int
+	for _, line := range strings.Split(m, "\n") {
+		if strings.HasPrefix(line, "redcell_cell_db_ops_total{") {
+			n, _ := strconv.Atoi(line[strings.LastIndexByte(line, ' ')+1:])
+			all += n
+		}
+	}
+	if all < 4 || all > 6 {
+		t.Errorf("redcell_cell_db_ops_total over all databases: %d, want 4 to 6", all)
+	}
 	// Both claims credited, each either in its open (a claimant whose
 	// wallet tables the cell had made) or by the relay (with, at most, the
 	// claims of earlier cells past this one's saved positions, read again at

@@ -213,6 +213,9 @@ type stats struct {
 	opens, openBatches, shed atomic.Int64
 	creditedInOpen           atomic.Int64 // claims credited in their opens' own transactions
 	opensInFlight            atomic.Int64 // opens taken and not answered yet (the relay's load probe)
+	// dbOps counts the money operations committed in each database, both
+	// spaces (redcell_cell_db_ops_total): the load redcell plan balances.
+	dbOps [model.DBCount]atomic.Int64
 }
 
 // New wires a cell. It does no I/O but reading Config.Activities (an invalid

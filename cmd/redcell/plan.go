@@ -1,23 +1,30 @@
 package main
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"redcell/api"
 	"redcell/bench"
+	"redcell/model"
 )
 
 // runPlan prints how many cells a target open rate needs:
 //
 //	redcell plan --target-opens-per-sec N [--per-cell-opens-per-sec R | --from report.json] [--headroom 0.7] [--config F]
-//	redcell plan --cells N --config F [--apply [--limit K] [--state FILE]]
+//	redcell plan --cells N --config F [--rate-window D] [--json] [--apply [--limit K] [--state FILE]]
 //
 // cells = ceil(N / (R × headroom)), databases per cell = 100 / cells (whole
 // databases of ten shards: the unit a cell owns), each cell's ranges, and the
@@ -25,7 +32,10 @@ import (
 // per-cell rate among its passing runs (bench.PerCellRateFrom). With
 // --config it also reads the live shard map from the config's router
 // (GET /healthz) and prints which databases move from which cell to which
-// for that many cells, or for --cells (bench.PlanMoves); --apply runs those
+// for that many cells, or for --cells (bench.PlanMoves: by database counts;
+// with --rate-window, bench.PlanMovesByRate: by each database's rate of
+// money operations, read from every cell's redcell_cell_db_ops_total at the
+// start and the end of the window); --apply runs those
 // moves one database at a time, as redcell cells does (cell/mover), with a
 // progress line each and a state file a stopped run resumes from.
 func runPlan(ctx context.Context, args []string) error {
@@ -39,6 +49,8 @@ func runPlan(ctx context.Context, args []string) error {
 	apply := fs.Bool("apply", false, "run the planned moves, one database at a time (redcell cells): every cell of the plan must be in the config and running")
 	state := fs.String("state", "", "with --apply: the file that records the moves done, so that a stopped run goes on (default: cells-plan.json beside the config)")
 	limit := fs.Int("limit", 0, "with --apply: move at most this many databases now (0: all)")
+	rateWindow := fs.Duration("rate-window", 0, "with --config: plan the moves by each database's measured rate of money operations over this window (the cells' redcell_cell_db_ops_total read at its start and end), not by database counts")
+	jsonOut := fs.Bool("json", false, "with --config: print the plan of moves as JSON (after the text)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errUsage
@@ -88,17 +100,41 @@ func runPlan(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
-	mp, err := bench.PlanMoves(live, n)
-	if err != nil {
-		return fmt.Errorf("plan: %w", err)
-	}
-	fmt.Printf("\nmoves for %d cells, from the live map of %s:\n", n, *config)
-	if err := mp.WriteText(os.Stdout); err != nil || !*apply {
-		return err
-	}
 	fc, err := loadConfig(*config)
 	if err != nil {
 		return err
+	}
+	var mp bench.MovePlan
+	if *rateWindow > 0 {
+		rates, err := measureDBRates(ctx, fc, *rateWindow)
+		if err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		writeRates(os.Stdout, rates, *rateWindow)
+		mp, err = bench.PlanMovesByRate(live, n, rates)
+	} else {
+		mp, err = bench.PlanMoves(live, n)
+	}
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	how := "by database counts"
+	if mp.ByRate {
+		how = fmt.Sprintf("by measured rates, within %.0f %% of the mean", 100*bench.RateTolerance)
+	}
+	fmt.Printf("\nmoves for %d cells, from the live map of %s (%s):\n", n, *config, how)
+	if err := mp.WriteText(os.Stdout); err != nil {
+		return err
+	}
+	if *jsonOut {
+		b, err := json.MarshalIndent(mp, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s\n", b)
+	}
+	if !*apply {
+		return nil
 	}
 	path := statePath(*state, *config, "plan")
 	moves := mp.Moves
@@ -147,4 +183,110 @@ func liveMap(ctx context.Context, path string) ([]bench.LiveCell, error) {
 		return nil, fmt.Errorf("the router's /healthz at %s: status %d, %v", rc.Listen, resp.StatusCode, err)
 	}
 	return h.Cells, nil
+}
+
+// measureDBRates reads redcell_cell_db_ops_total from every configured cell's
+// admin port (GET /metrics) at the start and the end of window, and returns
+// each database's operations a second over it (summed over the cells: a
+// database moved in the window counts on both). A counter that went back (a
+// cell restarted) counts from zero. Errors: a cell whose metrics cannot be
+// read.
+func measureDBRates(ctx context.Context, fc fileConfig, window time.Duration) (map[int]float64, error) {
+	read := func() (map[int]float64, error) {
+		out := map[int]float64{}
+		for _, c := range fc.Cells {
+			if c.AdminListen == "" {
+				return nil, fmt.Errorf("cell %s has no admin_listen: its rates cannot be read", c.Name)
+			}
+			counts, err := dbOpsOf(ctx, "http://"+c.AdminListen+"/metrics")
+			if err != nil {
+				return nil, fmt.Errorf("cell %s: %w", c.Name, err)
+			}
+			for db, n := range counts {
+				out[db] += n
+			}
+		}
+		return out, nil
+	}
+	before, err := read()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(window):
+	}
+	after, err := read()
+	if err != nil {
+		return nil, err
+	}
+	secs := time.Since(start).Seconds()
+	rates := map[int]float64{}
+	for db, n := range after {
+		d := n - before[db]
+		if d < 0 {
+			d = n
+		}
+		rates[db] = d / secs
+	}
+	return rates, nil
+}
+
+// dbOpsOf reads the redcell_cell_db_ops_total series of one cell's metrics.
+func dbOpsOf(ctx context.Context, url string) (map[int]float64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: status %d", url, resp.StatusCode)
+	}
+	out := map[int]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	const prefix = `redcell_cell_db_ops_total{db="`
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		dbText, rest, ok := strings.Cut(line[len(prefix):], `"} `)
+		db, derr := strconv.Atoi(dbText)
+		v, verr := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if !ok || derr != nil || verr != nil || db < 0 || db >= model.DBCount {
+			return nil, fmt.Errorf("%s: bad series %q", url, line)
+		}
+		out[db] = v
+	}
+	return out, sc.Err()
+}
+
+// writeRates prints the measured rates: the total and the hottest databases.
+func writeRates(w io.Writer, rates map[int]float64, window time.Duration) {
+	var total float64
+	dbs := make([]int, 0, len(rates))
+	for db, r := range rates {
+		total += r
+		if r > 0 {
+			dbs = append(dbs, db)
+		}
+	}
+	slices.SortFunc(dbs, func(a, b int) int { return cmp.Compare(rates[b], rates[a]) })
+	fmt.Fprintf(w, "\nmeasured over %s: %.1f money operations a second in %d databases", window, total, len(dbs))
+	if len(dbs) > 0 {
+		fmt.Fprintf(w, "; hottest:")
+		for _, db := range dbs[:min(5, len(dbs))] {
+			fmt.Fprintf(w, " db_%02d %.1f/s", db, rates[db])
+		}
+	}
+	fmt.Fprintln(w)
 }
