@@ -613,12 +613,17 @@ func Serving(ctx context.Context, primaryDSN, standbyDSN string) (serving, stand
 		return "", "", err
 	}
 	defer db.Close()
-	if marked, err := promotedMark(ctx, db); err != nil || marked {
-		return standbyDSN, "", err
+	scfg, _ := mysql.ParseDSN(sdsn)
+	marked, err := promotedMark(ctx, db)
+	if err != nil {
+		return "", "", fmt.Errorf("storage: the standby at %s: %w", scfg.Addr, err)
+	}
+	if marked {
+		return standbyDSN, "", nil
 	}
 	st, err := slaveStatus(ctx, db)
 	if err != nil {
-		return "", "", err
+		return "", "", fmt.Errorf("storage: the standby at %s: %w", scfg.Addr, err)
 	}
 	pcfg, err := mysql.ParseDSN(primaryDSN)
 	if err != nil {

@@ -20,16 +20,23 @@
 // while it runs), so the source's commits are acknowledged by the source's
 // standby alone. What the channel applies goes into the target's binlog
 // (log_slave_updates) and, semi-synchronously, to the target's standby.
-// Before the freeze the channel pauses, the target's standby catches up,
-// and its copy's digest must match the target's; inside the freeze the
-// target's semi-synchronous replication must be on (so the tail the freeze
-// applies is on the standby when the target answers); after the hand-over
-// the standby is waited for until it has applied that tail. The source's
-// standby drops its copy with the source (the DROP goes through its
-// binlog). Each server then needs a GTID domain of its own
-// (--gtid-domain-id; make run gives each its server id): the target's
-// binlog holds the source's transactions under the source's GTIDs, and in
-// one domain their sequence numbers would go back and forth.
+// Each server needs a GTID domain of its own (--gtid-domain-id; make run
+// gives each its server id): the target's binlog holds the source's
+// transactions under the source's GTIDs, and in one domain their sequence
+// numbers would go back and forth. A standby applies two domains' work in
+// parallel, in no set order, so wherever a database's writes pass from one
+// domain to the other the mover waits until the target's standby has
+// applied all the target's binlog: after the dump's load (the target's
+// domain) before the channel starts (the source's); inside the freeze,
+// after the tail the channel applied and before the adoption, from which
+// on the target's own writes follow (this wait is also what makes a
+// failover right after the move lose nothing); and before a partial copy
+// is dropped. Before the freeze the channel pauses, the standby catches up
+// and its copy's digest must match the target's. Inside the freeze the
+// mover also asks again which of the source's servers serves: a source
+// that failed over to its standby during the move fails it (the copy came
+// from the old primary). The source's standby drops its copy with the
+// source (the DROP goes through its binlog).
 //
 // Any failure before the adoption thaws the source and removes the target's
 // partial copy: the source serves on as before. The freeze (step 3 to the
@@ -114,10 +121,10 @@ type Result struct {
 	Attempts int           `json:"verify_attempts"`
 	// StandbyCheck is the target's standby catching up and its digest
 	// checked, before the freeze (0: the target has no standby);
-	// StandbyApplied the wait, after the hand-over, for it to apply the
-	// freeze's tail.
-	StandbyCheck   time.Duration `json:"standby_check_ns,omitempty"`
-	StandbyApplied time.Duration `json:"standby_applied_ns,omitempty"`
+	// StandbyTail the part of the freeze it took to apply the tail the
+	// freeze applied on the target.
+	StandbyCheck time.Duration `json:"standby_check_ns,omitempty"`
+	StandbyTail  time.Duration `json:"standby_tail_ns,omitempty"`
 }
 
 func (m *Mover) defaults() {
@@ -154,14 +161,22 @@ func (m *Mover) State(ctx context.Context, c Cell) (api.MovesState, error) {
 func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) (res Result, err error) {
 	m.defaults()
 	res = Result{DB: db, From: from.Name, To: to.Name, Version: version}
+	configured := from // its servers as configured, to ask again in the freeze
 	var fromSB, toSB string
 	if from.DSN, fromSB, err = storage.Serving(ctx, from.DSN, from.StandbyDSN); err != nil {
-		return res, fmt.Errorf("mover: %s's databases: %w", from.Name, err)
+		return res, fmt.Errorf("mover: which of %s's servers serves: %w", from.Name, err)
 	}
 	if to.DSN, toSB, err = storage.Serving(ctx, to.DSN, to.StandbyDSN); err != nil {
-		return res, fmt.Errorf("mover: %s's databases: %w", to.Name, err)
+		return res, fmt.Errorf("mover: which of %s's servers serves: %w", to.Name, err)
 	}
 	from.StandbyDSN, to.StandbyDSN = fromSB, toSB
+	var sb *sql.DB // the target's standby
+	if to.StandbyDSN != "" {
+		if sb, err = openDB(to.StandbyDSN); err != nil {
+			return res, err
+		}
+		defer sb.Close()
+	}
 	src, err := openDB(from.DSN)
 	if err != nil {
 		return res, err
@@ -214,7 +229,7 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 				m.Log.Error("move failed and the source could not be thawed: it thaws by itself at the freeze's end", "db", db, "err", terr)
 			}
 		}
-		m.cleanTarget(cctx, dst, db)
+		m.cleanTarget(cctx, dst, sb, db)
 	}()
 
 	// 1. Copy.
@@ -224,6 +239,11 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		return res, err
 	}
 	res.Copy = time.Since(t)
+	if sb != nil { // the load, in the target's domain, applied before the channel's
+		if err := syncStandby(ctx, dst, sb, m.CatchUpMax); err != nil {
+			return res, fmt.Errorf("mover: db_%02d: %s's standby after the load: %w", db, to.Name, err)
+		}
+	}
 	if err := startChannel(ctx, dst, ch, db, from.DSN, file, pos); err != nil {
 		return res, err
 	}
@@ -242,9 +262,9 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 	if err := copyReconPositions(ctx, db, from.DSN, to.DSN); err != nil {
 		return res, err
 	}
-	if to.StandbyDSN != "" {
+	if sb != nil {
 		ts := time.Now()
-		if err := m.checkStandby(ctx, db, dst, to.StandbyDSN, ch); err != nil {
+		if err := m.checkStandby(ctx, db, dst, sb, ch); err != nil {
 			return res, err
 		}
 		res.StandbyCheck = time.Since(ts)
@@ -314,11 +334,20 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		m.Log.Warn("move: copies differ; the target catches up again", "db", db, "diff", digest.Diff(other))
 	}
 	res.Verify = time.Since(tv) - res.Applied // the digests (and any later attempt's wait)
-	// The target's binlog position with all of db in it.
-	var tail string
-	if to.StandbyDSN != "" {
-		if tail, err = acknowledged(fctx, dst); err != nil {
-			return res, fmt.Errorf("mover: db_%02d: %s's standby: %w", db, to.Name, err)
+	if sb != nil {
+		ts := time.Now()
+		if err := syncStandby(fctx, dst, sb, m.FreezeMax); err != nil {
+			return res, fmt.Errorf("mover: db_%02d in the freeze: %s's standby: %w", db, to.Name, err)
+		}
+		res.StandbyTail = time.Since(ts)
+	}
+	if configured.StandbyDSN != "" {
+		now, _, err := storage.Serving(fctx, configured.DSN, configured.StandbyDSN)
+		if err != nil {
+			return res, fmt.Errorf("mover: db_%02d in the freeze: which of %s's servers serves: %w", db, from.Name, err)
+		}
+		if now != from.DSN {
+			return res, fmt.Errorf("mover: db_%02d: %s failed over to its standby during the move: the copy came from its old primary; move it again", db, from.Name)
 		}
 	}
 	for _, t := range digest {
@@ -360,15 +389,6 @@ func (m *Mover) Move(ctx context.Context, db int, from, to Cell, version int64) 
 		// the source, sealed, releases it when its map shows the target.
 		m.Log.Warn("move: the source did not take the release; it releases by itself once its map shows the new owner", "db", db, "err", err)
 	}
-	if tail != "" {
-		// The standby acknowledged the tail; here it has applied it too,
-		// so what it serves after a promotion holds the whole copy at once.
-		ts := time.Now()
-		if err := standbyApplied(context.WithoutCancel(ctx), to.StandbyDSN, tail, m.CatchUpMax); err != nil {
-			m.Log.Warn("move: done, but the target's standby has not applied it yet (it holds it: it acknowledged it)", "db", db, "err", err)
-		}
-		res.StandbyApplied = time.Since(ts)
-	}
 	return res, nil
 }
 
@@ -394,8 +414,15 @@ func (m *Mover) afterAdoptFailed(ctx context.Context, db int, from, to Cell, ver
 	}
 	dst, derr := openDB(to.DSN)
 	if derr == nil {
-		m.cleanTarget(ctx, dst, db)
+		var sb *sql.DB
+		if to.StandbyDSN != "" {
+			sb, _ = openDB(to.StandbyDSN)
+		}
+		m.cleanTarget(ctx, dst, sb, db)
 		dst.Close()
+		if sb != nil {
+			sb.Close()
+		}
 	}
 	return fmt.Errorf("mover: db_%02d: %s did not adopt it: %w (the source serves it as before)", db, to.Name, cause)
 }
@@ -482,17 +509,32 @@ func (m *Mover) preflight(ctx context.Context, db int, from, to Cell, src, dst *
 				"give each server a domain of its own (--gtid-domain-id, as make run does)", from.Name, to.Name, srcDom, to.Name)
 		}
 	}
-	m.cleanTarget(ctx, dst, db)
+	var sb *sql.DB
+	if to.StandbyDSN != "" {
+		var err error
+		if sb, err = openDB(to.StandbyDSN); err != nil {
+			return err
+		}
+		defer sb.Close()
+	}
+	m.cleanTarget(ctx, dst, sb, db)
 	return nil
 }
 
 // cleanTarget removes the channel and the partial copy of a move that did
 // not finish. The target does not own db (checked before), so its copy is
-// nobody's.
-func (m *Mover) cleanTarget(ctx context.Context, dst *sql.DB, db int) {
+// nobody's. With the target's standby (sb, nil: none), the DROP waits until
+// the standby applied what the channel wrote (in the source's domain, which
+// the DROP, in the target's, could overtake there).
+func (m *Mover) cleanTarget(ctx context.Context, dst, sb *sql.DB, db int) {
 	ch := channel(db)
 	_, _ = dst.ExecContext(ctx, "STOP SLAVE '"+ch+"'")
 	_, _ = dst.ExecContext(ctx, "RESET SLAVE '"+ch+"' ALL")
+	if sb != nil {
+		if err := syncStandby(ctx, dst, sb, 30*time.Second); err != nil {
+			m.Log.Warn("move: the target's standby did not catch up before the partial copy's removal", "db", db, "err", err)
+		}
+	}
 	for _, s := range storage.MoveSchemas(db) {
 		if _, err := dst.ExecContext(ctx, "DROP DATABASE IF EXISTS "+s); err != nil {
 			m.Log.Warn("move: removing a partial copy", "schema", s, "err", err)
@@ -616,25 +658,18 @@ func asyncChannels(ctx context.Context, dst *sql.DB) (restore func(), err error)
 // the target), the standby applies the target's binlog up to its end, and
 // the digests of db on the target and on its standby must match. The
 // applier runs again whatever happens.
-func (m *Mover) checkStandby(ctx context.Context, db int, dst *sql.DB, standbyDSN, ch string) (err error) {
-	sb, err := openDB(standbyDSN)
-	if err != nil {
-		return err
-	}
-	defer sb.Close()
+func (m *Mover) checkStandby(ctx context.Context, db int, dst, sb *sql.DB, ch string) (err error) {
 	if _, err := dst.ExecContext(ctx, "STOP SLAVE '"+ch+"' SQL_THREAD"); err != nil {
 		return fmt.Errorf("mover: channel %s: %w", ch, err)
 	}
 	defer func() {
-		if _, serr := dst.ExecContext(context.WithoutCancel(ctx), "START SLAVE '"+ch+"' SQL_THREAD"); serr != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		if _, serr := dst.ExecContext(sctx, "START SLAVE '"+ch+"' SQL_THREAD"); serr != nil {
 			err = errors.Join(err, fmt.Errorf("mover: channel %s: %w", ch, serr))
 		}
 	}()
-	var pos string
-	if err := dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
-		return err
-	}
-	if err := waitGTID(ctx, sb, pos, m.CatchUpMax); err != nil {
+	if err := syncStandby(ctx, dst, sb, m.CatchUpMax); err != nil {
 		return fmt.Errorf("mover: db_%02d: the target's standby: %w", db, err)
 	}
 	var onStandby storage.Digest
@@ -652,32 +687,15 @@ func (m *Mover) checkStandby(ctx context.Context, db int, dst *sql.DB, standbyDS
 	return nil
 }
 
-// acknowledged reads, inside the freeze, the target's binlog position (all
-// of the moved database is in it) and checks that the target replicates
-// semi-synchronously to its standby, so that every transaction up to it was
-// acknowledged by the standby before the target committed it. A target
-// whose standby fell behind (semi-synchronous replication off after its
-// timeout) fails the move: a failover right after would lose the tail.
-func acknowledged(ctx context.Context, dst *sql.DB) (pos string, err error) {
-	var name, status string
-	if err := dst.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil {
-		return "", err
-	}
-	if status != "ON" {
-		return "", fmt.Errorf("its semi-synchronous replication is %s (the standby fell behind or is gone): what the freeze applies would not be on it", status)
-	}
-	err = dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos)
-	return pos, err
-}
-
-// standbyApplied waits until the standby behind dsn has applied the GTID
-// position pos (up to max).
-func standbyApplied(ctx context.Context, dsn, pos string, max time.Duration) error {
-	sb, err := openDB(dsn)
-	if err != nil {
+// syncStandby waits until the target's standby (sb) has applied everything
+// in the target's binlog (its gtid_binlog_pos when called), up to max.
+// Under semi-synchronous replication the standby received it before the
+// target committed it; here it has applied it too.
+func syncStandby(ctx context.Context, dst, sb *sql.DB, max time.Duration) error {
+	var pos string
+	if err := dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
 		return err
 	}
-	defer sb.Close()
 	return waitGTID(ctx, sb, pos, max)
 }
 
