@@ -88,3 +88,25 @@ type CellsJob struct {
 	Lines     []string     `json:"lines"`
 	Error     string       `json:"error,omitempty"`
 }
+
+// FailoverStep is POST /admin/failover on a cell's admin port. Op
+// "switchback": a cell that serves from its promoted standby serves from its
+// primary again, once the primary was rebuilt as the standby's
+// semi-synchronous replica (redcell cells failback; storage.Failover
+// SwitchBack).
+type FailoverStep struct {
+	Op string `json:"op"`
+}
+
+// FailoverAnswer is its answer: Serving is "primary" after a switch back;
+// CaughtUpMS the primary catching up before the pause, PausedMS the pause
+// (the cell's database calls refused, then DB_UNAVAILABLE), GTID the
+// standby's binlog position the primary applied in it. StandbyError: the
+// primary serves, but the old standby could not be made its replica.
+type FailoverAnswer struct {
+	Serving      string `json:"serving"`
+	CaughtUpMS   int64  `json:"caught_up_ms"`
+	PausedMS     int64  `json:"paused_ms"`
+	GTID         string `json:"gtid"`
+	StandbyError string `json:"standby_error,omitempty"`
+}

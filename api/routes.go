@@ -59,6 +59,7 @@ const (
 	RouteShadowCleanup    // POST /admin/shadow/cleanup on a cell's admin port: drop the shadow databases
 	RouteMovesGet         // GET /admin/moves on a cell's admin port: ownership, frozen and moved-out databases
 	RouteMovesPost        // POST /admin/moves on a cell's admin port: one step of a database move
+	RouteFailoverPost     // POST /admin/failover on a cell's admin port: switch back to the rebuilt primary
 	RouteCellsGet         // GET /admin/cells on the router's admin port: the last change of the cells
 	RouteCellsPost        // POST /admin/cells on the router's admin port: add or remove a cell, move a database
 	RouteKeysList         // GET /admin/keys on the router's admin port
@@ -180,6 +181,7 @@ var routes = [RouteCount]Route{
 	RouteShadowCleanup: {ID: RouteShadowCleanup, Method: http.MethodPost, Pattern: "/admin/shadow/cleanup", Label: "shadow_cleanup", Port: PortCellAdmin},
 	RouteMovesGet:      {ID: RouteMovesGet, Method: http.MethodGet, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
 	RouteMovesPost:     {ID: RouteMovesPost, Method: http.MethodPost, Pattern: "/admin/moves", Label: "moves", Port: PortCellAdmin},
+	RouteFailoverPost:  {ID: RouteFailoverPost, Method: http.MethodPost, Pattern: "/admin/failover", Label: "failover", Port: PortCellAdmin},
 	RouteCellsGet:      {ID: RouteCellsGet, Method: http.MethodGet, Pattern: "/admin/cells", Label: "cells", Port: PortRouterAdmin},
 	RouteCellsPost:     {ID: RouteCellsPost, Method: http.MethodPost, Pattern: "/admin/cells", Label: "cells", Port: PortRouterAdmin},
 	RouteKeysList:      {ID: RouteKeysList, Method: http.MethodGet, Pattern: "/admin/keys", Label: "keys", Port: PortRouterAdmin},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/cell/admin"
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
 	"redcell/internal/climit"
@@ -248,6 +249,10 @@ type Config struct {
 	// system clock (clock.Real). Tests and the simulation give a clock they
 	// drive. Request deadlines (context.WithDeadline) still run on real time.
 	Clock clock.Clock
+	// Failover switches the cell's database back to its primary after a
+	// failover (POST /admin/failover); nil: the database has no standby.
+	// Set by the caller that opened the stores (cmd/redcell).
+	Failover admin.Failover `yaml:"-"`
 }
 
 // DefaultConfig returns a config with a reason for every value.

@@ -334,7 +334,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		couponAdmin = s
 	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
 
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,

@@ -25,8 +25,9 @@ import (
 // start_standby). The store's pool dials whichever server serves; Watch
 // promotes the standby when the primary has not answered for a while, and
 // the pool dials the standby from then on. It never switches back: the old
-// primary, if it returns, holds a past the standby has gone beyond, and is
-// rebuilt as the new standby by hand (docs/operations.md).
+// primary, if it returns, holds a past the standby has gone beyond: it is
+// rebuilt as the new standby (redcell cells failback, cell/mover
+// RebuildStandby), and SwitchBack then makes it serve again.
 //
 // Promotion leaves a mark on the standby (redcell_failover.t_promoted), so
 // a later process, the audit and the bench know to use it; a standby that
@@ -44,6 +45,14 @@ type Failover struct {
 	// Promotions counts standbys promoted by this process.
 	Promotions  atomic.Int64
 	primaryDown atomic.Int64 // Unix ms; 0 while the primary answers
+	// switching serializes SwitchBack; watchCtx, watchAfter and
+	// watchEvery are Watch's arguments, for the watch SwitchBack starts
+	// again.
+	switching  sync.Mutex
+	watchMu    sync.Mutex
+	watchCtx   context.Context
+	watchAfter time.Duration
+	watchEvery time.Duration
 	// replicating: at the last check while the primary answered, the
 	// standby's replication threads ran and the primary's semi-synchronous
 	// replication was on (1), or not (0); -1 before the first check.
@@ -480,6 +489,13 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 		if _, err := db.ExecContext(ctx, "RESET SLAVE ALL"); err != nil {
 			return fmt.Errorf("storage: promote: %w", err)
 		}
+		// No standby of its own yet: with semi-synchronous acknowledgement
+		// on, its first commits would wait the whole timeout for a replica
+		// there is not (rpl_semi_sync_master_wait_no_slave). Fail-back turns
+		// it on again once its new standby replicates (cell/mover).
+		if _, err := db.ExecContext(ctx, "SET GLOBAL rpl_semi_sync_master_enabled = 0"); err != nil {
+			f.log.Warn("failover: could not turn semi-synchronous acknowledgement off on the promoted standby: its first commits may wait for the timeout", "err", err)
+		}
 	}
 	sc, err := connectorOf(f.standby)
 	if err != nil {
@@ -512,6 +528,9 @@ func primaryAlive(err error) bool {
 // (it may lack acknowledged commits): the cell waits for its primary, and
 // logs why.
 func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
+	f.watchMu.Lock()
+	f.watchCtx, f.watchAfter, f.watchEvery = ctx, after, interval
+	f.watchMu.Unlock()
 	probe, err := sql.Open("mysql", f.primary)
 	if err != nil {
 		f.log.Error("failover: cannot watch the primary", "err", err)
@@ -634,3 +653,201 @@ func Serving(ctx context.Context, primaryDSN, standbyDSN string) (serving, stand
 	}
 	return primaryDSN, standbyDSN, nil
 }
+
+// errSwitching refuses new connections while SwitchBack pauses the cell.
+var errSwitching = errors.New("storage: the cell's database is switching back to its primary; retry")
+
+// ErrNotFailedOver: SwitchBack on a cell that serves from its primary.
+var ErrNotFailedOver = errors.New("storage: the cell serves from its primary: nothing to switch back")
+
+// SwitchBackResult is what a switch back took.
+type SwitchBackResult struct {
+	CaughtUp time.Duration // the primary applying the standby's binlog, before the pause
+	Paused   time.Duration // from refusing connections to dialing the primary
+	GTID     string        // the standby's binlog position the primary applied in the pause
+}
+
+// SwitchBack makes the primary serve again after a failover, once it was
+// rebuilt as the standby's semi-synchronous replica (redcell cells
+// failback): it checks that the primary replicates from the standby with
+// both threads running and that the standby acknowledges semi-synchronously;
+// lets the primary catch up; then, in a pause: no statement of this cell
+// reaches the standby any more (its connections are stale, new ones
+// refused), FLUSH TABLES WITH READ LOCK on the standby waits for the commits
+// under way and holds later ones, the primary applies the standby's binlog
+// up to its end (every acknowledged commit, the rule a promotion follows),
+// stops replicating, and the pool dials the primary. The standby, its
+// promotion mark removed, becomes the primary's semi-synchronous replica from
+// the primary's binlog position (the primary logged all it applied), and
+// the watch runs again. Errors before the primary stops replicating leave
+// everything as it was (the cell serves from the standby again):
+// ErrNotFailedOver, ErrStandbyUnknown (the primary is not the standby's
+// replica), the servers'. An error after it is the standby's setup as a
+// replica; the cell serves from its primary then, without a standby, and
+// says so.
+func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err error) {
+	f.switching.Lock()
+	defer f.switching.Unlock()
+	if !f.promoted.Load() {
+		return res, ErrNotFailedOver
+	}
+	pdb, err := sql.Open("mysql", f.primary)
+	if err != nil {
+		return res, err
+	}
+	defer pdb.Close()
+	sdb, err := sql.Open("mysql", f.standby)
+	if err != nil {
+		return res, err
+	}
+	defer sdb.Close()
+	scfg, _ := mysql.ParseDSN(f.standby)
+	st, err := slaveStatus(ctx, pdb)
+	if err != nil {
+		return res, fmt.Errorf("storage: switch back: the primary: %w", err)
+	}
+	if st == nil || net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != scfg.Addr || st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
+		return res, fmt.Errorf("%w: the primary must replicate from the standby at %s with both threads running first (redcell cells failback)", ErrStandbyUnknown, scfg.Addr)
+	}
+	var name, status string
+	if err := sdb.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil || status != "ON" {
+		return res, errors.Join(err, fmt.Errorf("storage: switch back: the standby's semi-synchronous replication is %q, not ON", status))
+	}
+	t0 := time.Now()
+	var pos string
+	if err := sdb.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		return res, err
+	}
+	if err := gtidWait(ctx, pdb, pos, 60*time.Second); err != nil {
+		return res, fmt.Errorf("storage: switch back: the primary catching up: %w", err)
+	}
+	res.CaughtUp = time.Since(t0)
+
+	// The pause.
+	t1 := time.Now()
+	f.log.Info("failover: switching back to the primary: pausing the cell's database calls")
+	f.sw.refuse(errSwitching)
+	lock, err := sdb.Conn(ctx)
+	if err != nil {
+		f.sw.resume()
+		return res, err
+	}
+	defer lock.Close()
+	switched := false
+	defer func() {
+		if !switched {
+			_, _ = lock.ExecContext(context.WithoutCancel(ctx), "UNLOCK TABLES")
+			f.sw.resume()
+		}
+	}()
+	if _, err := lock.ExecContext(ctx, "FLUSH TABLES WITH READ LOCK"); err != nil {
+		return res, fmt.Errorf("storage: switch back: %w", err)
+	}
+	if err := lock.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&res.GTID); err != nil {
+		return res, err
+	}
+	if err := gtidWait(ctx, pdb, res.GTID, 30*time.Second); err != nil {
+		return res, fmt.Errorf("storage: switch back: the primary applying the standby's last commits: %w", err)
+	}
+	pc, err := connectorOf(f.primary)
+	if err != nil {
+		return res, err
+	}
+	for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
+		if _, err := pdb.ExecContext(ctx, q); err != nil {
+			if q == "RESET SLAVE ALL" {
+				_, _ = pdb.ExecContext(context.WithoutCancel(ctx), "START SLAVE")
+			}
+			return res, fmt.Errorf("storage: switch back: the primary: %s: %w", q, err)
+		}
+	}
+	// From here on the primary is the cell's database whatever happens. The
+	// standby (the cell's calls to it refused) follows it before the first
+	// commit, so the primary's semi-synchronous acknowledgement has its
+	// replica from the start.
+	switched = true
+	wctx := context.WithoutCancel(ctx)
+	_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
+	ferr := f.followPrimary(wctx, lock, pdb)
+	semisync := "SET GLOBAL rpl_semi_sync_master_enabled = 1"
+	if ferr != nil {
+		semisync = "SET GLOBAL rpl_semi_sync_master_enabled = 0" // no replica: its commits would wait for the timeout
+	}
+	if _, err := pdb.ExecContext(wctx, semisync); err != nil {
+		ferr = errors.Join(ferr, fmt.Errorf("the primary: %s: %w", semisync, err))
+	}
+	f.sw.set(pc)
+	f.promoted.Store(false)
+	f.primaryDown.Store(0)
+	f.replicating.Store(-1)
+	res.Paused = time.Since(t1)
+	f.log.Info("failover: the primary serves again", "paused", res.Paused.Round(time.Millisecond), "gtid", res.GTID)
+	f.startWatch()
+	if ferr != nil {
+		f.log.Error("failover: the primary serves again, but the standby could not be made its replica: the cell has no standby until it is (docs/operations.md)", "err", ferr)
+		return res, fmt.Errorf("storage: switch back: the primary serves; the standby's setup as its replica failed: %w", ferr)
+	}
+	return res, nil
+}
+
+// followPrimary makes the server behind conn (the standby, which served
+// until now, its tables unlocked) the semi-synchronous replica of the
+// primary, from the primary's
+// binlog position: its promotion mark goes (not logged: the primary has
+// none), and it takes the primary's binlog by GTID.
+func (f *Failover) followPrimary(ctx context.Context, conn *sql.Conn, pdb *sql.DB) error {
+	var ppos string
+	if err := pdb.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&ppos); err != nil {
+		return err
+	}
+	pcfg, _ := mysql.ParseDSN(f.primary)
+	host, port, err := net.SplitHostPort(pcfg.Addr)
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{
+		"SET SESSION sql_log_bin = 0",
+		"DROP DATABASE IF EXISTS redcell_failover",
+		"SET SESSION sql_log_bin = 1",
+		"SET GLOBAL gtid_slave_pos = " + sqlQuote(ppos),
+		fmt.Sprintf("CHANGE MASTER TO MASTER_HOST=%s, MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+			sqlQuote(host), port, sqlQuote(pcfg.User), sqlQuote(pcfg.Passwd)),
+		"SET GLOBAL rpl_semi_sync_slave_enabled = 1",
+		// A replica now: its applier's commits must not wait for
+		// acknowledgements of its own.
+		"SET GLOBAL rpl_semi_sync_master_enabled = 0",
+		"START SLAVE",
+	} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			words := strings.Fields(q)
+			return fmt.Errorf("%s: %w", strings.Join(words[:min(3, len(words))], " "), err)
+		}
+	}
+	return nil
+}
+
+// startWatch runs Watch again with the arguments it was last given (after a
+// switch back; none: it was never started).
+func (f *Failover) startWatch() {
+	f.watchMu.Lock()
+	ctx, after, every := f.watchCtx, f.watchAfter, f.watchEvery
+	f.watchMu.Unlock()
+	if ctx != nil && ctx.Err() == nil {
+		go f.Watch(ctx, after, every)
+	}
+}
+
+// gtidWait waits, in MASTER_GTID_WAIT, until the replica behind db has
+// applied pos, up to max.
+func gtidWait(ctx context.Context, db *sql.DB, pos string, max time.Duration) error {
+	var waited sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, ?)", pos, max.Seconds()).Scan(&waited); err != nil {
+		return err
+	}
+	if !waited.Valid || waited.Int64 != 0 {
+		return fmt.Errorf("GTID %s not applied within %s", pos, max)
+	}
+	return nil
+}
+
+func sqlQuote(s string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'" }

@@ -88,6 +88,15 @@ type Moves interface {
 	MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer, error)
 }
 
+// Failover switches the cell's database back to its primary after a
+// failover (storage.Failover).
+type Failover interface {
+	// SwitchBack errors: ErrInvalidArgument (the cell serves from its
+	// primary, or the primary does not replicate from the standby yet),
+	// ErrDBUnavailable (a step failed; the cell serves as before).
+	SwitchBack(ctx context.Context) (api.FailoverAnswer, error)
+}
+
 // Peers is the cluster's shard map as this cell sees it (sharding/membership.Node).
 type Peers interface {
 	Map() *sharding.Map
@@ -111,10 +120,12 @@ type Config struct {
 	// Coupons may be nil: the coupon batch routes answer NOT_FOUND.
 	Coupons Coupons
 	// Moves may be nil: the move routes answer NOT_FOUND.
-	Moves   Moves
-	Shadow  ShadowCleanup           // may be nil: POST /admin/shadow/cleanup answers NOT_FOUND
-	Metrics fasthttp.RequestHandler // GET /metrics
-	Log     *slog.Logger
+	Moves Moves
+	// Failover may be nil (no standby): POST /admin/failover answers NOT_FOUND.
+	Failover Failover
+	Shadow   ShadowCleanup           // may be nil: POST /admin/shadow/cleanup answers NOT_FOUND
+	Metrics  fasthttp.RequestHandler // GET /metrics
+	Log      *slog.Logger
 }
 
 // Server is the admin port.
@@ -218,6 +229,26 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		s.shadowCleanup(rc)
 	case api.RouteMovesGet, api.RouteMovesPost:
 		s.moves(rc, rt.ID)
+	case api.RouteFailoverPost:
+		if s.cfg.Failover == nil {
+			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell's database has no standby"))
+			return
+		}
+		var step api.FailoverStep
+		if err := strictjson.Decode(rc.PostBody(), &step); err != nil {
+			s.writeErr(rc, err)
+			return
+		}
+		if step.Op != "switchback" {
+			s.writeErr(rc, model.Invalidf("unknown op %q (switchback)", step.Op))
+			return
+		}
+		ans, err := s.cfg.Failover.SwitchBack(s.ctx)
+		if err != nil && ans.Serving == "" {
+			s.writeErr(rc, err)
+			return
+		}
+		s.writeJSON(rc, ans)
 	case api.RouteActivities, api.RouteActivitiesReload:
 		if s.cfg.Activities == nil {
 			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no reward activities"))

@@ -453,6 +453,17 @@ func (m *Mover) step(ctx context.Context, c Cell, s api.MoveStep) error {
 	return m.admin(ctx, c, http.MethodPost, s, nil)
 }
 
+// Failover switches a cell back to its primary (POST /admin/failover
+// {"op":"switchback"}), waiting up to 2 minutes for its answer.
+func (m *Mover) Failover(ctx context.Context, c Cell, out *api.FailoverAnswer) error {
+	m.defaults()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	hc := *m.HTTP
+	hc.Timeout = 2 * time.Minute
+	return m.call(ctx, &hc, c, http.MethodPost, "/admin/failover", api.FailoverStep{Op: "switchback"}, out)
+}
+
 // preflight checks what the move needs: the source owns db and writes a row
 // binlog, the servers have different server ids, the target does not own
 // db; and it removes a copy an earlier, failed move left on the target.
@@ -837,8 +848,13 @@ func copyReconPositions(ctx context.Context, db int, srcDSN, dstDSN string) erro
 	return nil
 }
 
-// admin calls a cell's admin port and decodes a 200 answer into out.
+// admin calls a cell's /admin/moves and decodes a 200 answer into out.
 func (m *Mover) admin(ctx context.Context, c Cell, method string, in, out any) error {
+	return m.call(ctx, m.HTTP, c, method, "/admin/moves", in, out)
+}
+
+// call calls path on a cell's admin port and decodes a 200 answer into out.
+func (m *Mover) call(ctx context.Context, hc *http.Client, c Cell, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -847,7 +863,7 @@ func (m *Mover) admin(ctx context.Context, c Cell, method string, in, out any) e
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.AdminAddr+"/admin/moves", body)
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.AdminAddr+path, body)
 	if err != nil {
 		return err
 	}
@@ -855,14 +871,14 @@ func (m *Mover) admin(ctx context.Context, c Cell, method string, in, out any) e
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := m.HTTP.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("mover: %s admin: %w", c.Name, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("mover: %s %s /admin/moves: %d %s", c.Name, method, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Errorf("mover: %s %s %s: %d %s", c.Name, method, path, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	if out != nil {
 		return json.Unmarshal(b, out)

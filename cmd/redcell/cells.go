@@ -22,11 +22,12 @@ import (
 	"redcell/sharding"
 )
 
-// runCells: redcell cells status|add|remove|move. Each works through the
-// cells' admin ports and databases as the config names them (cell/mover).
+// runCells: redcell cells status|add|remove|move|failback. Each works
+// through the cells' admin ports and databases as the config names them
+// (cell/mover).
 func runCells(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("cells: give status, add, remove or move (redcell cells add -h)")
+		return fmt.Errorf("cells: give status, add, remove, move or failback (redcell cells add -h)")
 	}
 	op := args[0]
 	fs := flag.NewFlagSet("cells "+op, flag.ContinueOnError)
@@ -38,6 +39,8 @@ func runCells(ctx context.Context, args []string) error {
 	freezeMax := fs.Duration("freeze-max", 10*time.Second, "the longest a database's writes may pause; a move that needs longer is undone")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	limit := fs.Int("limit", 0, "add, remove: move at most this many databases in this run (0: all); the next run goes on from there")
+	cellName := fs.String("cell", "", "failback: the cell whose old primary is rebuilt as the standby of the promoted one")
+	switchBack := fs.Bool("switch", false, "failback: once rebuilt and verified, switch the cell back to its primary (POST /admin/failover)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errUsage
@@ -51,6 +54,9 @@ func runCells(ctx context.Context, args []string) error {
 	ex := newMoveExec(fc, *freezeMax)
 	if op == "status" {
 		return ex.status(ctx, os.Stdout)
+	}
+	if op == "failback" {
+		return ex.failback(ctx, *cellName, *switchBack, *jsonOut)
 	}
 	moves, path, err := ex.prepare(ctx, api.CellsRequest{Op: op, Name: *name, DB: *db, To: *to}, *state, *config)
 	if err != nil {
@@ -403,4 +409,56 @@ func rangesString(dbs []int) (string, error) {
 		return "", err
 	}
 	return r.String(), nil
+}
+
+// failbackReport is what redcell cells failback --json prints.
+type failbackReport struct {
+	Rebuilt mover.Rebuilt       `json:"rebuilt"`
+	Switch  *api.FailoverAnswer `json:"switch,omitempty"`
+}
+
+// failback rebuilds the old primary of a cell that failed over as the
+// standby of the server it serves from (mover.RebuildStandby), verified
+// database by database, and with switchBack makes the cell serve from it
+// again (POST /admin/failover on the cell's admin port).
+func (ex *moveExec) failback(ctx context.Context, name string, switchBack, jsonOut bool) error {
+	c, ok := ex.cells[name]
+	if !ok {
+		return fmt.Errorf("cells failback: give --cell, one of %v", ex.names)
+	}
+	fmt.Fprintf(ex.out, "rebuilding %s's old primary as the standby of its promoted server ...\n", name)
+	rep := failbackReport{}
+	var err error
+	if rep.Rebuilt, err = ex.mv.RebuildStandby(ctx, c); err != nil {
+		return err
+	}
+	r := rep.Rebuilt
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	how := "seeded in " + ms(r.Seed).String()
+	if !r.Seeded {
+		how = "it replicated from the promoted server already"
+	}
+	fmt.Fprintf(ex.out, "%s's old primary is the semi-synchronous standby of its promoted server (%s, caught up in %s); %d databases verified (%d rows) in %s, each frozen at most %s\n",
+		name, how, ms(r.CatchUp), r.Verified, r.Rows, ms(r.Verify), ms(r.VerifyMax))
+	if switchBack {
+		var ans api.FailoverAnswer
+		if err := ex.mv.Failover(ctx, c, &ans); err != nil {
+			return err
+		}
+		rep.Switch = &ans
+		fmt.Fprintf(ex.out, "%s serves from its primary again: caught up in %d ms, database calls paused %d ms (up to %s)\n", name, ans.CaughtUpMS, ans.PausedMS, ans.GTID)
+		if ans.StandbyError != "" {
+			fmt.Fprintf(ex.out, "warning: the old standby is not the primary's replica: %s (the cell has no standby until it is; docs/operations.md)\n", ans.StandbyError)
+		}
+	} else {
+		fmt.Fprintf(ex.out, "to serve from the primary again: redcell cells failback --cell %s --switch\n", name)
+	}
+	if jsonOut {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(ex.out, "%s\n", b)
+	}
+	return nil
 }

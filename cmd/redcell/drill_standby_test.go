@@ -2,8 +2,12 @@ package main
 
 import (
 	"database/sql"
+	"encoding/json"
 	"fmt"
+	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,4 +119,100 @@ func standbyCaughtUp(t *testing.T, primary, standby string) {
 	if err := openDB(t, standby).QueryRow("SELECT MASTER_GTID_WAIT(?, 300)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
 		t.Fatalf("the standby %s did not catch up with %s: %v %v", standby, pos, waited, err)
 	}
+}
+
+// failbackDrill runs failover then fail-back under the drill load, on a
+// cluster of its own whose cells have standbys: cell-2's primary is killed
+// with SIGKILL, its standby promoted and serving; the old primary's server
+// starts again (crash recovery: it holds its old past, perhaps with commits
+// no client was answered for); redcell cells failback --switch rebuilds it
+// as the standby's semi-synchronous replica (emptied, seeded from a dump,
+// every database verified inside a freeze of its own) and switches the cell
+// back to it. Then cell-2 serves from its primary, the old standby
+// replicates from it, and the load's verify (every answered operation there
+// once) and the audit end it.
+func failbackDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int64) {
+	c, d, standby := startStandbyCluster(t)
+	cell2Act := actIn("probe-b", 500, 999)
+	l := newDrillLoad(t, c, "fb"+randHex(), 12, 300)
+	done, stop := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); l.runUntil(workers, stop, 20*loadFor, maxOps) }()
+	time.Sleep(loadFor / 3)
+	d.killDB(t, 1)
+	failedOver := waitServes(t, c, cell2Act, 90*time.Second)
+	time.Sleep(loadFor / 3)
+	d.sh(t, fmt.Sprintf("REDCELL_REPL_ID=2 start_mariadb %s/db2 %d fast", d.dir, d.dbPort[1])) // the old primary, back
+	start := time.Now()
+	out, err := exec.Command(c.bin, "cells", "failback", "--cell", "cell-2", "--switch", "--config", c.config, "--json").CombinedOutput()
+	took := time.Since(start)
+	if err != nil {
+		close(stop)
+		<-done
+		t.Fatalf("redcell cells failback: %v\n%s", err, out)
+	}
+	t.Logf("redcell cells failback --cell cell-2 --switch (%s):\n%s", took.Round(time.Millisecond), lastLines(string(out), 30))
+	var rep failbackReport
+	if i := strings.Index(string(out), "\n{"); i < 0 || json.Unmarshal(out[i+1:], &rep) != nil {
+		close(stop)
+		<-done
+		t.Fatalf("no JSON report in:\n%s", out)
+	}
+	waitServes(t, c, cell2Act, 30*time.Second)
+	time.Sleep(loadFor / 3) // the load goes on against the primary
+	close(stop)
+	<-done
+	if t.Failed() {
+		return
+	}
+	if !rep.Rebuilt.Seeded || rep.Rebuilt.Verified != 50 || rep.Switch == nil || rep.Switch.Serving != "primary" || rep.Switch.StandbyError != "" {
+		t.Fatalf("failback report: %+v switch %+v; want seeded, 50 databases verified, serving from the primary with its standby", rep.Rebuilt, rep.Switch)
+	}
+	if v := c.metric(t, "cell-2", "redcell_cell_db_on_standby"); v != 0 {
+		t.Fatalf("cell-2 switched back, but redcell_cell_db_on_standby is %v, want 0", v)
+	}
+	st := slaveStatusOf(t, standby[1])
+	if st["Master_Port"] != strconv.Itoa(d.dbPort[1]) || st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
+		t.Fatalf("cell-2's old standby after the switch back: master port %s (want %d), threads %s/%s, %s", st["Master_Port"], d.dbPort[1],
+			st["Slave_IO_Running"], st["Slave_SQL_Running"], st["Last_Error"])
+	}
+	// The watch runs again: the standby is found replicating semi-synchronously.
+	deadline := time.Now().Add(60 * time.Second)
+	for c.metric(t, "cell-2", "redcell_cell_db_standby_replicating") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("redcell_cell_db_standby_replicating of cell-2 is %v 60 s after the switch back", c.metric(t, "cell-2", "redcell_cell_db_standby_replicating"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	r := rep.Rebuilt
+	t.Logf("db_failback: cell-2 failed over (served again %s after its primary's kill); the old primary rebuilt as its standby: seeded in %s, caught up in %s, %d databases (%d rows) verified in %s, each frozen at most %s; switched back: caught up %d ms, calls paused %d ms; %s; opens by answer: %v",
+		ms(failedOver), ms(r.Seed), ms(r.CatchUp), r.Verified, r.Rows, ms(r.Verify), ms(r.VerifyMax), rep.Switch.CaughtUpMS, rep.Switch.PausedMS,
+		l.verify(t), l.codes(time.Time{}, time.Now().Add(time.Hour)))
+}
+
+// slaveStatusOf reads SHOW SLAVE STATUS of the server behind dsn.
+func slaveStatusOf(t *testing.T, dsn string) map[string]string {
+	t.Helper()
+	rows, err := openDB(t, dsn).Query("SHOW SLAVE STATUS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	out := map[string]string{}
+	if !rows.Next() {
+		return out
+	}
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		t.Fatal(err)
+	}
+	for i, col := range cols {
+		out[col] = vals[i].String
+	}
+	return out
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -995,6 +994,10 @@ func TestDrill(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("db_failback", func(t *testing.T) { failbackDrill(t, loadFor, workers, maxOps) })
+	if t.Failed() {
+		return
+	}
 	t.Run("cell_add_standby", func(t *testing.T) { cellAddStandbyDrill(t, workers, maxOps, full) })
 	if t.Failed() {
 		return
@@ -1018,7 +1021,11 @@ func TestDrill(t *testing.T) {
 // serves cell-2's shards again, that every answered send, claim and credit
 // is there (verify: balances and the audit, which reads the promoted
 // standby) and reports the time to serve again.
-func failoverDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int64) {
+// startStandbyCluster starts a cluster of its own whose two cells' MariaDB
+// each have a semi-synchronous standby (services.sh start_standby), with a
+// failover_after of 3 s, and waits until the standbys have caught up with
+// the cells' warm-up: the standbys' DSNs.
+func startStandbyCluster(t *testing.T) (*cluster, *drillDeps, [2]string) {
 	d := startDrillDeps(t)
 	p := freePorts(t, 2)
 	d.sh(t, fmt.Sprintf("stop_mariadb %[1]s/db1; stop_mariadb %[1]s/db2", d.dir))
@@ -1031,18 +1038,15 @@ func failoverDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int6
 		cell: drillCell + "  failover_after: 3s\n"})
 	c.waitSchema(t)
 	// The standbys replay the warm-up's CREATE TABLEs one at a time; the
-	// drill is about money rows, so it starts once they have caught up.
+	// drills are about money rows, so they start once they have caught up.
 	for i := range 2 {
-		src, dst := openDB(t, d.dsn(i)), openDB(t, standby[i])
-		var pos string
-		if err := src.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
-			t.Fatal(err)
-		}
-		var waited sql.NullInt64
-		if err := dst.QueryRow("SELECT MASTER_GTID_WAIT(?, 300)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
-			t.Fatalf("standby %d did not catch up with %s: %v %v", i+1, pos, waited, err)
-		}
+		standbyCaughtUp(t, d.dsn(i), standby[i])
 	}
+	return c, d, standby
+}
+
+func failoverDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int64) {
+	c, d, _ := startStandbyCluster(t)
 	cell2Act := actIn("probe-b", 500, 999)
 	l := newDrillLoad(t, c, "fo"+randHex(), 12, 300)
 	done, stop := make(chan struct{}), make(chan struct{})

@@ -29,7 +29,7 @@ commands:
   audit    check money conservation:  redcell audit --config FILE
   bench    drive load via the router: redcell bench --router http://127.0.0.1:8080 --config FILE
   plan     cells for a target load:   redcell plan --target-opens-per-sec 100000 --from report.json
-  cells    move databases:            redcell cells add --config FILE --name cell-3 | remove | move | status
+  cells    move databases:            redcell cells add --config FILE --name cell-3 | remove | move | status | failback --cell cell-2 [--switch]
   apikey   the callers' API keys:     redcell apikey add --keys FILE --app NAME --scopes all
   sim      simulate a cluster:        redcell sim --seed 1 --steps 100000 [--seeds 3]
   rewards  reward keys and reissue:   redcell rewards keygen --out FILE | rotate | reissue

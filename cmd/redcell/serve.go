@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -14,10 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"redcell/api"
 	"redcell/cell"
 	"redcell/cell/admission"
 	"redcell/cell/guard"
 	"redcell/internal/retry"
+	"redcell/model"
 	"redcell/router"
 	"redcell/router/apikey"
 	"redcell/sharding"
@@ -105,6 +108,7 @@ func runCell(ctx context.Context, args []string) error {
 		Help: "Round trips the cell's connections made to its database server (a statement or statement list, BEGIN, COMMIT, ROLLBACK, a ping), real and shadow spaces together; the bench divides it by operations."},
 		func() float64 { return float64(store.RoundTrips()) }))
 	if failover != nil {
+		cfg.Failover = switchBack{failover}
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		defer stopWatch()
 		go failover.Watch(watchCtx, cfg.FailoverAfter, time.Second)
@@ -364,4 +368,27 @@ func savedOwnership(ctx context.Context, store *storage.MySQL, cfg *cell.Config,
 	}
 	cfg.Shards, cfg.MapVersion = r, version
 	return nil
+}
+
+// switchBack is the cell's POST /admin/failover (admin.Failover) over its
+// storage.Failover.
+type switchBack struct{ f *storage.Failover }
+
+func (b switchBack) SwitchBack(ctx context.Context) (api.FailoverAnswer, error) {
+	res, err := b.f.SwitchBack(ctx)
+	ans := api.FailoverAnswer{Serving: "standby", CaughtUpMS: res.CaughtUp.Milliseconds(), PausedMS: res.Paused.Milliseconds(), GTID: res.GTID}
+	if !b.f.OnStandby() {
+		ans.Serving = "primary"
+	}
+	switch {
+	case err == nil:
+		return ans, nil
+	case ans.Serving == "primary": // switched; the old standby is not its replica
+		ans.StandbyError = err.Error()
+		return ans, nil
+	case errors.Is(err, storage.ErrNotFailedOver), errors.Is(err, storage.ErrStandbyUnknown):
+		return api.FailoverAnswer{}, model.Invalidf("%v", err)
+	default:
+		return api.FailoverAnswer{}, model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
 }

@@ -154,7 +154,11 @@ start_mariadb() {
 # primary's redcell databases (mariadb-dump --single-transaction, which also
 # gives the GTID position to start from). A standby that was promoted (it
 # was seeded, and replicates from nobody now) is the cell's database: it is
-# started as it is, never seeded again, and a warning says so.
+# started as it is, never seeded again, and a warning says so. A standby does
+# not acknowledge semi-synchronously itself (rpl_semi_sync_master_enabled 0:
+# with it on and no replica of its own, the first transaction it applies
+# would wait the whole timeout); a promotion leaves it off, fail-back turns it
+# on again.
 start_standby() {
   local dir=${1:?} port=${2:?} primary=${3:?} id=${4:?} mode=${5:-durable}
   REDCELL_REPL_ID=$id start_mariadb "$dir" "$port" "$mode" || return 1
@@ -163,7 +167,7 @@ start_standby() {
   if [ -n "$status" ]; then
     # A replica already: pointed at this primary's port (a later run may
     # have given the primary another), it reconnects and goes on by GTID.
-    "${m[@]}" -P"$port" -e "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary; START SLAVE" || return 1
+    "${m[@]}" -P"$port" -e "STOP SLAVE; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary; SET GLOBAL rpl_semi_sync_master_enabled = 0; START SLAVE" || return 1
     return 0
   fi
   if [ -f "$dir/seeded" ]; then
@@ -191,7 +195,7 @@ start_standby() {
     "${m[@]}" -P"$port" -e "SET GLOBAL gtid_slave_pos = '$pos'" || return 1
   fi
   "${m[@]}" -P"$port" -e "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$primary, MASTER_USER='root',
-    MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE" || return 1
+    MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; SET GLOBAL rpl_semi_sync_master_enabled = 0; START SLAVE" || return 1
   touch "$dir/seeded"
 }
 
