@@ -60,12 +60,12 @@ test-race:
 
 ## drill: the fault drills at full length (kill -9 a cell and start it on the same or new ports, restart a MariaDB, stop memcached,
 ## a cell leaving and rejoining, kill -9 the router, rewards issued while a cell is killed and while the booking is off,
-## overload; as root also the netns drills: a cell partitioned past memberlist's dead-node timeout, and latency and
+## overload, growing and failing back a cluster with standbys; as root also the netns drills: a cell partitioned past memberlist's dead-node timeout, and latency and
 ## loss by Toxiproxy between the router and a cell and between that cell and its MariaDB), each ending with a clean audit;
 ## make test runs a short version of the same drills
 drill:
 	. deploy/local/services.sh && ensure_packages && \
-		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 30m -run '^(TestDrill|TestDrillNetns)$$' ./cmd/redcell/
+		REDCELL_DRILL=full $(GO) test -count=1 -v -timeout 45m -run '^(TestDrill|TestDrillNetns)$$' ./cmd/redcell/
 
 ## sim: the deterministic simulation of a router and 3 cells (package sim) for SIM_SEEDS seeds of
 ## SIM_STEPS operations each, fresh random seeds unless SIM_SEED is set (then SIM_SEED, SIM_SEED+1, ...);

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"database/sql/driver"
 	"errors"
 	"testing"
 
@@ -20,5 +21,20 @@ func TestCommitUnknownAnswers(t *testing.T) {
 	other := commitUnknown(errors.New("something else"))
 	if code, _ := model.CodeOf(other); code != "INTERNAL" || !errors.Is(other, ErrCommitUnknown) || errors.Is(other, model.ErrDBUnavailable) {
 		t.Fatalf("another COMMIT failure: code %s, %v", code, other)
+	}
+}
+
+// TestSwitchErrorsAnswers: what a promotion or a switch back makes the
+// cell's calls fail with is a retryable DB_UNAVAILABLE, and a call on a
+// connection of the old server is still driver.ErrBadConn to database/sql
+// (which then takes another connection).
+func TestSwitchErrorsAnswers(t *testing.T) {
+	for _, err := range []error{errStale, errPromoting, errSwitching} {
+		if code, _ := model.CodeOf(err); code != "DB_UNAVAILABLE" {
+			t.Errorf("%v: code %s, want DB_UNAVAILABLE", err, code)
+		}
+	}
+	if !errors.Is(errStale, driver.ErrBadConn) {
+		t.Errorf("errStale is not driver.ErrBadConn to database/sql")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"redcell/internal/incident"
+	"redcell/model"
 )
 
 // Failover is a cell's database with a standby: a MariaDB replica of the
@@ -155,7 +156,7 @@ func (c *genConn) ResetSession(ctx context.Context) error {
 
 func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if c.stale() {
-		return nil, driver.ErrBadConn
+		return nil, errStale
 	}
 	var tx driver.Tx
 	err := Guarded(c.gate.breaker(), func() (err error) {
@@ -176,7 +177,7 @@ func (c *genConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 
 func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	if c.stale() {
-		return nil, driver.ErrBadConn
+		return nil, errStale
 	}
 	var st driver.Stmt
 	err := Guarded(c.gate.breaker(), func() (err error) {
@@ -189,7 +190,7 @@ func (c *genConn) PrepareContext(ctx context.Context, query string) (driver.Stmt
 
 func (c *genConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if c.stale() {
-		return nil, driver.ErrBadConn
+		return nil, errStale
 	}
 	exec := func() (res driver.Result, err error) {
 		c.sw.trips.Add(1)
@@ -213,7 +214,7 @@ func endsTx(query string) bool {
 
 func (c *genConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if c.stale() {
-		return nil, driver.ErrBadConn
+		return nil, errStale
 	}
 	var rows driver.Rows
 	err := Guarded(c.gate.breaker(), func() (err error) {
@@ -249,7 +250,7 @@ func (t *genTx) Commit() error {
 	t.c.sw.trips.Add(1)
 	if t.c.stale() {
 		_ = t.Tx.Rollback()
-		return errors.New("storage: the cell's database was switched to its standby during this transaction; not committed")
+		return model.Errorf(model.ErrDBUnavailable, "the cell's database server was switched during this transaction; not committed")
 	}
 	return t.Tx.Commit()
 }
@@ -410,7 +411,13 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 }
 
 // errPromoting refuses new connections while a promotion runs.
-var errPromoting = errors.New("storage: the cell's standby is being promoted; retry")
+var errPromoting = model.Errorf(model.ErrDBUnavailable, "the cell's standby is being promoted; retry")
+
+// errStale is a call on a connection of an older generation (dialed before
+// a promotion or a switch back): driver.ErrBadConn, so database/sql takes
+// another connection where it can, and a retryable DB_UNAVAILABLE where it
+// cannot (inside a transaction), not a 500.
+var errStale = fmt.Errorf("storage: a connection to the cell's former database server: %w: %w", model.ErrDBUnavailable, driver.ErrBadConn)
 
 // Promote makes the standby serve: first no statement of this cell reaches
 // the primary any more (its connections are stale), then the standby stops
@@ -471,15 +478,7 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 			return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
 				st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
 		}
-		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS redcell_failover"+dbDefaults); err != nil {
-			return fmt.Errorf("storage: promote: mark: %w", err)
-		}
-		if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS redcell_failover.t_promoted (id TINYINT NOT NULL PRIMARY KEY, "+
-			"old_primary VARCHAR(255) NOT NULL, gtid VARCHAR(255) NOT NULL, promoted_ms BIGINT NOT NULL) ENGINE=InnoDB"); err != nil {
-			return fmt.Errorf("storage: promote: mark: %w", err)
-		}
-		if _, err := db.ExecContext(ctx, "REPLACE INTO redcell_failover.t_promoted VALUES (1, ?, ?, ?)",
-			f.primaryAddr, st["Gtid_IO_Pos"], time.Now().UnixMilli()); err != nil {
+		if err := markPromoted(ctx, db, f.primaryAddr, st["Gtid_IO_Pos"]); err != nil {
 			return fmt.Errorf("storage: promote: mark: %w", err)
 		}
 		f.log.Info("failover: applied and marked; forgetting the primary")
@@ -655,7 +654,7 @@ func Serving(ctx context.Context, primaryDSN, standbyDSN string) (serving, stand
 }
 
 // errSwitching refuses new connections while SwitchBack pauses the cell.
-var errSwitching = errors.New("storage: the cell's database is switching back to its primary; retry")
+var errSwitching = model.Errorf(model.ErrDBUnavailable, "the cell's database is switching back to its primary; retry")
 
 // ErrNotFailedOver: SwitchBack on a cell that serves from its primary.
 var ErrNotFailedOver = errors.New("storage: the cell serves from its primary: nothing to switch back")
@@ -723,52 +722,87 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 	}
 	res.CaughtUp = time.Since(t0)
 
-	// The pause.
+	// The pause, bounded: the cell's calls are refused while it lasts.
 	t1 := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	wctx := context.WithoutCancel(ctx)
 	f.log.Info("failover: switching back to the primary: pausing the cell's database calls")
 	f.sw.refuse(errSwitching)
-	lock, err := sdb.Conn(ctx)
+	lock, err := sdb.Conn(pctx)
 	if err != nil {
 		f.sw.resume()
 		return res, err
 	}
 	defer lock.Close()
-	switched := false
-	defer func() {
-		if !switched {
-			_, _ = lock.ExecContext(context.WithoutCancel(ctx), "UNLOCK TABLES")
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
 			f.sw.resume()
 		}
-	}()
-	if _, err := lock.ExecContext(ctx, "FLUSH TABLES WITH READ LOCK"); err != nil {
-		return res, fmt.Errorf("storage: switch back: %w", err)
 	}
-	if err := lock.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&res.GTID); err != nil {
+	// FLUSH TABLES WITH READ LOCK waits for the commits under way, at most
+	// lock_wait_timeout, and holds later ones. A statement that passed its
+	// connection's staleness check just before the refusal may be among
+	// those held: every other client connection is killed, so that nothing
+	// held commits on the standby once it is unlocked (a killed
+	// transaction rolls back; its client retries, on the primary).
+	for _, q := range []string{"SET SESSION lock_wait_timeout = 10", "FLUSH TABLES WITH READ LOCK"} {
+		if _, err := lock.ExecContext(pctx, q); err != nil {
+			resume()
+			return res, fmt.Errorf("storage: switch back: %s: %w", q, err)
+		}
+	}
+	if err := killOthers(pctx, lock); err != nil {
+		resume()
+		return res, fmt.Errorf("storage: switch back: ending the standby's other connections: %w", err)
+	}
+	if err := lock.QueryRowContext(pctx, "SELECT @@gtid_binlog_pos").Scan(&res.GTID); err != nil {
+		resume()
 		return res, err
 	}
-	if err := gtidWait(ctx, pdb, res.GTID, 30*time.Second); err != nil {
+	if err := gtidWait(pctx, pdb, res.GTID, 30*time.Second); err != nil {
+		resume()
 		return res, fmt.Errorf("storage: switch back: the primary applying the standby's last commits: %w", err)
 	}
-	pc, err := connectorOf(f.primary)
-	if err != nil {
-		return res, err
-	}
-	for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
-		if _, err := pdb.ExecContext(ctx, q); err != nil {
-			if q == "RESET SLAVE ALL" {
-				_, _ = pdb.ExecContext(context.WithoutCancel(ctx), "START SLAVE")
-			}
-			return res, fmt.Errorf("storage: switch back: the primary: %s: %w", q, err)
+	// The promotion mark goes first (not logged: the primary has none): from
+	// then on a restarted cell no longer takes the standby for its database.
+	_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
+	for _, q := range []string{"SET SESSION sql_log_bin = 0", "DROP DATABASE IF EXISTS redcell_failover", "SET SESSION sql_log_bin = 1"} {
+		if _, err := lock.ExecContext(pctx, q); err != nil {
+			resume()
+			return res, fmt.Errorf("storage: switch back: the standby's promotion mark: %w", err)
 		}
+	}
+	pc, err := connectorOf(f.primary)
+	if err == nil {
+		for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
+			if _, err = pdb.ExecContext(wctx, q); err != nil {
+				err = fmt.Errorf("the primary: %s: %w", q, err)
+				break
+			}
+		}
+	}
+	if err != nil {
+		// Still the standby's: it serves on, marked again.
+		_, _ = pdb.ExecContext(wctx, "START SLAVE")
+		_, _ = lock.ExecContext(wctx, "SET SESSION sql_log_bin = 0") // the primary replicates from it again: not its mark
+		if merr := markPromoted(wctx, lock, f.primaryAddr, res.GTID); merr != nil {
+			err = errors.Join(err, fmt.Errorf("and marking the standby as promoted again failed (a restarted cell would refuse to start): %w", merr))
+		}
+		resume()
+		return res, fmt.Errorf("storage: switch back: %w", err)
 	}
 	// From here on the primary is the cell's database whatever happens. The
 	// standby (the cell's calls to it refused) follows it before the first
 	// commit, so the primary's semi-synchronous acknowledgement has its
 	// replica from the start.
-	switched = true
-	wctx := context.WithoutCancel(ctx)
-	_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
-	ferr := f.followPrimary(wctx, lock, pdb)
+	resumed = true
+	fctx, fcancel := context.WithTimeout(wctx, 30*time.Second)
+	defer fcancel()
+	ferr := f.followPrimary(fctx, lock, pdb)
 	semisync := "SET GLOBAL rpl_semi_sync_master_enabled = 1"
 	if ferr != nil {
 		semisync = "SET GLOBAL rpl_semi_sync_master_enabled = 0" // no replica: its commits would wait for the timeout
@@ -790,11 +824,42 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 	return res, nil
 }
 
+// killOthers ends every client connection of the server behind conn but
+// conn and replication's (a replica's binlog dump).
+func killOthers(ctx context.Context, conn *sql.Conn) error {
+	rows, err := conn.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "+
+		"AND user <> 'system user' AND command NOT IN ('Binlog Dump', 'Binlog Dump GTID', 'Daemon', 'Killed')")
+	if err != nil {
+		return err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil && !isMySQLErr(err, errNoSuchThread) {
+			return err
+		}
+	}
+	return nil
+}
+
+// errNoSuchThread: KILL of a connection that ended meanwhile.
+const errNoSuchThread = 1094
+
 // followPrimary makes the server behind conn (the standby, which served
-// until now, its tables unlocked) the semi-synchronous replica of the
-// primary, from the primary's
-// binlog position: its promotion mark goes (not logged: the primary has
-// none), and it takes the primary's binlog by GTID.
+// until now, its tables unlocked, its promotion mark gone) the
+// semi-synchronous replica of the primary, from the primary's binlog
+// position, by GTID.
 func (f *Failover) followPrimary(ctx context.Context, conn *sql.Conn, pdb *sql.DB) error {
 	var ppos string
 	if err := pdb.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&ppos); err != nil {
@@ -806,9 +871,6 @@ func (f *Failover) followPrimary(ctx context.Context, conn *sql.Conn, pdb *sql.D
 		return err
 	}
 	for _, q := range []string{
-		"SET SESSION sql_log_bin = 0",
-		"DROP DATABASE IF EXISTS redcell_failover",
-		"SET SESSION sql_log_bin = 1",
 		"SET GLOBAL gtid_slave_pos = " + sqlQuote(ppos),
 		fmt.Sprintf("CHANGE MASTER TO MASTER_HOST=%s, MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
 			sqlQuote(host), port, sqlQuote(pcfg.User), sqlQuote(pcfg.Passwd)),
@@ -851,3 +913,21 @@ func gtidWait(ctx context.Context, db *sql.DB, pos string, max time.Duration) er
 }
 
 func sqlQuote(s string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'" }
+
+// markPromoted leaves the promotion mark on the server behind db (the
+// standby that serves): redcell_failover.t_promoted.
+func markPromoted(ctx context.Context, db interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, oldPrimary, gtid string) error {
+	for _, q := range []string{
+		"CREATE DATABASE IF NOT EXISTS redcell_failover" + dbDefaults,
+		"CREATE TABLE IF NOT EXISTS redcell_failover.t_promoted (id TINYINT NOT NULL PRIMARY KEY, " +
+			"old_primary VARCHAR(255) NOT NULL, gtid VARCHAR(255) NOT NULL, promoted_ms BIGINT NOT NULL) ENGINE=InnoDB",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	_, err := db.ExecContext(ctx, "REPLACE INTO redcell_failover.t_promoted VALUES (1, ?, ?, ?)", oldPrimary, gtid, time.Now().UnixMilli())
+	return err
+}

@@ -132,8 +132,19 @@ func (m *Mover) RebuildStandby(ctx context.Context, c Cell) (res Rebuilt, err er
 // seed empties the old primary and loads a consistent dump of the serving
 // server into it, then starts replicating from the dump's GTID position.
 func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string, port int, scfg *mysql.Config) error {
-	var state string
-	if err := old.QueryRowContext(ctx, "SELECT @@gtid_binlog_state").Scan(&state); err != nil {
+	// The binlog restarts with, per domain and server, the highest sequence
+	// number either server logged: the old primary may have lost the tail
+	// of its binlog in its crash (sync_binlog 0) that the promoted server
+	// holds, and a number it used must never be used again.
+	var oldState, srvState string
+	if err := old.QueryRowContext(ctx, "SELECT @@gtid_binlog_state").Scan(&oldState); err != nil {
+		return err
+	}
+	if err := srv.QueryRowContext(ctx, "SELECT @@gtid_binlog_state").Scan(&srvState); err != nil {
+		return err
+	}
+	state, err := mergeGTIDState(oldState, srvState)
+	if err != nil {
 		return err
 	}
 	conns, err := connectionNames(ctx, old)
@@ -354,4 +365,34 @@ func connectionNames(ctx context.Context, db *sql.DB) ([]string, error) {
 		}
 	}
 	return out, rows.Err()
+}
+
+// mergeGTIDState merges two gtid_binlog_state values ("D-S-N,..."): for each
+// domain and server id, the highest sequence number of either.
+func mergeGTIDState(a, b string) (string, error) {
+	type key struct{ domain, server uint64 }
+	highest := map[key]uint64{}
+	var order []key
+	for _, list := range []string{a, b} {
+		for _, g := range strings.Split(list, ",") {
+			g = strings.TrimSpace(g)
+			if g == "" {
+				continue
+			}
+			var k key
+			var n uint64
+			if _, err := fmt.Sscanf(g, "%d-%d-%d", &k.domain, &k.server, &n); err != nil {
+				return "", fmt.Errorf("mover: GTID %q: %w", g, err)
+			}
+			if _, ok := highest[k]; !ok {
+				order = append(order, k)
+			}
+			highest[k] = max(highest[k], n)
+		}
+	}
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		out = append(out, fmt.Sprintf("%d-%d-%d", k.domain, k.server, highest[k]))
+	}
+	return strings.Join(out, ","), nil
 }

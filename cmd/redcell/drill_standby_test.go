@@ -175,6 +175,15 @@ func failbackDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int6
 		t.Fatalf("cell-2's old standby after the switch back: master port %s (want %d), threads %s/%s, %s", st["Master_Port"], d.dbPort[1],
 			st["Slave_IO_Running"], st["Slave_SQL_Running"], st["Last_Error"])
 	}
+	// Nothing committed on the old standby after the switch: its own GTID
+	// domain (12) ends where the primary applied it in the pause.
+	var state string
+	if err := openDB(t, standby[1]).QueryRow("SELECT @@gtid_binlog_state").Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if want := domainSeq(rep.Switch.GTID, 12); want == 0 || domainSeq(state, 12) != want {
+		t.Fatalf("the old standby's binlog state %s after the switch at %s: its own domain 12 moved on", state, rep.Switch.GTID)
+	}
 	// The watch runs again: the standby is found replicating semi-synchronously.
 	deadline := time.Now().Add(60 * time.Second)
 	for c.metric(t, "cell-2", "redcell_cell_db_standby_replicating") != 1 {
@@ -215,4 +224,17 @@ func slaveStatusOf(t *testing.T, dsn string) map[string]string {
 		out[col] = vals[i].String
 	}
 	return out
+}
+
+// domainSeq is the highest sequence number of GTID domain d in a GTID list
+// ("D-S-N,...").
+func domainSeq(list string, d uint64) uint64 {
+	var top uint64
+	for _, g := range strings.Split(list, ",") {
+		var dom, srv, n uint64
+		if _, err := fmt.Sscanf(strings.TrimSpace(g), "%d-%d-%d", &dom, &srv, &n); err == nil && dom == d {
+			top = max(top, n)
+		}
+	}
+	return top
 }

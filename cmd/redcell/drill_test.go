@@ -1014,13 +1014,6 @@ func TestDrill(t *testing.T) {
 	t.Run("cell_remove", func(t *testing.T) { cellRemoveDrill(t, gr.get(t, tt), workers, maxOps) })
 }
 
-// failoverDrill runs its own cluster, each cell's MariaDB with a
-// semi-synchronous standby (services.sh start_standby) and a failover_after
-// of 3 s, puts it under the drill load, kills cell-2's primary with SIGKILL
-// for good and checks that cell-2's standby is promoted, that the router
-// serves cell-2's shards again, that every answered send, claim and credit
-// is there (verify: balances and the audit, which reads the promoted
-// standby) and reports the time to serve again.
 // startStandbyCluster starts a cluster of its own whose two cells' MariaDB
 // each have a semi-synchronous standby (services.sh start_standby), with a
 // failover_after of 3 s, and waits until the standbys have caught up with
@@ -1045,6 +1038,13 @@ func startStandbyCluster(t *testing.T) (*cluster, *drillDeps, [2]string) {
 	return c, d, standby
 }
 
+// failoverDrill runs its own cluster, each cell's MariaDB with a
+// semi-synchronous standby (services.sh start_standby) and a failover_after
+// of 3 s, puts it under the drill load, kills cell-2's primary with SIGKILL
+// for good and checks that cell-2's standby is promoted, that the router
+// serves cell-2's shards again, that every answered send, claim and credit
+// is there (verify: balances and the audit, which reads the promoted
+// standby) and reports the time to serve again.
 func failoverDrill(t *testing.T, loadFor time.Duration, workers int, maxOps int64) {
 	c, d, _ := startStandbyCluster(t)
 	cell2Act := actIn("probe-b", 500, 999)

@@ -383,11 +383,11 @@ func (b switchBack) SwitchBack(ctx context.Context) (api.FailoverAnswer, error) 
 	switch {
 	case err == nil:
 		return ans, nil
+	case errors.Is(err, storage.ErrNotFailedOver), errors.Is(err, storage.ErrStandbyUnknown):
+		return api.FailoverAnswer{}, model.Invalidf("%v", err)
 	case ans.Serving == "primary": // switched; the old standby is not its replica
 		ans.StandbyError = err.Error()
 		return ans, nil
-	case errors.Is(err, storage.ErrNotFailedOver), errors.Is(err, storage.ErrStandbyUnknown):
-		return api.FailoverAnswer{}, model.Invalidf("%v", err)
 	default:
 		return api.FailoverAnswer{}, model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
