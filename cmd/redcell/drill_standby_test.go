@@ -99,6 +99,9 @@ func cellAddStandbyDrill(t *testing.T, workers int, maxOps int64, full bool) {
 	if have := schemasOn(t, standbys[2]); !slices.Equal(have, moved) {
 		t.Errorf("cell-3's promoted standby holds %v, not exactly the moved databases %v", have, moved)
 	}
+	if full && rep.FreezeP99 > time.Second {
+		t.Errorf("writes paused per database p99 %s, target 1 s", rep.FreezeP99)
+	}
 	slowest := slices.MaxFunc(rep.Moves, func(a, b mover.Result) int { return int(a.Freeze - b.Freeze) })
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	t.Logf("cell_add_standby: %d databases moved to cell-3 (with a standby) in %s; writes paused p50 %s, p99 %s, max %s; slowest db_%02d: standby checked before the freeze %s, caught up in the freeze %s; "+
