@@ -81,12 +81,15 @@ type switchConnector struct {
 	gen     atomic.Int64
 	refusal error // while a promotion runs: no new connection
 	trips   atomic.Int64
+	// fence, when set (Lease.register, SetLease), runs on each new
+	// connection before its first use; an error refuses it.
+	fence func(context.Context, driver.Conn) error
 }
 
 // connect dials a connection of the current generation, behind g.
 func (c *switchConnector) connect(ctx context.Context, g *gate) (driver.Conn, error) {
 	c.mu.Lock()
-	cur, refusal, gen := c.cur, c.refusal, c.gen.Load()
+	cur, refusal, gen, fence := c.cur, c.refusal, c.gen.Load(), c.fence
 	c.mu.Unlock()
 	if refusal != nil {
 		return nil, refusal
@@ -94,6 +97,13 @@ func (c *switchConnector) connect(ctx context.Context, g *gate) (driver.Conn, er
 	conn, err := cur.Connect(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if fence != nil {
+		c.trips.Add(1)
+		if err := fence(ctx, conn); err != nil {
+			conn.Close()
+			return nil, err
+		}
 	}
 	return &genConn{Conn: conn, gen: gen, sw: c, gate: g}, nil
 }
@@ -912,7 +922,9 @@ func gtidWait(ctx context.Context, db *sql.DB, pos string, max time.Duration) er
 	return nil
 }
 
-func sqlQuote(s string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'" }
+func sqlQuote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
 
 // markPromoted leaves the promotion mark on the server behind db (the
 // standby that serves): redcell_failover.t_promoted.

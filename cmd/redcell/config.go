@@ -140,6 +140,7 @@ type cellSection struct {
 	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
 	ShadowRetention *time.Duration        `yaml:"shadow_retention"` // drop the shadow space after this long without stress traffic; nil: 72h; 0: never
 	FailoverAfter   time.Duration         `yaml:"failover_after"`   // a cell with a standby promotes it after its primary is down this long
+	LeaseTTL        time.Duration         `yaml:"lease_ttl"`        // how long a cell process's serving lease lasts unrenewed (4s): another process of the cell takes over after it
 	MoveGrace       time.Duration         `yaml:"move_grace"`       // how long a cell keeps its copy of a database it handed over (10m)
 	MaxAmount       int64                 `yaml:"max_amount"`
 	MaxCount        int64                 `yaml:"max_count"`

@@ -994,6 +994,10 @@ func TestDrill(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("cell_takeover", func(t *testing.T) { takeoverDrill(t, loadFor, workers, maxOps) })
+	if t.Failed() {
+		return
+	}
 	t.Run("db_failback", func(t *testing.T) { failbackDrill(t, loadFor, workers, maxOps) })
 	if t.Failed() {
 		return

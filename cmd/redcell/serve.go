@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	_ "net/http/pprof"
+	"os"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -55,6 +56,10 @@ func runCell(ctx context.Context, args []string) error {
 	name := fs.String("name", "cell-1", "this cell's name in the config's cells list")
 	level := fs.String("log-level", "info", "debug|info|warn|error")
 	pprofAddr := fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6061")
+	proc := fs.String("proc", "a", "this process's slot among the cell's processes (a, b, ...): one serves, the others wait for its lease")
+	listen := fs.String("listen", "", "the cell's HTTP address for this process (default: the config's listen); a second process on one machine needs its own")
+	gossipFlag := fs.String("gossip", "", "this process's gossip address (default: the config's)")
+	adminListen := fs.String("admin-listen", "", "this process's admin address (default: the config's admin_listen)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,6 +74,22 @@ func runCell(ctx context.Context, args []string) error {
 	cfg, gossip, err := fc.cellConfig(*name)
 	if err != nil {
 		return err
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *gossipFlag != "" {
+		gossip = *gossipFlag
+	}
+	if *adminListen != "" {
+		cfg.AdminListen = *adminListen
+	}
+	leaseTTL := fc.Cell.LeaseTTL
+	if leaseTTL == 0 {
+		leaseTTL = 4 * time.Second
+	}
+	if leaseTTL < time.Second || leaseTTL > time.Minute {
+		return fmt.Errorf("config: cell.lease_ttl must be 1s..1m, got %s", leaseTTL)
 	}
 	// What the cell announces, checked before it waits for its database.
 	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
@@ -90,6 +111,26 @@ func runCell(ctx context.Context, args []string) error {
 		return err
 	}
 	defer store.Close()
+	// The lease first: only its holder serves, and its connections are
+	// fenced by the lease's generation (storage.Lease).
+	lease, err := waitLease(ctx, cfg, *proc, leaseTTL, log)
+	if err != nil {
+		return err
+	}
+	store.SetLease(lease)
+	leaseCtx, leaseLost := context.WithCancelCause(context.Background())
+	defer leaseLost(nil)
+	go keepLease(leaseCtx, store, lease, leaseLost, log)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if context.Cause(leaseCtx) == nil {
+			leaseLost(nil)
+			if err := store.ReleaseLease(rctx, lease); err != nil {
+				log.Warn("lease: not released (another process takes it once it expires)", "err", err)
+			}
+		}
+	}()
 	if err := waitPing(ctx, store, 30*time.Second); err != nil {
 		return fmt.Errorf("cell %s: database %s: %w", cfg.Name, redactDSN(cfg.DSN), err)
 	}
@@ -175,6 +216,8 @@ func runCell(ctx context.Context, args []string) error {
 	go func() { done <- srv.Serve(serveCtx, ln) }()
 	select {
 	case <-ctx.Done():
+	case <-leaseCtx.Done():
+		log.Error("lease lost: another process of this cell serves it; leaving the cluster and stopping", "err", context.Cause(leaseCtx))
 	case err := <-done:
 		node.Shutdown()
 		return err
@@ -184,7 +227,91 @@ func runCell(ctx context.Context, args []string) error {
 		log.Warn("leave", "err", err)
 	}
 	stopServe()
-	return <-done
+	err = <-done
+	if cause := context.Cause(leaseCtx); cause != nil && ctx.Err() == nil {
+		return errors.Join(fmt.Errorf("cell %s: %w", cfg.Name, cause), err)
+	}
+	return err
+}
+
+// waitLease takes the cell's lease for this process's slot, trying every
+// 250 ms while another process holds it, until ctx ends (storage.TakeLease,
+// on the server the cell serves from).
+func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Duration, log *slog.Logger) (storage.Lease, error) {
+	host, _ := os.Hostname()
+	slot := cfg.Name + "/" + proc
+	holder := fmt.Sprintf("%s on %s pid %d", slot, host, os.Getpid())
+	var logged time.Time
+	for {
+		l, ok, other, left, err := tryLease(ctx, cfg, slot, holder, ttl)
+		switch {
+		case ok:
+			if other != "" && other != holder {
+				log.Info("lease taken: this process serves the cell", "slot", slot, "generation", l.Generation, "previous_holder", other)
+			}
+			return l, nil
+		case time.Since(logged) > 10*time.Second:
+			logged = time.Now()
+			if err != nil {
+				log.Warn("lease: cannot take it yet", "slot", slot, "err", err)
+			} else {
+				log.Info("lease held by another process of this cell: waiting to take over", "slot", slot, "holder", other, "expires_in", left.Round(time.Millisecond))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return storage.Lease{}, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// tryLease is one try of waitLease on a connection of its own.
+func tryLease(ctx context.Context, cfg cell.Config, slot, holder string, ttl time.Duration) (l storage.Lease, ok bool, other string, left time.Duration, err error) {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	dsn, _, err := storage.Serving(tctx, cfg.DSN, cfg.StandbyDSN)
+	if err != nil {
+		return l, false, "", 0, err
+	}
+	db, err := storage.OpenRaw(dsn)
+	if err != nil {
+		return l, false, "", 0, err
+	}
+	defer db.Close()
+	return storage.TakeLease(tctx, db, cfg.Name, slot, holder, ttl)
+}
+
+// keepLease renews the lease every quarter of its TTL; it ends leaseLost's
+// context once a renewal finds the lease taken by another process. A
+// renewal that fails otherwise (the database down) is tried again: only a
+// process that took the lease stops this one, and its connections are
+// fenced meanwhile.
+func keepLease(ctx context.Context, store *storage.MySQL, l storage.Lease, lost context.CancelCauseFunc, log *slog.Logger) {
+	t := time.NewTicker(l.TTL / 4)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.TTL/2)
+		err := store.RenewLease(rctx, l)
+		cancel()
+		switch {
+		case errors.Is(err, storage.ErrLeaseLost):
+			lost(err)
+			return
+		case err != nil && !failing:
+			failing = true
+			log.Warn("lease: renewal failing (another process may take over once it expires)", "err", err)
+		case err == nil && failing:
+			failing = false
+			log.Info("lease: renewed again")
+		}
+	}
 }
 
 // waitPing pings the database every 500 ms (each ping bounded by 2 s) until
