@@ -241,7 +241,10 @@ func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Durat
 	host, _ := os.Hostname()
 	slot := cfg.Name + "/" + proc
 	holder := fmt.Sprintf("%s on %s pid %d", slot, host, os.Getpid())
-	var logged time.Time
+	// One line when the wait begins, and one each time the holder changes
+	// or the tries start failing; not one per try.
+	var loggedHolder string
+	var loggedErr bool
 	for {
 		l, ok, other, left, err := tryLease(ctx, cfg, slot, holder, ttl)
 		switch {
@@ -250,13 +253,14 @@ func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Durat
 				log.Info("lease taken: this process serves the cell", "slot", slot, "generation", l.Generation, "previous_holder", other)
 			}
 			return l, nil
-		case time.Since(logged) > 10*time.Second:
-			logged = time.Now()
-			if err != nil {
+		case err != nil:
+			if !loggedErr {
+				loggedErr = true
 				log.Warn("lease: cannot take it yet", "slot", slot, "err", err)
-			} else {
-				log.Info("lease held by another process of this cell: waiting to take over", "slot", slot, "holder", other, "expires_in", left.Round(time.Millisecond))
 			}
+		case other != loggedHolder:
+			loggedHolder, loggedErr = other, false
+			log.Info("lease held by another process of this cell: waiting to take over", "slot", slot, "holder", other, "expires_in", left.Round(time.Millisecond))
 		}
 		select {
 		case <-ctx.Done():

@@ -25,6 +25,11 @@ standby=${REDCELL_STANDBY:-0}
 # REDCELL_SPARE_CELL=1: a third cell, cell-3, with its own MariaDB, that owns
 # no shards until redcell cells add moves databases to it (docs/operations.md).
 spare=${REDCELL_SPARE_CELL:-0}
+# REDCELL_CELL_PROCS=2: each cell runs a second process (slot b, ports of its
+# own) that waits for the cell's lease and serves once the first process
+# dies or hangs past lease_ttl (docs/operations.md, "A cell of two processes").
+cellprocs=${REDCELL_CELL_PROCS:-1}
+case "$cellprocs" in 1|2) ;; *) echo "REDCELL_CELL_PROCS must be 1 or 2" >&2; exit 1 ;; esac
 # Both together: cell-3 gets a standby of its own too, and databases move
 # between cells with standbys (docs/operations.md, "Add a cell").
 if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ] || [ -f "$VAR/cell-3/standby/seeded" ]; }; then
@@ -228,8 +233,10 @@ fi
 starting_db=0
 start_memcached "$VAR/memcached" "$mc"
 
+declare -A proc_args # each process's arguments, to start a cell's second process again
 start_proc() {
   local name=$1; shift
+  proc_args[$name]="$*"
   # setsid: Ctrl-C reaches this script only; shutdown() stops processes in order.
   setsid "$VAR/bin/redcell" "$@" >>"$VAR/log/$name.log" 2>&1 </dev/null &
   echo $! >"$VAR/pids/$name.pid"
@@ -270,6 +277,21 @@ for c in $c1 $c2 $c3; do
   done
 done
 
+# The cells' second processes start once the first ones serve, so that the
+# first take the leases.
+second=()
+if [ "$cellprocs" = 2 ]; then
+  for c in cell-1 cell-2 ${c3:+cell-3}; do
+    ports=$(free_port $((29100 + ${#second[@]} * 3)))
+    gp=$(free_port $((ports + 1))); ap=$(free_port $((gp + 1)))
+    start_proc "${c}b" cell --config "$cfg" --name "$c" --proc b --listen "127.0.0.1:$ports" --gossip "127.0.0.1:$gp" --admin-listen "127.0.0.1:$ap"
+    second+=("${c}b 127.0.0.1:$ports (gossip :$gp, admin :$ap)")
+    procs+=("${c}b")
+  done
+fi
+secondinfo=""
+for x in "${second[@]}"; do secondinfo+=$'\n'"  second     $x (waits for its cell's lease; serves when the first process dies or hangs)"; done
+
 cat <<INFO
 
 redcell is serving.
@@ -284,7 +306,7 @@ redcell is serving.
   cell-3     http://127.0.0.1:$c3   no shards yet   MariaDB 127.0.0.1:$db3 ($VAR/cell-3/db), admin 127.0.0.1:$a3
              give it databases: $VAR/bin/redcell cells add --config $cfg --name cell-3}${s1:+
   standbys   cell-1 127.0.0.1:$s1 ($VAR/cell-1/standby), cell-2 127.0.0.1:$s2 ($VAR/cell-2/standby)${s3:+, cell-3 127.0.0.1:$s3 ($VAR/cell-3/standby)}}
-  admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg
+  admin      127.0.0.1:$a1 (cell-1), 127.0.0.1:$a2 (cell-2)   token in $cfg$secondinfo
   memcached  127.0.0.1:$mc
   gossip     127.0.0.1:$g0 (router), :$g1, :$g2 (cells)
   config     $cfg
@@ -293,10 +315,27 @@ redcell is serving.
 Press Ctrl-C to stop.
 INFO
 
-# Serve until Ctrl-C or until a process dies.
+# Serve until Ctrl-C or until a process dies. With two processes per cell, a
+# cell's process that exits (killed, or stopped because the other took the
+# lease) is started again 10 s later, past the lease's 4 s, so that the
+# other process has taken over meanwhile: the restarted one waits for the
+# lease (a process restarted at once would take its own slot's lease back).
+declare -A restart_at
 while true; do
   for p in "${procs[@]}"; do
     if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
+      if [ "$cellprocs" = 2 ] && [ "$p" != router ]; then
+        now=$(date +%s)
+        if [ -z "${restart_at[$p]:-}" ]; then
+          restart_at[$p]=$((now + 10))
+          echo "$p exited; the other process of its cell takes over; starting $p again in 10 s (see $VAR/log/$p.log)" >&2
+        elif [ "$now" -ge "${restart_at[$p]}" ]; then
+          unset "restart_at[$p]"
+          # shellcheck disable=SC2086 # the saved arguments hold no spaces
+          start_proc "$p" ${proc_args[$p]}
+        fi
+        continue
+      fi
       echo "$p exited unexpectedly; see $VAR/log/$p.log" >&2; exit 1
     fi
   done
