@@ -49,25 +49,42 @@ var errFenced = fmt.Errorf("%w: %w", model.Errorf(model.ErrDBUnavailable, "this 
 const leaseDDL = "CREATE TABLE IF NOT EXISTS redcell_meta.t_lease (cell VARCHAR(64) NOT NULL PRIMARY KEY, slot VARCHAR(128) NOT NULL, " +
 	"holder VARCHAR(255) NOT NULL, generation BIGINT NOT NULL, expires_ms BIGINT NOT NULL) ENGINE=InnoDB"
 
-const leaseConnsDDL = "CREATE TABLE IF NOT EXISTS redcell_meta.t_lease_conns (conn_id BIGINT UNSIGNED NOT NULL PRIMARY KEY, " +
-	"cell VARCHAR(64) NOT NULL, generation BIGINT NOT NULL, KEY k_gen (cell, generation)) ENGINE=InnoDB"
+// t_lease_conns: a connection id names a connection on one server in one of
+// its runs (ids start again at a restart, and rows travel to replicas), so a
+// row keeps the server's id and start (Unix s) too, and only rows of the
+// server in its current run name connections a taker may end.
+const leaseConnsDDL = "CREATE TABLE IF NOT EXISTS redcell_meta.t_lease_conns (conn_id BIGINT UNSIGNED NOT NULL, " +
+	"server_id BIGINT UNSIGNED NOT NULL, started BIGINT NOT NULL, cell VARCHAR(64) NOT NULL, generation BIGINT NOT NULL, " +
+	"registered BIGINT NOT NULL DEFAULT 1, PRIMARY KEY (server_id, conn_id), KEY k_gen (cell, generation)) ENGINE=InnoDB"
+
+// serverStarted is the server's start in Unix seconds (its clock less its
+// uptime; a second either way between two reads).
+const serverStarted = "(SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME')"
+
+// EnsureLease makes the lease tables on the server behind db.
+func EnsureLease(ctx context.Context, db *sql.DB) error {
+	for _, q := range []string{"CREATE DATABASE IF NOT EXISTS redcell_meta" + dbDefaults, leaseDDL, leaseConnsDDL} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("storage: lease: %w", err)
+		}
+	}
+	return nil
+}
 
 // nowMS is the server's clock in Unix ms: every process of a cell reads
 // expiries on one clock, whatever their machines' clocks say.
 const nowMS = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 
 // TakeLease tries once to take cell's lease for slot on the server behind
-// db (the cell's serving database; not a store's pool, whose connections
-// would not be fenced). It takes it when nobody holds it, when it expired,
-// or when slot holds it (that process restarted); then it ends every
-// connection registered under an older generation. Otherwise ok is false
-// and other and left say who holds it and for how much longer.
+// db (the cell's serving database, its tables made by EnsureLease; not a
+// store's pool, whose connections would not be fenced). It takes it when
+// nobody holds it, when it expired, or when slot holds it (that process
+// restarted); then it ends every connection registered under an older
+// generation. Otherwise ok is false and other and left say who holds it
+// and for how much longer. An error with ok false: the lease may have been
+// taken but the older connections not all ended; the caller must not serve,
+// and tries again (the same slot takes it again at once).
 func TakeLease(ctx context.Context, db *sql.DB, cell, slot, holder string, ttl time.Duration) (l Lease, ok bool, other string, left time.Duration, err error) {
-	for _, q := range []string{"CREATE DATABASE IF NOT EXISTS redcell_meta" + dbDefaults, leaseDDL, leaseConnsDDL} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			return l, false, "", 0, fmt.Errorf("storage: lease: %w", err)
-		}
-	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return l, false, "", 0, err
@@ -96,13 +113,20 @@ func TakeLease(ctx context.Context, db *sql.DB, cell, slot, holder string, ttl t
 		return l, false, "", 0, err
 	}
 	l = Lease{Cell: cell, Slot: slot, Holder: holder, Generation: gen, TTL: ttl}
-	return l, true, curHolder, 0, endOlder(ctx, db, l)
+	if err := endOlder(ctx, db, l); err != nil {
+		return Lease{}, false, curHolder, 0, err
+	}
+	return l, true, curHolder, 0, nil
 }
 
 // endOlder ends the connections registered under generations older than
 // l's: from the lease's commit on, no new one registers under them.
 func endOlder(ctx context.Context, db *sql.DB, l Lease) error {
-	rows, err := db.QueryContext(ctx, "SELECT conn_id FROM redcell_meta.t_lease_conns WHERE cell = ? AND generation < ?", l.Cell, l.Generation)
+	// Only rows of this server in its current run, of connections that are
+	// still there, and never the caller's own.
+	rows, err := db.QueryContext(ctx, "SELECT c.conn_id FROM redcell_meta.t_lease_conns c JOIN information_schema.PROCESSLIST p ON p.ID = c.conn_id "+
+		"WHERE c.cell = ? AND c.generation < ? AND c.server_id = @@server_id AND ABS(c.started - "+serverStarted+") <= 2 AND c.conn_id <> CONNECTION_ID()",
+		l.Cell, l.Generation)
 	if err != nil {
 		return err
 	}
@@ -128,6 +152,12 @@ func endOlder(ctx context.Context, db *sql.DB, l Lease) error {
 	return err
 }
 
+// registerSQL registers the connection under the lease's generation
+// (arguments: cell, generation); see register.
+const registerSQL = "INSERT INTO redcell_meta.t_lease_conns (conn_id, server_id, started, cell, generation) " +
+	"SELECT CONNECTION_ID(), @@server_id, " + serverStarted + ", cell, generation FROM redcell_meta.t_lease WHERE cell = ? AND generation = ? LOCK IN SHARE MODE " +
+	"ON DUPLICATE KEY UPDATE started = VALUES(started), cell = VALUES(cell), generation = VALUES(generation), registered = registered + 1"
+
 // register is the fence every new connection of the holder passes: it
 // records itself under the lease's generation, in one statement that
 // inserts nothing once the generation has moved on (the lease row's lock
@@ -137,9 +167,11 @@ func (l Lease) register(ctx context.Context, conn driver.Conn) error {
 	if !ok {
 		return errors.New("storage: lease: the driver's connection cannot execute statements")
 	}
-	res, err := ex.ExecContext(ctx, "INSERT INTO redcell_meta.t_lease_conns (conn_id, cell, generation) "+
-		"SELECT CONNECTION_ID(), cell, generation FROM redcell_meta.t_lease WHERE cell = ? AND generation = ? "+
-		"ON DUPLICATE KEY UPDATE cell = VALUES(cell), generation = VALUES(generation)",
+	// LOCK IN SHARE MODE: the read of the lease row locks it whatever the
+	// isolation level, so a taker's update and this insert are ordered. A
+	// row left by an earlier connection with this id (a server restart)
+	// is taken over: registered grows, so the statement always changes it.
+	res, err := ex.ExecContext(ctx, registerSQL,
 		[]driver.NamedValue{{Ordinal: 1, Value: l.Cell}, {Ordinal: 2, Value: l.Generation}})
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ func TestLease(t *testing.T) {
 		_, _ = raw.Exec("DELETE FROM redcell_meta.t_lease WHERE cell = ?", cell)
 		_, _ = raw.Exec("DELETE FROM redcell_meta.t_lease_conns WHERE cell = ?", cell)
 	})
+	if err := EnsureLease(ctx, raw); err != nil {
+		t.Fatal(err)
+	}
 	a, ok, _, _, err := TakeLease(ctx, raw, cell, cell+"/a", "a", 2*time.Second)
 	if err != nil || !ok || a.Generation != 1 {
 		t.Fatalf("first take: %+v %v %v", a, ok, err)
@@ -80,6 +83,24 @@ func TestLease(t *testing.T) {
 	if err := raw.QueryRow("SELECT COUNT(*) FROM redcell_meta.t_lease_conns WHERE cell = ? AND generation = 1", cell).Scan(&registered); err != nil || registered != 0 {
 		t.Fatalf("a's registrations after the takeover: %d %v", registered, err)
 	}
+
+	// A row left under this connection's id (a server restarted; ids start
+	// again) does not refuse the connection that has it now.
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second finds the first's row, identical
+		res, err := conn.ExecContext(ctx, registerSQL, cell, b.Generation)
+		if n, _ := res.RowsAffected(); err != nil || n == 0 {
+			t.Fatalf("registering connection %d again: %d rows, %v", id, n, err)
+		}
+	}
+	conn.Close()
 
 	// Slot b again (a restart of b): at once, a new generation.
 	b2, ok, _, _, err := TakeLease(ctx, raw, cell, cell+"/b", "b again", 2*time.Second)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -100,6 +101,22 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Bind the HTTP port before announcing it, so routers never learn an
+	// address that refuses connections; requests wait in the backlog until
+	// Serve. Bound before the lease too: a process that takes over has its
+	// port already.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cell %s: listen %s: %w", cfg.Name, cfg.Listen, err)
+	}
+	defer ln.Close()
+	// The lease first: only its holder serves, and its connections are
+	// fenced by the lease's generation (storage.Lease). The store is opened
+	// after it, on the server that serves then.
+	lease, err := waitLease(ctx, cfg, *proc, leaseTTL, log)
+	if err != nil {
+		return err
+	}
 	var store *storage.MySQL
 	var failover *storage.Failover // nil: no standby
 	if cfg.StandbyDSN != "" {
@@ -111,12 +128,6 @@ func runCell(ctx context.Context, args []string) error {
 		return err
 	}
 	defer store.Close()
-	// The lease first: only its holder serves, and its connections are
-	// fenced by the lease's generation (storage.Lease).
-	lease, err := waitLease(ctx, cfg, *proc, leaseTTL, log)
-	if err != nil {
-		return err
-	}
 	store.SetLease(lease)
 	leaseCtx, leaseLost := context.WithCancelCause(context.Background())
 	defer leaseLost(nil)
@@ -137,13 +148,6 @@ func runCell(ctx context.Context, args []string) error {
 	if err := savedOwnership(ctx, store, &cfg, log); err != nil {
 		return fmt.Errorf("cell %s: %w", cfg.Name, err)
 	}
-	// Bind the HTTP port before announcing it, so routers never learn an
-	// address that refuses connections; requests wait in the backlog until Serve.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("cell %s: listen %s: %w", cfg.Name, cfg.Listen, err)
-	}
-	defer ln.Close()
 	reg := newRegistry()
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_round_trips_total",
 		Help: "Round trips the cell's connections made to its database server (a statement or statement list, BEGIN, COMMIT, ROLLBACK, a ping), real and shadow spaces together; the bench divides it by operations."},
@@ -245,8 +249,10 @@ func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Durat
 	// or the tries start failing; not one per try.
 	var loggedHolder string
 	var loggedErr bool
+	var pools leasePools
+	defer pools.close()
 	for {
-		l, ok, other, left, err := tryLease(ctx, cfg, slot, holder, ttl)
+		l, ok, other, left, err := pools.try(ctx, cfg, slot, holder, ttl)
 		switch {
 		case ok:
 			if other != "" && other != holder {
@@ -270,20 +276,39 @@ func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Durat
 	}
 }
 
-// tryLease is one try of waitLease on a connection of its own.
-func tryLease(ctx context.Context, cfg cell.Config, slot, holder string, ttl time.Duration) (l storage.Lease, ok bool, other string, left time.Duration, err error) {
-	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// leasePools are waitLease's pools, one per server it tried, each with the
+// lease tables made sure of once.
+type leasePools map[string]*sql.DB
+
+// try is one try of waitLease on the server that serves the cell now.
+func (p *leasePools) try(ctx context.Context, cfg cell.Config, slot, holder string, ttl time.Duration) (l storage.Lease, ok bool, other string, left time.Duration, err error) {
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	dsn, _, err := storage.Serving(tctx, cfg.DSN, cfg.StandbyDSN)
 	if err != nil {
 		return l, false, "", 0, err
 	}
-	db, err := storage.OpenRaw(dsn)
-	if err != nil {
-		return l, false, "", 0, err
+	if *p == nil {
+		*p = leasePools{}
 	}
-	defer db.Close()
+	db := (*p)[dsn]
+	if db == nil {
+		if db, err = storage.OpenRaw(dsn); err != nil {
+			return l, false, "", 0, err
+		}
+		if err := storage.EnsureLease(tctx, db); err != nil {
+			db.Close()
+			return l, false, "", 0, err
+		}
+		(*p)[dsn] = db
+	}
 	return storage.TakeLease(tctx, db, cfg.Name, slot, holder, ttl)
+}
+
+func (p leasePools) close() {
+	for _, db := range p {
+		db.Close()
+	}
 }
 
 // keepLease renews the lease every quarter of its TTL; it ends leaseLost's

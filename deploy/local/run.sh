@@ -233,10 +233,10 @@ fi
 starting_db=0
 start_memcached "$VAR/memcached" "$mc"
 
-declare -A proc_args # each process's arguments, to start a cell's second process again
+declare -A proc_args # each process's arguments (shell-quoted), to start a cell's process again
 start_proc() {
   local name=$1; shift
-  proc_args[$name]="$*"
+  proc_args[$name]=$(printf '%q ' "$@")
   # setsid: Ctrl-C reaches this script only; shutdown() stops processes in order.
   setsid "$VAR/bin/redcell" "$@" >>"$VAR/log/$name.log" 2>&1 </dev/null &
   echo $! >"$VAR/pids/$name.pid"
@@ -281,9 +281,10 @@ done
 # first take the leases.
 second=()
 if [ "$cellprocs" = 2 ]; then
+  next=29100
   for c in cell-1 cell-2 ${c3:+cell-3}; do
-    ports=$(free_port $((29100 + ${#second[@]} * 3)))
-    gp=$(free_port $((ports + 1))); ap=$(free_port $((gp + 1)))
+    ports=$(free_port "$next")
+    gp=$(free_port $((ports + 1))); ap=$(free_port $((gp + 1))); next=$((ap + 1))
     start_proc "${c}b" cell --config "$cfg" --name "$c" --proc b --listen "127.0.0.1:$ports" --gossip "127.0.0.1:$gp" --admin-listen "127.0.0.1:$ap"
     second+=("${c}b 127.0.0.1:$ports (gossip :$gp, admin :$ap)")
     procs+=("${c}b")
@@ -331,8 +332,7 @@ while true; do
           echo "$p exited; the other process of its cell takes over; starting $p again in 10 s (see $VAR/log/$p.log)" >&2
         elif [ "$now" -ge "${restart_at[$p]}" ]; then
           unset "restart_at[$p]"
-          # shellcheck disable=SC2086 # the saved arguments hold no spaces
-          start_proc "$p" ${proc_args[$p]}
+          eval "start_proc \"\$p\" ${proc_args[$p]}"
         fi
         continue
       fi
