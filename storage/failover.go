@@ -50,6 +50,7 @@ type Failover struct {
 	// watchEvery are Watch's arguments, for the watch SwitchBack starts
 	// again.
 	switching  sync.Mutex
+	lease      atomic.Pointer[Lease] // the process's lease, checked on the standby before a promotion or a switch back
 	watchMu    sync.Mutex
 	watchCtx   context.Context
 	watchAfter time.Duration
@@ -420,6 +421,64 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 	return out, rows.Err()
 }
 
+// SetLease makes promotions and switches back check, on the server they
+// would serve from next, that this process's lease is still the cell's: a
+// process that hung and lost its lease to another process of the cell
+// must not promote its standby when it wakes (storage.Lease).
+func (f *Failover) SetLease(l Lease) { f.lease.Store(&l) }
+
+// leaseStillOurs checks the lease row on the server behind db against the
+// process's lease: ErrLeaseLost when it names another generation. No row (a
+// server the lease never reached) and no lease set pass.
+func (f *Failover) leaseStillOurs(ctx context.Context, db *sql.DB) error {
+	l := f.lease.Load()
+	if l == nil {
+		return nil
+	}
+	var gen int64
+	err := db.QueryRowContext(ctx, "SELECT generation FROM redcell_meta.t_lease WHERE cell = ?", l.Cell).Scan(&gen)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errNoSuchDB):
+		return nil
+	case err != nil:
+		return err
+	case gen != l.Generation:
+		return fmt.Errorf("%w (generation %d there, this process holds %d)", ErrLeaseLost, gen, l.Generation)
+	}
+	return nil
+}
+
+// moveChannels lists the move channels (cell/mover, "move_db_XX") defined
+// on the server behind db.
+func moveChannels(ctx context.Context, db *sql.DB) ([]string, error) {
+	rows, err := db.QueryContext(ctx, "SHOW ALL SLAVES STATUS")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		for i, c := range cols {
+			if c == "Connection_name" && strings.HasPrefix(vals[i].String, "move_") {
+				out = append(out, vals[i].String)
+			}
+		}
+	}
+	return out, rows.Err()
+}
+
 // errPromoting refuses new connections while a promotion runs.
 var errPromoting = model.Errorf(model.ErrDBUnavailable, "the cell's standby is being promoted; retry")
 
@@ -461,6 +520,9 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 		}
 		f.sw.resume()
 	}()
+	if err := f.leaseStillOurs(ctx, db); err != nil {
+		return fmt.Errorf("storage: promote: %w", err)
+	}
 	st, err := slaveStatus(ctx, db)
 	if err != nil {
 		return fmt.Errorf("storage: promote: read the replica's state: %w", err)
@@ -717,6 +779,12 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 	}
 	if st == nil || net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != scfg.Addr || st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
 		return res, fmt.Errorf("%w: the primary must replicate from the standby at %s with both threads running first (redcell cells failback)", ErrStandbyUnknown, scfg.Addr)
+	}
+	if err := f.leaseStillOurs(ctx, sdb); err != nil {
+		return res, fmt.Errorf("storage: switch back: %w", err)
+	}
+	if chs, err := moveChannels(ctx, sdb); err != nil || len(chs) > 0 {
+		return res, errors.Join(err, fmt.Errorf("storage: switch back: moves into this cell are running (%v): switch back after them", chs))
 	}
 	var name, status string
 	if err := sdb.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil || status != "ON" {

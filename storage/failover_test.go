@@ -315,3 +315,54 @@ func TestFailoverRefusesAnUnknownStandby(t *testing.T) {
 		t.Fatalf("a standby that does not answer: %v", err)
 	}
 }
+
+// TestPromoteRefusedWhenLeaseLost: a process whose lease another process of
+// the cell took (the lease row on the standby, replicated from the primary,
+// names a newer generation) does not promote the standby, nor switch back:
+// it hung and lost the cell; the standby stays the primary's replica.
+func TestPromoteRefusedWhenLeaseLost(t *testing.T) {
+	primary, standby, _ := replicaPair(t)
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	_, f, err := OpenFailover(primary, standby, 2, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb := rawDB(t, primary)
+	if err := EnsureLease(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	ours, ok, _, _, err := TakeLease(ctx, pdb, "cell-x", "cell-x/a", "a", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("lease: %v %v", ok, err)
+	}
+	f.SetLease(ours)
+	// Another process takes it (same slot: at once), a newer generation,
+	// which replicates to the standby.
+	if _, ok, _, _, err := TakeLease(ctx, pdb, "cell-x", "cell-x/a", "a again", time.Minute); err != nil || !ok {
+		t.Fatalf("the other process's lease: %v %v", ok, err)
+	}
+	var pos string
+	if err := pdb.QueryRow("SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		t.Fatal(err)
+	}
+	sdb := rawDB(t, standby)
+	var waited sql.NullInt64
+	if err := sdb.QueryRow("SELECT MASTER_GTID_WAIT(?, 60)", pos).Scan(&waited); err != nil || waited.Int64 != 0 {
+		t.Fatalf("the standby did not catch up: %v %v", waited, err)
+	}
+	if err := f.Promote(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("promotion by a process that lost its lease: %v, want ErrLeaseLost", err)
+	}
+	if f.OnStandby() {
+		t.Fatal("promoted anyway")
+	}
+	if st, err := slaveStatus(ctx, sdb); err != nil || st == nil || st["Slave_IO_Running"] != "Yes" {
+		t.Fatalf("the standby after a refused promotion: %v %v", st["Slave_IO_Running"], err)
+	}
+	// With the lease ours again, the same standby is promoted.
+	f.SetLease(Lease{Cell: "cell-x", Generation: 2})
+	if err := f.Promote(ctx); err != nil || !f.OnStandby() {
+		t.Fatalf("promotion with the lease: %v, on standby %v", err, f.OnStandby())
+	}
+}

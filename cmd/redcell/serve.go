@@ -129,6 +129,9 @@ func runCell(ctx context.Context, args []string) error {
 	}
 	defer store.Close()
 	store.SetLease(lease)
+	if failover != nil {
+		failover.SetLease(lease)
+	}
 	leaseCtx, leaseLost := context.WithCancelCause(context.Background())
 	defer leaseLost(nil)
 	go keepLease(leaseCtx, store, lease, leaseLost, log)
