@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -394,7 +395,16 @@ func (f *Failover) Replicating() int { return int(f.replicating.Load()) }
 
 // slaveStatus reads SHOW SLAVE STATUS as column → value (nil: not a replica).
 func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW SLAVE STATUS")
+	all, err := statusRows(ctx, db, "SHOW SLAVE STATUS")
+	if err != nil || len(all) == 0 {
+		return nil, err
+	}
+	return all[0], nil
+}
+
+// statusRows reads the rows of a SHOW statement as column → value.
+func statusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]string, error) {
+	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -403,22 +413,34 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !rows.Next() {
-		return nil, rows.Err()
-	}
-	vals := make([]sql.NullString, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	if err := rows.Scan(ptrs...); err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(cols))
-	for i, c := range cols {
-		out[c] = vals[i].String
+	var out []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		row := make(map[string]string, len(cols))
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		out = append(out, row)
 	}
 	return out, rows.Err()
+}
+
+// ReplicationConnections names the replication connections defined on the
+// server behind db (SHOW ALL SLAVES STATUS; the default one as "").
+func ReplicationConnections(ctx context.Context, db *sql.DB) ([]string, error) {
+	all, err := statusRows(ctx, db, "SHOW ALL SLAVES STATUS")
+	var out []string
+	for _, r := range all {
+		out = append(out, r["Connection_name"])
+	}
+	return out, err
 }
 
 // SetLease makes promotions and switches back check, on the server they
@@ -451,32 +473,8 @@ func (f *Failover) leaseStillOurs(ctx context.Context, db *sql.DB) error {
 // moveChannels lists the move channels (cell/mover, "move_db_XX") defined
 // on the server behind db.
 func moveChannels(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW ALL SLAVES STATUS")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			return nil, err
-		}
-		for i, c := range cols {
-			if c == "Connection_name" && strings.HasPrefix(vals[i].String, "move_") {
-				out = append(out, vals[i].String)
-			}
-		}
-	}
-	return out, rows.Err()
+	all, err := ReplicationConnections(ctx, db)
+	return slices.DeleteFunc(all, func(n string) bool { return !strings.HasPrefix(n, "move_") }), err
 }
 
 // errPromoting refuses new connections while a promotion runs.
@@ -905,8 +903,17 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 // killOthers ends every client connection of the server behind conn but
 // conn and replication's (a replica's binlog dump).
 func killOthers(ctx context.Context, conn *sql.Conn) error {
-	rows, err := conn.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "+
+	return killConns(ctx, conn, "SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "+
 		"AND user <> 'system user' AND command NOT IN ('Binlog Dump', 'Binlog Dump GTID', 'Daemon', 'Killed')")
+}
+
+// killConns ends the connections whose ids query lists (a connection that
+// ended meanwhile is not an error).
+func killConns(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, query string, args ...any) error {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -924,8 +931,8 @@ func killOthers(ctx context.Context, conn *sql.Conn) error {
 		return err
 	}
 	for _, id := range ids {
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil && !isMySQLErr(err, errNoSuchThread) {
-			return err
+		if _, err := q.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil && !isMySQLErr(err, errNoSuchThread) {
+			return fmt.Errorf("ending connection %d: %w", id, err)
 		}
 	}
 	return nil

@@ -124,29 +124,11 @@ func TakeLease(ctx context.Context, db *sql.DB, cell, slot, holder string, ttl t
 func endOlder(ctx context.Context, db *sql.DB, l Lease) error {
 	// Only rows of this server in its current run, of connections that are
 	// still there, and never the caller's own.
-	rows, err := db.QueryContext(ctx, "SELECT c.conn_id FROM redcell_meta.t_lease_conns c JOIN information_schema.PROCESSLIST p ON p.ID = c.conn_id "+
+	err := killConns(ctx, db, "SELECT c.conn_id FROM redcell_meta.t_lease_conns c JOIN information_schema.PROCESSLIST p ON p.ID = c.conn_id "+
 		"WHERE c.cell = ? AND c.generation < ? AND c.server_id = @@server_id AND ABS(c.started - "+serverStarted+") <= 2 AND c.conn_id <> CONNECTION_ID()",
 		l.Cell, l.Generation)
 	if err != nil {
-		return err
-	}
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, id := range ids {
-		if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil && !isMySQLErr(err, errNoSuchThread) {
-			return fmt.Errorf("storage: lease: ending connection %d of an older holder: %w", id, err)
-		}
+		return fmt.Errorf("storage: lease: the older holder's connections: %w", err)
 	}
 	_, err = db.ExecContext(ctx, "DELETE FROM redcell_meta.t_lease_conns WHERE cell = ? AND generation < ?", l.Cell, l.Generation)
 	return err

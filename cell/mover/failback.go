@@ -147,7 +147,7 @@ func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string,
 	if err != nil {
 		return err
 	}
-	conns, err := connectionNames(ctx, old)
+	conns, err := storage.ReplicationConnections(ctx, old)
 	if err != nil {
 		return err
 	}
@@ -331,37 +331,6 @@ func userSchemas(ctx context.Context, db *sql.DB) ([]string, error) {
 		}
 		if !slices.Contains(systemSchemas, s) {
 			out = append(out, s)
-		}
-	}
-	return out, rows.Err()
-}
-
-// connectionNames lists a server's replication connections (the default
-// one as "").
-func connectionNames(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW ALL SLAVES STATUS")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			return nil, err
-		}
-		for i, col := range cols {
-			if col == "Connection_name" {
-				out = append(out, vals[i].String)
-			}
 		}
 	}
 	return out, rows.Err()
