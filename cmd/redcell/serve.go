@@ -115,6 +115,10 @@ func runCell(ctx context.Context, args []string) error {
 	// after it, on the server that serves then.
 	lease, err := waitLease(ctx, cfg, *proc, leaseTTL, log)
 	if err != nil {
+		if ctx.Err() != nil { // stopped while it waited: a clean stop
+			log.Info("stopped while waiting for the cell's lease")
+			return nil
+		}
 		return err
 	}
 	var store *storage.MySQL
