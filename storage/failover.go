@@ -395,7 +395,7 @@ func (f *Failover) Replicating() int { return int(f.replicating.Load()) }
 
 // slaveStatus reads SHOW SLAVE STATUS as column → value (nil: not a replica).
 func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
-	all, err := statusRows(ctx, db, "SHOW SLAVE STATUS")
+	all, err := StatusRows(ctx, db, "SHOW SLAVE STATUS")
 	if err != nil || len(all) == 0 {
 		return nil, err
 	}
@@ -403,7 +403,7 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 }
 
 // statusRows reads the rows of a SHOW statement as column → value.
-func statusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]string, error) {
+func StatusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]string, error) {
 	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
 		return nil, err
@@ -435,7 +435,7 @@ func statusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]str
 // ReplicationConnections names the replication connections defined on the
 // server behind db (SHOW ALL SLAVES STATUS; the default one as "").
 func ReplicationConnections(ctx context.Context, db *sql.DB) ([]string, error) {
-	all, err := statusRows(ctx, db, "SHOW ALL SLAVES STATUS")
+	all, err := StatusRows(ctx, db, "SHOW ALL SLAVES STATUS")
 	var out []string
 	for _, r := range all {
 		out = append(out, r["Connection_name"])

@@ -794,31 +794,14 @@ func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
 }
 
 func slaveStatus(ctx context.Context, db *sql.DB, ch string) (map[string]string, error) {
-	rows, err := db.QueryContext(ctx, "SHOW SLAVE '"+ch+"' STATUS")
+	rows, err := storage.StatusRows(ctx, db, "SHOW SLAVE '"+ch+"' STATUS")
 	if err != nil {
 		return nil, fmt.Errorf("channel %s status: %w", ch, err)
 	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	if !rows.Next() {
+	if len(rows) == 0 {
 		return nil, fmt.Errorf("channel %s: no status", ch)
 	}
-	vals := make([]sql.NullString, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	if err := rows.Scan(ptrs...); err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(cols))
-	for i, c := range cols {
-		out[c] = vals[i].String
-	}
-	return out, rows.Err()
+	return rows[0], nil
 }
 
 // copyReconPositions gives the target the source's reconciliation position
