@@ -402,7 +402,8 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 	return all[0], nil
 }
 
-// statusRows reads the rows of a SHOW statement as column → value.
+// StatusRows reads the rows of a SHOW statement (SHOW SLAVE STATUS, say) as
+// column → value.
 func StatusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]string, error) {
 	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
