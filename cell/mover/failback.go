@@ -233,13 +233,31 @@ func (m *Mover) dumpInto(ctx context.Context, c Cell, schemas []string) error {
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	if _, err := io.WriteString(tmp, "SET SESSION sql_log_bin = 0;\n"); err != nil {
-		return err
-	}
 	var stderr bytes.Buffer
-	dump := exec.CommandContext(ctx, m.Dump, append(append(slices.Clone(sa.args), "--single-transaction", "--gtid", "--master-data=1", "--databases"), schemas...)...)
-	dump.Env, dump.Stdout, dump.Stderr = append(os.Environ(), sa.env...), tmp, &stderr
-	if err := dump.Run(); err != nil {
+	for attempt := 1; ; attempt++ {
+		if err := tmp.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.WriteString(tmp, "SET SESSION sql_log_bin = 0;\n"); err != nil {
+			return err
+		}
+		stderr.Reset()
+		dump := exec.CommandContext(ctx, m.Dump, append(append(slices.Clone(sa.args), "--single-transaction", "--gtid", "--master-data=1", "--databases"), schemas...)...)
+		dump.Env, dump.Stdout, dump.Stderr = append(os.Environ(), sa.env...), tmp, &stderr
+		err := dump.Run()
+		if err == nil {
+			break
+		}
+		// A table made or altered after the snapshot began (a day table,
+		// the cell's own metadata) fails the dump (1412), as in a move's
+		// copy: a new snapshot sees it.
+		if attempt < 5 && strings.Contains(stderr.String(), "1412") && ctx.Err() == nil {
+			m.Log.Info("failback: a table changed during the dump; dumping again", "cell", c.Name, "attempt", attempt)
+			continue
+		}
 		return fmt.Errorf("mover: %s of %s's promoted server: %w: %s", m.Dump, c.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
