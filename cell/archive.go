@@ -33,10 +33,27 @@ type archiver struct {
 	packets, claims, cents *prometheus.CounterVec // by space
 	unsettled, at          *prometheus.GaugeVec   // by space
 	failures               *prometheus.CounterVec // by space
+
+	exportAfter time.Duration // Config.ExportAfter; 0: off
+	exportDir   string        // Config.ExportDir
+
+	exported       *prometheus.CounterVec // by space, kind
+	exportFiles    *prometheus.CounterVec // by space
+	exportFailures *prometheus.CounterVec // by space
+	exportHeld     *prometheus.GaugeVec   // by space
 }
 
-func newArchiver(spaces [2]*space, owns func(model.ShardID) bool, retention, interval time.Duration, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *archiver {
-	a := &archiver{spaces: spaces, owns: owns, retention: retention, interval: interval, clock: clk, log: log,
+func newArchiver(spaces [2]*space, owns func(model.ShardID) bool, cfg Config, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *archiver {
+	a := &archiver{spaces: spaces, owns: owns, retention: cfg.Retention, interval: cfg.ArchiveInterval, clock: clk, log: log,
+		exportAfter: cfg.ExportAfter, exportDir: cfg.ExportDir,
+		exported: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_exported_rows_total",
+			Help: "Rows the retention export wrote to files and deleted, by kind (packets, claims, flows, rewards, coupons)."}, []string{"space", "kind"}),
+		exportFiles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_export_files_total",
+			Help: "Export files written and recorded (each with its .sha256)."}, []string{"space"}),
+		exportFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_export_failures_total",
+			Help: "Export passes that ended with an error (what they exported stays exported; the next pass goes on)."}, []string{"space"}),
+		exportHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_cell_export_held_databases",
+			Help: "Databases whose claims and credits the last export pass kept: reconciliation has not checked them yet."}, []string{"space"}),
 		packets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_archived_packets_total",
 			Help: "Settled packets moved from their day tables to the archive tables (older than the retention)."}, []string{"space"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_archived_claims_total",
@@ -50,13 +67,19 @@ func newArchiver(spaces [2]*space, owns func(model.ShardID) bool, retention, int
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_archive_failures_total",
 			Help: "Archive passes that ended with an error (what they moved stays moved; the next pass goes on)."}, []string{"space"}),
 	}
-	reg.MustRegister(a.packets, a.claims, a.cents, a.unsettled, a.at, a.failures)
+	reg.MustRegister(a.packets, a.claims, a.cents, a.unsettled, a.at, a.failures, a.exported, a.exportFiles, a.exportFailures, a.exportHeld)
 	for _, sp := range spaces { // every series from the start, at 0
 		a.packets.WithLabelValues(sp.name)
 		a.claims.WithLabelValues(sp.name)
 		a.cents.WithLabelValues(sp.name)
 		a.unsettled.WithLabelValues(sp.name)
 		a.failures.WithLabelValues(sp.name)
+		for _, k := range exportKinds {
+			a.exported.WithLabelValues(sp.name, k)
+		}
+		a.exportFiles.WithLabelValues(sp.name)
+		a.exportFailures.WithLabelValues(sp.name)
+		a.exportHeld.WithLabelValues(sp.name)
 	}
 	return a
 }
@@ -72,13 +95,18 @@ func (a *archiver) run(ctx context.Context) {
 		return
 	case <-a.clock.After(min(archiveFirst, a.interval)):
 	}
-	pass := func(int) {
-		for _, sp := range a.spaces {
-			a.once(ctx, sp)
+	a.pass(ctx)
+	clock.Every(ctx, a.clock, a.interval, func(int) { a.pass(ctx) })
+}
+
+// pass archives each space, then, when the export is on and the archive
+// pass went well, exports it.
+func (a *archiver) pass(ctx context.Context) {
+	for _, sp := range a.spaces {
+		if _, err := a.once(ctx, sp); err == nil && a.exportAfter > 0 {
+			_, _ = a.export(ctx, sp) // logged and counted
 		}
 	}
-	pass(0)
-	clock.Every(ctx, a.clock, a.interval, pass)
 }
 
 // once runs one pass over sp: packets created before now - retention.
@@ -107,6 +135,37 @@ func (a *archiver) once(ctx context.Context, sp *space) (storage.ArchiveResult, 
 	if res.Unsettled > 0 {
 		a.log.Warn("archive: packets older than the retention are still open (not refunded): their day tables are not empty",
 			"space", sp.name, "packets", res.Unsettled)
+	}
+	return res, nil
+}
+
+// exportKinds are the kinds of rows storage.ExportResult counts.
+var exportKinds = []string{"packets", "claims", "flows", "rewards", "coupons"}
+
+// export runs one retention export over sp (storage.ExportPass): rows older
+// than exportAfter go to files under exportDir and leave their tables.
+func (a *archiver) export(ctx context.Context, sp *space) (storage.ExportResult, error) {
+	start := a.clock.Now()
+	before := start.Add(-a.exportAfter)
+	res, err := storage.Export(ctx, sp.store, storage.ExportPass{Owns: a.owns, BeforeMS: before.UnixMilli(), Dir: a.exportDir})
+	if errors.Is(err, storage.ErrNoArchive) {
+		return res, nil
+	}
+	for _, k := range exportKinds {
+		a.exported.WithLabelValues(sp.name, k).Add(float64(res.Rows[k]))
+	}
+	a.exportFiles.WithLabelValues(sp.name).Add(float64(res.Files))
+	if err != nil {
+		a.exportFailures.WithLabelValues(sp.name).Inc()
+		a.log.Warn("export: pass failed; the next one goes on", "space", sp.name, "files", res.Files, "err", err)
+		return res, err
+	}
+	a.exportHeld.WithLabelValues(sp.name).Set(float64(res.Held))
+	if res.Files > 0 || res.Orphans > 0 {
+		a.log.Info("export: rows past the retention written to files and deleted", "space", sp.name, "files", res.Files,
+			"packets", res.Rows["packets"], "claims", res.Rows["claims"], "flows", res.Rows["flows"], "rewards", res.Rows["rewards"],
+			"coupons", res.Rows["coupons"], "cents", res.Cents, "orphan_files_removed", res.Orphans, "created_before", before.UTC().Format(time.RFC3339),
+			"dir", a.exportDir, "took", a.clock.Now().Sub(start).Round(time.Millisecond))
 	}
 	return res, nil
 }

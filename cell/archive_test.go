@@ -25,11 +25,18 @@ type cutStore struct {
 	cuts      []int64
 	res       storage.ArchiveResult
 	failAfter bool
+	exports   []storage.ExportPass // the export passes asked for
+	exported  storage.ExportResult // what each answers
 }
 
 func (c *cutStore) CommitGroup(_ context.Context, ops []storage.Op) error {
 	if len(ops) != 1 {
 		return fmt.Errorf("cutStore runs one archive pass at a time, not %d ops", len(ops))
+	}
+	if x, ok := ops[0].(*storage.ExportPass); ok {
+		c.exports = append(c.exports, *x)
+		x.Result = c.exported
+		return nil
 	}
 	a, ok := ops[0].(*storage.ArchivePass)
 	if !ok {
@@ -56,7 +63,7 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: shadow}},
-		func(model.ShardID) bool { return true }, 7*24*time.Hour, time.Hour, clk, log, reg)
+		func(model.ShardID) bool { return true }, Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, reg)
 	for _, sp := range a.spaces {
 		if _, err := a.once(context.Background(), sp); err != nil {
 			t.Fatal(err)
@@ -90,13 +97,13 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	// A store without day tables (storage.ErrNoArchive): skipped, no failure counted.
 	mem := memstore.New(clk)
 	plain := newArchiver([2]*space{{name: "real", store: mem}, {name: "shadow", store: mem}},
-		a.owns, 7*24*time.Hour, time.Hour, clk, log, prometheus.NewRegistry())
+		a.owns, Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, prometheus.NewRegistry())
 	if _, err := plain.once(context.Background(), plain.spaces[0]); err != nil {
 		t.Fatalf("a store without day tables: %v", err)
 	}
 	check(plain.failures.WithLabelValues("real"), 0)
 
-	off := newArchiver(a.spaces, a.owns, 0, time.Hour, clk, a.log, prometheus.NewRegistry())
+	off := newArchiver(a.spaces, a.owns, Config{ArchiveInterval: time.Hour}, clk, a.log, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { off.run(ctx); close(done) }()
@@ -107,4 +114,46 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 		t.Fatal("run with retention 0 did not return")
 	}
 	cancel()
+}
+
+// TestArchiverExports: with export_days set, each pass exports a space
+// after archiving it, asking for rows older than now - ExportAfter into
+// ExportDir, and counts what it exported by kind; a space whose archive
+// pass failed is not exported in that pass; with ExportAfter 0 nothing is.
+func TestArchiverExports(t *testing.T) {
+	now := time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewManual(now)
+	real := &cutStore{exported: storage.ExportResult{Files: 3, Rows: map[string]int64{"flows": 7, "packets": 2, "claims": 5}, Held: 1}}
+	broken := &cutStore{failAfter: true}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour, ExportAfter: 30 * 24 * time.Hour, ExportDir: "/var/lib/redcell/export"}
+	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: broken}},
+		func(model.ShardID) bool { return true }, cfg, clk, log, prometheus.NewRegistry())
+	a.pass(context.Background())
+	a.pass(context.Background()) // the shadow space's archive pass fails this time
+	want := now.Add(-30 * 24 * time.Hour).UnixMilli()
+	if len(real.exports) != 2 || real.exports[0].BeforeMS != want || real.exports[0].Dir != cfg.ExportDir {
+		t.Fatalf("real space's exports %+v; want 2 before %d into %s", real.exports, want, cfg.ExportDir)
+	}
+	if len(broken.exports) != 1 {
+		t.Fatalf("the shadow space was exported %d times; want once (its second archive pass failed)", len(broken.exports))
+	}
+	for kind, n := range map[string]float64{"flows": 14, "packets": 4, "claims": 10, "rewards": 0} {
+		if got := testutil.ToFloat64(a.exported.WithLabelValues("real", kind)); got != n {
+			t.Errorf("exported %s: %v, want %v", kind, got, n)
+		}
+	}
+	if got := testutil.ToFloat64(a.exportFiles.WithLabelValues("real")); got != 6 {
+		t.Errorf("files %v, want 6", got)
+	}
+	if got := testutil.ToFloat64(a.exportHeld.WithLabelValues("real")); got != 1 {
+		t.Errorf("held %v, want 1", got)
+	}
+	off := &cutStore{}
+	plain := newArchiver([2]*space{{name: "real", store: off}, {name: "shadow", store: off}}, a.owns,
+		Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, prometheus.NewRegistry())
+	plain.pass(context.Background())
+	if len(off.cuts) != 2 || len(off.exports) != 0 {
+		t.Fatalf("export off: %d archive passes, %d exports; want 2, 0", len(off.cuts), len(off.exports))
+	}
 }

@@ -48,6 +48,14 @@ const (
 // began.
 const MaxRetention = 25 * 24 * time.Hour
 
+// MinExportMargin and MaxExportAfter bound Config.ExportAfter: a row leaves
+// its table at least a week after its packet was archived, and within ten
+// years.
+const (
+	MinExportMargin = 7 * 24 * time.Hour
+	MaxExportAfter  = 3650 * 24 * time.Hour
+)
+
 // Config is one cell's configuration. Start from DefaultConfig.
 type Config struct {
 	Name   string          // unique cell name, announced through memberlist
@@ -211,6 +219,17 @@ type Config struct {
 	Retention time.Duration
 	// ArchiveInterval is how often the archive pass runs (with Retention).
 	ArchiveInterval time.Duration
+	// ExportAfter is how old rows get before the export pass, run after
+	// each archive pass, writes them to checksummed files under ExportDir
+	// and deletes them (storage.ExportPass): archived packets with their
+	// claims, flows, booked rewards, refused coupon requests. 0 (the
+	// default) turns it off; else at least Retention + MinExportMargin, so
+	// the archive, the relay, reconciliation and the audits are done with
+	// a row before it leaves, and at most MaxExportAfter.
+	ExportAfter time.Duration
+	// ExportDir is the directory the export files go to (one folder per
+	// database); needed when ExportAfter is set.
+	ExportDir string
 	// ShadowRetention: once the cell has served no stress traffic for this
 	// long, it drops its shadow space (the shadow databases of the databases
 	// it owns, as POST /admin/shadow/cleanup does), checked every 10
@@ -454,6 +473,10 @@ func (c Config) Validate() error {
 	if c.Retention != 0 && (c.Retention < c.PacketExpiry+72*time.Hour || c.Retention > MaxRetention) {
 		bad("Retention (retention_days) must be 0 (off) or from packet_expiry + 72h (%s) to %s, got %s",
 			c.PacketExpiry+72*time.Hour, MaxRetention, c.Retention)
+	}
+	if c.ExportAfter != 0 && (c.Retention == 0 || c.ExportAfter < c.Retention+MinExportMargin || c.ExportAfter > MaxExportAfter || c.ExportDir == "") {
+		bad("ExportAfter (export_days) must be 0 (off) or, with archiving on (retention_days), from retention_days + 7 days (%s) to %s, with ExportDir (export_dir) set; got %s, dir %q",
+			c.Retention+MinExportMargin, MaxExportAfter, c.ExportAfter, c.ExportDir)
 	}
 	if c.FailoverAfter < 2*time.Second || c.FailoverAfter > time.Hour {
 		bad("FailoverAfter (failover_after) must be 2s..1h, got %s", c.FailoverAfter)

@@ -308,7 +308,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
 	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
-	s.archive = newArchiver(s.spaces, s.Owns, cfg.Retention, cfg.ArchiveInterval, clk, log, reg)
+	s.archive = newArchiver(s.spaces, s.Owns, cfg, clk, log, reg)
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
 	s.recon = recon.New(recon.Config{Cell: cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
 		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: clk, Log: log, Reg: reg},

@@ -29,6 +29,12 @@ type Ledger struct {
 	// The coupon requests, an issued one holding its coupon (t_coupon_req); the
 	// batches' stock rows are among RewardRows.Budgets.
 	CouponRows CouponRows
+	// Exported is what the retention export took out of the tables
+	// (storage.ExportPass). Exported flows other than credits are inside
+	// the flow sums above, exported packets inside the packet sums; the
+	// exported claims and credits are only here (Claims and Credits hold
+	// the rows still in the tables).
+	Exported Exported
 }
 
 // NewLedger returns an empty ledger of cell, its maps made.
@@ -62,6 +68,7 @@ func (l *Ledger) Merge(part Ledger) {
 	l.Problems = append(l.Problems, part.Problems...)
 	l.RewardRows.merge(part.RewardRows)
 	l.CouponRows.merge(part.CouponRows)
+	l.Exported.Add(part.Exported)
 }
 
 // AuditReport is the conservation check of DESIGN.md §2 across cells:
@@ -87,6 +94,11 @@ type AuditReport struct {
 	// Coupons checks the coupon rows against the batches' stock rows
 	// (auditCoupons; CheckCoupons adds the limits).
 	Coupons CouponReport `json:"coupons"`
+	// Exported is what the cells' retention exports took out of the
+	// tables, counted in the sums above: claims and credits dated before
+	// Exported.Horizon are compared by sums (InFlight holds what their
+	// claims exceed their credits by), not row by row.
+	Exported Exported `json:"exported"`
 	// Copies are the databases found on a cell's server that the cell does
 	// not own by the cluster's shard map: none of their rows is in the sums
 	// above (AddCopies).
@@ -182,12 +194,24 @@ func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 
 // claim credited in two cells. Claims not credited yet are in flight. A problem between rows names
 // where each row is (its cell and database), the act_ids and the amounts in
 // cents, so that an operator can find the rows.
+//
+// Claims and credits dated before the latest export horizon of any ledger
+// (Exported.Horizon: one of them may be in an export file) are not matched
+// row by row; their sums, with the exported ones', must show no more
+// credited than claimed, and what is claimed beyond the credited is in flight.
 func Audit(ledgers []Ledger) AuditReport {
 	var r AuditReport
 	claims := map[string]Claim{}
 	credits := map[string]Credit{}
 	claimAt := map[string][]placed[Claim]{}   // every claim row, by claim ID: where it is
 	creditAt := map[string][]placed[Credit]{} // every credit row, by claim ID: where it is
+	for _, l := range ledgers {
+		r.Exported.Add(l.Exported)
+	}
+	// Below the horizon a claim or its credit may be in an export file
+	// already: such claims and credits are summed, with the exported ones.
+	horizon := r.Exported.Horizon
+	oldClaims, oldCredits := r.Exported.ClaimCents, r.Exported.CreditCents
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
@@ -229,6 +253,10 @@ func Audit(ledgers []Ledger) AuditReport {
 	// is computed from the rows as they are, so money credited without a claim, or
 	// more than claimed, shows there too.
 	for id, cr := range credits {
+		if BelowHorizon(id, horizon) {
+			oldCredits += cr.Amount
+			continue
+		}
 		c, ok := claims[id]
 		at := creditAt[id][len(creditAt[id])-1]
 		switch {
@@ -240,12 +268,21 @@ func Audit(ledgers []Ledger) AuditReport {
 		}
 	}
 	for id, c := range claims {
+		if BelowHorizon(id, horizon) {
+			oldClaims += c.Amount
+			continue
+		}
 		if _, ok := credits[id]; ok {
 			continue
 		}
 		r.InFlight += c.Amount
 		r.InFlightCount++
 	}
+	if oldCredits > oldClaims {
+		r.Problems = append(r.Problems, fmt.Sprintf("claims dated before %s (in the tables and exported) sum to %d cents, their credits to %d: more credited than claimed",
+			horizon, oldClaims, oldCredits))
+	}
+	r.InFlight += oldClaims - oldCredits
 	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
 	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
 	auditRewards(ledgers, &r)

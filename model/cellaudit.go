@@ -37,6 +37,11 @@ type CellAudit struct {
 	Difference  Cents          `json:"difference"`
 	Differences map[string]int `json:"differences"` // kind (DiffKinds) -> count
 	Problems    []string       `json:"problems"`
+	// Exported is what the retention export took out of the tables, inside
+	// the sums above; claims and credits dated before its Horizon are not
+	// compared row by row (Claims, CreditsPending and the differences count
+	// those after it).
+	Exported Exported `json:"exported"`
 }
 
 // OK reports whether the cell's books hold with no problem.
@@ -82,6 +87,7 @@ type CellBooks struct {
 	CreditsElsewhere int      // credits of claims whose packet shard is not owned
 	Problems         []string // row-level problems (Ledger.Problems)
 	Diffs            DiffTally
+	Exported         Exported // exported rows, inside the sums above (Claimed and CreditsIn with theirs)
 }
 
 // CellBooksOf derives a cell's books from its ledger: the checks of
@@ -89,7 +95,8 @@ type CellBooks struct {
 func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 	b := CellBooks{Cell: l.Cell, Deposits: l.Deposits, Rewards: l.Rewards, RefundFlows: l.RefundFlows, Sends: l.Sends,
 		Withdrawals: l.Withdrawals, Balances: l.Balances, PacketTotals: l.PacketTotals, RefundAmounts: l.RefundAmounts,
-		OpenRemaining: l.OpenRemaining, Packets: l.Packets, Claims: len(l.Claims), Problems: l.Problems}
+		OpenRemaining: l.OpenRemaining, Packets: l.Packets, Claims: len(l.Claims), Problems: l.Problems, Exported: l.Exported,
+		Claimed: l.Exported.ClaimCents, CreditsIn: l.Exported.CreditCents}
 	for _, c := range l.Claims {
 		b.Claimed += c.Amount
 	}
@@ -99,7 +106,7 @@ func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 	diffs := Diffs{}
 	checked := map[string]bool{} // credits compared from the claim side
 	for id, c := range l.Claims {
-		if !owns(c.ActShard) {
+		if !owns(c.ActShard) || BelowHorizon(id, l.Exported.Horizon) {
 			continue // its claimant's cell checks the credit (recon, redcell audit)
 		}
 		cr, ok := l.Credits[id]
@@ -112,6 +119,9 @@ func CellBooksOf(l Ledger, owns func(ShardID) bool) CellBooks {
 		checked[id] = true
 	}
 	for id, cr := range l.Credits {
+		if BelowHorizon(id, l.Exported.Horizon) {
+			continue // its claim may be in an export file
+		}
 		ref, _, err := ParseClaimID(id)
 		if err == nil && !owns(ref.Shard) {
 			b.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
@@ -139,7 +149,7 @@ func (b CellBooks) Audit() CellAudit {
 	a := CellAudit{Cell: b.Cell, Deposits: b.Deposits, Rewards: b.Rewards, CreditsIn: b.CreditsIn, RefundFlows: b.RefundFlows,
 		Sends: b.Sends, Withdrawals: b.Withdrawals, Balances: b.Balances, PacketTotals: b.PacketTotals, Claimed: b.Claimed, RefundAmounts: b.RefundAmounts,
 		OpenRemaining: b.OpenRemaining, Packets: b.Packets, Claims: b.Claims, CreditsPending: b.CreditsPending,
-		CreditsElsewhere: b.CreditsElsewhere, Differences: map[string]int{}}
+		CreditsElsewhere: b.CreditsElsewhere, Differences: map[string]int{}, Exported: b.Exported}
 	a.Problems = append(a.Problems, b.Problems...)
 	a.Difference = a.Deposits + a.Rewards + a.CreditsIn + a.RefundFlows - a.Sends - a.Withdrawals - a.Balances
 	if a.Difference != 0 {

@@ -27,6 +27,7 @@ type ArchiveResult struct {
 }
 
 // ErrNoArchive: the store keeps no day tables, so it has nothing to archive
+// or export
 // (the in-memory store).
 var ErrNoArchive = errors.New("storage: this store keeps no day tables to archive")
 
@@ -52,15 +53,17 @@ func Archive(ctx context.Context, g Grouper, owns func(model.ShardID) bool, befo
 	return op.Result, err
 }
 
-// archiveOps runs the ArchivePass op.
+// archiveOps runs the ArchivePass and ExportPass ops.
 func (m *MySQL) archiveOps(ctx context.Context, op Op) (bool, error) {
-	a, ok := op.(*ArchivePass)
-	if !ok {
-		return false, nil
+	switch a := op.(type) {
+	case *ArchivePass:
+		var err error
+		a.Result, err = m.archive(ctx, a.Owns, a.BeforeMS)
+		return true, err
+	case *ExportPass:
+		return true, m.export(ctx, a)
 	}
-	var err error
-	a.Result, err = m.archive(ctx, a.Owns, a.BeforeMS)
-	return true, err
+	return false, nil
 }
 
 // archiveChunk is how many packets one archive transaction moves.

@@ -83,6 +83,10 @@ func (m *MySQL) creditsHereTx(ctx context.Context, tx *sql.Tx, credits []model.C
 // bookCredits is applyCreditsTx with nw, the prefix each statement runs
 // under (noWait, noWaitAny).
 func (m *MySQL) bookCredits(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool, nw string) (applied int, deferred []string, err error) {
+	credits, err = m.dropExported(ctx, tx, credits)
+	if err != nil {
+		return 0, nil, err
+	}
 	sorted := lockOrder(credits)
 	for len(sorted) > 0 {
 		chunk := sorted[:min(len(sorted), creditRowsMax)]

@@ -27,7 +27,8 @@ var tableName = regexp.MustCompile(`^t_(account|flow|packet|claim)_([0-9])(?:_([
 // The coupon tables of a version that kept coupons apart are read by the
 // ledger alone: ledgerCoupons.)
 var dbTables = map[string]string{"t_reward": "reward", "t_budget": "budget", "t_budget_lease": "lease",
-	"t_coupon_req": "coupon_req", "t_coupon": "coupon_old", "t_coupon_folding": "coupon_folding", "t_coupon_folded": "coupon_folded"}
+	"t_coupon_req": "coupon_req", "t_coupon": "coupon_old", "t_coupon_folding": "coupon_folding", "t_coupon_folded": "coupon_folded",
+	"t_export_carry": "carry", "t_flow_carry": "flowcarry", "t_export_log": "exportlog"}
 
 // tables lists redcell's tables on the server.
 func (m *MySQL) tables(ctx context.Context, tx rowsQueryer) ([]tableRef, error) {
@@ -154,7 +155,7 @@ func (m *MySQL) snapshotTables(ctx context.Context, what string) (tx *sql.Conn, 
 
 func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, error) {
 	l := model.NewLedger(cell)
-	tx, byKind, _, done, err := m.snapshotTables(ctx, "ledger")
+	tx, byKind, exists, done, err := m.snapshotTables(ctx, "ledger")
 	if err != nil {
 		return l, err
 	}
@@ -164,7 +165,7 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 		sql  func(t tableRef) string
 		scan func(rows *sql.Rows, l *model.Ledger) error
 	}{
-		{"account", m.ledgerAccountSQL, scanAccounts},
+		{"account", m.ledgerAccountSQL(exists), scanAccounts},
 		{"flow", m.ledgerFlowSQL, scanFlows},
 		{"packet", m.ledgerPacketSQL, scanPackets},
 		{"claim", m.ledgerClaimSQL, scanClaims},
@@ -175,6 +176,11 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 	if err := m.ledgerCoupons(ctx, tx, byKind, &l); err != nil {
 		return l, err
 	}
+	exported, err := m.exportedSums(ctx, tx, byKind["carry"])
+	if err != nil {
+		return l, err
+	}
+	l.Merge(exported)
 	for _, r := range readers {
 		list := byKind[r.kind]
 		for start := 0; start < len(list); start += ledgerChunk {
@@ -194,15 +200,25 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 // Every per-table query returns rows of the same shape so they can be UNIONed:
 // a row type tag first, then the values.
 
-// ledgerAccountSQL: ('sum', shard, SUM(balance), ”, 0) and one ('bad', shard,
-// balance, act_id, flows) per account whose balance differs from its flows.
-func (m *MySQL) ledgerAccountSQL(t tableRef) string {
-	s := t.shard
-	return fmt.Sprintf("SELECT 'sum' AS k, %d AS shard, COALESCE(SUM(balance), 0) AS v, '' AS id, 0 AS w FROM %s "+
-		"UNION ALL (SELECT 'bad', %d, a.balance, a.act_id, COALESCE(f.total, 0) FROM %s a LEFT JOIN "+
-		"(SELECT act_id, SUM(amount) AS total FROM %s GROUP BY act_id) f ON f.act_id = a.act_id "+
-		"WHERE a.balance <> COALESCE(f.total, 0) OR a.balance < 0 LIMIT 100)",
-		int(s), m.accountTable(s), int(s), m.accountTable(s), m.flowTable(s))
+// ledgerAccountSQL answers, for the tables that exist, a table's statement:
+// ('sum', shard, SUM(balance), ”, 0) and one ('bad', shard, balance, act_id,
+// flows) per account whose balance differs from its flows (those in the
+// table and, where its database exported some, the exported ones'
+// sum: t_flow_carry).
+func (m *MySQL) ledgerAccountSQL(exists map[tableRef]bool) func(t tableRef) string {
+	return func(t tableRef) string {
+		s := t.shard
+		flows, total := "", "COALESCE(f.total, 0)"
+		if carried := m.flowCarried(s, exists); carried != "" {
+			flows = " LEFT JOIN (" + carried + ") x ON x.act_id = a.act_id"
+			total = "COALESCE(f.total, 0) + COALESCE(x.total, 0)"
+		}
+		return fmt.Sprintf("SELECT 'sum' AS k, %d AS shard, COALESCE(SUM(balance), 0) AS v, '' AS id, 0 AS w FROM %s "+
+			"UNION ALL (SELECT 'bad', %d, a.balance, a.act_id, %s FROM %s a LEFT JOIN "+
+			"(SELECT act_id, SUM(amount) AS total FROM %s GROUP BY act_id) f ON f.act_id = a.act_id%s "+
+			"WHERE a.balance <> %s OR a.balance < 0 LIMIT 100)",
+			int(s), m.accountTable(s), int(s), total, m.accountTable(s), m.flowTable(s), flows, total)
+	}
 }
 
 func scanAccounts(rows *sql.Rows, l *model.Ledger) error {

@@ -429,6 +429,15 @@ func (m *MySQL) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 			return 0, fmt.Errorf("storage: lease spent: %w", err)
 		}
 		total += n
+		// What the lease's exported rewards spent (ExportPass).
+		err = m.db.QueryRowContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = ?", "lease:"+leaseID).Scan(&n)
+		switch {
+		case errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable):
+		case err != nil:
+			return 0, fmt.Errorf("storage: lease spent: %w", err)
+		default:
+			total += n
+		}
 	}
 	return total, nil
 }

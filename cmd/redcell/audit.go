@@ -94,6 +94,13 @@ func printAudit(w io.Writer, r model.AuditReport) {
 			fmt.Fprintf(w, "  coupon batch %-34s stock %d = issued %d + left %d + written off %d\n", b.Batch, b.Stock, b.Issued, b.Left, b.WrittenOff)
 		}
 	}
+	if x := r.Exported; x.Horizon != "" || x.Flows > 0 || x.Packets > 0 || x.Rewards > 0 || x.Coupons > 0 {
+		fmt.Fprintf(w, "  exported        %14d packets (%d cents), %d claims (%d cents), %d flows (%d credits, %d cents), %d rewards, %d coupon requests; in the sums above\n",
+			x.Packets, x.PacketCents, x.Claims, x.ClaimCents, x.Flows, x.Credits, x.CreditCents, x.Rewards, x.Coupons)
+		if x.Horizon != "" {
+			fmt.Fprintf(w, "  export horizon  %14s (claims and credits dated before it are compared by sums)\n", x.Horizon)
+		}
+	}
 	printCopies(w, r.Copies)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)

@@ -138,6 +138,8 @@ type cellSection struct {
 	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
 	RetentionDays   *int                  `yaml:"retention_days"`   // settled packets older than this move to the archive tables; 0: off
 	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
+	ExportDays      int                   `yaml:"export_days"`      // rows older than this go to export files and leave their tables; 0: off
+	ExportDir       string                `yaml:"export_dir"`       // where the export files go; "": export/<cell name> beside the config file
 	ShadowRetention *time.Duration        `yaml:"shadow_retention"` // drop the shadow space after this long without stress traffic; nil: 72h; 0: never
 	FailoverAfter   time.Duration         `yaml:"failover_after"`   // a cell with a standby promotes it after its primary is down this long
 	LeaseTTL        time.Duration         `yaml:"lease_ttl"`        // how long a cell process's serving lease lasts unrenewed (4s): another process of the cell takes over after it
@@ -449,6 +451,14 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 		c.Retention = time.Duration(*days) * 24 * time.Hour
 	}
 	setDur(&c.ArchiveInterval, s.ArchiveInterval)
+	if s.ExportDays < 0 || s.ExportDays > int(cell.MaxExportAfter/(24*time.Hour)) {
+		return c, "", fmt.Errorf("config: cell.export_days must be 0 (off) .. %d, got %d", int(cell.MaxExportAfter/(24*time.Hour)), s.ExportDays)
+	}
+	c.ExportAfter = time.Duration(s.ExportDays) * 24 * time.Hour
+	c.ExportDir = fc.path(s.ExportDir)
+	if c.ExportDir == "" {
+		c.ExportDir = fc.path(filepath.Join("export", name))
+	}
 	if s.ShadowRetention != nil {
 		c.ShadowRetention = *s.ShadowRetention
 	}

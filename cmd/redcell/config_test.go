@@ -433,6 +433,34 @@ func TestRetentionConfig(t *testing.T) {
 	}
 }
 
+// TestExportConfig: export_days turns the retention export on (0, the
+// default, off), its files going to export_dir resolved against the config
+// file's directory, or export/<cell name> beside it; below retention_days +
+// 7, with archiving off, or above 3650 days it is refused.
+func TestExportConfig(t *testing.T) {
+	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
+	cellOf := func(body string) (cell.Config, error) { t.Helper(); return cellFromFile(t, oneCell+body) }
+	day := 24 * time.Hour
+	c, err := cellOf("")
+	if err != nil || c.ExportAfter != 0 {
+		t.Fatalf("default: export after %s, %v; want off", c.ExportAfter, err)
+	}
+	c, err = cellOf("cell:\n  export_days: 14\n")
+	if err != nil || c.ExportAfter != 14*day || !filepath.IsAbs(c.ExportDir) || filepath.Base(filepath.Dir(c.ExportDir)) != "export" || filepath.Base(c.ExportDir) != c.Name {
+		t.Fatalf("export_days 14: %s into %q, %v; want 14 days into <config dir>/export/%s", c.ExportAfter, c.ExportDir, err, c.Name)
+	}
+	c, err = cellOf("cell:\n  export_days: 400\n  retention_days: 20\n  export_dir: /srv/exports\n")
+	if err != nil || c.ExportAfter != 400*day || c.ExportDir != "/srv/exports" {
+		t.Fatalf("export_days 400: %s into %q, %v", c.ExportAfter, c.ExportDir, err)
+	}
+	for _, body := range []string{"cell:\n  export_days: 13\n", "cell:\n  export_days: 26\n  retention_days: 20\n",
+		"cell:\n  export_days: 30\n  retention_days: 0\n", "cell:\n  export_days: 3651\n", "cell:\n  export_days: -1\n"} {
+		if _, err := cellOf(body); err == nil || !strings.Contains(err.Error(), "export_days") {
+			t.Errorf("%q: %v, want an export_days error", body, err)
+		}
+	}
+}
+
 // TestStandbyConfig: a cell entry's standby_dsn and the shared
 // failover_after reach the cell's config; failover_after outside 2s..1h, or
 // a standby that is the primary, is refused.

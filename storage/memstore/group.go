@@ -320,13 +320,15 @@ func (s *Store) HoldWallet(sh model.ShardID, actID string) (waiters func() int, 
 	return waiters, release
 }
 
-// archiveOps answers the archive step (storage.ArchivePass): this store
-// keeps no day tables, so storage.ErrNoArchive.
+// archiveOps answers the archive and export steps (storage.ArchivePass,
+// storage.ExportPass): this store keeps no day tables and no export files,
+// so storage.ErrNoArchive.
 func (s *Store) archiveOps(_ context.Context, op storage.Op) (bool, error) {
-	if _, ok := op.(*storage.ArchivePass); !ok {
-		return false, nil
+	switch op.(type) {
+	case *storage.ArchivePass, *storage.ExportPass:
+		return true, storage.ErrNoArchive
 	}
-	return true, storage.ErrNoArchive
+	return false, nil
 }
 
 // Read implements storage.Reader.

@@ -1,0 +1,860 @@
+package storage
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"redcell/model"
+)
+
+// The retention export (ExportPass) takes rows past a cut out of a
+// database's tables into checksummed files, in steps of at most Chunk rows,
+// each step one transaction: the rows are written to a file (fsynced, with
+// its SHA-256 beside it), then deleted, their sums added to the database's
+// carry tables and the file recorded in its export log, in one commit. A
+// file no log row names (a step that failed or died before its commit) is
+// removed by the next pass over that database, so the files on disk hold
+// each exported row exactly once.
+//
+// Three tables in each database (db_XX) keep what the audits need of the
+// rows that left, and move with the database:
+//   - t_export_carry: sums by key (k): "flow:KIND" (rows, signed sum),
+//     "packets", "packet_refunds", "packet_remaining", "claims",
+//     "rewards", "reward_issued", "reward_booked", "reward_into_wallet",
+//     "lease:ID" (what the lease's exported rewards spent), "coupon_refused",
+//     "coupon_refused_no_reason", and "horizon" (the claim date, YYYYMMDD as
+//     a number, below which claims and credits were exported);
+//   - t_flow_carry: per account, the sum of its exported flows, so its
+//     balance is still carry + the flows in the table;
+//   - t_export_log: one row per file (relative name, kind, rows, cents,
+//     SHA-256).
+const (
+	exportEnsure = -7 // the ensureKey.day of a database's export tables
+
+	// DefaultExportChunk is ExportPass.Chunk's default: rows one step exports.
+	DefaultExportChunk = 1000
+)
+
+func (m *MySQL) carryTable(db int) string     { return m.tableNamesOf().db[db] + ".t_export_carry" }
+func (m *MySQL) flowCarryTable(db int) string { return m.tableNamesOf().db[db] + ".t_flow_carry" }
+func (m *MySQL) exportLogTable(db int) string { return m.tableNamesOf().db[db] + ".t_export_log" }
+
+func (m *MySQL) exportDDL(db int) []string {
+	return []string{
+		"CREATE TABLE IF NOT EXISTS " + m.carryTable(db) + ` (
+  k      VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  n      BIGINT NOT NULL DEFAULT 0,
+  amount BIGINT NOT NULL DEFAULT 0
+) ENGINE=InnoDB`,
+		"CREATE TABLE IF NOT EXISTS " + m.flowCarryTable(db) + ` (
+  act_id VARCHAR(64) NOT NULL PRIMARY KEY,
+  n      BIGINT NOT NULL,
+  amount BIGINT NOT NULL
+) ENGINE=InnoDB`,
+		"CREATE TABLE IF NOT EXISTS " + m.exportLogTable(db) + ` (
+  file       VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  kind       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  n          BIGINT NOT NULL,
+  cents      BIGINT NOT NULL,
+  sha256     CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  created_ms BIGINT NOT NULL
+) ENGINE=InnoDB`,
+	}
+}
+
+// ExportResult is what one ExportPass did, for logs and metrics.
+type ExportResult struct {
+	Files   int              // files written and recorded
+	Rows    map[string]int64 // rows exported, by kind: "packets", "claims", "flows", "rewards", "coupons"
+	Cents   model.Cents      // the exported packets' and flows' amounts (flows as absolute values)
+	Orphans int              // files of earlier steps that never committed, removed
+	// Held counts databases whose claims and credits were not exported:
+	// reconciliation has not checked them (no position), so their claims
+	// stay until it has.
+	Held int
+}
+
+// ExportPass is one retention export over the databases Owns says are the
+// cell's (as a typed op through CommitGroup): rows created before BeforeMS
+// (Unix ms) leave their tables for files under Dir/<database>/:
+//   - archived packets with their claims (t_packet_Y_00, t_claim_Y_00), by
+//     the date in their IDs, and credit flows by their claims' dates: dated
+//     before the day of the earliest of BeforeMS, the relay's position and
+//     reconciliation's position in the database (a database reconciliation
+//     never checked keeps them: Result.Held), so a claim and its credit are
+//     exported by the same rule wherever they are, never before the relay
+//     and reconciliation are past them;
+//   - other flows (deposits, sends, refunds, rewards, withdrawals) created
+//     before BeforeMS;
+//   - booked reward rows created before BeforeMS;
+//   - refused coupon requests accepted before BeforeMS (an issued request is
+//     the coupon its person holds, and stays).
+//
+// An order number repeated after its row left is a new request: the
+// retention must be longer than any client retries. Errors: ErrNoArchive
+// from a store without these tables (memstore), the database's, the file
+// system's; what a step committed before an error stays exported.
+type ExportPass struct {
+	Owns     func(model.ShardID) bool
+	BeforeMS int64
+	Dir      string
+	Chunk    int // rows per step; 0: DefaultExportChunk
+
+	Result ExportResult
+}
+
+func (*ExportPass) isOp() {}
+
+// Export runs one ExportPass through g and answers its result.
+func Export(ctx context.Context, g Grouper, p ExportPass) (ExportResult, error) {
+	err := g.CommitGroup(ctx, []Op{&p})
+	return p.Result, err
+}
+
+// export runs ExportPass p, database after database.
+func (m *MySQL) export(ctx context.Context, p *ExportPass) error {
+	p.Result.Rows = map[string]int64{}
+	if p.Dir == "" {
+		return errors.New("storage: export: no directory for the export files")
+	}
+	if p.Chunk <= 0 {
+		p.Chunk = DefaultExportChunk
+	}
+	all, err := m.tables(ctx, m.db)
+	if err != nil {
+		return err
+	}
+	byDB := map[int][]tableRef{}
+	for _, t := range all {
+		if p.Owns(model.ShardID(t.shard.DB() * 10)) {
+			byDB[t.shard.DB()] = append(byDB[t.shard.DB()], t)
+		}
+	}
+	recon, err := m.reconPositions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, db := range sortedKeys(byDB) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := m.exportDB(ctx, p, db, byDB[db], recon); err != nil {
+			return fmt.Errorf("storage: export of %s: %w", m.tableNamesOf().db[db], err)
+		}
+	}
+	return nil
+}
+
+// exportDB exports one database's rows past the cut (ExportPass).
+func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []tableRef, recon map[int]int64) error {
+	if err := m.ensure(ctx, ensureKey{shard: model.ShardID(db * 10), day: exportEnsure}, m.exportDDL(db)); err != nil {
+		return err
+	}
+	dir := filepath.Join(p.Dir, m.tableNamesOf().db[db])
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	if err := m.removeOrphans(ctx, db, dir, &p.Result); err != nil {
+		return err
+	}
+	// Claims and credits: dated before the day of the claim cut.
+	var date string
+	claimCut := p.BeforeMS
+	pos, err := m.relayPositions(ctx, []int{db})
+	if err != nil {
+		return err
+	}
+	if r, ok := recon[db]; !ok {
+		claimCut = 0
+		p.Result.Held++
+	} else {
+		claimCut = min(claimCut, r)
+		if rp, ok := pos[db]; ok {
+			claimCut = min(claimCut, rp)
+		}
+	}
+	if claimCut > 0 {
+		date = time.UnixMilli(claimCut).UTC().Format("20060102")
+	}
+	has := map[string]bool{}
+	for _, t := range tables {
+		has[t.kind] = true
+	}
+	x := exporter{m: m, p: p, db: db, dir: dir, date: date}
+	for _, t := range tables {
+		if date != "" && t.kind == "packet" && t.day == ArchiveDay && slices.Contains(tables, tableRef{kind: "claim", shard: t.shard, day: ArchiveDay}) {
+			if err := x.loop(ctx, func(ctx context.Context) (bool, error) { return x.packets(ctx, t.shard) }); err != nil {
+				return err
+			}
+		}
+	}
+	for _, t := range tables {
+		if t.kind == "flow" {
+			after := int64(0)
+			if err := x.loop(ctx, func(ctx context.Context) (bool, error) { return x.flows(ctx, t.shard, &after) }); err != nil {
+				return err
+			}
+		}
+	}
+	if has["reward"] {
+		if err := x.loop(ctx, x.rewards); err != nil {
+			return err
+		}
+	}
+	if has["coupon_req"] {
+		if err := x.loop(ctx, x.coupons); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeOrphans removes the files in dir that no row of db's export log
+// names: written by a step that never committed.
+func (m *MySQL) removeOrphans(ctx context.Context, db int, dir string, res *ExportResult) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	base := filepath.Base(dir)
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case strings.HasSuffix(name, ".tmp"):
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				return err
+			}
+		case strings.HasSuffix(name, ".jsonl"):
+			var one int
+			err := m.db.QueryRowContext(ctx, "SELECT 1 FROM "+m.exportLogTable(db)+" WHERE file = ?", base+"/"+name).Scan(&one)
+			if errors.Is(err, sql.ErrNoRows) {
+				res.Orphans++
+				if err := os.Remove(filepath.Join(dir, name)); err != nil {
+					return err
+				}
+				if err := os.Remove(filepath.Join(dir, name+".sha256")); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// exporter runs the steps of one database's export.
+type exporter struct {
+	m    *MySQL
+	p    *ExportPass
+	db   int
+	dir  string
+	date string // claims and credits dated before this (YYYYMMDD) leave; "" none
+}
+
+// loop runs step until it reports it is done.
+func (x *exporter) loop(ctx context.Context, step func(context.Context) (more bool, err error)) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		more, err := step(ctx)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// exportRow is one row read for export: its columns as text (NULL: nil),
+// and which are numbers.
+type exportRow struct {
+	cols []string
+	vals []*string
+	num  []bool
+}
+
+func (r exportRow) str(col string) string {
+	if i := slices.Index(r.cols, col); i >= 0 && r.vals[i] != nil {
+		return *r.vals[i]
+	}
+	return ""
+}
+
+func (r exportRow) int(col string) int64 {
+	n, _ := strconv.ParseInt(r.str(col), 10, 64)
+	return n
+}
+
+// line is the row as one JSON object, "table" first, then its columns in
+// table order (numbers as numbers).
+func (r exportRow) line(table string) []byte {
+	var b strings.Builder
+	t, _ := json.Marshal(table)
+	b.WriteString(`{"table":` + string(t))
+	for i, c := range r.cols {
+		k, _ := json.Marshal(c)
+		b.WriteString("," + string(k) + ":")
+		switch v := r.vals[i]; {
+		case v == nil:
+			b.WriteString("null")
+		case r.num[i]:
+			b.WriteString(*v)
+		default:
+			s, _ := json.Marshal(*v)
+			b.Write(s)
+		}
+	}
+	b.WriteString("}\n")
+	return []byte(b.String())
+}
+
+// readRows reads every column of the rows query answers.
+func readRows(ctx context.Context, q rowsQueryer, query string, args ...any) ([]exportRow, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	types, err := rows.ColumnTypes()
+	if err != nil {
+		return nil, err
+	}
+	num := make([]bool, len(cols))
+	for i, t := range types {
+		switch t.DatabaseTypeName() {
+		case "BIGINT", "INT", "SMALLINT", "TINYINT", "MEDIUMINT", "UNSIGNED BIGINT", "UNSIGNED INT", "UNSIGNED SMALLINT", "UNSIGNED TINYINT":
+			num[i] = true
+		}
+	}
+	var out []exportRow
+	for rows.Next() {
+		ns := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range ns {
+			ptrs[i] = &ns[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		r := exportRow{cols: cols, vals: make([]*string, len(cols)), num: num}
+		for i, v := range ns {
+			if v.Valid {
+				s := v.String
+				r.vals[i] = &s
+			}
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// carry is what one step adds to the database's carry tables.
+type carry struct {
+	sums  map[string][2]int64 // key -> (rows, amount)
+	accts map[string][2]int64 // act_id -> (rows, amount)
+}
+
+func (c *carry) add(k string, n, amount int64) {
+	if c.sums == nil {
+		c.sums = map[string][2]int64{}
+	}
+	v := c.sums[k]
+	c.sums[k] = [2]int64{v[0] + n, v[1] + amount}
+}
+
+func (c *carry) addAct(act string, amount int64) {
+	if c.accts == nil {
+		c.accts = map[string][2]int64{}
+	}
+	v := c.accts[act]
+	c.accts[act] = [2]int64{v[0] + 1, v[1] + amount}
+}
+
+// deletion is one DELETE of a step with the number of rows it must remove.
+type deletion struct {
+	sql  string
+	args []any
+	want int
+}
+
+// commit writes the step's file, then deletes its rows, adds its carry,
+// sets the horizon (when the step exports claims or credits) and records
+// the file, in one transaction. A file whose transaction fails is removed;
+// one whose commit's answer was lost stays until the next pass looks it up.
+func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows int64, cents model.Cents, c carry, dels []deletion, horizon bool) error {
+	now := x.m.clock.Now()
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return err
+	}
+	name := fmt.Sprintf("%s-%s-%x.jsonl", kind, now.UTC().Format("20060102T150405"), b)
+	path := filepath.Join(x.dir, name)
+	sum, err := writeExportFile(path, lines)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = os.Remove(path)
+			_ = os.Remove(path + ".sha256")
+		}
+	}()
+	tx, err := x.m.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	for _, d := range dels {
+		r, err := tx.ExecContext(ctx, d.sql, d.args...)
+		if err != nil {
+			return err
+		}
+		if n, err := r.RowsAffected(); err != nil || n != int64(d.want) {
+			return errors.Join(err, fmt.Errorf("export: read %d rows to delete, deleted %d", d.want, n))
+		}
+	}
+	if horizon {
+		h, _ := strconv.ParseInt(x.date, 10, 64)
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.carryTable(x.db)+" (k, n, amount) VALUES ('horizon', 0, ?) "+
+			"ON DUPLICATE KEY UPDATE amount = GREATEST(amount, VALUES(amount))", h); err != nil {
+			return err
+		}
+	}
+	if len(c.sums) > 0 {
+		keys := sortedKeys(c.sums)
+		args := make([]any, 0, 3*len(keys))
+		for _, k := range keys {
+			args = append(args, k, c.sums[k][0], c.sums[k][1])
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.carryTable(x.db)+" (k, n, amount) VALUES "+rowsOf(len(keys), 3)+
+			" ON DUPLICATE KEY UPDATE n = n + VALUES(n), amount = amount + VALUES(amount)", args...); err != nil {
+			return err
+		}
+	}
+	if len(c.accts) > 0 {
+		acts := sortedKeys(c.accts)
+		args := make([]any, 0, 3*len(acts))
+		for _, a := range acts {
+			args = append(args, a, c.accts[a][0], c.accts[a][1])
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.flowCarryTable(x.db)+" (act_id, n, amount) VALUES "+rowsOf(len(acts), 3)+
+			" ON DUPLICATE KEY UPDATE n = n + VALUES(n), amount = amount + VALUES(amount)", args...); err != nil {
+			return err
+		}
+	}
+	rel := filepath.Base(x.dir) + "/" + name
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.exportLogTable(x.db)+" (file, kind, n, cents, sha256, created_ms) VALUES (?, ?, ?, ?, ?, ?)",
+		rel, kind, rows, int64(cents), sum, now.UnixMilli()); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		committed = true // perhaps committed: the next pass keeps it only if its log row is there
+		return commitUnknown(err)
+	}
+	committed = true
+	if horizon {
+		x.m.raiseHorizon(x.db, x.date)
+	}
+	x.p.Result.Files++
+	x.p.Result.Cents += cents
+	return nil
+}
+
+// writeExportFile writes lines to path and its SHA-256 to path.sha256 (as
+// sha256sum prints it), each through a temporary file, fsynced and renamed,
+// then fsyncs the directory; it returns the checksum in hex.
+func writeExportFile(path string, lines [][]byte) (string, error) {
+	h := sha256.New()
+	write := func(p string, fill func(w *bufio.Writer) error) error {
+		tmp := p + ".tmp"
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+		if err != nil {
+			return err
+		}
+		w := bufio.NewWriter(f)
+		err = errors.Join(fill(w), w.Flush(), f.Sync(), f.Close())
+		if err != nil {
+			_ = os.Remove(tmp)
+			return err
+		}
+		return os.Rename(tmp, p)
+	}
+	err := write(path, func(w *bufio.Writer) error {
+		for _, l := range lines {
+			h.Write(l)
+			if _, err := w.Write(l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	err = write(path+".sha256", func(w *bufio.Writer) error {
+		_, err := fmt.Fprintf(w, "%s  %s\n", sum, filepath.Base(path))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return "", err
+	}
+	return sum, errors.Join(d.Sync(), d.Close())
+}
+
+// packets exports up to a chunk of shard s's archived packets dated before
+// the claim date, with their claims.
+func (x *exporter) packets(ctx context.Context, s model.ShardID) (bool, error) {
+	m := x.m
+	pt, ct := m.packetTable(s, ArchiveDay), m.claimTable(s, ArchiveDay)
+	ps, err := readRows(ctx, m.db, "SELECT * FROM "+pt+" WHERE packet_id < ? ORDER BY packet_id LIMIT ?", x.date, x.p.Chunk)
+	if err != nil || len(ps) == 0 {
+		return false, err
+	}
+	ids := make([]any, len(ps))
+	var c carry
+	var lines [][]byte
+	var cents model.Cents
+	for i, r := range ps {
+		ids[i] = r.str("packet_id")
+		c.add("packets", 1, r.int("amount"))
+		c.add("packet_refunds", 0, r.int("refund_amount"))
+		c.add("packet_remaining", 0, r.int("remaining_amount"))
+		cents += model.Cents(r.int("amount"))
+		lines = append(lines, r.line(pt))
+	}
+	in := " WHERE packet_id IN (" + placeholders(len(ids)) + ")"
+	cs, err := readRows(ctx, m.db, "SELECT * FROM "+ct+in+" ORDER BY packet_id, seq", ids...)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range cs {
+		c.add("claims", 1, r.int("amount"))
+		lines = append(lines, r.line(ct))
+	}
+	dels := []deletion{{"DELETE FROM " + ct + in, ids, len(cs)}, {"DELETE FROM " + pt + in, ids, len(ps)}}
+	if err := x.commit(ctx, "packets", lines, int64(len(ps)+len(cs)), cents, c, dels, true); err != nil {
+		return false, err
+	}
+	x.p.Result.Rows["packets"] += int64(len(ps))
+	x.p.Result.Rows["claims"] += int64(len(cs))
+	return len(ps) == x.p.Chunk, nil
+}
+
+// flows exports the flows of shard s past the cut among the next chunk of
+// rows after *after (by id): credits of claims dated before the claim date,
+// the others created before BeforeMS. Flows are never changed once written,
+// so they are read without locks. It is done once a chunk holds only rows
+// created at or after BeforeMS: a credit booked later than that for an
+// older claim stays in the table (compared by sums below the horizon).
+func (x *exporter) flows(ctx context.Context, s model.ShardID, after *int64) (bool, error) {
+	m := x.m
+	ft := m.flowTable(s)
+	rs, err := readRows(ctx, m.db, "SELECT * FROM "+ft+" WHERE id > ? ORDER BY id LIMIT ?", *after, x.p.Chunk)
+	if err != nil || len(rs) == 0 {
+		return false, err
+	}
+	*after = rs[len(rs)-1].int("id")
+	var c carry
+	var lines [][]byte
+	var ids []any
+	var cents model.Cents
+	newer, credits := 0, false
+	for _, r := range rs {
+		kind, created := r.str("kind"), r.int("created_ms")
+		if created >= x.p.BeforeMS {
+			newer++
+		}
+		due := created < x.p.BeforeMS && kind != string(model.FlowCredit)
+		if kind == string(model.FlowCredit) {
+			due = x.date != "" && strings.TrimPrefix(r.str("order_no"), "claim:") < x.date
+			credits = credits || due
+		}
+		if !due {
+			continue
+		}
+		amount := r.int("amount")
+		ids = append(ids, r.int("id"))
+		c.add("flow:"+kind, 1, amount)
+		c.addAct(r.str("act_id"), amount)
+		cents += model.Cents(max(amount, -amount))
+		lines = append(lines, r.line(ft))
+	}
+	more := newer < len(rs) && len(rs) == x.p.Chunk
+	if len(ids) == 0 {
+		return more, nil
+	}
+	dels := []deletion{{"DELETE FROM " + ft + " WHERE id IN (" + placeholders(len(ids)) + ")", ids, len(ids)}}
+	if err := x.commit(ctx, "flows", lines, int64(len(ids)), cents, c, dels, credits); err != nil {
+		return false, err
+	}
+	x.p.Result.Rows["flows"] += int64(len(ids))
+	return more, nil
+}
+
+// rewards exports up to a chunk of the database's booked rewards created
+// before BeforeMS.
+func (x *exporter) rewards(ctx context.Context) (bool, error) {
+	m := x.m
+	rt := m.rewardTable(x.db)
+	rs, err := readRows(ctx, m.db, "SELECT * FROM "+rt+" WHERE status = ? AND created_ms < ? ORDER BY status, created_ms LIMIT ?",
+		int(model.RewardBooked), x.p.BeforeMS, x.p.Chunk)
+	if err != nil || len(rs) == 0 {
+		return false, err
+	}
+	var c carry
+	var lines [][]byte
+	ids := make([]any, len(rs))
+	for i, r := range rs {
+		ids[i] = r.str("order_no")
+		rw := model.Reward{Stage: r.str("stage"), AwardType: r.str("award_type"), Status: model.RewardBooked, Amount: model.Cents(r.int("amount")), LeaseID: r.str("lease_id")}
+		c.add("rewards", 1, 0)
+		if rw.LeaseID != "" {
+			c.add("lease:"+rw.LeaseID, 0, int64(rw.Amount))
+		}
+		if rw.Cash() {
+			c.add("reward_issued", 0, int64(rw.Amount))
+			c.add("reward_booked", 0, int64(rw.Amount))
+			if rw.IntoWallet() {
+				c.add("reward_into_wallet", 0, int64(rw.Amount))
+			}
+		}
+		lines = append(lines, r.line(rt))
+	}
+	dels := []deletion{{"DELETE FROM " + rt + " WHERE status = " + strconv.Itoa(int(model.RewardBooked)) + " AND order_no IN (" + placeholders(len(ids)) + ")", ids, len(ids)}}
+	if err := x.commit(ctx, "rewards", lines, int64(len(rs)), 0, c, dels, false); err != nil {
+		return false, err
+	}
+	x.p.Result.Rows["rewards"] += int64(len(rs))
+	return len(rs) == x.p.Chunk, nil
+}
+
+// coupons exports up to a chunk of the database's refused coupon requests
+// accepted before BeforeMS.
+func (x *exporter) coupons(ctx context.Context) (bool, error) {
+	m := x.m
+	qt := m.couponReqTable(x.db)
+	rs, err := readRows(ctx, m.db, "SELECT * FROM "+qt+" WHERE state = ? AND accepted_ms < ? ORDER BY state, accepted_ms LIMIT ?",
+		string(model.CouponRefused), x.p.BeforeMS, x.p.Chunk)
+	if err != nil || len(rs) == 0 {
+		return false, err
+	}
+	var c carry
+	var lines [][]byte
+	keys := make([]any, 0, 2*len(rs))
+	for _, r := range rs {
+		keys = append(keys, r.str("app"), r.str("serial_no"))
+		c.add("coupon_refused", 1, 0)
+		if r.str("reason") == "" {
+			c.add("coupon_refused_no_reason", 1, 0)
+		}
+		lines = append(lines, r.line(qt))
+	}
+	dels := []deletion{{"DELETE FROM " + qt + " WHERE state = '" + string(model.CouponRefused) + "' AND (app, serial_no) IN (" + rowsOf(len(rs), 2) + ")", keys, len(rs)}}
+	if err := x.commit(ctx, "coupons", lines, int64(len(rs)), 0, c, dels, false); err != nil {
+		return false, err
+	}
+	x.p.Result.Rows["coupons"] += int64(len(rs))
+	return len(rs) == x.p.Chunk, nil
+}
+
+// exportHorizon answers database db's export horizon ("" none: nothing
+// exported), read through q the first time this process needs it and
+// raised by its own exports (and read again once the database left and
+// came back: forgetDBs). One read per database per process: q may be a
+// transaction's (a failed read leaves the transaction usable).
+func (m *MySQL) exportHorizon(ctx context.Context, q rowsQueryer, db int) (string, error) {
+	if h := m.horizons[db].Load(); h != nil {
+		return *h, nil
+	}
+	h := ""
+	rows, err := q.QueryContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = 'horizon'")
+	switch {
+	case isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB):
+	case err != nil:
+		return "", fmt.Errorf("storage: export horizon of db %d: %w", db, err)
+	default:
+		var amount int64
+		if rows.Next() {
+			err = rows.Scan(&amount)
+		}
+		err = errors.Join(err, rows.Err(), rows.Close())
+		if err != nil {
+			return "", fmt.Errorf("storage: export horizon of db %d: %w", db, err)
+		}
+		if amount > 0 {
+			h = fmt.Sprintf("%08d", amount)
+		}
+	}
+	m.raiseHorizon(db, h)
+	return *m.horizons[db].Load(), nil
+}
+
+// raiseHorizon sets the cached horizon of db to h unless it holds a later one.
+func (m *MySQL) raiseHorizon(db int, h string) {
+	for {
+		old := m.horizons[db].Load()
+		if old != nil && *old >= h {
+			return
+		}
+		if m.horizons[db].CompareAndSwap(old, &h) {
+			return
+		}
+	}
+}
+
+// dropExported leaves out of credits those whose claims are dated before
+// their claimant database's export horizon: their credit was booked and
+// exported (the export takes a claim's credit only once the relay and
+// reconciliation are past it), so booking it again would book it twice; a
+// claim of that age never credited is in flight in the audit's sums. They
+// are neither applied nor deferred: a relay takes them as delivered before.
+func (m *MySQL) dropExported(ctx context.Context, q rowsQueryer, credits []model.Credit) ([]model.Credit, error) {
+	keep := credits
+	for i, c := range credits {
+		h, err := m.exportHorizon(ctx, q, c.Shard.DB())
+		if err != nil {
+			return nil, err
+		}
+		if !model.BelowHorizon(c.ClaimID, h) {
+			if len(keep) < len(credits) {
+				keep = append(keep, c)
+			}
+			continue
+		}
+		if len(keep) == len(credits) {
+			keep = slices.Clone(credits[:i])
+		}
+	}
+	return keep, nil
+}
+
+// exportedSums reads the carry tables among tables (in q's snapshot) as a
+// ledger part: exported flows other than credits in the flow sums, exported
+// packets in the packet sums, rewards and refused coupon requests in
+// RewardRows and CouponRows, and Exported (claims and credits, counts, the
+// horizon).
+func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableRef) (model.Ledger, error) {
+	l := model.NewLedger("")
+	if len(tables) == 0 {
+		return l, nil
+	}
+	parts := make([]string, 0, len(tables))
+	for _, t := range tables {
+		parts = append(parts, "SELECT k, n, amount FROM "+m.carryTable(t.shard.DB()))
+	}
+	rows, err := q.QueryContext(ctx, strings.Join(parts, " UNION ALL "))
+	if err != nil {
+		return l, fmt.Errorf("storage: exported sums: %w", err)
+	}
+	defer rows.Close()
+	e := &l.Exported
+	for rows.Next() {
+		var k string
+		var n, amount int64
+		if err := rows.Scan(&k, &n, &amount); err != nil {
+			return l, err
+		}
+		cents := model.Cents(amount)
+		if kind, ok := strings.CutPrefix(k, "flow:"); ok {
+			e.Flows += n
+			e.FlowCents += cents
+			switch model.FlowKind(kind) {
+			case model.FlowDeposit:
+				l.Deposits += cents
+			case model.FlowSend:
+				l.Sends -= cents
+			case model.FlowRefund:
+				l.RefundFlows += cents
+			case model.FlowReward:
+				l.Rewards += cents
+			case model.FlowWithdraw:
+				l.Withdrawals -= cents
+			case model.FlowCredit:
+				e.Credits += n
+				e.CreditCents += cents
+			default:
+				l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q among the exported sums", kind))
+			}
+			continue
+		}
+		if id, ok := strings.CutPrefix(k, "lease:"); ok {
+			if l.RewardRows.LeaseSpent == nil {
+				l.RewardRows.LeaseSpent = map[string]int64{}
+			}
+			l.RewardRows.LeaseSpent[id] += amount
+			continue
+		}
+		switch k {
+		case "horizon":
+			if h := fmt.Sprintf("%08d", amount); amount > 0 && h > e.Horizon {
+				e.Horizon = h
+			}
+		case "packets":
+			e.Packets += n
+			e.PacketCents += cents
+			l.Packets += n
+			l.PacketTotals += cents
+		case "packet_refunds":
+			l.RefundAmounts += cents
+		case "packet_remaining":
+			l.OpenRemaining += cents
+		case "claims":
+			e.Claims += n
+			e.ClaimCents += cents
+		case "rewards":
+			e.Rewards += n
+			l.RewardRows.Count += n
+		case "reward_issued":
+			l.RewardRows.Issued += cents
+		case "reward_booked":
+			l.RewardRows.Booked += cents
+		case "reward_into_wallet":
+			l.RewardRows.IntoWall += cents
+		case "coupon_refused":
+			e.Coupons += n
+			if l.CouponRows.Requests == nil {
+				l.CouponRows.Requests = map[model.CouponState]int64{}
+			}
+			l.CouponRows.Requests[model.CouponRefused] += n
+		case "coupon_refused_no_reason":
+			l.CouponRows.RefusedNoReason += n
+		default:
+			l.Problems = append(l.Problems, fmt.Sprintf("unknown exported sum %q", k))
+		}
+	}
+	return l, rows.Err()
+}
+
+// flowCarried is the SQL of the exported flow sums of shard s's accounts
+// (act_id, total), or "" when its database has exported none.
+func (m *MySQL) flowCarried(s model.ShardID, exists map[tableRef]bool) string {
+	if !exists[tableRef{kind: "flowcarry", shard: model.ShardID(s.DB() * 10)}] {
+		return ""
+	}
+	return "SELECT act_id, amount AS total FROM " + m.flowCarryTable(s.DB())
+}
