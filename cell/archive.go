@@ -25,6 +25,9 @@ const archiveFirst = time.Minute
 type archiver struct {
 	spaces    [2]*space
 	owns      func(model.ShardID) bool
+	// enter registers a step writing database db as work a move's freeze
+	// waits for, if the cell serves db (ok false: skip it); nil: no check.
+	enter func(db int) (leave func(), ok bool)
 	retention time.Duration // Config.Retention; 0: off
 	interval  time.Duration // Config.ArchiveInterval
 	clock     clock.Clock
@@ -113,7 +116,7 @@ func (a *archiver) pass(ctx context.Context) {
 func (a *archiver) once(ctx context.Context, sp *space) (storage.ArchiveResult, error) {
 	start := a.clock.Now()
 	before := start.Add(-a.retention)
-	res, err := storage.Archive(ctx, sp.store, a.owns, before.UnixMilli()) // storage.ArchivePass
+	res, err := storage.ArchiveWith(ctx, sp.store, storage.ArchivePass{Owns: a.owns, Enter: a.enter, BeforeMS: before.UnixMilli()})
 	if errors.Is(err, storage.ErrNoArchive) {
 		return res, nil
 	}
@@ -147,7 +150,7 @@ var exportKinds = []string{"packets", "claims", "flows", "rewards", "coupons"}
 func (a *archiver) export(ctx context.Context, sp *space) (storage.ExportResult, error) {
 	start := a.clock.Now()
 	before := start.Add(-a.exportAfter)
-	res, err := storage.Export(ctx, sp.store, storage.ExportPass{Owns: a.owns, BeforeMS: before.UnixMilli(), Dir: a.exportDir})
+	res, err := storage.Export(ctx, sp.store, storage.ExportPass{Owns: a.owns, Enter: a.enter, BeforeMS: before.UnixMilli(), Dir: a.exportDir})
 	if errors.Is(err, storage.ErrNoArchive) {
 		return res, nil
 	}

@@ -309,6 +309,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
 		cache: s.cache, clock: clk, log: log, inc: s.inc}
 	s.archive = newArchiver(s.spaces, s.Owns, cfg, clk, log, reg)
+	s.archive.enter = s.enterServed
 	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
 	s.recon = recon.New(recon.Config{Cell: cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
 		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: clk, Log: log, Reg: reg},
@@ -352,6 +353,18 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 
 // Owns reports whether this cell owns shard sh.
 func (s *Server) Owns(sh model.ShardID) bool { return s.own.owns(sh) }
+
+// enterServed registers background work about to write database db (an
+// archive or export step) as work a move's freeze drains, when the cell
+// serves db now; ok false (not served, or frozen) registers nothing.
+func (s *Server) enterServed(db int) (leave func(), ok bool) {
+	leave = s.own.enterDB(db)
+	if !s.own.servesDB(db) {
+		leave()
+		return nil, false
+	}
+	return leave, true
+}
 
 // relayYieldOpens: with this many opens in flight the cell is loaded, and the
 // relay yields to them (relay.Config.Busy). Half the bench's 64 connections:

@@ -38,7 +38,10 @@ var ErrNoArchive = errors.New("storage: this store keeps no day tables to archiv
 // moved before the error stays moved). Errors: ErrNoArchive from a store
 // without day tables (memstore), the database's.
 type ArchivePass struct {
-	Owns     func(model.ShardID) bool
+	Owns func(model.ShardID) bool
+	// Enter, when set, is asked before each transaction that moves packets
+	// of database db, as ExportPass.Enter: ok false skips the table.
+	Enter    func(db int) (leave func(), ok bool)
 	BeforeMS int64
 
 	Result ArchiveResult
@@ -48,9 +51,13 @@ func (*ArchivePass) isOp() {}
 
 // Archive runs one ArchivePass through g and answers its result.
 func Archive(ctx context.Context, g Grouper, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
-	op := &ArchivePass{Owns: owns, BeforeMS: beforeMS}
-	err := g.CommitGroup(ctx, []Op{op})
-	return op.Result, err
+	return ArchiveWith(ctx, g, ArchivePass{Owns: owns, BeforeMS: beforeMS})
+}
+
+// ArchiveWith runs ArchivePass p through g and answers its result.
+func ArchiveWith(ctx context.Context, g Grouper, p ArchivePass) (ArchiveResult, error) {
+	err := g.CommitGroup(ctx, []Op{&p})
+	return p.Result, err
 }
 
 // archiveOps runs the ArchivePass and ExportPass ops.
@@ -58,7 +65,7 @@ func (m *MySQL) archiveOps(ctx context.Context, op Op) (bool, error) {
 	switch a := op.(type) {
 	case *ArchivePass:
 		var err error
-		a.Result, err = m.archive(ctx, a.Owns, a.BeforeMS)
+		a.Result, err = m.archive(ctx, a.Owns, a.Enter, a.BeforeMS)
 		return true, err
 	case *ExportPass:
 		return true, m.export(ctx, a)
@@ -107,7 +114,7 @@ const ArchivedClaimsAge = 72 * time.Hour
 // that lock the rows they move and no gaps, so sends and opens on the same
 // tables do not wait for it. Errors: the database's; what was moved before an error
 // stays moved.
-func (m *MySQL) archive(ctx context.Context, owns func(model.ShardID) bool, beforeMS int64) (ArchiveResult, error) {
+func (m *MySQL) archive(ctx context.Context, owns func(model.ShardID) bool, enter func(db int) (func(), bool), beforeMS int64) (ArchiveResult, error) {
 	var res ArchiveResult
 	all, err := m.tables(ctx, m.db)
 	if err != nil {
@@ -160,11 +167,17 @@ func (m *MySQL) archive(ctx context.Context, owns func(model.ShardID) bool, befo
 		}
 	}
 	for _, t := range due {
-		if err := m.EnsureArchive(ctx, t.shard); err != nil {
-			return res, err
-		}
 		for {
-			n, err := m.archiveChunk(ctx, t, beforeMS, &res)
+			leave, ok := enterDB(enter, t.shard.DB())
+			if !ok {
+				break
+			}
+			err := m.EnsureArchive(ctx, t.shard) // once per process
+			n := 0
+			if err == nil {
+				n, err = m.archiveChunk(ctx, t, beforeMS, &res)
+			}
+			leave()
 			if err != nil {
 				return res, fmt.Errorf("storage: archive %s: %w", m.packetTable(t.shard, t.day), err)
 			}

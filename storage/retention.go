@@ -108,7 +108,12 @@ type ExportResult struct {
 // from a store without these tables (memstore), the database's, the file
 // system's; what a step committed before an error stays exported.
 type ExportPass struct {
-	Owns     func(model.ShardID) bool
+	Owns func(model.ShardID) bool
+	// Enter, when set, is asked before each step of database db: ok false
+	// ends the database's export for this pass (it stopped being served,
+	// say a move froze it); else leave is called once the step ended, so a
+	// freeze can wait for the step in flight.
+	Enter    func(db int) (leave func(), ok bool)
 	BeforeMS int64
 	Dir      string
 	Chunk    int // rows per step; 0: DefaultExportChunk
@@ -160,7 +165,13 @@ func (m *MySQL) export(ctx context.Context, p *ExportPass) error {
 
 // exportDB exports one database's rows past the cut (ExportPass).
 func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []tableRef, recon map[int]int64) error {
-	if err := m.ensure(ctx, ensureKey{shard: model.ShardID(db * 10), day: exportEnsure}, m.exportDDL(db)); err != nil {
+	leave, ok := enterDB(p.Enter, db)
+	if !ok {
+		return nil
+	}
+	err := m.ensure(ctx, ensureKey{shard: model.ShardID(db * 10), day: exportEnsure}, m.exportDDL(db))
+	leave()
+	if err != nil {
 		return err
 	}
 	dir := filepath.Join(p.Dir, m.tableNamesOf().db[db])
@@ -258,6 +269,15 @@ func (m *MySQL) removeOrphans(ctx context.Context, db int, dir string, res *Expo
 	return nil
 }
 
+// enterDB asks enter (ArchivePass.Enter, ExportPass.Enter) about db; a nil
+// enter lets every step go.
+func enterDB(enter func(db int) (func(), bool), db int) (leave func(), ok bool) {
+	if enter == nil {
+		return func() {}, true
+	}
+	return enter(db)
+}
+
 // exporter runs the steps of one database's export.
 type exporter struct {
 	m    *MySQL
@@ -273,7 +293,12 @@ func (x *exporter) loop(ctx context.Context, step func(context.Context) (more bo
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		leave, ok := enterDB(x.p.Enter, x.db)
+		if !ok {
+			return nil
+		}
 		more, err := step(ctx)
+		leave()
 		if err != nil || !more {
 			return err
 		}

@@ -27,6 +27,8 @@ import (
 //     next day) with their claims credited, two cash rewards booked, three
 //     coupon requests (two refused), a withdrawal; day 20: a deposit and a
 //     packet with a credited claim, which must stay;
+//   - a pass over databases the cell no longer serves (ExportPass.Enter)
+//     exports nothing;
 //   - a first pass before reconciliation has checked any database keeps the
 //     claims, the packets and the credits (Held) and exports the rest;
 //     once reconciliation's positions are saved but one database's, a
@@ -180,9 +182,22 @@ func TestRetentionExport(t *testing.T) {
 		return a
 	}
 
+	// A database the cell stopped serving (Enter refuses it) is left as
+	// it is.
+	refused := pass
+	refused.Enter = func(int) (func(), bool) { return nil, false }
+	if res, err := Export(ctx, m, refused); err != nil || res.Files != 0 || len(res.Rows) != 0 {
+		t.Fatalf("a pass whose databases are all refused: %+v, %v", res, err)
+	}
 	// Pass 1: reconciliation has checked no database, so claims, packets
-	// and credits stay.
-	res, err := Export(ctx, m, pass)
+	// and credits stay. Every step entered is left.
+	enters, leaves := 0, 0
+	counted := pass
+	counted.Enter = func(int) (func(), bool) { enters++; return func() { leaves++ }, true }
+	res, err := Export(ctx, m, counted)
+	if enters == 0 || leaves != enters {
+		t.Fatalf("pass 1 entered %d steps, left %d", enters, leaves)
+	}
 	if err != nil || res.Held == 0 {
 		t.Fatalf("pass 1: %+v, %v; want databases held", res, err)
 	}
