@@ -23,11 +23,11 @@ const archiveFirst = time.Minute
 // a day's t_packet_Y_DD and t_claim_Y_DD are empty before day DD comes round
 // again next month (Config.Retention).
 type archiver struct {
-	spaces    [2]*space
-	owns      func(model.ShardID) bool
+	spaces [2]*space
+	owns   func(model.ShardID) bool
 	// enter registers a step writing database db as work a move's freeze
 	// waits for, if the cell serves db (ok false: skip it); nil: no check.
-	enter func(db int) (leave func(), ok bool)
+	enter     func(db int) (leave func(), ok bool)
 	retention time.Duration // Config.Retention; 0: off
 	interval  time.Duration // Config.ArchiveInterval
 	clock     clock.Clock
