@@ -174,10 +174,7 @@ func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []ta
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(p.Dir, m.tableNamesOf().db[db])
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return err
-	}
+	dir := filepath.Join(p.Dir, m.tableNamesOf().db[db]) // made by the first file
 	if err := m.removeOrphans(ctx, db, dir, &p.Result); err != nil {
 		return err
 	}
@@ -237,6 +234,9 @@ func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []ta
 // names: written by a step that never committed.
 func (m *MySQL) removeOrphans(ctx context.Context, db int, dir string, res *ExportResult) error {
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -433,6 +433,9 @@ func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows
 	}
 	name := fmt.Sprintf("%s-%s-%x.jsonl", kind, now.UTC().Format("20060102T150405"), b)
 	path := filepath.Join(x.dir, name)
+	if err := os.MkdirAll(x.dir, 0o750); err != nil {
+		return err
+	}
 	sum, err := writeExportFile(path, lines)
 	if err != nil {
 		return err
