@@ -290,9 +290,6 @@ func (m *MySQL) auditClaims(ctx context.Context, cr, tx rowsQueryer, flows []tab
 				return err
 			}
 		}
-		if model.BelowHorizon(id, b.Exported.Horizon) {
-			continue // its claim or its credit may be in an export file: in the sums only
-		}
 		twice += g.check(owns, b, twice)
 	}
 	if twice > doubleCreditLines {
@@ -427,6 +424,8 @@ func (g claimGroup) check(owns func(model.ShardID) bool, b *model.CellBooks, sho
 		if owns(c.ActShard) {
 			checked = true
 			switch {
+			case len(g.acts) == 0 && b.Exported.CreditMayBeExported(g.id, c.ActShard.DB()):
+				// its credit may be in an export file
 			case len(g.acts) == 0:
 				b.CreditsPending++
 			case differs():
@@ -451,6 +450,8 @@ func (g claimGroup) check(owns func(model.ShardID) bool, b *model.CellBooks, sho
 	switch {
 	case err == nil && !owns(ref.Shard):
 		b.CreditsElsewhere++ // its claim lives in the cell its packet was sent in
+	case g.claim == nil && b.Exported.ClaimMayBeExported(g.id):
+		// its claim may be in an export file
 	case err != nil || g.claim == nil:
 		b.Diffs.Add(model.DiffCreditOrphan, g.id)
 	case !checked && differs():

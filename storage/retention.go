@@ -35,8 +35,8 @@ import (
 //     "packets", "packet_refunds", "packet_remaining", "claims",
 //     "rewards", "reward_issued", "reward_booked", "reward_into_wallet",
 //     "lease:ID" (what the lease's exported rewards spent), "coupon_refused",
-//     "coupon_refused_no_reason", and "horizon" (the claim date, YYYYMMDD as
-//     a number, below which claims and credits were exported);
+//     "coupon_refused_no_reason", and the two horizons (claimsHorizon,
+//     creditsHorizon);
 //   - t_flow_carry: per account, the sum of its exported flows, so its
 //     balance is still carry + the flows in the table;
 //   - t_export_log: one row per file (relative name, kind, rows, cents,
@@ -46,19 +46,22 @@ const (
 
 	// DefaultExportChunk is ExportPass.Chunk's default: rows one step exports.
 	DefaultExportChunk = 1000
+	// DefaultClaimWindow is ExportPass.ClaimWindow's default: a packet
+	// made at the end of its day, expiring after 24 h, takes opens for 48 h
+	// more; and a day to spare.
+	DefaultClaimWindow = 24*time.Hour + 24*time.Hour + 72*time.Hour
 )
 
 func (m *MySQL) carryTable(db int) string     { return m.tableNamesOf().db[db] + ".t_export_carry" }
 func (m *MySQL) flowCarryTable(db int) string { return m.tableNamesOf().db[db] + ".t_flow_carry" }
 func (m *MySQL) exportLogTable(db int) string { return m.tableNamesOf().db[db] + ".t_export_log" }
 
+// exportDDL makes database db's export tables: t_export_carry last, so that
+// an audit whose snapshot can read it can read the other two (a table made
+// after a snapshot began fails its reads), and with its two horizon rows,
+// which every export step of claims or credits locks first.
 func (m *MySQL) exportDDL(db int) []string {
 	return []string{
-		"CREATE TABLE IF NOT EXISTS " + m.carryTable(db) + ` (
-  k      VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-  n      BIGINT NOT NULL DEFAULT 0,
-  amount BIGINT NOT NULL DEFAULT 0
-) ENGINE=InnoDB`,
 		"CREATE TABLE IF NOT EXISTS " + m.flowCarryTable(db) + ` (
   act_id VARCHAR(64) NOT NULL PRIMARY KEY,
   n      BIGINT NOT NULL,
@@ -72,8 +75,23 @@ func (m *MySQL) exportDDL(db int) []string {
   sha256     CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
   created_ms BIGINT NOT NULL
 ) ENGINE=InnoDB`,
+		"CREATE TABLE IF NOT EXISTS " + m.carryTable(db) + ` (
+  k      VARCHAR(80) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  n      BIGINT NOT NULL DEFAULT 0,
+  amount BIGINT NOT NULL DEFAULT 0
+) ENGINE=InnoDB`,
+		"INSERT IGNORE INTO " + m.carryTable(db) + " (k, n, amount) VALUES ('" + claimsHorizon + "', 0, 0), ('" + creditsHorizon + "', 0, 0)",
 	}
 }
+
+// The carry keys of the two horizons (YYYYMMDD as a number; 0: none):
+// claimsHorizon, of the database's claims (with their packets) exported,
+// all dated before it; creditsHorizon, of the credit flows exported from
+// its wallets, all of claims dated before it.
+const (
+	claimsHorizon  = "claims_horizon"
+	creditsHorizon = "credits_horizon"
+)
 
 // ExportResult is what one ExportPass did, for logs and metrics.
 type ExportResult struct {
@@ -93,13 +111,14 @@ type ExportResult struct {
 //   - archived packets with their claims (t_packet_Y_00, t_claim_Y_00), by
 //     the date in their IDs, and credit flows by their claims' dates: dated
 //     before the day of the earliest of BeforeMS, the relay's position and
-//     reconciliation's position in the database (a database reconciliation
-//     never checked keeps them: Result.Held), so a claim and its credit are
-//     exported by the same rule wherever they are, never before the relay
-//     and reconciliation are past them;
+//     reconciliation's position in the database, less ClaimWindow (a claim
+//     is made at most that long after its packet's day began), so every
+//     claim of an exported packet was made before both positions; a
+//     database reconciliation never checked keeps them (Result.Held);
 //   - other flows (deposits, sends, refunds, rewards, withdrawals) created
 //     before BeforeMS;
-//   - booked reward rows created before BeforeMS;
+//   - booked reward rows created and booked before BeforeMS (a reward flow
+//     is written at the booking, so a reward and its flow leave together);
 //   - refused coupon requests accepted before BeforeMS (an issued request is
 //     the coupon its person holds, and stays).
 //
@@ -116,7 +135,11 @@ type ExportPass struct {
 	Enter    func(db int) (leave func(), ok bool)
 	BeforeMS int64
 	Dir      string
-	Chunk    int // rows per step; 0: DefaultExportChunk
+	Chunk    int // rows per step (a packet with all its claims may pass it); 0: DefaultExportChunk
+	// ClaimWindow bounds how long after its packet's day began a claim can
+	// be made (a day + the cell's packet expiry + 72 h); 0:
+	// DefaultClaimWindow.
+	ClaimWindow time.Duration
 
 	Result ExportResult
 }
@@ -137,6 +160,9 @@ func (m *MySQL) export(ctx context.Context, p *ExportPass) error {
 	}
 	if p.Chunk <= 0 {
 		p.Chunk = DefaultExportChunk
+	}
+	if p.ClaimWindow <= 0 {
+		p.ClaimWindow = DefaultClaimWindow
 	}
 	all, err := m.tables(ctx, m.db)
 	if err != nil {
@@ -195,7 +221,7 @@ func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []ta
 		}
 	}
 	if claimCut > 0 {
-		date = time.UnixMilli(claimCut).UTC().Format("20060102")
+		date = time.UnixMilli(claimCut).Add(-p.ClaimWindow).UTC().Format("20060102")
 	}
 	has := map[string]bool{}
 	for _, t := range tables {
@@ -231,7 +257,8 @@ func (m *MySQL) exportDB(ctx context.Context, p *ExportPass, db int, tables []ta
 }
 
 // removeOrphans removes the files in dir that no row of db's export log
-// names: written by a step that never committed.
+// names (written by a step that never committed), and temporary files. It
+// looks the files up 500 names a statement.
 func (m *MySQL) removeOrphans(ctx context.Context, db int, dir string, res *ExportResult) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -241,27 +268,40 @@ func (m *MySQL) removeOrphans(ctx context.Context, db int, dir string, res *Expo
 		return err
 	}
 	base := filepath.Base(dir)
+	var names []any
 	for _, e := range ents {
-		name := e.Name()
-		switch {
+		switch name := e.Name(); {
 		case strings.HasSuffix(name, ".tmp"):
 			if err := os.Remove(filepath.Join(dir, name)); err != nil {
 				return err
 			}
 		case strings.HasSuffix(name, ".jsonl"):
-			var one int
-			err := m.db.QueryRowContext(ctx, "SELECT 1 FROM "+m.exportLogTable(db)+" WHERE file = ?", base+"/"+name).Scan(&one)
-			if errors.Is(err, sql.ErrNoRows) {
-				res.Orphans++
-				if err := os.Remove(filepath.Join(dir, name)); err != nil {
-					return err
-				}
-				if err := os.Remove(filepath.Join(dir, name+".sha256")); err != nil && !errors.Is(err, os.ErrNotExist) {
-					return err
-				}
+			names = append(names, base+"/"+name)
+		}
+	}
+	for len(names) > 0 {
+		batch := names[:min(len(names), 500)]
+		names = names[len(batch):]
+		logged := map[string]bool{}
+		err := scanEach(ctx, m.db, "SELECT file FROM "+m.exportLogTable(db)+" WHERE file IN ("+placeholders(len(batch))+")", func(rows *sql.Rows) error {
+			var f string
+			err := rows.Scan(&f)
+			logged[f] = true
+			return err
+		}, batch...)
+		if err != nil {
+			return err
+		}
+		for _, f := range batch {
+			if logged[f.(string)] {
 				continue
 			}
-			if err != nil {
+			res.Orphans++
+			path := filepath.Join(dir, filepath.Base(f.(string)))
+			if err := os.Remove(path); err != nil {
+				return err
+			}
+			if err := os.Remove(path + ".sha256"); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
 		}
@@ -421,11 +461,14 @@ type deletion struct {
 	want int
 }
 
-// commit writes the step's file, then deletes its rows, adds its carry,
-// sets the horizon (when the step exports claims or credits) and records
-// the file, in one transaction. A file whose transaction fails is removed;
-// one whose commit's answer was lost stays until the next pass looks it up.
-func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows int64, cents model.Cents, c carry, dels []deletion, horizon bool) error {
+// commit writes the step's file, then, in one transaction, raises the
+// horizon named (claimsHorizon or creditsHorizon; "" none) to the step's
+// claim date, first, so a crediting transaction that read it under a
+// shared lock (dropExported) commits before the rows go; deletes its rows;
+// adds its carry; and records the file. A file whose transaction fails is
+// removed; one whose commit's answer was lost stays until the next pass
+// looks it up.
+func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows int64, cents model.Cents, c carry, dels []deletion, horizon string) error {
 	now := x.m.clock.Now()
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -452,6 +495,12 @@ func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows
 		return err
 	}
 	defer tx.Rollback()
+	if horizon != "" {
+		h, _ := strconv.ParseInt(x.date, 10, 64)
+		if _, err := tx.ExecContext(ctx, "UPDATE "+x.m.carryTable(x.db)+" SET amount = GREATEST(amount, ?) WHERE k = ?", h, horizon); err != nil {
+			return err
+		}
+	}
 	for _, d := range dels {
 		r, err := tx.ExecContext(ctx, d.sql, d.args...)
 		if err != nil {
@@ -459,13 +508,6 @@ func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows
 		}
 		if n, err := r.RowsAffected(); err != nil || n != int64(d.want) {
 			return errors.Join(err, fmt.Errorf("export: read %d rows to delete, deleted %d", d.want, n))
-		}
-	}
-	if horizon {
-		h, _ := strconv.ParseInt(x.date, 10, 64)
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.carryTable(x.db)+" (k, n, amount) VALUES ('horizon', 0, ?) "+
-			"ON DUPLICATE KEY UPDATE amount = GREATEST(amount, VALUES(amount))", h); err != nil {
-			return err
 		}
 	}
 	if len(c.sums) > 0 {
@@ -500,9 +542,6 @@ func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows
 		return commitUnknown(err)
 	}
 	committed = true
-	if horizon {
-		x.m.raiseHorizon(x.db, x.date)
-	}
 	x.p.Result.Files++
 	x.p.Result.Cents += cents
 	return nil
@@ -554,14 +593,25 @@ func writeExportFile(path string, lines [][]byte) (string, error) {
 	return sum, errors.Join(d.Sync(), d.Close())
 }
 
-// packets exports up to a chunk of shard s's archived packets dated before
-// the claim date, with their claims.
+// packets exports shard s's archived packets dated before the claim date,
+// with their claims, up to a chunk of rows (one packet with all its claims
+// when it alone has more).
 func (x *exporter) packets(ctx context.Context, s model.ShardID) (bool, error) {
 	m := x.m
 	pt, ct := m.packetTable(s, ArchiveDay), m.claimTable(s, ArchiveDay)
 	ps, err := readRows(ctx, m.db, "SELECT * FROM "+pt+" WHERE packet_id < ? ORDER BY packet_id LIMIT ?", x.date, x.p.Chunk)
 	if err != nil || len(ps) == 0 {
 		return false, err
+	}
+	// A chunk of rows: packets with their claims (count - remaining_count
+	// each), at least one packet, however many claims it has.
+	more := len(ps) == x.p.Chunk
+	for i, rows := 0, 0; i < len(ps); i++ {
+		rows += 1 + int(ps[i].int("count")-ps[i].int("remaining_count"))
+		if rows > x.p.Chunk && i > 0 {
+			ps, more = ps[:i], true
+			break
+		}
 	}
 	ids := make([]any, len(ps))
 	var c carry
@@ -585,12 +635,12 @@ func (x *exporter) packets(ctx context.Context, s model.ShardID) (bool, error) {
 		lines = append(lines, r.line(ct))
 	}
 	dels := []deletion{{"DELETE FROM " + ct + in, ids, len(cs)}, {"DELETE FROM " + pt + in, ids, len(ps)}}
-	if err := x.commit(ctx, "packets", lines, int64(len(ps)+len(cs)), cents, c, dels, true); err != nil {
+	if err := x.commit(ctx, "packets", lines, int64(len(ps)+len(cs)), cents, c, dels, claimsHorizon); err != nil {
 		return false, err
 	}
 	x.p.Result.Rows["packets"] += int64(len(ps))
 	x.p.Result.Rows["claims"] += int64(len(cs))
-	return len(ps) == x.p.Chunk, nil
+	return more, nil
 }
 
 // flows exports the flows of shard s past the cut among the next chunk of
@@ -637,7 +687,11 @@ func (x *exporter) flows(ctx context.Context, s model.ShardID, after *int64) (bo
 		return more, nil
 	}
 	dels := []deletion{{"DELETE FROM " + ft + " WHERE id IN (" + placeholders(len(ids)) + ")", ids, len(ids)}}
-	if err := x.commit(ctx, "flows", lines, int64(len(ids)), cents, c, dels, credits); err != nil {
+	horizon := ""
+	if credits {
+		horizon = creditsHorizon
+	}
+	if err := x.commit(ctx, "flows", lines, int64(len(ids)), cents, c, dels, horizon); err != nil {
 		return false, err
 	}
 	x.p.Result.Rows["flows"] += int64(len(ids))
@@ -645,12 +699,12 @@ func (x *exporter) flows(ctx context.Context, s model.ShardID, after *int64) (bo
 }
 
 // rewards exports up to a chunk of the database's booked rewards created
-// before BeforeMS.
+// and booked before BeforeMS.
 func (x *exporter) rewards(ctx context.Context) (bool, error) {
 	m := x.m
 	rt := m.rewardTable(x.db)
-	rs, err := readRows(ctx, m.db, "SELECT * FROM "+rt+" WHERE status = ? AND created_ms < ? ORDER BY status, created_ms LIMIT ?",
-		int(model.RewardBooked), x.p.BeforeMS, x.p.Chunk)
+	rs, err := readRows(ctx, m.db, "SELECT * FROM "+rt+" WHERE status = ? AND created_ms < ? AND booked_ms < ? ORDER BY status, created_ms LIMIT ?",
+		int(model.RewardBooked), x.p.BeforeMS, x.p.BeforeMS, x.p.Chunk)
 	if err != nil || len(rs) == 0 {
 		return false, err
 	}
@@ -674,7 +728,7 @@ func (x *exporter) rewards(ctx context.Context) (bool, error) {
 		lines = append(lines, r.line(rt))
 	}
 	dels := []deletion{{"DELETE FROM " + rt + " WHERE status = " + strconv.Itoa(int(model.RewardBooked)) + " AND order_no IN (" + placeholders(len(ids)) + ")", ids, len(ids)}}
-	if err := x.commit(ctx, "rewards", lines, int64(len(rs)), 0, c, dels, false); err != nil {
+	if err := x.commit(ctx, "rewards", lines, int64(len(rs)), 0, c, dels, ""); err != nil {
 		return false, err
 	}
 	x.p.Result.Rows["rewards"] += int64(len(rs))
@@ -703,83 +757,89 @@ func (x *exporter) coupons(ctx context.Context) (bool, error) {
 		lines = append(lines, r.line(qt))
 	}
 	dels := []deletion{{"DELETE FROM " + qt + " WHERE state = '" + string(model.CouponRefused) + "' AND (app, serial_no) IN (" + rowsOf(len(rs), 2) + ")", keys, len(rs)}}
-	if err := x.commit(ctx, "coupons", lines, int64(len(rs)), 0, c, dels, false); err != nil {
+	if err := x.commit(ctx, "coupons", lines, int64(len(rs)), 0, c, dels, ""); err != nil {
 		return false, err
 	}
 	x.p.Result.Rows["coupons"] += int64(len(rs))
 	return len(rs) == x.p.Chunk, nil
 }
 
-// exportHorizon answers database db's export horizon ("" none: nothing
-// exported), read through q the first time this process needs it and
-// raised by its own exports (and read again once the database left and
-// came back: forgetDBs). One read per database per process: q may be a
-// transaction's (a failed read leaves the transaction usable).
-func (m *MySQL) exportHorizon(ctx context.Context, q rowsQueryer, db int) (string, error) {
-	if h := m.horizons[db].Load(); h != nil {
-		return *h, nil
-	}
-	h := ""
-	rows, err := q.QueryContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = 'horizon'")
-	switch {
-	case isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB):
-	case err != nil:
-		return "", fmt.Errorf("storage: export horizon of db %d: %w", db, err)
-	default:
-		var amount int64
-		if rows.Next() {
-			err = rows.Scan(&amount)
-		}
-		err = errors.Join(err, rows.Err(), rows.Close())
-		if err != nil {
-			return "", fmt.Errorf("storage: export horizon of db %d: %w", db, err)
-		}
-		if amount > 0 {
-			h = fmt.Sprintf("%08d", amount)
-		}
-	}
-	m.raiseHorizon(db, h)
-	return *m.horizons[db].Load(), nil
-}
-
-// raiseHorizon sets the cached horizon of db to h unless it holds a later one.
-func (m *MySQL) raiseHorizon(db int, h string) {
-	for {
-		old := m.horizons[db].Load()
-		if old != nil && *old >= h {
-			return
-		}
-		if m.horizons[db].CompareAndSwap(old, &h) {
-			return
-		}
-	}
-}
-
 // dropExported leaves out of credits those whose claims are dated before
-// their claimant database's export horizon: their credit was booked and
-// exported (the export takes a claim's credit only once the relay and
-// reconciliation are past it), so booking it again would book it twice; a
-// claim of that age never credited is in flight in the audit's sums. They
-// are neither applied nor deferred: a relay takes them as delivered before.
+// their claimant database's credits horizon: their credit may have been
+// booked and exported, and booking it again would book it twice. Only
+// credits of claims dated more than ArchivedClaimsAge ago are looked up
+// (an export's claim date is always older): for each of their databases,
+// one read of its horizon under a shared lock in tx, so an export step that
+// raises it (first thing in its transaction) waits for tx, or tx reads the
+// raised one. Left out, a credit is neither applied nor deferred (a relay
+// takes it as delivered before); one never booked (a relay that lagged
+// past the export) is in flight in the audit's sums below the horizon, a
+// problem the audit reports. Each is counted (CreditsBelowHorizon).
 func (m *MySQL) dropExported(ctx context.Context, q rowsQueryer, credits []model.Credit) ([]model.Credit, error) {
-	keep := credits
+	recent := m.clock.Now().Add(-ArchivedClaimsAge).UTC().Format("20060102")
+	horizons := map[int]string{}
+	var keep []model.Credit
 	for i, c := range credits {
-		h, err := m.exportHorizon(ctx, q, c.Shard.DB())
-		if err != nil {
-			return nil, err
-		}
-		if !model.BelowHorizon(c.ClaimID, h) {
-			if len(keep) < len(credits) {
+		if !model.BelowHorizon(c.ClaimID, recent) {
+			if keep != nil {
 				keep = append(keep, c)
 			}
 			continue
 		}
-		if len(keep) == len(credits) {
-			keep = slices.Clone(credits[:i])
+		db := c.Shard.DB()
+		h, ok := horizons[db]
+		if !ok {
+			var err error
+			if h, err = m.creditsHorizonOf(ctx, q, db); err != nil {
+				return nil, err
+			}
+			horizons[db] = h
 		}
+		if !model.BelowHorizon(c.ClaimID, h) {
+			if keep != nil {
+				keep = append(keep, c)
+			}
+			continue
+		}
+		if keep == nil {
+			keep = append(make([]model.Credit, 0, len(credits)), credits[:i]...)
+		}
+		m.belowHorizon.Add(1)
+	}
+	if keep == nil {
+		return credits, nil
 	}
 	return keep, nil
 }
+
+// creditsHorizonOf reads database db's credits horizon ("" none) in q,
+// under a shared lock.
+func (m *MySQL) creditsHorizonOf(ctx context.Context, q rowsQueryer, db int) (string, error) {
+	rows, err := q.QueryContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = ? LOCK IN SHARE MODE", creditsHorizon)
+	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("storage: credits horizon of db %d: %w", db, err)
+	}
+	var amount int64
+	if rows.Next() {
+		err = rows.Scan(&amount)
+	}
+	if err := errors.Join(err, rows.Err(), rows.Close()); err != nil {
+		return "", fmt.Errorf("storage: credits horizon of db %d: %w", db, err)
+	}
+	if amount <= 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("%08d", amount), nil
+}
+
+// CreditsBelowHorizon is how many credits this store left unbooked since it
+// was opened because their claims were dated before their database's
+// credits horizon (dropExported): each a repeat of an exported credit, or a
+// credit delivered only after its claimant database exported that date.
+func (m *MySQL) CreditsBelowHorizon() int64 { return m.belowHorizon.Load() }
 
 // exportedSums reads the carry tables among tables (in q's snapshot) as a
 // ledger part: exported flows other than credits in the flow sums, exported
@@ -793,7 +853,7 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableR
 	}
 	parts := make([]string, 0, len(tables))
 	for _, t := range tables {
-		parts = append(parts, "SELECT k, n, amount FROM "+m.carryTable(t.shard.DB()))
+		parts = append(parts, fmt.Sprintf("SELECT %d AS db, k, n, amount FROM %s", t.shard.DB(), m.carryTable(t.shard.DB())))
 	}
 	rows, err := q.QueryContext(ctx, strings.Join(parts, " UNION ALL "))
 	if err != nil {
@@ -803,8 +863,9 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableR
 	e := &l.Exported
 	for rows.Next() {
 		var k string
+		var db int
 		var n, amount int64
-		if err := rows.Scan(&k, &n, &amount); err != nil {
+		if err := rows.Scan(&db, &k, &n, &amount); err != nil {
 			return l, err
 		}
 		cents := model.Cents(amount)
@@ -838,9 +899,9 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableR
 			continue
 		}
 		switch k {
-		case "horizon":
-			if h := fmt.Sprintf("%08d", amount); amount > 0 && h > e.Horizon {
-				e.Horizon = h
+		case claimsHorizon, creditsHorizon:
+			if amount > 0 {
+				e.SetHorizon(db, k == claimsHorizon, fmt.Sprintf("%08d", amount))
 			}
 		case "packets":
 			e.Packets += n

@@ -224,7 +224,7 @@ func TestRetentionExport(t *testing.T) {
 		t.Fatalf("pass 2: %+v, %v; want u1's database held", res, err)
 	}
 	a = check("pass 2", res, map[string]int64{"packets": 2, "claims": 4, "flows": 12 - heldCredits, "rewards": 2, "coupons": 2})
-	if a.Exported.Horizon != "20270307" || a.Exported.ClaimCents != 900+u4 || a.Exported.CreditCents != 900+u4-heldCents {
+	if a.Exported.Horizon != "20270302" || a.Exported.ClaimCents != 900+u4 || a.Exported.CreditCents != 900+u4-heldCents {
 		t.Fatalf("pass 2: exported %+v", a.Exported)
 	}
 	if err := SaveReconPositions(ctx, m, map[int]int64{heldDB: clk.Now().UnixMilli()}); err != nil {
@@ -235,7 +235,7 @@ func TestRetentionExport(t *testing.T) {
 		t.Fatalf("pass 3: %+v, %v", res, err)
 	}
 	a = check("pass 3", res, map[string]int64{"packets": 2, "claims": 4, "flows": 12, "rewards": 2, "coupons": 2})
-	if a.Exported.Horizon != "20270307" || a.Exported.FlowCents != oldFlows || a.Exported.ClaimCents != 900+u4 || a.Exported.CreditCents != 900+u4 ||
+	if a.Exported.Horizon != "20270302" || a.Exported.FlowCents != oldFlows || a.Exported.ClaimCents != 900+u4 || a.Exported.CreditCents != 900+u4 ||
 		a.Exported.PacketCents != 1_400 {
 		t.Fatalf("pass 3: exported %+v", a.Exported)
 	}
@@ -264,9 +264,14 @@ func TestRetentionExport(t *testing.T) {
 	again := delivered[:4]
 	for _, st := range []*MySQL{m, freshStore(t, m)} {
 		n, deferred, err := ApplyCredits(ctx, st, again)
-		if err != nil || n != 0 || len(deferred) != 0 {
-			t.Fatalf("old credits delivered again: %d booked, %v deferred, %v; want none, none", n, deferred, err)
+		if err != nil || n != 0 || len(deferred) != 0 || st.CreditsBelowHorizon() != 4 {
+			t.Fatalf("old credits delivered again: %d booked, %v deferred, %v, %d counted below the horizon; want none, none, 4",
+				n, deferred, err, st.CreditsBelowHorizon())
 		}
+	}
+	// The young credit, delivered again, is a plain repeat: not looked up.
+	if n, _, err := ApplyCredits(ctx, m, delivered[4:]); err != nil || n != 0 || m.CreditsBelowHorizon() != 4 {
+		t.Fatalf("the young credit again: %d booked, %v, %d below the horizon", n, err, m.CreditsBelowHorizon())
 	}
 	check("old credits again", ExportResult{}, map[string]int64{"packets": 2, "claims": 4, "flows": 12, "rewards": 2, "coupons": 2})
 

@@ -421,7 +421,13 @@ func (m *MySQL) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 	var total int64
 	for _, db := range dbs {
 		var n int64
-		err := m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.rewardTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n)
+		// With what the lease's exported rewards spent (ExportPass), in the
+		// same statement, so a step committing in between counts once.
+		err := m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) + COALESCE((SELECT amount FROM "+m.carryTable(db)+" WHERE k = ?), 0) FROM "+
+			m.rewardTable(db)+" WHERE lease_id = ?", "lease:"+leaseID, leaseID).Scan(&n)
+		if isMySQLErr(err, errNoSuchTable) { // no export in db yet, or no reward ever issued there
+			err = m.db.QueryRowContext(ctx, "SELECT COALESCE(SUM(amount), 0) FROM "+m.rewardTable(db)+" WHERE lease_id = ?", leaseID).Scan(&n)
+		}
 		if isMySQLErr(err, errNoSuchTable) { // no reward was ever issued in db
 			continue
 		}
@@ -429,15 +435,6 @@ func (m *MySQL) leaseSpent(ctx context.Context, dbs []int, leaseID string) (int6
 			return 0, fmt.Errorf("storage: lease spent: %w", err)
 		}
 		total += n
-		// What the lease's exported rewards spent (ExportPass).
-		err = m.db.QueryRowContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = ?", "lease:"+leaseID).Scan(&n)
-		switch {
-		case errors.Is(err, sql.ErrNoRows) || isMySQLErr(err, errNoSuchTable):
-		case err != nil:
-			return 0, fmt.Errorf("storage: lease spent: %w", err)
-		default:
-			total += n
-		}
 	}
 	return total, nil
 }

@@ -252,9 +252,9 @@ type MySQL struct {
 	// unfitMS: when (Unix ms) a group that locks rows last ran with
 	// savepoints after an unfit bulk list (CommitGroup, unfitQuiet).
 	unfitMS atomic.Int64
-	// horizons: each database's export horizon as this process last read
-	// or raised it (exportHorizon); nil: not read yet.
-	horizons [model.ShardCount / 10]atomic.Pointer[string]
+	// belowHorizon counts credits left unbooked below their database's
+	// credits horizon (dropExported).
+	belowHorizon atomic.Int64
 
 	mu           sync.Mutex               // guards ensured, forgets, errs, tableList, tableKnown, tableListAt, tableMade
 	ensured      map[ensureKey]*sync.Once // tables created by this process

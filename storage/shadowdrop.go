@@ -118,8 +118,5 @@ func (m *MySQL) forgetDBs(dbs []int) {
 			delete(m.errs, k)
 		}
 	}
-	for db := range gone {
-		m.horizons[db].Store(nil) // read again: a database that comes back may bring a later one
-	}
 	m.tableList, m.tableMade = nil, nil
 }

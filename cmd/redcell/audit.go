@@ -98,7 +98,7 @@ func printAudit(w io.Writer, r model.AuditReport) {
 		fmt.Fprintf(w, "  exported        %14d packets (%d cents), %d claims (%d cents), %d flows (%d credits, %d cents), %d rewards, %d coupon requests; in the sums above\n",
 			x.Packets, x.PacketCents, x.Claims, x.ClaimCents, x.Flows, x.Credits, x.CreditCents, x.Rewards, x.Coupons)
 		if x.Horizon != "" {
-			fmt.Fprintf(w, "  export horizon  %14s (claims and credits dated before it are compared by sums)\n", x.Horizon)
+			fmt.Fprintf(w, "  export horizon  %14s (latest; a claim or credit whose other side may have left is compared by sums)\n", x.Horizon)
 		}
 	}
 	printCopies(w, r.Copies)
