@@ -20,7 +20,7 @@ func TestAuditAcrossExports(t *testing.T) {
 	// 1000; both credited.
 	base := func() (Ledger, Ledger) {
 		a := Ledger{Cell: "a", Deposits: 1000, Balances: 500, Sends: 500, PacketTotals: 500, Packets: 1,
-			Claims: map[string]Claim{c1: {ActID: "x", Amount: 300, ActShard: 70}, c2: {ActID: "y", Amount: 200, ActShard: 70}},
+			Claims:  map[string]Claim{c1: {ActID: "x", Amount: 300, ActShard: 70}, c2: {ActID: "y", Amount: 200, ActShard: 70}},
 			Credits: map[string]Credit{}}
 		b := Ledger{Cell: "b", Balances: 500, Claims: map[string]Claim{},
 			Credits: map[string]Credit{c1: {ActID: "x", Amount: 300, Shard: 70}, c2: {ActID: "y", Amount: 200, Shard: 70}}}
