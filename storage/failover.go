@@ -405,32 +405,19 @@ func slaveStatus(ctx context.Context, db *sql.DB) (map[string]string, error) {
 // StatusRows reads the rows of a SHOW statement (SHOW SLAVE STATUS, say) as
 // column → value.
 func StatusRows(ctx context.Context, db *sql.DB, query string) ([]map[string]string, error) {
-	rows, err := db.QueryContext(ctx, query)
+	rows, err := readRows(ctx, db, query)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	var out []map[string]string
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			return nil, err
-		}
-		row := make(map[string]string, len(cols))
-		for i, c := range cols {
-			row[c] = vals[i].String
+	out := make([]map[string]string, 0, len(rows))
+	for _, r := range rows {
+		row := make(map[string]string, len(r.cols))
+		for _, c := range r.cols {
+			row[c] = r.str(c)
 		}
 		out = append(out, row)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // ReplicationConnections names the replication connections defined on the

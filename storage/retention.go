@@ -510,24 +510,18 @@ func (x *exporter) commit(ctx context.Context, kind string, lines [][]byte, rows
 			return errors.Join(err, fmt.Errorf("export: read %d rows to delete, deleted %d", d.want, n))
 		}
 	}
-	if len(c.sums) > 0 {
-		keys := sortedKeys(c.sums)
-		args := make([]any, 0, 3*len(keys))
-		for _, k := range keys {
-			args = append(args, k, c.sums[k][0], c.sums[k][1])
+	for _, u := range []struct {
+		table, key string
+		sums       map[string][2]int64
+	}{{x.m.carryTable(x.db), "k", c.sums}, {x.m.flowCarryTable(x.db), "act_id", c.accts}} {
+		if len(u.sums) == 0 {
+			continue
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.carryTable(x.db)+" (k, n, amount) VALUES "+rowsOf(len(keys), 3)+
-			" ON DUPLICATE KEY UPDATE n = n + VALUES(n), amount = amount + VALUES(amount)", args...); err != nil {
-			return err
+		args := make([]any, 0, 3*len(u.sums))
+		for _, k := range sortedKeys(u.sums) {
+			args = append(args, k, u.sums[k][0], u.sums[k][1])
 		}
-	}
-	if len(c.accts) > 0 {
-		acts := sortedKeys(c.accts)
-		args := make([]any, 0, 3*len(acts))
-		for _, a := range acts {
-			args = append(args, a, c.accts[a][0], c.accts[a][1])
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+x.m.flowCarryTable(x.db)+" (act_id, n, amount) VALUES "+rowsOf(len(acts), 3)+
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+u.table+" ("+u.key+", n, amount) VALUES "+rowsOf(len(u.sums), 3)+
 			" ON DUPLICATE KEY UPDATE n = n + VALUES(n), amount = amount + VALUES(amount)", args...); err != nil {
 			return err
 		}
