@@ -107,7 +107,7 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 	b.Problems = l.Problems
 
 	// What the retention export carried out of the tables.
-	x, err := m.exportedSums(ctx, tx, byKind["carry"])
+	x, err := m.exportedSums(ctx, tx, byKind["carry"], byKind["flowcarry"])
 	if err != nil {
 		return b, err
 	}

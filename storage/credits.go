@@ -83,7 +83,7 @@ func (m *MySQL) creditsHereTx(ctx context.Context, tx *sql.Tx, credits []model.C
 // bookCredits is applyCreditsTx with nw, the prefix each statement runs
 // under (noWait, noWaitAny).
 func (m *MySQL) bookCredits(ctx context.Context, tx *sql.Tx, credits []model.Credit, now int64, fresh bool, nw string) (applied int, deferred []string, err error) {
-	credits, err = m.dropExported(ctx, tx, credits)
+	credits, deferred, err = m.dropExported(ctx, tx, credits, nw)
 	if err != nil {
 		return 0, nil, err
 	}

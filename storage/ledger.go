@@ -176,7 +176,7 @@ func (m *MySQL) ledgerOnce(ctx context.Context, cell string) (model.Ledger, erro
 	if err := m.ledgerCoupons(ctx, tx, byKind, &l); err != nil {
 		return l, err
 	}
-	exported, err := m.exportedSums(ctx, tx, byKind["carry"])
+	exported, err := m.exportedSums(ctx, tx, byKind["carry"], byKind["flowcarry"])
 	if err != nil {
 		return l, err
 	}

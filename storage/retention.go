@@ -91,6 +91,7 @@ func (m *MySQL) exportDDL(db int) []string {
 const (
 	claimsHorizon  = "claims_horizon"
 	creditsHorizon = "credits_horizon"
+	flowCarryProbe = "(t_flow_carry rows)" // exportedSums' rows of t_flow_carry counts, never a carry key
 )
 
 // ExportResult is what one ExportPass did, for logs and metrics.
@@ -115,10 +116,10 @@ type ExportResult struct {
 //     is made at most that long after its packet's day began), so every
 //     claim of an exported packet was made before both positions; a
 //     database reconciliation never checked keeps them (Result.Held);
-//   - other flows (deposits, sends, refunds, rewards, withdrawals) created
-//     before BeforeMS;
-//   - booked reward rows created and booked before BeforeMS (a reward flow
-//     is written at the booking, so a reward and its flow leave together);
+//   - other flows (deposits, sends, refunds, withdrawals) created before
+//     BeforeMS;
+//   - booked reward rows created and booked before BeforeMS, each with its
+//     reward flow (written at the booking) in the same step;
 //   - refused coupon requests accepted before BeforeMS (an issued request is
 //     the coupon its person holds, and stays).
 //
@@ -661,7 +662,8 @@ func (x *exporter) flows(ctx context.Context, s model.ShardID, after *int64) (bo
 		if created >= x.p.BeforeMS {
 			newer++
 		}
-		due := created < x.p.BeforeMS && kind != string(model.FlowCredit)
+		// Reward flows leave with their rewards (the rewards step).
+		due := created < x.p.BeforeMS && kind != string(model.FlowCredit) && kind != string(model.FlowReward)
 		if kind == string(model.FlowCredit) {
 			due = x.date != "" && strings.TrimPrefix(r.str("order_no"), "claim:") < x.date
 			credits = credits || due
@@ -693,7 +695,8 @@ func (x *exporter) flows(ctx context.Context, s model.ShardID, after *int64) (bo
 }
 
 // rewards exports up to a chunk of the database's booked rewards created
-// and booked before BeforeMS.
+// and booked before BeforeMS, with the reward flows the official cash ones
+// booked into wallets (written at the booking, so before BeforeMS too).
 func (x *exporter) rewards(ctx context.Context) (bool, error) {
 	m := x.m
 	rt := m.rewardTable(x.db)
@@ -704,7 +707,9 @@ func (x *exporter) rewards(ctx context.Context) (bool, error) {
 	}
 	var c carry
 	var lines [][]byte
+	var cents model.Cents
 	ids := make([]any, len(rs))
+	flowKeys := map[model.ShardID][]any{} // (act_id, order_no) of the reward flows, by shard
 	for i, r := range rs {
 		ids[i] = r.str("order_no")
 		rw := model.Reward{Stage: r.str("stage"), AwardType: r.str("award_type"), Status: model.RewardBooked, Amount: model.Cents(r.int("amount")), LeaseID: r.str("lease_id")}
@@ -717,15 +722,39 @@ func (x *exporter) rewards(ctx context.Context) (bool, error) {
 			c.add("reward_booked", 0, int64(rw.Amount))
 			if rw.IntoWallet() {
 				c.add("reward_into_wallet", 0, int64(rw.Amount))
+				if sh := model.ShardID(r.int("act_shard")); sh.Valid() && sh.DB() == x.db {
+					flowKeys[sh] = append(flowKeys[sh], r.str("act_id"), model.RewardFlowOrderNo(r.str("order_no")))
+				}
 			}
 		}
 		lines = append(lines, r.line(rt))
 	}
 	dels := []deletion{{"DELETE FROM " + rt + " WHERE status = " + strconv.Itoa(int(model.RewardBooked)) + " AND order_no IN (" + placeholders(len(ids)) + ")", ids, len(ids)}}
-	if err := x.commit(ctx, "rewards", lines, int64(len(rs)), 0, c, dels, ""); err != nil {
+	// Their reward flows leave with them, in the same step: reconciliation
+	// of rewards against their flows never sees one without the other.
+	flows := int64(0)
+	for _, sh := range sortedKeys(flowKeys) {
+		ft, keys := m.flowTable(sh), flowKeys[sh]
+		where := " WHERE kind = '" + string(model.FlowReward) + "' AND (act_id, order_no) IN (" + rowsOf(len(keys)/2, 2) + ")"
+		fs, err := readRows(ctx, m.db, "SELECT * FROM "+ft+where+" ORDER BY id", keys...)
+		if err != nil {
+			return false, err
+		}
+		for _, f := range fs {
+			amount := f.int("amount")
+			c.add("flow:"+string(model.FlowReward), 1, amount)
+			c.addAct(f.str("act_id"), amount)
+			cents += model.Cents(amount)
+			lines = append(lines, f.line(ft))
+		}
+		flows += int64(len(fs))
+		dels = append(dels, deletion{"DELETE FROM " + ft + where, keys, len(fs)})
+	}
+	if err := x.commit(ctx, "rewards", lines, int64(len(rs))+flows, cents, c, dels, ""); err != nil {
 		return false, err
 	}
 	x.p.Result.Rows["rewards"] += int64(len(rs))
+	x.p.Result.Rows["flows"] += flows
 	return len(rs) == x.p.Chunk, nil
 }
 
@@ -763,53 +792,62 @@ func (x *exporter) coupons(ctx context.Context) (bool, error) {
 // booked and exported, and booking it again would book it twice. Only
 // credits of claims dated more than ArchivedClaimsAge ago are looked up
 // (an export's claim date is always older): for each of their databases,
-// one read of its horizon under a shared lock in tx, so an export step that
-// raises it (first thing in its transaction) waits for tx, or tx reads the
-// raised one. Left out, a credit is neither applied nor deferred (a relay
-// takes it as delivered before); one never booked (a relay that lagged
-// past the export) is in flight in the audit's sums below the horizon, a
-// problem the audit reports. Each is counted (CreditsBelowHorizon).
-func (m *MySQL) dropExported(ctx context.Context, q rowsQueryer, credits []model.Credit) ([]model.Credit, error) {
+// one read of its horizon under a shared lock in tx, with nw's no-wait
+// prefix, so an export step that raises it (first thing in its
+// transaction) waits for tx, or tx reads the raised one; when that step
+// holds it, the database's old credits are deferred (a relay offers them
+// again), not waited for. Left out, a credit is neither applied nor
+// deferred (a relay takes it as delivered before); one never booked (a
+// relay that lagged past the export) is then claimed and never credited,
+// which redcell audit reports. Each is counted (CreditsBelowHorizon).
+func (m *MySQL) dropExported(ctx context.Context, q rowsQueryer, credits []model.Credit, nw string) (keep []model.Credit, deferred []string, err error) {
 	recent := m.clock.Now().Add(-ArchivedClaimsAge).UTC().Format("20060102")
-	horizons := map[int]string{}
-	var keep []model.Credit
-	for i, c := range credits {
+	type horizon struct {
+		date string
+		held bool // an export step holds it: defer
+	}
+	horizons := map[int]horizon{}
+	changed := false
+	for _, c := range credits {
 		if !model.BelowHorizon(c.ClaimID, recent) {
-			if keep != nil {
-				keep = append(keep, c)
-			}
+			keep = append(keep, c)
 			continue
 		}
 		db := c.Shard.DB()
 		h, ok := horizons[db]
 		if !ok {
-			var err error
-			if h, err = m.creditsHorizonOf(ctx, q, db); err != nil {
-				return nil, err
+			date, err := m.creditsHorizonOf(ctx, q, db, nw)
+			switch {
+			case isMySQLErr(err, errLockWait):
+				h.held = true
+			case err != nil:
+				return nil, nil, err
+			default:
+				h.date = date
 			}
 			horizons[db] = h
 		}
-		if !model.BelowHorizon(c.ClaimID, h) {
-			if keep != nil {
-				keep = append(keep, c)
-			}
-			continue
+		switch {
+		case h.held:
+			deferred, changed = append(deferred, c.ClaimID), true
+		case model.BelowHorizon(c.ClaimID, h.date):
+			changed = true
+			m.belowHorizon.Add(1)
+		default:
+			keep = append(keep, c)
 		}
-		if keep == nil {
-			keep = append(make([]model.Credit, 0, len(credits)), credits[:i]...)
-		}
-		m.belowHorizon.Add(1)
 	}
-	if keep == nil {
-		return credits, nil
+	if !changed {
+		return credits, nil, nil
 	}
-	return keep, nil
+	return keep, deferred, nil
 }
 
 // creditsHorizonOf reads database db's credits horizon ("" none) in q,
-// under a shared lock.
-func (m *MySQL) creditsHorizonOf(ctx context.Context, q rowsQueryer, db int) (string, error) {
-	rows, err := q.QueryContext(ctx, "SELECT amount FROM "+m.carryTable(db)+" WHERE k = ? LOCK IN SHARE MODE", creditsHorizon)
+// under a shared lock, the statement under nw (a no-wait prefix: error 1205
+// at once when an export step holds the row).
+func (m *MySQL) creditsHorizonOf(ctx context.Context, q rowsQueryer, db int, nw string) (string, error) {
+	rows, err := q.QueryContext(ctx, nw+"SELECT amount FROM "+m.carryTable(db)+" WHERE k = ? LOCK IN SHARE MODE", creditsHorizon)
 	if isMySQLErr(err, errNoSuchTable) || isMySQLErr(err, errUnknownDB) {
 		return "", nil
 	}
@@ -829,10 +867,11 @@ func (m *MySQL) creditsHorizonOf(ctx context.Context, q rowsQueryer, db int) (st
 	return fmt.Sprintf("%08d", amount), nil
 }
 
-// CreditsBelowHorizon is how many credits this store left unbooked since it
-// was opened because their claims were dated before their database's
-// credits horizon (dropExported): each a repeat of an exported credit, or a
-// credit delivered only after its claimant database exported that date.
+// CreditsBelowHorizon is how many times since the store was opened a
+// crediting transaction left a credit unbooked because its claim was dated
+// before its database's credits horizon (dropExported): each a repeat of an
+// exported credit, or a credit delivered only after its claimant database
+// exported that date. A transaction run again (a retry) counts again.
 func (m *MySQL) CreditsBelowHorizon() int64 { return m.belowHorizon.Load() }
 
 // exportedSums reads the carry tables among tables (in q's snapshot) as a
@@ -840,14 +879,22 @@ func (m *MySQL) CreditsBelowHorizon() int64 { return m.belowHorizon.Load() }
 // packets in the packet sums, rewards and refused coupon requests in
 // RewardRows and CouponRows, and Exported (claims and credits, counts, the
 // horizon).
-func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableRef) (model.Ledger, error) {
+//
+// It also counts the rows of each t_flow_carry among flowCarry, in the same
+// statement, so that one created after the snapshot began fails the read
+// (error 1412: the caller starts over) rather than the account reads that
+// join it, which skip such a table and would drop its balances.
+func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables, flowCarry []tableRef) (model.Ledger, error) {
 	l := model.NewLedger("")
-	if len(tables) == 0 {
+	if len(tables)+len(flowCarry) == 0 {
 		return l, nil
 	}
-	parts := make([]string, 0, len(tables))
+	parts := make([]string, 0, len(tables)+len(flowCarry))
 	for _, t := range tables {
 		parts = append(parts, fmt.Sprintf("SELECT %d AS db, k, n, amount FROM %s", t.shard.DB(), m.carryTable(t.shard.DB())))
+	}
+	for _, t := range flowCarry {
+		parts = append(parts, fmt.Sprintf("SELECT %d, '%s', COUNT(*), 0 FROM %s", t.shard.DB(), flowCarryProbe, m.flowCarryTable(t.shard.DB())))
 	}
 	rows, err := q.QueryContext(ctx, strings.Join(parts, " UNION ALL "))
 	if err != nil {
@@ -893,6 +940,7 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables []tableR
 			continue
 		}
 		switch k {
+		case flowCarryProbe:
 		case claimsHorizon, creditsHorizon:
 			if amount > 0 {
 				e.SetHorizon(db, k == claimsHorizon, fmt.Sprintf("%08d", amount))
