@@ -711,17 +711,42 @@ func syncStandby(ctx context.Context, dst, sb *sql.DB, max time.Duration) error 
 }
 
 // waitGTID waits, in MASTER_GTID_WAIT, until the replica behind db has
-// applied pos, up to max.
+// applied pos, up to max, in slices of gtidWaitSlice: between two, a
+// replica whose SQL thread stopped on an error fails the wait at once with
+// that error, and a wait that runs out names the replica's threads and last
+// errors.
 func waitGTID(ctx context.Context, db *sql.DB, pos string, max time.Duration) error {
-	var waited sql.NullInt64
-	if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, ?)", pos, max.Seconds()).Scan(&waited); err != nil {
-		return fmt.Errorf("waiting for GTID %s: %w", pos, err)
+	deadline := time.Now().Add(max)
+	for {
+		slice := min(gtidWaitSlice, time.Until(deadline))
+		if slice < 0 {
+			slice = 0
+		}
+		var waited sql.NullInt64
+		if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, ?)", pos, slice.Seconds()).Scan(&waited); err != nil {
+			return fmt.Errorf("waiting for GTID %s: %w", pos, err)
+		}
+		if waited.Valid && waited.Int64 == 0 {
+			return nil
+		}
+		st, err := slaveStatus(ctx, db, "")
+		state := ""
+		if err == nil {
+			state = fmt.Sprintf(" (replication: I/O %s, SQL %s; last I/O error %q, last SQL error %q; received %s)",
+				st["Slave_IO_Running"], st["Slave_SQL_Running"], st["Last_IO_Error"], st["Last_SQL_Error"], st["Gtid_IO_Pos"])
+			if st["Slave_SQL_Running"] == "No" && st["Last_SQL_Error"] != "" {
+				return fmt.Errorf("it stopped applying before GTID %s%s", pos, state)
+			}
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("it did not apply GTID %s within %s%s", pos, max, state)
+		}
 	}
-	if !waited.Valid || waited.Int64 != 0 {
-		return fmt.Errorf("it did not apply GTID %s within %s", pos, max)
-	}
-	return nil
 }
+
+// gtidWaitSlice is how long waitGTID waits between two looks at the
+// replica's threads.
+const gtidWaitSlice = 5 * time.Second
 
 // channel is the name of db's replication channel on the target.
 func channel(db int) string { return fmt.Sprintf("move_db_%02d", db) }
