@@ -27,8 +27,7 @@ type ArchiveResult struct {
 }
 
 // ErrNoArchive: the store keeps no day tables, so it has nothing to archive
-// or export
-// (the in-memory store).
+// or export (the in-memory store).
 var ErrNoArchive = errors.New("storage: this store keeps no day tables to archive")
 
 // ArchivePass is one archive step as a typed op (CommitGroup; see
