@@ -182,13 +182,12 @@ func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string,
 		}
 	}
 	m.Log.Info("failback: the old primary emptied; seeding it from the promoted server", "cell", c.Name, "dropped", schemas)
-	src, err := userSchemas(ctx, srv)
+	src, err := seedSchemas(ctx, srv)
 	if err != nil {
 		return err
 	}
-	src = slices.DeleteFunc(src, func(s string) bool { return s == "redcell_failover" })
 	if len(src) > 0 {
-		if err := m.dumpInto(ctx, c, src); err != nil {
+		if err := m.dumpInto(ctx, c, srv, src); err != nil {
 			return err
 		}
 	} else {
@@ -218,7 +217,14 @@ func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string,
 // dumpInto loads a consistent dump of schemas from the serving server
 // (c.StandbyDSN) into the old primary (c.DSN), without logging it there; the
 // dump sets the old primary's gtid_slave_pos to its snapshot's position.
-func (m *Mover) dumpInto(ctx context.Context, c Cell, schemas []string) error {
+//
+// A schema made on the serving server between the listing of schemas and
+// the dump's snapshot (a cell makes shadow_redcell_meta on its first stress
+// traffic, say) would be missing from the dump while its changes are
+// behind the dump's GTID position: the replica would then stop on a row
+// event for a table it lacks. So after each dump the schemas are listed
+// again, and a new one makes the dump run again with it, up to 5 times.
+func (m *Mover) dumpInto(ctx context.Context, c Cell, srv *sql.DB, schemas []string) error {
 	sa, err := mysqlArgs(c.StandbyDSN)
 	if err != nil {
 		return err
@@ -249,7 +255,20 @@ func (m *Mover) dumpInto(ctx context.Context, c Cell, schemas []string) error {
 		dump.Env, dump.Stdout, dump.Stderr = append(os.Environ(), sa.env...), tmp, &stderr
 		err := dump.Run()
 		if err == nil {
-			break
+			now, err := seedSchemas(ctx, srv)
+			if err != nil {
+				return err
+			}
+			added := slices.DeleteFunc(slices.Clone(now), func(s string) bool { return slices.Contains(schemas, s) })
+			if len(added) == 0 {
+				break
+			}
+			if attempt >= 5 {
+				return fmt.Errorf("mover: %s of %s's promoted server: schemas %v were made during each of 5 dumps", m.Dump, c.Name, added)
+			}
+			m.Log.Info("failback: schemas made during the dump; dumping again with them", "cell", c.Name, "schemas", added, "attempt", attempt)
+			schemas = now
+			continue
 		}
 		// A table made or altered after the snapshot began (a day table,
 		// the cell's own metadata) fails the dump (1412), as in a move's
@@ -335,6 +354,14 @@ func semiSyncOn(ctx context.Context, db *sql.DB, max time.Duration) error {
 }
 
 // userSchemas lists a server's schemas but its own.
+// seedSchemas lists the schemas a fail-back's seed dumps from the serving
+// server: its user schemas but redcell_failover (the promotion mark, which
+// the rebuilt standby must not carry).
+func seedSchemas(ctx context.Context, srv *sql.DB) ([]string, error) {
+	src, err := userSchemas(ctx, srv)
+	return slices.DeleteFunc(src, func(s string) bool { return s == "redcell_failover" }), err
+}
+
 func userSchemas(ctx context.Context, db *sql.DB) ([]string, error) {
 	rows, err := db.QueryContext(ctx, "SELECT schema_name FROM information_schema.schemata ORDER BY schema_name")
 	if err != nil {
