@@ -30,6 +30,12 @@ spare=${REDCELL_SPARE_CELL:-0}
 # dies or hangs past lease_ttl (docs/operations.md, "A cell of two processes").
 cellprocs=${REDCELL_CELL_PROCS:-1}
 case "$cellprocs" in 1|2) ;; *) echo "REDCELL_CELL_PROCS must be 1 or 2" >&2; exit 1 ;; esac
+# REDCELL_EXPORT_DAYS=N: the cells' export_days (the retention export: rows
+# older than N days go to files under var/export/ and leave their tables;
+# docs/operations.md, "Retention and export"). The config is written anew at
+# every start, so set it here rather than in var/redcell.yaml.
+exportdays=${REDCELL_EXPORT_DAYS:-0}
+case "$exportdays" in '' | *[!0-9]*) echo "REDCELL_EXPORT_DAYS must be a number of days" >&2; exit 1 ;; esac
 # Both together: cell-3 gets a standby of its own too, and databases move
 # between cells with standbys (docs/operations.md, "Add a cell").
 if [ "$standby" != 1 ] && { [ -f "$VAR/cell-1/standby/seeded" ] || [ -f "$VAR/cell-2/standby/seeded" ] || [ -f "$VAR/cell-3/standby/seeded" ]; }; then
@@ -152,6 +158,7 @@ sed "${sedargs[@]}" \
     -e "s/^admin_token: \"\"/admin_token: \"$token\"/" \
     -e "s/^cluster_secret: \"\"/cluster_secret: \"$secret\"/" \
     -e "s/^identity_key: \"\"/identity_key: \"$identity\"/" \
+    -e "s/^  export_days: 0 /  export_days: $exportdays /" \
     "$here/redcell.yaml" >"$cfg"
 if [ "$spare" = 1 ]; then
   # cell-3 goes last in the cells list, owning nothing; the others find it by gossip.
