@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,8 +91,8 @@ func waitLog(t *testing.T, c *cluster, name, text string, limit time.Duration) {
 	}
 }
 
-// signal sends sig to a running process of the cluster.
-func (c *cluster) signal(t *testing.T, name string, sig syscall.Signal) {
+// running is the cluster's process name; the test fails when none runs.
+func (c *cluster) running(t *testing.T, name string) *exec.Cmd {
 	t.Helper()
 	c.mu.Lock()
 	cmd := c.procs[name]
@@ -99,7 +100,13 @@ func (c *cluster) signal(t *testing.T, name string, sig syscall.Signal) {
 	if cmd == nil {
 		t.Fatalf("%s is not running", name)
 	}
-	if err := cmd.Process.Signal(sig); err != nil {
+	return cmd
+}
+
+// signal sends sig to a running process of the cluster.
+func (c *cluster) signal(t *testing.T, name string, sig syscall.Signal) {
+	t.Helper()
+	if err := c.running(t, name).Process.Signal(sig); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
 }
@@ -109,12 +116,7 @@ func (c *cluster) signal(t *testing.T, name string, sig syscall.Signal) {
 // the caller tells these apart by the log).
 func (c *cluster) waitExit(t *testing.T, name string, limit time.Duration) error {
 	t.Helper()
-	c.mu.Lock()
-	cmd := c.procs[name]
-	c.mu.Unlock()
-	if cmd == nil {
-		t.Fatalf("%s is not running", name)
-	}
+	cmd := c.running(t, name)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	select {
