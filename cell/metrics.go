@@ -11,12 +11,12 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"redcell/api"
+	"redcell/api/httpmetrics"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
 	"redcell/cell/keyqueue"
 	"redcell/cell/relay"
 	"redcell/internal/clock"
-	"redcell/internal/httpmetrics"
 	"redcell/model"
 )
 

@@ -6,8 +6,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"redcell/api/httpmetrics"
 	"redcell/internal/climit"
-	"redcell/internal/httpmetrics"
 	"redcell/model"
 	"redcell/router/rules"
 )
