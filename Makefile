@@ -96,8 +96,11 @@ race:
 build:
 	$(GO) build -o $(BIN) ./cmd/redcell
 
+# vet: go vet, staticcheck (pinned in go.mod as a tool; its default checks)
+# and gofmt. The layering rules are a test of their own (internal/layering).
 vet:
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
 ## audit: conservation check of the cluster started by make run

@@ -7,20 +7,25 @@ import (
 	"net/http"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
+// spun keeps spin's sums, so that the compiler keeps its work.
+var spun atomic.Int64
+
 // spin burns CPU for d, in a function the profile must name.
 //
 //go:noinline
-func spin(d time.Duration) (n int) {
+func spin(d time.Duration) {
+	n := 0
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		for i := range 10000 {
 			n += i * i
 		}
 	}
-	return n
+	spun.Add(int64(n))
 }
 
 // A CPU profile of this process, as runtime/pprof writes it, summarizes to

@@ -61,8 +61,6 @@ func newOwnership(cell string, shards sharding.Ranges, version int64) *ownership
 	return o
 }
 
-func (o *ownership) state() *ownState { return o.st.Load() }
-
 // owns reports whether this cell owns shard sh and serves it now (its
 // database is not frozen by a move).
 func (o *ownership) owns(sh model.ShardID) bool {

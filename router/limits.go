@@ -42,10 +42,7 @@ func (r Rate) valid() bool { return r.PerSec >= 1 && r.Burst >= 1 }
 
 // RouteNames returns the names Config.RateLimits is keyed by, sorted.
 func RouteNames() []string {
-	out := make([]string, 0, routeCount-1)
-	for _, n := range routeNames[routeOther+1:] {
-		out = append(out, n)
-	}
+	out := append(make([]string, 0, routeCount-1), routeNames[routeOther+1:]...)
 	sort.Strings(out)
 	return out
 }

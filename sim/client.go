@@ -67,7 +67,6 @@ type sendBook struct {
 type claimBook struct {
 	claimID, packetID, actID string
 	amount                   int64
-	createdMS                int64 // unknown to the client: filled by the checker from the store
 	fresh                    bool
 }
 

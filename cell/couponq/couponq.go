@@ -686,7 +686,10 @@ func (e *Engine) gather1(ctx context.Context, out chan<- []model.CouponRequest) 
 			return
 		case first = <-e.q1:
 		}
-		e.feeding.Lock() // the rest of a take the feeder is queuing is in
+		// The rest of a take the feeder is queuing is in once it lets go:
+		// the lock is a barrier here, held by feedDBs, not by this.
+		e.feeding.Lock()
+		//lint:ignore SA2001 a barrier: wait for the take feedDBs is queuing, hold nothing
 		e.feeding.Unlock()
 		rs := []model.CouponRequest{first}
 		until := e.gatherUntil(0)
@@ -927,7 +930,10 @@ func (e *Engine) gather2(ctx context.Context, out chan<- []model.CouponRequest) 
 			return
 		case first = <-e.q2:
 		}
-		e.passing.Lock() // the rest of that decision's pass is in the queue
+		// The rest of that decision's pass is in the queue once its
+		// decider lets go (queue2): a barrier, as in gather1.
+		e.passing.Lock()
+		//lint:ignore SA2001 a barrier: wait for the decider's pass (queue2), hold nothing
 		e.passing.Unlock()
 		now := e.clock.Now()
 		e.cfg.Observe.Waited(2, now.Sub(first.at))

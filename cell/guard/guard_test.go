@@ -30,8 +30,8 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// refused is what dialing a closed port returns.
-var refused = fmt.Errorf("storage: read account: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+// errRefused is what dialing a closed port returns.
+var errRefused = fmt.Errorf("storage: read account: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 
 // fakeDB stands for a database's round trips: each answers whatever next
 // says, and calls counts those that reached it.
@@ -90,7 +90,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 				<-gate
 			}
 			if fail.Load() {
-				return refused
+				return errRefused
 			}
 			return nil
 		}}
@@ -203,7 +203,7 @@ func TestBreakerLogsAnOutageOnce(t *testing.T) {
 		fail.Store(true)
 		f := &fakeDB{next: func(context.Context) error {
 			if fail.Load() {
-				return refused
+				return errRefused
 			}
 			return nil
 		}}

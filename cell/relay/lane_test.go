@@ -258,7 +258,7 @@ func (n *fakeNet) Credits(ctx context.Context, addr string, cs []model.Credit) (
 
 func (n *fakeNet) send(ctx context.Context, addr string, cs []model.Credit) ([]string, error) {
 	d, _ := ctx.Deadline()
-	call := remoteCall{addr: addr, at: time.Now(), deadline: d.Sub(time.Now())}
+	call := remoteCall{addr: addr, at: time.Now(), deadline: time.Until(d)}
 	for _, c := range cs {
 		call.ids = append(call.ids, c.ClaimID)
 	}

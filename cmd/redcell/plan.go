@@ -106,9 +106,9 @@ func runPlan(ctx context.Context, args []string) error {
 	}
 	var mp bench.MovePlan
 	if *rateWindow > 0 {
-		rates, err := measureDBRates(ctx, fc, *rateWindow)
-		if err != nil {
-			return fmt.Errorf("plan: %w", err)
+		rates, rerr := measureDBRates(ctx, fc, *rateWindow)
+		if rerr != nil {
+			return fmt.Errorf("plan: %w", rerr)
 		}
 		writeRates(os.Stdout, rates, *rateWindow)
 		mp, err = bench.PlanMovesByRate(live, n, rates)

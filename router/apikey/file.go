@@ -300,11 +300,12 @@ func writeFile(path string, keys []Key) error {
 		return fmt.Errorf("apikey: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
-	if err := tmp.Chmod(0o600); err == nil {
+	err = tmp.Chmod(0o600)
+	if err == nil {
 		_, err = tmp.Write(append([]byte(fileHeader), body...))
-		if err == nil {
-			err = tmp.Sync()
-		}
+	}
+	if err == nil {
+		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
