@@ -48,8 +48,8 @@ type archiver struct {
 }
 
 func newArchiver(spaces [2]*space, owns func(model.ShardID) bool, cfg Config, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *archiver {
-	a := &archiver{spaces: spaces, owns: owns, retention: cfg.Retention, interval: cfg.ArchiveInterval, clock: clk, log: log,
-		exportAfter: cfg.ExportAfter, exportDir: cfg.ExportDir, claimWindow: 24*time.Hour + cfg.PacketExpiry + 72*time.Hour,
+	a := &archiver{spaces: spaces, owns: owns, retention: cfg.Retention(), interval: cfg.ArchiveInterval, clock: clk, log: log,
+		exportAfter: cfg.ExportAfter(), exportDir: cfg.ExportDir, claimWindow: 24*time.Hour + cfg.PacketExpiry + 72*time.Hour,
 		exported: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_exported_rows_total",
 			Help: "Rows the retention export wrote to files and deleted, by kind (packets, claims, flows, rewards, coupons)."}, []string{"space", "kind"}),
 		exportFiles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_export_files_total",

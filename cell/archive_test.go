@@ -63,7 +63,7 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: shadow}},
-		func(model.ShardID) bool { return true }, Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, reg)
+		func(model.ShardID) bool { return true }, Config{RetentionConfig: RetentionConfig{RetentionDays: days(7), ArchiveInterval: time.Hour}}, clk, log, reg)
 	for _, sp := range a.spaces {
 		if _, err := a.once(context.Background(), sp); err != nil {
 			t.Fatal(err)
@@ -97,13 +97,13 @@ func TestArchiverCutAndMetrics(t *testing.T) {
 	// A store without day tables (storage.ErrNoArchive): skipped, no failure counted.
 	mem := memstore.New(clk)
 	plain := newArchiver([2]*space{{name: "real", store: mem}, {name: "shadow", store: mem}},
-		a.owns, Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, prometheus.NewRegistry())
+		a.owns, Config{RetentionConfig: RetentionConfig{RetentionDays: days(7), ArchiveInterval: time.Hour}}, clk, log, prometheus.NewRegistry())
 	if _, err := plain.once(context.Background(), plain.spaces[0]); err != nil {
 		t.Fatalf("a store without day tables: %v", err)
 	}
 	check(plain.failures.WithLabelValues("real"), 0)
 
-	off := newArchiver(a.spaces, a.owns, Config{ArchiveInterval: time.Hour}, clk, a.log, prometheus.NewRegistry())
+	off := newArchiver(a.spaces, a.owns, Config{RetentionConfig: RetentionConfig{RetentionDays: days(0), ArchiveInterval: time.Hour}}, clk, a.log, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { off.run(ctx); close(done) }()
@@ -126,7 +126,7 @@ func TestArchiverExports(t *testing.T) {
 	real := &cutStore{exported: storage.ExportResult{Files: 3, Rows: map[string]int64{"flows": 7, "packets": 2, "claims": 5}, Held: 1}}
 	broken := &cutStore{failAfter: true}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour, ExportAfter: 30 * 24 * time.Hour, ExportDir: "/var/lib/redcell/export"}
+	cfg := Config{RetentionConfig: RetentionConfig{RetentionDays: days(7), ArchiveInterval: time.Hour, ExportDays: 30, ExportDir: "/var/lib/redcell/export"}}
 	a := newArchiver([2]*space{{name: "real", store: real}, {name: "shadow", stress: true, store: broken}},
 		func(model.ShardID) bool { return true }, cfg, clk, log, prometheus.NewRegistry())
 	a.pass(context.Background())
@@ -151,9 +151,12 @@ func TestArchiverExports(t *testing.T) {
 	}
 	off := &cutStore{}
 	plain := newArchiver([2]*space{{name: "real", store: off}, {name: "shadow", store: off}}, a.owns,
-		Config{Retention: 7 * 24 * time.Hour, ArchiveInterval: time.Hour}, clk, log, prometheus.NewRegistry())
+		Config{RetentionConfig: RetentionConfig{RetentionDays: days(7), ArchiveInterval: time.Hour}}, clk, log, prometheus.NewRegistry())
 	plain.pass(context.Background())
 	if len(off.cuts) != 2 || len(off.exports) != 0 {
 		t.Fatalf("export off: %d archive passes, %d exports; want 2, 0", len(off.cuts), len(off.exports))
 	}
 }
+
+// days is a RetentionDays of n.
+func days(n int) *int { return &n }

@@ -79,10 +79,11 @@ func Split(kind PacketKind, total Cents, count int64, r *rand.Rand) []Cents {
 const MaxShares = 99_999_999
 
 // Limits are the per-packet bounds enforced at send.
+// The YAML keys are a cell config file's (cell.Config).
 type Limits struct {
-	MaxAmount   Cents // largest packet total, cents
-	MaxCount    int64 // most shares in one packet
-	MaxGreeting int   // longest greeting, in runes
+	MaxAmount   Cents `yaml:"max_amount"`   // largest packet total, cents
+	MaxCount    int64 `yaml:"max_count"`    // most shares in one packet
+	MaxGreeting int   `yaml:"max_greeting"` // longest greeting, in runes
 }
 
 // DefaultLimits allow a red-packet rain: one packet can last a whole hot run.

@@ -5,10 +5,14 @@
 package degrade
 
 import (
+	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
 
 	"redcell/api"
 	"redcell/model"
@@ -73,6 +77,10 @@ const (
 	off = "off"
 )
 
+// Names returns the switches' names, as the config, the admin API and the
+// metrics know them.
+func Names() []string { return names[:] }
+
 // Switches is the state of every switch. Safe for concurrent use: a read is
 // one atomic load.
 type Switches struct {
@@ -84,13 +92,70 @@ type Switches struct {
 // feature that starts switched off.
 func New(c Config, log *slog.Logger) *Switches {
 	s := &Switches{log: log}
-	for i, o := range [switchCount]bool{c.ClaimsList, c.GrabCache, c.Relay, c.WalletFlow, c.Booking, c.CouponIssue, c.TokenRestore} {
+	for i := range switchCount {
+		o := *c.field(i)
 		s.off[i].Store(o)
 		if o {
 			log.Warn("degrade switch off from the config: feature degraded", "switch", names[i])
 		}
 	}
 	return s
+}
+
+// field returns c's field of switch sw.
+func (c *Config) field(sw Switch) *bool {
+	return [switchCount]*bool{&c.ClaimsList, &c.GrabCache, &c.Relay, &c.WalletFlow, &c.Booking, &c.CouponIssue, &c.TokenRestore}[sw]
+}
+
+// byName returns the switch called name (names). Errors: an unknown name,
+// listing the known ones.
+func byName(name string) (Switch, error) {
+	for i, n := range names {
+		if n == name {
+			return Switch(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown degrade switch %q (%s)", name, strings.Join(names[:], ", "))
+}
+
+// TurnOff switches the feature called name off in c (REDCELL_DEGRADE lists
+// such names). Errors: an unknown name.
+func (c *Config) TurnOff(name string) error {
+	sw, err := byName(name)
+	if err == nil {
+		*c.field(sw) = true
+	}
+	return err
+}
+
+// UnmarshalYAML reads a config file's degrade section, a mapping of switch
+// names to "on" or "off" (YAML's booleans true and false are taken as well);
+// a switch left out keeps its value. Errors: an unknown switch, another value.
+func (c *Config) UnmarshalYAML(n *yaml.Node) error {
+	var m map[string]string
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the first error is the same at every load
+	for _, name := range keys {
+		sw, err := byName(name)
+		if err != nil {
+			return err
+		}
+		switch v := m[name]; v {
+		case on, "true":
+			*c.field(sw) = false
+		case off, "false":
+			*c.field(sw) = true
+		default:
+			return fmt.Errorf("cell.degrade.%s must be on or off, got %q", name, v)
+		}
+	}
+	return nil
 }
 
 // Off reports whether the feature is switched off now.

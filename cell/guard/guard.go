@@ -36,17 +36,18 @@ import (
 	"redcell/internal/incident"
 )
 
-// Config tunes a Breaker. Start from DefaultConfig.
+// Config tunes a Breaker. Start from DefaultConfig. The YAML keys are a
+// cell config file's (cell.GuardConfig).
 type Config struct {
 	// Failures is how many infrastructure failures in a row open the breaker.
-	Failures int
+	Failures int `yaml:"breaker_failures"`
 	// Cooldown is how long an open breaker refuses every call before it lets one
 	// probe through.
-	Cooldown time.Duration
+	Cooldown time.Duration `yaml:"breaker_cooldown"`
 	// SlowCall: a call that ended with context.DeadlineExceeded counts as a
 	// failure only if it ran at least this long (the server was slow); a call
 	// that started with little of its deadline left says nothing about the server.
-	SlowCall time.Duration
+	SlowCall time.Duration `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults, with reasons.

@@ -14,8 +14,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"redcell/cell"
-	"redcell/cell/guard"
-	"redcell/model"
 	"redcell/router"
 	"redcell/sharding"
 )
@@ -30,7 +28,11 @@ type fileConfig struct {
 	GossipSeeds   []string      `yaml:"gossip_seeds"`
 	Router        routerSection `yaml:"router"`
 	Cells         []cellEntry   `yaml:"cells"`
-	Cell          cellSection   `yaml:"cell"`
+	// Cell is the section every cell shares: decoded straight over
+	// cell.DefaultConfig (a key left out keeps its default), its keys are
+	// cell.Config's YAML tags (docs/config.md lists them; TestConfigDocs
+	// holds the two together).
+	Cell cell.Config `yaml:"cell"`
 
 	// IdentityDefaultRegion: the region a bound phone without '+' is read
 	// in (cell.Config.IdentityDefaultRegion); "" keeps the default, CN.
@@ -104,88 +106,10 @@ type cellEntry struct {
 	AdvertiseHost string `yaml:"advertise_host"`
 }
 
-type cellSection struct {
-	Activities string `yaml:"activities"` // reward activities' YAML, relative to this file; "" none
-	// Coupons is the coupon batches' YAML, relative to this file; "" none (coupons off).
-	Coupons          string          `yaml:"coupons"`
-	CouponRates      []int           `yaml:"coupon_rates"` // [layer 1, layer 2] requests/s, cluster-wide
-	CouponMergeMax   int             `yaml:"coupon_merge_max"`
-	CouponPrefetch   *int            `yaml:"coupon_prefetch"` // nil: the default; 0: a grant per merge
-	CouponQueueLen   int             `yaml:"coupon_queue_len"`
-	CouponGather     []time.Duration `yaml:"coupon_gather"` // [layer 1, layer 2] waits for more requests per chunk
-	CouponStaleAfter time.Duration   `yaml:"coupon_stale_after"`
-	// RewardKeys is the reward token key file, relative to this file; "" none (no rewards).
-	RewardKeys      string                `yaml:"reward_keys"`
-	TokenTTL        time.Duration         `yaml:"token_ttl"`
-	RewardCashMax   int64                 `yaml:"reward_cash_max"`
-	BookingRate     int                   `yaml:"booking_rate"`
-	BookingBatch    int                   `yaml:"booking_batch"`
-	BookingInterval time.Duration         `yaml:"booking_interval"`
-	BudgetLeaseTTL  time.Duration         `yaml:"budget_lease_ttl"`
-	WithdrawRelease *cell.WithdrawRelease `yaml:"withdraw_release"`
-	PacketExpiry    time.Duration         `yaml:"packet_expiry"`
-	OpenStrategy    string                `yaml:"open_strategy"`
-	BatchMax        int                   `yaml:"batch_max"`
-	BatchWait       time.Duration         `yaml:"batch_wait"`
-	QueueDepth      int                   `yaml:"queue_depth"`
-	QueueWaitMax    time.Duration         `yaml:"queue_wait_max"`
-	CreditShedFrom  *time.Duration        `yaml:"credit_shed_from"` // nil: the default; 0s: never shed for credits
-	CreditShedAll   time.Duration         `yaml:"credit_shed_all"`
-	TxPerPacket     int                   `yaml:"tx_per_packet"`
-	MaxConns        int                   `yaml:"max_conns"`
-	RequestTimeout  time.Duration         `yaml:"request_timeout"`
-	RelayInterval   time.Duration         `yaml:"relay_interval"`
-	ExpiryInterval  time.Duration         `yaml:"expiry_interval"`
-	RetentionDays   *int                  `yaml:"retention_days"`   // settled packets older than this move to the archive tables; 0: off
-	ArchiveInterval time.Duration         `yaml:"archive_interval"` // how often the archive pass runs
-	ExportDays      int                   `yaml:"export_days"`      // rows older than this go to export files and leave their tables; 0: off
-	ExportDir       string                `yaml:"export_dir"`       // where the export files go; "": export/<cell name> beside the config file
-	ShadowRetention *time.Duration        `yaml:"shadow_retention"` // drop the shadow space after this long without stress traffic; nil: 72h; 0: never
-	FailoverAfter   time.Duration         `yaml:"failover_after"`   // a cell with a standby promotes it after its primary is down this long
-	LeaseTTL        time.Duration         `yaml:"lease_ttl"`        // how long a cell process's serving lease lasts unrenewed (4s): another process of the cell takes over after it
-	MoveGrace       time.Duration         `yaml:"move_grace"`       // how long a cell keeps its copy of a database it handed over (10m)
-	MaxAmount       int64                 `yaml:"max_amount"`
-	MaxCount        int64                 `yaml:"max_count"`
-	MaxGreeting     int                   `yaml:"max_greeting"`
-	MapVersion      int64                 `yaml:"map_version"`
-
-	RateLimitPerSec int           `yaml:"rate_limit_per_sec"`
-	RateBurst       int           `yaml:"rate_burst"`
-	BreakerFailures int           `yaml:"breaker_failures"`
-	BreakerCooldown time.Duration `yaml:"breaker_cooldown"`
-
-	ReconInterval time.Duration `yaml:"recon_interval"`
-	ReconSettle   time.Duration `yaml:"recon_settle"`
-	AuditInterval time.Duration `yaml:"audit_interval"`
-	Degrade       degradeEntry  `yaml:"degrade"`
-
-	GroupMax    int            `yaml:"group_max"`
-	GroupWait   *time.Duration `yaml:"group_wait"`   // nil: the default; 0s: a busy lane never waits
-	CommitLanes *int           `yaml:"commit_lanes"` // nil: the default; 0: a lane per database
-}
-
-// degradeEntry: each switch "on" or "off" at start; absent keeps it on.
-type degradeEntry struct {
-	ClaimsList   string `yaml:"claims_list"`
-	GrabCache    string `yaml:"grab_cache"`
-	Relay        string `yaml:"relay"`
-	WalletFlow   string `yaml:"wallet_flow"`
-	Booking      string `yaml:"booking"`
-	CouponIssue  string `yaml:"coupon_issue"`
-	TokenRestore string `yaml:"token_restore"`
-}
-
-// switches returns the entry's fields by switch name, to read and set them.
-func (d *degradeEntry) switches() map[string]*string {
-	return map[string]*string{"claims_list": &d.ClaimsList, "grab_cache": &d.GrabCache, "relay": &d.Relay,
-		"wallet_flow": &d.WalletFlow, "booking": &d.Booking, "coupon_issue": &d.CouponIssue,
-		"token_restore": &d.TokenRestore}
-}
-
 // loadConfig reads path (strict: unknown keys are errors), then applies the
 // environment overrides listed in envOverrides.
 func loadConfig(path string) (fileConfig, error) {
-	var fc fileConfig
+	fc := fileConfig{Cell: cell.DefaultConfig()}
 	if path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -226,20 +150,8 @@ var envOverrides = []struct {
 	{"REDCELL_BATCH_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.BatchMax })},
 	{"REDCELL_BATCH_WAIT", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.BatchWait })},
 	{"REDCELL_GROUP_MAX", intInto(func(fc *fileConfig) *int { return &fc.Cell.GroupMax })},
-	{"REDCELL_GROUP_WAIT", func(fc *fileConfig, v string) error {
-		d, err := time.ParseDuration(v)
-		if err == nil {
-			fc.Cell.GroupWait = &d
-		}
-		return err
-	}},
-	{"REDCELL_COMMIT_LANES", func(fc *fileConfig, v string) error {
-		n, err := strconv.Atoi(v)
-		if err == nil {
-			fc.Cell.CommitLanes = &n
-		}
-		return err
-	}},
+	{"REDCELL_GROUP_WAIT", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.GroupWait })},
+	{"REDCELL_COMMIT_LANES", intInto(func(fc *fileConfig) *int { return &fc.Cell.CommitLanes })},
 	{"REDCELL_QUEUE_WAIT_MAX", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.QueueWaitMax })},
 	{"REDCELL_RELAY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.RelayInterval })},
 	{"REDCELL_EXPIRY_INTERVAL", durationInto(func(fc *fileConfig) *time.Duration { return &fc.Cell.ExpiryInterval })},
@@ -274,12 +186,10 @@ var envOverrides = []struct {
 		return nil
 	}},
 	{"REDCELL_DEGRADE", func(fc *fileConfig, v string) error {
-		sw := fc.Cell.Degrade.switches()
 		for _, name := range splitList(v) {
-			if sw[name] == nil {
-				return fmt.Errorf("unknown degrade switch %q (claims_list, grab_cache, relay, wallet_flow, booking, coupon_issue, token_restore)", name)
+			if err := fc.Cell.Degrade.TurnOff(name); err != nil {
+				return err
 			}
-			*sw[name] = "off"
 		}
 		return nil
 	}},
@@ -350,10 +260,12 @@ func splitList(v string) []string {
 	return out
 }
 
-// cellConfig builds the config of the cell called name: defaults, then the
-// file's shared cell section, then the cell's own entry.
+// cellConfig builds the config of the cell called name: the file's shared
+// cell section (already over the defaults), the cell's own entry and the
+// top level's keys a cell uses, its relative paths resolved against the
+// file's directory; then it validates the whole.
 func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
-	c := cell.DefaultConfig()
+	c := fc.Cell
 	var entry *cellEntry
 	for i := range fc.Cells {
 		if fc.Cells[i].Name == name {
@@ -381,117 +293,15 @@ func (fc fileConfig) cellConfig(name string) (cell.Config, string, error) {
 	if len(fc.Memcached) > 0 {
 		c.Memcached = fc.Memcached
 	}
-	s := fc.Cell
-	c.Activities = fc.path(s.Activities)
-	c.RewardKeys = fc.path(s.RewardKeys)
-	c.Coupons = fc.path(s.Coupons)
-	switch len(s.CouponRates) {
-	case 0:
-	case 2:
-		c.CouponRates = [2]int{s.CouponRates[0], s.CouponRates[1]}
-	default:
-		return c, "", fmt.Errorf("config: cell.coupon_rates must be two rates, [layer 1, layer 2], got %v", s.CouponRates)
-	}
-	switch len(s.CouponGather) {
-	case 0:
-	case 2:
-		c.CouponGather = [2]time.Duration{s.CouponGather[0], s.CouponGather[1]}
-	default:
-		return c, "", fmt.Errorf("config: cell.coupon_gather must be two waits, [layer 1, layer 2], got %v", s.CouponGather)
-	}
-	setInt(&c.CouponMergeMax, s.CouponMergeMax)
-	if s.CouponPrefetch != nil {
-		c.CouponPrefetch = *s.CouponPrefetch
-	}
-	setInt(&c.CouponQueueLen, s.CouponQueueLen)
-	setDur(&c.CouponStaleAfter, s.CouponStaleAfter)
-	setDur(&c.TokenTTL, s.TokenTTL)
-	if s.RewardCashMax > 0 {
-		c.RewardCashMax = s.RewardCashMax
-	}
-	setInt(&c.BookingRate, s.BookingRate)
-	setInt(&c.BookingBatch, s.BookingBatch)
-	setDur(&c.BookingInterval, s.BookingInterval)
-	setDur(&c.BudgetLeaseTTL, s.BudgetLeaseTTL)
-	if s.WithdrawRelease != nil {
-		c.WithdrawRelease = *s.WithdrawRelease
-	}
-	setDur(&c.PacketExpiry, s.PacketExpiry)
-	if s.OpenStrategy != "" {
-		c.OpenStrategy = s.OpenStrategy
-	}
-	setInt(&c.BatchMax, s.BatchMax)
-	setDur(&c.BatchWait, s.BatchWait)
-	setInt(&c.QueueDepth, s.QueueDepth)
-	setDur(&c.QueueWaitMax, s.QueueWaitMax)
-	if s.CreditShedFrom != nil {
-		c.CreditShedFrom = *s.CreditShedFrom
-	}
-	setDur(&c.CreditShedAll, s.CreditShedAll)
-	setInt(&c.TxPerPacket, s.TxPerPacket)
-	setInt(&c.MaxConns, s.MaxConns)
-	setInt(&c.GroupMax, s.GroupMax)
-	if s.GroupWait != nil {
-		c.GroupWait = *s.GroupWait
-	}
-	if s.CommitLanes != nil {
-		c.CommitLanes = *s.CommitLanes
-	}
-	setDur(&c.RequestTimeout, s.RequestTimeout)
-	setDur(&c.RelayInterval, s.RelayInterval)
-	setDur(&c.ExpiryInterval, s.ExpiryInterval)
-	switch days := s.RetentionDays; {
-	case days == nil:
-		// The default week, or longer when packets live longer: at least
-		// packet_expiry + 3 days, in whole days.
-		c.Retention = max(c.Retention, (c.PacketExpiry+72*time.Hour+23*time.Hour)/(24*time.Hour)*24*time.Hour)
-	case *days < 0 || *days > 365:
-		return c, "", fmt.Errorf("config: cell.retention_days must be 0 (off) .. 365, got %d", *days)
-	default:
-		c.Retention = time.Duration(*days) * 24 * time.Hour
-	}
-	setDur(&c.ArchiveInterval, s.ArchiveInterval)
-	if s.ExportDays < 0 || s.ExportDays > int(cell.MaxExportAfter/(24*time.Hour)) {
-		return c, "", fmt.Errorf("config: cell.export_days must be 0 (off) .. %d, got %d", int(cell.MaxExportAfter/(24*time.Hour)), s.ExportDays)
-	}
-	c.ExportAfter = time.Duration(s.ExportDays) * 24 * time.Hour
-	c.ExportDir = fc.path(s.ExportDir)
+	c.Activities, c.RewardKeys, c.Coupons = fc.path(c.Activities), fc.path(c.RewardKeys), fc.path(c.Coupons)
 	if c.ExportDir == "" {
-		c.ExportDir = fc.path(filepath.Join("export", name))
+		c.ExportDir = filepath.Join("export", name)
 	}
-	if s.ShadowRetention != nil {
-		c.ShadowRetention = *s.ShadowRetention
+	c.ExportDir = fc.path(c.ExportDir)
+	if err := c.Validate(); err != nil {
+		return c, "", fmt.Errorf("config: %w", err)
 	}
-	setDur(&c.FailoverAfter, s.FailoverAfter)
-	setDur(&c.MoveGrace, s.MoveGrace)
-	if s.MaxAmount > 0 {
-		c.Limits.MaxAmount = model.Cents(s.MaxAmount)
-	}
-	if s.MaxCount > 0 {
-		c.Limits.MaxCount = s.MaxCount
-	}
-	setInt(&c.Limits.MaxGreeting, s.MaxGreeting)
-	setInt(&c.RateLimitPerSec, s.RateLimitPerSec)
-	setInt(&c.RateBurst, s.RateBurst)
-	if s.MapVersion > 0 {
-		c.MapVersion = s.MapVersion
-	}
-	setDur(&c.ReconInterval, s.ReconInterval)
-	setDur(&c.ReconSettle, s.ReconSettle)
-	setDur(&c.AuditInterval, s.AuditInterval)
-	off := map[string]*bool{"claims_list": &c.Degrade.ClaimsList, "grab_cache": &c.Degrade.GrabCache, "relay": &c.Degrade.Relay,
-		"wallet_flow": &c.Degrade.WalletFlow, "booking": &c.Degrade.Booking, "coupon_issue": &c.Degrade.CouponIssue,
-		"token_restore": &c.Degrade.TokenRestore}
-	for name, v := range fc.Cell.Degrade.switches() {
-		switch *v {
-		case "", "on":
-		case "off":
-			*off[name] = true
-		default:
-			return c, "", fmt.Errorf("config: cell.degrade.%s must be on or off, got %q", name, *v)
-		}
-	}
-	return c, entry.Gossip, c.Validate()
+	return c, entry.Gossip, nil
 }
 
 // routerConfig builds the router's config: defaults, then the file.
@@ -590,27 +400,6 @@ func (fc fileConfig) path(p string) string {
 	return filepath.Join(fc.dir, p)
 }
 
-// breakerConfig builds the cells' circuit-breaker settings (one for MariaDB,
-// one for memcached, alike): defaults, then the file's cell section.
-func (fc fileConfig) breakerConfig() (guard.Config, error) {
-	c := guard.DefaultConfig()
-	setInt(&c.Failures, fc.Cell.BreakerFailures)
-	setDur(&c.Cooldown, fc.Cell.BreakerCooldown)
-	return c, c.Validate()
-}
-
-func setDur(dst *time.Duration, v time.Duration) {
-	if v != 0 {
-		*dst = v
-	}
-}
-
-func setInt(dst *int, v int) {
-	if v != 0 {
-		*dst = v
-	}
-}
-
 // probeConfig is the router's health probes: router.DefaultProbeConfig, at
 // the file's interval when it sets one (0s: off; the timeout stays within
 // the interval).
@@ -621,4 +410,17 @@ func (fc fileConfig) probeConfig() (router.ProbeConfig, error) {
 		c.Timeout = min(c.Timeout, c.Interval/2)
 	}
 	return c, c.Validate()
+}
+
+// setDur and setInt copy a router key the file set (non-zero) over its default.
+func setDur(dst *time.Duration, v time.Duration) {
+	if v != 0 {
+		*dst = v
+	}
+}
+
+func setInt(dst *int, v int) {
+	if v != 0 {
+		*dst = v
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"redcell/cell"
 	"redcell/cell/activity"
+	"redcell/cell/guard"
 	"redcell/router"
 )
 
@@ -60,9 +61,8 @@ cell:
 	if rc.UserRate != (router.Rate{PerSec: 5, Burst: def.UserRate.Burst}) || rc.UserLimitersMax != 2048 {
 		t.Errorf("user rate %+v, max %d", rc.UserRate, rc.UserLimitersMax)
 	}
-	bc, err := fc.breakerConfig()
-	if err != nil || bc.Failures != 3 || bc.Cooldown != 500*time.Millisecond {
-		t.Errorf("breaker config %+v, %v", bc, err)
+	if bc := fc.Cell.Breaker; bc.Failures != 3 || bc.Cooldown != 500*time.Millisecond || bc.SlowCall != guard.DefaultConfig().SlowCall {
+		t.Errorf("breaker config %+v", bc)
 	}
 	if fc.Cell.RateLimitPerSec != 7000 {
 		t.Errorf("cell rate %d", fc.Cell.RateLimitPerSec)
@@ -115,9 +115,6 @@ func TestReferenceConfig(t *testing.T) {
 		} else if _, err := activity.Load(c.Activities, time.Now()); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
-	}
-	if _, err := fc.breakerConfig(); err != nil {
-		t.Error(err)
 	}
 }
 
@@ -242,8 +239,7 @@ func TestReconAndDegradeConfig(t *testing.T) {
 		t.Fatalf("a misspelt switch: %v", err)
 	}
 	t.Setenv("REDCELL_DEGRADE", "")
-	fc, _ = loadConfig(write(cells + "cell:\n  degrade: {relay: maybe}\n"))
-	if _, _, err := fc.cellConfig("c1"); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
+	if _, err := loadConfig(write(cells + "cell:\n  degrade: {relay: maybe}\n")); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
 		t.Fatalf("a bad switch value: %v", err)
 	}
 }
@@ -421,8 +417,8 @@ func TestRetentionConfig(t *testing.T) {
 		"cell:\n  retention_days: 12\n  packet_expiry: 168h\n": 12 * day,
 	} {
 		c, err := cellOf(body)
-		if err != nil || c.Retention != want {
-			t.Errorf("%q: retention %s, %v; want %s", body, c.Retention, err, want)
+		if err != nil || c.Retention() != want {
+			t.Errorf("%q: retention %s, %v; want %s", body, c.Retention(), err, want)
 		}
 	}
 	for _, body := range []string{"cell:\n  retention_days: 3\n", "cell:\n  retention_days: 26\n", "cell:\n  retention_days: 9\n  packet_expiry: 168h\n",
@@ -442,16 +438,16 @@ func TestExportConfig(t *testing.T) {
 	cellOf := func(body string) (cell.Config, error) { t.Helper(); return cellFromFile(t, oneCell+body) }
 	day := 24 * time.Hour
 	c, err := cellOf("")
-	if err != nil || c.ExportAfter != 0 {
-		t.Fatalf("default: export after %s, %v; want off", c.ExportAfter, err)
+	if err != nil || c.ExportAfter() != 0 {
+		t.Fatalf("default: export after %s, %v; want off", c.ExportAfter(), err)
 	}
 	c, err = cellOf("cell:\n  export_days: 14\n")
-	if err != nil || c.ExportAfter != 14*day || !filepath.IsAbs(c.ExportDir) || filepath.Base(filepath.Dir(c.ExportDir)) != "export" || filepath.Base(c.ExportDir) != c.Name {
-		t.Fatalf("export_days 14: %s into %q, %v; want 14 days into <config dir>/export/%s", c.ExportAfter, c.ExportDir, err, c.Name)
+	if err != nil || c.ExportAfter() != 14*day || !filepath.IsAbs(c.ExportDir) || filepath.Base(filepath.Dir(c.ExportDir)) != "export" || filepath.Base(c.ExportDir) != c.Name {
+		t.Fatalf("export_days 14: %s into %q, %v; want 14 days into <config dir>/export/%s", c.ExportAfter(), c.ExportDir, err, c.Name)
 	}
 	c, err = cellOf("cell:\n  export_days: 400\n  retention_days: 20\n  export_dir: /srv/exports\n")
-	if err != nil || c.ExportAfter != 400*day || c.ExportDir != "/srv/exports" {
-		t.Fatalf("export_days 400: %s into %q, %v", c.ExportAfter, c.ExportDir, err)
+	if err != nil || c.ExportAfter() != 400*day || c.ExportDir != "/srv/exports" {
+		t.Fatalf("export_days 400: %s into %q, %v", c.ExportAfter(), c.ExportDir, err)
 	}
 	for _, body := range []string{"cell:\n  export_days: 13\n", "cell:\n  export_days: 26\n  retention_days: 20\n",
 		"cell:\n  export_days: 30\n  retention_days: 0\n", "cell:\n  export_days: 3651\n", "cell:\n  export_days: -1\n"} {

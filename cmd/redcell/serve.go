@@ -85,22 +85,13 @@ func runCell(ctx context.Context, args []string) error {
 	if *adminListen != "" {
 		cfg.AdminListen = *adminListen
 	}
-	leaseTTL := fc.Cell.LeaseTTL
-	if leaseTTL == 0 {
-		leaseTTL = 4 * time.Second
-	}
-	if leaseTTL < time.Second || leaseTTL > time.Minute {
-		return fmt.Errorf("config: cell.lease_ttl must be 1s..1m, got %s", leaseTTL)
-	}
+	leaseTTL := cfg.LeaseTTL // validated: 1s..1m
 	// What the cell announces, checked before it waits for its database.
 	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
 	if err != nil {
 		return err
 	}
-	bcfg, err := fc.breakerConfig()
-	if err != nil {
-		return err
-	}
+	bcfg := cfg.Breaker // validated with the cell's config
 	// Bind the HTTP port before announcing it, so routers never learn an
 	// address that refuses connections; requests wait in the backlog until
 	// Serve. Bound before the lease too: a process that takes over has its
