@@ -185,111 +185,163 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
 		return
 	}
-	switch rt.ID {
-	case api.RouteStrategyGet:
-		s.writeJSON(rc, s.cfg.Strategy.Strategy())
-	case api.RouteStrategyPut:
-		st := s.cfg.Strategy.Strategy()
-		if err := json.Unmarshal(rc.PostBody(), &st); err != nil {
-			s.writeErr(rc, model.Invalidf("malformed JSON body"))
-			return
-		}
-		if err := s.cfg.Strategy.SetStrategy(st); err != nil {
+	h := routes[rt.ID]
+	if h == nil { // a route of the table this port does not serve
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
+		return
+	}
+	h(s, rc, rt.ID)
+}
+
+// handler serves one admin route; id is the route it was matched to.
+type handler func(s *Server, rc *fasthttp.RequestCtx, id api.RouteID)
+
+// routes are the admin port's handlers by route of api's route table
+// (api.PortCellAdmin), past the token check. GET /metrics is served before
+// it (Handle).
+var routes = map[api.RouteID]handler{
+	api.RouteStrategyGet:      (*Server).strategyGet,
+	api.RouteStrategyPut:      (*Server).strategyPut,
+	api.RouteDegradeGet:       (*Server).degradeGet,
+	api.RouteDegradePut:       (*Server).degradePut,
+	api.RouteAudit:            (*Server).audit,
+	api.RouteShards:           func(s *Server, rc *fasthttp.RequestCtx, _ api.RouteID) { s.writeJSON(rc, s.shardMap()) },
+	api.RouteShadowCleanup:    func(s *Server, rc *fasthttp.RequestCtx, _ api.RouteID) { s.shadowCleanup(rc) },
+	api.RouteMovesGet:         (*Server).moves,
+	api.RouteMovesPost:        (*Server).moves,
+	api.RouteFailoverPost:     (*Server).failover,
+	api.RouteActivities:       (*Server).activities,
+	api.RouteActivitiesReload: (*Server).activities,
+	api.RouteCouponBatches:    (*Server).coupons,
+	api.RouteCouponsReload:    (*Server).coupons,
+	api.RouteCouponsPut:       (*Server).coupons,
+	api.RouteWithdrawGet:      (*Server).withdraw,
+	api.RouteWithdrawPut:      (*Server).withdraw,
+}
+
+// strategyGet answers the open strategy in force.
+func (s *Server) strategyGet(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	s.writeJSON(rc, s.cfg.Strategy.Strategy())
+}
+
+// strategyPut changes the open strategy: the body's fields over the
+// current ones.
+func (s *Server) strategyPut(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	st := s.cfg.Strategy.Strategy()
+	if err := json.Unmarshal(rc.PostBody(), &st); err != nil {
+		s.writeErr(rc, model.Invalidf("malformed JSON body"))
+		return
+	}
+	if err := s.cfg.Strategy.SetStrategy(st); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, s.cfg.Strategy.Strategy())
+}
+
+// degradeGet answers the degrade switches.
+func (s *Server) degradeGet(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	s.writeJSON(rc, s.cfg.Switches.Setting())
+}
+
+// degradePut sets the degrade switches the body names.
+func (s *Server) degradePut(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	var d api.DegradeSetting
+	if err := strictjson.Decode(rc.PostBody(), &d); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if err := s.cfg.Switches.Set(d); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, s.cfg.Switches.Setting())
+}
+
+// audit runs the cell's audit: both spaces, or the one ?space= names
+// (real, shadow). It answers when the audit is done (it reads every money
+// row, so it may take minutes on a large cell); a failed audit is still
+// 200, with "ok": false and its problems.
+func (s *Server) audit(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	rep, err := s.cfg.Auditor.TryAudit(s.ctx, string(rc.QueryArgs().Peek("space")))
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, rep)
+}
+
+// failover switches the cell's database back to its primary (op
+// "switchback"). 404 without a standby.
+func (s *Server) failover(rc *fasthttp.RequestCtx, _ api.RouteID) {
+	if s.cfg.Failover == nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell's database has no standby"))
+		return
+	}
+	var step api.FailoverStep
+	if err := strictjson.Decode(rc.PostBody(), &step); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	if step.Op != "switchback" {
+		s.writeErr(rc, model.Invalidf("unknown op %q (switchback)", step.Op))
+		return
+	}
+	ans, err := s.cfg.Failover.SwitchBack(s.ctx)
+	if err != nil && ans.Serving == "" {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, ans)
+}
+
+// activities answers the reward activities loaded, or reloads them
+// (RouteActivitiesReload; a file that does not load leaves the loaded
+// ones). 404 without activities.
+func (s *Server) activities(rc *fasthttp.RequestCtx, id api.RouteID) {
+	if s.cfg.Activities == nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no reward activities"))
+		return
+	}
+	if id == api.RouteActivities {
+		s.writeJSON(rc, s.cfg.Activities.Activities())
+		return
+	}
+	a, err := s.cfg.Activities.ReloadActivities()
+	if err != nil {
+		s.cfg.Log.Warn("activities reload refused; the loaded ones stay", "err", err)
+		s.writeErr(rc, err)
+		return
+	}
+	s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
+	s.writeJSON(rc, a)
+}
+
+// coupons answers the coupon batches loaded, sets the merge bound
+// (RouteCouponsPut) or reloads the batches (RouteCouponsReload; a file
+// that does not load leaves the loaded ones). 404 without coupons.
+func (s *Server) coupons(rc *fasthttp.RequestCtx, id api.RouteID) {
+	if s.cfg.Coupons == nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no coupon batches"))
+		return
+	}
+	switch id {
+	case api.RouteCouponBatches:
+		s.writeJSON(rc, s.cfg.Coupons.CouponBatches())
+	case api.RouteCouponsPut:
+		var set api.CouponSetting
+		if err := strictjson.Decode(rc.PostBody(), &set); err != nil {
 			s.writeErr(rc, err)
 			return
 		}
-		s.writeJSON(rc, s.cfg.Strategy.Strategy())
-	case api.RouteDegradeGet:
-		s.writeJSON(rc, s.cfg.Switches.Setting())
-	case api.RouteDegradePut:
-		var d api.DegradeSetting
-		if err := strictjson.Decode(rc.PostBody(), &d); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		if err := s.cfg.Switches.Set(d); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		s.writeJSON(rc, s.cfg.Switches.Setting())
-	case api.RouteAudit:
-		// Both spaces, or the one ?space= names (real, shadow). It answers when
-		// the audit is done (it reads every money row, so it may take minutes
-		// on a large cell); a failed audit is still 200, with "ok": false and
-		// its problems.
-		rep, err := s.cfg.Auditor.TryAudit(s.ctx, string(rc.QueryArgs().Peek("space")))
+		c, err := s.cfg.Coupons.SetCoupons(set)
 		if err != nil {
 			s.writeErr(rc, err)
 			return
 		}
-		s.writeJSON(rc, rep)
-	case api.RouteShards:
-		s.writeJSON(rc, s.shardMap())
-	case api.RouteShadowCleanup:
-		s.shadowCleanup(rc)
-	case api.RouteMovesGet, api.RouteMovesPost:
-		s.moves(rc, rt.ID)
-	case api.RouteFailoverPost:
-		if s.cfg.Failover == nil {
-			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell's database has no standby"))
-			return
-		}
-		var step api.FailoverStep
-		if err := strictjson.Decode(rc.PostBody(), &step); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		if step.Op != "switchback" {
-			s.writeErr(rc, model.Invalidf("unknown op %q (switchback)", step.Op))
-			return
-		}
-		ans, err := s.cfg.Failover.SwitchBack(s.ctx)
-		if err != nil && ans.Serving == "" {
-			s.writeErr(rc, err)
-			return
-		}
-		s.writeJSON(rc, ans)
-	case api.RouteActivities, api.RouteActivitiesReload:
-		if s.cfg.Activities == nil {
-			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no reward activities"))
-			return
-		}
-		if rt.ID == api.RouteActivities {
-			s.writeJSON(rc, s.cfg.Activities.Activities())
-			return
-		}
-		a, err := s.cfg.Activities.ReloadActivities()
-		if err != nil {
-			s.cfg.Log.Warn("activities reload refused; the loaded ones stay", "err", err)
-			s.writeErr(rc, err)
-			return
-		}
-		s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
-		s.writeJSON(rc, a)
-	case api.RouteCouponBatches, api.RouteCouponsReload, api.RouteCouponsPut:
-		if s.cfg.Coupons == nil {
-			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no coupon batches"))
-			return
-		}
-		if rt.ID == api.RouteCouponBatches {
-			s.writeJSON(rc, s.cfg.Coupons.CouponBatches())
-			return
-		}
-		if rt.ID == api.RouteCouponsPut {
-			var set api.CouponSetting
-			if err := strictjson.Decode(rc.PostBody(), &set); err != nil {
-				s.writeErr(rc, err)
-				return
-			}
-			c, err := s.cfg.Coupons.SetCoupons(set)
-			if err != nil {
-				s.writeErr(rc, err)
-				return
-			}
-			s.cfg.Log.Info("coupon merge bound set", "merge_max", c.MergeMax)
-			s.writeJSON(rc, c)
-			return
-		}
+		s.cfg.Log.Info("coupon merge bound set", "merge_max", c.MergeMax)
+		s.writeJSON(rc, c)
+	default:
 		c, err := s.cfg.Coupons.ReloadCoupons()
 		if err != nil {
 			s.cfg.Log.Warn("coupon batches reload refused; the loaded ones stay", "err", err)
@@ -298,29 +350,31 @@ func (s *Server) Handle(rc *fasthttp.RequestCtx) {
 		}
 		s.cfg.Log.Info("coupon batches reloaded", "path", c.Path, "version", c.Version)
 		s.writeJSON(rc, c)
-	case api.RouteWithdrawGet, api.RouteWithdrawPut:
-		if s.cfg.Withdrawals == nil {
-			s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no withdrawals"))
-			return
-		}
-		if rt.ID == api.RouteWithdrawGet {
-			s.writeJSON(rc, s.cfg.Withdrawals.WithdrawRelease())
-			return
-		}
-		var r api.WithdrawRelease
-		if err := strictjson.Decode(rc.PostBody(), &r); err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		got, err := s.cfg.Withdrawals.SetWithdrawRelease(r)
-		if err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		s.writeJSON(rc, got)
-	default: // a route of the table this port does not serve
-		s.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, rc.Path()))
 	}
+}
+
+// withdraw answers the gray release of withdrawals, or sets it
+// (RouteWithdrawPut). 404 without withdrawals.
+func (s *Server) withdraw(rc *fasthttp.RequestCtx, id api.RouteID) {
+	if s.cfg.Withdrawals == nil {
+		s.writeErr(rc, model.Errorf(model.ErrNotFound, "this cell runs no withdrawals"))
+		return
+	}
+	if id == api.RouteWithdrawGet {
+		s.writeJSON(rc, s.cfg.Withdrawals.WithdrawRelease())
+		return
+	}
+	var r api.WithdrawRelease
+	if err := strictjson.Decode(rc.PostBody(), &r); err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	got, err := s.cfg.Withdrawals.SetWithdrawRelease(r)
+	if err != nil {
+		s.writeErr(rc, err)
+		return
+	}
+	s.writeJSON(rc, got)
 }
 
 // shardMap is the answer of GET /admin/shards: the shards this cell owns and

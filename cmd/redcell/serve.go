@@ -1,8 +1,8 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	_ "net/http/pprof"
-	"os"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -48,27 +47,49 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// runCell: flags → config → validate → database → breakers and metrics →
-// memcached → listen → join the cluster → serve; on a signal: leave the cluster (routers stop sending), drain,
-// close in reverse order.
+// procFlags are the flags every serving process (redcell cell, redcell
+// router) takes: its config file, log level and profiling address.
+type procFlags struct {
+	fs                 *flag.FlagSet
+	path, level, pprof *string
+}
+
+// newProcFlags makes the flag set of process kind, its profiling address
+// example in the -pprof help.
+func newProcFlags(kind, pprofExample string) procFlags {
+	fs := flag.NewFlagSet(kind, flag.ContinueOnError)
+	return procFlags{fs: fs,
+		path:  fs.String("config", "deploy/local/redcell.yaml", "cluster config file"),
+		level: fs.String("log-level", "info", "debug|info|warn|error"),
+		pprof: fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. "+pprofExample),
+	}
+}
+
+// start is what a serving process does first: parse args, make its
+// logger, serve its profiles when asked and load its config.
+func (p procFlags) start(args []string) (fileConfig, *slog.Logger, error) {
+	if err := p.fs.Parse(args); err != nil {
+		return fileConfig{}, nil, err
+	}
+	log := newLogger(*p.level)
+	if err := servePprof(*p.pprof, log); err != nil {
+		return fileConfig{}, nil, err
+	}
+	fc, err := loadConfig(*p.path)
+	return fc, log, err
+}
+
+// runCell: flags → config → validate → listen → the lease → database →
+// breakers and metrics → memcached → join the cluster → serve; on a signal:
+// leave the cluster (routers stop sending), drain, close in reverse order.
 func runCell(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("cell", flag.ContinueOnError)
-	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
-	name := fs.String("name", "cell-1", "this cell's name in the config's cells list")
-	level := fs.String("log-level", "info", "debug|info|warn|error")
-	pprofAddr := fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6061")
-	proc := fs.String("proc", "a", "this process's slot among the cell's processes (a, b, ...): one serves, the others wait for its lease")
-	listen := fs.String("listen", "", "the cell's HTTP address for this process (default: the config's listen); a second process on one machine needs its own")
-	gossipFlag := fs.String("gossip", "", "this process's gossip address (default: the config's)")
-	adminListen := fs.String("admin-listen", "", "this process's admin address (default: the config's admin_listen)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	log := newLogger(*level)
-	if err := servePprof(*pprofAddr, log); err != nil {
-		return err
-	}
-	fc, err := loadConfig(*path)
+	pf := newProcFlags("cell", "127.0.0.1:6061")
+	name := pf.fs.String("name", "cell-1", "this cell's name in the config's cells list")
+	proc := pf.fs.String("proc", "a", "this process's slot among the cell's processes (a, b, ...): one serves, the others wait for its lease")
+	listen := pf.fs.String("listen", "", "the cell's HTTP address for this process (default: the config's listen); a second process on one machine needs its own")
+	gossipFlag := pf.fs.String("gossip", "", "this process's gossip address (default: the config's)")
+	adminListen := pf.fs.String("admin-listen", "", "this process's admin address (default: the config's admin_listen)")
+	fc, log, err := pf.start(args)
 	if err != nil {
 		return err
 	}
@@ -76,22 +97,14 @@ func runCell(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *listen != "" {
-		cfg.Listen = *listen
-	}
-	if *gossipFlag != "" {
-		gossip = *gossipFlag
-	}
-	if *adminListen != "" {
-		cfg.AdminListen = *adminListen
-	}
-	leaseTTL := cfg.LeaseTTL // validated: 1s..1m
+	cfg.Listen = cmp.Or(*listen, cfg.Listen)
+	gossip = cmp.Or(*gossipFlag, gossip)
+	cfg.AdminListen = cmp.Or(*adminListen, cfg.AdminListen)
 	// What the cell announces, checked before it waits for its database.
 	httpAddr, gossipAddr, err := fc.cellAdvertise(cfg.Name, cfg.Listen, gossip)
 	if err != nil {
 		return err
 	}
-	bcfg := cfg.Breaker // validated with the cell's config
 	// Bind the HTTP port before announcing it, so routers never learn an
 	// address that refuses connections; requests wait in the backlog until
 	// Serve. Bound before the lease too: a process that takes over has its
@@ -101,108 +114,132 @@ func runCell(ctx context.Context, args []string) error {
 		return fmt.Errorf("cell %s: listen %s: %w", cfg.Name, cfg.Listen, err)
 	}
 	defer ln.Close()
-	// The lease first: only its holder serves, and its connections are
-	// fenced by the lease's generation (storage.Lease). The store is opened
-	// after it, on the server that serves then.
-	lease, err := waitLease(ctx, cfg, *proc, leaseTTL, log)
-	if err != nil {
-		if ctx.Err() != nil { // stopped while it waited: a clean stop
+	p := &cellProc{cfg: cfg, log: log}
+	defer p.close()
+	if err := p.open(ctx, *proc); err != nil {
+		if ctx.Err() != nil && !p.leased { // stopped while it waited for the lease: a clean stop
 			log.Info("stopped while waiting for the cell's lease")
 			return nil
 		}
 		return err
 	}
-	var store *storage.MySQL
-	var failover *storage.Failover // nil: no standby
+	srv, node, err := p.wire(fc, gossip, gossipAddr, httpAddr)
+	if err != nil {
+		return err
+	}
+	return p.serve(ctx, srv, node, ln)
+}
+
+// cellProc is one cell process as runCell starts it: its config, the
+// lease it holds, its store, and what to give back when it stops.
+type cellProc struct {
+	cfg       cell.Config
+	log       *slog.Logger
+	store     *storage.MySQL
+	failover  *storage.Failover // nil: no standby
+	leased    bool              // the lease is taken
+	leaseCtx  context.Context   // ends when the lease is lost
+	leaseLost context.CancelCauseFunc
+	reg       *prometheus.Registry
+	closers   []func() // run last to first by close
+}
+
+// close gives back what the process took, last to first.
+func (p *cellProc) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+// open waits for the cell's lease (only its holder serves, and its
+// connections are fenced by the lease's generation, storage.Lease), then
+// opens the store on the server that serves then, keeps the lease, waits
+// for the database and reads the ownership moves saved.
+func (p *cellProc) open(ctx context.Context, proc string) error {
+	cfg, log := p.cfg, p.log
+	lease, err := waitLease(ctx, cfg, proc, cfg.LeaseTTL, log)
+	if err != nil {
+		return err
+	}
+	p.leased = true
 	if cfg.StandbyDSN != "" {
-		store, failover, err = storage.OpenFailover(cfg.DSN, cfg.StandbyDSN, cfg.MaxConns, log.With("component", "failover"))
+		p.store, p.failover, err = storage.OpenFailover(cfg.DSN, cfg.StandbyDSN, cfg.MaxConns, log.With("component", "failover"))
 	} else {
-		store, err = storage.Open(cfg.DSN, cfg.MaxConns)
+		p.store, err = storage.Open(cfg.DSN, cfg.MaxConns)
 	}
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	store := p.store
+	p.closers = append(p.closers, func() { store.Close() })
 	store.SetLease(lease)
-	if failover != nil {
-		failover.SetLease(lease)
+	if p.failover != nil {
+		p.failover.SetLease(lease)
 	}
-	leaseCtx, leaseLost := context.WithCancelCause(context.Background())
-	defer leaseLost(nil)
-	go keepLease(leaseCtx, store, lease, leaseLost, log)
-	defer func() {
+	p.leaseCtx, p.leaseLost = context.WithCancelCause(context.Background())
+	go keepLease(p.leaseCtx, store, lease, p.leaseLost, log)
+	// Released at the end while still held (close runs these last to
+	// first: the release, then the keeper's stop).
+	p.closers = append(p.closers, func() { p.leaseLost(nil) }, func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if context.Cause(leaseCtx) == nil {
-			leaseLost(nil)
+		if context.Cause(p.leaseCtx) == nil {
+			p.leaseLost(nil)
 			if err := store.ReleaseLease(rctx, lease); err != nil {
 				log.Warn("lease: not released (another process takes it once it expires)", "err", err)
 			}
 		}
-	}()
+	})
 	if err := waitPing(ctx, store, 30*time.Second); err != nil {
 		return fmt.Errorf("cell %s: database %s: %w", cfg.Name, redactDSN(cfg.DSN), err)
 	}
-	if err := savedOwnership(ctx, store, &cfg, log); err != nil {
+	if err := savedOwnership(ctx, store, &p.cfg, log); err != nil {
 		return fmt.Errorf("cell %s: %w", cfg.Name, err)
 	}
-	reg := newRegistry()
+	return nil
+}
+
+// wire builds the cell on the open store: its metrics, the failover watch,
+// the breakers in front of MariaDB and memcached, its membership node and
+// the cell.Server.
+func (p *cellProc) wire(fc fileConfig, gossip, gossipAddr, httpAddr string) (*cell.Server, *membership.Node, error) {
+	cfg, log, store := p.cfg, p.log, p.store
+	p.reg = newRegistry()
+	reg := p.reg
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_round_trips_total",
 		Help: "Round trips the cell's connections made to its database server (a statement or statement list, BEGIN, COMMIT, ROLLBACK, a ping), real and shadow spaces together; the bench divides it by operations."},
 		func() float64 { return float64(store.RoundTrips()) }))
-	if failover != nil {
-		cfg.Failover = switchBack{failover}
+	if p.failover != nil {
+		cfg.Failover = switchBack{p.failover}
 		watchCtx, stopWatch := context.WithCancel(context.Background())
-		defer stopWatch()
-		go failover.Watch(watchCtx, cfg.FailoverAfter, time.Second)
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_on_standby",
-				Help: "1 once the cell's standby database was promoted and serves (a failover), else 0."},
-				func() float64 { return b2f(failover.OnStandby()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_promotions_total",
-				Help: "Standby databases this process promoted."}, func() float64 { return float64(failover.Promotions.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_standby_replicating",
-				Help: "1 while the standby replicates with semi-synchronous acknowledgement (checked every 10 s while the primary answers), 0 when it does not (it is then not promoted), -1 before the first check or once the standby serves (there is none)."},
-				func() float64 { return float64(failover.Replicating()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_primary_down_seconds",
-				Help: "How long the primary database has not answered the failover watch (0 while it answers or once the standby serves)."},
-				func() float64 {
-					if t := failover.PrimaryDownSince(); !t.IsZero() {
-						return time.Since(t).Seconds()
-					}
-					return 0
-				}))
+		p.closers = append(p.closers, stopWatch)
+		go p.failover.Watch(watchCtx, cfg.FailoverAfter, time.Second)
+		registerFailoverMetrics(reg, p.failover)
 	}
-	dbBreaker, err := guard.NewBreaker("db", bcfg, reg, log)
-	if err != nil {
-		return err
-	}
-	mcBreaker, err := guard.NewBreaker("memcached", bcfg, reg, log)
-	if err != nil {
-		return err
-	}
-	// Stress traffic gets its own breaker: a bench that overloads the shadow
-	// tables must never open the breaker in front of real money.
-	shadowBreaker, err := guard.NewBreaker("db_shadow", bcfg, reg, log)
-	if err != nil {
-		return err
+	breakers := map[string]*guard.Breaker{}
+	// Stress traffic gets its own breaker (db_shadow): a bench that
+	// overloads the shadow tables must never open the breaker in front of
+	// real money.
+	for _, name := range []string{"db", "memcached", "db_shadow"} {
+		b, err := guard.NewBreaker(name, cfg.Breaker, reg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		breakers[name] = b
 	}
 	shadowStore := store.Shadow() // its own pool: it keeps which tables exist
-	store.SetBreaker(dbBreaker)
-	shadowStore.SetBreaker(shadowBreaker)
-	stores := cell.Stores{Real: store, Shadow: shadowStore, RealCoupons: store, ShadowCoupons: shadowStore, ShadowDrop: shadowStore}
-	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), mcBreaker)
-	cfg.IssuedMemcache = mc
-	cfg.SceneMemcache = mc
-	cfg.CouponMemcache = mc
+	store.SetBreaker(breakers["db"])
+	shadowStore.SetBreaker(breakers["db_shadow"])
+	stores := cell.Stores{Real: store, Shadow: shadowStore, RealCoupons: store, ShadowCoupons: shadowStore, ShadowDrop: shadowStore, Moves: store}
+	mc := guard.NewMemcache(admission.NewClient(cfg.Memcached), breakers["memcached"])
+	cfg.IssuedMemcache, cfg.SceneMemcache, cfg.CouponMemcache = mc, mc, mc
 	node, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: gossip, Advertise: gossipAddr, Seeds: fc.GossipSeeds, Log: log.With("component", "membership"),
 		Meta: membership.Meta{Role: membership.RoleCell, Addr: httpAddr, Shards: cfg.Shards.String(), Version: cfg.MapVersion},
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	stores.Moves = store
 	var srv *cell.Server
 	// The audits, the archive and the table lists read the databases the
 	// cell holds, not the copies a move leaves or makes on its server.
@@ -210,16 +247,45 @@ func runCell(ctx context.Context, args []string) error {
 	srv, err = cell.New(cfg, stores, admission.NewSlots(mc, cfg.TxPerPacket, log), admission.NewCache(mc, log), node, reg, log)
 	if err != nil {
 		node.Shutdown()
-		return err
+		return nil, nil, err
 	}
+	return srv, node, nil
+}
+
+// registerFailoverMetrics registers the standby's gauges and counters.
+func registerFailoverMetrics(reg *prometheus.Registry, failover *storage.Failover) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_on_standby",
+			Help: "1 once the cell's standby database was promoted and serves (a failover), else 0."},
+			func() float64 { return b2f(failover.OnStandby()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_cell_db_promotions_total",
+			Help: "Standby databases this process promoted."}, func() float64 { return float64(failover.Promotions.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_standby_replicating",
+			Help: "1 while the standby replicates with semi-synchronous acknowledgement (checked every 10 s while the primary answers), 0 when it does not (it is then not promoted), -1 before the first check or once the standby serves (there is none)."},
+			func() float64 { return float64(failover.Replicating()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "redcell_cell_db_primary_down_seconds",
+			Help: "How long the primary database has not answered the failover watch (0 while it answers or once the standby serves)."},
+			func() float64 {
+				if t := failover.PrimaryDownSince(); !t.IsZero() {
+					return time.Since(t).Seconds()
+				}
+				return 0
+			}))
+}
+
+// serve serves the cell on ln until ctx ends (a signal) or the lease is
+// lost: then it leaves the cluster (routers stop sending) and drains.
+// Errors: the server's, and the lease's loss when that stopped it.
+func (p *cellProc) serve(ctx context.Context, srv *cell.Server, node *membership.Node, ln net.Listener) error {
+	log := p.log
 	serveCtx, stopServe := context.WithCancel(context.Background())
 	defer stopServe()
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(serveCtx, ln) }()
 	select {
 	case <-ctx.Done():
-	case <-leaseCtx.Done():
-		log.Error("lease lost: another process of this cell serves it; leaving the cluster and stopping", "err", context.Cause(leaseCtx))
+	case <-p.leaseCtx.Done():
+		log.Error("lease lost: another process of this cell serves it; leaving the cluster and stopping", "err", context.Cause(p.leaseCtx))
 	case err := <-done:
 		node.Shutdown()
 		return err
@@ -229,116 +295,11 @@ func runCell(ctx context.Context, args []string) error {
 		log.Warn("leave", "err", err)
 	}
 	stopServe()
-	err = <-done
-	if cause := context.Cause(leaseCtx); cause != nil && ctx.Err() == nil {
-		return errors.Join(fmt.Errorf("cell %s: %w", cfg.Name, cause), err)
+	err := <-done
+	if cause := context.Cause(p.leaseCtx); cause != nil && ctx.Err() == nil {
+		return errors.Join(fmt.Errorf("cell %s: %w", p.cfg.Name, cause), err)
 	}
 	return err
-}
-
-// waitLease takes the cell's lease for this process's slot, trying every
-// 250 ms while another process holds it, until ctx ends (storage.TakeLease,
-// on the server the cell serves from).
-func waitLease(ctx context.Context, cfg cell.Config, proc string, ttl time.Duration, log *slog.Logger) (storage.Lease, error) {
-	host, _ := os.Hostname()
-	slot := cfg.Name + "/" + proc
-	holder := fmt.Sprintf("%s on %s pid %d", slot, host, os.Getpid())
-	// One line when the wait begins, and one each time the holder changes
-	// or the tries start failing; not one per try.
-	var loggedHolder string
-	var loggedErr bool
-	var pools leasePools
-	defer pools.close()
-	for {
-		l, ok, other, left, err := pools.try(ctx, cfg, slot, holder, ttl)
-		switch {
-		case ok:
-			if other != "" && other != holder {
-				log.Info("lease taken: this process serves the cell", "slot", slot, "generation", l.Generation, "previous_holder", other)
-			}
-			return l, nil
-		case err != nil:
-			if !loggedErr {
-				loggedErr = true
-				log.Warn("lease: cannot take it yet", "slot", slot, "err", err)
-			}
-		case other != loggedHolder:
-			loggedHolder, loggedErr = other, false
-			log.Info("lease held by another process of this cell: waiting to take over", "slot", slot, "holder", other, "expires_in", left.Round(time.Millisecond))
-		}
-		select {
-		case <-ctx.Done():
-			return storage.Lease{}, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-// leasePools are waitLease's pools, one per server it tried, each with the
-// lease tables made sure of once.
-type leasePools map[string]*sql.DB
-
-// try is one try of waitLease on the server that serves the cell now.
-func (p *leasePools) try(ctx context.Context, cfg cell.Config, slot, holder string, ttl time.Duration) (l storage.Lease, ok bool, other string, left time.Duration, err error) {
-	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	dsn, _, err := storage.Serving(tctx, cfg.DSN, cfg.StandbyDSN)
-	if err != nil {
-		return l, false, "", 0, err
-	}
-	if *p == nil {
-		*p = leasePools{}
-	}
-	db := (*p)[dsn]
-	if db == nil {
-		if db, err = storage.OpenRaw(dsn); err != nil {
-			return l, false, "", 0, err
-		}
-		if err := storage.EnsureLease(tctx, db); err != nil {
-			db.Close()
-			return l, false, "", 0, err
-		}
-		(*p)[dsn] = db
-	}
-	return storage.TakeLease(tctx, db, cfg.Name, slot, holder, ttl)
-}
-
-func (p leasePools) close() {
-	for _, db := range p {
-		db.Close()
-	}
-}
-
-// keepLease renews the lease every quarter of its TTL; it ends leaseLost's
-// context once a renewal finds the lease taken by another process. A
-// renewal that fails otherwise (the database down) is tried again: only a
-// process that took the lease stops this one, and its connections are
-// fenced meanwhile.
-func keepLease(ctx context.Context, store *storage.MySQL, l storage.Lease, lost context.CancelCauseFunc, log *slog.Logger) {
-	t := time.NewTicker(l.TTL / 4)
-	defer t.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		rctx, cancel := context.WithTimeout(ctx, l.TTL/2)
-		err := store.RenewLease(rctx, l)
-		cancel()
-		switch {
-		case errors.Is(err, storage.ErrLeaseLost):
-			lost(err)
-			return
-		case err != nil && !failing:
-			failing = true
-			log.Warn("lease: renewal failing (another process may take over once it expires)", "err", err)
-		case err == nil && failing:
-			failing = false
-			log.Info("lease: renewed again")
-		}
-	}
 }
 
 // waitPing pings the database every 500 ms (each ping bounded by 2 s) until
@@ -383,18 +344,8 @@ func redactDSN(dsn string) string {
 
 // runRouter: flags → config → join the cluster as a router → serve → shut down.
 func runRouter(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("router", flag.ContinueOnError)
-	path := fs.String("config", "deploy/local/redcell.yaml", "cluster config file")
-	level := fs.String("log-level", "info", "debug|info|warn|error")
-	pprofAddr := fs.String("pprof", "", "serve Go profiles (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6060")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	log := newLogger(*level)
-	if err := servePprof(*pprofAddr, log); err != nil {
-		return err
-	}
-	fc, err := loadConfig(*path)
+	pf := newProcFlags("router", "127.0.0.1:6060")
+	fc, log, err := pf.start(args)
 	if err != nil {
 		return err
 	}
@@ -438,7 +389,7 @@ func runRouter(ctx context.Context, args []string) error {
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	defer stopProbes()
 	go routes.Run(probeCtx)
-	cfg.Cells = newCellJobs(ctx, fc, *path, log.With("component", "cells"))
+	cfg.Cells = newCellJobs(ctx, fc, *pf.path, log.With("component", "cells"))
 	shared, err := fc.sharedLimits()
 	if err != nil {
 		return err
