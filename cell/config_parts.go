@@ -363,7 +363,7 @@ func defaultReconConfig() ReconConfig {
 type ClusterConfig struct {
 	MapVersion int64 `yaml:"map_version"` // version of the shard map this cell announces
 	// MoveGrace is how long a cell keeps its copy of a database it handed to
-	// another cell (cell/moves.go) before it drops it, after checking the copy
+	// another cell (cell/moves) before it drops it, after checking the copy
 	// did not change since the handover. Default 10 minutes.
 	MoveGrace time.Duration `yaml:"move_grace"`
 	// FailoverAfter is how long the primary may stay silent before its

@@ -478,14 +478,12 @@ func (s *Server) reconAnswer(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 // copy: a moved-out record) and the claim IDs of the rest.
 func (s *Server) inCopies(ctx context.Context, credits []model.Credit) (kept []model.Credit, absent []string, err error) {
 	copies := map[int]bool{}
-	if s.moves.store != nil {
-		mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
-		if err != nil {
-			return nil, nil, model.Errorf(model.ErrDBUnavailable, "%v", err)
-		}
-		for _, mo := range mos {
-			copies[mo.DB] = true
-		}
+	dbs, err := s.moves.Copies(ctx)
+	if err != nil {
+		return nil, nil, model.Errorf(model.ErrDBUnavailable, "%v", err)
+	}
+	for _, db := range dbs {
+		copies[db] = true
 	}
 	for _, c := range credits {
 		if db := c.Shard.DB(); copies[db] || s.own.holdsDB(db) {

@@ -50,7 +50,7 @@ type metrics struct {
 	batchSize prometheus.Histogram
 	serve     fasthttp.RequestHandler // GET /metrics on the admin port
 
-	// moves (cell/moves.go)
+	// moves (cell/moves)
 	moveSteps                          *prometheus.CounterVec // by op
 	moveDrain                          prometheus.Histogram
 	moveCopiesDropped, moveCopyChanged prometheus.Counter

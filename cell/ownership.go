@@ -40,7 +40,7 @@ func newOwnState(ranges sharding.Ranges, version int64, frozen [model.DBCount]bo
 
 // ownership is which shards this cell owns, and the checks of the keys in a
 // request against it. It changes only through a move (freeze, release, adopt;
-// cell/moves.go), each change a new ownState swapped in whole, so a reader
+// cell/moves), each change a new ownState swapped in whole, so a reader
 // sees one consistent view without a lock. Safe for concurrent use.
 type ownership struct {
 	cell string // this cell's name, for the errors

@@ -31,6 +31,7 @@ import (
 	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
 	"redcell/cell/keyqueue"
+	"redcell/cell/moves"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
 	"redcell/cell/rewardtoken"
@@ -161,7 +162,7 @@ type Server struct {
 	log    *slog.Logger
 
 	own   *ownership
-	moves moveState
+	moves *moves.Steps // the cell's steps of database moves (cell/moves)
 	queue *keyqueue.Queue[queueKey, *openJob]
 	rngs  sync.Pool // *rand.Rand, one per worker at a time
 	http  *fasthttp.Server
@@ -262,7 +263,6 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
 	s.own = newOwnership(cfg.Name, cfg.Shards, cfg.MapVersion)
-	s.moves = moveState{store: stores.Moves, frozenUntil: map[int]time.Time{}, sealed: map[int]int64{}}
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
 	}, s.openBatch)
@@ -329,13 +329,14 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+	s.moves = s.newMoves(stores.Moves, peers)
 	s.shadow = s.newShadow(stores.ShadowDrop, reg)
 	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
 	if s.cp != nil {
 		couponAdmin = s
 	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
 
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
@@ -391,10 +392,10 @@ func (s *Server) Listen() (net.Listener, error) {
 // warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
 // serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	s.loadMoveMarks(ctx) // databases frozen by a move when the cell stopped stay frozen from the first request
+	s.moves.LoadMarks(ctx) // databases frozen by a move when the cell stopped stay frozen from the first request
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	background := []func(context.Context){s.runMoves, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
+	background := []func(context.Context){s.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
 		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
 			if t := s.acts.holder.Tree(); t != nil {

@@ -1,30 +1,36 @@
-package cell
+// Package moves is a cell's side of moving a database to another cell
+// (redcell cells; docs/operations.md, Add a cell): a database (db_XX with
+// its shadow_db_XX) moves while both cells serve: the new owner's MariaDB
+// copies it by replication, then the old owner freezes it (MOVING), the
+// mover (cell/mover) verifies both copies are equal, the new owner adopts
+// it and the old one releases it, each under a new map version announced
+// through memberlist. Steps takes those steps (POST /admin/moves), keeps
+// the marks that survive a restart, thaws freezes nobody ended and drops
+// the copies of databases handed over once their grace has passed.
+package moves
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"redcell/api"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
 )
 
-// A database (db_XX with its shadow_db_XX) moves from one cell to another
-// while both serve (redcell cells; docs/operations.md): the new owner's
-// MariaDB copies it by replication, then the old owner freezes it (MOVING),
-// the mover verifies both copies are equal, the new owner adopts it and the
-// old one releases it, each under a new map version announced through
-// memberlist. These are the cell's steps (POST /admin/moves).
-
-// MoveStore keeps what a cell owns across restarts, and its copies of the
+// Store keeps what a cell owns across restarts, and its copies of the
 // databases it handed over (storage.MySQL).
-type MoveStore interface {
+type Store interface {
 	// SaveMove saves the ranges, version and a record in one transaction.
 	SaveMove(ctx context.Context, cell, ranges string, version int64, add *storage.MovedOut, forget int) error
 	AddMovedOut(ctx context.Context, mo storage.MovedOut) error
@@ -37,26 +43,76 @@ type MoveStore interface {
 	FilterChanged()
 }
 
+// Ownership is the cell's ownership of databases, which the steps change:
+// what it holds (frozen or not), freezing and draining one, and a new set
+// under a new version.
+type Ownership interface {
+	HoldsDB(db int) bool
+	Held() []int
+	FrozenDBs() []int
+	Ranges() (sharding.Ranges, int64)
+	// SetFrozen stops (true) or resumes serving db.
+	SetFrozen(db int, frozen bool) error
+	// Drain waits until the work that checked db before its freeze ended.
+	Drain(ctx context.Context, db int) error
+	// Set serves dbs under version from now on.
+	Set(dbs []int, version int64) (sharding.Ranges, error)
+}
+
+// Peers is the cluster's shard map as the cell's membership sees it; when
+// it also has Announce(shards string, version int64) error
+// (membership.Node), a change of ownership is announced through it.
+type Peers interface {
+	Map() *sharding.Map
+}
+
 // announcer is the membership's side of a move (membership.Node.Announce).
 type announcer interface {
 	Announce(shards string, version int64) error
 }
 
+// Metrics are the moves' metrics (the cell registers them).
+type Metrics struct {
+	Steps         *prometheus.CounterVec // by op
+	Drain         prometheus.Observer    // seconds a freeze waited for work in flight
+	CopiesDropped prometheus.Counter
+	CopyChanged   prometheus.Counter
+}
+
+// Config is what Steps needs of its cell.
+type Config struct {
+	Cell  string        // the cell's name
+	Grace time.Duration // how long a copy handed over is kept (cell.Config.MoveGrace)
+	// Store is nil when the cell has no store for moves: the steps answer
+	// NOT_FOUND and nothing runs.
+	Store   Store
+	Own     Ownership
+	Peers   Peers
+	Metrics Metrics
+	Clock   clock.Clock // nil: clock.Real
+	Log     *slog.Logger
+}
+
 const (
-	freezeTTLDefault = 30 * time.Second // a freeze not released by then thaws (or releases, see runMoves)
+	freezeTTLDefault = 30 * time.Second // a freeze not released by then thaws (or releases, see Run)
 	freezeDrainMax   = 5 * time.Second  // the longest a freeze waits for work in flight
 	movesTick        = time.Second
 )
 
-// moveState is the cell's part in moves: the store and when each frozen
-// database thaws.
-type moveState struct {
-	store       MoveStore
-	mu          sync.Mutex // guards frozenUntil, steps
+// Steps is the cell's part in moves: the store and when each frozen
+// database thaws. Safe for concurrent use.
+type Steps struct {
+	cfg   Config
+	store Store
+	own   Ownership
+	clock clock.Clock
+	log   *slog.Logger
+
+	mu          sync.Mutex // guards frozenUntil, sealed, changedAt, sealLog
 	frozenUntil map[int]time.Time
 	sealed      map[int]int64 // frozen databases a hand-over under this version began for (seal)
 	steps       sync.Mutex    // one step at a time
-	arriving    atomic.Int64  // steps arrived and not ended (counted before their locks): MovesState waits for none
+	arriving    atomic.Int64  // steps arrived and not ended (counted before their locks): State waits for none
 	// dbSteps[db] is held by a step on db (taken before steps) and by the
 	// drop of db's copy (without steps: a drop takes seconds, and a freeze
 	// of another database must not wait for it); movesPass, holding steps,
@@ -68,20 +124,43 @@ type moveState struct {
 	sealLog   map[int]time.Time // when a sealed freeze past its ttl was last logged
 }
 
+// New returns the cell's steps; LoadMarks, then Run, start them.
+func New(cfg Config) *Steps {
+	return &Steps{cfg: cfg, store: cfg.Store, own: cfg.Own, clock: clock.Or(cfg.Clock), log: cfg.Log,
+		frozenUntil: map[int]time.Time{}, sealed: map[int]int64{}}
+}
+
+// Copies lists the databases the cell handed over and keeps a copy of (a
+// moved-out record); none without a store. Errors: the store's.
+func (s *Steps) Copies(ctx context.Context) ([]int, error) {
+	if s.store == nil {
+		return nil, nil
+	}
+	mos, err := s.store.MovedOuts(ctx, s.cfg.Cell)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, 0, len(mos))
+	for _, mo := range mos {
+		out = append(out, mo.DB)
+	}
+	return out, nil
+}
+
 // MovesState implements admin.Moves. It waits for a step under way (a
 // step is answered from one state, never from the middle of one): a mover
 // that gave up waiting on an adoption and asks what the cell did learns what
 // the adoption did, never "not held" while it is still saving. When ctx ends
 // first it answers TIMEOUT, and the mover leaves the move as it is (the
 // source frozen and sealed).
-func (s *Server) MovesState(ctx context.Context) (api.MovesState, error) {
+func (s *Steps) MovesState(ctx context.Context) (api.MovesState, error) {
 	unlock, err := s.lockSteps(ctx)
 	if err != nil {
 		return api.MovesState{}, err
 	}
 	defer unlock()
-	ranges, version := s.own.ranges()
-	out := api.MovesState{Cell: s.cfg.Name, Shards: ranges.String(), Version: version, DBs: s.own.held(), Frozen: s.own.frozenDBs(),
+	ranges, version := s.own.Ranges()
+	out := api.MovesState{Cell: s.cfg.Cell, Shards: ranges.String(), Version: version, DBs: s.own.Held(), Frozen: s.own.FrozenDBs(),
 		MovedOut: []api.MovedOutState{}}
 	if out.DBs == nil {
 		out.DBs = []int{}
@@ -89,10 +168,10 @@ func (s *Server) MovesState(ctx context.Context) (api.MovesState, error) {
 	if out.Frozen == nil {
 		out.Frozen = []int{}
 	}
-	if s.moves.store == nil {
+	if s.store == nil {
 		return out, nil
 	}
-	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+	mos, err := s.store.MovedOuts(ctx, s.cfg.Cell)
 	if err != nil {
 		return out, model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
@@ -101,27 +180,27 @@ func (s *Server) MovesState(ctx context.Context) (api.MovesState, error) {
 			continue // a freeze in progress
 		}
 		out.MovedOut = append(out.MovedOut, api.MovedOutState{DB: mo.DB, Version: mo.Version, ReleasedMS: mo.ReleasedMS,
-			DropAtMS: mo.ReleasedMS + s.cfg.MoveGrace.Milliseconds()})
+			DropAtMS: mo.ReleasedMS + s.cfg.Grace.Milliseconds()})
 	}
 	return out, nil
 }
 
 // MoveStep implements admin.Moves: one step of a move (api.MoveStep).
-func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer, error) {
-	if s.moves.store == nil {
-		return api.MoveAnswer{}, model.Errorf(model.ErrNotFound, "cell %s has no store for moves", s.cfg.Name)
+func (s *Steps) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer, error) {
+	if s.store == nil {
+		return api.MoveAnswer{}, model.Errorf(model.ErrNotFound, "cell %s has no store for moves", s.cfg.Cell)
 	}
 	if step.DB < 0 || step.DB >= model.DBCount {
 		return api.MoveAnswer{}, model.Invalidf("no database %d (0..%d)", step.DB, model.DBCount-1)
 	}
-	s.moves.arriving.Add(1) // before its locks: MovesState waits for a step still queued too
-	defer s.moves.arriving.Add(-1)
+	s.arriving.Add(1) // before its locks: MovesState waits for a step still queued too
+	defer s.arriving.Add(-1)
 	// The database's steps first: a step on a database whose copy is being
 	// dropped waits for the drop without holding the cell's steps.
-	s.moves.dbSteps[step.DB].Lock()
-	defer s.moves.dbSteps[step.DB].Unlock()
-	s.moves.steps.Lock()
-	defer s.moves.steps.Unlock()
+	s.dbSteps[step.DB].Lock()
+	defer s.dbSteps[step.DB].Unlock()
+	s.steps.Lock()
+	defer s.steps.Unlock()
 	ans := api.MoveAnswer{Op: step.Op, DB: step.DB}
 	var err error
 	switch step.Op {
@@ -143,101 +222,101 @@ func (s *Server) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswe
 	if err != nil {
 		return ans, err
 	}
-	ranges, version := s.own.ranges()
+	ranges, version := s.own.Ranges()
 	ans.Shards, ans.Version = ranges.String(), version
-	s.metrics.moveSteps.WithLabelValues(step.Op).Inc()
+	s.cfg.Metrics.Steps.WithLabelValues(step.Op).Inc()
 	return ans, nil
 }
 
-// lockSteps takes the cell's steps lock (moveState.steps) once no step is
-// under way or queued for its locks (moveState.arriving), or answers
+// lockSteps takes the cell's steps lock (Steps.steps) once no step is
+// under way or queued for its locks (Steps.arriving), or answers
 // TIMEOUT when ctx ends first.
-func (s *Server) lockSteps(ctx context.Context) (unlock func(), err error) {
+func (s *Steps) lockSteps(ctx context.Context) (unlock func(), err error) {
 	try := func() bool {
-		if s.moves.arriving.Load() > 0 || !s.moves.steps.TryLock() {
+		if s.arriving.Load() > 0 || !s.steps.TryLock() {
 			return false
 		}
-		if s.moves.arriving.Load() > 0 { // one arrived meanwhile: it goes first
-			s.moves.steps.Unlock()
+		if s.arriving.Load() > 0 { // one arrived meanwhile: it goes first
+			s.steps.Unlock()
 			return false
 		}
 		return true
 	}
 	if try() {
-		return s.moves.steps.Unlock, nil
+		return s.steps.Unlock, nil
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, model.Errorf(model.ErrTimeout, "a move step is under way on %s; ask again", s.cfg.Name)
+			return nil, model.Errorf(model.ErrTimeout, "a move step is under way on %s; ask again", s.cfg.Cell)
 		case <-tick.C:
 			if try() {
-				return s.moves.steps.Unlock, nil
+				return s.steps.Unlock, nil
 			}
 		}
 	}
 }
 
-func (s *Server) holds(db int) bool { return s.own.holdsDB(db) }
+func (s *Steps) holds(db int) bool { return s.own.HoldsDB(db) }
 
 // Holds reports whether the cell owns database db, frozen or not.
-func (s *Server) Holds(db int) bool { return s.own.holdsDB(db) }
+func (s *Steps) Holds(db int) bool { return s.own.HoldsDB(db) }
 
 // freeze stops serving db, waits for the work that checked it before, and
 // thaws it after ttl unless released. The mark is saved first, so a cell
 // restarted meanwhile comes back with db frozen. It returns how long the
 // mark's save and the drain took (ms): writes to db paused after the save.
-func (s *Server) freeze(ctx context.Context, db int, ttl time.Duration) (savedMS, drainedMS int64, err error) {
+func (s *Steps) freeze(ctx context.Context, db int, ttl time.Duration) (savedMS, drainedMS int64, err error) {
 	if !s.holds(db) {
-		return 0, 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+		return 0, 0, model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Cell)
 	}
-	if slices.Contains(s.own.frozenDBs(), db) {
+	if slices.Contains(s.own.FrozenDBs(), db) {
 		return 0, 0, model.Invalidf("db_%02d is frozen already: another move of it is running", db)
 	}
 	if ttl <= 0 {
 		ttl = freezeTTLDefault
 	}
 	t0 := s.clock.Now()
-	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, ReleasedMS: t0.UnixMilli()}); err != nil {
+	if err := s.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Cell, DB: db, ReleasedMS: t0.UnixMilli()}); err != nil {
 		return 0, 0, model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
 	start := s.clock.Now()
-	if err := s.own.setFrozen(db, true); err != nil {
+	if err := s.own.SetFrozen(db, true); err != nil {
 		return 0, 0, err
 	}
-	s.moves.mu.Lock()
-	s.moves.frozenUntil[db] = start.Add(ttl)
-	s.moves.mu.Unlock()
+	s.mu.Lock()
+	s.frozenUntil[db] = start.Add(ttl)
+	s.mu.Unlock()
 	dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
 	defer cancel()
-	if err := s.own.drain(dctx, db); err != nil {
+	if err := s.own.Drain(dctx, db); err != nil {
 		_ = s.thawLocked(context.WithoutCancel(ctx), db)
 		return 0, 0, model.Errorf(model.ErrOverloaded, "db_%02d: work in flight did not finish within %s; thawed", db, freezeDrainMax)
 	}
 	drained := s.clock.Now().Sub(start)
-	s.metrics.moveDrain.Observe(drained.Seconds())
+	s.cfg.Metrics.Drain.Observe(drained.Seconds())
 	s.log.Info("move: database frozen", "db", db, "drained", drained, "thaws_in", ttl)
 	return start.Sub(t0).Milliseconds(), drained.Milliseconds(), nil
 }
 
-func (s *Server) thaw(ctx context.Context, db int) error {
+func (s *Steps) thaw(ctx context.Context, db int) error {
 	if !s.holds(db) {
-		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Cell)
 	}
 	return s.thawLocked(ctx, db)
 }
 
-func (s *Server) thawLocked(ctx context.Context, db int) error {
-	if err := s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db); err != nil {
+func (s *Steps) thawLocked(ctx context.Context, db int) error {
+	if err := s.store.ForgetMovedOut(ctx, s.cfg.Cell, db); err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
-	s.moves.mu.Lock()
-	delete(s.moves.frozenUntil, db)
-	delete(s.moves.sealed, db)
-	s.moves.mu.Unlock()
-	if err := s.own.setFrozen(db, false); err != nil {
+	s.mu.Lock()
+	delete(s.frozenUntil, db)
+	delete(s.sealed, db)
+	s.mu.Unlock()
+	if err := s.own.SetFrozen(db, false); err != nil {
 		return err
 	}
 	s.log.Warn("move: database thawed, served here again", "db", db)
@@ -248,30 +327,30 @@ func (s *Server) thawLocked(ctx context.Context, db int) error {
 // now on the freeze never ends by itself in a thaw (the new owner may have
 // adopted it), only in a release once the map shows the new owner, or by a
 // thaw asked for. Saved, so a restart keeps it.
-func (s *Server) seal(ctx context.Context, db int, version int64) error {
-	if !slices.Contains(s.own.frozenDBs(), db) {
+func (s *Steps) seal(ctx context.Context, db int, version int64) error {
+	if !slices.Contains(s.own.FrozenDBs(), db) {
 		return model.Invalidf("db_%02d is not frozen: freeze it before the seal", db)
 	}
-	if _, cur := s.own.ranges(); version <= cur {
+	if _, cur := s.own.Ranges(); version <= cur {
 		return model.Invalidf("version %d is not above the cell's %d", version, cur)
 	}
-	if err := s.moves.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, ReleasedMS: s.clock.Now().UnixMilli()}); err != nil {
+	if err := s.store.AddMovedOut(ctx, storage.MovedOut{Cell: s.cfg.Cell, DB: db, Version: version, ReleasedMS: s.clock.Now().UnixMilli()}); err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
-	s.moves.mu.Lock()
-	s.moves.sealed[db] = version
-	s.moves.mu.Unlock()
+	s.mu.Lock()
+	s.sealed[db] = version
+	s.mu.Unlock()
 	return nil
 }
 
 // forget removes the record of a database the cell handed over and does not
 // hold (before it takes the database back: its old copy must not be
 // dropped by the grace check while the new one is made).
-func (s *Server) forget(ctx context.Context, db int) error {
+func (s *Steps) forget(ctx context.Context, db int) error {
 	if s.holds(db) {
-		return model.Invalidf("db_%02d is owned by %s: nothing to forget", db, s.cfg.Name)
+		return model.Invalidf("db_%02d is owned by %s: nothing to forget", db, s.cfg.Cell)
 	}
-	if err := s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, db); err != nil {
+	if err := s.store.ForgetMovedOut(ctx, s.cfg.Cell, db); err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
 	return nil
@@ -279,39 +358,39 @@ func (s *Server) forget(ctx context.Context, db int) error {
 
 // release hands db over: saved first (a restart never claims it again),
 // then dropped from the ranges served and announced.
-func (s *Server) release(ctx context.Context, db int, version int64, digest string) error {
+func (s *Steps) release(ctx context.Context, db int, version int64, digest string) error {
 	if !s.holds(db) {
-		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Name)
+		return model.Errorf(model.ErrWrongCell, "db_%02d is not owned by %s", db, s.cfg.Cell)
 	}
-	if !slices.Contains(s.own.frozenDBs(), db) {
+	if !slices.Contains(s.own.FrozenDBs(), db) {
 		return model.Invalidf("db_%02d is not frozen: freeze it before the release", db)
 	}
 	if !wellFormedDigest(digest) {
 		return model.Invalidf("a release needs the digest the new owner verified (64 hex digits, storage.Digest.Sum)")
 	}
-	_, cur := s.own.ranges()
+	_, cur := s.own.Ranges()
 	if version <= cur {
 		return model.Invalidf("version %d is not above the cell's %d", version, cur)
 	}
-	dbs := slices.DeleteFunc(s.own.held(), func(d int) bool { return d == db })
-	return s.setOwned(ctx, dbs, version, &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()}, -1)
+	dbs := slices.DeleteFunc(s.own.Held(), func(d int) bool { return d == db })
+	return s.setOwned(ctx, dbs, version, &storage.MovedOut{Cell: s.cfg.Cell, DB: db, Version: version, Digest: digest, ReleasedMS: s.clock.Now().UnixMilli()}, -1)
 }
 
 // adopt takes db: saved, served and announced, once the cell's copy matches
 // digest, the content the mover verified on both copies (a hand-over never
 // serves a copy without its rows).
-func (s *Server) adopt(ctx context.Context, db int, version int64, digest string) error {
+func (s *Steps) adopt(ctx context.Context, db int, version int64, digest string) error {
 	if s.holds(db) {
-		return model.Invalidf("db_%02d is already owned by %s", db, s.cfg.Name)
+		return model.Invalidf("db_%02d is already owned by %s", db, s.cfg.Cell)
 	}
-	_, cur := s.own.ranges()
+	_, cur := s.own.Ranges()
 	if version <= cur {
 		return model.Invalidf("version %d is not above the cell's %d", version, cur)
 	}
 	if !wellFormedDigest(digest) {
 		return model.Invalidf("an adoption needs the digest the mover verified (64 hex digits, storage.Digest.Sum)")
 	}
-	d, err := s.moves.store.Digest(ctx, db)
+	d, err := s.store.Digest(ctx, db)
 	if err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "db_%02d: digest of this cell's copy: %v", db, err)
 	}
@@ -319,33 +398,33 @@ func (s *Server) adopt(ctx context.Context, db int, version int64, digest string
 		s.log.Error("move: adoption refused: this cell's copy is not the one the mover verified", "db", db, "version", version, "copy", got, "verified", digest)
 		return model.Invalidf("db_%02d: this cell's copy (digest %s) is not the one the mover verified (%s): not adopted", db, got, digest)
 	}
-	dbs := append(s.own.held(), db)
+	dbs := append(s.own.Held(), db)
 	slices.Sort(dbs)
 	return s.setOwned(ctx, dbs, version, nil, db)
 }
 
 // setOwned saves (with the record add, or forgetting forget's, in the same
 // transaction), applies and announces a new set of databases.
-func (s *Server) setOwned(ctx context.Context, dbs []int, version int64, add *storage.MovedOut, forget int) error {
+func (s *Steps) setOwned(ctx context.Context, dbs []int, version int64, add *storage.MovedOut, forget int) error {
 	ranges, err := rangesOf(dbs)
 	if err != nil {
 		return err
 	}
-	if err := s.moves.store.SaveMove(ctx, s.cfg.Name, ranges, version, add, forget); err != nil {
+	if err := s.store.SaveMove(ctx, s.cfg.Cell, ranges, version, add, forget); err != nil {
 		return model.Errorf(model.ErrDBUnavailable, "%v", err)
 	}
-	r, err := s.own.set(dbs, version)
+	r, err := s.own.Set(dbs, version)
 	if err != nil {
 		return err
 	}
-	s.moves.store.FilterChanged()
-	s.moves.mu.Lock()
-	for db := range s.moves.frozenUntil {
+	s.store.FilterChanged()
+	s.mu.Lock()
+	for db := range s.frozenUntil {
 		if !slices.Contains(dbs, db) {
-			delete(s.moves.frozenUntil, db)
+			delete(s.frozenUntil, db)
 		}
 	}
-	s.moves.mu.Unlock()
+	s.mu.Unlock()
 	s.announce()
 	s.log.Info("move: ownership changed", "shards", r.String(), "version", version)
 	return nil
@@ -365,23 +444,23 @@ func rangesOf(dbs []int) (string, error) {
 }
 
 // announce gossips the cell's ranges and version (when its peers can).
-func (s *Server) announce() {
-	a, ok := s.peers.(announcer)
+func (s *Steps) announce() {
+	a, ok := s.cfg.Peers.(announcer)
 	if !ok {
 		return
 	}
-	ranges, version := s.own.ranges()
+	ranges, version := s.own.Ranges()
 	if err := a.Announce(ranges.String(), version); err != nil {
 		s.log.Warn("move: announcing the new ranges", "err", err)
 	}
 }
 
-// runMoves resumes what a restart interrupted (databases frozen when the
+// Run resumes what a restart interrupted (databases frozen when the
 // cell stopped start frozen again), thaws freezes past their time, and drops
 // the copies of databases handed over once MoveGrace has passed and the copy
 // is unchanged.
-func (s *Server) runMoves(ctx context.Context) {
-	if s.moves.store == nil {
+func (s *Steps) Run(ctx context.Context) {
+	if s.store == nil {
 		return
 	}
 	for ctx.Err() == nil {
@@ -394,35 +473,35 @@ func (s *Server) runMoves(ctx context.Context) {
 	}
 }
 
-// loadMoveMarks freezes again the databases a restart interrupted in their
+// LoadMarks freezes again the databases a restart interrupted in their
 // freeze, before the cell serves anything (Serve calls it first); if the
-// marks cannot be read now, runMoves applies them at its first pass.
-func (s *Server) loadMoveMarks(ctx context.Context) {
-	if s.moves.store == nil {
+// marks cannot be read now, Run applies them at its first pass.
+func (s *Steps) LoadMarks(ctx context.Context) {
+	if s.store == nil {
 		return
 	}
-	s.moves.steps.Lock()
-	defer s.moves.steps.Unlock()
-	mctx, cancel := context.WithTimeout(ctx, time.Second) // a database down: runMoves applies them once it answers
+	s.steps.Lock()
+	defer s.steps.Unlock()
+	mctx, cancel := context.WithTimeout(ctx, time.Second) // a database down: Run applies them once it answers
 	defer cancel()
-	if mos, err := s.moves.store.MovedOuts(mctx, s.cfg.Name); err == nil {
+	if mos, err := s.store.MovedOuts(mctx, s.cfg.Cell); err == nil {
 		s.applyMarksLocked(mos)
 	}
 }
 
-func (s *Server) applyMarksLocked(mos []storage.MovedOut) {
-	s.moves.loaded = true
+func (s *Steps) applyMarksLocked(mos []storage.MovedOut) {
+	s.loaded = true
 	now := s.clock.Now()
 	for _, mo := range mos {
 		if mo.Digest == "" && s.holds(mo.DB) {
 			s.log.Warn("move: database was frozen when the cell stopped; frozen again", "db", mo.DB, "sealed", mo.Version > 0)
-			_ = s.own.setFrozen(mo.DB, true)
-			s.moves.mu.Lock()
-			s.moves.frozenUntil[mo.DB] = now.Add(freezeTTLDefault)
+			_ = s.own.SetFrozen(mo.DB, true)
+			s.mu.Lock()
+			s.frozenUntil[mo.DB] = now.Add(freezeTTLDefault)
 			if mo.Version > 0 {
-				s.moves.sealed[mo.DB] = mo.Version
+				s.sealed[mo.DB] = mo.Version
 			}
-			s.moves.mu.Unlock()
+			s.mu.Unlock()
 		}
 	}
 }
@@ -431,64 +510,64 @@ func (s *Server) applyMarksLocked(mos []storage.MovedOut) {
 // a drop (dropDue). It reads the records before it takes the steps, so a
 // freeze does not wait for that read, and reads them again under the steps
 // only where it changes one.
-func (s *Server) movesPass(ctx context.Context) {
-	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+func (s *Steps) movesPass(ctx context.Context) {
+	mos, err := s.store.MovedOuts(ctx, s.cfg.Cell)
 	if err != nil {
 		return
 	}
-	s.moves.steps.Lock()
-	defer s.moves.steps.Unlock()
+	s.steps.Lock()
+	defer s.steps.Unlock()
 	now := s.clock.Now()
-	if !s.moves.loaded {
-		if mos, err = s.moves.store.MovedOuts(ctx, s.cfg.Name); err != nil {
+	if !s.loaded {
+		if mos, err = s.store.MovedOuts(ctx, s.cfg.Cell); err != nil {
 			return
 		}
 		s.applyMarksLocked(mos)
 	}
-	s.moves.mu.Lock()
+	s.mu.Lock()
 	var expired []int
-	for db, until := range s.moves.frozenUntil {
+	for db, until := range s.frozenUntil {
 		if !now.Before(until) {
 			expired = append(expired, db)
 		}
 	}
-	s.moves.mu.Unlock()
+	s.mu.Unlock()
 	for _, db := range expired {
-		if !s.moves.dbSteps[db].TryLock() { // a step on it waits for the cell's steps: the next pass
+		if !s.dbSteps[db].TryLock() { // a step on it waits for the cell's steps: the next pass
 			continue
 		}
 		s.freezeExpired(ctx, db)
-		s.moves.dbSteps[db].Unlock()
+		s.dbSteps[db].Unlock()
 	}
 	if dbs := s.ownedElsewhere(); len(dbs) > 0 {
 		s.yield(ctx, dbs)
 	}
 	stale := false
 	for _, mo := range mos {
-		if mo.Digest == "" || now.Before(time.UnixMilli(mo.ReleasedMS).Add(s.cfg.MoveGrace)) {
+		if mo.Digest == "" || now.Before(time.UnixMilli(mo.ReleasedMS).Add(s.cfg.Grace)) {
 			continue
 		}
 		if s.holds(mo.DB) { // owned again (moved back): its record is stale, never its data
 			stale = true
 			continue
 		}
-		s.moves.mu.Lock()
-		t, changed := s.moves.changedAt[mo.DB]
-		s.moves.mu.Unlock()
+		s.mu.Lock()
+		t, changed := s.changedAt[mo.DB]
+		s.mu.Unlock()
 		if changed && now.Sub(t) < time.Hour { // found changed: compared again hourly, not each second
 			continue
 		}
-		s.moves.due = append(s.moves.due, mo) // dropCopy checks the record again
+		s.due = append(s.due, mo) // dropCopy checks the record again
 	}
 	if !stale {
 		return
 	}
-	if mos, err = s.moves.store.MovedOuts(ctx, s.cfg.Name); err != nil {
+	if mos, err = s.store.MovedOuts(ctx, s.cfg.Cell); err != nil {
 		return
 	}
 	for _, mo := range mos {
 		if mo.Digest != "" && s.holds(mo.DB) {
-			_ = s.moves.store.ForgetMovedOut(ctx, s.cfg.Name, mo.DB)
+			_ = s.store.ForgetMovedOut(ctx, s.cfg.Cell, mo.DB)
 		}
 	}
 }
@@ -497,19 +576,19 @@ func (s *Server) movesPass(ctx context.Context) {
 // drop made without holding the steps (a freeze waits for neither), the
 // drop under its database's dbSteps, if the record is still there and the
 // database still not held.
-func (s *Server) dropDue(ctx context.Context) {
-	s.moves.steps.Lock()
-	due := s.moves.due
-	s.moves.due = nil
-	s.moves.steps.Unlock()
+func (s *Steps) dropDue(ctx context.Context) {
+	s.steps.Lock()
+	due := s.due
+	s.due = nil
+	s.steps.Unlock()
 	for _, mo := range due {
-		d, err := s.moves.store.Digest(ctx, mo.DB)
+		d, err := s.store.Digest(ctx, mo.DB)
 		if err != nil {
 			continue
 		}
-		s.moves.dbSteps[mo.DB].Lock()
+		s.dbSteps[mo.DB].Lock()
 		s.dropCopy(ctx, mo, d)
-		s.moves.dbSteps[mo.DB].Unlock()
+		s.dbSteps[mo.DB].Unlock()
 	}
 }
 
@@ -517,15 +596,15 @@ func (s *Server) dropDue(ctx context.Context) {
 // that the shard map gives to another cell under a version above the
 // cell's: a cell started from a config file that still names a database it
 // handed over, whose saved ownership was lost, say.
-func (s *Server) ownedElsewhere() []int {
-	_, mine := s.own.ranges()
-	frozen := s.own.frozenDBs()
+func (s *Steps) ownedElsewhere() []int {
+	_, mine := s.own.Ranges()
+	frozen := s.own.FrozenDBs()
 	var out []int
-	for _, db := range s.own.held() {
+	for _, db := range s.own.Held() {
 		if slices.Contains(frozen, db) {
 			continue
 		}
-		if owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB)); ok && owner.Name != s.cfg.Name && owner.Version > mine {
+		if owner, ok := s.cfg.Peers.Map().Owner(model.ShardID(db * model.ShardsPerDB)); ok && owner.Name != s.cfg.Cell && owner.Version > mine {
 			out = append(out, db)
 		}
 	}
@@ -543,18 +622,18 @@ func (s *Server) ownedElsewhere() []int {
 // compare), and the cells' Copies show it changed. Logged at ERROR: two
 // cells served them until now. The caller holds the steps; a database whose
 // dbSteps is taken (a drop, a step) waits for the next pass.
-func (s *Server) yield(ctx context.Context, dbs []int) {
+func (s *Steps) yield(ctx context.Context, dbs []int) {
 	var took []int
 	version := int64(0)
 	for _, db := range dbs {
-		owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
-		if !ok || !s.moves.dbSteps[db].TryLock() {
+		owner, ok := s.cfg.Peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
+		if !ok || !s.dbSteps[db].TryLock() {
 			continue
 		}
-		defer s.moves.dbSteps[db].Unlock()
+		defer s.dbSteps[db].Unlock()
 		s.log.Error("move: the map gives a database this cell serves to another cell under a higher version; it is no longer served here, and its copy is kept",
 			"db", db, "owner", owner.Name, "version", owner.Version)
-		if err := s.own.setFrozen(db, true); err != nil {
+		if err := s.own.SetFrozen(db, true); err != nil {
 			continue
 		}
 		took, version = append(took, db), max(version, owner.Version)
@@ -564,17 +643,17 @@ func (s *Server) yield(ctx context.Context, dbs []int) {
 	}
 	for _, db := range took {
 		dctx, cancel := context.WithTimeout(ctx, freezeDrainMax)
-		_ = s.own.drain(dctx, db) // work that checked it before: it ends, or the drain gives up
+		_ = s.own.Drain(dctx, db) // work that checked it before: it ends, or the drain gives up
 		cancel()
 	}
-	held := slices.DeleteFunc(s.own.held(), func(x int) bool { return slices.Contains(took, x) })
+	held := slices.DeleteFunc(s.own.Held(), func(x int) bool { return slices.Contains(took, x) })
 	now := s.clock.Now().UnixMilli()
 	for i, db := range took {
-		mo := &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: version, Digest: yieldedDigest, ReleasedMS: now}
+		mo := &storage.MovedOut{Cell: s.cfg.Cell, DB: db, Version: version, Digest: yieldedDigest, ReleasedMS: now}
 		if i < len(took)-1 {
 			// Records first, the ownership with the last: a restart between
 			// them finds the database held and yields it again.
-			if err := s.moves.store.AddMovedOut(ctx, *mo); err != nil {
+			if err := s.store.AddMovedOut(ctx, *mo); err != nil {
 				s.thawAll(took)
 				return
 			}
@@ -594,9 +673,9 @@ var yieldedDigest = strings.Repeat("0", 64)
 
 // thawAll serves dbs again after a yield that could not save (the next pass
 // tries again).
-func (s *Server) thawAll(dbs []int) {
+func (s *Steps) thawAll(dbs []int) {
 	for _, db := range dbs {
-		_ = s.own.setFrozen(db, false)
+		_ = s.own.SetFrozen(db, false)
 	}
 }
 
@@ -606,24 +685,24 @@ func (s *Server) thawAll(dbs []int) {
 // sealed (a hand-over began, and the new owner may have adopted it), it
 // serves it again. A sealed freeze stays, logged at ERROR each minute, until
 // the map shows the new owner or a person thaws it (POST /admin/moves).
-func (s *Server) freezeExpired(ctx context.Context, db int) {
-	_, mine := s.own.ranges()
-	s.moves.mu.Lock()
-	sealed, isSealed := s.moves.sealed[db]
-	s.moves.mu.Unlock()
-	owner, ok := s.peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
-	if isSealed && !(ok && owner.Name != s.cfg.Name && owner.Version >= sealed) {
+func (s *Steps) freezeExpired(ctx context.Context, db int) {
+	_, mine := s.own.Ranges()
+	s.mu.Lock()
+	sealed, isSealed := s.sealed[db]
+	s.mu.Unlock()
+	owner, ok := s.cfg.Peers.Map().Owner(model.ShardID(db * model.ShardsPerDB))
+	if isSealed && !(ok && owner.Name != s.cfg.Cell && owner.Version >= sealed) {
 		now := s.clock.Now()
-		s.moves.mu.Lock()
-		s.moves.frozenUntil[db] = now.Add(movesTick) // looked at again each pass
-		if s.moves.sealLog == nil {
-			s.moves.sealLog = map[int]time.Time{}
+		s.mu.Lock()
+		s.frozenUntil[db] = now.Add(movesTick) // looked at again each pass
+		if s.sealLog == nil {
+			s.sealLog = map[int]time.Time{}
 		}
-		last, logged := s.moves.sealLog[db]
+		last, logged := s.sealLog[db]
 		if !logged || now.Sub(last) >= time.Minute {
-			s.moves.sealLog[db] = now
+			s.sealLog[db] = now
 		}
-		s.moves.mu.Unlock()
+		s.mu.Unlock()
 		if logged && now.Sub(last) < time.Minute {
 			return
 		}
@@ -631,13 +710,13 @@ func (s *Server) freezeExpired(ctx context.Context, db int) {
 			"db", db, "version", sealed)
 		return
 	}
-	if ok && owner.Name != s.cfg.Name && owner.Version > mine {
-		d, err := s.moves.store.Digest(ctx, db)
+	if ok && owner.Name != s.cfg.Cell && owner.Version > mine {
+		d, err := s.store.Digest(ctx, db)
 		if err != nil {
 			return
 		}
-		dbs := slices.DeleteFunc(s.own.held(), func(x int) bool { return x == db })
-		if err := s.setOwned(ctx, dbs, owner.Version, &storage.MovedOut{Cell: s.cfg.Name, DB: db, Version: owner.Version, Digest: d.Sum(), ReleasedMS: s.clock.Now().UnixMilli()}, -1); err == nil {
+		dbs := slices.DeleteFunc(s.own.Held(), func(x int) bool { return x == db })
+		if err := s.setOwned(ctx, dbs, owner.Version, &storage.MovedOut{Cell: s.cfg.Cell, DB: db, Version: owner.Version, Digest: d.Sum(), ReleasedMS: s.clock.Now().UnixMilli()}, -1); err == nil {
 			s.log.Warn("move: a frozen database was adopted by another cell; released", "db", db, "owner", owner.Name, "version", owner.Version)
 		}
 		return
@@ -649,38 +728,38 @@ func (s *Server) freezeExpired(ctx context.Context, db int) {
 // since the handover (d: its digest now); a changed copy (a write that
 // reached it after the freeze) is kept and logged at ERROR, for a person to
 // compare. The caller holds the database's dbSteps.
-func (s *Server) dropCopy(ctx context.Context, mo storage.MovedOut, d storage.Digest) {
+func (s *Steps) dropCopy(ctx context.Context, mo storage.MovedOut, d storage.Digest) {
 	if s.holds(mo.DB) {
 		return
 	}
-	mos, err := s.moves.store.MovedOuts(ctx, s.cfg.Name)
+	mos, err := s.store.MovedOuts(ctx, s.cfg.Cell)
 	if err != nil || !slices.ContainsFunc(mos, func(x storage.MovedOut) bool { return x == mo }) {
 		return // forgotten or replaced meanwhile
 	}
 	if d.Sum() != mo.Digest {
-		if s.moves.changedLogged(mo.DB, s.clock.Now()) {
-			s.metrics.moveCopyChanged.Inc()
+		if s.changedLogged(mo.DB, s.clock.Now()) {
+			s.cfg.Metrics.CopyChanged.Inc()
 			s.log.Error("move: the copy of a database handed over changed after the handover; kept, not dropped", "db", mo.DB,
 				"version", mo.Version, "err", errors.New("digest differs"))
 		}
 		return
 	}
-	if err := s.moves.store.DropMovedOut(ctx, s.cfg.Name, mo.DB); err != nil {
+	if err := s.store.DropMovedOut(ctx, s.cfg.Cell, mo.DB); err != nil {
 		s.log.Warn("move: dropping the copy of a database handed over", "db", mo.DB, "err", err)
 		return
 	}
-	s.metrics.moveCopiesDropped.Inc()
+	s.cfg.Metrics.CopiesDropped.Inc()
 	s.log.Info("move: copy of a database handed over dropped", "db", mo.DB, "released", time.UnixMilli(mo.ReleasedMS).UTC().Format(time.RFC3339))
 }
 
 // changedLogged records when a copy was found changed (movesPass compares it
 // again an hour later) and reports that it is to be logged.
-func (m *moveState) changedLogged(db int, now time.Time) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.changedAt == nil {
-		m.changedAt = map[int]time.Time{}
+func (s *Steps) changedLogged(db int, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changedAt == nil {
+		s.changedAt = map[int]time.Time{}
 	}
-	m.changedAt[db] = now
+	s.changedAt[db] = now
 	return true
 }
