@@ -37,88 +37,84 @@ type Answers interface {
 // key's home shard is not served here), the store's (BUDGET_EXHAUSTED,
 // NOT_FOUND, ...), and NOT_FOUND for any other route.
 func (k *Keeper) Serve(ctx context.Context, rc *fasthttp.RequestCtx, route api.RouteID, space int) {
-	a := k.cfg.Answers
+	st := k.cfg.Spaces[space].Store
+	var out any
+	var err error
 	switch route {
 	case api.RouteBudgetLease:
-		k.lease(ctx, rc, space)
+		out, err = k.lease(ctx, st, rc.PostBody())
 	case api.RouteBudgetReturn:
-		k.giveBack(ctx, rc, space)
+		out, err = k.giveBack(ctx, st, rc.PostBody())
 	case api.RouteBudgetLeases:
-		k.leases(ctx, rc, space)
+		out, err = k.leases(ctx, st, rc.PostBody())
 	default:
-		a.Error(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
+		err = model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path())
 	}
+	if err != nil {
+		k.cfg.Answers.Error(rc, err)
+		return
+	}
+	k.cfg.Answers.JSON(rc, http.StatusOK, out)
 }
 
-// lease answers POST /internal/budget/lease.
-func (k *Keeper) lease(ctx context.Context, rc *fasthttp.RequestCtx, space int) {
-	a := k.cfg.Answers
-	var req api.BudgetLeaseRequest
-	if err := strictjson.Decode(rc.PostBody(), &req); err != nil {
-		a.Error(rc, err)
-		return
+// homed decodes body into req (a pointer) and answers the home shard of
+// the budget key the decoded request names at *key, when this cell serves
+// it. Errors: model.ErrInvalidArgument (a malformed body or key),
+// model.ErrWrongCell, model.ErrMoving.
+func (k *Keeper) homed(body []byte, req any, key *string) (model.ShardID, error) {
+	if err := strictjson.Decode(body, req); err != nil {
+		return 0, err
 	}
-	if _, err := k.HomeShard(req.Key); err != nil {
-		a.Error(rc, err)
-		return
+	return k.HomeShard(*key)
+}
+
+// lease answers POST /internal/budget/lease from store st.
+func (k *Keeper) lease(ctx context.Context, st Store, body []byte) (any, error) {
+	var req api.BudgetLeaseRequest
+	if _, err := k.homed(body, &req, &req.Key); err != nil {
+		return nil, err
 	}
 	if req.TTLMS < 1 || req.TTLMS > int64(time.Hour/time.Millisecond) || req.Total < 0 {
-		a.Error(rc, model.Invalidf("ttl_ms must be 1..3600000 and total >= 0"))
-		return
+		return nil, model.Invalidf("ttl_ms must be 1..3600000 and total >= 0")
 	}
-	l, err := k.grantLocal(ctx, k.cfg.Spaces[space].Store, req)
+	l, err := k.grantLocal(ctx, st, req)
 	if err != nil {
-		a.Error(rc, err)
-		return
+		return nil, err
 	}
-	a.JSON(rc, http.StatusOK, api.BudgetLease{ID: l.ID, Key: l.Key, Holder: l.Holder, Amount: l.Amount,
-		CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS})
+	return api.BudgetLease{ID: l.ID, Key: l.Key, Holder: l.Holder, Amount: l.Amount,
+		CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS}, nil
 }
 
-// giveBack answers POST /internal/budget/return.
-func (k *Keeper) giveBack(ctx context.Context, rc *fasthttp.RequestCtx, space int) {
-	a := k.cfg.Answers
+// giveBack answers POST /internal/budget/return from store st.
+func (k *Keeper) giveBack(ctx context.Context, st Store, body []byte) (any, error) {
 	var req api.BudgetReturnRequest
-	if err := strictjson.Decode(rc.PostBody(), &req); err != nil {
-		a.Error(rc, err)
-		return
-	}
-	sh, err := k.HomeShard(req.Key)
+	sh, err := k.homed(body, &req, &req.Key)
 	if err != nil {
-		a.Error(rc, err)
-		return
+		return nil, err
 	}
-	if _, err := storage.ReturnLease(ctx, k.cfg.Spaces[space].Store, sh, req.LeaseID, req.Unspent); err != nil {
-		a.Error(rc, err)
-		return
+	if _, err := storage.ReturnLease(ctx, st, sh, req.LeaseID, req.Unspent); err != nil {
+		return nil, err
 	}
-	a.JSON(rc, http.StatusOK, map[string]bool{"returned": true})
+	return map[string]bool{"returned": true}, nil
 }
 
-// leases answers POST /internal/budget/leases: the holder's open and
-// expired leases of the key.
-func (k *Keeper) leases(ctx context.Context, rc *fasthttp.RequestCtx, space int) {
-	a := k.cfg.Answers
+// leases answers POST /internal/budget/leases from store st: the holder's
+// open and expired leases of the key.
+func (k *Keeper) leases(ctx context.Context, st Store, body []byte) (any, error) {
 	var req api.BudgetLeasesRequest
-	if err := strictjson.Decode(rc.PostBody(), &req); err != nil {
-		a.Error(rc, err)
-		return
+	if _, err := k.homed(body, &req, &req.Key); err != nil {
+		return nil, err
 	}
-	if _, err := k.HomeShard(req.Key); err != nil {
-		a.Error(rc, err)
-		return
-	}
-	ls, err := k.localLeasesOf(ctx, k.cfg.Spaces[space].Store, req.Key, req.Holder)
+	ls, err := k.localLeasesOf(ctx, st, req.Key, req.Holder)
 	if err != nil {
-		a.Error(rc, err)
-		return
+		return nil, err
 	}
 	out := api.BudgetLeasesResponse{Leases: []api.BudgetLeaseState{}}
 	for _, l := range ls {
 		out.Leases = append(out.Leases, api.BudgetLeaseState{BudgetLease: api.BudgetLease{ID: l.ID, Key: l.Key, Holder: l.Holder,
 			Amount: l.Amount, CreatedMS: l.CreatedMS, ExpiresMS: l.ExpiresMS}, State: string(l.State)})
 	}
-	a.JSON(rc, http.StatusOK, out)
+	return out, nil
 }
 
 // localLeasesOf lists holder's open and expired leases of key, homed here,
