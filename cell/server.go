@@ -147,9 +147,9 @@ func (s *Server) creditDest(sh model.ShardID) string {
 // Server is one running cell: it routes and admits requests and runs the open
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
-// (cell/recon), the audit of its own books (cell/audit), the admin port
-// (cell/admin), the group committer (cell/groupcommit), the expiry of packets
-// and the schema warm-up. None of them holds the Server. Create it with New,
+// (cell/recon), the audit of its own books (cell/audit), the budgets' leases
+// (cell/budgets), the admin port (cell/admin), the group committer
+// (cell/groupcommit), the expiry of packets and the schema warm-up. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
 	cfg    Config
@@ -391,7 +391,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.runMoves, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.budgets.Run, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
-		s.budgets.Recover} // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
+		s.budgets.Recover} // Recover: the budgets this cell homes, as New's file sets them; then an earlier run's leases
 	if s.cfg.IssuedMemcache != nil {
 		for _, c := range s.rw.counters {
 			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })
