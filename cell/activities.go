@@ -97,7 +97,7 @@ func describe(t *activity.Tree) api.ActivitiesResponse {
 // file's, and the scene limits forget the scenes the file no longer has
 // (a scene's new rate needs nothing: each request reads it from its tree).
 func (s *Server) activitiesLoaded(t *activity.Tree) {
-	s.syncBudgets(t)
+	s.budgets.Sync(t)
 	keep := func(key string) bool { return t.SceneByKey(key) != nil }
 	for _, l := range s.rw.scenes {
 		l.Keep(keep)

@@ -36,6 +36,14 @@ func (a answers) json(rc *fasthttp.RequestCtx, status int, v any) {
 	rc.SetBody(b)
 }
 
+// JSON is json, for the parts that answer their own routes
+// (budgets.Answers).
+func (a answers) JSON(rc *fasthttp.RequestCtx, status int, v any) { a.json(rc, status, v) }
+
+// Error is err, for the parts that answer their own routes
+// (budgets.Answers).
+func (a answers) Error(rc *fasthttp.RequestCtx, err error) { a.err(rc, err) }
+
 // err answers err. A 5xx other than shedding and DB_UNAVAILABLE is a request
 // failure (a.failing); serveRoute tells it of every other answer.
 func (a answers) err(rc *fasthttp.RequestCtx, err error) {

@@ -16,6 +16,7 @@ import (
 
 	"redcell/api"
 	"redcell/api/cellclient"
+	"redcell/cell/budget"
 	"redcell/cell/couponbatch"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
@@ -55,7 +56,7 @@ func (s *Server) couponHolder() string { return s.cfg.Name + "/coupons" }
 // oldest a held lease is deducted from (couponq.HeldMaxAge). A step (the
 // grant, the issue and the return) ends within couponq.StepTimeout of its
 // start, so no issue can still be writing coupons of a lease its holder
-// settles (settleGrace past the lease's expiry at its home).
+// settles (budgets.SettleGrace past the lease's expiry at its home).
 func (s *Server) couponLeaseTTL() time.Duration {
 	return max(s.cfg.BudgetLeaseTTL, couponq.HeldMaxAge+2*couponq.StepTimeout)
 }
@@ -121,15 +122,14 @@ func (s *Server) acceptGrouped(ctx context.Context, sp *space, r model.CouponReq
 
 // couponStock is couponq.Stock for space sp: the deduction is a lease of
 // the batch's stock row at its home, this cell's or another's
-// (budgetHome), with no reserve.
+// (budgets.Keeper.Home), with no reserve.
 type couponStock struct {
 	s  *Server
 	sp *space
 }
 
-func (c couponStock) home(batch string) (budgetHome, string) {
-	key := couponq.StockKey(batch)
-	return budgetHome{s: c.s, sp: c.sp, key: key, cc: c.s.calls}, key
+func (c couponStock) home(batch string) (budget.Home, string) {
+	return c.s.budgets.Home(c.sp.index()), couponq.StockKey(batch)
 }
 
 // Grant implements couponq.Stock: none left is 0 units, no error.
@@ -166,7 +166,7 @@ func (c couponStock) Levels(ctx context.Context, batches []string) (map[string]c
 		key := couponq.StockKey(b)
 		sh := sharding.BudgetShard(key)
 		if !c.s.Owns(sh) {
-			owner, err := c.s.ownerOf(sh)
+			owner, err := c.s.budgets.OwnerOf(sh)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -237,7 +237,7 @@ func (s *Server) couponStockAnswer(ctx context.Context, rc *fasthttp.RequestCtx,
 	}
 	out := api.CouponStockResponse{Stock: make([]api.CouponStockLevel, 0, len(req.Batches))}
 	for _, b := range req.Batches {
-		if _, err := s.homeShard(couponq.StockKey(b)); errors.Is(err, model.ErrInvalidArgument) {
+		if _, err := s.budgets.HomeShard(couponq.StockKey(b)); errors.Is(err, model.ErrInvalidArgument) {
 			s.answers.err(rc, err)
 			return
 		} else if err != nil {
@@ -256,7 +256,8 @@ func (s *Server) couponStockAnswer(ctx context.Context, rc *fasthttp.RequestCtx,
 }
 
 // couponTotal is the stock of the batch whose stock row is key, from the
-// loaded batches file (budgetHome.Grant makes the home row from it).
+// loaded batches file (budgets.Keeper.Home's Grant makes the home row from
+// it).
 func (s *Server) couponTotal(key string) (int64, bool) {
 	id, ok := strings.CutPrefix(key, model.CouponStockPrefix)
 	if !ok || s.cp == nil {
@@ -328,17 +329,16 @@ func (s *Server) couponIssued(batch string) int64 {
 // homes marked expired did not spend, counting their coupons
 // (storage.CouponLeaseSpentQuery over the cell's databases): a
 // deduction whose issue lost its answer, or whose holder died between the
-// grant and the return, gives back its rest once it is settleGrace past
-// its expiry, when no issue can still spend it.
+// grant and the return, gives back its rest once it is budgets.SettleGrace
+// past its expiry, when no issue can still spend it.
 func (s *Server) settleCouponLeases(ctx context.Context) {
 	if s.cp == nil {
 		return
 	}
 	dbs := s.own.dbs()
-	for i, sp := range s.spaces {
-		st := s.cp.stores[i]
+	for i, st := range s.cp.stores {
 		for _, key := range s.couponKeys() {
-			s.settleExpired(ctx, sp, key, s.couponHolder(), func(id string) (int64, error) { return storage.CouponLeaseSpent(ctx, st, dbs, id) })
+			s.budgets.SettleExpired(ctx, i, key, s.couponHolder(), func(id string) (int64, error) { return storage.CouponLeaseSpent(ctx, st, dbs, id) })
 		}
 	}
 }

@@ -149,12 +149,8 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		s.credits(ctx, rc, sp)
 	case api.RouteRecon:
 		s.reconAnswer(ctx, rc, sp)
-	case api.RouteBudgetLease:
-		s.budgetLease(ctx, rc, sp)
-	case api.RouteBudgetReturn:
-		s.budgetReturn(ctx, rc, sp)
-	case api.RouteBudgetLeases:
-		s.budgetLeases(ctx, rc, sp)
+	case api.RouteBudgetLease, api.RouteBudgetReturn, api.RouteBudgetLeases:
+		s.budgets.Serve(ctx, rc, rt, sp.index())
 	case api.RouteCouponStock:
 		if s.cp == nil {
 			s.answers.err(rc, couponsOff)

@@ -202,7 +202,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 		limit = a.Scene.Stock
 	}
 	if a.Scene.ControlStock {
-		if r.LeaseID, err = s.pools[sp.index()].Take(ctx, key, limit, int64(r.Amount)); err != nil {
+		if r.LeaseID, err = s.budgets.Pool(sp.index()).Take(ctx, key, limit, int64(r.Amount)); err != nil {
 			if errors.Is(err, model.ErrBudgetExhausted) {
 				refuse(err)
 				return
@@ -213,7 +213,7 @@ func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *s
 	}
 	giveBack := func() {
 		if r.LeaseID != "" {
-			s.pools[sp.index()].Give(key, r.LeaseID, int64(r.Amount))
+			s.budgets.Pool(sp.index()).Give(key, r.LeaseID, int64(r.Amount))
 		}
 	}
 	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
@@ -709,25 +709,25 @@ func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID,
 	// settlement give its amount back (counting it twice at worst is an
 	// under-issue, never an over-issue).
 	key := model.BudgetKey(c.Parent, child, c.Scene)
-	if total, ok := s.sceneTotal(key); ok {
-		if r.LeaseID, err = s.pools[sp.index()].Take(ctx, key, total, c.Amount); err != nil {
+	if total, ok := s.budgets.SceneTotal(key); ok {
+		if r.LeaseID, err = s.budgets.Pool(sp.index()).Take(ctx, key, total, c.Amount); err != nil {
 			return err
 		}
 	}
 	ring := s.rw.ring.Load()
 	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
-		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
+		s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
 		return err
 	}
 	got, repeat, err := s.storeReward(ctx, sp, r)
 	if err != nil {
 		if !errors.Is(err, storage.ErrCommitUnknown) {
-			s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
+			s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
 		}
 		return err
 	}
 	if repeat {
-		s.pools[sp.index()].Give(key, r.LeaseID, c.Amount)
+		s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
 	} else {
 		s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
 	}

@@ -25,7 +25,7 @@ import (
 	"redcell/cell/admin"
 	"redcell/cell/admission"
 	"redcell/cell/audit"
-	"redcell/cell/budget"
+	"redcell/cell/budgets"
 	"redcell/cell/couponq"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
@@ -148,9 +148,9 @@ func (s *Server) creditDest(sh model.ShardID) string {
 // Server is one running cell: it routes and admits requests and runs the open
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
-// (cell/recon), the audit of its own books (cell/audit), the admin port
-// (cell/admin), the group committer (cell/groupcommit), the expiry of packets
-// and the schema warm-up. None of them holds the Server. Create it with New,
+// (cell/recon), the audit of its own books (cell/audit), the budgets' leases
+// (cell/budgets), the admin port (cell/admin), the group committer
+// (cell/groupcommit), the expiry of packets and the schema warm-up. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
 	cfg    Config
@@ -193,10 +193,10 @@ type Server struct {
 
 	acts *activities // the reward activities (Config.Activities)
 	rw   rewards     // the reward wallet's state (rewards.go)
-	// pools spend the leases of the scenes that control their stock, per
-	// space (budgets.go).
-	pools [2]*budget.Pool
-	calls *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets)
+	// budgets spends the leases of the scenes that control their stock and
+	// of the coupon batches, and homes their budgets (cell/budgets).
+	budgets *budgets.Keeper
+	calls   *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets, coupons)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
 	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
@@ -204,10 +204,6 @@ type Server struct {
 	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
 	cp *coupons
 }
-
-// settleDelay is how long after start a cell first settles expired leases:
-// time for memberlist to list the other cells (then every 10 s).
-const settleDelay = 3 * time.Second
 
 // stats are the open path's counters (exported through /healthz and /metrics).
 type stats struct {
@@ -254,7 +250,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
 	s.rw.scenes[0] = scenelimit.New(cfg.SceneMemcache, "rc:scene:", s.liveCells, clk)
 	s.rw.scenes[1] = scenelimit.New(cfg.SceneMemcache, "s:rc:scene:", s.liveCells, clk)
-	s.acts.issued, s.acts.loaded = s.sceneIssued, s.activitiesLoaded
+	s.acts.loaded = s.activitiesLoaded
 	s.rwRecon = newRewardReconMetrics(reg)
 	s.rwMetrics = newRewardMetrics(reg, s)
 	if cache != nil {
@@ -293,9 +289,8 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		}
 	}
 	s.calls = calls
-	for i, sp := range s.spaces {
-		s.pools[i] = s.newPool(sp, calls)
-	}
+	s.budgets = newBudgets(s, calls)
+	s.acts.issued = s.budgets.Issued
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
@@ -396,22 +391,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
-		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.runBudgetSweep, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
-		func(ctx context.Context) { // the budgets this cell homes, as the file loaded by New sets them; then an earlier run's leases
-			if t := s.acts.holder.Tree(); t != nil {
-				s.syncBudgets(t)
-			}
-			// Wait for the cluster map to list the other cells (the homes of
-			// budgets homed elsewhere): a few gossip rounds.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(settleDelay):
-			}
-			s.expireHomedLeases(ctx)
-			s.settleLeases(ctx)
-			s.settleCouponLeases(ctx)
-		}}
+		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.budgets.Run, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
+		s.budgets.Recover} // Recover: the budgets this cell homes, as New's file sets them; then an earlier run's leases
 	if s.cfg.IssuedMemcache != nil {
 		for _, c := range s.rw.counters {
 			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })

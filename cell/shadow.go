@@ -324,7 +324,7 @@ func waitUntil(ctx context.Context, limit time.Duration, what string, cond func(
 func (s *Server) newShadow(drop ShadowDropper, reg prometheus.Registerer) *shadowCleaner {
 	sp := s.spaces[1]
 	return newShadowCleaner(shadowParts{cell: s.cfg.Name, drop: drop, dbs: s.own.dbs, retention: s.cfg.ShadowRetention,
-		every: shadowCheckEvery, quiet: shadowQuiet(s.cfg), relayHeld: func() int { return relayHeld(sp.relay) }, audits: s.auditor, settle: s.pools[1].ReturnAll,
+		every: shadowCheckEvery, quiet: shadowQuiet(s.cfg), relayHeld: func() int { return relayHeld(sp.relay) }, audits: s.auditor, settle: s.budgets.Pool(1).ReturnAll,
 		forget: func() { sp.closed.reset(); s.cache.forgetShadow(); sp.relay.Reset() }, clock: s.clock, log: s.log}, reg)
 }
 
