@@ -99,67 +99,91 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 		return
 	}
 	defer s.leaveSpace(sp)
-	switch rt {
-	case api.RouteAccount:
-		s.getAccount(ctx, rc, sp, key)
-	case api.RouteDeposit:
-		s.deposit(ctx, rc, sp, key)
-	case api.RouteSend:
-		s.send(ctx, rc, sp)
-	case api.RouteDetail:
-		s.detail(ctx, rc, sp, key)
-	case api.RouteGrab:
-		s.grab(ctx, rc, sp, key)
-	case api.RouteOpen:
-		s.open(ctx, rc, sp, key)
-	case api.RouteNoop:
-		// The HTTP ceiling: routed like an account request, no storage touched.
-		if _, err := s.own.account(key); err != nil {
-			s.answers.err(rc, err)
-			return
-		}
-		rc.SetStatusCode(http.StatusOK)
-		rc.SetContentType("application/json")
-		rc.SetBody(s.noopBody)
-	case api.RouteIdentity:
-		s.bindIdentity(ctx, rc, sp, key)
-	case api.RouteReward:
-		s.issueReward(ctx, rc, sp)
-	case api.RouteRewards:
-		s.rewardsOf(ctx, rc, sp, key)
-	case api.RouteWallet:
-		s.wallet(ctx, rc, sp, key)
-	case api.RouteFlow:
-		s.flow(ctx, rc, sp, key)
-	case api.RouteWithdraw:
-		s.withdraw(ctx, rc, sp, key)
-	case api.RouteTokens:
-		s.tokens(ctx, rc, sp, key)
-	case api.RouteBook:
-		s.forceBook(ctx, rc, sp, key)
-	case api.RouteIssued:
-		s.issuedSoFar(rc, sp, key)
-	case api.RouteCouponIssue:
-		s.couponIssue(ctx, rc, sp)
-	case api.RouteCouponState:
-		s.couponRequestState(ctx, rc, sp, key)
-	case api.RouteCoupons:
-		s.couponsOf(ctx, rc, sp, key)
-	case api.RouteCredits:
-		s.credits(ctx, rc, sp)
-	case api.RouteRecon:
-		s.reconAnswer(ctx, rc, sp)
-	case api.RouteBudgetLease, api.RouteBudgetReturn, api.RouteBudgetLeases:
-		s.budgets.Serve(ctx, rc, rt, sp.index())
-	case api.RouteCouponStock:
-		if s.cp == nil {
-			s.answers.err(rc, couponsOff)
-			return
-		}
-		s.couponStockAnswer(ctx, rc, sp)
-	default:
-		s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
+	if h := routes[rt]; h != nil {
+		h(s, ctx, rc, sp, rt, key)
+		return
 	}
+	s.answers.err(rc, model.Errorf(model.ErrNotFound, "no route for %s %s", rc.Method(), rc.Path()))
+}
+
+// routeHandler serves one route of a cell's public or internal port: ctx
+// carries the request's deadline, sp is its space, rt the route matched and
+// key the route's key (an act_id, a packet ID, a serial; "" for routes
+// keyed by their body).
+type routeHandler func(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, rt api.RouteID, key string)
+
+// routes are the cell's handlers by route of api's route table (the cell's
+// ports); a route of the table without one answers NOT_FOUND. serveRoute
+// checks the signature, the rate limit and the space first.
+var routes = [api.RouteCount]routeHandler{
+	api.RouteAccount:  keyed((*Server).getAccount),
+	api.RouteDeposit:  keyed((*Server).deposit),
+	api.RouteSend:     bodied((*Server).send),
+	api.RouteDetail:   keyed((*Server).detail),
+	api.RouteGrab:     keyed((*Server).grab),
+	api.RouteOpen:     keyed((*Server).open),
+	api.RouteNoop:     noop,
+	api.RouteIdentity: keyed((*Server).bindIdentity),
+	api.RouteReward:   bodied((*Server).issueReward),
+	api.RouteRewards:  keyed((*Server).rewardsOf),
+	api.RouteWallet:   keyed((*Server).wallet),
+	api.RouteFlow:     keyed((*Server).flow),
+	api.RouteWithdraw: keyed((*Server).withdraw),
+	api.RouteTokens:   keyed((*Server).tokens),
+	api.RouteBook:     keyed((*Server).forceBook),
+	api.RouteIssued: func(s *Server, _ context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, key string) {
+		s.issuedSoFar(rc, sp, key)
+	},
+	api.RouteCouponIssue:  bodied((*Server).couponIssue),
+	api.RouteCouponState:  keyed((*Server).couponRequestState),
+	api.RouteCoupons:      keyed((*Server).couponsOf),
+	api.RouteCredits:      bodied((*Server).credits),
+	api.RouteRecon:        bodied((*Server).reconAnswer),
+	api.RouteBudgetLease:  budgetRoute,
+	api.RouteBudgetReturn: budgetRoute,
+	api.RouteBudgetLeases: budgetRoute,
+	api.RouteCouponStock:  couponStockRoute,
+}
+
+// keyed adapts a handler of a route keyed by its path.
+func keyed(h func(*Server, context.Context, *fasthttp.RequestCtx, *space, string)) routeHandler {
+	return func(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, key string) {
+		h(s, ctx, rc, sp, key)
+	}
+}
+
+// bodied adapts a handler of a route keyed by its body.
+func bodied(h func(*Server, context.Context, *fasthttp.RequestCtx, *space)) routeHandler {
+	return func(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, _ string) {
+		h(s, ctx, rc, sp)
+	}
+}
+
+// noop is the HTTP ceiling: routed like an account request, no storage
+// touched.
+func noop(s *Server, _ context.Context, rc *fasthttp.RequestCtx, _ *space, _ api.RouteID, key string) {
+	if _, err := s.own.account(key); err != nil {
+		s.answers.err(rc, err)
+		return
+	}
+	rc.SetStatusCode(http.StatusOK)
+	rc.SetContentType("application/json")
+	rc.SetBody(s.noopBody)
+}
+
+// budgetRoute serves the three budget routes (cell/budgets).
+func budgetRoute(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, rt api.RouteID, _ string) {
+	s.budgets.Serve(ctx, rc, rt, sp.index())
+}
+
+// couponStockRoute answers a coupon batch's stock to another cell; without
+// coupons, COUPONS_DISABLED.
+func couponStockRoute(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, _ string) {
+	if s.cp == nil {
+		s.answers.err(rc, couponsOff)
+		return
+	}
+	s.couponStockAnswer(ctx, rc, sp)
 }
 
 // entersOnItsOwn reports whether a request of route rt writes nothing

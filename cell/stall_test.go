@@ -156,7 +156,9 @@ func TestRelayStalledDestination(t *testing.T) {
 	waitFor(t, 5*time.Second, func() bool {
 		return metric(t, a, "redcell_cell_relay_lane_credits"+lane) == float64(len(groups["stalled"]))
 	}, fmt.Sprintf("cell-c's lane to hold its %d credits", len(groups["stalled"])))
-	waitFor(t, 5*time.Second, func() bool { return metric(t, a, "redcell_cell_relay_lane_backoff_seconds"+lane) > 0 }, "cell-c's lane backing off")
+	// The lane backs off once an attempt failed: the first one waits for
+	// its 5 s timeout; 20 s is far above that on a loaded machine.
+	waitFor(t, 20*time.Second, func() bool { return metric(t, a, "redcell_cell_relay_lane_backoff_seconds"+lane) > 0 }, "cell-c's lane backing off")
 	released := time.Now()
 	stall.release()
 	if !w.until(15*time.Second, allCredited(claims)) {
