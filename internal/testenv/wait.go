@@ -14,8 +14,10 @@ const PollEvery = 5 * time.Millisecond
 // real clock, and reports whether it held (cond is looked at once more at the
 // limit). It is for waits on real I/O and on goroutines the test cannot
 // synchronise with otherwise; give it a limit far above the normal time, so a
-// slow machine makes a test slower, never wrong. Not for use inside a
-// synctest bubble: there, synctest.Wait says when goroutines have settled.
+// slow machine makes a test slower, never wrong. Inside a synctest bubble
+// the clock is the bubble's: each PollEvery passes in fake time (use it there
+// only for code that moves on its own timers; synctest.Wait says when
+// goroutines have settled).
 func Until(limit time.Duration, cond func() bool) bool {
 	for deadline := time.Now().Add(limit); !cond(); time.Sleep(PollEvery) {
 		if time.Now().After(deadline) {
