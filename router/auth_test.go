@@ -25,6 +25,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/router/apikey"
 	"redcell/sharding"
 )
@@ -251,7 +252,7 @@ func TestAdminKeys(t *testing.T) {
 	if st, code, _ := call(t, "GET", url+"/v1/accounts/bob", "", bearerHdr(made.APIKey)); st != 401 || code != "UNAUTHENTICATED" {
 		t.Errorf("revoked, first router: %d %s", st, code)
 	}
-	waitUntil(t, "the second router to refuse the revoked key", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the second router to refuse the revoked key", func() bool {
 		st, _, _ := call(t, "GET", second+"/v1/accounts/bob", "", bearerHdr(made.APIKey))
 		return st == 401
 	})
@@ -290,15 +291,6 @@ func startRouterLogged(t *testing.T, routes Routes, path string, log *slog.Logge
 		t.Fatal(err)
 	}
 	return launchRouter(t, cfg, routes, keys, log, nil, 50*time.Millisecond)
-}
-
-func waitUntil(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // TestStressMarkNeedsSignature: a client may mark a request as stress traffic

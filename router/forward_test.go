@@ -23,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/router/apikey"
 	"redcell/sharding"
 )
@@ -230,9 +231,7 @@ func TestWrongCellRetriedThenRetryable(t *testing.T) {
 	// The map moves on while the router waits: the retry reaches the new owner.
 	right := fakeCell(t, 200, `{}`, &rightHits)
 	go func() {
-		for wrongHits.Load() < 8 {
-			time.Sleep(time.Millisecond)
-		}
+		testenv.Until(30*time.Second, func() bool { return wrongHits.Load() >= 8 }) // else the get below fails
 		m2, _ := sharding.NewMap([]sharding.Cell{{Name: "new", Addr: right, Shards: all}})
 		routes.m.Store(m2)
 	}()
@@ -255,9 +254,7 @@ func TestMovingRetriedUntilTheNewOwnerServes(t *testing.T) {
 	routes.m.Store(m)
 	url := startRouter(t, routes)
 	go func() {
-		for movingHits.Load() < 4 { // about 350 ms of freeze
-			time.Sleep(time.Millisecond)
-		}
+		testenv.Until(30*time.Second, func() bool { return movingHits.Load() >= 4 }) // about 350 ms of freeze; else the get below fails
 		m2, _ := sharding.NewMap([]sharding.Cell{{Name: "new", Addr: right, Shards: all, Version: 2}})
 		routes.m.Store(m2)
 	}()
@@ -470,13 +467,18 @@ func TestRestartedCellGetsFreshConnections(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	var hits atomic.Int64
-	slow := func(rc *fasthttp.RequestCtx) { // overlapping calls: one connection each
+	serve := func(rc *fasthttp.RequestCtx) {
 		hits.Add(1)
-		time.Sleep(50 * time.Millisecond)
 		rc.SetStatusCode(200)
 		rc.SetBodyString(`{}`)
 	}
-	first := &fasthttp.Server{Handler: slow}
+	overlapping := func(rc *fasthttp.RequestCtx) { // the 8 calls overlap: one connection each
+		hits.Add(1)
+		testenv.Until(10*time.Second, func() bool { return hits.Load() >= 8 })
+		rc.SetStatusCode(200)
+		rc.SetBodyString(`{}`)
+	}
+	first := &fasthttp.Server{Handler: overlapping}
 	go first.Serve(ln)
 	routes := &fixedRoutes{}
 	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all, Started: 1}})
@@ -503,7 +505,7 @@ func TestRestartedCellGetsFreshConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := &fasthttp.Server{Handler: slow}
+	second := &fasthttp.Server{Handler: serve}
 	go second.Serve(ln2)
 	t.Cleanup(func() { second.Shutdown() })
 	m2, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all, Started: 2}})

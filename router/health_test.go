@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/sharding"
 )
 
@@ -106,12 +107,7 @@ func TestProberDropsAHungCell(t *testing.T) {
 	waitFor := func(what string, ok func() bool) time.Duration {
 		t.Helper()
 		start := time.Now()
-		for !ok() {
-			if time.Since(start) > 10*time.Second {
-				t.Fatalf("%s: not within 10 s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testenv.WaitFor(t, 10*time.Second, what, ok)
 		return time.Since(start)
 	}
 	took := waitFor("the hung cell out of the map", func() bool { _, ok := p.Map().Owner(663); return !ok })

@@ -110,11 +110,7 @@ func TestAcceptStatementList(t *testing.T) {
 			rs[5].App, rs[5].Serial).Scan(&n); err != nil || n != 0 {
 			t.Fatalf("the other transaction's lock: %d %v", n, err)
 		}
-		released := make(chan error, 1)
-		go func() {
-			time.Sleep(300 * time.Millisecond)
-			released <- other.Commit()
-		}()
+		released := commitOnceWaitedFor(m, other, m.couponReqTable(rs[5].Shard.DB()))
 		ops := acceptOps(rs)
 		err = m.CommitGroup(ctx, Ops(ops))
 		if rerr := <-released; rerr != nil {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 	"redcell/model"
 )
@@ -102,22 +103,19 @@ func peakHeap(fn func()) uint64 {
 	runtime.ReadMemStats(&ms)
 	before := ms.HeapInuse
 	var peak atomic.Uint64
-	var done atomic.Bool
+	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		var s runtime.MemStats
-		for !done.Load() {
+		clock.Every(ctx, clock.Real{}, 2*time.Millisecond, func(int) {
 			runtime.ReadMemStats(&s)
 			if s.HeapInuse > peak.Load() {
 				peak.Store(s.HeapInuse)
 			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
+		})
+	})
 	fn()
-	done.Store(true)
+	stop()
 	wg.Wait()
 	runtime.ReadMemStats(&ms)
 	p := max(peak.Load(), ms.HeapInuse)

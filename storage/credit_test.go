@@ -117,16 +117,14 @@ func TestApplyCreditsSkipsLockedWallets(t *testing.T) {
 	// index (InnoDB's duplicate check locks the next record too) could still
 	// defer one for a moment, as it would a relay's delivery: retry briefly.
 	total := 0
-	for try := 0; try < 20 && total < 2; try++ {
+	testenv.Until(20*time.Second, func() bool {
 		applied, _, err := ApplyCredits(bg, m, credits)
 		if err != nil {
 			t.Fatal(err)
 		}
 		total += applied
-		if total < 2 {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+		return total >= 2
+	})
 	if total != 2 {
 		t.Fatalf("after the locks: %d applied, want the 2 deferred ones", total)
 	}

@@ -174,15 +174,14 @@ func TestApplyCreditsBulkLockedWallet(t *testing.T) {
 	checkBooked(t, m, credits, func(c model.Credit) bool { return c.ActID != locked })
 	release()
 	total := 0
-	for try := 0; try < 20 && total < 2; try++ { // a neighbouring key's lock may defer it a moment more
+	testenv.Until(20*time.Second, func() bool { // a neighbouring key's lock may defer it a moment more
 		applied, _, err := ApplyCredits(bg, m, credits)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if total += applied; total < 2 {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+		total += applied
+		return total >= 2
+	})
 	if total != 2 {
 		t.Fatalf("after the lock: %d applied, want the 2 deferred", total)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -125,22 +126,18 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	// Semi-synchronous, one standby acknowledging.
 	var name, on, clients string
 	_ = m.db.QueryRow("SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &on)
-	for range 100 {
-		if err := m.db.QueryRow("SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'").Scan(&name, &clients); err == nil && clients == "1" {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Until(30*time.Second, func() bool {
+		err := m.db.QueryRow("SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'").Scan(&name, &clients)
+		return err == nil && clients == "1"
+	})
 	if on != "ON" || clients != "1" {
 		t.Fatalf("semi-synchronous replication: status %q, clients %q; want ON with 1", on, clients)
 	}
 	// The watch samples the standby on its own beat: wait for its first
 	// sample of the running replica (a loaded machine, under -race, may
 	// take seconds) before the load, and check it again before the kill.
-	for deadline := time.Now().Add(15 * time.Second); f.Replicating() != 1; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the watch did not find the standby replicating within 15 s (replicating = %d)", f.Replicating())
-		}
+	if !testenv.Until(30*time.Second, func() bool { return f.Replicating() == 1 }) {
+		t.Fatalf("the watch did not find the standby replicating within 30 s (replicating = %d)", f.Replicating())
 	}
 	var noTxBefore int64
 	_ = m.db.QueryRow("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_NO_TX'").Scan(&noTxBefore)
@@ -170,7 +167,16 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 		}()
 	}
 	<-killAt
-	time.Sleep(300 * time.Millisecond) // deposits answered in the last moment, not applied yet on the standby
+	// The kill comes while deposits are answered: some in its last moment,
+	// not applied yet on the standby.
+	mu.Lock()
+	ackedAtKill := len(acked)
+	mu.Unlock()
+	testenv.WaitFor(t, 30*time.Second, "20 more deposits answered before the kill", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) >= ackedAtKill+20
+	})
 	var noTx int64
 	_ = m.db.QueryRow("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_NO_TX'").Scan(&noTx)
 	if noTx != noTxBefore {
@@ -182,12 +188,8 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	killPrimary()
 	killed := time.Now()
 	wg.Wait()
-	deadline := time.Now().Add(30 * time.Second)
-	for !f.OnStandby() {
-		if time.Now().After(deadline) {
-			t.Fatal("the standby was not promoted within 30 s of the primary's death")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testenv.Until(30*time.Second, f.OnStandby) {
+		t.Fatal("the standby was not promoted within 30 s of the primary's death")
 	}
 	promotedAfter := time.Since(killed)
 	<-watched // Watch ends once the standby serves
@@ -207,24 +209,20 @@ func TestFailoverKeepsAcknowledgedCommits(t *testing.T) {
 	for act, cents := range acked {
 		var a model.Account
 		var err error
-		for range 50 { // the pool drops the old primary's connections as it meets them
-			if a, err = Account(ctx, m, sharding.ShardOfAct(act), act); err == nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Until(10*time.Second, func() bool { // the pool drops the old primary's connections as it meets them
+			a, err = Account(ctx, m, sharding.ShardOfAct(act), act)
+			return err == nil
+		})
 		if err != nil || a.Balance != cents {
 			t.Fatalf("acknowledged deposit of %d to %s: account %+v, %v after the failover", cents, act, a, err)
 		}
 	}
 	// Writes go on, on the standby.
 	var derr error
-	for range 50 {
-		if _, derr = Deposit(ctx, m, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777); derr == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Until(10*time.Second, func() bool {
+		_, derr = Deposit(ctx, m, sharding.ShardOfAct("fo-after"), "fo-after", "dep-fo-after", 777)
+		return derr == nil
+	})
 	if derr != nil {
 		t.Fatalf("a deposit after the failover: %v", derr)
 	}

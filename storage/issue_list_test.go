@@ -120,7 +120,7 @@ func TestIssueStatementList(t *testing.T) {
 			rs = append(rs, issueReward(s, fmt.Sprintf("il3-%d-%d", s, i), "r1", fmt.Sprintf("tok3-%d", i), 4, now))
 		}
 		// Another transaction locks one of the new order numbers (its gap: the
-		// row does not exist yet) and commits 300 ms later without writing.
+		// row does not exist yet) and commits, without writing, once the group waits for it.
 		other, err := m.db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -129,11 +129,7 @@ func TestIssueStatementList(t *testing.T) {
 		if err := other.QueryRow("SELECT COUNT(*) FROM "+m.rewardTable(rs[5].Shard.DB())+" WHERE order_no = ? FOR UPDATE", rs[5].OrderNo).Scan(&n); err != nil || n != 0 {
 			t.Fatalf("the other transaction's lock: %d %v", n, err)
 		}
-		released := make(chan error, 1)
-		go func() {
-			time.Sleep(300 * time.Millisecond)
-			released <- other.Commit()
-		}()
+		released := commitOnceWaitedFor(m, other, m.rewardTable(rs[5].Shard.DB()))
 		ops := issueOps(rs)
 		err = m.CommitGroup(ctx, Ops(ops))
 		if rerr := <-released; rerr != nil {

@@ -264,12 +264,20 @@ func TestRefundRacesLateOpens(t *testing.T) {
 				}
 			}()
 		}
+		sent, err := Packet(ctx, m, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
 		var refunded model.Cents
 		for i := 0; i < 4; i++ { // several refunders race too
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				time.Sleep(150 * time.Millisecond)
+				// From the moment the packet expires at the store's clock.
+				if !testenv.Until(10*time.Second, func() bool { return m.clock.Now().UnixMilli() >= sent.ExpiresMS }) {
+					t.Error("the packet did not expire 10 s after it was sent with 150 ms")
+					return
+				}
 				for j := 0; j < 20; j++ {
 					c, err := Refund(ctx, m, ref)
 					if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"redcell/internal/clock"
@@ -14,6 +15,10 @@ var errReread = errors.New("re-read failed")
 // settleCommit re-reads on the store's clock, 100 ms apart, at most 3 times,
 // and stops waiting when ctx ends. Needs no database: only the clock is used.
 func TestSettleCommitWaitsOnTheStoreClock(t *testing.T) {
+	synctest.Test(t, testSettleCommitWaitsOnTheStoreClock)
+}
+
+func testSettleCommitWaitsOnTheStoreClock(t *testing.T) {
 	start := time.Unix(1_700_000_000, 0)
 	c := clock.NewManual(start)
 	m := &MySQL{clock: c}
@@ -31,9 +36,7 @@ func TestSettleCommitWaitsOnTheStoreClock(t *testing.T) {
 		done <- result{ok, known}
 	}()
 	for i := 0; i < 2; i++ { // each wait, once settleCommit is in it
-		for c.Waiters() == 0 {
-			time.Sleep(time.Millisecond)
-		}
+		settleWaits(t, c)
 		c.Advance(100 * time.Millisecond)
 	}
 	if r := <-done; !r.ok || !r.known {
@@ -51,7 +54,9 @@ func TestSettleCommitWaitsOnTheStoreClock(t *testing.T) {
 	}
 }
 
-func TestSettleCommitStopsWithCtx(t *testing.T) {
+func TestSettleCommitStopsWithCtx(t *testing.T) { synctest.Test(t, testSettleCommitStopsWithCtx) }
+
+func testSettleCommitStopsWithCtx(t *testing.T) {
 	c := clock.NewManual(time.Unix(0, 0)) // never advanced: only ctx can end the wait
 	m := &MySQL{clock: c}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -61,11 +66,19 @@ func TestSettleCommitStopsWithCtx(t *testing.T) {
 		_, known := m.settleCommit(ctx, func() (bool, error) { calls++; return false, errReread })
 		done <- known
 	}()
-	for c.Waiters() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	settleWaits(t, c)
 	cancel()
 	if known := <-done; known || calls != 1 {
 		t.Fatalf("after cancel: known=%v calls=%d, want unknown after 1", known, calls)
+	}
+}
+
+// settleWaits fails unless, once the bubble has settled, settleCommit waits
+// on c.
+func settleWaits(t *testing.T, c *clock.Manual) {
+	t.Helper()
+	synctest.Wait()
+	if c.Waiters() == 0 {
+		t.Fatal("settleCommit does not wait on the store's clock")
 	}
 }

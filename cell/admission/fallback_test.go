@@ -11,6 +11,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 )
 
@@ -73,6 +74,8 @@ func TestGrabCacheFallsBackAndReturns(t *testing.T) {
 	logs := &logBuffer{}
 	c := NewCache(mc, slog.New(slog.NewTextHandler(logs, nil)))
 	c.probeEvery = 20 * time.Millisecond
+	clk := clock.NewManual(time.Now()) // a probe is due only when the test moves it
+	c.Clock = clk
 	open := Remaining{Count: 3, ExpiresMS: time.Now().Add(time.Hour).UnixMilli()}
 	c.Set("p1", open, time.Minute)
 	if r, ok := c.Get("p1"); !ok || r != open {
@@ -103,7 +106,8 @@ func TestGrabCacheFallsBackAndReturns(t *testing.T) {
 	}
 
 	mc.down.Store(false) // back, still holding the copy of 3 shares written before the outage
-	time.Sleep(2 * c.probeEvery)
+	// The probe interval passes: the next call probes memcached.
+	clk.Advance(2 * c.probeEvery)
 	if r, ok := c.Get("p1"); ok {
 		t.Fatalf("a copy from before the outage was trusted: %+v", r)
 	}

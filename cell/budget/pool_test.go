@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"redcell/internal/clock"
@@ -164,7 +165,9 @@ func TestTakeNeverPassesTheBudget(t *testing.T) {
 
 // Give puts an amount back in the lease it came from: the next Take spends
 // it again, and what the pool counts as spent drops.
-func TestGiveRestores(t *testing.T) {
+func TestGiveRestores(t *testing.T) { synctest.Test(t, testGiveRestores) }
+
+func testGiveRestores(t *testing.T) {
 	r := newRig(t, 1000)
 	p := r.pool("cell-a", Config{Chunk: func(int64) int64 { return 100 }})
 	ctx := context.Background()
@@ -189,10 +192,9 @@ func TestGiveRestores(t *testing.T) {
 	// The take emptied the lease, which starts one refill in the background
 	// (RefillBelow): once it is in, the home granted exactly twice, the
 	// first lease and that refill, never a lease for the take itself.
-	for deadline := time.Now().Add(10 * time.Second); len(p.Leases()) < 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refill 10 s after the lease was emptied: leases %+v", p.Leases())
-		}
+	synctest.Wait()
+	if len(p.Leases()) < 2 {
+		t.Fatalf("no refill once the lease was emptied and the pool settled: leases %+v", p.Leases())
 	}
 	if g := r.home.grants.Load(); g != 2 {
 		t.Fatalf("%d grants, want 2 (the first lease and the refill after it was emptied)", g)
@@ -295,7 +297,9 @@ func TestAmountIsNeverSplit(t *testing.T) {
 
 // Concurrent Takes that need a lease share one home call; the Take that
 // leaves the leases low starts the next fetch in the background.
-func TestOneFetchInFlight(t *testing.T) {
+func TestOneFetchInFlight(t *testing.T) { synctest.Test(t, testOneFetchInFlight) }
+
+func testOneFetchInFlight(t *testing.T) {
 	r := newRig(t, 100_000)
 	r.home.gate = make(chan struct{})
 	p := r.pool("cell-a", Config{Chunk: func(int64) int64 { return 100 }})
@@ -312,10 +316,10 @@ func TestOneFetchInFlight(t *testing.T) {
 			ids <- id
 		})
 	}
-	for r.home.grants.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait() // one Take's fetch waits at the gate, the others queue behind it
+	if g := r.home.grants.Load(); g != 1 {
+		t.Fatalf("%d grants asked while %d takes wait for a lease, want 1", g, takers)
 	}
-	time.Sleep(20 * time.Millisecond) // the others queue behind the fetch meanwhile
 	r.home.gate <- struct{}{}
 	wg.Wait()
 	close(ids)
@@ -336,12 +340,14 @@ func TestOneFetchInFlight(t *testing.T) {
 	if id, err := p.Take(ctx, testKey, 100_000, 10); err != nil || id != first {
 		t.Fatalf("take that leaves the lease low: %s, %v", id, err)
 	}
-	for r.home.grants.Load() != 2 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait() // the fetch ahead of need waits at the gate
+	if g := r.home.grants.Load(); g != 2 {
+		t.Fatalf("%d grants once the lease is low, want 2 (the fetch ahead of need)", g)
 	}
 	r.home.gate <- struct{}{}
-	for len(p.Leases()) < 2 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait()
+	if ls := p.Leases(); len(ls) < 2 {
+		t.Fatalf("leases %+v after the fetch ahead of need was granted, want 2", ls)
 	}
 	if id, err := p.Take(ctx, testKey, 100_000, 20); err != nil || id != first {
 		t.Fatalf("take of the old lease's last 20: %s, %v; want the oldest lease spent first", id, err)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"redcell/cell/couponbatch"
@@ -139,9 +140,8 @@ func (d *drop) settle(rs []model.CouponRequest, within time.Duration) (issued ma
 func (d *drop) waitFinal(rs []model.CouponRequest, within time.Duration) {
 	d.t.Helper()
 	ctx := context.Background()
-	deadline := time.Now().Add(within)
 	var open int
-	for {
+	testenv.Until(within, func() bool {
 		open = 0
 		for _, r := range rs {
 			got, err := storage.CouponRequestOf(ctx, d.st, r.Shard, r.App, r.Serial)
@@ -152,11 +152,8 @@ func (d *drop) waitFinal(rs []model.CouponRequest, within time.Duration) {
 				open++
 			}
 		}
-		if open == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return open == 0
+	})
 	if open > 0 {
 		var states []string
 		for _, r := range rs {
@@ -277,7 +274,8 @@ func TestDrainHandsOver(t *testing.T) {
 	go func() { e.Run(ctx); close(done) }()
 	rs := d.requests(400, 300, 2)
 	accept(t, e, rs, 0)
-	time.Sleep(500 * time.Millisecond) // about 50 decided
+	// Stopped once about 50 are decided (layer 1 at 100/s: half a second).
+	testenv.WaitFor(t, 30*time.Second, "50 decisions", func() bool { return e.Stats.Issued.Load()+e.Stats.Refused.Load() >= 50 })
 	cancel()
 	<-done
 	var accepted, deciding, final int
@@ -320,7 +318,8 @@ func TestLayerRate(t *testing.T) {
 	rs := d.requests(2000, 2000, 3)
 	accept(t, e, rs, 0)
 	start := time.Now()
-	time.Sleep(time.Second)
+	// About a second of deciding at 200/s, however slow the machine.
+	testenv.WaitFor(t, 30*time.Second, "200 decisions", func() bool { return e.Stats.Issued.Load()+e.Stats.Refused.Load() >= 200 })
 	cancel()
 	<-done
 	// Never faster than the limiter (its one-token burst, and a few
@@ -619,7 +618,12 @@ func (o *openCounter) of(batch string) int64 {
 // Layer 2's gatherer waits Gather for more requests, so requests that
 // trickle in are merged together; a merge bound of 1 is full at once and
 // waits for nothing.
-func TestGather(t *testing.T) {
+func TestGather(t *testing.T) { synctest.Test(t, testGather) }
+
+// testGather runs in a synctest bubble: the requests' 5 ms spacing and the
+// engine's gathering are on its fake clock, so a slow machine does not
+// spread the requests over more merges.
+func testGather(t *testing.T) {
 	seed := uint64(0)
 	run := func(gather time.Duration, mergeMax int) (merges int64, took time.Duration) {
 		t.Helper()
@@ -644,7 +648,7 @@ func TestGather(t *testing.T) {
 			if _, _, err := e.Accept(ctx, r); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(5 * time.Millisecond)
+			testenv.Advance(5 * time.Millisecond)
 		}
 		d.waitFinal(rs, 30*time.Second)
 		took = time.Since(start)
@@ -690,7 +694,12 @@ func (g gate) Wait(ctx context.Context) error {
 // While requests wait in their rows (layer 1's queue was full), a new
 // accept does not jump them: it is left for the feeder, which takes the
 // oldest first; once nothing waits, accepts are queued at once again.
-func TestNoQueueJumping(t *testing.T) {
+func TestNoQueueJumping(t *testing.T) { synctest.Test(t, testNoQueueJumping) }
+
+// testNoQueueJumping runs in a synctest bubble: the feeder's ticks are on
+// its fake clock, and what the feeder did not take is checked once every
+// goroutine has settled.
+func testNoQueueJumping(t *testing.T) {
 	st := memstore.New(nil)
 	d := newDrop(t, st, 1000, 1000, 1000)
 	g := gate{open: make(chan struct{})} // layer 1 takes nothing until it opens
@@ -705,10 +714,10 @@ func TestNoQueueJumping(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 5 {
-			time.Sleep(120 * time.Millisecond) // the feeder's ticks meet a full queue
+			testenv.Advance(120 * time.Millisecond) // the feeder's ticks meet a full queue
 		}
 	}
-	time.Sleep(120 * time.Millisecond)
+	testenv.Advance(120 * time.Millisecond) // two more ticks: the feeder takes nothing while the queue is full
 	if q, f := e.Stats.Queued.Load(), e.Stats.Fed.Load(); q != 4 || f != 0 {
 		t.Fatalf("layer 1 held: %d queued at their accept, %d taken by the feeder; want the queue's 4 and none", q, f)
 	}
@@ -736,14 +745,14 @@ func TestNoQueueJumping(t *testing.T) {
 	if f := e.Stats.Fed.Load(); f != 13 {
 		t.Errorf("the feeder took %d, want the 13 that waited in their rows", f)
 	}
-	time.Sleep(200 * time.Millisecond) // the feeder's next passes find nothing left
+	testenv.Advance(200 * time.Millisecond) // the feeder's next passes find nothing left
 	later := d.requests(5, 1_000_000, 12)
 	for i := range later {
 		later[i].Serial += "-later"
 		if _, _, err := e.Accept(ctx, later[i]); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(30 * time.Millisecond)
+		testenv.Advance(30 * time.Millisecond)
 	}
 	d.waitFinal(later, 30*time.Second)
 	cancel()

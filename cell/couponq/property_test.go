@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -136,20 +137,16 @@ func TestLayersProperty(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { e.Run(ctx); close(done) }()
-			deadline := time.Now().Add(20 * time.Second)
-			for {
+			var open int64
+			if !testenv.Until(20*time.Second, func() bool {
 				l, err := st.Ledger(context.Background(), "mem")
 				if err != nil {
 					t.Fatal(err)
 				}
-				open := l.CouponRows.Requests[model.CouponAccepted] + l.CouponRows.Requests[model.CouponDeciding]
-				if open == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d requests still open", open)
-				}
-				time.Sleep(20 * time.Millisecond)
+				open = l.CouponRows.Requests[model.CouponAccepted] + l.CouponRows.Requests[model.CouponDeciding]
+				return open == 0
+			}) {
+				t.Fatalf("%d requests still open after 20 s", open)
 			}
 			cancel()
 			<-done

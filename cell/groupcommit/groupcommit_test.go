@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -89,20 +90,17 @@ func submitAsync(c *Committer, ctx context.Context, ln Lane, op storage.MoneyOp)
 // waitQueued waits until lane ln holds n queued requests.
 func waitQueued(t *testing.T, c *Committer, ln Lane, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("lane %s to hold %d queued requests", ln, n), func() bool {
 		c.mu.Lock()
 		l := c.lanes[ln]
 		c.mu.Unlock()
-		if l != nil {
-			l.mu.Lock()
-			got := l.reqs
-			l.mu.Unlock()
-			if got == n {
-				return
-			}
+		if l == nil {
+			return false
 		}
-	}
-	t.Fatalf("lane %s never held %d queued requests", ln, n)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.reqs == n
+	})
 }
 
 // TestLoneOpsCommitAtOnce: ops submitted one after another on an idle lane
@@ -287,15 +285,11 @@ func TestStopDrainsAndRefuses(t *testing.T) {
 	waitQueued(t, c, lane0, 3)
 	stopped := make(chan struct{})
 	go func() { c.Stop(); close(stopped) }()
-	for {
+	testenv.WaitFor(t, 10*time.Second, "Stop to refuse new submits", func() bool {
 		c.mu.Lock()
-		s := c.stopped
-		c.mu.Unlock()
-		if s {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer c.mu.Unlock()
+		return c.stopped
+	})
 	if err := c.Submit(context.Background(), lane0, deposit(9)); !errors.Is(err, model.ErrShuttingDown) {
 		t.Fatalf("submit after Stop: %v", err)
 	}

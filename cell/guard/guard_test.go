@@ -24,6 +24,7 @@ import (
 	"redcell/api"
 	"redcell/cell/admission"
 	"redcell/cell/guard"
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -147,7 +148,7 @@ redcell_breaker_failures_total{breaker="db"} 9
 		}
 
 		// Cooldown over: half-open. A failed probe opens it again at once.
-		time.Sleep(2*time.Second + time.Millisecond)
+		testenv.Advance(2*time.Second + time.Millisecond)
 		if b.State() != guard.StateHalfOpen {
 			t.Fatalf("state %d after the cooldown, want half-open", b.State())
 		}
@@ -159,7 +160,7 @@ redcell_breaker_failures_total{breaker="db"} 9
 		}
 
 		// Next cooldown: the probe succeeds slowly; calls meanwhile are refused.
-		time.Sleep(2*time.Second + time.Millisecond)
+		testenv.Advance(2*time.Second + time.Millisecond)
 		fail.Store(false)
 		gate = make(chan struct{})
 		probe := make(chan error)
@@ -209,12 +210,15 @@ func TestBreakerLogsAnOutageOnce(t *testing.T) {
 		}}
 		for range 600 { // a round trip every 100 ms for a minute
 			_ = f.trip(context.Background(), b)
-			time.Sleep(100 * time.Millisecond)
+			testenv.Advance(100 * time.Millisecond)
 		}
 		fail.Store(false)
-		for b.State() != guard.StateClosed {
+		for i := 0; b.State() != guard.StateClosed; i++ {
+			if i == 100 { // 10 s: five cooldowns
+				t.Fatalf("the breaker did not close 10 s after the database came back: state %d", b.State())
+			}
 			_ = f.trip(context.Background(), b)
-			time.Sleep(100 * time.Millisecond)
+			testenv.Advance(100 * time.Millisecond)
 		}
 		out := buf.String()
 		opened, still, closed := strings.Count(out, `msg="circuit breaker opened"`), strings.Count(out, `msg="circuit breaker still open"`),
@@ -248,7 +252,7 @@ func TestWhichErrorsCount(t *testing.T) {
 		}
 		for _, c := range cases {
 			b := newBreaker(t, nil)
-			f := &fakeDB{next: func(context.Context) error { time.Sleep(c.delay); return c.err }}
+			f := &fakeDB{next: func(context.Context) error { testenv.Advance(c.delay); return c.err }} // the call takes c.delay
 			for range 20 {
 				err := f.trip(context.Background(), b)
 				if !errors.Is(err, c.err) && err != storage.ErrDBOpen {

@@ -129,12 +129,14 @@ func TestMemcacheBackAfterOutage(t *testing.T) {
 	pooled := r.proxy.Conns()
 
 	r.proxy.Stop()
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
-		r.use(t, "outage")
-		time.Sleep(20 * time.Millisecond)
+	// The outage lasts past a cooldown: the breaker opened on Failures
+	// failures, and a half-open probe failed after it (one failure more).
+	failures := float64(guard.DefaultConfig().Failures + 1)
+	if !testenv.Until(30*time.Second, func() bool { r.use(t, "outage"); return r.failures(t) >= failures }) {
+		t.Fatalf("memcached refused for 30 s: %v failures counted, want %v (a probe failed after the breaker opened)", r.failures(t), failures)
 	}
 	if r.b.State() == guard.StateClosed || !r.slots.FallingBack() {
-		t.Fatalf("memcached refused for 3 s: breaker %d, slots falling back %v", r.b.State(), r.slots.FallingBack())
+		t.Fatalf("memcached refused past a cooldown: breaker %d, slots falling back %v", r.b.State(), r.slots.FallingBack())
 	}
 	if down, _ := r.cache.FallingBack(); !down {
 		t.Fatal("memcached refused for 3 s and the grab cache does not fall back")
@@ -142,13 +144,12 @@ func TestMemcacheBackAfterOutage(t *testing.T) {
 
 	r.proxy.Start(t) // memcached is back, on the same port
 	back := time.Now()
-	for !r.onMemcached() {
-		if time.Since(back) > 5*time.Second {
-			t.Fatalf("5 s after memcached came back (the pool held %d connections): breaker %d, slots falling back %v, "+
-				"%v failures counted", pooled, r.b.State(), r.slots.FallingBack(), r.failures(t))
-		}
-		r.use(t, "back")
-		time.Sleep(20 * time.Millisecond)
+	// One cooldown (2 s) and a probe bring it back; a probe failing on each
+	// dead pooled connection in turn would take a cooldown per connection
+	// (48 s and more): 20 s tells them apart on a slow machine too.
+	if !testenv.Until(20*time.Second, func() bool { r.use(t, "back"); return r.onMemcached() }) {
+		t.Fatalf("20 s after memcached came back (the pool held %d connections): breaker %d, slots falling back %v, "+
+			"%v failures counted", pooled, r.b.State(), r.slots.FallingBack(), r.failures(t))
 	}
 	if !r.use(t, "after") {
 		t.Fatal("the grab cache did not read its copy from memcached")
@@ -165,7 +166,8 @@ func TestMemcacheRestartBetweenCalls(t *testing.T) {
 	r.fillPool(t, 24)
 	r.proxy.Stop()
 	r.proxy.Start(t)
-	time.Sleep(50 * time.Millisecond) // the client's end reads the close
+	// Stop closed both ends of every pooled connection before it returned: a
+	// call on one reads EOF or a reset, never an answer, whenever it comes.
 	for i := range 10 {
 		if _, err := r.mc.Get(fmt.Sprintf("after-restart-%d", i)); err != nil && !isMiss(err) {
 			t.Fatalf("call %d after memcached restarted: %v", i, err)

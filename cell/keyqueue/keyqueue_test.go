@@ -4,7 +4,11 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"redcell/internal/clock"
+	"redcell/internal/testenv"
 )
 
 func TestFIFOPerKeyAndBatching(t *testing.T) {
@@ -50,15 +54,17 @@ func TestFIFOPerKeyAndBatching(t *testing.T) {
 	}
 }
 
-func TestBoundedDepthAndKeys(t *testing.T) {
+func TestBoundedDepthAndKeys(t *testing.T) { synctest.Test(t, testBoundedDepthAndKeys) }
+
+func testBoundedDepthAndKeys(t *testing.T) {
 	block := make(chan struct{})
 	q := New(Config{Depth: 2, MaxKeys: 1, BatchMax: 1, IdleStop: time.Second}, func(string, []int) { <-block })
 	if err := q.Enqueue("a", 1); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the worker holds item 1, so the queue is empty again.
-	for q.Len("a") != 0 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait() // the worker holds item 1, so the queue is empty again
+	if n := q.Len("a"); n != 0 {
+		t.Fatalf("%d items queued while the worker is blocked, want 0 (it holds item 1)", n)
 	}
 	for i := 0; i < 2; i++ {
 		if err := q.Enqueue("a", i); err != nil {
@@ -80,9 +86,14 @@ func TestBoundedDepthAndKeys(t *testing.T) {
 }
 
 func TestIdleWorkerExitsAndRestarts(t *testing.T) {
+	synctest.Test(t, testIdleWorkerExitsAndRestarts)
+}
+
+func testIdleWorkerExitsAndRestarts(t *testing.T) {
 	var mu sync.Mutex
 	n := 0
-	q := New(Config{Depth: 4, MaxKeys: 4, BatchMax: 4, IdleStop: 10 * time.Millisecond}, func(string, []int) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	q := New(Config{Depth: 4, MaxKeys: 4, BatchMax: 4, IdleStop: 10 * time.Millisecond, Clock: clk}, func(string, []int) {
 		mu.Lock()
 		n++
 		mu.Unlock()
@@ -91,10 +102,12 @@ func TestIdleWorkerExitsAndRestarts(t *testing.T) {
 		if err := q.Enqueue("k", round); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(2 * time.Second)
-		for q.Keys() != 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+		synctest.Wait() // the worker handled the item and waits, idle
+		if q.Keys() != 1 {
+			t.Fatalf("round %d: %d workers before IdleStop passed, want 1", round, q.Keys())
 		}
+		clk.Advance(10 * time.Millisecond)
+		synctest.Wait()
 		if q.Keys() != 0 {
 			t.Fatal("idle worker did not exit")
 		}
@@ -121,7 +134,9 @@ func TestCloseWakesIdleWorkers(t *testing.T) {
 	}
 }
 
-func TestBatchWaitFillsBatch(t *testing.T) {
+func TestBatchWaitFillsBatch(t *testing.T) { synctest.Test(t, testBatchWaitFillsBatch) }
+
+func testBatchWaitFillsBatch(t *testing.T) {
 	sizes := make(chan int, 10)
 	q := New(Config{Depth: 100, MaxKeys: 4, BatchMax: 10, BatchWait: 200 * time.Millisecond, IdleStop: time.Second},
 		func(_ string, b []int) { sizes <- len(b) })
@@ -129,7 +144,7 @@ func TestBatchWaitFillsBatch(t *testing.T) {
 		if err := q.Enqueue("k", i); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		testenv.Advance(5 * time.Millisecond) // on the bubble's clock, within BatchWait
 	}
 	if got := <-sizes; got < 5 {
 		t.Fatalf("first batch of %d: BatchWait did not gather the items arriving within it", got)

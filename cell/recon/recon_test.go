@@ -17,6 +17,7 @@ import (
 
 	"redcell/api"
 	"redcell/internal/clock"
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -238,17 +239,14 @@ func TestReconCatchesUpInOnePass(t *testing.T) {
 
 // runFor runs r.Run until, after the next Interval, its pass has counted
 // want checked claims and saved its positions (or, with want < 0, has counted
-// an error), or 5 s pass; then stops it.
+// an error), or 10 s pass; then stops it.
 func (w *world) runFor(r *Reconciler, want float64) {
 	w.t.Helper()
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan struct{})
 	waiters := w.clk.Waiters()
 	go func() { defer close(done); r.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for w.clk.Waiters() == waiters && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Until(10*time.Second, func() bool { return w.clk.Waiters() != waiters }) // Run waits for its Interval
 	w.clk.Advance(interval)
 	saved := func() bool {
 		pos, _ := storage.ReconPositions(w.ctx, w.store)
@@ -260,9 +258,7 @@ func (w *world) runFor(r *Reconciler, want float64) {
 		}
 		return testutil.ToFloat64(r.metrics[0].checkedClaims) >= want && saved()
 	}
-	for !over() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Until(10*time.Second, over)
 	cancel()
 	<-done
 }

@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -90,8 +91,7 @@ func TestHeldUntilAcknowledged(t *testing.T) {
 		if n, oldest := rig.r.Held(); n != 2 || oldest != x.CreatedMS {
 			t.Fatalf("after Enqueue: Held %d, oldest %d; want 2, %d", n, oldest, x.CreatedMS)
 		}
-		time.Sleep(100 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(100 * time.Millisecond)
 		if n, oldest := rig.r.Held(); n != 1 || oldest != x.CreatedMS || !rig.holds(x) || rig.holds(y) {
 			t.Fatalf("cell-b acknowledged y, x's delivery waits: Held %d, oldest %d, x held %v, y held %v; want 1, %d, x alone",
 				n, oldest, rig.holds(x), rig.holds(y), x.CreatedMS)
@@ -101,8 +101,7 @@ func TestHeldUntilAcknowledged(t *testing.T) {
 			t.Fatalf("x handed over again: Held %d, want 1", n)
 		}
 		close(release)
-		time.Sleep(100 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(100 * time.Millisecond)
 		if n, oldest := rig.r.Held(); n != 0 || oldest != 0 {
 			t.Fatalf("both acknowledged: Held %d, oldest %d; want 0, 0", n, oldest)
 		}
@@ -133,25 +132,22 @@ func TestUntakenOfferedAgain(t *testing.T) {
 		if e := rig.r.Stats.Errors.Load(); e != 1 {
 			t.Fatalf("Stats.Errors %d after a claim with no owner, want 1", e)
 		}
-		time.Sleep(50 * time.Millisecond) // refused at 20 ms: backing off
+		testenv.Advance(50 * time.Millisecond) // refused at 20 ms: backing off
 		x := credit(601, 1)
 		rig.r.Enqueue([]model.Credit{x})
 		if d := rig.r.Stats.Dropped.Load(); d != 2 || !rig.holds(x) {
 			t.Fatalf("Stats.Dropped %d, x held %v; want 2 (the claim with no owner, x), held", d, rig.holds(x))
 		}
-		time.Sleep(540 * time.Millisecond) // 590 ms: the Intervals at 200 and 400 ms did not offer x again
-		synctest.Wait()
+		testenv.Advance(540 * time.Millisecond) // 590 ms: the Intervals at 200 and 400 ms did not offer x again
 		if slices.Contains(sentIDs(rig.net, "b"), x.ClaimID) || !rig.holds(x) {
 			t.Fatalf("x offered again before 2 Intervals: sent to cell-b %v", sentIDs(rig.net, "b"))
 		}
-		time.Sleep(60 * time.Millisecond) // the Interval at 600 ms offers it, the lane delivers it after the linger
-		synctest.Wait()
+		testenv.Advance(60 * time.Millisecond) // the Interval at 600 ms offers it, the lane delivers it after the linger
 		if !slices.Contains(sentIDs(rig.net, "b"), x.ClaimID) || rig.holds(x) {
 			t.Fatalf("x not delivered within 3 Intervals: sent to cell-b %v, held %v", sentIDs(rig.net, "b"), rig.holds(x))
 		}
 		// nobody's: offered at 0, 400 and 800 ms (Errors 1, 2, 3).
-		time.Sleep(250 * time.Millisecond) // 900 ms
-		synctest.Wait()
+		testenv.Advance(250 * time.Millisecond) // 900 ms
 		if e := rig.r.Stats.Errors.Load(); e != 3+1 || !rig.holds(nobody) || rig.held() != 1 {
 			t.Fatalf("Stats.Errors %d (want 4: the refused call, and the claim with no owner offered at 0, 400 and 800 ms), held %v, Held %d",
 				e, rig.holds(nobody), rig.held())
@@ -177,16 +173,14 @@ func TestRestartReadsPastPosition(t *testing.T) {
 		h.hangC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}})
 		rig.r.Enqueue([]model.Credit{a, b, c})
-		time.Sleep(300 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond)
 		if a1, c1 := store.count(store.applied, a.ClaimID), store.count(store.applied, c.ClaimID); a1 != 1 || c1 != 1 || !rig.holds(b) || rig.held() != 1 {
 			t.Fatalf("a applied %d, c %d times, b held %v, Held %d; want 1, 1, b alone held", a1, c1, rig.holds(b), rig.held())
 		}
 		if saves := store.savedSince(0); len(saves) != 1 || !maps.Equal(saves[0], map[int]int64{1: b.CreatedMS}) {
 			t.Fatalf("saved %v, want one save of database 1 at b's creation %d", saves, b.CreatedMS)
 		}
-		time.Sleep(PositionEvery) // b still held: nothing came or went
-		synctest.Wait()
+		testenv.Advance(PositionEvery) // b still held: nothing came or went
 		if saves := store.savedSince(1); len(saves) != 0 {
 			t.Fatalf("saved %v with nothing changed, want nothing", saves)
 		}
@@ -199,8 +193,7 @@ func TestRestartReadsPastPosition(t *testing.T) {
 		}
 
 		again := newRig(t, rigOpts{store: store}) // every cell answers
-		time.Sleep(300 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond)
 		store.mu.Lock()
 		froms := slices.Clone(store.froms[1])
 		store.mu.Unlock()
@@ -216,8 +209,7 @@ func TestRestartReadsPastPosition(t *testing.T) {
 		if n := again.held(); n != 0 {
 			t.Errorf("after the restart the relay holds %d credits, want 0", n)
 		}
-		time.Sleep(PositionEvery)
-		synctest.Wait()
+		testenv.Advance(PositionEvery)
 		// Saved at the first Interval when the deliveries were acknowledged
 		// before it saved (a new lane delivers at once), else at 5.2 s.
 		first, second := again.start.Add(200*time.Millisecond-Slack).UnixMilli(), again.start.Add(5200*time.Millisecond-Slack).UnixMilli()
@@ -259,8 +251,7 @@ func TestPositionsSaved(t *testing.T) {
 		x := claimIn(10, 800, 0, t0.Add(-8*time.Second)) // database 1, for cell-c, which hangs
 		y := claimIn(20, 21, 1, t0.Add(-time.Second))    // database 2, local
 		rig.r.Enqueue([]model.Credit{x, y})
-		time.Sleep(300 * time.Millisecond) // the Interval at 200 ms saves
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond) // the Interval at 200 ms saves
 		want := map[int]int64{1: x.CreatedMS, 2: t0.Add(200*time.Millisecond - Slack).UnixMilli()}
 		if saves := store.savedSince(0); len(saves) != 1 || !maps.Equal(saves[0], want) {
 			t.Fatalf("saved %v, want one save %v (database 1 at its held claim, 2 at Slack before now)", saves, want)
@@ -270,11 +261,9 @@ func TestPositionsSaved(t *testing.T) {
 		}
 		gone.Store(true)
 		rig.r.Enqueue([]model.Credit{claimIn(20, 600, 2, time.Now())}) // database 2's claims come and go
-		time.Sleep(200 * time.Millisecond)
-		synctest.Wait()
-		h.releaseC() // x is delivered at its next try
-		time.Sleep(PositionEvery)
-		synctest.Wait() // 5.5 s: the Interval at 5.2 s saved
+		testenv.Advance(200 * time.Millisecond)
+		h.releaseC()                   // x is delivered at its next try
+		testenv.Advance(PositionEvery) // 5.5 s: the Interval at 5.2 s saved
 		if saves := store.savedSince(1); len(saves) != 1 || !maps.Equal(saves[0], map[int]int64{1: t0.Add(5200*time.Millisecond - Slack).UnixMilli()}) {
 			t.Fatalf("saved %v, want database 1 alone, at Slack before 5.2 s (x delivered), not database 2 (no longer owned)", saves)
 		}
@@ -286,8 +275,7 @@ func TestPositionsSaved(t *testing.T) {
 				t.Errorf("saved database 1 at %d past x (%d) while it was held", p, x.CreatedMS)
 			}
 		}
-		time.Sleep(2 * PositionEvery) // nothing comes or goes
-		synctest.Wait()
+		testenv.Advance(2 * PositionEvery) // nothing comes or goes
 		if saves := store.savedSince(2); len(saves) != 0 {
 			t.Fatalf("saved %v with nothing changed, want nothing", saves)
 		}
@@ -303,19 +291,16 @@ func TestMarkDBReadsSlack(t *testing.T) {
 		store := newFakeStore()
 		seedPositions(store, time.Now().Add(-10*time.Second))
 		rig := newRig(t, rigOpts{store: store})
-		time.Sleep(300 * time.Millisecond) // the first Interval reads every database once
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond) // the first Interval reads every database once
 		recent, old := claimIn(10, 10, 0, time.Now().Add(-3*time.Second)), claimIn(10, 11, 1, time.Now().Add(-8*time.Second))
 		store.addClaims(recent, old)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		if r := store.count(store.applied, recent.ClaimID); r != 0 || store.reads[1] != 1 {
 			t.Fatalf("before MarkDB: recent applied %d times, database 1 read %d times; want 0 and 1", r, store.reads[1])
 		}
 		marked := time.Now()
 		rig.r.MarkDB(1, marked.Add(-Slack))
-		time.Sleep(200 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(200 * time.Millisecond)
 		store.mu.Lock()
 		reads, froms := maps.Clone(store.reads), slices.Clone(store.froms[1])
 		store.mu.Unlock()
@@ -343,8 +328,7 @@ func TestResetForgets(t *testing.T) {
 		var off atomic.Bool
 		off.Store(true)
 		rig := newRelayRigWith(t, func(c *Config) { c.Off = off.Load })
-		time.Sleep(300 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond)
 		x, y := credit(10, 0), credit(600, 1)
 		rig.r.Enqueue([]model.Credit{x, y}) // switched off: held
 		if n := rig.held(); n != 2 {
@@ -355,8 +339,7 @@ func TestResetForgets(t *testing.T) {
 			t.Fatalf("after Reset: Held %d, want 0", n)
 		}
 		off.Store(false)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		if a, b := rig.store.count(rig.store.applied, x.ClaimID), len(rig.net.to("b")); a != 0 || b != 0 {
 			t.Fatalf("after Reset: x applied %d times, %d calls to cell-b; want none", a, b)
 		}
@@ -383,8 +366,7 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 		var h hangable
 		h.hangC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 3 }})
-		time.Sleep(300 * time.Millisecond) // the first Interval read every database
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond) // the first Interval read every database
 		var ds, cs []model.Credit
 		for i := range 3 {
 			ds = append(ds, claimIn(20, model.ShardID(800+i), i, t0)) // database 2, for cell-c
@@ -398,8 +380,7 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 		if n := rig.held(); n != 3 || rig.holds(cs[0]) {
 			t.Fatalf("Held %d, want the 3 for cell-c and none past them", n)
 		}
-		time.Sleep(5200 * time.Millisecond) // 5.5 s: the Interval at 5.2 s saved
-		synctest.Wait()
+		testenv.Advance(5200 * time.Millisecond) // 5.5 s: the Interval at 5.2 s saved
 		if n, sent := store.reads[1], sentIDs(rig.net, "b"); n != 1 || len(sent) != 0 {
 			t.Fatalf("while HeldMax credits are held: database 1 read %d times (want once, at the start), sent to cell-b %v (want nothing)", n, sent)
 		}
@@ -407,8 +388,7 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 			t.Fatalf("database 1's position %d is past the claims left out (from %d)", p, cs[0].CreatedMS)
 		}
 		h.releaseC()
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		// Each left out is sent, once, or twice: a claim left out while a
 		// reading is under way asks for one more reading after it, which
 		// may send again what the first one sent (the receiver refuses it).
@@ -462,15 +442,13 @@ func TestHeldMaxCutsARead(t *testing.T) {
 		var h hangable
 		h.hangC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 3 }})
-		time.Sleep(300 * time.Millisecond) // the first Interval reads database 1: 5 claims
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond) // the first Interval reads database 1: 5 claims
 		if n := rig.held(); n != 3 || rig.holds(cs[3]) || rig.holds(cs[4]) {
 			t.Fatalf("Held %d, want the first 3", n)
 		}
-		time.Sleep(time.Second)
+		testenv.Advance(time.Second)
 		h.releaseC()
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		got := sentIDs(rig.net, "c")
 		slices.Sort(got)
 		if want := slices.Sorted(slices.Values(ids(cs...))); !slices.Equal(got, want) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -425,22 +426,20 @@ func TestLanesKeepDestinationsApart(t *testing.T) {
 		if d := rig.r.Stats.Dropped.Load(); d != 0 {
 			t.Fatalf("%d credits no lane took, want 0", d)
 		}
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if rig.store.count(rig.store.applied, local.ClaimID) != 1 || len(rig.net.to("b")) != 1 || rig.holds(local) || rig.holds(toB) {
 			t.Fatalf("after 50 ms: local applied %d times, %d calls to cell-b, held %v %v; want 1, 1, and neither held",
 				rig.store.count(rig.store.applied, local.ClaimID), len(rig.net.to("b")), rig.holds(local), rig.holds(toB))
 		}
-		time.Sleep(time.Second) // cell-c's first call still hangs
+		testenv.Advance(time.Second) // cell-c's first call still hangs
 		local2, toB2 := credit(11, 3), credit(601, 4)
 		rig.r.Enqueue([]model.Credit{local2, toB2})
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if rig.store.count(rig.store.applied, local2.ClaimID) != 1 || len(rig.net.to("b")) != 2 {
 			t.Fatalf("while cell-c hangs: the new local credit applied %d times, %d calls to cell-b; want 1 and 2",
 				rig.store.count(rig.store.applied, local2.ClaimID), len(rig.net.to("b")))
 		}
-		time.Sleep(relayAttemptTimeout + time.Second) // past the first call's timeout and the backoff
+		testenv.Advance(relayAttemptTimeout + time.Second) // past the first call's timeout and the backoff
 		calls := rig.net.to("c")
 		if len(calls) != 2 {
 			t.Fatalf("%d calls to cell-c, want 2 (one timing out after %s, one after the 100 ms backoff)", len(calls), relayAttemptTimeout)
@@ -477,7 +476,7 @@ func TestLaneBackoff(t *testing.T) {
 			return nil, nil
 		}
 		rig.r.dispatch([]model.Credit{credit(600, 0)}, time.Time{})
-		time.Sleep(20 * time.Second)
+		testenv.Advance(20 * time.Second)
 		calls := rig.net.to("b")
 		var gaps []time.Duration
 		for i := 1; i < len(calls); i++ {
@@ -494,14 +493,13 @@ func TestLaneBackoff(t *testing.T) {
 		mu.Lock()
 		refuse = false
 		mu.Unlock()
-		time.Sleep(relayBackoffMax)
-		synctest.Wait()
+		testenv.Advance(relayBackoffMax)
 		n := len(rig.net.to("b"))
 		mu.Lock()
 		refuse = true
 		mu.Unlock()
 		rig.r.dispatch([]model.Credit{credit(602, 2)}, time.Time{})
-		time.Sleep(time.Second)
+		testenv.Advance(time.Second)
 		calls = rig.net.to("b")
 		if len(calls) < n+2 || calls[n+1].at.Sub(calls[n].at) != relayBackoffMin {
 			t.Fatalf("after a success, a failure then the next attempt: %d calls; want the retry 100 ms after the failure", len(calls)-n)
@@ -527,8 +525,7 @@ func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
 		if d := rig.r.Stats.Dropped.Load(); d != 100 {
 			t.Fatalf("%d credits no lane took, want the 100 beyond the lane's bound", d)
 		}
-		time.Sleep(time.Second + 50*time.Millisecond) // five Intervals
-		synctest.Wait()
+		testenv.Advance(time.Second + 50*time.Millisecond) // five Intervals
 		if held, _ := rig.r.local.state(); held != laneDepthMax {
 			t.Fatalf("the lane holds %d credits, want %d", held, laneDepthMax)
 		}
@@ -536,8 +533,7 @@ func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
 			t.Fatalf("the relay holds %d credits, want %d", n, len(all))
 		}
 		close(stuck)
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
+		testenv.Advance(2 * time.Second)
 		for _, c := range all {
 			if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 {
 				t.Fatalf("%s applied %d times, want once", c.ClaimID, a)
@@ -562,14 +558,12 @@ func TestReadDoesNotHoldWhatWasJustDelivered(t *testing.T) {
 		applying, reading := make(chan struct{}), make(chan struct{})
 		store.release, store.readGap = applying, reading
 		rig := newRig(t, rigOpts{store: store})
-		rig.r.Enqueue([]model.Credit{x})   // its delivery waits for applying
-		time.Sleep(300 * time.Millisecond) // the tick at 200 ms has read x and waits for reading
-		synctest.Wait()
-		close(applying) // x is delivered, acknowledged and let go
+		rig.r.Enqueue([]model.Credit{x})        // its delivery waits for applying
+		testenv.Advance(300 * time.Millisecond) // the tick at 200 ms has read x and waits for reading
+		close(applying)                         // x is delivered, acknowledged and let go
 		synctest.Wait()
 		close(reading) // the read hands x over
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
+		testenv.Advance(2 * time.Second)
 		if a := rig.store.count(rig.store.applied, x.ClaimID); a != 1 {
 			t.Fatalf("applied %d times, want once", a)
 		}
@@ -597,8 +591,7 @@ func TestLaneDeferredCredit(t *testing.T) {
 		}
 		others := []model.Credit{credit(21, 1), credit(22, 2)}
 		rig.r.Enqueue(append([]model.Credit{locked}, others...))
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		for _, c := range others {
 			if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 || rig.holds(c) {
 				t.Fatalf("%s applied %d times, held %v; want 1, let go", c.ClaimID, a, rig.holds(c))
@@ -609,13 +602,11 @@ func TestLaneDeferredCredit(t *testing.T) {
 		}
 		later := credit(23, 3)
 		rig.r.Enqueue([]model.Credit{later})
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if a := rig.store.count(rig.store.applied, later.ClaimID); a != 1 {
 			t.Fatalf("a credit handed over while another waits: applied %d times, want 1", a)
 		}
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
+		testenv.Advance(2 * time.Second)
 		rig.store.mu.Lock() // defer_ runs under it
 		defer rig.store.mu.Unlock()
 		var gaps []time.Duration
@@ -703,16 +694,14 @@ func TestLanesBoundedAndRetired(t *testing.T) {
 		if n := len(rig.r.lanes()); n != lanesMax {
 			t.Fatalf("%d lanes, want %d", n, lanesMax)
 		}
-		time.Sleep(laneIdleStop + time.Second)
-		synctest.Wait()
+		testenv.Advance(laneIdleStop + time.Second)
 		if n := len(rig.r.lanes()); n != 0 {
 			t.Fatalf("%d lanes after they held nothing for %s, want 0", n, laneIdleStop)
 		}
 		if left := rig.r.dispatch(cs[lanesMax:], time.Time{}); left != 0 {
 			t.Fatalf("the last cell's credit was not taken after the others retired")
 		}
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if n := len(rig.net.to(fmt.Sprint(lanesMax))); n != 1 {
 			t.Fatalf("%d calls to the last cell, want 1", n)
 		}
@@ -749,16 +738,14 @@ func TestLanesYieldToOpens(t *testing.T) {
 		rig := newRelayRigWith(t, func(c *Config) { c.Busy = busy.Load })
 		small := []model.Credit{credit(10, 0), credit(11, 1), credit(600, 2)}
 		rig.r.dispatch(small, time.Time{})
-		time.Sleep(YieldMax - 10*time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(YieldMax - 10*time.Millisecond)
 		if n, calls := rig.store.count(rig.store.applied, small[0].ClaimID), len(rig.net.to("b")); n != 0 || calls != 0 {
 			t.Fatalf("loaded, before YieldMax: local credit applied %d times, %d calls to cell-b; want none", n, calls)
 		}
 		if y := rig.r.Stats.Yields.Load(); y != 2 {
 			t.Errorf("%d yields, want 2 (one per lane)", y)
 		}
-		time.Sleep(10*time.Millisecond + yieldPoll)
-		synctest.Wait()
+		testenv.Advance(10*time.Millisecond + yieldPoll)
 		for _, c := range small[:2] {
 			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
 				t.Errorf("loaded, after YieldMax: %s applied %d times, want 1", c.ClaimID, n)
@@ -773,22 +760,19 @@ func TestLanesYieldToOpens(t *testing.T) {
 			full[i] = credit(model.ShardID(20+i%400), 100+i)
 		}
 		rig.r.dispatch(full, time.Time{})
-		time.Sleep(time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(time.Millisecond)
 		if n := rig.store.count(rig.store.applied, full[BatchMax-1].ClaimID); n != 1 {
 			t.Errorf("loaded, a full batch: applied %d times at once, want 1", n)
 		}
 
 		late := []model.Credit{credit(30, 900), credit(31, 901)}
 		rig.r.dispatch(late, time.Time{})
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if n := rig.store.count(rig.store.applied, late[0].ClaimID); n != 0 {
 			t.Fatalf("loaded: a small batch applied after 50 ms, want it held back")
 		}
 		busy.Store(false)
-		time.Sleep(yieldPoll + Linger)
-		synctest.Wait()
+		testenv.Advance(yieldPoll + Linger)
 		for _, c := range late {
 			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
 				t.Errorf("load dropped: %s applied %d times within %s, want 1", c.ClaimID, n, yieldPoll+Linger)
@@ -814,8 +798,7 @@ func TestCreditLagObserved(t *testing.T) {
 			return c.ClaimID == deferred.ClaimID && time.Since(made) < 1500*time.Millisecond
 		}
 		rig.r.dispatch([]model.Credit{local, remote, deferred, unknown}, time.Time{})
-		time.Sleep(Linger + time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(Linger + time.Millisecond)
 		got, kinds := lags.seen()
 		if len(got) != 2 {
 			t.Fatalf("observed %d lags after the first deliveries, want 2 (local and remote; none deferred or unknown)", len(got))
@@ -828,8 +811,7 @@ func TestCreditLagObserved(t *testing.T) {
 		if kinds[0] == kinds[1] {
 			t.Errorf("both lags of lane kind local=%v, want one of each", kinds[0])
 		}
-		time.Sleep(time.Second) // the deferred credit's backoff (100 ms, 200 ms, ...) runs past 1.5 s
-		synctest.Wait()
+		testenv.Advance(time.Second) // the deferred credit's backoff (100 ms, 200 ms, ...) runs past 1.5 s
 		got, _ = lags.seen()
 		if len(got) != 3 || got[2] < 1500*time.Millisecond {
 			t.Fatalf("after the deferral: lags %v, want a third of at least 1.5 s", got)
@@ -851,14 +833,12 @@ func TestLaneShrinksAfterTimeouts(t *testing.T) {
 			cs[i] = credit(model.ShardID(i%500), i)
 		}
 		rig.r.Enqueue(cs)
-		time.Sleep(2*relayLocalTimeout + time.Second) // two attempts time out (500, then 250), the third (125) waits
-		synctest.Wait()
+		testenv.Advance(2*relayLocalTimeout + time.Second) // two attempts time out (500, then 250), the third (125) waits
 		rig.store.mu.Lock()
 		rig.store.release = nil
 		rig.store.mu.Unlock()
 		close(release)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		rig.store.mu.Lock()
 		var sizes []int
 		for _, b := range rig.store.batches {
@@ -912,8 +892,7 @@ func TestReadsOnlyWhereNeeded(t *testing.T) {
 			defer rig.store.mu.Unlock()
 			return maps.Clone(rig.store.reads), slices.Clone(rig.store.posReads), maps.Clone(rig.store.froms)
 		}
-		time.Sleep(300 * time.Millisecond) // the first Interval, at 200 ms
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond) // the first Interval, at 200 ms
 		reads, posReads, froms := snapshot()
 		if len(posReads) != 1 || !slices.Equal(posReads[0], own.DBs()) {
 			t.Fatalf("positions read %v, want the 50 databases in one call", posReads)
@@ -921,8 +900,7 @@ func TestReadsOnlyWhereNeeded(t *testing.T) {
 		if len(reads) != 50 || reads[0] != 1 || reads[49] != 1 || froms[7][0] != 0 {
 			t.Fatalf("after the first Interval: reads %v (database 7 from %v), want each of the 50 databases once, from its first claim (no position saved)", reads, froms[7])
 		}
-		time.Sleep(2 * time.Second) // ten more Intervals
-		synctest.Wait()
+		testenv.Advance(2 * time.Second) // ten more Intervals
 		if again, posAgain, _ := snapshot(); !maps.Equal(again, reads) || len(posAgain) != 1 {
 			t.Fatalf("Intervals with nothing to read read claims %v and positions %v, want nothing more", again, posAgain)
 		}
@@ -931,8 +909,7 @@ func TestReadsOnlyWhereNeeded(t *testing.T) {
 		}
 		saves := len(rig.store.savedSince(0))
 		gained.Store(true)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		reads, posReads, froms = snapshot()
 		if len(posReads) != 2 || !slices.Equal(posReads[1], []int{50}) {
 			t.Fatalf("positions read %v, want database 50's alone after the first", posReads)
@@ -946,8 +923,7 @@ func TestReadsOnlyWhereNeeded(t *testing.T) {
 			}
 		}
 		rig.r.Enqueue([]model.Credit{claimAt(5, 0, time.Now())}) // database 0, lost: held until the next Interval forgets it
-		time.Sleep(PositionEvery)
-		synctest.Wait()
+		testenv.Advance(PositionEvery)
 		for _, pos := range rig.store.savedSince(saves) {
 			if _, ok := pos[0]; ok {
 				t.Errorf("saved a position of database 0, which the cell no longer serves: %v", pos)
@@ -984,8 +960,7 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		if d := rig.r.Stats.Dropped.Load(); d != 0 {
 			t.Fatalf("%d credits no lane took, want 0", d)
 		}
-		time.Sleep(100 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(100 * time.Millisecond)
 		var sentB []string
 		for _, c := range rig.net.to("b") {
 			sentB = append(sentB, c.ids...)
@@ -1032,24 +1007,21 @@ func TestCreditAppliedOnceAcrossCells(t *testing.T) {
 		q := credit(604, 6)
 		q.Dest = "cell-c"
 		rig.r.Enqueue([]model.Credit{q})
-		time.Sleep(100 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(100 * time.Millisecond)
 		if a := len(rig.net.to("b")); a != callsB || !rig.holds(q) {
 			t.Errorf("while cell-c cannot answer: %d calls to cell-b (want still %d), q held %v (want true)", a, callsB, rig.holds(q))
 		}
 		if h := rig.r.Stats.Held.Load(); h != 1 {
 			t.Errorf("Stats.Held %d, want 1", h)
 		}
-		time.Sleep(time.Second) // offered again at the Intervals 2 and 4 after (600 ms and 1 s)
-		synctest.Wait()
+		testenv.Advance(time.Second) // offered again at the Intervals 2 and 4 after (600 ms and 1 s)
 		if h := rig.r.Stats.Held.Load(); h < 2 || !rig.holds(q) {
 			t.Errorf("after a second: Stats.Held %d, q held %v; want it asked about again, and held", h, rig.holds(q))
 		}
 		rig.net.mu.Lock()
 		rig.net.copies = nil // cell-c answers: not there
 		rig.net.mu.Unlock()
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		rig.store.mu.Lock()
 		sentQ := rig.store.sent[q.ClaimID]
 		rig.store.mu.Unlock()
@@ -1080,8 +1052,7 @@ func TestRelayBehind(t *testing.T) {
 		fresh, unknown := credit(10, 0), credit(13, 3)
 		fresh.CreatedMS = time.Now().Add(-500 * time.Millisecond).UnixMilli()
 		rig.r.dispatch([]model.Credit{fresh, unknown, credit(600, 1)}, time.Time{})
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		// The local attempt is in flight since the linger; cell-b refused
 		// its credit, and that lane backs off: not counted.
 		if b := rig.r.Behind(time.Now()); b != 1500*time.Millisecond {
@@ -1099,8 +1070,7 @@ func TestRelayBehind(t *testing.T) {
 		rig.store.release = nil
 		rig.store.mu.Unlock()
 		close(release)
-		time.Sleep(50 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(50 * time.Millisecond)
 		if n := rig.store.count(rig.store.applied, fresh.ClaimID); n != 1 {
 			t.Fatalf("local credit applied %d times after the release, want 1", n)
 		}
@@ -1134,13 +1104,11 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 			}
 		}
 		rig.r.Enqueue([]model.Credit{credit(600, 1)})
-		time.Sleep(Linger + 100*time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(Linger + 100*time.Millisecond)
 		if b := rig.r.Behind(time.Now()); b != Linger+100*time.Millisecond {
 			t.Errorf("remote attempt in flight 100 ms: behind %s, want %s", b, Linger+100*time.Millisecond)
 		}
-		time.Sleep(remoteStall)
-		synctest.Wait()
+		testenv.Advance(remoteStall)
 		if b := rig.r.Behind(time.Now()); b != 0 {
 			t.Errorf("remote attempt in flight over %s: behind %s, want 0 (stalled peer)", remoteStall, b)
 		}
@@ -1150,16 +1118,14 @@ func TestRelayBehindRemoteStall(t *testing.T) {
 		mu.Unlock()
 		// The attempt fails at its 5 s bound, the lane backs off 100 ms, and
 		// the retry (both credits) takes 200 ms: look in its middle.
-		time.Sleep(Linger + relayAttemptTimeout + relayBackoffMin + 100*time.Millisecond - (Linger + 100*time.Millisecond + remoteStall))
-		synctest.Wait()
+		testenv.Advance(Linger + relayAttemptTimeout + relayBackoffMin + 100*time.Millisecond - (Linger + 100*time.Millisecond + remoteStall))
 		if calls := len(rig.net.to("b")); calls != 2 {
 			t.Fatalf("%d calls to cell-b, want 2 (the stalled one and the retry in flight)", calls)
 		}
 		if b := rig.r.Behind(time.Now()); b != 0 {
 			t.Errorf("retry in flight after a failure: behind %s, want 0 (its credits are a backlog)", b)
 		}
-		time.Sleep(200 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(200 * time.Millisecond)
 		if calls := rig.net.to("b"); len(calls) != 2 || !slices.Equal(calls[1].ids, ids(credit(600, 1), credit(601, 2))) {
 			t.Errorf("calls to cell-b %+v, want the retry to carry both credits", calls)
 		}
@@ -1192,8 +1158,7 @@ func TestLaneLingersWhileCreditsFlow(t *testing.T) {
 		next := func() model.Credit { n++; return claimAt(10, n, time.Now()) }
 
 		rig.r.Enqueue([]model.Credit{next()})
-		time.Sleep(Linger + time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(Linger + time.Millisecond)
 		if got := sizes(); !slices.Equal(got, []int{1}) {
 			t.Fatalf("a lone credit: batches %v after one linger, want [1]", got)
 		}
@@ -1201,10 +1166,9 @@ func TestLaneLingersWhileCreditsFlow(t *testing.T) {
 		// A flow of 600 credits a second (12 per Linger) for 400 ms.
 		for range 80 {
 			rig.r.Enqueue([]model.Credit{next(), next(), next()})
-			time.Sleep(5 * time.Millisecond)
+			testenv.Advance(5 * time.Millisecond)
 		}
-		time.Sleep(LingerMax + Linger)
-		synctest.Wait()
+		testenv.Advance(LingerMax + Linger)
 		got := sizes()
 		total := 0
 		for _, s := range got {
@@ -1227,10 +1191,9 @@ func TestLaneLingersWhileCreditsFlow(t *testing.T) {
 		rig.store.mu.Unlock()
 		for range 200 {
 			rig.r.Enqueue([]model.Credit{next(), next(), next()})
-			time.Sleep(5 * time.Millisecond)
+			testenv.Advance(5 * time.Millisecond)
 		}
-		time.Sleep(LingerMax + Linger + 30*time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(LingerMax + Linger + 30*time.Millisecond)
 		got = sizes()
 		total = 0
 		for i, s := range got {
@@ -1249,7 +1212,7 @@ func TestLaneLingersWhileCreditsFlow(t *testing.T) {
 		// A trickle: one credit every 30 ms.
 		for range 10 {
 			rig.r.Enqueue([]model.Credit{next()})
-			time.Sleep(30 * time.Millisecond)
+			testenv.Advance(30 * time.Millisecond)
 		}
 		synctest.Wait()
 		if got := sizes(); len(got) != 10 || slices.Max(got) != 1 {

@@ -5,6 +5,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 )
 
@@ -24,8 +25,7 @@ func TestReadBackAskedDuringAPage(t *testing.T) {
 		rig := newRig(t, rigOpts{store: store, prep: func(r *Relay) {
 			r.MarkDB(1, t0.Add(-4*time.Second)) // an earlier unknown commit: again = F1
 		}})
-		time.Sleep(250 * time.Millisecond) // the first tick's read of db 1 is blocked in the gap (snapshot taken)
-		synctest.Wait()
+		testenv.Advance(250 * time.Millisecond) // the first tick's read of db 1 is blocked in the gap (snapshot taken)
 		// Another unknown commit lands now (after the snapshot), then MarkDB.
 		late := claimIn(10, 10, 1, time.Now().Add(-time.Second))
 		store.addClaims(late)
@@ -34,8 +34,7 @@ func TestReadBackAskedDuringAPage(t *testing.T) {
 		store.readGap = nil
 		store.mu.Unlock()
 		close(gap)
-		time.Sleep(5 * time.Second)
-		synctest.Wait()
+		testenv.Advance(5 * time.Second)
 		store.mu.Lock()
 		froms := store.froms[1]
 		store.mu.Unlock()
@@ -57,12 +56,10 @@ func TestRedriveAtHeldMaxSaves(t *testing.T) {
 		h := &hangable{}
 		h.hangC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 1 }})
-		time.Sleep(300 * time.Millisecond)
-		synctest.Wait()
+		testenv.Advance(300 * time.Millisecond)
 		// One credit for cell-c (hung) fills HeldMax; it is of database 2.
 		rig.r.Enqueue([]model.Credit{claimIn(20, 800, 0, time.Now())})
-		time.Sleep(time.Second)
-		synctest.Wait()
+		testenv.Advance(time.Second)
 		old := claimIn(10, 10, 1, t0.Add(-20*time.Second)) // database 1, below its saved position
 		rig.r.Redrive([]model.Credit{old})
 		store.mu.Lock()

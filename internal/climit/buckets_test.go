@@ -314,17 +314,11 @@ func TestOneProbeAtATime(t *testing.T) {
 	clk.Advance(time.Second)
 	probed := make(chan struct{})
 	go func() { defer close(probed); l.Allow() }()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	testenv.WaitFor(t, 10*time.Second, "the limiter's probe to start", func() bool {
 		l.mu.Lock()
-		p := l.probing
-		l.mu.Unlock()
-		if p {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no probe started")
-		}
-	}
+		defer l.mu.Unlock()
+		return l.probing
+	})
 	if !l.Allow() {
 		t.Fatal("a call during the probe was refused; the fallback has tokens")
 	}

@@ -3,6 +3,7 @@ package clock
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -10,6 +11,10 @@ import (
 // stops with ctx: on a manual clock, two calls after 2d, none more after the
 // context ends even when the clock moves on.
 func TestEveryRunsOnTheClockUntilCtxEnds(t *testing.T) {
+	synctest.Test(t, testEveryRunsOnTheClockUntilCtxEnds)
+}
+
+func testEveryRunsOnTheClockUntilCtxEnds(t *testing.T) {
 	m := NewManual(time.Unix(1_700_000_000, 0))
 	ctx, cancel := context.WithCancel(context.Background())
 	passes := make(chan int, 10)
@@ -29,17 +34,18 @@ func TestEveryRunsOnTheClockUntilCtxEnds(t *testing.T) {
 	cancel()
 	<-done
 	m.Advance(time.Hour)
+	synctest.Wait()
 	if len(passes) != 0 {
 		t.Fatalf("a pass ran after the context ended")
 	}
 }
 
-// waitWaiter waits until a goroutine waits on m (bounded: 5 s).
+// waitWaiter waits until the bubble's goroutines have settled and fails
+// unless one of them waits on m.
 func waitWaiter(t *testing.T, m *Manual) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); m.Waiters() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("nothing waits on the clock")
-		}
+	synctest.Wait()
+	if m.Waiters() == 0 {
+		t.Fatal("nothing waits on the clock")
 	}
 }

@@ -39,7 +39,7 @@ func TestTrackerLogsStartSummaryAndEnd(t *testing.T) {
 		// 50 failures a second for 25 s: one start line and two summaries.
 		for i := 0; i < 25*50; i++ {
 			tr.Fail(down, "db", i%50)
-			time.Sleep(20 * time.Millisecond)
+			testenv.Advance(20 * time.Millisecond)
 		}
 		got := lines(&buf)
 		if len(got) != 3 {
@@ -101,16 +101,15 @@ func TestTrackerFlapping(t *testing.T) {
 		down := errors.New("refused")
 		for range 25 * 50 {
 			tr.Fail(down)
-			time.Sleep(10 * time.Millisecond)
+			testenv.Advance(10 * time.Millisecond)
 			tr.OK()
-			time.Sleep(10 * time.Millisecond)
+			testenv.Advance(10 * time.Millisecond)
 		}
 		got := lines(&buf)
 		if len(got) < 2 || len(got) > 4 || !strings.Contains(got[0], `msg="db down"`) || !strings.Contains(got[1], `msg="db back"`) {
 			t.Fatalf("25 s of flapping logged %d lines, want the start, a recovery and at most one line per 10 s:\n%s", len(got), buf.String())
 		}
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
+		testenv.Advance(10 * time.Second)
 		got = lines(&buf)
 		last := got[len(got)-1]
 		if len(got) > 5 || !strings.Contains(last, `msg="db back"`) || !strings.Contains(last, "failures_total=1250") || !strings.Contains(last, "recoveries=") {
@@ -118,7 +117,7 @@ func TestTrackerFlapping(t *testing.T) {
 		}
 		t.Logf("25 s of flapping:\n%s", buf.String())
 		n := len(got)
-		time.Sleep(10 * time.Second)
+		testenv.Advance(10 * time.Second)
 		tr.Fail(down)
 		if got = lines(&buf); len(got) != n+1 || !strings.Contains(got[n], `msg="db down"`) {
 			t.Fatalf("a failure after a quiet interval:\n%s", buf.String())
@@ -134,7 +133,7 @@ func TestTrackerErrorLevel(t *testing.T) {
 		tr := NewLines(slog.New(slog.NewTextHandler(&buf, nil)), Lines{Start: "open batch failed", Still: "open batches still failing",
 			End: "open batches commit again", Error: true}, time.Second)
 		tr.Fail(errors.New("bug"))
-		time.Sleep(time.Second)
+		testenv.Advance(time.Second)
 		tr.Fail(errors.New("bug"))
 		tr.OK()
 		got := lines(&buf)

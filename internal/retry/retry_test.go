@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"redcell/internal/clock"
@@ -40,7 +41,9 @@ func TestDoRefusedErrorEndsAtOnce(t *testing.T) {
 }
 
 // The waits double up to Max, measured on a manual clock.
-func TestDoBacksOffOnTheClock(t *testing.T) {
+func TestDoBacksOffOnTheClock(t *testing.T) { synctest.Test(t, testDoBacksOffOnTheClock) }
+
+func testDoBacksOffOnTheClock(t *testing.T) {
 	start := time.Unix(1_700_000_000, 0)
 	c := clock.NewManual(start)
 	var at []time.Duration
@@ -50,9 +53,7 @@ func TestDoBacksOffOnTheClock(t *testing.T) {
 			func(int) error { at = append(at, c.Now().Sub(start)); return errBusy })
 	}()
 	for i := 0; i < 3; i++ { // each wait, once Do is in it
-		for c.Waiters() == 0 {
-			time.Sleep(time.Millisecond)
-		}
+		waitWaiter(t, c)
 		c.Advance(time.Second)
 	}
 	if err := <-done; !errors.Is(err, errBusy) {
@@ -89,6 +90,10 @@ func (r *recording) After(d time.Duration) <-chan time.Time {
 }
 
 func TestDoHonoursContextBetweenAttempts(t *testing.T) {
+	synctest.Test(t, testDoHonoursContextBetweenAttempts)
+}
+
+func testDoHonoursContextBetweenAttempts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := clock.NewManual(time.Unix(0, 0)) // never advanced: only ctx can end the wait
 	calls := 0
@@ -96,12 +101,20 @@ func TestDoHonoursContextBetweenAttempts(t *testing.T) {
 	go func() {
 		done <- Do(ctx, Policy{Attempts: 10, Backoff: time.Hour, Clock: c}, func(int) error { calls++; return errBusy })
 	}()
-	for c.Waiters() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	waitWaiter(t, c)
 	cancel()
 	err := <-done
 	if !errors.Is(err, ErrStopped) || !errors.Is(err, context.Canceled) || !errors.Is(err, errBusy) || calls != 1 {
 		t.Fatalf("err=%v calls=%d", err, calls)
+	}
+}
+
+// waitWaiter waits until the bubble's goroutines have settled and fails
+// unless Do waits on c.
+func waitWaiter(t *testing.T, c *clock.Manual) {
+	t.Helper()
+	synctest.Wait()
+	if c.Waiters() == 0 {
+		t.Fatal("Do does not wait on the clock")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 )
 
@@ -174,7 +175,7 @@ func TestFileSharedByRouters(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); a.Watch(ctx, 20*time.Millisecond) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "a to read the revocation", func() bool { _, err := a.Check([]byte(key), ScopeRead); return err != nil })
+	testenv.WaitFor(t, 10*time.Second, "a to read the revocation", func() bool { _, err := a.Check([]byte(key), ScopeRead); return err != nil })
 	if _, err := b.Revoke("ffffffffffff", now); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
 	}
@@ -189,7 +190,7 @@ func TestFileSharedByRouters(t *testing.T) {
 	// between the truncation and the bytes (no keys, as documented), which
 	// is not the case under test.
 	key2, _, _ := b.Add("other", []Scope{ScopeSend}, now)
-	waitFor(t, "a to read the new key", func() bool { _, err := a.Check([]byte(key2), ScopeSend); return err == nil })
+	testenv.WaitFor(t, 10*time.Second, "a to read the new key", func() bool { _, err := a.Check([]byte(key2), ScopeSend); return err == nil })
 	if err := os.WriteFile(path+".tmp", []byte("keys: [ {id: broken"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -229,16 +230,6 @@ func TestFileSharedByRouters(t *testing.T) {
 	}
 	if _, err := a.Check([]byte(key2), ScopeSend); err == nil {
 		t.Fatal("a key the new file does not hold is still accepted")
-	}
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !ok(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

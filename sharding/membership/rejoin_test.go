@@ -136,16 +136,12 @@ func waitRejoin(t *testing.T, n *Node, what string, start time.Time, ok func(*sh
 	return time.Since(start)
 }
 
-// waitFor checks ok every 10 ms until it holds or limit passes.
+// waitFor checks ok (testenv.Until) until it holds or limit passes, and
+// answers how long that took.
 func waitFor(limit time.Duration, ok func() bool) (time.Duration, bool) {
 	start := time.Now()
-	for !ok() {
-		if time.Since(start) > limit {
-			return time.Since(start), false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start), true
+	held := testenv.Until(limit, ok)
+	return time.Since(start), held
 }
 
 // metaOf is the metadata of other's memberlist node as n last heard it, or
