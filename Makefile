@@ -84,23 +84,29 @@ sim: build
 # every namespace of databases on both, real and shadow, audited across the two.
 TEST_AUDIT := $(GO) run ./internal/testaudit/cmd/testaudit
 
-unit: vet
+unit: vet-go
 	$(GO) test -p 1 -count=1 -timeout 30m $$(comm -23 <($(GO) list ./... | sort) <($(GO) list $(RACE_PKGS) | sort))
 	$(GO) test -p 1 -count=1 -timeout 30m -run '$(UNIT_ONLY)' $(RACE_PKGS)
 	$(TEST_AUDIT) "make unit"
 
-race:
+race: staticcheck
 	$(GO) test -race -p 1 -count=1 -timeout 30m -skip '$(RACE_SKIP)' $(RACE_PKGS)
 	$(TEST_AUDIT) "make race"
 
 build:
 	$(GO) build -o $(BIN) ./cmd/redcell
 
-# vet: go vet, staticcheck (pinned in go.mod as a tool; its default checks)
-# and gofmt. The layering rules are a test of their own (internal/layering).
-vet:
-	$(GO) vet ./...
+# vet: go vet and gofmt (vet-go), and staticcheck (pinned in go.mod as a
+# tool; its default checks). make test runs vet-go at the start of the unit
+# pass and staticcheck at the start of the race pass, whose tests end sooner
+# than the unit pass's drills. The layering rules are a test of their own
+# (internal/layering).
+.PHONY: vet-go staticcheck
+vet: vet-go staticcheck
+staticcheck:
 	$(GO) tool staticcheck ./...
+vet-go:
+	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
 ## audit: conservation check of the cluster started by make run

@@ -41,12 +41,12 @@ func TestBookerWaitsForItsRateOutsideTheTransaction(t *testing.T) {
 	// 12 s of tokens at most (and what earlier tests left pending in the
 	// shared database, which this cell books too), well below the 30 s a
 	// failed batch waits.
-	for time.Since(start) < 20*time.Second {
-		if w := walletOf(t, c, act, "official"); w.Pending == 0 && w.Balance == 24 {
-			t.Logf("24 rewards booked %s after the booking was switched on", time.Since(start).Round(100*time.Millisecond))
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+	if testenv.Until(20*time.Second, func() bool {
+		w := walletOf(t, c, act, "official")
+		return w.Pending == 0 && w.Balance == 24
+	}) {
+		t.Logf("24 rewards booked %s after the booking was switched on", time.Since(start).Round(100*time.Millisecond))
+		return
 	}
 	t.Fatalf("20 s after the booking was switched on: %+v", walletOf(t, c, act, "official"))
 }

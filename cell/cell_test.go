@@ -472,11 +472,7 @@ func TestOneUserManyOpens(t *testing.T) {
 
 func waitFor(t *testing.T, limit time.Duration, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testenv.Until(limit, cond) {
+		t.Fatalf("timed out waiting for: %s", what)
 	}
 }

@@ -168,7 +168,7 @@ func TestRelaySwitch(t *testing.T) {
 func auditShadow(t *testing.T) model.AuditReport {
 	t.Helper()
 	var rep model.AuditReport
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	testenv.Until(5*time.Second, func() bool {
 		var ledgers []model.Ledger
 		for n := 1; n <= 2; n++ {
 			st, err := storage.Open(testenv.MySQLDSN(t, n), 2)
@@ -182,8 +182,8 @@ func auditShadow(t *testing.T) model.AuditReport {
 			}
 			ledgers = append(ledgers, l)
 		}
-		if rep = model.Audit(ledgers); rep.OK() || time.Now().After(deadline) {
-			return rep
-		}
-	}
+		rep = model.Audit(ledgers)
+		return rep.OK()
+	})
+	return rep
 }

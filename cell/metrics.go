@@ -54,6 +54,7 @@ type metrics struct {
 	moveSteps                          *prometheus.CounterVec // by op
 	moveDrain                          prometheus.Histogram
 	moveCopiesDropped, moveCopyChanged prometheus.Counter
+	movePasses                         prometheus.Counter
 
 	group groupMetrics
 }
@@ -161,7 +162,9 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 		Help: "Copies of databases handed over to another cell dropped after move_grace, unchanged since the handover."})
 	m.moveCopyChanged = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copy_changed_total",
 		Help: "Times a copy of a database handed over was found changed since the handover (kept, logged at ERROR): should stay 0."})
-	reg.MustRegister(m.moveSteps, m.moveDrain, m.moveCopiesDropped, m.moveCopyChanged)
+	m.movePasses = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_passes_total",
+		Help: "Passes of the cell's moves loop (every second): freezes past their time ended, copies due for a drop dropped."})
+	reg.MustRegister(m.moveSteps, m.moveDrain, m.moveCopiesDropped, m.moveCopyChanged, m.movePasses)
 	limited := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_rate_limited_total",
 		Help: "Requests refused by a rate limit, by kind (route, user at the router; cell at a cell) and route."}, []string{"kind", "route"})
 	for r := range m.limited {

@@ -33,6 +33,9 @@ func TestRefundAtExpiryRacingOpens(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Paced, not a wait: 8 x 60 opens spread over the 1 s expiry.
+			pace := time.NewTicker(25 * time.Millisecond)
+			defer pace.Stop()
 			for i := 0; i < 60; i++ {
 				var out api.OpenResponse
 				st, code := call(t, "POST", c.url+"/v1/packets/"+id+"/open", api.ActRequest{ActID: fmt.Sprintf("%s-g%d-%d", pre, g, i)}, &out)
@@ -46,7 +49,7 @@ func TestRefundAtExpiryRacingOpens(t *testing.T) {
 					t.Errorf("open answered %d %s", st, code)
 				}
 				mu.Unlock()
-				time.Sleep(25 * time.Millisecond) // pacing, not a wait: 8 x 60 opens spread over the 1 s expiry
+				<-pace.C
 
 			}
 		}()

@@ -228,7 +228,10 @@ func TestMoveSteps(t *testing.T) {
 	if st, code, _ := moveStep(t, e, api.MoveStep{Op: "seal", DB: 7, Version: 20}); st != 200 {
 		t.Fatalf("seal: %d %s", st, code)
 	}
-	time.Sleep(2500 * time.Millisecond) // the ttl and two passes
+	// Three passes of the moves loop (a second apart): the 300 ms ttl ends
+	// before the second.
+	passes := metric(t, e, "redcell_cell_move_passes_total")
+	waitFor(t, 15*time.Second, func() bool { return metric(t, e, "redcell_cell_move_passes_total") >= passes+3 }, "three passes of the moves loop")
 	if st := movesState(t, e); !containsDB(st.Frozen, 7) {
 		t.Fatalf("a sealed freeze thawed by itself: %+v", st)
 	}

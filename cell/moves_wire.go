@@ -20,7 +20,7 @@ func (s *Server) newMoves(store MoveStore, peers Peers) *moves.Steps {
 	}
 	return moves.New(moves.Config{Cell: s.cfg.Name, Grace: s.cfg.MoveGrace, Store: ms, Own: movesOwnership{s.own}, Peers: peers,
 		Metrics: moves.Metrics{Steps: s.metrics.moveSteps, Drain: s.metrics.moveDrain, CopiesDropped: s.metrics.moveCopiesDropped,
-			CopyChanged: s.metrics.moveCopyChanged},
+			CopyChanged: s.metrics.moveCopyChanged, Passes: s.metrics.movePasses},
 		Clock: s.clock, Log: s.log})
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/sharding"
 )
 
@@ -61,9 +62,7 @@ func TestDrainWaitsForItsDatabase(t *testing.T) {
 		defer cancel()
 		done <- o.drain(ctx, 3)
 	}()
-	for o.dbWork[3].cur.Load() == gen {
-		time.Sleep(time.Millisecond) // until the drain has started the new generation
-	}
+	testenv.WaitFor(t, 10*time.Second, "the drain to start the new generation", func() bool { return o.dbWork[3].cur.Load() != gen })
 	later := o.enterDB(3)
 	defer later()
 	first()

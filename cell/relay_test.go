@@ -212,17 +212,11 @@ func (w *creditWatch) poll() {
 // until waits, for up to limit, until done reports true (called with the
 // times stable), and says whether it did.
 func (w *creditWatch) until(limit time.Duration, done func() bool) bool {
-	for deadline := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
+	return testenv.Until(limit, func() bool {
 		w.mu.Lock()
-		ok := done()
-		w.mu.Unlock()
-		if ok {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
+		defer w.mu.Unlock()
+		return done()
+	})
 }
 
 // seen reports whether c has been seen credited.

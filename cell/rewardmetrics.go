@@ -34,6 +34,7 @@ var tokenRefusalCodes = []string{
 type rewardMetrics struct {
 	issued   *prometheus.CounterVec   // space
 	booked   *prometheus.CounterVec   // space
+	ticks    *prometheus.CounterVec   // space: the booker's ticks, booking or not
 	lag      *prometheus.HistogramVec // space: issue → booked by the booker, seconds
 	pending  *prometheus.GaugeVec     // space
 	refused  *prometheus.CounterVec   // space, code
@@ -46,6 +47,8 @@ func newRewardMetrics(reg prometheus.Registerer, s *Server) *rewardMetrics {
 			Help: "Rewards issued (stored pending, repeats not counted), restored ones included."}, []string{"space"}),
 		booked: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_reward_booked_total",
 			Help: "Rewards the booker booked into wallets (forced bookings of a withdrawal or book_now not counted)."}, []string{"space"}),
+		ticks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_reward_booker_ticks_total",
+			Help: "Ticks of each space's booker (every booking_interval), booking or not (switched off, nothing to book): it runs."}, []string{"space"}),
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "redcell_reward_booking_lag_seconds",
 			Help:    "From a reward's issue to its booking by the booker.",
 			Buckets: []float64{.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}}, []string{"space"}),
@@ -59,13 +62,14 @@ func newRewardMetrics(reg prometheus.Registerer, s *Server) *rewardMetrics {
 	for _, sp := range []string{"real", "shadow"} {
 		m.issued.WithLabelValues(sp)
 		m.booked.WithLabelValues(sp)
+		m.ticks.WithLabelValues(sp)
 		m.lag.WithLabelValues(sp)
 		m.restored.WithLabelValues(sp)
 		for _, code := range tokenRefusalCodes {
 			m.refused.WithLabelValues(sp, code)
 		}
 	}
-	reg.MustRegister(m.issued, m.booked, m.lag, m.pending, m.refused, m.restored, budgetLeft{s: s,
+	reg.MustRegister(m.issued, m.booked, m.ticks, m.lag, m.pending, m.refused, m.restored, budgetLeft{s: s,
 		desc: prometheus.NewDesc("redcell_reward_budget_left",
 			"What each scene of an open stage may still issue (its budget in cents for cash, its stock in pieces otherwise, less what the cluster issued as of the last flush of the issued counters), by space, parent activity, child, scene and award type.",
 			[]string{"space", "parent", "child", "scene", "award_type"}, nil)})

@@ -791,6 +791,7 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 				return
 			case <-t.C:
 			}
+			s.rwMetrics.ticks.WithLabelValues(sp.name).Inc()
 			if s.switches.Off(degradeBooking) {
 				continue
 			}

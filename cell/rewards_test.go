@@ -189,7 +189,12 @@ func TestRewards(t *testing.T) {
 	if _, st, code := issue(t, c, api.RewardRequest{ParentActivityID: fest, SceneID: rain, RainID: "r3", ActID: act, AwardType: "cash", Amount: 88}); st != 200 {
 		t.Fatalf("issue r3: %d %s", st, code)
 	}
-	time.Sleep(400 * time.Millisecond)
+	// Three ticks of the booker (each would have booked it) pass with the
+	// reward pending.
+	ticks := metric(t, c, `redcell_reward_booker_ticks_total{space="real"}`)
+	testenv.WaitFor(t, 10*time.Second, "three ticks of the booker", func() bool {
+		return metric(t, c, `redcell_reward_booker_ticks_total{space="real"}`) >= ticks+3
+	})
 	if w := walletOf(t, c, act, ""); w.Pending != 88 || w.Balance != 500 {
 		t.Fatalf("with booking off: %+v, want 88 pending", w)
 	}
@@ -569,7 +574,10 @@ func TestRewardLeasesSettledAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(5 * time.Millisecond) // the leases are older than the cell's start
+	// The leases are older than the cell's start: it starts in a later
+	// millisecond than their grants'.
+	granted := time.Now().UnixMilli()
+	testenv.WaitFor(t, time.Second, "a millisecond past the grants", func() bool { return time.Now().UnixMilli() > granted })
 	oneCell(t, func(cfg *cell.Config) { cfg.RewardKeys, cfg.Activities = keys, acts })
 	var b model.Budget
 	var ls []model.Lease

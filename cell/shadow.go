@@ -141,6 +141,10 @@ type shadowCleaner struct {
 	lastMS   atomic.Int64 // Unix ms of the last stress traffic (enter with traffic); the start until the first
 	dropped  atomic.Bool  // dropped since the last stress traffic: the age rule has nothing to drop
 	mu       sync.Mutex   // held by the cleanup that runs
+	// waited counts the looks of a cleanup's waits that found what they
+	// wait for not yet done (waitUntil): a cleanup that looked again and
+	// goes on waiting has not dropped.
+	waited atomic.Int64
 
 	cleanups, failures *prometheus.CounterVec // by reason
 }
@@ -257,7 +261,7 @@ func (c *shadowCleaner) dropClosed(ctx context.Context, out *api.ShadowCleanupRe
 	if idle := c.p.clock.Now().Sub(time.UnixMilli(c.lastMS.Load())); idle < c.p.quiet {
 		c.p.log.Info("shadow cleanup waits for the reconciliation of the last stress traffic", "idle", idle, "quiet", c.p.quiet)
 		quiet := func() bool { return c.p.clock.Now().Sub(time.UnixMilli(c.lastMS.Load())) >= c.p.quiet }
-		if err := waitUntil(ctx, shadowCleanupMax, "the stress traffic", quiet); err != nil {
+		if err := c.waitUntil(ctx, shadowCleanupMax, "the stress traffic", quiet); err != nil {
 			return err
 		}
 	}
@@ -270,14 +274,14 @@ func (c *shadowCleaner) dropClosed(ctx context.Context, out *api.ShadowCleanupRe
 	defer release()
 	c.closed.Store(true)
 	defer c.closed.Store(false)
-	if err := waitUntil(ctx, shadowRequestsWait, "the stress requests in flight", func() bool { return c.inflight.Load() == 0 }); err != nil {
+	if err := c.waitUntil(ctx, shadowRequestsWait, "the stress requests in flight", func() bool { return c.inflight.Load() == 0 }); err != nil {
 		return err
 	}
 	if err := c.p.settle(ctx); err != nil {
 		c.p.log.Warn("shadow cleanup: budget leases not all given back; their homes settle them", "err", err)
 	}
 	relayIdle := func() bool { return c.p.relayHeld() == 0 }
-	if err := waitUntil(ctx, shadowRelayWait, "the shadow relay's deliveries", relayIdle); err != nil {
+	if err := c.waitUntil(ctx, shadowRelayWait, "the shadow relay's deliveries", relayIdle); err != nil {
 		return err
 	}
 	dbs := c.p.dbs()
@@ -293,21 +297,23 @@ func (c *shadowCleaner) dropClosed(ctx context.Context, out *api.ShadowCleanupRe
 	}
 	// A relay read of claims just before its database went hands them to
 	// the lanes at once; while the relay is off they let them go.
-	if err := waitUntil(ctx, shadowRelayWait, "the shadow relay's lanes", relayIdle); err != nil {
+	if err := c.waitUntil(ctx, shadowRelayWait, "the shadow relay's lanes", relayIdle); err != nil {
 		c.p.log.Warn("shadow cleanup: the relay still holds credits of dropped claims", "err", err)
 	}
 	return nil
 }
 
 // waitUntil polls cond every shadowPoll until it holds, for at most limit or
-// ctx. It waits on real time, like the contexts that bound it (the cell's
-// clock may be a test's). Errors: ErrOverloaded naming what did not end.
-func waitUntil(ctx context.Context, limit time.Duration, what string, cond func() bool) error {
+// ctx, counting each look that found it false (waited). It waits on real
+// time, like the contexts that bound it (the cell's clock may be a test's).
+// Errors: ErrOverloaded naming what did not end.
+func (c *shadowCleaner) waitUntil(ctx context.Context, limit time.Duration, what string, cond func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	t := time.NewTicker(shadowPoll)
 	defer t.Stop()
 	for !cond() {
+		c.waited.Add(1)
 		select {
 		case <-ctx.Done():
 			return model.Errorf(model.ErrOverloaded, "shadow cleanup: %s did not end within %s; nothing was dropped, retry", what, limit)

@@ -119,22 +119,16 @@ func TestShadowCleanupWaits(t *testing.T) {
 		out, err := r.c.CleanShadow(context.Background())
 		done <- result{err, len(out.Databases)}
 	}()
-	waitClosed := time.Now().Add(5 * time.Second)
-	for !r.c.isClosed() {
-		if time.Now().After(waitClosed) {
-			t.Fatal("the cleanup did not close the space")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.WaitFor(t, 10*time.Second, "the cleanup to close the space", r.c.isClosed)
 	if err := r.c.enter(true); !errors.Is(err, model.ErrOverloaded) {
 		t.Fatalf("a stress request while the space is dropped: %v, want OVERLOADED", err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	r.lookedAgain(t)
 	if !r.shadowExists(t) {
 		t.Fatal("dropped while a stress request was in flight")
 	}
 	r.c.leave()
-	time.Sleep(100 * time.Millisecond)
+	r.lookedAgain(t)
 	if !r.shadowExists(t) || r.settled.Load() != 1 {
 		t.Fatalf("dropped while the relay held credits (or leases not given back first: %d)", r.settled.Load())
 	}
@@ -220,11 +214,17 @@ func TestShadowRetention(t *testing.T) {
 // waitWaiting waits until the rig's loop waits on the clock (bounded: 10 s).
 func waitWaiting(t *testing.T, m *clock.Manual) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); m.Waiters() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("nothing waits on the clock")
-		}
-	}
+	testenv.WaitFor(t, 10*time.Second, "a wait on the clock", func() bool { return m.Waiters() > 0 })
+}
+
+// lookedAgain waits until the running cleanup has looked twice more at
+// what it waits for and found it not done (shadowCleaner.waited): from
+// then on, what the test checks is what the cleanup saw and kept waiting
+// on.
+func (r *shadowRig) lookedAgain(t *testing.T) {
+	t.Helper()
+	from := r.c.waited.Load()
+	testenv.WaitFor(t, 10*time.Second, "the cleanup to look again at what it waits for", func() bool { return r.c.waited.Load() >= from+2 })
 }
 
 // TestShadowCleanupQuiet: a cleanup asked for soon after stress traffic
@@ -240,12 +240,12 @@ func TestShadowCleanupQuiet(t *testing.T) {
 	r.c.leave()
 	done := make(chan error, 1)
 	go func() { _, err := r.c.CleanShadow(context.Background()); done <- err }()
-	time.Sleep(200 * time.Millisecond)
+	r.lookedAgain(t)
 	if r.c.isClosed() || !r.shadowExists(t) || r.holds.Load() != 0 {
 		t.Fatal("the cleanup closed the space or dropped before the quiet time passed")
 	}
 	r.clk.Advance(99 * time.Second)
-	time.Sleep(100 * time.Millisecond)
+	r.lookedAgain(t)
 	if !r.shadowExists(t) {
 		t.Fatal("dropped 99 s after the last stress traffic")
 	}

@@ -364,11 +364,7 @@ func TestShadowCleanupRelayHeld(t *testing.T) {
 	// the credit then. The drop waits for it.
 	go func() {
 		defer tx.Rollback()
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if counter(t, c.reg, "redcell_cell_shadow_closed", nil) == 1 {
-				return
-			}
-		}
+		testenv.Until(15*time.Second, func() bool { return counter(t, c.reg, "redcell_cell_shadow_closed", nil) == 1 })
 	}()
 	out := cleanShadow(t, c)
 	if !slices.Contains(out.Databases, shadowName(c.ns, sh)) {

@@ -77,6 +77,7 @@ type Metrics struct {
 	Drain         prometheus.Observer    // seconds a freeze waited for work in flight
 	CopiesDropped prometheus.Counter
 	CopyChanged   prometheus.Counter
+	Passes        prometheus.Counter // Run's passes
 }
 
 // Config is what Steps needs of its cell.
@@ -466,6 +467,7 @@ func (s *Steps) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		s.movesPass(ctx)
 		s.dropDue(ctx)
+		s.cfg.Metrics.Passes.Inc()
 		select {
 		case <-ctx.Done():
 		case <-s.clock.After(movesTick):
