@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 	"redcell/sharding"
 )
@@ -89,20 +91,13 @@ func TestProberDropsAHungCell(t *testing.T) {
 		t.Fatal("with no probe run yet the map is not gossip's own")
 	}
 	url := startRouterWith(t, p, func(c *Config) { c.RequestTimeout = 2 * time.Second }, nil)
-	stopProbes := make(chan struct{})
+	probes, stopProbes := context.WithCancel(t.Context())
 	probed := make(chan struct{})
 	go func() {
 		defer close(probed)
-		for {
-			select {
-			case <-stopProbes:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			p.probeAll(t.Context())
-		}
+		clock.Every(probes, clock.Real{}, 50*time.Millisecond, func(int) { p.probeAll(t.Context()) })
 	}()
-	defer func() { close(stopProbes); <-probed }()
+	defer func() { stopProbes(); <-probed }()
 
 	waitFor := func(what string, ok func() bool) time.Duration {
 		t.Helper()

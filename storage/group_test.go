@@ -201,10 +201,13 @@ func TestCommitGroupWaitsForALockedPacket(t *testing.T) {
 	op := &OpenOp{Ref: ref, Reqs: []model.OpenRequest{{ActID: "u", Shard: sharding.ShardOfAct("u")}}, Rand: rand.New(rand.NewPCG(1, 1))}
 	done := make(chan error, 1)
 	go func() { done <- m.CommitGroup(ctx, []Op{op}) }()
+	if !lockWaitedOn(m, m.packetTable(ref.Shard, ref.Day)) {
+		t.Fatal("the group's read of the packet row never waited for the other transaction's lock")
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("the group committed (%v) while another transaction held the packet row", err)
-	case <-time.After(500 * time.Millisecond):
+	default:
 	}
 	release()
 	select {
