@@ -122,54 +122,96 @@ func PlanMovesByRate(live []LiveCell, cells int, rates map[int]float64) (MovePla
 	if total <= 0 {
 		return MovePlan{}, fmt.Errorf("bench: no database had a measured rate: plan by count")
 	}
-	rate := func(db int) float64 { return max(rates[db], 0) }
-	after := map[string][]int{}
-	load := map[string]float64{}
+	b := newRateBalance(lm, rates)
+	b.placeRemoved()
+	b.even(total / float64(len(lm.targets)))
+	p := lm.plan(b.after, b.load)
+	for i := range p.Cells {
+		for _, db := range lm.have[p.Cells[i].Name] {
+			p.Cells[i].RateBefore += b.rate(db)
+		}
+	}
+	return p, nil
+}
+
+// rateBalance is PlanMovesByRate's work in progress: which databases each
+// target cell holds after the moves planned so far, and their sum of rates.
+type rateBalance struct {
+	lm    liveMap
+	rates map[int]float64  // by database: measured operations per second
+	after map[string][]int // by target cell: its databases after the moves
+	load  map[string]float64
+}
+
+// newRateBalance starts from the databases each target cell holds now.
+func newRateBalance(lm liveMap, rates map[int]float64) *rateBalance {
+	b := &rateBalance{lm: lm, rates: rates, after: map[string][]int{}, load: map[string]float64{}}
 	for _, name := range lm.targets {
-		after[name] = slices.Clone(lm.have[name])
-		for _, db := range after[name] {
-			load[name] += rate(db)
+		b.after[name] = slices.Clone(lm.have[name])
+		for _, db := range b.after[name] {
+			b.load[name] += b.rate(db)
 		}
 	}
-	lowest := func() string {
-		return slices.MinFunc(lm.targets, func(a, b string) int { return cmp.Compare(load[a], load[b]) })
+	return b
+}
+
+// rate is database db's measured rate; a negative one counts as 0.
+func (b *rateBalance) rate(db int) float64 { return max(b.rates[db], 0) }
+
+// lowest is the target cell with the lowest sum of rates.
+func (b *rateBalance) lowest() string {
+	return slices.MinFunc(b.lm.targets, func(x, y string) int { return cmp.Compare(b.load[x], b.load[y]) })
+}
+
+// highest is the target cell with the highest sum of rates.
+func (b *rateBalance) highest() string {
+	return slices.MaxFunc(b.lm.targets, func(x, y string) int { return cmp.Compare(b.load[x], b.load[y]) })
+}
+
+// give moves database db from cell from ("": a removed cell) to cell to.
+func (b *rateBalance) give(db int, from, to string) {
+	if from != "" {
+		b.after[from] = slices.DeleteFunc(b.after[from], func(d int) bool { return d == db })
+		b.load[from] -= b.rate(db)
 	}
-	highest := func() string {
-		return slices.MaxFunc(lm.targets, func(a, b string) int { return cmp.Compare(load[a], load[b]) })
-	}
-	give := func(db int, from, to string) {
-		if from != "" {
-			after[from] = slices.DeleteFunc(after[from], func(d int) bool { return d == db })
-			load[from] -= rate(db)
-		}
-		after[to] = append(after[to], db)
-		load[to] += rate(db)
-	}
+	b.after[to] = append(b.after[to], db)
+	b.load[to] += b.rate(db)
+}
+
+// placeRemoved gives the removed cells' databases, hottest first, each to
+// the cell whose sum is lowest then.
+func (b *rateBalance) placeRemoved() {
 	var pool []int
-	for _, name := range lm.removed {
-		pool = append(pool, lm.have[name]...)
+	for _, name := range b.lm.removed {
+		pool = append(pool, b.lm.have[name]...)
 	}
-	hottestFirst := func(a, b int) int {
-		if c := cmp.Compare(rate(b), rate(a)); c != 0 {
+	hottestFirst := func(x, y int) int {
+		if c := cmp.Compare(b.rate(y), b.rate(x)); c != 0 {
 			return c
 		}
-		return cmp.Compare(a, b)
+		return cmp.Compare(x, y)
 	}
 	slices.SortFunc(pool, hottestFirst)
 	for _, db := range pool {
-		give(db, "", lowest())
+		b.give(db, "", b.lowest())
 	}
-	mean := total / float64(len(lm.targets))
+}
+
+// even moves databases from the highest cell to the lowest while the
+// highest sum is more than RateTolerance above mean: each time the
+// database whose rate is nearest half their difference, and below it. A
+// database moves at most once.
+func (b *rateBalance) even(mean float64) {
 	moved := map[int]bool{}
-	for range model.DBCount * len(lm.targets) { // each move lowers the sum of squares: bounded anyway
-		hi, lo := highest(), lowest()
-		gap := load[hi] - load[lo]
-		if load[hi] <= mean*(1+RateTolerance) || gap <= 0 {
+	for range model.DBCount * len(b.lm.targets) { // each move lowers the sum of squares: bounded anyway
+		hi, lo := b.highest(), b.lowest()
+		gap := b.load[hi] - b.load[lo]
+		if b.load[hi] <= mean*(1+RateTolerance) || gap <= 0 {
 			break
 		}
 		best, bestOff := -1, 0.0
-		for _, db := range after[hi] {
-			r := rate(db)
+		for _, db := range b.after[hi] {
+			r := b.rate(db)
 			if r <= 0 || r >= gap || moved[db] {
 				continue
 			}
@@ -181,15 +223,8 @@ func PlanMovesByRate(live []LiveCell, cells int, rates map[int]float64) (MovePla
 			break
 		}
 		moved[best] = true
-		give(best, hi, lo)
+		b.give(best, hi, lo)
 	}
-	p := lm.plan(after, load)
-	for i := range p.Cells {
-		for _, db := range lm.have[p.Cells[i].Name] {
-			p.Cells[i].RateBefore += rate(db)
-		}
-	}
-	return p, nil
 }
 
 func abs(x float64) float64 {

@@ -342,6 +342,16 @@ func sortedCodes(m map[string]int64) []string {
 // write error.
 func (r Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
+	r.writeHeader(ew)
+	r.writeOpTable(ew)
+	r.writeMoney(ew)
+	r.writeVerdict(ew)
+	return ew.err
+}
+
+// writeHeader writes what the run was and its rates: the workload, the
+// load's shape, the cells' metrics, the work and the router's CPU.
+func (r Report) writeHeader(ew *errWriter) {
 	ew.printf("redcell bench: run %s against %s\n", r.RunID, r.RouterURL)
 	ew.printf("  %s\n", r.describe())
 	ew.printf("  %d senders, %d openers, %v, %s\n",
@@ -365,6 +375,11 @@ func (r Report) WriteText(w io.Writer) error {
 	if r.OpensPending > 0 || r.UnresolvedOpens > 0 {
 		ew.printf("  %d opens not yet due at the end, %d of unknown outcome not asked again\n", r.OpensPending, r.UnresolvedOpens)
 	}
+}
+
+// writeOpTable writes the latency table, a row per operation (and the hot
+// and cold opens), then each operation's errors by code.
+func (r Report) writeOpTable(ew *errWriter) {
 	ew.printf("\n%-8s %9s %9s %7s %9s %9s %9s %9s %9s\n", "op", "count", "ok", "repeat", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms")
 	for o := op(0); o < opCount; o++ {
 		s := r.op(o)
@@ -395,7 +410,11 @@ func (r Report) WriteText(w io.Writer) error {
 	if shed := r.Shed(); len(shed) > 0 && r.AllowShed {
 		ew.printf("  shed by design (counted, not a failure): %s\n", strings.Join(shed, ", "))
 	}
+}
 
+// writeMoney writes the money the run moved, the openers' balances and the
+// audit of the cells.
+func (r Report) writeMoney(ew *errWriter) {
 	ew.printf("\nmoney (cents): deposited %d, sent %d, claimed %d (%d opens resolved after a lost answer)\n",
 		r.DepositedCents, r.SentCents, r.ClaimedCents, r.ResolvedOpens)
 	if r.BalancesChecked {
@@ -417,6 +436,10 @@ func (r Report) WriteText(w io.Writer) error {
 	if r.AuditError != "" {
 		ew.printf("audit error: %s\n", r.AuditError)
 	}
+}
+
+// writeVerdict writes OK, or FAIL and the run's problems.
+func (r Report) writeVerdict(ew *errWriter) {
 	if ps := r.Problems(); len(ps) > 0 {
 		ew.printf("\nFAIL\n")
 		for _, p := range ps {
@@ -425,7 +448,6 @@ func (r Report) WriteText(w io.Writer) error {
 	} else {
 		ew.printf("\nOK\n")
 	}
-	return ew.err
 }
 
 // errWriter keeps the first write error and skips every write after it.

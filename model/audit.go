@@ -203,10 +203,6 @@ func (r AuditReport) OK() bool { return r.Difference == 0 && len(r.Problems) == 
 // is in flight). Claims found with their credits are compared as always.
 func Audit(ledgers []Ledger) AuditReport {
 	var r AuditReport
-	claims := map[string]Claim{}
-	credits := map[string]Credit{}
-	claimAt := map[string][]placed[Claim]{}   // every claim row, by claim ID: where it is
-	creditAt := map[string][]placed[Credit]{} // every credit row, by claim ID: where it is
 	for _, l := range ledgers {
 		r.Exported.Add(l.Exported)
 	}
@@ -214,6 +210,36 @@ func Audit(ledgers []Ledger) AuditReport {
 	// file is summed with the exported ones.
 	x := r.Exported
 	oldClaims, oldCredits := x.ClaimCents, x.CreditCents
+	rows := auditLedgerSums(ledgers, &r)
+	auditDuplicateRows(rows, &r)
+	oldCredits += auditCredits(rows, x, &r)
+	oldClaims += auditInFlight(rows, x, &r)
+	auditExportedSides(oldClaims, oldCredits, &r)
+	r.InFlight += oldClaims - oldCredits
+	r.ClaimsCount, r.CreditsCount = len(rows.claims), len(rows.credits)
+	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
+	auditRewards(ledgers, &r)
+	auditCoupons(ledgers, &r)
+	sort.Strings(r.Problems)
+	return r
+}
+
+// auditRows are the claim and credit rows of all the cells, gathered by
+// auditLedgerSums: by claim ID the last row read, and every row with its cell.
+type auditRows struct {
+	claims   map[string]Claim
+	credits  map[string]Credit
+	claimAt  map[string][]placed[Claim]  // every claim row, by claim ID: where it is
+	creditAt map[string][]placed[Credit] // every credit row, by claim ID: where it is
+}
+
+// auditLedgerSums adds each ledger's sums and problems to r, checks the
+// per-cell sums that must match, and gathers the claim and credit rows.
+func auditLedgerSums(ledgers []Ledger, r *AuditReport) auditRows {
+	claims := map[string]Claim{}
+	credits := map[string]Credit{}
+	claimAt := map[string][]placed[Claim]{}   // every claim row, by claim ID: where it is
+	creditAt := map[string][]placed[Credit]{} // every credit row, by claim ID: where it is
 	for _, l := range ledgers {
 		r.Cells = append(r.Cells, l.Cell)
 		r.Deposits += l.Deposits
@@ -240,6 +266,13 @@ func Audit(ledgers []Ledger) AuditReport {
 			credits[id] = c
 		}
 	}
+	return auditRows{claims: claims, credits: credits, claimAt: claimAt, creditAt: creditAt}
+}
+
+// auditDuplicateRows reports a claim stored in more than one cell and a
+// claim credited in more than one cell.
+func auditDuplicateRows(rows auditRows, r *AuditReport) {
+	claimAt, creditAt := rows.claimAt, rows.creditAt
 	for id, at := range claimAt {
 		if len(at) > 1 {
 			r.Problems = append(r.Problems, fmt.Sprintf("claim %s is stored in %d cells: %s", id, len(at), joinPlaced(at, claimAtText(id))))
@@ -251,6 +284,13 @@ func Audit(ledgers []Ledger) AuditReport {
 				joinPlaced(at, creditAtText), claimOf(id, claimAt[id])))
 		}
 	}
+}
+
+// auditCredits reports the credits that have no claim or do not match
+// theirs. It returns the cents credited by the credits whose claim may have
+// been exported (x.ClaimMayBeExported): those are compared by sums only.
+func auditCredits(rows auditRows, x Exported, r *AuditReport) (oldCredits Cents) {
+	claims, credits, claimAt, creditAt := rows.claims, rows.credits, rows.claimAt, rows.creditAt
 	// A credit must match its claim in account and amount. The difference below
 	// is computed from the rows as they are, so money credited without a claim, or
 	// more than claimed, shows there too.
@@ -269,6 +309,14 @@ func Audit(ledgers []Ledger) AuditReport {
 				id, cr.Amount, cr.ActID, creditWhere(at), c.Amount, c.ActID, claimWhere(id, claimAt[id][len(claimAt[id])-1].cell)))
 		}
 	}
+	return oldCredits
+}
+
+// auditInFlight adds the claims not credited yet to r.InFlight. It returns
+// the cents of those whose credit may have been exported
+// (x.CreditMayBeExported), which are compared by sums only.
+func auditInFlight(rows auditRows, x Exported, r *AuditReport) (oldClaims Cents) {
+	claims, credits := rows.claims, rows.credits
 	for id, c := range claims {
 		if _, ok := credits[id]; ok {
 			continue
@@ -280,6 +328,13 @@ func Audit(ledgers []Ledger) AuditReport {
 		r.InFlight += c.Amount
 		r.InFlightCount++
 	}
+	return oldClaims
+}
+
+// auditExportedSides compares the sums of the claims and the credits of
+// which one side was exported (the exported rows' own sums included) and
+// reports a difference either way.
+func auditExportedSides(oldClaims, oldCredits Cents, r *AuditReport) {
 	// Every exported claim's credit is booked (the export waits for the
 	// relay and reconciliation), so these sums match on healthy books.
 	switch {
@@ -290,13 +345,6 @@ func Audit(ledgers []Ledger) AuditReport {
 		r.Problems = append(r.Problems, fmt.Sprintf("claims and credits of which one side was exported: claims %d cents, credits %d: %d cents claimed and never credited (a credit delivered after its claimant's database exported that date is not booked)",
 			oldClaims, oldCredits, oldClaims-oldCredits))
 	}
-	r.InFlight += oldClaims - oldCredits
-	r.ClaimsCount, r.CreditsCount = len(claims), len(credits)
-	r.Difference = r.Deposits + r.Rewards - r.Withdrawals - (r.Balances + r.OpenRemaining + r.InFlight)
-	auditRewards(ledgers, &r)
-	auditCoupons(ledgers, &r)
-	sort.Strings(r.Problems)
-	return r
 }
 
 // placed is a row of a ledger with the cell it was read from.

@@ -67,78 +67,114 @@ func (r *Router) handleAdmin(rc *fasthttp.RequestCtx) {
 		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
 		return
 	}
-	switch rt.ID {
-	case api.RouteKeysList:
-		keys, err := r.keys.List()
-		if err != nil {
-			r.adminFailed(rc, err)
-			return
-		}
-		if keys == nil {
-			keys = []apikey.Key{}
-		}
-		r.writeAdminJSON(rc, KeysResponse{Keys: keys})
-	case api.RouteKeysAdd:
-		var req KeyRequest
-		if err := decodeAdmin(rc, &req); err != nil {
-			r.writeErr(rc, err)
-			return
-		}
-		key, k, err := r.keys.Add(req.App, req.Scopes, time.Now())
-		if err != nil {
-			r.adminFailed(rc, err)
-			return
-		}
-		r.log.Info("API key added", "id", k.ID, "app", k.App, "scopes", k.Scopes)
-		r.writeAdminJSON(rc, KeyResponse{Key: k, APIKey: key})
-	case api.RouteCellsGet, api.RouteCellsPost:
-		if r.cfg.Cells == nil {
-			r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router runs no cluster changes"))
-			return
-		}
-		if rt.ID == api.RouteCellsGet {
-			r.writeAdminJSON(rc, r.cfg.Cells.Job())
-			return
-		}
-		var req api.CellsRequest
-		if err := decodeAdmin(rc, &req); err != nil {
-			r.writeErr(rc, err)
-			return
-		}
-		job, err := r.cfg.Cells.Start(req)
-		if err != nil {
-			r.writeErr(rc, err)
-			return
-		}
-		r.log.Info("cluster change started", "op", req.Op, "name", req.Name, "db", req.DB, "to", req.To)
-		r.writeAdminJSON(rc, job)
-	case api.RouteKeysRevoke:
-		k, err := r.keys.Revoke(params.Key, time.Now())
-		if err != nil {
-			r.adminFailed(rc, err)
-			return
-		}
-		r.log.Info("API key revoked", "id", k.ID, "app", k.App)
-		r.writeAdminJSON(rc, k)
-	case api.RouteRulesGet, api.RouteRulesReload:
-		if r.rules == nil {
-			r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router has no rules file (router.rules_file)"))
-			return
-		}
-		if rt.ID == api.RouteRulesReload {
-			changed, err := r.rules.Reload()
-			if err != nil {
-				r.log.Warn("rules reload refused; the rules in force stay", "err", err)
-				// The table in force stays; the answer says why the file was refused.
-				r.writeErr(rc, model.Invalidf("%v (the rules in force stay)", err))
-				return
-			}
-			r.log.Info("rules reloaded", "changed", changed, "version", r.rules.Table().Version)
-		}
-		r.writeAdminJSON(rc, RulesResponse{File: r.rules.Path(), Summary: r.rules.Table().Summary(ruleRoutes), LastError: r.rules.LastError()})
-	default: // a route of the table this port does not serve
+	h, ok := adminHandlers[rt.ID]
+	if !ok { // a route of the table this port does not serve
 		r.writeErr(rc, model.Errorf(model.ErrNotFound, "no admin route for %s %s", method, path))
+		return
 	}
+	h(r, rc, rt, params)
+}
+
+// adminHandler serves one admin route once handleAdmin has checked the
+// token; rt is the route matched and params its path's parameters.
+type adminHandler func(r *Router, rc *fasthttp.RequestCtx, rt api.Route, params api.Params)
+
+// adminHandlers are the admin routes the router serves behind the token, by
+// route.
+var adminHandlers = map[api.RouteID]adminHandler{
+	api.RouteKeysList:    (*Router).adminKeysList,
+	api.RouteKeysAdd:     (*Router).adminKeysAdd,
+	api.RouteKeysRevoke:  (*Router).adminKeysRevoke,
+	api.RouteCellsGet:    (*Router).adminCells,
+	api.RouteCellsPost:   (*Router).adminCells,
+	api.RouteRulesGet:    (*Router).adminRules,
+	api.RouteRulesReload: (*Router).adminRules,
+}
+
+// adminKeysList serves GET /admin/keys: every entry of the key file.
+func (r *Router) adminKeysList(rc *fasthttp.RequestCtx, _ api.Route, _ api.Params) {
+	keys, err := r.keys.List()
+	if err != nil {
+		r.adminFailed(rc, err)
+		return
+	}
+	if keys == nil {
+		keys = []apikey.Key{}
+	}
+	r.writeAdminJSON(rc, KeysResponse{Keys: keys})
+}
+
+// adminKeysAdd serves POST /admin/keys: makes a key and answers it once.
+func (r *Router) adminKeysAdd(rc *fasthttp.RequestCtx, _ api.Route, _ api.Params) {
+	var req KeyRequest
+	if err := decodeAdmin(rc, &req); err != nil {
+		r.writeErr(rc, err)
+		return
+	}
+	key, k, err := r.keys.Add(req.App, req.Scopes, time.Now())
+	if err != nil {
+		r.adminFailed(rc, err)
+		return
+	}
+	r.log.Info("API key added", "id", k.ID, "app", k.App, "scopes", k.Scopes)
+	r.writeAdminJSON(rc, KeyResponse{Key: k, APIKey: key})
+}
+
+// adminKeysRevoke serves DELETE /admin/keys/{id}.
+func (r *Router) adminKeysRevoke(rc *fasthttp.RequestCtx, _ api.Route, params api.Params) {
+	k, err := r.keys.Revoke(params.Key, time.Now())
+	if err != nil {
+		r.adminFailed(rc, err)
+		return
+	}
+	r.log.Info("API key revoked", "id", k.ID, "app", k.App)
+	r.writeAdminJSON(rc, k)
+}
+
+// adminCells serves GET /admin/cells (the last change of the cells) and
+// POST /admin/cells (starts one: add or remove a cell, move a database);
+// 404 when the router runs no cluster changes.
+func (r *Router) adminCells(rc *fasthttp.RequestCtx, rt api.Route, _ api.Params) {
+	if r.cfg.Cells == nil {
+		r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router runs no cluster changes"))
+		return
+	}
+	if rt.ID == api.RouteCellsGet {
+		r.writeAdminJSON(rc, r.cfg.Cells.Job())
+		return
+	}
+	var req api.CellsRequest
+	if err := decodeAdmin(rc, &req); err != nil {
+		r.writeErr(rc, err)
+		return
+	}
+	job, err := r.cfg.Cells.Start(req)
+	if err != nil {
+		r.writeErr(rc, err)
+		return
+	}
+	r.log.Info("cluster change started", "op", req.Op, "name", req.Name, "db", req.DB, "to", req.To)
+	r.writeAdminJSON(rc, job)
+}
+
+// adminRules serves GET /admin/rules and POST /admin/rules/reload (which
+// reads the rules file again first); 404 when the router has no rules file.
+func (r *Router) adminRules(rc *fasthttp.RequestCtx, rt api.Route, _ api.Params) {
+	if r.rules == nil {
+		r.writeErr(rc, model.Errorf(model.ErrNotFound, "this router has no rules file (router.rules_file)"))
+		return
+	}
+	if rt.ID == api.RouteRulesReload {
+		changed, err := r.rules.Reload()
+		if err != nil {
+			r.log.Warn("rules reload refused; the rules in force stay", "err", err)
+			// The table in force stays; the answer says why the file was refused.
+			r.writeErr(rc, model.Invalidf("%v (the rules in force stay)", err))
+			return
+		}
+		r.log.Info("rules reloaded", "changed", changed, "version", r.rules.Table().Version)
+	}
+	r.writeAdminJSON(rc, RulesResponse{File: r.rules.Path(), Summary: r.rules.Table().Summary(ruleRoutes), LastError: r.rules.LastError()})
 }
 
 // RulesResponse answers GET /admin/rules and POST /admin/rules/reload: the

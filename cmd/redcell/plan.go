@@ -39,104 +39,156 @@ import (
 // moves one database at a time, as redcell cells does (cell/mover), with a
 // progress line each and a state file a stopped run resumes from.
 func runPlan(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	target := fs.Float64("target-opens-per-sec", 0, "opens per second the cluster must sustain")
-	perCell := fs.Float64("per-cell-opens-per-sec", 0, "opens per second one cell sustains, as measured")
-	from := fs.String("from", "", "read the per-cell rate from a bench report.json (or a --json report)")
-	headroom := fs.Float64("headroom", bench.DefaultHeadroom, "fraction of the measured rate to plan each cell at, (0, 1]")
-	config := fs.String("config", "", "cluster config: read the live shard map from its router and print the databases to move")
-	cells := fs.Int("cells", 0, "plan the moves for this many cells (with --config; default: the count the target needs)")
-	apply := fs.Bool("apply", false, "run the planned moves, one database at a time (redcell cells): every cell of the plan must be in the config and running")
-	state := fs.String("state", "", "with --apply: the file that records the moves done, so that a stopped run goes on (default: cells-plan.json beside the config)")
-	limit := fs.Int("limit", 0, "with --apply: move at most this many databases now (0: all)")
-	rateWindow := fs.Duration("rate-window", 0, "with --config: plan the moves by each database's measured rate of money operations over this window (the cells' redcell_cell_db_ops_total read at its start and end), not by database counts")
-	jsonOut := fs.Bool("json", false, "with --config: print the plan of moves as JSON (after the text)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
-		}
+	f, err := parsePlanFlags(args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("plan: unexpected arguments %q", fs.Args())
-	}
-	if *target <= 0 && *cells <= 0 {
-		return errors.New("plan: give --target-opens-per-sec (the capacity plan), or --cells with --config (the moves)")
-	}
-	if *cells > 0 && *config == "" {
-		return errors.New("plan: --cells plans moves: it needs --config (the live shard map)")
-	}
-	n := *cells
-	if *target > 0 {
-		if (*perCell > 0) == (*from != "") {
-			return errors.New("plan: give exactly one of --per-cell-opens-per-sec and --from")
-		}
-		rate, source := *perCell, "given with --per-cell-opens-per-sec"
-		if *from != "" {
-			b, err := os.ReadFile(*from)
-			if err != nil {
-				return fmt.Errorf("plan: %w", err)
-			}
-			if rate, source, err = bench.PerCellRateFrom(b); err != nil {
-				return fmt.Errorf("plan: %s: %w", *from, err)
-			}
-			source = *from + ", " + source
-		}
-		p, err := bench.NewPlan(*target, rate, *headroom, source)
-		if err != nil {
-			return fmt.Errorf("plan: %w", err)
-		}
-		if err := p.WriteText(os.Stdout); err != nil {
+	n := f.cells
+	if f.target > 0 {
+		if n, err = f.capacityPlan(); err != nil {
 			return err
 		}
-		if n == 0 {
-			n = p.Cells
-		}
 	}
-	if *config == "" {
+	if f.config == "" {
 		return nil
 	}
-	live, err := liveMap(ctx, *config)
-	if err != nil {
-		return fmt.Errorf("plan: %w", err)
-	}
-	fc, err := loadConfig(*config)
+	fc, mp, err := f.planMoves(ctx, n)
 	if err != nil {
 		return err
 	}
-	var mp bench.MovePlan
-	if *rateWindow > 0 {
-		rates, rerr := measureDBRates(ctx, fc, *rateWindow)
-		if rerr != nil {
-			return fmt.Errorf("plan: %w", rerr)
+	if !f.apply {
+		return nil
+	}
+	return f.applyMoves(ctx, fc, mp, n)
+}
+
+// planFlags are the command line of redcell plan (see runPlan).
+type planFlags struct {
+	target, perCell float64
+	from            string
+	headroom        float64
+	config          string
+	cells           int
+	apply           bool
+	state           string
+	limit           int
+	rateWindow      time.Duration
+	jsonOut         bool
+}
+
+// parsePlanFlags reads the command line of redcell plan and refuses the
+// combinations it cannot plan.
+func parsePlanFlags(args []string) (*planFlags, error) {
+	f := &planFlags{}
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.Float64Var(&f.target, "target-opens-per-sec", 0, "opens per second the cluster must sustain")
+	fs.Float64Var(&f.perCell, "per-cell-opens-per-sec", 0, "opens per second one cell sustains, as measured")
+	fs.StringVar(&f.from, "from", "", "read the per-cell rate from a bench report.json (or a --json report)")
+	fs.Float64Var(&f.headroom, "headroom", bench.DefaultHeadroom, "fraction of the measured rate to plan each cell at, (0, 1]")
+	fs.StringVar(&f.config, "config", "", "cluster config: read the live shard map from its router and print the databases to move")
+	fs.IntVar(&f.cells, "cells", 0, "plan the moves for this many cells (with --config; default: the count the target needs)")
+	fs.BoolVar(&f.apply, "apply", false, "run the planned moves, one database at a time (redcell cells): every cell of the plan must be in the config and running")
+	fs.StringVar(&f.state, "state", "", "with --apply: the file that records the moves done, so that a stopped run goes on (default: cells-plan.json beside the config)")
+	fs.IntVar(&f.limit, "limit", 0, "with --apply: move at most this many databases now (0: all)")
+	fs.DurationVar(&f.rateWindow, "rate-window", 0, "with --config: plan the moves by each database's measured rate of money operations over this window (the cells' redcell_cell_db_ops_total read at its start and end), not by database counts")
+	fs.BoolVar(&f.jsonOut, "json", false, "with --config: print the plan of moves as JSON (after the text)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errUsage
 		}
-		writeRates(os.Stdout, rates, *rateWindow)
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("plan: unexpected arguments %q", fs.Args())
+	}
+	if f.target <= 0 && f.cells <= 0 {
+		return nil, errors.New("plan: give --target-opens-per-sec (the capacity plan), or --cells with --config (the moves)")
+	}
+	if f.cells > 0 && f.config == "" {
+		return nil, errors.New("plan: --cells plans moves: it needs --config (the live shard map)")
+	}
+	if f.target > 0 && (f.perCell > 0) == (f.from != "") {
+		return nil, errors.New("plan: give exactly one of --per-cell-opens-per-sec and --from")
+	}
+	return f, nil
+}
+
+// capacityPlan prints the capacity plan for --target-opens-per-sec and
+// returns the cells to plan the moves for: --cells, else the count the
+// target needs.
+func (f *planFlags) capacityPlan() (int, error) {
+	rate, source := f.perCell, "given with --per-cell-opens-per-sec"
+	if f.from != "" {
+		b, err := os.ReadFile(f.from)
+		if err != nil {
+			return 0, fmt.Errorf("plan: %w", err)
+		}
+		if rate, source, err = bench.PerCellRateFrom(b); err != nil {
+			return 0, fmt.Errorf("plan: %s: %w", f.from, err)
+		}
+		source = f.from + ", " + source
+	}
+	p, err := bench.NewPlan(f.target, rate, f.headroom, source)
+	if err != nil {
+		return 0, fmt.Errorf("plan: %w", err)
+	}
+	if err := p.WriteText(os.Stdout); err != nil {
+		return 0, err
+	}
+	if f.cells == 0 {
+		return p.Cells, nil
+	}
+	return f.cells, nil
+}
+
+// planMoves reads the live shard map of --config, plans the moves for n
+// cells (by database counts, or with --rate-window by measured rates) and
+// prints them, as JSON too with --json.
+func (f *planFlags) planMoves(ctx context.Context, n int) (fileConfig, bench.MovePlan, error) {
+	var mp bench.MovePlan
+	live, err := liveMap(ctx, f.config)
+	if err != nil {
+		return fileConfig{}, mp, fmt.Errorf("plan: %w", err)
+	}
+	fc, err := loadConfig(f.config)
+	if err != nil {
+		return fileConfig{}, mp, err
+	}
+	if f.rateWindow > 0 {
+		rates, rerr := measureDBRates(ctx, fc, f.rateWindow)
+		if rerr != nil {
+			return fc, mp, fmt.Errorf("plan: %w", rerr)
+		}
+		writeRates(os.Stdout, rates, f.rateWindow)
 		mp, err = bench.PlanMovesByRate(live, n, rates)
 	} else {
 		mp, err = bench.PlanMoves(live, n)
 	}
 	if err != nil {
-		return fmt.Errorf("plan: %w", err)
+		return fc, mp, fmt.Errorf("plan: %w", err)
 	}
 	how := "by database counts"
 	if mp.ByRate {
 		how = fmt.Sprintf("by measured rates, within %.0f %% of the mean", 100*bench.RateTolerance)
 	}
-	fmt.Printf("\nmoves for %d cells, from the live map of %s (%s):\n", n, *config, how)
+	fmt.Printf("\nmoves for %d cells, from the live map of %s (%s):\n", n, f.config, how)
 	if err := mp.WriteText(os.Stdout); err != nil {
-		return err
+		return fc, mp, err
 	}
-	if *jsonOut {
+	if f.jsonOut {
 		b, err := json.MarshalIndent(mp, "", "  ")
 		if err != nil {
-			return err
+			return fc, mp, err
 		}
 		fmt.Printf("%s\n", b)
 	}
-	if !*apply {
-		return nil
-	}
-	path := statePath(*state, *config, "plan")
+	return fc, mp, nil
+}
+
+// applyMoves runs the planned moves for n cells (--apply), resuming from
+// the state file of an earlier stopped run when there is one.
+func (f *planFlags) applyMoves(ctx context.Context, fc fileConfig, mp bench.MovePlan, n int) error {
+	path := statePath(f.state, f.config, "plan")
 	moves := mp.Moves
 	if resumed, err := resumeMoves(path, "plan", fmt.Sprint(n)); err != nil {
 		return err
@@ -147,7 +199,7 @@ func runPlan(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("\napplying %d moves (state in %s):\n", len(moves), path)
-	return newMoveExec(fc, 10*time.Second).run(ctx, moves, path, false, *limit)
+	return newMoveExec(fc, 10*time.Second).run(ctx, moves, path, false, f.limit)
 }
 
 // liveMap reads the cells and their shard ranges from the router of the

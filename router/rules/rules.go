@@ -194,17 +194,44 @@ func Parse(b []byte, routeNames []string, newBucket NewBucket) (*Table, error) {
 
 var ruleName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
+// compile checks one rule of the file and makes what Check matches with:
+// its name, then its conditions (at least one), then its action. index
+// gives each route name's index; known lists the names for an error.
 func compile(r Rule, index map[string]int, known func() []string, newBucket NewBucket) (*rule, error) {
 	if !ruleName.MatchString(r.Name) {
 		return nil, fmt.Errorf("name must be 1-63 of [a-z0-9_-], starting with a letter or digit")
 	}
 	c := &rule{Rule: r}
-	for _, s := range r.IPs {
+	if err := c.compileIPs(); err != nil {
+		return nil, err
+	}
+	if err := c.compileActIDs(); err != nil {
+		return nil, err
+	}
+	if err := c.compilePattern(); err != nil {
+		return nil, err
+	}
+	if err := c.compileRoutes(index, known); err != nil {
+		return nil, err
+	}
+	if len(c.prefixes) == 0 && c.acts == nil && c.pattern == nil && c.routes == nil {
+		return nil, fmt.Errorf("a rule needs a condition (ips, act_ids, header and pattern, routes): this one would match every request")
+	}
+	if err := c.compileAction(newBucket); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// compileIPs parses the rule's ips, each a CIDR or an address, into
+// c.prefixes.
+func (c *rule) compileIPs() error {
+	for _, s := range c.IPs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			a, aerr := netip.ParseAddr(s)
 			if aerr != nil {
-				return nil, fmt.Errorf("ips: %q is neither a CIDR nor an address", s)
+				return fmt.Errorf("ips: %q is neither a CIDR nor an address", s)
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
@@ -216,33 +243,51 @@ func compile(r Rule, index map[string]int, known func() []string, newBucket NewB
 		}
 		c.prefixes = append(c.prefixes, p.Masked())
 	}
-	if len(r.ActIDs) > 0 {
+	return nil
+}
+
+// compileActIDs checks the rule's act_ids and sets c.acts (nil when it
+// names none).
+func (c *rule) compileActIDs() error {
+	if len(c.ActIDs) > 0 {
 		c.acts = map[string]bool{}
-		for _, a := range r.ActIDs {
+		for _, a := range c.ActIDs {
 			// The router sees only valid act_ids: any other (an empty one
 			// would match every request without an act_id) is a mistake.
 			if err := model.ValidateActID(a); err != nil {
-				return nil, fmt.Errorf("act_ids: %q: %w", a, err)
+				return fmt.Errorf("act_ids: %q: %w", a, err)
 			}
 			c.acts[a] = true
 		}
 	}
-	if (r.Header == "") != (r.Pattern == "") {
-		return nil, fmt.Errorf("header and pattern go together")
+	return nil
+}
+
+// compilePattern checks that header and pattern go together and compiles
+// the pattern into c.pattern.
+func (c *rule) compilePattern() error {
+	if (c.Header == "") != (c.Pattern == "") {
+		return fmt.Errorf("header and pattern go together")
 	}
-	if r.Pattern != "" {
-		re, err := regexp.Compile(r.Pattern)
+	if c.Pattern != "" {
+		re, err := regexp.Compile(c.Pattern)
 		if err != nil {
-			return nil, fmt.Errorf("pattern: %w", err)
+			return fmt.Errorf("pattern: %w", err)
 		}
 		c.pattern = re
 	}
-	if len(r.Routes) > 0 {
+	return nil
+}
+
+// compileRoutes turns the rule's route names into c.routes, by route index
+// (nil when it names none).
+func (c *rule) compileRoutes(index map[string]int, known func() []string) error {
+	if len(c.Routes) > 0 {
 		c.routes = make([]bool, len(index)+1)
-		for _, n := range r.Routes {
+		for _, n := range c.Routes {
 			i, ok := index[n]
 			if !ok {
-				return nil, fmt.Errorf("routes: unknown route %q (routes: %v)", n, known())
+				return fmt.Errorf("routes: unknown route %q (routes: %v)", n, known())
 			}
 			if i >= len(c.routes) {
 				c.routes = append(c.routes, make([]bool, i+1-len(c.routes))...)
@@ -250,35 +295,38 @@ func compile(r Rule, index map[string]int, known func() []string, newBucket NewB
 			c.routes[i] = true
 		}
 	}
-	if len(c.prefixes) == 0 && c.acts == nil && c.pattern == nil && c.routes == nil {
-		return nil, fmt.Errorf("a rule needs a condition (ips, act_ids, header and pattern, routes): this one would match every request")
-	}
-	switch r.Action {
+	return nil
+}
+
+// compileAction checks the rule's action and, for a limit rule, its limit,
+// and makes the limit's buckets with newBucket.
+func (c *rule) compileAction(newBucket NewBucket) error {
+	switch c.Action {
 	case "block":
-		if r.Limit != nil {
-			return nil, fmt.Errorf("a block rule takes no limit")
+		if c.Limit != nil {
+			return fmt.Errorf("a block rule takes no limit")
 		}
 	case "limit":
-		l := r.Limit
+		l := c.Limit
 		if l == nil || l.PerSec < 1 || l.Burst < 1 {
-			return nil, fmt.Errorf("a limit rule needs limit.per_sec >= 1 and limit.burst >= 1")
+			return fmt.Errorf("a limit rule needs limit.per_sec >= 1 and limit.burst >= 1")
 		}
 		switch l.By {
 		case "", "ip":
 		case "act_id":
 			c.byAct = true
 		default:
-			return nil, fmt.Errorf("limit.by is %q, want ip or act_id", l.By)
+			return fmt.Errorf("limit.by is %q, want ip or act_id", l.By)
 		}
-		b, err := newBucket(r.Name, l.PerSec, l.Burst)
+		b, err := newBucket(c.Name, l.PerSec, l.Burst)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.bucket = b
 	default:
-		return nil, fmt.Errorf("action is %q, want block or limit", r.Action)
+		return fmt.Errorf("action is %q, want block or limit", c.Action)
 	}
-	return c, nil
+	return nil
 }
 
 func (r *rule) matches(q *Request) bool {
