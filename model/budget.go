@@ -149,16 +149,22 @@ type Lease struct {
 // SetBudgetTotal decides SetBudget: b is the row as locked (a new row: only
 // Key set). Errors: ErrInvalidArgument for a total below 0, or below what is
 // already out (b.Outstanding(): held by leases or spent from them).
+// It asserts the budget's rule (checkBudget) on the row given and the row
+// answered, and that only the total changed.
 func SetBudgetTotal(b Budget, total, nowMS int64) (Budget, error) {
+	checkBudget(b)
 	if total < 0 {
 		return Budget{}, Invalidf("budget %s: total %d is below 0", b.Key, total)
 	}
 	if out := b.Outstanding(); total < out {
 		return Budget{}, Invalidf("budget %s: total %d is below the %d already issued or held by leases", b.Key, total, out)
 	}
-	b.Total, b.UpdatedMS = total, nowMS
-	checkBudget(b)
-	return b, nil
+	after := b
+	after.Total, after.UpdatedMS = total, nowMS
+	checkBudget(after)
+	invariant.That(after.Granted == b.Granted && after.Returned == b.Returned,
+		"setting a budget's total moved units (SetBudgetTotal changes only Total)")
+	return after, nil
 }
 
 // GrantInput is what a grant is decided on: the locked budget row and the request.
@@ -175,8 +181,11 @@ type GrantInput struct {
 // GrantLease decides a grant: min(Want, Budget.Available(Reserve)), as an
 // open lease, and the budget with Granted raised by it. Errors:
 // ErrInvalidArgument (Want < 1, Reserve < 0), ErrBudgetExhausted (nothing
-// available above the reserve).
+// available above the reserve). It asserts the budget's rule on the row
+// given and, after (checkGrant), that Granted grew by exactly the lease's
+// 1..Want units and the reserve stayed untouched.
 func GrantLease(in GrantInput) (Budget, Lease, error) {
+	checkBudget(in.Budget)
 	if in.Want < 1 || in.Reserve < 0 {
 		return Budget{}, Lease{}, Invalidf("budget %s: want %d must be >= 1 and reserve %d >= 0", in.Budget.Key, in.Want, in.Reserve)
 	}
@@ -188,28 +197,69 @@ func GrantLease(in GrantInput) (Budget, Lease, error) {
 	b := in.Budget
 	b.Granted += amount
 	b.UpdatedMS = in.NowMS
+	l := Lease{ID: in.ID, Key: b.Key, Holder: in.Holder, Amount: amount, State: LeaseOpen,
+		CreatedMS: in.NowMS, ExpiresMS: in.ExpiresMS}
+	checkGrant(in, b, l)
+	return b, l, nil
+}
+
+// checkGrant asserts GrantLease's postconditions: Granted after = Granted
+// before + the lease's amount, 1 <= amount <= Want, Returned and Total
+// unchanged, and what is out stays within Total − Reserve.
+func checkGrant(in GrantInput, b Budget, l Lease) {
 	checkBudget(b)
-	return b, Lease{ID: in.ID, Key: b.Key, Holder: in.Holder, Amount: amount, State: LeaseOpen,
-		CreatedMS: in.NowMS, ExpiresMS: in.ExpiresMS}, nil
+	invariant.That(l.Amount >= 1 && l.Amount <= in.Want && l.State == LeaseOpen && l.Key == b.Key,
+		"a lease of 1..Want units, open, of its budget (GrantLease)")
+	invariant.That(b.Granted == in.Budget.Granted+l.Amount && b.Returned == in.Budget.Returned && b.Total == in.Budget.Total,
+		"a grant must raise Granted by exactly its lease's units (Outstanding = Granted − Returned)")
+	invariant.That(b.Outstanding() <= b.Total-in.Reserve, "a grant took the reserve (GrantInput.Reserve is held back)")
 }
 
 // ReturnLease decides a return of l (locked, of budget b) with unspent left:
 // an open or expired lease becomes returned with Unspent = unspent, and
 // b.Returned grows by it. A lease returned before comes back as it is with
 // changed false (nothing to write). Errors: ErrInvalidArgument for unspent
-// outside 0..l.Amount.
+// outside 0..l.Amount. It asserts that b and l are rows the rules reach
+// (checkReturnable) and, after (checkReturn), that Returned grew by exactly
+// unspent, once.
 func ReturnLease(b Budget, l Lease, unspent, nowMS int64) (Budget, Lease, bool, error) {
+	checkReturnable(b, l)
 	if unspent < 0 || unspent > l.Amount {
 		return Budget{}, Lease{}, false, Invalidf("lease %s: unspent %d is outside 0..%d", l.ID, unspent, l.Amount)
 	}
 	if l.State == LeaseReturned {
 		return b, l, false, nil
 	}
-	l.State, l.Unspent, l.ReturnedMS = LeaseReturned, unspent, nowMS
-	b.Returned += unspent
-	b.UpdatedMS = nowMS
+	after, al := b, l
+	al.State, al.Unspent, al.ReturnedMS = LeaseReturned, unspent, nowMS
+	after.Returned += unspent
+	after.UpdatedMS = nowMS
+	checkReturn(b, l, after, al)
+	return after, al, true, nil
+}
+
+// checkReturnable asserts ReturnLease's preconditions: the budget keeps its
+// rule, the lease is of it, holds 1.. units in a known state, and a lease
+// not returned yet still counts its whole Amount as outstanding (Granted
+// counts it, Returned does not: see LeaseExpired), so returning it cannot
+// take Returned past Granted.
+func checkReturnable(b Budget, l Lease) {
 	checkBudget(b)
-	return b, l, true, nil
+	invariant.That(l.Key == b.Key && l.Amount >= 1 && l.State.Valid() && l.Unspent >= 0 && l.Unspent <= l.Amount,
+		"a lease of another budget, of no units or of an unknown state (Lease)")
+	invariant.That(l.State == LeaseReturned || l.Amount <= b.Outstanding(),
+		"an unreturned lease's units are not outstanding (Outstanding = Granted − Returned counts every unreturned lease)")
+}
+
+// checkReturn asserts ReturnLease's postconditions: Returned after =
+// Returned before + unspent, Granted and Total unchanged, the lease returned
+// with that unspent, and the budget's rule kept.
+func checkReturn(b Budget, l Lease, after Budget, al Lease) {
+	checkBudget(after)
+	invariant.That(al.State == LeaseReturned && l.State != LeaseReturned && al.Amount == l.Amount,
+		"a lease returned twice (a lease is returned once: LeaseReturned)")
+	invariant.That(after.Returned == b.Returned+al.Unspent && after.Granted == b.Granted && after.Total == b.Total,
+		"a return must raise Returned by exactly the unspent units (Outstanding = Granted − Returned)")
 }
 
 // LeaseDue reports whether ExpireLeases turns l expired at nowMS: open, and

@@ -143,10 +143,13 @@ func GrantStock(left, want int64) int64 {
 // unused is the granted units no ask took (refused by the re-check): the
 // store gives them back to the stock in the same transaction. holdings maps
 // each act_id to its holding as read under lock; it is updated in place.
+//
+// It asserts granted is 0..len(asks) before, and after (checkAssign) that
+// the units are conserved: issued + unused = granted.
 func AssignCoupons(granted int64, asks []CouponAsk, holdings map[string]*CouponHolding) (out []CouponDecision, unused int64) {
 	invariant.That(granted >= 0 && granted <= int64(len(asks)), "granted is 0..the asks")
 	out = make([]CouponDecision, len(asks))
-	left := granted
+	left, issued := granted, int64(0)
 	for i, a := range asks {
 		out[i].Serial = a.Serial
 		h := holdings[a.ActID]
@@ -165,8 +168,17 @@ func AssignCoupons(granted int64, asks []CouponAsk, holdings map[string]*CouponH
 		left--
 		h.add(a.Rule)
 		out[i].Issued = true
+		issued++
 	}
+	checkAssign(granted, issued, left)
 	return out, left
+}
+
+// checkAssign asserts AssignCoupons's postcondition: the granted units are
+// conserved, issued + unused = granted with unused >= 0 (no coupon without
+// its unit of stock, no unit lost: the audit's CouponBatchBooks close on it).
+func checkAssign(granted, issued, unused int64) {
+	invariant.That(unused >= 0 && issued+unused == granted, "coupon units must be conserved: issued + unused = granted (AssignCoupons)")
 }
 
 // MergeAsks groups asks by batch in order of each batch's first ask, each

@@ -301,13 +301,26 @@ type CreditOutcome struct {
 
 // ApplyCredit books a claim at most once under CreditOrderNo(claim ID): a
 // booked credit changes nothing. (Credit names the row type, so the decision
-// is ApplyCredit.)
+// is ApplyCredit.) It asserts a claimant and at least a cent before, and
+// after (checkCredit) that it books exactly when not booked, the claim's
+// cents and nothing else.
 func ApplyCredit(in CreditInput) CreditOutcome {
 	c := in.Credit
 	invariant.That(c.Amount >= 1 && c.ActID != "" && c.ClaimID != "", "credit without claimant or amount")
 	if in.Booked {
 		return CreditOutcome{}
 	}
-	return CreditOutcome{Applied: true, Flow: Flow{ActID: c.ActID, OrderNo: CreditOrderNo(c.ClaimID), Kind: FlowCredit,
+	out := CreditOutcome{Applied: true, Flow: Flow{ActID: c.ActID, OrderNo: CreditOrderNo(c.ClaimID), Kind: FlowCredit,
 		Amount: c.Amount, Ref: string(c.PacketID), CreatedMS: in.NowMS}}
+	checkCredit(in, out)
+	return out
+}
+
+// checkCredit asserts ApplyCredit's postconditions: a credit is booked once
+// (applied only when no flow holds it yet: CreditInput.Booked), and what it
+// books is the claim's cents, into the claimant's wallet.
+func checkCredit(in CreditInput, out CreditOutcome) {
+	invariant.That(out.Applied != in.Booked, "a credit booked twice or not at all (a claim is booked once: CreditInput.Booked)")
+	invariant.That(out.Flow.Kind == FlowCredit && out.Flow.Amount == in.Credit.Amount && out.Flow.ActID == in.Credit.ActID,
+		"credit flow must book exactly its claim's cents to its claimant (ApplyCredit)")
 }

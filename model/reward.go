@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"redcell/internal/invariant"
 )
 
 // Rewards: money (or coupon pieces) an activity gives a person, as Douyin's
@@ -239,31 +241,63 @@ type WithdrawOutcome struct {
 // ApplyWithdraw debits a withdrawal from a wallet. Errors:
 // ErrInsufficientBalance when the balance is below the amount (nothing is
 // written; the order number stays free).
+//
+// It asserts its preconditions (an amount of at least a cent, which the
+// caller checks, and a balance not below zero) and its postconditions
+// (checkWithdraw: the balance after is the balance before less the amount,
+// never below zero, and the flow moves exactly that).
 func ApplyWithdraw(in WithdrawInput) (WithdrawOutcome, error) {
-	if in.Amount < 1 || in.Balance < 0 {
-		return WithdrawOutcome{}, Invalidf("withdrawal of %d from a balance of %d", in.Amount, in.Balance)
-	}
+	invariant.That(in.Amount >= 1, "withdrawal of an unchecked amount (WithdrawInput.Amount > 0 is the caller's check)")
+	invariant.That(in.Balance >= 0, "negative balance before a withdrawal (no decision leaves a wallet below zero)")
 	if in.Balance < in.Amount {
 		return WithdrawOutcome{}, Errorf(ErrInsufficientBalance, "balance %d is below the withdrawal of %d", in.Balance, in.Amount)
 	}
 	after := in.Balance - in.Amount
-	return WithdrawOutcome{
+	out := WithdrawOutcome{
 		Withdrawal: Withdrawal{ActID: in.ActID, OrderNo: in.OrderNo, Amount: in.Amount, Balance: after},
 		Flow: Flow{ActID: in.ActID, OrderNo: in.OrderNo, Kind: FlowWithdraw, Amount: -in.Amount, BalanceAfter: after,
 			BalanceKnown: true, ReqHash: WithdrawHash(in.Amount), CreatedMS: in.NowMS},
-	}, nil
+	}
+	checkWithdraw(in, out)
+	return out, nil
+}
+
+// checkWithdraw asserts ApplyWithdraw's postconditions: balance after =
+// balance before − amount, never below zero (ErrInsufficientBalance refuses
+// the rest), and the flow and the answer both say so.
+func checkWithdraw(in WithdrawInput, out WithdrawOutcome) {
+	w, f := out.Withdrawal, out.Flow
+	invariant.That(w.Balance >= 0 && w.Balance == in.Balance-in.Amount,
+		"withdrawal must leave balance before − amount, never below zero (ApplyWithdraw)")
+	invariant.That(f.Kind == FlowWithdraw && f.Amount == -in.Amount && f.BalanceAfter == w.Balance && f.BalanceKnown && w.Amount == in.Amount,
+		"withdrawal flow must move exactly −amount to the balance answered (WithdrawOutcome)")
 }
 
 // RewardFlow is the flow that books r into the wallet (r.IntoWallet): the
 // reward's cents under RewardFlowOrderNo, booked as "balance + Amount"
 // without reading the balance, like a credit. ok is false for a reward that
 // is booked by its state alone.
+//
+// It asserts that r is not booked yet (a reward is booked once: the bookers
+// take only pending or processing rewards) and holds at least a cent or a
+// piece, and that the flow credits exactly r.Amount (checkRewardFlow).
 func RewardFlow(r Reward, nowMS int64) (f Flow, ok bool) {
+	invariant.That(r.Status != RewardBooked, "a booked reward booked again (a reward is booked once: Reward.Status)")
+	invariant.That(r.Amount >= 1, "reward of no amount (Reward.Amount > 0)")
 	if !r.IntoWallet() {
 		return Flow{}, false
 	}
-	return Flow{ActID: r.ActID, OrderNo: RewardFlowOrderNo(r.OrderNo), Kind: FlowReward, Amount: r.Amount,
-		Ref: r.Scene, CreatedMS: nowMS}, true
+	f = Flow{ActID: r.ActID, OrderNo: RewardFlowOrderNo(r.OrderNo), Kind: FlowReward, Amount: r.Amount,
+		Ref: r.Scene, CreatedMS: nowMS}
+	checkRewardFlow(r, f)
+	return f, true
+}
+
+// checkRewardFlow asserts RewardFlow's postcondition: the wallet gains
+// exactly the reward's cents, in its owner's wallet, as a reward flow.
+func checkRewardFlow(r Reward, f Flow) {
+	invariant.That(f.Kind == FlowReward && f.Amount == r.Amount && f.ActID == r.ActID,
+		"reward flow must credit exactly the reward's cents to its owner (RewardFlow)")
 }
 
 // SumRewards sums rewards by stage as the wallet page shows them

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"redcell/internal/clock"
+	"redcell/internal/invariant"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -100,6 +101,13 @@ var (
 // commit time (so the database idles at most a third of the time), and the
 // time the measured arrival rate needs to fill the group to Max — and not at
 // all if that rate brings less than one more request in that time.
+//
+// Invariants, asserted where ops change hands (internal/invariant: they fail
+// only through a bug in this package): each lane counts its ops, and ops in =
+// queued + taken into groups + abandoned after every Submit and take; an op
+// is taken once and answered once, and every op taken is answered when its
+// group ends; a group carries at most Max requests (or one op alone); a lane
+// stops with every op answered or abandoned.
 type Committer struct {
 	cfg   Config
 	clock clock.Clock
@@ -149,6 +157,7 @@ const (
 	queued    waiterState = iota // in the lane's queue
 	taken                        // in a group being committed
 	abandoned                    // its Submit returned before it was taken: never committed
+	answered                     // its group ended and its answer is (being) set
 )
 
 // lane is one lane's queue and worker state.
@@ -163,6 +172,13 @@ type lane struct {
 	// committing: a group's commit is in flight (set before it starts, cleared
 	// before its ops are answered).
 	committing bool
+	// The lane's op counts (guarded by mu): in = queuedOps + out + dropped,
+	// where out counts the ops taken into groups and dropped those abandoned
+	// while queued; answered <= out, = out between groups (checkCounts).
+	in, queuedOps, out, dropped, answered int
+	// groupMax is the largest Max the takes of the group being formed ran
+	// under (what commit holds the group to); worker-only.
+	groupMax int
 
 	// Worker-only state (no lock): the adaptive wait's measurements.
 	commitEWMA time.Duration // recent commit time
@@ -181,6 +197,7 @@ type lane struct {
 // it will be written), or wrapping ErrInFlight after (see ErrInFlight).
 func (c *Committer) Submit(ctx context.Context, ln Lane, op storage.MoneyOp) error {
 	w := &waiter{op: op, weight: op.Weight(), enqueued: c.clock.Now(), done: make(chan struct{})}
+	invariant.That(w.weight >= 1, "groupcommit: an op of weight below 1 (storage.MoneyOp.Weight is at least 1)")
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
@@ -202,6 +219,9 @@ func (c *Committer) Submit(ctx context.Context, ln Lane, op storage.MoneyOp) err
 	w.busy = l.committing
 	l.q = append(l.q, w)
 	l.reqs += w.weight
+	l.in++
+	l.queuedOps++
+	l.checkCounts()
 	l.mu.Unlock()
 	signal(l.wake)
 
@@ -215,6 +235,9 @@ func (c *Committer) Submit(ctx context.Context, ln Lane, op storage.MoneyOp) err
 	if st == queued {
 		w.state = abandoned
 		l.reqs -= w.weight
+		l.queuedOps--
+		l.dropped++
+		l.checkCounts()
 	}
 	l.mu.Unlock()
 	if st == queued {
@@ -304,6 +327,10 @@ func (c *Committer) work(l *lane) {
 		if len(group) == 0 {
 			l.mu.Lock()
 			stop := l.stopping && l.reqs == 0
+			if stop {
+				invariant.That(l.queuedOps == 0 && l.answered == l.out,
+					"groupcommit: a lane stops with an op neither answered nor abandoned (every submitted op is answered once)")
+			}
 			l.mu.Unlock()
 			if stop {
 				return
@@ -325,12 +352,17 @@ func (c *Committer) work(l *lane) {
 
 // take moves queued ops into group, oldest first, while the group's requests
 // stay within Max (the first op always goes in). reqs is what group already
-// carries.
+// carries. It asserts that each op it takes was queued (an op is taken once)
+// and the lane's counts after (checkCounts).
 func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
 	groupMax := int(c.max.Load())
+	if len(group) == 0 {
+		l.groupMax = groupMax
+	}
+	l.groupMax = max(l.groupMax, groupMax)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
+	n, took := 0, 0
 	for _, w := range l.q {
 		if w.state == abandoned {
 			n++
@@ -339,12 +371,17 @@ func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
 		if len(group) > 0 && reqs+w.weight > groupMax {
 			break
 		}
+		invariant.That(w.state == queued, "groupcommit: an op taken twice (only a queued op is taken)")
 		w.state = taken
 		l.reqs -= w.weight
 		reqs += w.weight
 		group = append(group, w)
 		n++
+		took++
 	}
+	l.queuedOps -= took
+	l.out += took
+	l.checkCounts()
 	rest := copy(l.q, l.q[n:])
 	clear(l.q[rest:])
 	l.q = l.q[:rest]
@@ -352,6 +389,18 @@ func (c *Committer) take(l *lane, group []*waiter, reqs int) []*waiter {
 		l.q = nil // give a burst's memory back
 	}
 	return group
+}
+
+// checkCounts asserts the lane's op accounting; l.mu must be held. Every
+// op submitted is queued, taken into a group, or abandoned (in = queued +
+// out + dropped); answers never outrun takes; requests are queued exactly
+// when ops are, at least one per op (MoneyOp.Weight >= 1).
+func (l *lane) checkCounts() {
+	invariant.That(l.queuedOps >= 0 && l.in == l.queuedOps+l.out+l.dropped,
+		"groupcommit: ops in must be ops queued + taken + abandoned (lane counts)")
+	invariant.That(l.answered <= l.out, "groupcommit: an op answered before it was taken")
+	invariant.That(l.reqs >= l.queuedOps && (l.reqs == 0 || l.queuedOps > 0),
+		"groupcommit: queued requests disagree with queued ops (each op weighs >= 1)")
 }
 
 // weightOf sums the group's requests.
@@ -407,7 +456,9 @@ func (c *Committer) waitFor(l *lane, reqs int) time.Duration {
 // ewmaWeight is how much one new sample moves the adaptive wait's measures.
 const ewmaWeight = 0.25
 
-// commit runs one group and answers its ops.
+// commit runs one group and answers its ops. It asserts the group's size
+// before (at most the Max its takes ran under, or one op alone) and after
+// that each op of it is answered once and every op taken has its answer.
 func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 	start := c.clock.Now()
 	ops := make([]storage.MoneyOp, len(group))
@@ -415,6 +466,8 @@ func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 		ops[i] = w.op
 	}
 	reqs := weightOf(group)
+	invariant.That(len(group) == 1 || len(group) > 1 && reqs <= l.groupMax,
+		"groupcommit: a group is empty or carries more than Max requests (Config.Max; only an op alone may pass it)")
 	// Arrival rate: the requests this group took over the time since the
 	// previous group was taken.
 	if !l.lastTake.IsZero() {
@@ -433,6 +486,12 @@ func (c *Committer) commit(l *lane, group []*waiter, held time.Duration) {
 	took := c.clock.Now().Sub(start)
 	l.mu.Lock()
 	l.committing = false // before the answers: a caller's next op finds the lane idle
+	for _, w := range group {
+		invariant.That(w.state == taken, "groupcommit: an op answered twice, or never taken (each op is answered once)")
+		w.state = answered
+	}
+	l.answered += len(group)
+	invariant.That(l.answered == l.out, "groupcommit: a group ended with an op taken and not answered (every op is answered once)")
 	l.mu.Unlock()
 	l.commitEWMA += time.Duration(ewmaWeight * float64(took-l.commitEWMA))
 	if c.cfg.Observe != nil { // before the answers: whoever has an answer finds its group counted

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"redcell/internal/clock"
+	"redcell/internal/invariant"
 )
 
 var (
@@ -35,6 +36,13 @@ type Config struct {
 //
 // A key's FIFO is a slice that grows with use, so an idle or barely used key
 // costs a few hundred bytes, not Depth slots.
+//
+// Invariants, asserted where units change hands (internal/invariant: they
+// fail only through a bug in this package): every key counts the items
+// Enqueue appended (in) and take handed to batches (out), and in = out +
+// queued after each; a key holds at most Depth items and at most MaxKeys keys
+// are live whenever a worker takes; a key's worker is its only one (the map
+// holds its state when it stops); a key stops with in = out.
 type Queue[K comparable, T any] struct {
 	cfg    Config
 	handle func(key K, batch []T)
@@ -51,6 +59,9 @@ type Queue[K comparable, T any] struct {
 type keyState[T any] struct {
 	items []T           // waiting items, oldest first; guarded by Queue.mu
 	wake  chan struct{} // capacity 1: "items may be waiting"
+	// in and out count the items Enqueue appended and take moved into
+	// batches; guarded by Queue.mu. in − out = len(items).
+	in, out int
 }
 
 // New returns a queue that calls handle for each batch.
@@ -74,7 +85,8 @@ func (q *Queue[K, T]) SetBatch(max int, wait time.Duration) {
 }
 
 // Enqueue appends item to key's FIFO, starting its worker if needed. It never
-// blocks. Errors: ErrFull, ErrClosed.
+// blocks. Errors: ErrFull, ErrClosed. It asserts that the key's items are
+// then what it counts: in = out + queued.
 func (q *Queue[K, T]) Enqueue(key K, item T) error {
 	q.mu.Lock()
 	if q.closed {
@@ -97,6 +109,8 @@ func (q *Queue[K, T]) Enqueue(key K, item T) error {
 		return ErrFull
 	}
 	ks.items = append(ks.items, item)
+	ks.in++
+	invariant.That(ks.in-ks.out == len(ks.items), "keyqueue: a key must hold the items enqueued and not taken: in = out + queued (Enqueue)")
 	q.mu.Unlock()
 	signal(ks.wake)
 	return nil
@@ -169,10 +183,14 @@ func (q *Queue[K, T]) work(key K, ks *keyState[T]) {
 	}
 }
 
-// take moves up to BatchMax-len(batch) waiting items into batch, oldest first.
+// take moves up to BatchMax-len(batch) waiting items into batch, oldest
+// first. It asserts the bounds before (checkBounds) and after that exactly
+// the n items left the key's FIFO for the batch: in = out + queued.
 func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.checkBounds(ks)
+	before := len(batch)
 	n := max(0, min(int(q.batchMax.Load())-len(batch), len(ks.items)))
 	batch = append(batch, ks.items[:n]...)
 	rest := copy(ks.items, ks.items[n:])
@@ -181,7 +199,18 @@ func (q *Queue[K, T]) take(ks *keyState[T], batch []T) []T {
 	if rest == 0 && cap(ks.items) > 64 {
 		ks.items = nil // give a burst's memory back
 	}
+	ks.out += n
+	invariant.That(len(batch) == before+n && ks.in-ks.out == len(ks.items),
+		"keyqueue: a take must move its items from the key's FIFO to the batch, none lost or doubled: in = out + queued (take)")
 	return batch
+}
+
+// checkBounds asserts the limits Enqueue keeps (C7: a limit on everything):
+// a key holds at most Depth items, at most MaxKeys keys are live. q.mu must
+// be held.
+func (q *Queue[K, T]) checkBounds(ks *keyState[T]) {
+	invariant.That(len(ks.items) <= q.cfg.Depth, "keyqueue: a key holds more than Depth items (Enqueue refuses them)")
+	invariant.That(len(q.keys) <= q.cfg.MaxKeys, "keyqueue: more than MaxKeys keys are live (Enqueue refuses them)")
 }
 
 // fill waits up to BatchWait for more items to make a fuller batch.
@@ -199,13 +228,17 @@ func (q *Queue[K, T]) fill(ks *keyState[T], batch []T) []T {
 }
 
 // stopIfDone removes the key's worker when its queue is empty and either it was
-// idle or the queue is closed. It reports whether the worker must exit.
+// idle or the queue is closed. It reports whether the worker must exit. It
+// asserts that the worker is its key's only one (the map holds its state)
+// and that every item the key took in went out (in = out).
 func (q *Queue[K, T]) stopIfDone(key K, ks *keyState[T], idle bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(ks.items) > 0 || !(idle || q.closed) {
 		return false
 	}
+	invariant.That(q.keys[key] == ks, "keyqueue: one worker per key: a worker stops a key whose state is another's")
+	invariant.That(ks.in == ks.out, "keyqueue: a key stops with items enqueued and never handed out (in = out)")
 	delete(q.keys, key)
 	return true
 }

@@ -25,6 +25,7 @@ import (
 	"redcell/api"
 	"redcell/internal/clock"
 	"redcell/internal/incident"
+	"redcell/internal/invariant"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -155,7 +156,7 @@ type Relay struct {
 	saveMu   sync.Mutex       // one savePositions at a time (a tick's, Redrive's, the stop's)
 	trackMu  sync.Mutex       // guards dbs, held, lastSave, readAcks
 	dbs      map[int]*dbTrack // by database of the packets' shards: what the relay holds of its claims
-	held     int              // credits held over every database
+	held     int              // credits held over every database: Σ len(pending), 0..heldMax (checkHeldLocked, reoffer)
 	heldMax  int              // HeldMax (lower in tests)
 	lastSave time.Time        // when positions were last saved
 	// readAcks holds, while a tick runs (nil between ticks), the claim IDs
@@ -399,10 +400,13 @@ func (r *Relay) Enqueue(credits []model.Credit) {
 // store instead (its position stays below them); leftMS is the creation
 // time (Unix ms) of the first credit of cs left out so, -1 when none. read
 // tells that cs were read from the store by the running tick (readClaims):
-// those acknowledged since it began are not held again.
+// those acknowledged since it began are not held again. It asserts the
+// held count's bounds before and after (checkHeldLocked).
 func (r *Relay) hold(cs []model.Credit, offered time.Time, read bool) (out []model.Credit, leftMS int64) {
 	r.trackMu.Lock()
 	defer r.trackMu.Unlock()
+	r.checkHeldLocked()
+	defer r.checkHeldLocked()
 	out, leftMS = cs[:0:0], -1
 	for _, c := range cs {
 		ref, err := model.ParsePacketID(string(c.PacketID))
@@ -475,10 +479,13 @@ func (r *Relay) rereadLocked(t *dbTrack, fromMS int64) {
 	}
 }
 
-// acked forgets credits whose delivery was acknowledged.
+// acked forgets credits whose delivery was acknowledged. It asserts the
+// held count's bounds after (checkHeldLocked: a credit forgotten twice takes
+// it below zero).
 func (r *Relay) acked(cs []model.Credit) {
 	r.trackMu.Lock()
 	defer r.trackMu.Unlock()
+	defer r.checkHeldLocked()
 	for _, c := range cs {
 		if r.readAcks != nil {
 			r.readAcks[c.ClaimID] = true
@@ -490,6 +497,13 @@ func (r *Relay) acked(cs []model.Credit) {
 		}
 	}
 	r.Stats.Relayed.Add(int64(len(cs)))
+}
+
+// checkHeldLocked asserts the bounds of the held count: never below zero
+// (each credit held is counted once and forgotten once), never above
+// HeldMax (hold leaves the rest to a read from the store). r.trackMu is held.
+func (r *Relay) checkHeldLocked() {
+	invariant.That(r.held >= 0 && r.held <= r.heldMax, "relay: credits held outside 0..HeldMax (held counts each pending credit once)")
 }
 
 // heldLocked is c's entry among what the relay holds, with its database's
@@ -761,6 +775,7 @@ func (r *Relay) follow() {
 			delete(r.dbs, db)
 		}
 	}
+	r.checkHeldLocked()
 }
 
 // loadPositions reads the saved position of each database whose position
@@ -894,12 +909,15 @@ func (r *Relay) readClaims(ctx context.Context, now time.Time) {
 
 // reoffer offers the lanes again every held credit not offered for
 // reofferIntervals Intervals (no lane took it, or a lane gave it up); a lane
-// that holds it already skips it.
+// that holds it already skips it. As it walks every held credit anyway, it
+// asserts that the held count is what is pending: held = Σ len(pending).
 func (r *Relay) reoffer(now time.Time) {
 	cutoff := now.Add(-reofferIntervals * r.cfg.Interval)
 	var cs []model.Credit
 	r.trackMu.Lock()
+	pending := 0
 	for _, t := range r.dbs {
+		pending += len(t.pending)
 		for _, p := range t.pending {
 			if p.offered.IsZero() || !p.offered.After(cutoff) {
 				p.offered = now
@@ -907,6 +925,7 @@ func (r *Relay) reoffer(now time.Time) {
 			}
 		}
 	}
+	invariant.That(pending == r.held, "relay: the held count differs from the credits pending (held = Σ len(pending) over the databases)")
 	r.trackMu.Unlock()
 	if len(cs) > 0 {
 		slices.SortFunc(cs, func(a, b model.Credit) int { return cmp.Compare(a.CreatedMS, b.CreatedMS) })
