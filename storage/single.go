@@ -156,9 +156,12 @@ func BookRewards(ctx context.Context, g Grouper, rs []model.Reward) (booked int,
 // balance right after (WithdrawOp). The same order number again with the
 // same amount answers the first result with Repeat set; with another
 // amount, or an order number of a deposit or send, it is ErrOrderConflict.
-// Errors: ErrInsufficientBalance (nothing written), ErrOrderConflict,
-// ErrCommitUnknown.
+// Errors: ErrInvalidArgument (amount below a cent), ErrInsufficientBalance
+// (nothing written), ErrOrderConflict, ErrCommitUnknown.
 func Withdraw(ctx context.Context, g Grouper, s model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
+	if amount < 1 { // model.ApplyWithdraw asserts it: the caller's check
+		return model.Withdrawal{}, model.Invalidf("withdrawal amount %d: must be at least 1 cent", amount)
+	}
 	op := &WithdrawOp{Shard: s, ActID: actID, OrderNo: orderNo, Amount: amount}
 	if err := commitOne(ctx, g, op); err != nil {
 		return model.Withdrawal{}, err
