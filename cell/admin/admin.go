@@ -246,16 +246,10 @@ func (s *Server) degradeGet(rc *fasthttp.RequestCtx, _ api.RouteID) {
 
 // degradePut sets the degrade switches the body names.
 func (s *Server) degradePut(rc *fasthttp.RequestCtx, _ api.RouteID) {
-	var d api.DegradeSetting
-	if err := strictjson.Decode(rc.PostBody(), &d); err != nil {
-		s.writeErr(rc, err)
-		return
+	set := func(d api.DegradeSetting) (struct{}, error) { return struct{}{}, s.cfg.Switches.Set(d) }
+	if _, ok := putBody(s, rc, set); ok {
+		s.writeJSON(rc, s.cfg.Switches.Setting())
 	}
-	if err := s.cfg.Switches.Set(d); err != nil {
-		s.writeErr(rc, err)
-		return
-	}
-	s.writeJSON(rc, s.cfg.Switches.Setting())
 }
 
 // audit runs the cell's audit: both spaces, or the one ?space= names
@@ -329,18 +323,10 @@ func (s *Server) coupons(rc *fasthttp.RequestCtx, id api.RouteID) {
 	case api.RouteCouponBatches:
 		s.writeJSON(rc, s.cfg.Coupons.CouponBatches())
 	case api.RouteCouponsPut:
-		var set api.CouponSetting
-		if err := strictjson.Decode(rc.PostBody(), &set); err != nil {
-			s.writeErr(rc, err)
-			return
+		if c, ok := putBody(s, rc, s.cfg.Coupons.SetCoupons); ok {
+			s.cfg.Log.Info("coupon merge bound set", "merge_max", c.MergeMax)
+			s.writeJSON(rc, c)
 		}
-		c, err := s.cfg.Coupons.SetCoupons(set)
-		if err != nil {
-			s.writeErr(rc, err)
-			return
-		}
-		s.cfg.Log.Info("coupon merge bound set", "merge_max", c.MergeMax)
-		s.writeJSON(rc, c)
 	default:
 		c, err := s.cfg.Coupons.ReloadCoupons()
 		if err != nil {
@@ -364,17 +350,26 @@ func (s *Server) withdraw(rc *fasthttp.RequestCtx, id api.RouteID) {
 		s.writeJSON(rc, s.cfg.Withdrawals.WithdrawRelease())
 		return
 	}
-	var r api.WithdrawRelease
-	if err := strictjson.Decode(rc.PostBody(), &r); err != nil {
-		s.writeErr(rc, err)
-		return
+	if got, ok := putBody(s, rc, s.cfg.Withdrawals.SetWithdrawRelease); ok {
+		s.writeJSON(rc, got)
 	}
-	got, err := s.cfg.Withdrawals.SetWithdrawRelease(r)
+}
+
+// putBody decodes rc's body strictly (cell/strictjson) into a T and hands
+// it to set; a body that does not decode, or an error of set, is answered
+// here and ok is false.
+func putBody[T, R any](s *Server, rc *fasthttp.RequestCtx, set func(T) (R, error)) (out R, ok bool) {
+	var in T
+	if err := strictjson.Decode(rc.PostBody(), &in); err != nil {
+		s.writeErr(rc, err)
+		return out, false
+	}
+	out, err := set(in)
 	if err != nil {
 		s.writeErr(rc, err)
-		return
+		return out, false
 	}
-	s.writeJSON(rc, got)
+	return out, true
 }
 
 // shardMap is the answer of GET /admin/shards: the shards this cell owns and

@@ -3,11 +3,11 @@ package groupcommit
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -15,18 +15,6 @@ import (
 // The committer's invariants fire on states only a bug can make. Each case
 // builds its lane by hand (no worker runs) and calls the operation that
 // asserts.
-
-func wantPanic(t *testing.T, name, want string, f func()) {
-	t.Helper()
-	defer func() {
-		t.Helper()
-		msg, _ := recover().(string)
-		if !strings.Contains(msg, want) || want == "" {
-			t.Errorf("%s: panic %q, want one holding %q", name, msg, want)
-		}
-	}()
-	f()
-}
 
 // zeroOp breaks MoneyOp's contract: it weighs nothing.
 type zeroOp struct{ storage.DepositOp }
@@ -52,10 +40,10 @@ func laneOf(c *Committer, l *lane) *lane {
 
 func TestSubmitInvariantsFire(t *testing.T) {
 	ctx := context.Background()
-	wantPanic(t, "weightless op", "weight below 1", func() {
+	testenv.WantPanic(t, "weightless op", "weight below 1", func() {
 		_ = quietCommitter().Submit(ctx, lane0, &zeroOp{})
 	})
-	wantPanic(t, "an op from nowhere", "ops in must be ops queued + taken + abandoned", func() {
+	testenv.WantPanic(t, "an op from nowhere", "ops in must be ops queued + taken + abandoned", func() {
 		c := quietCommitter()
 		laneOf(c, &lane{in: 5})
 		_ = c.Submit(ctx, lane0, deposit(1))
@@ -63,39 +51,39 @@ func TestSubmitInvariantsFire(t *testing.T) {
 }
 
 func TestTakeInvariantsFire(t *testing.T) {
-	wantPanic(t, "taken twice", "an op taken twice", func() {
+	testenv.WantPanic(t, "taken twice", "an op taken twice", func() {
 		c := quietCommitter()
 		l := laneOf(c, &lane{in: 1, queuedOps: 1, reqs: 1})
 		l.q = []*waiter{waiting(1, taken)}
 		c.take(l, nil, 0)
 	})
-	wantPanic(t, "answered before taken", "answered before it was taken", func() {
+	testenv.WantPanic(t, "answered before taken", "answered before it was taken", func() {
 		c := quietCommitter()
 		c.take(laneOf(c, &lane{in: 1, out: 1, answered: 2}), nil, 0)
 	})
-	wantPanic(t, "requests without ops", "queued requests disagree with queued ops", func() {
+	testenv.WantPanic(t, "requests without ops", "queued requests disagree with queued ops", func() {
 		c := quietCommitter()
 		c.take(laneOf(c, &lane{reqs: 3, in: 1, out: 1, answered: 1}), nil, 0) // 3 requests of no op
 	})
 }
 
 func TestCommitInvariantsFire(t *testing.T) {
-	wantPanic(t, "group past Max", "carries more than Max", func() {
+	testenv.WantPanic(t, "group past Max", "carries more than Max", func() {
 		c := quietCommitter()
 		l := laneOf(c, &lane{in: 2, out: 2, groupMax: 4})
 		c.commit(l, []*waiter{waiting(3, taken), waiting(3, taken)}, 0)
 	})
-	wantPanic(t, "answered twice", "an op answered twice", func() {
+	testenv.WantPanic(t, "answered twice", "an op answered twice", func() {
 		c := quietCommitter()
 		l := laneOf(c, &lane{in: 1, out: 1, groupMax: 4})
 		c.commit(l, []*waiter{waiting(1, answered)}, 0)
 	})
-	wantPanic(t, "an op dropped from its group", "taken and not answered", func() {
+	testenv.WantPanic(t, "an op dropped from its group", "taken and not answered", func() {
 		c := quietCommitter()
 		l := laneOf(c, &lane{in: 2, out: 2, groupMax: 4}) // two taken, one committed
 		c.commit(l, []*waiter{waiting(1, taken)}, 0)
 	})
-	wantPanic(t, "stop with an op unanswered", "a lane stops with an op neither answered nor abandoned", func() {
+	testenv.WantPanic(t, "stop with an op unanswered", "a lane stops with an op neither answered nor abandoned", func() {
 		c := quietCommitter()
 		l := laneOf(c, &lane{in: 2, out: 2, answered: 1, stopping: true})
 		c.wg.Add(1)

@@ -1,26 +1,15 @@
 package keyqueue
 
 import (
-	"strings"
 	"testing"
 	"time"
+
+	"redcell/internal/testenv"
 )
 
 // The queue's invariants fire on states only a bug can make. Each case builds
 // its key states by hand (no worker runs) and calls the operation that
 // asserts.
-
-func wantPanic(t *testing.T, name, want string, f func()) {
-	t.Helper()
-	defer func() {
-		t.Helper()
-		msg, _ := recover().(string)
-		if !strings.Contains(msg, want) || want == "" {
-			t.Errorf("%s: panic %q, want one holding %q", name, msg, want)
-		}
-	}()
-	f()
-}
 
 // queueWith is a queue holding ks as key 1's state, without its worker.
 func queueWith(ks *keyState[int]) *Queue[int, int] {
@@ -34,28 +23,28 @@ func state(items []int, in, out int) *keyState[int] {
 }
 
 func TestInvariantsFire(t *testing.T) {
-	wantPanic(t, "an item from nowhere", "in = out + queued (Enqueue)", func() {
+	testenv.WantPanic(t, "an item from nowhere", "in = out + queued (Enqueue)", func() {
 		_ = queueWith(state([]int{7}, 0, 0)).Enqueue(1, 8)
 	})
-	wantPanic(t, "an item lost", "in = out + queued (take)", func() {
+	testenv.WantPanic(t, "an item lost", "in = out + queued (take)", func() {
 		ks := state([]int{7, 8}, 3, 0)
 		queueWith(ks).take(ks, nil)
 	})
-	wantPanic(t, "past Depth", "more than Depth items", func() {
+	testenv.WantPanic(t, "past Depth", "more than Depth items", func() {
 		ks := state([]int{1, 2, 3, 4, 5}, 5, 0)
 		queueWith(ks).take(ks, nil)
 	})
-	wantPanic(t, "past MaxKeys", "more than MaxKeys keys", func() {
+	testenv.WantPanic(t, "past MaxKeys", "more than MaxKeys keys", func() {
 		ks := state(nil, 0, 0)
 		q := queueWith(ks)
 		q.keys[2], q.keys[3] = state(nil, 0, 0), state(nil, 0, 0)
 		q.take(ks, nil)
 	})
-	wantPanic(t, "two workers for a key", "one worker per key", func() {
+	testenv.WantPanic(t, "two workers for a key", "one worker per key", func() {
 		q := queueWith(state(nil, 2, 2))
 		q.stopIfDone(1, state(nil, 2, 2), true)
 	})
-	wantPanic(t, "a key leaves with items unaccounted", "in = out)", func() {
+	testenv.WantPanic(t, "a key leaves with items unaccounted", "in = out)", func() {
 		ks := state(nil, 3, 2)
 		queueWith(ks).stopIfDone(1, ks, true)
 	})

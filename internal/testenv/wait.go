@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,4 +35,18 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	if !Until(limit, cond) {
 		t.Fatalf("waited %v for %s", limit, what)
 	}
+}
+
+// WantPanic runs f and fails the test (as name) unless f panics with a
+// message holding want: how the tests of an invariant.That show it fires.
+func WantPanic(t testing.TB, name, want string, f func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		msg, _ := recover().(string)
+		if want == "" || !strings.Contains(msg, want) {
+			t.Errorf("%s: panic %q, want one holding %q", name, msg, want)
+		}
+	}()
+	f()
 }
