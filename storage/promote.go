@@ -58,40 +58,8 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 			return errors.Join(merr, ErrStandbyUnknown)
 		}
 	} else {
-		if net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != f.primaryAddr {
-			return fmt.Errorf("%w: it replicates from %s:%s", ErrStandbyUnknown, st["Master_Host"], st["Master_Port"])
-		}
-		f.log.Info("failover: promoting the standby: stopping its replication")
-		if _, err := db.ExecContext(ctx, "STOP SLAVE IO_THREAD"); err != nil {
-			return fmt.Errorf("storage: promote: stop taking the binlog: %w", err)
-		}
-		stopped = true
-		if st, err = slaveStatus(ctx, db); err != nil || st == nil {
-			return errors.Join(err, errors.New("storage: promote: the replica's state went away"))
-		}
-		f.log.Info("failover: waiting for the standby to apply what it received", "gtid_io_pos", st["Gtid_IO_Pos"])
-		var waited sql.NullInt64
-		if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, 60)", st["Gtid_IO_Pos"]).Scan(&waited); err != nil || !waited.Valid || waited.Int64 != 0 {
-			last, _ := slaveStatus(ctx, db)
-			return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
-				st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
-		}
-		if err := markPromoted(ctx, db, f.primaryAddr, st["Gtid_IO_Pos"]); err != nil {
-			return fmt.Errorf("storage: promote: mark: %w", err)
-		}
-		f.log.Info("failover: applied and marked; forgetting the primary")
-		if _, err := db.ExecContext(ctx, "STOP SLAVE"); err != nil {
-			return fmt.Errorf("storage: promote: %w", err)
-		}
-		if _, err := db.ExecContext(ctx, "RESET SLAVE ALL"); err != nil {
-			return fmt.Errorf("storage: promote: %w", err)
-		}
-		// No standby of its own yet: with semi-synchronous acknowledgement
-		// on, its first commits would wait the whole timeout for a replica
-		// there is not (rpl_semi_sync_master_wait_no_slave). Fail-back turns
-		// it on again once its new standby replicates (cell/mover).
-		if _, err := db.ExecContext(ctx, "SET GLOBAL rpl_semi_sync_master_enabled = 0"); err != nil {
-			f.log.Warn("failover: could not turn semi-synchronous acknowledgement off on the promoted standby: its first commits may wait for the timeout", "err", err)
+		if err := f.promoteReplica(ctx, db, st, &stopped); err != nil {
+			return err
 		}
 	}
 	sc, err := connectorOf(f.standby)
@@ -103,6 +71,53 @@ func (f *Failover) Promote(ctx context.Context) (err error) {
 	f.Promotions.Add(1)
 	f.primaryDown.Store(0)
 	f.replicating.Store(-1) // no standby any more
+	return nil
+}
+
+// promoteReplica is Promote on a standby that replicates from the primary
+// (st, its replica status): it stops taking the binlog (then *stopped is
+// set, so that Promote's undo takes it again on an error), waits until the
+// standby applied what it received, marks it as promoted, makes it forget
+// the primary and turns its semi-synchronous acknowledgement off. Errors:
+// ErrStandbyUnknown (it replicates from another server), the standby's,
+// wrapped as Promote returns them.
+func (f *Failover) promoteReplica(ctx context.Context, db *sql.DB, st map[string]string, stopped *bool) error {
+	if net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != f.primaryAddr {
+		return fmt.Errorf("%w: it replicates from %s:%s", ErrStandbyUnknown, st["Master_Host"], st["Master_Port"])
+	}
+	f.log.Info("failover: promoting the standby: stopping its replication")
+	if _, err := db.ExecContext(ctx, "STOP SLAVE IO_THREAD"); err != nil {
+		return fmt.Errorf("storage: promote: stop taking the binlog: %w", err)
+	}
+	*stopped = true
+	var err error
+	if st, err = slaveStatus(ctx, db); err != nil || st == nil {
+		return errors.Join(err, errors.New("storage: promote: the replica's state went away"))
+	}
+	f.log.Info("failover: waiting for the standby to apply what it received", "gtid_io_pos", st["Gtid_IO_Pos"])
+	var waited sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MASTER_GTID_WAIT(?, 60)", st["Gtid_IO_Pos"]).Scan(&waited); err != nil || !waited.Valid || waited.Int64 != 0 {
+		last, _ := slaveStatus(ctx, db)
+		return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
+			st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
+	}
+	if err := markPromoted(ctx, db, f.primaryAddr, st["Gtid_IO_Pos"]); err != nil {
+		return fmt.Errorf("storage: promote: mark: %w", err)
+	}
+	f.log.Info("failover: applied and marked; forgetting the primary")
+	if _, err := db.ExecContext(ctx, "STOP SLAVE"); err != nil {
+		return fmt.Errorf("storage: promote: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, "RESET SLAVE ALL"); err != nil {
+		return fmt.Errorf("storage: promote: %w", err)
+	}
+	// No standby of its own yet: with semi-synchronous acknowledgement
+	// on, its first commits would wait the whole timeout for a replica
+	// there is not (rpl_semi_sync_master_wait_no_slave). Fail-back turns
+	// it on again once its new standby replicates (cell/mover).
+	if _, err := db.ExecContext(ctx, "SET GLOBAL rpl_semi_sync_master_enabled = 0"); err != nil {
+		f.log.Warn("failover: could not turn semi-synchronous acknowledgement off on the promoted standby: its first commits may wait for the timeout", "err", err)
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net"
@@ -61,23 +62,8 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 		return res, err
 	}
 	defer sdb.Close()
-	scfg, _ := mysql.ParseDSN(f.standby)
-	st, err := slaveStatus(ctx, pdb)
-	if err != nil {
-		return res, fmt.Errorf("storage: switch back: the primary: %w", err)
-	}
-	if st == nil || net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != scfg.Addr || st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
-		return res, fmt.Errorf("%w: the primary must replicate from the standby at %s with both threads running first (redcell cells failback)", ErrStandbyUnknown, scfg.Addr)
-	}
-	if err := f.leaseStillOurs(ctx, sdb); err != nil {
-		return res, fmt.Errorf("storage: switch back: %w", err)
-	}
-	if chs, err := moveChannels(ctx, sdb); err != nil || len(chs) > 0 {
-		return res, errors.Join(err, fmt.Errorf("storage: switch back: moves into this cell are running (%v): switch back after them", chs))
-	}
-	var name, status string
-	if err := sdb.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil || status != "ON" {
-		return res, errors.Join(err, fmt.Errorf("storage: switch back: the standby's semi-synchronous replication is %q, not ON", status))
+	if err := f.switchBackReady(ctx, pdb, sdb); err != nil {
+		return res, err
 	}
 	t0 := time.Now()
 	var pos string
@@ -110,57 +96,9 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 			f.sw.resume()
 		}
 	}
-	// FLUSH TABLES WITH READ LOCK waits for the commits under way, at most
-	// lock_wait_timeout, and holds later ones. A statement that passed its
-	// connection's staleness check just before the refusal may be among
-	// those held: every other client connection is killed, so that nothing
-	// held commits on the standby once it is unlocked (a killed
-	// transaction rolls back; its client retries, on the primary).
-	for _, q := range []string{"SET SESSION lock_wait_timeout = 10", "FLUSH TABLES WITH READ LOCK"} {
-		if _, err := lock.ExecContext(pctx, q); err != nil {
-			resume()
-			return res, fmt.Errorf("storage: switch back: %s: %w", q, err)
-		}
-	}
-	if err := killOthers(pctx, lock); err != nil {
-		resume()
-		return res, fmt.Errorf("storage: switch back: ending the standby's other connections: %w", err)
-	}
-	if err := lock.QueryRowContext(pctx, "SELECT @@gtid_binlog_pos").Scan(&res.GTID); err != nil {
-		resume()
-		return res, err
-	}
-	if err := gtidWait(pctx, pdb, res.GTID, 30*time.Second); err != nil {
-		resume()
-		return res, fmt.Errorf("storage: switch back: the primary applying the standby's last commits: %w", err)
-	}
-	// The promotion mark goes first (not logged: the primary has none): from
-	// then on a restarted cell no longer takes the standby for its database.
-	_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
-	for _, q := range []string{"SET SESSION sql_log_bin = 0", "DROP DATABASE IF EXISTS redcell_failover", "SET SESSION sql_log_bin = 1"} {
-		if _, err := lock.ExecContext(pctx, q); err != nil {
-			resume()
-			return res, fmt.Errorf("storage: switch back: the standby's promotion mark: %w", err)
-		}
-	}
-	pc, err := connectorOf(f.primary)
-	if err == nil {
-		for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
-			if _, err = pdb.ExecContext(wctx, q); err != nil {
-				err = fmt.Errorf("the primary: %s: %w", q, err)
-				break
-			}
-		}
-	}
+	pc, err := f.switchOver(pctx, wctx, lock, pdb, resume, &res)
 	if err != nil {
-		// Still the standby's: it serves on, marked again.
-		_, _ = pdb.ExecContext(wctx, "START SLAVE")
-		_, _ = lock.ExecContext(wctx, "SET SESSION sql_log_bin = 0") // the primary replicates from it again: not its mark
-		if merr := markPromoted(wctx, lock, f.primaryAddr, res.GTID); merr != nil {
-			err = errors.Join(err, fmt.Errorf("and marking the standby as promoted again failed (a restarted cell would refuse to start): %w", merr))
-		}
-		resume()
-		return res, fmt.Errorf("storage: switch back: %w", err)
+		return res, err
 	}
 	// From here on the primary is the cell's database whatever happens. The
 	// standby (the cell's calls to it refused) follows it before the first
@@ -189,6 +127,97 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 		return res, fmt.Errorf("storage: switch back: the primary serves; the standby's setup as its replica failed: %w", ferr)
 	}
 	return res, nil
+}
+
+// switchBackReady checks what SwitchBack needs before it begins: the
+// primary replicates from the standby with both threads running, the lease
+// is still ours, no move into the cell runs, and the standby acknowledges
+// semi-synchronously. Errors: ErrStandbyUnknown (the primary is not the
+// standby's running replica), the lease's, a refusal naming the running
+// moves or the standby's semi-synchronous status, the servers'.
+func (f *Failover) switchBackReady(ctx context.Context, pdb, sdb *sql.DB) error {
+	scfg, _ := mysql.ParseDSN(f.standby)
+	st, err := slaveStatus(ctx, pdb)
+	if err != nil {
+		return fmt.Errorf("storage: switch back: the primary: %w", err)
+	}
+	if st == nil || net.JoinHostPort(st["Master_Host"], st["Master_Port"]) != scfg.Addr || st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
+		return fmt.Errorf("%w: the primary must replicate from the standby at %s with both threads running first (redcell cells failback)", ErrStandbyUnknown, scfg.Addr)
+	}
+	if err := f.leaseStillOurs(ctx, sdb); err != nil {
+		return fmt.Errorf("storage: switch back: %w", err)
+	}
+	if chs, err := moveChannels(ctx, sdb); err != nil || len(chs) > 0 {
+		return errors.Join(err, fmt.Errorf("storage: switch back: moves into this cell are running (%v): switch back after them", chs))
+	}
+	var name, status string
+	if err := sdb.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status); err != nil || status != "ON" {
+		return errors.Join(err, fmt.Errorf("storage: switch back: the standby's semi-synchronous replication is %q, not ON", status))
+	}
+	return nil
+}
+
+// switchOver is the pause of SwitchBack up to the primary's serving: the
+// standby's tables locked (through lock) and its other connections ended,
+// the primary applies the standby's binlog up to its end (res.GTID), the
+// standby's promotion mark goes, and the primary stops replicating. It
+// returns the primary's connector. On an error it has called resume and
+// the standby serves on, marked as promoted again if it was unmarked;
+// errors are the servers', wrapped as SwitchBack returns them.
+func (f *Failover) switchOver(pctx, wctx context.Context, lock *sql.Conn, pdb *sql.DB, resume func(), res *SwitchBackResult) (driver.Connector, error) {
+	// FLUSH TABLES WITH READ LOCK waits for the commits under way, at most
+	// lock_wait_timeout, and holds later ones. A statement that passed its
+	// connection's staleness check just before the refusal may be among
+	// those held: every other client connection is killed, so that nothing
+	// held commits on the standby once it is unlocked (a killed
+	// transaction rolls back; its client retries, on the primary).
+	for _, q := range []string{"SET SESSION lock_wait_timeout = 10", "FLUSH TABLES WITH READ LOCK"} {
+		if _, err := lock.ExecContext(pctx, q); err != nil {
+			resume()
+			return nil, fmt.Errorf("storage: switch back: %s: %w", q, err)
+		}
+	}
+	if err := killOthers(pctx, lock); err != nil {
+		resume()
+		return nil, fmt.Errorf("storage: switch back: ending the standby's other connections: %w", err)
+	}
+	if err := lock.QueryRowContext(pctx, "SELECT @@gtid_binlog_pos").Scan(&res.GTID); err != nil {
+		resume()
+		return nil, err
+	}
+	if err := gtidWait(pctx, pdb, res.GTID, 30*time.Second); err != nil {
+		resume()
+		return nil, fmt.Errorf("storage: switch back: the primary applying the standby's last commits: %w", err)
+	}
+	// The promotion mark goes first (not logged: the primary has none): from
+	// then on a restarted cell no longer takes the standby for its database.
+	_, _ = lock.ExecContext(wctx, "UNLOCK TABLES")
+	for _, q := range []string{"SET SESSION sql_log_bin = 0", "DROP DATABASE IF EXISTS redcell_failover", "SET SESSION sql_log_bin = 1"} {
+		if _, err := lock.ExecContext(pctx, q); err != nil {
+			resume()
+			return nil, fmt.Errorf("storage: switch back: the standby's promotion mark: %w", err)
+		}
+	}
+	pc, err := connectorOf(f.primary)
+	if err == nil {
+		for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL"} {
+			if _, err = pdb.ExecContext(wctx, q); err != nil {
+				err = fmt.Errorf("the primary: %s: %w", q, err)
+				break
+			}
+		}
+	}
+	if err != nil {
+		// Still the standby's: it serves on, marked again.
+		_, _ = pdb.ExecContext(wctx, "START SLAVE")
+		_, _ = lock.ExecContext(wctx, "SET SESSION sql_log_bin = 0") // the primary replicates from it again: not its mark
+		if merr := markPromoted(wctx, lock, f.primaryAddr, res.GTID); merr != nil {
+			err = errors.Join(err, fmt.Errorf("and marking the standby as promoted again failed (a restarted cell would refuse to start): %w", merr))
+		}
+		resume()
+		return nil, fmt.Errorf("storage: switch back: %w", err)
+	}
+	return pc, nil
 }
 
 // killOthers ends every client connection of the server behind conn but
