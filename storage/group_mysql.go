@@ -102,10 +102,24 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 			readClaims = true
 		}
 	})
-	// A booker's take left rewards whose wallet tables were not made sure
-	// of (takeAndBookTx): make them now, outside the transaction. A failure
-	// here answers nothing: the group's outcome is err's, and those rewards
-	// stay as they are for a later pass, which tries again.
+	m.ensureTakenShards(ctx, ops)
+	if errors.Is(err, errCommitUnknown) && probe != nil {
+		if ok, known := m.settleCommit(ctx, probe); known && ok {
+			return nil // applied by this group's own COMMIT
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("storage: group of %d: %w", len(ops), err)
+	}
+	return nil
+}
+
+// ensureTakenShards makes, outside the transaction, the wallet tables a
+// booker's take left rewards for without having made sure of them
+// (takeAndBookTx), and clears BookOp.tablesFirst. A failure answers
+// nothing: the group's outcome is its transaction's, and those rewards stay
+// as they are for a later pass, which tries again.
+func (m *MySQL) ensureTakenShards(ctx context.Context, ops []MoneyOp) {
 	var shards []model.ShardID
 	for _, op := range ops {
 		if b, ok := op.(*BookOp); ok {
@@ -116,15 +130,6 @@ func (m *MySQL) CommitGroup(ctx context.Context, list []Op) error {
 	if len(shards) > 0 {
 		_ = m.EnsureShards(ctx, shards)
 	}
-	if errors.Is(err, errCommitUnknown) && probe != nil {
-		if ok, known := m.settleCommit(ctx, probe); known && ok {
-			return nil // applied by this group's own COMMIT
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("storage: group of %d: %w", len(ops), err)
-	}
-	return nil
 }
 
 // Read implements Reader.
@@ -225,33 +230,9 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 	if err := m.lockRefundWallets(ctx, tx, st, ops, now); err != nil {
 		return nil, err
 	}
-	var (
-		creditOps []*CreditsOp
-		bookOps   []*BookOp
-		issueOps  []*IssueOp
-		acceptOps []*AcceptOp
-	)
-	for _, op := range ops {
-		decided, err := Decide(st, op)
-		if err != nil {
-			return nil, err // errClaimsNeeded: refusalAhead foresees every refusal; should one come all the same, the group runs again with the claims read
-		}
-		if decided {
-			continue
-		}
-		switch op := op.(type) {
-		case *CreditsOp:
-			creditOps = append(creditOps, op)
-		case *BookOp:
-			bookOps = append(bookOps, op)
-		case *IssueOp:
-			if op.Reward.CreatedMS == 0 {
-				op.Reward.CreatedMS = now
-			}
-			issueOps = append(issueOps, op)
-		case *AcceptOp:
-			acceptOps = append(acceptOps, op)
-		}
+	later, err := groupDecide(st, ops, now)
+	if err != nil {
+		return nil, err
 	}
 	if q, args := st.w.sql(m); q != "" {
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
@@ -264,10 +245,65 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 		}
 	}
 	probe := st.probe
-	// The opens' same-cell credits (OpenOp.CreditHere), before the credit
-	// batches: one bulk list for all, no wait for a held wallet or table.
-	// Only to shards whose wallet tables this process made sure of: no DDL
-	// on an open's path (the relay's delivery makes them).
+	if err := m.groupCreditsHere(ctx, tx, ops, now, fresh, hereSaved); err != nil {
+		return nil, err
+	}
+	probe, err = m.groupLaterTx(ctx, tx, ops, later, probe, now, fresh)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.readRepeatedSends(ctx, tx, st); err != nil {
+		return nil, err
+	}
+	return probe, nil
+}
+
+// groupLater holds the ops of a group that Decide leaves to statements of
+// their own, by kind, each in list order.
+type groupLater struct {
+	creditOps []*CreditsOp
+	bookOps   []*BookOp
+	issueOps  []*IssueOp
+	acceptOps []*AcceptOp
+}
+
+// groupDecide runs Decide on every op of the group, in list order, on st
+// (an issue without a creation time gets now), and returns the ops left to
+// statements of their own. Errors: Decide's (errClaimsNeeded).
+func groupDecide(st *groupState, ops []MoneyOp, now int64) (groupLater, error) {
+	var l groupLater
+	for _, op := range ops {
+		decided, err := Decide(st, op)
+		if err != nil {
+			return l, err // errClaimsNeeded: refusalAhead foresees every refusal; should one come all the same, the group runs again with the claims read
+		}
+		if decided {
+			continue
+		}
+		switch op := op.(type) {
+		case *CreditsOp:
+			l.creditOps = append(l.creditOps, op)
+		case *BookOp:
+			l.bookOps = append(l.bookOps, op)
+		case *IssueOp:
+			if op.Reward.CreatedMS == 0 {
+				op.Reward.CreatedMS = now
+			}
+			l.issueOps = append(l.issueOps, op)
+		case *AcceptOp:
+			l.acceptOps = append(l.acceptOps, op)
+		}
+	}
+	return l, nil
+}
+
+// groupCreditsHere stores the group's opens' same-cell credits
+// (OpenOp.CreditHere), before the credit batches: one bulk list for all, no
+// wait for a held wallet or table. Only to shards whose wallet tables this
+// process made sure of: no DDL on an open's path (the relay's delivery makes
+// them). Errors: errHereUnfit (a held row: run again with a savepoint),
+// the database's.
+func (m *MySQL) groupCreditsHere(ctx context.Context, tx *sql.Tx, ops []MoneyOp, now int64, fresh, hereSaved bool) error {
 	var here []model.Credit
 	for _, op := range ops {
 		if o, ok := op.(*OpenOp); ok && len(o.here) > 0 {
@@ -278,10 +314,10 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 	if len(here) > 0 {
 		_, deferred, err := m.creditsHereTx(ctx, tx, here, now, fresh && !hereSaved)
 		if errors.Is(err, errBulkUnfit) {
-			return nil, errHereUnfit
+			return errHereUnfit
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, op := range ops {
 			if o, ok := op.(*OpenOp); ok && len(o.Here()) > 0 {
@@ -289,7 +325,16 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 			}
 		}
 	}
-	for _, op := range creditOps { // each op's credits on their own, so each is counted on its own
+	return nil
+}
+
+// groupLaterTx runs in tx the ops groupDecide left (l): the credit
+// batches, each on its own, the bookers' takes, the issues, the accepts,
+// then the bookings of given rewards. It returns probe, or, when it is nil
+// and the group is only issues or only accepts, their probe. Errors: the
+// database's.
+func (m *MySQL) groupLaterTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, l groupLater, probe func() (bool, error), now int64, fresh bool) (func() (bool, error), error) {
+	for _, op := range l.creditOps { // each op's credits on their own, so each is counted on its own
 		var err error
 		op.Applied, op.Deferred, err = m.applyCreditsTx(ctx, tx, op.Credits, now, fresh)
 		if err != nil {
@@ -299,7 +344,7 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 	// A booker's batch books rewards stored before this group, never its
 	// own issues (as memstore: the rows a group stores are not there for
 	// its take), so it goes before them.
-	for _, op := range bookOps {
+	for _, op := range l.bookOps {
 		if op.Take == nil {
 			continue
 		}
@@ -309,30 +354,30 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 		}
 		op.Rewards, op.Applied, op.Deferred, op.tablesFirst = booked, len(booked), left, shards
 	}
-	if len(issueOps) > 0 {
-		p, err := m.issueRewardsTx(ctx, tx, issueOps, fresh)
+	if len(l.issueOps) > 0 {
+		p, err := m.issueRewardsTx(ctx, tx, l.issueOps, fresh)
 		if err != nil {
 			return nil, err
 		}
 		// As an accept's (below): another group's copy of a reward looks
 		// like this one's, so the probe settles a group of issues alone.
-		if probe == nil && len(issueOps) == len(ops) {
+		if probe == nil && len(l.issueOps) == len(ops) {
 			probe = p
 		}
 	}
-	if len(acceptOps) > 0 {
-		p, err := m.acceptCouponsTx(ctx, tx, acceptOps, now, fresh)
+	if len(l.acceptOps) > 0 {
+		p, err := m.acceptCouponsTx(ctx, tx, l.acceptOps, now, fresh)
 		if err != nil {
 			return nil, err
 		}
 		// An accept's probe could take another group's row for this one's
 		// (acceptCouponsTx): it settles only a group of accepts alone, never
 		// the other ops of a mixed group.
-		if probe == nil && len(acceptOps) == len(ops) {
+		if probe == nil && len(l.acceptOps) == len(ops) {
 			probe = p
 		}
 	}
-	for _, op := range bookOps {
+	for _, op := range l.bookOps {
 		if op.Take != nil {
 			continue // booked before the issues (above)
 		}
@@ -342,10 +387,18 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 		}
 		op.Applied = len(booked)
 	}
+	return probe, nil
+}
+
+// readRepeatedSends reads, for each repeated send of the group
+// (st.repeats), the packet its order made first, from its day table or, once
+// archived, from the archive. Errors: a bad packet ID in the flow row, the
+// database's.
+func (m *MySQL) readRepeatedSends(ctx context.Context, tx *sql.Tx, st *groupState) error {
 	for _, r := range st.repeats {
 		first, err := model.ParsePacketID(string(r.id))
 		if err != nil {
-			return nil, fmt.Errorf("storage: flow row holds bad packet id %q: %w", r.id, err)
+			return fmt.Errorf("storage: flow row holds bad packet id %q: %w", r.id, err)
 		}
 		p, err := scanPacket(tx.QueryRowContext(ctx, "SELECT "+packetCols+" FROM "+m.packetTable(first.Shard, first.Day)+
 			" WHERE packet_id = ?", string(first.ID)))
@@ -354,11 +407,11 @@ func (m *MySQL) groupTx(ctx context.Context, tx *sql.Tx, ops []MoneyOp, fresh, r
 				" WHERE packet_id = ?", string(first.ID)))
 		}
 		if err != nil {
-			return nil, fmt.Errorf("storage: read the first packet %s of a send's order: %w", r.id, err)
+			return fmt.Errorf("storage: read the first packet %s of a send's order: %w", r.id, err)
 		}
 		*r.into = p
 	}
-	return probe, nil
+	return nil
 }
 
 // flowProbe tells whether flow row want, as this attempt wrote it (its

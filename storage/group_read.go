@@ -22,6 +22,92 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []MoneyOp, readCl
 		wallets: map[walletKey]model.Cents{},
 		flows:   map[groupFlowKey]model.Flow{},
 	}
+	g := m.groupRowsOf(st, ops)
+	packetsByTable, walletsByShard, flowsByShard, shards := g.packetsByTable, g.walletsByShard, g.flowsByShard, g.shards
+
+	// Packet rows are locked first (a refund's order: packet, then wallet).
+	// When the group also locks wallets, whose rows are created (and so
+	// locked) by a write, the packets are read on their own before it.
+	packetsFirst := len(packetsByTable) > 0 && len(shards) > 0
+	if packetsFirst {
+		if err := m.lockPackets(ctx, tx, st, packetsByTable); err != nil {
+			return nil, err
+		}
+	}
+	// Wallet rows must exist to be locked: create the missing ones.
+	var b sqlBatch
+	now := m.nowMS()
+	for _, s := range shards {
+		acts := sortedKeys(walletsByShard[s])
+		b.add("INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+rowsOf(len(acts), 3)+
+			" ON DUPLICATE KEY UPDATE act_id = act_id", walletRows(acts, now)...)
+	}
+	if q, args := b.sql(); q != "" {
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return nil, fmt.Errorf("storage: create accounts: %w", err)
+		}
+	}
+
+	// The reads, in lock order, one UNION ALL per kind of row (each part
+	// takes its locks in turn); result sets come back in this order.
+	var readers []groupReader
+	var r sqlBatch
+	if len(packetsByTable) > 0 && !packetsFirst {
+		r.addUnion(packetLocks(packetsByTable))
+		readers = append(readers, st.readPacket)
+	}
+	if len(shards) > 0 {
+		var wallets, flows union
+		for _, s := range shards {
+			acts := sortedKeys(walletsByShard[s])
+			wallets.add("SELECT "+strconv.Itoa(int(s))+", act_id, balance FROM "+m.accountTable(s)+
+				" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
+			pairs := flowsByShard[s]
+			conds := make([]string, 0, len(pairs))
+			args := make([]any, 0, 2*len(pairs))
+			for p := range pairs {
+				conds = append(conds, "(act_id = ? AND order_no = ?)")
+				args = append(args, p[0], p[1])
+			}
+			flows.add("SELECT "+strconv.Itoa(int(s))+", act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms FROM "+
+				m.flowTable(s)+" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
+		}
+		r.addUnion(wallets)
+		readers = append(readers, st.readWallet)
+		r.addUnion(flows)
+		readers = append(readers, st.readFlow)
+	}
+	// The claims are read after every lock is held (a consistent read: its
+	// snapshot starts here, so it sees every claim committed before the
+	// packets were locked).
+	if u := m.claimsUnion(ops); readClaims && len(u.parts) > 0 {
+		r.addUnion(u)
+		readers = append(readers, st.readClaim)
+	}
+	if len(readers) == 0 {
+		return st, nil
+	}
+	if err := queryGroupReads(ctx, tx, &r, readers); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// groupReader reads a row of one of groupRead's result sets into its state.
+type groupReader func(*sql.Rows) error
+
+// groupRows is what a group's locking read covers, gathered from its ops.
+type groupRows struct {
+	packetsByTable map[string][]string // packet table → IDs
+	walletsByShard map[model.ShardID]map[string]bool
+	flowsByShard   map[model.ShardID]map[[2]string]bool // (act_id, order_no) pairs
+	shards         []model.ShardID                      // walletsByShard's, ascending
+}
+
+// groupRowsOf gathers the packets the group's opens and refunds touch (each
+// gets an empty claim map in st) and the wallets and order numbers of its
+// sends, deposits and withdrawals.
+func (m *MySQL) groupRowsOf(st *groupState, ops []MoneyOp) groupRows {
 	packetsByTable := map[string][]string{} // packet table → IDs
 	walletsByShard := map[model.ShardID]map[string]bool{}
 	flowsByShard := map[model.ShardID]map[[2]string]bool{}
@@ -59,103 +145,49 @@ func (m *MySQL) groupRead(ctx context.Context, tx *sql.Tx, ops []MoneyOp, readCl
 		shards = append(shards, s)
 	}
 	sort.Slice(shards, func(i, j int) bool { return shards[i] < shards[j] })
+	return groupRows{packetsByTable, walletsByShard, flowsByShard, shards}
+}
 
-	// Packet rows are locked first (a refund's order: packet, then wallet).
-	// When the group also locks wallets, whose rows are created (and so
-	// locked) by a write, the packets are read on their own before it.
-	packetsFirst := len(packetsByTable) > 0 && len(shards) > 0
-	if packetsFirst {
-		if err := m.lockPackets(ctx, tx, st, packetsByTable); err != nil {
-			return nil, err
-		}
-	}
-	// Wallet rows must exist to be locked: create the missing ones.
-	var b sqlBatch
-	now := m.nowMS()
-	for _, s := range shards {
-		acts := sortedKeys(walletsByShard[s])
-		b.add("INSERT INTO "+m.accountTable(s)+" (act_id, balance, updated_ms) VALUES "+rowsOf(len(acts), 3)+
-			" ON DUPLICATE KEY UPDATE act_id = act_id", walletRows(acts, now)...)
-	}
-	if q, args := b.sql(); q != "" {
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return nil, fmt.Errorf("storage: create accounts: %w", err)
-		}
-	}
-
-	// The reads, in lock order, one UNION ALL per kind of row (each part
-	// takes its locks in turn); result sets come back in this order.
-	type reader func(*sql.Rows) error
-	var readers []reader
-	var r sqlBatch
-	if len(packetsByTable) > 0 && !packetsFirst {
-		r.addUnion(packetLocks(packetsByTable))
-		readers = append(readers, st.readPacket)
-	}
-	if len(shards) > 0 {
-		var wallets, flows union
-		for _, s := range shards {
-			acts := sortedKeys(walletsByShard[s])
-			wallets.add("SELECT "+strconv.Itoa(int(s))+", act_id, balance FROM "+m.accountTable(s)+
-				" WHERE act_id IN ("+placeholders(len(acts))+") ORDER BY act_id FOR UPDATE", anys(acts)...)
-			pairs := flowsByShard[s]
-			conds := make([]string, 0, len(pairs))
-			args := make([]any, 0, 2*len(pairs))
-			for p := range pairs {
-				conds = append(conds, "(act_id = ? AND order_no = ?)")
-				args = append(args, p[0], p[1])
-			}
-			flows.add("SELECT "+strconv.Itoa(int(s))+", act_id, order_no, kind, amount, balance_after, ref, req_hash, created_ms FROM "+
-				m.flowTable(s)+" WHERE "+strings.Join(conds, " OR ")+" LOCK IN SHARE MODE", args...)
-		}
-		r.addUnion(wallets)
-		readers = append(readers, st.readWallet)
-		r.addUnion(flows)
-		readers = append(readers, func(rows *sql.Rows) error {
-			var s model.ShardID
-			var f model.Flow
-			var after sql.NullInt64
-			if err := rows.Scan(&s, &f.ActID, &f.OrderNo, &f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
-				return err
-			}
-			f.BalanceAfter, f.BalanceKnown = model.Cents(after.Int64), after.Valid
-			st.flows[groupFlowKey{s, f.ActID, f.OrderNo}] = f
-			return nil
-		})
-	}
-	// The claims are read after every lock is held (a consistent read: its
-	// snapshot starts here, so it sees every claim committed before the
-	// packets were locked).
-	if u := m.claimsUnion(ops); readClaims && len(u.parts) > 0 {
-		r.addUnion(u)
-		readers = append(readers, st.readClaim)
-	}
-	if len(readers) == 0 {
-		return st, nil
-	}
+// queryGroupReads sends groupRead's reads (r) as one multi-statement query
+// and reads result set i with readers[i]. Errors: the database's, a missing
+// result set, a reader's; each as "storage: group read".
+func queryGroupReads(ctx context.Context, tx *sql.Tx, r *sqlBatch, readers []groupReader) error {
 	q, args := r.sql()
 	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("storage: group read: %w", err)
+		return fmt.Errorf("storage: group read: %w", err)
 	}
 	defer rows.Close()
 	for i, read := range readers {
 		if i > 0 && !rows.NextResultSet() {
 			if err := rows.Err(); err != nil {
-				return nil, fmt.Errorf("storage: group read: %w", err)
+				return fmt.Errorf("storage: group read: %w", err)
 			}
-			return nil, fmt.Errorf("storage: group read: %d result sets, want %d", i, len(readers))
+			return fmt.Errorf("storage: group read: %d result sets, want %d", i, len(readers))
 		}
 		for rows.Next() {
 			if err := read(rows); err != nil {
-				return nil, fmt.Errorf("storage: group read: %w", err)
+				return fmt.Errorf("storage: group read: %w", err)
 			}
 		}
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("storage: group read: %w", err)
+			return fmt.Errorf("storage: group read: %w", err)
 		}
 	}
-	return st, rows.Close()
+	return rows.Close()
+}
+
+// readFlow reads a row of groupRead's flow read into st.flows.
+func (st *groupState) readFlow(rows *sql.Rows) error {
+	var s model.ShardID
+	var f model.Flow
+	var after sql.NullInt64
+	if err := rows.Scan(&s, &f.ActID, &f.OrderNo, &f.Kind, &f.Amount, &after, &f.Ref, &f.ReqHash, &f.CreatedMS); err != nil {
+		return err
+	}
+	f.BalanceAfter, f.BalanceKnown = model.Cents(after.Int64), after.Valid
+	st.flows[groupFlowKey{s, f.ActID, f.OrderNo}] = f
+	return nil
 }
 
 // readWallet reads one row of a wallets' locking read: shard, act_id, balance.
