@@ -66,12 +66,8 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 		return res, err
 	}
 	t0 := time.Now()
-	var pos string
-	if err := sdb.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+	if err := primaryCatchUp(ctx, pdb, sdb); err != nil {
 		return res, err
-	}
-	if err := gtidWait(ctx, pdb, pos, 60*time.Second); err != nil {
-		return res, fmt.Errorf("storage: switch back: the primary catching up: %w", err)
 	}
 	res.CaughtUp = time.Since(t0)
 
@@ -127,6 +123,20 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 		return res, fmt.Errorf("storage: switch back: the primary serves; the standby's setup as its replica failed: %w", ferr)
 	}
 	return res, nil
+}
+
+// primaryCatchUp waits, up to 60 s, until the primary (pdb) applied the
+// standby's (sdb) binlog up to its position now, before SwitchBack's pause.
+// Errors: the standby's, the primary's wait, wrapped as SwitchBack returns it.
+func primaryCatchUp(ctx context.Context, pdb, sdb *sql.DB) error {
+	var pos string
+	if err := sdb.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
+		return err
+	}
+	if err := gtidWait(ctx, pdb, pos, 60*time.Second); err != nil {
+		return fmt.Errorf("storage: switch back: the primary catching up: %w", err)
+	}
+	return nil
 }
 
 // switchBackReady checks what SwitchBack needs before it begins: the
