@@ -169,21 +169,9 @@ func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		}
 		// Requests already final (a re-driven request a slower issuer
 		// decided first) keep their decision and take no unit.
-		var asks []model.CouponAsk
-		var open []model.CouponRequest
-		seen := map[reqKey]bool{}
-		for _, r := range reqs {
-			k := reqKeyOf(r)
-			cur, ok := curs[k]
-			if !ok {
-				return model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
-			}
-			if cur.State.Final() || seen[k] { // a copy of one already asked for is decided with it
-				continue
-			}
-			seen[k] = true
-			asks = append(asks, model.CouponAsk{Serial: cur.App + "\x00" + cur.Serial, ActID: cur.ActID, Rule: rule})
-			open = append(open, cur)
+		asks, open, err := couponAsksOf(reqs, curs, rule)
+		if err != nil {
+			return err
 		}
 		hs, err := m.holdings(ctx, tx, ps)
 		if err != nil {
@@ -193,47 +181,79 @@ func (m *MySQL) issueCoupons(ctx context.Context, rule model.CouponRule, leaseID
 		ds, left := model.AssignCoupons(units, asks, hs)
 		unused = granted - units + left
 		out = out[:0]
-		type decided struct {
-			r model.CouponRequest
-			d model.CouponDecision
-		}
-		var all []decided
+		var all []couponDecided
 		for i, d := range ds {
 			r := open[i]
 			d.Serial, d.App = r.Serial, r.App
 			out = append(out, d)
-			all = append(all, decided{r, d})
+			all = append(all, couponDecided{r, d})
 		}
 		if len(all) == 0 {
 			return nil
 		}
-		slices.SortStableFunc(all, func(a, b decided) int { return cmp.Compare(a.r.Shard.DB(), b.r.Shard.DB()) })
-		var q []string
-		var args []any
-		byDB(all, func(x decided) int { return x.r.Shard.DB() }, func(db int, run []decided) {
-			// Every row is there and locked: the upsert updates each, an
-			// issued one becoming its coupon (the coupon's ID, group and
-			// lease; decided_ms its issue time).
-			q = append(q, "INSERT INTO "+m.couponReqTable(db)+
-				" (app, serial_no, act_id, act_shard, batch_id, state, reason, coupon_id, group_id, lease_id, accepted_ms, decided_ms) VALUES "+rowsOf(len(run), 12)+
-				" ON DUPLICATE KEY UPDATE state = VALUES(state), reason = VALUES(reason), coupon_id = VALUES(coupon_id),"+
-				" group_id = VALUES(group_id), lease_id = VALUES(lease_id), decided_ms = VALUES(decided_ms)")
-			for _, x := range run {
-				r := x.r
-				state, id, group, lease := model.CouponRefused, "", "", ""
-				if x.d.Issued {
-					state, id, group, lease = model.CouponIssued, model.CouponID(r.App, r.Serial, r.ActID), rule.Group, leaseID
-				}
-				args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, group, lease, r.AcceptedMS, now)
-			}
-		})
-		_, err = tx.ExecContext(ctx, strings.Join(q, ";"), args...)
-		return err
+		return m.writeCouponDecisions(ctx, tx, rule, leaseID, all, now)
 	})
 	if err != nil { // ErrCommitUnknown too: the requests are final or still deciding, and a re-drive settles them
 		return nil, 0, fmt.Errorf("storage: issue coupons: %w", err)
 	}
 	return out, unused, nil
+}
+
+// couponDecided is a request of an issue and its decision.
+type couponDecided struct {
+	r model.CouponRequest
+	d model.CouponDecision
+}
+
+// couponAsksOf turns the issue's requests (reqs, as locked: curs) into the
+// asks model.AssignCoupons decides, one per request not final yet (a copy
+// of one already asked for is decided with it), and returns them with
+// their requests, in order. Errors: ErrNotFound for a request not stored.
+func couponAsksOf(reqs []model.CouponRequest, curs map[reqKey]model.CouponRequest, rule model.CouponRule) (asks []model.CouponAsk, open []model.CouponRequest, err error) {
+	seen := map[reqKey]bool{}
+	for _, r := range reqs {
+		k := reqKeyOf(r)
+		cur, ok := curs[k]
+		if !ok {
+			return nil, nil, model.Errorf(model.ErrNotFound, "no coupon request %s of app %q", r.Serial, r.App)
+		}
+		if cur.State.Final() || seen[k] { // a copy of one already asked for is decided with it
+			continue
+		}
+		seen[k] = true
+		asks = append(asks, model.CouponAsk{Serial: cur.App + "\x00" + cur.Serial, ActID: cur.ActID, Rule: rule})
+		open = append(open, cur)
+	}
+	return asks, open, nil
+}
+
+// writeCouponDecisions stores the issue's decisions (all) in one statement
+// list, a multi-row upsert per database in ascending order; the rows are
+// there and locked. An issued request gets its coupon's ID, the rule's
+// group and leaseID; decided_ms is now. Errors: the database's.
+func (m *MySQL) writeCouponDecisions(ctx context.Context, tx *sql.Tx, rule model.CouponRule, leaseID string, all []couponDecided, now int64) error {
+	slices.SortStableFunc(all, func(a, b couponDecided) int { return cmp.Compare(a.r.Shard.DB(), b.r.Shard.DB()) })
+	var q []string
+	var args []any
+	byDB(all, func(x couponDecided) int { return x.r.Shard.DB() }, func(db int, run []couponDecided) {
+		// Every row is there and locked: the upsert updates each, an
+		// issued one becoming its coupon (the coupon's ID, group and
+		// lease; decided_ms its issue time).
+		q = append(q, "INSERT INTO "+m.couponReqTable(db)+
+			" (app, serial_no, act_id, act_shard, batch_id, state, reason, coupon_id, group_id, lease_id, accepted_ms, decided_ms) VALUES "+rowsOf(len(run), 12)+
+			" ON DUPLICATE KEY UPDATE state = VALUES(state), reason = VALUES(reason), coupon_id = VALUES(coupon_id),"+
+			" group_id = VALUES(group_id), lease_id = VALUES(lease_id), decided_ms = VALUES(decided_ms)")
+		for _, x := range run {
+			r := x.r
+			state, id, group, lease := model.CouponRefused, "", "", ""
+			if x.d.Issued {
+				state, id, group, lease = model.CouponIssued, model.CouponID(r.App, r.Serial, r.ActID), rule.Group, leaseID
+			}
+			args = append(args, r.App, r.Serial, r.ActID, int(r.Shard), r.Batch, string(state), string(x.d.Reason), id, group, lease, r.AcceptedMS, now)
+		}
+	})
+	_, err := tx.ExecContext(ctx, strings.Join(q, ";"), args...)
+	return err
 }
 
 // refuseCoupons runs CouponRefusal: one UPDATE per database and app, all of
