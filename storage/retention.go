@@ -427,7 +427,6 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables, flowCar
 		return l, fmt.Errorf("storage: exported sums: %w", err)
 	}
 	defer rows.Close()
-	e := &l.Exported
 	for rows.Next() {
 		var k string
 		var db int
@@ -435,76 +434,92 @@ func (m *MySQL) exportedSums(ctx context.Context, q rowsQueryer, tables, flowCar
 		if err := rows.Scan(&db, &k, &n, &amount); err != nil {
 			return l, err
 		}
-		cents := model.Cents(amount)
-		if kind, ok := strings.CutPrefix(k, "flow:"); ok {
-			e.Flows += n
-			e.FlowCents += cents
-			switch model.FlowKind(kind) {
-			case model.FlowDeposit:
-				l.Deposits += cents
-			case model.FlowSend:
-				l.Sends -= cents
-			case model.FlowRefund:
-				l.RefundFlows += cents
-			case model.FlowReward:
-				l.Rewards += cents
-			case model.FlowWithdraw:
-				l.Withdrawals -= cents
-			case model.FlowCredit:
-				e.Credits += n
-				e.CreditCents += cents
-			default:
-				l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q among the exported sums", kind))
-			}
-			continue
-		}
-		if id, ok := strings.CutPrefix(k, "lease:"); ok {
-			if l.RewardRows.LeaseSpent == nil {
-				l.RewardRows.LeaseSpent = map[string]int64{}
-			}
-			l.RewardRows.LeaseSpent[id] += amount
-			continue
-		}
-		switch k {
-		case flowCarryProbe:
-		case claimsHorizon, creditsHorizon:
-			if amount > 0 {
-				e.SetHorizon(db, k == claimsHorizon, fmt.Sprintf("%08d", amount))
-			}
-		case "packets":
-			e.Packets += n
-			e.PacketCents += cents
-			l.Packets += n
-			l.PacketTotals += cents
-		case "packet_refunds":
-			l.RefundAmounts += cents
-		case "packet_remaining":
-			l.OpenRemaining += cents
-		case "claims":
-			e.Claims += n
-			e.ClaimCents += cents
-		case "rewards":
-			e.Rewards += n
-			l.RewardRows.Count += n
-		case "reward_issued":
-			l.RewardRows.Issued += cents
-		case "reward_booked":
-			l.RewardRows.Booked += cents
-		case "reward_into_wallet":
-			l.RewardRows.IntoWall += cents
-		case "coupon_refused":
-			e.Coupons += n
-			if l.CouponRows.Requests == nil {
-				l.CouponRows.Requests = map[model.CouponState]int64{}
-			}
-			l.CouponRows.Requests[model.CouponRefused] += n
-		case "coupon_refused_no_reason":
-			l.CouponRows.RefusedNoReason += n
-		default:
-			l.Problems = append(l.Problems, fmt.Sprintf("unknown exported sum %q", k))
-		}
+		addExportedSum(&l, db, k, n, amount)
 	}
 	return l, rows.Err()
+}
+
+// addExportedSum adds one row of the export's carry tables (db's; key k,
+// count n, amount in cents or, for a horizon, its day) to l: a flow kind's
+// sums, a lease's spending, a horizon, or the sums of packets, claims,
+// rewards and coupons; an unknown key is a problem of l.
+func addExportedSum(l *model.Ledger, db int, k string, n, amount int64) {
+	e := &l.Exported
+	cents := model.Cents(amount)
+	if kind, ok := strings.CutPrefix(k, "flow:"); ok {
+		addExportedFlow(l, kind, n, cents)
+		return
+	}
+	if id, ok := strings.CutPrefix(k, "lease:"); ok {
+		if l.RewardRows.LeaseSpent == nil {
+			l.RewardRows.LeaseSpent = map[string]int64{}
+		}
+		l.RewardRows.LeaseSpent[id] += amount
+		return
+	}
+	switch k {
+	case flowCarryProbe:
+	case claimsHorizon, creditsHorizon:
+		if amount > 0 {
+			e.SetHorizon(db, k == claimsHorizon, fmt.Sprintf("%08d", amount))
+		}
+	case "packets":
+		e.Packets += n
+		e.PacketCents += cents
+		l.Packets += n
+		l.PacketTotals += cents
+	case "packet_refunds":
+		l.RefundAmounts += cents
+	case "packet_remaining":
+		l.OpenRemaining += cents
+	case "claims":
+		e.Claims += n
+		e.ClaimCents += cents
+	case "rewards":
+		e.Rewards += n
+		l.RewardRows.Count += n
+	case "reward_issued":
+		l.RewardRows.Issued += cents
+	case "reward_booked":
+		l.RewardRows.Booked += cents
+	case "reward_into_wallet":
+		l.RewardRows.IntoWall += cents
+	case "coupon_refused":
+		e.Coupons += n
+		if l.CouponRows.Requests == nil {
+			l.CouponRows.Requests = map[model.CouponState]int64{}
+		}
+		l.CouponRows.Requests[model.CouponRefused] += n
+	case "coupon_refused_no_reason":
+		l.CouponRows.RefusedNoReason += n
+	default:
+		l.Problems = append(l.Problems, fmt.Sprintf("unknown exported sum %q", k))
+	}
+}
+
+// addExportedFlow adds the exported sums of flows of kind (count n, total
+// cents) to l; an unknown kind is a problem of l.
+func addExportedFlow(l *model.Ledger, kind string, n int64, cents model.Cents) {
+	e := &l.Exported
+	e.Flows += n
+	e.FlowCents += cents
+	switch model.FlowKind(kind) {
+	case model.FlowDeposit:
+		l.Deposits += cents
+	case model.FlowSend:
+		l.Sends -= cents
+	case model.FlowRefund:
+		l.RefundFlows += cents
+	case model.FlowReward:
+		l.Rewards += cents
+	case model.FlowWithdraw:
+		l.Withdrawals -= cents
+	case model.FlowCredit:
+		e.Credits += n
+		e.CreditCents += cents
+	default:
+		l.Problems = append(l.Problems, fmt.Sprintf("unknown flow kind %q among the exported sums", kind))
+	}
 }
 
 // flowCarried is the SQL of the exported flow sums of shard s's accounts
