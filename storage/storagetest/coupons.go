@@ -241,23 +241,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || h.ByBatch["a"] != 2 || h.Groups["g"] != "a" {
 		t.Fatalf("ann's holding: %+v %v", h, err)
 	}
-	// ann's two coupons, a page of one at a time: issued in the same
-	// millisecond, they come by coupon_id, descending; the cursor of the
-	// last one gives nothing more, a cursor past the newest gives both.
-	p1, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{}, 1)
-	if err != nil || len(p1) != 1 {
-		t.Fatalf("ann's first page: %+v %v", p1, err)
-	}
-	p2, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
-	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
-		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
-	}
-	if p3, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
-		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
-	}
-	if all, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
-		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
-	}
+	checkCouponPages(t, f, c, now)
 	cs, err := storage.CouponsOf(f.ctx, c, sC, "cy", model.FlowCursor{}, 10)
 	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3", "cy") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
 		t.Fatalf("cy's coupons: %+v %v", cs, err)
@@ -282,6 +266,37 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || !reflect.DeepEqual(ds, want) || unused != 2 {
 		t.Fatalf("batch b: %+v unused %d %v\nwant %+v unused 2", ds, unused, err, want)
 	}
+	checkCouponHoldings(t, f, c, a, b)
+	// The audit's reading of the same rows.
+	checkCouponLedger(t, f)
+}
+
+// checkCouponPages checks CouponsOf's pages of ann's two coupons of batch
+// a, issued at now by contractCouponIssue.
+func checkCouponPages(t *testing.T, f *fixture, c couponStore, now int64) {
+	// ann's two coupons, a page of one at a time: issued in the same
+	// millisecond, they come by coupon_id, descending; the cursor of the
+	// last one gives nothing more, a cursor past the newest gives both.
+	p1, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{}, 1)
+	if err != nil || len(p1) != 1 {
+		t.Fatalf("ann's first page: %+v %v", p1, err)
+	}
+	p2, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
+	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
+		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
+	}
+	if p3, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
+		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
+	}
+	if all, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
+		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
+	}
+}
+
+// checkCouponHoldings checks the coupons contractCouponIssue issued of
+// rules a and b against the holding rules, and HoldingsOf of several
+// persons at once against one at a time.
+func checkCouponHoldings(t *testing.T, f *fixture, c couponStore, a, b model.CouponRule) {
 	var held []model.HeldCoupon
 	for _, p := range []struct {
 		s   model.ShardID
@@ -311,7 +326,11 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		hs["dee"].Groups["g"] != "b" || len(hs["zed"].ByBatch) != 0 {
 		t.Fatalf("holdings of ann, dee, zed: %+v %v", hs, err)
 	}
-	// The audit's reading of the same rows.
+}
+
+// checkCouponLedger checks the audit's reading (Ledger) of the rows
+// contractCouponIssue left, then of one more request accepted and left open.
+func checkCouponLedger(t *testing.T, f *fixture) {
 	l, err := f.s.Ledger(f.ctx, f.cell)
 	if err != nil {
 		t.Fatal(err)
