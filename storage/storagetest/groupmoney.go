@@ -278,57 +278,8 @@ func opened(specs []spec, ref model.PacketRef) bool {
 
 // group makes, commits and checks group number gi; it returns its ops.
 func (m *money) group(gi int) int {
-	var specs []spec
-	var batch []spec // the group's credit batch, if any: it goes last
-	for n := 1 + m.r.IntN(11); len(specs)+len(batch) < n; {
-		var sp spec
-		ok := true
-		switch x := m.r.IntN(100); {
-		case x < 22:
-			sp = m.deposit(m.user())
-		case x < 25:
-			sp = m.withdraw(m.user())
-		case x < 45:
-			sp = m.send()
-		case x < 80:
-			sp, ok = m.open()
-		case x < 85:
-			sp, ok = m.refund()
-		case len(batch) == 0:
-			if sp, ok = m.credits(m.pending()); ok {
-				batch = append(batch, sp)
-			}
-			continue
-		default:
-			continue
-		}
-		if ok {
-			specs = append(specs, sp)
-		}
-	}
-	inj := injection{kind: gi % injectLost}
-	if gi%64 == 63 {
-		inj.kind = injectLost // fewer: settling a lost answer costs MariaDB a re-read and a new connection
-	}
-	var sp spec
-	ok := false
-	for !ok {
-		switch inj.kind {
-		case injectDup:
-			sp, inj.repeat, ok = m.duplicate()
-		case injectInsufficient:
-			sp, ok = m.insufficient(specs), true
-		case injectSoldOut:
-			sp, ok = m.soldOut(specs)
-		case injectKill, injectLost:
-			sp, ok = m.deposit(m.user()), true // something to write, so there is a COMMIT to cut
-		case injectLocked:
-			sp, ok = m.deposit(m.uncredited(batch)), true
-		}
-		if !ok {
-			inj.kind = injectInsufficient
-		}
-	}
+	specs, batch := m.randomSpecs()
+	inj, sp := m.chooseInjection(gi, specs, batch)
 	inj.at = m.r.IntN(len(specs) + 1)
 	specs = append(slices.Insert(specs, inj.at, sp), batch...)
 	m.injected[inj.kind]++
@@ -380,6 +331,68 @@ func (m *money) group(gi int) int {
 	m.check(what, inj, ops[inj.at])
 	m.learn(specs, want)
 	return len(specs)
+}
+
+// randomSpecs draws a group's ops, 1 to 11 of them plus at most one credit
+// batch (batch: it goes last).
+func (m *money) randomSpecs() (specs, batch []spec) {
+	for n := 1 + m.r.IntN(11); len(specs)+len(batch) < n; {
+		var sp spec
+		ok := true
+		switch x := m.r.IntN(100); {
+		case x < 22:
+			sp = m.deposit(m.user())
+		case x < 25:
+			sp = m.withdraw(m.user())
+		case x < 45:
+			sp = m.send()
+		case x < 80:
+			sp, ok = m.open()
+		case x < 85:
+			sp, ok = m.refund()
+		case len(batch) == 0:
+			if sp, ok = m.credits(m.pending()); ok {
+				batch = append(batch, sp)
+			}
+			continue
+		default:
+			continue
+		}
+		if ok {
+			specs = append(specs, sp)
+		}
+	}
+	return specs, batch
+}
+
+// chooseInjection picks the failure group gi carries (the kinds in turn,
+// injectLost once in 64 groups; injectInsufficient when the kind finds no op
+// to make) and the op that carries it.
+func (m *money) chooseInjection(gi int, specs, batch []spec) (injection, spec) {
+	inj := injection{kind: gi % injectLost}
+	if gi%64 == 63 {
+		inj.kind = injectLost // fewer: settling a lost answer costs MariaDB a re-read and a new connection
+	}
+	var sp spec
+	ok := false
+	for !ok {
+		switch inj.kind {
+		case injectDup:
+			sp, inj.repeat, ok = m.duplicate()
+		case injectInsufficient:
+			sp, ok = m.insufficient(specs), true
+		case injectSoldOut:
+			sp, ok = m.soldOut(specs)
+		case injectKill, injectLost:
+			sp, ok = m.deposit(m.user()), true // something to write, so there is a COMMIT to cut
+		case injectLocked:
+			sp, ok = m.deposit(m.uncredited(batch)), true
+		}
+		if !ok {
+			inj.kind = injectInsufficient
+		}
+	}
+	return inj, sp
 }
 
 // uncredited is a user whom no credit of batch (a credit batch or
