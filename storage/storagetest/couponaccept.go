@@ -83,6 +83,15 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 		t.Fatalf("taken after the group: %v, want ann/g1, cy/g2, pat/p1", got)
 	}
 	// A group of new serials only, in three databases, stores each.
+	checkGroupAcceptNew(t, f, c, now)
+	// A lost answer: the group is settled (or answers ErrCommitUnknown), and
+	// its retry finds the request.
+	checkGroupAcceptLost(t, f)
+}
+
+// checkGroupAcceptNew checks that a group of new serials only, in three
+// databases, stores each, accepted at now.
+func checkGroupAcceptNew(t *testing.T, f *fixture, c couponStore, now int64) {
 	var fresh []*storage.AcceptOp
 	for i, s := range []model.ShardID{sA, sC, sB, sC} {
 		fresh = append(fresh, &storage.AcceptOp{Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
@@ -96,13 +105,17 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 			t.Fatalf("new accept %d: %+v repeat %v %v; stored %+v %v", i, op.Accepted, op.Repeat, op.Err, r, err)
 		}
 	}
-	// A lost answer: the group is settled (or answers ErrCommitUnknown), and
-	// its retry finds the request.
+}
+
+// checkGroupAcceptLost checks an accept whose group's COMMIT answer is
+// lost: the group is settled (or answers ErrCommitUnknown), and its retry
+// finds the request.
+func checkGroupAcceptLost(t *testing.T, f *fixture) {
 	f.h.Clock.Advance(time.Second)
 	lost := couponReq(sA, "fay", "l1", "demo-batch")
 	fired := f.arm(true)
 	op := &storage.AcceptOp{Coupon: lost}
-	err = f.s.CommitGroup(f.ctx, []storage.Op{op})
+	err := f.s.CommitGroup(f.ctx, []storage.Op{op})
 	fired()
 	if lostAnswer(t, "group accept", err) && (op.Accepted.ActID != "fay" || op.Repeat) {
 		t.Fatalf("settled accept: %+v repeat %v", op.Accepted, op.Repeat)
