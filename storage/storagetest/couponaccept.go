@@ -70,15 +70,7 @@ func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
 	if _, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "bad serial"); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("the bad request was stored: %v", err)
 	}
-	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sB, sC), -1, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, r := range taken {
-		got = append(got, r.ActID+"/"+r.Serial)
-	}
-	slices.Sort(got)
+	got := takenNames(t, f, c, uniqueDBs(sA, sB, sC), -1, 10)
 	if !slices.Equal(got, []string{"ann/g1", "cy/g2", "pat/p1"}) {
 		t.Fatalf("taken after the group: %v, want ann/g1, cy/g2, pat/p1", got)
 	}
@@ -202,7 +194,18 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 			t.Fatalf("group %d: the accepted request beside them: %+v %v", i, a.Accepted, a.Err)
 		}
 	}
-	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sC), 0, 20)
+	names := takenNames(t, f, c, uniqueDBs(sA, sC), 0, 20)
+	if !slices.Equal(names, []string{"bob/r2", "cy/a0", "cy/a1"}) {
+		t.Fatalf("taken %v; want only the accepted requests", names)
+	}
+}
+
+// takenNames takes the coupon requests of databases dbs
+// (TakeCouponRequests with staleMS and limit) and returns them as
+// "act/serial", sorted; an error fails t.
+func takenNames(t *testing.T, f *fixture, c couponStore, dbs []int, staleMS int64, limit int) []string {
+	t.Helper()
+	taken, err := storage.TakeCouponRequests(f.ctx, c, dbs, staleMS, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +214,5 @@ func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Har
 		names = append(names, r.ActID+"/"+r.Serial)
 	}
 	slices.Sort(names)
-	if !slices.Equal(names, []string{"bob/r2", "cy/a0", "cy/a1"}) {
-		t.Fatalf("taken %v; want only the accepted requests", names)
-	}
+	return names
 }
