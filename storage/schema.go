@@ -231,7 +231,7 @@ type MySQL struct {
 	base     string                     // the namespace of OpenPrefixed ("" for Open): prefixes ns
 	filter   *dbFilter                  // the databases the table listings take (SetDBFilter)
 	bulk     creditPaths                // how credits were booked (credits.go)
-	issues   issuePaths                 // how grouped issues were stored (rewards.go)
+	issues   issuePaths                 // how grouped issues were stored (rewardissue.go)
 	accepts  issuePaths                 // how grouped coupon accepts were stored (couponaccept.go)
 	trips    *atomic.Int64              // round trips to the server, over both pools (switchConnector)
 	sw       *switchConnector           // what both pools dial through
