@@ -205,26 +205,8 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS int64, re
 		defer tx.Rollback()
 		// Locked, so a late refund or open (none is due past the retention)
 		// waits and then finds the packet gone, never half moved.
-		rows, err := tx.QueryContext(ctx, "SELECT packet_id, amount FROM "+pt+
-			" WHERE created_ms < ? AND status <> 0 ORDER BY created_ms, packet_id LIMIT ? FOR UPDATE",
-			beforeMS, archiveChunk)
+		ids, sum, err := lockArchivable(ctx, tx, pt, beforeMS)
 		if err != nil {
-			return err
-		}
-		var ids []any
-		var sum model.Cents
-		for rows.Next() {
-			var id string
-			var amount model.Cents
-			if err := rows.Scan(&id, &amount); err != nil {
-				rows.Close()
-				return err
-			}
-			ids = append(ids, id)
-			sum += amount
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		if len(ids) == 0 {
@@ -273,6 +255,33 @@ func (m *MySQL) archiveChunk(ctx context.Context, t tableRef, beforeMS int64, re
 	res.Claims += claims
 	res.Cents += cents
 	return moved, nil
+}
+
+// lockArchivable locks and reads, in packet table pt, the oldest closed
+// packets created before beforeMS (archiveChunk of them at most), returning
+// their IDs and total amount. Errors: the database's.
+func lockArchivable(ctx context.Context, tx *sql.Tx, pt string, beforeMS int64) (ids []any, sum model.Cents, err error) {
+	rows, err := tx.QueryContext(ctx, "SELECT packet_id, amount FROM "+pt+
+		" WHERE created_ms < ? AND status <> 0 ORDER BY created_ms, packet_id LIMIT ? FOR UPDATE",
+		beforeMS, archiveChunk)
+	if err != nil {
+		return nil, 0, err
+	}
+	for rows.Next() {
+		var id string
+		var amount model.Cents
+		if err := rows.Scan(&id, &amount); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		ids = append(ids, id)
+		sum += amount
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	return ids, sum, nil
 }
 
 // archived reports whether err, from a read of a packet's day table, means

@@ -124,32 +124,7 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 	flowSQL := func(t tableRef) string {
 		return "SELECT kind, COALESCE(SUM(amount), 0) FROM " + m.flowTable(t.shard) + " GROUP BY kind"
 	}
-	err = readTables(ctx, tx, byKind["flow"], flowSQL, func(rows *sql.Rows, p *model.CellBooks) error {
-		for rows.Next() {
-			var kind string
-			var sum int64
-			if err := rows.Scan(&kind, &sum); err != nil {
-				return err
-			}
-			switch kind {
-			case string(model.FlowDeposit):
-				p.Deposits += model.Cents(sum)
-			case string(model.FlowSend):
-				p.Sends += model.Cents(-sum)
-			case string(model.FlowRefund):
-				p.RefundFlows += model.Cents(sum)
-			case string(model.FlowCredit):
-				p.CreditsIn += model.Cents(sum)
-			case string(model.FlowReward):
-				p.Rewards += model.Cents(sum)
-			case string(model.FlowWithdraw):
-				p.Withdrawals += model.Cents(-sum)
-			default:
-				p.Problems = append(p.Problems, fmt.Sprintf("unknown flow kind %q", kind))
-			}
-		}
-		return nil
-	}, func() model.CellBooks { return model.CellBooks{} }, func(p model.CellBooks) { mergeBooks(&b, p) })
+	err = readTables(ctx, tx, byKind["flow"], flowSQL, scanFlowSums, func() model.CellBooks { return model.CellBooks{} }, func(p model.CellBooks) { mergeBooks(&b, p) })
 	if err != nil {
 		return b, fmt.Errorf("storage: cell audit of flow tables: %w", err)
 	}
@@ -163,6 +138,35 @@ func (m *MySQL) cellBooksOnce(ctx context.Context, cell string, owns func(model.
 	}
 	sort.Strings(b.Problems)
 	return b, nil
+}
+
+// scanFlowSums reads the rows of a flow table's sums by kind into p; an
+// unknown kind is a problem of p. Errors: the scan's.
+func scanFlowSums(rows *sql.Rows, p *model.CellBooks) error {
+	for rows.Next() {
+		var kind string
+		var sum int64
+		if err := rows.Scan(&kind, &sum); err != nil {
+			return err
+		}
+		switch kind {
+		case string(model.FlowDeposit):
+			p.Deposits += model.Cents(sum)
+		case string(model.FlowSend):
+			p.Sends += model.Cents(-sum)
+		case string(model.FlowRefund):
+			p.RefundFlows += model.Cents(sum)
+		case string(model.FlowCredit):
+			p.CreditsIn += model.Cents(sum)
+		case string(model.FlowReward):
+			p.Rewards += model.Cents(sum)
+		case string(model.FlowWithdraw):
+			p.Withdrawals += model.Cents(-sum)
+		default:
+			p.Problems = append(p.Problems, fmt.Sprintf("unknown flow kind %q", kind))
+		}
+	}
+	return nil
 }
 
 // mergeBooks adds the sums, problems and differences of part to b.

@@ -55,22 +55,7 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []MoneyOp) (ok bool, err err
 	)
 	switch op := ops[0].(type) {
 	case *IssueOp:
-		if op.Reward.CreatedMS == 0 {
-			op.Reward.CreatedMS = now
-		}
-		r := op.Reward
-		q = m.issueInsert(r.Shard.DB(), 1)
-		args = issueArgs(r)
-		stored = op.Stored
-		probe = m.rewardProbe(ctx, pendingReward(r))
-		replay = func(ctx context.Context) error {
-			prior, err := m.reward(ctx, r.Shard, r.OrderNo)
-			if err != nil {
-				return fmt.Errorf("storage: issue: order number %s counted stored: %w", r.OrderNo, err)
-			}
-			op.Replay(prior)
-			return nil
-		}
+		q, args, stored, probe, replay = m.issueAlone(ctx, op, now)
 	case *AcceptOp:
 		if op.Coupon.AcceptedMS == 0 {
 			op.Coupon.AcceptedMS = now
@@ -118,6 +103,30 @@ func (m *MySQL) storeAlone(ctx context.Context, ops []MoneyOp) (ok bool, err err
 		return true, nil
 	}
 	return true, replay(ctx)
+}
+
+// issueAlone is storeAlone's statement for an issue (op; a reward without
+// a creation time gets now) and what follows it: stored sets the answer of
+// a row stored now, probe tells after no answer whether this attempt's row
+// is there, replay reads the stored row after a count of 0 and decides.
+func (m *MySQL) issueAlone(ctx context.Context, op *IssueOp, now int64) (q string, args []any, stored func(), probe func() (bool, error), replay func(ctx context.Context) error) {
+	if op.Reward.CreatedMS == 0 {
+		op.Reward.CreatedMS = now
+	}
+	r := op.Reward
+	q = m.issueInsert(r.Shard.DB(), 1)
+	args = issueArgs(r)
+	stored = op.Stored
+	probe = m.rewardProbe(ctx, pendingReward(r))
+	replay = func(ctx context.Context) error {
+		prior, err := m.reward(ctx, r.Shard, r.OrderNo)
+		if err != nil {
+			return fmt.Errorf("storage: issue: order number %s counted stored: %w", r.OrderNo, err)
+		}
+		op.Replay(prior)
+		return nil
+	}
+	return q, args, stored, probe, replay
 }
 
 // notExecuted reports whether err, an autocommit statement's, says the

@@ -64,6 +64,28 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 			problems = append(problems, fmt.Sprintf("account %s (shard %d): balance %d, flows sum to %d", k.act, k.shard, bal, sums[k]))
 		}
 	}
+	problems = s.ledgerPacketsLocked(&l, problems)
+	for _, r := range s.rewards {
+		l.RewardRows.AddReward(*r)
+	}
+	for _, b := range s.budgets.rows {
+		l.RewardRows.Budgets = append(l.RewardRows.Budgets, *b)
+	}
+	sort.Slice(l.RewardRows.Budgets, func(i, j int) bool { return l.RewardRows.Budgets[i].Key < l.RewardRows.Budgets[j].Key })
+	for _, lr := range s.budgets.leases {
+		l.RewardRows.Leases = append(l.RewardRows.Leases, lr.l)
+	}
+	sort.Slice(l.RewardRows.Leases, func(i, j int) bool { return l.RewardRows.Leases[i].ID < l.RewardRows.Leases[j].ID })
+	l.CouponRows = s.couponRowsLocked()
+	sort.Strings(problems)
+	l.Problems = problems
+	return l, nil
+}
+
+// ledgerPacketsLocked adds the packets and their claims to l, with
+// storage.MySQL.Ledger's row-level checks of each packet; it returns
+// problems with the packets' appended. s.mu must be held.
+func (s *Store) ledgerPacketsLocked(l *model.Ledger, problems []string) []string {
 	for _, pk := range s.packets {
 		p := pk.p
 		l.Packets++
@@ -85,21 +107,7 @@ func (s *Store) Ledger(ctx context.Context, cell string) (model.Ledger, error) {
 				p.ID, p.Amount, p.Count, paid, n, p.RefundAmount, p.RemainingAmount, p.RemainingCount, p.Status))
 		}
 	}
-	for _, r := range s.rewards {
-		l.RewardRows.AddReward(*r)
-	}
-	for _, b := range s.budgets.rows {
-		l.RewardRows.Budgets = append(l.RewardRows.Budgets, *b)
-	}
-	sort.Slice(l.RewardRows.Budgets, func(i, j int) bool { return l.RewardRows.Budgets[i].Key < l.RewardRows.Budgets[j].Key })
-	for _, lr := range s.budgets.leases {
-		l.RewardRows.Leases = append(l.RewardRows.Leases, lr.l)
-	}
-	sort.Slice(l.RewardRows.Leases, func(i, j int) bool { return l.RewardRows.Leases[i].ID < l.RewardRows.Leases[j].ID })
-	l.CouponRows = s.couponRowsLocked()
-	sort.Strings(problems)
-	l.Problems = problems
-	return l, nil
+	return problems
 }
 
 // reconWindow answers storage.ReconWindowQuery with the cut of MySQL's:

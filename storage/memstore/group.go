@@ -98,6 +98,22 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 			g.credits(c)
 		}
 	}
+	g.bookings(ops)
+	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))
+	if write {
+		for _, w := range g.writes {
+			w()
+		}
+	}
+	return err
+}
+
+// bookings runs the group's BookOps, in list order, after its other ops: a
+// take picks the rewards due (none an earlier op of the group books), the
+// others book the rewards given; the bookings are written with the group.
+// s.mu must be held.
+func (g *group) bookings(ops []storage.MoneyOp) {
+	s := g.s
 	booking := map[string]bool{} // rewards an earlier op of the group books
 	for _, o := range ops {
 		op, ok := o.(*storage.BookOp)
@@ -119,13 +135,6 @@ func (s *Store) CommitGroup(ctx context.Context, list []storage.Op) error {
 		now := g.now
 		g.writes = append(g.writes, func() { s.bookLocked(book, now) })
 	}
-	write, err := s.commitLocked(fmt.Sprintf("group of %d ops", len(ops)))
-	if write {
-		for _, w := range g.writes {
-			w()
-		}
-	}
-	return err
 }
 
 // group is a group's staged view of the store: what its ops decided so far,

@@ -241,23 +241,7 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || h.ByBatch["a"] != 2 || h.Groups["g"] != "a" {
 		t.Fatalf("ann's holding: %+v %v", h, err)
 	}
-	// ann's two coupons, a page of one at a time: issued in the same
-	// millisecond, they come by coupon_id, descending; the cursor of the
-	// last one gives nothing more, a cursor past the newest gives both.
-	p1, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{}, 1)
-	if err != nil || len(p1) != 1 {
-		t.Fatalf("ann's first page: %+v %v", p1, err)
-	}
-	p2, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
-	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
-		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
-	}
-	if p3, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
-		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
-	}
-	if all, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
-		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
-	}
+	checkCouponPages(t, f, c, now)
 	cs, err := storage.CouponsOf(f.ctx, c, sC, "cy", model.FlowCursor{}, 10)
 	if err != nil || len(cs) != 1 || cs[0].ID != model.CouponID("pay", "a3", "cy") || cs[0].Batch != "a" || cs[0].Group != "g" || cs[0].LeaseID != "lease-1" || cs[0].IssuedMS != now {
 		t.Fatalf("cy's coupons: %+v %v", cs, err)
@@ -282,6 +266,37 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 	if err != nil || !reflect.DeepEqual(ds, want) || unused != 2 {
 		t.Fatalf("batch b: %+v unused %d %v\nwant %+v unused 2", ds, unused, err, want)
 	}
+	checkCouponHoldings(t, f, c, a, b)
+	// The audit's reading of the same rows.
+	checkCouponLedger(t, f)
+}
+
+// checkCouponPages checks CouponsOf's pages of ann's two coupons of batch
+// a, issued at now by contractCouponIssue.
+func checkCouponPages(t *testing.T, f *fixture, c couponStore, now int64) {
+	// ann's two coupons, a page of one at a time: issued in the same
+	// millisecond, they come by coupon_id, descending; the cursor of the
+	// last one gives nothing more, a cursor past the newest gives both.
+	p1, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{}, 1)
+	if err != nil || len(p1) != 1 {
+		t.Fatalf("ann's first page: %+v %v", p1, err)
+	}
+	p2, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p1[0].IssuedMS, ID: p1[0].ID}, 1)
+	if err != nil || len(p2) != 1 || p2[0].ID >= p1[0].ID || p2[0].IssuedMS != p1[0].IssuedMS {
+		t.Fatalf("ann's second page after %s: %+v %v", p1[0].ID, p2, err)
+	}
+	if p3, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: p2[0].IssuedMS, ID: p2[0].ID}, 5); err != nil || len(p3) != 0 {
+		t.Fatalf("after ann's last coupon: %+v %v", p3, err)
+	}
+	if all, err := storage.CouponsOf(f.ctx, c, sA, "ann", model.FlowCursor{CreatedMS: now + 1, ID: "0"}, 5); err != nil || len(all) != 2 || all[0].ID != p1[0].ID {
+		t.Fatalf("from a cursor past the newest: %+v %v", all, err)
+	}
+}
+
+// checkCouponHoldings checks the coupons contractCouponIssue issued of
+// rules a and b against the holding rules, and HoldingsOf of several
+// persons at once against one at a time.
+func checkCouponHoldings(t *testing.T, f *fixture, c couponStore, a, b model.CouponRule) {
 	var held []model.HeldCoupon
 	for _, p := range []struct {
 		s   model.ShardID
@@ -311,7 +326,11 @@ func contractCouponIssue(t *testing.T, newStore func(t *testing.T) Harness) {
 		hs["dee"].Groups["g"] != "b" || len(hs["zed"].ByBatch) != 0 {
 		t.Fatalf("holdings of ann, dee, zed: %+v %v", hs, err)
 	}
-	// The audit's reading of the same rows.
+}
+
+// checkCouponLedger checks the audit's reading (Ledger) of the rows
+// contractCouponIssue left, then of one more request accepted and left open.
+func checkCouponLedger(t *testing.T, f *fixture) {
 	l, err := f.s.Ledger(f.ctx, f.cell)
 	if err != nil {
 		t.Fatal(err)
@@ -422,196 +441,4 @@ func uniqueDBs(shards ...model.ShardID) []int {
 		}
 	}
 	return out
-}
-
-// A group stores coupon requests (storage.AcceptOp) as AcceptCoupon does: a new
-// serial is stored accepted; the same serial again — stored before, or by an
-// earlier op of the same group — answers the stored request as a repeat, or
-// ORDER_CONFLICT for another person, writing nothing; a bad request answers
-// INVALID_ARGUMENT without failing the others; a group whose COMMIT answer
-// is lost is settled, and its retry is a repeat. Accepts share a group with
-// other kinds of op.
-func contractGroupAccept(t *testing.T, newStore func(t *testing.T) Harness) {
-	f := newFixture(t, newStore)
-	c := f.coupons()
-	pre := f.accept(couponReq(sB, "pat", "p1", "demo-batch"))
-	f.h.Clock.Advance(time.Second)
-	green := couponReq(sC, "cy", "g2", "demo-batch")
-	green.Green, green.DeviceID = true, "dev-9"
-	reqs := []model.CouponRequest{
-		couponReq(sA, "ann", "g1", "demo-batch"),
-		couponReq(sA, "ann", "g1", "demo-batch"),
-		couponReq(sA, "bob", "g1", "demo-batch"),
-		green,
-		couponReq(sB, "pat", "p1", "demo-batch"),
-		couponReq(sA, "dan", "bad serial", "demo-batch"),
-	}
-	dep := &storage.DepositOp{Shard: sA, ActID: "eve", OrderNo: "dep-1", Amount: 100}
-	var ops []*storage.AcceptOp
-	for _, r := range reqs {
-		ops = append(ops, &storage.AcceptOp{Coupon: r})
-	}
-	if err := f.s.CommitGroup(f.ctx, append([]storage.Op{dep}, storage.Ops(ops)...)); err != nil {
-		t.Fatal(err)
-	}
-	if dep.Err != nil || dep.Deposit.Balance != 100 {
-		t.Fatalf("the deposit beside the accepts: %+v %v", dep.Deposit, dep.Err)
-	}
-	now := f.nowMS()
-	want := []struct {
-		act      string
-		accepted int64
-		repeat   bool
-		err      error
-	}{{"ann", now, false, nil}, {"ann", now, true, nil}, {"", 0, false, model.ErrOrderConflict}, {"cy", now, false, nil},
-		{"pat", pre.AcceptedMS, true, nil}, {"", 0, false, model.ErrInvalidArgument}}
-	for i, w := range want {
-		op := ops[i]
-		if w.err != nil {
-			if !errors.Is(op.Err, w.err) {
-				t.Fatalf("accept %d: %v, want %v", i, op.Err, w.err)
-			}
-			continue
-		}
-		if op.Err != nil || op.Accepted.ActID != w.act || op.Accepted.AcceptedMS != w.accepted || op.Repeat != w.repeat || op.Accepted.State != model.CouponAccepted {
-			t.Fatalf("accept %d: %+v repeat %v err %v; want %s at %d repeat %v", i, op.Accepted, op.Repeat, op.Err, w.act, w.accepted, w.repeat)
-		}
-	}
-	if r, err := storage.CouponRequestOf(f.ctx, c, sC, "pay", "g2"); err != nil || r.ActID != "cy" || !r.Green || r.DeviceID != "dev-9" || r.State != model.CouponAccepted {
-		t.Fatalf("the green request as stored: %+v %v", r, err)
-	}
-	if _, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "bad serial"); !errors.Is(err, model.ErrNotFound) {
-		t.Fatalf("the bad request was stored: %v", err)
-	}
-	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sB, sC), -1, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, r := range taken {
-		got = append(got, r.ActID+"/"+r.Serial)
-	}
-	slices.Sort(got)
-	if !slices.Equal(got, []string{"ann/g1", "cy/g2", "pat/p1"}) {
-		t.Fatalf("taken after the group: %v, want ann/g1, cy/g2, pat/p1", got)
-	}
-	// A group of new serials only, in three databases, stores each.
-	var fresh []*storage.AcceptOp
-	for i, s := range []model.ShardID{sA, sC, sB, sC} {
-		fresh = append(fresh, &storage.AcceptOp{Coupon: couponReq(s, fmt.Sprintf("new%d", i), fmt.Sprintf("n%d", i), "demo-batch")})
-	}
-	if err := f.s.CommitGroup(f.ctx, storage.Ops(fresh)); err != nil {
-		t.Fatal(err)
-	}
-	for i, op := range fresh {
-		r, err := storage.CouponRequestOf(f.ctx, c, op.Coupon.Shard, "pay", op.Coupon.Serial)
-		if op.Err != nil || op.Repeat || op.Accepted.AcceptedMS != now || err != nil || r.ActID != fmt.Sprintf("new%d", i) || r.State != model.CouponAccepted {
-			t.Fatalf("new accept %d: %+v repeat %v %v; stored %+v %v", i, op.Accepted, op.Repeat, op.Err, r, err)
-		}
-	}
-	// A lost answer: the group is settled (or answers ErrCommitUnknown), and
-	// its retry finds the request.
-	f.h.Clock.Advance(time.Second)
-	lost := couponReq(sA, "fay", "l1", "demo-batch")
-	fired := f.arm(true)
-	op := &storage.AcceptOp{Coupon: lost}
-	err = f.s.CommitGroup(f.ctx, []storage.Op{op})
-	fired()
-	if lostAnswer(t, "group accept", err) && (op.Accepted.ActID != "fay" || op.Repeat) {
-		t.Fatalf("settled accept: %+v repeat %v", op.Accepted, op.Repeat)
-	}
-	f.h.Clock.Advance(time.Second)
-	retry := &storage.AcceptOp{Coupon: lost}
-	if err := f.s.CommitGroup(f.ctx, []storage.Op{retry}); err != nil || !retry.Repeat || retry.Accepted.AcceptedMS != f.nowMS()-1000 {
-		t.Fatalf("retry after a lost answer: %+v repeat %v %v", retry.Accepted, retry.Repeat, err)
-	}
-}
-
-// A request refused at its accept (model.RefusedAtAccept: the local copy
-// of the batch's stock showed nothing left) is stored refused SOLD_OUT,
-// decided when accepted, alone or in a group (in one round trip, and when a
-// stored serial sends the group one statement at a time); a repeat answers
-// it as stored, whatever the repeat asks; no take finds it; and a request
-// stored accepted before stays accepted when a repeat comes refused.
-func contractCouponRefusedAtAccept(t *testing.T, newStore func(t *testing.T) Harness) {
-	f := newFixture(t, newStore)
-	c := f.coupons()
-	got, repeat, err := storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "ann", "r1", "gone")))
-	if err != nil || repeat {
-		t.Fatal(repeat, err)
-	}
-	now := f.nowMS()
-	wantRefused := func(what string, r model.CouponRequest, accepted int64) {
-		t.Helper()
-		if r.State != model.CouponRefused || r.Reason != model.ReasonSoldOut || r.AcceptedMS != accepted || r.DecidedMS != accepted || r.CouponID != "" || r.TakenMS != 0 {
-			t.Fatalf("%s: %+v; want refused SOLD_OUT, accepted and decided at %d", what, r, accepted)
-		}
-	}
-	wantRefused("answered", got, now)
-	stored, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantRefused("stored", stored, now)
-	f.h.Clock.Advance(time.Second)
-	again, repeat, err := storage.AcceptCoupon(f.ctx, c, couponReq(sA, "ann", "r1", "gone"))
-	if err != nil || !repeat {
-		t.Fatalf("repeat: %v %v", repeat, err)
-	}
-	wantRefused("a repeat asking to be accepted", again, now)
-	// Accepted first, then a repeat refused at its accept: the stored one.
-	f.accept(couponReq(sA, "bob", "r2", "gone"))
-	again, repeat, err = storage.AcceptCoupon(f.ctx, c, model.RefusedAtAccept(couponReq(sA, "bob", "r2", "gone")))
-	if err != nil || !repeat || again.State != model.CouponAccepted || again.Reason != "" || again.DecidedMS != 0 {
-		t.Fatalf("a refused repeat of an accepted request: %+v repeat %v %v", again, repeat, err)
-	}
-	// In groups: new serials only (one round trip), then with a stored one.
-	f.h.Clock.Advance(time.Second)
-	groupNow := f.nowMS()
-	for i, serials := range [][]string{{"g1", "g2"}, {"g3", "r1"}} {
-		var ops []*storage.AcceptOp
-		for _, sr := range serials {
-			ops = append(ops, &storage.AcceptOp{Coupon: model.RefusedAtAccept(couponReq(sA, "ann", sr, "gone"))})
-		}
-		ops = append(ops, &storage.AcceptOp{Coupon: couponReq(sC, "cy", fmt.Sprintf("a%d", i), "gone")})
-		if err := f.s.CommitGroup(f.ctx, storage.Ops(ops)); err != nil {
-			t.Fatal(err)
-		}
-		for _, op := range ops[:2] {
-			if op.Err != nil {
-				t.Fatalf("group %d, %s: %v", i, op.Coupon.Serial, op.Err)
-			}
-			if op.Coupon.Serial == "r1" {
-				if !op.Repeat {
-					t.Fatalf("group %d: r1 not a repeat", i)
-				}
-				wantRefused("r1 in a group", op.Accepted, now)
-				continue
-			}
-			if op.Repeat {
-				t.Fatalf("group %d, %s: a repeat", i, op.Coupon.Serial)
-			}
-			wantRefused("in a group", op.Accepted, groupNow)
-			st, err := storage.CouponRequestOf(f.ctx, c, sA, "pay", op.Coupon.Serial)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantRefused("stored by a group", st, groupNow)
-		}
-		if a := ops[2]; a.Err != nil || a.Repeat || a.Accepted.State != model.CouponAccepted || a.Accepted.Reason != "" {
-			t.Fatalf("group %d: the accepted request beside them: %+v %v", i, a.Accepted, a.Err)
-		}
-	}
-	taken, err := storage.TakeCouponRequests(f.ctx, c, uniqueDBs(sA, sC), 0, 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, r := range taken {
-		names = append(names, r.ActID+"/"+r.Serial)
-	}
-	slices.Sort(names)
-	if !slices.Equal(names, []string{"bob/r2", "cy/a0", "cy/a1"}) {
-		t.Fatalf("taken %v; want only the accepted requests", names)
-	}
 }

@@ -210,6 +210,76 @@ func contractCreditsExactlyOnce(t *testing.T, newStore func(t *testing.T) Harnes
 // are not listed, and a database never used reads empty.
 func contractClaimsAfterPages(t *testing.T, newStore func(t *testing.T) Harness) {
 	f := newFixture(t, newStore)
+	cp := makeClaimsPages(t, f)
+	t1, t2, t3, p1, p4, claims, all := cp.t1, cp.t2, cp.t3, cp.p1, cp.p4, cp.claims, cp.all
+
+	db := sA.DB()
+	read := func(what string, fromMS int64, after model.ClaimPos, beforeMS int64, limit int, want []model.Credit, wantNext model.ClaimPos) {
+		t.Helper()
+		got, next, err := storage.ClaimsAfter(f.ctx, f.s, db, fromMS, after, beforeMS, limit)
+		if err != nil || !slices.Equal(got, want) || next != wantNext {
+			t.Fatalf("%s: %+v next %+v, %v;\nwant %+v next %+v", what, got, next, err, want, wantNext)
+		}
+	}
+	zero := model.ClaimPos{}
+	// Paging through all of it.
+	read("first page", 0, zero, t3, 2, all[:2], posOf(claims[1]))
+	read("second page", 0, posOf(claims[1]), t3, 2, all[2:4], posOf(claims[3]))
+	read("third page", 0, posOf(claims[3]), t3, 10, all[4:], posOf(claims[5]))
+	read("past the end", 0, posOf(claims[5]), t3, 10, nil, posOf(claims[5]))
+	read("limit 0", 0, posOf(claims[1]), t3, 0, nil, posOf(claims[1]))
+	// beforeMS is included.
+	read("up to t2", 0, zero, t2, 10, all[:4], posOf(claims[3]))
+	read("up to t1", 0, zero, t1, 10, all[:3], posOf(claims[2]))
+	read("before anything", 0, zero, t1-1, 10, nil, zero)
+	// fromMS is included.
+	read("from t2", t2, zero, t3, 10, all[3:], posOf(claims[5]))
+	read("from t3", t3, zero, t3+5, 10, all[4:], posOf(claims[5]))
+	read("from t2+1", t2+1, zero, t3, 10, all[4:], posOf(claims[5]))
+	// after is excluded, compared as (created_ms, packet_id, seq).
+	read("after the first", 0, posOf(claims[0]), t3, 10, all[1:], posOf(claims[5]))
+	read("after t1's start", 0, model.ClaimPos{CreatedMS: t1}, t3, 10, all, posOf(claims[5]))
+	read("after a seq not taken", 0, model.ClaimPos{CreatedMS: t1, PacketID: p1.ID, Seq: 99}, t3, 10, all[2:], posOf(claims[5]))
+	read("after all of t1", 0, model.ClaimPos{CreatedMS: t1, PacketID: p4.ID}, t3, 10, all[3:], posOf(claims[5]))
+	// Both bounds: the later one holds.
+	read("from t2, after the first", t2, posOf(claims[0]), t3, 10, all[3:], posOf(claims[5]))
+	read("from t1, after the fourth", t1, posOf(claims[3]), t3, 10, all[4:], posOf(claims[5]))
+	read("from t1, after the fourth, up to t2", t1, posOf(claims[3]), t2, 10, nil, posOf(claims[3]))
+
+	// Database 56 holds p3's claim only.
+	got, next, err := storage.ClaimsAfter(f.ctx, f.s, sC.DB(), 0, zero, f.nowMS(), 10)
+	if want := []model.Credit{creditOf(cp.r3, sA)}; err != nil || !slices.Equal(got, want) || next != posOf(cp.r3) {
+		t.Fatalf("claims of db 56: %+v next %+v, %v; want %+v", got, next, err, want)
+	}
+	far := model.ClaimPos{CreatedMS: 5, PacketID: "x", Seq: 1}
+	if got, next, err := storage.ClaimsAfter(f.ctx, f.s, 77, 0, far, f.nowMS(), 10); err != nil || len(got) != 0 || next != far {
+		t.Fatalf("claims of a database never used: %+v next %+v, %v", got, next, err)
+	}
+
+	// Credited claims are listed still.
+	f.applyCredits(all[:2])
+	read("after two credits", 0, zero, t3, 10, all, posOf(claims[5]))
+	var claimed model.Cents
+	for _, c := range append(slices.Clone(claims), cp.r3) {
+		claimed += c.Amount
+	}
+	f.check(books{deposits: 1500, balances: 500 + all[0].Amount + all[1].Amount, open: 1000 - claimed,
+		inFlight: claimed - all[0].Amount - all[1].Amount, sends: 1000, packets: 4, claims: 7, credits: 2})
+}
+
+// claimsPages is what makeClaimsPages made for contractClaimsAfterPages.
+type claimsPages struct {
+	t1, t2, t3 int64           // the claims' creation times
+	p1, p4     model.PacketRef // the first packet of day 14 and the packet of day 15
+	claims     []model.Claim   // the claims of database sA.DB(), in list order
+	all        []model.Credit  // their credits
+	r3         model.Claim     // the claim of database 56
+}
+
+// makeClaimsPages makes claims across midnight (day 14 to 15) and three
+// packets of two databases, opened out of packet order, for
+// contractClaimsAfterPages, and checks their creation times.
+func makeClaimsPages(t *testing.T, f *fixture) claimsPages {
 	f.h.Clock.Advance(14*time.Hour - 10*time.Millisecond) // 23:59:59.990 of day 14
 	f.deposit(sA, "ann", "d1", 500)
 	f.deposit(sB, "eve", "d1", 500)
@@ -247,59 +317,7 @@ func contractClaimsAfterPages(t *testing.T, newStore func(t *testing.T) Harness)
 		}
 	}
 	f.h.Clock.Advance(time.Millisecond)
-
-	db := sA.DB()
-	read := func(what string, fromMS int64, after model.ClaimPos, beforeMS int64, limit int, want []model.Credit, wantNext model.ClaimPos) {
-		t.Helper()
-		got, next, err := storage.ClaimsAfter(f.ctx, f.s, db, fromMS, after, beforeMS, limit)
-		if err != nil || !slices.Equal(got, want) || next != wantNext {
-			t.Fatalf("%s: %+v next %+v, %v;\nwant %+v next %+v", what, got, next, err, want, wantNext)
-		}
-	}
-	zero := model.ClaimPos{}
-	// Paging through all of it.
-	read("first page", 0, zero, t3, 2, all[:2], posOf(claims[1]))
-	read("second page", 0, posOf(claims[1]), t3, 2, all[2:4], posOf(claims[3]))
-	read("third page", 0, posOf(claims[3]), t3, 10, all[4:], posOf(claims[5]))
-	read("past the end", 0, posOf(claims[5]), t3, 10, nil, posOf(claims[5]))
-	read("limit 0", 0, posOf(claims[1]), t3, 0, nil, posOf(claims[1]))
-	// beforeMS is included.
-	read("up to t2", 0, zero, t2, 10, all[:4], posOf(claims[3]))
-	read("up to t1", 0, zero, t1, 10, all[:3], posOf(claims[2]))
-	read("before anything", 0, zero, t1-1, 10, nil, zero)
-	// fromMS is included.
-	read("from t2", t2, zero, t3, 10, all[3:], posOf(claims[5]))
-	read("from t3", t3, zero, t3+5, 10, all[4:], posOf(claims[5]))
-	read("from t2+1", t2+1, zero, t3, 10, all[4:], posOf(claims[5]))
-	// after is excluded, compared as (created_ms, packet_id, seq).
-	read("after the first", 0, posOf(claims[0]), t3, 10, all[1:], posOf(claims[5]))
-	read("after t1's start", 0, model.ClaimPos{CreatedMS: t1}, t3, 10, all, posOf(claims[5]))
-	read("after a seq not taken", 0, model.ClaimPos{CreatedMS: t1, PacketID: p1.ID, Seq: 99}, t3, 10, all[2:], posOf(claims[5]))
-	read("after all of t1", 0, model.ClaimPos{CreatedMS: t1, PacketID: p4.ID}, t3, 10, all[3:], posOf(claims[5]))
-	// Both bounds: the later one holds.
-	read("from t2, after the first", t2, posOf(claims[0]), t3, 10, all[3:], posOf(claims[5]))
-	read("from t1, after the fourth", t1, posOf(claims[3]), t3, 10, all[4:], posOf(claims[5]))
-	read("from t1, after the fourth, up to t2", t1, posOf(claims[3]), t2, 10, nil, posOf(claims[3]))
-
-	// Database 56 holds p3's claim only.
-	got, next, err := storage.ClaimsAfter(f.ctx, f.s, sC.DB(), 0, zero, f.nowMS(), 10)
-	if want := []model.Credit{creditOf(r3[0].Claim, sA)}; err != nil || !slices.Equal(got, want) || next != posOf(r3[0].Claim) {
-		t.Fatalf("claims of db 56: %+v next %+v, %v; want %+v", got, next, err, want)
-	}
-	far := model.ClaimPos{CreatedMS: 5, PacketID: "x", Seq: 1}
-	if got, next, err := storage.ClaimsAfter(f.ctx, f.s, 77, 0, far, f.nowMS(), 10); err != nil || len(got) != 0 || next != far {
-		t.Fatalf("claims of a database never used: %+v next %+v, %v", got, next, err)
-	}
-
-	// Credited claims are listed still.
-	f.applyCredits(all[:2])
-	read("after two credits", 0, zero, t3, 10, all, posOf(claims[5]))
-	var claimed model.Cents
-	for _, c := range append(slices.Clone(claims), r3[0].Claim) {
-		claimed += c.Amount
-	}
-	f.check(books{deposits: 1500, balances: 500 + all[0].Amount + all[1].Amount, open: 1000 - claimed,
-		inFlight: claimed - all[0].Amount - all[1].Amount, sends: 1000, packets: 4, claims: 7, credits: 2})
+	return claimsPages{t1, t2, t3, p1, p4, claims, all, r3[0].Claim}
 }
 
 // A claim made in one cell for a claimant of another cell is credited there:
