@@ -1,6 +1,7 @@
 package cell
 
 import (
+	"context"
 	"time"
 
 	"redcell/api/cellclient"
@@ -27,8 +28,12 @@ func newBudgets(s *Server, calls *cellclient.Client) *budgets.Keeper {
 	}
 	return budgets.New(budgets.Config{Cell: s.cfg.Name, LeaseTTL: s.cfg.BudgetLeaseTTL, Spaces: spaces,
 		Owns: s.Owns, Check: s.own.check, Enter: s.own.enter, DBs: s.own.dbs, Peers: s.peers, Client: calls, Answers: s.answers,
-		Tree:        s.acts.holder.Tree,
-		Issued:      func(key string) int64 { return s.issuedCounter(s.spaces[0], key).Read() },
-		CouponTotal: s.couponTotal, CouponKeys: s.couponKeys, SettleMore: s.settleCouponLeases,
-		Clock: s.clock, Log: s.log})
+		Tree:   s.acts.holder.Tree,
+		Issued: func(key string) int64 { return s.issuedCounter(s.spaces[0], key).Read() },
+		// The coupon drop is built after the keeper: each call reads it (nil:
+		// no coupon drop, no stock).
+		CouponTotal: func(key string) (int64, bool) { return s.cp.StockTotal(key) },
+		CouponKeys:  func() []string { return s.cp.StockKeys() },
+		SettleMore:  func(ctx context.Context) { s.cp.SettleLeases(ctx) },
+		Clock:       s.clock, Log: s.log})
 }

@@ -187,7 +187,7 @@ func defaultWalletConfig() WalletConfig {
 	return WalletConfig{WithdrawRelease: WithdrawRelease{Percent: 100, Allow: []string{}}}
 }
 
-// CouponConfig is the coupon drop (coupons.go, cell/couponq).
+// CouponConfig is the coupon drop (cell/coupons, cell/couponq).
 type CouponConfig struct {
 	// Coupons is the coupon batches' YAML file (cell/couponbatch), loaded
 	// at start (an invalid file stops the cell) and again on POST

@@ -134,15 +134,15 @@ var routes = [api.RouteCount]routeHandler{
 	api.RouteIssued: func(s *Server, _ context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, key string) {
 		s.issuedSoFar(rc, sp, key)
 	},
-	api.RouteCouponIssue:  bodied((*Server).couponIssue),
-	api.RouteCouponState:  keyed((*Server).couponRequestState),
-	api.RouteCoupons:      keyed((*Server).couponsOf),
+	api.RouteCouponIssue:  couponRoute,
+	api.RouteCouponState:  couponRoute,
+	api.RouteCoupons:      couponRoute,
 	api.RouteCredits:      bodied((*Server).credits),
 	api.RouteRecon:        bodied((*Server).reconAnswer),
 	api.RouteBudgetLease:  budgetRoute,
 	api.RouteBudgetReturn: budgetRoute,
 	api.RouteBudgetLeases: budgetRoute,
-	api.RouteCouponStock:  couponStockRoute,
+	api.RouteCouponStock:  couponRoute,
 }
 
 // keyed adapts a handler of a route keyed by its path.
@@ -174,16 +174,6 @@ func noop(s *Server, _ context.Context, rc *fasthttp.RequestCtx, _ *space, _ api
 // budgetRoute serves the three budget routes (cell/budgets).
 func budgetRoute(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, rt api.RouteID, _ string) {
 	s.budgets.Serve(ctx, rc, rt, sp.index())
-}
-
-// couponStockRoute answers a coupon batch's stock to another cell; without
-// coupons, COUPONS_DISABLED.
-func couponStockRoute(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, _ string) {
-	if s.cp == nil {
-		s.answers.err(rc, couponsOff)
-		return
-	}
-	s.couponStockAnswer(ctx, rc, sp)
 }
 
 // entersOnItsOwn reports whether a request of route rt writes nothing

@@ -27,6 +27,7 @@ import (
 	"redcell/cell/audit"
 	"redcell/cell/budgets"
 	"redcell/cell/couponq"
+	"redcell/cell/coupons"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
 	"redcell/cell/issued"
@@ -149,7 +150,7 @@ func (s *Server) creditDest(sh model.ShardID) string {
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
 // (cell/recon), the audit of its own books (cell/audit), the budgets' leases
-// (cell/budgets), the admin port (cell/admin), the group committer
+// (cell/budgets), the coupon drop (cell/coupons), the admin port (cell/admin), the group committer
 // (cell/groupcommit), the expiry of packets and the schema warm-up. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
@@ -201,8 +202,8 @@ type Server struct {
 	rwRecon *rewardReconMetrics
 	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
 	rwMetrics *rewardMetrics
-	// cp is the coupon drop (coupons.go); nil without Config.Coupons.
-	cp *coupons
+	// cp is the coupon drop (cell/coupons); nil without Config.Coupons.
+	cp *coupons.Drop
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -316,7 +317,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		if stores.RealCoupons == nil || stores.ShadowCoupons == nil {
 			return nil, errors.New("cell: Coupons names a batches file, but no coupon stores were given")
 		}
-		cp, err := s.newCoupons([2]couponq.Store{stores.RealCoupons, stores.ShadowCoupons}, reg)
+		cp, err := newCoupons(s, [2]couponq.Store{stores.RealCoupons, stores.ShadowCoupons}, reg)
 		if err != nil {
 			return nil, fmt.Errorf("cell: %w", err)
 		}
@@ -328,7 +329,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.shadow = s.newShadow(stores.ShadowDrop, reg)
 	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
 	if s.cp != nil {
-		couponAdmin = s
+		couponAdmin = s.cp
 	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
@@ -402,7 +403,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		background = append(background, s.warmer.run)
 	}
 	if s.cp != nil {
-		background = append(background, s.runCoupons)
+		background = append(background, s.cp.Run)
 	}
 	background = append(background, s.shadow.run)
 	for _, run := range background {

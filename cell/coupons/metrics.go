@@ -1,4 +1,4 @@
-package cell
+package coupons
 
 import (
 	"time"
@@ -10,12 +10,12 @@ import (
 	"redcell/model"
 )
 
-// couponMetrics are the coupon drop's series, by space: requests accepted,
+// metrics are the coupon drop's series, by space: requests accepted,
 // issued by batch, refused by reason and batch, the accepted→issued
 // latency, the wait in each layer's queue, the queue depths, the merge
 // sizes, the units written off by lost answers and the layer limiters'
 // fallbacks to rate/N.
-type couponMetrics struct {
+type metrics struct {
 	accepted *prometheus.CounterVec   // space
 	issued   *prometheus.CounterVec   // space, batch
 	refused  *prometheus.CounterVec   // space, reason
@@ -25,8 +25,11 @@ type couponMetrics struct {
 	open     *prometheus.CounterVec   // space, batch: units left open by a lost answer
 }
 
-func newCouponMetrics(reg *prometheus.Registry, cp *coupons) *couponMetrics {
-	m := &couponMetrics{
+// newMetrics makes the drop's series and registers them with reg; the
+// queue depths and the limiters' fallbacks read d's engines and limiters,
+// 0 until New has built them.
+func newMetrics(reg prometheus.Registerer, d *Drop) *metrics {
+	m := &metrics{
 		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_coupon_accepted_total",
 			Help: "Coupon requests stored (accepted), repeats of a serial not counted."}, []string{"space"}),
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_coupon_issued_total",
@@ -50,23 +53,23 @@ func newCouponMetrics(reg *prometheus.Registry, cp *coupons) *couponMetrics {
 		for layer := range 2 {
 			reg.MustRegister(depth(prometheus.GaugeOpts{Name: "redcell_coupon_queue_depth", Help: "Coupon requests waiting in a layer's local queue.",
 				ConstLabels: prometheus.Labels{"space": name, "layer": layerLabel(layer + 1)}}, func() float64 {
-				if cp.engines[i] == nil {
+				if d.engines[i] == nil {
 					return 0
 				}
-				l1, l2 := cp.engines[i].Depths()
+				l1, l2 := d.engines[i].Depths()
 				return float64([]int{l1, l2}[layer])
 			}))
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "redcell_coupon_limiter_fallbacks_total",
 				Help:        "Times a coupon layer's cluster-wide limiter found memcached failing and took rate/N locally.",
 				ConstLabels: prometheus.Labels{"space": name, "layer": layerLabel(layer + 1)}}, func() float64 {
-				if cp.limits[i][layer] == nil {
+				if d.limits[i][layer] == nil {
 					return 0
 				}
-				return float64(cp.limits[i][layer].Stats().FellBack)
+				return float64(d.limits[i][layer].Stats().FellBack)
 			}))
 		}
 	}
-	if cat := cp.holder.Catalog(); cat != nil {
+	if cat := d.holder.Catalog(); cat != nil {
 		m.seed(cat)
 	}
 	return m
@@ -79,7 +82,7 @@ var couponReasons = []model.CouponReason{model.ReasonLimit, model.ReasonGroup, m
 // seed makes the per-batch series of cat's batches at 0, so that the first
 // refusal or write-off of a batch is an increase (a series born at 1 is none
 // to rate() and increase(), and its alert would never fire).
-func (m *couponMetrics) seed(cat *couponbatch.Catalog) {
+func (m *metrics) seed(cat *couponbatch.Catalog) {
 	for _, space := range []string{"real", "shadow"} {
 		for _, b := range cat.Batches() {
 			m.issued.WithLabelValues(space, b.ID)
@@ -94,13 +97,13 @@ func (m *couponMetrics) seed(cat *couponbatch.Catalog) {
 func layerLabel(n int) string { return string(rune('0' + n)) }
 
 // observer is couponq.Observer for one space.
-func (m *couponMetrics) observer(space string) couponq.Observer {
+func (m *metrics) observer(space string) couponq.Observer {
 	return couponObserver{m: m, space: space, accepted: m.accepted.WithLabelValues(space), latency: m.latency.WithLabelValues(space),
 		merge: m.merge.WithLabelValues(space), wait: [2]prometheus.Observer{m.wait.WithLabelValues(space, "1"), m.wait.WithLabelValues(space, "2")}}
 }
 
 type couponObserver struct {
-	m        *couponMetrics
+	m        *metrics
 	space    string
 	accepted prometheus.Counter
 	latency  prometheus.Observer
