@@ -153,18 +153,7 @@ func newMetrics(reg *prometheus.Registry, s metricSources) *metrics {
 			Help:    "Opens committed by one open transaction (serial and naive: 1).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 13)}), // 1 .. 4096 = BatchMax's bound
 	}
-	m.moveSteps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_move_steps_total",
-		Help: "Steps of database moves this cell took (POST /admin/moves), by op: freeze, thaw, release, adopt."}, []string{"op"})
-	m.moveDrain = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_move_drain_seconds",
-		Help:    "Time a move's freeze waited for the work in flight on the database before it answered.",
-		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}})
-	m.moveCopiesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copies_dropped_total",
-		Help: "Copies of databases handed over to another cell dropped after move_grace, unchanged since the handover."})
-	m.moveCopyChanged = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copy_changed_total",
-		Help: "Times a copy of a database handed over was found changed since the handover (kept, logged at ERROR): should stay 0."})
-	m.movePasses = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_passes_total",
-		Help: "Passes of the cell's moves loop (every second): freezes past their time ended, copies due for a drop dropped."})
-	reg.MustRegister(m.moveSteps, m.moveDrain, m.moveCopiesDropped, m.moveCopyChanged, m.movePasses)
+	m.registerMoves(reg)
 	limited := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_rate_limited_total",
 		Help: "Requests refused by a rate limit, by kind (route, user at the router; cell at a cell) and route."}, []string{"kind", "route"})
 	for r := range m.limited {
@@ -351,4 +340,20 @@ func (c laneCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.backoff, prometheus.GaugeValue, l.Backoff.Seconds(), sp.name, l.Dest, kind)
 		}
 	}
+}
+
+// registerMoves makes and registers the moves' series (cell/moves).
+func (m *metrics) registerMoves(reg prometheus.Registerer) {
+	m.moveSteps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_cell_move_steps_total",
+		Help: "Steps of database moves this cell took (POST /admin/moves), by op: freeze, thaw, release, adopt."}, []string{"op"})
+	m.moveDrain = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "redcell_cell_move_drain_seconds",
+		Help:    "Time a move's freeze waited for the work in flight on the database before it answered.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}})
+	m.moveCopiesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copies_dropped_total",
+		Help: "Copies of databases handed over to another cell dropped after move_grace, unchanged since the handover."})
+	m.moveCopyChanged = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_copy_changed_total",
+		Help: "Times a copy of a database handed over was found changed since the handover (kept, logged at ERROR): should stay 0."})
+	m.movePasses = prometheus.NewCounter(prometheus.CounterOpts{Name: "redcell_cell_move_passes_total",
+		Help: "Passes of the cell's moves loop (every second): freezes past their time ended, copies due for a drop dropped."})
+	reg.MustRegister(m.moveSteps, m.moveDrain, m.moveCopiesDropped, m.moveCopyChanged, m.movePasses)
 }

@@ -319,6 +319,24 @@ func (m *Mover) cleanTarget(ctx context.Context, dst, sb *sql.DB, db int) {
 
 var changeMaster = regexp.MustCompile(`CHANGE MASTER TO MASTER_LOG_FILE='([^']+)', MASTER_LOG_POS=(\d+)`)
 
+// dumpPosition reads the binlog position a dump was taken at from its
+// head (the CHANGE MASTER line --master-data=2 writes). Errors: none found
+// (the source's binlog is off), or reading the file.
+func dumpPosition(dump *os.File, db int) (file string, pos int64, err error) {
+	if _, err := dump.Seek(0, io.SeekStart); err != nil {
+		return "", 0, err
+	}
+	sc := bufio.NewScanner(dump)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for i := 0; i < 100 && sc.Scan(); i++ {
+		if mm := changeMaster.FindStringSubmatch(sc.Text()); mm != nil {
+			pos, _ = strconv.ParseInt(mm[2], 10, 64)
+			return mm[1], pos, nil
+		}
+	}
+	return "", 0, fmt.Errorf("mover: the dump of db_%02d has no binlog position (is the source's binlog on?)", db)
+}
+
 // copy dumps db's schemas from the source (one consistent snapshot, with its
 // binlog position) into the target's server. Schemas the source does not
 // have yet are not copied: the channel brings them when they are made.
@@ -376,20 +394,8 @@ func (m *Mover) copy(ctx context.Context, db int, from, to Cell, src *sql.DB) (f
 		}
 		return "", 0, fmt.Errorf("mover: %s of %s: %w: %s", m.Dump, strings.Join(have, ", "), err, strings.TrimSpace(stderr.String()))
 	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+	if file, pos, err = dumpPosition(tmp, db); err != nil {
 		return "", 0, err
-	}
-	sc := bufio.NewScanner(tmp)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for i := 0; i < 100 && sc.Scan(); i++ {
-		if mm := changeMaster.FindStringSubmatch(sc.Text()); mm != nil {
-			file = mm[1]
-			pos, _ = strconv.ParseInt(mm[2], 10, 64)
-			break
-		}
-	}
-	if file == "" {
-		return "", 0, fmt.Errorf("mover: the dump of db_%02d has no binlog position (is the source's binlog on?)", db)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return "", 0, err
