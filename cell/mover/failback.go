@@ -129,9 +129,11 @@ func (m *Mover) RebuildStandby(ctx context.Context, c Cell) (res Rebuilt, err er
 	return res, nil
 }
 
-// seed empties the old primary and loads a consistent dump of the serving
-// server into it, then starts replicating from the dump's GTID position.
-func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string, port int, scfg *mysql.Config) error {
+// emptyOldPrimary makes the old primary a replica with nothing in it: its
+// replication connections reset, its user schemas dropped (not logged), its
+// binlog restarted past every number either server used. Errors: the first
+// statement that failed.
+func (m *Mover) emptyOldPrimary(ctx context.Context, c Cell, old, srv *sql.DB) error {
 	// The binlog restarts with, per domain and server, the highest sequence
 	// number either server logged: the old primary may have lost the tail
 	// of its binlog in its crash (sync_binlog 0) that the promoted server
@@ -182,6 +184,15 @@ func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string,
 		}
 	}
 	m.Log.Info("failback: the old primary emptied; seeding it from the promoted server", "cell", c.Name, "dropped", schemas)
+	return nil
+}
+
+// seed empties the old primary and loads a consistent dump of the serving
+// server into it, then starts replicating from the dump's GTID position.
+func (m *Mover) seed(ctx context.Context, c Cell, old, srv *sql.DB, host string, port int, scfg *mysql.Config) error {
+	if err := m.emptyOldPrimary(ctx, c, old, srv); err != nil {
+		return err
+	}
 	src, err := seedSchemas(ctx, srv)
 	if err != nil {
 		return err
