@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
@@ -64,6 +62,73 @@ func (d *dirtyDBs) take() map[int]bool {
 	m := d.m
 	d.m = nil
 	return m
+}
+
+// rewardOf decodes an issue request and resolves it against the
+// activities now: the reward to store (order number, stage, scene, amount,
+// created now), the scene it comes from and the key ring that signs its
+// token. Errors: a body that does not decode, a wrong cell, no key file
+// (NOT_FOUND), no activities, an unknown or closed scene, an amount the
+// scene does not allow, a stage named that is not open (NO_ACTIVE_STAGE).
+func (s *Server) rewardOf(body []byte) (api.RewardRequest, model.Reward, activity.Active, *rewardtoken.Ring, error) {
+	var req api.RewardRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return req, model.Reward{}, activity.Active{}, nil, err
+	}
+	sh, err := s.own.account(req.ActID)
+	if err != nil {
+		return req, model.Reward{}, activity.Active{}, nil, err
+	}
+	ring := s.rw.ring.Load()
+	if ring == nil {
+		return req, model.Reward{}, activity.Active{}, nil, model.Errorf(model.ErrNotFound, "this cell issues no rewards: no reward key file (reward_keys)")
+	}
+	t, err := s.tree()
+	if err != nil {
+		return req, model.Reward{}, activity.Active{}, nil, err
+	}
+	now := s.clock.Now()
+	a, err := t.Resolve(req.ParentActivityID, req.SceneID, now)
+	if err != nil {
+		return req, model.Reward{}, a, nil, resolveErr(err)
+	}
+	if err := s.validateReward(req, a.Scene); err != nil {
+		return req, model.Reward{}, a, nil, err
+	}
+	stage := string(a.Child.Stage)
+	if req.Stage != "" && req.Stage != stage {
+		// A late retry, or a re-issue after the stage changed: never a new
+		// reward of another stage.
+		return req, model.Reward{}, a, nil, model.Errorf(model.ErrNoActiveStage, "stage %s is not open now (activity %s is in %s)", req.Stage, a.Parent.ID, stage)
+	}
+	r := model.Reward{OrderNo: model.RewardOrderNo(req.ActID, a.Scene.ID, req.RainID, req.AwardType, stage),
+		ActID: req.ActID, Shard: sh, App: req.App, Parent: a.Parent.ID, Child: a.Child.ID, Stage: stage, Scene: a.Scene.ID,
+		Rain: req.RainID, AwardType: req.AwardType, TemplateID: a.Scene.TemplateID, Amount: model.Cents(req.Amount),
+		CreatedMS: now.UnixMilli()}
+	if a.Scene.AwardType == activity.AwardCash {
+		r.TemplateID = ""
+	}
+	return req, r, a, ring, nil
+}
+
+// refuseReward answers an issue the budget refused (cause): a refusal
+// first looks for the reward stored under the order number, so a client's
+// retry of an issued reward gets its first answer even once the scene is
+// spent.
+func (s *Server) refuseReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, r model.Reward, cause error) {
+	prior, err := storage.Reward(ctx, sp.store, r.Shard, r.OrderNo)
+	switch {
+	case err == nil:
+		if err := model.ReplayReward(prior, r); err != nil {
+			s.answers.err(rc, err)
+			return
+		}
+		s.answers.json(rc, http.StatusOK, rewardAnswer(prior, true))
+	case errors.Is(err, model.ErrNotFound):
+		s.answers.err(rc, cause)
+	default:
+		s.answers.err(rc, err)
+	}
 }
 
 // sceneKey names a scene of one child: its budget, limiter and counter.
@@ -126,68 +191,13 @@ func (s *Server) validateReward(req api.RewardRequest, sc *activity.Scene) error
 
 // issueReward answers POST /v1/rewards.
 func (s *Server) issueReward(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
-	var req api.RewardRequest
-	if err := decodeStrict(rc.PostBody(), &req); err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	sh, err := s.own.account(req.ActID)
+	req, r, a, ring, err := s.rewardOf(rc.PostBody())
 	if err != nil {
 		s.answers.err(rc, err)
 		return
 	}
-	ring := s.rw.ring.Load()
-	if ring == nil {
-		s.answers.err(rc, model.Errorf(model.ErrNotFound, "this cell issues no rewards: no reward key file (reward_keys)"))
-		return
-	}
-	t, err := s.tree()
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	now := s.clock.Now()
-	a, err := t.Resolve(req.ParentActivityID, req.SceneID, now)
-	if err != nil {
-		s.answers.err(rc, resolveErr(err))
-		return
-	}
-	if err := s.validateReward(req, a.Scene); err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	stage := string(a.Child.Stage)
-	if req.Stage != "" && req.Stage != stage {
-		// A late retry, or a re-issue after the stage changed: never a new
-		// reward of another stage.
-		s.answers.err(rc, model.Errorf(model.ErrNoActiveStage, "stage %s is not open now (activity %s is in %s)", req.Stage, a.Parent.ID, stage))
-		return
-	}
-	r := model.Reward{OrderNo: model.RewardOrderNo(req.ActID, a.Scene.ID, req.RainID, req.AwardType, stage),
-		ActID: req.ActID, Shard: sh, App: req.App, Parent: a.Parent.ID, Child: a.Child.ID, Stage: stage, Scene: a.Scene.ID,
-		Rain: req.RainID, AwardType: req.AwardType, TemplateID: a.Scene.TemplateID, Amount: model.Cents(req.Amount),
-		CreatedMS: now.UnixMilli()}
-	if a.Scene.AwardType == activity.AwardCash {
-		r.TemplateID = ""
-	}
-	// A refusal of the budget first looks for the reward stored under the
-	// order number: a client's retry of an issued reward gets its first
-	// answer even once the scene is spent.
-	refuse := func(cause error) {
-		prior, err := storage.Reward(ctx, sp.store, sh, r.OrderNo)
-		switch {
-		case err == nil:
-			if err := model.ReplayReward(prior, r); err != nil {
-				s.answers.err(rc, err)
-				return
-			}
-			s.answers.json(rc, http.StatusOK, rewardAnswer(prior, true))
-		case errors.Is(err, model.ErrNotFound):
-			s.answers.err(rc, cause)
-		default:
-			s.answers.err(rc, err)
-		}
-	}
+	sh := r.Shard
+	refuse := func(cause error) { s.refuseReward(ctx, rc, sp, r, cause) }
 	key := sceneKey(a)
 	rl := a.Scene.RateLimit
 	if ok, _ := s.rw.scenes[sp.index()].Allow(key, rl.PerSec, rl.Burst); !ok {
@@ -283,221 +293,6 @@ func tokenClaims(sp *space, r model.Reward) rewardtoken.Claims {
 	return c
 }
 
-// currentStage is the stage a wallet request shows: ?stage=, else the stage
-// of the child the time picks in ?parent_activity_id= (or the first parent
-// activity), else official.
-func (s *Server) currentStage(rc *fasthttp.RequestCtx) (string, error) {
-	args := rc.QueryArgs()
-	if st := string(args.Peek("stage")); st != "" {
-		if !slices.Contains(activity.Stages, activity.Stage(st)) {
-			return "", model.Invalidf("stage %q: must be test, gray or official", st)
-		}
-		return st, nil
-	}
-	t := s.acts.holder.Tree()
-	if t == nil {
-		return model.StageOfficial, nil
-	}
-	parent := string(args.Peek("parent_activity_id"))
-	if parent == "" {
-		ps := t.Parents()
-		if len(ps) == 0 {
-			return model.StageOfficial, nil
-		}
-		parent = ps[0].ID
-	}
-	if c := t.ChildAt(parent, s.clock.Now()); c != nil {
-		return string(c.Stage), nil
-	}
-	return model.StageOfficial, nil
-}
-
-// wallet answers GET /v1/accounts/{act_id}/wallet.
-func (s *Server) wallet(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	stage, err := s.currentStage(rc)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	sums, err := storage.RewardSums(ctx, sp.store, sh, actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	acct, err := storage.Account(ctx, sp.store, sh, actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	out := api.WalletResponse{ActID: actID, Stage: stage, FlowDegraded: s.switches.Off(degradeWalletFlow)}
-	by := map[string]model.StageSums{}
-	for _, x := range sums {
-		by[x.Stage] = x
-	}
-	for _, st := range activity.Stages {
-		x := by[string(st)]
-		w := api.StageWallet{Stage: string(st), Balance: int64(x.Booked), Pending: int64(x.Pending), CumulativeIncome: int64(x.Income)}
-		if st == activity.StageOfficial {
-			w.Balance, w.Withdrawable = int64(acct.Balance), true
-		}
-		out.Stages = append(out.Stages, w)
-		if string(st) == stage {
-			out.Balance, out.Pending, out.CumulativeIncome = w.Balance, w.Pending, w.CumulativeIncome
-		}
-	}
-	s.answers.json(rc, http.StatusOK, out)
-}
-
-// listArgs reads ?cursor= and ?limit= (1..100, default 20).
-func listArgs(rc *fasthttp.RequestCtx) (model.FlowCursor, int, error) {
-	args := rc.QueryArgs()
-	cur, err := model.ParseFlowCursor(string(args.Peek("cursor")))
-	if err != nil {
-		return cur, 0, err
-	}
-	limit := 20
-	if v := args.Peek("limit"); len(v) > 0 {
-		n, err := strconv.Atoi(string(v))
-		if err != nil || n < 1 || n > 100 {
-			return cur, 0, model.Invalidf("limit must be 1..100")
-		}
-		limit = n
-	}
-	return cur, limit, nil
-}
-
-// flowKinds names the flow kinds in the listing.
-var flowKinds = map[model.FlowKind]string{
-	model.FlowDeposit: "deposit", model.FlowSend: "send", model.FlowRefund: "refund", model.FlowCredit: "claim",
-	model.FlowWithdraw: "withdraw", model.FlowReward: "reward",
-}
-
-// flow answers GET /v1/accounts/{act_id}/flow: the stage's rewards (from
-// the reward rows, so a pending one is listed at its issue time and stays
-// there when booked) merged with the wallet's other flows (official stage
-// only), newest first.
-func (s *Server) flow(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	if s.switches.Off(degradeWalletFlow) {
-		s.answers.err(rc, model.Errorf(model.ErrDegraded, "the flow listing is switched off (degrade switch wallet_flow); the wallet's balance still answers"))
-		return
-	}
-	stage, err := s.currentStage(rc)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	cur, limit, err := listArgs(rc)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	rs, err := storage.RewardsOf(ctx, sp.store, sh, actID, stage, cur, limit)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	var fs []model.Flow
-	if stage == model.StageOfficial {
-		if fs, err = storage.FlowsOf(ctx, sp.store, sh, actID, cur, limit); err != nil {
-			s.answers.err(rc, err)
-			return
-		}
-	}
-	out := api.FlowResponse{ActID: actID, Stage: stage, Items: make([]api.FlowItem, 0, limit)}
-	for len(out.Items) < limit && (len(rs) > 0 || len(fs) > 0) {
-		var it api.FlowItem
-		useReward := len(fs) == 0 || len(rs) > 0 && (rs[0].CreatedMS > fs[0].CreatedMS ||
-			rs[0].CreatedMS == fs[0].CreatedMS && rs[0].OrderNo > model.FlowItemID(fs[0].Seq))
-		if useReward {
-			r := rs[0]
-			rs = rs[1:]
-			amount := int64(r.Amount)
-			it = api.FlowItem{ID: r.OrderNo, Kind: "reward", Amount: amount, Status: r.Status.String(), OrderNo: r.OrderNo,
-				Ref: r.Scene, Stage: r.Stage, CreatedMS: r.CreatedMS}
-			if !r.Cash() {
-				it.Kind = "reward_" + r.AwardType
-			}
-		} else {
-			f := fs[0]
-			fs = fs[1:]
-			it = api.FlowItem{ID: model.FlowItemID(f.Seq), Kind: flowKinds[f.Kind], Amount: int64(f.Amount), Status: "booked",
-				OrderNo: f.OrderNo, Ref: f.Ref, Stage: model.StageOfficial, CreatedMS: f.CreatedMS}
-		}
-		out.Items = append(out.Items, it)
-	}
-	if n := len(out.Items); n == limit {
-		out.NextCursor = model.FlowCursor{CreatedMS: out.Items[n-1].CreatedMS, ID: out.Items[n-1].ID}.String()
-	}
-	s.answers.json(rc, http.StatusOK, out)
-}
-
-// rewardsOf answers GET /v1/accounts/{act_id}/rewards: "did this person win
-// in this activity" (?parent_activity_id=), newest first.
-func (s *Server) rewardsOf(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	cur, limit, err := listArgs(rc)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	stage := string(rc.QueryArgs().Peek("stage"))
-	parent := string(rc.QueryArgs().Peek("parent_activity_id"))
-	out := api.RewardsResponse{ActID: actID, Rewards: []api.RewardItem{}}
-	for len(out.Rewards) < limit {
-		rs, err := storage.RewardsOf(ctx, sp.store, sh, actID, stage, cur, limit)
-		if err != nil {
-			s.answers.err(rc, err)
-			return
-		}
-		for _, r := range rs {
-			cur = model.FlowCursor{CreatedMS: r.CreatedMS, ID: r.OrderNo}
-			if parent != "" && r.Parent != parent {
-				continue
-			}
-			out.Rewards = append(out.Rewards, api.RewardItem{OrderNo: r.OrderNo, ParentActivityID: r.Parent, ChildActivityID: r.Child,
-				Stage: r.Stage, SceneID: r.Scene, RainID: r.Rain, AwardType: r.AwardType, TemplateID: r.TemplateID,
-				Amount: int64(r.Amount), Status: r.Status.String(), CreatedMS: r.CreatedMS, BookedMS: r.BookedMS})
-			if len(out.Rewards) == limit {
-				break
-			}
-		}
-		if len(rs) < limit {
-			cur = model.FlowCursor{}
-			break
-		}
-	}
-	if len(out.Rewards) == limit {
-		out.NextCursor = cur.String()
-	}
-	s.answers.json(rc, http.StatusOK, out)
-}
-
-// released reports whether actID may withdraw (the gray release).
-func (s *Server) released(actID string) bool {
-	rel := s.rw.release.Load()
-	if rel == nil {
-		return false
-	}
-	if slices.Contains(rel.Allow, actID) {
-		return true
-	}
-	return int(xxhash.Sum64String("withdraw/"+actID)%100) < rel.Percent
-}
-
 // forcedBookingBatch is how many pending rewards forced booking books in
 // one transaction; it goes on until none is left (forcedBookingRounds at
 // most: 100,000 rewards of one person).
@@ -525,214 +320,6 @@ func (s *Server) bookPendingOf(ctx context.Context, sp *space, sh model.ShardID,
 		}
 	}
 	return total, model.Errorf(model.ErrOverloaded, "%s has more than %d rewards pending; retry", actID, forcedBookingBatch*forcedBookingRounds)
-}
-
-// forceBook answers POST /v1/accounts/{act_id}/book: the person's pending
-// rewards of every stage are booked now, ahead of the booker (forced
-// booking, as a withdrawal does first).
-func (s *Server) forceBook(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	n, err := s.bookPendingOf(ctx, sp, sh, actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	a, err := storage.Account(ctx, sp.store, sh, actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	s.answers.json(rc, http.StatusOK, api.BookResponse{ActID: actID, BookedNow: n, Balance: int64(a.Balance)})
-}
-
-// withdraw answers POST /v1/accounts/{act_id}/withdraw.
-func (s *Server) withdraw(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	var req api.WithdrawRequest
-	if err := decodeStrict(rc.PostBody(), &req); err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	if err := model.ValidateOrderNo(req.OrderNo); err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	if req.Amount < 1 || req.Amount > int64(MaxDeposit) {
-		s.answers.err(rc, model.Invalidf("amount must be 1..%d cents", MaxDeposit))
-		return
-	}
-	if req.Stage != "" && req.Stage != model.StageOfficial {
-		s.answers.err(rc, model.Invalidf("stage %q: only the official stage's money can be withdrawn", req.Stage))
-		return
-	}
-	if !s.released(actID) {
-		// A retry of a withdrawal made while it was released answers its
-		// first result, whatever the release says now.
-		if w, found, err := storage.WithdrawalOf(ctx, sp.store, sh, actID, req.OrderNo); err != nil {
-			s.answers.err(rc, err)
-			return
-		} else if found {
-			if int64(w.Amount) != req.Amount {
-				s.answers.err(rc, model.Errorf(model.ErrOrderConflict, "order_no %s was used with a different request", req.OrderNo))
-				return
-			}
-			s.answers.json(rc, http.StatusOK, api.WithdrawResponse{ActID: w.ActID, OrderNo: w.OrderNo, Amount: int64(w.Amount),
-				Balance: int64(w.Balance), Repeat: true})
-			return
-		}
-		s.answers.err(rc, model.Errorf(model.ErrWithdrawNotReleased, "withdrawal is not released to %s yet (gray release)", actID))
-		return
-	}
-	booked, err := s.bookPendingOf(ctx, sp, sh, actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	// After the booking has committed: the withdrawal sees what it booked.
-	w, err := s.withdrawGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	s.answers.json(rc, http.StatusOK, api.WithdrawResponse{ActID: w.ActID, OrderNo: w.OrderNo, Amount: int64(w.Amount),
-		Balance: int64(w.Balance), Repeat: w.Repeat, BookedNow: booked})
-}
-
-// tokens answers POST /v1/accounts/{act_id}/tokens: each token is checked
-// (signature, key, expiry, owner); a valid one the cell has is "known"; a
-// valid one it has lost is stored again and booked ("restored"), unless the
-// token_restore degrade switch is off (refused TOKEN_RESTORE_OFF); any other
-// is refused, and then the answer is 422 TOKEN_REFUSED listing each token.
-// Each refusal is counted by code (redcell_reward_tokens_refused_total).
-func (s *Server) tokens(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, actID string) {
-	sh, err := s.own.account(actID)
-	if err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	var req api.TokensRequest
-	if err := decodeStrict(rc.PostBody(), &req); err != nil {
-		s.answers.err(rc, err)
-		return
-	}
-	if len(req.Tokens) == 0 || len(req.Tokens) > api.MaxTokens {
-		s.answers.err(rc, model.Invalidf("tokens: 1..%d tokens", api.MaxTokens))
-		return
-	}
-	ring := s.rw.ring.Load()
-	if ring == nil {
-		s.answers.err(rc, model.Errorf(model.ErrNotFound, "this cell has no reward key file (reward_keys)"))
-		return
-	}
-	out := api.TokensResponse{ActID: actID, Results: make([]api.TokenResult, 0, len(req.Tokens))}
-	refused := 0
-	refuse := func(i int, order, code, msg string) {
-		refused++
-		s.rwMetrics.tokenRefused(sp, code)
-		out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: order, Result: "refused", Code: code, Message: msg})
-	}
-	for i, tok := range req.Tokens {
-		c, err := ring.Verify(tok, s.clock.Now(), s.cfg.TokenTTL)
-		if err != nil {
-			refuse(i, "", rewardtoken.Reason(err), err.Error())
-			continue
-		}
-		if c.ActID != actID {
-			refuse(i, c.OrderNo, tokenWrongAccount, "the token is another person's reward")
-			continue
-		}
-		if want := tokenClaims(sp, model.Reward{}).Status; c.Status != want {
-			refuse(i, c.OrderNo, tokenWrongSpace, "a stress-test token is taken back only from stress traffic, and the other way round")
-			continue
-		}
-		prior, err := storage.Reward(ctx, sp.store, sh, c.OrderNo)
-		switch {
-		case err == nil && c.Matches(prior):
-			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "known"})
-		case err == nil:
-			refuse(i, c.OrderNo, tokenMismatch, "the cell holds this order number with other fields")
-		case errors.Is(err, model.ErrNotFound) && s.switches.Off(degrade.TokenRestore):
-			refuse(i, c.OrderNo, tokenRestoreOff, "restoring rewards from tokens is switched off (degrade switch token_restore)")
-		case errors.Is(err, model.ErrNotFound):
-			if err := s.restoreReward(ctx, sp, sh, c); errors.Is(err, model.ErrBudgetExhausted) {
-				refuse(i, c.OrderNo, model.ErrBudgetExhausted.Code, "the scene's budget has nothing left for the restored reward")
-				continue
-			} else if err != nil {
-				s.answers.err(rc, err)
-				return
-			}
-			s.rwMetrics.restored.WithLabelValues(sp.name).Inc()
-			out.Results = append(out.Results, api.TokenResult{Index: i, OrderNo: c.OrderNo, Result: "restored"})
-		default:
-			s.answers.err(rc, err)
-			return
-		}
-	}
-	if refused > 0 {
-		_, msg := model.CodeOf(model.Errorf(model.ErrTokenRefused, "%d of %d tokens refused; see results", refused, len(req.Tokens)))
-		out.Error = &api.ErrorDetail{Code: model.ErrTokenRefused.Code, Message: msg}
-		rc.Response.Header.Set(api.HeaderCode, model.ErrTokenRefused.Code)
-		s.answers.json(rc, api.Status(model.ErrTokenRefused.Code), out)
-		return
-	}
-	s.answers.json(rc, http.StatusOK, out)
-}
-
-// restoreReward stores again, and books, a reward the cell lost whose valid
-// token the client kept, spending a lease of its scene's budget as an issue
-// does. The child is the parent's child of the token's stage. Errors:
-// model.ErrBudgetExhausted, the store's.
-func (s *Server) restoreReward(ctx context.Context, sp *space, sh model.ShardID, c rewardtoken.Claims) error {
-	actID, scene, rain, award, stage, err := model.ParseRewardOrderNo(c.OrderNo)
-	if err != nil || actID != c.ActID || scene != c.Scene || rain != c.Rain || award != c.AwardType || stage != c.Stage {
-		return model.Invalidf("token %s: its order number does not match its fields", c.OrderNo)
-	}
-	child := ""
-	if t := s.acts.holder.Tree(); t != nil {
-		if ch := t.ChildOfStage(c.Parent, activity.Stage(c.Stage)); ch != nil {
-			child = ch.ID
-		}
-	}
-	r := model.Reward{OrderNo: c.OrderNo, ActID: c.ActID, Shard: sh, App: c.App, Parent: c.Parent, Child: child, Stage: c.Stage,
-		Scene: c.Scene, Rain: c.Rain, AwardType: c.AwardType, TemplateID: c.TemplateID, Amount: model.Cents(c.Amount),
-		CreatedMS: c.IssuedMS}
-	// A scene that controls its stock spends a lease for the restored
-	// reward too: the rows that lost it may have made its first lease's
-	// settlement give its amount back (counting it twice at worst is an
-	// under-issue, never an over-issue).
-	key := model.BudgetKey(c.Parent, child, c.Scene)
-	if total, ok := s.budgets.SceneTotal(key); ok {
-		if r.LeaseID, err = s.budgets.Pool(sp.index()).Take(ctx, key, total, c.Amount); err != nil {
-			return err
-		}
-	}
-	ring := s.rw.ring.Load()
-	if r.Token, err = ring.Sign(tokenClaims(sp, r)); err != nil {
-		s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
-		return err
-	}
-	got, repeat, err := s.storeReward(ctx, sp, r)
-	if err != nil {
-		if !errors.Is(err, storage.ErrCommitUnknown) {
-			s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
-		}
-		return err
-	}
-	if repeat {
-		s.budgets.Pool(sp.index()).Give(key, r.LeaseID, c.Amount)
-	} else {
-		s.rwMetrics.issued.WithLabelValues(sp.name).Inc()
-	}
-	_, err = s.bookRewards(ctx, sp, []model.Reward{got})
-	return err
 }
 
 // issuedSoFar answers GET /v1/activities/{parent_activity_id}/issued from
@@ -917,40 +504,6 @@ func (s *Server) bookDB(ctx context.Context, sp *space, lim *rate.Limiter, db in
 		return false, nil
 	}
 	return n < s.cfg.BookingBatch && len(op.Deferred) == 0, nil
-}
-
-// WithdrawRelease implements admin.Withdrawals.
-func (s *Server) WithdrawRelease() api.WithdrawRelease {
-	if r := s.rw.release.Load(); r != nil {
-		return *r
-	}
-	return api.WithdrawRelease{Allow: []string{}}
-}
-
-// SetWithdrawRelease implements admin.Withdrawals. Errors:
-// ErrInvalidArgument for a percent outside 0..100 or a bad act_id.
-func (s *Server) SetWithdrawRelease(r api.WithdrawRelease) (api.WithdrawRelease, error) {
-	if err := validateRelease(r); err != nil {
-		return api.WithdrawRelease{}, err
-	}
-	if r.Allow == nil {
-		r.Allow = []string{}
-	}
-	s.rw.release.Store(&r)
-	s.log.Info("withdrawal release changed", "percent", r.Percent, "allow", len(r.Allow))
-	return r, nil
-}
-
-func validateRelease(r api.WithdrawRelease) error {
-	if r.Percent < 0 || r.Percent > 100 {
-		return model.Invalidf("percent must be 0..100")
-	}
-	for _, a := range r.Allow {
-		if err := model.ValidateActID(a); err != nil {
-			return fmt.Errorf("allow: %w", err)
-		}
-	}
-	return nil
 }
 
 // The reward wallet's degrade switches.
