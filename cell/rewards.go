@@ -365,6 +365,29 @@ const (
 	bookerScanEvery  = bookerStale      // a reward left processing is taken again within two of these
 )
 
+// bookBatches books database db batch after batch while they come back
+// full (the limiter paces them), up to bookerBatchesMax a pass: one batch a
+// pass would cap a database at booking_batch per booking_interval (100/s by
+// default). failed: a batch failed (logged as the booking's incident);
+// more: db has more left, or failed, for the next tick. scan: its first
+// batch asks first whether db holds anything to book (bookDB).
+func (s *Server) bookBatches(ctx context.Context, sp *space, lim *rate.Limiter, db int, scan bool) (failed, more bool) {
+	for n := 1; ; n++ {
+		done, err := s.bookDB(ctx, sp, lim, db, scan && n == 1)
+		if err != nil && ctx.Err() == nil {
+			failed = true
+			s.inc.booking[sp.index()].Fail(err, "db", db)
+		}
+		if done {
+			return failed, false
+		}
+		if err != nil || n == bookerBatchesMax || ctx.Err() != nil || s.switches.Off(degradeBooking) {
+			return failed, true
+		}
+	}
+}
+
+// runBooker returns space sp's booker, the loop "Booking" above tells.
 func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 	return func(ctx context.Context) {
 		lim := rate.NewLimiter(rate.Limit(s.cfg.BookingRate), s.cfg.BookingBatch)
@@ -404,23 +427,10 @@ func (s *Server) runBooker(sp *space) func(ctx context.Context) {
 						continue
 					}
 					booked = true
-					// Batch after batch while they come back full (the
-					// limiter paces them), up to bookerBatchesMax a pass:
-					// one batch a pass would cap a database at
-					// booking_batch per booking_interval (100/s by default).
-					for n := 1; ; n++ {
-						done, err := s.bookDB(ctx, sp, lim, db, scan && n == 1)
-						if err != nil && ctx.Err() == nil {
-							failed = true
-							s.inc.booking[sp.index()].Fail(err, "db", db)
-						}
-						if done {
-							break
-						}
-						if err != nil || n == bookerBatchesMax || ctx.Err() != nil || s.switches.Off(degradeBooking) {
-							again = append(again, db)
-							break
-						}
+					f, more := s.bookBatches(ctx, sp, lim, db, scan)
+					failed = failed || f
+					if more {
+						again = append(again, db)
 					}
 				}
 			}
