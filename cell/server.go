@@ -231,49 +231,17 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
 	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
-	s.acts = &activities{path: cfg.Activities, clock: clk, log: log}
-	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
-		return nil, fmt.Errorf("cell: %w", err)
+	if err := s.initRewards(reg); err != nil {
+		return nil, err
 	}
-	if cfg.RewardKeys != "" {
-		ring, err := rewardtoken.LoadRing(cfg.RewardKeys)
-		if err != nil {
-			return nil, fmt.Errorf("cell: %w", err)
-		}
-		s.rw.ring.Store(ring)
-	}
-	rel := cfg.WithdrawRelease
-	if rel.Allow == nil {
-		rel.Allow = []string{} // GET /admin/withdraw answers a list, also when the config named none
-	}
-	s.rw.release.Store(&rel)
-	s.rw.counters[0] = issued.New(cfg.IssuedMemcache, "rc:iss:", log)
-	s.rw.counters[1] = issued.New(cfg.IssuedMemcache, "s:rc:iss:", log)
-	s.rw.scenes[0] = scenelimit.New(cfg.SceneMemcache, "rc:scene:", s.liveCells, clk)
-	s.rw.scenes[1] = scenelimit.New(cfg.SceneMemcache, "s:rc:scene:", s.liveCells, clk)
-	s.acts.loaded = s.activitiesLoaded
-	s.rwRecon = newRewardReconMetrics(reg)
-	s.rwMetrics = newRewardMetrics(reg, s)
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
 	s.own = newOwnership(cfg.Name, cfg.Shards, cfg.MapVersion)
-	s.queue = keyqueue.New(keyqueue.Config{
-		Depth: cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: clk,
-	}, s.openBatch)
-	s.groups = groupcommit.New(groupcommit.Config{Max: cfg.GroupMax, Wait: cfg.GroupWait, QueueMax: laneQueueMax,
-		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: clk})
-	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: log}
-	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: cfg.OpenStrategy, BatchMax: cfg.BatchMax, BatchWaitMS: int(cfg.BatchWait / time.Millisecond),
-		GroupMax: cfg.GroupMax, GroupWaitMS: int(cfg.GroupWait / time.Millisecond)}); err != nil {
+	if err := s.initOpenPath(); err != nil {
 		return nil, err
-	}
-	s.rngs.New = func() any {
-		var seed [16]byte
-		_, _ = rand.Read(seed[:])
-		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
 	}
 	s.switches = degrade.New(cfg.Degrade, log)
 	s.signer = api.NewSigner(cfg.ClusterSecret)
@@ -302,17 +270,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
 	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
 	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
-	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: cfg.ExpiryInterval, packetExpiry: cfg.PacketExpiry,
-		cache: s.cache, clock: clk, log: log, inc: s.inc}
-	s.archive = newArchiver(s.spaces, s.Owns, cfg, clk, log, reg)
-	s.archive.enter = s.enterServed
-	s.warmer = &warmer{store: stores.Real, shards: cfg.Shards.Shards(), retry: cfg.WarmRetry, clock: clk, log: log, failing: s.inc.warmUp}
-	s.recon = recon.New(recon.Config{Cell: cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: cfg.ReconInterval,
-		Settle: cfg.ReconSettle, PacketExpiry: cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: clk, Log: log, Reg: reg},
-		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
-		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
-	s.auditor = audit.New(audit.Config{Cell: cfg.Name, Owns: s.Owns, Interval: cfg.AuditInterval, Clock: clk, Log: log, Reg: reg},
-		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
+	s.initPasses(stores, peers, calls, relayOff, reg)
 	if cfg.Coupons != "" {
 		if stores.RealCoupons == nil || stores.ShadowCoupons == nil {
 			return nil, errors.New("cell: Coupons names a batches file, but no coupon stores were given")
@@ -334,17 +292,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
 
-	s.http = &fasthttp.Server{
-		Handler:            s.handle,
-		Name:               "redcell-cell",
-		MaxRequestBodySize: 1 << 20,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       30 * time.Second,
-		IdleTimeout:        60 * time.Second,
-		CloseOnShutdown:    true,
-		ErrorHandler:       api.ProtocolError,
-		Logger:             api.Logger{Log: s.log},
-	}
+	s.http = s.newHTTPServer()
 	return s, nil
 }
 
@@ -472,4 +420,89 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 		}
 	}
 	return context.WithDeadline(context.Background(), d)
+}
+
+// initRewards loads the reward activities (the one read New does, first:
+// a bad file stops the cell before anything is set up or joins) and the
+// token key ring, and makes the reward wallet's counters, scene limits and
+// metrics. Errors: the activities or the key file do not load.
+func (s *Server) initRewards(reg *prometheus.Registry) error {
+	s.acts = &activities{path: s.cfg.Activities, clock: s.clock, log: s.log}
+	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
+		return fmt.Errorf("cell: %w", err)
+	}
+	if s.cfg.RewardKeys != "" {
+		ring, err := rewardtoken.LoadRing(s.cfg.RewardKeys)
+		if err != nil {
+			return fmt.Errorf("cell: %w", err)
+		}
+		s.rw.ring.Store(ring)
+	}
+	rel := s.cfg.WithdrawRelease
+	if rel.Allow == nil {
+		rel.Allow = []string{} // GET /admin/withdraw answers a list, also when the config named none
+	}
+	s.rw.release.Store(&rel)
+	s.rw.counters[0] = issued.New(s.cfg.IssuedMemcache, "rc:iss:", s.log)
+	s.rw.counters[1] = issued.New(s.cfg.IssuedMemcache, "s:rc:iss:", s.log)
+	s.rw.scenes[0] = scenelimit.New(s.cfg.SceneMemcache, "rc:scene:", s.liveCells, s.clock)
+	s.rw.scenes[1] = scenelimit.New(s.cfg.SceneMemcache, "s:rc:scene:", s.liveCells, s.clock)
+	s.acts.loaded = s.activitiesLoaded
+	s.rwRecon = newRewardReconMetrics(reg)
+	s.rwMetrics = newRewardMetrics(reg, s)
+	return nil
+}
+
+// initOpenPath makes the open path: the per-packet FIFOs, the group
+// committer, the open strategy and the split's random sources. Errors: the
+// strategy's settings.
+func (s *Server) initOpenPath() error {
+	s.queue = keyqueue.New(keyqueue.Config{
+		Depth: s.cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: s.clock,
+	}, s.openBatch)
+	s.groups = groupcommit.New(groupcommit.Config{Max: s.cfg.GroupMax, Wait: s.cfg.GroupWait, QueueMax: laneQueueMax,
+		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: s.clock})
+	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: s.log}
+	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: s.cfg.OpenStrategy, BatchMax: s.cfg.BatchMax, BatchWaitMS: int(s.cfg.BatchWait / time.Millisecond),
+		GroupMax: s.cfg.GroupMax, GroupWaitMS: int(s.cfg.GroupWait / time.Millisecond)}); err != nil {
+		return err
+	}
+	s.rngs.New = func() any {
+		var seed [16]byte
+		_, _ = rand.Read(seed[:])
+		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
+	}
+	return nil
+}
+
+// initPasses makes the cell's background passes over its books: expiry
+// and refunds, the archive and export, the schema warm-up, reconciliation
+// and the cell's own audit.
+func (s *Server) initPasses(stores Stores, peers Peers, calls *cellclient.Client, relayOff func() bool, reg *prometheus.Registry) {
+	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: s.cfg.ExpiryInterval, packetExpiry: s.cfg.PacketExpiry,
+		cache: s.cache, clock: s.clock, log: s.log, inc: s.inc}
+	s.archive = newArchiver(s.spaces, s.Owns, s.cfg, s.clock, s.log, reg)
+	s.archive.enter = s.enterServed
+	s.warmer = &warmer{store: stores.Real, shards: s.cfg.Shards.Shards(), retry: s.cfg.WarmRetry, clock: s.clock, log: s.log, failing: s.inc.warmUp}
+	s.recon = recon.New(recon.Config{Cell: s.cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: s.cfg.ReconInterval,
+		Settle: s.cfg.ReconSettle, PacketExpiry: s.cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: s.clock, Log: s.log, Reg: reg},
+		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
+		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
+	s.auditor = audit.New(audit.Config{Cell: s.cfg.Name, Owns: s.Owns, Interval: s.cfg.AuditInterval, Clock: s.clock, Log: s.log, Reg: reg},
+		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
+}
+
+// newHTTPServer is the cell's public HTTP server (handle).
+func (s *Server) newHTTPServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:            s.handle,
+		Name:               "redcell-cell",
+		MaxRequestBodySize: 1 << 20,
+		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       30 * time.Second,
+		IdleTimeout:        60 * time.Second,
+		CloseOnShutdown:    true,
+		ErrorHandler:       api.ProtocolError,
+		Logger:             api.Logger{Log: s.log},
+	}
 }
