@@ -1298,10 +1298,8 @@ func init() {
 				out.Cell = &deploytestCell{Name: cc.Name, Listen: cc.Listen, Gossip: gossip, AdminListen: cc.AdminListen,
 					DSN: cc.DSN, Shards: cc.Shards.String(), Memcached: cc.Memcached}
 				out.Cell.AnnounceHTTP, out.Cell.AnnounceGossip, err = fc.cellAdvertise(cc.Name, cc.Listen, gossip)
-				fail(err)
+				fail(err) // cellConfig validated the whole cell config, its breakers included
 			}
-			_, err = fc.breakerConfig()
-			fail(err)
 		} else {
 			rc, err := fc.routerConfig()
 			fail(err)
