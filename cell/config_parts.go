@@ -268,6 +268,9 @@ func decodePair[T any](n *yaml.Node, p *[2]T, key, what string) error {
 	if err := n.Decode(&l); err != nil {
 		return fmt.Errorf("cell.%s: %w", key, err)
 	}
+	if len(l) == 0 { // [] keeps the default, as it always did
+		return nil
+	}
 	if len(l) != 2 {
 		return fmt.Errorf("cell.%s must be two %s, [layer 1, layer 2], got %d (line %d)", key, what, len(l), n.Line)
 	}

@@ -147,7 +147,7 @@ func (c *Config) UnmarshalYAML(n *yaml.Node) error {
 			return err
 		}
 		switch v := m[name]; v {
-		case on, "true":
+		case on, "true", "": // "relay:" with no value: on, as it was
 			*c.field(sw) = false
 		case off, "false":
 			*c.field(sw) = true

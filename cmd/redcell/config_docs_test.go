@@ -166,9 +166,11 @@ func docSections(md string) map[string][]string {
 }
 
 // TestCellSectionOverDefaults: the cell section is decoded over
-// cell.DefaultConfig: a feature left out keeps every default, a mapping
-// given in part keeps the defaults of the rest, and a 0 given is a 0 (kept
-// where 0 means something, refused where it may not be 0).
+// cell.DefaultConfig: a feature left out keeps every default, a
+// withdraw_release given is read whole (what it leaves out is 0), an empty
+// degrade switch is on and an empty coupon list keeps its default, as
+// before; a 0 given is a 0 (kept where 0 means something, refused where it
+// may not be 0).
 func TestCellSectionOverDefaults(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	def := cell.DefaultConfig()
@@ -185,11 +187,16 @@ func TestCellSectionOverDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.WithdrawRelease.Percent != 100 || !slices.Equal(c.WithdrawRelease.Allow, []string{"a1"}) {
-		t.Errorf("withdraw_release given in part: %+v, want percent 100 kept", c.WithdrawRelease)
+	// withdraw_release is read whole: only a1 may withdraw, not everybody
+	// (the default's percent 100 does not survive a mapping without it).
+	if c.WithdrawRelease.Percent != 0 || !slices.Equal(c.WithdrawRelease.Allow, []string{"a1"}) {
+		t.Errorf("withdraw_release with allow only: %+v, want percent 0 and allow [a1]", c.WithdrawRelease)
 	}
 	if c.TokenTTL != 0 || c.Limits.MaxGreeting != 0 || c.CouponPrefetch != 0 || c.Limits.MaxAmount != def.Limits.MaxAmount {
 		t.Errorf("zeros given: token_ttl %s, max_greeting %d, coupon_prefetch %d, max_amount %d", c.TokenTTL, c.Limits.MaxGreeting, c.CouponPrefetch, c.Limits.MaxAmount)
+	}
+	if c, err := cellFromFile(t, oneCell+"cell:\n  degrade: {relay: }\n  coupon_rates: []\n"); err != nil || c.Degrade.Relay || c.CouponRates != def.CouponRates {
+		t.Errorf("an empty switch and an empty list: relay off %v, rates %v, %v; want on and the default rates", c.Degrade.Relay, c.CouponRates, err)
 	}
 	for body, key := range map[string]string{
 		"cell:\n  batch_max: 0\n":        "batch_max",
