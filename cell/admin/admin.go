@@ -301,14 +301,22 @@ func (s *Server) activities(rc *fasthttp.RequestCtx, id api.RouteID) {
 		s.writeJSON(rc, s.cfg.Activities.Activities())
 		return
 	}
-	a, err := s.cfg.Activities.ReloadActivities()
+	reload(s, rc, "activities", s.cfg.Activities.ReloadActivities, func(a api.ActivitiesResponse) (string, string) { return a.Path, a.Version })
+}
+
+// reload answers a reload of a file the cell loads (what names it in the
+// logs): the new file's description, or, when it does not load, the error,
+// the loaded one staying.
+func reload[T any](s *Server, rc *fasthttp.RequestCtx, what string, load func() (T, error), of func(T) (path, version string)) {
+	got, err := load()
 	if err != nil {
-		s.cfg.Log.Warn("activities reload refused; the loaded ones stay", "err", err)
+		s.cfg.Log.Warn(what+" reload refused; the loaded ones stay", "err", err)
 		s.writeErr(rc, err)
 		return
 	}
-	s.cfg.Log.Info("activities reloaded", "path", a.Path, "version", a.Version)
-	s.writeJSON(rc, a)
+	path, version := of(got)
+	s.cfg.Log.Info(what+" reloaded", "path", path, "version", version)
+	s.writeJSON(rc, got)
 }
 
 // coupons answers the coupon batches loaded, sets the merge bound
@@ -328,14 +336,7 @@ func (s *Server) coupons(rc *fasthttp.RequestCtx, id api.RouteID) {
 			s.writeJSON(rc, c)
 		}
 	default:
-		c, err := s.cfg.Coupons.ReloadCoupons()
-		if err != nil {
-			s.cfg.Log.Warn("coupon batches reload refused; the loaded ones stay", "err", err)
-			s.writeErr(rc, err)
-			return
-		}
-		s.cfg.Log.Info("coupon batches reloaded", "path", c.Path, "version", c.Version)
-		s.writeJSON(rc, c)
+		reload(s, rc, "coupon batches", s.cfg.Coupons.ReloadCoupons, func(c api.CouponBatchesResponse) (string, string) { return c.Path, c.Version })
 	}
 }
 
