@@ -42,25 +42,24 @@ func (m *MySQL) bindIdentity(ctx context.Context, s model.ShardID, want model.Id
 	if err := m.ensure(ctx, ensureKey{shard: s, day: identityDay}, m.identityDDL(s)); err != nil {
 		return model.IdentityBinding{}, false, err
 	}
-	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.identityTable(s)+
-		" (app, app_user_id, act_id, phone_hash, created_ms) VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE app = app",
-		want.App, want.AppUserID, want.ActID, want.PhoneHash, want.CreatedMS)
-	if err != nil {
-		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %w", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return model.IdentityBinding{}, false, err
-	} else if n == 1 {
-		return model.Bind(nil, want)
-	}
 	var have model.IdentityBinding
-	err = m.db.QueryRowContext(ctx, "SELECT app, app_user_id, act_id, phone_hash, created_ms FROM "+m.identityTable(s)+
-		" WHERE app = ? AND app_user_id = ?", want.App, want.AppUserID).Scan(&have.App, &have.AppUserID, &have.ActID, &have.PhoneHash, &have.CreatedMS)
-	if err == sql.ErrNoRows { // not possible: rows are never deleted
-		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: the row of %s/%s is gone", want.App, want.AppUserID)
-	}
-	if err != nil {
-		return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: %w", err)
+	for attempt := 1; ; attempt++ {
+		stored, found, err := m.insertOrReadIdentity(ctx, s, want, &have)
+		if err != nil {
+			return model.IdentityBinding{}, false, err
+		}
+		if stored {
+			return model.Bind(nil, want)
+		}
+		if found {
+			break
+		}
+		// The INSERT met the row of a concurrent bind and the read after it
+		// found none (seen once under load, in TestFreshOnce). Rows are never
+		// deleted and the INSERT is idempotent: both are asked again.
+		if attempt == 3 {
+			return model.IdentityBinding{}, false, fmt.Errorf("storage: bind identity: the row of %s/%s is gone", want.App, want.AppUserID)
+		}
 	}
 	// The keys compare byte for byte (ascii_bin): the row is this account's,
 	// never another's that a case-blind collation would have matched.
@@ -76,4 +75,31 @@ func (m *MySQL) bindIdentity(ctx context.Context, s model.ShardID, want model.Id
 		}
 	}
 	return b, repeat, err
+}
+
+// insertOrReadIdentity stores want unless the account's row is there (one
+// INSERT ... ON DUPLICATE KEY UPDATE app = app: 1 row affected when stored,
+// 0 when a row was there), else reads that row into have. found is false
+// when the row the INSERT met was not found by the read.
+func (m *MySQL) insertOrReadIdentity(ctx context.Context, s model.ShardID, want model.IdentityBinding, have *model.IdentityBinding) (stored, found bool, err error) {
+	res, err := m.db.ExecContext(ctx, "INSERT INTO "+m.identityTable(s)+
+		" (app, app_user_id, act_id, phone_hash, created_ms) VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE app = app",
+		want.App, want.AppUserID, want.ActID, want.PhoneHash, want.CreatedMS)
+	if err != nil {
+		return false, false, fmt.Errorf("storage: bind identity: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, false, err
+	} else if n == 1 {
+		return true, false, nil
+	}
+	err = m.db.QueryRowContext(ctx, "SELECT app, app_user_id, act_id, phone_hash, created_ms FROM "+m.identityTable(s)+
+		" WHERE app = ? AND app_user_id = ?", want.App, want.AppUserID).Scan(&have.App, &have.AppUserID, &have.ActID, &have.PhoneHash, &have.CreatedMS)
+	if err == sql.ErrNoRows {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("storage: bind identity: %w", err)
+	}
+	return false, true, nil
 }
