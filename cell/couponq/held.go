@@ -38,7 +38,7 @@ const (
 )
 
 // heldLease is a lease of a batch's stock the engine deducts from. Guarded
-// by Engine.mu.
+// by merger.mu.
 type heldLease struct {
 	batch   string
 	id      string
@@ -52,16 +52,16 @@ type heldLease struct {
 
 // fromHeld takes n units of a held lease of batch with n left, for one
 // merge; nil when there is none.
-func (e *Engine) fromHeld(batch string, n int64) *heldLease {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	now := e.clock.Now()
-	for _, h := range e.held {
+func (m *merger) fromHeld(batch string, n int64) *heldLease {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	for _, h := range m.held {
 		if h.batch == batch && !h.retired && h.left >= n && now.Sub(h.since) < HeldMaxAge {
 			h.left -= n
 			h.out += n
 			h.used = now
-			e.inflight[batch] += n
+			m.inflight[batch] += n
 			return h
 		}
 	}
@@ -72,11 +72,11 @@ func (e *Engine) fromHeld(batch string, n int64) *heldLease {
 // lost says the issue's outcome is unknown: h is then left open, and open
 // is the units no coupon is known to carry (the lost issue's n and what h
 // never gave out).
-func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+func (m *merger) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	h.out -= n
-	e.inflight[h.batch] -= n
+	m.inflight[h.batch] -= n
 	if lost {
 		h.lost, h.retired = true, true
 		return n + h.left // the lost issue's units and those never given out
@@ -90,25 +90,25 @@ func (e *Engine) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) 
 // from then: the home set its expiry at most that much later).
 // Nil when the engine is stopping: the caller issues from the lease and
 // closes it itself.
-func (e *Engine) keep(batch, lease string, granted, n int64, asked time.Time) *heldLease {
-	now := e.clock.Now()
+func (m *merger) keep(batch, lease string, granted, n int64, asked time.Time) *heldLease {
+	now := m.clock.Now()
 	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: asked, used: now}
-	e.mu.Lock()
-	if e.stopping.Load() {
-		e.mu.Unlock()
+	m.mu.Lock()
+	if m.stopping.Load() {
+		m.mu.Unlock()
 		return nil
 	}
-	e.held[lease] = h
-	e.inflight[batch] += n
-	e.mu.Unlock()
+	m.held[lease] = h
+	m.inflight[batch] += n
+	m.mu.Unlock()
 	return h
 }
 
 // heldLeftLocked is the units held leases of batch have not given out
-// (called with e.mu held).
-func (e *Engine) heldLeftLocked(batch string) int64 {
+// (called with m.mu held).
+func (m *merger) heldLeftLocked(batch string) int64 {
 	var n int64
-	for _, h := range e.held {
+	for _, h := range m.held {
 		if h.batch == batch && !h.lost {
 			n += h.left
 		}
@@ -118,10 +118,10 @@ func (e *Engine) heldLeftLocked(batch string) int64 {
 
 // retireHeld stops deductions from batch's held leases: they are closed
 // at the next look, once their merges end.
-func (e *Engine) retireHeld(batch string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, h := range e.held {
+func (m *merger) retireHeld(batch string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range m.held {
 		if h.batch == batch {
 			h.retired = true
 		}
@@ -129,14 +129,14 @@ func (e *Engine) retireHeld(batch string) {
 }
 
 // prefetch is how many units beyond a merge's own to ask batch's home for.
-func (e *Engine) prefetch(batch string) int64 {
-	n := e.pre.Load()
-	if n <= 0 || e.stopping.Load() { // a stopping engine keeps no new lease
+func (m *merger) prefetch(batch string) int64 {
+	n := m.pre.Load()
+	if n <= 0 || m.stopping.Load() { // a stopping engine keeps no new lease
 		return 0
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.clock.Now().Before(e.short[batch]) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.clock.Now().Before(m.short[batch]) {
 		return 0
 	}
 	return n
@@ -148,54 +148,54 @@ func (e *Engine) prefetch(batch string) int64 {
 // next look while it is younger than HeldMaxAge+StepTimeout, its TTL still
 // far; after that, or when the engine stops (all), it stays open and is
 // settled at its expiry by its coupons.
-func (e *Engine) closeHeld(ctx context.Context, all bool) {
+func (m *merger) closeHeld(ctx context.Context, all bool) {
 	var cs []*heldLease
-	e.mu.Lock()
-	now := e.clock.Now()
-	for b, until := range e.short {
+	m.mu.Lock()
+	now := m.clock.Now()
+	for b, until := range m.short {
 		if !now.Before(until) {
-			delete(e.short, b)
+			delete(m.short, b)
 		}
 	}
-	for id, h := range e.held {
+	for id, h := range m.held {
 		if h.out > 0 {
 			continue
 		}
 		if !all && !h.retired && now.Sub(h.used) < heldIdle && now.Sub(h.since) < HeldMaxAge {
 			continue
 		}
-		delete(e.held, id)
+		delete(m.held, id)
 		if !h.lost {
 			cs = append(cs, h)
 		}
 	}
-	e.mu.Unlock()
+	m.mu.Unlock()
 	for _, h := range cs {
-		err := e.cfg.Stock.Return(ctx, h.batch, h.id, h.left)
+		err := m.stock.Return(ctx, h.batch, h.id, h.left)
 		if err == nil {
 			continue
 		}
-		if !all && e.clock.Now().Sub(h.since) < HeldMaxAge+StepTimeout {
-			e.mu.Lock()
+		if !all && m.clock.Now().Sub(h.since) < HeldMaxAge+StepTimeout {
+			m.mu.Lock()
 			h.retired = true
-			e.held[h.id] = h // tried again at the next look
-			e.mu.Unlock()
+			m.held[h.id] = h // tried again at the next look
+			m.mu.Unlock()
 			continue
 		}
-		e.log.Warn("coupons: held lease not closed; its expiry settles it by its coupons", "batch", h.batch, "lease", h.id, "left", h.left, "err", err)
+		m.log.Warn("coupons: held lease not closed; its expiry settles it by its coupons", "batch", h.batch, "lease", h.id, "left", h.left, "err", err)
 	}
 }
 
 // keepHeld closes held leases as they age, until ctx ends.
-func (e *Engine) keepHeld(ctx context.Context) {
+func (m *merger) keepHeld(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-e.clock.After(heldTick):
+		case <-m.clock.After(heldTick):
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout)
-		e.closeHeld(cctx, false)
+		m.closeHeld(cctx, false)
 		cancel()
 	}
 }
