@@ -3,6 +3,8 @@ package couponq
 import (
 	"context"
 	"time"
+
+	"redcell/internal/invariant"
 )
 
 // Held leases: a merge's deduction may ask the batch's home for more units
@@ -38,16 +40,45 @@ const (
 )
 
 // heldLease is a lease of a batch's stock the engine deducts from. Guarded
-// by merger.mu.
+// by merger.mu. Its units are conserved (check): granted = spent + unknown
+// + left + out, none negative; closed, it returns left.
 type heldLease struct {
 	batch   string
 	id      string
+	granted int64     // units the home granted
+	spent   int64     // units coupons took, in issues that ended
+	unknown int64     // units of issues whose answer was lost: spent or not, settled by the home
 	left    int64     // units no merge has taken
 	out     int64     // units merges took whose issue has not ended
 	since   time.Time // when it was granted
 	used    time.Time // when a merge last took units
 	retired bool      // take nothing more: closed once out is 0
 	lost    bool      // an issue from it lost its answer: left open for settlement
+}
+
+// check asserts h's units: every unit the home granted is spent, unknown
+// (a lost answer), left or out with a merge, and none of them is negative.
+// m.mu is held.
+func (h *heldLease) check() {
+	invariant.That(h.spent >= 0 && h.unknown >= 0 && h.left >= 0 && h.out >= 0,
+		"couponq: a held lease's units went negative (spent, unknown, left, out >= 0)")
+	invariant.That(h.granted == h.spent+h.unknown+h.left+h.out,
+		"couponq: a held lease's units are not conserved: granted = spent + unknown + left + out")
+}
+
+// checkInflightLocked asserts the units this engine's merges hold of batch:
+// never negative, and never below what they took of its held leases
+// (inflight counts those and the units of the merges' own leases). m.mu is
+// held.
+func (m *merger) checkInflightLocked(batch string) {
+	var out int64
+	for _, h := range m.held {
+		if h.batch == batch {
+			out += h.out
+		}
+	}
+	invariant.That(out >= 0 && m.inflight[batch] >= out,
+		"couponq: units in flight below what merges took of held leases (inflight >= out >= 0)")
 }
 
 // fromHeld takes n units of a held lease of batch with n left, for one
@@ -58,10 +89,14 @@ func (m *merger) fromHeld(batch string, n int64) *heldLease {
 	now := m.clock.Now()
 	for _, h := range m.held {
 		if h.batch == batch && !h.retired && h.left >= n && now.Sub(h.since) < HeldMaxAge {
+			invariant.That(n >= 1, "couponq: a merge takes at least a unit of a held lease")
+			h.check()
 			h.left -= n
 			h.out += n
 			h.used = now
 			m.inflight[batch] += n
+			h.check()
+			m.checkInflightLocked(batch)
 			return h
 		}
 	}
@@ -71,16 +106,24 @@ func (m *merger) fromHeld(batch string, n int64) *heldLease {
 // endHeld ends a merge's use of n units of h, unused of them not spent;
 // lost says the issue's outcome is unknown: h is then left open, and open
 // is the units no coupon is known to carry (the lost issue's n and what h
-// never gave out).
+// never gave out). It asserts the merge ends no more than it took, and
+// spends no more than it holds (0 <= unused <= n <= out), before, and
+// that h's units are conserved after.
 func (m *merger) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	invariant.That(n >= 1 && n <= h.out && unused >= 0 && unused <= n,
+		"couponq: a merge ended more units of a held lease than it took, or spent more than it held (0 <= unused <= n <= out)")
+	defer m.checkInflightLocked(h.batch)
+	defer h.check()
 	h.out -= n
 	m.inflight[h.batch] -= n
 	if lost {
 		h.lost, h.retired = true, true
+		h.unknown += n
 		return n + h.left // the lost issue's units and those never given out
 	}
+	h.spent += n - unused
 	h.left += unused
 	return 0
 }
@@ -91,8 +134,9 @@ func (m *merger) endHeld(h *heldLease, n, unused int64, lost bool) (open int64) 
 // Nil when the engine is stopping: the caller issues from the lease and
 // closes it itself.
 func (m *merger) keep(batch, lease string, granted, n int64, asked time.Time) *heldLease {
+	invariant.That(n >= 1 && granted > n, "couponq: a held lease keeps units beyond its merge's own (granted > n >= 1)")
 	now := m.clock.Now()
-	h := &heldLease{batch: batch, id: lease, left: granted - n, out: n, since: asked, used: now}
+	h := &heldLease{batch: batch, id: lease, granted: granted, left: granted - n, out: n, since: asked, used: now}
 	m.mu.Lock()
 	if m.stopping.Load() {
 		m.mu.Unlock()
@@ -100,6 +144,8 @@ func (m *merger) keep(batch, lease string, granted, n int64, asked time.Time) *h
 	}
 	m.held[lease] = h
 	m.inflight[batch] += n
+	h.check()
+	m.checkInflightLocked(batch)
 	m.mu.Unlock()
 	return h
 }
@@ -166,6 +212,9 @@ func (m *merger) closeHeld(ctx context.Context, all bool) {
 		}
 		delete(m.held, id)
 		if !h.lost {
+			// What it returns is what no coupon took: granted = spent + returned.
+			invariant.That(h.unknown == 0 && h.granted == h.spent+h.left,
+				"couponq: a held lease closed with units unaccounted for: granted = spent + returned")
 			cs = append(cs, h)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"redcell/cell/couponbatch"
 	"redcell/internal/clock"
+	"redcell/internal/invariant"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -336,6 +337,7 @@ func (m *merger) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 // stopped, when it ended while a green request waited.
 func (m *merger) grant(ctx context.Context, batch string, want, n int64, green bool) (lease string, granted int64, stopped bool, err error) {
 	lease, granted, err = m.stock.Grant(ctx, batch, want)
+	checkGrant(want, granted, err)
 	started := m.clock.Now()
 	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits &&
 		(m.holding(batch) || m.clock.Now().Sub(started) < greenPeerWait); wait++ {
@@ -350,8 +352,29 @@ func (m *merger) grant(ctx context.Context, batch string, want, n int64, green b
 		case <-m.clock.After(pause):
 		}
 		lease, granted, err = m.stock.Grant(ctx, batch, n)
+		checkGrant(n, granted, err)
 	}
 	return lease, granted, false, err
+}
+
+// checkGrant asserts a deduction's answer: a lease of 0..want units (a
+// merge never holds more than it asked for).
+func checkGrant(want, granted int64, err error) {
+	invariant.That(err != nil || granted >= 0 && granted <= want, "couponq: a deduction granted outside 0..the units it asked for")
+}
+
+// checkIssued asserts an issue's answer against the units it was given:
+// its coupons and the units it left unused are those units, neither
+// negative (a merge never spends more than it holds, nor gives back more).
+func checkIssued(units, unused int64, ds []model.CouponDecision) {
+	var issued int64
+	for _, d := range ds {
+		if d.Issued {
+			issued++
+		}
+	}
+	invariant.That(unused >= 0 && issued+unused == units,
+		"couponq: an issue spent other than the units it held: coupons + unused = units, unused >= 0")
 }
 
 // noneGranted handles a deduction that found nothing: what this engine's
@@ -392,6 +415,7 @@ func (m *merger) issueHeld(ctx context.Context, rule model.CouponRule, reqs []mo
 		m.books.park(reqs, m.clock.Now(), owned)
 		return fmt.Errorf("issue %d: %w", n, err)
 	}
+	checkIssued(n, unused, ds)
 	m.finals(reqs, ds)
 	m.endHeld(h, n, unused, false)
 	return nil
@@ -404,12 +428,15 @@ func (m *merger) issueHeld(ctx context.Context, rule model.CouponRule, reqs []mo
 // every unit back and takes the requests again.
 func (m *merger) issueGranted(ctx context.Context, rule model.CouponRule, reqs []model.CouponRequest, lease string, granted int64, owned bool) error {
 	n := int64(len(reqs))
+	invariant.That(n >= 1 && n <= granted, "couponq: a merge issues from its lease at most as many requests as units (1 <= n <= granted)")
 	m.mu.Lock()
 	m.inflight[rule.Batch] += granted
+	m.checkInflightLocked(rule.Batch)
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
 		m.inflight[rule.Batch] -= granted
+		m.checkInflightLocked(rule.Batch)
 		m.mu.Unlock()
 	}()
 	ds, unused, err := storage.IssueCoupons(ctx, m.store, rule, lease, granted, reqs)
@@ -426,6 +453,7 @@ func (m *merger) issueGranted(ctx context.Context, rule model.CouponRule, reqs [
 		m.books.park(reqs, m.clock.Now(), owned)
 		return fmt.Errorf("issue %d: %w", n, err)
 	}
+	checkIssued(granted, unused, ds)
 	m.finals(reqs, ds)
 	return m.giveBack(ctx, rule.Batch, lease, unused)
 }
