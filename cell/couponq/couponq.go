@@ -196,6 +196,25 @@ type handoff[T any] struct {
 	run sync.Mutex
 }
 
+// first waits for a token of limit (one per request) and for the queue's
+// next request, then for the rest of its run: the lock is a barrier here,
+// held by the producer (the feeder's feedDBs, a decider's queue2), not by
+// this. False when ctx ended first.
+func (h *handoff[T]) first(ctx context.Context, limit Limiter) (v T, ok bool) {
+	if err := limit.Wait(ctx); err != nil {
+		return v, false
+	}
+	select {
+	case <-ctx.Done():
+		return v, false
+	case v = <-h.ch:
+	}
+	h.run.Lock()
+	//lint:ignore SA2001 a barrier: wait for the run its producer is queuing, hold nothing
+	h.run.Unlock()
+	return v, true
+}
+
 // drain takes what the queue holds now, without waiting.
 func (h *handoff[T]) drain() []T {
 	var out []T
@@ -273,11 +292,10 @@ func New(cfg Config) (*Engine, error) {
 		stock: map[string]copied{}, asked: map[string]time.Time{}}
 	q1 := &handoff[model.CouponRequest]{ch: make(chan model.CouponRequest, cfg.QueueLen)}
 	q2 := &handoff[queued]{ch: make(chan queued, cfg.QueueLen)}
-	e.merger = newMerger(cfg, e.clock, catalog, q2, &e.Stats)
+	e.merger = newMerger(layerOf(cfg, 1, e.clock, nil, catalog, &e.Stats), cfg, q2)
 	e.feeder = newFeeder(cfg, e.clock, paused, q1, e.merger.forget, &e.Stats)
-	e.merger.books = e.feeder
-	e.decider = &decider{in: q1, out: q2, books: e.feeder, store: cfg.Store, catalog: catalog, limit: cfg.Layer1,
-		gatherFor: cfg.Gather[0], clock: e.clock, log: cfg.Log, observe: cfg.Observe, stats: &e.Stats,
+	e.merger.books = e.feeder // set once the feeder, which forgets through the merger, is made
+	e.decider = &decider{layer: layerOf(cfg, 0, e.clock, e.feeder, catalog, &e.Stats), in: q1, out: q2,
 		risk: riskCounters{m: map[string]int{}}}
 	return e, nil
 }

@@ -21,18 +21,35 @@ import (
 // queue and the risk counters; its goroutines are gather and run; decide
 // (a green request) is safe for concurrent use.
 type decider struct {
-	in        *handoff[model.CouponRequest] // layer 1's queue: the feeder's takes and the accepts queued at once
-	out       *handoff[queued]              // layer 2's queue (the merger's): what passes
-	books     books                         // the feeder: requests parked, done or released
+	layer                               // limit: Config.Layer1, gatherFor: Config.Gather[0]
+	in    *handoff[model.CouponRequest] // layer 1's queue: the feeder's takes and the accepts queued at once
+	out   *handoff[queued]              // layer 2's queue (the merger's): what passes
+	risk  riskCounters
+}
+
+// layer is what the decider and the merger are each given: the feeder's
+// books, the engine's store, catalog, clock, log, observer and counts, and
+// the layer's own limiter and gathering wait. Set by New, read only.
+type layer struct {
+	books     books // the feeder: requests parked, done or released
 	store     Store
 	catalog   func() *couponbatch.Catalog // never nil (catalogOf)
-	limit     Limiter                     // Config.Layer1
-	gatherFor time.Duration               // Config.Gather[0]
+	limit     Limiter                     // the layer's: one token per request
+	gatherFor time.Duration               // the layer's Config.Gather
 	clock     clock.Clock
 	log       *slog.Logger
 	observe   Observer
 	stats     *Stats
-	risk      riskCounters
+}
+
+// layerOf is the layer of index i (0: layer 1, 1: layer 2) of cfg.
+func layerOf(cfg Config, i int, clk clock.Clock, b books, catalog func() *couponbatch.Catalog, stats *Stats) layer {
+	limit := cfg.Layer1
+	if i == 1 {
+		limit = cfg.Layer2
+	}
+	return layer{books: b, store: cfg.Store, catalog: catalog, limit: limit, gatherFor: cfg.Gather[i], clock: clk, log: cfg.Log,
+		observe: cfg.Observe, stats: stats}
 }
 
 // gather drains layer 1's queue at layer 1's rate: one token per
@@ -43,20 +60,10 @@ type decider struct {
 // covers more requests the busier the cell is.
 func (d *decider) gather(ctx context.Context, out chan<- []model.CouponRequest) {
 	for {
-		if err := d.limit.Wait(ctx); err != nil {
+		first, ok := d.in.first(ctx, d.limit) // with the rest of a take the feeder is queuing
+		if !ok {
 			return
 		}
-		var first model.CouponRequest
-		select {
-		case <-ctx.Done():
-			return
-		case first = <-d.in.ch:
-		}
-		// The rest of a take the feeder is queuing is in once it lets go:
-		// the lock is a barrier here, held by feedDBs, not by this.
-		d.in.run.Lock()
-		//lint:ignore SA2001 a barrier: wait for the take feedDBs is queuing, hold nothing
-		d.in.run.Unlock()
 		rs := []model.CouponRequest{first}
 		until := gatherUntil(d.clock, d.gatherFor)
 	more:
@@ -111,16 +118,25 @@ func handOver(ctx context.Context, out chan<- []model.CouponRequest, rs []model.
 	}
 }
 
+// next waits for a chunk a gatherer hands a worker; false when ctx ended
+// first.
+func next(ctx context.Context, in <-chan []model.CouponRequest) ([]model.CouponRequest, bool) {
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case rs := <-in:
+		return rs, true
+	}
+}
+
 // run decides the chunks gather hands it, each together (one read of
 // the persons' holdings, one write per refusal reason), and queues what
 // passes for layer 2.
 func (d *decider) run(ctx context.Context, in <-chan []model.CouponRequest) {
 	for {
-		var rs []model.CouponRequest
-		select {
-		case <-ctx.Done():
+		rs, ok := next(ctx, in)
+		if !ok {
 			return
-		case rs = <-in:
 		}
 		now := d.clock.Now()
 		for _, r := range rs {

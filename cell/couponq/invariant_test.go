@@ -27,7 +27,7 @@ func (greedyStock) Return(context.Context, string, string, int64) error { return
 // bareMerger is a merger with nothing held, over stock.
 func bareMerger(stock Stock) *merger {
 	cfg := Config{Stock: stock, Observe: noObserver{}, Log: slog.New(slog.DiscardHandler)}
-	return newMerger(cfg, clock.Or(nil), catalogOf(nil), &handoff[queued]{ch: make(chan queued, 1)}, &Stats{})
+	return newMerger(layerOf(cfg, 1, clock.Or(nil), nil, catalogOf(nil), &Stats{}), cfg, &handoff[queued]{ch: make(chan queued, 1)})
 }
 
 // heldOf makes m hold a lease of 5 units of batch b with 2 out with a

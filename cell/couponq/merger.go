@@ -8,13 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"redcell/cell/couponbatch"
-	"redcell/internal/clock"
 	"redcell/internal/invariant"
 	"redcell/model"
 	"redcell/storage"
@@ -26,17 +23,9 @@ import (
 // request's sold-out tries. Its goroutines are gather, run and keepHeld;
 // issue (a green request) is safe for concurrent use.
 type merger struct {
-	in        *handoff[queued] // layer 2's queue: what the decider passed
-	books     books            // the feeder: requests parked, done or released
-	store     Store
-	stock     Stock
-	catalog   func() *couponbatch.Catalog // never nil (catalogOf)
-	limit     Limiter                     // Config.Layer2
-	gatherFor time.Duration               // Config.Gather[1]
-	clock     clock.Clock
-	log       *slog.Logger
-	observe   Observer
-	stats     *Stats
+	layer                  // limit: Config.Layer2, gatherFor: Config.Gather[1]
+	in    *handoff[queued] // layer 2's queue: what the decider passed
+	stock Stock
 
 	mergeMax atomic.Int64 // MergeMax now (Engine.SetMergeMax)
 	pre      atomic.Int64 // Prefetch now (Engine.SetPrefetch)
@@ -51,9 +40,8 @@ type merger struct {
 	tries    map[string]int        // request key → deductions that found its batch sold out
 }
 
-func newMerger(cfg Config, clk clock.Clock, catalog func() *couponbatch.Catalog, in *handoff[queued], stats *Stats) *merger {
-	m := &merger{in: in, store: cfg.Store, stock: cfg.Stock, catalog: catalog, limit: cfg.Layer2, gatherFor: cfg.Gather[1],
-		clock: clk, log: cfg.Log, observe: cfg.Observe, stats: stats, soldOut: map[string]time.Time{}, backoff: map[string]time.Time{},
+func newMerger(l layer, cfg Config, in *handoff[queued]) *merger {
+	m := &merger{layer: l, in: in, stock: cfg.Stock, soldOut: map[string]time.Time{}, backoff: map[string]time.Time{},
 		inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, tries: map[string]int{}}
 	m.mergeMax.Store(int64(cfg.MergeMax))
 	m.pre.Store(max(cfg.Prefetch, 0))
@@ -80,20 +68,10 @@ func (m *merger) stop() {
 // busy the next pass grows, so merges are larger the busier the cell is.
 func (m *merger) gather(ctx context.Context, out chan<- []model.CouponRequest) {
 	for {
-		if err := m.limit.Wait(ctx); err != nil {
+		first, ok := m.in.first(ctx, m.limit) // with the rest of that decision's pass (queue2)
+		if !ok {
 			return
 		}
-		var first queued
-		select {
-		case <-ctx.Done():
-			return
-		case first = <-m.in.ch:
-		}
-		// The rest of that decision's pass is in the queue once its
-		// decider lets go (queue2): a barrier, as in the decider's gather.
-		m.in.run.Lock()
-		//lint:ignore SA2001 a barrier: wait for the decider's pass (queue2), hold nothing
-		m.in.run.Unlock()
 		now := m.clock.Now()
 		m.observe.Waited(2, now.Sub(first.at))
 		batch := []model.CouponRequest{first.r}
@@ -127,11 +105,9 @@ func (m *merger) gather(ctx context.Context, out chan<- []model.CouponRequest) {
 // run merges and issues the passes gather hands it.
 func (m *merger) run(ctx context.Context, in <-chan []model.CouponRequest) {
 	for {
-		var batch []model.CouponRequest
-		select {
-		case <-ctx.Done():
+		batch, ok := next(ctx, in)
+		if !ok {
 			return
-		case batch = <-in:
 		}
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout) // a step in flight finishes
 		if err := m.issue(ictx, batch, true, false); err != nil {
