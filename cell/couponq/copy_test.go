@@ -48,12 +48,12 @@ func TestStockCopy(t *testing.T) {
 	}
 	acceptAs := func(what string, r model.CouponRequest, want model.CouponState) model.CouponRequest {
 		t.Helper()
-		queued := len(e.q1)
+		queued := len(e.decider.in.ch)
 		got, repeat, err := e.Accept(ctx, r)
 		if err != nil || repeat || got.State != want {
 			t.Fatalf("%s: %+v repeat %v %v; want %s", what, got, repeat, err, want)
 		}
-		if q := len(e.q1) - queued; (want == model.CouponAccepted && !paused) != (q == 1) {
+		if q := len(e.decider.in.ch) - queued; (want == model.CouponAccepted && !paused) != (q == 1) {
 			t.Fatalf("%s: %d queued at its accept", what, q)
 		}
 		return got

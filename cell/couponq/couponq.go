@@ -157,42 +157,88 @@ func (noObserver) Waited(int, time.Duration)                                    
 func (noObserver) Merged(string, int)                                             {}
 func (noObserver) LeftOpen(string, int64)                                         {}
 
-// Engine runs the layers. Safe for concurrent use.
+// Engine is the coupon engine: it composes its three roles and wires their
+// hand-offs. The feeder (feeder.go) puts requests into layer 1's queue (at
+// their accept, or taken from the databases) and keeps the books of the
+// requests the engine holds; the decider (decider.go, layer 1) decides them
+// against the batches' rules, the risk caps and the persons' holdings, and
+// queues those that pass for layer 2; the merger (merger.go and held.go,
+// layer 2) merges them by batch, deducts each batch's stock once per merge
+// and issues the coupons. Each role owns its state, under its own lock; the
+// decider and the merger hand requests back to the feeder's books (park,
+// done, release). The Engine itself owns the accept and the local copy of
+// the batches' stock (copy.go). Safe for concurrent use.
 type Engine struct {
-	cfg    Config
-	clock  clock.Clock
-	log    *slog.Logger
-	takes  *incident.Tracker // the feeder's takes failing (a database down)
-	copies *incident.Tracker // the stock copy's reads failing (a home down)
-	q1     chan model.CouponRequest
-	q2     chan queued
-	kick   chan struct{}
+	cfg     Config
+	clock   clock.Clock
+	log     *slog.Logger
+	copies  *incident.Tracker           // the stock copy's reads failing (a home down)
+	catalog func() *couponbatch.Catalog // never nil (catalogOf)
 
-	// feeding is held while the feeder puts a take into q1, passing
-	// while a decider puts its pass into q2: a gatherer that got a
-	// request waits for the rest of its run before it takes a chunk.
-	feeding, passing sync.Mutex
+	feeder  *feeder
+	decider *decider
+	merger  *merger
 
-	mu       sync.Mutex
-	dirty    map[int]bool          // databases accepted into since the feeder's last pass
-	backlog  bool                  // requests wait in their rows for the feeder: none is queued at its accept (queueNow)
-	soldOut  map[string]time.Time  // batches whose last deduction found nothing free, until when
-	backoff  map[string]time.Time  // batches whose last deduction failed, until when
-	inflight map[string]int64      // units this engine's merges hold now, by batch
-	held     map[string]*heldLease // leases kept for the next merges, by lease ID (held.go)
-	short    map[string]time.Time  // batches whose grant came back short, deducted without prefetch until when
-	parked   map[string]parked     // requests put aside until a time, then released (park), by key
-	tries    map[string]int        // app+serial → deductions that found its batch sold out
-	stock    map[string]copied     // the local copy of each batch's stock (copy.go)
-	asked    map[string]time.Time  // when a request last asked each batch's copy (copy.go)
-	risk     riskCounters
-	queued   map[string]bool // app+serial of requests in a queue or a step
-	merge    atomic.Int64    // MergeMax now (SetMergeMax)
-	pre      atomic.Int64    // Prefetch now (SetPrefetch)
-	stopping atomic.Bool     // Run's workers have stopped: no new held lease
+	mu    sync.Mutex           // guards stock, asked
+	stock map[string]copied    // the local copy of each batch's stock (copy.go)
+	asked map[string]time.Time // when a request last asked each batch's copy (copy.go)
 
 	Stats Stats
 }
+
+// handoff is a layer's bounded queue (Config.QueueLen), drained by that
+// layer's gatherer, with the barrier of a run: the role that puts a run of
+// requests in (the feeder's take, a decision's passed requests) holds run
+// while it does, and the gatherer, having got a run's first request, waits
+// for the rest (run locked and let go) before it takes a chunk.
+type handoff[T any] struct {
+	ch  chan T
+	run sync.Mutex
+}
+
+// first waits for a token of limit (one per request) and for the queue's
+// next request, then for the rest of its run: the lock is a barrier here,
+// held by the producer (the feeder's feedDBs, a decider's queue2), not by
+// this. False when ctx ended first.
+func (h *handoff[T]) first(ctx context.Context, limit Limiter) (v T, ok bool) {
+	if err := limit.Wait(ctx); err != nil {
+		return v, false
+	}
+	select {
+	case <-ctx.Done():
+		return v, false
+	case v = <-h.ch:
+	}
+	h.run.Lock()
+	//lint:ignore SA2001 a barrier: wait for the run its producer is queuing, hold nothing
+	h.run.Unlock()
+	return v, true
+}
+
+// drain takes what the queue holds now, without waiting.
+func (h *handoff[T]) drain() []T {
+	var out []T
+	for {
+		select {
+		case v := <-h.ch:
+			out = append(out, v)
+		default:
+			return out
+		}
+	}
+}
+
+// books is what the decider and the merger ask of the feeder about the
+// requests they hold: each is on the feeder's books from its take (or its
+// accept) until it is done, parked in between, or released (accepted again).
+type books interface {
+	park(reqs []model.CouponRequest, until time.Time, owned bool)
+	isParked(r model.CouponRequest) bool
+	done(r model.CouponRequest)
+	release(rs []model.CouponRequest)
+}
+
+var _ books = (*feeder)(nil)
 
 // Stats counts what the engine did; safe to read at any time.
 type Stats struct {
@@ -240,12 +286,17 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Observe == nil {
 		cfg.Observe = noObserver{}
 	}
-	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log, takes: incident.New(cfg.Log, "coupons: take requests", incident.DefaultEvery),
-		copies: incident.New(cfg.Log, "coupons: read the stock copy", incident.DefaultEvery), q1: make(chan model.CouponRequest, cfg.QueueLen),
-		q2: make(chan queued, cfg.QueueLen), kick: make(chan struct{}, 1), dirty: map[int]bool{},
-		soldOut: map[string]time.Time{}, backoff: map[string]time.Time{}, inflight: map[string]int64{}, held: map[string]*heldLease{}, short: map[string]time.Time{}, stock: map[string]copied{}, asked: map[string]time.Time{}, parked: map[string]parked{}, tries: map[string]int{}, risk: riskCounters{m: map[string]int{}}, queued: map[string]bool{}}
-	e.merge.Store(int64(cfg.MergeMax))
-	e.pre.Store(max(cfg.Prefetch, 0))
+	catalog, paused := catalogOf(cfg.Catalog), pausedOf(cfg.Paused)
+	e := &Engine{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Log,
+		copies: incident.New(cfg.Log, "coupons: read the stock copy", incident.DefaultEvery), catalog: catalog,
+		stock: map[string]copied{}, asked: map[string]time.Time{}}
+	q1 := &handoff[model.CouponRequest]{ch: make(chan model.CouponRequest, cfg.QueueLen)}
+	q2 := &handoff[queued]{ch: make(chan queued, cfg.QueueLen)}
+	e.merger = newMerger(layerOf(cfg, 1, e.clock, nil, catalog, &e.Stats), cfg, q2)
+	e.feeder = newFeeder(cfg, e.clock, paused, q1, e.merger.forget, &e.Stats)
+	e.merger.books = e.feeder // set once the feeder, which forgets through the merger, is made
+	e.decider = &decider{layer: layerOf(cfg, 0, e.clock, e.feeder, catalog, &e.Stats), in: q1, out: q2,
+		risk: riskCounters{m: map[string]int{}}}
 	return e, nil
 }
 
@@ -256,7 +307,12 @@ func key(r model.CouponRequest) string {
 	return strconv.Itoa(r.Shard.DB()) + "\x00" + r.App + "\x00" + r.Serial
 }
 
-func (e *Engine) paused() bool { return e.cfg.Paused != nil && e.cfg.Paused() }
+func (e *Engine) paused() bool { return e.feeder.paused() }
+
+// pausedOf is Config.Paused, never nil (nil: never paused).
+func pausedOf(p func() bool) func() bool {
+	return func() bool { return p != nil && p() }
+}
 
 // dedupe drops the later copies of a request in rs (by app and serial): a
 // pass decides each request once.
@@ -280,21 +336,23 @@ type queued struct {
 
 // SetMergeMax changes how many queued requests one deduction takes at
 // most, from the next pass on (1: a deduction per request).
-func (e *Engine) SetMergeMax(n int) { e.merge.Store(int64(max(n, 1))) }
+func (e *Engine) SetMergeMax(n int) { e.merger.mergeMax.Store(int64(max(n, 1))) }
 
 // SetPrefetch changes how many units beyond its own a merge's deduction
 // asks for, from the next grant on (0: none; held leases are used up or
 // closed as they age).
-func (e *Engine) SetPrefetch(n int64) { e.pre.Store(max(n, 0)) }
+func (e *Engine) SetPrefetch(n int64) { e.merger.pre.Store(max(n, 0)) }
 
 // Prefetch is what SetPrefetch last set (Config.Prefetch at first).
-func (e *Engine) Prefetch() int64 { return e.pre.Load() }
+func (e *Engine) Prefetch() int64 { return e.merger.pre.Load() }
 
 // MergeMax is the bound SetMergeMax last set (Config.MergeMax at first).
-func (e *Engine) MergeMax() int { return int(e.merge.Load()) }
+func (e *Engine) MergeMax() int { return int(e.merger.mergeMax.Load()) }
 
 // Depths returns how many requests wait in layer 1's and layer 2's queues.
-func (e *Engine) Depths() (layer1, layer2 int) { return len(e.q1), len(e.q2) }
+func (e *Engine) Depths() (layer1, layer2 int) {
+	return len(e.decider.in.ch), len(e.merger.in.ch)
+}
 
 // Accept stores r (Config.Accept) and wakes the feeder; a
 // repeat answers the stored request. A request for a batch whose local
@@ -332,60 +390,10 @@ func (e *Engine) Accept(ctx context.Context, r model.CouponRequest) (model.Coupo
 		out, err := e.decideNow(dctx, g)
 		return out, repeat, err
 	}
-	if !repeat && !e.queueNow(got) {
-		e.mu.Lock()
-		e.dirty[r.Shard.DB()] = true
-		e.mu.Unlock()
-		select {
-		case e.kick <- struct{}{}:
-		default:
-		}
+	if !repeat && !e.feeder.queueNow(got) {
+		e.feeder.wake(r.Shard.DB())
 	}
 	return got, repeat, nil
-}
-
-// queueNow puts a request just accepted straight into layer 1's queue,
-// stored as it is (accepted): the feeder need not take it, a take being a
-// transaction of its own, one per request or two when the cell is not
-// busy. A request the feeder's sweep takes as well is queued once
-// (e.queued). One left queued by a cell that dies is still accepted (or
-// deciding, if a sweep marked it), for the next owner. False, for the
-// feeder to take it, when the engine is paused or stopping, when layer 1's
-// queue is full, and while the feeder has a backlog (the queue was full, or
-// its last take found as many requests as the queue had room for): the
-// feeder then takes the waiting requests oldest first, and a new one does
-// not jump them. Once a take finds fewer, accepts are queued again; the
-// few accepted during that take wait for the feeder's next pass, a few
-// milliseconds (woken by their accepts).
-func (e *Engine) queueNow(r model.CouponRequest) bool {
-	if e.paused() {
-		return false
-	}
-	r.TakenMS = e.clock.Now().UnixMilli() // queued now: layer 1's wait counts from here
-	// Under e.mu, mark and send together (the send never blocks): the
-	// feeder's duplicate check and done() see a request either queued and
-	// marked or neither. A request left to the feeder marks its database
-	// dirty under the same lock, so no later accept is queued before the
-	// feeder took it.
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.queued[key(r)] { // a sweep took it already
-		return true
-	}
-	if e.stopping.Load() || e.backlog {
-		e.dirty[r.Shard.DB()] = true
-		return false
-	}
-	select {
-	case e.q1 <- r:
-		e.queued[key(r)] = true
-		e.Stats.Queued.Add(1)
-		return true
-	default:
-		e.backlog = true // the queue is full: the feeder takes what waits, in order
-		e.dirty[r.Shard.DB()] = true
-		return false
-	}
 }
 
 // decideNow runs both layers for one request, without the queues or their
@@ -394,33 +402,31 @@ func (e *Engine) decideNow(ctx context.Context, r model.CouponRequest) (_ model.
 	// The feeder skips it while it is decided here (it may still find it
 	// accepted); should a queue hold it already, IssueCoupons and
 	// RefuseCoupons decide it once.
-	e.mu.Lock()
-	mine := !e.queued[key(r)]
-	e.queued[key(r)] = true
-	e.mu.Unlock()
+	f := e.feeder
+	mine := f.claim(r)
 	if mine {
 		defer func() {
-			if e.isParked(r) { // a parked request keeps its mark until the feeder releases it
+			if f.isParked(r) { // a parked request keeps its mark until the feeder releases it
 				return
 			}
-			e.done(r)
+			f.done(r)
 			if err != nil {
 				// The feeder may have taken it meanwhile (and skipped it as
 				// queued here): back to accepted, and its database to the
 				// feeder's next pass, so it is taken again now rather than
 				// at a sweep or once stale.
-				e.release([]model.CouponRequest{r})
-				e.markDirty([]int{r.Shard.DB()})
+				f.release([]model.CouponRequest{r})
+				f.markDirty([]int{r.Shard.DB()})
 			}
 		}()
 	}
-	if pass, err := e.decide(ctx, r); err != nil || !pass {
+	if pass, err := e.decider.decide(ctx, r); err != nil || !pass {
 		if err != nil {
 			return r, err
 		}
 		return storage.CouponRequestOf(ctx, e.cfg.Store, r.Shard, r.App, r.Serial)
 	}
-	if err := e.issue(ctx, []model.CouponRequest{r}, mine, true); err != nil {
+	if err := e.merger.issue(ctx, []model.CouponRequest{r}, mine, true); err != nil {
 		return r, err
 	}
 	return storage.CouponRequestOf(ctx, e.cfg.Store, r.Shard, r.App, r.Serial)
@@ -436,17 +442,17 @@ const StepTimeout = 30 * time.Second
 // An engine runs once.
 func (e *Engine) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { e.feed(ctx) })
-	wg.Go(func() { e.keepHeld(ctx) })
+	wg.Go(func() { e.feeder.feed(ctx) })
+	wg.Go(func() { e.merger.keepHeld(ctx) })
 	wg.Go(func() { e.keepCopy(ctx) })
 	decisions, merges := make(chan []model.CouponRequest), make(chan []model.CouponRequest)
-	wg.Go(func() { e.gather1(ctx, decisions) })
-	wg.Go(func() { e.gather2(ctx, merges) })
+	wg.Go(func() { e.decider.gather(ctx, decisions) })
+	wg.Go(func() { e.merger.gather(ctx, merges) })
 	for range e.cfg.Workers {
-		wg.Go(func() { e.layer1(ctx, decisions) })
+		wg.Go(func() { e.decider.run(ctx, decisions) })
 	}
 	for range e.cfg.Mergers {
-		wg.Go(func() { e.layer2(ctx, merges) })
+		wg.Go(func() { e.merger.run(ctx, merges) })
 	}
 	wg.Wait()
 	e.drain()
@@ -456,50 +462,20 @@ func (e *Engine) Run(ctx context.Context) {
 // and closes the held leases no green decision still uses (one that does
 // is settled at its expiry by its coupons).
 func (e *Engine) drain() {
-	e.mu.Lock() // keep takes e.mu: no lease is kept after closeHeld below
-	e.stopping.Store(true)
-	e.mu.Unlock()
-	var rest []model.CouponRequest
-loop1:
-	for {
-		select {
-		case r := <-e.q1:
-			rest = append(rest, r)
-		default:
-			break loop1
-		}
-	}
-loop2:
-	for {
-		select {
-		case q := <-e.q2:
-			rest = append(rest, q.r)
-		default:
-			break loop2
-		}
+	e.feeder.stop()
+	e.merger.stop() // no lease is kept after closeHeld below
+	rest := e.decider.in.drain()
+	for _, q := range e.merger.in.drain() {
+		rest = append(rest, q.r)
 	}
 	for _, r := range rest {
-		e.done(r)
+		e.feeder.done(r)
 	}
-	e.release(rest)
-	e.unpark(time.Time{}, true)
+	e.feeder.release(rest)
+	e.feeder.unpark(time.Time{}, true)
 	ctx, cancel := context.WithTimeout(context.Background(), StepTimeout)
 	defer cancel()
-	e.closeHeld(ctx, true)
-}
-
-// release puts requests this engine will not decide back to accepted.
-func (e *Engine) release(rs []model.CouponRequest) {
-	if len(rs) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := storage.ReleaseCouponRequests(ctx, e.cfg.Store, rs); err != nil {
-		e.log.Warn("coupons: queued requests not released; the next owner takes them once stale", "requests", len(rs), "err", err)
-		return
-	}
-	e.Stats.Released.Add(int64(len(rs)))
+	e.merger.closeHeld(ctx, true)
 }
 
 // feedTick is how often the feeder takes requests from the databases
@@ -510,13 +486,17 @@ const feedTick = 50 * time.Millisecond
 // decideMax is the most requests one layer 1 decision takes together.
 const decideMax = 32
 
-func (e *Engine) catalog() *couponbatch.Catalog {
-	if e.cfg.Catalog != nil {
-		if c := e.cfg.Catalog(); c != nil {
-			return c
+// catalogOf is Config.Catalog, answering emptyCatalog (every request
+// refused) when there is none.
+func catalogOf(cat func() *couponbatch.Catalog) func() *couponbatch.Catalog {
+	return func() *couponbatch.Catalog {
+		if cat != nil {
+			if c := cat(); c != nil {
+				return c
+			}
 		}
+		return emptyCatalog
 	}
-	return emptyCatalog
 }
 
 var emptyCatalog = func() *couponbatch.Catalog {

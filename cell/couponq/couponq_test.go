@@ -66,15 +66,20 @@ risk: {per_device_per_min: 1000000, per_ip_per_min: 1000000, per_act_per_min: 10
 	return d
 }
 
-func (d *drop) engine(l1, l2 Limiter) *Engine {
-	e, err := New(Config{Store: d.st, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat },
+func (d *drop) engine(l1, l2 Limiter) *Engine { return d.engineWith(l1, l2, func(*Config) {}) }
+
+// engineWith is engine with its config changed by set first.
+func (d *drop) engineWith(l1, l2 Limiter, set func(*Config)) *Engine {
+	cfg := Config{Store: d.st, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat },
 		Layer1: l1, Layer2: l2, DBs: func() []int {
 			dbs := make([]int, model.ShardCount/10)
 			for i := range dbs {
 				dbs[i] = i
 			}
 			return dbs
-		}, MergeMax: 16, StaleAfter: time.Hour})
+		}, MergeMax: 16, StaleAfter: time.Hour}
+	set(&cfg)
+	e, err := New(cfg)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -367,9 +372,8 @@ func TestFailedIssueAndItsLease(t *testing.T) {
 		t.Run(fmt.Sprintf("unknown=%v", unknown), func(t *testing.T) {
 			f := &failing{store: memstore.New(nil), fail: true, unknown: unknown}
 			d := newDrop(t, f, 5, 5, 5)
-			e := d.engine(free{}, free{})
 			obs := &openCounter{}
-			e.cfg.Observe = obs
+			e := d.engineWith(free{}, free{}, func(c *Config) { c.Observe = obs })
 			r := d.requests(1, 1, 4)[0]
 			r.Batch, r.Green = d.c, true
 			if _, _, err := e.Accept(context.Background(), r); err == nil {
@@ -413,9 +417,8 @@ func TestHeldLease(t *testing.T) {
 	ctx := context.Background()
 	f := &failing{store: memstore.New(nil)}
 	d := newDrop(t, f, 5, 5, 20)
-	e := d.engine(free{}, free{})
 	obs := &openCounter{}
-	e.cfg.Observe = obs
+	e := d.engineWith(free{}, free{}, func(c *Config) { c.Observe = obs })
 	e.SetPrefetch(4)
 	sh, k := d.stock.home(d.c)
 	rs := d.requests(4, 4, 9)
@@ -472,7 +475,7 @@ func TestHeldLease(t *testing.T) {
 	f.mu.Lock()
 	f.fail = false
 	f.mu.Unlock()
-	e.closeHeld(ctx, true)
+	e.merger.closeHeld(ctx, true)
 	if ls := leases(); len(ls) != 1 || ls[0].State != model.LeaseOpen {
 		t.Fatalf("the lease of a lost answer: %+v; want it left open", ls)
 	}
@@ -483,7 +486,7 @@ func TestHeldLease(t *testing.T) {
 	if len(ls) != 2 || e.Stats.Deductions.Load() != 2 {
 		t.Fatalf("after the lost answer: leases %+v, %d grants; want a new grant", ls, e.Stats.Deductions.Load())
 	}
-	e.closeHeld(ctx, true)
+	e.merger.closeHeld(ctx, true)
 	for _, l := range leases() {
 		switch {
 		case l.ID == first && l.State != model.LeaseOpen:
@@ -526,7 +529,7 @@ func TestShortGrantParks(t *testing.T) {
 	}
 	merge = append(merge, taken...)
 	rule := ruleOf(mustBatch(t, d, d.c))
-	if err := e.issueBatch(ctx, rule, merge, true, false); err != nil {
+	if err := e.merger.issueBatch(ctx, rule, merge, true, false); err != nil {
 		t.Fatal(err)
 	}
 	states := func() map[string]int {
@@ -545,22 +548,22 @@ func TestShortGrantParks(t *testing.T) {
 	}
 	parked := 0
 	for _, r := range merge {
-		if e.isParked(r) {
+		if e.feeder.isParked(r) {
 			parked++
 		}
 	}
 	if parked != 3 {
 		t.Fatalf("%d requests parked, want 3", parked)
 	}
-	e.closeHeld(ctx, true) // the held lease's 4 back at the home
+	e.merger.closeHeld(ctx, true) // the held lease's 4 back at the home
 	var rest []model.CouponRequest
 	for _, r := range merge {
-		if e.isParked(r) {
+		if e.feeder.isParked(r) {
 			rest = append(rest, r)
 		}
 	}
-	e.unpark(time.Time{}, true)
-	if err := e.issueBatch(ctx, rule, rest, true, false); err != nil {
+	e.feeder.unpark(time.Time{}, true)
+	if err := e.merger.issueBatch(ctx, rule, rest, true, false); err != nil {
 		t.Fatal(err)
 	}
 	if s := states(); s["issued:"] != 8 {
@@ -634,12 +637,10 @@ func testGather(t *testing.T) {
 			rs[i].Serial = fmt.Sprintf("%s-g%d-%d", d.pre, seed, i)
 			rs[i].Batch = d.a
 		}
-		e := d.engine(free{}, free{})
-		e.cfg.Gather = [2]time.Duration{0, gather}
+		m := &mergeCounter{}
+		e := d.engineWith(free{}, free{}, func(c *Config) { c.Gather, c.Observe = [2]time.Duration{0, gather}, m })
 		e.SetMergeMax(mergeMax)
 		e.SetPrefetch(0)
-		m := &mergeCounter{}
-		e.cfg.Observe = m
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { e.Run(ctx); close(done) }()
@@ -704,7 +705,7 @@ func testNoQueueJumping(t *testing.T) {
 	d := newDrop(t, st, 1000, 1000, 1000)
 	g := gate{open: make(chan struct{})} // layer 1 takes nothing until it opens
 	e := d.engine(g, free{})
-	e.q1 = make(chan model.CouponRequest, 4)
+	e.decider.in.ch = make(chan model.CouponRequest, 4) // the feeder's queue too: one handoff
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -723,7 +724,7 @@ func testNoQueueJumping(t *testing.T) {
 	}
 	// Room in the queue (as if layer 1 took the four), ten still in their
 	// rows: three new accepts are left to the feeder, behind the ten.
-	held := []model.CouponRequest{<-e.q1, <-e.q1, <-e.q1, <-e.q1}
+	held := []model.CouponRequest{<-e.decider.in.ch, <-e.decider.in.ch, <-e.decider.in.ch, <-e.decider.in.ch}
 	extra := d.requests(3, 1_000_000, 13)
 	for i := range extra {
 		extra[i].Serial += "-extra"
@@ -736,7 +737,7 @@ func testNoQueueJumping(t *testing.T) {
 	}
 	go func() { // back into the queue, behind whatever the feeder put there
 		for _, r := range held {
-			e.q1 <- r
+			e.decider.in.ch <- r
 		}
 	}()
 	close(g.open)

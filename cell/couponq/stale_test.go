@@ -188,7 +188,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sweep = e.sweepEvery(); sweep != 5*time.Second {
+	if sweep = e.feeder.sweepEvery(); sweep != 5*time.Second {
 		t.Fatalf("sweep every %v with StaleAfter %v, want a sixth", sweep, staleAfter)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -289,7 +289,7 @@ func TestIdleFeederReadsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sweep := e.sweepEvery()
+	sweep := e.feeder.sweepEvery()
 	if sweep != time.Second {
 		t.Fatalf("sweep every %v with StaleAfter 6s, want 1s", sweep)
 	}

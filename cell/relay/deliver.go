@@ -134,71 +134,101 @@ func (r *Relay) askElsewhere(ctx context.Context, to string, cs []model.Credit) 
 			deliver = append(deliver, unnamed...)
 		}
 	}
-	cells := r.cfg.Peers.Map().Cells()
-	addrOf := func(name string) (string, bool) {
-		i := slices.IndexFunc(cells, func(c sharding.Cell) bool { return c.Name == name })
-		if i < 0 {
-			return "", false
-		}
-		return cells[i].Addr, true
-	}
-	held := func(dest string, cs []model.Credit, err error) {
-		r.Stats.Held.Add(int64(len(cs)))
-		r.asking.Of(dest).Fail(err, "credits", len(cs), "claim", cs[0].ClaimID, "deliver_to", to)
-	}
+	a := asker{r: r, to: to, cells: r.cfg.Peers.Map().Cells()}
 	for _, dest := range slices.Sorted(maps.Keys(byDest)) {
-		asked := byDest[dest]
-		addr, ok := addrOf(dest)
-		if !ok {
-			r.Stats.Unasked.Add(int64(len(asked)))
-			r.unasked.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
-			if err := r.sendTo(ctx, asked, to); err != nil {
-				held(dest, asked, err)
-				continue
-			}
-			deliver = append(deliver, asked...)
-			continue
-		}
-		r.unasked.Of(dest).OK()
-		missing, found, err := r.askCopy(ctx, addr, asked)
-		if err != nil {
-			held(dest, asked, err)
-			continue
-		}
-		if len(missing) > 0 {
-			if err := r.sendTo(ctx, missing, to); err != nil {
-				held(dest, missing, err)
-				continue // found ones are asked about again with them
-			}
-			deliver = append(deliver, missing...)
-		}
-		if len(found) == 0 {
-			r.asking.Of(dest).OK()
-			continue
-		}
-		// Found where it went. Does to, which serves the database now, have
-		// it too (its rows moved with it)?
-		toAddr, ok := addrOf(to)
-		if !ok {
-			held(dest, found, errDestGone)
-			continue
-		}
-		notHere, here, err := r.askCopy(ctx, toAddr, found)
-		if err != nil {
-			held(to, found, err)
-			continue
-		}
-		r.asking.Of(dest).OK()
-		done = append(done, sentTo(here, to)...)
-		if len(notHere) > 0 {
-			r.Stats.Elsewhere.Add(int64(len(notHere)))
-			r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database, and not where it is served now: not delivered again",
-				"credits", len(notHere), "claim", notHere[0].ClaimID, "act_id", notHere[0].ActID, "amount", notHere[0].Amount,
-				"db", notHere[0].Shard.DB(), "applied_at", dest, "served_by", to)
-			done = append(done, notHere...)
-		}
+		del, dn := a.ask(ctx, dest, byDest[dest])
+		deliver, done = append(deliver, del...), append(done, dn...)
 	}
 	return deliver, done
+}
+
+// asker is one askElsewhere's questions about credits to be delivered to
+// cell to, with the cells of the map as it read it.
+type asker struct {
+	r     *Relay
+	to    string
+	cells []sharding.Cell
+}
+
+// addrOf is the address of cell name in the map; false: not in it.
+func (a asker) addrOf(name string) (string, bool) {
+	i := slices.IndexFunc(a.cells, func(c sharding.Cell) bool { return c.Name == name })
+	if i < 0 {
+		return "", false
+	}
+	return a.cells[i].Addr, true
+}
+
+// held counts credits the relay keeps, to ask about again, and reports the
+// failure to dest's incident.
+func (a asker) held(dest string, cs []model.Credit, err error) {
+	a.r.Stats.Held.Add(int64(len(cs)))
+	a.r.asking.Of(dest).Fail(err, "credits", len(cs), "claim", cs[0].ClaimID, "deliver_to", a.to)
+}
+
+// ask sorts the credits asked that went to cell dest before (askElsewhere):
+// those to deliver to a.to (recorded as sent there) and those done
+// (found applied); the others are held.
+func (a asker) ask(ctx context.Context, dest string, asked []model.Credit) (deliver, done []model.Credit) {
+	r, to := a.r, a.to
+	addr, ok := a.addrOf(dest)
+	if !ok {
+		r.Stats.Unasked.Add(int64(len(asked)))
+		r.unasked.Of(dest).Fail(errDestGone, "credits", len(asked), "claim", asked[0].ClaimID, "deliver_to", to)
+		if err := r.sendTo(ctx, asked, to); err != nil {
+			a.held(dest, asked, err)
+			return nil, nil
+		}
+		return asked, nil
+	}
+	r.unasked.Of(dest).OK()
+	missing, found, err := r.askCopy(ctx, addr, asked)
+	if err != nil {
+		a.held(dest, asked, err)
+		return nil, nil
+	}
+	if len(missing) > 0 {
+		if err := r.sendTo(ctx, missing, to); err != nil {
+			a.held(dest, missing, err)
+			return nil, nil // found ones are asked about again with them
+		}
+		deliver = append(deliver, missing...)
+	}
+	if len(found) == 0 {
+		r.asking.Of(dest).OK()
+		return deliver, nil
+	}
+	return deliver, a.askServing(ctx, dest, found)
+}
+
+// askServing asks a.to, which serves the claimants' database now, about
+// the credits found applied at dest, where they went before: done are all
+// of them but those held (a question that failed). Found at dest and not
+// at a.to is logged at ERROR and counted (Stats.Elsewhere).
+func (a asker) askServing(ctx context.Context, dest string, found []model.Credit) (done []model.Credit) {
+	r, to := a.r, a.to
+	// Found where it went. Does to, which serves the database now, have
+	// it too (its rows moved with it)?
+	toAddr, ok := a.addrOf(to)
+	if !ok {
+		a.held(dest, found, errDestGone)
+		return nil
+	}
+	notHere, here, err := r.askCopy(ctx, toAddr, found)
+	if err != nil {
+		a.held(to, found, err)
+		return nil
+	}
+	r.asking.Of(dest).OK()
+	done = append(done, sentTo(here, to)...)
+	if len(notHere) > 0 {
+		r.Stats.Elsewhere.Add(int64(len(notHere)))
+		r.log.Error("relay credits found applied at a cell that no longer serves the claimants' database, and not where it is served now: not delivered again",
+			"credits", len(notHere), "claim", notHere[0].ClaimID, "act_id", notHere[0].ActID, "amount", notHere[0].Amount,
+			"db", notHere[0].Shard.DB(), "applied_at", dest, "served_by", to)
+		done = append(done, notHere...)
+	}
+	return done
 }
 
 // askCopy asks the cell at addr, within askTimeout, which of cs its copy of

@@ -264,15 +264,7 @@ func (l *lane) attempt(batch []queued) bool {
 	for i, q := range batch {
 		cs[i] = q.c
 	}
-	timeout := relayAttemptTimeout
-	if l.local {
-		timeout = relayLocalTimeout
-	}
-	deadline := l.r.clock.Now().Add(timeout)
-	if by := l.r.flushBy.Load(); by != 0 && time.Unix(0, by).Before(deadline) {
-		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
-	}
-	ctx, cancel := context.WithDeadline(l.r.life, deadline)
+	ctx, cancel := context.WithDeadline(l.r.life, l.attemptDeadline())
 	l.setFlight(batch, l.r.clock.Now())
 	defer l.setFlight(nil, time.Time{})
 	delivered, deferred, err := l.r.deliver(ctx, l, cs)
@@ -281,17 +273,7 @@ func (l *lane) attempt(batch []queued) bool {
 	now := l.r.clock.Now()
 	if err != nil {
 		l.r.failed(l, len(cs), err)
-		l.mu.Lock()
-		if timedOut {
-			l.size = max(min(l.size, len(cs))/2, batchMin)
-		}
-		l.queue = append(append([]queued(nil), batch...), l.queue...) // a copy: batch may share flush's array
-		for i := range l.queue {
-			l.queue[i].since = time.Time{} // held through a failure: a backlog now (oldest)
-		}
-		l.backoff = min(max(2*l.backoff, relayBackoffMin), relayBackoffMax)
-		l.pausedUntil = now.Add(l.backoff)
-		l.mu.Unlock()
+		l.requeueFailed(batch, len(cs), timedOut, now)
 		return false
 	}
 	l.r.succeeded(l)
@@ -304,20 +286,66 @@ func (l *lane) attempt(batch []queued) bool {
 		again[c.ClaimID] = true
 	}
 	if len(delivered)+len(deferred) < len(cs) {
-		// Some are no longer this destination's: back to the relay, which
-		// offers them to their destination now.
-		done := make(map[string]bool, len(delivered))
-		for _, c := range delivered {
-			done[c.ClaimID] = true
-		}
-		var back []model.Credit
-		for _, c := range cs {
-			if !done[c.ClaimID] && !again[c.ClaimID] {
-				back = append(back, c)
-			}
-		}
-		l.r.letGo(back)
+		l.letGoOthers(cs, delivered, again)
 	}
+	l.settle(batch, again, len(deferred), now)
+	return true
+}
+
+// attemptDeadline is when an attempt begun now must end: the lane's
+// timeout (a local or a remote one), or the relay's flush time when the
+// cell stops, whichever is first.
+func (l *lane) attemptDeadline() time.Time {
+	timeout := relayAttemptTimeout
+	if l.local {
+		timeout = relayLocalTimeout
+	}
+	deadline := l.r.clock.Now().Add(timeout)
+	if by := l.r.flushBy.Load(); by != 0 && time.Unix(0, by).Before(deadline) {
+		deadline = time.Unix(0, by) // the cell stops: no attempt outlives the flush (a remote call's own deadline included)
+	}
+	return deadline
+}
+
+// requeueFailed puts a failed attempt's batch (n credits) back at the head
+// of the queue, as a backlog, and backs the lane off; a timed-out attempt
+// also halves the next batch.
+func (l *lane) requeueFailed(batch []queued, n int, timedOut bool, now time.Time) {
+	l.mu.Lock()
+	if timedOut {
+		l.size = max(min(l.size, n)/2, batchMin)
+	}
+	l.queue = append(append([]queued(nil), batch...), l.queue...) // a copy: batch may share flush's array
+	for i := range l.queue {
+		l.queue[i].since = time.Time{} // held through a failure: a backlog now (oldest)
+	}
+	l.backoff = min(max(2*l.backoff, relayBackoffMin), relayBackoffMax)
+	l.pausedUntil = now.Add(l.backoff)
+	l.mu.Unlock()
+}
+
+// letGoOthers gives back to the relay the credits of cs neither delivered
+// nor deferred (again): some are no longer this destination's, and the
+// relay offers them to their destination now.
+func (l *lane) letGoOthers(cs, delivered []model.Credit, again map[string]bool) {
+	done := make(map[string]bool, len(delivered))
+	for _, c := range delivered {
+		done[c.ClaimID] = true
+	}
+	var back []model.Credit
+	for _, c := range cs {
+		if !done[c.ClaimID] && !again[c.ClaimID] {
+			back = append(back, c)
+		}
+	}
+	l.r.letGo(back)
+}
+
+// settle ends a successful attempt at now: the lane's backoff is reset and
+// its batch size doubled; the batch's credits not deferred (again) are
+// forgotten (released), the deferred ones (deferredN) queued again after
+// their backoff.
+func (l *lane) settle(batch []queued, again map[string]bool, deferredN int, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.backoff, l.pausedUntil = 0, time.Time{}
@@ -346,8 +374,7 @@ func (l *lane) attempt(batch []queued) bool {
 			longest = &q
 		}
 	}
-	l.r.deferredCredits(l, len(deferred), longest, l.long)
-	return true
+	l.r.deferredCredits(l, deferredN, longest, l.long)
 }
 
 // setFlight records, for oldest, the attempt now in flight (batch, begun at

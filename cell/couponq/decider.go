@@ -6,42 +6,70 @@ package couponq
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
 	"redcell/cell/couponbatch"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
 )
 
-// gather1 drains layer 1's queue at layer 1's rate: one token per
+// decider is the engine's second role, layer 1: the batch open at the
+// request's accept, the risk caps, the person's holding. It owns layer 1's
+// queue and the risk counters; its goroutines are gather and run; decide
+// (a green request) is safe for concurrent use.
+type decider struct {
+	layer                               // limit: Config.Layer1, gatherFor: Config.Gather[0]
+	in    *handoff[model.CouponRequest] // layer 1's queue: the feeder's takes and the accepts queued at once
+	out   *handoff[queued]              // layer 2's queue (the merger's): what passes
+	risk  riskCounters
+}
+
+// layer is what the decider and the merger are each given: the feeder's
+// books, the engine's store, catalog, clock, log, observer and counts, and
+// the layer's own limiter and gathering wait. Set by New, read only.
+type layer struct {
+	books     books // the feeder: requests parked, done or released
+	store     Store
+	catalog   func() *couponbatch.Catalog // never nil (catalogOf)
+	limit     Limiter                     // the layer's: one token per request
+	gatherFor time.Duration               // the layer's Config.Gather
+	clock     clock.Clock
+	log       *slog.Logger
+	observe   Observer
+	stats     *Stats
+}
+
+// layerOf is the layer of index i (0: layer 1, 1: layer 2) of cfg.
+func layerOf(cfg Config, i int, clk clock.Clock, b books, catalog func() *couponbatch.Catalog, stats *Stats) layer {
+	limit := cfg.Layer1
+	if i == 1 {
+		limit = cfg.Layer2
+	}
+	return layer{books: b, store: cfg.Store, catalog: catalog, limit: limit, gatherFor: cfg.Gather[i], clock: clk, log: cfg.Log,
+		observe: cfg.Observe, stats: stats}
+}
+
+// gather drains layer 1's queue at layer 1's rate: one token per
 // request, what is queued taken as one chunk (up to decideMax) and handed
-// to a free decider (layer1). One gatherer, so that queued requests stay
+// to a free decider (run). One gatherer, so that queued requests stay
 // together however many deciders wait: while every decider is busy, the
 // next chunk grows in the queue, and a decision's one read of holdings
 // covers more requests the busier the cell is.
-func (e *Engine) gather1(ctx context.Context, out chan<- []model.CouponRequest) {
+func (d *decider) gather(ctx context.Context, out chan<- []model.CouponRequest) {
 	for {
-		if err := e.cfg.Layer1.Wait(ctx); err != nil {
+		first, ok := d.in.first(ctx, d.limit) // with the rest of a take the feeder is queuing
+		if !ok {
 			return
 		}
-		var first model.CouponRequest
-		select {
-		case <-ctx.Done():
-			return
-		case first = <-e.q1:
-		}
-		// The rest of a take the feeder is queuing is in once it lets go:
-		// the lock is a barrier here, held by feedDBs, not by this.
-		e.feeding.Lock()
-		//lint:ignore SA2001 a barrier: wait for the take feedDBs is queuing, hold nothing
-		e.feeding.Unlock()
 		rs := []model.CouponRequest{first}
-		until := e.gatherUntil(0)
+		until := gatherUntil(d.clock, d.gatherFor)
 	more:
-		for len(rs) < decideMax && e.cfg.Layer1.Allow() {
+		for len(rs) < decideMax && d.limit.Allow() {
 			select {
-			case r := <-e.q1:
+			case r := <-d.in.ch:
 				rs = append(rs, r)
 				continue
 			default:
@@ -50,7 +78,7 @@ func (e *Engine) gather1(ctx context.Context, out chan<- []model.CouponRequest) 
 				break more
 			}
 			select {
-			case r := <-e.q1:
+			case r := <-d.in.ch:
 				rs = append(rs, r)
 			case <-until:
 				break more
@@ -58,102 +86,111 @@ func (e *Engine) gather1(ctx context.Context, out chan<- []model.CouponRequest) 
 				break more
 			}
 		}
-		if !e.handOver(ctx, out, rs) {
+		if !handOver(ctx, out, rs, d.books) {
 			return
 		}
 	}
 }
 
-// gatherUntil is when a gatherer of layer (0: layer 1, 1: layer 2) that
-// got its first request stops waiting for more: Config.Gather after now
-// (nil, never, for none: it takes what is queued at once). A chunk that
-// fills, or a token its limiter refuses, ends the wait before.
-func (e *Engine) gatherUntil(layer int) <-chan time.Time {
-	if w := e.cfg.Gather[layer]; w > 0 {
-		return e.clock.After(w)
+// gatherUntil is when a layer's gatherer that got its first request stops
+// waiting for more: w (its Config.Gather) after now (nil, never, for none:
+// it takes what is queued at once). A chunk that fills, or a token its
+// limiter refuses, ends the wait before.
+func gatherUntil(clk clock.Clock, w time.Duration) <-chan time.Time {
+	if w > 0 {
+		return clk.After(w)
 	}
 	return nil
 }
 
 // handOver gives a chunk to a free worker of out or, when ctx ends first,
-// releases it (back to accepted); false when ctx ended.
-func (e *Engine) handOver(ctx context.Context, out chan<- []model.CouponRequest, rs []model.CouponRequest) bool {
+// releases it (back to accepted, off b); false when ctx ended.
+func handOver(ctx context.Context, out chan<- []model.CouponRequest, rs []model.CouponRequest, b books) bool {
 	select {
 	case out <- rs:
 		return true
 	case <-ctx.Done():
 		for _, r := range rs {
-			e.done(r)
+			b.done(r)
 		}
-		e.release(rs)
+		b.release(rs)
 		return false
 	}
 }
 
-// layer1 decides the chunks gather1 hands it, each together (one read of
+// next waits for a chunk a gatherer hands a worker; false when ctx ended
+// first.
+func next(ctx context.Context, in <-chan []model.CouponRequest) ([]model.CouponRequest, bool) {
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case rs := <-in:
+		return rs, true
+	}
+}
+
+// run decides the chunks gather hands it, each together (one read of
 // the persons' holdings, one write per refusal reason), and queues what
 // passes for layer 2.
-func (e *Engine) layer1(ctx context.Context, in <-chan []model.CouponRequest) {
+func (d *decider) run(ctx context.Context, in <-chan []model.CouponRequest) {
 	for {
-		var rs []model.CouponRequest
-		select {
-		case <-ctx.Done():
+		rs, ok := next(ctx, in)
+		if !ok {
 			return
-		case rs = <-in:
 		}
-		now := e.clock.Now()
+		now := d.clock.Now()
 		for _, r := range rs {
 			if r.TakenMS > 0 {
-				e.cfg.Observe.Waited(1, now.Sub(time.UnixMilli(r.TakenMS)))
+				d.observe.Waited(1, now.Sub(time.UnixMilli(r.TakenMS)))
 			}
 		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StepTimeout) // a step in flight finishes
-		pass, err := e.decideMany(dctx, rs, true)
+		pass, err := d.decideMany(dctx, rs, true)
 		cancel()
 		if err != nil {
 			// Nothing decided is lost: the requests are taken again after a
 			// pause.
-			e.log.Warn("coupons: decision failed; the requests are taken again", "requests", len(rs), "err", err)
-			e.park(rs, e.clock.Now().Add(backoffFor), true)
+			d.log.Warn("coupons: decision failed; the requests are taken again", "requests", len(rs), "err", err)
+			d.books.park(rs, d.clock.Now().Add(backoffFor), true)
 		}
 		passed := map[string]bool{}
 		for _, r := range pass {
 			passed[key(r)] = true
 		}
 		for _, r := range rs {
-			if !passed[key(r)] && !e.isParked(r) {
-				e.done(r)
+			if !passed[key(r)] && !d.books.isParked(r) {
+				d.books.done(r)
 			}
 		}
-		if !e.queue2(ctx, pass) {
+		if !d.queue2(ctx, pass) {
 			return
 		}
 	}
 }
 
 // queue2 puts a decision's passed requests into layer 2's queue, as one
-// run while there is room (gather2 takes them together), then waiting for
+// run while there is room (the merger's gatherer takes them together), then waiting for
 // room; when ctx ends first, the rest are released. False when ctx ended.
-func (e *Engine) queue2(ctx context.Context, pass []model.CouponRequest) bool {
+func (d *decider) queue2(ctx context.Context, pass []model.CouponRequest) bool {
 	i := 0
-	e.passing.Lock()
-	now := e.clock.Now()
+	d.out.run.Lock()
+	now := d.clock.Now()
 room:
 	for ; i < len(pass); i++ {
 		select {
-		case e.q2 <- queued{r: pass[i], at: now}:
+		case d.out.ch <- queued{r: pass[i], at: now}:
 		default:
 			break room
 		}
 	}
-	e.passing.Unlock()
+	d.out.run.Unlock()
 	for ; i < len(pass); i++ {
 		select {
-		case e.q2 <- queued{r: pass[i], at: e.clock.Now()}:
+		case d.out.ch <- queued{r: pass[i], at: d.clock.Now()}:
 		case <-ctx.Done():
-			e.release(pass[i:])
+			d.books.release(pass[i:])
 			for _, r := range pass[i:] {
-				e.done(r)
+				d.books.done(r)
 			}
 			return false
 		}
@@ -162,8 +199,8 @@ room:
 }
 
 // decide is layer 1 for one request (the green channel).
-func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, err error) {
-	ps, err := e.decideMany(ctx, []model.CouponRequest{r}, false)
+func (d *decider) decide(ctx context.Context, r model.CouponRequest) (pass bool, err error) {
+	ps, err := d.decideMany(ctx, []model.CouponRequest{r}, false)
 	return len(ps) == 1, err
 }
 
@@ -173,12 +210,12 @@ func (e *Engine) decide(ctx context.Context, r model.CouponRequest) (pass bool, 
 // requests that pass are returned, and a person's requests that cannot all
 // pass together are released to be decided after. On an error nothing is
 // refused.
-func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned bool) (pass []model.CouponRequest, err error) {
-	cat := e.catalog()
+func (d *decider) decideMany(ctx context.Context, rs []model.CouponRequest, owned bool) (pass []model.CouponRequest, err error) {
+	cat := d.catalog()
 	refuse := map[model.CouponReason][]model.CouponRequest{}
 	var asks []model.CouponRequest
 	rules := map[string]model.CouponRule{}
-	now := e.clock.Now()
+	now := d.clock.Now()
 	for _, r := range rs {
 		// The window is the request's: accepted while the batch issued, it
 		// is decided even when a backlog brings it here after the end.
@@ -186,7 +223,7 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 		switch {
 		case err != nil:
 			refuse[model.ReasonBatchClosed] = append(refuse[model.ReasonBatchClosed], r)
-		case !e.risk.allow(r, cat.Risk, now):
+		case !d.risk.allow(r, cat.Risk, now):
 			refuse[model.ReasonRisk] = append(refuse[model.ReasonRisk], r)
 		default:
 			rules[r.Batch] = ruleOf(b)
@@ -194,7 +231,7 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 		}
 	}
 	if len(asks) > 0 {
-		hs, err := storage.HoldingsOf(ctx, e.cfg.Store, asks)
+		hs, err := storage.HoldingsOf(ctx, d.store, asks)
 		if err != nil {
 			return nil, err
 		}
@@ -222,15 +259,15 @@ func (e *Engine) decideMany(ctx context.Context, rs []model.CouponRequest, owned
 			tentative[r.ActID] = t.Plus(rule)
 			pass = append(pass, r)
 		}
-		e.park(later, now, owned) // taken again at the feeder's next tick
+		d.books.park(later, now, owned) // taken again at the feeder's next tick
 	}
 	for reason, group := range refuse {
-		if err := storage.RefuseCoupons(ctx, e.cfg.Store, group, reason); err != nil {
+		if err := storage.RefuseCoupons(ctx, d.store, group, reason); err != nil {
 			return nil, err
 		}
-		e.Stats.Refused.Add(int64(len(group)))
+		d.stats.Refused.Add(int64(len(group)))
 		for _, r := range group {
-			e.cfg.Observe.Final(r, false, reason, now)
+			d.observe.Final(r, false, reason, now)
 		}
 	}
 	return pass, nil
