@@ -313,7 +313,7 @@ func (m *merger) issueBatch(ctx context.Context, rule model.CouponRule, reqs []m
 // stopped, when it ended while a green request waited.
 func (m *merger) grant(ctx context.Context, batch string, want, n int64, green bool) (lease string, granted int64, stopped bool, err error) {
 	lease, granted, err = m.stock.Grant(ctx, batch, want)
-	checkGrant(want, granted, err)
+	granted, err = grantInRange(want, granted, err)
 	started := m.clock.Now()
 	for wait := 0; err == nil && granted == 0 && green && wait < greenWaits &&
 		(m.holding(batch) || m.clock.Now().Sub(started) < greenPeerWait); wait++ {
@@ -328,15 +328,20 @@ func (m *merger) grant(ctx context.Context, batch string, want, n int64, green b
 		case <-m.clock.After(pause):
 		}
 		lease, granted, err = m.stock.Grant(ctx, batch, n)
-		checkGrant(n, granted, err)
+		granted, err = grantInRange(n, granted, err)
 	}
 	return lease, granted, false, err
 }
 
-// checkGrant asserts a deduction's answer: a lease of 0..want units (a
-// merge never holds more than it asked for).
-func checkGrant(want, granted int64, err error) {
-	invariant.That(err != nil || granted >= 0 && granted <= want, "couponq: a deduction granted outside 0..the units it asked for")
+// grantInRange refuses a deduction's answer outside 0..want units (a merge
+// never holds more than it asked for). The answer may be another cell's, so
+// a bad one is an error, never an assertion: the batch backs off and the
+// lease, if any, expires and is settled by its (zero) coupons.
+func grantInRange(want, granted int64, err error) (int64, error) {
+	if err == nil && (granted < 0 || granted > want) {
+		return 0, fmt.Errorf("couponq: the batch's home granted %d units for %d asked", granted, want)
+	}
+	return granted, err
 }
 
 // checkIssued asserts an issue's answer against the units it was given:
