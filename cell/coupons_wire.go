@@ -46,7 +46,7 @@ func newCoupons(s *Server, stores [2]couponq.Store, reg *prometheus.Registry) (*
 			ServesDB: s.own.servesDB, Enter: s.own.enter},
 		Budgets: s.budgets,
 		Submit: func(ctx context.Context, space, db int, op storage.MoneyOp) error {
-			return s.submitStore(ctx, s.spaces[space], db, op)
+			return s.writer.submitStore(ctx, s.spaces[space], db, op)
 		},
 		Peers: s.peers, Client: s.calls, Answers: s.answers,
 		Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },

@@ -243,7 +243,7 @@ func (s *Server) deposit(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		s.answers.err(rc, err)
 		return
 	}
-	d, err := s.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
+	d, err := s.writer.depositGrouped(ctx, sp, sh, actID, req.OrderNo, model.Cents(req.Amount))
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -312,7 +312,7 @@ func (s *Server) send(ctx context.Context, rc *fasthttp.RequestCtx, sp *space) {
 	}
 	now := s.clock.Now()
 	id, expiresMS := model.NewPacketID(sh, now), now.Add(s.cfg.PacketExpiry).UnixMilli()
-	p, repeat, err := s.sendGrouped(ctx, sp, sh, req, id, expiresMS)
+	p, repeat, err := s.writer.sendGrouped(ctx, sp, sh, req, id, expiresMS)
 	if err != nil {
 		s.answers.err(rc, err)
 		return
@@ -446,7 +446,7 @@ func (s *Server) credits(ctx context.Context, rc *fasthttp.RequestCtx, sp *space
 		s.answers.err(rc, err)
 		return
 	}
-	applied, deferred, err := s.applyCreditsGrouped(ctx, sp, credits)
+	applied, deferred, err := s.writer.applyCreditsGrouped(ctx, sp, credits)
 	if err != nil {
 		s.answers.err(rc, err)
 		return

@@ -112,7 +112,7 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	r := s.rngs.Get().(*mrand.Rand)
 	defer s.rngs.Put(r)
 	s.metrics.batchSize.Observe(1)
-	results, p, err := s.openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
+	results, p, err := s.writer.openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -290,9 +290,9 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	var p model.Packet
 	var err error
 	if grouped {
-		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
+		results, p, err = s.writer.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
 	} else {
-		results, p, err = s.openAlone(ctx, sp, live[0].ref, reqs, r)
+		results, p, err = s.writer.openAlone(ctx, sp, live[0].ref, reqs, r)
 	}
 	if !errors.Is(err, groupcommit.ErrInFlight) {
 		s.rngs.Put(r) // else the group still draws from r: leave it to the collector

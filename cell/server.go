@@ -188,9 +188,9 @@ type Server struct {
 	warmer  *warmer
 	shadow  *shadowCleaner // drops the shadow space, holds stress traffic off meanwhile (shadow.go)
 
-	// groups commits the work of many keys of one lane together (strategy
-	// grouped; cell/groupcommit).
-	groups *groupcommit.Committer
+	// writer writes the cell's money: the work of many keys of one lane
+	// committed together (cell/groupcommit; group.go).
+	writer *writer
 
 	acts *activities // the reward activities (Config.Activities)
 	rw   rewards     // the reward wallet's state (rewards.go)
@@ -231,6 +231,8 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
 	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
+	s.spaces[0] = &space{name: "real", store: stores.Real}
+	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
 	if err := s.initRewards(reg); err != nil {
 		return nil, err
 	}
@@ -248,8 +250,6 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	calls := cellclient.New(&fasthttp.Client{Name: "redcell-cell", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 64,
 		MaxConnWaitTimeout: internalTimeout / 2},
 		s.signer, clk, internalTimeout)
-	s.spaces[0] = &space{name: "real", store: stores.Real}
-	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
 	// The stores as built (storage.MySQL, memstore.Store) or, wrapped, the
 	// one behind Moves, whose Shadow store shares the setting.
 	for _, st := range []any{stores.Real, stores.Shadow, stores.Moves} {
@@ -264,7 +264,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: s.own.dbs,
-			Owns: s.Owns, Enter: s.own.enterDBs, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+			Owns: s.Owns, Enter: s.own.enterDBs, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, w: s.writer, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
 			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
 	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
@@ -282,7 +282,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		s.cp = cp
 	}
 	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
+		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.writer.groups})
 	s.moves = s.newMoves(stores.Moves, peers)
 	s.shadow = s.newShadow(stores.ShadowDrop, reg)
 	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
@@ -385,7 +385,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// bookers, coupon engines) write through it until they end.
 	stopBG()
 	wg.Wait()
-	s.groups.Stop()
+	s.writer.groups.Stop()
 	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())
 	return err
 }
@@ -453,16 +453,19 @@ func (s *Server) initRewards(reg *prometheus.Registry) error {
 	return nil
 }
 
-// initOpenPath makes the open path: the per-packet FIFOs, the group
-// committer, the open strategy and the split's random sources. Errors: the
+// initOpenPath makes the open path: the per-packet FIFOs, the writer and
+// its group committer, the open strategy and the split's random sources. Errors: the
 // strategy's settings.
 func (s *Server) initOpenPath() error {
 	s.queue = keyqueue.New(keyqueue.Config{
 		Depth: s.cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: s.clock,
 	}, s.openBatch)
-	s.groups = groupcommit.New(groupcommit.Config{Max: s.cfg.GroupMax, Wait: s.cfg.GroupWait, QueueMax: laneQueueMax,
-		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: s.clock})
-	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: s.log}
+	w := &writer{spaces: s.spaces, own: s.own, stats: &s.stats, lanes: s.cfg.CommitLanes, afterOpen: s.afterOpen}
+	w.groups = groupcommit.New(groupcommit.Config{Max: s.cfg.GroupMax, Wait: s.cfg.GroupWait, QueueMax: laneQueueMax,
+		CommitTimeout: txTimeout, Commit: w.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: s.clock})
+	s.strategy = &openStrategy{queue: s.queue, groups: w.groups, log: s.log}
+	w.strategy = s.strategy
+	s.writer = w
 	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: s.cfg.OpenStrategy, BatchMax: s.cfg.BatchMax, BatchWaitMS: int(s.cfg.BatchWait / time.Millisecond),
 		GroupMax: s.cfg.GroupMax, GroupWaitMS: int(s.cfg.GroupWait / time.Millisecond)}); err != nil {
 		return err
@@ -479,7 +482,7 @@ func (s *Server) initOpenPath() error {
 // and refunds, the archive and export, the schema warm-up, reconciliation
 // and the cell's own audit.
 func (s *Server) initPasses(stores Stores, peers Peers, calls *cellclient.Client, relayOff func() bool, reg *prometheus.Registry) {
-	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: s.cfg.ExpiryInterval, packetExpiry: s.cfg.PacketExpiry,
+	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.writer.refundGrouped, interval: s.cfg.ExpiryInterval, packetExpiry: s.cfg.PacketExpiry,
 		cache: s.cache, clock: s.clock, log: s.log, inc: s.inc}
 	s.archive = newArchiver(s.spaces, s.Owns, s.cfg, s.clock, s.log, reg)
 	s.archive.enter = s.enterServed
