@@ -36,7 +36,7 @@ const txTimeout = 5 * time.Second
 
 // open handles POST /v1/packets/{id}/open: the hot path of DESIGN.md §4.
 func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
-	ref, actID, ok := s.packetAndActor(rc, id)
+	ref, actID, ok := s.packets.packetAndActor(rc, id)
 	if !ok {
 		return
 	}

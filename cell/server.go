@@ -204,6 +204,12 @@ type Server struct {
 	rwMetrics *rewardMetrics
 	// cp is the coupon drop (cell/coupons); nil without Config.Coupons.
 	cp *coupons.Drop
+
+	// The parts that serve the account, packet (but open) and credit routes
+	// (accounts.go, packets.go, creditroutes.go).
+	accounts *accounts
+	packets  *packets
+	credits  *creditRoutes
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -291,7 +297,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
 		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
-
+	s.initRouteParts()
 	s.http = s.newHTTPServer()
 	return s, nil
 }
@@ -493,6 +499,16 @@ func (s *Server) initPasses(stores Stores, peers Peers, calls *cellclient.Client
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
 	s.auditor = audit.New(audit.Config{Cell: s.cfg.Name, Owns: s.Owns, Interval: s.cfg.AuditInterval, Clock: s.clock, Log: s.log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
+}
+
+// initRouteParts makes the parts that serve the account, packet and credit
+// routes (the routes table picks them).
+func (s *Server) initRouteParts() {
+	s.accounts = &accounts{own: s.own, writer: s.writer, answers: s.answers, clock: s.clock,
+		identityKey: s.cfg.IdentityKey, identityRegion: s.cfg.IdentityDefaultRegion}
+	s.packets = &packets{own: s.own, writer: s.writer, cache: s.cache, switches: s.switches, answers: s.answers, clock: s.clock,
+		limits: s.cfg.Limits, expiry: s.cfg.PacketExpiry}
+	s.credits = &creditRoutes{own: s.own, writer: s.writer, moves: s.moves, answers: s.answers}
 }
 
 // newHTTPServer is the cell's public HTTP server (handle).
