@@ -213,28 +213,14 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
 	now := s.clock.Now()
 	s.metrics.queued.Sub(float64(len(batch)))
-	live := batch[:0:0]
+	live := batch[:0:0] // filled here, not by a helper: the first 4 jobs' backing stays on the stack
 	for _, j := range batch {
-		s.metrics.queueWait.Observe(now.Sub(j.enqueued).Seconds())
-		switch {
-		case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
-			s.stats.shed.Add(1)
-			s.metrics.shed[shedQueueWait].Inc()
-			j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
-		case !j.deadline.IsZero() && now.After(j.deadline):
-			s.metrics.shed[shedDeadline].Inc()
-			j.done <- model.OpenResult{Err: model.ErrTimeout}
-		default:
+		if !s.shedStale(key, j, now) {
 			live = append(live, j)
 		}
 	}
 	if len(live) == 0 {
 		return
-	}
-	fail := func(err error) {
-		for _, j := range live {
-			j.done <- model.OpenResult{Err: err}
-		}
 	}
 	// The batch writes the packet's database only: under grouped through the
 	// committer, whose group is work a freeze of that database waits for and
@@ -248,7 +234,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		defer leave()
 	}
 	if err := s.own.check(live[0].ref.Shard); err != nil {
-		fail(err)
+		answerJobs(live, nil, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
@@ -259,13 +245,7 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	}
 	if final := sp.closed.get(key); final != nil {
 		results, err := s.answerClosed(ctx, sp, live[0].ref, reqs, final)
-		if err != nil {
-			fail(err)
-			return
-		}
-		for i, j := range live {
-			j.done <- results[i]
-		}
+		answerJobs(live, results, err)
 		return
 	}
 	// Under grouped a lone open takes no memcached slot. The slot keeps many
@@ -280,24 +260,61 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		if release, err = s.slots.Acquire(ctx, string(key)); err != nil {
 			s.stats.shed.Add(int64(len(live)))
 			s.metrics.shed[shedNoSlot].Add(float64(len(live)))
-			fail(model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
+			answerJobs(live, nil, model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
 			return
 		}
 	}
+	results, p, err := s.commitOpens(ctx, sp, live[0].ref, reqs, grouped, now)
+	release()
+	s.batchDone(sp, key, live, p, results, err, now)
+}
+
+// shedStale answers and counts job j of packet key, taken at now, when it
+// waited longer than QueueWaitMax or past its deadline, and reports whether
+// it did.
+func (s *Server) shedStale(key model.PacketID, j *openJob, now time.Time) bool {
+	s.metrics.queueWait.Observe(now.Sub(j.enqueued).Seconds())
+	switch {
+	case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
+		s.stats.shed.Add(1)
+		s.metrics.shed[shedQueueWait].Inc()
+		j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
+	case !j.deadline.IsZero() && now.After(j.deadline):
+		s.metrics.shed[shedDeadline].Inc()
+		j.done <- model.OpenResult{Err: model.ErrTimeout}
+	default:
+		return false
+	}
+	return true
+}
+
+// commitOpens commits one packet's batch of opens, reqs, which began at
+// now, with a random source of the pool: in its lane's group (grouped: a
+// group whose outcome stays unknown has the relay read back the claims
+// from a second before now) or in a transaction of its own. The answers
+// are storage.OpenBatch's.
+func (s *Server) commitOpens(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, grouped bool, now time.Time) ([]model.OpenResult, model.Packet, error) {
 	r := s.rngs.Get().(*mrand.Rand)
-	s.metrics.batchSize.Observe(float64(len(live)))
+	s.metrics.batchSize.Observe(float64(len(reqs)))
 	var results []model.OpenResult
 	var p model.Packet
 	var err error
 	if grouped {
-		results, p, err = s.writer.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
+		results, p, err = s.writer.openGrouped(ctx, sp, ref, reqs, r, now.Add(-time.Second))
 	} else {
-		results, p, err = s.writer.openAlone(ctx, sp, live[0].ref, reqs, r)
+		results, p, err = s.writer.openAlone(ctx, sp, ref, reqs, r)
 	}
 	if !errors.Is(err, groupcommit.ErrInFlight) {
 		s.rngs.Put(r) // else the group still draws from r: leave it to the collector
 	}
-	release()
+	return results, p, err
+}
+
+// batchDone answers the live jobs of packet key after their commit, which
+// the batch began at now: each its result (err nil), or err. A commit that
+// may have written claims no answer carries has the relay read them back;
+// a failure not of shedding is tracked as an incident.
+func (s *Server) batchDone(sp *space, key model.PacketID, live []*openJob, p model.Packet, results []model.OpenResult, err error, now time.Time) {
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
 		if !errors.Is(err, groupcommit.ErrInFlight) && (errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown)) {
@@ -317,20 +334,30 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		} else {
 			track.Fail(err, "packet", key, "batch", len(live))
 		}
-		fail(err)
+		answerJobs(live, nil, err)
 		return
 	}
 	track.OK()
 	s.stats.openBatches.Add(1)
 	cache := s.afterOpen(sp, p, results)
-	for i, j := range live {
-		j.done <- results[i]
-	}
+	answerJobs(live, results, nil)
 	// The grab cache's copy is written after the answers: its memcached
 	// round trip is off every opener's path. It stays in this packet's
 	// worker, so the next batch's copy cannot overtake it.
 	if cache {
 		s.cache.set(sp, p)
+	}
+}
+
+// answerJobs answers each job its result, results[i] to jobs[i]; err
+// non-nil: every job err.
+func answerJobs(jobs []*openJob, results []model.OpenResult, err error) {
+	for i, j := range jobs {
+		if err != nil {
+			j.done <- model.OpenResult{Err: err}
+		} else {
+			j.done <- results[i]
+		}
 	}
 }
 
