@@ -19,8 +19,8 @@ import (
 type noSlots struct{}
 
 func (noSlots) Acquire(context.Context, string) (func(), error) { return func() {}, nil }
-func (noSlots) Stats() (int64, int64)                          { return 0, 0 }
-func (noSlots) FallingBack() bool                              { return false }
+func (noSlots) Stats() (int64, int64)                           { return 0, 0 }
+func (noSlots) FallingBack() bool                               { return false }
 
 // BenchmarkOpenBatch runs the packet worker (openBatch) over memstore: a
 // batch of 8 opens of one packet per op, a new packet every 100 batches.
