@@ -24,7 +24,7 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 	}
 	if path == api.LivePath {
 		rc.SetContentType("application/json")
-		rc.SetBody(s.noopBody) // {"cell": name}: answered, nothing read
+		rc.SetBody(s.gate.noopBody) // {"cell": name}: answered, nothing read
 		return
 	}
 	start := s.clock.Now()
@@ -46,7 +46,7 @@ func (s *Server) handle(rc *fasthttp.RequestCtx) {
 // serveRoute answers a request of route rt; key is its path parameter (an
 // act_id or a packet ID, as sent).
 func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string) {
-	if s.draining.Load() {
+	if s.gate.draining.Load() {
 		s.answers.err(rc, model.ErrShuttingDown)
 		return
 	}
@@ -55,16 +55,16 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 	// reads the request (decoding, the store) and before the rate limit, so
 	// that unsigned calls cannot spend the tokens of signed ones. It covers
 	// unknown routes too: a caller without the secret learns nothing.
-	if !s.signer.VerifyRequest(&rc.Request, s.clock.Now()) {
+	if !s.gate.signer.VerifyRequest(&rc.Request, s.clock.Now()) {
 		s.answers.err(rc, errUnsigned)
 		return
 	}
 	// The cell's own rate limit binds every public request; relayed credits
 	// are exempt: they are money already claimed, bounded by the relay's
 	// batches; so are reconciliation calls, a few a minute from each cell.
-	if api.RouteOf(rt).Public() && !s.limiter.AllowN(s.clock.Now(), 1) {
+	if api.RouteOf(rt).Public() && !s.gate.limiter.AllowN(s.clock.Now(), 1) {
 		s.metrics.limited[rt].Inc()
-		api.WriteErrorBody(rc, http.StatusTooManyRequests, model.ErrCellRateLimited.Code, s.refusal)
+		api.WriteErrorBody(rc, http.StatusTooManyRequests, model.ErrCellRateLimited.Code, s.gate.refusal)
 		rc.Response.Header.Set("Retry-After", "1")
 		rc.Response.Header.Set(api.HeaderCell, s.cfg.Name)
 		return
@@ -88,7 +88,7 @@ func (s *Server) serveRoute(rc *fasthttp.RequestCtx, rt api.RouteID, key string)
 			s.inc.request.OK() // one atomic load unless requests were failing
 		}
 	}()
-	sp := s.spaceOf(rc)
+	sp := s.spaces.of(rc)
 	if !s.enterSpace(rc, rt, sp) { // a shadow cleanup refuses stress requests while it drops (shadow.go)
 		return
 	}
@@ -170,9 +170,9 @@ func bodiedBy[P any](part func(*Server) P, h func(P, context.Context, *fasthttp.
 }
 
 // The parts that serve routes, as keyedBy and bodiedBy pick them.
-func accountsOf(s *Server) *accounts    { return s.accounts }
-func packetsOf(s *Server) *packets      { return s.packets }
-func creditsOf(s *Server) *creditRoutes { return s.credits }
+func accountsOf(s *Server) *accounts    { return s.parts.accounts }
+func packetsOf(s *Server) *packets      { return s.parts.packets }
+func creditsOf(s *Server) *creditRoutes { return s.parts.credits }
 
 // noop is the HTTP ceiling: routed like an account request, no storage
 // touched.
@@ -183,7 +183,7 @@ func noop(s *Server, _ context.Context, rc *fasthttp.RequestCtx, _ *space, _ api
 	}
 	rc.SetStatusCode(http.StatusOK)
 	rc.SetContentType("application/json")
-	rc.SetBody(s.noopBody)
+	rc.SetBody(s.gate.noopBody)
 }
 
 // budgetRoute serves the three budget routes (cell/budgets).
@@ -213,14 +213,14 @@ func (s *Server) healthz(rc *fasthttp.RequestCtx) {
 	if err := s.spaces[0].store.Ping(ctx); err != nil {
 		status, code = "db_unreachable", http.StatusServiceUnavailable
 	}
-	if s.draining.Load() {
+	if s.gate.draining.Load() {
 		status, code = "draining", http.StatusServiceUnavailable
 	}
 	s.answers.json(rc, code, map[string]any{
-		"status": status, "cell": s.cfg.Name, "shards": s.own.rangesString(), "strategy": s.strategy.Strategy().Strategy,
-		"schema_ready": s.warmer.ready.Load(), "active_packets": s.queue.Keys(),
-		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
-		"refunds": s.expiry.refunds.Load(), "relayed": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Relayed.Load() }),
+		"status": status, "cell": s.cfg.Name, "shards": s.own.rangesString(), "strategy": s.opens.strategy.Strategy().Strategy,
+		"schema_ready": s.parts.warmer.ready.Load(), "active_packets": s.opens.queue.Keys(),
+		"opens": s.opens.stats.opens.Load(), "open_batches": s.opens.stats.openBatches.Load(), "shed": s.opens.stats.shed.Load(),
+		"refunds": s.parts.expiry.refunds.Load(), "relayed": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Relayed.Load() }),
 		"relay_errors":   relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Errors.Load() }),
 		"rewards_booked": s.rw.booked[0].Load() + s.rw.booked[1].Load(),
 	})
