@@ -32,8 +32,8 @@ func newBudgets(s *Server, calls *cellclient.Client) *budgets.Keeper {
 		Issued: func(key string) int64 { return s.issuedCounter(s.spaces[0], key).Read() },
 		// The coupon drop is built after the keeper: each call reads it (nil:
 		// no coupon drop, no stock).
-		CouponTotal: func(key string) (int64, bool) { return s.cp.StockTotal(key) },
-		CouponKeys:  func() []string { return s.cp.StockKeys() },
-		SettleMore:  func(ctx context.Context) { s.cp.SettleLeases(ctx) },
+		CouponTotal: func(key string) (int64, bool) { return s.parts.coupons.StockTotal(key) },
+		CouponKeys:  func() []string { return s.parts.coupons.StockKeys() },
+		SettleMore:  func(ctx context.Context) { s.parts.coupons.SettleLeases(ctx) },
 		Clock:       s.clock, Log: s.log})
 }

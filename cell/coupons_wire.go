@@ -30,10 +30,10 @@ var (
 )
 
 // newCoupons builds the cell's coupon drop over s's spaces and stores,
-// ownership, budget keeper and committer, calling other cells through s's
-// client. s's spaces, answers, ownership, switches, calls and budgets must
-// be set. Errors: coupons.New's (an invalid batches file).
-func newCoupons(s *Server, stores [2]couponq.Store, reg *prometheus.Registry) (*coupons.Drop, error) {
+// ownership, budget keeper and writer, calling other cells through calls.
+// s's spaces, answers, ownership, switches, writer and budgets must be set.
+// Errors: coupons.New's (an invalid batches file).
+func newCoupons(s *Server, stores [2]couponq.Store, calls *cellclient.Client, reg *prometheus.Registry) (*coupons.Drop, error) {
 	var spaces [2]coupons.Space
 	for i, sp := range s.spaces {
 		spaces[i] = coupons.Space{Name: sp.name, Stress: sp.stress, Store: sp.store, Coupons: stores[i]}
@@ -46,9 +46,9 @@ func newCoupons(s *Server, stores [2]couponq.Store, reg *prometheus.Registry) (*
 			ServesDB: s.own.servesDB, Enter: s.own.enter},
 		Budgets: s.budgets,
 		Submit: func(ctx context.Context, space, db int, op storage.MoneyOp) error {
-			return s.submitStore(ctx, s.spaces[space], db, op)
+			return s.writer.submitStore(ctx, s.spaces[space], db, op)
 		},
-		Peers: s.peers, Client: s.calls, Answers: s.answers,
+		Peers: s.peers, Client: calls, Answers: s.answers,
 		Paused: func() bool { return s.switches.Off(degrade.CouponIssue) },
 		Reg:    reg, Clock: s.clock, Log: s.log})
 }
@@ -56,9 +56,10 @@ func newCoupons(s *Server, stores [2]couponq.Store, reg *prometheus.Registry) (*
 // couponRoute serves the coupon routes (cell/coupons); on a cell without
 // coupons, COUPONS_DISABLED.
 func couponRoute(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, rt api.RouteID, key string) {
-	if s.cp == nil {
+	cp := s.parts.coupons
+	if cp == nil {
 		s.answers.err(rc, coupons.ErrDisabled)
 		return
 	}
-	s.cp.Serve(ctx, rc, rt, sp.index(), key)
+	cp.Serve(ctx, rc, rt, sp.index(), key)
 }

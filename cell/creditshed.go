@@ -63,7 +63,7 @@ func (s *Server) creditShed(sp *space) error {
 	if share == 0 || (share < 1 && mrand.Float64() >= share) {
 		return nil
 	}
-	s.stats.shed.Add(1)
+	s.opens.stats.shed.Add(1)
 	s.metrics.shed[shedCreditLag].Inc()
 	return model.Errorf(model.ErrOverloaded, "credits are %s behind on this cell; opens are shed until they catch up", behind.Round(time.Millisecond))
 }

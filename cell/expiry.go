@@ -20,7 +20,7 @@ type expirer struct {
 	spaces [2]*space
 	shards func() []model.ShardID // the shards the cell serves now, read each pass
 	own    *ownership             // a packet whose shard the cell no longer serves is skipped
-	// refund refunds one packet through the group committer (Server.refundGrouped),
+	// refund refunds one packet through the group committer (writer.refundGrouped),
 	// which registers the write and checks the packet's shard is still
 	// served: the cents refunded and the packet as the refund left it.
 	refund       func(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error)

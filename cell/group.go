@@ -14,9 +14,30 @@ import (
 )
 
 // The cell's side of group commit (every write; opens under strategy
-// grouped): which lane an op joins,
+// grouped) is the writer: which lane an op joins,
 // how a lane's group reaches its space's store, and the requests that go
 // through the committer instead of a transaction of their own.
+
+// writer writes the cell's money: every write goes through it, as an op in
+// its commit lane's group (groupcommit.Committer), but the opens of the
+// strategies that do not group (openAlone). It holds only what a write
+// needs: the committer, the spaces' stores, the ownership (a group writes
+// only shards the cell serves), the open path's counters (dbOps) and
+// strategy (its GroupMax splits credit batches). Safe for concurrent use;
+// built by Server.initOpenPath, stopped by Serve (groups.Stop) after
+// everything that writes through it.
+type writer struct {
+	groups   *groupcommit.Committer
+	spaces   [2]*space
+	own      *ownership
+	stats    *stats
+	lanes    int           // Config.CommitLanes
+	strategy *openStrategy // read for GroupMax at each credit batch
+	// afterOpen is Server.afterOpen: a grouped batch whose group still
+	// commits when its submitter gives up hands its claims over with it
+	// when the group ends (openGrouped).
+	afterOpen func(sp *space, p model.Packet, results []model.OpenResult) bool
+}
 
 // laneQueueMax bounds the requests one commit lane holds queued (a hot
 // packet's batch counts its opens): 64 full groups at the largest GroupMax,
@@ -37,7 +58,7 @@ const laneQueueMax = 64 * 4096
 // transaction (storage.OpenOp.CreditHere): their databases are entered with
 // the group's, so a freeze of one waits for the group, and the check of a
 // claimant's shard is made inside the transaction, after the entry.
-func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []storage.MoneyOp) error {
+func (w *writer) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []storage.MoneyOp) error {
 	var dbs []int
 	for _, op := range ops {
 		dbs = opDBs(dbs, op)
@@ -45,29 +66,29 @@ func (s *Server) commitGroup(ctx context.Context, ln groupcommit.Lane, ops []sto
 			dbs = claimantDBs(dbs, o)
 		}
 	}
-	leave := s.own.enterDBs(dbs)
+	leave := w.own.enterDBs(dbs)
 	defer leave()
-	sp := s.spaces[ln.Space]
+	sp := w.spaces[ln.Space]
 	keep := ops[:0:0]
 	for _, op := range ops {
-		if err := s.opServed(op); err != nil {
+		if err := w.opServed(op); err != nil {
 			op.Fail(err)
 			continue
 		}
 		if o, ok := op.(*storage.OpenOp); ok {
-			o.CreditHere = s.creditHere(sp)
+			o.CreditHere = w.creditHere(sp)
 		}
 		keep = append(keep, op)
 	}
 	if len(keep) == 0 {
 		return nil
 	}
-	if err := s.spaces[ln.Space].store.CommitGroup(ctx, storage.Ops(keep)); err != nil {
+	if err := w.spaces[ln.Space].store.CommitGroup(ctx, storage.Ops(keep)); err != nil {
 		return err
 	}
 	for _, op := range keep {
 		if sh := op.Shards(); len(sh) > 0 {
-			s.stats.dbOps[sh[0].DB()].Add(1)
+			w.stats.dbOps[sh[0].DB()].Add(1)
 		}
 	}
 	return nil
@@ -96,18 +117,18 @@ func claimantDBs(dbs []int, op *storage.OpenOp) []int {
 // whose database the caller entered (claimantDBs); nil, crediting nothing
 // in the open's transaction, while the relay is switched off (its degrade
 // switch holds every credit back).
-func (s *Server) creditHere(sp *space) func(model.ShardID) bool {
+func (w *writer) creditHere(sp *space) func(model.ShardID) bool {
 	if sp.relay != nil && sp.relay.Off() {
 		return nil
 	}
-	return func(sh model.ShardID) bool { return s.own.check(sh) == nil }
+	return func(sh model.ShardID) bool { return w.own.check(sh) == nil }
 }
 
 // opServed checks that the cell serves every shard op writes: nil, or the
 // first shard's ErrMoving or ErrWrongCell.
-func (s *Server) opServed(op storage.MoneyOp) error {
+func (w *writer) opServed(op storage.MoneyOp) error {
 	for _, sh := range op.Shards() {
-		if err := s.own.check(sh); err != nil {
+		if err := w.own.check(sh); err != nil {
 			return err
 		}
 	}
@@ -116,9 +137,9 @@ func (s *Server) opServed(op storage.MoneyOp) error {
 
 // laneOf names the commit lane of work in database db of space sp: the
 // database itself, or db % CommitLanes when lanes are shared.
-func (s *Server) laneOf(sp *space, db int) groupcommit.Lane {
+func (w *writer) laneOf(sp *space, db int) groupcommit.Lane {
 	id := db
-	if n := s.cfg.CommitLanes; n > 0 {
+	if n := w.lanes; n > 0 {
 		id = db % n
 	}
 	return groupcommit.Lane{Space: sp.index(), ID: id}
@@ -126,8 +147,8 @@ func (s *Server) laneOf(sp *space, db int) groupcommit.Lane {
 
 // submit runs op in its lane's group and returns the op's own error when the
 // group committed, else the group's (groupcommit.Committer.Submit).
-func (s *Server) submit(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
-	if err := s.groups.Submit(ctx, s.laneOf(sp, db), op); err != nil {
+func (w *writer) submit(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
+	if err := w.groups.Submit(ctx, w.laneOf(sp, db), op); err != nil {
 		return err
 	}
 	return op.Failed()
@@ -138,8 +159,8 @@ func (s *Server) submit(ctx context.Context, sp *space, db int, op storage.Money
 // group still committing when ctx ends leaves the outcome unknown, as a
 // lost COMMIT answer does (storage.ErrCommitUnknown: a retry with the key
 // settles it).
-func (s *Server) submitStore(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
-	err := s.submit(ctx, sp, db, op)
+func (w *writer) submitStore(ctx context.Context, sp *space, db int, op storage.MoneyOp) error {
+	err := w.submit(ctx, sp, db, op)
 	if errors.Is(err, groupcommit.ErrInFlight) {
 		return fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
 	}
@@ -156,14 +177,14 @@ func (s *Server) submitStore(ctx context.Context, sp *space, db int, op storage.
 // their retries are repeats, which hand the relay nothing. When that
 // group's outcome is unknown, the relay reads the database's claims back
 // from since instead (relay.Relay.MarkDB).
-func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand, since time.Time) ([]model.OpenResult, model.Packet, error) {
+func (w *writer) openGrouped(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand, since time.Time) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.OpenOp{Ref: ref, Reqs: reqs, Rand: r}
-	if err := s.submit(ctx, sp, ref.Shard.DB(), op); err != nil {
+	if err := w.submit(ctx, sp, ref.Shard.DB(), op); err != nil {
 		if wait, ok := groupcommit.InFlight(err); ok {
 			go func() {
 				switch gerr := wait(); {
 				case gerr == nil:
-					s.afterOpen(sp, op.Packet, op.Results)
+					w.afterOpen(sp, op.Packet, op.Results)
 				case errors.Is(gerr, storage.ErrCommitUnknown):
 					sp.relay.MarkDB(ref.Shard.DB(), since)
 				}
@@ -178,9 +199,9 @@ func (s *Server) openGrouped(ctx context.Context, sp *space, ref model.PacketRef
 // the cents refunded and the packet as the refund left it. Errors:
 // ErrNotFound, ErrMoving or ErrWrongCell (the cell no longer serves the
 // packet's shard; nothing written), the committer's.
-func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error) {
+func (w *writer) refundGrouped(ctx context.Context, sp *space, ref model.PacketRef) (model.Cents, model.Packet, error) {
 	op := &storage.RefundOp{Ref: ref}
-	if err := s.submitStore(ctx, sp, ref.Shard.DB(), op); err != nil {
+	if err := w.submitStore(ctx, sp, ref.Shard.DB(), op); err != nil {
 		return 0, model.Packet{}, err
 	}
 	return op.Refunded, op.Packet, nil
@@ -192,11 +213,11 @@ func (s *Server) refundGrouped(ctx context.Context, sp *space, ref model.PacketR
 // answers are storage.OpenBatch's. The caller entered the packet's
 // database; the claimants' are entered here, for their credits in the same
 // transaction (creditHere).
-func (s *Server) openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
+func (w *writer) openAlone(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, r *mrand.Rand) ([]model.OpenResult, model.Packet, error) {
 	op := &storage.OpenOp{Ref: ref, Reqs: reqs, Rand: r}
-	leave := s.own.enterDBs(claimantDBs(nil, op))
+	leave := w.own.enterDBs(claimantDBs(nil, op))
 	defer leave()
-	op.CreditHere = s.creditHere(sp)
+	op.CreditHere = w.creditHere(sp)
 	if err := sp.store.CommitGroup(ctx, []storage.Op{op}); err != nil {
 		return nil, model.Packet{}, fmt.Errorf("open %s: %w", ref.ID, err)
 	}
@@ -204,18 +225,18 @@ func (s *Server) openAlone(ctx context.Context, sp *space, ref model.PacketRef, 
 }
 
 // sendGrouped is storage.Send through the sender's lane.
-func (s *Server) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
+func (w *writer) sendGrouped(ctx context.Context, sp *space, sh model.ShardID, req model.SendRequest, id model.PacketID, expiresMS int64) (model.Packet, bool, error) {
 	op := &storage.SendOp{Shard: sh, Req: req, PacketID: id, ExpiresMS: expiresMS}
-	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
+	if err := w.submit(ctx, sp, sh.DB(), op); err != nil {
 		return model.Packet{}, false, err
 	}
 	return op.Packet, op.Repeat, nil
 }
 
 // depositGrouped is storage.Deposit through the depositor's lane.
-func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
+func (w *writer) depositGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Deposit, error) {
 	op := &storage.DepositOp{Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
-	if err := s.submit(ctx, sp, sh.DB(), op); err != nil {
+	if err := w.submit(ctx, sp, sh.DB(), op); err != nil {
 		return model.Deposit{}, err
 	}
 	return op.Deposit, nil
@@ -223,9 +244,9 @@ func (s *Server) depositGrouped(ctx context.Context, sp *space, sh model.ShardID
 
 // withdrawGrouped is storage.Withdraw through the account's lane
 // (storage.WithdrawOp).
-func (s *Server) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
+func (w *writer) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardID, actID, orderNo string, amount model.Cents) (model.Withdrawal, error) {
 	op := &storage.WithdrawOp{Shard: sh, ActID: actID, OrderNo: orderNo, Amount: amount}
-	if err := s.submitStore(ctx, sp, sh.DB(), op); err != nil {
+	if err := w.submitStore(ctx, sp, sh.DB(), op); err != nil {
 		return model.Withdrawal{}, err
 	}
 	return op.Withdrawal, nil
@@ -236,7 +257,7 @@ func (s *Server) withdrawGrouped(ctx context.Context, sp *space, sh model.ShardI
 // credits other cells deliver do.
 type relayStore struct {
 	storage.Store
-	s  *Server
+	w  *writer
 	sp *space
 }
 
@@ -244,7 +265,7 @@ type relayStore struct {
 // The relay's local lane calls it after keeping only the credits of shards
 // the cell serves (relay.Config.Owns) inside relay.Config.Enter.
 func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (int, []string, error) {
-	return r.s.applyCreditsGrouped(ctx, r.sp, credits)
+	return r.w.applyCreditsGrouped(ctx, r.sp, credits)
 }
 
 // applyCreditsGrouped is storage.ApplyCredits through the committer:
@@ -253,7 +274,7 @@ func (r relayStore) ApplyCredits(ctx context.Context, credits []model.Credit) (i
 // ops of one lane are submitted one after another. applied and deferred sum
 // every op that committed; the error is the first failed op's (what committed
 // stays booked: a retry of the whole batch books the rest, each credit once).
-func (s *Server) applyCreditsGrouped(ctx context.Context, sp *space, credits []model.Credit) (applied int, deferred []string, err error) {
+func (w *writer) applyCreditsGrouped(ctx context.Context, sp *space, credits []model.Credit) (applied int, deferred []string, err error) {
 	type laneWork struct {
 		lane     groupcommit.Lane
 		credits  []model.Credit
@@ -264,41 +285,41 @@ func (s *Server) applyCreditsGrouped(ctx context.Context, sp *space, credits []m
 	var lanes []*laneWork
 	byLane := map[groupcommit.Lane]*laneWork{}
 	for _, c := range credits {
-		ln := s.laneOf(sp, c.Shard.DB())
-		w := byLane[ln]
-		if w == nil {
-			w = &laneWork{lane: ln}
-			byLane[ln] = w
-			lanes = append(lanes, w)
+		ln := w.laneOf(sp, c.Shard.DB())
+		lw := byLane[ln]
+		if lw == nil {
+			lw = &laneWork{lane: ln}
+			byLane[ln] = lw
+			lanes = append(lanes, lw)
 		}
-		w.credits = append(w.credits, c)
+		lw.credits = append(lw.credits, c)
 	}
-	chunk := max(1, s.strategy.Strategy().GroupMax)
+	chunk := max(1, w.strategy.Strategy().GroupMax)
 	var wg sync.WaitGroup
-	for _, w := range lanes {
+	for _, lw := range lanes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for cs := w.credits; len(cs) > 0 && w.err == nil; {
+			for cs := lw.credits; len(cs) > 0 && lw.err == nil; {
 				n := min(chunk, len(cs))
 				op := &storage.CreditsOp{Credits: cs[:n:n]}
-				if w.err = s.groups.Submit(ctx, w.lane, op); w.err == nil {
-					w.err = op.Err
+				if lw.err = w.groups.Submit(ctx, lw.lane, op); lw.err == nil {
+					lw.err = op.Err
 				}
-				if w.err == nil {
-					w.applied += op.Applied
-					w.deferred = append(w.deferred, op.Deferred...)
+				if lw.err == nil {
+					lw.applied += op.Applied
+					lw.deferred = append(lw.deferred, op.Deferred...)
 				}
 				cs = cs[n:]
 			}
 		}()
 	}
 	wg.Wait()
-	for _, w := range lanes {
-		applied += w.applied
-		deferred = append(deferred, w.deferred...)
-		if w.err != nil && err == nil {
-			err = w.err
+	for _, lw := range lanes {
+		applied += lw.applied
+		deferred = append(deferred, lw.deferred...)
+		if lw.err != nil && err == nil {
+			err = lw.err
 		}
 	}
 	return applied, deferred, err

@@ -2,8 +2,10 @@ package cell
 
 import (
 	"context"
+	"log/slog"
 
 	"redcell/cell/moves"
+	"redcell/internal/clock"
 	"redcell/sharding"
 )
 
@@ -12,16 +14,16 @@ import (
 type MoveStore = moves.Store
 
 // newMoves makes the cell's steps of database moves (cell/moves) over its
-// ownership, peers and metrics; store nil: moves answer NOT_FOUND.
-func (s *Server) newMoves(store MoveStore, peers Peers) *moves.Steps {
+// ownership, peers and metrics m; store nil: moves answer NOT_FOUND.
+func newMoves(cfg Config, store MoveStore, own movesOwnership, peers Peers, m *metrics, clk clock.Clock, log *slog.Logger) *moves.Steps {
 	var ms moves.Store
 	if store != nil { // a typed nil would not be nil in moves.Config
 		ms = store
 	}
-	return moves.New(moves.Config{Cell: s.cfg.Name, Grace: s.cfg.MoveGrace, Store: ms, Own: movesOwnership{s.own}, Peers: peers,
-		Metrics: moves.Metrics{Steps: s.metrics.moveSteps, Drain: s.metrics.moveDrain, CopiesDropped: s.metrics.moveCopiesDropped,
-			CopyChanged: s.metrics.moveCopyChanged, Passes: s.metrics.movePasses},
-		Clock: s.clock, Log: s.log})
+	return moves.New(moves.Config{Cell: cfg.Name, Grace: cfg.MoveGrace, Store: ms, Own: own, Peers: peers,
+		Metrics: moves.Metrics{Steps: m.moveSteps, Drain: m.moveDrain, CopiesDropped: m.moveCopiesDropped,
+			CopyChanged: m.moveCopyChanged, Passes: m.movePasses},
+		Clock: clk, Log: log})
 }
 
 // Holds reports whether the cell owns database db, frozen or not.

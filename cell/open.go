@@ -36,7 +36,7 @@ const txTimeout = 5 * time.Second
 
 // open handles POST /v1/packets/{id}/open: the hot path of DESIGN.md §4.
 func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, id string) {
-	ref, actID, ok := s.packetAndActor(rc, id)
+	ref, actID, ok := s.parts.packets.packetAndActor(rc, id)
 	if !ok {
 		return
 	}
@@ -45,8 +45,8 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		s.answers.err(rc, err)
 		return
 	}
-	s.stats.opensInFlight.Add(1) // the relay's load probe (loaded)
-	defer s.stats.opensInFlight.Add(-1)
+	s.opens.stats.opensInFlight.Add(1) // the relay's load probe (loaded)
+	defer s.opens.stats.opensInFlight.Add(-1)
 	var res model.OpenResult
 	switch age := s.clock.Now().UTC().Sub(time.Date(ref.Year, ref.Month, ref.Day, 0, 0, 0, 0, time.UTC)); {
 	case age < -24*time.Hour:
@@ -54,8 +54,8 @@ func (s *Server) open(ctx context.Context, rc *fasthttp.RequestCtx, sp *space, i
 		// made-up IDs cannot fill the cell with per-packet workers.
 		res = model.OpenResult{Err: model.Errorf(model.ErrNotFound, "red packet %s not found", ref.ID)}
 	case age > s.cfg.PacketExpiry+48*time.Hour:
-		res = s.openOld(ctx, sp, ref, req) // long expired: no share can be paid, no queue needed
-	case s.strategy.Strategy().Strategy == StrategyNaive:
+		res = openOld(ctx, sp, ref, req) // long expired: no share can be paid, no queue needed
+	case s.opens.strategy.Strategy().Strategy == StrategyNaive:
 		res = s.openNaive(ctx, sp, ref, req)
 	default:
 		res = s.openQueued(ctx, sp, ref, req)
@@ -96,7 +96,7 @@ func (s *Server) writeOpen(rc *fasthttp.RequestCtx, res model.OpenResult) {
 // one packet fight for the row lock. Kept as the baseline the bench compares with.
 func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
 	if final := sp.closed.get(ref.ID); final != nil {
-		results, err := s.answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
+		results, err := answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
 		if err != nil {
 			return model.OpenResult{Err: err}
 		}
@@ -109,22 +109,22 @@ func (s *Server) openNaive(ctx context.Context, sp *space, ref model.PacketRef, 
 	if err := s.own.check(ref.Shard); err != nil {
 		return model.OpenResult{Err: err}
 	}
-	r := s.rngs.Get().(*mrand.Rand)
-	defer s.rngs.Put(r)
+	r := s.opens.rngs.Get().(*mrand.Rand)
+	defer s.opens.rngs.Put(r)
 	s.metrics.batchSize.Observe(1)
-	results, p, err := s.openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
+	results, p, err := s.writer.openAlone(ctx, sp, ref, []model.OpenRequest{req}, r)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
 	if s.afterOpen(sp, p, results) {
-		s.cache.set(sp, p)
+		s.opens.cache.set(sp, p)
 	}
 	return results[0]
 }
 
 // openOld answers an open of a packet created long before its expiry: the
 // earlier claim if this user has one, else SOLD_OUT or EXPIRED.
-func (s *Server) openOld(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
+func openOld(ctx context.Context, sp *space, ref model.PacketRef, req model.OpenRequest) model.OpenResult {
 	p, err := storage.Packet(ctx, sp.store, ref)
 	if err != nil {
 		return model.OpenResult{Err: err}
@@ -133,7 +133,7 @@ func (s *Server) openOld(ctx context.Context, sp *space, ref model.PacketRef, re
 	if p.RemainingCount == 0 && p.Status != model.StatusRefunded {
 		final = model.ErrSoldOut
 	}
-	results, err := s.answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
+	results, err := answerClosed(ctx, sp, ref, []model.OpenRequest{req}, final)
 	if err != nil {
 		return model.OpenResult{Err: err}
 	}
@@ -172,7 +172,7 @@ func (c *closedSet) put(id model.PacketID, final error) {
 
 // answerClosed answers opens of a packet that cannot pay out again: users who
 // claimed before get their claim back, the rest get the final error.
-func (s *Server) answerClosed(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
+func answerClosed(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, final error) ([]model.OpenResult, error) {
 	earlier, err := storage.ClaimsOf(ctx, sp.store, ref, reqs)
 	if err != nil {
 		return nil, err
@@ -186,9 +186,9 @@ func (s *Server) openQueued(ctx context.Context, sp *space, ref model.PacketRef,
 	dl, _ := ctx.Deadline()
 	job := &openJob{sp: sp, ref: ref, req: req, enqueued: s.clock.Now(), deadline: dl, done: make(chan model.OpenResult, 1)}
 	s.metrics.queued.Inc() // before Enqueue: the worker may take the job at once
-	if err := s.queue.Enqueue(queueKey{id: ref.ID, stress: sp.stress}, job); err != nil {
+	if err := s.opens.queue.Enqueue(queueKey{id: ref.ID, stress: sp.stress}, job); err != nil {
 		s.metrics.queued.Dec()
-		s.stats.shed.Add(1)
+		s.opens.stats.shed.Add(1)
 		if errors.Is(err, keyqueue.ErrClosed) {
 			s.metrics.shed[shedShutdown].Inc()
 			return model.OpenResult{Err: model.ErrShuttingDown}
@@ -213,28 +213,14 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	key, sp := qk.id, batch[0].sp
 	now := s.clock.Now()
 	s.metrics.queued.Sub(float64(len(batch)))
-	live := batch[:0:0]
+	live := batch[:0:0] // filled here, not by a helper: the first 4 jobs' backing stays on the stack
 	for _, j := range batch {
-		s.metrics.queueWait.Observe(now.Sub(j.enqueued).Seconds())
-		switch {
-		case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
-			s.stats.shed.Add(1)
-			s.metrics.shed[shedQueueWait].Inc()
-			j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
-		case !j.deadline.IsZero() && now.After(j.deadline):
-			s.metrics.shed[shedDeadline].Inc()
-			j.done <- model.OpenResult{Err: model.ErrTimeout}
-		default:
+		if !s.shedStale(key, j, now) {
 			live = append(live, j)
 		}
 	}
 	if len(live) == 0 {
 		return
-	}
-	fail := func(err error) {
-		for _, j := range live {
-			j.done <- model.OpenResult{Err: err}
-		}
 	}
 	// The batch writes the packet's database only: under grouped through the
 	// committer, whose group is work a freeze of that database waits for and
@@ -242,13 +228,13 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	// its own, and the batch is that work (enterDB). Either way it checks the
 	// shard is still served (the handler's own check may be from before a
 	// freeze). The strategy is read once: the work and the path agree.
-	grouped := s.strategy.grouped()
+	grouped := s.opens.strategy.grouped()
 	if !grouped {
 		leave := s.own.enterDB(live[0].ref.Shard.DB())
 		defer leave()
 	}
 	if err := s.own.check(live[0].ref.Shard); err != nil {
-		fail(err)
+		answerJobs(live, nil, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), txTimeout)
@@ -258,14 +244,8 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		reqs[i] = j.req
 	}
 	if final := sp.closed.get(key); final != nil {
-		results, err := s.answerClosed(ctx, sp, live[0].ref, reqs, final)
-		if err != nil {
-			fail(err)
-			return
-		}
-		for i, j := range live {
-			j.done <- results[i]
-		}
+		results, err := answerClosed(ctx, sp, live[0].ref, reqs, final)
+		answerJobs(live, results, err)
 		return
 	}
 	// Under grouped a lone open takes no memcached slot. The slot keeps many
@@ -277,27 +257,64 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 	release := func() {}
 	if !grouped || len(live) > 1 {
 		var err error
-		if release, err = s.slots.Acquire(ctx, string(key)); err != nil {
-			s.stats.shed.Add(int64(len(live)))
+		if release, err = s.opens.slots.Acquire(ctx, string(key)); err != nil {
+			s.opens.stats.shed.Add(int64(len(live)))
 			s.metrics.shed[shedNoSlot].Add(float64(len(live)))
-			fail(model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
+			answerJobs(live, nil, model.Errorf(model.ErrOverloaded, "no transaction slot for red packet %s", key))
 			return
 		}
 	}
-	r := s.rngs.Get().(*mrand.Rand)
-	s.metrics.batchSize.Observe(float64(len(live)))
+	results, p, err := s.commitOpens(ctx, sp, live[0].ref, reqs, grouped, now)
+	release()
+	s.batchDone(sp, key, live, p, results, err, now)
+}
+
+// shedStale answers and counts job j of packet key, taken at now, when it
+// waited longer than QueueWaitMax or past its deadline, and reports whether
+// it did.
+func (s *Server) shedStale(key model.PacketID, j *openJob, now time.Time) bool {
+	s.metrics.queueWait.Observe(now.Sub(j.enqueued).Seconds())
+	switch {
+	case now.Sub(j.enqueued) > s.cfg.QueueWaitMax:
+		s.opens.stats.shed.Add(1)
+		s.metrics.shed[shedQueueWait].Inc()
+		j.done <- model.OpenResult{Err: model.Errorf(model.ErrOverloaded, "waited %s in the queue of red packet %s", now.Sub(j.enqueued).Round(time.Millisecond), key)}
+	case !j.deadline.IsZero() && now.After(j.deadline):
+		s.metrics.shed[shedDeadline].Inc()
+		j.done <- model.OpenResult{Err: model.ErrTimeout}
+	default:
+		return false
+	}
+	return true
+}
+
+// commitOpens commits one packet's batch of opens, reqs, which began at
+// now, with a random source of the pool: in its lane's group (grouped: a
+// group whose outcome stays unknown has the relay read back the claims
+// from a second before now) or in a transaction of its own. The answers
+// are storage.OpenBatch's.
+func (s *Server) commitOpens(ctx context.Context, sp *space, ref model.PacketRef, reqs []model.OpenRequest, grouped bool, now time.Time) ([]model.OpenResult, model.Packet, error) {
+	r := s.opens.rngs.Get().(*mrand.Rand)
+	s.metrics.batchSize.Observe(float64(len(reqs)))
 	var results []model.OpenResult
 	var p model.Packet
 	var err error
 	if grouped {
-		results, p, err = s.openGrouped(ctx, sp, live[0].ref, reqs, r, now.Add(-time.Second))
+		results, p, err = s.writer.openGrouped(ctx, sp, ref, reqs, r, now.Add(-time.Second))
 	} else {
-		results, p, err = s.openAlone(ctx, sp, live[0].ref, reqs, r)
+		results, p, err = s.writer.openAlone(ctx, sp, ref, reqs, r)
 	}
 	if !errors.Is(err, groupcommit.ErrInFlight) {
-		s.rngs.Put(r) // else the group still draws from r: leave it to the collector
+		s.opens.rngs.Put(r) // else the group still draws from r: leave it to the collector
 	}
-	release()
+	return results, p, err
+}
+
+// batchDone answers the live jobs of packet key after their commit, which
+// the batch began at now: each its result (err nil), or err. A commit that
+// may have written claims no answer carries has the relay read them back;
+// a failure not of shedding is tracked as an incident.
+func (s *Server) batchDone(sp *space, key model.PacketID, live []*openJob, p model.Packet, results []model.OpenResult, err error, now time.Time) {
 	track := s.inc.openBatch[sp.index()]
 	if err != nil {
 		if !errors.Is(err, groupcommit.ErrInFlight) && (errors.Is(err, model.ErrTimeout) || errors.Is(err, storage.ErrCommitUnknown)) {
@@ -317,20 +334,30 @@ func (s *Server) openBatch(qk queueKey, batch []*openJob) {
 		} else {
 			track.Fail(err, "packet", key, "batch", len(live))
 		}
-		fail(err)
+		answerJobs(live, nil, err)
 		return
 	}
 	track.OK()
-	s.stats.openBatches.Add(1)
+	s.opens.stats.openBatches.Add(1)
 	cache := s.afterOpen(sp, p, results)
-	for i, j := range live {
-		j.done <- results[i]
-	}
+	answerJobs(live, results, nil)
 	// The grab cache's copy is written after the answers: its memcached
 	// round trip is off every opener's path. It stays in this packet's
 	// worker, so the next batch's copy cannot overtake it.
 	if cache {
-		s.cache.set(sp, p)
+		s.opens.cache.set(sp, p)
+	}
+}
+
+// answerJobs answers each job its result, results[i] to jobs[i]; err
+// non-nil: every job err.
+func answerJobs(jobs []*openJob, results []model.OpenResult, err error) {
+	for i, j := range jobs {
+		if err != nil {
+			j.done <- model.OpenResult{Err: err}
+		} else {
+			j.done <- results[i]
+		}
 	}
 }
 
@@ -342,7 +369,7 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 	fresh := len(credits)
 	credits = slices.DeleteFunc(credits, func(c model.Credit) bool { return creditedHere(results, c.ClaimID) })
 	if len(credits) < fresh {
-		s.stats.creditedInOpen.Add(int64(fresh - len(credits)))
+		s.opens.stats.creditedInOpen.Add(int64(fresh - len(credits)))
 		if ref, err := model.ParsePacketID(string(p.ID)); err == nil {
 			sp.relay.Came(ref.Shard.DB()) // its position moves past them
 		}
@@ -353,7 +380,7 @@ func (s *Server) afterOpen(sp *space, p model.Packet, results []model.OpenResult
 		// first.
 		credits[i].Dest = s.creditDest(credits[i].Shard)
 	}
-	s.stats.opens.Add(int64(fresh))
+	s.opens.stats.opens.Add(int64(fresh))
 	final := model.FinalErr(p, s.clock.Now().UnixMilli())
 	closed := final != nil
 	if closed {

@@ -188,6 +188,18 @@ func (o *ownership) enterDB(db int) (leave func()) {
 	return o.dbWork[db].enter()
 }
 
+// enterServed registers background work about to write database db (an
+// archive or export step) as work a move's freeze drains, when the cell
+// serves db now; ok false (not served, or frozen) registers nothing.
+func (o *ownership) enterServed(db int) (leave func(), ok bool) {
+	leave = o.enterDB(db)
+	if !o.servesDB(db) {
+		leave()
+		return nil, false
+	}
+	return leave, true
+}
+
 // enterDBs is enterDB for each of dbs (in any order, repeats allowed).
 func (o *ownership) enterDBs(dbs []int) (leave func()) {
 	var seen [model.DBCount]bool

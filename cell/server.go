@@ -98,6 +98,27 @@ func (sp *space) index() int {
 	return 0
 }
 
+// spaces are the cell's two: [0] real money, [1] stress traffic.
+type spaces [2]*space
+
+// of picks the space of a request: the shadow one for stress traffic.
+func (sps spaces) of(rc *fasthttp.RequestCtx) *space {
+	if api.IsStress(&rc.Request.Header) {
+		return sps[1]
+	}
+	return sps[0]
+}
+
+// redrive hands claims reconciliation found uncredited past their settle
+// time to the relay of the space named space (recon.Config.Redrive).
+func (sps spaces) redrive(space string, cs []model.Credit) {
+	for _, sp := range sps {
+		if sp.name == space {
+			sp.relay.Redrive(cs)
+		}
+	}
+}
+
 // Stores are the cell's two namespaces over its database.
 type Stores struct {
 	Real   storage.Store // users' money
@@ -120,16 +141,6 @@ type creditDester interface {
 	SetCreditDest(dest func(model.ShardID) string)
 }
 
-// redrive hands claims reconciliation found uncredited past their settle
-// time to the relay of the space named space (recon.Config.Redrive).
-func (s *Server) redrive(space string, cs []model.Credit) {
-	for _, sp := range s.spaces {
-		if sp.name == space {
-			sp.relay.Redrive(cs)
-		}
-	}
-}
-
 // creditDest names the cell a credit to a claimant of shard sh goes to now:
 // this cell when it owns sh, else the shard map's owner ("" when none). New
 // claim rows record it (model.Credit.Dest).
@@ -146,64 +157,89 @@ func (s *Server) creditDest(sh model.ShardID) string {
 	return ""
 }
 
-// Server is one running cell: it routes and admits requests and runs the open
-// path itself; its other jobs are parts built from narrow interfaces and
-// started by Serve: a relay per space (cell/relay), reconciliation
-// (cell/recon), the audit of its own books (cell/audit), the budgets' leases
-// (cell/budgets), the coupon drop (cell/coupons), the admin port (cell/admin), the group committer
-// (cell/groupcommit), the expiry of packets and the schema warm-up. None of them holds the Server. Create it with New,
+// Server is one running cell: it routes and admits requests and runs the
+// open path itself; its other jobs are parts built from narrow interfaces:
+// the writer and its group committer (cell/groupcommit), a relay per space
+// (cell/relay), the route bodies of accounts, packets and credits,
+// reconciliation (cell/recon), the audit of its own books (cell/audit), the
+// budgets' leases (cell/budgets), the coupon drop (cell/coupons), the admin
+// port (cell/admin), the expiry of packets and the schema warm-up; Serve
+// starts those that run. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
-	cfg    Config
-	clock  clock.Clock
-	spaces [2]*space // [0] real money, [1] stress traffic
-	slots  Slots
-	cache  *grabCache // nil without a GrabCache
-	peers  Peers
-	log    *slog.Logger
-
-	own   *ownership
-	moves *moves.Steps // the cell's steps of database moves (cell/moves)
-	queue *keyqueue.Queue[queueKey, *openJob]
-	rngs  sync.Pool // *rand.Rand, one per worker at a time
-	http  *fasthttp.Server
-
-	strategy *openStrategy     // how opens run; the admin port switches it
-	switches *degrade.Switches // features switched off
-	noopBody []byte            // the no-op route's fixed answer
-	draining atomic.Bool
-	stats    stats
-	limiter  *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
-	signer   *api.Signer   // checks every signed call (Config.ClusterSecret)
-	refusal  []byte        // the CELL_RATE_LIMITED answer, made once
-	metrics  *metrics
-	answers  answers    // writes answers and error answers
-	inc      *incidents // repeated failures, logged when they start and end
-
-	recon   *recon.Reconciler
-	auditor *audit.Auditor
-	admin   *admin.Server
-	expiry  *expirer
-	archive *archiver
-	warmer  *warmer
-	shadow  *shadowCleaner // drops the shadow space, holds stress traffic off meanwhile (shadow.go)
-
-	// groups commits the work of many keys of one lane together (strategy
-	// grouped; cell/groupcommit).
-	groups *groupcommit.Committer
-
-	acts *activities // the reward activities (Config.Activities)
-	rw   rewards     // the reward wallet's state (rewards.go)
+	// What the parts are built from, and what the reward wallet's files
+	// (rewards.go, wallet.go, tokens.go, activities.go, rewardrecon.go,
+	// rewardmetrics.go) read on the Server until they move (issue 30).
+	cfg      Config
+	clock    clock.Clock
+	log      *slog.Logger
+	spaces   spaces // [0] real money, [1] stress traffic
+	own      *ownership
+	peers    Peers
+	answers  answers           // writes answers and error answers
+	inc      *incidents        // repeated failures, logged when they start and end
+	switches *degrade.Switches // features switched off (a guard, read by handlers and the relay)
 	// budgets spends the leases of the scenes that control their stock and
 	// of the coupon batches, and homes their budgets (cell/budgets).
 	budgets *budgets.Keeper
-	calls   *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets, coupons)
+
+	gate    gate     // the HTTP server and the checks every request passes
+	opens   openPath // the open path's state (open.go)
+	writer  *writer  // every write of money, through the commit lanes (group.go)
+	metrics *metrics
+	parts   parts // the route bodies and the background passes
+
+	acts *activities // the reward activities (Config.Activities)
+	rw   rewards     // the reward wallet's state (rewards.go)
 	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
 	rwRecon *rewardReconMetrics
 	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
 	rwMetrics *rewardMetrics
-	// cp is the coupon drop (cell/coupons); nil without Config.Coupons.
-	cp *coupons.Drop
+}
+
+// gate is what a request passes on its way in, before its route's handler
+// (handle, serveRoute), and the server it comes through. The degrade
+// switches are a guard too, held by the Server (the reward wallet reads
+// them there).
+type gate struct {
+	http     *fasthttp.Server
+	signer   *api.Signer   // checks every signed call (Config.ClusterSecret)
+	limiter  *rate.Limiter // the cell's own request rate (Config.RateLimitPerSec)
+	refusal  []byte        // the CELL_RATE_LIMITED answer, made once
+	noopBody []byte        // the no-op route's and /livez's fixed answer
+	draining atomic.Bool   // set by Serve once it stops taking requests
+}
+
+// openPath is the state of the open path (open.go): the per-packet FIFOs,
+// how opens run, the transaction slots, the split's random sources, the
+// grab cache and the open path's counters.
+type openPath struct {
+	queue    *keyqueue.Queue[queueKey, *openJob]
+	strategy *openStrategy // how opens run; the admin port switches it
+	slots    Slots
+	cache    *grabCache // nil without a GrabCache
+	rngs     sync.Pool  // *rand.Rand, one per worker at a time
+	stats    stats
+}
+
+// parts are the cell's jobs but routing, admission and the open path, each
+// a type of its own built in New from what it uses; none holds the Server.
+// serveRoute hands requests to the route bodies; Serve starts the passes
+// and the admin port. (The budget keeper is one too, held by the Server.)
+type parts struct {
+	accounts *accounts     // account, deposit, identity (accounts.go)
+	packets  *packets      // send, grab, detail (packets.go)
+	credits  *creditRoutes // /internal/credits, /internal/recon (creditroutes.go)
+	coupons  *coupons.Drop // the coupon drop and its routes (cell/coupons); nil without Config.Coupons
+
+	expiry  *expirer
+	archive *archiver
+	warmer  *warmer
+	recon   *recon.Reconciler
+	auditor *audit.Auditor
+	shadow  *shadowCleaner // drops the shadow space, holds stress traffic off meanwhile (shadow.go)
+	moves   *moves.Steps   // the cell's steps of database moves (cell/moves)
+	admin   *admin.Server  // the admin port
 }
 
 // stats are the open path's counters (exported through /healthz and /metrics).
@@ -215,6 +251,16 @@ type stats struct {
 	// spaces (redcell_cell_db_ops_total): the load redcell plan balances.
 	dbOps [model.DBCount]atomic.Int64
 }
+
+// relayYieldOpens: with this many opens in flight the cell is loaded, and the
+// relay yields to them (relay.Config.Busy). Half the bench's 64 connections:
+// a lone client, or a few, never makes credits wait; a cell whose opens queue
+// up behind its database does.
+const relayYieldOpens = 32
+
+// loaded is the relay's load probe: whether relayYieldOpens or more opens
+// are in flight.
+func (st *stats) loaded() bool { return st.opensInFlight.Load() >= relayYieldOpens }
 
 // New wires a cell. It does no I/O but reading Config.Activities (an invalid
 // file is its error). The cell's metrics are registered with reg,
@@ -230,12 +276,15 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
-	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
+	s := &Server{cfg: cfg, clock: clk, peers: peers, log: log}
+	s.opens.slots = slots
+	s.spaces[0] = &space{name: "real", store: stores.Real}
+	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
 	if err := s.initRewards(reg); err != nil {
 		return nil, err
 	}
 	if cache != nil {
-		s.cache = &grabCache{c: cache, clock: clk}
+		s.opens.cache = &grabCache{c: cache, clock: clk}
 	}
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
@@ -244,12 +293,10 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		return nil, err
 	}
 	s.switches = degrade.New(cfg.Degrade, log)
-	s.signer = api.NewSigner(cfg.ClusterSecret)
+	s.gate.signer = api.NewSigner(cfg.ClusterSecret)
 	calls := cellclient.New(&fasthttp.Client{Name: "redcell-cell", ReadTimeout: internalTimeout, WriteTimeout: internalTimeout, MaxConnsPerHost: 64,
 		MaxConnWaitTimeout: internalTimeout / 2},
-		s.signer, clk, internalTimeout)
-	s.spaces[0] = &space{name: "real", store: stores.Real}
-	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
+		s.gate.signer, clk, internalTimeout)
 	// The stores as built (storage.MySQL, memstore.Store) or, wrapped, the
 	// one behind Moves, whose Shadow store shares the setting.
 	for _, st := range []any{stores.Real, stores.Shadow, stores.Moves} {
@@ -257,69 +304,37 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 			d.SetCreditDest(s.creditDest)
 		}
 	}
-	s.calls = calls
 	s.budgets = newBudgets(s, calls)
 	s.acts.issued = s.budgets.Issued
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
 		sp.relay = relay.New(relay.Config{Cell: cfg.Name, Space: sp.name, Interval: cfg.RelayInterval, DBs: s.own.dbs,
-			Owns: s.Owns, Enter: s.own.enterDBs, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, s: s, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
-			Clock: clk, Log: log, Busy: s.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
+			Owns: s.Owns, Enter: s.own.enterDBs, Off: s.spaceRelayOff(sp, relayOff), Store: relayStore{Store: sp.store, w: s.writer, sp: sp}, Client: cellCalls{c: calls, stress: sp.stress}, Peers: peers,
+			Clock: clk, Log: log, Busy: s.opens.stats.loaded, CreditLag: creditLagOf(creditLag, sp.name)})
 	}
-	s.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
-	s.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
-	_, s.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
-	s.initPasses(stores, peers, calls, relayOff, reg)
+	s.gate.noopBody, _ = json.Marshal(api.NoopResponse{Cell: cfg.Name})
+	s.gate.limiter = rate.NewLimiter(rate.Limit(cfg.RateLimitPerSec), cfg.RateBurst)
+	_, s.gate.refusal = api.ErrorJSON(model.Errorf(model.ErrCellRateLimited, "cell %s is above its limit of %d requests/s; retry later", cfg.Name, cfg.RateLimitPerSec))
+	s.initPasses(stores, calls, relayOff, reg)
 	if cfg.Coupons != "" {
 		if stores.RealCoupons == nil || stores.ShadowCoupons == nil {
 			return nil, errors.New("cell: Coupons names a batches file, but no coupon stores were given")
 		}
-		cp, err := newCoupons(s, [2]couponq.Store{stores.RealCoupons, stores.ShadowCoupons}, reg)
+		cp, err := newCoupons(s, [2]couponq.Store{stores.RealCoupons, stores.ShadowCoupons}, calls, reg)
 		if err != nil {
 			return nil, fmt.Errorf("cell: %w", err)
 		}
-		s.cp = cp
+		s.parts.coupons = cp
 	}
-	s.metrics = newMetrics(reg, metricSources{queue: s.queue, stats: &s.stats, spaces: s.spaces, expiry: s.expiry, slots: slots,
-		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.groups})
-	s.moves = s.newMoves(stores.Moves, peers)
-	s.shadow = s.newShadow(stores.ShadowDrop, reg)
-	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
-	if s.cp != nil {
-		couponAdmin = s.cp
-	}
-	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
-
-	s.http = s.newHTTPServer()
+	s.metrics = newMetrics(reg, metricSources{queue: s.opens.queue, stats: &s.opens.stats, spaces: s.spaces, expiry: s.parts.expiry, slots: slots,
+		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.writer.groups})
+	s.initServing(stores, reg)
 	return s, nil
 }
 
 // Owns reports whether this cell owns shard sh.
 func (s *Server) Owns(sh model.ShardID) bool { return s.own.owns(sh) }
-
-// enterServed registers background work about to write database db (an
-// archive or export step) as work a move's freeze drains, when the cell
-// serves db now; ok false (not served, or frozen) registers nothing.
-func (s *Server) enterServed(db int) (leave func(), ok bool) {
-	leave = s.own.enterDB(db)
-	if !s.own.servesDB(db) {
-		leave()
-		return nil, false
-	}
-	return leave, true
-}
-
-// relayYieldOpens: with this many opens in flight the cell is loaded, and the
-// relay yields to them (relay.Config.Busy). Half the bench's 64 connections:
-// a lone client, or a few, never makes credits wait; a cell whose opens queue
-// up behind its database does.
-const relayYieldOpens = 32
-
-// loaded is the relay's load probe: whether relayYieldOpens or more opens
-// are in flight.
-func (s *Server) loaded() bool { return s.stats.opensInFlight.Load() >= relayYieldOpens }
 
 // Listen binds the HTTP address (so callers know it is taken before announcing).
 func (s *Server) Listen() (net.Listener, error) {
@@ -336,10 +351,11 @@ func (s *Server) Listen() (net.Listener, error) {
 // warm-up, relay, expiry, reconciliation, the hourly audit) runs while it
 // serves.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	s.moves.LoadMarks(ctx) // databases frozen by a move when the cell stopped stay frozen from the first request
+	p := &s.parts
+	p.moves.LoadMarks(ctx) // databases frozen by a move when the cell stopped stay frozen from the first request
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	background := []func(context.Context){s.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
+	background := []func(context.Context){p.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, p.expiry.run, p.archive.run, p.recon.Run, p.auditor.Run,
 		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.budgets.Run, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
 		s.budgets.Recover} // Recover: the budgets this cell homes, as New's file sets them; then an earlier run's leases
 	if s.cfg.IssuedMemcache != nil {
@@ -348,21 +364,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	if s.cfg.WarmSchema {
-		background = append(background, s.warmer.run)
+		background = append(background, p.warmer.run)
 	}
-	if s.cp != nil {
-		background = append(background, s.cp.Run)
+	if p.coupons != nil {
+		background = append(background, p.coupons.Run)
 	}
-	background = append(background, s.shadow.run)
+	background = append(background, p.shadow.run)
 	for _, run := range background {
 		wg.Add(1)
 		go func() { defer wg.Done(); run(bg) }()
 	}
 
 	errc := make(chan error, 1)
-	go func() { errc <- s.http.Serve(ln) }()
-	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.strategy.Strategy().Strategy)
-	stopAdmin, aerr := s.admin.Serve(bg)
+	go func() { errc <- s.gate.http.Serve(ln) }()
+	s.log.Info("cell serving", "addr", ln.Addr().String(), "shards", s.cfg.Shards.String(), "strategy", s.opens.strategy.Strategy().Strategy)
+	stopAdmin, aerr := p.admin.Serve(bg)
 	if aerr != nil {
 		s.log.Error("admin port", "err", aerr)
 	}
@@ -372,30 +388,22 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case err = <-errc:
 	case <-ctx.Done():
 	}
-	s.draining.Store(true)
+	s.gate.draining.Store(true)
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if serr := s.http.ShutdownWithContext(sctx); serr != nil && err == nil {
+	if serr := s.gate.http.ShutdownWithContext(sctx); serr != nil && err == nil {
 		err = serr
 	}
-	s.queue.Close()
-	s.queue.Wait()
+	s.opens.queue.Close()
+	s.opens.queue.Wait()
 	// The committer stops last: the packet workers submit their last batches
 	// to it, and the background loops (the relay's local lane, expiry,
 	// bookers, coupon engines) write through it until they end.
 	stopBG()
 	wg.Wait()
-	s.groups.Stop()
-	s.log.Info("cell stopped", "opens", s.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())
+	s.writer.groups.Stop()
+	s.log.Info("cell stopped", "opens", s.opens.stats.opens.Load(), "relayed", s.spaces[0].relay.Stats.Relayed.Load())
 	return err
-}
-
-// spaceOf picks the namespace of a request: shadow tables for stress traffic.
-func (s *Server) spaceOf(rc *fasthttp.RequestCtx) *space {
-	if api.IsStress(&rc.Request.Header) {
-		return s.spaces[1]
-	}
-	return s.spaces[0]
 }
 
 // internalTimeout bounds a cell-to-cell call (/internal/...) whose caller sent
@@ -453,21 +461,25 @@ func (s *Server) initRewards(reg *prometheus.Registry) error {
 	return nil
 }
 
-// initOpenPath makes the open path: the per-packet FIFOs, the group
-// committer, the open strategy and the split's random sources. Errors: the
+// initOpenPath makes the open path: the per-packet FIFOs, the writer and
+// its group committer, the open strategy and the split's random sources. Errors: the
 // strategy's settings.
 func (s *Server) initOpenPath() error {
-	s.queue = keyqueue.New(keyqueue.Config{
+	o := &s.opens
+	o.queue = keyqueue.New(keyqueue.Config{
 		Depth: s.cfg.QueueDepth, MaxKeys: 200_000, BatchMax: 1, IdleStop: 2 * time.Second, Clock: s.clock,
 	}, s.openBatch)
-	s.groups = groupcommit.New(groupcommit.Config{Max: s.cfg.GroupMax, Wait: s.cfg.GroupWait, QueueMax: laneQueueMax,
-		CommitTimeout: txTimeout, Commit: s.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: s.clock})
-	s.strategy = &openStrategy{queue: s.queue, groups: s.groups, log: s.log}
-	if err := s.strategy.SetStrategy(api.StrategySetting{Strategy: s.cfg.OpenStrategy, BatchMax: s.cfg.BatchMax, BatchWaitMS: int(s.cfg.BatchWait / time.Millisecond),
+	w := &writer{spaces: s.spaces, own: s.own, stats: &o.stats, lanes: s.cfg.CommitLanes, afterOpen: s.afterOpen}
+	w.groups = groupcommit.New(groupcommit.Config{Max: s.cfg.GroupMax, Wait: s.cfg.GroupWait, QueueMax: laneQueueMax,
+		CommitTimeout: txTimeout, Commit: w.commitGroup, Observe: func(g groupcommit.Group) { s.metrics.observeGroup(g) }, Clock: s.clock})
+	o.strategy = &openStrategy{queue: o.queue, groups: w.groups, log: s.log}
+	w.strategy = o.strategy
+	s.writer = w
+	if err := o.strategy.SetStrategy(api.StrategySetting{Strategy: s.cfg.OpenStrategy, BatchMax: s.cfg.BatchMax, BatchWaitMS: int(s.cfg.BatchWait / time.Millisecond),
 		GroupMax: s.cfg.GroupMax, GroupWaitMS: int(s.cfg.GroupWait / time.Millisecond)}); err != nil {
 		return err
 	}
-	s.rngs.New = func() any {
+	o.rngs.New = func() any {
 		var seed [16]byte
 		_, _ = rand.Read(seed[:])
 		return mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))
@@ -478,24 +490,47 @@ func (s *Server) initOpenPath() error {
 // initPasses makes the cell's background passes over its books: expiry
 // and refunds, the archive and export, the schema warm-up, reconciliation
 // and the cell's own audit.
-func (s *Server) initPasses(stores Stores, peers Peers, calls *cellclient.Client, relayOff func() bool, reg *prometheus.Registry) {
-	s.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.refundGrouped, interval: s.cfg.ExpiryInterval, packetExpiry: s.cfg.PacketExpiry,
-		cache: s.cache, clock: s.clock, log: s.log, inc: s.inc}
-	s.archive = newArchiver(s.spaces, s.Owns, s.cfg, s.clock, s.log, reg)
-	s.archive.enter = s.enterServed
-	s.warmer = &warmer{store: stores.Real, shards: s.cfg.Shards.Shards(), retry: s.cfg.WarmRetry, clock: s.clock, log: s.log, failing: s.inc.warmUp}
-	s.recon = recon.New(recon.Config{Cell: s.cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: peers, Interval: s.cfg.ReconInterval,
-		Settle: s.cfg.ReconSettle, PacketExpiry: s.cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.redrive, Clock: s.clock, Log: s.log, Reg: reg},
+func (s *Server) initPasses(stores Stores, calls *cellclient.Client, relayOff func() bool, reg *prometheus.Registry) {
+	p := &s.parts
+	p.expiry = &expirer{spaces: s.spaces, shards: s.own.shards, own: s.own, refund: s.writer.refundGrouped, interval: s.cfg.ExpiryInterval, packetExpiry: s.cfg.PacketExpiry,
+		cache: s.opens.cache, clock: s.clock, log: s.log, inc: s.inc}
+	p.archive = newArchiver(s.spaces, s.Owns, s.cfg, s.clock, s.log, reg)
+	p.archive.enter = s.own.enterServed
+	p.warmer = &warmer{store: stores.Real, shards: s.cfg.Shards.Shards(), retry: s.cfg.WarmRetry, clock: s.clock, log: s.log, failing: s.inc.warmUp}
+	p.recon = recon.New(recon.Config{Cell: s.cfg.Name, DBs: s.own.dbs, Owns: s.Owns, Peers: s.peers, Interval: s.cfg.ReconInterval,
+		Settle: s.cfg.ReconSettle, PacketExpiry: s.cfg.PacketExpiry, RelayOff: relayOff, Redrive: s.spaces.redrive, Clock: s.clock, Log: s.log, Reg: reg},
 		recon.Space{Name: s.spaces[0].name, Books: stores.Real, Client: cellCalls{c: calls}},
 		recon.Space{Name: s.spaces[1].name, Books: stores.Shadow, Client: cellCalls{c: calls, stress: true}})
-	s.auditor = audit.New(audit.Config{Cell: s.cfg.Name, Owns: s.Owns, Interval: s.cfg.AuditInterval, Clock: s.clock, Log: s.log, Reg: reg},
+	p.auditor = audit.New(audit.Config{Cell: s.cfg.Name, Owns: s.Owns, Interval: s.cfg.AuditInterval, Clock: s.clock, Log: s.log, Reg: reg},
 		audit.Space{Name: s.spaces[0].name, Books: stores.Real}, audit.Space{Name: s.spaces[1].name, Books: stores.Shadow})
 }
 
-// newHTTPServer is the cell's public HTTP server (handle).
-func (s *Server) newHTTPServer() *fasthttp.Server {
+// initServing makes, once the passes and the metrics are there, what serves
+// the cell's ports: the steps of database moves, the shadow cleaner, the
+// admin port, the route bodies of accounts, packets and credits (the routes
+// table picks them) and the HTTP server.
+func (s *Server) initServing(stores Stores, reg *prometheus.Registry) {
+	p, cfg := &s.parts, s.cfg
+	p.moves = newMoves(cfg, stores.Moves, movesOwnership{s.own}, s.peers, s.metrics, s.clock, s.log)
+	p.shadow = s.newShadow(stores.ShadowDrop, reg)
+	var couponAdmin admin.Coupons // nil unless the cell runs coupons: a typed nil would not be
+	if p.coupons != nil {
+		couponAdmin = p.coupons
+	}
+	p.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
+		Peers: s.peers, Strategy: s.opens.strategy, Switches: s.switches, Auditor: p.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: p.moves, Failover: cfg.Failover, Shadow: p.shadow, Metrics: s.metrics.serve, Log: s.log})
+	p.accounts = &accounts{own: s.own, writer: s.writer, answers: s.answers, clock: s.clock,
+		identityKey: cfg.IdentityKey, identityRegion: cfg.IdentityDefaultRegion}
+	p.packets = &packets{own: s.own, writer: s.writer, cache: s.opens.cache, switches: s.switches, answers: s.answers, clock: s.clock,
+		limits: cfg.Limits, expiry: cfg.PacketExpiry}
+	p.credits = &creditRoutes{own: s.own, writer: s.writer, moves: p.moves, answers: s.answers}
+	s.gate.http = newHTTPServer(s.handle, s.log)
+}
+
+// newHTTPServer is the cell's public HTTP server, serving handle.
+func newHTTPServer(handle fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            s.handle,
+		Handler:            handle,
 		Name:               "redcell-cell",
 		MaxRequestBodySize: 1 << 20,
 		ReadTimeout:        30 * time.Second,
@@ -503,6 +538,6 @@ func (s *Server) newHTTPServer() *fasthttp.Server {
 		IdleTimeout:        60 * time.Second,
 		CloseOnShutdown:    true,
 		ErrorHandler:       api.ProtocolError,
-		Logger:             api.Logger{Log: s.log},
+		Logger:             api.Logger{Log: log},
 	}
 }

@@ -330,8 +330,8 @@ func (c *shadowCleaner) waitUntil(ctx context.Context, limit time.Duration, what
 func (s *Server) newShadow(drop ShadowDropper, reg prometheus.Registerer) *shadowCleaner {
 	sp := s.spaces[1]
 	return newShadowCleaner(shadowParts{cell: s.cfg.Name, drop: drop, dbs: s.own.dbs, retention: s.cfg.ShadowRetention,
-		every: shadowCheckEvery, quiet: shadowQuiet(s.cfg), relayHeld: func() int { return relayHeld(sp.relay) }, audits: s.auditor, settle: s.budgets.Pool(1).ReturnAll,
-		forget: func() { sp.closed.reset(); s.cache.forgetShadow(); sp.relay.Reset() }, clock: s.clock, log: s.log}, reg)
+		every: shadowCheckEvery, quiet: shadowQuiet(s.cfg), relayHeld: func() int { return relayHeld(sp.relay) }, audits: s.parts.auditor, settle: s.budgets.Pool(1).ReturnAll,
+		forget: func() { sp.closed.reset(); s.opens.cache.forgetShadow(); sp.relay.Reset() }, clock: s.clock, log: s.log}, reg)
 }
 
 // shadowQuiet is how long after its last stress traffic a cell may drop its
@@ -354,7 +354,7 @@ func (s *Server) enterSpace(rc *fasthttp.RequestCtx, rt api.RouteID, sp *space) 
 	if !sp.stress {
 		return true
 	}
-	if err := s.shadow.enter(api.RouteOf(rt).Public() || rt == api.RouteCredits); err != nil {
+	if err := s.parts.shadow.enter(api.RouteOf(rt).Public() || rt == api.RouteCredits); err != nil {
 		s.answers.err(rc, err)
 		return false
 	}
@@ -364,7 +364,7 @@ func (s *Server) enterSpace(rc *fasthttp.RequestCtx, rt api.RouteID, sp *space) 
 // leaveSpace ends a request enterSpace admitted.
 func (s *Server) leaveSpace(sp *space) {
 	if sp.stress {
-		s.shadow.leave()
+		s.parts.shadow.leave()
 	}
 }
 
@@ -376,7 +376,7 @@ func (s *Server) spaceRelayOff(sp *space, off func() bool) func() bool {
 		return off
 	}
 	return func() bool {
-		c := s.shadow
+		c := s.parts.shadow
 		return off() || c != nil && c.isClosed()
 	}
 }

@@ -291,7 +291,7 @@ const (
 	// held: a claim is stamped (created_ms) before its group commits and
 	// reaches the relay, normally within milliseconds. A group still
 	// committing when its open's deadline passed hands its claims over when
-	// it ends (cell.openGrouped), up to the commit bound (5 s, as Slack)
+	// it ends (cell's writer.openGrouped), up to the commit bound (5 s, as Slack)
 	// later; one whose outcome stays unknown has them read back
 	// (MarkDB). A claim handed over later than Slack and lost in a crash
 	// before its delivery is read back only by reconciliation, after its
