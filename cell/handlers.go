@@ -124,16 +124,15 @@ var routes = [api.RouteCount]routeHandler{
 	api.RouteOpen:     keyed((*Server).open),
 	api.RouteNoop:     noop,
 	api.RouteIdentity: keyed((*Server).bindIdentity),
-	api.RouteReward:   bodied((*Server).issueReward),
-	api.RouteRewards:  keyed((*Server).rewardsOf),
-	api.RouteWallet:   keyed((*Server).wallet),
-	api.RouteFlow:     keyed((*Server).flow),
-	api.RouteWithdraw: keyed((*Server).withdraw),
-	api.RouteTokens:   keyed((*Server).tokens),
-	api.RouteBook:     keyed((*Server).forceBook),
-	api.RouteIssued: func(s *Server, _ context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, key string) {
-		s.issuedSoFar(rc, sp, key)
-	},
+	api.RouteReward:   rewardRoute,
+	api.RouteRewards:  walletRoute,
+	api.RouteWallet:   walletRoute,
+	api.RouteFlow:     walletRoute,
+	api.RouteWithdraw: walletRoute,
+	api.RouteTokens:   rewardRoute,
+	api.RouteBook:     walletRoute,
+	api.RouteIssued:   rewardRoute,
+
 	api.RouteCouponIssue:  couponRoute,
 	api.RouteCouponState:  couponRoute,
 	api.RouteCoupons:      couponRoute,
@@ -207,7 +206,7 @@ func (s *Server) healthz(rc *fasthttp.RequestCtx) {
 		"opens": s.stats.opens.Load(), "open_batches": s.stats.openBatches.Load(), "shed": s.stats.shed.Load(),
 		"refunds": s.expiry.refunds.Load(), "relayed": relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Relayed.Load() }),
 		"relay_errors":   relayTotal(s.spaces, func(st *relay.Stats) int64 { return st.Errors.Load() }),
-		"rewards_booked": s.rw.booked[0].Load() + s.rw.booked[1].Load(),
+		"rewards_booked": s.rw.Booked(),
 	})
 }
 

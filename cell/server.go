@@ -30,13 +30,12 @@ import (
 	"redcell/cell/coupons"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
-	"redcell/cell/issued"
 	"redcell/cell/keyqueue"
 	"redcell/cell/moves"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
-	"redcell/cell/rewardtoken"
-	"redcell/cell/scenelimit"
+	"redcell/cell/rewards"
+	"redcell/cell/wallet"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
@@ -192,16 +191,12 @@ type Server struct {
 	// grouped; cell/groupcommit).
 	groups *groupcommit.Committer
 
-	acts *activities // the reward activities (Config.Activities)
-	rw   rewards     // the reward wallet's state (rewards.go)
+	rw     *rewards.Issuer // issues and books the rewards (cell/rewards)
+	wallet *wallet.Teller  // the wallet's routes and withdrawals (cell/wallet)
 	// budgets spends the leases of the scenes that control their stock and
 	// of the coupon batches, and homes their budgets (cell/budgets).
 	budgets *budgets.Keeper
 	calls   *cellclient.Client // cell-to-cell calls (relay, reconciliation, budgets, coupons)
-	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
-	rwRecon *rewardReconMetrics
-	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
-	rwMetrics *rewardMetrics
 	// cp is the coupon drop (cell/coupons); nil without Config.Coupons.
 	cp *coupons.Drop
 }
@@ -230,10 +225,11 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
-	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
-	if err := s.initRewards(reg); err != nil {
+	acts, ring, err := loadRewards(cfg, clk, log)
+	if err != nil {
 		return nil, err
 	}
+	s := &Server{cfg: cfg, clock: clk, slots: slots, peers: peers, log: log}
 	if cache != nil {
 		s.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -258,8 +254,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		}
 	}
 	s.calls = calls
-	s.budgets = newBudgets(s, calls)
-	s.acts.issued = s.budgets.Issued
+	s.budgets = newBudgets(s, calls, acts.Tree)
+	s.rw = newRewards(s, acts, ring, reg)
+	s.wallet = newWallet(s, acts.Tree)
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
@@ -290,7 +287,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 		couponAdmin = s.cp
 	}
 	s.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
-		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
+		Peers: peers, Strategy: s.strategy, Switches: s.switches, Auditor: s.auditor, Activities: acts, Withdrawals: s.wallet, Coupons: couponAdmin, Moves: s.moves, Failover: cfg.Failover, Shadow: s.shadow, Metrics: s.metrics.serve, Log: log})
 
 	s.http = s.newHTTPServer()
 	return s, nil
@@ -340,13 +337,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){s.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, s.expiry.run, s.archive.run, s.recon.Run, s.auditor.Run,
-		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.budgets.Run, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
+		s.rw.Run, s.budgets.Run,
 		s.budgets.Recover} // Recover: the budgets this cell homes, as New's file sets them; then an earlier run's leases
-	if s.cfg.IssuedMemcache != nil {
-		for _, c := range s.rw.counters {
-			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })
-		}
-	}
 	if s.cfg.WarmSchema {
 		background = append(background, s.warmer.run)
 	}
@@ -420,37 +412,6 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 		}
 	}
 	return context.WithDeadline(context.Background(), d)
-}
-
-// initRewards loads the reward activities (the one read New does, first:
-// a bad file stops the cell before anything is set up or joins) and the
-// token key ring, and makes the reward wallet's counters, scene limits and
-// metrics. Errors: the activities or the key file do not load.
-func (s *Server) initRewards(reg *prometheus.Registry) error {
-	s.acts = &activities{path: s.cfg.Activities, clock: s.clock, log: s.log}
-	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
-		return fmt.Errorf("cell: %w", err)
-	}
-	if s.cfg.RewardKeys != "" {
-		ring, err := rewardtoken.LoadRing(s.cfg.RewardKeys)
-		if err != nil {
-			return fmt.Errorf("cell: %w", err)
-		}
-		s.rw.ring.Store(ring)
-	}
-	rel := s.cfg.WithdrawRelease
-	if rel.Allow == nil {
-		rel.Allow = []string{} // GET /admin/withdraw answers a list, also when the config named none
-	}
-	s.rw.release.Store(&rel)
-	s.rw.counters[0] = issued.New(s.cfg.IssuedMemcache, "rc:iss:", s.log)
-	s.rw.counters[1] = issued.New(s.cfg.IssuedMemcache, "s:rc:iss:", s.log)
-	s.rw.scenes[0] = scenelimit.New(s.cfg.SceneMemcache, "rc:scene:", s.liveCells, s.clock)
-	s.rw.scenes[1] = scenelimit.New(s.cfg.SceneMemcache, "s:rc:scene:", s.liveCells, s.clock)
-	s.acts.loaded = s.activitiesLoaded
-	s.rwRecon = newRewardReconMetrics(reg)
-	s.rwMetrics = newRewardMetrics(reg, s)
-	return nil
 }
 
 // initOpenPath makes the open path: the per-packet FIFOs, the group
