@@ -149,7 +149,8 @@ func (s *Server) creditDest(sh model.ShardID) string {
 // path itself; its other jobs are parts built from narrow interfaces and
 // started by Serve: a relay per space (cell/relay), reconciliation
 // (cell/recon), the audit of its own books (cell/audit), the budgets' leases
-// (cell/budgets), the coupon drop (cell/coupons), the admin port (cell/admin), the group committer
+// (cell/budgets), the rewards (cell/rewards) and the wallet's routes (cell/wallet), the coupon drop
+// (cell/coupons), the admin port (cell/admin), the group committer
 // (cell/groupcommit), the expiry of packets and the schema warm-up. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
