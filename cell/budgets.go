@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"redcell/api/cellclient"
+	"redcell/cell/activity"
 	"redcell/cell/budget"
 	"redcell/cell/budgets"
 )
@@ -18,20 +19,21 @@ import (
 func poolConfig(ttl time.Duration) budget.Config { return budgets.PoolConfig(ttl) }
 
 // newBudgets builds the cell's budget keeper over s's spaces, ownership,
-// activities and coupons, calling other cells through calls. s's spaces,
-// answers, ownership and activities must be set; the coupon drop may be set
-// later (the keeper reads it at each call).
-func newBudgets(s *Server, calls *cellclient.Client) *budgets.Keeper {
+// the activities' tree, rewards and coupons, calling other cells through
+// calls. s's spaces, answers and ownership must be set; the rewards and
+// the coupon drop may be set later (the keeper reads them at each call).
+func newBudgets(s *Server, calls *cellclient.Client, tree func() *activity.Tree) *budgets.Keeper {
 	var spaces [2]budgets.Space
 	for i, sp := range s.spaces {
 		spaces[i] = budgets.Space{Name: sp.name, Stress: sp.stress, Store: sp.store}
 	}
 	return budgets.New(budgets.Config{Cell: s.cfg.Name, LeaseTTL: s.cfg.BudgetLeaseTTL, Spaces: spaces,
 		Owns: s.Owns, Check: s.own.check, Enter: s.own.enter, DBs: s.own.dbs, Peers: s.peers, Client: calls, Answers: s.answers,
-		Tree:   s.acts.holder.Tree,
-		Issued: func(key string) int64 { return s.issuedCounter(s.spaces[0], key).Read() },
-		// The coupon drop is built after the keeper: each call reads it (nil:
-		// no coupon drop, no stock).
+		Tree: tree,
+		// The rewards and the coupon drop are built after the keeper (the
+		// rewards spend its leases): each call reads them (a nil drop: no
+		// coupon drop, no stock).
+		Issued:      func(key string) int64 { return s.parts.rewards.Issued(0, key) },
 		CouponTotal: func(key string) (int64, bool) { return s.parts.coupons.StockTotal(key) },
 		CouponKeys:  func() []string { return s.parts.coupons.StockKeys() },
 		SettleMore:  func(ctx context.Context) { s.parts.coupons.SettleLeases(ctx) },

@@ -13,6 +13,7 @@ import (
 	"redcell/cell/admin"
 	"redcell/cell/degrade"
 	"redcell/cell/issued"
+	"redcell/cell/wallet"
 	"redcell/internal/climit"
 	"redcell/internal/clock"
 	"redcell/model"
@@ -236,7 +237,7 @@ func (c Config) Validate() error {
 	c.CommitConfig.validate(bad)
 	c.GuardConfig.validate(bad)
 	c.RewardConfig.validate(bad)
-	if err := validateRelease(c.WithdrawRelease); err != nil {
+	if err := wallet.ValidateRelease(c.WithdrawRelease); err != nil {
 		bad("WithdrawRelease (withdraw_release): %v", err)
 	}
 	c.CouponConfig.validate(bad)

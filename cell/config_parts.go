@@ -123,7 +123,7 @@ func defaultGuardConfig() GuardConfig {
 	}
 }
 
-// RewardConfig is the reward wallet's issuing and booking (rewards.go,
+// RewardConfig is the reward wallet's issuing and booking (cell/rewards,
 // budgets.go).
 type RewardConfig struct {
 	// Activities is the reward activities' YAML file (cell/activity),
@@ -175,7 +175,7 @@ func defaultRewardConfig() RewardConfig {
 	}
 }
 
-// WalletConfig is the wallet's withdrawals.
+// WalletConfig is the wallet's withdrawals (cell/wallet).
 type WalletConfig struct {
 	// WithdrawRelease is the gray release of withdrawals at start (the admin
 	// port changes it: PUT /admin/withdraw).

@@ -16,13 +16,11 @@ import (
 // A pass over several databases calls OK once, after a pass in which none
 // failed, so one database failing while the others answer is one incident,
 // not a start and an end per pass. (The relay's, reconciliation's and the
-// audit's and the budgets' trackers live with them.)
+// audit's, the budgets' and the rewards' trackers live with them.)
 type incidents struct {
 	expiryScan [2]*incident.Tracker // ExpiredIn: which packets to refund
 	refund     [2]*incident.Tracker // Refund of one expired packet
 	openBatch  [2]*incident.Tracker // an open transaction failing other than DB_UNAVAILABLE
-	booking    [2]*incident.Tracker // the reward booker's takes and bookings
-	rewardRead [2]*incident.Tracker // reward reconciliation's reads
 	warmUp     *incident.Tracker    // the schema warm-up (real tables only)
 	request    *incident.Tracker    // requests answered 5xx other than shedding and DB_UNAVAILABLE
 }
@@ -34,8 +32,6 @@ func newIncidents(log *slog.Logger) *incidents {
 		l := log.With("space", name)
 		in.expiryScan[i] = incident.New(l, "expiry scan", every)
 		in.refund[i] = incident.New(l, "expiry refund", every)
-		in.booking[i] = incident.New(l, "reward booking", every)
-		in.rewardRead[i] = incident.New(l, "reward reconciliation read", every)
 		in.openBatch[i] = incident.NewLines(l, incident.Lines{Start: "open batch failed", Still: "open batches still failing",
 			End: "open batches commit again", Error: true}, every)
 	}

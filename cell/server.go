@@ -30,13 +30,12 @@ import (
 	"redcell/cell/coupons"
 	"redcell/cell/degrade"
 	"redcell/cell/groupcommit"
-	"redcell/cell/issued"
 	"redcell/cell/keyqueue"
 	"redcell/cell/moves"
 	"redcell/cell/recon"
 	"redcell/cell/relay"
-	"redcell/cell/rewardtoken"
-	"redcell/cell/scenelimit"
+	"redcell/cell/rewards"
+	"redcell/cell/wallet"
 	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
@@ -162,14 +161,13 @@ func (s *Server) creditDest(sh model.ShardID) string {
 // the writer and its group committer (cell/groupcommit), a relay per space
 // (cell/relay), the route bodies of accounts, packets and credits,
 // reconciliation (cell/recon), the audit of its own books (cell/audit), the
-// budgets' leases (cell/budgets), the coupon drop (cell/coupons), the admin
-// port (cell/admin), the expiry of packets and the schema warm-up; Serve
+// budgets' leases (cell/budgets), the rewards (cell/rewards), the wallet's
+// routes and withdrawals (cell/wallet), the coupon drop (cell/coupons), the
+// admin port (cell/admin), the expiry of packets and the schema warm-up; Serve
 // starts those that run. None of them holds the Server. Create it with New,
 // run it with Serve.
 type Server struct {
-	// What the parts are built from, and what the reward wallet's files
-	// (rewards.go, wallet.go, tokens.go, activities.go, rewardrecon.go,
-	// rewardmetrics.go) read on the Server until they move (issue 30).
+	// What the parts are built from.
 	cfg      Config
 	clock    clock.Clock
 	log      *slog.Logger
@@ -178,7 +176,7 @@ type Server struct {
 	peers    Peers
 	answers  answers           // writes answers and error answers
 	inc      *incidents        // repeated failures, logged when they start and end
-	switches *degrade.Switches // features switched off (a guard, read by handlers and the relay)
+	switches *degrade.Switches // features switched off (a guard, read by the parts and the relay)
 	// budgets spends the leases of the scenes that control their stock and
 	// of the coupon batches, and homes their budgets (cell/budgets).
 	budgets *budgets.Keeper
@@ -188,19 +186,12 @@ type Server struct {
 	writer  *writer  // every write of money, through the commit lanes (group.go)
 	metrics *metrics
 	parts   parts // the route bodies and the background passes
-
-	acts *activities // the reward activities (Config.Activities)
-	rw   rewards     // the reward wallet's state (rewards.go)
-	// rwRecon is the reward reconciliation's metrics (rewardrecon.go).
-	rwRecon *rewardReconMetrics
-	// rwMetrics is the reward wallet's metrics (rewardmetrics.go).
-	rwMetrics *rewardMetrics
 }
 
 // gate is what a request passes on its way in, before its route's handler
 // (handle, serveRoute), and the server it comes through. The degrade
-// switches are a guard too, held by the Server (the reward wallet reads
-// them there).
+// switches are a guard too, held by the Server: the parts are built with
+// them.
 type gate struct {
 	http     *fasthttp.Server
 	signer   *api.Signer   // checks every signed call (Config.ClusterSecret)
@@ -227,10 +218,12 @@ type openPath struct {
 // serveRoute hands requests to the route bodies; Serve starts the passes
 // and the admin port. (The budget keeper is one too, held by the Server.)
 type parts struct {
-	accounts *accounts     // account, deposit, identity (accounts.go)
-	packets  *packets      // send, grab, detail (packets.go)
-	credits  *creditRoutes // /internal/credits, /internal/recon (creditroutes.go)
-	coupons  *coupons.Drop // the coupon drop and its routes (cell/coupons); nil without Config.Coupons
+	accounts *accounts       // account, deposit, identity (accounts.go)
+	packets  *packets        // send, grab, detail (packets.go)
+	credits  *creditRoutes   // /internal/credits, /internal/recon (creditroutes.go)
+	coupons  *coupons.Drop   // the coupon drop and its routes (cell/coupons); nil without Config.Coupons
+	rewards  *rewards.Issuer // issues and books the rewards, their tokens and reconciliation (cell/rewards)
+	wallet   *wallet.Teller  // the wallet's routes and withdrawals (cell/wallet)
 
 	expiry  *expirer
 	archive *archiver
@@ -276,13 +269,14 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	clk := clock.Or(cfg.Clock)
 	log = log.With("cell", cfg.Name)
+	acts, ring, err := loadRewards(cfg, clk, log)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{cfg: cfg, clock: clk, peers: peers, log: log}
 	s.opens.slots = slots
 	s.spaces[0] = &space{name: "real", store: stores.Real}
 	s.spaces[1] = &space{stress: true, name: "shadow", store: stores.Shadow}
-	if err := s.initRewards(reg); err != nil {
-		return nil, err
-	}
 	if cache != nil {
 		s.opens.cache = &grabCache{c: cache, clock: clk}
 	}
@@ -304,8 +298,9 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 			d.SetCreditDest(s.creditDest)
 		}
 	}
-	s.budgets = newBudgets(s, calls)
-	s.acts.issued = s.budgets.Issued
+	s.budgets = newBudgets(s, calls, acts.Tree)
+	s.parts.rewards = newRewards(s, acts, ring, reg)
+	s.parts.wallet = newWallet(s, acts.Tree)
 	relayOff := func() bool { return s.switches.Off(degrade.Relay) }
 	creditLag := newCreditLag()
 	for _, sp := range s.spaces {
@@ -329,7 +324,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	}
 	s.metrics = newMetrics(reg, metricSources{queue: s.opens.queue, stats: &s.opens.stats, spaces: s.spaces, expiry: s.parts.expiry, slots: slots,
 		cache: cache, switches: s.switches, dbs: s.own.dbs, clock: clk, inc: s.inc, creditLag: creditLag, groups: s.writer.groups})
-	s.initServing(stores, reg)
+	s.initServing(stores, acts, reg)
 	return s, nil
 }
 
@@ -356,13 +351,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	background := []func(context.Context){p.moves.Run, s.spaces[0].relay.Run, s.spaces[1].relay.Run, p.expiry.run, p.archive.run, p.recon.Run, p.auditor.Run,
-		s.runBooker(s.spaces[0]), s.runBooker(s.spaces[1]), s.budgets.Run, s.runRewardRecon(s.spaces[0]), s.runRewardRecon(s.spaces[1]),
+		p.rewards.Run, s.budgets.Run,
 		s.budgets.Recover} // Recover: the budgets this cell homes, as New's file sets them; then an earlier run's leases
-	if s.cfg.IssuedMemcache != nil {
-		for _, c := range s.rw.counters {
-			background = append(background, func(ctx context.Context) { c.Run(ctx, s.clock) })
-		}
-	}
 	if s.cfg.WarmSchema {
 		background = append(background, p.warmer.run)
 	}
@@ -430,39 +420,8 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 	return context.WithDeadline(context.Background(), d)
 }
 
-// initRewards loads the reward activities (the one read New does, first:
-// a bad file stops the cell before anything is set up or joins) and the
-// token key ring, and makes the reward wallet's counters, scene limits and
-// metrics. Errors: the activities or the key file do not load.
-func (s *Server) initRewards(reg *prometheus.Registry) error {
-	s.acts = &activities{path: s.cfg.Activities, clock: s.clock, log: s.log}
-	if err := s.acts.load(); err != nil { // the one read New does, first: a bad file stops the cell before anything is set up or joins
-		return fmt.Errorf("cell: %w", err)
-	}
-	if s.cfg.RewardKeys != "" {
-		ring, err := rewardtoken.LoadRing(s.cfg.RewardKeys)
-		if err != nil {
-			return fmt.Errorf("cell: %w", err)
-		}
-		s.rw.ring.Store(ring)
-	}
-	rel := s.cfg.WithdrawRelease
-	if rel.Allow == nil {
-		rel.Allow = []string{} // GET /admin/withdraw answers a list, also when the config named none
-	}
-	s.rw.release.Store(&rel)
-	s.rw.counters[0] = issued.New(s.cfg.IssuedMemcache, "rc:iss:", s.log)
-	s.rw.counters[1] = issued.New(s.cfg.IssuedMemcache, "s:rc:iss:", s.log)
-	s.rw.scenes[0] = scenelimit.New(s.cfg.SceneMemcache, "rc:scene:", s.liveCells, s.clock)
-	s.rw.scenes[1] = scenelimit.New(s.cfg.SceneMemcache, "s:rc:scene:", s.liveCells, s.clock)
-	s.acts.loaded = s.activitiesLoaded
-	s.rwRecon = newRewardReconMetrics(reg)
-	s.rwMetrics = newRewardMetrics(reg, s)
-	return nil
-}
-
-// initOpenPath makes the open path: the per-packet FIFOs, the writer and
-// its group committer, the open strategy and the split's random sources. Errors: the
+// initOpenPath makes the open path: the per-packet FIFOs, the group
+// committer, the open strategy and the split's random sources. Errors: the
 // strategy's settings.
 func (s *Server) initOpenPath() error {
 	o := &s.opens
@@ -509,7 +468,7 @@ func (s *Server) initPasses(stores Stores, calls *cellclient.Client, relayOff fu
 // the cell's ports: the steps of database moves, the shadow cleaner, the
 // admin port, the route bodies of accounts, packets and credits (the routes
 // table picks them) and the HTTP server.
-func (s *Server) initServing(stores Stores, reg *prometheus.Registry) {
+func (s *Server) initServing(stores Stores, acts *rewards.Activities, reg *prometheus.Registry) {
 	p, cfg := &s.parts, s.cfg
 	p.moves = newMoves(cfg, stores.Moves, movesOwnership{s.own}, s.peers, s.metrics, s.clock, s.log)
 	p.shadow = s.newShadow(stores.ShadowDrop, reg)
@@ -518,7 +477,7 @@ func (s *Server) initServing(stores Stores, reg *prometheus.Registry) {
 		couponAdmin = p.coupons
 	}
 	p.admin = admin.New(admin.Config{Listen: cfg.AdminListen, Token: cfg.AdminToken, Cell: cfg.Name, Shards: s.own.rangesString,
-		Peers: s.peers, Strategy: s.opens.strategy, Switches: s.switches, Auditor: p.auditor, Activities: s.acts, Withdrawals: s, Coupons: couponAdmin, Moves: p.moves, Failover: cfg.Failover, Shadow: p.shadow, Metrics: s.metrics.serve, Log: s.log})
+		Peers: s.peers, Strategy: s.opens.strategy, Switches: s.switches, Auditor: p.auditor, Activities: acts, Withdrawals: p.wallet, Coupons: couponAdmin, Moves: p.moves, Failover: cfg.Failover, Shadow: p.shadow, Metrics: s.metrics.serve, Log: s.log})
 	p.accounts = &accounts{own: s.own, writer: s.writer, answers: s.answers, clock: s.clock,
 		identityKey: cfg.IdentityKey, identityRegion: cfg.IdentityDefaultRegion}
 	p.packets = &packets{own: s.own, writer: s.writer, cache: s.opens.cache, switches: s.switches, answers: s.answers, clock: s.clock,

@@ -1,11 +1,10 @@
-package cell
+package rewards
 
 import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"redcell/cell/activity"
 	"redcell/cell/rewardtoken"
 	"redcell/model"
 )
@@ -27,11 +26,11 @@ var tokenRefusalCodes = []string{
 	tokenWrongAccount, tokenWrongSpace, tokenMismatch, model.ErrBudgetExhausted.Code, tokenRestoreOff,
 }
 
-// rewardMetrics are the reward wallet's series, by space: rewards issued,
-// booked by the booker and how long they waited, rewards pending at the
-// last reconciliation pass, reward tokens refused (by code) and restored,
-// and each open scene's budget left (read at each scrape).
-type rewardMetrics struct {
+// metrics are the reward wallet's series, by space: rewards issued, booked
+// by the booker and how long they waited, rewards pending at the last
+// reconciliation pass, reward tokens refused (by code) and restored, and
+// each open scene's budget left (read at each scrape).
+type metrics struct {
 	issued   *prometheus.CounterVec   // space
 	booked   *prometheus.CounterVec   // space
 	ticks    *prometheus.CounterVec   // space: the booker's ticks, booking or not
@@ -41,8 +40,8 @@ type rewardMetrics struct {
 	restored *prometheus.CounterVec   // space
 }
 
-func newRewardMetrics(reg prometheus.Registerer, s *Server) *rewardMetrics {
-	m := &rewardMetrics{
+func newMetrics(reg prometheus.Registerer, i *Issuer) *metrics {
+	m := &metrics{
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_reward_issued_total",
 			Help: "Rewards issued (stored pending, repeats not counted), restored ones included."}, []string{"space"}),
 		booked: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redcell_reward_booked_total",
@@ -69,27 +68,27 @@ func newRewardMetrics(reg prometheus.Registerer, s *Server) *rewardMetrics {
 			m.refused.WithLabelValues(sp, code)
 		}
 	}
-	reg.MustRegister(m.issued, m.booked, m.ticks, m.lag, m.pending, m.refused, m.restored, budgetLeft{s: s,
+	reg.MustRegister(m.issued, m.booked, m.ticks, m.lag, m.pending, m.refused, m.restored, budgetLeft{i: i,
 		desc: prometheus.NewDesc("redcell_reward_budget_left",
 			"What each scene of an open stage may still issue (its budget in cents for cash, its stock in pieces otherwise, less what the cluster issued as of the last flush of the issued counters), by space, parent activity, child, scene and award type.",
 			[]string{"space", "parent", "child", "scene", "award_type"}, nil)})
 	return m
 }
 
-// tokenRefused counts one refused token of space sp.
-func (m *rewardMetrics) tokenRefused(sp *space, code string) {
+// tokenRefused counts one refused token of space (its name).
+func (m *metrics) tokenRefused(space, code string) {
 	if code == "" {
 		code = rewardtoken.ErrMalformed.Reason // Verify's errors all have a reason
 	}
-	m.refused.WithLabelValues(sp.name, code).Inc()
+	m.refused.WithLabelValues(space, code).Inc()
 }
 
-// bookedNow counts n rewards booked at now by the booker, of the taken rs
-// (each observed in the lag: one booked meanwhile by its owner's withdrawal
-// was booked about as late).
-func (m *rewardMetrics) bookedNow(sp *space, rs []model.Reward, n int, now time.Time) {
-	m.booked.WithLabelValues(sp.name).Add(float64(n))
-	lag := m.lag.WithLabelValues(sp.name)
+// bookedNow counts n rewards booked at now by the booker of space (its
+// name), of the taken rs (each observed in the lag: one booked meanwhile
+// by its owner's withdrawal was booked about as late).
+func (m *metrics) bookedNow(space string, rs []model.Reward, n int, now time.Time) {
+	m.booked.WithLabelValues(space).Add(float64(n))
+	lag := m.lag.WithLabelValues(space)
 	for _, r := range rs {
 		if r.CreatedMS > 0 {
 			lag.Observe(now.Sub(time.UnixMilli(r.CreatedMS)).Seconds())
@@ -101,18 +100,18 @@ func (m *rewardMetrics) bookedNow(sp *space, rs []model.Reward, n int, now time.
 // stage open now, its budget (or stock) less the issued counter's reading.
 // It reads in-process state only: no database or memcached per scrape.
 type budgetLeft struct {
-	s    *Server
+	i    *Issuer
 	desc *prometheus.Desc
 }
 
 func (b budgetLeft) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
 
 func (b budgetLeft) Collect(ch chan<- prometheus.Metric) {
-	t := b.s.acts.holder.Tree()
+	t := b.i.acts.Tree()
 	if t == nil {
 		return
 	}
-	now := b.s.clock.Now()
+	now := b.i.clock.Now()
 	for _, p := range t.Parents() {
 		c := t.ChildAt(p.ID, now)
 		if c == nil {
@@ -120,14 +119,10 @@ func (b budgetLeft) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, rw := range c.Rewards {
 			for _, sc := range rw.Scenes {
-				limit := sc.Budget
-				if sc.AwardType != activity.AwardCash {
-					limit = sc.Stock
-				}
 				key := model.BudgetKey(p.ID, c.ID, sc.ID)
-				for _, sp := range b.s.spaces {
-					left := limit - b.s.issuedCounter(sp, key).Read()
-					ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, float64(left), sp.name, p.ID, c.ID, sc.ID, sc.AwardType)
+				for n, sp := range b.i.cfg.Spaces {
+					left := sc.Total() - b.i.Issued(n, key)
+					ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, float64(left), sp.Name, p.ID, c.ID, sc.ID, sc.AwardType)
 				}
 			}
 		}

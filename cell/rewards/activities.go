@@ -1,4 +1,4 @@
-package cell
+package rewards
 
 import (
 	"log/slog"
@@ -10,12 +10,13 @@ import (
 	"redcell/model"
 )
 
-// activities is the cell's reward activities (Config.Activities): loaded by
-// New (an invalid file stops the cell before it joins the cluster), reloaded
-// on the admin port (admin.Activities). A reload is refused when a scene's
-// budget or stock falls below what it has issued (issued); once swapped in,
+// Activities is the cell's reward activities (cell.Config.Activities):
+// loaded by LoadActivities (an invalid file stops the cell before it joins
+// the cluster), reloaded on the admin port (admin.Activities). Once an
+// Issuer is built over them, a reload is refused when a scene's budget or
+// stock falls below what it has issued (issued), and once swapped in,
 // loaded sets the budgets this cell homes to the file's.
-type activities struct {
+type Activities struct {
 	path   string // "" none
 	clock  clock.Clock
 	log    *slog.Logger
@@ -24,32 +25,40 @@ type activities struct {
 	loaded func(*activity.Tree) // nil: nothing to do
 }
 
-// load reads the file when the cell is built; an invalid file stops it.
-func (a *activities) load() error {
-	if a.path == "" {
-		return nil
+// LoadActivities reads the activities file at path ("": none, and the
+// reload answers NOT_FOUND). Errors: the file's (activity.Parse lists
+// every problem).
+func LoadActivities(path string, clk clock.Clock, log *slog.Logger) (*Activities, error) {
+	a := &Activities{path: path, clock: clock.Or(clk), log: log}
+	if path == "" {
+		return a, nil
 	}
 	t, err := a.holder.Reload(a.path, a.clock.Now(), nil)
-	if err == nil {
-		a.warn(t)
+	if err != nil {
+		return nil, err
 	}
-	return err
+	a.warn(t)
+	return a, nil
 }
+
+// Tree is the loaded tree (nil: none loaded); it never changes once
+// loaded (a reload swaps it whole).
+func (a *Activities) Tree() *activity.Tree { return a.holder.Tree() }
 
 // warn logs what the loaded file holds that does nothing (a scene's
 // compensate); the admin port answers it too.
-func (a *activities) warn(t *activity.Tree) {
+func (a *Activities) warn(t *activity.Tree) {
 	for _, w := range t.Warnings {
 		a.log.Warn("activities file: a key that does nothing", "path", t.Path, "version", t.Version, "warning", w)
 	}
 }
 
 // Activities implements admin.Activities.
-func (a *activities) Activities() api.ActivitiesResponse { return describe(a.holder.Tree()) }
+func (a *Activities) Activities() api.ActivitiesResponse { return describe(a.holder.Tree()) }
 
 // ReloadActivities implements admin.Activities: an invalid file is
 // INVALID_ARGUMENT with every problem, and the loaded tree stays.
-func (a *activities) ReloadActivities() (api.ActivitiesResponse, error) {
+func (a *Activities) ReloadActivities() (api.ActivitiesResponse, error) {
 	if a.path == "" {
 		return api.ActivitiesResponse{}, model.Errorf(model.ErrNotFound, "no activities file is configured (cell.activities)")
 	}
@@ -91,26 +100,4 @@ func describe(t *activity.Tree) api.ActivitiesResponse {
 		out.Parents = append(out.Parents, ap)
 	}
 	return out
-}
-
-// activitiesLoaded follows a reload: the budgets this cell homes take the
-// file's, and the scene limits forget the scenes the file no longer has
-// (a scene's new rate needs nothing: each request reads it from its tree).
-func (s *Server) activitiesLoaded(t *activity.Tree) {
-	s.budgets.Sync(t)
-	keep := func(key string) bool { return t.SceneByKey(key) != nil }
-	for _, l := range s.rw.scenes {
-		l.Keep(keep)
-	}
-}
-
-// liveCells is how many cells the cluster map lists (at least 1): the N of
-// the scene limits' fallback, rate/N each while memcached does not answer.
-func (s *Server) liveCells() int {
-	if s.peers != nil {
-		if m := s.peers.Map(); m != nil {
-			return max(len(m.Cells()), 1)
-		}
-	}
-	return 1
 }

@@ -1,4 +1,4 @@
-package cell
+package rewards
 
 import (
 	"context"
@@ -27,15 +27,15 @@ const (
 	rewardStale      = 5 * time.Minute
 )
 
-// rewardReconMetrics are the reconciliation's series, by space.
-type rewardReconMetrics struct {
+// reconMetrics are the reconciliation's series, by space.
+type reconMetrics struct {
 	problems *prometheus.GaugeVec // problems found by the last pass
 	stale    *prometheus.GaugeVec // rewards unbooked for more than rewardStale at the last pass
 	passes   *prometheus.CounterVec
 }
 
-func newRewardReconMetrics(reg prometheus.Registerer) *rewardReconMetrics {
-	m := &rewardReconMetrics{
+func newReconMetrics(reg prometheus.Registerer) *reconMetrics {
+	m := &reconMetrics{
 		problems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_reward_recon_problems",
 			Help: "Problems the last reward reconciliation pass found: booked rewards without their flow, or windows whose rewards and flows differ."}, []string{"space"}),
 		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "redcell_reward_pending_stale",
@@ -47,8 +47,8 @@ func newRewardReconMetrics(reg prometheus.Registerer) *rewardReconMetrics {
 	return m
 }
 
-// runRewardRecon reconciles space sp's rewards until ctx ends.
-func (s *Server) runRewardRecon(sp *space) func(ctx context.Context) {
+// reconciler returns the loop reconciling space's rewards until ctx ends.
+func (i *Issuer) reconciler(space int) func(ctx context.Context) {
 	return func(ctx context.Context) {
 		t := time.NewTicker(rewardReconEvery)
 		defer t.Stop()
@@ -60,30 +60,31 @@ func (s *Server) runRewardRecon(sp *space) func(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			now := s.clock.Now()
+			now := i.clock.Now()
 			to := now.Add(-rewardReconLag).UnixMilli()
 			from, kind := pos, "window"
 			if now.Sub(lastFull) >= rewardReconFull {
 				from, kind, lastFull = 0, "full", now
 			}
-			if s.reconcileRewards(ctx, sp, from, to, kind) {
+			if i.reconcile(ctx, space, from, to, kind) {
 				pos = to
 			}
 		}
 	}
 }
 
-// reconcileRewards checks [from, to) in every database of the cell; ok is
-// false when a database could not be read (the window is checked again).
-func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64, kind string) (ok bool) {
+// reconcile checks [from, to) in every database of the cell; ok is false
+// when a database could not be read (the window is checked again).
+func (i *Issuer) reconcile(ctx context.Context, space int, from, to int64, kind string) (ok bool) {
 	ok = true
+	sp := i.cfg.Spaces[space]
 	problems, stale, pending := 0, int64(0), int64(0)
-	staleMS := s.clock.Now().Add(-rewardStale).UnixMilli()
-	for _, db := range s.own.dbs() {
-		r, err := storage.RewardRecon(ctx, sp.store, db, from, to, staleMS, kind == "full")
+	staleMS := i.clock.Now().Add(-rewardStale).UnixMilli()
+	for _, db := range i.cfg.Own.DBs() {
+		r, err := storage.RewardRecon(ctx, sp.Store, db, from, to, staleMS, kind == "full")
 		if err != nil {
 			if ctx.Err() == nil {
-				s.inc.rewardRead[sp.index()].Fail(err, "db", db)
+				i.reads[space].Fail(err, "db", db)
 			}
 			ok = false
 			continue
@@ -92,20 +93,20 @@ func (s *Server) reconcileRewards(ctx context.Context, sp *space, from, to int64
 		pending += r.Pending
 		for _, p := range r.Problems() {
 			problems++
-			s.log.Warn("reward recon: problem", "space", sp.name, "kind", kind, "problem", p)
+			i.cfg.Log.Warn("reward recon: problem", "space", sp.Name, "kind", kind, "problem", p)
 		}
 	}
 	if ok {
-		s.inc.rewardRead[sp.index()].OK()
+		i.reads[space].OK()
 	}
-	s.rwRecon.problems.WithLabelValues(sp.name).Set(float64(problems))
-	s.rwRecon.stale.WithLabelValues(sp.name).Set(float64(stale))
+	i.recon.problems.WithLabelValues(sp.Name).Set(float64(problems))
+	i.recon.stale.WithLabelValues(sp.Name).Set(float64(stale))
 	if ok { // a database not read would make the sum low
-		s.rwMetrics.pending.WithLabelValues(sp.name).Set(float64(pending))
+		i.metrics.pending.WithLabelValues(sp.Name).Set(float64(pending))
 	}
-	s.rwRecon.passes.WithLabelValues(sp.name, kind).Inc()
+	i.recon.passes.WithLabelValues(sp.Name, kind).Inc()
 	if stale > 0 {
-		s.log.Warn("reward recon: rewards unbooked for more than 5 minutes", "space", sp.name, "rewards", stale)
+		i.cfg.Log.Warn("reward recon: rewards unbooked for more than 5 minutes", "space", sp.Name, "rewards", stale)
 	}
 	return ok
 }
