@@ -161,16 +161,7 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 		c.start(t, "cell-3", "cell", "--config", c.config, "--name", "cell-3")
 	}
 	c.start(t, "router", "router", "--config", c.config)
-	t.Cleanup(func() {
-		for _, name := range c.cells(true) {
-			c.stop(t, name)
-		}
-		if t.Failed() {
-			for name, b := range c.logs {
-				t.Logf("--- log of %s ---\n%s", name, b.String())
-			}
-		}
-	})
+	t.Cleanup(func() { c.stopAll(t) })
 	c.waitReady(t, 0)
 	return c
 }
@@ -289,6 +280,19 @@ func (c *cluster) take(name string) *exec.Cmd {
 	cmd := c.procs[name]
 	delete(c.procs, name)
 	return cmd
+}
+
+// stopAll stops the cluster's processes, the router first (cells(true)),
+// and, when t has failed, logs the output of each.
+func (c *cluster) stopAll(t *testing.T) {
+	for _, name := range c.cells(true) {
+		c.stop(t, name)
+	}
+	if t.Failed() {
+		for name, b := range c.logs {
+			t.Logf("--- log of %s ---\n%s", name, b.String())
+		}
+	}
 }
 
 // stop sends SIGTERM and requires a clean exit within 20 s.

@@ -340,13 +340,8 @@ func (r *netnsRig) startCluster(t *testing.T) *cluster {
 	r.startProc(t, c, "cell-2", "c2", "cell", "--config", cfg, "--name", "cell-2")
 	r.startProc(t, c, "router", "r", "router", "--config", cfg)
 	t.Cleanup(func() {
-		for _, name := range c.cells(true) {
-			c.stop(t, name)
-		}
+		c.stopAll(t)
 		if t.Failed() {
-			for name, b := range c.logs {
-				t.Logf("--- log of %s ---\n%s", name, b.String())
-			}
 			t.Logf("--- log of toxiproxy ---\n%s", r.toxLog.String())
 		}
 	})
@@ -723,8 +718,9 @@ func (pr *probe) window(from, to time.Time) probeStats {
 	return s
 }
 
-func sum(m map[string]int) int {
-	n := 0
+// sum adds up the values of m (counts by answer, rates by cell).
+func sum[V int | float64](m map[string]V) V {
+	var n V
 	for _, v := range m {
 		n += v
 	}
