@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# secretfiles.sh — functions deploy/compose/secrets.sh and deploy/k8s/secrets.sh
-# share. Sourced by them once they have set here (the script's folder) and
-# dir (the folder of the secret files it writes).
+# secretfiles.sh — what deploy/compose/secrets.sh and deploy/k8s/secrets.sh
+# share. Sourced by them once they have set here (the script's folder): it
+# sets dir, the folder of the secret files, $here/secrets, and makes it
+# (mode 700).
+
+dir="$here/secrets"
+mkdir -p "$dir"
+chmod 700 "$dir"
 
 # apikey_add ARGS... runs `redcell apikey add --keys $dir/api-keys.yaml ARGS...`
 # from $REDCELL_BIN, else var/bin/redcell (make build), else the redcell:dev

@@ -18,10 +18,7 @@
 # else the redcell:dev image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dir="$here/secrets"
-mkdir -p "$dir"
-chmod 700 "$dir"
-. "$here/../secretfiles.sh"
+. "$here/../secretfiles.sh" # dir: $here/secrets, made 700
 
 case "${1:-}" in
   add-key)

@@ -63,18 +63,11 @@ shutdown() {
   set +e
   [ "$stopping" = 1 ] && return 0
   stopping=1
-  echo
-  echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
-  # A MariaDB still starting (a signal during the start) is waited for
-  # (wait_jobs_but). The jobs are listed, not taken from $m1..$m4: the
-  # signal can come between "start_mariadb ... &" and "m1=$!", when the
-  # server's job runs but $m1 is not set yet (stop_cluster then stopped its
-  # bootstrap, the second attempt started a server after this script had
-  # gone).
-  if [ "$starting_db" = 1 ]; then wait_jobs_but "$watchdog"; fi
-  stop_cluster "$VAR"
-  end_run "$VAR"
-  echo "stopped."
+  # A MariaDB still starting is waited for (stop_run): a signal between
+  # "start_mariadb ... &" and "m1=$!" finds the server's job running and
+  # $m1 not set yet (stop_cluster then stopped its bootstrap, the second
+  # attempt started a server after this script had gone).
+  stop_run "$VAR" "$watchdog" "$starting_db" "router, then cells (draining), then memcached and MariaDB"
 }
 trap 'shutdown; exit 0' INT TERM HUP
 trap shutdown EXIT

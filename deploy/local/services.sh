@@ -328,22 +328,30 @@ stop_old_watchdog() {
   case "$(ps -p "$old" -o args= 2>/dev/null)" in *"$what"*) kill "$old" 2>/dev/null || true ;; esac
 }
 
-# wait_jobs_but PID waits for every background job of the calling shell but
-# PID (its watchdog): a shutdown during the start of the MariaDB servers,
-# when every other job is one of theirs, waits for them so that they are
-# there to be stopped (start_mariadb gives up within a minute).
-wait_jobs_but() {
-  local job
-  for job in $(jobs -p); do
-    [ "$job" = "$1" ] || wait "$job" 2>/dev/null
-  done
-}
-
-# end_run VAR, the last step of a shutdown, stops this run's watchdog (its
-# work is done) and removes the pid files under VAR.
-end_run() {
-  if [ -f "$1/pids/watchdog.pid" ]; then kill "$(cat "$1/pids/watchdog.pid")" 2>/dev/null; fi
-  rm -f "$1"/pids/*.pid
+# stop_run VAR WATCHDOG STARTING WHAT [CMD...] is the shutdown of a run
+# under VAR once begun: it says it stops WHAT; when STARTING is 1 (a signal
+# during the start of the MariaDB servers) it waits for every background
+# job of the calling shell but its watchdog WATCHDOG, all of them the
+# servers' (the jobs are listed, not taken from the script's $m1..: the
+# signal can come between "start_mariadb ... &" and "m1=$!"), so that they
+# are there to be stopped (start_mariadb gives up within a minute); then it
+# stops the cluster (stop_cluster), runs CMD (cluster.sh: the network's
+# removal), stops the watchdog, its work done, and removes the pid files.
+stop_run() {
+  local var=$1 watchdog=$2 starting=$3 what=$4 job
+  shift 4
+  echo
+  echo "shutting down: $what ..."
+  if [ "$starting" = 1 ]; then
+    for job in $(jobs -p); do
+      [ "$job" = "$watchdog" ] || wait "$job" 2>/dev/null
+    done
+  fi
+  stop_cluster "$var"
+  if [ $# -gt 0 ]; then "$@"; fi
+  if [ -f "$var/pids/watchdog.pid" ]; then kill "$(cat "$var/pids/watchdog.pid")" 2>/dev/null; fi
+  rm -f "$var"/pids/*.pid
+  echo "stopped."
 }
 
 # ensure_demo_key VAR gives the demo app a key with every scope, in

@@ -61,14 +61,9 @@ shutdown() {
   set +e
   [ "$stopping" = 1 ] && return 0
   stopping=1
-  echo
-  echo "shutting down: router, then cells (draining), then memcached and MariaDB, then the network ..."
-  # MariaDB servers still starting are waited for (wait_jobs_but).
-  if [ "$starting_db" = 1 ]; then wait_jobs_but "$watchdog"; fi
-  stop_cluster "$VAR"
-  if [ "$netup" = 1 ]; then "$netns" down "$ID"; fi
-  end_run "$VAR"
-  echo "stopped."
+  local down=()
+  if [ "$netup" = 1 ]; then down=("$netns" down "$ID"); fi
+  stop_run "$VAR" "$watchdog" "$starting_db" "router, then cells (draining), then memcached and MariaDB, then the network" "${down[@]}"
 }
 trap 'shutdown; exit 0' INT TERM HUP
 trap shutdown EXIT
