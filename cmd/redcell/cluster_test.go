@@ -249,7 +249,13 @@ func (c *cluster) rewardFiles(t *testing.T) {
 // start runs the binary as process name; a process started again under the
 // same name appends to the same log.
 func (c *cluster) start(t *testing.T, name string, args ...string) {
-	cmd := exec.Command(c.bin, args...)
+	c.startCmd(t, name, exec.Command(c.bin, args...), "")
+}
+
+// startCmd starts cmd as process name, its output appended to name's log
+// after a line that says when, and where (" in ...", or ""), it started.
+func (c *cluster) startCmd(t *testing.T, name string, cmd *exec.Cmd, where string) {
+	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	buf := c.logs[name]
@@ -257,7 +263,7 @@ func (c *cluster) start(t *testing.T, name string, args ...string) {
 		buf = &syncBuffer{}
 		c.logs[name] = buf
 	}
-	fmt.Fprintf(buf, "--- started %s ---\n", time.Now().Format(time.RFC3339Nano))
+	fmt.Fprintf(buf, "--- started %s%s ---\n", time.Now().Format(time.RFC3339Nano), where)
 	cmd.Stdout, cmd.Stderr = buf, buf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

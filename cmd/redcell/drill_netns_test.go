@@ -362,19 +362,7 @@ func (r *netnsRig) startProc(t *testing.T, c *cluster, name, node string, args .
 	// An advertise host from the environment would override the config's
 	// for every process.
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "REDCELL_ADVERTISE_HOST=") })
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	buf := c.logs[name]
-	if buf == nil {
-		buf = &syncBuffer{}
-		c.logs[name] = buf
-	}
-	fmt.Fprintf(buf, "--- started %s in %s ---\n", time.Now().Format(time.RFC3339Nano), r.ns(node))
-	cmd.Stdout, cmd.Stderr = buf, buf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.procs[name] = cmd
+	c.startCmd(t, name, cmd, " in "+r.ns(node))
 }
 
 // link sets node's link up or down (netns.sh link).
