@@ -68,15 +68,8 @@ func SenderOf(body []byte) (string, error) {
 	var b struct {
 		Sender string `json:"sender"`
 	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te) && te.Field == "sender":
-			return "", model.Invalidf("sender must be a string")
-		case errors.As(err, &te):
-			return "", model.Invalidf("the body must be a JSON object")
-		}
-		return "", model.Invalidf("malformed JSON body")
+	if err := decodeKey(body, &b, "sender"); err != nil {
+		return "", err
 	}
 	if err := model.ValidateActID(b.Sender); err != nil {
 		_, msg := model.CodeOf(err)
@@ -91,20 +84,32 @@ func ActIDOf(body []byte) (string, error) {
 	var b struct {
 		ActID string `json:"act_id"`
 	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te) && te.Field == "act_id":
-			return "", model.Invalidf("act_id must be a string")
-		case errors.As(err, &te):
-			return "", model.Invalidf("the body must be a JSON object")
-		}
-		return "", model.Invalidf("malformed JSON body")
+	if err := decodeKey(body, &b, "act_id"); err != nil {
+		return "", err
 	}
 	if err := model.ValidateActID(b.ActID); err != nil {
 		return "", err
 	}
 	return b.ActID, nil
+}
+
+// decodeKey decodes a JSON body into v, a struct of the one string field,
+// named field in the JSON, that SenderOf or ActIDOf reads. Errors, in the
+// API's terms (model.ErrInvalidArgument): the field is not a string, the
+// body is not a JSON object, or it is not JSON.
+func decodeKey(body []byte, v any, field string) error {
+	err := json.Unmarshal(body, v)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &te) && te.Field == field:
+		return model.Invalidf("%s must be a string", field)
+	case errors.As(err, &te):
+		return model.Invalidf("the body must be a JSON object")
+	}
+	return model.Invalidf("malformed JSON body")
 }
 
 // SplitIdentityKey splits the key of an identity route ("{app}/{app_user_id}",

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -405,10 +404,7 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
 	ew.printf("redcell bench: coupons%s\n", realNote(s.Real))
 	for _, r := range s.Runs {
-		how := fmt.Sprintf("closed-loop, %d workers", r.Concurrency)
-		if r.Mode == modeOpen {
-			how = fmt.Sprintf("open-loop at %d/s, %d in flight at most, %d of %d due started", r.Rate, r.Concurrency, r.Started, r.Due)
-		}
+		how := loopText(r.Mode, r.Rate, r.Concurrency, r.Started, r.Due)
 		if r.MergeMax > 0 {
 			how += fmt.Sprintf(", merge bound %d, accepted while held then released", r.MergeMax)
 		}
@@ -438,10 +434,6 @@ func (s CouponsSuite) WriteText(w io.Writer) error {
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}
-	if ps := s.Problems(); len(ps) > 0 {
-		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))
-	} else {
-		ew.printf("  OK\n")
-	}
+	ew.verdict(s.Problems())
 	return ew.err
 }

@@ -255,11 +255,7 @@ func (r ExternalReport) WriteText(w io.Writer) error {
 	for _, v := range r.VsBaseline {
 		v.writeLine(ew, "  ", r.Op+"s/s", r.Op)
 	}
-	if ps := r.Problems(); len(ps) > 0 {
-		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))
-	} else {
-		ew.printf("  OK\n")
-	}
+	ew.verdict(r.Problems())
 	return ew.err
 }
 

@@ -56,11 +56,7 @@ func checkMoney(t *testing.T, f *fakeRouter, rep Report) {
 	if rep.Audit == nil || rep.Audit.Difference != 0 || !rep.BalancesChecked || rep.BalanceSample == 0 || rep.BalanceMismatches != 0 {
 		t.Errorf("audit %+v, balances checked %v over %d, %d mismatches", rep.Audit, rep.BalancesChecked, rep.BalanceSample, rep.BalanceMismatches)
 	}
-	if t.Failed() {
-		var b bytes.Buffer
-		_ = rep.WriteText(&b)
-		t.Log(b.String())
-	}
+	logReportIfFailed(t, rep)
 }
 
 func TestHotClosedLoop(t *testing.T) {

@@ -469,6 +469,24 @@ func (e *errWriter) printf(format string, args ...any) {
 	_, _ = fmt.Fprintf(e, format, args...)
 }
 
+// verdict ends a text report: "  FAILED: " and the problems, or "  OK".
+func (e *errWriter) verdict(problems []string) {
+	if len(problems) > 0 {
+		e.printf("  FAILED: %s\n", strings.Join(problems, "; "))
+	} else {
+		e.printf("  OK\n")
+	}
+}
+
+// loopText says how a run of the coupons or rewards suite sent its load:
+// closed-loop with its workers, or open-loop at its rate.
+func loopText(mode string, rate, concurrency int, started, due int64) string {
+	if mode == modeOpen {
+		return fmt.Sprintf("open-loop at %d/s, %d in flight at most, %d of %d due started", rate, concurrency, started, due)
+	}
+	return fmt.Sprintf("closed-loop, %d workers", concurrency)
+}
+
 // requestsPerSec is every request of the run (all ops, failures too: each
 // reached the router) per second of the load phase; 0 when unknown.
 func (r Report) requestsPerSec() float64 {

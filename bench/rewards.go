@@ -510,10 +510,7 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
 	ew.printf("redcell bench: rewards of %s/%s%s\n", s.Parent, s.Scene, realNote(s.Real))
 	for _, r := range s.Runs {
-		how := fmt.Sprintf("closed-loop, %d workers", r.Concurrency)
-		if r.Mode == modeOpen {
-			how = fmt.Sprintf("open-loop at %d/s, %d in flight at most, %d of %d due started", r.Rate, r.Concurrency, r.Started, r.Due)
-		}
+		how := loopText(r.Mode, r.Rate, r.Concurrency, r.Started, r.Due)
 		name := r.Booking
 		if r.Cluster != "" {
 			name = r.Cluster + "/" + name
@@ -547,10 +544,6 @@ func (s RewardsSuite) WriteText(w io.Writer) error {
 		}
 		s.Bare.writeFloor(ew, "  ", works)
 	}
-	if ps := s.Problems(); len(ps) > 0 {
-		ew.printf("  FAILED: %s\n", strings.Join(ps, "; "))
-	} else {
-		ew.printf("  OK\n")
-	}
+	ew.verdict(s.Problems())
 	return ew.err
 }

@@ -335,6 +335,16 @@ func shortSettle(t *testing.T) {
 	t.Cleanup(func() { settleTimeout, settleInterval = oldTimeout, oldInterval })
 }
 
+// logReportIfFailed logs the run's text report when t has failed.
+func logReportIfFailed(t *testing.T, rep Report) {
+	t.Helper()
+	if t.Failed() {
+		var b bytes.Buffer
+		_ = rep.WriteText(&b)
+		t.Log(b.String())
+	}
+}
+
 func fakeConfig(url string, f *fakeRouter) Config {
 	cfg := DefaultConfig()
 	cfg.RouterURL = url
@@ -429,11 +439,7 @@ func TestRunAgainstFakeRouter(t *testing.T) {
 			t.Errorf("account %q does not carry the run ID", act)
 		}
 	}
-	if t.Failed() {
-		var b bytes.Buffer
-		_ = rep.WriteText(&b)
-		t.Log(b.String())
-	}
+	logReportIfFailed(t, rep)
 }
 
 // A lost answer is retried; the repeat tells the claim, so no money goes

@@ -34,12 +34,7 @@ type CouponRows struct {
 }
 
 func (c *CouponRows) merge(p CouponRows) {
-	for k, v := range p.Requests {
-		if c.Requests == nil {
-			c.Requests = map[CouponState]int64{}
-		}
-		c.Requests[k] += v
-	}
+	addCounts(&c.Requests, p.Requests)
 	c.RefusedNoReason += p.RefusedNoReason
 	if p.OldestOpenMS > 0 && (c.OldestOpenMS == 0 || p.OldestOpenMS < c.OldestOpenMS) {
 		c.OldestOpenMS = p.OldestOpenMS
@@ -49,18 +44,8 @@ func (c *CouponRows) merge(p CouponRows) {
 	}
 	c.IssuedNoCoupon += p.IssuedNoCoupon
 	c.CouponNoRequest += p.CouponNoRequest
-	for k, v := range p.ByBatch {
-		if c.ByBatch == nil {
-			c.ByBatch = map[string]int64{}
-		}
-		c.ByBatch[k] += v
-	}
-	for k, v := range p.LeaseSpent {
-		if c.LeaseSpent == nil {
-			c.LeaseSpent = map[string]int64{}
-		}
-		c.LeaseSpent[k] += v
-	}
+	addCounts(&c.ByBatch, p.ByBatch)
+	addCounts(&c.LeaseSpent, p.LeaseSpent)
 	c.Multi = append(c.Multi, p.Multi...)
 	c.GroupClash = append(c.GroupClash, p.GroupClash...)
 }

@@ -28,14 +28,20 @@ func (r *RewardRows) merge(p RewardRows) {
 	r.Booked += p.Booked
 	r.Pending += p.Pending
 	r.IntoWall += p.IntoWall
-	for id, n := range p.LeaseSpent {
-		if r.LeaseSpent == nil {
-			r.LeaseSpent = map[string]int64{}
-		}
-		r.LeaseSpent[id] += n
-	}
+	addCounts(&r.LeaseSpent, p.LeaseSpent)
 	r.Budgets = append(r.Budgets, p.Budgets...)
 	r.Leases = append(r.Leases, p.Leases...)
+}
+
+// addCounts adds each count of from to *into, making *into first when it
+// is nil and from holds a count.
+func addCounts[K comparable](into *map[K]int64, from map[K]int64) {
+	for k, v := range from {
+		if *into == nil {
+			*into = map[K]int64{}
+		}
+		(*into)[k] += v
+	}
 }
 
 // AddReward counts one reward row.

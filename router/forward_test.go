@@ -3,7 +3,6 @@ package router
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -178,19 +177,11 @@ func launchRouter(t *testing.T, cfg Config, routes Routes, keys *apikey.File, lo
 	return url
 }
 
-// get sends GET url with testKey and returns the status and error code.
+// get sends GET url with testKey (send) and returns the status and error code.
 func get(t *testing.T, url string) (int, string) {
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+testKey)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var e api.ErrorBody
-	_ = json.Unmarshal(b, &e)
-	return resp.StatusCode, e.Error.Code
+	t.Helper()
+	a := send(t, http.MethodGet, url, "", false)
+	return a.status, a.code
 }
 
 func TestForwardAndUnavailable(t *testing.T) {

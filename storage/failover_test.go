@@ -11,10 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,17 +54,7 @@ func replicaPair(t *testing.T) (primary, standby string, killPrimary func()) {
 	}
 	t.Cleanup(func() { sh(fmt.Sprintf("stop_mariadb %[1]s/p; stop_mariadb %[1]s/s", dir)) })
 	sh(fmt.Sprintf("REDCELL_REPL_ID=1 start_mariadb %[1]s/p %[2]d fast; start_standby %[1]s/s %[3]d %[2]d 11 fast", dir, ports[0], ports[1]))
-	killPrimary = func() {
-		b, err := os.ReadFile(dir + "/p/mariadb.pid")
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if pid <= 0 {
-			t.Fatalf("bad pid file %q", b)
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	killPrimary = func() { testenv.KillPidFile(t, dir+"/p/mariadb.pid") }
 	return fmt.Sprintf("root@tcp(127.0.0.1:%d)/", ports[0]), fmt.Sprintf("root@tcp(127.0.0.1:%d)/", ports[1]), killPrimary
 }
 

@@ -146,21 +146,9 @@ func rowsOf(n, cols int) string {
 // asks up to 100 tables per statement, so a pass over hundreds of shards is a
 // handful of round trips, not one per table.
 func (m *MySQL) expiredIn(ctx context.Context, shards []model.ShardID, days []int, nowMS int64, limit int) ([]model.PacketID, error) {
-	existing, err := m.dayTables(ctx)
+	list, err := m.dayTablesOf(ctx, "packet", shards, days)
 	if err != nil {
 		return nil, err
-	}
-	want := make(map[tableRef]bool, len(shards)*len(days))
-	for _, s := range shards {
-		for _, d := range days {
-			want[tableRef{kind: "packet", shard: s, day: d}] = true
-		}
-	}
-	var list []tableRef
-	for _, t := range existing {
-		if want[t] {
-			list = append(list, t)
-		}
 	}
 	var out []model.PacketID
 	for start := 0; start < len(list) && len(out) < limit; start += ledgerChunk {
@@ -231,6 +219,28 @@ func (m *MySQL) dayTables(ctx context.Context) ([]tableRef, error) {
 	}
 	m.tableList, m.tableKnown, m.tableListAt, m.tableListGen = list, known, m.clock.Now(), gen
 	m.mu.Unlock()
+	return list, nil
+}
+
+// dayTablesOf lists the tables of kind (packet or claim) of shards for days
+// that exist (dayTables), in dayTables' order.
+func (m *MySQL) dayTablesOf(ctx context.Context, kind string, shards []model.ShardID, days []int) ([]tableRef, error) {
+	existing, err := m.dayTables(ctx)
+	if err != nil {
+		return nil, err
+	}
+	want := make(map[tableRef]bool, len(shards)*len(days))
+	for _, s := range shards {
+		for _, d := range days {
+			want[tableRef{kind: kind, shard: s, day: d}] = true
+		}
+	}
+	var list []tableRef
+	for _, t := range existing {
+		if want[t] {
+			list = append(list, t)
+		}
+	}
 	return list, nil
 }
 

@@ -64,27 +64,6 @@ func (m *MySQL) reconWindow(ctx context.Context, db int, shards []model.ShardID,
 // errWindowFull: a recon window holds more claims than a read takes.
 var errWindowFull = errors.New("storage: recon window holds too many claims")
 
-// reconTables lists the claim tables of shards for days known to exist.
-func (m *MySQL) reconTables(ctx context.Context, shards []model.ShardID, days []int) ([]tableRef, error) {
-	tables, err := m.dayTables(ctx)
-	if err != nil {
-		return nil, err
-	}
-	want := map[tableRef]bool{}
-	for _, s := range shards {
-		for _, d := range days {
-			want[tableRef{kind: "claim", shard: s, day: d}] = true
-		}
-	}
-	var out []tableRef
-	for _, t := range tables {
-		if want[t] {
-			out = append(out, t)
-		}
-	}
-	return out, nil
-}
-
 // retryMissing runs read, and when a table in the cached list went away
 // (a shard handed over) reads the list again and runs it once more.
 func (m *MySQL) retryMissing(ctx context.Context, read func() error) error {
@@ -104,7 +83,7 @@ func (m *MySQL) retryMissing(ctx context.Context, read func() error) error {
 func (m *MySQL) reconCut(ctx context.Context, shards []model.ShardID, days []int, fromMS, toMS int64, limit int) (int64, error) {
 	cut := toMS
 	err := m.retryMissing(ctx, func() error {
-		tables, err := m.reconTables(ctx, shards, days)
+		tables, err := m.dayTablesOf(ctx, "claim", shards, days)
 		if err != nil || len(tables) == 0 {
 			return err
 		}
@@ -128,7 +107,7 @@ func (m *MySQL) reconCut(ctx context.Context, shards []model.ShardID, days []int
 func (m *MySQL) readReconWindowRetry(ctx context.Context, shards []model.ShardID, days []int, maxRows int, w *model.ReconWindow) error {
 	return m.retryMissing(ctx, func() error {
 		clear(w.Claims)
-		tables, err := m.reconTables(ctx, shards, days)
+		tables, err := m.dayTablesOf(ctx, "claim", shards, days)
 		if err != nil || len(tables) == 0 {
 			return err // none: no shard of db was ever used on these days
 		}

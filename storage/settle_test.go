@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"redcell/internal/clock"
+	"redcell/internal/testenv"
 )
 
 var errReread = errors.New("re-read failed")
@@ -36,7 +37,7 @@ func testSettleCommitWaitsOnTheStoreClock(t *testing.T) {
 		done <- result{ok, known}
 	}()
 	for i := 0; i < 2; i++ { // each wait, once settleCommit is in it
-		settleWaits(t, c)
+		testenv.WaitWaiter(t, c, "settleCommit does not wait on the store's clock")
 		c.Advance(100 * time.Millisecond)
 	}
 	if r := <-done; !r.ok || !r.known {
@@ -66,19 +67,9 @@ func testSettleCommitStopsWithCtx(t *testing.T) {
 		_, known := m.settleCommit(ctx, func() (bool, error) { calls++; return false, errReread })
 		done <- known
 	}()
-	settleWaits(t, c)
+	testenv.WaitWaiter(t, c, "settleCommit does not wait on the store's clock")
 	cancel()
 	if known := <-done; known || calls != 1 {
 		t.Fatalf("after cancel: known=%v calls=%d, want unknown after 1", known, calls)
-	}
-}
-
-// settleWaits fails unless, once the bubble has settled, settleCommit waits
-// on c.
-func settleWaits(t *testing.T, c *clock.Manual) {
-	t.Helper()
-	synctest.Wait()
-	if c.Waiters() == 0 {
-		t.Fatal("settleCommit does not wait on the store's clock")
 	}
 }

@@ -294,10 +294,7 @@ func (p *Pool) Spent(key string) int64 {
 // and waits for a retry are among them. For metrics and drain.
 func (p *Pool) Leases() []model.Lease {
 	p.mu.Lock()
-	kps := make([]*keyPool, 0, len(p.keys))
-	for _, kp := range p.keys {
-		kps = append(kps, kp)
-	}
+	kps := p.keyPoolsLocked()
 	var out []model.Lease
 	for _, o := range p.owed {
 		out = append(out, withLeft(o.h))
@@ -342,13 +339,20 @@ func (p *Pool) ReturnAll(ctx context.Context) error {
 	return p.returnLeases(ctx, p.takeOut(func(*held) bool { return true }))
 }
 
-// waitFetches waits for the home calls in flight now, or ctx.
-func (p *Pool) waitFetches(ctx context.Context) error {
-	p.mu.Lock()
+// keyPoolsLocked lists the pools of the keys, to be walked once p.mu is
+// released (each has a lock of its own). p.mu must be held.
+func (p *Pool) keyPoolsLocked() []*keyPool {
 	kps := make([]*keyPool, 0, len(p.keys))
 	for _, kp := range p.keys {
 		kps = append(kps, kp)
 	}
+	return kps
+}
+
+// waitFetches waits for the home calls in flight now, or ctx.
+func (p *Pool) waitFetches(ctx context.Context) error {
+	p.mu.Lock()
+	kps := p.keyPoolsLocked()
 	p.mu.Unlock()
 	for _, kp := range kps {
 		kp.mu.Lock()
@@ -372,10 +376,7 @@ func (p *Pool) takeOut(out func(*held) bool) []owedLease {
 	p.mu.Lock()
 	due := p.owed
 	p.owed = nil
-	kps := make([]*keyPool, 0, len(p.keys))
-	for _, kp := range p.keys {
-		kps = append(kps, kp)
-	}
+	kps := p.keyPoolsLocked()
 	p.mu.Unlock()
 	for _, kp := range kps {
 		kp.mu.Lock()

@@ -18,12 +18,18 @@ import (
 
 var quiet = slog.New(slog.DiscardHandler)
 
+// testMemcached returns a client of the test memcached and a key prefix no
+// other test uses.
+func testMemcached(t *testing.T) (*memcache.Client, string) {
+	t.Helper()
+	return admission.NewClient([]string{testenv.Memcached(t)}), "test:" + testenv.Prefix() + ":"
+}
+
 // Two cells count one scene: each sees its own additions at once, and both
 // see the sum once each has flushed and read back; the memcached key holds
 // the sum.
 func TestTwoCellsSum(t *testing.T) {
-	mc := admission.NewClient([]string{testenv.Memcached(t)})
-	pre := "test:" + testenv.Prefix() + ":"
+	mc, pre := testMemcached(t)
 	a, b := issued.New(mc, pre, quiet), issued.New(mc, pre, quiet)
 	ka, err := a.Counter("rain/official")
 	if err != nil {
@@ -60,8 +66,7 @@ func TestTwoCellsSum(t *testing.T) {
 // to the total, and not when memcached loses the key (a restart): the count
 // holds until the new total passes it.
 func TestMonotonic(t *testing.T) {
-	mc := admission.NewClient([]string{testenv.Memcached(t)})
-	pre := "test:" + testenv.Prefix() + ":"
+	mc, pre := testMemcached(t)
 	c := issued.New(mc, pre, quiet)
 	k, _ := c.Counter("card/gray")
 	k.Add(1000)
@@ -133,8 +138,7 @@ func (f *flakyMC) Add(it *memcache.Item) error {
 // A flush that cannot reach memcached keeps the additions: Read still counts
 // them, and the next flush that can takes them, once.
 func TestFlushWhileDown(t *testing.T) {
-	real := admission.NewClient([]string{testenv.Memcached(t)})
-	pre := "test:" + testenv.Prefix() + ":"
+	real, pre := testMemcached(t)
 	f := &flakyMC{Memcache: real, down: true}
 	c := issued.New(f, pre, quiet)
 	k, _ := c.Counter("rain/test")
@@ -159,8 +163,7 @@ func TestFlushWhileDown(t *testing.T) {
 
 // Run flushes on its clock's ticks and once more when it stops.
 func TestRun(t *testing.T) {
-	mc := admission.NewClient([]string{testenv.Memcached(t)})
-	pre := "test:" + testenv.Prefix() + ":"
+	mc, pre := testMemcached(t)
 	c := issued.New(mc, pre, quiet)
 	k, _ := c.Counter("rain/official")
 	k.Add(11)

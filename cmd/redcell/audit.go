@@ -141,19 +141,11 @@ func auditNamespace(ctx context.Context, configPath string, shadow bool) (model.
 	if len(fc.Cells) == 0 {
 		return model.AuditReport{}, fmt.Errorf("audit: config %s lists no cells", configPath)
 	}
-	stores := make([]*storage.MySQL, len(fc.Cells))
-	defer func() {
-		for _, st := range stores {
-			if st != nil {
-				st.Close()
-			}
-		}
-	}()
-	for i, c := range fc.Cells {
-		if stores[i], err = openCellDB(c, 2); err != nil {
-			return model.AuditReport{}, fmt.Errorf("audit: cell %s: %w", c.Name, err)
-		}
+	stores, closeStores, err := openCellDBs(fc, 2)
+	if err != nil {
+		return model.AuditReport{}, fmt.Errorf("audit: %w", err)
 	}
+	defer closeStores()
 	owners, ties, err := clusterOwners(fc, func(i int) (string, int64, bool, error) { return stores[i].Ownership(ctx, fc.Cells[i].Name) })
 	if err != nil {
 		return model.AuditReport{}, err
@@ -289,6 +281,29 @@ func couponAuditRules(fc fileConfig) (map[string]int, time.Duration, error) {
 		limits[b.ID] = b.PerPersonLimit
 	}
 	return limits, stale, nil
+}
+
+// openCellDBs opens the database of every cell of fc (openCellDB, conns
+// connections each) and returns them in the order of fc.Cells, with a func
+// that closes them all. Its error names the cell: "cell NAME: ..."; by then
+// it has closed those it opened.
+func openCellDBs(fc fileConfig, conns int) ([]*storage.MySQL, func(), error) {
+	stores := make([]*storage.MySQL, len(fc.Cells))
+	closeAll := func() {
+		for _, st := range stores {
+			if st != nil {
+				st.Close()
+			}
+		}
+	}
+	for i, c := range fc.Cells {
+		var err error
+		if stores[i], err = openCellDB(c, conns); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("cell %s: %w", c.Name, err)
+		}
+	}
+	return stores, closeAll, nil
 }
 
 // openCellDB opens the database a cell of the config writes to: its

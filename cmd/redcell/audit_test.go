@@ -19,6 +19,22 @@ import (
 	"redcell/storage"
 )
 
+// twoCellConfig writes the config of a cluster of two cells on the test
+// databases (testenv.MySQLDSN 1 and 2), cell-1 owning shards1 and cell-2
+// shards2 (ranges such as "0-499"), and returns its path and the two DSNs.
+func twoCellConfig(t *testing.T, shards1, shards2 string) (path, dsn1, dsn2 string) {
+	t.Helper()
+	dsn1, dsn2 = testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)
+	path = filepath.Join(t.TempDir(), "redcell.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`cells:
+  - {name: cell-1, listen: "127.0.0.1:1", gossip: "127.0.0.1:2", shards: %q, dsn: %q}
+  - {name: cell-2, listen: "127.0.0.1:3", gossip: "127.0.0.1:4", shards: %q, dsn: %q}
+`, shards1, dsn1, shards2, dsn2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, dsn1, dsn2
+}
+
 // TestAuditCatchesCorruptRows: `redcell audit` over both test databases is
 // clean after a packet whose claims were credited in both cells; then rows are
 // corrupted straight in MariaDB, one fault at a time, and each time the audit
@@ -28,14 +44,7 @@ import (
 // under its credit. A credit lost with its balance set back is no fault: the
 // claim is in flight again, and the audit passes. Each fault is undone.
 func TestAuditCatchesCorruptRows(t *testing.T) {
-	dsn1, dsn2 := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)
-	config := filepath.Join(t.TempDir(), "redcell.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`cells:
-  - {name: cell-1, listen: "127.0.0.1:1", gossip: "127.0.0.1:2", shards: "0-499", dsn: %q}
-  - {name: cell-2, listen: "127.0.0.1:3", gossip: "127.0.0.1:4", shards: "500-999", dsn: %q}
-`, dsn1, dsn2)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	config, dsn1, dsn2 := twoCellConfig(t, "0-499", "500-999")
 	ctx := context.Background()
 	m1, m2 := openStore(t, dsn1), openStore(t, dsn2)
 	db1, db2 := openDB(t, dsn1), openDB(t, dsn2)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"redcell/model"
-	"redcell/storage"
 )
 
 // prepareShadow creates, in every cell's shadow space (the tables the cells
@@ -34,19 +33,11 @@ func prepareShadow(ctx context.Context, configPath string, w io.Writer) error {
 	if len(fc.Cells) == 0 {
 		return fmt.Errorf("bench: config %s lists no cells", configPath)
 	}
-	stores := make([]*storage.MySQL, len(fc.Cells))
-	defer func() {
-		for _, st := range stores {
-			if st != nil {
-				st.Close()
-			}
-		}
-	}()
-	for i, c := range fc.Cells {
-		if stores[i], err = openCellDB(c, 4); err != nil {
-			return fmt.Errorf("bench: shadow tables of cell %s: %w", c.Name, err)
-		}
+	stores, closeStores, err := openCellDBs(fc, 4)
+	if err != nil {
+		return fmt.Errorf("bench: shadow tables of %w", err) // "... of cell NAME: ..."
 	}
+	defer closeStores()
 	owners, _, err := clusterOwners(fc, func(i int) (string, int64, bool, error) { return stores[i].Ownership(ctx, fc.Cells[i].Name) })
 	if err != nil {
 		return err

@@ -3,13 +3,9 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"redcell/internal/testenv"
 )
 
 // TestPrepareShadow: the bench's first step makes, in each cell's shadow
@@ -17,14 +13,7 @@ import (
 // their packet and claim tables of today and tomorrow, and a second call
 // finds them made.
 func TestPrepareShadow(t *testing.T) {
-	dsn1, dsn2 := testenv.MySQLDSN(t, 1), testenv.MySQLDSN(t, 2)
-	config := filepath.Join(t.TempDir(), "redcell.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`cells:
-  - {name: cell-1, listen: "127.0.0.1:1", gossip: "127.0.0.1:2", shards: "970-979", dsn: %q}
-  - {name: cell-2, listen: "127.0.0.1:3", gossip: "127.0.0.1:4", shards: "980-999", dsn: %q}
-`, dsn1, dsn2)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	config, dsn1, dsn2 := twoCellConfig(t, "970-979", "980-999")
 	for round := range 2 {
 		var out bytes.Buffer
 		if err := prepareShadow(t.Context(), config, &out); err != nil {

@@ -161,16 +161,7 @@ func startClusterSpec(t *testing.T, spec clusterSpec) *cluster {
 		c.start(t, "cell-3", "cell", "--config", c.config, "--name", "cell-3")
 	}
 	c.start(t, "router", "router", "--config", c.config)
-	t.Cleanup(func() {
-		for _, name := range c.cells(true) {
-			c.stop(t, name)
-		}
-		if t.Failed() {
-			for name, b := range c.logs {
-				t.Logf("--- log of %s ---\n%s", name, b.String())
-			}
-		}
-	})
+	t.Cleanup(func() { c.stopAll(t) })
 	c.waitReady(t, 0)
 	return c
 }
@@ -258,7 +249,13 @@ func (c *cluster) rewardFiles(t *testing.T) {
 // start runs the binary as process name; a process started again under the
 // same name appends to the same log.
 func (c *cluster) start(t *testing.T, name string, args ...string) {
-	cmd := exec.Command(c.bin, args...)
+	c.startCmd(t, name, exec.Command(c.bin, args...), "")
+}
+
+// startCmd starts cmd as process name, its output appended to name's log
+// after a line that says when, and where (" in ...", or ""), it started.
+func (c *cluster) startCmd(t *testing.T, name string, cmd *exec.Cmd, where string) {
+	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	buf := c.logs[name]
@@ -266,7 +263,7 @@ func (c *cluster) start(t *testing.T, name string, args ...string) {
 		buf = &syncBuffer{}
 		c.logs[name] = buf
 	}
-	fmt.Fprintf(buf, "--- started %s ---\n", time.Now().Format(time.RFC3339Nano))
+	fmt.Fprintf(buf, "--- started %s%s ---\n", time.Now().Format(time.RFC3339Nano), where)
 	cmd.Stdout, cmd.Stderr = buf, buf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -289,6 +286,19 @@ func (c *cluster) take(name string) *exec.Cmd {
 	cmd := c.procs[name]
 	delete(c.procs, name)
 	return cmd
+}
+
+// stopAll stops the cluster's processes, the router first (cells(true)),
+// and, when t has failed, logs the output of each.
+func (c *cluster) stopAll(t *testing.T) {
+	for _, name := range c.cells(true) {
+		c.stop(t, name)
+	}
+	if t.Failed() {
+		for name, b := range c.logs {
+			t.Logf("--- log of %s ---\n%s", name, b.String())
+		}
+	}
 }
 
 // stop sends SIGTERM and requires a clean exit within 20 s.

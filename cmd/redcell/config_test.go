@@ -19,14 +19,7 @@ import (
 // defaults field by field, and bad values stop the process.
 func TestOverloadConfig(t *testing.T) {
 	t.Setenv("REDCELL_CLUSTER_SECRET", "") // the files below decide
-	write := func(body string) string {
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	fc, err := loadConfig(write(`
+	fc, err := loadConfigBody(t, `
 cluster_secret: "config-test-secret-0123456789"
 router:
   rate_limits:
@@ -37,7 +30,7 @@ cell:
   rate_limit_per_sec: 7000
   breaker_failures: 3
   breaker_cooldown: 500ms
-`))
+`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,21 +61,21 @@ cell:
 		t.Errorf("cell rate %d", fc.Cell.RateLimitPerSec)
 	}
 
-	fc, err = loadConfig(write("cluster_secret: config-test-secret-0123456789\nrouter:\n  rate_limits:\n    opne: {per_sec: 5}\n"))
+	fc, err = loadConfigBody(t, "cluster_secret: config-test-secret-0123456789\nrouter:\n  rate_limits:\n    opne: {per_sec: 5}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fc.routerConfig(); err == nil || !strings.Contains(err.Error(), `"opne"`) {
 		t.Errorf("a misspelt route: %v", err)
 	}
-	fc, err = loadConfig(write("router:\n  listen: 127.0.0.1:8080\n"))
+	fc, err = loadConfigBody(t, "router:\n  listen: 127.0.0.1:8080\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fc.routerConfig(); err == nil || !strings.Contains(err.Error(), "ClusterSecret") {
 		t.Errorf("a router without a cluster secret: %v", err)
 	}
-	if _, err := loadConfig(write("cell:\n  rate_limit: 5\n")); err == nil {
+	if _, err := loadConfigBody(t, "cell:\n  rate_limit: 5\n"); err == nil {
 		t.Error("an unknown cell key was accepted")
 	}
 }
@@ -205,16 +198,9 @@ func TestBenchAPIKey(t *testing.T) {
 // degrade switches decode from the file and the environment; a bad switch
 // value or name stops the process.
 func TestReconAndDegradeConfig(t *testing.T) {
-	write := func(body string) string {
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cells := oneCell
-	fc, err := loadConfig(write(cells + "cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on, token_restore: off}\n"))
+	fc, err := loadConfigBody(t, cells+"cell:\n  recon_interval: 30s\n  recon_settle: 45s\n  degrade: {claims_list: off, relay: on, token_restore: off}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,18 +214,18 @@ func TestReconAndDegradeConfig(t *testing.T) {
 	}
 	t.Setenv("REDCELL_AUDIT_INTERVAL", "10m")
 	t.Setenv("REDCELL_DEGRADE", "relay,grab_cache,token_restore")
-	if fc, err = loadConfig(write(cells)); err != nil {
+	if fc, err = loadConfigBody(t, cells); err != nil {
 		t.Fatal(err)
 	}
 	if c, _, err = fc.cellConfig("c1"); err != nil || c.AuditInterval != 10*time.Minute || !c.Degrade.Relay || !c.Degrade.GrabCache || c.Degrade.ClaimsList || !c.Degrade.TokenRestore {
 		t.Fatalf("from the environment: %+v, %v", c, err)
 	}
 	t.Setenv("REDCELL_DEGRADE", "relya")
-	if _, err := loadConfig(write(cells)); err == nil || !strings.Contains(err.Error(), "REDCELL_DEGRADE") {
+	if _, err := loadConfigBody(t, cells); err == nil || !strings.Contains(err.Error(), "REDCELL_DEGRADE") {
 		t.Fatalf("a misspelt switch: %v", err)
 	}
 	t.Setenv("REDCELL_DEGRADE", "")
-	if _, err := loadConfig(write(cells + "cell:\n  degrade: {relay: maybe}\n")); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
+	if _, err := loadConfigBody(t, cells+"cell:\n  degrade: {relay: maybe}\n"); err == nil || !strings.Contains(err.Error(), "cell.degrade.relay") {
 		t.Fatalf("a bad switch value: %v", err)
 	}
 }
@@ -248,18 +234,11 @@ func TestReconAndDegradeConfig(t *testing.T) {
 // the defaults (group_wait 0s means no wait, not the default), the
 // environment wins, and bad values stop the cell.
 func TestGroupCommitConfig(t *testing.T) {
-	write := func(body string) string {
-		p := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
 	t.Setenv("REDCELL_CLUSTER_SECRET", "reference-config-secret-0123")
 	cells := oneCell
 	cellOf := func(body string) (cell.Config, error) {
 		t.Helper()
-		fc, err := loadConfig(write(cells + body))
+		fc, err := loadConfigBody(t, cells+body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -479,15 +458,22 @@ func TestStandbyConfig(t *testing.T) {
 	}
 }
 
-// cellFromFile loads the config file body and returns cell c1's config,
-// validated (the caller's body lists a cell named c1).
-func cellFromFile(t *testing.T, body string) (cell.Config, error) {
+// loadConfigBody writes body to a config file of its own and loads it
+// (loadConfig).
+func loadConfigBody(t *testing.T, body string) (fileConfig, error) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "c.yaml")
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fc, err := loadConfig(p)
+	return loadConfig(p)
+}
+
+// cellFromFile loads the config file body and returns cell c1's config,
+// validated (the caller's body lists a cell named c1).
+func cellFromFile(t *testing.T, body string) (cell.Config, error) {
+	t.Helper()
+	fc, err := loadConfigBody(t, body)
 	if err != nil {
 		return cell.Config{}, err
 	}

@@ -113,14 +113,6 @@ func (g *growCluster) opensPerSec(t *testing.T, d time.Duration) map[string]floa
 	return out
 }
 
-func total(m map[string]float64) float64 {
-	s := 0.0
-	for _, v := range m {
-		s += v
-	}
-	return s
-}
-
 // underLoad runs the drill load while fn runs, and verifies it after. Half
 // its senders have their wallets, and so their packets, in the databases
 // dbs (those the drill moves), so that the moves happen under opens of
@@ -238,7 +230,7 @@ func cellAddDrill(t *testing.T, g *growCluster, workers int, maxOps int64, full 
 			benchDuring = <-during
 			benchAfter = g.festival(t, "after", 10*time.Second)
 		}
-		t.Logf("cell_add: claims/s before %.0f %v, after %.0f %v", total(before), before, total(after), after)
+		t.Logf("cell_add: claims/s before %.0f %v, after %.0f %v", sum(before), before, sum(after), after)
 		if after["cell-3"] == 0 {
 			t.Errorf("cell-3 made no claims after it took %d databases: %v", rep.MovedTotal, after)
 		}

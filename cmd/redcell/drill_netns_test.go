@@ -340,13 +340,8 @@ func (r *netnsRig) startCluster(t *testing.T) *cluster {
 	r.startProc(t, c, "cell-2", "c2", "cell", "--config", cfg, "--name", "cell-2")
 	r.startProc(t, c, "router", "r", "router", "--config", cfg)
 	t.Cleanup(func() {
-		for _, name := range c.cells(true) {
-			c.stop(t, name)
-		}
+		c.stopAll(t)
 		if t.Failed() {
-			for name, b := range c.logs {
-				t.Logf("--- log of %s ---\n%s", name, b.String())
-			}
 			t.Logf("--- log of toxiproxy ---\n%s", r.toxLog.String())
 		}
 	})
@@ -367,19 +362,7 @@ func (r *netnsRig) startProc(t *testing.T, c *cluster, name, node string, args .
 	// An advertise host from the environment would override the config's
 	// for every process.
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "REDCELL_ADVERTISE_HOST=") })
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	buf := c.logs[name]
-	if buf == nil {
-		buf = &syncBuffer{}
-		c.logs[name] = buf
-	}
-	fmt.Fprintf(buf, "--- started %s in %s ---\n", time.Now().Format(time.RFC3339Nano), r.ns(node))
-	cmd.Stdout, cmd.Stderr = buf, buf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.procs[name] = cmd
+	c.startCmd(t, name, cmd, " in "+r.ns(node))
 }
 
 // link sets node's link up or down (netns.sh link).
@@ -723,8 +706,9 @@ func (pr *probe) window(from, to time.Time) probeStats {
 	return s
 }
 
-func sum(m map[string]int) int {
-	n := 0
+// sum adds up the values of m (counts by answer, rates by cell).
+func sum[V int | float64](m map[string]V) V {
+	var n V
 	for _, v := range m {
 		n += v
 	}

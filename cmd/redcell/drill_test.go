@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/model"
 )
 
@@ -111,15 +112,7 @@ func (d *drillDeps) dsn(i int) string { return fmt.Sprintf("root@tcp(127.0.0.1:%
 // flight are lost, and the restart runs crash recovery.
 func (d *drillDeps) killDB(t *testing.T, i int) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("%s/db%d/mariadb.pid", d.dir, i+1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	if pid <= 0 {
-		t.Fatalf("bad pid file %q", b)
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
+	pid := testenv.KillPidFile(t, fmt.Sprintf("%s/db%d/mariadb.pid", d.dir, i+1))
 	for tries := 0; running(pid); tries++ {
 		if tries == 200 {
 			t.Fatalf("MariaDB %d (pid %d) still runs 10 s after SIGKILL", i+1, pid)

@@ -182,8 +182,10 @@ func TestEndToEnd(t *testing.T) {
 
 	// The admin port: no token or a wrong one is refused; the right one switches
 	// the open strategy at run time, and the cell keeps paying out correctly.
-	admin := func(method, token string, body string) (int, string) {
-		req, _ := http.NewRequest(method, c.adminURL["cell-1"]+"/admin/strategy", strings.NewReader(body))
+	// adminAt sends method path to cell-1's admin port with token ("" none)
+	// and answers the status and body.
+	adminAt := func(method, path, token string, body string) (int, string) {
+		req, _ := http.NewRequest(method, c.adminURL["cell-1"]+path, strings.NewReader(body))
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
@@ -194,6 +196,9 @@ func TestEndToEnd(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+	admin := func(method, token string, body string) (int, string) {
+		return adminAt(method, "/admin/strategy", token, body)
 	}
 	if st, _ := admin("GET", "", ""); st != 401 {
 		t.Fatalf("admin without a token: %d", st)
@@ -225,18 +230,10 @@ func TestEndToEnd(t *testing.T) {
 	// The shard map as cell-1 sees it through memberlist: both cells, all
 	// shards covered; only with the token.
 	shards := func(token string) (int, api.ShardMapResponse) {
-		req, _ := http.NewRequest("GET", c.adminURL["cell-1"]+"/admin/shards", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
+		st, body := adminAt("GET", "/admin/shards", token, "")
 		var m api.ShardMapResponse
-		_ = json.NewDecoder(resp.Body).Decode(&m)
-		return resp.StatusCode, m
+		_ = json.Unmarshal([]byte(body), &m)
+		return st, m
 	}
 	if st, _ := shards(""); st != 401 {
 		t.Fatalf("/admin/shards without the token: %d", st)

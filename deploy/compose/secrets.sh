@@ -15,19 +15,10 @@
 # else the redcell:dev image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dir="$here/secrets"
-mkdir -p "$dir"
-chmod 700 "$dir"
+. "$here/../secretfiles.sh" # dir: $here/secrets, made 700
 
 apikey() {
-  local bin=${REDCELL_BIN:-}
-  if [ -z "$bin" ] && [ -x "$here/../../var/bin/redcell" ]; then bin="$here/../../var/bin/redcell"; fi
-  if [ -n "$bin" ]; then
-    "$bin" apikey add --keys "$dir/api-keys.yaml" "$@"
-  else
-    docker run --rm --user "$(id -u):$(id -g)" -v "$dir:/out" redcell:dev \
-      apikey add --keys /out/api-keys.yaml "$@"
-  fi
+  apikey_add "$@"
   # Compose bind-mounts a secret file as it is, and the router runs as
   # another user (nonroot): the hashes must be readable to it.
   chmod 644 "$dir/api-keys.yaml"
@@ -44,15 +35,9 @@ case "${1:-}" in
   *) echo "usage: $0 [add-key APP SCOPES]" >&2; exit 2 ;;
 esac
 
-for name in cluster_secret admin_token db_password; do
-  if [ ! -s "$dir/$name" ]; then
-    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/$name")
-    # Readable to the containers' users (MariaDB's mysql, redcell's nonroot):
-    # Compose bind-mounts the file as it is. The directory stays 700.
-    chmod 644 "$dir/$name"
-    echo "secrets.sh: wrote $dir/$name"
-  fi
-done
+# Readable to the containers' users (MariaDB's mysql, redcell's nonroot):
+# Compose bind-mounts the files as they are. The directory stays 700.
+write_secrets 644 cluster_secret admin_token db_password
 if [ ! -s "$dir/api-keys.yaml" ]; then
   apikey --app demo --scopes all --out "$dir/api-key"
   echo "secrets.sh: wrote $dir/api-keys.yaml and the demo key in $dir/api-key"

@@ -179,17 +179,23 @@ func TestKubernetesManifests(t *testing.T) {
 			podOf(t, m, "StatefulSet", "redcell-db-3").Containers[0].Lifecycle = nil
 		}, "StatefulSet redcell-db-3: preStop sleeps 0s, less than a cell's grace period"},
 	}
+	// refuses decodes the manifests afresh, lets mutate break them, and wants
+	// a problem of check that names want.
+	refuses := func(t *testing.T, mutate func(*testing.T, *k8sManifests), check func(*k8sManifests) []string, want string) {
+		t.Helper()
+		m, err := decodeK8s(files)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutate(t, m)
+		problems := check(m)
+		if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, want) }) {
+			t.Errorf("want a problem with %q, got %q", want, problems)
+		}
+	}
 	for _, c := range refFails {
 		t.Run("refuses_"+c.name, func(t *testing.T) {
-			m, err := decodeK8s(files)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.mutate(t, m)
-			problems := append(checkK8sRefs(m), checkK8sLayout(m, compose)...)
-			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, c.want) }) {
-				t.Errorf("want a problem with %q, got %q", c.want, problems)
-			}
+			refuses(t, c.mutate, func(m *k8sManifests) []string { return append(checkK8sRefs(m), checkK8sLayout(m, compose)...) }, c.want)
 		})
 	}
 
@@ -237,15 +243,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	for _, c := range configFails {
 		t.Run("refuses_config_"+c.name, func(t *testing.T) {
-			m, err := decodeK8s(files)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.mutate(t, m)
-			problems := checkK8sConfig(t, m, bin, compose)
-			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, c.want) }) {
-				t.Errorf("want a problem with %q, got %q", c.want, problems)
-			}
+			refuses(t, c.mutate, func(m *k8sManifests) []string { return checkK8sConfig(t, m, bin, compose) }, c.want)
 		})
 	}
 }

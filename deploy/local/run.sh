@@ -47,10 +47,7 @@ fi
 
 # Leftovers of an earlier run (a crash, a kill -9) are stopped first, the
 # earlier run's watchdog included (it may be stopping them too).
-if [ -f "$VAR/pids/watchdog.pid" ]; then
-  old=$(cat "$VAR/pids/watchdog.pid")
-  case "$(ps -p "$old" -o args= 2>/dev/null)" in *watchdog.sh*) kill "$old" 2>/dev/null || true ;; esac
-fi
+stop_old_watchdog "$VAR" watchdog.sh
 stop_cluster "$VAR"
 rm -f "$VAR"/pids/*.pid
 
@@ -66,25 +63,11 @@ shutdown() {
   set +e
   [ "$stopping" = 1 ] && return 0
   stopping=1
-  echo
-  echo "shutting down: router, then cells (draining), then memcached and MariaDB ..."
-  # A MariaDB still starting (a signal during the start) is waited for, so
-  # that it is there to be stopped; start_mariadb gives up within a minute.
-  # The jobs are listed, not taken from $m1..$m4: the signal can come between
-  # "start_mariadb ... &" and "m1=$!", when the server's job runs but $m1 is
-  # not set yet (stop_cluster then stopped its bootstrap, the second attempt
-  # started a server after this script had gone). While servers start, every
-  # job but the watchdog is one of theirs.
-  local job
-  if [ "$starting_db" = 1 ]; then
-    for job in $(jobs -p); do
-      [ "$job" = "$watchdog" ] || wait "$job" 2>/dev/null
-    done
-  fi
-  stop_cluster "$VAR"
-  if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
-  rm -f "$VAR"/pids/*.pid
-  echo "stopped."
+  # A MariaDB still starting is waited for (stop_run): a signal between
+  # "start_mariadb ... &" and "m1=$!" finds the server's job running and
+  # $m1 not set yet (stop_cluster then stopped its bootstrap, the second
+  # attempt started a server after this script had gone).
+  stop_run "$VAR" "$watchdog" "$starting_db" "router, then cells (draining), then memcached and MariaDB"
 }
 trap 'shutdown; exit 0' INT TERM HUP
 trap shutdown EXIT
@@ -111,15 +94,15 @@ if [ "$spare" = 1 ]; then
   if [ "$standby" = 1 ]; then s3=$(free_port $((s2 + 1))); fi
 fi
 # A fresh admin token each run (REDCELL_ADMIN_TOKEN to choose one).
-token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
-secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+token=${REDCELL_ADMIN_TOKEN:-$(random_hex 16)}
+secret=${REDCELL_CLUSTER_SECRET:-$(random_hex 24)}
 # The identity key must outlive restarts (it maps phones to actIDs): made once
 # per state directory, or taken from REDCELL_IDENTITY_KEY the first time, and
 # kept in $VAR/identity-key (make clean forgets it). A later
 # REDCELL_IDENTITY_KEY that differs is refused: it would give every phone
 # another act_id.
 if [ ! -s "$VAR/identity-key" ]; then
-  (umask 077 && printf %s "${REDCELL_IDENTITY_KEY:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}" >"$VAR/identity-key")
+  (umask 077 && printf %s "${REDCELL_IDENTITY_KEY:-$(random_hex 24)}" >"$VAR/identity-key")
 fi
 identity=$(cat "$VAR/identity-key")
 if [ -n "${REDCELL_IDENTITY_KEY:-}" ] && [ "$REDCELL_IDENTITY_KEY" != "$identity" ]; then
@@ -206,11 +189,7 @@ RULES
 fi
 
 keyfile="$VAR/api-key"
-keys=$("$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml") # whole, before grep: no early exit under pipefail
-# A key made before the newest scopes existed (reward, withdraw, coupon) is replaced.
-if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*coupon.* active$" <<<"$keys"; then
-  "$VAR/bin/redcell" apikey add --keys "$VAR/api-keys.yaml" --app demo --scopes all --out "$keyfile"
-fi
+ensure_demo_key "$VAR"
 
 echo "starting MariaDB for cell-1 on 127.0.0.1:$db1 and cell-2 on 127.0.0.1:$db2 ..."
 # Server ids 1 and 2 (3 for the spare, 11-13 for the standbys), each its own
@@ -263,26 +242,9 @@ fi
 start_proc router router --config "$cfg" "${p0[@]}"
 
 echo "waiting for the cluster to answer ..."
-ready=0
-for i in $(seq 1 120); do
-  if curl -fsS "http://127.0.0.1:$rport/healthz" 2>/dev/null | grep -q '"uncovered_shards":0'; then ready=1; break; fi
-  for p in "${procs[@]}"; do
-    if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
-      echo "$p exited; last lines of $VAR/log/$p.log:" >&2; tail -20 "$VAR/log/$p.log" >&2; exit 1
-    fi
-  done
-  sleep 0.5
-done
-[ "$ready" = 1 ] || { echo "cluster did not become ready; see $VAR/log/" >&2; exit 1; }
-# The cells serve at once; they also create today's and tomorrow's tables for
-# every shard they own in the background (the first run creates a few thousand).
+wait_serving "$VAR" "127.0.0.1:$rport" "${procs[@]}" || exit 1
 echo "the cells answer; waiting for them to finish creating day tables ..."
-for c in $c1 $c2 $c3; do
-  for i in $(seq 1 240); do
-    curl -fsS "http://127.0.0.1:$c/healthz" 2>/dev/null | grep -q '"schema_ready":true' && break
-    sleep 0.5
-  done
-done
+wait_schema "127.0.0.1:$c1" "127.0.0.1:$c2" ${c3:+"127.0.0.1:$c3"}
 
 # The cells' second processes start once the first ones serve, so that the
 # first take the leases.

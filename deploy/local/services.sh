@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # services.sh — functions that install and run redcell's local dependencies:
-# private MariaDB instances and a memcached, each with its own data dir and port.
-# Sourced by run.sh (make run) and testenv.sh (make test). Nothing here touches a
+# private MariaDB instances and a memcached, each with its own data dir and port,
+# and the steps of starting and stopping a cluster that run.sh and
+# deploy/netns/cluster.sh share. Sourced by run.sh (make run), testenv.sh (make
+# test) and cluster.sh (make cluster-netns). Nothing here touches a
 # system-wide MariaDB or memcached: every instance lives under a folder we own.
 
 # need_root_cmd prints "sudo" when the current user is not root.
@@ -309,4 +311,91 @@ cluster_pids() {
   pids_with "--datadir=$var/cell-2/standby/data " || echo "?"
   pids_with "--datadir=$var/cell-3/db/data " || echo "?"
   pids_with "--datadir=$var/cell-3/standby/data " || echo "?"
+}
+
+# ---- Steps run.sh and deploy/netns/cluster.sh share ----
+
+# random_hex N prints N random bytes in hex (a fresh token or secret).
+random_hex() { head -c "$1" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+
+# stop_old_watchdog VAR WHAT stops the watchdog an earlier run left under VAR
+# (VAR/pids/watchdog.pid) when that pid's command line holds WHAT; a pid that
+# another process has taken since is left alone.
+stop_old_watchdog() {
+  local var=$1 what=$2 old
+  [ -f "$var/pids/watchdog.pid" ] || return 0
+  old=$(cat "$var/pids/watchdog.pid")
+  case "$(ps -p "$old" -o args= 2>/dev/null)" in *"$what"*) kill "$old" 2>/dev/null || true ;; esac
+}
+
+# stop_run VAR WATCHDOG STARTING WHAT [CMD...] is the shutdown of a run
+# under VAR once begun: it says it stops WHAT; when STARTING is 1 (a signal
+# during the start of the MariaDB servers) it waits for every background
+# job of the calling shell but its watchdog WATCHDOG, all of them the
+# servers' (the jobs are listed, not taken from the script's $m1..: the
+# signal can come between "start_mariadb ... &" and "m1=$!"), so that they
+# are there to be stopped (start_mariadb gives up within a minute); then it
+# stops the cluster (stop_cluster), runs CMD (cluster.sh: the network's
+# removal), stops the watchdog, its work done, and removes the pid files.
+stop_run() {
+  local var=$1 watchdog=$2 starting=$3 what=$4 job
+  shift 4
+  echo
+  echo "shutting down: $what ..."
+  if [ "$starting" = 1 ]; then
+    for job in $(jobs -p); do
+      [ "$job" = "$watchdog" ] || wait "$job" 2>/dev/null
+    done
+  fi
+  stop_cluster "$var"
+  if [ $# -gt 0 ]; then "$@"; fi
+  if [ -f "$var/pids/watchdog.pid" ]; then kill "$(cat "$var/pids/watchdog.pid")" 2>/dev/null; fi
+  rm -f "$var"/pids/*.pid
+  echo "stopped."
+}
+
+# ensure_demo_key VAR gives the demo app a key with every scope, in
+# VAR/api-key (its hash in VAR/api-keys.yaml, router.api_keys), unless the
+# key there is still active with the newest scopes; VAR/bin/redcell runs it.
+ensure_demo_key() {
+  local var=$1 keys
+  keys=$("$var/bin/redcell" apikey list --keys "$var/api-keys.yaml") # whole, before grep: no early exit under pipefail
+  # A key made before the newest scopes existed (reward, withdraw, coupon) is replaced.
+  if [ ! -s "$var/api-key" ] || ! grep -q "^$(cut -d_ -f2 "$var/api-key") .*scopes=[^ ]*coupon.* active$" <<<"$keys"; then
+    "$var/bin/redcell" apikey add --keys "$var/api-keys.yaml" --app demo --scopes all --out "$var/api-key"
+  fi
+}
+
+# wait_serving VAR ROUTER PROC... waits up to a minute for the router at
+# ROUTER (host:port) to cover every shard. It fails (returns 1, saying why)
+# as soon as a process PROC (a pid file VAR/pids/PROC.pid, its log
+# VAR/log/PROC.log) has exited, or when the minute is up.
+wait_serving() {
+  local var=$1 router=$2 i p
+  shift 2
+  for i in $(seq 1 120); do
+    if curl -fsS "http://$router/healthz" 2>/dev/null | grep -q '"uncovered_shards":0'; then return 0; fi
+    for p in "$@"; do
+      if ! kill -0 "$(cat "$var/pids/$p.pid")" 2>/dev/null; then
+        echo "$p exited; last lines of $var/log/$p.log:" >&2; tail -20 "$var/log/$p.log" >&2; return 1
+      fi
+    done
+    sleep 0.5
+  done
+  echo "cluster did not become ready; see $var/log/" >&2
+  return 1
+}
+
+# wait_schema CELL... waits, up to two minutes each, for the cells at CELL
+# (host:port) to have made their day tables: they serve at once, and make
+# today's and tomorrow's tables for every shard they own in the background
+# (the first run makes a few thousand).
+wait_schema() {
+  local c i
+  for c in "$@"; do
+    for i in $(seq 1 240); do
+      curl -fsS "http://$c/healthz" 2>/dev/null | grep -q '"schema_ready":true' && break
+      sleep 0.5
+    done
+  done
 }

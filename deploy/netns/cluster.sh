@@ -46,10 +46,7 @@ ensure_packages
 # Leftovers of an earlier run (a crash, a kill -9): its watchdog, its
 # processes, and networks whose owner has gone (netns.sh sweep). A network
 # $ID whose owner lives (another make cluster-netns) is left alone: up refuses.
-if [ -f "$VAR/pids/watchdog.pid" ]; then
-  old=$(cat "$VAR/pids/watchdog.pid")
-  case "$(ps -p "$old" -o args= 2>/dev/null)" in *cluster.sh\ --watchdog*) kill "$old" 2>/dev/null || true ;; esac
-fi
+stop_old_watchdog "$VAR" "cluster.sh --watchdog"
 stop_cluster "$VAR"
 "$netns" sweep
 rm -f "$VAR"/pids/*.pid
@@ -64,22 +61,9 @@ shutdown() {
   set +e
   [ "$stopping" = 1 ] && return 0
   stopping=1
-  echo
-  echo "shutting down: router, then cells (draining), then memcached and MariaDB, then the network ..."
-  # MariaDB servers still starting are waited for (start_mariadb gives up
-  # within a minute), so that they are there to be stopped; while they
-  # start, every job but the watchdog is one of theirs.
-  local job
-  if [ "$starting_db" = 1 ]; then
-    for job in $(jobs -p); do
-      [ "$job" = "$watchdog" ] || wait "$job" 2>/dev/null
-    done
-  fi
-  stop_cluster "$VAR"
-  if [ "$netup" = 1 ]; then "$netns" down "$ID"; fi
-  if [ -f "$VAR/pids/watchdog.pid" ]; then kill "$(cat "$VAR/pids/watchdog.pid")" 2>/dev/null; fi
-  rm -f "$VAR"/pids/*.pid
-  echo "stopped."
+  local down=()
+  if [ "$netup" = 1 ]; then down=("$netns" down "$ID"); fi
+  stop_run "$VAR" "$watchdog" "$starting_db" "router, then cells (draining), then memcached and MariaDB, then the network" "${down[@]}"
 }
 trap 'shutdown; exit 0' INT TERM HUP
 trap shutdown EXIT
@@ -97,10 +81,10 @@ echo "building redcell ..."
 (cd "$root" && go build -o "$VAR/bin/redcell" ./cmd/redcell)
 
 # Every node has an address of its own, so each keeps make run's default ports.
-token=${REDCELL_ADMIN_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
-secret=${REDCELL_CLUSTER_SECRET:-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+token=${REDCELL_ADMIN_TOKEN:-$(random_hex 16)}
+secret=${REDCELL_CLUSTER_SECRET:-$(random_hex 24)}
 if [ ! -s "$VAR/identity-key" ]; then
-  (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$VAR/identity-key")
+  (umask 077 && random_hex 24 >"$VAR/identity-key")
 fi
 identity=$(cat "$VAR/identity-key")
 cfg=$VAR/redcell.yaml
@@ -124,10 +108,7 @@ if grep -q '127\.0\.0\.1' "$cfg"; then
   exit 1
 fi
 keyfile=$VAR/api-key
-keys=$("$VAR/bin/redcell" apikey list --keys "$VAR/api-keys.yaml")
-if [ ! -s "$keyfile" ] || ! grep -q "^$(cut -d_ -f2 "$keyfile") .*scopes=[^ ]*coupon.* active$" <<<"$keys"; then
-  "$VAR/bin/redcell" apikey add --keys "$VAR/api-keys.yaml" --app demo --scopes all --out "$keyfile"
-fi
+ensure_demo_key "$VAR"
 
 # on NODE CMD... runs CMD in NODE's namespace (r, c1, c2).
 on() { local ns=NS_$1; shift; ip netns exec "${!ns}" "$@"; }
@@ -157,24 +138,9 @@ start_proc r router router --config "$cfg"
 procs=(cell-1 cell-2 router)
 
 echo "waiting for the cluster to answer ..."
-ready=0
-for i in $(seq 1 120); do
-  if curl -fsS "http://$IP_r:8080/healthz" 2>/dev/null | grep -q '"uncovered_shards":0'; then ready=1; break; fi
-  for p in "${procs[@]}"; do
-    if ! kill -0 "$(cat "$VAR/pids/$p.pid")" 2>/dev/null; then
-      echo "$p exited; last lines of $VAR/log/$p.log:" >&2; tail -20 "$VAR/log/$p.log" >&2; exit 1
-    fi
-  done
-  sleep 0.5
-done
-[ "$ready" = 1 ] || { echo "cluster did not become ready; see $VAR/log/" >&2; exit 1; }
+wait_serving "$VAR" "$IP_r:8080" "${procs[@]}" || exit 1
 echo "the cells answer; waiting for them to finish creating day tables ..."
-for c in "$IP_c1:9101" "$IP_c2:9102"; do
-  for i in $(seq 1 240); do
-    curl -fsS "http://$c/healthz" 2>/dev/null | grep -q '"schema_ready":true' && break
-    sleep 0.5
-  done
-done
+wait_schema "$IP_c1:9101" "$IP_c2:9102"
 
 cat <<INFO
 

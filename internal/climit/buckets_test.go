@@ -25,15 +25,9 @@ func routers(t *testing.T, n, perSec, burst int, clk clock.Clock) []*Buckets {
 	t.Helper()
 	mc := memcache.New(testenv.Memcached(t))
 	prefix := "rc:test:user:" + testenv.Prefix() + ":"
-	var out []*Buckets
-	for range n {
-		b, err := NewBuckets(BucketsConfig{Prefix: prefix, PerSec: perSec, Burst: burst, Procs: func() int { return n }}, mc, clk)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, b)
-	}
-	return out
+	return makeN(t, n, func() (*Buckets, error) {
+		return NewBuckets(BucketsConfig{Prefix: prefix, PerSec: perSec, Burst: burst, Procs: func() int { return n }}, mc, clk)
+	})
 }
 
 // One person at 3x the limit, spread across two routers for 10 s: the shared

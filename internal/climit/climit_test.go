@@ -19,13 +19,22 @@ func cells(t *testing.T, n, rate, chunk int, clk clock.Clock) []*Limiter {
 	t.Helper()
 	mc := memcache.New(testenv.Memcached(t))
 	name := "lim-" + testenv.Prefix()
-	var out []*Limiter
+	return makeN(t, n, func() (*Limiter, error) {
+		return New(Config{Name: name, Prefix: "rc:test:", Rate: rate, Chunk: chunk, Cells: func() int { return n }}, mc, clk)
+	})
+}
+
+// makeN makes n of what mk makes (one per process sharing a limit), failing
+// t on an error.
+func makeN[T any](t *testing.T, n int, mk func() (T, error)) []T {
+	t.Helper()
+	var out []T
 	for range n {
-		l, err := New(Config{Name: name, Prefix: "rc:test:", Rate: rate, Chunk: chunk, Cells: func() int { return n }}, mc, clk)
+		x, err := mk()
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, l)
+		out = append(out, x)
 	}
 	return out
 }

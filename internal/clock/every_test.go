@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"redcell/internal/testenv"
 )
 
 // Every runs fn each time the clock passes d after the previous call, and
@@ -21,7 +23,7 @@ func testEveryRunsOnTheClockUntilCtxEnds(t *testing.T) {
 	done := make(chan struct{})
 	go func() { Every(ctx, m, time.Second, func(p int) { passes <- p }); close(done) }()
 	for want := 0; want < 2; want++ {
-		waitWaiter(t, m)
+		testenv.WaitWaiter(t, m, "nothing waits on the clock")
 		if len(passes) != 0 {
 			t.Fatalf("a pass ran before the clock reached %d s", want+1)
 		}
@@ -30,22 +32,12 @@ func testEveryRunsOnTheClockUntilCtxEnds(t *testing.T) {
 			t.Fatalf("pass %d, want %d", got, want)
 		}
 	}
-	waitWaiter(t, m) // Every waits for the third second: the moment a pass could run
+	testenv.WaitWaiter(t, m, "nothing waits on the clock") // Every waits for the third second: the moment a pass could run
 	cancel()
 	<-done
 	m.Advance(time.Hour)
 	synctest.Wait()
 	if len(passes) != 0 {
 		t.Fatalf("a pass ran after the context ended")
-	}
-}
-
-// waitWaiter waits until the bubble's goroutines have settled and fails
-// unless one of them waits on m.
-func waitWaiter(t *testing.T, m *Manual) {
-	t.Helper()
-	synctest.Wait()
-	if m.Waiters() == 0 {
-		t.Fatal("nothing waits on the clock")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"redcell/internal/clock"
+	"redcell/internal/testenv"
 )
 
 var errBusy = errors.New("busy")
@@ -53,7 +54,7 @@ func testDoBacksOffOnTheClock(t *testing.T) {
 			func(int) error { at = append(at, c.Now().Sub(start)); return errBusy })
 	}()
 	for i := 0; i < 3; i++ { // each wait, once Do is in it
-		waitWaiter(t, c)
+		testenv.WaitWaiter(t, c, "Do does not wait on the clock")
 		c.Advance(time.Second)
 	}
 	if err := <-done; !errors.Is(err, errBusy) {
@@ -101,20 +102,10 @@ func testDoHonoursContextBetweenAttempts(t *testing.T) {
 	go func() {
 		done <- Do(ctx, Policy{Attempts: 10, Backoff: time.Hour, Clock: c}, func(int) error { calls++; return errBusy })
 	}()
-	waitWaiter(t, c)
+	testenv.WaitWaiter(t, c, "Do does not wait on the clock")
 	cancel()
 	err := <-done
 	if !errors.Is(err, ErrStopped) || !errors.Is(err, context.Canceled) || !errors.Is(err, errBusy) || calls != 1 {
 		t.Fatalf("err=%v calls=%d", err, calls)
-	}
-}
-
-// waitWaiter waits until the bubble's goroutines have settled and fails
-// unless Do waits on c.
-func waitWaiter(t *testing.T, c *clock.Manual) {
-	t.Helper()
-	synctest.Wait()
-	if c.Waiters() == 0 {
-		t.Fatal("Do does not wait on the clock")
 	}
 }

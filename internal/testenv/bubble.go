@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"testing"
 	"testing/synctest"
 	"time"
 )
@@ -17,4 +18,16 @@ import (
 func Advance(d time.Duration) {
 	time.Sleep(d) // the bubble's fake clock: returns once it has moved d
 	synctest.Wait()
+}
+
+// WaitWaiter waits with synctest.Wait until every goroutine in the
+// caller's bubble is durably blocked, then fails the test with msg unless
+// one of them waits on c (a clock.Manual, whose Waiters counts the sleeps
+// and timers pending on it). For use inside synctest.Test only.
+func WaitWaiter(t testing.TB, c interface{ Waiters() int }, msg string) {
+	t.Helper()
+	synctest.Wait()
+	if c.Waiters() == 0 {
+		t.Fatal(msg)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -31,14 +30,7 @@ type GroupMoneyConfig struct {
 // GroupSeed is the seed a test passes to GroupMoney: def, or the value of
 // REDCELL_GROUP_SEED when set (to replay a failed run, whose seed
 // GroupMoney prints).
-func GroupSeed(def uint64) uint64 {
-	if v := os.Getenv("REDCELL_GROUP_SEED"); v != "" {
-		if s, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return s
-		}
-	}
-	return def
-}
+func GroupSeed(def uint64) uint64 { return envSeed("REDCELL_GROUP_SEED", def) }
 
 // msDuration is ms milliseconds.
 func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
@@ -75,11 +67,7 @@ func GroupMoney(t *testing.T, h, oracle Harness, cfg GroupMoneyConfig) {
 	if h.HoldWallet == nil {
 		t.Fatal("GroupMoney: the harness has no HoldWallet")
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("GroupMoney seed %d: REDCELL_GROUP_SEED=%d replays this run", cfg.Seed, cfg.Seed)
-		}
-	})
+	logSeedOnFailure(t, "GroupMoney", "REDCELL_GROUP_SEED", cfg.Seed)
 	p := newPair(t, newFixture(t, func(*testing.T) Harness { return h }), newFixture(t, func(*testing.T) Harness { return oracle }))
 	p.advanceMS(14*time.Hour.Milliseconds() - 5000) // 23:59:55
 	m := &money{t: t, p: p, r: rand.New(rand.NewPCG(cfg.Seed, 9)), stats: map[string]int{}}

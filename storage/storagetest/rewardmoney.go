@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -39,14 +38,7 @@ type RewardMoneyConfig struct {
 // RewardSeed is the seed a test passes to RewardMoney: def, or the value of
 // REDCELL_REWARD_SEED when set (to replay a failed run, whose seed
 // RewardMoney prints).
-func RewardSeed(def uint64) uint64 {
-	if v := os.Getenv("REDCELL_REWARD_SEED"); v != "" {
-		if s, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return s
-		}
-	}
-	return def
-}
+func RewardSeed(def uint64) uint64 { return envSeed("REDCELL_REWARD_SEED", def) }
 
 // RewardMoney is the money test of the reward wallet: cfg.Ops seeded random
 // ops over a few people in four shards of two databases (WorkShards) and all
@@ -83,11 +75,7 @@ func RewardSeed(def uint64) uint64 {
 // the seed.
 func RewardMoney(t *testing.T, h Harness, cfg RewardMoneyConfig) {
 	t.Helper()
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("RewardMoney seed %d: REDCELL_REWARD_SEED=%d replays this run", cfg.Seed, cfg.Seed)
-		}
-	})
+	logSeedOnFailure(t, "RewardMoney", "REDCELL_REWARD_SEED", cfg.Seed)
 	m := newRewardMoney(t, newFixture(t, func(*testing.T) Harness { return h }), cfg.Seed)
 	for op := 1; op <= cfg.Ops; op++ {
 		m.op = op
