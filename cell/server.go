@@ -420,8 +420,9 @@ func (s *Server) deadline(rc *fasthttp.RequestCtx) (context.Context, context.Can
 	return context.WithDeadline(context.Background(), d)
 }
 
-// initOpenPath makes the open path: the per-packet FIFOs, the group
-// committer, the open strategy and the split's random sources. Errors: the
+// initOpenPath makes the open path: the per-packet FIFOs, the writer and its
+// group committer, the open strategy and the split's random sources. The
+// writer copies s.spaces and s.own: both must be set before. Errors: the
 // strategy's settings.
 func (s *Server) initOpenPath() error {
 	o := &s.opens
