@@ -31,12 +31,28 @@ func twoCells(t *testing.T, tune func(*cell.Config)) (a, b *testCell) {
 	peers := &staticPeers{}
 	a = startCell(t, "cell-a", "0-499", 1, peers, tune)
 	b = startCell(t, "cell-b", "500-999", 2, peers, tune)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	peers.m.Store(pairMap(a, b, b.addr))
 	if a.adminURL != "" {
 		waitFor(t, 5*time.Second, func() bool { _, err := client.Get(a.adminURL + "/metrics"); return err == nil }, "admin port up")
 	}
 	return a, b
+}
+
+// twoCellsApart runs the cells of twoCells (untuned) with a shard map that
+// puts cell-b's shards at a closed port: neither reaches cell-b (cell-a's
+// relay holds what it owes it) until join gives them twoCells' map.
+func twoCellsApart(t *testing.T) (a, b *testCell, join func()) {
+	peers := &staticPeers{}
+	a = startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b = startCell(t, "cell-b", "500-999", 2, peers, nil)
+	peers.m.Store(pairMap(a, b, "127.0.0.1:1"))
+	return a, b, func() { peers.m.Store(pairMap(a, b, b.addr)) }
+}
+
+// pairMap is the shard map of cells a and b, b reached at bAddr.
+func pairMap(a, b *testCell, bAddr string) *sharding.Map {
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: bAddr, Shards: b.cfg.Shards}})
+	return m
 }
 
 // metric returns one series of a cell's /metrics as a number (0 when absent).

@@ -106,11 +106,7 @@ func actIn(t *testing.T, prefix string, r sharding.Ranges) string {
 // database server); the relay credits it exactly once, also when a credit is
 // delivered again.
 func TestCrossCellCredit(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	a, b := twoCells(t, nil)
 
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
@@ -190,12 +186,7 @@ func TestCrossCellCredit(t *testing.T) {
 // sending cell's relay holds the claim (redcell_cell_credits_pending) and
 // tries again; once the cell is back it delivers it, once, and lets it go.
 func TestRelayRedrivesHeldCredit(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	// At first the map points cell-b's shards at a closed port.
-	bad, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
-	peers.m.Store(bad)
+	a, b, join := twoCellsApart(t) // at first the map points cell-b's shards at a closed port
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	claimant := actIn(t, pre+"-c", b.cfg.Shards)
@@ -212,8 +203,7 @@ func TestRelayRedrivesHeldCredit(t *testing.T) {
 	if got, held := b.balance(t, claimant), creditsPending(t, a, "real"); got != 0 || held < 1 {
 		t.Fatalf("credited %d while unreachable, %v credits held by the relay; want 0 and at least 1", got, held)
 	}
-	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(good)
+	join()
 	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == 500 }, "credit after the cell came back")
 	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the relay to let the delivered credit go")
 	waitScans(t, a, "real", 3) // more passes must not credit again
@@ -226,11 +216,7 @@ func TestRelayRedrivesHeldCredit(t *testing.T) {
 // money only in the shadow databases, across cells too; real wallets and real
 // tables never change.
 func TestStressTrafficUsesShadowTables(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	a, b := twoCells(t, nil)
 	stress := map[string]string{api.HeaderStress: "1"}
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)

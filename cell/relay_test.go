@@ -493,12 +493,8 @@ func TestRelayLockedPositionRow(t *testing.T) {
 // sender marks nothing it cannot be sure of. Once the row is free the relay
 // delivers the deferred credit, once.
 func TestCreditsAnswerNamesDeferred(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
 	// cell-a's relay cannot reach cell-b at first: the test posts the credits itself.
-	hidden, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
-	peers.m.Store(hidden)
+	a, b, join := twoCellsApart(t)
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	acts := actsInShard(t, pre+"-c", 678, 2)
@@ -540,8 +536,7 @@ func TestCreditsAnswerNamesDeferred(t *testing.T) {
 		t.Fatalf("locked claimant's balance %d while locked", got)
 	}
 	release()
-	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(good)
+	join()
 	if !w.until(10*time.Second, allCredited(claims)) {
 		t.Fatalf("not credited within 10 s of the release")
 	}
