@@ -221,22 +221,17 @@ func TestStressTrafficUsesShadowTables(t *testing.T) {
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	claimant := actIn(t, pre+"-c", b.cfg.Shards)
-	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 900, OrderNo: "d1"}, nil); st != 200 {
-		t.Fatalf("stress deposit: %d %s", st, code)
-	}
-	var pkt api.SendResponse
-	if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s1"}, &pkt); st != 200 {
-		t.Fatalf("stress send: %d %s", st, code)
-	}
+	stressDeposit(t, a, sender, "d1", 900)
+	packetID := stressSend(t, a, sender, 900, 1, "s1")
 	// The real side knows neither the money nor the packet.
 	if st, code := call(t, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s2"}, nil); st != 409 || code != "INSUFFICIENT_BALANCE" {
 		t.Fatalf("real send from a shadow-funded account: %d %s", st, code)
 	}
-	if st, code := call(t, "GET", a.url+"/v1/packets/"+pkt.PacketID, nil, nil); st != 404 || code != "NOT_FOUND" {
+	if st, code := call(t, "GET", a.url+"/v1/packets/"+packetID, nil, nil); st != 404 || code != "NOT_FOUND" {
 		t.Fatalf("real lookup of a shadow packet: %d %s", st, code)
 	}
 	var claim api.OpenResponse
-	if st, code := callH(t, stress, "POST", a.url+"/v1/packets/"+pkt.PacketID+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 900 {
+	if st, code := callH(t, stress, "POST", a.url+"/v1/packets/"+packetID+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 900 {
 		t.Fatalf("stress open: %d %s %+v", st, code, claim)
 	}
 	waitFor(t, 10*time.Second, func() bool {

@@ -71,16 +71,8 @@ func TestReconciliation(t *testing.T) {
 	}
 
 	// Three stress-traffic packets, one fault each, made before their window is checked.
-	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 1000, OrderNo: "dep-1"}, nil); st != 200 {
-		t.Fatalf("stress deposit: %d %s", st, code)
-	}
-	sendStress := func(order string) string {
-		var out api.SendResponse
-		if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 100, Count: 1, OrderNo: order}, &out); st != 200 {
-			t.Fatalf("stress send: %d %s", st, code)
-		}
-		return out.PacketID
-	}
+	stressDeposit(t, a, sender, "dep-1", 1000)
+	sendStress := func(order string) string { return stressSend(t, a, sender, 100, 1, order) }
 	lost, changed, unseen := sendStress("snd-lost"), sendStress("snd-changed"), sendStress("snd-unseen")
 	lagging := func() float64 { return metric(t, a, `redcell_recon_lagging_claims_total{space="shadow"}`) }
 	lagBefore := lagging()

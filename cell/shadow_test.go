@@ -176,6 +176,9 @@ func shadowAudit(t *testing.T, c *testCell) model.CellAudit {
 	return books
 }
 
+// stressDeposit deposits amount into act's shadow wallet at c (order: its
+// order number); stressSend sends a shadow packet and answers its ID. Either
+// fails the test unless c answers 200.
 func stressDeposit(t *testing.T, c *testCell, act, order string, amount int64) {
 	t.Helper()
 	if st, code := callH(t, stress, "POST", c.url+"/v1/accounts/"+act+"/deposit", api.DepositRequest{Amount: amount, OrderNo: order}, nil); st != 200 {
