@@ -55,6 +55,12 @@ func pairMap(a, b *testCell, bAddr string) *sharding.Map {
 	return m
 }
 
+// callAdmin sends a request to a cell's admin port with the token.
+func callAdmin(t *testing.T, c *testCell, method, path string, body, out any) (int, string) {
+	t.Helper()
+	return callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, method, c.adminURL+path, body, out)
+}
+
 // metric returns one series of a cell's /metrics as a number (0 when absent).
 func metric(t *testing.T, c *testCell, series string) float64 {
 	t.Helper()

@@ -49,12 +49,6 @@ func movesState(t *testing.T, c *testCell) api.MovesState {
 	return st
 }
 
-// callAdmin sends a request to a cell's admin port with the token.
-func callAdmin(t *testing.T, c *testCell, method, path string, body, out any) (int, string) {
-	t.Helper()
-	return callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, method, c.adminURL+path, body, out)
-}
-
 // TestMoveSteps runs a cell's side of database moves through its admin port
 // against its real database: a frozen database answers MOVING while the
 // others serve; a thaw serves it again; a release needs the freeze, a higher

@@ -153,7 +153,7 @@ func TestReconciliation(t *testing.T) {
 		t.Fatalf("audit with a wrong token: %d", st)
 	}
 	var rep api.AuditResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", auditURL, nil, &rep); st != 200 {
+	if st, code := callAdmin(t, a, "POST", "/admin/audit?space=shadow", nil, &rep); st != 200 {
 		t.Fatalf("audit: %d %s", st, code)
 	}
 	books := rep.Spaces["shadow"]

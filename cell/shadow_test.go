@@ -155,7 +155,7 @@ func shadowCells(t *testing.T, strategy string) func(*cell.Config) {
 func cleanShadow(t *testing.T, c *testCell) api.ShadowCleanupResponse {
 	t.Helper()
 	var out api.ShadowCleanupResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", c.adminURL+"/admin/shadow/cleanup", nil, &out); st != 200 {
+	if st, code := callAdmin(t, c, "POST", "/admin/shadow/cleanup", nil, &out); st != 200 {
 		t.Fatalf("cleanup of %s: %d %s", c.name, st, code)
 	}
 	return out
@@ -166,7 +166,7 @@ func cleanShadow(t *testing.T, c *testCell) api.ShadowCleanupResponse {
 func shadowAudit(t *testing.T, c *testCell) model.CellAudit {
 	t.Helper()
 	var rep api.AuditResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", c.adminURL+"/admin/audit?space=shadow", nil, &rep); st != 200 {
+	if st, code := callAdmin(t, c, "POST", "/admin/audit?space=shadow", nil, &rep); st != 200 {
 		t.Fatalf("shadow audit of %s: %d %s", c.name, st, code)
 	}
 	books := rep.Spaces["shadow"]
