@@ -257,9 +257,10 @@ func tableDiff(before, after []string) []string {
 	return out
 }
 
-func listStrings(t *testing.T, db *sql.DB, q string) []string {
+// listStrings runs query q (with args) on db and answers its one column.
+func listStrings(t *testing.T, db *sql.DB, q string, args ...any) []string {
 	t.Helper()
-	rows, err := db.Query(q)
+	rows, err := db.Query(q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
