@@ -61,6 +61,17 @@ func callAdmin(t *testing.T, c *testCell, method, path string, body, out any) (i
 	return callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, method, c.adminURL+path, body, out)
 }
 
+// adminAnswer sends a request with no body to c's admin port (callAdmin),
+// fails the test unless c answers 200, and answers what it decoded.
+func adminAnswer[T any](t *testing.T, c *testCell, method, path string) T {
+	t.Helper()
+	var out T
+	if st, code := callAdmin(t, c, method, path, nil, &out); st != 200 {
+		t.Fatalf("%s %s on %s: %d %s", method, path, c.name, st, code)
+	}
+	return out
+}
+
 // metric returns one series of a cell's /metrics as a number (0 when absent).
 func metric(t *testing.T, c *testCell, series string) float64 {
 	t.Helper()

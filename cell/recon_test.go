@@ -152,10 +152,7 @@ func TestReconciliation(t *testing.T) {
 	if st, _ := callH(t, map[string]string{"Authorization": "Bearer wrong"}, "POST", auditURL, nil, nil); st != 401 {
 		t.Fatalf("audit with a wrong token: %d", st)
 	}
-	var rep api.AuditResponse
-	if st, code := callAdmin(t, a, "POST", "/admin/audit?space=shadow", nil, &rep); st != 200 {
-		t.Fatalf("audit: %d %s", st, code)
-	}
+	rep := adminAnswer[api.AuditResponse](t, a, "POST", "/admin/audit?space=shadow")
 	books := rep.Spaces["shadow"]
 	if rep.OK || books.Differences[model.DiffCreditMismatch] != 1 || books.Differences[model.DiffCreditOrphan] != 0 || len(rep.Spaces) != 1 {
 		t.Fatalf("audit with the faults in place: %+v, want one credit_mismatch", rep)

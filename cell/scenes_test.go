@@ -48,11 +48,7 @@ func writeScenes(t *testing.T, path, pre string, scenes ...string) {
 // reloadActivities reloads c's activities file on its admin port.
 func reloadActivities(t *testing.T, c *testCell) api.ActivitiesResponse {
 	t.Helper()
-	var out api.ActivitiesResponse
-	if st, code := callAdmin(t, c, "POST", "/admin/activities/reload", nil, &out); st != 200 {
-		t.Fatalf("reload on %s: %d %s", c.name, st, code)
-	}
-	return out
+	return adminAnswer[api.ActivitiesResponse](t, c, "POST", "/admin/activities/reload")
 }
 
 // actsOf answers n act_ids of c's shards, each new.

@@ -154,21 +154,14 @@ func shadowCells(t *testing.T, strategy string) func(*cell.Config) {
 // cleanShadow calls POST /admin/shadow/cleanup on c with the admin token.
 func cleanShadow(t *testing.T, c *testCell) api.ShadowCleanupResponse {
 	t.Helper()
-	var out api.ShadowCleanupResponse
-	if st, code := callAdmin(t, c, "POST", "/admin/shadow/cleanup", nil, &out); st != 200 {
-		t.Fatalf("cleanup of %s: %d %s", c.name, st, code)
-	}
-	return out
+	return adminAnswer[api.ShadowCleanupResponse](t, c, "POST", "/admin/shadow/cleanup")
 }
 
 // shadowAudit audits c's shadow space through the admin port and fails
 // the test unless it is clean; it answers the books.
 func shadowAudit(t *testing.T, c *testCell) model.CellAudit {
 	t.Helper()
-	var rep api.AuditResponse
-	if st, code := callAdmin(t, c, "POST", "/admin/audit?space=shadow", nil, &rep); st != 200 {
-		t.Fatalf("shadow audit of %s: %d %s", c.name, st, code)
-	}
+	rep := adminAnswer[api.AuditResponse](t, c, "POST", "/admin/audit?space=shadow")
 	books := rep.Spaces["shadow"]
 	if !rep.OK || !books.OK() {
 		t.Fatalf("shadow audit of %s not clean: %+v", c.name, books)
