@@ -116,14 +116,9 @@ func TestRelaySwitch(t *testing.T) {
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	claimant := actIn(t, pre+"-c", b.cfg.Shards)
-	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 500, OrderNo: "dep-1"}, nil); st != 200 {
-		t.Fatalf("deposit: %d %s", st, code)
-	}
-	var pkt api.SendResponse
-	if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 500, Count: 1, OrderNo: "snd-1"}, &pkt); st != 200 {
-		t.Fatalf("send: %d %s", st, code)
-	}
-	claim := openOne(t, a, stress, pkt.PacketID, claimant)
+	stressDeposit(t, a, sender, "dep-1", 500)
+	packetID := stressSend(t, a, sender, 500, 1, "snd-1")
+	claim := openOne(t, a, stress, packetID, claimant)
 	opened := time.Now()
 	balance := func() int64 {
 		var acct model.Account

@@ -167,19 +167,7 @@ func freshEntries(t *testing.T, c *testCell, pre, p string) []freshEntry {
 		flows(snd, model.FlowSend, -sendCents, 0)(t)
 		// Each send order's flow names its packet: one row each.
 		s := sharding.ShardOfAct(snd)
-		rows, err := c.db.Query(fmt.Sprintf("SELECT ref FROM db_%02d.t_flow_%d WHERE act_id = ? AND kind = ?", s.DB(), s.Table()), snd, string(model.FlowSend))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var sent []string
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			sent = append(sent, id)
-		}
-		rows.Close()
+		sent := listStrings(t, c.db, fmt.Sprintf("SELECT ref FROM db_%02d.t_flow_%d WHERE act_id = ? AND kind = ?", s.DB(), s.Table()), snd, string(model.FlowSend))
 		for _, id := range sent {
 			ref, err := model.ParsePacketID(id)
 			if err != nil {

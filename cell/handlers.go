@@ -144,13 +144,6 @@ func keyed(h func(*Server, context.Context, *fasthttp.RequestCtx, *space, string
 	}
 }
 
-// bodied adapts a handler of a route keyed by its body.
-func bodied(h func(*Server, context.Context, *fasthttp.RequestCtx, *space)) routeHandler {
-	return func(s *Server, ctx context.Context, rc *fasthttp.RequestCtx, sp *space, _ api.RouteID, _ string) {
-		h(s, ctx, rc, sp)
-	}
-}
-
 // keyedBy adapts a handler of a route keyed by its path that a part of the
 // Server serves: part picks the part out of the Server.
 func keyedBy[P any](part func(*Server) P, h func(P, context.Context, *fasthttp.RequestCtx, *space, string)) routeHandler {

@@ -31,12 +31,45 @@ func twoCells(t *testing.T, tune func(*cell.Config)) (a, b *testCell) {
 	peers := &staticPeers{}
 	a = startCell(t, "cell-a", "0-499", 1, peers, tune)
 	b = startCell(t, "cell-b", "500-999", 2, peers, tune)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	peers.m.Store(pairMap(a, b, b.addr))
 	if a.adminURL != "" {
 		waitFor(t, 5*time.Second, func() bool { _, err := client.Get(a.adminURL + "/metrics"); return err == nil }, "admin port up")
 	}
 	return a, b
+}
+
+// twoCellsApart runs the cells of twoCells (untuned) with a shard map that
+// puts cell-b's shards at a closed port: neither reaches cell-b (cell-a's
+// relay holds what it owes it) until join gives them twoCells' map.
+func twoCellsApart(t *testing.T) (a, b *testCell, join func()) {
+	peers := &staticPeers{}
+	a = startCell(t, "cell-a", "0-499", 1, peers, nil)
+	b = startCell(t, "cell-b", "500-999", 2, peers, nil)
+	peers.m.Store(pairMap(a, b, "127.0.0.1:1"))
+	return a, b, func() { peers.m.Store(pairMap(a, b, b.addr)) }
+}
+
+// pairMap is the shard map of cells a and b, b reached at bAddr.
+func pairMap(a, b *testCell, bAddr string) *sharding.Map {
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: bAddr, Shards: b.cfg.Shards}})
+	return m
+}
+
+// callAdmin sends a request to a cell's admin port with the token.
+func callAdmin(t *testing.T, c *testCell, method, path string, body, out any) (int, string) {
+	t.Helper()
+	return callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, method, c.adminURL+path, body, out)
+}
+
+// adminAnswer sends a request with no body to c's admin port (callAdmin),
+// fails the test unless c answers 200, and answers what it decoded.
+func adminAnswer[T any](t *testing.T, c *testCell, method, path string) T {
+	t.Helper()
+	var out T
+	if st, code := callAdmin(t, c, method, path, nil, &out); st != 200 {
+		t.Fatalf("%s %s on %s: %d %s", method, path, c.name, st, code)
+	}
+	return out
 }
 
 // metric returns one series of a cell's /metrics as a number (0 when absent).

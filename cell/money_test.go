@@ -106,11 +106,7 @@ func actIn(t *testing.T, prefix string, r sharding.Ranges) string {
 // database server); the relay credits it exactly once, also when a credit is
 // delivered again.
 func TestCrossCellCredit(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	a, b := twoCells(t, nil)
 
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
@@ -190,12 +186,7 @@ func TestCrossCellCredit(t *testing.T) {
 // sending cell's relay holds the claim (redcell_cell_credits_pending) and
 // tries again; once the cell is back it delivers it, once, and lets it go.
 func TestRelayRedrivesHeldCredit(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	// At first the map points cell-b's shards at a closed port.
-	bad, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
-	peers.m.Store(bad)
+	a, b, join := twoCellsApart(t) // at first the map points cell-b's shards at a closed port
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	claimant := actIn(t, pre+"-c", b.cfg.Shards)
@@ -212,8 +203,7 @@ func TestRelayRedrivesHeldCredit(t *testing.T) {
 	if got, held := b.balance(t, claimant), creditsPending(t, a, "real"); got != 0 || held < 1 {
 		t.Fatalf("credited %d while unreachable, %v credits held by the relay; want 0 and at least 1", got, held)
 	}
-	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(good)
+	join()
 	waitFor(t, 10*time.Second, func() bool { return b.balance(t, claimant) == 500 }, "credit after the cell came back")
 	waitFor(t, 5*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the relay to let the delivered credit go")
 	waitScans(t, a, "real", 3) // more passes must not credit again
@@ -226,31 +216,22 @@ func TestRelayRedrivesHeldCredit(t *testing.T) {
 // money only in the shadow databases, across cells too; real wallets and real
 // tables never change.
 func TestStressTrafficUsesShadowTables(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(m)
+	a, b := twoCells(t, nil)
 	stress := map[string]string{api.HeaderStress: "1"}
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	claimant := actIn(t, pre+"-c", b.cfg.Shards)
-	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 900, OrderNo: "d1"}, nil); st != 200 {
-		t.Fatalf("stress deposit: %d %s", st, code)
-	}
-	var pkt api.SendResponse
-	if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s1"}, &pkt); st != 200 {
-		t.Fatalf("stress send: %d %s", st, code)
-	}
+	stressDeposit(t, a, sender, "d1", 900)
+	packetID := stressSend(t, a, sender, 900, 1, "s1")
 	// The real side knows neither the money nor the packet.
 	if st, code := call(t, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 900, Count: 1, OrderNo: "s2"}, nil); st != 409 || code != "INSUFFICIENT_BALANCE" {
 		t.Fatalf("real send from a shadow-funded account: %d %s", st, code)
 	}
-	if st, code := call(t, "GET", a.url+"/v1/packets/"+pkt.PacketID, nil, nil); st != 404 || code != "NOT_FOUND" {
+	if st, code := call(t, "GET", a.url+"/v1/packets/"+packetID, nil, nil); st != 404 || code != "NOT_FOUND" {
 		t.Fatalf("real lookup of a shadow packet: %d %s", st, code)
 	}
 	var claim api.OpenResponse
-	if st, code := callH(t, stress, "POST", a.url+"/v1/packets/"+pkt.PacketID+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 900 {
+	if st, code := callH(t, stress, "POST", a.url+"/v1/packets/"+packetID+"/open", api.ActRequest{ActID: claimant}, &claim); st != 200 || claim.Amount != 900 {
 		t.Fatalf("stress open: %d %s %+v", st, code, claim)
 	}
 	waitFor(t, 10*time.Second, func() bool {

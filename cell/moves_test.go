@@ -42,17 +42,7 @@ func moveStep(t *testing.T, c *testCell, step api.MoveStep) (int, string, api.Mo
 
 func movesState(t *testing.T, c *testCell) api.MovesState {
 	t.Helper()
-	var st api.MovesState
-	if s, code := callAdmin(t, c, "GET", "/admin/moves", nil, &st); s != 200 {
-		t.Fatalf("GET /admin/moves: %d %s", s, code)
-	}
-	return st
-}
-
-// callAdmin sends a request to a cell's admin port with the token.
-func callAdmin(t *testing.T, c *testCell, method, path string, body, out any) (int, string) {
-	t.Helper()
-	return callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, method, c.adminURL+path, body, out)
+	return adminAnswer[api.MovesState](t, c, "GET", "/admin/moves")
 }
 
 // TestMoveSteps runs a cell's side of database moves through its admin port

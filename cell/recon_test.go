@@ -71,16 +71,8 @@ func TestReconciliation(t *testing.T) {
 	}
 
 	// Three stress-traffic packets, one fault each, made before their window is checked.
-	if st, code := callH(t, stress, "POST", a.url+"/v1/accounts/"+sender+"/deposit", api.DepositRequest{Amount: 1000, OrderNo: "dep-1"}, nil); st != 200 {
-		t.Fatalf("stress deposit: %d %s", st, code)
-	}
-	sendStress := func(order string) string {
-		var out api.SendResponse
-		if st, code := callH(t, stress, "POST", a.url+"/v1/packets", api.SendRequest{Sender: sender, Amount: 100, Count: 1, OrderNo: order}, &out); st != 200 {
-			t.Fatalf("stress send: %d %s", st, code)
-		}
-		return out.PacketID
-	}
+	stressDeposit(t, a, sender, "dep-1", 1000)
+	sendStress := func(order string) string { return stressSend(t, a, sender, 100, 1, order) }
 	lost, changed, unseen := sendStress("snd-lost"), sendStress("snd-changed"), sendStress("snd-unseen")
 	lagging := func() float64 { return metric(t, a, `redcell_recon_lagging_claims_total{space="shadow"}`) }
 	lagBefore := lagging()
@@ -160,10 +152,7 @@ func TestReconciliation(t *testing.T) {
 	if st, _ := callH(t, map[string]string{"Authorization": "Bearer wrong"}, "POST", auditURL, nil, nil); st != 401 {
 		t.Fatalf("audit with a wrong token: %d", st)
 	}
-	var rep api.AuditResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", auditURL, nil, &rep); st != 200 {
-		t.Fatalf("audit: %d %s", st, code)
-	}
+	rep := adminAnswer[api.AuditResponse](t, a, "POST", "/admin/audit?space=shadow")
 	books := rep.Spaces["shadow"]
 	if rep.OK || books.Differences[model.DiffCreditMismatch] != 1 || books.Differences[model.DiffCreditOrphan] != 0 || len(rep.Spaces) != 1 {
 		t.Fatalf("audit with the faults in place: %+v, want one credit_mismatch", rep)

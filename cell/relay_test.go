@@ -336,6 +336,17 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 	check()
 }
 
+// relayCast is the cast of the locked-row tests: cell-a and cell-b with
+// admin ports (twoCells), a sender in cell-a, and n claimants in shard 123
+// (cell-a's) and n in shard 678 (cell-b's).
+func relayCast(t *testing.T, n int) (a, b *testCell, sender string, local, remote []string) {
+	t.Helper()
+	a, b = twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
+	pre := testenv.Prefix()
+	sender = actIn(t, pre+"-s", a.cfg.Shards)
+	return a, b, sender, actsInShard(t, pre+"-l", 123, n), actsInShard(t, pre+"-r", 678, n)
+}
+
 // TestRelayLockedWalletRow: one claimant's wallet row in the other cell is
 // held locked by another transaction. The credits of every other claimant, in
 // that cell and in the sending cell's own shards, are applied within a second
@@ -343,11 +354,7 @@ func checkExactlyOnce(t *testing.T, claims []*probeClaim, sender *testCell) {
 // released, exactly once. Balances and credit flows end exact, the sending
 // cell's relay holds nothing, and it observed every credit's lag.
 func TestRelayLockedWalletRow(t *testing.T) {
-	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
-	pre := testenv.Prefix()
-	sender := actIn(t, pre+"-s", a.cfg.Shards)
-	local := actsInShard(t, pre+"-l", 123, 8)
-	remote := actsInShard(t, pre+"-r", 678, 8)
+	a, b, sender, local, remote := relayCast(t, 8)
 	locked := remote[0]
 	kind, db := map[string]string{}, map[string]*sql.DB{}
 	for _, act := range local {
@@ -418,11 +425,7 @@ func TestRelayLockedWalletRow(t *testing.T) {
 // saves it again, moved on (and relay.Slack behind now at least); nothing is
 // credited twice.
 func TestRelayLockedPositionRow(t *testing.T) {
-	a, b := twoCells(t, func(cfg *cell.Config) { cfg.AdminListen, cfg.AdminToken = freeAddr(t), adminToken })
-	pre := testenv.Prefix()
-	sender := actIn(t, pre+"-s", a.cfg.Shards)
-	local := actsInShard(t, pre+"-l", 123, 6)
-	remote := actsInShard(t, pre+"-r", 678, 6)
+	a, b, sender, local, remote := relayCast(t, 6)
 	a.balance(t, local[0]) // the claimants' tables exist before the clock runs
 	b.balance(t, remote[0])
 	kind, db := map[string]string{}, map[string]*sql.DB{}
@@ -446,7 +449,7 @@ func TestRelayLockedPositionRow(t *testing.T) {
 	// A claim on another packet of the database: the relay saves a
 	// position only for a database whose claims came or went.
 	warm := a.send(t, sender, 100, 1, "snd-0")
-	openOne(t, a, nil, warm, actsInShard(t, pre+"-w", 123, 1)[0])
+	openOne(t, a, nil, warm, actsInShard(t, testenv.Prefix()+"-w", 123, 1)[0])
 	waitFor(t, 10*time.Second, func() bool { return position() > 0 }, "the relay's first save of its position")
 
 	// The held claims are made while the relay is off (it holds them), and
@@ -493,12 +496,8 @@ func TestRelayLockedPositionRow(t *testing.T) {
 // sender marks nothing it cannot be sure of. Once the row is free the relay
 // delivers the deferred credit, once.
 func TestCreditsAnswerNamesDeferred(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
 	// cell-a's relay cannot reach cell-b at first: the test posts the credits itself.
-	hidden, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
-	peers.m.Store(hidden)
+	a, b, join := twoCellsApart(t)
 	pre := testenv.Prefix()
 	sender := actIn(t, pre+"-s", a.cfg.Shards)
 	acts := actsInShard(t, pre+"-c", 678, 2)
@@ -540,8 +539,7 @@ func TestCreditsAnswerNamesDeferred(t *testing.T) {
 		t.Fatalf("locked claimant's balance %d while locked", got)
 	}
 	release()
-	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(good)
+	join()
 	if !w.until(10*time.Second, allCredited(claims)) {
 		t.Fatalf("not credited within 10 s of the release")
 	}

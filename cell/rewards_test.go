@@ -78,7 +78,7 @@ func rewardFiles(t *testing.T, pre string, controlStock bool, budget int64) (key
 // setDegrade sets degrade switches on c's admin port.
 func setDegrade(t *testing.T, c *testCell, d api.DegradeSetting) {
 	t.Helper()
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "PUT", c.adminURL+"/admin/degrade", d, nil); st != 200 {
+	if st, code := callAdmin(t, c, "PUT", "/admin/degrade", d, nil); st != 200 {
 		t.Fatalf("PUT /admin/degrade %+v: %d %s", d, st, code)
 	}
 }
@@ -438,8 +438,7 @@ func TestWithdrawRelease(t *testing.T) {
 		t.Errorf("the refused act_id's balance: %d, want 50", bal.Balance)
 	}
 	// Released no more, the allowed act_id's retry still answers its first result.
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "PUT", c.adminURL+"/admin/withdraw",
-		api.WithdrawRelease{Percent: 0, Allow: []string{}}, nil); st != 200 {
+	if st, code := callAdmin(t, c, "PUT", "/admin/withdraw", api.WithdrawRelease{Percent: 0, Allow: []string{}}, nil); st != 200 {
 		t.Fatalf("PUT /admin/withdraw: %d %s", st, code)
 	}
 	var w api.WithdrawResponse

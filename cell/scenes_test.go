@@ -48,11 +48,7 @@ func writeScenes(t *testing.T, path, pre string, scenes ...string) {
 // reloadActivities reloads c's activities file on its admin port.
 func reloadActivities(t *testing.T, c *testCell) api.ActivitiesResponse {
 	t.Helper()
-	var out api.ActivitiesResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", c.adminURL+"/admin/activities/reload", nil, &out); st != 200 {
-		t.Fatalf("reload on %s: %d %s", c.name, st, code)
-	}
-	return out
+	return adminAnswer[api.ActivitiesResponse](t, c, "POST", "/admin/activities/reload")
 }
 
 // actsOf answers n act_ids of c's shards, each new.
@@ -169,7 +165,7 @@ func TestSceneReservePercent(t *testing.T) {
 	})
 	waitFor(t, 5*time.Second, func() bool { _, err := client.Get(c.adminURL + "/metrics"); return err == nil }, "admin port up")
 	var got api.ActivitiesResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "GET", c.adminURL+"/admin/activities", nil, &got); st != 200 ||
+	if st, code := callAdmin(t, c, "GET", "/admin/activities", nil, &got); st != 200 ||
 		len(got.Warnings) != 1 || !strings.Contains(got.Warnings[0], "scenes[0].compensate: no longer read") {
 		t.Fatalf("GET /admin/activities: %d %s, warnings %q; want one on compensate", st, code, got.Warnings)
 	}

@@ -154,21 +154,14 @@ func shadowCells(t *testing.T, strategy string) func(*cell.Config) {
 // cleanShadow calls POST /admin/shadow/cleanup on c with the admin token.
 func cleanShadow(t *testing.T, c *testCell) api.ShadowCleanupResponse {
 	t.Helper()
-	var out api.ShadowCleanupResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", c.adminURL+"/admin/shadow/cleanup", nil, &out); st != 200 {
-		t.Fatalf("cleanup of %s: %d %s", c.name, st, code)
-	}
-	return out
+	return adminAnswer[api.ShadowCleanupResponse](t, c, "POST", "/admin/shadow/cleanup")
 }
 
 // shadowAudit audits c's shadow space through the admin port and fails
 // the test unless it is clean; it answers the books.
 func shadowAudit(t *testing.T, c *testCell) model.CellAudit {
 	t.Helper()
-	var rep api.AuditResponse
-	if st, code := callH(t, map[string]string{"Authorization": "Bearer " + adminToken}, "POST", c.adminURL+"/admin/audit?space=shadow", nil, &rep); st != 200 {
-		t.Fatalf("shadow audit of %s: %d %s", c.name, st, code)
-	}
+	rep := adminAnswer[api.AuditResponse](t, c, "POST", "/admin/audit?space=shadow")
 	books := rep.Spaces["shadow"]
 	if !rep.OK || !books.OK() {
 		t.Fatalf("shadow audit of %s not clean: %+v", c.name, books)
@@ -176,6 +169,9 @@ func shadowAudit(t *testing.T, c *testCell) model.CellAudit {
 	return books
 }
 
+// stressDeposit deposits amount into act's shadow wallet at c (order: its
+// order number); stressSend sends a shadow packet and answers its ID. Either
+// fails the test unless c answers 200.
 func stressDeposit(t *testing.T, c *testCell, act, order string, amount int64) {
 	t.Helper()
 	if st, code := callH(t, stress, "POST", c.url+"/v1/accounts/"+act+"/deposit", api.DepositRequest{Amount: amount, OrderNo: order}, nil); st != 200 {
@@ -254,9 +250,10 @@ func tableDiff(before, after []string) []string {
 	return out
 }
 
-func listStrings(t *testing.T, db *sql.DB, q string) []string {
+// listStrings runs query q (with args) on db and answers its one column.
+func listStrings(t *testing.T, db *sql.DB, q string, args ...any) []string {
 	t.Helper()
-	rows, err := db.Query(q)
+	rows, err := db.Query(q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

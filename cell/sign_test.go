@@ -135,11 +135,7 @@ var forgeries = []struct {
 // ones the audit accepts: the credit is that of a real claim, held by the
 // relay while the claimant's cell looks unreachable to it.
 func TestUnsignedCallsRefused(t *testing.T) {
-	peers := &staticPeers{}
-	a := startCell(t, "cell-a", "0-499", 1, peers, nil)
-	b := startCell(t, "cell-b", "500-999", 2, peers, nil)
-	hidden, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: "127.0.0.1:1", Shards: b.cfg.Shards}})
-	peers.m.Store(hidden)
+	a, b, join := twoCellsApart(t)
 	pre := testenv.Prefix()
 	sender, other := actIn(t, pre+"-s", a.cfg.Shards), actIn(t, pre+"-x", a.cfg.Shards)
 	opener, claimant := actIn(t, pre+"-o", a.cfg.Shards), actIn(t, pre+"-c", b.cfg.Shards)
@@ -207,8 +203,7 @@ func TestUnsignedCallsRefused(t *testing.T) {
 	if held := creditsPending(t, a, "real"); held < 1 {
 		t.Fatalf("%v credits held by the relay while the claimant's cell is unreachable, want at least 1", held)
 	}
-	good, _ := sharding.NewMap([]sharding.Cell{{Name: a.name, Addr: a.addr, Shards: a.cfg.Shards}, {Name: b.name, Addr: b.addr, Shards: b.cfg.Shards}})
-	peers.m.Store(good)
+	join()
 	waitFor(t, 10*time.Second, func() bool { return creditsPending(t, a, "real") == 0 }, "the relay's redelivery acknowledged and the credit let go")
 	if got := b.balance(t, claimant); got != claim.Amount {
 		t.Fatalf("claimant balance %d after the relay, want %d", got, claim.Amount)

@@ -68,6 +68,15 @@ risk: {per_device_per_min: 1000000, per_ip_per_min: 1000000, per_act_per_min: 10
 
 func (d *drop) engine(l1, l2 Limiter) *Engine { return d.engineWith(l1, l2, func(*Config) {}) }
 
+// runEngine runs e (Engine.Run) in the background until stop, which ends
+// ctx, Run's context, and waits for Run to return.
+func runEngine(e *Engine) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	return ctx, func() { cancel(); <-done }
+}
+
 // engineWith is engine with its config changed by set first.
 func (d *drop) engineWith(l1, l2 Limiter, set func(*Config)) *Engine {
 	cfg := Config{Store: d.st, Stock: d.stock, Catalog: func() *couponbatch.Catalog { return d.cat },
@@ -225,14 +234,11 @@ func runDrop(t *testing.T, st store, n, persons int, prefetch int64) {
 	d := newDrop(t, st, 150, 40, 1000)
 	e := d.engine(free{}, free{})
 	e.SetPrefetch(prefetch)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
+	_, stop := runEngine(e)
 	rs := d.requests(n, persons, 1)
 	accept(t, e, rs, 13)
 	d.waitFinal(rs, 60*time.Second)
-	cancel()
-	<-done // a stopped engine has closed its held leases
+	stop() // a stopped engine has closed its held leases
 	issued := d.check(rs)
 	if issued[d.a] != 150 || issued[d.b] == 0 || issued[d.b] > 40 {
 		t.Fatalf("issued %v: want batch a sold out (150), some of b (<= 40)", issued)
@@ -274,15 +280,12 @@ func TestDrainHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := d.engine(slow, free{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
+	_, stop := runEngine(e)
 	rs := d.requests(400, 300, 2)
 	accept(t, e, rs, 0)
 	// Stopped once about 50 are decided (layer 1 at 100/s: half a second).
 	testenv.WaitFor(t, 30*time.Second, "50 decisions", func() bool { return e.Stats.Issued.Load()+e.Stats.Refused.Load() >= 50 })
-	cancel()
-	<-done
+	stop()
 	var accepted, deciding, final int
 	for _, r := range rs {
 		got, _ := storage.CouponRequestOf(context.Background(), st, r.Shard, r.App, r.Serial)
@@ -300,12 +303,9 @@ func TestDrainHandsOver(t *testing.T) {
 			accepted, deciding, final, e.Stats.Released.Load())
 	}
 	next := d.engine(free{}, free{})
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	done2 := make(chan struct{})
-	go func() { next.Run(ctx2); close(done2) }()
+	_, stop2 := runEngine(next)
 	d.settle(rs, 30*time.Second)
-	cancel2()
-	<-done2
+	stop2()
 }
 
 // Layer 1 never runs faster than its limiter.
@@ -317,16 +317,13 @@ func TestLayerRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := d.engine(l1, free{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
+	_, stop := runEngine(e)
 	rs := d.requests(2000, 2000, 3)
 	accept(t, e, rs, 0)
 	start := time.Now()
 	// About a second of deciding at 200/s, however slow the machine.
 	testenv.WaitFor(t, 30*time.Second, "200 decisions", func() bool { return e.Stats.Issued.Load()+e.Stats.Refused.Load() >= 200 })
-	cancel()
-	<-done
+	stop()
 	// Never faster than the limiter (its one-token burst, and a few
 	// decisions in flight when the clock was read); some progress.
 	elapsed := time.Since(start)
@@ -641,9 +638,7 @@ func testGather(t *testing.T) {
 		e := d.engineWith(free{}, free{}, func(c *Config) { c.Gather, c.Observe = [2]time.Duration{0, gather}, m })
 		e.SetMergeMax(mergeMax)
 		e.SetPrefetch(0)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { e.Run(ctx); close(done) }()
+		ctx, stop := runEngine(e)
 		start := time.Now()
 		for _, r := range rs {
 			if _, _, err := e.Accept(ctx, r); err != nil {
@@ -653,8 +648,7 @@ func testGather(t *testing.T) {
 		}
 		d.waitFinal(rs, 30*time.Second)
 		took = time.Since(start)
-		cancel()
-		<-done
+		stop()
 		if got := d.check(rs); got[d.a] == 0 {
 			t.Fatalf("nothing issued: %v", got)
 		}
@@ -706,9 +700,7 @@ func testNoQueueJumping(t *testing.T) {
 	g := gate{open: make(chan struct{})} // layer 1 takes nothing until it opens
 	e := d.engine(g, free{})
 	e.decider.in.ch = make(chan model.CouponRequest, 4) // the feeder's queue too: one handoff
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
+	ctx, stop := runEngine(e)
 	rs := d.requests(14, 1_000_000, 11)
 	for i, r := range rs {
 		if _, _, err := e.Accept(ctx, r); err != nil {
@@ -756,8 +748,7 @@ func testNoQueueJumping(t *testing.T) {
 		testenv.Advance(30 * time.Millisecond)
 	}
 	d.waitFinal(later, 30*time.Second)
-	cancel()
-	<-done
+	stop()
 	if n := e.Stats.Queued.Load() - 4; n < 4 {
 		t.Errorf("after the backlog: %d of 5 requests queued at their accept, want them all (or all but one)", n)
 	}

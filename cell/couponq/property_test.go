@@ -101,9 +101,7 @@ func TestLayersProperty(t *testing.T) {
 			next := 0
 			for part := range 3 {
 				e := mk()
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { e.Run(ctx); close(done) }()
+				_, stop := runEngine(e)
 				end := min(len(rs), next+len(rs)/3+1)
 				if part == 2 {
 					end = len(rs)
@@ -127,16 +125,13 @@ func TestLayersProperty(t *testing.T) {
 				wg.Wait()
 				next = end
 				time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond)
-				cancel()
-				<-done
+				stop()
 			}
 			// Settle with a steady stock, on a last engine; its first sweep
 			// takes whatever an earlier one left deciding.
 			stock.fail.Store(false)
 			e := mk()
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { e.Run(ctx); close(done) }()
+			_, stop := runEngine(e)
 			var open int64
 			if !testenv.Until(20*time.Second, func() bool {
 				l, err := st.Ledger(context.Background(), "mem")
@@ -148,8 +143,7 @@ func TestLayersProperty(t *testing.T) {
 			}) {
 				t.Fatalf("%d requests still open after 20 s", open)
 			}
-			cancel()
-			<-done
+			stop()
 			// Leases left open by lost answers are settled by their coupons,
 			// as the cell does once they expire.
 			settleOpenLeases(t, st, d)

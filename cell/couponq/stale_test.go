@@ -191,10 +191,8 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 	if sweep = e.feeder.sweepEvery(); sweep != 5*time.Second {
 		t.Fatalf("sweep every %v with StaleAfter %v, want a sixth", sweep, staleAfter)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { e.Run(runCtx); close(done) }()
-	defer func() { cancel(); <-done }()
+	_, stop := runEngine(e)
+	defer stop()
 
 	driveUntilTaken(marker)
 	issue(marker)
@@ -241,8 +239,7 @@ func TestStaleDecidingTakenAgain(t *testing.T) {
 		break
 	}
 
-	cancel()
-	<-done
+	stop()
 	// Each request was issued once: one coupon, the request's; the batch's
 	// stock row counts the three units out and every lease closed.
 	for _, r := range []model.CouponRequest{marker, old, recent} {
@@ -293,10 +290,8 @@ func TestIdleFeederReadsNothing(t *testing.T) {
 	if sweep != time.Second {
 		t.Fatalf("sweep every %v with StaleAfter 6s, want 1s", sweep)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	_, stop := runEngine(e)
+	defer stop()
 
 	// tick moves the clock one feeder tick and gives the feeder a moment
 	// to take (a tick it misses only moves the clock further).

@@ -32,6 +32,21 @@ func seedPositions(s *fakeStore, at time.Time) {
 	}
 }
 
+// seededStore is a new fake store with every position of cell-a saved age
+// before now (seedPositions); it returns now too.
+func seededStore(age time.Duration) (*fakeStore, time.Time) {
+	store, t0 := newFakeStore(), time.Now()
+	seedPositions(store, t0.Add(-age))
+	return store, t0
+}
+
+// hungC is a hangable with cell-c hung (hangC).
+func hungC() *hangable {
+	h := &hangable{}
+	h.hangC()
+	return h
+}
+
 // hangable answers like cell-b and cell-c, except that a call to cell-c
 // waits, while hung, for release or for its deadline.
 type hangable struct {
@@ -164,13 +179,10 @@ func TestUntakenOfferedAgain(t *testing.T) {
 // nothing is held the position moves on to Slack before now.
 func TestRestartReadsPastPosition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-time.Second))
+		store, t0 := seededStore(time.Second)
 		a, b, c := claimIn(10, 10, 0, t0.Add(-20*time.Second)), claimIn(10, 800, 1, t0.Add(-15*time.Second)), claimIn(10, 11, 2, t0.Add(-12*time.Second))
 		store.addClaims(a, b, c)
-		var h hangable
-		h.hangC()
+		h := hungC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}})
 		rig.r.Enqueue([]model.Credit{a, b, c})
 		testenv.Advance(300 * time.Millisecond)
@@ -229,11 +241,8 @@ func TestPositionsSaved(t *testing.T) {
 		var gone atomic.Bool // database 2 is being moved away
 		var mu sync.Mutex
 		var entered [][]int
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-10*time.Second))
-		var h hangable
-		h.hangC()
+		store, t0 := seededStore(10 * time.Second)
+		h := hungC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, tune: func(c *Config) {
 			c.Owns = func(sh model.ShardID) bool { return sh < 500 && !(gone.Load() && sh.DB() == 2) }
 			c.Enter = func(dbs []int) func() {
@@ -288,8 +297,7 @@ func TestPositionsSaved(t *testing.T) {
 // Slack, and deliver them: not the older ones, nor another database's.
 func TestMarkDBReadsSlack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		seedPositions(store, time.Now().Add(-10*time.Second))
+		store, _ := seededStore(10 * time.Second)
 		rig := newRig(t, rigOpts{store: store})
 		testenv.Advance(300 * time.Millisecond) // the first Interval reads every database once
 		recent, old := claimIn(10, 10, 0, time.Now().Add(-3*time.Second)), claimIn(10, 11, 1, time.Now().Add(-8*time.Second))
@@ -360,11 +368,8 @@ func TestResetForgets(t *testing.T) {
 // is delivered once.
 func TestHeldMaxLeavesToTheStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-10*time.Second))
-		var h hangable
-		h.hangC()
+		store, t0 := seededStore(10 * time.Second)
+		h := hungC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 3 }})
 		testenv.Advance(300 * time.Millisecond) // the first Interval read every database
 		var ds, cs []model.Credit
@@ -431,16 +436,13 @@ func TestHeldMaxLeavesToTheStore(t *testing.T) {
 // every claim is delivered once.
 func TestHeldMaxCutsARead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-10*time.Second))
+		store, t0 := seededStore(10 * time.Second)
 		var cs []model.Credit
 		for i := range 5 {
 			cs = append(cs, claimIn(10, model.ShardID(800+i), i, t0.Add(-5*time.Second+time.Duration(i)*time.Millisecond)))
 		}
 		store.addClaims(cs...)
-		var h hangable
-		h.hangC()
+		h := hungC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 3 }})
 		testenv.Advance(300 * time.Millisecond) // the first Interval reads database 1: 5 claims
 		if n := rig.held(); n != 3 || rig.holds(cs[3]) || rig.holds(cs[4]) {

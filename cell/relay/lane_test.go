@@ -290,6 +290,15 @@ func stalled(ctx context.Context) ([]string, error) {
 	return nil, ctx.Err()
 }
 
+// stallC answers like cell-c stalled (stalled) and every other cell taking
+// every credit.
+func stallC(ctx context.Context, addr string) ([]string, error) {
+	if addr == "c" {
+		return stalled(ctx)
+	}
+	return nil, nil
+}
+
 var errRefused = errors.New("connection refused")
 
 // relayRig is cell-a (shards 0-499) with a real relay over a fake store and a
@@ -378,6 +387,20 @@ func (rig *relayRig) held() int {
 	return n
 }
 
+// appliedOnceNoneHeld checks the end of a run: each of cs applied exactly
+// once, and the relay holding no credit.
+func (rig *relayRig) appliedOnceNoneHeld(t *testing.T, cs ...model.Credit) {
+	t.Helper()
+	for _, c := range cs {
+		if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 {
+			t.Fatalf("%s applied %d times, want once", c.ClaimID, a)
+		}
+	}
+	if n := rig.held(); n != 0 {
+		t.Fatalf("the relay holds %d credits after every one was applied, want 0", n)
+	}
+}
+
 // credit makes a credit for a claimant of shard sh; n names it. Its packet is
 // in a shard cell-a owns (sh%500, database sh%500/10), as every packet whose
 // claims its relay delivers is.
@@ -415,12 +438,7 @@ func ids(cs ...model.Credit) []string {
 func TestLanesKeepDestinationsApart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
-		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
-			if addr == "c" {
-				return stalled(ctx)
-			}
-			return nil, nil
-		}
+		rig.net.answer = stallC
 		local, toB, toC := credit(10, 0), credit(600, 1), credit(800, 2)
 		rig.r.Enqueue([]model.Credit{toC, local, toB})
 		if d := rig.r.Stats.Dropped.Load(); d != 0 {
@@ -534,14 +552,7 @@ func TestLaneBoundAndNoDoubleHandOff(t *testing.T) {
 		}
 		close(stuck)
 		testenv.Advance(2 * time.Second)
-		for _, c := range all {
-			if a := rig.store.count(rig.store.applied, c.ClaimID); a != 1 {
-				t.Fatalf("%s applied %d times, want once", c.ClaimID, a)
-			}
-		}
-		if n := rig.held(); n != 0 {
-			t.Fatalf("the relay holds %d credits after every one was applied, want 0", n)
-		}
+		rig.appliedOnceNoneHeld(t, all...)
 	})
 }
 
@@ -564,12 +575,7 @@ func TestReadDoesNotHoldWhatWasJustDelivered(t *testing.T) {
 		synctest.Wait()
 		close(reading) // the read hands x over
 		testenv.Advance(2 * time.Second)
-		if a := rig.store.count(rig.store.applied, x.ClaimID); a != 1 {
-			t.Fatalf("applied %d times, want once", a)
-		}
-		if n := rig.held(); n != 0 {
-			t.Fatalf("the relay holds %d credits, want 0", n)
-		}
+		rig.appliedOnceNoneHeld(t, x)
 	})
 }
 
@@ -637,12 +643,7 @@ func TestLaneDeferredCredit(t *testing.T) {
 func TestRelayStopFlushes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rig := newRelayRig(t)
-		rig.net.answer = func(ctx context.Context, addr string) ([]string, error) {
-			if addr == "c" {
-				return stalled(ctx)
-			}
-			return nil, nil
-		}
+		rig.net.answer = stallC
 		cs := []model.Credit{credit(10, 0), credit(600, 1), credit(800, 2), credit(11, 3)}
 		rig.r.Enqueue(cs)
 		start := time.Now()
@@ -848,14 +849,7 @@ func TestLaneShrinksAfterTimeouts(t *testing.T) {
 		if want := []int{125, 250, 225}; !slices.Equal(sizes, want) {
 			t.Errorf("batches applied: %v, want %v", sizes, want)
 		}
-		for _, c := range cs {
-			if n := rig.store.count(rig.store.applied, c.ClaimID); n != 1 {
-				t.Fatalf("%s applied %d times, want 1", c.ClaimID, n)
-			}
-		}
-		if n := rig.held(); n != 0 {
-			t.Fatalf("the relay holds %d credits, want 0", n)
-		}
+		rig.appliedOnceNoneHeld(t, cs...)
 	})
 }
 

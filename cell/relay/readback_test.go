@@ -15,9 +15,7 @@ import (
 // reading follows, and the late claim is delivered.
 func TestReadBackAskedDuringAPage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-10*time.Second))
+		store, t0 := seededStore(10 * time.Second)
 		existing := claimIn(10, 10, 0, t0.Add(-5*time.Second))
 		store.addClaims(existing)
 		gap := make(chan struct{})
@@ -50,11 +48,8 @@ func TestReadBackAskedDuringAPage(t *testing.T) {
 // saves the database's position below it before it returns.
 func TestRedriveAtHeldMaxSaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := newFakeStore()
-		t0 := time.Now()
-		seedPositions(store, t0.Add(-10*time.Second))
-		h := &hangable{}
-		h.hangC()
+		store, t0 := seededStore(10 * time.Second)
+		h := hungC()
 		rig := newRig(t, rigOpts{store: store, net: &fakeNet{answer: h.answer}, prep: func(r *Relay) { r.heldMax = 1 }})
 		testenv.Advance(300 * time.Millisecond)
 		// One credit for cell-c (hung) fills HeldMax; it is of database 2.
