@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"redcell/internal/atomicfile"
 	"redcell/internal/incident"
 	"redcell/model"
 )
@@ -287,38 +287,15 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); lf.Close() }, nil
 }
 
-// writeFile writes keys to path through a temporary file in the same
-// directory, synced, then renamed over path (readable by its owner only).
+// writeFile writes keys to path whole (atomicfile.Write), readable by its
+// owner only.
 func writeFile(path string, keys []Key) error {
 	body, err := yaml.Marshal(doc{Keys: keys})
 	if err != nil {
 		return fmt.Errorf("apikey: encode: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("apikey: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
-	err = tmp.Chmod(0o600)
-	if err == nil {
-		_, err = tmp.Write(append([]byte(fileHeader), body...))
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, append([]byte(fileHeader), body...), 0o600); err != nil {
 		return fmt.Errorf("apikey: write %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // the rename itself survives a crash
-		d.Close()
 	}
 	return nil
 }
