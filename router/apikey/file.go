@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"redcell/internal/atomicfile"
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 	"redcell/model"
 )
@@ -175,24 +176,18 @@ func (f *File) Reload() error {
 	return nil
 }
 
-// Watch calls Reload every interval until ctx ends. A file that cannot be
+// Watch calls Reload each time every has passed since the previous call
+// ended (clock.Every), until ctx ends. A file that cannot be
 // read or parsed is logged when that starts and when it ends (not at every
 // look); the keys in use stay as they were meanwhile.
 func (f *File) Watch(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := f.Reload(); err != nil {
-				f.fails.Fail(err)
-			} else {
-				f.fails.OK()
-			}
+	clock.Every(ctx, nil, every, func(int) {
+		if err := f.Reload(); err != nil {
+			f.fails.Fail(err)
+		} else {
+			f.fails.OK()
 		}
-	}
+	})
 }
 
 // List returns every entry of the file, revoked ones included, as it is now.
