@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/sharding"
 )
 
@@ -50,12 +51,7 @@ func send(t *testing.T, method, url, body string, stress bool) answer {
 		req.Header.Set(api.HeaderStress, "1")
 		signNetHTTP(t, req, body)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	var e api.ErrorBody
 	_ = json.Unmarshal(b, &e)
 	return answer{resp.StatusCode, e.Error.Code, e.Error.Retryable, resp.Header.Get("Retry-After")}

@@ -189,12 +189,7 @@ func TestEndToEnd(t *testing.T) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := testenv.Do(t, nil, req)
 		return resp.StatusCode, string(b)
 	}
 	admin := func(method, token string, body string) (int, string) {
