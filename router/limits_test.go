@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -72,14 +71,9 @@ func scrape(t *testing.T, url string) string {
 	if !ok {
 		t.Fatalf("no admin port known for %s", url)
 	}
-	resp, err := http.Get(admin.(string) + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
+	st, b := testenv.Get(t, admin.(string)+"/metrics")
+	if st != 200 {
+		t.Fatalf("/metrics: %d %s", st, b)
 	}
 	return string(b)
 }

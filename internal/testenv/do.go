@@ -26,3 +26,15 @@ func Do(t testing.TB, c *http.Client, req *http.Request) (*http.Response, []byte
 	}
 	return resp, b
 }
+
+// Get is Do of a GET of url with http.DefaultClient: the answer's status and
+// body.
+func Get(t testing.TB, url string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	resp, b := Do(t, nil, req)
+	return resp.StatusCode, b
+}
