@@ -395,6 +395,27 @@ func (l Logger) Printf(format string, args ...any) {
 	l.Log.Debug("http", "msg", fmt.Sprintf(format, args...))
 }
 
+// NewServer is a fasthttp.Server named name serving handle, with the
+// settings the cell's public port and the router's two ports share: a body
+// above bodyBytesMax is refused (413, ProtocolError's JSON answer); a client
+// has 30 s to send its request and to read the answer, and an idle
+// keep-alive connection is closed after 60 s; Shutdown closes the open
+// connections rather than wait for clients to go; fasthttp's connection
+// messages go to log at debug level (Logger).
+func NewServer(name string, handle fasthttp.RequestHandler, bodyBytesMax int, log *slog.Logger) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:            handle,
+		Name:               name,
+		MaxRequestBodySize: bodyBytesMax,
+		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       30 * time.Second,
+		IdleTimeout:        60 * time.Second,
+		CloseOnShutdown:    true,
+		ErrorHandler:       ProtocolError,
+		Logger:             Logger{Log: log},
+	}
+}
+
 // ShardMapResponse answers GET /admin/shards on a cell's admin port.
 type ShardMapResponse struct {
 	Cell      string         `json:"cell"`             // this cell

@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"redcell/internal/testenv"
 )
 
 type quietLogger struct{}
@@ -21,19 +22,13 @@ func (quietLogger) Printf(string, ...any) {}
 // failed with "connection reset by peer" while the client was still writing.
 func TestOversizedBodyIs413NotReset(t *testing.T) {
 	const limit = 64 << 10
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{
+	addr := testenv.Serve(t, &fasthttp.Server{
 		Handler:            func(rc *fasthttp.RequestCtx) { t.Errorf("handler reached with %d bytes", len(rc.PostBody())) },
 		MaxRequestBodySize: limit,
 		ErrorHandler:       ProtocolError,
 		Logger:             quietLogger{},
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	url := "http://" + ln.Addr().String() + "/v1/packets"
+	})
+	url := "http://" + addr + "/v1/packets"
 	client := &http.Client{}
 	for _, size := range []int{limit + 1, 4 << 20} {
 		for _, chunked := range []bool{false, true} {

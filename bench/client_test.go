@@ -15,26 +15,13 @@ import (
 	"redcell/model"
 )
 
-// serveFast runs h on a loopback port until the test ends; it returns the base URL.
-func serveFast(t *testing.T, h fasthttp.RequestHandler) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: h}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String()
-}
-
 // TestClientResults: the bench client signs and marks what it sends, and
 // records every kind of outcome under the code the reports expect.
 func TestClientResults(t *testing.T) {
 	const secret = "bench-test-secret-0123456789"
 	signer := api.NewSigner(secret)
 	var unsigned, unstressed, badDeadline atomic.Int64
-	base := serveFast(t, func(rc *fasthttp.RequestCtx) {
+	base := serveHandler(t, func(rc *fasthttp.RequestCtx) {
 		if !signer.VerifyRequest(&rc.Request, time.Now()) {
 			unsigned.Add(1)
 		}
@@ -103,7 +90,7 @@ func TestClientResults(t *testing.T) {
 // times in all, each attempt recorded; a final failure is not retried.
 func TestRequesterRetries(t *testing.T) {
 	var busyHits, soldHits atomic.Int64
-	base := serveFast(t, func(rc *fasthttp.RequestCtx) {
+	base := serveHandler(t, func(rc *fasthttp.RequestCtx) {
 		switch string(rc.Path()) {
 		case api.DepositPath("busy"):
 			if busyHits.Add(1) < attemptsMax {

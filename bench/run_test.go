@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -90,14 +91,7 @@ func (f *fakeRouter) serve(t *testing.T) string {
 // serveHandler serves h on 127.0.0.1 until the test ends and returns its base URL.
 func serveHandler(t *testing.T, h fasthttp.RequestHandler) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: h}
-	go srv.Serve(ln) //nolint:errcheck // returns when Shutdown closes the listener
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return "http://" + testenv.Serve(t, &fasthttp.Server{Handler: h})
 }
 
 // creditDueLocked applies every pending credit whose time has come; f.mu must be held.

@@ -123,15 +123,7 @@ func sendRequest(t *testing.T, method, url string, header map[string]string, bod
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := badInputClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v (want an answer, not a transport error)", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the answer: %v", method, url, err)
-	}
+	resp, b := testenv.Do(t, badInputClient, req)
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("%s %s: Content-Type %q", method, url, ct)
 	}

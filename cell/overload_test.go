@@ -37,14 +37,9 @@ func freeAddr(t *testing.T) string {
 // scrape GETs url+"/metrics" with no Authorization header.
 func scrape(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("/metrics without a token: %d %s", resp.StatusCode, b)
+	st, b := testenv.Get(t, url+"/metrics")
+	if st != 200 {
+		t.Fatalf("/metrics without a token: %d %s", st, b)
 	}
 	return string(b)
 }
@@ -237,14 +232,8 @@ func TestDBBreakerThroughHTTP(t *testing.T) {
 			t.Fatalf("with the breaker open: %d %s", st, code)
 		}
 	}
-	resp, err := http.Get(url + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(string(body), `"status":"db_unreachable"`) {
-		t.Fatalf("/healthz: %d %s", resp.StatusCode, body)
+	if st, body := testenv.Get(t, url+"/healthz"); st != 503 || !strings.Contains(string(body), `"status":"db_unreachable"`) {
+		t.Fatalf("/healthz: %d %s", st, body)
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Fatalf("20 refusals and a health check took %s: the breaker should answer at once", time.Since(start))

@@ -38,16 +38,23 @@ func rewardCell(t *testing.T, pre string, controlStock bool, tune func(*cell.Con
 	return c, keys
 }
 
-// rewardFiles writes a key file and the activities of rewardCell, with the
-// cash scenes' budget.
-func rewardFiles(t *testing.T, pre string, controlStock bool, budget int64) (keys, acts string) {
+// keyFileDir makes a folder with a key file (one active key, k1) and answers
+// its path and the path of an activities file beside it, not written yet.
+func keyFileDir(t *testing.T) (keys, acts string) {
 	t.Helper()
 	dir := t.TempDir()
 	keys = filepath.Join(dir, "keys.yaml")
 	if err := rewardtoken.NewKeyFile(keys, "k1"); err != nil {
 		t.Fatal(err)
 	}
-	acts = filepath.Join(dir, "activities.yaml")
+	return keys, filepath.Join(dir, "activities.yaml")
+}
+
+// rewardFiles writes a key file and the activities of rewardCell, with the
+// cash scenes' budget.
+func rewardFiles(t *testing.T, pre string, controlStock bool, budget int64) (keys, acts string) {
+	t.Helper()
+	keys, acts = keyFileDir(t)
 	yaml := fmt.Sprintf(`activities:
   - id: %[1]s-fest
     children:

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 
 	"redcell/api"
 	"redcell/cell"
-	"redcell/cell/rewardtoken"
 	"redcell/internal/testenv"
 	"redcell/sharding"
 )
@@ -23,12 +21,7 @@ import (
 // (each a YAML flow map); it answers both paths.
 func sceneFiles(t *testing.T, pre string, scenes ...string) (keys, acts string) {
 	t.Helper()
-	dir := t.TempDir()
-	keys = filepath.Join(dir, "keys.yaml")
-	if err := rewardtoken.NewKeyFile(keys, "k1"); err != nil {
-		t.Fatal(err)
-	}
-	acts = filepath.Join(dir, "activities.yaml")
+	keys, acts = keyFileDir(t)
 	writeScenes(t, acts, pre, scenes...)
 	return keys, acts
 }

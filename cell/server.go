@@ -484,20 +484,5 @@ func (s *Server) initServing(stores Stores, acts *rewards.Activities, reg *prome
 	p.packets = &packets{own: s.own, writer: s.writer, cache: s.opens.cache, switches: s.switches, answers: s.answers, clock: s.clock,
 		limits: cfg.Limits, expiry: cfg.PacketExpiry}
 	p.credits = &creditRoutes{own: s.own, writer: s.writer, moves: p.moves, answers: s.answers}
-	s.gate.http = newHTTPServer(s.handle, s.log)
-}
-
-// newHTTPServer is the cell's public HTTP server, serving handle.
-func newHTTPServer(handle fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
-	return &fasthttp.Server{
-		Handler:            handle,
-		Name:               "redcell-cell",
-		MaxRequestBodySize: 1 << 20,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       30 * time.Second,
-		IdleTimeout:        60 * time.Second,
-		CloseOnShutdown:    true,
-		ErrorHandler:       api.ProtocolError,
-		Logger:             api.Logger{Log: log},
-	}
+	s.gate.http = api.NewServer("redcell-cell", s.handle, 1<<20, s.log)
 }

@@ -189,6 +189,14 @@ func Retryable(err error) bool {
 	return true // no answer came
 }
 
+// send is call for a route whose 2xx answer is one T: it answers the
+// decoded T and call's error.
+func send[T any](ctx context.Context, c *Client, method, path string, in any) (T, error) {
+	var out T
+	err := c.call(ctx, method, path, in, &out, false)
+	return out, err
+}
+
 // call sends method path (with query, already escaped) with in as its JSON
 // body (nil: none) and decodes a 2xx answer into out (nil: not read). A
 // non-2xx answer is an *Error; when keep is set its body is decoded into
@@ -327,18 +335,14 @@ func query(kv ...string) string {
 // ORDER_CONFLICT (the order number issued with another amount), and the
 // router's codes; or a transport error.
 func (c *Client) IssueReward(ctx context.Context, req api.RewardRequest) (api.RewardResponse, error) {
-	var out api.RewardResponse
-	err := c.call(ctx, http.MethodPost, api.RewardsPath, req, &out, false)
-	return out, err
+	return send[api.RewardResponse](ctx, c, http.MethodPost, api.RewardsPath, req)
 }
 
 // Wallet reads a person's wallet page (GET /v1/accounts/{act_id}/wallet):
 // stage "" shows the stage open now (of the first activity), else test,
 // gray or official; every stage is in Stages. Amounts are cents.
 func (c *Client) Wallet(ctx context.Context, actID, stage string) (api.WalletResponse, error) {
-	var out api.WalletResponse
-	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "wallet")+query("stage", stage), nil, &out, false)
-	return out, err
+	return send[api.WalletResponse](ctx, c, http.MethodGet, api.AccountSubPath(seg(actID), "wallet")+query("stage", stage), nil)
 }
 
 // Balance is Wallet's Balance, cents: for the official stage the wallet's
@@ -363,9 +367,7 @@ func (c *Client) CumulativeIncome(ctx context.Context, actID, stage string) (int
 // page was the last). limit 0 is the server's default (20), else 1..100.
 // Errors: *Error DEGRADED (retryable) while the listing is switched off.
 func (c *Client) Flow(ctx context.Context, actID, stage, cursor string, limit int) (api.FlowResponse, error) {
-	var out api.FlowResponse
-	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "flow")+query("stage", stage, "cursor", cursor, "limit", limitArg(limit)), nil, &out, false)
-	return out, err
+	return send[api.FlowResponse](ctx, c, http.MethodGet, api.AccountSubPath(seg(actID), "flow")+query("stage", stage, "cursor", cursor, "limit", limitArg(limit)), nil)
 }
 
 // RewardsPage narrows and pages Rewards; the zero value is the first page
@@ -379,10 +381,8 @@ type RewardsPage struct {
 // Rewards reads a person's rewards (GET /v1/accounts/{act_id}/rewards),
 // newest first, of the parent activity parent ("" every activity).
 func (c *Client) Rewards(ctx context.Context, actID, parent string, page RewardsPage) (api.RewardsResponse, error) {
-	var out api.RewardsResponse
 	q := query("parent_activity_id", parent, "stage", page.Stage, "cursor", page.Cursor, "limit", limitArg(page.Limit))
-	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "rewards")+q, nil, &out, false)
-	return out, err
+	return send[api.RewardsResponse](ctx, c, http.MethodGet, api.AccountSubPath(seg(actID), "rewards")+q, nil)
 }
 
 // Won reports whether the person won anything in the parent activity
@@ -403,18 +403,14 @@ func (c *Client) Won(ctx context.Context, actID, parentActivityID string) (bool,
 // *Error INSUFFICIENT_BALANCE, WITHDRAW_NOT_RELEASED (the gray release does
 // not cover the person yet), ORDER_CONFLICT, INVALID_ARGUMENT.
 func (c *Client) Withdraw(ctx context.Context, actID string, req api.WithdrawRequest) (api.WithdrawResponse, error) {
-	var out api.WithdrawResponse
-	err := c.call(ctx, http.MethodPost, api.AccountSubPath(seg(actID), "withdraw"), req, &out, false)
-	return out, err
+	return send[api.WithdrawResponse](ctx, c, http.MethodPost, api.AccountSubPath(seg(actID), "withdraw"), req)
 }
 
 // ForceBook books every pending reward of the person now, ahead of the
 // booker (POST /v1/accounts/{act_id}/book), and answers how many and the
 // wallet's balance after; a withdrawal does the same first.
 func (c *Client) ForceBook(ctx context.Context, actID string) (api.BookResponse, error) {
-	var out api.BookResponse
-	err := c.call(ctx, http.MethodPost, api.AccountSubPath(seg(actID), "book"), nil, &out, false)
-	return out, err
+	return send[api.BookResponse](ctx, c, http.MethodPost, api.AccountSubPath(seg(actID), "book"), nil)
 }
 
 // SubmitTokens hands the server the app's copies of the person's reward
@@ -432,35 +428,27 @@ func (c *Client) SubmitTokens(ctx context.Context, actID string, tokens []string
 // Issued reads what the parent activity's current stage has issued so far
 // (GET /v1/activities/{parent}/issued), per scene, at most StalenessMS old.
 func (c *Client) Issued(ctx context.Context, parent string) (api.IssuedResponse, error) {
-	var out api.IssuedResponse
-	err := c.call(ctx, http.MethodGet, api.IssuedPath(seg(parent)), nil, &out, false)
-	return out, err
+	return send[api.IssuedResponse](ctx, c, http.MethodGet, api.IssuedPath(seg(parent)), nil)
 }
 
 // Deposit puts req.Amount cents into the person's wallet (POST
 // /v1/accounts/{act_id}/deposit); the same order_no again answers the first
 // deposit with Repeat set.
 func (c *Client) Deposit(ctx context.Context, actID string, req api.DepositRequest) (model.Deposit, error) {
-	var out model.Deposit
-	err := c.call(ctx, http.MethodPost, api.DepositPath(seg(actID)), req, &out, false)
-	return out, err
+	return send[model.Deposit](ctx, c, http.MethodPost, api.DepositPath(seg(actID)), req)
 }
 
 // Account reads a person's account (GET /v1/accounts/{act_id}): its shard
 // and official balance in cents; an account never touched has balance 0.
 func (c *Client) Account(ctx context.Context, actID string) (model.Account, error) {
-	var out model.Account
-	err := c.call(ctx, http.MethodGet, api.AccountPath(seg(actID)), nil, &out, false)
-	return out, err
+	return send[model.Account](ctx, c, http.MethodGet, api.AccountPath(seg(actID)), nil)
 }
 
 // BindIdentity binds the app's user appUserID of app to the person's act_id
 // (PUT /v1/identities/{app}/{app_user_id}), with phone (E.164) or without
 // (nil). Errors: *Error IDENTITY_CONFLICT, IDENTITY_DISABLED.
 func (c *Client) BindIdentity(ctx context.Context, app, appUserID string, phone *string) (api.IdentityResponse, error) {
-	var out api.IdentityResponse
-	err := c.call(ctx, http.MethodPut, api.IdentityPath(seg(app), seg(appUserID)), api.IdentityRequest{Phone: phone}, &out, false)
-	return out, err
+	return send[api.IdentityResponse](ctx, c, http.MethodPut, api.IdentityPath(seg(app), seg(appUserID)), api.IdentityRequest{Phone: phone})
 }
 
 func limitArg(n int) string {
@@ -478,9 +466,7 @@ func limitArg(n int) string {
 // (no such batch), ORDER_CONFLICT (the serial was used for another person
 // or batch), COUPONS_DISABLED, and the retryable ones.
 func (c *Client) IssueCoupon(ctx context.Context, req api.CouponIssueRequest) (api.CouponRequestState, error) {
-	var out api.CouponRequestState
-	err := c.call(ctx, http.MethodPost, api.CouponIssuePath, req, &out, false)
-	return out, err
+	return send[api.CouponRequestState](ctx, c, http.MethodPost, api.CouponIssuePath, req)
 }
 
 // CouponRequest reads a coupon request's state (GET
@@ -488,24 +474,18 @@ func (c *Client) IssueCoupon(ctx context.Context, req api.CouponIssueRequest) (a
 // refused. Errors: *Error with Code NOT_FOUND (no request of this app with
 // the serial for actID), INVALID_ARGUMENT.
 func (c *Client) CouponRequest(ctx context.Context, serial, actID string) (api.CouponRequestState, error) {
-	var out api.CouponRequestState
-	err := c.call(ctx, http.MethodGet, api.CouponIssuePath+"/"+seg(serial)+"?act_id="+url.QueryEscape(actID), nil, &out, false)
-	return out, err
+	return send[api.CouponRequestState](ctx, c, http.MethodGet, api.CouponIssuePath+"/"+seg(serial)+"?act_id="+url.QueryEscape(actID), nil)
 }
 
 // Coupons lists the coupons actID holds, newest first (GET
 // /v1/accounts/{act_id}/coupons).
 func (c *Client) Coupons(ctx context.Context, actID string) (api.CouponsResponse, error) {
-	var out api.CouponsResponse
-	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "coupons"), nil, &out, false)
-	return out, err
+	return send[api.CouponsResponse](ctx, c, http.MethodGet, api.AccountSubPath(seg(actID), "coupons"), nil)
 }
 
 // CouponsPage is a page of Coupons: after cursor ("" the newest; else the
 // NextCursor of the page before), at most limit (0: the server's default,
 // 100; else 1..100).
 func (c *Client) CouponsPage(ctx context.Context, actID, cursor string, limit int) (api.CouponsResponse, error) {
-	var out api.CouponsResponse
-	err := c.call(ctx, http.MethodGet, api.AccountSubPath(seg(actID), "coupons")+query("cursor", cursor, "limit", limitArg(limit)), nil, &out, false)
-	return out, err
+	return send[api.CouponsResponse](ctx, c, http.MethodGet, api.AccountSubPath(seg(actID), "coupons")+query("cursor", cursor, "limit", limitArg(limit)), nil)
 }

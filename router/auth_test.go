@@ -54,12 +54,7 @@ func call(t *testing.T, method, url, body string, hdr map[string]string) (int, s
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	var e api.ErrorBody
 	_ = json.Unmarshal(b, &e)
 	return resp.StatusCode, e.Error.Code, e.Error.Message

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"redcell/internal/testenv"
 	"redcell/sharding"
 )
 
@@ -106,15 +107,7 @@ func routerRequest(t *testing.T, method, url string, body io.Reader) (int, []byt
 	}
 	req.Header.Set("Authorization", "Bearer "+testKey)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v (want an answer, not a transport error)", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the answer: %v", method, url, err)
-	}
+	resp, b := testenv.Do(t, nil, req)
 	return resp.StatusCode, b
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"redcell/internal/testenv"
 	"redcell/router/apikey"
 	"redcell/sharding"
 )
@@ -18,19 +19,13 @@ import (
 // no-op route does.
 func benchRouter(b *testing.B) *Router {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) {
+	addr := testenv.Serve(b, &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) {
 		rc.SetContentType("application/json")
 		rc.SetBodyString(`{"cell":"a"}`)
-	}}
-	go srv.Serve(ln)
-	b.Cleanup(func() { srv.Shutdown() })
+	}})
 	all, _ := sharding.ParseRanges("0-999")
 	routes := &fixedRoutes{}
-	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: ln.Addr().String(), Shards: all}})
+	m, _ := sharding.NewMap([]sharding.Cell{{Name: "a", Addr: addr, Shards: all}})
 	routes.m.Store(m)
 
 	cfg := DefaultConfig()

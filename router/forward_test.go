@@ -62,14 +62,8 @@ func fakeCellHeader(t *testing.T, status int, body string, withCode bool, hits *
 
 // serveCell serves h on a loopback port until the test ends.
 func serveCell(t *testing.T, h fasthttp.RequestHandler) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	return ln.Addr().String()
+	t.Helper()
+	return testenv.Serve(t, &fasthttp.Server{Handler: h})
 }
 
 func startRouter(t *testing.T, routes Routes) string {

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"redcell/api"
+	"redcell/internal/clock"
 	"redcell/sharding"
 )
 
@@ -166,21 +167,13 @@ func (p *Prober) downKeys() map[string]bool {
 	return out
 }
 
-// Run probes every cell of gossip's map each interval until ctx ends.
+// Run probes every cell of gossip's map each time the interval has passed
+// since the previous round ended (clock.Every), until ctx ends.
 func (p *Prober) Run(ctx context.Context) {
 	if p.cfg.Interval == 0 {
 		return
 	}
-	t := time.NewTicker(p.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		p.probeAll(ctx)
-	}
+	clock.Every(ctx, nil, p.cfg.Interval, func(int) { p.probeAll(ctx) })
 }
 
 // probeAll probes the cells of gossip's map at once and forgets addresses

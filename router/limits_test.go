@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"redcell/api"
+	"redcell/internal/testenv"
 	"redcell/sharding"
 )
 
@@ -50,12 +50,7 @@ func send(t *testing.T, method, url, body string, stress bool) answer {
 		req.Header.Set(api.HeaderStress, "1")
 		signNetHTTP(t, req, body)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	var e api.ErrorBody
 	_ = json.Unmarshal(b, &e)
 	return answer{resp.StatusCode, e.Error.Code, e.Error.Retryable, resp.Header.Get("Retry-After")}
@@ -76,14 +71,9 @@ func scrape(t *testing.T, url string) string {
 	if !ok {
 		t.Fatalf("no admin port known for %s", url)
 	}
-	resp, err := http.Get(admin.(string) + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
+	st, b := testenv.Get(t, admin.(string)+"/metrics")
+	if st != 200 {
+		t.Fatalf("/metrics: %d %s", st, b)
 	}
 	return string(b)
 }

@@ -252,24 +252,10 @@ func New(cfg Config, routes Routes, keys Keys, reg *prometheus.Registry, log *sl
 		_, r.refusals[limitDegraded][id] = api.ErrorJSON(model.Errorf(model.ErrDegraded,
 			"route %s lets only part of its requests through for now (degrade switch); retry later", routeNames[id]))
 	}
-	r.http = &fasthttp.Server{
-		Handler:            r.handle,
-		Name:               "redcell-router",
-		MaxRequestBodySize: cfg.MaxBodyBytes,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       30 * time.Second,
-		IdleTimeout:        60 * time.Second,
-		CloseOnShutdown:    true,
-		ErrorHandler:       api.ProtocolError,
-		Logger:             api.Logger{Log: log},
-		// A multipart body is refused for its media type (415), not parsed.
-		DisablePreParseMultipartForm: true,
-	}
-	r.admin = &fasthttp.Server{
-		Handler: r.handleAdmin, Name: "redcell-router-admin", MaxRequestBodySize: 16 << 10,
-		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second,
-		CloseOnShutdown: true, ErrorHandler: api.ProtocolError, Logger: api.Logger{Log: log},
-	}
+	r.http = api.NewServer("redcell-router", r.handle, cfg.MaxBodyBytes, log)
+	// A multipart body is refused for its media type (415), not parsed.
+	r.http.DisablePreParseMultipartForm = true
+	r.admin = api.NewServer("redcell-router-admin", r.handleAdmin, 16<<10, log)
 	return r, nil
 }
 

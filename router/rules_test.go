@@ -3,7 +3,6 @@ package router
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -52,12 +51,7 @@ func sendH(t *testing.T, method, url, body string, hdr map[string]string) answer
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	a := answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
 	a.code = string(api.ErrorCode(b))
 	a.retryable = strings.Contains(string(b), `"retryable":true`)
@@ -70,12 +64,7 @@ func adminRules(t *testing.T, url, method, path string) (int, string) {
 	admin, _ := adminURLs.Load(url)
 	req, _ := http.NewRequest(method, admin.(string)+path, nil)
 	req.Header.Set("Authorization", "Bearer "+testAdminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	return resp.StatusCode, string(b)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"redcell/api"
 	"redcell/internal/clock"
+	"redcell/internal/testenv"
 	"redcell/model"
 )
 
@@ -22,14 +23,7 @@ const secret = "0123456789abcdef-test"
 // serve runs h on a loopback port until the test ends and returns its address.
 func serve(t *testing.T, h fasthttp.RequestHandler) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: h}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return ln.Addr().String()
+	return testenv.Serve(t, &fasthttp.Server{Handler: h})
 }
 
 func newClient(signer *api.Signer, clk clock.Clock, timeout time.Duration) *Client {
@@ -349,15 +343,8 @@ func TestStampAllocatesNothing(t *testing.T) {
 // BenchmarkSend: one signed call with a JSON body and answer over loopback,
 // as the bench sends them.
 func BenchmarkSend(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) { rc.SetBodyString(`{"act_id":"bob"}`) }}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Shutdown()
+	addr := testenv.Serve(b, &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) { rc.SetBodyString(`{"act_id":"bob"}`) }})
 	c := newClient(api.NewSigner(secret), nil, 5*time.Second)
-	addr := ln.Addr().String()
 	in := api.ActRequest{ActID: "bob"}
 	b.ReportAllocs()
 	for b.Loop() {

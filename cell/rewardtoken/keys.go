@@ -9,10 +9,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"redcell/internal/atomicfile"
 )
 
 // KeyState is what a key of the ring may do.
@@ -253,7 +254,10 @@ func Rotate(path, newID string) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, out)
+	if err := atomicfile.Write(path, out, 0o600); err != nil {
+		return fmt.Errorf("rewardtoken: write key file: %w", err)
+	}
+	return nil
 }
 
 func newEntry(id string) (keyEntry, error) {
@@ -284,36 +288,4 @@ func marshal(f keyFile) ([]byte, error) {
 		panic("rewardtoken: a key file written does not parse: " + err.Error())
 	}
 	return buf.Bytes(), nil
-}
-
-// writeAtomic replaces path with b: a temporary file (0600) in the same
-// directory, synced, then renamed over path.
-func writeAtomic(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("rewardtoken: write key file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	err = tmp.Chmod(0o600)
-	if err == nil {
-		_, err = tmp.Write(b)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return fmt.Errorf("rewardtoken: write key file: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil { // make the rename durable; best effort
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }

@@ -32,24 +32,12 @@ func (f *benchFlags) runConfig() bench.Config {
 	cfg.Rate, cfg.MaxInFlight = f.rate, f.maxInFlight
 	cfg.ClusterSecret, cfg.APIKey = f.clusterSecret, f.apiKey
 	cfg.RouterPprof = f.routerPprof
-	if f.set["senders"] {
-		cfg.Senders = f.senders
-	}
-	if f.set["openers"] {
-		cfg.Openers = f.openers
-	}
-	if f.set["users"] {
-		cfg.Users = f.users
-	}
-	if f.set["packets"] {
-		cfg.Packets = f.packets
-	}
-	if f.set["amount"] {
-		cfg.PacketAmount = f.amount
-	}
-	if f.set["count"] {
-		cfg.PacketCount = f.count
-	}
+	given(f, "senders", &cfg.Senders, f.senders)
+	given(f, "openers", &cfg.Openers, f.openers)
+	given(f, "users", &cfg.Users, f.users)
+	given(f, "packets", &cfg.Packets, f.packets)
+	given(f, "amount", &cfg.PacketAmount, f.amount)
+	given(f, "count", &cfg.PacketCount, f.count)
 	cfg.Progress = os.Stderr
 	if path := f.configPath; path != "" {
 		// Bench traffic is stress traffic: the cells keep it in shadow tables,

@@ -35,15 +35,9 @@ func (f *benchFlags) couponsConfig() (bench.CouponsConfig, error) {
 	cfg.RouterURL, cfg.APIKey, cfg.ClusterSecret, cfg.Real = f.router, f.apiKey, f.clusterSecret, f.real
 	cfg.Duration, cfg.MergeBacklog, cfg.HotShare = f.duration, f.mergeBacklog, f.hotShare
 	cfg.Progress = os.Stderr
-	if f.set["openers"] {
-		cfg.Concurrency = f.openers
-	}
-	if f.set["rate"] {
-		cfg.Rate = f.rate
-	}
-	if f.set["sustain-fraction"] {
-		cfg.SustainFraction = f.sustain.Fraction
-	}
+	given(f, "openers", &cfg.Concurrency, f.openers)
+	given(f, "rate", &cfg.Rate, f.rate)
+	given(f, "sustain-fraction", &cfg.SustainFraction, f.sustain.Fraction)
 	fc, err := loadConfig(f.configPath)
 	if err != nil {
 		return cfg, err

@@ -278,3 +278,11 @@ func (f *benchFlags) readAPIKey() error {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// given sets *dst to v when the flag name was given on the command line, so
+// that a flag left out keeps the workload's default in *dst.
+func given[T any](f *benchFlags, name string, dst *T, v T) {
+	if f.set[name] {
+		*dst = v
+	}
+}

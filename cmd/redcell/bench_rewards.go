@@ -36,12 +36,8 @@ func (f *benchFlags) rewardsConfig() (bench.RewardsConfig, error) {
 	cfg.Rate, cfg.Duration, cfg.AllowShed = f.rate, f.duration, f.allowShed
 	cfg.LagSamples, cfg.ReadsDuration = f.lagSamples, f.readsDuration
 	cfg.Progress = os.Stderr
-	if f.set["openers"] {
-		cfg.Concurrency = f.openers
-	}
-	if f.set["users"] {
-		cfg.Users = f.users
-	}
+	given(f, "openers", &cfg.Concurrency, f.openers)
+	given(f, "users", &cfg.Users, f.users)
 	if f.compare != "" {
 		cfg.Modes = nil
 		for _, m := range strings.Split(f.compare, ",") {

@@ -189,12 +189,7 @@ func TestEndToEnd(t *testing.T) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := testenv.Do(t, nil, req)
 		return resp.StatusCode, string(b)
 	}
 	admin := func(method, token string, body string) (int, string) {
@@ -250,16 +245,11 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("/metrics on the router's public port: %d %s", st, code)
 	}
 	for name, url := range map[string]string{"router": c.routerAdmin, "cell-1 admin": c.adminURL["cell-1"]} {
-		resp, err := http.Get(url + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		st, b := testenv.Get(t, url+"/metrics")
 		want := map[string]string{"router": `redcell_router_request_duration_seconds_count{code="SOLD_OUT",route="open"} 2`,
 			"cell-1 admin": `redcell_breaker_state{breaker="db"} 0`}[name]
-		if resp.StatusCode != 200 || !strings.Contains(string(b), want) || !strings.Contains(string(b), "go_goroutines ") {
-			t.Fatalf("%s /metrics: %d, want %q and go_goroutines in:\n%s", name, resp.StatusCode, want, b)
+		if st != 200 || !strings.Contains(string(b), want) || !strings.Contains(string(b), "go_goroutines ") {
+			t.Fatalf("%s /metrics: %d, want %q and go_goroutines in:\n%s", name, st, want, b)
 		}
 	}
 

@@ -27,6 +27,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell/admin"
+	"redcell/internal/testenv"
 	"redcell/router"
 )
 
@@ -887,12 +888,7 @@ func openAPITour(t *testing.T, c *cluster, sender, expired string) {
 				req.Header.Set(k, v)
 			}
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", cl.method, cl.url, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := testenv.Do(t, nil, req)
 		return resp.StatusCode, resp.Header, b
 	}
 	for _, cl := range calls {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"redcell/internal/testenv"
 )
 
 // TestMakeRunStops starts `make run` as a user does (its own REDCELL_VAR and
@@ -315,11 +317,6 @@ func routerCall(t *testing.T, port int, key, method, path, body string) (int, st
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := testenv.Do(t, nil, req)
 	return resp.StatusCode, string(b)
 }

@@ -117,14 +117,7 @@ func TestBucketsConcurrentTakersGetTheBurst(t *testing.T) {
 // With memcached unreachable each process decides alone from PerSec/N and
 // Burst/N, reports it, and goes back to memcached a second later.
 func TestBucketsFallBackToTheirShare(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
-	mc := memcache.New(addr)
-	mc.Timeout = 100 * time.Millisecond
+	mc := unreachable(t, 100*time.Millisecond)
 	clk := clock.NewManual(time.Unix(1_900_000_400, 0))
 	procs := 4
 	b, err := NewBuckets(BucketsConfig{Prefix: "rc:test:fb:", PerSec: 20, Burst: 40, Procs: func() int { return procs }}, mc, clk)
@@ -233,6 +226,21 @@ func TestBucketsTATFarAhead(t *testing.T) {
 	if ok || wait <= 0 || wait > 800*time.Millisecond { // (Burst+1)/PerSec
 		t.Fatalf("Allow with a TAT an hour ahead: %v, wait %v; want refused, wait in (0, 800ms]", ok, wait)
 	}
+}
+
+// unreachable is a client of a memcached address nothing listens on (a port
+// taken and let go), so each call fails at once with the connection refused.
+func unreachable(t *testing.T, timeout time.Duration) *memcache.Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	mc := memcache.New(addr)
+	mc.Timeout = timeout
+	return mc
 }
 
 // blackhole is a memcached that accepts connections and never answers (a

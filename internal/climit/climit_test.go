@@ -2,7 +2,6 @@ package climit
 
 import (
 	"errors"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -177,14 +176,7 @@ func TestFallbackIsRateOverCells(t *testing.T) {
 }
 
 func TestUnreachableMemcachedFallsBack(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
-	mc := memcache.New(addr)
-	mc.Timeout = 50 * time.Millisecond
+	mc := unreachable(t, 50*time.Millisecond)
 	clk := clock.NewManual(time.Unix(1_900_000_300, 0))
 	l, err := New(Config{Name: "lim", Rate: 50, Chunk: 5, Cells: func() int { return 2 }}, mc, clk)
 	if err != nil {

@@ -22,14 +22,7 @@ const depsHeading = "## Package dependencies"
 // a package that is not there, and every package that imports one of the
 // module's is listed. On a failure it prints the list as it should read.
 func TestDocDependencies(t *testing.T) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, mod, err := Load(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, g, mod := loadModule(t)
 	raw, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
 	if err != nil {
 		t.Fatal(err)

@@ -7,19 +7,27 @@ import (
 	"testing"
 )
 
-// TestLayering checks the rules on redcell's own packages.
-func TestLayering(t *testing.T) {
+// loadModule loads the import graph of redcell itself (two folders up) and
+// returns the module's root folder, the graph and the module path.
+func loadModule(t *testing.T) (root string, g Graph, mod string) {
+	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, mod, err := Load(root)
+	g, mod, err = Load(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if mod != "redcell" {
 		t.Fatalf("module %q, want redcell", mod)
 	}
+	return root, g, mod
+}
+
+// TestLayering checks the rules on redcell's own packages.
+func TestLayering(t *testing.T) {
+	_, g, mod := loadModule(t)
 	// The graph must be the real one: a few packages and edges known to exist.
 	for pkg, imp := range map[string]string{
 		"redcell/cell":            "redcell/storage",

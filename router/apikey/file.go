@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +16,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"redcell/internal/atomicfile"
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 	"redcell/model"
 )
@@ -175,24 +176,18 @@ func (f *File) Reload() error {
 	return nil
 }
 
-// Watch calls Reload every interval until ctx ends. A file that cannot be
+// Watch calls Reload each time every has passed since the previous call
+// ended (clock.Every), until ctx ends. A file that cannot be
 // read or parsed is logged when that starts and when it ends (not at every
 // look); the keys in use stay as they were meanwhile.
 func (f *File) Watch(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := f.Reload(); err != nil {
-				f.fails.Fail(err)
-			} else {
-				f.fails.OK()
-			}
+	clock.Every(ctx, nil, every, func(int) {
+		if err := f.Reload(); err != nil {
+			f.fails.Fail(err)
+		} else {
+			f.fails.OK()
 		}
-	}
+	})
 }
 
 // List returns every entry of the file, revoked ones included, as it is now.
@@ -287,38 +282,15 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); lf.Close() }, nil
 }
 
-// writeFile writes keys to path through a temporary file in the same
-// directory, synced, then renamed over path (readable by its owner only).
+// writeFile writes keys to path whole (atomicfile.Write), readable by its
+// owner only.
 func writeFile(path string, keys []Key) error {
 	body, err := yaml.Marshal(doc{Keys: keys})
 	if err != nil {
 		return fmt.Errorf("apikey: encode: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("apikey: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
-	err = tmp.Chmod(0o600)
-	if err == nil {
-		_, err = tmp.Write(append([]byte(fileHeader), body...))
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, append([]byte(fileHeader), body...), 0o600); err != nil {
 		return fmt.Errorf("apikey: write %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // the rename itself survives a crash
-		d.Close()
 	}
 	return nil
 }

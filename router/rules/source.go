@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"redcell/internal/clock"
 	"redcell/internal/yamlfile"
 )
 
@@ -92,25 +93,19 @@ func (s *Source) Reload() (changed bool, err error) {
 	return true, nil
 }
 
-// Watch reloads the file every interval until ctx ends; a file that does not
-// parse is logged once per content and the table in force kept.
+// Watch reloads the file each time every has passed since the previous
+// reload ended (clock.Every), until ctx ends; a file that does not parse is
+// logged once per content and the table in force kept.
 func (s *Source) Watch(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	logged := ""
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if _, err := s.Reload(); err != nil && err.Error() != logged {
-				logged = err.Error()
-				s.log.Error("rules file refused; the rules in force stay", "err", err)
-			} else if err == nil {
-				logged = ""
-			}
+	clock.Every(ctx, nil, every, func(int) {
+		if _, err := s.Reload(); err != nil && err.Error() != logged {
+			logged = err.Error()
+			s.log.Error("rules file refused; the rules in force stay", "err", err)
+		} else if err == nil {
+			logged = ""
 		}
-	}
+	})
 }
 
 // blank reports whether b holds nothing but blank lines and comments: the
