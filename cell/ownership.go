@@ -9,6 +9,7 @@ import (
 
 	"redcell/api"
 	"redcell/cell/strictjson"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -49,10 +50,13 @@ type ownership struct {
 	work epochs     // work in flight that may write any database (see enter)
 	// dbWork is work in flight confined to one database (see enterDB).
 	dbWork [model.DBCount]epochs
+	// clock paces a drain's looks (the system clock; the Server sets its
+	// own before the ownership is used).
+	clock clock.Clock
 }
 
 func newOwnership(cell string, shards sharding.Ranges, version int64) *ownership {
-	o := &ownership{cell: cell}
+	o := &ownership{cell: cell, clock: clock.Real{}}
 	o.st.Store(newOwnState(shards, version, [model.DBCount]bool{}))
 	o.work.init()
 	for i := range o.dbWork {
@@ -224,9 +228,9 @@ func (o *ownership) enterDBs(dbs []int) (leave func()) {
 // enterDB of db) has left, or ctx ends.
 func (o *ownership) drain(ctx context.Context, db int) error {
 	if db < 0 || db >= model.DBCount {
-		return o.work.drain(ctx)
+		return drainAll(ctx, o.clock, &o.work)
 	}
-	return drainAll(ctx, &o.work, &o.dbWork[db])
+	return drainAll(ctx, o.clock, &o.work, &o.dbWork[db])
 }
 
 // epochs counts work in flight by generation: enter joins the current one,
@@ -264,11 +268,10 @@ func (w *epochs) enter() func() {
 	}
 }
 
-func (w *epochs) drain(ctx context.Context) error { return drainAll(ctx, w) }
-
 // drainAll starts a new generation in each of ws at once, then waits until
-// the older ones (pending ones included) are empty.
-func drainAll(ctx context.Context, ws ...*epochs) error {
+// the older ones (pending ones included) are empty, looking every
+// millisecond on c.
+func drainAll(ctx context.Context, c clock.Clock, ws ...*epochs) error {
 	for _, w := range ws {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -283,7 +286,7 @@ func drainAll(ctx context.Context, ws ...*epochs) error {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Millisecond):
+			case <-c.After(time.Millisecond):
 			}
 		}
 		w.pending = nil // the emptied ones, for the collector

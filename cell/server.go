@@ -283,6 +283,7 @@ func New(cfg Config, stores Stores, slots Slots, cache GrabCache, peers Peers, r
 	s.inc = newIncidents(log)
 	s.answers = answers{cell: cfg.Name, log: log, failing: s.inc.request}
 	s.own = newOwnership(cfg.Name, cfg.Shards, cfg.MapVersion)
+	s.own.clock = clk
 	if err := s.initOpenPath(); err != nil {
 		return nil, err
 	}

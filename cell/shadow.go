@@ -303,21 +303,20 @@ func (c *shadowCleaner) dropClosed(ctx context.Context, out *api.ShadowCleanupRe
 	return nil
 }
 
-// waitUntil polls cond every shadowPoll until it holds, for at most limit or
-// ctx, counting each look that found it false (waited). It waits on real
-// time, like the contexts that bound it (the cell's clock may be a test's).
-// Errors: ErrOverloaded naming what did not end.
+// waitUntil polls cond every shadowPoll on the cell's clock until it holds,
+// for at most limit or ctx, counting each look that found it false
+// (waited). The bound is a context's, on real time like every deadline; on
+// a test's manual clock the cleanup looks again only when the test moves
+// the clock. Errors: ErrOverloaded naming what did not end.
 func (c *shadowCleaner) waitUntil(ctx context.Context, limit time.Duration, what string, cond func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	t := time.NewTicker(shadowPoll)
-	defer t.Stop()
 	for !cond() {
 		c.waited.Add(1)
 		select {
 		case <-ctx.Done():
 			return model.Errorf(model.ErrOverloaded, "shadow cleanup: %s did not end within %s; nothing was dropped, retry", what, limit)
-		case <-t.C:
+		case <-c.p.clock.After(shadowPoll):
 		}
 	}
 	return nil

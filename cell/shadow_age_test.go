@@ -133,6 +133,7 @@ func TestShadowCleanupWaits(t *testing.T) {
 		t.Fatalf("dropped while the relay held credits (or leases not given back first: %d)", r.settled.Load())
 	}
 	r.held.Store(0)
+	r.poll(t) // the cleanup's next look finds the relay idle
 	res := <-done
 	if res.out != nil || res.n != 1 || r.shadowExists(t) {
 		t.Fatalf("cleanup: %v, %d databases dropped", res.out, res.n)
@@ -218,13 +219,26 @@ func waitWaiting(t *testing.T, m *clock.Manual) {
 }
 
 // lookedAgain waits until the running cleanup has looked twice more at
-// what it waits for and found it not done (shadowCleaner.waited): from
-// then on, what the test checks is what the cleanup saw and kept waiting
-// on.
+// what it waits for and found it not done (shadowCleaner.waited), moving
+// the clock a poll (shadowPoll) each time the cleanup waits on it, and
+// until it waits on the clock again: from then on, what the test checks is
+// what the cleanup saw and keeps waiting on, and a move of the clock
+// reaches its wait.
 func (r *shadowRig) lookedAgain(t *testing.T) {
 	t.Helper()
 	from := r.c.waited.Load()
-	testenv.WaitFor(t, 10*time.Second, "the cleanup to look again at what it waits for", func() bool { return r.c.waited.Load() >= from+2 })
+	for r.c.waited.Load() < from+2 {
+		r.poll(t)
+	}
+	waitWaiting(t, r.clk)
+}
+
+// poll waits until the running cleanup waits on the clock and moves the
+// clock on by a poll, so that it looks again.
+func (r *shadowRig) poll(t *testing.T) {
+	t.Helper()
+	waitWaiting(t, r.clk)
+	r.clk.Advance(shadowPoll)
 }
 
 // TestShadowCleanupQuiet: a cleanup asked for soon after stress traffic

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"redcell/model"
 )
@@ -18,10 +17,12 @@ import (
 // fast together while the server is down.
 type Breaker interface {
 	// Allow asks whether one round trip may go to the server. A non-nil
-	// err refuses it. Otherwise done must be called once, with the round
-	// trip's error and how long it took, and answers whether the breaker
-	// counted that error as an infrastructure failure.
-	Allow() (done func(err error, took time.Duration) (failure bool), err error)
+	// err refuses it. Otherwise the round trip runs at once and done must
+	// be called once, as soon as it has ended, with its error; done answers
+	// whether the breaker counted that error as an infrastructure failure.
+	// The breaker times the round trip itself (from Allow to done, on its
+	// clock), for the rules that look at how long it took.
+	Allow() (done func(err error) (failure bool), err error)
 }
 
 // ErrDBOpen is what a store's round trips answer while its breaker refuses
@@ -47,12 +48,11 @@ func Guarded(b Breaker, f func() error) error {
 	reported := false
 	defer func() {
 		if !reported { // f panicked: count it, or a half-open breaker would wait for this probe forever
-			done(errPanicked, 0)
+			done(errPanicked)
 		}
 	}()
-	start := time.Now()
 	err = f()
-	failure := done(err, time.Since(start))
+	failure := done(err)
 	reported = true
 	if err == nil || !failure || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, model.ErrDBUnavailable) {
 		return err

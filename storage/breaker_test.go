@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // switchBreaker refuses every round trip while refuse is set, and counts
@@ -15,12 +14,12 @@ type switchBreaker struct {
 	allowed atomic.Int64
 }
 
-func (b *switchBreaker) Allow() (func(error, time.Duration) bool, error) {
+func (b *switchBreaker) Allow() (func(error) bool, error) {
 	if b.refuse.Load() {
 		return nil, errors.New("refused")
 	}
 	b.allowed.Add(1)
-	return func(error, time.Duration) bool { return false }, nil
+	return func(error) bool { return false }, nil
 }
 
 // A breaker in front of a store refuses its statements but never the end

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 )
 
@@ -42,6 +43,7 @@ type Failover struct {
 	maxConns         int
 	promoted         atomic.Bool
 	log              *slog.Logger
+	clock            clock.Clock // where Watch, Promote and SwitchBack read time (SetClock)
 
 	// Promotions counts standbys promoted by this process.
 	Promotions  atomic.Int64
@@ -103,11 +105,14 @@ func OpenFailover(primaryDSN, standbyDSN string, maxConns int, log *slog.Logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	f := &Failover{primary: primary, standby: standby, primaryAddr: pcfg.Addr, sw: &switchConnector{cur: pc}, maxConns: maxConns, log: log}
+	f := &Failover{primary: primary, standby: standby, primaryAddr: pcfg.Addr, sw: &switchConnector{cur: pc}, maxConns: maxConns, log: log,
+		clock: clock.Real{}}
 	f.replicating.Store(-1)
+	// On the system clock: no other can be set before OpenFailover returns
+	// the Failover (tests shorten standbyWait instead).
 	role, err := f.standbyRole()
-	for deadline := time.Now().Add(standbyWait); err != nil && time.Now().Before(deadline); {
-		time.Sleep(time.Second)
+	for deadline := f.clock.Now().Add(standbyWait); err != nil && f.clock.Now().Before(deadline); {
+		<-f.clock.After(time.Second)
 		role, err = f.standbyRole()
 	}
 	switch {
@@ -171,6 +176,11 @@ func promotedMark(ctx context.Context, db *sql.DB) (bool, error) {
 
 // errNoSuchDB: MariaDB's "unknown database".
 const errNoSuchDB = 1049
+
+// SetClock replaces the system clock (nil) as where Watch, Promote and
+// SwitchBack read time: the outage's length, the promotion's mark, a switch
+// back's durations. Call it before Watch: it is not synchronized.
+func (f *Failover) SetClock(c clock.Clock) { f.clock = clock.Or(c) }
 
 // OnStandby reports whether the standby serves (it was promoted).
 func (f *Failover) OnStandby() bool { return f.promoted.Load() }
@@ -293,18 +303,15 @@ func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 	probe.SetMaxOpenConns(1)
 	probe.SetConnMaxLifetime(time.Second) // a fresh connection each ping: a dead server is seen at once
 	failing := incident.New(f.log, "failover: promoting the standby", incident.DefaultEvery)
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	tick := clock.NewTicker(f.clock, interval) // a ping per interval, however long a promotion's try took
 	for n := 0; !f.promoted.Load(); n++ {
-		select {
-		case <-ctx.Done():
+		if !tick.Wait(ctx) {
 			return
-		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, min(interval, 2*time.Second))
 		err := probe.PingContext(pctx)
 		cancel()
-		now := time.Now()
+		now := f.clock.Now()
 		if primaryAlive(err) {
 			if down := f.primaryDown.Swap(0); down > 0 {
 				f.log.Info("failover: the primary answers again; no promotion", "down_for", now.Sub(time.UnixMilli(down)).Round(time.Millisecond))
@@ -334,7 +341,7 @@ func (f *Failover) Watch(ctx context.Context, after, interval time.Duration) {
 		}
 		failing.OK()
 		f.log.Warn("failover: the standby was promoted and serves; the old primary must be rebuilt as its standby",
-			"primary_down_for", time.Since(time.UnixMilli(down)).Round(time.Millisecond))
+			"primary_down_for", f.clock.Now().Sub(time.UnixMilli(down)).Round(time.Millisecond))
 	}
 }
 

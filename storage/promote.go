@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"time"
 
 	"redcell/model"
 )
@@ -101,7 +100,7 @@ func (f *Failover) promoteReplica(ctx context.Context, db *sql.DB, st map[string
 		return errors.Join(err, fmt.Errorf("storage: promote: the standby did not apply what it received (up to %q) within 60 s; its SQL thread: running %q, last error %q",
 			st["Gtid_IO_Pos"], last["Slave_SQL_Running"], last["Last_SQL_Error"]))
 	}
-	if err := markPromoted(ctx, db, f.primaryAddr, st["Gtid_IO_Pos"]); err != nil {
+	if err := markPromoted(ctx, db, f.primaryAddr, st["Gtid_IO_Pos"], f.clock.Now().UnixMilli()); err != nil {
 		return fmt.Errorf("storage: promote: mark: %w", err)
 	}
 	f.log.Info("failover: applied and marked; forgetting the primary")
@@ -122,10 +121,10 @@ func (f *Failover) promoteReplica(ctx context.Context, db *sql.DB, st map[string
 }
 
 // markPromoted leaves the promotion mark on the server behind db (the
-// standby that serves): redcell_failover.t_promoted.
+// standby that serves): redcell_failover.t_promoted, dated atMS (Unix ms).
 func markPromoted(ctx context.Context, db interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, oldPrimary, gtid string) error {
+}, oldPrimary, gtid string, atMS int64) error {
 	for _, q := range []string{
 		"CREATE DATABASE IF NOT EXISTS redcell_failover" + dbDefaults,
 		"CREATE TABLE IF NOT EXISTS redcell_failover.t_promoted (id TINYINT NOT NULL PRIMARY KEY, " +
@@ -135,6 +134,6 @@ func markPromoted(ctx context.Context, db interface {
 			return err
 		}
 	}
-	_, err := db.ExecContext(ctx, "REPLACE INTO redcell_failover.t_promoted VALUES (1, ?, ?, ?)", oldPrimary, gtid, time.Now().UnixMilli())
+	_, err := db.ExecContext(ctx, "REPLACE INTO redcell_failover.t_promoted VALUES (1, ?, ?, ?)", oldPrimary, gtid, atMS)
 	return err
 }

@@ -65,14 +65,14 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 	if err := f.switchBackReady(ctx, pdb, sdb); err != nil {
 		return res, err
 	}
-	t0 := time.Now()
+	t0 := f.clock.Now()
 	if err := primaryCatchUp(ctx, pdb, sdb); err != nil {
 		return res, err
 	}
-	res.CaughtUp = time.Since(t0)
+	res.CaughtUp = f.clock.Now().Sub(t0)
 
 	// The pause, bounded: the cell's calls are refused while it lasts.
-	t1 := time.Now()
+	t1 := f.clock.Now()
 	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	wctx := context.WithoutCancel(ctx)
@@ -115,7 +115,7 @@ func (f *Failover) SwitchBack(ctx context.Context) (res SwitchBackResult, err er
 	f.promoted.Store(false)
 	f.primaryDown.Store(0)
 	f.replicating.Store(-1)
-	res.Paused = time.Since(t1)
+	res.Paused = f.clock.Now().Sub(t1)
 	f.log.Info("failover: the primary serves again", "paused", res.Paused.Round(time.Millisecond), "gtid", res.GTID)
 	f.startWatch()
 	if ferr != nil {
@@ -221,7 +221,7 @@ func (f *Failover) switchOver(pctx, wctx context.Context, lock *sql.Conn, pdb *s
 		// Still the standby's: it serves on, marked again.
 		_, _ = pdb.ExecContext(wctx, "START SLAVE")
 		_, _ = lock.ExecContext(wctx, "SET SESSION sql_log_bin = 0") // the primary replicates from it again: not its mark
-		if merr := markPromoted(wctx, lock, f.primaryAddr, res.GTID); merr != nil {
+		if merr := markPromoted(wctx, lock, f.primaryAddr, res.GTID, f.clock.Now().UnixMilli()); merr != nil {
 			err = errors.Join(err, fmt.Errorf("and marking the standby as promoted again failed (a restarted cell would refuse to start): %w", merr))
 		}
 		resume()

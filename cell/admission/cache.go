@@ -2,6 +2,7 @@ package admission
 
 import (
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +41,7 @@ type Cache struct {
 	state fallbackState
 
 	mu         sync.Mutex // guards gen, gens, local, lastProbe
-	gen        string     // key generation: the process's start, then a count of outages
+	gen        string     // key generation: a random stamp of the process, then a count of outages
 	gens       int
 	local      map[string]localCopy
 	lastProbe  time.Time
@@ -71,11 +72,12 @@ const (
 
 // NewCache returns the grab cache over mc; log receives its fallback changes.
 func NewCache(mc Memcache, log *slog.Logger) *Cache {
-	// The generation stamp is the process's real start time on purpose, not
-	// the Clock's: it must differ from every earlier process's (a manual clock
-	// would repeat it), so a copy another lifetime wrote is never read.
+	// The generation stamp must differ from every earlier process's, so a
+	// copy another lifetime wrote is never read: 64 random bits (math/rand/v2
+	// seeds itself per process), not a time, which a manual clock would
+	// repeat and two processes started in one millisecond would share.
 	return &Cache{mc: mc, state: newFallbackState("grab cache", log),
-		gen: strconv.FormatInt(time.Now().UnixMilli(), 36) + ".0", local: map[string]localCopy{}, probeEvery: probeEvery}
+		gen: strconv.FormatUint(rand.Uint64(), 36) + ".0", local: map[string]localCopy{}, probeEvery: probeEvery}
 }
 
 // FallingBack reports whether the cache serves its in-process copies now

@@ -14,17 +14,15 @@ const holdPoll = 20 * time.Millisecond
 // is called: the shadow cleanup (cell.shadowCleaner) drops the shadow
 // tables between two audits, never under one, so no audit reads a space
 // half dropped. Meanwhile Audit waits and TryAudit answers ErrOverloaded.
-// It polls every holdPoll on real time (an audit takes seconds to minutes)
-// until ctx ends: then ErrOverloaded, and nothing is held. release must be
-// called exactly once.
+// It polls every holdPoll on the auditor's clock (an audit takes seconds to
+// minutes) until ctx ends: then ErrOverloaded, and nothing is held. release
+// must be called exactly once.
 func (a *Auditor) Hold(ctx context.Context) (release func(), err error) {
-	t := time.NewTicker(holdPoll)
-	defer t.Stop()
 	for !a.mu.TryLock() {
 		select {
 		case <-ctx.Done():
 			return nil, model.Errorf(model.ErrOverloaded, "an audit of this cell is running; retry when it is done")
-		case <-t.C:
+		case <-a.clock.After(holdPoll):
 		}
 	}
 	return a.mu.Unlock, nil

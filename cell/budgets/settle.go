@@ -8,6 +8,7 @@ import (
 
 	"redcell/cell/activity"
 	"redcell/cell/budget"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/sharding"
 	"redcell/storage"
@@ -19,25 +20,18 @@ import (
 // Config.SettleMore). When ctx ends it returns every lease's unspent part
 // (drain), waiting at most 5 s, and returns.
 func (k *Keeper) Run(ctx context.Context) {
-	// The system clock's ticker, as before the Keeper (Config.Clock dates
-	// leases and their settlement only).
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	tick := 0
-	for {
-		select {
-		case <-ctx.Done():
-			k.returnAll()
-			return
-		case <-t.C:
-			for _, p := range k.pools {
-				p.Sweep(ctx)
-			}
-			if tick++; tick%10 == 0 {
-				k.settle(ctx)
-			}
+	// A ticker on the clock: a pass each second whatever the last took
+	// (a sweep and a settle are not paused after).
+	t := clock.NewTicker(k.clock, time.Second)
+	for tick := 1; t.Wait(ctx); tick++ {
+		for _, p := range k.pools {
+			p.Sweep(ctx)
+		}
+		if tick%10 == 0 {
+			k.settle(ctx)
 		}
 	}
+	k.returnAll()
 }
 
 // returnAll returns every lease of the pools at drain, waiting at most 5 s.
@@ -77,7 +71,7 @@ func (k *Keeper) Recover(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-time.After(settleDelay):
+	case <-k.clock.After(settleDelay):
 	}
 	k.settle(ctx)
 }

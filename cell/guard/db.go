@@ -1,8 +1,6 @@
 package guard
 
 import (
-	"time"
-
 	"redcell/storage"
 )
 
@@ -14,13 +12,14 @@ var _ storage.Breaker = (*Breaker)(nil)
 // server's own (storage.DriverFailure), and deadlines after SlowCall; a
 // cancellation counts as nothing, and every other error (the server
 // answered: a duplicate key, a deadlock) as a success. While open it
-// refuses every round trip (the store answers storage.ErrDBOpen).
-func (b *Breaker) Allow() (done func(err error, took time.Duration) (failure bool), err error) {
+// refuses every round trip (the store answers storage.ErrDBOpen). It times
+// the round trip from Allow to done on Config.Clock.
+func (b *Breaker) Allow() (done func(err error) (failure bool), err error) {
 	report, err := b.allow()
 	if err != nil {
 		return nil, err
 	}
-	return func(err error, took time.Duration) bool { return report(err, took, judgeDB) }, nil
+	return func(err error) bool { return report(err, judgeDB) }, nil
 }
 
 // judgeDB sorts a database round trip's error.

@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
+	"redcell/internal/clock"
 	"redcell/internal/incident"
 )
 
@@ -48,6 +49,11 @@ type Config struct {
 	// failure only if it ran at least this long (the server was slow); a call
 	// that started with little of its deadline left says nothing about the server.
 	SlowCall time.Duration `yaml:"-"`
+	// Clock times each call for SlowCall (nil: the system clock). Give it
+	// the clock the calls' context deadlines run on: the system clock in a
+	// process (a testing/synctest bubble fakes that one too). gobreaker keeps
+	// the Cooldown on the system clock whatever this is.
+	Clock clock.Clock `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults, with reasons.
@@ -80,9 +86,10 @@ const (
 // Breaker is one circuit breaker; Store and Memcache consult it around each
 // call. Safe for concurrent use.
 type Breaker struct {
-	name string
-	cfg  Config
-	cb   *gobreaker.TwoStepCircuitBreaker[struct{}]
+	name  string
+	cfg   Config
+	clock clock.Clock
+	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
 
 	rejected atomic.Int64 // calls refused while open or half-open
 	failures atomic.Int64 // infrastructure failures counted
@@ -108,7 +115,7 @@ func NewBreaker(name string, cfg Config, reg prometheus.Registerer, log *slog.Lo
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Breaker{name: name, cfg: cfg}
+	b := &Breaker{name: name, cfg: cfg, clock: clock.Or(cfg.Clock)}
 	open := incident.NewLines(log.With("breaker", name), incident.Lines{Start: "circuit breaker opened",
 		Still: "circuit breaker still open", End: "circuit breaker closed"}, incident.DefaultEvery)
 	tripped := fmt.Errorf("%d infrastructure failures in a row", cfg.Failures)
@@ -166,7 +173,7 @@ func (b *Breaker) State() State {
 
 // do runs f if the breaker lets it and tells the breaker what f's error means
 // (judge). refused is true when f did not run.
-func (b *Breaker) do(f func() error, judge func(err error, took time.Duration) error) (err error, refused bool) {
+func (b *Breaker) do(f func() error, judge func(err error) error) (err error, refused bool) {
 	report, aerr := b.allow()
 	if aerr != nil {
 		return aerr, true
@@ -174,28 +181,29 @@ func (b *Breaker) do(f func() error, judge func(err error, took time.Duration) e
 	reported := false
 	defer func() {
 		if !reported { // f panicked: count it, or a half-open breaker would wait for this probe forever
-			report(errFailure, 0, nil)
+			report(errFailure, nil)
 		}
 	}()
-	start := time.Now()
 	err = f()
-	took := time.Since(start)
 	reported = true
-	report(err, took, func(err error) bool { return judge(err, took) == errFailure })
+	report(err, func(err error) bool { return judge(err) == errFailure })
 	return err, false
 }
 
-// allow asks the breaker for one call. When it may go, report must be called
-// once with the call's error and duration, and isFailure, which says whether
-// an error other than a context error is an infrastructure failure (nil:
-// err counts as one); report answers whether the breaker counted a failure.
-func (b *Breaker) allow() (report func(err error, took time.Duration, isFailure func(error) bool) bool, err error) {
+// allow asks the breaker for one call, which it times on its clock from now
+// on. When the call may go, report must be called once, as soon as it has
+// ended, with its error and isFailure, which says whether an error other
+// than a context error is an infrastructure failure (nil: err counts as
+// one); report answers whether the breaker counted a failure.
+func (b *Breaker) allow() (report func(err error, isFailure func(error) bool) bool, err error) {
 	done, err := b.cb.Allow()
 	if err != nil {
 		b.rejected.Add(1)
 		return nil, err
 	}
-	return func(err error, took time.Duration, isFailure func(error) bool) bool {
+	start := b.clock.Now()
+	return func(err error, isFailure func(error) bool) bool {
+		took := b.clock.Now().Sub(start)
 		verdict, ok := b.judgeContext(err, took)
 		switch {
 		case ok:

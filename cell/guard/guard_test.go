@@ -24,6 +24,7 @@ import (
 	"redcell/api"
 	"redcell/cell/admission"
 	"redcell/cell/guard"
+	"redcell/internal/clock"
 	"redcell/internal/testenv"
 	"redcell/model"
 	"redcell/storage"
@@ -267,6 +268,35 @@ func TestWhichErrorsCount(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSlowCallOnItsClock: the slow-call rule times a round trip on
+// Config.Clock: a deadline 1.5 s after the start on that clock counts (five
+// open the breaker), one with no time passed on it does not.
+func TestSlowCallOnItsClock(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		delay time.Duration
+		trips bool
+	}{
+		{"1.5 s on the breaker's clock", 1500 * time.Millisecond, true},
+		{"no time on the breaker's clock", 0, false},
+	} {
+		m := clock.NewManual(time.Unix(1_700_000_000, 0))
+		cfg := guard.DefaultConfig()
+		cfg.Clock = m
+		b, err := guard.NewBreaker("db", cfg, nil, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fakeDB{next: func(context.Context) error { m.Advance(c.delay); return context.DeadlineExceeded }}
+		for range 5 {
+			_ = f.trip(context.Background(), b)
+		}
+		if open := b.State() == guard.StateOpen; open != c.trips {
+			t.Errorf("%s: breaker open = %v after 5 deadlines, want %v", c.name, open, c.trips)
+		}
+	}
 }
 
 // TestRealDriverTrips: a store on a port nobody listens on, with the

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"syscall"
-	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -47,7 +46,7 @@ var _ admission.Memcache = (*Memcache)(nil)
 // NewMemcache returns mc behind b.
 func NewMemcache(mc Pool, b *Breaker) *Memcache { return &Memcache{mc: mc, b: b} }
 
-func judgeMemcache(err error, _ time.Duration) error {
+func judgeMemcache(err error) error {
 	switch {
 	case err == nil, errors.Is(err, memcache.ErrCacheMiss), errors.Is(err, memcache.ErrCASConflict),
 		errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrMalformedKey), errors.Is(err, memcache.ErrNoStats):

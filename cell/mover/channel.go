@@ -57,7 +57,7 @@ func (m *Mover) checkStandby(ctx context.Context, db int, dst, sb *sql.DB, ch st
 			err = errors.Join(err, fmt.Errorf("mover: channel %s: %w", ch, serr))
 		}
 	}()
-	if err := syncStandby(ctx, dst, sb, m.CatchUpMax); err != nil {
+	if err := m.syncStandby(ctx, dst, sb, m.CatchUpMax); err != nil {
 		return fmt.Errorf("mover: db_%02d: the target's standby: %w", db, err)
 	}
 	var onStandby storage.Digest
@@ -79,23 +79,24 @@ func (m *Mover) checkStandby(ctx context.Context, db int, dst, sb *sql.DB, ch st
 // in the target's binlog (its gtid_binlog_pos when called), up to max.
 // Under semi-synchronous replication the standby received it before the
 // target committed it; here it has applied it too.
-func syncStandby(ctx context.Context, dst, sb *sql.DB, max time.Duration) error {
+func (m *Mover) syncStandby(ctx context.Context, dst, sb *sql.DB, max time.Duration) error {
 	var pos string
 	if err := dst.QueryRowContext(ctx, "SELECT @@gtid_binlog_pos").Scan(&pos); err != nil {
 		return err
 	}
-	return waitGTID(ctx, sb, pos, max)
+	return m.waitGTID(ctx, sb, pos, max)
 }
 
 // waitGTID waits, in MASTER_GTID_WAIT, until the replica behind db has
-// applied pos, up to max, in slices of gtidWaitSlice: between two, a
+// applied pos, up to max on the mover's clock, in slices of gtidWaitSlice
+// (the server's own waits, on its time): between two, a
 // replica whose SQL thread stopped on an error fails the wait at once with
 // that error, and a wait that runs out names the replica's threads and last
 // errors.
-func waitGTID(ctx context.Context, db *sql.DB, pos string, max time.Duration) error {
-	deadline := time.Now().Add(max)
+func (m *Mover) waitGTID(ctx context.Context, db *sql.DB, pos string, max time.Duration) error {
+	deadline := m.now().Add(max)
 	for {
-		slice := min(gtidWaitSlice, time.Until(deadline))
+		slice := min(gtidWaitSlice, deadline.Sub(m.now()))
 		if slice < 0 {
 			slice = 0
 		}
@@ -115,7 +116,7 @@ func waitGTID(ctx context.Context, db *sql.DB, pos string, max time.Duration) er
 				return fmt.Errorf("it stopped applying before GTID %s%s", pos, state)
 			}
 		}
-		if !time.Now().Before(deadline) {
+		if !m.now().Before(deadline) {
 			return fmt.Errorf("it did not apply GTID %s within %s%s", pos, max, state)
 		}
 	}
@@ -158,8 +159,9 @@ func startChannel(ctx context.Context, dst *sql.DB, ch string, db int, srcDSN, f
 // binlog held when the call began (its file and position then): in
 // MASTER_POS_WAIT on the target, which returns as the position is applied,
 // and in steps of at most a second, between which the channel's status
-// reports an error that stopped it.
-func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
+// reports an error that stopped it (looked at again after 5 ms on the
+// mover's clock).
+func (m *Mover) waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
 	var file string
 	var pos int64
 	if err := src.QueryRowContext(ctx, "SHOW MASTER STATUS").Scan(&file, &pos, new(any), new(any)); err != nil {
@@ -190,7 +192,7 @@ func waitCaughtUp(ctx context.Context, src, dst *sql.DB, ch string) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("channel %s at %s:%s, source at %s:%d: %w", ch, st["Relay_Master_Log_File"], st["Exec_Master_Log_Pos"], file, pos, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
+		case <-m.clk().After(5 * time.Millisecond):
 		}
 	}
 }

@@ -92,30 +92,30 @@ func (m *Mover) RebuildStandby(ctx context.Context, c Cell) (res Rebuilt, err er
 	replicates := err == nil && st["Master_Host"] == host && st["Master_Port"] == fmt.Sprint(port) &&
 		st["Slave_IO_Running"] == "Yes" && st["Slave_SQL_Running"] == "Yes"
 	if !replicates {
-		t := time.Now()
+		t := m.now()
 		if err := m.seed(ctx, c, old, srv, host, port, scfg); err != nil {
 			return res, err
 		}
-		res.Seeded, res.Seed = true, time.Since(t)
+		res.Seeded, res.Seed = true, m.since(t)
 	}
-	t := time.Now()
-	if err := syncStandby(ctx, srv, old, m.CatchUpMax); err != nil {
+	t := m.now()
+	if err := m.syncStandby(ctx, srv, old, m.CatchUpMax); err != nil {
 		return res, fmt.Errorf("mover: %s's old primary catching up: %w", c.Name, err)
 	}
-	res.CatchUp = time.Since(t)
+	res.CatchUp = m.since(t)
 	// The promoted server acknowledges semi-synchronously again (a
 	// promotion turned it off: it had no standby).
 	if _, err := srv.ExecContext(ctx, "SET GLOBAL rpl_semi_sync_master_enabled = 1"); err != nil {
 		return res, fmt.Errorf("mover: %s's promoted server: %w", c.Name, err)
 	}
-	if err := semiSyncOn(ctx, srv, 30*time.Second); err != nil {
+	if err := m.semiSyncOn(ctx, srv, 30*time.Second); err != nil {
 		return res, fmt.Errorf("mover: %s's promoted server: %w", c.Name, err)
 	}
 	st2, err := m.State(ctx, c)
 	if err != nil {
 		return res, err
 	}
-	t = time.Now()
+	t = m.now()
 	for _, db := range st2.DBs {
 		d, rows, err := m.verifyCopy(ctx, c, db, srv, old)
 		if err != nil {
@@ -125,7 +125,7 @@ func (m *Mover) RebuildStandby(ctx context.Context, c Cell) (res Rebuilt, err er
 		res.Rows += rows
 		res.VerifyMax = max(res.VerifyMax, d)
 	}
-	res.Verify = time.Since(t)
+	res.Verify = m.since(t)
 	return res, nil
 }
 
@@ -307,7 +307,7 @@ func (m *Mover) dumpInto(ctx context.Context, c Cell, srv *sql.DB, schemas []str
 // serving server, compares both digests and thaws db: how long it was
 // frozen, and the rows compared.
 func (m *Mover) verifyCopy(ctx context.Context, c Cell, db int, srv, replica *sql.DB) (frozen time.Duration, rows int64, err error) {
-	t := time.Now()
+	t := m.now()
 	if err := m.step(ctx, c, api.MoveStep{Op: "freeze", DB: db, TTLMS: (3 * m.FreezeMax).Milliseconds()}); err != nil {
 		return 0, 0, err
 	}
@@ -315,11 +315,11 @@ func (m *Mover) verifyCopy(ctx context.Context, c Cell, db int, srv, replica *sq
 		if terr := m.step(context.WithoutCancel(ctx), c, api.MoveStep{Op: "thaw", DB: db}); terr != nil {
 			err = errors.Join(err, terr)
 		}
-		frozen = time.Since(t)
+		frozen = m.since(t)
 	}()
 	fctx, cancel := context.WithTimeout(ctx, m.FreezeMax)
 	defer cancel()
-	if err := syncStandby(fctx, srv, replica, m.FreezeMax); err != nil {
+	if err := m.syncStandby(fctx, srv, replica, m.FreezeMax); err != nil {
 		return 0, 0, fmt.Errorf("mover: db_%02d: the old primary catching up: %w", db, err)
 	}
 	var a, b storage.Digest
@@ -340,10 +340,11 @@ func (m *Mover) verifyCopy(ctx context.Context, c Cell, db int, srv, replica *sq
 	return 0, rows, nil
 }
 
-// semiSyncOn waits, up to max, until the server behind db acknowledges
-// commits semi-synchronously with a replica connected.
-func semiSyncOn(ctx context.Context, db *sql.DB, max time.Duration) error {
-	deadline := time.Now().Add(max)
+// semiSyncOn waits, up to max on the mover's clock, until the server behind
+// db acknowledges commits semi-synchronously with a replica connected,
+// looking every 200 ms.
+func (m *Mover) semiSyncOn(ctx context.Context, db *sql.DB, max time.Duration) error {
+	deadline := m.now().Add(max)
 	for {
 		var name, status, clients string
 		err := db.QueryRowContext(ctx, "SHOW STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &status)
@@ -353,13 +354,13 @@ func semiSyncOn(ctx context.Context, db *sql.DB, max time.Duration) error {
 		if err == nil && status == "ON" && clients != "0" && clients != "" {
 			return nil
 		}
-		if time.Now().After(deadline) {
+		if m.now().After(deadline) {
 			return errors.Join(err, fmt.Errorf("semi-synchronous replication %q with %q replicas after %s", status, clients, max))
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case <-m.clk().After(200 * time.Millisecond):
 		}
 	}
 }

@@ -66,6 +66,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"redcell/api"
+	"redcell/internal/clock"
 	"redcell/storage"
 )
 
@@ -94,6 +95,11 @@ type Mover struct {
 	// mariadb from PATH).
 	Dump, Client string
 	HTTP         *http.Client // nil: a client with a 15 s timeout
+	// Clock is where a move reads time (nil: the system clock): its
+	// Result's durations, the bounds of its waits on the servers and the
+	// pauses between its looks. Its requests' and its freeze's deadlines
+	// are contexts', on the system clock.
+	Clock clock.Clock
 }
 
 // Result is what one move did and how long each part took.
@@ -126,6 +132,15 @@ type Result struct {
 	StandbyCheck time.Duration `json:"standby_check_ns,omitempty"`
 	StandbyTail  time.Duration `json:"standby_tail_ns,omitempty"`
 }
+
+// clk is the mover's clock.
+func (m *Mover) clk() clock.Clock { return clock.Or(m.Clock) }
+
+// now is the mover's clock's time.
+func (m *Mover) now() time.Time { return m.clk().Now() }
+
+// since is how long ago t was on the mover's clock.
+func (m *Mover) since(t time.Time) time.Duration { return m.now().Sub(t) }
 
 func (m *Mover) defaults() {
 	if m.CatchUpMax <= 0 {
@@ -306,7 +321,7 @@ func (m *Mover) cleanTarget(ctx context.Context, dst, sb *sql.DB, db int) {
 	_, _ = dst.ExecContext(ctx, "STOP SLAVE '"+ch+"'")
 	_, _ = dst.ExecContext(ctx, "RESET SLAVE '"+ch+"' ALL")
 	if sb != nil {
-		if err := syncStandby(ctx, dst, sb, 30*time.Second); err != nil {
+		if err := m.syncStandby(ctx, dst, sb, 30*time.Second); err != nil {
 			m.Log.Warn("move: the target's standby did not catch up before the partial copy's removal", "db", db, "err", err)
 		}
 	}

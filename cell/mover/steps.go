@@ -160,15 +160,15 @@ func (r *moveRun) undo(ctx context.Context, err error) error {
 // copyDB (step 1) copies db to the target, brings the target's standby
 // up to the load, and starts the channel from the copy's position.
 func (r *moveRun) copyDB(ctx context.Context) error {
-	t := time.Now()
+	t := r.m.now()
 	file, pos, err := r.m.copy(ctx, r.db, r.from, r.to, r.src)
 	if err != nil {
 		return err
 	}
 	r.file, r.pos = file, pos
-	r.res.Copy = time.Since(t)
+	r.res.Copy = r.m.since(t)
 	if r.sb != nil { // the load, in the target's domain, applied before the channel's
-		if err := syncStandby(ctx, r.dst, r.sb, r.m.CatchUpMax); err != nil {
+		if err := r.m.syncStandby(ctx, r.dst, r.sb, r.m.CatchUpMax); err != nil {
 			return fmt.Errorf("mover: db_%02d: %s's standby after the load: %w", r.db, r.to.Name, err)
 		}
 	}
@@ -180,7 +180,7 @@ func (r *moveRun) copyDB(ctx context.Context) error {
 func (r *moveRun) waitChannel(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, r.m.CatchUpMax)
 	defer cancel()
-	if err := waitCaughtUp(cctx, r.src, r.dst, r.ch); err != nil {
+	if err := r.m.waitCaughtUp(cctx, r.src, r.dst, r.ch); err != nil {
 		return fmt.Errorf("mover: db_%02d catching up: %w", r.db, err)
 	}
 	return nil
@@ -190,7 +190,7 @@ func (r *moveRun) waitChannel(ctx context.Context) error {
 // positions, checks the target's standby, and catches up again until one
 // wait is short, right before the freeze.
 func (r *moveRun) catchUp(ctx context.Context) error {
-	t := time.Now()
+	t := r.m.now()
 	if err := r.waitChannel(ctx); err != nil {
 		return err
 	}
@@ -201,25 +201,25 @@ func (r *moveRun) catchUp(ctx context.Context) error {
 		return err
 	}
 	if r.sb != nil {
-		ts := time.Now()
+		ts := r.m.now()
 		if err := r.m.checkStandby(ctx, r.db, r.dst, r.sb, r.ch); err != nil {
 			return err
 		}
-		r.res.StandbyCheck = time.Since(ts)
+		r.res.StandbyCheck = r.m.since(ts)
 	}
 	// Right before the freeze the channel catches up again, until one wait
 	// is short: what it still has to apply inside the freeze is then what
 	// the source wrote in about that time.
 	for i := 0; i < 5; i++ {
-		tw := time.Now()
+		tw := r.m.now()
 		if err := r.waitChannel(ctx); err != nil {
 			return err
 		}
-		if time.Since(tw) < 50*time.Millisecond {
+		if r.m.since(tw) < 50*time.Millisecond {
 			break
 		}
 	}
-	r.res.CatchUp = time.Since(t)
+	r.res.CatchUp = r.m.since(t)
 	return nil
 }
 
@@ -228,7 +228,7 @@ func (r *moveRun) catchUp(ctx context.Context) error {
 // took to save the mark (the answer's saved_ms). The steps after it run
 // within FreezeMax of the request (fctx).
 func (r *moveRun) freeze(ctx context.Context) error {
-	t0 := time.Now()
+	t0 := r.m.now()
 	var ans api.MoveAnswer
 	if err := r.m.admin(ctx, r.from, http.MethodPost, api.MoveStep{Op: "freeze", DB: r.db, TTLMS: (3 * r.m.FreezeMax).Milliseconds()}, &ans); err != nil {
 		return err
@@ -237,7 +237,9 @@ func (r *moveRun) freeze(ctx context.Context) error {
 	r.res.Drain = time.Duration(ans.DrainedMS) * time.Millisecond
 	r.res.Prep = time.Duration(ans.SavedMS) * time.Millisecond
 	r.frozenAt = t0.Add(r.res.Prep)
-	fctx, fcancel := context.WithDeadline(ctx, t0.Add(r.m.FreezeMax))
+	// FreezeMax from the request: what is left of it on the mover's clock,
+	// as a context's timeout (on the system clock, as every deadline).
+	fctx, fcancel := context.WithTimeout(ctx, r.m.FreezeMax-r.m.since(t0))
 	r.fctx = fctx
 	r.closers = append(r.closers, fcancel)
 	return nil
@@ -247,17 +249,17 @@ func (r *moveRun) freeze(ctx context.Context) error {
 // drain, and both digests must match; then the target's standby catches
 // up, and the source must still be served by the server copied from.
 func (r *moveRun) verify(context.Context) error {
-	tv := time.Now()
+	tv := r.m.now()
 	if err := r.compare(); err != nil {
 		return err
 	}
-	r.res.Verify = time.Since(tv) - r.res.Applied // the digests (and any later attempt's wait)
+	r.res.Verify = r.m.since(tv) - r.res.Applied // the digests (and any later attempt's wait)
 	if r.sb != nil {
-		ts := time.Now()
-		if err := syncStandby(r.fctx, r.dst, r.sb, r.m.FreezeMax); err != nil {
+		ts := r.m.now()
+		if err := r.m.syncStandby(r.fctx, r.dst, r.sb, r.m.FreezeMax); err != nil {
 			return fmt.Errorf("mover: db_%02d in the freeze: %s's standby: %w", r.db, r.to.Name, err)
 		}
-		r.res.StandbyTail = time.Since(ts)
+		r.res.StandbyTail = r.m.since(ts)
 	}
 	if r.configured.StandbyDSN != "" {
 		now, _, err := storage.Serving(r.fctx, r.configured.DSN, r.configured.StandbyDSN)
@@ -288,13 +290,13 @@ func (r *moveRun) compare() error {
 		var derr, oerr error
 		done := make(chan struct{})
 		go func() { other, oerr = storage.DBDigest(r.fctx, r.src, r.db); close(done) }()
-		ta := time.Now()
-		if err := waitCaughtUp(r.fctx, r.src, r.dst, r.ch); err != nil {
+		ta := r.m.now()
+		if err := r.m.waitCaughtUp(r.fctx, r.src, r.dst, r.ch); err != nil {
 			<-done
 			return fmt.Errorf("mover: db_%02d in the freeze: %w", r.db, err)
 		}
 		if r.res.Attempts == 1 {
-			r.res.Applied = time.Since(ta)
+			r.res.Applied = r.m.since(ta)
 		}
 		r.digest, derr = storage.DBDigest(r.fctx, r.dst, r.db)
 		<-done
@@ -316,7 +318,7 @@ func (r *moveRun) compare() error {
 // seals the source meanwhile: from then on the source never thaws by
 // itself, since the target may adopt.
 func (r *moveRun) unlink(context.Context) error {
-	th := time.Now()
+	th := r.m.now()
 	sealed := make(chan error, 1)
 	go func() { sealed <- r.m.step(r.fctx, r.from, api.MoveStep{Op: "seal", DB: r.db, Version: r.version}) }()
 	var cerr error
@@ -329,7 +331,7 @@ func (r *moveRun) unlink(context.Context) error {
 	if err := errors.Join(<-sealed, cerr); err != nil {
 		return err
 	}
-	r.res.Unlink = time.Since(th)
+	r.res.Unlink = r.m.since(th)
 	return nil
 }
 
@@ -337,7 +339,7 @@ func (r *moveRun) unlink(context.Context) error {
 // releases it (a release not taken is logged: the sealed source releases
 // by itself once its map shows the new owner).
 func (r *moveRun) handOver(ctx context.Context) error {
-	th := time.Now()
+	th := r.m.now()
 	r.adoptSent = true
 	actx, acancel := context.WithTimeout(ctx, 15*time.Second)
 	err := r.m.step(actx, r.to, api.MoveStep{Op: "adopt", DB: r.db, Version: r.version, Digest: r.digest.Sum()})
@@ -345,7 +347,7 @@ func (r *moveRun) handOver(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.res.Freeze, r.res.HandOver = time.Since(r.frozenAt), time.Since(th)
+	r.res.Freeze, r.res.HandOver = r.m.since(r.frozenAt), r.m.since(th)
 	if err := r.m.step(context.WithoutCancel(ctx), r.from, api.MoveStep{Op: "release", DB: r.db, Version: r.version, Digest: r.digest.Sum()}); err != nil {
 		// The target owns it under the higher version and routers follow it;
 		// the source, sealed, releases it when its map shows the target.

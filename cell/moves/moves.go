@@ -229,8 +229,8 @@ func (s *Steps) MoveStep(ctx context.Context, step api.MoveStep) (api.MoveAnswer
 }
 
 // lockSteps takes the cell's steps lock (Steps.steps) once no step is
-// under way or queued for its locks (Steps.arriving), or answers
-// TIMEOUT when ctx ends first.
+// under way or queued for its locks (Steps.arriving), looking again every
+// 5 ms on the cell's clock, or answers TIMEOUT when ctx ends first.
 func (s *Steps) lockSteps(ctx context.Context) (unlock func(), err error) {
 	try := func() bool {
 		if s.arriving.Load() > 0 || !s.steps.TryLock() {
@@ -245,13 +245,11 @@ func (s *Steps) lockSteps(ctx context.Context) (unlock func(), err error) {
 	if try() {
 		return s.steps.Unlock, nil
 	}
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, model.Errorf(model.ErrTimeout, "a move step is under way on %s; ask again", s.cfg.Cell)
-		case <-tick.C:
+		case <-s.clock.After(5 * time.Millisecond):
 			if try() {
 				return s.steps.Unlock, nil
 			}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"redcell/cell/degrade"
+	"redcell/internal/clock"
 	"redcell/model"
 	"redcell/storage"
 )
@@ -94,14 +95,10 @@ func (i *Issuer) booker(space int) func(ctx context.Context) {
 		lastScan := time.Time{}
 		var scanned []int // the databases of the last scan
 		dirty := &i.dirty[space]
-		t := time.NewTicker(i.cfg.BookingInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		// A ticker on the clock: one tick per BookingInterval whatever a
+		// pass takes (the booking rate is per interval), not a pause after it.
+		tick := clock.NewTicker(i.clock, i.cfg.BookingInterval)
+		for tick.Wait(ctx) {
 			i.metrics.ticks.WithLabelValues(i.cfg.Spaces[space].Name).Inc()
 			if i.bookingOff() {
 				continue

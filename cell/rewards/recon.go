@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"redcell/internal/clock"
 	"redcell/storage"
 )
 
@@ -50,16 +51,10 @@ func newReconMetrics(reg prometheus.Registerer) *reconMetrics {
 // reconciler returns the loop reconciling space's rewards until ctx ends.
 func (i *Issuer) reconciler(space int) func(ctx context.Context) {
 	return func(ctx context.Context) {
-		t := time.NewTicker(rewardReconEvery)
-		defer t.Stop()
+		tick := clock.NewTicker(i.clock, rewardReconEvery)
 		var pos int64 // checked up to (booked time, Unix ms)
 		lastFull := time.Time{}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		for tick.Wait(ctx) {
 			now := i.clock.Now()
 			to := now.Add(-rewardReconLag).UnixMilli()
 			from, kind := pos, "window"

@@ -15,6 +15,10 @@
 // "Depends on" is transitive: a package breaks a rule through any chain of
 // imports, and the violation names the chain. Only the imports of non-test
 // files count: a test may bind what its package may not.
+//
+// One rule is over the source rather than the imports: the non-test code of
+// cell and storage reads time only through internal/clock (TimeReads;
+// TestTimeThroughClock runs it on the tree).
 package layering
 
 import (
