@@ -167,13 +167,16 @@ func (p *Prober) downKeys() map[string]bool {
 	return out
 }
 
-// Run probes every cell of gossip's map each time the interval has passed
-// since the previous round ended (clock.Every), until ctx ends.
+// Run probes every cell of gossip's map once per interval, on a ticker's
+// grid (clock.Ticker): a round slowed by a hung cell's probe (up to
+// Timeout) does not stretch the period, until ctx ends.
 func (p *Prober) Run(ctx context.Context) {
 	if p.cfg.Interval == 0 {
 		return
 	}
-	clock.Every(ctx, nil, p.cfg.Interval, func(int) { p.probeAll(ctx) })
+	for tk := clock.NewTicker(nil, p.cfg.Interval); tk.Wait(ctx); {
+		p.probeAll(ctx)
+	}
 }
 
 // probeAll probes the cells of gossip's map at once and forgets addresses

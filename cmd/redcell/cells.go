@@ -18,6 +18,7 @@ import (
 	"redcell/api"
 	"redcell/bench"
 	"redcell/cell/mover"
+	"redcell/internal/atomicfile"
 	"redcell/model"
 	"redcell/sharding"
 )
@@ -297,13 +298,12 @@ func resumeMoves(path, op, cell string) ([]bench.Move, error) {
 	return f.Moves, nil
 }
 
+// saveMoves records a run's progress in path: whole or not at all, and
+// durable (atomicfile.Write), so a crash never leaves a state file the
+// resume cannot read.
 func saveMoves(path string, f movesFile) error {
 	b, _ := json.MarshalIndent(f, "", "  ")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, b, 0o600)
 }
 
 // moveReport is what a run prints with --json.
